@@ -1,0 +1,189 @@
+"""The HTTP edge: translates HTTP to service calls and ``CorralError`` to status
+codes. No logic lives here. OpenAPI at ``/docs``; Prometheus at ``/metrics``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, AsyncIterator
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import CorralError
+from .jobs import JobSpec
+from .principals import Caller
+from .service import Service
+
+log = logging.getLogger(__name__)
+
+
+class PrincipalIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    kind: str = Field(description="human, agent or service")
+    sponsor: str | None = None
+    unix_user: str | None = None
+    account: str | None = None
+    admin: bool = False
+
+
+class TokenIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    for_: str = Field(alias="for", description="The principal the token acts as.")
+    expires: str | None = Field("8h", description="Lifetime such as '8h' or '7d'; 'never' for humans and services.")
+    note: str | None = None
+
+
+class CancelIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ids: list[int] = Field(min_length=1, max_length=10_000)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    msgs = []
+    for err in exc.errors()[:5]:
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
+        where = ".".join(loc) or "request"
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        if err.get("type") == "extra_forbidden":
+            msg = "unknown field; remove it (see /docs for the valid fields)"
+        msgs.append(f"{where}: {msg}")
+    return "; ".join(msgs)
+
+
+def create_app(service: Service) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(service.reconciler.run(), name="reconciler")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    app = FastAPI(title="corral", version="0.1.0", lifespan=lifespan,
+                  description="A facility-side gateway through which AI coding agents act on an HPC cluster.")
+    app.state.service = service
+
+    @app.exception_handler(CorralError)
+    async def _corral_error(request: Request, exc: CorralError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse({"error": exc.to_dict()}, status_code=exc.status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"error": {"code": "invalid_request", "message": _validation_message(exc)}}, status_code=400)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return JSONResponse(
+            {"error": {"code": "internal", "message": "internal error in the gateway; it is logged. Retry, or tell the admin."}},
+            status_code=500,
+        )
+
+    def caller(
+        authorization: str | None = Header(None),
+        x_corral_session: str | None = Header(None),
+    ) -> Caller:
+        token = authorization[7:] if authorization and authorization.lower().startswith("bearer ") else authorization
+        return service.authenticate(token, x_corral_session)
+
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> dict[str, Any]:
+        return service.health()
+
+    @app.get("/metrics", tags=["ops"])
+    async def metrics() -> Response:
+        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/whoami", tags=["principals"])
+    async def whoami(c: Caller = Depends(caller)) -> dict[str, Any]:
+        return {**c.principal.to_dict(), "session": c.session, "token_id": c.token_id}
+
+    @app.post("/v1/principals", status_code=201, tags=["principals"])
+    async def add_principal(body: PrincipalIn, c: Caller = Depends(caller)) -> dict[str, Any]:
+        p = service.add_principal(c, body.name, body.kind, body.sponsor, body.unix_user, body.account, body.admin)
+        return p.to_dict()
+
+    @app.get("/v1/principals", tags=["principals"])
+    async def list_principals(c: Caller = Depends(caller)) -> list[dict[str, Any]]:
+        return [p.to_dict() for p in service.list_principals(c)]
+
+    @app.post("/v1/tokens", status_code=201, tags=["tokens"])
+    async def mint_token(body: TokenIn, c: Caller = Depends(caller)) -> dict[str, Any]:
+        return service.mint_token(c, body.for_, body.expires, body.note)
+
+    @app.get("/v1/tokens", tags=["tokens"])
+    async def list_tokens(c: Caller = Depends(caller)) -> list[dict[str, Any]]:
+        return service.list_tokens(c)
+
+    @app.delete("/v1/tokens/{token_id}", tags=["tokens"])
+    async def revoke_token(token_id: str, c: Caller = Depends(caller)) -> dict[str, Any]:
+        service.revoke_token(c, token_id)
+        return {"id": token_id, "revoked": True}
+
+    @app.post("/v1/jobs", status_code=201, tags=["jobs"])
+    async def submit(
+        spec: JobSpec, response: Response, c: Caller = Depends(caller),
+        idempotency_key: str | None = Header(None),
+    ) -> dict[str, Any]:
+        job, created = await service.submit(c, spec, idempotency_key)
+        if not created:
+            response.status_code = 200
+        return {**job.to_dict(), "created": created}
+
+    @app.get("/v1/jobs", tags=["jobs"])
+    async def list_jobs(
+        c: Caller = Depends(caller),
+        state: list[str] | None = Query(None, description="Filter by state; repeatable."),
+        session: str | None = None,
+        principal: str | None = None,
+        limit: int = Query(50, ge=1, le=1000),
+        offset: int = Query(0, ge=0),
+    ) -> dict[str, Any]:
+        jobs = service.list_jobs(c, state, session, principal, limit, offset)
+        return {"jobs": [j.summary() for j in jobs], "limit": limit, "offset": offset,
+                "next_offset": offset + len(jobs) if len(jobs) == limit else None}
+
+    @app.post("/v1/jobs/cancel", tags=["jobs"])
+    async def cancel_many(body: CancelIn, c: Caller = Depends(caller)) -> dict[str, Any]:
+        jobs = await service.cancel(c, body.ids)
+        return {"jobs": [j.summary() for j in jobs]}
+
+    @app.get("/v1/jobs/{job_id}", tags=["jobs"])
+    async def get_job(job_id: int, c: Caller = Depends(caller)) -> dict[str, Any]:
+        return service.get_job(c, job_id).to_dict()
+
+    @app.get("/v1/jobs/{job_id}/wait", tags=["jobs"])
+    async def wait(
+        job_id: int, c: Caller = Depends(caller),
+        timeout: float = Query(60.0, ge=0, description="Seconds to wait at most."),
+        until: str | None = Query(None, description="Return once the job is in this state (or terminal)."),
+    ) -> dict[str, Any]:
+        job, reached = await service.wait(c, job_id, timeout, until)
+        return {**job.to_dict(), "reached": reached}
+
+    @app.get("/v1/jobs/{job_id}/output", tags=["jobs"])
+    async def output(
+        job_id: int, c: Caller = Depends(caller),
+        stream: str = Query("stdout", pattern="^(stdout|stderr)$"),
+        offset: int = Query(0, ge=0), limit: int = Query(65536, ge=1, le=1024 * 1024),
+        tail: int | None = Query(None, ge=0, description="Last N lines instead of a page from offset."),
+    ) -> dict[str, Any]:
+        return service.read_output(c, job_id, stream, offset, limit, tail)
+
+    @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"])
+    async def cancel(job_id: int, c: Caller = Depends(caller)) -> dict[str, Any]:
+        return (await service.cancel(c, [job_id]))[0].to_dict()
+
+    @app.get("/v1/facility", tags=["facility"])
+    async def facility(c: Caller = Depends(caller)) -> dict[str, Any]:
+        return service.facility(c)
+
+    return app

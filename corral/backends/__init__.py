@@ -1,0 +1,87 @@
+"""The Backend Protocol: how corral talks to a scheduler.
+
+::
+
+    service core ──submit(ctx, spec)──────────▶ Backend ──▶ processes / sbatch
+    reconciler   ──status([id, id, ...])──────▶   (one call for every active job)
+    service core ──cancel([id, ...])──────────▶
+    service core ──output_paths(id)───────────▶   files corral reads, bounded
+
+A backend translates its own vocabulary into ``JobState`` at its edge. ``submit``
+must be idempotent per corral job id: after a gateway crash between recording a
+job and learning its backend id, corral calls ``submit`` again with the same id and
+must get the same backend job, never a second one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from ..jobs import JobSpec, JobState
+
+
+@dataclass(frozen=True)
+class SubmitContext:
+    """Who asked, carried into the backend for provenance and placement."""
+
+    job_id: int
+    principal: str
+    kind: str
+    sponsor: str | None = None
+    session: str | None = None
+    unix_user: str | None = None
+    account: str | None = None
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    backend_id: str
+    state: JobState
+    exit_code: int | None = None
+    reason: str | None = None
+    start_time: float | None = None
+    end_time: float | None = None
+
+
+@dataclass(frozen=True)
+class OutputPaths:
+    stdout: Path
+    stderr: Path
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    max_cpus: int
+    max_memory_mb: int
+    max_gpus: int
+    max_walltime_s: int
+    default: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+
+    def submit(self, ctx: SubmitContext, spec: JobSpec) -> str:
+        """Start or queue a job; return its backend id. Idempotent per ``ctx.job_id``."""
+        ...
+
+    def status(self, backend_ids: Sequence[str]) -> dict[str, BackendStatus]:
+        """The state of many jobs in one call. An id the backend does not know is omitted."""
+        ...
+
+    def cancel(self, backend_ids: Sequence[str]) -> None:
+        """Cancel many jobs in one call. Cancelling a finished job is not an error."""
+        ...
+
+    def output_paths(self, backend_id: str) -> OutputPaths: ...
+
+    def partitions(self) -> list[Partition]:
+        """What the facility offers, for preflight and for agents' facility cards."""
+        ...
+
+    def close(self) -> None: ...

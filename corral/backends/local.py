@@ -1,0 +1,257 @@
+"""The embedded default backend: jobs are real processes on this machine.
+
+Each job gets a directory ``ROOT/jobs/<id>/`` holding ``launch.json`` (what to
+run), ``stdout``/``stderr``, ``running.json`` (written by the job's supervisor,
+``local_runner``, when it starts) and ``result.json`` (its last act). The
+directory *is* the state, so the backend rebuilds its queue from disk after a
+gateway restart and jobs keep running meanwhile. Jobs that do not fit the free
+CPU slots and memory wait in FIFO order, first fit. All jobs run as the gateway's
+Unix user.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+from .. import proc
+from ..errors import InvalidRequest
+from ..jobs import JobSpec, JobState, format_duration
+from . import BackendStatus, OutputPaths, Partition, SubmitContext
+
+log = logging.getLogger(__name__)
+
+# The job sees the gateway's basic environment, not its secrets (tokens, keys).
+_PASS_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SHELL", "TERM")
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """True if pid runs and is not a zombie (zombies linger under some PID 1s)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z"
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, root: Path, cpus: int, memory_mb: int, max_walltime_s: int = 7 * 86400) -> None:
+        self.root = Path(root)
+        self.jobs_dir = self.root / "jobs"
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.cpus = cpus
+        self.memory_mb = memory_mb
+        self.max_walltime_s = max_walltime_s
+        self._lock = threading.Lock()
+        self._children: dict[str, object] = {}  # Popen objects we must reap
+        self._queue: list[str] = []
+        self._running: dict[str, tuple[int, int]] = {}  # id -> (cpus, memory_mb)
+        self._recover()
+
+    # -- Backend Protocol ---------------------------------------------------------
+
+    def submit(self, ctx: SubmitContext, spec: JobSpec) -> str:
+        self.preflight(spec)
+        bid = str(ctx.job_id)
+        d = self.jobs_dir / bid
+        with self._lock:
+            if (d / "launch.json").exists():
+                return bid  # idempotent: a retried submit after a crash
+            d.mkdir(parents=True, exist_ok=True)
+            if spec.script:
+                script = d / "script"
+                script.write_text(spec.script)
+                argv = [str(script)] if spec.script.startswith("#!") else ["bash", str(script)]
+                if spec.script.startswith("#!"):
+                    script.chmod(0o700)
+            else:
+                argv = ["bash", "-c", spec.command or ""]
+            env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
+            env.update(spec.env)
+            env.update({"CORRAL_JOB_ID": bid, "CORRAL_PRINCIPAL": ctx.principal, "CORRAL_SESSION": ctx.session or ""})
+            launch = {
+                "argv": argv,
+                "cwd": spec.workdir or str(d),
+                "env": env,
+                "cpus": spec.cpus,
+                "memory_mb": spec.memory_mb,
+                "walltime_s": spec.walltime_s,
+                "principal": ctx.principal,
+                "session": ctx.session,
+            }
+            (d / "stdout").touch()
+            (d / "stderr").touch()
+            tmp = d / "launch.tmp"
+            tmp.write_text(json.dumps(launch))
+            os.replace(tmp, d / "launch.json")
+            self._queue.append(bid)
+            self._schedule()
+        return bid
+
+    def status(self, backend_ids: Sequence[str]) -> dict[str, BackendStatus]:
+        with self._lock:
+            self._reap()
+            self._schedule()
+            out: dict[str, BackendStatus] = {}
+            for bid in backend_ids:
+                st = self._status_one(bid)
+                if st is not None:
+                    out[bid] = st
+            return out
+
+    def cancel(self, backend_ids: Sequence[str]) -> None:
+        with self._lock:
+            for bid in backend_ids:
+                d = self.jobs_dir / bid
+                if not (d / "launch.json").exists() or (d / "result.json").exists():
+                    continue
+                (d / "cancel").touch()
+                if bid in self._queue:
+                    self._queue.remove(bid)
+                    self._finish(d, "CANCELLED", None, "cancelled while pending")
+                    continue
+                running = _read_json(d / "running.json")
+                if running and _alive(running["pid"]):
+                    try:
+                        os.kill(running["pid"], 15)
+                    except ProcessLookupError:
+                        pass
+
+    def output_paths(self, backend_id: str) -> OutputPaths:
+        d = self.jobs_dir / backend_id
+        return OutputPaths(d / "stdout", d / "stderr")
+
+    def partitions(self) -> list[Partition]:
+        return [Partition("local", self.cpus, self.memory_mb, 0, self.max_walltime_s, default=True)]
+
+    def close(self) -> None:
+        """Jobs keep running: they belong to their supervisors, not to the gateway."""
+
+    # -- preflight --------------------------------------------------------------------
+
+    def preflight(self, spec: JobSpec) -> None:
+        """Refuse at once what this machine can never run, naming the nearest valid request."""
+        if spec.partition not in (None, "local"):
+            raise InvalidRequest(f"unknown partition {spec.partition!r}; this facility has one partition: 'local'")
+        if spec.cpus > self.cpus:
+            raise InvalidRequest(f"{spec.cpus} CPUs asked but the largest node has {self.cpus}; ask for cpus <= {self.cpus}")
+        if spec.memory_mb > self.memory_mb:
+            raise InvalidRequest(
+                f"{spec.memory_mb}M of memory asked but the largest node has {self.memory_mb}M; ask for memory <= {self.memory_mb}M"
+            )
+        if spec.gpus > 0:
+            raise InvalidRequest(f"{spec.gpus} GPUs asked but this facility has none; set gpus to 0")
+        if spec.walltime_s > self.max_walltime_s:
+            raise InvalidRequest(
+                f"walltime {format_duration(spec.walltime_s)} is over the limit of {format_duration(self.max_walltime_s)}; ask for less"
+            )
+
+    # -- internals (called with the lock held) ------------------------------------------
+
+    def _recover(self) -> None:
+        """Rebuild queue and slot usage from disk: the gateway may have restarted."""
+        dirs = sorted((p for p in self.jobs_dir.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+        for d in dirs:
+            if (d / "result.json").exists() or not (d / "launch.json").exists():
+                continue
+            launch = _read_json(d / "launch.json") or {}
+            if (d / "running.json").exists() or (d / "spawned").exists():
+                self._running[d.name] = (launch.get("cpus", 1), launch.get("memory_mb", 0))
+            else:
+                self._queue.append(d.name)
+        with self._lock:
+            self._schedule()
+
+    def _free(self) -> tuple[int, int]:
+        used_cpu = sum(c for c, _ in self._running.values())
+        used_mem = sum(m for _, m in self._running.values())
+        return self.cpus - used_cpu, self.memory_mb - used_mem
+
+    def _schedule(self) -> None:
+        free_cpu, free_mem = self._free()
+        for bid in list(self._queue):
+            if free_cpu <= 0:
+                break
+            launch = _read_json(self.jobs_dir / bid / "launch.json")
+            if launch is None:
+                self._queue.remove(bid)
+                continue
+            if launch["cpus"] <= free_cpu and launch["memory_mb"] <= free_mem:
+                self._queue.remove(bid)
+                self._start(bid, launch)
+                free_cpu -= launch["cpus"]
+                free_mem -= launch["memory_mb"]
+
+    def _start(self, bid: str, launch: dict) -> None:
+        d = self.jobs_dir / bid
+        child = proc.spawn(
+            [sys.executable, "-m", "corral.backends.local_runner", str(d)],
+            cwd=d, stdout=d / "runner.log", stderr=d / "runner.log",
+        )
+        # Written before the supervisor's own running.json exists, so a restart in
+        # between still counts this job as started rather than starting it twice.
+        (d / "spawned").write_text(json.dumps({"pid": child.pid, "time": time.time()}))
+        self._children[bid] = child
+        self._running[bid] = (launch["cpus"], launch["memory_mb"])
+
+    def _reap(self) -> None:
+        for bid, child in list(self._children.items()):
+            if child.poll() is not None:  # type: ignore[attr-defined]
+                del self._children[bid]
+        for bid in list(self._running):
+            d = self.jobs_dir / bid
+            if (d / "result.json").exists() or self._vanished(d):
+                del self._running[bid]
+
+    def _vanished(self, d: Path) -> bool:
+        """The supervisor is gone without leaving a result (killed, or the machine rebooted)."""
+        if (d / "result.json").exists():
+            return False
+        spawned = _read_json(d / "spawned") or _read_json(d / "running.json")
+        if spawned is None:
+            return False
+        if d.name in self._children and self._children[d.name].poll() is None:  # type: ignore[attr-defined]
+            return False
+        if _alive(spawned["pid"]):
+            return False
+        if (d / "result.json").exists():  # written just before it exited
+            return False
+        self._finish(d, "FAILED", None, "the job's supervisor process vanished without a result (killed, or the host restarted)")
+        return True
+
+    def _finish(self, d: Path, state: str, exit_code: int | None, reason: str) -> None:
+        tmp = d / "result.tmp"
+        tmp.write_text(json.dumps({"state": state, "exit_code": exit_code, "reason": reason,
+                                   "start_time": None, "end_time": time.time()}))
+        os.replace(tmp, d / "result.json")
+
+    def _status_one(self, bid: str) -> BackendStatus | None:
+        d = self.jobs_dir / bid
+        result = _read_json(d / "result.json")
+        if result:
+            return BackendStatus(bid, JobState(result["state"]), result.get("exit_code"), result.get("reason"),
+                                 result.get("start_time"), result.get("end_time"))
+        if not (d / "launch.json").exists():
+            return None
+        running = _read_json(d / "running.json")
+        if running:
+            return BackendStatus(bid, JobState.RUNNING, start_time=running.get("start_time"))
+        if bid in self._queue:
+            return BackendStatus(bid, JobState.PENDING, reason="waiting for free CPU slots or memory")
+        return BackendStatus(bid, JobState.PENDING, reason="starting")

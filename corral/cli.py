@@ -1,0 +1,334 @@
+"""The command line: ``corral serve`` starts the gateway; every other command is a
+thin client of it over HTTP. Tables for people, ``--json`` for agents. Exit status:
+0 done, 2 bad input or refused (fix the request), 1 the gateway or scheduler failed."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, NoReturn
+
+import click
+
+from .errors import CorralError, InvalidRequest
+
+EPILOG = """\b
+Environment:
+  CORRAL_URL     gateway URL (default http://127.0.0.1:8765)
+  CORRAL_TOKEN   your token (default: the local admin token file, if readable)
+  CORRAL_HOME    gateway state directory (default ./.corral)
+  CORRAL_SESSION session id recorded with every job you submit
+"""
+
+
+def _fail(message: str, code: int = 2, hint: str | None = None) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    if hint:
+        click.echo(f"hint: {hint}", err=True)
+    sys.exit(code)
+
+
+class Ctx:
+    def __init__(self, url: str | None, token: str | None, session: str | None, as_json: bool) -> None:
+        self.url = url or os.environ.get("CORRAL_URL") or "http://127.0.0.1:8765"
+        self.token = token
+        self.session = session or os.environ.get("CORRAL_SESSION")
+        self.as_json = as_json
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            from .client import Client, default_token
+
+            self._client = Client(self.url, self.token or default_token(), self.session)
+        return self._client
+
+    def out(self, data: Any, human: Callable[[Any], str] | None = None) -> None:
+        if self.as_json or human is None:
+            click.echo(json.dumps(data, indent=None if self.as_json else 2, default=str))
+        else:
+            click.echo(human(data))
+
+
+def _ts(t: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
+    if not rows:
+        return "(none)"
+    cells = [[("-" if r.get(c) is None else str(r.get(c))) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def _job_line(j: dict[str, Any]) -> str:
+    extra = f" exit={j['exit_code']}" if j.get("exit_code") is not None else ""
+    reason = f" ({j['reason']})" if j.get("reason") else ""
+    return f"job {j['id']}: {j['state']}{extra}{reason}"
+
+
+def _job_rows(jobs: list[dict[str, Any]]) -> str:
+    rows = [{**j, "submitted": _ts(j.get("submit_time")), "exit": j.get("exit_code")} for j in jobs]
+    return table(rows, ["id", "name", "principal", "session", "state", "exit", "submitted", "reason"])
+
+
+def _parse_kv(pairs: tuple[str, ...], what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for p in pairs:
+        if "=" not in p:
+            _fail(f"{what} {p!r} must look like KEY=VALUE")
+        k, v = p.split("=", 1)
+        out[k] = v
+    return out
+
+
+class CorralGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CorralError as e:
+            from .client import GatewayUnreachable
+
+            _fail(e.message, 1 if isinstance(e, GatewayUnreachable) or e.status >= 500 else 2, e.hint)
+
+
+@click.group(cls=CorralGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--url", help="Gateway URL (env CORRAL_URL).")
+@click.option("--token", help="Bearer token (env CORRAL_TOKEN).")
+@click.option("--session", help="Session id to record with your jobs (env CORRAL_SESSION).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output (for agents and scripts).")
+@click.version_option(package_name="corral")
+@click.pass_context
+def cli(ctx: click.Context, url: str | None, token: str | None, session: str | None, as_json: bool) -> None:
+    """corral: the facility gateway through which AI coding agents (and people) run HPC jobs.
+
+    \b
+    Start here:
+      corral serve                                  start the gateway (or: make run)
+      corral principal add alice --kind human       register a person
+      corral principal add bot --kind agent --sponsor alice
+      corral token mint --for bot --expires 8h      a token for the agent (shown once)
+      corral submit -- python train.py              run a job
+      corral wait 1 && corral logs 1                wait for it, read its output
+    """
+    ctx.obj = Ctx(url, token, session, as_json)
+
+
+@cli.command()
+@click.option("--host", help="Listen address (default 127.0.0.1).")
+@click.option("--port", type=int, help="Listen port (default 8765).")
+@click.option("--home", type=click.Path(path_type=Path), help="State directory (default ./.corral; env CORRAL_HOME).")
+@click.option("--backend", type=click.Choice(["local"]), help="Where jobs run (default local).")
+@click.option("--tick", "tick_s", type=float, help="Seconds between backend status polls (default 0.5).")
+@click.option("--cpus", "local_cpus", type=int, help="CPU slots of the local backend (default: this machine's cores).")
+def serve(**opts: Any) -> None:
+    """Start the gateway: HTTP API, reconciler and backend, in the foreground.
+
+    Settings come from flags, CORRAL_* environment variables, then CORRAL_HOME/corral.toml.
+    On first start it creates an admin principal and writes its token to CORRAL_HOME/admin.token (mode 0600).
+    """
+    from .config import load_settings
+    from .server import serve as run_server
+
+    try:
+        settings = load_settings(**opts)
+    except InvalidRequest as e:
+        _fail(e.message)
+    run_server(settings)
+
+
+@cli.command()
+@click.argument("command", nargs=-1, required=False)
+@click.option("--script", "script_file", type=click.File("r"), help="Submit a job script file ('-' for stdin) instead of a command.")
+@click.option("--cpus", type=int, help="CPU cores (default 1).")
+@click.option("--memory", "--mem", help="Memory, e.g. 512M or 4G (default 1G).")
+@click.option("--gpus", type=int, help="GPUs (default 0).")
+@click.option("--walltime", "--time", "-t", help="Time limit, e.g. 30m, 2h or HH:MM:SS (default 1h).")
+@click.option("--partition", "-p", help="Partition (default: the facility's default).")
+@click.option("--name", "-J", help="A short job name.")
+@click.option("--workdir", "-D", type=click.Path(), help="Working directory (absolute; default: the current directory).")
+@click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Environment variable; repeatable.")
+@click.option("--label", "label_pairs", multiple=True, metavar="KEY=VALUE", help="Label; repeatable.")
+@click.option("--idempotency-key", help="Retry-safe key: the same key always yields the same single job.")
+@click.option("--wait", "wait_s", type=float, help="Then wait up to this many seconds for the job to end.")
+@click.pass_obj
+def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[str, ...],
+           label_pairs: tuple[str, ...], idempotency_key: str | None, wait_s: float | None, **res: Any) -> None:
+    """Submit a job: a command (after --) or a script (--script FILE).
+
+    \b
+    Examples:
+      corral submit -- echo hello
+      corral submit --cpus 4 --mem 8G -t 2h --name train -- python train.py --epochs 3
+      corral submit --script job.sh --idempotency-key run-42
+    """
+    if bool(command) == bool(script_file):
+        _fail("give a command after '--' or a script with --script FILE (not both)")
+    spec: dict[str, Any] = {k: v for k, v in res.items() if v is not None}
+    if command:
+        import shlex
+
+        spec["command"] = command[0] if len(command) == 1 else shlex.join(command)
+    else:
+        spec["script"] = script_file.read()
+    spec.setdefault("workdir", os.getcwd())
+    if env_pairs:
+        spec["env"] = _parse_kv(env_pairs, "--env")
+    if label_pairs:
+        spec["labels"] = _parse_kv(label_pairs, "--label")
+    job = o.client.submit(spec, idempotency_key)
+    if wait_s is not None:
+        job = o.client.wait(job["id"], wait_s)
+    o.out(job, lambda j: _job_line(j) if wait_s is not None else f"submitted job {j['id']} ({j['state']})"
+          + ("" if j.get("created", True) else " [existing job for this idempotency key]"))
+
+
+@cli.command()
+@click.argument("job_ids", nargs=-1, type=int, required=True)
+@click.pass_obj
+def status(o: Ctx, job_ids: tuple[int, ...]) -> None:
+    """Show the state of one or more jobs (from the gateway's state, not the scheduler)."""
+    jobs = [o.client.job(j) for j in job_ids]
+    o.out(jobs if len(jobs) > 1 else jobs[0], lambda d: _job_rows(d if isinstance(d, list) else [d]))
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds to wait at most.")
+@click.option("--until", help="Return once the job reaches this state (e.g. RUNNING) instead of its end.")
+@click.pass_obj
+def wait(o: Ctx, job_id: int, timeout: float, until: str | None) -> None:
+    """Wait for a job to end (or reach --until). A long-poll: costs the scheduler nothing extra."""
+    job = o.client.wait(job_id, timeout, until)
+    o.out(job, lambda j: _job_line(j) + ("" if j["reached"] else f" [still {j['state']} after {timeout:g}s]"))
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@click.option("--stderr", "use_stderr", is_flag=True, help="Read stderr instead of stdout.")
+@click.option("--tail", type=int, help="Only the last N lines.")
+@click.option("--offset", type=int, default=0, show_default=True, help="Byte offset to read from.")
+@click.option("--limit", type=int, default=65536, show_default=True, help="Bytes to read at most.")
+@click.pass_obj
+def logs(o: Ctx, job_id: int, use_stderr: bool, tail: int | None, offset: int, limit: int) -> None:
+    """Print a job's output, bounded: a page from --offset, or the last --tail lines."""
+    page = o.client.output(job_id, stream="stderr" if use_stderr else "stdout", offset=offset, limit=limit, tail=tail)
+
+    def human(p: dict[str, Any]) -> str:
+        more = "" if p["eof"] else f"\n[{p['size'] - p['next_offset']} more bytes: --offset {p['next_offset']}]"
+        return p["data"].rstrip("\n") + more
+
+    o.out(page, human)
+
+
+@cli.command()
+@click.argument("job_ids", nargs=-1, type=int, required=True)
+@click.pass_obj
+def cancel(o: Ctx, job_ids: tuple[int, ...]) -> None:
+    """Cancel one or more jobs."""
+    res = o.client.cancel(list(job_ids))
+    o.out(res, lambda r: "\n".join(f"job {j['id']}: cancel requested ({j['state']})" for j in r["jobs"]))
+
+
+@cli.command()
+@click.option("--state", "states", multiple=True, help="Only jobs in this state; repeatable.")
+@click.option("--session", help="Only jobs of this session.")
+@click.option("--principal", help="Only jobs of this principal (yours or your agents').")
+@click.option("--limit", type=int, default=50, show_default=True)
+@click.option("--offset", type=int, default=0, show_default=True)
+@click.pass_obj
+def jobs(o: Ctx, states: tuple[str, ...], session: str | None, principal: str | None, limit: int, offset: int) -> None:
+    """List jobs you may see (yours, your agents'; all for admins), newest first."""
+    res = o.client.jobs(state=list(states) or None, session=session, principal=principal, limit=limit, offset=offset)
+    o.out(res, lambda r: _job_rows(r["jobs"]))
+
+
+@cli.command()
+@click.pass_obj
+def whoami(o: Ctx) -> None:
+    """Show the principal your token acts as."""
+    o.out(o.client.whoami(), lambda p: f"{p['name']} ({p['kind']}{', admin' if p['admin'] else ''})"
+          + (f", sponsored by {p['sponsor']}" if p.get("sponsor") else ""))
+
+
+@cli.command()
+@click.pass_obj
+def facility(o: Ctx) -> None:
+    """Show partitions, limits, queue pressure and your own usage."""
+    o.out(o.client.facility(), lambda f: table(f["partitions"], ["name", "default", "max_cpus", "max_memory_mb", "max_gpus", "max_walltime_s"])
+          + f"\nqueue: {f['queue']['pending']} pending, {f['queue']['running']} running; you: {f['you']['active_jobs']} active jobs")
+
+
+@cli.group()
+def principal() -> None:
+    """Register and list principals: humans, agents (with a sponsor) and services."""
+
+
+@principal.command("add")
+@click.argument("name")
+@click.option("--kind", type=click.Choice(["human", "agent", "service"]), required=True)
+@click.option("--sponsor", help="For agents: the human who answers for it.")
+@click.option("--unix-user", help="Unix user its jobs run as (Slurm backend).")
+@click.option("--account", help="Scheduler account its jobs are charged to.")
+@click.option("--admin", is_flag=True, help="Make this human an admin.")
+@click.pass_obj
+def principal_add(o: Ctx, name: str, kind: str, sponsor: str | None, unix_user: str | None,
+                  account: str | None, admin: bool) -> None:
+    """Add a principal. Example: corral principal add bot1 --kind agent --sponsor alice"""
+    p = o.client.add_principal(name=name, kind=kind, sponsor=sponsor, unix_user=unix_user, account=account, admin=admin)
+    o.out(p, lambda p: f"added {p['kind']} {p['name']}" + (f" (sponsor {p['sponsor']})" if p.get("sponsor") else ""))
+
+
+@principal.command("list")
+@click.pass_obj
+def principal_list(o: Ctx) -> None:
+    """List the principals you may see."""
+    o.out(o.client.principals(), lambda ps: table(ps, ["name", "kind", "sponsor", "unix_user", "account", "admin"]))
+
+
+@cli.group()
+def token() -> None:
+    """Mint, list and revoke bearer tokens."""
+
+
+@token.command("mint")
+@click.option("--for", "for_", required=True, help="The principal the token acts as.")
+@click.option("--expires", default="8h", show_default=True, help="Lifetime: 30m, 8h, 7d; 'never' for humans/services.")
+@click.option("--note", help="Why this token exists.")
+@click.pass_obj
+def token_mint(o: Ctx, for_: str, expires: str, note: str | None) -> None:
+    """Mint a token. It is shown once: store it now (e.g. export CORRAL_TOKEN=...)."""
+    t = o.client.mint_token(for_, expires, note)
+    o.out(t, lambda t: f"{t['token']}\n(token {t['id']} for {t['principal']}; shown once)")
+
+
+@token.command("list")
+@click.pass_obj
+def token_list(o: Ctx) -> None:
+    """List tokens (never their secrets)."""
+    o.out(o.client.tokens(), lambda ts: table(
+        [{**t, "expires": _ts(t.get("expires")), "revoked": "yes" if t.get("revoked") else ""} for t in ts],
+        ["id", "principal", "expires", "revoked", "note"]))
+
+
+@token.command("revoke")
+@click.argument("token_id")
+@click.pass_obj
+def token_revoke(o: Ctx, token_id: str) -> None:
+    """Revoke a token by id: it stops working at once."""
+    o.out(o.client.revoke_token(token_id), lambda r: f"revoked token {r['id']}")
+
+
+def main() -> None:
+    cli(prog_name="corral")
+
+
+if __name__ == "__main__":
+    main()

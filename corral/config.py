@@ -1,0 +1,93 @@
+"""One typed configuration for the gateway and its clients.
+
+Precedence, highest first: explicit arguments (CLI flags), ``CORRAL_*`` environment
+variables, the TOML file (``$CORRAL_CONFIG``, else ``$CORRAL_HOME/corral.toml``),
+then the defaults below. Unknown keys in the file are refused with the list of valid ones.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .errors import InvalidRequest
+
+
+def _total_memory_mb() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1024 * 1024))
+    except (ValueError, OSError):
+        return 4096
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CORRAL_", extra="forbid")
+
+    home: Path = Field(Path(".corral"), description="State directory: database, admin token, logs, job files.")
+    host: str = Field("127.0.0.1", description="Address the gateway listens on.")
+    port: int = Field(8765, ge=0, le=65535, description="Port the gateway listens on (0: any free port).")
+    url: str | None = Field(None, description="Gateway URL for clients; default http://HOST:PORT.")
+    backend: Literal["local"] = Field("local", description="Where jobs run: 'local' (processes on this machine).")
+    tick_s: float = Field(0.5, gt=0, le=60, description="Reconciler interval: one backend status call per tick.")
+    max_backoff_s: float = Field(30.0, gt=0, description="Longest pause between ticks while the backend fails.")
+    wait_max_s: float = Field(600.0, gt=0, description="Longest long-poll a client may ask of 'wait'.")
+    local_cpus: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, description="CPU slots of the local backend.")
+    local_memory_mb: int = Field(default_factory=_total_memory_mb, ge=64, description="Memory (MB) of the local backend.")
+    local_max_walltime_s: int = Field(7 * 86400, ge=1, description="Longest walltime the local backend accepts.")
+    log_level: str = Field("INFO", description="Python logging level of the gateway.")
+
+    @property
+    def base_url(self) -> str:
+        if self.url:
+            return self.url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def db_path(self) -> Path:
+        return self.home / "corral.db"
+
+    @property
+    def admin_token_path(self) -> Path:
+        return self.home / "admin.token"
+
+
+def config_file(home: Path | None = None) -> Path:
+    explicit = os.environ.get("CORRAL_CONFIG")
+    if explicit:
+        return Path(explicit)
+    base = home or Path(os.environ.get("CORRAL_HOME", ".corral"))
+    return base / "corral.toml"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from file, environment and ``overrides`` (None values are ignored)."""
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    path = config_file(Path(overrides["home"]) if "home" in overrides else None)
+    from_file: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            from_file = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise InvalidRequest(f"config file {path} is not valid TOML: {e}") from None
+        unknown = set(from_file) - set(Settings.model_fields)
+        if unknown:
+            raise InvalidRequest(
+                f"config file {path} has unknown keys {sorted(unknown)}; valid keys: {sorted(Settings.model_fields)}"
+            )
+    # Environment beats the file: drop file keys the environment sets.
+    for key in list(from_file):
+        if f"CORRAL_{key.upper()}" in os.environ:
+            from_file.pop(key)
+    try:
+        settings = Settings(**{**from_file, **overrides})
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "settings"
+        raise InvalidRequest(f"configuration {where}: {first['msg']}") from None
+    return settings

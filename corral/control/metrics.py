@@ -1,0 +1,79 @@
+"""Prometheus metrics of one gateway, on a registry of its own (several gateways
+may live in one test process). ``MeteredBackend`` counts every call corral makes
+to the scheduler: the number this whole project exists to keep small."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ..backends import Backend, BackendStatus, OutputPaths, Partition, SubmitContext
+from ..jobs import JobSpec
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.backend_calls = Counter(
+            "corral_backend_calls", "Calls corral made to the backend (scheduler), by operation.",
+            ["op"], registry=self.registry,
+        )
+        self.backend_errors = Counter(
+            "corral_backend_errors", "Backend calls that failed, by operation.", ["op"], registry=self.registry
+        )
+        self.requests = Counter(
+            "corral_requests", "Requests served, by edge and operation.", ["edge", "op"], registry=self.registry
+        )
+        self.ticks = Counter("corral_reconcile_ticks", "Reconciler ticks that polled the backend.", registry=self.registry)
+        self.tick_seconds = Histogram(
+            "corral_reconcile_tick_seconds", "Duration of one reconcile tick.", registry=self.registry,
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
+        )
+        self.active_jobs = Gauge("corral_active_jobs", "Jobs not yet in a terminal state.", registry=self.registry)
+        self.waiters = Gauge("corral_waiters", "Long-polls currently waiting.", registry=self.registry)
+        self.degraded = Gauge("corral_backend_degraded", "1 while the backend is failing.", registry=self.registry)
+
+    def backend_count(self, op: str) -> int:
+        return int(self.backend_calls.labels(op)._value.get())
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MeteredBackend:
+    """A Backend that counts what passes through it."""
+
+    def __init__(self, inner: Backend, metrics: Metrics) -> None:
+        self.inner = inner
+        self.metrics = metrics
+        self.name = inner.name
+
+    def _count(self, op: str) -> None:
+        self.metrics.backend_calls.labels(op).inc()
+
+    def submit(self, ctx: SubmitContext, spec: JobSpec) -> str:
+        self._count("submit")
+        return self.inner.submit(ctx, spec)
+
+    def status(self, backend_ids: Sequence[str]) -> dict[str, BackendStatus]:
+        self._count("status")
+        return self.inner.status(backend_ids)
+
+    def cancel(self, backend_ids: Sequence[str]) -> None:
+        self._count("cancel")
+        self.inner.cancel(backend_ids)
+
+    def output_paths(self, backend_id: str) -> OutputPaths:
+        return self.inner.output_paths(backend_id)  # a path computation, no scheduler call
+
+    def partitions(self) -> list[Partition]:
+        return self.inner.partitions()
+
+    def preflight(self, spec: JobSpec) -> None:
+        check = getattr(self.inner, "preflight", None)
+        if check is not None:
+            check(spec)
+
+    def close(self) -> None:
+        self.inner.close()

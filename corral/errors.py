@@ -1,0 +1,81 @@
+"""The one exception tree of corral.
+
+Every error a caller can cause or meet is a ``CorralError``; each edge maps the
+class to its own vocabulary (an HTTP status, a CLI exit status, an MCP tool error)
+and shows ``message`` verbatim, so messages are written for the caller and say
+what to do next::
+
+    CorralError
+     ├── InvalidRequest      bad input: a field, a resource, a path    (HTTP 400, CLI 2)
+     ├── Unauthenticated     missing, expired, revoked or forged token (HTTP 401, CLI 2)
+     ├── Forbidden           authenticated but not allowed             (HTTP 403, CLI 2)
+     ├── NotFound            unknown id, or one the caller may not see (HTTP 404, CLI 2)
+     ├── Conflict            the request clashes with current state    (HTTP 409, CLI 2)
+     └── BackendError        the scheduler failed or is unreachable   (HTTP 503, CLI 1)
+"""
+
+from __future__ import annotations
+
+
+class CorralError(Exception):
+    """Root of every corral error. ``message`` is shown to the caller as is."""
+
+    status: int = 500
+    code: str = "internal"
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def to_dict(self) -> dict[str, str]:
+        out = {"code": self.code, "message": self.message}
+        if self.hint:
+            out["hint"] = self.hint
+        return out
+
+
+class InvalidRequest(CorralError):
+    status = 400
+    code = "invalid_request"
+
+
+class Unauthenticated(CorralError):
+    status = 401
+    code = "unauthenticated"
+
+
+class Forbidden(CorralError):
+    status = 403
+    code = "forbidden"
+
+
+class NotFound(CorralError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(CorralError):
+    status = 409
+    code = "conflict"
+
+
+class BackendError(CorralError):
+    """The scheduler failed. Carries what a person needs to debug it."""
+
+    status = 503
+    code = "backend_unavailable"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        argv: list[str] | None = None,
+        returncode: int | None = None,
+        stderr: str = "",
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.argv = argv
+        self.returncode = returncode
+        self.stderr = stderr

@@ -1,0 +1,183 @@
+"""Jobs: what a caller asks for (``JobSpec``), what corral records (``Job``), and
+the one ``JobState`` vocabulary every backend is translated into."""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+
+class JobState(str, enum.Enum):
+    PENDING = "PENDING"
+    """Accepted, waiting for resources."""
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    """Ended with exit code 0."""
+    FAILED = "FAILED"
+    """Ended with a non-zero exit code, or could not start (see ``reason``)."""
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    """Killed for running past its walltime."""
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    """Killed for using more memory than it asked for."""
+    UNKNOWN = "UNKNOWN"
+    """The backend reported a state corral does not know; logged, never a crash."""
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset(
+    {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.OUT_OF_MEMORY}
+)
+
+_MEM_UNITS = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+_MEM_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+_DUR_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", re.IGNORECASE)
+_DUR_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_memory_mb(value: Any) -> int:
+    """'512M', '4G', '4GB', 2048 (MB) -> megabytes."""
+    if isinstance(value, bool):
+        raise ValueError("memory must be a size such as '512M' or '4G'")
+    if isinstance(value, (int, float)):
+        mb = float(value)
+    else:
+        m = _MEM_RE.match(str(value))
+        if not m:
+            raise ValueError(f"memory {value!r} is not a size; write it like '512M', '4G' or 2048 (MB)")
+        mb = float(m.group(1)) * _MEM_UNITS[m.group(2).upper()]
+    if mb < 1:
+        raise ValueError(f"memory must be at least 1M, got {value!r}")
+    return int(round(mb))
+
+
+def parse_duration_s(value: Any) -> int:
+    """'90s', '30m', '2h', '1d', 'HH:MM:SS', 'D-HH:MM:SS' (Slurm's form), 600 (s) -> seconds."""
+    if isinstance(value, bool):
+        raise ValueError("walltime must be a duration such as '30m' or '02:00:00'")
+    if isinstance(value, (int, float)):
+        secs = float(value)
+    else:
+        text = str(value).strip()
+        days = 0
+        if "-" in text:
+            d, _, text = text.partition("-")
+            if not d.isdigit():
+                raise ValueError(f"walltime {value!r} is not a duration; write '30m', '2h' or 'HH:MM:SS'")
+            days = int(d)
+        if ":" in text:
+            parts = text.split(":")
+            if len(parts) > 3 or not all(p.isdigit() for p in parts):
+                raise ValueError(f"walltime {value!r} is not a duration; write '30m', '2h' or 'HH:MM:SS'")
+            nums = [int(p) for p in parts]
+            while len(nums) < 3:
+                nums.insert(0, 0)
+            secs = days * 86400 + nums[0] * 3600 + nums[1] * 60 + nums[2]
+        else:
+            m = _DUR_RE.match(text)
+            if not m:
+                raise ValueError(f"walltime {value!r} is not a duration; write '30m', '2h' or 'HH:MM:SS'")
+            secs = days * 86400 + float(m.group(1)) * _DUR_UNITS[m.group(2).lower()]
+    if secs < 1:
+        raise ValueError(f"walltime must be at least 1 second, got {value!r}")
+    return int(round(secs))
+
+
+def format_duration(seconds: int) -> str:
+    h, rem = divmod(int(seconds), 3600)
+    m, s = divmod(rem, 60)
+    return f"{h:02d}:{m:02d}:{s:02d}"
+
+
+MemoryMB = Annotated[int, BeforeValidator(parse_memory_mb)]
+Seconds = Annotated[int, BeforeValidator(parse_duration_s)]
+
+_NAME_RE = r"^[A-Za-z0-9_.+-]{1,64}$"
+
+
+class JobSpec(BaseModel):
+    """What a caller asks to run. Unknown fields are refused, not ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: str | None = Field(None, description="A shell command line, run with bash -c.", max_length=100_000)
+    script: str | None = Field(None, description="A whole job script (bash unless it has a #! line).", max_length=1_000_000)
+    workdir: str | None = Field(None, description="Absolute working directory; must exist. Default: corral's job directory.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
+    cpus: int = Field(1, ge=1, le=100_000, description="CPU cores.")
+    memory_mb: MemoryMB = Field(1024, alias="memory", description="Memory: '512M', '4G' or MB as a number.")
+    gpus: int = Field(0, ge=0, le=1024, description="GPUs.")
+    walltime_s: Seconds = Field(3600, alias="walltime", description="Time limit: '30m', '2h', 'HH:MM:SS' or seconds.")
+    partition: str | None = Field(None, pattern=_NAME_RE, description="Partition (queue); default: the facility's default.")
+    name: str | None = Field(None, pattern=_NAME_RE, description="A short name for people.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Free-form key/value labels.")
+
+    @model_validator(mode="after")
+    def _one_of_command_or_script(self) -> "JobSpec":
+        if bool(self.command) == bool(self.script):
+            raise ValueError("give exactly one of 'command' (a shell line) or 'script' (a job script)")
+        if self.walltime_s > 366 * 86400:
+            raise ValueError("walltime over a year is not a request any facility can meet; ask for less")
+        if self.memory_mb > 1024 * 1024 * 64:
+            raise ValueError("memory over 64T is not a request any node can meet; ask for less")
+        for key in self.env:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                raise ValueError(f"environment variable name {key!r} is invalid; use letters, digits and _")
+        if len(self.labels) > 32:
+            raise ValueError("at most 32 labels per job")
+        return self
+
+    def public(self) -> dict[str, Any]:
+        """The spec as a caller writes it (with aliases)."""
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class Job(BaseModel):
+    """corral's record of one job: its identity, who asked, and what happened."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    principal: str
+    session: str | None = None
+    backend: str
+    backend_id: str | None = None
+    state: JobState
+    exit_code: int | None = None
+    reason: str | None = None
+    submit_time: float
+    start_time: float | None = None
+    end_time: float | None = None
+    spec: JobSpec
+
+    @property
+    def terminal(self) -> bool:
+        return self.state.terminal
+
+    def summary(self) -> dict[str, Any]:
+        """A compact view for listings and for models' context windows."""
+        return {
+            "id": self.id,
+            "name": self.spec.name,
+            "principal": self.principal,
+            "session": self.session,
+            "state": self.state.value,
+            "exit_code": self.exit_code,
+            "reason": self.reason,
+            "submit_time": self.submit_time,
+            "start_time": self.start_time,
+            "end_time": self.end_time,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.summary()
+        out["backend"] = self.backend
+        out["backend_id"] = self.backend_id
+        out["spec"] = self.spec.public()
+        return out

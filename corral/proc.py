@@ -1,0 +1,80 @@
+"""The one door to the outside world: every subprocess corral starts goes through
+``spawn`` (detached, long-lived) or ``run`` (short, awaited). Tests replace this
+seam, not the callers; argument lists only, never a shell built from input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from .errors import BackendError
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    cwd: Path | str | None = None,
+    env: Mapping[str, str] | None = None,
+    stdout: Path | None = None,
+    stderr: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start a process in its own session, so that it outlives the gateway (kill -9
+    of the gateway or a Ctrl-C in its terminal must not take jobs with it)."""
+    out = open(stdout, "ab") if stdout else subprocess.DEVNULL
+    err = open(stderr, "ab") if stderr else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as e:
+        raise BackendError(f"could not start {argv[0]}: {e}", argv=list(argv)) from None
+    finally:
+        for f in (out, err):
+            if hasattr(f, "close"):
+                f.close()  # type: ignore[union-attr]
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    timeout: float = 30.0,
+    env: Mapping[str, str] | None = None,
+    input: str | None = None,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Run a short command and return its output; a failure is a ``BackendError``
+    that carries argv, return code and stderr."""
+    t0 = time.monotonic()
+    try:
+        cp = subprocess.run(
+            list(argv),
+            env={**os.environ, **env} if env else None,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except FileNotFoundError:
+        raise BackendError(f"{argv[0]} is not installed or not on PATH", argv=list(argv)) from None
+    except subprocess.TimeoutExpired:
+        raise BackendError(
+            f"{argv[0]} did not answer within {timeout:.0f}s", argv=list(argv), hint="the scheduler may be overloaded"
+        ) from None
+    if check and cp.returncode != 0:
+        raise BackendError(
+            f"{argv[0]} failed with exit code {cp.returncode} after {time.monotonic() - t0:.2f}s: {cp.stderr.strip()[:500]}",
+            argv=list(argv),
+            returncode=cp.returncode,
+            stderr=cp.stderr,
+        )
+    return cp

@@ -1,0 +1,52 @@
+"""Assembles one gateway from settings: logging, database, backend, service, app."""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import sys
+
+from .api import create_app
+from .backends.local import LocalBackend
+from .config import Settings
+from .db import Database
+from .service import Service
+
+log = logging.getLogger("corral")
+
+
+def setup_logging(settings: Settings) -> None:
+    settings.home.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger("corral")
+    root.setLevel(settings.log_level.upper())
+    root.handlers.clear()
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(fmt)
+    filelog = logging.handlers.RotatingFileHandler(settings.home / "gateway.log", maxBytes=10_000_000, backupCount=3)
+    filelog.setFormatter(fmt)
+    root.addHandler(stream)
+    root.addHandler(filelog)
+
+
+def build_service(settings: Settings) -> Service:
+    settings.home.mkdir(parents=True, exist_ok=True)
+    db = Database(settings.db_path)
+    backend = LocalBackend(settings.home / "local", settings.local_cpus, settings.local_memory_mb,
+                           settings.local_max_walltime_s)
+    return Service(settings, db, backend)
+
+
+def serve(settings: Settings) -> None:
+    import uvicorn
+
+    setup_logging(settings)
+    service = build_service(settings)
+    created = service.bootstrap_admin()
+    app = create_app(service)
+    token_path = settings.admin_token_path.resolve()
+    print(f"corral gateway on {settings.base_url}  (API docs: {settings.base_url}/docs)", flush=True)
+    print(f"backend: {settings.backend}, {settings.local_cpus} CPU slots; state in {settings.home.resolve()}", flush=True)
+    print(f"admin token {'created' if created else 'kept'} in {token_path} (mode 0600)", flush=True)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
+                loop="uvloop", http="httptools", timeout_graceful_shutdown=3)

@@ -1,0 +1,292 @@
+"""The facility core: the one place where actions happen. Every edge (HTTP, MCP,
+CLI through HTTP) calls these methods; each runs authenticate -> check -> act,
+and answers status and listings from the gateway's own state, never the backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from .backends import Backend, SubmitContext
+from .config import Settings
+from .control.metrics import MeteredBackend, Metrics
+from .control.reconciler import Reconciler, Watchers
+from .db import Database
+from .errors import BackendError, Conflict, CorralError, Forbidden, InvalidRequest, NotFound, Unauthenticated
+from .jobs import Job, JobSpec, JobState, parse_duration_s
+from .output import read_page, read_tail
+from .principals import Caller, Kind, Principal, check_name, check_session, new_token, secret_matches, split_token
+
+log = logging.getLogger(__name__)
+
+ADMIN = "admin"
+
+
+class Service:
+    def __init__(self, settings: Settings, db: Database, backend: Backend, metrics: Metrics | None = None) -> None:
+        self.settings = settings
+        self.db = db
+        self.metrics = metrics or Metrics()
+        self.backend = MeteredBackend(backend, self.metrics)
+        self.watchers = Watchers(self.metrics)
+        self.reconciler = Reconciler(
+            db, self.backend, self.watchers, self.metrics, settings.tick_s, settings.max_backoff_s,
+            before_tick=self.submit_unsent,
+        )
+        self._in_flight: set[int] = set()
+
+    # -- bootstrap ----------------------------------------------------------------
+
+    def bootstrap_admin(self) -> Path | None:
+        """On first start: create the admin principal and write its token (0600). -> path, if new."""
+        if self.db.get_principal(ADMIN) is not None:
+            return None
+        self.db.add_principal(Principal(ADMIN, Kind.HUMAN, is_admin=True))
+        token_id, token, hash_ = new_token()
+        self.db.add_token(token_id, ADMIN, hash_, None, "admin token created on first start")
+        path = self.settings.admin_token_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        os.chmod(path, 0o600)
+        return path
+
+    # -- authentication -------------------------------------------------------------
+
+    def authenticate(self, token: str | None, session: str | None = None) -> Caller:
+        if not token:
+            raise Unauthenticated("no token given; send 'Authorization: Bearer <token>' or set CORRAL_TOKEN")
+        parts = split_token(token)
+        record = self.db.get_token(parts[0]) if parts else None
+        if parts is None or record is None or not secret_matches(parts[1], record["hash"]):
+            raise Unauthenticated("the token is not valid; check CORRAL_TOKEN or ask your sponsor to mint one")
+        if record["revoked"]:
+            raise Unauthenticated(f"token {record['id']} was revoked; ask your sponsor for a new one")
+        if record["expires"] is not None and record["expires"] < time.time():
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(record["expires"]))
+            raise Unauthenticated(
+                f"token {record['id']} expired at {when}; mint a new one with "
+                f"'corral token mint --for {record['principal']}'"
+            )
+        principal = self.db.get_principal(record["principal"])
+        assert principal is not None
+        visible = frozenset([principal.name, *self.db.sponsored_by(principal.name)])
+        return Caller(principal, check_session(session), record["id"], visible)
+
+    # -- principals and tokens --------------------------------------------------------
+
+    def add_principal(
+        self, caller: Caller, name: str, kind: str, sponsor: str | None = None,
+        unix_user: str | None = None, account: str | None = None, admin: bool = False,
+    ) -> Principal:
+        check_name(name)
+        try:
+            k = Kind(kind)
+        except ValueError:
+            raise InvalidRequest(f"kind {kind!r} is unknown; use one of: human, agent, service") from None
+        if not caller.principal.is_admin:
+            # A human may register agents it sponsors itself; everything else is the admin's.
+            if not (caller.principal.kind is Kind.HUMAN and k is Kind.AGENT and sponsor in (None, caller.name)):
+                raise Forbidden("only an admin may add humans and services; a human may add agents it sponsors")
+            sponsor = caller.name
+        if admin and not caller.principal.is_admin:
+            raise Forbidden("only an admin may create another admin")
+        if k is Kind.AGENT:
+            if not sponsor:
+                raise InvalidRequest("an agent needs a sponsor: the human who answers for it (--sponsor NAME)")
+            sp = self.db.get_principal(sponsor)
+            if sp is None or sp.kind is not Kind.HUMAN:
+                raise InvalidRequest(f"sponsor {sponsor!r} is not a human principal; add the human first")
+        elif sponsor:
+            raise InvalidRequest("only agents have sponsors; drop --sponsor for humans and services")
+        if self.db.get_principal(name) is not None:
+            raise Conflict(f"principal {name!r} already exists")
+        try:
+            return self.db.add_principal(Principal(name, k, sponsor, unix_user, account, admin and k is Kind.HUMAN))
+        except sqlite3.IntegrityError:
+            raise Conflict(f"principal {name!r} already exists") from None
+
+    def list_principals(self, caller: Caller) -> list[Principal]:
+        return [p for p in self.db.list_principals() if caller.sees(p.name)]
+
+    def mint_token(self, caller: Caller, for_name: str, expires: str | None = "8h", note: str | None = None) -> dict[str, Any]:
+        target = self.db.get_principal(for_name)
+        if target is None or not caller.sees(for_name):
+            raise NotFound(f"no principal {for_name!r} that you may mint tokens for; see 'corral principal list'")
+        expires_at = None
+        if expires not in (None, "", "never"):
+            try:
+                expires_at = time.time() + parse_duration_s(expires)
+            except ValueError as e:
+                raise InvalidRequest(f"--expires: {e}") from None
+        elif target.kind is Kind.AGENT:
+            raise InvalidRequest("agent tokens must expire; give --expires such as 8h or 7d")
+        token_id, token, hash_ = new_token()
+        self.db.add_token(token_id, for_name, hash_, expires_at, note)
+        return {"id": token_id, "token": token, "principal": for_name, "expires": expires_at}
+
+    def list_tokens(self, caller: Caller) -> list[dict[str, Any]]:
+        return self.db.list_tokens(None if caller.principal.is_admin else caller.visible)
+
+    def revoke_token(self, caller: Caller, token_id: str) -> None:
+        record = self.db.get_token(token_id)
+        if record is None or not caller.sees(record["principal"]):
+            raise NotFound(f"no token {token_id!r} that you may revoke; see 'corral token list'")
+        self.db.revoke_token(token_id)
+
+    # -- jobs ---------------------------------------------------------------------------
+
+    def _check_spec(self, spec: JobSpec) -> None:
+        if spec.workdir is not None:
+            wd = Path(spec.workdir)
+            if not wd.is_absolute():
+                raise InvalidRequest(f"workdir {spec.workdir!r} must be an absolute path")
+            if not wd.is_dir():
+                raise InvalidRequest(f"workdir {spec.workdir!r} does not exist; create it or pick another")
+        self.backend.preflight(spec)
+
+    async def submit(self, caller: Caller, spec: JobSpec, idempotency_key: str | None = None) -> tuple[Job, bool]:
+        """Record the job, then hand it to the backend. -> (job, created). With a key
+        already used by this principal, returns that job and submits nothing."""
+        if idempotency_key is not None and not (1 <= len(idempotency_key) <= 200):
+            raise InvalidRequest("idempotency key must be 1-200 characters")
+        self._check_spec(spec)
+        job, created = self.db.insert_job(caller.name, caller.session, idempotency_key, self.backend.name, spec)
+        if created:
+            await self._send(job, caller.principal)
+            self.reconciler.kick()
+        return self.db.get_job(job.id) or job, created
+
+    async def _send(self, job: Job, principal: Principal) -> None:
+        ctx = SubmitContext(job.id, principal.name, principal.kind.value, principal.sponsor, job.session,
+                            principal.unix_user, principal.account)
+        self._in_flight.add(job.id)
+        try:
+            backend_id = await asyncio.to_thread(self.backend.submit, ctx, job.spec)
+            self.db.set_backend_id(job.id, backend_id)
+        except BackendError as e:
+            # Keep the job: the reconciler resends it once the scheduler answers again.
+            log.warning("submit of job %s deferred: %s", job.id, e)
+            self.db.update_job(job.id, JobState.PENDING, reason=f"waiting for the scheduler: {e.message}")
+        except CorralError as e:
+            self.db.update_job(job.id, JobState.FAILED, reason=f"refused by the backend: {e.message}", end_time=time.time())
+        finally:
+            self._in_flight.discard(job.id)
+
+    async def submit_unsent(self) -> None:
+        """Send jobs recorded but never handed to the backend (a crash, or the backend was down)."""
+        for job in self.db.active_jobs():
+            if job.backend_id is None and job.id not in self._in_flight:
+                principal = self.db.get_principal(job.principal)
+                if principal is not None:
+                    await self._send(job, principal)
+
+    def get_job(self, caller: Caller, job_id: int) -> Job:
+        job = self.db.get_job(job_id)
+        # Another principal's job is indistinguishable from a missing one.
+        if job is None or not caller.sees(job.principal):
+            raise NotFound(f"no job {job_id} visible to you; list yours with 'corral jobs'")
+        return job
+
+    def list_jobs(
+        self, caller: Caller, states: Iterable[str] | None = None, session: str | None = None,
+        principal: str | None = None, limit: int = 50, offset: int = 0,
+    ) -> list[Job]:
+        parsed = [self.parse_state(s) for s in states or []]
+        if not 1 <= limit <= 1000:
+            raise InvalidRequest("limit must be between 1 and 1000")
+        if offset < 0:
+            raise InvalidRequest("offset must be >= 0")
+        if principal is not None:
+            if not caller.sees(principal):
+                return []
+            names: Iterable[str] | None = [principal]
+        else:
+            names = None if caller.principal.is_admin else caller.visible
+        return self.db.list_jobs(names, parsed, session, limit, offset)
+
+    @staticmethod
+    def parse_state(value: str) -> JobState:
+        try:
+            return JobState(value.upper())
+        except ValueError:
+            raise InvalidRequest(f"unknown state {value!r}; use one of: {', '.join(s.value for s in JobState)}") from None
+
+    async def cancel(self, caller: Caller, job_ids: list[int]) -> list[Job]:
+        jobs = [self.get_job(caller, j) for j in job_ids]
+        live = [j for j in jobs if not j.terminal and j.backend_id]
+        if live:
+            await asyncio.to_thread(self.backend.cancel, [j.backend_id for j in live])  # type: ignore[misc]
+            self.reconciler.kick()
+        for j in jobs:
+            if not j.terminal and j.backend_id is None:
+                self.db.update_job(j.id, JobState.CANCELLED, reason="cancelled before it reached the scheduler",
+                                   end_time=time.time())
+        return [self.db.get_job(j.id) or j for j in jobs]
+
+    async def wait(
+        self, caller: Caller, job_id: int, timeout: float = 60.0, until: str | None = None
+    ) -> tuple[Job, bool]:
+        """Long-poll until the job is terminal (or reaches ``until``) or ``timeout`` passes.
+        Woken by the reconciler; never asks the backend itself. -> (job, reached)."""
+        if not 0 <= timeout <= self.settings.wait_max_s:
+            raise InvalidRequest(f"timeout must be between 0 and {self.settings.wait_max_s:.0f} seconds")
+        target = self.parse_state(until) if until else None
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.get_job(caller, job_id)
+            if job.terminal or (target is not None and job.state is target):
+                return job, True
+            if target is JobState.RUNNING and job.state not in (JobState.PENDING, JobState.UNKNOWN):
+                return job, True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return job, False
+            await self.watchers.wait(job_id, remaining)
+
+    def read_output(
+        self, caller: Caller, job_id: int, stream: str = "stdout", offset: int = 0,
+        limit: int = 64 * 1024, tail: int | None = None,
+    ) -> dict[str, Any]:
+        job = self.get_job(caller, job_id)
+        if stream not in ("stdout", "stderr"):
+            raise InvalidRequest("stream must be 'stdout' or 'stderr'")
+        if offset < 0 or limit < 1 or (tail is not None and tail < 0):
+            raise InvalidRequest("offset and tail must be >= 0 and limit >= 1")
+        if job.backend_id is None:
+            return {"data": "", "offset": 0, "next_offset": 0, "size": 0, "eof": job.terminal, "stream": stream}
+        paths = self.backend.output_paths(job.backend_id)
+        path = paths.stdout if stream == "stdout" else paths.stderr
+        page = read_tail(path, tail, limit) if tail is not None else read_page(path, offset, limit)
+        page["stream"] = stream
+        page["job_state"] = job.state.value
+        return page
+
+    # -- facility ---------------------------------------------------------------------------
+
+    def facility(self, caller: Caller) -> dict[str, Any]:
+        counts = self.db.count_jobs()
+        mine = self.db.list_jobs(caller.visible, [JobState.PENDING, JobState.RUNNING], limit=1000)
+        return {
+            "backend": self.backend.name,
+            "partitions": [
+                {"name": p.name, "default": p.default, "max_cpus": p.max_cpus, "max_memory_mb": p.max_memory_mb,
+                 "max_gpus": p.max_gpus, "max_walltime_s": p.max_walltime_s}
+                for p in self.backend.partitions()
+            ],
+            "queue": {"pending": counts.get("PENDING", 0), "running": counts.get("RUNNING", 0)},
+            "you": {"principal": caller.name, "kind": caller.principal.kind.value, "sponsor": caller.principal.sponsor,
+                    "session": caller.session, "active_jobs": len(mine)},
+            "degraded": self.reconciler.degraded,
+        }
+
+    def health(self) -> dict[str, Any]:
+        return {"ok": self.reconciler.degraded is None, "backend": self.backend.name,
+                "degraded": self.reconciler.degraded, "last_tick": self.reconciler.last_tick}
