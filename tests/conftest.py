@@ -1,0 +1,105 @@
+"""Shared fixtures: a real gateway process on a loopback port, and the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Gateway:
+    home: Path
+    port: int
+    extra_env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_token(self) -> str:
+        return (self.home / "admin.token").read_text().strip()
+
+    def env(self, token: str | None = None, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+        env.update({"CORRAL_HOME": str(self.home), "CORRAL_URL": self.url, **self.extra_env, **extra})
+        if token:
+            env["CORRAL_TOKEN"] = token
+        return env
+
+    def start(self) -> None:
+        log = open(self.home.parent / f"gateway-{self.port}.log", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "corral.cli", "serve", "--port", str(self.port), "--tick", "0.2"],
+            env=self.env(), stdout=log, stderr=log, cwd=self.home.parent,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited: {(self.home.parent / f'gateway-{self.port}.log').read_text()}")
+            time.sleep(0.1)
+        raise RuntimeError("gateway did not start")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(10)
+
+    def http(self, token: str | None = None, session: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token or self.admin_token}"}
+        if session:
+            headers["X-Corral-Session"] = session
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+
+    def cli(self, *args: str, token: str | None = None, input: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "corral.cli", *args], env=self.env(token, **env),
+                              capture_output=True, text=True, input=input, timeout=120, cwd=self.home.parent)
+
+    def cli_json(self, *args: str, token: str | None = None) -> Any:
+        cp = self.cli("--json", *args, token=token)
+        assert cp.returncode == 0, cp.stderr
+        return json.loads(cp.stdout)
+
+
+@pytest.fixture
+def gateway(tmp_path):
+    gw = Gateway(tmp_path / "home", free_port())
+    gw.home.mkdir()
+    gw.start()
+    yield gw
+    gw.kill(signal.SIGTERM)
+
+
+@pytest.fixture
+def people(gateway: Gateway) -> dict[str, str]:
+    """alice (human) sponsoring agents bot1 and bot2; carol (human) unrelated. -> name: token."""
+    with gateway.http() as h:
+        for body in ({"name": "alice", "kind": "human"}, {"name": "carol", "kind": "human"},
+                     {"name": "bot1", "kind": "agent", "sponsor": "alice"},
+                     {"name": "bot2", "kind": "agent", "sponsor": "alice"}):
+            assert h.post("/v1/principals", json=body).status_code == 201
+        return {n: h.post("/v1/tokens", json={"for": n, "expires": "1h"}).json()["token"]
+                for n in ("alice", "carol", "bot1", "bot2")}

@@ -1,0 +1,60 @@
+"""The backend contract on the local backend, plus what only the local backend does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from corral.backends.local import LocalBackend
+from corral.jobs import JobSpec, JobState
+
+from .backend_contract import *  # noqa: F401,F403
+from .backend_contract import ctx, wait_all
+
+
+@pytest.fixture
+def backend(tmp_path):
+    return LocalBackend(tmp_path / "local", cpus=4, memory_mb=2048, max_walltime_s=3600)
+
+
+def test_queue_survives_a_new_backend_instance(tmp_path) -> None:
+    root = tmp_path / "local"
+    first = LocalBackend(root, cpus=1, memory_mb=2048)
+    a = first.submit(ctx(), JobSpec(command="sleep 1", workdir=str(tmp_path)))
+    b = first.submit(ctx(), JobSpec(command="echo b", workdir=str(tmp_path)))
+    assert first.status([b])[b].state is JobState.PENDING
+    # A gateway restart: a new instance over the same directory, jobs still there.
+    second = LocalBackend(root, cpus=1, memory_mb=2048)
+    st = wait_all(second, [a, b], 30)
+    assert st[a].state is JobState.COMPLETED and st[b].state is JobState.COMPLETED
+    assert second.output_paths(b).stdout.read_text() == "b\n"
+
+
+def test_vanished_supervisor_is_reported_with_a_reason(tmp_path) -> None:
+    import os
+    import signal
+
+    from .backend_contract import wait_state
+
+    b = LocalBackend(tmp_path / "local", cpus=1, memory_mb=2048)
+    bid = b.submit(ctx(), JobSpec(command="sleep 30", workdir=str(tmp_path)))
+    wait_state(b, bid, JobState.RUNNING)
+    running = json.loads((tmp_path / "local" / "jobs" / bid / "running.json").read_text())
+    os.kill(running["pid"], signal.SIGKILL)
+    os.killpg(running["child"], signal.SIGKILL)
+    st = wait_all(b, [bid], 30)[bid]
+    assert st.state is JobState.FAILED
+    assert "vanished" in (st.reason or "")
+
+
+def test_job_environment_hides_gateway_secrets(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("CORRAL_TOKEN", "crl_secret_value")
+    b = LocalBackend(tmp_path / "local", cpus=1, memory_mb=2048)
+    bid = b.submit(ctx(), JobSpec(command="env", workdir=str(tmp_path)))
+    wait_all(b, [bid])
+    env = b.output_paths(bid).stdout.read_text()
+    assert "crl_secret_value" not in env
+    assert f"CORRAL_JOB_ID={bid}" in env
+    launch = json.loads((tmp_path / "local" / "jobs" / bid / "launch.json").read_text())
+    assert launch["session"] == "sess-1"
