@@ -241,8 +241,8 @@ def cancel(o: Ctx, job_ids: tuple[int, ...]) -> None:
 @click.option("--state", "states", multiple=True, help="Only jobs in this state; repeatable.")
 @click.option("--session", help="Only jobs of this session.")
 @click.option("--principal", help="Only jobs of this principal (yours or your agents').")
-@click.option("--limit", type=int, default=50, show_default=True)
-@click.option("--offset", type=int, default=0, show_default=True)
+@click.option("--limit", type=int, default=50, show_default=True, help="Jobs per page (1-1000).")
+@click.option("--offset", type=int, default=0, show_default=True, help="Skip this many jobs (for the next page).")
 @click.pass_obj
 def jobs(o: Ctx, states: tuple[str, ...], session: str | None, principal: str | None, limit: int, offset: int) -> None:
     """List jobs you may see (yours, your agents'; all for admins), newest first."""
@@ -273,7 +273,7 @@ def principal() -> None:
 
 @principal.command("add")
 @click.argument("name")
-@click.option("--kind", type=click.Choice(["human", "agent", "service"]), required=True)
+@click.option("--kind", type=click.Choice(["human", "agent", "service"]), required=True, help="What acts: a person, an AI agent, or a service.")
 @click.option("--sponsor", help="For agents: the human who answers for it.")
 @click.option("--unix-user", help="Unix user its jobs run as (Slurm backend).")
 @click.option("--account", help="Scheduler account its jobs are charged to.")
