@@ -1,0 +1,112 @@
+"""Unit tests: parsing, output paging, the database, configuration."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from corral.config import load_settings
+from corral.db import Database
+from corral.errors import InvalidRequest
+from corral.jobs import JobSpec, JobState, parse_duration_s, parse_memory_mb
+from corral.output import read_page, read_tail
+from corral.principals import Kind, Principal
+
+
+@pytest.mark.parametrize("text, mb", [("512M", 512), ("4G", 4096), ("4GB", 4096), ("1.5g", 1536), (2048, 2048),
+                                      ("1T", 1024 * 1024), ("2048K", 2)])
+def test_memory_sizes(text, mb) -> None:
+    assert parse_memory_mb(text) == mb
+
+
+@pytest.mark.parametrize("bad", ["lots", "-1G", "0", "4X", True, ""])
+def test_memory_rejects(bad) -> None:
+    with pytest.raises(ValueError):
+        parse_memory_mb(bad)
+
+
+@pytest.mark.parametrize("text, s", [("90s", 90), ("30m", 1800), ("2h", 7200), ("1d", 86400), ("01:30:00", 5400),
+                                     ("2-00:00:00", 172800), ("10:00", 600), (600, 600)])
+def test_durations(text, s) -> None:
+    assert parse_duration_s(text) == s
+
+
+@pytest.mark.parametrize("bad", ["soon", "1:2:3:4", "x-01:00:00", "0", "-5m"])
+def test_duration_rejects(bad) -> None:
+    with pytest.raises(ValueError):
+        parse_duration_s(bad)
+
+
+def test_spec_forbids_unknown_fields_and_needs_one_body() -> None:
+    with pytest.raises(ValidationError, match="extra"):
+        JobSpec(command="true", nodes=2)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError, match="exactly one"):
+        JobSpec(command="a", script="b")
+    spec = JobSpec(command="true", memory="2G", walltime="1h")
+    assert spec.memory_mb == 2048 and spec.walltime_s == 3600
+    assert JobSpec.model_validate(spec.public()) == spec
+
+
+def test_states_are_closed() -> None:
+    assert {s.value for s in JobState} == {"PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
+                                           "OUT_OF_MEMORY", "UNKNOWN"}
+    assert not JobState.UNKNOWN.terminal and JobState.OUT_OF_MEMORY.terminal
+
+
+def test_read_page_and_tail(tmp_path) -> None:
+    f = tmp_path / "out"
+    f.write_text("".join(f"line {i}\n" for i in range(1000)))
+    page = read_page(f, 0, 14)
+    assert page["data"] == "line 0\nline 1\n" and page["next_offset"] == 14 and not page["eof"]
+    assert read_page(f, page["size"], 10)["eof"]
+    assert read_tail(f, 2)["data"] == "line 998\nline 999\n"
+    assert read_tail(f, 2, limit=5)["data"] == " 999\n"  # bounded by limit, not by lines
+    f.write_text("no newline at end")
+    assert read_tail(f, 1)["data"] == "no newline at end"
+    empty = tmp_path / "empty"
+    empty.touch()
+    assert read_tail(empty, 5)["data"] == "" and read_page(tmp_path / "missing")["data"] == ""
+
+
+def test_tail_reads_only_the_end_of_a_big_file(tmp_path) -> None:
+    f = tmp_path / "big"
+    with open(f, "wb") as out:
+        out.write(b"x" * (50 * 1024 * 1024) + b"\nlast\n")
+    tail = read_tail(f, 1)
+    assert tail["data"] == "last\n" and tail["truncated"]
+
+
+def test_db_migrates_idempotency_and_terminal_states(tmp_path) -> None:
+    db = Database(tmp_path / "c.db")
+    assert db.version == 1
+    db.add_principal(Principal("alice", Kind.HUMAN))
+    spec = JobSpec(command="true")
+    a, created_a = db.insert_job("alice", "s", "k", "local", spec)
+    b, created_b = db.insert_job("alice", "s", "k", "local", spec)
+    assert created_a and not created_b and a.id == b.id
+    db.update_job(a.id, JobState.COMPLETED, exit_code=0, end_time=1.0)
+    db.update_job(a.id, JobState.RUNNING)  # a late report never resurrects a finished job
+    assert db.get_job(a.id).state is JobState.COMPLETED  # type: ignore[union-attr]
+    db.close()
+    again = Database(tmp_path / "c.db")
+    assert again.version == 1 and again.get_job(a.id) is not None
+    assert again.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_config_file_env_and_unknown_keys(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("CORRAL_PORT", raising=False)
+    home = tmp_path / "h"
+    home.mkdir()
+    (home / "corral.toml").write_text("port = 9000\ntick_s = 2.0\n")
+    monkeypatch.setenv("CORRAL_HOME", str(home))
+    s = load_settings()
+    assert s.port == 9000 and s.tick_s == 2.0
+    monkeypatch.setenv("CORRAL_PORT", "9100")
+    assert load_settings().port == 9100
+    assert load_settings(port=9200).port == 9200
+    (home / "corral.toml").write_text("prot = 1\n")
+    with pytest.raises(InvalidRequest, match="unknown keys.*valid keys"):
+        load_settings()
+    (home / "corral.toml").write_text("tick_s = -1\n")
+    with pytest.raises(InvalidRequest, match="tick_s"):
+        load_settings()
