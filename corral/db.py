@@ -64,9 +64,22 @@ _JOB_COLS = (
 )
 
 
+_SPECS: dict[str, JobSpec] = {}
+
+
+def _parse_spec(text: str) -> JobSpec:
+    """Specs never change once stored: parse each distinct one once (a status read is hot)."""
+    spec = _SPECS.get(text)
+    if spec is None:
+        if len(_SPECS) > 50_000:
+            _SPECS.clear()
+        spec = _SPECS[text] = JobSpec.model_validate(json.loads(text))
+    return spec
+
+
 def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
     (id_, principal, session, backend, backend_id, state, exit_code, reason, st, bt, et, spec) = row
-    return Job(
+    return Job.model_construct(
         id=id_,
         principal=principal,
         session=session,
@@ -78,7 +91,7 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
         submit_time=st,
         start_time=bt,
         end_time=et,
-        spec=JobSpec.model_validate(json.loads(spec)),
+        spec=_parse_spec(spec),
     )
 
 

@@ -40,6 +40,9 @@ class Service:
             before_tick=self.submit_unsent,
         )
         self._in_flight: set[int] = set()
+        # token -> (token record, principal, visible names). Every write to principals
+        # or tokens clears it, so a revocation takes effect on the very next request.
+        self._auth_cache: dict[str, tuple[dict[str, Any], Principal, frozenset[str]]] = {}
 
     # -- bootstrap ----------------------------------------------------------------
 
@@ -63,6 +66,11 @@ class Service:
     def authenticate(self, token: str | None, session: str | None = None) -> Caller:
         if not token:
             raise Unauthenticated("no token given; send 'Authorization: Bearer <token>' or set CORRAL_TOKEN")
+        cached = self._auth_cache.get(token)
+        if cached is not None:
+            record, principal, visible = cached
+            if record["expires"] is None or record["expires"] >= time.time():
+                return Caller(principal, check_session(session), record["id"], visible)
         parts = split_token(token)
         record = self.db.get_token(parts[0]) if parts else None
         if parts is None or record is None or not secret_matches(parts[1], record["hash"]):
@@ -78,6 +86,9 @@ class Service:
         principal = self.db.get_principal(record["principal"])
         assert principal is not None
         visible = frozenset([principal.name, *self.db.sponsored_by(principal.name)])
+        if len(self._auth_cache) > 10_000:
+            self._auth_cache.clear()
+        self._auth_cache[token] = (record, principal, visible)
         return Caller(principal, check_session(session), record["id"], visible)
 
     # -- principals and tokens --------------------------------------------------------
@@ -108,6 +119,7 @@ class Service:
             raise InvalidRequest("only agents have sponsors; drop --sponsor for humans and services")
         if self.db.get_principal(name) is not None:
             raise Conflict(f"principal {name!r} already exists")
+        self._auth_cache.clear()
         try:
             return self.db.add_principal(Principal(name, k, sponsor, unix_user, account, admin and k is Kind.HUMAN))
         except sqlite3.IntegrityError:
@@ -140,6 +152,7 @@ class Service:
         if record is None or not caller.sees(record["principal"]):
             raise NotFound(f"no token {token_id!r} that you may revoke; see 'corral token list'")
         self.db.revoke_token(token_id)
+        self._auth_cache.clear()
 
     # -- jobs ---------------------------------------------------------------------------
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -48,6 +50,15 @@ def _alive(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z"
 
 
+@dataclass
+class _Running:
+    cpus: int
+    memory_mb: int
+    pid: int | None  # the supervisor's pid
+    child: subprocess.Popen[bytes] | None = None  # set when this instance started it
+    start_time: float | None = None
+
+
 class LocalBackend:
     name = "local"
 
@@ -59,9 +70,9 @@ class LocalBackend:
         self.memory_mb = memory_mb
         self.max_walltime_s = max_walltime_s
         self._lock = threading.Lock()
-        self._children: dict[str, object] = {}  # Popen objects we must reap
         self._queue: list[str] = []
-        self._running: dict[str, tuple[int, int]] = {}  # id -> (cpus, memory_mb)
+        self._running: dict[str, _Running] = {}
+        self._done: dict[str, BackendStatus] = {}  # terminal results never change: read once
         self._recover()
 
     # -- Backend Protocol ---------------------------------------------------------
@@ -126,10 +137,12 @@ class LocalBackend:
                     self._queue.remove(bid)
                     self._finish(d, "CANCELLED", None, "cancelled while pending")
                     continue
-                running = _read_json(d / "running.json")
-                if running and _alive(running["pid"]):
+                r = self._running.get(bid)
+                # Signal only a supervisor that has set its handler (it wrote running.json
+                # after); one still starting finds the cancel file before it starts the job.
+                if r is not None and r.pid is not None and (d / "running.json").exists() and _alive(r.pid):
                     try:
-                        os.kill(running["pid"], 15)
+                        os.kill(r.pid, 15)
                     except ProcessLookupError:
                         pass
 
@@ -171,16 +184,17 @@ class LocalBackend:
             if (d / "result.json").exists() or not (d / "launch.json").exists():
                 continue
             launch = _read_json(d / "launch.json") or {}
-            if (d / "running.json").exists() or (d / "spawned").exists():
-                self._running[d.name] = (launch.get("cpus", 1), launch.get("memory_mb", 0))
+            spawned = _read_json(d / "running.json") or _read_json(d / "spawned")
+            if spawned is not None:
+                self._running[d.name] = _Running(launch.get("cpus", 1), launch.get("memory_mb", 0), spawned.get("pid"))
             else:
                 self._queue.append(d.name)
         with self._lock:
             self._schedule()
 
     def _free(self) -> tuple[int, int]:
-        used_cpu = sum(c for c, _ in self._running.values())
-        used_mem = sum(m for _, m in self._running.values())
+        used_cpu = sum(r.cpus for r in self._running.values())
+        used_mem = sum(r.memory_mb for r in self._running.values())
         return self.cpus - used_cpu, self.memory_mb - used_mem
 
     def _schedule(self) -> None:
@@ -207,33 +221,22 @@ class LocalBackend:
         # Written before the supervisor's own running.json exists, so a restart in
         # between still counts this job as started rather than starting it twice.
         (d / "spawned").write_text(json.dumps({"pid": child.pid, "time": time.time()}))
-        self._children[bid] = child
-        self._running[bid] = (launch["cpus"], launch["memory_mb"])
+        self._running[bid] = _Running(launch["cpus"], launch["memory_mb"], child.pid, child)
 
     def _reap(self) -> None:
-        for bid, child in list(self._children.items()):
-            if child.poll() is not None:  # type: ignore[attr-defined]
-                del self._children[bid]
-        for bid in list(self._running):
+        """Free the slots of jobs whose supervisor has exited. Costs a waitpid (or a
+        /proc read for jobs started before a restart) per running job, no file reads."""
+        for bid, r in list(self._running.items()):
+            if r.child is not None:
+                if r.child.poll() is None:
+                    continue
+            elif r.pid is not None and _alive(r.pid):
+                continue
             d = self.jobs_dir / bid
-            if (d / "result.json").exists() or self._vanished(d):
-                del self._running[bid]
-
-    def _vanished(self, d: Path) -> bool:
-        """The supervisor is gone without leaving a result (killed, or the machine rebooted)."""
-        if (d / "result.json").exists():
-            return False
-        spawned = _read_json(d / "spawned") or _read_json(d / "running.json")
-        if spawned is None:
-            return False
-        if d.name in self._children and self._children[d.name].poll() is None:  # type: ignore[attr-defined]
-            return False
-        if _alive(spawned["pid"]):
-            return False
-        if (d / "result.json").exists():  # written just before it exited
-            return False
-        self._finish(d, "FAILED", None, "the job's supervisor process vanished without a result (killed, or the host restarted)")
-        return True
+            if not (d / "result.json").exists():
+                self._finish(d, "FAILED", None,
+                             "the job's supervisor process vanished without a result (killed, or the host restarted)")
+            del self._running[bid]
 
     def _finish(self, d: Path, state: str, exit_code: int | None, reason: str) -> None:
         tmp = d / "result.tmp"
@@ -242,16 +245,25 @@ class LocalBackend:
         os.replace(tmp, d / "result.json")
 
     def _status_one(self, bid: str) -> BackendStatus | None:
+        if bid in self._done:
+            return self._done[bid]
         d = self.jobs_dir / bid
-        result = _read_json(d / "result.json")
-        if result:
-            return BackendStatus(bid, JobState(result["state"]), result.get("exit_code"), result.get("reason"),
-                                 result.get("start_time"), result.get("end_time"))
-        if not (d / "launch.json").exists():
-            return None
-        running = _read_json(d / "running.json")
-        if running:
-            return BackendStatus(bid, JobState.RUNNING, start_time=running.get("start_time"))
+        r = self._running.get(bid)
+        if r is not None:
+            if r.start_time is None:
+                running = _read_json(d / "running.json")
+                if running is None:
+                    return BackendStatus(bid, JobState.PENDING, reason="starting")
+                r.start_time = running.get("start_time")
+            return BackendStatus(bid, JobState.RUNNING, start_time=r.start_time)
         if bid in self._queue:
             return BackendStatus(bid, JobState.PENDING, reason="waiting for free CPU slots or memory")
+        result = _read_json(d / "result.json")
+        if result:
+            st = BackendStatus(bid, JobState(result["state"]), result.get("exit_code"), result.get("reason"),
+                               result.get("start_time"), result.get("end_time"))
+            self._done[bid] = st
+            return st
+        if not (d / "launch.json").exists():
+            return None
         return BackendStatus(bid, JobState.PENDING, reason="starting")

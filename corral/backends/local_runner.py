@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -20,6 +21,11 @@ import time
 from pathlib import Path
 
 GRACE_S = 3.0  # between SIGTERM and SIGKILL, as Slurm's KillWait
+MAX_SAMPLE_S = 1.0  # memory and walltime checks: fast at first, then at most once a second
+
+
+class Cancelled(Exception):
+    """Raised by the SIGTERM handler to interrupt the wait at once."""
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 
@@ -50,11 +56,14 @@ def tree_rss_mb(pgid: int) -> float:
 def main(job_dir: str) -> int:
     d = Path(job_dir)
     launch = json.loads((d / "launch.json").read_text())
-    cancelled = False
+    # A SIGTERM is remembered at any time, and interrupts the wait only while
+    # waiting, so it never cuts the writing of a result short.
+    term = {"pending": False, "armed": False}
 
     def on_term(signum: int, frame: object) -> None:
-        nonlocal cancelled
-        cancelled = True
+        term["pending"] = True
+        if term["armed"]:
+            raise Cancelled()
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
@@ -78,23 +87,34 @@ def main(job_dir: str) -> int:
     deadline = start + launch["walltime_s"]
     mem_limit = launch["memory_mb"]
     state, reason = None, None
-    interval = 0.02
-    while True:
+    # A pidfd becomes readable when the child exits: the supervisor sleeps in the
+    # kernel instead of polling (Popen.wait(timeout) polls every few ms).
+    pidfd = os.pidfd_open(child.pid)
+    interval = 0.05
+    rc = None
+    while rc is None:
         try:
-            rc = child.wait(timeout=interval)
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        interval = min(interval * 2, 0.25)  # sample fast at first: most jobs are short
-        if cancelled or (d / "cancel").exists():
+            term["armed"] = True
+            if term["pending"]:
+                raise Cancelled()
+            ready, _, _ = select.select([pidfd], [], [], min(interval, max(0.0, deadline - time.time())))
+            term["armed"] = False
+            if ready:
+                rc = child.wait()
+                break
+            interval = min(interval * 2, MAX_SAMPLE_S)
+            if (d / "cancel").exists():
+                raise Cancelled()
+            if time.time() >= deadline:
+                state, reason = "TIMEOUT", f"killed after its walltime of {launch['walltime_s']}s"
+            elif tree_rss_mb(child.pid) > mem_limit:
+                state, reason = "OUT_OF_MEMORY", f"killed for using more than its {mem_limit}M of memory"
+        except Cancelled:
             state, reason = "CANCELLED", "cancelled by request"
-        elif time.time() >= deadline:
-            state, reason = "TIMEOUT", f"killed after its walltime of {launch['walltime_s']}s"
-        elif tree_rss_mb(child.pid) > mem_limit:
-            state, reason = "OUT_OF_MEMORY", f"killed for using more than its {mem_limit}M of memory"
+        term["armed"] = False
         if state:
             rc = stop(child)
-            break
+    os.close(pidfd)
     end = time.time()
     if state is None:
         if rc == 0:

@@ -1,0 +1,98 @@
+"""Helpers shared by benchmarks: a gateway process, percentiles, a lean HTTP client."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class GatewayProcess:
+    """A real ``corral serve`` on a loopback port with its own temporary home."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.home = Path(tempfile.mkdtemp(prefix="corral-bench-"))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**{k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")},
+                    "CORRAL_HOME": str(self.home), "CORRAL_URL": self.url, **(env or {})}
+        self.log = open(self.home / "serve.log", "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "corral.cli", "serve", "--port", str(self.port), *args],
+                                     env=self.env, stdout=self.log, stderr=self.log)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{self.url}/healthz", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError((self.home / "serve.log").read_text())
+        self.token = (self.home / "admin.token").read_text().strip()
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=60)
+
+    def metric(self, name: str) -> float:
+        for line in httpx.get(f"{self.url}/metrics").text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+class KeepAliveGet:
+    """A minimal HTTP/1.1 keep-alive GET client: the load generator must not need
+    the CPU the server is being measured on (httpx costs ~0.5 ms a request)."""
+
+    def __init__(self, port: int, token: str) -> None:
+        self.port = port
+        self.token = token
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def get(self, path: str, extra_headers: str = "") -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        req = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {self.token}\r\n"
+               f"{extra_headers}\r\n").encode()
+        self.writer.write(req)
+        assert self.reader is not None
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        body = await self.reader.readexactly(length)
+        return status, body
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
