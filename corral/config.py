@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import InvalidRequest
@@ -40,6 +40,12 @@ class Settings(BaseSettings):
     local_memory_mb: int = Field(default_factory=_total_memory_mb, ge=64, description="Memory (MB) of the local backend.")
     local_max_walltime_s: int = Field(7 * 86400, ge=1, description="Longest walltime the local backend accepts.")
     log_level: str = Field("INFO", description="Python logging level of the gateway.")
+
+    @field_validator("home")
+    @classmethod
+    def _absolute_home(cls, v: Path) -> Path:
+        # Fixed at start: the gateway's cwd must not change what the paths mean later.
+        return v.expanduser().resolve()
 
     @property
     def base_url(self) -> str:

@@ -58,3 +58,12 @@ def test_job_environment_hides_gateway_secrets(tmp_path, monkeypatch) -> None:
     assert f"CORRAL_JOB_ID={bid}" in env
     launch = json.loads((tmp_path / "local" / "jobs" / bid / "launch.json").read_text())
     assert launch["session"] == "sess-1"
+
+
+def test_relative_state_directory_works(tmp_path, monkeypatch) -> None:
+    """The default CORRAL_HOME is the relative '.corral'; supervisors run elsewhere."""
+    monkeypatch.chdir(tmp_path)
+    b = LocalBackend(tmp_path.relative_to(tmp_path) / ".corral" / "local", cpus=1, memory_mb=2048)
+    bid = b.submit(ctx(), JobSpec(command="echo relative"))
+    assert wait_all(b, [bid])[bid].state is JobState.COMPLETED
+    assert b.output_paths(bid).stdout.read_text() == "relative\n"

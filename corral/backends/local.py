@@ -63,7 +63,8 @@ class LocalBackend:
     name = "local"
 
     def __init__(self, root: Path, cpus: int, memory_mb: int, max_walltime_s: int = 7 * 86400) -> None:
-        self.root = Path(root)
+        # Absolute: supervisors run with the job directory as their cwd.
+        self.root = Path(root).resolve()
         self.jobs_dir = self.root / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.cpus = cpus
