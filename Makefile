@@ -6,10 +6,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test venv bench clean
 
+# The stamp is written last: a venv without it is half-built (an interrupted
+# install) and is rebuilt from scratch rather than trusted.
 $(STAMP): pyproject.toml
+	rm -rf $(VENV)
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 
 venv: $(STAMP)
