@@ -62,20 +62,49 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(msgs)
 
 
+class RequireToken:
+    """Refuse an MCP connection without a valid token at the transport (HTTP 401),
+    before any MCP session exists; the tools then authenticate each call again."""
+
+    def __init__(self, app: Any, service: Service) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        auth = headers.get("authorization")
+        token = auth[7:] if auth and auth[:7].lower() == "bearer " else auth
+        try:
+            self.service.authenticate(token, headers.get("x-corral-session"))
+        except CorralError as e:
+            resp = JSONResponse({"error": e.to_dict()}, status_code=e.status, headers={"WWW-Authenticate": "Bearer"})
+            await resp(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def create_app(service: Service) -> FastAPI:
+    from starlette.routing import Route
+
+    from .mcp_server import gateway_mcp
+
+    mcp = gateway_mcp(service)
+    mcp_app = mcp.streamable_http_app(streamable_http_path="/mcp", host=service.settings.host)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(service.reconciler.run(), name="reconciler")
+        async with mcp.session_manager.run():
+            task = asyncio.create_task(service.reconciler.run(), name="reconciler")
         # Move start-up objects out of the collector's reach: fewer, shorter GC pauses
         # on the request path.
-        gc.collect()
-        gc.freeze()
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            gc.collect()
+            gc.freeze()
+            try:
+                yield
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     app = FastAPI(title="corral", version="0.1.0", lifespan=lifespan, description=(
         "A facility-side gateway through which AI coding agents act on an HPC cluster.\n\n"
@@ -194,6 +223,11 @@ def create_app(service: Service) -> FastAPI:
     @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"])
     async def cancel(job_id: int, c: Caller = Depends(caller)) -> Response:
         return ok((await service.cancel(c, [job_id]))[0].to_dict())
+
+    # MCP over streamable HTTP: the SDK's endpoint, behind the token check.
+    for route in mcp_app.routes:
+        if isinstance(route, Route) and route.path == "/mcp":
+            app.router.routes.append(Route("/mcp", endpoint=RequireToken(route.app, service)))
 
     @app.get("/v1/facility", tags=["facility"])
     async def facility(c: Caller = Depends(caller)) -> Response:

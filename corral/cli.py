@@ -266,6 +266,28 @@ def facility(o: Ctx) -> None:
           + f"\nqueue: {f['queue']['pending']} pending, {f['queue']['running']} running; you: {f['you']['active_jobs']} active jobs")
 
 
+@cli.command("mcp")
+@click.pass_obj
+def mcp_stdio(o: Ctx) -> None:
+    """Serve corral's MCP tools over stdio for a coding agent, as a thin client of the
+    running gateway. Attach it with: claude mcp add corral -- corral mcp
+
+    \b
+    Needs CORRAL_TOKEN (the agent's token) and, unless the gateway is on
+    http://127.0.0.1:8765, CORRAL_URL. The session id is CORRAL_SESSION, or a new one.
+    """
+    import anyio
+
+    from .client import Client, default_token
+    from .mcp_server import new_session_id, stdio_mcp
+
+    session = o.session or new_session_id()
+    client = Client(o.url, o.token or default_token(), session)
+    me = client.whoami()  # fail now, with a clear message, not on the agent's first call
+    click.echo(f"corral mcp: serving {me['name']} (session {session}) on stdio, gateway {o.url}", err=True)
+    anyio.run(stdio_mcp(client).run_stdio_async)
+
+
 @cli.group()
 def principal() -> None:
     """Register and list principals: humans, agents (with a sponsor) and services."""

@@ -284,10 +284,10 @@ class Service:
 
     # -- facility ---------------------------------------------------------------------------
 
-    def facility(self, caller: Caller) -> dict[str, Any]:
+    def facility(self, caller: Caller | None) -> dict[str, Any]:
+        """Partitions, limits and queue pressure; with a caller, also who it is and its usage."""
         counts = self.db.count_jobs()
-        mine = self.db.list_jobs(caller.visible, [JobState.PENDING, JobState.RUNNING], limit=1000)
-        return {
+        info: dict[str, Any] = {
             "backend": self.backend.name,
             "partitions": [
                 {"name": p.name, "default": p.default, "max_cpus": p.max_cpus, "max_memory_mb": p.max_memory_mb,
@@ -295,10 +295,13 @@ class Service:
                 for p in self.backend.partitions()
             ],
             "queue": {"pending": counts.get("PENDING", 0), "running": counts.get("RUNNING", 0)},
-            "you": {"principal": caller.name, "kind": caller.principal.kind.value, "sponsor": caller.principal.sponsor,
-                    "session": caller.session, "active_jobs": len(mine)},
             "degraded": self.reconciler.degraded,
         }
+        if caller is not None:
+            mine = self.db.list_jobs(caller.visible, [JobState.PENDING, JobState.RUNNING], limit=1000)
+            info["you"] = {"principal": caller.name, "kind": caller.principal.kind.value,
+                           "sponsor": caller.principal.sponsor, "session": caller.session, "active_jobs": len(mine)}
+        return info
 
     def health(self) -> dict[str, Any]:
         return {"ok": self.reconciler.degraded is None, "backend": self.backend.name,

@@ -1,0 +1,329 @@
+"""The MCP edge: corral as a facility-aware tool for coding agents.
+
+One set of tools, written for a model, over a small ``Ops`` interface with two
+implementations, so there is never a second core:
+
+- ``ServiceOps``: inside the gateway, for streamable HTTP at ``/mcp``; every request
+  is authenticated from its Authorization header.
+- ``RemoteOps``: for ``corral mcp`` over stdio, a thin client of the running gateway's
+  HTTP API with the agent's ``CORRAL_TOKEN``.
+
+Each MCP session has a session id recorded with every job it submits. Over HTTP:
+``X-Corral-Session`` if the client sends one, else the transport's ``mcp-session-id``
+(clients that open a session with the initialize handshake), else ``token-<token id>``
+(the stateless protocol has no session). Over stdio: ``CORRAL_SESSION`` or a fresh id. Results are compact dicts with a ``next`` hint; every refusal is a tool
+error whose text says what to change; an unexpected exception never leaks internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+import uuid
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import ValidationError
+
+from .errors import CorralError, Unauthenticated
+from .jobs import JobSpec, format_duration
+from .service import Service
+
+log = logging.getLogger(__name__)
+
+MAX_OUTPUT_BYTES = 16_000  # what one tool result may put into a model's context
+MAX_WAIT_S = 300.0
+
+INSTRUCTIONS = """corral runs your jobs on this HPC facility. Use these tools instead of sbatch/squeue.
+Typical loop: facility_info (once) -> submit_job -> wait_for_job -> job_output.
+wait_for_job is a long-poll: call it instead of polling job_status in a loop."""
+
+
+class Ops(Protocol):
+    """What the tools need, answered with the HTTP API's JSON shapes."""
+
+    async def submit(self, spec: dict[str, Any], idempotency_key: str | None) -> dict[str, Any]: ...
+    async def job(self, job_id: int) -> dict[str, Any]: ...
+    async def wait(self, job_id: int, timeout: float, until: str | None) -> dict[str, Any]: ...
+    async def output(self, job_id: int, stream: str, offset: int, limit: int, tail: int | None) -> dict[str, Any]: ...
+    async def cancel(self, job_id: int) -> dict[str, Any]: ...
+    async def jobs(self, state: str | None, limit: int, offset: int) -> dict[str, Any]: ...
+    async def facility(self) -> dict[str, Any]: ...
+
+
+class ServiceOps:
+    """Inside the gateway: call the service core directly as an authenticated caller."""
+
+    def __init__(self, service: Service, token: str | None, session: str | None) -> None:
+        self.service = service
+        caller = service.authenticate(token, session)
+        if caller.session is None:
+            # The stateless (2026) MCP protocol has no session id: one token, one session.
+            caller = dataclasses.replace(caller, session=f"token-{caller.token_id}")
+        self.caller = caller
+
+    async def submit(self, spec: dict[str, Any], idempotency_key: str | None) -> dict[str, Any]:
+        try:
+            parsed = JobSpec.model_validate(spec)
+        except ValidationError as e:
+            raise ToolError(_validation_text(e)) from None
+        job, created = await self.service.submit(self.caller, parsed, idempotency_key)
+        return {**job.summary(), "created": created}
+
+    async def job(self, job_id: int) -> dict[str, Any]:
+        return self.service.get_job(self.caller, job_id).summary()
+
+    async def wait(self, job_id: int, timeout: float, until: str | None) -> dict[str, Any]:
+        job, reached = await self.service.wait(self.caller, job_id, timeout, until)
+        return {**job.summary(), "reached": reached}
+
+    async def output(self, job_id: int, stream: str, offset: int, limit: int, tail: int | None) -> dict[str, Any]:
+        return self.service.read_output(self.caller, job_id, stream, offset, limit, tail)
+
+    async def cancel(self, job_id: int) -> dict[str, Any]:
+        return (await self.service.cancel(self.caller, [job_id]))[0].summary()
+
+    async def jobs(self, state: str | None, limit: int, offset: int) -> dict[str, Any]:
+        jobs = self.service.list_jobs(self.caller, [state] if state else None, None, None, limit, offset)
+        return {"jobs": [j.summary() for j in jobs]}
+
+    async def facility(self) -> dict[str, Any]:
+        return self.service.facility(self.caller)
+
+
+class RemoteOps:
+    """Over stdio: a thin client of the running gateway."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def submit(self, spec: dict[str, Any], idempotency_key: str | None) -> dict[str, Any]:
+        return await self._call(self.client.submit, spec, idempotency_key)
+
+    async def job(self, job_id: int) -> dict[str, Any]:
+        return await self._call(self.client.job, job_id)
+
+    async def wait(self, job_id: int, timeout: float, until: str | None) -> dict[str, Any]:
+        return await self._call(self.client.wait, job_id, timeout, until)
+
+    async def output(self, job_id: int, stream: str, offset: int, limit: int, tail: int | None) -> dict[str, Any]:
+        return await self._call(self.client.output, job_id, stream=stream, offset=offset, limit=limit, tail=tail)
+
+    async def cancel(self, job_id: int) -> dict[str, Any]:
+        return (await self._call(self.client.cancel, [job_id]))["jobs"][0]
+
+    async def jobs(self, state: str | None, limit: int, offset: int) -> dict[str, Any]:
+        return await self._call(self.client.jobs, state=state, limit=limit, offset=offset)
+
+    async def facility(self) -> dict[str, Any]:
+        return await self._call(self.client.facility)
+
+
+def _validation_text(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors()[:5]:
+        where = ".".join(str(p) for p in err.get("loc", ())) or "arguments"
+        parts.append(f"{where}: {str(err.get('msg', 'invalid')).removeprefix('Value error, ')}")
+    return "invalid job: " + "; ".join(parts)
+
+
+T = TypeVar("T")
+
+
+def _guarded(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """CorralError -> a tool error with its message and hint; anything else -> a tool
+    error that hides internals but says what to do."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> T:
+        try:
+            return await fn(*args, **kwargs)
+        except ToolError:
+            raise
+        except CorralError as e:
+            raise ToolError(e.message + (f" (hint: {e.hint})" if e.hint else "")) from None
+        except Exception:
+            log.exception("MCP tool %s failed", fn.__name__)
+            raise ToolError("internal error in corral (it is logged); retry once, then tell the facility admin") from None
+
+    return wrapper
+
+
+def _next_for(job: dict[str, Any]) -> str:
+    state = job["state"]
+    if state in ("PENDING", "RUNNING", "UNKNOWN"):
+        return f"call wait_for_job with job_id={job['id']} (it returns when the job ends)"
+    if state == "COMPLETED":
+        return f"read its output with job_output job_id={job['id']}"
+    return f"read why with job_output job_id={job['id']} stream='stderr'; fix and resubmit"
+
+
+def facility_card(info: dict[str, Any]) -> str:
+    """The compact markdown an agent needs before its first job here."""
+    you = info.get("you")
+    who = ""
+    if you:
+        who = f" You are `{you['principal']}` ({you['kind']})" + (f", sponsored by `{you['sponsor']}`" if you.get("sponsor") else "") + "."
+    lines = ["# Facility card (corral)", "", f"Backend: {info['backend']}.{who}", "",
+             "| partition | default | max cpus | max memory | max gpus | max walltime |", "|---|---|---|---|---|---|"]
+    for p in info["partitions"]:
+        lines.append(f"| {p['name']} | {'yes' if p['default'] else ''} | {p['max_cpus']} | {p['max_memory_mb']}M | "
+                     f"{p['max_gpus']} | {format_duration(p['max_walltime_s'])} |")
+    q = info["queue"]
+    mine = f" Your active jobs: {you['active_jobs']}." if you else ""
+    lines += ["", f"Queue now: {q['pending']} pending, {q['running']} running.{mine}",
+              "", "Rules of thumb:",
+              "- Submit with submit_job, then wait_for_job (a long-poll). Do not poll job_status in a loop.",
+              "- Ask for what you need: cpus, memory (e.g. '4G'), walltime (e.g. '30m'). Requests over a partition's limits are refused at once.",
+              "- Read output with job_output (tail_lines for the end of a log); it is bounded, page with offset.",
+              "- Use idempotency_key when you might retry a submission."]
+    if info.get("degraded"):
+        lines += ["", f"WARNING: the scheduler is degraded: {info['degraded']}"]
+    return "\n".join(lines)
+
+
+def build_mcp(ops_for: Callable[[Context], Ops], card_info: Callable[[], Awaitable[dict[str, Any]]]) -> MCPServer:
+    mcp = MCPServer("corral", instructions=INSTRUCTIONS, version="0.1.0")
+
+    @mcp.tool()
+    @_guarded
+    async def submit_job(
+        ctx: Context,
+        command: str | None = None,
+        script: str | None = None,
+        cpus: int = 1,
+        memory: str = "1G",
+        gpus: int = 0,
+        walltime: str = "1h",
+        partition: str | None = None,
+        name: str | None = None,
+        workdir: str | None = None,
+        env: dict[str, str] | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Submit a batch job to the facility. Give exactly one of `command` (a shell line)
+        or `script` (a whole job script). Ask for the resources you need: cpus, memory
+        ('512M', '4G'), gpus, walltime ('30m', '2h', 'HH:MM:SS'). `workdir` must be an
+        absolute existing directory. Pass an `idempotency_key` if you may retry: the same
+        key always returns the same job. Returns the job id; then call wait_for_job."""
+        spec: dict[str, Any] = {"cpus": cpus, "memory": memory, "gpus": gpus, "walltime": walltime}
+        for key, value in (("command", command), ("script", script), ("partition", partition), ("name", name),
+                           ("workdir", workdir), ("env", env)):
+            if value is not None:
+                spec[key] = value
+        job = await ops_for(ctx).submit(spec, idempotency_key)
+        return {"job_id": job["id"], "state": job["state"], "session": job.get("session"),
+                "created": job.get("created", True), "next": _next_for(job)}
+
+    @mcp.tool()
+    @_guarded
+    async def job_status(ctx: Context, job_id: int) -> dict[str, Any]:
+        """The current state of one job (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED,
+        TIMEOUT, OUT_OF_MEMORY), its exit code and reason. To wait for a job, use
+        wait_for_job instead of calling this repeatedly."""
+        job = await ops_for(ctx).job(job_id)
+        return {**_compact(job), "next": _next_for(job)}
+
+    @mcp.tool()
+    @_guarded
+    async def wait_for_job(ctx: Context, job_id: int, timeout_s: float = 120.0, until: str | None = None) -> dict[str, Any]:
+        """Wait until a job ends (or reaches the state `until`, e.g. 'RUNNING'), at most
+        `timeout_s` seconds (max 300). A long-poll: it returns the moment the state
+        changes and costs the scheduler nothing. If `reached` is false, call it again."""
+        timeout = max(0.0, min(timeout_s, MAX_WAIT_S))
+        job = await ops_for(ctx).wait(job_id, timeout, until)
+        out = {**_compact(job), "reached": job["reached"]}
+        out["next"] = _next_for(job) if job["reached"] else f"still {job['state']}: call wait_for_job job_id={job_id} again"
+        return out
+
+    @mcp.tool()
+    @_guarded
+    async def job_output(
+        ctx: Context, job_id: int, stream: str = "stdout", tail_lines: int | None = None,
+        offset: int = 0, max_bytes: int = 8000,
+    ) -> dict[str, Any]:
+        """Read a job's output, bounded. `stream` is 'stdout' or 'stderr'. With
+        `tail_lines`, the last N lines; otherwise up to `max_bytes` (max 16000) from byte
+        `offset`. If `eof` is false, call again with offset=next_offset."""
+        limit = max(1, min(max_bytes, MAX_OUTPUT_BYTES))
+        page = await ops_for(ctx).output(job_id, stream, offset, limit, tail_lines)
+        out = {"job_id": job_id, "stream": stream, "data": page["data"], "offset": page["offset"],
+               "next_offset": page["next_offset"], "size": page["size"], "eof": page["eof"]}
+        if not page["eof"]:
+            out["next"] = f"more output: call job_output job_id={job_id} offset={page['next_offset']}"
+        return out
+
+    @mcp.tool()
+    @_guarded
+    async def cancel_job(ctx: Context, job_id: int) -> dict[str, Any]:
+        """Cancel a job you own (or one of the agents you sponsor). Cancelling a finished
+        job does nothing."""
+        job = await ops_for(ctx).cancel(job_id)
+        return {**_compact(job), "next": f"call wait_for_job job_id={job_id} to see it end"}
+
+    @mcp.tool()
+    @_guarded
+    async def list_jobs(ctx: Context, state: str | None = None, limit: int = 20, offset: int = 0) -> dict[str, Any]:
+        """Your jobs, newest first, optionally only those in one `state`. At most `limit`
+        (max 100) per call; page with `offset`."""
+        res = await ops_for(ctx).jobs(state, max(1, min(limit, 100)), max(0, offset))
+        return {"jobs": [_compact(j) for j in res["jobs"]], "count": len(res["jobs"])}
+
+    @mcp.tool()
+    @_guarded
+    async def facility_info(ctx: Context) -> dict[str, Any]:
+        """What this facility offers before you submit: partitions and their limits
+        (cpus, memory, gpus, walltime), queue pressure, and your own principal, session
+        and active jobs."""
+        return await ops_for(ctx).facility()
+
+    @mcp.resource("corral://facility", name="facility-card", mime_type="text/markdown",
+                  description="What an agent needs to know before its first job here.")
+    async def facility_resource() -> str:
+        # Static resources get no request context in the SDK: the card is facility-wide;
+        # the caller's own usage is in the facility_info tool.
+        try:
+            return facility_card(await card_info())
+        except CorralError as e:
+            return f"# Facility card unavailable\n\n{e.message}"
+
+    return mcp
+
+
+def _compact(job: dict[str, Any]) -> dict[str, Any]:
+    keys = ("id", "name", "state", "exit_code", "reason", "session", "submit_time", "start_time", "end_time")
+    return {k: job.get(k) for k in keys if job.get(k) is not None}
+
+
+def gateway_mcp(service: Service) -> MCPServer:
+    """The MCP server inside the gateway: each request authenticates from its headers."""
+
+    def ops_for(ctx: Context) -> Ops:
+        headers = ctx.headers or {}
+        auth = headers.get("authorization")
+        token = auth[7:] if auth and auth[:7].lower() == "bearer " else auth
+        session = headers.get("x-corral-session") or headers.get("mcp-session-id")
+        return ServiceOps(service, token, session)
+
+    async def card_info() -> dict[str, Any]:
+        return service.facility(None)
+
+    return build_mcp(ops_for, card_info)
+
+
+def stdio_mcp(client: Any) -> MCPServer:
+    ops = RemoteOps(client)
+    return build_mcp(lambda ctx: ops, ops.facility)
+
+
+def new_session_id() -> str:
+    return f"mcp-{uuid.uuid4().hex[:12]}"
+
+
+__all__ = ["build_mcp", "gateway_mcp", "stdio_mcp", "facility_card", "Unauthenticated", "new_session_id"]
