@@ -205,7 +205,7 @@ class Service:
         job = self.db.get_job(job_id)
         # Another principal's job is indistinguishable from a missing one.
         if job is None or not caller.sees(job.principal):
-            raise NotFound(f"no job {job_id} visible to you; list yours with 'corral jobs'")
+            raise NotFound(f"no job {job_id} visible to you; list your jobs to find the right id")
         return job
 
     def list_jobs(

@@ -1,0 +1,111 @@
+"""MCP round trip: what one status question costs an agent over MCP (stdio and
+streamable HTTP, through the official SDK client) versus the subprocess it would
+otherwise run (`corral status --json`, and `squeue` when a Slurm is reachable).
+
+    python bench/mcp_roundtrip.py [--quick] [--calls 300] [--cli-calls 40]
+
+Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx2
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import GatewayProcess, pct  # noqa: E402
+
+
+async def time_calls(client: Client, job_id: int, n: int) -> list[float]:
+    await client.call_tool("job_status", {"job_id": job_id})  # warm-up
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        res = await client.call_tool("job_status", {"job_id": job_id})
+        out.append(time.perf_counter() - t0)
+        assert not res.is_error, res.content
+    return out
+
+
+def time_cmd(argv: list[str], env: dict[str, str], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run(argv, env=env, capture_output=True, check=True)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=300, help="tool calls per MCP transport")
+    ap.add_argument("--cli-calls", type=int, default=40, help="subprocess runs of the CLI")
+    ap.add_argument("--quick", action="store_true", help="100 tool calls, 15 CLI runs")
+    args = ap.parse_args()
+    calls, cli_calls = (100, 15) if args.quick else (args.calls, args.cli_calls)
+
+    gw = GatewayProcess("--tick", "0.5")
+    try:
+        with gw.client() as h:
+            h.post("/v1/principals", json={"name": "alice", "kind": "human"})
+            h.post("/v1/principals", json={"name": "agent", "kind": "agent", "sponsor": "alice"})
+            token = h.post("/v1/tokens", json={"for": "agent", "expires": "1h"}).json()["token"]
+        with httpx2.Client(base_url=gw.url, headers={"Authorization": f"Bearer {token}"}) as h:
+            job_id = h.post("/v1/jobs", json={"command": "true", "memory": "16M"}).json()["id"]
+            h.get(f"/v1/jobs/{job_id}/wait", params={"timeout": 30})
+        env = {**gw.env, "CORRAL_TOKEN": token}
+
+        async def stdio() -> list[float]:
+            params = StdioServerParameters(command=sys.executable, args=["-m", "corral.cli", "mcp"], env=env)
+            async with Client(params) as client:
+                return await time_calls(client, job_id, calls)
+
+        async def http() -> list[float]:
+            hc = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60)
+            async with Client(streamable_http_client(f"{gw.url}/mcp", http_client=hc)) as client:
+                return await time_calls(client, job_id, calls)
+
+        print(f"{calls} job_status calls over stdio ...", file=sys.stderr)
+        t_stdio = asyncio.run(stdio())
+        print(f"{calls} job_status calls over HTTP ...", file=sys.stderr)
+        t_http = asyncio.run(http())
+        corral_bin = str(Path(sys.executable).parent / "corral")
+        print(f"{cli_calls} runs of `corral --json status {job_id}` ...", file=sys.stderr)
+        t_cli = time_cmd([corral_bin, "--json", "status", str(job_id)], env, cli_calls)
+        t_squeue: list[float] = []
+        if shutil.which("squeue") and subprocess.run(["squeue", "-h"], capture_output=True).returncode == 0:
+            print(f"{cli_calls} runs of `squeue -h -j ...` ...", file=sys.stderr)
+            t_squeue = time_cmd(["squeue", "-h", "-j", "1"], dict(__import__("os").environ), cli_calls)
+    finally:
+        gw.stop()
+
+    ms = lambda xs, p: round(pct(xs, p) * 1000, 2) if xs else None  # noqa: E731
+    result = {
+        "calls": calls,
+        "stdio_p50_ms": ms(t_stdio, 50), "stdio_p99_ms": ms(t_stdio, 99),
+        "http_p50_ms": ms(t_http, 50), "http_p99_ms": ms(t_http, 99),
+        "cli_p50_ms": ms(t_cli, 50), "cli_p99_ms": ms(t_cli, 99),
+        "squeue_p50_ms": ms(t_squeue, 50),
+        "cli_over_stdio": round(pct(t_cli, 50) / pct(t_stdio, 50), 1),
+        "cli_over_http": round(pct(t_cli, 50) / pct(t_http, 50), 1),
+    }
+    print(f"p50: stdio {result['stdio_p50_ms']} ms, HTTP {result['http_p50_ms']} ms, "
+          f"`corral status --json` subprocess {result['cli_p50_ms']} ms"
+          + (f", squeue {result['squeue_p50_ms']} ms" if t_squeue else " (no Slurm here: squeue not measured)"),
+          file=sys.stderr)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
