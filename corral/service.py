@@ -300,7 +300,10 @@ class Service:
         if caller is not None:
             mine = self.db.list_jobs(caller.visible, [JobState.PENDING, JobState.RUNNING], limit=1000)
             info["you"] = {"principal": caller.name, "kind": caller.principal.kind.value,
-                           "sponsor": caller.principal.sponsor, "session": caller.session, "active_jobs": len(mine)}
+                           "sponsor": caller.principal.sponsor, "session": caller.session, "active_jobs": len(mine),
+                           "usage": self.db.usage([caller.name]),
+                           # Budgets and rate limits arrive with the safety layer; say so, not nothing.
+                           "quotas": None, "quotas_note": "no quotas or budgets are configured at this facility yet"}
         return info
 
     def health(self) -> dict[str, Any]:

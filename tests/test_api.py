@@ -222,9 +222,15 @@ def test_backend_calls_do_not_grow_with_waiters(gateway: Gateway, people, tmp_pa
     assert status_calls < 60
 
 
-def test_facility_and_health(gateway: Gateway, people) -> None:
+def test_facility_and_health(gateway: Gateway, people, tmp_path) -> None:
     with gateway.http(people["bot1"], session="s9") as h:
+        job = submit(h, tmp_path, "sleep 1", cpus=2)
+        h.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 30})
         f = h.get("/v1/facility").json()
     assert f["partitions"][0]["name"] == "local" and f["you"]["principal"] == "bot1" and f["you"]["session"] == "s9"
+    usage = f["you"]["usage"]
+    assert usage["jobs_by_state"] == {"COMPLETED": 1}
+    assert 2 * 0.9 / 3600 <= usage["cpu_hours"] <= 2 * 3.0 / 3600  # 2 CPUs for about a second
+    assert "quotas" in f["you"]
     assert httpx.get(f"{gateway.url}/healthz").json()["ok"] is True
     assert httpx.get(f"{gateway.url}/openapi.json").json()["info"]["title"] == "corral"
