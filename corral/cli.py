@@ -125,7 +125,7 @@ def cli(ctx: click.Context, url: str | None, token: str | None, session: str | N
 @click.option("--host", help="Listen address (default 127.0.0.1).")
 @click.option("--port", type=int, help="Listen port (default 8765).")
 @click.option("--home", type=click.Path(path_type=Path), help="State directory (default ./.corral; env CORRAL_HOME).")
-@click.option("--backend", type=click.Choice(["local"]), help="Where jobs run (default local).")
+@click.option("--backend", type=click.Choice(["local", "slurm"]), help="Where jobs run: local processes (default) or Slurm.")
 @click.option("--tick", "tick_s", type=float, help="Seconds between backend status polls (default 0.5).")
 @click.option("--cpus", "local_cpus", type=int, help="CPU slots of the local backend (default: this machine's cores).")
 def serve(**opts: Any) -> None:

@@ -32,7 +32,7 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Address the gateway listens on.")
     port: int = Field(8765, ge=0, le=65535, description="Port the gateway listens on (0: any free port).")
     url: str | None = Field(None, description="Gateway URL for clients; default http://HOST:PORT.")
-    backend: Literal["local"] = Field("local", description="Where jobs run: 'local' (processes on this machine).")
+    backend: Literal["local", "slurm"] = Field("local", description="Where jobs run: 'local' (processes on this machine) or 'slurm'.")
     tick_s: float = Field(0.5, gt=0, le=60, description="Reconciler interval: one backend status call per tick.")
     max_backoff_s: float = Field(30.0, gt=0, description="Longest pause between ticks while the backend fails.")
     wait_max_s: float = Field(600.0, gt=0, description="Longest long-poll a client may ask of 'wait'.")
@@ -40,6 +40,11 @@ class Settings(BaseSettings):
     local_memory_mb: int = Field(default_factory=_total_memory_mb, ge=64, description="Memory (MB) of the local backend.")
     local_max_walltime_s: int = Field(7 * 86400, ge=1, description="Longest walltime the local backend accepts.")
     log_level: str = Field("INFO", description="Python logging level of the gateway.")
+    slurm_conf: str | None = Field(None, description="slurm.conf of the cluster (default: $SLURM_CONF).")
+    slurm_jobs_dir: Path | None = Field(None, description="Job scripts and output; on a filesystem the nodes share. Default HOME/slurm/jobs.")
+    slurm_agent_nice: int = Field(100, ge=0, le=2147483645, description="Nice value for agents' jobs: people keep priority.")
+    slurm_agent_qos: str | None = Field(None, description="QOS for agents' jobs, when the site has one.")
+    slurm_timeout_s: float = Field(30.0, gt=0, description="Longest wait for one Slurm command.")
 
     @field_validator("home")
     @classmethod

@@ -51,14 +51,16 @@ def run(
     env: Mapping[str, str] | None = None,
     input: str | None = None,
     check: bool = True,
+    inherit_env: bool = True,
 ) -> subprocess.CompletedProcess[str]:
     """Run a short command and return its output; a failure is a ``BackendError``
-    that carries argv, return code and stderr."""
+    that carries argv, return code and stderr. ``env`` is added to the gateway's
+    environment, or is the whole environment with ``inherit_env=False``."""
     t0 = time.monotonic()
     try:
         cp = subprocess.run(
             list(argv),
-            env={**os.environ, **env} if env else None,
+            env=({**os.environ, **env} if inherit_env else dict(env)) if env is not None else None,
             input=input,
             capture_output=True,
             text=True,

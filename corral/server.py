@@ -7,6 +7,7 @@ import logging.handlers
 import sys
 
 from .api import create_app
+from .backends import Backend
 from .backends.local import LocalBackend
 from .config import Settings
 from .db import Database
@@ -32,8 +33,15 @@ def setup_logging(settings: Settings) -> None:
 def build_service(settings: Settings) -> Service:
     settings.home.mkdir(parents=True, exist_ok=True)
     db = Database(settings.db_path)
-    backend = LocalBackend(settings.home / "local", settings.local_cpus, settings.local_memory_mb,
-                           settings.local_max_walltime_s)
+    backend: Backend
+    if settings.backend == "slurm":
+        from .backends.slurm import SlurmBackend
+
+        backend = SlurmBackend(settings.slurm_jobs_dir or settings.home / "slurm" / "jobs", settings.slurm_conf,
+                               settings.slurm_agent_nice, settings.slurm_agent_qos, settings.slurm_timeout_s)
+    else:
+        backend = LocalBackend(settings.home / "local", settings.local_cpus, settings.local_memory_mb,
+                               settings.local_max_walltime_s)
     return Service(settings, db, backend)
 
 
@@ -46,7 +54,8 @@ def serve(settings: Settings) -> None:
     app = create_app(service)
     token_path = settings.admin_token_path.resolve()
     print(f"corral gateway on {settings.base_url}  (API docs: {settings.base_url}/docs)", flush=True)
-    print(f"backend: {settings.backend}, {settings.local_cpus} CPU slots; state in {settings.home.resolve()}", flush=True)
+    where = f"{settings.local_cpus} CPU slots" if settings.backend == "local" else f"SLURM_CONF={service.backend.inner.slurm_conf}"  # type: ignore[attr-defined]
+    print(f"backend: {settings.backend} ({where}); state in {settings.home}", flush=True)
     print(f"admin token {'created' if created else 'kept'} in {token_path} (mode 0600)", flush=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
                 loop="uvloop", http="httptools", timeout_graceful_shutdown=3)

@@ -1,0 +1,386 @@
+"""The Slurm backend: jobs are Slurm batch jobs, driven through Slurm's CLIs.
+
+::
+
+    submit  -> write jobs/<id>/job.sh, then one `sbatch --parsable job.sh`
+    status  -> one `squeue` for the whole job table per tick (filtered here), then
+               one `sacct` (slurmdbd, not slurmctld) for every job that has ended
+    cancel  -> one `scancel id id ...`
+    limits  -> `scontrol show partition/node`, cached until slurm.conf changes
+
+Provenance: every job is named ``corral-<id>`` and carries ``--comment`` with the
+principal, sponsor, session and kind, so ``sacct -o JobName,Comment`` alone tells agent
+work from human work. Agents' jobs get ``--nice`` (and ``--qos`` when configured) so
+people's interactive work keeps priority.
+
+Who runs the job: when the principal has a ``unix_user`` and the gateway runs as root,
+``sbatch --uid/--gid`` submits as that user and the job directory is handed to it;
+otherwise jobs run as the gateway's user. The job gets the gateway's basic environment
+(PATH, HOME, LANG, ...), never its secrets, plus the spec's ``env``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import re
+import shlex
+import shutil
+import time
+from pathlib import Path
+from typing import Sequence
+
+from .. import proc
+from ..errors import BackendError, InvalidRequest
+from ..jobs import JobSpec, JobState, format_duration
+from . import BackendStatus, OutputPaths, Partition, SubmitContext
+
+log = logging.getLogger(__name__)
+
+STATES: dict[str, JobState] = {
+    "PENDING": JobState.PENDING,
+    "CONFIGURING": JobState.PENDING,
+    "REQUEUED": JobState.PENDING,
+    "REQUEUE_HOLD": JobState.PENDING,
+    "REQUEUE_FED": JobState.PENDING,
+    "RESIZING": JobState.PENDING,
+    "RUNNING": JobState.RUNNING,
+    "COMPLETING": JobState.RUNNING,  # the job ended; Slurm is still cleaning up: sacct has the outcome
+    "STAGE_OUT": JobState.RUNNING,
+    "SIGNALING": JobState.RUNNING,
+    "SUSPENDED": JobState.RUNNING,  # holds its allocation; it resumes where it was
+    "STOPPED": JobState.RUNNING,
+    "COMPLETED": JobState.COMPLETED,
+    "FAILED": JobState.FAILED,
+    "BOOT_FAIL": JobState.FAILED,
+    "NODE_FAIL": JobState.FAILED,  # the node died under the job: not the job's fault, but it did not finish
+    "DEADLINE": JobState.FAILED,
+    "PREEMPTED": JobState.FAILED,
+    "REVOKED": JobState.FAILED,
+    "SPECIAL_EXIT": JobState.FAILED,
+    "CANCELLED": JobState.CANCELLED,
+    "TIMEOUT": JobState.TIMEOUT,
+    "OUT_OF_MEMORY": JobState.OUT_OF_MEMORY,
+}
+"""Slurm job states -> JobState. sacct writes 'CANCELLED by 0': only the first word counts.
+An unknown state becomes UNKNOWN and is logged."""
+
+_PASS_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "SHELL")
+# Without cgroups (proctrack/linuxproc), Slurm's memory enforcement kills the step with
+# SIGKILL and sacct says FAILED 0:9; the only trace of the reason is this line in stderr.
+_OOM_MARK = re.compile(rb"exceeded (job )?memory limit|oom-kill|out of memory", re.IGNORECASE)
+
+
+def translate(slurm_state: str) -> JobState:
+    word = slurm_state.split()[0].rstrip("+") if slurm_state.strip() else ""
+    state = STATES.get(word)
+    if state is None:
+        log.warning("unknown Slurm state %r: reported as UNKNOWN", slurm_state)
+        return JobState.UNKNOWN
+    return state
+
+
+def parse_exit(code: str) -> tuple[int | None, int]:
+    """sacct's 'EXIT:SIGNAL' -> (exit code, signal); a signal maps to 128+signal as in a shell."""
+    try:
+        rc, sig = (int(x) for x in code.split(":"))
+    except ValueError:
+        return None, 0
+    return (128 + sig if sig else rc), sig
+
+
+def parse_slurm_time(value: str) -> int | None:
+    """'UNLIMITED', '1:00:00', '2-00:00:00', '30' (minutes) -> seconds."""
+    if not value or value in ("UNLIMITED", "INFINITE", "NONE"):
+        return None
+    days = 0
+    if "-" in value:
+        d, value = value.split("-", 1)
+        days = int(d)
+    parts = [int(p) for p in value.split(":")]
+    if len(parts) == 1:
+        return days * 86400 + parts[0] * 60
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    return days * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+def _kv(line: str) -> dict[str, str]:
+    return dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+
+
+class SlurmBackend:
+    name = "slurm"
+
+    def __init__(self, jobs_dir: Path, slurm_conf: str | None = None, agent_nice: int = 100,
+                 agent_qos: str | None = None, timeout_s: float = 30.0) -> None:
+        self.jobs_dir = Path(jobs_dir).resolve()
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.slurm_conf = slurm_conf or os.environ.get("SLURM_CONF")
+        self.agent_nice = agent_nice
+        self.agent_qos = agent_qos
+        self.timeout_s = timeout_s
+        self._limits: list[Partition] | None = None
+        self._limits_key: tuple[float, int] | None = None
+        self._dirs: dict[str, Path] = {}  # Slurm job id -> corral's job directory
+
+    # -- the one door, with Slurm's environment ------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
+        if self.slurm_conf:
+            env["SLURM_CONF"] = self.slurm_conf
+        return env
+
+    def _run(self, *argv: str) -> str:
+        return proc.run(argv, env=self._env(), inherit_env=False, timeout=self.timeout_s).stdout
+
+    # -- Backend Protocol --------------------------------------------------------------
+
+    def submit(self, ctx: SubmitContext, spec: JobSpec) -> str:
+        self.preflight(spec)
+        d = self.jobs_dir / str(ctx.job_id)
+        recorded = d / "backend_id"
+        if recorded.exists():
+            return recorded.read_text().strip()
+        if (d / "job.sh").exists():  # written before a crash: was it submitted?
+            found = self._find_by_name(f"corral-{ctx.job_id}")
+            if found:
+                recorded.write_text(found)
+                return found
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "stdout").touch()
+        (d / "stderr").touch()
+        if spec.script:
+            (d / "script").write_text(spec.script)
+            (d / "script").chmod(0o700)
+        (d / "job.sh").write_text(self.render(ctx, spec, d))
+        argv = ["sbatch", "--parsable"]
+        user = self._run_as(ctx, d)
+        if user:
+            argv += [f"--uid={user[0]}", f"--gid={user[1]}"]
+        out = self._run(*argv, str(d / "job.sh")).strip()
+        backend_id = out.split(";")[0]
+        if not backend_id.isdigit():
+            raise BackendError(f"sbatch answered {out!r}, not a job id", argv=argv)
+        recorded.write_text(backend_id)
+        self._dirs[backend_id] = d
+        return backend_id
+
+    def _dir_of(self, backend_id: str) -> Path | None:
+        d = self._dirs.get(backend_id)
+        if d is None:  # after a restart: index the job directories once
+            for rec in self.jobs_dir.glob("*/backend_id"):
+                self._dirs[rec.read_text().strip()] = rec.parent
+            d = self._dirs.get(backend_id)
+        return d
+
+    def render(self, ctx: SubmitContext, spec: JobSpec, d: Path) -> str:
+        """The batch script: resources and provenance as #SBATCH lines, then the work."""
+        comment = " ".join(f"{k}={v}" for k, v in (
+            ("corral_job", ctx.job_id), ("principal", ctx.principal), ("kind", ctx.kind),
+            ("sponsor", ctx.sponsor or "-"), ("session", ctx.session or "-")))
+        lines = [
+            "#!/bin/bash",
+            f"#SBATCH --job-name=corral-{ctx.job_id}",
+            f"#SBATCH --comment={shlex.quote(comment)}",
+            f"#SBATCH --output={d / 'stdout'}",
+            f"#SBATCH --error={d / 'stderr'}",
+            f"#SBATCH --chdir={spec.workdir or d}",
+            "#SBATCH --nodes=1",
+            "#SBATCH --ntasks=1",
+            f"#SBATCH --cpus-per-task={spec.cpus}",
+            f"#SBATCH --mem={spec.memory_mb}M",
+            f"#SBATCH --time={format_duration(-(-spec.walltime_s // 60) * 60)}",
+        ]
+        if spec.partition:
+            lines.append(f"#SBATCH --partition={spec.partition}")
+        if spec.gpus:
+            lines.append(f"#SBATCH --gres=gpu:{spec.gpus}")
+        if ctx.account:
+            lines.append(f"#SBATCH --account={ctx.account}")
+        if ctx.kind == "agent":
+            lines.append(f"#SBATCH --nice={self.agent_nice}")
+            if self.agent_qos:
+                lines.append(f"#SBATCH --qos={self.agent_qos}")
+        env = {"CORRAL_JOB_ID": str(ctx.job_id), "CORRAL_PRINCIPAL": ctx.principal,
+               "CORRAL_SESSION": ctx.session or "", **spec.env}
+        lines += [""] + [f"export {k}={shlex.quote(v)}" for k, v in env.items()] + [""]
+        if spec.script:
+            script = d / "script"
+            lines.append(f"exec {script}" if spec.script.startswith("#!") else f"exec bash {script}")
+        else:
+            lines.append(spec.command or "")
+        return "\n".join(lines) + "\n"
+
+    def status(self, backend_ids: Sequence[str]) -> dict[str, BackendStatus]:
+        wanted = set(backend_ids)
+        out: dict[str, BackendStatus] = {}
+        ended: dict[str, str] = {}
+        # One squeue for the whole table: the same RPCs as one job, whatever the count.
+        for line in self._run("squeue", "-h", "-a", "-t", "all", "-o", "%i|%T|%r|%S").splitlines():
+            jid, st, reason, start = (line.split("|") + ["", "", ""])[:4]
+            if jid not in wanted:
+                continue
+            state = translate(st)
+            if state.terminal or st.startswith("COMPLETING"):
+                ended[jid] = st
+                continue
+            out[jid] = BackendStatus(jid, state, reason=None if reason in ("None", "") else reason,
+                                     start_time=_epoch(start) if state is JobState.RUNNING else None)
+        missing = [j for j in backend_ids if j not in out]
+        if missing:
+            final = self._accounting(missing)
+            for jid in missing:
+                if jid in final:
+                    out[jid] = final[jid]
+                elif jid in ended:  # accounting lags squeue by a few seconds
+                    out[jid] = BackendStatus(jid, JobState.RUNNING, reason="ended; waiting for accounting")
+        return out
+
+    def _accounting(self, ids: Sequence[str]) -> dict[str, BackendStatus]:
+        text = self._run("sacct", "-X", "-n", "-P", "-j", ",".join(ids),
+                         "-o", "JobID,State,ExitCode,Start,End,Reason")
+        out: dict[str, BackendStatus] = {}
+        for line in text.splitlines():
+            jid, st, code, start, end, reason = (line.split("|") + [""] * 6)[:6]
+            state = translate(st)
+            if not state.terminal:
+                continue  # squeue is the authority for live jobs
+            exit_code, sig = parse_exit(code)
+            why = None
+            if state is JobState.FAILED and sig == 9 and self._stderr_says_oom(jid):
+                state, why = JobState.OUT_OF_MEMORY, "killed for using more memory than it asked for"
+            elif state is JobState.FAILED:
+                why = f"killed by signal {sig}" if sig else f"exited with code {exit_code}"
+            elif state is JobState.TIMEOUT:
+                why = "killed after its walltime"
+            elif state is JobState.CANCELLED:
+                why = "cancelled"
+            out[jid] = BackendStatus(jid, state, exit_code, why, _epoch(start), _epoch(end))
+        return out
+
+    def _stderr_says_oom(self, backend_id: str) -> bool:
+        d = self._dir_of(backend_id)
+        if d is None or not (d / "stderr").exists():
+            return False
+        with open(d / "stderr", "rb") as f:
+            f.seek(max(0, (d / "stderr").stat().st_size - 4096))
+            return bool(_OOM_MARK.search(f.read()))
+
+    def cancel(self, backend_ids: Sequence[str]) -> None:
+        if backend_ids:
+            self._run("scancel", *backend_ids)
+
+    def output_paths(self, backend_id: str) -> OutputPaths:
+        d = self._dir_of(backend_id) or self.jobs_dir / "missing"
+        return OutputPaths(d / "stdout", d / "stderr")
+
+    def close(self) -> None:
+        """Slurm owns the jobs; nothing to stop."""
+
+    # -- the facility's limits ----------------------------------------------------------
+
+    def partitions(self) -> list[Partition]:
+        """Read once, cached; re-read when slurm.conf changes (mtime and size)."""
+        key = None
+        if self.slurm_conf and Path(self.slurm_conf).exists():
+            st = Path(self.slurm_conf).stat()
+            key = (st.st_mtime, st.st_size)
+        if self._limits is None or key != self._limits_key:
+            self._limits = self._read_limits()
+            self._limits_key = key
+        return self._limits
+
+    def _read_limits(self) -> list[Partition]:
+        nodes = {}
+        for line in self._run("scontrol", "show", "node", "-o").splitlines():
+            kv = _kv(line)
+            gpus = sum(int(m.group(1)) for m in re.finditer(r"gpu(?::[^:,(]+)?:(\d+)", kv.get("Gres", "")))
+            nodes[kv.get("NodeName")] = (int(kv.get("CPUTot", 0)), int(kv.get("RealMemory", 0)), gpus)
+        parts = []
+        for line in self._run("scontrol", "show", "partition", "-o").splitlines():
+            kv = _kv(line)
+            members = [n for n in nodes if n in _expand(kv.get("Nodes", ""))] or list(nodes)
+            cpus = max((nodes[n][0] for n in members), default=0)
+            mem = max((nodes[n][1] for n in members), default=0)
+            gpus = max((nodes[n][2] for n in members), default=0)
+            max_t = parse_slurm_time(kv.get("MaxTime", "")) or 365 * 86400
+            parts.append(Partition(kv["PartitionName"], cpus, mem, gpus, max_t, default=kv.get("Default") == "YES",
+                                   extra={"state": kv.get("State")}))
+        return parts
+
+    def preflight(self, spec: JobSpec) -> None:
+        """Refuse at once what no partition can ever run, naming the nearest valid request."""
+        parts = self.partitions()
+        names = [p.name for p in parts]
+        if spec.partition is not None and spec.partition not in names:
+            raise InvalidRequest(f"unknown partition {spec.partition!r}; this facility has: {', '.join(names)}")
+        target = next((p for p in parts if p.name == spec.partition), None) or next((p for p in parts if p.default), parts[0])
+        where = f"partition {target.name!r}"
+        if spec.cpus > target.max_cpus:
+            raise InvalidRequest(f"{spec.cpus} CPUs asked but the largest node in {where} has {target.max_cpus}; ask for cpus <= {target.max_cpus}")
+        if spec.memory_mb > target.max_memory_mb:
+            raise InvalidRequest(f"{spec.memory_mb}M of memory asked but the largest node in {where} has "
+                                 f"{target.max_memory_mb}M; ask for memory <= {target.max_memory_mb}M")
+        if spec.gpus > target.max_gpus:
+            with_gpus = [p.name for p in parts if p.max_gpus >= spec.gpus]
+            raise InvalidRequest(f"{spec.gpus} GPUs asked but {where} has nodes with {target.max_gpus}; "
+                                 + (f"ask for gpus <= {target.max_gpus}" if target.max_gpus else "set gpus to 0"))
+        if spec.walltime_s > target.max_walltime_s:
+            longer = [p for p in parts if p.max_walltime_s >= spec.walltime_s]
+            alt = f", or use partition {longer[0].name!r} (max {format_duration(longer[0].max_walltime_s)})" if longer else ""
+            raise InvalidRequest(f"walltime {format_duration(spec.walltime_s)} is over {where}'s limit of "
+                                 f"{format_duration(target.max_walltime_s)}; ask for walltime <= "
+                                 f"{format_duration(target.max_walltime_s)}{alt}")
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _find_by_name(self, name: str) -> str | None:
+        """Only after a crash between sbatch and recording its answer. squeue first:
+        accounting lags a new job by seconds (its JobName reads 'allocation' at first)."""
+        for argv in (("squeue", "-h", "-a", "-t", "all", "-n", name, "-o", "%i"),
+                     ("sacct", "-X", "-n", "-P", "--name", name, "-o", "JobID", "-S", "now-7days")):
+            ids = [x for x in self._run(*argv).split() if x.isdigit()]
+            if ids:
+                return ids[-1]
+        return None
+
+    def _run_as(self, ctx: SubmitContext, d: Path) -> tuple[int, int] | None:
+        if not ctx.unix_user or os.geteuid() != 0:
+            return None
+        try:
+            pw = pwd.getpwnam(ctx.unix_user)
+        except KeyError:
+            raise InvalidRequest(f"unix user {ctx.unix_user!r} of principal {ctx.principal!r} does not exist here") from None
+        for path in (d, d / "stdout", d / "stderr"):
+            shutil.chown(path, pw.pw_uid, pw.pw_gid)
+        return pw.pw_uid, pw.pw_gid
+
+
+def _epoch(text: str) -> float | None:
+    if not text or text in ("Unknown", "None", "N/A"):
+        return None
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def _expand(nodes: str) -> set[str]:
+    """'localhost' or 'n[1-3],gpu1' -> names (enough for the common forms)."""
+    out: set[str] = set()
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", nodes):
+        m = re.match(r"(.*)\[(.*)\]$", part)
+        if not m:
+            out.add(part)
+            continue
+        for rng in m.group(2).split(","):
+            lo, _, hi = rng.partition("-")
+            for i in range(int(lo), int(hi or lo) + 1):
+                out.add(f"{m.group(1)}{str(i).zfill(len(lo))}")
+    return out
+
+
+__all__ = ["SlurmBackend", "STATES", "translate", "parse_exit"]

@@ -1,0 +1,24 @@
+#!/bin/bash
+#SBATCH --job-name=corral-17
+#SBATCH --comment='corral_job=17 principal=claude-1 kind=agent sponsor=alice session=sess-9'
+#SBATCH --output=/jobs/17/stdout
+#SBATCH --error=/jobs/17/stderr
+#SBATCH --chdir=/work/alice
+#SBATCH --nodes=1
+#SBATCH --ntasks=1
+#SBATCH --cpus-per-task=4
+#SBATCH --mem=8192M
+#SBATCH --time=00:02:00
+#SBATCH --partition=gpu
+#SBATCH --gres=gpu:2
+#SBATCH --account=physics
+#SBATCH --nice=100
+#SBATCH --qos=agents
+
+export CORRAL_JOB_ID=17
+export CORRAL_PRINCIPAL=claude-1
+export CORRAL_SESSION=sess-9
+export SEED=42
+export MSG='it'"'"'s ok'
+
+python train.py --epochs 3

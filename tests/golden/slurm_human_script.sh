@@ -1,0 +1,17 @@
+#!/bin/bash
+#SBATCH --job-name=corral-18
+#SBATCH --comment='corral_job=18 principal=alice kind=human sponsor=- session=-'
+#SBATCH --output=/jobs/18/stdout
+#SBATCH --error=/jobs/18/stderr
+#SBATCH --chdir=/jobs/18
+#SBATCH --nodes=1
+#SBATCH --ntasks=1
+#SBATCH --cpus-per-task=1
+#SBATCH --mem=1024M
+#SBATCH --time=01:00:00
+
+export CORRAL_JOB_ID=18
+export CORRAL_PRINCIPAL=alice
+export CORRAL_SESSION=''
+
+exec /jobs/18/script

@@ -1,0 +1,123 @@
+"""The backend contract on a real Slurm (scripts/slurm-up), plus what only Slurm does:
+the generated script, the state table, preflight against real limits, provenance."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from corral.backends import SubmitContext
+from corral.backends.slurm import STATES, SlurmBackend, parse_exit, parse_slurm_time, translate
+from corral.errors import InvalidRequest
+from corral.jobs import JobSpec, JobState
+
+from .backend_contract import *  # noqa: F401,F403
+from .backend_contract import ctx, wait_all
+from .slurm_env import slurm_conf
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.fixture(scope="module")
+def conf() -> str:
+    return slurm_conf()
+
+
+@pytest.fixture
+def backend(conf, tmp_path):
+    return SlurmBackend(tmp_path / "slurm-jobs", conf)
+
+
+def sacct(conf: str, job: str, fields: str) -> str:
+    env = {**os.environ, "SLURM_CONF": conf}
+    return subprocess.run(["sacct", "-X", "-n", "-P", "-j", job, "-o", fields], env=env,
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+# -- no Slurm needed ---------------------------------------------------------------------
+
+def test_generated_script_matches_golden(tmp_path) -> None:
+    b = SlurmBackend.__new__(SlurmBackend)
+    b.agent_nice, b.agent_qos = 100, "agents"
+    spec = JobSpec(command="python train.py --epochs 3", cpus=4, memory="8G", gpus=2, walltime="90s",
+                   partition="gpu", env={"SEED": "42", "MSG": "it's ok"}, workdir="/work/alice")
+    c = SubmitContext(17, "claude-1", "agent", "alice", "sess-9", None, "physics")
+    script = b.render(c, spec, Path("/jobs/17"))
+    assert script == (GOLDEN / "slurm_agent_job.sh").read_text()
+    human = b.render(SubmitContext(18, "alice", "human"), JobSpec(script="#!/bin/bash\necho hi\n"), Path("/jobs/18"))
+    assert human == (GOLDEN / "slurm_human_script.sh").read_text()
+
+
+def test_state_table_and_exit_codes() -> None:
+    assert translate("CANCELLED by 0") is JobState.CANCELLED
+    assert translate("OUT_OF_MEMORY") is JobState.OUT_OF_MEMORY
+    assert translate("COMPLETING") is JobState.RUNNING
+    assert translate("NEW_STATE_FROM_THE_FUTURE") is JobState.UNKNOWN
+    assert all(isinstance(v, JobState) for v in STATES.values())
+    assert parse_exit("3:0") == (3, 0) and parse_exit("0:9") == (137, 9) and parse_exit("x") == (None, 0)
+    assert parse_slurm_time("1:00:00") == 3600 and parse_slurm_time("2-00:00:00") == 172800
+    assert parse_slurm_time("30") == 1800 and parse_slurm_time("UNLIMITED") is None
+
+
+# -- a real Slurm ------------------------------------------------------------------------
+
+def test_partitions_from_the_cluster(backend) -> None:
+    parts = {p.name: p for p in backend.partitions()}
+    assert set(parts) >= {"debug", "batch", "gpu"}
+    assert parts["debug"].default and parts["debug"].max_walltime_s == 3600
+    assert parts["gpu"].max_gpus == 4 and parts["batch"].max_cpus == 32
+
+
+def test_preflight_names_the_nearest_valid_request(backend, tmp_path) -> None:
+    cases = {
+        "this facility has: debug, batch, gpu": JobSpec(command="true", partition="gpuz"),
+        "ask for memory <= 64000M": JobSpec(command="true", memory="100G"),
+        "ask for gpus <= 4": JobSpec(command="true", partition="gpu", gpus=8),
+        "or use partition 'batch'": JobSpec(command="true", walltime="3h"),
+        "ask for cpus <= 32": JobSpec(command="true", cpus=64),
+    }
+    for words, spec in cases.items():
+        t0 = time.perf_counter()
+        with pytest.raises(InvalidRequest) as e:
+            backend.submit(ctx(), spec)
+        assert words in e.value.message, e.value.message
+        assert time.perf_counter() - t0 < 5  # refused from the cache, not after queueing
+
+
+def test_provenance_is_in_slurm_accounting(backend, conf, tmp_path) -> None:
+    c = SubmitContext(next(iter([int(time.time()) % 100000 + 500000])), "claude-7", "agent", "alice", "sess-42")
+    bid = backend.submit(c, JobSpec(command="echo hi", workdir=str(tmp_path)))
+    wait_all(backend, [bid])
+    deadline = time.time() + 30
+    while time.time() < deadline:  # accounting fills JobName in after the job ends
+        row = sacct(conf, bid, "JobName,Comment")
+        if row.startswith("corral-"):
+            break
+        time.sleep(0.5)
+    name, comment = row.split("|", 1)
+    assert name == f"corral-{c.job_id}"
+    for part in (f"corral_job={c.job_id}", "principal=claude-7", "kind=agent", "sponsor=alice", "session=sess-42"):
+        assert part in comment
+    env = {**os.environ, "SLURM_CONF": conf}
+    nice = subprocess.run(["scontrol", "show", "job", bid], env=env, capture_output=True, text=True).stdout
+    assert "Nice=100" in nice or nice == ""  # purged from slurmctld after MinJobAge is also fine
+
+
+def test_gpu_job_gets_its_devices(backend, tmp_path) -> None:
+    bid = backend.submit(ctx(), JobSpec(command="echo $CUDA_VISIBLE_DEVICES", partition="gpu", gpus=2,
+                                        workdir=str(tmp_path)))
+    assert wait_all(backend, [bid])[bid].state is JobState.COMPLETED
+    assert backend.output_paths(bid).stdout.read_text().strip() == "0,1"
+
+
+def test_resubmit_after_crash_finds_the_job(backend, tmp_path) -> None:
+    c = ctx()
+    spec = JobSpec(command="echo once", workdir=str(tmp_path))
+    first = backend.submit(c, spec)
+    (backend.jobs_dir / str(c.job_id) / "backend_id").unlink()  # the crash: id never recorded
+    again = SlurmBackend(backend.jobs_dir, backend.slurm_conf).submit(c, spec)
+    assert again == first
