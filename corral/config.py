@@ -45,6 +45,7 @@ class Settings(BaseSettings):
     slurm_agent_nice: int = Field(100, ge=0, le=2147483645, description="Nice value for agents' jobs: people keep priority.")
     slurm_agent_qos: str | None = Field(None, description="QOS for agents' jobs, when the site has one.")
     slurm_timeout_s: float = Field(30.0, gt=0, description="Longest wait for one Slurm command.")
+    slurm_poll_s: float = Field(10.0, gt=0, description="Full squeue poll interval; jobs report their own start and end in between.")
 
     @field_validator("home")
     @classmethod

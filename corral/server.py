@@ -38,7 +38,8 @@ def build_service(settings: Settings) -> Service:
         from .backends.slurm import SlurmBackend
 
         backend = SlurmBackend(settings.slurm_jobs_dir or settings.home / "slurm" / "jobs", settings.slurm_conf,
-                               settings.slurm_agent_nice, settings.slurm_agent_qos, settings.slurm_timeout_s)
+                               settings.slurm_agent_nice, settings.slurm_agent_qos, settings.slurm_timeout_s,
+                               settings.slurm_poll_s)
     else:
         backend = LocalBackend(settings.home / "local", settings.local_cpus, settings.local_memory_mb,
                                settings.local_max_walltime_s)

@@ -177,7 +177,7 @@ class Service:
             self.reconciler.kick()
         return self.db.get_job(job.id) or job, created
 
-    async def _send(self, job: Job, principal: Principal) -> None:
+    async def _send(self, job: Job, principal: Principal, *, raise_backend: bool = False) -> None:
         ctx = SubmitContext(job.id, principal.name, principal.kind.value, principal.sponsor, job.session,
                             principal.unix_user, principal.account)
         self._in_flight.add(job.id)
@@ -188,18 +188,22 @@ class Service:
             # Keep the job: the reconciler resends it once the scheduler answers again.
             log.warning("submit of job %s deferred: %s", job.id, e)
             self.db.update_job(job.id, JobState.PENDING, reason=f"waiting for the scheduler: {e.message}")
+            if raise_backend:
+                raise
         except CorralError as e:
             self.db.update_job(job.id, JobState.FAILED, reason=f"refused by the backend: {e.message}", end_time=time.time())
         finally:
             self._in_flight.discard(job.id)
 
     async def submit_unsent(self) -> None:
-        """Send jobs recorded but never handed to the backend (a crash, or the backend was down)."""
+        """Send jobs recorded but never handed to the backend (a crash, or the backend was
+        down). Runs in the reconciler: a failure there marks the backend degraded and
+        backs off, and the rest wait for the next try."""
         for job in self.db.active_jobs():
             if job.backend_id is None and job.id not in self._in_flight:
                 principal = self.db.get_principal(job.principal)
                 if principal is not None:
-                    await self._send(job, principal)
+                    await self._send(job, principal, raise_backend=True)
 
     def get_job(self, caller: Caller, job_id: int) -> Job:
         job = self.db.get_job(job_id)

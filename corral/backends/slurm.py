@@ -3,8 +3,11 @@
 ::
 
     submit  -> write jobs/<id>/job.sh, then one `sbatch --parsable job.sh`
-    status  -> one `squeue` for the whole job table per tick (filtered here), then
-               one `sacct` (slurmdbd, not slurmctld) for every job that has ended
+    status  -> jobs report their own start and normal end through marker files in
+               their directory (no controller RPC); one `squeue` for the whole job
+               table every ``poll_s`` (and right after a cancel) catches what dies
+               without a word (killed, out of memory, timeout, node failure); one
+               `sacct` (slurmdbd, not slurmctld) gives the outcome of what ended
     cancel  -> one `scancel id id ...`
     limits  -> `scontrol show partition/node`, cached until slurm.conf changes
 
@@ -25,6 +28,7 @@ import logging
 import os
 import pwd
 import re
+import secrets
 import shlex
 import shutil
 import time
@@ -114,7 +118,7 @@ class SlurmBackend:
     name = "slurm"
 
     def __init__(self, jobs_dir: Path, slurm_conf: str | None = None, agent_nice: int = 100,
-                 agent_qos: str | None = None, timeout_s: float = 30.0) -> None:
+                 agent_qos: str | None = None, timeout_s: float = 30.0, poll_s: float = 10.0) -> None:
         self.jobs_dir = Path(jobs_dir).resolve()
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.slurm_conf = slurm_conf or os.environ.get("SLURM_CONF")
@@ -124,6 +128,10 @@ class SlurmBackend:
         self._limits: list[Partition] | None = None
         self._limits_key: tuple[float, int] | None = None
         self._dirs: dict[str, Path] = {}  # Slurm job id -> corral's job directory
+        self.poll_s = poll_s
+        self._last_poll = 0.0
+        self._known: dict[str, BackendStatus] = {}  # last answer per live job, between full polls
+        self._final: dict[str, BackendStatus] = {}  # a terminal answer never changes
 
     # -- the one door, with Slurm's environment ------------------------------------
 
@@ -144,18 +152,23 @@ class SlurmBackend:
         recorded = d / "backend_id"
         if recorded.exists():
             return recorded.read_text().strip()
-        if (d / "job.sh").exists():  # written before a crash: was it submitted?
-            found = self._find_by_name(f"corral-{ctx.job_id}")
+        if (d / "job.sh").exists():  # written before a crash or a failed sbatch: was it submitted?
+            found = self._find_submitted(f"corral-{ctx.job_id}", (d / "nonce").read_text().strip())
             if found:
                 recorded.write_text(found)
+                self._dirs[found] = d
                 return found
         d.mkdir(parents=True, exist_ok=True)
+        if not (d / "nonce").exists():
+            # Job ids restart with every corral install: the nonce tells this job from
+            # another install's job of the same name.
+            (d / "nonce").write_text(secrets.token_hex(8))
         (d / "stdout").touch()
         (d / "stderr").touch()
         if spec.script:
             (d / "script").write_text(spec.script)
             (d / "script").chmod(0o700)
-        (d / "job.sh").write_text(self.render(ctx, spec, d))
+        (d / "job.sh").write_text(self.render(ctx, spec, d, (d / "nonce").read_text().strip()))
         argv = ["sbatch", "--parsable"]
         user = self._run_as(ctx, d)
         if user:
@@ -166,6 +179,7 @@ class SlurmBackend:
             raise BackendError(f"sbatch answered {out!r}, not a job id", argv=argv)
         recorded.write_text(backend_id)
         self._dirs[backend_id] = d
+        self._known[backend_id] = BackendStatus(backend_id, JobState.PENDING, reason="submitted")
         return backend_id
 
     def _dir_of(self, backend_id: str) -> Path | None:
@@ -176,11 +190,11 @@ class SlurmBackend:
             d = self._dirs.get(backend_id)
         return d
 
-    def render(self, ctx: SubmitContext, spec: JobSpec, d: Path) -> str:
+    def render(self, ctx: SubmitContext, spec: JobSpec, d: Path, nonce: str = "-") -> str:
         """The batch script: resources and provenance as #SBATCH lines, then the work."""
         comment = " ".join(f"{k}={v}" for k, v in (
             ("corral_job", ctx.job_id), ("principal", ctx.principal), ("kind", ctx.kind),
-            ("sponsor", ctx.sponsor or "-"), ("session", ctx.session or "-")))
+            ("sponsor", ctx.sponsor or "-"), ("session", ctx.session or "-"), ("nonce", nonce)))
         lines = [
             "#!/bin/bash",
             f"#SBATCH --job-name=corral-{ctx.job_id}",
@@ -207,18 +221,74 @@ class SlurmBackend:
         env = {"CORRAL_JOB_ID": str(ctx.job_id), "CORRAL_PRINCIPAL": ctx.principal,
                "CORRAL_SESSION": ctx.session or "", **spec.env}
         lines += [""] + [f"export {k}={shlex.quote(v)}" for k, v in env.items()] + [""]
+        # The job tells corral itself when it starts and when it ends normally: no
+        # controller RPC needed. The end is written only after the work returns; a job
+        # killed by a signal (cancel, walltime, memory) dies before that line, and Slurm's
+        # accounting says what happened. (An EXIT trap would run there with a wrong $?.)
+        lines += [f"date +%s > {d / 'started'}", ""]
         if spec.script:
             script = d / "script"
-            lines.append(f"exec {script}" if spec.script.startswith("#!") else f"exec bash {script}")
+            lines.append(str(script) if spec.script.startswith("#!") else f"bash {script}")
         else:
-            lines.append(spec.command or "")
+            lines += ["(", spec.command or "", ")"]
+        lines += ["rc=$?", f"echo $rc > {d / 'ended'}", "exit $rc"]
         return "\n".join(lines) + "\n"
 
     def status(self, backend_ids: Sequence[str]) -> dict[str, BackendStatus]:
+        out: dict[str, BackendStatus] = {}
+        unsure: list[str] = []
+        for jid in backend_ids:
+            told = self._final.get(jid) or self._self_report(jid)
+            if told is not None:
+                out[jid] = told
+            else:
+                unsure.append(jid)
+        if unsure and time.monotonic() - self._last_poll >= self.poll_s:
+            out.update(self._poll(unsure))
+            self._last_poll = time.monotonic()
+        for jid in unsure:
+            if jid not in out and jid in self._known:
+                out[jid] = self._upgrade(jid, self._known[jid])
+        for jid, st in out.items():
+            if st.state.terminal:
+                self._final[jid] = st
+                self._known.pop(jid, None)
+        return out
+
+    def _self_report(self, jid: str) -> BackendStatus | None:
+        """A normal end, written by the job's own EXIT trap. A code over 128 is a signal
+        (cancel, timeout, memory): Slurm's accounting knows which, so it is not trusted here."""
+        d = self._dir_of(jid)
+        if d is None:
+            return None
+        try:
+            code = int((d / "ended").read_text().strip())
+        except (OSError, ValueError):
+            return None
+        if code > 128:
+            return None
+        started = _read_epoch(d / "started")
+        end = (d / "ended").stat().st_mtime
+        self._known.pop(jid, None)
+        if code == 0:
+            return BackendStatus(jid, JobState.COMPLETED, 0, None, started, end)
+        return BackendStatus(jid, JobState.FAILED, code, f"exited with code {code}", started, end)
+
+    def _upgrade(self, jid: str, last: BackendStatus) -> BackendStatus:
+        """Between full polls: a PENDING job whose script wrote 'started' is RUNNING."""
+        if last.state is JobState.PENDING:
+            d = self._dir_of(jid)
+            started = _read_epoch(d / "started") if d else None
+            if started is not None:
+                last = BackendStatus(jid, JobState.RUNNING, start_time=started)
+                self._known[jid] = last
+        return last
+
+    def _poll(self, backend_ids: Sequence[str]) -> dict[str, BackendStatus]:
+        """One squeue for the whole table (the same RPCs as for one job), then one sacct."""
         wanted = set(backend_ids)
         out: dict[str, BackendStatus] = {}
         ended: dict[str, str] = {}
-        # One squeue for the whole table: the same RPCs as one job, whatever the count.
         for line in self._run("squeue", "-h", "-a", "-t", "all", "-o", "%i|%T|%r|%S").splitlines():
             jid, st, reason, start = (line.split("|") + ["", "", ""])[:4]
             if jid not in wanted:
@@ -227,16 +297,19 @@ class SlurmBackend:
             if state.terminal or st.startswith("COMPLETING"):
                 ended[jid] = st
                 continue
-            out[jid] = BackendStatus(jid, state, reason=None if reason in ("None", "") else reason,
-                                     start_time=_epoch(start) if state is JobState.RUNNING else None)
+            out[jid] = self._known[jid] = BackendStatus(
+                jid, state, reason=None if reason in ("None", "") else reason,
+                start_time=_epoch(start) if state is JobState.RUNNING else None)
         missing = [j for j in backend_ids if j not in out]
         if missing:
             final = self._accounting(missing)
             for jid in missing:
                 if jid in final:
                     out[jid] = final[jid]
+                    self._known.pop(jid, None)
                 elif jid in ended:  # accounting lags squeue by a few seconds
                     out[jid] = BackendStatus(jid, JobState.RUNNING, reason="ended; waiting for accounting")
+                    self._last_poll = 0.0  # look again next tick, not in poll_s
         return out
 
     def _accounting(self, ids: Sequence[str]) -> dict[str, BackendStatus]:
@@ -272,6 +345,7 @@ class SlurmBackend:
     def cancel(self, backend_ids: Sequence[str]) -> None:
         if backend_ids:
             self._run("scancel", *backend_ids)
+            self._last_poll = 0.0  # a cancelled job says nothing itself: ask Slurm next tick
 
     def output_paths(self, backend_id: str) -> OutputPaths:
         d = self._dir_of(backend_id) or self.jobs_dir / "missing"
@@ -337,14 +411,15 @@ class SlurmBackend:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _find_by_name(self, name: str) -> str | None:
-        """Only after a crash between sbatch and recording its answer. squeue first:
-        accounting lags a new job by seconds (its JobName reads 'allocation' at first)."""
-        for argv in (("squeue", "-h", "-a", "-t", "all", "-n", name, "-o", "%i"),
-                     ("sacct", "-X", "-n", "-P", "--name", name, "-o", "JobID", "-S", "now-7days")):
-            ids = [x for x in self._run(*argv).split() if x.isdigit()]
-            if ids:
-                return ids[-1]
+    def _find_submitted(self, name: str, nonce: str) -> str | None:
+        """Only after a crash between sbatch and recording its answer, or a failed sbatch.
+        squeue first: accounting lags a new job by seconds."""
+        for argv in (("squeue", "-h", "-a", "-t", "all", "-n", name, "-o", "%i|%k"),
+                     ("sacct", "-X", "-n", "-P", "--name", name, "-o", "JobID,Comment", "-S", "now-7days")):
+            for line in self._run(*argv).splitlines():
+                jid, _, comment = line.partition("|")
+                if jid.strip().isdigit() and f"nonce={nonce}" in comment:
+                    return jid.strip()
         return None
 
     def _run_as(self, ctx: SubmitContext, d: Path) -> tuple[int, int] | None:
@@ -357,6 +432,13 @@ class SlurmBackend:
         for path in (d, d / "stdout", d / "stderr"):
             shutil.chown(path, pw.pw_uid, pw.pw_gid)
         return pw.pw_uid, pw.pw_gid
+
+
+def _read_epoch(path: Path) -> float | None:
+    try:
+        return float(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _epoch(text: str) -> float | None:

@@ -1,6 +1,6 @@
 #!/bin/bash
 #SBATCH --job-name=corral-17
-#SBATCH --comment='corral_job=17 principal=claude-1 kind=agent sponsor=alice session=sess-9'
+#SBATCH --comment='corral_job=17 principal=claude-1 kind=agent sponsor=alice session=sess-9 nonce=-'
 #SBATCH --output=/jobs/17/stdout
 #SBATCH --error=/jobs/17/stderr
 #SBATCH --chdir=/work/alice
@@ -21,4 +21,11 @@ export CORRAL_SESSION=sess-9
 export SEED=42
 export MSG='it'"'"'s ok'
 
+date +%s > /jobs/17/started
+
+(
 python train.py --epochs 3
+)
+rc=$?
+echo $rc > /jobs/17/ended
+exit $rc

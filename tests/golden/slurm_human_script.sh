@@ -1,6 +1,6 @@
 #!/bin/bash
 #SBATCH --job-name=corral-18
-#SBATCH --comment='corral_job=18 principal=alice kind=human sponsor=- session=-'
+#SBATCH --comment='corral_job=18 principal=alice kind=human sponsor=- session=- nonce=-'
 #SBATCH --output=/jobs/18/stdout
 #SBATCH --error=/jobs/18/stderr
 #SBATCH --chdir=/jobs/18
@@ -14,4 +14,9 @@ export CORRAL_JOB_ID=18
 export CORRAL_PRINCIPAL=alice
 export CORRAL_SESSION=''
 
-exec /jobs/18/script
+date +%s > /jobs/18/started
+
+/jobs/18/script
+rc=$?
+echo $rc > /jobs/18/ended
+exit $rc

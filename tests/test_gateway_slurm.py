@@ -1,0 +1,85 @@
+"""The gateway in front of a real Slurm: the same API, and it survives slurmctld
+going away in the middle of a run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .conftest import Gateway, free_port
+from .slurm_env import slurm_conf
+
+
+@pytest.fixture
+def slurm_gateway(tmp_path):
+    conf = slurm_conf()
+    gw = Gateway(tmp_path / "home", free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": conf,
+                                                            "CORRAL_TICK_S": "0.5"})
+    gw.home.mkdir()
+    gw.start()
+    yield gw
+    gw.kill(signal.SIGTERM)
+
+
+def slurmctld_pidfile(conf: str) -> Path:
+    for line in Path(conf).read_text().splitlines():
+        if line.startswith("SlurmctldPidFile="):
+            return Path(line.split("=", 1)[1])
+    raise AssertionError("no SlurmctldPidFile in slurm.conf")
+
+
+def test_full_loop_on_slurm(slurm_gateway: Gateway, tmp_path) -> None:
+    with slurm_gateway.http(session="s-slurm") as h:
+        job = h.post("/v1/jobs", json={"command": "echo on-slurm; exit 4", "workdir": str(tmp_path)}).json()
+        done = h.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 60}).json()
+        assert done["state"] == "FAILED" and done["exit_code"] == 4 and done["backend"] == "slurm"
+        assert h.get(f"/v1/jobs/{job['id']}/output").json()["data"] == "on-slurm\n"
+        r = h.post("/v1/jobs", json={"command": "true", "partition": "debug", "walltime": "5h"})
+        assert r.status_code == 400 and "batch" in r.json()["error"]["message"]
+        parts = {p["name"] for p in h.get("/v1/facility").json()["partitions"]}
+        assert parts == {"debug", "batch", "gpu"}
+
+
+def test_slurmctld_restart_mid_run(slurm_gateway: Gateway, tmp_path) -> None:
+    conf = slurm_conf()
+    env = {**os.environ, "SLURM_CONF": conf}
+    pidfile = slurmctld_pidfile(conf)
+    with slurm_gateway.http() as h:
+        ids = [h.post("/v1/jobs", json={"command": f"sleep 4; echo {i}", "workdir": str(tmp_path)}).json()["id"]
+               for i in range(4)]
+        h.get(f"/v1/jobs/{ids[0]}/wait", params={"timeout": 60, "until": "RUNNING"})
+        pid = int(pidfile.read_text())
+        os.kill(pid, signal.SIGTERM)
+        try:
+            for _ in range(100):  # wait until it is really gone (it lingers as a zombie here)
+                try:
+                    state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+                except FileNotFoundError:
+                    break
+                if state == "Z":
+                    break
+                time.sleep(0.1)
+            # The gateway keeps answering from its own state, and takes new work.
+            late = h.post("/v1/jobs", json={"command": "echo late", "workdir": str(tmp_path)})
+            assert late.status_code == 201
+            ids.append(late.json()["id"])
+            for j in ids:
+                assert h.get(f"/v1/jobs/{j}").status_code == 200
+            deadline = time.time() + 30
+            while time.time() < deadline and httpx.get(f"{slurm_gateway.url}/healthz").json()["ok"]:
+                time.sleep(0.5)
+            health = httpx.get(f"{slurm_gateway.url}/healthz").json()
+            assert health["ok"] is False and health["degraded"]
+        finally:
+            subprocess.run(["slurmctld", "-f", conf], env=env, check=True)
+        final = [h.get(f"/v1/jobs/{j}/wait", params={"timeout": 120}).json() for j in ids]
+        assert [j["state"] for j in final] == ["COMPLETED"] * 5, final
+        assert httpx.get(f"{slurm_gateway.url}/healthz").json()["ok"] is True
+        outputs = [h.get(f"/v1/jobs/{j}/output").json()["data"] for j in ids]
+        assert outputs == ["0\n", "1\n", "2\n", "3\n", "late\n"]
