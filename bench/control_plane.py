@@ -47,8 +47,10 @@ def sdiag() -> dict[str, int]:
 
 
 def status_rpcs(counts: dict[str, int]) -> int:
-    """What status questions cost the controller: job, partition, node and user info requests."""
-    return sum(n for k, n in counts.items() if k.startswith("REQUEST_") and (k.endswith("_INFO") or k.endswith("_INFO_SINGLE")))
+    """What status questions cost the controller: job, partition, node, federation and user
+    info requests. REQUEST_STATS_INFO is sdiag itself reading the counters: not counted."""
+    return sum(n for k, n in counts.items() if k.startswith("REQUEST_") and k != "REQUEST_STATS_INFO"
+               and (k.endswith("_INFO") or k.endswith("_INFO_SINGLE")))
 
 
 def run_agents(n: int, duration: float, one_job) -> int:

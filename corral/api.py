@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import CorralError
 from .jobs import JobSpec
-from .principals import Caller
+from .principals import Caller, bearer_token
 from .service import Service
 
 log = logging.getLogger(__name__)
@@ -72,10 +72,8 @@ class RequireToken:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        auth = headers.get("authorization")
-        token = auth[7:] if auth and auth[:7].lower() == "bearer " else auth
         try:
-            self.service.authenticate(token, headers.get("x-corral-session"))
+            self.service.authenticate(bearer_token(headers.get("authorization")), headers.get("x-corral-session"))
         except CorralError as e:
             resp = JSONResponse({"error": e.to_dict()}, status_code=e.status, headers={"WWW-Authenticate": "Bearer"})
             await resp(scope, receive, send)
@@ -133,9 +131,7 @@ def create_app(service: Service) -> FastAPI:
         # Headers read directly: FastAPI's Header() parameters cost ~0.1 ms a request
         # to resolve, and this runs on every request.
         headers = request.headers
-        authorization = headers.get("authorization")
-        token = authorization[7:] if authorization and authorization[:7].lower() == "bearer " else authorization
-        return service.authenticate(token, headers.get("x-corral-session"))
+        return service.authenticate(bearer_token(headers.get("authorization")), headers.get("x-corral-session"))
 
     # The hot read routes first: Starlette tries routes in order of registration.
     @app.get("/v1/jobs/{job_id}", tags=["jobs"])

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from .errors import CorralError, Unauthenticated
 from .jobs import JobSpec, format_duration
+from .principals import bearer_token
 from .service import Service
 
 log = logging.getLogger(__name__)
@@ -306,10 +307,8 @@ def gateway_mcp(service: Service) -> MCPServer:
 
     def ops_for(ctx: Context) -> Ops:
         headers = ctx.headers or {}
-        auth = headers.get("authorization")
-        token = auth[7:] if auth and auth[:7].lower() == "bearer " else auth
         session = headers.get("x-corral-session") or headers.get("mcp-session-id")
-        return ServiceOps(service, token, session)
+        return ServiceOps(service, bearer_token(headers.get("authorization")), session)
 
     async def card_info() -> dict[str, Any]:
         return service.facility(None)

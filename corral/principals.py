@@ -95,6 +95,13 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an Authorization header ('Bearer <token>', or the bare token)."""
+    if authorization and authorization[:7].lower() == "bearer ":
+        return authorization[7:].strip()
+    return authorization
+
+
 def split_token(token: str) -> tuple[str, str] | None:
     parts = token.strip().split("_", 2)
     if len(parts) != 3 or parts[0] != "crl" or not parts[1] or not parts[2]:

@@ -6,7 +6,6 @@ fixture (and may override ``job_ids`` to keep ids unique across runs)."""
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from typing import Sequence
 

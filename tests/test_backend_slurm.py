@@ -63,6 +63,21 @@ def test_state_table_and_exit_codes() -> None:
     assert parse_slurm_time("30") == 1800 and parse_slurm_time("UNLIMITED") is None
 
 
+def test_preflight_suggests_the_partition_that_fits() -> None:
+    """A facility where only 'gpu' has GPUs and only 'long' runs for days (no Slurm needed)."""
+    from corral.backends import Partition
+
+    b = SlurmBackend.__new__(SlurmBackend)
+    b.slurm_conf, b._limits_key = None, None
+    b._limits = [Partition("cpu", 64, 256000, 0, 3600, default=True), Partition("gpu", 32, 512000, 8, 86400),
+                 Partition("long", 64, 256000, 0, 7 * 86400)]
+    with pytest.raises(InvalidRequest, match="use partition 'gpu', or set gpus to 0"):
+        b.preflight(JobSpec(command="true", gpus=2))
+    with pytest.raises(InvalidRequest, match="or use partition 'gpu'"):
+        b.preflight(JobSpec(command="true", walltime="5h"))
+    b.preflight(JobSpec(command="true", gpus=2, partition="gpu"))  # fits: no error
+
+
 # -- a real Slurm ------------------------------------------------------------------------
 
 def test_partitions_from_the_cluster(backend) -> None:

@@ -15,11 +15,20 @@ must get the same backend job, never a second one.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from ..jobs import JobSpec, JobState
+
+
+# What of the gateway's environment a job may see: the basics, never the gateway's secrets.
+PASS_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SHELL", "TERM")
+
+
+def base_env() -> dict[str, str]:
+    return {k: os.environ[k] for k in PASS_ENV if k in os.environ}
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,9 @@ from typing import Sequence
 from .. import proc
 from ..errors import InvalidRequest
 from ..jobs import JobSpec, JobState, format_duration
-from . import BackendStatus, OutputPaths, Partition, SubmitContext
+from . import BackendStatus, OutputPaths, Partition, SubmitContext, base_env
 
 log = logging.getLogger(__name__)
-
-# The job sees the gateway's basic environment, not its secrets (tokens, keys).
-_PASS_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SHELL", "TERM")
 
 
 def _read_json(path: Path) -> dict | None:
@@ -94,7 +91,7 @@ class LocalBackend:
                     script.chmod(0o700)
             else:
                 argv = ["bash", "-c", spec.command or ""]
-            env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
+            env = base_env()
             env.update(spec.env)
             env.update({"CORRAL_JOB_ID": bid, "CORRAL_PRINCIPAL": ctx.principal, "CORRAL_SESSION": ctx.session or ""})
             launch = {
