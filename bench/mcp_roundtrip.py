@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -85,8 +86,15 @@ def main() -> None:
         t_cli = time_cmd([corral_bin, "--json", "status", str(job_id)], env, cli_calls)
         t_squeue: list[float] = []
         if shutil.which("squeue") and subprocess.run(["squeue", "-h"], capture_output=True).returncode == 0:
-            print(f"{cli_calls} runs of `squeue -h -j ...` ...", file=sys.stderr)
-            t_squeue = time_cmd(["squeue", "-h", "-j", "1"], dict(__import__("os").environ), cli_calls)
+            # What an agent runs instead: squeue for its own (running) job.
+            senv = dict(os.environ)
+            sjob = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "sleep 600"], env=senv,
+                                  capture_output=True, text=True, check=True).stdout.strip()
+            print(f"{cli_calls} runs of `squeue -h -j {sjob}` ...", file=sys.stderr)
+            try:
+                t_squeue = time_cmd(["squeue", "-h", "-j", sjob], senv, cli_calls)
+            finally:
+                subprocess.run(["scancel", sjob], env=senv, capture_output=True)
     finally:
         gw.stop()
 

@@ -142,7 +142,7 @@ def create_app(service: Service) -> FastAPI:
     async def wait(
         job_id: int, c: Caller = Depends(caller),
         timeout: float = Query(60.0, ge=0, description="Seconds to wait at most."),
-        until: str | None = Query(None, description="Return once the job is in this state (or terminal)."),
+        until: str | None = Query(None, description="Return once the job is in this state, or 'change' at its next state change (always at its end)."),
     ) -> Response:
         job, reached = await service.wait(c, job_id, timeout, until)
         return ok({**job.to_dict(), "reached": reached})

@@ -202,7 +202,7 @@ def status(o: Ctx, job_ids: tuple[int, ...]) -> None:
 @cli.command()
 @click.argument("job_id", type=int)
 @click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds to wait at most.")
-@click.option("--until", help="Return once the job reaches this state (e.g. RUNNING) instead of its end.")
+@click.option("--until", help="Return once the job reaches this state (e.g. RUNNING), or at its next state change ('change'), instead of its end.")
 @click.pass_obj
 def wait(o: Ctx, job_id: int, timeout: float, until: str | None) -> None:
     """Wait for a job to end (or reach --until). A long-poll: costs the scheduler nothing extra."""

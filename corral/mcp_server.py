@@ -234,9 +234,10 @@ def build_mcp(ops_for: Callable[[Context], Ops], card_info: Callable[[], Awaitab
     @mcp.tool()
     @_guarded
     async def wait_for_job(ctx: Context, job_id: int, timeout_s: float = 120.0, until: str | None = None) -> dict[str, Any]:
-        """Wait until a job ends (or reaches the state `until`, e.g. 'RUNNING'), at most
-        `timeout_s` seconds (max 300). A long-poll: it returns the moment the state
-        changes and costs the scheduler nothing. If `reached` is false, call it again."""
+        """Wait until a job ends, at most `timeout_s` seconds (max 300). With `until` set to
+        a state (e.g. 'RUNNING') it returns once the job is there; with until='change' it
+        returns at the job's next state change. A long-poll: it returns the moment the
+        state changes and costs the scheduler nothing. If `reached` is false, call again."""
         timeout = max(0.0, min(timeout_s, MAX_WAIT_S))
         job = await ops_for(ctx).wait(job_id, timeout, until)
         out = {**_compact(job), "reached": job["reached"]}

@@ -234,7 +234,9 @@ class Service:
         try:
             return JobState(value.upper())
         except ValueError:
-            raise InvalidRequest(f"unknown state {value!r}; use one of: {', '.join(s.value for s in JobState)}") from None
+            raise InvalidRequest(
+                f"unknown state {value!r}; use one of: {', '.join(s.value for s in JobState)} (or 'change' for wait)"
+            ) from None
 
     async def cancel(self, caller: Caller, job_ids: list[int]) -> list[Job]:
         jobs = [self.get_job(caller, j) for j in job_ids]
@@ -251,17 +253,19 @@ class Service:
     async def wait(
         self, caller: Caller, job_id: int, timeout: float = 60.0, until: str | None = None
     ) -> tuple[Job, bool]:
-        """Long-poll until the job is terminal (or reaches ``until``) or ``timeout`` passes.
-        Woken by the reconciler; never asks the backend itself. -> (job, reached)."""
+        """Long-poll until the job is terminal, or reaches the state ``until``, or (with
+        ``until="change"``) leaves the state it had when the wait began; at most ``timeout``
+        seconds. Woken by the reconciler; never asks the backend itself. -> (job, reached)."""
         if not 0 <= timeout <= self.settings.wait_max_s:
             raise InvalidRequest(f"timeout must be between 0 and {self.settings.wait_max_s:.0f} seconds")
-        target = self.parse_state(until) if until else None
+        on_change = until is not None and until.lower() == "change"
+        target = self.parse_state(until) if until and not on_change else None
         deadline = time.monotonic() + timeout
+        first: JobState | None = None
         while True:
             job = self.get_job(caller, job_id)
-            if job.terminal or (target is not None and job.state is target):
-                return job, True
-            if target is JobState.RUNNING and job.state not in (JobState.PENDING, JobState.UNKNOWN):
+            first = first or job.state
+            if job.terminal or job.state is target or (on_change and job.state is not first):
                 return job, True
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -48,7 +48,8 @@ class Gateway:
     def start(self) -> None:
         log = open(self.home.parent / f"gateway-{self.port}.log", "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "corral.cli", "serve", "--port", str(self.port), "--tick", "0.2"],
+            # 2 CPU slots whatever the machine: tests that fill the slots mean this many.
+            [sys.executable, "-m", "corral.cli", "serve", "--port", str(self.port), "--tick", "0.2", "--cpus", "2"],
             env=self.env(), stdout=log, stderr=log, cwd=self.home.parent,
         )
         deadline = time.monotonic() + 30

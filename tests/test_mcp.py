@@ -56,8 +56,14 @@ async def full_loop(client: Client, workdir: str) -> dict[str, Any]:
     status = data(await client.call_tool("job_status", {"job_id": sub["job_id"]}))
     assert status["state"] == "COMPLETED" and status["exit_code"] == 0
 
-    long = data(await client.call_tool("submit_job", {"command": "sleep 60", "workdir": workdir, "walltime": "5m"}))
-    data(await client.call_tool("wait_for_job", {"job_id": long["job_id"], "until": "RUNNING", "timeout_s": 30}))
+    # A blocker holds both CPU slots, so the long job is surely PENDING when the wait begins.
+    data(await client.call_tool("submit_job", {"command": "sleep 1", "cpus": 2, "workdir": workdir}))
+    long = data(await client.call_tool("submit_job", {"command": "sleep 60", "cpus": 2, "workdir": workdir,
+                                                      "walltime": "5m"}))
+    changed = data(await client.call_tool("wait_for_job", {"job_id": long["job_id"], "until": "change", "timeout_s": 30}))
+    assert changed["reached"] and changed["state"] == "RUNNING"  # PENDING -> RUNNING is the next change
+    still = data(await client.call_tool("wait_for_job", {"job_id": long["job_id"], "until": "change", "timeout_s": 0.5}))
+    assert not still["reached"] and still["state"] == "RUNNING" and "again" in still["next"]
     data(await client.call_tool("cancel_job", {"job_id": long["job_id"]}))
     cancelled = data(await client.call_tool("wait_for_job", {"job_id": long["job_id"], "timeout_s": 30}))
     assert cancelled["state"] == "CANCELLED"
@@ -82,7 +88,7 @@ async def full_loop(client: Client, workdir: str) -> dict[str, Any]:
 
 
 def test_in_process(tmp_path) -> None:
-    settings = Settings(home=tmp_path / "home", tick_s=0.1)
+    settings = Settings(home=tmp_path / "home", tick_s=0.1, local_cpus=2)
     service = build_service(settings)
     service.bootstrap_admin()
     token = settings.admin_token_path.read_text().strip()
