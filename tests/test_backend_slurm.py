@@ -136,3 +136,32 @@ def test_resubmit_after_crash_finds_the_job(backend, tmp_path) -> None:
     (backend.jobs_dir / str(c.job_id) / "backend_id").unlink()  # the crash: id never recorded
     again = SlurmBackend(backend.jobs_dir, backend.slurm_conf).submit(c, spec)
     assert again == first
+
+
+def test_runs_as_the_principals_unix_user(conf) -> None:
+    """A principal with a unix_user is submitted with sbatch --uid/--gid (the gateway is root)."""
+    import pwd
+    import tempfile
+
+    if os.geteuid() != 0:
+        pytest.skip("submitting as another user needs a root gateway")
+    user = "corral-alice"
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        subprocess.run(["useradd", "-M", "-s", "/bin/bash", user], check=True)
+    root = Path(tempfile.mkdtemp(prefix="corral-uid-"))  # not pytest's 0700 tmp: the user must reach it
+    root.chmod(0o755)
+    b = SlurmBackend(root / "jobs", conf)
+    c = SubmitContext(int(time.time()) % 100000 + 800000, "alice", "human", unix_user=user)
+    bid = b.submit(c, JobSpec(command="id -un; touch mine"))
+    st = wait_all(b, [bid])[bid]
+    assert st.state is JobState.COMPLETED, b.output_paths(bid).stderr.read_text()
+    assert b.output_paths(bid).stdout.read_text() == f"{user}\n"
+    assert (root / "jobs" / str(c.job_id) / "mine").stat().st_uid == pwd.getpwnam(user).pw_uid
+    deadline = time.time() + 30
+    while time.time() < deadline and sacct(conf, bid, "User") != user:
+        time.sleep(0.5)
+    assert sacct(conf, bid, "User") == user
+    with pytest.raises(InvalidRequest, match="does not exist"):
+        b.submit(SubmitContext(c.job_id + 1, "bob", "human", unix_user="no-such-user-here"), JobSpec(command="true"))
