@@ -276,14 +276,11 @@ def mcp_stdio(o: Ctx) -> None:
     Needs CORRAL_TOKEN (the agent's token) and, unless the gateway is on
     http://127.0.0.1:8765, CORRAL_URL. The session id is CORRAL_SESSION, or a new one.
     """
-    import logging
-
     import anyio
 
     from .client import Client, default_token
     from .mcp_server import new_session_id, stdio_mcp
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per call is noise in an agent's log
     session = o.session or new_session_id()
     client = Client(o.url, o.token or default_token(), session)
     me = client.whoami()  # fail now, with a clear message, not on the agent's first call

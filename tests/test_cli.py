@@ -52,6 +52,7 @@ def test_script_from_stdin_and_idempotency(gateway: Gateway, tmp_path) -> None:
     (["token", "mint", "--for", "nobody"], "nobody"),
     (["principal", "add", "x", "--kind", "agent"], "sponsor"),
     (["status", "notanumber"], "notanumber"),
+    (["--url", "ftp://example", "jobs"], "http://HOST:PORT"),
 ])
 def test_bad_input_exits_2_with_a_message(gateway: Gateway, args, word) -> None:
     cp = gateway.cli(*args)
