@@ -227,6 +227,6 @@ def create_app(service: Service) -> FastAPI:
 
     @app.get("/v1/facility", tags=["facility"])
     async def facility(c: Caller = Depends(caller)) -> Response:
-        return ok(service.facility(c))
+        return ok(await service.facility(c))
 
     return app

@@ -92,7 +92,7 @@ class ServiceOps:
         return {"jobs": [j.summary() for j in jobs]}
 
     async def facility(self) -> dict[str, Any]:
-        return self.service.facility(self.caller)
+        return await self.service.facility(self.caller)
 
 
 class RemoteOps:
@@ -312,7 +312,7 @@ def gateway_mcp(service: Service) -> MCPServer:
         return ServiceOps(service, bearer_token(headers.get("authorization")), session)
 
     async def card_info() -> dict[str, Any]:
-        return service.facility(None)
+        return await service.facility(None)
 
     return build_mcp(ops_for, card_info)
 

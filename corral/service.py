@@ -115,6 +115,13 @@ class Service:
             sp = self.db.get_principal(sponsor)
             if sp is None or sp.kind is not Kind.HUMAN:
                 raise InvalidRequest(f"sponsor {sponsor!r} is not a human principal; add the human first")
+            # An agent acts under its sponsor's name: it runs as the sponsor's Unix user and
+            # is charged to the sponsor's account. Only an admin may place it elsewhere, or
+            # a sponsor could have its agent run as any user (root included).
+            if not caller.principal.is_admin and (unix_user not in (None, sp.unix_user) or account not in (None, sp.account)):
+                raise Forbidden("an agent runs as its sponsor's Unix user and account; only an admin may set others")
+            unix_user = unix_user if unix_user is not None else sp.unix_user
+            account = account if account is not None else sp.account
         elif sponsor:
             raise InvalidRequest("only agents have sponsors; drop --sponsor for humans and services")
         if self.db.get_principal(name) is not None:
@@ -129,6 +136,9 @@ class Service:
         return [p for p in self.db.list_principals() if caller.sees(p.name)]
 
     def mint_token(self, caller: Caller, for_name: str, expires: str | None = "8h", note: str | None = None) -> dict[str, Any]:
+        if not caller.principal.is_admin and caller.principal.kind is not Kind.HUMAN:
+            # An agent with an 8-hour token must not be able to renew itself forever.
+            raise Forbidden("only people mint tokens: ask your sponsor for a new one")
         target = self.db.get_principal(for_name)
         if target is None or not caller.sees(for_name):
             raise NotFound(f"no principal {for_name!r} that you may mint tokens for; see 'corral principal list'")
@@ -156,21 +166,27 @@ class Service:
 
     # -- jobs ---------------------------------------------------------------------------
 
-    def _check_spec(self, spec: JobSpec) -> None:
+    async def _check_spec(self, spec: JobSpec) -> None:
         if spec.workdir is not None:
             wd = Path(spec.workdir)
             if not wd.is_absolute():
                 raise InvalidRequest(f"workdir {spec.workdir!r} must be an absolute path")
             if not wd.is_dir():
                 raise InvalidRequest(f"workdir {spec.workdir!r} does not exist; create it or pick another")
-        self.backend.preflight(spec)
+        try:
+            # In a thread: the first call reads the cluster's limits, and a slow
+            # controller must not stall every other request on the event loop.
+            await asyncio.to_thread(self.backend.preflight, spec)
+        except BackendError as e:
+            # Limits unknown while the scheduler is away: record the job, the scheduler judges it later.
+            log.warning("preflight skipped, the scheduler's limits are unavailable: %s", e)
 
     async def submit(self, caller: Caller, spec: JobSpec, idempotency_key: str | None = None) -> tuple[Job, bool]:
         """Record the job, then hand it to the backend. -> (job, created). With a key
         already used by this principal, returns that job and submits nothing."""
         if idempotency_key is not None and not (1 <= len(idempotency_key) <= 200):
             raise InvalidRequest("idempotency key must be 1-200 characters")
-        self._check_spec(spec)
+        await self._check_spec(spec)
         job, created = self.db.insert_job(caller.name, caller.session, idempotency_key, self.backend.name, spec)
         if created:
             await self._send(job, caller.principal)
@@ -184,6 +200,10 @@ class Service:
         try:
             backend_id = await asyncio.to_thread(self.backend.submit, ctx, job.spec)
             self.db.set_backend_id(job.id, backend_id)
+            current = self.db.get_job(job.id)
+            if current is not None and current.state is JobState.CANCELLED:
+                # Cancelled while its submission was on the way: do not let it run.
+                await asyncio.to_thread(self.backend.cancel, [backend_id])
         except BackendError as e:
             # Keep the job: the reconciler resends it once the scheduler answers again.
             log.warning("submit of job %s deferred: %s", job.id, e)
@@ -292,15 +312,16 @@ class Service:
 
     # -- facility ---------------------------------------------------------------------------
 
-    def facility(self, caller: Caller | None) -> dict[str, Any]:
+    async def facility(self, caller: Caller | None) -> dict[str, Any]:
         """Partitions, limits and queue pressure; with a caller, also who it is and its usage."""
+        parts = await asyncio.to_thread(self.backend.partitions)  # may ask the scheduler once
         counts = self.db.count_jobs()
         info: dict[str, Any] = {
             "backend": self.backend.name,
             "partitions": [
                 {"name": p.name, "default": p.default, "max_cpus": p.max_cpus, "max_memory_mb": p.max_memory_mb,
                  "max_gpus": p.max_gpus, "max_walltime_s": p.max_walltime_s}
-                for p in self.backend.partitions()
+                for p in parts
             ],
             "queue": {"pending": counts.get("PENDING", 0), "running": counts.get("RUNNING", 0)},
             "degraded": self.reconciler.degraded,

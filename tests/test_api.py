@@ -116,6 +116,9 @@ def test_tokens_forged_expired_revoked(gateway: Gateway, people) -> None:
         assert h.post("/v1/tokens", json={"for": "bot1", "expires": "never"}).status_code == 400
     r = httpx.get(f"{gateway.url}/v1/jobs", headers={"Authorization": f"Bearer {revoked['token']}"})
     assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
+    with gateway.http(people["bot1"]) as h:  # an agent cannot renew its own credential
+        r = h.post("/v1/tokens", json={"for": "bot1", "expires": "365d"})
+        assert r.status_code == 403 and "sponsor" in r.json()["error"]["message"]
     time.sleep(1.5)
     r = httpx.get(f"{gateway.url}/v1/jobs", headers={"Authorization": f"Bearer {short['token']}"})
     assert r.status_code == 401 and "expired" in r.json()["error"]["message"]
@@ -134,6 +137,23 @@ def test_principal_rules(gateway: Gateway, people) -> None:
         assert h.post("/v1/principals", json={"name": "dave", "kind": "human"}).status_code == 403
     with gateway.http(people["bot1"]) as h:
         assert h.post("/v1/principals", json={"name": "bot9", "kind": "agent"}).status_code == 403
+
+
+def test_agents_run_as_their_sponsor_and_only_admins_say_otherwise(gateway: Gateway) -> None:
+    with gateway.http() as h:
+        h.post("/v1/principals", json={"name": "dana", "kind": "human", "unix_user": "dana", "account": "physics"})
+        dana = h.post("/v1/tokens", json={"for": "dana", "expires": "1h"}).json()["token"]
+    with gateway.http(dana) as h:
+        r = h.post("/v1/principals", json={"name": "evil-bot", "kind": "agent", "unix_user": "root"})
+        assert r.status_code == 403 and "sponsor's Unix user" in r.json()["error"]["message"]
+        r = h.post("/v1/principals", json={"name": "bot-d", "kind": "agent", "account": "chemistry"})
+        assert r.status_code == 403
+        inherited = h.post("/v1/principals", json={"name": "bot-d", "kind": "agent"}).json()
+        assert inherited["unix_user"] == "dana" and inherited["account"] == "physics"
+    with gateway.http() as h:  # the admin may place an agent under a service account
+        placed = h.post("/v1/principals", json={"name": "bot-svc", "kind": "agent", "sponsor": "dana",
+                                                "unix_user": "svc-agents"}).json()
+        assert placed["unix_user"] == "svc-agents" and placed["account"] == "physics"
 
 
 def test_bad_input_is_a_clear_4xx(gateway: Gateway, people, tmp_path) -> None:

@@ -92,7 +92,7 @@ def test_in_process(tmp_path) -> None:
     service = build_service(settings)
     service.bootstrap_admin()
     token = settings.admin_token_path.read_text().strip()
-    mcp = build_mcp(lambda ctx: ServiceOps(service, token, "inproc-1"), lambda: asyncio.sleep(0, service.facility(None)))
+    mcp = build_mcp(lambda ctx: ServiceOps(service, token, "inproc-1"), lambda: service.facility(None))
 
     async def scenario() -> dict[str, Any]:
         runner = asyncio.create_task(service.reconciler.run())
