@@ -28,7 +28,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import ValidationError
 
-from .errors import CorralError, Unauthenticated
+from .errors import CorralError
 from .jobs import JobSpec, format_duration
 from .principals import bearer_token
 from .service import Service
@@ -326,4 +326,4 @@ def new_session_id() -> str:
     return f"mcp-{uuid.uuid4().hex[:12]}"
 
 
-__all__ = ["build_mcp", "gateway_mcp", "stdio_mcp", "facility_card", "Unauthenticated", "new_session_id"]
+__all__ = ["build_mcp", "gateway_mcp", "stdio_mcp", "facility_card", "new_session_id"]

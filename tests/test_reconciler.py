@@ -48,6 +48,9 @@ class ScriptedBackend:
     def output_paths(self, bid: str) -> OutputPaths:
         return OutputPaths(Path("/dev/null"), Path("/dev/null"))
 
+    def preflight(self, spec: JobSpec) -> None:
+        pass
+
     def partitions(self) -> list[Partition]:
         return [Partition("p", 1, 1, 0, 60, default=True)]
 

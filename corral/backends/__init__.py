@@ -6,6 +6,7 @@
     reconciler   ──status([id, id, ...])──────▶   (one call for every active job)
     service core ──cancel([id, ...])──────────▶
     service core ──output_paths(id)───────────▶   files corral reads, bounded
+    service core ──preflight(spec)────────────▶   refuse the impossible at once
 
 A backend translates its own vocabulary into ``JobState`` at its edge. ``submit``
 must be idempotent per corral job id: after a gateway crash between recording a
@@ -88,6 +89,10 @@ class Backend(Protocol):
         ...
 
     def output_paths(self, backend_id: str) -> OutputPaths: ...
+
+    def preflight(self, spec: JobSpec) -> None:
+        """Raise InvalidRequest, naming the nearest valid request, for what can never run here."""
+        ...
 
     def partitions(self) -> list[Partition]:
         """What the facility offers, for preflight and for agents' facility cards."""
