@@ -278,11 +278,17 @@ def mcp_stdio(o: Ctx) -> None:
     """
     import anyio
 
-    from .client import Client, default_token
+    from .client import Client
     from .mcp_server import new_session_id, stdio_mcp
 
+    # No fallback to the admin token file: an agent started in the gateway's directory
+    # must not silently act as the admin.
+    token = o.token or os.environ.get("CORRAL_TOKEN")
+    if not token:
+        _fail("corral mcp needs the agent's own token in CORRAL_TOKEN; mint one with "
+              "'corral token mint --for AGENT --expires 8h'")
     session = o.session or new_session_id()
-    client = Client(o.url, o.token or default_token(), session)
+    client = Client(o.url, token, session)
     me = client.whoami()  # fail now, with a clear message, not on the agent's first call
     click.echo(f"corral mcp: serving {me['name']} (session {session}) on stdio, gateway {o.url}", err=True)
     anyio.run(stdio_mcp(client).run_stdio_async)

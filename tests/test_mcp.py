@@ -131,6 +131,10 @@ def test_stdio_spawning_corral_mcp(gateway: Gateway, tmp_path) -> None:
 def test_stdio_refuses_to_start_without_a_valid_token(gateway: Gateway) -> None:
     cp = gateway.cli("mcp", token="crl_bad_token")
     assert cp.returncode == 2 and "token" in cp.stderr and "Traceback" not in cp.stderr
+    # Run in the gateway's own directory, with its admin token file readable: still refused.
+    assert (gateway.home / "admin.token").exists()
+    cp = gateway.cli("mcp")
+    assert cp.returncode == 2 and "CORRAL_TOKEN" in cp.stderr
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
