@@ -83,3 +83,55 @@ def test_slurmctld_restart_mid_run(slurm_gateway: Gateway, tmp_path) -> None:
         assert httpx.get(f"{slurm_gateway.url}/healthz").json()["ok"] is True
         outputs = [h.get(f"/v1/jobs/{j}/output").json()["data"] for j in ids]
         assert outputs == ["0\n", "1\n", "2\n", "3\n", "late\n"]
+
+
+def test_gateway_kill_9_with_slurm_jobs_running(slurm_gateway: Gateway, tmp_path) -> None:
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    body = lambda i: {"command": f"echo run >> {ledger}/{i}; sleep 3", "workdir": str(tmp_path)}  # noqa: E731
+    with slurm_gateway.http() as h:
+        ids = [h.post("/v1/jobs", json=body(i), headers={"Idempotency-Key": f"k{i}"}).json()["id"] for i in range(4)]
+        h.get(f"/v1/jobs/{ids[0]}/wait", params={"timeout": 60, "until": "RUNNING"})
+    slurm_gateway.kill(signal.SIGKILL)
+    slurm_gateway.start()
+    with slurm_gateway.http() as h:
+        again = [h.post("/v1/jobs", json=body(i), headers={"Idempotency-Key": f"k{i}"}).json()["id"] for i in range(4)]
+        assert again == ids  # retried submissions after the crash: the same jobs
+        final = [h.get(f"/v1/jobs/{j}/wait", params={"timeout": 120}).json()["state"] for j in ids]
+    assert final == ["COMPLETED"] * 4
+    assert [(ledger / str(i)).read_text() for i in range(4)] == ["run\n"] * 4  # each ran exactly once
+
+
+def test_first_submission_while_slurmctld_is_down(tmp_path) -> None:
+    """A fresh gateway has no cached limits yet: with the controller away it still takes
+    the job (recorded, deferred) and the job runs once slurmctld is back."""
+    conf = slurm_conf()
+    env = {**os.environ, "SLURM_CONF": conf}
+    pid = int(slurmctld_pidfile(conf).read_text())
+    os.kill(pid, signal.SIGTERM)
+    gw = Gateway(tmp_path / "home", free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": conf})
+    gw.home.mkdir()
+    try:
+        for _ in range(100):
+            try:
+                if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+                    break
+            except FileNotFoundError:
+                break
+            time.sleep(0.1)
+        gw.start()
+        with gw.http() as h:
+            r = h.post("/v1/jobs", json={"command": "echo deferred", "workdir": str(tmp_path)})
+            assert r.status_code == 201, r.text
+            job = r.json()
+            assert job["state"] == "PENDING" and "waiting for the scheduler" in (job["reason"] or "")
+            assert h.get("/healthz").status_code == 200  # the gateway kept answering
+    finally:
+        subprocess.run(["slurmctld", "-f", conf], env=env, check=True)
+    try:
+        with gw.http() as h:
+            done = h.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 120}).json()
+            assert done["state"] == "COMPLETED", done
+            assert h.get(f"/v1/jobs/{job['id']}/output").json()["data"] == "deferred\n"
+    finally:
+        gw.kill(signal.SIGTERM)
