@@ -26,6 +26,7 @@ from .. import proc
 from ..errors import InvalidRequest
 from ..jobs import JobSpec, JobState, format_duration
 from . import BackendStatus, OutputPaths, Partition, SubmitContext, base_env
+from .local_runner import write_json
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class LocalBackend:
         self.memory_mb = memory_mb
         self.max_walltime_s = max_walltime_s
         self._lock = threading.Lock()
-        self._queue: list[str] = []
+        self._queue: dict[str, tuple[int, int]] = {}  # FIFO: id -> (cpus, memory_mb)
         self._running: dict[str, _Running] = {}
         self._done: dict[str, BackendStatus] = {}  # terminal results never change: read once
         self._recover()
@@ -106,10 +107,8 @@ class LocalBackend:
             }
             (d / "stdout").touch()
             (d / "stderr").touch()
-            tmp = d / "launch.tmp"
-            tmp.write_text(json.dumps(launch))
-            os.replace(tmp, d / "launch.json")
-            self._queue.append(bid)
+            write_json(d / "launch.json", launch)
+            self._queue[bid] = (spec.cpus, spec.memory_mb)
             self._schedule()
         return bid
 
@@ -132,7 +131,7 @@ class LocalBackend:
                     continue
                 (d / "cancel").touch()
                 if bid in self._queue:
-                    self._queue.remove(bid)
+                    del self._queue[bid]
                     self._finish(d, "CANCELLED", None, "cancelled while pending")
                     continue
                 r = self._running.get(bid)
@@ -186,7 +185,7 @@ class LocalBackend:
             if spawned is not None:
                 self._running[d.name] = _Running(launch.get("cpus", 1), launch.get("memory_mb", 0), spawned.get("pid"))
             else:
-                self._queue.append(d.name)
+                self._queue[d.name] = (launch.get("cpus", 1), launch.get("memory_mb", 0))
         with self._lock:
             self._schedule()
 
@@ -197,20 +196,16 @@ class LocalBackend:
 
     def _schedule(self) -> None:
         free_cpu, free_mem = self._free()
-        for bid in list(self._queue):
+        for bid, (cpus, memory_mb) in list(self._queue.items()):
             if free_cpu <= 0:
                 break
-            launch = _read_json(self.jobs_dir / bid / "launch.json")
-            if launch is None:
-                self._queue.remove(bid)
-                continue
-            if launch["cpus"] <= free_cpu and launch["memory_mb"] <= free_mem:
-                self._queue.remove(bid)
-                self._start(bid, launch)
-                free_cpu -= launch["cpus"]
-                free_mem -= launch["memory_mb"]
+            if cpus <= free_cpu and memory_mb <= free_mem:
+                del self._queue[bid]
+                self._start(bid, cpus, memory_mb)
+                free_cpu -= cpus
+                free_mem -= memory_mb
 
-    def _start(self, bid: str, launch: dict) -> None:
+    def _start(self, bid: str, cpus: int, memory_mb: int) -> None:
         d = self.jobs_dir / bid
         child = proc.spawn(
             [sys.executable, "-m", "corral.backends.local_runner", str(d)],
@@ -218,8 +213,8 @@ class LocalBackend:
         )
         # Written before the supervisor's own running.json exists, so a restart in
         # between still counts this job as started rather than starting it twice.
-        (d / "spawned").write_text(json.dumps({"pid": child.pid, "time": time.time()}))
-        self._running[bid] = _Running(launch["cpus"], launch["memory_mb"], child.pid, child)
+        write_json(d / "spawned", {"pid": child.pid, "time": time.time()})
+        self._running[bid] = _Running(cpus, memory_mb, child.pid, child)
 
     def _reap(self) -> None:
         """Free the slots of jobs whose supervisor has exited. Costs a waitpid (or a
@@ -237,10 +232,8 @@ class LocalBackend:
             del self._running[bid]
 
     def _finish(self, d: Path, state: str, exit_code: int | None, reason: str) -> None:
-        tmp = d / "result.tmp"
-        tmp.write_text(json.dumps({"state": state, "exit_code": exit_code, "reason": reason,
-                                   "start_time": None, "end_time": time.time()}))
-        os.replace(tmp, d / "result.json")
+        write_json(d / "result.json", {"state": state, "exit_code": exit_code, "reason": reason,
+                                       "start_time": None, "end_time": time.time()})
 
     def _status_one(self, bid: str) -> BackendStatus | None:
         if bid in self._done:
