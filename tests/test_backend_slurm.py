@@ -165,3 +165,22 @@ def test_runs_as_the_principals_unix_user(conf) -> None:
     assert sacct(conf, bid, "User") == user
     with pytest.raises(InvalidRequest, match="does not exist"):
         b.submit(SubmitContext(c.job_id + 1, "bob", "human", unix_user="no-such-user-here"), JobSpec(command="true"))
+
+
+def test_accounting_lag_is_asked_again_next_tick(tmp_path) -> None:
+    """squeue says a job ended but sacct has no record yet: the next status call polls
+    again instead of waiting poll_s (no Slurm needed: the one door is replaced)."""
+    b = SlurmBackend(tmp_path / "jobs", None, poll_s=3600)
+    calls: list[str] = []
+    answers = {"squeue": "42|CANCELLED|None|2026-01-01T00:00:00\n", "sacct": ""}
+
+    def fake_run(*argv: str) -> str:
+        calls.append(argv[0])
+        return answers[argv[0]]
+
+    b._run = fake_run  # type: ignore[method-assign]
+    first = b.status(["42"])["42"]
+    assert first.state is JobState.RUNNING and "waiting for accounting" in (first.reason or "")
+    answers["sacct"] = "42|CANCELLED by 0|0:15|2026-01-01T00:00:00|2026-01-01T00:00:05|None\n"
+    assert b.status(["42"])["42"].state is JobState.CANCELLED
+    assert calls == ["squeue", "sacct", "squeue", "sacct"]

@@ -178,8 +178,10 @@ class SlurmBackend:
             else:
                 unsure.append(jid)
         if unsure and time.monotonic() - self._last_poll >= self.poll_s:
-            out.update(self._poll(unsure))
+            # Stamped before polling: _poll resets it to ask again next tick when
+            # accounting lags, and that reset must not be overwritten.
             self._last_poll = time.monotonic()
+            out.update(self._poll(unsure))
         for jid in unsure:
             if jid not in out and jid in self._known:
                 out[jid] = self._upgrade(jid, self._known[jid])
