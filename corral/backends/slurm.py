@@ -186,14 +186,14 @@ class SlurmBackend:
             if jid not in out and jid in self._known:
                 out[jid] = self._upgrade(jid, self._known[jid])
         for jid, st in out.items():
-            if st.state.terminal:
+            if st.state.terminal:  # the one place a job moves from live to final
                 self._final[jid] = st
                 self._known.pop(jid, None)
         return out
 
     def _self_report(self, jid: str) -> BackendStatus | None:
-        """A normal end, written by the job's own EXIT trap. A code over 128 is a signal
-        (cancel, timeout, memory): Slurm's accounting knows which, so it is not trusted here."""
+        """A normal end, written by the job script after its work returned. A code over 128
+        means the work died by a signal (a segfault, say): Slurm's accounting tells more."""
         d = self._dir_of(jid)
         if d is None:
             return None
@@ -205,7 +205,6 @@ class SlurmBackend:
             return None
         started = _read_epoch(d / "started")
         end = (d / "ended").stat().st_mtime
-        self._known.pop(jid, None)
         if code == 0:
             return BackendStatus(jid, JobState.COMPLETED, 0, None, started, end)
         return BackendStatus(jid, JobState.FAILED, code, f"exited with code {code}", started, end)
@@ -242,7 +241,6 @@ class SlurmBackend:
             for jid in missing:
                 if jid in final:
                     out[jid] = final[jid]
-                    self._known.pop(jid, None)
                 elif jid in ended:  # accounting lags squeue by a few seconds
                     out[jid] = BackendStatus(jid, JobState.RUNNING, reason="ended; waiting for accounting")
                     self._last_poll = 0.0  # look again next tick, not in poll_s
