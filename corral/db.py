@@ -271,20 +271,19 @@ class Database:
         )
 
     def usage(self, principals: Iterable[str]) -> dict[str, Any]:
-        """Jobs by state and CPU/GPU-hours consumed by finished and running jobs."""
+        """Jobs by state and CPU/GPU-hours consumed by finished and running jobs, summed
+        by SQLite itself: a principal's history can be long."""
         names = list(principals)
         marks = ",".join("?" * len(names))
         by_state = {s: n for s, n in self.conn.execute(
             f"SELECT state, COUNT(*) FROM jobs WHERE principal IN ({marks}) GROUP BY state", names)}
-        now = time.time()
-        cpu_s = gpu_s = 0.0
-        for spec, start, end in self.conn.execute(
-            f"SELECT spec, start_time, end_time FROM jobs WHERE principal IN ({marks}) AND start_time IS NOT NULL", names
-        ):
-            parsed = _parse_spec(spec)
-            elapsed = max(0.0, (end or now) - start)
-            cpu_s += parsed.cpus * elapsed
-            gpu_s += parsed.gpus * elapsed
+        cpu_s, gpu_s = self.conn.execute(
+            f"""SELECT COALESCE(SUM(json_extract(spec, '$.cpus') * MAX(0, COALESCE(end_time, :now) - start_time)), 0),
+                       COALESCE(SUM(json_extract(spec, '$.gpus') * MAX(0, COALESCE(end_time, :now) - start_time)), 0)
+                FROM jobs WHERE principal IN ({",".join(f":p{i}" for i in range(len(names)))})
+                AND start_time IS NOT NULL""",
+            {"now": time.time(), **{f"p{i}": n for i, n in enumerate(names)}},
+        ).fetchone()
         return {"jobs_by_state": by_state, "cpu_hours": round(cpu_s / 3600, 4), "gpu_hours": round(gpu_s / 3600, 4)}
 
     def count_jobs(self) -> dict[str, int]:

@@ -110,3 +110,13 @@ def test_config_file_env_and_unknown_keys(tmp_path, monkeypatch) -> None:
     (home / "corral.toml").write_text("tick_s = -1\n")
     with pytest.raises(InvalidRequest, match="tick_s"):
         load_settings()
+
+
+def test_usage_sums_cpu_and_gpu_hours(tmp_path) -> None:
+    db = Database(tmp_path / "u.db")
+    db.add_principal(Principal("a", Kind.HUMAN))
+    done, _ = db.insert_job("a", None, None, "local", JobSpec(command="x", cpus=4, gpus=2))
+    db.update_job(done.id, JobState.COMPLETED, start_time=1000.0, end_time=1000.0 + 1800)
+    db.insert_job("a", None, None, "local", JobSpec(command="never started"))
+    assert db.usage(["a"]) == {"jobs_by_state": {"COMPLETED": 1, "PENDING": 1}, "cpu_hours": 2.0, "gpu_hours": 1.0}
+    assert db.usage(["nobody"]) == {"jobs_by_state": {}, "cpu_hours": 0.0, "gpu_hours": 0.0}
