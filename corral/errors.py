@@ -16,6 +16,8 @@ what to do next::
 
 from __future__ import annotations
 
+from typing import Any, Iterable
+
 
 class CorralError(Exception):
     """Root of every corral error. ``message`` is shown to the caller as is."""
@@ -79,3 +81,16 @@ class BackendError(CorralError):
         self.argv = argv
         self.returncode = returncode
         self.stderr = stderr
+
+
+def describe_validation(errors: Iterable[dict[str, Any]], where_default: str, unknown_field: str | None = None) -> str:
+    """pydantic's errors as one line a caller can act on: 'cpus: Input should be >= 1; ...'.
+    ``unknown_field`` replaces the message for a field the model forbids."""
+    parts = []
+    for err in list(errors)[:5]:
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or where_default
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        if unknown_field and err.get("type") == "extra_forbidden":
+            msg = unknown_field
+        parts.append(f"{where}: {msg}")
+    return "; ".join(parts)

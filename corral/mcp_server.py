@@ -28,7 +28,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import ValidationError
 
-from .errors import CorralError
+from .errors import CorralError, describe_validation
 from .jobs import JobSpec, format_duration
 from .principals import bearer_token
 from .service import Service
@@ -70,7 +70,7 @@ class ServiceOps:
         try:
             parsed = JobSpec.model_validate(spec)
         except ValidationError as e:
-            raise ToolError(_validation_text(e)) from None
+            raise ToolError("invalid job: " + describe_validation(e.errors(), "arguments")) from None
         job, created = await self.service.submit(self.caller, parsed, idempotency_key)
         return {**job.summary(), "created": created}
 
@@ -124,14 +124,6 @@ class RemoteOps:
 
     async def facility(self) -> dict[str, Any]:
         return await self._call(self.client.facility)
-
-
-def _validation_text(e: ValidationError) -> str:
-    parts = []
-    for err in e.errors()[:5]:
-        where = ".".join(str(p) for p in err.get("loc", ())) or "arguments"
-        parts.append(f"{where}: {str(err.get('msg', 'invalid')).removeprefix('Value error, ')}")
-    return "invalid job: " + "; ".join(parts)
 
 
 T = TypeVar("T")
