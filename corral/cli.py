@@ -354,6 +354,12 @@ def token_revoke(o: Ctx, token_id: str) -> None:
     o.out(o.client.revoke_token(token_id), lambda r: f"revoked token {r['id']}")
 
 
+from .analytics.commands import analyze, synth  # noqa: E402  (they need no gateway)
+
+cli.add_command(analyze)
+cli.add_command(synth)
+
+
 def main() -> None:
     cli(prog_name="corral")
 

@@ -1,0 +1,393 @@
+"""Read accounting data into the one job table: sacct ``--parsable2`` and ``--json``
+exports, SWF traces, and corral's own job records.
+
+Every reader is column-wise (polars expressions over whole columns). A row that
+cannot be read is counted under a reason, with the first line numbers as examples,
+and left out of the table: never silently dropped, never a crash. Job steps
+(``123.batch``) are not jobs and are counted apart.
+
+The sacct export this expects (``--allocations`` keeps steps out):
+
+    sacct --allusers --allocations --parsable2 --starttime 2026-01-01 --endtime now \\
+      --format=JobID,User,Account,Partition,JobName,Submit,Start,End,ElapsedRaw,State,ExitCode,AllocCPUS,AllocTRES,Comment
+
+Required fields: JobID, User, Submit, State. ``Elapsed`` may stand in for
+``ElapsedRaw``; ``Comment`` carries corral's provenance (``kind=agent``) when the
+cluster keeps job comments (``AccountingStoreFlags=job_comment``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import polars as pl
+
+from ..errors import InvalidRequest
+from .frame import SWF_STATUS, conform, state_from_slurm
+
+Format = Literal["sacct", "sacct-json", "swf", "corral"]
+FORMATS: tuple[str, ...] = ("sacct", "sacct-json", "swf", "corral")
+SACCT_REQUIRED = ("JobID", "User", "Submit", "State")
+SACCT_FIELDS = ("JobID,User,Account,Partition,JobName,Submit,Start,End,ElapsedRaw,State,"
+                "ExitCode,AllocCPUS,AllocTRES,Comment")
+_SEP = "\x1f"  # a byte no text export contains: polars then hands us whole lines
+_SACCT_TIME = "%Y-%m-%dT%H:%M:%S"
+_GPU = r"gres/gpu=(\d+)"
+_KIND = r"(?:^|\s)kind=(agent|human|service)\b"
+_PRINCIPAL = r"(?:^|\s)principal=(\S+)"
+"""corral's provenance in the job comment. An agent runs as its sponsor's Unix user,
+so where a job names its principal, the principal is the 'user' analysed."""
+_GPU_TYPED = r"gres/gpu:[^=,]+=(\d+)"
+
+
+@dataclass
+class Ingested:
+    """The job table plus what reading it cost: nothing read is unaccounted for."""
+
+    jobs: pl.DataFrame
+    source: str
+    format: str
+    rows_read: int = 0
+    steps_skipped: int = 0
+    malformed: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, list[int]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def malformed_total(self) -> int:
+        return sum(self.malformed.values())
+
+
+def detect(path: Path) -> Format:
+    """Guess the format from the name, then from the first bytes."""
+    name = path.name.lower()
+    if name.endswith((".swf", ".swf.gz")):
+        return "swf"
+    if name.endswith(".json"):
+        return "sacct-json"
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if head.startswith(b"SQLite format 3"):
+        return "corral"
+    if head[:2] == b"\x1f\x8b":
+        head = gzip.open(path).read(512)
+    text = head.decode("utf-8", "replace").lstrip()
+    if text.startswith("{"):
+        return "sacct-json"
+    if text.startswith(";") or (text and "|" not in text.splitlines()[0]):
+        return "swf"
+    return "sacct"
+
+
+def load(path: Path, fmt: str | None = None) -> Ingested:
+    """Read ``path`` (format detected unless given) into an ``Ingested``."""
+    if not path.is_file():
+        raise InvalidRequest(f"no such file: {path}", hint="give the path of a sacct export, SWF trace or corral.db")
+    fmt = fmt or detect(path)
+    if fmt not in FORMATS:
+        raise InvalidRequest(f"unknown format {fmt!r}", hint=f"use one of: {', '.join(FORMATS)}")
+    reader = {"sacct": _sacct, "sacct-json": _sacct_json, "swf": _swf, "corral": _corral}[fmt]
+    try:
+        return reader(path)
+    except (pl.exceptions.ComputeError, pl.exceptions.SchemaError, sqlite3.DatabaseError, UnicodeDecodeError,
+            OSError) as e:
+        raise InvalidRequest(f"{path} is not a readable {fmt} file: {str(e).splitlines()[0][:200]}",
+                             hint=f"check the file, or name its format with --format ({', '.join(FORMATS)})") from e
+
+
+def _lines(path: Path, comment: str | None = None) -> pl.DataFrame:
+    """Each line as one string, numbered from 1 as an editor shows them."""
+    df = pl.read_csv(path, separator=_SEP, has_header=False, new_columns=["line"], quote_char=None,
+                     schema={"line": pl.String}, comment_prefix=comment, ignore_errors=False)
+    return df.with_row_index("lineno", offset=1)
+
+
+def _account(ing: Ingested, df: pl.DataFrame, bad: dict[str, pl.Expr]) -> pl.DataFrame:
+    """Count rows failing each check (first failing reason wins), return the rest."""
+    reason = pl.lit(None, dtype=pl.String)
+    for name, expr in reversed(bad.items()):
+        reason = pl.when(expr).then(pl.lit(name)).otherwise(reason)
+    df = df.with_columns(reason.alias("_bad"))
+    failed = df.filter(pl.col("_bad").is_not_null())
+    if failed.height:
+        counts = failed.group_by("_bad").agg(pl.len(), pl.col("lineno").head(5))
+        for r in counts.iter_rows(named=True):
+            ing.malformed[r["_bad"]] = r["len"]
+            ing.examples[r["_bad"]] = r["lineno"]
+    return df.filter(pl.col("_bad").is_null()).drop("_bad")
+
+
+def _int(col: str) -> pl.Expr:
+    return pl.col(col).str.strip_chars().cast(pl.Int64, strict=False)
+
+
+def _sacct(path: Path) -> Ingested:
+    ing = Ingested(pl.DataFrame(), str(path), "sacct")
+    lines = _lines(path)
+    if lines.height == 0:
+        raise InvalidRequest(f"{path} is empty", hint="export with: sacct --parsable2 --format=" + SACCT_FIELDS)
+    header = lines["line"][0].strip().split("|")
+    missing = [f for f in SACCT_REQUIRED if f not in header]
+    if missing:
+        raise InvalidRequest(
+            f"{path}: the header line lacks {', '.join(missing)} (found: {', '.join(header[:20])})",
+            hint="export with a header and these fields: sacct --allocations --parsable2 --format=" + SACCT_FIELDS)
+    body = lines.slice(1).filter(pl.col("line").str.strip_chars() != "")
+    ing.rows_read = body.height
+    parts = pl.col("line").str.strip_chars_end("\r").str.split("|")
+    body = body.with_columns(parts.alias("_f"))
+    width_ok = pl.col("_f").list.len() == len(header)
+    body = body.with_columns([
+        pl.when(width_ok).then(pl.col("_f").list.get(i, null_on_oob=True)).alias(name)
+        for i, name in enumerate(header)
+    ])
+    steps = pl.col("JobID").str.contains(r"\.", literal=False).fill_null(False)
+    ing.steps_skipped = body.filter(width_ok & steps).height
+    body = body.filter(~(width_ok & steps).fill_null(False))
+
+    def ts(c: str) -> pl.Expr:
+        return (pl.col(c).str.strptime(pl.Datetime("us"), _SACCT_TIME, strict=False)
+                if c in header else pl.lit(None, pl.Datetime("us")))
+
+    def has(c: str) -> pl.Expr:
+        return pl.col(c).fill_null("").str.strip_chars() != "" if c in header else pl.lit(False)
+
+    if "ElapsedRaw" in header:
+        elapsed = _int("ElapsedRaw")
+    elif "Elapsed" in header:
+        elapsed = _duration(pl.col("Elapsed"))
+    else:
+        elapsed = (ts("End") - ts("Start")).dt.total_seconds()
+    tres = pl.col("AllocTRES").fill_null("") if "AllocTRES" in header else pl.lit("")
+    exit_first = pl.col("ExitCode").str.split(":").list.first().cast(pl.Int32, strict=False) if "ExitCode" in header \
+        else pl.lit(None, pl.Int32)
+    exit_sig = pl.col("ExitCode").str.split(":").list.get(1, null_on_oob=True).cast(pl.Int32, strict=False) \
+        if "ExitCode" in header else pl.lit(0, pl.Int32)
+    kind = (pl.col("Comment").str.extract(_KIND) if "Comment" in header else pl.lit(None, pl.String))
+    principal = (pl.col("Comment").str.extract(_PRINCIPAL) if "Comment" in header else pl.lit(None, pl.String))
+    out = body.with_columns(
+        job_id=pl.col("JobID").str.strip_chars(),
+        user=principal.fill_null(pl.col("User").str.strip_chars()),
+        account=pl.col("Account") if "Account" in header else pl.lit(None),
+        partition=pl.col("Partition") if "Partition" in header else pl.lit(None),
+        name=pl.col("JobName") if "JobName" in header else pl.lit(None),
+        submit=ts("Submit"), start=ts("Start"), end=ts("End"),
+        elapsed_s=elapsed,
+        state=state_from_slurm(pl.col("State").str.strip_chars()),
+        exit_code=pl.when(exit_sig.fill_null(0) > 0).then(128 + exit_sig).otherwise(exit_first),
+        cpus=_int("AllocCPUS") if "AllocCPUS" in header else pl.lit(1),
+        gpus=tres.str.extract(_GPU).fill_null(tres.str.extract(_GPU_TYPED)).cast(pl.Int32).fill_null(0),
+        kind=kind,
+    )
+    checks = {
+        f"wrong number of fields (expected {len(header)})": ~width_ok,
+        "no job id": ~has("JobID"),
+        "no user": ~has("User"),
+        "unreadable Submit time": pl.col("submit").is_null(),
+        "unreadable elapsed time": pl.col("elapsed_s").is_null() & has("ElapsedRaw" if "ElapsedRaw" in header else "Elapsed"),
+        "unreadable AllocCPUS": pl.col("cpus").is_null() & has("AllocCPUS"),
+    }
+    out = _account(ing, out, checks)
+    ing.jobs = conform(out.with_columns(pl.col("elapsed_s").fill_null(0), pl.col("cpus").fill_null(1)))
+    return ing
+
+
+def _duration(col: pl.Expr) -> pl.Expr:
+    """sacct's '[D-]HH:MM:SS' -> seconds (null when unreadable)."""
+    days = pl.when(col.str.contains("-")).then(col.str.extract(r"^(\d+)-").cast(pl.Int64, strict=False)).otherwise(0)
+    hms = col.str.replace(r"^\d+-", "").str.split(":")
+    n = hms.list.len()
+    h = pl.when(n == 3).then(hms.list.get(0, null_on_oob=True)).otherwise(pl.lit("0")).cast(pl.Int64, strict=False)
+    m = hms.list.get(-2, null_on_oob=True).cast(pl.Int64, strict=False)
+    s = hms.list.get(-1, null_on_oob=True).cast(pl.Int64, strict=False)
+    return days * 86400 + h * 3600 + m * 60 + s
+
+
+def _local(epoch: pl.Expr) -> pl.Expr:
+    """Epoch seconds -> the facility's local wall clock, as sacct's text export prints it."""
+    offset = -time.altzone if time.daylight and time.localtime().tm_isdst else -time.timezone
+    return pl.when(epoch > 0).then(pl.from_epoch(epoch + offset, time_unit="s").cast(pl.Datetime("us")))
+
+
+def _number(df: pl.DataFrame, expr: pl.Expr, dtype: pl.DataType | None) -> pl.Expr:
+    """Slurm 23.11+ wraps numbers as {set, infinite, number}; older ones are plain."""
+    if isinstance(dtype, pl.Struct) and "number" in [f.name for f in dtype.fields]:
+        return expr.struct.field("number")
+    return expr
+
+
+def _user(s: pl.Schema) -> pl.Expr:
+    """The job's user; a deleted Unix user is null there but kept in the association."""
+    user = pl.col("user").cast(pl.String) if "user" in s else pl.lit(None, pl.String)
+    assoc = s.get("association")
+    if isinstance(assoc, pl.Struct) and "user" in [f.name for f in assoc.fields]:
+        user = user.fill_null(pl.col("association").struct.field("user").cast(pl.String))
+    return user
+
+
+def _sacct_json(path: Path) -> Ingested:
+    ing = Ingested(pl.DataFrame(), str(path), "sacct-json")
+    raw = pl.read_json(path, infer_schema_length=None)
+    if "jobs" not in raw.columns:
+        raise InvalidRequest(f"{path} has no 'jobs' list", hint="export with: sacct --allocations --json")
+    jobs = raw.select(pl.col("jobs").explode()).filter(pl.col("jobs").is_not_null()).unnest("jobs")
+    ing.rows_read = jobs.height
+    jobs = jobs.with_row_index("lineno", offset=1)  # the job's position in the list
+    s = jobs.schema
+    tsch = s["time"] if "time" in s else None
+    tfields = {f.name: f.dtype for f in tsch.fields} if isinstance(tsch, pl.Struct) else {}
+
+    def t(name: str) -> pl.Expr:
+        if name not in tfields:
+            return pl.lit(None, pl.Int64)
+        return _number(jobs, pl.col("time").struct.field(name), tfields[name]).cast(pl.Int64, strict=False)
+
+    st = s.get("state")
+    current = pl.col("state").struct.field("current") if isinstance(st, pl.Struct) else pl.col("state")
+    if isinstance(st, pl.Struct) and isinstance({f.name: f.dtype for f in st.fields}["current"], pl.List):
+        current = current.list.first()
+    ec = s.get("exit_code")
+    rc = pl.lit(None, pl.Int64)
+    if isinstance(ec, pl.Struct):
+        fields = {f.name: f.dtype for f in ec.fields}
+        if "return_code" in fields:
+            rc = _number(jobs, pl.col("exit_code").struct.field("return_code"), fields["return_code"])
+        sig = fields.get("signal")
+        if isinstance(sig, pl.Struct) and "signal_id" in [f.name for f in sig.fields]:
+            sid = _number(jobs, pl.col("exit_code").struct.field("signal").struct.field("signal_id"),
+                          {f.name: f.dtype for f in sig.fields}["signal_id"])
+            rc = pl.when(sid.fill_null(0) > 0).then(128 + sid).otherwise(rc)
+    tres = pl.col("tres").struct.field("allocated") if "tres" in s else pl.lit(None)
+    gpu = tres.list.eval(
+        pl.when((pl.element().struct.field("type") == "gres") & (pl.element().struct.field("name") == "gpu"))
+        .then(pl.element().struct.field("count")).otherwise(0)).list.sum() if "tres" in s else pl.lit(0)
+    cpu = tres.list.eval(
+        pl.when(pl.element().struct.field("type") == "cpu")
+        .then(pl.element().struct.field("count")).otherwise(0)).list.sum() if "tres" in s else pl.lit(1)
+    comment = s.get("comment")
+    ctext = (pl.col("comment").struct.field("job") if isinstance(comment, pl.Struct)
+             else pl.col("comment") if comment is not None else pl.lit(None, pl.String))
+    out = jobs.with_columns(
+        job_id=pl.col("job_id").cast(pl.String),
+        user=ctext.cast(pl.String).str.extract(_PRINCIPAL).fill_null(_user(s)),
+        account=pl.col("account") if "account" in s else pl.lit(None),
+        partition=pl.col("partition") if "partition" in s else pl.lit(None),
+        name=pl.col("name") if "name" in s else pl.lit(None),
+        submit=_local(t("submission")), start=_local(t("start")), end=_local(t("end")),
+        elapsed_s=t("elapsed"),
+        state=state_from_slurm(current.cast(pl.String).fill_null("")),
+        exit_code=rc.cast(pl.Int32, strict=False),
+        cpus=cpu.cast(pl.Int32), gpus=gpu.cast(pl.Int32).fill_null(0),
+        kind=ctext.cast(pl.String).str.extract(_KIND),
+    )
+    out = _account(ing, out, {
+        "no job id": pl.col("job_id").is_null(),
+        "no user": pl.col("user").fill_null("") == "",
+        "no submission time": pl.col("submit").is_null(),
+    })
+    ing.jobs = conform(out.with_columns(pl.col("elapsed_s").fill_null(0), pl.col("cpus").fill_null(1)))
+    return ing
+
+
+def _swf_header(path: Path) -> dict[str, str]:
+    """The ';' header's 'Key: value' lines (read until the first job line)."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    header: dict[str, str] = {}
+    partitions: list[str] = []
+    with opener(path, "rt", errors="replace") as f:
+        for line in f:
+            if not line.startswith(";"):
+                break
+            key, sep, value = line[1:].partition(":")
+            if not sep:
+                continue
+            key, value = key.strip(), value.strip()
+            if key == "Partition":
+                partitions.append(value)
+            else:
+                header.setdefault(key, value)
+    header["_partitions"] = "\n".join(partitions)
+    return header
+
+
+def _swf(path: Path) -> Ingested:
+    ing = Ingested(pl.DataFrame(), str(path), "swf")
+    header = _swf_header(path)
+    origin = int(header.get("UnixStartTime", "0") or 0)
+    tz = int(header.get("TimeZone", "0") or 0)  # seconds from UTC; the trace's own wall clock
+    if not origin:
+        ing.notes.append("the trace has no UnixStartTime: times are counted from 1970-01-01, so the "
+                         "hour-by-weekday heatmap is relative")
+    pmap = {p.split()[0]: " ".join(p.split()[1:]) for p in header["_partitions"].splitlines() if p.split()}
+    lines = _lines(path, comment=";").filter(pl.col("line").str.strip_chars() != "")
+    ing.rows_read = lines.height
+    tok = pl.col("line").str.extract_all(r"\S+")
+    df = lines.with_columns(tok.alias("_f"))
+    ok = pl.col("_f").list.len() == 18
+
+    def f(i: int) -> pl.Expr:
+        return pl.col("_f").list.get(i - 1, null_on_oob=True).cast(pl.Float64, strict=False).cast(pl.Int64, strict=False)
+
+    base = pl.lit(origin + tz)
+    submit_s = base + f(2)
+    wait, run = f(3), f(4)
+    start_s = pl.when(wait >= 0).then(submit_s + wait)
+    user = f(12)
+    part = f(16).cast(pl.String)
+    df = df.with_columns(
+        job_id=f(1).cast(pl.String),
+        user=pl.when(user >= 0).then(pl.lit("u") + user.cast(pl.String)),
+        account=pl.when(f(13) >= 0).then(pl.lit("g") + f(13).cast(pl.String)),
+        partition=pl.when(f(16) >= 0).then(part.replace(pmap)),
+        name=pl.when(f(14) >= 0).then(pl.lit("exe") + f(14).cast(pl.String)),
+        submit=pl.from_epoch(submit_s, "s").cast(pl.Datetime("us")),
+        start=pl.from_epoch(start_s, "s").cast(pl.Datetime("us")),
+        end=pl.when(run >= 0).then(pl.from_epoch(start_s + run, "s").cast(pl.Datetime("us"))),
+        elapsed_s=pl.when(run >= 0).then(run).otherwise(0),
+        state=f(11).replace_strict(SWF_STATUS, default="UNKNOWN", return_dtype=pl.String),
+        cpus=pl.when(f(5) > 0).then(f(5)).otherwise(pl.when(f(8) > 0).then(f(8)).otherwise(1)),
+        gpus=pl.lit(0),
+    )
+    df = _account(ing, df, {
+        "wrong number of fields (expected 18)": ~ok,
+        "unreadable number": f(1).is_null() | f(2).is_null() | f(4).is_null() | f(5).is_null(),
+    })
+    if df.height and df["user"].null_count() == df.height:
+        ing.notes.append("the trace records no users (user id -1): per-user figures and agent "
+                         "classification are not possible; every job counts as human")
+    ing.jobs = conform(df)
+    return ing
+
+
+def _corral(path: Path) -> Ingested:
+    """corral's own records: every job with its principal's kind, exact provenance."""
+    ing = Ingested(pl.DataFrame(), str(path), "corral")
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        rows = con.execute("""
+            SELECT CAST(j.id AS TEXT), COALESCE(p.unix_user, j.principal), p.account,
+                   json_extract(j.spec, '$.partition'), json_extract(j.spec, '$.name'),
+                   j.submit_time, j.start_time, j.end_time, j.state, j.exit_code,
+                   json_extract(j.spec, '$.cpus'), json_extract(j.spec, '$.gpus'), p.kind, j.principal
+            FROM jobs j JOIN principals p ON p.name = j.principal ORDER BY j.id""").fetchall()
+    finally:
+        con.close()
+    cols = ["job_id", "user", "account", "partition", "name", "submit_e", "start_e", "end_e", "state",
+            "exit_code", "cpus", "gpus", "kind", "principal"]
+    df = pl.DataFrame(rows, schema=cols, orient="row", infer_schema_length=None)
+    ing.rows_read = df.height
+    # One principal is one user here: agents share their sponsor's Unix user, but
+    # they are the tenants this report is about.
+    df = df.with_columns(
+        user=pl.col("principal"),
+        submit=_local(pl.col("submit_e").cast(pl.Int64)), start=_local(pl.col("start_e").cast(pl.Int64)),
+        end=_local(pl.col("end_e").cast(pl.Int64)),
+        elapsed_s=(pl.col("end_e").fill_null(pl.col("start_e")) - pl.col("start_e")).round().cast(pl.Int64).fill_null(0),
+    )
+    ing.jobs = conform(df.with_row_index("lineno", offset=1))
+    return ing

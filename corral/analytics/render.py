@@ -1,0 +1,194 @@
+"""The report for people: a terminal table (rich) and one self-contained HTML page.
+
+Both are drawn from the JSON report alone. The HTML carries its styles and its
+plots (inline SVG) in the one file: it opens from a mail attachment or an air-gapped
+share, with no script and nothing fetched.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+
+AGENT, HUMAN = "#d9480f", "#1971c2"
+DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+ROWS = (  # (label, key in groups, format)
+    ("users", "users", "{:,}"),
+    ("jobs", "jobs", "{:,}"),
+    ("CPU core-hours", "core_hours", "{:,.0f}"),
+    ("GPU-hours", "gpu_hours", "{:,.0f}"),
+    ("submissions / active hour", "submissions_per_active_hour", "{:.2f}"),
+    ("jobs under a minute", "under_minute_share", "{:.1%}"),
+    ("cancelled", "cancelled_share", "{:.1%}"),
+    ("failed (incl. OOM, timeout)", "failed_share", "{:.1%}"),
+    ("submitted off hours", "off_hours_share", "{:.1%}"),
+    ("queue wait p50", "wait_p50_s", "{:,.0f} s"),
+    ("queue wait p90", "wait_p90_s", "{:,.0f} s"),
+    ("users who failed", "users_with_failures", "{:,}"),
+    ("… and repeated it in a later session", "users_repeating_failure", "{:,}"),
+    ("repeated identical failures (jobs)", "repeated_failure_jobs", "{:,}"),
+)
+SHARES = (("users", "user_share"), ("submissions", "submission_share"),
+          ("CPU core-hours", "core_hour_share"), ("GPU-hours", "gpu_hour_share"))
+
+
+def _fmt(fmt: str, v: Any) -> str:
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+
+
+def _pct(v: float | None) -> str:
+    return "—" if v is None else f"{v:.1%}"
+
+
+def terminal(r: dict[str, Any], console: Console | None = None) -> None:
+    """Print the report as tables."""
+    console = console or Console()
+    a = r["agents"]
+    head = Table(title="What agents take of the facility", show_header=True, header_style="bold")
+    head.add_column("")
+    head.add_column("agents' share", justify="right")
+    for label, key in SHARES:
+        head.add_row(label, _pct(a[key]))
+    head.add_row("submission rate vs humans", "—" if a["rate_vs_humans"] is None else f"{a['rate_vs_humans']:.1f}x")
+    groups = Table(title="Agents and humans side by side", header_style="bold")
+    groups.add_column("")
+    groups.add_column("agents", justify="right", style="dark_orange")
+    groups.add_column("humans", justify="right", style="dodger_blue2")
+    for label, key, fmt in ROWS:
+        groups.add_row(label, _fmt(fmt, r["groups"]["agent"].get(key)), _fmt(fmt, r["groups"]["human"].get(key)))
+    s, c = r["source"], r["classification"]
+    lines = [f"{s['path']} ({s['format']}): {s['rows_read']:,} rows, {s['jobs']:,} jobs, "
+             f"{s['steps_skipped']:,} job steps skipped, {s['malformed']:,} malformed"]
+    lines += [f"  malformed: {n:,} {why} (e.g. line {', '.join(map(str, s['malformed_examples'].get(why, [])))})"
+              for why, n in s["malformed_by_reason"].items()]
+    lines += [f"  note: {n}" for n in s["notes"]]
+    lines.append(f"who is an agent: {c['method']}; " + ", ".join(f"{k}: {v}" for k, v in sorted(c["by_basis"].items())))
+    if "against_labels" in c:
+        acc = c["against_labels"]
+        lines.append(f"against the labels: {acc['correct']}/{acc['users']} users right ({acc['accuracy']:.1%})")
+    if c["low_confidence_users"]:
+        lines.append("least certain: " + ", ".join(f"{u['user']} ({u['p_agent']:.2f})" for u in c["low_confidence_users"][:8])
+                     + " - settle them in an override file (--overrides)")
+    console.print(Group(head, groups, Panel("\n".join(lines), title="data and method", expand=False)))
+
+
+def _bars(a: dict[str, Any]) -> str:
+    """Stacked 100% bars: the agents' share of each resource."""
+    w, row = 560, 34
+    out = [f'<svg role="img" aria-label="agents share of users, submissions, core-hours, GPU-hours" '
+           f'width="{w + 170}" height="{row * len(SHARES) + 10}" class="bars">']
+    for i, (label, key) in enumerate(SHARES):
+        v = a[key] or 0.0
+        y = i * row + 4
+        out.append(f'<text x="0" y="{y + 18}">{label}</text>')
+        out.append(f'<rect x="150" y="{y}" width="{w * v:.1f}" height="24" fill="{AGENT}"><title>agents {v:.1%}</title></rect>')
+        out.append(f'<rect x="{150 + w * v:.1f}" y="{y}" width="{w * (1 - v):.1f}" height="24" fill="{HUMAN}" '
+                   f'opacity="0.35"><title>humans {1 - v:.1%}</title></rect>')
+        out.append(f'<text x="{156 + w * v:.1f}" y="{y + 17}" class="val">{v:.1%}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _heat(grid: list[list[int]], color: str, label: str) -> str:
+    """Hour-by-weekday heatmap of one group's submissions."""
+    cell, left, top = 18, 36, 16
+    peak = max((max(r) for r in grid), default=0) or 1
+    out = [f'<svg role="img" aria-label="{label} submissions by hour and weekday" class="heat" '
+           f'width="{left + 24 * cell + 4}" height="{top + 7 * cell + 4}">']
+    for h in range(0, 24, 3):
+        out.append(f'<text x="{left + h * cell}" y="11" class="small">{h:02d}</text>')
+    for d, row in enumerate(grid):
+        out.append(f'<text x="0" y="{top + d * cell + 13}" class="small">{DAYS[d]}</text>')
+        for h, n in enumerate(row):
+            op = 0.06 + 0.94 * (n / peak) ** 0.6 if n else 0.03
+            out.append(f'<rect x="{left + h * cell}" y="{top + d * cell}" width="{cell - 1}" height="{cell - 1}" '
+                       f'fill="{color}" opacity="{op:.2f}"><title>{DAYS[d]} {h:02d}:00 — {n:,} jobs</title></rect>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _scatter(users: list[dict[str, Any]]) -> str:
+    """Each user: submissions per active hour (log) against share of off-hours work."""
+    w, h, pad = 560, 300, 40
+    lo, hi = math.log10(0.5), math.log10(200)
+    out = [f'<svg role="img" aria-label="users by submission rate and off-hours share" width="{w + pad + 10}" '
+           f'height="{h + pad + 10}" class="scatter">',
+           f'<line x1="{pad}" y1="{h}" x2="{w + pad}" y2="{h}" stroke="#888"/>',
+           f'<line x1="{pad}" y1="0" x2="{pad}" y2="{h}" stroke="#888"/>']
+    for tick in (1, 10, 100):
+        x = pad + (math.log10(tick) - lo) / (hi - lo) * w
+        out.append(f'<text x="{x:.0f}" y="{h + 16}" class="small">{tick}</text>')
+    out.append(f'<text x="{pad + w / 2 - 80}" y="{h + 34}" class="small">submissions per active hour (log)</text>')
+    out.append(f'<text x="2" y="12" class="small">off-hours</text>')
+    for u in users[:5000]:
+        if not u.get("rate"):
+            continue
+        x = pad + (min(max(math.log10(u["rate"]), lo), hi) - lo) / (hi - lo) * w
+        y = h - (u.get("off_hours") or 0) * (h - 10)
+        c = AGENT if u["kind"] == "agent" else HUMAN
+        out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{c}" opacity="0.7">'
+                   f'<title>{html.escape(str(u["user"]))}: {u["kind"]} ({u["basis"]}), {u["jobs"]:,} jobs</title></circle>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+CSS = """
+body{font:15px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:980px;color:#222;padding:0 1rem}
+h1{font-size:1.6rem;margin-bottom:.2rem} h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ddd}
+.sub{color:#666;margin-top:0} svg text{font:12px system-ui,sans-serif;fill:#333} svg text.val{fill:#fff;font-weight:600}
+svg text.small{font-size:10.5px;fill:#666} table{border-collapse:collapse;margin:.5rem 0}
+td,th{padding:.25rem .8rem;border-bottom:1px solid #eee;text-align:right} td:first-child,th:first-child{text-align:left}
+.agent{color:#d9480f;font-weight:600} .human{color:#1971c2;font-weight:600}
+.cards{display:flex;gap:1rem;flex-wrap:wrap} .card{border:1px solid #e5e5e5;border-radius:8px;padding:.7rem 1rem;min-width:150px}
+.card b{display:block;font-size:1.5rem;color:#d9480f} .heats{display:flex;gap:2rem;flex-wrap:wrap}
+.note{color:#666;font-size:.9rem} code{background:#f4f4f4;padding:0 .25rem}
+"""
+
+
+def html_page(r: dict[str, Any]) -> str:
+    """One self-contained HTML document."""
+    a, g, s, c = r["agents"], r["groups"], r["source"], r["classification"]
+    e = html.escape
+    cards = "".join(f'<div class="card"><b>{_pct(a[k])}</b>of {label}</div>' for label, k in SHARES)
+    rate = "—" if a["rate_vs_humans"] is None else f"{a['rate_vs_humans']:.1f}x"
+    cards += f'<div class="card"><b>{rate}</b>submission rate vs humans</div>'
+    rows = "".join(f"<tr><td>{e(label)}</td><td>{_fmt(fmt, g['agent'].get(k))}</td><td>{_fmt(fmt, g['human'].get(k))}</td></tr>"
+                   for label, k, fmt in ROWS)
+    bad = "".join(f"<li>{n:,} {e(why)} (e.g. line {', '.join(map(str, s['malformed_examples'].get(why, [])))})</li>"
+                  for why, n in s["malformed_by_reason"].items())
+    notes = "".join(f"<li>{e(n)}</li>" for n in s["notes"])
+    acc = ""
+    if "against_labels" in c:
+        al = c["against_labels"]
+        acc = f"<p>Against the ground-truth labels: <b>{al['correct']}/{al['users']}</b> users right ({al['accuracy']:.1%}).</p>"
+    basis = ", ".join(f"{e(k)}: {v}" for k, v in sorted(c["by_basis"].items()))
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">
+<title>corral: what agents do on this facility</title><style>{CSS}</style></head><body>
+<h1>What agents do on this facility</h1>
+<p class="sub">{e(s['path'])} · {s['jobs']:,} jobs · {e(str(r['period']['first_submit']))} to {e(str(r['period']['last_submit']))}</p>
+<div class="cards" id="cards">{cards}</div>
+<h2>Agents' share</h2>{_bars(a)}
+<h2>Agents and humans side by side</h2>
+<table id="groups"><tr><th></th><th class="agent">agents</th><th class="human">humans</th></tr>{rows}</table>
+<h2>When they submit</h2>
+<div class="heats"><div><p class="agent">agents</p>{_heat(r['heatmap']['agent'], AGENT, 'agents')}</div>
+<div><p class="human">humans</p>{_heat(r['heatmap']['human'], HUMAN, 'humans')}</div></div>
+<h2>Who is an agent</h2>
+<p>{e(c['method'])}. Users: {c['users']:,} ({basis}).</p>{acc}
+{_scatter(c['users_detail'])}
+<p class="note">Each dot is a user; colour is the verdict. Hover for the user. Settle doubtful users in an override file
+(<code>corral analyze FILE --overrides FILE</code>).</p>
+<h2>The data</h2>
+<p>{s['rows_read']:,} rows read ({e(s['format'])}); {s['jobs']:,} jobs; {s['steps_skipped']:,} job steps skipped;
+{s['malformed']:,} malformed rows left out.</p><ul>{bad}{notes}</ul>
+<p class="note">Made by <code>corral analyze</code>. Definitions: core-hours = elapsed × allocated CPUs; GPU-hours from
+AllocTRES gres/gpu; under a minute = elapsed &lt; 60 s; a repeated failure has the same user, job name, state and exit
+code as a failure in an earlier session (30 min without a submission ends a session).</p>
+</body></html>
+"""
