@@ -45,6 +45,17 @@ class CancelIn(BaseModel):
     ids: list[int] = Field(min_length=1, max_length=10_000)
 
 
+class WaitIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ids: list[int] = Field(min_length=1, max_length=10_000)
+    timeout: float = Field(60.0, ge=0, description="Seconds to wait at most.")
+
+
+class BatchIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    jobs: list[JobSpec] = Field(min_length=1, max_length=1000, description="The jobs, each as POST /v1/jobs takes it.")
+
+
 def ok(data: Any, status: int = 200) -> Response:
     """Serialize once with json.dumps: FastAPI's jsonable_encoder costs ~0.1 ms a request."""
     return Response(json.dumps(data), status_code=status, media_type="application/json")
@@ -81,6 +92,7 @@ def create_app(service: Service) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with mcp.session_manager.run():
             task = asyncio.create_task(service.reconciler.run(), name="reconciler")
+            lanes = asyncio.create_task(service.lanes.run(), name="fastlane") if service.lanes else None
         # Move start-up objects out of the collector's reach: fewer, shorter GC pauses
         # on the request path.
             gc.collect()
@@ -88,9 +100,13 @@ def create_app(service: Service) -> FastAPI:
             try:
                 yield
             finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                for t in (task, lanes):
+                    if t is not None:
+                        t.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await t
+                if service.lanes:
+                    await service.lanes.close()
 
     app = FastAPI(title="corral", version="0.1.0", lifespan=lifespan, description=(
         "A facility-side gateway through which AI coding agents act on an HPC cluster.\n\n"
@@ -190,6 +206,18 @@ def create_app(service: Service) -> FastAPI:
         jobs = service.list_jobs(c, state, session, principal, limit, offset)
         return ok({"jobs": [j.summary() for j in jobs], "limit": limit, "offset": offset,
                    "next_offset": offset + len(jobs) if len(jobs) == limit else None})
+
+    @app.post("/v1/jobs/batch", status_code=201, tags=["jobs"])
+    async def submit_batch(body: BatchIn, c: Caller = Depends(caller)) -> Response:
+        """Up to 1,000 jobs in one request: all are checked before any is recorded."""
+        jobs = await service.submit_many(c, body.jobs)
+        return ok({"jobs": [{**j.summary(), "backend": j.backend, "lane": j.spec.lane} for j in jobs]}, 201)
+
+    @app.post("/v1/jobs/wait", tags=["jobs"])
+    async def wait_many(body: WaitIn, c: Caller = Depends(caller)) -> Response:
+        """Long-poll until all these jobs have ended (or the timeout): one request per sweep."""
+        jobs, done = await service.wait_many(c, body.ids, body.timeout)
+        return ok({"jobs": [j.summary() for j in jobs], "reached": done})
 
     @app.post("/v1/jobs/cancel", tags=["jobs"])
     async def cancel_many(body: CancelIn, c: Caller = Depends(caller)) -> Response:

@@ -158,6 +158,11 @@ def serve(**opts: Any) -> None:
 @click.option("--label", "label_pairs", multiple=True, metavar="KEY=VALUE", help="Label; repeatable.")
 @click.option("--idempotency-key", help="Retry-safe key: the same key always yields the same single job.")
 @click.option("--wait", "wait_s", type=float, help="Then wait up to this many seconds for the job to end.")
+@click.option("--lane", type=click.Choice(["fast", "batch", "auto"]),
+              help="fast: a warm pool starts it at once (short, small tasks); batch: the scheduler's queue; "
+                   "auto: fast when it fits (give --time). Default: the facility's.")
+@click.option("--idempotent", is_flag=True, default=None,
+              help="The task may safely run twice: rerun it if its fast-lane allocation dies.")
 @click.pass_obj
 def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[str, ...],
            label_pairs: tuple[str, ...], idempotency_key: str | None, wait_s: float | None, **res: Any) -> None:
@@ -168,6 +173,7 @@ def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[
       corral submit -- echo hello
       corral submit --cpus 4 --mem 8G -t 2h --name train -- python train.py --epochs 3
       corral submit --script job.sh --idempotency-key run-42
+      corral submit --lane fast -t 1m -- pytest -x tests/test_io.py     # a quick trial, no queue
     """
     if bool(command) == bool(script_file):
         _fail("give a command after '--' or a script with --script FILE (not both)")

@@ -7,11 +7,12 @@ statements are short, so the loop is never blocked for long.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from .jobs import Job, JobSpec, JobState, TERMINAL_STATES
 from .principals import Kind, Principal
@@ -55,6 +56,11 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX jobs_active ON jobs(state) WHERE state IN ('PENDING', 'RUNNING', 'UNKNOWN');
     CREATE INDEX jobs_principal ON jobs(principal, id);
+    """,
+    # 2: measured CPU seconds (the fast lane reads them from each task's rusage)
+    """
+    ALTER TABLE jobs ADD COLUMN cpu_s REAL;
+    CREATE INDEX jobs_session ON jobs(principal, session);
     """,
 ]
 
@@ -203,12 +209,53 @@ class Database:
             ).fetchone()
             if existing:
                 return _row_to_job(existing), False
+        now = time.time()
+        text = spec.model_dump_json(by_alias=True, exclude_none=True)
         cur = self.conn.execute(
             "INSERT INTO jobs (principal, session, idem_key, backend, state, submit_time, spec) VALUES (?,?,?,?,?,?,?)",
-            (principal, session, idem_key, backend, JobState.PENDING.value, time.time(),
-             spec.model_dump_json(by_alias=True, exclude_none=True)),
+            (principal, session, idem_key, backend, JobState.PENDING.value, now, text),
         )
-        return self.get_job(int(cur.lastrowid)), True  # type: ignore[arg-type, return-value]
+        # Built from what was written: no read back (a batch of 1,000 inserts is hot).
+        return _row_to_job((int(cur.lastrowid), principal, session, backend, None,  # type: ignore[arg-type]
+                            JobState.PENDING.value, None, None, now, None, None, text)), True
+
+    def insert_jobs(self, principal: str, session: str | None,
+                    items: list[tuple[str, str | None, JobSpec]]) -> list[Job]:
+        """Many PENDING jobs in one statement; ``items`` are (backend, backend id prefix or
+        None, spec): a prefix gives the job the backend id ``prefix + id`` (the fast lane
+        knows its ids before it is handed the task). Call inside ``transaction()``."""
+        now = time.time()
+        texts = [spec.model_dump_json(by_alias=True, exclude_none=True) for _, _, spec in items]
+        jobs: list[Job] = []
+        for i in range(0, len(items), 500):  # 7 parameters a row, under SQLite's limit
+            chunk = items[i: i + 500]
+            rows = ",".join("(?,?,NULL,?,?,?,?,?)" for _ in chunk)
+            args: list[Any] = []
+            for k, (backend, _, _) in enumerate(chunk):
+                args += [principal, session, backend, None, JobState.PENDING.value, now, texts[i + k]]
+            ids = [r[0] for r in self.conn.execute(
+                f"INSERT INTO jobs (principal, session, idem_key, backend, backend_id, state, submit_time, spec) "
+                f"VALUES {rows} RETURNING id", args).fetchall()]
+            by_prefix: dict[str, list[int]] = {}
+            for jid, (backend, prefix, _), text in zip(ids, chunk, texts[i: i + 500]):
+                if prefix:
+                    by_prefix.setdefault(prefix, []).append(jid)
+                jobs.append(_row_to_job((jid, principal, session, backend, f"{prefix}{jid}" if prefix else None,
+                                         JobState.PENDING.value, None, None, now, None, None, text)))
+            for prefix, pids in by_prefix.items():
+                self.conn.execute(f"UPDATE jobs SET backend_id = ? || id WHERE id IN ({','.join('?' * len(pids))})",
+                                  (prefix, *pids))
+        return jobs
+
+    def update_jobs(self, updates: list[tuple[int, JobState, int | None, str | None, float | None, float | None,
+                                               float | None]]) -> None:
+        """``update_job`` for many: (id, state, exit code, reason, start, end, cpu s); one statement."""
+        terminal = tuple(s.value for s in TERMINAL_STATES)
+        self.conn.executemany(
+            f"""UPDATE jobs SET state=?, exit_code=?, reason=?,
+                start_time=COALESCE(start_time, ?), end_time=COALESCE(end_time, ?), cpu_s=COALESCE(?, cpu_s)
+                WHERE id=? AND state NOT IN ({','.join('?' * len(terminal))})""",
+            [(st.value, code, reason, start, end, cpu, jid, *terminal) for jid, st, code, reason, start, end, cpu in updates])
 
     def set_backend_id(self, job_id: int, backend_id: str) -> None:
         self.conn.execute("UPDATE jobs SET backend_id=? WHERE id=?", (backend_id, job_id))
@@ -217,10 +264,34 @@ class Database:
         row = self.conn.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE id=?", (job_id,)).fetchone()
         return _row_to_job(row) if row else None
 
-    def active_jobs(self) -> list[Job]:
-        rows = self.conn.execute(
-            f"SELECT {_JOB_COLS} FROM jobs WHERE state IN ('PENDING', 'RUNNING', 'UNKNOWN') ORDER BY id"
-        ).fetchall()
+    def get_jobs(self, job_ids: list[int]) -> dict[int, Job]:
+        """Many jobs in one query -> id: job (missing ids are absent)."""
+        out: dict[int, Job] = {}
+        for i in range(0, len(job_ids), 900):  # SQLite's bound-parameter limit
+            chunk = job_ids[i: i + 900]
+            rows = self.conn.execute(
+                f"SELECT {_JOB_COLS} FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk).fetchall()
+            out.update((r[0], _row_to_job(r)) for r in rows)
+        return out
+
+    def states(self, job_ids: list[int]) -> dict[int, tuple[str, str]]:
+        """-> id: (state, principal), without parsing specs: cheap enough to ask often."""
+        out: dict[int, tuple[str, str]] = {}
+        for i in range(0, len(job_ids), 900):
+            chunk = job_ids[i: i + 900]
+            out.update((r[0], (r[1], r[2])) for r in self.conn.execute(
+                f"SELECT id, state, principal FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk))
+        return out
+
+    def active_jobs(self, *, polled: bool = False, unsent: bool = False) -> list[Job]:
+        """Jobs not yet ended. ``polled``: only those the reconciler asks the batch backend
+        about (sent, not fast-lane); ``unsent``: only those never handed to a lane."""
+        where = "state IN ('PENDING', 'RUNNING', 'UNKNOWN')"
+        if polled:
+            where += " AND backend_id IS NOT NULL AND backend != 'fast'"
+        if unsent:
+            where += " AND backend_id IS NULL"
+        rows = self.conn.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE {where} ORDER BY id").fetchall()
         return [_row_to_job(r) for r in rows]
 
     def list_jobs(
@@ -260,31 +331,73 @@ class Database:
         reason: str | None = None,
         start_time: float | None = None,
         end_time: float | None = None,
+        cpu_s: float | None = None,
+        only_from: JobState | None = None,
     ) -> None:
-        """Record what the backend reported. A terminal state is never overwritten."""
+        """Record what the backend reported. A terminal state is never overwritten; with
+        ``only_from``, only a job in that state changes."""
         terminal = tuple(s.value for s in TERMINAL_STATES)
         self.conn.execute(
             f"""UPDATE jobs SET state=?, exit_code=?, reason=?,
-                start_time=COALESCE(start_time, ?), end_time=COALESCE(end_time, ?)
-                WHERE id=? AND state NOT IN ({','.join('?' * len(terminal))})""",
-            (state.value, exit_code, reason, start_time, end_time, job_id, *terminal),
+                start_time=COALESCE(start_time, ?), end_time=COALESCE(end_time, ?), cpu_s=COALESCE(?, cpu_s)
+                WHERE id=? AND state NOT IN ({','.join('?' * len(terminal))}) AND (? IS NULL OR state=?)""",
+            (state.value, exit_code, reason, start_time, end_time, cpu_s, job_id, *terminal,
+             only_from and only_from.value, only_from and only_from.value),
         )
 
+    def clear_backend_id(self, job_id: int) -> None:
+        """Mark a job as not yet sent: the reconciler sends it again."""
+        self.conn.execute("UPDATE jobs SET backend_id=NULL WHERE id=?", (job_id,))
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Many writes, one commit: a batch of 100 jobs costs one fsync, not 100."""
+        if self.conn.in_transaction:
+            yield
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
     def usage(self, principals: Iterable[str]) -> dict[str, Any]:
-        """Jobs by state and CPU/GPU-hours consumed by finished and running jobs, summed
-        by SQLite itself: a principal's history can be long."""
+        """Jobs by state and CPU/GPU-hours (allocated CPUs x elapsed) of finished and
+        running jobs, in total, by lane and by session; summed by SQLite itself: a
+        principal's history can be long. ``measured_cpu_hours`` is what the fast lane
+        read from its tasks' rusage."""
         names = list(principals)
         marks = ",".join("?" * len(names))
         by_state = {s: n for s, n in self.conn.execute(
             f"SELECT state, COUNT(*) FROM jobs WHERE principal IN ({marks}) GROUP BY state", names)}
-        cpu_s, gpu_s = self.conn.execute(
-            f"""SELECT COALESCE(SUM(json_extract(spec, '$.cpus') * MAX(0, COALESCE(end_time, :now) - start_time)), 0),
-                       COALESCE(SUM(json_extract(spec, '$.gpus') * MAX(0, COALESCE(end_time, :now) - start_time)), 0)
-                FROM jobs WHERE principal IN ({",".join(f":p{i}" for i in range(len(names)))})
-                AND start_time IS NOT NULL""",
-            {"now": time.time(), **{f"p{i}": n for i, n in enumerate(names)}},
-        ).fetchone()
-        return {"jobs_by_state": by_state, "cpu_hours": round(cpu_s / 3600, 4), "gpu_hours": round(gpu_s / 3600, 4)}
+        rows = self.conn.execute(
+            f"""SELECT backend, session,
+                       SUM(json_extract(spec, '$.cpus') * MAX(0, COALESCE(end_time, ?) - start_time)),
+                       SUM(json_extract(spec, '$.gpus') * MAX(0, COALESCE(end_time, ?) - start_time)),
+                       SUM(cpu_s), COUNT(*)
+                FROM jobs WHERE principal IN ({marks}) AND start_time IS NOT NULL GROUP BY backend, session""",
+            (time.time(), time.time(), *names)).fetchall()
+        lanes: dict[str, dict[str, float]] = {}
+        sessions: dict[str, dict[str, float]] = {}
+        total = {"cpu": 0.0, "gpu": 0.0, "measured": 0.0}
+        for backend, session, cpu, gpu, measured, n in rows:
+            for bucket in (lanes.setdefault("fast" if backend == "fast" else "batch", {}),
+                           sessions.setdefault(session or "-", {})):
+                bucket["cpu_hours"] = bucket.get("cpu_hours", 0.0) + (cpu or 0) / 3600
+                bucket["gpu_hours"] = bucket.get("gpu_hours", 0.0) + (gpu or 0) / 3600
+                bucket["jobs"] = bucket.get("jobs", 0) + n
+            total["cpu"] += cpu or 0
+            total["gpu"] += gpu or 0
+            total["measured"] += measured or 0
+
+        def r(d: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+            return {k: {m: round(v, 4) for m, v in x.items()} for k, x in sorted(d.items())}
+
+        return {"jobs_by_state": by_state, "cpu_hours": round(total["cpu"] / 3600, 4),
+                "gpu_hours": round(total["gpu"] / 3600, 4), "measured_cpu_hours": round(total["measured"] / 3600, 6),
+                "by_lane": r(lanes), "by_session": r(sessions)}
 
     def count_jobs(self) -> dict[str, int]:
         return {s: n for s, n in self.conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state")}

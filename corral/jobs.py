@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Annotated, Any
+from typing import Literal, Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -117,6 +117,11 @@ class JobSpec(BaseModel):
     partition: str | None = Field(None, pattern=_NAME_RE, description="Partition (queue); default: the facility's default.")
     name: str | None = Field(None, pattern=_NAME_RE, description="A short name for people.")
     labels: dict[str, str] = Field(default_factory=dict, description="Free-form key/value labels.")
+    lane: Literal["fast", "batch", "auto"] | None = Field(
+        None, description="'fast': a warm pool runs it at once (short, small tasks); 'batch': the scheduler's queue; "
+                          "'auto': fast when it fits. Default: the facility's (usually batch).")
+    idempotent: bool | None = Field(
+        None, description="Safe to run twice: if the fast-lane allocation running it dies, rerun it instead of failing it.")
 
     @model_validator(mode="after")
     def _one_of_command_or_script(self) -> "JobSpec":

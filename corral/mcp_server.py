@@ -193,21 +193,28 @@ def build_mcp(ops_for: Callable[[Context], Ops], card_info: Callable[[], Awaitab
         cpus: int = 1,
         memory: str = "1G",
         gpus: int = 0,
-        walltime: str = "1h",
+        walltime: str | None = None,
         partition: str | None = None,
         name: str | None = None,
         workdir: str | None = None,
         env: dict[str, str] | None = None,
         idempotency_key: str | None = None,
+        lane: str | None = None,
+        idempotent: bool | None = None,
     ) -> dict[str, Any]:
-        """Submit a batch job to the facility. Give exactly one of `command` (a shell line)
+        """Submit a job to the facility. Give exactly one of `command` (a shell line)
         or `script` (a whole job script). Ask for the resources you need: cpus, memory
-        ('512M', '4G'), gpus, walltime ('30m', '2h', 'HH:MM:SS'). `workdir` must be an
-        absolute existing directory. Pass an `idempotency_key` if you may retry: the same
-        key always returns the same job. Returns the job id; then call wait_for_job."""
-        spec: dict[str, Any] = {"cpus": cpus, "memory": memory, "gpus": gpus, "walltime": walltime}
+        ('512M', '4G'), gpus, walltime ('30m', '2h', 'HH:MM:SS'; default 1h). `workdir` must
+        be an absolute existing directory. For quick trial runs (seconds to minutes, small)
+        set `lane` to 'fast': a warm pool starts them at once instead of the batch queue;
+        'auto' picks fast when a walltime of at most a few minutes is given. Set
+        `idempotent` if the task may safely run twice. Pass an `idempotency_key` if you may
+        retry: the same key always returns the same job. Returns the job id; then call
+        wait_for_job."""
+        spec: dict[str, Any] = {"cpus": cpus, "memory": memory, "gpus": gpus}
         for key, value in (("command", command), ("script", script), ("partition", partition), ("name", name),
-                           ("workdir", workdir), ("env", env)):
+                           ("workdir", workdir), ("env", env), ("walltime", walltime), ("lane", lane),
+                           ("idempotent", idempotent)):
             if value is not None:
                 spec[key] = value
         job = await ops_for(ctx).submit(spec, idempotency_key)

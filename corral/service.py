@@ -19,7 +19,7 @@ from .control.metrics import MeteredBackend, Metrics
 from .control.reconciler import Reconciler, Watchers
 from .db import Database
 from .errors import BackendError, Conflict, CorralError, Forbidden, InvalidRequest, NotFound, Unauthenticated
-from .jobs import Job, JobSpec, JobState, parse_duration_s
+from .jobs import TERMINAL_STATES, Job, JobSpec, JobState, parse_duration_s
 from .output import read_page, read_tail
 from .principals import Caller, Kind, Principal, check_name, check_session, new_token, secret_matches, split_token
 
@@ -40,6 +40,9 @@ class Service:
             before_tick=self.submit_unsent,
         )
         self._in_flight: set[int] = set()
+        from .fastlane.bridge import Lanes  # the fast lane needs the service's parts, built above
+
+        self.lanes: Lanes | None = Lanes(self) if settings.fastlane else None
         # token -> (token record, principal, visible names). Every write to principals
         # or tokens clears it, so a revocation takes effect on the very next request.
         self._auth_cache: dict[str, tuple[dict[str, Any], Principal, frozenset[str]]] = {}
@@ -181,21 +184,75 @@ class Service:
             # Limits unknown while the scheduler is away: record the job, the scheduler judges it later.
             log.warning("preflight skipped, the scheduler's limits are unavailable: %s", e)
 
+    def _route(self, principal: Principal, spec: JobSpec) -> tuple[JobSpec, str]:
+        """Decide the lane: -> (spec with its lane, backend name to record)."""
+        if self.lanes is None:
+            if spec.lane == "fast":
+                raise InvalidRequest("lane 'fast': the fast lane is turned off at this facility",
+                                     hint="submit with lane 'batch'")
+            return spec.model_copy(update={"lane": "batch"}), self.backend.name
+        return self.lanes.route(principal, spec)
+
     async def submit(self, caller: Caller, spec: JobSpec, idempotency_key: str | None = None) -> tuple[Job, bool]:
-        """Record the job, then hand it to the backend. -> (job, created). With a key
+        """Record the job, then hand it to its lane. -> (job, created). With a key
         already used by this principal, returns that job and submits nothing."""
         if idempotency_key is not None and not (1 <= len(idempotency_key) <= 200):
             raise InvalidRequest("idempotency key must be 1-200 characters")
         await self._check_spec(spec)
-        job, created = self.db.insert_job(caller.name, caller.session, idempotency_key, self.backend.name, spec)
+        spec, backend = self._route(caller.principal, spec)
+        job, created = self.db.insert_job(caller.name, caller.session, idempotency_key, backend, spec)
         if created:
             await self._send(job, caller.principal)
             self.reconciler.kick()
         return self.db.get_job(job.id) or job, created
 
+    async def submit_many(self, caller: Caller, specs: list[JobSpec]) -> list[Job]:
+        """Many jobs in one call (an agent's sweep of tiny tasks): one preflight pass, one
+        transaction, then each is handed to its lane. All are checked before any is recorded."""
+        if not 1 <= len(specs) <= 1000:
+            raise InvalidRequest("a batch holds 1 to 1000 jobs")
+        for i, spec in enumerate(specs):
+            try:
+                if spec.workdir is not None and not (Path(spec.workdir).is_absolute() and Path(spec.workdir).is_dir()):
+                    raise InvalidRequest(f"workdir {spec.workdir!r} must be an absolute path to a directory that exists")
+            except InvalidRequest as e:
+                raise InvalidRequest(f"job {i}: {e.message}", hint=e.hint) from None
+        distinct = list({s.model_dump_json(): s for s in specs}.values())
+
+        def preflight_all() -> None:
+            for s in distinct:
+                try:
+                    self.backend.preflight(s)
+                except InvalidRequest as e:
+                    raise InvalidRequest(f"job {specs.index(s)}: {e.message}", hint=e.hint) from None
+
+        try:
+            await asyncio.to_thread(preflight_all)
+        except BackendError as e:
+            log.warning("preflight skipped, the scheduler's limits are unavailable: %s", e)
+        p = caller.principal
+        routed = [self._route(p, s) for s in specs]
+        with self.db.transaction():
+            jobs = self.db.insert_jobs(caller.name, caller.session, [
+                (backend, self.lanes.prefix(p, spec) if backend == "fast" and self.lanes else None, spec)
+                for spec, backend in routed])
+        # Recorded first, then run: a crash in between leaves fast-lane jobs without a
+        # journal entry, which the restart recovery sends again (never twice: not started).
+        for job in jobs:
+            if job.backend == "fast" and self.lanes is not None:  # no thread hop: straight into the pool
+                self.lanes.enqueue(job, SubmitContext(job.id, p.name, p.kind.value, p.sponsor, job.session,
+                                                      p.unix_user, p.account), p)
+            else:
+                await self._send(job, p)
+        self.reconciler.kick()
+        return jobs
+
     async def _send(self, job: Job, principal: Principal, *, raise_backend: bool = False) -> None:
         ctx = SubmitContext(job.id, principal.name, principal.kind.value, principal.sponsor, job.session,
                             principal.unix_user, principal.account)
+        if job.backend == "fast" and self.lanes is not None:
+            self.lanes.send(job, ctx, principal)
+            return
         self._in_flight.add(job.id)
         try:
             backend_id = await asyncio.to_thread(self.backend.submit, ctx, job.spec)
@@ -219,8 +276,8 @@ class Service:
         """Send jobs recorded but never handed to the backend (a crash, or the backend was
         down). Runs in the reconciler: a failure there marks the backend degraded and
         backs off, and the rest wait for the next try."""
-        for job in self.db.active_jobs():
-            if job.backend_id is None and job.id not in self._in_flight:
+        for job in self.db.active_jobs(unsent=True):
+            if job.id not in self._in_flight:
                 principal = self.db.get_principal(job.principal)
                 if principal is not None:
                     await self._send(job, principal, raise_backend=True)
@@ -261,8 +318,12 @@ class Service:
     async def cancel(self, caller: Caller, job_ids: list[int]) -> list[Job]:
         jobs = [self.get_job(caller, j) for j in job_ids]
         live = [j for j in jobs if not j.terminal and j.backend_id]
-        if live:
-            await asyncio.to_thread(self.backend.cancel, [j.backend_id for j in live])  # type: ignore[misc]
+        fast = [j for j in live if j.backend == "fast"]
+        batch = [j for j in live if j.backend != "fast"]
+        if fast and self.lanes is not None:
+            await self.lanes.cancel(fast)
+        if batch:
+            await asyncio.to_thread(self.backend.cancel, [j.backend_id for j in batch])  # type: ignore[misc]
             self.reconciler.kick()
         for j in jobs:
             if not j.terminal and j.backend_id is None:
@@ -292,6 +353,29 @@ class Service:
                 return job, False
             await self.watchers.wait(job_id, remaining)
 
+    async def wait_many(self, caller: Caller, job_ids: list[int], timeout: float = 60.0) -> tuple[list[Job], bool]:
+        """Long-poll until every job has ended, at most ``timeout`` seconds: one request
+        for a sweep instead of one per job. -> (jobs, all ended)."""
+        if not 0 <= timeout <= self.settings.wait_max_s:
+            raise InvalidRequest(f"timeout must be between 0 and {self.settings.wait_max_s:.0f} seconds")
+        if not 1 <= len(job_ids) <= 10_000:
+            raise InvalidRequest("wait for 1 to 10,000 jobs at once")
+        ids = list(dict.fromkeys(job_ids))
+        deadline = time.monotonic() + timeout
+        terminal = {s.value for s in TERMINAL_STATES}
+        while True:
+            found = self.db.states(ids)
+            for jid in ids:
+                if jid not in found or not caller.sees(found[jid][1]):
+                    raise NotFound(f"no job {jid} visible to you; list your jobs to find the right id")
+            waiting = [j for j in ids if found[j][0] not in terminal]
+            remaining = deadline - time.monotonic()
+            if not waiting or remaining <= 0:
+                jobs = self.db.get_jobs(ids)
+                return [jobs[j] for j in job_ids], not waiting
+            # The last one asked for tends to end last: few wake-ups for a whole sweep.
+            await self.watchers.wait(waiting[-1], remaining)
+
     def read_output(
         self, caller: Caller, job_id: int, stream: str = "stdout", offset: int = 0,
         limit: int = 64 * 1024, tail: int | None = None,
@@ -303,7 +387,8 @@ class Service:
             raise InvalidRequest("offset and tail must be >= 0 and limit >= 1")
         if job.backend_id is None:
             return {"data": "", "offset": 0, "next_offset": 0, "size": 0, "eof": job.terminal, "stream": stream}
-        paths = self.backend.output_paths(job.backend_id)
+        paths = (self.lanes.fast.output_paths(job.backend_id) if job.backend == "fast" and self.lanes
+                 else self.backend.output_paths(job.backend_id))
         path = paths.stdout if stream == "stdout" else paths.stderr
         page = read_tail(path, tail, limit) if tail is not None else read_page(path, offset, limit)
         page["stream"] = stream
@@ -325,6 +410,7 @@ class Service:
             ],
             "queue": {"pending": counts.get("PENDING", 0), "running": counts.get("RUNNING", 0)},
             "degraded": self.reconciler.degraded,
+            "fast_lane": self.lanes.describe() if self.lanes else {"enabled": False},
         }
         if caller is not None:
             mine = self.db.list_jobs(caller.visible, [JobState.PENDING, JobState.RUNNING], limit=1000)

@@ -29,6 +29,7 @@ class Gateway:
     port: int
     extra_env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+    cpus: int = 2
 
     @property
     def url(self) -> str:
@@ -48,8 +49,9 @@ class Gateway:
     def start(self) -> None:
         log = open(self.home.parent / f"gateway-{self.port}.log", "ab")
         self.proc = subprocess.Popen(
-            # 2 CPU slots whatever the machine: tests that fill the slots mean this many.
-            [sys.executable, "-m", "corral.cli", "serve", "--port", str(self.port), "--tick", "0.2", "--cpus", "2"],
+            # 2 CPU slots whatever the machine (unless a test says): tests that fill the slots mean this many.
+            [sys.executable, "-m", "corral.cli", "serve", "--port", str(self.port), "--tick", "0.2",
+             "--cpus", str(self.cpus)],
             env=self.env(), stdout=log, stderr=log, cwd=self.home.parent,
         )
         deadline = time.monotonic() + 30

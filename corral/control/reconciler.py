@@ -114,7 +114,8 @@ class Reconciler:
     async def tick(self) -> None:
         if self.before_tick is not None:
             await self.before_tick()
-        active = [j for j in self.db.active_jobs() if j.backend_id]
+        # Fast-lane tasks report themselves (corral/fastlane/bridge.py): only batch jobs are polled.
+        active = self.db.active_jobs(polled=True)
         self.metrics.active_jobs.set(len(active))
         if not active:
             return

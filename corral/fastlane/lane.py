@@ -1,0 +1,267 @@
+"""The fast lane as the service sees it: routing, pools by owner, and the Backend
+verbs (submit, status, cancel, output paths) for tasks, so that a fast-lane task is a
+job like any other to every edge.
+
+Routing (``route``): ``batch`` always goes to the scheduler; ``fast`` must fit an
+allocation's shape and the task walltime cap, or is refused saying why; ``auto`` goes
+fast when it fits and the pool's breaker is closed, else batch.
+
+Isolation: a pool belongs to one (Unix user, account, partition). A principal's task
+goes to the pool of *its* user and account (agents inherit their sponsor's), so two
+principals share allocations only when they share both. Each pool has its own Dask
+scheduler with its own TLS certificate, written 0600 for the pool's user only.
+
+Backend ids are ``fast:<pool slug>:<job id>``: the pool's directory is in the id, so
+outputs and journals are found again after a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import os
+import pwd
+import sys
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Sequence
+
+from ..backends import Backend, OutputPaths, SubmitContext, base_env
+from ..config import Settings
+from ..errors import InvalidRequest, NotFound
+from ..jobs import JobSpec, JobState
+from . import launcher
+from .pool import Hooks, Pool, PoolConfig, PoolKey, Shape, Task
+
+log = logging.getLogger("corral.fastlane")
+FAST = "fast"
+MAX_SHAPE_CPUS = 32
+
+
+def is_fast(backend_id: str | None) -> bool:
+    return bool(backend_id) and backend_id.startswith("fast:")  # type: ignore[union-attr]
+
+
+def parse_id(backend_id: str) -> tuple[str, int]:
+    _, slug, job = backend_id.split(":", 2)
+    return slug, int(job)
+
+
+class FastLane:
+    name = FAST
+
+    def __init__(self, settings: Settings, batch: Backend,
+                 start_allocation: Callable[[Pool, JobSpec], Awaitable[int]],
+                 stop_allocation: Callable[[int], Awaitable[None]],
+                 allocation_state: Callable[[int], tuple[JobState, str | None]],
+                 done: Callable[[list[dict[str, Any]]], None]) -> None:
+        self.settings = settings
+        self.batch = batch
+        self.dir = settings.fastlane_dir or settings.home / "fastlane"
+        self.pools: dict[PoolKey, Pool] = {}
+        self._start_allocation, self._stop_allocation = start_allocation, stop_allocation
+        self._allocation_state, self._done = allocation_state, done
+        self._shapes: dict[str | None, Shape] = {}
+        self._offsets: dict[Path, int] = {}
+        self._env = base_env()
+
+    # -- routing --------------------------------------------------------------------
+    def shape(self, partition: str | None) -> Shape:
+        """One allocation's resources on a partition: configured, else the largest node's."""
+        if partition not in self._shapes:
+            parts = self.batch.partitions()
+            p = next((x for x in parts if x.name == partition), None) if partition else \
+                next((x for x in parts if x.default), parts[0] if parts else None)
+            if p is None:
+                raise InvalidRequest(f"unknown partition {partition!r}; see 'corral facility'")
+            s = self.settings
+            cpus = min(s.fastlane_cpus or min(p.max_cpus, MAX_SHAPE_CPUS), p.max_cpus)
+            mem = min(s.fastlane_memory_mb or p.max_memory_mb, p.max_memory_mb)
+            self._shapes[partition] = Shape(cpus, mem, min(s.fastlane_gpus, p.max_gpus),
+                                            min(s.fastlane_alloc_walltime_s, p.max_walltime_s))
+        return self._shapes[partition]
+
+    def misfit(self, spec: JobSpec) -> str | None:
+        """Why ``spec`` cannot run in the fast lane, or None."""
+        if not self.settings.fastlane:
+            return "the fast lane is turned off at this facility"
+        sh = self.shape(spec.partition)
+        cap = min(self.settings.fastlane_max_task_s, sh.walltime_s)
+        for what, asked, most in (("cpus", spec.cpus, sh.cpus), ("memory MB", spec.memory_mb, sh.memory_mb),
+                                  ("gpus", spec.gpus, sh.gpus), ("walltime s", spec.walltime_s, cap)):
+            if asked > most:
+                return f"{what} {asked} is more than a fast-lane task may have ({most})"
+        return None
+
+    def route(self, spec: JobSpec, key: PoolKey) -> tuple[str, JobSpec]:
+        """-> ('fast' or 'batch', the spec to run) for a spec whose lane may be
+        None/auto/fast/batch. 'fast' without a walltime gets the fast lane's cap; 'auto'
+        without one goes to batch (nothing says it is short)."""
+        lane = spec.lane or self.settings.default_lane
+        if lane == "batch":
+            return "batch", spec
+        if "walltime_s" not in spec.model_fields_set:
+            if lane == "auto":
+                return "batch", spec  # no walltime given: not known to be short
+            spec = spec.model_copy(update={"walltime_s": min(self.settings.fastlane_max_task_s, spec.walltime_s)})
+        why = self.misfit(spec)
+        pool = self.pools.get(key)
+        if why is None and pool is not None and pool.breaker_open:
+            why = f"the fast lane of pool {key.slug} is off after failed allocations ({pool.last_reason})"
+        if lane == "fast" and why:
+            raise InvalidRequest(f"lane 'fast': {why}", hint="submit with lane 'batch' or 'auto', or ask for less")
+        return ("batch", spec) if why else ("fast", spec)
+
+    # -- pools ----------------------------------------------------------------------
+    def _pool(self, key: PoolKey) -> Pool:
+        pool = self.pools.get(key)
+        if pool is None:
+            s = self.settings
+            cfg = PoolConfig(s.fastlane_min_allocations, s.fastlane_max_allocations, s.fastlane_max_queued,
+                             s.fastlane_idle_s, s.fastlane_start_timeout_s, s.fastlane_breaker_failures,
+                             s.fastlane_breaker_cooldown_s, host=_scheduler_host(s))
+            directory = self.dir / key.slug
+            directory.mkdir(parents=True, exist_ok=True)
+            _give(directory, key.unix_user)
+            tls_dir, security = _tls(directory / "tls", key.unix_user)
+            hooks = Hooks(lambda p: self._start_allocation(p, self._pilot_spec(p, tls_dir)),
+                          self._stop_allocation, self._allocation_state, self._done)
+            pool = Pool(key, self.shape(key.partition), directory, cfg, hooks, security)
+            self.pools[key] = pool
+            asyncio.ensure_future(pool.start())
+        return pool
+
+    def _pilot_spec(self, pool: Pool, tls_dir: Path) -> JobSpec:
+        sh = pool.shape
+        cmd = (f"exec {self.settings.fastlane_python or sys.executable} -m corral.fastlane.worker --scheduler {pool.address} --cpus {sh.cpus} "
+               f"--memory-mb {sh.memory_mb} --gpus {sh.gpus} --name alloc-$CORRAL_JOB_ID --tls-dir {tls_dir}")
+        return JobSpec(command=cmd, cpus=sh.cpus, memory=sh.memory_mb, gpus=sh.gpus, walltime=sh.walltime_s,
+                       partition=pool.key.partition, name=f"pool-{pool.key.slug}"[:64], lane="batch",
+                       labels={"corral-fastlane-pool": pool.key.slug})
+
+    async def tick(self) -> None:
+        for pool in list(self.pools.values()):
+            if pool.client is not None:
+                try:
+                    await pool.maintain()
+                except Exception:  # one pool's trouble must not stop the others
+                    log.exception("fast-lane pool %s: maintenance failed", pool.key.slug)
+
+    async def close(self) -> None:
+        for pool in self.pools.values():
+            await pool.close()
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [p.describe() for p in self.pools.values()]
+
+    # -- the Backend verbs for tasks ------------------------------------------------------
+    @staticmethod
+    def prefix(key: PoolKey) -> str:
+        return f"fast:{key.slug}:"
+
+    def submit(self, ctx: SubmitContext, spec: JobSpec, key: PoolKey) -> str:
+        pool = self._pool(key)
+        bid = f"{self.prefix(key)}{ctx.job_id}"
+        if ctx.job_id in pool.known:
+            return bid  # idempotent per job id
+        command = spec.command
+        if spec.script:
+            path = pool.dir / f"{ctx.job_id}.sh"
+            path.write_text(spec.script)
+            path.chmod(0o755)
+            _give(path, key.unix_user)
+            command = str(path) if spec.script.startswith("#!") else f"/bin/bash {path}"
+        env = {**self._env, **spec.env, "CORRAL_PRINCIPAL": ctx.principal}
+        if ctx.session:
+            env["CORRAL_SESSION"] = ctx.session
+        pool.enqueue(Task(ctx.job_id, {
+            "job_id": ctx.job_id, "command": command, "cpus": spec.cpus, "memory_mb": spec.memory_mb,
+            "gpus": spec.gpus, "walltime_s": spec.walltime_s, "env": env, "dir": str(pool.dir),
+            "workdir": spec.workdir}, idempotent=bool(spec.idempotent)))
+        return bid
+
+    def take_started(self) -> dict[int, float]:
+        """Tasks whose start the workers journaled since the last call -> start time."""
+        started: dict[int, float] = {}
+        for pool in self.pools.values():
+            for j in (pool.dir / launcher.JOURNALS).glob("*.jsonl"):
+                off = self._offsets.get(j, 0)
+                try:
+                    with open(j, "rb") as f:
+                        f.seek(off)
+                        data = f.read()
+                except OSError:
+                    continue
+                end = data.rfind(b"\n") + 1  # a line still being written waits for the next read
+                self._offsets[j] = off + end
+                for line in data[:end].splitlines():
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        continue
+                    if rec.get("event") == "started":
+                        started[rec["job_id"]] = rec["start"]
+                    else:
+                        started.pop(rec.get("job_id"), None)  # already over: its outcome is pushed
+        return started
+
+    def cancel(self, backend_ids: Sequence[str]) -> list[dict[str, Any]]:
+        """Cancel tasks; -> records of those dropped before they started (the rest report
+        CANCELLED when their worker has killed them)."""
+        by_slug: dict[str, set[int]] = {}
+        for bid in backend_ids:
+            slug, jid = parse_id(bid)
+            by_slug.setdefault(slug, set()).add(jid)
+        dropped: list[dict[str, Any]] = []
+        for pool in self.pools.values():
+            ids = by_slug.get(pool.key.slug)
+            if ids:
+                for jid in pool.cancel(ids):
+                    dropped.append({"job_id": jid, "state": "CANCELLED", "exit_code": None, "start": None,
+                                    "end": time.time(), "cpu_s": None, "reason": "cancelled before it started"})
+        return dropped
+
+    def output_paths(self, backend_id: str) -> OutputPaths:
+        slug, jid = parse_id(backend_id)
+        d = self.dir / slug
+        if not d.is_dir():
+            raise NotFound(f"the fast-lane output of job {jid} is gone")
+        return OutputPaths(d / f"{jid}.out", d / f"{jid}.err")
+
+    def recover(self, backend_id: str) -> dict[str, Any] | None:
+        """After a restart: the journaled record of a task, if its worker wrote one."""
+        slug, jid = parse_id(backend_id)
+        return launcher.read_journals(self.dir / slug).get(jid)
+
+
+def _scheduler_host(s: Settings) -> str:
+    # Workers on compute nodes must reach the scheduler: loopback only for the local backend.
+    return "127.0.0.1" if s.backend == "local" else os.environ.get("CORRAL_FASTLANE_HOST", "0.0.0.0")
+
+
+def _give(path: Path, unix_user: str | None) -> None:
+    """Hand a pool's files to its Unix user when the gateway runs as root. A user this
+    host does not know (the local backend runs everything as the gateway) keeps root's."""
+    if unix_user and os.geteuid() == 0:
+        try:
+            pw = pwd.getpwnam(unix_user)
+        except KeyError:
+            return
+        os.chown(path, pw.pw_uid, pw.pw_gid)
+
+
+def _tls(directory: Path, unix_user: str | None) -> tuple[Path, Any]:
+    """A fresh certificate per pool: only workers holding it (the pool's user) may join."""
+    from distributed.security import Security
+
+    sec = Security.temporary()
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for name, text in (("ca.pem", sec.tls_ca_file), ("cert.pem", sec.tls_worker_cert), ("key.pem", sec.tls_worker_key)):
+        path = directory / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        _give(path, unix_user)
+    _give(directory, unix_user)
+    return directory, sec

@@ -1,0 +1,308 @@
+"""One fast-lane pool: warm allocations of one Unix user and account on one partition,
+with one Dask scheduler that only that pool's workers join.
+
+    tasks ─enqueue─▶ pending ─dispatch (batches that fit one allocation)─▶ Dask scheduler
+                                                                              │
+    allocation (a pilot job: corral.fastlane.worker) ◀────── batches ─────────┘
+         └─ launcher runs each task as a process ─▶ results ─▶ the service records them
+
+Scaling: an allocation is started when tasks wait and there is none, or when the
+oldest has waited ``scale_after_s`` with every allocation busy, up to
+``max_allocations`` and at most ``max_queued`` not yet up; one is stopped after
+``idle_s`` without work, down to ``min_allocations``. A circuit breaker opens after
+``breaker_failures`` allocations in a row end (or run ``start_timeout_s``) without a
+worker joining, for
+``breaker_cooldown_s``: tasks then fail with the reason instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from ..jobs import JobState
+from . import launcher
+
+log = logging.getLogger("corral.fastlane")
+
+
+@dataclass(frozen=True)
+class PoolKey:
+    """What a pool belongs to: tasks of principals that differ here never share one."""
+
+    unix_user: str | None
+    account: str | None
+    partition: str | None
+
+    @property
+    def slug(self) -> str:
+        return "-".join(p or "_" for p in (self.unix_user, self.account, self.partition))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The resources of one allocation (one worker)."""
+
+    cpus: int
+    memory_mb: int
+    gpus: int
+    walltime_s: int
+
+
+@dataclass
+class PoolConfig:
+    min_allocations: int = 0
+    max_allocations: int = 2
+    max_queued: int = 1
+    idle_s: float = 120.0
+    start_timeout_s: float = 300.0
+    breaker_failures: int = 3
+    breaker_cooldown_s: float = 300.0
+    host: str = "127.0.0.1"
+    scale_after_s: float = 2.0
+    """Another allocation only once the oldest waiting task has waited this long."""
+
+
+@dataclass
+class Task:
+    job_id: int
+    spec: dict[str, Any]
+    """What the launcher needs: command, cpus, memory_mb, gpus, walltime_s, env, dir, workdir."""
+    idempotent: bool = False
+    submitted: float = field(default_factory=time.time)
+
+
+@dataclass
+class Allocation:
+    job_id: int
+    name: str
+    asked: float
+    up_since: float | None = None
+    running_since: float | None = None
+
+
+Done = Callable[[list[dict[str, Any]]], None]
+"""Receives finished tasks' records: job_id, state, exit_code, start, end, cpu_s, reason."""
+
+
+@dataclass
+class Hooks:
+    start_allocation: Callable[["Pool"], Awaitable[int]]
+    stop_allocation: Callable[[int], Awaitable[None]]
+    allocation_state: Callable[[int], tuple[JobState, str | None]]
+    done: Done
+
+
+class Pool:
+    def __init__(self, key: PoolKey, shape: Shape, directory: Path, cfg: PoolConfig, hooks: Hooks,
+                 security: Any = None) -> None:
+        self.key, self.shape, self.dir, self.cfg, self.hooks = key, shape, directory, cfg, hooks
+        self.security = security
+        self.pending: deque[Task] = deque()
+        self.inflight: dict[int, Task] = {}
+        self.known: set[int] = set()
+        """Every task waiting or running here: submit is idempotent per job id."""
+        self.allocations: dict[int, Allocation] = {}
+        self.failures = 0
+        self.open_until = 0.0
+        self.last_reason: str | None = None
+        self.last_work = time.monotonic()
+        self.scheduler: Any = None
+        self.client: Any = None
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- life ---------------------------------------------------------------------
+    async def start(self) -> None:
+        import dask
+        from distributed import Client, Scheduler
+
+        # A task must never run twice unless it says it may: no silent retries on a lost worker.
+        dask.config.set({"distributed.scheduler.allowed-failures": 0,
+                         "distributed.scheduler.work-stealing": True})
+        self.scheduler = await Scheduler(host=self.cfg.host, port=0, dashboard=False, security=self.security,
+                                         protocol="tls" if self.security else "tcp")
+        self.client = await Client(self.scheduler.address, asynchronous=True, security=self.security)
+        self._tasks = [asyncio.create_task(self._dispatch_loop(), name=f"fastlane-dispatch-{self.key.slug}")]
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for a in list(self.allocations.values()):
+            await self.hooks.stop_allocation(a.job_id)
+        if self.client is not None:
+            await self.client.close()
+        if self.scheduler is not None:
+            await self.scheduler.close()
+
+    @property
+    def address(self) -> str:
+        return str(self.scheduler.address)
+
+    @property
+    def breaker_open(self) -> bool:
+        return time.time() < self.open_until
+
+    def workers_up(self) -> dict[str, str]:
+        """Worker name -> address, for the workers connected now."""
+        return {str(ws.name): addr for addr, ws in self.scheduler.workers.items()}
+
+    # -- tasks --------------------------------------------------------------------
+    def enqueue(self, task: Task) -> None:
+        self.known.add(task.job_id)
+        self.pending.append(task)
+        self.last_work = time.monotonic()
+        self._wake.set()
+
+    def cancel(self, job_ids: set[int]) -> list[int]:
+        """Drop waiting tasks (returned) and tell workers to kill running ones."""
+        dropped = [t.job_id for t in self.pending if t.job_id in job_ids]
+        if dropped:
+            self.pending = deque(t for t in self.pending if t.job_id not in job_ids)
+            self.known.difference_update(dropped)
+        running = [j for j in job_ids if j in self.inflight]
+        if running and self.client is not None:
+            asyncio.ensure_future(self.client.run(launcher.cancel, running))
+        return dropped
+
+    def _batches(self) -> list[list[Task]]:
+        """Pending tasks cut into batches of at most an allocation's CPUs.
+        Batches are the engine's unit (one round trip each); slots are the launcher's:
+        a worker takes several batches at once and its launcher keeps every slot busy,
+        so a slow task in one batch never idles the others' slots."""
+        size = max(1, self.shape.cpus)
+        out: list[list[Task]] = []
+        while self.pending:
+            out.append([self.pending.popleft() for _ in range(min(size, len(self.pending)))])
+        return out
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(0)  # let a burst of submissions land in one round
+            if not self.workers_up() or not self.pending:
+                continue
+            for batch in self._batches():
+                for t in batch:
+                    self.inflight[t.job_id] = t
+                fut = self.client.submit(launcher.run_batch, [t.spec for t in batch], pure=False,
+                                         key=f"batch-{uuid.uuid4().hex}")
+                asyncio.ensure_future(self._collect(fut, batch))
+
+    async def _collect(self, fut: Any, batch: list[Task]) -> None:
+        try:
+            results: list[dict[str, Any]] = await fut
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the worker died (KilledWorker) or the batch could not run
+            results = self._salvage(batch, f"{type(e).__name__}: {e}"[:300])
+        finally:
+            for t in batch:
+                self.inflight.pop(t.job_id, None)
+            self.last_work = time.monotonic()
+        if results:
+            self.known.difference_update(int(r["job_id"]) for r in results)
+            self.hooks.done(results)
+        if self.pending:
+            self._wake.set()
+
+    def _salvage(self, batch: list[Task], why: str) -> list[dict[str, Any]]:
+        """A batch lost with its allocation: keep outcomes its worker journaled, rerun
+        what may be rerun, fail the rest with the reason."""
+        journal = launcher.read_journals(self.dir)
+        out: list[dict[str, Any]] = []
+        now = time.time()
+        for t in batch:
+            rec = journal.get(t.job_id)
+            if rec and rec.get("event") == "ended":
+                out.append(rec)
+            elif t.idempotent or rec is None:
+                log.info("fast-lane task %s requeued after its allocation was lost", t.job_id)
+                self.pending.append(t)  # never started, or marked idempotent: run it again
+            else:
+                out.append({"job_id": t.job_id, "state": "FAILED", "exit_code": None, "start": rec.get("start"),
+                            "end": now, "cpu_s": None,
+                            "reason": f"the fast-lane allocation was lost while the task ran ({why}); "
+                                      "mark the job idempotent to have it rerun"})
+        return out
+
+    # -- scaling --------------------------------------------------------------------
+    async def maintain(self) -> None:
+        """Called every tick: track allocations, scale, trip or close the breaker."""
+        up = self.workers_up()
+        now = time.time()
+        for a in list(self.allocations.values()):
+            if a.name in up and a.up_since is None:
+                a.up_since = now
+                self.failures = 0
+                self._wake.set()
+            state, reason = self.hooks.allocation_state(a.job_id)
+            if state is JobState.RUNNING and a.running_since is None:
+                a.running_since = now
+            # Waiting in the scheduler's queue is not failing; running without a worker is.
+            stuck = a.up_since is None and a.running_since is not None and now - a.running_since > self.cfg.start_timeout_s
+            if state.terminal or stuck:
+                del self.allocations[a.job_id]
+                if a.up_since is None:
+                    self._failed(a, reason if state.terminal else None)
+                    if not state.terminal:
+                        await self.hooks.stop_allocation(a.job_id)
+        queued = [a for a in self.allocations.values() if a.up_since is None]
+        waited = now - self.pending[0].submitted if self.pending else 0.0
+        if (self.pending and not self.breaker_open and len(self.allocations) < self.cfg.max_allocations
+                and len(queued) < self.cfg.max_queued
+                and (not self.allocations or (waited > self.cfg.scale_after_s and self._saturated()))):
+            await self._add()
+        elif len(self.allocations) < self.cfg.min_allocations and not self.breaker_open and not queued:
+            await self._add()
+        idle = time.monotonic() - self.last_work > self.cfg.idle_s
+        if idle and not self.pending and not self.inflight and len(self.allocations) > self.cfg.min_allocations:
+            # release one still queued first, else the newest
+            victim = max(self.allocations.values(), key=lambda a: (a.up_since is None, a.asked))
+            del self.allocations[victim.job_id]
+            log.info("fast-lane pool %s: releasing idle allocation %s", self.key.slug, victim.job_id)
+            await self.hooks.stop_allocation(victim.job_id)
+            self.last_work = time.monotonic()
+
+    def _failed(self, a: Allocation, reason: str | None) -> None:
+        self.failures += 1
+        self.last_reason = reason or f"no worker joined within {self.cfg.start_timeout_s:.0f} s of the job starting"
+        log.warning("fast-lane allocation %s of pool %s failed to start: %s", a.job_id, self.key.slug, self.last_reason)
+        if self.failures >= self.cfg.breaker_failures:
+            self.open_until = time.time() + self.cfg.breaker_cooldown_s
+            self._fail_pending(f"the fast lane of pool {self.key.slug} is off for {self.cfg.breaker_cooldown_s:.0f} s: "
+                               f"{self.failures} allocations in a row failed to start (last: {self.last_reason}); "
+                               "submit with lane=batch")
+
+    def _saturated(self) -> bool:
+        """Every allocation up has work for all its slots already."""
+        up = sum(1 for a in self.allocations.values() if a.up_since)
+        used = sum(t.spec["cpus"] for t in self.inflight.values())
+        return used >= up * self.shape.cpus
+
+    async def _add(self) -> None:
+        job_id = await self.hooks.start_allocation(self)
+        self.allocations[job_id] = Allocation(job_id, f"alloc-{job_id}", time.time())
+
+    def _fail_pending(self, reason: str) -> None:
+        now = time.time()
+        failed = [{"job_id": t.job_id, "state": "FAILED", "exit_code": None, "start": None, "end": now,
+                   "cpu_s": None, "reason": reason} for t in self.pending]
+        self.known.difference_update(t.job_id for t in self.pending)
+        self.pending.clear()
+        if failed:
+            self.hooks.done(failed)
+
+    def describe(self) -> dict[str, Any]:
+        return {"pool": self.key.slug, "unix_user": self.key.unix_user, "account": self.key.account,
+                "partition": self.key.partition, "shape": vars(self.shape),
+                "allocations": [{"job_id": a.job_id, "up": a.up_since is not None} for a in self.allocations.values()],
+                "pending": len(self.pending), "running": len(self.inflight),
+                "breaker": {"open": self.breaker_open, "failures": self.failures, "last_reason": self.last_reason}}

@@ -1,0 +1,246 @@
+"""The fast lane on the embedded default: a real gateway whose pool runs a real Dask
+worker as a local pilot job. A fast-lane task must be a job like any other over
+HTTP, the CLI and MCP; routing, accounting, isolation and failure are checked here
+(the Slurm side is in test_gateway_slurm.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import pytest
+from mcp import Client, StdioServerParameters
+
+from .conftest import Gateway, free_port
+
+
+@pytest.fixture
+def fast(tmp_path):
+    gw = Gateway(tmp_path / "home", free_port(), cpus=8,
+                 extra_env={"CORRAL_FASTLANE_CPUS": "4", "CORRAL_FASTLANE_MEMORY_MB": "4096"})
+    gw.home.mkdir()
+    gw.start()
+    yield gw
+    gw.kill(signal.SIGTERM)
+
+
+def people(gw: Gateway) -> dict[str, str]:
+    """alice (human, unix user alice/proj-a) with agent bot; carol (unix user carol)."""
+    with gw.http() as h:
+        for body in ({"name": "alice", "kind": "human", "unix_user": "alice", "account": "proj-a"},
+                     {"name": "carol", "kind": "human", "unix_user": "carol", "account": "proj-c"},
+                     {"name": "bot", "kind": "agent", "sponsor": "alice"}):
+            r = h.post("/v1/principals", json=body)
+            assert r.status_code == 201, r.text
+        return {n: h.post("/v1/tokens", json={"for": n, "expires": "1h"}).json()["token"] for n in ("alice", "carol", "bot")}
+
+
+def wait(gw: Gateway, token: str, job_id: int, until: str | None = None, timeout: float = 60) -> dict[str, Any]:
+    with gw.http(token) as h:
+        params: dict[str, Any] = {"timeout": timeout}
+        if until:
+            params["until"] = until
+        return h.get(f"/v1/jobs/{job_id}/wait", params=params).json()
+
+
+def test_a_fast_task_is_a_job_over_http_and_cli(fast: Gateway, tmp_path) -> None:
+    t = people(fast)
+    with fast.http(t["bot"], session="s-1") as h:
+        r = h.post("/v1/jobs", json={"command": "echo hello; echo oops >&2", "lane": "fast", "workdir": str(tmp_path)})
+        assert r.status_code == 201, r.text
+        job = r.json()
+        assert job["backend"] == "fast" and job["spec"]["lane"] == "fast" and job["spec"]["walltime"] == 600
+        done = wait(fast, t["bot"], job["id"])
+        assert done["state"] == "COMPLETED" and done["exit_code"] == 0 and done["start_time"] >= done["submit_time"]
+        assert h.get(f"/v1/jobs/{job['id']}/output").json()["data"] == "hello\n"
+        assert h.get(f"/v1/jobs/{job['id']}/output", params={"stream": "stderr"}).json()["data"] == "oops\n"
+        listed = h.get("/v1/jobs", params={"session": "s-1"}).json()["jobs"]
+        assert [j["id"] for j in listed] == [job["id"]]
+    # the CLI, unchanged: submit, wait, logs
+    sub = fast.cli_json("submit", "--lane", "fast", "-t", "1m", "--", "echo from-cli", token=t["bot"])
+    assert fast.cli_json("wait", str(sub["id"]), token=t["bot"])["state"] == "COMPLETED"
+    assert fast.cli("logs", str(sub["id"]), token=t["bot"]).stdout == "from-cli\n"
+    # failures and limits read as they do in the batch lane
+    with fast.http(t["bot"]) as h:
+        fail = h.post("/v1/jobs", json={"command": "exit 3", "lane": "fast"}).json()
+        slow = h.post("/v1/jobs", json={"command": "sleep 30", "lane": "fast", "walltime": "2s"}).json()
+        script = h.post("/v1/jobs", json={"script": "#!/bin/bash\necho from-script $CORRAL_LANE", "lane": "fast"}).json()
+    assert wait(fast, t["bot"], fail["id"])["exit_code"] == 3
+    assert wait(fast, t["bot"], slow["id"])["state"] == "TIMEOUT"
+    assert wait(fast, t["bot"], script["id"])["state"] == "COMPLETED"
+    with fast.http(t["bot"]) as h:
+        assert h.get(f"/v1/jobs/{script['id']}/output").json()["data"] == "from-script fast\n"
+
+
+def test_cancel_waiting_and_running_tasks(fast: Gateway) -> None:
+    t = people(fast)
+    with fast.http(t["bot"]) as h:
+        # four 1-CPU sleeps fill the 4-CPU allocation; the fifth waits for a slot
+        ids = [h.post("/v1/jobs", json={"command": "sleep 30", "lane": "fast", "walltime": "1m"}).json()["id"]
+               for _ in range(5)]
+        running = wait(fast, t["bot"], ids[0], until="RUNNING")
+        assert running["state"] == "RUNNING"
+        r = h.post("/v1/jobs/cancel", json={"ids": ids})
+        assert r.status_code == 200
+        done = h.post("/v1/jobs/wait", json={"ids": ids, "timeout": 30}).json()
+    assert done["reached"] and {j["state"] for j in done["jobs"]} == {"CANCELLED"}, done
+
+
+def test_routing(fast: Gateway) -> None:
+    t = people(fast)
+    with fast.http(t["bot"]) as h:
+        auto_short = h.post("/v1/jobs", json={"command": "true", "lane": "auto", "walltime": "30s"}).json()
+        auto_vague = h.post("/v1/jobs", json={"command": "true", "lane": "auto"}).json()  # no walltime: not known short
+        auto_big = h.post("/v1/jobs", json={"command": "true", "lane": "auto", "walltime": "30s", "cpus": 6}).json()
+        default = h.post("/v1/jobs", json={"command": "true", "walltime": "30s"}).json()
+        refused = h.post("/v1/jobs", json={"command": "true", "lane": "fast", "walltime": "2h"})
+        too_wide = h.post("/v1/jobs", json={"command": "true", "lane": "fast", "cpus": 6})
+    assert auto_short["backend"] == "fast"
+    assert auto_vague["backend"] == auto_big["backend"] == default["backend"] == "local"
+    assert refused.status_code == 400 and "walltime" in refused.json()["error"]["message"]
+    assert "lane 'batch'" in refused.json()["error"]["hint"]
+    assert too_wide.status_code == 400 and "cpus 6" in too_wide.json()["error"]["message"]
+
+
+def test_accounting_and_provenance(fast: Gateway) -> None:
+    t = people(fast)
+    with fast.http(t["bot"], session="acct-1") as h:
+        burn = h.post("/v1/jobs", json={"command": "python3 -c 'sum(range(30_000_000))'", "lane": "fast",
+                                        "walltime": "1m", "cpus": 2}).json()
+        assert wait(fast, t["bot"], burn["id"])["state"] == "COMPLETED"
+        usage = h.get("/v1/facility").json()["you"]["usage"]
+    assert usage["by_lane"]["fast"]["jobs"] == 1 and usage["by_lane"]["fast"]["cpu_hours"] > 0
+    assert usage["by_session"]["acct-1"]["cpu_hours"] == usage["cpu_hours"]
+    assert usage["measured_cpu_hours"] > 0  # the task's own rusage
+    with fast.http() as h:
+        pilots = h.get("/v1/jobs", params={"principal": "fastlane"}).json()["jobs"]
+        info = h.get("/v1/facility").json()["fast_lane"]
+    assert pilots and pilots[0]["session"] == "pool:alice-proj-a-_"  # the allocation says whose it is
+    assert [p["pool"] for p in info["pools"]] == ["alice-proj-a-_"]
+
+
+def test_pools_are_per_user_and_account(fast: Gateway) -> None:
+    t = people(fast)
+    ids = {}
+    for who in ("alice", "bot", "carol"):
+        with fast.http(t[who]) as h:
+            ids[who] = h.post("/v1/jobs", json={"command": "echo $CORRAL_PRINCIPAL", "lane": "fast"}).json()
+    for who, job in ids.items():
+        assert wait(fast, t[who], job["id"])["state"] == "COMPLETED"
+    # the agent shares its sponsor's user and account, hence its pool; carol has her own
+    assert ids["alice"]["backend_id"].split(":")[1] == ids["bot"]["backend_id"].split(":")[1] == "alice-proj-a-_"
+    assert ids["carol"]["backend_id"].split(":")[1] == "carol-proj-c-_"
+    with fast.http() as h:
+        pools = {p["pool"]: p for p in h.get("/v1/facility").json()["fast_lane"]["pools"]}
+        pilots = h.get("/v1/jobs", params={"principal": "fastlane"}).json()["jobs"]
+    assert set(pools) == {"alice-proj-a-_", "carol-proj-c-_"}
+    assert {p["session"] for p in pilots} == {"pool:alice-proj-a-_", "pool:carol-proj-c-_"}
+
+
+def _kill_workers(gw: Gateway) -> None:
+    """Kill the fast-lane workers of this gateway, as a node failure would."""
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if b"corral.fastlane.worker" in cmd and str(gw.home).encode() in b" ".join(cmd):
+                os.kill(int(pid), signal.SIGKILL)
+
+
+def test_an_allocation_that_dies_fails_or_reruns_its_tasks(fast: Gateway) -> None:
+    t = people(fast)
+    with fast.http(t["bot"]) as h:
+        once = h.post("/v1/jobs", json={"command": "sleep 20", "lane": "fast", "walltime": "1m"}).json()
+        again = h.post("/v1/jobs", json={"command": "sleep 3; echo rerun-ok", "lane": "fast", "walltime": "1m",
+                                         "idempotent": True}).json()
+    wait(fast, t["bot"], once["id"], until="RUNNING")
+    wait(fast, t["bot"], again["id"], until="RUNNING")
+    _kill_workers(fast)
+    failed = wait(fast, t["bot"], once["id"])
+    assert failed["state"] == "FAILED" and "allocation was lost" in failed["reason"] and "idempotent" in failed["reason"]
+    rerun = wait(fast, t["bot"], again["id"], timeout=120)  # a new allocation starts and runs it again
+    assert rerun["state"] == "COMPLETED", rerun
+    with fast.http(t["bot"]) as h:
+        assert h.get(f"/v1/jobs/{again['id']}/output").json()["data"] == "rerun-ok\n"
+
+
+def test_breaker_opens_when_allocations_cannot_start(tmp_path) -> None:
+    gw = Gateway(tmp_path / "home", free_port(), cpus=4, extra_env={
+        "CORRAL_FASTLANE_PYTHON": "/bin/false", "CORRAL_FASTLANE_BREAKER_FAILURES": "2",
+        "CORRAL_FASTLANE_CPUS": "2"})
+    gw.home.mkdir()
+    gw.start()
+    try:
+        with gw.http() as h:
+            job = h.post("/v1/jobs", json={"command": "true", "lane": "fast"}).json()
+            failed = h.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 60}).json()
+            assert failed["state"] == "FAILED" and "failed to start" in failed["reason"]
+            assert "lane=batch" in failed["reason"]
+            refused = h.post("/v1/jobs", json={"command": "true", "lane": "fast"})
+            assert refused.status_code == 400 and "off after failed allocations" in refused.json()["error"]["message"]
+            auto = h.post("/v1/jobs", json={"command": "true", "lane": "auto", "walltime": "30s"}).json()
+            assert auto["backend"] == "local"  # auto falls back to the batch lane
+            pool = h.get("/v1/facility").json()["fast_lane"]["pools"][0]
+            assert pool["breaker"]["open"] and pool["breaker"]["failures"] == 2
+    finally:
+        gw.kill(signal.SIGTERM)
+
+
+def test_restart_loses_nothing(fast: Gateway) -> None:
+    t = people(fast)
+    with fast.http(t["bot"]) as h:
+        done = h.post("/v1/jobs", json={"command": "echo before", "lane": "fast"}).json()
+        assert wait(fast, t["bot"], done["id"])["state"] == "COMPLETED"
+        rerun = h.post("/v1/jobs", json={"command": "sleep 2; echo after", "lane": "fast", "idempotent": True}).json()
+    wait(fast, t["bot"], rerun["id"], until="RUNNING")
+    fast.kill(signal.SIGKILL)
+    fast.start()
+    assert wait(fast, t["bot"], done["id"])["state"] == "COMPLETED"
+    final = wait(fast, t["bot"], rerun["id"], timeout=120)
+    assert final["state"] == "COMPLETED", final
+    with fast.http(t["bot"]) as h:
+        assert h.get(f"/v1/jobs/{done['id']}/output").json()["data"] == "before\n"
+        assert h.get(f"/v1/jobs/{rerun['id']}/output").json()["data"] == "after\n"
+        new = h.post("/v1/jobs", json={"command": "echo new", "lane": "fast"}).json()
+    assert wait(fast, t["bot"], new["id"])["state"] == "COMPLETED"
+
+
+def test_batch_submission_and_mcp(fast: Gateway) -> None:
+    t = people(fast)
+    with fast.http(t["bot"]) as h:
+        r = h.post("/v1/jobs/batch", json={"jobs": [{"command": f"echo {i}", "lane": "fast"} for i in range(20)]})
+        assert r.status_code == 201
+        ids = [j["id"] for j in r.json()["jobs"]]
+        done = h.post("/v1/jobs/wait", json={"ids": ids, "timeout": 60}).json()
+        assert done["reached"] and all(j["state"] == "COMPLETED" for j in done["jobs"])
+        assert h.get(f"/v1/jobs/{ids[7]}/output").json()["data"] == "7\n"
+        bad = h.post("/v1/jobs/batch", json={"jobs": [{"command": "true"}, {"command": "true", "cpus": 999}]})
+        assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("job 1:")
+        assert h.get("/v1/jobs", params={"limit": 1000}).json()["jobs"].__len__() == 20  # nothing of the bad batch
+
+    async def over_mcp() -> None:
+        params = StdioServerParameters(command=sys.executable, args=["-m", "corral.cli", "mcp"],
+                                       env=fast.env(t["bot"], CORRAL_SESSION="mcp-fast"))
+        async with Client(params) as client:
+            sub = await client.call_tool("submit_job", {"command": "echo via-mcp", "lane": "fast"})
+            job_id = json.loads(sub.content[0].text)["job_id"] if sub.structured_content is None \
+                else sub.structured_content["job_id"]
+            res = await client.call_tool("wait_for_job", {"job_id": job_id, "timeout_s": 60})
+            state = (res.structured_content or json.loads(res.content[0].text))["state"]
+            assert state == "COMPLETED"
+            out = await client.call_tool("job_output", {"job_id": job_id})
+            assert (out.structured_content or json.loads(out.content[0].text))["data"] == "via-mcp\n"
+            long = await client.call_tool("submit_job", {"command": "sleep 30", "lane": "fast", "walltime": "1m"})
+            lid = (long.structured_content or json.loads(long.content[0].text))["job_id"]
+            await client.call_tool("wait_for_job", {"job_id": lid, "until": "RUNNING", "timeout_s": 30})
+            await client.call_tool("cancel_job", {"job_id": lid})
+            end = await client.call_tool("wait_for_job", {"job_id": lid, "timeout_s": 30})
+            assert (end.structured_content or json.loads(end.content[0].text))["state"] == "CANCELLED"
+
