@@ -48,6 +48,7 @@ class Settings(BaseSettings):
     slurm_poll_s: float = Field(10.0, gt=0, description="Full squeue poll interval; jobs report their own start and end in between.")
     default_lane: Literal["batch", "fast", "auto"] = Field("batch", description="Lane of a submission that names none: 'batch' (the scheduler), 'fast' (warm pool) or 'auto'.")
     fastlane: bool = Field(True, description="Offer the fast lane: warm allocations that run many tiny tasks.")
+    fastlane_host: str | None = Field(None, description="Address the pools' schedulers listen on, reachable from the nodes (default: 127.0.0.1 for the local backend, this host's name for Slurm).")
     fastlane_python: str | None = Field(None, description="Python (with corral installed) that allocations run on the nodes; default: the gateway's own.")
     fastlane_dir: Path | None = Field(None, description="Fast-lane task output and journals; on a filesystem the nodes share. Default HOME/fastlane.")
     fastlane_cpus: int | None = Field(None, ge=1, description="CPUs of one fast-lane allocation (default: the partition's largest node, at most 32).")

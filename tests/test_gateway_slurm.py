@@ -135,3 +135,53 @@ def test_first_submission_while_slurmctld_is_down(tmp_path) -> None:
             assert h.get(f"/v1/jobs/{job['id']}/output").json()["data"] == "deferred\n"
     finally:
         gw.kill(signal.SIGTERM)
+
+
+def test_fast_lane_on_slurm(tmp_path) -> None:
+    """Tiny tasks through one warm Slurm allocation: a single Slurm job for many tasks,
+    carrying corral's provenance; scancel of the allocation mid-task fails the task
+    with the reason, or reruns it when it is idempotent."""
+    conf = slurm_conf()
+    env = {**os.environ, "SLURM_CONF": conf}
+    gw = Gateway(tmp_path / "home", free_port(), extra_env={
+        "CORRAL_BACKEND": "slurm", "SLURM_CONF": conf, "CORRAL_TICK_S": "0.3",
+        "CORRAL_FASTLANE_CPUS": "4", "CORRAL_FASTLANE_MEMORY_MB": "4000"})
+    gw.home.mkdir()
+    gw.start()
+    try:
+        with gw.http() as h:
+            h.post("/v1/principals", json={"name": "alice", "kind": "human"})
+            h.post("/v1/principals", json={"name": "bot", "kind": "agent", "sponsor": "alice"})
+            token = h.post("/v1/tokens", json={"for": "bot", "expires": "1h"}).json()["token"]
+        with gw.http(token, session="slurm-fast") as h:
+            r = h.post("/v1/jobs/batch", json={"jobs": [{"command": f"echo task-{i}", "lane": "fast"} for i in range(20)]})
+            ids = [j["id"] for j in r.json()["jobs"]]
+            done = h.post("/v1/jobs/wait", json={"ids": ids, "timeout": 120}).json()
+            assert done["reached"] and {j["state"] for j in done["jobs"]} == {"COMPLETED"}, done
+            assert h.get(f"/v1/jobs/{ids[3]}/output").json()["data"] == "task-3\n"
+            usage = h.get("/v1/facility").json()["you"]["usage"]
+            assert usage["by_lane"]["fast"]["jobs"] == 20 and usage["by_session"]["slurm-fast"]["jobs"] == 20
+        with gw.http() as h:
+            pilots = h.get("/v1/jobs", params={"principal": "fastlane"}).json()["jobs"]
+        assert len(pilots) == 1  # twenty tasks, one Slurm job
+        with gw.http() as h:
+            slurm_id = h.get(f"/v1/jobs/{pilots[0]['id']}").json()["backend_id"]
+        # running: the controller has it (sacct stores the comment when the job ends)
+        comment = subprocess.run(["squeue", "-h", "-j", slurm_id, "-o", "%k"], env=env, capture_output=True,
+                                 text=True).stdout
+        assert "principal=fastlane kind=service" in comment and "session=pool:" in comment
+
+        with gw.http(token) as h:
+            once = h.post("/v1/jobs", json={"command": "sleep 30", "lane": "fast", "walltime": "2m"}).json()
+            again = h.post("/v1/jobs", json={"command": "sleep 2; echo again", "lane": "fast", "walltime": "2m",
+                                             "idempotent": True}).json()
+            for j in (once, again):
+                assert h.get(f"/v1/jobs/{j['id']}/wait", params={"timeout": 60, "until": "RUNNING"}).json()["state"] == "RUNNING"
+            subprocess.run(["scancel", slurm_id], env=env, check=True)
+            failed = h.get(f"/v1/jobs/{once['id']}/wait", params={"timeout": 60}).json()
+            assert failed["state"] == "FAILED" and "allocation was lost" in failed["reason"], failed
+            rerun = h.get(f"/v1/jobs/{again['id']}/wait", params={"timeout": 120}).json()
+            assert rerun["state"] == "COMPLETED", rerun
+            assert h.get(f"/v1/jobs/{again['id']}/output").json()["data"] == "again\n"
+    finally:
+        gw.kill(signal.SIGTERM)

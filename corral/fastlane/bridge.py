@@ -34,6 +34,8 @@ PILOT_PRINCIPAL = "fastlane"
 
 class Lanes:
     def __init__(self, service: "Service") -> None:
+        # Dask logs every worker and client at INFO: the gateway's log is for its operators.
+        logging.getLogger("distributed").setLevel(logging.WARNING)
         self.service = service
         self.db = service.db
         self.fast = FastLane(service.settings, service.backend, self._start_pilot, self._stop_pilot,

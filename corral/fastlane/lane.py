@@ -23,6 +23,7 @@ import logging
 import time
 import os
 import pwd
+import socket
 import sys
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
@@ -37,10 +38,6 @@ from .pool import Hooks, Pool, PoolConfig, PoolKey, Shape, Task
 log = logging.getLogger("corral.fastlane")
 FAST = "fast"
 MAX_SHAPE_CPUS = 32
-
-
-def is_fast(backend_id: str | None) -> bool:
-    return bool(backend_id) and backend_id.startswith("fast:")  # type: ignore[union-attr]
 
 
 def parse_id(backend_id: str) -> tuple[str, int]:
@@ -237,7 +234,9 @@ class FastLane:
 
 def _scheduler_host(s: Settings) -> str:
     # Workers on compute nodes must reach the scheduler: loopback only for the local backend.
-    return "127.0.0.1" if s.backend == "local" else os.environ.get("CORRAL_FASTLANE_HOST", "0.0.0.0")
+    if s.fastlane_host:
+        return s.fastlane_host
+    return "127.0.0.1" if s.backend == "local" else socket.getfqdn()
 
 
 def _give(path: Path, unix_user: str | None) -> None:

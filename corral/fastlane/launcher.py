@@ -32,6 +32,7 @@ from typing import Any
 
 
 TICK_S = 0.25
+SUSPECT_WAIT_S = 2.0
 JOURNALS = "journals"
 """Subdirectory of a pool's directory: listing it stays cheap beside thousands of outputs."""
 SHELL_CHARS = set("|&;<>()$`\\\"'*?[]#~=%{}\n")
@@ -175,6 +176,7 @@ class Launcher:
         return rec
 
     def _reap(self, r: _Running, sel: selectors.BaseSelector) -> dict[str, Any]:
+        """Collect an ended task; -> the facts of its end (not yet recorded)."""
         sel.unregister(r.pidfd)
         os.close(r.pidfd)
         _, status, ru = os.wait4(r.pid, 0)
@@ -188,9 +190,18 @@ class Launcher:
         self.free.gpus = r.gpus + self.free.gpus
         state = r.state or ("COMPLETED" if code == 0 else "FAILED")
         reason = r.reason or (None if code == 0 else f"exit code {code}")
-        return self._finish_record(s, state, code, r.start, end, ru.ru_utime + ru.ru_stime, reason)
+        return {"spec": s, "state": state, "code": code, "start": r.start, "end": end,
+                "cpu_s": ru.ru_utime + ru.ru_stime, "reason": reason,
+                # SIGTERM/SIGKILL that this launcher did not send: most likely the whole
+                # allocation is being ended (scancel, node loss). Wait before reporting, so
+                # the task is counted lost with its allocation, not as its own failure.
+                "suspect": r.state is None and code in (128 + signal.SIGTERM, 128 + signal.SIGKILL)}
 
-    def _police(self, running: dict[int, _Running]) -> None:
+    def _record(self, e: dict[str, Any]) -> dict[str, Any]:
+        return self._finish_record(e["spec"], e["state"], e["code"], e["start"], e["end"], e["cpu_s"], e["reason"])
+
+    def _police(self, running: dict[int, _Running], full: bool) -> None:
+        """Kill what was cancelled; with ``full``, also what outran its walltime or memory."""
         now = time.time()
         for r in running.values():
             if r.state:
@@ -198,9 +209,9 @@ class Launcher:
             s = r.spec
             if s["job_id"] in self.cancelled:
                 r.state, r.reason = "CANCELLED", "cancelled"
-            elif now - r.start > s["walltime_s"]:
+            elif full and now - r.start > s["walltime_s"]:
                 r.state, r.reason = "TIMEOUT", f"ran past its walltime of {s['walltime_s']} s"
-            elif _rss_mb(r.pid) > s["memory_mb"]:
+            elif full and _rss_mb(r.pid) > s["memory_mb"]:
                 r.state, r.reason = "OUT_OF_MEMORY", f"used more than its {s['memory_mb']} MB of memory"
             if r.state:
                 try:
@@ -214,6 +225,7 @@ class Launcher:
         waiting: list[tuple[dict[str, Any], Future[dict[str, Any]]]] = []
         futures: dict[int, Future[dict[str, Any]]] = {}
         running: dict[int, _Running] = {}
+        deferred: list[tuple[float, Future[dict[str, Any]], dict[str, Any]]] = []
         last_police = time.monotonic()
         while True:
             try:
@@ -235,7 +247,7 @@ class Launcher:
                 else:
                     keep.append((s, f))
             waiting = keep
-            for key, _ in sel.select(timeout=TICK_S if running or waiting else None):
+            for key, _ in sel.select(timeout=TICK_S if running or waiting or deferred else None):
                 if key.data is None:
                     try:
                         os.read(self._r, 65536)
@@ -244,10 +256,21 @@ class Launcher:
                     continue
                 r = key.data
                 running.pop(r.pid)
-                futures.pop(r.pid).set_result(self._reap(r, sel))
-            if running and (self.cancelled or time.monotonic() - last_police >= TICK_S):
+                end = self._reap(r, sel)
+                fut = futures.pop(r.pid)
+                if end["suspect"]:
+                    deferred.append((time.monotonic() + SUSPECT_WAIT_S, fut, end))
+                else:
+                    fut.set_result(self._record(end))
+            now_m = time.monotonic()
+            for item in [d for d in deferred if d[0] <= now_m]:
+                deferred.remove(item)
+                item[1].set_result(self._record(item[2]))
+            full = time.monotonic() - last_police >= TICK_S
+            if running and (self.cancelled or full):
+                self._police(running, full)
+            if full:
                 last_police = time.monotonic()
-                self._police(running)
                 here = {r.spec["job_id"] for r in running.values()} | {w[0]["job_id"] for w in waiting}
                 old = time.monotonic() - 60
                 self.cancelled = {j: t for j, t in self.cancelled.items() if j in here or t > old}

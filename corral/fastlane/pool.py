@@ -255,10 +255,8 @@ class Pool:
                     if not state.terminal:
                         await self.hooks.stop_allocation(a.job_id)
         queued = [a for a in self.allocations.values() if a.up_since is None]
-        waited = now - self.pending[0].submitted if self.pending else 0.0
-        if (self.pending and not self.breaker_open and len(self.allocations) < self.cfg.max_allocations
-                and len(queued) < self.cfg.max_queued
-                and (not self.allocations or (waited > self.cfg.scale_after_s and self._saturated()))):
+        if (self._backlogged(now) and not self.breaker_open and len(self.allocations) < self.cfg.max_allocations
+                and len(queued) < self.cfg.max_queued):
             await self._add()
         elif len(self.allocations) < self.cfg.min_allocations and not self.breaker_open and not queued:
             await self._add()
@@ -281,11 +279,19 @@ class Pool:
                                f"{self.failures} allocations in a row failed to start (last: {self.last_reason}); "
                                "submit with lane=batch")
 
-    def _saturated(self) -> bool:
-        """Every allocation up has work for all its slots already."""
+    def _backlogged(self, now: float) -> bool:
+        """Tasks wait and no allocation is coming, or more CPUs are asked (queued here or
+        in the workers' launchers) than the allocations up have, and the oldest has
+        waited ``scale_after_s``: a burst one allocation drains in a second adds none."""
+        if self.pending and not self.allocations:
+            return True
+        tasks = [*self.pending, *self.inflight.values()]
+        if not tasks:
+            return False
         up = sum(1 for a in self.allocations.values() if a.up_since)
-        used = sum(t.spec["cpus"] for t in self.inflight.values())
-        return used >= up * self.shape.cpus
+        asked = sum(t.spec["cpus"] for t in tasks)
+        oldest = min(t.submitted for t in tasks)
+        return asked > up * self.shape.cpus and now - oldest > self.cfg.scale_after_s
 
     async def _add(self) -> None:
         job_id = await self.hooks.start_allocation(self)

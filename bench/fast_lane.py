@@ -1,0 +1,197 @@
+"""Fast lane: 1,000 tiny tasks from 10 agents, one sbatch per task versus corral's
+fast lane on the same real Slurm, in one run.
+
+    python bench/fast_lane.py [--quick] [--tasks 1000] [--agents 10]
+
+Arm A: 10 submitter threads each run ``sbatch --wrap CMD`` for their share; one
+poller watches ``squeue`` until every job has left the queue. Arm B: a corral
+gateway on the Slurm backend; each agent (its own principal) sends its share as one
+``POST /v1/jobs/batch`` with ``lane: fast`` and then one ``POST /v1/jobs/wait``. The
+pool is warmed first (one task), as an agent's session would find it; the cold start
+is reported apart, and ``slurm_jobs`` counts every allocation the fast lane made in
+the whole run, the warm-up's included. A third arm sends the same tasks one request each, for agents that
+do not batch. Makespan runs from the first submission to the last task seen ended.
+Dispatch latency (submit -> started, as corral records both) is reported for single
+tasks into the idle warm pool (``dispatch_p50_ms``) and over the 1,000-task burst,
+where it includes waiting for a free slot (``burst_dispatch_*``).
+slurmctld's RPC counts come from sdiag, reset before each arm. Each command (``true``,
+then ``sleep 0.5``) gets all arms. Needs the private Slurm of scripts/slurm-up.
+Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import GatewayProcess, pct  # noqa: E402
+from bench.control_plane import ENV, sdiag, sh  # noqa: E402
+
+
+def rpc_total(counts: dict[str, int]) -> int:
+    return sum(n for k, n in counts.items() if k != "REQUEST_STATS_INFO")
+
+
+def sbatch_arm(cmd: str, tasks: int, agents: int, workdir: str) -> dict[str, Any]:
+    sh("sdiag", "-r")
+    ids: list[str] = []
+    lock = threading.Lock()
+    t0 = time.perf_counter()
+
+    def agent(n: int) -> None:
+        for _ in range(n):
+            out = subprocess.run(["sbatch", "--parsable", "-p", "debug", "-t", "5", "-c", "1", "--mem", "100M",
+                                  "-o", "/dev/null", "-e", "/dev/null", "-D", workdir, "--wrap", cmd],
+                                 env=ENV, capture_output=True, text=True, check=True).stdout.strip()
+            with lock:
+                ids.append(out.split(";")[0])
+
+    threads = [threading.Thread(target=agent, args=(tasks // agents,)) for _ in range(agents)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    submitted = time.perf_counter() - t0
+    want = set(ids)
+    while True:  # one poller for everyone: the arm is about submission and queueing, not polling
+        q = set(sh("squeue", "-h", "-o", "%i").split())
+        if not (want & q):
+            break
+        time.sleep(0.2)
+    makespan = time.perf_counter() - t0
+    counts = sdiag()
+    return {"makespan_s": round(makespan, 3), "submit_s": round(submitted, 3), "slurm_jobs": len(ids),
+            "controller_rpcs": rpc_total(counts)}
+
+
+def _agents(gw: GatewayProcess, n: int) -> list[str]:
+    with gw.client() as h:
+        h.post("/v1/principals", json={"name": "sponsor", "kind": "human"})
+        out = []
+        for i in range(n):
+            h.post("/v1/principals", json={"name": f"agent{i}", "kind": "agent", "sponsor": "sponsor"})
+            out.append(h.post("/v1/tokens", json={"for": f"agent{i}", "expires": "2h"}).json()["token"])
+        return out
+
+
+def corral_arm(gw: GatewayProcess, tokens: list[str], cmd: str, tasks: int, batched: bool) -> dict[str, Any]:
+    per = tasks // len(tokens)
+    spec = {"command": cmd, "lane": "fast", "walltime": "5m", "memory": "100M"}
+    pilots_before = _pilots(gw)
+    sh("sdiag", "-r")
+    ids: list[int] = []
+    lock = threading.Lock()
+    errors: list[str] = []
+    t0 = time.perf_counter()
+
+    def agent(token: str) -> None:
+        with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {token}"}, timeout=120) as h:
+            if batched:
+                mine = [j["id"] for j in h.post("/v1/jobs/batch", json={"jobs": [spec] * per}).json()["jobs"]]
+            else:
+                mine = [h.post("/v1/jobs", json=spec).json()["id"] for _ in range(per)]
+            done = h.post("/v1/jobs/wait", json={"ids": mine, "timeout": 300}).json()
+            bad = [j for j in done["jobs"] if j["state"] != "COMPLETED"]
+            with lock:
+                ids.extend(mine)
+                errors.extend(f"{j['id']}: {j['state']} {j['reason']}" for j in bad)
+
+    threads = [threading.Thread(target=agent, args=(t,)) for t in tokens]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    makespan = time.perf_counter() - t0
+    counts = sdiag()
+    with gw.client() as h:
+        jobs = []
+        for i in range(0, len(ids), 500):
+            jobs += h.post("/v1/jobs/wait", json={"ids": ids[i:i + 500], "timeout": 0}).json()["jobs"]
+    dispatch = [(j["start_time"] - j["submit_time"]) * 1000 for j in jobs if j["start_time"]]
+    return {"makespan_s": round(makespan, 3), "tasks_per_s": round(len(ids) / makespan, 1),
+            "dispatch_p50_ms": round(pct(dispatch, 50), 2), "dispatch_p99_ms": round(pct(dispatch, 99), 2),
+            "new_slurm_jobs": _pilots(gw) - pilots_before, "controller_rpcs": rpc_total(counts),
+            "failed": len(errors), "errors": errors[:3]}
+
+
+def idle_dispatch(gw: GatewayProcess, token: str, n: int) -> dict[str, float]:
+    """One task at a time into the warm, idle pool: submit -> started, as corral records both."""
+    lat = []
+    with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as h:
+        for _ in range(n):
+            j = h.post("/v1/jobs", json={"command": "true", "lane": "fast", "walltime": "1m"}).json()
+            d = h.get(f"/v1/jobs/{j['id']}/wait", params={"timeout": 60}).json()
+            lat.append((d["start_time"] - d["submit_time"]) * 1000)
+    return {"p50_ms": round(pct(lat, 50), 2), "p99_ms": round(pct(lat, 99), 2), "n": n}
+
+
+def _pilots(gw: GatewayProcess) -> int:
+    with gw.client() as h:
+        return len(h.get("/v1/jobs", params={"principal": "fastlane", "limit": 1000}).json()["jobs"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="200 tasks, `true` only")
+    ap.add_argument("--tasks", type=int, default=1000)
+    ap.add_argument("--agents", type=int, default=10)
+    a = ap.parse_args()
+    tasks = 200 if a.quick else a.tasks
+    commands = ["true"] if a.quick else ["true", "sleep 0.5"]
+    workdir = tempfile.mkdtemp(prefix="corral-bench-fl-")
+    os.chmod(workdir, 0o777)
+    # sbatch first: a warm pool holds the (single) node, which would stall one-job-per-task
+    sbatch = {}
+    for cmd in commands:
+        sbatch[cmd] = sbatch_arm(cmd, tasks, a.agents, workdir)
+        print(f"[{cmd}] sbatch: {sbatch[cmd]}", file=sys.stderr)
+    gw = GatewayProcess("--backend", "slurm", env={"SLURM_CONF": ENV["SLURM_CONF"]})
+    results: dict[str, Any] = {}
+    try:
+        tokens = _agents(gw, a.agents)
+        t = time.perf_counter()
+        with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {tokens[0]}"}, timeout=120) as h:
+            first = h.post("/v1/jobs", json={"command": "true", "lane": "fast"}).json()
+            h.get(f"/v1/jobs/{first['id']}/wait", params={"timeout": 120})
+        cold = time.perf_counter() - t
+        print(f"pool warm after {cold:.1f} s (one allocation started through Slurm)", file=sys.stderr)
+        idle = idle_dispatch(gw, tokens[0], 20 if a.quick else 100)
+        print(f"dispatch into the idle warm pool: {idle}", file=sys.stderr)
+        for cmd in commands:
+            sb = sbatch[cmd]
+            fl = corral_arm(gw, tokens, cmd, tasks, batched=True)
+            print(f"[{cmd}] corral fast lane, batched: {fl}", file=sys.stderr)
+            one = corral_arm(gw, tokens, cmd, tasks, batched=False)
+            print(f"[{cmd}] corral fast lane, one request per task: {one}", file=sys.stderr)
+            results[cmd] = {"sbatch": sb, "fast": fl, "fast_per_request": one,
+                            "ratio": round(sb["makespan_s"] / fl["makespan_s"], 1),
+                            "ratio_per_request": round(sb["makespan_s"] / one["makespan_s"], 1)}
+        pilots = _pilots(gw)
+    finally:
+        gw.stop()
+    main_r = results["true"]
+    out = {"bench": "fast_lane", "tasks": tasks, "agents": a.agents,
+           "makespan_sbatch_s": main_r["sbatch"]["makespan_s"], "makespan_fast_s": main_r["fast"]["makespan_s"],
+           "ratio": main_r["ratio"], "tasks_per_s": main_r["fast"]["tasks_per_s"],
+           "dispatch_p50_ms": idle["p50_ms"], "dispatch_p99_ms": idle["p99_ms"],
+           "burst_dispatch_p50_ms": main_r["fast"]["dispatch_p50_ms"],
+           "burst_dispatch_p99_ms": main_r["fast"]["dispatch_p99_ms"],
+           "slurm_jobs": pilots, "slurm_jobs_sbatch": main_r["sbatch"]["slurm_jobs"],
+           "cold_start_s": round(cold, 2), "runs": results}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
