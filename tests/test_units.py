@@ -78,7 +78,7 @@ def test_tail_reads_only_the_end_of_a_big_file(tmp_path) -> None:
 
 def test_db_migrates_idempotency_and_terminal_states(tmp_path) -> None:
     db = Database(tmp_path / "c.db")
-    assert db.version == 1
+    assert db.version == 2
     db.add_principal(Principal("alice", Kind.HUMAN))
     spec = JobSpec(command="true")
     a, created_a = db.insert_job("alice", "s", "k", "local", spec)
@@ -89,7 +89,7 @@ def test_db_migrates_idempotency_and_terminal_states(tmp_path) -> None:
     assert db.get_job(a.id).state is JobState.COMPLETED  # type: ignore[union-attr]
     db.close()
     again = Database(tmp_path / "c.db")
-    assert again.version == 1 and again.get_job(a.id) is not None
+    assert again.version == 2 and again.get_job(a.id) is not None
     assert again.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
@@ -118,5 +118,9 @@ def test_usage_sums_cpu_and_gpu_hours(tmp_path) -> None:
     done, _ = db.insert_job("a", None, None, "local", JobSpec(command="x", cpus=4, gpus=2))
     db.update_job(done.id, JobState.COMPLETED, start_time=1000.0, end_time=1000.0 + 1800)
     db.insert_job("a", None, None, "local", JobSpec(command="never started"))
-    assert db.usage(["a"]) == {"jobs_by_state": {"COMPLETED": 1, "PENDING": 1}, "cpu_hours": 2.0, "gpu_hours": 1.0}
-    assert db.usage(["nobody"]) == {"jobs_by_state": {}, "cpu_hours": 0.0, "gpu_hours": 0.0}
+    u = db.usage(["a"])
+    assert (u["jobs_by_state"], u["cpu_hours"], u["gpu_hours"]) == ({"COMPLETED": 1, "PENDING": 1}, 2.0, 1.0)
+    assert u["by_lane"] == {"batch": {"cpu_hours": 2.0, "gpu_hours": 1.0, "jobs": 1}}
+    assert u["by_session"] == {"-": {"cpu_hours": 2.0, "gpu_hours": 1.0, "jobs": 1}}
+    assert db.usage(["nobody"]) == {"jobs_by_state": {}, "cpu_hours": 0.0, "gpu_hours": 0.0,
+                                    "measured_cpu_hours": 0.0, "by_lane": {}, "by_session": {}}
