@@ -10,7 +10,7 @@ import json
 import os
 import signal
 import sys
-import time
+
 from typing import Any
 
 import pytest
@@ -244,3 +244,5 @@ def test_batch_submission_and_mcp(fast: Gateway) -> None:
             end = await client.call_tool("wait_for_job", {"job_id": lid, "timeout_s": 30})
             assert (end.structured_content or json.loads(end.content[0].text))["state"] == "CANCELLED"
 
+
+    asyncio.run(over_mcp())

@@ -124,7 +124,7 @@ def _scatter(users: list[dict[str, Any]]) -> str:
         x = pad + (math.log10(tick) - lo) / (hi - lo) * w
         out.append(f'<text x="{x:.0f}" y="{h + 16}" class="small">{tick}</text>')
     out.append(f'<text x="{pad + w / 2 - 80}" y="{h + 34}" class="small">submissions per active hour (log)</text>')
-    out.append(f'<text x="2" y="12" class="small">off-hours</text>')
+    out.append('<text x="2" y="12" class="small">off-hours</text>')
     for u in users[:5000]:
         if not u.get("rate"):
             continue

@@ -126,8 +126,16 @@ class FastLane:
                           self._stop_allocation, self._allocation_state, self._done)
             pool = Pool(key, self.shape(key.partition), directory, cfg, hooks, security)
             self.pools[key] = pool
-            asyncio.ensure_future(pool.start())
+            asyncio.ensure_future(self._start(pool))
         return pool
+
+    async def _start(self, pool: Pool) -> None:
+        try:
+            await pool.start()
+        except Exception as e:  # e.g. no free port: its tasks must not wait forever
+            log.exception("fast-lane pool %s could not start", pool.key.slug)
+            del self.pools[pool.key]
+            pool.fail_pending(f"the fast-lane pool could not start ({e}); submit with lane=batch")
 
     def _pilot_spec(self, pool: Pool, tls_dir: Path) -> JobSpec:
         sh = pool.shape

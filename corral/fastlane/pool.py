@@ -275,7 +275,7 @@ class Pool:
         log.warning("fast-lane allocation %s of pool %s failed to start: %s", a.job_id, self.key.slug, self.last_reason)
         if self.failures >= self.cfg.breaker_failures:
             self.open_until = time.time() + self.cfg.breaker_cooldown_s
-            self._fail_pending(f"the fast lane of pool {self.key.slug} is off for {self.cfg.breaker_cooldown_s:.0f} s: "
+            self.fail_pending(f"the fast lane of pool {self.key.slug} is off for {self.cfg.breaker_cooldown_s:.0f} s: "
                                f"{self.failures} allocations in a row failed to start (last: {self.last_reason}); "
                                "submit with lane=batch")
 
@@ -297,7 +297,7 @@ class Pool:
         job_id = await self.hooks.start_allocation(self)
         self.allocations[job_id] = Allocation(job_id, f"alloc-{job_id}", time.time())
 
-    def _fail_pending(self, reason: str) -> None:
+    def fail_pending(self, reason: str) -> None:
         now = time.time()
         failed = [{"job_id": t.job_id, "state": "FAILED", "exit_code": None, "start": None, "end": now,
                    "cpu_s": None, "reason": reason} for t in self.pending]

@@ -16,11 +16,12 @@ import logging
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 from . import launcher
 
 
-def security(tls_dir: Path | None) -> object | None:
+def security(tls_dir: Path | None) -> Any:
     if tls_dir is None:
         return None
     from distributed.security import Security
