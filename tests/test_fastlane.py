@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import sys
-
 from typing import Any
 
 import pytest
