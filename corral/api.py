@@ -45,6 +45,14 @@ class CancelIn(BaseModel):
     ids: list[int] = Field(min_length=1, max_length=10_000)
 
 
+class NoteIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(min_length=1, max_length=20_000)
+    scope: str = Field("user", description="agent, user (you and your agents), account, session, facility (admins)")
+    expires: str | None = Field(None, description="e.g. '30d', '12h'; default: never")
+    job_id: int | None = Field(None, description="The job this note is about (provenance).")
+
+
 class WaitIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ids: list[int] = Field(min_length=1, max_length=10_000)
@@ -211,13 +219,35 @@ def create_app(service: Service) -> FastAPI:
     async def submit_batch(body: BatchIn, c: Caller = Depends(caller)) -> Response:
         """Up to 1,000 jobs in one request: all are checked before any is recorded."""
         jobs = await service.submit_many(c, body.jobs)
-        return ok({"jobs": [{**j.summary(), "backend": j.backend, "lane": j.spec.lane} for j in jobs]}, 201)
+        return ok({"jobs": [{**j.summary(), "backend": j.backend, "lane": j.spec.lane,
+                             **({"advice": j.advice} if j.advice else {})} for j in jobs]}, 201)
 
     @app.post("/v1/jobs/wait", tags=["jobs"])
     async def wait_many(body: WaitIn, c: Caller = Depends(caller)) -> Response:
         """Long-poll until all these jobs have ended (or the timeout): one request per sweep."""
         jobs, done = await service.wait_many(c, body.ids, body.timeout)
         return ok({"jobs": [j.summary() for j in jobs], "reached": done})
+
+    @app.post("/v1/notes", status_code=201, tags=["memory"])
+    async def remember(body: NoteIn, c: Caller = Depends(caller)) -> Response:
+        """Write a note (scope agent, user, account, session; facility for admins). Secrets are redacted."""
+        return ok(service.remember(c, body.text, body.scope, body.expires, body.job_id), 201)
+
+    @app.get("/v1/notes", tags=["memory"])
+    async def recall(c: Caller = Depends(caller), q: str = Query(..., description="Words to search for."),
+                     k: int = Query(5, ge=1, le=50)) -> Response:
+        """The k notes you may read that best match the words (BM25)."""
+        return ok({"notes": service.recall(c, q, k)})
+
+    @app.post("/v1/notes/{note_id}/promote", tags=["memory"])
+    async def promote(note_id: int, c: Caller = Depends(caller)) -> Response:
+        """Admins: make a note facility-wide."""
+        return ok(service.promote_note(c, note_id))
+
+    @app.post("/v1/advice", tags=["memory"])
+    async def advice(spec: JobSpec, c: Caller = Depends(caller)) -> Response:
+        """What corral remembers of a job like this one, without submitting it."""
+        return ok(await service.advice(c, spec))
 
     @app.post("/v1/jobs/cancel", tags=["jobs"])
     async def cancel_many(body: CancelIn, c: Caller = Depends(caller)) -> Response:

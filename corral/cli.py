@@ -163,6 +163,8 @@ def serve(**opts: Any) -> None:
                    "auto: fast when it fits (give --time). Default: the facility's.")
 @click.option("--idempotent", is_flag=True, default=None,
               help="The task may safely run twice: rerun it if its fast-lane allocation dies.")
+@click.option("--force", is_flag=True, default=None,
+              help="Run it even if this exact job just failed in a way that repeats (refused otherwise).")
 @click.pass_obj
 def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[str, ...],
            label_pairs: tuple[str, ...], idempotency_key: str | None, wait_s: float | None, **res: Any) -> None:
@@ -361,9 +363,10 @@ def token_revoke(o: Ctx, token_id: str) -> None:
 
 
 from .analytics.commands import analyze, synth  # noqa: E402  (they need no gateway)
+from .memory.commands import advice, recall, remember  # noqa: E402
 
-cli.add_command(analyze)
-cli.add_command(synth)
+for _cmd in (analyze, synth, remember, recall, advice):
+    cli.add_command(_cmd)
 
 
 def main() -> None:

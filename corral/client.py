@@ -127,6 +127,17 @@ class Client:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return self.request("POST", "/v1/jobs", json_body=spec, headers=headers)
 
+    def remember(self, text: str, scope: str = "user", expires: str | None = None,
+                 job_id: int | None = None) -> dict[str, Any]:
+        body = {"text": text, "scope": scope, "expires": expires, "job_id": job_id}
+        return self.request("POST", "/v1/notes", json_body={k: v for k, v in body.items() if v is not None})
+
+    def recall(self, query: str, k: int = 5) -> dict[str, Any]:
+        return self.request("GET", "/v1/notes", params={"q": query, "k": k})
+
+    def advice(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self.request("POST", "/v1/advice", json_body=spec)
+
     def job(self, job_id: int) -> dict[str, Any]:
         return self.request("GET", f"/v1/jobs/{job_id}")
 

@@ -62,6 +62,39 @@ MIGRATIONS: list[str] = [
     ALTER TABLE jobs ADD COLUMN cpu_s REAL;
     CREATE INDEX jobs_session ON jobs(principal, session);
     """,
+    # 3: memory (corral/memory): what became of each job, and notes with full-text search
+    """
+    CREATE TABLE episodes (
+        job_id INTEGER PRIMARY KEY REFERENCES jobs(id),
+        principal TEXT NOT NULL,
+        family TEXT NOT NULL,
+        account TEXT,
+        fingerprint TEXT NOT NULL,
+        resources TEXT NOT NULL,
+        memory_mb INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        exit_code INTEGER,
+        signature TEXT,
+        detail TEXT,
+        deterministic INTEGER NOT NULL DEFAULT 0,
+        ended REAL NOT NULL
+    );
+    CREATE INDEX episodes_fp ON episodes(fingerprint, family);
+    CREATE TABLE notes (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        text TEXT NOT NULL,
+        scope TEXT NOT NULL CHECK (scope IN ('facility', 'account', 'user', 'agent', 'session')),
+        author TEXT NOT NULL,
+        family TEXT NOT NULL,
+        account TEXT,
+        session TEXT,
+        job_id INTEGER,
+        created REAL NOT NULL,
+        expires REAL,
+        flags TEXT
+    );
+    CREATE VIRTUAL TABLE notes_fts USING fts5(text, content='notes', content_rowid='id');
+    """,
 ]
 
 _JOB_COLS = (
@@ -256,6 +289,11 @@ class Database:
                 start_time=COALESCE(start_time, ?), end_time=COALESCE(end_time, ?), cpu_s=COALESCE(?, cpu_s)
                 WHERE id=? AND state NOT IN ({','.join('?' * len(terminal))})""",
             [(st.value, code, reason, start, end, cpu, jid, *terminal) for jid, st, code, reason, start, end, cpu in updates])
+
+    def find_idempotent(self, principal: str, idem_key: str) -> Job | None:
+        row = self.conn.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE principal=? AND idem_key=?",
+                                (principal, idem_key)).fetchone()
+        return _row_to_job(row) if row else None
 
     def set_backend_id(self, job_id: int, backend_id: str) -> None:
         self.conn.execute("UPDATE jobs SET backend_id=? WHERE id=?", (backend_id, job_id))

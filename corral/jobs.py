@@ -122,6 +122,8 @@ class JobSpec(BaseModel):
                           "'auto': fast when it fits. Default: the facility's (usually batch).")
     idempotent: bool | None = Field(
         None, description="Safe to run twice: if the fast-lane allocation running it dies, rerun it instead of failing it.")
+    force: bool | None = Field(
+        None, description="Run even if this exact job just failed in a way that repeats (corral refuses that otherwise).")
 
     @model_validator(mode="after")
     def _one_of_command_or_script(self) -> "JobSpec":
@@ -160,6 +162,8 @@ class Job(BaseModel):
     start_time: float | None = None
     end_time: float | None = None
     spec: JobSpec
+    advice: list[str] = []
+    """What corral's memory says about this submission (set on submit, not stored)."""
 
     @property
     def terminal(self) -> bool:
@@ -185,4 +189,6 @@ class Job(BaseModel):
         out["backend"] = self.backend
         out["backend_id"] = self.backend_id
         out["spec"] = self.spec.public()
+        if self.advice:
+            out["advice"] = self.advice
         return out

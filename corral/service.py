@@ -37,12 +37,15 @@ class Service:
         self.watchers = Watchers(self.metrics)
         self.reconciler = Reconciler(
             db, self.backend, self.watchers, self.metrics, settings.tick_s, settings.max_backoff_s,
-            before_tick=self.submit_unsent,
+            before_tick=self.submit_unsent, after_change=self.remember_outcomes,
         )
         self._in_flight: set[int] = set()
         from .fastlane.bridge import Lanes  # the fast lane needs the service's parts, built above
 
         self.lanes: Lanes | None = Lanes(self) if settings.fastlane else None
+        from .memory.store import Memory
+
+        self.memory: Memory | None = Memory(db, settings.memory_share_account) if settings.memory else None
         # token -> (token record, principal, visible names). Every write to principals
         # or tokens clears it, so a revocation takes effect on the very next request.
         self._auth_cache: dict[str, tuple[dict[str, Any], Principal, frozenset[str]]] = {}
@@ -198,13 +201,56 @@ class Service:
         already used by this principal, returns that job and submits nothing."""
         if idempotency_key is not None and not (1 <= len(idempotency_key) <= 200):
             raise InvalidRequest("idempotency key must be 1-200 characters")
+        if idempotency_key is not None:
+            existing = self.db.find_idempotent(caller.name, idempotency_key)
+            if existing is not None:
+                return existing, False
         await self._check_spec(spec)
         spec, backend = self._route(caller.principal, spec)
+        advice = self._advise(caller.principal, spec)
         job, created = self.db.insert_job(caller.name, caller.session, idempotency_key, backend, spec)
         if created:
             await self._send(job, caller.principal)
             self.reconciler.kick()
-        return self.db.get_job(job.id) or job, created
+        job = self.db.get_job(job.id) or job
+        return (job.model_copy(update={"advice": advice}) if advice else job), created
+
+    def _advise(self, principal: Principal, spec: JobSpec, index: int | None = None) -> list[str]:
+        """What memory says of this submission; refuses an exact deterministic repeat."""
+        if self.memory is None:
+            return []
+        advice, refuse = self.memory.advise(principal, spec)
+        if refuse and self.settings.memory_refuse_repeats:
+            where = f"job {index}: " if index is not None else ""
+            raise Conflict(where + refuse, hint="set force (CLI --force, JSON \"force\": true) to run it anyway")
+        return advice
+
+    def remember_outcomes(self, job_ids: list[int]) -> None:
+        """Ended jobs become episodes (their failures' output read once, bounded)."""
+        if self.memory is None:
+            return
+        from .memory.store import read_tail
+
+        jobs = [j for j in self.db.get_jobs(list(job_ids)).values() if j.terminal and j.principal != "fastlane"]
+        principals: dict[str, Principal | None] = {}
+        items = []
+        for j in jobs:
+            if j.principal not in principals:
+                principals[j.principal] = self.db.get_principal(j.principal)
+            p = principals[j.principal]
+            if p is None:
+                continue
+            text = ""
+            if j.state is not JobState.COMPLETED and j.backend_id:
+                try:
+                    paths = self._output_paths(j)
+                    text = read_tail((paths.stdout, paths.stderr))
+                except CorralError:
+                    text = ""
+            items.append((j, p, text))
+        if items:
+            with self.db.transaction():
+                self.memory.record(items)
 
     async def submit_many(self, caller: Caller, specs: list[JobSpec]) -> list[Job]:
         """Many jobs in one call (an agent's sweep of tiny tasks): one preflight pass, one
@@ -232,6 +278,7 @@ class Service:
             log.warning("preflight skipped, the scheduler's limits are unavailable: %s", e)
         p = caller.principal
         routed = [self._route(p, s) for s in specs]
+        advice = [self._advise(p, spec, i) for i, (spec, _) in enumerate(routed)]
         with self.db.transaction():
             jobs = self.db.insert_jobs(caller.name, caller.session, [
                 (backend, self.lanes.prefix(p, spec) if backend == "fast" and self.lanes else None, spec)
@@ -245,7 +292,7 @@ class Service:
             else:
                 await self._send(job, p)
         self.reconciler.kick()
-        return jobs
+        return [j.model_copy(update={"advice": a}) if a else j for j, a in zip(jobs, advice, strict=True)]
 
     async def _send(self, job: Job, principal: Principal, *, raise_backend: bool = False) -> None:
         ctx = SubmitContext(job.id, principal.name, principal.kind.value, principal.sponsor, job.session,
@@ -387,13 +434,43 @@ class Service:
             raise InvalidRequest("offset and tail must be >= 0 and limit >= 1")
         if job.backend_id is None:
             return {"data": "", "offset": 0, "next_offset": 0, "size": 0, "eof": job.terminal, "stream": stream}
-        paths = (self.lanes.fast.output_paths(job.backend_id) if job.backend == "fast" and self.lanes
-                 else self.backend.output_paths(job.backend_id))
+        paths = self._output_paths(job)
         path = paths.stdout if stream == "stdout" else paths.stderr
         page = read_tail(path, tail, limit) if tail is not None else read_page(path, offset, limit)
         page["stream"] = stream
         page["job_state"] = job.state.value
         return page
+
+    # -- memory ---------------------------------------------------------------------------
+
+    def _mem(self) -> Any:
+        if self.memory is None:
+            raise InvalidRequest("memory is turned off at this facility (memory = false)")
+        return self.memory
+
+    def remember(self, caller: Caller, text: str, scope: str = "user", expires: str | None = None,
+                 job_id: int | None = None) -> dict[str, Any]:
+        if job_id is not None:
+            self.get_job(caller, job_id)  # provenance must be a job the author may see
+        return self._mem().remember(caller, text, scope, parse_duration_s(expires) if expires else None, job_id)
+
+    def recall(self, caller: Caller, query: str, k: int = 5) -> list[dict[str, Any]]:
+        return self._mem().recall(caller, query, k)
+
+    def promote_note(self, caller: Caller, note_id: int) -> dict[str, Any]:
+        return self._mem().promote(caller, note_id)
+
+    async def advice(self, caller: Caller, spec: JobSpec) -> dict[str, Any]:
+        """What corral would say of this submission, without submitting it."""
+        await self._check_spec(spec)
+        advice, refuse = self._mem().advise(caller.principal, spec)
+        return {"advice": advice, "would_refuse": refuse if self.settings.memory_refuse_repeats else None}
+
+    def _output_paths(self, job: Job) -> Any:
+        assert job.backend_id is not None
+        if job.backend == "fast" and self.lanes is not None:
+            return self.lanes.fast.output_paths(job.backend_id)
+        return self.backend.output_paths(job.backend_id)
 
     # -- facility ---------------------------------------------------------------------------
 

@@ -64,6 +64,7 @@ class Reconciler:
         tick_s: float,
         max_backoff_s: float = 30.0,
         before_tick: Callable[[], Awaitable[None]] | None = None,
+        after_change: Callable[[list[int]], None] | None = None,
     ) -> None:
         self.db = db
         self.backend = backend
@@ -72,6 +73,7 @@ class Reconciler:
         self.tick_s = tick_s
         self.max_backoff_s = max_backoff_s
         self.before_tick = before_tick
+        self.after_change = after_change
         self.degraded: str | None = None
         self.last_tick: float | None = None
         self._kick = asyncio.Event()
@@ -140,3 +142,5 @@ class Reconciler:
         self.metrics.tick_seconds.observe(time.perf_counter() - t0)
         if changed:
             self.watchers.notify(changed)
+            if self.after_change is not None:
+                self.after_change(changed)

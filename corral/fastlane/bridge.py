@@ -69,7 +69,9 @@ class Lanes:
         with self.db.transaction():
             self.db.update_jobs([(int(r["job_id"]), JobState(r["state"]), r.get("exit_code"), r.get("reason"),
                                   r.get("start"), r.get("end"), r.get("cpu_s")) for r in results])
-        self.service.watchers.notify([int(r["job_id"]) for r in results])
+        ids = [int(r["job_id"]) for r in results]
+        self.service.watchers.notify(ids)
+        self.service.remember_outcomes(ids)
 
     def _mark_started(self) -> None:
         started = self.fast.take_started()

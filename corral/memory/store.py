@@ -1,0 +1,213 @@
+"""corral's memory of outcomes and notes, in the gateway's SQLite database.
+
+**Episodes.** Every job that ends becomes one row: a fingerprint of what it ran (the
+command or script with comments and spacing normalized), its resources, its state and
+exit code, and an error signature read from its output (``signatures``). At submit time
+``advise`` looks up the episodes of the same fingerprint in the submitter's *family*
+(a person and the agents they sponsor; with ``memory_share_account``, the whole
+account) and says what happened before. The exact repeat (same fingerprint, same
+resources) of a job whose last run failed deterministically is refused unless the
+submission says ``force``.
+
+**Notes.** Agents and people write notes with a scope: ``agent`` (only its author),
+``user`` (the family), ``account``, ``session``, or ``facility`` (everyone; only an admin
+writes or promotes to it). Notes carry provenance (author, time, job) and may expire.
+They are guarded on write (``guard``): secrets redacted, suspected injection flagged.
+Recall is SQLite FTS5 with BM25 ranking, filtered to what the caller may read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from ..db import Database
+from ..errors import Forbidden, InvalidRequest, NotFound
+from ..jobs import Job, JobSpec
+from ..principals import Caller, Kind, Principal
+from . import guard, signatures
+
+SCOPES = ("facility", "account", "user", "agent", "session")
+REPEAT_WINDOW_S = 7 * 86400
+"""Failures older than this no longer block an exact repeat (the facility may have changed)."""
+
+
+def family(p: Principal) -> str:
+    """The person an agent acts for, or the person themself: the unit that shares memory."""
+    return p.sponsor if p.kind is Kind.AGENT and p.sponsor else p.name
+
+
+def fingerprint(spec: JobSpec) -> str:
+    text = spec.command or spec.script or ""
+    lines = [re.sub(r"\s+", " ", ln).strip() for ln in text.splitlines()]
+    kept = [ln for ln in lines if ln and not (ln.startswith("#") and not ln.startswith(("#!", "#SBATCH")))]
+    return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:32]
+
+
+def resources(spec: JobSpec) -> str:
+    return f"cpus={spec.cpus} mem={spec.memory_mb}M gpus={spec.gpus} partition={spec.partition or '-'}"
+
+
+def _mem(mb: int) -> str:
+    return f"{mb // 1024}G" if mb % 1024 == 0 else f"{mb}M"
+
+
+def read_tail(paths: tuple[Path, Path], limit: int = 16_384) -> str:
+    out = []
+    for p in paths:
+        try:
+            with open(p, "rb") as f:
+                f.seek(max(0, p.stat().st_size - limit))
+                out.append(f.read().decode("utf-8", "replace"))
+        except OSError:
+            continue
+    return "\n".join(out)
+
+
+class Memory:
+    def __init__(self, db: Database, share_account: bool = False) -> None:
+        self.db = db
+        self.share_account = share_account
+
+    # -- episodes -----------------------------------------------------------------------
+    def record(self, items: list[tuple[Job, Principal, str]]) -> None:
+        """Episodes of ended jobs: (job, its principal, the tail of its output, read only
+        for failures). One statement for many; a job already remembered is skipped."""
+        rows = []
+        for job, principal, output in items:
+            sig = signatures.extract(job.state.value, job.exit_code, output)
+            rows.append((job.id, principal.name, family(principal), principal.account, fingerprint(job.spec),
+                         resources(job.spec), job.spec.memory_mb, job.state.value, job.exit_code,
+                         sig.name if sig else None, sig.detail if sig else None, int(bool(sig and sig.deterministic)),
+                         job.end_time or time.time()))
+        self.db.conn.executemany(
+            """INSERT OR IGNORE INTO episodes (job_id, principal, family, account, fingerprint, resources, memory_mb,
+               state, exit_code, signature, detail, deterministic, ended) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)""", rows)
+
+    def episode(self, job_id: int) -> dict[str, Any] | None:
+        r = self.db.conn.execute("SELECT signature, detail, deterministic FROM episodes WHERE job_id=?",
+                                 (job_id,)).fetchone()
+        return {"signature": r[0], "detail": r[1], "deterministic": bool(r[2])} if r else None
+
+    def _episodes(self, principal: Principal, fp: str) -> list[dict[str, Any]]:
+        where, args = "fingerprint=? AND family=?", [fp, family(principal)]
+        if self.share_account and principal.account:
+            where, args = "fingerprint=? AND (family=? OR account=?)", [fp, family(principal), principal.account]
+        rows = self.db.conn.execute(
+            f"""SELECT job_id, principal, resources, memory_mb, state, exit_code, signature, detail, deterministic, ended
+                FROM episodes WHERE {where} ORDER BY ended DESC LIMIT 50""", args).fetchall()
+        keys = ("job_id", "principal", "resources", "memory_mb", "state", "exit_code", "signature", "detail",
+                "deterministic", "ended")
+        return [dict(zip(keys, r, strict=True)) for r in rows]
+
+    def advise(self, principal: Principal, spec: JobSpec) -> tuple[list[str], str | None]:
+        """-> (advice for this submission, why it is refused or None)."""
+        eps = self._episodes(principal, fingerprint(spec))
+        if not eps:
+            return [], None
+        advice: list[str] = []
+        res = resources(spec)
+        failures: dict[str, list[dict[str, Any]]] = {}
+        for e in eps:
+            if e["signature"]:
+                failures.setdefault(e["signature"], []).append(e)
+        hints = {n: h for n, _, _, h in signatures.PATTERNS} | {v[0]: v[2] for v in signatures.STATE_SIGNATURES.values()}
+        for name, fs in failures.items():
+            last = fs[0]
+            what = f"{name}: {last['detail']}" if last["detail"] else name
+            at = f" at {_mem(last['memory_mb'])}" if name == "out_of_memory" else ""
+            advice.append(f"this script failed {len(fs)} time(s) with {what}{at} (last: job {last['job_id']}); "
+                          f"{hints.get(name, '')}".rstrip("; "))
+            if name == "out_of_memory":
+                bigger = [e for e in eps if e["state"] == "COMPLETED" and e["memory_mb"] > last["memory_mb"]]
+                if bigger:
+                    advice.append(f"a similar run succeeded with {_mem(bigger[0]['memory_mb'])} "
+                                  f"(job {bigger[0]['job_id']})")
+        ok = [e for e in eps if e["state"] == "COMPLETED"]
+        if ok and not failures:
+            advice.append(f"this script succeeded {len(ok)} time(s) before (last: job {ok[0]['job_id']}, "
+                          f"{ok[0]['resources']})")
+        same = [e for e in eps if e["resources"] == res]
+        refuse = None
+        if same and same[0]["deterministic"] and time.time() - same[0]["ended"] < REPEAT_WINDOW_S and not spec.force:
+            n = sum(1 for e in same if e["signature"] == same[0]["signature"])
+            refuse = (f"this exact job (same script, {res}) failed {n} time(s) with {same[0]['signature']}"
+                      f"{': ' + same[0]['detail'] if same[0]['detail'] else ''} (last: job {same[0]['job_id']}), "
+                      "and that failure repeats by itself; change the script or resources, or resubmit with force")
+        return advice, refuse
+
+    # -- notes ----------------------------------------------------------------------------
+    def remember(self, caller: Caller, text: str, scope: str = "user", expires_s: float | None = None,
+                 job_id: int | None = None) -> dict[str, Any]:
+        if scope not in SCOPES:
+            raise InvalidRequest(f"unknown scope {scope!r}; use one of: {', '.join(SCOPES)}")
+        if not text.strip() or len(text) > 20_000:
+            raise InvalidRequest("a note is 1 to 20,000 characters of text")
+        p = caller.principal
+        if scope == "facility" and not p.is_admin:
+            raise Forbidden("only an admin writes facility notes; write it with scope 'user' and ask an admin to "
+                            "promote it")
+        if scope == "session" and not caller.session:
+            raise InvalidRequest("scope 'session' needs a session (X-Corral-Session or CORRAL_SESSION)")
+        if scope == "account" and not p.account:
+            raise InvalidRequest(f"{p.name} has no account; use scope 'user'")
+        if expires_s is not None and expires_s <= 0:
+            raise InvalidRequest("expires must be a positive duration, e.g. '30d'")
+        clean, secrets = guard.redact(text)
+        flags = {"redacted": secrets} if secrets else {}
+        if guard.suspicious(clean):
+            flags["suspected_injection"] = True
+        now = time.time()
+        cur = self.db.conn.execute(
+            """INSERT INTO notes (text, scope, author, family, account, session, job_id, created, expires, flags)
+               VALUES (?,?,?,?,?,?,?,?,?,?)""",
+            (clean, scope, p.name, family(p), p.account, caller.session, job_id, now,
+             now + expires_s if expires_s else None, json.dumps(flags) if flags else None))
+        nid = int(cur.lastrowid)  # type: ignore[arg-type]
+        self.db.conn.execute("INSERT INTO notes_fts (rowid, text) VALUES (?, ?)", (nid, clean))
+        return self._note(nid)
+
+    def _visible(self, caller: Caller) -> tuple[str, list[Any]]:
+        p = caller.principal
+        if p.is_admin:
+            return "1=1", []
+        return ("""(n.scope='facility' OR (n.scope='account' AND n.account=?) OR (n.scope='user' AND n.family=?)
+                   OR (n.scope='agent' AND n.author=?) OR (n.scope='session' AND n.author=? AND n.session=?))""",
+                [p.account, family(p), p.name, p.name, caller.session])
+
+    def recall(self, caller: Caller, query: str, k: int = 5) -> list[dict[str, Any]]:
+        if not 1 <= k <= 50:
+            raise InvalidRequest("k must be between 1 and 50")
+        terms = re.findall(r"\w+", query.lower())
+        if not terms:
+            raise InvalidRequest("give some words to search for")
+        match = " OR ".join(f'"{t}"' for t in terms[:32])
+        vis, args = self._visible(caller)
+        rows = self.db.conn.execute(
+            f"""SELECT n.id, bm25(notes_fts) FROM notes_fts JOIN notes n ON n.id = notes_fts.rowid
+                WHERE notes_fts MATCH ? AND {vis} AND (n.expires IS NULL OR n.expires > ?)
+                ORDER BY bm25(notes_fts) LIMIT ?""", [match, *args, time.time(), k]).fetchall()
+        return [{**self._note(r[0]), "score": round(-r[1], 3)} for r in rows]
+
+    def promote(self, caller: Caller, note_id: int) -> dict[str, Any]:
+        if not caller.principal.is_admin:
+            raise Forbidden("only an admin promotes notes to facility scope")
+        if self.db.conn.execute("UPDATE notes SET scope='facility' WHERE id=?", (note_id,)).rowcount == 0:
+            raise NotFound(f"no note {note_id}")
+        return self._note(note_id)
+
+    def _note(self, nid: int) -> dict[str, Any]:
+        r = self.db.conn.execute(
+            "SELECT id, text, scope, author, session, job_id, created, expires, flags FROM notes WHERE id=?",
+            (nid,)).fetchone()
+        flags = json.loads(r[8]) if r[8] else {}
+        note = {"id": r[0], "text": r[1], "scope": r[2], "author": r[3], "session": r[4], "job_id": r[5],
+                "created": r[6], "expires": r[7], **({"flags": flags} if flags else {})}
+        if flags.get("suspected_injection"):
+            # Handed to a model as quoted data, never as instructions.
+            note["text"] = f"<untrusted-note author={r[3]!r}>\n{r[1]}\n</untrusted-note>"
+        return note
