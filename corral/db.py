@@ -77,9 +77,11 @@ MIGRATIONS: list[str] = [
         signature TEXT,
         detail TEXT,
         deterministic INTEGER NOT NULL DEFAULT 0,
-        ended REAL NOT NULL
+        ended REAL NOT NULL,
+        cache_key TEXT
     );
     CREATE INDEX episodes_fp ON episodes(fingerprint, family);
+    CREATE INDEX episodes_cache ON episodes(cache_key, principal) WHERE cache_key IS NOT NULL;
     CREATE TABLE notes (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         text TEXT NOT NULL,
@@ -94,6 +96,7 @@ MIGRATIONS: list[str] = [
         flags TEXT
     );
     CREATE VIRTUAL TABLE notes_fts USING fts5(text, content='notes', content_rowid='id');
+    CREATE VIRTUAL TABLE notes_vocab USING fts5vocab(notes_fts, 'row');
     """,
 ]
 

@@ -122,6 +122,12 @@ class JobSpec(BaseModel):
                           "'auto': fast when it fits. Default: the facility's (usually batch).")
     idempotent: bool | None = Field(
         None, description="Safe to run twice: if the fast-lane allocation running it dies, rerun it instead of failing it.")
+    cache: bool | None = Field(
+        None, description="Reuse the result of an earlier successful run of exactly this job (script, inputs, "
+                          "environment, resources) instead of running it again.")
+    inputs: list[str] | None = Field(
+        None, max_length=256, description="Absolute paths of the files the job reads: with cache, a change to any "
+                                          "of them means a new run.")
     force: bool | None = Field(
         None, description="Run even if this exact job just failed in a way that repeats (corral refuses that otherwise).")
 
@@ -138,6 +144,9 @@ class JobSpec(BaseModel):
                 raise ValueError(f"environment variable name {key!r} is invalid; use letters, digits and _")
         if len(self.labels) > 32:
             raise ValueError("at most 32 labels per job")
+        for path in self.inputs or []:
+            if not path.startswith("/"):
+                raise ValueError(f"input {path!r} must be an absolute path")
         return self
 
     def public(self) -> dict[str, Any]:

@@ -206,6 +206,11 @@ class Service:
             if existing is not None:
                 return existing, False
         await self._check_spec(spec)
+        if spec.cache and self.memory is not None:
+            hit = await self._cache_hit(caller.principal, spec)
+            if isinstance(hit, Job):
+                return hit, False
+            spec = hit
         spec, backend = self._route(caller.principal, spec)
         advice = self._advise(caller.principal, spec)
         job, created = self.db.insert_job(caller.name, caller.session, idempotency_key, backend, spec)
@@ -214,6 +219,18 @@ class Service:
             self.reconciler.kick()
         job = self.db.get_job(job.id) or job
         return (job.model_copy(update={"advice": advice}) if advice else job), created
+
+    async def _cache_hit(self, principal: Principal, spec: JobSpec) -> Job | JobSpec:
+        """The earlier job with this exact result, or the spec carrying its cache key."""
+        from .memory.store import CACHE_LABEL, cache_key
+
+        key = await asyncio.to_thread(cache_key, spec)  # hashes the inputs: off the event loop
+        earlier = self.memory.cached(principal, key) if self.memory else None
+        job = self.db.get_job(earlier) if earlier is not None else None
+        if job is not None:
+            return job.model_copy(update={"advice": [f"result reused from job {job.id}: same script, inputs, "
+                                                     "environment and resources (cache hit)"]})
+        return spec.model_copy(update={"labels": {**spec.labels, CACHE_LABEL: key}})
 
     def _advise(self, principal: Principal, spec: JobSpec, index: int | None = None) -> list[str]:
         """What memory says of this submission; refuses an exact deterministic repeat."""

@@ -154,3 +154,29 @@ def test_notes_scopes_guard_and_recall(gateway: Gateway) -> None:
             assert notes and "gres" in notes[0]["text"]
 
     asyncio.run(over_mcp())
+
+
+def test_result_cache_reuses_only_an_identical_successful_run(gateway: Gateway, tmp_path) -> None:
+    t = _family(gateway)
+    data = tmp_path / "input.csv"
+    data.write_text("1,2,3\n")
+    job = {"command": f"wc -c < {data}", "cache": True, "inputs": [str(data)], "workdir": str(tmp_path)}
+    with gateway.http(t["bot1"]) as h:
+        first = h.post("/v1/jobs", json=job).json()
+        assert _wait(h, first["id"])["state"] == "COMPLETED"
+        time.sleep(0.5)
+        hit = h.post("/v1/jobs", json=job)
+        assert hit.status_code == 200 and hit.json()["id"] == first["id"] and not hit.json()["created"]
+        assert "cache hit" in hit.json()["advice"][0]
+        env = h.post("/v1/jobs", json={**job, "env": {"SEED": "2"}}).json()  # another environment: runs
+        assert env["id"] != first["id"] and env["created"]
+        data.write_text("1,2,3,4\n")  # an input changed: runs again, sees the new content
+        changed = h.post("/v1/jobs", json=job).json()
+        assert changed["id"] != first["id"]
+        assert _wait(h, changed["id"])["state"] == "COMPLETED"
+        assert h.get(f"/v1/jobs/{changed['id']}/output").json()["data"].strip() == "8"
+        bad = h.post("/v1/jobs", json={**job, "inputs": [str(tmp_path / "missing.csv")]})
+        assert bad.status_code == 400 and "missing.csv" in bad.json()["error"]["message"]
+    with gateway.http(t["bot2"]) as h:  # a cache is its principal's own: bot2 cannot read bot1's job
+        other = h.post("/v1/jobs", json=job).json()
+        assert other["created"] and other["id"] != changed["id"]

@@ -32,6 +32,12 @@ from ..principals import Caller, Kind, Principal
 from . import guard, signatures
 
 SCOPES = ("facility", "account", "user", "agent", "session")
+COMMON_SHARE = 0.05
+STOPWORDS = frozenset(
+    "a an and are as at be but by can do does for from how i in is it its my of on or should so that the their "
+    "this to use was what when where which who why will with you your".split())
+CACHE_LABEL = "corral-cache-key"
+"""The job's cache key, computed at submit (inputs as they were then) and kept in its labels."""
 REPEAT_WINDOW_S = 7 * 86400
 """Failures older than this no longer block an exact repeat (the facility may have changed)."""
 
@@ -50,6 +56,24 @@ def fingerprint(spec: JobSpec) -> str:
 
 def resources(spec: JobSpec) -> str:
     return f"cpus={spec.cpus} mem={spec.memory_mb}M gpus={spec.gpus} partition={spec.partition or '-'}"
+
+
+def cache_key(spec: JobSpec) -> str:
+    """What decides a result: the script, the declared inputs' contents, the environment,
+    the working directory and the resources. Any change is a new key."""
+    h = hashlib.sha256()
+    h.update(fingerprint(spec).encode())
+    h.update(json.dumps({"env": spec.env, "workdir": spec.workdir, "res": resources(spec),
+                         "walltime": spec.walltime_s}, sort_keys=True).encode())
+    for path in sorted(spec.inputs or []):
+        h.update(path.encode())
+        try:
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+        except OSError as e:
+            raise InvalidRequest(f"input {path!r} cannot be read ({e.strerror}); fix the path or drop it") from None
+    return h.hexdigest()
 
 
 def _mem(mb: int) -> str:
@@ -72,6 +96,8 @@ class Memory:
     def __init__(self, db: Database, share_account: bool = False) -> None:
         self.db = db
         self.share_account = share_account
+        self._df: dict[str, tuple[int, float]] = {}
+        """term -> (notes holding it, when read): document frequencies change slowly."""
 
     # -- episodes -----------------------------------------------------------------------
     def record(self, items: list[tuple[Job, Principal, str]]) -> None:
@@ -80,13 +106,22 @@ class Memory:
         rows = []
         for job, principal, output in items:
             sig = signatures.extract(job.state.value, job.exit_code, output)
+            key = job.spec.labels.get(CACHE_LABEL) if job.spec.cache else None
             rows.append((job.id, principal.name, family(principal), principal.account, fingerprint(job.spec),
                          resources(job.spec), job.spec.memory_mb, job.state.value, job.exit_code,
                          sig.name if sig else None, sig.detail if sig else None, int(bool(sig and sig.deterministic)),
-                         job.end_time or time.time()))
+                         job.end_time or time.time(), key))
         self.db.conn.executemany(
             """INSERT OR IGNORE INTO episodes (job_id, principal, family, account, fingerprint, resources, memory_mb,
-               state, exit_code, signature, detail, deterministic, ended) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)""", rows)
+               state, exit_code, signature, detail, deterministic, ended, cache_key)
+               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)""", rows)
+
+    def cached(self, principal: Principal, key: str) -> int | None:
+        """The job whose successful run had this key, if this principal ran one."""
+        r = self.db.conn.execute(
+            """SELECT job_id FROM episodes WHERE cache_key=? AND principal=? AND state='COMPLETED'
+               ORDER BY ended DESC LIMIT 1""", (key, principal.name)).fetchone()
+        return int(r[0]) if r else None
 
     def episode(self, job_id: int) -> dict[str, Any] | None:
         r = self.db.conn.execute("SELECT signature, detail, deterministic FROM episodes WHERE job_id=?",
@@ -182,16 +217,44 @@ class Memory:
     def recall(self, caller: Caller, query: str, k: int = 5) -> list[dict[str, Any]]:
         if not 1 <= k <= 50:
             raise InvalidRequest("k must be between 1 and 50")
-        terms = re.findall(r"\w+", query.lower())
+        terms = [t for t in re.findall(r"\w+", query.lower()) if t not in STOPWORDS] or re.findall(r"\w+", query.lower())
         if not terms:
             raise InvalidRequest("give some words to search for")
-        match = " OR ".join(f'"{t}"' for t in terms[:32])
+        match = " OR ".join(f'"{t}"' for t in self._selective(list(dict.fromkeys(terms[:32]))))
         vis, args = self._visible(caller)
-        rows = self.db.conn.execute(
-            f"""SELECT n.id, bm25(notes_fts) FROM notes_fts JOIN notes n ON n.id = notes_fts.rowid
-                WHERE notes_fts MATCH ? AND {vis} AND (n.expires IS NULL OR n.expires > ?)
-                ORDER BY bm25(notes_fts) LIMIT ?""", [match, *args, time.time(), k]).fetchall()
-        return [{**self._note(r[0]), "score": round(-r[1], 3)} for r in rows]
+        now = time.time()
+        limit = max(50, 20 * k)
+        while True:
+            # Rank inside FTS5 first (its own top-N), then keep what this caller may read.
+            cand = self.db.conn.execute("SELECT rowid, rank FROM notes_fts WHERE notes_fts MATCH ? ORDER BY rank LIMIT ?",
+                                        (match, limit)).fetchall()
+            if not cand:
+                return []
+            rank = dict(cand)
+            ok = {r[0] for r in self.db.conn.execute(
+                f"""SELECT n.id FROM notes n WHERE n.id IN ({",".join("?" * len(cand))}) AND {vis}
+                    AND (n.expires IS NULL OR n.expires > ?)""", [*rank, *args, now])}
+            rows = [(i, rank[i]) for i, _ in cand if i in ok]
+            if len(rows) >= k or len(cand) < limit:
+                break
+            limit *= 10  # the best matches were not this caller's to read: look further
+        return [{**self._note(r[0]), "score": round(-r[1], 3)} for r in rows[:k]]
+
+    def _selective(self, terms: list[str]) -> list[str]:
+        """The terms found in at most ``COMMON_SHARE`` of all notes. The others weigh
+        almost nothing in BM25, yet an OR over them ranks a large part of the corpus
+        (measured: p95 172 ms at 100,000 notes). If every term is that common, all."""
+        total = self.db.conn.execute("SELECT COALESCE(MAX(id), 0) FROM notes").fetchone()[0]  # O(1), near enough
+        if total < 1000:
+            return terms
+        now = time.monotonic()
+        missing = [t for t in terms if t not in self._df or now - self._df[t][1] > 60]
+        if missing:
+            got = dict(self.db.conn.execute(
+                f"SELECT term, doc FROM notes_vocab WHERE term IN ({','.join('?' * len(missing))})", missing).fetchall())
+            self._df.update((t, (got.get(t, 0), now)) for t in missing)
+        rare = [t for t in terms if self._df[t][0] <= COMMON_SHARE * total]
+        return rare or terms
 
     def promote(self, caller: Caller, note_id: int) -> dict[str, Any]:
         if not caller.principal.is_admin:

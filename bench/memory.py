@@ -1,0 +1,235 @@
+"""Memory: (a) note retrieval, corral's FTS5/BM25 recall against a plain substring scan,
+on a labeled set; (b) a replay of agent campaigns with planted pitfalls through real
+gateways, with and without corral's memory.
+
+    python bench/memory.py [--quick] [--notes 100000]
+
+(a) The 52 facility notes of bench/memory_notes.py (104 questions, each labeled with
+the note that answers it) are written as facility notes, then the corpus is grown
+with unrelated filler notes to ``--notes``. Both arms answer every question: recall@5
+and latency, at the small corpus and the full one.
+
+(b) 3 agents of one sponsor each work 4 sessions; in every session an agent has 4 tasks,
+each with a planted pitfall a first try hits: out of memory (needs 512M, tries 100M), a
+missing Python module (needs PYTHONPATH), a command not found (needs PATH, as a
+'module load' would), and a timeout (needs 10 s, tries 1 s). A second arm's
+gateway has the same jobs. The agent's fix logic is the same in both arms: read the
+failure (state, stderr), change the one thing. Without memory each session starts
+from nothing. With memory the agent asks ``POST /v1/advice`` before its first try and
+applies what it says; a refused exact repeat (409) is read the same way. A *repeated
+identical failure* is a failed job whose pitfall already failed for that sponsor's
+agents in an earlier session. (Wrong partitions are refused at submit by preflight in
+both arms, so they cause no failed jobs.) Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import GatewayProcess, pct  # noqa: E402
+from bench.memory_notes import NOTES, filler  # noqa: E402
+from corral.db import Database  # noqa: E402
+from corral.memory.store import Memory  # noqa: E402
+from corral.principals import Caller, Kind, Principal  # noqa: E402
+
+
+# -- (a) retrieval -------------------------------------------------------------------------
+def substring_scan(db: Database, query: str, k: int) -> list[int]:
+    """The alternative: every note that contains any query word, ranked by how many."""
+    words = [w for w in query.lower().split() if len(w) > 2]
+    if not words:
+        return []
+    score = " + ".join("(instr(lower(text), ?) > 0)" for _ in words)
+    rows = db.conn.execute(f"SELECT id, {score} AS s FROM notes WHERE s > 0 ORDER BY s DESC, id LIMIT ?",
+                           (*words, k)).fetchall()
+    return [r[0] for r in rows]
+
+
+def retrieval(total: int) -> dict[str, Any]:
+    tmp = tempfile.mkdtemp(prefix="corral-bench-mem-")
+    db = Database(Path(tmp) / "m.db")
+    admin = Principal("admin", Kind.HUMAN, is_admin=True)
+    db.add_principal(admin)
+    caller = Caller(admin, None, "t", frozenset({"admin"}))
+    mem = Memory(db)
+    ids = []
+    with db.transaction():
+        for text, _ in NOTES:
+            ids.append(mem.remember(caller, text, "facility")["id"])
+    questions = [(q, ids[i]) for i, (_, qs) in enumerate(NOTES) for q in qs]
+
+    def run(label: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"notes": db.conn.execute("SELECT COUNT(*) FROM notes").fetchone()[0]}
+        for arm, fn in (("corral", lambda q: [n["id"] for n in mem.recall(caller, q, 5)]),
+                        ("substring", lambda q: substring_scan(db, q, 5))):
+            lat, hits = [], 0
+            for q, want in questions:
+                t = time.perf_counter()
+                got = fn(q)
+                lat.append((time.perf_counter() - t) * 1000)
+                hits += want in got
+            out[arm] = {"recall_at_5": round(hits / len(questions), 3), "p50_ms": round(pct(lat, 50), 3),
+                        "p95_ms": round(pct(lat, 95), 3)}
+        print(f"retrieval [{label}]: {out}", file=sys.stderr)
+        return out
+
+    small = run("facility notes only")
+    with db.transaction():
+        for i in range(total - len(NOTES)):
+            text = filler(i)
+            cur = db.conn.execute(
+                "INSERT INTO notes (text, scope, author, family, created) VALUES (?, 'facility', 'admin', 'admin', ?)",
+                (text, time.time()))
+            db.conn.execute("INSERT INTO notes_fts (rowid, text) VALUES (?, ?)", (cur.lastrowid, text))
+    big = run(f"{total:,} notes")
+    return {"questions": len(questions), "small": small, "large": big}
+
+
+# -- (b) campaigns ---------------------------------------------------------------------------
+PITFALLS = ("oom", "module", "command", "timeout")
+
+
+def task(kind: str, tools: Path) -> dict[str, Any]:
+    """The first try of a task with a planted pitfall."""
+    return {
+        "oom": {"command": "python3 -c 'b = bytearray(300 * 2**20)'", "memory": "100M"},
+        "module": {"command": "python3 -c 'import bench_helper_mod; print(bench_helper_mod.X)'"},
+        "command": {"command": "bench-tool --version"},
+        "timeout": {"command": "sleep 2; echo done", "walltime": "1s"},
+    }[kind] | {"workdir": str(tools)}
+
+
+def fix(spec: dict[str, Any], kind: str, tools: Path) -> dict[str, Any]:
+    """What an agent changes once it knows the cause: the same in both arms."""
+    s = dict(spec)
+    if kind == "out_of_memory":
+        s["memory"] = "512M"
+    elif kind == "module_not_found":
+        s["env"] = {**s.get("env", {}), "PYTHONPATH": str(tools)}
+    elif kind == "command_not_found":
+        s["command"] = f"PATH={tools}:$PATH " + s["command"]
+    elif kind == "timeout":
+        s["walltime"] = "10s"
+    return s
+
+
+def diagnose(job: dict[str, Any], stderr: str) -> str | None:
+    if job["state"] == "OUT_OF_MEMORY":
+        return "out_of_memory"
+    if job["state"] == "TIMEOUT":
+        return "timeout"
+    if "ModuleNotFoundError" in stderr:
+        return "module_not_found"
+    if "command not found" in stderr:
+        return "command_not_found"
+    return None
+
+
+def from_advice(text: str) -> list[str]:
+    return [k for k in ("out_of_memory", "module_not_found", "command_not_found", "timeout") if k in text]
+
+
+def campaigns(use_memory: bool, agents: int, sessions: int) -> dict[str, Any]:
+    tools = Path(tempfile.mkdtemp(prefix="corral-bench-tools-"))
+    (tools / "bench_helper_mod.py").write_text("X = 42\n")
+    (tools / "bench-tool").write_text("#!/bin/sh\necho bench-tool 1.0\n")
+    (tools / "bench-tool").chmod(0o755)
+    env = {} if use_memory else {"CORRAL_MEMORY": "false"}
+    gw = GatewayProcess("--cpus", "4", "--tick", "0.2", env=env)
+    failed_pitfall: dict[str, int] = {}  # pitfall -> first session it failed in (the sponsor's family)
+    stats = {"jobs": 0, "failed": 0, "repeated": 0, "refused": 0}
+    lock = threading.Lock()
+    try:
+        with gw.client() as h:
+            h.post("/v1/principals", json={"name": "sponsor", "kind": "human"})
+            tokens = []
+            for i in range(agents):
+                h.post("/v1/principals", json={"name": f"agent{i}", "kind": "agent", "sponsor": "sponsor"})
+                tokens.append(h.post("/v1/tokens", json={"for": f"agent{i}", "expires": "2h"}).json()["token"])
+
+        def run_task(h: httpx.Client, session: int, kind: str) -> None:
+            spec = task(kind, tools)
+            if use_memory:
+                for cause in from_advice(json.dumps(h.post("/v1/advice", json=spec).json())):
+                    spec = fix(spec, cause, tools)
+            for _ in range(6):
+                r = h.post("/v1/jobs", json=spec)
+                if r.status_code == 409:  # an exact repeat refused: the message names the cause
+                    with lock:
+                        stats["refused"] += 1
+                    causes = from_advice(r.json()["error"]["message"])
+                    for cause in causes:
+                        spec = fix(spec, cause, tools)
+                    continue
+                job = h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": 60}).json()
+                with lock:
+                    stats["jobs"] += 1
+                if job["state"] == "COMPLETED":
+                    return
+                err = h.get(f"/v1/jobs/{job['id']}/output", params={"stream": "stderr"}).json()["data"]
+                with lock:
+                    stats["failed"] += 1
+                    first = failed_pitfall.setdefault(kind, session)
+                    if first < session:
+                        stats["repeated"] += 1
+                cause = diagnose(job, err)
+                if cause:
+                    spec = fix(spec, cause, tools)
+            raise RuntimeError(f"task {kind} never succeeded")
+
+        for session in range(sessions):  # sessions in order; the agents of a session in parallel
+            def agent(token: str, s: int = session) -> None:
+                with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {token}",
+                                                            "X-Corral-Session": f"s{s}"}, timeout=120) as h:
+                    for kind in PITFALLS:
+                        run_task(h, s, kind)
+
+            threads = [threading.Thread(target=agent, args=(t,)) for t in tokens]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    finally:
+        gw.stop()
+    print(f"campaigns, memory {'on' if use_memory else 'off'}: {stats}", file=sys.stderr)
+    return stats
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="10,000 notes; 2 agents x 2 sessions")
+    ap.add_argument("--notes", type=int, default=100_000)
+    a = ap.parse_args()
+    total = 10_000 if a.quick else a.notes
+    agents, sessions = (2, 2) if a.quick else (3, 4)
+    r = retrieval(total)
+    without = campaigns(False, agents, sessions)
+    with_ = campaigns(True, agents, sessions)
+    reduction = 1 - with_["repeated"] / without["repeated"] if without["repeated"] else None
+    print(json.dumps({
+        "bench": "memory", "notes": r["large"]["notes"], "questions": r["questions"],
+        "recall_p50_ms": r["large"]["corral"]["p50_ms"], "recall_p95_ms": r["large"]["corral"]["p95_ms"],
+        "recall_at_5": r["large"]["corral"]["recall_at_5"],
+        "substring_p95_ms": r["large"]["substring"]["p95_ms"],
+        "substring_recall_at_5": r["large"]["substring"]["recall_at_5"],
+        "latency_ratio": round(r["large"]["substring"]["p95_ms"] / r["large"]["corral"]["p95_ms"], 1),
+        "repeat_failures_without": without["repeated"], "repeat_failures_with": with_["repeated"],
+        "failed_jobs_without": without["failed"], "failed_jobs_with": with_["failed"],
+        "reduction": round(reduction, 3) if reduction is not None else None,
+        "retrieval": r, "campaigns": {"without": without, "with": with_, "agents": agents, "sessions": sessions},
+    }))
+
+
+if __name__ == "__main__":
+    main()
