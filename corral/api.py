@@ -101,6 +101,7 @@ def create_app(service: Service) -> FastAPI:
         async with mcp.session_manager.run():
             task = asyncio.create_task(service.reconciler.run(), name="reconciler")
             lanes = asyncio.create_task(service.lanes.run(), name="fastlane") if service.lanes else None
+            facts = asyncio.create_task(service.facts_loop(), name="facts")
         # Move start-up objects out of the collector's reach: fewer, shorter GC pauses
         # on the request path.
             gc.collect()
@@ -108,7 +109,7 @@ def create_app(service: Service) -> FastAPI:
             try:
                 yield
             finally:
-                for t in (task, lanes):
+                for t in (task, lanes, facts):
                     if t is not None:
                         t.cancel()
                         with contextlib.suppress(asyncio.CancelledError):

@@ -97,6 +97,13 @@ MIGRATIONS: list[str] = [
     );
     CREATE VIRTUAL TABLE notes_fts USING fts5(text, content='notes', content_rowid='id');
     CREATE VIRTUAL TABLE notes_vocab USING fts5vocab(notes_fts, 'row');
+    CREATE TABLE facts (
+        version INTEGER PRIMARY KEY,
+        hash TEXT NOT NULL,
+        facts TEXT NOT NULL,
+        changes TEXT NOT NULL,
+        updated REAL NOT NULL
+    );
     """,
 ]
 

@@ -190,7 +190,17 @@ def facility_card(info: dict[str, Any]) -> str:
               "- Submit with submit_job, then wait_for_job (a long-poll). Do not poll job_status in a loop.",
               "- Ask for what you need: cpus, memory (e.g. '4G'), walltime (e.g. '30m'). Requests over a partition's limits are refused at once.",
               "- Read output with job_output (tail_lines for the end of a log); it is bounded, page with offset.",
-              "- Use idempotency_key when you might retry a submission."]
+              "- Use idempotency_key when you might retry a submission.",
+              "- Short, small trial runs: lane 'fast' starts them at once in a warm allocation.",
+              "- recall before you start, remember what you learn; read the advice submit_job returns."]
+    facts = info.get("facts") or {}
+    if facts.get("filesystems"):
+        lines += ["", "Filesystems: " + ", ".join(f"{n} = {f.get('path')}" for n, f in facts["filesystems"].items())]
+    if facts.get("modules"):
+        lines += ["", f"Modules ({len(facts['modules'])}): " + ", ".join(facts["modules"][:40])]
+    if facts.get("version"):
+        lines += ["", f"Facility facts version {facts['version']}"
+                  + (f"; last change: {'; '.join(facts['changes'])}" if facts.get("changes") else "") + "."]
     if info.get("degraded"):
         lines += ["", f"WARNING: the scheduler is degraded: {info['degraded']}"]
     return "\n".join(lines)

@@ -46,6 +46,9 @@ class Service:
         from .memory.store import Memory
 
         self.memory: Memory | None = Memory(db, settings.memory_share_account) if settings.memory else None
+        from .memory.facts import Facts
+
+        self.facts = Facts(db)
         # token -> (token record, principal, visible names). Every write to principals
         # or tokens clears it, so a revocation takes effect on the very next request.
         self._auth_cache: dict[str, tuple[dict[str, Any], Principal, frozenset[str]]] = {}
@@ -483,6 +486,20 @@ class Service:
         advice, refuse = self._mem().advise(caller.principal, spec)
         return {"advice": advice, "would_refuse": refuse if self.settings.memory_refuse_repeats else None}
 
+    async def facts_loop(self) -> None:
+        """Harvest the facility facts at start and every ``facts_interval_s``."""
+        from .memory.facts import harvest
+
+        while True:
+            try:
+                facts = await asyncio.to_thread(harvest, self.backend, self.settings.facility_paths)
+                self.facts.update(facts)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the scheduler may be away: try again next time
+                log.warning("facility facts not harvested: %s", e)
+            await asyncio.sleep(self.settings.facts_interval_s)
+
     def _output_paths(self, job: Job) -> Any:
         assert job.backend_id is not None
         if job.backend == "fast" and self.lanes is not None:
@@ -506,6 +523,10 @@ class Service:
             "degraded": self.reconciler.degraded,
             "fast_lane": self.lanes.describe() if self.lanes else {"enabled": False},
         }
+        facts = self.facts.current()
+        info["facts"] = {"version": facts["version"], "updated": facts["updated"], "changes": facts["changes"],
+                         "modules": (facts["facts"].get("modules") or [])[:200],
+                         "filesystems": facts["facts"].get("filesystems", {})}
         if caller is not None:
             mine = self.db.list_jobs(caller.visible, [JobState.PENDING, JobState.RUNNING], limit=1000)
             info["you"] = {"principal": caller.name, "kind": caller.principal.kind.value,

@@ -180,3 +180,38 @@ def test_result_cache_reuses_only_an_identical_successful_run(gateway: Gateway, 
     with gateway.http(t["bot2"]) as h:  # a cache is its principal's own: bot2 cannot read bot1's job
         other = h.post("/v1/jobs", json=job).json()
         assert other["created"] and other["id"] != changed["id"]
+
+
+def test_facility_facts_are_versioned_and_changes_mark_notes_stale(tmp_path) -> None:
+    from .conftest import free_port
+
+    gw = Gateway(tmp_path / "home", free_port(), cpus=2, extra_env={"CORRAL_FACILITY_PATHS": json.dumps({"scratch": str(tmp_path)})})
+    gw.home.mkdir()
+    gw.start()
+    try:
+        with gw.http() as h:
+            for _ in range(50):
+                facts = h.get("/v1/facility").json()["facts"]
+                if facts["version"]:
+                    break
+                time.sleep(0.1)
+            assert facts["version"] == 1 and facts["filesystems"]["scratch"]["path"] == str(tmp_path)
+            note = h.post("/v1/notes", json={"text": "the local partition has 2 cpus, plan jobs for that"}).json()
+            other = h.post("/v1/notes", json={"text": "unrelated: use scratch for datasets"}).json()
+    finally:
+        gw.kill()
+    gw.cpus = 3  # the facility changed while the gateway was down
+    gw.start()
+    try:
+        with gw.http() as h:
+            for _ in range(50):
+                facts = h.get("/v1/facility").json()["facts"]
+                if facts["version"] == 2:
+                    break
+                time.sleep(0.1)
+            assert facts["version"] == 2 and "partition local changed: max_cpus 2 -> 3" in facts["changes"][0]
+            found = {n["id"]: n for n in h.get("/v1/notes", params={"q": "partition cpus scratch datasets"}).json()["notes"]}
+        assert "max_cpus 2 -> 3" in found[note["id"]]["flags"]["stale"]
+        assert "stale" not in found[other["id"]].get("flags", {})
+    finally:
+        gw.kill()
