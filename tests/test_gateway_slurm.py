@@ -3,8 +3,10 @@ going away in the middle of a run."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -44,6 +46,17 @@ def test_full_loop_on_slurm(slurm_gateway: Gateway, tmp_path) -> None:
         assert r.status_code == 400 and "batch" in r.json()["error"]["message"]
         parts = {p["name"] for p in h.get("/v1/facility").json()["partitions"]}
         assert parts == {"debug", "batch", "gpu"}
+    # the facility facts, harvested from Slurm at start: node types and QOS
+    conn = sqlite3.connect(slurm_gateway.home / "corral.db")
+    for _ in range(100):
+        row = conn.execute("SELECT facts FROM facts ORDER BY version DESC LIMIT 1").fetchone()
+        if row:
+            break
+        time.sleep(0.1)
+    facts = json.loads(row[0])
+    assert facts["node_types"][0]["cpus"] == 32 and "gpu" in facts["node_types"][0]["gres"]
+    assert "agents" in {q["name"] for q in facts["qos"]}
+    assert facts["partitions"]["debug"]["max_walltime_s"] == 3600
 
 
 def test_slurmctld_restart_mid_run(slurm_gateway: Gateway, tmp_path) -> None:

@@ -33,10 +33,10 @@ import shlex
 import shutil
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from .. import proc
-from ..errors import BackendError, InvalidRequest
+from ..errors import BackendError, CorralError, InvalidRequest
 from ..jobs import JobSpec, JobState, format_duration
 from . import BackendStatus, OutputPaths, Partition, SubmitContext, base_env
 from .slurm_vocab import STATES, _epoch, _expand, _kv, _read_epoch, parse_exit, parse_slurm_time, translate
@@ -318,6 +318,25 @@ class SlurmBackend:
             parts.append(Partition(kv["PartitionName"], cpus, mem, gpus, max_t, default=kv.get("Default") == "YES",
                                    extra={"state": kv.get("State")}))
         return parts
+
+    def facts(self) -> dict[str, Any]:
+        """Node types (CPUs, memory, gres, features; counted) and QOS limits, for the
+        facility facts. The QOS part needs slurmdbd; without it, it is None."""
+        types: dict[tuple[int, int, str, str], int] = {}
+        for line in self._run("scontrol", "show", "node", "-o").splitlines():
+            kv = _kv(line)
+            key = (int(kv.get("CPUTot", 0)), int(kv.get("RealMemory", 0)), kv.get("Gres", "(null)"),
+                   kv.get("AvailableFeatures", "(null)"))
+            types[key] = types.get(key, 0) + 1
+        nodes = [{"count": n, "cpus": c, "memory_mb": m, "gres": g, "features": f} for (c, m, g, f), n in types.items()]
+        qos: list[dict[str, str]] | None
+        try:
+            out = self._run("sacctmgr", "-n", "-P", "show", "qos", "format=Name,Priority,MaxWall,MaxTRESPU,MaxJobsPU")
+            qos = [dict(zip(("name", "priority", "max_wall", "max_tres_per_user", "max_jobs_per_user"), ln.split("|"),
+                            strict=False)) for ln in out.splitlines() if ln.strip()]
+        except CorralError:
+            qos = None
+        return {"node_types": nodes, "qos": qos}
 
     def preflight(self, spec: JobSpec) -> None:
         """Refuse at once what no partition can ever run, naming the nearest valid request."""

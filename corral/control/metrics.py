@@ -4,7 +4,7 @@ to the scheduler: the number this whole project exists to keep small."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -69,6 +69,11 @@ class MeteredBackend:
 
     def partitions(self) -> list[Partition]:
         return self.inner.partitions()
+
+    def facts(self) -> dict[str, Any]:
+        """Backend-specific facility facts (Slurm: node types, QOS); {} where none."""
+        fn = getattr(self.inner, "facts", None)
+        return fn() if fn else {}
 
     def preflight(self, spec: JobSpec) -> None:
         self.inner.preflight(spec)  # answered from cached limits: not counted as a scheduler call

@@ -1,7 +1,8 @@
 """Facility facts, harvested from the backend and this host, versioned.
 
 What is harvested: partitions with their limits, GPUs and default (from the backend,
-which reads slurm.conf for Slurm), the modules the site's Lmod or Environment Modules
+which reads slurm.conf for Slurm); on Slurm also node types (CPUs, memory, gres,
+features, counted) and QOS limits (from slurmdbd); the modules the site's Lmod or Environment Modules
 offers (when either is installed), and the filesystem paths an admin configures
 (``facility_paths``) with their size and free space. Every harvest is hashed; a new hash
 is a new version, and what changed is listed. Notes that name a changed partition or
@@ -31,6 +32,8 @@ def harvest(backend: Backend, paths: dict[str, str]) -> dict[str, Any]:
     facts["partitions"] = {p.name: {"max_cpus": p.max_cpus, "max_memory_mb": p.max_memory_mb, "max_gpus": p.max_gpus,
                                     "max_walltime_s": p.max_walltime_s, "default": p.default}
                            for p in backend.partitions()}
+    extra = getattr(backend, "facts", None)
+    facts.update(extra() if extra else {})
     facts["modules"] = _modules()
     fs = {}
     for name, path in sorted(paths.items()):
