@@ -67,6 +67,17 @@ class GatewayProcess:
             self.proc.kill()
 
 
+def sponsored_agents(gw: GatewayProcess, n: int) -> list[str]:
+    """n agent principals under one sponsor -> their tokens."""
+    with gw.client() as h:
+        h.post("/v1/principals", json={"name": "sponsor", "kind": "human"})
+        out = []
+        for i in range(n):
+            h.post("/v1/principals", json={"name": f"agent{i}", "kind": "agent", "sponsor": "sponsor"})
+            out.append(h.post("/v1/tokens", json={"for": f"agent{i}", "expires": "2h"}).json()["token"])
+        return out
+
+
 class KeepAliveGet:
     """A minimal HTTP/1.1 keep-alive GET client: the load generator must not need
     the CPU the server is being measured on (httpx costs ~0.5 ms a request)."""

@@ -36,7 +36,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import GatewayProcess, pct  # noqa: E402
+from bench._common import GatewayProcess, pct, sponsored_agents  # noqa: E402
 from bench.control_plane import ENV, sdiag, sh  # noqa: E402
 
 
@@ -74,16 +74,6 @@ def sbatch_arm(cmd: str, tasks: int, agents: int, workdir: str) -> dict[str, Any
     counts = sdiag()
     return {"makespan_s": round(makespan, 3), "submit_s": round(submitted, 3), "slurm_jobs": len(ids),
             "controller_rpcs": rpc_total(counts)}
-
-
-def _agents(gw: GatewayProcess, n: int) -> list[str]:
-    with gw.client() as h:
-        h.post("/v1/principals", json={"name": "sponsor", "kind": "human"})
-        out = []
-        for i in range(n):
-            h.post("/v1/principals", json={"name": f"agent{i}", "kind": "agent", "sponsor": "sponsor"})
-            out.append(h.post("/v1/tokens", json={"for": f"agent{i}", "expires": "2h"}).json()["token"])
-        return out
 
 
 def corral_arm(gw: GatewayProcess, tokens: list[str], cmd: str, tasks: int, batched: bool) -> dict[str, Any]:
@@ -160,7 +150,7 @@ def main() -> None:
     gw = GatewayProcess("--backend", "slurm", env={"SLURM_CONF": ENV["SLURM_CONF"]})
     results: dict[str, Any] = {}
     try:
-        tokens = _agents(gw, a.agents)
+        tokens = sponsored_agents(gw, a.agents)
         t = time.perf_counter()
         with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {tokens[0]}"}, timeout=120) as h:
             first = h.post("/v1/jobs", json={"command": "true", "lane": "fast"}).json()

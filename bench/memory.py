@@ -37,7 +37,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import GatewayProcess, pct  # noqa: E402
+from bench._common import GatewayProcess, pct, sponsored_agents  # noqa: E402
 from bench.memory_notes import NOTES, filler  # noqa: E402
 from corral.db import Database  # noqa: E402
 from corral.memory.store import Memory  # noqa: E402
@@ -151,12 +151,7 @@ def campaigns(use_memory: bool, agents: int, sessions: int) -> dict[str, Any]:
     stats = {"jobs": 0, "failed": 0, "repeated": 0, "refused": 0}
     lock = threading.Lock()
     try:
-        with gw.client() as h:
-            h.post("/v1/principals", json={"name": "sponsor", "kind": "human"})
-            tokens = []
-            for i in range(agents):
-                h.post("/v1/principals", json={"name": f"agent{i}", "kind": "agent", "sponsor": "sponsor"})
-                tokens.append(h.post("/v1/tokens", json={"for": f"agent{i}", "expires": "2h"}).json()["token"])
+        tokens = sponsored_agents(gw, agents)
 
         def run_task(h: httpx.Client, session: int, kind: str) -> None:
             spec = task(kind, tools)

@@ -48,22 +48,12 @@ def test_guard_redacts_secrets_and_flags_injection() -> None:
     assert not guard.suspicious("module load cuda before running torch")
 
 
-def _family(gw: Gateway) -> dict[str, str]:
-    with gw.http() as h:
-        for body in ({"name": "alice", "kind": "human"}, {"name": "carol", "kind": "human"},
-                     {"name": "bot1", "kind": "agent", "sponsor": "alice"},
-                     {"name": "bot2", "kind": "agent", "sponsor": "alice"}):
-            assert h.post("/v1/principals", json=body).status_code == 201
-        return {n: h.post("/v1/tokens", json={"for": n, "expires": "1h"}).json()["token"]
-                for n in ("alice", "carol", "bot1", "bot2")}
-
-
 def _wait(h, job_id: int) -> dict:
     return h.get(f"/v1/jobs/{job_id}/wait", params={"timeout": 60}).json()
 
 
-def test_a_deterministic_failure_is_not_repeated_blindly(gateway: Gateway, tmp_path) -> None:
-    t = _family(gateway)
+def test_a_deterministic_failure_is_not_repeated_blindly(gateway: Gateway, people: dict[str, str], tmp_path) -> None:
+    t = people
     job = {"command": "python3 -c 'import nosuchmodule_xyz'", "workdir": str(tmp_path)}
     with gateway.http(t["bot1"]) as h:
         first = h.post("/v1/jobs", json=job).json()
@@ -92,8 +82,8 @@ def test_a_deterministic_failure_is_not_repeated_blindly(gateway: Gateway, tmp_p
     assert cli.returncode == 0 and "would be refused" in cli.stdout
 
 
-def test_out_of_memory_advice_points_to_what_worked(gateway: Gateway, tmp_path) -> None:
-    t = _family(gateway)
+def test_out_of_memory_advice_points_to_what_worked(gateway: Gateway, people: dict[str, str], tmp_path) -> None:
+    t = people
     script = "python3 -c 'b = bytearray(300 * 2**20); import time; time.sleep(2)'"
     with gateway.http(t["bot1"]) as h:
         small = h.post("/v1/jobs", json={"command": script, "memory": "100M", "workdir": str(tmp_path)}).json()
@@ -110,8 +100,8 @@ def test_out_of_memory_advice_points_to_what_worked(gateway: Gateway, tmp_path) 
         assert any("succeeded with 1G" in a for a in dry["advice"]), dry
 
 
-def test_notes_scopes_guard_and_recall(gateway: Gateway) -> None:
-    t = _family(gateway)
+def test_notes_scopes_guard_and_recall(gateway: Gateway, people: dict[str, str]) -> None:
+    t = people
     with gateway.http(t["bot1"], session="s-notes") as h:
         user_note = h.post("/v1/notes", json={"text": "On this cluster load cuda/12.2 before importing torch"}).json()
         h.post("/v1/notes", json={"text": "my own scratch idea about torch", "scope": "agent"})
@@ -156,8 +146,8 @@ def test_notes_scopes_guard_and_recall(gateway: Gateway) -> None:
     asyncio.run(over_mcp())
 
 
-def test_result_cache_reuses_only_an_identical_successful_run(gateway: Gateway, tmp_path) -> None:
-    t = _family(gateway)
+def test_result_cache_reuses_only_an_identical_successful_run(gateway: Gateway, people: dict[str, str], tmp_path) -> None:
+    t = people
     data = tmp_path / "input.csv"
     data.write_text("1,2,3\n")
     job = {"command": f"wc -c < {data}", "cache": True, "inputs": [str(data)], "workdir": str(tmp_path)}
