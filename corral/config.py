@@ -47,6 +47,7 @@ class Settings(BaseSettings):
     slurm_timeout_s: float = Field(30.0, gt=0, description="Longest wait for one Slurm command.")
     slurm_poll_s: float = Field(10.0, gt=0, description="Full squeue poll interval; jobs report their own start and end in between.")
     facility_paths: dict[str, str] = Field(default_factory=dict, description="Filesystems agents should know, name -> path (e.g. {scratch = '/scratch'}); part of the facility facts.")
+    facility_quotas: dict[str, str] = Field(default_factory=dict, description="Storage quotas agents should know, name -> text (e.g. {home = '20 GB per user'}); part of the facility facts.")
     facts_interval_s: float = Field(600.0, gt=0, description="How often the facility facts are harvested again (they are also harvested at start).")
     memory: bool = Field(True, description="Remember every job's outcome and advise at submit; refuse exact repeats of deterministic failures (see memory_refuse_repeats).")
     memory_refuse_repeats: bool = Field(True, description="Refuse the exact repeat of a job whose last run failed in a way that repeats, unless it says force.")

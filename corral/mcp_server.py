@@ -195,7 +195,9 @@ def facility_card(info: dict[str, Any]) -> str:
               "- recall before you start, remember what you learn; read the advice submit_job returns."]
     facts = info.get("facts") or {}
     if facts.get("filesystems"):
-        lines += ["", "Filesystems: " + ", ".join(f"{n} = {f.get('path')}" for n, f in facts["filesystems"].items())]
+        lines += ["", "Filesystems: " + ", ".join(
+            f"{n} = {f.get('path', '?')}" + (f" (quota {f['quota']})" if f.get("quota") else "")
+            for n, f in facts["filesystems"].items())]
     if facts.get("modules"):
         lines += ["", f"Modules ({len(facts['modules'])}): " + ", ".join(facts["modules"][:40])]
     if facts.get("version"):

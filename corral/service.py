@@ -492,7 +492,8 @@ class Service:
 
         while True:
             try:
-                facts = await asyncio.to_thread(harvest, self.backend, self.settings.facility_paths)
+                facts = await asyncio.to_thread(harvest, self.backend, self.settings.facility_paths,
+                                                self.settings.facility_quotas)
                 self.facts.update(facts)
             except asyncio.CancelledError:
                 raise

@@ -175,7 +175,9 @@ def test_result_cache_reuses_only_an_identical_successful_run(gateway: Gateway, 
 def test_facility_facts_are_versioned_and_changes_mark_notes_stale(tmp_path) -> None:
     from .conftest import free_port
 
-    gw = Gateway(tmp_path / "home", free_port(), cpus=2, extra_env={"CORRAL_FACILITY_PATHS": json.dumps({"scratch": str(tmp_path)})})
+    gw = Gateway(tmp_path / "home", free_port(), cpus=2, extra_env={
+        "CORRAL_FACILITY_PATHS": json.dumps({"scratch": str(tmp_path)}),
+        "CORRAL_FACILITY_QUOTAS": json.dumps({"scratch": "10 TB per project, purged after 30 days"})})
     gw.home.mkdir()
     gw.start()
     try:
@@ -186,6 +188,7 @@ def test_facility_facts_are_versioned_and_changes_mark_notes_stale(tmp_path) -> 
                     break
                 time.sleep(0.1)
             assert facts["version"] == 1 and facts["filesystems"]["scratch"]["path"] == str(tmp_path)
+            assert facts["filesystems"]["scratch"]["quota"].startswith("10 TB")
             note = h.post("/v1/notes", json={"text": "the local partition has 2 cpus, plan jobs for that"}).json()
             other = h.post("/v1/notes", json={"text": "unrelated: use scratch for datasets"}).json()
     finally:

@@ -2,11 +2,13 @@
 
 What is harvested: partitions with their limits, GPUs and default (from the backend,
 which reads slurm.conf for Slurm); on Slurm also node types (CPUs, memory, gres,
-features, counted) and QOS limits (from slurmdbd); the modules the site's Lmod or Environment Modules
-offers (when either is installed), and the filesystem paths an admin configures
-(``facility_paths``) with their size and free space. Every harvest is hashed; a new hash
-is a new version, and what changed is listed. Notes that name a changed partition or
-path are marked stale with the change, never left silently wrong.
+features, counted) and QOS limits (from slurmdbd); the modules the site's Lmod or
+Environment Modules offers, when either is installed; and the filesystems and quotas
+an admin configures (``facility_paths``, ``facility_quotas``), with each path's size
+(not its free space, which changes by the minute and would make every harvest a new
+version). Every harvest is hashed; a new hash is a new version, and what changed is
+listed. Notes that name a changed partition, path or module are marked stale with the
+change, never left silently wrong.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from ..proc import run
 log = logging.getLogger("corral.memory")
 
 
-def harvest(backend: Backend, paths: dict[str, str]) -> dict[str, Any]:
+def harvest(backend: Backend, paths: dict[str, str], quotas: dict[str, str] | None = None) -> dict[str, Any]:
     """The facts as one JSON-ready dict (may call the scheduler once)."""
     facts: dict[str, Any] = {"backend": backend.name}
     facts["partitions"] = {p.name: {"max_cpus": p.max_cpus, "max_memory_mb": p.max_memory_mb, "max_gpus": p.max_gpus,
@@ -42,6 +44,8 @@ def harvest(backend: Backend, paths: dict[str, str]) -> dict[str, Any]:
             fs[name] = {"path": path, "size_gb": round(st.f_blocks * st.f_frsize / 1e9, 1)}
         except OSError:
             fs[name] = {"path": path, "missing": True}
+    for name, quota in (quotas or {}).items():
+        fs.setdefault(name, {})["quota"] = quota
     facts["filesystems"] = fs
     return facts
 
