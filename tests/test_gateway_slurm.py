@@ -158,7 +158,9 @@ def test_fast_lane_on_slurm(tmp_path) -> None:
     env = {**os.environ, "SLURM_CONF": conf}
     gw = Gateway(tmp_path / "home", free_port(), extra_env={
         "CORRAL_BACKEND": "slurm", "SLURM_CONF": conf, "CORRAL_TICK_S": "0.3",
-        "CORRAL_FASTLANE_CPUS": "4", "CORRAL_FASTLANE_MEMORY_MB": "4000"})
+        "CORRAL_FASTLANE_CPUS": "4", "CORRAL_FASTLANE_MEMORY_MB": "4000",
+        # one allocation at most: twenty 1-CPU tasks on 4 CPUs would otherwise ask for a second
+        "CORRAL_FASTLANE_MAX_ALLOCATIONS": "1"})
     gw.home.mkdir()
     gw.start()
     try:

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from corral.config import load_settings
-from corral.db import Database
+from corral.db import MIGRATIONS, Database
 from corral.errors import InvalidRequest
 from corral.jobs import JobSpec, JobState, parse_duration_s, parse_memory_mb
 from corral.output import read_page, read_tail
@@ -78,7 +78,7 @@ def test_tail_reads_only_the_end_of_a_big_file(tmp_path) -> None:
 
 def test_db_migrates_idempotency_and_terminal_states(tmp_path) -> None:
     db = Database(tmp_path / "c.db")
-    assert db.version == 2
+    assert db.version == len(MIGRATIONS)
     db.add_principal(Principal("alice", Kind.HUMAN))
     spec = JobSpec(command="true")
     a, created_a = db.insert_job("alice", "s", "k", "local", spec)
@@ -89,7 +89,7 @@ def test_db_migrates_idempotency_and_terminal_states(tmp_path) -> None:
     assert db.get_job(a.id).state is JobState.COMPLETED  # type: ignore[union-attr]
     db.close()
     again = Database(tmp_path / "c.db")
-    assert again.version == 2 and again.get_job(a.id) is not None
+    assert again.version == len(MIGRATIONS) and again.get_job(a.id) is not None
     assert again.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
