@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -245,3 +246,31 @@ def test_batch_submission_and_mcp(fast: Gateway) -> None:
 
 
     asyncio.run(over_mcp())
+
+
+def test_pool_scales_with_backlog_and_releases_idle_allocations(tmp_path) -> None:
+    gw = Gateway(tmp_path / "home", free_port(), cpus=8, extra_env={
+        "CORRAL_FASTLANE_CPUS": "4", "CORRAL_FASTLANE_MEMORY_MB": "2048", "CORRAL_FASTLANE_MAX_ALLOCATIONS": "2",
+        "CORRAL_FASTLANE_IDLE_S": "3"})
+    gw.home.mkdir()
+    gw.start()
+    try:
+        with gw.http() as h:
+            r = h.post("/v1/jobs/batch", json={"jobs": [{"command": "sleep 4", "lane": "fast", "walltime": "1m"}] * 12})
+            ids = [j["id"] for j in r.json()["jobs"]]
+            # 12 one-CPU tasks on 4 CPUs: a backlog, so a second allocation joins (and no third: max 2)
+            done = h.post("/v1/jobs/wait", json={"ids": ids, "timeout": 120}).json()
+            assert done["reached"] and {j["state"] for j in done["jobs"]} == {"COMPLETED"}
+            pilots = h.get("/v1/jobs", params={"principal": "fastlane"}).json()["jobs"]
+            assert len(pilots) == 2
+            for _ in range(100):  # idle for 3 s: both are released
+                pool = h.get("/v1/facility").json()["fast_lane"]["pools"][0]
+                if not pool["allocations"]:
+                    break
+                time.sleep(0.2)
+            assert pool["allocations"] == []
+            pilot_ids = [p["id"] for p in pilots]
+            ended = h.post("/v1/jobs/wait", json={"ids": pilot_ids, "timeout": 30}).json()
+            assert ended["reached"], ended  # the released allocations really end
+    finally:
+        gw.kill(signal.SIGTERM)
