@@ -298,7 +298,13 @@ class Service:
             log.warning("preflight skipped, the scheduler's limits are unavailable: %s", e)
         p = caller.principal
         routed = [self._route(p, s) for s in specs]
-        advice = [self._advise(p, spec, i) for i, (spec, _) in enumerate(routed)]
+        seen: dict[str, list[str]] = {}  # a sweep repeats one spec: ask memory once per distinct one
+        advice = []
+        for i, (spec, _) in enumerate(routed):
+            key = spec.model_dump_json()
+            if key not in seen:
+                seen[key] = self._advise(p, spec, i)
+            advice.append(seen[key])
         with self.db.transaction():
             jobs = self.db.insert_jobs(caller.name, caller.session, [
                 (backend, self.lanes.prefix(p, spec) if backend == "fast" and self.lanes else None, spec)
