@@ -193,7 +193,7 @@ class Memory:
         if expires_s is not None and expires_s <= 0:
             raise InvalidRequest("expires must be a positive duration, e.g. '30d'")
         clean, secrets = guard.redact(text)
-        flags = {"redacted": secrets} if secrets else {}
+        flags: dict[str, Any] = {"redacted": secrets} if secrets else {}
         if guard.suspicious(clean):
             flags["suspected_injection"] = True
         now = time.time()
