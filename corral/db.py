@@ -113,6 +113,12 @@ _JOB_COLS = (
 )
 
 
+_TERMINAL = tuple(s.value for s in TERMINAL_STATES)
+_UPDATE = f"""UPDATE jobs SET state=?, exit_code=?, reason=?,
+    start_time=COALESCE(start_time, ?), end_time=COALESCE(end_time, ?), cpu_s=COALESCE(?, cpu_s)
+    WHERE id=? AND state NOT IN ({','.join('?' * len(_TERMINAL))})"""
+"""One job's new facts; a terminal state is never overwritten (a late report cannot undo an end)."""
+
 _SPECS: dict[str, JobSpec] = {}
 
 
@@ -293,17 +299,8 @@ class Database:
     def update_jobs(self, updates: list[tuple[int, JobState, int | None, str | None, float | None, float | None,
                                                float | None]]) -> None:
         """``update_job`` for many: (id, state, exit code, reason, start, end, cpu s); one statement."""
-        terminal = tuple(s.value for s in TERMINAL_STATES)
-        self.conn.executemany(
-            f"""UPDATE jobs SET state=?, exit_code=?, reason=?,
-                start_time=COALESCE(start_time, ?), end_time=COALESCE(end_time, ?), cpu_s=COALESCE(?, cpu_s)
-                WHERE id=? AND state NOT IN ({','.join('?' * len(terminal))})""",
-            [(st.value, code, reason, start, end, cpu, jid, *terminal) for jid, st, code, reason, start, end, cpu in updates])
-
-    def find_idempotent(self, principal: str, idem_key: str) -> Job | None:
-        row = self.conn.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE principal=? AND idem_key=?",
-                                (principal, idem_key)).fetchone()
-        return _row_to_job(row) if row else None
+        self.conn.executemany(_UPDATE, [(st.value, code, reason, start, end, cpu, jid, *_TERMINAL)
+                                        for jid, st, code, reason, start, end, cpu in updates])
 
     def set_backend_id(self, job_id: int, backend_id: str) -> None:
         self.conn.execute("UPDATE jobs SET backend_id=? WHERE id=?", (backend_id, job_id))
@@ -384,14 +381,9 @@ class Database:
     ) -> None:
         """Record what the backend reported. A terminal state is never overwritten; with
         ``only_from``, only a job in that state changes."""
-        terminal = tuple(s.value for s in TERMINAL_STATES)
-        self.conn.execute(
-            f"""UPDATE jobs SET state=?, exit_code=?, reason=?,
-                start_time=COALESCE(start_time, ?), end_time=COALESCE(end_time, ?), cpu_s=COALESCE(?, cpu_s)
-                WHERE id=? AND state NOT IN ({','.join('?' * len(terminal))}) AND (? IS NULL OR state=?)""",
-            (state.value, exit_code, reason, start_time, end_time, cpu_s, job_id, *terminal,
-             only_from and only_from.value, only_from and only_from.value),
-        )
+        only = only_from.value if only_from else None
+        self.conn.execute(_UPDATE + " AND (? IS NULL OR state=?)",
+                          (state.value, exit_code, reason, start_time, end_time, cpu_s, job_id, *_TERMINAL, only, only))
 
     def clear_backend_id(self, job_id: int) -> None:
         """Mark a job as not yet sent: the reconciler sends it again."""

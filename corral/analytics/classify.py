@@ -25,6 +25,7 @@ from pathlib import Path
 import polars as pl
 
 from ..errors import InvalidRequest
+from .frame import off_hours
 
 WEIGHTS: dict[str, tuple[float, float]] = {
     "log_rate": (4.0, 2.079),   # centre: ln 8 submissions per active hour
@@ -45,10 +46,9 @@ def features(jobs: pl.DataFrame) -> pl.DataFrame:
     """One row per user with the behaviour the score reads."""
     j = jobs.filter(pl.col("user").is_not_null()).sort("user", "submit")
     gap = pl.col("submit").diff().over("user").dt.total_seconds()
-    hour, wday = pl.col("submit").dt.hour(), pl.col("submit").dt.weekday()  # Monday = 1
     j = j.with_columns(
         gap.alias("_gap"),
-        ((wday >= 6) | (hour < 7) | (hour >= 22)).alias("_off"),
+        off_hours(pl.col("submit")).alias("_off"),
         pl.col("submit").dt.truncate("1h").alias("_hour"),
     )
     return j.group_by("user").agg(

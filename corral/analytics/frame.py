@@ -49,6 +49,12 @@ def conform(df: pl.DataFrame) -> pl.DataFrame:
     ])
 
 
+def off_hours(submit: pl.Expr) -> pl.Expr:
+    """Night (22:00-07:00) or weekend, on the facility's clock: when agents, not people, work."""
+    hour = submit.dt.hour()
+    return (submit.dt.weekday() >= 6) | (hour < 7) | (hour >= 22)  # weekday: Monday = 1
+
+
 def state_from_slurm(col: pl.Expr) -> pl.Expr:
     """'CANCELLED by 123', 'RUNNING', 'NODE_FAIL' -> JobState values; unknown -> UNKNOWN."""
     word = col.str.split(" ").list.first().str.strip_chars_end("+")

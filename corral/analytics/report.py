@@ -21,6 +21,7 @@ from typing import Any
 import polars as pl
 
 from .classify import accuracy
+from .frame import off_hours
 from .ingest import Ingested
 
 FAILED = ("FAILED", "OUT_OF_MEMORY", "TIMEOUT")
@@ -44,7 +45,7 @@ def build(ing: Ingested, users: pl.DataFrame, truth: dict[str, str] | None = Non
         gpu_h=pl.col("elapsed_s") * pl.col("gpus") / 3600,
         wait_s=(pl.col("start") - pl.col("submit")).dt.total_seconds(),
         hour=pl.col("submit").dt.truncate("1h"),
-        off=(pl.col("submit").dt.weekday() >= 6) | (pl.col("submit").dt.hour() < 7) | (pl.col("submit").dt.hour() >= 22),
+        off=off_hours(pl.col("submit")),
     )
     per = j.group_by("group").agg(
         users=pl.col("user").drop_nulls().n_unique(),
