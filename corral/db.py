@@ -252,12 +252,9 @@ class Database:
         self, principal: str, session: str | None, idem_key: str | None, backend: str, spec: JobSpec
     ) -> tuple[Job, bool]:
         """Insert a PENDING job; with an idempotency key already used, return that job. -> (job, created)."""
-        if idem_key is not None:
-            existing = self.conn.execute(
-                f"SELECT {_JOB_COLS} FROM jobs WHERE principal=? AND idem_key=?", (principal, idem_key)
-            ).fetchone()
-            if existing:
-                return _row_to_job(existing), False
+        existing = self.find_idempotent(principal, idem_key) if idem_key is not None else None
+        if existing is not None:
+            return existing, False
         now = time.time()
         text = spec.model_dump_json(by_alias=True, exclude_none=True)
         cur = self.conn.execute(
@@ -301,6 +298,11 @@ class Database:
         """``update_job`` for many: (id, state, exit code, reason, start, end, cpu s); one statement."""
         self.conn.executemany(_UPDATE, [(st.value, code, reason, start, end, cpu, jid, *_TERMINAL)
                                         for jid, st, code, reason, start, end, cpu in updates])
+
+    def find_idempotent(self, principal: str, idem_key: str) -> Job | None:
+        row = self.conn.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE principal=? AND idem_key=?",
+                                (principal, idem_key)).fetchone()
+        return _row_to_job(row) if row else None
 
     def set_backend_id(self, job_id: int, backend_id: str) -> None:
         self.conn.execute("UPDATE jobs SET backend_id=? WHERE id=?", (backend_id, job_id))
