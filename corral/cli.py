@@ -364,8 +364,9 @@ def token_revoke(o: Ctx, token_id: str) -> None:
 
 from .analytics.commands import analyze, synth  # noqa: E402  (they need no gateway)
 from .memory.commands import advice, recall, remember  # noqa: E402
+from .safety.commands import risk  # noqa: E402
 
-for _cmd in (analyze, synth, remember, recall, advice):
+for _cmd in (analyze, synth, remember, recall, advice, risk):
     cli.add_command(_cmd)
 
 

@@ -1,0 +1,308 @@
+"""Risk tags for shell commands and job scripts, from a parse of the shell, not one
+regular expression over the text.
+
+The command is parsed (bashlex; shlex on what bashlex cannot read) into simple
+commands, then *unwrapped* the way a shell would run them: ``bash -c``/``sh -c``/
+``eval`` strings, ``sudo``/``env``/``nohup``/``timeout``/``xargs``/``find -exec``
+prefixes, aliases and simple variables defined earlier in the same text, base64
+payloads piped into a shell, and shell lines inside ``python -c``/``perl -e``
+one-liners. Each simple command is then checked against what a facility cares about.
+A tag is evidence for the policy to decide on; it is not a verdict by itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import shlex
+from dataclasses import dataclass, field
+
+import bashlex
+
+TAGS = ("destructive_fs", "recursive_permissions", "fork_bomb", "credential_read", "exfiltration",
+        "cryptomining", "privilege_escalation", "heavy_compute", "scheduler_polling", "obfuscated")
+SHELLS = {"bash", "sh", "zsh", "dash", "ksh"}
+PREFIXES = {"sudo", "doas", "env", "nohup", "timeout", "nice", "ionice", "time", "stdbuf", "command", "exec",
+            "builtin", "srun", "chroot"}
+PROTECTED_ROOTS = ("/scratch", "/project", "/projects", "/work", "/lustre", "/gpfs", "/home", "/data", "/shared")
+SYSTEM_DIRS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/boot", "/var", "/opt", "/dev", "/sys", "/proc")
+SECRET_PATHS = re.compile(r"(\.ssh/|id_rsa|id_ed25519|id_ecdsa|\.netrc|\.aws/credentials|\.kube/config|\.docker/config"
+                          r"|\.git-credentials|\.config/gcloud|\.gnupg|keyring|/etc/shadow|\.corral/admin\.token"
+                          r"|\.pypirc|\.npmrc)")
+NET_TOOLS = {"curl", "wget", "scp", "sftp", "rsync", "nc", "ncat", "netcat", "socat", "ftp", "telnet"}
+ALLOWED_HOSTS = ("localhost", "127.0.0.1", "::1", "github.com", "raw.githubusercontent.com", "pypi.org",
+                 "files.pythonhosted.org", "huggingface.co", "conda.anaconda.org", "repo.anaconda.com")
+MINERS = re.compile(r"\b(xmrig|minerd|cpuminer|ethminer|nbminer|t-rex|lolminer|phoenixminer)\b|stratum\+tcp://")
+FORK_BOMB = re.compile(r"(\w+|:)\s*\(\)\s*\{[^}]*\1\s*\|\s*\1\s*&")
+POLL_LOOP = re.compile(r"\b(while|until|for)\b[\s\S]*\b(squeue|sacct|sinfo|scontrol)\b|\bwatch\b[^|;]*\b(squeue|sacct|sinfo)\b")
+HEAVY = {"mpirun", "mpiexec", "torchrun", "deepspeed", "accelerate", "stress", "stress-ng", "hpl", "xhpl"}
+
+
+DEFAULT_DECISION: dict[str, str] = {
+    "destructive_fs": "deny", "fork_bomb": "deny", "cryptomining": "deny", "privilege_escalation": "deny",
+    "exfiltration": "deny", "credential_read": "deny",
+    "obfuscated": "review", "recursive_permissions": "review", "scheduler_polling": "review",
+    "heavy_compute": "allow",
+}
+"""What the default stands by for an agent until the facility's own policy decides: the
+safety issue's Cedar policy will read the same tags."""
+
+
+def decide(risk: "Risk") -> tuple[str, list[str]]:
+    """-> (allow | review | deny, the tags that decided it)."""
+    for level in ("deny", "review"):
+        why = [t for t in risk.tags if DEFAULT_DECISION.get(t) == level]
+        if why:
+            return level, why
+    return "allow", []
+
+
+@dataclass
+class Risk:
+    tags: dict[str, list[str]] = field(default_factory=dict)
+    """tag -> evidence (the simple commands that earned it)."""
+    unparsed: bool = False
+
+    def add(self, tag: str, evidence: str) -> None:
+        ev = self.tags.setdefault(tag, [])
+        if evidence not in ev and len(ev) < 5:
+            ev.append(evidence[:200])
+
+
+def analyze(text: str) -> Risk:
+    """Tag a command line or a whole job script."""
+    risk = Risk()
+    if FORK_BOMB.search(text):
+        risk.add("fork_bomb", FORK_BOMB.search(text).group(0))  # type: ignore[union-attr]
+    if POLL_LOOP.search(text):
+        risk.add("scheduler_polling", POLL_LOOP.search(text).group(0)[:120])  # type: ignore[union-attr]
+    if MINERS.search(text):
+        risk.add("cryptomining", MINERS.search(text).group(0))  # type: ignore[union-attr]
+    _walk(text, risk, {}, {}, depth=0)
+    return risk
+
+
+def _commands(text: str, risk: Risk) -> list[list[list[str]]]:
+    """Pipelines of simple commands (argv lists), in order."""
+    try:
+        trees = bashlex.parse(text)
+    except Exception:  # bashlex misses here-docs and some constructs: fall back to shlex
+        risk.unparsed = True
+        return _shlex_commands(text)
+    out: list[list[list[str]]] = []
+    for tree in trees:
+        _collect(tree, out)
+    return out
+
+
+def _collect(node: object, out: list[list[list[str]]]) -> None:
+    kind = getattr(node, "kind", "")
+    if kind == "pipeline":
+        cmds = []
+        for p in node.parts:  # type: ignore[attr-defined]
+            if getattr(p, "kind", "") == "command":
+                cmds.append(_argv(p))
+                _nested(p, out)
+            elif getattr(p, "kind", "") != "pipe":
+                _collect(p, out)
+        if cmds:
+            out.append(cmds)
+        return
+    if kind == "command":
+        out.append([_argv(node)])
+        _nested(node, out)
+        return
+    for child in getattr(node, "parts", []) or []:
+        _collect(child, out)
+    for attr in ("list", "command"):
+        child = getattr(node, attr, None)
+        if child is not None and not isinstance(child, str):
+            for c in child if isinstance(child, list) else [child]:
+                _collect(c, out)
+
+
+def _nested(cmd: object, out: list[list[list[str]]]) -> None:
+    """Command substitutions and process substitutions inside a command's words."""
+    for part in getattr(cmd, "parts", []) or []:
+        for sub in getattr(part, "parts", []) or []:
+            if getattr(sub, "kind", "") in ("commandsubstitution", "processsubstitution"):
+                _collect(sub.command, out)  # type: ignore[attr-defined]
+
+
+def _argv(cmd: object) -> list[str]:
+    """Words and assignments in order; a here-doc fed to a shell becomes its ``-c`` script."""
+    argv = [p.word for p in getattr(cmd, "parts", []) if getattr(p, "kind", "") in ("word", "assignment")]
+    for p in getattr(cmd, "parts", []) or []:
+        doc = getattr(p, "heredoc", None)
+        if getattr(p, "kind", "") == "redirect" and doc is not None and argv and argv[0].rsplit("/", 1)[-1] in SHELLS:
+            argv += ["-c", getattr(doc, "value", "")]
+    return argv
+
+
+def _shlex_commands(text: str) -> list[list[list[str]]]:
+    out = []
+    for line in re.split(r"\n|;|&&|\|\|", text):
+        cmds = []
+        for seg in line.split("|"):
+            try:
+                argv = shlex.split(seg, comments=True)
+            except ValueError:
+                argv = seg.split()
+            if argv:
+                cmds.append(argv)
+        if cmds:
+            out.append(cmds)
+    return out
+
+
+def _expand(word: str, variables: dict[str, str]) -> str:
+    word = re.sub(r"\$\{?(\w+)\}?", lambda m: variables.get(m.group(1), m.group(0)), word)
+    return word
+
+
+def _walk(text: str, risk: Risk, variables: dict[str, str], aliases: dict[str, str], depth: int) -> None:
+    if depth > 6:
+        risk.add("obfuscated", "nested too deep to follow")
+        return
+    for pipeline in _commands(text, risk):
+        for i, argv in enumerate(pipeline):
+            argv = [_expand(w, variables) for w in argv]
+            while argv and re.match(r"^\w+=", argv[0]):  # VAR=value prefix or a plain assignment
+                name, _, value = argv[0].partition("=")
+                variables[name] = value
+                argv = argv[1:]
+            if not argv:
+                continue
+            if argv[0] == "alias":
+                for a in argv[1:]:
+                    name, _, value = a.partition("=")
+                    aliases[name] = value
+                continue
+            if argv[0] in aliases:
+                _walk(aliases[argv[0]] + " " + " ".join(shlex.quote(a) for a in argv[1:]), risk, variables, aliases,
+                      depth + 1)
+                continue
+            _check(argv, pipeline[:i], risk, variables, aliases, depth)
+
+
+def _check(argv: list[str], upstream: list[list[str]], risk: Risk, variables: dict[str, str],
+           aliases: dict[str, str], depth: int) -> None:
+    name = argv[0].rsplit("/", 1)[-1]
+    line = " ".join(argv)
+    if name in ("sudo", "doas", "su", "pkexec") or (name == "chmod" and re.search(r"[ug]\+s|\b[2467][0-7]{3}\b", line)):
+        risk.add("privilege_escalation", line)
+    if name in PREFIXES or name == "xargs":
+        k = 1  # skip the prefix's own options, VAR=value pairs and (timeout) the duration
+        while k < len(argv) and (argv[k].startswith("-") or re.match(r"^\w+=", argv[k])):
+            k += 1
+        if name == "timeout" and k < len(argv):
+            k += 1
+        if k < len(argv):
+            _check(argv[k:], upstream, risk, variables, aliases, depth + 1)
+        return
+    if name in SHELLS or name == "eval":
+        code = None
+        if name == "eval":
+            code = " ".join(argv[1:])
+        elif "-c" in argv[1:]:
+            k = argv.index("-c")
+            code = argv[k + 1] if k + 1 < len(argv) else None
+        elif upstream:  # something piped into a shell: decode what we can
+            code = _decoded(upstream, risk)
+        if code:
+            _walk(code, risk, dict(variables), aliases, depth + 1)
+        return
+    if name in ("python", "python3", "perl", "ruby", "node") and any(f in argv for f in ("-c", "-e")):
+        flag = "-c" if "-c" in argv else "-e"
+        code = argv[argv.index(flag) + 1] if argv.index(flag) + 1 < len(argv) else ""
+        _one_liner(code, risk, variables, aliases, depth)
+        return
+    if name == "find":
+        paths = [a for a in argv[1:] if not a.startswith("-") and a not in ("{}", ";", "+", "\\;")][:1]
+        if "-delete" in argv and paths and _protected(paths[0]):
+            risk.add("destructive_fs", line)
+        if "-exec" in argv or "-execdir" in argv:
+            k = argv.index("-exec") if "-exec" in argv else argv.index("-execdir")
+            sub = [a for a in argv[k + 1:] if a not in (";", "\\;", "+")]
+            if sub and sub[0].rsplit("/", 1)[-1] in ("rm", "shred", "chmod", "chown") and paths and _protected(paths[0]):
+                risk.add("destructive_fs" if sub[0].endswith(("rm", "shred")) else "recursive_permissions", line)
+            elif sub:
+                _check([s.replace("{}", paths[0] if paths else "x") for s in sub], [], risk, variables, aliases, depth + 1)
+    if name in ("rm", "shred", "unlink", "rmdir"):
+        flags = "".join(a[1:] for a in argv[1:] if a.startswith("-") and not a.startswith("--"))
+        recursive = "r" in flags.lower() or "--recursive" in argv or name == "shred"
+        targets = [a for a in argv[1:] if not a.startswith("-")]
+        if not targets and upstream:  # xargs rm: the targets come down the pipe
+            targets = [w for cmd in upstream for w in cmd[1:] if not w.startswith("-")]
+        if recursive and any(_protected(t) for t in targets):
+            risk.add("destructive_fs", line)
+    if name in ("mkfs", "wipefs") or name.startswith("mkfs.") or (name == "dd" and re.search(r"\bof=/dev/", line)):
+        risk.add("destructive_fs", line)
+    if name in ("chmod", "chown", "chgrp", "setfacl") and re.search(r"\s-(\w*R\w*)\b|--recursive", line):
+        risk.add("recursive_permissions", line)
+    if SECRET_PATHS.search(line) or re.search(r"\$\{?\w*(TOKEN|SECRET|API_KEY|PASSWORD)\w*\}?", line):
+        if name not in ("ssh-keygen", "ssh-add"):
+            risk.add("credential_read", line)
+    if name in NET_TOOLS and _external(argv):
+        risk.add("exfiltration", line)
+    if name in ("base64", "xxd") and ("-d" in argv or "--decode" in argv or "-r" in argv):
+        risk.add("obfuscated", line)
+    if name in HEAVY or (name == "make" and re.search(r"-j\s*(\d{2,}|\b)", line) and "-j1" not in line):
+        risk.add("heavy_compute", line)
+
+
+def _decoded(upstream: list[list[str]], risk: Risk) -> str | None:
+    """``echo B64 | base64 -d | sh``: the payload, decoded, so that it can be checked."""
+    literal = next((a for cmd in upstream if cmd and cmd[0] in ("echo", "printf") for a in cmd[1:]
+                    if not a.startswith("-")), None)
+    if literal is None:
+        return None
+    if any(cmd and cmd[0] in ("base64", "openssl") for cmd in upstream):
+        risk.add("obfuscated", "encoded payload piped into a shell")
+        try:
+            return base64.b64decode(literal + "=" * (-len(literal) % 4)).decode("utf-8", "replace")
+        except (binascii.Error, ValueError):
+            return None
+    return literal
+
+
+def _one_liner(code: str, risk: Risk, variables: dict[str, str], aliases: dict[str, str], depth: int) -> None:
+    """Shell strings inside python/perl one-liners, and their own destructive calls."""
+    for m in re.finditer(r"""(?:system|popen|run|call|check_output|Popen|exec)\s*\(\s*(?:\[)?\s*(['"])(.+?)\1""", code):
+        _walk(m.group(2), risk, dict(variables), aliases, depth + 1)
+    for m in re.finditer(r"""(?:rmtree|remove|unlink|rmdir)\s*\(\s*(?:os\.path\.expanduser\()?\s*(['"])(.+?)\1""", code):
+        if _protected(m.group(2)):
+            risk.add("destructive_fs", m.group(0))
+    if SECRET_PATHS.search(code):
+        risk.add("credential_read", code[:200])
+    if re.search(r"b64decode|base64", code) and re.search(r"exec|system|eval", code):
+        risk.add("obfuscated", code[:200])
+
+
+def _protected(path: str) -> bool:
+    """Root, system directories, a home directory itself, or a shared filesystem's top."""
+    p = path.strip("'\"")
+    if p in ("/", "/*", "~", "~/", "~/*", "$HOME", "${HOME}", "$HOME/", "$HOME/*", "*", ".*", "/.", ".."):
+        return True
+    p = p.rstrip("/*") or "/"
+    if p in ("/", "~", "$HOME", "${HOME}"):
+        return True
+    if any(p == d or p.startswith(d + "/") for d in SYSTEM_DIRS):
+        return True
+    for root in PROTECTED_ROOTS:
+        if p == root or (p.startswith(root + "/") and p.count("/") <= root.count("/") + 1):
+            return True
+    return bool(re.fullmatch(r"~\w*|\$\{?HOME\}?", p))
+
+
+def _external(argv: list[str]) -> bool:
+    """Does this network command reach a host off the allow-list?"""
+    for a in argv[1:]:
+        m = re.match(r"^(?:\w+://)?(?:[^@/\s]+@)?([A-Za-z0-9.-]+\.[A-Za-z]{2,}|\d+\.\d+\.\d+\.\d+|localhost)(?::\d+)?(?:[/:]|$)",
+                     a)
+        if m and not a.startswith("-"):
+            host = m.group(1).lower()
+            if not any(host == h or host.endswith("." + h) for h in ALLOWED_HOSTS):
+                return True
+    return False
