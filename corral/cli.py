@@ -364,9 +364,10 @@ def token_revoke(o: Ctx, token_id: str) -> None:
 
 from .analytics.commands import analyze, synth  # noqa: E402  (they need no gateway)
 from .memory.commands import advice, recall, remember  # noqa: E402
+from .safety.audit_commands import audit  # noqa: E402
 from .safety.commands import risk  # noqa: E402
 
-for _cmd in (analyze, synth, remember, recall, advice, risk):
+for _cmd in (analyze, synth, remember, recall, advice, risk, audit):
     cli.add_command(_cmd)
 
 

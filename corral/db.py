@@ -97,6 +97,11 @@ MIGRATIONS: list[str] = [
     );
     CREATE VIRTUAL TABLE notes_fts USING fts5(text, content='notes', content_rowid='id');
     CREATE VIRTUAL TABLE notes_vocab USING fts5vocab(notes_fts, 'row');
+    CREATE TABLE audit_head (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        seq INTEGER NOT NULL,
+        mac TEXT NOT NULL
+    );
     CREATE TABLE facts (
         version INTEGER PRIMARY KEY,
         hash TEXT NOT NULL,
@@ -298,6 +303,14 @@ class Database:
         """``update_job`` for many: (id, state, exit code, reason, start, end, cpu s); one statement."""
         self.conn.executemany(_UPDATE, [(st.value, code, reason, start, end, cpu, jid, *_TERMINAL)
                                         for jid, st, code, reason, start, end, cpu in updates])
+
+    def audit_head(self) -> tuple[int, str] | None:
+        r = self.conn.execute("SELECT seq, mac FROM audit_head WHERE id=1").fetchone()
+        return (int(r[0]), str(r[1])) if r else None
+
+    def set_audit_head(self, seq: int, mac: str) -> None:
+        self.conn.execute("INSERT INTO audit_head (id, seq, mac) VALUES (1, ?, ?) "
+                          "ON CONFLICT(id) DO UPDATE SET seq=excluded.seq, mac=excluded.mac", (seq, mac))
 
     def find_idempotent(self, principal: str, idem_key: str) -> Job | None:
         row = self.conn.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE principal=? AND idem_key=?",

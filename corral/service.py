@@ -47,8 +47,10 @@ class Service:
 
         self.memory: Memory | None = Memory(db, settings.memory_share_account) if settings.memory else None
         from .memory.facts import Facts
+        from .safety.audit import AuditLog
 
         self.facts = Facts(db)
+        self.audit = AuditLog(settings.home / "audit.jsonl", settings.home / "audit.key", db.audit_head())
         # token -> (token record, principal, visible names). Every write to principals
         # or tokens clears it, so a revocation takes effect on the very next request.
         self._auth_cache: dict[str, tuple[dict[str, Any], Principal, frozenset[str]]] = {}
@@ -201,7 +203,19 @@ class Service:
 
     async def submit(self, caller: Caller, spec: JobSpec, idempotency_key: str | None = None) -> tuple[Job, bool]:
         """Record the job, then hand it to its lane. -> (job, created). With a key
-        already used by this principal, returns that job and submits nothing."""
+        already used by this principal, returns that job and submits nothing. Audited,
+        refusals too."""
+        try:
+            job, created = await self._submit(caller, spec, idempotency_key)
+        except CorralError as e:
+            self.record(caller, "submit", "deny", e.code, [{"command": (spec.command or "script")[:200]}])
+            raise
+        self.record(caller, "submit", "allow", "default" if created else "idempotent-replay",
+                    [{"job_id": job.id, "backend": job.backend, "backend_id": job.backend_id,
+                      "partition": job.spec.partition, "cpus": job.spec.cpus, "gpus": job.spec.gpus}])
+        return job, created
+
+    async def _submit(self, caller: Caller, spec: JobSpec, idempotency_key: str | None) -> tuple[Job, bool]:
         if idempotency_key is not None and not (1 <= len(idempotency_key) <= 200):
             raise InvalidRequest("idempotency key must be 1-200 characters")
         if idempotency_key is not None:
@@ -273,6 +287,14 @@ class Service:
                 self.memory.record(items)
 
     async def submit_many(self, caller: Caller, specs: list[JobSpec]) -> list[Job]:
+        """Many jobs in one call; audited, a refused batch too."""
+        try:
+            return await self._submit_many(caller, specs)
+        except CorralError as e:
+            self.record(caller, "submit", "deny", e.code, [{"batch": len(specs)}])
+            raise
+
+    async def _submit_many(self, caller: Caller, specs: list[JobSpec]) -> list[Job]:
         """Many jobs in one call (an agent's sweep of tiny tasks): one preflight pass, one
         transaction, then each is handed to its lane. All are checked before any is recorded."""
         if not 1 <= len(specs) <= 1000:
@@ -318,6 +340,8 @@ class Service:
             else:
                 await self._send(job, p)
         self.reconciler.kick()
+        self.record(caller, "submit", "allow", "default", [{"job_id": j.id, "backend": j.backend, "backend_id": j.backend_id}
+                                                          for j in jobs])
         return [j.model_copy(update={"advice": a}) if a else j for j, a in zip(jobs, advice, strict=True)]
 
     async def _send(self, job: Job, principal: Principal, *, raise_backend: bool = False) -> None:
@@ -389,7 +413,13 @@ class Service:
             ) from None
 
     async def cancel(self, caller: Caller, job_ids: list[int]) -> list[Job]:
-        jobs = [self.get_job(caller, j) for j in job_ids]
+        try:
+            jobs = [self.get_job(caller, j) for j in job_ids]
+        except CorralError as e:
+            self.record(caller, "cancel", "deny", e.code, [{"job_ids": job_ids[:100]}])
+            raise
+        self.record(caller, "cancel", "allow", "own-or-sponsored", [{"job_id": j.id, "backend_id": j.backend_id}
+                                                                    for j in jobs])
         live = [j for j in jobs if not j.terminal and j.backend_id]
         fast = [j for j in live if j.backend == "fast"]
         batch = [j for j in live if j.backend != "fast"]
@@ -466,6 +496,16 @@ class Service:
         page["stream"] = stream
         page["job_state"] = job.state.value
         return page
+
+    # -- audit --------------------------------------------------------------------------
+
+    def record(self, caller: Caller, action: str, decision: str, rule: str, resources: list[dict[str, Any]]) -> None:
+        """Append decisions to the audit chain (one record per resource) and keep its head."""
+        p = caller.principal
+        who = {"principal": p.name, "kind": p.kind.value, "sponsor": p.sponsor, "session": caller.session,
+               "action": action, "decision": decision, "rule": rule}
+        head = self.audit.append([{**who, **r} for r in resources] or [who])
+        self.db.set_audit_head(*head)
 
     # -- memory ---------------------------------------------------------------------------
 

@@ -1,0 +1,82 @@
+"""``corral audit verify|tail|search``: read the gateway's audit chain where it lies
+($CORRAL_HOME), as an admin on the gateway's host."""
+
+from __future__ import annotations
+
+import json
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import InvalidRequest
+
+
+def _open(home: Path | None) -> tuple[Any, tuple[int, str] | None]:
+    from ..config import load_settings
+    from ..db import Database
+    from .audit import AuditLog
+
+    h = home or load_settings().home
+    if not (h / "audit.key").exists():
+        raise InvalidRequest(f"no audit log under {h}", hint="pass --home, or set CORRAL_HOME to the gateway's state directory")
+    db = Database(h / "corral.db")
+    try:
+        head = db.audit_head()
+    finally:
+        db.close()
+    return AuditLog(h / "audit.jsonl", h / "audit.key", head or (0, "")), head
+
+
+@click.group()
+def audit() -> None:
+    """The audit chain: every decision (submit, cancel), allowed or refused, tamper-evident."""
+
+
+_home = click.option("--home", type=click.Path(path_type=Path), help="Gateway state directory (default $CORRAL_HOME or ./.corral).")
+
+
+@audit.command()
+@_home
+@click.pass_context
+def verify(ctx: click.Context, home: Path | None) -> None:
+    """Check the whole chain; say where and how it was edited, cut, reordered or extended."""
+    log, head = _open(home)
+    n, problems = log.verify(head)
+    if problems:
+        for p in problems:
+            click.echo(f"line {p.line} (record {p.seq}): {p.what}", err=True)
+        ctx.exit(1)
+    click.echo(f"ok: {n:,} records, chain intact up to record {head[0] if head else 0}")
+
+
+@audit.command()
+@_home
+@click.option("-n", "count", type=int, default=20, show_default=True, help="How many of the newest records.")
+def tail(home: Path | None, count: int) -> None:
+    """The newest records, as JSON lines."""
+    log, _ = _open(home)
+    from collections import deque
+
+    for r in deque(log.records(), maxlen=count):
+        click.echo(json.dumps(r))
+
+
+@audit.command()
+@_home
+@click.option("--principal", help="Only this principal's decisions.")
+@click.option("--action", help="Only this action (submit, cancel).")
+@click.option("--decision", type=click.Choice(["allow", "deny"]), help="Only allowed or only refused.")
+@click.option("--job", "job_id", type=int, help="Only decisions about this job.")
+def search(home: Path | None, principal: str | None, action: str | None, decision: str | None, job_id: int | None) -> None:
+    """Matching records as JSON lines (all of them: this is also the export)."""
+    log, _ = _open(home)
+    for r in log.records():
+        if ((principal and r.get("principal") != principal) or (action and r.get("action") != action)
+                or (decision and r.get("decision") != decision) or (job_id is not None and r.get("job_id") != job_id)):
+            continue
+        click.echo(json.dumps(r))
+
+
+

@@ -1,0 +1,66 @@
+"""The audit chain over a real gateway: decisions are recorded, refusals too, and any
+edit, drop, insertion, reordering or cut of the log is found and located."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+from .conftest import Gateway
+
+
+def _verify(gw: Gateway) -> tuple[int, str]:
+    cp = gw.cli("audit", "verify", "--home", str(gw.home))
+    return cp.returncode, cp.stdout + cp.stderr
+
+
+def test_decisions_are_chained_and_tampering_is_located(gateway: Gateway, people: dict[str, str], tmp_path) -> None:
+    with gateway.http(people["bot1"], session="s-a") as h:
+        ok = h.post("/v1/jobs", json={"command": "true", "workdir": str(tmp_path)}).json()
+        assert h.post("/v1/jobs", json={"command": "true", "cpus": 999}).status_code == 400
+        h.post("/v1/jobs/batch", json={"jobs": [{"command": "true", "workdir": str(tmp_path)}] * 3})
+        h.post("/v1/jobs/cancel", json={"ids": [ok["id"]]})
+    with gateway.http(people["carol"]) as h:
+        assert h.post("/v1/jobs/cancel", json={"ids": [ok["id"]]}).status_code == 404  # not hers: refused
+    code, out = _verify(gateway)
+    assert code == 0 and "7 records" in out, out
+    found = [json.loads(line) for line in gateway.cli("audit", "search", "--home", str(gateway.home),
+                                                      "--decision", "deny").stdout.splitlines()]
+    assert [(r["principal"], r["action"], r["rule"]) for r in found] == [("bot1", "submit", "invalid_request"),
+                                                                          ("carol", "cancel", "not_found")]
+    mine = gateway.cli("audit", "search", "--home", str(gateway.home), "--job", str(ok["id"])).stdout.splitlines()
+    assert [json.loads(r)["action"] for r in mine] == ["submit", "cancel"]
+    assert json.loads(mine[0])["session"] == "s-a" and json.loads(mine[0])["sponsor"] == "alice"
+    assert len(gateway.cli("audit", "tail", "--home", str(gateway.home), "-n", "2").stdout.splitlines()) == 2
+
+    log = gateway.home / "audit.jsonl"
+    pristine = log.read_text().splitlines(keepends=True)
+
+    def tampered(lines: list[str]) -> str:
+        log.write_text("".join(lines))
+        code, out = _verify(gateway)
+        log.write_text("".join(pristine))
+        assert code == 1, out
+        return out
+
+    edited = list(pristine)
+    edited[2] = edited[2].replace('"principal":"bot1"', '"principal":"bot2"')
+    assert "line 3 (record 3): record 3 was edited" in tampered(edited)
+    assert "records 2..2 were dropped" in tampered(pristine[:1] + pristine[2:])
+    assert "out of order" in tampered(pristine[:1] + [pristine[2], pristine[1]] + pristine[3:])
+    assert "out of order or inserted" in tampered(pristine[:2] + [pristine[0]] + pristine[2:])
+    assert "cut off the end" in tampered(pristine[:-2])
+    assert _verify(gateway)[0] == 0
+
+
+def test_the_chain_survives_a_restart(gateway: Gateway, tmp_path) -> None:
+    with gateway.http() as h:
+        h.post("/v1/jobs", json={"command": "true", "workdir": str(tmp_path)})
+    gateway.kill(signal.SIGKILL)
+    gateway.start()
+    with gateway.http() as h:
+        h.post("/v1/jobs", json={"command": "true", "workdir": str(tmp_path)})
+    code, out = _verify(gateway)
+    assert code == 0 and "2 records" in out, out
+    assert oct(Path(gateway.home / "audit.key").stat().st_mode & 0o777) == "0o600"
