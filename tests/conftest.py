@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import httpx
 import pytest
@@ -87,13 +88,22 @@ class Gateway:
         return json.loads(cp.stdout)
 
 
-@pytest.fixture
-def gateway(tmp_path):
-    gw = Gateway(tmp_path / "home", free_port())
+@contextlib.contextmanager
+def running(tmp_path: Path, cpus: int = 2, **env: str) -> Iterator[Gateway]:
+    """A gateway of the test's own (``env``: CORRAL_* settings), stopped afterwards."""
+    gw = Gateway(tmp_path / "home", free_port(), extra_env=env, cpus=cpus)
     gw.home.mkdir()
     gw.start()
-    yield gw
-    gw.kill(signal.SIGTERM)
+    try:
+        yield gw
+    finally:
+        gw.kill(signal.SIGTERM)
+
+
+@pytest.fixture
+def gateway(tmp_path):
+    with running(tmp_path) as gw:
+        yield gw
 
 
 @pytest.fixture

@@ -16,17 +16,13 @@ from typing import Any
 import pytest
 from mcp import Client, StdioServerParameters
 
-from .conftest import Gateway, free_port
+from .conftest import Gateway, running
 
 
 @pytest.fixture
 def fast(tmp_path):
-    gw = Gateway(tmp_path / "home", free_port(), cpus=8,
-                 extra_env={"CORRAL_FASTLANE_CPUS": "4", "CORRAL_FASTLANE_MEMORY_MB": "4096"})
-    gw.home.mkdir()
-    gw.start()
-    yield gw
-    gw.kill(signal.SIGTERM)
+    with running(tmp_path, cpus=8, CORRAL_FASTLANE_CPUS="4", CORRAL_FASTLANE_MEMORY_MB="4096") as gw:
+        yield gw
 
 
 def people(gw: Gateway) -> dict[str, str]:
@@ -172,12 +168,8 @@ def test_an_allocation_that_dies_fails_or_reruns_its_tasks(fast: Gateway) -> Non
 
 
 def test_breaker_opens_when_allocations_cannot_start(tmp_path) -> None:
-    gw = Gateway(tmp_path / "home", free_port(), cpus=4, extra_env={
-        "CORRAL_FASTLANE_PYTHON": "/bin/false", "CORRAL_FASTLANE_BREAKER_FAILURES": "2",
-        "CORRAL_FASTLANE_CPUS": "2"})
-    gw.home.mkdir()
-    gw.start()
-    try:
+    with running(tmp_path, cpus=4, CORRAL_FASTLANE_PYTHON="/bin/false", CORRAL_FASTLANE_BREAKER_FAILURES="2",
+                 CORRAL_FASTLANE_CPUS="2") as gw:
         with gw.http() as h:
             job = h.post("/v1/jobs", json={"command": "true", "lane": "fast"}).json()
             failed = h.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 60}).json()
@@ -189,8 +181,6 @@ def test_breaker_opens_when_allocations_cannot_start(tmp_path) -> None:
             assert auto["backend"] == "local"  # auto falls back to the batch lane
             pool = h.get("/v1/facility").json()["fast_lane"]["pools"][0]
             assert pool["breaker"]["open"] and pool["breaker"]["failures"] == 2
-    finally:
-        gw.kill(signal.SIGTERM)
 
 
 def test_restart_loses_nothing(fast: Gateway) -> None:
@@ -249,12 +239,8 @@ def test_batch_submission_and_mcp(fast: Gateway) -> None:
 
 
 def test_pool_scales_with_backlog_and_releases_idle_allocations(tmp_path) -> None:
-    gw = Gateway(tmp_path / "home", free_port(), cpus=8, extra_env={
-        "CORRAL_FASTLANE_CPUS": "4", "CORRAL_FASTLANE_MEMORY_MB": "2048", "CORRAL_FASTLANE_MAX_ALLOCATIONS": "2",
-        "CORRAL_FASTLANE_IDLE_S": "3"})
-    gw.home.mkdir()
-    gw.start()
-    try:
+    with running(tmp_path, cpus=8, CORRAL_FASTLANE_CPUS="4", CORRAL_FASTLANE_MEMORY_MB="2048",
+                 CORRAL_FASTLANE_MAX_ALLOCATIONS="2", CORRAL_FASTLANE_IDLE_S="3") as gw:
         with gw.http() as h:
             r = h.post("/v1/jobs/batch", json={"jobs": [{"command": "sleep 4", "lane": "fast", "walltime": "1m"}] * 12})
             ids = [j["id"] for j in r.json()["jobs"]]
@@ -272,5 +258,3 @@ def test_pool_scales_with_backlog_and_releases_idle_allocations(tmp_path) -> Non
             pilot_ids = [p["id"] for p in pilots]
             ended = h.post("/v1/jobs/wait", json={"ids": pilot_ids, "timeout": 30}).json()
             assert ended["reached"], ended  # the released allocations really end
-    finally:
-        gw.kill(signal.SIGTERM)

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import Gateway, free_port
+from .conftest import Gateway, free_port, running
 from .slurm_env import slurm_conf
 
 
@@ -156,14 +156,9 @@ def test_fast_lane_on_slurm(tmp_path) -> None:
     with the reason, or reruns it when it is idempotent."""
     conf = slurm_conf()
     env = {**os.environ, "SLURM_CONF": conf}
-    gw = Gateway(tmp_path / "home", free_port(), extra_env={
-        "CORRAL_BACKEND": "slurm", "SLURM_CONF": conf, "CORRAL_TICK_S": "0.3",
-        "CORRAL_FASTLANE_CPUS": "4", "CORRAL_FASTLANE_MEMORY_MB": "4000",
-        # one allocation at most: twenty 1-CPU tasks on 4 CPUs would otherwise ask for a second
-        "CORRAL_FASTLANE_MAX_ALLOCATIONS": "1"})
-    gw.home.mkdir()
-    gw.start()
-    try:
+    # one allocation at most: twenty 1-CPU tasks on 4 CPUs would otherwise ask for a second
+    with running(tmp_path, CORRAL_BACKEND="slurm", SLURM_CONF=conf, CORRAL_TICK_S="0.3", CORRAL_FASTLANE_CPUS="4",
+                 CORRAL_FASTLANE_MEMORY_MB="4000", CORRAL_FASTLANE_MAX_ALLOCATIONS="1") as gw:
         with gw.http() as h:
             h.post("/v1/principals", json={"name": "alice", "kind": "human"})
             h.post("/v1/principals", json={"name": "bot", "kind": "agent", "sponsor": "alice"})
@@ -198,5 +193,3 @@ def test_fast_lane_on_slurm(tmp_path) -> None:
             rerun = h.get(f"/v1/jobs/{again['id']}/wait", params={"timeout": 120}).json()
             assert rerun["state"] == "COMPLETED", rerun
             assert h.get(f"/v1/jobs/{again['id']}/output").json()["data"] == "again\n"
-    finally:
-        gw.kill(signal.SIGTERM)

@@ -13,7 +13,7 @@ from mcp import Client, StdioServerParameters
 from corral.memory import guard
 from corral.memory.signatures import extract
 
-from .conftest import Gateway
+from .conftest import Gateway, running
 
 
 def test_signatures_name_the_failure() -> None:
@@ -173,14 +173,8 @@ def test_result_cache_reuses_only_an_identical_successful_run(gateway: Gateway, 
 
 
 def test_facility_facts_are_versioned_and_changes_mark_notes_stale(tmp_path) -> None:
-    from .conftest import free_port
-
-    gw = Gateway(tmp_path / "home", free_port(), cpus=2, extra_env={
-        "CORRAL_FACILITY_PATHS": json.dumps({"scratch": str(tmp_path)}),
-        "CORRAL_FACILITY_QUOTAS": json.dumps({"scratch": "10 TB per project, purged after 30 days"})})
-    gw.home.mkdir()
-    gw.start()
-    try:
+    with running(tmp_path, CORRAL_FACILITY_PATHS=json.dumps({"scratch": str(tmp_path)}),
+                 CORRAL_FACILITY_QUOTAS=json.dumps({"scratch": "10 TB per project, purged after 30 days"})) as gw:
         with gw.http() as h:
             for _ in range(50):
                 facts = h.get("/v1/facility").json()["facts"]
@@ -191,11 +185,9 @@ def test_facility_facts_are_versioned_and_changes_mark_notes_stale(tmp_path) -> 
             assert facts["filesystems"]["scratch"]["quota"].startswith("10 TB")
             note = h.post("/v1/notes", json={"text": "the local partition has 2 cpus, plan jobs for that"}).json()
             other = h.post("/v1/notes", json={"text": "unrelated: use scratch for datasets"}).json()
-    finally:
         gw.kill()
-    gw.cpus = 3  # the facility changed while the gateway was down
-    gw.start()
-    try:
+        gw.cpus = 3  # the facility changed while the gateway was down
+        gw.start()
         with gw.http() as h:
             for _ in range(50):
                 facts = h.get("/v1/facility").json()["facts"]
@@ -206,5 +198,3 @@ def test_facility_facts_are_versioned_and_changes_mark_notes_stale(tmp_path) -> 
             found = {n["id"]: n for n in h.get("/v1/notes", params={"q": "partition cpus scratch datasets"}).json()["notes"]}
         assert "max_cpus 2 -> 3" in found[note["id"]]["flags"]["stale"]
         assert "stale" not in found[other["id"]].get("flags", {})
-    finally:
-        gw.kill()
