@@ -247,3 +247,15 @@ def test_html_report_in_a_real_browser(facility: Path, tmp_path: Path) -> None:
     assert requests == [page_file.as_uri()], "the report must fetch nothing"
     assert errors == []
     assert len(shot) > 50_000  # a page of plots, not a blank one
+
+
+def test_the_audit_chain_is_an_input_too(gateway, people) -> None:
+    for who in ("bot1", "bot1", "alice"):
+        with gateway.http(people[who]) as h:
+            h.post("/v1/jobs", json={"command": "true"})
+    with gateway.http(people["bot2"]) as h:
+        assert h.post("/v1/jobs", json={"command": "true", "cpus": 999}).status_code == 400
+    r = analyze_json(str(gateway.home / "audit.jsonl"))
+    assert r["source"]["format"] == "audit" and r["source"]["jobs"] == 3 and r["source"]["malformed"] == 0
+    assert r["groups"]["agent"]["jobs"] == 2 and r["groups"]["human"]["jobs"] == 1
+    assert any("refused submissions" in n for n in r["source"]["notes"])

@@ -36,7 +36,7 @@ def _stderr_is_tty() -> bool:
 
 @click.command()
 @click.argument("file", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["sacct", "sacct-json", "swf", "corral"]),
+@click.option("--format", "fmt", type=click.Choice(["sacct", "sacct-json", "swf", "corral", "audit"]),
               help="Input format (default: detected from the name and first bytes).")
 @click.option("--overrides", type=click.Path(path_type=Path),
               help="File of 'USER agent|human' lines that settle who is an agent.")
@@ -60,6 +60,7 @@ def analyze(ctx: click.Context, file: Path, fmt: str | None, overrides: Path | N
       sacct-json   sacct --allusers --allocations --json
       swf          a Standard Workload Format trace (.swf, .swf.gz)
       corral       a corral gateway's state database ($CORRAL_HOME/corral.db)
+      audit        a corral gateway's audit chain ($CORRAL_HOME/audit.jsonl)
 
     \b
     Who is an agent: exact where jobs carry corral's provenance (kind=agent in the

@@ -30,8 +30,8 @@ import polars as pl
 from ..errors import InvalidRequest
 from .frame import SWF_STATUS, conform, state_from_slurm
 
-Format = Literal["sacct", "sacct-json", "swf", "corral"]
-FORMATS: tuple[str, ...] = ("sacct", "sacct-json", "swf", "corral")
+Format = Literal["sacct", "sacct-json", "swf", "corral", "audit"]
+FORMATS: tuple[str, ...] = ("sacct", "sacct-json", "swf", "corral", "audit")
 SACCT_REQUIRED = ("JobID", "User", "Submit", "State")
 SACCT_FIELDS = ("JobID,User,Account,Partition,JobName,Submit,Start,End,ElapsedRaw,State,"
                 "ExitCode,AllocCPUS,AllocTRES,Comment")
@@ -68,6 +68,8 @@ def detect(path: Path) -> Format:
     name = path.name.lower()
     if name.endswith((".swf", ".swf.gz")):
         return "swf"
+    if name.startswith("audit") and name.endswith(".jsonl"):
+        return "audit"
     if name.endswith(".json"):
         return "sacct-json"
     with open(path, "rb") as f:
@@ -91,7 +93,7 @@ def load(path: Path, fmt: str | None = None) -> Ingested:
     fmt = fmt or detect(path)
     if fmt not in FORMATS:
         raise InvalidRequest(f"unknown format {fmt!r}", hint=f"use one of: {', '.join(FORMATS)}")
-    reader = {"sacct": _sacct, "sacct-json": _sacct_json, "swf": _swf, "corral": _corral}[fmt]
+    reader = {"sacct": _sacct, "sacct-json": _sacct_json, "swf": _swf, "corral": _corral, "audit": _audit}[fmt]
     try:
         return reader(path)
     except (pl.exceptions.ComputeError, pl.exceptions.SchemaError, sqlite3.DatabaseError, UnicodeDecodeError,
@@ -390,4 +392,31 @@ def _corral(path: Path) -> Ingested:
         elapsed_s=(pl.col("end_e").fill_null(pl.col("start_e")) - pl.col("start_e")).round().cast(pl.Int64).fill_null(0),
     )
     ing.jobs = conform(df.with_row_index("lineno", offset=1))
+    return ing
+
+
+_AUDIT = pl.Struct({"seq": pl.Int64, "ts": pl.Float64, "principal": pl.String, "kind": pl.String,
+                    "action": pl.String, "decision": pl.String, "job_id": pl.Int64, "partition": pl.String,
+                    "cpus": pl.Int64, "gpus": pl.Int64})
+
+
+def _audit(path: Path) -> Ingested:
+    """corral's audit chain: every allowed submission is a job of a principal whose kind
+    is known. It has no run times: shares of users and submissions, rates and the
+    heatmap come out; core-hours need an accounting export."""
+    ing = Ingested(pl.DataFrame(), str(path), "audit")
+    lines = _lines(path)
+    ing.rows_read = lines.height
+    rec = pl.col("line").str.splitn(" ", 2).struct.field("field_1").str.json_decode(_AUDIT)
+    df = lines.with_columns(rec.alias("r")).unnest("r")
+    df = _account(ing, df, {"unreadable record": pl.col("seq").is_null()})
+    refused = df.filter((pl.col("action") == "submit") & (pl.col("decision") == "deny")).height
+    if refused:
+        ing.notes.append(f"{refused:,} refused submissions are in the log and not counted as jobs")
+    jobs = df.filter((pl.col("action") == "submit") & (pl.col("decision") == "allow") & pl.col("job_id").is_not_null())
+    ing.jobs = conform(jobs.with_columns(
+        job_id=pl.col("job_id").cast(pl.String), user=pl.col("principal"),
+        submit=_local(pl.col("ts").cast(pl.Int64)), elapsed_s=pl.lit(0), state=pl.lit("UNKNOWN"),
+        cpus=pl.col("cpus").fill_null(1), gpus=pl.col("gpus").fill_null(0)).unique("job_id", keep="first"))
+    ing.notes.append("read from corral's audit chain: no run times, so core- and GPU-hours are not measured here")
     return ing
