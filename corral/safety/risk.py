@@ -73,14 +73,16 @@ class Risk:
 def analyze(text: str) -> Risk:
     """Tag a command line or a whole job script."""
     risk = Risk()
-    if FORK_BOMB.search(text):
-        risk.add("fork_bomb", FORK_BOMB.search(text).group(0))  # type: ignore[union-attr]
-    if POLL_LOOP.search(text):
-        risk.add("scheduler_polling", POLL_LOOP.search(text).group(0)[:120])  # type: ignore[union-attr]
-    if MINERS.search(text):
-        risk.add("cryptomining", MINERS.search(text).group(0))  # type: ignore[union-attr]
     _walk(text, risk, {}, {}, depth=0)
     return risk
+
+
+def _text_wide(text: str, risk: Risk) -> None:
+    """What shows in the shape of the whole text rather than in one command."""
+    for tag, pattern in (("fork_bomb", FORK_BOMB), ("scheduler_polling", POLL_LOOP), ("cryptomining", MINERS)):
+        m = pattern.search(text)
+        if m:
+            risk.add(tag, m.group(0)[:120])
 
 
 def _commands(text: str, risk: Risk) -> list[list[list[str]]]:
@@ -92,52 +94,68 @@ def _commands(text: str, risk: Risk) -> list[list[list[str]]]:
         return _shlex_commands(text)
     out: list[list[list[str]]] = []
     for tree in trees:
-        _collect(tree, out)
+        _collect(tree, out, text)
     return out
 
 
-def _collect(node: object, out: list[list[list[str]]]) -> None:
+def _collect(node: object, out: list[list[list[str]]], src: str) -> None:
     kind = getattr(node, "kind", "")
     if kind == "pipeline":
         cmds = []
         for p in node.parts:  # type: ignore[attr-defined]
             if getattr(p, "kind", "") == "command":
-                cmds.append(_argv(p))
-                _nested(p, out)
+                cmds.append(_argv(p, src))
+                _nested(p, out, src)
             elif getattr(p, "kind", "") != "pipe":
-                _collect(p, out)
+                _collect(p, out, src)
         if cmds:
             out.append(cmds)
         return
     if kind == "command":
-        out.append([_argv(node)])
-        _nested(node, out)
+        out.append([_argv(node, src)])
+        _nested(node, out, src)
         return
     for child in getattr(node, "parts", []) or []:
-        _collect(child, out)
+        _collect(child, out, src)
     for attr in ("list", "command"):
         child = getattr(node, attr, None)
         if child is not None and not isinstance(child, str):
             for c in child if isinstance(child, list) else [child]:
-                _collect(c, out)
+                _collect(c, out, src)
 
 
-def _nested(cmd: object, out: list[list[list[str]]]) -> None:
+def _nested(cmd: object, out: list[list[list[str]]], src: str) -> None:
     """Command substitutions and process substitutions inside a command's words."""
     for part in getattr(cmd, "parts", []) or []:
         for sub in getattr(part, "parts", []) or []:
             if getattr(sub, "kind", "") in ("commandsubstitution", "processsubstitution"):
-                _collect(sub.command, out)  # type: ignore[attr-defined]
+                _collect(sub.command, out, src)  # type: ignore[attr-defined]
 
 
-def _argv(cmd: object) -> list[str]:
-    """Words and assignments in order; a here-doc fed to a shell becomes its ``-c`` script."""
-    argv = [p.word for p in getattr(cmd, "parts", []) if getattr(p, "kind", "") in ("word", "assignment")]
+def _argv(cmd: object, src: str) -> list[str]:
+    """Words and assignments in order, as the shell would pass them (quotes removed from
+    the source text, not from bashlex's half-unquoted words); a here-doc fed to a shell
+    becomes its ``-c`` script."""
+    argv = [_unquote(src[p.pos[0]:p.pos[1]], p.word) for p in getattr(cmd, "parts", [])
+            if getattr(p, "kind", "") in ("word", "assignment")]
     for p in getattr(cmd, "parts", []) or []:
         doc = getattr(p, "heredoc", None)
         if getattr(p, "kind", "") == "redirect" and doc is not None and argv and argv[0].rsplit("/", 1)[-1] in SHELLS:
             argv += ["-c", getattr(doc, "value", "")]
     return argv
+
+
+def _unquote(raw: str, word: str) -> str:
+    """The word's value after quote removal, from its source text; bashlex's own if the
+    source does not split into exactly one word."""
+    if "'" in raw or '"' in raw or "\\" in raw:
+        try:
+            parts = shlex.split(raw)
+        except ValueError:
+            return word
+        if len(parts) == 1:
+            return parts[0]
+    return word
 
 
 def _shlex_commands(text: str) -> list[list[list[str]]]:
@@ -165,6 +183,7 @@ def _walk(text: str, risk: Risk, variables: dict[str, str], aliases: dict[str, s
     if depth > 6:
         risk.add("obfuscated", "nested too deep to follow")
         return
+    _text_wide(text, risk)
     for pipeline in _commands(text, risk):
         for i, argv in enumerate(pipeline):
             argv = [_expand(w, variables) for w in argv]
@@ -232,8 +251,8 @@ def _check(argv: list[str], upstream: list[list[str]], risk: Risk, variables: di
     if name in ("rm", "shred", "unlink", "rmdir"):
         flags = "".join(a[1:] for a in argv[1:] if a.startswith("-") and not a.startswith("--"))
         recursive = "r" in flags.lower() or "--recursive" in argv or name == "shred"
-        targets = [a for a in argv[1:] if not a.startswith("-")]
-        if not targets and upstream:  # xargs rm: the targets come down the pipe
+        targets = [a for a in argv[1:] if not a.startswith("-") and a != "{}"]
+        if (not targets or "{}" in argv) and upstream:  # xargs rm (-I{}): the targets come down the pipe
             targets = [w for cmd in upstream for w in cmd[1:] if not w.startswith("-")]
         if recursive and any(_protected(t) for t in targets):
             risk.add("destructive_fs", line)
