@@ -19,6 +19,8 @@ from .control.metrics import MeteredBackend, Metrics
 from .control.reconciler import Reconciler, Watchers
 from .db import Database
 from .errors import BackendError, Conflict, CorralError, Forbidden, InvalidRequest, NotFound, Unauthenticated
+from .fastlane.bridge import PILOT_PRINCIPAL, Lanes
+from .fastlane.lane import FAST
 from .jobs import TERMINAL_STATES, Job, JobSpec, JobState, parse_duration_s
 from .output import read_page, read_tail
 from .principals import Caller, Kind, Principal, check_name, check_session, new_token, secret_matches, split_token
@@ -40,8 +42,6 @@ class Service:
             before_tick=self.submit_unsent, after_change=self.remember_outcomes,
         )
         self._in_flight: set[int] = set()
-        from .fastlane.bridge import Lanes  # the fast lane needs the service's parts, built above
-
         self.lanes: Lanes | None = Lanes(self) if settings.fastlane else None
         from .memory.store import Memory
 
@@ -265,7 +265,7 @@ class Service:
             return
         from .memory.store import read_tail
 
-        jobs = [j for j in self.db.get_jobs(list(job_ids)).values() if j.terminal and j.principal != "fastlane"]
+        jobs = [j for j in self.db.get_jobs(list(job_ids)).values() if j.terminal and j.principal != PILOT_PRINCIPAL]
         principals: dict[str, Principal | None] = {}
         items = []
         for j in jobs:
@@ -329,12 +329,12 @@ class Service:
             advice.append(seen[key])
         with self.db.transaction():
             jobs = self.db.insert_jobs(caller.name, caller.session, [
-                (backend, self.lanes.prefix(p, spec) if backend == "fast" and self.lanes else None, spec)
+                (backend, self.lanes.prefix(p, spec) if backend == FAST and self.lanes else None, spec)
                 for spec, backend in routed])
         # Recorded first, then run: a crash in between leaves fast-lane jobs without a
         # journal entry, which the restart recovery sends again (never twice: not started).
         for job in jobs:
-            if job.backend == "fast" and self.lanes is not None:  # no thread hop: straight into the pool
+            if job.backend == FAST and self.lanes is not None:  # no thread hop: straight into the pool
                 self.lanes.enqueue(job, SubmitContext(job.id, p.name, p.kind.value, p.sponsor, job.session,
                                                       p.unix_user, p.account), p)
             else:
@@ -347,7 +347,7 @@ class Service:
     async def _send(self, job: Job, principal: Principal, *, raise_backend: bool = False) -> None:
         ctx = SubmitContext(job.id, principal.name, principal.kind.value, principal.sponsor, job.session,
                             principal.unix_user, principal.account)
-        if job.backend == "fast" and self.lanes is not None:
+        if job.backend == FAST and self.lanes is not None:
             self.lanes.send(job, ctx, principal)
             return
         self._in_flight.add(job.id)
@@ -421,8 +421,8 @@ class Service:
         self.record(caller, "cancel", "allow", "own-or-sponsored", [{"job_id": j.id, "backend_id": j.backend_id}
                                                                     for j in jobs])
         live = [j for j in jobs if not j.terminal and j.backend_id]
-        fast = [j for j in live if j.backend == "fast"]
-        batch = [j for j in live if j.backend != "fast"]
+        fast = [j for j in live if j.backend == FAST]
+        batch = [j for j in live if j.backend != FAST]
         if fast and self.lanes is not None:
             await self.lanes.cancel(fast)
         if batch:
@@ -549,7 +549,7 @@ class Service:
 
     def _output_paths(self, job: Job) -> Any:
         assert job.backend_id is not None
-        if job.backend == "fast" and self.lanes is not None:
+        if job.backend == FAST and self.lanes is not None:
             return self.lanes.fast.output_paths(job.backend_id)
         return self.backend.output_paths(job.backend_id)
 

@@ -216,7 +216,7 @@ def _local(epoch: pl.Expr) -> pl.Expr:
     return pl.when(epoch > 0).then(pl.from_epoch(epoch + offset, time_unit="s").cast(pl.Datetime("us")))
 
 
-def _number(df: pl.DataFrame, expr: pl.Expr, dtype: pl.DataType | None) -> pl.Expr:
+def _number(expr: pl.Expr, dtype: pl.DataType | None) -> pl.Expr:
     """Slurm 23.11+ wraps numbers as {set, infinite, number}; older ones are plain."""
     if isinstance(dtype, pl.Struct) and "number" in [f.name for f in dtype.fields]:
         return expr.struct.field("number")
@@ -247,7 +247,7 @@ def _sacct_json(path: Path) -> Ingested:
     def t(name: str) -> pl.Expr:
         if name not in tfields:
             return pl.lit(None, pl.Int64)
-        return _number(jobs, pl.col("time").struct.field(name), tfields[name]).cast(pl.Int64, strict=False)
+        return _number(pl.col("time").struct.field(name), tfields[name]).cast(pl.Int64, strict=False)
 
     st = s.get("state")
     current = pl.col("state").struct.field("current") if isinstance(st, pl.Struct) else pl.col("state")
@@ -258,10 +258,10 @@ def _sacct_json(path: Path) -> Ingested:
     if isinstance(ec, pl.Struct):
         fields = {f.name: f.dtype for f in ec.fields}
         if "return_code" in fields:
-            rc = _number(jobs, pl.col("exit_code").struct.field("return_code"), fields["return_code"])
+            rc = _number(pl.col("exit_code").struct.field("return_code"), fields["return_code"])
         sig = fields.get("signal")
         if isinstance(sig, pl.Struct) and "signal_id" in [f.name for f in sig.fields]:
-            sid = _number(jobs, pl.col("exit_code").struct.field("signal").struct.field("signal_id"),
+            sid = _number(pl.col("exit_code").struct.field("signal").struct.field("signal_id"),
                           {f.name: f.dtype for f in sig.fields}["signal_id"])
             rc = pl.when(sid.fill_null(0) > 0).then(128 + sid).otherwise(rc)
     tres = pl.col("tres").struct.field("allocated") if "tres" in s else pl.lit(None)
