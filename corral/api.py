@@ -8,6 +8,7 @@ import contextlib
 import gc
 import json
 import logging
+import math
 from typing import Any, AsyncIterator
 
 from fastapi import Depends, FastAPI, Header, Query, Request
@@ -15,9 +16,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import CorralError, describe_validation
+from .errors import CorralError, RateLimited, describe_validation
 from .jobs import JobSpec
 from .principals import Caller, bearer_token
+from .safety.tokens import Caveats, caveats_from
 from .service import Service
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,18 @@ class TokenIn(BaseModel):
     for_: str = Field(alias="for", description="The principal the token acts as.")
     expires: str | None = Field("8h", description="Lifetime such as '8h' or '7d'; 'never' for humans and services.")
     note: str | None = None
+    actions: list[str] | None = Field(None, description="Only these actions (submit, cancel, status, read_output, write_note, read_notes, advice, manage).")
+    partitions: list[str] | None = Field(None, description="Submit only to these partitions.")
+    max_cpus: int | None = Field(None, ge=0, description="CPUs per job at most.")
+    max_gpus: int | None = Field(None, ge=0, description="GPUs per job at most.")
+    max_walltime: str | None = Field(None, description="Walltime per job at most, e.g. '2h'.")
+    cpu_hours: float | None = Field(None, ge=0, description="CPU-hour budget for everything submitted with this token.")
+    gpu_hours: float | None = Field(None, ge=0, description="GPU-hour budget for everything submitted with this token.")
+    submits_per_min: int | None = Field(None, ge=0, description="Jobs submitted per minute at most.")
+    max_active_jobs: int | None = Field(None, ge=0, description="Unfinished jobs at once at most.")
+
+    def caveats(self) -> Caveats:
+        return caveats_from(self.model_dump(exclude={"for_", "expires", "note"}))
 
 
 class CancelIn(BaseModel):
@@ -69,6 +83,13 @@ def ok(data: Any, status: int = 200) -> Response:
     return Response(json.dumps(data), status_code=status, media_type="application/json")
 
 
+def error_response(exc: CorralError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
+    if isinstance(exc, RateLimited):
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+    return JSONResponse({"error": exc.to_dict()}, status_code=exc.status, headers=headers or None)
+
+
 class RequireToken:
     """Refuse an MCP connection without a valid token at the transport (HTTP 401),
     before any MCP session exists; the tools then authenticate each call again."""
@@ -82,8 +103,7 @@ class RequireToken:
         try:
             self.service.authenticate(bearer_token(headers.get("authorization")), headers.get("x-corral-session"))
         except CorralError as e:
-            resp = JSONResponse({"error": e.to_dict()}, status_code=e.status, headers={"WWW-Authenticate": "Bearer"})
-            await resp(scope, receive, send)
+            await error_response(e)(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
@@ -125,8 +145,7 @@ def create_app(service: Service) -> FastAPI:
 
     @app.exception_handler(CorralError)
     async def _corral_error(request: Request, exc: CorralError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return JSONResponse({"error": exc.to_dict()}, status_code=exc.status, headers=headers)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -184,7 +203,12 @@ def create_app(service: Service) -> FastAPI:
 
     @app.post("/v1/tokens", status_code=201, tags=["tokens"])
     async def mint_token(body: TokenIn, c: Caller = Depends(caller)) -> Response:
-        return ok(service.mint_token(c, body.for_, body.expires, body.note), 201)
+        return ok(service.mint_token(c, body.for_, body.expires, body.note, body.caveats()), 201)
+
+    @app.get("/v1/tokens/public-key", tags=["tokens"])
+    async def token_public_key() -> Response:
+        """The key that verifies this gateway's tokens: all that narrowing a token needs. Public."""
+        return ok({"public_key": service.token_public_key(), "algorithm": "ed25519"})
 
     @app.get("/v1/tokens", tags=["tokens"])
     async def list_tokens(c: Caller = Depends(caller)) -> Response:

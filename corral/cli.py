@@ -329,45 +329,14 @@ def principal_list(o: Ctx) -> None:
     o.out(o.client.principals(), lambda ps: table(ps, ["name", "kind", "sponsor", "unix_user", "account", "admin"]))
 
 
-@cli.group()
-def token() -> None:
-    """Mint, list and revoke bearer tokens."""
-
-
-@token.command("mint")
-@click.option("--for", "for_", required=True, help="The principal the token acts as.")
-@click.option("--expires", default="8h", show_default=True, help="Lifetime: 30m, 8h, 7d; 'never' for humans/services.")
-@click.option("--note", help="Why this token exists.")
-@click.pass_obj
-def token_mint(o: Ctx, for_: str, expires: str, note: str | None) -> None:
-    """Mint a token. It is shown once: store it now (e.g. export CORRAL_TOKEN=...)."""
-    t = o.client.mint_token(for_, expires, note)
-    o.out(t, lambda t: f"{t['token']}\n(token {t['id']} for {t['principal']}; shown once)")
-
-
-@token.command("list")
-@click.pass_obj
-def token_list(o: Ctx) -> None:
-    """List tokens (never their secrets)."""
-    o.out(o.client.tokens(), lambda ts: table(
-        [{**t, "expires": _ts(t.get("expires")), "revoked": "yes" if t.get("revoked") else ""} for t in ts],
-        ["id", "principal", "expires", "revoked", "note"]))
-
-
-@token.command("revoke")
-@click.argument("token_id")
-@click.pass_obj
-def token_revoke(o: Ctx, token_id: str) -> None:
-    """Revoke a token by id: it stops working at once."""
-    o.out(o.client.revoke_token(token_id), lambda r: f"revoked token {r['id']}")
-
-
 from .analytics.commands import analyze, synth  # noqa: E402  (they need no gateway)
 from .memory.commands import advice, recall, remember  # noqa: E402
 from .safety.audit_commands import audit  # noqa: E402
 from .safety.commands import risk  # noqa: E402
+from .safety.policy_commands import policy  # noqa: E402
+from .safety.token_commands import token  # noqa: E402
 
-for _cmd in (analyze, synth, remember, recall, advice, risk, audit):
+for _cmd in (analyze, synth, remember, recall, advice, risk, audit, token, policy):
     cli.add_command(_cmd)
 
 

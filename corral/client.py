@@ -17,7 +17,8 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from .errors import BackendError, Conflict, CorralError, Forbidden, InvalidRequest, NotFound, Unauthenticated
+from .errors import (BackendError, Conflict, CorralError, Forbidden, InvalidRequest, NotFound, RateLimited,
+                     Unauthenticated)
 
 _BY_STATUS: dict[int, type[CorralError]] = {
     400: InvalidRequest, 401: Unauthenticated, 403: Forbidden, 404: NotFound, 409: Conflict, 422: InvalidRequest,
@@ -94,6 +95,7 @@ class Client:
                 conn.request(method, self._prefix + path + query, body=body, headers=hdrs)
                 resp = conn.getresponse()
                 status, data = resp.status, resp.read()
+                resp_retry = resp.getheader("Retry-After")
                 break
             except (ConnectionRefusedError, socket.gaierror):
                 self.close()
@@ -114,6 +116,8 @@ class Client:
                 message, hint = err["message"], err.get("hint")
             except (ValueError, KeyError, TypeError):
                 message, hint = f"HTTP {status}: {data[:200].decode('utf-8', 'replace')}", None
+            if status == 429:
+                raise RateLimited(message, retry_after=float(resp_retry or 1), hint=hint)
             cls = _BY_STATUS.get(status, BackendError if status >= 500 else InvalidRequest)
             raise cls(message, hint=hint)
         return json.loads(data)
@@ -165,8 +169,10 @@ class Client:
     def principals(self) -> list[dict[str, Any]]:
         return self.request("GET", "/v1/principals")
 
-    def mint_token(self, for_: str, expires: str | None, note: str | None = None) -> dict[str, Any]:
-        return self.request("POST", "/v1/tokens", json_body={"for": for_, "expires": expires, "note": note})
+    def mint_token(self, for_: str, expires: str | None, note: str | None = None,
+                   caveats: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.request("POST", "/v1/tokens", json_body={"for": for_, "expires": expires, "note": note,
+                                                             **(caveats or {})})
 
     def tokens(self) -> list[dict[str, Any]]:
         return self.request("GET", "/v1/tokens")

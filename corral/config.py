@@ -70,6 +70,19 @@ class Settings(BaseSettings):
     fastlane_breaker_failures: int = Field(3, ge=1, description="Allocations failing to start in a row that turn a pool's fast lane off.")
     fastlane_breaker_cooldown_s: float = Field(300.0, gt=0, description="How long a tripped pool stays off.")
 
+    policy_file: Path | None = Field(None, description="The facility policy (Cedar). Default HOME/policy.cedar when it exists, else the packaged default; 'corral policy init' writes a copy to edit.")
+    policy_groups: dict[str, list[str]] = Field(default_factory=dict, description="Groups for the policy, name -> principals (e.g. {gpu-users = ['alice', 'bot1']}): Corral::Group::\"NAME\". Every principal with an account is also in group 'account:ACCOUNT'.")
+    rate_limit_kinds: list[str] = Field(["agent"], description="Kinds of principal the rate limits apply to (human, agent, service).")
+    rate_api_per_s: float = Field(50.0, ge=0, description="API calls per second per principal and per session (0: no limit).")
+    rate_api_burst: float = Field(200.0, ge=1, description="API calls allowed at once above the rate.")
+    rate_submit_per_min: float = Field(600.0, ge=0, description="Jobs submitted per minute per principal and per session (0: no limit).")
+    rate_submit_burst: float = Field(1000.0, ge=1, description="Jobs that may be submitted at once above the rate (a batch counts each job).")
+    agent_max_active_jobs: int = Field(2000, ge=0, description="Unfinished jobs one agent may have at once (0: no cap).")
+
+    def policy_groups_of(self, name: str, account: str | None) -> list[str]:
+        groups = [g for g, members in self.policy_groups.items() if name in members]
+        return groups + [f"account:{account}"] if account else groups
+
     @field_validator("home")
     @classmethod
     def _absolute_home(cls, v: Path) -> Path:

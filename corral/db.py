@@ -110,6 +110,25 @@ MIGRATIONS: list[str] = [
         updated REAL NOT NULL
     );
     """,
+    # 4: safety (corral/safety): capability tokens' blocks and revocations, budgets per
+    # token subtree, tainted sessions
+    """
+    ALTER TABLE jobs ADD COLUMN token_path TEXT;
+    CREATE INDEX jobs_token ON jobs(token_path) WHERE token_path IS NOT NULL;
+    CREATE TABLE token_blocks (
+        id TEXT PRIMARY KEY,
+        root TEXT NOT NULL,
+        principal TEXT NOT NULL,
+        first_seen REAL NOT NULL
+    );
+    CREATE TABLE revoked (id TEXT PRIMARY KEY, at REAL NOT NULL, by TEXT NOT NULL);
+    CREATE TABLE taint (
+        key TEXT PRIMARY KEY,
+        principal TEXT NOT NULL,
+        at REAL NOT NULL,
+        reason TEXT NOT NULL
+    );
+    """,
 ]
 
 _JOB_COLS = (
@@ -254,7 +273,8 @@ class Database:
     # -- jobs ------------------------------------------------------------------
 
     def insert_job(
-        self, principal: str, session: str | None, idem_key: str | None, backend: str, spec: JobSpec
+        self, principal: str, session: str | None, idem_key: str | None, backend: str, spec: JobSpec,
+        token_path: str | None = None,
     ) -> tuple[Job, bool]:
         """Insert a PENDING job; with an idempotency key already used, return that job. -> (job, created)."""
         existing = self.find_idempotent(principal, idem_key) if idem_key is not None else None
@@ -263,29 +283,31 @@ class Database:
         now = time.time()
         text = spec.model_dump_json(by_alias=True, exclude_none=True)
         cur = self.conn.execute(
-            "INSERT INTO jobs (principal, session, idem_key, backend, state, submit_time, spec) VALUES (?,?,?,?,?,?,?)",
-            (principal, session, idem_key, backend, JobState.PENDING.value, now, text),
+            "INSERT INTO jobs (principal, session, idem_key, backend, state, submit_time, spec, token_path) "
+            "VALUES (?,?,?,?,?,?,?,?)",
+            (principal, session, idem_key, backend, JobState.PENDING.value, now, text, token_path),
         )
         # Built from what was written: no read back (a batch of 1,000 inserts is hot).
         return _row_to_job((int(cur.lastrowid), principal, session, backend, None,  # type: ignore[arg-type]
                             JobState.PENDING.value, None, None, now, None, None, text)), True
 
     def insert_jobs(self, principal: str, session: str | None,
-                    items: list[tuple[str, str | None, JobSpec]]) -> list[Job]:
+                    items: list[tuple[str, str | None, JobSpec]], token_path: str | None = None) -> list[Job]:
         """Many PENDING jobs in one statement; ``items`` are (backend, backend id prefix or
         None, spec): a prefix gives the job the backend id ``prefix + id`` (the fast lane
         knows its ids before it is handed the task). Call inside ``transaction()``."""
         now = time.time()
         texts = [spec.model_dump_json(by_alias=True, exclude_none=True) for _, _, spec in items]
         jobs: list[Job] = []
-        for i in range(0, len(items), 500):  # 7 parameters a row, under SQLite's limit
+        for i in range(0, len(items), 500):  # 8 parameters a row, under SQLite's limit
             chunk = items[i: i + 500]
-            rows = ",".join("(?,?,NULL,?,?,?,?,?)" for _ in chunk)
+            rows = ",".join("(?,?,NULL,?,?,?,?,?,?)" for _ in chunk)
             args: list[Any] = []
             for k, (backend, _, _) in enumerate(chunk):
-                args += [principal, session, backend, None, JobState.PENDING.value, now, texts[i + k]]
+                args += [principal, session, backend, None, JobState.PENDING.value, now, texts[i + k], token_path]
             ids = [r[0] for r in self.conn.execute(
-                f"INSERT INTO jobs (principal, session, idem_key, backend, backend_id, state, submit_time, spec) "
+                f"INSERT INTO jobs (principal, session, idem_key, backend, backend_id, state, submit_time, spec, "
+                f"token_path) "
                 f"VALUES {rows} RETURNING id", args).fetchall()]
             by_prefix: dict[str, list[int]] = {}
             for jid, (backend, prefix, _), text in zip(ids, chunk, texts[i: i + 500]):

@@ -11,6 +11,7 @@ what to do next::
      ├── Forbidden           authenticated but not allowed             (HTTP 403, CLI 2)
      ├── NotFound            unknown id, or one the caller may not see (HTTP 404, CLI 2)
      ├── Conflict            the request clashes with current state    (HTTP 409, CLI 2)
+     ├── RateLimited         too fast, or too many at once; retry later (HTTP 429 + Retry-After, CLI 2)
      └── BackendError        the scheduler failed or is unreachable   (HTTP 503, CLI 1)
 """
 
@@ -24,6 +25,8 @@ class CorralError(Exception):
 
     status: int = 500
     code: str = "internal"
+    audited: bool = False
+    """Already in the audit chain (the gate records its own refusals)."""
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
@@ -60,6 +63,17 @@ class NotFound(CorralError):
 class Conflict(CorralError):
     status = 409
     code = "conflict"
+
+
+class RateLimited(CorralError):
+    """A rate limit or a concurrency cap: the same request succeeds later."""
+
+    status = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: float, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint or f"wait {max(1, round(retry_after))} s, then retry")
+        self.retry_after = retry_after
 
 
 class BackendError(CorralError):

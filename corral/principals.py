@@ -13,8 +13,12 @@ import hmac
 import re
 import secrets
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from .safety.tokens import Capability
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 
@@ -56,6 +60,8 @@ class Caller:
     token_id: str
     visible: frozenset[str]
     """Principals whose jobs this caller may see and act on (itself, its agents)."""
+    cap: "Capability | None" = None
+    """The capability token's verified blocks; None for an opaque (legacy or admin) token."""
 
     @property
     def name(self) -> str:

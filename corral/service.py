@@ -6,12 +6,13 @@ and answers status and listings from the gateway's own state, never the backend.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from .backends import Backend, SubmitContext
 from .config import Settings
@@ -23,7 +24,10 @@ from .fastlane.bridge import PILOT_PRINCIPAL, Lanes
 from .fastlane.lane import FAST
 from .jobs import TERMINAL_STATES, Job, JobSpec, JobState, parse_duration_s
 from .output import read_page, read_tail
-from .principals import Caller, Kind, Principal, check_name, check_session, new_token, secret_matches, split_token
+from .principals import Caller, Kind, Principal, check_name, new_token
+from .safety import guard
+from .safety.gate import job_resource, job_text
+from .safety.tokens import Caveats, expires_in
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +53,13 @@ class Service:
         from .memory.facts import Facts
         from .safety.audit import AuditLog
 
+        from .safety.credentials import Credentials
+        from .safety.gate import Gate
+
         self.facts = Facts(db)
         self.audit = AuditLog(settings.home / "audit.jsonl", settings.home / "audit.key", db.audit_head())
-        # token -> (token record, principal, visible names). Every write to principals
-        # or tokens clears it, so a revocation takes effect on the very next request.
-        self._auth_cache: dict[str, tuple[dict[str, Any], Principal, frozenset[str]]] = {}
+        self.gate = Gate(settings, db, self.record)
+        self.credentials = Credentials(db, self.gate)
 
     # -- bootstrap ----------------------------------------------------------------
 
@@ -75,39 +81,30 @@ class Service:
     # -- authentication -------------------------------------------------------------
 
     def authenticate(self, token: str | None, session: str | None = None) -> Caller:
-        if not token:
-            raise Unauthenticated("no token given; send 'Authorization: Bearer <token>' or set CORRAL_TOKEN")
-        cached = self._auth_cache.get(token)
-        if cached is not None:
-            record, principal, visible = cached
-            if record["expires"] is None or record["expires"] >= time.time():
-                return Caller(principal, check_session(session), record["id"], visible)
-        parts = split_token(token)
-        record = self.db.get_token(parts[0]) if parts else None
-        if parts is None or record is None or not secret_matches(parts[1], record["hash"]):
-            raise Unauthenticated("the token is not valid; check CORRAL_TOKEN or ask your sponsor to mint one")
-        if record["revoked"]:
-            raise Unauthenticated(f"token {record['id']} was revoked; ask your sponsor for a new one")
-        if record["expires"] is not None and record["expires"] < time.time():
-            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(record["expires"]))
-            raise Unauthenticated(
-                f"token {record['id']} expired at {when}; mint a new one with "
-                f"'corral token mint --for {record['principal']}'"
-            )
-        principal = self.db.get_principal(record["principal"])
-        assert principal is not None
-        visible = frozenset([principal.name, *self.db.sponsored_by(principal.name)])
-        if len(self._auth_cache) > 10_000:
-            self._auth_cache.clear()
-        self._auth_cache[token] = (record, principal, visible)
-        return Caller(principal, check_session(session), record["id"], visible)
+        """Token -> caller, on every request of every edge; rate-limits API calls."""
+        return self.credentials.authenticate(token, session)
 
     # -- principals and tokens --------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _audited(self, caller: Caller, action: str, resource: dict[str, Any]) -> Iterator[None]:
+        """Record a refusal the gate did not already record (the core's own rules)."""
+        try:
+            yield
+        except CorralError as e:
+            if not e.audited:
+                self.record(caller, action, "deny", e.code, [{**resource, "reason": e.message[:200]}])
+            raise
 
     def add_principal(
         self, caller: Caller, name: str, kind: str, sponsor: str | None = None,
         unix_user: str | None = None, account: str | None = None, admin: bool = False,
     ) -> Principal:
+        with self._audited(caller, "manage", {"add_principal": name}):
+            return self._add_principal(caller, name, kind, sponsor, unix_user, account, admin)
+
+    def _add_principal(self, caller: Caller, name: str, kind: str, sponsor: str | None,
+                       unix_user: str | None, account: str | None, admin: bool) -> Principal:
         check_name(name)
         try:
             k = Kind(kind)
@@ -137,7 +134,9 @@ class Service:
             raise InvalidRequest("only agents have sponsors; drop --sponsor for humans and services")
         if self.db.get_principal(name) is not None:
             raise Conflict(f"principal {name!r} already exists")
-        self._auth_cache.clear()
+        self.gate.check(caller, "manage", "Facility", audit_resource={"add_principal": name, "kind": k.value,
+                                                                      "sponsor": sponsor}, audit_allow=True)
+        self.credentials.clear()
         try:
             return self.db.add_principal(Principal(name, k, sponsor, unix_user, account, admin and k is Kind.HUMAN))
         except sqlite3.IntegrityError:
@@ -146,34 +145,30 @@ class Service:
     def list_principals(self, caller: Caller) -> list[Principal]:
         return [p for p in self.db.list_principals() if caller.sees(p.name)]
 
-    def mint_token(self, caller: Caller, for_name: str, expires: str | None = "8h", note: str | None = None) -> dict[str, Any]:
-        if not caller.principal.is_admin and caller.principal.kind is not Kind.HUMAN:
-            # An agent with an 8-hour token must not be able to renew itself forever.
-            raise Forbidden("only people mint tokens: ask your sponsor for a new one")
-        target = self.db.get_principal(for_name)
-        if target is None or not caller.sees(for_name):
-            raise NotFound(f"no principal {for_name!r} that you may mint tokens for; see 'corral principal list'")
-        expires_at = None
-        if expires not in (None, "", "never"):
-            try:
-                expires_at = time.time() + parse_duration_s(expires)
-            except ValueError as e:
-                raise InvalidRequest(f"--expires: {e}") from None
-        elif target.kind is Kind.AGENT:
-            raise InvalidRequest("agent tokens must expire; give --expires such as 8h or 7d")
-        token_id, token, hash_ = new_token()
-        self.db.add_token(token_id, for_name, hash_, expires_at, note)
-        return {"id": token_id, "token": token, "principal": for_name, "expires": expires_at}
+    def mint_token(self, caller: Caller, for_name: str, expires: str | None = "8h", note: str | None = None,
+                   caveats: Caveats | None = None) -> dict[str, Any]:
+        """A capability token for ``for_name`` with ``caveats``; shown once."""
+        with self._audited(caller, "manage", {"mint_for": for_name}):
+            expires_at = expires_in(expires)
+            self.credentials.check_mint(caller, for_name, expires_at)
+            self.gate.check(caller, "manage", "Facility", audit_resource={"mint_for": for_name})
+            minted = self.credentials.mint(caller, for_name, expires_at, note, caveats or Caveats())
+        self.record(caller, "manage", "allow", "policy", [{"mint_for": for_name, "token_id": minted["id"],
+                                                           "caveats": minted["caveats"]}])
+        return minted
 
     def list_tokens(self, caller: Caller) -> list[dict[str, Any]]:
-        return self.db.list_tokens(None if caller.principal.is_admin else caller.visible)
+        return self.credentials.list(caller)
 
     def revoke_token(self, caller: Caller, token_id: str) -> None:
-        record = self.db.get_token(token_id)
-        if record is None or not caller.sees(record["principal"]):
-            raise NotFound(f"no token {token_id!r} that you may revoke; see 'corral token list'")
-        self.db.revoke_token(token_id)
-        self._auth_cache.clear()
+        with self._audited(caller, "manage", {"revoke": token_id}):
+            self.gate.check(caller, "manage", "Facility", audit_resource={"revoke": token_id})
+            self.credentials.revoke(caller, token_id)
+        self.record(caller, "manage", "allow", "policy", [{"revoke": token_id}])
+
+    def token_public_key(self) -> str:
+        """Hex of the key that verifies this gateway's tokens: what narrowing a token needs."""
+        return self.gate.tokens.public_key.hex()
 
     # -- jobs ---------------------------------------------------------------------------
 
@@ -208,7 +203,8 @@ class Service:
         try:
             job, created = await self._submit(caller, spec, idempotency_key)
         except CorralError as e:
-            self.record(caller, "submit", "deny", e.code, [{"command": (spec.command or "script")[:200]}])
+            if not e.audited:
+                self.record(caller, "submit", "deny", e.code, [{"command": (spec.command or "script")[:200]}])
             raise
         self.record(caller, "submit", "allow", "default" if created else "idempotent-replay",
                     [{"job_id": job.id, "backend": job.backend, "backend_id": job.backend_id,
@@ -223,14 +219,17 @@ class Service:
             if existing is not None:
                 return existing, False
         await self._check_spec(spec)
+        self.gate.check(caller, "submit", "Job", job_resource(spec, caller.name), text=job_text(spec))
         if spec.cache and self.memory is not None:
             hit = await self._cache_hit(caller.principal, spec)
             if isinstance(hit, Job):
                 return hit, False
             spec = hit
         spec, backend = self._route(caller.principal, spec)
+        self.gate.admit(caller, [spec])
         advice = self._advise(caller.principal, spec)
-        job, created = self.db.insert_job(caller.name, caller.session, idempotency_key, backend, spec)
+        job, created = self.db.insert_job(caller.name, caller.session, idempotency_key, backend, spec,
+                                          caller.cap.path if caller.cap else None)
         if created:
             await self._send(job, caller.principal)
             self.reconciler.kick()
@@ -257,7 +256,8 @@ class Service:
         if refuse and self.settings.memory_refuse_repeats:
             where = f"job {index}: " if index is not None else ""
             raise Conflict(where + refuse, hint="set force (CLI --force, JSON \"force\": true) to run it anyway")
-        return advice
+        # Advice quotes job output (error lines): guarded like any output handed to an agent.
+        return [guard.scan(a, "memory advice").text for a in advice]
 
     def remember_outcomes(self, job_ids: list[int]) -> None:
         """Ended jobs become episodes (their failures' output read once, bounded)."""
@@ -291,7 +291,8 @@ class Service:
         try:
             return await self._submit_many(caller, specs)
         except CorralError as e:
-            self.record(caller, "submit", "deny", e.code, [{"batch": len(specs)}])
+            if not e.audited:
+                self.record(caller, "submit", "deny", e.code, [{"batch": len(specs)}])
             raise
 
     async def _submit_many(self, caller: Caller, specs: list[JobSpec]) -> list[Job]:
@@ -318,8 +319,15 @@ class Service:
             await asyncio.to_thread(preflight_all)
         except BackendError as e:
             log.warning("preflight skipped, the scheduler's limits are unavailable: %s", e)
+        for s in distinct:
+            try:
+                self.gate.check(caller, "submit", "Job", job_resource(s, caller.name), text=job_text(s))
+            except CorralError as e:
+                e.message = f"job {specs.index(s)}: {e.message}"
+                raise
         p = caller.principal
         routed = [self._route(p, s) for s in specs]
+        self.gate.admit(caller, [spec for spec, _ in routed])
         seen: dict[str, list[str]] = {}  # a sweep repeats one spec: ask memory once per distinct one
         advice = []
         for i, (spec, _) in enumerate(routed):
@@ -330,7 +338,7 @@ class Service:
         with self.db.transaction():
             jobs = self.db.insert_jobs(caller.name, caller.session, [
                 (backend, self.lanes.prefix(p, spec) if backend == FAST and self.lanes else None, spec)
-                for spec, backend in routed])
+                for spec, backend in routed], caller.cap.path if caller.cap else None)
         # Recorded first, then run: a crash in between leaves fast-lane jobs without a
         # journal entry, which the restart recovery sends again (never twice: not started).
         for job in jobs:
@@ -380,6 +388,7 @@ class Service:
                     await self._send(job, principal, raise_backend=True)
 
     def get_job(self, caller: Caller, job_id: int) -> Job:
+        self.gate.check_status(caller)
         job = self.db.get_job(job_id)
         # Another principal's job is indistinguishable from a missing one.
         if job is None or not caller.sees(job.principal):
@@ -390,6 +399,7 @@ class Service:
         self, caller: Caller, states: Iterable[str] | None = None, session: str | None = None,
         principal: str | None = None, limit: int = 50, offset: int = 0,
     ) -> list[Job]:
+        self.gate.check_status(caller)
         parsed = [self.parse_state(s) for s in states or []]
         if not 1 <= limit <= 1000:
             raise InvalidRequest("limit must be between 1 and 1000")
@@ -415,8 +425,11 @@ class Service:
     async def cancel(self, caller: Caller, job_ids: list[int]) -> list[Job]:
         try:
             jobs = [self.get_job(caller, j) for j in job_ids]
+            for j in jobs:
+                self.gate.check(caller, "cancel", "Job", {"id": j.id, **job_resource(j.spec, j.principal)})
         except CorralError as e:
-            self.record(caller, "cancel", "deny", e.code, [{"job_ids": job_ids[:100]}])
+            if not e.audited:
+                self.record(caller, "cancel", "deny", e.code, [{"job_ids": job_ids[:100]}])
             raise
         self.record(caller, "cancel", "allow", "own-or-sponsored", [{"job_id": j.id, "backend_id": j.backend_id}
                                                                     for j in jobs])
@@ -463,6 +476,7 @@ class Service:
             raise InvalidRequest(f"timeout must be between 0 and {self.settings.wait_max_s:.0f} seconds")
         if not 1 <= len(job_ids) <= 10_000:
             raise InvalidRequest("wait for 1 to 10,000 jobs at once")
+        self.gate.check_status(caller)
         ids = list(dict.fromkeys(job_ids))
         deadline = time.monotonic() + timeout
         terminal = {s.value for s in TERMINAL_STATES}
@@ -486,6 +500,9 @@ class Service:
         job = self.get_job(caller, job_id)
         if stream not in ("stdout", "stderr"):
             raise InvalidRequest("stream must be 'stdout' or 'stderr'")
+        self.gate.check(caller, "read_output", "Job", {"id": job.id, **job_resource(job.spec, job.principal)},
+                        audit_allow=True, audit_resource={"job_id": job.id, "stream": stream,
+                                                          "backend_id": job.backend_id})
         if offset < 0 or limit < 1 or (tail is not None and tail < 0):
             raise InvalidRequest("offset and tail must be >= 0 and limit >= 1")
         if job.backend_id is None:
@@ -493,6 +510,13 @@ class Service:
         paths = self._output_paths(job)
         path = paths.stdout if stream == "stdout" else paths.stderr
         page = read_tail(path, tail, limit) if tail is not None else read_page(path, offset, limit)
+        # Job output is untrusted: whatever ran may have printed instructions or secrets.
+        found = guard.scan(page["data"], f"job {job.id} {stream}")
+        page["data"] = found.text
+        if found.secrets or found.flagged:
+            page["guard"] = found.report()
+        if found.flagged:
+            self.gate.taint(caller, f"job {job.id} {stream}: {', '.join(found.injection)}")
         page["stream"] = stream
         page["job_state"] = job.state.value
         return page
@@ -518,17 +542,31 @@ class Service:
                  job_id: int | None = None) -> dict[str, Any]:
         if job_id is not None:
             self.get_job(caller, job_id)  # provenance must be a job the author may see
-        return self._mem().remember(caller, text, scope, parse_duration_s(expires) if expires else None, job_id)
+        mem = self._mem()
+        self.gate.check(caller, "write_note", "Note", {"scope": scope, "author": caller.name})
+        note: dict[str, Any] = mem.remember(caller, text, scope, parse_duration_s(expires) if expires else None, job_id)
+        self.record(caller, "write_note", "allow", "policy", [{"note_id": note["id"], "scope": scope,
+                                                               "flags": note.get("flags")}])
+        return note
 
     def recall(self, caller: Caller, query: str, k: int = 5) -> list[dict[str, Any]]:
-        return self._mem().recall(caller, query, k)
+        mem = self._mem()
+        self.gate.check(caller, "read_notes", "Note", {"scope": "any", "author": ""})
+        notes: list[dict[str, Any]] = mem.recall(caller, query, k)
+        flagged = [n["id"] for n in notes if n.get("flags", {}).get("suspected_injection") and n["author"] != caller.name]
+        if flagged:
+            self.gate.taint(caller, f"notes {flagged} by other principals are flagged as possible injection")
+        return notes
 
     def promote_note(self, caller: Caller, note_id: int) -> dict[str, Any]:
-        return self._mem().promote(caller, note_id)
+        mem = self._mem()
+        self.gate.check(caller, "manage", "Facility", audit_resource={"promote_note": note_id}, audit_allow=True)
+        return mem.promote(caller, note_id)  # type: ignore[no-any-return]
 
     async def advice(self, caller: Caller, spec: JobSpec) -> dict[str, Any]:
         """What corral would say of this submission, without submitting it."""
         await self._check_spec(spec)
+        self.gate.check(caller, "advice", "Job", job_resource(spec, caller.name))
         advice, refuse = self._mem().advise(caller.principal, spec)
         return {"advice": advice, "would_refuse": refuse if self.settings.memory_refuse_repeats else None}
 

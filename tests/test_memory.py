@@ -10,7 +10,7 @@ import time
 
 from mcp import Client, StdioServerParameters
 
-from corral.memory import guard
+from corral.safety import guard
 from corral.memory.signatures import extract
 
 from .conftest import Gateway, running
@@ -49,7 +49,9 @@ def test_guard_redacts_secrets_and_flags_injection() -> None:
 
 
 def _wait(h, job_id: int) -> dict:
-    return h.get(f"/v1/jobs/{job_id}/wait", params={"timeout": 60}).json()
+    r = h.get(f"/v1/jobs/{job_id}/wait", params={"timeout": 60}).json()
+    assert "state" in r, r
+    return r
 
 
 def test_a_deterministic_failure_is_not_repeated_blindly(gateway: Gateway, people: dict[str, str], tmp_path) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections import Counter
 
 from corral.safety.redteam import DISGUISES, attacks
-from corral.safety.risk import analyze, decide
+from corral.safety.policy import agent_verdict
+from corral.safety.risk import analyze
 
 from .test_risk import _benign
 
@@ -19,11 +20,11 @@ def test_every_disguise_of_every_attack_is_caught() -> None:
     # every disguise on its own catches what the plain command does
     for name, _ in DISGUISES:
         assert missed[name] == 0, (name, missed)
-    assert all(decide(analyze(cmd))[0] != "allow" for cmd, _, _ in cases)
+    assert all(not agent_verdict(list(analyze(cmd).tags)).allowed for cmd, _, _ in cases)
 
 
 def test_benign_agent_commands_pass() -> None:
     cmds = _benign()
     assert len(cmds) >= 500
-    denied = [c for c in cmds if decide(analyze(c))[0] == "deny"]
+    denied = [c for c in cmds if not agent_verdict(list(analyze(c).tags)).allowed]
     assert len(denied) <= 0.01 * len(cmds), denied[:5]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.safety.risk import analyze, decide
+from corral.safety.policy import agent_verdict
+from corral.safety.risk import analyze
 
 ATTACKS: list[tuple[str, str]] = [
     ("rm -rf ~", "destructive_fs"),
@@ -52,14 +53,14 @@ ATTACKS: list[tuple[str, str]] = [
 def test_attack_is_tagged(command: str, tag: str) -> None:
     r = analyze(command)
     assert tag in r.tags, (command, r.tags)
-    assert decide(r)[0] in ("deny", "review")
+    assert not agent_verdict(list(r.tags)).allowed
 
 
 def test_safe_lookalikes_are_not_tagged() -> None:
     for cmd in ("rm -rf build/ dist/", "rm -rf /tmp/x", "find . -name '*.pyc' -delete", "curl -sS https://pypi.org/simple/",
                 "git clone https://github.com/org/repo", "cat <<EOF > notes.txt\nrm -rf ~ is bad\nEOF",
                 "chmod +x run.sh", "squeue -u $USER", "python -c 'print(1)'", "rm -rf ./node_modules"):
-        assert decide(analyze(cmd))[0] == "allow", (cmd, analyze(cmd).tags)
+        assert agent_verdict(list(analyze(cmd).tags)).allowed, (cmd, analyze(cmd).tags)
 
 
 def _benign() -> list[str]:
@@ -75,7 +76,7 @@ def _benign() -> list[str]:
 def test_real_agents_commands_are_not_refused() -> None:
     cmds = _benign()
     assert len(cmds) >= 500
-    refused = [c for c in cmds if decide(analyze(c))[0] == "deny"]
+    refused = [c for c in cmds if not agent_verdict(list(analyze(c).tags)).allowed]
     assert len(refused) <= 0.01 * len(cmds), refused[:5]
 
 

@@ -29,7 +29,8 @@ from ..db import Database
 from ..errors import Forbidden, InvalidRequest, NotFound
 from ..jobs import Job, JobSpec
 from ..principals import Caller, Kind, Principal
-from . import guard, signatures
+from ..safety import guard
+from . import signatures
 
 SCOPES = ("facility", "account", "user", "agent", "session")
 COMMON_SHARE = 0.05

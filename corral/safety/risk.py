@@ -39,25 +39,6 @@ POLL_LOOP = re.compile(r"\b(while|until|for)\b[\s\S]*\b(squeue|sacct|sinfo|scont
 HEAVY = {"mpirun", "mpiexec", "torchrun", "deepspeed", "accelerate", "stress", "stress-ng", "hpl", "xhpl"}
 
 
-DEFAULT_DECISION: dict[str, str] = {
-    "destructive_fs": "deny", "fork_bomb": "deny", "cryptomining": "deny", "privilege_escalation": "deny",
-    "exfiltration": "deny", "credential_read": "deny",
-    "obfuscated": "review", "recursive_permissions": "review", "scheduler_polling": "review",
-    "heavy_compute": "allow",
-}
-"""What the default stands by for an agent until the facility's own policy decides: the
-safety issue's Cedar policy will read the same tags."""
-
-
-def decide(risk: "Risk") -> tuple[str, list[str]]:
-    """-> (allow | review | deny, the tags that decided it)."""
-    for level in ("deny", "review"):
-        why = [t for t in risk.tags if DEFAULT_DECISION.get(t) == level]
-        if why:
-            return level, why
-    return "allow", []
-
-
 @dataclass
 class Risk:
     tags: dict[str, list[str]] = field(default_factory=dict)

@@ -1,0 +1,121 @@
+"""Authentication and tokens: who is asking, and the tokens people mint for agents.
+
+Every minted token is a capability token (corral/safety/tokens.py). Opaque bearer
+secrets (``crl_...``: the admin's first token, and tokens minted before capability
+tokens existed) are still accepted until revoked or expired.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..errors import Forbidden, InvalidRequest, NotFound, Unauthenticated
+from ..principals import Caller, Kind, Principal, check_session, secret_matches, split_token
+from .tokens import PREFIX, Capability, Caveats
+
+if TYPE_CHECKING:
+    from ..db import Database
+    from .gate import Gate
+
+
+class Credentials:
+    def __init__(self, db: "Database", gate: "Gate") -> None:
+        self.db = db
+        self.gate = gate
+        # token -> (expiry, principal, visible names, capability). Every write to principals
+        # or tokens clears it, so a revocation takes effect on the very next request.
+        self._cache: dict[str, tuple[float | None, Principal, frozenset[str], Capability | None, str]] = {}
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+    def authenticate(self, token: str | None, session: str | None = None) -> Caller:
+        if not token:
+            raise Unauthenticated("no token given; send 'Authorization: Bearer <token>' or set CORRAL_TOKEN")
+        hit = self._cache.get(token)
+        if hit is None or (hit[0] is not None and hit[0] < time.time()):
+            hit = self._verify(token)
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[token] = hit
+        expires, principal, visible, cap, token_id = hit
+        caller = Caller(principal, check_session(session), token_id, visible, cap)
+        self.gate.api_call(caller)
+        return caller
+
+    def _verify(self, token: str) -> tuple[float | None, Principal, frozenset[str], Capability | None, str]:
+        cap: Capability | None = None
+        if token.startswith(PREFIX):
+            cap = self.gate.tokens.verify(token)
+            record = self.db.get_token(cap.root)
+            if record is None:
+                raise Unauthenticated("the token was not minted by this gateway; ask your sponsor for one")
+            dead = [b for b in cap.block_ids if b in self.gate.revoked]
+            if dead:
+                raise Unauthenticated(f"token {dead[0]} was revoked; ask your sponsor for a new one")
+            expires = cap.expires_at
+        else:
+            parts = split_token(token)
+            record = self.db.get_token(parts[0]) if parts else None
+            if parts is None or record is None or not record["hash"] or not secret_matches(parts[1], record["hash"]):
+                raise Unauthenticated("the token is not valid; check CORRAL_TOKEN or ask your sponsor to mint one")
+            if record["revoked"]:
+                raise Unauthenticated(f"token {record['id']} was revoked; ask your sponsor for a new one")
+            expires = record["expires"]
+        if expires is not None and expires < time.time():
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(expires))
+            raise Unauthenticated(f"token {record['id']} expired at {when}; mint a new one with "
+                                  f"'corral token mint --for {record['principal']}'")
+        principal = self.db.get_principal(record["principal"])
+        if principal is None:
+            raise Unauthenticated("the token's principal no longer exists")
+        if cap is not None and len(cap.block_ids) > 1:
+            self.gate.store.seen_blocks(cap.root, principal.name, cap.block_ids)
+        visible = frozenset([principal.name, *self.db.sponsored_by(principal.name)])
+        return expires, principal, visible, cap, cap.block_ids[-1] if cap else record["id"]
+
+    def check_mint(self, caller: Caller, for_name: str, expires_at: float | None) -> None:
+        """What the core itself requires of minting, before the facility policy is asked."""
+        if not caller.principal.is_admin and caller.principal.kind is not Kind.HUMAN:
+            # An agent with an 8-hour token must not be able to renew itself forever.
+            raise Forbidden("only people mint tokens: ask your sponsor for a new one",
+                            hint="to hand a sub-agent less than you have, use 'corral token attenuate'")
+        target = self.db.get_principal(for_name)
+        if target is None or not caller.sees(for_name):
+            raise NotFound(f"no principal {for_name!r} that you may mint tokens for; see 'corral principal list'")
+        if expires_at is None and target.kind is Kind.AGENT:
+            raise InvalidRequest("agent tokens must expire; give --expires such as 8h or 7d")
+
+    def mint(self, caller: Caller, for_name: str, expires_at: float | None, note: str | None,
+             caveats: Caveats) -> dict[str, Any]:
+        self.check_mint(caller, for_name, expires_at)
+        caveats.expires_at = expires_at
+        token_id, token = self.gate.tokens.mint(for_name, caveats)
+        self.db.add_token(token_id, for_name, "", expires_at, note)
+        return {"id": token_id, "token": token, "principal": for_name, "expires": expires_at,
+                "caveats": caveats.datalog().splitlines()}
+
+    def list(self, caller: Caller) -> list[dict[str, Any]]:
+        names = None if caller.principal.is_admin else sorted(caller.visible)
+        tokens = self.db.list_tokens(names)
+        for t in tokens:
+            t["kind"] = "opaque" if t["id"] in self._opaque_ids() else "capability"
+        derived = [{"id": b["id"], "principal": b["principal"], "created": b["first_seen"], "expires": None,
+                    "revoked": b["revoked"], "note": f"narrowed from {b['root']} (seen in use)", "kind": "derived"}
+                   for b in self.gate.store.blocks(names)]
+        return tokens + derived
+
+    def _opaque_ids(self) -> set[str]:
+        return {r[0] for r in self.db.conn.execute("SELECT id FROM tokens WHERE hash != ''")}
+
+    def revoke(self, caller: Caller, token_id: str) -> None:
+        """By id: a minted token's, or a derived block's once it has been used. Kills every
+        token derived from it too."""
+        record = self.db.get_token(token_id)
+        owner = record["principal"] if record else self.gate.store.block_owner(token_id)
+        if owner is None or not caller.sees(owner):
+            raise NotFound(f"no token {token_id!r} that you may revoke; see 'corral token list'")
+        self.gate.store.revoke(token_id, caller.name)
+        self.gate.revoked.add(token_id)
+        self._cache.clear()

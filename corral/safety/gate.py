@@ -1,0 +1,211 @@
+"""The gate every action passes: decide, then record.
+
+For one action of one caller, in this order:
+1. the token's caveats (biscuit checks: expiry, actions, partitions, per-job caps);
+2. the facility policy (Cedar) with the job's risk tags and the session's taint;
+3. admission for submissions: rate buckets, budgets per token subtree, concurrency caps;
+4. the audit chain: a refusal is recorded here with the rule that refused; an allowed
+   action is recorded by the service once it acted (so the record carries the job ids).
+
+The guard on the way back (corral/safety/guard.py) taints a session through ``taint``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..config import Settings
+from ..errors import CorralError, Forbidden, RateLimited
+from ..jobs import JobSpec
+from ..principals import Caller, Kind
+from .limits import Buckets
+from .policy import Policy, Request
+from .risk import analyze
+from .store import SafetyStore
+from .tokens import TokenAuthority
+
+if TYPE_CHECKING:
+    from ..db import Database
+
+Record = Callable[[Caller, str, str, str, list[dict[str, Any]]], None]
+
+
+def job_resource(spec: JobSpec, owner: str) -> dict[str, Any]:
+    """A job as the policy and the token checks see it."""
+    return {"owner": owner, "partition": spec.partition or "", "cpus": spec.cpus, "gpus": spec.gpus,
+            "walltime_s": spec.walltime_s, "memory_mb": spec.memory_mb, "lane": spec.lane or "batch",
+            "paths": [spec.workdir] if spec.workdir else []}
+
+
+def job_text(spec: JobSpec) -> str:
+    """What runs, for the risk tagger: the environment as assignments (a payload can hide
+    in a variable the script then evals), then the command or script."""
+    env = "".join(f"{k}={shlex.quote(v)}\n" for k, v in sorted(spec.env.items()))
+    return env + (spec.command or spec.script or "")
+
+
+class Gate:
+    def __init__(self, settings: Settings, db: "Database", record: Record) -> None:
+        self.settings = settings
+        self.store = SafetyStore(db)
+        self.record = record
+        self.tokens = TokenAuthority(settings.home / "token.key")
+        self.policy = Policy.load(settings.policy_file or settings.home / "policy.cedar")
+        self.buckets = Buckets()
+        self.revoked = self.store.revoked()
+        self._taint = self.store.taints()
+        self._tags: OrderedDict[str, list[str]] = OrderedDict()
+        self._status_ok: dict[tuple[str, str | None, bool], float] = {}
+
+    # -- inputs to decisions ------------------------------------------------------------
+
+    def risk_tags(self, text: str) -> list[str]:
+        """Tags of a command or script. Cached by content: agents resubmit the same script
+        again and again, and parsing a long one costs milliseconds."""
+        if not text:
+            return []
+        key = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+        tags = self._tags.get(key)
+        if tags is None:
+            tags = sorted(analyze(text).tags)
+            self._tags[key] = tags
+            if len(self._tags) > 4096:
+                self._tags.popitem(last=False)
+        else:
+            self._tags.move_to_end(key)
+        return tags
+
+    @staticmethod
+    def taint_key(caller: Caller) -> str:
+        # Without a session the principal as a whole is the session.
+        return f"session:{caller.name}:{caller.session}" if caller.session else f"principal:{caller.name}"
+
+    def tainted(self, caller: Caller) -> bool:
+        return self.taint_key(caller) in self._taint
+
+    def taint(self, caller: Caller, reason: str) -> None:
+        key = self.taint_key(caller)
+        if key not in self._taint:
+            self._taint[key] = reason
+            self.store.taint(key, caller.name, reason)
+            self.record(caller, "taint", "allow", "guard", [{"reason": reason[:200]}])
+
+    # -- the decision -----------------------------------------------------------------------
+
+    def check(self, caller: Caller, action: str, resource_type: str = "Job",
+              resource: dict[str, Any] | None = None, *, text: str = "", audit_allow: bool = False,
+              audit_resource: dict[str, Any] | None = None) -> list[str]:
+        """Token caveats, then policy. Raises Forbidden naming the rule; records refusals
+        (and allowed actions when ``audit_allow``). -> the risk tags of ``text``."""
+        resource = resource or {}
+        tags: list[str] = []
+        try:
+            if caller.cap is not None:
+                facts: dict[str, str | int] = {}
+                if action == "submit":
+                    facts = {k: resource[k] for k in ("partition", "cpus", "gpus", "walltime_s")}
+                self.tokens.authorize(caller.cap, action, facts)
+            tags = self.risk_tags(text)
+            p = caller.principal
+            decision = self.policy.decide(Request(
+                kind=p.kind.value, name=p.name, action=action, resource_type=resource_type, resource=resource,
+                sponsor=p.sponsor, account=p.account, unix_user=p.unix_user, admin=p.is_admin,
+                groups=self.settings.policy_groups_of(p.name, p.account), risk_tags=tags,
+                tainted=self.tainted(caller), session=caller.session))
+            if not decision.allowed:
+                raise Forbidden(
+                    f"the facility policy denies {action}: rule '{decision.rule}'"
+                    + (f" (risk tags: {', '.join(tags)})" if tags else "")
+                    + (" (this session read content flagged as possible prompt injection)"
+                       if self.tainted(caller) else ""),
+                    hint="see 'corral policy explain' for why; ask your sponsor or the facility if this is wrong")
+        except CorralError as e:
+            rule = e.message.split("rule '", 1)[1].split("'", 1)[0] if "rule '" in e.message else \
+                ("token-caveat" if caller.cap is not None and "token" in e.message else e.code)
+            self.record(caller, action, "deny", rule, [{**(audit_resource or _short(resource)),
+                                                         **({"risk_tags": tags} if tags else {})}])
+            e.audited = True
+            raise
+        if audit_allow:
+            self.record(caller, action, "allow", "policy", [audit_resource or _short(resource)])
+        return tags
+
+    def check_status(self, caller: Caller) -> None:
+        """``check`` for reading jobs, at the rate agents poll: the answer for a token,
+        session and taint is reused for a few seconds. (So a status rule may not look at
+        the job; the default policy's do not.)"""
+        key = (caller.token_id, caller.session, self.tainted(caller))
+        if self._status_ok.get(key, 0.0) > time.monotonic():
+            return
+        self.check(caller, "status", "Job", {"owner": caller.name})
+        if len(self._status_ok) > 10_000:
+            self._status_ok.clear()
+        self._status_ok[key] = time.monotonic() + 5.0
+
+    def api_call(self, caller: Caller) -> None:
+        """One request of a rate-limited kind of principal: per principal and per session."""
+        s = self.settings
+        if caller.principal.kind.value not in s.rate_limit_kinds or s.rate_api_per_s <= 0:
+            return
+        wants = [(f"api:{caller.name}", 1.0, s.rate_api_per_s, s.rate_api_burst, f"API calls of {caller.name}")]
+        if caller.session:
+            wants.append((f"api:{caller.name}:{caller.session}", 1.0, s.rate_api_per_s, s.rate_api_burst,
+                          f"API calls of session {caller.session}"))
+        self.buckets.take_all(wants)
+
+    def admit(self, caller: Caller, specs: list[JobSpec]) -> None:
+        """Rates, budgets and concurrency for ``specs`` about to be submitted together.
+        Raises RateLimited (retry later) or Forbidden (a budget is spent)."""
+        s = self.settings
+        n = len(specs)
+        try:
+            wants: list[tuple[str, float, float, float, str]] = []
+            if caller.principal.kind.value in s.rate_limit_kinds and s.rate_submit_per_min > 0:
+                rate, burst = s.rate_submit_per_min / 60, s.rate_submit_burst
+                wants.append((f"sub:{caller.name}", n, rate, burst, f"submissions of {caller.name}"))
+                if caller.session:
+                    wants.append((f"sub:{caller.name}:{caller.session}", n, rate, burst,
+                                  f"submissions of session {caller.session}"))
+            cap = caller.cap
+            paths = [cap.block_ids[: i + 1] for i in range(len(cap.block_ids))] if cap else []
+            for ids, limits in zip(paths, cap.limits if cap else ()):
+                if "submits_per_min" in limits:
+                    per_min = limits["submits_per_min"]
+                    wants.append((f"tok:{ids[-1]}", n, per_min / 60, max(1, per_min),
+                                  f"submissions allowed by token block {ids[-1]}"))
+            if caller.principal.kind is Kind.AGENT and s.agent_max_active_jobs > 0:
+                active = self.store.active(caller.name)
+                if active + n > s.agent_max_active_jobs:
+                    raise RateLimited(f"{caller.name} has {active} unfinished jobs; the facility allows an agent "
+                                      f"{s.agent_max_active_jobs} at once", retry_after=30.0,
+                                      hint="wait for some to end (corral wait), then submit again")
+            cpu_s = sum(x.cpus * x.walltime_s for x in specs)
+            gpu_s = sum(x.gpus * x.walltime_s for x in specs)
+            for ids, limits in zip(paths, cap.limits if cap else ()):
+                if not {"budget_cpu_s", "budget_gpu_s", "max_active_jobs"} & set(limits):
+                    continue
+                used_cpu, used_gpu, active = self.store.used("/".join(ids))
+                for key, used, want, what in (("budget_cpu_s", used_cpu, cpu_s, "CPU"), ("budget_gpu_s", used_gpu, gpu_s, "GPU")):
+                    if key in limits and used + want > limits[key]:
+                        raise Forbidden(
+                            f"{what}-hour budget of token block {ids[-1]}: {used / 3600:.2f} of {limits[key] / 3600:.2f} h "
+                            f"used or reserved, and this asks {want / 3600:.2f} h more (reserved at walltime x {what}s)",
+                            hint="ask for less walltime or fewer CPUs/GPUs, or ask your sponsor for a new budget")
+                if "max_active_jobs" in limits and active + n > limits["max_active_jobs"]:
+                    raise RateLimited(f"token block {ids[-1]} allows {limits['max_active_jobs']} unfinished jobs at "
+                                      f"once and has {active}", retry_after=30.0,
+                                      hint="wait for some to end (corral wait), then submit again")
+            self.buckets.take_all(wants)
+        except CorralError as e:
+            self.record(caller, "submit", "deny", "rate-limit" if isinstance(e, RateLimited) else "budget",
+                        [{"jobs": n, "reason": e.message[:200]}])
+            e.audited = True
+            raise
+
+
+def _short(resource: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in resource.items() if k in ("id", "owner", "partition", "cpus", "gpus", "scope", "lane")}

@@ -1,0 +1,120 @@
+"""The guard on what corral hands an agent from an untrusted source (job output, other
+principals' notes, advice drawn from job output): secrets are redacted, suspected
+prompt injection is flagged and wrapped as untrusted data, and the reading session is
+tainted (corral/safety/gate.py), so the policy can narrow what it does next.
+
+Offline and pattern-based: no model to download. Text is normalized first (NFKC, no
+zero-width or bidi-control characters, Unicode 'tag' characters decoded), so the usual
+tricks of hiding words from a regex do not hide them from this one; base64 runs are
+decoded and scanned too.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import unicodedata
+from dataclasses import dataclass, field
+
+SECRETS: list[tuple[str, re.Pattern[str]]] = [
+    ("private_key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)")),
+    ("aws_access_key", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
+    ("github_token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{40,})\b")),
+    ("anthropic_key", re.compile(r"\bsk-ant-[A-Za-z0-9_-]{20,}")),
+    ("openai_key", re.compile(r"\bsk-(?:proj-|svcacct-)?[A-Za-z0-9_-]{20,}")),
+    ("google_api_key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b")),
+    ("huggingface_token", re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")),
+    ("slack_token", re.compile(r"\bxox[baprs]-[A-Za-z0-9-]{10,}")),
+    ("jwt", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
+    ("corral_token", re.compile(r"\b(?:crl_[A-Za-z0-9]+_[A-Za-z0-9_-]{16,}|crb_[A-Za-z0-9_=-]{40,})")),
+    ("bearer_header", re.compile(r"(?i)(?<=authorization: bearer )[A-Za-z0-9._~+/=-]{16,}")),
+    ("password_in_url", re.compile(r"(?<=://)[^/\s:@]+:[^/\s@]+(?=@)")),
+    ("assigned_secret", re.compile(
+        r"(?i)\b(?:api[_-]?key|secret(?:[_-]?key)?|access[_-]?token|auth[_-]?token|token|passw(?:or)?d)\b"
+        r"\s*[:=]\s*['\"]?([^\s'\"]{8,})")),
+]
+
+_INJECTION: list[tuple[str, str]] = [
+    ("override", r"\b(ignore|disregard|forget|override|bypass)\b[\w\s,'-]{0,40}?\b(previous|prior|above|earlier|"
+                 r"preceding|all|any|your|the)\b[\w\s,'-]{0,25}?\b(instructions?|rules|prompts?|guidelines|directions|"
+                 r"guardrails|polic(y|ies)|safety)"),
+    ("role_reassignment", r"\byou\s+are\s+(now\s+(a|an|in|the|my|free|unrestricted|jailbroken|dan)\b|no\s+longer\b)|\bfrom\s+now\s+on,?\s+you\b|\bact\s+as\s+(an?\s+)?"
+                          r"(unrestricted|jailbroken|developer\s+mode|dan)\b|\bdeveloper\s+mode\s+(enabled|on)\b"),
+    ("fake_system", r"\bnew\s+system\s+prompt\b|\b(system|assistant|developer)\s*:\s*(you\b|your\b|the\s+user\b|"
+                    r"i\s+will\b|sure\b|new\s|ignore\b|from\s+now\b)|<\|(im_start|im_end|system|endoftext)\|>"
+                    r"|\[/?(INST|SYS)\]|<<\s*SYS\s*>>|</?\s*(system|tool_call|function_calls|invoke|antml)\b"),
+    ("exfiltrate", r"\b(reveal|print|show|send|post|upload|exfiltrate|leak|email)\b[\w\s]{0,30}?\b(system\s+prompt|"
+                   r"api[\s_-]?keys?|tokens?|credentials|secrets?|passwords?|ssh\s+keys?|env(ironment)?\s+variables)"),
+    ("imperative_to_agent", r"\b(ai|llm|assistant|agent|claude|codex|copilot)\b[\w\s,:;-]{0,30}?\b(must|should|needs?\s+to)\s+"
+                            r"(now\s+)?(run|execute|delete|remove|curl|download|disable|ignore|submit)\b"),
+    ("hidden_instruction", r"\b(do\s+not|don't)\s+(tell|inform|mention\s+(this\s+)?to)\s+the\s+(user|human|operator)\b"
+                           r"|\bwithout\s+(telling|asking|informing)\s+the\s+(user|human)\b"),
+    ("pipe_to_shell", r"\b(curl|wget)\b[^\n|]{0,200}\|\s*(sudo\s+)?(ba|z)?sh\b"),
+]
+INJECTION = [(name, re.compile(rx, re.I | re.M)) for name, rx in _INJECTION]
+_INVISIBLE = re.compile("[\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff\u00ad]")
+_TAGS = re.compile("[\U000e0000-\U000e007f]+")
+_B64 = re.compile(r"[A-Za-z0-9+/]{24,}={0,2}")
+
+
+def normalize(text: str) -> str:
+    """What a model would read: compatibility forms folded, invisible characters dropped,
+    Unicode tag characters (an invisible copy of ASCII) spelled out."""
+    text = _TAGS.sub(lambda m: " " + "".join(chr(ord(c) - 0xE0000) for c in m.group(0)) + " ", text)
+    return unicodedata.normalize("NFKC", _INVISIBLE.sub("", text))
+
+
+def redact(text: str) -> tuple[str, list[str]]:
+    """-> (text with secrets replaced, names of what was found)."""
+    found: list[str] = []
+    for name, pattern in SECRETS:
+        if pattern.search(text):
+            found.append(name)
+            if name == "assigned_secret":
+                text = pattern.sub(lambda m: m.group(0).replace(m.group(1), "[REDACTED]"), text)
+            else:
+                text = pattern.sub("[REDACTED]", text)
+    return text, found
+
+
+def injection(text: str) -> list[str]:
+    """The kinds of injection pattern found (empty: none)."""
+    seen = normalize(text)
+    kinds = [name for name, rx in INJECTION if rx.search(seen)]
+    if not kinds:
+        for blob in _B64.findall(seen)[:20]:
+            try:
+                decoded = base64.b64decode(blob + "=" * (-len(blob) % 4), validate=True).decode("utf-8")
+            except (binascii.Error, UnicodeDecodeError, ValueError):
+                continue
+            kinds += [f"base64:{name}" for name, rx in INJECTION if rx.search(decoded)]
+    return kinds
+
+
+def suspicious(text: str) -> bool:
+    return bool(injection(text))
+
+
+@dataclass
+class Scan:
+    text: str
+    secrets: list[str] = field(default_factory=list)
+    injection: list[str] = field(default_factory=list)
+
+    @property
+    def flagged(self) -> bool:
+        return bool(self.injection)
+
+    def report(self) -> dict[str, list[str]]:
+        return {"redacted": self.secrets, "suspected_injection": self.injection}
+
+
+def scan(text: str, source: str) -> Scan:
+    """Redact secrets; when injection is suspected, wrap the text as untrusted data."""
+    clean, secrets = redact(text)
+    kinds = injection(clean)
+    if kinds:
+        clean = (f"<untrusted-data source={source!r} suspected-injection={','.join(kinds)!r}>\n"
+                 f"{clean}\n</untrusted-data>")
+    return Scan(clean, secrets, kinds)

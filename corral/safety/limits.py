@@ -1,0 +1,72 @@
+"""Rate limits and admission: token buckets per principal, per session and per token
+block, CPU- and GPU-hour budgets, and caps on concurrent jobs.
+
+Buckets are in memory: a restart refills them, which errs toward the agent but loses no
+work. Budgets and job counts are read from the database, so they survive restarts.
+
+Why not a library: aiolimiter waits instead of refusing, and ``limits``/pyrate-limiter
+count in windows; a refusal here must say exactly when to retry (Retry-After), which a
+token bucket computes in one subtraction. The bucket is a dozen lines.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from ..errors import RateLimited
+
+
+@dataclass
+class Bucket:
+    rate: float
+    """Tokens added per second."""
+    burst: float
+    tokens: float
+    stamp: float
+
+    def take(self, n: float, now: float) -> float:
+        """Take n tokens -> 0.0, or the seconds until n are there (nothing taken)."""
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if n > self.burst:
+            # Never satisfiable at once: answer when a full bucket would be there.
+            return math.inf if self.rate <= 0 else (self.burst - self.tokens) / self.rate + n / self.rate
+        if self.tokens >= n:
+            self.tokens -= n
+            return 0.0
+        return (n - self.tokens) / self.rate if self.rate > 0 else math.inf
+
+
+class Buckets:
+    """Named token buckets, created on first use."""
+
+    def __init__(self) -> None:
+        self._b: dict[str, Bucket] = {}
+
+    def take(self, key: str, n: float, rate: float, burst: float, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        b = self._b.get(key)
+        if b is None or b.rate != rate or b.burst != burst:
+            if len(self._b) > 100_000:  # long-gone sessions: start afresh rather than grow forever
+                self._b.clear()
+            b = self._b[key] = Bucket(rate, burst, burst, now)
+        return b.take(n, now)
+
+    def take_all(self, wants: list[tuple[str, float, float, float, str]], now: float | None = None) -> None:
+        """Take from every bucket or from none: (key, n, rate, burst, what) each. Raises
+        RateLimited naming the first one that is short."""
+        now = time.monotonic() if now is None else now
+        taken: list[tuple[str, float]] = []
+        for key, n, rate, burst, what in wants:
+            wait = self.take(key, n, rate, burst, now)
+            if wait > 0:
+                for k, m in taken:  # give back: a refused request costs nothing
+                    self._b[k].tokens += m
+                if math.isinf(wait):
+                    raise RateLimited(f"{what}: {n:g} at once is more than its burst of {burst:g}; send fewer",
+                                      retry_after=60.0)
+                raise RateLimited(f"{what}: limit {rate * 60:g} per minute (burst {burst:g}); retry in {wait:.1f} s",
+                                  retry_after=wait)
+            taken.append((key, n))

@@ -1,0 +1,168 @@
+"""The facility policy: Cedar (via cedarpy) over principal, action, resource and context.
+
+The policy is text an admin edits (``$CORRAL_HOME/policy.cedar``, else the packaged
+default.cedar), validated against schema.cedarschema when loaded. ``decide`` answers
+allow or deny and names the rule: the ``@id`` of each forbid that fired, or
+``default-deny`` when no permit applied.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cedarpy
+
+from ...errors import InvalidRequest
+
+HERE = Path(__file__).parent
+DEFAULT_POLICY = HERE / "default.cedar"
+SCHEMA_TEXT = (HERE / "schema.cedarschema").read_text()
+KINDS = {"human": "Human", "agent": "Agent", "service": "Service"}
+RESOURCES = ("Job", "Note", "Facility")
+
+
+def is_off_hours(t: float) -> bool:
+    """Night (22:00-07:00) or weekend on the gateway's clock, as the analytics count it."""
+    lt = time.localtime(t)
+    return lt.tm_wday >= 5 or lt.tm_hour < 7 or lt.tm_hour >= 22
+
+
+@dataclass
+class Request:
+    """One question to the policy, in corral's terms (not Cedar's JSON)."""
+
+    kind: str
+    name: str
+    action: str
+    resource_type: str = "Job"
+    resource: dict[str, Any] = field(default_factory=dict)
+    sponsor: str | None = None
+    account: str | None = None
+    unix_user: str | None = None
+    admin: bool = False
+    groups: list[str] = field(default_factory=list)
+    risk_tags: list[str] = field(default_factory=list)
+    tainted: bool = False
+    session: str | None = None
+    at: float | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Request":
+        """From a JSON request (``corral policy explain``/``test``): principal.kind/name/...,
+        action, resource.type/attrs, context.risk_tags/tainted/at."""
+        p, r, c = d.get("principal") or {}, dict(d.get("resource") or {}), d.get("context") or {}
+        if not isinstance(p, dict) or not p.get("kind") or not d.get("action"):
+            raise InvalidRequest("a request needs principal.kind, principal.name and action, e.g. "
+                                 '{"principal": {"kind": "agent", "name": "bot", "sponsor": "alice"}, '
+                                 '"action": "submit", "resource": {"cpus": 4}, "context": {"command": "make"}}')
+        tags = list(c.get("risk_tags") or [])
+        if c.get("command"):
+            from ..risk import analyze
+
+            tags += list(analyze(str(c["command"])).tags)
+        rtype = r.pop("type", "Job")
+        return cls(kind=str(p["kind"]), name=str(p.get("name", "someone")), action=str(d["action"]),
+                   resource_type=str(rtype), resource=r, sponsor=p.get("sponsor"), account=p.get("account"),
+                   unix_user=p.get("unix_user"), admin=bool(p.get("admin", False)), groups=list(p.get("groups") or []),
+                   risk_tags=sorted(set(tags)), tainted=bool(c.get("tainted", False)), session=c.get("session"),
+                   at=c.get("at"))
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    rule: str
+    """The forbid(s) that denied, else the permit(s) that allowed, else 'default-deny'."""
+    errors: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"decision": "allow" if self.allowed else "deny", "rule": self.rule, "errors": list(self.errors)}
+
+
+def _job_attrs(r: dict[str, Any]) -> dict[str, Any]:
+    return {"owner": str(r.get("owner", "")), "partition": str(r.get("partition") or ""),
+            "cpus": int(r.get("cpus", 1)), "gpus": int(r.get("gpus", 0)),
+            "walltime_s": int(r.get("walltime_s", 3600)), "memory_mb": int(r.get("memory_mb", 0)),
+            "lane": str(r.get("lane") or "batch"), "paths": [str(x) for x in r.get("paths") or []]}
+
+
+class Policy:
+    def __init__(self, text: str, source: str = "<text>") -> None:
+        self.text, self.source = text, source
+        result = cedarpy.validate_policies(text, SCHEMA_TEXT)
+        if not result.validation_passed:
+            errs = "; ".join(str(e) for e in result.errors[:5])
+            raise InvalidRequest(f"policy {source} is not valid: {errs}",
+                                 hint="fix it and run 'corral policy check FILE' until it passes")
+        try:
+            self._ps = cedarpy.PolicySet.from_str(text)
+        except ValueError as e:
+            raise InvalidRequest(f"policy {source} does not parse: {e}") from None
+        self.ids = [p.get("annotations", {}).get("id", k)
+                    for k, p in json.loads(cedarpy.policies_to_json_str(text)).get("staticPolicies", {}).items()]
+
+    @classmethod
+    def load(cls, path: Path | None) -> "Policy":
+        """The admin's file when it exists, else the packaged default."""
+        chosen = path if path is not None and path.is_file() else DEFAULT_POLICY
+        try:
+            return cls(chosen.read_text(), str(chosen))
+        except OSError as e:
+            raise InvalidRequest(f"cannot read policy {chosen}: {e.strerror}") from None
+
+    def decide(self, req: Request) -> Decision:
+        kind = KINDS.get(req.kind)
+        if kind is None:
+            raise InvalidRequest(f"principal kind {req.kind!r} is unknown; use human, agent or service")
+        if req.resource_type not in RESOURCES:
+            raise InvalidRequest(f"resource type {req.resource_type!r} is unknown; use one of {', '.join(RESOURCES)}")
+        attrs: dict[str, Any] = {"name": req.name, "account": req.account or "", "unix_user": req.unix_user or ""}
+        if kind == "Agent":
+            attrs["sponsor"] = req.sponsor or ""
+        if kind == "Human":
+            attrs["admin"] = req.admin
+        groups = [{"type": "Corral::Group", "id": g} for g in req.groups]
+        rid = str(req.resource.get("id", "new"))
+        if req.resource_type == "Job":
+            rattrs = _job_attrs(req.resource)
+        elif req.resource_type == "Note":
+            rattrs = {"scope": str(req.resource.get("scope", "user")), "author": str(req.resource.get("author", ""))}
+        else:
+            rattrs = {}
+        entities: list[dict[str, Any]] = [
+            {"uid": {"type": f"Corral::{kind}", "id": req.name}, "attrs": attrs, "parents": groups},
+            {"uid": {"type": f"Corral::{req.resource_type}", "id": rid}, "attrs": rattrs, "parents": []},
+            *({"uid": g, "attrs": {}, "parents": []} for g in groups),
+        ]
+        at = req.at if req.at is not None else time.time()
+        lt = time.localtime(at)
+        context = {"hour": lt.tm_hour, "weekday": lt.tm_wday, "off_hours": is_off_hours(at),
+                   "tainted": req.tainted, "risk_tags": list(req.risk_tags), "session": req.session or ""}
+        result = cedarpy.is_authorized(
+            {"principal": {"type": f"Corral::{kind}", "id": req.name},
+             "action": {"type": "Corral::Action", "id": req.action},
+             "resource": {"type": f"Corral::{req.resource_type}", "id": rid}, "context": context},
+            self._ps, entities)
+        d = result.diagnostics
+        named = [d.id_annotations_by_reason.get(r, r) for r in d.reasons]
+        if result.allowed:
+            return Decision(True, ",".join(named) or "allow", tuple(d.errors))
+        return Decision(False, ",".join(named) or "default-deny", tuple(d.errors))
+
+
+_DEFAULT: Policy | None = None
+
+
+def agent_verdict(tags: list[str], policy: Policy | None = None) -> Decision:
+    """The decision on an agent submitting a job with these risk tags (default policy
+    unless given): what ``corral risk`` reports and the red-team suite counts."""
+    global _DEFAULT
+    if policy is None:
+        _DEFAULT = _DEFAULT or Policy.load(None)
+        policy = _DEFAULT
+    return policy.decide(Request(kind="agent", name="agent", action="submit", sponsor="someone",
+                                 resource={"cpus": 1, "walltime_s": 600}, risk_tags=sorted(tags), at=0.0))

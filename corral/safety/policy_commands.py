@@ -1,0 +1,153 @@
+"""``corral policy``: write, check, test and explain the facility policy, offline (no
+gateway needed: the same Policy object the gateway evaluates)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import InvalidRequest
+from . import policy as pol
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+def _policy_path(path: str | None) -> Path | None:
+    if path:
+        return Path(path)
+    from ..config import load_settings
+
+    s = load_settings()
+    return s.policy_file or s.home / "policy.cedar"
+
+
+def _load(path: str | None) -> pol.Policy:
+    try:
+        return pol.Policy.load(_policy_path(path))
+    except InvalidRequest as e:
+        _fail(e.message)
+        raise
+
+
+@click.group()
+def policy() -> None:
+    """The facility policy (Cedar): what each principal may do, and why not.
+
+    \b
+    The gateway reads CORRAL_HOME/policy.cedar (or policy_file in corral.toml), else
+    the packaged default. A denial names the @id of the rule that denied.
+
+    \b
+    Examples:
+      corral policy init                         # write the default to edit
+      corral policy check .corral/policy.cedar
+      corral policy test cases.toml
+      corral policy explain '{"principal": {"kind": "agent", "name": "bot"}, "action": "submit",
+                              "context": {"command": "rm -rf ~/project"}}'
+    """
+
+
+@policy.command("init")
+@click.option("--force", is_flag=True, help="Overwrite an existing policy file.")
+def policy_init(force: bool) -> None:
+    """Copy the default policy to CORRAL_HOME/policy.cedar (or policy_file) to edit."""
+    dest = _policy_path(None)
+    assert dest is not None
+    if dest.exists() and not force:
+        _fail(f"{dest} exists; edit it, or pass --force to start again from the default")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(pol.DEFAULT_POLICY, dest)
+    click.echo(f"wrote {dest}; the gateway reads it at start ('corral policy check {dest}' after each edit)")
+
+
+@policy.command("check")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False), required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+def policy_check(file: str | None, as_json: bool) -> None:
+    """Parse FILE and validate it against corral's schema; list its rules."""
+    p = _load(file)
+    out = {"file": p.source, "valid": True, "rules": p.ids}
+    click.echo(json.dumps(out) if as_json else f"{p.source}: valid; rules: {', '.join(p.ids)}")
+
+
+def _read_cases(path: Path) -> list[dict[str, Any]]:
+    text = path.read_text()
+    try:
+        data: Any = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise InvalidRequest(f"{path}: cannot parse ({e})") from None
+    cases = data.get("case") if isinstance(data, dict) else data
+    if not isinstance(cases, list) or not cases:
+        raise InvalidRequest(f"{path}: expected a list of cases ([[case]] in TOML, a JSON array) each with "
+                             "principal, action, resource, context and expect = 'allow' | 'deny'")
+    return cases
+
+
+@policy.command("test")
+@click.argument("cases_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--policy", "policy_file", type=click.Path(exists=True, dir_okay=False),
+              help="The policy to test (default: the gateway's).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per case, then a summary.")
+def policy_test(cases_file: str, policy_file: str | None, as_json: bool) -> None:
+    """Run the cases in CASES_FILE (TOML [[case]] tables or a JSON array) against the
+    policy. Each case is a request plus expect = 'allow' or 'deny' and, optionally,
+    rule = the @id expected to decide. Exit 1 when a case fails."""
+    p = _load(policy_file)
+    try:
+        cases = _read_cases(Path(cases_file))
+        failed = 0
+        for i, case in enumerate(cases):
+            d = p.decide(pol.Request.from_dict(case))
+            want = case.get("expect")
+            if want not in ("allow", "deny"):
+                raise InvalidRequest(f"case {i}: expect must be 'allow' or 'deny'")
+            got = "allow" if d.allowed else "deny"
+            ok = got == want and ("rule" not in case or case["rule"] in d.rule.split(","))
+            failed += not ok
+            name = case.get("name", f"case {i}")
+            if as_json:
+                click.echo(json.dumps({"case": name, "ok": ok, "expect": want, **d.to_dict()}))
+            elif not ok:
+                click.echo(f"FAIL {name}: expected {want}{' by ' + case['rule'] if 'rule' in case else ''}, "
+                           f"got {got} by {d.rule}")
+    except InvalidRequest as e:
+        _fail(e.message)
+        return
+    summary = {"cases": len(cases), "passed": len(cases) - failed, "failed": failed}
+    click.echo(json.dumps(summary) if as_json else f"{summary['passed']}/{len(cases)} cases pass")
+    sys.exit(1 if failed else 0)
+
+
+@policy.command("explain")
+@click.argument("request")
+@click.option("--policy", "policy_file", type=click.Path(exists=True, dir_okay=False),
+              help="The policy to ask (default: the gateway's).")
+def policy_explain(request: str, policy_file: str | None) -> None:
+    """Decide one REQUEST (JSON, or @FILE) and say which rule decided it.
+
+    A request: {"principal": {"kind", "name", "sponsor", "account", "groups"},
+    "action": "submit", "resource": {"type": "Job", "cpus", "gpus", "walltime_s",
+    "partition"}, "context": {"command" or "risk_tags", "tainted", "at"}}."""
+    p = _load(policy_file)
+    text = Path(request[1:]).read_text() if request.startswith("@") else request
+    try:
+        req = pol.Request.from_dict(json.loads(text))
+        d = p.decide(req)
+    except json.JSONDecodeError as e:
+        _fail(f"the request is not JSON: {e}")
+        return
+    except InvalidRequest as e:
+        _fail(e.message)
+        return
+    click.echo(json.dumps({**d.to_dict(), "policy": p.source, "risk_tags": req.risk_tags,
+                           "tainted": req.tainted, "principal": f"{req.kind}:{req.name}", "action": req.action},
+                          indent=2))

@@ -1,0 +1,109 @@
+"""``corral token``: mint capability tokens for agents, narrow them for sub-agents, list
+and revoke them. Minting, listing and revoking go through the gateway; narrowing needs
+only the token and the gateway's public key."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import click
+
+
+F = Callable[..., Any]
+
+
+def caveat_options(f: F) -> F:
+    """The restrictions a token can carry; each one left out restricts nothing."""
+    for opt in reversed([
+        click.option("--actions", help="Only these, comma-separated: submit, cancel, status, read_output, "
+                                       "write_note, read_notes, advice, manage."),
+        click.option("--partitions", help="Submit only to these partitions, comma-separated."),
+        click.option("--max-cpus", type=click.IntRange(0), help="CPUs per job at most."),
+        click.option("--max-gpus", type=click.IntRange(0), help="GPUs per job at most."),
+        click.option("--max-walltime", help="Walltime per job at most, e.g. 2h."),
+        click.option("--cpu-hours", type=click.FloatRange(0), help="CPU-hour budget over everything it submits."),
+        click.option("--gpu-hours", type=click.FloatRange(0), help="GPU-hour budget over everything it submits."),
+        click.option("--submits-per-min", type=click.IntRange(0), help="Jobs submitted per minute at most."),
+        click.option("--max-active", "max_active_jobs", type=click.IntRange(0), help="Unfinished jobs at once at most."),
+    ]):
+        f = opt(f)
+    return f
+
+
+CAVEATS = ("actions", "partitions", "max_cpus", "max_gpus", "max_walltime", "cpu_hours", "gpu_hours",
+           "submits_per_min", "max_active_jobs")
+
+
+@click.group()
+def token() -> None:
+    """Mint, narrow, list and revoke tokens.
+
+    \b
+    A token minted for an agent carries restrictions (caveats); whoever holds it may
+    narrow it further for a sub-agent (attenuate) but can never widen it. Revoking a
+    token's id stops it and every token narrowed from it at once.
+
+    \b
+    Examples:
+      corral token mint --for bot --expires 8h --partitions debug --max-cpus 8 --cpu-hours 20
+      corral token attenuate --max-cpus 2 --actions submit,status --expires 1h   # of $CORRAL_TOKEN
+      corral token revoke 6eb44e209298474907d2a833
+    """
+
+
+@token.command("mint")
+@click.option("--for", "for_", required=True, help="The principal the token acts as.")
+@click.option("--expires", default="8h", show_default=True, help="Lifetime: 30m, 8h, 7d; 'never' for humans/services.")
+@click.option("--note", help="Why this token exists.")
+@caveat_options
+@click.pass_obj
+def token_mint(o: Any, for_: str, expires: str, note: str | None, **caveats: Any) -> None:
+    """Mint a token. It is shown once: store it now (e.g. export CORRAL_TOKEN=...)."""
+    t = o.client.mint_token(for_, expires, note, {k: v for k, v in caveats.items() if v is not None})
+    o.out(t, lambda t: f"{t['token']}\n(token {t['id']} for {t['principal']}; shown once)"
+          + "".join(f"\n  {c}" for c in t.get("caveats", [])))
+
+
+@token.command("attenuate")
+@click.option("--token", "token_", help="The token to narrow (default: $CORRAL_TOKEN).")
+@click.option("--expires", help="Expire sooner: 30m, 8h.")
+@caveat_options
+@click.pass_obj
+def token_attenuate(o: Any, token_: str | None, expires: str | None, **caveats: Any) -> None:
+    """Narrow a token for a sub-agent: the result can do only what both allow.
+
+    Needs no secret: only the gateway's public key, fetched once from the gateway."""
+    from .tokens import attenuate, caveats_from, expires_in
+
+    from ..cli import _fail as fail
+
+    tok = token_ or o.token or os.environ.get("CORRAL_TOKEN")
+    if not tok:
+        fail("give the token to narrow with --token or CORRAL_TOKEN")
+    given = caveats_from({k: v for k, v in caveats.items() if v is not None})
+    given.expires_at = expires_in(expires)
+    key = bytes.fromhex(o.client.request("GET", "/v1/tokens/public-key")["public_key"])
+    block_id, narrowed = attenuate(tok, given, key)
+    o.out({"id": block_id, "token": narrowed, "caveats": given.datalog().splitlines()},
+          lambda t: f"{t['token']}\n(narrowed token {t['id']}; revoke it by that id)"
+          + "".join(f"\n  {c}" for c in t["caveats"]))
+
+
+@token.command("list")
+@click.pass_obj
+def token_list(o: Any) -> None:
+    """List tokens (never their secrets), with narrowed ones seen in use."""
+    from ..cli import _ts as ts, table
+
+    o.out(o.client.tokens(), lambda ts_: table(
+        [{**t, "expires": ts(t.get("expires")), "revoked": "yes" if t.get("revoked") else ""} for t in ts_],
+        ["id", "principal", "kind", "expires", "revoked", "note"]))
+
+
+@token.command("revoke")
+@click.argument("token_id")
+@click.pass_obj
+def token_revoke(o: Any, token_id: str) -> None:
+    """Revoke a token by id: it, and every token narrowed from it, stop working at once."""
+    o.out(o.client.revoke_token(token_id), lambda r: f"revoked token {r['id']}")

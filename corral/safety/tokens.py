@@ -1,0 +1,250 @@
+"""Capability tokens: biscuits a sponsor mints for an agent, which the holder may narrow
+(for a sub-agent) but never widen.
+
+A token is ``crb_`` + a biscuit (Ed25519-signed blocks, datalog caveats). The gateway
+holds the root key (``$CORRAL_HOME/token.key``, 0600) and is the only minter; anyone
+holding a token can append a block of further checks with only the public key, and a block can
+only add checks, so no holder can widen what it got. Each block has a revocation id; the
+first 24 hex digits of it are the block's id, and revoking any id kills that token and
+every token derived from it.
+
+Two kinds of caveat:
+- stateless checks (expiry, actions, partitions, per-job CPU/GPU/walltime caps) are
+  datalog checks that biscuit's own authorizer evaluates against the request's facts;
+- stateful limits (CPU- and GPU-hour budgets, submissions per minute, concurrent jobs)
+  are facts of a block that the gateway reads and enforces (corral/safety/limits.py)
+  over everything submitted with that block or a block derived from it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from biscuit_auth import (Algorithm, AuthorizationError, AuthorizerBuilder, Biscuit, BiscuitBuilder, BlockBuilder, KeyPair,
+                          PrivateKey, PublicKey)
+
+from ..errors import Forbidden, InvalidRequest, Unauthenticated
+
+PREFIX = "crb_"
+ACTIONS = ("submit", "cancel", "status", "read_output", "write_note", "read_notes", "advice", "manage")
+"""What a token may be limited to. ``status`` covers reading jobs, waiting and usage;
+``manage`` covers principals and tokens."""
+LIMIT_FACTS = ("budget_cpu_s", "budget_gpu_s", "submits_per_min", "max_active_jobs")
+_FACT_RE = re.compile(r"^(\w+)\((\d+)\);$", re.M)
+_EXPIRY_RE = re.compile(r"check if time\(\$t\), \$t <= (\S+);")
+_PRINCIPAL_RE = re.compile(r'^principal\("([^"]+)"\);$', re.M)
+
+
+@dataclass
+class Caveats:
+    """What one block restricts. None: this block does not restrict it."""
+
+    expires_at: float | None = None
+    actions: list[str] | None = None
+    partitions: list[str] | None = None
+    max_cpus: int | None = None
+    max_gpus: int | None = None
+    max_walltime_s: int | None = None
+    cpu_hours: float | None = None
+    gpu_hours: float | None = None
+    submits_per_min: int | None = None
+    max_active_jobs: int | None = None
+
+    def datalog(self) -> str:
+        """The block's source. Strings are quoted by biscuit's parameter binding, never pasted."""
+        lines: list[str] = []
+        if self.expires_at is not None:
+            when = dt.datetime.fromtimestamp(int(self.expires_at), dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            lines.append(f"check if time($t), $t <= {when};")
+        if self.actions is not None:
+            bad = sorted(set(self.actions) - set(ACTIONS))
+            if bad:
+                raise InvalidRequest(f"unknown actions {bad}; use some of: {', '.join(ACTIONS)}")
+            lines.append("check if operation($op), " + _set(self.actions) + ".contains($op);")
+        if self.partitions is not None:
+            for p in self.partitions:
+                if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", p):
+                    raise InvalidRequest(f"partition {p!r} is not a valid partition name")
+            lines.append('check if operation($op), $op != "submit" or partition($p), '
+                         + _set(self.partitions) + ".contains($p);")
+        for name, cap in (("cpus", self.max_cpus), ("gpus", self.max_gpus), ("walltime_s", self.max_walltime_s)):
+            if cap is not None:
+                lines.append(f'check if operation($op), $op != "submit" or {name}($v), $v <= {_nat(cap, name)};')
+        for name, value in (("budget_cpu_s", None if self.cpu_hours is None else self.cpu_hours * 3600),
+                            ("budget_gpu_s", None if self.gpu_hours is None else self.gpu_hours * 3600),
+                            ("submits_per_min", self.submits_per_min), ("max_active_jobs", self.max_active_jobs)):
+            if value is not None:
+                lines.append(f"{name}({_nat(value, name)});")
+        return "\n".join(lines)
+
+
+def _nat(value: float, name: str) -> int:
+    if value < 0:
+        raise InvalidRequest(f"{name} must be >= 0")
+    return int(value)
+
+
+def _set(items: list[str]) -> str:
+    for s in items:
+        if '"' in s or "\\" in s:
+            raise InvalidRequest(f"{s!r}: quotes and backslashes are not allowed")
+    return "[" + ", ".join(f'"{s}"' for s in items) + "]"
+
+
+@dataclass(frozen=True)
+class Capability:
+    """A verified token: who it acts as and what each of its blocks limits."""
+
+    principal: str
+    block_ids: tuple[str, ...]
+    limits: tuple[dict[str, int], ...]
+    """Per block, its stateful limits (LIMIT_FACTS -> value)."""
+    expires_at: float | None
+    biscuit: Biscuit = field(compare=False, repr=False)
+
+    @property
+    def root(self) -> str:
+        return self.block_ids[0]
+
+    @property
+    def path(self) -> str:
+        """Block ids root/.../leaf: what a job records so budgets add up per subtree."""
+        return "/".join(self.block_ids)
+
+
+def _block_ids(b: Biscuit) -> tuple[str, ...]:
+    return tuple(r[:24] for r in b.revocation_ids)
+
+
+class TokenAuthority:
+    """The gateway's root key: mints tokens and verifies them."""
+
+    def __init__(self, key_path: Path) -> None:
+        if key_path.exists():
+            self._private = PrivateKey.from_bytes(key_path.read_bytes(), Algorithm.Ed25519)  # type: ignore[call-arg,attr-defined]
+            self._public = KeyPair.from_private_key(self._private).public_key
+        else:
+            kp = KeyPair()
+            key_path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(bytes(kp.private_key.to_bytes()))
+            self._private, self._public = kp.private_key, kp.public_key
+
+    @property
+    def public_key(self) -> bytes:
+        return bytes(self._public.to_bytes())
+
+    def mint(self, principal: str, caveats: Caveats) -> tuple[str, str]:
+        """-> (token id, token)."""
+        builder = BiscuitBuilder('principal({p});\n' + caveats.datalog(), {"p": principal})
+        b = builder.build(self._private)
+        return _block_ids(b)[0], PREFIX + b.to_base64()
+
+    def verify(self, token: str) -> Capability:
+        """Signature and shape only; revocation and checks are the caller's next steps."""
+        if not token.startswith(PREFIX):
+            raise Unauthenticated("the token is not valid; check CORRAL_TOKEN or ask your sponsor to mint one")
+        try:
+            b = Biscuit.from_base64(token[len(PREFIX):], self._public)
+        except Exception:
+            # Forged, tampered, truncated or from another gateway: all look the same to the caller.
+            raise Unauthenticated("the token is not valid (bad signature or format); ask your sponsor "
+                                  "to mint one") from None
+        m = _PRINCIPAL_RE.search(b.block_source(0))
+        if m is None:
+            raise Unauthenticated("the token names no principal; ask your sponsor to mint one")
+        limits: list[dict[str, int]] = []
+        expiry: float | None = None
+        for i in range(b.block_count()):
+            src = b.block_source(i)
+            limits.append({k: int(v) for k, v in _FACT_RE.findall(src) if k in LIMIT_FACTS})
+            for when in _EXPIRY_RE.findall(src):
+                t = dt.datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp()
+                expiry = t if expiry is None else min(expiry, t)
+        return Capability(m.group(1), _block_ids(b), tuple(limits), expiry, b)
+
+    @staticmethod
+    def authorize(cap: Capability, action: str, facts: dict[str, str | int]) -> None:
+        """Run every block's checks against this request. Raises Forbidden naming the
+        first failing check."""
+        code = ["operation({op});", "time({now});"]
+        params: dict[str, object] = {"op": action, "now": dt.datetime.now(dt.timezone.utc)}
+        for k, v in facts.items():
+            code.append(f"{k}({{{k}}});")
+            params[k] = v
+        code.append("allow if true;")
+        try:
+            AuthorizerBuilder("\n".join(code), params).build(cap.biscuit).authorize()
+        except AuthorizationError as e:
+            failed = str(e).split("checks failed: ", 1)[-1]
+            raise Forbidden(f"your token does not allow this {action}: {_explain(failed)}",
+                            hint="ask your sponsor for a token that allows it") from None
+
+
+def _explain(failed: str) -> str:
+    """The failed check, in words when it is one of ours."""
+    if "time($t)" in failed:
+        return "it has expired"
+    if "operation($op), [" in failed:
+        return "the action is not among those it allows (" + failed.split("check if ", 1)[-1] + ")"
+    for name, words in (("partition($p)", "partition"), ("cpus($v)", "CPUs"), ("gpus($v)", "GPUs"),
+                        ("walltime_s($v)", "walltime")):
+        if name in failed:
+            return f"the {words} asked for is beyond its limit (" + failed.split("or ", 1)[-1] + ")"
+    return failed
+
+
+def attenuate(token: str, caveats: Caveats, public_key: bytes) -> tuple[str, str]:
+    """Append a block of further restrictions. Needs only the gateway's public key
+    (``GET /v1/tokens/public-key``), never its secret. -> (new block id, token)."""
+    if not token.startswith(PREFIX):
+        raise InvalidRequest("only capability tokens (crb_...) can be narrowed; ask for one with 'corral token mint'")
+    text = caveats.datalog()
+    if not text:
+        raise InvalidRequest("give at least one restriction to add (see --help)")
+    try:
+        b = Biscuit.from_base64(token[len(PREFIX):], PublicKey.from_bytes(public_key, Algorithm.Ed25519))  # type: ignore[call-arg,attr-defined]
+    except Exception:
+        raise InvalidRequest("the token does not verify against this gateway's public key; is it this "
+                             "gateway's token, copied whole?") from None
+    narrowed = b.append(BlockBuilder(text))
+    return _block_ids(narrowed)[-1], PREFIX + narrowed.to_base64()
+
+
+def caveats_from(fields: dict[str, Any]) -> Caveats:
+    """Caveats from the edges' names: max_walltime as a duration ('2h'), lists as lists
+    or comma-separated text; None or missing: no restriction."""
+    from ..jobs import parse_duration_s
+
+    f = {k: v for k, v in fields.items() if v is not None}
+    for k in ("actions", "partitions"):
+        if isinstance(f.get(k), str):
+            f[k] = [x.strip() for x in f[k].split(",") if x.strip()]
+    if "max_walltime" in f:
+        try:
+            f["max_walltime_s"] = parse_duration_s(str(f.pop("max_walltime")))
+        except ValueError as e:
+            raise InvalidRequest(f"max_walltime: {e}") from None
+    unknown = set(f) - set(Caveats.__dataclass_fields__) - {"expires_at"}
+    if unknown:
+        raise InvalidRequest(f"unknown restrictions {sorted(unknown)}")
+    return Caveats(**f)
+
+
+def expires_in(value: str | None) -> float | None:
+    """'8h' -> an absolute time; None/''/'never' -> None."""
+    from ..jobs import parse_duration_s
+
+    if value in (None, "", "never"):
+        return None
+    try:
+        return time.time() + parse_duration_s(value)
+    except ValueError as e:
+        raise InvalidRequest(f"--expires: {e}") from None
