@@ -34,8 +34,11 @@ class GatewayProcess:
         self.home = Path(tempfile.mkdtemp(prefix="corral-bench-"))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # Rate limits off unless a benchmark sets them: these measure throughput, and one
+        # synthetic agent here sends far more than any real agent's fair share.
         self.env = {**{k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")},
-                    "CORRAL_HOME": str(self.home), "CORRAL_URL": self.url, **(env or {})}
+                    "CORRAL_HOME": str(self.home), "CORRAL_URL": self.url, "CORRAL_RATE_API_PER_S": "0",
+                    "CORRAL_RATE_SUBMIT_PER_MIN": "0", "CORRAL_AGENT_MAX_ACTIVE_JOBS": "0", **(env or {})}
         self.log = open(self.home / "serve.log", "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "corral.cli", "serve", "--port", str(self.port), *args],
                                      env=self.env, stdout=self.log, stderr=self.log)

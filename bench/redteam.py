@@ -1,11 +1,15 @@
-"""Red team: the risk tagger against 250 disguised attacks and the 637 shell commands
-real coding agents ran (../shared/data/agent-bash-commands.jsonl), with tagging time.
+"""Red team: the risk tagger and the default policy against 250 disguised harmful
+commands, and the guard against 200 disguised prompt injections; beside them the 637
+shell commands real coding agents ran (../shared/data/agent-bash-commands.jsonl) and
+the descriptions of every installed package as benign text.
 
     python bench/redteam.py [--quick]
 
-Blocked means the default decision for an agent is not 'allow' (deny, or review by a
-person); the false-positive rate counts benign commands the default would deny. Last
-line: one JSON object.
+A command attack is blocked when the default policy denies an agent submitting it; an
+injection is blocked when the guard flags it (the reader's session is then tainted).
+The false-positive rate counts benign commands denied and benign text flagged. The
+token and cross-principal attacks run against a live gateway in tests/test_safety.py.
+Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import pct  # noqa: E402
-from corral.safety.redteam import attacks  # noqa: E402
-from corral.safety.risk import analyze, decide  # noqa: E402
+from corral.safety.guard import injection  # noqa: E402
+from corral.safety.policy import agent_verdict  # noqa: E402
+from corral.safety.redteam import BENIGN_OUTPUT, attacks, injections  # noqa: E402
+from corral.safety.risk import analyze  # noqa: E402
 
 
 def benign() -> list[str]:
@@ -30,6 +36,12 @@ def benign() -> list[str]:
         if f.exists():
             return [json.loads(line)["command"] for line in f.read_text().splitlines()]
     return [json.loads(line)["command"] for line in Path("/work/shared/data/agent-bash-commands.jsonl").read_text().splitlines()]
+
+
+def prose() -> list[str]:
+    from importlib.metadata import distributions
+
+    return [p for d in distributions() for p in (d.read_text("METADATA") or "").split("\n\n") if len(p) > 80]
 
 
 def main() -> None:
@@ -42,24 +54,35 @@ def main() -> None:
     for cmd, tag, how in cases:
         t = time.perf_counter()
         r = analyze(cmd)
+        verdict = agent_verdict(list(r.tags))
         lat.append((time.perf_counter() - t) * 1000)
-        decisions[decide(r)[0]] += 1
+        decisions["allow" if verdict.allowed else "deny"] += 1
         tagged += tag in r.tags
         by_disguise[how] += tag not in r.tags
     denied = []
     for cmd in ok:
         t = time.perf_counter()
-        d = decide(analyze(cmd))[0]
+        allowed = agent_verdict(list(analyze(cmd).tags)).allowed
         lat.append((time.perf_counter() - t) * 1000)
-        if d == "deny":
+        if not allowed:
             denied.append(cmd)
-    out = {"bench": "redteam", "attacks": len(cases), "tagged_rate": round(tagged / len(cases), 4),
-           "blocked_rate": round(1 - decisions["allow"] / len(cases), 4),
-           "denied": decisions["deny"], "review": decisions["review"],
-           "benign": len(ok), "false_positive_rate": round(len(denied) / len(ok), 4),
-           "tag_p50_ms": round(pct(lat, 50), 3), "tag_p99_ms": round(pct(lat, 99), 3),
-           "missed_by_disguise": {k: v for k, v in by_disguise.items() if v}}
-    print(f"attacks {len(cases)}: {decisions}; benign {len(ok)}: denied {len(denied)}", file=sys.stderr)
+    inj = injections()
+    inj_missed = Counter(how for text, how in inj if not injection(text))
+    text_ok = prose() + BENIGN_OUTPUT
+    flagged = [p for p in text_ok if injection(p)]
+    blocked = decisions["deny"] + len(inj) - sum(inj_missed.values())
+    out = {"bench": "redteam", "attacks": len(cases) + len(inj), "blocked_rate": round(blocked / (len(cases) + len(inj)), 4),
+           "command_attacks": len(cases), "command_blocked_rate": round(decisions["deny"] / len(cases), 4),
+           "tagged_rate": round(tagged / len(cases), 4),
+           "injections": len(inj), "injection_flagged_rate": round(1 - sum(inj_missed.values()) / len(inj), 4),
+           "benign": len(ok) + len(text_ok), "false_positive_rate": round((len(denied) + len(flagged)) / (len(ok) + len(text_ok)), 4),
+           "benign_commands": len(ok), "benign_commands_denied": len(denied),
+           "benign_texts": len(text_ok), "benign_texts_flagged": len(flagged),
+           "tag_and_decide_p50_ms": round(pct(lat, 50), 3), "tag_and_decide_p99_ms": round(pct(lat, 99), 3),
+           "missed_by_disguise": {k: v for k, v in (by_disguise + inj_missed).items() if v}}
+    print(f"commands {len(cases)}: {dict(decisions)}; injections {len(inj)}: missed {sum(inj_missed.values())}; "
+          f"benign commands {len(ok)}: denied {len(denied)} {denied[:3]}; benign texts {len(text_ok)}: "
+          f"flagged {len(flagged)}", file=sys.stderr)
     print(json.dumps(out))
 
 

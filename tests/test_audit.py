@@ -24,7 +24,8 @@ def test_decisions_are_chained_and_tampering_is_located(gateway: Gateway, people
     with gateway.http(people["carol"]) as h:
         assert h.post("/v1/jobs/cancel", json={"ids": [ok["id"]]}).status_code == 404  # not hers: refused
     code, out = _verify(gateway)
-    assert code == 0 and "7 records" in out, out
+    # 8 from the fixture (4 principals added, 4 tokens minted), then 7 here
+    assert code == 0 and "15 records" in out, out
     found = [json.loads(line) for line in gateway.cli("audit", "search", "--home", str(gateway.home),
                                                       "--decision", "deny").stdout.splitlines()]
     assert [(r["principal"], r["action"], r["rule"]) for r in found] == [("bot1", "submit", "invalid_request"),
@@ -45,7 +46,8 @@ def test_decisions_are_chained_and_tampering_is_located(gateway: Gateway, people
         return out
 
     edited = list(pristine)
-    edited[2] = edited[2].replace('"principal":"bot1"', '"principal":"bot2"')
+    assert '"decision":"allow"' in edited[2]
+    edited[2] = edited[2].replace('"decision":"allow"', '"decision":"deny"')
     assert "line 3 (record 3): record 3 was edited" in tampered(edited)
     assert "records 2..2 were dropped" in tampered(pristine[:1] + pristine[2:])
     assert "out of order" in tampered(pristine[:1] + [pristine[2], pristine[1]] + pristine[3:])

@@ -27,7 +27,7 @@ PREFIXES = {"sudo", "doas", "env", "nohup", "timeout", "nice", "ionice", "time",
             "builtin", "srun", "chroot"}
 PROTECTED_ROOTS = ("/scratch", "/project", "/projects", "/work", "/lustre", "/gpfs", "/home", "/data", "/shared")
 SYSTEM_DIRS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/boot", "/var", "/opt", "/dev", "/sys", "/proc")
-SECRET_PATHS = re.compile(r"(\.ssh/|id_rsa|id_ed25519|id_ecdsa|\.netrc|\.aws/credentials|\.kube/config|\.docker/config"
+SECRET_PATHS = re.compile(r"(\.ssh(?:/|\b)|id_rsa|id_ed25519|id_ecdsa|\.netrc|\.aws/credentials|\.kube/config|\.docker/config"
                           r"|\.git-credentials|\.config/gcloud|\.gnupg|keyring|/etc/shadow|\.corral/admin\.token"
                           r"|\.pypirc|\.npmrc)")
 NET_TOOLS = {"curl", "wget", "scp", "sftp", "rsync", "nc", "ncat", "netcat", "socat", "ftp", "telnet"}
