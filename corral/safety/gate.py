@@ -103,35 +103,36 @@ class Gate:
         (and allowed actions when ``audit_allow``). -> the risk tags of ``text``."""
         resource = resource or {}
         tags: list[str] = []
+        rule = "token-caveat"
         try:
             if caller.cap is not None:
                 facts: dict[str, str | int] = {}
                 if action == "submit":
                     facts = {k: resource[k] for k in ("partition", "cpus", "gpus", "walltime_s")}
                 self.tokens.authorize(caller.cap, action, facts)
+            rule = "policy"
             tags = self.risk_tags(text)
             p = caller.principal
+            tainted = self.tainted(caller)
             decision = self.policy.decide(Request(
                 kind=p.kind.value, name=p.name, action=action, resource_type=resource_type, resource=resource,
                 sponsor=p.sponsor, account=p.account, unix_user=p.unix_user, admin=p.is_admin,
                 groups=self.settings.policy_groups_of(p.name, p.account), risk_tags=tags,
-                tainted=self.tainted(caller), session=caller.session))
+                tainted=tainted, session=caller.session))
+            rule = decision.rule
             if not decision.allowed:
                 raise Forbidden(
                     f"the facility policy denies {action}: rule '{decision.rule}'"
                     + (f" (risk tags: {', '.join(tags)})" if tags else "")
-                    + (" (this session read content flagged as possible prompt injection)"
-                       if self.tainted(caller) else ""),
+                    + (" (this session read content flagged as possible prompt injection)" if tainted else ""),
                     hint="see 'corral policy explain' for why; ask your sponsor or the facility if this is wrong")
         except CorralError as e:
-            rule = e.message.split("rule '", 1)[1].split("'", 1)[0] if "rule '" in e.message else \
-                ("token-caveat" if caller.cap is not None and "token" in e.message else e.code)
             self.record(caller, action, "deny", rule, [{**(audit_resource or _short(resource)),
                                                          **({"risk_tags": tags} if tags else {})}])
             e.audited = True
             raise
         if audit_allow:
-            self.record(caller, action, "allow", "policy", [audit_resource or _short(resource)])
+            self.record(caller, action, "allow", rule, [audit_resource or _short(resource)])
         return tags
 
     def check_status(self, caller: Caller) -> None:

@@ -1,7 +1,8 @@
 """Risk tags for shell commands and job scripts, from a parse of the shell, not one
 regular expression over the text.
 
-The command is parsed (bashlex; shlex on what bashlex cannot read) into simple
+The command is parsed (tree-sitter-bash, corral/safety/shparse.py; shlex as well
+where it finds errors) into simple
 commands, then *unwrapped* the way a shell would run them: ``bash -c``/``sh -c``/
 ``eval`` strings, ``sudo``/``env``/``nohup``/``timeout``/``xargs``/``find -exec``
 prefixes, aliases and simple variables defined earlier in the same text, base64
@@ -18,7 +19,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-import bashlex
+from . import shparse
 
 TAGS = ("destructive_fs", "recursive_permissions", "fork_bomb", "credential_read", "exfiltration",
         "cryptomining", "privilege_escalation", "heavy_compute", "scheduler_polling", "obfuscated")
@@ -67,76 +68,13 @@ def _text_wide(text: str, risk: Risk) -> None:
 
 
 def _commands(text: str, risk: Risk) -> list[list[list[str]]]:
-    """Pipelines of simple commands (argv lists), in order."""
-    try:
-        trees = bashlex.parse(text)
-    except Exception:  # bashlex misses here-docs and some constructs: fall back to shlex
+    """Pipelines of simple commands (argv lists), in order. What tree-sitter could not
+    read is also split the simple way (shlex), so a parse error hides nothing."""
+    cmds, complete = shparse.parse(text)
+    if not complete:
         risk.unparsed = True
-        return _shlex_commands(text)
-    out: list[list[list[str]]] = []
-    for tree in trees:
-        _collect(tree, out, text)
-    return out
-
-
-def _collect(node: object, out: list[list[list[str]]], src: str) -> None:
-    kind = getattr(node, "kind", "")
-    if kind == "pipeline":
-        cmds = []
-        for p in node.parts:  # type: ignore[attr-defined]
-            if getattr(p, "kind", "") == "command":
-                cmds.append(_argv(p, src))
-                _nested(p, out, src)
-            elif getattr(p, "kind", "") != "pipe":
-                _collect(p, out, src)
-        if cmds:
-            out.append(cmds)
-        return
-    if kind == "command":
-        out.append([_argv(node, src)])
-        _nested(node, out, src)
-        return
-    for child in getattr(node, "parts", []) or []:
-        _collect(child, out, src)
-    for attr in ("list", "command"):
-        child = getattr(node, attr, None)
-        if child is not None and not isinstance(child, str):
-            for c in child if isinstance(child, list) else [child]:
-                _collect(c, out, src)
-
-
-def _nested(cmd: object, out: list[list[list[str]]], src: str) -> None:
-    """Command substitutions and process substitutions inside a command's words."""
-    for part in getattr(cmd, "parts", []) or []:
-        for sub in getattr(part, "parts", []) or []:
-            if getattr(sub, "kind", "") in ("commandsubstitution", "processsubstitution"):
-                _collect(sub.command, out, src)  # type: ignore[attr-defined]
-
-
-def _argv(cmd: object, src: str) -> list[str]:
-    """Words and assignments in order, as the shell would pass them (quotes removed from
-    the source text, not from bashlex's half-unquoted words); a here-doc fed to a shell
-    becomes its ``-c`` script."""
-    argv = [_unquote(src[p.pos[0]:p.pos[1]], p.word) for p in getattr(cmd, "parts", [])
-            if getattr(p, "kind", "") in ("word", "assignment")]
-    for p in getattr(cmd, "parts", []) or []:
-        doc = getattr(p, "heredoc", None)
-        if getattr(p, "kind", "") == "redirect" and doc is not None and argv and argv[0].rsplit("/", 1)[-1] in SHELLS:
-            argv += ["-c", getattr(doc, "value", "")]
-    return argv
-
-
-def _unquote(raw: str, word: str) -> str:
-    """The word's value after quote removal, from its source text; bashlex's own if the
-    source does not split into exactly one word."""
-    if "'" in raw or '"' in raw or "\\" in raw:
-        try:
-            parts = shlex.split(raw)
-        except ValueError:
-            return word
-        if len(parts) == 1:
-            return parts[0]
-    return word
+        cmds = cmds + _shlex_commands(text)
+    return cmds
 
 
 def _shlex_commands(text: str) -> list[list[list[str]]]:

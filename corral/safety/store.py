@@ -7,9 +7,11 @@ import time
 from typing import Any
 
 from ..db import Database
-from ..jobs import TERMINAL_STATES
+from ..jobs import TERMINAL_STATES, JobState
 
-_ACTIVE = "state NOT IN (" + ",".join(f"'{s.value}'" for s in TERMINAL_STATES) + ")"
+# Written as the partial index jobs_active is, so SQLite can use it for the counts.
+_ACTIVE = "state IN ('PENDING', 'RUNNING', 'UNKNOWN')"
+assert {"PENDING", "RUNNING", "UNKNOWN"} == {s.value for s in JobState} - {s.value for s in TERMINAL_STATES}
 
 
 class SafetyStore:
@@ -67,7 +69,8 @@ class SafetyStore:
                   SUM(json_extract(spec, '$.gpus') * CASE WHEN {_ACTIVE} THEN json_extract(spec, '$.walltime')
                       ELSE MAX(0, COALESCE(end_time, start_time, 0) - COALESCE(start_time, end_time, 0)) END),
                   SUM(CASE WHEN {_ACTIVE} THEN 1 ELSE 0 END)
-                FROM jobs WHERE token_path = ? OR token_path LIKE ? || '/%'""", (block_path, block_path)).fetchone()
+                FROM jobs WHERE token_path = ? OR (token_path > ? || '/' AND token_path < ? || '0')""",
+            (block_path, block_path, block_path)).fetchone()  # '0' follows '/': the subtree as an index range
         return float(row[0] or 0), float(row[1] or 0), int(row[2] or 0)
 
     def active(self, principal: str) -> int:
