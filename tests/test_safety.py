@@ -243,3 +243,43 @@ def test_other_principals_jobs_and_notes_stay_out_of_reach(gateway: Gateway, peo
         found = h.get("/v1/notes", params={"q": "xyzzy"}).json()
         assert all(n["id"] != note["id"] for n in found["notes"])
         assert h.post(f"/v1/notes/{note['id']}/promote").status_code in (403, 404)
+
+
+def test_the_cli_mints_narrows_lists_and_revokes(gateway: Gateway, people: dict[str, str], tmp_path) -> None:
+    minted = gateway.cli_json("token", "mint", "--for", "bot1", "--expires", "1h", "--max-cpus", "2",
+                              "--partitions", "local", "--cpu-hours", "5", token=people["alice"])
+    assert any("cpus" in c for c in minted["caveats"]) and any("budget_cpu_s(18000)" in c for c in minted["caveats"])
+    narrowed = gateway.cli_json("token", "attenuate", "--max-cpus", "1", "--expires", "10m", token=minted["token"])
+    job = gateway.cli_json("submit", "--partition", "local", "--cpus", "1", "--", "true", token=narrowed["token"])
+    assert job["state"] in ("PENDING", "RUNNING", "COMPLETED")
+    cp = gateway.cli("submit", "--partition", "local", "--cpus", "2", "--", "true", token=narrowed["token"])
+    assert cp.returncode == 2 and "CPUs" in cp.stderr and "Traceback" not in cp.stderr
+    listed = gateway.cli("token", "list", token=people["alice"]).stdout
+    assert narrowed["id"] in listed and "derived" in listed
+    assert gateway.cli("token", "revoke", narrowed["id"], token=people["alice"]).returncode == 0
+    cp = gateway.cli("jobs", token=narrowed["token"])
+    assert cp.returncode == 2 and "revoked" in cp.stderr
+    assert gateway.cli("jobs", token=minted["token"]).returncode == 0
+    cp = gateway.cli("token", "mint", "--for", "bot1", "--actions", "submit,fly", token=people["alice"])
+    assert cp.returncode == 2 and "unknown actions" in cp.stderr
+    cp = gateway.cli("token", "attenuate", "--max-cpus", "1", token="crl_abc_def")
+    assert cp.returncode == 2 and "capability tokens" in cp.stderr
+
+
+def test_an_edited_policy_applies_without_a_restart(gateway: Gateway, people: dict[str, str], tmp_path) -> None:
+    assert gateway.cli("policy", "init").returncode == 0
+    policy = gateway.home / "policy.cedar"
+    job = {"command": "true", "workdir": str(tmp_path), "walltime": "5m"}
+    with gateway.http(people["bot1"]) as h:
+        assert h.post("/v1/jobs", json=job).status_code == 201
+        policy.write_text(policy.read_text() + '\n@id("no-bot1")\nforbid (principal == Corral::Agent::"bot1", '
+                          'action == Corral::Action::"submit", resource);\n')
+        time.sleep(2.5)
+        r = h.post("/v1/jobs", json=job)
+        assert r.status_code == 403 and "no-bot1" in r.json()["error"]["message"]
+        policy.write_text("this is not cedar")  # a broken edit: the rule in force stays
+        time.sleep(2.5)
+        r = h.post("/v1/jobs", json=job)
+        assert r.status_code == 403 and "no-bot1" in r.json()["error"]["message"]
+    with gateway.http(people["bot2"]) as h:
+        assert h.post("/v1/jobs", json=job).status_code == 201

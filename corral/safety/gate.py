@@ -13,6 +13,7 @@ The guard on the way back (corral/safety/guard.py) taints a session through ``ta
 from __future__ import annotations
 
 import hashlib
+import logging
 import shlex
 import time
 from collections import OrderedDict
@@ -31,6 +32,7 @@ from .tokens import TokenAuthority
 if TYPE_CHECKING:
     from ..db import Database
 
+log = logging.getLogger(__name__)
 Record = Callable[[Caller, str, str, str, list[dict[str, Any]]], None]
 
 
@@ -54,7 +56,9 @@ class Gate:
         self.store = SafetyStore(db)
         self.record = record
         self.tokens = TokenAuthority(settings.home / "token.key")
-        self.policy = Policy.load(settings.policy_file or settings.home / "policy.cedar")
+        self._policy_path = settings.policy_file or settings.home / "policy.cedar"
+        self.policy = Policy.load(self._policy_path)
+        self._policy_seen = (self._mtime(), time.monotonic())
         self.buckets = Buckets()
         self.revoked = self.store.revoked()
         self._taint = self.store.taints()
@@ -62,6 +66,30 @@ class Gate:
         self._status_ok: dict[tuple[str, str | None, bool], float] = {}
 
     # -- inputs to decisions ------------------------------------------------------------
+
+    def _mtime(self) -> float:
+        try:
+            return self._policy_path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def _fresh_policy(self) -> Policy:
+        """The policy, read again when its file changed (looked at every 2 s at most), so an
+        admin's edit applies without a restart. An edit that does not validate is logged
+        and the policy in force stays."""
+        mtime, looked = self._policy_seen
+        now = time.monotonic()
+        if now - looked > 2.0:
+            current = self._mtime()
+            if current != mtime:
+                try:
+                    self.policy = Policy.load(self._policy_path)
+                    log.warning("policy reloaded from %s (rules: %s)", self.policy.source, ", ".join(self.policy.ids))
+                except CorralError as e:
+                    log.error("policy %s not reloaded, the one in force stays: %s", self._policy_path, e.message)
+            self._policy_seen = (current, now)
+        return self.policy
+
 
     def risk_tags(self, text: str) -> list[str]:
         """Tags of a command or script. Cached by content: agents resubmit the same script
@@ -114,7 +142,7 @@ class Gate:
             tags = self.risk_tags(text)
             p = caller.principal
             tainted = self.tainted(caller)
-            decision = self.policy.decide(Request(
+            decision = self._fresh_policy().decide(Request(
                 kind=p.kind.value, name=p.name, action=action, resource_type=resource_type, resource=resource,
                 sponsor=p.sponsor, account=p.account, unix_user=p.unix_user, admin=p.is_admin,
                 groups=self.settings.policy_groups_of(p.name, p.account), risk_tags=tags,

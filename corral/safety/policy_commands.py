@@ -44,7 +44,8 @@ def policy() -> None:
 
     \b
     The gateway reads CORRAL_HOME/policy.cedar (or policy_file in corral.toml), else
-    the packaged default. A denial names the @id of the rule that denied.
+    the packaged default, and again within 2 s of each edit. A denial names the @id of
+    the rule that denied.
 
     \b
     Examples:
@@ -66,7 +67,8 @@ def policy_init(force: bool) -> None:
         _fail(f"{dest} exists; edit it, or pass --force to start again from the default")
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(pol.DEFAULT_POLICY, dest)
-    click.echo(f"wrote {dest}; the gateway reads it at start ('corral policy check {dest}' after each edit)")
+    click.echo(f"wrote {dest}; a running gateway applies each edit within 2 s, once it validates "
+               f"('corral policy check {dest}' to see)")
 
 
 @policy.command("check")

@@ -31,10 +31,6 @@ def caveat_options(f: F) -> F:
     return f
 
 
-CAVEATS = ("actions", "partitions", "max_cpus", "max_gpus", "max_walltime", "cpu_hours", "gpu_hours",
-           "submits_per_min", "max_active_jobs")
-
-
 @click.group()
 def token() -> None:
     """Mint, narrow, list and revoke tokens.
@@ -60,7 +56,11 @@ def token() -> None:
 @click.pass_obj
 def token_mint(o: Any, for_: str, expires: str, note: str | None, **caveats: Any) -> None:
     """Mint a token. It is shown once: store it now (e.g. export CORRAL_TOKEN=...)."""
-    t = o.client.mint_token(for_, expires, note, {k: v for k, v in caveats.items() if v is not None})
+    given = {k: v for k, v in caveats.items() if v is not None}
+    for k in ("actions", "partitions"):  # comma-separated on the command line, lists in the API
+        if k in given:
+            given[k] = [x.strip() for x in given[k].split(",") if x.strip()]
+    t = o.client.mint_token(for_, expires, note, given)
     o.out(t, lambda t: f"{t['token']}\n(token {t['id']} for {t['principal']}; shown once)"
           + "".join(f"\n  {c}" for c in t.get("caveats", [])))
 
