@@ -551,7 +551,8 @@ class Service:
 
     def recall(self, caller: Caller, query: str, k: int = 5) -> list[dict[str, Any]]:
         mem = self._mem()
-        self.gate.check(caller, "read_notes", "Note", {"scope": "any", "author": ""})
+        self.gate.check(caller, "read_notes", "Note", {"scope": "any", "author": ""}, audit_allow=True,
+                        audit_resource={"query": query[:200]})
         notes: list[dict[str, Any]] = mem.recall(caller, query, k)
         flagged = [n["id"] for n in notes if n.get("flags", {}).get("suspected_injection") and n["author"] != caller.name]
         if flagged:
@@ -566,7 +567,7 @@ class Service:
     async def advice(self, caller: Caller, spec: JobSpec) -> dict[str, Any]:
         """What corral would say of this submission, without submitting it."""
         await self._check_spec(spec)
-        self.gate.check(caller, "advice", "Job", job_resource(spec, caller.name))
+        self.gate.check(caller, "advice", "Job", job_resource(spec, caller.name), text=job_text(spec), audit_allow=True)
         advice, refuse = self._mem().advise(caller.principal, spec)
         return {"advice": advice, "would_refuse": refuse if self.settings.memory_refuse_repeats else None}
 
