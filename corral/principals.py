@@ -1,8 +1,10 @@
 """Who acts: principals (human, agent, service), their tokens, and who may see what.
 
-Tokens are opaque bearer secrets ``crl_<id>_<secret>``. Only a SHA-256 of the
-secret is stored: the secret has 256 bits of entropy, so a slow password hash
-would add latency to every request and no security.
+Minted tokens are capability tokens (corral/safety/tokens.py). The opaque bearer
+secrets here, ``crl_<id>_<secret>``, are the admin's first token and tokens minted
+before capability tokens existed. Only a SHA-256 of the secret is stored: the secret
+has 256 bits of entropy, so a slow password hash would add latency to every request
+and no security.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from .config import Settings
 from .control.metrics import MeteredBackend, Metrics
 from .control.reconciler import Reconciler, Watchers
 from .db import Database
-from .errors import BackendError, Conflict, CorralError, Forbidden, InvalidRequest, NotFound, Unauthenticated
+from .errors import BackendError, Conflict, CorralError, Forbidden, InvalidRequest, NotFound
 from .fastlane.bridge import PILOT_PRINCIPAL, Lanes
 from .fastlane.lane import FAST
 from .jobs import TERMINAL_STATES, Job, JobSpec, JobState, parse_duration_s

@@ -5,7 +5,6 @@ errors), the guard on job output with session taint, and the audit of every deci
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any
 

@@ -62,10 +62,10 @@ def _collect(node: Node, out: list[list[list[str]]]) -> None:
         out.extend(inner)  # the command first, then what its substitutions run, as bashlex did
         return
     if t == "variable_assignment":  # a statement of its own: X=1; ...
-        inner: list[list[list[str]]] = []
-        _nested(node, inner)
+        subs: list[list[list[str]]] = []
+        _nested(node, subs)
         out.append([[unquote(_text(node))]])
-        out.extend(inner)
+        out.extend(subs)
         return
     for c in node.children:
         _collect(c, out)
