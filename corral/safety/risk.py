@@ -93,9 +93,13 @@ def _shlex_commands(text: str) -> list[list[list[str]]]:
     return out
 
 
+_VAR = re.compile(r"\$\{?(\w+)\}?")
+
+
 def _expand(word: str, variables: dict[str, str]) -> str:
-    word = re.sub(r"\$\{?(\w+)\}?", lambda m: variables.get(m.group(1), m.group(0)), word)
-    return word
+    if "$" not in word:  # most words: no regex at all
+        return word
+    return _VAR.sub(lambda m: variables.get(m.group(1), m.group(0)), word)
 
 
 def _walk(text: str, risk: Risk, variables: dict[str, str], aliases: dict[str, str], depth: int) -> None:

@@ -112,6 +112,9 @@ def _simple(node: Node, out: list[list[list[str]]]) -> list[str]:
 
 def _nested(node: Node, out: list[list[list[str]]]) -> None:
     """Command and process substitutions anywhere inside a word."""
+    text = node.text or b""
+    if b"$(" not in text and b"`" not in text and b"(" not in text:
+        return  # no substitution can hide in it: skip the walk
     if node.type in _SUBST:
         for c in node.named_children:
             _collect(c, out)
