@@ -59,13 +59,34 @@ class Gate:
         self._policy_path = settings.policy_file or settings.home / "policy.cedar"
         self.policy = Policy.load(self._policy_path)
         self._policy_seen = (self._mtime(), time.monotonic())
+        self._policy_version = 0
         self.buckets = Buckets()
         self.revoked = self.store.revoked()
         self._taint = self.store.taints()
         self._tags: OrderedDict[str, list[str]] = OrderedDict()
         self._status_ok: dict[tuple[str, str | None, bool], float] = {}
+        self._decisions: dict[tuple[Any, ...], tuple[float, Any]] = {}
+        self.cache_s = 1.0
+        """How long a decision on identical facts is reused (0: never)."""
 
     # -- inputs to decisions ------------------------------------------------------------
+
+    def _cached(self, key: tuple[Any, ...]) -> Any:
+        """A decision taken on the very same facts less than ``cache_s`` ago. Agents repeat
+        identical requests in bursts; one second keeps time-of-day rules and token expiry
+        exact to that second, and a policy edit or a revocation starts afresh (the policy's
+        version is part of the key; a revoked token no longer authenticates)."""
+        hit = self._decisions.get(key)
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        return None
+
+    def _remember(self, key: tuple[Any, ...], value: Any) -> None:
+        if self.cache_s <= 0:
+            return
+        if len(self._decisions) > 10_000:
+            self._decisions.clear()
+        self._decisions[key] = (time.monotonic() + self.cache_s, value)
 
     def _mtime(self) -> float:
         try:
@@ -84,6 +105,7 @@ class Gate:
             if current != mtime:
                 try:
                     self.policy = Policy.load(self._policy_path)
+                    self._policy_version += 1
                     log.warning("policy reloaded from %s (rules: %s)", self.policy.source, ", ".join(self.policy.ids))
                 except CorralError as e:
                     log.error("policy %s not reloaded, the one in force stays: %s", self._policy_path, e.message)
@@ -137,16 +159,25 @@ class Gate:
                 facts: dict[str, str | int] = {}
                 if action == "submit":
                     facts = {k: resource[k] for k in ("partition", "cpus", "gpus", "walltime_s")}
-                self.tokens.authorize(caller.cap, action, facts)
+                key = (caller.cap.path, action, tuple(facts.items()))
+                if not self._cached(key):
+                    self.tokens.authorize(caller.cap, action, facts)
+                    self._remember(key, True)
             rule = "policy"
             tags = self.risk_tags(text)
             p = caller.principal
             tainted = self.tainted(caller)
-            decision = self._fresh_policy().decide(Request(
+            policy = self._fresh_policy()
+            req = Request(
                 kind=p.kind.value, name=p.name, action=action, resource_type=resource_type, resource=resource,
                 sponsor=p.sponsor, account=p.account, unix_user=p.unix_user, admin=p.is_admin,
                 groups=self.settings.policy_groups_of(p.name, p.account), risk_tags=tags,
-                tainted=tainted, session=caller.session))
+                tainted=tainted, session=caller.session)
+            pkey = ("policy", self._policy_version, repr(req))
+            decision = self._cached(pkey)
+            if decision is None:
+                decision = policy.decide(req)
+                self._remember(pkey, decision)
             rule = decision.rule
             if not decision.allowed:
                 raise Forbidden(
