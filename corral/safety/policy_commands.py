@@ -17,8 +17,9 @@ from . import policy as pol
 
 
 def _fail(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(2)
+    from ..cli import _fail as fail  # the CLI's one way to stop with a message (exit 2)
+
+    fail(message)
 
 
 def _policy_path(path: str | None) -> Path | None:

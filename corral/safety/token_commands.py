@@ -56,10 +56,12 @@ def token() -> None:
 @click.pass_obj
 def token_mint(o: Any, for_: str, expires: str, note: str | None, **caveats: Any) -> None:
     """Mint a token. It is shown once: store it now (e.g. export CORRAL_TOKEN=...)."""
+    from .tokens import csv_list
+
     given = {k: v for k, v in caveats.items() if v is not None}
     for k in ("actions", "partitions"):  # comma-separated on the command line, lists in the API
         if k in given:
-            given[k] = [x.strip() for x in given[k].split(",") if x.strip()]
+            given[k] = csv_list(given[k])
     t = o.client.mint_token(for_, expires, note, given)
     o.out(t, lambda t: f"{t['token']}\n(token {t['id']} for {t['principal']}; shown once)"
           + "".join(f"\n  {c}" for c in t.get("caveats", [])))

@@ -218,6 +218,11 @@ def attenuate(token: str, caveats: Caveats, public_key: bytes) -> tuple[str, str
     return _block_ids(narrowed)[-1], PREFIX + narrowed.to_base64()
 
 
+def csv_list(text: str) -> list[str]:
+    """'a, b,,c' -> ['a', 'b', 'c']: how lists are written on a command line."""
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
 def caveats_from(fields: dict[str, Any]) -> Caveats:
     """Caveats from the edges' names: max_walltime as a duration ('2h'), lists as lists
     or comma-separated text; None or missing: no restriction."""
@@ -226,7 +231,7 @@ def caveats_from(fields: dict[str, Any]) -> Caveats:
     f = {k: v for k, v in fields.items() if v is not None}
     for k in ("actions", "partitions"):
         if isinstance(f.get(k), str):
-            f[k] = [x.strip() for x in f[k].split(",") if x.strip()]
+            f[k] = csv_list(f[k])
     if "max_walltime" in f:
         try:
             f["max_walltime_s"] = parse_duration_s(str(f.pop("max_walltime")))
