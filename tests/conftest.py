@@ -70,7 +70,13 @@ class Gateway:
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(sig)
-            self.proc.wait(10)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                # Still an error for the test, but no gateway is left running to disturb the next ones.
+                self.proc.kill()
+                self.proc.wait(10)
+                raise
 
     def http(self, token: str | None = None, session: str | None = None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token or self.admin_token}"}
