@@ -45,7 +45,7 @@ class Service:
             db, self.backend, self.watchers, self.metrics, settings.tick_s, settings.max_backoff_s,
             before_tick=self.submit_unsent, after_change=self.remember_outcomes,
         )
-        self._in_flight: set[int] = set()
+        self.in_flight: set[int] = set()
         self.lanes: Lanes | None = Lanes(self) if settings.fastlane else None
         from .memory.store import Memory
 
@@ -358,7 +358,7 @@ class Service:
         if job.backend == FAST and self.lanes is not None:
             self.lanes.send(job, ctx, principal)
             return
-        self._in_flight.add(job.id)
+        self.in_flight.add(job.id)
         try:
             backend_id = await asyncio.to_thread(self.backend.submit, ctx, job.spec)
             self.db.set_backend_id(job.id, backend_id)
@@ -375,14 +375,14 @@ class Service:
         except CorralError as e:
             self.db.update_job(job.id, JobState.FAILED, reason=f"refused by the backend: {e.message}", end_time=time.time())
         finally:
-            self._in_flight.discard(job.id)
+            self.in_flight.discard(job.id)
 
     async def submit_unsent(self) -> None:
         """Send jobs recorded but never handed to the backend (a crash, or the backend was
         down). Runs in the reconciler: a failure there marks the backend degraded and
         backs off, and the rest wait for the next try."""
         for job in self.db.active_jobs(unsent=True):
-            if job.id not in self._in_flight:
+            if job.id not in self.in_flight:
                 principal = self.db.get_principal(job.principal)
                 if principal is not None:
                     await self._send(job, principal, raise_backend=True)

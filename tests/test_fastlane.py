@@ -258,3 +258,45 @@ def test_pool_scales_with_backlog_and_releases_idle_allocations(tmp_path) -> Non
             pilot_ids = [p["id"] for p in pilots]
             ended = h.post("/v1/jobs/wait", json={"ids": pilot_ids, "timeout": 30}).json()
             assert ended["reached"], ended  # the released allocations really end
+
+
+def test_an_allocation_still_being_submitted_is_not_sent_twice(tmp_path) -> None:
+    """The reconciler resends jobs recorded but never handed to the backend. An allocation
+    whose submission is still on its way is not one of them: sent twice, two workers of
+    one name met the pool's scheduler, Dask refused the second, and the allocation the
+    gateway kept track of was the one that had exited (seen under load in CI)."""
+
+    from corral.config import Settings
+    from corral.jobs import JobSpec
+    from corral.server import build_service
+
+    service = build_service(Settings(home=tmp_path / "home", tick_s=0.05, local_cpus=4, fastlane_cpus=2,
+                                     fastlane_memory_mb=512))
+    service.bootstrap_admin()
+    admin = service.authenticate((tmp_path / "home" / "admin.token").read_text().strip())
+    real, sent = service.backend.submit, []
+
+    def slow_submit(ctx: Any, spec: JobSpec) -> str:
+        sent.append(ctx.job_id)
+        time.sleep(0.6)  # a slow sbatch: several reconciler ticks pass meanwhile
+        return real(ctx, spec)
+
+    service.backend.submit = slow_submit  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        assert service.lanes is not None
+        loops = [asyncio.create_task(service.reconciler.run()), asyncio.create_task(service.lanes.run())]
+        try:
+            job, _ = await service.submit(admin, JobSpec(command="true", lane="fast", walltime="30s", memory="256M"))
+            for _ in range(100):
+                await asyncio.sleep(0.1)
+                if service.db.get_job(job.id).terminal:  # type: ignore[union-attr]
+                    break
+            assert service.db.get_job(job.id).state.value == "COMPLETED"  # type: ignore[union-attr]
+        finally:
+            for t in loops:
+                t.cancel()
+            await service.lanes.close()
+
+    asyncio.run(scenario())
+    assert len(sent) == len(set(sent)) == 1, sent  # one allocation, sent once

@@ -93,12 +93,18 @@ class Lanes:
         job, _ = self.db.insert_job(p.name, f"pool:{pool.key.slug}", None, self.service.backend.name, spec)
         ctx = SubmitContext(job.id, p.name, p.kind.value, None, f"pool:{pool.key.slug}",
                             pool.key.unix_user, pool.key.account)
+        # In flight until it has its backend id: else the reconciler's resend of unsent jobs
+        # sees a recorded job without one and submits the allocation a second time (two
+        # workers of one name: Dask refuses the second, which exits, and its job id is kept).
+        self.service.in_flight.add(job.id)
         try:
             bid = await asyncio.to_thread(self.service.backend.submit, ctx, spec)
             self.db.set_backend_id(job.id, bid)
         except CorralError as e:  # counted by the pool's breaker through the job's state
             self.db.update_job(job.id, JobState.FAILED, reason=f"the allocation was refused: {e.message}",
                                end_time=time.time())
+        finally:
+            self.service.in_flight.discard(job.id)
         self.service.reconciler.kick()
         return job.id
 
