@@ -272,10 +272,6 @@ class Database:
         keys = ("id", "principal", "created", "expires", "revoked", "note")
         return [dict(zip(keys, r)) for r in self.conn.execute(sql + " ORDER BY created", args)]
 
-    def revoke_token(self, token_id: str) -> bool:
-        cur = self.conn.execute("UPDATE tokens SET revoked=? WHERE id=? AND revoked IS NULL", (time.time(), token_id))
-        return cur.rowcount == 1
-
     # -- jobs ------------------------------------------------------------------
 
     def insert_job(
