@@ -23,7 +23,7 @@ class Credentials:
     def __init__(self, db: "Database", gate: "Gate") -> None:
         self.db = db
         self.gate = gate
-        # token -> (expiry, principal, visible names, capability). Every write to principals
+        # token -> (expiry, principal, visible names, capability, token id). Every write to principals
         # or tokens clears it, so a revocation takes effect on the very next request.
         self._cache: dict[str, tuple[float | None, Principal, frozenset[str], Capability | None, str]] = {}
 
@@ -99,8 +99,9 @@ class Credentials:
     def list(self, caller: Caller) -> list[dict[str, Any]]:
         names = None if caller.principal.is_admin else sorted(caller.visible)
         tokens = self.db.list_tokens(names)
+        opaque = self._opaque_ids()  # once, not once per token
         for t in tokens:
-            t["kind"] = "opaque" if t["id"] in self._opaque_ids() else "capability"
+            t["kind"] = "opaque" if t["id"] in opaque else "capability"
         derived = [{"id": b["id"], "principal": b["principal"], "created": b["first_seen"], "expires": None,
                     "revoked": b["revoked"], "note": f"narrowed from {b['root']} (seen in use)", "kind": "derived"}
                    for b in self.gate.store.blocks(names)]

@@ -64,7 +64,6 @@ class Gate:
         self.revoked = self.store.revoked()
         self._taint = self.store.taints()
         self._tags: OrderedDict[str, list[str]] = OrderedDict()
-        self._status_ok: dict[tuple[str, str | None, bool], float] = {}
         self._decisions: dict[tuple[Any, ...], tuple[float, Any]] = {}
         self.cache_s = 1.0
         """How long a decision on identical facts is reused (0: never)."""
@@ -81,12 +80,13 @@ class Gate:
             return hit[1]
         return None
 
-    def _remember(self, key: tuple[Any, ...], value: Any) -> None:
-        if self.cache_s <= 0:
+    def _remember(self, key: tuple[Any, ...], value: Any, ttl: float | None = None) -> None:
+        ttl = self.cache_s if ttl is None else ttl
+        if ttl <= 0:
             return
         if len(self._decisions) > 10_000:
             self._decisions.clear()
-        self._decisions[key] = (time.monotonic() + self.cache_s, value)
+        self._decisions[key] = (time.monotonic() + ttl, value)
 
     def _mtime(self) -> float:
         try:
@@ -111,7 +111,6 @@ class Gate:
                     log.error("policy %s not reloaded, the one in force stays: %s", self._policy_path, e.message)
             self._policy_seen = (current, now)
         return self.policy
-
 
     def risk_tags(self, text: str) -> list[str]:
         """Tags of a command or script. Cached by content: agents resubmit the same script
@@ -198,13 +197,11 @@ class Gate:
         """``check`` for reading jobs, at the rate agents poll: the answer for a token,
         session and taint is reused for a few seconds. (So a status rule may not look at
         the job; the default policy's do not.)"""
-        key = (caller.token_id, caller.session, self.tainted(caller))
-        if self._status_ok.get(key, 0.0) > time.monotonic():
+        key = ("status", caller.token_id, caller.session, self.tainted(caller))
+        if self._cached(key):
             return
         self.check(caller, "status", "Job", {"owner": caller.name})
-        if len(self._status_ok) > 10_000:
-            self._status_ok.clear()
-        self._status_ok[key] = time.monotonic() + 5.0
+        self._remember(key, True, ttl=5.0)
 
     def api_call(self, caller: Caller) -> None:
         """One request of a rate-limited kind of principal: per principal and per session."""
