@@ -135,7 +135,10 @@ def create_app(service: Service) -> FastAPI:
                         with contextlib.suppress(asyncio.CancelledError):
                             await t
                 if service.lanes:
-                    await service.lanes.close()
+                    try:  # allocations are released first; Dask's own close must not hold the exit
+                        await asyncio.wait_for(service.lanes.close(), 5)
+                    except asyncio.TimeoutError:
+                        log.warning("the fast-lane pools did not close within 5 s; stopping anyway")
 
     app = FastAPI(title="corral", version="0.1.0", lifespan=lifespan, description=(
         "A facility-side gateway through which AI coding agents act on an HPC cluster.\n\n"

@@ -299,7 +299,9 @@ class Database:
         None, spec): a prefix gives the job the backend id ``prefix + id`` (the fast lane
         knows its ids before it is handed the task). Call inside ``transaction()``."""
         now = time.time()
-        texts = [spec.model_dump_json(by_alias=True, exclude_none=True) for _, _, spec in items]
+        dumped: dict[int, str] = {}  # a batch's jobs often share one spec object: dump it once
+        texts = [dumped.get(id(spec)) or dumped.setdefault(id(spec), spec.model_dump_json(by_alias=True, exclude_none=True))
+                 for _, _, spec in items]
         jobs: list[Job] = []
         for i in range(0, len(items), 500):  # 8 parameters a row, under SQLite's limit
             chunk = items[i: i + 500]
@@ -423,6 +425,11 @@ class Database:
         only = only_from.value if only_from else None
         self.conn.execute(_UPDATE + " AND (? IS NULL OR state=?)",
                           (state.value, exit_code, reason, start_time, end_time, cpu_s, job_id, *_TERMINAL, only, only))
+
+    def mark_running(self, started: dict[int, float]) -> None:
+        """Jobs still PENDING that started (id -> start time): one statement for many."""
+        self.conn.executemany("UPDATE jobs SET state='RUNNING', start_time=? WHERE id=? AND state='PENDING'",
+                              [(t, jid) for jid, t in started.items()])
 
     def clear_backend_id(self, job_id: int) -> None:
         """Mark a job as not yet sent: the reconciler sends it again."""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import logging.handlers
+import signal
 import sys
 
 from .api import create_app
@@ -50,6 +52,9 @@ def serve(settings: Settings) -> None:
     import uvicorn
 
     setup_logging(settings)
+    # `kill -USR1 <pid>` prints every thread's stack to stderr: how to see where a gateway
+    # that will not stop (or answer) is stuck, without stopping it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     service = build_service(settings)
     created = service.bootstrap_admin()
     app = create_app(service)

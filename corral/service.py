@@ -306,7 +306,8 @@ class Service:
                     raise InvalidRequest(f"workdir {spec.workdir!r} must be an absolute path to a directory that exists")
             except InvalidRequest as e:
                 raise InvalidRequest(f"job {i}: {e.message}", hint=e.hint) from None
-        distinct = list({s.model_dump_json(): s for s in specs}.values())
+        keys = [s.model_dump_json() for s in specs]
+        distinct = list(dict(zip(keys, specs)).values())
 
         def preflight_all() -> None:
             for s in distinct:
@@ -326,12 +327,16 @@ class Service:
                 e.message = f"job {specs.index(s)}: {e.message}"
                 raise
         p = caller.principal
-        routed = [self._route(p, s) for s in specs]
+        # A sweep repeats one spec: route it and ask memory once per distinct one.
+        routes: dict[str, tuple[JobSpec, str]] = {}
+        seen: dict[str, list[str]] = {}
+        routed, advice = [], []
+        for key, s in zip(keys, specs, strict=True):
+            if key not in routes:
+                routes[key] = self._route(p, s)
+            routed.append(routes[key])
         self.gate.admit(caller, [spec for spec, _ in routed])
-        seen: dict[str, list[str]] = {}  # a sweep repeats one spec: ask memory once per distinct one
-        advice = []
-        for i, (spec, _) in enumerate(routed):
-            key = spec.model_dump_json()
+        for i, (key, (spec, _)) in enumerate(zip(keys, routed, strict=True)):
             if key not in seen:
                 seen[key] = self._advise(p, spec, i)
             advice.append(seen[key])
@@ -347,6 +352,8 @@ class Service:
                                                       p.unix_user, p.account), p)
             else:
                 await self._send(job, p)
+        if self.lanes is not None:
+            self.lanes.dispatch()
         self.reconciler.kick()
         self.record(caller, "submit", "allow", "default", [{"job_id": j.id, "backend": j.backend, "backend_id": j.backend_id}
                                                           for j in jobs])

@@ -73,7 +73,10 @@ class Gateway:
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
-                # Still an error for the test, but no gateway is left running to disturb the next ones.
+                # Still an error for the test, but no gateway is left running to disturb the next
+                # ones; its stacks go to its log first (the gateway dumps them on SIGUSR1).
+                self.proc.send_signal(signal.SIGUSR1)
+                time.sleep(1)
                 self.proc.kill()
                 self.proc.wait(10)
                 raise

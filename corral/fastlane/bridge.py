@@ -1,9 +1,10 @@
 """Between the service core and the fast lane: what a fast-lane task means for
 corral's records.
 
-The fast lane pushes: a task's start (read from the workers' journals each tick) and
-its outcome (returned with its batch) are written to the jobs table at once, in one
-transaction per batch, and wake the long-polls. The reconciler polls only the batch
+The fast lane pushes: workers send each task's start and outcome as they happen
+(Dask events, at most every 10 ms per worker; a batch's return carries any outcome
+not yet pushed). They are written to the jobs table at once, one transaction per
+push, and wake the long-polls. The reconciler polls only the batch
 backend. Allocations are ordinary jobs of the ``fastlane`` service principal, sent
 through the batch backend as the pool's Unix user and account, so they carry
 corral's provenance in Slurm (job name ``corral-<id>``, comment ``principal=fastlane
@@ -39,7 +40,7 @@ class Lanes:
         self.service = service
         self.db = service.db
         self.fast = FastLane(service.settings, service.backend, self._start_pilot, self._stop_pilot,
-                             self._pilot_state, self.record)
+                             self._pilot_state, self.record, self._mark_started)
         self._task: asyncio.Task[None] | None = None
 
     @staticmethod
@@ -60,6 +61,11 @@ class Lanes:
 
     def send(self, job: Job, ctx: SubmitContext, principal: Principal) -> None:
         self.db.set_backend_id(job.id, self.enqueue(job, ctx, principal))
+        self.fast.dispatch()
+
+    def dispatch(self) -> None:
+        """Send what was enqueued to the workers now (see Pool.dispatch)."""
+        self.fast.dispatch()
 
     # -- outcomes ---------------------------------------------------------------------
     def record(self, results: list[dict[str, Any]]) -> None:
@@ -73,13 +79,11 @@ class Lanes:
         self.service.watchers.notify(ids)
         self.service.remember_outcomes(ids)
 
-    def _mark_started(self) -> None:
-        started = self.fast.take_started()
-        if started:
-            with self.db.transaction():
-                for jid, t in started.items():
-                    self.db.update_job(jid, JobState.RUNNING, start_time=t, only_from=JobState.PENDING)
-            self.service.watchers.notify(list(started))
+    def _mark_started(self, started: dict[int, float]) -> None:
+        """Tasks a worker reports started: RUNNING, in one transaction; wake their waiters."""
+        with self.db.transaction():
+            self.db.mark_running(started)
+        self.service.watchers.notify(list(started))
 
     # -- allocations ------------------------------------------------------------------
     def _pilot_principal(self) -> Principal:
@@ -146,7 +150,6 @@ class Lanes:
         while True:
             try:
                 await self.fast.tick()
-                self._mark_started()
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -18,7 +18,6 @@ outputs and journals are found again after a restart.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import os
@@ -52,16 +51,16 @@ class FastLane:
                  start_allocation: Callable[[Pool, JobSpec], Awaitable[int]],
                  stop_allocation: Callable[[int], Awaitable[None]],
                  allocation_state: Callable[[int], tuple[JobState, str | None]],
-                 done: Callable[[list[dict[str, Any]]], None]) -> None:
+                 done: Callable[[list[dict[str, Any]]], None], started: Callable[[dict[int, float]], None]) -> None:
         self.settings = settings
         self.batch = batch
         self.dir = settings.fastlane_dir or settings.home / "fastlane"
         self.pools: dict[PoolKey, Pool] = {}
         self._start_allocation, self._stop_allocation = start_allocation, stop_allocation
-        self._allocation_state, self._done = allocation_state, done
+        self._allocation_state, self._done, self._started = allocation_state, done, started
         self._shapes: dict[str | None, Shape] = {}
-        self._offsets: dict[Path, int] = {}
         self._env = base_env()
+        self._envs: dict[tuple[Any, ...], dict[str, str]] = {}
 
     # -- routing --------------------------------------------------------------------
     def shape(self, partition: str | None) -> Shape:
@@ -123,7 +122,7 @@ class FastLane:
             _give(directory, key.unix_user)
             tls_dir, security = _tls(directory / "tls", key.unix_user)
             hooks = Hooks(lambda p: self._start_allocation(p, self._pilot_spec(p, tls_dir)),
-                          self._stop_allocation, self._allocation_state, self._done)
+                          self._stop_allocation, self._allocation_state, self._done, self._started)
             pool = Pool(key, self.shape(key.partition), directory, cfg, hooks, security)
             self.pools[key] = pool
             asyncio.ensure_future(self._start(pool))
@@ -177,39 +176,30 @@ class FastLane:
             path.chmod(0o755)
             _give(path, key.unix_user)
             command = str(path) if spec.script.startswith("#!") else f"/bin/bash {path}"
-        env = {**self._env, **spec.env, "CORRAL_PRINCIPAL": ctx.principal}
-        if ctx.session:
-            env["CORRAL_SESSION"] = ctx.session
+        env = self._task_env(ctx, spec)
         pool.enqueue(Task(ctx.job_id, {
             "job_id": ctx.job_id, "command": command, "cpus": spec.cpus, "memory_mb": spec.memory_mb,
             "gpus": spec.gpus, "walltime_s": spec.walltime_s, "env": env, "dir": str(pool.dir),
             "workdir": spec.workdir}, idempotent=bool(spec.idempotent)))
         return bid
 
-    def take_started(self) -> dict[int, float]:
-        """Tasks whose start the workers journaled since the last call -> start time."""
-        started: dict[int, float] = {}
+    def _task_env(self, ctx: SubmitContext, spec: JobSpec) -> dict[str, str]:
+        """A task's environment; one shared object per (principal, session, env): a sweep's
+        tasks then carry it once per batch. Never changed once made."""
+        key = (ctx.principal, ctx.session, tuple(sorted(spec.env.items())))
+        env = self._envs.get(key)
+        if env is None:
+            if len(self._envs) > 1000:
+                self._envs.clear()
+            env = {**self._env, **spec.env, "CORRAL_PRINCIPAL": ctx.principal}
+            if ctx.session:
+                env["CORRAL_SESSION"] = ctx.session
+            self._envs[key] = env
+        return env
+
+    def dispatch(self) -> None:
         for pool in self.pools.values():
-            for j in (pool.dir / launcher.JOURNALS).glob("*.jsonl"):
-                off = self._offsets.get(j, 0)
-                try:
-                    with open(j, "rb") as f:
-                        f.seek(off)
-                        data = f.read()
-                except OSError:
-                    continue
-                end = data.rfind(b"\n") + 1  # a line still being written waits for the next read
-                self._offsets[j] = off + end
-                for line in data[:end].splitlines():
-                    try:
-                        rec = json.loads(line)
-                    except ValueError:
-                        continue
-                    if rec.get("event") == "started":
-                        started[rec["job_id"]] = rec["start"]
-                    else:
-                        started.pop(rec.get("job_id"), None)  # already over: its outcome is pushed
-        return started
+            pool.dispatch()
 
     def cancel(self, backend_ids: Sequence[str]) -> list[dict[str, Any]]:
         """Cancel tasks; -> records of those dropped before they started (the rest report

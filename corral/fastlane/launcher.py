@@ -18,21 +18,28 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
+import pickle
 import queue
-import selectors
+import select
 import shlex
 import signal
 import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
+log = logging.getLogger("corral.fastlane.launcher")
 TICK_S = 0.25
+REPORT_S = 0.01
+"""Starts and ends are pushed to the gateway at most this often (a burst of tiny tasks
+would otherwise send a message per few tasks), and at once when a batch completes."""
 SUSPECT_WAIT_S = 2.0
+TOPIC = "corral-fastlane"
+"""The engine's event topic on which workers push each pass's starts and ends."""
 JOURNALS = "journals"
 """Subdirectory of a pool's directory: listing it stays cheap beside thousands of outputs."""
 SHELL_CHARS = set("|&;<>()$`\\\"'*?[]#~=%{}\n")
@@ -46,8 +53,25 @@ class Slots:
 
 
 @dataclass
+class _Batch:
+    """Tasks that came in one engine call: their results, and one wake-up when all are in."""
+
+    results: list[dict[str, Any] | None]
+    remaining: int
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def put(self, i: int, rec: dict[str, Any]) -> bool:
+        """-> whether this was the batch's last result."""
+        self.results[i] = rec
+        self.remaining -= 1
+        return self.remaining == 0
+
+
+@dataclass
 class _Running:
     spec: dict[str, Any]
+    batch: _Batch
+    index: int
     pid: int
     pidfd: int
     start: float
@@ -78,36 +102,62 @@ def _rss_mb(pid: int) -> float:
         return 0.0
 
 
+_OUT = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+
+
 class Launcher:
-    def __init__(self, slots: Slots, journal: Path | None = None) -> None:
+    """Owns every task process of one worker; see the module's docstring.
+
+    The loop is the hot path of the fast lane (one pass per wake-up, many tasks per
+    pass): it starts what fits, writes each pass's journal lines with one write per
+    directory, and wakes an engine thread once per batch, not once per task."""
+
+    def __init__(self, slots: Slots, journal: Path | None = None,
+                 report: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.free = Slots(slots.cpus, slots.memory_mb, list(slots.gpus))
+        self.report = report
+        """Called once per pass with what started and ended in it (the worker pushes it to
+        the gateway through the engine), before the batches that pass completed return."""
+        self._started: list[list[Any]] = []
+        self._ended: list[dict[str, Any]] = []
+        self._slots: list[tuple[_Batch, int]] = []
+        self._complete: list[_Batch] = []
+        self._last_report = 0.0
         self.cancelled: dict[int, float] = {}
         """Job id -> when its cancel arrived; kept a minute, as a batch may still be on its way."""
         self._pids: set[int] = set()
         self._journal_path = journal
         self._journals: dict[str, int] = {}
-        self.q: queue.SimpleQueue[tuple[dict[str, Any], Future[dict[str, Any]]]] = queue.SimpleQueue()
+        self._lines: dict[str, list[str]] = {}
+        self.q: queue.SimpleQueue[tuple[dict[str, Any], _Batch, int]] = queue.SimpleQueue()
         self._r, self._w = os.pipe()
         os.set_blocking(self._r, False)
         os.set_blocking(self._w, False)
+        self._host = os.uname().nodename
         threading.Thread(target=self._loop, name="corral-launcher", daemon=True).start()
 
-    def submit(self, spec: dict[str, Any]) -> Future[dict[str, Any]]:
-        f: Future[dict[str, Any]] = Future()
-        self.q.put((spec, f))
-        try:
-            os.write(self._w, b"x")
-        except BlockingIOError:
-            pass  # the pipe is full: the loop is awake anyway
-        return f
+    def run_batch(self, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Run these tasks (as slots allow); -> the end records not already reported
+        (all of them without ``report``), in order."""
+        if not specs:
+            return []
+        batch = _Batch([None] * len(specs), len(specs))
+        for i, s in enumerate(specs):
+            self.q.put((s, batch, i))
+        self._poke()
+        batch.done.wait()
+        return [r for r in batch.results if r is not None]
 
     def cancel(self, job_ids: list[int]) -> None:
         now = time.monotonic()
         self.cancelled.update((j, now) for j in job_ids)
+        self._poke()
+
+    def _poke(self) -> None:
         try:
             os.write(self._w, b"x")
         except BlockingIOError:
-            pass
+            pass  # the pipe is full: the loop is awake anyway
 
     def kill_all(self) -> None:
         for pid in list(self._pids):
@@ -116,21 +166,59 @@ class Launcher:
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def _journal(self, s: dict[str, Any], rec: dict[str, Any]) -> None:
-        """One line per event, appended with one write (atomic for lines under PIPE_BUF)."""
-        d = s["dir"]
-        fd = self._journals.get(d)
-        if fd is None:
-            name = self._journal_path.name if self._journal_path else f"{os.uname().nodename}-{os.getpid()}.jsonl"
-            os.makedirs(os.path.join(d, JOURNALS), exist_ok=True)
-            fd = os.open(os.path.join(d, JOURNALS, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            self._journals[d] = fd
-        os.write(fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode())
+    # -- the journal: one line per event, written once per pass -------------------------
+    def _note(self, d: str, line: str) -> None:
+        self._lines.setdefault(d, []).append(line)
+
+    def _put(self, batch: _Batch, i: int, rec: dict[str, Any]) -> None:
+        self._ended.append(rec)
+        self._slots.append((batch, i))
+        if batch.put(i, rec):
+            self._complete.append(batch)
+
+    def _end_pass(self) -> bool:
+        """Journal, then report, then wake the batches that completed: the gateway hears
+        of every outcome before (never after) the batch that carries it returns.
+        -> whether a report is still held back (the loop must not sleep long)."""
+        self._flush()
+        if not (self._started or self._ended):
+            return False
+        now = time.monotonic()
+        if self.report is not None:
+            if not self._complete and now - self._last_report < REPORT_S:
+                return True
+            try:
+                self.report({"started": self._started, "ended": self._ended})
+                for b, i in self._slots:  # delivered: the batch's return need not carry it again
+                    b.results[i] = None
+            except Exception:  # the batch's return carries these outcomes instead
+                log.exception("could not report to the gateway")
+            self._last_report = now
+        self._started, self._ended, self._slots = [], [], []
+        for b in self._complete:
+            b.done.set()
+        self._complete.clear()
+        return False
+
+    def _flush(self) -> None:
+        """Each directory's lines in one append (lines are never split between writes)."""
+        for d, lines in self._lines.items():
+            fd = self._journals.get(d)
+            try:
+                if fd is None:
+                    name = self._journal_path.name if self._journal_path else f"{self._host}-{os.getpid()}.jsonl"
+                    os.makedirs(os.path.join(d, JOURNALS), exist_ok=True)
+                    fd = os.open(os.path.join(d, JOURNALS, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                    self._journals[d] = fd
+                os.write(fd, "".join(lines).encode())
+            except OSError:
+                pass  # results still travel back through the engine
+        self._lines.clear()
 
     def _fits(self, s: dict[str, Any]) -> bool:
         return s["cpus"] <= self.free.cpus and s["memory_mb"] <= self.free.memory_mb and s["gpus"] <= len(self.free.gpus)
 
-    def _start(self, s: dict[str, Any], sel: selectors.BaseSelector) -> _Running | dict[str, Any]:
+    def _start(self, s: dict[str, Any], batch: _Batch, i: int, ep: select.epoll) -> _Running | None:
         d, jid = s["dir"], s["job_id"]
         gpus, self.free.gpus = self.free.gpus[: s["gpus"]], self.free.gpus[s["gpus"]:]
         env = {**s["env"], "CORRAL_JOB_ID": str(jid), "CORRAL_LANE": "fast"}
@@ -140,44 +228,38 @@ class Launcher:
         if s.get("workdir"):  # posix_spawn cannot chdir: the shell does
             command = f"cd {shlex.quote(s['workdir'])} && {command}"
         argv = argv_for(command)
+        start = time.time()
         try:
-            out = os.open(f"{d}/{jid}.out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                err = os.open(f"{d}/{jid}.err", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                try:
-                    start = time.time()
-                    pid = os.posix_spawn(argv[0], argv, env, setsid=True,
-                                         file_actions=[(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-                                                       (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, err, 2)])
-                finally:
-                    os.close(err)
-            finally:
-                os.close(out)
+            # The child opens its own output files: the (GIL-bound) worker does not.
+            pid = os.posix_spawn(argv[0], argv, env, setsid=True,
+                                 file_actions=[(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                                               (os.POSIX_SPAWN_OPEN, 1, f"{d}/{jid}.out", _OUT, 0o644),
+                                               (os.POSIX_SPAWN_OPEN, 2, f"{d}/{jid}.err", _OUT, 0o644)])
         except OSError as e:
             self.free.gpus = gpus + self.free.gpus
-            return self._finish_record(s, "FAILED", None, time.time(), time.time(), 0.0, f"could not start: {e}")
-        self._journal(s, {"job_id": jid, "event": "started", "start": start})
+            # The error names the program even when it was an output file that failed.
+            why = f"could not start {argv[0]} (output in {d}): {e.strerror}"
+            self._put(batch, i, self._end(s, "FAILED", None, start, time.time(), 0.0, why))
+            return None
+        self._note(d, f'{{"job_id":{jid},"event":"started","start":{start!r}}}\n')
+        self._started.append([jid, start])
         self.free.cpus -= s["cpus"]
         self.free.memory_mb -= s["memory_mb"]
         self._pids.add(pid)
         pidfd = os.pidfd_open(pid)
-        r = _Running(s, pid, pidfd, start, gpus)
-        sel.register(pidfd, selectors.EVENT_READ, r)
-        return r
+        ep.register(pidfd, select.EPOLLIN)
+        return _Running(s, batch, i, pid, pidfd, start, gpus)
 
-    def _finish_record(self, s: dict[str, Any], state: str, code: int | None, start: float, end: float,
-                       cpu_s: float, reason: str | None) -> dict[str, Any]:
+    def _end(self, s: dict[str, Any], state: str, code: int | None, start: float, end: float,
+               cpu_s: float, reason: str | None) -> dict[str, Any]:
         rec = {"job_id": s["job_id"], "event": "ended", "state": state, "exit_code": code, "start": start,
-               "end": end, "cpu_s": round(cpu_s, 4), "reason": reason, "host": os.uname().nodename}
-        try:
-            self._journal(s, rec)
-        except OSError:
-            pass  # the result still travels back through the engine
+               "end": end, "cpu_s": round(cpu_s, 4), "reason": reason, "host": self._host}
+        self._note(s["dir"], json.dumps(rec, separators=(",", ":")) + "\n")
         return rec
 
-    def _reap(self, r: _Running, sel: selectors.BaseSelector) -> dict[str, Any]:
+    def _reap(self, r: _Running, ep: select.epoll) -> dict[str, Any]:
         """Collect an ended task; -> the facts of its end (not yet recorded)."""
-        sel.unregister(r.pidfd)
+        ep.unregister(r.pidfd)
         os.close(r.pidfd)
         _, status, ru = os.wait4(r.pid, 0)
         self._pids.discard(r.pid)
@@ -190,15 +272,14 @@ class Launcher:
         self.free.gpus = r.gpus + self.free.gpus
         state = r.state or ("COMPLETED" if code == 0 else "FAILED")
         reason = r.reason or (None if code == 0 else f"exit code {code}")
-        return {"spec": s, "state": state, "code": code, "start": r.start, "end": end,
-                "cpu_s": ru.ru_utime + ru.ru_stime, "reason": reason,
+        return {"state": state, "code": code, "end": end, "cpu_s": ru.ru_utime + ru.ru_stime, "reason": reason,
                 # SIGTERM/SIGKILL that this launcher did not send: most likely the whole
                 # allocation is being ended (scancel, node loss). Wait before reporting, so
                 # the task is counted lost with its allocation, not as its own failure.
                 "suspect": r.state is None and code in (128 + signal.SIGTERM, 128 + signal.SIGKILL)}
 
-    def _record(self, e: dict[str, Any]) -> dict[str, Any]:
-        return self._finish_record(e["spec"], e["state"], e["code"], e["start"], e["end"], e["cpu_s"], e["reason"])
+    def _finish(self, r: _Running, e: dict[str, Any]) -> None:
+        self._put(r.batch, r.index, self._end(r.spec, e["state"], e["code"], r.start, e["end"], e["cpu_s"], e["reason"]))
 
     def _police(self, running: dict[int, _Running], full: bool) -> None:
         """Kill what was cancelled; with ``full``, also what outran its walltime or memory."""
@@ -220,12 +301,11 @@ class Launcher:
                     pass
 
     def _loop(self) -> None:
-        sel = selectors.DefaultSelector()
-        sel.register(self._r, selectors.EVENT_READ, None)
-        waiting: list[tuple[dict[str, Any], Future[dict[str, Any]]]] = []
-        futures: dict[int, Future[dict[str, Any]]] = {}
-        running: dict[int, _Running] = {}
-        deferred: list[tuple[float, Future[dict[str, Any]], dict[str, Any]]] = []
+        ep = select.epoll()
+        ep.register(self._r, select.EPOLLIN)
+        waiting: list[tuple[dict[str, Any], _Batch, int]] = []
+        running: dict[int, _Running] = {}  # by pidfd
+        deferred: list[tuple[float, _Running, dict[str, Any]]] = []
         last_police = time.monotonic()
         while True:
             try:
@@ -233,39 +313,41 @@ class Launcher:
                     waiting.append(self.q.get_nowait())
             except queue.Empty:
                 pass
-            keep = []
-            for s, f in waiting:  # first fit, in arrival order
-                if s["job_id"] in self.cancelled:
-                    f.set_result(self._finish_record(s, "CANCELLED", None, time.time(), time.time(), 0.0, "cancelled"))
-                elif self._fits(s):
-                    r = self._start(s, sel)
-                    if isinstance(r, dict):
-                        f.set_result(r)
+            if waiting:
+                keep = []
+                for item in waiting:  # first fit, in arrival order
+                    s, batch, i = item
+                    if s["job_id"] in self.cancelled:
+                        now = time.time()
+                        self._put(batch, i, self._end(s, "CANCELLED", None, now, now, 0.0, "cancelled"))
+                    elif self._fits(s):
+                        r = self._start(s, batch, i, ep)
+                        if r is not None:
+                            running[r.pidfd] = r
                     else:
-                        running[r.pid] = r
-                        futures[r.pid] = f
-                else:
-                    keep.append((s, f))
-            waiting = keep
-            for key, _ in sel.select(timeout=TICK_S if running or waiting or deferred else None):
-                if key.data is None:
+                        keep.append(item)
+                waiting = keep
+            held = self._end_pass()
+            timeout = REPORT_S if held else TICK_S if running or waiting or deferred else -1
+            for fd, _ in ep.poll(timeout):
+                if fd == self._r:
                     try:
                         os.read(self._r, 65536)
                     except BlockingIOError:
                         pass
                     continue
-                r = key.data
-                running.pop(r.pid)
-                end = self._reap(r, sel)
-                fut = futures.pop(r.pid)
+                r = running.pop(fd)
+                end = self._reap(r, ep)
                 if end["suspect"]:
-                    deferred.append((time.monotonic() + SUSPECT_WAIT_S, fut, end))
+                    deferred.append((time.monotonic() + SUSPECT_WAIT_S, r, end))
                 else:
-                    fut.set_result(self._record(end))
-            now_m = time.monotonic()
-            for item in [d for d in deferred if d[0] <= now_m]:
-                deferred.remove(item)
-                item[1].set_result(self._record(item[2]))
+                    self._finish(r, end)
+            if deferred:
+                now_m = time.monotonic()
+                for due in [d for d in deferred if d[0] <= now_m]:
+                    deferred.remove(due)
+                    self._finish(due[1], due[2])
+            self._end_pass()
             full = time.monotonic() - last_police >= TICK_S
             if running and (self.cancelled or full):
                 self._police(running, full)
@@ -288,12 +370,18 @@ def configure(slots: Slots) -> None:
             _launcher = Launcher(slots)
 
 
-def run_batch(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The one function the engine ships to workers: run tasks, return their results."""
+def report_to(report: Callable[[dict[str, Any]], None]) -> None:
+    """Called by the worker once it is connected: where each pass's starts and ends go."""
+    if _launcher is not None:
+        _launcher.report = report
+
+
+def run_batch(payload: bytes) -> list[dict[str, Any]]:
+    """The one function the engine ships to workers: run tasks (their specs, pickled by
+    the gateway's pool), return the results not already reported."""
     if _launcher is None:
         raise RuntimeError("this worker has no launcher: start it with python -m corral.fastlane.worker")
-    futures = [_launcher.submit(s) for s in specs]
-    return [f.result() for f in futures]
+    return _launcher.run_batch(pickle.loads(payload))
 
 
 def kill_all() -> None:

@@ -46,6 +46,9 @@ async def run(a: argparse.Namespace) -> None:
     # (GIL hand-offs) without starting tasks sooner.
     async with Worker(a.scheduler, nthreads=max(2, min(a.cpus, 64)), name=a.name, death_timeout=a.death_timeout,
                       dashboard=False, security=security(a.tls_dir), memory_limit=0) as w:
+        # Starts and outcomes go to the gateway as they happen, over the worker's own
+        # connection (Dask's events), not only when a whole batch has returned.
+        launcher.report_to(lambda msg: w.log_event(launcher.TOPIC, msg))
         await w.finished()
 
 
