@@ -238,6 +238,22 @@ def test_batch_submission_and_mcp(fast: Gateway) -> None:
     asyncio.run(over_mcp())
 
 
+def test_an_outcome_does_not_wait_for_the_rest_of_its_batch(fast: Gateway) -> None:
+    """Tasks of one batch travel together, but each one's start and end reach corral as
+    they happen (pushed by the worker), not when the batch's slowest task is done."""
+    t = people(fast)
+    with fast.http(t["bot"]) as h:
+        wait(fast, t["bot"], h.post("/v1/jobs", json={"command": "true", "lane": "fast"}).json()["id"])  # warm
+        r = h.post("/v1/jobs/batch", json={"jobs": [{"command": "sleep 40", "lane": "fast", "walltime": "1m"},
+                                                    {"command": "echo quick", "lane": "fast"}]})
+        slow, quick = (j["id"] for j in r.json()["jobs"])
+        done = wait(fast, t["bot"], quick, timeout=20)
+        assert done["state"] == "COMPLETED", done
+        assert h.get(f"/v1/jobs/{slow}").json()["state"] == "RUNNING"  # its batch is still out
+        h.post(f"/v1/jobs/{slow}/cancel")
+        assert wait(fast, t["bot"], slow, timeout=30)["state"] == "CANCELLED"
+
+
 def test_pool_scales_with_backlog_and_releases_idle_allocations(tmp_path) -> None:
     with running(tmp_path, cpus=8, CORRAL_FASTLANE_CPUS="4", CORRAL_FASTLANE_MEMORY_MB="2048",
                  CORRAL_FASTLANE_MAX_ALLOCATIONS="2", CORRAL_FASTLANE_IDLE_S="3") as gw:
