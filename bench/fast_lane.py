@@ -92,23 +92,33 @@ def corral_arm(gw: GatewayProcess, tokens: list[str], cmd: str, tasks: int, batc
     t0 = time.perf_counter()
 
     def agent(h: httpx.Client) -> None:
-        with h:
+        try:
             if batched:
-                mine = [j["id"] for j in h.post("/v1/jobs/batch", json={"jobs": [spec] * per}).json()["jobs"]]
+                r = h.post("/v1/jobs/batch", json={"jobs": [spec] * per})
+                r.raise_for_status()
+                mine = [j["id"] for j in r.json()["jobs"]]
             else:
-                mine = [h.post("/v1/jobs", json=spec).json()["id"] for _ in range(per)]
-            done = h.post("/v1/jobs/wait", json={"ids": mine, "timeout": 300}).json()
+                mine = [h.post("/v1/jobs", json=spec).raise_for_status().json()["id"] for _ in range(per)]
+            done = h.post("/v1/jobs/wait", json={"ids": mine, "timeout": 300}).raise_for_status().json()
             bad = [j for j in done["jobs"] if j["state"] != "COMPLETED"]
             with lock:
                 ids.extend(mine)
                 errors.extend(f"{j['id']}: {j['state']} {j['reason']}" for j in bad)
+        except Exception as e:  # reported below: a bench whose agents failed has no result
+            with lock:
+                crashed.append(f"{type(e).__name__}: {e}")
 
+    crashed: list[str] = []
     threads = [threading.Thread(target=agent, args=(c,)) for c in clients]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     makespan = time.perf_counter() - t0
+    for c in clients:
+        c.close()
+    if crashed:
+        raise SystemExit(f"fast-lane arm: {len(crashed)} agents failed, e.g. {crashed[0]}")
     counts = sdiag()
     with gw.client() as h:
         jobs = []

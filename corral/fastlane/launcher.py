@@ -2,16 +2,21 @@
 
 One launcher thread per worker process owns every task process: it admits tasks
 against the allocation's CPU, memory and GPU slots, starts them with
-``posix_spawn`` (no fork of the worker's large heap), waits on pidfds, and enforces
-walltime, memory (RSS sampled every ``TICK_S``) and cancellation (``cancel``, sent
-by the gateway through the engine).
+``posix_spawn`` (no fork of the worker's large heap; the child opens its own output
+files), waits on pidfds, and enforces walltime, memory (RSS sampled every
+``TICK_S``) and cancellation (``cancel``, sent by the gateway through the engine).
 
 Per task the filesystem sees two creates (``<dir>/<id>.out``, ``<id>.err``) and two
-appended lines in the worker's journal (``<dir>/journals/<host>-<pid>.jsonl``: started,
-then the outcome): a directory, a marker file and an atomic rename per task cost as
-much as starting the process itself. The journal is how the gateway sees tasks start
-and how it learns outcomes after a restart. The Dask engine carries batches of task
-specs in and results out (``run_batch``).
+lines in the worker's journal (``<dir>/journals/<host>-<pid>.jsonl``: started, then
+the outcome), appended with one write per pass of the loop. The journal is how the
+gateway learns outcomes after a restart or a lost worker. While all is well, starts
+and outcomes are pushed to the gateway as they happen (``report``: the worker sends
+them as Dask events, at most every ``REPORT_S``), and the Dask engine carries
+batches of task specs in (``run_batch``) and back only what was not pushed.
+
+Measured (1,000 `true`, 32 slots, no engine): the loop's own CPU went from 0.41 s to
+0.22 s when the journal write, the engine's wake-up and the output files' opens
+stopped being per task.
 """
 
 from __future__ import annotations

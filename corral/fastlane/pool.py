@@ -122,6 +122,8 @@ class Pool:
         self.last_work = time.monotonic()
         self.scheduler: Any = None
         self.client: Any = None
+        self._spent: list[Any] = []
+        """Futures of batches already collected, released on the next tick."""
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -247,8 +249,6 @@ class Pool:
             results: list[dict[str, Any]] = []
             if fut.status != "finished" or any(t.job_id not in self.reported for t in batch):
                 results = await fut
-            else:
-                fut.release()
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the worker died (KilledWorker) or the batch could not run
@@ -258,6 +258,9 @@ class Pool:
             for t in batch:
                 self.inflight.pop(t.job_id, None)
             self.last_work = time.monotonic()
+            # Released together on the next tick: a release just before the next submission
+            # held that submission back by Dask's 10 ms batching of the client's messages.
+            self._spent.append(fut)
         pushed = {t.job_id for t in batch if t.job_id in self.reported}
         self.reported.difference_update(pushed)
         self.known.difference_update(pushed)
@@ -295,6 +298,10 @@ class Pool:
     # -- scaling --------------------------------------------------------------------
     async def maintain(self) -> None:
         """Called every tick: track allocations, scale, trip or close the breaker."""
+        if self._spent:
+            spent, self._spent = self._spent, []
+            for fut in spent:
+                fut.release()
         up = self.workers_up()
         now = time.time()
         for a in list(self.allocations.values()):
