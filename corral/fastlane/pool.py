@@ -1,10 +1,11 @@
 """One fast-lane pool: warm allocations of one Unix user and account on one partition,
 with one Dask scheduler that only that pool's workers join.
 
-    tasks ─enqueue─▶ pending ─dispatch (batches that fit one allocation)─▶ Dask scheduler
-                                                                              │
-    allocation (a pilot job: corral.fastlane.worker) ◀────── batches ─────────┘
-         └─ launcher runs each task as a process ─▶ results ─▶ the service records them
+    tasks ─enqueue─▶ pending ─dispatch (a burst in batches over the workers)─▶ Dask scheduler
+                                                                                  │
+    allocation (a pilot job: corral.fastlane.worker) ◀────── batches ─────────────┘
+         └─ launcher runs each task as a process ─▶ starts, outcomes (pushed as events)
+                                                     ─▶ the service records them
 
 Scaling: an allocation is started when tasks wait and there is none, or when the
 oldest has waited ``scale_after_s`` with every allocation busy, up to
