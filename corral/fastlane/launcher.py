@@ -121,8 +121,9 @@ class Launcher:
                  report: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.free = Slots(slots.cpus, slots.memory_mb, list(slots.gpus))
         self.report = report
-        """Called once per pass with what started and ended in it (the worker pushes it to
-        the gateway through the engine), before the batches that pass completed return."""
+        """Called with what started and ended since its last call (at most every
+        ``REPORT_S``, and at once when a batch completes, before that batch returns); the
+        worker pushes it to the gateway through the engine."""
         self._started: list[list[Any]] = []
         self._ended: list[dict[str, Any]] = []
         self._slots: list[tuple[_Batch, int]] = []
