@@ -206,9 +206,10 @@ class Pool:
 
     def dispatch(self) -> None:
         """Hand every pending task to the engine now, in batches. Called at the end of a
-        submission (a request's tasks go out before the next request is read: under a
-        burst of requests, waiting for the loop's next turn started tasks only after the
-        last request), and by the loop below for tasks that waited for a worker."""
+        batch submission (its tasks go out before the next request is read: under a burst
+        of requests, waiting for the loop's next turn started tasks only after the last
+        request), and by the loop below for single submissions and for tasks that waited
+        for a worker."""
         if not self.pending or self.client is None or not self.scheduler.workers:
             return
         for batch in self._batches():
