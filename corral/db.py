@@ -418,13 +418,9 @@ class Database:
         start_time: float | None = None,
         end_time: float | None = None,
         cpu_s: float | None = None,
-        only_from: JobState | None = None,
     ) -> None:
-        """Record what the backend reported. A terminal state is never overwritten; with
-        ``only_from``, only a job in that state changes."""
-        only = only_from.value if only_from else None
-        self.conn.execute(_UPDATE + " AND (? IS NULL OR state=?)",
-                          (state.value, exit_code, reason, start_time, end_time, cpu_s, job_id, *_TERMINAL, only, only))
+        """Record what the backend reported. A terminal state is never overwritten."""
+        self.conn.execute(_UPDATE, (state.value, exit_code, reason, start_time, end_time, cpu_s, job_id, *_TERMINAL))
 
     def mark_running(self, started: dict[int, float]) -> None:
         """Jobs still PENDING that started (id -> start time): one statement for many."""
