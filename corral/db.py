@@ -164,7 +164,7 @@ def _parse_spec(text: str) -> JobSpec:
 
 def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
     (id_, principal, session, backend, backend_id, state, exit_code, reason, st, bt, et, spec) = row
-    return Job.model_construct(
+    return Job.stored(
         id=id_,
         principal=principal,
         session=session,

@@ -357,7 +357,7 @@ class Service:
         self.reconciler.kick()
         self.record(caller, "submit", "allow", "default", [{"job_id": j.id, "backend": j.backend, "backend_id": j.backend_id}
                                                           for j in jobs])
-        return [j.model_copy(update={"advice": a}) if a else j for j, a in zip(jobs, advice, strict=True)]
+        return [j.with_advice(a) if a else j for j, a in zip(jobs, advice, strict=True)]
 
     async def _send(self, job: Job, principal: Principal, *, raise_backend: bool = False) -> None:
         ctx = SubmitContext(job.id, principal.name, principal.kind.value, principal.sponsor, job.session,

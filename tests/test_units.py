@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from corral.config import load_settings
 from corral.db import MIGRATIONS, Database
 from corral.errors import InvalidRequest
-from corral.jobs import JobSpec, JobState, parse_duration_s, parse_memory_mb
+from corral.jobs import Job, JobSpec, JobState, parse_duration_s, parse_memory_mb
 from corral.output import read_page, read_tail
 from corral.principals import Kind, Principal
 
@@ -45,6 +45,28 @@ def test_spec_forbids_unknown_fields_and_needs_one_body() -> None:
     spec = JobSpec(command="true", memory="2G", walltime="1h")
     assert spec.memory_mb == 2048 and spec.walltime_s == 3600
     assert JobSpec.model_validate(spec.public()) == spec
+
+
+def test_spec_sizes_parse_once_and_still_refuse_what_they_refused() -> None:
+    """The spec's size fields cache parsed text: a cached answer must never hide an error."""
+    for _ in range(2):
+        assert JobSpec(command="true", memory="100M", walltime="5m").memory_mb == 100
+        assert JobSpec(command="true", memory=1, walltime=1).memory_mb == 1
+        for bad in ({"memory": True}, {"memory": [1]}, {"memory": "100Q"}, {"walltime": "soon"}, {"walltime": {}}):
+            with pytest.raises(ValidationError):
+                JobSpec(command="true", **bad)
+
+
+def test_a_stored_job_is_the_job_pydantic_would_build() -> None:
+    fields = dict(id=7, principal="a", session="s", backend="fast", backend_id="fast:x:7", state=JobState.RUNNING,
+                  exit_code=None, reason=None, submit_time=1.0, start_time=2.0, end_time=None,
+                  spec=JobSpec(command="true"))
+    job, ref = Job.stored(**fields), Job.model_construct(**fields)
+    assert job == ref and job.model_dump() == ref.model_dump() and job.to_dict() == ref.to_dict()
+    assert job.advice == [] and job.with_advice(["x"]).advice == ["x"] and job.advice == []
+    assert job.model_copy(update={"state": JobState.COMPLETED}).state is JobState.COMPLETED
+    with pytest.raises(ValidationError):
+        job.state = JobState.FAILED  # type: ignore[misc]  # still frozen
 
 
 def test_states_are_closed() -> None:

@@ -73,12 +73,12 @@ class Lanes:
         """Finished tasks into the jobs table, in one transaction; wake their waiters."""
         if not results:
             return
-        with self.db.transaction():
+        ids = [int(r["job_id"]) for r in results]
+        with self.db.transaction():  # one commit for the outcomes and their episodes
             self.db.update_jobs([(int(r["job_id"]), JobState(r["state"]), r.get("exit_code"), r.get("reason"),
                                   r.get("start"), r.get("end"), r.get("cpu_s")) for r in results])
-        ids = [int(r["job_id"]) for r in results]
+            self.service.remember_outcomes(ids)
         self.service.watchers.notify(ids)
-        self.service.remember_outcomes(ids)
 
     def _mark_started(self, started: dict[int, float]) -> None:
         """Tasks a worker reports started: RUNNING, in one transaction; wake their waiters."""

@@ -19,6 +19,7 @@ worker joining, for
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import pickle
 import time
@@ -43,8 +44,8 @@ class PoolKey:
     account: str | None
     partition: str | None
 
-    @property
-    def slug(self) -> str:
+    @functools.cached_property
+    def slug(self) -> str:  # asked per task on submit: computed once
         return "-".join(p or "_" for p in (self.unix_user, self.account, self.partition))
 
 

@@ -105,11 +105,14 @@ class Memory:
         """Episodes of ended jobs: (job, its principal, the tail of its output, read only
         for failures). One statement for many; a job already remembered is skipped."""
         rows = []
+        per_spec: dict[int, tuple[str, str]] = {}  # a sweep's jobs share one spec object
         for job, principal, output in items:
             sig = signatures.extract(job.state.value, job.exit_code, output)
             key = job.spec.labels.get(CACHE_LABEL) if job.spec.cache else None
-            rows.append((job.id, principal.name, family(principal), principal.account, fingerprint(job.spec),
-                         resources(job.spec), job.spec.memory_mb, job.state.value, job.exit_code,
+            fp, res = per_spec.get(id(job.spec)) or per_spec.setdefault(
+                id(job.spec), (fingerprint(job.spec), resources(job.spec)))
+            rows.append((job.id, principal.name, family(principal), principal.account, fp,
+                         res, job.spec.memory_mb, job.state.value, job.exit_code,
                          sig.name if sig else None, sig.detail if sig else None, int(bool(sig and sig.deterministic)),
                          job.end_time or time.time(), key))
         self.db.conn.executemany(
