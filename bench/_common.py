@@ -21,6 +21,15 @@ def pct(values: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
 
 
+def shared_data(name: str) -> Path:
+    """A file or directory of the facility's ../shared/data (real job traces, real agents'
+    commands): under $CORRAL_SHARED_DATA, else beside the checkout wherever the clone lives."""
+    candidates = [Path(p) / name for p in filter(None, [os.environ.get("CORRAL_SHARED_DATA")])]
+    candidates += [parent / "shared" / "data" / name for parent in Path(__file__).resolve().parents]
+    candidates.append(Path("/work/shared/data") / name)
+    return next((c for c in candidates if c.exists()), candidates[-1])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import pct  # noqa: E402
+from bench._common import pct, shared_data  # noqa: E402
 from corral.safety.guard import injection  # noqa: E402
 from corral.safety.policy import agent_verdict  # noqa: E402
 from corral.safety.redteam import BENIGN_OUTPUT, attacks, injections  # noqa: E402
@@ -31,11 +31,8 @@ from corral.safety.risk import analyze  # noqa: E402
 
 
 def benign() -> list[str]:
-    for parent in Path(__file__).resolve().parents:
-        f = parent / "shared" / "data" / "agent-bash-commands.jsonl"
-        if f.exists():
-            return [json.loads(line)["command"] for line in f.read_text().splitlines()]
-    return [json.loads(line)["command"] for line in Path("/work/shared/data/agent-bash-commands.jsonl").read_text().splitlines()]
+    f = shared_data("agent-bash-commands.jsonl")
+    return [json.loads(line)["command"] for line in f.read_text().splitlines()]
 
 
 def prose() -> list[str]:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,22 +12,14 @@ from typing import Any
 import polars as pl
 import pytest
 
+from bench._common import shared_data
 from corral.analytics.ingest import _duration, detect, load
 from corral.analytics.synth import Params
 
 DATA = Path(__file__).parent / "data"
 
 
-def _traces() -> Path:
-    """../shared/data/traces beside the checkout, wherever the clone lives (or $CORRAL_SHARED_DATA)."""
-    here = Path(__file__).resolve()
-    candidates = [Path(p) / "traces" for p in filter(None, [os.environ.get("CORRAL_SHARED_DATA")])]
-    candidates += [parent / "shared" / "data" / "traces" for parent in here.parents]
-    candidates.append(Path("/work/shared/data/traces"))
-    return next((c for c in candidates if c.is_dir()), candidates[-1])
-
-
-TRACES = _traces()
+TRACES = shared_data("traces")
 
 
 def corral(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

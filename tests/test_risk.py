@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from bench._common import shared_data
 from corral.safety.policy import agent_verdict
 from corral.safety.risk import analyze
 
@@ -64,12 +64,7 @@ def test_safe_lookalikes_are_not_tagged() -> None:
 
 
 def _benign() -> list[str]:
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        f = parent / "shared" / "data" / "agent-bash-commands.jsonl"
-        if f.exists():
-            return [json.loads(line)["command"] for line in f.read_text().splitlines()]
-    f = Path("/work/shared/data/agent-bash-commands.jsonl")
+    f = shared_data("agent-bash-commands.jsonl")
     return [json.loads(line)["command"] for line in f.read_text().splitlines()]
 
 
