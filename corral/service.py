@@ -1,40 +1,37 @@
 """The facility core: the one place where actions happen. Every edge (HTTP, MCP,
 CLI through HTTP) calls these methods; each runs authenticate -> check -> act,
 and answers status and listings from the gateway's own state, never the backend.
+Jobs, audit and the facility view live here; principals and tokens in ``accounts``,
+memory's verbs in ``memory.verbs`` (both mixed into ``Service``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
+from .accounts import AccountVerbs
 from .backends import Backend, SubmitContext
 from .config import Settings
 from .control.metrics import MeteredBackend, Metrics
 from .control.reconciler import Reconciler, Watchers
 from .db import Database
-from .errors import BackendError, Conflict, CorralError, Forbidden, InvalidRequest, NotFound
-from .fastlane.bridge import PILOT_PRINCIPAL, Lanes
+from .errors import BackendError, CorralError, InvalidRequest, NotFound
+from .fastlane.bridge import Lanes
 from .fastlane.lane import FAST
-from .jobs import TERMINAL_STATES, Job, JobSpec, JobState, parse_duration_s
+from .jobs import TERMINAL_STATES, Job, JobSpec, JobState
+from .memory.verbs import MemoryVerbs
 from .output import read_page, read_tail
-from .principals import Caller, Kind, Principal, check_name, new_token
+from .principals import Caller, Principal
 from .safety import guard
 from .safety.gate import job_resource, job_text
-from .safety.tokens import Caveats, expires_in
 
 log = logging.getLogger(__name__)
 
-ADMIN = "admin"
-
-
-class Service:
+class Service(AccountVerbs, MemoryVerbs):
     def __init__(self, settings: Settings, db: Database, backend: Backend, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self.db = db
@@ -60,115 +57,6 @@ class Service:
         self.audit = AuditLog(settings.home / "audit.jsonl", settings.home / "audit.key", db.audit_head())
         self.gate = Gate(settings, db, self.record)
         self.credentials = Credentials(db, self.gate)
-
-    # -- bootstrap ----------------------------------------------------------------
-
-    def bootstrap_admin(self) -> Path | None:
-        """On first start: create the admin principal and write its token (0600). -> path, if new."""
-        if self.db.get_principal(ADMIN) is not None:
-            return None
-        self.db.add_principal(Principal(ADMIN, Kind.HUMAN, is_admin=True))
-        token_id, token, hash_ = new_token()
-        self.db.add_token(token_id, ADMIN, hash_, None, "admin token created on first start")
-        path = self.settings.admin_token_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token + "\n")
-        os.chmod(path, 0o600)
-        return path
-
-    # -- authentication -------------------------------------------------------------
-
-    def authenticate(self, token: str | None, session: str | None = None) -> Caller:
-        """Token -> caller, on every request of every edge; rate-limits API calls."""
-        return self.credentials.authenticate(token, session)
-
-    # -- principals and tokens --------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _audited(self, caller: Caller, action: str, resource: dict[str, Any]) -> Iterator[None]:
-        """Record a refusal the gate did not already record (the core's own rules)."""
-        try:
-            yield
-        except CorralError as e:
-            if not e.audited:
-                self.record(caller, action, "deny", e.code, [{**resource, "reason": e.message[:200]}])
-            raise
-
-    def add_principal(
-        self, caller: Caller, name: str, kind: str, sponsor: str | None = None,
-        unix_user: str | None = None, account: str | None = None, admin: bool = False,
-    ) -> Principal:
-        with self._audited(caller, "manage", {"add_principal": name}):
-            return self._add_principal(caller, name, kind, sponsor, unix_user, account, admin)
-
-    def _add_principal(self, caller: Caller, name: str, kind: str, sponsor: str | None,
-                       unix_user: str | None, account: str | None, admin: bool) -> Principal:
-        check_name(name)
-        try:
-            k = Kind(kind)
-        except ValueError:
-            raise InvalidRequest(f"kind {kind!r} is unknown; use one of: human, agent, service") from None
-        if not caller.principal.is_admin:
-            # A human may register agents it sponsors itself; everything else is the admin's.
-            if not (caller.principal.kind is Kind.HUMAN and k is Kind.AGENT and sponsor in (None, caller.name)):
-                raise Forbidden("only an admin may add humans and services; a human may add agents it sponsors")
-            sponsor = caller.name
-        if admin and not caller.principal.is_admin:
-            raise Forbidden("only an admin may create another admin")
-        if k is Kind.AGENT:
-            if not sponsor:
-                raise InvalidRequest("an agent needs a sponsor: the human who answers for it (--sponsor NAME)")
-            sp = self.db.get_principal(sponsor)
-            if sp is None or sp.kind is not Kind.HUMAN:
-                raise InvalidRequest(f"sponsor {sponsor!r} is not a human principal; add the human first")
-            # An agent acts under its sponsor's name: it runs as the sponsor's Unix user and
-            # is charged to the sponsor's account. Only an admin may place it elsewhere, or
-            # a sponsor could have its agent run as any user (root included).
-            if not caller.principal.is_admin and (unix_user not in (None, sp.unix_user) or account not in (None, sp.account)):
-                raise Forbidden("an agent runs as its sponsor's Unix user and account; only an admin may set others")
-            unix_user = unix_user if unix_user is not None else sp.unix_user
-            account = account if account is not None else sp.account
-        elif sponsor:
-            raise InvalidRequest("only agents have sponsors; drop --sponsor for humans and services")
-        if self.db.get_principal(name) is not None:
-            raise Conflict(f"principal {name!r} already exists")
-        self.gate.check(caller, "manage", "Facility", audit_resource={"add_principal": name, "kind": k.value,
-                                                                      "sponsor": sponsor}, audit_allow=True)
-        self.credentials.clear()
-        try:
-            return self.db.add_principal(Principal(name, k, sponsor, unix_user, account, admin and k is Kind.HUMAN))
-        except sqlite3.IntegrityError:
-            raise Conflict(f"principal {name!r} already exists") from None
-
-    def list_principals(self, caller: Caller) -> list[Principal]:
-        return [p for p in self.db.list_principals() if caller.sees(p.name)]
-
-    def mint_token(self, caller: Caller, for_name: str, expires: str | None = "8h", note: str | None = None,
-                   caveats: Caveats | None = None) -> dict[str, Any]:
-        """A capability token for ``for_name`` with ``caveats``; shown once."""
-        with self._audited(caller, "manage", {"mint_for": for_name}):
-            expires_at = expires_in(expires)
-            self.credentials.check_mint(caller, for_name, expires_at)
-            self.gate.check(caller, "manage", "Facility", audit_resource={"mint_for": for_name})
-            minted = self.credentials.mint(caller, for_name, expires_at, note, caveats or Caveats())
-        self.record(caller, "manage", "allow", "policy", [{"mint_for": for_name, "token_id": minted["id"],
-                                                           "caveats": minted["caveats"]}])
-        return minted
-
-    def list_tokens(self, caller: Caller) -> list[dict[str, Any]]:
-        return self.credentials.list(caller)
-
-    def revoke_token(self, caller: Caller, token_id: str) -> None:
-        with self._audited(caller, "manage", {"revoke": token_id}):
-            self.gate.check(caller, "manage", "Facility", audit_resource={"revoke": token_id})
-            self.credentials.revoke(caller, token_id)
-        self.record(caller, "manage", "allow", "policy", [{"revoke": token_id}])
-
-    def token_public_key(self) -> str:
-        """Hex of the key that verifies this gateway's tokens: what narrowing a token needs."""
-        return self.gate.tokens.public_key.hex()
 
     # -- jobs ---------------------------------------------------------------------------
 
@@ -247,44 +135,6 @@ class Service:
             return job.model_copy(update={"advice": [f"result reused from job {job.id}: same script, inputs, "
                                                      "environment and resources (cache hit)"]})
         return spec.model_copy(update={"labels": {**spec.labels, CACHE_LABEL: key}})
-
-    def _advise(self, principal: Principal, spec: JobSpec, index: int | None = None) -> list[str]:
-        """What memory says of this submission; refuses an exact deterministic repeat."""
-        if self.memory is None:
-            return []
-        advice, refuse = self.memory.advise(principal, spec)
-        if refuse and self.settings.memory_refuse_repeats:
-            where = f"job {index}: " if index is not None else ""
-            raise Conflict(where + refuse, hint="set force (CLI --force, JSON \"force\": true) to run it anyway")
-        # Advice quotes job output (error lines): guarded like any output handed to an agent.
-        return [guard.scan(a, "memory advice").text for a in advice]
-
-    def remember_outcomes(self, job_ids: list[int]) -> None:
-        """Ended jobs become episodes (their failures' output read once, bounded)."""
-        if self.memory is None:
-            return
-        from .memory.store import read_tail
-
-        jobs = [j for j in self.db.get_jobs(list(job_ids)).values() if j.terminal and j.principal != PILOT_PRINCIPAL]
-        principals: dict[str, Principal | None] = {}
-        items = []
-        for j in jobs:
-            if j.principal not in principals:
-                principals[j.principal] = self.db.get_principal(j.principal)
-            p = principals[j.principal]
-            if p is None:
-                continue
-            text = ""
-            if j.state is not JobState.COMPLETED and j.backend_id:
-                try:
-                    paths = self._output_paths(j)
-                    text = read_tail((paths.stdout, paths.stderr))
-                except CorralError:
-                    text = ""
-            items.append((j, p, text))
-        if items:
-            with self.db.transaction():
-                self.memory.record(items)
 
     async def submit_many(self, caller: Caller, specs: list[JobSpec]) -> list[Job]:
         """Many jobs in one call; audited, a refused batch too."""
@@ -537,61 +387,6 @@ class Service:
                "action": action, "decision": decision, "rule": rule}
         head = self.audit.append([{**who, **r} for r in resources] or [who])
         self.db.set_audit_head(*head)
-
-    # -- memory ---------------------------------------------------------------------------
-
-    def _mem(self) -> Any:
-        if self.memory is None:
-            raise InvalidRequest("memory is turned off at this facility (memory = false)")
-        return self.memory
-
-    def remember(self, caller: Caller, text: str, scope: str = "user", expires: str | None = None,
-                 job_id: int | None = None) -> dict[str, Any]:
-        if job_id is not None:
-            self.get_job(caller, job_id)  # provenance must be a job the author may see
-        mem = self._mem()
-        self.gate.check(caller, "write_note", "Note", {"scope": scope, "author": caller.name})
-        note: dict[str, Any] = mem.remember(caller, text, scope, parse_duration_s(expires) if expires else None, job_id)
-        self.record(caller, "write_note", "allow", "policy", [{"note_id": note["id"], "scope": scope,
-                                                               "flags": note.get("flags")}])
-        return note
-
-    def recall(self, caller: Caller, query: str, k: int = 5) -> list[dict[str, Any]]:
-        mem = self._mem()
-        self.gate.check(caller, "read_notes", "Note", {"scope": "any", "author": ""}, audit_allow=True,
-                        audit_resource={"query": query[:200]})
-        notes: list[dict[str, Any]] = mem.recall(caller, query, k)
-        flagged = [n["id"] for n in notes if n.get("flags", {}).get("suspected_injection") and n["author"] != caller.name]
-        if flagged:
-            self.gate.taint(caller, f"notes {flagged} by other principals are flagged as possible injection")
-        return notes
-
-    def promote_note(self, caller: Caller, note_id: int) -> dict[str, Any]:
-        mem = self._mem()
-        self.gate.check(caller, "manage", "Facility", audit_resource={"promote_note": note_id}, audit_allow=True)
-        return mem.promote(caller, note_id)  # type: ignore[no-any-return]
-
-    async def advice(self, caller: Caller, spec: JobSpec) -> dict[str, Any]:
-        """What corral would say of this submission, without submitting it."""
-        await self._check_spec(spec)
-        self.gate.check(caller, "advice", "Job", job_resource(spec, caller.name), text=job_text(spec), audit_allow=True)
-        advice, refuse = self._mem().advise(caller.principal, spec)
-        return {"advice": advice, "would_refuse": refuse if self.settings.memory_refuse_repeats else None}
-
-    async def facts_loop(self) -> None:
-        """Harvest the facility facts at start and every ``facts_interval_s``."""
-        from .memory.facts import harvest
-
-        while True:
-            try:
-                facts = await asyncio.to_thread(harvest, self.backend, self.settings.facility_paths,
-                                                self.settings.facility_quotas)
-                self.facts.update(facts)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # the scheduler may be away: try again next time
-                log.warning("facility facts not harvested: %s", e)
-            await asyncio.sleep(self.settings.facts_interval_s)
 
     def _output_paths(self, job: Job) -> Any:
         assert job.backend_id is not None
