@@ -36,6 +36,11 @@ ACTIONS = ("submit", "cancel", "status", "read_output", "write_note", "read_note
 """What a token may be limited to. ``status`` covers reading jobs, waiting and usage;
 ``manage`` covers principals and tokens."""
 LIMIT_FACTS = ("budget_cpu_s", "budget_gpu_s", "submits_per_min", "max_active_jobs")
+EVAL_BUDGET = dt.timedelta(milliseconds=250)
+"""Wall time a token's checks may take. Biscuit's default, 1 ms, is wall time too: on a
+busy gateway a preempted thread ran past it, and a valid token was refused (a 403 for
+an agent's wait, seen in the fast-lane bench). corral's own checks take ~0.1 ms; facts
+and iterations stay at biscuit's limits, which bound what an added block can cost."""
 _FACT_RE = re.compile(r"^(\w+)\((\d+)\);$", re.M)
 _EXPIRY_RE = re.compile(r"check if time\(\$t\), \$t <= (\S+);")
 _PRINCIPAL_RE = re.compile(r'^principal\("([^"]+)"\);$', re.M)
@@ -180,8 +185,12 @@ class TokenAuthority:
             code.append(f"{k}({{{k}}});")
             params[k] = v
         code.append("allow if true;")
+        builder = AuthorizerBuilder("\n".join(code), params)
+        limits = builder.limits()
+        limits.max_time = EVAL_BUDGET
+        builder.set_limits(limits)
         try:
-            AuthorizerBuilder("\n".join(code), params).build(cap.biscuit).authorize()
+            builder.build(cap.biscuit).authorize()
         except AuthorizationError as e:
             failed = str(e).split("checks failed: ", 1)[-1]
             raise Forbidden(f"your token does not allow this {action}: {_explain(failed)}",
@@ -190,6 +199,9 @@ class TokenAuthority:
 
 def _explain(failed: str) -> str:
     """The failed check, in words when it is one of ours."""
+    if "execution limits" in failed:
+        return ("its checks take too much work to evaluate (more facts, rule iterations or time than the "
+                "gateway allows); use a token with fewer or simpler added checks")
     if "time($t)" in failed:
         return "it has expired"
     if "operation($op), [" in failed:
