@@ -324,7 +324,7 @@ class Launcher:
                 for n, item in enumerate(waiting):  # first fit, in arrival order
                     if self.free.cpus <= 0 and not self.cancelled:
                         # Every task needs a CPU: the rest waits as it is. Scanning it all on
-                        # each pass cost a 1,000-task burst ~0.07 CPU-s (46,000 fit checks).
+                        # each pass made ~15,000 fit checks per 1,000 tasks (10 batches of 100, 32 slots).
                         keep += waiting[n:]
                         break
                     s, batch, i = item
