@@ -316,3 +316,34 @@ def test_an_allocation_still_being_submitted_is_not_sent_twice(tmp_path) -> None
 
     asyncio.run(scenario())
     assert len(sent) == len(set(sent)) == 1, sent  # one allocation, sent once
+
+
+def test_an_outcome_is_kept_when_memory_cannot_record_it(tmp_path) -> None:
+    """A report's outcomes and their memory episodes share one commit; memory only
+    advises, so its failure must not roll the outcomes back."""
+    from corral.config import Settings
+    from corral.jobs import JobSpec
+    from corral.server import build_service
+
+    service = build_service(Settings(home=tmp_path / "home", local_cpus=4, fastlane_cpus=2, fastlane_memory_mb=512))
+    service.bootstrap_admin()
+    admin = service.authenticate((tmp_path / "home" / "admin.token").read_text().strip())
+
+    def broken(job_ids: list[int]) -> None:
+        raise RuntimeError("the episodes table is unwritable")
+
+    service.remember_outcomes = broken  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        assert service.lanes is not None
+        try:
+            job, _ = await service.submit(admin, JobSpec(command="true", lane="fast", walltime="30s", memory="256M"))
+            now = time.time()
+            service.lanes.record([{"job_id": job.id, "state": "COMPLETED", "exit_code": 0, "start": now,
+                                   "end": now, "cpu_s": 0.001, "reason": None}])
+            stored = service.db.get_job(job.id)
+            assert stored is not None and stored.state.value == "COMPLETED" and stored.exit_code == 0
+        finally:
+            await service.lanes.close()
+
+    asyncio.run(scenario())

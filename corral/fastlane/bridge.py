@@ -77,7 +77,10 @@ class Lanes:
         with self.db.transaction():  # one commit for the outcomes and their episodes
             self.db.update_jobs([(int(r["job_id"]), JobState(r["state"]), r.get("exit_code"), r.get("reason"),
                                   r.get("start"), r.get("end"), r.get("cpu_s")) for r in results])
-            self.service.remember_outcomes(ids)
+            try:
+                self.service.remember_outcomes(ids)
+            except Exception:  # memory only advises: its trouble must not undo an outcome
+                log.exception("fast-lane outcomes recorded without their memory episodes")
         self.service.watchers.notify(ids)
 
     def _mark_started(self, started: dict[int, float]) -> None:
