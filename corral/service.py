@@ -122,7 +122,7 @@ class Service(AccountVerbs, MemoryVerbs):
             await self._send(job, caller.principal)
             self.reconciler.kick()
         job = self.db.get_job(job.id) or job
-        return (job.model_copy(update={"advice": advice}) if advice else job), created
+        return (job.with_advice(advice) if advice else job), created
 
     async def _cache_hit(self, principal: Principal, spec: JobSpec) -> Job | JobSpec:
         """The earlier job with this exact result, or the spec carrying its cache key."""
@@ -132,8 +132,8 @@ class Service(AccountVerbs, MemoryVerbs):
         earlier = self.memory.cached(principal, key) if self.memory else None
         job = self.db.get_job(earlier) if earlier is not None else None
         if job is not None:
-            return job.model_copy(update={"advice": [f"result reused from job {job.id}: same script, inputs, "
-                                                     "environment and resources (cache hit)"]})
+            return job.with_advice([f"result reused from job {job.id}: same script, inputs, "
+                                    "environment and resources (cache hit)"])
         return spec.model_copy(update={"labels": {**spec.labels, CACHE_LABEL: key}})
 
     async def submit_many(self, caller: Caller, specs: list[JobSpec]) -> list[Job]:
