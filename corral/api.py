@@ -9,6 +9,8 @@ import gc
 import json
 import logging
 import math
+import os
+import threading
 from typing import Any, AsyncIterator
 
 from fastapi import Depends, FastAPI, Header, Query, Request
@@ -23,6 +25,36 @@ from .safety.tokens import Caveats, caveats_from
 from .service import Service
 
 log = logging.getLogger(__name__)
+STOP_DEADLINE_S = 6.0
+"""``serve``'s deadline from the start of the application's shutdown (which follows
+uvicorn's 3 s for open requests): the loops get 1 s, the fast-lane pools 4 s."""
+
+
+async def settle(tasks: list[asyncio.Task[Any]], timeout: float, cancel: bool = True) -> list[str]:
+    """Give these tasks ``timeout`` seconds to end (cancelled first, unless ``cancel`` is
+    False); -> the names of those that did not. Unlike ``wait_for``, this never waits for
+    a task that ignores its cancellation: a gateway once hung at exit that way."""
+    if cancel:
+        for t in tasks:
+            t.cancel()
+    _, pending = await asyncio.wait(tasks, timeout=timeout) if tasks else (set(), set())
+    for t in pending:
+        t.cancel()
+        log.warning("task %s did not end within %.0f s of the gateway's shutdown; left behind", t.get_name(), timeout)
+    return sorted(t.get_name() for t in pending)
+
+
+def hard_exit_after(seconds: float) -> None:
+    """The shutdown's last resort: exit ``seconds`` from now if the process is still here
+    (asyncio.run waits without limit for tasks that ignore cancellation)."""
+    def _exit() -> None:
+        log.warning("the gateway did not stop within %.0f s of its shutdown; exiting now", seconds)
+        logging.shutdown()
+        os._exit(0)
+
+    timer = threading.Timer(seconds, _exit)
+    timer.daemon = True
+    timer.start()
 
 
 class PrincipalIn(BaseModel):
@@ -108,7 +140,9 @@ class RequireToken:
         await self.app(scope, receive, send)
 
 
-def create_app(service: Service) -> FastAPI:
+def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAPI:
+    """The HTTP edge. ``stop_deadline_s``: the process exits that long after its shutdown
+    begins, whatever still hangs (only for the process that owns the app: ``serve``)."""
     from starlette.routing import Route
 
     from .mcp_server import gateway_mcp
@@ -129,16 +163,12 @@ def create_app(service: Service) -> FastAPI:
             try:
                 yield
             finally:
-                for t in (task, lanes, facts):
-                    if t is not None:
-                        t.cancel()
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await t
-                if service.lanes:
-                    try:  # allocations are released first; Dask's own close must not hold the exit
-                        await asyncio.wait_for(service.lanes.close(), 5)
-                    except asyncio.TimeoutError:
-                        log.warning("the fast-lane pools did not close within 5 s; stopping anyway")
+                if stop_deadline_s is not None:  # everything is on disk: what still hangs is cut off
+                    hard_exit_after(stop_deadline_s)
+                await settle([t for t in (task, lanes, facts) if t is not None], 1.0)
+                if service.lanes:  # allocations are released first; Dask's own close must not hold the exit
+                    await settle([asyncio.create_task(service.lanes.close(), name="fastlane-close")], 4.0,
+                                 cancel=False)
 
     app = FastAPI(title="corral", version="0.1.0", lifespan=lifespan, description=(
         "A facility-side gateway through which AI coding agents act on an HPC cluster.\n\n"

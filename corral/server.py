@@ -8,7 +8,7 @@ import logging.handlers
 import signal
 import sys
 
-from .api import create_app
+from .api import STOP_DEADLINE_S, create_app
 from .backends import Backend
 from .backends.local import LocalBackend
 from .config import Settings
@@ -57,7 +57,7 @@ def serve(settings: Settings) -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     service = build_service(settings)
     created = service.bootstrap_admin()
-    app = create_app(service)
+    app = create_app(service, STOP_DEADLINE_S)
     token_path = settings.admin_token_path.resolve()
     print(f"corral gateway on {settings.base_url}  (API docs: {settings.base_url}/docs)", flush=True)
     where = f"{settings.local_cpus} CPU slots" if settings.backend == "local" else f"SLURM_CONF={service.backend.inner.slurm_conf}"  # type: ignore[attr-defined]

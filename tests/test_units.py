@@ -146,3 +146,38 @@ def test_usage_sums_cpu_and_gpu_hours(tmp_path) -> None:
     assert u["by_session"] == {"-": {"cpu_hours": 2.0, "gpu_hours": 1.0, "jobs": 1}}
     assert db.usage(["nobody"]) == {"jobs_by_state": {}, "cpu_hours": 0.0, "gpu_hours": 0.0,
                                     "measured_cpu_hours": 0.0, "by_lane": {}, "by_session": {}}
+
+
+def test_shutdown_never_waits_for_a_task_that_ignores_cancellation() -> None:
+    """A gateway once hung at exit (loop idle, nothing logged): ``wait_for`` waits until a
+    timed-out task has really ended, and one that swallows its cancellation never does."""
+    import asyncio
+    import time
+
+    from corral.api import settle
+
+    released = False
+
+    async def stubborn() -> None:
+        while not released:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                continue  # e.g. a close that shields its own work
+
+    async def quick() -> None:
+        await asyncio.sleep(3600)
+
+    async def scenario() -> tuple[list[str], float]:
+        nonlocal released
+        tasks = [asyncio.create_task(stubborn(), name="stubborn"), asyncio.create_task(quick(), name="quick")]
+        await asyncio.sleep(0)  # both started
+        t = time.monotonic()
+        left = await settle(tasks, 0.3)
+        took = time.monotonic() - t
+        released = True  # let asyncio.run's own clean-up end it
+        tasks[0].cancel()
+        return left, took
+
+    left, took = asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert left == ["stubborn"] and took < 2
