@@ -31,6 +31,7 @@ from .safety.gate import job_resource, job_text
 
 log = logging.getLogger(__name__)
 
+
 class Service(AccountVerbs, MemoryVerbs):
     def __init__(self, settings: Settings, db: Database, backend: Backend, metrics: Metrics | None = None) -> None:
         self.settings = settings

@@ -75,8 +75,8 @@ class Lanes:
             return
         ids = [int(r["job_id"]) for r in results]
         with self.db.transaction():  # one commit for the outcomes and their episodes
-            self.db.update_jobs([(int(r["job_id"]), JobState(r["state"]), r.get("exit_code"), r.get("reason"),
-                                  r.get("start"), r.get("end"), r.get("cpu_s")) for r in results])
+            self.db.update_jobs([(jid, JobState(r["state"]), r.get("exit_code"), r.get("reason"),
+                                  r.get("start"), r.get("end"), r.get("cpu_s")) for jid, r in zip(ids, results)])
             try:
                 self.service.remember_outcomes(ids)
             except Exception:  # memory only advises: its trouble must not undo an outcome
