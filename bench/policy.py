@@ -55,11 +55,11 @@ def decisions(n_scripts: int, repeats: int) -> dict[str, float]:
     home = Path(tempfile.mkdtemp(prefix="corral-bench-policy-"))
     s = Settings(home=home, fastlane=False, rate_submit_per_min=1e9, rate_submit_burst=1e9, rate_api_per_s=1e9)
     svc = build_service(s)
-    svc.bootstrap_admin()
+    svc.accounts.bootstrap_admin()
     admin = svc.authenticate((home / "admin.token").read_text().strip())
-    svc.add_principal(admin, "alice", "human")
-    svc.add_principal(admin, "bot", "agent", sponsor="alice")
-    tok = svc.mint_token(admin, "bot", "8h", None, Caveats(max_cpus=16, max_walltime_s=7200, cpu_hours=1000,
+    svc.accounts.add_principal(admin, "alice", "human")
+    svc.accounts.add_principal(admin, "bot", "agent", sponsor="alice")
+    tok = svc.accounts.mint_token(admin, "bot", "8h", None, Caveats(max_cpus=16, max_walltime_s=7200, cpu_hours=1000,
                                                           actions=["submit", "status", "read_output", "cancel"]))
     caller = svc.authenticate(tok["token"], "bench-session")
     specs = [JobSpec(script=SCRIPT.format(i=i), cpus=4, walltime="1h") for i in range(n_scripts)]
@@ -68,7 +68,7 @@ def decisions(n_scripts: int, repeats: int) -> dict[str, float]:
         t = time.perf_counter()
         svc.gate.check(caller, "submit", "Job", job_resource(spec, caller.name), text=job_text(spec))
         svc.gate.admit(caller, [spec])
-        svc.record(caller, "submit", "allow", "policy", [{"job_id": 0, "cpus": spec.cpus}])
+        svc.audit.record(caller, "submit", "allow", "policy", [{"job_id": 0, "cpus": spec.cpus}])
         return (time.perf_counter() - t) * 1000
 
     # As the gateway runs: its start-up objects frozen out of the collector (api.py), and

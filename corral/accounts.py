@@ -1,39 +1,33 @@
 """Who may act: the core's verbs for principals and their tokens (the admin's
-bootstrap, adding principals, minting and revoking tokens). A part of ``Service``:
-every edge reaches these through it, and each runs authenticate -> check -> record."""
+bootstrap, adding principals, minting and revoking tokens). An object the service
+holds (``service.accounts``); every edge reaches these through it, and each runs
+authenticate -> check -> record."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sqlite3
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
-from .errors import Conflict, CorralError, Forbidden, InvalidRequest
+from .errors import Conflict, Forbidden, InvalidRequest
 from .principals import Caller, Kind, Principal, check_name, new_token
 from .safety.tokens import Caveats, expires_in
 
 if TYPE_CHECKING:
     from .config import Settings
     from .db import Database
+    from .safety.audit import Audit
     from .safety.credentials import Credentials
     from .safety.gate import Gate
 
 ADMIN = "admin"
 
 
-class AccountVerbs:
-    """Mixed into ``Service``, which provides the attributes below."""
-
-    settings: Settings
-    db: Database
-    credentials: Credentials
-    gate: Gate
-
-    if TYPE_CHECKING:
-        def record(self, caller: Caller, action: str, decision: str, rule: str,
-                   resources: list[dict[str, Any]]) -> None: ...
+class Accounts:
+    def __init__(self, settings: "Settings", db: "Database", credentials: "Credentials", gate: "Gate",
+                 audit: "Audit") -> None:
+        self.settings, self.db, self.credentials, self.gate, self.audit = settings, db, credentials, gate, audit
 
     # -- bootstrap ----------------------------------------------------------------
 
@@ -60,22 +54,15 @@ class AccountVerbs:
 
     # -- principals and tokens --------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _audited(self, caller: Caller, action: str, resource: dict[str, Any]) -> Iterator[None]:
-        """Record a refusal the gate did not already record (the core's own rules)."""
-        try:
-            yield
-        except CorralError as e:
-            if not e.audited:
-                self.record(caller, action, "deny", e.code, [{**resource, "reason": e.message[:200]}])
-            raise
-
     def add_principal(
         self, caller: Caller, name: str, kind: str, sponsor: str | None = None,
         unix_user: str | None = None, account: str | None = None, admin: bool = False,
     ) -> Principal:
-        with self._audited(caller, "manage", {"add_principal": name}):
-            return self._add_principal(caller, name, kind, sponsor, unix_user, account, admin)
+        with self.audit.refusals(caller, "manage", {"add_principal": name}):
+            p = self._add_principal(caller, name, kind, sponsor, unix_user, account, admin)
+        self.audit.record(caller, "manage", "allow", "policy", [{"add_principal": name, "kind": p.kind.value,
+                                                                 "sponsor": p.sponsor}])
+        return p
 
     def _add_principal(self, caller: Caller, name: str, kind: str, sponsor: str | None,
                        unix_user: str | None, account: str | None, admin: bool) -> Principal:
@@ -108,8 +95,7 @@ class AccountVerbs:
             raise InvalidRequest("only agents have sponsors; drop --sponsor for humans and services")
         if self.db.get_principal(name) is not None:
             raise Conflict(f"principal {name!r} already exists")
-        self.gate.check(caller, "manage", "Facility", audit_resource={"add_principal": name, "kind": k.value,
-                                                                      "sponsor": sponsor}, audit_allow=True)
+        self.gate.check(caller, "manage", "Facility")
         self.credentials.clear()
         try:
             return self.db.add_principal(Principal(name, k, sponsor, unix_user, account, admin and k is Kind.HUMAN))
@@ -122,12 +108,12 @@ class AccountVerbs:
     def mint_token(self, caller: Caller, for_name: str, expires: str | None = "8h", note: str | None = None,
                    caveats: Caveats | None = None) -> dict[str, Any]:
         """A capability token for ``for_name`` with ``caveats``; shown once."""
-        with self._audited(caller, "manage", {"mint_for": for_name}):
+        with self.audit.refusals(caller, "manage", {"mint_for": for_name}):
             expires_at = expires_in(expires)
             self.credentials.check_mint(caller, for_name, expires_at)
-            self.gate.check(caller, "manage", "Facility", audit_resource={"mint_for": for_name})
+            self.gate.check(caller, "manage", "Facility")
             minted = self.credentials.mint(caller, for_name, expires_at, note, caveats or Caveats())
-        self.record(caller, "manage", "allow", "policy", [{"mint_for": for_name, "token_id": minted["id"],
+        self.audit.record(caller, "manage", "allow", "policy", [{"mint_for": for_name, "token_id": minted["id"],
                                                            "caveats": minted["caveats"]}])
         return minted
 
@@ -135,10 +121,10 @@ class AccountVerbs:
         return self.credentials.list(caller)
 
     def revoke_token(self, caller: Caller, token_id: str) -> None:
-        with self._audited(caller, "manage", {"revoke": token_id}):
-            self.gate.check(caller, "manage", "Facility", audit_resource={"revoke": token_id})
+        with self.audit.refusals(caller, "manage", {"revoke": token_id}):
+            self.gate.check(caller, "manage", "Facility")
             self.credentials.revoke(caller, token_id)
-        self.record(caller, "manage", "allow", "policy", [{"revoke": token_id}])
+        self.audit.record(caller, "manage", "allow", "policy", [{"revoke": token_id}])
 
     def token_public_key(self) -> str:
         """Hex of the key that verifies this gateway's tokens: what narrowing a token needs."""

@@ -153,9 +153,9 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with mcp.session_manager.run():
-            task = asyncio.create_task(service.reconciler.run(), name="reconciler")
-            lanes = asyncio.create_task(service.lanes.run(), name="fastlane") if service.lanes else None
-            facts = asyncio.create_task(service.facts_loop(), name="facts")
+            loops = [asyncio.create_task(service.reconciler.run(), name="reconciler"),
+                     asyncio.create_task(service.memory.facts_loop(), name="facts"),
+                     *(asyncio.create_task(lane.run(), name=f"lane-{lane.name}") for lane in service.lanes)]
         # Move start-up objects out of the collector's reach: fewer, shorter GC pauses
         # on the request path.
             gc.collect()
@@ -165,10 +165,10 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
             finally:
                 if stop_deadline_s is not None:  # everything is on disk: what still hangs is cut off
                     hard_exit_after(stop_deadline_s)
-                await settle([t for t in (task, lanes, facts) if t is not None], 1.0)
-                if service.lanes:  # allocations are released first; Dask's own close must not hold the exit
-                    await settle([asyncio.create_task(service.lanes.close(), name="fastlane-close")], 4.0,
-                                 cancel=False)
+                await settle(loops, 1.0)
+                # Allocations are released first; Dask's own close must not hold the exit.
+                await settle([asyncio.create_task(lane.close(), name=f"lane-{lane.name}-close")
+                              for lane in service.lanes], 4.0, cancel=False)
 
     app = FastAPI(title="corral", version="0.1.0", lifespan=lifespan, description=(
         "A facility-side gateway through which AI coding agents act on an HPC cluster.\n\n"
@@ -227,29 +227,29 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
 
     @app.post("/v1/principals", status_code=201, tags=["principals"])
     async def add_principal(body: PrincipalIn, c: Caller = Depends(caller)) -> Response:
-        p = service.add_principal(c, body.name, body.kind, body.sponsor, body.unix_user, body.account, body.admin)
+        p = service.accounts.add_principal(c, body.name, body.kind, body.sponsor, body.unix_user, body.account, body.admin)
         return ok(p.to_dict(), 201)
 
     @app.get("/v1/principals", tags=["principals"])
     async def list_principals(c: Caller = Depends(caller)) -> Response:
-        return ok([p.to_dict() for p in service.list_principals(c)])
+        return ok([p.to_dict() for p in service.accounts.list_principals(c)])
 
     @app.post("/v1/tokens", status_code=201, tags=["tokens"])
     async def mint_token(body: TokenIn, c: Caller = Depends(caller)) -> Response:
-        return ok(service.mint_token(c, body.for_, body.expires, body.note, body.caveats()), 201)
+        return ok(service.accounts.mint_token(c, body.for_, body.expires, body.note, body.caveats()), 201)
 
     @app.get("/v1/tokens/public-key", tags=["tokens"])
     async def token_public_key() -> Response:
         """The key that verifies this gateway's tokens: all that narrowing a token needs. Public."""
-        return ok({"public_key": service.token_public_key(), "algorithm": "ed25519"})
+        return ok({"public_key": service.accounts.token_public_key(), "algorithm": "ed25519"})
 
     @app.get("/v1/tokens", tags=["tokens"])
     async def list_tokens(c: Caller = Depends(caller)) -> Response:
-        return ok(service.list_tokens(c))
+        return ok(service.accounts.list_tokens(c))
 
     @app.delete("/v1/tokens/{token_id}", tags=["tokens"])
     async def revoke_token(token_id: str, c: Caller = Depends(caller)) -> Response:
-        service.revoke_token(c, token_id)
+        service.accounts.revoke_token(c, token_id)
         return ok({"id": token_id, "revoked": True})
 
     @app.post("/v1/jobs", status_code=201, tags=["jobs"])
@@ -257,8 +257,8 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         spec: JobSpec, c: Caller = Depends(caller),
         idempotency_key: str | None = Header(None),
     ) -> Response:
-        job, created = await service.submit(c, spec, idempotency_key)
-        return ok({**job.to_dict(), "created": created}, 201 if created else 200)
+        jobs, created = await service.submit(c, [spec], idempotency_key)
+        return ok({**jobs[0].to_dict(), "created": created}, 201 if created else 200)
 
     @app.get("/v1/jobs", tags=["jobs"])
     async def list_jobs(
@@ -274,11 +274,14 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
                    "next_offset": offset + len(jobs) if len(jobs) == limit else None})
 
     @app.post("/v1/jobs/batch", status_code=201, tags=["jobs"])
-    async def submit_batch(body: BatchIn, c: Caller = Depends(caller)) -> Response:
-        """Up to 1,000 jobs in one request: all are checked before any is recorded."""
-        jobs = await service.submit_many(c, body.jobs)
+    async def submit_batch(body: BatchIn, c: Caller = Depends(caller),
+                           idempotency_key: str | None = Header(None)) -> Response:
+        """Up to 1,000 jobs in one request: all are checked before any is recorded. With an
+        `Idempotency-Key`, a retry of the same request returns the same jobs (200)."""
+        jobs, created = await service.submit(c, body.jobs, idempotency_key)
         return ok({"jobs": [{**j.summary(), "backend": j.backend, "lane": j.spec.lane,
-                             **({"advice": j.advice} if j.advice else {})} for j in jobs]}, 201)
+                             **({"advice": j.advice} if j.advice else {})} for j in jobs],
+                   "created": created}, 201 if created else 200)
 
     @app.post("/v1/jobs/wait", tags=["jobs"])
     async def wait_many(body: WaitIn, c: Caller = Depends(caller)) -> Response:
@@ -289,18 +292,18 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     @app.post("/v1/notes", status_code=201, tags=["memory"])
     async def remember(body: NoteIn, c: Caller = Depends(caller)) -> Response:
         """Write a note (scope agent, user, account, session; facility for admins). Secrets are redacted."""
-        return ok(service.remember(c, body.text, body.scope, body.expires, body.job_id), 201)
+        return ok(service.memory.remember(c, body.text, body.scope, body.expires, body.job_id), 201)
 
     @app.get("/v1/notes", tags=["memory"])
     async def recall(c: Caller = Depends(caller), q: str = Query(..., description="Words to search for."),
                      k: int = Query(5, ge=1, le=50)) -> Response:
         """The k notes you may read that best match the words (BM25)."""
-        return ok({"notes": service.recall(c, q, k)})
+        return ok({"notes": service.memory.recall(c, q, k)})
 
     @app.post("/v1/notes/{note_id}/promote", tags=["memory"])
     async def promote(note_id: int, c: Caller = Depends(caller)) -> Response:
         """Admins: make a note facility-wide."""
-        return ok(service.promote_note(c, note_id))
+        return ok(service.memory.promote_note(c, note_id))
 
     @app.post("/v1/advice", tags=["memory"])
     async def advice(spec: JobSpec, c: Caller = Depends(caller)) -> Response:

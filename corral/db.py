@@ -135,6 +135,11 @@ MIGRATIONS: list[str] = [
     DROP INDEX episodes_fp;
     CREATE INDEX episodes_fp ON episodes(fingerprint, family, ended);
     """,
+    # 6: an idempotency key remembers the request it was used for: a reuse with another
+    # body is a conflict, not a silent replay of the first
+    """
+    ALTER TABLE jobs ADD COLUMN idem_digest TEXT;
+    """,
 ]
 
 _JOB_COLS = (
@@ -178,6 +183,12 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
         end_time=et,
         spec=_parse_spec(spec),
     )
+
+
+def _idem_keys(key: str | None, n: int) -> list[str | None]:
+    if key is None:
+        return [None] * n
+    return [key if i == 0 else f"{key}/{i}" for i in range(n)]
 
 
 def _row_to_principal(row: tuple[Any, ...]) -> Principal:
@@ -274,54 +285,36 @@ class Database:
 
     # -- jobs ------------------------------------------------------------------
 
-    def insert_job(
-        self, principal: str, session: str | None, idem_key: str | None, backend: str, spec: JobSpec,
-        token_path: str | None = None,
-    ) -> tuple[Job, bool]:
-        """Insert a PENDING job; with an idempotency key already used, return that job. -> (job, created)."""
-        existing = self.find_idempotent(principal, idem_key) if idem_key is not None else None
-        if existing is not None:
-            return existing, False
-        now = time.time()
-        text = spec.model_dump_json(by_alias=True, exclude_none=True)
-        cur = self.conn.execute(
-            "INSERT INTO jobs (principal, session, idem_key, backend, state, submit_time, spec, token_path) "
-            "VALUES (?,?,?,?,?,?,?,?)",
-            (principal, session, idem_key, backend, JobState.PENDING.value, now, text, token_path),
-        )
-        # Built from what was written: no read back (a batch of 1,000 inserts is hot).
-        return _row_to_job((int(cur.lastrowid), principal, session, backend, None,  # type: ignore[arg-type]
-                            JobState.PENDING.value, None, None, now, None, None, text)), True
+    def insert_job(self, principal: str, session: str | None, backend: str, spec: JobSpec) -> Job:
+        """One PENDING job (corral's own, such as a fast-lane allocation)."""
+        with self.transaction():
+            return self.insert_jobs(principal, session, [(backend, spec)])[0]
 
-    def insert_jobs(self, principal: str, session: str | None,
-                    items: list[tuple[str, str | None, JobSpec]], token_path: str | None = None) -> list[Job]:
-        """Many PENDING jobs in one statement; ``items`` are (backend, backend id prefix or
-        None, spec): a prefix gives the job the backend id ``prefix + id`` (the fast lane
-        knows its ids before it is handed the task). Call inside ``transaction()``."""
+    def insert_jobs(self, principal: str, session: str | None, items: list[tuple[str, JobSpec]],
+                    token_path: str | None = None, idem_key: str | None = None, digest: str | None = None,
+                    ) -> list[Job]:
+        """PENDING jobs, (lane, spec) each, in one statement per 500. With ``idem_key``
+        the jobs take the keys ``KEY``, ``KEY/1``, ``KEY/2`` ... and ``digest`` (see
+        ``find_idempotent``). Call inside ``transaction()``."""
         now = time.time()
         dumped: dict[int, str] = {}  # a batch's jobs often share one spec object: dump it once
         texts = [dumped.get(id(spec)) or dumped.setdefault(id(spec), spec.model_dump_json(by_alias=True, exclude_none=True))
-                 for _, _, spec in items]
+                 for _, spec in items]
+        keys = _idem_keys(idem_key, len(items))
         jobs: list[Job] = []
-        for i in range(0, len(items), 500):  # 8 parameters a row, under SQLite's limit
+        for i in range(0, len(items), 500):  # 9 parameters a row, under SQLite's limit
             chunk = items[i: i + 500]
-            rows = ",".join("(?,?,NULL,?,?,?,?,?,?)" for _ in chunk)
+            rows = ",".join("(?,?,?,?,?,?,?,?,?)" for _ in chunk)
             args: list[Any] = []
-            for k, (backend, _, _) in enumerate(chunk):
-                args += [principal, session, backend, None, JobState.PENDING.value, now, texts[i + k], token_path]
+            for k, (backend, _) in enumerate(chunk):
+                args += [principal, session, keys[i + k], digest if keys[i + k] else None, backend,
+                         JobState.PENDING.value, now, texts[i + k], token_path]
             ids = [r[0] for r in self.conn.execute(
-                f"INSERT INTO jobs (principal, session, idem_key, backend, backend_id, state, submit_time, spec, "
-                f"token_path) "
-                f"VALUES {rows} RETURNING id", args).fetchall()]
-            by_prefix: dict[str, list[int]] = {}
-            for jid, (backend, prefix, _), text in zip(ids, chunk, texts[i: i + 500]):
-                if prefix:
-                    by_prefix.setdefault(prefix, []).append(jid)
-                jobs.append(_row_to_job((jid, principal, session, backend, f"{prefix}{jid}" if prefix else None,
-                                         JobState.PENDING.value, None, None, now, None, None, text)))
-            for prefix, pids in by_prefix.items():
-                self.conn.execute(f"UPDATE jobs SET backend_id = ? || id WHERE id IN ({','.join('?' * len(pids))})",
-                                  (prefix, *pids))
+                f"INSERT INTO jobs (principal, session, idem_key, idem_digest, backend, state, submit_time, spec, "
+                f"token_path) VALUES {rows} RETURNING id", args).fetchall()]
+            # Built from what was written: no read back (a batch of 1,000 inserts is hot).
+            jobs += [_row_to_job((jid, principal, session, backend, None, JobState.PENDING.value, None, None, now,
+                                  None, None, text)) for jid, (backend, _), text in zip(ids, chunk, texts[i: i + 500])]
         return jobs
 
     def update_jobs(self, updates: list[tuple[int, JobState, int | None, str | None, float | None, float | None,
@@ -338,11 +331,23 @@ class Database:
         self.conn.execute("INSERT INTO audit_head (id, seq, mac) VALUES (1, ?, ?) "
                           "ON CONFLICT(id) DO UPDATE SET seq=excluded.seq, mac=excluded.mac", (seq, mac))
 
-    def find_idempotent(self, principal: str, idem_key: str) -> Job | None:
-        row = self.conn.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE principal=? AND idem_key=?",
-                                (principal, idem_key)).fetchone()
-        return _row_to_job(row) if row else None
+    def find_idempotent(self, principal: str, idem_key: str, n: int) -> tuple[list[Job], str | None] | None:
+        """The ``n`` jobs a request with this key made, and that request's digest; None if
+        the key is new. A request that made a different number of jobs is returned whole
+        (its digest then differs from any request of ``n``)."""
+        first = self.conn.execute("SELECT id, idem_digest FROM jobs WHERE principal=? AND idem_key=?",
+                                  (principal, idem_key)).fetchone()
+        if first is None:
+            return None
+        keys = _idem_keys(idem_key, max(n, 1))
+        rows = self.conn.execute(
+            f"SELECT {_JOB_COLS} FROM jobs WHERE principal=? AND idem_key IN ({','.join('?' * len(keys))}) ORDER BY id",
+            (principal, *keys)).fetchall()
+        return [_row_to_job(r) for r in rows], first[1]
 
+    def set_backend_ids(self, pairs: list[tuple[int, str]]) -> None:
+        if pairs:
+            self.conn.executemany("UPDATE jobs SET backend_id = ? WHERE id = ?", [(b, j) for j, b in pairs])
     def set_backend_id(self, job_id: int, backend_id: str) -> None:
         self.conn.execute("UPDATE jobs SET backend_id=? WHERE id=?", (backend_id, job_id))
 
@@ -369,15 +374,16 @@ class Database:
                 f"SELECT id, state, principal FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk))
         return out
 
-    def active_jobs(self, *, polled: bool = False, unsent: bool = False) -> list[Job]:
-        """Jobs not yet ended. ``polled``: only those the reconciler asks the batch backend
-        about (sent, not fast-lane); ``unsent``: only those never handed to a lane."""
-        where = "state IN ('PENDING', 'RUNNING', 'UNKNOWN')"
-        if polled:
-            where += " AND backend_id IS NOT NULL AND backend != 'fast'"
+    def active_jobs(self, *, lanes: Iterable[str] | None = None, unsent: bool = False) -> list[Job]:
+        """Jobs not yet ended. ``lanes``: only those sent to these lanes (the ones the
+        reconciler polls); ``unsent``: only those never handed to a lane."""
+        where, args = "state IN ('PENDING', 'RUNNING', 'UNKNOWN')", []
+        if lanes is not None:
+            args = list(lanes)
+            where += f" AND backend_id IS NOT NULL AND backend IN ({','.join('?' * len(args))})"
         if unsent:
             where += " AND backend_id IS NULL"
-        rows = self.conn.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE {where} ORDER BY id").fetchall()
+        rows = self.conn.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE {where} ORDER BY id", args).fetchall()
         return [_row_to_job(r) for r in rows]
 
     def list_jobs(
@@ -455,17 +461,17 @@ class Database:
         by_state = {s: n for s, n in self.conn.execute(
             f"SELECT state, COUNT(*) FROM jobs WHERE principal IN ({marks}) GROUP BY state", names)}
         rows = self.conn.execute(
-            f"""SELECT backend, session,
+            f"""SELECT COALESCE(json_extract(spec, '$.lane'), 'batch'), session,
                        SUM(json_extract(spec, '$.cpus') * MAX(0, COALESCE(end_time, ?) - start_time)),
                        SUM(json_extract(spec, '$.gpus') * MAX(0, COALESCE(end_time, ?) - start_time)),
                        SUM(cpu_s), COUNT(*)
-                FROM jobs WHERE principal IN ({marks}) AND start_time IS NOT NULL GROUP BY backend, session""",
+                FROM jobs WHERE principal IN ({marks}) AND start_time IS NOT NULL GROUP BY 1, session""",
             (time.time(), time.time(), *names)).fetchall()
         lanes: dict[str, dict[str, float]] = {}
         sessions: dict[str, dict[str, float]] = {}
         total = {"cpu": 0.0, "gpu": 0.0, "measured": 0.0}
-        for backend, session, cpu, gpu, measured, n in rows:
-            for bucket in (lanes.setdefault("fast" if backend == "fast" else "batch", {}),
+        for lane, session, cpu, gpu, measured, n in rows:
+            for bucket in (lanes.setdefault(lane, {}),
                            sessions.setdefault(session or "-", {})):
                 bucket["cpu_hours"] = bucket.get("cpu_hours", 0.0) + (cpu or 0) / 3600
                 bucket["gpu_hours"] = bucket.get("gpu_hours", 0.0) + (gpu or 0) / 3600

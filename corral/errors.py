@@ -25,13 +25,16 @@ class CorralError(Exception):
 
     status: int = 500
     code: str = "internal"
-    audited: bool = False
-    """Already in the audit chain (the gate records its own refusals)."""
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
+    def __init__(self, message: str, *, hint: str | None = None, rule: str | None = None,
+                 tags: list[str] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.rule = rule
+        """The rule that refused (a policy rule, 'token-caveat', 'rate-limit', 'budget'), for the audit."""
+        self.tags = tags or []
+        """Risk tags of what was refused, for the audit."""
 
     def to_dict(self) -> dict[str, str]:
         out = {"code": self.code, "message": self.message}
@@ -71,8 +74,8 @@ class RateLimited(CorralError):
     status = 429
     code = "rate_limited"
 
-    def __init__(self, message: str, *, retry_after: float, hint: str | None = None) -> None:
-        super().__init__(message, hint=hint or f"wait {max(1, round(retry_after))} s, then retry")
+    def __init__(self, message: str, *, retry_after: float, hint: str | None = None, rule: str | None = None) -> None:
+        super().__init__(message, hint=hint or f"wait {max(1, round(retry_after))} s, then retry", rule=rule)
         self.retry_after = retry_after
 
 

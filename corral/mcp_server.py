@@ -74,7 +74,8 @@ class ServiceOps:
             parsed = JobSpec.model_validate(spec)
         except ValidationError as e:
             raise ToolError("invalid job: " + describe_validation(e.errors(), "arguments")) from None
-        job, created = await self.service.submit(self.caller, parsed, idempotency_key)
+        jobs, created = await self.service.submit(self.caller, [parsed], idempotency_key)
+        job = jobs[0]
         return {**job.summary(), "created": created, **({"advice": job.advice} if job.advice else {})}
 
     async def job(self, job_id: int) -> dict[str, Any]:
@@ -98,10 +99,10 @@ class ServiceOps:
         return await self.service.facility(self.caller)
 
     async def remember(self, text: str, scope: str, expires: str | None, job_id: int | None) -> dict[str, Any]:
-        return self.service.remember(self.caller, text, scope, expires, job_id)
+        return self.service.memory.remember(self.caller, text, scope, expires, job_id)
 
     async def recall(self, query: str, k: int) -> dict[str, Any]:
-        return {"notes": self.service.recall(self.caller, query, k)}
+        return {"notes": self.service.memory.recall(self.caller, query, k)}
 
 
 class RemoteOps:

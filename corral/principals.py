@@ -22,6 +22,9 @@ from .errors import InvalidRequest
 if TYPE_CHECKING:
     from .safety.tokens import Capability
 
+PILOT_PRINCIPAL = "fastlane"
+"""The service principal that owns corral's own jobs (the fast lane's allocations):
+never advised, never remembered as an outcome."""
 NAME_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import faulthandler
+import os
 import logging
 import logging.handlers
 import signal
@@ -56,11 +57,11 @@ def serve(settings: Settings) -> None:
     # that will not stop (or answer) is stuck, without stopping it.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     service = build_service(settings)
-    created = service.bootstrap_admin()
+    created = service.accounts.bootstrap_admin()
     app = create_app(service, STOP_DEADLINE_S)
     token_path = settings.admin_token_path.resolve()
     print(f"corral gateway on {settings.base_url}  (API docs: {settings.base_url}/docs)", flush=True)
-    where = f"{settings.local_cpus} CPU slots" if settings.backend == "local" else f"SLURM_CONF={service.backend.inner.slurm_conf}"  # type: ignore[attr-defined]
+    where = f"{settings.local_cpus} CPU slots" if settings.backend == "local" else f"SLURM_CONF={settings.slurm_conf or os.environ.get('SLURM_CONF')}"
     print(f"backend: {settings.backend} ({where}); state in {settings.home}", flush=True)
     print(f"admin token {'created' if created else 'kept'} in {token_path} (mode 0600)", flush=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,

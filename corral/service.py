@@ -1,252 +1,207 @@
-"""The facility core: the one place where actions happen. Every edge (HTTP, MCP,
-CLI through HTTP) calls these methods; each runs authenticate -> check -> act,
-and answers status and listings from the gateway's own state, never the backend.
-Jobs, audit and the facility view live here; principals and tokens in ``accounts``,
-memory's verbs in ``memory.verbs`` (both mixed into ``Service``).
+"""The facility core: the one place where actions happen. Every edge (HTTP, MCP, CLI
+through HTTP) calls these methods; each runs authenticate -> decide (the gate) ->
+record (the audit) -> act (a lane), and answers status and listings from the
+gateway's own state, never a scheduler.
+
+The service is assembled from parts that are built and tested alone: the lanes
+(``lanes.Lanes``), the Sender that hands recorded jobs to them, the Progress where
+their news lands, the reconciler, the gate, the audit, and the verbs of accounts
+(``service.accounts``) and memory (``service.memory``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from .accounts import AccountVerbs
-from .backends import Backend, SubmitContext
+from .accounts import Accounts
+from .backends import Backend
 from .config import Settings
 from .control.metrics import MeteredBackend, Metrics
+from .control.progress import Progress
 from .control.reconciler import Reconciler, Watchers
+from .control.sender import Sender, context
 from .db import Database
-from .errors import BackendError, CorralError, InvalidRequest, NotFound
-from .fastlane.bridge import Lanes
-from .fastlane.lane import FAST
+from .errors import BackendError, Conflict, CorralError, InvalidRequest, NotFound
 from .jobs import TERMINAL_STATES, Job, JobSpec, JobState
+from .lanes import BackendLane, Lane, Lanes
+from .memory.facts import Facts
 from .memory.verbs import MemoryVerbs
 from .output import read_page, read_tail
 from .principals import Caller, Principal
 from .safety import guard
-from .safety.gate import job_resource, job_text
+from .safety.audit import Audit, AuditLog
+from .safety.credentials import Credentials
+from .safety.gate import Gate, job_resource, job_text
 
 log = logging.getLogger(__name__)
+MAX_BATCH = 1000
 
 
-class Service(AccountVerbs, MemoryVerbs):
+class Service:
     def __init__(self, settings: Settings, db: Database, backend: Backend, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self.db = db
         self.metrics = metrics or Metrics()
-        self.backend = MeteredBackend(backend, self.metrics)
         self.watchers = Watchers(self.metrics)
-        self.reconciler = Reconciler(
-            db, self.backend, self.watchers, self.metrics, settings.tick_s, settings.max_backoff_s,
-            before_tick=self.submit_unsent, after_change=self.remember_outcomes,
-        )
-        self.in_flight: set[int] = set()
-        self.lanes: Lanes | None = Lanes(self) if settings.fastlane else None
-        from .memory.store import Memory
-
-        self.memory: Memory | None = Memory(db, settings.memory_share_account) if settings.memory else None
-        from .memory.facts import Facts
-        from .safety.audit import AuditLog
-
-        from .safety.credentials import Credentials
-        from .safety.gate import Gate
-
-        self.facts = Facts(db)
-        self.audit = AuditLog(settings.home / "audit.jsonl", settings.home / "audit.key", db.audit_head())
-        self.gate = Gate(settings, db, self.record)
+        self.lanes = Lanes(BackendLane(MeteredBackend(backend, self.metrics)))
+        self.audit = Audit(AuditLog(settings.home / "audit.jsonl", settings.home / "audit.key", db.audit_head()), db)
+        self.gate = Gate(settings, db)
         self.credentials = Credentials(db, self.gate)
+        self.accounts = Accounts(settings, db, self.credentials, self.gate, self.audit)
+        store = None
+        if settings.memory:
+            from .memory.store import Memory
 
-    # -- jobs ---------------------------------------------------------------------------
+            store = Memory(db, settings.memory_share_account)
+        self.memory = MemoryVerbs(settings, db, self.gate, self.audit, self.lanes, Facts(db), store)
+        self.progress = Progress(db, self.watchers, self.memory)
+        self.sender = Sender(db, self.lanes)
+        if settings.fastlane:
+            from .fastlane.lane import FastLane
+            from .fastlane.pilots import Pilots
 
-    async def _check_spec(self, spec: JobSpec) -> None:
-        if spec.workdir is not None:
-            wd = Path(spec.workdir)
-            if not wd.is_absolute():
-                raise InvalidRequest(f"workdir {spec.workdir!r} must be an absolute path")
-            if not wd.is_dir():
-                raise InvalidRequest(f"workdir {spec.workdir!r} does not exist; create it or pick another")
-        try:
-            # In a thread: the first call reads the cluster's limits, and a slow
-            # controller must not stall every other request on the event loop.
-            await asyncio.to_thread(self.backend.preflight, spec)
-        except BackendError as e:
-            # Limits unknown while the scheduler is away: record the job, the scheduler judges it later.
-            log.warning("preflight skipped, the scheduler's limits are unavailable: %s", e)
+            pilots = Pilots(settings, db, self.lanes.batch, self.sender)
+            self.lanes.add(FastLane(settings, db, self.lanes.batch, pilots, self.progress))
+        self.reconciler = Reconciler(db, self.lanes, self.sender, self.progress, self.metrics, settings.tick_s,
+                                     settings.max_backoff_s)
 
-    def _route(self, principal: Principal, spec: JobSpec) -> tuple[JobSpec, str]:
-        """Decide the lane: -> (spec with its lane, backend name to record)."""
-        if self.lanes is None:
-            if spec.lane == "fast":
-                raise InvalidRequest("lane 'fast': the fast lane is turned off at this facility",
-                                     hint="submit with lane 'batch'")
-            return spec.model_copy(update={"lane": "batch"}), self.backend.name
+    def authenticate(self, token: str | None, session: str | None = None) -> Caller:
+        """Token -> caller, on every request of every edge; rate-limits API calls."""
+        return self.credentials.authenticate(token, session)
+
+    # -- submit: the one path, for one job or a thousand --------------------------------
+
+    async def submit(self, caller: Caller, specs: list[JobSpec], idempotency_key: str | None = None,
+                     ) -> tuple[list[Job], bool]:
+        """Check, decide, record, send and audit jobs submitted together; a single
+        submission is a batch of one. -> (jobs, created). All are checked before any is
+        recorded. With a key this principal used before for the same request, returns
+        that request's jobs and submits nothing."""
+        what = {"jobs": len(specs), "command": (specs[0].command or "script")[:200] if specs else ""}
+        with self.audit.refusals(caller, "submit", what):
+            jobs, created, advice, rule = await self._record(caller, specs, idempotency_key)
+        if created:
+            p = caller.principal
+            await self.sender.send([(j, context(j, p)) for j in jobs if j.backend_id is None],
+                                   dispatch=len(specs) > 1)
+            self.reconciler.kick()
+            current = self.db.get_jobs([j.id for j in jobs])
+            jobs = [current.get(j.id, j) for j in jobs]
+        self.audit.record(caller, "submit", "allow", rule if created else "idempotent-replay",
+                          [{"job_id": j.id, "backend": j.backend, "backend_id": j.backend_id,
+                            "partition": j.spec.partition, "cpus": j.spec.cpus, "gpus": j.spec.gpus} for j in jobs])
+        return [j.with_advice(a) if a else j for j, a in zip(jobs, advice, strict=True)], created
+
+    async def _record(self, caller: Caller, specs: list[JobSpec], key: str | None,
+                      ) -> tuple[list[Job], bool, list[list[str]], str]:
+        """Everything before a job is sent: -> (jobs, created, advice per job, the rule that allowed)."""
+        n = len(specs)
+        if not 1 <= n <= MAX_BATCH:
+            raise InvalidRequest(f"a submission holds 1 to {MAX_BATCH} jobs; split it into several requests")
+        where = (lambda i: f"job {i}: ") if n > 1 else (lambda i: "")
+        digest = None
+        if key is not None:
+            if not 1 <= len(key) <= 200:
+                raise InvalidRequest("the idempotency key must be 1 to 200 characters")
+            digest = hashlib.blake2b("\n".join(s.model_dump_json() for s in specs).encode(), digest_size=16).hexdigest()
+            found = self.db.find_idempotent(caller.name, key, n)
+            if found is not None:
+                earlier, earlier_digest = found
+                if earlier_digest is not None and earlier_digest != digest:
+                    raise Conflict(f"idempotency key {key!r} was used for a different request (job "
+                                   f"{earlier[0].id}); a retry must send the same body",
+                                   hint="use a new key for a new request")
+                return earlier, False, [[] for _ in earlier], "idempotent-replay"
+        # A sweep repeats one spec: each distinct one is checked, decided, routed and advised once.
+        texts = [s.model_dump_json() for s in specs]
+        first: dict[str, int] = {}
+        for i, t in enumerate(texts):
+            first.setdefault(t, i)
+        distinct = {t: specs[i] for t, i in first.items()}
+        await asyncio.to_thread(self._preflight, {first[t]: s for t, s in distinct.items()}, where)
+        rule = "default"
+        for t, s in distinct.items():
+            with _prefixed(where(first[t])):
+                rule = self.gate.check(caller, "submit", "Job", job_resource(s, caller.name), text=job_text(s))
+        p = caller.principal
+        ready: dict[str, tuple[JobSpec, Lane] | Job] = {}
+        for t, s in distinct.items():
+            with _prefixed(where(first[t])):
+                ready[t] = await self._cached_or_routed(p, s)
+        routed = [ready[t] for t in texts]
+        new = [r for r in routed if not isinstance(r, Job)]
+        self.gate.admit(caller, [spec for spec, _ in new])
+        said: dict[str, list[str]] = {}
+        for t, r in ready.items():
+            if not isinstance(r, Job):
+                said[t] = self.memory.advise(p, r[0], first[t] if n > 1 else None)
+        with self.db.transaction():
+            made = iter(self.db.insert_jobs(caller.name, caller.session, [(lane.name, spec) for spec, lane in new],
+                                            caller.cap.path if caller.cap else None, key, digest))
+        jobs, advice = [], []
+        for t in texts:
+            r = ready[t]
+            if isinstance(r, Job):  # a cache hit: the earlier job's result stands
+                jobs.append(r)
+                advice.append([f"result reused from job {r.id}: same script, inputs, environment and resources "
+                               "(cache hit)"])
+            else:
+                jobs.append(next(made))
+                advice.append(said[t])
+        return jobs, True, advice, rule
+
+    def _preflight(self, specs: dict[int, JobSpec], where: Any) -> None:
+        """In a thread: workdirs are looked at on disk, and the first preflight reads the
+        cluster's limits (a slow controller must not stall every other request)."""
+        for i, spec in specs.items():
+            with _prefixed(where(i)):
+                if spec.workdir is not None:
+                    wd = Path(spec.workdir)
+                    if not wd.is_absolute():
+                        raise InvalidRequest(f"workdir {spec.workdir!r} must be an absolute path")
+                    if not wd.is_dir():
+                        raise InvalidRequest(f"workdir {spec.workdir!r} does not exist; create it or pick another")
+                try:
+                    self.lanes.batch.preflight(spec)
+                except BackendError as e:
+                    # Limits unknown while the scheduler is away: record the job, the scheduler judges it later.
+                    log.warning("preflight skipped, the scheduler's limits are unavailable: %s", e)
+
+    async def _cached_or_routed(self, principal: Principal, spec: JobSpec) -> tuple[JobSpec, Lane] | Job:
+        """The earlier job with this exact result (``cache``), else the spec routed to its lane."""
+        if spec.cache and self.memory.store is not None:
+            from .memory.store import CACHE_LABEL, cache_key
+
+            key = await asyncio.to_thread(cache_key, spec)  # hashes the inputs: off the event loop
+            earlier = self.memory.store.cached(principal, key)
+            job = self.db.get_job(earlier) if earlier is not None else None
+            if job is not None:
+                return job
+            spec = spec.model_copy(update={"labels": {**spec.labels, CACHE_LABEL: key}})
         return self.lanes.route(principal, spec)
 
-    async def submit(self, caller: Caller, spec: JobSpec, idempotency_key: str | None = None) -> tuple[Job, bool]:
-        """Record the job, then hand it to its lane. -> (job, created). With a key
-        already used by this principal, returns that job and submits nothing. Audited,
-        refusals too."""
-        try:
-            job, created = await self._submit(caller, spec, idempotency_key)
-        except CorralError as e:
-            if not e.audited:
-                self.record(caller, "submit", "deny", e.code, [{"command": (spec.command or "script")[:200]}])
-            raise
-        self.record(caller, "submit", "allow", "default" if created else "idempotent-replay",
-                    [{"job_id": job.id, "backend": job.backend, "backend_id": job.backend_id,
-                      "partition": job.spec.partition, "cpus": job.spec.cpus, "gpus": job.spec.gpus}])
-        return job, created
+    async def advice(self, caller: Caller, spec: JobSpec) -> dict[str, Any]:
+        """What corral would say of this submission, without submitting it."""
+        with self.audit.refusals(caller, "advice", {"command": (spec.command or "script")[:200]}):
+            await asyncio.to_thread(self._preflight, {0: spec}, lambda i: "")
+            rule = self.gate.check(caller, "advice", "Job", job_resource(spec, caller.name), text=job_text(spec))
+            said = self.memory.would_say(caller.principal, spec)
+        self.audit.record(caller, "advice", "allow", rule, [{"command": (spec.command or "script")[:200]}])
+        return said
 
-    async def _submit(self, caller: Caller, spec: JobSpec, idempotency_key: str | None) -> tuple[Job, bool]:
-        if idempotency_key is not None and not (1 <= len(idempotency_key) <= 200):
-            raise InvalidRequest("idempotency key must be 1-200 characters")
-        if idempotency_key is not None:
-            existing = self.db.find_idempotent(caller.name, idempotency_key)
-            if existing is not None:
-                return existing, False
-        await self._check_spec(spec)
-        self.gate.check(caller, "submit", "Job", job_resource(spec, caller.name), text=job_text(spec))
-        if spec.cache and self.memory is not None:
-            hit = await self._cache_hit(caller.principal, spec)
-            if isinstance(hit, Job):
-                return hit, False
-            spec = hit
-        spec, backend = self._route(caller.principal, spec)
-        self.gate.admit(caller, [spec])
-        advice = self._advise(caller.principal, spec)
-        job, created = self.db.insert_job(caller.name, caller.session, idempotency_key, backend, spec,
-                                          caller.cap.path if caller.cap else None)
-        if created:
-            await self._send(job, caller.principal)
-            self.reconciler.kick()
-        job = self.db.get_job(job.id) or job
-        return (job.with_advice(advice) if advice else job), created
+    # -- reading jobs -----------------------------------------------------------------------
 
-    async def _cache_hit(self, principal: Principal, spec: JobSpec) -> Job | JobSpec:
-        """The earlier job with this exact result, or the spec carrying its cache key."""
-        from .memory.store import CACHE_LABEL, cache_key
-
-        key = await asyncio.to_thread(cache_key, spec)  # hashes the inputs: off the event loop
-        earlier = self.memory.cached(principal, key) if self.memory else None
-        job = self.db.get_job(earlier) if earlier is not None else None
-        if job is not None:
-            return job.with_advice([f"result reused from job {job.id}: same script, inputs, "
-                                    "environment and resources (cache hit)"])
-        return spec.model_copy(update={"labels": {**spec.labels, CACHE_LABEL: key}})
-
-    async def submit_many(self, caller: Caller, specs: list[JobSpec]) -> list[Job]:
-        """Many jobs in one call; audited, a refused batch too."""
-        try:
-            return await self._submit_many(caller, specs)
-        except CorralError as e:
-            if not e.audited:
-                self.record(caller, "submit", "deny", e.code, [{"batch": len(specs)}])
-            raise
-
-    async def _submit_many(self, caller: Caller, specs: list[JobSpec]) -> list[Job]:
-        """Many jobs in one call (an agent's sweep of tiny tasks): one preflight pass, one
-        transaction, then each is handed to its lane. All are checked before any is recorded."""
-        if not 1 <= len(specs) <= 1000:
-            raise InvalidRequest("a batch holds 1 to 1000 jobs")
-        for i, spec in enumerate(specs):
-            try:
-                if spec.workdir is not None and not (Path(spec.workdir).is_absolute() and Path(spec.workdir).is_dir()):
-                    raise InvalidRequest(f"workdir {spec.workdir!r} must be an absolute path to a directory that exists")
-            except InvalidRequest as e:
-                raise InvalidRequest(f"job {i}: {e.message}", hint=e.hint) from None
-        keys = [s.model_dump_json() for s in specs]
-        distinct = list(dict(zip(keys, specs)).values())
-
-        def preflight_all() -> None:
-            for s in distinct:
-                try:
-                    self.backend.preflight(s)
-                except InvalidRequest as e:
-                    raise InvalidRequest(f"job {specs.index(s)}: {e.message}", hint=e.hint) from None
-
-        try:
-            await asyncio.to_thread(preflight_all)
-        except BackendError as e:
-            log.warning("preflight skipped, the scheduler's limits are unavailable: %s", e)
-        for s in distinct:
-            try:
-                self.gate.check(caller, "submit", "Job", job_resource(s, caller.name), text=job_text(s))
-            except CorralError as e:
-                e.message = f"job {specs.index(s)}: {e.message}"
-                raise
-        p = caller.principal
-        # A sweep repeats one spec: route it and ask memory once per distinct one.
-        routes: dict[str, tuple[JobSpec, str]] = {}
-        seen: dict[str, list[str]] = {}
-        routed, advice = [], []
-        for key, s in zip(keys, specs, strict=True):
-            if key not in routes:
-                routes[key] = self._route(p, s)
-            routed.append(routes[key])
-        self.gate.admit(caller, [spec for spec, _ in routed])
-        for i, (key, (spec, _)) in enumerate(zip(keys, routed, strict=True)):
-            if key not in seen:
-                seen[key] = self._advise(p, spec, i)
-            advice.append(seen[key])
-        with self.db.transaction():
-            jobs = self.db.insert_jobs(caller.name, caller.session, [
-                (backend, self.lanes.prefix(p, spec) if backend == FAST and self.lanes else None, spec)
-                for spec, backend in routed], caller.cap.path if caller.cap else None)
-        # Recorded first, then run: a crash in between leaves fast-lane jobs without a
-        # journal entry, which the restart recovery sends again (never twice: not started).
-        for job in jobs:
-            if job.backend == FAST and self.lanes is not None:  # no thread hop: straight into the pool
-                self.lanes.enqueue(job, SubmitContext(job.id, p.name, p.kind.value, p.sponsor, job.session,
-                                                      p.unix_user, p.account), p)
-            else:
-                await self._send(job, p)
-        if self.lanes is not None:
-            self.lanes.dispatch()
-        self.reconciler.kick()
-        self.record(caller, "submit", "allow", "default", [{"job_id": j.id, "backend": j.backend, "backend_id": j.backend_id}
-                                                          for j in jobs])
-        return [j.with_advice(a) if a else j for j, a in zip(jobs, advice, strict=True)]
-
-    async def _send(self, job: Job, principal: Principal, *, raise_backend: bool = False) -> None:
-        ctx = SubmitContext(job.id, principal.name, principal.kind.value, principal.sponsor, job.session,
-                            principal.unix_user, principal.account)
-        if job.backend == FAST and self.lanes is not None:
-            self.lanes.send(job, ctx, principal)
-            return
-        self.in_flight.add(job.id)
-        try:
-            backend_id = await asyncio.to_thread(self.backend.submit, ctx, job.spec)
-            self.db.set_backend_id(job.id, backend_id)
-            current = self.db.get_job(job.id)
-            if current is not None and current.state is JobState.CANCELLED:
-                # Cancelled while its submission was on the way: do not let it run.
-                await asyncio.to_thread(self.backend.cancel, [backend_id])
-        except BackendError as e:
-            # Keep the job: the reconciler resends it once the scheduler answers again.
-            log.warning("submit of job %s deferred: %s", job.id, e)
-            self.db.update_job(job.id, JobState.PENDING, reason=f"waiting for the scheduler: {e.message}")
-            if raise_backend:
-                raise
-        except CorralError as e:
-            self.db.update_job(job.id, JobState.FAILED, reason=f"refused by the backend: {e.message}", end_time=time.time())
-        finally:
-            self.in_flight.discard(job.id)
-
-    async def submit_unsent(self) -> None:
-        """Send jobs recorded but never handed to the backend (a crash, or the backend was
-        down). Runs in the reconciler: a failure there marks the backend degraded and
-        backs off, and the rest wait for the next try."""
-        for job in self.db.active_jobs(unsent=True):
-            if job.id not in self.in_flight:
-                principal = self.db.get_principal(job.principal)
-                if principal is not None:
-                    await self._send(job, principal, raise_backend=True)
+    def _may_read(self, caller: Caller) -> None:
+        with self.audit.refusals(caller, "status", {"owner": caller.name}):
+            self.gate.check_status(caller)
 
     def get_job(self, caller: Caller, job_id: int) -> Job:
-        self.gate.check_status(caller)
+        self._may_read(caller)
         job = self.db.get_job(job_id)
         # Another principal's job is indistinguishable from a missing one.
         if job is None or not caller.sees(job.principal):
@@ -257,7 +212,7 @@ class Service(AccountVerbs, MemoryVerbs):
         self, caller: Caller, states: Iterable[str] | None = None, session: str | None = None,
         principal: str | None = None, limit: int = 50, offset: int = 0,
     ) -> list[Job]:
-        self.gate.check_status(caller)
+        self._may_read(caller)
         parsed = [self.parse_state(s) for s in states or []]
         if not 1 <= limit <= 1000:
             raise InvalidRequest("limit must be between 1 and 1000")
@@ -281,24 +236,22 @@ class Service(AccountVerbs, MemoryVerbs):
             ) from None
 
     async def cancel(self, caller: Caller, job_ids: list[int]) -> list[Job]:
-        try:
+        with self.audit.refusals(caller, "cancel", {"job_ids": job_ids[:100]}):
             jobs = [self.get_job(caller, j) for j in job_ids]
+            rule = "own-or-sponsored"
             for j in jobs:
-                self.gate.check(caller, "cancel", "Job", {"id": j.id, **job_resource(j.spec, j.principal)})
-        except CorralError as e:
-            if not e.audited:
-                self.record(caller, "cancel", "deny", e.code, [{"job_ids": job_ids[:100]}])
-            raise
-        self.record(caller, "cancel", "allow", "own-or-sponsored", [{"job_id": j.id, "backend_id": j.backend_id}
-                                                                    for j in jobs])
-        live = [j for j in jobs if not j.terminal and j.backend_id]
-        fast = [j for j in live if j.backend == FAST]
-        batch = [j for j in live if j.backend != FAST]
-        if fast and self.lanes is not None:
-            await self.lanes.cancel(fast)
-        if batch:
-            await asyncio.to_thread(self.backend.cancel, [j.backend_id for j in batch])  # type: ignore[misc]
-            self.reconciler.kick()
+                rule = self.gate.check(caller, "cancel", "Job", {"id": j.id, **job_resource(j.spec, j.principal)})
+        self.audit.record(caller, "cancel", "allow", rule, [{"job_id": j.id, "backend_id": j.backend_id}
+                                                            for j in jobs])
+        by_lane: dict[str, list[str]] = {}
+        for j in jobs:
+            if not j.terminal and j.backend_id:
+                by_lane.setdefault(j.backend, []).append(j.backend_id)
+        for name, ids in by_lane.items():
+            lane = self.lanes.by_name.get(name)
+            if lane is not None:
+                self.progress.ended(await lane.cancel(ids))
+        self.reconciler.kick()
         for j in jobs:
             if not j.terminal and j.backend_id is None:
                 self.db.update_job(j.id, JobState.CANCELLED, reason="cancelled before it reached the scheduler",
@@ -334,7 +287,7 @@ class Service(AccountVerbs, MemoryVerbs):
             raise InvalidRequest(f"timeout must be between 0 and {self.settings.wait_max_s:.0f} seconds")
         if not 1 <= len(job_ids) <= 10_000:
             raise InvalidRequest("wait for 1 to 10,000 jobs at once")
-        self.gate.check_status(caller)
+        self._may_read(caller)
         ids = list(dict.fromkeys(job_ids))
         deadline = time.monotonic() + timeout
         terminal = {s.value for s in TERMINAL_STATES}
@@ -355,17 +308,21 @@ class Service(AccountVerbs, MemoryVerbs):
         self, caller: Caller, job_id: int, stream: str = "stdout", offset: int = 0,
         limit: int = 64 * 1024, tail: int | None = None,
     ) -> dict[str, Any]:
-        job = self.get_job(caller, job_id)
-        if stream not in ("stdout", "stderr"):
-            raise InvalidRequest("stream must be 'stdout' or 'stderr'")
-        self.gate.check(caller, "read_output", "Job", {"id": job.id, **job_resource(job.spec, job.principal)},
-                        audit_allow=True, audit_resource={"job_id": job.id, "stream": stream,
-                                                          "backend_id": job.backend_id})
+        where = {"job_id": job_id, "stream": stream}
+        with self.audit.refusals(caller, "read_output", where):
+            job = self.get_job(caller, job_id)
+            if stream not in ("stdout", "stderr"):
+                raise InvalidRequest("stream must be 'stdout' or 'stderr'")
+            rule = self.gate.check(caller, "read_output", "Job", {"id": job.id, **job_resource(job.spec, job.principal)})
+        self.audit.record(caller, "read_output", "allow", rule, [{**where, "backend_id": job.backend_id}])
         if offset < 0 or limit < 1 or (tail is not None and tail < 0):
             raise InvalidRequest("offset and tail must be >= 0 and limit >= 1")
         if job.backend_id is None:
             return {"data": "", "offset": 0, "next_offset": 0, "size": 0, "eof": job.terminal, "stream": stream}
-        paths = self._output_paths(job)
+        lane = self.lanes.by_name.get(job.backend)
+        if lane is None:
+            raise NotFound(f"the output of job {job.id} is gone: its lane {job.backend!r} is not offered any more")
+        paths = lane.output_paths(job.backend_id)
         path = paths.stdout if stream == "stdout" else paths.stderr
         page = read_tail(path, tail, limit) if tail is not None else read_page(path, offset, limit)
         # Job output is untrusted: whatever ran may have printed instructions or secrets.
@@ -374,35 +331,21 @@ class Service(AccountVerbs, MemoryVerbs):
         if found.secrets or found.flagged:
             page["guard"] = found.report()
         if found.flagged:
-            self.gate.taint(caller, f"job {job.id} {stream}: {', '.join(found.injection)}")
+            reason = f"job {job.id} {stream}: {', '.join(found.injection)}"
+            if self.gate.taint(caller, reason):
+                self.audit.record(caller, "taint", "allow", "guard", [{"reason": reason[:200]}])
         page["stream"] = stream
         page["job_state"] = job.state.value
         return page
-
-    # -- audit --------------------------------------------------------------------------
-
-    def record(self, caller: Caller, action: str, decision: str, rule: str, resources: list[dict[str, Any]]) -> None:
-        """Append decisions to the audit chain (one record per resource) and keep its head."""
-        p = caller.principal
-        who = {"principal": p.name, "kind": p.kind.value, "sponsor": p.sponsor, "session": caller.session,
-               "action": action, "decision": decision, "rule": rule}
-        head = self.audit.append([{**who, **r} for r in resources] or [who])
-        self.db.set_audit_head(*head)
-
-    def _output_paths(self, job: Job) -> Any:
-        assert job.backend_id is not None
-        if job.backend == FAST and self.lanes is not None:
-            return self.lanes.fast.output_paths(job.backend_id)
-        return self.backend.output_paths(job.backend_id)
 
     # -- facility ---------------------------------------------------------------------------
 
     async def facility(self, caller: Caller | None) -> dict[str, Any]:
         """Partitions, limits and queue pressure; with a caller, also who it is and its usage."""
-        parts = await asyncio.to_thread(self.backend.partitions)  # may ask the scheduler once
+        parts = await asyncio.to_thread(self.lanes.batch.partitions)  # may ask the scheduler once
         counts = self.db.count_jobs()
         info: dict[str, Any] = {
-            "backend": self.backend.name,
+            "backend": self.lanes.batch.name,
             "partitions": [
                 {"name": p.name, "default": p.default, "max_cpus": p.max_cpus, "max_memory_mb": p.max_memory_mb,
                  "max_gpus": p.max_gpus, "max_walltime_s": p.max_walltime_s}
@@ -410,9 +353,11 @@ class Service(AccountVerbs, MemoryVerbs):
             ],
             "queue": {"pending": counts.get("PENDING", 0), "running": counts.get("RUNNING", 0)},
             "degraded": self.reconciler.degraded,
-            "fast_lane": self.lanes.describe() if self.lanes else {"enabled": False},
         }
-        facts = self.facts.current()
+        for lane in self.lanes:
+            if lane is not self.lanes.batch:
+                info[f"{lane.name}_lane"] = lane.describe()
+        facts = self.memory.facts.current()
         info["facts"] = {"version": facts["version"], "updated": facts["updated"], "changes": facts["changes"],
                          "modules": (facts["facts"].get("modules") or [])[:200],
                          "filesystems": facts["facts"].get("filesystems", {})}
@@ -421,10 +366,26 @@ class Service(AccountVerbs, MemoryVerbs):
             info["you"] = {"principal": caller.name, "kind": caller.principal.kind.value,
                            "sponsor": caller.principal.sponsor, "session": caller.session, "active_jobs": len(mine),
                            "usage": self.db.usage([caller.name]),
-                           # Budgets and rate limits arrive with the safety layer; say so, not nothing.
-                           "quotas": None, "quotas_note": "no quotas or budgets are configured at this facility yet"}
+                           "quotas": caller.cap.limits if caller.cap else None,
+                           "quotas_note": None if caller.cap else "this token carries no budgets or caps"}
         return info
 
     def health(self) -> dict[str, Any]:
-        return {"ok": self.reconciler.degraded is None, "backend": self.backend.name,
+        return {"ok": self.reconciler.degraded is None, "backend": self.lanes.batch.name,
                 "degraded": self.reconciler.degraded, "last_tick": self.reconciler.last_tick}
+
+
+class _prefixed:
+    """Errors raised inside name the job of a batch they are about ("job 3: ...")."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        if self.prefix and isinstance(exc, CorralError) and not exc.message.startswith(self.prefix):
+            exc.message = self.prefix + exc.message
+            exc.args = (exc.message,)
+        return False

@@ -288,22 +288,24 @@ def test_an_allocation_still_being_submitted_is_not_sent_twice(tmp_path) -> None
 
     service = build_service(Settings(home=tmp_path / "home", tick_s=0.05, local_cpus=4, fastlane_cpus=2,
                                      fastlane_memory_mb=512))
-    service.bootstrap_admin()
+    service.accounts.bootstrap_admin()
     admin = service.authenticate((tmp_path / "home" / "admin.token").read_text().strip())
-    real, sent = service.backend.submit, []
+    backend = service.lanes.batch.backend
+    real, sent = backend.submit, []
 
     def slow_submit(ctx: Any, spec: JobSpec) -> str:
         sent.append(ctx.job_id)
         time.sleep(0.6)  # a slow sbatch: several reconciler ticks pass meanwhile
         return real(ctx, spec)
 
-    service.backend.submit = slow_submit  # type: ignore[method-assign]
+    backend.submit = slow_submit  # type: ignore[method-assign]
 
     async def scenario() -> None:
-        assert service.lanes is not None
-        loops = [asyncio.create_task(service.reconciler.run()), asyncio.create_task(service.lanes.run())]
+        fast = service.lanes["fast"]
+        loops = [asyncio.create_task(service.reconciler.run()), asyncio.create_task(fast.run())]
         try:
-            job, _ = await service.submit(admin, JobSpec(command="true", lane="fast", walltime="30s", memory="256M"))
+            (job,), _ = await service.submit(admin, [JobSpec(command="true", lane="fast", walltime="30s",
+                                                             memory="256M")])
             for _ in range(100):
                 await asyncio.sleep(0.1)
                 if service.db.get_job(job.id).terminal:  # type: ignore[union-attr]
@@ -312,7 +314,7 @@ def test_an_allocation_still_being_submitted_is_not_sent_twice(tmp_path) -> None
         finally:
             for t in loops:
                 t.cancel()
-            await service.lanes.close()
+            await fast.close()
 
     asyncio.run(scenario())
     assert len(sent) == len(set(sent)) == 1, sent  # one allocation, sent once
@@ -326,24 +328,24 @@ def test_an_outcome_is_kept_when_memory_cannot_record_it(tmp_path) -> None:
     from corral.server import build_service
 
     service = build_service(Settings(home=tmp_path / "home", local_cpus=4, fastlane_cpus=2, fastlane_memory_mb=512))
-    service.bootstrap_admin()
+    service.accounts.bootstrap_admin()
     admin = service.authenticate((tmp_path / "home" / "admin.token").read_text().strip())
 
     def broken(job_ids: list[int]) -> None:
         raise RuntimeError("the episodes table is unwritable")
 
-    service.remember_outcomes = broken  # type: ignore[method-assign]
+    service.memory.remember_outcomes = broken  # type: ignore[method-assign]
 
     async def scenario() -> None:
-        assert service.lanes is not None
         try:
-            job, _ = await service.submit(admin, JobSpec(command="true", lane="fast", walltime="30s", memory="256M"))
+            (job,), _ = await service.submit(admin, [JobSpec(command="true", lane="fast", walltime="30s",
+                                                             memory="256M")])
             now = time.time()
-            service.lanes.record([{"job_id": job.id, "state": "COMPLETED", "exit_code": 0, "start": now,
-                                   "end": now, "cpu_s": 0.001, "reason": None}])
+            service.progress.ended([{"job_id": job.id, "state": "COMPLETED", "exit_code": 0, "start": now,
+                                     "end": now, "cpu_s": 0.001, "reason": None}])
             stored = service.db.get_job(job.id)
             assert stored is not None and stored.state.value == "COMPLETED" and stored.exit_code == 0
         finally:
-            await service.lanes.close()
+            await service.lanes["fast"].close()
 
     asyncio.run(scenario())

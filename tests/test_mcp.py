@@ -90,7 +90,7 @@ async def full_loop(client: Client, workdir: str) -> dict[str, Any]:
 def test_in_process(tmp_path) -> None:
     settings = Settings(home=tmp_path / "home", tick_s=0.1, local_cpus=2)
     service = build_service(settings)
-    service.bootstrap_admin()
+    service.accounts.bootstrap_admin()
     token = settings.admin_token_path.read_text().strip()
     mcp = build_mcp(lambda ctx: ServiceOps(service, token, "inproc-1"), lambda: service.facility(None))
 

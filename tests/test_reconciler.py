@@ -62,7 +62,7 @@ def make(tmp_path, tick: float = 0.05) -> tuple[Service, ScriptedBackend]:
     backend = ScriptedBackend()
     settings = Settings(home=tmp_path, tick_s=tick, max_backoff_s=0.4)
     svc = Service(settings, Database(tmp_path / "db"), backend)
-    svc.bootstrap_admin()
+    svc.accounts.bootstrap_admin()
     return svc, backend
 
 
@@ -75,7 +75,7 @@ def test_one_status_call_per_tick_for_many_waiters(tmp_path) -> None:
 
     async def scenario() -> list[JobState]:
         caller = admin(svc)
-        jobs = [(await svc.submit(caller, JobSpec(command="x")))[0] for _ in range(50)]
+        jobs = [(await svc.submit(caller, [JobSpec(command="x")]))[0][0] for _ in range(50)]
         runner = asyncio.create_task(svc.reconciler.run())
         waits = [asyncio.create_task(svc.wait(caller, j.id, timeout=10)) for j in jobs]
         await asyncio.sleep(0.3)
@@ -96,7 +96,7 @@ def test_backoff_degraded_and_recovery(tmp_path) -> None:
 
     async def scenario() -> tuple[str | None, int, bool, JobState]:
         caller = admin(svc)
-        job = (await svc.submit(caller, JobSpec(command="x")))[0]
+        job = (await svc.submit(caller, [JobSpec(command="x")]))[0][0]
         backend.failing = True
         runner = asyncio.create_task(svc.reconciler.run())
         await asyncio.sleep(1.0)
@@ -106,7 +106,7 @@ def test_backoff_degraded_and_recovery(tmp_path) -> None:
         # without asking the backend.
         before = len(backend.status_calls)
         answered = svc.get_job(caller, job.id).id == job.id and len(backend.status_calls) == before
-        queued, _ = await svc.submit(caller, JobSpec(command="y"))
+        (queued,), _ = await svc.submit(caller, [JobSpec(command="y")])
         backend.failing = False
         backend.states[str(job.id)] = JobState.COMPLETED
         final, _ = await svc.wait(caller, job.id, timeout=5)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 from pydantic import ValidationError
 
@@ -103,9 +105,13 @@ def test_db_migrates_idempotency_and_terminal_states(tmp_path) -> None:
     assert db.version == len(MIGRATIONS)
     db.add_principal(Principal("alice", Kind.HUMAN))
     spec = JobSpec(command="true")
-    a, created_a = db.insert_job("alice", "s", "k", "local", spec)
-    b, created_b = db.insert_job("alice", "s", "k", "local", spec)
-    assert created_a and not created_b and a.id == b.id
+    with db.transaction():
+        a, a2 = db.insert_jobs("alice", "s", [("local", spec), ("local", spec)], idem_key="k", digest="d1")
+    assert db.find_idempotent("alice", "new", 2) is None
+    found = db.find_idempotent("alice", "k", 2)
+    assert found is not None and [j.id for j in found[0]] == [a.id, a2.id] and found[1] == "d1"
+    with pytest.raises(sqlite3.IntegrityError):  # a key names one request of its principal
+        db.insert_jobs("alice", "s", [("local", spec)], idem_key="k")
     db.update_job(a.id, JobState.COMPLETED, exit_code=0, end_time=1.0)
     db.update_job(a.id, JobState.RUNNING)  # a late report never resurrects a finished job
     assert db.get_job(a.id).state is JobState.COMPLETED  # type: ignore[union-attr]
@@ -137,9 +143,9 @@ def test_config_file_env_and_unknown_keys(tmp_path, monkeypatch) -> None:
 def test_usage_sums_cpu_and_gpu_hours(tmp_path) -> None:
     db = Database(tmp_path / "u.db")
     db.add_principal(Principal("a", Kind.HUMAN))
-    done, _ = db.insert_job("a", None, None, "local", JobSpec(command="x", cpus=4, gpus=2))
+    done = db.insert_job("a", None, "local", JobSpec(command="x", cpus=4, gpus=2, lane="batch"))
     db.update_job(done.id, JobState.COMPLETED, start_time=1000.0, end_time=1000.0 + 1800)
-    db.insert_job("a", None, None, "local", JobSpec(command="never started"))
+    db.insert_job("a", None, "local", JobSpec(command="never started"))
     u = db.usage(["a"])
     assert (u["jobs_by_state"], u["cpu_hours"], u["gpu_hours"]) == ({"COMPLETED": 1, "PENDING": 1}, 2.0, 1.0)
     assert u["by_lane"] == {"batch": {"cpu_hours": 2.0, "gpu_hours": 1.0, "jobs": 1}}

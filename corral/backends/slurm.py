@@ -33,7 +33,7 @@ import shlex
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .. import proc
 from ..errors import BackendError, CorralError, InvalidRequest
@@ -52,7 +52,8 @@ class SlurmBackend:
     name = "slurm"
 
     def __init__(self, jobs_dir: Path, slurm_conf: str | None = None, agent_nice: int = 100,
-                 agent_qos: str | None = None, timeout_s: float = 30.0, poll_s: float = 10.0) -> None:
+                 agent_qos: str | None = None, timeout_s: float = 30.0, poll_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.jobs_dir = Path(jobs_dir).resolve()
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.slurm_conf = slurm_conf or os.environ.get("SLURM_CONF")
@@ -61,9 +62,14 @@ class SlurmBackend:
         self.timeout_s = timeout_s
         self._limits: list[Partition] | None = None
         self._limits_key: tuple[float, int] | None = None
-        self._dirs: dict[str, Path] = {}  # Slurm job id -> corral's job directory
+        self._dirs: dict[str, Path] = {}  # Slurm job id -> corral's job directory, while corral asks
+        self._indexed = False
         self.poll_s = poll_s
-        self._last_poll = 0.0
+        self.clock = clock
+        self._last_poll: float | None = None
+        """When squeue was last asked (``clock``); None: ask at the next status call. (Not
+        0.0: the monotonic clock counts from boot, and a host up for less than poll_s
+        would wait for its first poll.)"""
         self._known: dict[str, BackendStatus] = {}  # last answer per live job, between full polls
         self._final: dict[str, BackendStatus] = {}  # a terminal answer never changes
 
@@ -90,7 +96,7 @@ class SlurmBackend:
             found = self._find_submitted(f"corral-{ctx.job_id}", (d / "nonce").read_text().strip())
             if found:
                 recorded.write_text(found)
-                self._dirs[found] = d
+                self._index(found, d)
                 return found
         d.mkdir(parents=True, exist_ok=True)
         if not (d / "nonce").exists():
@@ -112,17 +118,29 @@ class SlurmBackend:
         if not backend_id.isdigit():
             raise BackendError(f"sbatch answered {out!r}, not a job id", argv=argv)
         recorded.write_text(backend_id)
-        self._dirs[backend_id] = d
+        self._index(backend_id, d)
         self._known[backend_id] = BackendStatus(backend_id, JobState.PENDING, reason="submitted")
         return backend_id
 
     def _dir_of(self, backend_id: str) -> Path | None:
         d = self._dirs.get(backend_id)
-        if d is None:  # after a restart: index the job directories once
-            for rec in self.jobs_dir.glob("*/backend_id"):
-                self._dirs[rec.read_text().strip()] = rec.parent
-            d = self._dirs.get(backend_id)
+        if d is None:  # forgotten, or after a restart: the index on disk
+            link = self.jobs_dir / "by-slurm-id" / backend_id
+            if link.is_symlink():
+                d = self._dirs[backend_id] = link.resolve()
+            elif not self._indexed:  # directories of jobs submitted before the index existed: once
+                self._indexed = True
+                for rec in self.jobs_dir.glob("*/backend_id"):
+                    self._dirs.setdefault(rec.read_text().strip(), rec.parent)
+                d = self._dirs.get(backend_id)
         return d
+
+    def _index(self, backend_id: str, d: Path) -> None:
+        self._dirs[backend_id] = d
+        link = self.jobs_dir / "by-slurm-id" / backend_id
+        link.parent.mkdir(exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(d)
 
     def render(self, ctx: SubmitContext, spec: JobSpec, d: Path, nonce: str = "-") -> str:
         """The batch script: resources and provenance as #SBATCH lines, then the work."""
@@ -177,10 +195,10 @@ class SlurmBackend:
                 out[jid] = told
             else:
                 unsure.append(jid)
-        if unsure and time.monotonic() - self._last_poll >= self.poll_s:
+        if unsure and (self._last_poll is None or self.clock() - self._last_poll >= self.poll_s):
             # Stamped before polling: _poll resets it to ask again next tick when
             # accounting lags, and that reset must not be overwritten.
-            self._last_poll = time.monotonic()
+            self._last_poll = self.clock()
             out.update(self._poll(unsure))
         for jid in unsure:
             if jid not in out and jid in self._known:
@@ -243,7 +261,7 @@ class SlurmBackend:
                     out[jid] = final[jid]
                 elif jid in ended:  # accounting lags squeue by a few seconds
                     out[jid] = BackendStatus(jid, JobState.RUNNING, reason="ended; waiting for accounting")
-                    self._last_poll = 0.0  # look again next tick, not in poll_s
+                    self._last_poll = None  # look again next tick, not in poll_s
         return out
 
     def _accounting(self, ids: Sequence[str]) -> dict[str, BackendStatus]:
@@ -279,7 +297,15 @@ class SlurmBackend:
     def cancel(self, backend_ids: Sequence[str]) -> None:
         if backend_ids:
             self._run("scancel", *backend_ids)
-            self._last_poll = 0.0  # a cancelled job says nothing itself: ask Slurm next tick
+            self._last_poll = None  # a cancelled job says nothing itself: ask Slurm next tick
+
+    def forget(self, backend_ids: Sequence[str]) -> None:
+        """The core recorded these jobs' ends: their answers and directories need not be
+        kept here (a directory is found again on disk if its output is read later)."""
+        for jid in backend_ids:
+            self._final.pop(jid, None)
+            self._known.pop(jid, None)
+            self._dirs.pop(jid, None)
 
     def output_paths(self, backend_id: str) -> OutputPaths:
         d = self._dir_of(backend_id) or self.jobs_dir / "missing"

@@ -1,5 +1,7 @@
-"""The reconciler: once per tick, one ``backend.status`` call for every active job;
-changes go to the database and wake the long-polls waiting on those jobs.
+"""The reconciler: once per tick, jobs never sent are sent (``Sender.send_unsent``), then
+one ``status`` call per polled lane for all of its active jobs; changes go to the
+database, wake the long-polls waiting on those jobs and become memory's episodes
+(``Progress``). Lanes that report themselves (the fast lane) are never polled.
 
 N agents waiting on their jobs therefore cost the scheduler one status call per
 tick, not N. When the backend fails, ticks back off exponentially (tick, 2x, 4x ...
@@ -13,12 +15,17 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from typing import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from ..db import Database
 from ..errors import CorralError
 from ..jobs import JobState
-from .metrics import MeteredBackend, Metrics
+from .metrics import Metrics
+
+if TYPE_CHECKING:
+    from ..lanes import Lanes
+    from .progress import Progress
+    from .sender import Sender
 
 log = logging.getLogger(__name__)
 
@@ -58,22 +65,20 @@ class Reconciler:
     def __init__(
         self,
         db: Database,
-        backend: MeteredBackend,
-        watchers: Watchers,
+        lanes: "Lanes",
+        sender: "Sender",
+        progress: "Progress",
         metrics: Metrics,
         tick_s: float,
         max_backoff_s: float = 30.0,
-        before_tick: Callable[[], Awaitable[None]] | None = None,
-        after_change: Callable[[list[int]], None] | None = None,
     ) -> None:
         self.db = db
-        self.backend = backend
-        self.watchers = watchers
+        self.lanes = lanes
+        self.sender = sender
+        self.progress = progress
         self.metrics = metrics
         self.tick_s = tick_s
         self.max_backoff_s = max_backoff_s
-        self.before_tick = before_tick
-        self.after_change = after_change
         self.degraded: str | None = None
         self.last_tick: float | None = None
         self._kick = asyncio.Event()
@@ -114,33 +119,38 @@ class Reconciler:
                 pass
 
     async def tick(self) -> None:
-        if self.before_tick is not None:
-            await self.before_tick()
-        # Fast-lane tasks report themselves (corral/fastlane/bridge.py): only batch jobs are polled.
-        active = self.db.active_jobs(polled=True)
+        await self.sender.send_unsent()
+        active = self.db.active_jobs(lanes=self.lanes.polled())
         self.metrics.active_jobs.set(len(active))
         if not active:
             return
         t0 = time.perf_counter()
-        statuses = await asyncio.to_thread(self.backend.status, [j.backend_id for j in active])  # type: ignore[misc]
-        self.metrics.ticks.inc()
-        changed: list[int] = []
+        by_lane: dict[str, list] = defaultdict(list)
         for job in active:
-            st = statuses.get(job.backend_id)  # type: ignore[arg-type]
-            if st is None:
-                if job.state is not JobState.UNKNOWN:
-                    self.db.update_job(job.id, JobState.UNKNOWN, reason="the backend has no record of this job")
+            by_lane[job.backend].append(job)
+        changed: list[int] = []
+        for name, jobs in by_lane.items():
+            lane = self.lanes[name]
+            statuses = await lane.status([j.backend_id for j in jobs if j.backend_id])
+            ended: list[str] = []
+            for job in jobs:
+                st = statuses.get(job.backend_id or "")
+                if st is None:
+                    if job.state is not JobState.UNKNOWN:
+                        self.db.update_job(job.id, JobState.UNKNOWN, reason="the backend has no record of this job")
+                        changed.append(job.id)
+                    continue
+                if (st.state, st.exit_code, st.reason, st.start_time) != (job.state, job.exit_code, job.reason,
+                                                                           job.start_time):
+                    self.db.update_job(job.id, st.state, exit_code=st.exit_code, reason=st.reason,
+                                       start_time=st.start_time, end_time=st.end_time)
                     changed.append(job.id)
-                continue
-            if (st.state, st.exit_code, st.reason, st.start_time) != (job.state, job.exit_code, job.reason, job.start_time):
-                self.db.update_job(
-                    job.id, st.state, exit_code=st.exit_code, reason=st.reason,
-                    start_time=st.start_time, end_time=st.end_time,
-                )
-                changed.append(job.id)
+                if st.state.terminal:
+                    ended.append(st.backend_id)
+            if ended:  # recorded: what the lane kept of these jobs may go
+                lane.forget(ended)
+        self.metrics.ticks.inc()
         self.last_tick = time.time()
         self.metrics.tick_seconds.observe(time.perf_counter() - t0)
         if changed:
-            self.watchers.notify(changed)
-            if self.after_change is not None:
-                self.after_change(changed)
+            self.progress.changed(changed)

@@ -1,8 +1,9 @@
-"""The fast lane as the service sees it: routing, pools by owner, and the Backend
-verbs (submit, status, cancel, output paths) for tasks, so that a fast-lane task is a
-job like any other to every edge.
+"""The fast lane as a lane (corral/lanes.py): routing, pools by owner, and the lane
+verbs (submit, cancel, output paths) for tasks, so that a fast-lane task is a job like
+any other to every edge. It reports itself: starts and outcomes are pushed by the
+workers into the service's Progress; the reconciler never polls it.
 
-Routing (``route``): ``batch`` always goes to the scheduler; ``fast`` must fit an
+Routing (``claim``): ``batch`` always goes to the scheduler; ``fast`` must fit an
 allocation's shape and the task walltime cap, or is refused saying why; ``auto`` goes
 fast when it fits and the pool's breaker is closed, else batch.
 
@@ -19,20 +20,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import os
 import pwd
 import socket
-import sys
+import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from ..backends import Backend, OutputPaths, SubmitContext, base_env
+from ..backends import BackendStatus, OutputPaths, SubmitContext, base_env
 from ..config import Settings
 from ..errors import InvalidRequest, NotFound
-from ..jobs import JobSpec, JobState
+from ..jobs import JobSpec
+from ..lanes import BackendLane, Sent
+from ..principals import PILOT_PRINCIPAL, Principal
 from . import launcher
-from .pool import Hooks, Pool, PoolConfig, PoolKey, Shape, Task
+from .pool import Allocations, Pool, PoolConfig, PoolKey, Reports, Shape, Task
+
+if TYPE_CHECKING:
+    from ..db import Database
 
 log = logging.getLogger("corral.fastlane")
 FAST = "fast"
@@ -46,18 +51,19 @@ def parse_id(backend_id: str) -> tuple[str, int]:
 
 class FastLane:
     name = FAST
+    reports_itself = True
 
-    def __init__(self, settings: Settings, batch: Backend,
-                 start_allocation: Callable[[Pool, JobSpec], Awaitable[int]],
-                 stop_allocation: Callable[[int], Awaitable[None]],
-                 allocation_state: Callable[[int], tuple[JobState, str | None]],
-                 done: Callable[[list[dict[str, Any]]], None], started: Callable[[dict[int, float]], None]) -> None:
+    def __init__(self, settings: Settings, db: "Database", batch: BackendLane, allocations: Allocations,
+                 reports: Reports) -> None:
+        # Dask logs every worker and client at INFO: the gateway's log is for its operators.
+        logging.getLogger("distributed").setLevel(logging.WARNING)
         self.settings = settings
+        self.db = db
         self.batch = batch
         self.dir = settings.fastlane_dir or settings.home / "fastlane"
         self.pools: dict[PoolKey, Pool] = {}
-        self._start_allocation, self._stop_allocation = start_allocation, stop_allocation
-        self._allocation_state, self._done, self._started = allocation_state, done, started
+        self.allocations, self.reports = allocations, reports
+        self._starting: set[asyncio.Task[None]] = set()
         self._shapes: dict[str | None, Shape] = {}
         self._env = base_env()
         self._envs: dict[tuple[Any, ...], dict[str, str]] = {}
@@ -90,24 +96,29 @@ class FastLane:
                 return f"{what} {asked} is more than a fast-lane task may have ({most})"
         return None
 
-    def route(self, spec: JobSpec, key: PoolKey) -> tuple[str, JobSpec]:
-        """-> ('fast' or 'batch', the spec to run) for a spec whose lane may be
-        None/auto/fast/batch. 'fast' without a walltime gets the fast lane's cap; 'auto'
-        without one goes to batch (nothing says it is short)."""
+    @staticmethod
+    def key(principal: Principal, spec: JobSpec) -> PoolKey:
+        return PoolKey(principal.unix_user, principal.account, spec.partition)
+
+    def claim(self, principal: Principal, spec: JobSpec) -> JobSpec | None:
+        """The spec to run here, or None to leave it to batch, for a spec whose lane may
+        be None/auto/fast/batch. 'fast' without a walltime gets the fast lane's cap;
+        'auto' without one goes to batch (nothing says it is short)."""
         lane = spec.lane or self.settings.default_lane
         if lane == "batch":
-            return "batch", spec
+            return None
         if "walltime_s" not in spec.model_fields_set:
             if lane == "auto":
-                return "batch", spec  # no walltime given: not known to be short
+                return None  # no walltime given: not known to be short
             spec = spec.model_copy(update={"walltime_s": min(self.settings.fastlane_max_task_s, spec.walltime_s)})
         why = self.misfit(spec)
+        key = self.key(principal, spec)
         pool = self.pools.get(key)
         if why is None and pool is not None and pool.breaker_open:
             why = f"the fast lane of pool {key.slug} is off after failed allocations ({pool.last_reason})"
         if lane == "fast" and why:
             raise InvalidRequest(f"lane 'fast': {why}", hint="submit with lane 'batch' or 'auto', or ask for less")
-        return ("batch", spec) if why else ("fast", spec)
+        return None if why else spec.model_copy(update={"lane": FAST})
 
     # -- pools ----------------------------------------------------------------------
     def _pool(self, key: PoolKey) -> Pool:
@@ -120,12 +131,12 @@ class FastLane:
             directory = self.dir / key.slug
             directory.mkdir(parents=True, exist_ok=True)
             _give(directory, key.unix_user)
-            tls_dir, security = _tls(directory / "tls", key.unix_user)
-            hooks = Hooks(lambda p: self._start_allocation(p, self._pilot_spec(p, tls_dir)),
-                          self._stop_allocation, self._allocation_state, self._done, self._started)
-            pool = Pool(key, self.shape(key.partition), directory, cfg, hooks, security)
+            _, security = _tls(directory / "tls", key.unix_user)
+            pool = Pool(key, self.shape(key.partition), directory, cfg, self.allocations, self.reports, security)
             self.pools[key] = pool
-            asyncio.ensure_future(self._start(pool))
+            task = asyncio.ensure_future(self._start(pool))
+            self._starting.add(task)
+            task.add_done_callback(self._starting.discard)
         return pool
 
     async def _start(self, pool: Pool) -> None:
@@ -136,14 +147,6 @@ class FastLane:
             del self.pools[pool.key]
             pool.fail_pending(f"the fast-lane pool could not start ({e}); submit with lane=batch")
 
-    def _pilot_spec(self, pool: Pool, tls_dir: Path) -> JobSpec:
-        sh = pool.shape
-        cmd = (f"exec {self.settings.fastlane_python or sys.executable} -m corral.fastlane.worker --scheduler {pool.address} --cpus {sh.cpus} "
-               f"--memory-mb {sh.memory_mb} --gpus {sh.gpus} --name alloc-$CORRAL_JOB_ID --tls-dir {tls_dir}")
-        return JobSpec(command=cmd, cpus=sh.cpus, memory=sh.memory_mb, gpus=sh.gpus, walltime=sh.walltime_s,
-                       partition=pool.key.partition, name=f"pool-{pool.key.slug}"[:64], lane="batch",
-                       labels={"corral-fastlane-pool": pool.key.slug})
-
     async def tick(self) -> None:
         for pool in list(self.pools.values()):
             if pool.client is not None:
@@ -153,20 +156,57 @@ class FastLane:
                     log.exception("fast-lane pool %s: maintenance failed", pool.key.slug)
 
     async def close(self) -> None:
+        for task in list(self._starting):
+            task.cancel()
         for pool in self.pools.values():
             await pool.close()
 
-    def describe(self) -> list[dict[str, Any]]:
-        return [p.describe() for p in self.pools.values()]
+    def describe(self) -> dict[str, Any]:
+        s = self.settings
+        return {"enabled": s.fastlane, "default_lane": s.default_lane, "max_task_walltime_s": s.fastlane_max_task_s,
+                "pools": [p.describe() for p in self.pools.values()]}
 
-    # -- the Backend verbs for tasks ------------------------------------------------------
-    @staticmethod
-    def prefix(key: PoolKey) -> str:
-        return f"fast:{key.slug}:"
+    async def run(self) -> None:
+        await self.recover()
+        while True:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("fast-lane tick failed")
+            await asyncio.sleep(self.settings.tick_s)
 
-    def submit(self, ctx: SubmitContext, spec: JobSpec, key: PoolKey) -> str:
+    async def recover(self) -> None:
+        """After a restart: allocations of the last run are released (their workers lost
+        their scheduler); each task's fate is read from the journals."""
+        now = time.time()
+        for job in self.db.active_jobs():
+            if job.principal == PILOT_PRINCIPAL:
+                await self.allocations.stop(job.id)
+            elif job.backend == FAST and job.backend_id:
+                slug, jid = parse_id(job.backend_id)
+                rec = launcher.read_journals(self.dir / slug).get(jid)
+                if rec and rec.get("event") == "ended":
+                    self.reports.ended([rec])
+                elif rec is None or job.spec.idempotent:
+                    self.db.clear_backend_id(job.id)  # never started (or may rerun): sent again
+                else:
+                    self.reports.ended([{"job_id": job.id, "state": "FAILED", "end": now, "reason":
+                                         "the gateway restarted while the task ran in the fast lane and its "
+                                         "allocation ended with it; mark the job idempotent to have it rerun"}])
+
+    # -- the lane verbs for tasks -----------------------------------------------------------
+    async def submit(self, jobs: Sequence[tuple[SubmitContext, JobSpec]]) -> list[Sent]:
+        """Queued in the pool, no thread hop; sent to the workers by ``dispatch`` or, for a
+        lone submission, on the pool's next loop turn (single submissions of one moment
+        then share a batch; measured, dispatching each at once made 1,000 batches of one)."""
+        return [Sent(self._submit(ctx, spec, PoolKey(ctx.unix_user, ctx.account, spec.partition)))
+                for ctx, spec in jobs]
+
+    def _submit(self, ctx: SubmitContext, spec: JobSpec, key: PoolKey) -> str:
         pool = self._pool(key)
-        bid = f"{self.prefix(key)}{ctx.job_id}"
+        bid = f"fast:{key.slug}:{ctx.job_id}"
         if ctx.job_id in pool.known:
             return bid  # idempotent per job id
         command = spec.command
@@ -201,7 +241,14 @@ class FastLane:
         for pool in self.pools.values():
             pool.dispatch()
 
-    def cancel(self, backend_ids: Sequence[str]) -> list[dict[str, Any]]:
+    async def status(self, backend_ids: Sequence[str]) -> dict[str, BackendStatus]:
+        """Never asked: the lane reports itself."""
+        return {}
+
+    def forget(self, backend_ids: Sequence[str]) -> None:
+        """A pool drops a task once it has reported its outcome."""
+
+    async def cancel(self, backend_ids: Sequence[str]) -> list[dict[str, Any]]:
         """Cancel tasks; -> records of those dropped before they started (the rest report
         CANCELLED when their worker has killed them)."""
         by_slug: dict[str, set[int]] = {}
@@ -223,11 +270,6 @@ class FastLane:
         if not d.is_dir():
             raise NotFound(f"the fast-lane output of job {jid} is gone")
         return OutputPaths(d / f"{jid}.out", d / f"{jid}.err")
-
-    def recover(self, backend_id: str) -> dict[str, Any] | None:
-        """After a restart: the journaled record of a task, if its worker wrote one."""
-        slug, jid = parse_id(backend_id)
-        return launcher.read_journals(self.dir / slug).get(jid)
 
 
 def _scheduler_host(s: Settings) -> str:

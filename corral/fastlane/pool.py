@@ -27,7 +27,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Protocol
 
 from ..jobs import JobState
 from . import launcher
@@ -91,25 +91,35 @@ class Allocation:
     running_since: float | None = None
 
 
-Done = Callable[[list[dict[str, Any]]], None]
-"""Receives finished tasks' records: job_id, state, exit_code, start, end, cpu_s, reason."""
-Started = Callable[[dict[int, float]], None]
-"""Receives tasks that started: job id -> start time."""
+class Allocations(Protocol):
+    """How a pool gets and gives back allocations (pilot jobs of the batch lane)."""
+
+    async def start(self, pool: "Pool") -> int:
+        """Ask for one allocation running this pool's worker; -> the corral job id of its pilot."""
+        ...
+
+    async def stop(self, job_id: int) -> None: ...
+
+    def state(self, job_id: int) -> tuple[JobState, str | None]: ...
 
 
-@dataclass
-class Hooks:
-    start_allocation: Callable[["Pool"], Awaitable[int]]
-    stop_allocation: Callable[[int], Awaitable[None]]
-    allocation_state: Callable[[int], tuple[JobState, str | None]]
-    done: Done
-    started: Started
+class Reports(Protocol):
+    """Where a pool's news of its tasks goes (the service's Progress)."""
+
+    def started(self, started: dict[int, float]) -> None:
+        """Tasks that started: job id -> start time."""
+        ...
+
+    def ended(self, results: list[dict[str, Any]]) -> None:
+        """Finished tasks' records: job_id, state, exit_code, start, end, cpu_s, reason."""
+        ...
 
 
 class Pool:
-    def __init__(self, key: PoolKey, shape: Shape, directory: Path, cfg: PoolConfig, hooks: Hooks,
-                 security: Any = None) -> None:
-        self.key, self.shape, self.dir, self.cfg, self.hooks = key, shape, directory, cfg, hooks
+    def __init__(self, key: PoolKey, shape: Shape, directory: Path, cfg: PoolConfig, allocations: Allocations,
+                 reports: Reports, security: Any = None) -> None:
+        self.key, self.shape, self.dir, self.cfg = key, shape, directory, cfg
+        self.allocations_port, self.reports = allocations, reports
         self.security = security
         self.pending: deque[Task] = deque()
         self.inflight: dict[int, Task] = {}
@@ -127,7 +137,9 @@ class Pool:
         self._spent: list[Any] = []
         """Futures of batches already collected, released on the next tick."""
         self._wake = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Future[Any]] = set()
+        """Every task this pool started: kept (asyncio holds only weak references) and
+        awaited at close."""
 
     # -- life ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -146,13 +158,20 @@ class Pool:
         self.client = await Client(self.scheduler.listeners[1].contact_address, asynchronous=True,
                                    security=self.security)
         self.client.subscribe_topic(launcher.TOPIC, self._on_event)
-        self._tasks = [asyncio.create_task(self._dispatch_loop(), name=f"fastlane-dispatch-{self.key.slug}")]
+        self._keep(asyncio.create_task(self._dispatch_loop(), name=f"fastlane-dispatch-{self.key.slug}"))
+
+    def _keep(self, task: "asyncio.Future[Any]") -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
-        for t in self._tasks:
+        tasks = list(self._tasks)
+        for t in tasks:
             t.cancel()
+        if tasks:  # bounded: the gateway's shutdown has a deadline (api.settle)
+            await asyncio.wait(tasks, timeout=1.0)
         for a in list(self.allocations.values()):
-            await self.hooks.stop_allocation(a.job_id)
+            await self.allocations_port.stop(a.job_id)
         if self.client is not None:
             await self.client.close()
         if self.scheduler is not None:
@@ -188,7 +207,7 @@ class Pool:
             self.known.difference_update(dropped)
         running = [j for j in job_ids if j in self.inflight]
         if running and self.client is not None:
-            asyncio.ensure_future(self.client.run(launcher.cancel, running))
+            self._keep(asyncio.ensure_future(self.client.run(launcher.cancel, running)))
         return dropped
 
     def _batches(self) -> list[list[Task]]:
@@ -220,7 +239,7 @@ class Pool:
             # keys, and pickle each task's environment anew (one object for many tasks here).
             payload = pickle.dumps([t.spec for t in batch], protocol=pickle.HIGHEST_PROTOCOL)
             fut = self.client.submit(launcher.run_batch, payload, pure=False, key=f"batch-{uuid.uuid4().hex}")
-            asyncio.ensure_future(self._collect(fut, batch))
+            self._keep(asyncio.ensure_future(self._collect(fut, batch)))
 
     async def _dispatch_loop(self) -> None:
         while True:
@@ -237,10 +256,10 @@ class Pool:
         over = {r["job_id"] for r in msg.get("ended", ())}
         started = {j: t for j, t in msg.get("started", ()) if j in self.inflight and j not in over}
         if started:
-            self.hooks.started(started)
+            self.reports.started(started)
         if ended:
             self.reported.update(r["job_id"] for r in ended)
-            self.hooks.done(ended)
+            self.reports.ended(ended)
 
     async def _collect(self, fut: Any, batch: list[Task]) -> None:
         """A batch came back: record what its worker had not pushed already. Its result
@@ -274,7 +293,7 @@ class Pool:
             results += self._salvage(lost, "the batch came back without their outcome")
         if results:
             self.known.difference_update(int(r["job_id"]) for r in results)
-            self.hooks.done(results)
+            self.reports.ended(results)
         if self.pending:
             self._wake.set()
 
@@ -312,7 +331,7 @@ class Pool:
                 a.up_since = now
                 self.failures = 0
                 self._wake.set()
-            state, reason = self.hooks.allocation_state(a.job_id)
+            state, reason = self.allocations_port.state(a.job_id)
             if state is JobState.RUNNING and a.running_since is None:
                 a.running_since = now
             # Waiting in the scheduler's queue is not failing; running without a worker is.
@@ -322,7 +341,7 @@ class Pool:
                 if a.up_since is None:
                     self._failed(a, reason if state.terminal else None)
                     if not state.terminal:
-                        await self.hooks.stop_allocation(a.job_id)
+                        await self.allocations_port.stop(a.job_id)
         queued = [a for a in self.allocations.values() if a.up_since is None]
         if (self._backlogged(now) and not self.breaker_open and len(self.allocations) < self.cfg.max_allocations
                 and len(queued) < self.cfg.max_queued):
@@ -335,7 +354,7 @@ class Pool:
             victim = max(self.allocations.values(), key=lambda a: (a.up_since is None, a.asked))
             del self.allocations[victim.job_id]
             log.info("fast-lane pool %s: releasing idle allocation %s", self.key.slug, victim.job_id)
-            await self.hooks.stop_allocation(victim.job_id)
+            await self.allocations_port.stop(victim.job_id)
             self.last_work = time.monotonic()
 
     def _failed(self, a: Allocation, reason: str | None) -> None:
@@ -363,7 +382,7 @@ class Pool:
         return asked > up * self.shape.cpus and now - oldest > self.cfg.scale_after_s
 
     async def _add(self) -> None:
-        job_id = await self.hooks.start_allocation(self)
+        job_id = await self.allocations_port.start(self)
         self.allocations[job_id] = Allocation(job_id, f"alloc-{job_id}", time.time())
 
     def fail_pending(self, reason: str) -> None:
@@ -373,7 +392,7 @@ class Pool:
         self.known.difference_update(t.job_id for t in self.pending)
         self.pending.clear()
         if failed:
-            self.hooks.done(failed)
+            self.reports.ended(failed)
 
     def describe(self) -> dict[str, Any]:
         return {"pool": self.key.slug, "unix_user": self.key.unix_user, "account": self.key.account,

@@ -1,6 +1,6 @@
 """What the core does with memory: advice (and refusal of an exact deterministic
-repeat) on submit, episodes of ended jobs, notes, and the facility's facts. A part of
-``Service``; the store itself is ``memory.store``."""
+repeat) on submit, episodes of ended jobs, notes, and the facility's facts. An object
+the service holds (``service.memory``); the store itself is ``memory.store``."""
 
 from __future__ import annotations
 
@@ -8,17 +8,16 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Conflict, CorralError, InvalidRequest
-from ..fastlane.bridge import PILOT_PRINCIPAL
-from ..jobs import Job, JobSpec, JobState, parse_duration_s
-from ..principals import Caller, Principal
+from ..errors import Conflict, CorralError, InvalidRequest, NotFound
+from ..jobs import JobSpec, JobState, parse_duration_s
+from ..principals import PILOT_PRINCIPAL, Caller, Principal
 from ..safety import guard
-from ..safety.gate import job_resource, job_text
 
 if TYPE_CHECKING:
-    from ..backends import Backend, OutputPaths
     from ..config import Settings
     from ..db import Database
+    from ..lanes import Lanes
+    from ..safety.audit import Audit
     from ..safety.gate import Gate
     from .facts import Facts
     from .store import Memory
@@ -27,30 +26,16 @@ log = logging.getLogger("corral.service")
 
 
 class MemoryVerbs:
-    """Mixed into ``Service``, which provides the attributes below."""
+    def __init__(self, settings: "Settings", db: "Database", gate: "Gate", audit: "Audit", lanes: "Lanes",
+                 facts: "Facts", store: "Memory | None") -> None:
+        self.settings, self.db, self.gate, self.audit, self.lanes = settings, db, gate, audit, lanes
+        self.facts, self.store = facts, store
 
-    settings: Settings
-    db: Database
-    backend: Backend
-    gate: Gate
-    memory: Memory | None
-    facts: Facts
-
-    if TYPE_CHECKING:
-        def record(self, caller: Caller, action: str, decision: str, rule: str,
-                   resources: list[dict[str, Any]]) -> None: ...
-
-        def get_job(self, caller: Caller, job_id: int) -> Job: ...
-
-        async def _check_spec(self, spec: JobSpec) -> None: ...
-
-        def _output_paths(self, job: Job) -> OutputPaths: ...
-
-    def _advise(self, principal: Principal, spec: JobSpec, index: int | None = None) -> list[str]:
+    def advise(self, principal: Principal, spec: JobSpec, index: int | None = None) -> list[str]:
         """What memory says of this submission; refuses an exact deterministic repeat."""
-        if self.memory is None:
+        if self.store is None:
             return []
-        advice, refuse = self.memory.advise(principal, spec)
+        advice, refuse = self.store.advise(principal, spec)
         if refuse and self.settings.memory_refuse_repeats:
             where = f"job {index}: " if index is not None else ""
             raise Conflict(where + refuse, hint="set force (CLI --force, JSON \"force\": true) to run it anyway")
@@ -59,7 +44,7 @@ class MemoryVerbs:
 
     def remember_outcomes(self, job_ids: list[int]) -> None:
         """Ended jobs become episodes (their failures' output read once, bounded)."""
-        if self.memory is None:
+        if self.store is None:
             return
         from .store import read_tail
 
@@ -75,51 +60,59 @@ class MemoryVerbs:
             text = ""
             if j.state is not JobState.COMPLETED and j.backend_id:
                 try:
-                    paths = self._output_paths(j)
+                    paths = self.lanes[j.backend].output_paths(j.backend_id)
                     text = read_tail((paths.stdout, paths.stderr))
-                except CorralError:
+                except (CorralError, KeyError):  # KeyError: its lane is not offered any more
                     text = ""
             items.append((j, p, text))
         if items:
             with self.db.transaction():
-                self.memory.record(items)
+                self.store.record(items)
 
-    def _mem(self) -> Any:
-        if self.memory is None:
+    def _mem(self) -> "Memory":
+        if self.store is None:
             raise InvalidRequest("memory is turned off at this facility (memory = false)")
-        return self.memory
+        return self.store
 
     def remember(self, caller: Caller, text: str, scope: str = "user", expires: str | None = None,
                  job_id: int | None = None) -> dict[str, Any]:
-        if job_id is not None:
-            self.get_job(caller, job_id)  # provenance must be a job the author may see
-        mem = self._mem()
-        self.gate.check(caller, "write_note", "Note", {"scope": scope, "author": caller.name})
-        note: dict[str, Any] = mem.remember(caller, text, scope, parse_duration_s(expires) if expires else None, job_id)
-        self.record(caller, "write_note", "allow", "policy", [{"note_id": note["id"], "scope": scope,
-                                                               "flags": note.get("flags")}])
+        with self.audit.refusals(caller, "write_note", {"scope": scope}):
+            if job_id is not None:  # provenance must be a job the author may see
+                job = self.db.get_job(job_id)
+                if job is None or not caller.sees(job.principal):
+                    raise NotFound(f"no job {job_id} visible to you; list your jobs to find the right id")
+            mem = self._mem()
+            rule = self.gate.check(caller, "write_note", "Note", {"scope": scope, "author": caller.name})
+            note: dict[str, Any] = mem.remember(caller, text, scope, parse_duration_s(expires) if expires else None,
+                                                job_id)
+        self.audit.record(caller, "write_note", "allow", rule, [{"note_id": note["id"], "scope": scope,
+                                                                 "flags": note.get("flags")}])
         return note
 
     def recall(self, caller: Caller, query: str, k: int = 5) -> list[dict[str, Any]]:
-        mem = self._mem()
-        self.gate.check(caller, "read_notes", "Note", {"scope": "any", "author": ""}, audit_allow=True,
-                        audit_resource={"query": query[:200]})
+        with self.audit.refusals(caller, "read_notes", {"query": query[:200]}):
+            mem = self._mem()
+            rule = self.gate.check(caller, "read_notes", "Note", {"scope": "any", "author": ""})
+        self.audit.record(caller, "read_notes", "allow", rule, [{"query": query[:200]}])
         notes: list[dict[str, Any]] = mem.recall(caller, query, k)
         flagged = [n["id"] for n in notes if n.get("flags", {}).get("suspected_injection") and n["author"] != caller.name]
         if flagged:
-            self.gate.taint(caller, f"notes {flagged} by other principals are flagged as possible injection")
+            reason = f"notes {flagged} by other principals are flagged as possible injection"
+            if self.gate.taint(caller, reason):
+                self.audit.record(caller, "taint", "allow", "guard", [{"reason": reason[:200]}])
         return notes
 
     def promote_note(self, caller: Caller, note_id: int) -> dict[str, Any]:
-        mem = self._mem()
-        self.gate.check(caller, "manage", "Facility", audit_resource={"promote_note": note_id}, audit_allow=True)
-        return mem.promote(caller, note_id)  # type: ignore[no-any-return]
+        with self.audit.refusals(caller, "manage", {"promote_note": note_id}):
+            mem = self._mem()
+            rule = self.gate.check(caller, "manage", "Facility")
+            promoted: dict[str, Any] = mem.promote(caller, note_id)
+        self.audit.record(caller, "manage", "allow", rule, [{"promote_note": note_id}])
+        return promoted
 
-    async def advice(self, caller: Caller, spec: JobSpec) -> dict[str, Any]:
-        """What corral would say of this submission, without submitting it."""
-        await self._check_spec(spec)
-        self.gate.check(caller, "advice", "Job", job_resource(spec, caller.name), text=job_text(spec), audit_allow=True)
-        advice, refuse = self._mem().advise(caller.principal, spec)
+    def would_say(self, principal: Principal, spec: JobSpec) -> dict[str, Any]:
+        """Advice on a submission not made (``Service.advice`` checks it first)."""
+        advice, refuse = self._mem().advise(principal, spec)
         return {"advice": advice, "would_refuse": refuse if self.settings.memory_refuse_repeats else None}
 
     async def facts_loop(self) -> None:
@@ -128,7 +121,7 @@ class MemoryVerbs:
 
         while True:
             try:
-                facts = await asyncio.to_thread(harvest, self.backend, self.settings.facility_paths,
+                facts = await asyncio.to_thread(harvest, self.lanes.batch.backend, self.settings.facility_paths,
                                                 self.settings.facility_quotas)
                 self.facts.update(facts)
             except asyncio.CancelledError:

@@ -12,6 +12,8 @@ thousands of records a second.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import hmac
 import json
@@ -22,7 +24,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CorralError
+
+if TYPE_CHECKING:
+    from ..db import Database
+    from ..principals import Caller
 
 GENESIS = "0" * 64
 
@@ -132,3 +140,41 @@ class AuditLog:
                     yield json.loads(raw.partition(" ")[2])
                 except ValueError:
                     continue
+
+
+_recording: contextvars.ContextVar[bool] = contextvars.ContextVar("corral_audit_recording", default=False)
+
+
+class Audit:
+    """The one writer of decisions. The gate and the lanes decide and act; the core
+    records here what it allowed (``record``) and what it refused (``refusals``)."""
+
+    def __init__(self, log: AuditLog, db: "Database") -> None:
+        self.log, self.db = log, db
+
+    def record(self, caller: "Caller", action: str, decision: str, rule: str,
+               resources: list[dict[str, Any]]) -> None:
+        """Append decisions (one record per resource) and keep the chain's head."""
+        p = caller.principal
+        who = {"principal": p.name, "kind": p.kind.value, "sponsor": p.sponsor, "session": caller.session,
+               "action": action, "decision": decision, "rule": rule}
+        head = self.log.append([{**who, **r} for r in resources] or [who])
+        self.db.set_audit_head(*head)
+
+    @contextlib.contextmanager
+    def refusals(self, caller: "Caller", action: str, resource: dict[str, Any]) -> Any:
+        """Record a refusal of ``action`` raised inside, with the rule that refused (the
+        error's ``rule``, else its code). Only the outermost of nested ones records: a
+        verb that calls another is one decision."""
+        if _recording.get():
+            yield
+            return
+        token = _recording.set(True)
+        try:
+            yield
+        except CorralError as e:
+            extra = {"reason": e.message[:200], **({"risk_tags": e.tags} if e.tags else {})}
+            self.record(caller, action, "deny", e.rule or e.code, [{**resource, **extra}])
+            raise
+        finally:
+            _recording.reset(token)

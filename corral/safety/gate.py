@@ -1,13 +1,14 @@
-"""The gate every action passes: decide, then record.
+"""The gate every action passes: it decides, and records nothing.
 
 For one action of one caller, in this order:
 1. the token's caveats (biscuit checks: expiry, actions, partitions, per-job caps);
 2. the facility policy (Cedar) with the job's risk tags and the session's taint;
-3. admission for submissions: rate buckets, budgets per token subtree, concurrency caps;
-4. the audit chain: a refusal is recorded here with the rule that refused; an allowed
-   action is recorded by the service once it acted (so the record carries the job ids).
+3. admission for submissions: rate buckets, budgets per token subtree, concurrency caps.
 
-The guard on the way back (corral/safety/guard.py) taints a session through ``taint``.
+A refusal is an error carrying the rule that refused (``CorralError.rule``) and the risk
+tags; the core records it in the audit chain (``safety.audit.Audit``), as it records the
+actions it allowed. The guard on the way back (corral/safety/guard.py) taints a session
+through ``taint``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import logging
 import shlex
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..config import Settings
 from ..errors import CorralError, Forbidden, RateLimited
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     from ..db import Database
 
 log = logging.getLogger(__name__)
-Record = Callable[[Caller, str, str, str, list[dict[str, Any]]], None]
 
 
 def job_resource(spec: JobSpec, owner: str) -> dict[str, Any]:
@@ -51,10 +51,9 @@ def job_text(spec: JobSpec) -> str:
 
 
 class Gate:
-    def __init__(self, settings: Settings, db: "Database", record: Record) -> None:
+    def __init__(self, settings: Settings, db: "Database") -> None:
         self.settings = settings
         self.store = SafetyStore(db)
-        self.record = record
         self.tokens = TokenAuthority(settings.home / "token.key")
         self._policy_path = settings.policy_file or settings.home / "policy.cedar"
         self.policy = Policy.load(self._policy_path)
@@ -136,20 +135,21 @@ class Gate:
     def tainted(self, caller: Caller) -> bool:
         return self.taint_key(caller) in self._taint
 
-    def taint(self, caller: Caller, reason: str) -> None:
+    def taint(self, caller: Caller, reason: str) -> bool:
+        """Mark the caller's session tainted; -> True if it was not already."""
         key = self.taint_key(caller)
-        if key not in self._taint:
-            self._taint[key] = reason
-            self.store.taint(key, caller.name, reason)
-            self.record(caller, "taint", "allow", "guard", [{"reason": reason[:200]}])
+        if key in self._taint:
+            return False
+        self._taint[key] = reason
+        self.store.taint(key, caller.name, reason)
+        return True
 
     # -- the decision -----------------------------------------------------------------------
 
     def check(self, caller: Caller, action: str, resource_type: str = "Job",
-              resource: dict[str, Any] | None = None, *, text: str = "", audit_allow: bool = False,
-              audit_resource: dict[str, Any] | None = None) -> list[str]:
-        """Token caveats, then policy. Raises Forbidden naming the rule; records refusals
-        (and allowed actions when ``audit_allow``). -> the risk tags of ``text``."""
+              resource: dict[str, Any] | None = None, *, text: str = "") -> str:
+        """Token caveats, then policy. Raises Forbidden naming the rule (and carrying it);
+        -> the rule that allowed."""
         resource = resource or {}
         tags: list[str] = []
         rule = "token-caveat"
@@ -185,13 +185,9 @@ class Gate:
                     + (" (this session read content flagged as possible prompt injection)" if tainted else ""),
                     hint="see 'corral policy explain' for why; ask your sponsor or the facility if this is wrong")
         except CorralError as e:
-            self.record(caller, action, "deny", rule, [{**(audit_resource or _short(resource)),
-                                                         **({"risk_tags": tags} if tags else {})}])
-            e.audited = True
+            e.rule, e.tags = rule, tags
             raise
-        if audit_allow:
-            self.record(caller, action, "allow", rule, [audit_resource or _short(resource)])
-        return tags
+        return rule
 
     def check_status(self, caller: Caller) -> None:
         """``check`` for reading jobs, at the rate agents poll: the answer for a token,
@@ -258,11 +254,5 @@ class Gate:
                                       hint="wait for some to end (corral wait), then submit again")
             self.buckets.take_all(wants)
         except CorralError as e:
-            self.record(caller, "submit", "deny", "rate-limit" if isinstance(e, RateLimited) else "budget",
-                        [{"jobs": n, "reason": e.message[:200]}])
-            e.audited = True
+            e.rule = "rate-limit" if isinstance(e, RateLimited) else "budget"
             raise
-
-
-def _short(resource: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in resource.items() if k in ("id", "owner", "partition", "cpus", "gpus", "scope", "lane")}

@@ -1,0 +1,53 @@
+"""Where news of jobs lands, whoever brings it (the reconciler's poll of a batch lane,
+or a lane that reports itself): the jobs table, in one transaction per report; the
+long-polls of those jobs; and memory's episodes of the ones that ended."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+from ..db import Database
+from ..jobs import JobState
+from .reconciler import Watchers
+
+log = logging.getLogger(__name__)
+
+
+class Episodes(Protocol):
+    def remember_outcomes(self, job_ids: list[int]) -> None: ...
+
+
+class Progress:
+    def __init__(self, db: Database, watchers: Watchers, episodes: Episodes | None = None) -> None:
+        self.db, self.watchers, self.episodes = db, watchers, episodes
+
+    def started(self, started: dict[int, float]) -> None:
+        """Jobs a lane reports started: RUNNING (only if still PENDING); wake their waiters."""
+        with self.db.transaction():
+            self.db.mark_running(started)
+        self.watchers.notify(list(started))
+
+    def ended(self, results: list[dict[str, Any]]) -> None:
+        """Outcomes (job_id, state, exit_code, reason, start, end, cpu_s) in one transaction."""
+        if not results:
+            return
+        ids = [int(r["job_id"]) for r in results]
+        with self.db.transaction():  # one commit for the outcomes and their episodes
+            self.db.update_jobs([(jid, JobState(r["state"]), r.get("exit_code"), r.get("reason"),
+                                  r.get("start"), r.get("end"), r.get("cpu_s")) for jid, r in zip(ids, results)])
+            self._remember(ids)
+        self.watchers.notify(ids)
+
+    def changed(self, job_ids: list[int]) -> None:
+        """Jobs whose rows the reconciler already wrote: wake their waiters, remember them."""
+        self.watchers.notify(job_ids)
+        self._remember(job_ids)
+
+    def _remember(self, job_ids: list[int]) -> None:
+        if self.episodes is None:
+            return
+        try:
+            self.episodes.remember_outcomes(job_ids)
+        except Exception:  # memory only advises: its trouble must not undo an outcome
+            log.exception("outcomes of jobs %s recorded without their memory episodes", job_ids[:10])

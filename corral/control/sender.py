@@ -1,0 +1,97 @@
+"""The Sender: hands recorded jobs to their lanes. The one place a job gets its backend
+id, whether it was just submitted, recorded before a crash, or waited for a scheduler
+that was away.
+
+Recorded first, then sent: a crash in between leaves a job without a backend id, which
+``send_unsent`` sends on the reconciler's next tick (lanes' ``submit`` is idempotent per
+job id, so a job is never run twice).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Sequence
+
+from ..backends import SubmitContext
+from ..db import Database
+from ..errors import BackendError, CorralError
+from ..jobs import Job, JobState
+from ..lanes import Lanes, Sent
+from ..principals import Principal
+
+log = logging.getLogger(__name__)
+
+
+def context(job: Job, p: Principal) -> SubmitContext:
+    return SubmitContext(job.id, p.name, p.kind.value, p.sponsor, job.session, p.unix_user, p.account)
+
+
+class Sender:
+    def __init__(self, db: Database, lanes: Lanes) -> None:
+        self.db, self.lanes = db, lanes
+        self.in_flight: set[int] = set()
+        """Jobs on their way to a lane: ``send_unsent`` must not send them a second time."""
+
+    async def send(self, jobs: Sequence[tuple[Job, SubmitContext]], *, dispatch: bool = False,
+                   raise_backend: bool = False) -> None:
+        """Send each job to its lane (a lane's jobs in one call) and record what came back.
+        ``dispatch``: the lanes start what they queued now. ``raise_backend``: after
+        recording, raise the first scheduler failure (the reconciler then backs off)."""
+        by_lane: dict[str, list[tuple[Job, SubmitContext]]] = {}
+        for job, ctx in jobs:
+            by_lane.setdefault(job.backend, []).append((job, ctx))
+        failure: BackendError | None = None
+        for name, group in by_lane.items():
+            lane = self.lanes.by_name.get(name)
+            if lane is None:
+                self._record(group, [Sent(error=CorralError(
+                    f"its lane {name!r} is not offered by this gateway any more; submit it again"))] * len(group))
+                continue
+            ids = [job.id for job, _ in group]
+            self.in_flight.update(ids)
+            try:
+                sent = await lane.submit([(ctx, job.spec) for job, ctx in group])
+                failure = self._record(group, sent) or failure
+            finally:
+                self.in_flight.difference_update(ids)
+            # Cancelled while its submission was on the way: do not let it run.
+            states = self.db.states(ids)
+            late = [s.backend_id for (job, _), s in zip(group, sent)
+                    if s.backend_id and states.get(job.id, ("",))[0] == JobState.CANCELLED.value]
+            if late:
+                await lane.cancel(late)
+            if dispatch:
+                lane.dispatch()
+        if failure is not None and raise_backend:
+            raise failure
+
+    def _record(self, group: list[tuple[Job, SubmitContext]], sent: list[Sent]) -> BackendError | None:
+        failure: BackendError | None = None
+        with self.db.transaction():
+            self.db.set_backend_ids([(job.id, s.backend_id) for (job, _), s in zip(group, sent) if s.backend_id])
+            for (job, _), s in zip(group, sent):
+                if isinstance(s.error, BackendError):
+                    # Kept: sent again once the scheduler answers.
+                    log.warning("submit of job %s deferred: %s", job.id, s.error)
+                    self.db.update_job(job.id, JobState.PENDING, reason=f"waiting for the scheduler: {s.error.message}")
+                    failure = failure or s.error
+                elif s.error is not None:
+                    self.db.update_job(job.id, JobState.FAILED, reason=f"refused by the backend: {s.error.message}",
+                                       end_time=time.time())
+        return failure
+
+    async def send_unsent(self) -> None:
+        """Jobs recorded but never handed to a lane (a crash, or the scheduler was away)."""
+        principals: dict[str, Principal | None] = {}
+        todo = []
+        for job in self.db.active_jobs(unsent=True):
+            if job.id in self.in_flight:
+                continue
+            if job.principal not in principals:
+                principals[job.principal] = self.db.get_principal(job.principal)
+            p = principals[job.principal]
+            if p is not None:
+                todo.append((job, context(job, p)))
+        if todo:
+            await self.send(todo, dispatch=True, raise_backend=True)

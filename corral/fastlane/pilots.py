@@ -1,0 +1,69 @@
+"""A pool's allocations as jobs: the adapter the fast lane's pools use to start and stop
+them (``pool.Allocations``).
+
+An allocation is a pilot job (``python -m corral.fastlane.worker``) recorded as a job of
+the ``fastlane`` service principal and sent through the batch lane by the service's
+Sender, as the pool's Unix user and account, so it carries corral's provenance in Slurm
+(job name ``corral-<id>``, comment ``principal=fastlane kind=service session=pool:<pool>``)
+and is polled by the reconciler like any batch job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from ..backends import SubmitContext
+from ..config import Settings
+from ..errors import CorralError
+from ..jobs import JobSpec, JobState
+from ..principals import PILOT_PRINCIPAL, Kind, Principal
+
+if TYPE_CHECKING:
+    from ..control.sender import Sender
+    from ..db import Database
+    from ..lanes import BackendLane
+    from .pool import Pool
+
+
+class Pilots:
+    def __init__(self, settings: Settings, db: "Database", batch: "BackendLane", sender: "Sender") -> None:
+        self.settings, self.db, self.batch, self.sender = settings, db, batch, sender
+
+    def _principal(self) -> Principal:
+        p = self.db.get_principal(PILOT_PRINCIPAL)
+        return p if p is not None else self.db.add_principal(Principal(PILOT_PRINCIPAL, Kind.SERVICE))
+
+    def spec(self, pool: "Pool") -> JobSpec:
+        sh = pool.shape
+        cmd = (f"exec {self.settings.fastlane_python or sys.executable} -m corral.fastlane.worker "
+               f"--scheduler {pool.address} --cpus {sh.cpus} --memory-mb {sh.memory_mb} --gpus {sh.gpus} "
+               f"--name alloc-$CORRAL_JOB_ID --tls-dir {pool.dir / 'tls'}")
+        return JobSpec(command=cmd, cpus=sh.cpus, memory=sh.memory_mb, gpus=sh.gpus, walltime=sh.walltime_s,
+                       partition=pool.key.partition, name=f"pool-{pool.key.slug}"[:64], lane="batch",
+                       labels={"corral-fastlane-pool": pool.key.slug})
+
+    async def start(self, pool: "Pool") -> int:
+        p = self._principal()
+        session = f"pool:{pool.key.slug}"
+        job = self.db.insert_job(p.name, session, self.batch.name, self.spec(pool))
+        ctx = SubmitContext(job.id, p.name, p.kind.value, None, session, pool.key.unix_user, pool.key.account)
+        # A refusal leaves the job FAILED, which the pool's breaker counts.
+        await self.sender.send([(job, ctx)])
+        return job.id
+
+    async def stop(self, job_id: int) -> None:
+        job = self.db.get_job(job_id)
+        if job is None or job.terminal:
+            return
+        if job.backend_id:
+            with contextlib.suppress(CorralError):
+                await self.batch.cancel([job.backend_id])
+        else:
+            self.db.update_job(job_id, JobState.CANCELLED, reason="released by the fast lane", end_time=time.time())
+
+    def state(self, job_id: int) -> tuple[JobState, str | None]:
+        job = self.db.get_job(job_id)
+        return (job.state, job.reason) if job else (JobState.UNKNOWN, "the allocation's record is gone")
