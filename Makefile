@@ -21,11 +21,12 @@ run: $(STAMP)
 
 # The Slurm tests need the private Slurm of scripts/slurm-up, the HTML report's test
 # Debian's Chromium (scripts/browser-up); both install Debian's packages when missing,
-# as root. Under CI either one failing fails the run; elsewhere those tests skip and
+# as root. mypy checks corral/ first (config in pyproject.toml). Under CI either one failing fails the run; elsewhere those tests skip and
 # say how to get them.
 test: $(STAMP)
 	@scripts/slurm-up >/dev/null || { [ "$$CI" != "true" ] && echo "make test: no Slurm; its tests will skip"; }
 	@scripts/browser-up || { [ "$$CI" != "true" ] && echo "make test: no Chromium; the browser test will skip"; }
+	$(BIN)/mypy
 	SLURM_CONF=$${SLURM_CONF:-/tmp/corral-slurm/etc/slurm.conf} $(BIN)/python -m pytest -q
 
 bench: $(STAMP)

@@ -193,10 +193,14 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
             status_code=500,
         )
 
+    requests = service.metrics.requests
+
     async def caller(request: Request) -> Caller:
         # Headers read directly: FastAPI's Header() parameters cost ~0.1 ms a request
         # to resolve, and this runs on every request.
         headers = request.headers
+        route = request.scope.get("route")
+        requests.labels("http", route.name if route is not None else "other").inc()
         return service.authenticate(bearer_token(headers.get("authorization")), headers.get("x-corral-session"))
 
     # The hot read routes first: Starlette tries routes in order of registration.

@@ -1,6 +1,13 @@
 """The command line: ``corral serve`` starts the gateway; every other command is a
 thin client of it over HTTP. Tables for people, ``--json`` for agents. Exit status:
-0 done, 2 bad input or refused (fix the request), 1 the gateway or scheduler failed."""
+0 done, 2 bad input or refused (fix the request), 1 the gateway or scheduler failed,
+3 ``wait`` timed out with the job not yet there (so ``corral wait 1 && corral logs 1``
+reads only finished output). Under ``--json`` an error is also one JSON object on
+stdout: ``{"error": {"code", "message", "hint"}}``.
+
+Commands that need no gateway or heavy libraries (analytics, policy, risk) are
+imported only when called: ``corral status`` starts without numpy, polars, Cedar or
+tree-sitter."""
 
 from __future__ import annotations
 
@@ -24,10 +31,18 @@ Environment:
 """
 
 
-def _fail(message: str, code: int = 2, hint: str | None = None) -> NoReturn:
+EXIT_TIMEOUT = 3
+"""``corral wait`` returned before the job ended (or reached --until)."""
+
+
+def _fail(message: str, code: int = 2, hint: str | None = None, kind: str = "invalid_request") -> NoReturn:
     click.echo(f"error: {message}", err=True)
     if hint:
         click.echo(f"hint: {hint}", err=True)
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root().obj if ctx is not None else None
+    if isinstance(root, Ctx) and root.as_json:
+        click.echo(json.dumps({"error": {"code": kind, "message": message, **({"hint": hint} if hint else {})}}))
     sys.exit(code)
 
 
@@ -79,6 +94,10 @@ def _job_rows(jobs: list[dict[str, Any]]) -> str:
     return table(rows, ["id", "name", "principal", "session", "state", "exit", "submitted", "reason"])
 
 
+INHERITED_ENV = ("PATH", "VIRTUAL_ENV")
+"""What of the submitter's environment a job gets (see ``corral submit --help``)."""
+
+
 def _parse_kv(pairs: tuple[str, ...], what: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for p in pairs:
@@ -89,14 +108,40 @@ def _parse_kv(pairs: tuple[str, ...], what: str) -> dict[str, str]:
     return out
 
 
+LAZY = {
+    "analyze": "corral.analytics.commands:analyze", "synth": "corral.analytics.commands:synth",
+    "remember": "corral.memory.commands:remember", "recall": "corral.memory.commands:recall",
+    "advice": "corral.memory.commands:advice", "risk": "corral.safety.commands:risk",
+    "audit": "corral.safety.audit_commands:audit", "token": "corral.safety.token_commands:token",
+    "policy": "corral.safety.policy_commands:policy",
+}
+"""Commands imported when called, not at start (they pull in polars, Cedar, tree-sitter)."""
+
+
 class CorralGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in LAZY and name not in self.commands:
+            import importlib
+
+            module, attr = LAZY[name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attr), name)
+        return super().get_command(ctx, name)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except CorralError as e:
             from .client import GatewayUnreachable
 
-            _fail(e.message, 1 if isinstance(e, GatewayUnreachable) or e.status >= 500 else 2, e.hint)
+            _fail(e.message, 1 if isinstance(e, GatewayUnreachable) or e.status >= 500 else 2, e.hint, e.code)
+        except click.UsageError as e:
+            if isinstance(ctx.obj, Ctx) and ctx.obj.as_json:
+                where = e.ctx.command_path if e.ctx else "corral"
+                _fail(e.format_message(), 2, f"see '{where} --help'")
+            raise
 
 
 @click.group(cls=CorralGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
@@ -165,9 +210,12 @@ def serve(**opts: Any) -> None:
               help="The task may safely run twice: rerun it if its fast-lane allocation dies.")
 @click.option("--force", is_flag=True, default=None,
               help="Run it even if this exact job just failed in a way that repeats (refused otherwise).")
+@click.option("--clean-env", is_flag=True,
+              help="Do not send your PATH and VIRTUAL_ENV: the job gets the facility's basic environment only.")
 @click.pass_obj
 def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[str, ...],
-           label_pairs: tuple[str, ...], idempotency_key: str | None, wait_s: float | None, **res: Any) -> None:
+           label_pairs: tuple[str, ...], idempotency_key: str | None, wait_s: float | None, clean_env: bool,
+           **res: Any) -> None:
     """Submit a job: a command (after --) or a script (--script FILE).
 
     \b
@@ -176,6 +224,11 @@ def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[
       corral submit --cpus 4 --mem 8G -t 2h --name train -- python train.py --epochs 3
       corral submit --script job.sh --idempotency-key run-42
       corral submit --lane fast -t 1m -- pytest -x tests/test_io.py     # a quick trial, no queue
+
+    \b
+    Environment: the job gets the facility's basic environment (HOME, USER, LANG ...),
+    your PATH and VIRTUAL_ENV (so an activated venv is the job's too; --clean-env: not
+    these), then each --env KEY=VALUE, which wins over both.
     """
     if bool(command) == bool(script_file):
         _fail("give a command after '--' or a script with --script FILE (not both)")
@@ -187,15 +240,23 @@ def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[
     else:
         spec["script"] = script_file.read()
     spec.setdefault("workdir", os.getcwd())
-    if env_pairs:
-        spec["env"] = _parse_kv(env_pairs, "--env")
+    env = {} if clean_env else {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+    env.update(_parse_kv(env_pairs, "--env"))
+    if env:
+        spec["env"] = env
     if label_pairs:
         spec["labels"] = _parse_kv(label_pairs, "--label")
     job = o.client.submit(spec, idempotency_key)
     if wait_s is not None:
         job = o.client.wait(job["id"], wait_s)
-    o.out(job, lambda j: _job_line(j) if wait_s is not None else f"submitted job {j['id']} ({j['state']})"
-          + ("" if j.get("created", True) else " [existing job for this idempotency key]"))
+    def human(j: dict[str, Any]) -> str:
+        line = _job_line(j) if wait_s is not None else f"submitted job {j['id']} ({j['state']})" + (
+            "" if j.get("created", True) else " [existing job for this idempotency key]")
+        return "\n".join([line, *(f"advice: {a}" for a in j.get("advice") or [])])
+
+    o.out(job, human)
+    if wait_s is not None and job.get("reached") is False:
+        sys.exit(EXIT_TIMEOUT)
 
 
 @cli.command()
@@ -213,9 +274,15 @@ def status(o: Ctx, job_ids: tuple[int, ...]) -> None:
 @click.option("--until", help="Return once the job reaches this state (e.g. RUNNING), or at its next state change ('change'), instead of its end.")
 @click.pass_obj
 def wait(o: Ctx, job_id: int, timeout: float, until: str | None) -> None:
-    """Wait for a job to end (or reach --until). A long-poll: costs the scheduler nothing extra."""
+    """Wait for a job to end (or reach --until). A long-poll: costs the scheduler nothing extra.
+
+    Exit status 0 when the job ended (or reached --until), 3 when --timeout passed first,
+    so `corral wait 7 && corral logs 7` reads only finished output.
+    """
     job = o.client.wait(job_id, timeout, until)
     o.out(job, lambda j: _job_line(j) + ("" if j["reached"] else f" [still {j['state']} after {timeout:g}s]"))
+    if not job["reached"]:
+        sys.exit(EXIT_TIMEOUT)
 
 
 @cli.command()
@@ -228,12 +295,19 @@ def wait(o: Ctx, job_id: int, timeout: float, until: str | None) -> None:
 def logs(o: Ctx, job_id: int, use_stderr: bool, tail: int | None, offset: int, limit: int) -> None:
     """Print a job's output, bounded: a page from --offset, or the last --tail lines."""
     page = o.client.output(job_id, stream="stderr" if use_stderr else "stdout", offset=offset, limit=limit, tail=tail)
+    if not use_stderr and page["size"] == 0:
+        other = o.client.output(job_id, stream="stderr", offset=0, limit=1)
+        if other["size"]:
+            page["stderr_size"] = other["size"]
 
     def human(p: dict[str, Any]) -> str:
         more = "" if p["eof"] else f"\n[{p['size'] - p['next_offset']} more bytes: --offset {p['next_offset']}]"
         return p["data"].rstrip("\n") + more
 
     o.out(page, human)
+    if page.get("stderr_size") and not o.as_json:
+        click.echo(f"(stdout is empty; stderr has {page['stderr_size']} bytes: corral logs {job_id} --stderr)",
+                   err=True)
 
 
 @cli.command()
@@ -327,17 +401,6 @@ def principal_add(o: Ctx, name: str, kind: str, sponsor: str | None, unix_user: 
 def principal_list(o: Ctx) -> None:
     """List the principals you may see."""
     o.out(o.client.principals(), lambda ps: table(ps, ["name", "kind", "sponsor", "unix_user", "account", "admin"]))
-
-
-from .analytics.commands import analyze, synth  # noqa: E402  (they need no gateway)
-from .memory.commands import advice, recall, remember  # noqa: E402
-from .safety.audit_commands import audit  # noqa: E402
-from .safety.commands import risk  # noqa: E402
-from .safety.policy_commands import policy  # noqa: E402
-from .safety.token_commands import token  # noqa: E402
-
-for _cmd in (analyze, synth, remember, recall, advice, risk, audit, token, policy):
-    cli.add_command(_cmd)
 
 
 def main() -> None:

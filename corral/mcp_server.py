@@ -73,7 +73,7 @@ class ServiceOps:
         try:
             parsed = JobSpec.model_validate(spec)
         except ValidationError as e:
-            raise ToolError("invalid job: " + describe_validation(e.errors(), "arguments")) from None
+            raise ToolError("invalid job: " + describe_validation(e.errors(), "arguments")) from None  # type: ignore[arg-type]
         jobs, created = await self.service.submit(self.caller, [parsed], idempotency_key)
         job = jobs[0]
         return {**job.summary(), "created": created, **({"advice": job.advice} if job.advice else {})}
@@ -360,6 +360,7 @@ def gateway_mcp(service: Service) -> MCPServer:
 
     def ops_for(ctx: Context) -> Ops:
         headers = ctx.headers or {}
+        service.metrics.requests.labels("mcp", "tool_call").inc()
         session = headers.get("x-corral-session") or headers.get("mcp-session-id")
         return ServiceOps(service, bearer_token(headers.get("authorization")), session)
 

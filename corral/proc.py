@@ -41,7 +41,7 @@ def spawn(
     finally:
         for f in (out, err):
             if hasattr(f, "close"):
-                f.close()  # type: ignore[union-attr]
+                f.close()
 
 
 def run(

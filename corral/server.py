@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import faulthandler
+import json
 import os
+import socket
+import urllib.request
 import logging
 import logging.handlers
 import signal
 import sys
+from pathlib import Path
+from typing import Any
 
 from .api import STOP_DEADLINE_S, create_app
 from .backends import Backend
 from .backends.local import LocalBackend
 from .config import Settings
 from .db import Database
+from .errors import InvalidRequest
 from .service import Service
 
 log = logging.getLogger("corral")
@@ -49,9 +57,54 @@ def build_service(settings: Settings) -> Service:
     return Service(settings, db, backend)
 
 
+def port_taken(host: str, port: int) -> str | None:
+    """Why the gateway could not listen on (host, port), in the admin's words; None if free."""
+    if port == 0:
+        return None
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind((host, port))
+            return None
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                return f"cannot listen on {host}:{port}: {e.strerror}"
+    probe = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    try:
+        with urllib.request.urlopen(f"http://{probe}:{port}/healthz", timeout=1) as r:
+            who = "a corral gateway" if "backend" in json.loads(r.read() or b"{}") else "another web server"
+    except (OSError, ValueError):
+        who = "another program"
+    return f"port {port} on {host} is taken by {who}"
+
+
+def lock_home(home: Path) -> Any:
+    """One gateway per state directory: an exclusive lock held for the process's life.
+    -> the open lock file (keep it). Raises InvalidRequest naming the holder."""
+    home.mkdir(parents=True, exist_ok=True)
+    f = open(home / "gateway.lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise InvalidRequest(f"another gateway ({holder}) already runs on {home}; two gateways on one home would "
+                             "run jobs twice", hint="stop it first, or give this one its own --home") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}\n")
+    f.flush()
+    return f
+
+
 def serve(settings: Settings) -> None:
     import uvicorn
 
+    why = port_taken(settings.host, settings.port)
+    if why:
+        raise InvalidRequest(why, hint="stop what holds it, or start with --port N (0: any free port)")
+    lock = lock_home(settings.home)  # before anything starts: a second gateway touches no job
     setup_logging(settings)
     # `kill -USR1 <pid>` prints every thread's stack to stderr: how to see where a gateway
     # that will not stop (or answer) is stuck, without stopping it.
@@ -64,5 +117,8 @@ def serve(settings: Settings) -> None:
     where = f"{settings.local_cpus} CPU slots" if settings.backend == "local" else f"SLURM_CONF={settings.slurm_conf or os.environ.get('SLURM_CONF')}"
     print(f"backend: {settings.backend} ({where}); state in {settings.home}", flush=True)
     print(f"admin token {'created' if created else 'kept'} in {token_path} (mode 0600)", flush=True)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
-                loop="uvloop", http="httptools", timeout_graceful_shutdown=3)
+    try:
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
+                    loop="uvloop", http="httptools", timeout_graceful_shutdown=3)
+    finally:
+        lock.close()

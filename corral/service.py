@@ -384,8 +384,7 @@ class _prefixed:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         if self.prefix and isinstance(exc, CorralError) and not exc.message.startswith(self.prefix):
             exc.message = self.prefix + exc.message
             exc.args = (exc.message,)
-        return False

@@ -87,7 +87,9 @@ def test_cancel_running_and_finished(backend: Backend, tmp_path) -> None:
     bid = backend.submit(ctx(), JobSpec(command="sleep 60", workdir=str(tmp_path)))
     wait_state(backend, bid, JobState.RUNNING)
     backend.cancel([bid])
-    assert wait_all(backend, [bid], 30)[bid].state is JobState.CANCELLED
+    ended = wait_all(backend, [bid], 30)[bid]
+    # One rule on every backend: a cancelled job has no exit code (local said 143, Slurm 0).
+    assert ended.state is JobState.CANCELLED and ended.exit_code is None
     backend.cancel([bid])  # cancelling a finished job is not an error
     assert backend.status([bid])[bid].state is JobState.CANCELLED
 

@@ -130,5 +130,5 @@ def accuracy(users: pl.DataFrame, truth: dict[str, str]) -> dict[str, float | in
     right = (j["kind"] == j["truth"]).sum()
     fp = ((j["kind"] == "agent") & (j["truth"] != "agent")).sum()
     fn = ((j["kind"] != "agent") & (j["truth"] == "agent")).sum()
-    return {"users": j.height, "correct": int(right), "accuracy": round(right / j.height, 4),
+    return {"users": j.height, "correct": int(right), "accuracy": round(int(right) / j.height, 4),
             "false_agents": int(fp), "missed_agents": int(fn)}

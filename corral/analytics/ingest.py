@@ -23,7 +23,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import polars as pl
 
@@ -216,7 +216,7 @@ def _local(epoch: pl.Expr) -> pl.Expr:
     return pl.when(epoch > 0).then(pl.from_epoch(epoch + offset, time_unit="s").cast(pl.Datetime("us")))
 
 
-def _number(expr: pl.Expr, dtype: pl.DataType | None) -> pl.Expr:
+def _number(expr: pl.Expr, dtype: Any) -> pl.Expr:
     """Slurm 23.11+ wraps numbers as {set, infinite, number}; older ones are plain."""
     if isinstance(dtype, pl.Struct) and "number" in [f.name for f in dtype.fields]:
         return expr.struct.field("number")

@@ -60,11 +60,11 @@ def build(ing: Ingested, users: pl.DataFrame, truth: dict[str, str] | None = Non
         wait_p90_s=pl.col("wait_s").filter(pl.col("wait_s") >= 0).quantile(0.9),
         active_hours=pl.struct("user", "hour").n_unique(),
     )
-    g = {r["group"]: r for r in per.iter_rows(named=True)}
+    g: dict[str, dict[str, Any]] = {r["group"]: r for r in per.iter_rows(named=True)}
     for k in GROUPS:
         g.setdefault(k, {"users": 0, "jobs": 0, "core_hours": 0.0, "gpu_hours": 0.0, "active_hours": 0})
     tot = {k: sum(g[x][k] or 0 for x in GROUPS) for k in ("users", "jobs", "core_hours", "gpu_hours")}
-    rate = {k: (g[k]["jobs"] / g[k]["active_hours"]) if g[k]["active_hours"] else None for k in GROUPS}
+    rate: dict[str, Any] = {k: (g[k]["jobs"] / g[k]["active_hours"]) if g[k]["active_hours"] else None for k in GROUPS}
     repeats = _repeats(j)
 
     groups: dict[str, Any] = {}
@@ -112,7 +112,8 @@ def _round(v: Any, n: int = 4) -> float | None:
 def _period(j: pl.DataFrame) -> dict[str, Any]:
     if j.height == 0:
         return {"first_submit": None, "last_submit": None, "days": 0}
-    lo, hi = j["submit"].min(), j["submit"].max()
+    lo: Any = j["submit"].min()
+    hi: Any = j["submit"].max()
     return {"first_submit": str(lo), "last_submit": str(hi), "days": round((hi - lo).total_seconds() / 86400, 1)}
 
 

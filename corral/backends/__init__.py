@@ -8,7 +8,8 @@
     service core ──output_paths(id)───────────▶   files corral reads, bounded
     service core ──preflight(spec)────────────▶   refuse the impossible at once
 
-A backend translates its own vocabulary into ``JobState`` at its edge. ``submit``
+A backend translates its own vocabulary into ``JobState`` at its edge; a CANCELLED
+job reports no exit code (None), whatever signal ended it. ``submit``
 must be idempotent per corral job id: after a gateway crash between recording a
 job and learning its backend id, corral calls ``submit`` again with the same id and
 must get the same backend job, never a second one.

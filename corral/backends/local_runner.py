@@ -124,7 +124,8 @@ def main(job_dir: str) -> int:
             state, reason = "FAILED", f"killed by signal {name}"
         else:
             state, reason = "FAILED", f"exited with code {rc}"
-    exit_code = 128 - rc if rc < 0 else rc
+    # The one rule of every lane: a cancelled job has no exit code (it did not exit by itself).
+    exit_code = None if state == "CANCELLED" else 128 - rc if rc < 0 else rc
     write_json(d / "result.json", {"state": state, "exit_code": exit_code, "reason": reason,
                                    "start_time": start, "end_time": end})
     return 0

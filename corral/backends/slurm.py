@@ -48,6 +48,12 @@ log = logging.getLogger(__name__)
 _OOM_MARK = re.compile(rb"exceeded (job )?memory limit|oom-kill|out of memory", re.IGNORECASE)
 
 
+def job_name(ctx: SubmitContext, spec: JobSpec) -> str:
+    """``corral-<id>``, then the user's ``--name`` (Slurm's own listings show both)."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec.name or "")[:64]
+    return f"corral-{ctx.job_id}" + (f"-{name}" if name else "")
+
+
 class SlurmBackend:
     name = "slurm"
 
@@ -93,7 +99,7 @@ class SlurmBackend:
         if recorded.exists():
             return recorded.read_text().strip()
         if (d / "job.sh").exists():  # written before a crash or a failed sbatch: was it submitted?
-            found = self._find_submitted(f"corral-{ctx.job_id}", (d / "nonce").read_text().strip())
+            found = self._find_submitted(job_name(ctx, spec), (d / "nonce").read_text().strip())
             if found:
                 recorded.write_text(found)
                 self._index(found, d)
@@ -149,7 +155,7 @@ class SlurmBackend:
             ("sponsor", ctx.sponsor or "-"), ("session", ctx.session or "-"), ("nonce", nonce)))
         lines = [
             "#!/bin/bash",
-            f"#SBATCH --job-name=corral-{ctx.job_id}",
+            f"#SBATCH --job-name={job_name(ctx, spec)}",
             f"#SBATCH --comment={shlex.quote(comment)}",
             f"#SBATCH --output={d / 'stdout'}",
             f"#SBATCH --error={d / 'stderr'}",
@@ -282,7 +288,7 @@ class SlurmBackend:
             elif state is JobState.TIMEOUT:
                 why = "killed after its walltime"
             elif state is JobState.CANCELLED:
-                why = "cancelled"
+                why, exit_code = "cancelled", None  # the one rule: a cancelled job has no exit code
             out[jid] = BackendStatus(jid, state, exit_code, why, _epoch(start), _epoch(end))
         return out
 
@@ -332,7 +338,7 @@ class SlurmBackend:
         for line in self._run("scontrol", "show", "node", "-o").splitlines():
             kv = _kv(line)
             gpus = sum(int(m.group(1)) for m in re.finditer(r"gpu(?::[^:,(]+)?:(\d+)", kv.get("Gres", "")))
-            nodes[kv.get("NodeName")] = (int(kv.get("CPUTot", 0)), int(kv.get("RealMemory", 0)), gpus)
+            nodes[kv.get("NodeName", "")] = (int(kv.get("CPUTot", 0)), int(kv.get("RealMemory", 0)), gpus)
         parts = []
         for line in self._run("scontrol", "show", "partition", "-o").splitlines():
             kv = _kv(line)

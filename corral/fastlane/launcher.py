@@ -278,7 +278,8 @@ class Launcher:
         self.free.gpus = r.gpus + self.free.gpus
         state = r.state or ("COMPLETED" if code == 0 else "FAILED")
         reason = r.reason or (None if code == 0 else f"exit code {code}")
-        return {"state": state, "code": code, "end": end, "cpu_s": ru.ru_utime + ru.ru_stime, "reason": reason,
+        # The one rule of every lane: a cancelled job has no exit code.
+        return {"state": state, "code": None if state == "CANCELLED" else code, "end": end, "cpu_s": ru.ru_utime + ru.ru_stime, "reason": reason,
                 # SIGTERM/SIGKILL that this launcher did not send: most likely the whole
                 # allocation is being ended (scancel, node loss). Wait before reporting, so
                 # the task is counted lost with its allocation, not as its own failure.

@@ -186,9 +186,10 @@ class TokenAuthority:
             params[k] = v
         code.append("allow if true;")
         builder = AuthorizerBuilder("\n".join(code), params)
-        limits = builder.limits()
+        # limits()/set_limits() exist at run time; biscuit-python's stubs do not list them.
+        limits = builder.limits()  # type: ignore[attr-defined]
         limits.max_time = EVAL_BUDGET
-        builder.set_limits(limits)
+        builder.set_limits(limits)  # type: ignore[attr-defined]
         try:
             builder.build(cap.biscuit).authorize()
         except AuthorizationError as e:
