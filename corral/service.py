@@ -92,7 +92,7 @@ class Service:
             self.reconciler.kick()
             current = self.db.get_jobs([j.id for j in jobs])
             jobs = [current.get(j.id, j) for j in jobs]
-        self.audit.record(caller, "submit", "allow", rule if created else "idempotent-replay",
+        self.audit.record(caller, "submit", "allow", rule,
                           [{"job_id": j.id, "backend": j.backend, "backend_id": j.backend_id,
                             "partition": j.spec.partition, "cpus": j.spec.cpus, "gpus": j.spec.gpus} for j in jobs])
         return [j.with_advice(a) if a else j for j, a in zip(jobs, advice, strict=True)], created
@@ -109,14 +109,9 @@ class Service:
             if not 1 <= len(key) <= 200:
                 raise InvalidRequest("the idempotency key must be 1 to 200 characters")
             digest = hashlib.blake2b("\n".join(s.model_dump_json() for s in specs).encode(), digest_size=16).hexdigest()
-            found = self.db.find_idempotent(caller.name, key, n)
-            if found is not None:
-                earlier, earlier_digest = found
-                if earlier_digest is not None and earlier_digest != digest:
-                    raise Conflict(f"idempotency key {key!r} was used for a different request (job "
-                                   f"{earlier[0].id}); a retry must send the same body",
-                                   hint="use a new key for a new request")
-                return earlier, False, [[] for _ in earlier], "idempotent-replay"
+            replay = self._replay(caller, key, n, digest)
+            if replay is not None:
+                return replay, False, [[] for _ in replay], "idempotent-replay"
         # A sweep repeats one spec: each distinct one is checked, decided, routed and advised once.
         texts = [s.model_dump_json() for s in specs]
         first: dict[str, int] = {}
@@ -140,9 +135,13 @@ class Service:
         for t, r in ready.items():
             if not isinstance(r, Job):
                 said[t] = self.memory.advise(p, r[0], first[t] if n > 1 else None)
+        if key is not None:  # again, now that nothing awaits before the insert: a concurrent retry won
+            replay = self._replay(caller, key, n, digest)
+            if replay is not None:
+                return replay, False, [[] for _ in replay], "idempotent-replay"
         with self.db.transaction():
             made = iter(self.db.insert_jobs(caller.name, caller.session, [(lane.name, spec) for spec, lane in new],
-                                            caller.cap.path if caller.cap else None, key, digest))
+                                            caller.cap.path if caller.cap else None, key, digest) if new else [])
         jobs, advice = [], []
         for t in texts:
             r = ready[t]
@@ -153,7 +152,19 @@ class Service:
             else:
                 jobs.append(next(made))
                 advice.append(said[t])
-        return jobs, True, advice, rule
+        # Only cache hits: nothing new was made, and the answer says so.
+        return jobs, bool(new), advice, rule if new else "cache-hit"
+
+    def _replay(self, caller: Caller, key: str, n: int, digest: str | None) -> list[Job] | None:
+        """The jobs an earlier request with this key made, or None; a different request is a 409."""
+        found = self.db.find_idempotent(caller.name, key, n)
+        if found is None:
+            return None
+        earlier, earlier_digest = found
+        if earlier_digest is not None and earlier_digest != digest:
+            raise Conflict(f"idempotency key {key!r} was used for a different request (job {earlier[0].id}); "
+                           "a retry must send the same body", hint="use a new key for a new request")
+        return earlier
 
     def _preflight(self, specs: dict[int, JobSpec], where: Any) -> None:
         """In a thread: workdirs are looked at on disk, and the first preflight reads the

@@ -85,3 +85,63 @@ def test_every_command_teaches_in_help() -> None:
 def test_json_everywhere(gateway: Gateway) -> None:
     for args in (["whoami"], ["facility"], ["jobs"], ["principal", "list"], ["token", "list"]):
         json.loads(gateway.cli("--json", *args).stdout)
+
+
+def test_wait_timeout_json_errors_logs_hint_advice_and_env(gateway: Gateway, tmp_path) -> None:
+    """Defects a new user found: each fails on the code before this change."""
+    long = gateway.cli_json("submit", "--time", "10m", "--", "sleep", "300")
+    cp = gateway.cli("wait", str(long["id"]), "--timeout", "0.2")
+    assert cp.returncode == 3 and "still" in cp.stdout  # a timeout is not success: `wait && logs` is right
+    gateway.cli("cancel", str(long["id"]))
+    assert gateway.cli("wait", str(long["id"])).returncode == 0
+
+    bad = gateway.cli("--json", "submit", "--mem", "lots", "--", "true")
+    err = json.loads(bad.stdout)["error"]  # agents read stdout: the error is there too, as JSON
+    assert bad.returncode == 2 and err["code"] == "invalid_request" and "memory" in err["message"]
+
+    to_err = gateway.cli_json("submit", "--", "echo oops >&2")
+    gateway.cli_json("wait", str(to_err["id"]))
+    logs = gateway.cli("logs", str(to_err["id"]))
+    assert logs.stdout.strip() == "" and f"corral logs {to_err['id']} --stderr" in logs.stderr
+
+    failing = ["submit", "--workdir", str(tmp_path), "--", "python3 -c 'import no_such_module_here'"]
+    first = gateway.cli_json(*failing)
+    gateway.cli_json("wait", str(first["id"]))
+    again = gateway.cli(*failing[:1], "--force", *failing[1:])
+    assert again.returncode == 0 and "advice:" in again.stdout  # advice shows without --json too
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "hello-from-venv").write_text("#!/bin/sh\necho venv tool ran\n")
+    (venv / "bin" / "hello-from-venv").chmod(0o755)
+    env = {"VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}:/usr/bin:/bin"}
+    job = json.loads(gateway.cli("--json", "submit", "--", 'hello-from-venv; echo "$VIRTUAL_ENV"', **env).stdout)
+    gateway.cli_json("wait", str(job["id"]))
+    assert gateway.cli("logs", str(job["id"])).stdout == f"venv tool ran\n{venv}\n"  # the submitter's venv
+    clean = json.loads(gateway.cli("--json", "submit", "--clean-env", "--", 'echo "[$VIRTUAL_ENV]"', **env).stdout)
+    gateway.cli_json("wait", str(clean["id"]))
+    assert gateway.cli("logs", str(clean["id"])).stdout == "[]\n"
+
+
+def test_serve_refuses_a_taken_port_and_a_second_gateway_on_one_home(gateway: Gateway, tmp_path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    from .conftest import free_port
+
+    def serve(home, port: int) -> subprocess.CompletedProcess[str]:
+        env = {**gateway.env(), "CORRAL_HOME": str(home)}
+        return subprocess.run([sys.executable, "-m", "corral.cli", "serve", "--port", str(port)], env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    taken = serve(tmp_path / "other", gateway.port)
+    assert taken.returncode == 2 and "taken by a corral gateway" in taken.stderr
+    assert "corral gateway on" not in taken.stdout  # refused before the banner
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = serve(tmp_path / "other", s.getsockname()[1])
+    assert busy.returncode == 2 and "taken by another program" in busy.stderr
+    twice = serve(gateway.home, free_port())
+    assert twice.returncode == 2 and "another gateway (pid" in twice.stderr and "corral gateway on" not in twice.stdout

@@ -1,0 +1,168 @@
+"""The core built in-process, without HTTP: the one submit path, the lane registry, the
+audit's one writer, and the parts each built alone (accounts, memory, Sender, Progress)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.backends import BackendStatus, SubmitContext
+from corral.backends.slurm import SlurmBackend
+from corral.config import Settings
+from corral.control.progress import Progress
+from corral.control.reconciler import Watchers
+from corral.control.metrics import Metrics
+from corral.control.sender import Sender
+from corral.db import Database
+from corral.errors import Conflict, InvalidRequest
+from corral.jobs import JobSpec, JobState
+from corral.lanes import BackendLane, Lanes
+from corral.principals import Kind, Principal
+from corral.safety.audit import AuditLog
+from corral.server import build_service
+
+
+def _service(tmp_path: Path, **settings: Any) -> Any:
+    svc = build_service(Settings(home=tmp_path / "home", local_cpus=2, **settings))
+    svc.accounts.bootstrap_admin()
+    return svc, svc.authenticate((tmp_path / "home" / "admin.token").read_text().strip(), "s1")
+
+
+def _audit(tmp_path: Path) -> list[dict[str, Any]]:
+    home = tmp_path / "home"
+    return list(AuditLog(home / "audit.jsonl", home / "audit.key").records())
+
+
+def test_a_batch_and_a_single_submission_take_one_path(tmp_path) -> None:
+    svc, admin = _service(tmp_path, fastlane=False)
+
+    async def scenario() -> None:
+        specs = [JobSpec(command="true", workdir=str(tmp_path)) for _ in range(3)]
+        jobs, created = await svc.submit(admin, specs, "sweep-1")
+        assert created and len({j.id for j in jobs}) == 3 and all(j.backend_id for j in jobs)
+        again, created = await svc.submit(admin, specs, "sweep-1")  # idempotency keys work for batches
+        assert not created and [j.id for j in again] == [j.id for j in jobs]
+        with pytest.raises(Conflict, match="different request"):  # not a silent replay of the first
+            await svc.submit(admin, [JobSpec(command="false")], "sweep-1")
+        with pytest.raises(InvalidRequest, match="job 1: workdir"):  # a batch names the job at fault
+            await svc.submit(admin, [JobSpec(command="true"), JobSpec(command="true", workdir="/no/such")])
+        with pytest.raises(InvalidRequest, match="lane 'fast' is not offered"):
+            await svc.submit(admin, [JobSpec(command="true", lane="fast")])
+
+    asyncio.run(scenario())
+    decisions = [(r["action"], r["decision"], r["rule"]) for r in _audit(tmp_path) if r["action"] == "submit"]
+    # Each refusal once (no second record by another layer), each replay once per job.
+    assert decisions.count(("submit", "deny", "conflict")) == 1
+    assert decisions.count(("submit", "deny", "invalid_request")) == 2
+    assert decisions.count(("submit", "allow", "idempotent-replay")) == 3
+
+
+def test_a_policy_refusal_is_recorded_once_with_its_rule(tmp_path) -> None:
+    svc, admin = _service(tmp_path, fastlane=False)
+    svc.accounts.add_principal(admin, "alice", "human")
+    svc.accounts.add_principal(admin, "bot", "agent", sponsor="alice")
+    bot = svc.authenticate(svc.accounts.mint_token(admin, "bot", "1h")["token"], "s2")
+
+    async def scenario() -> None:
+        with pytest.raises(Exception, match="rule"):
+            await svc.submit(bot, [JobSpec(command="rm -rf ~")])
+
+    asyncio.run(scenario())
+    denials = [r for r in _audit(tmp_path) if r["decision"] == "deny"]
+    assert len(denials) == 1 and denials[0]["principal"] == "bot" and denials[0]["risk_tags"]
+    assert denials[0]["rule"] not in ("forbidden", "policy")  # the rule's own id, from the policy
+
+
+class _Recording:
+    name = "rec"
+    reports_itself = False
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+
+    def claim(self, principal: Principal, spec: JobSpec) -> JobSpec | None:
+        return spec
+
+    async def submit(self, jobs: Any) -> list[Any]:
+        from corral.lanes import Sent
+
+        self.sent += [ctx.job_id for ctx, _ in jobs]
+        return [Sent(f"r{ctx.job_id}") for ctx, _ in jobs]
+
+    def dispatch(self) -> None:
+        pass
+
+
+def test_the_sender_sends_what_was_recorded_once(tmp_path) -> None:
+    """Built alone: a database, a registry with one lane, a Sender."""
+    db = Database(tmp_path / "c.db")
+    db.add_principal(Principal("a", Kind.HUMAN))
+    lane = _Recording()
+    lanes = Lanes(BackendLane(_NoBackend()))  # type: ignore[arg-type]
+    lanes.add(lane)  # type: ignore[arg-type]
+    sender = Sender(db, lanes)
+    with db.transaction():
+        jobs = db.insert_jobs("a", None, [("rec", JobSpec(command="x")), ("rec", JobSpec(command="y"))])
+    asyncio.run(sender.send_unsent())
+    asyncio.run(sender.send_unsent())  # sent, so not again
+    assert lane.sent == [j.id for j in jobs]
+    assert [db.get_job(j.id).backend_id for j in jobs] == [f"r{j.id}" for j in jobs]  # type: ignore[union-attr]
+
+
+class _NoBackend:
+    name = "none"
+
+
+def test_progress_wakes_waiters_and_keeps_outcomes(tmp_path) -> None:
+    db = Database(tmp_path / "c.db")
+    db.add_principal(Principal("a", Kind.HUMAN))
+    job = db.insert_job("a", None, "x", JobSpec(command="x"))
+    progress = Progress(db, Watchers(Metrics()))
+
+    async def scenario() -> bool:
+        waiter = asyncio.create_task(progress.watchers.wait(job.id, 5))
+        await asyncio.sleep(0)
+        progress.started({job.id: 1.0})
+        return await waiter
+
+    assert asyncio.run(scenario())
+    progress.ended([{"job_id": job.id, "state": "COMPLETED", "exit_code": 0, "start": 1.0, "end": 2.0}])
+    assert db.get_job(job.id).state is JobState.COMPLETED  # type: ignore[union-attr]
+
+
+def test_slurm_backend_forgets_what_the_core_recorded(tmp_path) -> None:
+    """_final and _dirs grew with every job the gateway ever saw; the output is still found."""
+    b = SlurmBackend(tmp_path / "jobs", None, poll_s=3600, clock=lambda: 5.0)
+    answers = {"sbatch": "77\n", "squeue": "", "sacct": "77|COMPLETED|0:0|2026-01-01T00:00:00|2026-01-01T00:00:01|None\n"}
+    b._run = lambda *argv: answers[argv[0]]  # type: ignore[method-assign]
+    b._limits = []  # no preflight against a cluster
+    b.preflight = lambda spec: None  # type: ignore[method-assign]
+    bid = b.submit(SubmitContext(3, "a", "human"), JobSpec(command="true", name="t"))
+    assert b.status([bid])[bid].state is JobState.COMPLETED  # polled at once, though the clock says 5 s
+    assert bid in b._final and bid in b._dirs
+    b.forget([bid])
+    assert bid not in b._final and bid not in b._dirs and bid not in b._known
+    assert b.output_paths(bid).stdout == tmp_path / "jobs" / "3" / "stdout"
+
+
+def test_background_tasks_are_kept_until_they_end(tmp_path) -> None:
+    from corral.fastlane.pool import Pool, PoolConfig, PoolKey, Shape
+
+    pool = Pool(PoolKey(None, None, None), Shape(1, 64, 0, 60), tmp_path, PoolConfig(), None, None)  # type: ignore[arg-type]
+
+    async def scenario() -> tuple[int, int]:
+        gate = asyncio.Event()
+
+        async def work() -> None:
+            await gate.wait()
+
+        pool._keep(asyncio.ensure_future(work()))
+        held = len(pool._tasks)  # a strong reference: asyncio keeps only weak ones
+        gate.set()
+        await asyncio.sleep(0.01)
+        return held, len(pool._tasks)
+
+    assert asyncio.run(scenario()) == (1, 0)
