@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import math
 import re
 from typing import Literal, Annotated, Any, Callable
 
@@ -58,24 +59,29 @@ def parse_memory_mb(value: Any) -> int:
     return int(round(mb))
 
 
-def parse_duration_s(value: Any) -> int:
-    """'90s', '30m', '2h', '1d', 'HH:MM:SS', 'D-HH:MM:SS' (Slurm's form), 600 (s) -> seconds."""
+MAX_DURATION_S = 10 * 365 * 86400
+"""Longest duration corral takes anywhere (a walltime, an expiry): fits every clock and int."""
+
+
+def parse_duration_s(value: Any, what: str = "walltime") -> int:
+    """'90s', '30m', '2h', '1d', 'HH:MM:SS', 'D-HH:MM:SS' (Slurm's form), 600 (s) -> seconds.
+    ``what`` names the field in errors (walltime, expiry ...)."""
     if isinstance(value, bool):
-        raise ValueError("walltime must be a duration such as '30m' or '02:00:00'")
+        raise ValueError(f"{what} must be a duration such as '30m' or '02:00:00'")
     if isinstance(value, (int, float)):
-        secs = float(value)
+        secs = float(value) if abs(value) < 1e300 else math.inf  # a 400-digit int must not overflow
     else:
         text = str(value).strip()
         days = 0
         if "-" in text:
             d, _, text = text.partition("-")
             if not d.isdigit():
-                raise ValueError(f"walltime {value!r} is not a duration; write '30m', '2h' or 'HH:MM:SS'")
+                raise ValueError(f"{what} {value!r} is not a duration; write '30m', '2h' or 'HH:MM:SS'")
             days = int(d)
         if ":" in text:
             parts = text.split(":")
             if len(parts) > 3 or not all(p.isdigit() for p in parts):
-                raise ValueError(f"walltime {value!r} is not a duration; write '30m', '2h' or 'HH:MM:SS'")
+                raise ValueError(f"{what} {value!r} is not a duration; write '30m', '2h' or 'HH:MM:SS'")
             nums = [int(p) for p in parts]
             while len(nums) < 3:
                 nums.insert(0, 0)
@@ -83,10 +89,12 @@ def parse_duration_s(value: Any) -> int:
         else:
             m = _DUR_RE.match(text)
             if not m:
-                raise ValueError(f"walltime {value!r} is not a duration; write '30m', '2h' or 'HH:MM:SS'")
+                raise ValueError(f"{what} {value!r} is not a duration; write '30m', '2h' or 'HH:MM:SS'")
             secs = days * 86400 + float(m.group(1)) * _DUR_UNITS[m.group(2).lower()]
+    if not math.isfinite(secs) or secs > MAX_DURATION_S:
+        raise ValueError(f"{what} {value!r} is too long; at most {MAX_DURATION_S // 86400} days")
     if secs < 1:
-        raise ValueError(f"walltime must be at least 1 second, got {value!r}")
+        raise ValueError(f"{what} must be at least 1 second, got {value!r}")
     return int(round(secs))
 
 

@@ -166,3 +166,15 @@ def test_background_tasks_are_kept_until_they_end(tmp_path) -> None:
         return held, len(pool._tasks)
 
     assert asyncio.run(scenario()) == (1, 0)
+
+
+def test_bad_durations_are_the_callers_mistake_in_its_own_words(tmp_path) -> None:
+    """A note's expires 'none' and a walltime of 1e400 answered 500; --expires said 'walltime'."""
+    svc, admin = _service(tmp_path, fastlane=False)
+    with pytest.raises(InvalidRequest, match="expiry 'none' is not a duration"):
+        svc.memory.remember(admin, "a note", "user", "none")
+    with pytest.raises(InvalidRequest, match=r"^expiry 'soon' is not a duration.*'never'"):
+        svc.accounts.mint_token(admin, "admin", "soon")
+    for bad in (1e400, "1e400", 10**400):
+        with pytest.raises(ValueError, match="walltime"):
+            JobSpec(command="true", walltime=bad)

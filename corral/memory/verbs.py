@@ -83,8 +83,11 @@ class MemoryVerbs:
                     raise NotFound(f"no job {job_id} visible to you; list your jobs to find the right id")
             mem = self._mem()
             rule = self.gate.check(caller, "write_note", "Note", {"scope": scope, "author": caller.name})
-            note: dict[str, Any] = mem.remember(caller, text, scope, parse_duration_s(expires) if expires else None,
-                                                job_id)
+            try:
+                ttl = parse_duration_s(expires, "expiry") if expires else None
+            except ValueError as e:
+                raise InvalidRequest(f"{e} (for example '30d' or '12h'; leave it out to keep the note)") from None
+            note: dict[str, Any] = mem.remember(caller, text, scope, ttl, job_id)
         self.audit.record(caller, "write_note", "allow", rule, [{"note_id": note["id"], "scope": scope,
                                                                  "flags": note.get("flags")}])
         return note

@@ -263,6 +263,6 @@ def expires_in(value: str | None) -> float | None:
     if value in (None, "", "never"):
         return None
     try:
-        return time.time() + parse_duration_s(value)
+        return time.time() + parse_duration_s(value, "expiry")
     except ValueError as e:
-        raise InvalidRequest(f"--expires: {e}") from None
+        raise InvalidRequest(f"{e} (for example '8h', '7d', or 'never' for humans and services)") from None
