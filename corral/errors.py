@@ -100,14 +100,39 @@ class BackendError(CorralError):
         self.stderr = stderr
 
 
+_WORDS = {
+    "missing": "is required", "int_parsing": "must be a whole number", "int_type": "must be a whole number",
+    "int_from_float": "must be a whole number", "float_parsing": "must be a number", "float_type": "must be a number",
+    "finite_number": "must be a finite number", "bool_parsing": "must be true or false",
+    "bool_type": "must be true or false", "string_type": "must be a string", "list_type": "must be a list",
+    "dict_type": "must be an object", "model_type": "must be an object", "json_invalid": "is not valid JSON",
+    "greater_than_equal": "must be at least {ge}", "greater_than": "must be more than {gt}",
+    "less_than_equal": "must be at most {le}", "less_than": "must be less than {lt}",
+    "string_too_short": "must be at least {min_length} characters", "string_too_long":
+    "must be at most {max_length} characters", "too_short": "must have at least {min_length} items",
+    "too_long": "must have at most {max_length} items", "literal_error": "must be one of {expected}",
+    "enum": "must be one of {expected}", "string_pattern_mismatch": "must match {pattern}",
+}
+"""pydantic's error types in corral's words: a caller reads 'tail must be at least 0',
+not a library's phrasing and field path."""
+
+
 def describe_validation(errors: Iterable[dict[str, Any]], where_default: str, unknown_field: str | None = None) -> str:
-    """pydantic's errors as one line a caller can act on: 'cpus: Input should be >= 1; ...'.
+    """Validation errors as one line a caller can act on: 'cpus must be at least 1; ...'.
     ``unknown_field`` replaces the message for a field the model forbids."""
     parts = []
     for err in list(errors)[:5]:
-        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or where_default
-        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-        if unknown_field and err.get("type") == "extra_forbidden":
-            msg = unknown_field
-        parts.append(f"{where}: {msg}")
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "header")]
+        where = ".".join(loc) or where_default
+        kind = str(err.get("type", ""))
+        if unknown_field and kind == "extra_forbidden":
+            parts.append(f"{where}: {unknown_field}")
+        elif kind in _WORDS:
+            try:
+                parts.append(f"{where} {_WORDS[kind].format(**(err.get('ctx') or {}))}")
+            except (KeyError, IndexError):
+                parts.append(f"{where} is not valid")
+        else:  # our own validators' messages already name the field and say what to write
+            msg = str(err.get("msg", "invalid")).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+            parts.append(msg if loc and msg.lower().startswith(loc[-1].lower().replace("_", " ")) else f"{where}: {msg}")
     return "; ".join(parts)

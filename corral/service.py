@@ -120,9 +120,14 @@ class Service:
         distinct = {t: specs[i] for t, i in first.items()}
         await asyncio.to_thread(self._preflight, {first[t]: s for t, s in distinct.items()}, where)
         rule = "default"
+        default = None
         for t, s in distinct.items():
             with _prefixed(where(first[t])):
-                rule = self.gate.check(caller, "submit", "Job", job_resource(s, caller.name), text=job_text(s))
+                resource = job_resource(s, caller.name)
+                if not resource["partition"]:  # decided as where it will run: the default partition
+                    default = default or await asyncio.to_thread(self._default_partition)
+                    resource["partition"] = default
+                rule = self.gate.check(caller, "submit", "Job", resource, text=job_text(s))
         p = caller.principal
         ready: dict[str, tuple[JobSpec, Lane] | Job] = {}
         for t, s in distinct.items():
@@ -165,6 +170,13 @@ class Service:
             raise Conflict(f"idempotency key {key!r} was used for a different request (job {earlier[0].id}); "
                            "a retry must send the same body", hint="use a new key for a new request")
         return earlier
+
+    def _default_partition(self) -> str:
+        try:
+            parts = self.lanes.batch.partitions()
+        except BackendError:  # the scheduler is away: judged without one
+            return ""
+        return next((p.name for p in parts if p.default), parts[0].name if parts else "")
 
     def _preflight(self, specs: dict[int, JobSpec], where: Any) -> None:
         """In a thread: workdirs are looked at on disk, and the first preflight reads the

@@ -30,6 +30,7 @@ from biscuit_auth import (Algorithm, AuthorizationError, AuthorizerBuilder, Bisc
                           PrivateKey, PublicKey)
 
 from ..errors import Forbidden, InvalidRequest, Unauthenticated
+from ..jobs import format_duration
 
 PREFIX = "crb_"
 ACTIONS = ("submit", "cancel", "status", "read_output", "write_note", "read_notes", "advice", "manage")
@@ -199,19 +200,26 @@ class TokenAuthority:
 
 
 def _explain(failed: str) -> str:
-    """The failed check, in words when it is one of ours."""
+    """The failed check, in the caller's words (never the check's Datalog)."""
     if "execution limits" in failed:
         return ("its checks take too much work to evaluate (more facts, rule iterations or time than the "
                 "gateway allows); use a token with fewer or simpler added checks")
+    failed = ("check if " + failed.split("check if ", 2)[1]) if "check if " in failed else failed  # the first
     if "time($t)" in failed:
         return "it has expired"
+    if "partition($p)" in failed:
+        names = re.findall(r'"([^"]+)"', failed.split("partition($p)", 1)[1])
+        return f"it allows submitting only to partition {', '.join(names)}"
     if "operation($op), [" in failed:
-        return "the action is not among those it allows (" + failed.split("check if ", 1)[-1] + ")"
-    for name, words in (("partition($p)", "partition"), ("cpus($v)", "CPUs"), ("gpus($v)", "GPUs"),
-                        ("walltime_s($v)", "walltime")):
-        if name in failed:
-            return f"the {words} asked for is beyond its limit (" + failed.split("or ", 1)[-1] + ")"
-    return failed
+        names = re.findall(r'"([^"]+)"', failed)
+        return f"the action is not among those it allows ({', '.join(names)})"
+    limit = re.search(r"\$v <= (\d+)", failed)
+    for name, words in (("cpus($v)", "CPUs"), ("gpus($v)", "GPUs"), ("walltime_s($v)", "walltime")):
+        if name in failed and limit:
+            most = int(limit.group(1))
+            shown = format_duration(most) if name.startswith("walltime") else str(most)
+            return f"it allows at most {shown} {words} per job; ask for less"
+    return "one of its checks failed"
 
 
 def attenuate(token: str, caveats: Caveats, public_key: bytes) -> tuple[str, str]:

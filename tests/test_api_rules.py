@@ -1,0 +1,83 @@
+"""API rules in-process, through an ASGI client: no gateway process, no port, no sleep.
+(The subprocess tests in test_api.py keep what needs a real server: concurrency, restarts.)"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable
+
+import httpx
+import pytest
+
+from corral.api import create_app
+from corral.config import Settings
+from corral.server import build_service
+
+Scenario = Callable[[httpx.AsyncClient, dict[str, str]], Awaitable[Any]]
+
+
+@pytest.fixture
+def api(tmp_path) -> Callable[[Scenario], Any]:
+    service = build_service(Settings(home=tmp_path / "home", local_cpus=16, fastlane=False))
+    service.accounts.bootstrap_admin()
+    admin = (tmp_path / "home" / "admin.token").read_text().strip()
+    app = create_app(service)
+
+    def run(scenario: Scenario) -> Any:
+        async def go() -> Any:
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://corral") as h:
+                h.headers["Authorization"] = f"Bearer {admin}"
+                for body in ({"name": "alice", "kind": "human"}, {"name": "bot", "kind": "agent", "sponsor": "alice"}):
+                    assert (await h.post("/v1/principals", json=body)).status_code == 201
+                minted = await h.post("/v1/tokens", json={"for": "bot", "expires": "1h", "max_cpus": 8,
+                                                          "max_walltime": "2h", "partitions": ["local"]})
+                return await scenario(h, {"admin": admin, "bot": minted.json()["token"]})
+
+        return asyncio.run(go())
+
+    return run
+
+
+def _message(r: httpx.Response) -> str:
+    return str(r.json()["error"]["message"])
+
+
+def test_errors_speak_the_callers_terms(api, tmp_path) -> None:
+    async def scenario(h: httpx.AsyncClient, tokens: dict[str, str]) -> None:
+        r = await h.get("/v1/jobs/1/output", params={"tail": -1})
+        assert r.status_code == 400 and _message(r) == "tail must be at least 0"
+        r = await h.post("/v1/jobs", json={"command": "true", "memory": "lots"})
+        assert r.status_code == 400 and _message(r).startswith("memory 'lots' is not a size")
+        r = await h.post("/v1/jobs", json={"command": "true", "cpus": True})
+        assert r.status_code == 400 and "cpus" in _message(r)
+        bot = {"Authorization": f"Bearer {tokens['bot']}"}
+        for body, words in (({"cpus": 12, "partition": "local"}, "it allows at most 8 CPUs per job"),
+                            ({"walltime": "3h"}, "it allows at most 02:00:00 walltime")):
+            r = await h.post("/v1/jobs", json={"command": "true", **body}, headers=bot)
+            assert r.status_code == 403 and words in _message(r) and "$" not in _message(r), _message(r)
+        # No partition named: judged as the default partition it runs in, which the token allows.
+        r = await h.post("/v1/jobs", json={"command": "true", "workdir": str(tmp_path)}, headers=bot)
+        assert r.status_code == 201, r.text
+        for text in ("Input should", "query.", "body."):
+            r = await h.get("/v1/jobs", params={"limit": 0})
+            assert r.status_code == 400 and text not in _message(r)
+
+    api(scenario)
+
+
+def test_batches_replay_by_key_and_requests_are_counted(api, tmp_path) -> None:
+    async def scenario(h: httpx.AsyncClient, tokens: dict[str, str]) -> None:
+        body = {"jobs": [{"command": "true", "workdir": str(tmp_path)}] * 2}
+        first = await h.post("/v1/jobs/batch", json=body, headers={"Idempotency-Key": "b1"})
+        again = await h.post("/v1/jobs/batch", json=body, headers={"Idempotency-Key": "b1"})
+        assert (first.status_code, again.status_code) == (201, 200) and not again.json()["created"]
+        assert [j["id"] for j in first.json()["jobs"]] == [j["id"] for j in again.json()["jobs"]]
+        other = await h.post("/v1/jobs/batch", json={"jobs": [{"command": "false"}]}, headers={"Idempotency-Key": "b1"})
+        assert other.status_code == 409 and "different request" in _message(other)
+        await h.get(f"/v1/jobs/{first.json()['jobs'][0]['id']}")
+        metrics = (await h.get("/metrics")).text
+        assert 'corral_requests_total{edge="http",op="get_job"} 1.0' in metrics
+        assert 'corral_requests_total{edge="http",op="submit_batch"} 3.0' in metrics
+
+    api(scenario)
