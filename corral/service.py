@@ -120,7 +120,7 @@ class Service:
         distinct = {t: specs[i] for t, i in first.items()}
         await asyncio.to_thread(self._preflight, {first[t]: s for t, s in distinct.items()}, where)
         rule = "default"
-        default = None
+        default: str | None = None
         for t, s in distinct.items():
             with _prefixed(where(first[t])):
                 resource = job_resource(s, caller.name)
