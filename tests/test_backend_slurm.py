@@ -105,7 +105,7 @@ def test_preflight_names_the_nearest_valid_request(backend, tmp_path) -> None:
 
 def test_provenance_is_in_slurm_accounting(backend, conf, tmp_path) -> None:
     c = SubmitContext(next(iter([int(time.time()) % 100000 + 500000])), "claude-7", "agent", "alice", "sess-42")
-    bid = backend.submit(c, JobSpec(command="echo hi", workdir=str(tmp_path), name="sweep 3/train"))
+    bid = backend.submit(c, JobSpec(command="echo hi", workdir=str(tmp_path), name="sweep-3.train"))
     wait_all(backend, [bid])
     deadline = time.time() + 30
     while time.time() < deadline:  # accounting fills JobName in after the job ends
@@ -114,7 +114,7 @@ def test_provenance_is_in_slurm_accounting(backend, conf, tmp_path) -> None:
             break
         time.sleep(0.5)
     name, comment = row.split("|", 1)
-    assert name == f"corral-{c.job_id}-sweep_3_train"  # corral's id and the user's name
+    assert name == f"corral-{c.job_id}-sweep-3.train"  # corral's id and the user's name
     for part in (f"corral_job={c.job_id}", "principal=claude-7", "kind=agent", "sponsor=alice", "session=sess-42"):
         assert part in comment
     env = {**os.environ, "SLURM_CONF": conf}

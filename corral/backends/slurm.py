@@ -49,9 +49,9 @@ _OOM_MARK = re.compile(rb"exceeded (job )?memory limit|oom-kill|out of memory", 
 
 
 def job_name(ctx: SubmitContext, spec: JobSpec) -> str:
-    """``corral-<id>``, then the user's ``--name`` (Slurm's own listings show both)."""
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec.name or "")[:64]
-    return f"corral-{ctx.job_id}" + (f"-{name}" if name else "")
+    """``corral-<id>``, then the user's ``--name`` (Slurm's own listings show both; the
+    name's pattern, ``[A-Za-z0-9_.+-]``, is safe in a job name)."""
+    return f"corral-{ctx.job_id}" + (f"-{spec.name}" if spec.name else "")
 
 
 class SlurmBackend:
