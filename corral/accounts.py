@@ -109,7 +109,7 @@ class Accounts:
                    caveats: Caveats | None = None) -> dict[str, Any]:
         """A capability token for ``for_name`` with ``caveats``; shown once."""
         with self.audit.refusals(caller, "manage", {"mint_for": for_name}):
-            expires_at = expires_in(expires)
+            expires_at = expires_in(expires, self.gate.clock.time())
             self.credentials.check_mint(caller, for_name, expires_at)
             self.gate.check(caller, "manage", "Facility")
             minted = self.credentials.mint(caller, for_name, expires_at, note, caveats or Caveats())

@@ -19,6 +19,7 @@ from typing import Any
 from .api import STOP_DEADLINE_S, create_app
 from .backends import Backend
 from .backends.local import LocalBackend
+from .clock import Clock
 from .config import Settings
 from .db import Database
 from .errors import InvalidRequest
@@ -41,7 +42,7 @@ def setup_logging(settings: Settings) -> None:
     root.addHandler(filelog)
 
 
-def build_service(settings: Settings) -> Service:
+def build_service(settings: Settings, clock: Clock | None = None) -> Service:
     settings.home.mkdir(parents=True, exist_ok=True)
     db = Database(settings.db_path)
     backend: Backend
@@ -54,7 +55,7 @@ def build_service(settings: Settings) -> Service:
     else:
         backend = LocalBackend(settings.home / "local", settings.local_cpus, settings.local_memory_mb,
                                settings.local_max_walltime_s)
-    return Service(settings, db, backend)
+    return Service(settings, db, backend, clock=clock)
 
 
 def port_taken(host: str, port: int) -> str | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .accounts import Accounts
+from .clock import Clock
 from .backends import Backend
 from .config import Settings
 from .control.metrics import MeteredBackend, Metrics
@@ -43,14 +44,15 @@ MAX_BATCH = 1000
 
 
 class Service:
-    def __init__(self, settings: Settings, db: Database, backend: Backend, metrics: Metrics | None = None) -> None:
+    def __init__(self, settings: Settings, db: Database, backend: Backend, metrics: Metrics | None = None,
+                 clock: Clock | None = None) -> None:
         self.settings = settings
         self.db = db
         self.metrics = metrics or Metrics()
         self.watchers = Watchers(self.metrics)
         self.lanes = Lanes(BackendLane(MeteredBackend(backend, self.metrics)))
         self.audit = Audit(AuditLog(settings.home / "audit.jsonl", settings.home / "audit.key", db.audit_head()), db)
-        self.gate = Gate(settings, db)
+        self.gate = Gate(settings, db, clock)
         self.credentials = Credentials(db, self.gate)
         self.accounts = Accounts(settings, db, self.credentials, self.gate, self.audit)
         store = None

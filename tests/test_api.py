@@ -108,7 +108,6 @@ def test_tokens_forged_expired_revoked(gateway: Gateway, people) -> None:
         assert r.status_code == 401, name
         assert "token" in r.json()["error"]["message"]
     with gateway.http(people["alice"]) as h:
-        short = h.post("/v1/tokens", json={"for": "bot1", "expires": "1s"}).json()
         revoked = h.post("/v1/tokens", json={"for": "bot1", "expires": "1h"}).json()
         assert h.delete(f"/v1/tokens/{revoked['id']}").status_code == 200
         # alice may not mint for carol, nor see carol's existence
@@ -119,9 +118,7 @@ def test_tokens_forged_expired_revoked(gateway: Gateway, people) -> None:
     with gateway.http(people["bot1"]) as h:  # an agent cannot renew its own credential
         r = h.post("/v1/tokens", json={"for": "bot1", "expires": "365d"})
         assert r.status_code == 403 and "sponsor" in r.json()["error"]["message"]
-    time.sleep(1.5)
-    r = httpx.get(f"{gateway.url}/v1/jobs", headers={"Authorization": f"Bearer {short['token']}"})
-    assert r.status_code == 401 and "expired" in r.json()["error"]["message"]
+    # Expiry: tests/test_api_rules.py, on a clock the test moves.
 
 
 def test_principal_rules(gateway: Gateway, people) -> None:

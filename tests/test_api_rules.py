@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from corral.api import create_app
+from corral.clock import ManualClock
 from corral.config import Settings
 from corral.server import build_service
 
@@ -17,8 +18,13 @@ Scenario = Callable[[httpx.AsyncClient, dict[str, str]], Awaitable[Any]]
 
 
 @pytest.fixture
-def api(tmp_path) -> Callable[[Scenario], Any]:
-    service = build_service(Settings(home=tmp_path / "home", local_cpus=16, fastlane=False))
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def api(tmp_path, clock) -> Callable[[Scenario], Any]:
+    service = build_service(Settings(home=tmp_path / "home", local_cpus=16, fastlane=False), clock)
     service.accounts.bootstrap_admin()
     admin = (tmp_path / "home" / "admin.token").read_text().strip()
     app = create_app(service)
@@ -79,5 +85,37 @@ def test_batches_replay_by_key_and_requests_are_counted(api, tmp_path) -> None:
         metrics = (await h.get("/metrics")).text
         assert 'corral_requests_total{edge="http",op="get_job"} 1.0' in metrics
         assert 'corral_requests_total{edge="http",op="submit_batch"} 3.0' in metrics
+
+    api(scenario)
+
+
+def test_tokens_expire_and_policy_edits_apply_on_the_clock_not_after_a_sleep(api, clock, tmp_path) -> None:
+    """Moved from subprocess tests that slept 1.5 s for an expiry and 2.5 s per policy reload."""
+    from corral.safety.policy import DEFAULT_POLICY
+
+    policy = tmp_path / "home" / "policy.cedar"
+
+    async def scenario(h: httpx.AsyncClient, tokens: dict[str, str]) -> None:
+        short = (await h.post("/v1/tokens", json={"for": "bot", "expires": "30s"})).json()["token"]
+        bot = {"Authorization": f"Bearer {short}"}
+        assert (await h.get("/v1/jobs", headers=bot)).status_code == 200
+        clock.advance(31)
+        r = await h.get("/v1/jobs", headers=bot)
+        assert r.status_code == 401 and "expired" in _message(r)
+
+        job = {"command": "true", "workdir": str(tmp_path), "walltime": "5m"}
+        agent = {"Authorization": f"Bearer {tokens['bot']}"}
+        assert (await h.post("/v1/jobs", json=job, headers=agent)).status_code == 201
+        policy.write_text(DEFAULT_POLICY.read_text() + '\n@id("no-bot")\nforbid (principal == Corral::Agent::"bot", '
+                          'action == Corral::Action::"submit", resource);\n')
+        clock.advance(1)  # looked at every 2 s at most: not yet
+        assert (await h.post("/v1/jobs", json=job, headers=agent)).status_code == 201
+        clock.advance(2)
+        r = await h.post("/v1/jobs", json=job, headers=agent)
+        assert r.status_code == 403 and "no-bot" in _message(r)
+        policy.write_text("this is not cedar")  # a broken edit: the rule in force stays
+        clock.advance(3)
+        r = await h.post("/v1/jobs", json=job, headers=agent)
+        assert r.status_code == 403 and "no-bot" in _message(r)
 
     api(scenario)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from corral.backends import BackendStatus, SubmitContext
+from corral.backends import SubmitContext
 from corral.backends.slurm import SlurmBackend
 from corral.config import Settings
 from corral.control.progress import Progress

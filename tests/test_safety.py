@@ -94,14 +94,9 @@ def test_forged_tokens_are_refused(gateway: Gateway, people: dict[str, str], tmp
     for name, tok in forged.items():
         r = httpx.get(f"{gateway.url}/v1/jobs", headers={"Authorization": f"Bearer {tok}"})
         assert r.status_code == 401, name
-    # Expired: minted for 1 s, refused once it has passed, on every edge.
-    with gateway.http(people["alice"]) as h:
-        short = h.post("/v1/tokens", json={"for": "bot1", "expires": "1s"}).json()["token"]
-    time.sleep(1.5)
-    r = httpx.get(f"{gateway.url}/v1/jobs", headers={"Authorization": f"Bearer {short}"})
-    assert r.status_code == 401 and "expired" in r.json()["error"]["message"]
-    cp = gateway.cli("jobs", token=short)
-    assert cp.returncode == 2 and "expired" in cp.stderr
+    # Expired: tests/test_api_rules.py, on a clock the test moves. The CLI edge says so too:
+    cp = gateway.cli("jobs", token=forged["garbage"])
+    assert cp.returncode == 2 and "not valid" in cp.stderr
     # An agent cannot mint, not even a narrower token for itself through the gateway.
     with gateway.http(real) as h:
         assert h.post("/v1/tokens", json={"for": "bot1", "expires": "1h", "max_cpus": 1}).status_code == 403
@@ -285,25 +280,6 @@ def test_the_cli_mints_narrows_lists_and_revokes(gateway: Gateway, people: dict[
     assert cp.returncode == 2 and "unknown actions" in cp.stderr
     cp = gateway.cli("token", "attenuate", "--max-cpus", "1", token="crl_abc_def")
     assert cp.returncode == 2 and "capability tokens" in cp.stderr
-
-
-def test_an_edited_policy_applies_without_a_restart(gateway: Gateway, people: dict[str, str], tmp_path) -> None:
-    assert gateway.cli("policy", "init").returncode == 0
-    policy = gateway.home / "policy.cedar"
-    job = {"command": "true", "workdir": str(tmp_path), "walltime": "5m"}
-    with gateway.http(people["bot1"]) as h:
-        assert h.post("/v1/jobs", json=job).status_code == 201
-        policy.write_text(policy.read_text() + '\n@id("no-bot1")\nforbid (principal == Corral::Agent::"bot1", '
-                          'action == Corral::Action::"submit", resource);\n')
-        time.sleep(2.5)
-        r = h.post("/v1/jobs", json=job)
-        assert r.status_code == 403 and "no-bot1" in r.json()["error"]["message"]
-        policy.write_text("this is not cedar")  # a broken edit: the rule in force stays
-        time.sleep(2.5)
-        r = h.post("/v1/jobs", json=job)
-        assert r.status_code == 403 and "no-bot1" in r.json()["error"]["message"]
-    with gateway.http(people["bot2"]) as h:
-        assert h.post("/v1/jobs", json=job).status_code == 201
 
 
 def test_a_restart_keeps_revocations_taints_and_budgets(gateway: Gateway, people: dict[str, str], tmp_path) -> None:

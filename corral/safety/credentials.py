@@ -34,7 +34,7 @@ class Credentials:
         if not token:
             raise Unauthenticated("no token given; send 'Authorization: Bearer <token>' or set CORRAL_TOKEN")
         hit = self._cache.get(token)
-        if hit is None or (hit[0] is not None and hit[0] < time.time()):
+        if hit is None or (hit[0] is not None and hit[0] < self.gate.clock.time()):
             hit = self._verify(token)
             if len(self._cache) > 10_000:
                 self._cache.clear()
@@ -63,7 +63,7 @@ class Credentials:
             if record["revoked"]:
                 raise Unauthenticated(f"token {record['id']} was revoked; ask your sponsor for a new one")
             expires = record["expires"]
-        if expires is not None and expires < time.time():
+        if expires is not None and expires < self.gate.clock.time():
             when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(expires))
             raise Unauthenticated(f"token {record['id']} expired at {when}; mint a new one with "
                                   f"'corral token mint --for {record['principal']}'")

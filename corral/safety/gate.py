@@ -16,10 +16,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import shlex
-import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
+from ..clock import Clock
 from ..config import Settings
 from ..errors import CorralError, Forbidden, RateLimited
 from ..jobs import JobSpec
@@ -51,13 +51,14 @@ def job_text(spec: JobSpec) -> str:
 
 
 class Gate:
-    def __init__(self, settings: Settings, db: "Database") -> None:
+    def __init__(self, settings: Settings, db: "Database", clock: Clock | None = None) -> None:
         self.settings = settings
+        self.clock = clock or Clock()
         self.store = SafetyStore(db)
         self.tokens = TokenAuthority(settings.home / "token.key")
         self._policy_path = settings.policy_file or settings.home / "policy.cedar"
         self.policy = Policy.load(self._policy_path)
-        self._policy_seen = (self._mtime(), time.monotonic())
+        self._policy_seen = (self._mtime(), self.clock.monotonic())
         self._policy_version = 0
         self.buckets = Buckets()
         self.revoked = self.store.revoked()
@@ -75,7 +76,7 @@ class Gate:
         exact to that second, and a policy edit or a revocation starts afresh (the policy's
         version is part of the key; a revoked token no longer authenticates)."""
         hit = self._decisions.get(key)
-        if hit is not None and hit[0] > time.monotonic():
+        if hit is not None and hit[0] > self.clock.monotonic():
             return hit[1]
         return None
 
@@ -85,7 +86,7 @@ class Gate:
             return
         if len(self._decisions) > 10_000:
             self._decisions.clear()
-        self._decisions[key] = (time.monotonic() + ttl, value)
+        self._decisions[key] = (self.clock.monotonic() + ttl, value)
 
     def _mtime(self) -> float:
         try:
@@ -98,7 +99,7 @@ class Gate:
         admin's edit applies without a restart. An edit that does not validate is logged
         and the policy in force stays."""
         mtime, looked = self._policy_seen
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now - looked > 2.0:
             current = self._mtime()
             if current != mtime:
@@ -160,7 +161,7 @@ class Gate:
                     facts = {k: resource[k] for k in ("partition", "cpus", "gpus", "walltime_s")}
                 key = (caller.cap.path, action, tuple(facts.items()))
                 if not self._cached(key):
-                    self.tokens.authorize(caller.cap, action, facts)
+                    self.tokens.authorize(caller.cap, action, facts, self.clock.time())
                     self._remember(key, True)
             rule = "policy"
             tags = self.risk_tags(text)
@@ -208,7 +209,7 @@ class Gate:
         if caller.session:
             wants.append((f"api:{caller.name}:{caller.session}", 1.0, s.rate_api_per_s, s.rate_api_burst,
                           f"API calls of session {caller.session}"))
-        self.buckets.take_all(wants)
+        self.buckets.take_all(wants, self.clock.monotonic())
 
     def admit(self, caller: Caller, specs: list[JobSpec]) -> None:
         """Rates, budgets and concurrency for ``specs`` about to be submitted together.
@@ -252,7 +253,7 @@ class Gate:
                     raise RateLimited(f"token block {ids[-1]} allows {limits['max_active_jobs']} unfinished jobs at "
                                       f"once and has {active}", retry_after=30.0,
                                       hint="wait for some to end (corral wait), then submit again")
-            self.buckets.take_all(wants)
+            self.buckets.take_all(wants, self.clock.monotonic())
         except CorralError as e:
             e.rule = "rate-limit" if isinstance(e, RateLimited) else "budget"
             raise

@@ -177,11 +177,12 @@ class TokenAuthority:
         return Capability(m.group(1), _block_ids(b), tuple(limits), expiry, b)
 
     @staticmethod
-    def authorize(cap: Capability, action: str, facts: dict[str, str | int]) -> None:
-        """Run every block's checks against this request. Raises Forbidden naming the
-        first failing check."""
+    def authorize(cap: Capability, action: str, facts: dict[str, str | int], now: float | None = None) -> None:
+        """Run every block's checks against this request at ``now`` (default: the system's
+        time). Raises Forbidden naming the first failing check."""
         code = ["operation({op});", "time({now});"]
-        params: dict[str, object] = {"op": action, "now": dt.datetime.now(dt.timezone.utc)}
+        when = dt.datetime.fromtimestamp(time.time() if now is None else now, dt.timezone.utc)
+        params: dict[str, object] = {"op": action, "now": when}
         for k, v in facts.items():
             code.append(f"{k}({{{k}}});")
             params[k] = v
@@ -264,13 +265,13 @@ def caveats_from(fields: dict[str, Any]) -> Caveats:
     return Caveats(**f)
 
 
-def expires_in(value: str | None) -> float | None:
-    """'8h' -> an absolute time; None/''/'never' -> None."""
+def expires_in(value: str | None, now: float | None = None) -> float | None:
+    """'8h' -> an absolute time (from ``now``, default the system's); None/''/'never' -> None."""
     from ..jobs import parse_duration_s
 
     if value in (None, "", "never"):
         return None
     try:
-        return time.time() + parse_duration_s(value, "expiry")
+        return (time.time() if now is None else now) + parse_duration_s(value, "expiry")
     except ValueError as e:
         raise InvalidRequest(f"{e} (for example '8h', '7d', or 'never' for humans and services)") from None
