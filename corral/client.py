@@ -17,6 +17,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from .paths import home_dir
 from .errors import (BackendError, Conflict, CorralError, Forbidden, InvalidRequest, NotFound, RateLimited,
                      Unauthenticated)
 
@@ -35,7 +36,7 @@ def default_token(home: Path | None = None) -> str | None:
     token = os.environ.get("CORRAL_TOKEN")
     if token:
         return token.strip()
-    path = (home or Path(os.environ.get("CORRAL_HOME", ".corral"))) / "admin.token"
+    path = (home or home_dir()) / "admin.token"
     try:
         return path.read_text().strip()
     except OSError:

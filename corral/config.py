@@ -3,19 +3,26 @@
 Precedence, highest first: explicit arguments (CLI flags), ``CORRAL_*`` environment
 variables, the TOML file (``$CORRAL_CONFIG``, else ``$CORRAL_HOME/corral.toml``),
 then the defaults below. Unknown keys in the file are refused with the list of valid ones.
+
+The settings are nested: the gateway's own keys, then a part per component
+(``[fastlane]``, ``[slurm]``, ``[memory]``, ``[safety]`` in the file;
+``CORRAL_FASTLANE__CPUS`` in the environment), each handed only to what uses it. The flat
+spelling of before (``fastlane_cpus``, ``CORRAL_FASTLANE_CPUS``, ``rate_api_per_s``,
+``memory = false``) is the same key and still taken.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import InvalidRequest
+from .paths import home_dir
 
 
 def _total_memory_mb() -> int:
@@ -25,50 +32,55 @@ def _total_memory_mb() -> int:
         return 4096
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CORRAL_", extra="forbid")
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    home: Path = Field(Path(".corral"), description="State directory: database, admin token, logs, job files.")
-    host: str = Field("127.0.0.1", description="Address the gateway listens on.")
-    port: int = Field(8765, ge=0, le=65535, description="Port the gateway listens on (0: any free port).")
-    url: str | None = Field(None, description="Gateway URL for clients; default http://HOST:PORT.")
-    backend: Literal["local", "slurm"] = Field("local", description="Where jobs run: 'local' (processes on this machine) or 'slurm'.")
-    tick_s: float = Field(0.5, gt=0, le=60, description="Reconciler interval: one backend status call per tick.")
-    max_backoff_s: float = Field(30.0, gt=0, description="Longest pause between ticks while the backend fails.")
-    wait_max_s: float = Field(600.0, gt=0, description="Longest long-poll a client may ask of 'wait'.")
-    local_cpus: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, description="CPU slots of the local backend.")
-    local_memory_mb: int = Field(default_factory=_total_memory_mb, ge=64, description="Memory (MB) of the local backend.")
-    local_max_walltime_s: int = Field(7 * 86400, ge=1, description="Longest walltime the local backend accepts.")
-    log_level: str = Field("INFO", description="Python logging level of the gateway.")
-    slurm_conf: str | None = Field(None, description="slurm.conf of the cluster (default: $SLURM_CONF).")
-    slurm_jobs_dir: Path | None = Field(None, description="Job scripts and output; on a filesystem the nodes share. Default HOME/slurm/jobs.")
-    slurm_agent_nice: int = Field(100, ge=0, le=2147483645, description="Nice value for agents' jobs: people keep priority.")
-    slurm_agent_qos: str | None = Field(None, description="QOS for agents' jobs, when the site has one.")
-    slurm_timeout_s: float = Field(30.0, gt=0, description="Longest wait for one Slurm command.")
-    slurm_poll_s: float = Field(10.0, gt=0, description="Full squeue poll interval; jobs report their own start and end in between.")
+
+class FastLaneSettings(_Part):
+    """The fast lane (corral/fastlane): handed to it alone."""
+
+    enabled: bool = Field(True, description="Offer the fast lane: warm allocations that run many tiny tasks.")
+    host: str | None = Field(None, description="Address the pools' schedulers listen on, reachable from the nodes (default: 127.0.0.1 for the local backend, this host's name for Slurm).")
+    python: str | None = Field(None, description="Python (with corral installed) that allocations run on the nodes; default: the gateway's own.")
+    dir: Path | None = Field(None, description="Fast-lane task output and journals; on a filesystem the nodes share. Default HOME/fastlane.")
+    cpus: int | None = Field(None, ge=1, description="CPUs of one fast-lane allocation (default: the partition's largest node, at most 32).")
+    memory_mb: int | None = Field(None, ge=64, description="Memory (MB) of one allocation (default: the partition's largest node).")
+    gpus: int = Field(0, ge=0, description="GPUs of one allocation.")
+    alloc_walltime_s: int = Field(3600, ge=60, description="Walltime of one allocation (a pilot job).")
+    max_task_s: int = Field(600, ge=1, description="Longest walltime a task may ask for in the fast lane; 'auto' sends longer ones to batch.")
+    min_allocations: int = Field(0, ge=0, description="Allocations each pool keeps warm even when idle.")
+    max_allocations: int = Field(2, ge=1, description="Most allocations one pool holds.")
+    max_queued: int = Field(1, ge=1, description="Most allocations of one pool waiting to start at once.")
+    idle_s: float = Field(120.0, gt=0, description="An allocation without work this long is released.")
+    start_timeout_s: float = Field(300.0, gt=0, description="An allocation whose worker has not joined by then counts as failed.")
+    breaker_failures: int = Field(3, ge=1, description="Allocations failing to start in a row that turn a pool's fast lane off.")
+    breaker_cooldown_s: float = Field(300.0, gt=0, description="How long a tripped pool stays off.")
+
+
+class SlurmSettings(_Part):
+    """The Slurm backend (corral/backends/slurm.py)."""
+
+    conf: str | None = Field(None, description="slurm.conf of the cluster (default: $SLURM_CONF).")
+    jobs_dir: Path | None = Field(None, description="Job scripts and output; on a filesystem the nodes share. Default HOME/slurm/jobs.")
+    agent_nice: int = Field(100, ge=0, le=2147483645, description="Nice value for agents' jobs: people keep priority.")
+    agent_qos: str | None = Field(None, description="QOS for agents' jobs, when the site has one.")
+    timeout_s: float = Field(30.0, gt=0, description="Longest wait for one Slurm command.")
+    poll_s: float = Field(10.0, gt=0, description="Full squeue poll interval; jobs report their own start and end in between.")
+
+
+class MemorySettings(_Part):
+    """Memory (corral/memory): outcomes, advice, notes, the facility's facts."""
+
+    enabled: bool = Field(True, description="Remember every job's outcome and advise at submit; refuse exact repeats of deterministic failures (see refuse_repeats).")
+    refuse_repeats: bool = Field(True, description="Refuse the exact repeat of a job whose last run failed in a way that repeats, unless it says force.")
+    share_account: bool = Field(False, description="Advice also draws on the outcomes of everyone in the same account, not only the submitter's family.")
     facility_paths: dict[str, str] = Field(default_factory=dict, description="Filesystems agents should know, name -> path (e.g. {scratch = '/scratch'}); part of the facility facts.")
     facility_quotas: dict[str, str] = Field(default_factory=dict, description="Storage quotas agents should know, name -> text (e.g. {home = '20 GB per user'}); part of the facility facts.")
     facts_interval_s: float = Field(600.0, gt=0, description="How often the facility facts are harvested again (they are also harvested at start).")
-    memory: bool = Field(True, description="Remember every job's outcome and advise at submit; refuse exact repeats of deterministic failures (see memory_refuse_repeats).")
-    memory_refuse_repeats: bool = Field(True, description="Refuse the exact repeat of a job whose last run failed in a way that repeats, unless it says force.")
-    memory_share_account: bool = Field(False, description="Advice also draws on the outcomes of everyone in the same account, not only the submitter's family.")
-    default_lane: Literal["batch", "fast", "auto"] = Field("batch", description="Lane of a submission that names none: 'batch' (the scheduler), 'fast' (warm pool) or 'auto'.")
-    fastlane: bool = Field(True, description="Offer the fast lane: warm allocations that run many tiny tasks.")
-    fastlane_host: str | None = Field(None, description="Address the pools' schedulers listen on, reachable from the nodes (default: 127.0.0.1 for the local backend, this host's name for Slurm).")
-    fastlane_python: str | None = Field(None, description="Python (with corral installed) that allocations run on the nodes; default: the gateway's own.")
-    fastlane_dir: Path | None = Field(None, description="Fast-lane task output and journals; on a filesystem the nodes share. Default HOME/fastlane.")
-    fastlane_cpus: int | None = Field(None, ge=1, description="CPUs of one fast-lane allocation (default: the partition's largest node, at most 32).")
-    fastlane_memory_mb: int | None = Field(None, ge=64, description="Memory (MB) of one allocation (default: the partition's largest node).")
-    fastlane_gpus: int = Field(0, ge=0, description="GPUs of one allocation.")
-    fastlane_alloc_walltime_s: int = Field(3600, ge=60, description="Walltime of one allocation (a pilot job).")
-    fastlane_max_task_s: int = Field(600, ge=1, description="Longest walltime a task may ask for in the fast lane; 'auto' sends longer ones to batch.")
-    fastlane_min_allocations: int = Field(0, ge=0, description="Allocations each pool keeps warm even when idle.")
-    fastlane_max_allocations: int = Field(2, ge=1, description="Most allocations one pool holds.")
-    fastlane_max_queued: int = Field(1, ge=1, description="Most allocations of one pool waiting to start at once.")
-    fastlane_idle_s: float = Field(120.0, gt=0, description="An allocation without work this long is released.")
-    fastlane_start_timeout_s: float = Field(300.0, gt=0, description="An allocation whose worker has not joined by then counts as failed.")
-    fastlane_breaker_failures: int = Field(3, ge=1, description="Allocations failing to start in a row that turn a pool's fast lane off.")
-    fastlane_breaker_cooldown_s: float = Field(300.0, gt=0, description="How long a tripped pool stays off.")
+
+
+class SafetySettings(_Part):
+    """The gate (corral/safety): the policy, rate limits, caps."""
 
     policy_file: Path | None = Field(None, description="The facility policy (Cedar). Default HOME/policy.cedar when it exists, else the packaged default; 'corral policy init' writes a copy to edit.")
     policy_groups: dict[str, list[str]] = Field(default_factory=dict, description="Groups for the policy, name -> principals (e.g. {gpu-users = ['alice', 'bot1']}): Corral::Group::\"NAME\". Every principal with an account is also in group 'account:ACCOUNT'.")
@@ -82,6 +94,69 @@ class Settings(BaseSettings):
     def policy_groups_of(self, name: str, account: str | None) -> list[str]:
         groups = [g for g, members in self.policy_groups.items() if name in members]
         return groups + [f"account:{account}"] if account else groups
+
+
+PARTS: dict[str, type[_Part]] = {"fastlane": FastLaneSettings, "slurm": SlurmSettings, "memory": MemorySettings,
+                                 "safety": SafetySettings}
+
+
+def _flat_names() -> dict[str, tuple[str, str]]:
+    """The flat spelling of every part's key (``fastlane_cpus``, ``rate_api_per_s``,
+    ``memory``) -> (part, key): what corral.toml and CORRAL_* took before the parts, still
+    taken, so a site's file and environment keep working."""
+    out: dict[str, tuple[str, str]] = {"fastlane": ("fastlane", "enabled"), "memory": ("memory", "enabled")}
+    for part, model in PARTS.items():
+        for key in model.model_fields:
+            if part == "safety" or key.startswith(("facility_", "facts_")):
+                out[key] = (part, key)
+            elif key != "enabled":
+                out[f"{part}_{key}"] = (part, key)
+    return out
+
+
+class Settings(BaseModel):
+    """The gateway's settings: its own keys, then one part per component (``fastlane``,
+    ``slurm``, ``memory``, ``safety``), each handed only to what uses it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    home: Path = Field(default_factory=home_dir, description="State directory: database, admin token, logs, job files.")
+    host: str = Field("127.0.0.1", description="Address the gateway listens on.")
+    port: int = Field(8765, ge=0, le=65535, description="Port the gateway listens on (0: any free port).")
+    url: str | None = Field(None, description="Gateway URL for clients; default http://HOST:PORT.")
+    backend: Literal["local", "slurm"] = Field("local", description="Where jobs run: 'local' (processes on this machine) or 'slurm'.")
+    tick_s: float = Field(0.5, gt=0, le=60, description="Reconciler interval: one backend status call per tick.")
+    max_backoff_s: float = Field(30.0, gt=0, description="Longest pause between ticks while the backend fails.")
+    wait_max_s: float = Field(600.0, gt=0, description="Longest long-poll a client may ask of 'wait'.")
+    local_cpus: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, description="CPU slots of the local backend.")
+    local_memory_mb: int = Field(default_factory=_total_memory_mb, ge=64, description="Memory (MB) of the local backend.")
+    local_max_walltime_s: int = Field(7 * 86400, ge=1, description="Longest walltime the local backend accepts.")
+    log_level: str = Field("INFO", description="Python logging level of the gateway.")
+    default_lane: Literal["batch", "fast", "auto"] = Field("batch", description="Lane of a submission that names none: 'batch' (the scheduler), 'fast' (warm pool) or 'auto'.")
+    fastlane: FastLaneSettings = Field(default_factory=FastLaneSettings)
+    slurm: SlurmSettings = Field(default_factory=SlurmSettings)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
+    safety: SafetySettings = Field(default_factory=SafetySettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest(cls, data: Any) -> Any:
+        """Flat keys (``fastlane_cpus=2``) into their parts; a part given whole stays."""
+        if not isinstance(data, dict):
+            return data
+        flat, out = _flat_names(), {}
+        parts: dict[str, dict[str, Any]] = {}
+        for key, value in data.items():
+            if key in flat and not (key in PARTS and isinstance(value, (dict, BaseModel))):
+                part, sub = flat[key]
+                parts.setdefault(part, {})[sub] = value
+            else:
+                out[key] = value
+        for part, values in parts.items():
+            given = out.get(part)
+            base = given.model_dump() if isinstance(given, BaseModel) else dict(given or {})
+            out[part] = {**base, **values}
+        return out
 
     @field_validator("home")
     @classmethod
@@ -104,13 +179,55 @@ class Settings(BaseSettings):
     def admin_token_path(self) -> Path:
         return self.home / "admin.token"
 
+    @property
+    def policy_path(self) -> Path:
+        return self.safety.policy_file or self.home / "policy.cedar"
+
 
 def config_file(home: Path | None = None) -> Path:
     explicit = os.environ.get("CORRAL_CONFIG")
     if explicit:
         return Path(explicit)
-    base = home or Path(os.environ.get("CORRAL_HOME", ".corral"))
-    return base / "corral.toml"
+    return (home or home_dir()) / "corral.toml"
+
+
+def valid_keys() -> list[str]:
+    return sorted({*Settings.model_fields, *_flat_names()})
+
+
+def _from_env() -> dict[str, Any]:
+    """CORRAL_<KEY> (flat) and CORRAL_<PART>__<KEY> (nested); other CORRAL_* variables
+    (CORRAL_TOKEN, CORRAL_SESSION ...) are the clients', not settings."""
+    known = set(valid_keys())
+    out: dict[str, Any] = {}
+    for name, value in os.environ.items():
+        if not name.startswith("CORRAL_"):
+            continue
+        key = name[len("CORRAL_"):].lower()
+        parsed: Any = value
+        if value[:1] in "[{":  # lists and tables as JSON
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                pass
+        part, _, sub = key.partition("__")
+        if sub and part in PARTS:
+            out.setdefault(part, {})[sub] = parsed
+        elif key in known and key not in PARTS:
+            out[key] = parsed
+        elif key in ("fastlane", "memory"):  # the flat on/off switches
+            out[key] = parsed
+    return out
+
+
+def _merge(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Later layers win, key by key inside each part too."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        nested = Settings._nest(layer)  # type: ignore[operator]
+        for key, value in nested.items():
+            out[key] = {**out[key], **value} if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -123,19 +240,17 @@ def load_settings(**overrides: Any) -> Settings:
             from_file = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as e:
             raise InvalidRequest(f"config file {path} is not valid TOML: {e}") from None
-        unknown = set(from_file) - set(Settings.model_fields)
+        unknown = set(from_file) - set(valid_keys())
+        for part in PARTS:
+            if isinstance(from_file.get(part), dict):
+                unknown |= {f"{part}.{k}" for k in set(from_file[part]) - set(PARTS[part].model_fields)}
         if unknown:
             raise InvalidRequest(
-                f"config file {path} has unknown keys {sorted(unknown)}; valid keys: {sorted(Settings.model_fields)}"
-            )
-    # Environment beats the file: drop file keys the environment sets.
-    for key in list(from_file):
-        if f"CORRAL_{key.upper()}" in os.environ:
-            from_file.pop(key)
+                f"config file {path} has unknown keys {sorted(unknown)}; valid keys: {valid_keys()} "
+                "(and the keys of the tables [fastlane], [slurm], [memory], [safety])")
     try:
-        settings = Settings(**{**from_file, **overrides})
+        return Settings(**_merge(from_file, _from_env(), overrides))
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "settings"
-        raise InvalidRequest(f"configuration {where}: {first['msg']}") from None
-    return settings
+        from .errors import describe_validation
+
+        raise InvalidRequest(f"configuration: {describe_validation(e.errors(), 'settings')}") from None  # type: ignore[arg-type]

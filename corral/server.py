@@ -49,9 +49,9 @@ def build_service(settings: Settings, clock: Clock | None = None) -> Service:
     if settings.backend == "slurm":
         from .backends.slurm import SlurmBackend
 
-        backend = SlurmBackend(settings.slurm_jobs_dir or settings.home / "slurm" / "jobs", settings.slurm_conf,
-                               settings.slurm_agent_nice, settings.slurm_agent_qos, settings.slurm_timeout_s,
-                               settings.slurm_poll_s)
+        s = settings.slurm
+        backend = SlurmBackend(s.jobs_dir or settings.home / "slurm" / "jobs", s.conf, s.agent_nice, s.agent_qos,
+                               s.timeout_s, s.poll_s)
     else:
         backend = LocalBackend(settings.home / "local", settings.local_cpus, settings.local_memory_mb,
                                settings.local_max_walltime_s)
@@ -115,7 +115,7 @@ def serve(settings: Settings) -> None:
     app = create_app(service, STOP_DEADLINE_S)
     token_path = settings.admin_token_path.resolve()
     print(f"corral gateway on {settings.base_url}  (API docs: {settings.base_url}/docs)", flush=True)
-    where = f"{settings.local_cpus} CPU slots" if settings.backend == "local" else f"SLURM_CONF={settings.slurm_conf or os.environ.get('SLURM_CONF')}"
+    where = f"{settings.local_cpus} CPU slots" if settings.backend == "local" else f"SLURM_CONF={settings.slurm.conf or os.environ.get('SLURM_CONF')}"
     print(f"backend: {settings.backend} ({where}); state in {settings.home}", flush=True)
     print(f"admin token {'created' if created else 'kept'} in {token_path} (mode 0600)", flush=True)
     try:

@@ -52,23 +52,24 @@ class Service:
         self.watchers = Watchers(self.metrics)
         self.lanes = Lanes(BackendLane(MeteredBackend(backend, self.metrics)))
         self.audit = Audit(AuditLog(settings.home / "audit.jsonl", settings.home / "audit.key", db.audit_head()), db)
-        self.gate = Gate(settings, db, clock)
+        self.gate = Gate(settings.safety, settings.home, db, clock)
         self.credentials = Credentials(db, self.gate)
         self.accounts = Accounts(settings, db, self.credentials, self.gate, self.audit)
         store = None
-        if settings.memory:
+        if settings.memory.enabled:
             from .memory.store import Memory
 
-            store = Memory(db, settings.memory_share_account)
-        self.memory = MemoryVerbs(settings, db, self.gate, self.audit, self.lanes, Facts(db), store)
+            store = Memory(db, settings.memory.share_account)
+        self.memory = MemoryVerbs(settings.memory, db, self.gate, self.audit, self.lanes, Facts(db), store)
         self.progress = Progress(db, self.watchers, self.memory)
         self.sender = Sender(db, self.lanes)
-        if settings.fastlane:
+        if settings.fastlane.enabled:
             from .fastlane.lane import FastLane
             from .fastlane.pilots import Pilots
 
-            pilots = Pilots(settings, db, self.lanes.batch, self.sender)
-            self.lanes.add(FastLane(settings, db, self.lanes.batch, pilots, self.progress))
+            pilots = Pilots(settings.fastlane, db, self.lanes.batch, self.sender)
+            self.lanes.add(FastLane(settings.fastlane, settings.home / "fastlane", settings.default_lane,
+                                    settings.tick_s, db, self.lanes.batch, pilots, self.progress))
         self.reconciler = Reconciler(db, self.lanes, self.sender, self.progress, self.metrics, settings.tick_s,
                                      settings.max_backoff_s)
 

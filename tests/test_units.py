@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 
 import pytest
@@ -187,3 +188,23 @@ def test_shutdown_never_waits_for_a_task_that_ignores_cancellation() -> None:
 
     left, took = asyncio.run(asyncio.wait_for(scenario(), 5))
     assert left == ["stubborn"] and took < 2
+
+
+def test_settings_are_nested_and_the_flat_spelling_still_works(tmp_path, monkeypatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("CORRAL_"):
+            monkeypatch.delenv(name)
+    home = tmp_path / "h"
+    home.mkdir()
+    monkeypatch.setenv("CORRAL_HOME", str(home))
+    (home / "corral.toml").write_text("fastlane_idle_s = 5\n[fastlane]\ncpus = 4\n[safety]\nrate_api_per_s = 9\n")
+    monkeypatch.setenv("CORRAL_FASTLANE__MAX_ALLOCATIONS", "3")
+    monkeypatch.setenv("CORRAL_MEMORY", "false")
+    s = load_settings()
+    assert (s.fastlane.cpus, s.fastlane.idle_s, s.fastlane.max_allocations) == (4, 5.0, 3)
+    assert s.safety.rate_api_per_s == 9.0 and not s.memory.enabled and s.home == home.resolve()
+    monkeypatch.setenv("CORRAL_FASTLANE_CPUS", "6")  # the environment beats the file, flat or nested
+    assert load_settings().fastlane.cpus == 6
+    (home / "corral.toml").write_text("[fastlane]\ncpu = 4\n")
+    with pytest.raises(InvalidRequest, match=r"unknown keys \['fastlane.cpu'\]"):
+        load_settings()

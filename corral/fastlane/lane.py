@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..backends import BackendStatus, OutputPaths, SubmitContext, base_env
-from ..config import Settings
+from ..config import FastLaneSettings
 from ..errors import InvalidRequest, NotFound
 from ..jobs import JobSpec
 from ..lanes import BackendLane, Sent
@@ -53,14 +53,15 @@ class FastLane:
     name = FAST
     reports_itself = True
 
-    def __init__(self, settings: Settings, db: "Database", batch: BackendLane, allocations: Allocations,
-                 reports: Reports) -> None:
+    def __init__(self, settings: FastLaneSettings, default_dir: Path, default_lane: str, tick_s: float,
+                 db: "Database", batch: BackendLane, allocations: Allocations, reports: Reports) -> None:
         # Dask logs every worker and client at INFO: the gateway's log is for its operators.
         logging.getLogger("distributed").setLevel(logging.WARNING)
         self.settings = settings
+        self.default_lane, self.tick_s = default_lane, tick_s
         self.db = db
         self.batch = batch
-        self.dir = settings.fastlane_dir or settings.home / "fastlane"
+        self.dir = settings.dir or default_dir
         self.pools: dict[PoolKey, Pool] = {}
         self.allocations, self.reports = allocations, reports
         self._starting: set[asyncio.Task[None]] = set()
@@ -78,18 +79,18 @@ class FastLane:
             if p is None:
                 raise InvalidRequest(f"unknown partition {partition!r}; see 'corral facility'")
             s = self.settings
-            cpus = min(s.fastlane_cpus or min(p.max_cpus, MAX_SHAPE_CPUS), p.max_cpus)
-            mem = min(s.fastlane_memory_mb or p.max_memory_mb, p.max_memory_mb)
-            self._shapes[partition] = Shape(cpus, mem, min(s.fastlane_gpus, p.max_gpus),
-                                            min(s.fastlane_alloc_walltime_s, p.max_walltime_s))
+            cpus = min(s.cpus or min(p.max_cpus, MAX_SHAPE_CPUS), p.max_cpus)
+            mem = min(s.memory_mb or p.max_memory_mb, p.max_memory_mb)
+            self._shapes[partition] = Shape(cpus, mem, min(s.gpus, p.max_gpus),
+                                            min(s.alloc_walltime_s, p.max_walltime_s))
         return self._shapes[partition]
 
     def misfit(self, spec: JobSpec) -> str | None:
         """Why ``spec`` cannot run in the fast lane, or None."""
-        if not self.settings.fastlane:
+        if not self.settings.enabled:
             return "the fast lane is turned off at this facility"
         sh = self.shape(spec.partition)
-        cap = min(self.settings.fastlane_max_task_s, sh.walltime_s)
+        cap = min(self.settings.max_task_s, sh.walltime_s)
         for what, asked, most in (("cpus", spec.cpus, sh.cpus), ("memory MB", spec.memory_mb, sh.memory_mb),
                                   ("gpus", spec.gpus, sh.gpus), ("walltime s", spec.walltime_s, cap)):
             if asked > most:
@@ -104,13 +105,13 @@ class FastLane:
         """The spec to run here, or None to leave it to batch, for a spec whose lane may
         be None/auto/fast/batch. 'fast' without a walltime gets the fast lane's cap;
         'auto' without one goes to batch (nothing says it is short)."""
-        lane = spec.lane or self.settings.default_lane
+        lane = spec.lane or self.default_lane
         if lane == "batch":
             return None
         if "walltime_s" not in spec.model_fields_set:
             if lane == "auto":
                 return None  # no walltime given: not known to be short
-            spec = spec.model_copy(update={"walltime_s": min(self.settings.fastlane_max_task_s, spec.walltime_s)})
+            spec = spec.model_copy(update={"walltime_s": min(self.settings.max_task_s, spec.walltime_s)})
         why = self.misfit(spec)
         key = self.key(principal, spec)
         pool = self.pools.get(key)
@@ -125,9 +126,8 @@ class FastLane:
         pool = self.pools.get(key)
         if pool is None:
             s = self.settings
-            cfg = PoolConfig(s.fastlane_min_allocations, s.fastlane_max_allocations, s.fastlane_max_queued,
-                             s.fastlane_idle_s, s.fastlane_start_timeout_s, s.fastlane_breaker_failures,
-                             s.fastlane_breaker_cooldown_s, host=_scheduler_host(s))
+            cfg = PoolConfig(s.min_allocations, s.max_allocations, s.max_queued, s.idle_s, s.start_timeout_s,
+                             s.breaker_failures, s.breaker_cooldown_s, host=_scheduler_host(s, self.batch.name))
             directory = self.dir / key.slug
             directory.mkdir(parents=True, exist_ok=True)
             _give(directory, key.unix_user)
@@ -163,7 +163,7 @@ class FastLane:
 
     def describe(self) -> dict[str, Any]:
         s = self.settings
-        return {"enabled": s.fastlane, "default_lane": s.default_lane, "max_task_walltime_s": s.fastlane_max_task_s,
+        return {"enabled": s.enabled, "default_lane": self.default_lane, "max_task_walltime_s": s.max_task_s,
                 "pools": [p.describe() for p in self.pools.values()]}
 
     async def run(self) -> None:
@@ -175,7 +175,7 @@ class FastLane:
                 raise
             except Exception:
                 log.exception("fast-lane tick failed")
-            await asyncio.sleep(self.settings.tick_s)
+            await asyncio.sleep(self.tick_s)
 
     async def recover(self) -> None:
         """After a restart: allocations of the last run are released (their workers lost
@@ -272,11 +272,11 @@ class FastLane:
         return OutputPaths(d / f"{jid}.out", d / f"{jid}.err")
 
 
-def _scheduler_host(s: Settings) -> str:
+def _scheduler_host(s: FastLaneSettings, backend: str) -> str:
     # Workers on compute nodes must reach the scheduler: loopback only for the local backend.
-    if s.fastlane_host:
-        return s.fastlane_host
-    return "127.0.0.1" if s.backend == "local" else socket.getfqdn()
+    if s.host:
+        return s.host
+    return "127.0.0.1" if backend == "local" else socket.getfqdn()
 
 
 def _give(path: Path, unix_user: str | None) -> None:

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..backends import SubmitContext
-from ..config import Settings
+from ..config import FastLaneSettings
 from ..errors import CorralError
 from ..jobs import JobSpec, JobState
 from ..principals import PILOT_PRINCIPAL, Kind, Principal
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 
 class Pilots:
-    def __init__(self, settings: Settings, db: "Database", batch: "BackendLane", sender: "Sender") -> None:
+    def __init__(self, settings: FastLaneSettings, db: "Database", batch: "BackendLane", sender: "Sender") -> None:
         self.settings, self.db, self.batch, self.sender = settings, db, batch, sender
 
     def _principal(self) -> Principal:
@@ -38,7 +38,7 @@ class Pilots:
 
     def spec(self, pool: "Pool") -> JobSpec:
         sh = pool.shape
-        cmd = (f"exec {self.settings.fastlane_python or sys.executable} -m corral.fastlane.worker "
+        cmd = (f"exec {self.settings.python or sys.executable} -m corral.fastlane.worker "
                f"--scheduler {pool.address} --cpus {sh.cpus} --memory-mb {sh.memory_mb} --gpus {sh.gpus} "
                f"--name alloc-$CORRAL_JOB_ID --tls-dir {pool.dir / 'tls'}")
         return JobSpec(command=cmd, cpus=sh.cpus, memory=sh.memory_mb, gpus=sh.gpus, walltime=sh.walltime_s,

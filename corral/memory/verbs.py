@@ -14,7 +14,7 @@ from ..principals import PILOT_PRINCIPAL, Caller, Principal
 from ..safety import guard
 
 if TYPE_CHECKING:
-    from ..config import Settings
+    from ..config import MemorySettings
     from ..db import Database
     from ..lanes import Lanes
     from ..safety.audit import Audit
@@ -26,7 +26,7 @@ log = logging.getLogger("corral.service")
 
 
 class MemoryVerbs:
-    def __init__(self, settings: "Settings", db: "Database", gate: "Gate", audit: "Audit", lanes: "Lanes",
+    def __init__(self, settings: "MemorySettings", db: "Database", gate: "Gate", audit: "Audit", lanes: "Lanes",
                  facts: "Facts", store: "Memory | None") -> None:
         self.settings, self.db, self.gate, self.audit, self.lanes = settings, db, gate, audit, lanes
         self.facts, self.store = facts, store
@@ -36,7 +36,7 @@ class MemoryVerbs:
         if self.store is None:
             return []
         advice, refuse = self.store.advise(principal, spec)
-        if refuse and self.settings.memory_refuse_repeats:
+        if refuse and self.settings.refuse_repeats:
             where = f"job {index}: " if index is not None else ""
             raise Conflict(where + refuse, hint="set force (CLI --force, JSON \"force\": true) to run it anyway")
         # Advice quotes job output (error lines): guarded like any output handed to an agent.
@@ -116,7 +116,7 @@ class MemoryVerbs:
     def would_say(self, principal: Principal, spec: JobSpec) -> dict[str, Any]:
         """Advice on a submission not made (``Service.advice`` checks it first)."""
         advice, refuse = self._mem().advise(principal, spec)
-        return {"advice": advice, "would_refuse": refuse if self.settings.memory_refuse_repeats else None}
+        return {"advice": advice, "would_refuse": refuse if self.settings.refuse_repeats else None}
 
     async def facts_loop(self) -> None:
         """Harvest the facility facts at start and every ``facts_interval_s``."""

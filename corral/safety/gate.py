@@ -17,10 +17,11 @@ import hashlib
 import logging
 import shlex
 from collections import OrderedDict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..clock import Clock
-from ..config import Settings
+from ..config import SafetySettings
 from ..errors import CorralError, Forbidden, RateLimited
 from ..jobs import JobSpec
 from ..principals import Caller, Kind
@@ -51,12 +52,12 @@ def job_text(spec: JobSpec) -> str:
 
 
 class Gate:
-    def __init__(self, settings: Settings, db: "Database", clock: Clock | None = None) -> None:
+    def __init__(self, settings: SafetySettings, home: Path, db: "Database", clock: Clock | None = None) -> None:
         self.settings = settings
         self.clock = clock or Clock()
         self.store = SafetyStore(db)
-        self.tokens = TokenAuthority(settings.home / "token.key")
-        self._policy_path = settings.policy_file or settings.home / "policy.cedar"
+        self.tokens = TokenAuthority(home / "token.key")
+        self._policy_path = settings.policy_file or home / "policy.cedar"
         self.policy = Policy.load(self._policy_path)
         self._policy_seen = (self._mtime(), self.clock.monotonic())
         self._policy_version = 0
