@@ -178,3 +178,26 @@ def test_bad_durations_are_the_callers_mistake_in_its_own_words(tmp_path) -> Non
     for bad in (1e400, "1e400", 10**400):
         with pytest.raises(ValueError, match="walltime"):
             JobSpec(command="true", walltime=bad)
+
+
+def test_allocations_are_sized_to_their_demand_not_the_whole_node(tmp_path) -> None:
+    """A pool's allocation asked for the whole node (32 CPUs, all its memory) for one task."""
+    import time
+
+    from corral.fastlane.pool import Allocation, Pool, PoolConfig, PoolKey, Shape, Task
+
+    pool = Pool(PoolKey(None, None, None), Shape(32, 64000, 4, 3600), tmp_path, PoolConfig(min_cpus=4),
+                None, None)  # type: ignore[arg-type]
+
+    def task(i: int, cpus: int = 1, memory_mb: int = 1024, gpus: int = 0) -> Task:
+        return Task(i, {"cpus": cpus, "memory_mb": memory_mb, "gpus": gpus})
+
+    pool.pending.extend(task(i) for i in range(3))
+    assert pool._size() == Shape(4, 8000, 0, 3600)  # the floor, memory in proportion
+    pool.pending.extend(task(i) for i in range(3, 23))
+    assert pool._size().cpus == 23  # the burst's demand
+    pool.allocations[1] = Allocation(1, "alloc-1", time.time(), Shape(23, 46000, 0, 3600), up_since=time.time())
+    pool.pending.clear()
+    pool.pending.append(task(99, cpus=2, memory_mb=50000, gpus=1))
+    assert pool._backlogged(time.time())  # no allocation can ever run it: another that can
+    assert pool._size() == Shape(4, 50000, 1, 3600)

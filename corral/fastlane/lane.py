@@ -127,7 +127,8 @@ class FastLane:
         if pool is None:
             s = self.settings
             cfg = PoolConfig(s.min_allocations, s.max_allocations, s.max_queued, s.idle_s, s.start_timeout_s,
-                             s.breaker_failures, s.breaker_cooldown_s, host=_scheduler_host(s, self.batch.name))
+                             s.breaker_failures, s.breaker_cooldown_s, host=_scheduler_host(s, self.batch.name),
+                             min_cpus=s.min_cpus)
             directory = self.dir / key.slug
             directory.mkdir(parents=True, exist_ok=True)
             _give(directory, key.unix_user)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ..control.sender import Sender
     from ..db import Database
     from ..lanes import BackendLane
-    from .pool import Pool
+    from .pool import Pool, Shape
 
 
 class Pilots:
@@ -36,8 +36,7 @@ class Pilots:
         p = self.db.get_principal(PILOT_PRINCIPAL)
         return p if p is not None else self.db.add_principal(Principal(PILOT_PRINCIPAL, Kind.SERVICE))
 
-    def spec(self, pool: "Pool") -> JobSpec:
-        sh = pool.shape
+    def spec(self, pool: "Pool", sh: "Shape") -> JobSpec:
         cmd = (f"exec {self.settings.python or sys.executable} -m corral.fastlane.worker "
                f"--scheduler {pool.address} --cpus {sh.cpus} --memory-mb {sh.memory_mb} --gpus {sh.gpus} "
                f"--name alloc-$CORRAL_JOB_ID --tls-dir {pool.dir / 'tls'}")
@@ -45,10 +44,10 @@ class Pilots:
                        partition=pool.key.partition, name=f"pool-{pool.key.slug}"[:64], lane="batch",
                        labels={"corral-fastlane-pool": pool.key.slug})
 
-    async def start(self, pool: "Pool") -> int:
+    async def start(self, pool: "Pool", shape: "Shape") -> int:
         p = self._principal()
         session = f"pool:{pool.key.slug}"
-        job = self.db.insert_job(p.name, session, self.batch.name, self.spec(pool))
+        job = self.db.insert_job(p.name, session, self.batch.name, self.spec(pool, shape))
         ctx = SubmitContext(job.id, p.name, p.kind.value, None, session, pool.key.unix_user, pool.key.account)
         # A refusal leaves the job FAILED, which the pool's breaker counts.
         await self.sender.send([(job, ctx)])

@@ -69,6 +69,9 @@ class PoolConfig:
     breaker_failures: int = 3
     breaker_cooldown_s: float = 300.0
     host: str = "127.0.0.1"
+    min_cpus: int = 4
+    """Fewest CPUs of an allocation (within the pool's shape): tasks queued in one
+    worker's launcher wait for its slots, so allocations of one CPU would serialize them."""
     scale_after_s: float = 2.0
     """Another allocation only once the oldest waiting task has waited this long."""
 
@@ -87,15 +90,21 @@ class Allocation:
     job_id: int
     name: str
     asked: float
+    shape: Shape
     up_since: float | None = None
     running_since: float | None = None
+
+
+def _fits(shape: Shape, spec: dict[str, Any]) -> bool:
+    return spec["cpus"] <= shape.cpus and spec["memory_mb"] <= shape.memory_mb and spec["gpus"] <= shape.gpus
 
 
 class Allocations(Protocol):
     """How a pool gets and gives back allocations (pilot jobs of the batch lane)."""
 
-    async def start(self, pool: "Pool") -> int:
-        """Ask for one allocation running this pool's worker; -> the corral job id of its pilot."""
+    async def start(self, pool: "Pool", shape: Shape) -> int:
+        """Ask for one allocation of ``shape`` running this pool's worker; -> the corral job
+        id of its pilot."""
         ...
 
     async def stop(self, job_id: int) -> None: ...
@@ -232,13 +241,32 @@ class Pool:
         for a worker."""
         if not self.pending or self.client is None or not self.scheduler.workers:
             return
-        for batch in self._batches():
+        up = self.workers_up()
+        shapes = {up[a.name]: a.shape for a in self.allocations.values() if a.name in up}
+        if all(all(_fits(sh, t.spec) for t in self.pending) for sh in shapes.values()):
+            self._send(self._batches(), None)  # every worker fits every task: no restriction to pay for
+            return
+        # Allocations of several sizes: each task only to workers that can run it; a task
+        # none up can run waits here (``_backlogged`` asks for an allocation that can).
+        groups: dict[tuple[str, ...], deque[Task]] = {}
+        waiting: deque[Task] = deque()
+        for t in self.pending:
+            where = tuple(sorted(addr for addr, sh in shapes.items() if _fits(sh, t.spec)))
+            (groups.setdefault(where, deque()) if where else waiting).append(t)
+        for where, tasks in groups.items():
+            self.pending = tasks
+            self._send(self._batches(), list(where))
+        self.pending = waiting
+
+    def _send(self, batches: list[list[Task]], workers: list[str] | None) -> None:
+        for batch in batches:
             for t in batch:
                 self.inflight[t.job_id] = t
             # One opaque argument: Dask would otherwise walk every spec looking for its own
             # keys, and pickle each task's environment anew (one object for many tasks here).
             payload = pickle.dumps([t.spec for t in batch], protocol=pickle.HIGHEST_PROTOCOL)
-            fut = self.client.submit(launcher.run_batch, payload, pure=False, key=f"batch-{uuid.uuid4().hex}")
+            fut = self.client.submit(launcher.run_batch, payload, pure=False, key=f"batch-{uuid.uuid4().hex}",
+                                     workers=workers, allow_other_workers=False)
             self._keep(asyncio.ensure_future(self._collect(fut, batch)))
 
     async def _dispatch_loop(self) -> None:
@@ -376,14 +404,31 @@ class Pool:
         tasks = [*self.pending, *self.inflight.values()]
         if not tasks:
             return False
-        up = sum(1 for a in self.allocations.values() if a.up_since)
+        if any(not any(_fits(a.shape, t.spec) for a in self.allocations.values()) for t in self.pending):
+            return True  # a task no allocation (up or coming) can ever run: one that can
+        up = sum(a.shape.cpus for a in self.allocations.values() if a.up_since)
         asked = sum(t.spec["cpus"] for t in tasks)
         oldest = min(t.submitted for t in tasks)
-        return asked > up * self.shape.cpus and now - oldest > self.cfg.scale_after_s
+        return asked > up and now - oldest > self.cfg.scale_after_s
+
+    def _size(self) -> Shape:
+        """The next allocation, sized to the demand no allocation covers yet, within the
+        pool's largest shape: a burst of 1-CPU tasks on an idle pool does not take a whole
+        node from the batch queue. Always big enough for the largest task waiting."""
+        tasks = [*self.pending, *self.inflight.values()]
+        covered = sum(a.shape.cpus for a in self.allocations.values())
+        big = self.shape
+        cpus = min(big.cpus, max([self.cfg.min_cpus, sum(t.spec["cpus"] for t in tasks) - covered,
+                                  *(t.spec["cpus"] for t in self.pending)]))
+        per_cpu = big.memory_mb // max(1, big.cpus)
+        memory = min(big.memory_mb, max([cpus * per_cpu, *(t.spec["memory_mb"] for t in self.pending)]))
+        gpus = min(big.gpus, max([0, *(t.spec["gpus"] for t in self.pending)]))
+        return Shape(cpus, memory, gpus, big.walltime_s)
 
     async def _add(self) -> None:
-        job_id = await self.allocations_port.start(self)
-        self.allocations[job_id] = Allocation(job_id, f"alloc-{job_id}", time.time())
+        shape = self._size()
+        job_id = await self.allocations_port.start(self, shape)
+        self.allocations[job_id] = Allocation(job_id, f"alloc-{job_id}", time.time(), shape)
 
     def fail_pending(self, reason: str) -> None:
         now = time.time()
@@ -397,6 +442,7 @@ class Pool:
     def describe(self) -> dict[str, Any]:
         return {"pool": self.key.slug, "unix_user": self.key.unix_user, "account": self.key.account,
                 "partition": self.key.partition, "shape": vars(self.shape),
-                "allocations": [{"job_id": a.job_id, "up": a.up_since is not None} for a in self.allocations.values()],
+                "allocations": [{"job_id": a.job_id, "up": a.up_since is not None, "shape": vars(a.shape)}
+                                for a in self.allocations.values()],
                 "pending": len(self.pending), "running": len(self.inflight),
                 "breaker": {"open": self.breaker_open, "failures": self.failures, "last_reason": self.last_reason}}
