@@ -392,7 +392,7 @@ class SlurmBackend:
         if spec.walltime_s > target.max_walltime_s:
             longer = [p for p in parts if p.max_walltime_s >= spec.walltime_s]
             alt = f", or use partition {longer[0].name!r} (max {format_duration(longer[0].max_walltime_s)})" if longer else ""
-            raise InvalidRequest(f"walltime {format_duration(spec.walltime_s)} is over {where}'s limit of "
+            raise InvalidRequest(f"walltime {format_duration(spec.walltime_s)} is over the limit of {where}, "
                                  f"{format_duration(target.max_walltime_s)}; ask for walltime <= "
                                  f"{format_duration(target.max_walltime_s)}{alt}")
 
