@@ -59,7 +59,7 @@ class Service:
         if settings.memory.enabled:
             from .memory.store import Memory
 
-            store = Memory(db, settings.memory.share_account)
+            store = Memory(db, settings.memory.share_account, self.gate.clock)
         self.memory = MemoryVerbs(settings.memory, db, self.gate, self.audit, self.lanes, Facts(db), store)
         self.progress = Progress(db, self.watchers, self.memory)
         self.sender = Sender(db, self.lanes)

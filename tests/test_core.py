@@ -201,3 +201,16 @@ def test_allocations_are_sized_to_their_demand_not_the_whole_node(tmp_path) -> N
     pool.pending.append(task(99, cpus=2, memory_mb=50000, gpus=1))
     assert pool._backlogged(time.time())  # no allocation can ever run it: another that can
     assert pool._size() == Shape(4, 50000, 1, 3600)
+
+
+def test_a_note_expires_on_the_clock(tmp_path) -> None:
+    from corral.clock import ManualClock
+
+    clock = ManualClock()
+    svc = build_service(Settings(home=tmp_path / "home", local_cpus=2, fastlane=False), clock)
+    svc.accounts.bootstrap_admin()
+    admin = svc.authenticate((tmp_path / "home" / "admin.token").read_text().strip(), "s1")
+    svc.memory.remember(admin, "old torch note", "user", "30s")
+    assert [n["text"] for n in svc.memory.recall(admin, "torch")] == ["old torch note"]
+    clock.advance(31)
+    assert svc.memory.recall(admin, "torch") == []

@@ -40,9 +40,10 @@ class Progress:
         self.watchers.notify(ids)
 
     def changed(self, job_ids: list[int]) -> None:
-        """Jobs whose rows the reconciler already wrote: wake their waiters, remember them."""
-        self.watchers.notify(job_ids)
+        """Jobs whose rows the reconciler already wrote: remember them, then wake their
+        waiters (so a wait that returns means memory already knows how the job ended)."""
         self._remember(job_ids)
+        self.watchers.notify(job_ids)
 
     def _remember(self, job_ids: list[int]) -> None:
         if self.episodes is None:

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..clock import Clock
 from ..db import Database
 from ..errors import Forbidden, InvalidRequest, NotFound
 from ..jobs import Job, JobSpec
@@ -94,7 +95,8 @@ def read_tail(paths: tuple[Path, Path], limit: int = 16_384) -> str:
 
 
 class Memory:
-    def __init__(self, db: Database, share_account: bool = False) -> None:
+    def __init__(self, db: Database, share_account: bool = False, clock: Clock | None = None) -> None:
+        self.clock = clock or Clock()
         self.db = db
         self.share_account = share_account
         self._df: dict[str, tuple[int, float]] = {}
@@ -114,7 +116,7 @@ class Memory:
             rows.append((job.id, principal.name, family(principal), principal.account, fp,
                          res, job.spec.memory_mb, job.state.value, job.exit_code,
                          sig.name if sig else None, sig.detail if sig else None, int(bool(sig and sig.deterministic)),
-                         job.end_time or time.time(), key))
+                         job.end_time or self.clock.time(), key))
         self.db.conn.executemany(
             """INSERT OR IGNORE INTO episodes (job_id, principal, family, account, fingerprint, resources, memory_mb,
                state, exit_code, signature, detail, deterministic, ended, cache_key)
@@ -172,7 +174,7 @@ class Memory:
                           f"{ok[0]['resources']})")
         same = [e for e in eps if e["resources"] == res]
         refuse = None
-        if same and same[0]["deterministic"] and time.time() - same[0]["ended"] < REPEAT_WINDOW_S and not spec.force:
+        if same and same[0]["deterministic"] and self.clock.time() - same[0]["ended"] < REPEAT_WINDOW_S and not spec.force:
             n = sum(1 for e in same if e["signature"] == same[0]["signature"])
             refuse = (f"this exact job (same script, {res}) failed {n} time(s) with {same[0]['signature']}"
                       f"{': ' + same[0]['detail'] if same[0]['detail'] else ''} (last: job {same[0]['job_id']}), "
@@ -200,7 +202,7 @@ class Memory:
         flags: dict[str, Any] = {"redacted": secrets} if secrets else {}
         if guard.suspicious(clean):
             flags["suspected_injection"] = True
-        now = time.time()
+        now = self.clock.time()
         cur = self.db.conn.execute(
             """INSERT INTO notes (text, scope, author, family, account, session, job_id, created, expires, flags)
                VALUES (?,?,?,?,?,?,?,?,?,?)""",
@@ -226,7 +228,7 @@ class Memory:
             raise InvalidRequest("give some words to search for")
         match = " OR ".join(f'"{t}"' for t in self._selective(list(dict.fromkeys(terms[:32]))))
         vis, args = self._visible(caller)
-        now = time.time()
+        now = self.clock.time()
         limit = max(50, 20 * k)
         while True:
             # Rank inside FTS5 first (its own top-N), then keep what this caller may read.
