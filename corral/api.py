@@ -11,15 +11,20 @@ import logging
 import math
 import os
 import threading
-from typing import Any, AsyncIterator
+from typing import Annotated, Any, AsyncIterator
 
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import CorralError, RateLimited, describe_validation
-from .jobs import JobSpec
+from .jobs import MAX_INT, JobSpec
+
+JobIdPath = Annotated[int, Path(ge=1, le=MAX_INT, description="A job id.")]
+JobIds = list[Annotated[int, Field(ge=1, le=MAX_INT)]]
+Seconds = Annotated[float, Field(ge=0, le=86400, allow_inf_nan=False)]
 from .principals import Caller, bearer_token
 from .safety.tokens import Caveats, caveats_from
 from .service import Service
@@ -74,13 +79,13 @@ class TokenIn(BaseModel):
     note: str | None = None
     actions: list[str] | None = Field(None, description="Only these actions (submit, cancel, status, read_output, write_note, read_notes, advice, manage).")
     partitions: list[str] | None = Field(None, description="Submit only to these partitions.")
-    max_cpus: int | None = Field(None, ge=0, description="CPUs per job at most.")
-    max_gpus: int | None = Field(None, ge=0, description="GPUs per job at most.")
+    max_cpus: int | None = Field(None, ge=0, le=100_000, description="CPUs per job at most.")
+    max_gpus: int | None = Field(None, ge=0, le=1024, description="GPUs per job at most.")
     max_walltime: str | None = Field(None, description="Walltime per job at most, e.g. '2h'.")
-    cpu_hours: float | None = Field(None, ge=0, description="CPU-hour budget for everything submitted with this token.")
-    gpu_hours: float | None = Field(None, ge=0, description="GPU-hour budget for everything submitted with this token.")
-    submits_per_min: int | None = Field(None, ge=0, description="Jobs submitted per minute at most.")
-    max_active_jobs: int | None = Field(None, ge=0, description="Unfinished jobs at once at most.")
+    cpu_hours: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False, description="CPU-hour budget for everything submitted with this token.")
+    gpu_hours: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False, description="GPU-hour budget for everything submitted with this token.")
+    submits_per_min: int | None = Field(None, ge=0, le=1_000_000, description="Jobs submitted per minute at most.")
+    max_active_jobs: int | None = Field(None, ge=0, le=10_000_000, description="Unfinished jobs at once at most.")
 
     def caveats(self) -> Caveats:
         return caveats_from(self.model_dump(exclude={"for_", "expires", "note"}))
@@ -88,7 +93,7 @@ class TokenIn(BaseModel):
 
 class CancelIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    ids: list[int] = Field(min_length=1, max_length=10_000)
+    ids: JobIds = Field(min_length=1, max_length=10_000)
 
 
 class NoteIn(BaseModel):
@@ -96,13 +101,13 @@ class NoteIn(BaseModel):
     text: str = Field(min_length=1, max_length=20_000)
     scope: str = Field("user", description="agent, user (you and your agents), account, session, facility (admins)")
     expires: str | None = Field(None, description="e.g. '30d', '12h'; default: never")
-    job_id: int | None = Field(None, description="The job this note is about (provenance).")
+    job_id: int | None = Field(None, ge=1, le=MAX_INT, description="The job this note is about (provenance).")
 
 
 class WaitIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    ids: list[int] = Field(min_length=1, max_length=10_000)
-    timeout: float = Field(60.0, ge=0, description="Seconds to wait at most.")
+    ids: JobIds = Field(min_length=1, max_length=10_000)
+    timeout: Seconds = Field(60.0, description="Seconds to wait at most.")
 
 
 class BatchIn(BaseModel):
@@ -185,6 +190,15 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         return JSONResponse({"error": {"code": "invalid_request", "message": describe_validation(
             exc.errors(), "request", "unknown field; remove it (see /docs for the valid fields)")}}, status_code=400)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown paths and methods answer in the one error shape too (405 with Allow).
+        words = {404: ("not_found", f"no route {request.url.path}; see /docs for the API"),
+                 405: ("method_not_allowed", f"{request.method} is not allowed on {request.url.path}; see /docs")}
+        code, message = words.get(exc.status_code, ("http_error", str(exc.detail)))
+        return JSONResponse({"error": {"code": code, "message": message}}, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
@@ -204,14 +218,14 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         return service.authenticate(bearer_token(headers.get("authorization")), headers.get("x-corral-session"))
 
     # The hot read routes first: Starlette tries routes in order of registration.
-    @app.get("/v1/jobs/{job_id}", tags=["jobs"])
-    async def get_job(job_id: int, c: Caller = Depends(caller)) -> Response:
+    @app.get("/v1/jobs/{job_id:int}", tags=["jobs"])
+    async def get_job(job_id: JobIdPath, c: Caller = Depends(caller)) -> Response:
         return ok(service.get_job(c, job_id).to_dict())
 
-    @app.get("/v1/jobs/{job_id}/wait", tags=["jobs"])
+    @app.get("/v1/jobs/{job_id:int}/wait", tags=["jobs"])
     async def wait(
-        job_id: int, c: Caller = Depends(caller),
-        timeout: float = Query(60.0, ge=0, description="Seconds to wait at most."),
+        job_id: JobIdPath, c: Caller = Depends(caller),
+        timeout: float = Query(60.0, ge=0, le=86400, allow_inf_nan=False, description="Seconds to wait at most."),
         until: str | None = Query(None, description="Return once the job is in this state, or 'change' at its next state change (always at its end)."),
     ) -> Response:
         job, reached = await service.wait(c, job_id, timeout, until)
@@ -271,7 +285,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         session: str | None = None,
         principal: str | None = None,
         limit: int = Query(50, ge=1, le=1000),
-        offset: int = Query(0, ge=0),
+        offset: int = Query(0, ge=0, le=MAX_INT),
     ) -> Response:
         jobs = service.list_jobs(c, state, session, principal, limit, offset)
         return ok({"jobs": [j.summary() for j in jobs], "limit": limit, "offset": offset,
@@ -305,7 +319,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         return ok({"notes": service.memory.recall(c, q, k)})
 
     @app.post("/v1/notes/{note_id}/promote", tags=["memory"])
-    async def promote(note_id: int, c: Caller = Depends(caller)) -> Response:
+    async def promote(note_id: Annotated[int, Path(ge=1, le=MAX_INT)], c: Caller = Depends(caller)) -> Response:
         """Admins: make a note facility-wide."""
         return ok(service.memory.promote_note(c, note_id))
 
@@ -321,15 +335,15 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
 
     @app.get("/v1/jobs/{job_id}/output", tags=["jobs"])
     async def output(
-        job_id: int, c: Caller = Depends(caller),
+        job_id: JobIdPath, c: Caller = Depends(caller),
         stream: str = Query("stdout", pattern="^(stdout|stderr)$"),
-        offset: int = Query(0, ge=0), limit: int = Query(65536, ge=1, le=1024 * 1024),
-        tail: int | None = Query(None, ge=0, description="Last N lines instead of a page from offset."),
+        offset: int = Query(0, ge=0, le=MAX_INT), limit: int = Query(65536, ge=1, le=1024 * 1024),
+        tail: int | None = Query(None, ge=0, le=100_000, description="Last N lines instead of a page from offset."),
     ) -> Response:
         return ok(service.read_output(c, job_id, stream, offset, limit, tail))
 
     @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"])
-    async def cancel(job_id: int, c: Caller = Depends(caller)) -> Response:
+    async def cancel(job_id: JobIdPath, c: Caller = Depends(caller)) -> Response:
         return ok((await service.cancel(c, [job_id]))[0].to_dict())
 
     # MCP over streamable HTTP: the SDK's endpoint, behind the token check.

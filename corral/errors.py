@@ -125,7 +125,9 @@ def describe_validation(errors: Iterable[dict[str, Any]], where_default: str, un
         loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "header")]
         where = ".".join(loc) or where_default
         kind = str(err.get("type", ""))
-        if unknown_field and kind == "extra_forbidden":
+        if kind == "json_invalid":
+            parts.append("the request body is not valid JSON; send a JSON object")
+        elif unknown_field and kind == "extra_forbidden":
             parts.append(f"{where}: {unknown_field}")
         elif kind in _WORDS:
             try:
@@ -134,5 +136,6 @@ def describe_validation(errors: Iterable[dict[str, Any]], where_default: str, un
                 parts.append(f"{where} is not valid")
         else:  # our own validators' messages already name the field and say what to write
             msg = str(err.get("msg", "invalid")).removeprefix("Value error, ").removeprefix("Assertion failed, ")
-            parts.append(msg if loc and msg.lower().startswith(loc[-1].lower().replace("_", " ")) else f"{where}: {msg}")
+            named = not loc or msg.lower().startswith(loc[-1].lower().replace("_", " "))
+            parts.append(msg if named else f"{where}: {msg}")  # a model's own check names its field
     return "; ".join(parts)

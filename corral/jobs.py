@@ -6,10 +6,11 @@ from __future__ import annotations
 import enum
 import functools
 import math
+import os
 import re
 from typing import Literal, Annotated, Any, Callable
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 
 class JobState(str, enum.Enum):
@@ -48,12 +49,14 @@ def parse_memory_mb(value: Any) -> int:
     if isinstance(value, bool):
         raise ValueError("memory must be a size such as '512M' or '4G'")
     if isinstance(value, (int, float)):
-        mb = float(value)
+        mb = float(value) if abs(value) < 1e300 else math.inf  # a 400-digit int must not overflow
     else:
         m = _MEM_RE.match(str(value))
         if not m:
             raise ValueError(f"memory {value!r} is not a size; write it like '512M', '4G' or 2048 (MB)")
         mb = float(m.group(1)) * _MEM_UNITS[m.group(2).upper()]
+    if not math.isfinite(mb) or mb > 64 * 1024 * 1024:
+        raise ValueError("memory over 64T is not a request any node can meet; ask for less")
     if mb < 1:
         raise ValueError(f"memory must be at least 1M, got {value!r}")
     return int(round(mb))
@@ -116,13 +119,51 @@ Seconds = Annotated[int, BeforeValidator(_text_cached(parse_duration_s))]
 _NAME_RE = r"^[A-Za-z0-9_.+-]{1,64}$"
 
 
+MAX_INT = 2**63 - 1
+"""The largest id, offset or count corral takes: SQLite's INTEGER, and a file offset."""
+MAX_COMMAND = 64 * 1024
+MAX_SCRIPT = 256 * 1024
+MAX_ENV_VARS = 256
+MAX_ENV_VALUE = 32 * 1024
+MAX_ENV_TOTAL = 128 * 1024
+"""Sizes a job's text may have: every byte of it is parsed for risk before it runs, and its
+environment must fit what execve accepts (MAX_ARG_STRLEN is 128 KiB a string)."""
+
+
+def _check_env(env: dict[str, str]) -> None:
+    if len(env) > MAX_ENV_VARS:
+        raise ValueError(f"env has {len(env)} variables; at most {MAX_ENV_VARS}")
+    total = 0
+    for key, value in env.items():
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$", key):
+            raise ValueError(f"environment variable name {key[:80]!r} is invalid; use letters, digits and _")
+        if "\x00" in value:
+            raise ValueError(f"environment variable {key} contains a NUL byte; remove it")
+        if len(value) > MAX_ENV_VALUE:
+            raise ValueError(f"environment variable {key} is {len(value)} characters; at most {MAX_ENV_VALUE}")
+        total += len(key) + len(value) + 2
+    if total > MAX_ENV_TOTAL:
+        raise ValueError(f"env is {total} characters in all; at most {MAX_ENV_TOTAL} (put large data in a file)")
+
+
+def _check_path(path: str, what: str) -> None:
+    if "\x00" in path:
+        raise ValueError(f"{what} contains a NUL byte; remove it")
+    if not path.startswith("/"):
+        raise ValueError(f"{what} must be an absolute path")
+    if len(path) > 4096 or any(len(part.encode()) > 255 for part in path.split("/")):
+        raise ValueError(f"{what} is too long: at most 4096 characters, 255 bytes a component")
+
+
 class JobSpec(BaseModel):
     """What a caller asks to run. Unknown fields are refused, not ignored."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    command: str | None = Field(None, description="A shell command line, run with bash -c.", max_length=100_000)
-    script: str | None = Field(None, description="A whole job script (bash unless it has a #! line).", max_length=1_000_000)
+    command: str | None = Field(None, description="A shell command line, run with bash -c (at most 64 KiB).",
+                                max_length=MAX_COMMAND)
+    script: str | None = Field(None, description="A whole job script, bash unless it has a #! line (at most 256 KiB).",
+                               max_length=MAX_SCRIPT)
     workdir: str | None = Field(None, description="Absolute working directory; must exist. Default: corral's job directory.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
     cpus: int = Field(1, ge=1, le=100_000, strict=True, description="CPU cores (a whole number; true is not 1).")
@@ -154,15 +195,27 @@ class JobSpec(BaseModel):
             raise ValueError("walltime over a year is not a request any facility can meet; ask for less")
         if self.memory_mb > 1024 * 1024 * 64:
             raise ValueError("memory over 64T is not a request any node can meet; ask for less")
-        for key in self.env:
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
-                raise ValueError(f"environment variable name {key!r} is invalid; use letters, digits and _")
+        for what, text in (("command", self.command), ("script", self.script), ("name", self.name)):
+            if text and "\x00" in text:
+                raise ValueError(f"{what} contains a NUL byte; remove it")
+        _check_env(self.env)
         if len(self.labels) > 32:
             raise ValueError("at most 32 labels per job")
+        for key, value in self.labels.items():
+            if len(key) > 64 or len(value) > 256 or "\x00" in key + value:
+                raise ValueError("a label is a key of at most 64 and a value of at most 256 characters, without NUL")
         for path in self.inputs or []:
-            if not path.startswith("/"):
-                raise ValueError(f"input {path!r} must be an absolute path")
+            _check_path(path, f"input {path[:80]!r}")
+        if self.workdir is not None:
+            _check_path(self.workdir, "workdir")
         return self
+
+    @field_validator("workdir")
+    @classmethod
+    def _normal_workdir(cls, v: str | None) -> str | None:
+        # Checked and run as the path it names: '/tmp/../../etc' is '/etc', and is refused
+        # or allowed as '/etc', never as something under /tmp.
+        return os.path.normpath(v) if v and v.startswith("/") and "\x00" not in v else v
 
     def public(self) -> dict[str, Any]:
         """The spec as a caller writes it (with aliases)."""

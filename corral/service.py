@@ -28,7 +28,7 @@ from .control.reconciler import Reconciler, Watchers
 from .control.sender import Sender, context
 from .db import Database
 from .errors import BackendError, Conflict, CorralError, InvalidRequest, NotFound
-from .jobs import TERMINAL_STATES, Job, JobSpec, JobState
+from .jobs import MAX_INT, TERMINAL_STATES, Job, JobSpec, JobState
 from .lanes import BackendLane, Lane, Lanes
 from .memory.facts import Facts
 from .memory.verbs import MemoryVerbs
@@ -130,7 +130,9 @@ class Service:
                 if not resource["partition"]:  # decided as where it will run: the default partition
                     default = default or await asyncio.to_thread(self._default_partition)
                     resource["partition"] = default
-                rule = self.gate.check(caller, "submit", "Job", resource, text=job_text(s))
+                text = job_text(s)
+                await self.gate.prepare(text)
+                rule = self.gate.check(caller, "submit", "Job", resource, text=text)
         p = caller.principal
         ready: dict[str, tuple[JobSpec, Lane] | Job] = {}
         for t, s in distinct.items():
@@ -215,6 +217,7 @@ class Service:
         """What corral would say of this submission, without submitting it."""
         with self.audit.refusals(caller, "advice", {"command": (spec.command or "script")[:200]}):
             await asyncio.to_thread(self._preflight, {0: spec}, lambda i: "")
+            await self.gate.prepare(job_text(spec))
             rule = self.gate.check(caller, "advice", "Job", job_resource(spec, caller.name), text=job_text(spec))
             said = self.memory.would_say(caller.principal, spec)
         self.audit.record(caller, "advice", "allow", rule, [{"command": (spec.command or "script")[:200]}])
@@ -228,7 +231,7 @@ class Service:
 
     def get_job(self, caller: Caller, job_id: int) -> Job:
         self._may_read(caller)
-        job = self.db.get_job(job_id)
+        job = self.db.get_job(job_id) if 1 <= job_id <= MAX_INT else None
         # Another principal's job is indistinguishable from a missing one.
         if job is None or not caller.sees(job.principal):
             raise NotFound(f"no job {job_id} visible to you; list your jobs to find the right id")
@@ -242,8 +245,8 @@ class Service:
         parsed = [self.parse_state(s) for s in states or []]
         if not 1 <= limit <= 1000:
             raise InvalidRequest("limit must be between 1 and 1000")
-        if offset < 0:
-            raise InvalidRequest("offset must be >= 0")
+        if not 0 <= offset <= MAX_INT:
+            raise InvalidRequest(f"offset must be between 0 and {MAX_INT}")
         if principal is not None:
             if not caller.sees(principal):
                 return []
@@ -313,6 +316,9 @@ class Service:
             raise InvalidRequest(f"timeout must be between 0 and {self.settings.wait_max_s:.0f} seconds")
         if not 1 <= len(job_ids) <= 10_000:
             raise InvalidRequest("wait for 1 to 10,000 jobs at once")
+        bad = next((j for j in job_ids if not 1 <= j <= MAX_INT), None)
+        if bad is not None:
+            raise NotFound(f"no job {bad} visible to you; list your jobs to find the right id")
         self._may_read(caller)
         ids = list(dict.fromkeys(job_ids))
         deadline = time.monotonic() + timeout
@@ -341,8 +347,8 @@ class Service:
                 raise InvalidRequest("stream must be 'stdout' or 'stderr'")
             rule = self.gate.check(caller, "read_output", "Job", {"id": job.id, **job_resource(job.spec, job.principal)})
         self.audit.record(caller, "read_output", "allow", rule, [{**where, "backend_id": job.backend_id}])
-        if offset < 0 or limit < 1 or (tail is not None and tail < 0):
-            raise InvalidRequest("offset and tail must be >= 0 and limit >= 1")
+        if not 0 <= offset <= MAX_INT or limit < 1 or (tail is not None and not 0 <= tail <= 100_000):
+            raise InvalidRequest("offset must be 0 or more, limit 1 or more, tail 0 to 100000")
         if job.backend_id is None:
             return {"data": "", "offset": 0, "next_offset": 0, "size": 0, "eof": job.terminal, "stream": stream}
         lane = self.lanes.by_name.get(job.backend)

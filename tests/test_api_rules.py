@@ -119,3 +119,44 @@ def test_tokens_expire_and_policy_edits_apply_on_the_clock_not_after_a_sleep(api
         assert r.status_code == 403 and "no-bot" in _message(r)
 
     api(scenario)
+
+
+BIG = 2**63
+HOSTILE = [  # (method, path, raw body): each answered 500 (or accepted, then failed) before
+    ("GET", f"/v1/jobs/{BIG}", None), ("GET", f"/v1/jobs/{BIG}/wait", None), ("GET", f"/v1/jobs?offset={BIG}", None),
+    ("POST", "/v1/jobs/cancel", '{"ids": [%d]}' % BIG), ("POST", "/v1/jobs/wait", '{"ids": [%d]}' % BIG),
+    ("POST", "/v1/jobs", '{"command": "x", "memory": 1e400}'), ("POST", "/v1/jobs", '{"command": "x", "walltime": Infinity}'),
+    ("POST", "/v1/jobs", '{"command": "x", "memory": %s}' % ("9" * 400)), ("POST", "/v1/jobs", '{"command": "x", "cpus": true}'),
+    ("POST", "/v1/notes", '{"text": "n", "expires": "none"}'), ("POST", "/v1/tokens", '{"for": "bot", "expires": "99999999d"}'),
+    ("POST", "/v1/tokens", '{"for": "bot", "max_cpus": %d}' % 2**70), ("POST", "/v1/tokens", '{"for": "bot", "cpu_hours": 1e400}'),
+    ("POST", "/v1/jobs", '{"command": "x", "workdir": "/%s"}' % ("a" * 300)),
+    ("POST", "/v1/jobs", '{"command": "x", "inputs": ["/a\\u0000b"]}'), ("POST", "/v1/jobs", '{"command": "a\\u0000b"}'),
+    ("POST", "/v1/jobs", '{"command": "x", "env": {"A": "b\\u0000"}}'),
+    ("POST", "/v1/jobs", '{"command": "x", "env": {%s}}' % ",".join(f'"V{i}": "x"' for i in range(300))),
+    ("POST", "/v1/jobs", '{"command": "%s"}' % ("a" * 70_000)), ("GET", "/v1/jobs/1/wait?timeout=1e400", None),
+    ("POST", "/v1/jobs", "{not json"), ("GET", "/v1/jobs/batch", None), ("PUT", "/v1/jobs", None), ("GET", "/nope", None),
+]
+
+
+def test_hostile_inputs_get_a_4xx_in_the_one_error_shape(api, tmp_path) -> None:
+    async def scenario(h: httpx.AsyncClient, tokens: dict[str, str]) -> list[tuple[int, str]]:
+        out = []
+        for method, path, body in HOSTILE:
+            r = await h.request(method, path, content=body, headers={"Content-Type": "application/json"})
+            assert 400 <= r.status_code < 500, (method, path, r.status_code, r.text)
+            err = r.json()["error"]
+            assert set(err) <= {"code", "message", "hint"} and err["message"], r.text
+            assert "Input should" not in err["message"] and "Traceback" not in r.text
+            out.append((r.status_code, r.headers.get("allow", "")))
+        return out
+
+    answers = api(scenario)
+    assert (405, "POST") in answers  # GET on a POST-only path: 405 with Allow, not 400 about an integer
+
+
+def test_a_workdir_is_judged_as_the_path_it_names(api, tmp_path) -> None:
+    async def scenario(h: httpx.AsyncClient, tokens: dict[str, str]) -> None:
+        r = await h.post("/v1/jobs", json={"command": "pwd", "workdir": f"{tmp_path}/../{tmp_path.name}/./"})
+        assert r.status_code == 201 and r.json()["spec"]["workdir"] == str(tmp_path)
+
+    api(scenario)

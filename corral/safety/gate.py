@@ -13,6 +13,7 @@ through ``taint``.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import shlex
@@ -121,12 +122,25 @@ class Gate:
         key = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
         tags = self._tags.get(key)
         if tags is None:
-            tags = sorted(analyze(text).tags)
-            self._tags[key] = tags
-            if len(self._tags) > 4096:
-                self._tags.popitem(last=False)
+            tags = self._keep_tags(key, sorted(analyze(text).tags))
         else:
             self._tags.move_to_end(key)
+        return tags
+
+    async def prepare(self, text: str) -> None:
+        """Parse a long text's risk in a worker thread, so that ``check`` finds its tags
+        cached: the parse is linear in the text, but 256 KiB of script still takes a
+        second, and the event loop serves every other agent meanwhile."""
+        if len(text) < 4096:
+            return
+        key = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+        if key not in self._tags:
+            self._keep_tags(key, sorted((await asyncio.to_thread(analyze, text)).tags))
+
+    def _keep_tags(self, key: str, tags: list[str]) -> list[str]:
+        self._tags[key] = tags
+        if len(self._tags) > 4096:
+            self._tags.popitem(last=False)
         return tags
 
     @staticmethod

@@ -35,8 +35,12 @@ NET_TOOLS = {"curl", "wget", "scp", "sftp", "rsync", "nc", "ncat", "netcat", "so
 ALLOWED_HOSTS = ("localhost", "127.0.0.1", "::1", "github.com", "raw.githubusercontent.com", "pypi.org",
                  "files.pythonhosted.org", "huggingface.co", "conda.anaconda.org", "repo.anaconda.com")
 MINERS = re.compile(r"\b(xmrig|minerd|cpuminer|ethminer|nbminer|t-rex|lolminer|phoenixminer)\b|stratum\+tcp://")
-FORK_BOMB = re.compile(r"(\w+|:)\s*\(\)\s*\{[^}]*\1\s*\|\s*\1\s*&")
-POLL_LOOP = re.compile(r"\b(while|until|for)\b[\s\S]*\b(squeue|sacct|sinfo|scontrol)\b|\bwatch\b[^|;]*\b(squeue|sacct|sinfo)\b")
+# Linear in the text: no backreference, no unbounded run followed by more pattern (a
+# 30 KB command took 15 s on the first forms, and the gateway's loop with it).
+_FUNC_DEF = re.compile(r"(?<![\w:])([\w]{1,64}|:)[ \t]*\(\)[ \t]*\{")
+_LOOP_WORD = re.compile(r"\b(?:while|until|for)\b")
+_SCHED_WORD = re.compile(r"\b(?:squeue|sacct|sinfo|scontrol)\b")
+_WATCH = re.compile(r"\bwatch\b[^|;\n]{0,200}\b(?:squeue|sacct|sinfo)\b")
 HEAVY = {"mpirun", "mpiexec", "torchrun", "deepspeed", "accelerate", "stress", "stress-ng", "hpl", "xhpl"}
 
 
@@ -59,12 +63,40 @@ def analyze(text: str) -> Risk:
     return risk
 
 
+def _fork_bomb(text: str) -> str | None:
+    """A function whose body runs itself piped into itself in the background (``:(){ :|:& };:``):
+    each definition's body (up to its first ``}``) is looked at once."""
+    for n, m in enumerate(_FUNC_DEF.finditer(text)):
+        if n >= 100:
+            break
+        name = re.escape(m.group(1))
+        end = text.find("}", m.end())
+        body = text[m.end(): end if end >= 0 else len(text)]
+        if re.search(rf"(?<![\w:]){name}\s*\|\s*{name}\s*&", body):
+            return text[m.start(): m.start() + 120]
+    return None
+
+
+def _poll_loop(text: str) -> str | None:
+    """A loop keyword, then a scheduler query after it (anywhere later): one pass each."""
+    loop = _LOOP_WORD.search(text)
+    if loop is not None:
+        sched = _SCHED_WORD.search(text, loop.end())
+        if sched is not None:
+            return text[loop.start(): min(sched.end(), loop.start() + 120)]
+    watch = _WATCH.search(text)
+    return watch.group(0) if watch else None
+
+
 def _text_wide(text: str, risk: Risk) -> None:
     """What shows in the shape of the whole text rather than in one command."""
-    for tag, pattern in (("fork_bomb", FORK_BOMB), ("scheduler_polling", POLL_LOOP), ("cryptomining", MINERS)):
-        m = pattern.search(text)
-        if m:
-            risk.add(tag, m.group(0)[:120])
+    for tag, find in (("fork_bomb", _fork_bomb), ("scheduler_polling", _poll_loop)):
+        found = find(text)
+        if found:
+            risk.add(tag, found[:120])
+    m = MINERS.search(text)
+    if m:
+        risk.add("cryptomining", m.group(0)[:120])
 
 
 def _commands(text: str, risk: Risk) -> list[list[list[str]]]:

@@ -19,6 +19,7 @@ Two kinds of caveat:
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import re
 import time
@@ -91,8 +92,9 @@ class Caveats:
 
 
 def _nat(value: float, name: str) -> int:
-    if value < 0:
-        raise InvalidRequest(f"{name} must be >= 0")
+    """A cap as Datalog takes it: a whole number from 0 to 2^63 - 1."""
+    if not (isinstance(value, (int, float)) and math.isfinite(value)) or not 0 <= value <= 2**63 - 1:
+        raise InvalidRequest(f"{name} must be a number from 0 to {2**63 - 1}")
     return int(value)
 
 
