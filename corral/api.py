@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import CorralError, RateLimited, describe_validation
+from .errors import CorralError, RateLimited, Restarting, describe_validation
 from .jobs import MAX_INT, JobSpec
 
 JobIdPath = Annotated[int, Path(ge=1, le=MAX_INT, description="A job id.")]
@@ -122,7 +122,7 @@ def ok(data: Any, status: int = 200) -> Response:
 
 def error_response(exc: CorralError) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
-    if isinstance(exc, RateLimited):
+    if isinstance(exc, (RateLimited, Restarting)):
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
     return JSONResponse({"error": exc.to_dict()}, status_code=exc.status, headers=headers or None)
 

@@ -12,7 +12,8 @@ what to do next::
      ├── NotFound            unknown id, or one the caller may not see (HTTP 404, CLI 2)
      ├── Conflict            the request clashes with current state    (HTTP 409, CLI 2)
      ├── RateLimited         too fast, or too many at once; retry later (HTTP 429 + Retry-After, CLI 2)
-     └── BackendError        the scheduler failed or is unreachable   (HTTP 503, CLI 1)
+     ├── BackendError        the scheduler failed or is unreachable   (HTTP 503, CLI 1)
+     └── Restarting          the gateway is stopping; call again      (HTTP 503 + Retry-After, CLI 1)
 """
 
 from __future__ import annotations
@@ -115,6 +116,18 @@ _WORDS = {
 }
 """pydantic's error types in corral's words: a caller reads 'tail must be at least 0',
 not a library's phrasing and field path."""
+
+
+class Restarting(CorralError):
+    """The gateway is shutting down (a restart): the same call succeeds once it is back."""
+
+    status = 503
+    code = "restarting"
+    retry_after = 2.0
+
+    def __init__(self, message: str = "the gateway is restarting; nothing was lost, call again in a few seconds",
+                 *, hint: str | None = "call again: your job keeps running and its state is kept") -> None:
+        super().__init__(message, hint=hint)
 
 
 def describe_validation(errors: Iterable[dict[str, Any]], where_default: str, unknown_field: str | None = None) -> str:

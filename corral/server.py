@@ -118,8 +118,18 @@ def serve(settings: Settings) -> None:
     where = f"{settings.local_cpus} CPU slots" if settings.backend == "local" else f"SLURM_CONF={settings.slurm.conf or os.environ.get('SLURM_CONF')}"
     print(f"backend: {settings.backend} ({where}); state in {settings.home}", flush=True)
     print(f"admin token {'created' if created else 'kept'} in {token_path} (mode 0600)", flush=True)
+    watchers = service.watchers
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # First, before uvicorn waits for open requests: long-polls answer "call again"
+            # (a 503 with Retry-After) instead of being cut off with a 500 after the grace.
+            watchers.stop()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
+                            loop="uvloop", http="httptools", timeout_graceful_shutdown=3)
     try:
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
-                    loop="uvloop", http="httptools", timeout_graceful_shutdown=3)
+        Server(config).run()
     finally:
         lock.close()

@@ -27,7 +27,7 @@ from .control.progress import Progress
 from .control.reconciler import Reconciler, Watchers
 from .control.sender import Sender, context
 from .db import Database
-from .errors import BackendError, Conflict, CorralError, InvalidRequest, NotFound
+from .errors import BackendError, Conflict, CorralError, InvalidRequest, NotFound, Restarting
 from .jobs import MAX_INT, TERMINAL_STATES, Job, JobSpec, JobState
 from .lanes import BackendLane, Lane, Lanes
 from .memory.facts import Facts
@@ -307,6 +307,8 @@ class Service:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return job, False
+            if self.watchers.stopping:
+                raise Restarting()
             await self.watchers.wait(job_id, remaining)
 
     async def wait_many(self, caller: Caller, job_ids: list[int], timeout: float = 60.0) -> tuple[list[Job], bool]:
@@ -333,6 +335,8 @@ class Service:
             if not waiting or remaining <= 0:
                 jobs = self.db.get_jobs(ids)
                 return [jobs[j] for j in job_ids], not waiting
+            if self.watchers.stopping:
+                raise Restarting()
             # The last one asked for tends to end last: few wake-ups for a whole sweep.
             await self.watchers.wait(waiting[-1], remaining)
 

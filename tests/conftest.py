@@ -81,6 +81,13 @@ class Gateway:
                 self.proc.wait(10)
                 raise
 
+    def metric(self, name: str) -> float:
+        """A value on the gateway's /metrics (0 when absent)."""
+        for line in httpx.get(f"{self.url}/metrics", timeout=10).text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
     def http(self, token: str | None = None, session: str | None = None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token or self.admin_token}"}
         if session:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import signal
 import time
 
+import httpx
+
 from .conftest import Gateway
 
 
@@ -36,3 +38,32 @@ def test_kill_9_while_jobs_run_and_queue(gateway: Gateway, tmp_path) -> None:
         assert len(h.get("/v1/jobs", params={"limit": 100}).json()["jobs"]) == 8
     for i in range(8):
         assert (ledger / str(i)).read_text() == "start\nend\n", f"job {i} ran other than once"
+
+
+def test_a_long_poll_in_flight_at_shutdown_gets_call_again_not_500(tmp_path) -> None:
+    import concurrent.futures
+
+    from .conftest import running
+
+    with running(tmp_path) as gw:
+        with gw.http() as h:
+            job = h.post("/v1/jobs", json={"command": "sleep 300", "workdir": str(tmp_path)}).json()
+
+        def long_poll() -> httpx.Response:
+            with gw.http() as h2:
+                return h2.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 120})
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(long_poll)
+            deadline = time.monotonic() + 10
+            while gw.metric("corral_waiters") < 1 and time.monotonic() < deadline:  # the poll is parked
+                time.sleep(0.05)
+            gw.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+            r = pending.result(timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "restarting", r.text
+        assert "call again" in r.json()["error"]["message"] and int(r.headers["Retry-After"]) >= 1
+        gw.proc.wait(15)  # type: ignore[union-attr]
+        gw.start()  # nothing lost: the job is there, still running under its supervisor
+        with gw.http() as h:
+            assert h.get(f"/v1/jobs/{job['id']}").json()["state"] == "RUNNING"
+            h.post(f"/v1/jobs/{job['id']}/cancel")

@@ -36,10 +36,14 @@ class Watchers:
     def __init__(self, metrics: Metrics) -> None:
         self._events: dict[int, set[asyncio.Event]] = defaultdict(set)
         self.metrics = metrics
+        self.stopping = False
+        """Set when the gateway begins to stop: every long-poll wakes and answers 'call again'."""
 
     async def wait(self, job_id: int, timeout: float) -> bool:
         """Sleep until ``job_id`` changes or ``timeout`` passes. -> True if woken."""
         event = asyncio.Event()
+        if self.stopping:
+            return True
         self._events[job_id].add(event)
         self.metrics.waiters.inc()
         try:
@@ -54,6 +58,13 @@ class Watchers:
                 waiting.discard(event)
                 if not waiting:
                     del self._events[job_id]
+
+    def stop(self) -> None:
+        """Wake every long-poll now (the gateway is stopping); later ones return at once."""
+        self.stopping = True
+        for events in self._events.values():
+            for event in events:
+                event.set()
 
     def notify(self, job_ids: Iterable[int]) -> None:
         for job_id in job_ids:
