@@ -1,0 +1,147 @@
+"""Hostile clients: 20 honest agents poll their jobs' status (and now and then submit)
+while 5 hostile clients send the largest and most expensive requests they can, valid
+and invalid: 64 KiB commands, 256 KiB scripts, 256 environment variables, ids past
+2^63, NUL bytes, 1e400, malformed JSON. Two arms in one run, quiet then hostile, against
+the same gateway (local backend); /healthz is probed throughout.
+
+    python bench/hostile.py [--quick] [--duration 15]
+
+Reports honest agents' status p99 and /healthz p99 in each arm, their ratio, and every
+5xx the gateway answered. Last line: one JSON object with honest_p99_ms_quiet,
+honest_p99_ms_hostile, ratio (target <= 2) and server_errors (target 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import GatewayProcess, KeepAliveGet, pct, sponsored_agents  # noqa: E402
+
+BIG = 2**63
+
+
+def hostile_bodies(workdir: str) -> list[tuple[str, str, str]]:
+    """(method, path, raw body): the largest valid requests and a spread of invalid ones."""
+    script = "#!/bin/bash\n" + "".join(f"echo line {i} $(( {i} * 3 )) | grep -v x >> out.txt\n" for i in range(5400))
+    env = {f"V{i}": "x" * 480 for i in range(256)}
+    return [
+        ("POST", "/v1/jobs", json.dumps({"command": "echo " + "a" * 65_000, "workdir": workdir, "walltime": "1m"})),
+        ("POST", "/v1/jobs", json.dumps({"script": script[:262_000], "workdir": workdir, "walltime": "1m"})),
+        ("POST", "/v1/jobs", json.dumps({"command": "true", "env": env, "workdir": workdir, "walltime": "1m"})),
+        ("POST", "/v1/advice", json.dumps({"script": script[:262_000]})),
+        ("POST", "/v1/jobs", json.dumps({"command": "echo " + "a" * 70_000})),  # over the limit
+        ("GET", f"/v1/jobs/{BIG}", ""), ("POST", "/v1/jobs/wait", '{"ids": [%d]}' % BIG),
+        ("POST", "/v1/jobs", '{"command": "x", "memory": 1e400}'), ("POST", "/v1/jobs", '{"command": "a\\u0000b"}'),
+        ("POST", "/v1/jobs", "{not json" + "x" * 100_000), ("GET", "/v1/jobs/batch", ""),
+        ("POST", "/v1/jobs", json.dumps({"command": "x", "env": {f"V{i}": "x" for i in range(5000)}})),
+    ]
+
+
+async def probe(port: int, token: str, until: float, out: list[float]) -> None:
+    c = KeepAliveGet(port, token)
+    try:
+        while time.perf_counter() < until:
+            t = time.perf_counter()
+            await c.get("/healthz")
+            out.append((time.perf_counter() - t) * 1000)
+            await asyncio.sleep(0.02)
+    finally:
+        c.close()
+
+
+async def honest(port: int, url: str, token: str, job_id: int, until: float, lat: list[float], errors: list[int]) -> None:
+    c = KeepAliveGet(port, token)
+    rng = random.Random(job_id)
+    try:
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as h:
+            while time.perf_counter() < until:
+                t = time.perf_counter()
+                status, _ = await c.get(f"/v1/jobs/{job_id}")
+                lat.append((time.perf_counter() - t) * 1000)
+                if status >= 500:
+                    errors.append(status)
+                if rng.random() < 0.02:  # an agent's loop submits now and then
+                    r = await h.post("/v1/jobs", json={"command": "true", "walltime": "1m"})
+                    if r.status_code >= 500:
+                        errors.append(r.status_code)
+                await asyncio.sleep(0.2)  # an agent's pace: 5 polls a second, 100/s for 20 agents
+    finally:
+        c.close()
+
+
+async def attacker(url: str, token: str, bodies: list[tuple[str, str, str]], until: float, errors: list[int],
+                   sent: list[int]) -> None:
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}",
+                                                        "Content-Type": "application/json"}, timeout=120) as h:
+        i = 0
+        while time.perf_counter() < until:
+            method, path, body = bodies[i % len(bodies)]
+            i += 1
+            r = await h.request(method, path, content=body)
+            sent.append(r.status_code)
+            if r.status_code >= 500:
+                errors.append(r.status_code)
+
+
+async def arm(gw: GatewayProcess, tokens: list[str], jobs: list[int], hostile_tokens: list[str],
+              duration: float, bodies: list[tuple[str, str, str]]) -> dict[str, float]:
+    until = time.perf_counter() + duration
+    lat: list[float] = []
+    health: list[float] = []
+    errors: list[int] = []
+    sent: list[int] = []
+    tasks = [honest(gw.port, gw.url, t, j, until, lat, errors) for t, j in zip(tokens, jobs)]
+    tasks.append(probe(gw.port, gw.token, until, health))
+    tasks += [attacker(gw.url, t, bodies, until, errors, sent) for t in hostile_tokens]
+    await asyncio.gather(*tasks)
+    return {"status_p50_ms": round(pct(lat, 50), 2), "status_p99_ms": round(pct(lat, 99), 2),
+            "healthz_p99_ms": round(pct(health, 99), 2), "polls": len(lat), "hostile_requests": len(sent),
+            "server_errors": len(errors)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="5 s per arm")
+    ap.add_argument("--duration", type=float, default=15.0, help="seconds per arm (default 15)")
+    args = ap.parse_args()
+    duration = 5.0 if args.quick else args.duration
+    gw = GatewayProcess(env={"CORRAL_LOCAL_CPUS": "2", "CORRAL_FASTLANE": "false"})
+    try:
+        tokens = sponsored_agents(gw, 25)
+        honest_tokens, hostile_tokens = tokens[:20], tokens[20:]
+        workdir = str(gw.home)
+        jobs = []
+        for t in honest_tokens:
+            with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {t}"}, timeout=60) as h:
+                jobs.append(h.post("/v1/jobs", json={"command": "sleep 600", "walltime": "15m"}).json()["id"])
+        bodies = hostile_bodies(workdir)
+        uvloop.install()
+        quiet = asyncio.run(arm(gw, honest_tokens, jobs, [], duration, bodies))
+        loud = asyncio.run(arm(gw, honest_tokens, jobs, hostile_tokens, duration, bodies))
+    finally:
+        gw.stop()
+    out = {"bench": "hostile", "duration_s": duration, "honest_agents": 20, "hostile_clients": 5,
+           "honest_p99_ms_quiet": quiet["status_p99_ms"], "honest_p99_ms_hostile": loud["status_p99_ms"],
+           "ratio": round(loud["status_p99_ms"] / quiet["status_p99_ms"], 2) if quiet["status_p99_ms"] else None,
+           "healthz_p99_ms_quiet": quiet["healthz_p99_ms"], "healthz_p99_ms_hostile": loud["healthz_p99_ms"],
+           "hostile_requests": loud["hostile_requests"],
+           "server_errors": quiet["server_errors"] + loud["server_errors"], "quiet": quiet, "hostile": loud}
+    print(f"honest status p99: {out['honest_p99_ms_quiet']} ms quiet, {out['honest_p99_ms_hostile']} ms under "
+          f"{out['hostile_requests']} hostile requests (x{out['ratio']}); /healthz p99 {out['healthz_p99_ms_quiet']} "
+          f"-> {out['healthz_p99_ms_hostile']} ms; 5xx: {out['server_errors']}")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
