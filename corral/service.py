@@ -107,16 +107,16 @@ class Service:
         if not 1 <= n <= MAX_BATCH:
             raise InvalidRequest(f"a submission holds 1 to {MAX_BATCH} jobs; split it into several requests")
         where = (lambda i: f"job {i}: ") if n > 1 else (lambda i: "")
+        texts = [s.model_dump_json() for s in specs]
         digest = None
         if key is not None:
             if not 1 <= len(key) <= 200:
                 raise InvalidRequest("the idempotency key must be 1 to 200 characters")
-            digest = hashlib.blake2b("\n".join(s.model_dump_json() for s in specs).encode(), digest_size=16).hexdigest()
+            digest = hashlib.blake2b("\n".join(texts).encode(), digest_size=16).hexdigest()
             replay = self._replay(caller, key, n, digest)
             if replay is not None:
                 return replay, False, [[] for _ in replay], "idempotent-replay"
         # A sweep repeats one spec: each distinct one is checked, decided, routed and advised once.
-        texts = [s.model_dump_json() for s in specs]
         first: dict[str, int] = {}
         for i, t in enumerate(texts):
             first.setdefault(t, i)
