@@ -127,6 +127,37 @@ def error_response(exc: CorralError) -> JSONResponse:
     return JSONResponse({"error": exc.to_dict()}, status_code=exc.status, headers=headers or None)
 
 
+INTERNAL = {"error": {"code": "internal", "message": "internal error in the gateway; it is logged. Retry, or tell "
+                                                   "the admin."}}
+
+
+class ContainErrors:
+    """ASGI middleware: an exception below it is logged once and answered with a 500 in the
+    error shape, if no response has started; it never reaches the server."""
+
+    def __init__(self, app: Any, errors: Any) -> None:
+        self.app, self.errors = app, errors
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking)
+        except Exception:
+            log.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
+            self.errors.labels("http", "internal_error").inc()
+            if not started:
+                await JSONResponse(INTERNAL, status_code=500)(scope, receive, send)
+
+
 class RequireToken:
     """Refuse an MCP connection without a valid token at the transport (HTTP 401),
     before any MCP session exists; the tools then authenticate each call again."""
@@ -199,13 +230,10 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         return JSONResponse({"error": {"code": code, "message": message}}, status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return JSONResponse(
-            {"error": {"code": "internal", "message": "internal error in the gateway; it is logged. Retry, or tell the admin."}},
-            status_code=500,
-        )
+    # Last: anything unexpected becomes a 500 in the error shape, logged once, and the
+    # connection stays open (Starlette's own handler re-raises to the server, which logs
+    # the traceback again and drops the connection).
+    app.add_middleware(ContainErrors, errors=service.metrics.requests)
 
     requests = service.metrics.requests
 

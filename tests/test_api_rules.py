@@ -28,10 +28,11 @@ def api(tmp_path, clock) -> Callable[[Scenario], Any]:
     service.accounts.bootstrap_admin()
     admin = (tmp_path / "home" / "admin.token").read_text().strip()
     app = create_app(service)
+    app.state.corral = service
 
     def run(scenario: Scenario) -> Any:
         async def go() -> Any:
-            transport = httpx.ASGITransport(app=app)
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
             async with httpx.AsyncClient(transport=transport, base_url="http://corral") as h:
                 h.headers["Authorization"] = f"Bearer {admin}"
                 for body in ({"name": "alice", "kind": "human"}, {"name": "bot", "kind": "agent", "sponsor": "alice"}):
@@ -158,5 +159,21 @@ def test_a_workdir_is_judged_as_the_path_it_names(api, tmp_path) -> None:
     async def scenario(h: httpx.AsyncClient, tokens: dict[str, str]) -> None:
         r = await h.post("/v1/jobs", json={"command": "pwd", "workdir": f"{tmp_path}/../{tmp_path.name}/./"})
         assert r.status_code == 201 and r.json()["spec"]["workdir"] == str(tmp_path)
+
+    api(scenario)
+
+
+def test_an_unexpected_error_is_one_500_in_the_error_shape(api, tmp_path, monkeypatch) -> None:
+    async def scenario(h: httpx.AsyncClient, tokens: dict[str, str]) -> None:
+        service = h._transport.app.state.corral  # type: ignore[attr-defined]
+
+        def broken(*args: Any) -> Any:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(service, "get_job", broken)
+        r = await h.get("/v1/jobs/1")
+        assert r.status_code == 500 and r.json()["error"]["code"] == "internal" and "a bug" not in r.text
+        assert (await h.get("/v1/whoami")).status_code == 200  # the gateway goes on answering
+        assert 'corral_requests_total{edge="http",op="internal_error"} 1.0' in (await h.get("/metrics")).text
 
     api(scenario)
