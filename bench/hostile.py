@@ -130,6 +130,10 @@ def main() -> None:
         quiet = asyncio.run(arm(gw, honest_tokens, jobs, [], duration, bodies))
         loud = asyncio.run(arm(gw, honest_tokens, jobs, hostile_tokens, duration, bodies))
     finally:
+        with gw.client() as h:  # local jobs outlive the gateway: end them
+            live = h.get("/v1/jobs", params={"state": ["PENDING", "RUNNING"], "limit": 1000}).json()["jobs"]
+            if live:
+                h.post("/v1/jobs/cancel", json={"ids": [j["id"] for j in live]})
         gw.stop()
     out = {"bench": "hostile", "duration_s": duration, "honest_agents": 20, "hostile_clients": 5,
            "honest_p99_ms_quiet": quiet["status_p99_ms"], "honest_p99_ms_hostile": loud["status_p99_ms"],
