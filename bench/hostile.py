@@ -32,13 +32,17 @@ BIG = 2**63
 
 
 def hostile_bodies(workdir: str) -> list[tuple[str, str, str]]:
-    """(method, path, raw body): the largest valid requests and a spread of invalid ones."""
-    script = "#!/bin/bash\n" + "".join(f"echo line {i} $(( {i} * 3 )) | grep -v x >> out.txt\n" for i in range(5400))
+    """(method, path, raw body): the largest valid requests and a spread of invalid ones.
+    The valid jobs exit at once (on a real facility a job's CPU is a compute node's, not
+    the gateway's); all their cost to corral is in reading, parsing and recording them."""
+    script = "#!/bin/bash\nexit 0\n" + "".join(f"echo line {i} $(( {i} * 3 )) | grep -v x >> out.txt\n"
+                                              for i in range(5400))
     env = {f"V{i}": "x" * 480 for i in range(256)}
     return [
-        ("POST", "/v1/jobs", json.dumps({"command": "echo " + "a" * 65_000, "workdir": workdir, "walltime": "1m"})),
+        ("POST", "/v1/jobs", json.dumps({"command": "true; echo " + "a" * 65_000, "workdir": workdir, "walltime": "1m"})),
         ("POST", "/v1/jobs", json.dumps({"script": script[:262_000], "workdir": workdir, "walltime": "1m"})),
         ("POST", "/v1/jobs", json.dumps({"command": "true", "env": env, "workdir": workdir, "walltime": "1m"})),
+        ("POST", "/v1/jobs", json.dumps({"command": ":(){ :|:& };: # " + "x" * 60_000, "walltime": "1m"})),
         ("POST", "/v1/advice", json.dumps({"script": script[:262_000]})),
         ("POST", "/v1/jobs", json.dumps({"command": "echo " + "a" * 70_000})),  # over the limit
         ("GET", f"/v1/jobs/{BIG}", ""), ("POST", "/v1/jobs/wait", '{"ids": [%d]}' % BIG),
@@ -88,6 +92,8 @@ async def attacker(url: str, token: str, bodies: list[tuple[str, str, str]], unt
         while time.perf_counter() < until:
             method, path, body = bodies[i % len(bodies)]
             i += 1
+            # A fresh byte each time: no cache (risk tags, decisions) may answer for it.
+            body = body.replace("a" * 8, f"{i:08d}", 1) if "a" * 8 in body else body.replace("line 1 ", f"line {i} ", 1)
             r = await h.request(method, path, content=body)
             sent.append(r.status_code)
             if r.status_code >= 500:
@@ -116,7 +122,9 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=15.0, help="seconds per arm (default 15)")
     args = ap.parse_args()
     duration = 5.0 if args.quick else args.duration
-    gw = GatewayProcess(env={"CORRAL_LOCAL_CPUS": "2", "CORRAL_FASTLANE": "false"})
+    # The facility's default rate limits stay on: they are part of the defence measured.
+    gw = GatewayProcess(env={"CORRAL_LOCAL_CPUS": "2", "CORRAL_FASTLANE": "false", "CORRAL_RATE_API_PER_S": "50",
+                             "CORRAL_RATE_SUBMIT_PER_MIN": "600", "CORRAL_AGENT_MAX_ACTIVE_JOBS": "2000"})
     try:
         tokens = sponsored_agents(gw, 25)
         honest_tokens, hostile_tokens = tokens[:20], tokens[20:]
