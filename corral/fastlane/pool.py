@@ -69,9 +69,10 @@ class PoolConfig:
     breaker_failures: int = 3
     breaker_cooldown_s: float = 300.0
     host: str = "127.0.0.1"
-    min_cpus: int = 4
-    """Fewest CPUs of an allocation (within the pool's shape): tasks queued in one
-    worker's launcher wait for its slots, so allocations of one CPU would serialize them."""
+    min_cpus: int = 32
+    """Fewest CPUs of an allocation (within the pool's shape; the default is the whole
+    shape). Tasks queued in one worker's launcher wait for its slots: a burst that lands
+    on a small warm allocation is not moved to a bigger one that joins later."""
     scale_after_s: float = 2.0
     """Another allocation only once the oldest waiting task has waited this long."""
 
