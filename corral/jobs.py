@@ -242,6 +242,10 @@ class Job(BaseModel):
     advice: list[str] = []
     """What corral's memory says about this submission (set on submit, not stored)."""
 
+    def sent_as(self, backend_id: str) -> Job:
+        """This job once its lane took it: the same record with its backend id."""
+        return Job.stored(**{**self.__dict__, "backend_id": backend_id})
+
     @classmethod
     def stored(cls, **fields: Any) -> Job:
         """A job from values corral itself validated and stored: no validation, as

@@ -12,6 +12,7 @@ their news lands, the reconciler, the gate, the audit, and the verbs of accounts
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -90,11 +91,14 @@ class Service:
             jobs, created, advice, rule = await self._record(caller, specs, idempotency_key)
         if created:
             p = caller.principal
-            await self.sender.send([(j, context(j, p)) for j in jobs if j.backend_id is None],
-                                   dispatch=len(specs) > 1)
+            taken = await self.sender.send([(j, context(j, p)) for j in jobs if j.backend_id is None],
+                                           dispatch=len(specs) > 1)
             self.reconciler.kick()
-            current = self.db.get_jobs([j.id for j in jobs])
-            jobs = [current.get(j.id, j) for j in jobs]
+            # A job its lane took has only gained its backend id (unless it was cancelled on
+            # the way, or refused): no read back for those (a sweep is hot).
+            again = [j.id for j in jobs if j.backend_id is None and j.id not in taken]
+            current = self.db.get_jobs(again) if again else {}
+            jobs = [j.sent_as(taken[j.id]) if j.id in taken else current.get(j.id, j) for j in jobs]
         self.audit.record(caller, "submit", "allow", rule,
                           [{"job_id": j.id, "backend": j.backend, "backend_id": j.backend_id,
                             "partition": j.spec.partition, "cpus": j.spec.cpus, "gpus": j.spec.gpus} for j in jobs])
@@ -121,14 +125,12 @@ class Service:
         for i, t in enumerate(texts):
             first.setdefault(t, i)
         distinct = {t: specs[i] for t, i in first.items()}
-        await asyncio.to_thread(self._preflight, {first[t]: s for t, s in distinct.items()}, where)
+        default = await asyncio.to_thread(self._preflight, {first[t]: s for t, s in distinct.items()}, where)
         rule = "default"
-        default: str | None = None
         for t, s in distinct.items():
             with _prefixed(where(first[t])):
                 resource = job_resource(s, caller.name)
                 if not resource["partition"]:  # decided as where it will run: the default partition
-                    default = default or await asyncio.to_thread(self._default_partition)
                     resource["partition"] = default
                 text = job_text(s)
                 await self.gate.prepare(text)
@@ -149,7 +151,8 @@ class Service:
             replay = self._replay(caller, key, n, digest)
             if replay is not None:
                 return replay, False, [[] for _ in replay], "idempotent-replay"
-        with self.db.transaction():
+        # One INSERT statement is atomic by itself; more share one transaction.
+        with self.db.transaction() if len(new) > 1 else contextlib.nullcontext():
             made = iter(self.db.insert_jobs(caller.name, caller.session, [(lane.name, spec) for spec, lane in new],
                                             caller.cap.path if caller.cap else None, key, digest) if new else [])
         jobs, advice = [], []
@@ -183,9 +186,10 @@ class Service:
             return ""
         return next((p.name for p in parts if p.default), parts[0].name if parts else "")
 
-    def _preflight(self, specs: dict[int, JobSpec], where: Any) -> None:
+    def _preflight(self, specs: dict[int, JobSpec], where: Any) -> str:
         """In a thread: workdirs are looked at on disk, and the first preflight reads the
-        cluster's limits (a slow controller must not stall every other request)."""
+        cluster's limits (a slow controller must not stall every other request).
+        -> the default partition (one thread hop for both: a single submission is hot)."""
         for i, spec in specs.items():
             with _prefixed(where(i)):
                 if spec.workdir is not None:
@@ -199,6 +203,7 @@ class Service:
                 except BackendError as e:
                     # Limits unknown while the scheduler is away: record the job, the scheduler judges it later.
                     log.warning("preflight skipped, the scheduler's limits are unavailable: %s", e)
+        return self._default_partition()
 
     async def _cached_or_routed(self, principal: Principal, spec: JobSpec) -> tuple[JobSpec, Lane] | Job:
         """The earlier job with this exact result (``cache``), else the spec routed to its lane."""
@@ -283,6 +288,8 @@ class Service:
         self.reconciler.kick()
         for j in jobs:
             if not j.terminal and j.backend_id is None:
+                if j.id in self.sender.in_flight:  # on its way: the Sender cancels it once sent
+                    self.sender.cancelled.add(j.id)
                 self.db.update_job(j.id, JobState.CANCELLED, reason="cancelled before it reached the scheduler",
                                    end_time=time.time())
         return [self.db.get_job(j.id) or j for j in jobs]

@@ -32,12 +32,16 @@ class Sender:
         self.db, self.lanes = db, lanes
         self.in_flight: set[int] = set()
         """Jobs on their way to a lane: ``send_unsent`` must not send them a second time."""
+        self.cancelled: set[int] = set()
+        """Jobs of ``in_flight`` cancelled meanwhile (``Service.cancel``): stopped once sent."""
 
     async def send(self, jobs: Sequence[tuple[Job, SubmitContext]], *, dispatch: bool = False,
-                   raise_backend: bool = False) -> None:
+                   raise_backend: bool = False) -> dict[int, str]:
         """Send each job to its lane (a lane's jobs in one call) and record what came back.
         ``dispatch``: the lanes start what they queued now. ``raise_backend``: after
-        recording, raise the first scheduler failure (the reconciler then backs off)."""
+        recording, raise the first scheduler failure (the reconciler then backs off).
+        -> job id: backend id, for the jobs a lane took."""
+        taken: dict[int, str] = {}
         by_lane: dict[str, list[tuple[Job, SubmitContext]]] = {}
         for job, ctx in jobs:
             by_lane.setdefault(job.backend, []).append((job, ctx))
@@ -55,19 +59,23 @@ class Sender:
                 failure = self._record(group, sent) or failure
             finally:
                 self.in_flight.difference_update(ids)
+            taken.update((job.id, s.backend_id) for (job, _), s in zip(group, sent) if s.backend_id)
             # Cancelled while its submission was on the way: do not let it run.
-            states = self.db.states(ids)
-            late = [s.backend_id for (job, _), s in zip(group, sent)
-                    if s.backend_id and states.get(job.id, ("",))[0] == JobState.CANCELLED.value]
+            late = [s.backend_id for (job, _), s in zip(group, sent) if s.backend_id and job.id in self.cancelled]
+            self.cancelled.difference_update(ids)
             if late:
                 await lane.cancel(late)
             if dispatch:
                 lane.dispatch()
         if failure is not None and raise_backend:
             raise failure
+        return taken
 
     def _record(self, group: list[tuple[Job, SubmitContext]], sent: list[Sent]) -> BackendError | None:
         failure: BackendError | None = None
+        if all(s.error is None for s in sent):  # the common case: one statement, no transaction
+            self.db.set_backend_ids([(job.id, s.backend_id) for (job, _), s in zip(group, sent) if s.backend_id])
+            return None
         with self.db.transaction():
             self.db.set_backend_ids([(job.id, s.backend_id) for (job, _), s in zip(group, sent) if s.backend_id])
             for (job, _), s in zip(group, sent):
