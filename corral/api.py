@@ -202,6 +202,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
                 if stop_deadline_s is not None:  # everything is on disk: what still hangs is cut off
                     hard_exit_after(stop_deadline_s)
                 await settle(loops, 1.0)
+                service.gate.close()
                 # Allocations are released first; Dask's own close must not hold the exit.
                 await settle([asyncio.create_task(lane.close(), name=f"lane-{lane.name}-close")
                               for lane in service.lanes], 4.0, cancel=False)

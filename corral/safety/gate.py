@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 import logging
 import shlex
 from collections import OrderedDict
@@ -28,7 +31,7 @@ from ..jobs import JobSpec
 from ..principals import Caller, Kind
 from .limits import Buckets
 from .policy import Policy, Request
-from .risk import analyze
+from .risk import analyze, tags_of
 from .store import SafetyStore
 from .tokens import TokenAuthority
 
@@ -67,6 +70,8 @@ class Gate:
         self._taint = self.store.taints()
         self._tags: OrderedDict[str, list[str]] = OrderedDict()
         self._decisions: dict[tuple[Any, ...], tuple[float, Any]] = {}
+        self._parser: ProcessPoolExecutor | None = None
+        """Parses long texts for risk, started on the first one (``prepare``)."""
         self.cache_s = 1.0
         """How long a decision on identical facts is reused (0: never)."""
 
@@ -128,14 +133,30 @@ class Gate:
         return tags
 
     async def prepare(self, text: str) -> None:
-        """Parse a long text's risk in a worker thread, so that ``check`` finds its tags
+        """Parse a long text's risk in the parser process, so that ``check`` finds its tags
         cached: the parse is linear in the text, but 256 KiB of script still takes a
-        second, and the event loop serves every other agent meanwhile."""
+        second of CPU, and the event loop serves every other agent meanwhile. A process,
+        not a thread: tree-sitter holds the GIL while it parses (a thread stalled the loop
+        ~100 ms per 256 KiB script, measured)."""
         if len(text) < 4096:
             return
         key = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
-        if key not in self._tags:
-            self._keep_tags(key, sorted((await asyncio.to_thread(analyze, text)).tags))
+        if key in self._tags:
+            return
+        if self._parser is None:
+            self._parser = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        try:
+            tags = await asyncio.get_running_loop().run_in_executor(self._parser, tags_of, text)
+        except BrokenProcessPool:  # the parser died (OOM, a kill): a fresh one next time, a thread now
+            log.warning("the risk parser process died; parsing in a thread and starting a new one")
+            self._parser = None
+            tags = await asyncio.to_thread(tags_of, text)
+        self._keep_tags(key, tags)
+
+    def close(self) -> None:
+        if self._parser is not None:
+            self._parser.shutdown(wait=False, cancel_futures=True)
+            self._parser = None
 
     def _keep_tags(self, key: str, tags: list[str]) -> list[str]:
         self._tags[key] = tags

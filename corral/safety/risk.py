@@ -63,6 +63,11 @@ def analyze(text: str) -> Risk:
     return risk
 
 
+def tags_of(text: str) -> list[str]:
+    """The sorted tags of ``text``: what the gate's parser process returns."""
+    return sorted(analyze(text).tags)
+
+
 def _fork_bomb(text: str) -> str | None:
     """A function whose body runs itself piped into itself in the background (``:(){ :|:& };:``):
     each definition's body (up to its first ``}``) is looked at once."""
