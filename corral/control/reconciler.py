@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from ..db import Database
 from ..errors import CorralError
-from ..jobs import JobState
+from ..jobs import Job, JobState
 from .metrics import Metrics
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ class Reconciler:
         if not active:
             return
         t0 = time.perf_counter()
-        by_lane: dict[str, list] = defaultdict(list)
+        by_lane: dict[str, list[Job]] = defaultdict(list)
         for job in active:
             by_lane[job.backend].append(job)
         changed: list[int] = []
