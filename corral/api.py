@@ -264,7 +264,9 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     async def healthz() -> dict[str, Any]:
         return service.health()
 
-    @app.get("/metrics", tags=["ops"])
+    @app.get("/metrics", tags=["ops"], response_class=Response,
+             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                              "description": "Prometheus text format"}})
     async def metrics() -> Response:
         return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
@@ -384,4 +386,42 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     async def facility(c: Caller = Depends(caller)) -> Response:
         return ok(await service.facility(c))
 
+    app.openapi = lambda: document(app)  # type: ignore[method-assign]
     return app
+
+
+ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["code", "message"],
+    "properties": {"code": {"type": "string"}, "message": {"type": "string"}, "hint": {"type": "string"}}}}}
+ERRORS = {"400": "the request is invalid: the message names the field and the limit",
+          "401": "no valid token", "403": "the token or the facility policy does not allow it",
+          "404": "no such thing visible to you", "405": "the method is not allowed on this path",
+          "409": "it clashes with current state (an idempotency key, a repeat of a failure)",
+          "429": "too fast or too many at once; Retry-After says when", "500": "a bug, logged",
+          "503": "the scheduler is away, or the gateway is restarting; call again"}
+PUBLIC = {"/healthz", "/metrics", "/v1/tokens/public-key", "/openapi.json", "/docs"}
+
+
+def document(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI the server keeps to: 400 (not FastAPI's 422) for invalid input, every
+    error status the routes send in the one error shape, 200 for idempotent replays."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    from fastapi.openapi.utils import get_openapi
+
+    spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    spec.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+    ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    for path, ops in spec.get("paths", {}).items():
+        for method, op in ops.items():
+            responses = op.setdefault("responses", {})
+            responses.pop("422", None)
+            codes = ["400", "500"] if path in PUBLIC else list(ERRORS)
+            for code in codes:
+                responses.setdefault(code, {"description": ERRORS[code], **ref})
+            if method == "post" and "201" in responses:
+                responses.setdefault("200", {"description": "an idempotent replay: the jobs made before"})
+    for schema in ("HTTPValidationError", "ValidationError"):
+        spec["components"]["schemas"].pop(schema, None)
+    app.openapi_schema = spec
+    return spec

@@ -1,0 +1,30 @@
+"""The contract is the code: schemathesis (the real tool, its own CLI) generates requests
+from the gateway's OpenAPI and checks every answer against it, as an admin and as an
+agent: no 5xx, only documented status codes and content types, bodies that match the
+documented schemas. Bounded examples per operation, deterministic, so the suite stays fast."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import Gateway
+
+CHECKS = "not_a_server_error,status_code_conformance,response_schema_conformance,content_type_conformance"
+
+
+@pytest.mark.parametrize("who", ["admin", "agent"])
+def test_schemathesis_finds_no_5xx_and_nothing_undocumented(gateway: Gateway, people, who: str, tmp_path) -> None:
+    token = gateway.admin_token if who == "admin" else people["bot1"]
+    st = Path(sys.executable).with_name("st")
+    cp = subprocess.run(
+        [str(st), "run", f"{gateway.url}/openapi.json", "-H", f"Authorization: Bearer {token}", "-c", CHECKS,
+         "-n", "6", "--phases", "coverage,fuzzing", "--generation-deterministic", "--request-timeout", "30",
+         "--workers", "2", "--no-color"],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    tail = "\n".join(cp.stdout.splitlines()[-40:])
+    assert cp.returncode == 0, tail
+    assert " passed" in tail and "failed" not in tail.split("Test cases:")[-1], tail
