@@ -19,6 +19,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from .api_models import (AdviceOut, BatchOut, FacilityOut, HealthOut, JobListOut, JobOut, JobsOut, NoteOut, NotesOut,
+                         OutputOut, PrincipalOut, PublicKeyOut, RevokedOut, TokenInfo, TokenOut, WhoamiOut)
 from .errors import CorralError, RateLimited, Restarting, describe_validation
 from .jobs import MAX_INT, JobSpec
 
@@ -247,11 +249,11 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         return service.authenticate(bearer_token(headers.get("authorization")), headers.get("x-corral-session"))
 
     # The hot read routes first: Starlette tries routes in order of registration.
-    @app.get("/v1/jobs/{job_id:int}", tags=["jobs"])
+    @app.get("/v1/jobs/{job_id:int}", tags=["jobs"], responses={200: {"model": JobOut}})
     async def get_job(job_id: JobIdPath, c: Caller = Depends(caller)) -> Response:
         return ok(service.get_job(c, job_id).to_dict())
 
-    @app.get("/v1/jobs/{job_id:int}/wait", tags=["jobs"])
+    @app.get("/v1/jobs/{job_id:int}/wait", tags=["jobs"], responses={200: {"model": JobOut}})
     async def wait(
         job_id: JobIdPath, c: Caller = Depends(caller),
         timeout: float = Query(60.0, ge=0, le=86400, allow_inf_nan=False, description="Seconds to wait at most."),
@@ -260,9 +262,9 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         job, reached = await service.wait(c, job_id, timeout, until)
         return ok({**job.to_dict(), "reached": reached})
 
-    @app.get("/healthz", tags=["ops"])
-    async def healthz() -> dict[str, Any]:
-        return service.health()
+    @app.get("/healthz", tags=["ops"], responses={200: {"model": HealthOut}})
+    async def healthz() -> Response:
+        return ok(service.health())
 
     @app.get("/metrics", tags=["ops"], response_class=Response,
              responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
@@ -270,38 +272,38 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     async def metrics() -> Response:
         return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    @app.get("/v1/whoami", tags=["principals"])
+    @app.get("/v1/whoami", tags=["principals"], responses={200: {"model": WhoamiOut}})
     async def whoami(c: Caller = Depends(caller)) -> Response:
         return ok({**c.principal.to_dict(), "session": c.session, "token_id": c.token_id})
 
-    @app.post("/v1/principals", status_code=201, tags=["principals"])
+    @app.post("/v1/principals", status_code=201, tags=["principals"], responses={201: {"model": PrincipalOut}})
     async def add_principal(body: PrincipalIn, c: Caller = Depends(caller)) -> Response:
         p = service.accounts.add_principal(c, body.name, body.kind, body.sponsor, body.unix_user, body.account, body.admin)
         return ok(p.to_dict(), 201)
 
-    @app.get("/v1/principals", tags=["principals"])
+    @app.get("/v1/principals", tags=["principals"], responses={200: {"model": list[PrincipalOut]}})
     async def list_principals(c: Caller = Depends(caller)) -> Response:
         return ok([p.to_dict() for p in service.accounts.list_principals(c)])
 
-    @app.post("/v1/tokens", status_code=201, tags=["tokens"])
+    @app.post("/v1/tokens", status_code=201, tags=["tokens"], responses={201: {"model": TokenOut}})
     async def mint_token(body: TokenIn, c: Caller = Depends(caller)) -> Response:
         return ok(service.accounts.mint_token(c, body.for_, body.expires, body.note, body.caveats()), 201)
 
-    @app.get("/v1/tokens/public-key", tags=["tokens"])
+    @app.get("/v1/tokens/public-key", tags=["tokens"], responses={200: {"model": PublicKeyOut}})
     async def token_public_key() -> Response:
         """The key that verifies this gateway's tokens: all that narrowing a token needs. Public."""
         return ok({"public_key": service.accounts.token_public_key(), "algorithm": "ed25519"})
 
-    @app.get("/v1/tokens", tags=["tokens"])
+    @app.get("/v1/tokens", tags=["tokens"], responses={200: {"model": list[TokenInfo]}})
     async def list_tokens(c: Caller = Depends(caller)) -> Response:
         return ok(service.accounts.list_tokens(c))
 
-    @app.delete("/v1/tokens/{token_id}", tags=["tokens"])
+    @app.delete("/v1/tokens/{token_id}", tags=["tokens"], responses={200: {"model": RevokedOut}})
     async def revoke_token(token_id: str, c: Caller = Depends(caller)) -> Response:
         service.accounts.revoke_token(c, token_id)
         return ok({"id": token_id, "revoked": True})
 
-    @app.post("/v1/jobs", status_code=201, tags=["jobs"])
+    @app.post("/v1/jobs", status_code=201, tags=["jobs"], responses={201: {"model": JobOut}, 200: {"model": JobOut, "description": "an idempotent replay, or a cache hit: nothing new was made"}})
     async def submit(
         spec: JobSpec, c: Caller = Depends(caller),
         idempotency_key: str | None = Header(None),
@@ -309,7 +311,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         jobs, created = await service.submit(c, [spec], idempotency_key)
         return ok({**jobs[0].to_dict(), "created": created}, 201 if created else 200)
 
-    @app.get("/v1/jobs", tags=["jobs"])
+    @app.get("/v1/jobs", tags=["jobs"], responses={200: {"model": JobListOut}})
     async def list_jobs(
         c: Caller = Depends(caller),
         state: list[str] | None = Query(None, description="Filter by state; repeatable."),
@@ -322,7 +324,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         return ok({"jobs": [j.summary() for j in jobs], "limit": limit, "offset": offset,
                    "next_offset": offset + len(jobs) if len(jobs) == limit else None})
 
-    @app.post("/v1/jobs/batch", status_code=201, tags=["jobs"])
+    @app.post("/v1/jobs/batch", status_code=201, tags=["jobs"], responses={201: {"model": BatchOut}, 200: {"model": BatchOut, "description": "an idempotent replay, or a cache hit: nothing new was made"}})
     async def submit_batch(body: BatchIn, c: Caller = Depends(caller),
                            idempotency_key: str | None = Header(None)) -> Response:
         """Up to 1,000 jobs in one request: all are checked before any is recorded. With an
@@ -332,39 +334,39 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
                              **({"advice": j.advice} if j.advice else {})} for j in jobs],
                    "created": created}, 201 if created else 200)
 
-    @app.post("/v1/jobs/wait", tags=["jobs"])
+    @app.post("/v1/jobs/wait", tags=["jobs"], responses={200: {"model": JobsOut}})
     async def wait_many(body: WaitIn, c: Caller = Depends(caller)) -> Response:
         """Long-poll until all these jobs have ended (or the timeout): one request per sweep."""
         jobs, done = await service.wait_many(c, body.ids, body.timeout)
         return ok({"jobs": [j.summary() for j in jobs], "reached": done})
 
-    @app.post("/v1/notes", status_code=201, tags=["memory"])
+    @app.post("/v1/notes", status_code=201, tags=["memory"], responses={201: {"model": NoteOut}})
     async def remember(body: NoteIn, c: Caller = Depends(caller)) -> Response:
         """Write a note (scope agent, user, account, session; facility for admins). Secrets are redacted."""
         return ok(service.memory.remember(c, body.text, body.scope, body.expires, body.job_id), 201)
 
-    @app.get("/v1/notes", tags=["memory"])
+    @app.get("/v1/notes", tags=["memory"], responses={200: {"model": NotesOut}})
     async def recall(c: Caller = Depends(caller), q: str = Query(..., description="Words to search for."),
                      k: int = Query(5, ge=1, le=50)) -> Response:
         """The k notes you may read that best match the words (BM25)."""
         return ok({"notes": service.memory.recall(c, q, k)})
 
-    @app.post("/v1/notes/{note_id}/promote", tags=["memory"])
+    @app.post("/v1/notes/{note_id}/promote", tags=["memory"], responses={200: {"model": NoteOut}})
     async def promote(note_id: Annotated[int, Path(ge=1, le=MAX_INT)], c: Caller = Depends(caller)) -> Response:
         """Admins: make a note facility-wide."""
         return ok(service.memory.promote_note(c, note_id))
 
-    @app.post("/v1/advice", tags=["memory"])
+    @app.post("/v1/advice", tags=["memory"], responses={200: {"model": AdviceOut}})
     async def advice(spec: JobSpec, c: Caller = Depends(caller)) -> Response:
         """What corral remembers of a job like this one, without submitting it."""
         return ok(await service.advice(c, spec))
 
-    @app.post("/v1/jobs/cancel", tags=["jobs"])
+    @app.post("/v1/jobs/cancel", tags=["jobs"], responses={200: {"model": JobsOut}})
     async def cancel_many(body: CancelIn, c: Caller = Depends(caller)) -> Response:
         jobs = await service.cancel(c, body.ids)
         return ok({"jobs": [j.summary() for j in jobs]})
 
-    @app.get("/v1/jobs/{job_id}/output", tags=["jobs"])
+    @app.get("/v1/jobs/{job_id}/output", tags=["jobs"], responses={200: {"model": OutputOut}})
     async def output(
         job_id: JobIdPath, c: Caller = Depends(caller),
         stream: str = Query("stdout", pattern="^(stdout|stderr)$"),
@@ -373,7 +375,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     ) -> Response:
         return ok(service.read_output(c, job_id, stream, offset, limit, tail))
 
-    @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"])
+    @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"], responses={200: {"model": JobOut}})
     async def cancel(job_id: JobIdPath, c: Caller = Depends(caller)) -> Response:
         return ok((await service.cancel(c, [job_id]))[0].to_dict())
 
@@ -382,7 +384,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         if isinstance(route, Route) and route.path == "/mcp":
             app.router.routes.append(Route("/mcp", endpoint=RequireToken(route.app, service)))
 
-    @app.get("/v1/facility", tags=["facility"])
+    @app.get("/v1/facility", tags=["facility"], responses={200: {"model": FacilityOut}})
     async def facility(c: Caller = Depends(caller)) -> Response:
         return ok(await service.facility(c))
 
@@ -419,8 +421,6 @@ def document(app: FastAPI) -> dict[str, Any]:
             codes = ["400", "500"] if path in PUBLIC else list(ERRORS)
             for code in codes:
                 responses.setdefault(code, {"description": ERRORS[code], **ref})
-            if method == "post" and "201" in responses:
-                responses.setdefault("200", {"description": "an idempotent replay: the jobs made before"})
     for schema in ("HTTPValidationError", "ValidationError"):
         spec["components"]["schemas"].pop(schema, None)
     app.openapi_schema = spec

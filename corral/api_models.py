@@ -1,0 +1,141 @@
+"""What the HTTP API answers, as models: the OpenAPI's response schemas (the routes
+serialize with json.dumps for speed; these document, and schemathesis checks each
+answer against them in tests/test_contract.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from .jobs import JobState
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class JobSummaryOut(_Out):
+    id: int
+    name: str | None
+    principal: str
+    session: str | None
+    state: JobState
+    exit_code: int | None
+    reason: str | None
+    submit_time: float
+    start_time: float | None
+    end_time: float | None
+
+
+class JobOut(JobSummaryOut):
+    backend: str
+    backend_id: str | None
+    spec: dict[str, Any]
+    advice: list[str] | None = None
+    created: bool | None = None
+    """On submit: false for an idempotent replay or a cache hit."""
+    reached: bool | None = None
+    """On wait: whether the job got there before the timeout."""
+
+
+class JobListOut(_Out):
+    jobs: list[JobSummaryOut]
+    limit: int
+    offset: int
+    next_offset: int | None
+
+
+class BatchJobOut(JobSummaryOut):
+    backend: str
+    lane: str | None
+    advice: list[str] | None = None
+
+
+class BatchOut(_Out):
+    jobs: list[BatchJobOut]
+    created: bool
+
+
+class JobsOut(_Out):
+    jobs: list[JobSummaryOut]
+    reached: bool | None = None
+
+
+class OutputOut(_Out):
+    data: str
+    offset: int
+    next_offset: int
+    size: int
+    eof: bool
+    stream: str
+    job_state: str | None = None
+    truncated: bool | None = None
+    guard: dict[str, Any] | None = None
+
+
+class PrincipalOut(_Out):
+    name: str
+    kind: str
+    sponsor: str | None
+    unix_user: str | None
+    account: str | None
+    admin: bool
+    created: float | None
+
+
+class WhoamiOut(PrincipalOut):
+    session: str | None
+    token_id: str | None
+
+
+class TokenOut(_Out):
+    id: str
+    token: str
+    principal: str
+    expires: float | None
+    caveats: list[str]
+
+
+class TokenInfo(_Out):
+    id: str
+    principal: str
+
+
+class RevokedOut(_Out):
+    id: str
+    revoked: bool
+
+
+class PublicKeyOut(_Out):
+    public_key: str
+    algorithm: str
+
+
+class NoteOut(_Out):
+    id: int
+    text: str
+    scope: str
+
+
+class NotesOut(_Out):
+    notes: list[dict[str, Any]]
+
+
+class AdviceOut(_Out):
+    advice: list[str]
+    would_refuse: str | None
+
+
+class HealthOut(_Out):
+    ok: bool
+    backend: str
+    degraded: str | None
+    last_tick: float | None
+
+
+class FacilityOut(_Out):
+    backend: str
+    partitions: list[dict[str, Any]]
+    queue: dict[str, int]
+    degraded: str | None
