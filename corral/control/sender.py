@@ -73,7 +73,7 @@ class Sender:
 
     def _record(self, group: list[tuple[Job, SubmitContext]], sent: list[Sent]) -> BackendError | None:
         failure: BackendError | None = None
-        if all(s.error is None for s in sent):  # the common case: one statement, no transaction
+        if len(sent) == 1 and sent[0].error is None:  # a single submission: one statement is atomic
             self.db.set_backend_ids([(job.id, s.backend_id) for (job, _), s in zip(group, sent) if s.backend_id])
             return None
         with self.db.transaction():
