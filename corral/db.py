@@ -348,8 +348,7 @@ class Database:
     def set_backend_ids(self, pairs: list[tuple[int, str]]) -> None:
         if pairs:
             self.conn.executemany("UPDATE jobs SET backend_id = ? WHERE id = ?", [(b, j) for j, b in pairs])
-    def set_backend_id(self, job_id: int, backend_id: str) -> None:
-        self.conn.execute("UPDATE jobs SET backend_id=? WHERE id=?", (backend_id, job_id))
+
 
     def get_job(self, job_id: int) -> Job | None:
         row = self.conn.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE id=?", (job_id,)).fetchone()

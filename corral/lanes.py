@@ -115,9 +115,7 @@ class BackendLane:
         return self.backend.output_paths(backend_id)
 
     def forget(self, backend_ids: Sequence[str]) -> None:
-        forget = getattr(self.backend, "forget", None)
-        if forget is not None:
-            forget(backend_ids)
+        self.backend.forget(backend_ids)
 
     async def run(self) -> None:
         """Polled by the reconciler: no loop of its own."""

@@ -26,6 +26,7 @@ class ScriptedBackend:
         self.status_calls: list[int] = []
         self.failing = False
         self.submits = 0
+        self.forgotten: set[str] = set()
 
     def submit(self, ctx: SubmitContext, spec: JobSpec) -> str:
         self.submits += 1
@@ -53,6 +54,9 @@ class ScriptedBackend:
 
     def partitions(self) -> list[Partition]:
         return [Partition("p", 1, 1, 0, 60, default=True)]
+
+    def forget(self, ids: Sequence[str]) -> None:
+        self.forgotten.update(ids)
 
     def close(self) -> None:
         pass
@@ -88,6 +92,8 @@ def test_one_status_call_per_tick_for_many_waiters(tmp_path) -> None:
     states = asyncio.run(scenario())
     assert states == [JobState.COMPLETED] * 50
     assert all(n == 50 for n in backend.status_calls)  # every call asked about every active job
+    # Their ends recorded, the backend is told to let go of them (through the metering wrapper).
+    assert backend.forgotten == set(backend.states)
     assert svc.metrics.backend_count("status") == len(backend.status_calls) < 30
 
 

@@ -150,6 +150,9 @@ class LocalBackend:
     def partitions(self) -> list[Partition]:
         return [Partition("local", self.cpus, self.memory_mb, 0, self.max_walltime_s, default=True)]
 
+    def forget(self, backend_ids: Sequence[str]) -> None:
+        """Nothing is kept of an ended job: its directory is the record."""
+
     def close(self) -> None:
         """Jobs keep running: they belong to their supervisors, not to the gateway."""
 

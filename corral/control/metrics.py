@@ -78,5 +78,8 @@ class MeteredBackend:
     def preflight(self, spec: JobSpec) -> None:
         self.inner.preflight(spec)  # answered from cached limits: not counted as a scheduler call
 
+    def forget(self, backend_ids: Sequence[str]) -> None:
+        self.inner.forget(backend_ids)  # memory only, no scheduler call: not counted
+
     def close(self) -> None:
         self.inner.close()

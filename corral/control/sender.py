@@ -73,11 +73,12 @@ class Sender:
 
     def _record(self, group: list[tuple[Job, SubmitContext]], sent: list[Sent]) -> BackendError | None:
         failure: BackendError | None = None
+        ids = [(job.id, s.backend_id) for (job, _), s in zip(group, sent) if s.backend_id]
         if len(sent) == 1 and sent[0].error is None:  # a single submission: one statement is atomic
-            self.db.set_backend_ids([(job.id, s.backend_id) for (job, _), s in zip(group, sent) if s.backend_id])
+            self.db.set_backend_ids(ids)
             return None
         with self.db.transaction():
-            self.db.set_backend_ids([(job.id, s.backend_id) for (job, _), s in zip(group, sent) if s.backend_id])
+            self.db.set_backend_ids(ids)
             for (job, _), s in zip(group, sent):
                 if isinstance(s.error, BackendError):
                     # Kept: sent again once the scheduler answers.
