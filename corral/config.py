@@ -92,6 +92,10 @@ class SafetySettings(_Part):
     rate_submit_burst: float = Field(1000.0, ge=1, description="Jobs that may be submitted at once above the rate (a batch counts each job).")
     agent_max_active_jobs: int = Field(2000, ge=0, description="Unfinished jobs one agent may have at once (0: no cap).")
 
+    def policy_path(self, home: Path) -> Path:
+        """The policy file the gateway reads (and 'corral policy init' writes)."""
+        return self.policy_file or home / "policy.cedar"
+
     def policy_groups_of(self, name: str, account: str | None) -> list[str]:
         groups = [g for g, members in self.policy_groups.items() if name in members]
         return groups + [f"account:{account}"] if account else groups
@@ -180,9 +184,6 @@ class Settings(BaseModel):
     def admin_token_path(self) -> Path:
         return self.home / "admin.token"
 
-    @property
-    def policy_path(self) -> Path:
-        return self.safety.policy_file or self.home / "policy.cedar"
 
 
 def config_file(home: Path | None = None) -> Path:

@@ -12,6 +12,8 @@ from typing import Literal, Annotated, Any, Callable
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from .errors import NotFound
+
 
 class JobState(str, enum.Enum):
     PENDING = "PENDING"
@@ -220,6 +222,11 @@ class JobSpec(BaseModel):
     def public(self) -> dict[str, Any]:
         """The spec as a caller writes it (with aliases)."""
         return self.model_dump(by_alias=True, exclude_none=True)
+
+
+def no_job(job_id: int) -> NotFound:
+    """The one answer for a job that is missing or not the caller's (they read alike)."""
+    return NotFound(f"no job {job_id} visible to you; list your jobs to find the right id")
 
 
 class Job(BaseModel):

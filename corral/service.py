@@ -29,7 +29,7 @@ from .control.reconciler import Reconciler, Watchers
 from .control.sender import Sender, context
 from .db import Database
 from .errors import BackendError, Conflict, CorralError, InvalidRequest, NotFound, Restarting
-from .jobs import MAX_INT, TERMINAL_STATES, Job, JobSpec, JobState
+from .jobs import MAX_INT, TERMINAL_STATES, Job, JobSpec, JobState, no_job
 from .lanes import BackendLane, Lane, Lanes
 from .memory.facts import Facts
 from .memory.verbs import MemoryVerbs
@@ -239,7 +239,7 @@ class Service:
         job = self.db.get_job(job_id) if 1 <= job_id <= MAX_INT else None
         # Another principal's job is indistinguishable from a missing one.
         if job is None or not caller.sees(job.principal):
-            raise NotFound(f"no job {job_id} visible to you; list your jobs to find the right id")
+            raise no_job(job_id)
         return job
 
     def list_jobs(
@@ -327,7 +327,7 @@ class Service:
             raise InvalidRequest("wait for 1 to 10,000 jobs at once")
         bad = next((j for j in job_ids if not 1 <= j <= MAX_INT), None)
         if bad is not None:
-            raise NotFound(f"no job {bad} visible to you; list your jobs to find the right id")
+            raise no_job(bad)
         self._may_read(caller)
         ids = list(dict.fromkeys(job_ids))
         deadline = time.monotonic() + timeout
@@ -336,7 +336,7 @@ class Service:
             found = self.db.states(ids)
             for jid in ids:
                 if jid not in found or not caller.sees(found[jid][1]):
-                    raise NotFound(f"no job {jid} visible to you; list your jobs to find the right id")
+                    raise no_job(jid)
             waiting = [j for j in ids if found[j][0] not in terminal]
             remaining = deadline - time.monotonic()
             if not waiting or remaining <= 0:

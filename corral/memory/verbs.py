@@ -8,8 +8,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Conflict, CorralError, InvalidRequest, NotFound
-from ..jobs import JobSpec, JobState, parse_duration_s
+from ..errors import Conflict, CorralError, InvalidRequest
+from ..jobs import JobSpec, JobState, no_job, parse_duration_s
 from ..principals import PILOT_PRINCIPAL, Caller, Principal
 from ..safety import guard
 
@@ -80,7 +80,7 @@ class MemoryVerbs:
             if job_id is not None:  # provenance must be a job the author may see
                 job = self.db.get_job(job_id)
                 if job is None or not caller.sees(job.principal):
-                    raise NotFound(f"no job {job_id} visible to you; list your jobs to find the right id")
+                    raise no_job(job_id)
             mem = self._mem()
             rule = self.gate.check(caller, "write_note", "Note", {"scope": scope, "author": caller.name})
             try:

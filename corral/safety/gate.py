@@ -31,7 +31,7 @@ from ..jobs import JobSpec
 from ..principals import Caller, Kind
 from .limits import Buckets
 from .policy import Policy, Request
-from .risk import analyze, tags_of
+from .risk import tags_of
 from .store import SafetyStore
 from .tokens import TokenAuthority
 
@@ -61,7 +61,7 @@ class Gate:
         self.clock = clock or Clock()
         self.store = SafetyStore(db)
         self.tokens = TokenAuthority(home / "token.key")
-        self._policy_path = settings.policy_file or home / "policy.cedar"
+        self._policy_path = settings.policy_path(home)
         self.policy = Policy.load(self._policy_path)
         self._policy_seen = (self._mtime(), self.clock.monotonic())
         self._policy_version = 0
@@ -124,10 +124,10 @@ class Gate:
         again and again, and parsing a long one costs milliseconds."""
         if not text:
             return []
-        key = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+        key = _content_key(text)
         tags = self._tags.get(key)
         if tags is None:
-            tags = self._keep_tags(key, sorted(analyze(text).tags))
+            tags = self._keep_tags(key, tags_of(text))
         else:
             self._tags.move_to_end(key)
         return tags
@@ -140,7 +140,7 @@ class Gate:
         ~100 ms per 256 KiB script, measured)."""
         if len(text) < 4096:
             return
-        key = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+        key = _content_key(text)
         if key in self._tags:
             return
         if self._parser is None:
@@ -293,3 +293,8 @@ class Gate:
         except CorralError as e:
             e.rule = "rate-limit" if isinstance(e, RateLimited) else "budget"
             raise
+
+
+def _content_key(text: str) -> str:
+    """What the tag cache knows a text by."""
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()

@@ -28,7 +28,7 @@ def _policy_path(path: str | None) -> Path | None:
     from ..config import load_settings
 
     s = load_settings()
-    return s.policy_path
+    return s.safety.policy_path(s.home)
 
 
 def _load(path: str | None) -> pol.Policy:
