@@ -41,9 +41,9 @@ class Watchers:
 
     async def wait(self, job_id: int, timeout: float) -> bool:
         """Sleep until ``job_id`` changes or ``timeout`` passes. -> True if woken."""
-        event = asyncio.Event()
         if self.stopping:
             return True
+        event = asyncio.Event()
         self._events[job_id].add(event)
         self.metrics.waiters.inc()
         try:

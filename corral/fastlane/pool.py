@@ -244,7 +244,8 @@ class Pool:
             return
         up = self.workers_up()
         shapes = {up[a.name]: a.shape for a in self.allocations.values() if a.name in up}
-        if all(all(_fits(sh, t.spec) for t in self.pending) for sh in shapes.values()):
+        # Tasks were routed to fit the pool's shape: allocations of that shape take any of them.
+        if all(sh == self.shape or all(_fits(sh, t.spec) for t in self.pending) for sh in shapes.values()):
             self._send(self._batches(), None)  # every worker fits every task: no restriction to pay for
             return
         # Allocations of several sizes: each task only to workers that can run it; a task
