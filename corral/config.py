@@ -44,7 +44,7 @@ class FastLaneSettings(_Part):
     python: str | None = Field(None, description="Python (with corral installed) that allocations run on the nodes; default: the gateway's own.")
     dir: Path | None = Field(None, description="Fast-lane task output and journals; on a filesystem the nodes share. Default HOME/fastlane.")
     cpus: int | None = Field(None, ge=1, description="Most CPUs of one fast-lane allocation (default: the partition's largest node, at most 32). Each allocation is sized to the demand it starts for, between min_cpus and this.")
-    min_cpus: int = Field(32, ge=1, description="Fewest CPUs of one allocation (bounded by cpus). The default keeps every allocation at the full shape; lower it (e.g. 4) to size allocations to their demand, at a cost: a burst that lands on a small warm allocation queues in it, measured in docs/benchmarks.md.")
+    min_cpus: int = Field(4, ge=1, description="Fewest CPUs of one allocation (bounded by cpus): each allocation is sized to the demand it starts for, between this and cpus. Set it to cpus to keep every allocation at the full shape.")
     memory_mb: int | None = Field(None, ge=64, description="Memory (MB) of one allocation (default: the partition's largest node).")
     gpus: int = Field(0, ge=0, description="GPUs of one allocation.")
     alloc_walltime_s: int = Field(3600, ge=60, description="Walltime of one allocation (a pilot job).")

@@ -132,6 +132,13 @@ class BackendLane:
     def partitions(self) -> list[Partition]:
         return self.backend.partitions()
 
+    async def free(self, partition: str | None) -> tuple[int, int] | None:
+        """See Backend.free; None too when the scheduler cannot be asked now."""
+        try:
+            return await asyncio.to_thread(self.backend.free, partition)
+        except CorralError:
+            return None
+
 
 class Lanes:
     """The registry: the batch lane (the facility's scheduler) and any others."""

@@ -130,3 +130,17 @@ def test_partitions_describe_the_facility(backend: Backend) -> None:
 
 
 __all__ = [n for n in dir() if n.startswith("test_")] + ["ctx", "wait_all", "wait_state"]
+
+
+def check_free_counts_what_runs(backend: Backend, tmp_path) -> None:
+    """Not a contract test (the fake Slurm keeps no node allocations): the backends that
+    know their nodes' allocations call it. The fast lane sizes allocations to it."""
+    before = backend.free(None)
+    assert before is not None and before[0] >= 3
+    bid = backend.submit(ctx(), JobSpec(command="sleep 60", cpus=2, memory="256M", workdir=str(tmp_path)))
+    try:
+        wait_state(backend, bid, JobState.RUNNING)
+        assert backend.free(None) == (before[0] - 2, before[1] - 256)
+    finally:
+        backend.cancel([bid])
+    assert wait_all(backend, [bid], 60)[bid].state is JobState.CANCELLED

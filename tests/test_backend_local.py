@@ -10,7 +10,7 @@ from corral.backends.local import LocalBackend
 from corral.jobs import JobSpec, JobState
 
 from .backend_contract import *  # noqa: F401,F403
-from .backend_contract import ctx, wait_all
+from .backend_contract import check_free_counts_what_runs, ctx, wait_all
 
 
 @pytest.fixture
@@ -67,3 +67,7 @@ def test_relative_state_directory_works(tmp_path, monkeypatch) -> None:
     bid = b.submit(ctx(), JobSpec(command="echo relative"))
     assert wait_all(b, [bid])[bid].state is JobState.COMPLETED
     assert b.output_paths(bid).stdout.read_text() == "relative\n"
+
+
+def test_free_counts_what_runs_now(backend, tmp_path) -> None:
+    check_free_counts_what_runs(backend, tmp_path)

@@ -16,7 +16,7 @@ from corral.errors import InvalidRequest
 from corral.jobs import JobSpec, JobState
 
 from .backend_contract import *  # noqa: F401,F403
-from .backend_contract import ctx, wait_all
+from .backend_contract import check_free_counts_what_runs, ctx, wait_all
 from .slurm_env import slurm_conf
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -184,3 +184,7 @@ def test_accounting_lag_is_asked_again_next_tick(tmp_path) -> None:
     answers["sacct"] = "42|CANCELLED by 0|0:15|2026-01-01T00:00:00|2026-01-01T00:00:05|None\n"
     assert b.status(["42"])["42"].state is JobState.CANCELLED
     assert calls == ["squeue", "sacct", "squeue", "sacct"]
+
+
+def test_free_counts_what_runs_now(backend, tmp_path) -> None:
+    check_free_counts_what_runs(backend, tmp_path)

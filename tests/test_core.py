@@ -201,6 +201,11 @@ def test_allocations_are_sized_to_their_demand_not_the_whole_node(tmp_path) -> N
     pool.pending.append(task(99, cpus=2, memory_mb=50000, gpus=1))
     assert pool._backlogged(time.time())  # no allocation can ever run it: another that can
     assert pool._size() == Shape(4, 50000, 1, 3600)
+    # a burst 19 CPUs short where one node has 12 CPUs free: an allocation that starts now,
+    # not one that would queue behind the pool's own
+    pool.pending.extend(task(i) for i in range(100, 140))
+    assert pool._size((12, 64000)) == Shape(12, 50000, 1, 3600)
+    assert pool._size((2, 64000)).cpus == 19  # too little free to bother: ask, and queue
 
 
 def test_a_note_expires_on_the_clock(tmp_path) -> None:

@@ -276,6 +276,27 @@ def test_pool_scales_with_backlog_and_releases_idle_allocations(tmp_path) -> Non
             assert ended["reached"], ended  # the released allocations really end
 
 
+def test_a_burst_on_a_small_warm_allocation_is_shared_with_the_next(tmp_path) -> None:
+    """Allocations sized to demand: the warm-up made a 1-CPU allocation, and a burst sent
+    to it whole queued in its launcher (12 s of `sleep 1`) while a 4-CPU allocation that
+    joined later sat idle. A worker now holds a few tasks per slot; the rest wait for room."""
+    with running(tmp_path, cpus=8, CORRAL_FASTLANE_CPUS="4", CORRAL_FASTLANE_MIN_CPUS="1",
+                 CORRAL_FASTLANE_MEMORY_MB="2048", CORRAL_FASTLANE_MAX_ALLOCATIONS="2") as gw:
+        with gw.http() as h:
+            warm = h.post("/v1/jobs", json={"command": "true", "lane": "fast"}).json()["id"]
+            assert h.post("/v1/jobs/wait", json={"ids": [warm], "timeout": 60}).json()["reached"]
+            pool = h.get("/v1/facility").json()["fast_lane"]["pools"][0]
+            assert [a["shape"]["cpus"] for a in pool["allocations"]] == [1]
+            # $PPID of the task's shell is the worker that ran it
+            r = h.post("/v1/jobs/batch", json={"jobs": [{"command": "sleep 1; echo $PPID", "lane": "fast",
+                                                          "walltime": "1m"}] * 12})
+            ids = [j["id"] for j in r.json()["jobs"]]
+            done = h.post("/v1/jobs/wait", json={"ids": ids, "timeout": 120}).json()
+            assert done["reached"] and {j["state"] for j in done["jobs"]} == {"COMPLETED"}
+            workers = {h.get(f"/v1/jobs/{i}/output").json()["data"].strip() for i in ids}
+            assert len(workers) == 2, workers
+
+
 def test_an_allocation_still_being_submitted_is_not_sent_twice(tmp_path) -> None:
     """The reconciler resends jobs recorded but never handed to the backend. An allocation
     whose submission is still on its way is not one of them: sent twice, two workers of

@@ -103,4 +103,9 @@ class Backend(Protocol):
         """The core has recorded these jobs' ends: drop whatever is kept of them."""
         ...
 
+    def free(self, partition: str | None) -> tuple[int, int] | None:
+        """The most CPUs (and that node's memory, MB) free now on one node of this
+        partition (None: the default), asked live; None when it cannot be known."""
+        ...
+
     def close(self) -> None: ...

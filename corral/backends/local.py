@@ -153,6 +153,11 @@ class LocalBackend:
     def forget(self, backend_ids: Sequence[str]) -> None:
         """Nothing is kept of an ended job: its directory is the record."""
 
+    def free(self, partition: str | None) -> tuple[int, int] | None:
+        with self._lock:
+            self._reap()
+            return self._free()
+
     def close(self) -> None:
         """Jobs keep running: they belong to their supervisors, not to the gateway."""
 

@@ -313,6 +313,23 @@ class SlurmBackend:
             self._known.pop(jid, None)
             self._dirs.pop(jid, None)
 
+    def free(self, partition: str | None) -> tuple[int, int] | None:
+        """From the nodes' allocations now, asked of scontrol: nodes down, drained or not
+        responding have none free."""
+        part = next((p for p in self._run("scontrol", "show", "partition", "-o").splitlines()
+                     if (_kv(p).get("PartitionName") == partition if partition else _kv(p).get("Default") == "YES")),
+                    None)
+        members = _expand(_kv(part).get("Nodes", "")) if part else set()
+        nodes = [_kv(line) for line in self._run("scontrol", "show", "node", "-o").splitlines()]
+        best: tuple[int, int] | None = None
+        for kv in [n for n in nodes if n.get("NodeName") in members] or nodes:  # Nodes=ALL names none
+            if any(s in kv.get("State", "") for s in ("DOWN", "DRAIN", "NOT_RESPONDING", "FAIL")):
+                continue
+            room = (int(kv.get("CPUTot", 0)) - int(kv.get("CPUAlloc", 0)),
+                    int(kv.get("RealMemory", 0)) - int(kv.get("AllocMem", 0)))
+            best = room if best is None or room > best else best
+        return best
+
     def output_paths(self, backend_id: str) -> OutputPaths:
         d = self._dir_of(backend_id) or self.jobs_dir / "missing"
         return OutputPaths(d / "stdout", d / "stderr")

@@ -81,5 +81,9 @@ class MeteredBackend:
     def forget(self, backend_ids: Sequence[str]) -> None:
         self.inner.forget(backend_ids)  # memory only, no scheduler call: not counted
 
+    def free(self, partition: str | None) -> tuple[int, int] | None:
+        self._count("free")
+        return self.inner.free(partition)
+
     def close(self) -> None:
         self.inner.close()

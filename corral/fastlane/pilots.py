@@ -63,6 +63,9 @@ class Pilots:
         else:
             self.db.update_job(job_id, JobState.CANCELLED, reason="released by the fast lane", end_time=time.time())
 
+    async def free(self, partition: str | None) -> tuple[int, int] | None:
+        return await self.batch.free(partition)
+
     def state(self, job_id: int) -> tuple[JobState, str | None]:
         job = self.db.get_job(job_id)
         return (job.state, job.reason) if job else (JobState.UNKNOWN, "the allocation's record is gone")
