@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -19,9 +20,20 @@ import pytest
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port, below the kernel's ephemeral range (so no outgoing connection
+    holds it) and in a block of its own per pytest-xdist worker: two workers never race
+    for one port between this probe and the gateway's bind. (Not bind-to-0 filtered by
+    residue: Linux hands bind() even ports only.)"""
+    i = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    block = 20_000 + (i % 6) * 2_000
+    for port in random.Random().sample(range(block, block + 2_000), 2_000):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {block}-{block + 1999}")
 
 
 @dataclass

@@ -15,7 +15,10 @@ import httpx
 import pytest
 
 from .conftest import Gateway, free_port, running
-from .slurm_env import slurm_conf
+from .slurm_env import answers, slurm_conf
+
+# One worker runs every real-Slurm test: some stop slurmctld, some count its free CPUs.
+pytestmark = pytest.mark.xdist_group("slurm")
 
 
 @pytest.fixture
@@ -91,6 +94,7 @@ def test_slurmctld_restart_mid_run(slurm_gateway: Gateway, tmp_path) -> None:
             assert health["ok"] is False and health["degraded"]
         finally:
             subprocess.run(["slurmctld", "-f", conf], env=env, check=True)
+            assert answers(conf, 90), "slurmctld did not come back"
         final = [h.get(f"/v1/jobs/{j}/wait", params={"timeout": 120}).json() for j in ids]
         assert [j["state"] for j in final] == ["COMPLETED"] * 5, final
         assert httpx.get(f"{slurm_gateway.url}/healthz").json()["ok"] is True
@@ -141,6 +145,7 @@ def test_first_submission_while_slurmctld_is_down(tmp_path) -> None:
             assert h.get("/healthz").status_code == 200  # the gateway kept answering
     finally:
         subprocess.run(["slurmctld", "-f", conf], env=env, check=True)
+        assert answers(conf, 90), "slurmctld did not come back"
     try:
         with gw.http() as h:
             done = h.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 120}).json()
