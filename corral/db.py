@@ -12,7 +12,7 @@ import json
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, NamedTuple
 
 from .jobs import Job, JobSpec, JobState, TERMINAL_STATES
 from .principals import Kind, Principal
@@ -149,12 +149,26 @@ _JOB_COLS = (
 
 
 _TERMINAL = tuple(s.value for s in TERMINAL_STATES)
+_ACTIVE = "state IN ('PENDING', 'RUNNING', 'UNKNOWN')"
 _UPDATE = f"""UPDATE jobs SET state=?, exit_code=?, reason=?,
     start_time=COALESCE(start_time, ?), end_time=COALESCE(end_time, ?), cpu_s=COALESCE(?, cpu_s)
     WHERE id=? AND state NOT IN ({','.join('?' * len(_TERMINAL))})"""
 """One job's new facts; a terminal state is never overwritten (a late report cannot undo an end)."""
 
 _SPECS: dict[str, JobSpec] = {}
+
+
+class Run(NamedTuple):
+    """A job as the reconciler compares it with its lane's answer: no spec (a spec may
+    be 256 KiB, and every active job is read every tick)."""
+
+    id: int
+    backend: str
+    backend_id: str
+    state: JobState
+    exit_code: int | None
+    reason: str | None
+    start_time: float | None
 
 
 def _parse_spec(text: str) -> JobSpec:
@@ -373,17 +387,19 @@ class Database:
                 f"SELECT id, state, principal FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk))
         return out
 
-    def active_jobs(self, *, lanes: Iterable[str] | None = None, unsent: bool = False) -> list[Job]:
-        """Jobs not yet ended. ``lanes``: only those sent to these lanes (the ones the
-        reconciler polls); ``unsent``: only those never handed to a lane."""
-        where, args = "state IN ('PENDING', 'RUNNING', 'UNKNOWN')", []
-        if lanes is not None:
-            args = list(lanes)
-            where += f" AND backend_id IS NOT NULL AND backend IN ({','.join('?' * len(args))})"
-        if unsent:
-            where += " AND backend_id IS NULL"
-        rows = self.conn.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE {where} ORDER BY id", args).fetchall()
+    def active_jobs(self, *, unsent: bool = False) -> list[Job]:
+        """Jobs not yet ended; ``unsent``: only those never handed to a lane."""
+        where = _ACTIVE + (" AND backend_id IS NULL" if unsent else "")
+        rows = self.conn.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE {where} ORDER BY id").fetchall()
         return [_row_to_job(r) for r in rows]
+
+    def active_runs(self, lanes: Iterable[str]) -> list[Run]:
+        """Jobs not yet ended that were sent to these lanes (the ones the reconciler polls)."""
+        names = list(lanes)
+        rows = self.conn.execute(
+            f"SELECT id, backend, backend_id, state, exit_code, reason, start_time FROM jobs WHERE {_ACTIVE} "
+            f"AND backend_id IS NOT NULL AND backend IN ({','.join('?' * len(names))}) ORDER BY id", names)
+        return [Run(i, b, bid, JobState(s), c, r, t) for i, b, bid, s, c, r, t in rows]
 
     def list_jobs(
         self,

@@ -134,6 +134,7 @@ class Service:
                     resource["partition"] = default
                 text = job_text(s)
                 await self.gate.prepare(text)
+                await self.memory.prepare(s)
                 rule = self.gate.check(caller, "submit", "Job", resource, text=text)
         p = caller.principal
         ready: dict[str, tuple[JobSpec, Lane] | Job] = {}
@@ -223,6 +224,7 @@ class Service:
         with self.audit.refusals(caller, "advice", {"command": (spec.command or "script")[:200]}):
             await asyncio.to_thread(self._preflight, {0: spec}, lambda i: "")
             await self.gate.prepare(job_text(spec))
+            await self.memory.prepare(spec)
             rule = self.gate.check(caller, "advice", "Job", job_resource(spec, caller.name), text=job_text(spec))
             said = self.memory.would_say(caller.principal, spec)
         self.audit.record(caller, "advice", "allow", rule, [{"command": (spec.command or "script")[:200]}])

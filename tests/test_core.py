@@ -219,3 +219,26 @@ def test_a_note_expires_on_the_clock(tmp_path) -> None:
     assert [n["text"] for n in svc.memory.recall(admin, "torch")] == ["old torch note"]
     clock.advance(31)
     assert svc.memory.recall(admin, "torch") == []
+
+
+def test_the_event_loop_lag_is_measured() -> None:
+    """What one request's work on the loop costs every other agent, in /metrics."""
+    import asyncio
+    import time
+
+    from corral.control.metrics import Metrics
+
+    m = Metrics()
+
+    async def run() -> None:
+        watch = asyncio.create_task(m.watch_loop(every_s=0.01))
+        await asyncio.sleep(0.02)
+        time.sleep(0.06)  # the loop blocked, as by a long parse
+        await asyncio.sleep(0.03)
+        watch.cancel()
+
+    asyncio.run(run())
+    text = m.render().decode()
+    late = [ln for ln in text.splitlines() if ln.startswith('corral_event_loop_lag_seconds_bucket{le="0.05"}')]
+    count = [ln for ln in text.splitlines() if ln.startswith("corral_event_loop_lag_seconds_count")]
+    assert float(late[0].split()[-1]) < float(count[0].split()[-1])  # one sample was over 50 ms

@@ -4,6 +4,7 @@ to the scheduler: the number this whole project exists to keep small."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -30,9 +31,22 @@ class Metrics:
             "corral_reconcile_tick_seconds", "Duration of one reconcile tick.", registry=self.registry,
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
         )
+        self.loop_lag = Histogram(
+            "corral_event_loop_lag_seconds", "How late the event loop ran a timer that was due: what any one "
+            "request's work on the loop added to every other agent's answer.", registry=self.registry,
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1),
+        )
         self.active_jobs = Gauge("corral_active_jobs", "Jobs not yet in a terminal state.", registry=self.registry)
         self.waiters = Gauge("corral_waiters", "Long-polls currently waiting.", registry=self.registry)
         self.degraded = Gauge("corral_backend_degraded", "1 while the backend is failing.", registry=self.registry)
+
+    async def watch_loop(self, every_s: float = 0.1) -> None:
+        """Sample the event loop's lag for as long as the gateway runs."""
+        loop = asyncio.get_running_loop()
+        while True:
+            t = loop.time()
+            await asyncio.sleep(every_s)
+            self.loop_lag.observe(max(0.0, loop.time() - t - every_s))
 
     def backend_count(self, op: str) -> int:
         return int(self.backend_calls.labels(op)._value.get())

@@ -17,9 +17,9 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Iterable
 
-from ..db import Database
+from ..db import Database, Run
 from ..errors import CorralError
-from ..jobs import Job, JobState
+from ..jobs import JobState
 from .metrics import Metrics
 
 if TYPE_CHECKING:
@@ -131,12 +131,12 @@ class Reconciler:
 
     async def tick(self) -> None:
         await self.sender.send_unsent()
-        active = self.db.active_jobs(lanes=self.lanes.polled())
+        active = self.db.active_runs(self.lanes.polled())
         self.metrics.active_jobs.set(len(active))
         if not active:
             return
         t0 = time.perf_counter()
-        by_lane: dict[str, list[Job]] = defaultdict(list)
+        by_lane: dict[str, list[Run]] = defaultdict(list)
         for job in active:
             by_lane[job.backend].append(job)
         changed: list[int] = []

