@@ -101,8 +101,17 @@ class SafetySettings(_Part):
         return groups + [f"account:{account}"] if account else groups
 
 
+class SandboxSettings(_Part):
+    """Containment of jobs (corral/sandbox.py): handed to the backend that runs them."""
+
+    kinds: list[str] = Field(["agent"], description="Kinds of principal whose jobs run in a bubblewrap sandbox (human, agent, service); [] turns the sandbox off. Where it cannot be built, their jobs are refused.")
+    network: bool = Field(False, description="Whether sandboxed jobs keep the host's network (default: none, only a private loopback).")
+    hide: list[Path] = Field(default_factory=list, description="More paths a sandboxed job sees empty, beside the defaults (credentials under every home, munge, Slurm's state, /root, corral's own state). Each must exist.")
+    run_as: str = Field("nobody", description="The unprivileged Unix user sandboxed jobs run as when the gateway runs as root.")
+
+
 PARTS: dict[str, type[_Part]] = {"fastlane": FastLaneSettings, "slurm": SlurmSettings, "memory": MemorySettings,
-                                 "safety": SafetySettings}
+                                 "safety": SafetySettings, "sandbox": SandboxSettings}
 
 
 def _flat_names() -> dict[str, tuple[str, str]]:
@@ -139,6 +148,7 @@ class Settings(BaseModel):
     log_level: str = Field("INFO", description="Python logging level of the gateway.")
     default_lane: Literal["batch", "fast", "auto"] = Field("batch", description="Lane of a submission that names none: 'batch' (the scheduler), 'fast' (warm pool) or 'auto'.")
     fastlane: FastLaneSettings = Field(default_factory=FastLaneSettings)
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
     memory: MemorySettings = Field(default_factory=MemorySettings)
     safety: SafetySettings = Field(default_factory=SafetySettings)

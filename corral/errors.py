@@ -118,6 +118,13 @@ _WORDS = {
 not a library's phrasing and field path."""
 
 
+class SandboxUnavailable(CorralError):
+    """A job that must run contained, on a gateway that cannot contain it (fail closed)."""
+
+    status = 503
+    code = "sandbox_unavailable"
+
+
 class Restarting(CorralError):
     """The gateway is shutting down (a restart): the same call succeeds once it is back."""
 

@@ -52,10 +52,17 @@ def build_service(settings: Settings, clock: Clock | None = None) -> Service:
         s = settings.slurm
         backend = SlurmBackend(s.jobs_dir or settings.home / "slurm" / "jobs", s.conf, s.agent_nice, s.agent_qos,
                                s.timeout_s, s.poll_s)
-    else:
-        backend = LocalBackend(settings.home / "local", settings.local_cpus, settings.local_memory_mb,
-                               settings.local_max_walltime_s)
-    return Service(settings, db, backend, clock=clock)
+        return Service(settings, db, backend, clock=clock)
+    from .sandbox import build
+
+    sb = settings.sandbox
+    sandbox = build(sb.kinds, sb.hide, sb.network, sb.run_as, [settings.home, settings.db_path.parent])
+    if sandbox.why_not:
+        log.error("sandbox: %s; jobs of %s will be refused until it is fixed or [sandbox] kinds is changed",
+                  sandbox.why_not, ", ".join(sorted(sandbox.kinds)))
+    backend = LocalBackend(settings.home / "local", settings.local_cpus, settings.local_memory_mb,
+                           settings.local_max_walltime_s, sandbox)
+    return Service(settings, db, backend, clock=clock, sandbox=sandbox)
 
 
 def port_taken(host: str, port: int) -> str | None:

@@ -39,6 +39,7 @@ from .safety import guard
 from .safety.audit import Audit, AuditLog
 from .safety.credentials import Credentials
 from .safety.gate import Gate, job_resource, job_text
+from .sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 1000
@@ -46,8 +47,10 @@ MAX_BATCH = 1000
 
 class Service:
     def __init__(self, settings: Settings, db: Database, backend: Backend, metrics: Metrics | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, sandbox: Sandbox | None = None) -> None:
         self.settings = settings
+        self.sandbox = sandbox
+        """What contains jobs (the backend applies it); None where this backend does not yet."""
         self.db = db
         self.metrics = metrics or Metrics()
         self.watchers = Watchers(self.metrics)
@@ -137,6 +140,8 @@ class Service:
                 await self.memory.prepare(s)
                 rule = self.gate.check(caller, "submit", "Job", resource, text=text)
         p = caller.principal
+        if self.sandbox is not None:
+            self.sandbox.require(p.kind.value)
         ready: dict[str, tuple[JobSpec, Lane] | Job] = {}
         for t, s in distinct.items():
             with _prefixed(where(first[t])):
@@ -398,7 +403,15 @@ class Service:
             ],
             "queue": {"pending": counts.get("PENDING", 0), "running": counts.get("RUNNING", 0)},
             "degraded": self.reconciler.degraded,
+            "sandbox": ({"kinds": sorted(self.sandbox.kinds), "network": self.sandbox.network,
+                         "available": self.sandbox.why_not is None, "why_not": self.sandbox.why_not,
+                         "contains": [self.lanes.batch.name]} if self.sandbox is not None
+                        else {"kinds": [], "contains": [], "note": "jobs on this backend are not contained yet"}),
         }
+        if caller is not None and self.sandbox is not None and self.sandbox.applies(caller.principal.kind.value):
+            info["sandbox"]["you"] = ("your batch jobs run contained: the host read-only, writable only the job's "
+                                      "working and output directories and a private /tmp, credentials hidden"
+                                      + ("" if self.sandbox.network else ", no network"))
         for lane in self.lanes:
             if lane is not self.lanes.batch:
                 info[f"{lane.name}_lane"] = lane.describe()

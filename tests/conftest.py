@@ -135,6 +135,20 @@ def gateway(tmp_path):
 
 
 @pytest.fixture
+def agent_dir() -> Iterator[Path]:
+    """A working directory an agent's job can use: it runs sandboxed, and under a root
+    gateway as an unprivileged user, who can neither enter pytest's tmp_path (0700,
+    root's) nor write there."""
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="corral-agent-", dir="/tmp"))
+    d.chmod(0o777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
 def people(gateway: Gateway) -> dict[str, str]:
     """alice (human) sponsoring agents bot1 and bot2; carol (human) unrelated. -> name: token."""
     with gateway.http() as h:

