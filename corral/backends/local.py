@@ -20,8 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .. import proc
 from ..errors import InvalidRequest
