@@ -126,6 +126,13 @@ class Accounts:
             self.credentials.revoke(caller, token_id)
         self.audit.record(caller, "manage", "allow", "policy", [{"revoke": token_id}])
 
+    def clear_taint(self, caller: Caller, token_id: str) -> str:
+        with self.audit.refusals(caller, "manage", {"clear_taint": token_id}):
+            self.gate.check(caller, "manage", "Facility")
+            why = self.credentials.clear_taint(caller, token_id)
+        self.audit.record(caller, "manage", "allow", "policy", [{"clear_taint": token_id, "was": why[:200]}])
+        return why
+
     def token_public_key(self) -> str:
         """Hex of the key that verifies this gateway's tokens: what narrowing a token needs."""
         return self.gate.tokens.public_key.hex()

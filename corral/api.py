@@ -20,7 +20,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from .api_models import (AdviceOut, BatchOut, FacilityOut, HealthOut, JobListOut, JobOut, JobsOut, NoteOut, NotesOut,
-                         OutputOut, PrincipalOut, PublicKeyOut, RevokedOut, TokenInfo, TokenOut, WhoamiOut)
+                         OutputOut, PrincipalOut, PublicKeyOut, RevokedOut, TaintClearedOut, TokenInfo, TokenOut,
+                         WhoamiOut)
 from .errors import CorralError, RateLimited, Restarting, describe_validation
 from .jobs import MAX_INT, JobSpec
 
@@ -275,7 +276,8 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
 
     @app.get("/v1/whoami", tags=["principals"], responses={200: {"model": WhoamiOut}})
     async def whoami(c: Caller = Depends(caller)) -> Response:
-        return ok({**c.principal.to_dict(), "session": c.session, "token_id": c.token_id})
+        return ok({**c.principal.to_dict(), "session": c.session, "token_id": c.token_id,
+                   "tainted": service.gate.tainted(c)})
 
     @app.post("/v1/principals", status_code=201, tags=["principals"], responses={201: {"model": PrincipalOut}})
     async def add_principal(body: PrincipalIn, c: Caller = Depends(caller)) -> Response:
@@ -303,6 +305,12 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     async def revoke_token(token_id: str, c: Caller = Depends(caller)) -> Response:
         service.accounts.revoke_token(c, token_id)
         return ok({"id": token_id, "revoked": True})
+
+    @app.post("/v1/tokens/{token_id}/clear-taint", tags=["tokens"], responses={200: {"model": TaintClearedOut}})
+    async def clear_taint(token_id: str, c: Caller = Depends(caller)) -> Response:
+        """Lift a token's taint (set when its holder read content flagged as injection):
+        its principal's sponsor or an admin."""
+        return ok({"id": token_id, "tainted": False, "was": service.accounts.clear_taint(c, token_id)})
 
     @app.post("/v1/jobs", status_code=201, tags=["jobs"], responses={201: {"model": JobOut}, 200: {"model": JobOut, "description": "an idempotent replay, or a cache hit: nothing new was made"}})
     async def submit(

@@ -87,6 +87,8 @@ class PrincipalOut(_Out):
 class WhoamiOut(PrincipalOut):
     session: str | None
     token_id: str | None
+    tainted: str | None = None
+    """Why this credential is tainted (it read content flagged as injection), or None."""
 
 
 class TokenOut(_Out):
@@ -100,6 +102,12 @@ class TokenOut(_Out):
 class TokenInfo(_Out):
     id: str
     principal: str
+
+
+class TaintClearedOut(_Out):
+    id: str
+    tainted: bool
+    was: str
 
 
 class RevokedOut(_Out):

@@ -178,5 +178,8 @@ class Client:
     def tokens(self) -> list[dict[str, Any]]:
         return self.request("GET", "/v1/tokens")
 
+    def clear_taint(self, token_id: str) -> dict[str, Any]:
+        return self.request("POST", f"/v1/tokens/{token_id}/clear-taint")
+
     def revoke_token(self, token_id: str) -> dict[str, Any]:
         return self.request("DELETE", f"/v1/tokens/{token_id}")

@@ -426,6 +426,13 @@ class Service:
                            "usage": self.db.usage([caller.name]),
                            "quotas": caller.cap.limits if caller.cap else None,
                            "quotas_note": None if caller.cap else "this token carries no budgets or caps"}
+            why = self.gate.tainted(caller)
+            info["you"]["tainted"] = why
+            if why:
+                info["you"]["tainted_note"] = ("this token read content flagged as prompt injection; whatever session "
+                                               "it sends, the facility policy narrows what it may do (by default: no "
+                                               "GPUs, at most 4 CPUs and 1 h per job, no shared notes) until its "
+                                               "sponsor runs 'corral token clear-taint ID'")
         return info
 
     def health(self) -> dict[str, Any]:

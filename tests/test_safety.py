@@ -221,7 +221,7 @@ def test_budgets_and_concurrency_caps(gateway: Gateway, people: dict[str, str], 
         assert r.status_code == 403 and "budget" in r.json()["error"]["message"]
 
 
-def test_guard_redacts_flags_and_taints_the_session(gateway: Gateway, people: dict[str, str], agent_dir) -> None:
+def test_guard_redacts_flags_and_taints_the_credential(gateway: Gateway, people: dict[str, str], agent_dir) -> None:
     script = agent_dir / "out.sh"
     script.write_text("echo 'training done, loss 0.1'\n"
                       "echo 'export OPENAI_API_KEY=sk-proj-abcdefghijklmnopqrstuvwxyz0123456789'\n"
@@ -236,11 +236,28 @@ def test_guard_redacts_flags_and_taints_the_session(gateway: Gateway, people: di
         r = h.post("/v1/jobs", json={"command": "true", "cpus": 1, "walltime": "2h", "workdir": str(agent_dir)})
         assert r.status_code == 403 and "tainted-sessions-stay-small" in r.json()["error"]["message"]
         assert h.post("/v1/jobs", json={"command": "true", "walltime": "5m", "workdir": str(agent_dir)}).status_code == 201
-    with gateway.http(people["bot1"], session="other") as h:  # another session is not tainted
+    # The taint is on the credential, not on the session id the client chose: a new
+    # session does not shed it (it did), the agent cannot lift it, its sponsor can.
+    with gateway.http(people["bot1"], session="other") as h:
         r = h.post("/v1/jobs", json={"command": "true", "cpus": 1, "walltime": "2h", "workdir": str(agent_dir)})
-        assert r.status_code == 201
+        assert r.status_code == 403 and "tainted" in r.json()["error"]["message"]
+        me = h.get("/v1/whoami").json()
+        assert me["tainted"] and "job" in me["tainted"]
+        assert h.post(f"/v1/tokens/{me['token_id']}/clear-taint").status_code == 403
+    _, narrowed = attenuate(people["bot1"], Caveats(max_cpus=2), _pubkey(gateway))
+    with gateway.http(narrowed, session="fresh") as h:  # narrowed from a tainted token: tainted too
+        assert h.get("/v1/whoami").json()["tainted"]
+    cleared = gateway.cli("--json", "token", "clear-taint", me["token_id"], token=people["alice"])
+    assert cleared.returncode == 0 and '"tainted": false' in cleared.stdout, cleared.stdout + cleared.stderr
+    with gateway.http(people["bot1"], session="other") as h:
+        r = h.post("/v1/jobs", json={"command": "true", "cpus": 1, "walltime": "2h", "workdir": str(agent_dir)})
+        assert r.status_code == 201 and h.get("/v1/whoami").json()["tainted"] is None
+    again = gateway.cli("--json", "token", "clear-taint", me["token_id"], token=people["alice"])
+    assert again.returncode == 2 and "not tainted" in again.stdout
     records = _audit(gateway)
     assert any(r["action"] == "taint" and r["session"] == "victim" for r in records)
+    assert any(r["action"] == "manage" and r["decision"] == "allow" and r.get("clear_taint") == me["token_id"]
+               for r in records)
     assert any(r["action"] == "read_output" and r["decision"] == "allow" and r.get("job_id") == j["id"] for r in records)
 
 
@@ -289,6 +306,7 @@ def test_a_restart_keeps_revocations_taints_and_budgets(gateway: Gateway, people
         j = h.post("/v1/jobs", json={"command": f"bash {agent_dir / 'inj.sh'}", "workdir": str(agent_dir),
                                      "walltime": "2m"}).json()
         assert _wait(h, j["id"])["state"] == "COMPLETED"
+    with gateway.http(tok, session="s-r") as h:  # the parent token reads it: tok is tainted
         assert h.get(f"/v1/jobs/{j['id']}/output").json()["guard"]["suspected_injection"]
     with gateway.http(tok, session="s-new") as h:  # reserves 120 of the 180 CPU-seconds, across the restart
         long = h.post("/v1/jobs", json={"command": "sleep 60", "walltime": "2m", "workdir": str(agent_dir)})
@@ -301,7 +319,7 @@ def test_a_restart_keeps_revocations_taints_and_budgets(gateway: Gateway, people
     gateway.start()
     r = httpx.get(f"{gateway.url}/v1/jobs", headers={"Authorization": f"Bearer {narrowed}"})
     assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
-    with gateway.http(tok, session="s-r") as h:  # the same session: still tainted after the restart
+    with gateway.http(tok, session="s-other") as h:  # the same token, any session: still tainted after the restart
         r = h.post("/v1/jobs", json={"command": "true", "cpus": 1, "walltime": "2h", "workdir": str(agent_dir)})
         assert r.status_code == 403 and "tainted" in r.json()["error"]["message"]
     with gateway.http(tok, session="s-new") as h:  # the budget still counts the job sent before

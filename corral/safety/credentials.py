@@ -75,6 +75,22 @@ class Credentials:
         visible = frozenset([principal.name, *self.db.sponsored_by(principal.name)])
         return expires, principal, visible, cap, cap.block_ids[-1] if cap else record["id"]
 
+    def clear_taint(self, caller: Caller, token_id: str) -> str:
+        """Lift a token's taint: its principal's sponsor or an admin, never the tainted
+        agent itself. -> the reason it was tainted."""
+        record = self.db.get_token(token_id)
+        owner = record["principal"] if record else self.gate.store.block_owner(token_id)
+        if owner is None or not caller.sees(owner):
+            raise NotFound(f"no token {token_id!r} that you may clear; see 'corral token list'")
+        if owner == caller.name and not caller.principal.is_admin:
+            raise Forbidden("a token's own holder cannot clear its taint; its sponsor or an admin can, "
+                            f"with 'corral token clear-taint {token_id}'")
+        why = self.gate.clear_taint(token_id)
+        if why is None:
+            raise NotFound(f"token {token_id!r} is not tainted")
+        self._cache.clear()
+        return why
+
     def check_mint(self, caller: Caller, for_name: str, expires_at: float | None) -> None:
         """What the core itself requires of minting, before the facility policy is asked."""
         if not caller.principal.is_admin and caller.principal.kind is not Kind.HUMAN:

@@ -169,21 +169,36 @@ class Gate:
         return tags
 
     @staticmethod
-    def taint_key(caller: Caller) -> str:
-        # Without a session the principal as a whole is the session.
-        return f"session:{caller.name}:{caller.session}" if caller.session else f"principal:{caller.name}"
+    def taint_key(token_id: str) -> str:
+        return f"token:{token_id}"
 
-    def tainted(self, caller: Caller) -> bool:
-        return self.taint_key(caller) in self._taint
+    def tainted(self, caller: Caller) -> str | None:
+        """Why the caller's credential is tainted (None: it is not). The taint sits on a
+        token block and covers every token narrowed from it: not on a session id the
+        client chose, so a new session does not shed it."""
+        for b in caller.cap.block_ids if caller.cap else (caller.token_id,):
+            why = self._taint.get(self.taint_key(b))
+            if why is not None:
+                return why
+        # Taints recorded by session before they moved to the credential still hold.
+        legacy = f"session:{caller.name}:{caller.session}" if caller.session else f"principal:{caller.name}"
+        return self._taint.get(legacy)
 
     def taint(self, caller: Caller, reason: str) -> bool:
-        """Mark the caller's session tainted; -> True if it was not already."""
-        key = self.taint_key(caller)
-        if key in self._taint:
+        """Taint the credential in use (its last block); -> True if it was not already."""
+        if self.tainted(caller) is not None:
             return False
+        key = self.taint_key(caller.token_id)
         self._taint[key] = reason
         self.store.taint(key, caller.name, reason)
         return True
+
+    def clear_taint(self, token_id: str) -> str | None:
+        """-> the reason it was tainted, or None if it was not."""
+        why = self._taint.pop(self.taint_key(token_id), None)
+        if why is not None:
+            self.store.clear_taint(self.taint_key(token_id))
+        return why
 
     # -- the decision -----------------------------------------------------------------------
 
@@ -206,7 +221,7 @@ class Gate:
             rule = "policy"
             tags = self.risk_tags(text)
             p = caller.principal
-            tainted = self.tainted(caller)
+            tainted = self.tainted(caller) is not None
             policy = self._fresh_policy()
             req = Request(
                 kind=p.kind.value, name=p.name, action=action, resource_type=resource_type, resource=resource,

@@ -53,6 +53,9 @@ class SafetyStore:
     def taints(self) -> dict[str, str]:
         return dict(self.db.conn.execute("SELECT key, reason FROM taint").fetchall())
 
+    def clear_taint(self, key: str) -> None:
+        self.db.conn.execute("DELETE FROM taint WHERE key=?", (key,))
+
     def taint(self, key: str, principal: str, reason: str) -> None:
         self.db.conn.execute("INSERT OR IGNORE INTO taint (key, principal, at, reason) VALUES (?,?,?,?)",
                              (key, principal, time.time(), reason))

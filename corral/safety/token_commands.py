@@ -109,3 +109,14 @@ def token_list(o: Any) -> None:
 def token_revoke(o: Any, token_id: str) -> None:
     """Revoke a token by id: it, and every token narrowed from it, stop working at once."""
     o.out(o.client.revoke_token(token_id), lambda r: f"revoked token {r['id']}")
+
+
+@token.command("clear-taint")
+@click.argument("token_id")
+@click.pass_obj
+def token_clear_taint(o: Any, token_id: str) -> None:
+    """Lift a token's taint: set when its holder read output flagged as prompt injection,
+    it makes the facility policy stricter for that token and every token narrowed from
+    it, whatever session they send. Only the token's sponsor or an admin may lift it
+    (audited); 'corral whoami' shows the holder whether it is tainted."""
+    o.out(o.client.clear_taint(token_id), lambda r: f"cleared the taint of token {r['id']} (it was: {r['was']})")
