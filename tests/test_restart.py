@@ -67,3 +67,38 @@ def test_a_long_poll_in_flight_at_shutdown_gets_call_again_not_500(tmp_path) -> 
         with gw.http() as h:
             assert h.get(f"/v1/jobs/{job['id']}").json()["state"] == "RUNNING"
             h.post(f"/v1/jobs/{job['id']}/cancel")
+
+
+def test_the_risk_parser_dies_with_a_killed_gateway(gateway: Gateway) -> None:
+    """Long texts are parsed in a process of the gateway's. Killed with SIGKILL, the
+    gateway left it running, using CPU an hour later."""
+    import os
+    from pathlib import Path
+
+    with gateway.http() as h:  # a text of 4 KiB or more starts the parser process
+        assert h.post("/v1/advice", json={"command": "echo " + "a" * 5000}).status_code == 200
+    assert gateway.proc is not None
+    gw_pid = gateway.proc.pid
+    parsers = []
+    for d in Path("/proc").iterdir():
+        try:
+            stat = (d / "stat").read_text()
+            if d.name.isdigit() and int(stat[stat.rfind(")") + 2:].split()[1]) == gw_pid \
+                    and b"spawn_main" in (d / "cmdline").read_bytes():
+                parsers.append(int(d.name))
+        except OSError:
+            continue
+    assert len(parsers) == 1, parsers
+    gateway.kill(signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # waits on a real process's end
+        try:
+            state = Path(f"/proc/{parsers[0]}/stat").read_text().split()[2]
+        except FileNotFoundError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(parsers[0], signal.SIGKILL)
+        raise AssertionError("the parser process outlived its gateway")

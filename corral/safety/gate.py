@@ -56,6 +56,21 @@ def job_text(spec: JobSpec) -> str:
     return env + (spec.command or spec.script or "")
 
 
+def _parser_start() -> None:
+    """In the parser process. Niced: parsing a hostile 256 KiB script takes a core for
+    ~0.1 s, and the event loop that answers every other agent must get the CPU first.
+    And it dies with the gateway: killed with SIGKILL, a gateway left it running (seen
+    using CPU an hour later)."""
+    import ctypes
+    import signal
+
+    os.nice(10)
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the gateway died before the line above
+        os._exit(0)
+
+
 class Gate:
     def __init__(self, settings: SafetySettings, home: Path, db: "Database", clock: Clock | None = None) -> None:
         self.settings = settings
@@ -145,10 +160,8 @@ class Gate:
         if key in self._tags:
             return
         if self._parser is None:
-            # Niced: parsing a hostile 256 KiB script takes a core for ~0.1 s, and the
-            # event loop that answers every other agent must get the CPU first.
             self._parser = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                               initializer=os.nice, initargs=(10,))
+                                               initializer=_parser_start)
         try:
             tags = await asyncio.get_running_loop().run_in_executor(self._parser, tags_of, text)
         except BrokenProcessPool:  # the parser died (OOM, a kill): a fresh one next time, a thread now
