@@ -276,8 +276,9 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
 
     @app.get("/v1/whoami", tags=["principals"], responses={200: {"model": WhoamiOut}})
     async def whoami(c: Caller = Depends(caller)) -> Response:
+        taint = service.gate.taint_of(c)
         return ok({**c.principal.to_dict(), "session": c.session, "token_id": c.token_id,
-                   "tainted": service.gate.tainted(c)})
+                   "tainted": taint[1] if taint else None, "tainted_token": taint[0] if taint else None})
 
     @app.post("/v1/principals", status_code=201, tags=["principals"], responses={201: {"model": PrincipalOut}})
     async def add_principal(body: PrincipalIn, c: Caller = Depends(caller)) -> Response:

@@ -89,6 +89,8 @@ class WhoamiOut(PrincipalOut):
     token_id: str | None
     tainted: str | None = None
     """Why this credential is tainted (it read content flagged as injection), or None."""
+    tainted_token: str | None = None
+    """The token block that holds the taint (what 'corral token clear-taint' takes)."""
 
 
 class TokenOut(_Out):

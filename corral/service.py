@@ -426,13 +426,13 @@ class Service:
                            "usage": self.db.usage([caller.name]),
                            "quotas": caller.cap.limits if caller.cap else None,
                            "quotas_note": None if caller.cap else "this token carries no budgets or caps"}
-            why = self.gate.tainted(caller)
-            info["you"]["tainted"] = why
-            if why:
+            taint = self.gate.taint_of(caller)
+            info["you"]["tainted"] = taint[1] if taint else None
+            if taint:
                 info["you"]["tainted_note"] = ("this token read content flagged as prompt injection; whatever session "
                                                "it sends, the facility policy narrows what it may do (by default: no "
                                                "GPUs, at most 4 CPUs and 1 h per job, no shared notes) until its "
-                                               "sponsor runs 'corral token clear-taint ID'")
+                                               f"sponsor runs 'corral token clear-taint {taint[0] or caller.token_id}'")
         return info
 
     def health(self) -> dict[str, Any]:

@@ -246,7 +246,9 @@ def test_guard_redacts_flags_and_taints_the_credential(gateway: Gateway, people:
         assert h.post(f"/v1/tokens/{me['token_id']}/clear-taint").status_code == 403
     _, narrowed = attenuate(people["bot1"], Caveats(max_cpus=2), _pubkey(gateway))
     with gateway.http(narrowed, session="fresh") as h:  # narrowed from a tainted token: tainted too
-        assert h.get("/v1/whoami").json()["tainted"]
+        mine = h.get("/v1/whoami").json()
+        assert mine["tainted"] and mine["tainted_token"] == me["token_id"] != mine["token_id"]
+        assert me["token_id"] in h.get("/v1/facility").json()["you"]["tainted_note"]  # what to clear
     cleared = gateway.cli("--json", "token", "clear-taint", me["token_id"], token=people["alice"])
     assert cleared.returncode == 0 and '"tainted": false' in cleared.stdout, cleared.stdout + cleared.stderr
     with gateway.http(people["bot1"], session="other") as h:

@@ -185,17 +185,24 @@ class Gate:
     def taint_key(token_id: str) -> str:
         return f"token:{token_id}"
 
-    def tainted(self, caller: Caller) -> str | None:
-        """Why the caller's credential is tainted (None: it is not). The taint sits on a
-        token block and covers every token narrowed from it: not on a session id the
-        client chose, so a new session does not shed it."""
+    def taint_of(self, caller: Caller) -> tuple[str | None, str] | None:
+        """(the token block that holds the taint, why) for the caller's credential; None
+        when it is not tainted. The taint sits on a token block and covers every token
+        narrowed from it: not on a session id the client chose, so a new session does
+        not shed it."""
         for b in caller.cap.block_ids if caller.cap else (caller.token_id,):
             why = self._taint.get(self.taint_key(b))
             if why is not None:
-                return why
+                return b, why
         # Taints recorded by session before they moved to the credential still hold.
         legacy = f"session:{caller.name}:{caller.session}" if caller.session else f"principal:{caller.name}"
-        return self._taint.get(legacy)
+        why = self._taint.get(legacy)
+        return (None, why) if why is not None else None
+
+    def tainted(self, caller: Caller) -> str | None:
+        """Why the caller's credential is tainted (None: it is not)."""
+        found = self.taint_of(caller)
+        return found[1] if found else None
 
     def taint(self, caller: Caller, reason: str) -> bool:
         """Taint the credential in use (its last block); -> True if it was not already."""
