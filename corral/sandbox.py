@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -137,7 +137,7 @@ def build(kinds: Sequence[str], extra_hide: Sequence[Path], network: bool, run_a
     hide += [h / c for h in homes() for c in CREDENTIALS if (h / c).exists()]
     hide += [Path(p) for p in (*state, *extra_hide)]
     box = Sandbox(frozenset(kinds), tuple(dict.fromkeys(hide)), network, run_as)
-    return box if not kinds else Sandbox(box.kinds, box.hide, network, run_as, probe(box))
+    return replace(box, why_not=probe(box)) if kinds else box
 
 
 def probe(box: Sandbox) -> str | None:

@@ -116,6 +116,32 @@ class Gateway:
         return json.loads(cp.stdout)
 
 
+@pytest.fixture
+def slurm_turn() -> Iterator[None]:
+    """One real-Slurm test at a time across the pytest-xdist workers: some stop slurmctld,
+    some count its free CPUs. (xdist's --dist loadgroup would group them, but it marks
+    groups by rewriting node ids, which pytest 9 ignores: the group ran on both workers.)"""
+    import fcntl
+
+    with open("/tmp/corral-slurm-tests.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def ended(pid: int, within: float = 10.0) -> bool:
+    """Wait for a process that is not our child to end (gone, or a zombie its parent has
+    not reaped): -> whether it did within this many seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 @contextlib.contextmanager
 def running(tmp_path: Path, cpus: int = 2, **env: str) -> Iterator[Gateway]:
     """A gateway of the test's own (``env``: CORRAL_* settings), stopped afterwards."""

@@ -19,8 +19,8 @@ from .backend_contract import *  # noqa: F401,F403
 from .backend_contract import check_free_counts_what_runs, ctx, wait_all
 from .slurm_env import slurm_conf
 
-# One worker runs every real-Slurm test: some stop slurmctld, some count its free CPUs.
-pytestmark = pytest.mark.xdist_group("slurm")
+# One real-Slurm test at a time, whichever worker runs it (tests/conftest.py::slurm_turn).
+pytestmark = pytest.mark.usefixtures("slurm_turn")
 
 GOLDEN = Path(__file__).parent / "golden"
 

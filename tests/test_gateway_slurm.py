@@ -14,11 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import Gateway, free_port, running
+from .conftest import Gateway, ended, free_port, running
 from .slurm_env import answers, slurm_conf
 
-# One worker runs every real-Slurm test: some stop slurmctld, some count its free CPUs.
-pytestmark = pytest.mark.xdist_group("slurm")
+# One real-Slurm test at a time, whichever worker runs it (tests/conftest.py::slurm_turn).
+pytestmark = pytest.mark.usefixtures("slurm_turn")
 
 
 @pytest.fixture
@@ -73,14 +73,7 @@ def test_slurmctld_restart_mid_run(slurm_gateway: Gateway, tmp_path) -> None:
         pid = int(pidfile.read_text())
         os.kill(pid, signal.SIGTERM)
         try:
-            for _ in range(100):  # wait until it is really gone (it lingers as a zombie here)
-                try:
-                    state = Path(f"/proc/{pid}/stat").read_text().split()[2]
-                except FileNotFoundError:
-                    break
-                if state == "Z":
-                    break
-                time.sleep(0.1)
+            ended(pid)  # really gone (it lingers as a zombie here)
             # The gateway keeps answering from its own state, and takes new work.
             late = h.post("/v1/jobs", json={"command": "echo late", "workdir": str(tmp_path)})
             assert late.status_code == 201
@@ -129,13 +122,7 @@ def test_first_submission_while_slurmctld_is_down(tmp_path) -> None:
     gw = Gateway(tmp_path / "home", free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": conf})
     gw.home.mkdir()
     try:
-        for _ in range(100):
-            try:
-                if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
-                    break
-            except FileNotFoundError:
-                break
-            time.sleep(0.1)
+        ended(pid)
         gw.start()
         with gw.http() as h:
             r = h.post("/v1/jobs", json={"command": "echo deferred", "workdir": str(tmp_path)})

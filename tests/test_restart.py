@@ -7,7 +7,7 @@ import time
 
 import httpx
 
-from .conftest import Gateway
+from .conftest import Gateway, ended
 
 
 def test_kill_9_while_jobs_run_and_queue(gateway: Gateway, tmp_path) -> None:
@@ -90,15 +90,6 @@ def test_the_risk_parser_dies_with_a_killed_gateway(gateway: Gateway) -> None:
             continue
     assert len(parsers) == 1, parsers
     gateway.kill(signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # waits on a real process's end
-        try:
-            state = Path(f"/proc/{parsers[0]}/stat").read_text().split()[2]
-        except FileNotFoundError:
-            break
-        if state == "Z":
-            break
-        time.sleep(0.1)
-    else:
+    if not ended(parsers[0]):
         os.kill(parsers[0], signal.SIGKILL)
         raise AssertionError("the parser process outlived its gateway")

@@ -33,7 +33,7 @@ import shlex
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from .. import proc
 from ..errors import BackendError, CorralError, InvalidRequest
@@ -52,6 +52,13 @@ def job_name(ctx: SubmitContext, spec: JobSpec) -> str:
     """``corral-<id>``, then the user's ``--name`` (Slurm's own listings show both; the
     name's pattern, ``[A-Za-z0-9_.+-]``, is safe in a job name)."""
     return f"corral-{ctx.job_id}" + (f"-{spec.name}" if spec.name else "")
+
+
+def _members(partition: dict[str, str], nodes: Iterable[str]) -> list[str]:
+    """The nodes of a partition (its ``scontrol show partition`` line): all of them when
+    its Nodes= names none of them (``ALL``)."""
+    names, listed = list(nodes), _expand(partition.get("Nodes", ""))
+    return [n for n in names if n in listed] or names
 
 
 class SlurmBackend:
@@ -316,13 +323,12 @@ class SlurmBackend:
     def free(self, partition: str | None) -> tuple[int, int] | None:
         """From the nodes' allocations now, asked of scontrol: nodes down, drained or not
         responding have none free."""
-        part = next((p for p in self._run("scontrol", "show", "partition", "-o").splitlines()
-                     if (_kv(p).get("PartitionName") == partition if partition else _kv(p).get("Default") == "YES")),
-                    None)
-        members = _expand(_kv(part).get("Nodes", "")) if part else set()
-        nodes = [_kv(line) for line in self._run("scontrol", "show", "node", "-o").splitlines()]
+        parts = [_kv(p) for p in self._run("scontrol", "show", "partition", "-o").splitlines()]
+        part = next((p for p in parts if (p.get("PartitionName") == partition if partition
+                                          else p.get("Default") == "YES")), {})
+        nodes = {kv.get("NodeName", ""): kv for kv in map(_kv, self._run("scontrol", "show", "node", "-o").splitlines())}
         best: tuple[int, int] | None = None
-        for kv in [n for n in nodes if n.get("NodeName") in members] or nodes:  # Nodes=ALL names none
+        for kv in (nodes[n] for n in _members(part, nodes)):
             if any(s in kv.get("State", "") for s in ("DOWN", "DRAIN", "NOT_RESPONDING", "FAIL")):
                 continue
             room = (int(kv.get("CPUTot", 0)) - int(kv.get("CPUAlloc", 0)),
@@ -359,7 +365,7 @@ class SlurmBackend:
         parts = []
         for line in self._run("scontrol", "show", "partition", "-o").splitlines():
             kv = _kv(line)
-            members = [n for n in nodes if n in _expand(kv.get("Nodes", ""))] or list(nodes)
+            members = _members(kv, nodes)
             cpus = max((nodes[n][0] for n in members), default=0)
             mem = max((nodes[n][1] for n in members), default=0)
             gpus = max((nodes[n][2] for n in members), default=0)
