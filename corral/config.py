@@ -107,7 +107,8 @@ class SandboxSettings(_Part):
     kinds: list[str] = Field(["agent"], description="Kinds of principal whose jobs run in a bubblewrap sandbox (human, agent, service); [] turns the sandbox off. Where it cannot be built, their jobs are refused.")
     network: bool = Field(False, description="Whether sandboxed jobs keep the host's network (default: none, only a private loopback).")
     hide: list[Path] = Field(default_factory=list, description="More paths a sandboxed job sees empty, beside the defaults (credentials under every home, munge, Slurm's state, /root, corral's own state). Each must exist.")
-    run_as: str = Field("nobody", description="The unprivileged Unix user sandboxed jobs run as when the gateway runs as root.")
+    run_as: str = Field("nobody", description="The unprivileged Unix user a sandboxed job runs as when root starts it and its principal has no Unix user of its own.")
+    pids_max: int = Field(512, ge=16, le=1_000_000, description="Most processes and threads one sandboxed job may have at once (a fork bomb stops there).")
 
 
 PARTS: dict[str, type[_Part]] = {"fastlane": FastLaneSettings, "slurm": SlurmSettings, "memory": MemorySettings,

@@ -11,9 +11,17 @@ builds it a private view of the machine from kernel namespaces:
 - network: none (a network namespace of its own with only a loopback) unless
   ``[sandbox] network = true``;
 - processes: its own PID namespace (it sees and signals nothing else, and all of it
-  dies with the job's supervisor), a new session, no capabilities, no new privileges;
-- identity: never root. A gateway run as root starts sandboxed jobs as ``[sandbox]
-  run_as`` (default ``nobody``) through ``setpriv``.
+  dies with the job's supervisor), a new session, no capabilities, no new privileges,
+  at most ``[sandbox] pids_max`` processes (``RLIMIT_NPROC`` set inside a user namespace
+  of the job's own, where the kernel counts that job's processes alone: a fork bomb
+  stops at the limit and other jobs of the same Unix user keep forking);
+- identity: never root. Run by root (the local backend's gateway, a Slurm job of a
+  principal without a Unix user, a fast-lane worker), a sandboxed job becomes the
+  principal's Unix user, or else ``[sandbox] run_as`` (default ``nobody``), through
+  ``setpriv``.
+
+One builder (``Sandbox.wrap``) serves every place a job starts: the local backend's
+supervisor, the Slurm batch script and each fast-lane task.
 
 Where bwrap is missing or cannot build a namespace, sandboxed kinds' jobs are refused
 (``SandboxUnavailable``) with what the admin must do, unless the admin turned the
@@ -22,6 +30,7 @@ sandbox off. The mechanism holds whatever the command is: it does not read it.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -51,9 +60,14 @@ class Sandbox:
     """Paths made empty, the defaults (where they exist) and the admin's (checked to exist)."""
     network: bool = False
     run_as: str | None = None
-    """The Unix user sandboxed jobs run as when the gateway is root."""
+    """The Unix user sandboxed jobs run as when started by root and their principal has none."""
+    pids_max: int = 512
     why_not: str | None = None
     """Why this machine cannot build a sandbox (None: it can)."""
+    own_count: bool = True
+    """Whether a job started by root gets a user namespace of its own, in which the
+    process limit counts its processes alone (False where unprivileged user namespaces
+    are off: the limit then counts every process of the job's Unix user)."""
 
     def applies(self, kind: str) -> bool:
         return kind in self.kinds
@@ -66,22 +80,33 @@ class Sandbox:
                 hint="ask the facility's admin (the gateway's log says the same); the admin may also turn the "
                      "sandbox off for this kind with [sandbox] kinds in corral.toml")
 
-    def owner(self, kind: str) -> tuple[int, int] | None:
-        """(uid, gid) a contained job of ``kind`` runs as, when not the gateway's own: its
-        job directory must be given to it."""
-        if not self.applies(kind) or os.geteuid() != 0 or not self.run_as:
+    def owner(self, kind: str, user: str | None = None, root: bool | None = None) -> tuple[int, int] | None:
+        """(uid, gid) a contained job of ``kind`` becomes, when started by root (``root``;
+        default: whether this process is root): its principal's Unix ``user`` if that is
+        not root, else ``run_as``. None: it stays who starts it."""
+        if not self.applies(kind) or not (os.geteuid() == 0 if root is None else root):
             return None
-        u = pwd.getpwnam(self.run_as)
-        return u.pw_uid, u.pw_gid
+        for name in (user, self.run_as):
+            try:
+                u = pwd.getpwnam(name) if name else None
+            except KeyError:
+                u = None  # a principal's user unknown on this node: the facility's default
+            if u is not None and u.pw_uid != 0:
+                return u.pw_uid, u.pw_gid
+        raise SandboxUnavailable(f"a contained job would run as root here ([sandbox] run_as = {self.run_as!r})",
+                                 hint="set [sandbox] run_as to an unprivileged user that exists on every node")
 
-    def wrap(self, kind: str, argv: Sequence[str], cwd: str, job_dir: str) -> list[str]:
+    def wrap(self, kind: str, argv: Sequence[str], cwd: str, job_dir: str | None = None,
+             user: str | None = None, root: bool | None = None) -> list[str]:
         """The command that runs ``argv`` contained (itself when ``kind`` is not
-        sandboxed). Writable inside: ``cwd`` and ``job_dir`` (the job's output)."""
+        sandboxed). Writable inside: ``cwd``, ``job_dir`` (the job's output) and a
+        private /tmp. ``user``, ``root``: as for ``owner``; the command must be run
+        by whoever ``root`` says."""
         if not self.applies(kind):
             return list(argv)
-        who = self.owner(kind)
+        who = self.owner(kind, user, root)
         inner = job_dir
-        if who is not None:
+        if who is not None and job_dir is not None:
             # The job's directory lies in corral's state, whose parents its user may not
             # traverse: it is bound at a path of its own under the private /tmp.
             inner = JOB_DIR
@@ -94,20 +119,34 @@ class Sandbox:
                   + ([] if self.network else ["--unshare-net"])) if who is not None else \
             ["--unshare-all", *(["--share-net"] if self.network else [])]
         out = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp",
-               *spaces,
-               "--die-with-parent", "--new-session"]
+               *spaces, "--die-with-parent", "--new-session"]
         for p in self.hide:  # emptied first: the job's own directories are bound back in after
             out += ["--tmpfs", str(p)] if p.is_dir() else ["--ro-bind", "/dev/null", str(p)]
-        if cwd not in (job_dir, inner):
+        if cwd not in (job_dir, inner, "/tmp"):
             out += ["--bind", cwd, cwd]
-        out += ["--bind", job_dir, inner]
-        out += ["--chdir", cwd, "--"]
+        if job_dir is not None and inner is not None:
+            out += ["--bind", job_dir, inner]
+        out += ["--chdir", cwd]
+        limit = ["prlimit", f"--nproc={self.pids_max}:{self.pids_max}", "--"]
         if who is None:
-            return [*out[:-2], "--cap-drop", "ALL", *out[-2:], *argv]
+            return [*out, "--cap-drop", "ALL", "--", *limit, *argv]
         # bwrap builds the namespaces as root (it reads every path it binds), then the job
-        # becomes its user with no capability left, and no_new_privs (bwrap's) keeps it so.
-        return [*out, "setpriv", f"--reuid={who[0]}", f"--regid={who[1]}", "--clear-groups", "--inh-caps=-all",
-                "--bounding-set=-all", "--", *argv]
+        # becomes its user with no capability left, and no_new_privs (bwrap's) keeps it so;
+        # `unshare --user` gives it the namespace in which its process count is its own.
+        return [*out, "--", "setpriv", f"--reuid={who[0]}", f"--regid={who[1]}", "--clear-groups", "--inh-caps=-all",
+                "--bounding-set=-all", "--", *(["unshare", "--user", "--map-current-user", "--"] if self.own_count else []), *limit, *argv]
+
+    def dumps(self) -> str:
+        """For a process that starts jobs elsewhere (a fast-lane worker): ``loads`` reads it."""
+        return json.dumps({"kinds": sorted(self.kinds), "hide": [str(p) for p in self.hide], "network": self.network,
+                           "run_as": self.run_as, "pids_max": self.pids_max, "why_not": self.why_not,
+                           "own_count": self.own_count})
+
+    @classmethod
+    def loads(cls, text: str) -> "Sandbox":
+        d = json.loads(text)
+        return cls(frozenset(d["kinds"]), tuple(Path(p) for p in d["hide"] if Path(p).exists()), d["network"],
+                   d["run_as"], d["pids_max"], d["why_not"], d["own_count"])
 
 
 def homes() -> list[Path]:
@@ -120,7 +159,7 @@ def homes() -> list[Path]:
 
 
 def build(kinds: Sequence[str], extra_hide: Sequence[Path], network: bool, run_as: str | None,
-          state: Sequence[Path]) -> Sandbox:
+          state: Sequence[Path], pids_max: int = 512) -> Sandbox:
     """The facility's sandbox, probed once at start-up. ``state``: corral's own
     directories (hidden from every sandboxed job; a job's own directory is bound back)."""
     missing = [p for p in extra_hide if not p.exists()]
@@ -129,15 +168,25 @@ def build(kinds: Sequence[str], extra_hide: Sequence[Path], network: bool, run_a
                              hint="fix the path or remove it from corral.toml")
     if os.geteuid() == 0 and run_as:
         try:
-            pwd.getpwnam(run_as)
+            uid = pwd.getpwnam(run_as).pw_uid
         except KeyError:
             raise InvalidRequest(f"[sandbox] run_as names the user {run_as!r}, who does not exist on this machine",
                                  hint="name an unprivileged user that exists (the default is 'nobody')") from None
+        if uid == 0:
+            raise InvalidRequest(f"[sandbox] run_as names {run_as!r}, who is root: a contained job is never root",
+                                 hint="name an unprivileged user (the default is 'nobody')")
     hide = [Path(p) for p in SYSTEM if Path(p).exists()]
     hide += [h / c for h in homes() for c in CREDENTIALS if (h / c).exists()]
     hide += [Path(p) for p in (*state, *extra_hide)]
-    box = Sandbox(frozenset(kinds), tuple(dict.fromkeys(hide)), network, run_as)
-    return replace(box, why_not=probe(box)) if kinds else box
+    box = Sandbox(frozenset(kinds), tuple(dict.fromkeys(hide)), network, run_as, pids_max)
+    if not kinds:
+        return box
+    why = probe(box)
+    if why and os.geteuid() == 0 and run_as:  # unprivileged user namespaces off: a shared count
+        lesser = replace(box, own_count=False)
+        if probe(lesser) is None:
+            return lesser
+    return replace(box, why_not=why)
 
 
 def probe(box: Sandbox) -> str | None:
@@ -145,11 +194,13 @@ def probe(box: Sandbox) -> str | None:
     and what to do, in an admin's words."""
     if shutil.which("bwrap") is None:
         return "bubblewrap is not installed (apt-get install bubblewrap)"
-    if os.geteuid() == 0 and box.run_as and shutil.which("setpriv") is None:
-        return "setpriv is not installed (apt-get install util-linux)"
-    argv = box.wrap(next(iter(box.kinds)), ["true"], "/tmp", "/tmp")
+    for tool in ("setpriv", "prlimit", "unshare"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (apt-get install util-linux)"
     try:
-        r = proc.run(argv, timeout=20, check=False)
+        r = proc.run(box.wrap(next(iter(box.kinds)), ["true"], "/tmp"), timeout=20, check=False)
+    except SandboxUnavailable as e:
+        return str(e)
     except BackendError as e:
         return f"bwrap could not start ({e})"
     if r.returncode != 0:

@@ -23,6 +23,7 @@ from .clock import Clock
 from .config import Settings
 from .db import Database
 from .errors import InvalidRequest
+from .sandbox import Sandbox, build
 from .service import Service
 
 log = logging.getLogger("corral")
@@ -42,6 +43,16 @@ def setup_logging(settings: Settings) -> None:
     root.addHandler(filelog)
 
 
+def _sandbox(settings: Settings, state: list[Path]) -> Sandbox:
+    sb = settings.sandbox
+    sandbox = build(sb.kinds, sb.hide, sb.network, sb.run_as, [settings.home, settings.db_path.parent, *state],
+                    sb.pids_max)
+    if sandbox.why_not:
+        log.error("sandbox: %s; jobs of %s will be refused until it is fixed or [sandbox] kinds is changed",
+                  sandbox.why_not, ", ".join(sorted(sandbox.kinds)))
+    return sandbox
+
+
 def build_service(settings: Settings, clock: Clock | None = None) -> Service:
     settings.home.mkdir(parents=True, exist_ok=True)
     db = Database(settings.db_path)
@@ -50,16 +61,11 @@ def build_service(settings: Settings, clock: Clock | None = None) -> Service:
         from .backends.slurm import SlurmBackend
 
         s = settings.slurm
-        backend = SlurmBackend(s.jobs_dir or settings.home / "slurm" / "jobs", s.conf, s.agent_nice, s.agent_qos,
-                               s.timeout_s, s.poll_s)
-        return Service(settings, db, backend, clock=clock)
-    from .sandbox import build
-
-    sb = settings.sandbox
-    sandbox = build(sb.kinds, sb.hide, sb.network, sb.run_as, [settings.home, settings.db_path.parent])
-    if sandbox.why_not:
-        log.error("sandbox: %s; jobs of %s will be refused until it is fixed or [sandbox] kinds is changed",
-                  sandbox.why_not, ", ".join(sorted(sandbox.kinds)))
+        jobs = s.jobs_dir or settings.home / "slurm" / "jobs"
+        sandbox = _sandbox(settings, [Path(jobs)])
+        backend = SlurmBackend(jobs, s.conf, s.agent_nice, s.agent_qos, s.timeout_s, s.poll_s, sandbox=sandbox)
+        return Service(settings, db, backend, clock=clock, sandbox=sandbox)
+    sandbox = _sandbox(settings, [])
     backend = LocalBackend(settings.home / "local", settings.local_cpus, settings.local_memory_mb,
                            settings.local_max_walltime_s, sandbox)
     return Service(settings, db, backend, clock=clock, sandbox=sandbox)

@@ -185,3 +185,47 @@ def test_fast_lane_on_slurm(tmp_path) -> None:
             rerun = h.get(f"/v1/jobs/{again['id']}/wait", params={"timeout": 120}).json()
             assert rerun["state"] == "COMPLETED", rerun
             assert h.get(f"/v1/jobs/{again['id']}/output").json()["data"] == "again\n"
+
+
+def test_agents_work_runs_contained_inside_the_batch_script(tmp_path, agent_dir) -> None:
+    """On Slurm the generated batch script runs an agent's work in the same sandbox as on
+    the local backend: credentials under the gateway's home unreadable, the host
+    read-only, never root; a person's job is not contained."""
+    from .test_sandbox import SECRET, need_bwrap, pair
+
+    need_bwrap()
+    home = tmp_path / "canary-home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text(SECRET)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("intact")
+    victim.chmod(0o666)
+    gw = Gateway(tmp_path / "home", free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": slurm_conf(),
+                                                            "CORRAL_TICK_S": "0.5", "HOME": str(home)})
+    gw.home.mkdir()
+    gw.start()
+    try:
+        t = pair(gw)
+        with gw.http(t["bot1"]) as h:
+            # disguised as the policy's parser cannot see through: the sandbox is what holds
+            cmd = (f"D={home}/.s; cat $D'sh'/id_*; F={victim}; echo gone > $F; echo x > /etc/corral-canary; "
+                   "id -u; echo own > mine.txt && cat mine.txt")
+            r = h.post("/v1/jobs", json={"command": cmd, "workdir": str(agent_dir), "walltime": "60s"})
+            assert r.status_code == 201, r.text
+            job = r.json()
+            done = h.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 90}).json()
+            out = h.get(f"/v1/jobs/{job['id']}/output").json()["data"]
+            err = h.get(f"/v1/jobs/{job['id']}/output", params={"stream": "stderr"}).json()["data"]
+        assert done["backend"] == "slurm" and done["state"] == "COMPLETED", (done, err)
+        assert SECRET not in out + err and victim.read_text() == "intact"
+        assert not Path("/etc/corral-canary").exists()
+        uid, own = out.split()[-2:]
+        assert own == "own" and uid != "0", out
+        scripts = list((gw.home / "slurm" / "jobs").glob("*/job.sh"))
+        assert any("bwrap" in s.read_text() for s in scripts)
+        with gw.http(t["alice"]) as h:  # a person: the work as written, not contained
+            job = h.post("/v1/jobs", json={"command": f"echo hers > {tmp_path / 'hers.txt'}", "workdir": str(tmp_path)}).json()
+            assert h.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 90}).json()["state"] == "COMPLETED"
+        assert (tmp_path / "hers.txt").read_text() == "hers\n"
+    finally:
+        gw.kill(signal.SIGTERM)

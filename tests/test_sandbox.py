@@ -11,6 +11,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -232,3 +233,47 @@ def test_the_job_directory_is_handed_to_the_jobs_user(gateway: Gateway) -> None:
         job = h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": 60}).json()
         out = h.get(f"/v1/jobs/{job['id']}/output").json()["data"]
     assert job["state"] == "COMPLETED" and out == "in-own-dir\n", (job, out)
+
+
+BOMB = """import os, sys, time
+n = 0
+try:
+    while n < 5000:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        n += 1
+except OSError:
+    pass
+print(n, flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def test_a_fork_bomb_stops_at_the_jobs_own_limit(tmp_path, canary) -> None:
+    """Processes are counted per job (its own user namespace): while one job's fork bomb
+    holds every process it may have, another job of the same Unix user still forks, and
+    a shell fork bomb ends with its job."""
+    need_bwrap()
+    (canary["work"] / "bomb.py").write_text(BOMB)
+    with running(tmp_path, HOME=str(canary["home"]), CORRAL_SANDBOX_PIDS_MAX="64") as gw:
+        t = pair(gw)
+        with gw.http(t["bot1"]) as h:
+            r = h.post("/v1/jobs", json={"command": "python3 bomb.py 20", "workdir": str(canary["work"]),
+                                         "walltime": "60s"})
+            bomb = r.json()["id"]
+            for _ in range(200):  # until the bomb has hit its limit and holds it
+                out = h.get(f"/v1/jobs/{bomb}/output").json()["data"]
+                if out.strip():
+                    break
+                time.sleep(0.1)
+            held = int(out)
+            assert 16 <= held < 64, out
+            other = run_job(gw, t["bot1"], "python3 -c "
+                            "\"import os; [os.fork() or os._exit(0) for _ in range(20)]; print('forked')\"",
+                            canary["work"])
+            assert other["state"] == "COMPLETED" and other["out"] == "forked\n", other
+            h.post(f"/v1/jobs/{bomb}/cancel")
+            shell = run_job(gw, t["bot1"], ":(){ :|:& };: ; sleep 2; echo survived", canary["work"])
+            assert shell["state"] in ("COMPLETED", "FAILED", "REFUSED"), shell
+            assert h.get("/healthz").status_code == 200

@@ -5,8 +5,9 @@ run), ``stdout``/``stderr``, ``running.json`` (written by the job's supervisor,
 ``local_runner``, when it starts) and ``result.json`` (its last act). The
 directory *is* the state, so the backend rebuilds its queue from disk after a
 gateway restart and jobs keep running meanwhile. Jobs that do not fit the free
-CPU slots and memory wait in FIFO order, first fit. All jobs run as the gateway's
-Unix user.
+CPU slots and memory wait in FIFO order, first fit. Jobs run as the gateway's Unix
+user, but for sandboxed ones started by a root gateway (corral/sandbox.py): they run
+as their principal's Unix user, or the sandbox's unprivileged one.
 """
 
 from __future__ import annotations
@@ -103,8 +104,8 @@ class LocalBackend:
             env.update({"CORRAL_JOB_ID": bid, "CORRAL_PRINCIPAL": ctx.principal, "CORRAL_SESSION": ctx.session or ""})
             cwd = spec.workdir or str(d)
             if self.sandbox is not None:
-                argv = self.sandbox.wrap(ctx.kind, argv, cwd, str(d))
-                who = self.sandbox.owner(ctx.kind)
+                argv = self.sandbox.wrap(ctx.kind, argv, cwd, str(d), ctx.unix_user)
+                who = self.sandbox.owner(ctx.kind, ctx.unix_user)
                 if who is not None:  # the job's user writes its own directory
                     for p in (d, *d.iterdir()):
                         os.chown(p, *who)

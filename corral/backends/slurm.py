@@ -33,13 +33,16 @@ import shlex
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from .. import proc
 from ..errors import BackendError, CorralError, InvalidRequest
 from ..jobs import JobSpec, JobState, format_duration
 from . import BackendStatus, OutputPaths, Partition, SubmitContext, base_env
 from .slurm_vocab import STATES, _epoch, _expand, _kv, _read_epoch, parse_exit, parse_slurm_time, translate
+
+if TYPE_CHECKING:
+    from ..sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +69,10 @@ class SlurmBackend:
 
     def __init__(self, jobs_dir: Path, slurm_conf: str | None = None, agent_nice: int = 100,
                  agent_qos: str | None = None, timeout_s: float = 30.0, poll_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, sandbox: "Sandbox | None" = None) -> None:
         self.jobs_dir = Path(jobs_dir).resolve()
+        self.sandbox = sandbox
+        """Contains the work of the kinds it names inside the batch script (corral/sandbox.py)."""
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.slurm_conf = slurm_conf or os.environ.get("SLURM_CONF")
         self.agent_nice = agent_nice
@@ -191,9 +196,20 @@ class SlurmBackend:
         # killed by a signal (cancel, walltime, memory) dies before that line, and Slurm's
         # accounting says what happened. (An EXIT trap would run there with a wrong $?.)
         lines += [f"date +%s > {d / 'started'}", ""]
-        if spec.script:
-            script = d / "script"
-            lines.append(str(script) if spec.script.startswith("#!") else f"bash {script}")
+        work = ([str(d / "script")] if spec.script.startswith("#!") else ["bash", str(d / "script")]) \
+            if spec.script else None
+        if self.sandbox is not None and self.sandbox.applies(ctx.kind):
+            # The script runs as the principal's Unix user (sbatch --uid), else as the
+            # gateway's: when that is root, the sandbox makes the work someone else.
+            root = os.geteuid() == 0 and not ctx.unix_user
+            who = self.sandbox.owner(ctx.kind, ctx.unix_user, root)
+            if who is not None:
+                for path in (d, *(d / n for n in ("script",) if (d / n).exists())):
+                    os.chown(path, *who)
+            lines.append(shlex.join(self.sandbox.wrap(ctx.kind, work or ["bash", "-c", spec.command or ""],
+                                                      spec.workdir or str(d), str(d), ctx.unix_user, root)))
+        elif work:
+            lines.append(shlex.join(work))
         else:
             lines += ["(", spec.command or "", ")"]
         lines += ["rc=$?", f"echo $rc > {d / 'ended'}", "exit $rc"]
@@ -439,7 +455,7 @@ class SlurmBackend:
             pw = pwd.getpwnam(ctx.unix_user)
         except KeyError:
             raise InvalidRequest(f"unix user {ctx.unix_user!r} of principal {ctx.principal!r} does not exist here") from None
-        for path in (d, d / "stdout", d / "stderr"):
+        for path in (d, d / "stdout", d / "stderr", *([d / "script"] if (d / "script").exists() else [])):
             shutil.chown(path, pw.pw_uid, pw.pw_gid)
         return pw.pw_uid, pw.pw_gid
 
