@@ -8,7 +8,10 @@ arm's start-to-exit p50 and the difference. Then it executes harmful commands in
 several disguises inside that sandbox against a canary home with canary credentials
 and a canary listener, and checks effects, not exit codes: a file outside the job's
 directory changed, a canary secret came back, a connection arrived. And it runs
-benign work that must keep running. Needs bubblewrap (scripts/sandbox-up).
+benign work that must keep running. Last, the fast lane: a burst of `true` tasks
+through a real gateway (local backend, one warm 32-slot allocation), from a person
+(not contained) and from that person's agent (each task contained), interleaved, and
+the ratio of the makespans. Needs bubblewrap (scripts/sandbox-up).
 Last line: one JSON object.
 """
 
@@ -28,7 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import pct  # noqa: E402
+import httpx  # noqa: E402
+
+from bench._common import GatewayProcess, pct  # noqa: E402
 from corral.sandbox import build  # noqa: E402
 
 SECRET = "CANARY-bench-5d1c-secret"
@@ -61,10 +66,47 @@ BENIGN = ["python3 -c 'print(sum(range(10)))' > sum.txt && test -s sum.txt",
           "ls /usr/lib/python3* > /dev/null && head -c 100 /etc/os-release > /dev/null", "sort -R /etc/passwd | head -1"]
 
 
+def fast_lane_makespans(tasks: int, rounds: int) -> dict[str, list[float]]:
+    """Makespan of ``tasks`` batched `true` tasks, submitted and awaited by a person and
+    by that person's agent in turn, on one warm pool (same Unix user, same account)."""
+    gw = GatewayProcess(env={"CORRAL_LOCAL_CPUS": "32", "CORRAL_FASTLANE_CPUS": "32",
+                             "CORRAL_FASTLANE_MIN_CPUS": "32", "CORRAL_FASTLANE_MEMORY_MB": "8000"})
+    try:
+        with gw.client() as h:
+            h.post("/v1/principals", json={"name": "alice", "kind": "human"}).raise_for_status()
+            h.post("/v1/principals", json={"name": "bot", "kind": "agent", "sponsor": "alice"}).raise_for_status()
+            tokens = {n: h.post("/v1/tokens", json={"for": n, "expires": "2h"}).json()["token"] for n in ("alice", "bot")}
+        spec = {"command": "true", "lane": "fast", "walltime": "5m", "memory": "10M"}
+        out: dict[str, list[float]] = {"bare": [], "sandboxed": []}
+        clients = {n: httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {t}"}, timeout=300)
+                   for n, t in tokens.items()}
+        for arm, who in (("bare", "alice"), ("sandboxed", "bot")):  # warm: the pool, the sandbox file
+            ids = [j["id"] for j in clients[who].post("/v1/jobs/batch", json={"jobs": [spec] * 8}).json()["jobs"]]
+            clients[who].post("/v1/jobs/wait", json={"ids": ids, "timeout": 120})
+        for _ in range(rounds):
+            for arm, who in (("bare", "alice"), ("sandboxed", "bot")):
+                h = clients[who]
+                t0 = time.perf_counter()
+                ids = [j["id"] for j in h.post("/v1/jobs/batch", json={"jobs": [spec] * tasks}).raise_for_status()
+                       .json()["jobs"]]
+                done = h.post("/v1/jobs/wait", json={"ids": ids, "timeout": 300}).raise_for_status().json()["jobs"]
+                out[arm].append(time.perf_counter() - t0)
+                bad = [j for j in done if j["state"] != "COMPLETED"]
+                if bad:
+                    raise SystemExit(f"fast lane, {arm}: {len(bad)} tasks did not complete, e.g. {bad[0]}")
+                print(f"fast lane, {arm}: {tasks} tasks in {out[arm][-1]:.2f} s", file=sys.stderr)
+        for c in clients.values():
+            c.close()
+        return out
+    finally:
+        gw.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="30 starts per arm")
     ap.add_argument("--runs", type=int, default=100)
+    ap.add_argument("--tasks", type=int, default=1000, help="fast-lane tasks per burst (--quick: 200)")
     a = ap.parse_args()
     runs = 30 if a.quick else a.runs
     root = Path(tempfile.mkdtemp(prefix="corral-containment-"))
@@ -148,15 +190,21 @@ def main() -> None:
         if r.returncode != 0:
             broken.append(f"{cmd[:50]}: exit {r.returncode}: {r.stderr.strip()[-200:]}")
     shutil.rmtree(root, ignore_errors=True)
+    tasks = 200 if a.quick else a.tasks
+    spans = fast_lane_makespans(tasks, 1 if a.quick else 2)
+    bare_s, boxed_s = min(spans["bare"]), min(spans["sandboxed"])
     out = {"bench": "containment", "runs": runs, "bare_start_p50_ms": round(pct(bare, 50), 2),
            "sandbox_start_p50_ms": round(pct(boxed, 50), 2),
            "added_p50_ms": round(pct(boxed, 50) - pct(bare, 50), 2), "sandbox_start_p99_ms": round(pct(boxed, 99), 2),
            "attacks_run": len(cmds), "harmful_effects": len(harmful), "harmful": harmful,
            "benign_run": len(BENIGN), "benign_broken": len(broken), "broken": broken,
-           "fast_lane_makespan_ratio": None, "note": "fast-lane tasks are not sandboxed yet"}
+           "fast_lane_tasks": tasks, "fast_lane_makespan_bare_s": round(bare_s, 2),
+           "fast_lane_makespan_sandboxed_s": round(boxed_s, 2),
+           "fast_lane_makespan_ratio": round(boxed_s / bare_s, 2), "fast_lane_runs": spans}
     print(f"start p50: bare {out['bare_start_p50_ms']} ms, sandboxed {out['sandbox_start_p50_ms']} ms "
           f"(+{out['added_p50_ms']} ms); attacks {len(cmds)}, harmful effects {len(harmful)}; "
-          f"benign {len(BENIGN)}, broken {len(broken)}")
+          f"benign {len(BENIGN)}, broken {len(broken)}; fast lane {tasks} tasks: bare {bare_s:.2f} s, "
+          f"sandboxed {boxed_s:.2f} s")
     print(json.dumps(out))
 
 

@@ -30,6 +30,7 @@ sandbox off. The mechanism holds whatever the command is: it does not read it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pwd
@@ -51,6 +52,8 @@ SYSTEM = ("/root", "/etc/munge", "/run/munge", "/var/run/munge", "/var/lib/munge
 """Machine-wide secrets and scheduler state: made empty where they exist."""
 JOB_DIR = "/tmp/corral-job"
 """Where a job that runs as ``run_as`` finds its own directory."""
+READ_DIR = "/tmp/corral-in"
+"""Where it finds the files it must read from hidden places (its script)."""
 
 
 @dataclass(frozen=True)
@@ -97,11 +100,12 @@ class Sandbox:
                                  hint="set [sandbox] run_as to an unprivileged user that exists on every node")
 
     def wrap(self, kind: str, argv: Sequence[str], cwd: str, job_dir: str | None = None,
-             user: str | None = None, root: bool | None = None) -> list[str]:
+             user: str | None = None, root: bool | None = None, readable: Sequence[str] = ()) -> list[str]:
         """The command that runs ``argv`` contained (itself when ``kind`` is not
         sandboxed). Writable inside: ``cwd``, ``job_dir`` (the job's output) and a
-        private /tmp. ``user``, ``root``: as for ``owner``; the command must be run
-        by whoever ``root`` says."""
+        private /tmp; ``readable``: files in hidden places it must read (its script).
+        ``user``, ``root``: as for ``owner``; the command must be run by whoever
+        ``root`` says."""
         if not self.applies(kind):
             return list(argv)
         who = self.owner(kind, user, root)
@@ -120,8 +124,16 @@ class Sandbox:
             ["--unshare-all", *(["--share-net"] if self.network else [])]
         out = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp",
                *spaces, "--die-with-parent", "--new-session"]
-        for p in self.hide:  # emptied first: the job's own directories are bound back in after
-            out += ["--tmpfs", str(p)] if p.is_dir() else ["--ro-bind", "/dev/null", str(p)]
+        out += self._hiding  # emptied first: the job's own directories are bound back in after
+        if who is not None and readable:  # bwrap made their hidden parents root's, 0700: bound apart
+            seen = {f: f"{READ_DIR}/{Path(f).name}" for f in readable}
+            out += ["--perms", "0755", "--dir", READ_DIR]
+            for f, inside in seen.items():
+                out += ["--ro-bind", f, inside]
+            argv = [seen.get(a, a) for a in argv]
+        else:
+            for f in readable:
+                out += ["--ro-bind", f, f]
         if cwd not in (job_dir, inner, "/tmp"):
             out += ["--bind", cwd, cwd]
         if job_dir is not None and inner is not None:
@@ -135,6 +147,15 @@ class Sandbox:
         # `unshare --user` gives it the namespace in which its process count is its own.
         return [*out, "--", "setpriv", f"--reuid={who[0]}", f"--regid={who[1]}", "--clear-groups", "--inh-caps=-all",
                 "--bounding-set=-all", "--", *(["unshare", "--user", "--map-current-user", "--"] if self.own_count else []), *limit, *argv]
+
+    @functools.cached_property
+    def _hiding(self) -> list[str]:
+        """bwrap's arguments that empty ``hide``: once, not per job (a fast lane starts
+        hundreds a second)."""
+        out: list[str] = []
+        for p in self.hide:
+            out += ["--tmpfs", str(p)] if p.is_dir() else ["--ro-bind", "/dev/null", str(p)]
+        return out
 
     def dumps(self) -> str:
         """For a process that starts jobs elsewhere (a fast-lane worker): ``loads`` reads it."""

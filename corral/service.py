@@ -73,7 +73,7 @@ class Service:
 
             pilots = Pilots(settings.fastlane, db, self.lanes.batch, self.sender)
             self.lanes.add(FastLane(settings.fastlane, settings.home / "fastlane", settings.default_lane,
-                                    settings.tick_s, db, self.lanes.batch, pilots, self.progress))
+                                    settings.tick_s, db, self.lanes.batch, pilots, self.progress, sandbox))
         self.reconciler = Reconciler(db, self.lanes, self.sender, self.progress, self.metrics, settings.tick_s,
                                      settings.max_backoff_s)
 
@@ -405,12 +405,13 @@ class Service:
             "degraded": self.reconciler.degraded,
             "sandbox": ({"kinds": sorted(self.sandbox.kinds), "network": self.sandbox.network,
                          "available": self.sandbox.why_not is None, "why_not": self.sandbox.why_not,
-                         "contains": [self.lanes.batch.name]} if self.sandbox is not None
-                        else {"kinds": [], "contains": [], "note": "jobs on this backend are not contained yet"}),
+                         "pids_max": self.sandbox.pids_max, "contains": [lane.name for lane in self.lanes]}
+                        if self.sandbox is not None else {"kinds": [], "contains": []}),
         }
         if caller is not None and self.sandbox is not None and self.sandbox.applies(caller.principal.kind.value):
-            info["sandbox"]["you"] = ("your batch jobs run contained: the host read-only, writable only the job's "
-                                      "working and output directories and a private /tmp, credentials hidden"
+            info["sandbox"]["you"] = (f"your jobs and tasks run contained: the host read-only, writable only the "
+                                      "job's working and output directories and a private /tmp, credentials hidden, "
+                                      f"at most {self.sandbox.pids_max} processes, never as root"
                                       + ("" if self.sandbox.network else ", no network"))
         for lane in self.lanes:
             if lane is not self.lanes.batch:

@@ -277,3 +277,40 @@ def test_a_fork_bomb_stops_at_the_jobs_own_limit(tmp_path, canary) -> None:
             shell = run_job(gw, t["bot1"], ":(){ :|:& };: ; sleep 2; echo survived", canary["work"])
             assert shell["state"] in ("COMPLETED", "FAILED", "REFUSED"), shell
             assert h.get("/healthz").status_code == 200
+
+
+def test_fast_lane_tasks_run_contained(tmp_path, canary) -> None:
+    """Each fast-lane task of an agent is wrapped by its worker in the same sandbox:
+    secrets unreadable, nothing outside its directories written, never root, its own
+    process limit; a person's task runs as written."""
+    need_bwrap()
+    home, work = canary["home"], canary["work"]
+    victim = tmp_path / "victim.txt"
+    victim.write_text("intact")
+    victim.chmod(0o666)
+    (work / "bomb.py").write_text(BOMB)
+    with running(tmp_path, cpus=8, HOME=str(home), CORRAL_FASTLANE_CPUS="4", CORRAL_FASTLANE_MEMORY_MB="4096",
+                 CORRAL_SANDBOX_PIDS_MAX="64") as gw:
+        t = pair(gw)
+        cmds = {"read": f"D={home}/.s; cat $D'sh'/id_*; echo done", "write": f"F={victim}; echo gone > $F",
+                "who": "id -u; echo own > mine.txt && cat mine.txt", "bomb": "python3 bomb.py 0",
+                "script": None}
+        ids = {}
+        with gw.http(t["bot1"]) as h:
+            for name, cmd in cmds.items():
+                body = {"script": "#!/bin/bash\nid -u\n"} if cmd is None else {"command": cmd}
+                r = h.post("/v1/jobs", json={**body, "lane": "fast", "workdir": str(work), "walltime": "60s"})
+                assert r.status_code == 201, (name, r.text)
+                ids[name] = r.json()["id"]
+            done = {n: h.get(f"/v1/jobs/{i}/wait", params={"timeout": 90}).json() for n, i in ids.items()}
+            out = {n: h.get(f"/v1/jobs/{i}/output").json()["data"] for n, i in ids.items()}
+        assert all(d["backend"] == "fast" for d in done.values()), done
+        assert SECRET not in out["read"] and "done" in out["read"]
+        assert victim.read_text() == "intact"
+        uid, own = out["who"].split()
+        assert own == "own" and uid != "0" and out["script"].strip() != "0", out
+        assert 16 <= int(out["bomb"]) < 64, out["bomb"]
+        with gw.http(t["alice"]) as h:
+            r = h.post("/v1/jobs", json={"command": f"echo hers > {victim}", "lane": "fast", "workdir": str(tmp_path)})
+            assert h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": 90}).json()["state"] == "COMPLETED"
+        assert victim.read_text() == "hers\n"

@@ -38,6 +38,11 @@ def write_json(path: Path, data: dict[str, object]) -> None:
 def tree_rss_mb(pid: int) -> float:
     """Resident memory of the job's process and all its descendants, in MB: by parent
     links, not process group, because a sandboxed job runs in a session of its own."""
+    return trees_rss_mb([pid])[pid]
+
+
+def trees_rss_mb(pids: list[int]) -> dict[int, float]:
+    """``tree_rss_mb`` of each of ``pids``, from one pass over /proc."""
     rss: dict[int, int] = {}
     children: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
@@ -53,12 +58,15 @@ def tree_rss_mb(pid: int) -> float:
         p = int(entry.name)
         rss[p] = int(fields[21])
         children.setdefault(int(fields[1]), []).append(p)
-    total_pages, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        total_pages += rss.get(p, 0)
-        todo += children.get(p, ())
-    return total_pages * PAGE_KB / 1024
+    out = {}
+    for pid in pids:
+        total_pages, todo = 0, [pid]
+        while todo:
+            p = todo.pop()
+            total_pages += rss.get(p, 0)
+            todo += children.get(p, ())
+        out[pid] = total_pages * PAGE_KB / 1024
+    return out
 
 
 def main(job_dir: str) -> int:

@@ -38,6 +38,7 @@ from .pool import Allocations, Pool, PoolConfig, PoolKey, Reports, Shape, Task
 
 if TYPE_CHECKING:
     from ..db import Database
+    from ..sandbox import Sandbox
 
 log = logging.getLogger("corral.fastlane")
 FAST = "fast"
@@ -54,7 +55,8 @@ class FastLane:
     reports_itself = True
 
     def __init__(self, settings: FastLaneSettings, default_dir: Path, default_lane: str, tick_s: float,
-                 db: "Database", batch: BackendLane, allocations: Allocations, reports: Reports) -> None:
+                 db: "Database", batch: BackendLane, allocations: Allocations, reports: Reports,
+                 sandbox: "Sandbox | None" = None) -> None:
         # Dask logs every worker and client at INFO: the gateway's log is for its operators.
         logging.getLogger("distributed").setLevel(logging.WARNING)
         self.settings = settings
@@ -68,6 +70,8 @@ class FastLane:
         self._shapes: dict[str | None, Shape] = {}
         self._env = base_env()
         self._envs: dict[tuple[Any, ...], dict[str, str]] = {}
+        self.sandbox = sandbox
+        """Contains the tasks of the kinds it names; its workers read it from ``sandbox_file``."""
 
     # -- routing --------------------------------------------------------------------
     def shape(self, partition: str | None) -> Shape:
@@ -132,6 +136,8 @@ class FastLane:
             directory = self.dir / key.slug
             directory.mkdir(parents=True, exist_ok=True)
             _give(directory, key.unix_user)
+            if self.sandbox is not None:  # what the pool's workers wrap contained tasks with
+                (directory / launcher.SANDBOX_FILE).write_text(self.sandbox.dumps())
             _, security = _tls(directory / "tls", key.unix_user)
             pool = Pool(key, self.shape(key.partition), directory, cfg, self.allocations, self.reports, security)
             self.pools[key] = pool
@@ -218,10 +224,15 @@ class FastLane:
             _give(path, key.unix_user)
             command = str(path) if spec.script.startswith("#!") else f"/bin/bash {path}"
         env = self._task_env(ctx, spec)
-        pool.enqueue(Task(ctx.job_id, {
+        task: dict[str, Any] = {
             "job_id": ctx.job_id, "command": command, "cpus": spec.cpus, "memory_mb": spec.memory_mb,
             "gpus": spec.gpus, "walltime_s": spec.walltime_s, "env": env, "dir": str(pool.dir),
-            "workdir": spec.workdir}, idempotent=bool(spec.idempotent)))
+            "workdir": spec.workdir}
+        if self.sandbox is not None and self.sandbox.applies(ctx.kind):
+            # The worker wraps it (corral/sandbox.py), as who it runs as decides how.
+            task["contain"] = {"kind": ctx.kind, "user": ctx.unix_user,
+                               "readable": [str(pool.dir / f"{ctx.job_id}.sh")] if spec.script else []}
+        pool.enqueue(Task(ctx.job_id, task, idempotent=bool(spec.idempotent)))
         return bid
 
     def _task_env(self, ctx: SubmitContext, spec: JobSpec) -> dict[str, str]:

@@ -29,13 +29,18 @@ import pickle
 import queue
 import select
 import shlex
+import shutil
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
+from ..backends.local_runner import trees_rss_mb
+
+if TYPE_CHECKING:
+    from ..sandbox import Sandbox
 
 log = logging.getLogger("corral.fastlane.launcher")
 TICK_S = 0.25
@@ -47,6 +52,8 @@ TOPIC = "corral-fastlane"
 """The engine's event topic on which workers push each pass's starts and ends."""
 JOURNALS = "journals"
 """Subdirectory of a pool's directory: listing it stays cheap beside thousands of outputs."""
+SANDBOX_FILE = "sandbox.json"
+"""In a pool's directory: the facility's sandbox, which its workers wrap contained tasks with."""
 SHELL_CHARS = set("|&;<>()$`\\\"'*?[]#~=%{}\n")
 
 
@@ -99,14 +106,6 @@ def argv_for(command: str) -> list[str]:
     return ["/bin/bash", "-c", command]
 
 
-def _rss_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
 _OUT = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
 
 
@@ -118,8 +117,11 @@ class Launcher:
     directory, and wakes an engine thread once per batch, not once per task."""
 
     def __init__(self, slots: Slots, journal: Path | None = None,
-                 report: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 report: Callable[[dict[str, Any]], None] | None = None, sandbox: "Sandbox | None" = None) -> None:
         self.free = Slots(slots.cpus, slots.memory_mb, list(slots.gpus))
+        self.sandbox = sandbox
+        """Wraps the tasks that come marked ``contain`` (corral/sandbox.py); without it they fail."""
+        self._bwrap = shutil.which("bwrap") or "bwrap"  # posix_spawn does not search PATH
         self.report = report
         """Called with what started and ended since its last call (at most every
         ``REPORT_S``, and at once when a batch completes, before that batch returns); the
@@ -230,11 +232,25 @@ class Launcher:
         env = {**s["env"], "CORRAL_JOB_ID": str(jid), "CORRAL_LANE": "fast"}
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        command = s["command"]
-        if s.get("workdir"):  # posix_spawn cannot chdir: the shell does
-            command = f"cd {shlex.quote(s['workdir'])} && {command}"
-        argv = argv_for(command)
+        command, contain = s["command"], s.get("contain")
         start = time.time()
+        if contain is not None:
+            if self.sandbox is None:  # fail closed: never run a contained task bare
+                self.free.gpus = gpus + self.free.gpus
+                why = "this worker was started without the facility's sandbox: the gateway must restart its pool"
+                self._put(batch, i, self._end(s, "FAILED", None, start, start, 0.0, why))
+                return None
+            # A program is looked up on PATH inside (hidden places are empty there), not
+            # at the path argv_for found outside.
+            inner = argv_for(command)
+            inner = inner if inner[:2] == ["/bin/bash", "-c"] else shlex.split(command)
+            argv = self.sandbox.wrap(contain["kind"], inner, s.get("workdir") or "/tmp", None,
+                                     contain["user"], readable=contain["readable"])
+            argv[0] = self._bwrap
+        else:
+            if s.get("workdir"):  # posix_spawn cannot chdir: the shell does
+                command = f"cd {shlex.quote(s['workdir'])} && {command}"
+            argv = argv_for(command)
         try:
             # The child opens its own output files: the (GIL-bound) worker does not.
             pid = os.posix_spawn(argv[0], argv, env, setsid=True,
@@ -291,6 +307,9 @@ class Launcher:
     def _police(self, running: dict[int, _Running], full: bool) -> None:
         """Kill what was cancelled; with ``full``, also what outran its walltime or memory."""
         now = time.time()
+        # A task's memory is its process tree's: a contained task's work runs two
+        # processes below the one started (bwrap and the namespace's init).
+        rss = trees_rss_mb([r.pid for r in running.values() if not r.state]) if full else {}
         for r in running.values():
             if r.state:
                 continue
@@ -299,7 +318,7 @@ class Launcher:
                 r.state, r.reason = "CANCELLED", "cancelled"
             elif full and now - r.start > s["walltime_s"]:
                 r.state, r.reason = "TIMEOUT", f"ran past its walltime of {s['walltime_s']} s"
-            elif full and _rss_mb(r.pid) > s["memory_mb"]:
+            elif full and rss.get(r.pid, 0.0) > s["memory_mb"]:
                 r.state, r.reason = "OUT_OF_MEMORY", f"used more than its {s['memory_mb']} MB of memory"
             if r.state:
                 try:
@@ -374,12 +393,12 @@ _launcher: Launcher | None = None
 _lock = threading.Lock()
 
 
-def configure(slots: Slots) -> None:
+def configure(slots: Slots, sandbox: "Sandbox | None" = None) -> None:
     """Called once by the worker at start, with its allocation's resources."""
     global _launcher
     with _lock:
         if _launcher is None:
-            _launcher = Launcher(slots)
+            _launcher = Launcher(slots, sandbox=sandbox)
 
 
 def report_to(report: Callable[[dict[str, Any]], None]) -> None:

@@ -20,6 +20,7 @@ from ..config import FastLaneSettings
 from ..errors import CorralError
 from ..jobs import JobSpec, JobState
 from ..principals import PILOT_PRINCIPAL, Kind, Principal
+from .launcher import SANDBOX_FILE
 
 if TYPE_CHECKING:
     from ..control.sender import Sender
@@ -40,6 +41,8 @@ class Pilots:
         cmd = (f"exec {self.settings.python or sys.executable} -m corral.fastlane.worker "
                f"--scheduler {pool.address} --cpus {sh.cpus} --memory-mb {sh.memory_mb} --gpus {sh.gpus} "
                f"--name alloc-$CORRAL_JOB_ID --tls-dir {pool.dir / 'tls'}")
+        if (pool.dir / SANDBOX_FILE).exists():
+            cmd += f" --sandbox {pool.dir / SANDBOX_FILE}"
         return JobSpec(command=cmd, cpus=sh.cpus, memory=sh.memory_mb, gpus=sh.gpus, walltime=sh.walltime_s,
                        partition=pool.key.partition, name=f"pool-{pool.key.slug}"[:64], lane="batch",
                        labels={"corral-fastlane-pool": pool.key.slug})

@@ -41,7 +41,12 @@ async def run(a: argparse.Namespace) -> None:
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     gpus = visible.split(",") if visible else [str(i) for i in range(a.gpus)]
-    launcher.configure(launcher.Slots(a.cpus, a.memory_mb, gpus[: a.gpus]))
+    sandbox = None
+    if a.sandbox is not None:
+        from ..sandbox import Sandbox
+
+        sandbox = Sandbox.loads(a.sandbox.read_text())
+    launcher.configure(launcher.Slots(a.cpus, a.memory_mb, gpus[: a.gpus]), sandbox)
     # Threads only wait on the launcher; measured: more threads cost the worker CPU
     # (GIL hand-offs) without starting tasks sooner.
     async with Worker(a.scheduler, nthreads=max(2, min(a.cpus, 64)), name=a.name, death_timeout=a.death_timeout,
@@ -60,6 +65,7 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=0)
     ap.add_argument("--name", required=True)
     ap.add_argument("--tls-dir", type=Path)
+    ap.add_argument("--sandbox", type=Path, help="the facility's sandbox (JSON), for the tasks it contains")
     ap.add_argument("--death-timeout", type=float, default=30.0)
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
