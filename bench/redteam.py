@@ -26,7 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import pct, shared_data  # noqa: E402
 from corral.safety.guard import injection  # noqa: E402
 from corral.safety.policy import agent_verdict  # noqa: E402
-from corral.safety.redteam import BENIGN_OUTPUT, attacks, injections  # noqa: E402
+from corral.safety.output_guard import OutputGuard  # noqa: E402
+from corral.safety.redteam import BENIGN_OUTPUT, attacks, injections, secret_samples  # noqa: E402
+from corral.safety.secrets import redact  # noqa: E402
 from corral.safety.risk import analyze  # noqa: E402
 
 
@@ -39,6 +41,50 @@ def prose() -> list[str]:
     from importlib.metadata import distributions
 
     return [p for d in distributions() for p in (d.read_text("METADATA") or "").split("\n\n") if len(p) > 80]
+
+
+def guard_figures(benign_texts: list[str], cuts: int) -> dict[str, object]:
+    """Secrets found in generated output lines (shapes and names, held out from the
+    tests' own), benign text redacted, and the property over random page cuts: no piece
+    of 8 or more characters of a secret ever returned."""
+    import random
+    import tempfile
+
+    samples = secret_samples()
+    missed = [line for line, s in samples if s in redact(line + "\n")[0]]
+    redacted = [t for t in benign_texts if redact(t)[1]]
+    rng = random.Random(3)
+    lines: list[str] = []
+    for i in range(2000):
+        lines.append(rng.choice(benign_texts)[:200].replace("\n", " "))
+        if i % 7 == 0:
+            lines.append(rng.choice(samples)[0])
+    # The property is about cuts: a secret the guard finds whole is never returned in pieces.
+    bad = {s[i:i + 8] for line, s in samples if line not in missed for i in range(len(s) - 7)}
+    leaked = 0
+    with tempfile.TemporaryDirectory() as d:
+        raw = Path(d) / "stdout"
+        raw.write_text("\n".join(lines) + "\n")
+        g = OutputGuard(Path(d) / "guarded")
+        t = time.perf_counter()
+        g.read("1.stdout", raw, True, 0, 1, None)
+        guard_s = time.perf_counter() - t
+        for _ in range(cuts):
+            offset = 0
+            while True:
+                page = g.read("1.stdout", raw, True, offset, rng.randint(1, 4096), None).page
+                leaked += any(b in page["data"] for b in bad)
+                if page["eof"] or page["next_offset"] == offset:
+                    break
+                offset = page["next_offset"]
+    return {"secret_samples": len(samples), "secrets_found_rate": round(1 - len(missed) / len(samples), 4),
+            "secrets_missed": missed[:5], "benign_texts_redacted": len(redacted),
+            "page_cut_trials": cuts, "secret_fragments_returned": leaked,
+            "guard_mb_per_s": round(raw_size(lines) / 1e6 / guard_s, 2)}
+
+
+def raw_size(lines: list[str]) -> int:
+    return sum(len(x.encode()) + 1 for x in lines)
 
 
 def main() -> None:
@@ -76,10 +122,11 @@ def main() -> None:
            "benign_commands": len(ok), "benign_commands_denied": len(denied),
            "benign_texts": len(text_ok), "benign_texts_flagged": len(flagged),
            "tag_and_decide_p50_ms": round(pct(lat, 50), 3), "tag_and_decide_p99_ms": round(pct(lat, 99), 3),
-           "missed_by_disguise": {k: v for k, v in (by_disguise + inj_missed).items() if v}}
+           "missed_by_disguise": {k: v for k, v in (by_disguise + inj_missed).items() if v},
+           "guard": guard_figures(text_ok, 20)}
     print(f"commands {len(cases)}: {dict(decisions)}; injections {len(inj)}: missed {sum(inj_missed.values())}; "
           f"benign commands {len(ok)}: denied {len(denied)} {denied[:3]}; benign texts {len(text_ok)}: "
-          f"flagged {len(flagged)}", file=sys.stderr)
+          f"flagged {len(flagged)}; guard: {out['guard']}", file=sys.stderr)
     print(json.dumps(out))
 
 

@@ -383,7 +383,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         offset: int = Query(0, ge=0, le=MAX_INT), limit: int = Query(65536, ge=1, le=1024 * 1024),
         tail: int | None = Query(None, ge=0, le=100_000, description="Last N lines instead of a page from offset."),
     ) -> Response:
-        return ok(service.read_output(c, job_id, stream, offset, limit, tail))
+        return ok(await service.read_output(c, job_id, stream, offset, limit, tail))
 
     @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"], responses={200: {"model": JobOut}})
     async def cancel(job_id: JobIdPath, c: Caller = Depends(caller)) -> Response:

@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from .errors import CorralError, describe_validation
 from .jobs import JobSpec, format_duration
 from .principals import bearer_token
+from .safety import guard
 from .service import Service
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class ServiceOps:
         return {**job.summary(), "reached": reached}
 
     async def output(self, job_id: int, stream: str, offset: int, limit: int, tail: int | None) -> dict[str, Any]:
-        return self.service.read_output(self.caller, job_id, stream, offset, limit, tail)
+        return await self.service.read_output(self.caller, job_id, stream, offset, limit, tail)
 
     async def cancel(self, job_id: int) -> dict[str, Any]:
         return (await self.service.cancel(self.caller, [job_id]))[0].summary()
@@ -283,7 +284,10 @@ def build_mcp(ops_for: Callable[[Context], Ops], card_info: Callable[[], Awaitab
         `offset`. If `eof` is false, call again with offset=next_offset."""
         limit = max(1, min(max_bytes, MAX_OUTPUT_BYTES))
         page = await ops_for(ctx).output(job_id, stream, offset, limit, tail_lines)
-        out = {"job_id": job_id, "stream": stream, "data": page["data"], "offset": page["offset"],
+        data = page["data"]
+        if not (page.get("guard") or {}).get("suspected_injection"):  # flagged pages come delimited
+            data = guard.delimit(data, f"job {job_id} {stream}")  # always marked as data, for the model
+        out = {"job_id": job_id, "stream": stream, "data": data, "offset": page["offset"],
                "next_offset": page["next_offset"], "size": page["size"], "eof": page["eof"]}
         if page.get("guard"):
             out["guard"] = page["guard"]

@@ -33,9 +33,9 @@ from .jobs import MAX_INT, TERMINAL_STATES, Job, JobSpec, JobState, no_job
 from .lanes import BackendLane, Lane, Lanes
 from .memory.facts import Facts
 from .memory.verbs import MemoryVerbs
-from .output import read_page, read_tail
 from .principals import Caller, Principal
 from .safety import guard
+from .safety.output_guard import OutputGuard
 from .safety.audit import Audit, AuditLog
 from .safety.credentials import Credentials
 from .safety.gate import Gate, job_resource, job_text
@@ -58,6 +58,8 @@ class Service:
         self.audit = Audit(AuditLog(settings.home / "audit.jsonl", settings.home / "audit.key", db.audit_head()), db)
         self.gate = Gate(settings.safety, settings.home, db, clock)
         self.credentials = Credentials(db, self.gate)
+        self.outputs = OutputGuard(settings.home / "guarded")
+        """Job output as agents read it: guarded whole, paged from the guarded copy."""
         self.accounts = Accounts(settings, db, self.credentials, self.gate, self.audit)
         store = None
         if settings.memory.enabled:
@@ -354,7 +356,7 @@ class Service:
             # The last one asked for tends to end last: few wake-ups for a whole sweep.
             await self.watchers.wait(waiting[-1], remaining)
 
-    def read_output(
+    async def read_output(
         self, caller: Caller, job_id: int, stream: str = "stdout", offset: int = 0,
         limit: int = 64 * 1024, tail: int | None = None,
     ) -> dict[str, Any]:
@@ -374,14 +376,15 @@ class Service:
             raise NotFound(f"the output of job {job.id} is gone: its lane {job.backend!r} is not offered any more")
         paths = lane.output_paths(job.backend_id)
         path = paths.stdout if stream == "stdout" else paths.stderr
-        page = read_tail(path, tail, limit) if tail is not None else read_page(path, offset, limit)
         # Job output is untrusted: whatever ran may have printed instructions or secrets.
-        found = guard.scan(page["data"], f"job {job.id} {stream}")
-        page["data"] = found.text
-        if found.secrets or found.flagged:
-            page["guard"] = found.report()
-        if found.flagged:
-            reason = f"job {job.id} {stream}: {', '.join(found.injection)}"
+        # The page is cut from the output guarded whole (off the loop: it may be megabytes).
+        got = await asyncio.to_thread(self.outputs.read, f"{job.id}.{stream}", path, job.terminal, offset, limit, tail)
+        page = got.page
+        if got.secrets or got.injection:
+            page["guard"] = {"redacted": got.secrets, "suspected_injection": got.injection}
+        if got.injection:
+            page["data"] = guard.delimit(page["data"], f"job {job.id} {stream}", got.injection)
+            reason = f"job {job.id} {stream}: {', '.join(got.injection)}"
             if self.gate.taint(caller, reason):
                 self.audit.record(caller, "taint", "allow", "guard", [{"reason": reason[:200]}])
         page["stream"] = stream

@@ -48,9 +48,11 @@ async def full_loop(client: Client, workdir: str) -> dict[str, Any]:
     done = data(await client.call_tool("wait_for_job", {"job_id": sub["job_id"], "timeout_s": 30}))
     assert done["reached"] and done["state"] == "COMPLETED" and "job_output" in done["next"]
     out = data(await client.call_tool("job_output", {"job_id": sub["job_id"]}))
-    assert out["data"] == "from-mcp\n" and out["eof"]
+    # always marked as data for the model, flagged or not
+    assert out["data"] == f"<untrusted-data source='job {sub['job_id']} stdout'>\nfrom-mcp\n\n</untrusted-data>"
+    assert out["eof"]
     err = data(await client.call_tool("job_output", {"job_id": sub["job_id"], "stream": "stderr", "tail_lines": 1}))
-    assert err["data"] == "warn\n"
+    assert err["data"].split("\n")[1] == "warn" and err["data"].endswith("</untrusted-data>")
     listed = data(await client.call_tool("list_jobs", {}))
     assert sub["job_id"] in [j["id"] for j in listed["jobs"]]
     status = data(await client.call_tool("job_status", {"job_id": sub["job_id"]}))

@@ -3,7 +3,9 @@ principals' notes, advice drawn from job output): secrets are redacted, suspecte
 prompt injection is flagged and wrapped as untrusted data, and the reading session is
 tainted (corral/safety/gate.py), so the policy can narrow what it does next.
 
-Offline and pattern-based: no model to download. Text is normalized first (NFKC, no
+Secrets are found by detect-secrets' plugins and corral's rules (corral/safety/secrets.py);
+injection by the patterns here. Job output is guarded whole, as it grows, by
+corral/safety/output_guard.py, which uses both. Offline: no model to download. Text is normalized first (NFKC, no
 zero-width or bidi-control characters, Unicode 'tag' characters decoded), so the usual
 tricks of hiding words from a regex do not hide them from this one; base64 runs are
 decoded and scanned too.
@@ -17,23 +19,7 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 
-SECRETS: list[tuple[str, re.Pattern[str]]] = [
-    ("private_key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)")),
-    ("aws_access_key", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
-    ("github_token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{40,})\b")),
-    ("anthropic_key", re.compile(r"\bsk-ant-[A-Za-z0-9_-]{20,}")),
-    ("openai_key", re.compile(r"\bsk-(?:proj-|svcacct-)?[A-Za-z0-9_-]{20,}")),
-    ("google_api_key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b")),
-    ("huggingface_token", re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")),
-    ("slack_token", re.compile(r"\bxox[baprs]-[A-Za-z0-9-]{10,}")),
-    ("jwt", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
-    ("corral_token", re.compile(r"\b(?:crl_[A-Za-z0-9]+_[A-Za-z0-9_-]{16,}|crb_[A-Za-z0-9_=-]{40,})")),
-    ("bearer_header", re.compile(r"(?i)(?<=authorization: bearer )[A-Za-z0-9._~+/=-]{16,}")),
-    ("password_in_url", re.compile(r"(?<=://)[^/\s:@]+:[^/\s@]+(?=@)")),
-    ("assigned_secret", re.compile(
-        r"(?i)\b(?:api[_-]?key|secret(?:[_-]?key)?|access[_-]?token|auth[_-]?token|token|passw(?:or)?d)\b"
-        r"\s*[:=]\s*['\"]?([^\s'\"]{8,})")),
-]
+from . import secrets
 
 _INJECTION: list[tuple[str, str]] = [
     ("override", r"\b(ignore|disregard|forget|override|bypass)\b[\w\s,'-]{0,40}?\b(previous|prior|above|earlier|"
@@ -66,16 +52,8 @@ def normalize(text: str) -> str:
 
 
 def redact(text: str) -> tuple[str, list[str]]:
-    """-> (text with secrets replaced, names of what was found)."""
-    found: list[str] = []
-    for name, pattern in SECRETS:
-        if pattern.search(text):
-            found.append(name)
-            if name == "assigned_secret":
-                text = pattern.sub(lambda m: m.group(0).replace(m.group(1), "[REDACTED]"), text)
-            else:
-                text = pattern.sub("[REDACTED]", text)
-    return text, found
+    """-> (text with secrets replaced, names of what was found): corral/safety/secrets.py."""
+    return secrets.redact(text)
 
 
 def injection(text: str) -> list[str]:
@@ -110,11 +88,18 @@ class Scan:
         return {"redacted": self.secrets, "suspected_injection": self.injection}
 
 
+def delimit(text: str, source: str, kinds: list[str] | None = None) -> str:
+    """``text`` marked as data from ``source``, not instructions (and what was suspected in it)."""
+    flag = f" suspected-injection={','.join(kinds)!r}" if kinds else ""
+    # A closing tag inside the data must not end the data early.
+    body = text.replace("</untrusted-data>", "</untrusted-data\u200b>")
+    return f"<untrusted-data source={source!r}{flag}>\n{body}\n</untrusted-data>"
+
+
 def scan(text: str, source: str) -> Scan:
     """Redact secrets; when injection is suspected, wrap the text as untrusted data."""
     clean, secrets = redact(text)
     kinds = injection(clean)
     if kinds:
-        clean = (f"<untrusted-data source={source!r} suspected-injection={','.join(kinds)!r}>\n"
-                 f"{clean}\n</untrusted-data>")
+        clean = delimit(clean, source, kinds)
     return Scan(clean, secrets, kinds)

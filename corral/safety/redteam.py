@@ -173,3 +173,40 @@ BENIGN_OUTPUT: list[str] = [
     "All 42 tests passed in 3.21s",
 ]
 """Output that looks a little like the above but instructs no one: must pass unflagged."""
+
+
+_ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+SECRET_FORMATS: list[tuple[str, str, int, str]] = [
+    # (name, prefix, length of the random part, alphabet)
+    ("github", "ghp_", 36, _ALNUM), ("github_fine", "github_pat_", 60, _ALNUM + "_"),
+    ("gitlab", "glpat-", 20, _ALNUM), ("openai", "sk-proj-", 40, _ALNUM), ("anthropic", "sk-ant-api03-", 60, _ALNUM),
+    ("aws_id", "AKIA", 16, "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"), ("google", "AIza", 35, _ALNUM + "_-"),
+    ("huggingface", "hf_", 34, _ALNUM), ("npm", "npm_", 36, _ALNUM), ("pypi", "pypi-AgEIcHlwaS5vcmc", 60, _ALNUM),
+    ("stripe", "sk_live_", 24, _ALNUM), ("slack", "xoxb-1234567890-", 24, _ALNUM),
+    ("databricks", "dapi", 32, "0123456789abcdef"), ("sendgrid", "SG.", 22, _ALNUM),
+]
+"""Tokens known by their shape."""
+SECRET_NAMES = ["AWS_SECRET_ACCESS_KEY", "WANDB_API_KEY", "DB_PASSWORD", "client_secret", "NPM_TOKEN",
+                "COMET_API_KEY", "MLFLOW_TRACKING_PASSWORD", "SLURM_JWT", "kaggle_key", "HF_TOKEN"]
+"""Names that say what their (shapeless) value is."""
+
+
+def secret_samples(seed: int = 1) -> list[tuple[str, str]]:
+    """(a line of output holding a secret, the secret): every shape in several
+    settings (bare, assigned, JSON, a URL, a header), every name with a random value."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for name, prefix, n, alphabet in SECRET_FORMATS:
+        s = prefix + "".join(rng.choice(alphabet) for _ in range(n))
+        if name == "sendgrid":
+            s += "." + "".join(rng.choice(_ALNUM) for _ in range(43))
+        out += [(f"found {s} in the environment", s), (f"export TOKEN_{name.upper()}={s}", s),
+                (f'{{"name": "{name}", "value": "{s}"}}', s), (f"Authorization: Bearer {s}", s)]
+    for name in SECRET_NAMES:
+        s = "".join(rng.choice(_ALNUM + "/+") for _ in range(40))
+        out += [(f"{name}={s}", s), (f"{name.lower()}: {s}", s), (f'"{name}": "{s}",', s)]
+    s = "".join(rng.choice(_ALNUM) for _ in range(12))
+    out.append((f"cloning https://alice:{s}@git.example.org/repo.git", s))
+    return out
