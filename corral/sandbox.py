@@ -6,8 +6,8 @@ builds it a private view of the machine from kernel namespaces:
 
 - files: the host read-only; writable only the job's working directory, its output
   directory and a private ``/tmp``; empty: credential locations, corral's own state
-  (its database, token key and every other job's output) and what ``[sandbox] hide``
-  adds;
+  (its database, token key and every other job's output), people's homes other than
+  the job's user's own, and what ``[sandbox] hide`` adds;
 - network: none (a network namespace of its own with only a loopback) unless
   ``[sandbox] network = true``;
 - processes: its own PID namespace (it sees and signals nothing else, and all of it
@@ -67,6 +67,8 @@ class Sandbox:
     pids_max: int = 512
     why_not: str | None = None
     """Why this machine cannot build a sandbox (None: it can)."""
+    homes: tuple[Path, ...] = ()
+    """People's homes: each hidden from a job whose user it does not belong to."""
     own_count: bool = True
     """Whether a job started by root gets a user namespace of its own, in which the
     process limit counts its processes alone (False where unprivileged user namespaces
@@ -124,7 +126,8 @@ class Sandbox:
             ["--unshare-all", *(["--share-net"] if self.network else [])]
         out = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp",
                *spaces, "--die-with-parent", "--new-session"]
-        out += self._hiding  # emptied first: the job's own directories are bound back in after
+        own = _home_of(who[0]) if who is not None else str(Path.home())
+        out += self._hiding(own)  # emptied first: the job's own directories are bound back in after
         if who is not None and readable:  # bwrap made their hidden parents root's, 0700: bound apart
             seen = {f: f"{READ_DIR}/{Path(f).name}" for f in readable}
             out += ["--perms", "0755", "--dir", READ_DIR]
@@ -148,26 +151,45 @@ class Sandbox:
         return [*out, "--", "setpriv", f"--reuid={who[0]}", f"--regid={who[1]}", "--clear-groups", "--inh-caps=-all",
                 "--bounding-set=-all", "--", *(["unshare", "--user", "--map-current-user", "--"] if self.own_count else []), *limit, *argv]
 
-    @functools.cached_property
-    def _hiding(self) -> list[str]:
-        """bwrap's arguments that empty ``hide``: once, not per job (a fast lane starts
-        hundreds a second)."""
+    @functools.lru_cache(maxsize=64)
+    def _hiding(self, own: str | None) -> list[str]:
+        """bwrap's arguments that empty ``hide`` and every home but ``own``: once per
+        home, not per job (a fast lane starts hundreds a second)."""
+        others = [h for h in self.homes if str(h) != own]
         out: list[str] = []
+        for h in others:
+            out += ["--tmpfs", str(h)]
         for p in self.hide:
-            out += ["--tmpfs", str(p)] if p.is_dir() else ["--ro-bind", "/dev/null", str(p)]
+            if not any(p.is_relative_to(h) for h in others):  # already gone with its home
+                out += ["--tmpfs", str(p)] if p.is_dir() else ["--ro-bind", "/dev/null", str(p)]
         return out
 
     def dumps(self) -> str:
         """For a process that starts jobs elsewhere (a fast-lane worker): ``loads`` reads it."""
         return json.dumps({"kinds": sorted(self.kinds), "hide": [str(p) for p in self.hide], "network": self.network,
                            "run_as": self.run_as, "pids_max": self.pids_max, "why_not": self.why_not,
-                           "own_count": self.own_count})
+                           "homes": [str(h) for h in self.homes], "own_count": self.own_count})
 
     @classmethod
     def loads(cls, text: str) -> "Sandbox":
         d = json.loads(text)
-        return cls(frozenset(d["kinds"]), tuple(Path(p) for p in d["hide"] if Path(p).exists()), d["network"],
-                   d["run_as"], d["pids_max"], d["why_not"], d["own_count"])
+        here = lambda ps: tuple(Path(p) for p in ps if Path(p).exists())  # noqa: E731 (this node's)
+        return cls(frozenset(d["kinds"]), here(d["hide"]), d["network"], d["run_as"], d["pids_max"], d["why_not"],
+                   here(d["homes"]), d["own_count"])
+
+
+def _home_of(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        return None
+
+
+def people_homes() -> list[Path]:
+    """Homes of people (uid 1000 and up, or under /home), each hidden from others' jobs."""
+    return sorted({Path(u.pw_dir) for u in pwd.getpwall()
+                   if (u.pw_uid >= 1000 or u.pw_dir.startswith("/home/")) and u.pw_uid != 65534
+                   and Path(u.pw_dir).is_dir() and Path(u.pw_dir) != Path("/")})
 
 
 def homes() -> list[Path]:
@@ -198,8 +220,9 @@ def build(kinds: Sequence[str], extra_hide: Sequence[Path], network: bool, run_a
                                  hint="name an unprivileged user (the default is 'nobody')")
     hide = [Path(p) for p in SYSTEM if Path(p).exists()]
     hide += [h / c for h in homes() for c in CREDENTIALS if (h / c).exists()]
-    hide += [Path(p) for p in (*state, *extra_hide)]
-    box = Sandbox(frozenset(kinds), tuple(dict.fromkeys(hide)), network, run_as, pids_max)
+    hide += [Path(p) for p in (*state, *extra_hide) if Path(p).exists()]
+    box = Sandbox(frozenset(kinds), tuple(dict.fromkeys(hide)), network, run_as, pids_max,
+                  homes=tuple(people_homes()))
     if not kinds:
         return box
     why = probe(box)
@@ -225,7 +248,9 @@ def probe(box: Sandbox) -> str | None:
     except BackendError as e:
         return f"bwrap could not start ({e})"
     if r.returncode != 0:
-        err = (r.stderr or "").strip().splitlines()[-1:] or ["no message"]
-        return (f"bwrap could not build a sandbox ({err[0]}); allow unprivileged user namespaces "
-                "(sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0)")
+        err = ((r.stderr or "").strip().splitlines()[-1:] or ["no message"])[0]
+        if any(w in err.lower() for w in ("namespace", "uid map", "operation not permitted", "permission denied")):
+            return (f"bwrap could not build a sandbox ({err}); allow unprivileged user namespaces "
+                    "(sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0)")
+        return f"bwrap could not build a sandbox ({err})"
     return None

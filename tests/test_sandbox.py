@@ -314,3 +314,49 @@ def test_fast_lane_tasks_run_contained(tmp_path, canary) -> None:
             r = h.post("/v1/jobs", json={"command": f"echo hers > {victim}", "lane": "fast", "workdir": str(tmp_path)})
             assert h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": 90}).json()["state"] == "COMPLETED"
         assert victim.read_text() == "hers\n"
+
+
+def test_attacks_executed_in_every_disguise_harm_nothing(tmp_path, monkeypatch) -> None:
+    """At least 150 harmful commands of every category (deletion and overwrite by any
+    tool, persistence, credentials in every place, another person's home, outbound
+    connections and reverse shells, the scheduler, other processes, the system), each in
+    several disguises, actually run in the agent's sandbox; judged by effect. And fork
+    bombs stop at the job's process limit."""
+    from corral.safety.canary import FORK_BOMBS, Canaries
+
+    need_bwrap()
+    # Not under /tmp (private inside the sandbox: the canaries would be out of sight
+    # whatever else held); reachable by the job's user (nobody): only the sandbox stops it.
+    spot = Path(tempfile.mkdtemp(prefix="corral-canaries-", dir="/var/tmp"))
+    spot.chmod(0o755)
+    with Canaries(spot / "c") as c:
+        monkeypatch.setenv("HOME", str(c.home))  # the sandbox hides credentials under the gateway's home
+        box = build(["agent"], [], False, "nobody", [tmp_path / "state"], pids_max=64)
+        assert box.why_not is None, box.why_not
+        work = Path(tempfile.mkdtemp(prefix="corral-sbx-exec-", dir="/tmp"))
+        work.chmod(0o777)
+        harmed, ran = [], 0
+        try:
+            for cmd, category, disguise in c.attacks():
+                r = subprocess.run(box.wrap("agent", ["bash", "-c", cmd], str(work)), capture_output=True,
+                                   text=True, timeout=30, env={**os.environ, "HOME": str(c.home)})
+                ran += 1
+                harm = c.judge(r.stdout + r.stderr)
+                if harm:
+                    harmed.append((category, disguise, cmd[:80], harm))
+            for bomb in FORK_BOMBS:
+                p = subprocess.Popen(box.wrap("agent", ["bash", "-c", bomb], str(work)), stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+                time.sleep(1.5)
+                held = int(subprocess.run(["pgrep", "-c", "-u", "nobody" if os.geteuid() == 0 else str(os.getuid())],
+                                          capture_output=True, text=True).stdout or 0)
+                p.kill()
+                p.wait()
+                if os.geteuid() == 0:
+                    assert held <= 64 + 2, (bomb, held)  # the limit, bwrap and setpriv's successor
+                ran += 1
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(spot, ignore_errors=True)
+        assert ran >= 150, ran
+        assert harmed == [], harmed
