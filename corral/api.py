@@ -210,6 +210,8 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
                 # Allocations are released first; Dask's own close must not hold the exit.
                 await settle([asyncio.create_task(lane.close(), name=f"lane-{lane.name}-close")
                               for lane in service.lanes], 4.0, cancel=False)
+                if service.egress is not None:
+                    service.egress.close()
 
     app = FastAPI(title="corral", version="0.1.0", lifespan=lifespan, description=(
         "A facility-side gateway through which AI coding agents act on an HPC cluster.\n\n"

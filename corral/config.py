@@ -108,6 +108,7 @@ class SandboxSettings(_Part):
     network: bool = Field(False, description="Whether sandboxed jobs keep the host's network (default: none, only a private loopback).")
     hide: list[Path] = Field(default_factory=list, description="More paths a sandboxed job sees empty, beside the defaults (credentials under every home, munge, Slurm's state, /root, corral's own state). Each must exist.")
     run_as: str = Field("nobody", description="The unprivileged Unix user a sandboxed job runs as when root starts it and its principal has no Unix user of its own.")
+    allow_hosts: list[str] = Field(default_factory=list, description="Hosts a sandboxed job without the host's network may reach, through corral's egress proxy: 'host', 'host:port' or '*.domain' (for example the facility's PyPI mirror). Empty: no way out at all.")
     pids_max: int = Field(512, ge=16, le=1_000_000, description="Most processes and threads one sandboxed job may have at once (a fork bomb stops there).")
 
 

@@ -9,7 +9,8 @@ builds it a private view of the machine from kernel namespaces:
   (its database, token key and every other job's output), people's homes other than
   the job's user's own, and what ``[sandbox] hide`` adds;
 - network: none (a network namespace of its own with only a loopback) unless
-  ``[sandbox] network = true``;
+  ``[sandbox] network = true``; with ``[sandbox] allow_hosts``, the hosts on that list
+  through corral's egress proxy (corral/egress.py), and nothing else;
 - processes: its own PID namespace (it sees and signals nothing else, and all of it
   dies with the job's supervisor), a new session, no capabilities, no new privileges,
   at most ``[sandbox] pids_max`` processes (``RLIMIT_NPROC`` set inside a user namespace
@@ -52,6 +53,13 @@ SYSTEM = ("/root", "/etc/munge", "/run/munge", "/var/run/munge", "/var/lib/munge
 """Machine-wide secrets and scheduler state: made empty where they exist."""
 JOB_DIR = "/tmp/corral-job"
 """Where a job that runs as ``run_as`` finds its own directory."""
+EGRESS_INSIDE = "/tmp/corral-egress.sock"
+PORT_INSIDE = 3128
+_BRIDGE = (f"socat TCP-LISTEN:{PORT_INSIDE},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{EGRESS_INSIDE} & "
+           f"for i in $(seq 200); do (exec 3<>/dev/tcp/127.0.0.1/{PORT_INSIDE}) 2>/dev/null && break; sleep 0.005; "
+           'done; exec "$@"')
+"""Inside a job with the egress proxy: the job's loopback port to the proxy's socket,
+ready before the job starts."""
 READ_DIR = "/tmp/corral-in"
 """Where it finds the files it must read from hidden places (its script)."""
 
@@ -69,6 +77,9 @@ class Sandbox:
     """Why this machine cannot build a sandbox (None: it can)."""
     homes: tuple[Path, ...] = ()
     """People's homes: each hidden from a job whose user it does not belong to."""
+    egress: str | None = None
+    """The egress proxy's socket (corral/egress.py): without the host's network, a job
+    reaches the allow-list through it and nothing else."""
     own_count: bool = True
     """Whether a job started by root gets a user namespace of its own, in which the
     process limit counts its processes alone (False where unprivileged user namespaces
@@ -143,6 +154,12 @@ class Sandbox:
             out += ["--bind", job_dir, inner]
         out += ["--chdir", cwd]
         limit = ["prlimit", f"--nproc={self.pids_max}:{self.pids_max}", "--"]
+        if self.egress and not self.network:
+            url = f"http://127.0.0.1:{PORT_INSIDE}"
+            out += ["--bind", self.egress, EGRESS_INSIDE]
+            for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+                out += ["--setenv", var, url]
+            limit += ["bash", "-c", _BRIDGE, "corral-egress"]
         if who is None:
             return [*out, "--cap-drop", "ALL", "--", *limit, *argv]
         # bwrap builds the namespaces as root (it reads every path it binds), then the job
@@ -168,14 +185,15 @@ class Sandbox:
         """For a process that starts jobs elsewhere (a fast-lane worker): ``loads`` reads it."""
         return json.dumps({"kinds": sorted(self.kinds), "hide": [str(p) for p in self.hide], "network": self.network,
                            "run_as": self.run_as, "pids_max": self.pids_max, "why_not": self.why_not,
-                           "homes": [str(h) for h in self.homes], "own_count": self.own_count})
+                           "homes": [str(h) for h in self.homes], "egress": self.egress,
+                           "own_count": self.own_count})
 
     @classmethod
     def loads(cls, text: str) -> "Sandbox":
         d = json.loads(text)
         here = lambda ps: tuple(Path(p) for p in ps if Path(p).exists())  # noqa: E731 (this node's)
         return cls(frozenset(d["kinds"]), here(d["hide"]), d["network"], d["run_as"], d["pids_max"], d["why_not"],
-                   here(d["homes"]), d["own_count"])
+                   here(d["homes"]), d["egress"], d["own_count"])
 
 
 def _home_of(uid: int) -> str | None:
@@ -202,7 +220,7 @@ def homes() -> list[Path]:
 
 
 def build(kinds: Sequence[str], extra_hide: Sequence[Path], network: bool, run_as: str | None,
-          state: Sequence[Path], pids_max: int = 512) -> Sandbox:
+          state: Sequence[Path], pids_max: int = 512, egress: Path | None = None) -> Sandbox:
     """The facility's sandbox, probed once at start-up. ``state``: corral's own
     directories (hidden from every sandboxed job; a job's own directory is bound back)."""
     missing = [p for p in extra_hide if not p.exists()]
@@ -222,7 +240,7 @@ def build(kinds: Sequence[str], extra_hide: Sequence[Path], network: bool, run_a
     hide += [h / c for h in homes() for c in CREDENTIALS if (h / c).exists()]
     hide += [Path(p) for p in (*state, *extra_hide) if Path(p).exists()]
     box = Sandbox(frozenset(kinds), tuple(dict.fromkeys(hide)), network, run_as, pids_max,
-                  homes=tuple(people_homes()))
+                  homes=tuple(people_homes()), egress=str(egress) if egress else None)
     if not kinds:
         return box
     why = probe(box)
@@ -241,6 +259,8 @@ def probe(box: Sandbox) -> str | None:
     for tool in ("setpriv", "prlimit", "unshare"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed (apt-get install util-linux)"
+    if box.egress and shutil.which("socat") is None:
+        return "socat is not installed (apt-get install socat): [sandbox] allow_hosts needs it"
     try:
         r = proc.run(box.wrap(next(iter(box.kinds)), ["true"], "/tmp"), timeout=20, check=False)
     except SandboxUnavailable as e:

@@ -23,6 +23,7 @@ from .clock import Clock
 from .config import Settings
 from .db import Database
 from .errors import InvalidRequest
+from .egress import Egress
 from .sandbox import Sandbox, build
 from .service import Service
 
@@ -43,14 +44,16 @@ def setup_logging(settings: Settings) -> None:
     root.addHandler(filelog)
 
 
-def _sandbox(settings: Settings, state: list[Path]) -> Sandbox:
+def _sandbox(settings: Settings, state: list[Path]) -> tuple[Sandbox, Egress | None]:
     sb = settings.sandbox
+    egress = Egress(settings.home / "egress", sb.allow_hosts) if sb.allow_hosts and sb.kinds and not sb.network \
+        else None
     sandbox = build(sb.kinds, sb.hide, sb.network, sb.run_as, [settings.home, settings.db_path.parent, *state],
-                    sb.pids_max)
+                    sb.pids_max, egress.socket if egress else None)
     if sandbox.why_not:
         log.error("sandbox: %s; jobs of %s will be refused until it is fixed or [sandbox] kinds is changed",
                   sandbox.why_not, ", ".join(sorted(sandbox.kinds)))
-    return sandbox
+    return sandbox, egress
 
 
 def build_service(settings: Settings, clock: Clock | None = None) -> Service:
@@ -62,13 +65,13 @@ def build_service(settings: Settings, clock: Clock | None = None) -> Service:
 
         s = settings.slurm
         jobs = s.jobs_dir or settings.home / "slurm" / "jobs"
-        sandbox = _sandbox(settings, [Path(jobs)])
+        sandbox, egress = _sandbox(settings, [Path(jobs)])
         backend = SlurmBackend(jobs, s.conf, s.agent_nice, s.agent_qos, s.timeout_s, s.poll_s, sandbox=sandbox)
-        return Service(settings, db, backend, clock=clock, sandbox=sandbox)
-    sandbox = _sandbox(settings, [])
+        return Service(settings, db, backend, clock=clock, sandbox=sandbox, egress=egress)
+    sandbox, egress = _sandbox(settings, [])
     backend = LocalBackend(settings.home / "local", settings.local_cpus, settings.local_memory_mb,
                            settings.local_max_walltime_s, sandbox)
-    return Service(settings, db, backend, clock=clock, sandbox=sandbox)
+    return Service(settings, db, backend, clock=clock, sandbox=sandbox, egress=egress)
 
 
 def port_taken(host: str, port: int) -> str | None:

