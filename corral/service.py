@@ -137,9 +137,11 @@ class Service:
         distinct = {t: specs[i] for t, i in first.items()}
         default = await asyncio.to_thread(self._preflight, {first[t]: s for t, s in distinct.items()}, where)
         rule = "default"
+        contained = self.sandbox is not None and self.sandbox.applies(caller.principal.kind.value) \
+            and self.sandbox.why_not is None
         for t, s in distinct.items():
             with _prefixed(where(first[t])):
-                resource = job_resource(s, caller.name)
+                resource = job_resource(s, caller.name, contained)
                 if not resource["partition"]:  # decided as where it will run: the default partition
                     resource["partition"] = default
                 text = job_text(s)

@@ -72,7 +72,8 @@ def test_risk_reads_stdin_and_gives_the_policy_decision(tmp_path) -> None:
     cp = corral("risk", "--json", home=tmp_path, stdin="ls -la\nchmod -R 777 /scratch/x\n")
     rows = [json.loads(x) for x in cp.stdout.splitlines()]
     assert [r["decision"] for r in rows] == ["allow", "deny"]
-    assert rows[1]["rule"] == "agents-review-first" and rows[1]["tags"] == ["recursive_permissions"]
+    assert rows[1]["rule"] == "agents-review-first,uncontained-agents-write-inside"
+    assert rows[1]["tags"] == ["recursive_permissions", "writes_outside"]
 
 
 def test_groups_and_time_reach_the_policy() -> None:

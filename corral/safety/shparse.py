@@ -83,6 +83,12 @@ def _simple(node: Node, out: list[list[list[str]]]) -> list[str]:
             return []
         argv = _simple(body, out)
         for r in node.named_children:
+            if r.type == "file_redirect" and any(">" in c.type for c in r.children):
+                # A write by the shell itself: a pseudo-command ``>`` with its target,
+                # so that writes are judged by where they go, whatever the program.
+                dest = [c for c in r.named_children if c.type not in ("file_descriptor", "number")]
+                if dest:
+                    out.append([[">", unquote(_text(dest[0]))]])
             if r.type == "heredoc_redirect" and argv and argv[0].rsplit("/", 1)[-1] in SHELLS:
                 for b in r.named_children:
                     if b.type == "heredoc_body":

@@ -87,7 +87,8 @@ def _job_attrs(r: dict[str, Any]) -> dict[str, Any]:
     return {"owner": str(r.get("owner", "")), "partition": str(r.get("partition") or ""),
             "cpus": int(r.get("cpus", 1)), "gpus": int(r.get("gpus", 0)),
             "walltime_s": int(r.get("walltime_s", 3600)), "memory_mb": int(r.get("memory_mb", 0)),
-            "lane": str(r.get("lane") or "batch"), "paths": [str(x) for x in r.get("paths") or []]}
+            "lane": str(r.get("lane") or "batch"), "paths": [str(x) for x in r.get("paths") or []],
+            "contained": bool(r.get("contained", False))}
 
 
 class Policy:
@@ -157,7 +158,7 @@ class Policy:
 _DEFAULT: Policy | None = None
 
 
-def agent_verdict(tags: list[str], policy: Policy | None = None) -> Decision:
+def agent_verdict(tags: list[str], policy: Policy | None = None, contained: bool = False) -> Decision:
     """The decision on an agent submitting a job with these risk tags (default policy
     unless given): what ``corral risk`` reports and the red-team suite counts."""
     global _DEFAULT
@@ -165,4 +166,5 @@ def agent_verdict(tags: list[str], policy: Policy | None = None) -> Decision:
         _DEFAULT = _DEFAULT or Policy.load(None)
         policy = _DEFAULT
     return policy.decide(Request(kind="agent", name="agent", action="submit", sponsor="someone",
-                                 resource={"cpus": 1, "walltime_s": 600}, risk_tags=sorted(tags), at=0.0))
+                                 resource={"cpus": 1, "walltime_s": 600, "contained": contained},
+                                 risk_tags=sorted(tags), at=0.0))
