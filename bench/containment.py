@@ -90,7 +90,12 @@ def fresh_dir() -> str:
 
 
 def as_job_user() -> list[str]:
-    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+    """Bare, but as the job's user and without the network (as the sandbox's default):
+    "broken" then counts what the sandbox's files and processes break, not the network,
+    which it cuts on purpose (the egress allow-list is what lets pip reach a mirror)."""
+    if os.geteuid() == 0:
+        return ["unshare", "--net", "--", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    return ["unshare", "--user", "--net", "--map-current-user", "--"]
 
 
 def agent_commands(box: Sandbox, n: int) -> tuple[int, list[str]]:
@@ -104,7 +109,8 @@ def agent_commands(box: Sandbox, n: int) -> tuple[int, list[str]]:
             work = fresh_dir()
             try:
                 r = subprocess.run(wrap(["bash", "-c", cmd], work), cwd=work, capture_output=True, text=True,
-                                   timeout=20, stdin=subprocess.DEVNULL)
+                                   timeout=10, stdin=subprocess.DEVNULL,
+                                   env={**os.environ, "PIP_RETRIES": "0", "PIP_TIMEOUT": "2"})  # no network: fail fast
                 codes.append(r.returncode)
             except subprocess.TimeoutExpired:
                 codes.append(-1)
