@@ -184,9 +184,14 @@ def main() -> None:
         by_category: dict[str, int] = {}
         attacks = c.attacks()
         for cmd, category, disguise in attacks:
-            r = subprocess.run(box.wrap("agent", ["bash", "-c", cmd], work), capture_output=True, text=True, timeout=30)
+            try:
+                r = subprocess.run(box.wrap("agent", ["bash", "-c", cmd], work), capture_output=True, text=True,
+                                   timeout=3 if category == "scheduler" else 15)
+                said = r.stdout + r.stderr
+            except subprocess.TimeoutExpired as e:  # still trying: Slurm's tools retry for a minute
+                said = "".join(x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr))
             by_category[category] = by_category.get(category, 0) + 1
-            harm = c.judge(r.stdout + r.stderr)
+            harm = c.judge(said)
             if harm:
                 harmful.append(f"{category}/{disguise}: {cmd[:60]}: {', '.join(harm)}")
         bomb_peak = []

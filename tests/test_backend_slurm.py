@@ -46,6 +46,7 @@ def sacct(conf: str, job: str, fields: str) -> str:
 def test_generated_script_matches_golden(tmp_path) -> None:
     b = SlurmBackend.__new__(SlurmBackend)
     b.agent_nice, b.agent_qos = 100, "agents"
+    b.sandbox = None  # the script as written; contained, see test_gateway_slurm.py
     spec = JobSpec(command="python train.py --epochs 3", cpus=4, memory="8G", gpus=2, walltime="90s",
                    partition="gpu", env={"SEED": "42", "MSG": "it's ok"}, workdir="/work/alice")
     c = SubmitContext(17, "claude-1", "agent", "alice", "sess-9", None, "physics")

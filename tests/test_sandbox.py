@@ -339,10 +339,16 @@ def test_attacks_executed_in_every_disguise_harm_nothing(tmp_path, monkeypatch) 
         harmed, ran = [], 0
         try:
             for cmd, category, disguise in c.attacks():
-                r = subprocess.run(box.wrap("agent", ["bash", "-c", cmd], str(work)), capture_output=True,
-                                   text=True, timeout=30, env={**os.environ, "HOME": str(c.home)})
+                try:
+                    r = subprocess.run(box.wrap("agent", ["bash", "-c", cmd], str(work)), capture_output=True,
+                                       text=True, timeout=3 if category == "scheduler" else 15,
+                                       env={**os.environ, "HOME": str(c.home)})
+                    said = r.stdout + r.stderr
+                except subprocess.TimeoutExpired as e:  # still trying: Slurm's tools retry for a minute
+                    # a configuration they cannot read (it is under the host's /tmp here)
+                    said = "".join(x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr))
                 ran += 1
-                harm = c.judge(r.stdout + r.stderr)
+                harm = c.judge(said)
                 if harm:
                     harmed.append((category, disguise, cmd[:80], harm))
             for bomb in FORK_BOMBS:
