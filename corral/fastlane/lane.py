@@ -71,7 +71,8 @@ class FastLane:
         self._env = base_env()
         self._envs: dict[tuple[Any, ...], dict[str, str]] = {}
         self.sandbox = sandbox
-        """Contains the tasks of the kinds it names; its workers read it from ``sandbox_file``."""
+        """Contains the tasks of the kinds it names; a pool writes it beside itself
+        (``launcher.SANDBOX_FILE``) for its workers, which wrap each task."""
 
     # -- routing --------------------------------------------------------------------
     def shape(self, partition: str | None) -> Shape:

@@ -149,7 +149,7 @@ class Policy:
              "resource": {"type": f"Corral::{req.resource_type}", "id": rid}, "context": context},
             self._ps, entities)
         d = result.diagnostics
-        named = [d.id_annotations_by_reason.get(r, r) for r in d.reasons]
+        named = sorted(d.id_annotations_by_reason.get(r, r) for r in d.reasons)  # Cedar's order varies
         if result.allowed:
             return Decision(True, ",".join(named) or "allow", tuple(d.errors))
         return Decision(False, ",".join(named) or "default-deny", tuple(d.errors))
