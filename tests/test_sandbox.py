@@ -125,13 +125,12 @@ def test_secrets_and_corral_state_are_not_readable(gateway: Gateway, canary) -> 
     assert ran >= 4, ran
 
 
-def test_no_connection_leaves_the_sandbox(gateway: Gateway, canary) -> None:
-    t = pair(gateway)
+def canary_listener() -> tuple[socket.socket, list[bytes]]:
+    """A listener on loopback and what reached it (closing the socket ends its thread)."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
     listener.settimeout(0.2)
-    port = listener.getsockname()[1]
     heard: list[bytes] = []
 
     def accept() -> None:
@@ -142,10 +141,17 @@ def test_no_connection_leaves_the_sandbox(gateway: Gateway, canary) -> None:
                 continue
             except OSError:
                 return
-            heard.append(conn.recv(100))
+            heard.append(conn.recv(100) or b"(connected)")
             conn.close()
 
     threading.Thread(target=accept, daemon=True).start()
+    return listener, heard
+
+
+def test_no_connection_leaves_the_sandbox(gateway: Gateway, canary) -> None:
+    t = pair(gateway)
+    listener, heard = canary_listener()
+    port = listener.getsockname()[1]
     try:
         for cmd in (f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 2).send(b'x')\"",
                     f"bash -c 'echo leak > /dev/tcp/127.0.0.1/{port}'",
@@ -394,24 +400,7 @@ def test_egress_reaches_the_allow_list_and_nothing_else(tmp_path, canary) -> Non
     need_bwrap()
     mirror = subprocess.Popen([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"],
                               cwd=_mirror(tmp_path / "mirror"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    listener.settimeout(0.2)
-    heard: list[bytes] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            heard.append(conn.recv(100) or b"(connected)")
-            conn.close()
-
-    threading.Thread(target=accept, daemon=True).start()
+    listener, heard = canary_listener()
     try:
         line = mirror.stdout.readline() if mirror.stdout else ""
         mport = int(line.split("port ")[1].split()[0])
