@@ -113,7 +113,7 @@ LAZY = {
     "remember": "corral.memory.commands:remember", "recall": "corral.memory.commands:recall",
     "advice": "corral.memory.commands:advice", "risk": "corral.safety.commands:risk",
     "audit": "corral.safety.audit_commands:audit", "token": "corral.safety.token_commands:token",
-    "policy": "corral.safety.policy_commands:policy",
+    "policy": "corral.safety.policy_commands:policy", "sandbox": "corral.sandbox_commands:sandbox",
 }
 """Commands imported when called, not at start (they pull in polars, Cedar, tree-sitter)."""
 

@@ -5,6 +5,7 @@ working. Needs bwrap (scripts/sandbox-up); under CI its absence fails the run.""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -428,3 +429,29 @@ def test_egress_reaches_the_allow_list_and_nothing_else(tmp_path, canary) -> Non
         mirror.kill()
         listener.close()
     assert heard == []
+
+
+def test_an_admin_sees_and_tries_the_sandbox_from_the_cli(tmp_path) -> None:
+    """`corral sandbox show` says what this machine builds; `corral sandbox run` runs a
+    command as an agent's job would (credentials empty, the host read-only, never root)."""
+    need_bwrap()
+    home = Path(tempfile.mkdtemp(prefix="corral-cli-sbx-", dir="/var/tmp"))  # not /tmp: private inside
+    try:
+        (home / ".ssh").mkdir()
+        (home / ".ssh" / "id_ed25519").write_text(SECRET)
+        home.chmod(0o755)
+        env = {**os.environ, "HOME": str(home), "CORRAL_HOME": str(tmp_path / "corral")}
+        cli = [sys.executable, "-m", "corral.cli"]
+        shown = json.loads(subprocess.run([*cli, "--json", "sandbox", "show"], env=env, capture_output=True,
+                                          text=True, check=True).stdout)
+        assert shown["available"] and shown["pids_max"] == 512 and str(home / ".ssh") in shown["hidden"]
+        r = subprocess.run([*cli, "sandbox", "run", "--", "bash", "-c",
+                            f"cat {home}/.ssh/id_ed25519; echo x > /etc/corral-cli-canary; id -u; exit 3"],
+                           env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 3 and SECRET not in r.stdout + r.stderr, r
+        assert r.stdout.split()[-1] != "0" and not Path("/etc/corral-cli-canary").exists()
+        bad = subprocess.run([*cli, "sandbox", "run", "--kind", "human", "--", "true"], env=env, capture_output=True,
+                             text=True)
+        assert bad.returncode == 2 and "not contained" in bad.stderr
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
