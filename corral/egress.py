@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from .errors import BackendError
+
 log = logging.getLogger(__name__)
 
 
@@ -56,7 +58,8 @@ class Egress:
         deadline = time.monotonic() + 20
         while not self.socket.exists():
             if self._proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the egress proxy did not start; see {directory / 'proxy.log'}")
+                raise BackendError(f"the egress proxy did not start; see {directory / 'proxy.log'}",
+                                   hint="or empty [sandbox] allow_hosts to run without it (no network for jobs)")
             time.sleep(0.05)
         self.socket.chmod(0o666)
 
