@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from . import proc
 from .errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -52,9 +53,9 @@ class Egress:
         directory.chmod(0o755)  # the jobs' users connect to the socket
         self.socket = directory / "proxy.sock"
         self.socket.unlink(missing_ok=True)
-        self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+        self._proc: subprocess.Popen[bytes] | None = proc.spawn(
             [sys.executable, "-m", "corral.egress", "--socket", str(self.socket), "--allow", ",".join(self.allow)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(directory / "proxy.log", "ab"))
+            stderr=directory / "proxy.log")
         deadline = time.monotonic() + 20
         while not self.socket.exists():
             if self._proc.poll() is not None or time.monotonic() > deadline:
@@ -108,12 +109,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--socket", required=True, type=Path)
     ap.add_argument("--allow", default="")
     a = ap.parse_args(argv)
-    import ctypes
-    import signal
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: dies with the gateway
-    if os.getppid() == 1:
-        sys.exit(0)
+    proc.die_with_parent()
     os.environ["CORRAL_EGRESS_ALLOW"] = a.allow
     import proxy
 

@@ -53,9 +53,9 @@ class Service:
                  clock: Clock | None = None, sandbox: Sandbox | None = None, egress: "Egress | None" = None) -> None:
         self.settings = settings
         self.sandbox = sandbox
+        """What contains jobs (the backends and the fast lane apply it); None: nothing is contained."""
         self.egress = egress
         """The sandbox's egress proxy, when the facility allows some hosts; closed with the gateway."""
-        """What contains jobs (the backend applies it); None where this backend does not yet."""
         self.db = db
         self.metrics = metrics or Metrics()
         self.watchers = Watchers(self.metrics)

@@ -106,6 +106,14 @@ def argv_for(command: str) -> list[str]:
     return ["/bin/bash", "-c", command]
 
 
+@functools.lru_cache(maxsize=4096)
+def contained_argv_for(command: str) -> list[str]:
+    """``argv_for`` for a task in the sandbox: a program is looked up on PATH inside
+    (hidden places are empty there), not at the path argv_for found outside."""
+    argv = argv_for(command)
+    return argv if argv[:2] == ["/bin/bash", "-c"] else shlex.split(command)
+
+
 _OUT = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
 
 
@@ -240,12 +248,8 @@ class Launcher:
                 why = "this worker was started without the facility's sandbox: the gateway must restart its pool"
                 self._put(batch, i, self._end(s, "FAILED", None, start, start, 0.0, why))
                 return None
-            # A program is looked up on PATH inside (hidden places are empty there), not
-            # at the path argv_for found outside.
-            inner = argv_for(command)
-            inner = inner if inner[:2] == ["/bin/bash", "-c"] else shlex.split(command)
-            argv = self.sandbox.wrap(contain["kind"], inner, s.get("workdir") or "/tmp", None,
-                                     contain["user"], readable=contain["readable"])
+            argv = self.sandbox.wrap(contain["kind"], contained_argv_for(command), s.get("workdir") or "/tmp",
+                                     None, contain["user"], readable=contain["readable"])
             argv[0] = self._bwrap
         else:
             if s.get("workdir"):  # posix_spawn cannot chdir: the shell does

@@ -25,6 +25,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import proc
 from ..clock import Clock
 from ..config import SafetySettings
 from ..errors import CorralError, Forbidden, RateLimited
@@ -60,16 +61,9 @@ def job_text(spec: JobSpec) -> str:
 def _parser_start() -> None:
     """In the parser process. Niced: parsing a hostile 256 KiB script takes a core for
     ~0.1 s, and the event loop that answers every other agent must get the CPU first.
-    And it dies with the gateway: killed with SIGKILL, a gateway left it running (seen
-    using CPU an hour later)."""
-    import ctypes
-    import signal
-
+    And it dies with the gateway."""
     os.nice(10)
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:  # the gateway died before the line above
-        os._exit(0)
+    proc.die_with_parent()
 
 
 class Gate:

@@ -98,8 +98,8 @@ def delimit(text: str, source: str, kinds: list[str] | None = None) -> str:
 
 def scan(text: str, source: str) -> Scan:
     """Redact secrets; when injection is suspected, wrap the text as untrusted data."""
-    clean, secrets = redact(text)
+    clean, found = redact(text)
     kinds = injection(clean)
     if kinds:
         clean = delimit(clean, source, kinds)
-    return Scan(clean, secrets, kinds)
+    return Scan(clean, found, kinds)

@@ -20,7 +20,6 @@ its progress (a crash between the two) is cut back before the next append.
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 from collections import defaultdict
@@ -28,12 +27,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..backends.local_runner import write_json
 from ..output import read_page, read_tail
 from . import guard
+from . import secrets
 from .secrets import KEY_BLOCK_MAX, MAX_LINE, REDACTED
 
-_BEGIN = re.compile(rb"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY( BLOCK)?-----")
-_END = re.compile(rb"-----END [A-Z0-9 ]{0,40}PRIVATE KEY( BLOCK)?-----")
+# The raw file is bytes: secrets.py's own key-block patterns, compiled for bytes.
+_BEGIN = re.compile(secrets.BEGIN.pattern.encode())
+_END = re.compile(secrets.END.pattern.encode())
 
 CHUNK = 1024 * 1024
 WINDOW = 64 * 1024
@@ -134,9 +136,7 @@ class OutputGuard:
         prog.size += len(out)
         prog.secrets = list(dict.fromkeys(prog.secrets + kinds))
         prog.done = final and n == len(data)
-        tmp = state.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(prog)))
-        os.replace(tmp, state)
+        write_json(state, asdict(prog))
         return prog
 
 

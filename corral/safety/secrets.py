@@ -29,8 +29,8 @@ KEY_BLOCK_MAX = 8192
 MAX_LINE = 16384
 REDACTED = "[REDACTED]"
 
-_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY( BLOCK)?-----")
-_END = re.compile(r"-----END [A-Z0-9 ]{0,40}PRIVATE KEY( BLOCK)?-----")
+BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY( BLOCK)?-----")
+END = re.compile(r"-----END [A-Z0-9 ]{0,40}PRIVATE KEY( BLOCK)?-----")
 KEYWORDS = ("key", "secret", "token", "pass", "pwd", "auth", "cred", "bearer", "jwt", "://")
 _RUN = re.compile(r"[A-Za-z0-9+/=_-]{20,}")
 _TOKEN_LEFT = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_~.-")
@@ -172,7 +172,7 @@ def _redact_lines(text: str) -> tuple[str, list[str]]:
 def key_block_end(text: str, begin: int) -> int:
     """Where a private-key block that starts at ``begin`` ends: after its END line, or
     at the end of the line that reaches ``KEY_BLOCK_MAX``."""
-    end = _END.search(text, begin, begin + KEY_BLOCK_MAX)
+    end = END.search(text, begin, begin + KEY_BLOCK_MAX)
     if end:
         return end.end()
     nl = text.find("\n", begin + KEY_BLOCK_MAX, begin + KEY_BLOCK_MAX + MAX_LINE)
@@ -185,7 +185,7 @@ def redact(text: str) -> tuple[str, list[str]]:
     kinds: list[str] = []
     pos = 0
     while pos < len(text):
-        m = _BEGIN.search(text, pos)
+        m = BEGIN.search(text, pos)
         stop = m.start() if m else len(text)
         clean, found = _redact_lines(text[pos:stop])
         out.append(clean)
