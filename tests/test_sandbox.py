@@ -324,6 +324,57 @@ def test_fast_lane_tasks_run_contained(tmp_path, canary) -> None:
         assert victim.read_text() == "hers\n"
 
 
+def test_contained_tasks_start_in_one_sandbox_per_key(tmp_path) -> None:
+    """The launcher builds one sandbox per (kind, user, principal, workdir) and starts
+    every task of that key in it: outputs, exit codes, a script read through an fd,
+    a program that does not exist, walltime, memory and cancel all hold as for bare
+    tasks; a second principal gets a sandbox of its own; a sandbox that is killed fails
+    the tasks it held, saying so."""
+    from corral.fastlane.launcher import Launcher, Slots
+
+    need_bwrap()
+    box = build(["agent"], [], False, "nobody", [tmp_path], pids_max=64)
+    assert box.why_not is None, box.why_not
+    work = Path(tempfile.mkdtemp(prefix="corral-hosted-", dir="/tmp"))
+    work.chmod(0o777)
+    (tmp_path / "s.sh").write_text("#!/bin/bash\necho script $(id -u) $PWD\n")
+    (tmp_path / "s.sh").chmod(0o755)
+    la = Launcher(Slots(8, 4000), sandbox=box)
+
+    def spec(jid: int, command: str, who: str = "bot1", readable: tuple[str, ...] = (), **kw: object) -> dict:
+        return {"job_id": jid, "command": command, "cpus": 1, "memory_mb": 100, "gpus": 0, "walltime_s": 60,
+                "env": {"PATH": "/usr/bin:/bin", "FOO": "bar"}, "dir": str(tmp_path), "workdir": str(work),
+                "contain": {"kind": "agent", "user": None, "principal": who, "readable": list(readable)}, **kw}
+
+    try:
+        out = {r["job_id"]: r for r in la.run_batch([
+            spec(1, "id -u; echo $FOO; touch here"), spec(2, "exit 3"), spec(3, "/no/such/program"),
+            spec(4, str(tmp_path / "s.sh"), readable=(str(tmp_path / "s.sh"),)), spec(5, "cat /etc/shadow"),
+            spec(6, "echo other", who="bot2")])}
+        text = {j: (tmp_path / f"{j}.out").read_text() for j in out}
+        uid, foo = text[1].split()
+        assert out[1]["state"] == "COMPLETED" and foo == "bar" and (work / "here").exists()
+        assert uid != "0" and (os.geteuid() != 0 or uid == "65534")  # never root: run_as, when root starts it
+        assert out[2]["exit_code"] == 3 and out[3]["exit_code"] == 127
+        assert text[4].split() == ["script", uid, str(work)]
+        assert out[5]["state"] == "FAILED" and "Permission denied" in (tmp_path / "5.err").read_text()
+        assert text[6] == "other\n"
+        assert la._hosts is not None and len(la._hosts.by_key) == 2  # bot1's and bot2's
+        hog = "python3 -c 'x = bytearray(300 * 2**20); import time; time.sleep(30)'"
+        threading.Timer(0.5, la.cancel, args=([9],)).start()
+        out = {r["job_id"]: r for r in la.run_batch([spec(7, "sleep 30", walltime_s=1), spec(8, hog, memory_mb=50),
+                                                     spec(9, "sleep 30")])}
+        assert out[7]["state"] == "TIMEOUT" and out[8]["state"] == "OUT_OF_MEMORY" and out[9]["state"] == "CANCELLED"
+        host = la._hosts.by_key[("agent", None, "bot1", str(work))]
+        threading.Timer(0.5, host.proc.kill).start()
+        end = la.run_batch([spec(10, "sleep 30")])[0]
+        assert end["state"] == "FAILED" and "its sandbox ended" in end["reason"], end
+        assert la.run_batch([spec(11, "echo again")])[0]["state"] == "COMPLETED"  # built anew
+    finally:
+        la.kill_all()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def test_attacks_executed_in_every_disguise_harm_nothing(tmp_path, monkeypatch) -> None:
     """At least 150 harmful commands of every category (deletion and overwrite by any
     tool, persistence, credentials in every place, another person's home, outbound

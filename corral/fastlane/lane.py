@@ -231,7 +231,7 @@ class FastLane:
             "workdir": spec.workdir}
         if self.sandbox is not None and self.sandbox.applies(ctx.kind):
             # The worker wraps it (corral/sandbox.py), as who it runs as decides how.
-            task["contain"] = {"kind": ctx.kind, "user": ctx.unix_user,
+            task["contain"] = {"kind": ctx.kind, "user": ctx.unix_user, "principal": ctx.principal,
                                "readable": [str(pool.dir / f"{ctx.job_id}.sh")] if spec.script else []}
         pool.enqueue(Task(ctx.job_id, task, idempotent=bool(spec.idempotent)))
         return bid

@@ -29,7 +29,6 @@ import pickle
 import queue
 import select
 import shlex
-import shutil
 import signal
 import threading
 import time
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..backends.local_runner import trees_rss_mb
+from .hosts import Host, Hosts
 
 if TYPE_CHECKING:
     from ..sandbox import Sandbox
@@ -90,6 +90,9 @@ class _Running:
     gpus: list[str]
     state: str | None = None
     reason: str | None = None
+    host: Host | None = None
+    """The sandbox it runs in (a contained task; ``pid`` is then its pid outside, 0
+    until the memory police has looked it up, and ``pidfd`` its key, below 0)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -129,7 +132,7 @@ class Launcher:
         self.free = Slots(slots.cpus, slots.memory_mb, list(slots.gpus))
         self.sandbox = sandbox
         """Wraps the tasks that come marked ``contain`` (corral/sandbox.py); without it they fail."""
-        self._bwrap = shutil.which("bwrap") or "bwrap"  # posix_spawn does not search PATH
+        self._hosts = Hosts(sandbox) if sandbox is not None else None
         self.report = report
         """Called with what started and ended since its last call (at most every
         ``REPORT_S``, and at once when a batch completes, before that batch returns); the
@@ -176,6 +179,8 @@ class Launcher:
             pass  # the pipe is full: the loop is awake anyway
 
     def kill_all(self) -> None:
+        if self._hosts is not None:
+            self._hosts.close()
         for pid in list(self._pids):
             try:
                 os.killpg(pid, signal.SIGKILL)
@@ -243,18 +248,10 @@ class Launcher:
         command, contain = s["command"], s.get("contain")
         start = time.time()
         if contain is not None:
-            if self.sandbox is None:  # fail closed: never run a contained task bare
-                self.free.gpus = gpus + self.free.gpus
-                why = "this worker was started without the facility's sandbox: the gateway must restart its pool"
-                self._put(batch, i, self._end(s, "FAILED", None, start, start, 0.0, why))
-                return None
-            argv = self.sandbox.wrap(contain["kind"], contained_argv_for(command), s.get("workdir") or "/tmp",
-                                     None, contain["user"], readable=contain["readable"])
-            argv[0] = self._bwrap
-        else:
-            if s.get("workdir"):  # posix_spawn cannot chdir: the shell does
-                command = f"cd {shlex.quote(s['workdir'])} && {command}"
-            argv = argv_for(command)
+            return self._start_contained(s, batch, i, ep, env, gpus, start)
+        if s.get("workdir"):  # posix_spawn cannot chdir: the shell does
+            command = f"cd {shlex.quote(s['workdir'])} && {command}"
+        argv = argv_for(command)
         try:
             # The child opens its own output files: the (GIL-bound) worker does not.
             pid = os.posix_spawn(argv[0], argv, env, setsid=True,
@@ -276,6 +273,43 @@ class Launcher:
         ep.register(pidfd, select.EPOLLIN)
         return _Running(s, batch, i, pid, pidfd, start, gpus)
 
+    def _start_contained(self, s: dict[str, Any], batch: _Batch, i: int, ep: select.epoll, env: dict[str, str],
+                         gpus: list[str], start: float) -> _Running | None:
+        """Start it in its key's sandbox (corral/fastlane/hosts.py), built on first use."""
+        d, jid, contain = s["dir"], s["job_id"], s["contain"]
+        if self._hosts is None:  # fail closed: never run a contained task bare
+            self.free.gpus = gpus + self.free.gpus
+            why = "this worker was started without the facility's sandbox: the gateway must restart its pool"
+            self._put(batch, i, self._end(s, "FAILED", None, start, start, 0.0, why))
+            return None
+        argv = contained_argv_for(s["command"])
+        fds: list[int] = []
+        try:
+            host, new = self._hosts.get((contain["kind"], contain["user"], contain.get("principal"),
+                                         s.get("workdir") or "/tmp"), d)
+            if new:
+                ep.register(host.fileno(), select.EPOLLIN)
+            fds = [os.open(f"{d}/{jid}.out", _OUT, 0o644), os.open(f"{d}/{jid}.err", _OUT, 0o644)]
+            for n, f in enumerate(contain["readable"]):  # its script, in corral's (hidden) state
+                fds.append(os.open(f, os.O_RDONLY))
+                argv = [f"/dev/fd/{3 + n}" if a == f else a for a in argv]
+            host.start(jid, argv, env, fds)
+        except OSError as e:
+            self.free.gpus = gpus + self.free.gpus
+            why = f"could not start it in its sandbox (output in {d}): {e.strerror or e}"
+            self._put(batch, i, self._end(s, "FAILED", None, start, time.time(), 0.0, why))
+            return None
+        finally:
+            for f in fds:
+                os.close(f)
+        self._note(d, f'{{"job_id":{jid},"event":"started","start":{start!r}}}\n')
+        self._started.append([jid, start])
+        self.free.cpus -= s["cpus"]
+        self.free.memory_mb -= s["memory_mb"]
+        r = _Running(s, batch, i, 0, -jid, start, gpus, host=host)
+        host.tasks[jid] = r
+        return r
+
     def _end(self, s: dict[str, Any], state: str, code: int | None, start: float, end: float,
                cpu_s: float, reason: str | None) -> dict[str, Any]:
         rec = {"job_id": s["job_id"], "event": "ended", "state": state, "exit_code": code, "start": start,
@@ -289,21 +323,53 @@ class Launcher:
         os.close(r.pidfd)
         _, status, ru = os.wait4(r.pid, 0)
         self._pids.discard(r.pid)
+        return self._release(r, os.waitstatus_to_exitcode(status), ru.ru_utime + ru.ru_stime)
+
+    def _release(self, r: _Running, code: int, cpu_s: float, why: str | None = None) -> dict[str, Any]:
+        """Its slots back; -> the facts of its end (``code`` as waitstatus_to_exitcode gives)."""
         end = time.time()
-        code = os.waitstatus_to_exitcode(status)
         code = 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
         s = r.spec
         self.free.cpus += s["cpus"]
         self.free.memory_mb += s["memory_mb"]
         self.free.gpus = r.gpus + self.free.gpus
+        if r.host is not None:
+            r.host.tasks.pop(s["job_id"], None)
+            r.host.inner.pop(s["job_id"], None)
+            r.host.used = time.monotonic()
         state = r.state or ("COMPLETED" if code == 0 else "FAILED")
-        reason = r.reason or (None if code == 0 else f"exit code {code}")
+        reason = r.reason or why or (None if code == 0 else f"exit code {code}")
         # The one rule of every lane: a cancelled job has no exit code.
-        return {"state": state, "code": None if state == "CANCELLED" else code, "end": end, "cpu_s": ru.ru_utime + ru.ru_stime, "reason": reason,
+        return {"state": state, "code": None if state == "CANCELLED" else code, "end": end, "cpu_s": cpu_s, "reason": reason,
                 # SIGTERM/SIGKILL that this launcher did not send: most likely the whole
                 # allocation is being ended (scancel, node loss). Wait before reporting, so
                 # the task is counted lost with its allocation, not as its own failure.
-                "suspect": r.state is None and code in (128 + signal.SIGTERM, 128 + signal.SIGKILL)}
+                "suspect": r.state is None and why is None and code in (128 + signal.SIGTERM, 128 + signal.SIGKILL)}
+
+    def _hear(self, host: Host, running: dict[int, _Running], ep: select.epoll) -> list[tuple[_Running, dict[str, Any]]]:
+        """What a sandbox host said: pids, and tasks that ended (or all of its tasks, if
+        it ended itself)."""
+        out = []
+        for m in host.receive():
+            r = host.tasks.get(m["id"])
+            if r is None:
+                continue
+            if "pid" in m:
+                host.inner[m["id"]] = m["pid"]
+                continue
+            running.pop(r.pidfd, None)
+            if "error" in m:
+                out.append((r, self._release(r, 127, 0.0, m["error"])))
+            else:
+                out.append((r, self._release(r, os.waitstatus_to_exitcode(m["status"]), m["cpu_s"])))
+        if host.ended:
+            why = host.why_ended()
+            for r in list(host.tasks.values()):
+                running.pop(r.pidfd, None)
+                out.append((r, self._release(r, 137, 0.0, r.reason or why)))
+            assert self._hosts is not None
+            self._hosts.drop(host)
+        return out
 
     def _finish(self, r: _Running, e: dict[str, Any]) -> None:
         self._put(r.batch, r.index, self._end(r.spec, e["state"], e["code"], r.start, e["end"], e["cpu_s"], e["reason"]))
@@ -311,9 +377,13 @@ class Launcher:
     def _police(self, running: dict[int, _Running], full: bool) -> None:
         """Kill what was cancelled; with ``full``, also what outran its walltime or memory."""
         now = time.time()
-        # A task's memory is its process tree's: a contained task's work runs two
-        # processes below the one started (bwrap and the namespace's init).
-        rss = trees_rss_mb([r.pid for r in running.values() if not r.state]) if full else {}
+        if full and self._hosts is not None:  # a contained task's pid outside, looked up once
+            for host in self._hosts.by_key.values():
+                if any(not r.pid for r in host.tasks.values()):
+                    for jid, pid in host.host_pids().items():
+                        host.tasks[jid].pid = pid
+        # A task's memory is its process tree's.
+        rss = trees_rss_mb([r.pid for r in running.values() if not r.state and r.pid]) if full else {}
         for r in running.values():
             if r.state:
                 continue
@@ -324,7 +394,9 @@ class Launcher:
                 r.state, r.reason = "TIMEOUT", f"ran past its walltime of {s['walltime_s']} s"
             elif full and rss.get(r.pid, 0.0) > s["memory_mb"]:
                 r.state, r.reason = "OUT_OF_MEMORY", f"used more than its {s['memory_mb']} MB of memory"
-            if r.state:
+            if r.state and r.host is not None:
+                r.host.kill(s["job_id"])
+            elif r.state:
                 try:
                     os.killpg(r.pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -371,12 +443,15 @@ class Launcher:
                     except BlockingIOError:
                         pass
                     continue
-                r = running.pop(fd)
-                end = self._reap(r, ep)
-                if end["suspect"]:
-                    deferred.append((time.monotonic() + SUSPECT_WAIT_S, r, end))
-                else:
-                    self._finish(r, end)
+                host = self._hosts.by_fd.get(fd) if self._hosts is not None else None
+                if host is None and fd not in running:
+                    continue  # a host dropped earlier in this pass
+                ends = self._hear(host, running, ep) if host is not None else [(r := running.pop(fd), self._reap(r, ep))]
+                for r, end in ends:
+                    if end["suspect"]:
+                        deferred.append((time.monotonic() + SUSPECT_WAIT_S, r, end))
+                    else:
+                        self._finish(r, end)
             if deferred:
                 now_m = time.monotonic()
                 for due in [d for d in deferred if d[0] <= now_m]:
@@ -388,6 +463,9 @@ class Launcher:
                 self._police(running, full)
             if full:
                 last_police = time.monotonic()
+                if self._hosts is not None:
+                    for h in self._hosts.idle():
+                        self._hosts.drop(h)
                 here = {r.spec["job_id"] for r in running.values()} | {w[0]["job_id"] for w in waiting}
                 old = time.monotonic() - 60
                 self.cancelled = {j: t for j, t in self.cancelled.items() if j in here or t > old}
