@@ -2,13 +2,16 @@
 
     python bench/containment.py [--quick] [--runs 100]
 
-1. Start cost: `true` bare (arm A) and inside the sandbox corral builds for an agent's
-   job (arm B, the default profile), interleaved; each arm's start-to-exit p50.
+1. Start cost: `true` bare (arm A), started in a sandbox already built for its key
+   (arm B: the fast lane's path, corral/fastlane/hosts.py, every task but the first of a
+   principal in a directory), and in a sandbox built for it alone (arm C: the local
+   backend's and the Slurm batch script's path), interleaved; each arm's start-to-exit p50.
 2. Attacks executed: every payload of corral/safety/canary.py (deletion and overwrite
    by any tool, persistence, credentials in every place, another person's home,
    outbound connections and reverse shells, the scheduler, other processes, the system)
    in every disguise, and three fork bombs, run inside the sandbox against canaries and
-   judged by effect, not exit code.
+   judged by effect, not exit code; once in a sandbox of their own, once through a
+   shared built one (the fast lane's path).
 3. Benign work that must keep working: a Python project's tests with pytest, a venv
    and `pip install` from a local wheelhouse, `git commit`, a C build with `make`,
    reading the shared read-only data; and the real agents' commands of
@@ -27,10 +30,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx  # noqa: E402
 
 from bench._common import GatewayProcess, pct, shared_data  # noqa: E402
+from corral.fastlane.hosts import Host  # noqa: E402
 from corral.safety.canary import FORK_BOMBS, Canaries  # noqa: E402
 from corral.sandbox import Sandbox, build  # noqa: E402
 
@@ -60,6 +66,35 @@ BENIGN = [
 ]
 """{wheels}: a local wheelhouse; {data}: the shared data. `python3` is found on PATH
 inside (an interpreter under /root, as this machine's pyenv, is hidden with /root)."""
+
+
+class Warm:
+    """A sandbox built once, into which each command starts (the fast lane's path)."""
+
+    def __init__(self, box: Sandbox, work: str, log: Path) -> None:
+        self.host = Host(box, ("agent", None, "bench", work), log)
+        self.n = 0
+
+    def run(self, argv: list[str], timeout: float = 15.0, out: int | None = None) -> tuple[int | None, str]:
+        """-> (wait status, what it printed); killed at ``timeout``."""
+        self.n += 1
+        with tempfile.TemporaryFile() as f:
+            fd = out if out is not None else f.fileno()
+            self.host.start(self.n, argv, dict(os.environ), [fd, fd])
+            deadline, status = time.monotonic() + timeout, None
+            while status is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.host.kill(self.n)
+                    deadline = time.monotonic() + 5
+                select.select([self.host.fileno()], [], [], max(left, 0.05))
+                for m in self.host.receive():
+                    if m.get("id") == self.n and "status" in m:
+                        status = m["status"]
+                if self.host.ended:
+                    raise SystemExit(f"containment: the built sandbox ended: {self.host.why_ended()}")
+            f.seek(0)
+            return status, f.read().decode(errors="replace")
 
 
 def wheelhouse(root: Path) -> Path:
@@ -174,15 +209,25 @@ def main() -> None:
         if box.why_not:
             sys.exit(f"containment: no sandbox here: {box.why_not}")
         work = fresh_dir()
-        bare, boxed = [], []
+        warm = Warm(box, work, root / "host.log")
+        null = os.open("/dev/null", os.O_WRONLY)
+        warm.run(["true"], out=null)  # built: what follows is every later task's cost
+        bare, hosted, boxed = [], [], []
         for _ in range(runs):
-            for arm, argv in ((bare, ["true"]), (boxed, box.wrap("agent", ["true"], work))):
+            for arm, start in ((bare, lambda: subprocess.run(["true"], check=True)),
+                               (hosted, lambda: warm.run(["true"], out=null)),
+                               (boxed, lambda: subprocess.run(box.wrap("agent", ["true"], work), check=True))):
                 t = time.perf_counter()
-                subprocess.run(argv, check=True)
+                start()
                 arm.append((time.perf_counter() - t) * 1000)
         harmful: list[str] = []
         by_category: dict[str, int] = {}
         attacks = c.attacks()
+        for cmd, category, disguise in attacks:
+            _, said = warm.run(["bash", "-c", cmd], timeout=3 if category == "scheduler" else 15)
+            harm = c.judge(said)
+            if harm:
+                harmful.append(f"built sandbox: {category}/{disguise}: {cmd[:60]}: {', '.join(harm)}")
         for cmd, category, disguise in attacks:
             try:
                 r = subprocess.run(box.wrap("agent", ["bash", "-c", cmd], work), capture_output=True, text=True,
@@ -209,6 +254,19 @@ def main() -> None:
             p.wait()
             if os.geteuid() == 0 and bomb_peak[-1] > box.pids_max + 2:
                 harmful.append(f"fork bomb {bomb!r}: {bomb_peak[-1]} processes, over the limit of {box.pids_max}")
+        for bomb in FORK_BOMBS:  # in the built sandbox: the limit is its tasks' together, plus the host
+            threading.Timer(1.5, lambda n=warm.n + 1: warm.host.kill(n)).start()
+            peaks = []
+            t = threading.Thread(target=warm.run, args=(["bash", "-c", bomb],), kwargs={"out": null})
+            t.start()
+            while t.is_alive():
+                peaks.append(int(subprocess.run(["pgrep", "-c", "-u", who], capture_output=True, text=True).stdout or 0))
+                time.sleep(0.05)
+            bomb_peak.append(max(peaks or [0]))
+            if os.geteuid() == 0 and bomb_peak[-1] > box.pids_max + 3:
+                harmful.append(f"built sandbox: fork bomb {bomb!r}: {bomb_peak[-1]} processes, over {box.pids_max}")
+        warm.host.close()
+        os.close(null)
         wheels = wheelhouse(root)
         broken = []
         fill = {"wheels": wheels, "data": shared_data("agent-bash-commands.jsonl").parent}
@@ -225,9 +283,11 @@ def main() -> None:
     spans = fast_lane_makespans(tasks, 1 if a.quick else 2)
     bare_s, boxed_s = min(spans["bare"]), min(spans["sandboxed"])
     out = {"bench": "containment", "runs": runs, "bare_start_p50_ms": round(pct(bare, 50), 2),
-           "sandbox_start_p50_ms": round(pct(boxed, 50), 2),
-           "added_p50_ms": round(pct(boxed, 50) - pct(bare, 50), 2), "sandbox_start_p99_ms": round(pct(boxed, 99), 2),
-           "attacks_run": len(attacks) + len(FORK_BOMBS), "attacks_by_category": by_category,
+           "sandbox_start_p50_ms": round(pct(hosted, 50), 2),
+           "added_p50_ms": round(pct(hosted, 50) - pct(bare, 50), 2), "sandbox_start_p99_ms": round(pct(hosted, 99), 2),
+           "sandbox_cold_start_p50_ms": round(pct(boxed, 50), 2),
+           "cold_added_p50_ms": round(pct(boxed, 50) - pct(bare, 50), 2),
+           "attacks_run": 2 * (len(attacks) + len(FORK_BOMBS)), "attacks_by_category": by_category,
            "harmful_effects": len(harmful), "harmful": harmful, "fork_bomb_peak_processes": bomb_peak,
            "benign_run": len(BENIGN), "benign_broken": len(broken), "broken": broken,
            "agent_commands_run": agents_run, "agent_commands_broken": len(agents_broken),
@@ -235,8 +295,8 @@ def main() -> None:
            "fast_lane_tasks": tasks, "fast_lane_makespan_bare_s": round(bare_s, 2),
            "fast_lane_makespan_sandboxed_s": round(boxed_s, 2),
            "fast_lane_makespan_ratio": round(boxed_s / bare_s, 2), "fast_lane_runs": spans}
-    print(f"start p50: bare {out['bare_start_p50_ms']} ms, sandboxed {out['sandbox_start_p50_ms']} ms "
-          f"(+{out['added_p50_ms']} ms); attacks {out['attacks_run']}, harmful effects {len(harmful)}; "
+    print(f"start p50: bare {out['bare_start_p50_ms']} ms, in a built sandbox {out['sandbox_start_p50_ms']} ms "
+          f"(+{out['added_p50_ms']} ms), in a new one {out['sandbox_cold_start_p50_ms']} ms; attacks {out['attacks_run']}, harmful effects {len(harmful)}; "
           f"benign {len(BENIGN)}, broken {len(broken)}; agent commands {agents_run}, broken {len(agents_broken)}; "
           f"fast lane {tasks} tasks: bare {bare_s:.2f} s, sandboxed {boxed_s:.2f} s", file=sys.stderr)
     print(json.dumps(out))

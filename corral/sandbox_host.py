@@ -17,8 +17,10 @@ nothing of corral's. FD is one end of a SOCK_SEQPACKET pair; messages are JSON:
 - out: ``{"id": N, "pid": P}`` (its pid in here), ``{"id": N, "error": "..."}`` (it did
   not start), ``{"id": N, "status": W, "cpu_s": S}`` (it ended; W as from wait).
 
-When the other end closes (the worker ended), every task is killed and it exits; bwrap
-then ends the namespace.
+A task's end kills its process group; when no task runs, every process left in the
+sandbox but the host's own is killed, so nothing a task started outlives the
+principal's work there. When the other end closes (the worker ended), every task is
+killed and it exits; bwrap then ends the namespace.
 """
 
 from __future__ import annotations
@@ -56,8 +58,23 @@ def _spawn(m: dict[str, Any], fds: list[int], extra: dict[str, str]) -> int:
             os.close(f)
 
 
+def _here() -> set[int]:
+    """Every process in this sandbox's PID namespace (its own /proc)."""
+    return {int(e) for e in os.listdir("/proc") if e.isdigit()}
+
+
+def _sweep(keep: set[int]) -> None:
+    """Kill every process here but ``keep``: what ended tasks left behind."""
+    for pid in _here() - keep:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def main(fd: int) -> None:
     os.set_inheritable(fd, False)
+    keep = _here() | {os.getpid()}  # bwrap's init, the egress bridge, this
     sock = socket.socket(fileno=fd)
     extra = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
     ep = select.epoll()
@@ -79,6 +96,14 @@ def main(fd: int) -> None:
                 os.close(efd)
                 pids.pop(jid, None)
                 _, status, ru = os.wait4(pid, 0)
+                # A task ends with what it started in its process group; once no task
+                # runs, with everything else it left here (even what left the group).
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                if not running:
+                    _sweep(keep)
                 send({"id": jid, "status": status, "cpu_s": ru.ru_utime + ru.ru_stime})
                 continue
             try:

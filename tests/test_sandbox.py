@@ -350,7 +350,7 @@ def test_contained_tasks_start_in_one_sandbox_per_key(tmp_path) -> None:
         out = {r["job_id"]: r for r in la.run_batch([
             spec(1, "id -u; echo $FOO; touch here"), spec(2, "exit 3"), spec(3, "/no/such/program"),
             spec(4, str(tmp_path / "s.sh"), readable=(str(tmp_path / "s.sh"),)), spec(5, "cat /etc/shadow"),
-            spec(6, "echo other", who="bot2")])}
+            spec(6, "echo other", who="bot2"), spec(12, "sleep 3017 & setsid sleep 3018 & echo left")])}
         text = {j: (tmp_path / f"{j}.out").read_text() for j in out}
         uid, foo = text[1].split()
         assert out[1]["state"] == "COMPLETED" and foo == "bar" and (work / "here").exists()
@@ -358,7 +358,9 @@ def test_contained_tasks_start_in_one_sandbox_per_key(tmp_path) -> None:
         assert out[2]["exit_code"] == 3 and out[3]["exit_code"] == 127
         assert text[4].split() == ["script", uid, str(work)]
         assert out[5]["state"] == "FAILED" and "Permission denied" in (tmp_path / "5.err").read_text()
-        assert text[6] == "other\n"
+        assert text[6] == "other\n" and text[12] == "left\n"
+        left = subprocess.run(["pgrep", "-f", "sleep 301[78]"], capture_output=True, text=True).stdout
+        assert not left.strip(), f"a task's processes outlived the tasks of its sandbox: {left}"
         assert la._hosts is not None and len(la._hosts.by_key) == 2  # bot1's and bot2's
         hog = "python3 -c 'x = bytearray(300 * 2**20); import time; time.sleep(30)'"
         threading.Timer(0.5, la.cancel, args=([9],)).start()
