@@ -72,8 +72,12 @@ class Warm:
     """A sandbox built once, into which each command starts (the fast lane's path)."""
 
     def __init__(self, box: Sandbox, work: str, log: Path) -> None:
+        self.box, self.work, self.log = box, work, log
         self.host = Host(box, ("agent", None, "bench", work), log)
         self.n = 0
+        self.rebuilt = 0
+        """Times a task ended its own sandbox (`kill -9 -1` reaches the host, its user's):
+        its principal's other tasks there fail with it, as the launcher then builds anew."""
 
     def run(self, argv: list[str], timeout: float = 15.0, out: int | None = None) -> tuple[int | None, str]:
         """-> (wait status, what it printed); killed at ``timeout``."""
@@ -92,7 +96,10 @@ class Warm:
                     if m.get("id") == self.n and "status" in m:
                         status = m["status"]
                 if self.host.ended:
-                    raise SystemExit(f"containment: the built sandbox ended: {self.host.why_ended()}")
+                    self.host.close()
+                    self.host = Host(self.box, ("agent", None, "bench", self.work), self.log)
+                    self.rebuilt += 1
+                    break
             f.seek(0)
             return status, f.read().decode(errors="replace")
 
@@ -285,7 +292,7 @@ def main() -> None:
     out = {"bench": "containment", "runs": runs, "bare_start_p50_ms": round(pct(bare, 50), 2),
            "sandbox_start_p50_ms": round(pct(hosted, 50), 2),
            "added_p50_ms": round(pct(hosted, 50) - pct(bare, 50), 2), "sandbox_start_p99_ms": round(pct(hosted, 99), 2),
-           "sandbox_cold_start_p50_ms": round(pct(boxed, 50), 2),
+           "sandbox_cold_start_p50_ms": round(pct(boxed, 50), 2), "built_sandbox_ended_by_its_task": warm.rebuilt,
            "cold_added_p50_ms": round(pct(boxed, 50) - pct(bare, 50), 2),
            "attacks_run": 2 * (len(attacks) + len(FORK_BOMBS)), "attacks_by_category": by_category,
            "harmful_effects": len(harmful), "harmful": harmful, "fork_bomb_peak_processes": bomb_peak,
