@@ -113,12 +113,14 @@ class Sandbox:
                                  hint="set [sandbox] run_as to an unprivileged user that exists on every node")
 
     def wrap(self, kind: str, argv: Sequence[str], cwd: str, job_dir: str | None = None,
-             user: str | None = None, root: bool | None = None, readable: Sequence[str] = ()) -> list[str]:
+             user: str | None = None, root: bool | None = None, readable: Sequence[str] = (),
+             limit: bool = True) -> list[str]:
         """The command that runs ``argv`` contained (itself when ``kind`` is not
         sandboxed). Writable inside: ``cwd``, ``job_dir`` (the job's output) and a
         private /tmp; ``readable``: files in hidden places it must read (its script).
         ``user``, ``root``: as for ``owner``; the command must be run by whoever
-        ``root`` says."""
+        ``root`` says. ``limit=False``: without the process limit (a sandbox host,
+        corral/sandbox_host.py, that sets each of its jobs' own)."""
         if not self.applies(kind):
             return list(argv)
         who = self.owner(kind, user, root)
@@ -153,20 +155,20 @@ class Sandbox:
         if job_dir is not None and inner is not None:
             out += ["--bind", job_dir, inner]
         out += ["--chdir", cwd]
-        limit = ["prlimit", f"--nproc={self.pids_max}:{self.pids_max}", "--"]
+        prlimit = ["prlimit", f"--nproc={self.pids_max}:{self.pids_max}", "--"] if limit else []
         if self.egress and not self.network:
             url = f"http://127.0.0.1:{PORT_INSIDE}"
             out += ["--bind", self.egress, EGRESS_INSIDE]
             for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
                 out += ["--setenv", var, url]
-            limit += ["bash", "-c", _BRIDGE, "corral-egress"]
+            prlimit += ["bash", "-c", _BRIDGE, "corral-egress"]
         if who is None:
-            return [*out, "--cap-drop", "ALL", "--", *limit, *argv]
+            return [*out, "--cap-drop", "ALL", "--", *prlimit, *argv]
         # bwrap builds the namespaces as root (it reads every path it binds), then the job
         # becomes its user with no capability left, and no_new_privs (bwrap's) keeps it so;
         # `unshare --user` gives it the namespace in which its process count is its own.
         return [*out, "--", "setpriv", f"--reuid={who[0]}", f"--regid={who[1]}", "--clear-groups", "--inh-caps=-all",
-                "--bounding-set=-all", "--", *(["unshare", "--user", "--map-current-user", "--"] if self.own_count else []), *limit, *argv]
+                "--bounding-set=-all", "--", *(["unshare", "--user", "--map-current-user", "--"] if self.own_count else []), *prlimit, *argv]
 
     @functools.lru_cache(maxsize=64)
     def _hiding(self, own: str | None) -> list[str]:

@@ -1,58 +1,115 @@
-"""Inside one sandbox: the program that starts many tasks in it (stdlib only).
+"""Inside one sandbox: the program that starts many jobs in it (its own part: stdlib only).
 
 Building a sandbox costs ~14 ms (bwrap's namespaces and mounts, then setpriv,
-unshare and prlimit, each an exec); starting a task in one that is already built costs
-a ``posix_spawn``. So a fast-lane worker builds one sandbox per principal, profile and
-working directory (corral/fastlane/hosts.py) and runs this program in it, as the job's
-user, with the profile's limits; every task of that key is then spawned here. The
-tasks of one host share its namespaces and its process limit: they are one
-principal's, in one directory, which is the unit a sandbox protects others from.
+unshare and prlimit, each an exec); starting a job in one already built costs a
+``posix_spawn``. So corral builds one sandbox per (kind, Unix user, principal, working
+directory), runs this program in it as the job's user with the profile's limits, and
+sends it every job of that key. The jobs of one host share its namespaces and its
+process limit: they are one principal's, in one directory, which is the unit a
+sandbox protects others from.
 
-It is started as ``python3 -I -S -c SOURCE FD``: the source travels in argv, because the
-gateway's own install may lie in a place the sandbox hides (a home), and it imports
-nothing of corral's. FD is one end of a SOCK_SEQPACKET pair; messages are JSON:
+Two modes. A fast-lane worker holds one end of a SOCK_SEQPACKET pair
+(corral/fastlane/hosts.py). The local backend's supervisors (one per job, and they
+outlive the gateway) reach a listening host (``--listen``) on a socket in corral's
+state, built by the first of them through ``connect`` and left running, detached, until
+it has had no job and no connection for ``IDLE_S``.
+
+It is started as ``python3 -I -S -c SOURCE FD [--listen]``: the source travels in argv,
+because the gateway's own install may lie in a place the sandbox hides (a home), and
+that part imports nothing of corral's. Messages are JSON, per connection:
 
 - in: ``{"id": N, "argv": [...], "env": {...}}`` with file descriptors (stdout, stderr,
-  then files the task reads, which it finds as fd 3, 4, ...); ``{"kill": N}``;
+  then files the job reads, which it finds as fd 3, 4, ...); ``{"kill": N, "signal": S}``;
 - out: ``{"id": N, "pid": P}`` (its pid in here), ``{"id": N, "error": "..."}`` (it did
   not start), ``{"id": N, "status": W, "cpu_s": S}`` (it ended; W as from wait).
 
-A task's end kills its process group; when no task runs, every process left in the
-sandbox but the host's own is killed, so nothing a task started outlives the
-principal's work there. When the other end closes (the worker ended), every task is
-killed and it exits; bwrap then ends the namespace.
+A job's end kills its process group; when no job runs, every process left in the
+sandbox but the host's own is killed, so nothing a job started outlives the
+principal's work there. A connection that closes (its worker or supervisor ended) takes
+its jobs with it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import resource
 import select
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
 PASS_ENV = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")
 """Set on the sandbox (its egress proxy): every task gets them, as bwrap's --setenv did."""
 HIGH_FD = 100
+CLONE_NEWUSER = 0x10000000
+IDLE_S = 60.0
+"""A listening host (the local backend's) with no task and no connection this long exits."""
 
 
-def _spawn(m: dict[str, Any], fds: list[int], extra: dict[str, str]) -> int:
-    argv = m["argv"]
-    env = {**m["env"], **extra}
-    # posix_spawnp searches this process's PATH, not the child's: the task's PATH it is.
-    path = env.get("PATH")
-    if path is not None and os.environ.get("PATH") != path:
-        os.environ["PATH"] = path
+@functools.lru_cache(maxsize=1)
+def _libc() -> Any:
+    """Loaded once, in the host (not in each job's child, where it cost ~3 ms)."""
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _own_count(nproc: int) -> None:
+    """In a job's child, before its exec: a user namespace of its own (the same uid and
+    gid mapped), in which the kernel counts its processes alone (Linux 5.14 and later),
+    and its process limit there. So a fork bomb stops at the limit, and the principal's
+    other jobs in this sandbox keep forking. Where user namespaces are off, the limit
+    counts the Unix user's processes instead."""
+    uid, gid = os.getuid(), os.getgid()
+    if _libc().unshare(CLONE_NEWUSER) == 0:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+
+
+def _spawn(m: dict[str, Any], fds: list[int], extra: dict[str, str], nproc: int | None) -> int:
+    """Start a job; -> its pid. ``nproc``: its own process count and limit (a fork, ~1.7
+    ms); None: posix_spawn (~0.7 ms), the host's limit shared by its jobs."""
+    argv, env = m["argv"], {**m["env"], **extra}
     # Received fds are moved above every target first, so no dup2 overwrites another.
     high = [os.dup2(f, HIGH_FD + i, inheritable=False) for i, f in enumerate(fds)]
     for f in fds:
         os.close(f)
     try:
-        acts: list[tuple[Any, ...]] = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0)]
-        acts += [(os.POSIX_SPAWN_DUP2, f, 1 + i) for i, f in enumerate(high)]
-        return os.posix_spawnp(argv[0], argv, env, setsid=True, file_actions=acts)
+        if nproc is None:
+            # posix_spawnp searches this process's PATH, not the child's: the job's PATH it is.
+            if env.get("PATH") is not None and os.environ.get("PATH") != env["PATH"]:
+                os.environ["PATH"] = env["PATH"]
+            acts: list[tuple[Any, ...]] = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0)]
+            acts += [(os.POSIX_SPAWN_DUP2, f, 1 + n) for n, f in enumerate(high)]
+            return os.posix_spawnp(argv[0], argv, env, setsid=True, file_actions=acts)
+        r, w = os.pipe()  # both close on exec: an empty read means the exec happened
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setsid()
+                os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
+                for n, f in enumerate(high):
+                    os.dup2(f, 1 + n)
+                _own_count(nproc)
+                os.execvpe(argv[0], argv, env)
+            except BaseException as e:
+                os.write(w, str(getattr(e, "strerror", None) or e).encode())
+            os._exit(127)
+        os.close(w)
+        # Its pid is told only once it runs the job's program: memory sampled before that
+        # would be this host's copy, not the job's.
+        with open(r, "rb") as pipe:
+            failed = pipe.read().decode(errors="replace")
+        if failed:
+            os.waitpid(pid, 0)
+            raise OSError(0, failed)
+        return pid
     finally:
         for f in high:
             os.close(f)
@@ -72,71 +129,186 @@ def _sweep(keep: set[int]) -> None:
             pass
 
 
-def main(fd: int) -> None:
-    os.set_inheritable(fd, False)
-    keep = _here() | {os.getpid()}  # bwrap's init, the egress bridge, this
-    sock = socket.socket(fileno=fd)
-    extra = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
-    ep = select.epoll()
-    ep.register(fd, select.EPOLLIN)
-    running: dict[int, tuple[int, int]] = {}  # pidfd -> (id, pid)
-    pids: dict[int, int] = {}  # id -> pid
+class _Host:
+    """The host's state: its connections and the tasks each started."""
 
-    def send(obj: dict[str, Any]) -> None:
-        try:
-            sock.send(json.dumps(obj).encode())
-        except OSError:
-            pass  # the worker is gone: the EOF ends us next
+    def __init__(self, fd: int, listening: bool, nproc: int | None) -> None:
+        os.set_inheritable(fd, False)
+        self.nproc = nproc
+        if nproc is not None:
+            _libc()
+        self.keep = _here() | {os.getpid()}  # bwrap's init, the egress bridge, this
+        self.extra = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
+        self.ep = select.epoll()
+        self.listener = socket.socket(fileno=fd) if listening else None
+        self.conns: dict[int, socket.socket] = {}
+        if self.listener is None:
+            self.conns[fd] = socket.socket(fileno=fd)
+        self.ep.register(fd, select.EPOLLIN)
+        self.running: dict[int, tuple[int, int, int]] = {}  # pidfd -> (conn fd, id, pid)
+        self.pids: dict[tuple[int, int], int] = {}  # (conn fd, id) -> pid
 
-    while True:
-        for efd, _ in ep.poll():
-            if efd != fd:
-                jid, pid = running.pop(efd)
-                ep.unregister(efd)
-                os.close(efd)
-                pids.pop(jid, None)
-                _, status, ru = os.wait4(pid, 0)
-                # A task ends with what it started in its process group; once no task
-                # runs, with everything else it left here (even what left the group).
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-                if not running:
-                    _sweep(keep)
-                send({"id": jid, "status": status, "cpu_s": ru.ru_utime + ru.ru_stime})
-                continue
+    def send(self, cfd: int, obj: dict[str, Any]) -> None:
+        conn = self.conns.get(cfd)
+        if conn is not None:
             try:
-                data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
+                conn.send(json.dumps(obj).encode())
             except OSError:
-                data, fds = b"", []
-            if not data:
-                for pid in pids.values():
-                    try:
-                        os.killpg(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
-                os._exit(0)
-            m = json.loads(data)
-            if "kill" in m:
-                victim = pids.get(m["kill"])
-                if victim is not None:
-                    try:
-                        os.killpg(victim, signal.SIGKILL)
-                    except OSError:
-                        pass
-                continue
-            try:
-                pid = _spawn(m, fds, extra)
-            except OSError as e:
-                send({"id": m["id"], "error": f"could not start {m['argv'][0]}: {e.strerror}"})
-                continue
-            pidfd = os.pidfd_open(pid)
-            running[pidfd] = (m["id"], pid)
-            pids[m["id"]] = pid
-            ep.register(pidfd, select.EPOLLIN)
-            send({"id": m["id"], "pid": pid})
+                pass  # the other end is gone: its EOF comes next
+
+    def ended(self, pidfd: int) -> None:
+        cfd, jid, pid = self.running.pop(pidfd)
+        self.ep.unregister(pidfd)
+        os.close(pidfd)
+        self.pids.pop((cfd, jid), None)
+        _, status, ru = os.wait4(pid, 0)
+        # A task ends with what it started in its process group; once no task runs,
+        # with everything else it left here (even what left the group).
+        _killpg(pid)
+        if not self.running:
+            _sweep(self.keep)
+        self.send(cfd, {"id": jid, "status": status, "cpu_s": ru.ru_utime + ru.ru_stime})
+
+    def hear(self, cfd: int) -> None:
+        try:
+            data, fds, _, _ = socket.recv_fds(self.conns[cfd], 1 << 20, 16)
+        except OSError:
+            data, fds = b"", []
+        if not data:  # its tasks die with it (a supervisor, a worker)
+            for (c, _), pid in list(self.pids.items()):
+                if c == cfd:
+                    _killpg(pid)
+            self.ep.unregister(cfd)
+            self.conns.pop(cfd).close()
+            return
+        m = json.loads(data)
+        if "kill" in m:
+            victim = self.pids.get((cfd, m["kill"]))
+            if victim is not None:
+                _killpg(victim, m.get("signal", signal.SIGKILL))
+            return
+        try:
+            pid = _spawn(m, fds, self.extra, self.nproc)
+        except OSError as e:
+            self.send(cfd, {"id": m["id"], "error": f"could not start {m['argv'][0]}: {e.strerror}"})
+            return
+        pidfd = os.pidfd_open(pid)
+        self.running[pidfd] = (cfd, m["id"], pid)
+        self.pids[(cfd, m["id"])] = pid
+        self.ep.register(pidfd, select.EPOLLIN)
+        self.send(cfd, {"id": m["id"], "pid": pid})
+
+    def serve(self) -> None:
+        idle_since = time.monotonic()
+        while True:
+            timeout = IDLE_S if self.listener is not None else -1
+            for efd, _ in self.ep.poll(timeout):
+                if efd in self.conns:
+                    self.hear(efd)
+                elif self.listener is not None and efd == self.listener.fileno():
+                    conn, _ = self.listener.accept()
+                    conn.setblocking(True)
+                    self.conns[conn.fileno()] = conn
+                    self.ep.register(conn.fileno(), select.EPOLLIN)
+                else:
+                    self.ended(efd)
+            if self.conns or self.running:
+                idle_since = time.monotonic()
+            elif self.listener is None or time.monotonic() - idle_since >= IDLE_S:
+                os._exit(0)  # bwrap then ends the namespace, and all left in it
+
+
+def _killpg(pid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(pid, sig)
+    except OSError:
+        pass
+
+
+# -- outside: what a supervisor or a worker uses to reach a host ----------------------
+
+
+def command(nproc: int | None = None, listening: bool = False) -> list[str]:
+    """The host's command, to be wrapped in the sandbox; ``{fd}``: its socket's number.
+    ``nproc``: each job gets a process count and limit of its own (wrap the host without
+    one); else its jobs share the host's. The Python is the system's (the gateway's own
+    may lie in a home the sandbox hides)."""
+    import shutil
+
+    python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
+    with open(__file__) as f:
+        source = f.read()
+    return [python, "-I", "-S", "-c", source, "{fd}", *(["--nproc", str(nproc)] if nproc else []),
+            *(["--listen"] if listening else [])]
+
+
+def outside_pids(root: int, inner: dict[int, int]) -> dict[int, int]:
+    """``inner`` (key -> pid inside a sandbox) -> key -> pid outside, found below the
+    sandbox's bwrap (``root``) by the pid each process has inside (NSpid)."""
+    by_inner = {p: k for k, p in inner.items()}
+    found: dict[int, int] = {}
+    todo = [root]
+    while todo and len(found) < len(by_inner):
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+            with open(f"/proc/{p}/status") as f:
+                ns = next((ln.split()[-1] for ln in f if ln.startswith("NSpid:")), None)
+        except OSError:
+            continue
+        if ns is not None and p != root and int(ns) in by_inner:
+            found[by_inner[int(ns)]] = p
+    return found
+
+
+def connect(path: str, argv: list[str], log: str) -> tuple[socket.socket, int | None]:
+    """A connection to the listening host at ``path``, built first if none answers
+    (it outlives its builder and serves every later job of its key, until idle for
+    ``IDLE_S``). ``argv``: the wrapped host command, with ``{fd}`` for the
+    listening socket. Under a lock, so that two supervisors build one host.
+    -> (the connection, the host's bwrap pid outside, if known)."""
+    import fcntl
+    import subprocess
+
+    def pid() -> int | None:
+        try:
+            return int(open(path + ".pid").read())
+        except (OSError, ValueError):
+            return None
+
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            conn.connect(path)
+            return conn, pid()
+        except OSError:
+            pass  # none yet, or one that exited: its socket is left behind
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.bind(path)
+        os.chmod(path, 0o600)
+        listener.listen(128)
+        fd = listener.fileno()
+        with open(log, "ab") as err:
+            child = subprocess.Popen([a.replace("{fd}", str(fd)) for a in argv], pass_fds=(fd,),
+                                     stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True)
+        listener.close()
+        with open(path + ".pid", "w") as f:
+            f.write(str(child.pid))
+        conn.connect(path)
+        return conn, child.pid
+
+
+def main(argv: list[str]) -> None:
+    """FD [--nproc N] [--listen]"""
+    nproc = int(argv[argv.index("--nproc") + 1]) if "--nproc" in argv else None
+    _Host(int(argv[0]), "--listen" in argv, nproc).serve()
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(sys.argv[1:])

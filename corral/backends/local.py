@@ -12,6 +12,7 @@ as their principal's Unix user, or the sandbox's unprivileged one.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -21,9 +22,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from .. import proc
+from .. import proc, sandbox_host
 from ..errors import InvalidRequest
 from ..jobs import JobSpec, JobState, format_duration
 from . import BackendStatus, OutputPaths, Partition, SubmitContext, base_env
@@ -69,6 +70,8 @@ class LocalBackend:
         # Absolute: supervisors run with the job directory as their cwd.
         self.root = Path(root).resolve()
         self.jobs_dir = self.root / "jobs"
+        self.hosts_dir = self.root / "sandboxes"
+        """Built sandboxes' sockets and logs (corral/sandbox_host.py), in corral's hidden state."""
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.cpus = cpus
         self.memory_mb = memory_mb
@@ -103,13 +106,17 @@ class LocalBackend:
             env.update(spec.env)
             env.update({"CORRAL_JOB_ID": bid, "CORRAL_PRINCIPAL": ctx.principal, "CORRAL_SESSION": ctx.session or ""})
             cwd = spec.workdir or str(d)
-            if self.sandbox is not None:
+            host = None
+            if self.sandbox is not None and self.sandbox.applies(ctx.kind) and spec.workdir:
+                host, argv = self._host(ctx, argv, cwd, d)
+            elif self.sandbox is not None:
                 argv = self.sandbox.wrap(ctx.kind, argv, cwd, str(d), ctx.unix_user)
                 who = self.sandbox.owner(ctx.kind, ctx.unix_user)
                 if who is not None:  # the job's user writes its own directory
                     for p in (d, *d.iterdir()):
                         os.chown(p, *who)
-            launch = {
+            launch: dict[str, object] = {
+                "host": host,
                 "argv": argv,
                 "cwd": cwd,
                 "env": env,
@@ -125,6 +132,28 @@ class LocalBackend:
             self._queue[bid] = (spec.cpus, spec.memory_mb)
             self._schedule()
         return bid
+
+    def _host(self, ctx: SubmitContext, argv: list[str], cwd: str, d: Path) -> tuple[dict[str, Any], list[str]]:
+        """A contained job with a working directory starts in the sandbox built for its
+        (kind, user, principal, directory), shared with the principal's other jobs there
+        (corral/sandbox_host.py): ~1 ms instead of ~14 ms per job. Its output files and
+        script reach it as file descriptors. -> (the supervisor's ``host``, the job's argv)."""
+        assert self.sandbox is not None
+        # setsid waits on it, as the parent it dies with: it outlives the supervisor that
+        # built it, and killing that one process (its pid is kept beside the socket) ends it.
+        wrapped = ["setsid", "--fork", "--wait", *self.sandbox.wrap(
+            ctx.kind, sandbox_host.command(self.sandbox.pids_max, listening=True), cwd, None, ctx.unix_user, limit=False)]
+        key = hashlib.sha256(json.dumps([ctx.principal, wrapped]).encode()).hexdigest()[:20]
+        self.hosts_dir.mkdir(mode=0o700, exist_ok=True)
+        reads = [a for a in argv if a == str(d / "script")]
+        who = self.sandbox.owner(ctx.kind, ctx.unix_user)
+        if who is not None:
+            for f in reads:  # run from its fd: by its user, with its mode (0700)
+                os.chown(f, *who)
+        # Relative to the supervisor's directory (the job's): a socket's path has at most 107 bytes.
+        sock = os.path.relpath(self.hosts_dir / f"{key}.sock", d)
+        host = {"socket": sock, "argv": wrapped, "log": str(self.hosts_dir / f"{key}.log"), "reads": reads}
+        return host, ["/dev/fd/3" if a in reads else a for a in argv]
 
     def status(self, backend_ids: Sequence[str]) -> dict[str, BackendStatus]:
         with self._lock:

@@ -15,10 +15,12 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Protocol
 
 GRACE_S = 3.0  # between SIGTERM and SIGKILL, as Slurm's KillWait
 MAX_SAMPLE_S = 1.0  # memory and walltime checks: fast at first, then at most once a second
@@ -90,10 +92,9 @@ def main(job_dir: str) -> int:
         return 0
     with open(d / "stdout", "ab") as out, open(d / "stderr", "ab") as err:
         try:
-            child = subprocess.Popen(
-                launch["argv"], cwd=launch["cwd"], env=launch["env"], stdin=subprocess.DEVNULL,
-                stdout=out, stderr=err, process_group=0,
-            )
+            child: Child = Hosted(launch, out.fileno(), err.fileno()) if launch.get("host") else Popened(
+                subprocess.Popen(launch["argv"], cwd=launch["cwd"], env=launch["env"], stdin=subprocess.DEVNULL,
+                                 stdout=out, stderr=err, process_group=0))
         except OSError as e:
             write_json(d / "result.json", {"state": "FAILED", "exit_code": 127, "reason": f"could not start: {e}",
                                            "start_time": start, "end_time": time.time()})
@@ -103,9 +104,6 @@ def main(job_dir: str) -> int:
     deadline = start + launch["walltime_s"]
     mem_limit = launch["memory_mb"]
     state, reason = None, None
-    # A pidfd becomes readable when the child exits: the supervisor sleeps in the
-    # kernel instead of polling (Popen.wait(timeout) polls every few ms).
-    pidfd = os.pidfd_open(child.pid)
     interval = 0.05
     rc = None
     while rc is None:
@@ -113,24 +111,26 @@ def main(job_dir: str) -> int:
             term["armed"] = True
             if term["pending"]:
                 raise Cancelled()
-            ready, _, _ = select.select([pidfd], [], [], min(interval, max(0.0, deadline - time.time())))
+            ready, _, _ = select.select([child], [], [], min(interval, max(0.0, deadline - time.time())))
             term["armed"] = False
             if ready:
-                rc = child.wait()
-                break
+                rc = child.ended()
+                if rc is not None:
+                    break
+                continue
             interval = min(interval * 2, MAX_SAMPLE_S)
             if (d / "cancel").exists():
                 raise Cancelled()
             if time.time() >= deadline:
                 state, reason = "TIMEOUT", f"killed after its walltime of {launch['walltime_s']}s"
-            elif tree_rss_mb(child.pid) > mem_limit:
+            elif child.rss_mb() > mem_limit:
                 state, reason = "OUT_OF_MEMORY", f"killed for using more than its {mem_limit}M of memory"
         except Cancelled:
             state, reason = "CANCELLED", "cancelled by request"
         term["armed"] = False
         if state:
             rc = stop(child)
-    os.close(pidfd)
+    child.close()
     end = time.time()
     if state is None:
         if rc == 0:
@@ -147,17 +147,136 @@ def main(job_dir: str) -> int:
     return 0
 
 
-def stop(child: subprocess.Popen[bytes]) -> int:
+def stop(child: "Child") -> int:
     for sig, wait in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, 10.0)):
+        child.signal(sig)
+        rc = child.wait(wait)
+        if rc is not None:
+            return rc
+    return child.wait(None) or -signal.SIGKILL
+
+
+class Child(Protocol):
+    """The job's process, as the supervisor sees it: readable (``fileno``) when it may
+    have ended; ``ended`` -> its return code as Popen gives it, or None."""
+
+    pid: int | None
+    """Its pid here (outside its sandbox), if known."""
+
+    def fileno(self) -> int: ...
+    def ended(self) -> int | None: ...
+    def wait(self, timeout: float | None) -> int | None: ...
+    def signal(self, sig: int) -> None: ...
+    def rss_mb(self) -> float: ...
+    def close(self) -> None: ...
+
+
+class Popened:
+    """A job started here, in a process group of its own."""
+
+    def __init__(self, p: subprocess.Popen[bytes]) -> None:
+        self.p = p
+        self.pid: int | None = p.pid
+        # A pidfd becomes readable when the child exits: the supervisor sleeps in the
+        # kernel instead of polling (Popen.wait(timeout) polls every few ms).
+        self.pidfd = os.pidfd_open(p.pid)
+
+    def fileno(self) -> int:
+        return self.pidfd
+
+    def ended(self) -> int | None:
+        return self.p.wait()
+
+    def wait(self, timeout: float | None) -> int | None:
         try:
-            os.killpg(child.pid, sig)
+            return self.p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.p.pid, sig)
         except ProcessLookupError:
             pass
+
+    def rss_mb(self) -> float:
+        return tree_rss_mb(self.p.pid)
+
+    def close(self) -> None:
+        os.close(self.pidfd)
+
+
+class Hosted:
+    """A job started in its key's sandbox, already built (corral/sandbox_host.py): the
+    supervisor connects to it (building it if none answers) and sends the job with its
+    output files, and the script it reads, as file descriptors."""
+
+    def __init__(self, launch: dict[str, Any], out: int, err: int) -> None:
+        from ..sandbox_host import connect
+
+        host = launch["host"]
+        fds = [out, err]
+        for f in host["reads"]:
+            fds.append(os.open(f, os.O_RDONLY))
         try:
-            return child.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-    return child.wait()
+            for attempt in range(2):  # a host that exited as we connected: built anew, once
+                self.conn, self.root = connect(host["socket"], host["argv"], host["log"])
+                socket.send_fds(self.conn, [json.dumps({"id": 0, "argv": launch["argv"], "env": launch["env"]}).encode()],
+                                fds)
+                m = self._next()
+                if m is None and attempt == 0:
+                    self.conn.close()
+                    continue
+                if m is None or "error" in m:
+                    raise OSError((m or {}).get("error") or "its sandbox ended before the job started")
+                self.inner = m["pid"]
+                break
+        finally:
+            for f in fds[2:]:
+                os.close(f)
+        self.rc: int | None = None
+        self.pid = self._outside()
+
+    def _outside(self) -> int | None:
+        from ..sandbox_host import outside_pids
+
+        return outside_pids(self.root, {0: self.inner}).get(0) if self.root else None
+
+    def _next(self) -> dict[str, Any] | None:
+        data = self.conn.recv(65536)
+        return json.loads(data) if data else None
+
+    def fileno(self) -> int:
+        return self.conn.fileno()
+
+    def ended(self) -> int | None:
+        m = self._next()
+        if m is None:  # the host is gone, and the job with it
+            self.rc = -signal.SIGKILL
+        elif "status" in m:
+            self.rc = os.waitstatus_to_exitcode(m["status"])
+        return self.rc
+
+    def wait(self, timeout: float | None) -> int | None:
+        while self.rc is None:
+            ready, _, _ = select.select([self.conn], [], [], timeout)
+            if not ready:
+                return None
+            self.ended()
+        return self.rc
+
+    def signal(self, sig: int) -> None:
+        try:
+            self.conn.send(json.dumps({"kill": 0, "signal": sig}).encode())
+        except OSError:
+            pass
+
+    def rss_mb(self) -> float:
+        self.pid = self.pid or self._outside()
+        return tree_rss_mb(self.pid) if self.pid else 0.0
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 if __name__ == "__main__":

@@ -17,28 +17,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..sandbox_host import command, outside_pids
+
 if TYPE_CHECKING:
     from ..sandbox import Sandbox
 
-SOURCE = (Path(__file__).resolve().parent.parent / "sandbox_host.py").read_text()
 IDLE_S = 30.0
 MAX_HOSTS = 64
 Key = tuple[str, str | None, str | None, str]
-
-
-def interpreter() -> str:
-    """A Python the job's user can run inside: the system's (the gateway's own may lie
-    in a home the sandbox hides), else this one."""
-    import sys
-
-    return shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
 
 
 class Host:
@@ -49,7 +41,8 @@ class Host:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # A task's message carries its env (at most 128 KiB) and command (64 KiB).
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
-        argv = sandbox.wrap(kind, [interpreter(), "-I", "-S", "-c", SOURCE, str(theirs.fileno())], workdir, None, user)
+        fd = str(theirs.fileno())
+        argv = [a.replace("{fd}", fd) for a in sandbox.wrap(kind, command(), workdir, None, user)]
         self.log = log
         with open(log, "ab") as err:
             self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=err,
@@ -96,23 +89,8 @@ class Host:
             out.append(json.loads(data))
 
     def host_pids(self) -> dict[int, int]:
-        """Job id -> its pid outside (for the memory police): found below the sandbox's
-        bwrap, by the pid each process has inside (NSpid)."""
-        inner = {p: j for j, p in self.inner.items()}
-        found: dict[int, int] = {}
-        todo = [self.proc.pid]
-        while todo and len(found) < len(inner):
-            p = todo.pop()
-            try:
-                with open(f"/proc/{p}/task/{p}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
-                with open(f"/proc/{p}/status") as f:
-                    ns = next((ln.split()[-1] for ln in f if ln.startswith("NSpid:")), None)
-            except OSError:
-                continue
-            if ns is not None and p != self.proc.pid and int(ns) in inner:
-                found[inner[int(ns)]] = p
-        return found
+        """Job id -> its pid outside (for the memory police)."""
+        return outside_pids(self.proc.pid, self.inner)
 
     def why_ended(self) -> str:
         try:
