@@ -20,6 +20,7 @@ def spawn(
     env: Mapping[str, str] | None = None,
     stdout: Path | None = None,
     stderr: Path | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> subprocess.Popen[bytes]:
     """Start a process in its own session, so that it outlives the gateway (kill -9
     of the gateway or a Ctrl-C in its terminal must not take jobs with it)."""
@@ -35,6 +36,7 @@ def spawn(
             stderr=err,
             start_new_session=True,
             close_fds=True,
+            pass_fds=tuple(pass_fds),
         )
     except OSError as e:
         raise BackendError(f"could not start {argv[0]}: {e}", argv=list(argv)) from None

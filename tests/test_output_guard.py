@@ -10,7 +10,7 @@ import random
 from pathlib import Path
 
 from corral.safety.output_guard import OutputGuard
-from corral.safety.secrets import KEY_BLOCK_MAX, redact
+from corral.safety.secrets import KEY_BLOCK_MAX, MAX_LINE, OVERLAP, redact
 
 from .conftest import Gateway
 
@@ -53,6 +53,15 @@ def test_a_key_block_without_its_end_is_redacted_to_a_bound() -> None:
     kept = out.count("result line")
     assert kept > 1000, kept  # the bound held: only ~KEY_BLOCK_MAX characters went
     assert len(tail) - len(out) < KEY_BLOCK_MAX * 2
+
+
+def test_a_secret_deep_in_a_long_line_is_redacted() -> None:
+    """Lines longer than a detector's window are read in overlapping windows: a secret
+    past the first 16 KiB, or across a window's edge, is found like any other."""
+    secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY9q"
+    for pad in (100, MAX_LINE - 20, MAX_LINE - OVERLAP - 10, MAX_LINE + 500, 3 * MAX_LINE):
+        out, kinds = redact("x" * pad + " aws_secret_access_key = " + secret + " " + "y" * 50 + "\nnext\n")
+        assert secret[:8] not in out and out.startswith("x" * pad) and out.endswith("\nnext\n"), (pad, kinds)
 
 
 def test_no_page_cut_returns_a_piece_of_a_secret(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import proc
 from ..sandbox_host import command, outside_pids
 
 if TYPE_CHECKING:
@@ -44,11 +45,11 @@ class Host:
         fd = str(theirs.fileno())
         argv = [a.replace("{fd}", fd) for a in sandbox.wrap(kind, command(), workdir, None, user)]
         self.log = log
-        with open(log, "ab") as err:
-            self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=err,
-                                         stderr=err, start_new_session=True,
-                                         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
-        theirs.close()
+        try:
+            self.proc = proc.spawn(argv, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, stdout=log,
+                                   stderr=log, pass_fds=(theirs.fileno(),))
+        finally:
+            theirs.close()
         ours.settimeout(10)  # a host that stops reading fails the task, it does not hang the lane
         self.sock = ours
         self.key = key

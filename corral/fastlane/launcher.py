@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..backends.local_runner import trees_rss_mb
+from ..errors import BackendError
 from .hosts import Host, Hosts
 
 if TYPE_CHECKING:
@@ -294,9 +295,9 @@ class Launcher:
                 fds.append(os.open(f, os.O_RDONLY))
                 argv = [f"/dev/fd/{3 + n}" if a == f else a for a in argv]
             host.start(jid, argv, env, fds)
-        except OSError as e:
+        except (OSError, BackendError) as e:  # BackendError: bwrap itself could not start
             self.free.gpus = gpus + self.free.gpus
-            why = f"could not start it in its sandbox (output in {d}): {e.strerror or e}"
+            why = f"could not start it in its sandbox (output in {d}): {getattr(e, 'strerror', None) or e}"
             self._put(batch, i, self._end(s, "FAILED", None, start, time.time(), 0.0, why))
             return None
         finally:
