@@ -249,6 +249,9 @@ def test_guard_redacts_flags_and_taints_the_credential(gateway: Gateway, people:
         mine = h.get("/v1/whoami").json()
         assert mine["tainted"] and mine["tainted_token"] == me["token_id"] != mine["token_id"]
         assert me["token_id"] in h.get("/v1/facility").json()["you"]["tainted_note"]  # what to clear
+    # Clearing the narrowed one says where the taint is, and what to clear instead.
+    wrong = gateway.cli("--json", "token", "clear-taint", mine["token_id"], token=people["alice"])
+    assert wrong.returncode == 2 and f"clear-taint {me['token_id']}" in wrong.stdout, wrong.stdout
     cleared = gateway.cli("--json", "token", "clear-taint", me["token_id"], token=people["alice"])
     assert cleared.returncode == 0 and '"tainted": false' in cleared.stdout, cleared.stdout + cleared.stderr
     with gateway.http(people["bot1"], session="other") as h:

@@ -85,8 +85,15 @@ class Credentials:
         if owner == caller.name and not caller.principal.is_admin:
             raise Forbidden("a token's own holder cannot clear its taint; its sponsor or an admin can, "
                             f"with 'corral token clear-taint {token_id}'")
-        why = self.gate.clear_taint(token_id)
+        why = self.gate.clear_taint(token_id, owner)
         if why is None:
+            root = self.gate.store.block_root(token_id) or token_id
+            held = [b for b in (root, *self.gate.store.blocks_of(root))
+                    if b != token_id and self.gate.taint_key(b) in self.gate.tainted_keys()]
+            if held:  # narrowed from a tainted token: that one holds it
+                raise NotFound(f"token {token_id!r} is not tainted itself; the taint is on {', '.join(held)}, "
+                               "which it shares a root with",
+                               hint=f"clear that one: 'corral token clear-taint {held[0]}'")
             raise NotFound(f"token {token_id!r} is not tainted")
         self._cache.clear()
         return why

@@ -194,6 +194,9 @@ class Gate:
         why = self._taint.get(legacy)
         return (None, why) if why is not None else None
 
+    def tainted_keys(self) -> set[str]:
+        return set(self._taint)
+
     def tainted(self, caller: Caller) -> str | None:
         """Why the caller's credential is tainted (None: it is not)."""
         found = self.taint_of(caller)
@@ -208,12 +211,16 @@ class Gate:
         self.store.taint(key, caller.name, reason)
         return True
 
-    def clear_taint(self, token_id: str) -> str | None:
-        """-> the reason it was tainted, or None if it was not."""
-        why = self._taint.pop(self.taint_key(token_id), None)
-        if why is not None:
-            self.store.clear_taint(self.taint_key(token_id))
-        return why
+    def clear_taint(self, token_id: str, owner: str) -> str | None:
+        """Lift the taint of a token block, and any its ``owner`` still has from before
+        taints moved to credentials (by session or principal); -> the reason it was
+        tainted, or None if nothing was."""
+        keys = [self.taint_key(token_id), f"principal:{owner}"]
+        keys += [k for k in self._taint if k.startswith(f"session:{owner}:")]
+        whys = [w for w in (self._taint.pop(k, None) for k in keys) if w is not None]
+        for k in keys:
+            self.store.clear_taint(k)
+        return whys[0] if whys else None
 
     # -- the decision -----------------------------------------------------------------------
 

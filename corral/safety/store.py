@@ -39,6 +39,13 @@ class SafetyStore:
         row = self.db.conn.execute("SELECT principal FROM token_blocks WHERE id=?", (block_id,)).fetchone()
         return row[0] if row else None
 
+    def block_root(self, block_id: str) -> str | None:
+        row = self.db.conn.execute("SELECT root FROM token_blocks WHERE id=?", (block_id,)).fetchone()
+        return row[0] if row else None
+
+    def blocks_of(self, root: str) -> list[str]:
+        return [r[0] for r in self.db.conn.execute("SELECT id FROM token_blocks WHERE root=?", (root,))]
+
     def blocks(self, principals: list[str] | None) -> list[dict[str, Any]]:
         sql = "SELECT b.id, b.root, b.principal, b.first_seen, r.at FROM token_blocks b LEFT JOIN revoked r ON r.id=b.id"
         args: list[Any] = []
