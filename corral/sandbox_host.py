@@ -295,7 +295,7 @@ def connect(path: str, argv: list[str], log: str) -> tuple[socket.socket, int | 
         listener.listen(128)
         fd = listener.fileno()
         with open(log, "ab") as err:
-            child = subprocess.Popen([a.replace("{fd}", str(fd)) for a in argv], pass_fds=(fd,),
+            child = subprocess.Popen([str(fd) if a == "{fd}" else a for a in argv], pass_fds=(fd,),
                                      stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True)
         listener.close()
         with open(path + ".pid", "w") as f:

@@ -43,7 +43,7 @@ class Host:
         # A task's message carries its env (at most 128 KiB) and command (64 KiB).
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
         fd = str(theirs.fileno())
-        argv = [a.replace("{fd}", fd) for a in sandbox.wrap(kind, command(), workdir, None, user)]
+        argv = [fd if a == "{fd}" else a for a in sandbox.wrap(kind, command(), workdir, None, user)]
         self.log = log
         try:
             self.proc = proc.spawn(argv, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, stdout=log,
