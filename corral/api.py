@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from .api_models import (AdviceOut, BatchOut, FacilityOut, HealthOut, JobListOut, JobOut, JobsOut, NoteOut, NotesOut,
+from .api_models import (AdviceOut, BatchOut, EventsOut, FacilityOut, HealthOut, JobListOut, JobOut, JobsOut, NoteOut, NotesOut,
                          OutputOut, PrincipalOut, PublicKeyOut, RevokedOut, TaintClearedOut, TokenInfo, TokenOut,
                          WhoamiOut)
 from .errors import CorralError, RateLimited, Restarting, describe_validation
@@ -265,6 +265,18 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     ) -> Response:
         job, reached = await service.wait(c, job_id, timeout, until)
         return ok({**job.to_dict(), "reached": reached})
+
+    @app.get("/v1/events", tags=["jobs"], responses={200: {"model": EventsOut}})
+    async def events(
+        c: Caller = Depends(caller),
+        cursor: int | None = Query(None, ge=0, le=MAX_INT, description="The cursor the last call returned; none: from now on."),
+        timeout: float = Query(60.0, ge=0, le=86400, allow_inf_nan=False, description="Seconds to wait at most for a first event."),
+        limit: int = Query(200, ge=1, le=1000, description="Most events in one answer."),
+    ) -> Response:
+        """Every state change of your jobs (and your agents') after ``cursor``, oldest
+        first: a long-poll that answers at the first change. Resumable after a reconnect
+        or a gateway restart: nothing missed, nothing repeated."""
+        return ok(await service.events(c, cursor, timeout, limit))
 
     @app.get("/healthz", tags=["ops"], responses={200: {"model": HealthOut}})
     async def healthz() -> Response:

@@ -62,6 +62,24 @@ class JobsOut(_Out):
     reached: bool | None = None
 
 
+class EventOut(_Out):
+    event: int
+    """This change's place in the stream: a cursor."""
+    job_id: int
+    principal: str
+    state: JobState
+    exit_code: int | None
+    at: float
+
+
+class EventsOut(_Out):
+    events: list[EventOut]
+    cursor: int
+    """Pass it to the next call: the events after it come next."""
+    more: bool
+    """More events are waiting: call again at once."""
+
+
 class OutputOut(_Out):
     data: str
     offset: int

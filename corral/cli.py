@@ -373,7 +373,14 @@ def mcp_stdio(o: Ctx) -> None:
     client = Client(o.url, token, session)
     me = client.whoami()  # fail now, with a clear message, not on the agent's first call
     click.echo(f"corral mcp: serving {me['name']} (session {session}) on stdio, gateway {o.url}", err=True)
-    anyio.run(stdio_mcp(client).run_stdio_async)
+    from .config import load_settings
+
+    try:  # its waits' limits: the facility's file and CORRAL_MCP_* (the rest is the gateway's)
+        s = load_settings()
+        waits = (s.mcp_wait_s, s.mcp_progress_s)
+    except InvalidRequest as e:
+        _fail(str(e))
+    anyio.run(stdio_mcp(client, *waits).run_stdio_async)
 
 
 @cli.group()

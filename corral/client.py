@@ -155,6 +155,12 @@ class Client:
             params["until"] = until
         return self.request("GET", f"/v1/jobs/{job_id}/wait", params=params, timeout=timeout + 30)
 
+    def events(self, cursor: int | None, timeout: float, limit: int = 200) -> dict[str, Any]:
+        params: dict[str, Any] = {"timeout": timeout, "limit": limit}
+        if cursor is not None:
+            params["cursor"] = cursor
+        return self.request("GET", "/v1/events", params=params, timeout=timeout + 30)
+
     def output(self, job_id: int, **params: Any) -> dict[str, Any]:
         return self.request("GET", f"/v1/jobs/{job_id}/output", params={k: v for k, v in params.items() if v is not None})
 

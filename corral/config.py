@@ -144,6 +144,8 @@ class Settings(BaseModel):
     tick_s: float = Field(0.5, gt=0, le=60, description="Reconciler interval: one backend status call per tick.")
     max_backoff_s: float = Field(30.0, gt=0, description="Longest pause between ticks while the backend fails.")
     wait_max_s: float = Field(600.0, gt=0, description="Longest long-poll a client may ask of 'wait'.")
+    mcp_wait_s: float = Field(90.0, gt=0, le=600, description="Longest an MCP tool call waits before it answers 'not yet, call again' (Claude Code moves a call to the background after ~120 s).")
+    mcp_progress_s: float = Field(10.0, gt=0, le=60, description="A waiting MCP tool call sends a progress notification at least this often.")
     local_cpus: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, description="CPU slots of the local backend.")
     local_memory_mb: int = Field(default_factory=_total_memory_mb, ge=64, description="Memory (MB) of the local backend.")
     local_max_walltime_s: int = Field(7 * 86400, ge=1, description="Longest walltime the local backend accepts.")

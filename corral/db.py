@@ -140,6 +140,28 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE jobs ADD COLUMN idem_digest TEXT;
     """,
+    # 7: every state change of every job, in commit order, for the event stream
+    # (corral/control/events.py); written by triggers, so no path that changes a state
+    # can forget to
+    """
+    CREATE TABLE job_events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id INTEGER NOT NULL,
+        principal TEXT NOT NULL,
+        state TEXT NOT NULL,
+        exit_code INTEGER,
+        at REAL NOT NULL
+    );
+    CREATE INDEX job_events_principal ON job_events(principal, id);
+    CREATE TRIGGER job_events_submitted AFTER INSERT ON jobs BEGIN
+        INSERT INTO job_events (job_id, principal, state, exit_code, at)
+        VALUES (NEW.id, NEW.principal, NEW.state, NEW.exit_code, (julianday('now') - 2440587.5) * 86400.0);
+    END;
+    CREATE TRIGGER job_events_changed AFTER UPDATE OF state ON jobs WHEN NEW.state IS NOT OLD.state BEGIN
+        INSERT INTO job_events (job_id, principal, state, exit_code, at)
+        VALUES (NEW.id, NEW.principal, NEW.state, NEW.exit_code, (julianday('now') - 2440587.5) * 86400.0);
+    END;
+    """,
 ]
 
 _JOB_COLS = (
@@ -169,6 +191,17 @@ class Run(NamedTuple):
     exit_code: int | None
     reason: str | None
     start_time: float | None
+
+
+def _statements(sql: str) -> Iterator[str]:
+    """A migration's statements, one by one (a trigger's body holds semicolons of its own)."""
+    part = ""
+    for piece in sql.split(";"):
+        part += piece + ";"
+        if sqlite3.complete_statement(part):
+            if part.strip(" \n;"):
+                yield part
+            part = ""
 
 
 def _parse_spec(text: str) -> JobSpec:
@@ -239,7 +272,7 @@ class Database:
                 continue
             self.conn.execute("BEGIN IMMEDIATE")
             try:
-                for statement in filter(str.strip, sql.split(";")):
+                for statement in _statements(sql):
                     self.conn.execute(statement)
                 self.conn.execute(f"PRAGMA user_version={number}")
                 self.conn.execute("COMMIT")
@@ -465,6 +498,32 @@ class Database:
             self.conn.execute("ROLLBACK")
             raise
         self.conn.execute("COMMIT")
+
+    # -- the event stream ---------------------------------------------------------------
+
+    def events(self, after: int, principals: Iterable[str] | None, limit: int) -> list[tuple[Any, ...]]:
+        """State changes after event ``after``, oldest first: (id, job_id, principal,
+        state, exit_code, at); of ``principals`` only, unless None."""
+        sql = "SELECT id, job_id, principal, state, exit_code, at FROM job_events WHERE id > ?"
+        args: list[Any] = [after]
+        if principals is not None:
+            names = list(principals)
+            sql += f" AND principal IN ({','.join('?' * len(names))})"
+            args += names
+        return self.conn.execute(sql + " ORDER BY id LIMIT ?", [*args, limit]).fetchall()
+
+    def event_bounds(self) -> tuple[int, int]:
+        """(the newest event's id, the id before the oldest kept): 0 where there is none."""
+        newest, oldest = self.conn.execute("SELECT MAX(id), MIN(id) FROM job_events").fetchone()
+        if newest is None:  # none kept: AUTOINCREMENT still knows the last id given
+            row = self.conn.execute("SELECT seq FROM sqlite_sequence WHERE name='job_events'").fetchone()
+            return (row[0], row[0]) if row else (0, 0)
+        return newest, oldest - 1
+
+    def prune_events(self, before: float) -> int:
+        """Forget the events older than ``before`` (a time); -> how many."""
+        with self.transaction():
+            return self.conn.execute("DELETE FROM job_events WHERE at < ?", (before,)).rowcount
 
     def usage(self, principals: Iterable[str]) -> dict[str, Any]:
         """Jobs by state and CPU/GPU-hours (allocated CPUs x elapsed) of finished and

@@ -21,6 +21,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import time
 import uuid
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
@@ -37,12 +38,18 @@ from .service import Service
 log = logging.getLogger(__name__)
 
 MAX_OUTPUT_BYTES = 16_000  # what one tool result may put into a model's context
-MAX_WAIT_S = 300.0
+WAIT_S = 90.0
+"""Longest one tool call waits before it answers 'not yet, call again': clients move a
+call to the background after ~120 s (Claude Code) and may drop what it returns then."""
+PROGRESS_S = 10.0
+"""A waiting call sends a progress notification at least this often (clients' idle
+timeouts are ~15 s and up)."""
 
 INSTRUCTIONS = """corral runs your jobs on this HPC facility. Use these tools instead of sbatch/squeue.
 Typical loop: facility_info and recall (once) -> submit_job -> wait_for_job -> job_output -> remember what you learned.
 submit_job may return `advice` from earlier outcomes of the same script: read it.
-wait_for_job is a long-poll: call it instead of polling job_status in a loop."""
+wait_for_job is a long-poll: call it instead of polling job_status in a loop.
+With several jobs running, call wait_for_events with the cursor it returned last: one wait for all of them."""
 
 
 class Ops(Protocol):
@@ -57,6 +64,7 @@ class Ops(Protocol):
     async def facility(self) -> dict[str, Any]: ...
     async def remember(self, text: str, scope: str, expires: str | None, job_id: int | None) -> dict[str, Any]: ...
     async def recall(self, query: str, k: int) -> dict[str, Any]: ...
+    async def events(self, cursor: int | None, timeout: float) -> dict[str, Any]: ...
 
 
 class ServiceOps:
@@ -105,6 +113,9 @@ class ServiceOps:
     async def recall(self, query: str, k: int) -> dict[str, Any]:
         return {"notes": self.service.memory.recall(self.caller, query, k)}
 
+    async def events(self, cursor: int | None, timeout: float) -> dict[str, Any]:
+        return await self.service.events(self.caller, cursor, timeout)
+
 
 class RemoteOps:
     """Over stdio: a thin client of the running gateway."""
@@ -141,6 +152,9 @@ class RemoteOps:
 
     async def recall(self, query: str, k: int) -> dict[str, Any]:
         return await self._call(self.client.recall, query, k)
+
+    async def events(self, cursor: int | None, timeout: float) -> dict[str, Any]:
+        return await self._call(self.client.events, cursor, timeout)
 
 
 T = TypeVar("T")
@@ -210,7 +224,23 @@ def facility_card(info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def build_mcp(ops_for: Callable[[Context], Ops], card_info: Callable[[], Awaitable[dict[str, Any]]]) -> MCPServer:
+async def _waiting(ctx: Context, wait: Callable[[float], Awaitable[dict[str, Any]]], total: float, every: float,
+                   done: Callable[[dict[str, Any]], bool], say: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
+    """``wait(seconds)`` again and again, at most ``every`` seconds each, until ``done``
+    or ``total`` seconds have passed, with a progress notification between any two: one
+    long wait that no client's idle timeout ends."""
+    start = time.monotonic()
+    while True:
+        remaining = total - (time.monotonic() - start)
+        result = await wait(max(0.0, min(every, remaining)))
+        if done(result) or remaining <= every:
+            return result
+        # A client that went away makes this fail: the wait ends with it, nothing left waiting.
+        await ctx.report_progress(round(time.monotonic() - start, 1), total, say(result))
+
+
+def build_mcp(ops_for: Callable[[Context], Ops], card_info: Callable[[], Awaitable[dict[str, Any]]],
+              wait_s: float = WAIT_S, progress_s: float = PROGRESS_S) -> MCPServer:
     mcp = MCPServer("corral", instructions=INSTRUCTIONS, version="0.1.0")
 
     @mcp.tool()
@@ -262,15 +292,56 @@ def build_mcp(ops_for: Callable[[Context], Ops], card_info: Callable[[], Awaitab
 
     @mcp.tool()
     @_guarded
-    async def wait_for_job(ctx: Context, job_id: int, timeout_s: float = 120.0, until: str | None = None) -> dict[str, Any]:
-        """Wait until a job ends, at most `timeout_s` seconds (max 300). With `until` set to
-        a state (e.g. 'RUNNING') it returns once the job is there; with until='change' it
-        returns at the job's next state change. A long-poll: it returns the moment the
-        state changes and costs the scheduler nothing. If `reached` is false, call again."""
-        timeout = max(0.0, min(timeout_s, MAX_WAIT_S))
-        job = await ops_for(ctx).wait(job_id, timeout, until)
+    async def wait_for_job(ctx: Context, job_id: int, timeout_s: float | None = None,
+                           until: str | None = None) -> dict[str, Any]:
+        """Wait until a job ends. With `until` set to a state (e.g. 'RUNNING') it returns
+        once the job is there; with until='change' at the job's next state change. A
+        long-poll: it returns the moment the state changes and costs the scheduler
+        nothing. It answers within `timeout_s` (default and most: 90 s, so that no client
+        timeout loses the answer), with progress notifications while it waits; if
+        `reached` is false, the job is not there yet: call again."""
+        timeout = max(0.0, min(wait_s if timeout_s is None else timeout_s, wait_s))
+        ops = ops_for(ctx)
+        first: list[str] = []
+
+        def done(job: dict[str, Any]) -> bool:
+            first.append(job["state"])  # a change between two waits is still a change
+            return bool(job["reached"]) or (until == "change" and job["state"] != first[0])
+
+        job = await _waiting(ctx, lambda t: ops.wait(job_id, t, until), timeout, progress_s, done,
+                             lambda j: f"job {job_id} is {j['state']}")
+        if until == "change" and job["state"] != first[0]:
+            job["reached"] = True
         out = {**_compact(job), "reached": job["reached"]}
         out["next"] = _next_for(job) if job["reached"] else f"still {job['state']}: call wait_for_job job_id={job_id} again"
+        return out
+
+    @mcp.tool()
+    @_guarded
+    async def wait_for_events(ctx: Context, cursor: int | None = None, timeout_s: float | None = None) -> dict[str, Any]:
+        """Wait for the next state changes of all your jobs at once (submitted, running,
+        ended), instead of one wait_for_job per job. Pass the `cursor` the last call
+        returned: you get every change after it, exactly once, even after a reconnect or
+        a gateway restart. No cursor: from now on. Answers at the first change, or within
+        `timeout_s` (default and most: 90 s) with no events: then call again with the same
+        cursor."""
+        timeout = max(0.0, min(wait_s if timeout_s is None else timeout_s, wait_s))
+        ops = ops_for(ctx)
+        state = {"cursor": cursor}
+
+        async def wait(t: float) -> dict[str, Any]:
+            res = await ops.events(state["cursor"], t)
+            state["cursor"] = res["cursor"]  # from now on means from the first call's now
+            return res
+
+        res = await _waiting(ctx, wait, timeout, progress_s, lambda r: bool(r["events"]),
+                             lambda r: "no change of your jobs yet")
+        events = [{k: e[k] for k in ("job_id", "state", "exit_code") if e.get(k) is not None} for e in res["events"]]
+        ended = [e["job_id"] for e in events if e["state"] not in ("PENDING", "RUNNING", "UNKNOWN")]
+        out: dict[str, Any] = {"events": events, "cursor": res["cursor"], "more": res["more"]}
+        out["next"] = (f"more waiting: call wait_for_events cursor={res['cursor']} at once" if res["more"] else
+                       f"read the output of jobs {ended[:10]}, then call wait_for_events cursor={res['cursor']}"
+                       if ended else f"call wait_for_events cursor={res['cursor']} again")
         return out
 
     @mcp.tool()
@@ -375,12 +446,12 @@ def gateway_mcp(service: Service) -> MCPServer:
     async def card_info() -> dict[str, Any]:
         return await service.facility(None)
 
-    return build_mcp(ops_for, card_info)
+    return build_mcp(ops_for, card_info, service.settings.mcp_wait_s, service.settings.mcp_progress_s)
 
 
-def stdio_mcp(client: Any) -> MCPServer:
+def stdio_mcp(client: Any, wait_s: float = WAIT_S, progress_s: float = PROGRESS_S) -> MCPServer:
     ops = RemoteOps(client)
-    return build_mcp(lambda ctx: ops, ops.facility)
+    return build_mcp(lambda ctx: ops, ops.facility, wait_s, progress_s)
 
 
 def new_session_id() -> str:

@@ -23,6 +23,7 @@ from .accounts import Accounts
 from .clock import Clock
 from .backends import Backend
 from .config import Settings
+from .control.events import Events
 from .control.metrics import MeteredBackend, Metrics
 from .control.progress import Progress
 from .control.reconciler import Reconciler, Watchers
@@ -73,6 +74,8 @@ class Service:
             store = Memory(db, settings.memory.share_account, self.gate.clock)
         self.memory = MemoryVerbs(settings.memory, db, self.gate, self.audit, self.lanes, Facts(db), store)
         self.progress = Progress(db, self.watchers, self.memory)
+        self.stream = Events(db, self.watchers, settings.wait_max_s)
+        """The event stream of jobs' state changes (control/events.py)."""
         self.sender = Sender(db, self.lanes)
         if settings.fastlane.enabled:
             from .fastlane.lane import FastLane
@@ -362,6 +365,14 @@ class Service:
                 raise Restarting()
             # The last one asked for tends to end last: few wake-ups for a whole sweep.
             await self.watchers.wait(waiting[-1], remaining)
+
+    async def events(self, caller: Caller, cursor: int | None, timeout: float = 60.0,
+                     limit: int = 200) -> dict[str, Any]:
+        """Every state change of the caller's jobs after ``cursor``: one long-poll for
+        all of an agent's jobs (control/events.py)."""
+        self._may_read(caller)
+        self.stream.prune()
+        return await self.stream.wait(caller, cursor, timeout, limit)
 
     async def read_output(
         self, caller: Caller, job_id: int, stream: str = "stdout", offset: int = 0,

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import time
 import json
 import sys
 from typing import Any
@@ -19,7 +21,8 @@ from corral.server import build_service
 
 from .conftest import Gateway
 
-TOOLS = {"submit_job", "job_status", "wait_for_job", "job_output", "cancel_job", "list_jobs", "facility_info"}
+TOOLS = {"submit_job", "job_status", "wait_for_job", "wait_for_events", "job_output", "cancel_job", "list_jobs",
+         "facility_info"}
 
 
 def data(result: Any) -> dict[str, Any]:
@@ -176,3 +179,93 @@ def test_http_without_token_is_refused(gateway: Gateway) -> None:
 
     with pytest.raises(Exception):
         asyncio.run(scenario())
+
+
+def test_waits_fit_the_client_and_one_stream_carries_every_job(tmp_path, agent_dir) -> None:
+    """With the waits' limits short (settings): wait_for_job sends progress while it
+    waits and answers 'not yet, call again' within its limit; wait_for_events carries
+    every change of three jobs, in order, each once; a client that goes away mid-wait
+    leaves nothing waiting on the gateway."""
+    from .conftest import running
+
+    with running(tmp_path, CORRAL_MCP_WAIT_S="3", CORRAL_MCP_PROGRESS_S="1") as gw:
+        token = _agent(gw)
+        progress: list[tuple[float, str | None]] = []
+
+        async def on_progress(done: float, total: float | None, message: str | None) -> None:
+            progress.append((done, message))
+
+        async def scenario() -> dict[str, Any]:
+            http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60)
+            async with Client(streamable_http_client(f"{gw.url}/mcp", http_client=http)) as client:
+                start = data(await client.call_tool("wait_for_events", {"timeout_s": 0}))
+                assert start["events"] == []
+                long = data(await client.call_tool("submit_job", {"command": "sleep 30", "workdir": str(agent_dir),
+                                                                  "walltime": "5m"}))
+                t0 = asyncio.get_running_loop().time()
+                res = data(await client.call_tool("wait_for_job", {"job_id": long["job_id"], "timeout_s": 60},
+                                                  progress_callback=on_progress))
+                took = asyncio.get_running_loop().time() - t0
+                assert not res["reached"] and "again" in res["next"] and took < 10, (res, took)
+                ids = [data(await client.call_tool("submit_job", {"command": f"echo {i}", "workdir": str(agent_dir)}
+                                                   ))["job_id"] for i in range(3)]
+                seen: list[tuple[int, str]] = []
+                cursor = start["cursor"]
+                for _ in range(30):
+                    got = data(await client.call_tool("wait_for_events", {"cursor": cursor}))
+                    assert got["cursor"] >= cursor
+                    cursor = got["cursor"]
+                    seen += [(e["job_id"], e["state"]) for e in got["events"]]
+                    if all((j, "COMPLETED") in seen for j in ids):
+                        break
+                await client.call_tool("cancel_job", {"job_id": long["job_id"]})
+                return {"seen": seen, "ids": ids, "long": long["job_id"]}
+
+        out = asyncio.run(scenario())
+        assert len(progress) >= 2 and "is RUNNING" in (progress[-1][1] or ""), progress
+        for j in out["ids"]:
+            states = [s for jid, s in out["seen"] if jid == j]
+            # RUNNING is there when the gateway saw it: a job shorter than a tick may not be
+            assert states in (["PENDING", "RUNNING", "COMPLETED"], ["PENDING", "COMPLETED"]), (j, out["seen"])
+        assert len(out["seen"]) == len(set(out["seen"]))  # nothing twice
+
+        async def walk_away() -> None:
+            http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60)
+            async with Client(streamable_http_client(f"{gw.url}/mcp", http_client=http)) as client:
+                job = data(await client.call_tool("submit_job", {"command": "sleep 30", "workdir": str(agent_dir)}))
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(client.call_tool("wait_for_job", {"job_id": job["job_id"]}), 1.5)
+
+        asyncio.run(walk_away())
+        for _ in range(50):  # a wait's slice ends within progress_s; then nothing is left
+            if gw.metric("corral_waiters") == 0:
+                break
+            time.sleep(0.1)
+        assert gw.metric("corral_waiters") == 0
+
+
+def test_the_event_stream_resumes_across_a_restart(tmp_path, agent_dir) -> None:
+    """Over HTTP: a cursor taken before a gateway restart yields, after it, every change
+    since, once; another principal's jobs never appear; a cursor never given out is a 400."""
+    from .conftest import running
+
+    with running(tmp_path) as gw:
+        token = _agent(gw)
+        with gw.http(token) as h:
+            cursor = h.get("/v1/events", params={"timeout": 0}).json()["cursor"]
+            job = h.post("/v1/jobs", json={"command": "sleep 1", "workdir": str(agent_dir)}).json()["id"]
+        with gw.http() as h:  # the admin's own job: not the agent's to see
+            h.post("/v1/jobs", json={"command": "true", "workdir": str(tmp_path)})
+        gw.kill(signal.SIGKILL)
+        gw.start()
+        seen: list[tuple[int, str]] = []
+        with gw.http(token) as h:
+            while ("COMPLETED" not in [s for _, s in seen]):
+                r = h.get("/v1/events", params={"cursor": cursor, "timeout": 20})
+                assert r.status_code == 200, r.text
+                cursor = r.json()["cursor"]
+                seen += [(e["job_id"], e["state"]) for e in r.json()["events"]]
+            assert [s for _, s in seen] in (["PENDING", "RUNNING", "COMPLETED"], ["PENDING", "COMPLETED"]), seen
+            assert {j for j, _ in seen} == {job}
+            bad = h.get("/v1/events", params={"cursor": cursor + 1000, "timeout": 0})
+            assert bad.status_code == 400 and "never given out" in bad.json()["error"]["message"]

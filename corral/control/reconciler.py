@@ -35,6 +35,7 @@ class Watchers:
 
     def __init__(self, metrics: Metrics) -> None:
         self._events: dict[int, set[asyncio.Event]] = defaultdict(set)
+        self._any: set[asyncio.Event] = set()
         self.metrics = metrics
         self.stopping = False
         """Set when the gateway begins to stop: every long-poll wakes and answers 'call again'."""
@@ -59,10 +60,27 @@ class Watchers:
                 if not waiting:
                     del self._events[job_id]
 
+    async def wait_any(self, timeout: float) -> bool:
+        """Sleep until any job changes or ``timeout`` passes (the event stream's wait).
+        -> True if woken."""
+        if self.stopping:
+            return True
+        event = asyncio.Event()
+        self._any.add(event)
+        self.metrics.waiters.inc()
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            self.metrics.waiters.dec()
+            self._any.discard(event)
+
     def stop(self) -> None:
         """Wake every long-poll now (the gateway is stopping); later ones return at once."""
         self.stopping = True
-        for events in self._events.values():
+        for events in (*self._events.values(), self._any):
             for event in events:
                 event.set()
 
@@ -70,6 +88,8 @@ class Watchers:
         for job_id in job_ids:
             for event in self._events.get(job_id, ()):
                 event.set()
+        for event in self._any:
+            event.set()
 
 
 class Reconciler:
