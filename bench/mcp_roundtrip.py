@@ -39,6 +39,59 @@ async def time_calls(client: Client, job_id: int, n: int) -> list[float]:
     return out
 
 
+def size(res: object) -> int:
+    """Bytes of a tool result a model reads: its text blocks and its structured content."""
+    text = sum(len(c.text.encode()) for c in getattr(res, "content", []) if hasattr(c, "text"))
+    sc = getattr(res, "structured_content", None)
+    return text + (len(json.dumps(sc).encode()) if sc is not None else 0)
+
+
+async def loop_bytes(client: Client, workdir: str) -> int:
+    """Bytes read in one submit-wait-read loop of a one-line job."""
+    total = 0
+    sub = await client.call_tool("submit_job", {"command": "echo hello", "workdir": workdir})
+    total += size(sub)
+    job_id = sub.structured_content["job_id"]
+    for name, args in (("wait_for_job", {"job_id": job_id, "timeout_s": 30}), ("job_output", {"job_id": job_id})):
+        total += size(await client.call_tool(name, args))
+    return total
+
+
+async def events_vs_waits(client: Client, workdir: str, n: int) -> dict[str, object]:
+    """n jobs, twice: awaited with one wait_for_job each, then with wait_for_events from
+    a cursor until all have ended; calls, bytes and time of each; and the p50 of a
+    wait_for_events call that finds events waiting."""
+    out: dict[str, object] = {}
+    start = (await client.call_tool("wait_for_events", {"timeout_s": 0})).structured_content["cursor"]
+    ids = [(await client.call_tool("submit_job", {"command": "sleep 0.5", "workdir": workdir})).structured_content["job_id"]
+           for _ in range(n)]
+    t0, nbytes = time.perf_counter(), 0
+    for j in ids:
+        nbytes += size(await client.call_tool("wait_for_job", {"job_id": j, "timeout_s": 60}))
+    out["waits"] = {"calls": n, "bytes": nbytes, "s": round(time.perf_counter() - t0, 2)}
+    ids = set()
+    for _ in range(n):
+        ids.add((await client.call_tool("submit_job", {"command": "sleep 0.5", "workdir": workdir})).structured_content["job_id"])
+    cursor, calls, nbytes, ended, lat = start, 0, 0, set(), []
+    t0 = time.perf_counter()
+    while not ids <= ended:
+        t = time.perf_counter()
+        res = await client.call_tool("wait_for_events", {"cursor": cursor})
+        lat.append(time.perf_counter() - t)
+        calls, nbytes = calls + 1, nbytes + size(res)
+        sc = res.structured_content
+        cursor = sc["cursor"]
+        ended |= {e["job_id"] for e in sc["events"] if e["state"] not in ("PENDING", "RUNNING")}
+    out["events"] = {"calls": calls, "bytes": nbytes, "s": round(time.perf_counter() - t0, 2)}
+    ready = []
+    for _ in range(20):  # from the start: events are waiting, the call answers at once
+        t = time.perf_counter()
+        await client.call_tool("wait_for_events", {"cursor": start})
+        ready.append(time.perf_counter() - t)
+    out["events_p50_ms"] = round(pct(ready, 50) * 1000, 2)
+    return out
+
+
 def time_cmd(argv: list[str], env: dict[str, str], n: int) -> list[float]:
     out = []
     for _ in range(n):
@@ -72,10 +125,18 @@ def main() -> None:
             async with Client(params) as client:
                 return await time_calls(client, job_id, calls)
 
+        workdir = str(gw.home / "work")
+        os.makedirs(workdir, exist_ok=True)
+        os.chmod(workdir, 0o777)  # an agent's job runs contained, as an unprivileged user under root
+        extra: dict[str, object] = {}
+
         async def http() -> list[float]:
             hc = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60)
             async with Client(streamable_http_client(f"{gw.url}/mcp", http_client=hc)) as client:
-                return await time_calls(client, job_id, calls)
+                times = await time_calls(client, job_id, calls)
+                extra["bytes_per_loop"] = await loop_bytes(client, workdir)
+                extra["twenty"] = await events_vs_waits(client, workdir, 20)
+                return times
 
         print(f"{calls} job_status calls over stdio ...", file=sys.stderr)
         t_stdio = asyncio.run(stdio())
@@ -107,11 +168,16 @@ def main() -> None:
         "squeue_p50_ms": ms(t_squeue, 50),
         "cli_over_stdio": round(pct(t_cli, 50) / pct(t_stdio, 50), 1),
         "cli_over_http": round(pct(t_cli, 50) / pct(t_http, 50), 1),
+        "events_p50_ms": extra["twenty"]["events_p50_ms"],  # type: ignore[index]
+        "bytes_per_loop": extra["bytes_per_loop"], "twenty_jobs": extra["twenty"],
     }
     print(f"p50: stdio {result['stdio_p50_ms']} ms, HTTP {result['http_p50_ms']} ms, "
           f"`corral status --json` subprocess {result['cli_p50_ms']} ms"
           + (f", squeue {result['squeue_p50_ms']} ms" if t_squeue else " (no Slurm here: squeue not measured)"),
           file=sys.stderr)
+    tw = extra["twenty"]
+    print(f"20 jobs: twenty wait_for_job calls {tw['waits']}, wait_for_events {tw['events']}; "  # type: ignore[index]
+          f"bytes per submit-wait-read loop {extra['bytes_per_loop']}", file=sys.stderr)
     print(json.dumps(result))
 
 

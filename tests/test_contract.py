@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Gateway
+from .conftest import Gateway, running
+
+
+@pytest.fixture
+def gateway(tmp_path):
+    """Long-polls (wait, events) bounded to 1 s here: a generated timeout must not outlast
+    schemathesis' request timeout; a longer one is a documented 400."""
+    with running(tmp_path, CORRAL_WAIT_MAX_S="1") as gw:
+        yield gw
 
 CHECKS = "not_a_server_error,status_code_conformance,response_schema_conformance,content_type_conformance"
 
