@@ -109,7 +109,8 @@ def main() -> None:
     args = ap.parse_args()
     calls, cli_calls = (100, 15) if args.quick else (args.calls, args.cli_calls)
 
-    gw = GatewayProcess("--tick", "0.5")
+    # 20 CPU slots: the twenty jobs of the stream's arm run at once, as a sweep's do.
+    gw = GatewayProcess("--tick", "0.5", env={"CORRAL_LOCAL_CPUS": "20"})
     try:
         with gw.client() as h:
             h.post("/v1/principals", json={"name": "alice", "kind": "human"})

@@ -318,30 +318,34 @@ def build_mcp(ops_for: Callable[[Context], Ops], card_info: Callable[[], Awaitab
 
     @mcp.tool()
     @_guarded
-    async def wait_for_events(ctx: Context, cursor: int | None = None, timeout_s: float | None = None) -> dict[str, Any]:
-        """Wait for the next state changes of all your jobs at once (submitted, running,
-        ended), instead of one wait_for_job per job. Pass the `cursor` the last call
-        returned: you get every change after it, exactly once, even after a reconnect or
-        a gateway restart. No cursor: from now on. Answers at the first change, or within
-        `timeout_s` (default and most: 90 s) with no events: then call again with the same
-        cursor."""
+    async def wait_for_events(ctx: Context, cursor: int | None = None, timeout_s: float | None = None,
+                              ends_only: bool = True) -> dict[str, Any]:
+        """Wait for the next changes of all your jobs at once, instead of one wait_for_job
+        per job. Pass the `cursor` the last call returned: you get every change after it,
+        exactly once, even after a reconnect or a gateway restart. No cursor: from now
+        on. By default only jobs' ends (`ends_only`; false: also submitted and running).
+        Answers shortly after the first change, or within `timeout_s` (default and most:
+        90 s) with no events: then call again with the cursor it returned."""
         timeout = max(0.0, min(wait_s if timeout_s is None else timeout_s, wait_s))
         ops = ops_for(ctx)
-        state = {"cursor": cursor}
+        state: dict[str, Any] = {"cursor": cursor, "events": []}
+        live = ("PENDING", "RUNNING", "UNKNOWN")
 
         async def wait(t: float) -> dict[str, Any]:
             res = await ops.events(state["cursor"], t)
             state["cursor"] = res["cursor"]  # from now on means from the first call's now
+            state["events"] += [e for e in res["events"] if not ends_only or e["state"] not in live]
             return res
 
-        res = await _waiting(ctx, wait, timeout, progress_s, lambda r: bool(r["events"]),
-                             lambda r: "no change of your jobs yet")
-        events = [{k: e[k] for k in ("job_id", "state", "exit_code") if e.get(k) is not None} for e in res["events"]]
-        ended = [e["job_id"] for e in events if e["state"] not in ("PENDING", "RUNNING", "UNKNOWN")]
-        out: dict[str, Any] = {"events": events, "cursor": res["cursor"], "more": res["more"]}
-        out["next"] = (f"more waiting: call wait_for_events cursor={res['cursor']} at once" if res["more"] else
-                       f"read the output of jobs {ended[:10]}, then call wait_for_events cursor={res['cursor']}"
-                       if ended else f"call wait_for_events cursor={res['cursor']} again")
+        res = await _waiting(ctx, wait, timeout, progress_s, lambda r: bool(state["events"]) or r["more"],
+                             lambda r: "no job of yours has ended yet" if ends_only else "no change yet")
+        events = [{k: e[k] for k in ("job_id", "state", "exit_code") if e.get(k) is not None} for e in state["events"]]
+        ended = [e["job_id"] for e in events if e["state"] not in live]
+        cur = state["cursor"]
+        out: dict[str, Any] = {"events": events, "cursor": cur, "more": res["more"]}
+        out["next"] = (f"more waiting: call wait_for_events cursor={cur} at once" if res["more"] else
+                       f"read the output of jobs {ended[:10]}, then call wait_for_events cursor={cur}"
+                       if ended else f"call wait_for_events cursor={cur} again")
         return out
 
     @mcp.tool()

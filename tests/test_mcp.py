@@ -212,13 +212,16 @@ def test_waits_fit_the_client_and_one_stream_carries_every_job(tmp_path, agent_d
                 seen: list[tuple[int, str]] = []
                 cursor = start["cursor"]
                 for _ in range(30):
-                    got = data(await client.call_tool("wait_for_events", {"cursor": cursor}))
+                    got = data(await client.call_tool("wait_for_events", {"cursor": cursor, "ends_only": False}))
                     assert got["cursor"] >= cursor
                     cursor = got["cursor"]
                     seen += [(e["job_id"], e["state"]) for e in got["events"]]
                     if all((j, "COMPLETED") in seen for j in ids):
                         break
+                # By default, only ends: the one left is the long job, once cancelled.
                 await client.call_tool("cancel_job", {"job_id": long["job_id"]})
+                ends = data(await client.call_tool("wait_for_events", {"cursor": cursor}))
+                assert [(e["job_id"], e["state"]) for e in ends["events"]] == [(long["job_id"], "CANCELLED")], ends
                 return {"seen": seen, "ids": ids, "long": long["job_id"]}
 
         out = asyncio.run(scenario())

@@ -10,6 +10,7 @@ skipped.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -19,6 +20,9 @@ from ..principals import Caller
 from .reconciler import Watchers
 
 KEEP_S = 7 * 86400.0
+GATHER_S = 0.2
+"""After the first event, how long an answer waits for more: jobs of a sweep end in
+bursts, and one answer should carry the burst, not one event each."""
 RECHECK_S = 1.0
 """A waiting stream looks again at least this often (a submission wakes no watcher)."""
 MAX_LIMIT = 1000
@@ -38,9 +42,9 @@ class Events:
         return self.db.prune_events(now - KEEP_S)
 
     async def wait(self, caller: Caller, cursor: int | None, timeout: float, limit: int = 200) -> dict[str, Any]:
-        """Events after ``cursor`` (None: from now on) that the caller may see, as soon as
-        there is one, at most ``timeout`` seconds; -> {events, cursor, more}. Pass the
-        returned cursor to the next call."""
+        """Events after ``cursor`` (None: from now on) that the caller may see: ``GATHER_S``
+        after there is one, at most ``timeout`` seconds; -> {events, cursor, more}. Pass
+        the returned cursor to the next call."""
         if not 0 <= timeout <= self.wait_max_s:
             raise InvalidRequest(f"timeout must be between 0 and {self.wait_max_s:.0f} seconds")
         if not 1 <= limit <= MAX_LIMIT:
@@ -60,6 +64,9 @@ class Events:
         while True:
             rows = self.db.events(cursor, names, limit)
             remaining = deadline - time.monotonic()
+            if rows and len(rows) < limit and remaining > 0:
+                await asyncio.sleep(min(GATHER_S, remaining))
+                rows = self.db.events(cursor, names, limit)
             if rows or remaining <= 0:
                 break
             if self.watchers.stopping:
