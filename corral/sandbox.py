@@ -22,7 +22,10 @@ builds it a private view of the machine from kernel namespaces:
   ``setpriv``.
 
 One builder (``Sandbox.wrap``) serves every place a job starts: the local backend's
-supervisor, the Slurm batch script and each fast-lane task.
+supervisor, the Slurm batch script and the fast lane. Where a principal's jobs repeat
+in one working directory (the local backend, the fast lane), the sandbox is built once
+for that key and its jobs are started inside it (corral/sandbox_host.py): the same
+profile, ~1 ms per job instead of ~14.
 
 Where bwrap is missing or cannot build a namespace, sandboxed kinds' jobs are refused
 (``SandboxUnavailable``) with what the admin must do, unless the admin turned the

@@ -153,7 +153,8 @@ def stop(child: "Child") -> int:
         rc = child.wait(wait)
         if rc is not None:
             return rc
-    return child.wait(None) or -signal.SIGKILL
+    rc = child.wait(None)
+    return rc if rc is not None else -signal.SIGKILL
 
 
 class Child(Protocol):

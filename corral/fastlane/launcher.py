@@ -17,6 +17,10 @@ batches of task specs in (``run_batch``) and back only what was not pushed.
 Measured (1,000 `true`, 32 slots, no engine): the loop's own CPU went from 0.41 s to
 0.22 s when the journal write, the engine's wake-up and the output files' opens
 stopped being per task.
+
+A contained task (an agent's) is not spawned here: it is sent, with its output files
+opened here, to the sandbox built for its key (corral/fastlane/hosts.py), whose host
+reports its pid and its end over the same socket, watched in the same epoll.
 """
 
 from __future__ import annotations
