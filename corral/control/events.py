@@ -42,9 +42,9 @@ class Events:
         return self.db.prune_events(now - KEEP_S)
 
     async def wait(self, caller: Caller, cursor: int | None, timeout: float, limit: int = 200) -> dict[str, Any]:
-        """Events after ``cursor`` (None: from now on) that the caller may see: ``GATHER_S``
-        after there is one, at most ``timeout`` seconds; -> {events, cursor, more}. Pass
-        the returned cursor to the next call."""
+        """Events after ``cursor`` (None: from now on) that the caller may see: at once if
+        some are waiting, else ``GATHER_S`` after the first arrives, at most ``timeout``
+        seconds; -> {events, cursor, more}. Pass the returned cursor to the next call."""
         if not 0 <= timeout <= self.wait_max_s:
             raise InvalidRequest(f"timeout must be between 0 and {self.wait_max_s:.0f} seconds")
         if not 1 <= limit <= MAX_LIMIT:
@@ -61,10 +61,13 @@ class Events:
                            f"cursor={before_oldest}")
         names = None if caller.principal.is_admin else sorted(caller.visible)
         deadline = time.monotonic() + timeout
+        waited = False
         while True:
             rows = self.db.events(cursor, names, limit)
             remaining = deadline - time.monotonic()
-            if rows and len(rows) < limit and remaining > 0:
+            # Events found waiting are answered at once; ones that just came, with the
+            # rest of their burst.
+            if rows and waited and len(rows) < limit and remaining > 0:
                 await asyncio.sleep(min(GATHER_S, remaining))
                 rows = self.db.events(cursor, names, limit)
             if rows or remaining <= 0:
@@ -72,6 +75,7 @@ class Events:
             if self.watchers.stopping:
                 raise Restarting()
             await self.watchers.wait_any(min(RECHECK_S, remaining))
+            waited = True
         events = [{"event": e, "job_id": j, "principal": p, "state": s, "exit_code": x, "at": at}
                   for e, j, p, s, x, at in rows]
         return {"events": events, "cursor": events[-1]["event"] if events else cursor, "more": len(rows) == limit}
