@@ -39,7 +39,7 @@ from .safety import guard
 from .safety.output_guard import OutputGuard
 from .safety.audit import Audit, AuditLog
 from .safety.credentials import Credentials
-from .safety.gate import Gate, job_resource, job_text
+from .safety.gate import Gate, budgets, job_resource, job_text
 from .sandbox import Sandbox
 
 if TYPE_CHECKING:
@@ -449,8 +449,8 @@ class Service:
             info["you"] = {"principal": caller.name, "kind": caller.principal.kind.value,
                            "sponsor": caller.principal.sponsor, "session": caller.session, "active_jobs": len(mine),
                            "usage": self.db.usage([caller.name]),
-                           "quotas": caller.cap.limits if caller.cap else None,
-                           "quotas_note": None if caller.cap else "this token carries no budgets or caps"}
+                           "budgets": (found := budgets(self.gate.store, caller.cap)),
+                           "budgets_note": None if found else "this token carries no budgets or caps"}
             taint = self.gate.taint_of(caller)
             info["you"]["tainted"] = taint[1] if taint else None
             if taint:

@@ -248,6 +248,6 @@ def test_facility_and_health(gateway: Gateway, people, tmp_path) -> None:
     usage = f["you"]["usage"]
     assert usage["jobs_by_state"] == {"COMPLETED": 1}
     assert 2 * 0.9 / 3600 <= usage["cpu_hours"] <= 2 * 3.0 / 3600  # 2 CPUs for about a second
-    assert "quotas" in f["you"]
+    assert f["you"]["budgets"] == [] and "no budgets" in f["you"]["budgets_note"]
     assert httpx.get(f"{gateway.url}/healthz").json()["ok"] is True
     assert httpx.get(f"{gateway.url}/openapi.json").json()["info"]["title"] == "corral"

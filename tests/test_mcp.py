@@ -42,8 +42,21 @@ async def full_loop(client: Client, workdir: str) -> dict[str, Any]:
     tools = await client.list_tools()
     names = {t.name for t in tools.tools}
     assert TOOLS <= names
-    for t in tools.tools:
+    for t in tools.tools:  # described for a model: every field, closed choices, outputs, hints
         assert t.description and len(t.description) > 40, t.name
+        props = t.input_schema.get("properties", {})
+        assert all(p.get("description") for p in props.values()), (t.name, [n for n, p in props.items()
+                                                                           if not p.get("description")])
+        assert t.annotations is not None and t.annotations.read_only_hint is not None, t.name
+        assert t.output_schema or t.name in ("facility_info", "remember"), t.name
+    schema = {t.name: t.input_schema["properties"] for t in tools.tools}
+    assert "force" in schema["submit_job"] and "inputs" in schema["submit_job"]
+    for tool, field in (("submit_job", "lane"), ("job_output", "stream"), ("wait_for_job", "until"),
+                        ("list_jobs", "state"), ("remember", "scope")):
+        assert '"enum"' in json.dumps(schema[tool][field]), (tool, field, schema[tool][field])
+    annotations = {t.name: t.annotations for t in tools.tools}
+    assert annotations["cancel_job"].destructive_hint and not annotations["cancel_job"].read_only_hint
+    assert annotations["job_status"].read_only_hint and annotations["wait_for_events"].read_only_hint
     info = data(await client.call_tool("facility_info", {}))
     assert info["partitions"][0]["name"] == "local"
     sub = data(await client.call_tool("submit_job", {"command": "echo from-mcp; echo warn >&2", "workdir": workdir}))
@@ -58,8 +71,12 @@ async def full_loop(client: Client, workdir: str) -> dict[str, Any]:
     assert err["data"].split("\n")[1] == "warn" and err["data"].endswith("</untrusted-data>")
     listed = data(await client.call_tool("list_jobs", {}))
     assert sub["job_id"] in [j["id"] for j in listed["jobs"]]
-    status = data(await client.call_tool("job_status", {"job_id": sub["job_id"]}))
+    raw = await client.call_tool("job_status", {"job_id": sub["job_id"]})
+    status = data(raw)
     assert status["state"] == "COMPLETED" and status["exit_code"] == 0
+    # the text is a line for the model, not the structured content again
+    text = raw.content[0].text
+    assert f"job {sub['job_id']} COMPLETED" in text and len(text) < len(json.dumps(raw.structured_content))
 
     # A blocker holds both CPU slots, so the long job is surely PENDING when the wait begins.
     data(await client.call_tool("submit_job", {"command": "sleep 1", "cpus": 2, "workdir": workdir}))
@@ -79,12 +96,12 @@ async def full_loop(client: Client, workdir: str) -> dict[str, Any]:
         "cpus": await client.call_tool("submit_job", {"command": "true", "cpus": 10_000, "workdir": workdir}),
         "exactly one": await client.call_tool("submit_job", {"workdir": workdir}),
         "no job 999999": await client.call_tool("job_status", {"job_id": 999999}),
-        "unknown state": await client.call_tool("list_jobs", {"state": "DONE"}),
+        "state must be one of": await client.call_tool("list_jobs", {"state": "DONE"}),
     }
     for word, result in refusals.items():
         text = error_text(result)
         assert word.lower() in text.lower(), (word, text)
-        assert "Traceback" not in text and "File \"" not in text
+        assert "Traceback" not in text and "File \"" not in text and "pydantic" not in text, text
 
     card = await client.read_resource("corral://facility")
     text = card.contents[0].text

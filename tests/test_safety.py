@@ -213,6 +213,10 @@ def test_budgets_and_concurrency_caps(gateway: Gateway, people: dict[str, str], 
         # 0.1 CPU-hours = 360 CPU-seconds: 1 CPU x 10 min reserved is more than is left
         r = h.post("/v1/jobs", json={**job, "walltime": "10m"})
         assert r.status_code == 403 and "budget" in r.json()["error"]["message"]
+        # facility_info (HTTP and MCP) tells the agent what its token allows, and what is left
+        mine = h.get("/v1/facility").json()["you"]["budgets"]
+        assert mine and mine[0]["cpu_hours"]["limit"] == 0.1 and mine[0]["active_jobs"]["limit"] == 2
+        assert 0 <= mine[0]["cpu_hours"]["left"] <= 0.1 and mine[0]["active_jobs"]["now"] == 0
         assert h.post("/v1/jobs", json={**job, "command": "true", "walltime": "1m"}).status_code == 201
     # A sub-agent's narrowed token shares its parent's budget: it cannot spend it twice.
     _, sub = attenuate(tok["token"], Caveats(cpu_hours=10), _pubkey(gateway))

@@ -336,6 +336,30 @@ class Gate:
             raise
 
 
+def budgets(store: Any, cap: Any) -> list[dict[str, Any]]:
+    """What the caller's token limits, block by block, with what is used (or reserved)
+    and what remains: the figures ``admit`` checks, as an agent should read them."""
+    out: list[dict[str, Any]] = []
+    if cap is None:
+        return out
+    for i, limits in enumerate(cap.limits):
+        if not limits:
+            continue
+        ids = cap.block_ids[: i + 1]
+        used_cpu, used_gpu, active = store.used("/".join(ids))
+        row: dict[str, Any] = {"block": ids[-1]}
+        for key, used, unit in (("budget_cpu_s", used_cpu, "cpu_hours"), ("budget_gpu_s", used_gpu, "gpu_hours")):
+            if key in limits:
+                row[unit] = {"limit": round(limits[key] / 3600, 3), "used": round(used / 3600, 3),
+                             "left": round(max(0.0, limits[key] - used) / 3600, 3)}
+        if "max_active_jobs" in limits:
+            row["active_jobs"] = {"limit": limits["max_active_jobs"], "now": active}
+        if "submits_per_min" in limits:
+            row["submits_per_min"] = limits["submits_per_min"]
+        out.append(row)
+    return out
+
+
 def _content_key(text: str) -> str:
     """What the tag cache knows a text by."""
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
