@@ -63,12 +63,12 @@ async def full_loop(client: Client, workdir: str) -> dict[str, Any]:
     assert "wait_for_job" in sub["next"] and str(sub["job_id"]) in sub["next"]
     done = data(await client.call_tool("wait_for_job", {"job_id": sub["job_id"], "timeout_s": 30}))
     assert done["reached"] and done["state"] == "COMPLETED" and "job_output" in done["next"]
-    out = data(await client.call_tool("job_output", {"job_id": sub["job_id"]}))
-    # always marked as data for the model, flagged or not
-    assert out["data"] == f"<untrusted-data source='job {sub['job_id']} stdout'>\nfrom-mcp\n\n</untrusted-data>"
-    assert out["eof"]
-    err = data(await client.call_tool("job_output", {"job_id": sub["job_id"], "stream": "stderr", "tail_lines": 1}))
-    assert err["data"].split("\n")[1] == "warn" and err["data"].endswith("</untrusted-data>")
+    page = await client.call_tool("job_output", {"job_id": sub["job_id"]})
+    # always marked as data for the model, flagged or not; the page is the text, not sent twice
+    assert page.content[0].text == f"<untrusted-data source='job {sub['job_id']} stdout'>\nfrom-mcp\n\n</untrusted-data>"
+    assert data(page)["eof"] and "from-mcp" not in json.dumps(page.structured_content)
+    err = (await client.call_tool("job_output", {"job_id": sub["job_id"], "stream": "stderr", "tail_lines": 1})).content[0].text
+    assert err.split("\n")[1] == "warn" and err.endswith("</untrusted-data>")
     listed = data(await client.call_tool("list_jobs", {}))
     assert sub["job_id"] in [j["id"] for j in listed["jobs"]]
     raw = await client.call_tool("job_status", {"job_id": sub["job_id"]})
@@ -125,7 +125,7 @@ def test_in_process(tmp_path) -> None:
             runner.cancel()
 
     sub = asyncio.run(scenario())
-    assert sub["session"] == "inproc-1"
+    assert service.db.get_job(sub["job_id"]).session == "inproc-1"
 
 
 def _agent(gateway: Gateway) -> str:
