@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from .api_models import (AdviceOut, BatchOut, EventsOut, FacilityOut, HealthOut, JobListOut, JobOut, JobsOut, NoteOut, NotesOut,
+from .api_models import (AdviceOut, BatchOut, EventsOut, FacilityOut, PlanOut, HealthOut, JobListOut, JobOut, JobsOut, NoteOut, NotesOut,
                          OutputOut, PrincipalOut, PublicKeyOut, RevokedOut, TaintClearedOut, TokenInfo, TokenOut,
                          WhoamiOut)
 from .errors import CorralError, RateLimited, Restarting, describe_validation
@@ -384,6 +384,12 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     async def advice(spec: JobSpec, c: Caller = Depends(caller)) -> Response:
         """What corral remembers of a job like this one, without submitting it."""
         return ok(await service.advice(c, spec))
+
+    @app.post("/v1/plan", tags=["jobs"], responses={200: {"model": PlanOut}})
+    async def plan(spec: JobSpec, c: Caller = Depends(caller)) -> Response:
+        """What submitting this job now would do, without submitting it: allowed or the
+        rule that refuses, lane, estimated start, cost and budgets left, advice, cache."""
+        return ok(await service.plan(c, spec))
 
     @app.post("/v1/jobs/cancel", tags=["jobs"], responses={200: {"model": JobsOut}})
     async def cancel_many(body: CancelIn, c: Caller = Depends(caller)) -> Response:

@@ -80,6 +80,21 @@ class EventsOut(_Out):
     """More events are waiting: call again at once."""
 
 
+class PlanOut(_Out):
+    allowed: bool
+    """Whether a submission now would be taken."""
+    rule: str | None
+    """The rule that would allow it, or refuse it."""
+    refused: dict[str, Any] | None
+    cost: dict[str, float]
+    budgets: list[dict[str, Any]]
+    lane: str | None = None
+    start: dict[str, Any] | None = None
+    """{"start": a time or null, "how": how it was estimated}."""
+    advice: dict[str, Any] | None = None
+    cache: dict[str, Any] | None = None
+
+
 class OutputOut(_Out):
     data: str
     offset: int

@@ -143,6 +143,9 @@ class Client:
     def advice(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self.request("POST", "/v1/advice", json_body=spec)
 
+    def plan(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self.request("POST", "/v1/plan", json_body=spec)
+
     def job(self, job_id: int) -> dict[str, Any]:
         return self.request("GET", f"/v1/jobs/{job_id}")
 

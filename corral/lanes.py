@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from .backends import Backend, BackendStatus, OutputPaths, Partition, SubmitContext
-from .errors import CorralError, InvalidRequest
+from .errors import BackendError, CorralError, InvalidRequest
 from .jobs import JobSpec
 from .principals import Principal
 
@@ -72,6 +72,10 @@ class Lane(Protocol):
 
     async def close(self) -> None: ...
 
+    async def estimate(self, principal: Principal, spec: JobSpec) -> dict[str, Any]:
+        """When a job of ``spec`` submitted now would start: {"start": time or None, "how": ...}."""
+        ...
+
     def describe(self) -> dict[str, Any]:
         """What the facility card says of this lane."""
         ...
@@ -122,6 +126,14 @@ class BackendLane:
 
     async def close(self) -> None:
         await asyncio.to_thread(self.backend.close)
+
+    async def estimate(self, principal: Principal, spec: JobSpec) -> dict[str, Any]:
+        try:
+            start = await asyncio.to_thread(self.backend.estimate_start, spec)
+        except BackendError as e:
+            return {"start": None, "how": f"the scheduler could not say ({e.message})"}
+        how = "sbatch --test-only" if self.backend.name == "slurm" else "the queue now, each job running its whole walltime"
+        return {"start": start, "how": how}
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name}

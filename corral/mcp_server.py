@@ -36,6 +36,7 @@ class Ops(Protocol):
     """What the tools need, answered with the HTTP API's JSON shapes."""
 
     async def submit(self, spec: dict[str, Any], idempotency_key: str | None) -> dict[str, Any]: ...
+    async def plan(self, spec: dict[str, Any]) -> dict[str, Any]: ...
     async def job(self, job_id: int) -> dict[str, Any]: ...
     async def wait(self, job_id: int, timeout: float, until: str | None) -> dict[str, Any]: ...
     async def output(self, job_id: int, stream: str, offset: int, limit: int, tail: int | None) -> dict[str, Any]: ...
@@ -59,13 +60,12 @@ class ServiceOps:
         self.caller = caller
 
     async def submit(self, spec: dict[str, Any], idempotency_key: str | None) -> dict[str, Any]:
-        try:
-            parsed = JobSpec.model_validate(spec)
-        except ValidationError as e:
-            raise ToolError("invalid job: " + describe_validation(e.errors(), "arguments")) from None  # type: ignore[arg-type]
-        jobs, created = await self.service.submit(self.caller, [parsed], idempotency_key)
+        jobs, created = await self.service.submit(self.caller, [_parsed(spec)], idempotency_key)
         job = jobs[0]
         return {**job.summary(), "created": created, **({"advice": job.advice} if job.advice else {})}
+
+    async def plan(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return await self.service.plan(self.caller, _parsed(spec))
 
     async def job(self, job_id: int) -> dict[str, Any]:
         return self.service.get_job(self.caller, job_id).summary()
@@ -97,6 +97,13 @@ class ServiceOps:
         return await self.service.events(self.caller, cursor, timeout)
 
 
+def _parsed(spec: dict[str, Any]) -> JobSpec:
+    try:
+        return JobSpec.model_validate(spec)
+    except ValidationError as e:
+        raise ToolError("invalid job: " + describe_validation(e.errors(), "arguments")) from None  # type: ignore[arg-type]
+
+
 class RemoteOps:
     """Over stdio: a thin client of the running gateway."""
 
@@ -108,6 +115,9 @@ class RemoteOps:
 
     async def submit(self, spec: dict[str, Any], idempotency_key: str | None) -> dict[str, Any]:
         return await self._call(self.client.submit, spec, idempotency_key)
+
+    async def plan(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return await self._call(self.client.plan, spec)
 
     async def job(self, job_id: int) -> dict[str, Any]:
         return await self._call(self.client.job, job_id)

@@ -105,6 +105,18 @@ class OutputOut(_Out):
     eof: bool
 
 
+class PlanOut(_Out):
+    allowed: bool = Field(description="Whether submit_job would take it now.")
+    rule: str | None = Field(description="The rule that would allow it, or that refuses it.")
+    refused: dict[str, Any] | None = None
+    lane: str | None = None
+    start: dict[str, Any] | None = Field(None, description="{start: a time or null, how: how it was estimated}")
+    cost: dict[str, float]
+    budgets: list[dict[str, Any]]
+    advice: dict[str, Any] | None = None
+    cache: dict[str, Any] | None = None
+
+
 class JobsOut(_Out):
     jobs: list[dict[str, Any]]
     count: int
@@ -280,6 +292,27 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         advice = f" Advice: {' '.join(job['advice'])[:300]}" if job.get("advice") else ""
         return _result(f"{_said(job)}{'' if out['created'] else ' (an earlier submission)'}.{advice} "
                        f"Next: {out['next']}", out)
+
+    @mcp.tool(annotations=_annotations("Plan a job without submitting it", read_only=True))
+    @_guarded
+    async def plan_job(
+        ctx: Context, spec: Annotated[JobSpec, Field(description="The job, with submit_job's fields.")],
+    ) -> Annotated[CallToolResult, PlanOut]:
+        """What submit_job would do with this job now, without submitting it: whether
+        your token and the facility's policy allow it (and which rule refuses if not),
+        the lane it would take, when it would start, what it costs in CPU- and GPU-hours
+        and what would remain of your budgets, what corral remembers of runs like it, and
+        whether the result cache would answer it."""
+        plan = await ops_for(ctx).plan(spec.model_dump(by_alias=True, exclude_unset=True))
+        start = (plan.get("start") or {}).get("start")
+        when = ("now" if start is not None and start <= time.time() + 1 else
+                f"in about {format_duration(int(start - time.time()))}" if start is not None else "unknown")
+        said = (f"allowed (rule {plan['rule']}); lane {plan.get('lane') or '?'}; starts {when}; costs "
+                f"{plan['cost']['cpu_hours']} CPU-h, {plan['cost']['gpu_hours']} GPU-h" if plan["allowed"] else
+                f"refused by {plan['rule']}: {plan['refused']['message']}")
+        if (plan.get("cache") or {}).get("hit"):
+            said += f"; the result of job {plan['cache']['job_id']} would answer it"
+        return _result(said, plan)
 
     @mcp.tool(annotations=_annotations("Job status", read_only=True))
     @_guarded

@@ -247,6 +247,58 @@ class Service:
         self.audit.record(caller, "advice", "allow", rule, [{"command": (spec.command or "script")[:200]}])
         return said
 
+    async def plan(self, caller: Caller, spec: JobSpec) -> dict[str, Any]:
+        """What submitting ``spec`` now would do, without submitting: whether the token
+        and the policy allow it (the rule that refuses if not), the preflight, the lane,
+        the estimated start, the cost and what would remain of the budgets, the advice,
+        and whether the result cache would answer. Audited as a read; spends no rate."""
+        p = caller.principal
+        out: dict[str, Any] = {"allowed": True, "rule": None, "refused": None}
+        cost = {"cpu_hours": round(spec.cpus * spec.walltime_s / 3600, 4),
+                "gpu_hours": round(spec.gpus * spec.walltime_s / 3600, 4)}
+        lane: Lane | None = None
+        with self.audit.refusals(caller, "plan", {"command": (spec.command or "script")[:200]}):
+            self._may_read(caller)
+        try:
+            default = await asyncio.to_thread(self._preflight, {0: spec}, lambda i: "")
+            contained = self.sandbox is not None and self.sandbox.applies(p.kind.value) and self.sandbox.why_not is None
+            resource = job_resource(spec, caller.name, contained)
+            resource["partition"] = resource["partition"] or default
+            text = job_text(spec)
+            await self.gate.prepare(text)
+            await self.memory.prepare(spec)
+            out["rule"] = self.gate.check(caller, "submit", "Job", resource, text=text)
+            if self.sandbox is not None:
+                self.sandbox.require(p.kind.value)
+            routed = await self._cached_or_routed(p, spec)
+            if isinstance(routed, Job):
+                out["cache"] = {"hit": True, "job_id": routed.id, "state": routed.state.value}
+            else:
+                spec, lane = routed
+                out["cache"] = {"hit": False, "asked": bool(spec.cache)}
+                self.gate.admit(caller, [spec], take=False)
+        except CorralError as e:
+            out.update(allowed=False, rule=getattr(e, "rule", None) or e.code,
+                       refused={"message": e.message, "hint": e.hint})
+        out["cost"] = cost
+        left = []
+        for b in budgets(self.gate.store, caller.cap):
+            row = {"block": b["block"]}
+            for unit in ("cpu_hours", "gpu_hours"):
+                if unit in b:
+                    row[unit + "_left_after"] = round(b[unit]["left"] - cost[unit], 4)
+            left.append(row)
+        out["budgets"] = left
+        if lane is not None:
+            out["lane"] = lane.name
+            out["start"] = await lane.estimate(p, spec)
+        out["advice"] = self.memory.would_say(p, spec) if out["allowed"] else None
+        # The plan itself is a read that was allowed; what it foresaw is in its details.
+        self.audit.record(caller, "plan", "allow", "policy",
+                          [{"command": (spec.command or "script")[:200], "would_allow": out["allowed"],
+                            "would_rule": out["rule"]}])
+        return out
+
     # -- reading jobs -----------------------------------------------------------------------
 
     def _may_read(self, caller: Caller) -> None:

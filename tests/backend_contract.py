@@ -123,6 +123,15 @@ def test_impossible_request_is_refused_naming_the_limit(backend: Backend, tmp_pa
         backend.submit(ctx(), JobSpec(command="true", partition="nosuchpartition", workdir=str(tmp_path)))
 
 
+def test_a_start_estimate_is_the_schedulers_own(backend: Backend, tmp_path) -> None:
+    """sbatch --test-only on Slurm (other tests' jobs may hold its nodes: some time from
+    now), the queue here (idle: now)."""
+    start = backend.estimate_start(JobSpec(command="true", workdir=str(tmp_path), walltime="2m"))
+    assert start is not None and start > time.time() - 120, start
+    if backend.name == "local":
+        assert start < time.time() + 5
+
+
 def test_partitions_describe_the_facility(backend: Backend) -> None:
     parts = backend.partitions()
     assert parts and sum(p.default for p in parts) == 1

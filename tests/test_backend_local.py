@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -71,3 +72,16 @@ def test_relative_state_directory_works(tmp_path, monkeypatch) -> None:
 
 def test_free_counts_what_runs_now(backend, tmp_path) -> None:
     check_free_counts_what_runs(backend, tmp_path)
+
+
+def test_a_start_estimate_follows_the_queue(backend, tmp_path) -> None:
+    """The four slots held by 10-minute jobs, a fifth queued for 5: a new one-slot job
+    would start when they end (at their walltimes), the queued one first; a four-slot
+    job only once the queued one has ended too."""
+    for _ in range(4):
+        backend.submit(ctx(), JobSpec(command="sleep 60", workdir=str(tmp_path), walltime="10m"))
+    backend.submit(ctx(), JobSpec(command="sleep 60", workdir=str(tmp_path), walltime="5m"))
+    now = time.time()
+    start = backend.estimate_start(JobSpec(command="true", workdir=str(tmp_path), walltime="1m"))
+    assert start is not None and now + 590 < start < now + 620, start - now
+    assert backend.estimate_start(JobSpec(command="true", cpus=4, workdir=str(tmp_path))) > start + 290

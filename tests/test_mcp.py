@@ -21,8 +21,8 @@ from corral.server import build_service
 
 from .conftest import Gateway
 
-TOOLS = {"submit_job", "job_status", "wait_for_job", "wait_for_events", "job_output", "cancel_job", "list_jobs",
-         "facility_info"}
+TOOLS = {"submit_job", "plan_job", "job_status", "wait_for_job", "wait_for_events", "job_output", "cancel_job",
+         "list_jobs", "facility_info"}
 
 
 def data(result: Any) -> dict[str, Any]:
@@ -59,6 +59,10 @@ async def full_loop(client: Client, workdir: str) -> dict[str, Any]:
     assert annotations["job_status"].read_only_hint and annotations["wait_for_events"].read_only_hint
     info = data(await client.call_tool("facility_info", {}))
     assert info["partitions"][0]["name"] == "local"
+    plan = await client.call_tool("plan_job", {"spec": {"command": "true", "workdir": workdir, "walltime": "10m"}})
+    planned = data(plan)
+    assert planned["allowed"] and planned["lane"] == "local" and "starts now" in plan.content[0].text, planned
+    assert error_text(await client.call_tool("plan_job", {"spec": {"command": "true", "cpus": "many"}}))
     sub = data(await client.call_tool("submit_job", {"command": "echo from-mcp; echo warn >&2", "workdir": workdir}))
     assert "wait_for_job" in sub["next"] and str(sub["job_id"]) in sub["next"]
     done = data(await client.call_tool("wait_for_job", {"job_id": sub["job_id"], "timeout_s": 30}))

@@ -5,6 +5,7 @@ errors), the guard on job output with session taint, and the audit of every deci
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import httpx
@@ -336,3 +337,27 @@ def test_a_restart_keeps_revocations_taints_and_budgets(gateway: Gateway, people
         assert r.status_code == 403 and "budget" in r.json()["error"]["message"]
         assert h.post("/v1/jobs", json={"command": "true", "walltime": "30s", "workdir": str(agent_dir)}).status_code == 201
         h.post(f"/v1/jobs/{long.json()['id']}/cancel")
+
+
+def test_a_plan_says_what_a_submission_would_do_and_submits_nothing(gateway: Gateway, people: dict[str, str],
+                                                                     agent_dir) -> None:
+    """POST /v1/plan: allowed (the rule), lane, start, cost, budgets left, advice, cache;
+    refused by a budget or by the policy with the rule named; nothing submitted and no
+    rate spent; audited as a plan."""
+    with gateway.http(people["alice"]) as h:
+        tok = h.post("/v1/tokens", json={"for": "bot1", "expires": "1h", "cpu_hours": 1}).json()["token"]
+    job = {"command": "true", "workdir": str(agent_dir), "walltime": "30m", "cpus": 1}
+    with gateway.http(tok) as h:
+        ok = h.post("/v1/plan", json=job).json()
+        assert ok["allowed"] and ok["rule"] and ok["lane"] == "local" and ok["cost"]["cpu_hours"] == 0.5, ok
+        assert ok["start"]["start"] is not None and abs(ok["start"]["start"] - time.time()) < 60
+        assert ok["budgets"][0]["cpu_hours_left_after"] == 0.5 and ok["cache"] == {"hit": False, "asked": False}
+        big = h.post("/v1/plan", json={**job, "cpus": 2, "walltime": "1h"}).json()
+        assert not big["allowed"] and big["rule"] == "budget" and "budget" in big["refused"]["message"]
+        admin = h.post("/v1/plan", json={**job, "command": "scontrol shutdown"}).json()
+        assert not admin["allowed"] and "scheduler" in (admin["rule"] + admin["refused"]["message"]), admin
+        for _ in range(30):  # plans spend no rate and make no job
+            assert h.post("/v1/plan", json=job).status_code == 200
+        assert h.get("/v1/jobs").json()["jobs"] == []
+        assert h.post("/v1/jobs", json=job).status_code == 201
+    assert any(r["action"] == "plan" and r.get("would_allow") is False for r in _audit(gateway))

@@ -108,4 +108,9 @@ class Backend(Protocol):
         partition (None: the default), asked live; None when it cannot be known."""
         ...
 
+    def estimate_start(self, spec: JobSpec) -> float | None:
+        """When a job of ``spec`` submitted now would start (a time), as the scheduler
+        estimates it; None when it cannot say."""
+        ...
+
     def close(self) -> None: ...

@@ -201,6 +201,31 @@ class LocalBackend:
             self._reap()
             return self._free()
 
+    def estimate_start(self, spec: JobSpec) -> float | None:
+        """First come, first served, as this backend schedules: the jobs queued ahead
+        start as running ones end (each assumed to run its whole walltime), then this one."""
+        now = time.time()
+        with self._lock:
+            self._reap()
+            ends: list[tuple[float, int]] = []
+            for bid, r in self._running.items():
+                launch = _read_json(self.jobs_dir / bid / "launch.json") or {}
+                ends.append(((r.start_time or now) + launch.get("walltime_s", 0), r.cpus))
+            queued = [(c, (_read_json(self.jobs_dir / bid / "launch.json") or {}).get("walltime_s", 0))
+                      for bid, (c, _) in self._queue.items()]
+            free = self.cpus - sum(r.cpus for r in self._running.values())
+        t = now
+        for cpus, walltime in [*queued, (spec.cpus, spec.walltime_s)]:
+            ends.sort()
+            while free < cpus and ends:
+                end, freed = ends.pop(0)
+                t, free = max(t, end), free + freed
+            if free < cpus:
+                return None
+            free -= cpus
+            ends.append((t + walltime, cpus))
+        return t
+
     def close(self) -> None:
         """Jobs keep running: they belong to their supervisors, not to the gateway."""
 

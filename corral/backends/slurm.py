@@ -352,6 +352,19 @@ class SlurmBackend:
             best = room if best is None or room > best else best
         return best
 
+    def estimate_start(self, spec: JobSpec) -> float | None:
+        """``sbatch --test-only`` with the job's resources: Slurm's own answer (one RPC),
+        'Job N to start at 2026-12-01T21:05:11 ...' in the controller's local time."""
+        argv = ["sbatch", "--test-only", "--nodes=1", "--ntasks=1", f"--cpus-per-task={spec.cpus}",
+                f"--mem={spec.memory_mb}M", f"--time={max(1, -(-spec.walltime_s // 60))}", "--wrap=true"]
+        if spec.partition:
+            argv.append(f"--partition={spec.partition}")
+        if spec.gpus:
+            argv.append(f"--gres=gpu:{spec.gpus}")
+        r = proc.run(argv, env=self._env(), inherit_env=False, timeout=self.timeout_s, check=False)
+        m = re.search(r"to start at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", (r.stderr or "") + (r.stdout or ""))
+        return time.mktime(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) if m else None
+
     def output_paths(self, backend_id: str) -> OutputPaths:
         d = self._dir_of(backend_id) or self.jobs_dir / "missing"
         return OutputPaths(d / "stdout", d / "stderr")

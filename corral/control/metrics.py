@@ -99,5 +99,9 @@ class MeteredBackend:
         self._count("free")
         return self.inner.free(partition)
 
+    def estimate_start(self, spec: JobSpec) -> float | None:
+        self._count("estimate_start")
+        return self.inner.estimate_start(spec)
+
     def close(self) -> None:
         self.inner.close()

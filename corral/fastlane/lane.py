@@ -169,6 +169,14 @@ class FastLane:
         for pool in self.pools.values():
             await pool.close()
 
+    async def estimate(self, principal: Principal, spec: JobSpec) -> dict[str, Any]:
+        """At once where the principal's pool has a live allocation; else when one starts."""
+        pool = self.pools.get(self.key(principal, spec))
+        if pool is not None and any(a.up_since is not None for a in pool.allocations.values()):
+            return {"start": time.time(), "how": f"a live allocation of pool {pool.key.slug}"}
+        return {"start": None, "how": "when the pool's first allocation starts (a batch job of its own, "
+                                      "submitted with the first task)"}
+
     def describe(self) -> dict[str, Any]:
         s = self.settings
         return {"enabled": s.enabled, "default_lane": self.default_lane, "max_task_walltime_s": s.max_task_s,

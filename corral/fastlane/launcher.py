@@ -369,9 +369,15 @@ class Launcher:
                 out.append((r, self._release(r, os.waitstatus_to_exitcode(m["status"]), m["cpu_s"])))
         if host.ended:
             why = host.why_ended()
+            rc = host.proc.poll()  # bwrap's: -N or 128+N when a signal ended what it held
+            code = rc if rc is not None and rc < 0 else 128 - rc if rc is not None and rc > 128 else -signal.SIGKILL
             for r in list(host.tasks.values()):
                 running.pop(r.pidfd, None)
-                out.append((r, self._release(r, 137, 0.0, r.reason or why)))
+                end = self._release(r, code, 0.0, r.reason or why)
+                # A signal this launcher did not send (scancel of the allocation ends the
+                # sandbox too): suspect, as a bare task's, so it is counted lost with its allocation.
+                end["suspect"] = r.state is None and code in (-signal.SIGTERM, -signal.SIGKILL)
+                out.append((r, end))
             assert self._hosts is not None
             self._hosts.drop(host)
         return out

@@ -288,9 +288,10 @@ class Gate:
                           f"API calls of session {caller.session}"))
         self.buckets.take_all(wants, self.clock.monotonic())
 
-    def admit(self, caller: Caller, specs: list[JobSpec]) -> None:
+    def admit(self, caller: Caller, specs: list[JobSpec], take: bool = True) -> None:
         """Rates, budgets and concurrency for ``specs`` about to be submitted together.
-        Raises RateLimited (retry later) or Forbidden (a budget is spent)."""
+        Raises RateLimited (retry later) or Forbidden (a budget is spent). ``take=False``:
+        the answer only, no rate spent (a plan)."""
         s = self.settings
         n = len(specs)
         try:
@@ -330,7 +331,7 @@ class Gate:
                     raise RateLimited(f"token block {ids[-1]} allows {limits['max_active_jobs']} unfinished jobs at "
                                       f"once and has {active}", retry_after=30.0,
                                       hint="wait for some to end (corral wait), then submit again")
-            self.buckets.take_all(wants, self.clock.monotonic())
+            (self.buckets.take_all if take else self.buckets.check_all)(wants, self.clock.monotonic())
         except CorralError as e:
             e.rule = "rate-limit" if isinstance(e, RateLimited) else "budget"
             raise

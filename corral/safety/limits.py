@@ -70,3 +70,9 @@ class Buckets:
                 raise RateLimited(f"{what}: limit {rate * 60:g} per minute (burst {burst:g}); retry in {wait:.1f} s",
                                   retry_after=wait)
             taken.append((key, n))
+
+    def check_all(self, wants: list[tuple[str, float, float, float, str]], now: float | None = None) -> None:
+        """``take_all``'s answer without taking (a plan, not a submission)."""
+        self.take_all(wants, now)
+        for key, n, *_ in wants:
+            self._b[key].tokens += n
