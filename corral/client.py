@@ -143,6 +143,10 @@ class Client:
     def advice(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self.request("POST", "/v1/advice", json_body=spec)
 
+    def submit_batch(self, specs: list[dict[str, Any]], idempotency_key: str | None = None) -> dict[str, Any]:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return self.request("POST", "/v1/jobs/batch", json_body={"jobs": specs}, headers=headers)
+
     def plan(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self.request("POST", "/v1/plan", json_body=spec)
 

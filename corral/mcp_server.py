@@ -37,6 +37,7 @@ class Ops(Protocol):
 
     async def submit(self, spec: dict[str, Any], idempotency_key: str | None) -> dict[str, Any]: ...
     async def plan(self, spec: dict[str, Any]) -> dict[str, Any]: ...
+    async def submit_many(self, specs: list[dict[str, Any]], idempotency_key: str | None) -> dict[str, Any]: ...
     async def job(self, job_id: int) -> dict[str, Any]: ...
     async def wait(self, job_id: int, timeout: float, until: str | None) -> dict[str, Any]: ...
     async def output(self, job_id: int, stream: str, offset: int, limit: int, tail: int | None) -> dict[str, Any]: ...
@@ -66,6 +67,10 @@ class ServiceOps:
 
     async def plan(self, spec: dict[str, Any]) -> dict[str, Any]:
         return await self.service.plan(self.caller, _parsed(spec))
+
+    async def submit_many(self, specs: list[dict[str, Any]], idempotency_key: str | None) -> dict[str, Any]:
+        jobs, created = await self.service.submit(self.caller, [_parsed(s) for s in specs], idempotency_key)
+        return {"jobs": [j.summary() for j in jobs], "created": created}
 
     async def job(self, job_id: int) -> dict[str, Any]:
         return self.service.get_job(self.caller, job_id).summary()
@@ -118,6 +123,9 @@ class RemoteOps:
 
     async def plan(self, spec: dict[str, Any]) -> dict[str, Any]:
         return await self._call(self.client.plan, spec)
+
+    async def submit_many(self, specs: list[dict[str, Any]], idempotency_key: str | None) -> dict[str, Any]:
+        return await self._call(self.client.submit_batch, specs, idempotency_key)
 
     async def job(self, job_id: int) -> dict[str, Any]:
         return await self._call(self.client.job, job_id)

@@ -105,6 +105,13 @@ class OutputOut(_Out):
     eof: bool
 
 
+class SweepOut(_Out):
+    job_ids: list[int]
+    created: bool
+    cursor: int = Field(description="The event stream's cursor from just before the submission.")
+    next: str
+
+
 class PlanOut(_Out):
     allowed: bool = Field(description="Whether submit_job would take it now.")
     rule: str | None = Field(description="The rule that would allow it, or that refuses it.")
@@ -291,6 +298,28 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
                **({"advice": job["advice"]} if job.get("advice") else {})}
         advice = f" Advice: {' '.join(job['advice'])[:300]}" if job.get("advice") else ""
         return _result(f"{_said(job)}{'' if out['created'] else ' (an earlier submission)'}.{advice} "
+                       f"Next: {out['next']}", out)
+
+    @mcp.tool(annotations=_annotations("Submit many jobs at once", read_only=False, idempotent=False))
+    @_guarded
+    async def submit_jobs(
+        ctx: Context,
+        jobs: Annotated[list[JobSpec], Field(min_length=1, max_length=1000, description=(
+            "The jobs (1 to 1,000), each with submit_job's fields: a parameter sweep in one call."))],
+        idempotency_key: Annotated[str | None, Field(
+            description="If you may retry: the same key always returns the same jobs, never a second set.")] = None,
+    ) -> Annotated[CallToolResult, SweepOut]:
+        """Submit a sweep in one call: every job is checked before any is recorded, so
+        either all are taken or none (the error names the job). Then wait for them all
+        with wait_for_events."""
+        ops = ops_for(ctx)
+        cursor = (await ops.events(None, 0.0))["cursor"]  # taken first: no end of these can come before it
+        res = await ops.submit_many([j.model_dump(by_alias=True, exclude_unset=True) for j in jobs], idempotency_key)
+        ids = [j["id"] for j in res["jobs"]]
+        out = {"job_ids": ids, "created": res["created"], "cursor": cursor,
+               "next": f"call wait_for_events cursor={cursor}: each job's end comes once; then read its output"}
+        span = f"{ids[0]}..{ids[-1]}" if len(ids) > 1 else str(ids[0])
+        return _result(f"{len(ids)} jobs ({span}){'' if res['created'] else ', an earlier submission'}. "
                        f"Next: {out['next']}", out)
 
     @mcp.tool(annotations=_annotations("Plan a job without submitting it", read_only=True))

@@ -175,9 +175,14 @@ class _Host:
         except OSError:
             data, fds = b"", []
         if not data:  # its tasks die with it (a supervisor, a worker)
-            for (c, _), pid in list(self.pids.items()):
-                if c == cfd:
+            for key, pid in list(self.pids.items()):
+                if key[0] == cfd:
                     _killpg(pid)
+                    del self.pids[key]
+            # Their ends are told to no one: the next connection may be given this fd number.
+            for pidfd, (c, jid, pid) in list(self.running.items()):
+                if c == cfd:
+                    self.running[pidfd] = (-1, jid, pid)
             self.ep.unregister(cfd)
             self.conns.pop(cfd).close()
             return

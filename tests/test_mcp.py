@@ -21,7 +21,7 @@ from corral.server import build_service
 
 from .conftest import Gateway
 
-TOOLS = {"submit_job", "plan_job", "job_status", "wait_for_job", "wait_for_events", "job_output", "cancel_job",
+TOOLS = {"submit_job", "submit_jobs", "plan_job", "job_status", "wait_for_job", "wait_for_events", "job_output", "cancel_job",
          "list_jobs", "facility_info"}
 
 
@@ -106,6 +106,21 @@ async def full_loop(client: Client, workdir: str) -> dict[str, Any]:
         text = error_text(result)
         assert word.lower() in text.lower(), (word, text)
         assert "Traceback" not in text and "File \"" not in text and "pydantic" not in text, text
+
+    # a sweep in one call, awaited through the stream from the cursor it returned
+    sweep = data(await client.call_tool("submit_jobs", {"jobs": [{"command": f"echo s{i}", "workdir": workdir}
+                                                                 for i in range(3)]}))
+    assert len(sweep["job_ids"]) == 3 and f"cursor={sweep['cursor']}" in sweep["next"]
+    ends: set[int] = set()
+    cursor = sweep["cursor"]
+    for _ in range(20):
+        got = data(await client.call_tool("wait_for_events", {"cursor": cursor, "timeout_s": 30}))
+        cursor, ends = got["cursor"], ends | {e["job_id"] for e in got["events"]}
+        if set(sweep["job_ids"]) <= ends:
+            break
+    assert set(sweep["job_ids"]) <= ends, (sweep, ends)
+    bad = error_text(await client.call_tool("submit_jobs", {"jobs": [{"command": "true"}, {"cpus": 2}]}))
+    assert "jobs.1" in bad and "exactly one" in bad and "pydantic" not in bad, bad
 
     card = await client.read_resource("corral://facility")
     text = card.contents[0].text
