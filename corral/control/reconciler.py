@@ -42,31 +42,18 @@ class Watchers:
 
     async def wait(self, job_id: int, timeout: float) -> bool:
         """Sleep until ``job_id`` changes or ``timeout`` passes. -> True if woken."""
-        if self.stopping:
-            return True
-        event = asyncio.Event()
-        self._events[job_id].add(event)
-        self.metrics.waiters.inc()
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
-        finally:
-            self.metrics.waiters.dec()
-            waiting = self._events.get(job_id)
-            if waiting is not None:
-                waiting.discard(event)
-                if not waiting:
-                    del self._events[job_id]
+        return await self._sleep(self._events[job_id], timeout, job_id)
 
     async def wait_any(self, timeout: float) -> bool:
         """Sleep until any job changes or ``timeout`` passes (the event stream's wait).
         -> True if woken."""
+        return await self._sleep(self._any, timeout, None)
+
+    async def _sleep(self, waiting: set[asyncio.Event], timeout: float, job_id: int | None) -> bool:
         if self.stopping:
             return True
         event = asyncio.Event()
-        self._any.add(event)
+        waiting.add(event)
         self.metrics.waiters.inc()
         try:
             await asyncio.wait_for(event.wait(), timeout)
@@ -75,7 +62,9 @@ class Watchers:
             return False
         finally:
             self.metrics.waiters.dec()
-            self._any.discard(event)
+            waiting.discard(event)
+            if job_id is not None and not waiting:
+                self._events.pop(job_id, None)
 
     def stop(self) -> None:
         """Wake every long-poll now (the gateway is stopping); later ones return at once."""
