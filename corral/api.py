@@ -19,9 +19,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from .api_models import (AdviceOut, BatchOut, EventsOut, FacilityOut, PlanOut, HealthOut, JobListOut, JobOut, JobsOut, NoteOut, NotesOut,
-                         OutputOut, PrincipalOut, PublicKeyOut, RevokedOut, TaintClearedOut, TokenInfo, TokenOut,
-                         WhoamiOut)
+from .api_models import (AdviceOut, BatchOut, EventsOut, FacilityOut, HealthOut, JobListOut, JobOut, JobsOut,
+                         NoteOut, NotesOut, OutputOut, PlanOut, PrincipalOut, PublicKeyOut, RevokedOut,
+                         TaintClearedOut, TokenInfo, TokenOut, WhoamiOut)
 from .errors import CorralError, RateLimited, Restarting, describe_validation
 from .jobs import MAX_INT, JobSpec
 
