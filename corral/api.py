@@ -174,7 +174,15 @@ class RequireToken:
         try:
             self.service.authenticate(bearer_token(headers.get("authorization")), headers.get("x-corral-session"))
         except CorralError as e:
-            await error_response(e)(scope, receive, send)
+            # A JSON-RPC error in the body: the MCP client shows its message (what to do),
+            # where a bare 401 became "Server returned an error response".
+            text = e.message + (f" ({e.hint})" if e.hint else "")
+            body = {"jsonrpc": "2.0", "id": None,
+                    "error": {"code": -32001, "message": text, "data": {"code": e.code, "hint": e.hint}}}
+            quoted = text.replace("\\", "").replace('"', "'")
+            headers_out = {"WWW-Authenticate": f'Bearer error="invalid_token", error_description="{quoted}"'} \
+                if e.status == 401 else None
+            await JSONResponse(body, status_code=e.status, headers=headers_out)(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
