@@ -163,11 +163,13 @@ class ContainErrors:
 
 class RequireToken:
     """Refuse an MCP connection without a valid token at the transport (HTTP 401),
-    before any MCP session exists; the tools then authenticate each call again."""
+    before any MCP session exists; the tools then authenticate each call again.
+    ``metadata``: the RFC 9728 document's URL, named in each 401 where one is published."""
 
-    def __init__(self, app: Any, service: Service) -> None:
+    def __init__(self, app: Any, service: Service, metadata: str | None = None) -> None:
         self.app = app
         self.service = service
+        self.metadata = metadata
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
@@ -180,7 +182,8 @@ class RequireToken:
             body = {"jsonrpc": "2.0", "id": None,
                     "error": {"code": -32001, "message": text, "data": {"code": e.code, "hint": e.hint}}}
             quoted = text.replace("\\", "").replace('"', "'")
-            headers_out = {"WWW-Authenticate": f'Bearer error="invalid_token", error_description="{quoted}"'} \
+            where = f', resource_metadata="{self.metadata}"' if self.metadata else ""
+            headers_out = {"WWW-Authenticate": f'Bearer error="invalid_token", error_description="{quoted}"{where}'} \
                 if e.status == 401 else None
             await JSONResponse(body, status_code=e.status, headers=headers_out)(scope, receive, send)
             return
@@ -418,9 +421,19 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         return ok((await service.cancel(c, [job_id]))[0].to_dict())
 
     # MCP over streamable HTTP: the SDK's endpoint, behind the token check.
+    metadata = None
+    if service.settings.mcp_authorization_servers:  # RFC 9728, through the SDK's own routes
+        from mcp.server.auth.routes import build_resource_metadata_url, create_protected_resource_routes
+        from pydantic import AnyHttpUrl
+
+        resource = AnyHttpUrl(f"{service.settings.base_url}/mcp")
+        app.router.routes.extend(create_protected_resource_routes(
+            resource, [AnyHttpUrl(u) for u in service.settings.mcp_authorization_servers], resource_name="corral",
+            resource_documentation=AnyHttpUrl(f"{service.settings.base_url}/docs")))
+        metadata = str(build_resource_metadata_url(resource))
     for route in mcp_app.routes:
         if isinstance(route, Route) and route.path == "/mcp":
-            app.router.routes.append(Route("/mcp", endpoint=RequireToken(route.app, service)))
+            app.router.routes.append(Route("/mcp", endpoint=RequireToken(route.app, service, metadata)))
 
     @app.get("/v1/facility", tags=["facility"], responses={200: {"model": FacilityOut}})
     async def facility(c: Caller = Depends(caller)) -> Response:

@@ -146,6 +146,7 @@ class Settings(BaseModel):
     wait_max_s: float = Field(600.0, gt=0, description="Longest long-poll a client may ask of 'wait'.")
     mcp_wait_s: float = Field(90.0, gt=0, le=600, description="Longest an MCP tool call waits before it answers 'not yet, call again' (Claude Code moves a call to the background after ~120 s).")
     mcp_progress_s: float = Field(10.0, gt=0, le=60, description="A waiting MCP tool call sends a progress notification at least this often.")
+    mcp_authorization_servers: list[str] = Field(default_factory=list, description="The facility's OAuth authorization servers (URLs) that MCP clients may get a token from: published as the /mcp resource's RFC 9728 metadata. Empty: none is published (corral's own tokens, minted by a sponsor, are the way in).")
     local_cpus: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, description="CPU slots of the local backend.")
     local_memory_mb: int = Field(default_factory=_total_memory_mb, ge=64, description="Memory (MB) of the local backend.")
     local_max_walltime_s: int = Field(7 * 86400, ge=1, description="Longest walltime the local backend accepts.")
@@ -176,6 +177,14 @@ class Settings(BaseModel):
             base = given.model_dump() if isinstance(given, BaseModel) else dict(given or {})
             out[part] = {**base, **values}
         return out
+
+    @field_validator("mcp_authorization_servers")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        for url in v:
+            if not url.startswith(("https://", "http://")) or len(url) > 2000:
+                raise ValueError(f"mcp_authorization_servers: {url[:80]!r} is not an http(s) URL")
+        return v
 
     @field_validator("home")
     @classmethod

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import asyncio
-import signal
-import time
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from typing import Any
 
 import httpx2
@@ -320,3 +322,23 @@ def test_the_event_stream_resumes_across_a_restart(tmp_path, agent_dir) -> None:
             assert {j for j, _ in seen} == {job}
             bad = h.get("/v1/events", params={"cursor": cursor + 1000, "timeout": 0})
             assert bad.status_code == 400 and "never given out" in bad.json()["error"]["message"]
+
+
+def test_protected_resource_metadata_tells_a_client_where_tokens_come_from(tmp_path) -> None:
+    """RFC 9728: with the facility's authorization servers configured, /mcp publishes its
+    metadata (through the SDK's routes) and every 401 names it; a bad URL is a clear
+    start-up error."""
+    from .conftest import running
+
+    with running(tmp_path, CORRAL_MCP_AUTHORIZATION_SERVERS='["https://idp.example.org/"]') as gw:
+        meta = httpx2.get(f"{gw.url}/.well-known/oauth-protected-resource/mcp").json()
+        assert meta["resource"] == f"{gw.url}/mcp" and meta["authorization_servers"] == ["https://idp.example.org/"]
+        assert meta["bearer_methods_supported"] == ["header"]
+        r = httpx2.post(f"{gw.url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                        headers={"Accept": "application/json, text/event-stream"})
+        assert r.status_code == 401
+        assert f'resource_metadata="{gw.url}/.well-known/oauth-protected-resource/mcp"' in r.headers["www-authenticate"]
+    bad = subprocess.run([sys.executable, "-m", "corral.cli", "serve", "--port", "0"], capture_output=True, text=True,
+                         env={**os.environ, "CORRAL_HOME": str(tmp_path / "h2"),
+                              "CORRAL_MCP_AUTHORIZATION_SERVERS": '["idp.example.org"]'}, timeout=60)
+    assert bad.returncode == 2 and "not an http(s) URL" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
