@@ -222,6 +222,7 @@ class Hosted:
         try:
             for attempt in range(2):  # a host that exited as we connected: built anew, once
                 self.conn, self.root = connect(host["socket"], host["argv"], host["log"])
+                self.conn.settimeout(30)  # a sandbox that never answers fails the job; it does not hang it
                 socket.send_fds(self.conn, [json.dumps({"id": 0, "argv": launch["argv"], "env": launch["env"]}).encode()],
                                 fds)
                 m = self._next()
@@ -231,6 +232,7 @@ class Hosted:
                 if m is None or "error" in m:
                     raise OSError((m or {}).get("error") or "its sandbox ended before the job started")
                 self.inner = m["pid"]
+                self.conn.settimeout(None)
                 break
         finally:
             for f in fds[2:]:
