@@ -347,7 +347,7 @@ def test_local_jobs_of_a_principal_in_a_directory_share_one_built_sandbox(tmp_pa
     job builds it anew."""
     need_bwrap()
     ns = "readlink /proc/self/ns/pid; readlink /proc/self/ns/user"
-    with running(tmp_path, HOME=str(canary["home"])) as gw:
+    with running(tmp_path, cpus=4, HOME=str(canary["home"])) as gw:  # the three jobs at once
         t = pair(gw)
         with gw.http() as h:
             assert h.post("/v1/principals", json={"name": "bot2", "kind": "agent", "sponsor": "alice"}).status_code == 201
