@@ -140,17 +140,9 @@ class Service:
         distinct = {t: specs[i] for t, i in first.items()}
         default = await asyncio.to_thread(self._preflight, {first[t]: s for t, s in distinct.items()}, where)
         rule = "default"
-        contained = self.sandbox is not None and self.sandbox.applies(caller.principal.kind.value) \
-            and self.sandbox.why_not is None
         for t, s in distinct.items():
             with _prefixed(where(first[t])):
-                resource = job_resource(s, caller.name, contained)
-                if not resource["partition"]:  # decided as where it will run: the default partition
-                    resource["partition"] = default
-                text = job_text(s)
-                await self.gate.prepare(text)
-                await self.memory.prepare(s)
-                rule = self.gate.check(caller, "submit", "Job", resource, text=text)
+                rule = await self._decide(caller, s, default)
         p = caller.principal
         if self.sandbox is not None:
             self.sandbox.require(p.kind.value)
@@ -223,6 +215,19 @@ class Service:
                     log.warning("preflight skipped, the scheduler's limits are unavailable: %s", e)
         return self._default_partition()
 
+    async def _decide(self, caller: Caller, spec: JobSpec, default: str) -> str:
+        """The token and the policy on one spec, as it would run (``default``: the default
+        partition); -> the rule that allows, or raises the refusal. Records nothing."""
+        kind = caller.principal.kind.value
+        contained = self.sandbox is not None and self.sandbox.applies(kind) and self.sandbox.why_not is None
+        resource = job_resource(spec, caller.name, contained)
+        if not resource["partition"]:  # decided as where it will run: the default partition
+            resource["partition"] = default
+        text = job_text(spec)
+        await self.gate.prepare(text)
+        await self.memory.prepare(spec)
+        return self.gate.check(caller, "submit", "Job", resource, text=text)
+
     async def _cached_or_routed(self, principal: Principal, spec: JobSpec) -> tuple[JobSpec, Lane] | Job:
         """The earlier job with this exact result (``cache``), else the spec routed to its lane."""
         if spec.cache and self.memory.store is not None:
@@ -261,13 +266,7 @@ class Service:
             self._may_read(caller)
         try:
             default = await asyncio.to_thread(self._preflight, {0: spec}, lambda i: "")
-            contained = self.sandbox is not None and self.sandbox.applies(p.kind.value) and self.sandbox.why_not is None
-            resource = job_resource(spec, caller.name, contained)
-            resource["partition"] = resource["partition"] or default
-            text = job_text(spec)
-            await self.gate.prepare(text)
-            await self.memory.prepare(spec)
-            out["rule"] = self.gate.check(caller, "submit", "Job", resource, text=text)
+            out["rule"] = await self._decide(caller, spec, default)
             if self.sandbox is not None:
                 self.sandbox.require(p.kind.value)
             routed = await self._cached_or_routed(p, spec)

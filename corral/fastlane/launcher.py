@@ -264,15 +264,10 @@ class Launcher:
                                                (os.POSIX_SPAWN_OPEN, 1, f"{d}/{jid}.out", _OUT, 0o644),
                                                (os.POSIX_SPAWN_OPEN, 2, f"{d}/{jid}.err", _OUT, 0o644)])
         except OSError as e:
-            self.free.gpus = gpus + self.free.gpus
             # The error names the program even when it was an output file that failed.
-            why = f"could not start {argv[0]} (output in {d}): {e.strerror}"
-            self._put(batch, i, self._end(s, "FAILED", None, start, time.time(), 0.0, why))
+            self._not_started(s, batch, i, gpus, start, f"could not start {argv[0]} (output in {d}): {e.strerror}")
             return None
-        self._note(d, f'{{"job_id":{jid},"event":"started","start":{start!r}}}\n')
-        self._started.append([jid, start])
-        self.free.cpus -= s["cpus"]
-        self.free.memory_mb -= s["memory_mb"]
+        self._began(s, start)
         self._pids.add(pid)
         pidfd = os.pidfd_open(pid)
         ep.register(pidfd, select.EPOLLIN)
@@ -283,9 +278,8 @@ class Launcher:
         """Start it in its key's sandbox (corral/fastlane/hosts.py), built on first use."""
         d, jid, contain = s["dir"], s["job_id"], s["contain"]
         if self._hosts is None:  # fail closed: never run a contained task bare
-            self.free.gpus = gpus + self.free.gpus
-            why = "this worker was started without the facility's sandbox: the gateway must restart its pool"
-            self._put(batch, i, self._end(s, "FAILED", None, start, start, 0.0, why))
+            self._not_started(s, batch, i, gpus, start, "this worker was started without the facility's "
+                                     "sandbox: the gateway must restart its pool")
             return None
         argv = contained_argv_for(s["command"])
         fds: list[int] = []
@@ -300,20 +294,29 @@ class Launcher:
                 argv = [f"/dev/fd/{3 + n}" if a == f else a for a in argv]
             host.start(jid, argv, env, fds)
         except (OSError, BackendError) as e:  # BackendError: bwrap itself could not start
-            self.free.gpus = gpus + self.free.gpus
-            why = f"could not start it in its sandbox (output in {d}): {getattr(e, 'strerror', None) or e}"
-            self._put(batch, i, self._end(s, "FAILED", None, start, time.time(), 0.0, why))
+            self._not_started(s, batch, i, gpus, start, f"could not start it in its sandbox (output in {d}): "
+                                     f"{getattr(e, 'strerror', None) or e}")
             return None
         finally:
             for f in fds:
                 os.close(f)
-        self._note(d, f'{{"job_id":{jid},"event":"started","start":{start!r}}}\n')
-        self._started.append([jid, start])
-        self.free.cpus -= s["cpus"]
-        self.free.memory_mb -= s["memory_mb"]
+        self._began(s, start)
         r = _Running(s, batch, i, 0, -jid, start, gpus, host=host)
         host.tasks[jid] = r
         return r
+
+    def _began(self, s: dict[str, Any], start: float) -> None:
+        """A task has started: journal it, report it, take its slots."""
+        self._note(s["dir"], f'{{"job_id":{s["job_id"]},"event":"started","start":{start!r}}}\n')
+        self._started.append([s["job_id"], start])
+        self.free.cpus -= s["cpus"]
+        self.free.memory_mb -= s["memory_mb"]
+
+    def _not_started(self, s: dict[str, Any], batch: _Batch, i: int, gpus: list[str], start: float,
+                     why: str) -> None:
+        """A task that could not start: its GPUs back, FAILED with why."""
+        self.free.gpus = gpus + self.free.gpus
+        self._put(batch, i, self._end(s, "FAILED", None, start, time.time(), 0.0, why))
 
     def _end(self, s: dict[str, Any], state: str, code: int | None, start: float, end: float,
                cpu_s: float, reason: str | None) -> dict[str, Any]:
@@ -351,7 +354,7 @@ class Launcher:
                 # the task is counted lost with its allocation, not as its own failure.
                 "suspect": r.state is None and why is None and code in (128 + signal.SIGTERM, 128 + signal.SIGKILL)}
 
-    def _hear(self, host: Host, running: dict[int, _Running], ep: select.epoll) -> list[tuple[_Running, dict[str, Any]]]:
+    def _hear(self, host: Host, running: dict[int, _Running]) -> list[tuple[_Running, dict[str, Any]]]:
         """What a sandbox host said: pids, and tasks that ended (or all of its tasks, if
         it ended itself)."""
         out = []
@@ -457,7 +460,7 @@ class Launcher:
                 host = self._hosts.by_fd.get(fd) if self._hosts is not None else None
                 if host is None and fd not in running:
                     continue  # a host dropped earlier in this pass
-                ends = self._hear(host, running, ep) if host is not None else [(r := running.pop(fd), self._reap(r, ep))]
+                ends = self._hear(host, running) if host is not None else [(r := running.pop(fd), self._reap(r, ep))]
                 for r, end in ends:
                     if end["suspect"]:
                         deferred.append((time.monotonic() + SUSPECT_WAIT_S, r, end))
