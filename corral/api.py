@@ -11,24 +11,24 @@ import logging
 import math
 import os
 import threading
-from typing import Annotated, Any, AsyncIterator
+from typing import Annotated, Any, AsyncIterator, Literal
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .api_models import (AdviceOut, BatchOut, EventsOut, FacilityOut, HealthOut, JobListOut, JobOut, JobsOut,
                          NoteOut, NotesOut, OutputOut, PlanOut, PrincipalOut, PublicKeyOut, RevokedOut,
-                         TaintClearedOut, TokenInfo, TokenOut, WhoamiOut)
-from .errors import CorralError, RateLimited, Restarting, describe_validation
-from .jobs import MAX_INT, JobSpec
+                         TaintClearedOut, TokenInfo, TokenOut, UsageOut, WhoamiOut)
+from .errors import CorralError, Forbidden, RateLimited, Restarting, describe_validation
+from .jobs import MAX_INT, JobSpec, expand_array
 
 JobIdPath = Annotated[int, Path(ge=1, le=MAX_INT, description="A job id.")]
 JobIds = list[Annotated[int, Field(ge=1, le=MAX_INT)]]
 Seconds = Annotated[float, Field(ge=0, le=86400, allow_inf_nan=False)]
-from .principals import Caller, bearer_token
+from .principals import Caller, bearer_token, session_holder
 from .safety.tokens import Caveats, caveats_from
 from .service import Service
 
@@ -116,6 +116,25 @@ class WaitIn(BaseModel):
 class BatchIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     jobs: list[JobSpec] = Field(min_length=1, max_length=1000, description="The jobs, each as POST /v1/jobs takes it.")
+    array: str | None = Field(None, max_length=200, description="Slurm's --array syntax ('0-9', '1,3,5', '0-99:2'): "
+                              "jobs holds one spec, run once per index, the index in $CORRAL_ARRAY_TASK_ID "
+                              "(and $SLURM_ARRAY_TASK_ID).")
+
+    @model_validator(mode="after")
+    def _expand(self) -> "BatchIn":
+        if self.array is not None:
+            if len(self.jobs) != 1:
+                raise ValueError("with array, jobs holds exactly one spec: the one each index runs")
+            self.jobs = expand_array(self.jobs[0], self.array)
+        return self
+
+
+class ControlIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    action: Literal["hold", "release", "requeue", "signal"] = Field(
+        description="hold: keep a pending job from starting; release: let it; requeue: run it again from the "
+                    "start (Slurm); signal: send a signal to a running job.")
+    signal: str | None = Field(None, max_length=10, description="With 'signal': USR1, TERM, INT, ... (default none).")
 
 
 def ok(data: Any, status: int = 200) -> Response:
@@ -164,30 +183,56 @@ class ContainErrors:
 class RequireToken:
     """Refuse an MCP connection without a valid token at the transport (HTTP 401),
     before any MCP session exists; the tools then authenticate each call again.
-    ``metadata``: the RFC 9728 document's URL, named in each 401 where one is published."""
+    ``metadata``: the RFC 9728 document's URL, named in each 401 where one is published.
+
+    A transport session (the ``Mcp-Session-Id`` the SDK issues at ``initialize``) is
+    bound to the token block that opened it: another token presenting that id is
+    refused (403), so a session is the credential's, never a header a client picks."""
+
+    MAX_BOUND = 10_000
 
     def __init__(self, app: Any, service: Service, metadata: str | None = None) -> None:
         self.app = app
         self.service = service
         self.metadata = metadata
+        self.bound: dict[str, str] = {}
+        """Mcp-Session-Id -> the token block that opened it (oldest first)."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         try:
-            self.service.authenticate(bearer_token(headers.get("authorization")), headers.get("x-corral-session"))
+            caller = self.service.authenticate(bearer_token(headers.get("authorization")))
+            holder = session_holder(caller)
+            sid = headers.get("mcp-session-id")
+            if sid and self.bound.get(sid, holder) != holder:
+                raise Forbidden(f"MCP session {sid[:40]} was opened with another token",
+                                hint="open a session of your own (initialize) with your token")
         except CorralError as e:
-            # A JSON-RPC error in the body: the MCP client shows its message (what to do),
-            # where a bare 401 became "Server returned an error response".
-            text = e.message + (f" ({e.hint})" if e.hint else "")
-            body = {"jsonrpc": "2.0", "id": None,
-                    "error": {"code": -32001, "message": text, "data": {"code": e.code, "hint": e.hint}}}
-            quoted = text.replace("\\", "").replace('"', "'")
-            where = f', resource_metadata="{self.metadata}"' if self.metadata else ""
-            headers_out = {"WWW-Authenticate": f'Bearer error="invalid_token", error_description="{quoted}"{where}'} \
-                if e.status == 401 else None
-            await JSONResponse(body, status_code=e.status, headers=headers_out)(scope, receive, send)
+            await self._refuse(e, scope, receive, send)
             return
-        await self.app(scope, receive, send)
+
+        async def binding(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                for k, v in message.get("headers", []):
+                    if k.decode("latin-1").lower() == "mcp-session-id":
+                        self.bound[v.decode("latin-1")] = holder
+                        while len(self.bound) > self.MAX_BOUND:
+                            self.bound.pop(next(iter(self.bound)))
+            await send(message)
+
+        await self.app(scope, receive, binding)
+
+    async def _refuse(self, e: CorralError, scope: Any, receive: Any, send: Any) -> None:
+        # A JSON-RPC error in the body: the MCP client shows its message (what to do),
+        # where a bare 401 became "Server returned an error response".
+        text = e.message + (f" ({e.hint})" if e.hint else "")
+        body = {"jsonrpc": "2.0", "id": None,
+                "error": {"code": -32001, "message": text, "data": {"code": e.code, "hint": e.hint}}}
+        quoted = text.replace("\\", "").replace('"', "'")
+        where = f', resource_metadata="{self.metadata}"' if self.metadata else ""
+        headers_out = {"WWW-Authenticate": f'Bearer error="invalid_token", error_description="{quoted}"{where}'} \
+            if e.status == 401 else None
+        await JSONResponse(body, status_code=e.status, headers=headers_out)(scope, receive, send)
 
 
 def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAPI:
@@ -415,6 +460,17 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         tail: int | None = Query(None, ge=0, le=100_000, description="Last N lines instead of a page from offset."),
     ) -> Response:
         return ok(await service.read_output(c, job_id, stream, offset, limit, tail))
+
+    @app.post("/v1/jobs/{job_id}/control", tags=["jobs"], responses={200: {"model": JobOut}})
+    async def control(job_id: JobIdPath, body: ControlIn, c: Caller = Depends(caller)) -> Response:
+        """Hold, release, requeue or signal a job, where its lane can (a refusal says what to do instead)."""
+        return ok((await service.control(c, job_id, body.action, body.signal)).to_dict())
+
+    @app.get("/v1/jobs/{job_id}/usage", tags=["jobs"], responses={200: {"model": UsageOut}})
+    async def usage(job_id: JobIdPath, c: Caller = Depends(caller)) -> Response:
+        """What a finished job used (elapsed, CPU time, peak memory) against what it asked, as seff
+        reports it, with what to ask next time."""
+        return ok(await service.usage(c, job_id))
 
     @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"], responses={200: {"model": JobOut}})
     async def cancel(job_id: JobIdPath, c: Caller = Depends(caller)) -> Response:

@@ -182,3 +182,16 @@ class FacilityOut(_Out):
     partitions: list[dict[str, Any]]
     queue: dict[str, int]
     degraded: str | None
+
+
+class UsageOut(_Out):
+    job_id: int
+    state: JobState
+    final: bool
+    asked: dict[str, Any]
+    elapsed_s: float | None
+    cpu_s: float | None
+    max_rss_mb: float | None
+    efficiency: dict[str, float]
+    how: str
+    advice: list[str]

@@ -114,6 +114,7 @@ LAZY = {
     "advice": "corral.memory.commands:advice", "risk": "corral.safety.commands:risk",
     "audit": "corral.safety.audit_commands:audit", "token": "corral.safety.token_commands:token",
     "policy": "corral.safety.policy_commands:policy", "sandbox": "corral.sandbox_commands:sandbox",
+    "control": "corral.job_commands:control", "usage": "corral.job_commands:usage",
 }
 """Commands imported when called, not at start (they pull in polars, Cedar, tree-sitter)."""
 
@@ -212,10 +213,15 @@ def serve(**opts: Any) -> None:
               help="Run it even if this exact job just failed in a way that repeats (refused otherwise).")
 @click.option("--clean-env", is_flag=True,
               help="Do not send your PATH and VIRTUAL_ENV: the job gets the facility's basic environment only.")
+@click.option("--after-ok", "after_ok", metavar="ID[,ID..]", help="Start once these jobs have all COMPLETED "
+              "(cancelled if one ends otherwise).")
+@click.option("--after-any", "after_any", metavar="ID[,ID..]", help="Start once these jobs have ended, however.")
+@click.option("--array", "-a", metavar="SPEC", help="Run it once per index, Slurm's syntax ('0-9', '1,3,5', '0-99:2'); "
+              "the index is in $CORRAL_ARRAY_TASK_ID (and $SLURM_ARRAY_TASK_ID).")
 @click.pass_obj
 def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[str, ...],
            label_pairs: tuple[str, ...], idempotency_key: str | None, wait_s: float | None, clean_env: bool,
-           **res: Any) -> None:
+           after_ok: str | None, after_any: str | None, array: str | None, **res: Any) -> None:
     """Submit a job: a command (after --) or a script (--script FILE).
 
     \b
@@ -224,6 +230,8 @@ def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[
       corral submit --cpus 4 --mem 8G -t 2h --name train -- python train.py --epochs 3
       corral submit --script job.sh --idempotency-key run-42
       corral submit --lane fast -t 1m -- pytest -x tests/test_io.py     # a quick trial, no queue
+      corral submit --array 0-9 -- python sweep.py --seed '$CORRAL_ARRAY_TASK_ID'
+      corral submit --after-ok 41,42 -- python reduce.py                # once 41 and 42 completed
 
     \b
     Environment: the job gets the facility's basic environment (HOME, USER, LANG ...),
@@ -246,6 +254,19 @@ def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[
         spec["env"] = env
     if label_pairs:
         spec["labels"] = _parse_kv(label_pairs, "--label")
+    for key, given in (("after_ok", after_ok), ("after_any", after_any)):
+        if given:
+            try:
+                spec[key] = [int(x) for x in given.split(",") if x.strip()]
+            except ValueError:
+                _fail(f"--{key.replace('_', '-')} takes job ids separated by commas, e.g. 41,42")
+    if array is not None:
+        if wait_s is not None:
+            _fail("--wait waits for one job; with --array, wait for the batch with 'corral wait' per job")
+        batch = o.client.submit_batch([spec], idempotency_key, array=array)
+        ids = [j["id"] for j in batch["jobs"]]
+        o.out(batch, lambda r: f"submitted {len(ids)} jobs ({ids[0]}..{ids[-1]}) of array {array}")
+        return
     job = o.client.submit(spec, idempotency_key)
     if wait_s is not None:
         job = o.client.wait(job["id"], wait_s)

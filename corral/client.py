@@ -143,9 +143,11 @@ class Client:
     def advice(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self.request("POST", "/v1/advice", json_body=spec)
 
-    def submit_batch(self, specs: list[dict[str, Any]], idempotency_key: str | None = None) -> dict[str, Any]:
+    def submit_batch(self, specs: list[dict[str, Any]], idempotency_key: str | None = None,
+                     array: str | None = None) -> dict[str, Any]:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        return self.request("POST", "/v1/jobs/batch", json_body={"jobs": specs}, headers=headers)
+        body: dict[str, Any] = {"jobs": specs, **({"array": array} if array is not None else {})}
+        return self.request("POST", "/v1/jobs/batch", json_body=body, headers=headers)
 
     def plan(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self.request("POST", "/v1/plan", json_body=spec)
@@ -173,6 +175,13 @@ class Client:
 
     def cancel(self, job_ids: list[int]) -> dict[str, Any]:
         return self.request("POST", "/v1/jobs/cancel", json_body={"ids": job_ids})
+
+    def control(self, job_id: int, action: str, signal: str | None = None) -> dict[str, Any]:
+        return self.request("POST", f"/v1/jobs/{job_id}/control",
+                            json_body={"action": action, **({"signal": signal} if signal else {})})
+
+    def usage(self, job_id: int) -> dict[str, Any]:
+        return self.request("GET", f"/v1/jobs/{job_id}/usage")
 
     def facility(self) -> dict[str, Any]:
         return self.request("GET", "/v1/facility")

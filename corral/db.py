@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, NamedTuple
 
+from .control.dependencies import Parent
 from .jobs import Job, JobSpec, JobState, TERMINAL_STATES
 from .principals import Kind, Principal
 
@@ -162,6 +163,12 @@ MIGRATIONS: list[str] = [
         VALUES (NEW.id, NEW.principal, NEW.state, NEW.exit_code, (julianday('now') - 2440587.5) * 86400.0);
     END;
     """,
+    # 8: a job held by its owner (job_control) is not sent; what a finished job used
+    # (job_usage), where its lane measured it
+    """
+    ALTER TABLE jobs ADD COLUMN held INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN max_rss_mb REAL;
+    """,
 ]
 
 _JOB_COLS = (
@@ -173,8 +180,8 @@ _JOB_COLS = (
 _TERMINAL = tuple(s.value for s in TERMINAL_STATES)
 _ACTIVE = "state IN ('PENDING', 'RUNNING', 'UNKNOWN')"
 _UPDATE = f"""UPDATE jobs SET state=?, exit_code=?, reason=?,
-    start_time=COALESCE(start_time, ?), end_time=COALESCE(end_time, ?), cpu_s=COALESCE(?, cpu_s)
-    WHERE id=? AND state NOT IN ({','.join('?' * len(_TERMINAL))})"""
+    start_time=COALESCE(start_time, ?), end_time=COALESCE(end_time, ?), cpu_s=COALESCE(?, cpu_s),
+    max_rss_mb=COALESCE(?, max_rss_mb) WHERE id=? AND state NOT IN ({','.join('?' * len(_TERMINAL))})"""
 """One job's new facts; a terminal state is never overwritten (a late report cannot undo an end)."""
 
 _SPECS: dict[str, JobSpec] = {}
@@ -365,10 +372,10 @@ class Database:
         return jobs
 
     def update_jobs(self, updates: list[tuple[int, JobState, int | None, str | None, float | None, float | None,
-                                               float | None]]) -> None:
-        """``update_job`` for many: (id, state, exit code, reason, start, end, cpu s); one statement."""
-        self.conn.executemany(_UPDATE, [(st.value, code, reason, start, end, cpu, jid, *_TERMINAL)
-                                        for jid, st, code, reason, start, end, cpu in updates])
+                                               float | None, float | None]]) -> None:
+        """``update_job`` for many: (id, state, exit code, reason, start, end, cpu s, peak MB); one statement."""
+        self.conn.executemany(_UPDATE, [(st.value, code, reason, start, end, cpu, rss, jid, *_TERMINAL)
+                                        for jid, st, code, reason, start, end, cpu, rss in updates])
 
     def audit_head(self) -> tuple[int, str] | None:
         r = self.conn.execute("SELECT seq, mac FROM audit_head WHERE id=1").fetchone()
@@ -422,9 +429,34 @@ class Database:
 
     def active_jobs(self, *, unsent: bool = False) -> list[Job]:
         """Jobs not yet ended; ``unsent``: only those never handed to a lane."""
-        where = _ACTIVE + (" AND backend_id IS NULL" if unsent else "")
+        where = _ACTIVE + (" AND backend_id IS NULL AND held = 0" if unsent else "")
         rows = self.conn.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE {where} ORDER BY id").fetchall()
         return [_row_to_job(r) for r in rows]
+
+    def parents(self, job_ids: list[int]) -> dict[int, Parent]:
+        """-> id: (state, lane, backend id) of the jobs others wait for (control/dependencies.py)."""
+        out: dict[int, Parent] = {}
+        ids = list(dict.fromkeys(job_ids))
+        for i in range(0, len(ids), 900):
+            chunk = ids[i: i + 900]
+            out.update((r[0], Parent(r[1], r[2], r[3])) for r in self.conn.execute(
+                f"SELECT id, state, backend, backend_id FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk))
+        return out
+
+    def set_held(self, job_id: int, held: bool, reason: str) -> bool:
+        """Hold (or release) a job not yet sent to a lane; -> whether it was such a job."""
+        return self.conn.execute(
+            f"UPDATE jobs SET held=?, reason=? WHERE id=? AND backend_id IS NULL AND {_ACTIVE}",
+            (int(held), reason, job_id)).rowcount == 1
+
+    def usage_of(self, job_id: int) -> tuple[float | None, float | None]:
+        """-> (CPU seconds, peak memory MB) recorded for a job, each None if not measured."""
+        r = self.conn.execute("SELECT cpu_s, max_rss_mb FROM jobs WHERE id=?", (job_id,)).fetchone()
+        return (r[0], r[1]) if r else (None, None)
+
+    def set_usage(self, job_id: int, cpu_s: float | None, max_rss_mb: float | None) -> None:
+        self.conn.execute("UPDATE jobs SET cpu_s=COALESCE(?, cpu_s), max_rss_mb=COALESCE(?, max_rss_mb) WHERE id=?",
+                          (cpu_s, max_rss_mb, job_id))
 
     def active_runs(self, lanes: Iterable[str]) -> list[Run]:
         """Jobs not yet ended that were sent to these lanes (the ones the reconciler polls)."""
@@ -474,7 +506,8 @@ class Database:
         cpu_s: float | None = None,
     ) -> None:
         """Record what the backend reported. A terminal state is never overwritten."""
-        self.conn.execute(_UPDATE, (state.value, exit_code, reason, start_time, end_time, cpu_s, job_id, *_TERMINAL))
+        self.conn.execute(_UPDATE, (state.value, exit_code, reason, start_time, end_time, cpu_s, None, job_id,
+                                    *_TERMINAL))
 
     def mark_running(self, started: dict[int, float]) -> None:
         """Jobs still PENDING that started (id -> start time): one statement for many."""

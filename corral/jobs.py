@@ -123,6 +123,8 @@ _NAME_RE = r"^[A-Za-z0-9_.+-]{1,64}$"
 
 MAX_INT = 2**63 - 1
 """The largest id, offset or count corral takes: SQLite's INTEGER, and a file offset."""
+MAX_DEPENDENCIES = 100
+"""Jobs one job may wait for (after_ok and after_any each)."""
 MAX_COMMAND = 64 * 1024
 MAX_SCRIPT = 256 * 1024
 MAX_ENV_VARS = 256
@@ -188,6 +190,14 @@ class JobSpec(BaseModel):
                                           "of them means a new run.")
     force: bool | None = Field(
         None, description="Run even if this exact job just failed in a way that repeats (corral refuses that otherwise).")
+    after_ok: list[Annotated[int, Field(ge=1, le=MAX_INT)]] | None = Field(
+        None, max_length=MAX_DEPENDENCIES,
+        description="Start only once these jobs (corral ids) have all COMPLETED; if one ends any other way, this "
+                    "job is cancelled (Slurm's --dependency=afterok).")
+    after_any: list[Annotated[int, Field(ge=1, le=MAX_INT)]] | None = Field(
+        None, max_length=MAX_DEPENDENCIES,
+        description="Start only once these jobs (corral ids) have all ended, however they ended "
+                    "(Slurm's --dependency=afterany).")
 
     @model_validator(mode="after")
     def _one_of_command_or_script(self) -> "JobSpec":
@@ -218,6 +228,11 @@ class JobSpec(BaseModel):
         # Checked and run as the path it names: '/tmp/../../etc' is '/etc', and is refused
         # or allowed as '/etc', never as something under /tmp.
         return os.path.normpath(v) if v and v.startswith("/") and "\x00" not in v else v
+
+    @property
+    def parents(self) -> list[int]:
+        """The jobs this one waits for (after_ok, then after_any)."""
+        return [*(self.after_ok or ()), *(self.after_any or ())]
 
     def public(self) -> dict[str, Any]:
         """The spec as a caller writes it (with aliases)."""
@@ -296,3 +311,34 @@ class Job(BaseModel):
         if self.advice:
             out["advice"] = self.advice
         return out
+
+
+_ARRAY_RE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
+
+
+def array_indices(text: str, limit: int = 1000) -> list[int]:
+    """Slurm's --array syntax, '0-9', '1,3,5', '0-99:2' -> the task indices (at most
+    ``limit``). A throttle ('%N') is refused: corral runs an array as a batch."""
+    if "%" in str(text):
+        raise ValueError(f"array {text!r}: a throttle (%N) is not supported; corral runs an array as one batch "
+                         "and the facility's limits bound how many run; drop the %N")
+    out: list[int] = []
+    for part in str(text).replace(" ", "").split(","):
+        m = _ARRAY_RE.match(part)
+        if not m:
+            raise ValueError(f"array {text!r} is not Slurm's syntax; write '0-9', '1,3,5' or '0-99:2'")
+        lo, hi, step = int(m.group(1)), int(m.group(2) or m.group(1)), int(m.group(3) or 1)
+        if hi < lo or step < 1:
+            raise ValueError(f"array {text!r}: a range goes low-high with a positive step")
+        if (hi - lo) // step + 1 + len(out) > limit:
+            raise ValueError(f"array {text!r} has more than {limit} tasks; split it into several submissions")
+        out += range(lo, hi + 1, step)
+    return sorted(dict.fromkeys(out))
+
+
+def expand_array(spec: JobSpec, text: str, limit: int = 1000) -> list[JobSpec]:
+    """One spec per array task: its index in $CORRAL_ARRAY_TASK_ID (and $SLURM_ARRAY_TASK_ID,
+    which scripts written for Slurm read) and in the label ``array_task``."""
+    return [spec.model_copy(update={
+        "env": {**spec.env, "CORRAL_ARRAY_TASK_ID": str(i), "SLURM_ARRAY_TASK_ID": str(i)},
+        "labels": {**spec.labels, "array_task": str(i)}}) for i in array_indices(text, limit)]

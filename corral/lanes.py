@@ -17,7 +17,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-from .backends import Backend, BackendStatus, OutputPaths, Partition, SubmitContext
+from .backends import Backend, BackendStatus, OutputPaths, Partition, SubmitContext, Usage
 from .errors import BackendError, CorralError, InvalidRequest
 from .jobs import JobSpec
 from .principals import Principal
@@ -40,6 +40,8 @@ class Lane(Protocol):
     name: str
     reports_itself: bool
     """True: the lane pushes starts and outcomes (to the service's Progress); never polled."""
+    dependencies: bool
+    """True: ``submit`` honours ``SubmitContext.after`` (its scheduler holds dependent jobs)."""
 
     def claim(self, principal: Principal, spec: JobSpec) -> JobSpec | None:
         """This spec, made ready for this lane, if the lane takes it; None to let the batch
@@ -76,6 +78,14 @@ class Lane(Protocol):
         """When a job of ``spec`` submitted now would start: {"start": time or None, "how": ...}."""
         ...
 
+    async def control(self, backend_id: str, action: str, signal: int | None) -> None:
+        """Hold, release, requeue or signal one job it took; InvalidRequest where it cannot."""
+        ...
+
+    async def usage(self, backend_id: str) -> Usage:
+        """What one finished job used, as far as the lane measured it."""
+        ...
+
     def describe(self) -> dict[str, Any]:
         """What the facility card says of this lane."""
         ...
@@ -90,6 +100,7 @@ class BackendLane:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.name = backend.name
+        self.dependencies = backend.dependencies
         self._slots = asyncio.Semaphore(SUBMIT_CONCURRENCY)
 
     def claim(self, principal: Principal, spec: JobSpec) -> JobSpec | None:
@@ -134,6 +145,12 @@ class BackendLane:
             return {"start": None, "how": f"the scheduler could not say ({e.message})"}
         how = "sbatch --test-only" if self.backend.name == "slurm" else "the queue now, each job running its whole walltime"
         return {"start": start, "how": how}
+
+    async def control(self, backend_id: str, action: str, signal: int | None) -> None:
+        await asyncio.to_thread(self.backend.control, backend_id, action, signal)
+
+    async def usage(self, backend_id: str) -> Usage:
+        return await asyncio.to_thread(self.backend.usage, backend_id)
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name}

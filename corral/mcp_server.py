@@ -8,10 +8,12 @@ interface with two implementations, so there is never a second core:
 - ``RemoteOps``: for ``corral mcp`` over stdio, a thin client of the running gateway's
   HTTP API with the agent's ``CORRAL_TOKEN``.
 
-Each MCP session has a session id recorded with every job it submits. Over HTTP:
-``X-Corral-Session`` if the client sends one, else the transport's ``mcp-session-id``
-(clients that open a session with the initialize handshake), else ``token-<token id>``
-(the stateless protocol has no session). Over stdio: ``CORRAL_SESSION`` or a fresh id.
+Each MCP session has a session id recorded with every job it submits, bound to the
+credential, never chosen by a client's header. Over HTTP: the transport's
+``mcp-session-id`` (issued by the SDK at the initialize handshake, and bound by the
+gateway to the token block that opened it: api.RequireToken), else, in the stateless
+protocol, which has no session, ``token-<the token's last block>``. Over stdio:
+``CORRAL_SESSION`` or a fresh id (the agent's own process, its own gateway client).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pydantic import ValidationError
 from .errors import describe_validation
 from .jobs import JobSpec
 from .mcp_tools import PROGRESS_S, WAIT_S, build_mcp, facility_card
-from .principals import bearer_token
+from .principals import bearer_token, session_holder
 from .service import Service
 
 
@@ -47,6 +49,8 @@ class Ops(Protocol):
     async def remember(self, text: str, scope: str, expires: str | None, job_id: int | None) -> dict[str, Any]: ...
     async def recall(self, query: str, k: int) -> dict[str, Any]: ...
     async def events(self, cursor: int | None, timeout: float) -> dict[str, Any]: ...
+    async def control(self, job_id: int, action: str, signal: str | None) -> dict[str, Any]: ...
+    async def usage(self, job_id: int) -> dict[str, Any]: ...
 
 
 class ServiceOps:
@@ -56,8 +60,8 @@ class ServiceOps:
         self.service = service
         caller = service.authenticate(token, session)
         if caller.session is None:
-            # The stateless (2026) MCP protocol has no session id: one token, one session.
-            caller = dataclasses.replace(caller, session=f"token-{caller.token_id}")
+            # The stateless (2026) MCP protocol has no session id: one token block, one session.
+            caller = dataclasses.replace(caller, session=f"token-{session_holder(caller)}")
         self.caller = caller
 
     async def submit(self, spec: dict[str, Any], idempotency_key: str | None) -> dict[str, Any]:
@@ -100,6 +104,12 @@ class ServiceOps:
 
     async def events(self, cursor: int | None, timeout: float) -> dict[str, Any]:
         return await self.service.events(self.caller, cursor, timeout)
+
+    async def control(self, job_id: int, action: str, signal: str | None) -> dict[str, Any]:
+        return (await self.service.control(self.caller, job_id, action, signal)).summary()
+
+    async def usage(self, job_id: int) -> dict[str, Any]:
+        return await self.service.usage(self.caller, job_id)
 
 
 def _parsed(spec: dict[str, Any]) -> JobSpec:
@@ -154,6 +164,12 @@ class RemoteOps:
     async def events(self, cursor: int | None, timeout: float) -> dict[str, Any]:
         return await self._call(self.client.events, cursor, timeout)
 
+    async def control(self, job_id: int, action: str, signal: str | None) -> dict[str, Any]:
+        return await self._call(self.client.control, job_id, action, signal)
+
+    async def usage(self, job_id: int) -> dict[str, Any]:
+        return await self._call(self.client.usage, job_id)
+
 
 def gateway_mcp(service: Service) -> MCPServer:
     """The MCP server inside the gateway: each request authenticates from its headers."""
@@ -161,7 +177,7 @@ def gateway_mcp(service: Service) -> MCPServer:
     def ops_for(ctx: Context) -> Ops:
         headers = ctx.headers or {}
         service.metrics.requests.labels("mcp", "tool_call").inc()
-        session = headers.get("x-corral-session") or headers.get("mcp-session-id")
+        session = headers.get("mcp-session-id")  # bound to this token by api.RequireToken
         return ServiceOps(service, bearer_token(headers.get("authorization")), session)
 
     async def card_info() -> dict[str, Any]:

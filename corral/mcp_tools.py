@@ -21,7 +21,7 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import CorralError, describe_validation
-from .jobs import JobSpec, format_duration
+from .jobs import JobSpec, expand_array, format_duration
 from .safety import guard
 
 if TYPE_CHECKING:
@@ -127,6 +127,19 @@ class PlanOut(_Out):
 class JobsOut(_Out):
     jobs: list[dict[str, Any]]
     count: int
+
+
+class UsageOut(_Out):
+    job_id: int
+    state: State
+    final: bool = Field(description="False: the job has not ended; its usage is not known yet.")
+    asked: dict[str, Any]
+    elapsed_s: float | None
+    cpu_s: float | None = Field(description="CPU time (user + system) of the job and its children.")
+    max_rss_mb: float | None = Field(description="Peak resident memory (MaxRSS), in MB.")
+    efficiency: dict[str, float] = Field(description="cpu, memory, time: used / asked (1.0 = all of it).")
+    how: str = Field(description="Where the numbers come from.")
+    advice: list[str] = Field(description="What to ask next time.")
 
 
 class NotesOut(_Out):
@@ -282,6 +295,8 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         cache: Annotated[bool | None, Field(description=_spec("cache"))] = None,
         inputs: Annotated[list[str] | None, Field(description=_spec("inputs"))] = None,
         force: Annotated[bool | None, Field(description=_spec("force"))] = None,
+        after_ok: Annotated[list[int] | None, Field(description=_spec("after_ok"))] = None,
+        after_any: Annotated[list[int] | None, Field(description=_spec("after_any"))] = None,
     ) -> Annotated[CallToolResult, SubmitOut]:
         """Submit a job to the facility: exactly one of `command` or `script`, and the
         resources it needs. Short, small trial runs: lane 'fast' starts them at once in a
@@ -290,7 +305,8 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         spec: dict[str, Any] = {"cpus": cpus, "memory": memory, "gpus": gpus}
         for key, value in (("command", command), ("script", script), ("partition", partition), ("name", name),
                            ("workdir", workdir), ("env", env), ("walltime", walltime), ("lane", lane),
-                           ("idempotent", idempotent), ("cache", cache), ("inputs", inputs), ("force", force)):
+                           ("idempotent", idempotent), ("cache", cache), ("inputs", inputs), ("force", force),
+                           ("after_ok", after_ok), ("after_any", after_any)):
             if value is not None:
                 spec[key] = value
         job = await ops_for(ctx).submit(spec, idempotency_key)
@@ -308,11 +324,21 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
             "The jobs (1 to 1,000), each with submit_job's fields: a parameter sweep in one call."))],
         idempotency_key: Annotated[str | None, Field(
             description="If you may retry: the same key always returns the same jobs, never a second set.")] = None,
+        array: Annotated[str | None, Field(max_length=200, description=(
+            "Slurm's --array syntax ('0-9', '1,3,5', '0-99:2'): `jobs` holds one job, run once per index, "
+            "the index in $CORRAL_ARRAY_TASK_ID (and $SLURM_ARRAY_TASK_ID)."))] = None,
     ) -> Annotated[CallToolResult, SweepOut]:
         """Submit a sweep in one call: every job is checked before any is recorded, so
-        either all are taken or none (the error names the job). Then wait for them all
-        with wait_for_events."""
+        either all are taken or none (the error names the job). An array is one job run
+        per index. Then wait for them all with wait_for_events."""
         ops = ops_for(ctx)
+        if array is not None:
+            if len(jobs) != 1:
+                raise ToolError("with array, jobs holds exactly one job: the one each index runs")
+            try:
+                jobs = expand_array(jobs[0], array)
+            except ValueError as e:
+                raise ToolError(str(e)) from None
         cursor = (await ops.events(None, 0.0))["cursor"]  # taken first: no end of these can come before it
         res = await ops.submit_many([j.model_dump(by_alias=True, exclude_unset=True) for j in jobs], idempotency_key)
         ids = [j["id"] for j in res["jobs"]]
@@ -449,6 +475,34 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         job = await ops_for(ctx).cancel(job_id)
         out = {**compact(job), "next": f"call wait_for_job job_id={job_id} to see it end"}
         return _result(f"{_said(job)}. Next: {out['next']}", out)
+
+    @mcp.tool(annotations=_annotations("Hold, release, requeue or signal a job", read_only=False, destructive=True,
+                                       idempotent=False))
+    @_guarded
+    async def job_control(
+        ctx: Context, job_id: JobId,
+        action: Annotated[Literal["hold", "release", "requeue", "signal"], Field(description=(
+            "hold: keep a pending job from starting; release: let it start; requeue: run a running job again "
+            "from the start (Slurm jobs); signal: send `signal` to a running job (e.g. USR1 to checkpoint)."))],
+        signal: Annotated[Literal["HUP", "INT", "QUIT", "USR1", "USR2", "TERM", "CONT", "STOP", "TSTP", "KILL"]
+                          | None, Field(description="With action 'signal': which one.")] = None,
+    ) -> Annotated[CallToolResult, JobOut]:
+        """Control a job you own where its lane can; a refusal says what to do instead
+        (a fast-lane task can only be cancelled)."""
+        job = await ops_for(ctx).control(job_id, action, signal)
+        out = {**compact(job), "next": next_for(job)}
+        return _result(f"{action}: {_said(job)}. Next: {out['next']}", out)
+
+    @mcp.tool(annotations=_annotations("What a finished job used", read_only=True))
+    @_guarded
+    async def job_usage(ctx: Context, job_id: JobId) -> Annotated[CallToolResult, UsageOut]:
+        """What a finished job used against what it asked, as seff reports it: elapsed
+        time, CPU time, peak memory (MaxRSS), their efficiencies, and what to ask next
+        time so the next job starts sooner."""
+        u = await ops_for(ctx).usage(job_id)
+        eff = ", ".join(f"{k} {v:.0%}" for k, v in u["efficiency"].items()) or "no measurements"
+        return _result(f"job {job_id} {u['state']}: elapsed {u['elapsed_s']}s, cpu {u['cpu_s']}s, peak "
+                       f"{u['max_rss_mb']}M; efficiency {eff}. {' '.join(u['advice'])}".strip(), u)
 
     @mcp.tool(annotations=_annotations("List your jobs", read_only=True))
     @_guarded

@@ -76,6 +76,12 @@ class Caller:
         return self.principal.is_admin or owner in self.visible
 
 
+def session_holder(caller: Caller) -> str:
+    """The credential a session belongs to: the token's last block (a narrowed token
+    is a holder of its own, so a sub-agent's session is never its parent's)."""
+    return caller.cap.block_ids[-1] if caller.cap is not None else caller.token_id
+
+
 def check_name(name: str) -> str:
     if not NAME_RE.match(name):
         raise InvalidRequest(

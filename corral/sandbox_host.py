@@ -21,7 +21,7 @@ that part imports nothing of corral's. Messages are JSON, per connection:
 - in: ``{"id": N, "argv": [...], "env": {...}}`` with file descriptors (stdout, stderr,
   then files the job reads, which it finds as fd 3, 4, ...); ``{"kill": N, "signal": S}``;
 - out: ``{"id": N, "pid": P}`` (its pid in here), ``{"id": N, "error": "..."}`` (it did
-  not start), ``{"id": N, "status": W, "cpu_s": S}`` (it ended; W as from wait).
+  not start), ``{"id": N, "status": W, "cpu_s": S, "maxrss_kb": K}`` (it ended; W as from wait).
 
 A job's end kills its process group; when no job runs, every process left in the
 sandbox but the host's own is killed, so nothing a job started outlives the
@@ -167,7 +167,7 @@ class _Host:
         _killpg(pid)
         if not self.running:
             _sweep(self.keep)
-        self.send(cfd, {"id": jid, "status": status, "cpu_s": ru.ru_utime + ru.ru_stime})
+        self.send(cfd, {"id": jid, "status": status, "cpu_s": ru.ru_utime + ru.ru_stime, "maxrss_kb": ru.ru_maxrss})
 
     def hear(self, cfd: int) -> None:
         try:

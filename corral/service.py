@@ -30,6 +30,7 @@ from .control.reconciler import Reconciler, Watchers
 from .control.sender import Sender, context
 from .db import Database
 from .errors import BackendError, Conflict, CorralError, InvalidRequest, NotFound, Restarting
+from .job_control import JobControl
 from .jobs import MAX_INT, TERMINAL_STATES, Job, JobSpec, JobState, no_job
 from .lanes import BackendLane, Lane, Lanes
 from .memory.facts import Facts
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 1000
+_ENDED = frozenset(s.value for s in TERMINAL_STATES)
 
 
 class Service:
@@ -86,6 +88,8 @@ class Service:
                                     settings.tick_s, db, self.lanes.batch, pilots, self.progress, sandbox))
         self.reconciler = Reconciler(db, self.lanes, self.sender, self.progress, self.metrics, settings.tick_s,
                                      settings.max_backoff_s)
+        self.jobctl = JobControl(db, self.lanes, self.gate, self.audit, self.reconciler)
+        """job_control and job_usage (job_control.py)."""
 
     def authenticate(self, token: str | None, session: str | None = None) -> Caller:
         """Token -> caller, on every request of every edge; rate-limits API calls."""
@@ -143,6 +147,7 @@ class Service:
         for t, s in distinct.items():
             with _prefixed(where(first[t])):
                 rule = await self._decide(caller, s, default)
+                self._check_parents(caller, s)
         p = caller.principal
         if self.sandbox is not None:
             self.sandbox.require(p.kind.value)
@@ -228,9 +233,25 @@ class Service:
         await self.memory.prepare(spec)
         return self.gate.check(caller, "submit", "Job", resource, text=text)
 
+    def _check_parents(self, caller: Caller, spec: JobSpec) -> None:
+        """The jobs a spec waits for exist, are the caller's to see, and can still satisfy it."""
+        if not spec.parents:
+            return
+        found = self.db.states(spec.parents)  # -> (state, principal)
+        for field, ids in (("after_ok", spec.after_ok or ()), ("after_any", spec.after_any or ())):
+            for pid in ids:
+                if pid not in found or not caller.sees(found[pid][1]):
+                    raise InvalidRequest(f"{field} names job {pid}, which is not visible to you",
+                                         hint="list your jobs to find the right id")
+                state = found[pid][0]
+                if field == "after_ok" and state in _ENDED and state != JobState.COMPLETED.value:
+                    raise InvalidRequest(f"after_ok names job {pid}, which ended {state}: this job could "
+                                         "never start", hint=f"use after_any to run it after job {pid} whatever its end")
+
     async def _cached_or_routed(self, principal: Principal, spec: JobSpec) -> tuple[JobSpec, Lane] | Job:
-        """The earlier job with this exact result (``cache``), else the spec routed to its lane."""
-        if spec.cache and self.memory.store is not None:
+        """The earlier job with this exact result (``cache``), else the spec routed to its lane.
+        A job that waits for others is never answered from the cache: its inputs are theirs."""
+        if spec.cache and not spec.parents and self.memory.store is not None:
             from .memory.store import CACHE_LABEL, cache_key
 
             key = await asyncio.to_thread(cache_key, spec)  # hashes the inputs: off the event loop
@@ -363,6 +384,16 @@ class Service:
                 self.db.update_job(j.id, JobState.CANCELLED, reason="cancelled before it reached the scheduler",
                                    end_time=time.time())
         return [self.db.get_job(j.id) or j for j in jobs]
+
+    async def control(self, caller: Caller, job_id: int, action: str, signal: str | int | None = None) -> Job:
+        """Hold, release, requeue or signal one job, where its lane can (job_control.py)."""
+        with self.audit.refusals(caller, "control", {"job_id": job_id, "action": action}):
+            job = self.get_job(caller, job_id)
+        return await self.jobctl.control(caller, job, action, signal)
+
+    async def usage(self, caller: Caller, job_id: int) -> dict[str, Any]:
+        """What a finished job used against what it asked (job_control.py)."""
+        return await self.jobctl.usage(caller, self.get_job(caller, job_id))
 
     async def wait(
         self, caller: Caller, job_id: int, timeout: float = 60.0, until: str | None = None

@@ -24,7 +24,7 @@ from corral.server import build_service
 from .conftest import Gateway
 
 TOOLS = {"submit_job", "submit_jobs", "plan_job", "job_status", "wait_for_job", "wait_for_events", "job_output", "cancel_job",
-         "list_jobs", "facility_info"}
+         "list_jobs", "facility_info", "job_control", "job_usage"}
 
 
 def data(result: Any) -> dict[str, Any]:
@@ -342,3 +342,55 @@ def test_protected_resource_metadata_tells_a_client_where_tokens_come_from(tmp_p
                          env={**os.environ, "CORRAL_HOME": str(tmp_path / "h2"),
                               "CORRAL_MCP_AUTHORIZATION_SERVERS": '["idp.example.org"]'}, timeout=60)
     assert bad.returncode == 2 and "not an http(s) URL" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
+def test_an_mcp_session_belongs_to_the_token_that_opened_it(gateway: Gateway) -> None:
+    """The Mcp-Session-Id the SDK issued to one token is refused with another (403),
+    so a client cannot put its calls, and its jobs, into someone else's session."""
+    first = _agent(gateway)
+    with gateway.http() as h:
+        second = h.post("/v1/tokens", json={"for": "claude", "expires": "1h"}).json()["token"]
+    head = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    r = httpx2.post(f"{gateway.url}/mcp", json=init, headers={**head, "Authorization": f"Bearer {first}"})
+    sid = r.headers["mcp-session-id"]
+    ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+    mine = httpx2.post(f"{gateway.url}/mcp", json=ping, headers={**head, "Authorization": f"Bearer {first}",
+                                                                  "Mcp-Session-Id": sid})
+    assert mine.status_code == 200
+    theirs = httpx2.post(f"{gateway.url}/mcp", json=ping, headers={**head, "Authorization": f"Bearer {second}",
+                                                                    "Mcp-Session-Id": sid})
+    assert theirs.status_code == 403 and "another token" in theirs.json()["error"]["message"]
+
+
+def test_sweeps_chains_control_and_usage_through_the_sdk_client(tmp_path, agent_dir) -> None:
+    settings = Settings(home=tmp_path / "home", tick_s=0.1, local_cpus=2)
+    service = build_service(settings)
+    service.accounts.bootstrap_admin()
+    token = settings.admin_token_path.read_text().strip()
+    mcp = build_mcp(lambda ctx: ServiceOps(service, token, "sweep-1"), lambda: service.facility(None))
+
+    async def scenario() -> None:
+        runner = asyncio.create_task(service.reconciler.run())
+        try:
+            async with Client(mcp) as client:
+                sweep = data(await client.call_tool("submit_jobs", {
+                    "jobs": [{"command": "echo $CORRAL_ARRAY_TASK_ID", "workdir": str(agent_dir)}], "array": "0-2"}))
+                ids = sweep["job_ids"]
+                assert len(ids) == 3
+                last = data(await client.call_tool("submit_job", {"command": "echo reduce", "after_ok": ids}))
+                done = data(await client.call_tool("wait_for_job", {"job_id": last["job_id"]}))
+                assert done["state"] == "COMPLETED"
+                used = data(await client.call_tool("job_usage", {"job_id": last["job_id"]}))
+                assert used["final"] and used["elapsed_s"] is not None and used["cpu_s"] is not None
+                r = await client.call_tool("job_control", {"job_id": last["job_id"], "action": "hold"})
+                assert "has ended" in error_text(r)
+                r = await client.call_tool("submit_jobs", {"jobs": [{"command": "true"}], "array": "0-3%2"})
+                assert "throttle" in error_text(r)
+                r = await client.call_tool("job_control", {"job_id": ids[0], "action": "signal", "signal": "SEGV"})
+                assert r.is_error
+        finally:
+            runner.cancel()
+
+    asyncio.run(scenario())

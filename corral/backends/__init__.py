@@ -44,6 +44,9 @@ class SubmitContext:
     session: str | None = None
     unix_user: str | None = None
     account: str | None = None
+    after: str | None = None
+    """The scheduler's dependency ("afterok:12:13,afterany:14"), on a backend that takes
+    them (``Backend.dependencies``); corral holds every other dependent job itself."""
 
 
 @dataclass(frozen=True)
@@ -73,9 +76,25 @@ class Partition:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What a finished job used, as far as its backend measured it (None: not measured)."""
+
+    cpu_s: float | None = None
+    max_rss_mb: float | None = None
+    how: str = ""
+    """Where the numbers come from, for the caller ("sacct", "sampled every 0.05-1 s" ...)."""
+
+
+CONTROLS = ("hold", "release", "requeue", "signal")
+"""What ``job_control`` asks of a job; a backend refuses what it cannot do."""
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: str
+    dependencies: bool
+    """True: ``submit`` honours ``SubmitContext.after`` (the scheduler holds the job)."""
 
     def submit(self, ctx: SubmitContext, spec: JobSpec) -> str:
         """Start or queue a job; return its backend id. Idempotent per ``ctx.job_id``."""
@@ -111,6 +130,15 @@ class Backend(Protocol):
     def estimate_start(self, spec: JobSpec) -> float | None:
         """When a job of ``spec`` submitted now would start (a time), as the scheduler
         estimates it; None when it cannot say."""
+        ...
+
+    def control(self, backend_id: str, action: str, signal: int | None = None) -> None:
+        """Hold, release, requeue or signal (``CONTROLS``) one job; raises InvalidRequest,
+        saying what to do instead, where this backend cannot."""
+        ...
+
+    def usage(self, backend_id: str) -> Usage:
+        """What a finished job used (its CPU time and peak memory)."""
         ...
 
     def close(self) -> None: ...

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from .. import proc, sandbox_host
 from ..errors import InvalidRequest
 from ..jobs import JobSpec, JobState, format_duration
-from . import BackendStatus, OutputPaths, Partition, SubmitContext, base_env
+from . import CONTROLS, BackendStatus, OutputPaths, Partition, SubmitContext, Usage, base_env
 from .local_runner import write_json
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ class _Running:
 
 class LocalBackend:
     name = "local"
+    dependencies = False  # corral holds dependent jobs itself (control/dependencies.py)
 
     def __init__(self, root: Path, cpus: int, memory_mb: int, max_walltime_s: int = 7 * 86400,
                  sandbox: "Sandbox | None" = None) -> None:
@@ -82,6 +83,7 @@ class LocalBackend:
         self._queue: dict[str, tuple[int, int]] = {}  # FIFO: id -> (cpus, memory_mb)
         self._running: dict[str, _Running] = {}
         self._done: dict[str, BackendStatus] = {}  # terminal results never change: read once
+        self._held: set[str] = set()  # queued jobs held by their owner (DIR/held): not started
         self._recover()
 
     # -- Backend Protocol ---------------------------------------------------------
@@ -175,6 +177,7 @@ class LocalBackend:
                 (d / "cancel").touch()
                 if bid in self._queue:
                     del self._queue[bid]
+                    self._held.discard(bid)
                     self._finish(d, "CANCELLED", None, "cancelled while pending")
                     continue
                 r = self._running.get(bid)
@@ -185,6 +188,43 @@ class LocalBackend:
                         os.kill(r.pid, 15)
                     except ProcessLookupError:
                         pass
+
+    def control(self, backend_id: str, action: str, signal: int | None = None) -> None:
+        """hold/release a queued job (DIR/held); signal a running one through its
+        supervisor (DIR/signal, then SIGUSR1: local_runner); no requeue."""
+        if action not in CONTROLS:
+            raise InvalidRequest(f"unknown action {action!r}; use one of {', '.join(CONTROLS)}")
+        if action == "requeue":
+            raise InvalidRequest("the local backend cannot requeue a job", hint="cancel it and submit it again")
+        d = self.jobs_dir / backend_id
+        with self._lock:
+            if (d / "result.json").exists():
+                raise InvalidRequest(f"the job has ended; {action} applies to a pending or running job")
+            if action in ("hold", "release"):
+                if backend_id not in self._queue:
+                    raise InvalidRequest(f"the job has started; {action} applies to a job still waiting for CPUs",
+                                         hint="signal it, or cancel it")
+                if action == "hold":
+                    (d / "held").touch()
+                    self._held.add(backend_id)
+                else:
+                    (d / "held").unlink(missing_ok=True)
+                    self._held.discard(backend_id)
+                    self._schedule()
+                return
+            r = self._running.get(backend_id)
+            if r is None or r.pid is None or not (d / "running.json").exists() or not _alive(r.pid):
+                raise InvalidRequest("the job is not running yet; a signal goes to a running job",
+                                     hint="wait until it is RUNNING (wait_for_job until RUNNING)")
+            tmp = d / "signal.tmp"
+            tmp.write_text(str(signal))
+            os.replace(tmp, d / "signal")
+            os.kill(r.pid, 10)  # SIGUSR1: the supervisor reads DIR/signal
+
+    def usage(self, backend_id: str) -> Usage:
+        result = _read_json(self.jobs_dir / backend_id / "result.json") or {}
+        return Usage(result.get("cpu_s"), result.get("max_rss_mb"),
+                     "the supervisor's wait (CPU time, peak memory), and its memory samples")
 
     def output_paths(self, backend_id: str) -> OutputPaths:
         d = self.jobs_dir / backend_id
@@ -262,6 +302,8 @@ class LocalBackend:
                 self._running[d.name] = _Running(launch.get("cpus", 1), launch.get("memory_mb", 0), spawned.get("pid"))
             else:
                 self._queue[d.name] = (launch.get("cpus", 1), launch.get("memory_mb", 0))
+                if (d / "held").exists():
+                    self._held.add(d.name)
         with self._lock:
             self._schedule()
 
@@ -275,6 +317,8 @@ class LocalBackend:
         for bid, (cpus, memory_mb) in list(self._queue.items()):
             if free_cpu <= 0:
                 break
+            if bid in self._held:
+                continue
             if cpus <= free_cpu and memory_mb <= free_mem:
                 del self._queue[bid]
                 self._start(bid, cpus, memory_mb)
@@ -323,6 +367,8 @@ class LocalBackend:
                     return BackendStatus(bid, JobState.PENDING, reason="starting")
                 r.start_time = running.get("start_time")
             return BackendStatus(bid, JobState.RUNNING, start_time=r.start_time)
+        if bid in self._held:
+            return BackendStatus(bid, JobState.PENDING, reason="held by request; release it to let it run")
         if bid in self._queue:
             return BackendStatus(bid, JobState.PENDING, reason="waiting for free CPU slots or memory")
         result = _read_json(d / "result.json")

@@ -3,8 +3,9 @@
 It runs detached from the gateway (its own session), so a gateway crash or restart
 leaves jobs running. It starts the job in a new process group, enforces walltime
 (TIMEOUT) and memory (OUT_OF_MEMORY, by sampling the resident memory of the job's
-process tree), turns SIGTERM into a cancel, and writes ``result.json`` atomically
-as its last act. The gateway learns everything from files in DIR.
+process tree), turns SIGTERM into a cancel and SIGUSR1 into the signal named in
+DIR/signal (job_control), and writes ``result.json`` atomically as its last act,
+with what the job used (CPU time, peak memory). The gateway learns everything from files in DIR.
 
 Deliberately imports only the standard library: it starts once per job.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -85,6 +87,19 @@ def main(job_dir: str) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    # The gateway asks for a signal to the job (job_control) through this supervisor,
+    # which has not reaped the job: its pid cannot name another process meanwhile.
+    held: dict[str, Child] = {}
+
+    def on_usr1(signum: int, frame: object) -> None:
+        try:
+            sig = int((d / "signal").read_text())
+        except (OSError, ValueError):
+            return
+        if "child" in held:
+            held["child"].signal(sig)
+
+    signal.signal(signal.SIGUSR1, on_usr1)
     start = time.time()
     if (d / "cancel").exists():
         write_json(d / "result.json", {"state": "CANCELLED", "exit_code": None, "reason": "cancelled before start",
@@ -99,12 +114,14 @@ def main(job_dir: str) -> int:
             write_json(d / "result.json", {"state": "FAILED", "exit_code": 127, "reason": f"could not start: {e}",
                                            "start_time": start, "end_time": time.time()})
             return 0
+    held["child"] = child
     write_json(d / "running.json", {"pid": os.getpid(), "child": child.pid, "start_time": start})
 
     deadline = start + launch["walltime_s"]
     mem_limit = launch["memory_mb"]
     state, reason = None, None
     interval = 0.05
+    peak = 0.0
     rc = None
     while rc is None:
         try:
@@ -121,17 +138,21 @@ def main(job_dir: str) -> int:
             interval = min(interval * 2, MAX_SAMPLE_S)
             if (d / "cancel").exists():
                 raise Cancelled()
+            rss = child.rss_mb()
+            peak = max(peak, rss)
             if time.time() >= deadline:
                 state, reason = "TIMEOUT", f"killed after its walltime of {launch['walltime_s']}s"
-            elif child.rss_mb() > mem_limit:
+            elif rss > mem_limit:
                 state, reason = "OUT_OF_MEMORY", f"killed for using more than its {mem_limit}M of memory"
         except Cancelled:
             state, reason = "CANCELLED", "cancelled by request"
         term["armed"] = False
         if state:
             rc = stop(child)
+    held.clear()
     child.close()
     end = time.time()
+    cpu_s, rss_mb = child.usage()
     if state is None:
         if rc == 0:
             state = "COMPLETED"
@@ -143,7 +164,8 @@ def main(job_dir: str) -> int:
     # The one rule of every lane: a cancelled job has no exit code (it did not exit by itself).
     exit_code = None if state == "CANCELLED" else 128 - rc if rc < 0 else rc
     write_json(d / "result.json", {"state": state, "exit_code": exit_code, "reason": reason,
-                                   "start_time": start, "end_time": end})
+                                   "start_time": start, "end_time": end, "cpu_s": cpu_s,
+                                   "max_rss_mb": round(max(peak, rss_mb or 0.0), 1)})
     return 0
 
 
@@ -169,6 +191,9 @@ class Child(Protocol):
     def wait(self, timeout: float | None) -> int | None: ...
     def signal(self, sig: int) -> None: ...
     def rss_mb(self) -> float: ...
+    def usage(self) -> tuple[float | None, float | None]:
+        """Once ended: (CPU seconds, peak resident MB) of the job and what it waited for."""
+        ...
     def close(self) -> None: ...
 
 
@@ -202,6 +227,11 @@ class Popened:
 
     def rss_mb(self) -> float:
         return tree_rss_mb(self.p.pid)
+
+    def usage(self) -> tuple[float | None, float | None]:
+        # The job is this supervisor's only child: its children's usage is the job's.
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return round(ru.ru_utime + ru.ru_stime, 3), ru.ru_maxrss / 1024
 
     def close(self) -> None:
         os.close(self.pidfd)
@@ -238,6 +268,7 @@ class Hosted:
             for f in fds[2:]:
                 os.close(f)
         self.rc: int | None = None
+        self.used: tuple[float | None, float | None] = (None, None)
         self.pid = self._outside()
 
     def _outside(self) -> int | None:
@@ -258,6 +289,7 @@ class Hosted:
             self.rc = -signal.SIGKILL
         elif "status" in m:
             self.rc = os.waitstatus_to_exitcode(m["status"])
+            self.used = (m.get("cpu_s"), m["maxrss_kb"] / 1024 if m.get("maxrss_kb") is not None else None)
         return self.rc
 
     def wait(self, timeout: float | None) -> int | None:
@@ -277,6 +309,9 @@ class Hosted:
     def rss_mb(self) -> float:
         self.pid = self.pid or self._outside()
         return tree_rss_mb(self.pid) if self.pid else 0.0
+
+    def usage(self) -> tuple[float | None, float | None]:
+        return self.used
 
     def close(self) -> None:
         self.conn.close()

@@ -9,6 +9,10 @@
                without a word (killed, out of memory, timeout, node failure); one
                `sacct` (slurmdbd, not slurmctld) gives the outcome of what ended
     cancel  -> one `scancel id id ...`
+    control -> `scontrol hold|release|requeue id`, `scancel --signal=S --full id`
+    usage   -> `sacct -j id -o TotalCPU,MaxRSS` (slurmdbd), once, when asked
+    after   -> `--dependency=afterok:..` with `--kill-on-invalid-dep=yes`: Slurm holds
+               a dependent job, and cancels it when a parent it needs did not complete
     limits  -> `scontrol show partition/node`, cached until slurm.conf changes
 
 Provenance: every job is named ``corral-<id>`` and carries ``--comment`` with the
@@ -31,6 +35,7 @@ import re
 import secrets
 import shlex
 import shutil
+import signal as _signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
@@ -38,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 from .. import proc
 from ..errors import BackendError, CorralError, InvalidRequest
 from ..jobs import JobSpec, JobState, format_duration
-from . import BackendStatus, OutputPaths, Partition, SubmitContext, base_env
+from . import CONTROLS, BackendStatus, OutputPaths, Partition, SubmitContext, Usage, base_env
 from .slurm_vocab import STATES, _epoch, _expand, _kv, _read_epoch, parse_exit, parse_slurm_time, translate
 
 if TYPE_CHECKING:
@@ -64,8 +69,31 @@ def _members(partition: dict[str, str], nodes: Iterable[str]) -> list[str]:
     return [n for n in names if n in listed] or names
 
 
+FORWARDED = ("HUP", "INT", "QUIT", "USR1", "USR2", "CONT", "TSTP")
+"""Signals job_control may send a Slurm job, passed on by its batch shell to the work
+(TERM and KILL are Slurm's own: a cancel, a walltime)."""
+
+_SIZE_MB = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024}
+
+
+def _rss_mb(text: str) -> float | None:
+    """sacct's MaxRSS ('204800K', '1.50G', '0') -> MB."""
+    m = re.match(r"^\s*(\d+(?:\.\d+)?)([KMGT]?)\s*$", text or "")
+    return float(m.group(1)) * _SIZE_MB.get(m.group(2) or "K", 1 / 1024) if m else None
+
+
+def _cpu_s(text: str) -> float | None:
+    """sacct's TotalCPU ('00:01.234', '01:02:03', '1-02:03:04') -> seconds."""
+    m = re.match(r"^\s*(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+(?:\.\d+)?)\s*$", text or "")
+    if not m:
+        return None
+    d, h, mi, sec = m.groups()
+    return int(d or 0) * 86400 + int(h or 0) * 3600 + int(mi) * 60 + float(sec)
+
+
 class SlurmBackend:
     name = "slurm"
+    dependencies = True
 
     def __init__(self, jobs_dir: Path, slurm_conf: str | None = None, agent_nice: int = 100,
                  agent_qos: str | None = None, timeout_s: float = 30.0, poll_s: float = 10.0,
@@ -90,6 +118,7 @@ class SlurmBackend:
         would wait for its first poll.)"""
         self._known: dict[str, BackendStatus] = {}  # last answer per live job, between full polls
         self._final: dict[str, BackendStatus] = {}  # a terminal answer never changes
+        self._cancelled: set[str] = set()  # cancelled by corral (not by Slurm, for a dependency)
 
     # -- the one door, with Slurm's environment ------------------------------------
 
@@ -184,6 +213,8 @@ class SlurmBackend:
             lines.append(f"#SBATCH --gres=gpu:{spec.gpus}")
         if ctx.account:
             lines.append(f"#SBATCH --account={ctx.account}")
+        if ctx.after:
+            lines += [f"#SBATCH --dependency={ctx.after}", "#SBATCH --kill-on-invalid-dep=yes"]
         if ctx.kind == "agent":
             lines.append(f"#SBATCH --nice={self.agent_nice}")
             if self.agent_qos:
@@ -198,21 +229,32 @@ class SlurmBackend:
         lines += [f"date +%s > {d / 'started'}", ""]
         work = ([str(d / "script")] if spec.script.startswith("#!") else ["bash", str(d / "script")]) \
             if spec.script else None
-        if self.sandbox is not None and self.sandbox.applies(ctx.kind):
+        sandbox = self.sandbox if self.sandbox is not None and self.sandbox.applies(ctx.kind) else None
+        contained = sandbox is not None
+        if sandbox is not None:
             # The script runs as the principal's Unix user (sbatch --uid), else as the
             # gateway's: when that is root, the sandbox makes the work someone else.
             root = os.geteuid() == 0 and not ctx.unix_user
-            who = self.sandbox.owner(ctx.kind, ctx.unix_user, root)
+            who = sandbox.owner(ctx.kind, ctx.unix_user, root)
             if who is not None:
                 for path in (d, *(d / n for n in ("script",) if (d / n).exists())):
                     os.chown(path, *who)
-            lines.append(shlex.join(self.sandbox.wrap(ctx.kind, work or ["bash", "-c", spec.command or ""],
-                                                      spec.workdir or str(d), str(d), ctx.unix_user, root)))
+            lines.append(shlex.join(sandbox.wrap(ctx.kind, work or ["bash", "-c", spec.command or ""],
+                                                 spec.workdir or str(d), str(d), ctx.unix_user, root)))
         elif work:
             lines.append(shlex.join(work))
         else:
             lines += ["(", spec.command or "", ")"]
-        lines += ["rc=$?", f"echo $rc > {d / 'ended'}", "exit $rc"]
+        # The work runs in the background so that this shell can pass on a signal that
+        # job_control sends it (scancel --batch reaches this shell alone): to the work
+        # itself, or inside a sandbox to what bwrap runs (bwrap dies of a signal it does
+        # not handle, and the sandbox's init ignores one it has no handler for).
+        lines[-1] += " &"
+        target = "$(for p in $(pgrep -P $w); do pgrep -P $p; done)" if contained else "$w"
+        lines += ["w=$!", f"_fwd() {{ kill -s \"$1\" {target} 2>/dev/null; }}",
+                  "for s in " + " ".join(FORWARDED) + "; do trap \"_fwd $s\" $s; done",
+                  "while :; do wait $w; rc=$?; kill -0 $w 2>/dev/null || break; done"]
+        lines += [f"echo $rc > {d / 'ended'}", "exit $rc"]
         return "\n".join(lines) + "\n"
 
     def status(self, backend_ids: Sequence[str]) -> dict[str, BackendStatus]:
@@ -310,6 +352,9 @@ class SlurmBackend:
                 why = f"killed by signal {sig}" if sig else f"exited with code {exit_code}"
             elif state is JobState.TIMEOUT:
                 why = "killed after its walltime"
+            elif state is JobState.CANCELLED and reason.startswith("Dependency") and jid not in self._cancelled:
+                # Slurm's kill-on-invalid-dep ended it, not a cancel of corral's
+                why, exit_code = "dependency never satisfied: a job it waited for did not complete (after_ok)", None
             elif state is JobState.CANCELLED:
                 why, exit_code = "cancelled", None  # the one rule: a cancelled job has no exit code
             out[jid] = BackendStatus(jid, state, exit_code, why, _epoch(start), _epoch(end))
@@ -325,8 +370,52 @@ class SlurmBackend:
 
     def cancel(self, backend_ids: Sequence[str]) -> None:
         if backend_ids:
+            self._cancelled.update(backend_ids)
             self._run("scancel", *backend_ids)
             self._last_poll = None  # a cancelled job says nothing itself: ask Slurm next tick
+
+    def control(self, backend_id: str, action: str, signal: int | None = None) -> None:
+        if action not in CONTROLS:
+            raise InvalidRequest(f"unknown action {action!r}; use one of {', '.join(CONTROLS)}")
+        if action == "signal" and signal is not None and _signal.Signals(signal).name[3:] not in FORWARDED:
+            if signal not in (_signal.SIGTERM, _signal.SIGKILL, _signal.SIGSTOP):
+                raise InvalidRequest(f"Slurm jobs take these signals: {', '.join(FORWARDED)}, TERM, KILL, STOP")
+        # --batch: the job's shell alone, which passes the signal on (render); TERM, KILL
+        # and STOP go to every process of the job, as a cancel's do.
+        plain = signal in (_signal.SIGTERM, _signal.SIGKILL, _signal.SIGSTOP)
+        argv = (["scancel", f"--signal={signal}", "--full" if plain else "--batch", backend_id] if action == "signal"
+                else ["scontrol", action, backend_id])
+        r = proc.run(argv, env=self._env(), inherit_env=False, timeout=self.timeout_s, check=False)
+        if r.returncode != 0:
+            said = (r.stderr or r.stdout).strip().splitlines()
+            text = said[-1] if said else f"exit code {r.returncode}"
+            if "Invalid job id" in text or "not found" in text.lower():
+                raise BackendError(f"Slurm does not know job {backend_id} any more: {text}", argv=argv)
+            raise InvalidRequest(f"Slurm refused to {action} the job: {text}",
+                                 hint="hold and release apply to a pending job, requeue and signal to a running one")
+        if action == "requeue":
+            # It runs again from the start: its markers of the last run must not end it.
+            d = self._dir_of(backend_id)
+            for marker in ("started", "ended"):
+                if d is not None:
+                    (d / marker).unlink(missing_ok=True)
+            self._final.pop(backend_id, None)
+            self._known[backend_id] = BackendStatus(backend_id, JobState.PENDING, reason="requeued")
+        self._last_poll = None  # its state changed: ask Slurm next tick
+
+    def usage(self, backend_id: str) -> Usage:
+        """From accounting (slurmdbd, not the controller): the job's CPU time, and the
+        largest MaxRSS of its steps (the batch step is the work; jobacct_gather samples)."""
+        text = self._run("sacct", "-n", "-P", "-j", backend_id, "-o", "JobID,TotalCPU,MaxRSS")
+        cpu, rss = None, None
+        for line in text.splitlines():
+            jid, total, maxrss = (line.split("|") + ["", ""])[:3]
+            if jid == backend_id:
+                cpu = _cpu_s(total)
+            got = _rss_mb(maxrss)
+            if got is not None and (rss is None or got > rss):
+                rss = got
+        return Usage(cpu, rss, "sacct TotalCPU and MaxRSS (sampled by jobacct_gather)")
 
     def forget(self, backend_ids: Sequence[str]) -> None:
         """The core recorded these jobs' ends: their answers and directories need not be
@@ -335,6 +424,7 @@ class SlurmBackend:
             self._final.pop(jid, None)
             self._known.pop(jid, None)
             self._dirs.pop(jid, None)
+            self._cancelled.discard(jid)
 
     def free(self, partition: str | None) -> tuple[int, int] | None:
         """From the nodes' allocations now, asked of scontrol: nodes down, drained or not

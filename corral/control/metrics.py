@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from ..backends import Backend, BackendStatus, OutputPaths, Partition, SubmitContext
+from ..backends import Backend, BackendStatus, OutputPaths, Partition, SubmitContext, Usage
 from ..jobs import JobSpec
 
 
@@ -62,6 +62,7 @@ class MeteredBackend:
         self.inner = inner
         self.metrics = metrics
         self.name = inner.name
+        self.dependencies = inner.dependencies
 
     def _count(self, op: str) -> None:
         self.metrics.backend_calls.labels(op).inc()
@@ -102,6 +103,14 @@ class MeteredBackend:
     def estimate_start(self, spec: JobSpec) -> float | None:
         self._count("estimate_start")
         return self.inner.estimate_start(spec)
+
+    def control(self, backend_id: str, action: str, signal: int | None = None) -> None:
+        self._count("control")
+        self.inner.control(backend_id, action, signal)
+
+    def usage(self, backend_id: str) -> Usage:
+        self._count("usage")
+        return self.inner.usage(backend_id)
 
     def close(self) -> None:
         self.inner.close()

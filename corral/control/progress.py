@@ -29,13 +29,14 @@ class Progress:
         self.watchers.notify(list(started))
 
     def ended(self, results: list[dict[str, Any]]) -> None:
-        """Outcomes (job_id, state, exit_code, reason, start, end, cpu_s) in one transaction."""
+        """Outcomes (job_id, state, exit_code, reason, start, end, cpu_s, max_rss_mb) in one transaction."""
         if not results:
             return
         ids = [int(r["job_id"]) for r in results]
         with self.db.transaction():  # one commit for the outcomes and their episodes
             self.db.update_jobs([(jid, JobState(r["state"]), r.get("exit_code"), r.get("reason"),
-                                  r.get("start"), r.get("end"), r.get("cpu_s")) for jid, r in zip(ids, results)])
+                                  r.get("start"), r.get("end"), r.get("cpu_s"), r.get("max_rss_mb"))
+                                 for jid, r in zip(ids, results)])
             self._remember(ids)
         self.watchers.notify(ids)
 

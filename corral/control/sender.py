@@ -9,6 +9,7 @@ job id, so a job is never run twice).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Sequence
@@ -19,6 +20,7 @@ from ..errors import BackendError, CorralError
 from ..jobs import Job, JobState
 from ..lanes import Lanes, Sent
 from ..principals import Principal
+from .dependencies import held_reason, judge
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ class Sender:
         -> job id: backend id, for the jobs a lane took."""
         taken: dict[int, str] = {}
         by_lane: dict[str, list[tuple[Job, SubmitContext]]] = {}
-        for job, ctx in jobs:
+        for job, ctx in self._ready(jobs):
             by_lane.setdefault(job.backend, []).append((job, ctx))
         failure: BackendError | None = None
         for name, group in by_lane.items():
@@ -70,6 +72,30 @@ class Sender:
         if failure is not None and raise_backend:
             raise failure
         return taken
+
+    def _ready(self, jobs: Sequence[tuple[Job, SubmitContext]]) -> list[tuple[Job, SubmitContext]]:
+        """The jobs that may go now: a job whose parents have not ended is held (or sent
+        with the scheduler's dependency, where its lane takes one); one that can never
+        run is cancelled (control/dependencies.py)."""
+        if not any(job.spec.parents for job, _ in jobs):
+            return list(jobs)
+        parents = self.db.parents([p for job, _ in jobs for p in job.spec.parents])
+        ready = []
+        for job, ctx in jobs:
+            if not job.spec.parents:
+                ready.append((job, ctx))
+                continue
+            lane = self.lanes.by_name.get(job.backend)
+            v = judge(job.spec, parents, job.backend, bool(lane is not None and lane.dependencies))
+            if v.never:
+                self.db.update_job(job.id, JobState.CANCELLED, reason=v.never, end_time=time.time())
+            elif v.go:
+                ready.append((job, ctx))
+            elif v.native:
+                ready.append((job, dataclasses.replace(ctx, after=v.native)))
+            elif job.reason != (why := held_reason(v.waiting)):
+                self.db.update_job(job.id, JobState.PENDING, reason=why)
+        return ready
 
     def _record(self, group: list[tuple[Job, SubmitContext]], sent: list[Sent]) -> BackendError | None:
         failure: BackendError | None = None

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..backends import BackendStatus, OutputPaths, SubmitContext, base_env
+from ..backends import BackendStatus, OutputPaths, SubmitContext, Usage, base_env
 from ..config import FastLaneSettings
 from ..errors import InvalidRequest, NotFound
 from ..jobs import JobSpec
@@ -53,6 +53,7 @@ def parse_id(backend_id: str) -> tuple[str, int]:
 class FastLane:
     name = FAST
     reports_itself = True
+    dependencies = False  # corral holds dependent tasks until their parents end
 
     def __init__(self, settings: FastLaneSettings, default_dir: Path, default_lane: str, tick_s: float,
                  db: "Database", batch: BackendLane, allocations: Allocations, reports: Reports,
@@ -176,6 +177,15 @@ class FastLane:
             return {"start": time.time(), "how": f"a live allocation of pool {pool.key.slug}"}
         return {"start": None, "how": "when the pool's first allocation starts (a batch job of its own, "
                                       "submitted with the first task)"}
+
+    async def control(self, backend_id: str, action: str, signal: int | None) -> None:
+        raise InvalidRequest(f"a fast-lane task cannot be {'signalled' if action == 'signal' else action + 'ed'}: it "
+                             "starts at once in a warm allocation and lasts minutes at most",
+                             hint="cancel it, or submit with lane 'batch' for a job you want to control")
+
+    async def usage(self, backend_id: str) -> Usage:
+        # Each task's CPU time and peak memory come with its outcome (the launcher's wait4).
+        return Usage(None, None, "the launcher's wait for the task (CPU time, peak memory)")
 
     def describe(self) -> dict[str, Any]:
         s = self.settings

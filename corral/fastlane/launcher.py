@@ -319,9 +319,10 @@ class Launcher:
         self._put(batch, i, self._end(s, "FAILED", None, start, time.time(), 0.0, why))
 
     def _end(self, s: dict[str, Any], state: str, code: int | None, start: float, end: float,
-               cpu_s: float, reason: str | None) -> dict[str, Any]:
+             cpu_s: float, reason: str | None, rss_mb: float | None = None) -> dict[str, Any]:
         rec = {"job_id": s["job_id"], "event": "ended", "state": state, "exit_code": code, "start": start,
-               "end": end, "cpu_s": round(cpu_s, 4), "reason": reason, "host": self._host}
+               "end": end, "cpu_s": round(cpu_s, 4), "reason": reason, "host": self._host,
+               "max_rss_mb": None if rss_mb is None else round(rss_mb, 1)}
         self._note(s["dir"], json.dumps(rec, separators=(",", ":")) + "\n")
         return rec
 
@@ -331,9 +332,10 @@ class Launcher:
         os.close(r.pidfd)
         _, status, ru = os.wait4(r.pid, 0)
         self._pids.discard(r.pid)
-        return self._release(r, os.waitstatus_to_exitcode(status), ru.ru_utime + ru.ru_stime)
+        return self._release(r, os.waitstatus_to_exitcode(status), ru.ru_utime + ru.ru_stime, rss_mb=ru.ru_maxrss / 1024)
 
-    def _release(self, r: _Running, code: int, cpu_s: float, why: str | None = None) -> dict[str, Any]:
+    def _release(self, r: _Running, code: int, cpu_s: float, why: str | None = None,
+                 rss_mb: float | None = None) -> dict[str, Any]:
         """Its slots back; -> the facts of its end (``code`` as waitstatus_to_exitcode gives)."""
         end = time.time()
         code = 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
@@ -348,7 +350,8 @@ class Launcher:
         state = r.state or ("COMPLETED" if code == 0 else "FAILED")
         reason = r.reason or why or (None if code == 0 else f"exit code {code}")
         # The one rule of every lane: a cancelled job has no exit code.
-        return {"state": state, "code": None if state == "CANCELLED" else code, "end": end, "cpu_s": cpu_s, "reason": reason,
+        return {"state": state, "code": None if state == "CANCELLED" else code, "end": end, "cpu_s": cpu_s,
+                "reason": reason, "max_rss_mb": rss_mb,
                 # SIGTERM/SIGKILL that this launcher did not send: most likely the whole
                 # allocation is being ended (scancel, node loss). Wait before reporting, so
                 # the task is counted lost with its allocation, not as its own failure.
@@ -369,7 +372,9 @@ class Launcher:
             if "error" in m:
                 out.append((r, self._release(r, 127, 0.0, m["error"])))
             else:
-                out.append((r, self._release(r, os.waitstatus_to_exitcode(m["status"]), m["cpu_s"])))
+                kb = m.get("maxrss_kb")
+                out.append((r, self._release(r, os.waitstatus_to_exitcode(m["status"]), m["cpu_s"],
+                                             rss_mb=None if kb is None else kb / 1024)))
         if host.ended:
             why = host.why_ended()
             rc = host.proc.poll()  # bwrap's: -N or 128+N when a signal ended what it held
@@ -386,7 +391,8 @@ class Launcher:
         return out
 
     def _finish(self, r: _Running, e: dict[str, Any]) -> None:
-        self._put(r.batch, r.index, self._end(r.spec, e["state"], e["code"], r.start, e["end"], e["cpu_s"], e["reason"]))
+        self._put(r.batch, r.index, self._end(r.spec, e["state"], e["code"], r.start, e["end"], e["cpu_s"], e["reason"],
+                                              e.get("max_rss_mb")))
 
     def _police(self, running: dict[int, _Running], full: bool) -> None:
         """Kill what was cancelled; with ``full``, also what outran its walltime or memory."""

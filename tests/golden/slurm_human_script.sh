@@ -16,7 +16,10 @@ export CORRAL_SESSION=''
 
 date +%s > /jobs/18/started
 
-/jobs/18/script
-rc=$?
+/jobs/18/script &
+w=$!
+_fwd() { kill -s "$1" $w 2>/dev/null; }
+for s in HUP INT QUIT USR1 USR2 CONT TSTP; do trap "_fwd $s" $s; done
+while :; do wait $w; rc=$?; kill -0 $w 2>/dev/null || break; done
 echo $rc > /jobs/18/ended
 exit $rc

@@ -1,0 +1,59 @@
+"""`corral control` and `corral usage`: a job after its submission (hold, release,
+requeue, signal) and what it used once ended, as `seff` reports it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from .cli import Ctx
+from .job_control import SIGNALS
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.argument("action", type=click.Choice(["hold", "release", "requeue", "signal"]))
+@click.option("--signal", "-s", "sig", type=click.Choice(SIGNALS, case_sensitive=False),
+              help="With 'signal': which one (e.g. USR1 to make a job checkpoint).")
+@click.pass_obj
+def control(o: Ctx, job_id: int, action: str, sig: str | None) -> None:
+    """Hold, release, requeue or signal a job, where its lane can.
+
+    \b
+    Examples:
+      corral control 42 hold            # keep a pending job from starting
+      corral control 42 release
+      corral control 42 signal -s USR1  # a running job: checkpoint now
+      corral control 42 requeue         # Slurm: run it again from the start
+
+    A refusal says what to do instead (a fast-lane task can only be cancelled).
+    """
+    if action == "signal" and not sig:
+        raise click.UsageError("signal needs --signal, e.g. --signal USR1")
+    job = o.client.control(job_id, action, sig.upper() if sig else None)
+    o.out(job, lambda j: f"job {j['id']}: {action} done ({j['state']}{', ' + j['reason'] if j.get('reason') else ''})")
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.pass_obj
+def usage(o: Ctx, job_id: int) -> None:
+    """What a finished job used against what it asked (elapsed, CPU time, peak memory,
+    efficiencies, as seff reports them), and what to ask next time."""
+
+    def human(u: dict[str, Any]) -> str:
+        a = u["asked"]
+        eff = u["efficiency"]
+        lines = [f"job {u['job_id']}: {u['state']}",
+                 f"  elapsed   {u['elapsed_s']} s of {a['walltime_s']} s asked" + _pct(eff.get("time")),
+                 f"  cpu time  {u['cpu_s']} s on {a['cpus']} CPUs" + _pct(eff.get("cpu")),
+                 f"  peak mem  {u['max_rss_mb']} MB of {a['memory_mb']} MB" + _pct(eff.get("memory")),
+                 f"  ({u['how']})"]
+        return "\n".join(lines + [f"advice: {x}" for x in u["advice"]])
+
+    o.out(o.client.usage(job_id), human)
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"  ({x:.0%} efficiency)"
