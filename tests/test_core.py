@@ -114,6 +114,7 @@ def test_the_sender_sends_what_was_recorded_once(tmp_path) -> None:
 
 class _NoBackend:
     name = "none"
+    dependencies = False
 
 
 def test_progress_wakes_waiters_and_keeps_outcomes(tmp_path) -> None:

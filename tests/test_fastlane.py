@@ -371,3 +371,33 @@ def test_an_outcome_is_kept_when_memory_cannot_record_it(tmp_path) -> None:
             await service.lanes["fast"].close()
 
     asyncio.run(scenario())
+
+
+def test_a_chain_of_fast_tasks_and_what_each_used(fast: Gateway, agent_dir) -> None:
+    """A fast-lane task that waits for another is held by corral until it ends, then
+    starts at once in the warm allocation; each task's CPU time and peak memory come
+    with its outcome; control of a fast task is refused with what to do instead."""
+    t = people(fast)
+    with fast.http(t["bot"]) as h:
+        a = h.post("/v1/jobs", json={"command": "sleep 1; echo a > fa.txt", "lane": "fast",
+                                     "workdir": str(agent_dir)}).json()
+        b = h.post("/v1/jobs", json={"command": "cat fa.txt; python3 -c \"b = bytearray(80 * 2**20); "
+                                                "b[::4096] = b'x' * len(b[::4096])\"",
+                                     "lane": "fast", "workdir": str(agent_dir), "after_ok": [a["id"]]}).json()
+        assert b["backend"] == "fast"
+        done = wait(fast, t["bot"], b["id"])
+        first = h.get(f"/v1/jobs/{a['id']}").json()
+        assert done["state"] == "COMPLETED" and done["start_time"] >= first["end_time"], (done, first)
+        assert h.get(f"/v1/jobs/{b['id']}/output").json()["data"] == "a\n"
+        u = h.get(f"/v1/jobs/{b['id']}/usage").json()
+        assert u["cpu_s"] is not None and u["max_rss_mb"] >= 70, u
+        r = h.post(f"/v1/jobs/{b['id']}/control", json={"action": "hold"})
+        assert r.status_code == 400 and "has ended" in r.json()["error"]["message"]
+        slow = h.post("/v1/jobs", json={"command": "sleep 20", "lane": "fast"}).json()
+        deadline = time.monotonic() + 30
+        while h.get(f"/v1/jobs/{slow['id']}").json()["state"] != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        r = h.post(f"/v1/jobs/{slow['id']}/control", json={"action": "signal", "signal": "USR1"})
+        assert r.status_code == 400 and "fast-lane task" in r.json()["error"]["message"] \
+            and "cancel" in r.json()["error"]["hint"]
+        h.post("/v1/jobs/cancel", json={"ids": [slow["id"]]})

@@ -178,3 +178,23 @@ def test_an_agents_contained_job_is_signalled_and_measured_in_its_built_sandbox(
         u = h.get(f"/v1/jobs/{job['id']}/usage").json()
         assert u["max_rss_mb"] >= 110 and u["cpu_s"] is not None, u
         assert h.get(f"/v1/jobs/{job['id']}/usage", headers={"Authorization": f"Bearer {people['carol']}"}).status_code == 404
+
+
+def test_a_held_child_survives_a_gateway_crash(tmp_path: Path) -> None:
+    """A job that waits for its parent is recorded, not sent: a kill -9 of the gateway
+    loses neither, and the restarted gateway sends the child once the parent ends."""
+    import signal
+
+    with running(tmp_path) as gw:
+        with gw.http() as h:
+            parent = h.post("/v1/jobs", json={"command": "sleep 3; echo p > p.txt", "workdir": str(tmp_path)}).json()
+            child = h.post("/v1/jobs", json={"command": "cat p.txt", "workdir": str(tmp_path),
+                                             "after_ok": [parent["id"]]}).json()
+            assert h.get(f"/v1/jobs/{child['id']}").json()["backend_id"] is None
+        gw.kill(signal.SIGKILL)
+        gw.start()
+        with gw.http() as h:
+            done = _wait(h, child["id"])
+            assert done["state"] == "COMPLETED", done
+            assert h.get(f"/v1/jobs/{child['id']}/output").json()["data"] == "p\n"
+            assert len(h.get("/v1/jobs").json()["jobs"]) == 2

@@ -20,6 +20,7 @@ class ScriptedBackend:
     """Jobs finish when the test says so; status can be made to fail."""
 
     name = "scripted"
+    dependencies = False
 
     def __init__(self) -> None:
         self.states: dict[str, JobState] = {}
