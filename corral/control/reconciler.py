@@ -140,6 +140,9 @@ class Reconciler:
 
     async def tick(self) -> None:
         await self.sender.send_unsent()
+        if self.sender.ended:
+            gone, self.sender.ended = self.sender.ended, []
+            self.progress.changed(gone)
         active = self.db.active_runs(self.lanes.polled())
         self.metrics.active_jobs.set(len(active))
         if not active:

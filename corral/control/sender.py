@@ -36,6 +36,9 @@ class Sender:
         """Jobs on their way to a lane: ``send_unsent`` must not send them a second time."""
         self.cancelled: set[int] = set()
         """Jobs of ``in_flight`` cancelled meanwhile (``Service.cancel``): stopped once sent."""
+        self.ended: list[int] = []
+        """Jobs this Sender ended itself (a dependency never satisfied): the reconciler's
+        next tick tells their waiters."""
 
     async def send(self, jobs: Sequence[tuple[Job, SubmitContext]], *, dispatch: bool = False,
                    raise_backend: bool = False) -> dict[int, str]:
@@ -89,6 +92,7 @@ class Sender:
             v = judge(job.spec, parents, job.backend, bool(lane is not None and lane.dependencies))
             if v.never:
                 self.db.update_job(job.id, JobState.CANCELLED, reason=v.never, end_time=time.time())
+                self.ended.append(job.id)
             elif v.go:
                 ready.append((job, ctx))
             elif v.native:
