@@ -491,6 +491,10 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         if isinstance(route, Route) and route.path == "/mcp":
             app.router.routes.append(Route("/mcp", endpoint=RequireToken(route.app, service, metadata)))
 
+    from .dashboard.routes import mount
+
+    app.state.board = mount(app, service)  # /dashboard: server-rendered pages (corral/dashboard)
+
     @app.get("/v1/facility", tags=["facility"], responses={200: {"model": FacilityOut}})
     async def facility(c: Caller = Depends(caller)) -> Response:
         return ok(await service.facility(c))

@@ -1,0 +1,221 @@
+"""What the dashboard shows, as one JSON-ready snapshot per viewer: an admin sees
+everything, a sponsor only themself and the agents they sponsor. Every figure is read
+from the gateway's own state (the database, the metrics, the audit log's tally), never
+from the scheduler: a dashboard left open must cost the controller nothing.
+
+::
+
+    Board.snapshot(caller) ─▶ now (sessions, jobs by state and lane, submissions a minute)
+                           ├▶ saved (scheduler calls made vs what the clients would have made)
+                           ├▶ refusals by rule (AuditTally), budgets used per token and sponsor
+                           ├▶ tainted credentials, the audit chain's state, fast-lane pools
+    Board.session(caller, principal, session) ─▶ its jobs, outcomes, advice, notes
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+from ..errors import NotFound
+from ..principals import PILOT_PRINCIPAL, Caller
+
+if TYPE_CHECKING:
+    from ..service import Service
+
+RECENT_S = 3600
+"""A session is shown while it has live jobs or submitted within this long."""
+RATE_WINDOW_S = 300
+"""Submissions a minute are counted over this window."""
+VERIFY_EVERY_S = 60
+"""The audit chain is verified at most this often (it reads the whole log)."""
+READS = ("get_job", "wait", "wait_many", "events", "list_jobs", "output", "usage", "tool_call")
+"""Requests that a client without corral would have answered by asking the scheduler."""
+
+
+class AuditTally:
+    """Decisions counted from the audit log, read incrementally: each refresh reads
+    only what was appended since the last one (a restart reads the log once)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.counts: dict[tuple[str, str, str, str], int] = {}
+        """(principal, action, decision, rule) -> decisions."""
+        self._lock = threading.Lock()
+
+    def refresh(self) -> None:
+        with self._lock:
+            try:
+                size = self.path.stat().st_size
+            except OSError:
+                return
+            if size < self.offset:  # rotated or rewritten: count again
+                self.offset, self.counts = 0, {}
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(size - self.offset)
+            end = data.rfind(b"\n") + 1  # a line still being written waits for the next refresh
+            for raw in data[:end].splitlines():
+                try:
+                    r = json.loads(raw.partition(b" ")[2])
+                except ValueError:
+                    continue
+                key = (str(r.get("principal")), str(r.get("action")), str(r.get("decision")), str(r.get("rule")))
+                self.counts[key] = self.counts.get(key, 0) + 1
+            self.offset += end
+
+    def refusals(self, names: frozenset[str] | None) -> list[dict[str, Any]]:
+        by: dict[tuple[str, str], int] = {}
+        for (who, action, decision, rule), n in list(self.counts.items()):
+            if decision == "deny" and (names is None or who in names):
+                by[(action, rule)] = by.get((action, rule), 0) + n
+        return [{"action": a, "rule": r, "count": n} for (a, r), n in sorted(by.items(), key=lambda kv: -kv[1])]
+
+    def totals(self) -> dict[tuple[str, str, str], int]:
+        """(action, decision, rule) -> decisions, for /metrics."""
+        out: dict[tuple[str, str, str], int] = {}
+        for (_, action, decision, rule), n in list(self.counts.items()):
+            out[(action, decision, rule)] = out.get((action, decision, rule), 0) + n
+        return out
+
+
+class Board:
+    def __init__(self, service: "Service") -> None:
+        self.service = service
+        self.tally = AuditTally(service.audit.log.path)
+        self.verified: dict[str, Any] = {"checked": None, "records": None, "problems": None}
+
+    def scope(self, caller: Caller) -> frozenset[str] | None:
+        """The principals the viewer may see: None for an admin (all)."""
+        return None if caller.principal.is_admin else caller.visible
+
+    async def snapshot(self, caller: Caller) -> dict[str, Any]:
+        names = self.scope(caller)
+        await asyncio.to_thread(self.tally.refresh)
+        await self._verify()
+        now = time.time()
+        db = self.service.db
+        where, args = _in("j.principal", names)
+        sessions = [dict(zip(("principal", "kind", "sponsor", "session", "active", "jobs", "last"), r)) for r in
+                    db.conn.execute(
+                        f"""SELECT j.principal, p.kind, p.sponsor, COALESCE(j.session, '-'),
+                               SUM(j.state IN ('PENDING', 'RUNNING', 'UNKNOWN')), COUNT(*), MAX(j.submit_time)
+                            FROM jobs j JOIN principals p ON p.name = j.principal
+                            WHERE {where} AND j.principal != ? AND (j.submit_time > ?
+                                  OR j.state IN ('PENDING', 'RUNNING', 'UNKNOWN'))
+                            GROUP BY j.principal, j.session ORDER BY MAX(j.submit_time) DESC LIMIT 200""",
+                        [*args, PILOT_PRINCIPAL, now - RECENT_S])]
+        states = [dict(zip(("state", "lane", "count"), r)) for r in db.conn.execute(
+            f"""SELECT j.state, j.backend, COUNT(*) FROM jobs j
+                WHERE {where} AND j.principal != ? AND (j.state IN ('PENDING', 'RUNNING', 'UNKNOWN') OR j.end_time > ?)
+                GROUP BY j.state, j.backend ORDER BY j.state, j.backend""", [*args, PILOT_PRINCIPAL, now - RECENT_S])]
+        rate = {k: round(n / (RATE_WINDOW_S / 60), 2) for k, n in db.conn.execute(
+            f"""SELECT p.kind, COUNT(*) FROM jobs j JOIN principals p ON p.name = j.principal
+                WHERE {where} AND j.principal != ? AND j.submit_time > ? GROUP BY p.kind""",
+            [*args, PILOT_PRINCIPAL, now - RATE_WINDOW_S])}
+        return {
+            "viewer": {"name": caller.name, "admin": caller.principal.is_admin,
+                       "sees": "everyone" if names is None else sorted(names)},
+            "at": now,
+            "sessions": sessions,
+            "jobs": states,
+            "submits_per_min": rate,
+            "saved": self.saved(names),
+            "refusals": self.tally.refusals(names),
+            "budgets": self.budgets(names),
+            "tainted": self.tainted(names),
+            "audit": self.verified,
+            "pools": ([lane.describe() | {"lane": lane.name} for lane in self.service.lanes
+                       if lane is not self.service.lanes.batch] if names is None else []),
+            "degraded": self.service.reconciler.degraded,
+        }
+
+    def saved(self, names: frozenset[str] | None) -> dict[str, Any]:
+        """The control plane's load that corral took: scheduler calls it made (one
+        reconciler poll for every job at once) against the calls its clients would have
+        made without it (a scheduler query per read they sent, one sbatch per job), and
+        fast-lane tasks against the Slurm jobs that carried them. Facility-wide for an
+        admin; a sponsor sees the task counts of their own agents."""
+        db = self.service.db
+        where, args = _in("principal", names)
+        fast, pilots = db.conn.execute(
+            f"SELECT SUM(backend = 'fast' AND {where}), SUM(principal = ?) FROM jobs", [*args, PILOT_PRINCIPAL]
+        ).fetchone()
+        out: dict[str, Any] = {"fast_lane_tasks": int(fast or 0), "their_scheduler_jobs": int(pilots or 0)}
+        if names is None:
+            m = self.service.metrics
+            made = sum(s.value for metric in m.backend_calls.collect() for s in metric.samples
+                       if s.name.endswith("_total"))
+            reads = sum(s.value for metric in m.requests.collect() for s in metric.samples
+                        if s.name.endswith("_total") and s.labels.get("op") in READS)
+            jobs = db.conn.execute("SELECT COUNT(*) FROM jobs WHERE principal != ?", (PILOT_PRINCIPAL,)).fetchone()[0]
+            out.update(scheduler_calls=int(made), without_corral=int(reads + jobs),
+                       ratio=round((reads + jobs) / made, 1) if made else None)
+        return out
+
+    def budgets(self, names: frozenset[str] | None) -> list[dict[str, Any]]:
+        """CPU- and GPU-hours charged to each token (and its narrowed tokens), by sponsor."""
+        db = self.service.db
+        where, args = _in("t.principal", names)
+        rows = db.conn.execute(
+            f"""SELECT t.id, t.principal, p.sponsor, t.note FROM tokens t JOIN principals p ON p.name = t.principal
+                WHERE {where} AND t.revoked IS NULL ORDER BY t.created DESC LIMIT 200""", args).fetchall()
+        out = []
+        for tid, who, sponsor, note in rows:
+            cpu_s, gpu_s, active = self.service.gate.store.used(tid)
+            if cpu_s or gpu_s or active:
+                out.append({"token": tid, "principal": who, "sponsor": sponsor or who, "note": note,
+                            "cpu_hours": round(cpu_s / 3600, 3), "gpu_hours": round(gpu_s / 3600, 3),
+                            "active_jobs": active})
+        return out
+
+    def tainted(self, names: frozenset[str] | None) -> list[dict[str, Any]]:
+        where, args = _in("principal", names)
+        return [{"key": k, "principal": p, "at": at, "reason": r} for k, p, at, r in self.service.db.conn.execute(
+            f"SELECT key, principal, at, reason FROM taint WHERE {where} ORDER BY at DESC LIMIT 100", args)]
+
+    async def _verify(self) -> None:
+        last = self.verified["checked"]
+        if last is not None and time.time() - last < VERIFY_EVERY_S:
+            return
+        log = self.service.audit.log
+        head = self.service.db.audit_head()
+        records, problems = await asyncio.to_thread(log.verify, head)
+        self.verified = {"checked": time.time(), "records": records,
+                          "problems": [{"line": p.line, "seq": p.seq, "what": p.what} for p in problems][:20]}
+
+    def session(self, caller: Caller, principal: str, session: str) -> dict[str, Any]:
+        """One session's jobs, their outcomes and advice (memory's episodes), and its notes."""
+        names = self.scope(caller)
+        if names is not None and principal not in names:
+            raise NotFound(f"no session {session!r} of {principal!r} visible to you")
+        db = self.service.db
+        sess = None if session == "-" else session
+        jobs = db.list_jobs([principal], session=sess, limit=500) if sess else [
+            j for j in db.list_jobs([principal], limit=500) if j.session is None]
+        if not jobs:
+            raise NotFound(f"no session {session!r} of {principal!r} visible to you")
+        ids = [j.id for j in jobs]
+        marks = ",".join("?" * len(ids))
+        episodes = {r[0]: {"signature": r[1], "detail": r[2]} for r in db.conn.execute(
+            f"SELECT job_id, signature, detail FROM episodes WHERE job_id IN ({marks})", ids)}
+        notes = [{"id": r[0], "text": r[1], "scope": r[2], "created": r[3]} for r in db.conn.execute(
+            "SELECT id, text, scope, created FROM notes WHERE author = ? AND session IS ? ORDER BY id DESC LIMIT 50",
+            (principal, sess))]
+        return {"principal": principal, "session": session,
+                "jobs": [{**j.summary(), "lane": j.backend, "command": (j.spec.command or "script")[:120],
+                          **({"signature": episodes[j.id]["signature"], "detail": episodes[j.id]["detail"]}
+                             if j.id in episodes and episodes[j.id]["signature"] else {})} for j in jobs],
+                "notes": notes}
+
+
+def _in(column: str, names: Iterable[str] | None) -> tuple[str, list[Any]]:
+    if names is None:
+        return "1=1", []
+    listed = sorted(names)
+    return f"{column} IN ({','.join('?' * len(listed))})", listed

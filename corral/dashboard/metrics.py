@@ -1,0 +1,78 @@
+"""What the dashboard shows, for Prometheus: a collector read at each scrape from the
+gateway's own state (docs/grafana-corral.json is built on these and the core's metrics).
+
+Labels stay few and bounded: states, lanes and principal kinds are closed sets; rules
+are the policy's; pools and sponsors grow with the facility's people, not with jobs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ..principals import PILOT_PRINCIPAL
+from .board import Board
+
+
+class BoardCollector(Collector):
+    def __init__(self, board: Board) -> None:
+        self.board = board
+
+    def collect(self) -> Iterator[Any]:
+        db = self.board.service.db
+        live = GaugeMetricFamily("corral_jobs", "Jobs not yet ended, by state and lane.", labels=["state", "lane"])
+        for state, lane, n in db.conn.execute(
+                "SELECT state, backend, COUNT(*) FROM jobs WHERE state IN ('PENDING', 'RUNNING', 'UNKNOWN') "
+                "AND principal != ? GROUP BY state, backend", (PILOT_PRINCIPAL,)):
+            live.add_metric([state, lane], n)
+        yield live
+        submitted = CounterMetricFamily("corral_jobs_submitted", "Jobs submitted, by the kind of principal.",
+                                        labels=["kind"])
+        sessions = GaugeMetricFamily("corral_sessions_active", "Sessions with live jobs, by kind.", labels=["kind"])
+        for kind, n, active in db.conn.execute(
+                """SELECT p.kind, COUNT(*), COUNT(DISTINCT CASE WHEN j.state IN ('PENDING', 'RUNNING', 'UNKNOWN')
+                          THEN j.principal || '/' || COALESCE(j.session, '') END)
+                   FROM jobs j JOIN principals p ON p.name = j.principal WHERE j.principal != ? GROUP BY p.kind""",
+                (PILOT_PRINCIPAL,)):
+            submitted.add_metric([kind], n)
+            sessions.add_metric([kind], active)
+        yield submitted
+        yield sessions
+        fast, pilots = db.conn.execute("SELECT SUM(backend = 'fast'), SUM(principal = ?) FROM jobs",
+                                       (PILOT_PRINCIPAL,)).fetchone()
+        yield CounterMetricFamily("corral_fastlane_tasks", "Tasks run in the fast lane.", value=int(fast or 0))
+        yield CounterMetricFamily("corral_fastlane_allocations", "Scheduler jobs that carried fast-lane tasks.",
+                                  value=int(pilots or 0))
+        self.board.tally.refresh()
+        decisions = CounterMetricFamily("corral_decisions", "Decisions recorded in the audit log.",
+                                        labels=["action", "decision", "rule"])
+        for (action, decision, rule), n in sorted(self.board.tally.totals().items()):
+            decisions.add_metric([action, decision, rule], n)
+        yield decisions
+        yield GaugeMetricFamily("corral_tainted_credentials", "Token blocks tainted by content flagged as injection.",
+                                value=db.conn.execute("SELECT COUNT(*) FROM taint").fetchone()[0])
+        audit = self.board.verified
+        if audit["records"] is not None:
+            yield GaugeMetricFamily("corral_audit_chain_ok", "1 when the audit chain verified intact at its last check.",
+                                    value=0 if audit["problems"] else 1)
+            yield GaugeMetricFamily("corral_audit_records", "Records in the audit chain at its last check.",
+                                    value=audit["records"])
+        used = GaugeMetricFamily("corral_budget_cpu_hours", "CPU-hours charged to tokens, by sponsor.",
+                                 labels=["sponsor"])
+        by_sponsor: dict[str, float] = {}
+        for row in self.board.budgets(None):
+            by_sponsor[row["sponsor"]] = by_sponsor.get(row["sponsor"], 0.0) + row["cpu_hours"]
+        for sponsor, hours in sorted(by_sponsor.items()):
+            used.add_metric([sponsor], hours)
+        yield used
+        pending = GaugeMetricFamily("corral_fastlane_pool_pending", "Tasks waiting in a fast-lane pool.", labels=["pool"])
+        allocs = GaugeMetricFamily("corral_fastlane_pool_allocations", "A fast-lane pool's allocations up.",
+                                   labels=["pool"])
+        for lane in self.board.service.lanes:
+            for p in lane.describe().get("pools", []) if lane is not self.board.service.lanes.batch else []:
+                pending.add_metric([p["pool"]], p["pending"])
+                allocs.add_metric([p["pool"]], sum(1 for a in p["allocations"] if a["up"]))
+        yield pending
+        yield allocs
