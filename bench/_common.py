@@ -39,8 +39,8 @@ def free_port() -> int:
 class GatewayProcess:
     """A real ``corral serve`` on a loopback port with its own temporary home."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.home = Path(tempfile.mkdtemp(prefix="corral-bench-"))
+    def __init__(self, *args: str, env: dict[str, str] | None = None, home: Path | None = None) -> None:
+        self.home = home or Path(tempfile.mkdtemp(prefix="corral-bench-"))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # Rate limits off unless a benchmark sets them: these measure throughput, and one

@@ -28,23 +28,29 @@ class BoardCollector(Collector):
                 "AND principal != ? GROUP BY state, backend", (PILOT_PRINCIPAL,)):
             live.add_metric([state, lane], n)
         yield live
+        kinds = dict(db.conn.execute("SELECT name, kind FROM principals").fetchall())
+        counts = self.board.counts.refresh()
+        by_kind: dict[str, int] = {}
+        for (who, _), n in counts.items():
+            if who != PILOT_PRINCIPAL:
+                by_kind[kinds.get(who, "unknown")] = by_kind.get(kinds.get(who, "unknown"), 0) + n
         submitted = CounterMetricFamily("corral_jobs_submitted", "Jobs submitted, by the kind of principal.",
                                         labels=["kind"])
-        sessions = GaugeMetricFamily("corral_sessions_active", "Sessions with live jobs, by kind.", labels=["kind"])
-        for kind, n, active in db.conn.execute(
-                """SELECT p.kind, COUNT(*), COUNT(DISTINCT CASE WHEN j.state IN ('PENDING', 'RUNNING', 'UNKNOWN')
-                          THEN j.principal || '/' || COALESCE(j.session, '') END)
-                   FROM jobs j JOIN principals p ON p.name = j.principal WHERE j.principal != ? GROUP BY p.kind""",
-                (PILOT_PRINCIPAL,)):
+        for kind, n in sorted(by_kind.items()):
             submitted.add_metric([kind], n)
-            sessions.add_metric([kind], active)
         yield submitted
+        sessions = GaugeMetricFamily("corral_sessions_active", "Sessions with live jobs, by kind.", labels=["kind"])
+        for kind, active in db.conn.execute(
+                """SELECT p.kind, COUNT(DISTINCT j.principal || '/' || COALESCE(j.session, ''))
+                   FROM jobs j JOIN principals p ON p.name = j.principal
+                   WHERE j.state IN ('PENDING', 'RUNNING', 'UNKNOWN') AND j.principal != ? GROUP BY p.kind""",
+                (PILOT_PRINCIPAL,)):
+            sessions.add_metric([kind], active)
         yield sessions
-        fast, pilots = db.conn.execute("SELECT SUM(backend = 'fast'), SUM(principal = ?) FROM jobs",
-                                       (PILOT_PRINCIPAL,)).fetchone()
-        yield CounterMetricFamily("corral_fastlane_tasks", "Tasks run in the fast lane.", value=int(fast or 0))
+        yield CounterMetricFamily("corral_fastlane_tasks", "Tasks run in the fast lane.",
+                                  value=sum(n for (_, lane), n in counts.items() if lane == "fast"))
         yield CounterMetricFamily("corral_fastlane_allocations", "Scheduler jobs that carried fast-lane tasks.",
-                                  value=int(pilots or 0))
+                                  value=sum(n for (who, _), n in counts.items() if who == PILOT_PRINCIPAL))
         self.board.tally.refresh()
         decisions = CounterMetricFamily("corral_decisions", "Decisions recorded in the audit log.",
                                         labels=["action", "decision", "rule"])
