@@ -95,11 +95,28 @@ def load(path: Path, fmt: str | None = None) -> Ingested:
         raise InvalidRequest(f"unknown format {fmt!r}", hint=f"use one of: {', '.join(FORMATS)}")
     reader = {"sacct": _sacct, "sacct-json": _sacct_json, "swf": _swf, "corral": _corral, "audit": _audit}[fmt]
     try:
-        return reader(path)
-    except (pl.exceptions.ComputeError, pl.exceptions.SchemaError, sqlite3.DatabaseError, UnicodeDecodeError,
-            OSError) as e:
+        ing = reader(path)
+    except (pl.exceptions.PolarsError, sqlite3.DatabaseError, UnicodeDecodeError, OSError) as e:
         raise InvalidRequest(f"{path} is not a readable {fmt} file: {str(e).splitlines()[0][:200]}",
                              hint=f"check the file, or name its format with --format ({', '.join(FORMATS)})") from e
+    if fmt != "audit":
+        _readable(ing)
+    return ing
+
+
+def _readable(ing: Ingested) -> None:
+    """Refuse, saying why, an export with no job left to read, or with one user's jobs
+    only (sacct without --allusers): that would report one user as the whole facility."""
+    if ing.jobs.height == 0:
+        why = ", ".join(f"{n:,} {r}" for r, n in sorted(ing.malformed.items(), key=lambda kv: -kv[1])[:3])
+        raise InvalidRequest(f"{ing.source}: no job could be read from its {ing.rows_read:,} rows"
+                             + (f" ({why})" if why else ""),
+                             hint=f"check that it is a {ing.format} export, or name its format with --format")
+    users = ing.jobs["user"].drop_nulls().unique()
+    if ing.jobs.height >= 2 and users.len() == 1 and ing.format != "corral":
+        raise InvalidRequest(f"{ing.source}: all {ing.jobs.height:,} jobs are {users[0]}'s: this is one user's "
+                             "export, and corral measures a facility (agents against its people)",
+                             hint="export every user's jobs: sacct --allusers ...")
 
 
 def _lines(path: Path, comment: str | None = None) -> pl.DataFrame:
@@ -233,66 +250,10 @@ def _user(s: pl.Schema) -> pl.Expr:
 
 
 def _sacct_json(path: Path) -> Ingested:
+    from . import sacct_json
+
     ing = Ingested(pl.DataFrame(), str(path), "sacct-json")
-    raw = pl.read_json(path, infer_schema_length=None)
-    if "jobs" not in raw.columns:
-        raise InvalidRequest(f"{path} has no 'jobs' list", hint="export with: sacct --allocations --json")
-    jobs = raw.select(pl.col("jobs").explode()).filter(pl.col("jobs").is_not_null()).unnest("jobs")
-    ing.rows_read = jobs.height
-    jobs = jobs.with_row_index("lineno", offset=1)  # the job's position in the list
-    s = jobs.schema
-    tsch = s["time"] if "time" in s else None
-    tfields = {f.name: f.dtype for f in tsch.fields} if isinstance(tsch, pl.Struct) else {}
-
-    def t(name: str) -> pl.Expr:
-        if name not in tfields:
-            return pl.lit(None, pl.Int64)
-        return _number(pl.col("time").struct.field(name), tfields[name]).cast(pl.Int64, strict=False)
-
-    st = s.get("state")
-    current = pl.col("state").struct.field("current") if isinstance(st, pl.Struct) else pl.col("state")
-    if isinstance(st, pl.Struct) and isinstance({f.name: f.dtype for f in st.fields}["current"], pl.List):
-        current = current.list.first()
-    ec = s.get("exit_code")
-    rc = pl.lit(None, pl.Int64)
-    if isinstance(ec, pl.Struct):
-        fields = {f.name: f.dtype for f in ec.fields}
-        if "return_code" in fields:
-            rc = _number(pl.col("exit_code").struct.field("return_code"), fields["return_code"])
-        sig = fields.get("signal")
-        if isinstance(sig, pl.Struct) and "signal_id" in [f.name for f in sig.fields]:
-            sid = _number(pl.col("exit_code").struct.field("signal").struct.field("signal_id"),
-                          {f.name: f.dtype for f in sig.fields}["signal_id"])
-            rc = pl.when(sid.fill_null(0) > 0).then(128 + sid).otherwise(rc)
-    tres = pl.col("tres").struct.field("allocated") if "tres" in s else pl.lit(None)
-    gpu = tres.list.eval(
-        pl.when((pl.element().struct.field("type") == "gres") & (pl.element().struct.field("name") == "gpu"))
-        .then(pl.element().struct.field("count")).otherwise(0)).list.sum() if "tres" in s else pl.lit(0)
-    cpu = tres.list.eval(
-        pl.when(pl.element().struct.field("type") == "cpu")
-        .then(pl.element().struct.field("count")).otherwise(0)).list.sum() if "tres" in s else pl.lit(1)
-    comment = s.get("comment")
-    ctext = (pl.col("comment").struct.field("job") if isinstance(comment, pl.Struct)
-             else pl.col("comment") if comment is not None else pl.lit(None, pl.String))
-    out = jobs.with_columns(
-        job_id=pl.col("job_id").cast(pl.String),
-        user=ctext.cast(pl.String).str.extract(_PRINCIPAL).fill_null(_user(s)),
-        account=pl.col("account") if "account" in s else pl.lit(None),
-        partition=pl.col("partition") if "partition" in s else pl.lit(None),
-        name=pl.col("name") if "name" in s else pl.lit(None),
-        submit=_local(t("submission")), start=_local(t("start")), end=_local(t("end")),
-        elapsed_s=t("elapsed"),
-        state=state_from_slurm(current.cast(pl.String).fill_null("")),
-        exit_code=rc.cast(pl.Int32, strict=False),
-        cpus=cpu.cast(pl.Int32), gpus=gpu.cast(pl.Int32).fill_null(0),
-        kind=ctext.cast(pl.String).str.extract(_KIND),
-    )
-    out = _account(ing, out, {
-        "no job id": pl.col("job_id").is_null(),
-        "no user": pl.col("user").fill_null("") == "",
-        "no submission time": pl.col("submit").is_null(),
-    })
-    ing.jobs = conform(out.with_columns(pl.col("elapsed_s").fill_null(0), pl.col("cpus").fill_null(1)))
+    sacct_json.read(path, ing, _local)
     return ing
 
 

@@ -58,6 +58,7 @@ def build(ing: Ingested, users: pl.DataFrame, truth: dict[str, str] | None = Non
         off_hours=pl.col("off").mean(),
         wait_p50_s=pl.col("wait_s").filter(pl.col("wait_s") >= 0).median(),
         wait_p90_s=pl.col("wait_s").filter(pl.col("wait_s") >= 0).quantile(0.9),
+        negative_waits=(pl.col("wait_s") < 0).sum(),
         active_hours=pl.struct("user", "hour").n_unique(),
     )
     g: dict[str, dict[str, Any]] = {r["group"]: r for r in per.iter_rows(named=True)}
@@ -77,17 +78,25 @@ def build(ing: Ingested, users: pl.DataFrame, truth: dict[str, str] | None = Non
             "under_minute_share": _round(r.get("under_minute")), "cancelled_share": _round(r.get("cancelled")),
             "failed_share": _round(r.get("failed")), "off_hours_share": _round(r.get("off_hours")),
             "wait_p50_s": _round(r.get("wait_p50_s"), 1), "wait_p90_s": _round(r.get("wait_p90_s"), 1),
+            # A start before its submission (clock skew, a requeue's old start) is no
+            # wait: left out of the percentiles, and counted here.
+            "negative_waits": int(r.get("negative_waits") or 0),
             **repeats.get(k, {"users_with_failures": 0, "users_repeating_failure": 0, "repeated_failure_jobs": 0}),
         }
         rf = groups[k]
         rf["repeat_failure_user_share"] = _share(rf["users_repeating_failure"], rf["users_with_failures"])
 
     a = groups["agent"]
+    notes = list(ing.notes)
+    negative = sum(groups[k]["negative_waits"] for k in GROUPS)
+    if negative:
+        notes.append(f"{negative:,} jobs started before their submission (clock skew or a requeue): counted as "
+                     "negative_waits, left out of the wait percentiles")
     report: dict[str, Any] = {
         "source": {"path": ing.source, "format": ing.format, "rows_read": ing.rows_read,
                    "jobs": ing.jobs.height, "steps_skipped": ing.steps_skipped,
                    "malformed": ing.malformed_total, "malformed_by_reason": ing.malformed,
-                   "malformed_examples": ing.examples, "notes": ing.notes},
+                   "malformed_examples": ing.examples, "notes": notes},
         "period": _period(j),
         "agents": {
             "user_share": _share(a["users"], tot["users"]),

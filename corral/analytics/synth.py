@@ -59,6 +59,13 @@ class Params:
         if self.users < 10 or self.jobs < self.users * 10:
             raise InvalidRequest("need at least 10 users and 10 jobs per user",
                                  hint=f"e.g. --users {max(self.users, 10)} --jobs {max(self.jobs, self.users * 10)}")
+        agents = round(self.users * self.agent_users)
+        if not 1 <= agents < self.users:
+            raise InvalidRequest(f"{self.users} users at an agents' share of {self.agent_users} make {agents} agents; "
+                                 "need at least one agent and one person", hint="raise --users or --agent-users")
+        if round(self.jobs * self.agent_jobs) < agents or self.jobs - round(self.jobs * self.agent_jobs) < self.users - agents:
+            raise InvalidRequest("too few jobs for every user to have one at these shares",
+                                 hint=f"use --jobs {self.users * 20} or more")
         if self.days < 7:
             raise InvalidRequest("--days must be at least 7 (a whole week, for the weekday pattern)")
         if self.rate_ratio <= 0 or self.human_rate <= 0:
@@ -92,7 +99,10 @@ def _week_weights(agent: bool) -> np.ndarray:
 
 
 def _split(total: int, n: int, rng: np.random.Generator, sigma: float, floor: int) -> np.ndarray:
-    """``total`` jobs over ``n`` users, heavy-tailed (lognormal), each at least ``floor``."""
+    """``total`` jobs over ``n`` users, heavy-tailed (lognormal), each at least ``floor``
+    (or as many as the total allows: 2,000 users with 20,000 jobs cannot give each of
+    the agents 50)."""
+    floor = min(floor, total // n)
     w = rng.lognormal(0, sigma, n)
     extra = total - floor * n
     counts = floor + np.floor(w / w.sum() * extra).astype(np.int64)

@@ -31,6 +31,8 @@ RECENT_S = 3600
 """A session is shown while it has live jobs or submitted within this long."""
 RATE_WINDOW_S = 300
 """Submissions a minute are counted over this window."""
+SHARE_S = 1.0
+"""Viewers of one scope share a snapshot this long (the page polls every 2 s)."""
 VERIFY_EVERY_S = 60
 """The audit chain is verified at most this often (it reads the whole log)."""
 READS = ("get_job", "wait", "wait_many", "events", "list_jobs", "output", "usage", "tool_call")
@@ -112,6 +114,7 @@ class Board:
         self.service = service
         self.tally = AuditTally(service.audit.log.path)
         self.counts = JobCounts(service)
+        self._shared: dict[tuple[str, ...] | None, tuple[float, dict[str, Any]]] = {}
         self.verified: dict[str, Any] = {"checked": None, "records": None, "problems": None}
 
     def scope(self, caller: Caller) -> frozenset[str] | None:
@@ -119,7 +122,25 @@ class Board:
         return None if caller.principal.is_admin else caller.visible
 
     async def snapshot(self, caller: Caller) -> dict[str, Any]:
+        """The viewer's snapshot; viewers of the same scope within ``SHARE_S`` share one
+        (its queries run on the gateway's loop: ten open dashboards cost one)."""
         names = self.scope(caller)
+        key = None if names is None else tuple(sorted(names))
+        hit = self._shared.get(key)
+        if hit is not None and time.monotonic() - hit[0] < SHARE_S:
+            return {**hit[1], "viewer": self._viewer(caller, names)}
+        snap = await self._snapshot(caller, names)
+        if len(self._shared) > 1000:
+            self._shared.clear()
+        self._shared[key] = (time.monotonic(), snap)
+        return snap
+
+    @staticmethod
+    def _viewer(caller: Caller, names: frozenset[str] | None) -> dict[str, Any]:
+        return {"name": caller.name, "admin": caller.principal.is_admin,
+                "sees": "everyone" if names is None else sorted(names)}
+
+    async def _snapshot(self, caller: Caller, names: frozenset[str] | None) -> dict[str, Any]:
         await asyncio.to_thread(self.tally.refresh)
         await self._verify()
         now = time.time()
@@ -146,8 +167,7 @@ class Board:
                 WHERE {where} AND j.principal != ? AND j.submit_time > ? GROUP BY p.kind""",
             [*args, PILOT_PRINCIPAL, now - RATE_WINDOW_S])}
         return {
-            "viewer": {"name": caller.name, "admin": caller.principal.is_admin,
-                       "sees": "everyone" if names is None else sorted(names)},
+            "viewer": self._viewer(caller, names),
             "at": now,
             "sessions": sessions,
             "jobs": states,
