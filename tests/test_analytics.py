@@ -250,3 +250,73 @@ def test_the_audit_chain_is_an_input_too(gateway, people) -> None:
     assert r["source"]["format"] == "audit" and r["source"]["jobs"] == 3 and r["source"]["malformed"] == 0
     assert r["groups"]["agent"]["jobs"] == 2 and r["groups"]["human"]["jobs"] == 1
     assert any("refused submissions" in n for n in r["source"]["notes"])
+
+
+def test_inputs_an_admin_has(tmp_path: Path) -> None:
+    """A CSV export is recognised (by its content too) and read; every malformed sacct
+    --json shape is a clear error or counted rows; one user's export, an export with no
+    readable job, and negative waits are said, not misreported."""
+    people = [f"u{i}" for i in range(6)]
+    lines = ["JobID,User,Account,SubmitTime,WaitTime,RunTime,NCPUS,State"]
+    for i in range(60):
+        lines.append(f"{i},{people[i % 6]},proj,{1_780_000_000 + 600 * i},{-30 if i == 7 else 20},120,2,"
+                     f"{'NODE_FAIL' if i == 3 else 'COMPLETED'}")
+    lines.append("60,u1,proj,yesterday,20,120,2,COMPLETED")
+    export = tmp_path / "accounting-export.txt"  # no .csv: recognised from its header
+    export.write_bytes(("\n".join(lines) + "\n").encode() + b"61,u\xff2,proj,1780000000,1,1,1,COMPLETED\n")
+    r = analyze_json(str(export))
+    assert r["source"]["format"] == "csv" and r["source"]["jobs"] == 60
+    assert r["source"]["malformed_by_reason"] == {"unreadable submission time": 1, "bytes that are not UTF-8": 1}
+    assert r["groups"]["human"]["negative_waits"] == 1 and any("negative_waits" in n for n in r["source"]["notes"])
+    assert r["groups"]["human"]["failed_share"] > 0  # NODE_FAIL: the job did not finish
+    odd = tmp_path / "odd.csv"
+    odd.write_text("Foo,Bar,Baz\n1,2,3\n")
+    cp = corral("analyze", str(odd))
+    assert cp.returncode == 2 and "CSV export with columns Foo, Bar, Baz" in cp.stderr and "User" in cp.stderr
+    # sacct --json, every broken shape
+    shapes = {'{"jobs": []}': "holds no jobs", '{"jobs": 3}': "not a list", '{"meta": {}}': "no 'jobs' list",
+              '[1, 2]': "no 'jobs' list", '{"jobs": [{"job_id": "x", "user": "a"}]}': "no submission time",
+              '{"jobs": [7, "x", null]}': "not an object"}
+    for text, said in shapes.items():
+        f = tmp_path / "shape.json"
+        f.write_text(text)
+        cp = corral("analyze", str(f), "--json")
+        assert cp.returncode == 2 and said in cp.stderr and "Traceback" not in cp.stderr, (text, cp.stderr)
+    good = [{"job_id": i, "user": f"u{i % 4}", "time": {"submission": {"set": True, "number": 1_780_000_000 + i},
+                                                        "start": 1_780_000_010 + i, "end": 1_780_000_100 + i,
+                                                        "elapsed": 90},
+             "state": {"current": ["COMPLETED"]}, "exit_code": {"return_code": {"set": True, "number": 0}}}
+            for i in range(40)]
+    broken = [{"job_id": 99, "user": "u1", "time": {"submission": "soon"}, "state": "COMPLETED"},
+              {"job_id": 98, "user": 12.5, "time": {"submission": 1_780_000_000}, "state": "COMPLETED"},
+              "not a job", {"job_id": 97, "user": "u2", "time": 5, "state": "COMPLETED"}]
+    f = tmp_path / "mixed.json"
+    # one job's user an escaped lone surrogate, another's a raw byte that is not UTF-8
+    f.write_bytes(json.dumps({"jobs": good + broken}).replace('"u3"', '"u\\udcff3"', 1).encode()
+                  .replace(b'"u2"', b'"u\xff2"', 1))
+    r = analyze_json(str(f))
+    assert r["source"]["jobs"] == 38 and r["source"]["malformed"] == 6, r["source"]
+    assert r["source"]["malformed_by_reason"] == {
+        "time.submission is not a number": 1, "user is not text": 1, "a job that is not an object": 1,
+        "time is not an object": 1, "bytes that are not UTF-8": 2}
+    one = tmp_path / "mine.json"
+    one.write_text(json.dumps({"jobs": [{**j, "user": "alice"} for j in good]}))
+    cp = corral("analyze", str(one))
+    assert cp.returncode == 2 and "one user's export" in cp.stderr and "--allusers" in cp.stderr
+    cp = corral("synth", "--users", "2000", "--jobs", "20000", "--out", str(tmp_path / "big.txt"))
+    assert cp.returncode == 0, cp.stderr
+
+
+def test_one_bad_byte_counts_its_row_not_the_file(tmp_path: Path) -> None:
+    lines = ["JobID|User|Submit|State"] + [f"{i}|u{i % 4}|2026-11-30T12:00:0{i % 10}|COMPLETED" for i in range(1, 21)]
+    sacct = tmp_path / "export.txt"
+    sacct.write_bytes(("\n".join(lines) + "\n").encode() + b"21|u\xff1|2026-11-30T12:00:00|COMPLETED\n")
+    r = analyze_json(str(sacct))
+    assert r["source"]["jobs"] == 20 and r["source"]["malformed_by_reason"] == {"bytes that are not UTF-8": 1}
+    assert r["source"]["malformed_examples"] == {"bytes that are not UTF-8": [22]}
+    swf = tmp_path / "trace.swf"
+    swf.write_bytes(b";Version: 2\n" + b"".join(
+        f"{i} {i * 10} 5 100 4 -1 -1 4 200 -1 1 {i % 5} 1 1 1 1 -1 -1\n".encode() for i in range(1, 30))
+        + b"30 300 5 \xff00 4 -1 -1 4 200 -1 1 3 1 1 1 1 -1 -1\n")
+    r = analyze_json(str(swf))
+    assert r["source"]["jobs"] == 29 and r["source"]["malformed_by_reason"] == {"bytes that are not UTF-8": 1}

@@ -36,7 +36,7 @@ def _stderr_is_tty() -> bool:
 
 @click.command()
 @click.argument("file", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["sacct", "sacct-json", "swf", "corral", "audit"]),
+@click.option("--format", "fmt", type=click.Choice(["sacct", "sacct-json", "swf", "csv", "corral", "audit"]),
               help="Input format (default: detected from the name and first bytes).")
 @click.option("--overrides", type=click.Path(path_type=Path),
               help="File of 'USER agent|human' lines that settle who is an agent.")

@@ -1,5 +1,6 @@
 """Read accounting data into the one job table: sacct ``--parsable2`` and ``--json``
-exports, SWF traces, and corral's own job records.
+exports (sacct_json.py), CSV exports (csv_export.py), SWF traces, and corral's own job
+records.
 
 Every reader is column-wise (polars expressions over whole columns). A row that
 cannot be read is counted under a reason, with the first line numbers as examples,
@@ -30,11 +31,12 @@ import polars as pl
 from ..errors import InvalidRequest
 from .frame import SWF_STATUS, conform, state_from_slurm
 
-Format = Literal["sacct", "sacct-json", "swf", "corral", "audit"]
-FORMATS: tuple[str, ...] = ("sacct", "sacct-json", "swf", "corral", "audit")
+Format = Literal["sacct", "sacct-json", "swf", "csv", "corral", "audit"]
+FORMATS: tuple[str, ...] = ("sacct", "sacct-json", "swf", "csv", "corral", "audit")
 SACCT_REQUIRED = ("JobID", "User", "Submit", "State")
 SACCT_FIELDS = ("JobID,User,Account,Partition,JobName,Submit,Start,End,ElapsedRaw,State,"
                 "ExitCode,AllocCPUS,AllocTRES,Comment")
+NOT_UTF8 = "bytes that are not UTF-8"
 _SEP = "\x1f"  # a byte no text export contains: polars then hands us whole lines
 _SACCT_TIME = "%Y-%m-%dT%H:%M:%S"
 _GPU = r"gres/gpu=(\d+)"
@@ -72,6 +74,8 @@ def detect(path: Path) -> Format:
         return "audit"
     if name.endswith(".json"):
         return "sacct-json"
+    if name.endswith(".csv"):
+        return "csv"
     with open(path, "rb") as f:
         head = f.read(512)
     if head.startswith(b"SQLite format 3"):
@@ -81,6 +85,10 @@ def detect(path: Path) -> Format:
     text = head.decode("utf-8", "replace").lstrip()
     if text.startswith("{"):
         return "sacct-json"
+    from .csv_export import looks_like
+
+    if looks_like(text):
+        return "csv"
     if text.startswith(";") or (text and "|" not in text.splitlines()[0]):
         return "swf"
     return "sacct"
@@ -93,7 +101,8 @@ def load(path: Path, fmt: str | None = None) -> Ingested:
     fmt = fmt or detect(path)
     if fmt not in FORMATS:
         raise InvalidRequest(f"unknown format {fmt!r}", hint=f"use one of: {', '.join(FORMATS)}")
-    reader = {"sacct": _sacct, "sacct-json": _sacct_json, "swf": _swf, "corral": _corral, "audit": _audit}[fmt]
+    reader = {"sacct": _sacct, "sacct-json": _sacct_json, "swf": _swf, "csv": _csv, "corral": _corral,
+              "audit": _audit}[fmt]
     try:
         ing = reader(path)
     except (pl.exceptions.PolarsError, sqlite3.DatabaseError, UnicodeDecodeError, OSError) as e:
@@ -121,8 +130,10 @@ def _readable(ing: Ingested) -> None:
 
 def _lines(path: Path, comment: str | None = None) -> pl.DataFrame:
     """Each line as one string, numbered from 1 as an editor shows them."""
+    # Lossy: a byte that is not UTF-8 becomes U+FFFD, and its row is counted (NOT_UTF8),
+    # rather than the whole file refused.
     df = pl.read_csv(path, separator=_SEP, has_header=False, new_columns=["line"], quote_char=None,
-                     schema={"line": pl.String}, comment_prefix=comment, ignore_errors=False)
+                     schema={"line": pl.String}, comment_prefix=comment, ignore_errors=False, encoding="utf8-lossy")
     return df.with_row_index("lineno", offset=1)
 
 
@@ -204,6 +215,7 @@ def _sacct(path: Path) -> Ingested:
         kind=kind,
     )
     checks = {
+        NOT_UTF8: pl.col("line").str.contains("\ufffd", literal=True),
         f"wrong number of fields (expected {len(header)})": ~width_ok,
         "no job id": ~has("JobID"),
         "no user": ~has("User"),
@@ -254,6 +266,14 @@ def _sacct_json(path: Path) -> Ingested:
 
     ing = Ingested(pl.DataFrame(), str(path), "sacct-json")
     sacct_json.read(path, ing, _local)
+    return ing
+
+
+def _csv(path: Path) -> Ingested:
+    from . import csv_export
+
+    ing = Ingested(pl.DataFrame(), str(path), "csv")
+    csv_export.read(path, ing, _local)
     return ing
 
 
@@ -317,6 +337,7 @@ def _swf(path: Path) -> Ingested:
         gpus=pl.lit(0),
     )
     df = _account(ing, df, {
+        NOT_UTF8: pl.col("line").str.contains("\ufffd", literal=True),
         "wrong number of fields (expected 18)": ~ok,
         "unreadable number": f(1).is_null() | f(2).is_null() | f(4).is_null() | f(5).is_null(),
     })

@@ -53,9 +53,14 @@ def _text(v: Any, what: str) -> str | None:
         return None
     if not isinstance(v, (str, int)) or isinstance(v, bool):
         raise Bad(f"{what} is not text")
-    if "\ufffd" in str(v):
+    text = str(v)
+    try:
+        text.encode("utf-8")  # a lone surrogate ("\udcff" in the JSON) is no text either
+    except UnicodeEncodeError:
+        raise Bad("bytes that are not UTF-8") from None
+    if "\ufffd" in text:
         raise Bad("bytes that are not UTF-8")
-    return str(v)
+    return text
 
 
 def _state(v: Any) -> str:

@@ -1,0 +1,134 @@
+"""CSV accounting exports (comma-separated, one header line), as admins' tools write
+them: XDMoD's and PBS/LSF converters' ``SubmitTime, WaitTime, RunTime, NCPUS``, or
+Slurm's own column names. Columns are recognised by name, case and punctuation aside;
+times may be epoch seconds or ISO dates; a file without the columns corral needs is
+refused naming what it found and what it looks for, never misread as another format.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from ..errors import InvalidRequest
+from .frame import SLURM_STATES, SWF_STATUS, conform
+
+if TYPE_CHECKING:
+    from .ingest import Ingested
+
+NAMES: dict[str, tuple[str, ...]] = {
+    "job_id": ("jobid", "job", "id", "jobnumber", "jobidraw"),
+    "user": ("user", "username", "owner", "userid", "login"),
+    "account": ("account", "project", "group", "groupname", "allocation"),
+    "partition": ("partition", "queue", "queuename", "class"),
+    "name": ("jobname", "name"),
+    "submit": ("submittime", "submit", "submitted", "queuetime", "qtime", "eligibletime"),
+    "start": ("starttime", "start", "started"),
+    "end": ("endtime", "end", "ended", "finishtime"),
+    "wait": ("waittime", "wait", "waits", "queuedseconds"),
+    "run": ("runtime", "elapsedraw", "elapsed", "walltime", "runseconds", "duration"),
+    "cpus": ("ncpus", "ncpu", "alloccpus", "cpus", "cores", "ncores", "numcpus", "processors", "slots"),
+    "gpus": ("ngpus", "gpus", "allocgpus", "numgpus"),
+    "state": ("state", "status", "exitstatus", "jobstate"),
+    "exit_code": ("exitcode", "exit", "returncode"),
+    "comment": ("comment",),
+}
+"""The table's column -> names a CSV export calls it (lowercase, no punctuation)."""
+NEED = ("job_id", "user", "submit")
+WHAT = {"job_id": "the job id", "user": "the user", "submit": "the submit time"}
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def looks_like(head: str) -> bool:
+    """A CSV header: commas, no '|', and names rather than numbers."""
+    first = head.splitlines()[0] if head else ""
+    cells = first.split(",")
+    return "|" not in first and len(cells) >= 3 and sum(bool(re.match(r"^\s*\"?[A-Za-z]", c)) for c in cells) >= 3
+
+
+def _time(col: pl.Expr, dtype: Any, local: Any) -> pl.Expr:
+    """Epoch seconds or an ISO date (as the export wrote it: the facility's clock)."""
+    if dtype.is_numeric():
+        return local(col.cast(pl.Int64, strict=False))
+    text = col.cast(pl.String).str.strip_chars()
+    epoch = text.cast(pl.Int64, strict=False)
+    parsed = text.str.replace("T", " ").str.to_datetime("%Y-%m-%d %H:%M:%S", strict=False, time_unit="us")
+    return pl.when(epoch.is_not_null()).then(local(epoch)).otherwise(parsed)
+
+
+def _seconds(col: pl.Expr, dtype: Any) -> pl.Expr:
+    """Seconds as a number, or [D-]HH:MM:SS."""
+    if dtype.is_numeric():
+        return col.cast(pl.Int64, strict=False)
+    from .ingest import _duration
+
+    text = col.cast(pl.String).str.strip_chars()
+    return pl.coalesce(text.cast(pl.Float64, strict=False).cast(pl.Int64), _duration(text))
+
+
+def _state(col: pl.Expr) -> pl.Expr:
+    """Slurm's words, or SWF's status codes (1 completed, 0 failed, 5 cancelled)."""
+    text = col.cast(pl.String).str.strip_chars().str.to_uppercase()
+    word = text.str.split(" ").list.first().str.strip_chars_end("+")
+    by_code = text.cast(pl.Int64, strict=False).replace_strict(SWF_STATUS, default=None, return_dtype=pl.String)
+    return pl.coalesce(word.replace_strict(SLURM_STATES, default=None, return_dtype=pl.String), by_code,
+                       pl.lit("UNKNOWN"))
+
+
+def read(path: Path, ing: "Ingested", local: Any) -> None:
+    raw = pl.read_csv(path, infer_schema_length=10_000, ignore_errors=True, truncate_ragged_lines=True,
+                      encoding="utf8-lossy")
+    found: dict[str, str] = {}
+    for col in raw.columns:
+        for field, names in NAMES.items():
+            if field not in found and _key(col) in names:
+                found[field] = col
+    missing = [f for f in NEED if f not in found]
+    if missing or not ({"start", "wait"} & set(found) or "run" in found):
+        raise InvalidRequest(
+            f"{path} is a CSV export with columns {', '.join(raw.columns[:12])}{' ...' if raw.width > 12 else ''}, "
+            f"and none that corral reads as {' or '.join(WHAT[m] for m in missing) or 'a start or a wait time'}",
+            hint="corral reads CSV columns named like JobID, User, SubmitTime, StartTime or WaitTime, RunTime, "
+                 "NCPUS, NGPUS, State, Partition, Account (case and punctuation aside)")
+    s = raw.schema
+    c = {f: pl.col(n) for f, n in found.items()}
+    submit = _time(c["submit"], s[found["submit"]], local)
+    wait = _seconds(c["wait"], s[found["wait"]]) if "wait" in found else None
+    start = _time(c["start"], s[found["start"]], local) if "start" in found else \
+        submit + pl.duration(seconds=wait) if wait is not None else pl.lit(None)
+    run = _seconds(c["run"], s[found["run"]]) if "run" in found else None
+    end = _time(c["end"], s[found["end"]], local) if "end" in found else \
+        start + pl.duration(seconds=run) if run is not None else pl.lit(None)
+    elapsed = run if run is not None else (end - start).dt.total_seconds()
+    comment = c["comment"].cast(pl.String) if "comment" in found else pl.lit(None, pl.String)
+    df = raw.with_row_index("lineno", offset=2).with_columns(
+        job_id=c["job_id"].cast(pl.String), user=c["user"].cast(pl.String).str.strip_chars(),
+        account=c["account"].cast(pl.String) if "account" in found else pl.lit(None, pl.String),
+        partition=c["partition"].cast(pl.String) if "partition" in found else pl.lit(None, pl.String),
+        name=c["name"].cast(pl.String) if "name" in found else pl.lit(None, pl.String),
+        submit=submit, start=start, end=end, elapsed_s=elapsed.fill_null(0),
+        state=_state(c["state"]) if "state" in found else pl.lit("COMPLETED"),
+        exit_code=c["exit_code"].cast(pl.Int32, strict=False) if "exit_code" in found else pl.lit(None, pl.Int32),
+        cpus=c["cpus"].cast(pl.Int32, strict=False).fill_null(1) if "cpus" in found else pl.lit(1),
+        gpus=c["gpus"].cast(pl.Int32, strict=False).fill_null(0) if "gpus" in found else pl.lit(0),
+        kind=comment.str.extract(r"(?:^|\s)kind=(agent|human|service)\b"),
+    )
+    ing.rows_read = df.height
+    if "state" not in found:
+        ing.notes.append("the export has no state column: every job counts as COMPLETED")
+    from .ingest import _account
+
+    df = _account(ing, df, {
+        "bytes that are not UTF-8": pl.concat_str([pl.col(n).cast(pl.String) for n in found.values()],
+                                                  ignore_nulls=True).str.contains("\ufffd"),
+        "no job id": pl.col("job_id").is_null() | (pl.col("job_id") == ""),
+        "no user": pl.col("user").is_null() | (pl.col("user") == ""),
+        "unreadable submission time": pl.col("submit").is_null(),
+    })
+    ing.jobs = conform(df)
