@@ -2,7 +2,9 @@
 over each user's behaviour, and always what the admin's override file says.
 
 The score is a logistic function of behaviour that sets coding agents apart in
-published measurements (``WEIGHTS`` holds each weight and centre):
+published measurements, each feature judged **against this facility's own people**,
+never against absolute thresholds (``WEIGHTS`` holds each weight and its margin over
+the human baseline):
 
 - ``rate``: submissions per active hour (an hour with at least one submission).
   Agents issue commands ~20x faster than people while they work. Scored on log(rate).
@@ -13,6 +15,14 @@ published measurements (``WEIGHTS`` holds each weight and centre):
   loop of ``sbatch`` or a job array arrives in bursts; an agent's explore-modify-
   execute loop waits for each result, so this counts *against* an agent.
 
+The human baseline (``baseline``): the people's rate is the median of the slower half
+of all users (the lower quartile: inside the people wherever agents are fewer than
+half of the users), and a user more than 2.5 times faster than that, or than 2.5 of
+the people's own spreads where they differ more, counts toward agent. The other features' centres are the people's medians (the users below that
+rate) plus a margin. A facility whose people submit 10 jobs an active hour is judged
+as one whose people submit 1. (A two-component mixture over log-rates was tried
+first: with agents 5% of users it split the people's own spread instead.)
+
 Users with few jobs carry little evidence: their score is pulled toward human, and
 their confidence shows it.
 """
@@ -22,21 +32,22 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from ..errors import InvalidRequest
 from .frame import off_hours
 
 WEIGHTS: dict[str, tuple[float, float]] = {
-    "log_rate": (4.0, 2.079),   # centre: ln 8 submissions per active hour
-    "off_hours": (2.0, 0.3),
-    "short": (2.0, 0.2),
-    "cancelled": (3.0, 0.05),
+    "log_rate": (4.0, 0.0),     # centre: the baseline's split between people and agents
+    "off_hours": (2.0, 0.15),   # margins over the people's median share
+    "short": (2.0, 0.12),
+    "cancelled": (3.0, 0.03),
     "scripted": (-6.0, 0.0),
 }
-"""Feature -> (weight, centre): the log-odds of 'agent' is the sum of weight x (value - centre).
-Rate dominates: people rarely exceed 4 submissions per active hour, agents run at ~20x
-that; the other features move users near the line."""
+"""Feature -> (weight, margin): the log-odds of 'agent' is the sum of weight x (value -
+(the people's baseline + margin)). Rate dominates; the other features move users near
+the line."""
 MIN_EVIDENCE = 20
 """Below this many jobs a user's score is pulled toward human by (MIN_EVIDENCE - n) / 4."""
 KINDS = ("agent", "human")
@@ -62,10 +73,43 @@ def features(jobs: pl.DataFrame) -> pl.DataFrame:
     ).with_columns(rate=pl.col("jobs") / pl.col("active_hours")).sort("user")
 
 
-def score() -> pl.Expr:
-    """P(agent) from the features, as a polars expression."""
+def baseline(f: pl.DataFrame) -> dict[str, float]:
+    """The facility's people, measured on the facility itself: the log-rate centre that
+    splits people from agents, and the people's median of each other feature."""
+    logs = np.log(np.maximum(f["rate"].to_numpy().astype(float), 1e-9))
+    centre = _split(logs)
+    humans = f.filter(pl.col("rate").log() < centre) if f.height else f
+    base = {"log_rate": centre}
+    for name in ("off_hours", "short", "cancelled", "scripted"):
+        col = humans[name] if humans.height else f[name]
+        median = col.median()
+        base[name] = float(median) if isinstance(median, (int, float)) and name != "scripted" else 0.0
+    return base
+
+
+RATE_MARGIN = math.log(2.5)
+"""A user is judged faster than the facility's people beyond 2.5 times their rate, or
+beyond 2.5 of their own spreads where people differ more than that (real traces:
+a spread of 0.5-0.6 in log-rate, against 0.3 in the synthetic facility)."""
+
+
+def _split(x: np.ndarray) -> float:
+    """The log-rate beyond which a user is faster than the people: the people's rate
+    (the median of the slower half of all users: within the people wherever agents
+    are fewer than half of the users) plus the larger of ln 2.5 and 2.5 people's
+    spreads, the spread estimated from the slowest quarter of users."""
+    if len(x) < 4:
+        return float(np.log(8.0))  # too few users to learn a baseline: ~8 jobs an active hour
+    q05, q25 = (float(v) for v in np.quantile(x, [0.05, 0.25]))
+    spread = (q25 - q05) / 1.07  # a normal's 5th to 25th percentile of the people's spans ~1.07 sd here
+    return q25 + max(RATE_MARGIN, 2.5 * spread)
+
+
+def score(base: dict[str, float]) -> pl.Expr:
+    """P(agent) from the features, against the facility's baseline, as a polars expression."""
     value = {"log_rate": pl.col("rate").log()}
-    z = pl.sum_horizontal([w * (value.get(name, pl.col(name)) - centre) for name, (w, centre) in WEIGHTS.items()])
+    z = pl.sum_horizontal([w * (value.get(name, pl.col(name)) - base[name] - margin)
+                           for name, (w, margin) in WEIGHTS.items()])
     z = z - (MIN_EVIDENCE - pl.col("jobs").cast(pl.Int64)).clip(lower_bound=0) / 4
     return 1 / (1 + (-z).exp())
 
@@ -93,7 +137,8 @@ def classify(jobs: pl.DataFrame, overrides: dict[str, str] | None = None, behavi
     (override > provenance > behaviour). With ``behaviour`` off (traces from before
     coding agents) users without provenance or override are human; ``p_agent`` is
     still computed, as the score's false-positive baseline."""
-    f = features(jobs).with_columns(score().alias("p_agent"))
+    f = features(jobs)
+    f = f.with_columns(score(baseline(f)).alias("p_agent"))
     ov = pl.DataFrame({"user": list((overrides or {}).keys()), "override": list((overrides or {}).values())},
                       schema={"user": pl.String, "override": pl.String})
     f = f.join(ov, on="user", how="left")

@@ -27,6 +27,8 @@ PARAM_HELP = {
     "human_short": "Share of humans' jobs that end within a minute.", "human_cancelled": "Share of humans' jobs cancelled.",
     "human_rate": "A human's submissions per active hour.", "human_gpu_jobs": "Share of humans' longer jobs that use GPUs.",
     "agent_fail": "Chance an agent's job fails.", "human_fail": "Chance a human's job fails.",
+    "agent_off_hours": "How busy agents are at night and on weekends against office hours (0.01 as idle as "
+                       "people, 1 as busy as by day).",
 }
 
 

@@ -48,6 +48,9 @@ class Params:
     human_gpu_jobs: float = 0.08
     agent_fail: float = 0.15
     human_fail: float = 0.07
+    agent_off_hours: float = 0.8
+    """How busy agents are at night and on weekends, against office hours (1.0: as busy;
+    0.03: as idle as people)."""
 
     def check(self) -> None:
         shares = ("agent_users", "agent_jobs", "agent_cpu_hours", "agent_gpu_hours", "agent_short",
@@ -66,6 +69,9 @@ class Params:
         if round(self.jobs * self.agent_jobs) < agents or self.jobs - round(self.jobs * self.agent_jobs) < self.users - agents:
             raise InvalidRequest("too few jobs for every user to have one at these shares",
                                  hint=f"use --jobs {self.users * 20} or more")
+        if not 0.01 <= self.agent_off_hours <= 1:
+            raise InvalidRequest(f"agent-off-hours must be from 0.01 (as idle at night as people) to 1 (as busy as "
+                                 f"by day), got {self.agent_off_hours}")
         if self.days < 7:
             raise InvalidRequest("--days must be at least 7 (a whole week, for the weekday pattern)")
         if self.rate_ratio <= 0 or self.human_rate <= 0:
@@ -85,14 +91,14 @@ class Params:
 PARAM_NAMES = [f.name for f in fields(Params)]
 
 
-def _week_weights(agent: bool) -> np.ndarray:
+def _week_weights(agent: bool, agent_off: float = 0.8) -> np.ndarray:
     """Relative chance of activity in each of the week's 168 hours (Monday 00:00 first)."""
     w = np.empty(168)
     for h in range(168):
         day, hour = divmod(h, 24)
         workday, office = day < 5, 8 <= hour < 19
         if agent:  # sessions run unattended: nights and weekends nearly as busy as the day
-            w[h] = 1.0 if (workday and office) else 0.8
+            w[h] = 1.0 if (workday and office) else agent_off
         else:
             w[h] = 1.0 if (workday and office) else 0.25 if (workday and 19 <= hour < 23) else 0.12 if office else 0.03
     return w
@@ -133,7 +139,8 @@ def generate(p: Params, progress: Callable[[int], None] | None = None) -> tuple[
     active[is_agent_user] = np.clip(np.round(active[is_agent_user] * want_a / active[is_agent_user].sum()), 1, hours)
     active = np.minimum(active, counts)
 
-    weights = {a: np.tile(_week_weights(a), hours // 168 + 2)[offset: offset + hours] for a in (False, True)}
+    weights = {a: np.tile(_week_weights(a, p.agent_off_hours), hours // 168 + 2)[offset: offset + hours]
+               for a in (False, True)}
     submit = np.empty(p.jobs, np.int64)
     user_idx = np.repeat(np.arange(p.users), counts)
     pos = 0
