@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from corral.analytics.classify import MIN_EVIDENCE, WEIGHTS, classify  # noqa: E402
+from corral.analytics.classify import MIN_EVIDENCE, RATE_MARGIN, WEIGHTS, classify  # noqa: E402
 from corral.analytics.ingest import load  # noqa: E402
 from corral.analytics.report import build  # noqa: E402
 from corral.analytics.synth import Params, write  # noqa: E402
@@ -61,7 +61,13 @@ def pandas_arm(path: Path) -> dict[str, Any]:
     f = pd.DataFrame({"jobs": g.size(), "active_hours": g["hour"].nunique(), "off_hours": g["off"].mean(),
                       "short": g["short"].mean(), "cancelled": g["cancelled"].mean(), "scripted": g["scripted"].mean()})
     f["rate"] = f["jobs"] / f["active_hours"]
-    z = sum(w * ((np.log(f["rate"]) if k == "log_rate" else f[k]) - c) for k, (w, c) in WEIGHTS.items())
+    # The facility's people as the baseline (classify.baseline, written again in pandas).
+    logs = np.log(f["rate"])
+    q05, q25 = np.quantile(logs, [0.05, 0.25])
+    base = {"log_rate": q25 + max(RATE_MARGIN, 2.5 * (q25 - q05) / 1.07), "scripted": 0.0}
+    people = f[logs < base["log_rate"]]
+    base.update({k: people[k].median() for k in ("off_hours", "short", "cancelled")})
+    z = sum(w * ((logs if k == "log_rate" else f[k]) - base[k] - m) for k, (w, m) in WEIGHTS.items())
     z = z - (MIN_EVIDENCE - f["jobs"]).clip(lower=0) / 4
     f["kind"] = np.where(1 / (1 + np.exp(-z)) >= 0.5, "agent", "human")
     df = df.join(f["kind"], on="User")

@@ -21,7 +21,7 @@ import math
 import signal as signals
 from typing import Any
 
-from .backends import CONTROLS, Usage
+from .backends import CONTROLS, DONE, Usage
 from .control.reconciler import Reconciler
 from .db import Database
 from .errors import CorralError, InvalidRequest, NotFound
@@ -72,7 +72,7 @@ class JobControl:
         self.audit.record(caller, "control", "allow", rule, [{**what, "signal": sig, "backend_id": job.backend_id}])
         if job.backend_id is None:  # corral holds it (a dependency, or the scheduler was away)
             if action not in ("hold", "release"):
-                raise InvalidRequest(f"job {job.id} has not been sent to its lane yet; it cannot be {action}ed",
+                raise InvalidRequest(f"job {job.id} has not been sent to its lane yet; it cannot be {DONE[action]}",
                                      hint="hold or cancel it now, or wait until it is RUNNING")
             why = ("held by request; release it to let it run" if action == "hold"
                    else "released; waiting to be sent")

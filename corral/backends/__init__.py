@@ -88,6 +88,8 @@ class Usage:
 
 CONTROLS = ("hold", "release", "requeue", "signal")
 """What ``job_control`` asks of a job; a backend refuses what it cannot do."""
+DONE = {"hold": "held", "release": "released", "requeue": "requeued", "signal": "signalled"}
+"""Each control as a refusal says it ("it cannot be held")."""
 
 
 @runtime_checkable

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..backends import BackendStatus, OutputPaths, SubmitContext, Usage, base_env
+from ..backends import DONE, BackendStatus, OutputPaths, SubmitContext, Usage, base_env
 from ..config import FastLaneSettings
 from ..errors import InvalidRequest, NotFound
 from ..jobs import JobSpec
@@ -179,7 +179,7 @@ class FastLane:
                                       "submitted with the first task)"}
 
     async def control(self, backend_id: str, action: str, signal: int | None) -> None:
-        raise InvalidRequest(f"a fast-lane task cannot be {'signalled' if action == 'signal' else action + 'ed'}: it "
+        raise InvalidRequest(f"a fast-lane task cannot be {DONE.get(action, action)}: it "
                              "starts at once in a warm allocation and lasts minutes at most",
                              hint="cancel it, or submit with lane 'batch' for a job you want to control")
 
