@@ -226,7 +226,9 @@ def test_html_report_in_a_real_browser(facility: Path, tmp_path: Path) -> None:
             page.goto(page_file.as_uri())
             assert page.title() == "corral: what agents do on this facility"
             assert "19.5%" in page.locator("#cards").inner_text()  # the agents' share of users
-            assert page.locator("svg").count() == 4
+            assert page.locator("svg").count() == 9  # + 3 series a day, 2 distributions
+            assert page.locator("svg.ts").count() == 3 and page.locator("svg.hist").count() == 2
+            assert "agent" in (page.locator("svg.ts").first.text_content() or "")  # the legend
             assert page.locator("svg.heat rect").count() == 2 * 7 * 24
             assert page.locator("svg.scatter circle").count() == 400  # one dot per user
             box = page.locator("svg.bars").bounding_box()
@@ -346,3 +348,27 @@ def test_users_are_judged_against_the_facilitys_own_people(tmp_path: Path, share
     true_share = sum(v == "agent" for v in truth.values()) / len(truth)
     assert acc["accuracy"] >= 0.95, acc
     assert abs((got["kind"] == "agent").sum() / got.height - true_share) * 100 <= 3
+
+
+def test_the_tables_an_admin_expects_and_their_csv(facility: Path, tmp_path: Path) -> None:
+    out = tmp_path / "tables"
+    cp = corral("analyze", str(facility), "--json", "--csv", str(out), "--capacity-cores", "4096")
+    assert cp.returncode == 0, cp.stderr
+    t = json.loads(cp.stdout)["tables"]
+    assert {p.name for p in out.iterdir()} == {f"{n}.csv" for n in t}
+    assert len({r["day"] for r in t["daily"]}) == 30 and {r["group"] for r in t["daily"]} == {"agent", "human"}
+    assert len({r["week"] for r in t["weekly"]}) in (5, 6)
+    assert [r["size"] for r in t["by_size"] if r["group"] == "human"][:2] == ["1", "2-4"]
+    jobs = sum(r["jobs"] for r in t["by_partition"])
+    assert jobs == sum(r["jobs"] for r in t["daily"]) == sum(r["jobs"] for r in t["by_size"])
+    wait = {r["group"]: r for r in t["wait_distribution"]}
+    assert wait["agent"]["p10"] <= wait["agent"]["p50"] <= wait["agent"]["p99"] <= wait["agent"]["max"]
+    day = t["utilisation"][0]
+    assert day["capacity_core_hours"] == 4096 * 24 and abs(day["utilisation"] - day["core_hours"] / (4096 * 24)) < 1e-3
+    confidences = [u["confidence"] for u in t["users"] if u["confidence"] is not None]
+    assert confidences == sorted(confidences)  # least certain first
+    daily = (out / "daily.csv").read_text().splitlines()
+    assert daily[0] == "day,group,jobs,core_hours,gpu_hours,users" and len(daily) == len(t["daily"]) + 1
+    swf = shared_data("traces") / "DOST-ASTI-COARE-Saliksik-2020-cln.swf"
+    r = analyze_json(str(swf))  # an SWF header's MaxProcs is the capacity
+    assert r["tables"]["utilisation"][0]["capacity_core_hours"] == 1728 * 24

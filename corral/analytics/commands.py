@@ -49,9 +49,15 @@ def _stderr_is_tty() -> bool:
                    "which predate coding agents).")
 @click.option("--html", "html_out", type=click.Path(path_type=Path), help="Also write a self-contained HTML report here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@click.option("--csv", "csv_dir", type=click.Path(path_type=Path),
+              help="Also write every table (daily, weekly, by partition, account and size, distributions, users, "
+                   "utilisation) as CSV files in this directory.")
+@click.option("--capacity-cores", type=click.IntRange(min=1),
+              help="The facility's cores, for use against capacity (an SWF trace's MaxProcs otherwise).")
 @click.pass_context
 def analyze(ctx: click.Context, file: Path, fmt: str | None, overrides: Path | None, labels: Path | None,
-            behaviour: bool | None, html_out: Path | None, as_json: bool) -> None:
+            behaviour: bool | None, html_out: Path | None, as_json: bool, csv_dir: Path | None,
+            capacity_cores: int | None) -> None:
     """Measure what agents take of a facility, from its accounting data.
 
     \b
@@ -60,6 +66,7 @@ def analyze(ctx: click.Context, file: Path, fmt: str | None, overrides: Path | N
                      --format=JobID,User,Account,Partition,JobName,Submit,Start,End,ElapsedRaw,\\
                      State,ExitCode,AllocCPUS,AllocTRES,Comment
       sacct-json   sacct --allusers --allocations --json
+      csv          a comma-separated export with a header (SubmitTime, WaitTime, RunTime, NCPUS ...)
       swf          a Standard Workload Format trace (.swf, .swf.gz)
       corral       a corral gateway's state database ($CORRAL_HOME/corral.db)
       audit        a corral gateway's audit chain ($CORRAL_HOME/audit.jsonl)
@@ -74,6 +81,7 @@ def analyze(ctx: click.Context, file: Path, fmt: str | None, overrides: Path | N
       corral synth --out facility.txt && corral analyze facility.txt --labels facility.txt.labels
       corral analyze export.txt --json > report.json
       corral analyze export.txt --html report.html --overrides agents.txt
+      corral analyze export.txt --csv tables/ --capacity-cores 4096
     """
     from rich.console import Console
 
@@ -94,12 +102,18 @@ def analyze(ctx: click.Context, file: Path, fmt: str | None, overrides: Path | N
         ov = read_overrides(overrides) if overrides else None
         truth = read_labels(labels) if labels else None
         users = classify(ing.jobs, ov, behaviour)
-        report = build(ing, users, truth, behaviour)
+        report = build(ing, users, truth, behaviour, capacity_cores)
     if html_out:
         try:
             html_out.write_text(html_page(report))
         except OSError as e:
             raise InvalidRequest(f"cannot write {html_out}: {e.strerror}") from e
+    if csv_dir:
+        from .tables import write_csv
+
+        written = write_csv(report["tables"], csv_dir)
+        if not as_json:
+            click.echo(f"CSV tables: {len(written)} files in {csv_dir}")
     if as_json:
         click.echo(json.dumps(report, default=str))
     else:

@@ -59,6 +59,8 @@ class Ingested:
     malformed: dict[str, int] = field(default_factory=dict)
     examples: dict[str, list[int]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    capacity_cores: int | None = None
+    """The facility's cores, where the input says (an SWF header's MaxProcs)."""
 
     @property
     def malformed_total(self) -> int:
@@ -307,6 +309,8 @@ def _swf(path: Path) -> Ingested:
         ing.notes.append("the trace has no UnixStartTime: times are counted from 1970-01-01, so the "
                          "hour-by-weekday heatmap is relative")
     pmap = {p.split()[0]: " ".join(p.split()[1:]) for p in header["_partitions"].splitlines() if p.split()}
+    procs = header.get("MaxProcs", "").split()
+    ing.capacity_cores = int(procs[0]) if procs and procs[0].isdigit() and int(procs[0]) > 0 else None
     lines = _lines(path, comment=";").filter(pl.col("line").str.strip_chars() != "")
     ing.rows_read = lines.height
     tok = pl.col("line").str.extract_all(r"\S+")

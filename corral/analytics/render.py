@@ -150,6 +150,50 @@ td,th{padding:.25rem .8rem;border-bottom:1px solid #eee;text-align:right} td:fir
 """
 
 
+def _table(rows: list[dict[str, Any]], table_id: str, limit: int = 50) -> str:
+    if not rows:
+        return '<p class="note">none</p>'
+    e = html.escape
+    cols = list(rows[0])
+    head = "".join(f"<th>{e(str(c))}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{e(_cell(r[c]))}</td>" for c in cols) + "</tr>" for r in rows[:limit])
+    more = f'<p class="note">{len(rows) - limit:,} more rows in the CSV export (--csv DIR)</p>' if len(rows) > limit else ""
+    return f'<table id="{table_id}"><tr>{head}</tr>{body}</table>{more}'
+
+
+def _cell(v: Any) -> str:
+    return "—" if v is None else f"{v:,.2f}".rstrip("0").rstrip(".") if isinstance(v, float) else f"{v:,}" \
+        if isinstance(v, int) else str(v)
+
+
+def _tables(t: dict[str, Any]) -> str:
+    """Over time, breakdowns, distributions, users and use against capacity."""
+    if not t:
+        return ""
+    from .plots import histogram, timeseries
+    from .tables import BINS
+
+    bins = [b for _, _, b in BINS]
+    parts = ["<h2>Over time</h2>",
+             timeseries(t["daily"], "day", "jobs", "jobs a day"),
+             timeseries(t["daily"], "day", "core_hours", "CPU core-hours a day"),
+             timeseries(t["daily"], "day", "gpu_hours", "GPU-hours a day"),
+             "<h2>By partition, account and size</h2>",
+             _table(t["by_partition"], "by-partition"), _table(t["by_account"], "by-account", 30),
+             _table(t["by_size"], "by-size"),
+             "<h2>Waits and run times</h2>",
+             histogram(t["wait_distribution"], bins, "queue wait"),
+             _table([{k: v for k, v in r.items() if k not in bins} for r in t["wait_distribution"]], "wait-quantiles"),
+             histogram(t["run_distribution"], bins, "run time"),
+             _table([{k: v for k, v in r.items() if k not in bins} for r in t["run_distribution"]], "run-quantiles"),
+             "<h2>Users, least certain first</h2>", _table(t["users"], "users", 40)]
+    if t.get("utilisation"):
+        parts += ["<h2>Use against capacity</h2>",
+                  timeseries(t["utilisation"], "day", "utilisation", "share of the facility's core-hours used",
+                             series="", cls="ts use")]
+    return "\n".join(parts)
+
+
 def html_page(r: dict[str, Any]) -> str:
     """One self-contained HTML document."""
     a, g, s, c = r["agents"], r["groups"], r["source"], r["classification"]
@@ -184,6 +228,7 @@ def html_page(r: dict[str, Any]) -> str:
 {_scatter(c['users_detail'])}
 <p class="note">Each dot is a user; colour is the verdict. Hover for the user. Settle doubtful users in an override file
 (<code>corral analyze FILE --overrides FILE</code>).</p>
+{_tables(r.get('tables') or {})}
 <h2>The data</h2>
 <p>{s['rows_read']:,} rows read ({e(s['format'])}); {s['jobs']:,} jobs; {s['steps_skipped']:,} job steps skipped;
 {s['malformed']:,} malformed rows left out.</p><ul>{bad}{notes}</ul>

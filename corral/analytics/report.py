@@ -20,6 +20,7 @@ from typing import Any
 
 import polars as pl
 
+from . import tables
 from .classify import accuracy
 from .frame import off_hours
 from .ingest import Ingested
@@ -34,8 +35,9 @@ def _share(a: float, total: float) -> float | None:
 
 
 def build(ing: Ingested, users: pl.DataFrame, truth: dict[str, str] | None = None,
-          classified: bool = True) -> dict[str, Any]:
-    """The report as a dict of plain values (JSON-ready)."""
+          classified: bool = True, capacity_cores: int | None = None) -> dict[str, Any]:
+    """The report as a dict of plain values (JSON-ready). ``capacity_cores``: the
+    facility's cores, for use against capacity (else the input's, if it says)."""
     kinds = users.select("user", pl.col("kind").alias("group"))
     # A job's own provenance decides its group; else its user's classification.
     own = pl.col("kind").replace({"service": "human"})
@@ -108,6 +110,7 @@ def build(ing: Ingested, users: pl.DataFrame, truth: dict[str, str] | None = Non
         "groups": groups,
         "classification": _classification(users, classified),
         "heatmap": _heatmap(j),
+        "tables": tables.build(j, users, capacity_cores or ing.capacity_cores),
     }
     if truth:
         report["classification"]["against_labels"] = accuracy(users, truth)
