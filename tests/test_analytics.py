@@ -230,7 +230,7 @@ def test_html_report_in_a_real_browser(facility: Path, tmp_path: Path) -> None:
             assert page.locator("svg.ts").count() == 3 and page.locator("svg.hist").count() == 2
             assert "agent" in (page.locator("svg.ts").first.text_content() or "")  # the legend
             assert page.locator("svg.heat rect").count() == 2 * 7 * 24
-            assert page.locator("svg.scatter circle").count() == 400  # one dot per user
+            assert page.locator("svg.scatter circle").count() == 400 + 2  # one dot per user, and the legend's two
             box = page.locator("svg.bars").bounding_box()
             assert box and box["width"] > 300 and box["height"] > 100  # drawn, not collapsed
             assert page.locator("#groups tr").count() == 15

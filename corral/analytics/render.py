@@ -125,6 +125,9 @@ def _scatter(users: list[dict[str, Any]]) -> str:
         out.append(f'<text x="{x:.0f}" y="{h + 16}" class="small">{tick}</text>')
     out.append(f'<text x="{pad + w / 2 - 80}" y="{h + 34}" class="small">submissions per active hour (log)</text>')
     out.append('<text x="2" y="12" class="small">off-hours</text>')
+    for i, (label, color) in enumerate((("agent", AGENT), ("human", HUMAN))):  # the legend
+        out.append(f'<circle cx="{w + pad - 60}" cy="{10 + 16 * i}" r="4" fill="{color}"/>'
+                   f'<text x="{w + pad - 50}" y="{14 + 16 * i}" class="small">{label}</text>')
     for u in users[:5000]:
         if not u.get("rate"):
             continue
