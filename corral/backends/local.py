@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import os
+from signal import SIGUSR1
 import subprocess
 import sys
 import threading
@@ -219,7 +220,7 @@ class LocalBackend:
             tmp = d / "signal.tmp"
             tmp.write_text(str(signal))
             os.replace(tmp, d / "signal")
-            os.kill(r.pid, 10)  # SIGUSR1: the supervisor reads DIR/signal
+            os.kill(r.pid, SIGUSR1)  # the supervisor reads DIR/signal
 
     def usage(self, backend_id: str) -> Usage:
         result = _read_json(self.jobs_dir / backend_id / "result.json") or {}
