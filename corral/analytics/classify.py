@@ -18,9 +18,10 @@ the human baseline):
 The human baseline (``baseline``): the people's rate is the median of the slower half
 of all users (the lower quartile: inside the people wherever agents are fewer than
 half of the users), and a user more than 2.5 times faster than that, or than 2.5 of
-the people's own spreads where they differ more, counts toward agent. The other features' centres are the people's medians (the users below that
-rate) plus a margin. A facility whose people submit 10 jobs an active hour is judged
-as one whose people submit 1. (A two-component mixture over log-rates was tried
+the people's own spreads where they differ more, counts toward agent. The other
+features' centres are the people's medians (the users below that rate) plus a margin.
+A facility whose people submit 10 jobs an active hour is judged as one whose people
+submit 1. (A two-component mixture over log-rates was tried
 first: with agents 5% of users it split the people's own spread instead.)
 
 Users with few jobs carry little evidence: their score is pulled toward human, and

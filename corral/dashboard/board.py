@@ -103,7 +103,7 @@ class JobCounts:
         with self._lock:
             rows = self.service.db.conn.execute(
                 "SELECT principal, backend, COUNT(*), MAX(id) FROM jobs NOT INDEXED WHERE id > ? "
-                "GROUP BY principal, backend",  # NOT INDEXED: a rowid range, not a scan of jobs_lane
+                "GROUP BY principal, backend",  # NOT INDEXED: a rowid range, not an index scan in GROUP BY order
                 (self.upto,)).fetchall()
             for who, lane, n, top in rows:
                 self.counts[(who, lane)] = self.counts.get((who, lane), 0) + n
