@@ -193,6 +193,9 @@ def test_http_against_the_gateway(gateway: Gateway, tmp_path, mode) -> None:
     async def scenario() -> dict[str, Any]:
         http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60)
         async with Client(streamable_http_client(f"{gateway.url}/mcp", http_client=http), mode=mode) as client:
+            listed = await client.list_tools()
+            if mode == "auto":  # the 2026-07-28 protocol: list results say how long they stay fresh
+                assert listed.ttl_ms == 600_000 and listed.cache_scope == "public"
             return await full_loop(client, str(tmp_path))
 
     sub = asyncio.run(scenario())
