@@ -167,8 +167,10 @@ def test_swf_traces_give_the_human_baseline(name: str, jobs: int) -> None:
         assert r["groups"]["human"]["wait_p50_s"] is not None and r["period"]["first_submit"].startswith("2020-03")
         # the behaviour score's false positives on a pre-agent trace, reported, not applied
         assert r["classification"]["behaviour_would_flag"] < 0.05 * r["classification"]["users"]
-    if name.startswith("lublin"):
-        assert any("no users" in n for n in r["source"]["notes"])
+    if name.startswith("lublin"):  # a model trace without users: said first, loudly, in every output
+        assert any("no users" in w for w in r["source"]["warnings"])
+        cp = corral("analyze", str(TRACES / name))
+        assert cp.returncode == 0 and cp.stdout.lstrip().startswith("warning: the trace records no users")
 
 
 def test_formats_and_durations() -> None:

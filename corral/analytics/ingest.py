@@ -61,6 +61,8 @@ class Ingested:
     notes: list[str] = field(default_factory=list)
     capacity_cores: int | None = None
     """The facility's cores, where the input says (an SWF header's MaxProcs)."""
+    warnings: list[str] = field(default_factory=list)
+    """What makes the report's figures partial: said first, loudly, in every output."""
 
     @property
     def malformed_total(self) -> int:
@@ -346,8 +348,8 @@ def _swf(path: Path) -> Ingested:
         "unreadable number": f(1).is_null() | f(2).is_null() | f(4).is_null() | f(5).is_null(),
     })
     if df.height and df["user"].null_count() == df.height:
-        ing.notes.append("the trace records no users (user id -1): per-user figures and agent "
-                         "classification are not possible; every job counts as human")
+        ing.warnings.append("the trace records no users (user id -1 in every job): per-user figures and agent "
+                            "classification are not possible, and every job counts as human")
     ing.jobs = conform(df)
     return ing
 

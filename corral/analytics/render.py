@@ -74,6 +74,8 @@ def terminal(r: dict[str, Any], console: Console | None = None) -> None:
     if c["low_confidence_users"]:
         lines.append("least certain: " + ", ".join(f"{u['user']} ({u['p_agent']:.2f})" for u in c["low_confidence_users"][:8])
                      + " - settle them in an override file (--overrides)")
+    for w in s.get("warnings", []):
+        console.print(f"[bold red]warning:[/] {w}")
     console.print(Group(head, groups, Panel("\n".join(lines), title="data and method", expand=False)))
 
 
@@ -150,6 +152,7 @@ td,th{padding:.25rem .8rem;border-bottom:1px solid #eee;text-align:right} td:fir
 .cards{display:flex;gap:1rem;flex-wrap:wrap} .card{border:1px solid #e5e5e5;border-radius:8px;padding:.7rem 1rem;min-width:150px}
 .card b{display:block;font-size:1.5rem;color:#d9480f} .heats{display:flex;gap:2rem;flex-wrap:wrap}
 .note{color:#666;font-size:.9rem} code{background:#f4f4f4;padding:0 .25rem}
+.warn{color:#b3261e;font-weight:600;border-left:4px solid #b3261e;padding-left:.6rem}
 """
 
 
@@ -219,6 +222,7 @@ def html_page(r: dict[str, Any]) -> str:
 <title>corral: what agents do on this facility</title><style>{CSS}</style></head><body>
 <h1>What agents do on this facility</h1>
 <p class="sub">{e(s['path'])} · {s['jobs']:,} jobs · {e(str(r['period']['first_submit']))} to {e(str(r['period']['last_submit']))}</p>
+{"".join(f'<p class="warn">warning: {e(w)}</p>' for w in s.get("warnings", []))}
 <div class="cards" id="cards">{cards}</div>
 <h2>Agents' share</h2>{_bars(a)}
 <h2>Agents and humans side by side</h2>

@@ -98,7 +98,7 @@ def build(ing: Ingested, users: pl.DataFrame, truth: dict[str, str] | None = Non
         "source": {"path": ing.source, "format": ing.format, "rows_read": ing.rows_read,
                    "jobs": ing.jobs.height, "steps_skipped": ing.steps_skipped,
                    "malformed": ing.malformed_total, "malformed_by_reason": ing.malformed,
-                   "malformed_examples": ing.examples, "notes": notes},
+                   "malformed_examples": ing.examples, "notes": notes, "warnings": ing.warnings},
         "period": _period(j),
         "agents": {
             "user_share": _share(a["users"], tot["users"]),
