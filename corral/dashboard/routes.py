@@ -134,23 +134,26 @@ def mount(app: FastAPI, service: "Service") -> Board:
         resp.delete_cookie(COOKIE, path="/dashboard")
         return resp
 
-    @app.get("/dashboard/live", include_in_schema=False)
-    async def live(request: Request) -> Response:
-        """The live part of the page, as HTML (the page's script swaps it in)."""
+    async def snapshot_or_refusal(request: Request) -> dict[str, Any] | Response:
+        """The viewer's snapshot, or the refusal a poll gets (JSON: the page's script
+        reloads on a 401 or 403, which shows the sign-in form and the reason)."""
         try:
             caller = viewer(request)
         except CorralError as e:
             return JSONResponse({"error": {"code": e.code, "message": e.message}}, e.status)
-        return page("live.html", view=await board.snapshot(caller))
+        return await board.snapshot(caller)
+
+    @app.get("/dashboard/live", include_in_schema=False)
+    async def live(request: Request) -> Response:
+        """The live part of the page, as HTML (the page's script swaps it in)."""
+        got = await snapshot_or_refusal(request)
+        return got if isinstance(got, Response) else page("live.html", view=got)
 
     @app.get("/dashboard/live.json", include_in_schema=False)
     async def live_json(request: Request) -> Response:
         """The same snapshot as data, for scripts."""
-        try:
-            caller = viewer(request)
-        except CorralError as e:
-            return JSONResponse({"error": {"code": e.code, "message": e.message}}, e.status)
-        return JSONResponse(await board.snapshot(caller))
+        got = await snapshot_or_refusal(request)
+        return got if isinstance(got, Response) else JSONResponse(got)
 
     @app.get("/dashboard/sessions/{principal}/{session}", include_in_schema=False)
     async def session(request: Request, principal: str, session: str) -> Response:
