@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from ..errors import InvalidRequest
-from .frame import SLURM_STATES, SWF_STATUS, conform
+from .frame import KIND_RE, SWF_STATUS, conform, state_from_slurm
 
 if TYPE_CHECKING:
     from .ingest import Ingested
@@ -75,10 +75,10 @@ def _seconds(col: pl.Expr, dtype: Any) -> pl.Expr:
 def _state(col: pl.Expr) -> pl.Expr:
     """Slurm's words, or SWF's status codes (1 completed, 0 failed, 5 cancelled)."""
     text = col.cast(pl.String).str.strip_chars().str.to_uppercase()
-    word = text.str.split(" ").list.first().str.strip_chars_end("+")
-    by_code = text.cast(pl.Int64, strict=False).replace_strict(SWF_STATUS, default=None, return_dtype=pl.String)
-    return pl.coalesce(word.replace_strict(SLURM_STATES, default=None, return_dtype=pl.String), by_code,
-                       pl.lit("UNKNOWN"))
+    code = text.cast(pl.Int64, strict=False)
+    return pl.when(code.is_not_null()).then(
+        code.replace_strict(SWF_STATUS, default="UNKNOWN", return_dtype=pl.String)).otherwise(
+        state_from_slurm(text)).fill_null("UNKNOWN")
 
 
 def read(path: Path, ing: "Ingested", local: Any) -> None:
@@ -117,7 +117,7 @@ def read(path: Path, ing: "Ingested", local: Any) -> None:
         exit_code=c["exit_code"].cast(pl.Int32, strict=False) if "exit_code" in found else pl.lit(None, pl.Int32),
         cpus=c["cpus"].cast(pl.Int32, strict=False).fill_null(1) if "cpus" in found else pl.lit(1),
         gpus=c["gpus"].cast(pl.Int32, strict=False).fill_null(0) if "gpus" in found else pl.lit(0),
-        kind=comment.str.extract(r"(?:^|\s)kind=(agent|human|service)\b"),
+        kind=comment.str.extract(KIND_RE),
     )
     ing.rows_read = df.height
     if "state" not in found:

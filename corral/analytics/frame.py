@@ -33,6 +33,10 @@ job carried it, else null; ``gpus`` comes from AllocTRES gres/gpu."""
 
 COLUMNS = list(SCHEMA)
 
+KIND_RE = r"(?:^|\s)kind=(agent|human|service)\b"
+PRINCIPAL_RE = r"(?:^|\s)principal=(\S+)"
+"""corral's provenance in a job comment (``kind=agent principal=claude-1 ...``)."""
+
 SLURM_STATES: dict[str, str] = {word: state.value for word, state in STATES.items()}
 """Slurm's first state word -> corral's JobState value (shared with the Slurm backend)."""
 

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import polars as pl
 
 from ..errors import InvalidRequest
-from .frame import SWF_STATUS, conform, state_from_slurm
+from .frame import KIND_RE, PRINCIPAL_RE, SWF_STATUS, conform, state_from_slurm
 
 Format = Literal["sacct", "sacct-json", "swf", "csv", "corral", "audit"]
 FORMATS: tuple[str, ...] = ("sacct", "sacct-json", "swf", "csv", "corral", "audit")
@@ -40,8 +40,6 @@ NOT_UTF8 = "bytes that are not UTF-8"
 _SEP = "\x1f"  # a byte no text export contains: polars then hands us whole lines
 _SACCT_TIME = "%Y-%m-%dT%H:%M:%S"
 _GPU = r"gres/gpu=(\d+)"
-_KIND = r"(?:^|\s)kind=(agent|human|service)\b"
-_PRINCIPAL = r"(?:^|\s)principal=(\S+)"
 """corral's provenance in the job comment. An agent runs as its sponsor's Unix user,
 so where a job names its principal, the principal is the 'user' analysed."""
 _GPU_TYPED = r"gres/gpu:[^=,]+=(\d+)"
@@ -202,8 +200,8 @@ def _sacct(path: Path) -> Ingested:
         else pl.lit(None, pl.Int32)
     exit_sig = pl.col("ExitCode").str.split(":").list.get(1, null_on_oob=True).cast(pl.Int32, strict=False) \
         if "ExitCode" in header else pl.lit(0, pl.Int32)
-    kind = (pl.col("Comment").str.extract(_KIND) if "Comment" in header else pl.lit(None, pl.String))
-    principal = (pl.col("Comment").str.extract(_PRINCIPAL) if "Comment" in header else pl.lit(None, pl.String))
+    kind = (pl.col("Comment").str.extract(KIND_RE) if "Comment" in header else pl.lit(None, pl.String))
+    principal = (pl.col("Comment").str.extract(PRINCIPAL_RE) if "Comment" in header else pl.lit(None, pl.String))
     out = body.with_columns(
         job_id=pl.col("JobID").str.strip_chars(),
         user=principal.fill_null(pl.col("User").str.strip_chars()),

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from ..errors import InvalidRequest
-from .frame import SLURM_STATES, conform
+from .frame import KIND_RE, PRINCIPAL_RE, conform, state_from_slurm
 
 if TYPE_CHECKING:
     from .ingest import Ingested
 
-_PRINCIPAL = re.compile(r"(?:^|\s)principal=(\S+)")
-_KIND = re.compile(r"(?:^|\s)kind=(agent|human|service)\b")
+_PRINCIPAL = re.compile(PRINCIPAL_RE)
+_KIND = re.compile(KIND_RE)
 
 
 _SCHEMA = {"job_id": pl.String, "user": pl.String, "account": pl.String, "partition": pl.String, "name": pl.String,
@@ -64,14 +64,14 @@ def _text(v: Any, what: str) -> str | None:
 
 
 def _state(v: Any) -> str:
+    """Slurm's state as it wrote it (a string, or {current: [..]}); mapped column-wise."""
     if isinstance(v, dict):
         v = v.get("current")
     if isinstance(v, list):
         v = v[0] if v else None
     if not isinstance(v, str) or not v:
         raise Bad("no state")
-    word = v.split(" ")[0].rstrip("+")
-    return SLURM_STATES.get(word, "UNKNOWN")
+    return v
 
 
 def _tres(job: dict[str, Any]) -> tuple[int | None, int]:
@@ -165,4 +165,4 @@ def read(path: Path, ing: "Ingested", local: Any) -> None:
     ing.rows_read = len(jobs)
     df = pl.DataFrame(rows, schema=_SCHEMA)
     ing.jobs = conform(df.with_columns(local(pl.col("submit")).alias("submit"), local(pl.col("start")).alias("start"),
-                                       local(pl.col("end")).alias("end")))
+                                       local(pl.col("end")).alias("end"), state_from_slurm(pl.col("state"))))
