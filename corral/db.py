@@ -440,13 +440,15 @@ class Database:
         return [_row_to_job(r) for r in rows]
 
     def parents(self, job_ids: list[int]) -> dict[int, Parent]:
-        """-> id: (state, lane, backend id) of the jobs others wait for (control/dependencies.py)."""
+        """-> id: (state, lane, backend id, principal) of the jobs others wait for
+        (control/dependencies.py)."""
         out: dict[int, Parent] = {}
         ids = list(dict.fromkeys(job_ids))
         for i in range(0, len(ids), 900):
             chunk = ids[i: i + 900]
-            out.update((r[0], Parent(r[1], r[2], r[3])) for r in self.conn.execute(
-                f"SELECT id, state, backend, backend_id FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk))
+            out.update((r[0], Parent(*r[1:])) for r in self.conn.execute(
+                f"SELECT id, state, backend, backend_id, principal FROM jobs WHERE id IN ({','.join('?' * len(chunk))})",
+                chunk))
         return out
 
     def set_held(self, job_id: int, held: bool, reason: str) -> bool:

@@ -23,6 +23,7 @@ from .accounts import Accounts
 from .clock import Clock
 from .backends import Backend
 from .config import Settings
+from .control.dependencies import judge
 from .control.events import Events
 from .control.metrics import MeteredBackend, Metrics
 from .control.progress import Progress
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 1000
-_ENDED = frozenset(s.value for s in TERMINAL_STATES)
 
 
 class Service:
@@ -234,19 +234,20 @@ class Service:
         return self.gate.check(caller, "submit", "Job", resource, text=text)
 
     def _check_parents(self, caller: Caller, spec: JobSpec) -> None:
-        """The jobs a spec waits for exist, are the caller's to see, and can still satisfy it."""
+        """The jobs a spec waits for exist, are the caller's to see, and can still satisfy
+        it (judged as the Sender judges them: control/dependencies.py)."""
         if not spec.parents:
             return
-        found = self.db.states(spec.parents)  # -> (state, principal)
+        found = self.db.parents(spec.parents)
         for field, ids in (("after_ok", spec.after_ok or ()), ("after_any", spec.after_any or ())):
             for pid in ids:
-                if pid not in found or not caller.sees(found[pid][1]):
+                if pid not in found or not caller.sees(found[pid].principal):
                     raise InvalidRequest(f"{field} names job {pid}, which is not visible to you",
                                          hint="list your jobs to find the right id")
-                state = found[pid][0]
-                if field == "after_ok" and state in _ENDED and state != JobState.COMPLETED.value:
-                    raise InvalidRequest(f"after_ok names job {pid}, which ended {state}: this job could "
-                                         "never start", hint=f"use after_any to run it after job {pid} whatever its end")
+        never = judge(spec, found, "", native=False).never
+        if never:
+            raise InvalidRequest(f"{never}: this job could never start",
+                                 hint="use after_any to run it after those jobs whatever their end")
 
     async def _cached_or_routed(self, principal: Principal, spec: JobSpec) -> tuple[JobSpec, Lane] | Job:
         """The earlier job with this exact result (``cache``), else the spec routed to its lane.

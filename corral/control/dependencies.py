@@ -27,6 +27,7 @@ class Parent(NamedTuple):
     state: str
     backend: str
     backend_id: str | None
+    principal: str
 
 
 @dataclass(frozen=True)
