@@ -123,9 +123,7 @@ class BatchIn(BaseModel):
     @model_validator(mode="after")
     def _expand(self) -> "BatchIn":
         if self.array is not None:
-            if len(self.jobs) != 1:
-                raise ValueError("with array, jobs holds exactly one spec: the one each index runs")
-            self.jobs = expand_array(self.jobs[0], self.array)
+            self.jobs = expand_array(self.jobs, self.array)
         return self
 
 

@@ -336,9 +336,13 @@ def array_indices(text: str, limit: int = 1000) -> list[int]:
     return sorted(dict.fromkeys(out))
 
 
-def expand_array(spec: JobSpec, text: str, limit: int = 1000) -> list[JobSpec]:
-    """One spec per array task: its index in $CORRAL_ARRAY_TASK_ID (and $SLURM_ARRAY_TASK_ID,
-    which scripts written for Slurm read) and in the label ``array_task``."""
+def expand_array(specs: list[JobSpec], text: str, limit: int = 1000) -> list[JobSpec]:
+    """An array's jobs: ``specs`` holds the one spec each index runs, its index in
+    $CORRAL_ARRAY_TASK_ID (and $SLURM_ARRAY_TASK_ID, which scripts written for Slurm
+    read) and in the label ``array_task``. Raises ValueError saying what to fix."""
+    if len(specs) != 1:
+        raise ValueError("with array, jobs holds exactly one job: the one each index runs")
+    spec = specs[0]
     return [spec.model_copy(update={
         "env": {**spec.env, "CORRAL_ARRAY_TASK_ID": str(i), "SLURM_ARRAY_TASK_ID": str(i)},
         "labels": {**spec.labels, "array_task": str(i)}}) for i in array_indices(text, limit)]

@@ -251,10 +251,8 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         per index. Then wait for them all with wait_for_events."""
         ops = ops_for(ctx)
         if array is not None:
-            if len(jobs) != 1:
-                raise ToolError("with array, jobs holds exactly one job: the one each index runs")
             try:
-                jobs = expand_array(jobs[0], array)
+                jobs = expand_array(jobs, array)
             except ValueError as e:
                 raise ToolError(str(e)) from None
         cursor = (await ops.events(None, 0.0))["cursor"]  # taken first: no end of these can come before it
