@@ -31,8 +31,7 @@ def _sums(df: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
 
 def build(j: pl.DataFrame, users: pl.DataFrame, capacity_cores: int | None = None) -> dict[str, list[dict[str, Any]]]:
     """``j``: the report's job table (with ``group``, ``core_h``, ``gpu_h``, ``wait_s``)."""
-    j = j.with_columns(day=pl.col("submit").dt.date(), week=pl.col("submit").dt.truncate("1w").dt.date(),
-                       size=pl.lit(None, pl.String))
+    j = j.with_columns(day=pl.col("submit").dt.date(), week=pl.col("submit").dt.truncate("1w").dt.date())
     size = pl.lit("65+")
     for lo, hi, label in reversed(SIZES):
         size = pl.when(pl.col("cpus").is_between(lo, hi)).then(pl.lit(label)).otherwise(size)

@@ -192,7 +192,7 @@ class LocalBackend:
 
     def control(self, backend_id: str, action: str, signal: int | None = None) -> None:
         """hold/release a queued job (DIR/held); signal a running one through its
-        supervisor (DIR/signal, then SIGUSR1: local_runner); no requeue."""
+        supervisor (DIR/signal.json, then SIGUSR1: local_runner); no requeue."""
         if action not in CONTROLS:
             raise InvalidRequest(f"unknown action {action!r}; use one of {', '.join(CONTROLS)}")
         if action == "requeue":
@@ -217,10 +217,8 @@ class LocalBackend:
             if r is None or r.pid is None or not (d / "running.json").exists() or not _alive(r.pid):
                 raise InvalidRequest("the job is not running yet; a signal goes to a running job",
                                      hint="wait until it is RUNNING (wait_for_job until RUNNING)")
-            tmp = d / "signal.tmp"
-            tmp.write_text(str(signal))
-            os.replace(tmp, d / "signal")
-            os.kill(r.pid, SIGUSR1)  # the supervisor reads DIR/signal
+            write_json(d / "signal.json", {"signal": signal})
+            os.kill(r.pid, SIGUSR1)  # the supervisor reads DIR/signal.json
 
     def usage(self, backend_id: str) -> Usage:
         result = _read_json(self.jobs_dir / backend_id / "result.json") or {}

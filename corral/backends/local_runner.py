@@ -4,7 +4,7 @@ It runs detached from the gateway (its own session), so a gateway crash or resta
 leaves jobs running. It starts the job in a new process group, enforces walltime
 (TIMEOUT) and memory (OUT_OF_MEMORY, by sampling the resident memory of the job's
 process tree), turns SIGTERM into a cancel and SIGUSR1 into the signal named in
-DIR/signal (job_control), and writes ``result.json`` atomically as its last act,
+DIR/signal.json (job_control), and writes ``result.json`` atomically as its last act,
 with what the job used (CPU time, peak memory). The gateway learns everything from files in DIR.
 
 Deliberately imports only the standard library: it starts once per job.
@@ -93,8 +93,8 @@ def main(job_dir: str) -> int:
 
     def on_usr1(signum: int, frame: object) -> None:
         try:
-            sig = int((d / "signal").read_text())
-        except (OSError, ValueError):
+            sig = int(json.loads((d / "signal.json").read_text())["signal"])
+        except (OSError, ValueError, KeyError, TypeError):
             return
         if "child" in held:
             held["child"].signal(sig)

@@ -377,12 +377,11 @@ class SlurmBackend:
     def control(self, backend_id: str, action: str, signal: int | None = None) -> None:
         if action not in CONTROLS:
             raise InvalidRequest(f"unknown action {action!r}; use one of {', '.join(CONTROLS)}")
-        if action == "signal" and signal is not None and _signal.Signals(signal).name[3:] not in FORWARDED:
-            if signal not in (_signal.SIGTERM, _signal.SIGKILL, _signal.SIGSTOP):
-                raise InvalidRequest(f"Slurm jobs take these signals: {', '.join(FORWARDED)}, TERM, KILL, STOP")
         # --batch: the job's shell alone, which passes the signal on (render); TERM, KILL
         # and STOP go to every process of the job, as a cancel's do.
         plain = signal in (_signal.SIGTERM, _signal.SIGKILL, _signal.SIGSTOP)
+        if action == "signal" and signal is not None and not plain and _signal.Signals(signal).name[3:] not in FORWARDED:
+            raise InvalidRequest(f"Slurm jobs take these signals: {', '.join(FORWARDED)}, TERM, KILL, STOP")
         argv = (["scancel", f"--signal={signal}", "--full" if plain else "--batch", backend_id] if action == "signal"
                 else ["scontrol", action, backend_id])
         r = proc.run(argv, env=self._env(), inherit_env=False, timeout=self.timeout_s, check=False)

@@ -86,17 +86,24 @@ def mount(app: FastAPI, service: "Service") -> Board:
         return HTMLResponse(html, status, headers={"Content-Security-Policy": csp, "Cache-Control": "no-store",
                                                    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"})
 
-    def viewer(request: Request) -> Caller:
-        token = logins.token(request.cookies.get(COOKIE))
-        if token is None:
-            raise Unauthenticated("sign in with your corral token")
+    def person(token: str) -> Caller:
+        """The token's holder, if a person: every sign-in and every page asks this."""
         caller = service.authenticate(token)
         if caller.principal.kind is Kind.AGENT:
             raise Forbidden("the dashboard is for people: sign in with your own token, not an agent's")
         return caller
 
-    def signed_out(e: CorralError, status: int | None = None) -> HTMLResponse:
-        resp = page("login.html", status or e.status, error=e.message + (f" ({e.hint})" if e.hint else ""))
+    def viewer(request: Request) -> Caller:
+        token = logins.token(request.cookies.get(COOKIE))
+        if token is None:
+            raise Unauthenticated("sign in with your corral token")
+        return person(token)
+
+    def refused(e: CorralError) -> HTMLResponse:
+        return page("login.html", e.status, error=e.message + (f" ({e.hint})" if e.hint else ""))
+
+    def signed_out(e: CorralError) -> HTMLResponse:
+        resp = refused(e)
         resp.delete_cookie(COOKIE, path="/dashboard")
         return resp
 
@@ -117,11 +124,9 @@ def mount(app: FastAPI, service: "Service") -> Board:
         if not token:
             return page("login.html", 401, error="give your corral token")
         try:
-            caller = service.authenticate(token)
-            if caller.principal.kind is Kind.AGENT:
-                raise Forbidden("the dashboard is for people: sign in with your own token, not an agent's")
+            person(token)
         except CorralError as e:
-            return page("login.html", e.status, error=e.message + (f" ({e.hint})" if e.hint else ""))
+            return refused(e)
         resp = RedirectResponse("/dashboard", status_code=303)
         resp.set_cookie(COOKIE, logins.add(token), max_age=SIGNED_IN_S, path="/dashboard", httponly=True,
                         samesite="strict", secure=request.url.scheme == "https")
