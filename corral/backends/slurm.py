@@ -352,13 +352,25 @@ class SlurmBackend:
                 why = f"killed by signal {sig}" if sig else f"exited with code {exit_code}"
             elif state is JobState.TIMEOUT:
                 why = "killed after its walltime"
-            elif state is JobState.CANCELLED and reason.startswith("Dependency") and jid not in self._cancelled:
-                # Slurm's kill-on-invalid-dep ended it, not a cancel of corral's
+            elif state is JobState.CANCELLED and jid not in self._cancelled and (
+                    reason.startswith("Dependency") or (_epoch(start) is None and self._waited(jid))):
+                # Slurm's kill-on-invalid-dep ended it, not a cancel of corral's. sacct's
+                # Reason says so only when accounting caught the job while it waited
+                # ("None" otherwise, seen in CI): a job sent with a dependency that
+                # never started and that corral did not cancel is the same case.
                 why, exit_code = "dependency never satisfied: a job it waited for did not complete (after_ok)", None
             elif state is JobState.CANCELLED:
                 why, exit_code = "cancelled", None  # the one rule: a cancelled job has no exit code
             out[jid] = BackendStatus(jid, state, exit_code, why, _epoch(start), _epoch(end))
         return out
+
+    def _waited(self, backend_id: str) -> bool:
+        """Whether this job was sent with a Slurm dependency (its job.sh says so)."""
+        d = self._dir_of(backend_id)
+        try:
+            return d is not None and "#SBATCH --dependency=" in (d / "job.sh").read_text()
+        except OSError:
+            return False
 
     def _stderr_says_oom(self, backend_id: str) -> bool:
         d = self._dir_of(backend_id)
