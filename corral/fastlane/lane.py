@@ -50,6 +50,20 @@ def parse_id(backend_id: str) -> tuple[str, int]:
     return slug, int(job)
 
 
+def task_misfit(settings: FastLaneSettings, sh: Shape, cpus: int, memory_mb: int, gpus: int,
+                walltime_s: int) -> str | None:
+    """Why a task of this size cannot run in allocations of shape ``sh``, or None. The
+    gateway's routing and the simulator (corral/simulate) both ask this."""
+    if not settings.enabled:
+        return "the fast lane is turned off at this facility"
+    cap = min(settings.max_task_s, sh.walltime_s)
+    for what, asked, most in (("cpus", cpus, sh.cpus), ("memory MB", memory_mb, sh.memory_mb),
+                              ("gpus", gpus, sh.gpus), ("walltime s", walltime_s, cap)):
+        if asked > most:
+            return f"{what} {asked} is more than a fast-lane task may have ({most})"
+    return None
+
+
 class FastLane:
     name = FAST
     reports_itself = True
@@ -93,15 +107,8 @@ class FastLane:
 
     def misfit(self, spec: JobSpec) -> str | None:
         """Why ``spec`` cannot run in the fast lane, or None."""
-        if not self.settings.enabled:
-            return "the fast lane is turned off at this facility"
-        sh = self.shape(spec.partition)
-        cap = min(self.settings.max_task_s, sh.walltime_s)
-        for what, asked, most in (("cpus", spec.cpus, sh.cpus), ("memory MB", spec.memory_mb, sh.memory_mb),
-                                  ("gpus", spec.gpus, sh.gpus), ("walltime s", spec.walltime_s, cap)):
-            if asked > most:
-                return f"{what} {asked} is more than a fast-lane task may have ({most})"
-        return None
+        return task_misfit(self.settings, self.shape(spec.partition), spec.cpus, spec.memory_mb, spec.gpus,
+                           spec.walltime_s)
 
     @staticmethod
     def key(principal: Principal, spec: JobSpec) -> PoolKey:

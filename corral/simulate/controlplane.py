@@ -1,0 +1,148 @@
+"""slurmctld as a server: RPCs arrive, each takes a service time, a bounded pool of
+threads serves them, and what it cannot serve waits (or, past the thread limit, is
+refused and retried by the client a second later, as Slurm's clients do).
+
+The model is fluid over one-minute buckets rather than one event per RPC: a month of
+a thousand agents polling every 2 s is billions of RPCs, and what matters to everyone
+else is the controller's utilisation and the latency of a command, not which squeue
+came first. Per bucket: the offered work is the sum of each RPC kind's count times its
+service time (a query's grows with the jobs the controller holds: squeue packs them
+all); the controller serves ``threads_effective`` seconds of it per second (the job
+lock serialises most of it); what is left over carries to the next bucket as a
+backlog. A command's latency is its service time plus the backlog's drain time plus
+the M/M/1 wait at that utilisation. Latency feeds back with one bucket's lag: the
+next bucket's submissions and polls take that long.
+
+Service times come from ``calibration.json``, measured on the private Slurm by
+``corral simulate calibrate`` (sdiag's per-message average times; see
+docs/simulation.md for how).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .stats import Quantiles
+
+CALIBRATION = Path(__file__).with_name("calibration.json")
+BUCKET_S = 60.0
+KINDS = ("submit", "query", "cancel")
+
+
+@dataclass
+class ServiceTimes:
+    submit_s: float = 0.0006
+    query_base_s: float = 0.0002
+    query_per_job_s: float = 0.0000015
+    cancel_s: float = 0.0006
+    threads_effective: float = 1.0
+    thread_limit: int = 256
+    source: str = "built-in guess"
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> "ServiceTimes":
+        p = path or CALIBRATION
+        if not p.is_file():
+            return cls()
+        raw = json.loads(p.read_text())
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+class ControlPlane:
+    """Counts the RPCs of the current bucket; ``close_bucket`` serves them."""
+
+    def __init__(self, times: ServiceTimes) -> None:
+        self.t = times
+        self.counts = dict.fromkeys(KINDS, 0.0)
+        self.people_share = 0.0
+        """Of this bucket's RPCs, the share people sent (their commands' latency is reported)."""
+        self.people_rpcs = 0.0
+        self.backlog_s = 0.0
+        self.retry = 0.0
+        self.latency_s = times.submit_s
+        """What a command costs its sender now (the last bucket's answer)."""
+        self.total = dict.fromkeys(KINDS, 0.0)
+        self.refused = 0.0
+        self.cmd_latency = Quantiles()
+        self.people_latency = Quantiles()
+        self.series: list[tuple[float, float, float, float]] = []
+        """(bucket start, RPCs per second, utilisation, command latency s) per bucket."""
+        self.busy_s = 0.0
+        self.span_s = 0.0
+        self.pollers: dict[str, list[float]] = {}
+        """name: [how many poll, since when, every how many seconds, polls so far, people?]"""
+
+    def polling(self, name: str, delta: int, now: float, every_s: float, people: bool = False) -> None:
+        """``delta`` more (or fewer) senders of a query every ``every_s`` seconds."""
+        g = self.pollers.get(name)
+        if g is None:
+            g = self.pollers[name] = [0.0, now, every_s, 0.0, 1.0 if people else 0.0]
+        g[3] += g[0] * (now - g[1]) / (g[2] + self.latency_s)
+        g[0] += delta
+        g[1] = now
+
+    def _flush_polls(self, now: float) -> None:
+        # A poller is a loop (``while squeue ...; sleep 2``): one query per sleep plus
+        # the query's own latency, so a slow controller is polled less, as it is for real.
+        for g in self.pollers.values():
+            g[3] += g[0] * (now - g[1]) / (g[2] + self.latency_s)
+            g[1] = now
+            self.add("query", g[3], people=bool(g[4]))
+            g[3] = 0.0
+
+    def add(self, kind: str, n: float = 1.0, people: bool = False) -> None:
+        self.counts[kind] += n
+        if people:
+            self.people_rpcs += n
+
+    def close_bucket(self, start: float, jobs_held: int) -> None:
+        self._flush_polls(start + BUCKET_S)
+        t = self.t
+        c = self.counts
+        c["query"] += self.retry
+        n = sum(c.values())
+        query_s = t.query_base_s + t.query_per_job_s * jobs_held
+        work = c["submit"] * t.submit_s + c["query"] * query_s + c["cancel"] * t.cancel_s
+        cap = t.threads_effective * BUCKET_S
+        mean_s = work / n if n else query_s
+        rho = work / cap
+        offered = self.backlog_s + work
+        served = min(offered, cap)
+        self.backlog_s = offered - served
+        self.busy_s += served
+        self.span_s += BUCKET_S
+        wait = self.backlog_s / t.threads_effective
+        if rho < 1:
+            wait += rho / (1 - rho) * mean_s / t.threads_effective
+        latency = mean_s + wait
+        # Little's law: RPCs in the controller at once; past the thread limit, refused.
+        in_system = n / BUCKET_S * latency
+        refused = max(0.0, in_system - t.thread_limit) / max(in_system, 1e-9) * n if in_system > t.thread_limit else 0.0
+        self.retry = refused
+        self.refused += refused
+        for k in KINDS:
+            self.total[k] += c[k]
+        if n:
+            self.cmd_latency.add(latency, n)
+        if self.people_rpcs:
+            self.people_latency.add(latency, self.people_rpcs)
+        self.series.append((start, n / BUCKET_S, min(rho, 9.99), latency))
+        self.latency_s = latency
+        self.counts = dict.fromkeys(KINDS, 0.0)
+        self.people_rpcs = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        total = sum(self.total.values())
+        return {"rpc_per_s": round(total / self.span_s, 2) if self.span_s else 0.0,
+                "rpcs": {k: int(v) for k, v in self.total.items()},
+                "utilisation": round(self.busy_s / (self.t.threads_effective * self.span_s), 4) if self.span_s else 0.0,
+                "command_latency_s": self.cmd_latency.summary(),
+                "people_command_latency_s": self.people_latency.summary(),
+                "refused_rpcs": int(self.refused)}

@@ -1,0 +1,292 @@
+"""The discrete-event core: a heap of timed events, partitions with queues, FCFS or
+EASY backfill, and the agents' loops and the controller riding on it.
+
+At one instant every event is applied first (ends free resources, arrivals join the
+queue), then each partition touched is scheduled once: AccaSim's order, which is why
+FCFS start times agree with it to the second. The queue is sorted by (tier, nice,
+submit time, arrival order): a tier is a QOS, the nice corral gives agents' jobs
+sorts them after people's within one (Slurm adds nice to a priority; here it is
+lexicographic, which is the strongest form of it).
+
+EASY: when the head cannot start, it gets a reservation at the earliest time enough
+running jobs will have ended (by their limits); a later job may start now if it fits
+and either ends (by its limit) before the reservation or uses only what the head
+will not need then. As in Slurm, the backfill pass may run at every event
+(``backfill_interval_s = 0``, as AccaSim does) or every so often (Slurm's default 30 s,
+with a depth of ``backfill_depth`` jobs: bf_max_job_test).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from bisect import insort
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from sortedcontainers import SortedList
+
+from .cluster import Facility
+from .controlplane import BUCKET_S, ControlPlane
+from .workload import SimJob
+
+PENDING, RUNNING, DONE = 0, 1, 2
+ALGORITHMS = ("fcfs", "easy", "accasim-easy")
+# event kinds, in the heap as (time, seq, kind, obj)
+END, ARRIVE, CALL, BACKFILL, BUCKET = range(5)
+
+
+@dataclass
+class SchedConfig:
+    algorithm: str = "easy"
+    backfill_interval_s: float = 30.0
+    backfill_depth: int = 500
+
+
+class Partition:
+    __slots__ = ("index", "name", "cores", "gpus", "mem", "free_c", "free_g", "free_m", "queue", "ends",
+                 "max_limit", "busy_core_s", "touched", "blocked", "reserved")
+
+    def __init__(self, index: int, name: str, cores: int, gpus: int, mem: int, max_limit: float) -> None:
+        self.index, self.name = index, name
+        self.cores, self.gpus, self.mem = cores, gpus, mem
+        self.free_c, self.free_g, self.free_m = cores, gpus, mem
+        self.queue: list[tuple[Any, ...]] = []
+        self.ends: SortedList = SortedList()
+        """(expected end by limit, id, job) of running jobs: the reservation's look-ahead."""
+        self.max_limit = max_limit
+        self.busy_core_s = 0.0
+        self.touched = False
+        self.blocked: SimJob | None = None  # accasim-easy's state
+        self.reserved = math.inf
+
+
+class Engine:
+    """Runs jobs on partitions; the policy (corral/simulate/policies.py) decides what
+    reaches them and reacts to what ends through ``on_start``/``on_end``."""
+
+    def __init__(self, facility: Facility, sched: SchedConfig, plane: ControlPlane | None = None,
+                 record_starts: bool = False) -> None:
+        if sched.algorithm not in ALGORITHMS:
+            raise ValueError(sched.algorithm)
+        self.sched = sched
+        self.easy = sched.algorithm != "fcfs"
+        self.accasim = sched.algorithm == "accasim-easy"
+        self.every_event = self.easy and sched.backfill_interval_s <= 0
+        self.parts = [Partition(i, p.name, p.cores, p.gpus, p.memory_mb, p.max_walltime_h * 3600)
+                      for i, p in enumerate(facility.partitions)]
+        self.heap: list[tuple[float, int, int, Any]] = []
+        self.seq = itertools.count()
+        self.now = 0.0
+        self.plane = plane
+        self.starts: dict[int, float] | None = {} if record_starts else None
+        self.on_start: Callable[[SimJob], None] | None = None
+        self.on_end: Callable[[SimJob], None] | None = None
+        self.held = 0
+        """Jobs the controller holds (pending and running batch jobs): a query's cost."""
+        self.rejected = 0
+        self.started = 0
+        self.live = 0
+        """Events that are not periodic ticks: when none is left, the run is over."""
+
+    # -- the clock ----------------------------------------------------------------
+    def at(self, t: float, kind: int, obj: Any) -> None:
+        if kind < BACKFILL:
+            self.live += 1
+        heapq.heappush(self.heap, (t, next(self.seq), kind, obj))
+
+    def call(self, t: float, fn: Callable[[], None]) -> None:
+        self.live += 1
+        heapq.heappush(self.heap, (t, next(self.seq), CALL, fn))
+
+    def run(self, arrivals: Iterator[SimJob], until: float = math.inf,
+            progress: Callable[[float], None] | None = None) -> None:
+        """Until the arrivals are done and nothing is left in flight (or ``until``)."""
+        heap, parts = self.heap, self.parts
+        pop = heapq.heappop
+        nxt = next(arrivals, None)
+        if self.easy and not self.every_event:
+            self.at(self.sched.backfill_interval_s, BACKFILL, None)
+        if self.plane is not None:
+            self.at(BUCKET_S, BUCKET, None)
+        last_report = 0.0
+        while True:
+            t = heap[0][0] if heap else math.inf
+            if nxt is not None and nxt.submit <= t:
+                t = nxt.submit
+            if t == math.inf or t > until or (nxt is None and self.live == 0):
+                break  # nothing left but the periodic ticks
+            self.now = t
+            backfill = False
+            while heap and heap[0][0] == t:
+                _, _, kind, obj = pop(heap)
+                if kind < BACKFILL:
+                    self.live -= 1
+                if kind == END:
+                    if obj.state == RUNNING:
+                        self._end(obj)
+                elif kind == ARRIVE:
+                    self.submit(obj)
+                elif kind == CALL:
+                    obj()
+                elif kind == BACKFILL:
+                    backfill = True
+                    self.at(t + self.sched.backfill_interval_s, BACKFILL, None)
+                else:
+                    self._bucket(t)
+            while nxt is not None and nxt.submit == t:
+                self.submit(nxt)
+                nxt = next(arrivals, None)
+            for p in parts:
+                if p.touched or backfill:
+                    p.touched = False
+                    self._schedule(p, backfill or self.every_event)
+            if progress is not None and t - last_report >= 3600:
+                last_report = t
+                progress(t)
+
+    # -- jobs -----------------------------------------------------------------------
+    def submit(self, job: SimJob) -> None:
+        """A batch job reaches its partition's queue (the policy has already routed it)."""
+        p = self.parts[job.part]
+        if job.cores > p.cores or job.gpus > p.gpus or job.mem > p.mem:
+            self.rejected += 1
+            job.state = DONE
+            if self.on_end is not None:
+                self.on_end(job)
+            return
+        if not job.key:
+            job.key = (0, 0, job.submit, job.id)
+        insort(p.queue, (job.key, job))
+        self.held += 1
+        p.touched = True
+
+    def _start(self, p: Partition, job: SimJob) -> None:
+        now = self.now
+        p.free_c -= job.cores
+        p.free_g -= job.gpus
+        p.free_m -= job.mem
+        job.state = RUNNING
+        job.start = now
+        self.started += 1
+        if self.starts is not None:
+            self.starts[job.id] = now
+        p.ends.add((now + job.limit, job.id, job))
+        self.live += 1
+        heapq.heappush(self.heap, (now + job.run, next(self.seq), END, job))
+        if self.on_start is not None:
+            self.on_start(job)
+
+    def finish(self, job: SimJob) -> None:
+        """End a running job now (a pilot released early)."""
+        if job.state == RUNNING:
+            self._end(job)
+            self.parts[job.part].touched = True
+
+    def _end(self, job: SimJob) -> None:
+        p = self.parts[job.part]
+        p.free_c += job.cores
+        p.free_g += job.gpus
+        p.free_m += job.mem
+        p.busy_core_s += job.cores * (self.now - job.start)
+        p.ends.remove((job.start + job.limit, job.id, job))
+        job.state = DONE
+        self.held -= 1
+        p.touched = True
+        if self.on_end is not None:
+            self.on_end(job)
+
+    def _schedule(self, p: Partition, backfill: bool) -> None:
+        if self.accasim:
+            self._schedule_accasim(p)
+            return
+        q = p.queue
+        i = self._fcfs(p, 0)
+        if i:
+            del q[:i]
+        if not q or not backfill or not self.easy:
+            return
+        head = q[0][1]
+        shadow, extra_c, extra_g, extra_m = self._reservation(p, head)
+        now = self.now
+        started: list[int] = []
+        for idx in range(1, min(len(q), self.sched.backfill_depth + 1)):
+            job = q[idx][1]
+            if job.cores > p.free_c or job.gpus > p.free_g or job.mem > p.free_m:
+                continue
+            if now + job.limit <= shadow:
+                self._start(p, job)
+                started.append(idx)
+            elif job.cores <= extra_c and job.gpus <= extra_g and job.mem <= extra_m:
+                extra_c -= job.cores
+                extra_g -= job.gpus
+                extra_m -= job.mem
+                self._start(p, job)
+                started.append(idx)
+            if p.free_c <= 0:
+                break
+        for idx in reversed(started):
+            del q[idx]
+
+    def _fcfs(self, p: Partition, start: int) -> int:
+        """Start queue[start:] in order until one does not fit; the index of that one."""
+        q, i = p.queue, start
+        while i < len(q):
+            job = q[i][1]
+            if job.cores > p.free_c or job.gpus > p.free_g or job.mem > p.free_m:
+                break
+            self._start(p, job)
+            i += 1
+        return i
+
+    def _schedule_accasim(self, p: Partition) -> None:
+        """AccaSim 1.1.3's EBF, reproduced to explain how it differs from EASY: the blocked
+        head is tried again only once its reservation time has come (not when it would
+        fit earlier), and the later jobs fill greedily, any that fits now, whether or not
+        it delays the reservation (AccaSim passes no reserved nodes to its allocator)."""
+        q = p.queue
+        first = 0
+        if p.blocked is not None and p.reserved <= self.now:
+            head = p.blocked
+            if head.cores <= p.free_c and head.gpus <= p.free_g and head.mem <= p.free_m:
+                self._start(p, head)
+                p.blocked, p.reserved = None, math.inf
+            first = 1
+        keep: list[tuple[Any, ...]] = []
+        if p.blocked is None:
+            i = self._fcfs(p, first)
+            keep = q[:first] if first and q[0][1].state == PENDING else []
+            if i < len(q):
+                p.blocked = q[i][1]
+                p.reserved = self._reservation(p, p.blocked)[0]
+                keep.append(q[i])
+                i += 1
+            rest = q[i:]
+        else:
+            keep, rest = q[:1], q[1:]
+        for item in rest:
+            job = item[1]
+            if job.cores <= p.free_c and job.gpus <= p.free_g and job.mem <= p.free_m:
+                self._start(p, job)
+            else:
+                keep.append(item)
+        p.queue = keep
+
+    @staticmethod
+    def _reservation(p: Partition, head: SimJob) -> tuple[float, int, int, int]:
+        """(when the head can start by the running jobs' limits, what it leaves over then)."""
+        c, g, m = p.free_c, p.free_g, p.free_m
+        for end, _, job in p.ends:
+            c += job.cores
+            g += job.gpus
+            m += job.mem
+            if c >= head.cores and g >= head.gpus and m >= head.mem:
+                return end, c - head.cores, g - head.gpus, m - head.mem
+        return math.inf, 0, 0, 0
+
+    # -- the controller ------------------------------------------------------------------
+    def _bucket(self, t: float) -> None:
+        assert self.plane is not None
+        self.plane.close_bucket(t - BUCKET_S, self.held)
+        self.at(t + BUCKET_S, BUCKET, None)

@@ -1,0 +1,260 @@
+"""The three ways a facility can meet agents, each one run of the same workload:
+
+- ``plain``: agents are ordinary users. Each submits with sbatch and polls squeue
+  every ``poll_s`` while its job is in flight; its tiny jobs wait in the same queue
+  as everyone's.
+- ``corral``: agents act through the gateway. One shared view (one squeue per
+  ``slurm.poll_s`` for everyone; jobs report their own end within ``tick_s``); tiny
+  jobs go to fast-lane pools (corral/simulate/fastpool.py, the gateway's own rules);
+  agents' batch jobs get the gateway's ``agent_nice``; every submission is decided
+  by the facility's Cedar policy (corral's own ``Policy.decide``, on the simulated
+  clock); a repeated identical run is answered by the result cache.
+- ``ban``: no agents (the baseline the paper rejects): what people would see alone.
+
+People are the same in all three: the same jobs, polling every ``people_poll_s`` while
+they have a job in the system.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from ..config import FastLaneSettings, Settings
+from .cluster import Facility
+from .controlplane import ControlPlane, ServiceTimes
+from .engine import ARRIVE, DONE, Engine, SchedConfig
+from .fastpool import FastLanes
+from .stats import Quantiles, bounded_slowdown
+from .workload import HOUR, AgentModel, Agents, Session, SimJob, agents_for
+
+POLICIES = ("plain", "corral", "ban")
+CACHE_ANSWER_S = 0.05
+SHORT_S = 60.0
+
+
+@dataclass
+class Scenario:
+    """Everything but the policy: compared runs share it whole."""
+
+    facility: Facility
+    people: Callable[[], Iterator[SimJob]]
+    """A fresh stream of people's jobs (called once per run)."""
+    people_count: int
+    person_jobs_per_day: float
+    person_core_s_per_day: float
+    days: float
+    sched: SchedConfig = field(default_factory=SchedConfig)
+    agents: AgentModel = field(default_factory=AgentModel)
+    times: ServiceTimes = field(default_factory=ServiceTimes)
+    people_poll_s: float = 300.0
+    seed: int = 1
+    epoch: float = 1780272000.0  # 2026-06-01 00:00 UTC, a Monday: the week's weights start there
+    week_offset_h: int = 0
+    cedar: Path | None = None
+    settings: Settings = field(default_factory=Settings)
+
+
+class Run:
+    """One policy over one scenario; ``go`` returns the figures."""
+
+    def __init__(self, sc: Scenario, policy: str, record_starts: bool = False) -> None:
+        if policy not in POLICIES:
+            raise ValueError(policy)
+        self.sc, self.policy = sc, policy
+        self.plane = ControlPlane(sc.times)
+        self.engine = Engine(sc.facility, sc.sched, self.plane, record_starts)
+        self.engine.on_end = self._ended
+        self.engine.on_start = self._started
+        self.corral = policy == "corral"
+        self.end_t = sc.days * 86400.0
+        n_agents = 0 if policy == "ban" else agents_for(sc.people_count, sc.agents.share)
+        self.agents = Agents(sc.agents, sc.facility, n_agents, sc.person_jobs_per_day, sc.person_core_s_per_day, sc.seed,
+                             first_user=1_000_000, week_offset_h=sc.week_offset_h)
+        fl: FastLaneSettings = sc.settings.fastlane
+        self.lanes = FastLanes(self.engine, fl, sc.facility.default, self._submit_batch, lambda t: None,
+                               self._task_done) if self.corral else None
+        self.nice = sc.settings.slurm.agent_nice
+        self.tick_s = sc.settings.tick_s
+        self._decisions: dict[tuple[Any, ...], bool] = {}
+        self._policy: Any = None
+        self.ids = 10_000_000_000
+        # what is reported
+        self.people_wait, self.people_bsld = Quantiles(), Quantiles()
+        self.agent_loop_short, self.agent_loop = Quantiles(), Quantiles()
+        self.agent_wait = Quantiles()
+        self.count = dict.fromkeys(("people_jobs", "agent_jobs", "fast_tasks", "cache_hits", "refused",
+                                    "batch_agent_jobs", "pilots", "cancelled", "resized"), 0)
+        self.wall_s = 0.0
+
+    # -- people ---------------------------------------------------------------------
+    def _people(self) -> Iterator[SimJob]:
+        plane, poll = self.plane, self.sc.people_poll_s
+        for job in self.sc.people():
+            plane.add("submit", people=True)
+            plane.polling("people", 1, job.submit, poll, people=True)
+            self.count["people_jobs"] += 1
+            yield job
+
+    # -- agents ---------------------------------------------------------------------
+    def _session_start(self, agent: int) -> None:
+        s = self.agents.session(agent)
+        self._issue(s)
+
+    def _issue(self, s: Session) -> None:
+        eng, now = self.engine, self.engine.now
+        self.ids += 1
+        job, repeat, cancel = self.agents.job(s, self.ids, now)
+        job.loop = s
+        s.job = job
+        self.count["agent_jobs"] += 1
+        if cancel:
+            self.count["cancelled"] += 1
+        if self.corral:
+            if not self._allowed(job, now) and not self._shrink(job, now):
+                self.count["refused"] += 1
+                eng.call(now, lambda: self._noticed(s, job, counted=False))
+                return
+            if repeat:
+                self.count["cache_hits"] += 1
+                eng.call(now + CACHE_ANSWER_S, lambda: self._noticed(s, job))
+                return
+            assert self.lanes is not None
+            if self.lanes.fits(job):
+                self.count["fast_tasks"] += 1
+                self.lanes.run(job)
+                return
+            job.key = (0, self.nice, now, job.id)
+        else:
+            self.plane.polling("agents", 1, now, self.sc.agents.poll_s)
+        self.count["batch_agent_jobs"] += 1
+        if cancel:
+            self.plane.add("cancel")
+        self._submit_batch(job)
+
+    def _submit_batch(self, job: SimJob) -> None:
+        """sbatch: one RPC, and the job reaches the queue once the controller answers."""
+        self.plane.add("submit")
+        if job.pilot is not None:
+            self.count["pilots"] += 1
+        arrive = self.engine.now + self.plane.latency_s
+        job.submit = arrive
+        if job.key:
+            job.key = (job.key[0], job.key[1], arrive, job.id)
+        self.engine.at(arrive, ARRIVE, job)
+
+    def _allowed(self, job: SimJob, now: float) -> bool:
+        at = self.sc.epoch + now
+        lt = time.gmtime(at)
+        key = (job.cores, job.gpus, int(job.limit), lt.tm_hour, lt.tm_wday)
+        ok = self._decisions.get(key)
+        if ok is None:
+            from ..safety.policy import Policy, Request
+
+            if self._policy is None:
+                self._policy = Policy.load(self.sc.cedar)
+            req = Request(kind="agent", name="simulated-agent", action="submit", sponsor="someone",
+                          resource={"cpus": job.cores, "gpus": job.gpus, "walltime_s": int(job.limit),
+                                    "contained": True}, at=at)
+            ok = self._decisions[key] = self._policy.decide(req).allowed
+        return ok
+
+    def _shrink(self, job: SimJob, now: float) -> bool:
+        """What an agent does with a refusal that says "ask for less": halve the cores
+        (the work takes as many core-seconds) until the policy allows it."""
+        while job.cores > 1:
+            cores = job.cores // 2
+            job.run *= job.cores / cores
+            job.limit *= job.cores / cores
+            job.cores = cores
+            if self._allowed(job, now):
+                self.count["resized"] += 1
+                return True
+        return False
+
+    def _started(self, job: SimJob) -> None:
+        if job.pilot is not None:
+            job.pilot.up(job)
+
+    def _ended(self, job: SimJob) -> None:
+        now = self.engine.now
+        if job.pilot is not None:  # a fast-lane allocation
+            job.pilot.down(job)
+            return
+        if not job.agent:
+            self.plane.polling("people", -1, now, self.sc.people_poll_s, people=True)
+            if job.start >= 0:
+                wait = job.start - job.submit
+                self.people_wait.add(wait)
+                self.people_bsld.add(bounded_slowdown(wait, job.run))
+            return
+        s: Session = job.loop
+        if job.start >= 0:
+            self.agent_wait.add(job.start - job.submit)
+        if self.corral:  # the job reports its own end; the gateway pushes it within a tick
+            delay = s.rng.uniform(0, self.tick_s)
+        else:
+            self.plane.polling("agents", -1, now, self.sc.agents.poll_s)
+            delay = s.rng.uniform(0, self.sc.agents.poll_s) + self.plane.latency_s
+        self.engine.call(now + delay, lambda: self._noticed(s, job))
+
+    def _task_done(self, task: SimJob) -> None:
+        self._noticed(task.loop, task)
+
+    def _noticed(self, s: Session, job: SimJob, counted: bool = True) -> None:
+        now = self.engine.now
+        job.state = DONE
+        if counted:
+            took = now - job.issued
+            self.agent_loop.add(took)
+            if job.run < SHORT_S:
+                self.agent_loop_short.add(took)
+        s.left -= 1
+        if s.left > 0 and now < self.end_t:
+            self.engine.call(now + self.agents.think(s), lambda: self._issue(s))
+        else:
+            self._next_session(s.agent, now)
+
+    def _next_session(self, agent: int, after: float) -> None:
+        t = self.agents.next_session(after)
+        if t < self.end_t:
+            self.engine.call(t, lambda: self._session_start(agent))
+
+    # -- the run ----------------------------------------------------------------------
+    def go(self, progress: Callable[[float], None] | None = None) -> dict[str, Any]:
+        for a in range(self.agents.count):
+            self._next_session(a, 0.0)
+        if self.corral:
+            self.plane.polling("gateway", 1, 0.0, self.sc.settings.slurm.poll_s)
+        t0 = time.perf_counter()
+        self.engine.run(self._people(), progress=progress)
+        self.wall_s = time.perf_counter() - t0
+        return self.figures()
+
+    def figures(self) -> dict[str, Any]:
+        eng = self.engine
+        span = max(eng.now, 1.0)
+        cores = self.sc.facility.cores
+        busy = sum(p.busy_core_s for p in eng.parts)
+        c = self.count
+        jobs = c["people_jobs"] + c["agent_jobs"] + c["pilots"]
+        return {
+            "policy": self.policy,
+            "agents": self.agents.count,
+            "people_wait_s": self.people_wait.summary(),
+            "people_bounded_slowdown": self.people_bsld.summary(),
+            "agent_loop_short_s": self.agent_loop_short.summary(),
+            "agent_loop_s": self.agent_loop.summary(),
+            "agent_batch_wait_s": self.agent_wait.summary(),
+            "utilisation": round(busy / (cores * span), 4),
+            "controller": self.plane.summary(),
+            "people_jobs_per_h": round(c["people_jobs"] / (span / HOUR), 2),
+            "agent_results_per_h": round(self.agent_loop.n / (span / HOUR), 2),
+            "counts": dict(c),
+            "simulated_days": round(span / 86400, 2),
+            "jobs": jobs,
+            "wall_s": round(self.wall_s, 3),
+            "jobs_per_s": round(jobs / self.wall_s, 1) if self.wall_s else 0.0,
+        }

@@ -1,0 +1,97 @@
+"""Building a scenario from what an admin gives (a trace or the generator, a facility,
+the agents' share) and running the policies over it, one after another, into one report.
+"""
+
+from __future__ import annotations
+
+import calendar
+import time
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+from ..config import Settings
+from ..errors import InvalidRequest
+from . import cluster
+from .controlplane import ServiceTimes
+from .engine import ALGORITHMS, SchedConfig
+from .policies import POLICIES, Run, Scenario
+from .workload import AgentModel, PeopleModel, people_jobs, scan_swf, swf_jobs
+
+GENERATED_EPOCH = float(calendar.timegm((2026, 6, 1, 0, 0, 0)))  # a Monday
+
+
+def build(trace: Path | None, facility: str | None, days: float, seed: int, agents: AgentModel,
+          people: PeopleModel, sched: SchedConfig, times: ServiceTimes | None = None,
+          cedar: Path | None = None, settings: Settings | None = None) -> Scenario:
+    if sched.algorithm not in ALGORITHMS:
+        raise InvalidRequest(f"unknown scheduler {sched.algorithm!r}", hint=f"use one of {', '.join(ALGORITHMS)}")
+    if days <= 0:
+        raise InvalidRequest(f"--days must be above 0, got {days}")
+    agents.check()
+    people.check()
+    common: dict[str, Any] = dict(sched=sched, agents=agents, times=times or ServiceTimes.load(), seed=seed,
+                                  cedar=cedar, settings=settings or Settings())
+    if trace is not None:
+        head = scan_swf(trace)
+        fac = cluster.load(facility) if facility else cluster.one_pool(head.max_procs, trace.stem)
+        span_days = head.span_s / 86400
+        epoch = float(head.unix_start) if head.unix_start else GENERATED_EPOCH
+        lt = time.gmtime(epoch)
+        users, span = max(head.users, 1), max(span_days, 1e-9)
+        return Scenario(fac, lambda: swf_jobs(trace, fac), users, head.jobs / users / span,
+                        head.core_s / users / span, span_days,
+                        epoch=epoch, week_offset_h=lt.tm_wday * 24 + lt.tm_hour, **common)
+    fac = cluster.load(facility or "2000-node")
+    per_day = _people_rate(people, fac)
+    core_s = people.load * fac.default.cores * 86400 / people.people
+    return Scenario(fac, lambda: people_jobs(people, fac, days, seed), people.people, per_day / people.people,
+                    core_s, days, epoch=GENERATED_EPOCH, **common)
+
+
+def _people_rate(people: PeopleModel, fac: cluster.Facility) -> float:
+    """Jobs per day the people generator makes (its offered load over its mean job)."""
+    b = fac.default
+    mean_nodes = sum(people.node_choices) / len(people.node_choices)
+    return people.load * b.cores / (people.mean_run_s * (1 - people.short) * mean_nodes * b.cores_per_node) * 86400
+
+
+def compare(sc: Scenario, policies: tuple[str, ...] = POLICIES,
+            progress: Callable[[str, float], None] | None = None) -> dict[str, Any]:
+    """Every policy over the same scenario: {scenario, policies: {name: figures}}."""
+    out: dict[str, Any] = {}
+    for name in policies:
+        if name not in POLICIES:
+            raise InvalidRequest(f"unknown policy {name!r}", hint=f"use some of {', '.join(POLICIES)}")
+        run = Run(sc, name)
+        out[name] = run.go(None if progress is None else partial(progress, name))
+        out[name]["controller_series"] = run.plane.series
+        out[name]["people_wait_cdf"] = run.people_wait.cdf_points()
+    return {"scenario": describe(sc), "policies": out}
+
+
+def sweep(sc: Scenario, shares: list[float], policies: tuple[str, ...] = ("plain", "corral"),
+          progress: Callable[[str, float], None] | None = None) -> list[dict[str, Any]]:
+    """The headline figures at each agents' share of users."""
+    rows = []
+    for share in shares:
+        s2 = replace(sc, agents=replace(sc.agents, share=share))
+        for name in policies:
+            f = Run(s2, name).go(None if progress is None else partial(progress, f"{name}@{share:.0%}"))
+            rows.append({"share": share, "policy": name, "agents": f["agents"],
+                         "people_wait_p50_s": f["people_wait_s"]["p50"], "people_wait_p90_s": f["people_wait_s"]["p90"],
+                         "agent_loop_short_p50_s": f["agent_loop_short_s"]["p50"],
+                         "rpc_per_s": f["controller"]["rpc_per_s"],
+                         "command_latency_p50_s": f["controller"]["command_latency_s"]["p50"]})
+    return rows
+
+
+def describe(sc: Scenario) -> dict[str, Any]:
+    return {"facility": sc.facility.to_dict(), "days": round(sc.days, 2), "seed": sc.seed,
+            "people": sc.people_count, "person_jobs_per_day": round(sc.person_jobs_per_day, 2),
+            "person_core_hours_per_day": round(sc.person_core_s_per_day / 3600, 1),
+            "scheduler": {"algorithm": sc.sched.algorithm, "backfill_interval_s": sc.sched.backfill_interval_s,
+                          "backfill_depth": sc.sched.backfill_depth},
+            "agents": {k: getattr(sc.agents, k) for k in sc.agents.__dataclass_fields__},
+            "controller": sc.times.to_dict(), "people_poll_s": sc.people_poll_s}
