@@ -6,7 +6,8 @@ fork and connect. The steps, each after ``sdiag -r``:
 
 1. ``squeue`` N times with the queue empty: REQUEST_JOB_INFO's base time.
 2. ``sbatch --hold`` M jobs: REQUEST_SUBMIT_BATCH_JOB's time.
-3. ``squeue`` N times with M jobs held: the query's time per job held (the slope).
+3. ``squeue`` N times with M jobs held: the query's time per job held (the slope);
+   ``squeue -j ID`` N times: REQUEST_JOB_INFO_SINGLE, what an agent's poll costs.
 4. ``scancel`` them: the cancel's time.
 5. P clients running squeue at once for a few seconds: how many RPCs the controller
    completes per second of its measured service time, i.e. how many it serves at once
@@ -63,10 +64,14 @@ def calibrate(queries: int = 200, held: int = 300, clients: int = 8, burst_s: fl
         ids.append(out.strip().split(";")[0])
     _, submit = _mean_s(sdiag(), "REQUEST_SUBMIT_BATCH_JOB")
     proc.run(["sdiag", "-r"])
-    say(f"3/5 squeue x{queries}, {held} jobs held")
+    say(f"3/5 squeue and squeue -j x{queries} each, {held} jobs held")
     for _ in range(queries):
         proc.run(["squeue", "-h"])
-    _, loaded = _mean_s(sdiag(), "REQUEST_JOB_INFO")
+    for _ in range(queries):
+        proc.run(["squeue", "-h", "-j", ids[len(ids) // 2]])
+    stats = sdiag()
+    _, loaded = _mean_s(stats, "REQUEST_JOB_INFO")
+    _, one = _mean_s(stats, "REQUEST_JOB_INFO_SINGLE")
     per_job = max(0.0, (loaded - base) / held)
     proc.run(["sdiag", "-r"])
     say(f"4/5 scancel x{held}")
@@ -95,6 +100,7 @@ def calibrate(queries: int = 200, held: int = 300, clients: int = 8, burst_s: fl
     effective = max(1.0, busy)  # below 1: the clients could not keep it busy; one at a time is the floor
     version = proc.run(["sinfo", "--version"]).stdout.strip()
     return {"submit_s": round(submit, 6), "query_base_s": round(base, 6), "query_per_job_s": round(per_job, 9),
+            "query_one_s": round(one, 6),
             "cancel_s": round(cancel, 6), "threads_effective": round(effective, 2), "thread_limit": 256,
             "burst_busy": round(busy, 3),
             "source": f"corral simulate calibrate on {platform.node()} ({version}, SLURM_CONF={env}), "

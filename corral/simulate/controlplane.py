@@ -29,7 +29,8 @@ from .stats import Quantiles
 
 CALIBRATION = Path(__file__).with_name("calibration.json")
 BUCKET_S = 60.0
-KINDS = ("submit", "query", "cancel")
+MAX_ROWS = 2000
+KINDS = ("submit", "query", "query_one", "cancel")
 
 
 @dataclass
@@ -37,6 +38,8 @@ class ServiceTimes:
     submit_s: float = 0.0006
     query_base_s: float = 0.0002
     query_per_job_s: float = 0.0000015
+    query_one_s: float = 0.0003
+    """``squeue -j ID`` (REQUEST_JOB_INFO_SINGLE): one job packed, whatever the queue holds."""
     cancel_s: float = 0.0006
     threads_effective: float = 1.0
     thread_limit: int = 256
@@ -67,23 +70,30 @@ class ControlPlane:
         self.backlog_s = 0.0
         self.retry = 0.0
         self.latency_s = times.submit_s
-        """What a command costs its sender now (the last bucket's answer)."""
+        """What a command costs its sender now, on average (the last bucket's answer)."""
+        self.wait_s = 0.0
+        """How long a command waits for the controller before its own service time."""
         self.total = dict.fromkeys(KINDS, 0.0)
         self.refused = 0.0
         self.cmd_latency = Quantiles()
         self.people_latency = Quantiles()
         self.series: list[tuple[float, float, float, float]] = []
-        """(bucket start, RPCs per second, utilisation, command latency s) per bucket."""
+        """(period start, RPCs per second, utilisation, command latency s): means over
+        an hour, or over longer periods once there would be more than ``MAX_ROWS`` (pairs
+        merge), so the plot's memory is bounded however long the run."""
+        self.period_s = 3600.0
+        self._acc = [0.0, 0.0, 0.0, 0.0, 0.0]  # hour, rpc/s, rho, latency sums, buckets
         self.busy_s = 0.0
         self.span_s = 0.0
-        self.pollers: dict[str, list[float]] = {}
-        """name: [how many poll, since when, every how many seconds, polls so far, people?]"""
+        self.pollers: dict[str, list[Any]] = {}
+        """name: [how many poll, since when, every how many seconds, polls so far, people?, kind]"""
 
-    def polling(self, name: str, delta: int, now: float, every_s: float, people: bool = False) -> None:
-        """``delta`` more (or fewer) senders of a query every ``every_s`` seconds."""
+    def polling(self, name: str, delta: int, now: float, every_s: float, people: bool = False,
+                kind: str = "query") -> None:
+        """``delta`` more (or fewer) senders of a ``kind`` query every ``every_s`` seconds."""
         g = self.pollers.get(name)
         if g is None:
-            g = self.pollers[name] = [0.0, now, every_s, 0.0, 1.0 if people else 0.0]
+            g = self.pollers[name] = [0.0, now, every_s, 0.0, 1.0 if people else 0.0, kind]
         g[3] += g[0] * (now - g[1]) / (g[2] + self.latency_s)
         g[0] += delta
         g[1] = now
@@ -94,7 +104,7 @@ class ControlPlane:
         for g in self.pollers.values():
             g[3] += g[0] * (now - g[1]) / (g[2] + self.latency_s)
             g[1] = now
-            self.add("query", g[3], people=bool(g[4]))
+            self.add(g[5], g[3], people=bool(g[4]))
             g[3] = 0.0
 
     def add(self, kind: str, n: float = 1.0, people: bool = False) -> None:
@@ -109,7 +119,8 @@ class ControlPlane:
         c["query"] += self.retry
         n = sum(c.values())
         query_s = t.query_base_s + t.query_per_job_s * jobs_held
-        work = c["submit"] * t.submit_s + c["query"] * query_s + c["cancel"] * t.cancel_s
+        work = (c["submit"] * t.submit_s + c["query"] * query_s + c["query_one"] * t.query_one_s
+                + c["cancel"] * t.cancel_s)
         cap = t.threads_effective * BUCKET_S
         mean_s = work / n if n else query_s
         rho = work / cap
@@ -121,6 +132,7 @@ class ControlPlane:
         wait = self.backlog_s / t.threads_effective
         if rho < 1:
             wait += rho / (1 - rho) * mean_s / t.threads_effective
+        self.wait_s = wait
         latency = mean_s + wait
         # Little's law: RPCs in the controller at once; past the thread limit, refused.
         in_system = n / BUCKET_S * latency
@@ -131,12 +143,35 @@ class ControlPlane:
             self.total[k] += c[k]
         if n:
             self.cmd_latency.add(latency, n)
-        if self.people_rpcs:
-            self.people_latency.add(latency, self.people_rpcs)
-        self.series.append((start, n / BUCKET_S, min(rho, 9.99), latency))
+        if self.people_rpcs:  # people run squeue -u: a full query
+            self.people_latency.add(query_s + wait, self.people_rpcs)
+        self._hour(start, n / BUCKET_S, min(rho, 9.99), latency)
         self.latency_s = latency
         self.counts = dict.fromkeys(KINDS, 0.0)
         self.people_rpcs = 0.0
+
+    def _hour(self, start: float, rate: float, rho: float, latency: float) -> None:
+        a = self._acc
+        hour = start // self.period_s * self.period_s
+        if a[4] and hour != a[0]:
+            self.flush()
+        if not a[4]:
+            a[0] = hour
+        a[1] += rate
+        a[2] += rho
+        a[3] += latency
+        a[4] += 1
+
+    def flush(self) -> None:
+        a = self._acc
+        if a[4]:
+            self.series.append((a[0], a[1] / a[4], a[2] / a[4], a[3] / a[4]))
+        self._acc = [0.0, 0.0, 0.0, 0.0, 0.0]
+        if len(self.series) > MAX_ROWS:
+            rows = self.series
+            self.series = [(x[0], (x[1] + y[1]) / 2, (x[2] + y[2]) / 2, (x[3] + y[3]) / 2)
+                           for x, y in zip(rows[0::2], rows[1::2])] + (rows[-1:] if len(rows) % 2 else [])
+            self.period_s *= 2
 
     def summary(self) -> dict[str, Any]:
         total = sum(self.total.values())

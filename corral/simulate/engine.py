@@ -46,7 +46,7 @@ class SchedConfig:
 
 class Partition:
     __slots__ = ("index", "name", "cores", "gpus", "mem", "free_c", "free_g", "free_m", "queue", "ends",
-                 "max_limit", "busy_core_s", "touched", "blocked", "reserved")
+                 "max_limit", "busy_core_s", "touched", "dirty", "blocked", "reserved")
 
     def __init__(self, index: int, name: str, cores: int, gpus: int, mem: int, max_limit: float) -> None:
         self.index, self.name = index, name
@@ -58,6 +58,8 @@ class Partition:
         self.max_limit = max_limit
         self.busy_core_s = 0.0
         self.touched = False
+        self.dirty = False
+        """Something ended or arrived since the last backfill pass."""
         self.blocked: SimJob | None = None  # accasim-easy's state
         self.reserved = math.inf
 
@@ -74,6 +76,8 @@ class Engine:
         self.easy = sched.algorithm != "fcfs"
         self.accasim = sched.algorithm == "accasim-easy"
         self.every_event = self.easy and sched.backfill_interval_s <= 0
+        self.periodic = self.easy and not self.every_event and not sched.algorithm == "accasim-easy"
+        self.bf_pending = False
         self.parts = [Partition(i, p.name, p.cores, p.gpus, p.memory_mb, p.max_walltime_h * 3600)
                       for i, p in enumerate(facility.partitions)]
         self.heap: list[tuple[float, int, int, Any]] = []
@@ -81,9 +85,12 @@ class Engine:
         self.now = 0.0
         self.plane = plane
         self.starts: dict[int, float] | None = {} if record_starts else None
+        self.reserved: dict[int, float] | None = {} if record_starts else None
+        """Each job's first reservation as the blocked head (EASY), for the tests."""
         self.on_start: Callable[[SimJob], None] | None = None
         self.on_end: Callable[[SimJob], None] | None = None
         self.held = 0
+        self.held_max = 0
         """Jobs the controller holds (pending and running batch jobs): a query's cost."""
         self.rejected = 0
         self.started = 0
@@ -106,8 +113,6 @@ class Engine:
         heap, parts = self.heap, self.parts
         pop = heapq.heappop
         nxt = next(arrivals, None)
-        if self.easy and not self.every_event:
-            self.at(self.sched.backfill_interval_s, BACKFILL, None)
         if self.plane is not None:
             self.at(BUCKET_S, BUCKET, None)
         last_report = 0.0
@@ -132,7 +137,7 @@ class Engine:
                     obj()
                 elif kind == BACKFILL:
                     backfill = True
-                    self.at(t + self.sched.backfill_interval_s, BACKFILL, None)
+                    self.bf_pending = False
                 else:
                     self._bucket(t)
             while nxt is not None and nxt.submit == t:
@@ -160,7 +165,11 @@ class Engine:
             job.key = (0, 0, job.submit, job.id)
         insort(p.queue, (job.key, job))
         self.held += 1
-        p.touched = True
+        if self.held > self.held_max:
+            self.held_max = self.held
+        p.touched = p.dirty = True
+        if self.periodic and not self.bf_pending:
+            self._next_backfill()
 
     def _start(self, p: Partition, job: SimJob) -> None:
         now = self.now
@@ -193,7 +202,9 @@ class Engine:
         p.ends.remove((job.start + job.limit, job.id, job))
         job.state = DONE
         self.held -= 1
-        p.touched = True
+        p.touched = p.dirty = True
+        if self.periodic and not self.bf_pending and p.queue:
+            self._next_backfill()
         if self.on_end is not None:
             self.on_end(job)
 
@@ -207,27 +218,44 @@ class Engine:
             del q[:i]
         if not q or not backfill or not self.easy:
             return
+        if not p.dirty:
+            return  # nothing ended or arrived since the last pass: it would start nothing
+        p.dirty = False
+        if p.free_c <= 0:
+            return
         head = q[0][1]
         shadow, extra_c, extra_g, extra_m = self._reservation(p, head)
+        if self.reserved is not None:
+            self.reserved.setdefault(head.id, shadow)
         now = self.now
         started: list[int] = []
+        free_c, free_g, free_m = p.free_c, p.free_g, p.free_m
         for idx in range(1, min(len(q), self.sched.backfill_depth + 1)):
             job = q[idx][1]
-            if job.cores > p.free_c or job.gpus > p.free_g or job.mem > p.free_m:
+            c = job.cores
+            if c > free_c or job.gpus > free_g or job.mem > free_m:
                 continue
-            if now + job.limit <= shadow:
-                self._start(p, job)
-                started.append(idx)
-            elif job.cores <= extra_c and job.gpus <= extra_g and job.mem <= extra_m:
-                extra_c -= job.cores
+            if now + job.limit > shadow:
+                if c > extra_c or job.gpus > extra_g or job.mem > extra_m:
+                    continue
+                extra_c -= c
                 extra_g -= job.gpus
                 extra_m -= job.mem
-                self._start(p, job)
-                started.append(idx)
-            if p.free_c <= 0:
+            self._start(p, job)
+            started.append(idx)
+            free_c, free_g, free_m = p.free_c, p.free_g, p.free_m
+            if free_c <= 0:
                 break
         for idx in reversed(started):
             del q[idx]
+
+    def _next_backfill(self) -> None:
+        """Backfill passes come at multiples of the interval, as Slurm's do; one is
+        booked only when something changed, since a pass over an unchanged queue
+        starts nothing (that keeps a quiet month from costing 86,400 passes)."""
+        iv = self.sched.backfill_interval_s
+        self.bf_pending = True
+        self.at((math.floor(self.now / iv) + 1) * iv, BACKFILL, None)
 
     def _fcfs(self, p: Partition, start: int) -> int:
         """Start queue[start:] in order until one does not fit; the index of that one."""

@@ -11,8 +11,9 @@
   clock); a repeated identical run is answered by the result cache.
 - ``ban``: no agents (the baseline the paper rejects): what people would see alone.
 
-People are the same in all three: the same jobs, polling every ``people_poll_s`` while
-they have a job in the system.
+People are the same in all three: the same jobs, each person running one ``squeue -u``
+every ``people_poll_s`` while they have a job in the system. An agent outside corral
+polls its job with ``squeue -j`` (one job packed); the gateway's poll is a full query.
 """
 
 from __future__ import annotations
@@ -88,13 +89,19 @@ class Run:
         self.count = dict.fromkeys(("people_jobs", "agent_jobs", "fast_tasks", "cache_hits", "refused",
                                     "batch_agent_jobs", "pilots", "cancelled", "resized"), 0)
         self.wall_s = 0.0
+        self.people_active: dict[int, int] = {}
+        """Each person's jobs in the system: while any, they poll."""
 
     # -- people ---------------------------------------------------------------------
     def _people(self) -> Iterator[SimJob]:
         plane, poll = self.plane, self.sc.people_poll_s
+        active = self.people_active
         for job in self.sc.people():
             plane.add("submit", people=True)
-            plane.polling("people", 1, job.submit, poll, people=True)
+            n = active.get(job.user, 0)
+            if n == 0:  # a person runs one squeue -u for all of their jobs
+                plane.polling("people", 1, job.submit, poll, people=True)
+            active[job.user] = n + 1
             self.count["people_jobs"] += 1
             yield job
 
@@ -128,7 +135,7 @@ class Run:
                 return
             job.key = (0, self.nice, now, job.id)
         else:
-            self.plane.polling("agents", 1, now, self.sc.agents.poll_s)
+            self.plane.polling("agents", 1, now, self.sc.agents.poll_s, kind="query_one")
         self.count["batch_agent_jobs"] += 1
         if cancel:
             self.plane.add("cancel")
@@ -139,7 +146,7 @@ class Run:
         self.plane.add("submit")
         if job.pilot is not None:
             self.count["pilots"] += 1
-        arrive = self.engine.now + self.plane.latency_s
+        arrive = self.engine.now + self.plane.wait_s + self.sc.times.submit_s
         job.submit = arrive
         if job.key:
             job.key = (job.key[0], job.key[1], arrive, job.id)
@@ -184,7 +191,11 @@ class Run:
             job.pilot.down(job)
             return
         if not job.agent:
-            self.plane.polling("people", -1, now, self.sc.people_poll_s, people=True)
+            n = self.people_active.pop(job.user) - 1
+            if n:
+                self.people_active[job.user] = n
+            else:
+                self.plane.polling("people", -1, now, self.sc.people_poll_s, people=True)
             if job.start >= 0:
                 wait = job.start - job.submit
                 self.people_wait.add(wait)
@@ -196,8 +207,8 @@ class Run:
         if self.corral:  # the job reports its own end; the gateway pushes it within a tick
             delay = s.rng.uniform(0, self.tick_s)
         else:
-            self.plane.polling("agents", -1, now, self.sc.agents.poll_s)
-            delay = s.rng.uniform(0, self.sc.agents.poll_s) + self.plane.latency_s
+            self.plane.polling("agents", -1, now, self.sc.agents.poll_s, kind="query_one")
+            delay = s.rng.uniform(0, self.sc.agents.poll_s) + self.plane.wait_s + self.sc.times.query_one_s
         self.engine.call(now + delay, lambda: self._noticed(s, job))
 
     def _task_done(self, task: SimJob) -> None:
@@ -255,6 +266,7 @@ class Run:
             "counts": dict(c),
             "simulated_days": round(span / 86400, 2),
             "jobs": jobs,
+            "jobs_held_max": eng.held_max,
             "wall_s": round(self.wall_s, 3),
             "jobs_per_s": round(jobs / self.wall_s, 1) if self.wall_s else 0.0,
         }

@@ -24,8 +24,8 @@ ROWS = [
     ("utilisation", lambda f: f"{f['utilisation']:.1%}"),
     ("controller RPCs/s", lambda f: f"{f['controller']['rpc_per_s']:.2f}"),
     ("controller busy", lambda f: f"{f['controller']['utilisation']:.1%}"),
-    ("command latency p50", lambda f: _dur(f["controller"]["command_latency_s"]["p50"])),
-    ("command latency p90", lambda f: _dur(f["controller"]["command_latency_s"]["p90"])),
+    ("people's squeue latency p50", lambda f: _dur(f["controller"]["people_command_latency_s"]["p50"])),
+    ("people's squeue latency p90", lambda f: _dur(f["controller"]["people_command_latency_s"]["p90"])),
     ("people's jobs/h", lambda f: f"{f['people_jobs_per_h']:.1f}"),
     ("agents' results/h", lambda f: f"{f['agent_results_per_h']:.1f}"),
 ]
@@ -112,20 +112,8 @@ def _lines(series: dict[str, list[tuple[float, float]]], label: str, xlabel: str
     return "".join(out)
 
 
-def _hourly(series: list[tuple[float, float, float, float]], col: int) -> list[tuple[float, float]]:
-    """Per-minute buckets averaged per hour, x in days."""
-    out, acc, n, hour = [], 0.0, 0, None
-    for row in series:
-        h = int(row[0] // 3600)
-        if hour is not None and h != hour:
-            out.append((hour / 24, acc / n))
-            acc, n = 0.0, 0
-        hour = h
-        acc += row[col]
-        n += 1
-    if n and hour is not None:
-        out.append((hour / 24, acc / n))
-    return out
+def _days(series: list[tuple[float, float, float, float]], col: int) -> list[tuple[float, float]]:
+    return [(row[0] / 86400, row[col]) for row in series]
 
 
 def html_page(r: dict[str, Any]) -> str:
@@ -136,9 +124,9 @@ def html_page(r: dict[str, Any]) -> str:
     plots = [
         _lines({n: f["people_wait_cdf"] for n, f in pols.items()}, "people's wait: share of jobs waiting at most",
                "wait (log scale)", logx=True, yfmt="{:.0%}"),
-        _lines({n: _hourly(f["controller_series"], 1) for n, f in pols.items()}, "controller RPCs per second (hourly mean)",
+        _lines({n: _days(f["controller_series"], 1) for n, f in pols.items()}, "controller RPCs per second (hourly mean)",
                "day"),
-        _lines({n: _hourly(f["controller_series"], 3) for n, f in pols.items()}, "command latency, seconds (hourly mean)",
+        _lines({n: _days(f["controller_series"], 3) for n, f in pols.items()}, "command latency, seconds (hourly mean)",
                "day"),
     ]
     if r.get("sweep"):

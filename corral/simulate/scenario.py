@@ -66,6 +66,7 @@ def compare(sc: Scenario, policies: tuple[str, ...] = POLICIES,
             raise InvalidRequest(f"unknown policy {name!r}", hint=f"use some of {', '.join(POLICIES)}")
         run = Run(sc, name)
         out[name] = run.go(None if progress is None else partial(progress, name))
+        run.plane.flush()
         out[name]["controller_series"] = run.plane.series
         out[name]["people_wait_cdf"] = run.people_wait.cdf_points()
     return {"scenario": describe(sc), "policies": out}
@@ -83,7 +84,8 @@ def sweep(sc: Scenario, shares: list[float], policies: tuple[str, ...] = ("plain
                          "people_wait_p50_s": f["people_wait_s"]["p50"], "people_wait_p90_s": f["people_wait_s"]["p90"],
                          "agent_loop_short_p50_s": f["agent_loop_short_s"]["p50"],
                          "rpc_per_s": f["controller"]["rpc_per_s"],
-                         "command_latency_p50_s": f["controller"]["command_latency_s"]["p50"]})
+                         "people_squeue_latency_p50_s": f["controller"]["people_command_latency_s"]["p50"],
+                         "controller_busy": f["controller"]["utilisation"]})
     return rows
 
 
