@@ -172,11 +172,14 @@ def test_unsorted_trace_is_refused_with_the_line(tmp_path: Path) -> None:
     assert r.returncode == 2 and "bad.swf:2" in json.loads(r.stdout)["error"]["message"]
 
 
-def test_calibration_reads_the_real_controller(tmp_path: Path) -> None:
+@pytest.mark.usefixtures("slurm_turn")
+def test_calibration_reads_the_real_controller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the private Slurm: sdiag read, service times positive, and the file it
+    writes is what the model loads."""
     conf = slurm_conf()
     from corral.simulate import calibrate
 
-    os.environ["SLURM_CONF"] = conf
+    monkeypatch.setenv("SLURM_CONF", conf)
     result = calibrate.calibrate(queries=20, held=20, clients=2, burst_s=1.0, say=lambda s: None)
     assert 0 < result["submit_s"] < 1 and 0 < result["query_base_s"] < 1 and result["threads_effective"] >= 1
     out = calibrate.write(result, tmp_path / "cal.json")
