@@ -12,8 +12,10 @@
 3. Memory: the peak (tracemalloc) of a run of D days and of 4D days, same facility.
 4. The headline: a month of the 2,000-node preset, agents at 50% of users, plain
    against corral against a ban; then agents' share swept from 10% to 60%.
+5. What each part of corral buys: a week of the same, corral with one part off at a
+   time (and all off, which must equal the plain arm).
 
---quick: the first 3,000 jobs of each trace, a 7-day headline, no sweep.
+--quick: the first 3,000 jobs of each trace, a 7-day headline, no sweep, no ablation.
 Last line: one JSON object.
 """
 
@@ -34,6 +36,7 @@ from bench._common import shared_data  # noqa: E402
 from corral.simulate import scenario  # noqa: E402
 from corral.simulate.cluster import one_pool  # noqa: E402
 from corral.simulate.engine import Engine, SchedConfig  # noqa: E402
+from corral.simulate.policies import PARTS, Run  # noqa: E402
 from corral.simulate.workload import AgentModel, PeopleModel, swf_jobs  # noqa: E402
 
 TRACES = ("lublin_256.swf", "NASA-iPSC-1993-3.1-cln.swf.gz", "DOST-ASTI-COARE-Saliksik-2020-cln.swf")
@@ -134,6 +137,24 @@ def headline(days: float, sweep: bool) -> dict:
     return out
 
 
+def ablation(days: float) -> dict:
+    """corral with each of its parts turned off in turn (and all of them: which must be
+    the plain arm exactly), same month, agents at 50%."""
+    rows = []
+    for off in ([], ["view"], ["fast"], ["cache"], ["policy"], ["nice"], sorted(PARTS)):
+        sc = scenario.build(None, "2000-node", days, 1, AgentModel(share=0.5), PeopleModel(people=1000),
+                            SchedConfig(), corral_off=frozenset(off))
+        f = Run(sc, "corral").go()
+        rows.append({"without": ",".join(off) or "-", "people_wait_p50_s": round(f["people_wait_s"]["p50"], 1),
+                     "people_wait_p90_s": round(f["people_wait_s"]["p90"], 1),
+                     "agent_loop_short_p50_s": round(f["agent_loop_short_s"]["p50"], 1),
+                     "agent_loop_short_p90_s": round(f["agent_loop_short_s"]["p90"], 1),
+                     "rpc_per_s": f["controller"]["rpc_per_s"], "utilisation": f["utilisation"],
+                     "agent_results_per_h": f["agent_results_per_h"]})
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    return {"ablation_days": days, "ablation": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
@@ -141,6 +162,8 @@ def main() -> None:
     result = validate(3000 if a.quick else None)
     result.update(memory(3 if a.quick else 7))
     result.update(headline(7 if a.quick else 30, sweep=not a.quick))
+    if not a.quick:
+        result.update(ablation(7))
     print(json.dumps(result))
 
 

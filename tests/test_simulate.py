@@ -157,6 +157,8 @@ def test_command_reports_in_three_forms(tmp_path: Path) -> None:
     (["--agent-share", "1.2"], "--agent-share must be"),
     (["--facility", "/no/such.toml"], "neither a preset nor a file"),
     (["--sweep", "0.1,x"], "not a list of shares"),
+    (["--agent-tier", "3"], "--agent-tier must be 0"),
+    (["--corral-without", "fast,wings"], "unknown part of corral wings"),
 ])
 def test_bad_input_is_refused_in_the_callers_terms(args: list[str], says: str) -> None:
     r = _cli(*args, "--json")
@@ -186,3 +188,21 @@ def test_calibration_reads_the_real_controller(tmp_path: Path, monkeypatch: pyte
     from corral.simulate.controlplane import ServiceTimes
 
     assert ServiceTimes.load(out).submit_s == result["submit_s"]
+
+
+def test_corral_without_its_parts_is_the_plain_arm_and_each_part_counts() -> None:
+    """The ablation's wiring: corral with every part off runs exactly as agents do
+    outside it; with only the nice off, people wait longer than with all of corral."""
+    from corral.simulate.policies import PARTS, Run
+
+    def run(policy: str, off: frozenset[str] = frozenset()) -> dict:
+        sc = scenario.build(None, "small", 2, 3, AgentModel(share=0.4), PeopleModel(people=60, load=0.8),
+                            SchedConfig("easy", 30, 200), corral_off=off)
+        f = Run(sc, policy).go()
+        return {k: v for k, v in f.items() if k not in ("policy", "wall_s", "jobs_per_s")}
+
+    assert run("corral", PARTS) == run("plain")
+    whole, no_view = run("corral"), run("corral", frozenset({"view"}))
+    assert no_view["controller"]["rpcs"]["query_one"] > 0 == whole["controller"]["rpcs"]["query_one"]
+    assert run("corral", frozenset({"fast"}))["counts"]["fast_tasks"] == 0 < whole["counts"]["fast_tasks"]
+    assert run("corral", frozenset({"cache"}))["counts"]["cache_hits"] == 0 < whole["counts"]["cache_hits"]

@@ -60,6 +60,10 @@ def _json_errors(ctx: click.Context) -> None:
 @click.option("--policies", "policy_names", default=",".join(POLICIES), show_default=True,
               help="Which of plain, corral, ban to compare.")
 @click.option("--cedar", type=click.Path(path_type=Path), help="The facility's Cedar policy (default: corral's).")
+@click.option("--corral-without", "corral_without", default="",
+              help="Run corral without some of its parts, to see what each buys: view, fast, cache, policy, nice.")
+@click.option("--agent-tier", type=int, default=0, show_default=True,
+              help="QOS tier of agents' batch jobs through corral: 0 people's, 1 a lower QOS (slurm.agent_qos).")
 @click.option("--sweep", "sweep_text", default=None, is_flag=False, flag_value=SWEEP_DEFAULT,
               help=f"Also sweep the agents' share (plain and corral); alone: {SWEEP_DEFAULT}.")
 @click.option("--html", "html_out", type=click.Path(path_type=Path), help="Also write a self-contained HTML report.")
@@ -68,7 +72,8 @@ def _json_errors(ctx: click.Context) -> None:
 def simulate(ctx: click.Context, trace: Path | None, facility: str | None, days: float, seed: int, people: int,
              load: float, agent_share: float, agent_loops: float, agent_think: float, agent_poll: float,
              scheduler: str, backfill_interval: float, backfill_depth: int, policy_names: str, cedar: Path | None,
-             sweep_text: str | None, html_out: Path | None, as_json: bool) -> None:
+             corral_without: str, agent_tier: int, sweep_text: str | None, html_out: Path | None,
+             as_json: bool) -> None:
     """Simulate a facility with agents as ordinary users, through corral, and banned.
 
     \b
@@ -103,7 +108,8 @@ def simulate(ctx: click.Context, trace: Path | None, facility: str | None, days:
         raise InvalidRequest("--backfill-depth must be at least 1")
     agents = AgentModel(share=agent_share, loops=agent_loops, think_s=agent_think, poll_s=agent_poll)
     sc = scenario.build(trace, facility, days, seed, agents, PeopleModel(people=people, load=load),
-                        SchedConfig(scheduler, backfill_interval, backfill_depth), cedar=cedar)
+                        SchedConfig(scheduler, backfill_interval, backfill_depth), cedar=cedar, agent_tier=agent_tier,
+                        corral_off=frozenset(x.strip() for x in corral_without.split(",") if x.strip()))
     err = Console(stderr=True)
     show = sys.stderr.isatty() and not as_json
     result = _with_progress(err, show, sc, names, shares)

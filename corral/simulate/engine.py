@@ -3,10 +3,12 @@ EASY backfill, and the agents' loops and the controller riding on it.
 
 At one instant every event is applied first (ends free resources, arrivals join the
 queue), then each partition touched is scheduled once: AccaSim's order, which is why
-FCFS start times agree with it to the second. The queue is sorted by (tier, nice,
-submit time, arrival order): a tier is a QOS, the nice corral gives agents' jobs
-sorts them after people's within one (Slurm adds nice to a priority; here it is
-lexicographic, which is the strongest form of it).
+FCFS start times agree with it to the second. The queue is sorted by (tier, submit
+time + nice x ``nice_age_s``, arrival order): a tier is a QOS, ordered strictly as
+Slurm's QOS priority tiers are; nice is Slurm's, priority points that age makes up
+(with PriorityWeightAge 1000 and PriorityMaxAge 7 days one point is 604.8 s of
+waiting), so corral's nice 100 puts an agent's job behind people's submitted up to
+16.8 hours later, not behind every one of them.
 
 EASY: when the head cannot start, it gets a reservation at the earliest time enough
 running jobs will have ended (by their limits); a later job may start now if it fits
@@ -42,6 +44,9 @@ class SchedConfig:
     algorithm: str = "easy"
     backfill_interval_s: float = 30.0
     backfill_depth: int = 500
+    nice_age_s: float = 604.8
+    """Seconds of queue age one point of nice is worth (PriorityMaxAge 7-0 over
+    PriorityWeightAge 1000)."""
 
 
 class Partition:
@@ -162,7 +167,7 @@ class Engine:
                 self.on_end(job)
             return
         if not job.key:
-            job.key = (0, 0, job.submit, job.id)
+            job.key = (0, job.submit, job.id)
         insort(p.queue, (job.key, job))
         self.held += 1
         if self.held > self.held_max:

@@ -32,6 +32,9 @@ from .stats import Quantiles, bounded_slowdown
 from .workload import HOUR, AgentModel, Agents, Session, SimJob, agents_for
 
 POLICIES = ("plain", "corral", "ban")
+PARTS = frozenset({"view", "fast", "cache", "policy", "nice"})
+"""corral's parts, each of which a scenario may turn off (``corral_off``) to see what it buys:
+the shared view, the fast lane, the result cache, the Cedar policy, the agents' nice/tier."""
 CACHE_ANSWER_S = 0.05
 SHORT_S = 60.0
 
@@ -56,6 +59,10 @@ class Scenario:
     week_offset_h: int = 0
     cedar: Path | None = None
     settings: Settings = field(default_factory=Settings)
+    corral_off: frozenset[str] = frozenset()
+    agent_tier: int = 0
+    """The QOS tier of agents' batch jobs through corral (``slurm.agent_qos``): 0 shares
+    people's; 1 sorts after every person's job, whatever its age."""
 
 
 class Run:
@@ -75,8 +82,10 @@ class Run:
         self.agents = Agents(sc.agents, sc.facility, n_agents, sc.person_jobs_per_day, sc.person_core_s_per_day, sc.seed,
                              first_user=1_000_000, week_offset_h=sc.week_offset_h)
         fl: FastLaneSettings = sc.settings.fastlane
+        self.parts = (PARTS - sc.corral_off) if self.corral else frozenset()
+        """What of corral this run has (all of it, less what the scenario turns off)."""
         self.lanes = FastLanes(self.engine, fl, sc.facility.default, self._submit_batch, lambda t: None,
-                               self._task_done) if self.corral else None
+                               self._task_done) if "fast" in self.parts else None
         self.nice = sc.settings.slurm.agent_nice
         self.tick_s = sc.settings.tick_s
         self._decisions: dict[tuple[Any, ...], bool] = {}
@@ -119,22 +128,22 @@ class Run:
         self.count["agent_jobs"] += 1
         if cancel:
             self.count["cancelled"] += 1
-        if self.corral:
-            if not self._allowed(job, now) and not self._shrink(job, now):
-                self.count["refused"] += 1
-                eng.call(now, lambda: self._noticed(s, job, counted=False))
-                return
-            if repeat:
-                self.count["cache_hits"] += 1
-                eng.call(now + CACHE_ANSWER_S, lambda: self._noticed(s, job))
-                return
-            assert self.lanes is not None
-            if self.lanes.fits(job):
-                self.count["fast_tasks"] += 1
-                self.lanes.run(job)
-                return
-            job.key = (0, self.nice, now, job.id)
-        else:
+        on = self.parts
+        if "policy" in on and not self._allowed(job, now) and not self._shrink(job, now):
+            self.count["refused"] += 1
+            eng.call(now, lambda: self._noticed(s, job, counted=False))
+            return
+        if "cache" in on and repeat:
+            self.count["cache_hits"] += 1
+            eng.call(now + CACHE_ANSWER_S, lambda: self._noticed(s, job))
+            return
+        if self.lanes is not None and self.lanes.fits(job):
+            self.count["fast_tasks"] += 1
+            self.lanes.run(job)
+            return
+        if "nice" in on:
+            job.key = (self.sc.agent_tier, self.nice * self.sc.sched.nice_age_s, job.id)
+        if "view" not in on:
             self.plane.polling("agents", 1, now, self.sc.agents.poll_s, kind="query_one")
         self.count["batch_agent_jobs"] += 1
         if cancel:
@@ -148,8 +157,8 @@ class Run:
             self.count["pilots"] += 1
         arrive = self.engine.now + self.plane.wait_s + self.sc.times.submit_s
         job.submit = arrive
-        if job.key:
-            job.key = (job.key[0], job.key[1], arrive, job.id)
+        if job.key:  # (tier, the nice's age penalty) -> (tier, when it counts as submitted)
+            job.key = (job.key[0], arrive + job.key[1], job.id)
         self.engine.at(arrive, ARRIVE, job)
 
     def _allowed(self, job: SimJob, now: float) -> bool:
@@ -204,7 +213,7 @@ class Run:
         s: Session = job.loop
         if job.start >= 0:
             self.agent_wait.add(job.start - job.submit)
-        if self.corral:  # the job reports its own end; the gateway pushes it within a tick
+        if "view" in self.parts:  # the job reports its own end; the gateway pushes it within a tick
             delay = s.rng.uniform(0, self.tick_s)
         else:
             self.plane.polling("agents", -1, now, self.sc.agents.poll_s, kind="query_one")
@@ -237,7 +246,7 @@ class Run:
     def go(self, progress: Callable[[float], None] | None = None) -> dict[str, Any]:
         for a in range(self.agents.count):
             self._next_session(a, 0.0)
-        if self.corral:
+        if "view" in self.parts:
             self.plane.polling("gateway", 1, 0.0, self.sc.settings.slurm.poll_s)
         t0 = time.perf_counter()
         self.engine.run(self._people(), progress=progress)

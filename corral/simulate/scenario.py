@@ -16,7 +16,7 @@ from ..errors import InvalidRequest
 from . import cluster
 from .controlplane import ServiceTimes
 from .engine import ALGORITHMS, SchedConfig
-from .policies import POLICIES, Run, Scenario
+from .policies import PARTS, POLICIES, Run, Scenario
 from .workload import AgentModel, PeopleModel, people_jobs, scan_swf, swf_jobs
 
 GENERATED_EPOCH = float(calendar.timegm((2026, 6, 1, 0, 0, 0)))  # a Monday
@@ -24,15 +24,23 @@ GENERATED_EPOCH = float(calendar.timegm((2026, 6, 1, 0, 0, 0)))  # a Monday
 
 def build(trace: Path | None, facility: str | None, days: float, seed: int, agents: AgentModel,
           people: PeopleModel, sched: SchedConfig, times: ServiceTimes | None = None,
-          cedar: Path | None = None, settings: Settings | None = None) -> Scenario:
+          cedar: Path | None = None, settings: Settings | None = None, agent_tier: int = 0,
+          corral_off: frozenset[str] = frozenset()) -> Scenario:
     if sched.algorithm not in ALGORITHMS:
         raise InvalidRequest(f"unknown scheduler {sched.algorithm!r}", hint=f"use one of {', '.join(ALGORITHMS)}")
     if days <= 0:
         raise InvalidRequest(f"--days must be above 0, got {days}")
     agents.check()
     people.check()
+    if agent_tier not in (0, 1):
+        raise InvalidRequest(f"--agent-tier must be 0 (people's QOS) or 1 (a lower one), got {agent_tier}")
+    unknown = corral_off - PARTS
+    if unknown:
+        raise InvalidRequest(f"unknown part of corral {', '.join(sorted(unknown))}",
+                             hint=f"--corral-without takes some of {', '.join(sorted(PARTS))}")
     common: dict[str, Any] = dict(sched=sched, agents=agents, times=times or ServiceTimes.load(), seed=seed,
-                                  cedar=cedar, settings=settings or Settings())
+                                  cedar=cedar, settings=settings or Settings(), agent_tier=agent_tier,
+                                  corral_off=corral_off)
     if trace is not None:
         head = scan_swf(trace)
         fac = cluster.load(facility) if facility else cluster.one_pool(head.max_procs, trace.stem)
@@ -96,4 +104,5 @@ def describe(sc: Scenario) -> dict[str, Any]:
             "scheduler": {"algorithm": sc.sched.algorithm, "backfill_interval_s": sc.sched.backfill_interval_s,
                           "backfill_depth": sc.sched.backfill_depth},
             "agents": {k: getattr(sc.agents, k) for k in sc.agents.__dataclass_fields__},
-            "controller": sc.times.to_dict(), "people_poll_s": sc.people_poll_s}
+            "controller": sc.times.to_dict(), "people_poll_s": sc.people_poll_s, "agent_tier": sc.agent_tier,
+            "corral_without": sorted(sc.corral_off)}
