@@ -206,3 +206,25 @@ def test_corral_without_its_parts_is_the_plain_arm_and_each_part_counts() -> Non
     assert no_view["controller"]["rpcs"]["query_one"] > 0 == whole["controller"]["rpcs"]["query_one"]
     assert run("corral", frozenset({"fast"}))["counts"]["fast_tasks"] == 0 < whole["counts"]["fast_tasks"]
     assert run("corral", frozenset({"cache"}))["counts"]["cache_hits"] == 0 < whole["counts"]["cache_hits"]
+
+
+def test_the_facilitys_cedar_policy_decides_on_the_simulated_clock(tmp_path: Path) -> None:
+    """A rule that keeps agents' jobs to nights and weekends refuses what agents submit
+    in office hours of simulated time, and lets the rest run."""
+    from corral.safety.policy import DEFAULT_POLICY
+    from corral.simulate.policies import Run
+
+    nights = tmp_path / "nights.cedar"
+    nights.write_text(DEFAULT_POLICY.read_text() + '''
+@id("agents-at-night")
+forbid (principal is Corral::Agent, action == Corral::Action::"submit", resource)
+when { !context.off_hours };
+''')
+    counts = {}
+    for name, cedar in (("default", None), ("nights", nights)):
+        sc = scenario.build(None, "small", 3, 5, AgentModel(share=0.4), PeopleModel(people=60),
+                            SchedConfig("easy", 30, 200), cedar=cedar)
+        counts[name] = Run(sc, "corral").go()["counts"]
+    n = counts["nights"]
+    assert n["refused"] > 0 and n["fast_tasks"] + n["batch_agent_jobs"] > 0
+    assert counts["default"]["refused"] < n["refused"]

@@ -95,8 +95,8 @@ class Engine:
         self.on_start: Callable[[SimJob], None] | None = None
         self.on_end: Callable[[SimJob], None] | None = None
         self.held = 0
-        self.held_max = 0
         """Jobs the controller holds (pending and running batch jobs): a query's cost."""
+        self.held_max = 0
         self.rejected = 0
         self.started = 0
         self.live = 0

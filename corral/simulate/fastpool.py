@@ -43,8 +43,8 @@ class Allocation:
 class Pool:
     """One owner's allocations and waiting tasks."""
 
-    def __init__(self, lanes: "FastLanes", owner: int) -> None:
-        self.lanes, self.owner = lanes, owner
+    def __init__(self, lanes: "FastLanes") -> None:
+        self.lanes = lanes
         self.waiting: deque[SimJob] = deque()
         self.allocs: list[Allocation] = []
         self.queued = 0
@@ -71,7 +71,6 @@ class Pool:
             task.state = RUNNING
             task.pilot = a
             eng.call(now + TASK_OVERHEAD_S + task.run, partial(self._done, task))
-            self.lanes.started(task)
 
     def _done(self, task: SimJob) -> None:
         a: Allocation = task.pilot
@@ -124,14 +123,13 @@ class FastLanes:
     """All pools of one simulated gateway, on the facility's default partition."""
 
     def __init__(self, engine: Engine, settings: FastLaneSettings, part: PartitionSpec,
-                 submit_pilot: Callable[[SimJob], None], started: Callable[[SimJob], None],
-                 ended: Callable[[SimJob], None]) -> None:
+                 submit_pilot: Callable[[SimJob], None], ended: Callable[[SimJob], None]) -> None:
         self.engine, self.settings = engine, settings
         self.shape = shape_for(settings, part)
         self.cfg = PoolConfig(max_allocations=settings.max_allocations, max_queued=settings.max_queued,
                               idle_s=settings.idle_s)
         self.pools: dict[int, Pool] = {}
-        self.submit_pilot, self.started, self.ended = submit_pilot, started, ended
+        self.submit_pilot, self.ended = submit_pilot, ended
         self.pilots = 0
         self._pilot_ids = -1
 
@@ -142,7 +140,7 @@ class FastLanes:
         task.task = True
         pool = self.pools.get(task.user)
         if pool is None:
-            pool = self.pools[task.user] = Pool(self, task.user)
+            pool = self.pools[task.user] = Pool(self)
         pool.enqueue(task)
 
     def ask(self, pool: Pool) -> None:

@@ -18,10 +18,11 @@ polls its job with ``squeue -j`` (one job packed); the gateway's poll is a full 
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ..config import FastLaneSettings, Settings
 from .cluster import Facility
@@ -30,6 +31,9 @@ from .engine import ARRIVE, DONE, Engine, SchedConfig
 from .fastpool import FastLanes
 from .stats import Quantiles, bounded_slowdown
 from .workload import HOUR, AgentModel, Agents, Session, SimJob, agents_for
+
+if TYPE_CHECKING:
+    from ..safety.policy import Policy
 
 POLICIES = ("plain", "corral", "ban")
 PARTS = frozenset({"view", "fast", "cache", "policy", "nice"})
@@ -84,12 +88,13 @@ class Run:
         fl: FastLaneSettings = sc.settings.fastlane
         self.parts = (PARTS - sc.corral_off) if self.corral else frozenset()
         """What of corral this run has (all of it, less what the scenario turns off)."""
-        self.lanes = FastLanes(self.engine, fl, sc.facility.default, self._submit_batch, lambda t: None,
+        self.lanes = FastLanes(self.engine, fl, sc.facility.default, self._submit_batch,
                                self._task_done) if "fast" in self.parts else None
         self.nice = sc.settings.slurm.agent_nice
         self.tick_s = sc.settings.tick_s
         self._decisions: dict[tuple[Any, ...], bool] = {}
-        self._policy: Any = None
+        self._policy: "Policy | None" = None
+        self._timed = True
         self.ids = 10_000_000_000
         # what is reported
         self.people_wait, self.people_bsld = Quantiles(), Quantiles()
@@ -124,7 +129,6 @@ class Run:
         self.ids += 1
         job, repeat, cancel = self.agents.job(s, self.ids, now)
         job.loop = s
-        s.job = job
         self.count["agent_jobs"] += 1
         if cancel:
             self.count["cancelled"] += 1
@@ -162,15 +166,25 @@ class Run:
         self.engine.at(arrive, ARRIVE, job)
 
     def _allowed(self, job: SimJob, now: float) -> bool:
+        """The facility's Cedar policy on this submission at the simulated time; the
+        answers are kept by (size, hour, weekday), or by size alone when no rule of the
+        policy reads the clock."""
+        from ..safety.policy import Policy, Request
+
+        if self._policy is None:
+            self._policy = Policy.load(self.sc.cedar)
+            # whole-line comments only: a "//" inside a string must not hide a rule (erring
+            # towards "timed" costs speed, never a wrong decision)
+            code = "\n".join(x for x in self._policy.text.splitlines() if not x.lstrip().startswith("//"))
+            self._timed = bool(re.search(r"context\.(hour|weekday|off_hours)", code))
         at = self.sc.epoch + now
-        lt = time.gmtime(at)
-        key = (job.cores, job.gpus, int(job.limit), lt.tm_hour, lt.tm_wday)
+        if self._timed:
+            lt = time.gmtime(at)
+            key: tuple[Any, ...] = (job.cores, job.gpus, int(job.limit), lt.tm_hour, lt.tm_wday)
+        else:
+            key = (job.cores, job.gpus, int(job.limit))
         ok = self._decisions.get(key)
         if ok is None:
-            from ..safety.policy import Policy, Request
-
-            if self._policy is None:
-                self._policy = Policy.load(self.sc.cedar)
             req = Request(kind="agent", name="simulated-agent", action="submit", sponsor="someone",
                           resource={"cpus": job.cores, "gpus": job.gpus, "walltime_s": int(job.limit),
                                     "contained": True}, at=at)

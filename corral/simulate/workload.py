@@ -156,7 +156,7 @@ def people_jobs(m: PeopleModel, facility: Facility, days: float, seed: int, star
     rng = random.Random(seed)
     batch = facility.default
     gpu = facility.gpu
-    w = _week_weights(False)
+    w = [float(x) for x in _week_weights(False)]  # numpy scalars would make every time a numpy float
     mean_w = sum(w) / len(w)
     mean_nodes = sum(m.node_choices) / len(m.node_choices)
     # mean core-seconds of one job, then the rate that offers ``load`` of the facility
@@ -229,6 +229,12 @@ class AgentModel:
 
 
 MODEL_FIELDS = {f.name for f in fields(AgentModel)}
+LIMITS_S = (3600, 2 * 3600, 4 * 3600, 8 * 3600, 12 * 3600, 24 * 3600, 48 * 3600)
+"""The walltimes an agent asks for (round ones, as people do): the smallest above twice its run."""
+
+
+def _ladder(want: float) -> float:
+    return float(next((x for x in LIMITS_S if x >= want), LIMITS_S[-1]))
 
 
 def agents_for(people: int, share: float) -> int:
@@ -239,11 +245,10 @@ def agents_for(people: int, share: float) -> int:
 class Session:
     """One agent session: ``left`` more jobs, one in flight at a time."""
 
-    __slots__ = ("agent", "left", "job", "rng")
+    __slots__ = ("agent", "left", "rng")
 
     def __init__(self, agent: int, left: int, rng: random.Random) -> None:
         self.agent, self.left, self.rng = agent, left, rng
-        self.job: SimJob | None = None
 
 
 class Agents:
@@ -255,7 +260,7 @@ class Agents:
         self.m, self.count, self.first_user = m, count, first_user
         self.offset = week_offset_h
         self.rng = random.Random(seed * 7919 + 17)
-        self.weights = _week_weights(True, m.off_hours)
+        self.weights = [float(x) for x in _week_weights(True, m.off_hours)]
         self.top = max(self.weights)
         per_day = m.jobs_ratio * person_jobs_per_day
         mean_w = sum(self.weights) / len(self.weights)
@@ -302,7 +307,7 @@ class Agents:
             run, limit = float(rng.randint(1, 59)), 300.0
         else:
             run = self._long_run(rng)
-            limit = min(max(HOUR, run * 2), self.batch.max_walltime_h * HOUR)
+            limit = min(_ladder(run * 2), self.batch.max_walltime_h * HOUR)
             if self.gpu is not None and rng.random() < m.gpu_jobs:
                 gpus, part, limit = 1, self.gpu_part, min(limit, self.gpu.max_walltime_h * HOUR)
             else:
