@@ -228,3 +228,12 @@ when { !context.off_hours };
     n = counts["nights"]
     assert n["refused"] > 0 and n["fast_tasks"] + n["batch_agent_jobs"] > 0
     assert counts["default"]["refused"] < n["refused"]
+
+
+def test_a_job_beyond_its_partition_is_rejected_not_queued_forever() -> None:
+    fac = one_pool(8)
+    jobs = [SimJob(1, 0.0, 10.0, 10.0, 16), SimJob(2, 0.0, 10.0, fac.default.max_walltime_h * 3600 + 1, 2),
+            SimJob(3, 0.0, 10.0, 20.0, 8)]
+    e = Engine(fac, SchedConfig("easy", 0), record_starts=True)
+    e.run(iter(jobs))
+    assert e.rejected == 2 and e.starts == {3: 0.0}

@@ -158,9 +158,10 @@ class Engine:
 
     # -- jobs -----------------------------------------------------------------------
     def submit(self, job: SimJob) -> None:
-        """A batch job reaches its partition's queue (the policy has already routed it)."""
+        """A batch job reaches its partition's queue (the policy has already routed it);
+        one larger or longer than the partition allows is rejected, as Slurm does."""
         p = self.parts[job.part]
-        if job.cores > p.cores or job.gpus > p.gpus or job.mem > p.mem:
+        if job.cores > p.cores or job.gpus > p.gpus or job.mem > p.mem or job.limit > p.max_limit:
             self.rejected += 1
             job.state = DONE
             if self.on_end is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 import json
 import math
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -19,8 +19,8 @@ ROWS = [
     ("people's wait p50", lambda f: _dur(f["people_wait_s"]["p50"])),
     ("people's wait p90", lambda f: _dur(f["people_wait_s"]["p90"])),
     ("people's bounded slowdown p50", lambda f: f"{f['people_bounded_slowdown']['p50']:.2f}"),
-    ("agents' loop, short jobs p50", lambda f: _dur(f["agent_loop_short_s"]["p50"])),
-    ("agents' loop, short jobs p90", lambda f: _dur(f["agent_loop_short_s"]["p90"])),
+    ("agents' loop, short jobs p50", lambda f: _dur(f["agent_loop_short_s"]["p50"]) if f["agent_loop_short_s"]["n"] else "-"),
+    ("agents' loop, short jobs p90", lambda f: _dur(f["agent_loop_short_s"]["p90"]) if f["agent_loop_short_s"]["n"] else "-"),
     ("utilisation", lambda f: f"{f['utilisation']:.1%}"),
     ("controller RPCs/s", lambda f: f"{f['controller']['rpc_per_s']:.2f}"),
     ("controller busy", lambda f: f"{f['controller']['utilisation']:.1%}"),
@@ -74,7 +74,7 @@ def to_json(r: dict[str, Any]) -> str:
 
 
 def _lines(series: dict[str, list[tuple[float, float]]], label: str, xlabel: str, logx: bool = False,
-           yfmt: str = "{:g}") -> str:
+           yfmt: Callable[[float], str] = lambda v: f"{v:.3g}") -> str:
     pts = [p for s in series.values() for p in s]
     if not pts:
         return '<p class="note">no data</p>'
@@ -94,7 +94,7 @@ def _lines(series: dict[str, list[tuple[float, float]]], label: str, xlabel: str
     for k in range(5):
         v = top * k / 4
         out.append(f'<line x1="{LEFT}" x2="{LEFT + W}" y1="{py(v):.1f}" y2="{py(v):.1f}" stroke="#eee"/>'
-                   f'<text x="{LEFT - 6}" y="{py(v) + 4:.1f}" class="small" text-anchor="end">{yfmt.format(v)}</text>')
+                   f'<text x="{LEFT - 6}" y="{py(v) + 4:.1f}" class="small" text-anchor="end">{yfmt(v)}</text>')
     for k in range(6):
         xv = x0 + (x1 - x0) * k / 5
         shown = 10 ** xv if logx else xv
@@ -123,19 +123,20 @@ def html_page(r: dict[str, Any]) -> str:
                    + "</tr>" for label, get in ROWS)
     plots = [
         _lines({n: f["people_wait_cdf"] for n, f in pols.items()}, "people's wait: share of jobs waiting at most",
-               "wait (log scale)", logx=True, yfmt="{:.0%}"),
+               "wait (log scale)", logx=True, yfmt=lambda v: f"{v:.0%}"),
         _lines({n: _days(f["controller_series"], 1) for n, f in pols.items()}, "controller RPCs per second (hourly mean)",
                "day"),
-        _lines({n: _days(f["controller_series"], 3) for n, f in pols.items()}, "command latency, seconds (hourly mean)",
-               "day"),
+        _lines({n: _days(f["controller_series"], 3) for n, f in pols.items()}, "command latency (hourly mean)",
+               "day", yfmt=_dur),
     ]
     if r.get("sweep"):
-        for key, label in (("people_wait_p50_s", "people's wait p50 (s)"), ("rpc_per_s", "controller RPCs per second"),
-                           ("agent_loop_short_p50_s", "agents' loop on short jobs p50 (s)")):
+        for key, label, fmt in (("people_wait_p50_s", "people's wait p50", _dur),
+                                ("rpc_per_s", "controller RPCs per second", lambda v: f"{v:.3g}"),
+                                ("agent_loop_short_p50_s", "agents' loop on short jobs p50", _dur)):
             by: dict[str, list[tuple[float, float]]] = {}
             for row in r["sweep"]:
                 by.setdefault(row["policy"], []).append((row["share"] * 100, row[key]))
-            plots.append(_lines(by, f"{label} against agents' share of users", "agents' share of users (%)"))
+            plots.append(_lines(by, f"{label} against agents' share of users", "agents' share of users (%)", yfmt=fmt))
     sc = r["scenario"]
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>corral simulate: {html.escape(sc['facility']['name'])}</title>
 <style>body{{font:14px system-ui,sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
