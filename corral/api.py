@@ -397,9 +397,10 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         principal: str | None = None,
         limit: int = Query(50, ge=1, le=1000),
         offset: int = Query(0, ge=0, le=MAX_INT),
+        full: bool = Query(False, description="Each job whole (its spec, backend and backend id), as GET /v1/jobs/{id}."),
     ) -> Response:
         jobs = service.list_jobs(c, state, session, principal, limit, offset)
-        return ok({"jobs": [j.summary() for j in jobs], "limit": limit, "offset": offset,
+        return ok({"jobs": [j.to_dict() if full else j.summary() for j in jobs], "limit": limit, "offset": offset,
                    "next_offset": offset + len(jobs) if len(jobs) == limit else None})
 
     @app.post("/v1/jobs/batch", status_code=201, tags=["jobs"], responses={201: {"model": BatchOut}, 200: {"model": BatchOut, "description": "an idempotent replay, or a cache hit: nothing new was made"}})

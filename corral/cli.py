@@ -115,7 +115,7 @@ LAZY = {
     "audit": "corral.safety.audit_commands:audit", "token": "corral.safety.token_commands:token",
     "policy": "corral.safety.policy_commands:policy", "sandbox": "corral.sandbox_commands:sandbox",
     "control": "corral.job_commands:control", "usage": "corral.job_commands:usage",
-    "simulate": "corral.simulate.commands:simulate",
+    "simulate": "corral.simulate.commands:simulate", "agent": "corral.agent_run:agent",
 }
 """Commands imported when called, not at start (they pull in polars, Cedar, tree-sitter)."""
 

@@ -501,7 +501,7 @@ class SlurmBackend:
             gpus = max((nodes[n][2] for n in members), default=0)
             max_t = parse_slurm_time(kv.get("MaxTime", "")) or 365 * 86400
             parts.append(Partition(kv["PartitionName"], cpus, mem, gpus, max_t, default=kv.get("Default") == "YES",
-                                   extra={"state": kv.get("State")}))
+                                   extra={"state": kv.get("State"), "nodes": sorted(members)}))
         return parts
 
     def facts(self) -> dict[str, Any]:

@@ -1,0 +1,46 @@
+"""Drop-in Slurm commands that talk to corral: sbatch, squeue, sacct, scancel, sinfo,
+scontrol show job and srun (batch-style). ``corral agent run`` puts a directory of
+them first on an agent's PATH; each is this one entry point under the command's name
+(``main`` reads argv[0]), so an agent's habits (``sbatch job.sh``, then
+``while squeue -h -j $ID | grep -q .; do sleep 2; done``) are served by the gateway's
+shared view and never reach slurmctld.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+COMMANDS = ("sbatch", "squeue", "sacct", "scancel", "sinfo", "scontrol", "srun")
+
+
+def dispatch(name: str, argv: list[str]) -> int:
+    from .base import run
+
+    if name == "sbatch":
+        from .sbatch import main as fn
+    elif name == "srun":
+        from .sbatch import srun as fn
+    elif name == "squeue":
+        from .queue import squeue as fn
+    elif name == "scontrol":
+        from .queue import scontrol as fn
+    elif name == "sacct":
+        from .acct import sacct as fn
+    elif name == "scancel":
+        from .misc import scancel as fn
+    elif name == "sinfo":
+        from .misc import sinfo as fn
+    else:
+        print(f"corral shims: {name} is not one of {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    return run(name, fn, argv)
+
+
+def main() -> None:
+    name = os.path.basename(sys.argv[0])
+    if name in ("corral-slurm", "__main__.py") and len(sys.argv) > 1:
+        name, argv = sys.argv[1], sys.argv[2:]
+    else:
+        argv = sys.argv[1:]
+    sys.exit(dispatch(name, argv))

@@ -1,0 +1,5 @@
+"""``python -m corral.shims COMMAND ARGS...``: a shim without its symlink."""
+
+from . import main
+
+main()

@@ -1,0 +1,137 @@
+"""``sacct`` from corral's records: the caller's jobs, with the batch step Slurm lists
+under each job that started (unless ``-X``), in Slurm's columns: the default seven,
+``-o/--format`` (``Name%N`` widths), ``-P``/``-p``, ``-n``, ``-b``, ``--json``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .base import Parser, ShimError, client, exit_code, hms, stamp, unsupported, user
+from .queue import View, _states, views
+
+DEFAULT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
+BRIEF = "JobID,State,ExitCode"
+WIDTH = {"jobid": 12, "jobidraw": 12, "jobname": 10, "partition": 10, "account": 10, "alloccpus": 10,
+         "state": 10, "exitcode": 8, "elapsed": 10, "elapsedraw": 10, "start": 19, "end": 19, "submit": 19,
+         "nodelist": 15, "reqmem": 10, "timelimit": 10, "ncpus": 10, "user": 9, "workdir": 20, "reason": 20,
+         "alloctres": 10, "reqcpus": 8, "nnodes": 8, "cputime": 10, "derivedexitcode": 10}
+NAMES = {"jobid": "JobID", "jobidraw": "JobIDRaw", "jobname": "JobName", "partition": "Partition",
+         "account": "Account", "alloccpus": "AllocCPUS", "state": "State", "exitcode": "ExitCode",
+         "elapsed": "Elapsed", "elapsedraw": "ElapsedRaw", "start": "Start", "end": "End", "submit": "Submit",
+         "nodelist": "NodeList", "reqmem": "ReqMem", "timelimit": "Timelimit", "ncpus": "NCPUS", "user": "User",
+         "workdir": "WorkDir", "reason": "Reason", "alloctres": "AllocTRES", "reqcpus": "ReqCPUS",
+         "nnodes": "NNodes", "cputime": "CPUTime", "derivedexitcode": "DerivedExitCode"}
+LEFT = {"jobid", "jobidraw", "workdir", "nodelist"}
+
+
+def _value(v: View, key: str, step: bool, account: str) -> str:
+    j, s = v.j, v.spec
+    el = _el(v)
+    cpus = str(s.get("cpus", 1))
+    state = j["state"]
+    if state == "CANCELLED" and not step:
+        state = "CANCELLED by " + str(__import__("os").getuid())
+    vals = {
+        "jobid": v.jobid + (".batch" if step else ""), "jobidraw": str(j["id"]) + (".batch" if step else ""),
+        "jobname": "batch" if step else (j.get("name") or "wrap"), "partition": "" if step else v.partition,
+        "account": account, "alloccpus": cpus, "ncpus": cpus, "reqcpus": cpus, "state": state,
+        "exitcode": ("0:15" if j["state"] == "CANCELLED" else exit_code(j)) if step else exit_code(j),
+        "derivedexitcode": "0:0", "elapsed": hms(el), "elapsedraw": str(int(el)),
+        "start": stamp(j.get("start_time")), "end": stamp(j.get("end_time")), "submit": stamp(j.get("submit_time")),
+        "nodelist": v.nodes if j.get("start_time") else "None assigned",
+        "reqmem": f"{s.get('memory_mb', 1024)}M", "timelimit": "" if step else hms(s.get("walltime_s", 3600)),
+        "user": "" if step else user(), "workdir": s.get("workdir") or "", "reason": "None",
+        "alloctres": f"cpu={cpus},mem={s.get('memory_mb', 1024)}M,node=1", "nnodes": "1",
+        "cputime": hms(el * int(cpus)),
+    }
+    return vals[key]
+
+
+def _el(v: View) -> float:
+    j = v.j
+    if not j.get("start_time"):
+        return 0.0
+    return max(0.0, (j.get("end_time") or v.now) - j["start_time"])
+
+
+def _fields(text: str) -> list[tuple[str, int]]:
+    out = []
+    for raw in text.split(","):
+        name, _, width = raw.strip().partition("%")
+        key = name.lower()
+        if key not in NAMES:
+            if key in ("maxrss", "maxvmsize", "averss", "totalcpu", "usercpu", "systemcpu"):
+                unsupported("sacct", f"the field {name}", "corral usage ID reports what a job used")
+            raise ShimError(f"Invalid field requested: \"{name}\"", bare=False)
+        out.append((key, int(width) if width.isdigit() else WIDTH.get(key, 10)))
+    return out
+
+
+def sacct(argv: list[str]) -> int:
+    p = Parser(prog="sacct", allow_abbrev=True)
+    a = p.add_argument
+    a("-j", "--jobs")
+    a("-X", "--allocations", action="store_true")
+    a("-P", "--parsable2", action="store_true")
+    a("-p", "--parsable", action="store_true")
+    a("-n", "--noheader", action="store_true")
+    a("-o", "--format")
+    a("-b", "--brief", action="store_true")
+    a("-u", "--user")
+    a("--me", action="store_true")
+    a("-a", "--allusers", action="store_true")
+    a("-s", "--state")
+    a("--name")
+    a("-S", "--starttime")
+    a("-E", "--endtime")
+    a("--json", action="store_true")
+    a("-l", "--long", action="store_true")
+    a("-D", "--duplicates", action="store_true")
+    ns = p.parse_args(argv)
+    if ns.long:
+        unsupported("sacct", "--long", "name the fields with --format")
+    if ns.user and set(ns.user.split(",")) - {user()} or ns.allusers:
+        unsupported("sacct", "--user/--allusers", "corral shows you your own jobs (and your agents')")
+    ids = ns.jobs.split(",") if ns.jobs else None
+    vs = views(ids, _states(ns.state) if ns.state else None, None, set(ns.name.split(",")) if ns.name else None, False)
+    vs.sort(key=lambda v: v.j["id"])
+    account = (client().whoami().get("account") or user()) if vs else user()
+    if ns.json:
+        print(json.dumps({"jobs": [_json(v, account) for v in vs]}, indent=2))
+        return 0
+    fields = _fields(ns.format or (BRIEF if ns.brief else DEFAULT))
+    sep = "|" if ns.parsable or ns.parsable2 else " "
+    trail = "|" if ns.parsable else ""
+    lines = []
+    if not ns.noheader:
+        lines.append(_row([(NAMES[k], w, k) for k, w in fields], sep, trail, ns))
+        if not (ns.parsable or ns.parsable2):
+            lines.append(" ".join("-" * w for _, w in fields) + " ")
+    for v in vs:
+        steps = [False] + ([True] if v.j.get("start_time") and not ns.allocations and not ns.brief else [])
+        for step in steps:
+            lines.append(_row([(_value(v, k, step, account), w, k) for k, w in fields], sep, trail, ns))
+    print("\n".join(lines))
+    return 0
+
+
+def _row(cells: list[tuple[str, int, str]], sep: str, trail: str, ns: Any) -> str:
+    if sep == "|":
+        return "|".join(c for c, _, _ in cells) + trail
+    out = []
+    for text, width, key in cells:
+        text = text if len(text) <= width else text[:width - 1] + "+"
+        out.append(text.ljust(width) if key in LEFT else text.rjust(width))
+    return " ".join(out) + " "
+
+
+def _json(v: View, account: str) -> dict[str, Any]:
+    j, s = v.j, v.spec
+    return {"job_id": j["id"], "name": j.get("name") or "wrap", "partition": v.partition, "account": account,
+            "user": user(), "state": {"current": j["state"]}, "exit_code": {"return_code": j.get("exit_code") or 0},
+            "time": {"submission": int(j.get("submit_time") or 0), "start": int(j.get("start_time") or 0),
+                     "end": int(j.get("end_time") or 0), "elapsed": int(_el(v)),
+                     "limit": int(s.get("walltime_s", 3600) // 60)},
+            "required": {"CPUs": s.get("cpus", 1), "memory": s.get("memory_mb", 1024)},
+            "working_directory": s.get("workdir") or ""}

@@ -1,0 +1,141 @@
+"""What every Slurm command shim shares: the gateway client from the agent's
+environment, Slurm's words for corral's states, Slurm's time formats, and errors
+worded as Slurm's own (``sbatch: error: ...``, exit 1), or, for what a shim cannot
+honour, an error that names the flag (exit 2 is argparse's; Slurm's is 1 and we keep it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pwd
+import sys
+import time
+from typing import Any, NoReturn
+
+from ..client import Client, GatewayUnreachable
+from ..errors import CorralError
+
+SHORT = {"PENDING": "PD", "RUNNING": "R", "COMPLETED": "CD", "FAILED": "F", "CANCELLED": "CA",
+         "TIMEOUT": "TO", "OUT_OF_MEMORY": "OOM", "UNKNOWN": "NF"}
+"""squeue's %t codes for corral's JobState values (which are Slurm's long names)."""
+ACTIVE = ("PENDING", "RUNNING")
+
+
+class ShimError(Exception):
+    """Printed as ``PROG: error: MESSAGE`` and exit 1, as Slurm's commands do."""
+
+    def __init__(self, message: str, code: int = 1, bare: bool = False) -> None:
+        super().__init__(message)
+        self.message, self.code, self.bare = message, code, bare
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that fails as Slurm's getopt does: ``PROG: unrecognized option '--x'``;
+    help is ``--help`` alone (``-h`` is squeue's and sinfo's --noheader)."""
+
+    def __init__(self, prog: str, allow_abbrev: bool = True) -> None:
+        super().__init__(prog=prog, add_help=False, allow_abbrev=allow_abbrev,
+                         description=f"corral's {prog}: Slurm's {prog} served by the corral gateway.")
+        self.add_argument("--help", action="help", help="show this help and exit")
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments: "):
+            flag = message.split(": ", 1)[1].split()[0]
+            raise ShimError(f"{self.prog}: unrecognized option '{flag}'\nTry \"{self.prog} --help\" for more "
+                            "information", bare=True)
+        raise ShimError(f"{self.prog}: {message}\nTry \"{self.prog} --help\" for more information", bare=True)
+
+
+def unsupported(prog: str, flag: str, why: str = "") -> NoReturn:
+    raise ShimError(f"corral's {prog} does not support {flag}{': ' + why if why else ''} "
+                    "(use corral's own command or MCP tool for it)")
+
+
+def client() -> Client:
+    url = os.environ.get("CORRAL_URL") or "http://127.0.0.1:8765"
+    token = os.environ.get("CORRAL_TOKEN")
+    if not token:
+        from ..client import default_token
+
+        token = default_token()
+    return Client(url, token, os.environ.get("CORRAL_SESSION"), timeout=60)
+
+
+def user() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def elapsed(job: dict[str, Any], now: float | None = None) -> float:
+    start = job.get("start_time")
+    if not start:
+        return 0.0
+    end = job.get("end_time") or (now if now is not None else time.time())
+    return max(0.0, end - start)
+
+
+def squeue_time(s: float) -> str:
+    """squeue's %M: M:SS, H:MM:SS, D-HH:MM:SS."""
+    s = int(s)
+    d, rem = divmod(s, 86400)
+    h, rem = divmod(rem, 3600)
+    m, sec = divmod(rem, 60)
+    if d:
+        return f"{d}-{h:02d}:{m:02d}:{sec:02d}"
+    if h:
+        return f"{h}:{m:02d}:{sec:02d}"
+    return f"{m}:{sec:02d}"
+
+
+def hms(s: float) -> str:
+    """sacct's and scontrol's time: HH:MM:SS, or D-HH:MM:SS."""
+    s = int(s)
+    d, rem = divmod(s, 86400)
+    h, rem = divmod(rem, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{d}-{h:02d}:{m:02d}:{sec:02d}" if d else f"{h:02d}:{m:02d}:{sec:02d}"
+
+
+def limit(s: float) -> str:
+    """A time limit as sinfo and squeue %l print it (1:00:00, 2-00:00:00, 5:00)."""
+    return squeue_time(s)
+
+
+def stamp(t: float | None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)) if t else "Unknown"
+
+
+def exit_code(job: dict[str, Any]) -> str:
+    """sacct's ExitCode: CODE:SIGNAL."""
+    code = job.get("exit_code")
+    if code is None:
+        return "0:0"
+    if code > 128 and job.get("state") in ("CANCELLED", "TIMEOUT", "OUT_OF_MEMORY"):
+        return f"0:{code - 128}"
+    return f"{code}:0"
+
+
+def run(prog: str, fn: Any, argv: list[str]) -> int:
+    """Run one shim; Slurm's wording on every failure, never a traceback."""
+    try:
+        return int(fn(argv) or 0)
+    except ShimError as e:
+        print(e.message if e.bare else f"{prog}: error: {e.message}", file=sys.stderr)
+        return e.code
+    except GatewayUnreachable as e:
+        print(f"{prog}: error: Unable to contact slurm controller (connect failure): {e.message}", file=sys.stderr)
+        return 1
+    except CorralError as e:
+        print(f"{prog}: error: {e.message}" + (f" ({e.hint})" if e.hint else ""), file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # a shim never shows an agent a traceback  # noqa: BLE001
+        print(f"{prog}: error: {type(e).__name__}: {e} (corral's {prog}; report it to your admins)",
+              file=sys.stderr)
+        return 1

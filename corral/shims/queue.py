@@ -1,0 +1,309 @@
+"""``squeue`` and ``scontrol show job`` from corral's shared view: one gateway request
+per call, never one to slurmctld, so ``while squeue -j $ID ...; sleep 2; done`` costs
+the controller nothing.
+
+Formats are Slurm's: the default and ``-l`` columns, ``-o`` with %-letters (``%.18i``:
+right-justified, 18 wide, cut to it), ``-O`` with field names (20 wide unless
+``:[.]N``), ``-h``, ``--json``. The jobs are the caller's as corral sees them
+(``squeue`` with no filter says so on stderr, since Slurm's would list everyone's);
+NODELIST shows the node names the facility reports for the job's partition.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from typing import Any, Callable
+
+from .base import ACTIVE, SHORT, Parser, ShimError, client, exit_code, hms, limit, squeue_time, stamp, unsupported, user
+
+DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
+LONG = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
+_SPEC = re.compile(r"%(\.)?(-)?(\d+)?([a-zA-Z%])")
+
+
+class View:
+    """One job as the shims print it."""
+
+    def __init__(self, job: dict[str, Any], partition: str, nodes: str, now: float) -> None:
+        self.j, self.partition, self.nodes, self.now = job, partition, nodes, now
+        spec = job.get("spec") or {}
+        self.spec = spec
+        labels = spec.get("labels") or {}
+        self.task = labels.get("array_task")
+        pos = int(labels.get("array_pos", 0) or 0)
+        self.array_id = job["id"] - pos if self.task is not None else job["id"]
+
+    @property
+    def jobid(self) -> str:
+        return f"{self.array_id}_{self.task}" if self.task is not None else str(self.j["id"])
+
+    @property
+    def state(self) -> str:
+        return self.j["state"]
+
+    def reason(self) -> str:
+        if self.state == "RUNNING":
+            return self.nodes
+        r = self.j.get("reason") or ""
+        if self.j.get("held") or r.startswith("held"):
+            return "(JobHeldUser)"
+        if r.startswith("waiting for job"):
+            return "(Dependency)"
+        word = r if re.fullmatch(r"[A-Z][A-Za-z_]+", r or "") else "None"  # Slurm's own words pass, corral's not
+        return f"({word})" if self.state == "PENDING" else "(None)"
+
+    def field(self, key: str) -> str:
+        j, s = self.j, self.spec
+        return {
+            "i": self.jobid, "A": str(self.array_id), "K": self.task or "N/A", "P": self.partition,
+            "j": j.get("name") or "wrap", "u": user(), "t": SHORT.get(self.state, "NF"), "T": self.state,
+            "M": squeue_time(_elapsed(j, self.now)), "D": "1", "R": self.reason(), "N": self.nodes if self.state
+            == "RUNNING" else "", "r": self.reason().strip("()") if self.state != "RUNNING" else "None",
+            "l": limit(s.get("walltime_s", 3600)), "L": limit(max(0, s.get("walltime_s", 3600) - _elapsed(j, self.now)))
+            if self.state == "RUNNING" else limit(s.get("walltime_s", 3600)),
+            "C": str(s.get("cpus", 1)), "m": f"{s.get('memory_mb', 1024)}M", "V": stamp(j.get("submit_time")),
+            "S": stamp(j.get("start_time")) if j.get("start_time") else "N/A", "e": stamp(j.get("end_time"))
+            if j.get("end_time") else "N/A", "Z": s.get("workdir") or "", "o": "(null)", "k": "(null)",
+            "a": "(null)", "q": "normal", "p": "0.99998474", "Q": "1", "b": f"gpu:{s['gpus']}" if s.get("gpus")
+            else "N/A", "%": "%",
+        }[key]
+
+
+HEADERS = {"i": "JOBID", "A": "ARRAY_JOB_ID", "K": "ARRAY_TASK_ID", "P": "PARTITION", "j": "NAME", "u": "USER",
+           "t": "ST", "T": "STATE", "M": "TIME", "D": "NODES", "R": "NODELIST(REASON)", "N": "NODELIST",
+           "r": "REASON", "l": "TIME_LIMIT", "L": "TIME_LEFT", "C": "CPUS", "m": "MIN_MEMORY", "V": "SUBMIT_TIME",
+           "S": "START_TIME", "e": "END_TIME", "Z": "WORK_DIR", "o": "COMMAND", "k": "COMMENT", "a": "ACCOUNT",
+           "q": "QOS", "p": "PRIORITY", "Q": "PRIORITY", "b": "TRES_PER_NODE", "%": "%"}
+LONG_FIELDS = {"jobid": "i", "arrayjobid": "A", "arraytaskid": "K", "partition": "P", "name": "j", "username": "u",
+               "statecompact": "t", "state": "T", "timeused": "M", "numnodes": "D", "reasonlist": "R",
+               "nodelist": "N", "reason": "r", "timelimit": "l", "timeleft": "L", "numcpus": "C",
+               "minmemory": "m", "submittime": "V", "starttime": "S", "endtime": "e", "workdir": "Z",
+               "command": "o", "comment": "k", "account": "a", "qos": "q", "priority": "p"}
+
+
+def _elapsed(j: dict[str, Any], now: float) -> float:
+    if not j.get("start_time"):
+        return 0.0
+    return max(0.0, (j.get("end_time") or now) - j["start_time"])
+
+
+def compile_format(fmt: str) -> list[tuple[str, Any]]:
+    """-o FORMAT as [(literal text, None) | (letter, (right, width))]."""
+    out: list[tuple[str, Any]] = []
+    pos = 0
+    for m in _SPEC.finditer(fmt):
+        if m.start() > pos:
+            out.append((fmt[pos:m.start()], None))
+        letter = m[4]
+        if letter not in HEADERS:
+            unsupported("squeue", f"the format field %{letter}")
+        out.append((letter, (bool(m[1]), int(m[3]) if m[3] else None)))
+        pos = m.end()
+    if pos < len(fmt):
+        out.append((fmt[pos:], None))
+    return out
+
+
+def compile_long(text: str) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for part in text.split(","):
+        name, _, width = part.partition(":")
+        letter = LONG_FIELDS.get(name.strip().lower())
+        if letter is None:
+            raise ShimError(f"Invalid job format specification: {name}")
+        right = width.startswith(".")
+        out.append((letter, (right, int(width.lstrip(".")) if width.strip(".") else 20, True)))
+    return out
+
+
+def render(fields: list[tuple[str, Any]], value: Callable[[str], str], header: bool) -> str:
+    cells = []
+    for key, how in fields:
+        if how is None:
+            cells.append(key)
+            continue
+        right, width = how[0], how[1]
+        text = HEADERS[key] if header else value(key)
+        if width is not None:
+            text = text[:width]
+            text = text.rjust(width) if right else text.ljust(width)
+        cells.append(text)
+        if len(how) == 3:  # -O fields are padded and follow each other with no separator
+            pass
+    return "".join(cells)
+
+
+def _states(text: str) -> set[str]:
+    names = {v: k for k, v in SHORT.items()}
+    out: set[str] = set()
+    for s in text.upper().split(","):
+        if s == "ALL":
+            return set(SHORT)
+        if s in SHORT:
+            out.add(s)
+        elif s in names:
+            out.add(names[s])
+        elif s in ("COMPLETING", "CG", "CONFIGURING", "CF", "SUSPENDED", "S", "PREEMPTED", "PR", "NODE_FAIL", "NF",
+                   "BOOT_FAIL", "BF", "DEADLINE", "DL", "REQUEUED", "RQ", "RESIZING", "RS", "REVOKED", "RV",
+                   "SIGNALING", "SI", "SPECIAL_EXIT", "SE", "STAGE_OUT", "SO", "STOPPED", "ST"):
+            continue  # corral's jobs are never in these: nothing matches, as in Slurm
+        else:
+            raise ShimError(f"Invalid job state specified: {s}\nValid job states include: PENDING, RUNNING, "
+                            "SUSPENDED, COMPLETED, CANCELLED, FAILED, TIMEOUT, NODE_FAIL, PREEMPTED, BOOT_FAIL, "
+                            "DEADLINE, OUT_OF_MEMORY, COMPLETING, CONFIGURING, RESIZING, RESV_DEL_HOLD, "
+                            "REQUEUED, REQUEUE_FED, REQUEUE_HOLD, REVOKED, SIGNALING, SPECIAL_EXIT, STAGE_OUT, STOPPED",
+                            bare=True)
+    return out
+
+
+def views(ids: list[str] | None, states: set[str] | None, partitions: set[str] | None,
+          names: set[str] | None, active_only: bool) -> list[View]:
+    """The caller's jobs as corral sees them, filtered as squeue/sacct/scontrol ask."""
+    c = client()
+    fac = c.facility()
+    parts = fac.get("partitions") or []
+    default = next((p["name"] for p in parts if p.get("default")), parts[0]["name"] if parts else "batch")
+    nodes = {p["name"]: ",".join(p.get("nodes") or []) or "localhost" for p in parts}
+    now = time.time()
+    if ids:
+        jobs = []
+        for raw in ids:
+            base = raw.split("_")[0].split(".")[0]
+            if not base.isdigit():
+                raise ShimError("Invalid job id specified", bare=True)
+        listing = c.jobs(full=True, limit=1000)["jobs"]
+        wanted = {raw.split(".")[0] for raw in ids}
+        for j in listing:
+            v0 = View(j, "", "", now)
+            if str(j["id"]) in wanted or v0.jobid in wanted or (v0.task is not None and str(v0.array_id) in wanted):
+                jobs.append(j)
+    else:
+        jobs = c.jobs(full=True, limit=1000)["jobs"]
+    out = []
+    for j in jobs:
+        part = (j.get("spec") or {}).get("partition") or default
+        v = View(j, part, nodes.get(part, "localhost"), now)
+        if active_only and v.state not in ACTIVE:
+            continue
+        if states is not None and v.state not in states:
+            continue
+        if partitions and part not in partitions:
+            continue
+        if names and (j.get("name") or "wrap") not in names:
+            continue
+        out.append(v)
+    out.sort(key=lambda v: (v.state != "PENDING", -v.j["id"]) if v.state == "PENDING" else (1, -v.j["id"]))
+    return out
+
+
+def squeue(argv: list[str]) -> int:
+    p = Parser(prog="squeue", allow_abbrev=True)
+    a = p.add_argument
+    a("-h", "--noheader", action="store_true")
+    a("-j", "--jobs")
+    a("-u", "--user")
+    a("--me", action="store_true")
+    a("-t", "--states")
+    a("-p", "--partition")
+    a("-n", "--name")
+    a("-o", "--format")
+    a("-O", "--Format")
+    a("-l", "--long", action="store_true")
+    a("-a", "--all", action="store_true")
+    a("-r", "--array", action="store_true")
+    a("-v", "--verbose", action="store_true")
+    a("--json", action="store_true")
+    a("-S", "--sort")
+    a("-i", "--iterate")
+    a("-A", "--account")
+    a("-q", "--qos")
+    a("-w", "--nodelist")
+    ns = p.parse_args(argv)
+    for flag, why in (("sort", "corral lists newest first"), ("iterate", "wait with corral wait or wait_for_events"),
+                      ("account", ""), ("qos", ""), ("nodelist", "")):
+        if getattr(ns, flag):
+            unsupported("squeue", f"--{flag}", why)
+    if ns.user and set(ns.user.split(",")) - {user()}:
+        unsupported("squeue", f"--user={ns.user}", "corral shows you your own jobs (and your agents')")
+    ids = ns.jobs.split(",") if ns.jobs else None
+    states = _states(ns.states) if ns.states else None
+    vs = views(ids, states, set(ns.partition.split(",")) if ns.partition else None,
+               set(ns.name.split(",")) if ns.name else None, active_only=states is None)
+    if ids and not vs and not states:
+        # squeue -j of a job that has left the queue: Slurm says the id is invalid once it is purged
+        known = {str(v.j["id"]) for v in views(ids, None, None, None, False)}
+        if not known:
+            raise ShimError("slurm_load_jobs error: Invalid job id specified", bare=True)
+    if not (ids or ns.user or ns.me or ns.states or ns.partition or ns.name) and sys.stderr.isatty():
+        print("squeue: corral shows your jobs only", file=sys.stderr)
+    if ns.json:
+        print(json.dumps({"jobs": [_json(v) for v in vs]}, indent=2))
+        return 0
+    fields = compile_long(ns.Format) if ns.Format else compile_format(ns.format or (LONG if ns.long else DEFAULT))
+    if ns.long and not ns.noheader:
+        print(time.strftime("%a %b %d %H:%M:%S %Y"))
+    if not ns.noheader:
+        print(render(fields, lambda k: "", True))
+    for v in vs:
+        print(render(fields, v.field, False))
+    return 0
+
+
+def _json(v: View) -> dict[str, Any]:
+    j, s = v.j, v.spec
+    return {"job_id": j["id"], "name": j.get("name") or "wrap", "job_state": v.state, "partition": v.partition,
+            "user_name": user(), "cpus": s.get("cpus", 1), "node_count": 1, "nodes": v.nodes if v.state == "RUNNING"
+            else "", "time_limit": int(s.get("walltime_s", 3600) // 60), "submit_time": int(j.get("submit_time") or 0),
+            "start_time": int(j.get("start_time") or 0), "end_time": int(j.get("end_time") or 0),
+            "state_reason": v.reason().strip("()") if v.state != "RUNNING" else "None",
+            "exit_code": j.get("exit_code") or 0, "current_working_directory": s.get("workdir") or ""}
+
+
+def scontrol(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "show" and argv[1] in ("job", "jobs", "jobid"):
+        rest = argv[2:]
+        one_line = False
+        if "-o" in rest or "--oneliner" in rest:
+            one_line = True
+            rest = [x for x in rest if x not in ("-o", "--oneliner")]
+        vs = views(rest[:1] if rest else None, None, None, None, False)
+        if rest and not vs:
+            raise ShimError("slurm_load_jobs error: Invalid job id specified", bare=True)
+        if not rest:
+            vs = [v for v in vs if v.state in ACTIVE]
+            if not vs:
+                print("No jobs in the system")
+                return 0
+        for v in vs:
+            print(_show(v, one_line))
+        return 0
+    what = " ".join(argv[:2]) or "(nothing)"
+    unsupported("scontrol", what, "corral's scontrol shows jobs only (scontrol show job ID); hold, release and "
+                "requeue are corral control ID hold|release|requeue")
+
+
+def _show(v: View, one_line: bool) -> str:
+    j, s = v.j, v.spec
+    pairs = [
+        [("JobId", v.jobid), ("JobName", j.get("name") or "wrap")],
+        [("UserId", f"{user()}"), ("Account", "(null)"), ("QOS", "normal")],
+        [("JobState", v.state), ("Reason", v.reason().strip("()") if v.state != "RUNNING" else "None"),
+         ("Dependency", "(null)")],
+        [("ExitCode", exit_code(j))],
+        [("RunTime", hms(_elapsed(j, v.now))), ("TimeLimit", hms(s.get("walltime_s", 3600)))],
+        [("SubmitTime", stamp(j.get("submit_time")))],
+        [("StartTime", stamp(j.get("start_time"))), ("EndTime", stamp(j.get("end_time")))],
+        [("Partition", v.partition)],
+        [("NodeList", v.nodes if v.state == "RUNNING" else "(null)")],
+        [("NumNodes", "1"), ("NumCPUs", str(s.get("cpus", 1))), ("NumTasks", "1"), ("CPUs/Task", str(s.get("cpus", 1)))],
+        [("TRES", f"cpu={s.get('cpus', 1)},mem={s.get('memory_mb', 1024)}M,node=1"
+          + (f",gres/gpu={s['gpus']}" if s.get("gpus") else ""))],
+        [("WorkDir", s.get("workdir") or "")],
+    ]
+    if one_line:
+        return " ".join(f"{k}={val}" for line in pairs for k, val in line)
+    return "\n".join(("" if i == 0 else "   ") + " ".join(f"{k}={val}" for k, val in line)
+                     for i, line in enumerate(pairs)) + "\n"

@@ -1,0 +1,123 @@
+"""Agents at the login node: corral's Slurm command shims and ``corral agent run``.
+
+On the local backend: an agent's own shell loop (sbatch, a squeue -j poll, cat of the
+output file, sacct) served by the gateway. On the private Slurm, under bubblewrap: the
+fence (no munge socket, Slurm's own binaries replaced) and the agent's jobs still
+reaching Slurm, through corral."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import Gateway, free_port
+from .slurm_env import slurm_conf
+
+LOOP = ('ID=$(sbatch --parsable -J probe --wrap "echo hello from \\$SLURM_JOB_NAME"); '
+        'while squeue -h -j "$ID" | grep -q .; do sleep 0.3; done; '
+        'cat "slurm-$ID.out"; sacct -j "$ID" -X -P -n -o JobName,State,ExitCode')
+
+
+def agent_run(gw: Gateway, token: str, script: str, cwd: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    env = gw.env(token)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    return subprocess.run([sys.executable, "-m", "corral.cli", "agent", "run", "--url", gw.url, *flags, "--",
+                           "bash", "-c", script], env=env, capture_output=True, text=True, timeout=180, cwd=cwd)
+
+
+def test_an_agents_shell_loop_is_served_by_corral(gateway: Gateway, people: dict[str, str], agent_dir: Path) -> None:
+    r = agent_run(gateway, people["bot1"], LOOP + "; echo PATH0=$(command -v sbatch)", agent_dir, "--no-fence")
+    assert r.returncode == 0, r.stderr
+    assert "hello from probe" in r.stdout and "probe|COMPLETED|0:0" in r.stdout
+    assert "corral-agent-" in r.stdout.split("PATH0=")[1]  # the shim, first on PATH
+    assert "agent session" in r.stderr
+    with gateway.http(people["bot1"]) as h:  # the job is the agent's, in its session
+        jobs = h.get("/v1/jobs").json()["jobs"]
+        assert [j["name"] for j in jobs] == ["probe"] and jobs[0]["session"].startswith("agent-")
+
+
+def test_what_a_shim_cannot_honour_is_an_error_naming_the_flag(gateway: Gateway, people: dict[str, str],
+                                                               agent_dir: Path) -> None:
+    script = ("sbatch -A other --wrap true; echo rc=$?; sbatch --nodes=4 --wrap true; echo rc=$?; "
+              "squeue --bogus; echo rc=$?; squeue -o '%Y'; echo rc=$?; sacct -o MaxRSS; echo rc=$?; "
+              "scancel; echo rc=$?; sbatch --time=abc --wrap true; echo rc=$?")
+    r = agent_run(gateway, people["bot1"], script, agent_dir, "--no-fence")
+    assert r.stdout.split() == ["rc=1"] * 7, r.stdout + r.stderr
+    for says in ("does not support --account", "does not support --nodes=4", "unrecognized option '--bogus'",
+                 "does not support the format field %Y", "does not support the field MaxRSS",
+                 "No job identification provided", "Invalid --time specification"):
+        assert says in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_shim_without_a_gateway_says_so_in_slurms_words(agent_dir: Path) -> None:
+    env = {**os.environ, "CORRAL_URL": f"http://127.0.0.1:{free_port()}", "CORRAL_TOKEN": "x"}
+    r = subprocess.run([sys.executable, "-m", "corral.shims", "squeue"], env=env, capture_output=True, text=True)
+    assert r.returncode == 1 and "Unable to contact slurm controller" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_agent_run_refuses_what_it_cannot_start(gateway: Gateway, agent_dir: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "corral.cli", "agent", "run", "--", "no-such-agent-program"],
+                       env=gateway.env("tok"), capture_output=True, text=True, cwd=agent_dir)
+    assert r.returncode == 2 and "not a program on PATH" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "corral.cli", "agent", "run", "--", "true"],
+                       env={k: v for k, v in gateway.env().items() if k != "CORRAL_TOKEN"}, capture_output=True,
+                       text=True, cwd=agent_dir)
+    assert r.returncode == 2 and "no token" in r.stderr
+
+
+def test_claude_and_codex_get_corrals_mcp_server_by_their_own_mechanisms(tmp_path: Path) -> None:
+    from corral.agent_run import client_args
+
+    cfg = tmp_path / "mcp.json"
+    env = {"CORRAL_URL": "http://gw:1", "CORRAL_TOKEN": "t", "CORRAL_SESSION": "s"}
+    assert client_args(["claude", "-p", "hi"], cfg, "/x/corral", env) == ["claude", "--mcp-config", str(cfg), "-p", "hi"]
+    codex = client_args(["/usr/bin/codex", "exec", "go"], cfg, "/x/corral", env)
+    assert codex[0] == "/usr/bin/codex" and codex[-2:] == ["exec", "go"]
+    assert 'mcp_servers.corral.command="/x/corral"' in codex and 'mcp_servers.corral.args=["mcp"]' in codex
+    assert any(a.startswith("mcp_servers.corral.env={") and 'CORRAL_TOKEN = "t"' in a for a in codex)
+    assert client_args(["aider"], cfg, "/x/corral", env) == ["aider"]
+
+
+@pytest.fixture
+def slurm_gw(tmp_path: Path):
+    conf = slurm_conf()
+    gw = Gateway(tmp_path / "home", free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": conf,
+                                                            "CORRAL_TICK_S": "0.5"})
+    gw.home.mkdir()
+    gw.start()
+    yield gw
+    gw.kill(signal.SIGTERM)
+
+
+@pytest.mark.usefixtures("slurm_turn")
+def test_the_fence_leaves_corral_the_only_way_to_slurm(slurm_gw: Gateway, agent_dir: Path) -> None:
+    """Inside agent run: the munge socket's directory is empty, Slurm's own binaries are
+    the shims (even by absolute path), a credential cannot be had; and the agent's job
+    still runs on the real Slurm, sent by corral."""
+    if shutil.which("bwrap") is None and os.environ.get("CI") != "true":
+        pytest.skip("no bubblewrap: run scripts/sandbox-up")
+    sock_dir = "/tmp/corral-slurm/munge"
+    real = shutil.which("sbatch") or "/usr/bin/sbatch"
+    with slurm_gw.http() as h:
+        assert h.post("/v1/principals", json={"name": "bot", "kind": "agent", "sponsor": "admin"}).status_code == 201
+        token = h.post("/v1/tokens", json={"for": "bot", "expires": "1h"}).json()["token"]
+    script = (f"echo MUNGE=$(ls -A {sock_dir} | wc -l); {real} --parsable --wrap true > /dev/null; "
+              f"echo REAL_SBATCH_IS_SHIM=$?; munge -n > /dev/null 2>&1; echo MUNGE_CRED=$?; "
+              "sdiag > /dev/null 2>&1; echo SDIAG=$?; " + LOOP)
+    r = agent_run(slurm_gw, token, script, agent_dir)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert "MUNGE=0" in out and "MUNGE_CRED=0" not in out and "SDIAG=0" not in out
+    assert "REAL_SBATCH_IS_SHIM=0" in out
+    assert "hello from probe" in out and "probe|COMPLETED|0:0" in out
+    assert os.listdir(sock_dir), "the socket is hidden inside the fence only"
+    with slurm_gw.http() as h:
+        jobs = h.get("/v1/jobs", params={"full": "true"}).json()["jobs"]
+        assert {j["backend"] for j in jobs} == {"slurm"} and all(j["backend_id"] for j in jobs)
