@@ -116,6 +116,7 @@ LAZY = {
     "policy": "corral.safety.policy_commands:policy", "sandbox": "corral.sandbox_commands:sandbox",
     "control": "corral.job_commands:control", "usage": "corral.job_commands:usage",
     "simulate": "corral.simulate.commands:simulate", "agent": "corral.agent_run:agent",
+    "slurm": "corral.slurm_plugin:slurm",
 }
 """Commands imported when called, not at start (they pull in polars, Cedar, tree-sitter)."""
 
