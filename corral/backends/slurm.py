@@ -395,7 +395,9 @@ class SlurmBackend:
         if action == "signal" and signal is not None and not plain and _signal.Signals(signal).name[3:] not in FORWARDED:
             raise InvalidRequest(f"Slurm jobs take these signals: {', '.join(FORWARDED)}, TERM, KILL, STOP")
         argv = (["scancel", f"--signal={signal}", "--full" if plain else "--batch", backend_id] if action == "signal"
-                else ["scontrol", action, backend_id])
+                # a hold asked by a principal is a user hold (JobHeldUser, as sbatch -H makes), which
+                # its owner may release; root's plain hold would be the admin's
+                else ["scontrol", "uhold" if action == "hold" else action, backend_id])
         r = proc.run(argv, env=self._env(), inherit_env=False, timeout=self.timeout_s, check=False)
         if r.returncode != 0:
             said = (r.stderr or r.stdout).strip().splitlines()

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .base import Parser, ShimError, client, exit_code, hms, stamp, unsupported, user
+from .base import Parser, ShimError, exit_code, hms, stamp, unsupported, user
 from .queue import View, _states, views
+from .queue import account as queue_account
 
 DEFAULT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
 BRIEF = "JobID,State,ExitCode"
@@ -96,7 +97,7 @@ def sacct(argv: list[str]) -> int:
     ids = ns.jobs.split(",") if ns.jobs else None
     vs = views(ids, _states(ns.state) if ns.state else None, None, set(ns.name.split(",")) if ns.name else None, False)
     vs.sort(key=lambda v: v.j["id"])
-    account = (client().whoami().get("account") or user()) if vs else user()
+    account = queue_account() if vs else user()
     if ns.json:
         print(json.dumps({"jobs": [_json(v, account) for v in vs]}, indent=2))
         return 0
@@ -109,7 +110,7 @@ def sacct(argv: list[str]) -> int:
         if not (ns.parsable or ns.parsable2):
             lines.append(" ".join("-" * w for _, w in fields) + " ")
     for v in vs:
-        steps = [False] + ([True] if v.j.get("start_time") and not ns.allocations and not ns.brief else [])
+        steps = [False] + ([True] if v.j.get("start_time") and not ns.allocations else [])
         for step in steps:
             lines.append(_row([(_value(v, k, step, account), w, k) for k, w in fields], sep, trail, ns))
     print("\n".join(lines))

@@ -34,17 +34,20 @@ class Parser(argparse.ArgumentParser):
     """argparse that fails as Slurm's getopt does: ``PROG: unrecognized option '--x'``;
     help is ``--help`` alone (``-h`` is squeue's and sinfo's --noheader)."""
 
-    def __init__(self, prog: str, allow_abbrev: bool = True) -> None:
+    def __init__(self, prog: str, allow_abbrev: bool = True, code: int = 1) -> None:
         super().__init__(prog=prog, add_help=False, allow_abbrev=allow_abbrev,
                          description=f"corral's {prog}: Slurm's {prog} served by the corral gateway.")
         self.add_argument("--help", action="help", help="show this help and exit")
+        self.code = code
+        """What Slurm's command exits with on a bad option (sbatch and srun: 255)."""
 
     def error(self, message: str) -> NoReturn:
         if message.startswith("unrecognized arguments: "):
             flag = message.split(": ", 1)[1].split()[0]
             raise ShimError(f"{self.prog}: unrecognized option '{flag}'\nTry \"{self.prog} --help\" for more "
-                            "information", bare=True)
-        raise ShimError(f"{self.prog}: {message}\nTry \"{self.prog} --help\" for more information", bare=True)
+                            "information", self.code, bare=True)
+        raise ShimError(f"{self.prog}: {message}\nTry \"{self.prog} --help\" for more information", self.code,
+                        bare=True)
 
 
 def unsupported(prog: str, flag: str, why: str = "") -> NoReturn:
@@ -60,6 +63,14 @@ def client() -> Client:
 
         token = default_token()
     return Client(url, token, os.environ.get("CORRAL_SESSION"), timeout=60)
+
+
+def wait(c: Client, job_id: int) -> dict[str, Any]:
+    """Until the job ends, in the gateway's bounded long-polls."""
+    while True:
+        done = c.wait(job_id, 590.0)
+        if done.get("state") not in ACTIVE:
+            return done
 
 
 def user() -> str:

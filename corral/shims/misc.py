@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from .base import ACTIVE, Parser, ShimError, client, limit, unsupported, user
 from .queue import _states, views
 
@@ -43,9 +45,9 @@ def scancel(argv: list[str]) -> int:
         found = {str(v.j["id"]) for v in vs} | {v.jobid for v in vs} | {str(v.array_id) for v in vs}
         code = 0
         for raw in ns.ids:
-            if raw.split(".")[0] not in found and not ns.quiet:
-                print(f"scancel: error: Kill job error on job id {raw}: Invalid job id specified", file=__import__("sys").stderr)
-                code = 1
+            if raw.split(".")[0] not in found and ns.verbose:
+                # Slurm 22.05's scancel says nothing and exits 0 for an id it does not know
+                print(f"scancel: error: Kill job error on job id {raw}: Invalid job id specified", file=sys.stderr)
         targets = [v.j["id"] for v in vs if v.state in ACTIVE]
     else:
         targets = [v.j["id"] for v in vs if v.state in ACTIVE]
@@ -79,15 +81,18 @@ def sinfo(argv: list[str]) -> int:
     if ns.partition:
         want = set(ns.partition.split(","))
         parts = [x for x in parts if x["name"] in want]
-    busy = {v.partition for v in views(None, {"RUNNING"}, None, None, False)} if not ns.summarize else set()
+    running = {v.partition for v in views(None, {"RUNNING"}, None, None, False)}
+    # a node is busy when a job runs on it, whichever partition the job came through
+    busy_nodes = {n for x in fac.get("partitions") or [] if x["name"] in running for n in (x.get("nodes") or ["localhost"])}
     rows = []
     for x in parts:
         nodes = x.get("nodes") or ["localhost"]
+        n_busy = sum(1 for n in nodes if n in busy_nodes)
         name = x["name"] + ("*" if x.get("default") else "")
         avail = "up" if (x.get("state") or "UP").upper() == "UP" else "down"
         t = limit(x.get("max_walltime_s") or 0) if x.get("max_walltime_s") else "infinite"
-        rows.append({"P": name, "a": avail, "l": t, "D": str(len(nodes)), "T": "mix" if x["name"] in busy else
-                     "idle", "N": ",".join(nodes), "F": f"0/{len(nodes)}/0/{len(nodes)}", "c": str(x.get("max_cpus")),
+        rows.append({"P": name, "a": avail, "l": t, "D": str(len(nodes)), "T": "mix" if n_busy else "idle",
+                     "N": ",".join(nodes), "F": f"{n_busy}/{len(nodes) - n_busy}/0/{len(nodes)}", "c": str(x.get("max_cpus")),
                      "m": str(x.get("max_memory_mb")), "G": f"gpu:{x['max_gpus']}" if x.get("max_gpus") else "(null)"})
     if ns.format:
         from .queue import _SPEC

@@ -11,7 +11,9 @@ NODELIST shows the node names the facility reports for the job's partition.
 
 from __future__ import annotations
 
+import grp
 import json
+import os
 import re
 import sys
 import time
@@ -20,6 +22,7 @@ from typing import Any, Callable
 from .base import ACTIVE, SHORT, Parser, ShimError, client, exit_code, hms, limit, squeue_time, stamp, unsupported, user
 
 DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
+MIN_JOB_AGE_S = 300
 LONG = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
 _SPEC = re.compile(r"%(\.)?(-)?(\d+)?([a-zA-Z%])")
 
@@ -82,6 +85,22 @@ LONG_FIELDS = {"jobid": "i", "arrayjobid": "A", "arraytaskid": "K", "partition":
                "nodelist": "N", "reason": "r", "timelimit": "l", "timeleft": "L", "numcpus": "C",
                "minmemory": "m", "submittime": "V", "starttime": "S", "endtime": "e", "workdir": "Z",
                "command": "o", "comment": "k", "account": "a", "qos": "q", "priority": "p"}
+
+
+def _group() -> str:
+    try:
+        return grp.getgrgid(os.getgid()).gr_name
+    except KeyError:
+        return str(os.getgid())
+
+
+def account() -> str:
+    """The account corral charges: the principal's, else (as Slurm's default account
+    usually is) the user's name."""
+    try:
+        return str(client().whoami().get("account") or user())
+    except Exception:  # noqa: BLE001 - the field is a courtesy; the answer is not worth failing for
+        return user()
 
 
 def _elapsed(j: dict[str, Any], now: float) -> float:
@@ -151,11 +170,10 @@ def _states(text: str) -> set[str]:
                    "SIGNALING", "SI", "SPECIAL_EXIT", "SE", "STAGE_OUT", "SO", "STOPPED", "ST"):
             continue  # corral's jobs are never in these: nothing matches, as in Slurm
         else:
-            raise ShimError(f"Invalid job state specified: {s}\nValid job states include: PENDING, RUNNING, "
-                            "SUSPENDED, COMPLETED, CANCELLED, FAILED, TIMEOUT, NODE_FAIL, PREEMPTED, BOOT_FAIL, "
-                            "DEADLINE, OUT_OF_MEMORY, COMPLETING, CONFIGURING, RESIZING, RESV_DEL_HOLD, "
-                            "REQUEUED, REQUEUE_FED, REQUEUE_HOLD, REVOKED, SIGNALING, SPECIAL_EXIT, STAGE_OUT, STOPPED",
-                            bare=True)
+            raise ShimError(f"Invalid job state specified: {s}\nsqueue: error: Valid job states include: "
+                            "PENDING,RUNNING,SUSPENDED,COMPLETED,CANCELLED,FAILED,TIMEOUT,NODE_FAIL,PREEMPTED,"
+                            "BOOT_FAIL,DEADLINE,OUT_OF_MEMORY,COMPLETING,CONFIGURING,RESIZING,RESV_DEL_HOLD,"
+                            "REQUEUED,REQUEUE_FED,REQUEUE_HOLD,REVOKED,SIGNALING,SPECIAL_EXIT,STAGE_OUT,STOPPED")
     return out
 
 
@@ -239,8 +257,10 @@ def squeue(argv: list[str]) -> int:
             raise ShimError("slurm_load_jobs error: Invalid job id specified", bare=True)
     if not (ids or ns.user or ns.me or ns.states or ns.partition or ns.name) and sys.stderr.isatty():
         print("squeue: corral shows your jobs only", file=sys.stderr)
-    if ns.json:
-        print(json.dumps({"jobs": [_json(v) for v in vs]}, indent=2))
+    if ns.json:  # as Slurm's, the jobs the controller still holds: ended ones for MinJobAge (300 s)
+        recent = [v for v in views(ids, None, None, None, False) if v.state in ACTIVE
+                  or (v.j.get("end_time") or 0) > time.time() - MIN_JOB_AGE_S]
+        print(json.dumps({"jobs": [_json(v) for v in (vs if states else recent)]}, indent=2))
         return 0
     fields = compile_long(ns.Format) if ns.Format else compile_format(ns.format or (LONG if ns.long else DEFAULT))
     if ns.long and not ns.noheader:
@@ -289,13 +309,16 @@ def _show(v: View, one_line: bool) -> str:
     j, s = v.j, v.spec
     pairs = [
         [("JobId", v.jobid), ("JobName", j.get("name") or "wrap")],
-        [("UserId", f"{user()}"), ("Account", "(null)"), ("QOS", "normal")],
+        [("UserId", f"{user()}({os.getuid()})"), ("GroupId", f"{_group()}({os.getgid()})"),
+         ("Account", account()), ("QOS", "normal")],
         [("JobState", v.state), ("Reason", v.reason().strip("()") if v.state != "RUNNING" else "None"),
          ("Dependency", "(null)")],
         [("ExitCode", exit_code(j))],
         [("RunTime", hms(_elapsed(j, v.now))), ("TimeLimit", hms(s.get("walltime_s", 3600)))],
         [("SubmitTime", stamp(j.get("submit_time")))],
-        [("StartTime", stamp(j.get("start_time"))), ("EndTime", stamp(j.get("end_time")))],
+        [("StartTime", stamp(j.get("start_time"))),
+         ("EndTime", stamp(j.get("end_time") or ((j["start_time"] + s.get("walltime_s", 3600))
+                                                 if j.get("start_time") else None)))],
         [("Partition", v.partition)],
         [("NodeList", v.nodes if v.state == "RUNNING" else "(null)")],
         [("NumNodes", "1"), ("NumCPUs", str(s.get("cpus", 1))), ("NumTasks", "1"), ("CPUs/Task", str(s.get("cpus", 1)))],

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..backends.slurm_vocab import parse_slurm_time
 from ..jobs import array_indices
-from .base import Parser, ShimError, client, unsupported
+from .base import Parser, ShimError, client, unsupported, wait
 
 REFUSED = {
     "account": "corral submits under your sponsor's account", "qos": "corral sets agents' QOS itself",
@@ -33,7 +33,7 @@ REFUSED = {
 
 
 def parser(prog: str) -> Parser:
-    p = Parser(prog=prog)
+    p = Parser(prog=prog, code=255)
     a = p.add_argument
     a("-J", "--job-name")
     a("-p", "--partition")
@@ -152,7 +152,7 @@ def build(ns: Any, script: str, args: list[str], cwd: Path) -> tuple[dict[str, A
         except ValueError:
             secs = -1
         if secs is None or secs <= 0:
-            raise ShimError("Invalid --time specification")
+            raise ShimError("Invalid --time specification", 255)
         spec["walltime"] = secs
     gpus = _gpus(ns)
     if gpus:
@@ -223,6 +223,7 @@ def main(argv: list[str]) -> int:
         unsupported("sbatch", "--test-only", "ask corral plan (MCP plan_job) for a start estimate")
     spec, array, hold = build(ns, script, args, Path.cwd())
     c = client()
+    _check_partition(c, spec)
     if array:
         try:
             indices = array_indices(array)
@@ -242,7 +243,7 @@ def main(argv: list[str]) -> int:
     if ns.wait:
         code = 0
         for j in jobs:
-            done = c.wait(j["id"], 86400.0)
+            done = wait(c, j["id"])
             code = max(code, done.get("exit_code") or (0 if done.get("state") == "COMPLETED" else 1))
         return code
     return 0
@@ -266,13 +267,32 @@ def srun(argv: list[str]) -> int:
     spec, _, _ = build(ns, script, [], Path.cwd())
     spec["script"] = spec["script"].replace(_redirect("slurm-%j.out", "out"), "")
     c = client()
+    _check_partition(c, spec)
     job = c.submit(spec)
-    done = c.wait(job["id"], 86400.0)
+    done = wait(c, job["id"])
     out = c.output(job["id"], limit=1 << 20)
     sys.stdout.write(out.get("data") or "")
     state = done.get("state")
     if state == "COMPLETED":
         return 0
     code = done.get("exit_code")
-    print(f"srun: error: {state.lower() if state else 'job'}: task 0: Exited with exit code {code}", file=sys.stderr)
-    return code if isinstance(code, int) and 0 < code < 256 else 1
+    node = _node(c, spec)
+    if state == "FAILED" and isinstance(code, int):
+        print(f"srun: error: {node}: task 0: Exited with exit code {code}", file=sys.stderr)
+        return code if 0 < code < 256 else 1
+    print(f"srun: error: {node}: task 0: {state}", file=sys.stderr)
+    return 1
+
+
+def _node(c: Any, spec: dict[str, Any]) -> str:
+    parts = c.facility().get("partitions") or []
+    want = spec.get("partition")
+    p = next((x for x in parts if x["name"] == want or (want is None and x.get("default"))), None)
+    return ",".join((p or {}).get("nodes") or ["localhost"])
+
+
+def _check_partition(c: Any, spec: dict[str, Any]) -> None:
+    """Slurm's words for a partition it does not have (the gateway's would name the others)."""
+    if spec.get("partition") and spec["partition"] not in {x["name"] for x in c.facility().get("partitions") or []}:
+        raise ShimError(f"invalid partition specified: {spec['partition']}\nsbatch: error: Batch job submission "
+                        "failed: Invalid partition name specified")

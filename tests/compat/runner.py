@@ -1,0 +1,99 @@
+"""The compatibility corpus, run by either arm: Slurm's own commands against the
+private Slurm (scripts/record-slurm-golden records that), or corral's shims against a
+gateway in front of it (tests/test_compat.py). Same setup jobs, same directory layout,
+same shell: only PATH differs."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+CORPUS = HERE / "corpus.tsv"
+GOLDEN = HERE.parent / "golden" / "slurm_compat.json"
+MISSING = "999999"
+SCRIPT = "#!/bin/bash\n#SBATCH -J scripted\n#SBATCH -t 2\n#SBATCH -o /dev/null\necho scripted\n"
+
+
+def corpus() -> list[tuple[str, str]]:
+    out = []
+    for line in CORPUS.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, cmd = line.split("\t", 1)
+            out.append((name, cmd))
+    return out
+
+
+def shell(cmd: str, cwd: Path, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def setup(cwd: Path, env: dict[str, str]) -> dict[str, str]:
+    """The jobs the corpus refers to: DONE (completed, its output in slurm-ID.out), FAIL
+    (exit 3), HELD (held), RUN (running): their ids by name."""
+    (cwd / "job.sh").write_text(SCRIPT)
+
+    def submit(args: str) -> str:
+        r = shell(f"sbatch --parsable {args}", cwd, env)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip().split(";")[0]
+
+    ids = {"DONE": submit("-J done --wrap 'echo done-output'"), "FAIL": submit("-J fail -o /dev/null --wrap 'exit 3'"),
+           "HELD": submit("-J held -H -t 5 -o /dev/null --wrap true"),
+           "RUN": submit("-J sleeper -t 10 -o /dev/null --wrap 'sleep 600'")}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        acct = shell(f"sacct -X -n -P -j {ids['DONE']},{ids['FAIL']} -o JobName,State", cwd, env).stdout
+        run = shell(f"squeue -h -j {ids['RUN']} -o %T", cwd, env).stdout.strip()
+        if "done|COMPLETED" in acct and "fail|FAILED" in acct and run == "RUNNING" and \
+                (cwd / f"slurm-{ids['DONE']}.out").exists():
+            return ids
+        time.sleep(0.5)
+    raise AssertionError(f"the setup jobs did not settle: {acct!r} {run!r}")
+
+
+def run_all(cwd: Path, env: dict[str, str]) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    ids = setup(cwd, env)
+    full = {**env, **ids, "MISSING": MISSING, "USER": env.get("USER") or "root"}
+    ids = {**ids, "CWD": str(cwd)}  # the directory differs between runs: normalised like an id
+    out: dict[str, dict[str, Any]] = {}
+    for name, cmd in corpus():
+        r = shell(cmd, cwd, full)
+        out[name] = {"cmd": cmd, "rc": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
+    return ids, out
+
+
+def cleanup(cwd: Path, env: dict[str, str]) -> None:
+    shell("scancel -u root 2>/dev/null; scancel -n sleeper 2>/dev/null; true", cwd, env)
+
+
+def base_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k.startswith(("SLURM_CONF", "LANG", "LC_", "TZ", "HOME"))}
+    env.setdefault("SLURM_CONF", "/tmp/corral-slurm/etc/slurm.conf")  # scripts/slurm-up's
+    env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
+    env["USER"] = "root"
+    return env
+
+
+_DATE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
+_DUR = re.compile(r"\b(\d+-)?\d{1,2}(:\d\d){1,2}\b")
+
+
+def normalize(text: str, ids: dict[str, str]) -> str:
+    """Ids by role (<DONE>, <ID> for a new one), dates, durations and runs of blanks:
+    what differs between two runs of the same thing."""
+    for name, value in sorted(ids.items(), key=lambda kv: -len(kv[1])):
+        text = re.sub(rf"(?<![\d.]){re.escape(value)}(?![\d])", f"<{name}>", text)
+    text = re.sub(r"Submitted batch job \d+", "Submitted batch job <ID>", text)
+    text = re.sub(r"(?m)^\d+$", "<ID>", text)
+    text = _DATE.sub("<DATE>", text)
+    text = _DUR.sub("<T>", text)
+    return "\n".join(re.sub(r"[ \t]+", " ", line).strip() for line in text.splitlines()).strip()
+
+
+def fields(text: str) -> dict[str, str]:
+    return dict(tok.split("=", 1) for tok in text.split() if "=" in tok)
