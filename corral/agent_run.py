@@ -116,7 +116,9 @@ def run(command: list[str], url: str, token: str | None, session: str | None, fe
     fd = os.open(cfg, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(mcp_config(corral_bin, agent_env), f, indent=2)
+    (root / "cache").mkdir()
     env = {**os.environ, **agent_env, "CORRAL_MCP_CONFIG": str(cfg), "CORRAL_AGENT": "1",
+           "CORRAL_SHIM_CACHE": str(root / "cache"),
            "PATH": f"{shims}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
     argv = client_args(command, cfg, corral_bin, agent_env)
     hidden: list[str] = []

@@ -7,6 +7,7 @@ honour, an error that names the flag (exit 2 is argparse's; Slurm's is 1 and we 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pwd
 import sys
@@ -63,6 +64,34 @@ def client() -> Client:
 
         token = default_token()
     return Client(url, token, os.environ.get("CORRAL_SESSION"), timeout=60)
+
+
+FACILITY_TTL_S = 30.0
+
+
+def facility(c: Client) -> dict[str, Any]:
+    """The facility's partitions: asked once per 30 s per agent session (``corral agent
+    run`` gives each session a cache directory), not once per command: an agent's
+    ``squeue`` loop then costs the gateway one job lookup per call."""
+    cache = os.environ.get("CORRAL_SHIM_CACHE")
+    path = os.path.join(cache, "facility.json") if cache else None
+    if path:
+        try:
+            if time.time() - os.stat(path).st_mtime < FACILITY_TTL_S:
+                with open(path) as f:
+                    return dict(json.load(f))
+        except (OSError, ValueError):
+            pass
+    info = c.facility()
+    if path:
+        tmp = f"{path}.{os.getpid()}"
+        try:
+            with open(tmp, "w") as f:
+                json.dump({"partitions": info.get("partitions") or []}, f)
+            os.replace(tmp, path)
+        except OSError:
+            pass
+    return info
 
 
 def wait(c: Client, job_id: int) -> dict[str, Any]:

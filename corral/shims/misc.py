@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .base import ACTIVE, Parser, ShimError, client, limit, unsupported, user
+from .base import ACTIVE, Parser, ShimError, client, facility, limit, unsupported, user
 from .queue import _states, views
 
 
@@ -76,7 +76,7 @@ def sinfo(argv: list[str]) -> int:
     for flag in ("Node", "long", "Format", "list_reasons", "states"):
         if getattr(ns, flag):
             unsupported("sinfo", "--" + flag.replace("_", "-"), "corral reports partitions: corral facility")
-    fac = client().facility()
+    fac = facility(client())
     parts = fac.get("partitions") or []
     if ns.partition:
         want = set(ns.partition.split(","))

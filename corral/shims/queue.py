@@ -19,7 +19,9 @@ import sys
 import time
 from typing import Any, Callable
 
-from .base import ACTIVE, SHORT, Parser, ShimError, client, exit_code, hms, limit, squeue_time, stamp, unsupported, user
+from ..errors import NotFound
+from .base import (ACTIVE, SHORT, Parser, ShimError, client, exit_code, facility, hms, limit, squeue_time, stamp,
+                   unsupported, user)
 
 DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
 MIN_JOB_AGE_S = 300
@@ -181,23 +183,37 @@ def views(ids: list[str] | None, states: set[str] | None, partitions: set[str] |
           names: set[str] | None, active_only: bool) -> list[View]:
     """The caller's jobs as corral sees them, filtered as squeue/sacct/scontrol ask."""
     c = client()
-    fac = c.facility()
+    fac = facility(c)
     parts = fac.get("partitions") or []
     default = next((p["name"] for p in parts if p.get("default")), parts[0]["name"] if parts else "batch")
     nodes = {p["name"]: ",".join(p.get("nodes") or []) or "localhost" for p in parts}
     now = time.time()
     if ids:
-        jobs = []
+        jobs: list[dict[str, Any]] = []
+        seen: set[int] = set()
+        listing: list[dict[str, Any]] | None = None
         for raw in ids:
-            base = raw.split("_")[0].split(".")[0]
-            if not base.isdigit():
+            base = raw.split(".")[0]
+            head, _, task = base.partition("_")
+            if not head.isdigit():
                 raise ShimError("Invalid job id specified", bare=True)
-        listing = c.jobs(full=True, limit=1000)["jobs"]
-        wanted = {raw.split(".")[0] for raw in ids}
-        for j in listing:
-            v0 = View(j, "", "", now)
-            if str(j["id"]) in wanted or v0.jobid in wanted or (v0.task is not None and str(v0.array_id) in wanted):
-                jobs.append(j)
+            try:
+                job = c.job(int(head))  # one request per id: old jobs too, whatever the listing holds
+            except NotFound:
+                continue
+            labels = (job.get("spec") or {}).get("labels") or {}
+            if "array_task" not in labels or View(job, "", "", now).array_id != int(head):  # a job, or one task
+                if job["id"] not in seen:
+                    seen.add(job["id"])
+                    jobs.append(job)
+                continue
+            if listing is None:  # an array: its tasks are the jobs that share its first id
+                listing = c.jobs(full=True, limit=1000)["jobs"]
+            for j in listing:
+                v0 = View(j, "", "", now)
+                if v0.array_id == int(head) and (not task or v0.task == task) and j["id"] not in seen:
+                    seen.add(j["id"])
+                    jobs.append(j)
     else:
         jobs = c.jobs(full=True, limit=1000)["jobs"]
     out = []

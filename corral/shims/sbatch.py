@@ -20,7 +20,7 @@ from typing import Any
 
 from ..backends.slurm_vocab import parse_slurm_time
 from ..jobs import array_indices
-from .base import Parser, ShimError, client, unsupported, wait
+from .base import Parser, ShimError, client, facility, unsupported, wait
 
 REFUSED = {
     "account": "corral submits under your sponsor's account", "qos": "corral sets agents' QOS itself",
@@ -285,7 +285,7 @@ def srun(argv: list[str]) -> int:
 
 
 def _node(c: Any, spec: dict[str, Any]) -> str:
-    parts = c.facility().get("partitions") or []
+    parts = facility(c).get("partitions") or []
     want = spec.get("partition")
     p = next((x for x in parts if x["name"] == want or (want is None and x.get("default"))), None)
     return ",".join((p or {}).get("nodes") or ["localhost"])
@@ -293,6 +293,6 @@ def _node(c: Any, spec: dict[str, Any]) -> str:
 
 def _check_partition(c: Any, spec: dict[str, Any]) -> None:
     """Slurm's words for a partition it does not have (the gateway's would name the others)."""
-    if spec.get("partition") and spec["partition"] not in {x["name"] for x in c.facility().get("partitions") or []}:
+    if spec.get("partition") and spec["partition"] not in {x["name"] for x in facility(c).get("partitions") or []}:
         raise ShimError(f"invalid partition specified: {spec['partition']}\nsbatch: error: Batch job submission "
                         "failed: Invalid partition name specified")
