@@ -72,8 +72,9 @@ def sinfo(argv: list[str]) -> int:
     a("-R", "--list-reasons", action="store_true")
     a("-t", "--states")
     a("-v", "--verbose", action="store_true")
+    a("--json", action="store_true")
     ns = p.parse_args(argv)
-    for flag in ("Node", "long", "Format", "list_reasons", "states"):
+    for flag in ("Node", "long", "Format", "list_reasons", "states", "json"):
         if getattr(ns, flag):
             unsupported("sinfo", "--" + flag.replace("_", "-"), "corral reports partitions: corral facility")
     fac = facility(client())

@@ -22,13 +22,17 @@ from ..backends.slurm_vocab import parse_slurm_time
 from ..jobs import array_indices
 from .base import Parser, ShimError, client, facility, unsupported, wait
 
-REFUSED = {
-    "account": "corral submits under your sponsor's account", "qos": "corral sets agents' QOS itself",
-    "exclusive": "corral sizes jobs by what they ask for", "begin": "corral starts jobs when they are ready",
-    "mail_type": "corral tells you when a job ends (wait_for_job, wait_for_events)",
-    "mail_user": "corral tells you when a job ends (wait_for_job, wait_for_events)",
-    "signal": "use corral control ID signal", "nodelist": "corral places jobs", "exclude": "corral places jobs",
-    "constraint": "corral places jobs", "reservation": "corral places jobs",
+REFUSED: dict[str, tuple[str | None, str]] = {
+    # option (its dest): (short flag, why corral does not take it)
+    "account": ("-A", "corral submits under your sponsor's account"),
+    "qos": ("-q", "corral sets agents' QOS itself"),
+    "exclusive": (None, "corral sizes jobs by what they ask for"),
+    "begin": ("-b", "corral starts jobs when they are ready"),
+    "mail_type": (None, "corral tells you when a job ends (wait_for_job, wait_for_events)"),
+    "mail_user": (None, "corral tells you when a job ends (wait_for_job, wait_for_events)"),
+    "signal": (None, "use corral control ID signal"),
+    "nodelist": ("-w", "corral places jobs"), "exclude": ("-x", "corral places jobs"),
+    "constraint": ("-C", "corral places jobs"), "reservation": (None, "corral places jobs"),
 }
 
 
@@ -55,18 +59,11 @@ def parser(prog: str) -> Parser:
     a("-W", "--wait", action="store_true")
     a("-Q", "--quiet", action="store_true")
     a("--test-only", action="store_true")
-    a("--requeue", action="store_true")
+    a("--requeue", action="store_true")  # corral's Slurm jobs are requeueable either way: nothing differs
     a("--no-requeue", action="store_true")
-    a("--open-mode")
-    for flag, dest in (("-A", "account"), ("-q", "qos"), ("--exclusive", "exclusive"), ("--begin", "begin"),
-                       ("--mail-type", "mail_type"), ("--mail-user", "mail_user"), ("--signal", "signal"),
-                       ("-w", "nodelist"), ("-x", "exclude"), ("-C", "constraint"), ("--reservation", "reservation")):
-        if flag.startswith("--"):
-            a(flag, dest=dest, nargs="?", const=True)
-        else:
-            long = {"account": "--account", "qos": "--qos", "nodelist": "--nodelist", "exclude": "--exclude",
-                    "constraint": "--constraint"}[dest]
-            a(flag, long, dest=dest)
+    a("--open-mode", choices=("append", "truncate"))
+    for dest, (short, _) in REFUSED.items():
+        a(*([short] if short else []), "--" + dest.replace("_", "-"), dest=dest, nargs="?", const=True)
     return p
 
 
@@ -117,7 +114,7 @@ def _dependency(text: str) -> dict[str, list[int]]:
     return out
 
 
-def _redirect(path: str, stream: str) -> str:
+def _redirect(path: str, stream: str, append: bool = False) -> str:
     """A line that sends ``stream`` to ``path`` with Slurm's % patterns expanded in the job."""
     expanded = (path.replace("%%", "\0").replace("%j", "${CORRAL_JOB_ID}").replace("%x", "${SLURM_JOB_NAME}")
                 .replace("%u", "${USER}").replace("%A", "$((CORRAL_JOB_ID - ${CORRAL_ARRAY_POS:-0}))")
@@ -125,12 +122,12 @@ def _redirect(path: str, stream: str) -> str:
     if re.search(r"%[^%]", expanded.replace("$((", "")):
         raise ShimError(f"corral's sbatch expands %j %x %u %A %a in file names, not in {path!r}")
     fd = "1" if stream == "out" else "2"
-    return f'exec {fd}>>"{expanded}"'
+    return f'exec {fd}{">>" if append else ">"}"{expanded}"'
 
 
 def build(ns: Any, script: str, args: list[str], cwd: Path) -> tuple[dict[str, Any], str | None, bool]:
     """(the job spec, the array text or None, whether to hold) of parsed options."""
-    for dest, why in REFUSED.items():
+    for dest, (_, why) in REFUSED.items():
         if getattr(ns, dest, None):
             unsupported("sbatch", "--" + dest.replace("_", "-"), why)
     if ns.nodes not in (None, "1", "1-1"):
@@ -167,16 +164,17 @@ def build(ns: Any, script: str, args: list[str], cwd: Path) -> tuple[dict[str, A
     out = ns.output or default_out
     lines = ["#!/bin/bash", f"export SLURM_JOB_NAME={shlex.quote(name)}",
              'export SLURM_JOB_ID="${CORRAL_JOB_ID}"', f"cd {shlex.quote(str(workdir))}",
-             _redirect(out, "out"), _redirect(ns.error, "err") if ns.error else "exec 2>&1"]
+             _redirect(out, "out", ns.open_mode == "append"),
+             _redirect(ns.error, "err", ns.open_mode == "append") if ns.error else "exec 2>&1"]
     body = script if script.startswith("#!") else "#!/bin/bash\n" + script
     interp, _, rest = body.partition("\n")
-    spec["script"] = "\n".join(lines) + "\n" + _as_function(interp, rest, args)
+    spec["script"] = "\n".join(lines) + "\n" + _run_script(interp, rest, args)
     if ns.dependency:
         spec.update(_dependency(ns.dependency))
     return spec, ns.array, bool(ns.hold)
 
 
-def _as_function(interp: str, rest: str, args: list[str]) -> str:
+def _run_script(interp: str, rest: str, args: list[str]) -> str:
     """The user's script run by its own interpreter with its arguments."""
     prog = interp[2:].strip() or "/bin/bash"
     quoted = " ".join(shlex.quote(a) for a in args)
@@ -260,7 +258,7 @@ def srun(argv: list[str]) -> int:
     ns = p.parse_args(argv)
     if not ns.command:
         raise ShimError("No command given to execute.")
-    if os.environ.get("SLURM_JOB_ID") and not os.environ.get("CORRAL_SHIM_NESTED"):
+    if os.environ.get("SLURM_JOB_ID"):
         unsupported("srun", "a step inside a job", "inside a job, run the command directly")
     script = "#!/bin/bash\n" + " ".join(shlex.quote(a) for a in ns.command) + "\n"
     ns.array = None
