@@ -1,21 +1,21 @@
 """A small synchronous client of the gateway's HTTP API, shared by the CLI and the
 stdio MCP server: both are thin clients of one running gateway, never a second core.
 
-Built on the standard library's http.client: the CLI starts once per command (agents
-run it often), and importing httpx alone cost ~180 ms of every run.
+The CLI and the Slurm shims start once per command (agents run them in loops): plain
+HTTP is spoken over a socket here (importing http.client, which pulls in the email
+parser and ssl, was 30 ms of the 107 ms of CPU a shim call cost); https goes through
+the standard library's http.client, imported only then.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import socket
-import ssl
 import threading
 import urllib.parse
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .paths import home_dir
 from .errors import (BackendError, Conflict, CorralError, Forbidden, InvalidRequest, NotFound, RateLimited,
@@ -43,6 +43,124 @@ def default_token(home: Path | None = None) -> str | None:
         return None
 
 
+class _BadResponse(Exception):
+    """The server's answer was cut or not HTTP: the connection is dropped and retried once."""
+
+
+class _Connection(Protocol):
+    def settimeout(self, timeout: float) -> None: ...
+    def exchange(self, method: str, target: str, body: bytes | None,
+                 headers: dict[str, str]) -> tuple[int, bytes, str | None]: ...
+    def close(self) -> None: ...
+
+
+class _Plain:
+    """One keep-alive HTTP/1.1 connection over a socket: a request, then its response
+    (Content-Length or chunked), no more. What the gateway speaks to its own clients."""
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        self.host, self.port, self.timeout = host, port, timeout
+        self.sock: socket.socket | None = None
+        self.buf = b""
+
+    def settimeout(self, timeout: float) -> None:
+        self.timeout = timeout
+        if self.sock is not None:
+            self.sock.settimeout(timeout)
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        self.sock, self.buf = None, b""
+
+    def _read(self) -> bytes:
+        assert self.sock is not None
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise _BadResponse("connection closed")
+        return chunk
+
+    def _until(self, marker: bytes) -> bytes:
+        while marker not in self.buf:
+            self.buf += self._read()
+        head, self.buf = self.buf.split(marker, 1)
+        return head
+
+    def _exactly(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self.buf += self._read()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def exchange(self, method: str, target: str, body: bytes | None,
+                 headers: dict[str, str]) -> tuple[int, bytes, str | None]:
+        if self.sock is None:
+            self.sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {self.host}:{self.port}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        lines.append(f"Content-Length: {len(body or b'')}")
+        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b""))
+        head = self._until(b"\r\n\r\n").decode("latin-1").split("\r\n")
+        try:
+            status = int(head[0].split(" ", 2)[1])
+        except (IndexError, ValueError):
+            raise _BadResponse(head[0]) from None
+        fields = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in head[1:])}
+        if status in (204, 304) or 100 <= status < 200 or method == "HEAD":
+            data = b""
+        elif fields.get("transfer-encoding", "").lower() == "chunked":
+            data = b""
+            while True:
+                size = int(self._until(b"\r\n").split(b";")[0], 16)
+                if size == 0:
+                    self._until(b"\r\n")
+                    break
+                data += self._exactly(size)
+                self._exactly(2)
+        elif "content-length" in fields:
+            data = self._exactly(int(fields["content-length"]))
+        else:  # no length: the body runs to the end of the connection
+            data = self.buf
+            try:
+                while True:
+                    data += self._read()
+            except _BadResponse:
+                pass
+            self.close()
+        if fields.get("connection", "").lower() == "close":
+            self.close()
+        return status, data, fields.get("retry-after")
+
+
+class _https:
+    """https through the standard library (imported here: plain http never pays for it)."""
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        import http.client
+        import ssl
+
+        self.conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=ssl.create_default_context())
+        self.errors: tuple[type[BaseException], ...] = (http.client.HTTPException,)
+
+    def settimeout(self, timeout: float) -> None:
+        self.conn.timeout = timeout
+        if self.conn.sock is not None:
+            self.conn.sock.settimeout(timeout)
+
+    def exchange(self, method: str, target: str, body: bytes | None,
+                 headers: dict[str, str]) -> tuple[int, bytes, str | None]:
+        try:
+            self.conn.request(method, target, body=body, headers=headers)
+            resp = self.conn.getresponse()
+            return resp.status, resp.read(), resp.getheader("Retry-After")
+        except self.errors as e:
+            raise _BadResponse(str(e)) from None
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 class Client:
     def __init__(self, url: str, token: str | None, session: str | None = None, timeout: float = 30.0) -> None:
         self.url = url.rstrip("/")
@@ -66,18 +184,13 @@ class Client:
             conn.close()
             self._local.conn = None
 
-    def _conn(self, timeout: float) -> http.client.HTTPConnection:
+    def _conn(self, timeout: float) -> "_Connection":
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            if self._scheme == "https":
-                conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout,
-                                                   context=ssl.create_default_context())
-            else:
-                conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+            conn = _https(self._host, self._port, timeout) if self._scheme == "https" else \
+                _Plain(self._host, self._port, timeout)
             self._local.conn = conn
-        conn.timeout = timeout
-        if conn.sock is not None:
-            conn.sock.settimeout(timeout)
+        conn.settimeout(timeout)
         return conn
 
     def request(self, method: str, path: str, *, timeout: float | None = None, params: dict[str, Any] | None = None,
@@ -93,10 +206,7 @@ class Client:
         for attempt in (1, 2):  # a keep-alive connection the server closed is retried once, fresh
             conn = self._conn(timeout or self.timeout)
             try:
-                conn.request(method, self._prefix + path + query, body=body, headers=hdrs)
-                resp = conn.getresponse()
-                status, data = resp.status, resp.read()
-                resp_retry = resp.getheader("Retry-After")
+                status, data, resp_retry = conn.exchange(method, self._prefix + path + query, body, hdrs)
                 break
             except (ConnectionRefusedError, socket.gaierror):
                 self.close()
@@ -107,7 +217,7 @@ class Client:
             except (TimeoutError, socket.timeout):
                 self.close()
                 raise GatewayUnreachable(f"the gateway at {self.url} did not answer in time; retry") from None
-            except (http.client.HTTPException, ConnectionError, OSError):
+            except (_BadResponse, ConnectionError, OSError):
                 self.close()
                 if attempt == 2:
                     raise GatewayUnreachable(f"the connection to the gateway at {self.url} broke; retry") from None

@@ -15,14 +15,14 @@ DEFAULT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
 BRIEF = "JobID,State,ExitCode"
 WIDTH = {"jobid": 12, "jobidraw": 12, "jobname": 10, "partition": 10, "account": 10, "alloccpus": 10,
          "state": 10, "exitcode": 8, "elapsed": 10, "elapsedraw": 10, "start": 19, "end": 19, "submit": 19,
-         "nodelist": 15, "reqmem": 10, "timelimit": 10, "ncpus": 10, "user": 9, "workdir": 20, "reason": 20,
-         "alloctres": 10, "reqcpus": 8, "nnodes": 8, "cputime": 10, "derivedexitcode": 10}
+         "nodelist": 15, "reqmem": 10, "timelimit": 10, "ncpus": 10, "user": 9, "workdir": 20,
+         "alloctres": 10, "reqcpus": 8, "nnodes": 8, "cputime": 10}
 NAMES = {"jobid": "JobID", "jobidraw": "JobIDRaw", "jobname": "JobName", "partition": "Partition",
          "account": "Account", "alloccpus": "AllocCPUS", "state": "State", "exitcode": "ExitCode",
          "elapsed": "Elapsed", "elapsedraw": "ElapsedRaw", "start": "Start", "end": "End", "submit": "Submit",
          "nodelist": "NodeList", "reqmem": "ReqMem", "timelimit": "Timelimit", "ncpus": "NCPUS", "user": "User",
-         "workdir": "WorkDir", "reason": "Reason", "alloctres": "AllocTRES", "reqcpus": "ReqCPUS",
-         "nnodes": "NNodes", "cputime": "CPUTime", "derivedexitcode": "DerivedExitCode"}
+         "workdir": "WorkDir", "alloctres": "AllocTRES", "reqcpus": "ReqCPUS", "nnodes": "NNodes",
+         "cputime": "CPUTime"}
 LEFT = {"jobid", "jobidraw", "workdir", "nodelist"}
 
 
@@ -38,11 +38,11 @@ def _value(v: View, key: str, step: bool, account: str) -> str:
         "jobname": "batch" if step else (j.get("name") or "wrap"), "partition": "" if step else v.partition,
         "account": account, "alloccpus": cpus, "ncpus": cpus, "reqcpus": cpus, "state": state,
         "exitcode": ("0:15" if j["state"] == "CANCELLED" else exit_code(j)) if step else exit_code(j),
-        "derivedexitcode": "0:0", "elapsed": hms(el), "elapsedraw": str(int(el)),
+        "elapsed": hms(el), "elapsedraw": str(int(el)),
         "start": stamp(j.get("start_time")), "end": stamp(j.get("end_time")), "submit": stamp(j.get("submit_time")),
         "nodelist": v.nodes if j.get("start_time") else "None assigned",
         "reqmem": f"{s.get('memory_mb', 1024)}M", "timelimit": "" if step else hms(s.get("walltime_s", 3600)),
-        "user": "" if step else user(), "workdir": s.get("workdir") or "", "reason": "None",
+        "user": "" if step else user(), "workdir": s.get("workdir") or "",
         "alloctres": f"cpu={cpus},mem={s.get('memory_mb', 1024)}M,node=1", "nnodes": "1",
         "cputime": hms(el * int(cpus)),
     }
@@ -64,6 +64,8 @@ def _fields(text: str) -> list[tuple[str, int]]:
         if key not in NAMES:
             if key in ("maxrss", "maxvmsize", "averss", "totalcpu", "usercpu", "systemcpu"):
                 unsupported("sacct", f"the field {name}", "corral usage ID reports what a job used")
+            if key in ("reason", "derivedexitcode", "qos", "priority", "comment"):
+                unsupported("sacct", f"the field {name}", "corral does not know it of a job")
             raise ShimError(f"Invalid field requested: \"{name}\"", bare=False)
         out.append((key, int(width) if width.isdigit() else WIDTH.get(key, 10)))
     return out

@@ -71,22 +71,22 @@ class View:
             if self.state == "RUNNING" else limit(s.get("walltime_s", 3600)),
             "C": str(s.get("cpus", 1)), "m": f"{s.get('memory_mb', 1024)}M", "V": stamp(j.get("submit_time")),
             "S": stamp(j.get("start_time")) if j.get("start_time") else "N/A", "e": stamp(j.get("end_time"))
-            if j.get("end_time") else "N/A", "Z": s.get("workdir") or "", "o": "(null)", "k": "(null)",
-            "a": "(null)", "q": "normal", "p": "0.99998474", "Q": "1", "b": f"gpu:{s['gpus']}" if s.get("gpus")
-            else "N/A", "%": "%",
+            if j.get("end_time") else "N/A", "Z": s.get("workdir") or "", "a": account(),
+            "b": f"gpu:{s['gpus']}" if s.get("gpus") else "N/A", "%": "%",
         }[key]
 
 
 HEADERS = {"i": "JOBID", "A": "ARRAY_JOB_ID", "K": "ARRAY_TASK_ID", "P": "PARTITION", "j": "NAME", "u": "USER",
            "t": "ST", "T": "STATE", "M": "TIME", "D": "NODES", "R": "NODELIST(REASON)", "N": "NODELIST",
            "r": "REASON", "l": "TIME_LIMIT", "L": "TIME_LEFT", "C": "CPUS", "m": "MIN_MEMORY", "V": "SUBMIT_TIME",
-           "S": "START_TIME", "e": "END_TIME", "Z": "WORK_DIR", "o": "COMMAND", "k": "COMMENT", "a": "ACCOUNT",
-           "q": "QOS", "p": "PRIORITY", "Q": "PRIORITY", "b": "TRES_PER_NODE", "%": "%"}
+           "S": "START_TIME", "e": "END_TIME", "Z": "WORK_DIR", "a": "ACCOUNT", "b": "TRES_PER_NODE", "%": "%"}
+"""The %-letters a shim can answer truly; the others (priority, QOS, command, comment ...)
+are refused by name rather than made up."""
 LONG_FIELDS = {"jobid": "i", "arrayjobid": "A", "arraytaskid": "K", "partition": "P", "name": "j", "username": "u",
                "statecompact": "t", "state": "T", "timeused": "M", "numnodes": "D", "reasonlist": "R",
                "nodelist": "N", "reason": "r", "timelimit": "l", "timeleft": "L", "numcpus": "C",
                "minmemory": "m", "submittime": "V", "starttime": "S", "endtime": "e", "workdir": "Z",
-               "command": "o", "comment": "k", "account": "a", "qos": "q", "priority": "p"}
+               "account": "a"}
 
 
 def _group() -> str:
@@ -134,6 +134,8 @@ def compile_long(text: str) -> list[tuple[str, Any]]:
         name, _, width = part.partition(":")
         letter = LONG_FIELDS.get(name.strip().lower())
         if letter is None:
+            if name.strip().lower() in ("command", "comment", "qos", "priority", "prioritylong", "nice"):
+                unsupported("squeue", f"the field {name}", "corral does not know it of a job")
             raise ShimError(f"Invalid job format specification: {name}")
         right = width.startswith(".")
         out.append((letter, (right, int(width.lstrip(".")) if width.strip(".") else 20, True)))
