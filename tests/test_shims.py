@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import Gateway, free_port
-from .slurm_env import slurm_conf
+from .test_gateway_slurm import slurm_gateway  # noqa: F401  (the fixture)
 
 LOOP = ('ID=$(sbatch --parsable -J probe --wrap "echo hello from \\$SLURM_JOB_NAME"); '
         'while squeue -h -j "$ID" | grep -q .; do sleep 0.3; done; '
@@ -85,19 +84,8 @@ def test_claude_and_codex_get_corrals_mcp_server_by_their_own_mechanisms(tmp_pat
     assert client_args(["aider"], cfg, "/x/corral", env) == ["aider"]
 
 
-@pytest.fixture
-def slurm_gw(tmp_path: Path):
-    conf = slurm_conf()
-    gw = Gateway(tmp_path / "home", free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": conf,
-                                                            "CORRAL_TICK_S": "0.5"})
-    gw.home.mkdir()
-    gw.start()
-    yield gw
-    gw.kill(signal.SIGTERM)
-
-
 @pytest.mark.usefixtures("slurm_turn")
-def test_the_fence_leaves_corral_the_only_way_to_slurm(slurm_gw: Gateway, agent_dir: Path) -> None:
+def test_the_fence_leaves_corral_the_only_way_to_slurm(slurm_gateway: Gateway, agent_dir: Path) -> None:  # noqa: F811
     """Inside agent run: the munge socket's directory is empty, Slurm's own binaries are
     the shims (even by absolute path), a credential cannot be had; and the agent's job
     still runs on the real Slurm, sent by corral."""
@@ -105,19 +93,19 @@ def test_the_fence_leaves_corral_the_only_way_to_slurm(slurm_gw: Gateway, agent_
         pytest.skip("no bubblewrap: run scripts/sandbox-up")
     sock_dir = "/tmp/corral-slurm/munge"
     real = shutil.which("sbatch") or "/usr/bin/sbatch"
-    with slurm_gw.http() as h:
+    with slurm_gateway.http() as h:
         assert h.post("/v1/principals", json={"name": "bot", "kind": "agent", "sponsor": "admin"}).status_code == 201
         token = h.post("/v1/tokens", json={"for": "bot", "expires": "1h"}).json()["token"]
     script = (f"echo MUNGE=$(ls -A {sock_dir} | wc -l); {real} --parsable --wrap true > /dev/null; "
               f"echo REAL_SBATCH_IS_SHIM=$?; munge -n > /dev/null 2>&1; echo MUNGE_CRED=$?; "
               "sdiag > /dev/null 2>&1; echo SDIAG=$?; " + LOOP)
-    r = agent_run(slurm_gw, token, script, agent_dir)
+    r = agent_run(slurm_gateway, token, script, agent_dir)
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert "MUNGE=0" in out and "MUNGE_CRED=0" not in out and "SDIAG=0" not in out
     assert "REAL_SBATCH_IS_SHIM=0" in out
     assert "hello from probe" in out and "probe|COMPLETED|0:0" in out
     assert os.listdir(sock_dir), "the socket is hidden inside the fence only"
-    with slurm_gw.http() as h:
+    with slurm_gateway.http() as h:
         jobs = h.get("/v1/jobs", params={"full": "true"}).json()["jobs"]
         assert {j["backend"] for j in jobs} == {"slurm"} and all(j["backend_id"] for j in jobs)
