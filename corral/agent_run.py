@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import proc
 from .errors import InvalidRequest
 from .shims import COMMANDS
 
@@ -129,9 +130,7 @@ def run(command: list[str], url: str, token: str | None, session: str | None, fe
               + (f"; hidden: {', '.join(hidden)}" if hidden else
                  "; not fenced (no bubblewrap)" if fenced else "; not fenced (--no-fence)"), file=sys.stderr)
     try:
-        import subprocess
-
-        return subprocess.call(argv, env=env)
+        return proc.attach(argv, env=env)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -1,5 +1,6 @@
 """The one door to the outside world: every subprocess corral starts goes through
-``spawn`` (detached, long-lived) or ``run`` (short, awaited). Tests replace this
+``spawn`` (detached, long-lived), ``run`` (short, awaited) or ``attach`` (a program in
+the caller's terminal, awaited: ``corral agent run``). Tests replace this
 seam, not the callers; argument lists only, never a shell built from input."""
 
 from __future__ import annotations
@@ -95,3 +96,22 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:
         os._exit(0)
+
+
+def attach(argv: Sequence[str], *, env: Mapping[str, str]) -> int:
+    """Run a program in the caller's terminal and session (an interactive agent such
+    as Claude Code needs both) until it exits; its exit code. Ctrl-C and Ctrl-\\ are the
+    program's to handle (an agent interrupts its own turn with them), so the caller
+    ignores them meanwhile."""
+    import signal
+
+    try:
+        child = subprocess.Popen(list(argv), env=dict(env))
+    except OSError as e:
+        raise BackendError(f"could not start {argv[0]}: {e}", argv=list(argv)) from None
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGQUIT)}
+    try:
+        return child.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
