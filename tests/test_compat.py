@@ -1,5 +1,5 @@
 """corral's Slurm shims against Slurm's own commands, invocation by invocation: the
-corpus (tests/compat/corpus.tsv, 71 invocations agents use) was run against the
+corpus (tests/compat/corpus.tsv, 77 invocations agents use) was run against the
 private Slurm by scripts/record-slurm-golden (tests/golden/slurm_compat.json); here it
 runs through the shims against a gateway in front of the same Slurm. Outputs, errors
 and exit codes are compared after normalising ids, dates and durations (and blanks);

@@ -45,12 +45,14 @@ def test_what_a_shim_cannot_honour_is_an_error_naming_the_flag(gateway: Gateway,
                                                                agent_dir: Path) -> None:
     script = ("sbatch -A other --wrap true; echo rc=$?; sbatch --nodes=4 --wrap true; echo rc=$?; "
               "squeue --bogus; echo rc=$?; squeue -o '%Y'; echo rc=$?; sacct -o MaxRSS; echo rc=$?; "
-              "scancel; echo rc=$?; sbatch --time=abc --wrap true; echo rc=$?")
+              "scancel; echo rc=$?; sacct -S yesterday-ish; echo rc=$?; squeue -o %p; echo rc=$?; "
+              "sbatch --time=abc --wrap true; echo rc=$?")
     r = agent_run(gateway, people["bot1"], script, agent_dir, "--no-fence")
-    assert r.stdout.split() == ["rc=1"] * 6 + ["rc=255"], r.stdout + r.stderr  # sbatch's own code for a bad --time
+    assert r.stdout.split() == ["rc=1"] * 8 + ["rc=255"], r.stdout + r.stderr  # sbatch's own code for a bad --time
     for says in ("does not support --account", "does not support --nodes=4", "unrecognized option '--bogus'",
                  "does not support the format field %Y", "does not support the field MaxRSS",
-                 "No job identification provided", "Invalid --time specification"):
+                 "No job identification provided", "Invalid time specification: yesterday-ish",
+                 "does not support the format field %p", "Invalid --time specification"):
         assert says in r.stderr
     assert "Traceback" not in r.stderr
 

@@ -5,6 +5,8 @@ under each job that started (unless ``-X``), in Slurm's columns: the default sev
 from __future__ import annotations
 
 import json
+import re
+import time
 from typing import Any
 
 from .base import Parser, ShimError, exit_code, hms, stamp, unsupported, user
@@ -47,6 +49,38 @@ def _value(v: View, key: str, step: bool, account: str) -> str:
         "cputime": hms(el * int(cpus)),
     }
     return vals[key]
+
+
+def _midnight() -> float:
+    t = time.localtime()
+    return time.mktime((t.tm_year, t.tm_mon, t.tm_mday, 0, 0, 0, 0, 0, -1))
+
+
+_REL = re.compile(r"now(?:([-+])(\d+)(seconds|minutes|hours|days|weeks)?)?")
+
+
+def when(text: str) -> float:
+    """sacct's -S/-E: YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY], now[-N{seconds,minutes,hours,days,weeks}],
+    today, midnight, noon."""
+    t = text.strip().lower()
+    if t in ("today", "midnight"):
+        return _midnight()
+    if t == "noon":
+        return _midnight() + 12 * 3600
+    m = _REL.fullmatch(t)
+    if m:
+        n = int(m[2] or 0) * {"seconds": 1, "minutes": 60, "hours": 3600, "days": 86400, "weeks": 604800,
+                              None: 1}[m[3]]
+        return time.time() + (n if m[1] == "+" else -n)
+    for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d", "%m/%d/%y", "%m/%d"):
+        try:
+            parsed = time.strptime(text.strip(), fmt)
+        except ValueError:
+            continue
+        year = parsed.tm_year if "%y" in fmt.lower() else time.localtime().tm_year
+        return time.mktime((year, parsed.tm_mon, parsed.tm_mday, parsed.tm_hour, parsed.tm_min, parsed.tm_sec,
+                            0, 0, -1))
+    raise ShimError(f"Invalid time specification: {text} (use YYYY-MM-DD[THH:MM[:SS]], MM/DD or now-2hours)")
 
 
 def _el(v: View) -> float:
@@ -98,6 +132,11 @@ def sacct(argv: list[str]) -> int:
         unsupported("sacct", "--user/--allusers", "corral shows you your own jobs (and your agents')")
     ids = ns.jobs.split(",") if ns.jobs else None
     vs = views(ids, _states(ns.state) if ns.state else None, None, set(ns.name.split(",")) if ns.name else None, False)
+    # Slurm's window: without -j, jobs since 00:00 today; -S/-E narrow it either way
+    start = when(ns.starttime) if ns.starttime else (None if ids else _midnight())
+    end = when(ns.endtime) if ns.endtime else None
+    vs = [v for v in vs if (start is None or (v.j.get("end_time") or v.now) >= start)
+          and (end is None or (v.j.get("submit_time") or 0) <= end)]
     vs.sort(key=lambda v: v.j["id"])
     account = queue_account() if vs else user()
     if ns.json:

@@ -216,8 +216,9 @@ def views(ids: list[str] | None, states: set[str] | None, partitions: set[str] |
                 if v0.array_id == int(head) and (not task or v0.task == task) and j["id"] not in seen:
                     seen.add(j["id"])
                     jobs.append(j)
-    else:
-        jobs = c.jobs(full=True, limit=1000)["jobs"]
+    else:  # the gateway filters by state: an squeue of active jobs never pages through old ones
+        wanted_states = sorted(ACTIVE) if active_only else sorted(states) if states else None
+        jobs = c.jobs(full=True, limit=1000, state=wanted_states)["jobs"]
     out = []
     for j in jobs:
         part = (j.get("spec") or {}).get("partition") or default
