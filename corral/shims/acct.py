@@ -9,7 +9,7 @@ import re
 import time
 from typing import Any
 
-from .base import Parser, ShimError, exit_code, hms, stamp, unsupported, user
+from .base import Parser, ShimError, elapsed, exit_code, hms, stamp, unsupported, user
 from .queue import View, _states, views
 from .queue import account as queue_account
 
@@ -30,7 +30,7 @@ LEFT = {"jobid", "jobidraw", "workdir", "nodelist"}
 
 def _value(v: View, key: str, step: bool, account: str) -> str:
     j, s = v.j, v.spec
-    el = _el(v)
+    el = elapsed(v.j, v.now)
     cpus = str(s.get("cpus", 1))
     state = j["state"]
     if state == "CANCELLED" and not step:
@@ -81,13 +81,6 @@ def when(text: str) -> float:
         return time.mktime((year, parsed.tm_mon, parsed.tm_mday, parsed.tm_hour, parsed.tm_min, parsed.tm_sec,
                             0, 0, -1))
     raise ShimError(f"Invalid time specification: {text} (use YYYY-MM-DD[THH:MM[:SS]], MM/DD or now-2hours)")
-
-
-def _el(v: View) -> float:
-    j = v.j
-    if not j.get("start_time"):
-        return 0.0
-    return max(0.0, (j.get("end_time") or v.now) - j["start_time"])
 
 
 def _fields(text: str) -> list[tuple[str, int]]:
@@ -173,7 +166,7 @@ def _json(v: View, account: str) -> dict[str, Any]:
     return {"job_id": j["id"], "name": j.get("name") or "wrap", "partition": v.partition, "account": account,
             "user": user(), "state": {"current": j["state"]}, "exit_code": {"return_code": j.get("exit_code") or 0},
             "time": {"submission": int(j.get("submit_time") or 0), "start": int(j.get("start_time") or 0),
-                     "end": int(j.get("end_time") or 0), "elapsed": int(_el(v)),
+                     "end": int(j.get("end_time") or 0), "elapsed": int(elapsed(v.j, v.now)),
                      "limit": int(s.get("walltime_s", 3600) // 60)},
             "required": {"CPUs": s.get("cpus", 1), "memory": s.get("memory_mb", 1024)},
             "working_directory": s.get("workdir") or ""}

@@ -7,6 +7,7 @@ honour, an error that names the flag (exit 2 is argparse's; Slurm's is 1 and we 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pwd
@@ -56,7 +57,9 @@ def unsupported(prog: str, flag: str, why: str = "") -> NoReturn:
                     "(use corral's own command or MCP tool for it)")
 
 
+@functools.lru_cache(maxsize=1)
 def client() -> Client:
+    """The gateway, one keep-alive connection for the whole command (a shim is one process)."""
     url = os.environ.get("CORRAL_URL") or "http://127.0.0.1:8765"
     token = os.environ.get("CORRAL_TOKEN")
     if not token:
@@ -69,9 +72,10 @@ def client() -> Client:
 FACILITY_TTL_S = 30.0
 
 
+@functools.lru_cache(maxsize=1)
 def facility(c: Client) -> dict[str, Any]:
-    """The facility's partitions: asked once per 30 s per agent session (``corral agent
-    run`` gives each session a cache directory), not once per command: an agent's
+    """The facility's partitions: asked once per command, and once per 30 s per agent
+    session (``corral agent run`` gives each session a cache directory): an agent's
     ``squeue`` loop then costs the gateway one job lookup per call."""
     cache = os.environ.get("CORRAL_SHIM_CACHE")
     path = os.path.join(cache, "facility.json") if cache else None
@@ -110,6 +114,7 @@ def user() -> str:
 
 
 def elapsed(job: dict[str, Any], now: float | None = None) -> float:
+    """How long a job has run (or ran): to its end, else to ``now``."""
     start = job.get("start_time")
     if not start:
         return 0.0

@@ -41,20 +41,16 @@ def scancel(argv: list[str]) -> int:
     vs = views(ns.ids or None, _states(ns.state) if ns.state else None,
                set(ns.partition.split(",")) if ns.partition else None,
                set(ns.name.split(",")) if ns.name else None, active_only=False)
-    if ns.ids:
+    if ns.ids and ns.verbose:
         found = {str(v.j["id"]) for v in vs} | {v.jobid for v in vs} | {str(v.array_id) for v in vs}
-        code = 0
         for raw in ns.ids:
-            if raw.split(".")[0] not in found and ns.verbose:
-                # Slurm 22.05's scancel says nothing and exits 0 for an id it does not know
+            if raw.split(".")[0] not in found:
+                # Slurm 22.05's scancel says nothing and exits 0 for an id it does not know, unless -v
                 print(f"scancel: error: Kill job error on job id {raw}: Invalid job id specified", file=sys.stderr)
-        targets = [v.j["id"] for v in vs if v.state in ACTIVE]
-    else:
-        targets = [v.j["id"] for v in vs if v.state in ACTIVE]
-        code = 0
+    targets = [v.j["id"] for v in vs if v.state in ACTIVE]
     if targets:
         c.cancel(targets)
-    return code
+    return 0
 
 
 def sinfo(argv: list[str]) -> int:

@@ -11,6 +11,7 @@ NODELIST shows the node names the facility reports for the job's partition.
 
 from __future__ import annotations
 
+import functools
 import grp
 import json
 import os
@@ -20,8 +21,8 @@ import time
 from typing import Any, Callable
 
 from ..errors import NotFound
-from .base import (ACTIVE, SHORT, Parser, ShimError, client, exit_code, facility, hms, limit, squeue_time, stamp,
-                   unsupported, user)
+from .base import (ACTIVE, SHORT, Parser, ShimError, client, elapsed, exit_code, facility, hms, limit, squeue_time,
+                   stamp, unsupported, user)
 
 DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
 MIN_JOB_AGE_S = 300
@@ -65,9 +66,9 @@ class View:
         return {
             "i": self.jobid, "A": str(self.array_id), "K": self.task or "N/A", "P": self.partition,
             "j": j.get("name") or "wrap", "u": user(), "t": SHORT.get(self.state, "NF"), "T": self.state,
-            "M": squeue_time(_elapsed(j, self.now)), "D": "1", "R": self.reason(), "N": self.nodes if self.state
+            "M": squeue_time(elapsed(j, self.now)), "D": "1", "R": self.reason(), "N": self.nodes if self.state
             == "RUNNING" else "", "r": self.reason().strip("()") if self.state != "RUNNING" else "None",
-            "l": limit(s.get("walltime_s", 3600)), "L": limit(max(0, s.get("walltime_s", 3600) - _elapsed(j, self.now)))
+            "l": limit(s.get("walltime_s", 3600)), "L": limit(max(0, s.get("walltime_s", 3600) - elapsed(j, self.now)))
             if self.state == "RUNNING" else limit(s.get("walltime_s", 3600)),
             "C": str(s.get("cpus", 1)), "m": f"{s.get('memory_mb', 1024)}M", "V": stamp(j.get("submit_time")),
             "S": stamp(j.get("start_time")) if j.get("start_time") else "N/A", "e": stamp(j.get("end_time"))
@@ -96,6 +97,7 @@ def _group() -> str:
         return str(os.getgid())
 
 
+@functools.lru_cache(maxsize=1)
 def account() -> str:
     """The account corral charges: the principal's, else (as Slurm's default account
     usually is) the user's name."""
@@ -103,12 +105,6 @@ def account() -> str:
         return str(client().whoami().get("account") or user())
     except Exception:  # noqa: BLE001 - the field is a courtesy; the answer is not worth failing for
         return user()
-
-
-def _elapsed(j: dict[str, Any], now: float) -> float:
-    if not j.get("start_time"):
-        return 0.0
-    return max(0.0, (j.get("end_time") or now) - j["start_time"])
 
 
 def compile_format(fmt: str) -> list[tuple[str, Any]]:
@@ -138,7 +134,7 @@ def compile_long(text: str) -> list[tuple[str, Any]]:
                 unsupported("squeue", f"the field {name}", "corral does not know it of a job")
             raise ShimError(f"Invalid job format specification: {name}")
         right = width.startswith(".")
-        out.append((letter, (right, int(width.lstrip(".")) if width.strip(".") else 20, True)))
+        out.append((letter, (right, int(width.lstrip(".")) if width.strip(".") else 20)))
     return out
 
 
@@ -148,14 +144,12 @@ def render(fields: list[tuple[str, Any]], value: Callable[[str], str], header: b
         if how is None:
             cells.append(key)
             continue
-        right, width = how[0], how[1]
+        right, width = how
         text = HEADERS[key] if header else value(key)
         if width is not None:
             text = text[:width]
             text = text.rjust(width) if right else text.ljust(width)
-        cells.append(text)
-        if len(how) == 3:  # -O fields are padded and follow each other with no separator
-            pass
+        cells.append(text)  # -O fields are padded and follow each other with no separator
     return "".join(cells)
 
 
@@ -181,12 +175,11 @@ def _states(text: str) -> set[str]:
     return out
 
 
-def views(ids: list[str] | None, states: set[str] | None, partitions: set[str] | None,
-          names: set[str] | None, active_only: bool) -> list[View]:
-    """The caller's jobs as corral sees them, filtered as squeue/sacct/scontrol ask."""
+def fetch(ids: list[str] | None, server_states: list[str] | None = None) -> list[View]:
+    """The caller's jobs as corral sees them: those ``ids`` (one request each), or the
+    listing (filtered by state on the gateway), newest first with pending ones ahead."""
     c = client()
-    fac = facility(c)
-    parts = fac.get("partitions") or []
+    parts = facility(c).get("partitions") or []
     default = next((p["name"] for p in parts if p.get("default")), parts[0]["name"] if parts else "batch")
     nodes = {p["name"]: ",".join(p.get("nodes") or []) or "localhost" for p in parts}
     now = time.time()
@@ -216,24 +209,28 @@ def views(ids: list[str] | None, states: set[str] | None, partitions: set[str] |
                 if v0.array_id == int(head) and (not task or v0.task == task) and j["id"] not in seen:
                     seen.add(j["id"])
                     jobs.append(j)
-    else:  # the gateway filters by state: an squeue of active jobs never pages through old ones
-        wanted_states = sorted(ACTIVE) if active_only else sorted(states) if states else None
-        jobs = c.jobs(full=True, limit=1000, state=wanted_states)["jobs"]
+    else:
+        jobs = c.jobs(full=True, limit=1000, state=server_states)["jobs"]
     out = []
     for j in jobs:
         part = (j.get("spec") or {}).get("partition") or default
-        v = View(j, part, nodes.get(part, "localhost"), now)
-        if active_only and v.state not in ACTIVE:
-            continue
-        if states is not None and v.state not in states:
-            continue
-        if partitions and part not in partitions:
-            continue
-        if names and (j.get("name") or "wrap") not in names:
-            continue
-        out.append(v)
-    out.sort(key=lambda v: (v.state != "PENDING", -v.j["id"]) if v.state == "PENDING" else (1, -v.j["id"]))
+        out.append(View(j, part, nodes.get(part, "localhost"), now))
+    out.sort(key=lambda v: (v.state != "PENDING", -v.j["id"]))
     return out
+
+
+def keep(vs: list[View], states: set[str] | None, partitions: set[str] | None, names: set[str] | None,
+         active_only: bool) -> list[View]:
+    return [v for v in vs if not (active_only and v.state not in ACTIVE) and (states is None or v.state in states)
+            and (not partitions or v.partition in partitions) and (not names or (v.j.get("name") or "wrap") in names)]
+
+
+def views(ids: list[str] | None, states: set[str] | None, partitions: set[str] | None,
+          names: set[str] | None, active_only: bool) -> list[View]:
+    """The caller's jobs, filtered as squeue/sacct/scontrol ask (an active-only or
+    by-state listing is filtered by the gateway already)."""
+    server = None if ids else sorted(ACTIVE) if active_only else sorted(states) if states else None
+    return keep(fetch(ids, server), states, partitions, names, active_only)
 
 
 def squeue(argv: list[str]) -> int:
@@ -267,18 +264,18 @@ def squeue(argv: list[str]) -> int:
         unsupported("squeue", f"--user={ns.user}", "corral shows you your own jobs (and your agents')")
     ids = ns.jobs.split(",") if ns.jobs else None
     states = _states(ns.states) if ns.states else None
-    vs = views(ids, states, set(ns.partition.split(",")) if ns.partition else None,
-               set(ns.name.split(",")) if ns.name else None, active_only=states is None)
-    if ids and not vs and not states:
-        # squeue -j of a job that has left the queue: Slurm says the id is invalid once it is purged
-        known = {str(v.j["id"]) for v in views(ids, None, None, None, False)}
-        if not known:
-            raise ShimError("slurm_load_jobs error: Invalid job id specified", bare=True)
+    # one fetch: the ids asked (known or not), every job for --json, else what is asked
+    wide = bool(ids) or (ns.json and not states)
+    pool = fetch(ids) if wide else fetch(None, sorted(states) if states else sorted(ACTIVE))
+    vs = keep(pool, states, set(ns.partition.split(",")) if ns.partition else None,
+              set(ns.name.split(",")) if ns.name else None, active_only=states is None)
+    if ids and not vs and not states and not pool:
+        # squeue -j of a job corral does not know: Slurm says the id is invalid once it is purged
+        raise ShimError("slurm_load_jobs error: Invalid job id specified", bare=True)
     if not (ids or ns.user or ns.me or ns.states or ns.partition or ns.name) and sys.stderr.isatty():
         print("squeue: corral shows your jobs only", file=sys.stderr)
     if ns.json:  # as Slurm's, the jobs the controller still holds: ended ones for MinJobAge (300 s)
-        recent = [v for v in views(ids, None, None, None, False) if v.state in ACTIVE
-                  or (v.j.get("end_time") or 0) > time.time() - MIN_JOB_AGE_S]
+        recent = [v for v in pool if v.state in ACTIVE or (v.j.get("end_time") or 0) > time.time() - MIN_JOB_AGE_S]
         print(json.dumps({"jobs": [_json(v) for v in (vs if states else recent)]}, indent=2))
         return 0
     fields = compile_long(ns.Format) if ns.Format else compile_format(ns.format or (LONG if ns.long else DEFAULT))
@@ -333,7 +330,7 @@ def _show(v: View, one_line: bool) -> str:
         [("JobState", v.state), ("Reason", v.reason().strip("()") if v.state != "RUNNING" else "None"),
          ("Dependency", "(null)")],
         [("ExitCode", exit_code(j))],
-        [("RunTime", hms(_elapsed(j, v.now))), ("TimeLimit", hms(s.get("walltime_s", 3600)))],
+        [("RunTime", hms(elapsed(j, v.now))), ("TimeLimit", hms(s.get("walltime_s", 3600)))],
         [("SubmitTime", stamp(j.get("submit_time")))],
         [("StartTime", stamp(j.get("start_time"))),
          ("EndTime", stamp(j.get("end_time") or ((j["start_time"] + s.get("walltime_s", 3600))

@@ -125,8 +125,11 @@ def _redirect(path: str, stream: str, append: bool = False) -> str:
     return f'exec {fd}{">>" if append else ">"}"{expanded}"'
 
 
-def build(ns: Any, script: str, args: list[str], cwd: Path) -> tuple[dict[str, Any], str | None, bool]:
-    """(the job spec, the array text or None, whether to hold) of parsed options."""
+def build(ns: Any, script: str, args: list[str], cwd: Path,
+          default_out: bool = True) -> tuple[dict[str, Any], str | None, bool]:
+    """(the job spec, the array text or None, whether to hold) of parsed options. Output
+    goes to -o, else to Slurm's default file (``default_out``: sbatch's, not srun's,
+    whose output is the caller's)."""
     for dest, (_, why) in REFUSED.items():
         if getattr(ns, dest, None):
             unsupported("sbatch", "--" + dest.replace("_", "-"), why)
@@ -160,15 +163,14 @@ def build(ns: Any, script: str, args: list[str], cwd: Path) -> tuple[dict[str, A
     spec["name"] = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:64] or "wrap"
     workdir = Path(ns.chdir).resolve() if ns.chdir else cwd
     spec["workdir"] = str(workdir)
-    default_out = "slurm-%A_%a.out" if ns.array else "slurm-%j.out"
-    out = ns.output or default_out
+    out = ns.output or (("slurm-%A_%a.out" if ns.array else "slurm-%j.out") if default_out else None)
     lines = ["#!/bin/bash", f"export SLURM_JOB_NAME={shlex.quote(name)}",
              'export SLURM_JOB_ID="${CORRAL_JOB_ID}"', f"cd {shlex.quote(str(workdir))}",
-             _redirect(out, "out", ns.open_mode == "append"),
+             _redirect(out, "out", ns.open_mode == "append") if out else "",
              _redirect(ns.error, "err", ns.open_mode == "append") if ns.error else "exec 2>&1"]
     body = script if script.startswith("#!") else "#!/bin/bash\n" + script
     interp, _, rest = body.partition("\n")
-    spec["script"] = "\n".join(lines) + "\n" + _run_script(interp, rest, args)
+    spec["script"] = "\n".join(x for x in lines if x) + "\n" + _run_script(interp, rest, args)
     if ns.dependency:
         spec.update(_dependency(ns.dependency))
     return spec, ns.array, bool(ns.hold)
@@ -262,8 +264,7 @@ def srun(argv: list[str]) -> int:
         unsupported("srun", "a step inside a job", "inside a job, run the command directly")
     script = "#!/bin/bash\n" + " ".join(shlex.quote(a) for a in ns.command) + "\n"
     ns.array = None
-    spec, _, _ = build(ns, script, [], Path.cwd())
-    spec["script"] = spec["script"].replace(_redirect("slurm-%j.out", "out"), "")
+    spec, _, _ = build(ns, script, [], Path.cwd(), default_out=False)
     c = client()
     _check_partition(c, spec)
     job = c.submit(spec)
