@@ -64,8 +64,6 @@ class ControlPlane:
     def __init__(self, times: ServiceTimes) -> None:
         self.t = times
         self.counts = dict.fromkeys(KINDS, 0.0)
-        self.people_share = 0.0
-        """Of this bucket's RPCs, the share people sent (their commands' latency is reported)."""
         self.people_rpcs = 0.0
         self.backlog_s = 0.0
         self.retry = 0.0

@@ -98,7 +98,6 @@ class Engine:
         """Jobs the controller holds (pending and running batch jobs): a query's cost."""
         self.held_max = 0
         self.rejected = 0
-        self.started = 0
         self.live = 0
         """Events that are not periodic ticks: when none is left, the run is over."""
 
@@ -184,7 +183,6 @@ class Engine:
         p.free_m -= job.mem
         job.state = RUNNING
         job.start = now
-        self.started += 1
         if self.starts is not None:
             self.starts[job.id] = now
         p.ends.add((now + job.limit, job.id, job))

@@ -72,12 +72,12 @@ class Scenario:
 class Run:
     """One policy over one scenario; ``go`` returns the figures."""
 
-    def __init__(self, sc: Scenario, policy: str, record_starts: bool = False) -> None:
+    def __init__(self, sc: Scenario, policy: str) -> None:
         if policy not in POLICIES:
             raise ValueError(policy)
         self.sc, self.policy = sc, policy
         self.plane = ControlPlane(sc.times)
-        self.engine = Engine(sc.facility, sc.sched, self.plane, record_starts)
+        self.engine = Engine(sc.facility, sc.sched, self.plane)
         self.engine.on_end = self._ended
         self.engine.on_start = self._started
         self.corral = policy == "corral"
@@ -169,9 +169,9 @@ class Run:
         """The facility's Cedar policy on this submission at the simulated time; the
         answers are kept by (size, hour, weekday), or by size alone when no rule of the
         policy reads the clock."""
-        from ..safety.policy import Policy, Request
-
         if self._policy is None:
+            from ..safety.policy import Policy  # Cedar loads only for the corral arm
+
             self._policy = Policy.load(self.sc.cedar)
             # whole-line comments only: a "//" inside a string must not hide a rule (erring
             # towards "timed" costs speed, never a wrong decision)
@@ -179,12 +179,14 @@ class Run:
             self._timed = bool(re.search(r"context\.(hour|weekday|off_hours)", code))
         at = self.sc.epoch + now
         if self._timed:
-            lt = time.gmtime(at)
+            lt = time.localtime(at)  # the clock Policy.decide reads: the key must be its hour, not UTC's
             key: tuple[Any, ...] = (job.cores, job.gpus, int(job.limit), lt.tm_hour, lt.tm_wday)
         else:
             key = (job.cores, job.gpus, int(job.limit))
         ok = self._decisions.get(key)
         if ok is None:
+            from ..safety.policy import Request  # on a miss only: a few thousand per run
+
             req = Request(kind="agent", name="simulated-agent", action="submit", sponsor="someone",
                           resource={"cpus": job.cores, "gpus": job.gpus, "walltime_s": int(job.limit),
                                     "contained": True}, at=at)

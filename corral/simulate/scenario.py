@@ -52,17 +52,10 @@ def build(trace: Path | None, facility: str | None, days: float, seed: int, agen
                         head.core_s / users / span, span_days,
                         epoch=epoch, week_offset_h=lt.tm_wday * 24 + lt.tm_hour, **common)
     fac = cluster.load(facility or "2000-node")
-    per_day = _people_rate(people, fac)
+    per_day = people.jobs_per_s(fac) * 86400
     core_s = people.load * fac.default.cores * 86400 / people.people
     return Scenario(fac, lambda: people_jobs(people, fac, days, seed), people.people, per_day / people.people,
                     core_s, days, epoch=GENERATED_EPOCH, **common)
-
-
-def _people_rate(people: PeopleModel, fac: cluster.Facility) -> float:
-    """Jobs per day the people generator makes (its offered load over its mean job)."""
-    b = fac.default
-    mean_nodes = sum(people.node_choices) / len(people.node_choices)
-    return people.load * b.cores / (people.mean_run_s * (1 - people.short) * mean_nodes * b.cores_per_node) * 86400
 
 
 def compare(sc: Scenario, policies: tuple[str, ...] = POLICIES,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import gzip
 import math
 import random
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterator
 
@@ -145,6 +145,13 @@ class PeopleModel:
     short: float = SynthParams.human_short
     gpu_jobs: float = SynthParams.human_gpu_jobs
 
+    def jobs_per_s(self, facility: Facility) -> float:
+        """The arrival rate, averaged over the week, that offers ``load`` of the batch
+        partition (its cores over one job's mean core-seconds)."""
+        b = facility.default
+        mean_nodes = sum(self.node_choices) / len(self.node_choices)
+        return self.load * b.cores / (self.mean_run_s * (1 - self.short) * mean_nodes * b.cores_per_node)
+
     def check(self) -> None:
         if self.people < 1:
             raise InvalidRequest("--people must be at least 1")
@@ -158,10 +165,7 @@ def people_jobs(m: PeopleModel, facility: Facility, days: float, seed: int, star
     gpu = facility.gpu
     w = [float(x) for x in _week_weights(False)]  # numpy scalars would make every time a numpy float
     mean_w = sum(w) / len(w)
-    mean_nodes = sum(m.node_choices) / len(m.node_choices)
-    # mean core-seconds of one job, then the rate that offers ``load`` of the facility
-    mean_core_s = m.mean_run_s * (1 - m.short) * mean_nodes * batch.cores_per_node
-    rate = m.load * batch.cores / mean_core_s  # jobs per second, on average over the week
+    rate = m.jobs_per_s(facility)
     mu = math.log(m.mean_run_s) - m.sigma ** 2 / 2
     t, end, jid = 0.0, days * 86400.0, start_id
     peak = rate * max(w) / mean_w
@@ -228,7 +232,6 @@ class AgentModel:
             raise InvalidRequest(f"--agent-off-hours must be from 0.01 to 1, got {self.off_hours}")
 
 
-MODEL_FIELDS = {f.name for f in fields(AgentModel)}
 LIMITS_S = (3600, 2 * 3600, 4 * 3600, 8 * 3600, 12 * 3600, 24 * 3600, 48 * 3600)
 """The walltimes an agent asks for (round ones, as people do): the smallest above twice its run."""
 
@@ -269,7 +272,6 @@ class Agents:
         self.batch = facility.default
         self.gpu = facility.gpu
         self.gpu_part = facility.partitions.index(self.gpu) if self.gpu else 0
-        self.mu = math.log(900.0)
         # Size the longer jobs so an agent's core-hours are core_hours_ratio a person's.
         probe = random.Random(1)
         mean_run = sum(self._long_run(probe) for _ in range(4000)) / 4000
