@@ -18,8 +18,8 @@ import pytest
 from corral.agent_run import shim_dir
 
 from .compat import runner
-from .conftest import Gateway, free_port
 from .slurm_env import slurm_conf
+from .test_gateway_slurm import start_slurm_gateway
 
 pytestmark = pytest.mark.usefixtures("slurm_turn")
 FIELD_BY_FIELD = {"scontrol_show_job"}
@@ -45,10 +45,7 @@ def shim_results():
     conf = slurm_conf()
     root = Path(tempfile.mkdtemp(prefix="corral-compat-"))
     root.chmod(0o755)
-    gw = Gateway(root / "home", free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": conf,
-                                                        "CORRAL_TICK_S": "0.5"})
-    gw.home.mkdir()
-    gw.start()
+    gw = start_slurm_gateway(root, conf)
     _ids_from(gw.home / "corral.db", 700_000)
     try:
         shims = shim_dir(root / "shims")

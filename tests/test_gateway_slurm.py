@@ -21,13 +21,18 @@ from .slurm_env import answers, slurm_conf
 pytestmark = pytest.mark.usefixtures("slurm_turn")
 
 
-@pytest.fixture
-def slurm_gateway(tmp_path):
-    conf = slurm_conf()
-    gw = Gateway(tmp_path / "home", free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": conf,
-                                                            "CORRAL_TICK_S": "0.5"})
+def start_slurm_gateway(root: Path, conf: str) -> Gateway:
+    """A gateway on the Slurm backend with its home in ``root``, started (the caller stops it)."""
+    gw = Gateway(root / "home", free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": conf,
+                                                        "CORRAL_TICK_S": "0.5"})
     gw.home.mkdir()
     gw.start()
+    return gw
+
+
+@pytest.fixture
+def slurm_gateway(tmp_path):
+    gw = start_slurm_gateway(tmp_path, slurm_conf())
     yield gw
     gw.kill(signal.SIGTERM)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Gateway, free_port
 from .slurm_env import slurm_conf
+from .test_gateway_slurm import start_slurm_gateway
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT_USER = "corral-alice"
@@ -73,10 +73,7 @@ def test_agents_reach_slurm_through_corral_only(plugin: str) -> None:
     # the agent user's job, sent by corral's gateway (sbatch --uid, from corral's own uid)
     home = Path(tempfile.mkdtemp(prefix="corral-plugin-"))
     home.chmod(0o755)
-    gw = Gateway(home / "home", free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": conf,
-                                                        "CORRAL_TICK_S": "0.5"})
-    gw.home.mkdir()
-    gw.start()
+    gw = start_slurm_gateway(home, conf)
     try:
         with gw.http() as h:
             assert h.post("/v1/principals", json={"name": "alice", "kind": "human",
