@@ -133,7 +133,7 @@ class _Plain:
         return status, data, fields.get("retry-after")
 
 
-class _https:
+class _Https:
     """https through the standard library (imported here: plain http never pays for it)."""
 
     def __init__(self, host: str, port: int, timeout: float) -> None:
@@ -187,7 +187,7 @@ class Client:
     def _conn(self, timeout: float) -> "_Connection":
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = _https(self._host, self._port, timeout) if self._scheme == "https" else \
+            conn = _Https(self._host, self._port, timeout) if self._scheme == "https" else \
                 _Plain(self._host, self._port, timeout)
             self._local.conn = conn
         conn.settimeout(timeout)

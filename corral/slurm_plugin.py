@@ -127,7 +127,10 @@ def command() -> "object":
         if out is None:
             click.echo(text, nl=False)
         else:
-            out.write_text(text)
+            try:
+                out.write_text(text)
+            except OSError as e:
+                raise InvalidRequest(f"cannot write {out}: {e.strerror}") from None
             click.echo(f"wrote {out}", err=True)
 
     return slurm

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import proc
+from ..errors import InvalidRequest
 from .controlplane import CALIBRATION
 
 RPC_RE = re.compile(r"^\s*(\w+)\s+\(\s*\d+\)\s+count:(\d+)\s+ave_time:(\d+)\s+total_time:(\d+)", re.M)
@@ -110,5 +111,8 @@ def calibrate(queries: int = 200, held: int = 300, clients: int = 8, burst_s: fl
 
 def write(result: dict[str, Any], out: Path | None = None) -> Path:
     path = out or CALIBRATION
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    try:
+        path.write_text(json.dumps(result, indent=2) + "\n")
+    except OSError as e:
+        raise InvalidRequest(f"cannot write {path}: {e.strerror}", hint="give --out a writable file") from None
     return path
