@@ -143,7 +143,11 @@ class Sandbox:
         out = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp",
                *spaces, "--die-with-parent", "--new-session"]
         own = _home_of(who[0]) if who is not None else str(Path.home())
-        out += self._hiding(own)  # emptied first: the job's own directories are bound back in after
+        # emptied first (the job's own directories are bound back in after); a path gone since
+        # the list was made (a home userdel removed) needs no hiding, and bwrap could not mount on it
+        for flag, path, *src in self._hiding(own):
+            if os.path.lexists(path):
+                out += [flag, *src, path]
         if who is not None and readable:  # bwrap made their hidden parents root's, 0700: bound apart
             seen = {f: f"{READ_DIR}/{Path(f).name}" for f in readable}
             out += ["--perms", "0755", "--dir", READ_DIR]
@@ -174,16 +178,14 @@ class Sandbox:
                 "--bounding-set=-all", "--", *(["unshare", "--user", "--map-current-user", "--"] if self.own_count else []), *prlimit, *argv]
 
     @functools.lru_cache(maxsize=64)
-    def _hiding(self, own: str | None) -> list[str]:
-        """bwrap's arguments that empty ``hide`` and every home but ``own``: once per
-        home, not per job (a fast lane starts hundreds a second)."""
+    def _hiding(self, own: str | None) -> list[tuple[str, ...]]:
+        """(bwrap flag, path[, source]) that empty ``hide`` and every home but ``own``:
+        worked out once per home, not per job (a fast lane starts hundreds a second)."""
         others = [h for h in self.homes if str(h) != own]
-        out: list[str] = []
-        for h in others:
-            out += ["--tmpfs", str(h)]
+        out: list[tuple[str, ...]] = [("--tmpfs", str(h)) for h in others]
         for p in self.hide:
             if not any(p.is_relative_to(h) for h in others):  # already gone with its home
-                out += ["--tmpfs", str(p)] if p.is_dir() else ["--ro-bind", "/dev/null", str(p)]
+                out.append(("--tmpfs", str(p)) if p.is_dir() else ("--ro-bind", str(p), "/dev/null"))
         return out
 
     def dumps(self) -> str:

@@ -567,3 +567,18 @@ def test_an_admin_sees_and_tries_the_sandbox_from_the_cli(tmp_path) -> None:
         assert bad.returncode == 2 and "not contained" in bad.stderr
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_home_gone_since_the_sandbox_was_made_is_not_mounted_over(tmp_path: Path) -> None:
+    """userdel -r between the gateway's start and a job: hiding the home that no longer
+    exists is neither needed nor possible (bwrap cannot mkdir on the read-only root)."""
+    from corral.sandbox import Sandbox
+
+    kept, gone = tmp_path / "kept", tmp_path / "gone"
+    kept.mkdir()
+    gone.mkdir()
+    box = Sandbox(frozenset({"agent"}), (), homes=(kept, gone))
+    assert str(gone) in box.wrap("agent", ["true"], str(tmp_path), root=False)
+    gone.rmdir()
+    argv = box.wrap("agent", ["true"], str(tmp_path), root=False)
+    assert str(gone) not in argv and argv[argv.index(str(kept)) - 1] == "--tmpfs"
