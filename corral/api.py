@@ -493,6 +493,9 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     from .dashboard.routes import mount
 
     app.state.board = mount(app, service)  # /dashboard: server-rendered pages (corral/dashboard)
+    from .storage.routes import add_routes
+
+    add_routes(app, service, caller, ok)  # /v1/env, /v1/workspaces (corral/storage)
 
     @app.get("/v1/facility", tags=["facility"], responses={200: {"model": FacilityOut}})
     async def facility(c: Caller = Depends(caller)) -> Response:

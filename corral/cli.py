@@ -116,7 +116,8 @@ LAZY = {
     "policy": "corral.safety.policy_commands:policy", "sandbox": "corral.sandbox_commands:sandbox",
     "control": "corral.job_commands:control", "usage": "corral.job_commands:usage",
     "simulate": "corral.simulate.commands:simulate", "agent": "corral.agent_run:agent",
-    "slurm": "corral.slurm_plugin:slurm",
+    "slurm": "corral.slurm_plugin:slurm", "env": "corral.storage.commands:env",
+    "workspace": "corral.storage.commands:workspace",
 }
 """Commands imported when called, not at start (they pull in polars, Cedar, tree-sitter)."""
 
@@ -215,6 +216,9 @@ def serve(**opts: Any) -> None:
               help="Run it even if this exact job just failed in a way that repeats (refused otherwise).")
 @click.option("--clean-env", is_flag=True,
               help="Do not send your PATH and VIRTUAL_ENV: the job gets the facility's basic environment only.")
+@click.option("--image", help="Run from this environment image (name or key, from 'corral env build'): mounted "
+              "read-only, its python first on PATH.")
+@click.option("--workspace", help="Run in this trial workspace (from 'corral workspace fork DIR') instead of a workdir.")
 @click.option("--after-ok", "after_ok", metavar="ID[,ID..]", help="Start once these jobs have all COMPLETED "
               "(cancelled if one ends otherwise).")
 @click.option("--after-any", "after_any", metavar="ID[,ID..]", help="Start once these jobs have ended, however.")
@@ -234,6 +238,7 @@ def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[
       corral submit --lane fast -t 1m -- pytest -x tests/test_io.py     # a quick trial, no queue
       corral submit --array 0-9 -- python sweep.py --seed '$CORRAL_ARRAY_TASK_ID'
       corral submit --after-ok 41,42 -- python reduce.py                # once 41 and 42 completed
+      corral submit --image np --workspace ws-0123abcd4567 -- pytest    # an image, in a trial workspace
 
     \b
     Environment: the job gets the facility's basic environment (HOME, USER, LANG ...),
@@ -249,7 +254,8 @@ def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[
         spec["command"] = command[0] if len(command) == 1 else shlex.join(command)
     else:
         spec["script"] = script_file.read()
-    spec.setdefault("workdir", os.getcwd())
+    if not spec.get("workspace"):
+        spec.setdefault("workdir", os.getcwd())
     env = {} if clean_env else {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
     env.update(_parse_kv(env_pairs, "--env"))
     if env:

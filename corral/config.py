@@ -112,8 +112,25 @@ class SandboxSettings(_Part):
     pids_max: int = Field(512, ge=16, le=1_000_000, description="Most processes and threads one sandboxed job may have at once (a fork bomb stops there).")
 
 
+class StorageSettings(_Part):
+    """Environment images, trial workspaces and metadata accounting (corral/storage/)."""
+
+    images_dir: Path | None = Field(None, description="The shared store of environment images (one squashfs file each); on a filesystem the nodes share. Default HOME/images.")
+    scratch: Path | None = Field(None, description="Node-local scratch: images' mount points, unpacked images, workspaces' upper layers. Not under HOME, whose contents jobs never see. Default /var/tmp/corral-<hash of HOME>.")
+    python: str | None = Field(None, description="The Python images are built for (the nodes must have it at the same path). Default /usr/bin/python3 where it exists, else the gateway's base interpreter.")
+    index_url: str | None = Field(None, description="Package index uv resolves and installs from (the facility's PyPI mirror); default uv's (PyPI).")
+    build_cpus: int = Field(2, ge=1, description="CPUs of one environment build job.")
+    build_memory_mb: int = Field(4096, ge=256, description="Memory (MB) of one environment build job.")
+    build_walltime_s: int = Field(3600, ge=60, description="Walltime of one environment build job.")
+    image_keep_days: float = Field(30.0, gt=0, description="An image no job has used for this long is collected by 'corral env gc'.")
+    workspace_ttl_s: int = Field(7 * 86400, ge=60, description="A workspace not committed or discarded is dropped this long after it was forked.")
+    shared_paths: list[Path] = Field(default_factory=list, description="Paths on the shared filesystem whose file-metadata operations corral counts (e.g. ['/home', '/project']).")
+    meta_sample: float = Field(0.0, ge=0, le=1, description="Share of batch jobs run under strace to count their metadata operations on shared_paths (0: none; 1: every job). Sampled jobs run slower.")
+    session_meta_budget: int = Field(0, ge=0, description="Metadata operations on shared_paths one session's measured jobs may make; past it, its jobs must use an image or a workspace (0: no cap).")
+
+
 PARTS: dict[str, type[_Part]] = {"fastlane": FastLaneSettings, "slurm": SlurmSettings, "memory": MemorySettings,
-                                 "safety": SafetySettings, "sandbox": SandboxSettings}
+                                 "safety": SafetySettings, "sandbox": SandboxSettings, "storage": StorageSettings}
 
 
 def _flat_names() -> dict[str, tuple[str, str]]:
@@ -157,6 +174,7 @@ class Settings(BaseModel):
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
     memory: MemorySettings = Field(default_factory=MemorySettings)
     safety: SafetySettings = Field(default_factory=SafetySettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
 
     @model_validator(mode="before")
     @classmethod

@@ -175,6 +175,50 @@ MIGRATIONS: list[str] = [
     CREATE INDEX jobs_submitted ON jobs(submit_time);
     CREATE INDEX jobs_ended ON jobs(end_time) WHERE end_time IS NOT NULL;
     """,
+    # 10: storage (corral/storage/): environment images and the requests that build them,
+    # trial workspaces, and jobs' metadata operations on shared paths
+    """
+    CREATE TABLE env_images (
+        key TEXT PRIMARY KEY,
+        name TEXT,
+        record TEXT NOT NULL,
+        builder TEXT,
+        created REAL NOT NULL,
+        last_used REAL
+    );
+    CREATE INDEX env_images_name ON env_images(name);
+    CREATE TABLE env_requests (
+        digest TEXT PRIMARY KEY,
+        job_id INTEGER,
+        key TEXT,
+        name TEXT,
+        principal TEXT NOT NULL,
+        at REAL NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT
+    );
+    CREATE TABLE workspaces (
+        id TEXT PRIMARY KEY,
+        principal TEXT NOT NULL,
+        base TEXT NOT NULL,
+        rev TEXT,
+        dir TEXT NOT NULL,
+        how TEXT NOT NULL,
+        created REAL NOT NULL,
+        expires REAL NOT NULL,
+        state TEXT NOT NULL
+    );
+    CREATE TABLE job_meta (
+        job_id INTEGER PRIMARY KEY,
+        principal TEXT NOT NULL,
+        session TEXT,
+        ops INTEGER NOT NULL,
+        shared_ops INTEGER NOT NULL,
+        by_call TEXT NOT NULL,
+        at REAL NOT NULL
+    );
+    CREATE INDEX job_meta_session ON job_meta(session);
+    """,
 ]
 
 _JOB_COLS = (

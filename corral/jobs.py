@@ -199,6 +199,26 @@ class JobSpec(BaseModel):
         description="Start only once these jobs (corral ids) have all ended, however they ended "
                     "(Slurm's --dependency=afterany).")
 
+    image: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="An environment image (its name or key, from corral env build / env list) mounted read-only "
+                    "in the job, its python first on PATH. 'env': NAME says the same.")
+    workspace: str | None = Field(
+        None, pattern=r"^ws-[0-9a-f]{12}$",
+        description="A trial workspace (from corral workspace fork DIR): the job runs in it and its writes stay "
+                    "there until the workspace is committed or discarded.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _env_names_an_image(cls, data: Any) -> Any:
+        # The spelling, env: NAME_OR_HASH, beside env as the job's variables.
+        if isinstance(data, dict) and isinstance(data.get("env"), str):
+            if data.get("image") not in (None, data["env"]):
+                raise ValueError("give the image once: 'env': NAME or 'image': NAME")
+            data = {**data, "image": data["env"]}
+            del data["env"]
+        return data
+
     @model_validator(mode="after")
     def _one_of_command_or_script(self) -> "JobSpec":
         if bool(self.command) == bool(self.script):

@@ -177,6 +177,15 @@ class Sandbox:
         return [*out, "--", "setpriv", f"--reuid={who[0]}", f"--regid={who[1]}", "--clear-groups", "--inh-caps=-all",
                 "--bounding-set=-all", "--", *(["unshare", "--user", "--map-current-user", "--"] if self.own_count else []), *prlimit, *argv]
 
+    def hidden_from(self, kind: str, user: str | None = None) -> list[Path]:
+        """The paths a contained job of ``kind`` (and ``user``) sees empty: what it may not
+        reach by another door either (a workspace forked over one of them)."""
+        if not self.applies(kind):
+            return []
+        who = self.owner(kind, user)
+        own = _home_of(who[0]) if who is not None else str(Path.home())
+        return [Path(t[1]) for t in self._hiding(own)]
+
     @functools.lru_cache(maxsize=64)
     def _hiding(self, own: str | None) -> list[tuple[str, ...]]:
         """(bwrap flag, path[, source]) that empty ``hide`` and every home but ``own``:

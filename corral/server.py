@@ -26,6 +26,7 @@ from .errors import InvalidRequest
 from .egress import Egress
 from .sandbox import Sandbox, build
 from .service import Service
+from .storage.verbs import scratch_dir
 
 log = logging.getLogger("corral")
 
@@ -46,6 +47,11 @@ def setup_logging(settings: Settings) -> None:
 
 def _sandbox(settings: Settings, state: list[Path]) -> tuple[Sandbox, Egress | None]:
     sb = settings.sandbox
+    # Workspaces and the trees they fork are each trial's own: hidden, the job's own bound back.
+    scratch = scratch_dir(settings.storage, settings.home)
+    for sub in ("workspaces", "trees", "uv-cache"):
+        (scratch / sub).mkdir(parents=True, exist_ok=True)
+        state = [*state, scratch / sub]
     egress = Egress(settings.home / "egress", sb.allow_hosts) if sb.allow_hosts and sb.kinds and not sb.network \
         else None
     sandbox = build(sb.kinds, sb.hide, sb.network, sb.run_as, [settings.home, settings.db_path.parent, *state],

@@ -43,6 +43,7 @@ from .safety.audit import Audit, AuditLog
 from .safety.credentials import Credentials
 from .safety.gate import Gate, budgets, job_resource, job_text
 from .sandbox import Sandbox
+from .storage.verbs import StorageVerbs
 
 if TYPE_CHECKING:
     from .egress import Egress
@@ -79,6 +80,9 @@ class Service:
         self.stream = Events(db, self.watchers, settings.wait_max_s)
         """The event stream of jobs' state changes (control/events.py)."""
         self.sender = Sender(db, self.lanes)
+        self.storage = StorageVerbs(settings.storage, settings.home, db, self.lanes, self.sender, self.audit, sandbox)
+        """Environment images, workspaces, metadata accounting (corral/storage/)."""
+        self.progress.ends.append(self.storage)
         if settings.fastlane.enabled:
             from .fastlane.lane import FastLane
             from .fastlane.pilots import Pilots
@@ -142,6 +146,8 @@ class Service:
         for i, t in enumerate(texts):
             first.setdefault(t, i)
         distinct = {t: specs[i] for t, i in first.items()}
+        if any(self.storage.applies(s) for s in distinct.values()):  # its image mounted, its workspace found
+            distinct = await asyncio.to_thread(self._resolve, caller, distinct, first, where)
         default = await asyncio.to_thread(self._preflight, {first[t]: s for t, s in distinct.items()}, where)
         rule = "default"
         for t, s in distinct.items():
@@ -200,6 +206,14 @@ class Service:
         except BackendError:  # the scheduler is away: judged without one
             return ""
         return next((p.name for p in parts if p.default), parts[0].name if parts else "")
+
+    def _resolve(self, caller: Caller, distinct: dict[str, JobSpec], first: dict[str, int], where: Any,
+                 ) -> dict[str, JobSpec]:
+        out = {}
+        for t, s in distinct.items():
+            with _prefixed(where(first[t])):
+                out[t] = self.storage.resolve(caller, s)
+        return out
 
     def _preflight(self, specs: dict[int, JobSpec], where: Any) -> str:
         """In a thread: workdirs are looked at on disk, and the first preflight reads the
@@ -394,7 +408,11 @@ class Service:
 
     async def usage(self, caller: Caller, job_id: int) -> dict[str, Any]:
         """What a finished job used against what it asked (job_control.py)."""
-        return await self.jobctl.usage(caller, self.get_job(caller, job_id))
+        out = await self.jobctl.usage(caller, self.get_job(caller, job_id))
+        ops = self.storage.job_ops(job_id)
+        if ops is not None:
+            out["metadata_ops"] = ops
+        return out
 
     async def wait(
         self, caller: Caller, job_id: int, timeout: float = 60.0, until: str | None = None
@@ -536,6 +554,7 @@ class Service:
                            "usage": self.db.usage([caller.name]),
                            "budgets": (found := budgets(self.gate.store, caller.cap)),
                            "budgets_note": None if found else "this token carries no budgets or caps"}
+            info["storage"] = self.storage.facility(caller)
             taint = self.gate.taint_of(caller)
             info["you"]["tainted"] = taint[1] if taint else None
             if taint:

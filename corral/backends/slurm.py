@@ -36,6 +36,7 @@ import secrets
 import shlex
 import shutil
 import signal as _signal
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 from .. import proc
 from ..errors import BackendError, CorralError, InvalidRequest
 from ..jobs import JobSpec, JobState, format_duration
+from ..storage import IMAGE_AT, IMAGE_FILE, META_LABEL, meta
 from . import CONTROLS, BackendStatus, OutputPaths, Partition, SubmitContext, Usage, base_env
 from .slurm_vocab import STATES, _epoch, _expand, _kv, _read_epoch, parse_exit, parse_slurm_time, translate
 
@@ -227,8 +229,14 @@ class SlurmBackend:
         # killed by a signal (cancel, walltime, memory) dies before that line, and Slurm's
         # accounting says what happened. (An EXIT trap would run there with a wrong $?.)
         lines += [f"date +%s > {d / 'started'}", ""]
+        if spec.labels.get(IMAGE_FILE):  # the job's environment image, mounted on this node (storage/mounts.py)
+            lines += [f"corral_env=$({shlex.quote(sys.executable)} -m corral.storage.mounts image "
+                      f"{shlex.quote(spec.labels[IMAGE_FILE])} {shlex.quote(spec.labels[IMAGE_AT])}) || exit 1",
+                      'export PATH="$corral_env/bin:$PATH" VIRTUAL_ENV="$corral_env"', ""]
         work = ([str(d / "script")] if spec.script.startswith("#!") else ["bash", str(d / "script")]) \
             if spec.script else None
+        if spec.labels.get(META_LABEL):  # sampled: its metadata calls counted (storage/meta.py)
+            work = meta.traced(work or ["bash", "-c", spec.command or ""], str(d))
         sandbox = self.sandbox if self.sandbox is not None and self.sandbox.applies(ctx.kind) else None
         contained = sandbox is not None
         if sandbox is not None:

@@ -18,9 +18,15 @@ class Episodes(Protocol):
     def remember_outcomes(self, job_ids: list[int]) -> None: ...
 
 
+class Ends(Protocol):
+    def ended(self, job_ids: list[int]) -> None: ...
+
+
 class Progress:
     def __init__(self, db: Database, watchers: Watchers, episodes: Episodes | None = None) -> None:
         self.db, self.watchers, self.episodes = db, watchers, episodes
+        self.ends: list[Ends] = []
+        """Who else hears of jobs that ended (the storage's metadata accounting)."""
 
     def started(self, started: dict[int, float]) -> None:
         """Jobs a lane reports started: RUNNING (only if still PENDING); wake their waiters."""
@@ -47,6 +53,11 @@ class Progress:
         self.watchers.notify(job_ids)
 
     def _remember(self, job_ids: list[int]) -> None:
+        for hear in self.ends:
+            try:
+                hear.ended(job_ids)
+            except Exception:
+                log.exception("jobs %s ended without their metadata accounting", job_ids[:10])
         if self.episodes is None:
             return
         try:

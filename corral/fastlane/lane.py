@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..storage import IMAGE_AT, IMAGE_FILE
 from ..backends import DONE, BackendStatus, OutputPaths, SubmitContext, Usage, base_env
 from ..config import FastLaneSettings
 from ..errors import InvalidRequest, NotFound
@@ -254,6 +255,8 @@ class FastLane:
             "job_id": ctx.job_id, "command": command, "cpus": spec.cpus, "memory_mb": spec.memory_mb,
             "gpus": spec.gpus, "walltime_s": spec.walltime_s, "env": env, "dir": str(pool.dir),
             "workdir": spec.workdir}
+        if spec.labels.get(IMAGE_FILE):  # the worker's node mounts it first (storage/mounts.py)
+            task["image"] = [spec.labels[IMAGE_FILE], spec.labels[IMAGE_AT]]
         if self.sandbox is not None and self.sandbox.applies(ctx.kind):
             # The worker wraps it (corral/sandbox.py), as who it runs as decides how.
             task["contain"] = {"kind": ctx.kind, "user": ctx.unix_user, "principal": ctx.principal,

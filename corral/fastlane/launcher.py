@@ -150,6 +150,8 @@ class Launcher:
         self.cancelled: dict[int, float] = {}
         """Job id -> when its cancel arrived; kept a minute, as a batch may still be on its way."""
         self._pids: set[int] = set()
+        self._images: set[str] = set()
+        """Mount points of environment images this worker saw mounted."""
         self._journal_path = journal
         self._journals: dict[str, int] = {}
         self._lines: dict[str, list[str]] = {}
@@ -252,6 +254,15 @@ class Launcher:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         command, contain = s["command"], s.get("contain")
         start = time.time()
+        if s.get("image") and s["image"][1] not in self._images:
+            from ..storage.mounts import mount_image  # once per image and worker: a task that needs none pays nothing
+
+            try:
+                mount_image(Path(s["image"][0]), Path(s["image"][1]))
+            except Exception as e:
+                self._not_started(s, batch, i, gpus, start, f"could not mount its environment image: {e}")
+                return None
+            self._images.add(s["image"][1])
         if contain is not None:
             return self._start_contained(s, batch, i, ep, env, gpus, start)
         if s.get("workdir"):  # posix_spawn cannot chdir: the shell does

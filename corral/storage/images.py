@@ -1,0 +1,291 @@
+"""Environment images: built once, shared by all, read-only.
+
+A request (a requirements.txt, a pyproject.toml, or a uv.lock with its pyproject.toml)
+is known by its *digest*: the files, the target Python and the index. A request seen
+before whose image exists is answered at once, for any principal; else a build job is
+recorded, as a job of the ``envbuild`` service principal, and sent through the batch
+lane like any job (queued, bounded by ``[storage] build_*``, polled, audited by the
+verb that asked). The build (build.py) names its image by the *key* of what it
+resolved, so two requests that resolve alike share one image.
+
+The store (``[storage] images_dir``) holds ``KEY.sqsh`` and ``KEY.json``; the database
+holds who built which, the names, and when each was last used (``env gc`` reads that).
+A job naming an image (``image`` or ``env: NAME``) has it checked against its checksum
+the first time this gateway mounts it, then mounted under node-local scratch
+(mounts.py) and its ``bin`` put first on PATH.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..backends import SubmitContext
+from ..config import StorageSettings
+from ..errors import Conflict, Forbidden, InvalidRequest, NotFound
+from ..jobs import JobSpec, JobState
+from ..principals import Caller, Kind, Principal
+from . import mounts
+from .build import sha256_file
+
+if TYPE_CHECKING:
+    from ..control.sender import Sender
+    from ..db import Database
+    from ..lanes import Lanes
+
+BUILD_PRINCIPAL = "envbuild"
+KINDS = ("requirements.txt", "pyproject.toml", "uv.lock")
+MAX_FILE = 1024 * 1024
+TLS_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR", "https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY")
+"""The gateway's TLS and proxy settings, which a build job needs to reach the index."""
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_PROGRESS = re.compile(r"^corral-progress (\d+)/(\d+) (.*)$", re.M)
+_ERROR = re.compile(r"^corral-error: (.*)$", re.M)
+
+
+def default_python() -> str:
+    return "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else getattr(sys, "_base_executable", sys.executable)
+
+
+def request_kind(files: dict[str, str]) -> str:
+    """Which of the three inputs ``files`` is; raises InvalidRequest saying what to send."""
+    names = set(files)
+    if not names or not names <= {*KINDS}:
+        raise InvalidRequest(f"an environment is built from one of {', '.join(KINDS)} (a uv.lock with its "
+                             f"pyproject.toml); got {', '.join(sorted(names)) or 'no file'}")
+    for name, text in files.items():
+        if len(text.encode()) > MAX_FILE or "\x00" in text:
+            raise InvalidRequest(f"{name} must be text of at most 1 MiB")
+    if "uv.lock" in names:
+        if "pyproject.toml" not in names or "requirements.txt" in names:
+            raise InvalidRequest("a uv.lock is built with the pyproject.toml beside it (send both, nothing else)")
+        return "uv.lock"
+    if len(names) != 1:
+        raise InvalidRequest("send one requirements.txt or one pyproject.toml")
+    kind = names.pop()
+    if not files[kind].strip():
+        raise InvalidRequest(f"{kind} is empty; name at least one package")
+    return kind
+
+
+class Images:
+    def __init__(self, settings: StorageSettings, home: Path, scratch: Path, db: "Database", lanes: "Lanes",
+                 sender: "Sender") -> None:
+        self.settings, self.db, self.lanes, self.sender = settings, db, lanes, sender
+        self.store = settings.images_dir or home / "images"
+        self.requests_dir = home / "envbuild"
+        self.mounts = scratch / "images"
+        self.uv_cache = scratch / "uv-cache"
+        self.python = settings.python or default_python()
+        self._verified: dict[str, tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    # -- building ------------------------------------------------------------------
+
+    def _principal(self) -> Principal:
+        p = self.db.get_principal(BUILD_PRINCIPAL)
+        return p if p is not None else self.db.add_principal(Principal(BUILD_PRINCIPAL, Kind.SERVICE))
+
+    def digest(self, files: dict[str, str]) -> str:
+        return hashlib.sha256(json.dumps([sorted(files.items()), self.python, self.settings.index_url])
+                              .encode()).hexdigest()[:32]
+
+    async def request(self, caller: Caller, files: dict[str, str], name: str | None = None,
+                      rebuild: bool = False) -> dict[str, Any]:
+        """An image for these files: the existing one at once, or a build job started."""
+        kind = request_kind(files)
+        if name is not None and not _NAME.match(name):
+            raise InvalidRequest(f"image name {name[:80]!r}: letters, digits, '_', '.', '-', at most 64")
+        if name is not None:
+            self._check_name(caller, name)
+        digest = self.digest(files)
+        self.refresh()
+        row = self._request_row(digest)
+        if row is not None and not rebuild:
+            if row["state"] == "ready" and row["key"] and (self.store / f"{row['key']}.sqsh").exists():
+                if name:
+                    self._name(row["key"], name)
+                return {**self.describe(row["key"]), "state": "ready", "digest": digest, "reused": True}
+            if row["state"] == "building":
+                return self.status_of(digest)
+        self.store.mkdir(parents=True, exist_ok=True)
+        self.requests_dir.mkdir(parents=True, exist_ok=True)
+        req = {"files": files, "kind": kind, "python": self.python, "index_url": self.settings.index_url,
+               "store": str(self.store), "uv_cache": str(self.uv_cache), "digest": digest,
+               "principal": caller.principal.name, "rebuild": rebuild}
+        path = self.requests_dir / f"{digest}.json"
+        path.write_text(json.dumps(req))
+        s = self.settings
+        spec = JobSpec(command=f"exec {sys.executable} -m corral.storage.build {path}", cpus=s.build_cpus,
+                       memory=s.build_memory_mb, walltime=s.build_walltime_s, lane="batch",
+                       name=f"envbuild-{digest[:12]}", labels={"corral-envbuild": digest},
+                       env={k: os.environ[k] for k in TLS_ENV if k in os.environ})
+        p = self._principal()
+        job = self.db.insert_job(p.name, f"envbuild:{caller.principal.name}", self.lanes.batch.name, spec)
+        with self.db.transaction():
+            self.db.conn.execute(
+                "INSERT OR REPLACE INTO env_requests (digest, job_id, key, name, principal, at, state, reason) "
+                "VALUES (?, ?, NULL, ?, ?, ?, 'building', NULL)",
+                (digest, job.id, name, caller.principal.name, time.time()))
+        await self.sender.send([(job, SubmitContext(job.id, p.name, p.kind.value, None, job.session))])
+        return self.status_of(digest)
+
+    def _request_row(self, digest: str) -> dict[str, Any] | None:
+        r = self.db.conn.execute("SELECT digest, job_id, key, name, principal, at, state, reason FROM env_requests "
+                                 "WHERE digest=?", (digest,)).fetchone()
+        keys = ("digest", "job_id", "key", "name", "principal", "at", "state", "reason")
+        return dict(zip(keys, r)) if r else None
+
+    def _build_output(self, job_id: int) -> str:
+        job = self.db.get_job(job_id)
+        if job is None or not job.backend_id:
+            return ""
+        try:
+            out = self.lanes[job.backend].output_paths(job.backend_id).stdout
+            with open(out, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - 64 * 1024))
+                return f.read().decode(errors="replace")
+        except (OSError, KeyError):
+            return ""
+
+    def refresh(self) -> None:
+        """Builds that ended since last asked: their images registered, or their failure kept."""
+        rows = self.db.conn.execute("SELECT r.digest, r.job_id, r.name, r.principal, j.state, j.reason FROM "
+                                    "env_requests r JOIN jobs j ON j.id = r.job_id WHERE r.state='building'").fetchall()
+        for digest, job_id, name, principal, state, reason in rows:
+            if not JobState(state).terminal:
+                continue
+            done = self.store / "requests" / f"{digest}.json"
+            if state == JobState.COMPLETED.value and done.exists():
+                key = json.loads(done.read_text())["key"]
+                record = json.loads((self.store / f"{key}.json").read_text())
+                with self.db.transaction():
+                    self.db.conn.execute(
+                        "INSERT INTO env_images (key, name, record, builder, created, last_used) VALUES (?, ?, ?, ?, ?, NULL) "
+                        "ON CONFLICT(key) DO UPDATE SET record=excluded.record", (key, None, json.dumps(record),
+                                                                                  principal, record["created"]))
+                    self.db.conn.execute("UPDATE env_requests SET state='ready', key=? WHERE digest=?", (key, digest))
+                if name:
+                    self._name(key, name)
+                continue
+            errors = _ERROR.findall(self._build_output(job_id))
+            why = errors[-1] if errors else f"the build job {job_id} ended {state}: {reason or 'no reason given'}"
+            with self.db.transaction():
+                self.db.conn.execute("UPDATE env_requests SET state='failed', reason=? WHERE digest=?", (why, digest))
+
+    def status_of(self, digest: str) -> dict[str, Any]:
+        """A request as its requester sees it: building (with progress), ready, or failed (why)."""
+        self.refresh()
+        row = self._request_row(digest)
+        if row is None:
+            raise NotFound(f"no environment request {digest}; corral env build FILE starts one")
+        out: dict[str, Any] = {"digest": digest, "state": row["state"], "job": row["job_id"]}
+        if row["state"] == "building":
+            steps = _PROGRESS.findall(self._build_output(row["job_id"]))
+            n, total, what = steps[-1] if steps else ("0", "5", "queued")
+            out["progress"] = {"step": int(n), "of": int(total), "doing": what}
+        elif row["state"] == "ready":
+            out.update(self.describe(row["key"]))
+        else:
+            out["error"] = row["reason"]
+        return out
+
+    # -- names and listing -----------------------------------------------------------
+
+    def _check_name(self, caller: Caller, name: str) -> None:
+        r = self.db.conn.execute("SELECT builder FROM env_images WHERE name=?", (name,)).fetchone()
+        owner = self.db.conn.execute("SELECT principal FROM env_requests WHERE name=? ORDER BY at LIMIT 1",
+                                     (name,)).fetchone()
+        first = (owner[0] if owner else None) or (r[0] if r else None)
+        if first is not None and first != caller.principal.name and not caller.principal.is_admin \
+                and first not in caller.visible:
+            raise Forbidden(f"the image name {name!r} belongs to {first}; choose another name")
+
+    def _name(self, key: str, name: str) -> None:
+        with self.db.transaction():
+            self.db.conn.execute("UPDATE env_images SET name=NULL WHERE name=? AND key<>?", (name, key))
+            self.db.conn.execute("UPDATE env_images SET name=? WHERE key=?", (name, key))
+
+    def describe(self, key: str) -> dict[str, Any]:
+        r = self.db.conn.execute("SELECT key, name, record, builder, created, last_used FROM env_images WHERE key=?",
+                                 (key,)).fetchone()
+        if r is None:
+            raise NotFound(f"no environment image {key}; corral env list shows them")
+        rec = json.loads(r[2])
+        return {"image": r[0], "name": r[1], "packages": rec["packages"], "size": rec["size"],
+                "python": rec["python"], "platform": rec["platform"], "built_by": r[3], "created": r[4],
+                "last_used": r[5]}
+
+    def listing(self) -> list[dict[str, Any]]:
+        self.refresh()
+        keys = [r[0] for r in self.db.conn.execute("SELECT key FROM env_images ORDER BY created DESC")]
+        return [self.describe(k) for k in keys]
+
+    def find(self, ref: str) -> str:
+        """A name, a key or a key's prefix (8 characters or more) -> the key."""
+        self.refresh()
+        r = self.db.conn.execute("SELECT key FROM env_images WHERE name=?", (ref,)).fetchone()
+        if r is None and re.fullmatch(r"[0-9a-f]{8,32}", ref):
+            rows = self.db.conn.execute("SELECT key FROM env_images WHERE key LIKE ?", (ref + "%",)).fetchall()
+            if len(rows) > 1:
+                raise InvalidRequest(f"image {ref!r} is the prefix of {len(rows)} images; give more of its key")
+            r = rows[0] if rows else None
+        if r is None:
+            building = self.db.conn.execute("SELECT digest FROM env_requests WHERE (name=? OR digest=?) AND "
+                                            "state='building'", (ref, ref)).fetchone()
+            if building:
+                raise Conflict(f"the image {ref!r} is still being built; wait for it (corral env status "
+                               f"{building[0]}) and submit again")
+            raise NotFound(f"no environment image {ref!r}; build it with corral env build FILE --name {ref}, "
+                           "or list the images with corral env list")
+        return str(r[0])
+
+    # -- use -----------------------------------------------------------------------------
+
+    def attach(self, key: str) -> mounts.Mounted:
+        """The image mounted on this node, checked whole the first time (a corrupt image
+        is refused, never mounted). Blocking: called off the event loop."""
+        image = self.store / f"{key}.sqsh"
+        rec = json.loads(self.db.conn.execute("SELECT record FROM env_images WHERE key=?", (key,)).fetchone()[0])
+        try:
+            st = image.stat()
+        except OSError:
+            raise NotFound(f"the image {key} is registered but its file is gone from the store; rebuild it with "
+                           "corral env build FILE --rebuild") from None
+        with self._lock:
+            if self._verified.get(key) != (st.st_mtime, st.st_size):
+                if st.st_size != rec["size"] or sha256_file(image) != rec["sha256"]:
+                    raise Conflict(f"the image {key} is corrupt (its checksum no longer matches); it is not used. "
+                                   "Rebuild it: corral env build FILE --rebuild",
+                                   hint="the facility's admin may also remove it with corral env gc --image KEY")
+                self._verified[key] = (st.st_mtime, st.st_size)
+            m = mounts.mount_image(image, self.mounts / key)
+        self.db.conn.execute("UPDATE env_images SET last_used=? WHERE key=?", (time.time(), key))
+        return m
+
+    def gc(self, older_than_s: float | None = None, only: str | None = None, dry_run: bool = False) -> list[str]:
+        """Images unused for ``older_than_s`` (default ``image_keep_days``), or ``only``:
+        unmounted here, their files and records removed. -> their keys."""
+        cutoff = time.time() - (older_than_s if older_than_s is not None else self.settings.image_keep_days * 86400)
+        if only is not None:
+            keys = [self.find(only)]
+        else:
+            keys = [r[0] for r in self.db.conn.execute(
+                "SELECT key FROM env_images WHERE COALESCE(last_used, created) < ?", (cutoff,))]
+        if dry_run:
+            return keys
+        for key in keys:
+            mounts.unmount(self.mounts / key)
+            for p in (self.store / f"{key}.sqsh", self.store / f"{key}.json"):
+                p.unlink(missing_ok=True)
+            with self.db.transaction():
+                self.db.conn.execute("DELETE FROM env_images WHERE key=?", (key,))
+                self.db.conn.execute("UPDATE env_requests SET state='collected' WHERE key=?", (key,))
+        return keys

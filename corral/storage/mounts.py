@@ -1,0 +1,167 @@
+"""Mounts where a job starts: an environment image read-only, a workspace's overlay.
+
+Images, in order of preference (the first this node allows is taken, and the answer
+says which and why):
+
+1. ``kernel``: the kernel's squashfs over a loop device (needs root, or a node whose
+   admin mounts for corral): no daemon, the page cache shared by every job on the node;
+2. ``squashfuse``: the same image through FUSE (needs ``/dev/fuse`` and the Debian
+   package ``squashfuse``), for a gateway or a Slurm job that is not root;
+3. ``unpacked``: ``unsquashfs`` once into node-local scratch, the last resort, for a
+   node with neither (the files are then local, so the shared filesystem still sees
+   none of the imports' metadata calls).
+
+Workspaces: the kernel's overlayfs (root), else ``fuse-overlayfs``.
+
+Every mount is idempotent: a path already mounted (``/proc/self/mountinfo``) or already
+unpacked is used as it is, so concurrent jobs of one image share one mount. Run where
+the job starts, outside its sandbox (a sandboxed process may not mount).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import proc
+from ..errors import BackendError, InvalidRequest
+
+UNPACKED_MARK = ".corral-unpacked"
+
+
+@dataclass(frozen=True)
+class Mounted:
+    path: str
+    how: str
+    """kernel, squashfuse, unpacked (images); overlay, fuse-overlayfs (workspaces)."""
+    why: str
+
+
+def mounted(path: Path | str) -> bool:
+    """Whether ``path`` is a mount point on this node, as the kernel says."""
+    target = os.path.realpath(path)
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            for line in f:
+                point = line.split()[4].encode().decode("unicode_escape")
+                if point == target:
+                    return True
+    except OSError:
+        pass
+    return False
+
+
+def _fuse_ok() -> str | None:
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse is missing"
+    return None
+
+
+def mount_image(image: Path, at: Path) -> Mounted:
+    """``image`` read-only at ``at`` (made if missing). Raises BackendError saying what
+    the node lacks when no way works."""
+    if mounted(at):
+        return Mounted(str(at), "kernel" if os.geteuid() == 0 else "squashfuse", "already mounted on this node")
+    unpacked = at.with_name(at.name + ".unpacked")
+    if (unpacked / UNPACKED_MARK).exists():
+        return Mounted(str(unpacked), "unpacked", "unpacked earlier on this node")
+    at.mkdir(parents=True, exist_ok=True)
+    tried: list[str] = []
+    if os.geteuid() == 0:
+        r = proc.run(["mount", "-t", "squashfs", "-o", "loop,ro,nodev,nosuid", str(image), str(at)],
+                     timeout=60, check=False)
+        if r.returncode == 0:
+            return Mounted(str(at), "kernel", "root on this node: the kernel's squashfs over a loop device")
+        tried.append(f"kernel mount: {(r.stderr or '').strip()[:200]}")
+    else:
+        tried.append("kernel mount: not root")
+    why_not = _fuse_ok() or (None if shutil.which("squashfuse") else "squashfuse is not installed")
+    if why_not is None:
+        r = proc.run(["squashfuse", "-o", "ro", str(image), str(at)], timeout=60, check=False)
+        if r.returncode == 0:
+            return Mounted(str(at), "squashfuse", "; ".join(tried) + " -> FUSE")
+        why_not = (r.stderr or "").strip()[:200]
+    tried.append(f"squashfuse: {why_not}")
+    if shutil.which("unsquashfs") is None:
+        raise BackendError("this node can mount no environment image: " + "; ".join(tried),
+                           hint="install squashfs-tools (and squashfuse) on the node, or run the gateway as root")
+    tmp = at.with_name(at.name + f".unpacking-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    r = proc.run(["unsquashfs", "-q", "-n", "-d", str(tmp), str(image)], timeout=1800, check=False)
+    if r.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise BackendError(f"could not unpack the image {image.name}: {(r.stdout + r.stderr).strip()[-300:]}",
+                           hint="see whether the node's scratch is full (df); the image may be corrupt: "
+                                "corral env build FILE --rebuild")
+    (tmp / UNPACKED_MARK).write_text("; ".join(tried) + "\n")
+    try:
+        tmp.rename(unpacked)
+    except OSError:  # another job unpacked it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return Mounted(str(unpacked), "unpacked", "; ".join(tried) + " -> unpacked to node-local scratch")
+
+
+def mount_overlay(lower: Path, upper: Path, work: Path, at: Path) -> Mounted:
+    """``lower`` read-only under ``upper`` (the trial's changes) at ``at``."""
+    if mounted(at):
+        return Mounted(str(at), "overlay", "already mounted on this node")
+    fresh = not upper.exists()
+    for d in (upper, work, at):
+        d.mkdir(parents=True, exist_ok=True)
+    if fresh:  # the merged root shows the upper root's owner and mode: the base's, not root's 0755
+        st = lower.stat()
+        os.chown(upper, st.st_uid, st.st_gid)
+        os.chmod(upper, stat.S_IMODE(st.st_mode))
+    opts = f"lowerdir={lower},upperdir={upper},workdir={work}"
+    tried = []
+    if os.geteuid() == 0:
+        r = proc.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(at)], timeout=60, check=False)
+        if r.returncode == 0:
+            return Mounted(str(at), "overlay", "root on this node: the kernel's overlayfs")
+        tried.append(f"kernel overlay: {(r.stderr or '').strip()[:200]}")
+    else:
+        tried.append("kernel overlay: not root")
+    if _fuse_ok() is None and shutil.which("fuse-overlayfs"):
+        r = proc.run(["fuse-overlayfs", "-o", opts, str(at)], timeout=60, check=False)
+        if r.returncode == 0:
+            return Mounted(str(at), "fuse-overlayfs", "; ".join(tried) + " -> FUSE")
+        tried.append(f"fuse-overlayfs: {(r.stderr or '').strip()[:200]}")
+    raise BackendError("this node can mount no workspace: " + "; ".join(tried),
+                       hint="run the gateway as root, or install fuse-overlayfs (apt-get install fuse-overlayfs)")
+
+
+def unmount(path: Path | str) -> None:
+    """Unmount ``path`` if mounted (lazily: a job still reading keeps its view)."""
+    if not mounted(path):
+        return
+    r = proc.run(["umount", "-l", str(path)], timeout=60, check=False)
+    if r.returncode != 0 and shutil.which("fusermount"):
+        proc.run(["fusermount", "-u", "-z", str(path)], timeout=60, check=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m corral.storage.mounts image IMAGE AT``: what a Slurm job script runs
+    on its node before its work (prints the path to use)."""
+    ap = argparse.ArgumentParser(prog="corral.storage.mounts")
+    ap.add_argument("what", choices=["image"])
+    ap.add_argument("image", type=Path)
+    ap.add_argument("at", type=Path)
+    a = ap.parse_args(argv)
+    try:
+        if not a.image.is_file():
+            raise InvalidRequest(f"the environment image {a.image} is not on this node's filesystem")
+        m = mount_image(a.image, a.at)
+    except (BackendError, InvalidRequest) as e:
+        print(f"corral: {e.message}", file=sys.stderr)
+        return 1
+    print(m.path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""The storage verbs the service calls (``service.storage``): environment images,
+workspaces, and what a job's spec becomes once its image and workspace are resolved;
+each verb audited once, allowed or refused.
+
+Resolution happens in a worker thread (it may mount): a job naming ``image`` gets the
+image mounted on this node, its ``bin`` first on PATH and VIRTUAL_ENV set, and labels
+that let a Slurm job mount it on its own node; a job naming ``workspace`` runs in the
+workspace's merged view. A session past its metadata budget must use one or the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..config import StorageSettings
+from ..errors import Forbidden, InvalidRequest
+from ..jobs import JobSpec
+from ..principals import Caller
+from . import IMAGE_AT, IMAGE_FILE, IMAGE_KEY, META_LABEL, OWN_LABELS, meta
+from .images import Images
+from .workspaces import Workspaces
+
+if TYPE_CHECKING:
+    from ..control.sender import Sender
+    from ..db import Database
+    from ..lanes import Lanes
+    from ..safety.audit import Audit
+    from ..sandbox import Sandbox
+
+log = logging.getLogger(__name__)
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def scratch_dir(settings: StorageSettings, home: Path) -> Path:
+    """Node-local scratch: never under HOME (jobs see HOME's contents as empty)."""
+    if settings.scratch is not None:
+        return settings.scratch
+    return Path("/var/tmp") / f"corral-{hashlib.sha256(str(home).encode()).hexdigest()[:10]}"
+
+
+class StorageVerbs:
+    def __init__(self, settings: StorageSettings, home: Path, db: "Database", lanes: "Lanes", sender: "Sender",
+                 audit: "Audit", sandbox: "Sandbox | None" = None) -> None:
+        self.settings, self.db, self.lanes, self.audit = settings, db, lanes, audit
+        self.scratch = scratch_dir(settings, home)
+        self.images = Images(settings, home, self.scratch, db, lanes, sender)
+        hidden = (lambda c: sandbox.hidden_from(c.principal.kind.value, c.principal.unix_user)) \
+            if sandbox is not None else (lambda c: [])
+        self.workspaces = Workspaces(settings, self.scratch, db, hidden)
+        self.shared = [os.path.normpath(str(p)) for p in settings.shared_paths]
+        self.pending: set[asyncio.Task[None]] = set()
+
+    # -- images -------------------------------------------------------------------------
+
+    async def env_build(self, caller: Caller, files: dict[str, str], name: str | None = None,
+                        rebuild: bool = False) -> dict[str, Any]:
+        with self.audit.refusals(caller, "env.build", {"files": sorted(files), "name": name}):
+            out = await self.images.request(caller, files, name, rebuild)
+        self.audit.record(caller, "env.build", "allow", "default",
+                          [{"digest": out["digest"], "state": out["state"], "job_id": out.get("job"),
+                            "image": out.get("image")}])
+        return out
+
+    async def env_status(self, caller: Caller, ref: str) -> dict[str, Any]:
+        return await asyncio.to_thread(self._status, ref)
+
+    def _status(self, ref: str) -> dict[str, Any]:
+        if self.images._request_row(ref) is not None:
+            return self.images.status_of(ref)
+        return {**self.images.describe(self.images.find(ref)), "state": "ready"}
+
+    async def env_list(self, caller: Caller) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self.images.listing)
+
+    async def env_gc(self, caller: Caller, older_than_s: float | None, only: str | None,
+                     dry_run: bool) -> list[str]:
+        with self.audit.refusals(caller, "env.gc", {"only": only, "dry_run": dry_run}):
+            if not caller.principal.is_admin:
+                raise Forbidden("only the facility's admin collects images", rule="admin-only")
+            keys = await asyncio.to_thread(self.images.gc, older_than_s, only, dry_run)
+        self.audit.record(caller, "env.gc", "allow", "admin", [{"collected": keys, "dry_run": dry_run}])
+        return keys
+
+    # -- workspaces ---------------------------------------------------------------------
+
+    async def workspace(self, caller: Caller, verb: str, **args: Any) -> Any:
+        """fork, diff, commit, discard, list, show: each off the event loop, changes audited."""
+        verbs: dict[str, Callable[..., Any]] = {"fork": self.workspaces.fork, "diff": self.workspaces.diff,
+                                  "commit": self.workspaces.commit, "discard": self.workspaces.discard,
+                                  "list": self.workspaces.listing, "show": self.workspaces.describe}
+        fn = verbs[verb]
+        if verb in ("diff", "list", "show"):
+            return await asyncio.to_thread(fn, caller, **args)
+        with self.audit.refusals(caller, f"workspace.{verb}", args):
+            out = await asyncio.to_thread(fn, caller, **args)
+        self.audit.record(caller, f"workspace.{verb}", "allow", "default",
+                          [{k: out.get(k) for k in ("workspace", "base", "state", "added", "modified", "deleted")
+                            if k in out}])
+        return out
+
+    # -- jobs ---------------------------------------------------------------------------
+
+    def applies(self, spec: JobSpec) -> bool:
+        return bool(spec.image or spec.workspace or spec.labels) or \
+            (bool(self.shared) and (self.settings.meta_sample > 0 or self.settings.session_meta_budget > 0))
+
+    def resolve(self, caller: Caller, spec: JobSpec) -> JobSpec:
+        """The spec as it will run. Blocking (mounts): in a worker thread."""
+        own = [k for k in spec.labels if k in OWN_LABELS]
+        if own:
+            raise InvalidRequest(f"the label {own[0]!r} is corral's own; name the image with 'image' (or env: NAME)")
+        update: dict[str, Any] = {}
+        labels = dict(spec.labels)
+        if not spec.image and not spec.workspace:
+            self._check_budget(caller)
+        if spec.workspace:
+            path = self.workspaces.path(caller, spec.workspace)
+            if spec.workdir and spec.workdir != path and not spec.workdir.startswith(path + "/"):
+                raise InvalidRequest(f"a job of workspace {spec.workspace} runs inside it ({path}); leave out "
+                                     "workdir, or give a directory inside the workspace")
+            update["workdir"] = spec.workdir or path
+        if spec.image:
+            key = self.images.find(spec.image)
+            m = self.images.attach(key)
+            env = dict(spec.env)
+            env["PATH"] = f"{m.path}/bin:{env.get('PATH') or DEFAULT_PATH}"
+            env["VIRTUAL_ENV"] = m.path
+            env.pop("PYTHONHOME", None)
+            update["env"] = env
+            labels.update({IMAGE_KEY: key, IMAGE_FILE: str(self.images.store / f"{key}.sqsh"),
+                           IMAGE_AT: str(self.images.mounts / key)})
+        if self.shared and self.settings.meta_sample > 0 and random.random() < self.settings.meta_sample:
+            labels[META_LABEL] = "1"
+        if labels != spec.labels:
+            update["labels"] = labels
+        return spec.model_copy(update=update) if update else spec
+
+    def _check_budget(self, caller: Caller) -> None:
+        budget = self.settings.session_meta_budget
+        if not budget or not self.shared or caller.session is None:
+            return
+        used = self.session_ops(caller.principal.name, caller.session)
+        if used >= budget:
+            raise Forbidden(f"session {caller.session} has made {used} file-metadata operations on the shared "
+                            f"filesystem (its budget is {budget}); run its next jobs from an environment image "
+                            "(image: NAME, built with corral env build requirements.txt) or in a workspace "
+                            "(workspace: ID, from corral workspace fork DIR)", rule="metadata-budget")
+
+    def session_ops(self, principal: str, session: str) -> int:
+        r = self.db.conn.execute("SELECT COALESCE(SUM(shared_ops), 0) FROM job_meta WHERE principal=? AND session=?",
+                                 (principal, session)).fetchone()
+        return int(r[0])
+
+    def job_ops(self, job_id: int) -> dict[str, Any] | None:
+        r = self.db.conn.execute("SELECT ops, shared_ops, by_call FROM job_meta WHERE job_id=?", (job_id,)).fetchone()
+        if r is None:
+            return None
+        import json
+
+        return {"calls": r[0], "on_shared_paths": r[1], "by_call": json.loads(r[2]), "shared_paths": self.shared}
+
+    def ended(self, job_ids: list[int]) -> None:
+        """Jobs that ended: those traced have their counts read (off the loop) and kept."""
+        if not self.shared:
+            return
+        jobs = [j for j in self.db.get_jobs(job_ids).values() if j.spec.labels.get(META_LABEL) and j.backend_id]
+        if not jobs:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+
+        def work() -> list[tuple[int, str, str | None, tuple[int, int, dict[str, int]]]]:
+            out = []
+            for j in jobs:
+                try:
+                    d = self.lanes[j.backend].output_paths(str(j.backend_id)).stdout.parent
+                except Exception:
+                    continue
+                got = meta.read(d, self.shared)
+                if got is not None:
+                    out.append((j.id, j.principal, j.session, got))
+            return out
+
+        async def account() -> None:
+            import json
+            import time
+
+            rows = await asyncio.to_thread(work)
+            with self.db.transaction():
+                self.db.conn.executemany(
+                    "INSERT OR REPLACE INTO job_meta (job_id, principal, session, ops, shared_ops, by_call, at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [(jid, p, s, t, sh, json.dumps(by), time.time()) for jid, p, s, (t, sh, by) in rows])
+
+        task = loop.create_task(account())
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
+    def facility(self, caller: Caller) -> dict[str, Any]:
+        out: dict[str, Any] = {"images": self.images.store.as_posix(), "scratch": str(self.scratch),
+                               "shared_paths": self.shared, "meta_sample": self.settings.meta_sample,
+                               "session_meta_budget": self.settings.session_meta_budget or None}
+        if caller.session:
+            out["session_meta_ops"] = self.session_ops(caller.principal.name, caller.session)
+        return out
