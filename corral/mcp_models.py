@@ -99,3 +99,24 @@ class UsageOut(_Out):
 
 class NotesOut(_Out):
     notes: list[dict[str, Any]]
+
+
+class EnvOut(_Out):
+    digest: str = Field(description="The request's id: the same files give the same digest.")
+    state: Literal["building", "ready", "failed"]
+    image: str | None = Field(None, description="The image's key (once ready): submit_job image=KEY.")
+    name: str | None = Field(None, description="The image's name, if it has one.")
+    packages: list[str] | None = Field(None, description="Every package pinned in the image.")
+    progress: dict[str, Any] | None = Field(None, description="While building: step, of, doing.")
+    next: str
+
+
+class WorkspaceOut(_Out):
+    workspace: str | None = Field(None, description="The workspace id (ws-...).")
+    path: str | None = Field(None, description="Its merged view: where its jobs run.")
+    state: str | None = Field(None, description="committed or discarded, after those actions.")
+    added: list[str] | None = None
+    modified: list[str] | None = None
+    deleted: list[str] | None = None
+    workspaces: list[dict[str, Any]] | None = Field(None, description="For list: yours.")
+    next: str | None = None

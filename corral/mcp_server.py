@@ -51,6 +51,9 @@ class Ops(Protocol):
     async def events(self, cursor: int | None, timeout: float) -> dict[str, Any]: ...
     async def control(self, job_id: int, action: str, signal: str | None) -> dict[str, Any]: ...
     async def usage(self, job_id: int) -> dict[str, Any]: ...
+    async def env_build(self, files: dict[str, str], name: str | None, rebuild: bool) -> dict[str, Any]: ...
+    async def env_status(self, ref: str) -> dict[str, Any]: ...
+    async def workspace(self, verb: str, args: dict[str, Any]) -> Any: ...
 
 
 class ServiceOps:
@@ -111,6 +114,15 @@ class ServiceOps:
     async def usage(self, job_id: int) -> dict[str, Any]:
         return await self.service.usage(self.caller, job_id)
 
+    async def env_build(self, files: dict[str, str], name: str | None, rebuild: bool) -> dict[str, Any]:
+        return await self.service.storage.env_build(self.caller, files, name, rebuild)
+
+    async def env_status(self, ref: str) -> dict[str, Any]:
+        return await self.service.storage.env_status(self.caller, ref)
+
+    async def workspace(self, verb: str, args: dict[str, Any]) -> Any:
+        return await self.service.storage.workspace(self.caller, verb, **args)
+
 
 def _parsed(spec: dict[str, Any]) -> JobSpec:
     try:
@@ -169,6 +181,22 @@ class RemoteOps:
 
     async def usage(self, job_id: int) -> dict[str, Any]:
         return await self._call(self.client.usage, job_id)
+
+    async def env_build(self, files: dict[str, str], name: str | None, rebuild: bool) -> dict[str, Any]:
+        return await self._call(self.client.request, "POST", "/v1/env/build",
+                                json_body={"files": files, "name": name, "rebuild": rebuild})
+
+    async def env_status(self, ref: str) -> dict[str, Any]:
+        return await self._call(self.client.request, "GET", f"/v1/env/{ref}")
+
+    async def workspace(self, verb: str, args: dict[str, Any]) -> Any:
+        if verb == "fork":
+            return await self._call(self.client.request, "POST", "/v1/workspaces", json_body=args)
+        if verb == "list":
+            return (await self._call(self.client.request, "GET", "/v1/workspaces"))["workspaces"]
+        if verb == "diff":
+            return await self._call(self.client.request, "GET", f"/v1/workspaces/{args['ws_id']}/diff")
+        return await self._call(self.client.request, "POST", f"/v1/workspaces/{args['ws_id']}/{verb}")
 
 
 def gateway_mcp(service: Service) -> MCPServer:

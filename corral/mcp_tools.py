@@ -215,6 +215,8 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         force: Annotated[bool | None, Field(description=_spec("force"))] = None,
         after_ok: Annotated[list[int] | None, Field(description=_spec("after_ok"))] = None,
         after_any: Annotated[list[int] | None, Field(description=_spec("after_any"))] = None,
+        image: Annotated[str | None, Field(description=_spec("image"))] = None,
+        workspace: Annotated[str | None, Field(description=_spec("workspace"))] = None,
     ) -> Annotated[CallToolResult, SubmitOut]:
         """Submit a job to the facility: exactly one of `command` or `script`, and the
         resources it needs. Short, small trial runs: lane 'fast' starts them at once in a
@@ -224,7 +226,8 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         for key, value in (("command", command), ("script", script), ("partition", partition), ("name", name),
                            ("workdir", workdir), ("env", env), ("walltime", walltime), ("lane", lane),
                            ("idempotent", idempotent), ("cache", cache), ("inputs", inputs), ("force", force),
-                           ("after_ok", after_ok), ("after_any", after_any)):
+                           ("after_ok", after_ok), ("after_any", after_any), ("image", image),
+                           ("workspace", workspace)):
             if value is not None:
                 spec[key] = value
         job = await ops_for(ctx).submit(spec, idempotency_key)
@@ -470,6 +473,10 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         notes = found.get("notes", [])
         return _result("\n".join(f"[note {n.get('id')}] {n.get('text')}" for n in notes) or "no note matches",
                        {"notes": notes})
+
+    from .storage.mcp_tools import register
+
+    register(mcp, ops_for, limit, progress_s, _guarded, _annotations, _result, _waiting)
 
     @mcp.resource("corral://facility", name="facility-card", mime_type="text/markdown",
                   description="What an agent needs to know before its first job here.")

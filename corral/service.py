@@ -80,7 +80,8 @@ class Service:
         self.stream = Events(db, self.watchers, settings.wait_max_s)
         """The event stream of jobs' state changes (control/events.py)."""
         self.sender = Sender(db, self.lanes)
-        self.storage = StorageVerbs(settings.storage, settings.home, db, self.lanes, self.sender, self.audit, sandbox)
+        self.storage = StorageVerbs(settings.storage, settings.home, db, self.lanes, self.sender, self.audit, sandbox,
+                                    self.metrics)
         """Environment images, workspaces, metadata accounting (corral/storage/)."""
         self.progress.ends.append(self.storage)
         if settings.fastlane.enabled:

@@ -152,6 +152,22 @@ def running(tmp_path: Path, cpus: int = 2, **env: str) -> Iterator[Gateway]:
         yield gw
     finally:
         gw.kill(signal.SIGTERM)
+        drop_scratch(gw.home, env.get("CORRAL_STORAGE_SCRATCH"))
+
+
+def drop_scratch(home: Path, scratch: str | None = None) -> None:
+    """A test gateway's node-local scratch (corral/storage): its images and workspaces
+    unmounted, the directory removed (it lies outside tmp_path, in /var/tmp)."""
+    import shutil
+
+    from corral.config import StorageSettings
+    from corral.storage.mounts import unmount_all
+    from corral.storage.verbs import scratch_dir
+
+    root = Path(scratch) if scratch else scratch_dir(StorageSettings(), home.resolve())
+    unmount_all(root)
+    if not scratch:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -38,6 +38,11 @@ class Metrics:
         )
         self.active_jobs = Gauge("corral_active_jobs", "Jobs not yet in a terminal state.", registry=self.registry)
         self.waiters = Gauge("corral_waiters", "Long-polls currently waiting.", registry=self.registry)
+        self.meta_ops = Counter(
+            "corral_metadata_ops", "File-metadata calls of traced jobs ([storage] meta_sample), on the shared "
+            "paths and in all.", ["where"], registry=self.registry)
+        self.meta_jobs = Counter("corral_metadata_traced_jobs", "Jobs whose metadata calls were counted.",
+                                 registry=self.registry)
         self.degraded = Gauge("corral_backend_degraded", "1 while the backend is failing.", registry=self.registry)
 
     async def watch_loop(self, every_s: float = 0.1) -> None:

@@ -10,7 +10,8 @@ from typing import Any
 
 import click
 
-from ..cli import Ctx, _fail, _ts, table
+from ..cli import Ctx, _ts, table
+from ..errors import InvalidRequest
 from .images import KINDS
 
 
@@ -58,19 +59,20 @@ def env_build(o: Ctx, file: Path, name: str | None, rebuild: bool, no_wait: bool
     pyproject.toml beside it is sent too). Asking again for the same file answers at
     once with the image already built, whoever built it."""
     if file.name not in KINDS:
-        _fail(f"{file.name} is not one of {', '.join(KINDS)}; rename it or point at the right file")
+        raise InvalidRequest(f"{file.name} is not one of {', '.join(KINDS)}; rename it or point at the right file")
     files = {file.name: file.read_text()}
     if file.name == "uv.lock":
         project = file.with_name("pyproject.toml")
         if not project.exists():
-            _fail(f"a uv.lock is built with its pyproject.toml, and {project} does not exist")
+            raise InvalidRequest(f"a uv.lock is built with its pyproject.toml, and {project} does not exist")
         files["pyproject.toml"] = project.read_text()
     r = o.client.request("POST", "/v1/env/build", json_body={"files": files, "name": name, "rebuild": rebuild})
     if r["state"] == "building" and not no_wait:
         r = _follow(o, r, timeout)
-    o.out(r, _human_status)
     if r["state"] == "failed":
-        sys.exit(2)
+        raise InvalidRequest(f"the environment could not be built: {r.get('error')}",
+                             hint="fix the file (the message names the package) and build again")
+    o.out(r, _human_status)
 
 
 def _follow(o: Ctx, r: dict[str, Any], timeout: float) -> dict[str, Any]:

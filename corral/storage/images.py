@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import sys
 import threading
 import time
@@ -84,7 +85,7 @@ class Images:
         self.mounts = scratch / "images"
         self.uv_cache = scratch / "uv-cache"
         self.python = settings.python or default_python()
-        self._verified: dict[str, tuple[float, int]] = {}
+        self._verified: dict[str, tuple[int, float, int]] = {}
         self._lock = threading.Lock()
 
     # -- building ------------------------------------------------------------------
@@ -259,14 +260,19 @@ class Images:
         except OSError:
             raise NotFound(f"the image {key} is registered but its file is gone from the store; rebuild it with "
                            "corral env build FILE --rebuild") from None
+        at = self.mounts / key
         with self._lock:
-            if self._verified.get(key) != (st.st_mtime, st.st_size):
+            if self._verified.get(key) != (st.st_ino, st.st_mtime, st.st_size):
                 if st.st_size != rec["size"] or sha256_file(image) != rec["sha256"]:
                     raise Conflict(f"the image {key} is corrupt (its checksum no longer matches); it is not used. "
                                    "Rebuild it: corral env build FILE --rebuild",
                                    hint="the facility's admin may also remove it with corral env gc --image KEY")
-                self._verified[key] = (st.st_mtime, st.st_size)
-            m = mounts.mount_image(image, self.mounts / key)
+                # A file new to this gateway (rebuilt): a mount of the one it replaced goes
+                # (lazily: jobs still reading the old one keep their view).
+                mounts.unmount(at)
+                shutil.rmtree(at.with_name(at.name + ".unpacked"), ignore_errors=True)
+                self._verified[key] = (st.st_ino, st.st_mtime, st.st_size)
+            m = mounts.mount_image(image, at)
         self.db.conn.execute("UPDATE env_images SET last_used=? WHERE key=?", (time.time(), key))
         return m
 

@@ -42,18 +42,17 @@ class Mounted:
     why: str
 
 
-def mounted(path: Path | str) -> bool:
-    """Whether ``path`` is a mount point on this node, as the kernel says."""
-    target = os.path.realpath(path)
+def _points() -> list[str]:
     try:
         with open("/proc/self/mountinfo", encoding="utf-8") as f:
-            for line in f:
-                point = line.split()[4].encode().decode("unicode_escape")
-                if point == target:
-                    return True
+            return [line.split()[4].encode().decode("unicode_escape") for line in f]
     except OSError:
-        pass
-    return False
+        return []
+
+
+def mounted(path: Path | str) -> bool:
+    """Whether ``path`` is a mount point on this node, as the kernel says."""
+    return os.path.realpath(path) in _points()
 
 
 def _fuse_ok() -> str | None:
@@ -142,6 +141,18 @@ def unmount(path: Path | str) -> None:
     r = proc.run(["umount", "-l", str(path)], timeout=60, check=False)
     if r.returncode != 0 and shutil.which("fusermount"):
         proc.run(["fusermount", "-u", "-z", str(path)], timeout=60, check=False)
+
+
+def under(root: Path | str) -> list[str]:
+    """Mount points at or below ``root`` on this node, deepest first."""
+    top = os.path.realpath(root)
+    return sorted({p for p in _points() if p == top or p.startswith(top + "/")}, key=len, reverse=True)
+
+
+def unmount_all(root: Path | str) -> None:
+    """Every image and workspace mounted under ``root`` (a scratch directory being removed)."""
+    for point in under(root):
+        unmount(point)
 
 
 def main(argv: list[str] | None = None) -> int:

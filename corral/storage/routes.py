@@ -21,8 +21,7 @@ Ref = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
 
 class EnvBuildIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    files: dict[Annotated[str, Field(pattern=r"^(requirements\.txt|pyproject\.toml|uv\.lock)$")],
-                Annotated[str, Field(max_length=1024 * 1024)]] = Field(
+    files: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=1024 * 1024)]] = Field(
         ..., min_length=1, max_length=2,
         description="The environment's file by its name: requirements.txt, pyproject.toml, or uv.lock with its "
                     "pyproject.toml.")

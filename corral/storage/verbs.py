@@ -27,6 +27,7 @@ from .images import Images
 from .workspaces import Workspaces
 
 if TYPE_CHECKING:
+    from ..control.metrics import Metrics
     from ..control.sender import Sender
     from ..db import Database
     from ..lanes import Lanes
@@ -46,8 +47,8 @@ def scratch_dir(settings: StorageSettings, home: Path) -> Path:
 
 class StorageVerbs:
     def __init__(self, settings: StorageSettings, home: Path, db: "Database", lanes: "Lanes", sender: "Sender",
-                 audit: "Audit", sandbox: "Sandbox | None" = None) -> None:
-        self.settings, self.db, self.lanes, self.audit = settings, db, lanes, audit
+                 audit: "Audit", sandbox: "Sandbox | None" = None, metrics: "Metrics | None" = None) -> None:
+        self.settings, self.db, self.lanes, self.audit, self.metrics = settings, db, lanes, audit, metrics
         self.scratch = scratch_dir(settings, home)
         self.images = Images(settings, home, self.scratch, db, lanes, sender)
         hidden = (lambda c: sandbox.hidden_from(c.principal.kind.value, c.principal.unix_user)) \
@@ -169,7 +170,13 @@ class StorageVerbs:
         """Jobs that ended: those traced have their counts read (off the loop) and kept."""
         if not self.shared:
             return
-        jobs = [j for j in self.db.get_jobs(job_ids).values() if j.spec.labels.get(META_LABEL) and j.backend_id]
+        jobs = [j for j in self.db.get_jobs(job_ids).values()
+                if j.terminal and j.spec.labels.get(META_LABEL) and j.backend_id]
+        if jobs:  # each counted once, however often its end is heard
+            marks = ",".join("?" * len(jobs))
+            seen = {r[0] for r in self.db.conn.execute(f"SELECT job_id FROM job_meta WHERE job_id IN ({marks})",
+                                                       [j.id for j in jobs])}
+            jobs = [j for j in jobs if j.id not in seen]
         if not jobs:
             return
         try:
@@ -199,6 +206,11 @@ class StorageVerbs:
                     "INSERT OR REPLACE INTO job_meta (job_id, principal, session, ops, shared_ops, by_call, at) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
                     [(jid, p, s, t, sh, json.dumps(by), time.time()) for jid, p, s, (t, sh, by) in rows])
+            if self.metrics is not None:
+                for *_, (t, sh, _by) in rows:
+                    self.metrics.meta_ops.labels("shared").inc(sh)
+                    self.metrics.meta_ops.labels("all").inc(t)
+                    self.metrics.meta_jobs.inc()
 
         task = loop.create_task(account())
         self.pending.add(task)

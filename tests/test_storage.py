@@ -1,0 +1,349 @@
+"""Storage for trial-and-error on the real mechanisms (corral/storage): images resolved
+by uv against the package index, packed by mksquashfs and mounted by the kernel; jobs
+that import from them inside their sandbox; overlayfs workspaces forked, changed by a
+job, diffed, committed, refused on conflict and discarded; metadata calls counted by
+strace and capped by the session's budget. Bad input everywhere says what to fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from corral.storage import mounts
+from corral.storage.meta import count
+from corral.storage.workspaces import changes
+
+from .conftest import Gateway, running
+
+CI = os.environ.get("CI") == "true"
+TOOLS = [t for t in ("mksquashfs", "unsquashfs", "bwrap", "strace") if shutil.which(t) is None]
+needs_tools = pytest.mark.skipif(bool(TOOLS) and not CI, reason=f"missing {TOOLS}: run scripts/storage-up")
+needs_root = pytest.mark.skipif(os.geteuid() != 0 and not CI, reason="kernel squashfs and overlay mounts need root")
+
+
+def _principals(gw: Gateway) -> dict[str, str]:
+    with gw.http() as h:
+        for body in ({"name": "alice", "kind": "human"}, {"name": "carol", "kind": "human"},
+                     {"name": "bot1", "kind": "agent", "sponsor": "alice"},
+                     {"name": "bot2", "kind": "agent", "sponsor": "carol"}):
+            assert h.post("/v1/principals", json=body).status_code == 201
+        return {n: h.post("/v1/tokens", json={"for": n, "expires": "2h"}).json()["token"]
+                for n in ("alice", "carol", "bot1", "bot2")}
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[Path]:
+    """A stand-in for the shared filesystem, outside /tmp (a sandboxed job's /tmp is its own)."""
+    d = Path(tempfile.mkdtemp(prefix="corral-shared-", dir="/var/tmp"))
+    (d / "lib").mkdir()
+    for i in range(30):
+        (d / "lib" / f"mod{i}.py").write_text(f"x = {i}\n")
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory, shared: Path) -> Iterator[tuple[Gateway, dict[str, str]]]:
+    if TOOLS and CI:
+        pytest.fail(f"CI needs {TOOLS} (scripts/storage-up installs them)")
+    home = tmp_path_factory.mktemp("storage")
+    with running(home, cpus=4, CORRAL_STORAGE__SHARED_PATHS=json.dumps([str(shared)]),
+                 CORRAL_STORAGE__META_SAMPLE="1.0", CORRAL_STORAGE__SESSION_META_BUDGET="60") as g:
+        yield g, _principals(g)
+
+
+def _wait_build(h: Any, r: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
+    import time
+
+    end = time.monotonic() + timeout
+    while r["state"] == "building" and time.monotonic() < end:
+        time.sleep(0.3)
+        r = h.get(f"/v1/env/{r['digest']}").json()
+    return r
+
+
+def _run(h: Any, spec: dict[str, Any], timeout: int = 120) -> dict[str, Any]:
+    r = h.post("/v1/jobs", json=spec)
+    assert r.status_code in (200, 201), r.text
+    job = h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": timeout}).json()
+    assert job["state"] in ("COMPLETED", "FAILED"), job
+    out = h.get(f"/v1/jobs/{job['id']}/output").json()
+    return {**job, "out": out.get("data", out.get("text", ""))}
+
+
+@pytest.fixture
+def project() -> Iterator[Path]:
+    """A project an agent's job may write (it runs as an unprivileged user)."""
+    d = Path(tempfile.mkdtemp(prefix="corral-proj-", dir="/tmp"))
+    (d / "src").mkdir()
+    (d / "src" / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (d / "README").write_text("calc\n")
+    (d / "old.txt").write_text("to be removed\n")
+    subprocess.run(["chmod", "-R", "a+rwX", str(d)], check=True)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@needs_tools
+@needs_root
+def test_image_is_built_once_shared_and_used_by_a_contained_job(gw: tuple[Gateway, dict[str, str]]) -> None:
+    g, t = gw
+    files = {"requirements.txt": "six==1.17.0\n"}
+    with g.http(t["bot1"]) as h:
+        r = h.post("/v1/env/build", json={"files": files, "name": "six-env"})
+        assert r.status_code == 202 and r.json()["state"] == "building", r.text
+        built = _wait_build(h, r.json())
+        assert built["state"] == "ready", built
+        assert built["packages"] == ["six==1.17.0"] and built["built_by"] == "bot1" and built["size"] > 0
+        key = built["image"]
+        # An agent's job: inside its sandbox, the image's python first on PATH, six from the image.
+        job = _run(h, {"command": "python -c 'import six, sys; print(sys.prefix, six.__file__)'; id -u",
+                       "env": "six-env"})
+        assert job["state"] == "COMPLETED", job
+        prefix, where = job["out"].split()[:2]
+        assert prefix.endswith(f"/images/{key}") and where.startswith(prefix + "/lib/") and "six.py" in where
+        assert job["out"].split()[2] != "0"  # never root, even from an image
+        assert mounts.mounted(prefix)
+    with g.http(t["carol"]) as h:  # another principal, another family: the same image, at once
+        again = h.post("/v1/env/build", json={"files": files})
+        assert again.status_code == 200 and again.json()["reused"] and again.json()["image"] == key
+        listed = h.get("/v1/env").json()["images"]
+        mine = next(i for i in listed if i["image"] == key)
+        assert mine["name"] == "six-env" and mine["last_used"] is not None
+        # by key prefix too, and the CLI says what it is in a person's words
+        assert _run(h, {"command": "python -c 'import six'", "image": key[:12]})["state"] == "COMPLETED"
+    cp = g.cli("env", "list", token=t["carol"])
+    assert cp.returncode == 0 and "six-env" in cp.stdout and key[:12] in cp.stdout
+    with g.http() as admin:  # one build job, by the envbuild service principal, audited
+        builds = [j for j in admin.get("/v1/jobs", params={"principal": "envbuild", "limit": 50}).json()["jobs"]]
+        assert len([b for b in builds if b["state"] == "COMPLETED"]) >= 1
+    audit = (g.home / "audit.jsonl").read_text()
+    assert '"env.build"' in audit
+
+
+@needs_tools
+@needs_root
+def test_bad_environments_say_what_to_fix(gw: tuple[Gateway, dict[str, str]]) -> None:
+    g, t = gw
+    with g.http(t["bot1"]) as h:
+        r = _wait_build(h, h.post("/v1/env/build", json={"files": {
+            "requirements.txt": "corral-no-such-package-xq7==1.0\n"}}).json())
+        assert r["state"] == "failed" and "corral-no-such-package-xq7" in r["error"], r
+        assert "Traceback" not in r["error"]
+        bad = h.post("/v1/env/build", json={"files": {"setup.py": "x"}})
+        assert bad.status_code == 400 and "requirements.txt" in bad.text
+        lonely = h.post("/v1/env/build", json={"files": {"uv.lock": "version = 1\n"}})
+        assert lonely.status_code == 400 and "pyproject.toml" in lonely.json()["error"]["message"]
+        missing = h.post("/v1/jobs", json={"command": "true", "env": "never-built"})
+        assert missing.status_code == 404 and "corral env build" in missing.json()["error"]["message"]
+        forged = h.post("/v1/jobs", json={"command": "true", "labels": {"corral-image-file": "/etc/passwd"}})
+        assert forged.status_code == 400 and "corral's own" in forged.json()["error"]["message"]
+    (g.home.parent / "setup.py").write_text("import setuptools\n")
+    cp = g.cli("--json", "env", "build", str(g.home.parent / "setup.py"), token=t["bot1"])
+    assert cp.returncode == 2 and "is not one of" in json.loads(cp.stdout)["error"]["message"]
+
+
+@needs_tools
+@needs_root
+def test_a_corrupt_image_is_refused_and_rebuilt_on_request(gw: tuple[Gateway, dict[str, str]]) -> None:
+    g, t = gw
+    files = {"requirements.txt": "six==1.16.0\n"}
+    with g.http(t["alice"]) as h:
+        img = _wait_build(h, h.post("/v1/env/build", json={"files": files, "name": "six-old"}).json())
+        assert img["state"] == "ready", img
+        path = g.home / "images" / f"{img['image']}.sqsh"
+        os.chmod(path, 0o644)
+        with open(path, "r+b") as f:  # a bit flipped on the store's disk
+            f.seek(path.stat().st_size // 2)
+            byte = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        refused = h.post("/v1/jobs", json={"command": "python -c 'import six'", "env": "six-old"})
+        assert refused.status_code == 409 and "corrupt" in refused.json()["error"]["message"], refused.text
+        assert "--rebuild" in refused.json()["error"]["message"]
+        again = _wait_build(h, h.post("/v1/env/build", json={"files": files, "rebuild": True}).json())
+        assert again["state"] == "ready" and again["image"] == img["image"]
+        job = _run(h, {"command": "python -c 'import six; print(six.__version__)'", "env": "six-old",
+                       "workdir": "/tmp"})
+        assert job["state"] == "COMPLETED" and job["out"].strip() == "1.16.0", job
+
+
+@needs_tools
+@needs_root
+def test_workspace_fork_change_diff_commit_and_discard(gw: tuple[Gateway, dict[str, str]], project: Path) -> None:
+    g, t = gw
+    with g.http(t["bot1"]) as h:
+        ws = h.post("/v1/workspaces", json={"base": str(project)})
+        assert ws.status_code == 201, ws.text
+        w = ws.json()
+        assert w["how"] == "overlay" and w["path"].endswith("/merged")
+        job = _run(h, {"command": "echo 'def sub(a, b): return a - b' > src/sub.py; echo more >> README; "
+                                  "rm old.txt; pwd", "workspace": w["workspace"]})
+        assert job["state"] == "COMPLETED" and job["out"].strip() == w["path"], job
+        assert not (project / "src" / "sub.py").exists() and (project / "old.txt").exists()  # base untouched
+        d = h.get(f"/v1/workspaces/{w['workspace']}/diff").json()
+        assert (d["added"], d["modified"], d["deleted"]) == (["src/sub.py"], ["README"], ["old.txt"]), d
+        cp = g.cli("workspace", "diff", w["workspace"], token=t["bot1"])
+        assert cp.returncode == 0 and "A src/sub.py" in cp.stdout and "D old.txt" in cp.stdout
+        # another family cannot see it, let alone commit it
+        with g.http(t["bot2"]) as other:
+            assert other.post(f"/v1/workspaces/{w['workspace']}/commit").status_code == 404
+        done = h.post(f"/v1/workspaces/{w['workspace']}/commit").json()
+        assert done["state"] == "committed" and done["added"] == ["src/sub.py"]
+        assert (project / "src" / "sub.py").read_text().startswith("def sub")
+        assert (project / "README").read_text() == "calc\nmore\n" and not (project / "old.txt").exists()
+        assert not mounts.mounted(w["path"])
+        assert h.get(f"/v1/workspaces/{w['workspace']}/diff").status_code == 404
+        # a second trial thrown away: the base is as the first left it
+        w2 = h.post("/v1/workspaces", json={"base": str(project)}).json()
+        assert _run(h, {"command": "rm -r src", "workspace": w2["workspace"]})["state"] == "COMPLETED"
+        assert h.post(f"/v1/workspaces/{w2['workspace']}/discard").json()["state"] == "discarded"
+        assert (project / "src" / "calc.py").exists()
+        assert h.get("/v1/workspaces").json()["workspaces"] == []
+
+
+@needs_tools
+@needs_root
+def test_a_commit_over_a_moved_base_is_refused_naming_the_paths(gw: tuple[Gateway, dict[str, str]],
+                                                                 project: Path) -> None:
+    g, t = gw
+    with g.http(t["bot1"]) as h:
+        w = h.post("/v1/workspaces", json={"base": str(project)}).json()
+        assert _run(h, {"command": "echo trial > README; echo new > src/new.py",
+                        "workspace": w["workspace"]})["state"] == "COMPLETED"
+        (project / "README").write_text("someone else's change\n")  # the base moved underneath
+        r = h.post(f"/v1/workspaces/{w['workspace']}/commit")
+        assert r.status_code == 409, r.text
+        msg = r.json()["error"]["message"]
+        assert "README" in msg and "src/new.py" not in msg and "nothing was written" in msg
+        assert (project / "README").read_text() == "someone else's change\n" and not (project / "src/new.py").exists()
+        assert h.get(f"/v1/workspaces/{w['workspace']}/diff").status_code == 200  # still there to redo
+        h.post(f"/v1/workspaces/{w['workspace']}/discard")
+
+
+@needs_tools
+@needs_root
+def test_workspaces_from_git_and_the_bad_bases(gw: tuple[Gateway, dict[str, str]], project: Path) -> None:
+    g, t = gw
+    git = ["git", "-C", str(project), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    (project / "README").write_text("uncommitted\n")
+    with g.http(t["bot1"]) as h:
+        w = h.post("/v1/workspaces", json={"base": str(project), "rev": "HEAD"}).json()
+        job = _run(h, {"command": "cat README", "workspace": w["workspace"]})
+        assert job["out"] == "calc\n", job  # the commit, not the working tree
+        h.post(f"/v1/workspaces/{w['workspace']}/discard")
+        bad_rev = h.post("/v1/workspaces", json={"base": str(project), "rev": "no-such-branch"})
+        assert bad_rev.status_code == 400 and "not a commit" in bad_rev.json()["error"]["message"]
+        gone = h.post("/v1/workspaces", json={"base": "/var/tmp/corral-no-such-dir"})
+        assert gone.status_code == 400 and "does not exist" in gone.json()["error"]["message"]
+        for hidden in (str(g.home), "/root", "/"):
+            r = h.post("/v1/workspaces", json={"base": hidden})
+            assert r.status_code == 400, (hidden, r.text)
+        # the base vanishes after the fork: its next job is refused with what to do
+        doomed = Path(tempfile.mkdtemp(prefix="corral-doomed-", dir="/tmp"))
+        doomed.chmod(0o777)
+        w = h.post("/v1/workspaces", json={"base": str(doomed)}).json()
+        shutil.rmtree(doomed)
+        r = h.post("/v1/jobs", json={"command": "true", "workspace": w["workspace"]})
+        assert r.status_code == 409 and "is gone" in r.json()["error"]["message"] and "discard" in r.json()["error"]["message"]
+        assert h.post(f"/v1/workspaces/{w['workspace']}/commit").status_code == 409
+        assert h.post(f"/v1/workspaces/{w['workspace']}/discard").status_code == 200
+
+
+@needs_tools
+@needs_root
+def test_twenty_trials_cost_their_changes_not_twenty_copies(gw: tuple[Gateway, dict[str, str]], project: Path) -> None:
+    g, t = gw
+    (project / "data.bin").write_bytes(os.urandom(2 * 1024 * 1024))
+    os.chmod(project / "data.bin", 0o666)
+    with g.http(t["bot1"]) as h:
+        ws = [h.post("/v1/workspaces", json={"base": str(project)}).json() for _ in range(20)]
+        jobs = h.post("/v1/jobs/batch", json={"jobs": [
+            {"command": f"echo trial {i} > result.txt; cat data.bin | wc -c", "workspace": w["workspace"]}
+            for i, w in enumerate(ws)]}).json()
+        assert "jobs" in jobs, jobs
+        jobs = jobs["jobs"]
+        waited = h.post("/v1/jobs/wait", json={"ids": [j["id"] for j in jobs], "timeout": 120}).json()
+        assert "jobs" in waited, waited
+        waited = waited["jobs"]
+        assert all(j["state"] == "COMPLETED" for j in waited), waited
+        sizes = [h.get(f"/v1/workspaces/{w['workspace']}").json()["upper_bytes"] for w in ws]
+        assert sum(sizes) < 20 * 64 * 1024 < 2 * 1024 * 1024, sizes  # each a result file, never a copy of data.bin
+        for w in ws:
+            assert h.get(f"/v1/workspaces/{w['workspace']}/diff").json()["added"] == ["result.txt"]
+            h.post(f"/v1/workspaces/{w['workspace']}/discard")
+
+
+@needs_tools
+@needs_root
+def test_metadata_calls_on_shared_paths_are_counted_and_capped(gw: tuple[Gateway, dict[str, str]],
+                                                               shared: Path) -> None:
+    g, t = gw
+    with g.http(t["bot1"], session="meta-s1") as h:
+        job = _run(h, {"command": f"ls {shared}/lib | wc -l; for f in {shared}/lib/*.py; do cat $f >/dev/null; done",
+                       "workdir": "/tmp"})
+        assert job["state"] == "COMPLETED" and job["out"].strip() == "30", job
+        import time
+
+        for _ in range(50):  # counted off the event loop once the job ended
+            usage = h.get(f"/v1/jobs/{job['id']}/usage").json()
+            if "metadata_ops" in usage:
+                break
+            time.sleep(0.1)
+        ops = usage["metadata_ops"]
+        assert ops["on_shared_paths"] >= 30 and ops["calls"] >= ops["on_shared_paths"], ops
+        assert ops["by_call"].get("openat", 0) >= 30
+        info = h.get("/v1/facility").json()["storage"]
+        assert info["session_meta_ops"] == ops["on_shared_paths"] and info["session_meta_budget"] == 60
+        # the session is past its budget: a plain job is told to use an image or a workspace
+        again = h.post("/v1/jobs", json={"command": f"ls {shared}", "workdir": "/tmp"})
+        assert again.status_code == 403, again.text
+        msg = again.json()["error"]["message"]
+        assert "image" in msg and "workspace" in msg and "budget" in msg
+    with g.http(t["bot1"], session="meta-s2") as h:  # another session starts afresh
+        assert h.post("/v1/jobs", json={"command": "true", "workdir": "/tmp"}).status_code == 201
+    assert g.metric('corral_metadata_ops_total{where="shared"}') >= 30
+
+
+def test_meta_counts_paths_under_the_shared_prefixes_only() -> None:
+    lines = ['openat(AT_FDCWD</home/u/p>, "data/x.csv", O_RDONLY) = 3\n',
+             'newfstatat(AT_FDCWD</work>, "/lus/proj/a.py", {st_mode=S_IFREG}, 0) = 0\n',
+             'getdents64(3</lus/proj>, 0x5 /* 4 entries */, 32768) = 112\n',
+             'access("/lus/projection/x", R_OK) = -1 ENOENT\n',
+             'statx(AT_FDCWD</lus/proj/sub>, "../b.py", AT_STATX_SYNC_AS_STAT, STATX_ALL, 0x7f) = 0\n',
+             '+++ exited with 0 +++\n']
+    total, on, by = count(lines, ["/lus/proj"])
+    assert (total, on) == (5, 3) and by == {"newfstatat": 1, "getdents64": 1, "statx": 1}
+    assert count(lines, ["/home/u"])[1] == 1
+
+
+@needs_root
+def test_diff_reads_overlay_whiteouts_and_opaque_dirs(tmp_path: Path) -> None:
+    lower, upper, work, merged = (tmp_path / n for n in ("lower", "upper", "work", "merged"))
+    (lower / "keep").mkdir(parents=True)
+    (lower / "keep" / "a").write_text("a")
+    (lower / "gone").mkdir()
+    (lower / "gone" / "b").write_text("b")
+    (lower / "same").write_text("same")
+    m = mounts.mount_overlay(lower, upper, work, merged)
+    try:
+        shutil.rmtree(merged / "gone")
+        (merged / "gone").mkdir()  # replaced: an opaque directory
+        (merged / "gone" / "c").write_text("c")
+        (merged / "keep" / "a").write_text("A")
+        os.utime(merged / "same")  # copied up, same bytes: not a change
+        got = sorted(changes(upper, lower))
+        assert got == [("added", "gone/c"), ("deleted", "gone/b"), ("modified", "keep/a")], (m, got)
+    finally:
+        mounts.unmount(merged)
