@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -347,3 +348,128 @@ def test_diff_reads_overlay_whiteouts_and_opaque_dirs(tmp_path: Path) -> None:
         assert got == [("added", "gone/c"), ("deleted", "gone/b"), ("modified", "keep/a")], (m, got)
     finally:
         mounts.unmount(merged)
+
+
+@needs_tools
+@needs_root
+def test_images_in_the_fast_lane_and_workspaces_across_a_restart(tmp_path: Path, project: Path) -> None:
+    with running(tmp_path) as g:
+        t = _principals(g)
+        with g.http(t["bot1"]) as h:
+            img = _wait_build(h, h.post("/v1/env/build", json={"files": {"requirements.txt": "six==1.17.0\n"},
+                                                               "name": "six"}).json())
+            assert img["state"] == "ready", img
+            w = h.post("/v1/workspaces", json={"base": str(project)}).json()
+            assert _run(h, {"command": "echo 1 > one", "workspace": w["workspace"]})["state"] == "COMPLETED"
+            task = _run(h, {"command": "python -c 'import six, sys; print(sys.prefix)'", "env": "six",
+                            "lane": "fast", "walltime": "1m", "workdir": "/tmp"})
+            assert task["state"] == "COMPLETED" and task["out"].strip().endswith(img["image"]), task
+            assert h.get(f"/v1/jobs/{task['id']}").json()["backend"] == "fast"
+        g.kill(signal.SIGKILL)  # a crash: the workspace and the image outlive the gateway
+        g.start()
+        with g.http(t["bot1"]) as h:
+            assert _run(h, {"command": "cat one; echo 2 > two", "workspace": w["workspace"], "lane": "fast",
+                            "walltime": "1m"})["out"] == "1\n"
+            assert h.get(f"/v1/workspaces/{w['workspace']}/diff").json()["added"] == ["one", "two"]
+            assert [i["image"] for i in h.get("/v1/env").json()["images"]] == [img["image"]]
+            h.post(f"/v1/workspaces/{w['workspace']}/discard")
+
+
+@needs_root
+def test_a_full_scratch_disk_refuses_a_fork_saying_what_to_do(tmp_path: Path, project: Path) -> None:
+    scratch = Path(tempfile.mkdtemp(prefix="corral-full-", dir="/var/tmp"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(scratch)], check=True)
+    try:
+        with running(tmp_path, CORRAL_STORAGE__SCRATCH=str(scratch)) as g:
+            t = _principals(g)
+            with g.http(t["bot1"]) as h:
+                r = h.post("/v1/workspaces", json={"base": str(project)})
+                assert r.status_code == 400, r.text
+                msg = r.json()["error"]["message"]
+                assert "MB free" in msg and "discard" in msg
+    finally:
+        mounts.unmount_all(scratch)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@needs_tools
+@needs_root
+def test_mcp_tools_build_an_environment_and_run_a_trial_workspace(gw: tuple[Gateway, dict[str, str]],
+                                                                   project: Path) -> None:
+    import asyncio
+
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    from .test_mcp import data, error_text
+
+    g, t = gw
+
+    async def go() -> None:
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {t['bot1']}"}, timeout=60) as http:
+            async with Client(streamable_http_client(f"{g.url}/mcp", http_client=http)) as client:
+                names = {x.name for x in (await client.list_tools()).tools}
+                assert {"build_environment", "workspace"} <= names
+                built = data(await client.call_tool("build_environment", {"requirements": "six==1.17.0\n",
+                                                                          "name": "six-mcp"}))
+                assert built["state"] == "ready" and "submit_job image=" in built["next"], built
+                bad = error_text(await client.call_tool("build_environment", {"requirements": "zz-no-pkg-q9==9\n"}))
+                assert "zz-no-pkg-q9" in bad
+                ws = data(await client.call_tool("workspace", {"action": "fork", "base": str(project)}))
+                sub = data(await client.call_tool("submit_job", {"command": "python -c 'import six' && touch ok",
+                                                                 "image": "six-mcp", "workspace": ws["workspace"]}))
+                done = data(await client.call_tool("wait_for_job", {"job_id": sub["job_id"], "timeout_s": 60}))
+                assert done["state"] == "COMPLETED", done
+                diff = data(await client.call_tool("workspace", {"action": "diff", "workspace_id": ws["workspace"]}))
+                assert diff["added"] == ["ok"]
+                assert "needs workspace_id" in error_text(await client.call_tool("workspace", {"action": "commit"}))
+                gone = data(await client.call_tool("workspace", {"action": "discard", "workspace_id": ws["workspace"]}))
+                assert gone["state"] == "discarded"
+
+    asyncio.run(go())
+
+
+@needs_tools
+@needs_root
+def test_images_and_workspaces_on_the_private_slurm(tmp_path: Path, project: Path, shared: Path, slurm_turn) -> None:
+    from .slurm_env import slurm_conf
+    from .conftest import free_port
+
+    g = Gateway(tmp_path / "home", free_port(), extra_env={
+        "CORRAL_BACKEND": "slurm", "SLURM_CONF": slurm_conf(), "CORRAL_TICK_S": "0.5",
+        "CORRAL_STORAGE__BUILD_MEMORY_MB": "1024", "CORRAL_STORAGE__BUILD_CPUS": "1",
+        "CORRAL_STORAGE__SHARED_PATHS": json.dumps([str(shared)]), "CORRAL_STORAGE__META_SAMPLE": "1.0"})
+    g.home.mkdir()
+    g.start()
+    try:
+        t = _principals(g)
+        with g.http(t["bot1"], session="slurm-s") as h:
+            # the build itself is a Slurm job, of the envbuild principal
+            img = _wait_build(h, h.post("/v1/env/build", json={"files": {"requirements.txt": "six==1.17.0\n"},
+                                                               "name": "six"}).json())
+            assert img["state"] == "ready", img
+            w = h.post("/v1/workspaces", json={"base": str(project)}).json()
+            job = _run(h, {"command": f"python -c 'import six, sys; print(sys.prefix)' > prefix.txt; "
+                                      f"ls {shared}/lib > /dev/null; cat prefix.txt",
+                           "env": "six", "workspace": w["workspace"]})
+            assert job["state"] == "COMPLETED" and h.get(f"/v1/jobs/{job['id']}").json()["backend"] == "slurm", job
+            assert job["out"].strip().endswith(f"/images/{img['image']}"), job
+            assert h.get(f"/v1/workspaces/{w['workspace']}/diff").json()["added"] == ["prefix.txt"]
+            import time
+
+            for _ in range(50):
+                usage = h.get(f"/v1/jobs/{job['id']}/usage").json()
+                if "metadata_ops" in usage:
+                    break
+                time.sleep(0.2)
+            assert usage["metadata_ops"]["on_shared_paths"] >= 1, usage
+            h.post(f"/v1/workspaces/{w['workspace']}/discard")
+        with g.http() as admin:
+            builds = admin.get("/v1/jobs", params={"principal": "envbuild", "full": "true"}).json()["jobs"]
+            assert builds and all(b["backend"] == "slurm" for b in builds)
+    finally:
+        g.kill(signal.SIGTERM)
+        from .conftest import drop_scratch
+
+        drop_scratch(g.home)
