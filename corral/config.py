@@ -290,7 +290,7 @@ def load_settings(**overrides: Any) -> Settings:
         if unknown:
             raise InvalidRequest(
                 f"config file {path} has unknown keys {sorted(unknown)}; valid keys: {valid_keys()} "
-                "(and the keys of the tables [fastlane], [slurm], [memory], [safety])")
+                "(and the keys of the tables " + ", ".join(f"[{p}]" for p in PARTS) + ")")
     try:
         return Settings(**_merge(from_file, _from_env(), overrides))
     except ValidationError as e:

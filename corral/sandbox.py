@@ -158,6 +158,13 @@ class Sandbox:
             for f in readable:
                 out += ["--ro-bind", f, f]
         if cwd not in (job_dir, inner, "/tmp"):
+            # A working directory inside an emptied one (a workspace under corral's scratch):
+            # bwrap would make its parents root's and 0700, which the job's user cannot
+            # traverse by absolute path; they are made 0755 first.
+            for flag, hidden, *_ in self._hiding(own):
+                if flag == "--tmpfs" and Path(cwd).is_relative_to(hidden) and cwd != hidden:
+                    for parent in reversed(Path(cwd).relative_to(hidden).parents[:-1]):
+                        out += ["--perms", "0755", "--dir", str(Path(hidden) / parent)]
             out += ["--bind", cwd, cwd]
         if job_dir is not None and inner is not None:
             out += ["--bind", job_dir, inner]

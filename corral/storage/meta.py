@@ -26,7 +26,7 @@ from typing import Iterable, Sequence
 TRACE = "%file,getdents64"
 DIR = "meta"
 """The job directory's subdirectory that holds the traces."""
-_LINE = re.compile(r"^(\w+)\((.*)$")
+_LINE = re.compile(r"^(?:\d+ +)?(\w+)\((.*)$")
 _DIRFD = re.compile(r"^(?:AT_FDCWD|\d+)<([^>]*)>")
 _STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _FDPATH = re.compile(r"^\d+<([^>]*)>")
