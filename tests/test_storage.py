@@ -187,8 +187,9 @@ def test_workspace_fork_change_diff_commit_and_discard(gw: tuple[Gateway, dict[s
         w = ws.json()
         assert w["how"] == "overlay" and w["path"].endswith("/merged")
         job = _run(h, {"command": "echo 'def sub(a, b): return a - b' > src/sub.py; echo more >> README; "
-                                  "rm old.txt; pwd", "workspace": w["workspace"]})
-        assert job["state"] == "COMPLETED" and job["out"].strip() == w["path"], job
+                                  "rm old.txt; pwd; cat \"$PWD/src/calc.py\" | wc -l", "workspace": w["workspace"]})
+        # its absolute paths too: the workspace's parents are traversable by the job's user
+        assert job["state"] == "COMPLETED" and job["out"].split() == [w["path"], "2"], job
         assert not (project / "src" / "sub.py").exists() and (project / "old.txt").exists()  # base untouched
         d = h.get(f"/v1/workspaces/{w['workspace']}/diff").json()
         assert (d["added"], d["modified"], d["deleted"]) == (["src/sub.py"], ["README"], ["old.txt"]), d

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from .. import proc
 from ..errors import Conflict, InvalidRequest, NotFound
+from ..jobs import _check_path
 from ..principals import Caller
 from . import mounts
 
@@ -44,7 +45,7 @@ MIN_FREE_MB = 64
 _COLS = ("id", "principal", "base", "rev", "dir", "how", "created", "expires", "state")
 
 
-MAX_BASE_FILES = 200_000
+MAX_BASE_FILES = 100_000
 """A directory base with more files is refused: fork a git commit of it, or a smaller tree."""
 VIRTUAL = ("/", "/proc", "/sys", "/dev", "/run")
 
@@ -150,9 +151,11 @@ class Workspaces:
     def fork(self, caller: Caller, base: str, rev: str | None = None) -> dict[str, Any]:
         """A new workspace over ``base`` (at git ``rev`` if given). Blocking: off the loop."""
         self.expire()
-        if not base.startswith("/") or "\x00" in base:
-            raise InvalidRequest("the base of a workspace is an absolute path to a directory")
-        b = Path(os.path.realpath(base))
+        try:
+            _check_path(base, "the base of a workspace")
+            b = Path(os.path.realpath(base))
+        except (ValueError, OSError) as e:
+            raise InvalidRequest(f"{e}; give the absolute path of the directory to fork") from None
         if str(b) in VIRTUAL or any(b.is_relative_to(v) for v in VIRTUAL[1:]):
             raise InvalidRequest(f"{base} is not a project directory; fork the directory your trial works in")
         hidden = self.hidden(caller)
@@ -283,11 +286,15 @@ class Workspaces:
             dst.parent.mkdir(parents=True, exist_ok=True)
             tmp = dst.with_name(f".{dst.name}.corral-{os.getpid()}")
             src = merged / rel if mounts.mounted(merged) else d / "upper" / rel
+            # Written by the gateway, owned as before (or as the directory it lands in), not by root.
+            owner = (dst if os.path.lexists(dst) else dst.parent).lstat()
             if src.is_symlink():
                 tmp.unlink(missing_ok=True)
                 os.symlink(os.readlink(src), tmp)
             else:
                 shutil.copy2(src, tmp)
+            if os.geteuid() == 0:
+                os.lchown(tmp, owner.st_uid, owner.st_gid)
             os.replace(tmp, dst)
         self._drop(ws_id, d, "committed")
         done: dict[str, list[str]] = {"added": [], "modified": [], "deleted": []}
