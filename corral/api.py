@@ -248,6 +248,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         async with mcp.session_manager.run():
             loops = [asyncio.create_task(service.reconciler.run(), name="reconciler"),
                      asyncio.create_task(service.memory.facts_loop(), name="facts"),
+                     asyncio.create_task(service.storage.gc_loop(), name="storage-gc"),
                      asyncio.create_task(service.metrics.watch_loop(), name="loop-lag"),
                      *(asyncio.create_task(lane.run(), name=f"lane-{lane.name}") for lane in service.lanes)]
             # Move start-up objects out of the collector's reach: fewer, shorter GC pauses

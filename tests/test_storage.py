@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -474,3 +475,67 @@ def test_images_and_workspaces_on_the_private_slurm(tmp_path: Path, project: Pat
         from .conftest import drop_scratch
 
         drop_scratch(g.home)
+
+
+@needs_tools
+@needs_root
+def test_images_are_collected_by_the_admin_only(gw: tuple[Gateway, dict[str, str]]) -> None:
+    g, t = gw
+    with g.http(t["alice"]) as h:
+        img = _wait_build(h, h.post("/v1/env/build", json={"files": {"requirements.txt": "six==1.15.0\n"},
+                                                           "name": "six-gc"}).json())
+        assert img["state"] == "ready", img
+        r = h.post("/v1/env/gc", json={"image": "six-gc"})
+        assert r.status_code == 403 and "admin" in r.json()["error"]["message"]
+    with g.http() as admin:
+        dry = admin.post("/v1/env/gc", json={"image": "six-gc", "dry_run": True}).json()
+        assert dry["collected"] == [img["image"]] and (g.home / "images" / f"{img['image']}.sqsh").exists()
+        cp = g.cli("--json", "env", "gc", "--image", "six-gc")
+        assert cp.returncode == 0 and json.loads(cp.stdout)["collected"] == [img["image"]], cp.stderr
+        assert not (g.home / "images" / f"{img['image']}.sqsh").exists()
+        assert img["image"] not in [i["image"] for i in admin.get("/v1/env").json()["images"]]
+        assert admin.post("/v1/jobs", json={"command": "true", "env": "six-gc"}).status_code == 404
+
+
+NOBODY = [shutil.which("setpriv") or "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+@needs_tools
+@needs_root
+def test_a_node_without_root_mounts_by_fuse_and_without_fuse_unpacks() -> None:
+    """The fallbacks, each on its real mechanism: squashfuse and fuse-overlayfs for a user
+    who is not root, unsquashfs to scratch when squashfuse is not there either."""
+    d = Path(tempfile.mkdtemp(prefix="corral-fallback-", dir="/var/tmp"))
+    try:
+        (d / "src" / "bin").mkdir(parents=True)
+        (d / "src" / "bin" / "hello").write_text("from the image\n")
+        subprocess.run(["mksquashfs", str(d / "src"), str(d / "img.sqsh"), "-quiet", "-no-progress"], check=True)
+        (d / "lower").mkdir()
+        (d / "lower" / "f").write_text("base\n")
+        subprocess.run(["chmod", "-R", "a+rwX", str(d)], check=True)
+        code = ("import sys; from pathlib import Path; from corral.storage.mounts import mount_image, mount_overlay, "
+                "unmount\nd = Path(sys.argv[1])\nm = mount_image(d / 'img.sqsh', d / sys.argv[2])\n"
+                "print(m.how, '|', m.why, '|', open(m.path + '/bin/hello').read().strip())\nunmount(m.path)\n"
+                "if sys.argv[2] == 'fuse':\n"
+                "    o = mount_overlay(d / 'lower', d / 'up', d / 'wk', d / 'mg'); (d / 'mg' / 'g').write_text('x')\n"
+                "    print(o.how, '|', sorted(p.name for p in (d / 'up').iterdir())); unmount(o.path)\n")
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        fuse = subprocess.run([*NOBODY, sys.executable, "-c", code, str(d), "fuse"], capture_output=True, text=True,
+                              env=env, timeout=60)
+        assert fuse.returncode == 0, fuse.stderr
+        img, ovl = fuse.stdout.splitlines()
+        assert img.startswith("squashfuse | kernel mount: not root") and img.endswith("| from the image"), img
+        assert ovl == "fuse-overlayfs | ['g']", ovl
+        assert not mounts.under(d)
+        bare = Path(d / "bin")  # a PATH with unsquashfs but no squashfuse
+        bare.mkdir()
+        for tool in ("unsquashfs", "mount", "umount"):
+            os.symlink(shutil.which(tool), bare / tool)
+        nofuse = subprocess.run([*NOBODY, sys.executable, "-c", code, str(d), "bare"], capture_output=True,
+                                text=True, env={**env, "PATH": str(bare)}, timeout=60)
+        assert nofuse.returncode == 0, nofuse.stderr
+        assert nofuse.stdout.startswith("unpacked | ") and "squashfuse is not installed" in nofuse.stdout
+        assert nofuse.stdout.strip().endswith("| from the image") and (d / "bare.unpacked" / "bin" / "hello").exists()
+    finally:
+        mounts.unmount_all(d)
+        shutil.rmtree(d, ignore_errors=True)

@@ -86,6 +86,8 @@ class Images:
         self.uv_cache = scratch / "uv-cache"
         self.python = settings.python or default_python()
         self._verified: dict[str, tuple[int, float, int]] = {}
+        self.mounted: dict[str, mounts.Mounted] = {}
+        """How each image was last mounted on this gateway's node, and why that way."""
         self._lock = threading.Lock()
 
     # -- building ------------------------------------------------------------------
@@ -220,9 +222,10 @@ class Images:
         if r is None:
             raise NotFound(f"no environment image {key}; corral env list shows them")
         rec = json.loads(r[2])
+        m = self.mounted.get(key)
         return {"image": r[0], "name": r[1], "packages": rec["packages"], "size": rec["size"],
                 "python": rec["python"], "platform": rec["platform"], "built_by": r[3], "created": r[4],
-                "last_used": r[5]}
+                "last_used": r[5], "mount": {"path": m.path, "how": m.how, "why": m.why} if m else None}
 
     def listing(self) -> list[dict[str, Any]]:
         self.refresh()
@@ -274,6 +277,7 @@ class Images:
                 self._verified[key] = (st.st_ino, st.st_mtime, st.st_size)
             m = mounts.mount_image(image, at)
         self.db.conn.execute("UPDATE env_images SET last_used=? WHERE key=?", (time.time(), key))
+        self.mounted[key] = m
         return m
 
     def gc(self, older_than_s: float | None = None, only: str | None = None, dry_run: bool = False) -> list[str]:

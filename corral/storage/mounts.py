@@ -114,7 +114,8 @@ def mount_overlay(lower: Path, upper: Path, work: Path, at: Path) -> Mounted:
         d.mkdir(parents=True, exist_ok=True)
     if fresh:  # the merged root shows the upper root's owner and mode: the base's, not root's 0755
         st = lower.stat()
-        os.chown(upper, st.st_uid, st.st_gid)
+        if os.geteuid() == 0:
+            os.chown(upper, st.st_uid, st.st_gid)
         os.chmod(upper, stat.S_IMODE(st.st_mode))
     opts = f"lowerdir={lower},upperdir={upper},workdir={work}"
     tried = []
@@ -139,8 +140,9 @@ def unmount(path: Path | str) -> None:
     if not mounted(path):
         return
     r = proc.run(["umount", "-l", str(path)], timeout=60, check=False)
-    if r.returncode != 0 and shutil.which("fusermount"):
-        proc.run(["fusermount", "-u", "-z", str(path)], timeout=60, check=False)
+    fuse = shutil.which("fusermount3") or shutil.which("fusermount")
+    if r.returncode != 0 and fuse:  # a FUSE mount of a user who is not root
+        proc.run([fuse, "-u", "-z", str(path)], timeout=60, check=False)
 
 
 def under(root: Path | str) -> list[str]:

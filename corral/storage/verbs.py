@@ -216,6 +216,19 @@ class StorageVerbs:
         self.pending.add(task)
         task.add_done_callback(self.pending.discard)
 
+    async def gc_loop(self, every_s: float = 86400.0) -> None:
+        """The admin's policy, applied by itself: images unused for ``image_keep_days``
+        go, and expired workspaces, once a day (and at start)."""
+        while True:
+            try:
+                keys = await asyncio.to_thread(self.images.gc)
+                gone = await asyncio.to_thread(self.workspaces.expire)
+                if keys or gone:
+                    log.info("storage: collected images %s, expired workspaces %s", keys, gone)
+            except Exception:
+                log.exception("storage collection failed; it runs again in %.0f s", every_s)
+            await asyncio.sleep(every_s)
+
     def facility(self, caller: Caller) -> dict[str, Any]:
         out: dict[str, Any] = {"images": self.images.store.as_posix(), "scratch": str(self.scratch),
                                "shared_paths": self.shared, "meta_sample": self.settings.meta_sample,
