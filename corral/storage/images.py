@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from ..control.sender import Sender
     from ..db import Database
     from ..lanes import Lanes
+    from .store import Store
 
 BUILD_PRINCIPAL = "envbuild"
 KINDS = ("requirements.txt", "pyproject.toml", "uv.lock")
@@ -77,10 +78,11 @@ def request_kind(files: dict[str, str]) -> str:
 
 
 class Images:
-    def __init__(self, settings: StorageSettings, home: Path, scratch: Path, db: "Database", lanes: "Lanes",
-                 sender: "Sender") -> None:
-        self.settings, self.db, self.lanes, self.sender = settings, db, lanes, sender
-        self.store = settings.images_dir or home / "images"
+    def __init__(self, settings: StorageSettings, home: Path, scratch: Path, db: "Database", store: "Store",
+                 lanes: "Lanes", sender: "Sender") -> None:
+        self.settings, self.db, self.store, self.lanes, self.sender = settings, db, store, lanes, sender
+        """``db``: the loop's (a build job's record); ``store``: storage's own tables, from any thread."""
+        self.images_dir = settings.images_dir or home / "images"
         self.requests_dir = home / "envbuild"
         self.mounts = scratch / "images"
         self.uv_cache = scratch / "uv-cache"
@@ -112,16 +114,16 @@ class Images:
         self.refresh()
         row = self._request_row(digest)
         if row is not None and not rebuild:
-            if row["state"] == "ready" and row["key"] and (self.store / f"{row['key']}.sqsh").exists():
+            if row["state"] == "ready" and row["key"] and (self.images_dir / f"{row['key']}.sqsh").exists():
                 if name:
                     self._name(row["key"], name)
                 return {**self.describe(row["key"]), "state": "ready", "digest": digest, "reused": True}
             if row["state"] == "building":
                 return self.status_of(digest)
-        self.store.mkdir(parents=True, exist_ok=True)
+        self.images_dir.mkdir(parents=True, exist_ok=True)
         self.requests_dir.mkdir(parents=True, exist_ok=True)
         req = {"files": files, "kind": kind, "python": self.python, "index_url": self.settings.index_url,
-               "store": str(self.store), "uv_cache": str(self.uv_cache), "digest": digest,
+               "store": str(self.images_dir), "uv_cache": str(self.uv_cache), "digest": digest,
                "principal": caller.principal.name, "rebuild": rebuild}
         path = self.requests_dir / f"{digest}.json"
         path.write_text(json.dumps(req))
@@ -132,8 +134,8 @@ class Images:
                        env={k: os.environ[k] for k in TLS_ENV if k in os.environ})
         p = self._principal()
         job = self.db.insert_job(p.name, f"envbuild:{caller.principal.name}", self.lanes.batch.name, spec)
-        with self.db.transaction():
-            self.db.conn.execute(
+        with self.store.tx() as c:
+            c.execute(
                 "INSERT OR REPLACE INTO env_requests (digest, job_id, key, name, principal, at, state, reason) "
                 "VALUES (?, ?, NULL, ?, ?, ?, 'building', NULL)",
                 (digest, job.id, name, caller.principal.name, time.time()))
@@ -141,17 +143,17 @@ class Images:
         return self.status_of(digest)
 
     def _request_row(self, digest: str) -> dict[str, Any] | None:
-        r = self.db.conn.execute("SELECT digest, job_id, key, name, principal, at, state, reason FROM env_requests "
-                                 "WHERE digest=?", (digest,)).fetchone()
+        r = self.store.one("SELECT digest, job_id, key, name, principal, at, state, reason FROM env_requests "
+                           "WHERE digest=?", (digest,))
         keys = ("digest", "job_id", "key", "name", "principal", "at", "state", "reason")
         return dict(zip(keys, r)) if r else None
 
     def _build_output(self, job_id: int) -> str:
-        job = self.db.get_job(job_id)
-        if job is None or not job.backend_id:
+        job = self.store.one("SELECT backend, backend_id FROM jobs WHERE id=?", (job_id,))
+        if job is None or not job[1]:
             return ""
         try:
-            out = self.lanes[job.backend].output_paths(job.backend_id).stdout
+            out = self.lanes[job[0]].output_paths(job[1]).stdout
             with open(out, "rb") as f:
                 f.seek(max(0, os.fstat(f.fileno()).st_size - 64 * 1024))
                 return f.read().decode(errors="replace")
@@ -160,28 +162,28 @@ class Images:
 
     def refresh(self) -> None:
         """Builds that ended since last asked: their images registered, or their failure kept."""
-        rows = self.db.conn.execute("SELECT r.digest, r.job_id, r.name, r.principal, j.state, j.reason FROM "
-                                    "env_requests r JOIN jobs j ON j.id = r.job_id WHERE r.state='building'").fetchall()
+        rows = self.store.all("SELECT r.digest, r.job_id, r.name, r.principal, j.state, j.reason FROM "
+                              "env_requests r JOIN jobs j ON j.id = r.job_id WHERE r.state='building'")
         for digest, job_id, name, principal, state, reason in rows:
             if not JobState(state).terminal:
                 continue
-            done = self.store / "requests" / f"{digest}.json"
+            done = self.images_dir / "requests" / f"{digest}.json"
             if state == JobState.COMPLETED.value and done.exists():
                 key = json.loads(done.read_text())["key"]
-                record = json.loads((self.store / f"{key}.json").read_text())
-                with self.db.transaction():
-                    self.db.conn.execute(
+                record = json.loads((self.images_dir / f"{key}.json").read_text())
+                with self.store.tx() as c:
+                    c.execute(
                         "INSERT INTO env_images (key, name, record, builder, created, last_used) VALUES (?, ?, ?, ?, ?, NULL) "
                         "ON CONFLICT(key) DO UPDATE SET record=excluded.record", (key, None, json.dumps(record),
                                                                                   principal, record["created"]))
-                    self.db.conn.execute("UPDATE env_requests SET state='ready', key=? WHERE digest=?", (key, digest))
+                    c.execute("UPDATE env_requests SET state='ready', key=? WHERE digest=?", (key, digest))
                 if name:
                     self._name(key, name)
                 continue
             errors = _ERROR.findall(self._build_output(job_id))
             why = errors[-1] if errors else f"the build job {job_id} ended {state}: {reason or 'no reason given'}"
-            with self.db.transaction():
-                self.db.conn.execute("UPDATE env_requests SET state='failed', reason=? WHERE digest=?", (why, digest))
+            with self.store.tx() as c:
+                c.execute("UPDATE env_requests SET state='failed', reason=? WHERE digest=?", (why, digest))
 
     def status_of(self, digest: str) -> dict[str, Any]:
         """A request as its requester sees it: building (with progress), ready, or failed (why)."""
@@ -203,22 +205,20 @@ class Images:
     # -- names and listing -----------------------------------------------------------
 
     def _check_name(self, caller: Caller, name: str) -> None:
-        r = self.db.conn.execute("SELECT builder FROM env_images WHERE name=?", (name,)).fetchone()
-        owner = self.db.conn.execute("SELECT principal FROM env_requests WHERE name=? ORDER BY at LIMIT 1",
-                                     (name,)).fetchone()
+        r = self.store.one("SELECT builder FROM env_images WHERE name=?", (name,))
+        owner = self.store.one("SELECT principal FROM env_requests WHERE name=? ORDER BY at LIMIT 1", (name,))
         first = (owner[0] if owner else None) or (r[0] if r else None)
         if first is not None and first != caller.principal.name and not caller.principal.is_admin \
                 and first not in caller.visible:
             raise Forbidden(f"the image name {name!r} belongs to {first}; choose another name")
 
     def _name(self, key: str, name: str) -> None:
-        with self.db.transaction():
-            self.db.conn.execute("UPDATE env_images SET name=NULL WHERE name=? AND key<>?", (name, key))
-            self.db.conn.execute("UPDATE env_images SET name=? WHERE key=?", (name, key))
+        with self.store.tx() as c:
+            c.execute("UPDATE env_images SET name=NULL WHERE name=? AND key<>?", (name, key))
+            c.execute("UPDATE env_images SET name=? WHERE key=?", (name, key))
 
     def describe(self, key: str) -> dict[str, Any]:
-        r = self.db.conn.execute("SELECT key, name, record, builder, created, last_used FROM env_images WHERE key=?",
-                                 (key,)).fetchone()
+        r = self.store.one("SELECT key, name, record, builder, created, last_used FROM env_images WHERE key=?", (key,))
         if r is None:
             raise NotFound(f"no environment image {key}; corral env list shows them")
         rec = json.loads(r[2])
@@ -229,21 +229,21 @@ class Images:
 
     def listing(self) -> list[dict[str, Any]]:
         self.refresh()
-        keys = [r[0] for r in self.db.conn.execute("SELECT key FROM env_images ORDER BY created DESC")]
+        keys = [r[0] for r in self.store.all("SELECT key FROM env_images ORDER BY created DESC")]
         return [self.describe(k) for k in keys]
 
     def find(self, ref: str) -> str:
         """A name, a key or a key's prefix (8 characters or more) -> the key."""
         self.refresh()
-        r = self.db.conn.execute("SELECT key FROM env_images WHERE name=?", (ref,)).fetchone()
+        r = self.store.one("SELECT key FROM env_images WHERE name=?", (ref,))
         if r is None and re.fullmatch(r"[0-9a-f]{8,32}", ref):
-            rows = self.db.conn.execute("SELECT key FROM env_images WHERE key LIKE ?", (ref + "%",)).fetchall()
+            rows = self.store.all("SELECT key FROM env_images WHERE key LIKE ?", (ref + "%",))
             if len(rows) > 1:
                 raise InvalidRequest(f"image {ref!r} is the prefix of {len(rows)} images; give more of its key")
             r = rows[0] if rows else None
         if r is None:
-            building = self.db.conn.execute("SELECT digest FROM env_requests WHERE (name=? OR digest=?) AND "
-                                            "state='building'", (ref, ref)).fetchone()
+            building = self.store.one("SELECT digest FROM env_requests WHERE (name=? OR digest=?) AND "
+                                      "state='building'", (ref, ref))
             if building:
                 raise Conflict(f"the image {ref!r} is still being built; wait for it (corral env status "
                                f"{building[0]}) and submit again")
@@ -256,8 +256,11 @@ class Images:
     def attach(self, key: str) -> mounts.Mounted:
         """The image mounted on this node, checked whole the first time (a corrupt image
         is refused, never mounted). Blocking: called off the event loop."""
-        image = self.store / f"{key}.sqsh"
-        rec = json.loads(self.db.conn.execute("SELECT record FROM env_images WHERE key=?", (key,)).fetchone()[0])
+        image = self.images_dir / f"{key}.sqsh"
+        row = self.store.one("SELECT record FROM env_images WHERE key=?", (key,))
+        if row is None:
+            raise NotFound(f"no environment image {key}; corral env list shows them")
+        rec = json.loads(row[0])
         try:
             st = image.stat()
         except OSError:
@@ -276,7 +279,8 @@ class Images:
                 shutil.rmtree(at.with_name(at.name + ".unpacked"), ignore_errors=True)
                 self._verified[key] = (st.st_ino, st.st_mtime, st.st_size)
             m = mounts.mount_image(image, at)
-        self.db.conn.execute("UPDATE env_images SET last_used=? WHERE key=?", (time.time(), key))
+        with self.store.tx() as c:
+            c.execute("UPDATE env_images SET last_used=? WHERE key=?", (time.time(), key))
         self.mounted[key] = m
         return m
 
@@ -287,15 +291,15 @@ class Images:
         if only is not None:
             keys = [self.find(only)]
         else:
-            keys = [r[0] for r in self.db.conn.execute(
+            keys = [r[0] for r in self.store.all(
                 "SELECT key FROM env_images WHERE COALESCE(last_used, created) < ?", (cutoff,))]
         if dry_run:
             return keys
         for key in keys:
             mounts.unmount(self.mounts / key)
-            for p in (self.store / f"{key}.sqsh", self.store / f"{key}.json"):
+            for p in (self.images_dir / f"{key}.sqsh", self.images_dir / f"{key}.json"):
                 p.unlink(missing_ok=True)
-            with self.db.transaction():
-                self.db.conn.execute("DELETE FROM env_images WHERE key=?", (key,))
-                self.db.conn.execute("UPDATE env_requests SET state='collected' WHERE key=?", (key,))
+            with self.store.tx() as c:
+                c.execute("DELETE FROM env_images WHERE key=?", (key,))
+                c.execute("UPDATE env_requests SET state='collected' WHERE key=?", (key,))
         return keys

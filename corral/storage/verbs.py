@@ -24,6 +24,7 @@ from ..jobs import JobSpec
 from ..principals import Caller
 from . import IMAGE_AT, IMAGE_FILE, IMAGE_KEY, META_LABEL, OWN_LABELS, meta
 from .images import Images
+from .store import Store
 from .workspaces import Workspaces
 
 if TYPE_CHECKING:
@@ -50,10 +51,11 @@ class StorageVerbs:
                  audit: "Audit", sandbox: "Sandbox | None" = None, metrics: "Metrics | None" = None) -> None:
         self.settings, self.db, self.lanes, self.audit, self.metrics = settings, db, lanes, audit, metrics
         self.scratch = scratch_dir(settings, home)
-        self.images = Images(settings, home, self.scratch, db, lanes, sender)
+        self.store = Store(db.path)
+        self.images = Images(settings, home, self.scratch, db, self.store, lanes, sender)
         hidden = (lambda c: sandbox.hidden_from(c.principal.kind.value, c.principal.unix_user)) \
             if sandbox is not None else (lambda c: [])
-        self.workspaces = Workspaces(settings, self.scratch, db, hidden)
+        self.workspaces = Workspaces(settings, self.scratch, self.store, hidden)
         self.shared = [os.path.normpath(str(p)) for p in settings.shared_paths]
         self.pending: set[asyncio.Task[None]] = set()
 
@@ -134,7 +136,7 @@ class StorageVerbs:
             env["VIRTUAL_ENV"] = m.path
             env.pop("PYTHONHOME", None)
             update["env"] = env
-            labels.update({IMAGE_KEY: key, IMAGE_FILE: str(self.images.store / f"{key}.sqsh"),
+            labels.update({IMAGE_KEY: key, IMAGE_FILE: str(self.images.images_dir / f"{key}.sqsh"),
                            IMAGE_AT: str(self.images.mounts / key)})
         if self.shared and self.settings.meta_sample > 0 and random.random() < self.settings.meta_sample:
             labels[META_LABEL] = "1"
@@ -154,12 +156,12 @@ class StorageVerbs:
                             "(workspace: ID, from corral workspace fork DIR)", rule="metadata-budget")
 
     def session_ops(self, principal: str, session: str) -> int:
-        r = self.db.conn.execute("SELECT COALESCE(SUM(shared_ops), 0) FROM job_meta WHERE principal=? AND session=?",
-                                 (principal, session)).fetchone()
-        return int(r[0])
+        r = self.store.one("SELECT COALESCE(SUM(shared_ops), 0) FROM job_meta WHERE principal=? AND session=?",
+                           (principal, session))
+        return int(r[0]) if r else 0
 
     def job_ops(self, job_id: int) -> dict[str, Any] | None:
-        r = self.db.conn.execute("SELECT ops, shared_ops, by_call FROM job_meta WHERE job_id=?", (job_id,)).fetchone()
+        r = self.store.one("SELECT ops, shared_ops, by_call FROM job_meta WHERE job_id=?", (job_id,))
         if r is None:
             return None
         import json
@@ -174,8 +176,8 @@ class StorageVerbs:
                 if j.terminal and j.spec.labels.get(META_LABEL) and j.backend_id]
         if jobs:  # each counted once, however often its end is heard
             marks = ",".join("?" * len(jobs))
-            seen = {r[0] for r in self.db.conn.execute(f"SELECT job_id FROM job_meta WHERE job_id IN ({marks})",
-                                                       [j.id for j in jobs])}
+            seen = {r[0] for r in self.store.all(f"SELECT job_id FROM job_meta WHERE job_id IN ({marks})",
+                                                 [j.id for j in jobs])}
             jobs = [j for j in jobs if j.id not in seen]
         if not jobs:
             return
@@ -201,8 +203,8 @@ class StorageVerbs:
             import time
 
             rows = await asyncio.to_thread(work)
-            with self.db.transaction():
-                self.db.conn.executemany(
+            with self.store.tx() as c:
+                c.executemany(
                     "INSERT OR REPLACE INTO job_meta (job_id, principal, session, ops, shared_ops, by_call, at) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
                     [(jid, p, s, t, sh, json.dumps(by), time.time()) for jid, p, s, (t, sh, by) in rows])
@@ -230,7 +232,7 @@ class StorageVerbs:
             await asyncio.sleep(every_s)
 
     def facility(self, caller: Caller) -> dict[str, Any]:
-        out: dict[str, Any] = {"images": self.images.store.as_posix(), "scratch": str(self.scratch),
+        out: dict[str, Any] = {"images": str(self.images.images_dir), "scratch": str(self.scratch),
                                "shared_paths": self.shared, "meta_sample": self.settings.meta_sample,
                                "session_meta_budget": self.settings.session_meta_budget or None}
         if caller.session:

@@ -38,7 +38,7 @@ from . import mounts
 
 if TYPE_CHECKING:
     from ..config import StorageSettings
-    from ..db import Database
+    from .store import Store
 
 MIN_FREE_MB = 64
 """A fork needs at least this much free node-local scratch: a trial's first write must not find it full."""
@@ -130,15 +130,15 @@ def _same(a: Path, b: Path) -> bool:
 
 
 class Workspaces:
-    def __init__(self, settings: "StorageSettings", scratch: Path, db: "Database",
+    def __init__(self, settings: "StorageSettings", scratch: Path, store: "Store",
                  hidden: "Callable[[Caller], Sequence[Path]]" = lambda c: ()) -> None:
-        self.settings, self.db, self.hidden = settings, db, hidden
+        self.settings, self.store, self.hidden = settings, store, hidden
         """``hidden(caller)``: paths the caller's jobs see empty (the sandbox's), never forked."""
         self.root = scratch / "workspaces"
         self.trees = scratch / "trees"
 
     def _row(self, caller: Caller, ws_id: str) -> dict[str, Any]:
-        r = self.db.conn.execute(f"SELECT {', '.join(_COLS)} FROM workspaces WHERE id=?", (ws_id,)).fetchone()
+        r = self.store.one(f"SELECT {', '.join(_COLS)} FROM workspaces WHERE id=?", (ws_id,))
         if r is None or not caller.sees(r[1]) or r[8] != "active":
             raise NotFound(f"no active workspace {ws_id!r} visible to you; corral workspace list shows yours")
         return dict(zip(_COLS, r))
@@ -186,8 +186,8 @@ class Workspaces:
             shutil.rmtree(d, ignore_errors=True)
             raise
         now = time.time()
-        with self.db.transaction():
-            self.db.conn.execute(f"INSERT INTO workspaces ({', '.join(_COLS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active')",
+        with self.store.tx() as c:
+            c.execute(f"INSERT INTO workspaces ({', '.join(_COLS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active')",
                                  (ws_id, caller.principal.name, str(b), rev, str(d), m.how, now,
                                   now + self.settings.workspace_ttl_s))
         return self.describe(caller, ws_id) | {"why": m.why}
@@ -233,8 +233,8 @@ class Workspaces:
 
     def listing(self, caller: Caller) -> list[dict[str, Any]]:
         self.expire()
-        ids = [r[0] for r in self.db.conn.execute("SELECT id, principal FROM workspaces WHERE state='active' "
-                                                  "ORDER BY created") if caller.sees(r[1])]
+        ids = [r[0] for r in self.store.all("SELECT id, principal FROM workspaces WHERE state='active' "
+                                            "ORDER BY created") if caller.sees(r[1])]
         return [self.describe(caller, i) for i in ids]
 
     def diff(self, caller: Caller, ws_id: str) -> dict[str, Any]:
@@ -310,12 +310,11 @@ class Workspaces:
     def _drop(self, ws_id: str, d: Path, state: str) -> None:
         mounts.unmount(d / "merged")
         shutil.rmtree(d, ignore_errors=True)
-        with self.db.transaction():
-            self.db.conn.execute("UPDATE workspaces SET state=? WHERE id=?", (state, ws_id))
+        with self.store.tx() as c:
+            c.execute("UPDATE workspaces SET state=? WHERE id=?", (state, ws_id))
 
     def expire(self) -> list[str]:
-        rows = self.db.conn.execute("SELECT id, dir FROM workspaces WHERE state='active' AND expires < ?",
-                                    (time.time(),)).fetchall()
+        rows = self.store.all("SELECT id, dir FROM workspaces WHERE state='active' AND expires < ?", (time.time(),))
         for ws_id, d in rows:
             self._drop(ws_id, Path(d), "expired")
         return [r[0] for r in rows]
