@@ -54,7 +54,9 @@ INSTRUCTIONS = """corral runs your jobs on this HPC facility. Use these tools in
 Typical loop: facility_info and recall (once) -> submit_job -> wait_for_job -> job_output -> remember what you learned.
 submit_job may return `advice` from earlier outcomes of the same script: read it.
 wait_for_job is a long-poll: call it instead of polling job_status in a loop.
-With several jobs running, call wait_for_events with the cursor it returned last: one wait for all of them."""
+With several jobs running, call wait_for_events with the cursor it returned last: one wait for all of them.
+Python environments: build_environment once (any later request answers at once), then submit_job image=NAME;
+trials that change files: workspace action='fork', submit_job workspace=ID, then diff and commit or discard."""
 
 def _spec(field: str) -> str:
     return JobSpec.model_fields[field].description or field
@@ -141,7 +143,15 @@ def facility_card(info: dict[str, Any]) -> str:
               "- Read output with job_output (tail_lines for the end of a log); it is bounded, page with offset.",
               "- Use idempotency_key when you might retry a submission.",
               "- Short, small trial runs: lane 'fast' starts them at once in a warm allocation.",
-              "- recall before you start, remember what you learn; read the advice submit_job returns."]
+              "- recall before you start, remember what you learn; read the advice submit_job returns.",
+              "- Do not create a venv per trial: build_environment once, then submit_job image=NAME (one read-only "
+              "file, its python first on PATH).",
+              "- A trial that edits the project: workspace action='fork' (copy-on-write), submit_job workspace=ID, "
+              "then diff, and commit the one that worked."]
+    st = info.get("storage") or {}
+    if st.get("session_meta_budget"):
+        lines += ["", f"Metadata budget: {st.get('session_meta_ops', 0)} of {st['session_meta_budget']} calls on the "
+                      "shared filesystem used by this session; past it, jobs must use an image or a workspace."]
     facts = info.get("facts") or {}
     if facts.get("filesystems"):
         lines += ["", "Filesystems: " + ", ".join(
