@@ -325,9 +325,10 @@ def test_meta_counts_paths_under_the_shared_prefixes_only() -> None:
              'getdents64(3</lus/proj>, 0x5 /* 4 entries */, 32768) = 112\n',
              'access("/lus/projection/x", R_OK) = -1 ENOENT\n',
              'statx(AT_FDCWD</lus/proj/sub>, "../b.py", AT_STATX_SYNC_AS_STAT, STATX_ALL, 0x7f) = 0\n',
+             '4242  openat(AT_FDCWD</>, "lus/proj/c.py", O_RDONLY) = 4\n',  # strace -f: the pid first
              '+++ exited with 0 +++\n']
     total, on, by = count(lines, ["/lus/proj"])
-    assert (total, on) == (5, 3) and by == {"newfstatat": 1, "getdents64": 1, "statx": 1}
+    assert (total, on) == (6, 4) and by == {"newfstatat": 1, "getdents64": 1, "statx": 1, "openat": 1}
     assert count(lines, ["/home/u"])[1] == 1
 
 
