@@ -190,13 +190,19 @@ def agent_dir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.fixture
-def people(gateway: Gateway) -> dict[str, str]:
-    """alice (human) sponsoring agents bot1 and bot2; carol (human) unrelated. -> name: token."""
+def add_people(gateway: Gateway, bot2_sponsor: str = "alice", expires: str = "1h") -> dict[str, str]:
+    """alice (human) sponsoring agent bot1, carol (human), and agent bot2 sponsored by
+    ``bot2_sponsor``. -> name: token."""
     with gateway.http() as h:
         for body in ({"name": "alice", "kind": "human"}, {"name": "carol", "kind": "human"},
                      {"name": "bot1", "kind": "agent", "sponsor": "alice"},
-                     {"name": "bot2", "kind": "agent", "sponsor": "alice"}):
+                     {"name": "bot2", "kind": "agent", "sponsor": bot2_sponsor}):
             assert h.post("/v1/principals", json=body).status_code == 201
-        return {n: h.post("/v1/tokens", json={"for": n, "expires": "1h"}).json()["token"]
+        return {n: h.post("/v1/tokens", json={"for": n, "expires": expires}).json()["token"]
                 for n in ("alice", "carol", "bot1", "bot2")}
+
+
+@pytest.fixture
+def people(gateway: Gateway) -> dict[str, str]:
+    """alice (human) sponsoring agents bot1 and bot2; carol (human) unrelated. -> name: token."""
+    return add_people(gateway)

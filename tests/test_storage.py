@@ -22,7 +22,7 @@ from corral.storage import mounts
 from corral.storage.meta import count
 from corral.storage.workspaces import changes
 
-from .conftest import Gateway, running
+from .conftest import Gateway, add_people, running
 
 CI = os.environ.get("CI") == "true"
 TOOLS = [t for t in ("mksquashfs", "unsquashfs", "bwrap", "strace") if shutil.which(t) is None]
@@ -31,13 +31,8 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0 and not CI, reason="kernel squ
 
 
 def _principals(gw: Gateway) -> dict[str, str]:
-    with gw.http() as h:
-        for body in ({"name": "alice", "kind": "human"}, {"name": "carol", "kind": "human"},
-                     {"name": "bot1", "kind": "agent", "sponsor": "alice"},
-                     {"name": "bot2", "kind": "agent", "sponsor": "carol"}):
-            assert h.post("/v1/principals", json=body).status_code == 201
-        return {n: h.post("/v1/tokens", json={"for": n, "expires": "2h"}).json()["token"]
-                for n in ("alice", "carol", "bot1", "bot2")}
+    """bot2 in carol's family: another family than bot1's."""
+    return add_people(gw, bot2_sponsor="carol", expires="2h")
 
 
 @pytest.fixture(scope="module")
