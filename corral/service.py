@@ -147,7 +147,7 @@ class Service:
         for i, t in enumerate(texts):
             first.setdefault(t, i)
         distinct = {t: specs[i] for t, i in first.items()}
-        if any(self.storage.applies(s) for s in distinct.values()):  # its image mounted, its workspace found
+        if any(self.storage.applies(s) for s in distinct.values()):  # its image and workspace found
             distinct = await asyncio.to_thread(self._resolve, caller, distinct, first, where)
         default = await asyncio.to_thread(self._preflight, {first[t]: s for t, s in distinct.items()}, where)
         rule = "default"
@@ -162,9 +162,12 @@ class Service:
         for t, s in distinct.items():
             with _prefixed(where(first[t])):
                 ready[t] = await self._cached_or_routed(p, s)
+        allowed = [r[0] for r in ready.values() if not isinstance(r, Job)]  # each distinct spec once
+        if self.storage.needs(allowed):  # decided: their images and workspaces mounted before they are recorded
+            await asyncio.to_thread(self.storage.prepare, caller, allowed)
         routed = [ready[t] for t in texts]
         new = [r for r in routed if not isinstance(r, Job)]
-        self.gate.admit(caller, [spec for spec, _ in new])
+        self.gate.admit(caller, [spec for spec, _ in new])  # nothing awaited from here to the insert
         said: dict[str, list[str]] = {}
         for t, r in ready.items():
             if not isinstance(r, Job):

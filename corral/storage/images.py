@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import sys
 import threading
 import time
@@ -276,7 +275,6 @@ class Images:
                 # A file new to this gateway (rebuilt): a mount of the one it replaced goes
                 # (lazily: jobs still reading the old one keep their view).
                 mounts.unmount(at)
-                shutil.rmtree(at.with_name(at.name + ".unpacked"), ignore_errors=True)
                 self._verified[key] = (st.st_ino, st.st_mtime, st.st_size)
             m = mounts.mount_image(image, at)
         with self.store.tx() as c:

@@ -66,9 +66,8 @@ def mount_image(image: Path, at: Path) -> Mounted:
     the node lacks when no way works."""
     if mounted(at):
         return Mounted(str(at), "kernel" if os.geteuid() == 0 else "squashfuse", "already mounted on this node")
-    unpacked = at.with_name(at.name + ".unpacked")
-    if (unpacked / UNPACKED_MARK).exists():
-        return Mounted(str(unpacked), "unpacked", "unpacked earlier on this node")
+    if (at / UNPACKED_MARK).exists():
+        return Mounted(str(at), "unpacked", "unpacked earlier on this node")
     at.mkdir(parents=True, exist_ok=True)
     tried: list[str] = []
     if os.geteuid() == 0:
@@ -98,11 +97,12 @@ def mount_image(image: Path, at: Path) -> Mounted:
                            hint="see whether the node's scratch is full (df); the image may be corrupt: "
                                 "corral env build FILE --rebuild")
     (tmp / UNPACKED_MARK).write_text("; ".join(tried) + "\n")
-    try:
-        tmp.rename(unpacked)
+    try:  # at the mount point itself: a job's PATH is the same whichever way the node took
+        at.rmdir()
+        tmp.rename(at)
     except OSError:  # another job unpacked it first
         shutil.rmtree(tmp, ignore_errors=True)
-    return Mounted(str(unpacked), "unpacked", "; ".join(tried) + " -> unpacked to node-local scratch")
+    return Mounted(str(at), "unpacked", "; ".join(tried) + " -> unpacked to node-local scratch")
 
 
 def mount_overlay(lower: Path, upper: Path, work: Path, at: Path) -> Mounted:
@@ -136,7 +136,11 @@ def mount_overlay(lower: Path, upper: Path, work: Path, at: Path) -> Mounted:
 
 
 def unmount(path: Path | str) -> None:
-    """Unmount ``path`` if mounted (lazily: a job still reading keeps its view)."""
+    """Unmount ``path`` if mounted (lazily: a job still reading keeps its view), or remove
+    the image unpacked there."""
+    if (Path(path) / UNPACKED_MARK).exists():
+        shutil.rmtree(path, ignore_errors=True)
+        return
     if not mounted(path):
         return
     r = proc.run(["umount", "-l", str(path)], timeout=60, check=False)

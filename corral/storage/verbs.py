@@ -114,7 +114,8 @@ class StorageVerbs:
             (bool(self.shared) and (self.settings.meta_sample > 0 or self.settings.session_meta_budget > 0))
 
     def resolve(self, caller: Caller, spec: JobSpec) -> JobSpec:
-        """The spec as it will run. Blocking (mounts): in a worker thread."""
+        """The spec as it will run, decided before the policy sees it, with no side effect
+        (``prepare`` mounts, once the job is allowed). Reads the disk: in a worker thread."""
         own = [k for k in spec.labels if k in OWN_LABELS]
         if own:
             raise InvalidRequest(f"the label {own[0]!r} is corral's own; name the image with 'image' (or env: NAME)")
@@ -123,26 +124,37 @@ class StorageVerbs:
         if not spec.image and not spec.workspace:
             self._check_budget(caller)
         if spec.workspace:
-            path = self.workspaces.path(caller, spec.workspace)
+            path = self.workspaces.path(caller, spec.workspace, mount=False)
             if spec.workdir and spec.workdir != path and not spec.workdir.startswith(path + "/"):
                 raise InvalidRequest(f"a job of workspace {spec.workspace} runs inside it ({path}); leave out "
                                      "workdir, or give a directory inside the workspace")
             update["workdir"] = spec.workdir or path
         if spec.image:
             key = self.images.find(spec.image)
-            m = self.images.attach(key)
+            at = str(self.images.mounts / key)  # mounted or unpacked, there
             env = dict(spec.env)
-            env["PATH"] = f"{m.path}/bin:{env.get('PATH') or DEFAULT_PATH}"
-            env["VIRTUAL_ENV"] = m.path
+            env["PATH"] = f"{at}/bin:{env.get('PATH') or DEFAULT_PATH}"
+            env["VIRTUAL_ENV"] = at
             env.pop("PYTHONHOME", None)
             update["env"] = env
-            labels.update({IMAGE_KEY: key, IMAGE_FILE: str(self.images.images_dir / f"{key}.sqsh"),
-                           IMAGE_AT: str(self.images.mounts / key)})
+            labels.update({IMAGE_KEY: key, IMAGE_FILE: str(self.images.images_dir / f"{key}.sqsh"), IMAGE_AT: at})
         if self.shared and self.settings.meta_sample > 0 and random.random() < self.settings.meta_sample:
             labels[META_LABEL] = "1"
         if labels != spec.labels:
             update["labels"] = labels
         return spec.model_copy(update=update) if update else spec
+
+    def prepare(self, caller: Caller, specs: list[JobSpec]) -> None:
+        """Allowed jobs' images mounted on this node (each checked whole the first time:
+        a corrupt one is refused here, before anything is recorded) and their workspaces'
+        overlays mounted again if this node lost them. Blocking: in a worker thread."""
+        for key in dict.fromkeys(s.labels[IMAGE_KEY] for s in specs if s.labels.get(IMAGE_KEY)):
+            self.images.attach(key)
+        for ws in dict.fromkeys(s.workspace for s in specs if s.workspace):
+            self.workspaces.path(caller, ws)
+
+    def needs(self, specs: list[JobSpec]) -> bool:
+        return any(s.image or s.workspace for s in specs)
 
     def _check_budget(self, caller: Caller) -> None:
         budget = self.settings.session_meta_budget

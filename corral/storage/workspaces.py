@@ -221,14 +221,17 @@ class Workspaces:
                 "how": r["how"], "principal": r["principal"], "created": r["created"], "expires": r["expires"],
                 "upper_bytes": _du(d / "upper")}
 
-    def path(self, caller: Caller, ws_id: str) -> str:
-        """The merged view a job of this workspace runs in, mounted here (again, after a reboot)."""
+    def path(self, caller: Caller, ws_id: str, mount: bool = True) -> str:
+        """The merged view a job of this workspace runs in; ``mount``: mounted here (again,
+        after a reboot)."""
         r = self._row(caller, ws_id)
         d = Path(r["dir"])
         lower = Path(json.loads((d / "fork.json").read_text())["lower"])
         if not lower.is_dir():
             raise Conflict(f"the base of workspace {ws_id} ({r['base']}) is gone; discard the workspace "
                            "(corral workspace discard) and fork again from where the project is now")
+        if not mount:
+            return str(d / "merged")
         return mounts.mount_overlay(lower, d / "upper", d / "work", d / "merged").path
 
     def listing(self, caller: Caller) -> list[dict[str, Any]]:
