@@ -7,7 +7,7 @@ job ends, each call whose path, or whose directory descriptor's path (``-y`` pri
 AT_FDCWD included), lies under ``[storage] shared_paths`` counts once. Why strace:
 it needs nothing from the kernel beyond ptrace of one's own children (no BPF, no root on
 the node), sees paths as the job named them, and is in Debian everywhere. Its cost (a
-traced import runs ~2-3x slower) is why jobs are sampled, not all traced. Where the
+traced `import numpy, pandas` ran ~1.6x slower here) is why jobs are sampled, not all traced. Where the
 filesystem keeps per-job statistics itself (Lustre's jobstats keyed by the Slurm job id),
 that is the better source, with no cost to jobs; corral does not read it yet.
 
