@@ -111,3 +111,14 @@ def test_the_fence_leaves_corral_the_only_way_to_slurm(slurm_gateway: Gateway, a
     with slurm_gateway.http() as h:
         jobs = h.get("/v1/jobs", params={"full": "true"}).json()["jobs"]
         assert {j["backend"] for j in jobs} == {"slurm"} and all(j["backend_id"] for j in jobs)
+
+
+def test_squeue_json_honours_name_and_partition(gateway: Gateway, people: dict[str, str], agent_dir: Path) -> None:
+    script = ("sbatch -J keep --wrap 'sleep 3' >/dev/null; sbatch -J other --wrap 'sleep 3' >/dev/null; "
+              "squeue --json -n keep; squeue --json -p nosuchpart")
+    r = agent_run(gateway, people["bot1"], script, agent_dir, "--no-fence")
+    assert r.returncode == 0, r.stderr
+    import json
+
+    first, second = [json.loads(x) for x in r.stdout.replace("}\n{", "}\x00{").split("\x00")]
+    assert [j["name"] for j in first["jobs"]] == ["keep"] and second["jobs"] == [], r.stdout

@@ -267,15 +267,16 @@ def squeue(argv: list[str]) -> int:
     # one fetch: the ids asked (known or not), every job for --json, else what is asked
     wide = bool(ids) or (ns.json and not states)
     pool = fetch(ids) if wide else fetch(None, sorted(states) if states else sorted(ACTIVE))
-    vs = keep(pool, states, set(ns.partition.split(",")) if ns.partition else None,
-              set(ns.name.split(",")) if ns.name else None, active_only=states is None)
+    parts, names = (set(ns.partition.split(",")) if ns.partition else None), (set(ns.name.split(",")) if ns.name else None)
+    vs = keep(pool, states, parts, names, active_only=states is None)
     if ids and not vs and not states and not pool:
         # squeue -j of a job corral does not know: Slurm says the id is invalid once it is purged
         raise ShimError("slurm_load_jobs error: Invalid job id specified", bare=True)
     if not (ids or ns.user or ns.me or ns.states or ns.partition or ns.name) and sys.stderr.isatty():
         print("squeue: corral shows your jobs only", file=sys.stderr)
     if ns.json:  # as Slurm's, the jobs the controller still holds: ended ones for MinJobAge (300 s)
-        recent = [v for v in pool if v.state in ACTIVE or (v.j.get("end_time") or 0) > time.time() - MIN_JOB_AGE_S]
+        recent = [v for v in keep(pool, None, parts, names, active_only=False)  # -p and -n hold here too
+                  if v.state in ACTIVE or (v.j.get("end_time") or 0) > time.time() - MIN_JOB_AGE_S]
         print(json.dumps({"jobs": [_json(v) for v in (vs if states else recent)]}, indent=2))
         return 0
     fields = compile_long(ns.Format) if ns.Format else compile_format(ns.format or (LONG if ns.long else DEFAULT))

@@ -293,6 +293,12 @@ class Images:
                 "SELECT key FROM env_images WHERE COALESCE(last_used, created) < ?", (cutoff,))]
         if dry_run:
             return keys
+        for part in self.images_dir.glob(".*.part"):  # a build killed while packing left its half
+            try:
+                if part.stat().st_mtime < time.time() - 86400:
+                    part.unlink()
+            except OSError:
+                pass
         for key in keys:
             mounts.unmount(self.mounts / key)
             for p in (self.images_dir / f"{key}.sqsh", self.images_dir / f"{key}.json"):
