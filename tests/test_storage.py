@@ -200,8 +200,14 @@ def test_workspace_fork_change_diff_commit_and_discard(gw: tuple[Gateway, dict[s
         assert (project / "README").read_text() == "calc\nmore\n" and not (project / "old.txt").exists()
         assert not mounts.mounted(w["path"])
         assert h.get(f"/v1/workspaces/{w['workspace']}/diff").status_code == 404
-        # a second trial thrown away: the base is as the first left it
+        # a second trial thrown away: the base is as the first left it; not while its job runs
         w2 = h.post("/v1/workspaces", json={"base": str(project)}).json()
+        busy = h.post("/v1/jobs", json={"command": "sleep 30", "workspace": w2["workspace"]}).json()
+        for verb in ("commit", "discard"):
+            r = h.post(f"/v1/workspaces/{w2['workspace']}/{verb}")
+            assert r.status_code == 409 and f"job {busy['id']} still runs" in r.json()["error"]["message"], r.text
+        h.post(f"/v1/jobs/{busy['id']}/cancel")
+        h.get(f"/v1/jobs/{busy['id']}/wait", params={"timeout": 30})
         assert _run(h, {"command": "rm -r src", "workspace": w2["workspace"]})["state"] == "COMPLETED"
         assert h.post(f"/v1/workspaces/{w2['workspace']}/discard").json()["state"] == "discarded"
         assert (project / "src" / "calc.py").exists()

@@ -249,9 +249,20 @@ class Workspaces:
             out[status].append(rel)
         return {"workspace": ws_id, **out, "upper_bytes": _du(d / "upper")}
 
+    def _idle(self, ws_id: str, verb: str) -> None:
+        """A workspace whose jobs still run is not committed or discarded under them."""
+        busy = [r[0] for r in self.store.all(
+            "SELECT id FROM jobs WHERE state IN ('PENDING', 'RUNNING', 'UNKNOWN') "
+            "AND json_extract(spec, '$.workspace') = ? ORDER BY id", (ws_id,))]
+        if busy:
+            raise Conflict(f"job{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy[:10]))} still "
+                           f"{'run' if len(busy) > 1 else 'runs'} in workspace {ws_id}; wait for "
+                           f"{'them' if len(busy) > 1 else 'it'} (or cancel) and {verb} again")
+
     def commit(self, caller: Caller, ws_id: str) -> dict[str, Any]:
         """The trial's changes into the base, all or none: refused with every conflicting path."""
         r = self._row(caller, ws_id)
+        self._idle(ws_id, "commit")
         d, base = Path(r["dir"]), Path(r["base"])
         fork = json.loads((d / "fork.json").read_text())
         lower = Path(fork["lower"])
@@ -307,6 +318,7 @@ class Workspaces:
 
     def discard(self, caller: Caller, ws_id: str) -> dict[str, Any]:
         r = self._row(caller, ws_id)
+        self._idle(ws_id, "discard")
         self._drop(ws_id, Path(r["dir"]), "discarded")
         return {"workspace": ws_id, "state": "discarded"}
 
@@ -318,9 +330,15 @@ class Workspaces:
 
     def expire(self) -> list[str]:
         rows = self.store.all("SELECT id, dir FROM workspaces WHERE state='active' AND expires < ?", (time.time(),))
+        gone = []
         for ws_id, d in rows:
+            try:
+                self._idle(ws_id, "expire")
+            except Conflict:
+                continue  # expires once its last job has ended
             self._drop(ws_id, Path(d), "expired")
-        return [r[0] for r in rows]
+            gone.append(ws_id)
+        return gone
 
 
 def _du(path: Path) -> int:
