@@ -541,3 +541,31 @@ def test_a_node_without_root_mounts_by_fuse_and_without_fuse_unpacks() -> None:
     finally:
         mounts.unmount_all(d)
         shutil.rmtree(d, ignore_errors=True)
+
+
+@needs_tools
+@needs_root
+def test_images_from_a_pyproject_and_from_a_uv_lock(gw: tuple[Gateway, dict[str, str]], tmp_path: Path) -> None:
+    """The other two inputs, through the CLI: a pyproject.toml's dependencies, and a uv.lock
+    (sent with its pyproject.toml) exported as locked. Both resolve to the same
+    environment as six==1.17.0 alone, so they share its image."""
+    g, t = gw
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "pyproject.toml").write_text('[project]\nname = "trial"\nversion = "0.1"\nrequires-python = ">=3.10"\n'
+                                         'dependencies = ["six==1.17.0"]\n')
+    by_project = g.cli("--json", "env", "build", str(proj / "pyproject.toml"), token=t["bot1"])
+    assert by_project.returncode == 0, by_project.stdout + by_project.stderr
+    one = json.loads(by_project.stdout)
+    assert one["state"] == "ready" and one["packages"] == ["six==1.17.0"], one
+    uv = Path(sys.executable).with_name("uv")
+    lock = subprocess.run([str(uv), "lock", "--project", str(proj), "--python", "/usr/bin/python3", "--quiet"],
+                          capture_output=True, text=True, env={**os.environ, "UV_SYSTEM_CERTS": "1"}, timeout=300)
+    assert lock.returncode == 0, lock.stderr
+    by_lock = g.cli("--json", "env", "build", str(proj / "uv.lock"), token=t["bot1"])
+    assert by_lock.returncode == 0, by_lock.stdout + by_lock.stderr
+    two = json.loads(by_lock.stdout)
+    assert two["packages"] == ["six==1.17.0"] and two["image"] == one["image"], two
+    (proj / "pyproject.toml").unlink()
+    alone = g.cli("--json", "env", "build", str(proj / "uv.lock"), token=t["bot1"])
+    assert alone.returncode == 2 and "pyproject.toml" in json.loads(alone.stdout)["error"]["message"]
