@@ -318,6 +318,14 @@ def test_metadata_calls_on_shared_paths_are_counted_and_capped(gw: tuple[Gateway
     with g.http(t["bot1"], session="meta-s2") as h:  # another session starts afresh
         assert h.post("/v1/jobs", json={"command": "true", "workdir": "/tmp"}).status_code == 201
     assert g.metric('corral_metadata_ops_total{where="shared"}') >= 30
+    import httpx
+
+    with httpx.Client(base_url=g.url) as c:  # the admin's dashboard shows the session over its budget
+        assert c.post("/dashboard/login", data={"token": g.admin_token}).status_code == 303
+        panel = c.get("/dashboard/live.json").json()["storage"]
+        row = next(r for r in panel["sessions"] if r["session"] == "meta-s1")
+        assert row["principal"] == "bot1" and row["shared_ops"] == ops["on_shared_paths"] and panel["budget"] == 60
+        assert "meta-s1" in c.get("/dashboard/live").text
 
 
 def test_meta_counts_paths_under_the_shared_prefixes_only() -> None:

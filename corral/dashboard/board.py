@@ -203,6 +203,7 @@ class Board:
             "pools": ([lane.describe() | {"lane": lane.name} for lane in self.service.lanes
                        if lane is not self.service.lanes.batch] if names is None else []),
             "degraded": self.service.reconciler.degraded,
+            "storage": await asyncio.to_thread(self.service.storage.board, names),
         }
 
     def saved(self, names: frozenset[str] | None) -> dict[str, Any]:

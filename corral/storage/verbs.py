@@ -243,6 +243,23 @@ class StorageVerbs:
                 log.exception("storage collection failed; it runs again in %.0f s", every_s)
             await asyncio.sleep(every_s)
 
+    def board(self, names: frozenset[str] | None) -> dict[str, Any]:
+        """The dashboard's storage panel: images (everyone's, as they are shared), active
+        workspaces and the sessions with the most metadata calls on shared paths, of
+        ``names`` (None: everyone)."""
+        where, args = ("", []) if names is None else (f" AND principal IN ({','.join('?' * len(names))})",
+                                                      sorted(names))
+        images = self.store.one("SELECT COUNT(*), COALESCE(SUM(json_extract(record, '$.size')), 0), MAX(last_used) "
+                                "FROM env_images")
+        ws = self.store.one(f"SELECT COUNT(*) FROM workspaces WHERE state='active'{where}", args)
+        sessions = [dict(zip(("principal", "session", "jobs", "shared_ops", "ops"), r)) for r in self.store.all(
+            f"SELECT principal, COALESCE(session, '-'), COUNT(*), SUM(shared_ops), SUM(ops) FROM job_meta "
+            f"WHERE 1{where} GROUP BY principal, session ORDER BY SUM(shared_ops) DESC LIMIT 10", args)]
+        return {"images": images[0] if images else 0, "image_bytes": images[1] if images else 0,
+                "image_last_used": images[2] if images else None, "workspaces": ws[0] if ws else 0,
+                "budget": self.settings.session_meta_budget or None, "shared_paths": self.shared,
+                "sessions": sessions}
+
     def facility(self, caller: Caller) -> dict[str, Any]:
         out: dict[str, Any] = {"images": str(self.images.images_dir), "scratch": str(self.scratch),
                                "shared_paths": self.shared, "meta_sample": self.settings.meta_sample,
