@@ -241,6 +241,7 @@ def test_workspaces_from_git_and_the_bad_bases(gw: tuple[Gateway, dict[str, str]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    subprocess.run(["chown", "-R", "nobody", str(project)], check=True)  # someone else's repository
     (project / "README").write_text("uncommitted\n")
     with g.http(t["bot1"]) as h:
         w = h.post("/v1/workspaces", json={"base": str(project), "rev": "HEAD"}).json()

@@ -170,15 +170,15 @@ class Workspaces:
             raise InvalidRequest(f"node-local scratch {self.root} has only {free:.0f} MB free (a workspace needs "
                                  f"at least {MIN_FREE_MB}); discard workspaces you no longer need "
                                  "(corral workspace list), or ask the admin to free [storage] scratch")
-        ws_id = "ws-" + secrets.token_hex(6)
-        d = self.root / ws_id
-        d.mkdir(parents=True)
         if rev is not None:
             lower = self._export(b, rev)
             meta: dict[str, Any] = {"lower": str(lower)}
         else:
             lower = b
             meta = {"lower": str(b), "manifest": _manifest(b)}
+        ws_id = "ws-" + secrets.token_hex(6)
+        d = self.root / ws_id
+        d.mkdir(parents=True)
         (d / "fork.json").write_text(json.dumps(meta))
         try:
             m = mounts.mount_overlay(lower, d / "upper", d / "work", d / "merged")
@@ -188,13 +188,14 @@ class Workspaces:
         now = time.time()
         with self.store.tx() as c:
             c.execute(f"INSERT INTO workspaces ({', '.join(_COLS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active')",
-                                 (ws_id, caller.principal.name, str(b), rev, str(d), m.how, now,
-                                  now + self.settings.workspace_ttl_s))
+                      (ws_id, caller.principal.name, str(b), rev, str(d), m.how, now,
+                       now + self.settings.workspace_ttl_s))
         return self.describe(caller, ws_id) | {"why": m.why}
 
     def _export(self, repo: Path, rev: str) -> Path:
-        r = proc.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
-                     timeout=30, check=False)
+        # Read (never written) as the gateway's user: a repository of someone else's is no "dubious ownership".
+        git = ["git", "-c", "safe.directory=*", "-C", str(repo)]
+        r = proc.run([*git, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], timeout=30, check=False)
         if r.returncode != 0:
             raise InvalidRequest(f"{rev!r} is not a commit of the git repository {repo}; name a branch, tag or hash")
         commit = r.stdout.strip()
@@ -204,7 +205,7 @@ class Workspaces:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
             archive = tmp.with_suffix(".tar")
-            proc.run(["git", "-C", str(repo), "archive", "--format=tar", "-o", str(archive), commit], timeout=600)
+            proc.run([*git, "archive", "--format=tar", "-o", str(archive), commit], timeout=600)
             with tarfile.open(archive, mode="r:") as tf:
                 tf.extractall(tmp, filter="tar")
             archive.unlink()
