@@ -146,6 +146,13 @@ def main() -> None:
     shared.mkdir(parents=True, exist_ok=True)
     os.chmod(shared, 0o755)
     tmp = Path(tempfile.mkdtemp(prefix="corral-bench-storage-"))
+    try:
+        run(a, trials, reqs, shared, tmp)
+    finally:  # a failed run leaves no 2 GB of trials behind either
+        cleanup(tmp, shared, a.shared is None)
+
+
+def run(a: argparse.Namespace, trials: int, reqs: list[str], shared: Path, tmp: Path) -> None:
     project = make_project(shared)
     result: dict[str, object] = {"trials": trials, "requirements": reqs}
 
@@ -236,10 +243,13 @@ def main() -> None:
         "plain_first_trial_s": round(plain_first_s, 2),
         "meta_ops_plain_by_step": dict(zip(["venv", "install", "copy", "import", "suite"], per_step)),
     })
-    shutil.rmtree(tmp, ignore_errors=True)
-    if a.shared is None:
-        shutil.rmtree(shared, ignore_errors=True)
     print(json.dumps(result))
+
+
+def cleanup(tmp: Path, shared: Path, ours: bool) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
+    if ours:
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 if __name__ == "__main__":

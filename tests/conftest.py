@@ -206,3 +206,19 @@ def add_people(gateway: Gateway, bot2_sponsor: str = "alice", expires: str = "1h
 def people(gateway: Gateway) -> dict[str, str]:
     """alice (human) sponsoring agents bot1 and bot2; carol (human) unrelated. -> name: token."""
     return add_people(gateway)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Every gateway a test started made its node-local scratch in /var/tmp (corral/storage):
+    those left empty and unmounted (most never held an image or a workspace) are removed."""
+    import re
+    import shutil
+
+    from corral.storage.mounts import under
+
+    if hasattr(session.config, "workerinput"):  # the controller tidies once, after every worker
+        return
+    for d in Path("/var/tmp").glob("corral-*"):
+        if re.fullmatch(r"corral-[0-9a-f]{10}", d.name) and not under(d) \
+                and not any(p.is_file() for p in d.rglob("*")):
+            shutil.rmtree(d, ignore_errors=True)
