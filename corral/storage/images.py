@@ -31,6 +31,7 @@ from ..backends import SubmitContext
 from ..config import StorageSettings
 from ..errors import Conflict, Forbidden, InvalidRequest, NotFound
 from ..jobs import JobSpec, JobState
+from ..output import read_tail
 from ..principals import Caller, Kind, Principal
 from . import mounts
 from .build import sha256_file
@@ -151,11 +152,8 @@ class Images:
         job = self.store.one("SELECT backend, backend_id FROM jobs WHERE id=?", (job_id,))
         if job is None or not job[1]:
             return ""
-        try:
-            out = self.lanes[job[0]].output_paths(job[1]).stdout
-            with open(out, "rb") as f:
-                f.seek(max(0, os.fstat(f.fileno()).st_size - 64 * 1024))
-                return f.read().decode(errors="replace")
+        try:  # the build's last lines: its progress and any error are at the end
+            return str(read_tail(self.lanes[job[0]].output_paths(job[1]).stdout, 1000, 64 * 1024)["data"])
         except (OSError, KeyError):
             return ""
 
@@ -185,8 +183,8 @@ class Images:
                 c.execute("UPDATE env_requests SET state='failed', reason=? WHERE digest=?", (why, digest))
 
     def status_of(self, digest: str) -> dict[str, Any]:
-        """A request as its requester sees it: building (with progress), ready, or failed (why)."""
-        self.refresh()
+        """A request as its requester sees it: building (with progress), ready, or failed (why),
+        as of the last ``refresh``."""
         row = self._request_row(digest)
         if row is None:
             raise NotFound(f"no environment request {digest}; corral env build FILE starts one")

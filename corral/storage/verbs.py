@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import os
 import random
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -74,7 +76,8 @@ class StorageVerbs:
         return await asyncio.to_thread(self._status, ref)
 
     def _status(self, ref: str) -> dict[str, Any]:
-        if self.images._request_row(ref) is not None:
+        if self.images._request_row(ref) is not None:  # a build request's digest (find refreshes for the rest)
+            self.images.refresh()
             return self.images.status_of(ref)
         return {**self.images.describe(self.images.find(ref)), "state": "ready"}
 
@@ -110,7 +113,8 @@ class StorageVerbs:
     # -- jobs ---------------------------------------------------------------------------
 
     def applies(self, spec: JobSpec) -> bool:
-        return bool(spec.image or spec.workspace or spec.labels) or \
+        """Whether ``resolve`` has anything to do (a worker thread hop) for this spec."""
+        return bool(spec.image or spec.workspace or any(k in OWN_LABELS for k in spec.labels)) or \
             (bool(self.shared) and (self.settings.meta_sample > 0 or self.settings.session_meta_budget > 0))
 
     def resolve(self, caller: Caller, spec: JobSpec) -> JobSpec:
@@ -176,8 +180,6 @@ class StorageVerbs:
         r = self.store.one("SELECT ops, shared_ops, by_call FROM job_meta WHERE job_id=?", (job_id,))
         if r is None:
             return None
-        import json
-
         return {"calls": r[0], "on_shared_paths": r[1], "by_call": json.loads(r[2]), "shared_paths": self.shared}
 
     def ended(self, job_ids: list[int]) -> None:
@@ -211,9 +213,6 @@ class StorageVerbs:
             return out
 
         async def account() -> None:
-            import json
-            import time
-
             rows = await asyncio.to_thread(work)
             with self.store.tx() as c:
                 c.executemany(
