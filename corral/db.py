@@ -219,6 +219,15 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX job_meta_session ON job_meta(session);
     """,
+    # 11: memory's semantic index: one vector per note (float16, unit length) and the
+    # model that made it; a note written before its vector is found by id > max(note_id)
+    """
+    CREATE TABLE note_vectors (
+        note_id INTEGER PRIMARY KEY,
+        model TEXT NOT NULL,
+        vec BLOB NOT NULL
+    );
+    """,
 ]
 
 _JOB_COLS = (

@@ -103,7 +103,7 @@ class ServiceOps:
         return self.service.memory.remember(self.caller, text, scope, expires, job_id)
 
     async def recall(self, query: str, k: int) -> dict[str, Any]:
-        return {"notes": self.service.memory.recall(self.caller, query, k)}
+        return {"notes": await self.service.memory.recall(self.caller, query, k)}
 
     async def events(self, cursor: int | None, timeout: float) -> dict[str, Any]:
         return await self.service.events(self.caller, cursor, timeout)

@@ -75,7 +75,14 @@ class Service:
             from .memory.store import Memory
 
             store = Memory(db, settings.memory.share_account, self.gate.clock)
-        self.memory = MemoryVerbs(settings.memory, db, self.gate, self.audit, self.lanes, Facts(db), store)
+        semantic = None
+        if store is not None and settings.memory.semantic:
+            from .memory.embed import Embedder
+            from .memory.semantic import SemanticRecall
+
+            m = settings.memory
+            semantic = SemanticRecall(db, Embedder(m.embed_model, m.model_cache, m.embed_threads))
+        self.memory = MemoryVerbs(settings.memory, db, self.gate, self.audit, self.lanes, Facts(db), store, semantic)
         self.progress = Progress(db, self.watchers, self.memory)
         self.stream = Events(db, self.watchers, settings.wait_max_s)
         """The event stream of jobs' state changes (control/events.py)."""

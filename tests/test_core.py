@@ -217,9 +217,9 @@ def test_a_note_expires_on_the_clock(tmp_path) -> None:
     svc.accounts.bootstrap_admin()
     admin = svc.authenticate((tmp_path / "home" / "admin.token").read_text().strip(), "s1")
     svc.memory.remember(admin, "old torch note", "user", "30s")
-    assert [n["text"] for n in svc.memory.recall(admin, "torch")] == ["old torch note"]
+    assert [n["text"] for n in asyncio.run(svc.memory.recall(admin, "torch"))] == ["old torch note"]
     clock.advance(31)
-    assert svc.memory.recall(admin, "torch") == []
+    assert asyncio.run(svc.memory.recall(admin, "torch")) == []
 
 
 def test_the_event_loop_lag_is_measured() -> None:

@@ -20,16 +20,21 @@ if TYPE_CHECKING:
     from ..safety.audit import Audit
     from ..safety.gate import Gate
     from .facts import Facts
+    from .semantic import SemanticRecall
     from .store import Memory
 
 log = logging.getLogger("corral.service")
 
+SEMANTIC_DEPTH = 200
+"""Nearest notes asked of the semantic index, before those the caller may not read are
+left out (recall by words looks as far as it must; by meaning this far)."""
+
 
 class MemoryVerbs:
     def __init__(self, settings: "MemorySettings", db: "Database", gate: "Gate", audit: "Audit", lanes: "Lanes",
-                 facts: "Facts", store: "Memory | None") -> None:
+                 facts: "Facts", store: "Memory | None", semantic: "SemanticRecall | None" = None) -> None:
         self.settings, self.db, self.gate, self.audit, self.lanes = settings, db, gate, audit, lanes
-        self.facts, self.store = facts, store
+        self.facts, self.store, self.semantic = facts, store, semantic
 
     async def prepare(self, spec: JobSpec) -> None:
         """The costly part of ``advise`` for a long text, done off the event loop."""
@@ -95,16 +100,20 @@ class MemoryVerbs:
             except ValueError as e:
                 raise InvalidRequest(f"{e} (for example '30d' or '12h'; leave it out to keep the note)") from None
             note: dict[str, Any] = mem.remember(caller, text, scope, ttl, job_id)
+        if self.semantic is not None:
+            self.semantic.wake()
         self.audit.record(caller, "write_note", "allow", rule, [{"note_id": note["id"], "scope": scope,
                                                                  "flags": note.get("flags")}])
         return note
 
-    def recall(self, caller: Caller, query: str, k: int = 5) -> list[dict[str, Any]]:
+    async def recall(self, caller: Caller, query: str, k: int = 5) -> list[dict[str, Any]]:
         with self.audit.refusals(caller, "read_notes", {"query": query[:200]}):
             mem = self._mem()
             rule = self.gate.check(caller, "read_notes", "Note", {"scope": "any", "author": ""})
         self.audit.record(caller, "read_notes", "allow", rule, [{"query": query[:200]}])
-        notes: list[dict[str, Any]] = mem.recall(caller, query, k)
+        # The query's embedding and the vector search run in a worker thread (3-10 ms).
+        near = await self.semantic.nearest(query, SEMANTIC_DEPTH) if self.semantic is not None else None
+        notes: list[dict[str, Any]] = mem.recall(caller, query, k, near)
         flagged = [n["id"] for n in notes if n.get("flags", {}).get("suspected_injection") and n["author"] != caller.name]
         if flagged:
             reason = f"notes {flagged} by other principals are flagged as possible injection"
@@ -124,6 +133,11 @@ class MemoryVerbs:
         """Advice on a submission not made (``Service.advice`` checks it first)."""
         advice, refuse = self._mem().advise(principal, spec)
         return {"advice": advice, "would_refuse": refuse if self.settings.refuse_repeats else None}
+
+    async def index_loop(self) -> None:
+        """Embed notes as they are written (off every request's path)."""
+        if self.semantic is not None:
+            await self.semantic.run()
 
     async def facts_loop(self) -> None:
         """Harvest the facility facts at start and every ``facts_interval_s``."""
