@@ -25,6 +25,7 @@ both arms, so they cause no failed jobs.) Last line: one JSON object.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import tempfile
@@ -40,7 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import GatewayProcess, pct, sponsored_agents  # noqa: E402
 from bench.memory_notes import NOTES, filler  # noqa: E402
 from corral.db import Database  # noqa: E402
+from corral.memory.embed import Embedder  # noqa: E402
+from corral.memory.semantic import SemanticRecall  # noqa: E402
 from corral.memory.store import Memory  # noqa: E402
+from corral.memory.verbs import SEMANTIC_DEPTH  # noqa: E402
 from corral.principals import Caller, Kind, Principal  # noqa: E402
 
 
@@ -56,27 +60,55 @@ def substring_scan(db: Database, query: str, k: int) -> list[int]:
     return [r[0] for r in rows]
 
 
-def retrieval(total: int) -> dict[str, Any]:
+def retrieval(total: int, threads: int) -> dict[str, Any]:
     tmp = tempfile.mkdtemp(prefix="corral-bench-mem-")
     db = Database(Path(tmp) / "m.db")
     admin = Principal("admin", Kind.HUMAN, is_admin=True)
     db.add_principal(admin)
     caller = Caller(admin, None, "t", frozenset({"admin"}))
     mem = Memory(db)
+    sem = SemanticRecall(db, Embedder(threads=threads), poll_s=0.05)
     ids = []
     with db.transaction():
         for text, _ in NOTES:
             ids.append(mem.remember(caller, text, "facility")["id"])
     questions = [(q, ids[i]) for i, (_, qs) in enumerate(NOTES) for q in qs]
 
-    def run(label: str) -> dict[str, Any]:
+    async def embed_all() -> float:
+        """The gateway's own index loop, until every note has its vector: -> notes/s."""
+        loop = asyncio.create_task(sem.run())
+        t, last = time.perf_counter(), -1
+        while sem.index is None or sem.index.backlog():
+            if sem.unavailable:
+                raise SystemExit(f"bench/memory: no semantic index: {sem.unavailable}")
+            await asyncio.sleep(0.5)
+            if sem.index is not None and sem.index.size // 10_000 != last:
+                last = sem.index.size // 10_000
+                print(f"  embedded {sem.index.size:,} notes", file=sys.stderr)
+        rate = sem.index.size / (time.perf_counter() - t)
+        loop.cancel()
+        return rate
+
+    async def fused(q: str) -> list[int]:  # MemoryVerbs.recall's path
+        return [n["id"] for n in mem.recall(caller, q, 5, await sem.nearest(q, SEMANTIC_DEPTH))]
+
+    async def meaning(q: str) -> list[int]:
+        return [i for i, _ in (await sem.nearest(q, 5) or [])]
+
+    async def words(q: str) -> list[int]:
+        return [n["id"] for n in mem.recall(caller, q, 5)]
+
+    async def scan(q: str) -> list[int]:
+        return substring_scan(db, q, 5)
+
+    async def run(label: str) -> dict[str, Any]:
         out: dict[str, Any] = {"notes": db.conn.execute("SELECT COUNT(*) FROM notes").fetchone()[0]}
-        for arm, fn in (("corral", lambda q: [n["id"] for n in mem.recall(caller, q, 5)]),
-                        ("substring", lambda q: substring_scan(db, q, 5))):
+        out["embed_notes_per_s"] = round(await embed_all(), 1)
+        for arm, fn in (("corral", fused), ("bm25", words), ("semantic", meaning), ("substring", scan)):
             lat, hits = [], 0
             for q, want in questions:
                 t = time.perf_counter()
-                got = fn(q)
+                got = await fn(q)
                 lat.append((time.perf_counter() - t) * 1000)
                 hits += want in got
             out[arm] = {"recall_at_5": round(hits / len(questions), 3), "p50_ms": round(pct(lat, 50), 3),
@@ -84,7 +116,7 @@ def retrieval(total: int) -> dict[str, Any]:
         print(f"retrieval [{label}]: {out}", file=sys.stderr)
         return out
 
-    small = run("facility notes only")
+    small = asyncio.run(run("facility notes only"))
     with db.transaction():
         for i in range(total - len(NOTES)):
             text = filler(i)
@@ -92,8 +124,9 @@ def retrieval(total: int) -> dict[str, Any]:
                 "INSERT INTO notes (text, scope, author, family, created) VALUES (?, 'facility', 'admin', 'admin', ?)",
                 (text, time.time()))
             db.conn.execute("INSERT INTO notes_fts (rowid, text) VALUES (?, ?)", (cur.lastrowid, text))
-    big = run(f"{total:,} notes")
-    return {"questions": len(questions), "small": small, "large": big}
+    big = asyncio.run(run(f"{total:,} notes"))
+    return {"questions": len(questions), "model": sem.embedder.name, "embed_threads": threads,
+            "small": small, "large": big}
 
 
 # -- (b) campaigns ---------------------------------------------------------------------------
@@ -205,10 +238,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="10,000 notes; 2 agents x 2 sessions")
     ap.add_argument("--notes", type=int, default=100_000)
+    ap.add_argument("--threads", type=int, default=2, help="the encoder's CPU threads while indexing and answering")
+    ap.add_argument("--retrieval-only", action="store_true", help="skip (b), the campaigns")
     a = ap.parse_args()
     total = 10_000 if a.quick else a.notes
     agents, sessions = (2, 2) if a.quick else (3, 4)
-    r = retrieval(total)
+    r = retrieval(total, a.threads)
+    if a.retrieval_only:
+        big = r["large"]
+        print(json.dumps({"bench": "memory", "notes": big["notes"], "questions": r["questions"],
+                          "recall_at_5": big["corral"]["recall_at_5"], "recall_p95_ms": big["corral"]["p95_ms"],
+                          "bm25_recall_at_5": big["bm25"]["recall_at_5"],
+                          "semantic_recall_at_5": big["semantic"]["recall_at_5"], "retrieval": r}))
+        return
     without = campaigns(False, agents, sessions)
     with_ = campaigns(True, agents, sessions)
     reduction = 1 - with_["repeated"] / without["repeated"] if without["repeated"] else None
@@ -216,6 +258,10 @@ def main() -> None:
         "bench": "memory", "notes": r["large"]["notes"], "questions": r["questions"],
         "recall_p50_ms": r["large"]["corral"]["p50_ms"], "recall_p95_ms": r["large"]["corral"]["p95_ms"],
         "recall_at_5": r["large"]["corral"]["recall_at_5"],
+        "bm25_recall_at_5": r["large"]["bm25"]["recall_at_5"], "bm25_p95_ms": r["large"]["bm25"]["p95_ms"],
+        "semantic_recall_at_5": r["large"]["semantic"]["recall_at_5"],
+        "semantic_p95_ms": r["large"]["semantic"]["p95_ms"],
+        "embed_notes_per_s": r["large"]["embed_notes_per_s"], "embed_model": r["model"],
         "substring_p95_ms": r["large"]["substring"]["p95_ms"],
         "substring_recall_at_5": r["large"]["substring"]["recall_at_5"],
         "latency_ratio": round(r["large"]["substring"]["p95_ms"] / r["large"]["corral"]["p95_ms"], 1),

@@ -80,7 +80,7 @@ class MemorySettings(_Part):
     facts_interval_s: float = Field(600.0, gt=0, description="How often the facility facts are harvested again (they are also harvested at start).")
     semantic: bool = Field(True, description="Recall also by meaning: notes are embedded by a small sentence encoder (all-MiniLM-L6-v2, int8, on the CPU) and fused with the BM25 ranking. Off: BM25 alone.")
     embed_model: Path | None = Field(None, description="A BERT sentence-encoder directory (config.json, model.safetensors, tokenizer.json) to embed notes with. Default: the packaged all-MiniLM-L6-v2.")
-    embed_threads: int = Field(1, ge=1, le=64, description="CPU threads the encoder uses for one batch of notes or one query.")
+    embed_threads: int = Field(1, ge=1, le=64, description="Notes the encoder embeds at once, one CPU thread each (a query takes one).")
     model_cache: Path | None = Field(None, description="Where the encoder's int8 graph is kept once built (shared by the gateways of one machine). Default ~/.cache/corral/models.")
 
 

@@ -554,6 +554,9 @@ class Service:
         for lane in self.lanes:
             if lane is not self.lanes.batch:
                 info[f"{lane.name}_lane"] = lane.describe()
+        if self.memory.store is not None:
+            info["memory"] = {"recall": self.memory.semantic.status() if self.memory.semantic is not None
+                              else {"semantic": False, "why": "[memory] semantic = false"}}
         facts = self.memory.facts.current()
         info["facts"] = {"version": facts["version"], "updated": facts["updated"], "changes": facts["changes"],
                          "modules": (facts["facts"].get("modules") or [])[:200],
