@@ -2,7 +2,15 @@
 streamable HTTP, through the official SDK client) versus the subprocess it would
 otherwise run (`corral status --json`, and `squeue` when a Slurm is reachable).
 
-    python bench/mcp_roundtrip.py [--quick] [--calls 300] [--cli-calls 40]
+    python bench/mcp_roundtrip.py [--quick] [--calls 300] [--cli-calls 40] [--peer DIR]
+
+With ``--peer DIR`` (a checkout of sahuno/slurm-mcp, the peer whose tools are closest to
+corral's submit/status/logs) and the private Slurm of scripts/slurm-up, the bytes of one
+submit-wait-read loop are also measured side by side on that Slurm: corral through a
+Slurm-backed gateway, the peer through its own stdio server (run by a Python that has
+its dependencies: ``--peer-python``, default DIR/.venv/bin/python; it needs mcp<2).
+The peer has no wait: a model polls its status tool, so its loop is counted with the
+one status answer that shows the end (its best case), and with every poll as well.
 
 Last line: one JSON object.
 """
@@ -16,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -92,6 +101,64 @@ async def events_vs_waits(client: Client, workdir: str, n: int) -> dict[str, obj
     return out
 
 
+async def peer_loop_bytes(peer: Path, python: str, logs: Path) -> dict[str, int]:
+    """The loop through sahuno/slurm-mcp's stdio server, on the Slurm of SLURM_CONF."""
+    env = {**os.environ, "PYTHONPATH": str(peer / "src"), "SLURM_LOG_DIR": str(logs),
+           "SLURM_AUDIT_LOG": str(logs / "audit.jsonl")}
+    params = StdioServerParameters(command=python, args=["-m", "slurm_mcp.server"], env=env)
+    async with Client(params) as client:
+        # What an agent asks of a one-line job (the peer's defaults are 8 CPUs, 64G, 4 h).
+        sub = await client.call_tool("slurm_submit_job", {"wrap": "echo hello", "cpus": 1, "mem": "100M",
+                                                          "time": "00:05:00", "job_name": "hello"})
+        job_id = json.loads(sub.content[0].text)["job_id"]
+        polls, text_polls = [], []
+        for _ in range(120):
+            st = await client.call_tool("slurm_job_status", {"job_ids": job_id})
+            polls.append(size(st))
+            text_polls.append(len(st.content[0].text.encode()))
+            if json.loads(st.content[0].text)[0]["state"] not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+                break
+            await asyncio.sleep(1)
+        out = await client.call_tool("slurm_job_logs", {"job_id": job_id})
+        assert "hello" in out.content[0].text, out.content
+        text = lambda r: len(r.content[0].text.encode())  # noqa: E731
+        return {"bytes_per_loop": size(sub) + polls[-1] + size(out), "polls": len(polls),
+                "bytes_polled": size(sub) + sum(polls) + size(out),
+                "text_only_bytes_per_loop": text(sub) + text_polls[-1] + text(out)}
+
+
+def slurm_loops(peer: Path, python: str) -> dict[str, object]:
+    """One loop each, corral (a Slurm-backed gateway, over streamable HTTP) and the peer."""
+    conf = os.environ.get("SLURM_CONF") or "/tmp/corral-slurm/etc/slurm.conf"
+    os.environ["SLURM_CONF"] = conf
+    if subprocess.run(["sinfo", "-h"], capture_output=True).returncode != 0:
+        sys.exit(f"--peer needs the private Slurm (SLURM_CONF={conf}): run scripts/slurm-up first")
+    if not Path(python).exists():
+        sys.exit(f"no {python}: make it with python3 -m venv {peer}/.venv && "
+                 f"{peer}/.venv/bin/pip install 'mcp<2' -e {peer}")
+    gw = GatewayProcess("--tick", "0.5", env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": conf})
+    try:
+        with gw.client() as h:
+            h.post("/v1/principals", json={"name": "alice", "kind": "human"})
+            h.post("/v1/principals", json={"name": "agent", "kind": "agent", "sponsor": "alice"})
+            token = h.post("/v1/tokens", json={"for": "agent", "expires": "1h"}).json()["token"]
+        workdir = gw.home / "work"
+        workdir.mkdir(exist_ok=True)
+        workdir.chmod(0o777)
+
+        async def corral() -> int:
+            hc = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60)
+            async with Client(streamable_http_client(f"{gw.url}/mcp", http_client=hc)) as client:
+                return await loop_bytes(client, str(workdir))
+
+        ours = asyncio.run(corral())
+    finally:
+        gw.stop()
+    logs = Path(tempfile.mkdtemp(prefix="corral-bench-peer-"))
+    theirs = asyncio.run(peer_loop_bytes(peer, python, logs))
+    return {"corral_bytes_per_loop": ours, "peer": "sahuno/slurm-mcp", **{f"peer_{k}": v for k, v in theirs.items()}}
+
+
 def time_cmd(argv: list[str], env: dict[str, str], n: int) -> list[float]:
     out = []
     for _ in range(n):
@@ -106,6 +173,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=300, help="tool calls per MCP transport")
     ap.add_argument("--cli-calls", type=int, default=40, help="subprocess runs of the CLI")
     ap.add_argument("--quick", action="store_true", help="100 tool calls, 15 CLI runs")
+    ap.add_argument("--peer", type=Path, help="a checkout of sahuno/slurm-mcp: its loop's bytes on the private Slurm")
+    ap.add_argument("--peer-python", help="a Python with the peer's dependencies (default PEER/.venv/bin/python)")
     args = ap.parse_args()
     calls, cli_calls = (100, 15) if args.quick else (args.calls, args.cli_calls)
 
@@ -172,6 +241,12 @@ def main() -> None:
         "events_p50_ms": extra["twenty"]["events_p50_ms"],  # type: ignore[index]
         "bytes_per_loop": extra["bytes_per_loop"], "twenty_jobs": extra["twenty"],
     }
+    if args.peer:
+        side = slurm_loops(args.peer.resolve(), args.peer_python or str(args.peer.resolve() / ".venv/bin/python"))
+        result["slurm_loop"] = side
+        print(f"one loop on Slurm: corral {side['corral_bytes_per_loop']} bytes, {side['peer']} "
+              f"{side['peer_bytes_per_loop']} ({side['peer_polls']} status polls: {side['peer_bytes_polled']})",
+              file=sys.stderr)
     print(f"p50: stdio {result['stdio_p50_ms']} ms, HTTP {result['http_p50_ms']} ms, "
           f"`corral status --json` subprocess {result['cli_p50_ms']} ms"
           + (f", squeue {result['squeue_p50_ms']} ms" if t_squeue else " (no Slurm here: squeue not measured)"),

@@ -85,31 +85,34 @@ def test_the_int8_graph_computes_the_encoder(tmp_path: Path) -> None:
     assert list((tmp_path / "models").glob("*.int8.onnx"))  # built once, kept
 
 
-def test_the_index_finds_what_brute_force_finds(tmp_path: Path) -> None:
+def test_the_index_finds_the_nearest_notes(tmp_path: Path) -> None:
     from corral.db import Database
 
     db = Database(tmp_path / "c.db")
     rng = np.random.default_rng(7)
-    vecs = rng.standard_normal((3 * RERANK, 384)).astype(np.float32)
-    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-    with db.transaction():  # note_vectors rows need no notes to test the index alone
-        pass
+
+    def unit(v: np.ndarray) -> np.ndarray:
+        return (v / np.linalg.norm(v, axis=-1, keepdims=True)).astype(np.float32)
+
+    vecs = unit(rng.standard_normal((3 * RERANK, 384)))  # more than the Hamming pass keeps
+    base = unit(rng.standard_normal(384))
+    # five notes at known, well-spaced distances from the query, hidden among the rest
+    near = [unit(base + s * unit(rng.standard_normal(384))) for s in (0.2, 0.5, 0.8, 1.1, 1.4)]
+    at = [17, 1500, 2999, 4100, 5998]
+    for i, v in zip(at, near, strict=True):
+        vecs[i] = v
     index = VectorIndex(db, "m1", 384)
     for s in range(0, len(vecs), 1000):  # grows past its first capacity
         index.add(list(range(s + 1, s + 1001)), vecs[s:s + 1000])
     assert index.size == len(vecs)
-    half = vecs.astype(np.float16).astype(np.float32)
-    for j in (5, 1234, 4321):
-        q = vecs[j] + 0.7 * rng.standard_normal(384).astype(np.float32) / np.sqrt(384)
-        q /= np.linalg.norm(q)
-        want = list(np.argsort(-(half @ q))[:5] + 1)
-        got = index.nearest(q, 5)
-        assert [i for i, _ in got][0] == j + 1 and [i for i, _ in got] == want
-        assert got[0][1] == pytest.approx(float(half[j] @ q), abs=1e-3)
+    got = index.nearest(base, 5)
+    assert [i for i, _ in got] == [i + 1 for i in at]  # brute force's order
+    for (_, cos), v in zip(got, near, strict=True):
+        assert cos == pytest.approx(float(v @ base), abs=0.01)
     again = VectorIndex(db, "m1", 384)  # a restart: read back from SQLite, in slices
     while again.load(limit=2500):
         pass
-    assert again.size == len(vecs) and again.nearest(vecs[9], 1)[0][0] == 10
+    assert again.size == len(vecs) and [i for i, _ in again.nearest(base, 5)] == [i + 1 for i in at]
     assert VectorIndex(db, "m2", 384).forget_other_models() == len(vecs)  # another model's vectors go
 
 

@@ -9,9 +9,10 @@ last one that is.
 Search is exact at any size, in two steps so it stays in budget at 100,000 notes and
 beyond: the sign bits of every vector (48 bytes a note) are compared with the
 query's by Hamming distance, which finds the ``RERANK`` nearest candidates in a few
-milliseconds, then those are ranked by true cosine (vectors kept as float16). A full
-float32 product over 100,000 x 384 reads 150 MB a query: 16 ms p50 on this machine,
-over budget by itself.
+millisecond, then those are ranked by cosine over int8 copies of the vectors (a scale
+per vector; SQLite keeps the float16 vectors they came from). A full float32 product over
+100,000 x 384 reads 150 MB a query: 16 ms p50 on this machine, over budget by itself;
+this takes about 1.5 ms and 43 MB at 100,000 notes.
 
 Threads: the database is touched only by the event loop (``pending``, ``add``,
 ``load``); ``nearest`` runs in a worker thread over a snapshot of the arrays, which
@@ -39,13 +40,18 @@ RERANK = 2000
 
 class _Arrays(NamedTuple):
     ids: np.ndarray  # int64 note ids
-    vecs: np.ndarray  # float16, unit length
-    codes: np.ndarray  # uint64: the sign bits of each vector
+    q8: np.ndarray  # int8 vectors, each scaled so its largest component is +-127
+    scale: np.ndarray  # float32: a row's cosine is q8 . query * scale
+    codes: np.ndarray  # uint64, (dim / 64) x capacity: the sign bits, word by word
     n: int
 
 
-def _codes(vecs: np.ndarray) -> np.ndarray:
-    return np.packbits(vecs > 0, axis=1).view(np.uint64)
+def _quantize(vecs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """-> int8 rows, their scales, their sign bits (one row of words per 64 dimensions)."""
+    v = vecs.astype(np.float32)
+    top = np.maximum(np.abs(v).max(axis=1), 1e-12)
+    q8 = np.round(v * (127.0 / top)[:, None]).astype(np.int8)
+    return q8, (top / 127.0).astype(np.float32), np.packbits(v > 0, axis=1).view(np.uint64).T
 
 
 class VectorIndex:
@@ -53,7 +59,7 @@ class VectorIndex:
         self.db, self.model, self.dim = db, model, dim
         if dim % 64:
             raise ValueError(f"vectors of {dim} dimensions: a multiple of 64 is needed")
-        self._a = _Arrays(np.empty(0, np.int64), np.empty((0, dim), np.float16), np.empty((0, dim // 64), np.uint64), 0)
+        self._a = self._empty(0)
         self.loaded_to = 0
         """The highest note id whose stored vector is in memory (``load`` goes on from it)."""
 
@@ -97,15 +103,20 @@ class VectorIndex:
         self._append(np.asarray(ids, np.int64), half)
         self.loaded_to = max(self.loaded_to, max(ids))
 
+    def _empty(self, cap: int) -> _Arrays:
+        return _Arrays(np.empty(cap, np.int64), np.empty((cap, self.dim), np.int8), np.empty(cap, np.float32),
+                       np.empty((self.dim // 64, cap), np.uint64), 0)
+
     def _append(self, ids: np.ndarray, vecs: np.ndarray) -> None:
         a, k = self._a, len(ids)
         if a.n + k > len(a.ids):  # grow by doubling into new arrays: a reader keeps its old ones
-            cap = max(1024, 2 * (a.n + k))
-            grown = _Arrays(np.empty(cap, np.int64), np.empty((cap, self.dim), np.float16),
-                            np.empty((cap, self.dim // 64), np.uint64), a.n)
-            grown.ids[:a.n], grown.vecs[:a.n], grown.codes[:a.n] = a.ids[:a.n], a.vecs[:a.n], a.codes[:a.n]
+            grown = self._empty(max(1024, 2 * (a.n + k)))._replace(n=a.n)
+            grown.ids[:a.n], grown.q8[:a.n], grown.scale[:a.n] = a.ids[:a.n], a.q8[:a.n], a.scale[:a.n]
+            grown.codes[:, :a.n] = a.codes[:, :a.n]
             a = grown
-        a.ids[a.n:a.n + k], a.vecs[a.n:a.n + k], a.codes[a.n:a.n + k] = ids, vecs, _codes(vecs)
+        q8, scale, codes = _quantize(vecs)
+        a.ids[a.n:a.n + k], a.q8[a.n:a.n + k], a.scale[a.n:a.n + k] = ids, q8, scale
+        a.codes[:, a.n:a.n + k] = codes
         self._a = a._replace(n=a.n + k)  # published last: readers see whole rows only
 
     # -- any thread -----------------------------------------------------------------------
@@ -115,12 +126,16 @@ class VectorIndex:
         if a.n == 0:
             return []
         if a.n > RERANK:
-            q = _codes(query[None, :])[0]
-            dist = np.bitwise_count(a.codes[:a.n] ^ q).sum(axis=1, dtype=np.int32)
+            # Word by word over contiguous rows: numpy's sum along a row of 6 words
+            # cost ten times as much (4 ms at 100,000 notes; this is 0.4 ms).
+            q = np.packbits(query > 0).view(np.uint64)
+            dist = np.bitwise_count(a.codes[0, :a.n] ^ q[0]).astype(np.uint16)
+            for w in range(1, len(q)):
+                dist += np.bitwise_count(a.codes[w, :a.n] ^ q[w])
             cand = np.argpartition(dist, RERANK)[:RERANK]
         else:
             cand = np.arange(a.n)
-        sims = a.vecs[cand].astype(np.float32) @ query.astype(np.float32)
+        sims = (a.q8[cand].astype(np.float32) @ query.astype(np.float32)) * a.scale[cand]
         k = min(k, len(cand))
         top = np.argpartition(-sims, k - 1)[:k]
         top = top[np.argsort(-sims[top])]
