@@ -1,13 +1,16 @@
-"""Memory: (a) note retrieval, corral's FTS5/BM25 recall against a plain substring scan,
-on a labeled set; (b) a replay of agent campaigns with planted pitfalls through real
+"""Memory: (a) note retrieval, corral's recall (BM25 and a semantic index, fused) against
+each alone and a plain substring scan, on a labeled set; (b) a replay of agent campaigns with planted pitfalls through real
 gateways, with and without corral's memory.
 
     python bench/memory.py [--quick] [--notes 100000]
 
 (a) The 52 facility notes of bench/memory_notes.py (104 questions, each labeled with
 the note that answers it) are written as facility notes, then the corpus is grown
-with unrelated filler notes to ``--notes``. Both arms answer every question: recall@5
-and latency, at the small corpus and the full one.
+with unrelated filler notes to ``--notes``, and every note is embedded by the
+gateway's own index loop (notes/s). Four arms answer every question: corral (words and
+meaning fused, as ``MemoryVerbs.recall`` does), words alone (BM25), meaning alone, and
+a plain substring scan: recall@5 and latency, at the small corpus and the full one;
+and recall@5 on 52 held-out questions written after recall's settings were fixed.
 
 (b) 3 agents of one sponsor each work 4 sessions; in every session an agent has 4 tasks,
 each with a planted pitfall a first try hits: out of memory (needs 512M, tries 100M), a
@@ -39,7 +42,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import GatewayProcess, pct, sponsored_agents  # noqa: E402
-from bench.memory_notes import NOTES, filler  # noqa: E402
+from bench.memory_notes import HELDOUT, NOTES, filler  # noqa: E402
 from corral.db import Database  # noqa: E402
 from corral.memory.embed import Embedder  # noqa: E402
 from corral.memory.semantic import SemanticRecall  # noqa: E402
@@ -73,6 +76,7 @@ def retrieval(total: int, threads: int) -> dict[str, Any]:
         for text, _ in NOTES:
             ids.append(mem.remember(caller, text, "facility")["id"])
     questions = [(q, ids[i]) for i, (_, qs) in enumerate(NOTES) for q in qs]
+    heldout = [(q, ids[i]) for i, q in enumerate(HELDOUT)]
 
     async def embed_all() -> float:
         """The gateway's own index loop, until every note has its vector: -> notes/s."""
@@ -113,6 +117,9 @@ def retrieval(total: int, threads: int) -> dict[str, Any]:
                 hits += want in got
             out[arm] = {"recall_at_5": round(hits / len(questions), 3), "p50_ms": round(pct(lat, 50), 3),
                         "p95_ms": round(pct(lat, 95), 3)}
+            if arm != "substring":
+                out[arm]["heldout_recall_at_5"] = round(sum([want in await fn(q) for q, want in heldout])
+                                                        / len(heldout), 3)
         print(f"retrieval [{label}]: {out}", file=sys.stderr)
         return out
 
@@ -125,7 +132,7 @@ def retrieval(total: int, threads: int) -> dict[str, Any]:
                 (text, time.time()))
             db.conn.execute("INSERT INTO notes_fts (rowid, text) VALUES (?, ?)", (cur.lastrowid, text))
     big = asyncio.run(run(f"{total:,} notes"))
-    return {"questions": len(questions), "model": sem.embedder.name, "embed_threads": threads,
+    return {"questions": len(questions), "heldout_questions": len(heldout), "model": sem.embedder.name, "embed_threads": threads,
             "small": small, "large": big}
 
 
@@ -249,7 +256,9 @@ def main() -> None:
         print(json.dumps({"bench": "memory", "notes": big["notes"], "questions": r["questions"],
                           "recall_at_5": big["corral"]["recall_at_5"], "recall_p95_ms": big["corral"]["p95_ms"],
                           "bm25_recall_at_5": big["bm25"]["recall_at_5"],
-                          "semantic_recall_at_5": big["semantic"]["recall_at_5"], "retrieval": r}))
+                          "semantic_recall_at_5": big["semantic"]["recall_at_5"],
+                          "heldout_recall_at_5": big["corral"]["heldout_recall_at_5"],
+                          "bm25_heldout_recall_at_5": big["bm25"]["heldout_recall_at_5"], "retrieval": r}))
         return
     without = campaigns(False, agents, sessions)
     with_ = campaigns(True, agents, sessions)
@@ -262,6 +271,8 @@ def main() -> None:
         "semantic_recall_at_5": r["large"]["semantic"]["recall_at_5"],
         "semantic_p95_ms": r["large"]["semantic"]["p95_ms"],
         "embed_notes_per_s": r["large"]["embed_notes_per_s"], "embed_model": r["model"],
+        "heldout_recall_at_5": r["large"]["corral"]["heldout_recall_at_5"],
+        "bm25_heldout_recall_at_5": r["large"]["bm25"]["heldout_recall_at_5"],
         "substring_p95_ms": r["large"]["substring"]["p95_ms"],
         "substring_recall_at_5": r["large"]["substring"]["recall_at_5"],
         "latency_ratio": round(r["large"]["substring"]["p95_ms"] / r["large"]["corral"]["p95_ms"], 1),
