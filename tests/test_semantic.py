@@ -167,6 +167,7 @@ def test_recall_by_meaning_through_a_gateway(gateway: Gateway, people: dict[str,
     assert vectors == (notes, notes)  # every note once, none embedded twice
     with gateway.http() as h:
         assert h.get("/v1/facility").json()["memory"]["recall"]["semantic"] is True
+    assert gateway.metric("corral_notes_embedded") == notes and gateway.metric("corral_notes_embedding_backlog") == 0
 
 
 def test_without_a_model_recall_is_by_words_and_says_why(tmp_path: Path) -> None:

@@ -82,3 +82,10 @@ class BoardCollector(Collector):
                 allocs.add_metric([p["pool"]], sum(1 for a in p["allocations"] if a["up"]))
         yield pending
         yield allocs
+        semantic = self.board.service.memory.semantic
+        index = semantic.index if semantic is not None else None
+        if index is not None:
+            yield GaugeMetricFamily("corral_notes_embedded", "Notes in memory's semantic index.", value=index.size)
+            yield GaugeMetricFamily("corral_notes_embedding_backlog",
+                                    "Notes written but not embedded yet (recall finds them by words meanwhile).",
+                                    value=index.backlog())

@@ -37,15 +37,17 @@ def remember(o: Any, text: str, scope: str, expires: str | None, job_id: int | N
 @click.option("-k", "k", type=int, default=5, show_default=True, help="How many notes at most.")
 @click.pass_obj
 def recall(o: Any, query: tuple[str, ...], k: int) -> None:
-    """Search the notes you may read, best match first.
+    """Search the notes you may read, best match first: by their words and by their
+    meaning, so a question finds a note worded otherwise. Each note says which found it.
 
     \b
-    Example:
+    Examples:
       corral recall cuda module gpu
+      corral recall why does pytorch not see my graphics card
     """
     found = o.client.recall(" ".join(query), k)
-    o.out(found, lambda r: "\n\n".join(f"[{n['id']}] ({n['scope']}, {n['author']}) {n['text']}" for n in r["notes"])
-          or "no notes match")
+    o.out(found, lambda r: "\n\n".join(f"[{n['id']}] ({n['scope']}, {n['author']}; by {' and '.join(n.get('by', []))}) "
+                                        f"{n['text']}" for n in r["notes"]) or "no notes match")
 
 
 @click.command()
