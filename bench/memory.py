@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import sys
 import tempfile
 import threading
@@ -123,15 +124,19 @@ def retrieval(total: int, threads: int) -> dict[str, Any]:
         print(f"retrieval [{label}]: {out}", file=sys.stderr)
         return out
 
-    small = asyncio.run(run("facility notes only"))
-    with db.transaction():
-        for i in range(total - len(NOTES)):
-            text = filler(i)
-            cur = db.conn.execute(
-                "INSERT INTO notes (text, scope, author, family, created) VALUES (?, 'facility', 'admin', 'admin', ?)",
-                (text, time.time()))
-            db.conn.execute("INSERT INTO notes_fts (rowid, text) VALUES (?, ?)", (cur.lastrowid, text))
-    big = asyncio.run(run(f"{total:,} notes"))
+    try:
+        small = asyncio.run(run("facility notes only"))
+        with db.transaction():
+            for i in range(total - len(NOTES)):
+                text = filler(i)
+                cur = db.conn.execute(
+                    "INSERT INTO notes (text, scope, author, family, created) VALUES (?, 'facility', 'admin', 'admin', ?)",
+                    (text, time.time()))
+                db.conn.execute("INSERT INTO notes_fts (rowid, text) VALUES (?, ?)", (cur.lastrowid, text))
+        big = asyncio.run(run(f"{total:,} notes"))
+    finally:
+        db.close()
+        shutil.rmtree(tmp, ignore_errors=True)  # 100 MB at 100,000 notes
     return {"questions": len(questions), "heldout_questions": len(heldout), "model": sem.embedder.name, "embed_threads": threads,
             "small": small, "large": big}
 
