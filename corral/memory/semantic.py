@@ -86,15 +86,20 @@ class VectorIndex:
             self.loaded_to = rows[-1][0]
         return len(rows)
 
+    def _last_embedded(self) -> int:
+        """The newest note with a stored vector: every note after it waits (notes are
+        embedded in id order)."""
+        return int(self.db.conn.execute("SELECT COALESCE(MAX(note_id), 0) FROM note_vectors").fetchone()[0])
+
     def pending(self, limit: int = 256) -> list[tuple[int, str]]:
         """Notes not embedded yet, oldest first."""
-        last = self.db.conn.execute("SELECT COALESCE(MAX(note_id), 0) FROM note_vectors").fetchone()[0]
         return [(int(i), str(t)) for i, t in self.db.conn.execute(
-            "SELECT id, text FROM notes WHERE id > ? ORDER BY id LIMIT ?", (last, limit))]
+            "SELECT id, text FROM notes WHERE id > ? ORDER BY id LIMIT ?", (self._last_embedded(), limit))]
 
     def backlog(self) -> int:
-        last = self.db.conn.execute("SELECT COALESCE(MAX(note_id), 0) FROM note_vectors").fetchone()[0]
-        return int(self.db.conn.execute("SELECT COUNT(*) FROM notes WHERE id > ?", (last,)).fetchone()[0])
+        """How many notes wait for their vector."""
+        return int(self.db.conn.execute("SELECT COUNT(*) FROM notes WHERE id > ?",
+                                        (self._last_embedded(),)).fetchone()[0])
 
     def add(self, ids: list[int], vecs: np.ndarray) -> None:
         """Store the vectors of these notes and make them searchable."""
