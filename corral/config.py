@@ -114,6 +114,12 @@ class SandboxSettings(_Part):
     run_as: str = Field("nobody", description="The unprivileged Unix user a sandboxed job runs as when root starts it and its principal has no Unix user of its own.")
     allow_hosts: list[str] = Field(default_factory=list, description="Hosts a sandboxed job without the host's network may reach, through corral's egress proxy: 'host', 'host:port' or '*.domain' (for example the facility's PyPI mirror). Empty: no way out at all.")
     pids_max: int = Field(512, ge=16, le=1_000_000, description="Most processes and threads one sandboxed job may have at once (a fork bomb stops there).")
+    dynamic_uids: tuple[int, int] = Field((61184, 65519), description="The uids a root gateway hands out, one per principal that has no Unix user (nor a sponsor with one), as systemd's DynamicUser does; never reused.")
+    seccomp: bool = Field(True, description="Whether sandboxed jobs run under corral's system-call filter (no Unix or vsock sockets, no io_uring, no new user namespaces, no keyring).")
+    unix_sockets: bool = Field(False, description="Whether sandboxed jobs may open Unix sockets (the filter refuses them by default: a namespace does not hide the host's socket files).")
+    file_max: int = Field(16 * 2**30, ge=2**20, description="The largest file a sandboxed job may write, in bytes (its output included); past it the write fails and the job is told why.")
+    tmp_max: int = Field(2 * 2**30, ge=2**20, description="The size of a sandboxed job's private /tmp, in bytes (it is memory-backed).")
+    output_max: int = Field(4 * 2**30, ge=2**20, description="The most a job of the local backend may write to its stdout and stderr together, in bytes; past it the job is stopped (FAILED) with that reason.")
 
 
 class StorageSettings(_Part):

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Sequence
 
 from . import proc
+from .seccomp import apply_argv
 from .errors import BackendError, InvalidRequest, SandboxUnavailable
 
 CREDENTIALS = (".ssh", ".aws", ".azure", ".config/gcloud", ".config/gh", ".netrc", ".docker", ".kube", ".gnupg",
@@ -87,6 +88,12 @@ class Sandbox:
     """Whether a job started by root gets a user namespace of its own, in which the
     process limit counts its processes alone (False where unprivileged user namespaces
     are off: the limit then counts every process of the job's Unix user)."""
+    seccomp: str | None = None
+    """The system-call filter every contained job runs under, as hex BPF (corral/seccomp.py)."""
+    file_max: int | None = None
+    """The largest file a contained job may write, in bytes (RLIMIT_FSIZE: its output included)."""
+    tmp_max: int | None = None
+    """The size of a contained job's private /tmp, in bytes."""
 
     def applies(self, kind: str) -> bool:
         return kind in self.kinds
@@ -96,8 +103,8 @@ class Sandbox:
         if self.applies(kind) and self.why_not:
             raise SandboxUnavailable(
                 f"jobs of {kind} principals run in a sandbox, and this gateway cannot build one: {self.why_not}",
-                hint="ask the facility's admin (the gateway's log says the same); the admin may also turn the "
-                     "sandbox off for this kind with [sandbox] kinds in corral.toml")
+                hint="ask the facility's admin to fix what the sentence names (the gateway's log says the same, "
+                     "and `corral sandbox show` prints the profile); the job runs once the gateway can build it")
 
     def owner(self, kind: str, user: str | None = None, root: bool | None = None) -> tuple[int, int] | None:
         """(uid, gid) a contained job of ``kind`` becomes, when started by root (``root``;
@@ -117,16 +124,21 @@ class Sandbox:
 
     def wrap(self, kind: str, argv: Sequence[str], cwd: str, job_dir: str | None = None,
              user: str | None = None, root: bool | None = None, readable: Sequence[str] = (),
-             limit: bool = True) -> list[str]:
+             limit: bool = True, ident: tuple[int, int] | None = None, filtered: bool = True,
+             cwd_fd: int | None = None) -> list[str]:
         """The command that runs ``argv`` contained (itself when ``kind`` is not
         sandboxed). Writable inside: ``cwd``, ``job_dir`` (the job's output) and a
         private /tmp; ``readable``: files in hidden places it must read (its script).
         ``user``, ``root``: as for ``owner``; the command must be run by whoever
-        ``root`` says. ``limit=False``: without the process limit (a sandbox host,
-        corral/sandbox_host.py, that sets each of its jobs' own)."""
+        ``root`` says; ``ident``: the (uid, gid) the job becomes instead (its identity,
+        corral/identity.py). ``limit=False``: without the process limit (a sandbox host,
+        corral/sandbox_host.py, that sets each of its jobs' own); ``filtered=False``:
+        without the system-call filter (a host, which installs it in each job);
+        ``cwd_fd``: the working directory is bound from this descriptor, which its
+        starter opened without following links (the path is where it appears inside)."""
         if not self.applies(kind):
             return list(argv)
-        who = self.owner(kind, user, root)
+        who = ident if ident is not None and (os.geteuid() == 0 if root is None else root) else self.owner(kind, user, root)
         inner = job_dir
         if who is not None and job_dir is not None:
             # The job's directory lies in corral's state, whose parents its user may not
@@ -140,7 +152,8 @@ class Sandbox:
         spaces = (["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
                   + ([] if self.network else ["--unshare-net"])) if who is not None else \
             ["--unshare-all", *(["--share-net"] if self.network else [])]
-        out = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp",
+        size = ["--size", str(self.tmp_max)] if self.tmp_max else []
+        out = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", *size, "--tmpfs", "/tmp",
                *spaces, "--die-with-parent", "--new-session"]
         own = _home_of(who[0]) if who is not None else str(Path.home())
         # emptied first (the job's own directories are bound back in after); a path gone since
@@ -165,23 +178,32 @@ class Sandbox:
                 if flag == "--tmpfs" and Path(cwd).is_relative_to(hidden) and cwd != hidden:
                     for parent in reversed(Path(cwd).relative_to(hidden).parents[:-1]):
                         out += ["--perms", "0755", "--dir", str(Path(hidden) / parent)]
-            out += ["--bind", cwd, cwd]
+            out += ["--bind-fd", str(cwd_fd), cwd] if cwd_fd is not None else ["--bind", cwd, cwd]
+            # What is hidden inside the working directory (corral's home in the project that
+            # holds it, a credential directory) is hidden again over the bind, which undid it.
+            for flag, path, *src in self._hiding(own):
+                if Path(path).is_relative_to(cwd) and path != cwd and os.path.lexists(path):
+                    out += [flag, *src, path]
         if job_dir is not None and inner is not None:
             out += ["--bind", job_dir, inner]
         out += ["--chdir", cwd]
-        prlimit = ["prlimit", f"--nproc={self.pids_max}:{self.pids_max}", "--"] if limit else []
+        fsize = [f"--fsize={self.file_max}:{self.file_max}"] if self.file_max else []
+        prlimit = ["prlimit", f"--nproc={self.pids_max}:{self.pids_max}", *fsize, "--"] if limit else []
         if self.egress and not self.network:
             url = f"http://127.0.0.1:{PORT_INSIDE}"
             out += ["--bind", self.egress, EGRESS_INSIDE]
             for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
                 out += ["--setenv", var, url]
             prlimit += ["bash", "-c", _BRIDGE, "corral-egress"]
+        if filtered and self.seccomp:  # last before the job: corral's own setup above is not bound by it
+            prlimit += apply_argv(system_python(), self.seccomp)
         if who is None:
             return [*out, "--cap-drop", "ALL", "--", *prlimit, *argv]
         # bwrap builds the namespaces as root (it reads every path it binds), then the job
         # becomes its user with no capability left, and no_new_privs (bwrap's) keeps it so;
         # `unshare --user` gives it the namespace in which its process count is its own.
-        return [*out, "--", "setpriv", f"--reuid={who[0]}", f"--regid={who[1]}", "--clear-groups", "--inh-caps=-all",
+        groups = "--init-groups" if _home_of(who[0]) is not None else "--clear-groups"  # a real user's project groups
+        return [*out, "--", "setpriv", f"--reuid={who[0]}", f"--regid={who[1]}", groups, "--inh-caps=-all",
                 "--bounding-set=-all", "--", *(["unshare", "--user", "--map-current-user", "--"] if self.own_count else []), *prlimit, *argv]
 
     def hidden_from(self, kind: str, user: str | None = None) -> list[Path]:
@@ -209,14 +231,15 @@ class Sandbox:
         return json.dumps({"kinds": sorted(self.kinds), "hide": [str(p) for p in self.hide], "network": self.network,
                            "run_as": self.run_as, "pids_max": self.pids_max, "why_not": self.why_not,
                            "homes": [str(h) for h in self.homes], "egress": self.egress,
-                           "own_count": self.own_count})
+                           "own_count": self.own_count, "seccomp": self.seccomp, "file_max": self.file_max,
+                           "tmp_max": self.tmp_max})
 
     @classmethod
     def loads(cls, text: str) -> "Sandbox":
         d = json.loads(text)
         here = lambda ps: tuple(Path(p) for p in ps if Path(p).exists())  # noqa: E731 (this node's)
         return cls(frozenset(d["kinds"]), here(d["hide"]), d["network"], d["run_as"], d["pids_max"], d["why_not"],
-                   here(d["homes"]), d["egress"], d["own_count"])
+                   here(d["homes"]), d["egress"], d["own_count"], d.get("seccomp"), d.get("file_max"), d.get("tmp_max"))
 
 
 def _home_of(uid: int) -> str | None:
@@ -242,10 +265,18 @@ def homes() -> list[Path]:
     return sorted(seen)
 
 
+def system_python() -> str:
+    """The system's Python (the gateway's own may lie in a home the sandbox hides)."""
+    return shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or "python3"
+
+
 def build(kinds: Sequence[str], extra_hide: Sequence[Path], network: bool, run_as: str | None,
-          state: Sequence[Path], pids_max: int = 512, egress: Path | None = None) -> Sandbox:
+          state: Sequence[Path], pids_max: int = 512, egress: Path | None = None, *, seccomp: bool = True,
+          unix_sockets: bool = False, file_max: int | None = None, tmp_max: int | None = None) -> Sandbox:
     """The facility's sandbox, probed once at start-up. ``state``: corral's own
-    directories (hidden from every sandboxed job; a job's own directory is bound back)."""
+    directories (hidden from every sandboxed job; a job's own directory is bound back).
+    Every hidden path is hidden where it really lies: ``/var/run/munge`` is ``/run/munge``
+    where ``/var/run`` is a link (bwrap cannot mount over a path through a link)."""
     missing = [p for p in extra_hide if not p.exists()]
     if missing:
         raise InvalidRequest(f"[sandbox] hide names {', '.join(map(str, missing))}, which does not exist",
@@ -262,8 +293,14 @@ def build(kinds: Sequence[str], extra_hide: Sequence[Path], network: bool, run_a
     hide = [Path(p) for p in SYSTEM if Path(p).exists()]
     hide += [h / c for h in homes() for c in CREDENTIALS if (h / c).exists()]
     hide += [Path(p) for p in (*state, *extra_hide) if Path(p).exists()]
+    hide = [Path(os.path.realpath(p)) for p in hide]
+    program = None
+    if seccomp and kinds:
+        from .seccomp import program as bpf
+        program = bpf(unix_sockets)
     box = Sandbox(frozenset(kinds), tuple(dict.fromkeys(hide)), network, run_as, pids_max,
-                  homes=tuple(people_homes()), egress=str(egress) if egress else None)
+                  homes=tuple(Path(os.path.realpath(h)) for h in people_homes()), egress=str(egress) if egress else None,
+                  seccomp=program, file_max=file_max, tmp_max=tmp_max)
     if not kinds:
         return box
     why = probe(box)
@@ -292,8 +329,13 @@ def probe(box: Sandbox) -> str | None:
         return f"bwrap could not start ({e})"
     if r.returncode != 0:
         err = ((r.stderr or "").strip().splitlines()[-1:] or ["no message"])[0]
-        if any(w in err.lower() for w in ("namespace", "uid map", "operation not permitted", "permission denied")):
+        if "seccomp" in err or "system-call filter" in err:
+            return f"the sandbox's system-call filter could not be installed ({err}); the kernel needs seccomp (CONFIG_SECCOMP_FILTER)"
+        if any(w in err.lower() for w in ("namespace", "uid map")):
             return (f"bwrap could not build a sandbox ({err}); allow unprivileged user namespaces "
                     "(sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0)")
+        if "can't mkdir" in err.lower() or "can't mount" in err.lower() or "no such file" in err.lower():
+            return (f"bwrap could not build a sandbox ({err}): a path the profile hides or binds cannot be mounted "
+                    "here; check [sandbox] hide and corral's home (an absolute path on a local filesystem)")
         return f"bwrap could not build a sandbox ({err})"
     return None

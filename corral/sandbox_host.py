@@ -46,6 +46,10 @@ PASS_ENV = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")
 """Set on the sandbox (its egress proxy): every task gets them, as bwrap's --setenv did."""
 HIGH_FD = 100
 CLONE_NEWUSER = 0x10000000
+DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
+"""Python ignores these, and an ignored signal stays ignored across exec: a job gets them
+back (``yes | head`` ends by SIGPIPE; a file past its size limit, by SIGXFSZ), as
+subprocess's restore_signals does."""
 IDLE_S = 60.0
 """A listening host (the local backend's) with no task and no connection this long exits."""
 
@@ -72,7 +76,23 @@ def _own_count(nproc: int) -> None:
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
 
-def _spawn(m: dict[str, Any], fds: list[int], extra: dict[str, str], nproc: int | None) -> int:
+def _filter(program: bytes) -> None:
+    """Install the sandbox's system-call filter (corral/seccomp.py) on this process."""
+    import ctypes
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = Prog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    libc = _libc()
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "the sandbox's system-call filter could not be installed")
+
+
+def _spawn(m: dict[str, Any], fds: list[int], extra: dict[str, str], nproc: int | None,
+           program: bytes | None = None) -> int:
     """Start a job; -> its pid. ``nproc``: its own process count and limit (a fork, ~1.7
     ms); None: posix_spawn (~0.7 ms), the host's limit shared by its jobs."""
     argv, env = m["argv"], {**m["env"], **extra}
@@ -87,16 +107,21 @@ def _spawn(m: dict[str, Any], fds: list[int], extra: dict[str, str], nproc: int 
                 os.environ["PATH"] = env["PATH"]
             acts: list[tuple[Any, ...]] = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0)]
             acts += [(os.POSIX_SPAWN_DUP2, f, 1 + n) for n, f in enumerate(high)]
-            return os.posix_spawnp(argv[0], argv, env, setsid=True, file_actions=acts)
+            return os.posix_spawnp(argv[0], argv, env, setsid=True, file_actions=acts, setsigdef=DEFAULT_SIGNALS)
         r, w = os.pipe()  # both close on exec: an empty read means the exec happened
         pid = os.fork()
         if pid == 0:
             try:
                 os.setsid()
+                for sig in DEFAULT_SIGNALS:
+                    signal.signal(sig, signal.SIG_DFL)
+                _libc().prctl(4, 1, 0, 0, 0)  # dumpable again (the host is not): its /proc/self is its own
                 os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
                 for n, f in enumerate(high):
                     os.dup2(f, 1 + n)
                 _own_count(nproc)
+                if program:  # after its own user namespace: the filter binds the job, not that step
+                    _filter(program)
                 os.execvpe(argv[0], argv, env)
             except BaseException as e:
                 os.write(w, str(getattr(e, "strerror", None) or e).encode())
@@ -132,11 +157,17 @@ def _sweep(keep: set[int]) -> None:
 class _Host:
     """The host's state: its connections and the tasks each started."""
 
-    def __init__(self, fd: int, listening: bool, nproc: int | None) -> None:
+    def __init__(self, fd: int, listening: bool, nproc: int | None, program: bytes | None = None) -> None:
         os.set_inheritable(fd, False)
         self.nproc = nproc
-        if nproc is not None:
+        self.program = program
+        if nproc is not None or program:
             _libc()
+        # No process of a job (the same uid) may trace this one, which holds the sockets
+        # its jobs may not open.
+        _libc().prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+        if program and nproc is None:  # its jobs are spawned, not forked: the host takes the filter first
+            _filter(program)
         self.keep = _here() | {os.getpid()}  # bwrap's init, the egress bridge, this
         self.extra = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
         self.ep = select.epoll()
@@ -193,7 +224,7 @@ class _Host:
                 _killpg(victim, m.get("signal", signal.SIGKILL))
             return
         try:
-            pid = _spawn(m, fds, self.extra, self.nproc)
+            pid = _spawn(m, fds, self.extra, self.nproc, self.program if self.nproc is not None else None)
         except OSError as e:
             self.send(cfd, {"id": m["id"], "error": f"could not start {m['argv'][0]}: {e.strerror}"})
             return
@@ -233,7 +264,8 @@ def _killpg(pid: int, sig: int = signal.SIGKILL) -> None:
 # -- outside: what a supervisor or a worker uses to reach a host ----------------------
 
 
-def command(nproc: int | None = None, listening: bool = False) -> list[str]:
+def command(nproc: int | None = None, listening: bool = False, seccomp: str | None = None,
+            fsize: int | None = None) -> list[str]:
     """The host's command, to be wrapped in the sandbox; ``{fd}``: its socket's number.
     ``nproc``: each job gets a process count and limit of its own (wrap the host without
     one); else its jobs share the host's. The Python is the system's (the gateway's own
@@ -244,7 +276,8 @@ def command(nproc: int | None = None, listening: bool = False) -> list[str]:
     with open(__file__) as f:
         source = f.read()
     return [python, "-I", "-S", "-c", source, "{fd}", *(["--nproc", str(nproc)] if nproc else []),
-            *(["--listen"] if listening else [])]
+            *(["--listen"] if listening else []), *(["--seccomp", seccomp] if seccomp else []),
+            *(["--fsize", str(fsize)] if fsize else [])]
 
 
 def outside_pids(root: int, inner: dict[int, int]) -> dict[int, int]:
@@ -267,11 +300,12 @@ def outside_pids(root: int, inner: dict[int, int]) -> dict[int, int]:
     return found
 
 
-def connect(path: str, argv: list[str], log: str) -> tuple[socket.socket, int | None]:
+def connect(path: str, argv: list[str], log: str, keep: tuple[int, ...] = ()) -> tuple[socket.socket, int | None]:
     """A connection to the listening host at ``path``, built first if none answers
     (it outlives its builder and serves every later job of its key, until idle for
     ``IDLE_S``). ``argv``: the wrapped host command, with ``{fd}`` for the
-    listening socket. Under a lock, so that two supervisors build one host.
+    listening socket; ``keep``: descriptors its bwrap needs (a working directory bound
+    by descriptor). Under a lock, so that two supervisors build one host.
     -> (the connection, the host's bwrap pid outside, if known)."""
     import fcntl
     import subprocess
@@ -300,7 +334,7 @@ def connect(path: str, argv: list[str], log: str) -> tuple[socket.socket, int | 
         listener.listen(128)
         fd = listener.fileno()
         with open(log, "ab") as err:
-            child = subprocess.Popen([str(fd) if a == "{fd}" else a for a in argv], pass_fds=(fd,),
+            child = subprocess.Popen([str(fd) if a == "{fd}" else a for a in argv], pass_fds=(fd, *keep),
                                      stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True)
         listener.close()
         with open(path + ".pid", "w") as f:
@@ -312,7 +346,11 @@ def connect(path: str, argv: list[str], log: str) -> tuple[socket.socket, int | 
 def main(argv: list[str]) -> None:
     """FD [--nproc N] [--listen]"""
     nproc = int(argv[argv.index("--nproc") + 1]) if "--nproc" in argv else None
-    _Host(int(argv[0]), "--listen" in argv, nproc).serve()
+    program = bytes.fromhex(argv[argv.index("--seccomp") + 1]) if "--seccomp" in argv else None
+    if "--fsize" in argv:  # the largest file a job may write: inherited by every job started here
+        fsize = int(argv[argv.index("--fsize") + 1])
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+    _Host(int(argv[0]), "--listen" in argv, nproc, program).serve()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from .config import Settings
 from .db import Database
 from .errors import InvalidRequest
 from .egress import Egress
+from .identity import Identities
 from .sandbox import Sandbox, build
 from .service import Service
 from .storage.verbs import scratch_dir
@@ -41,6 +42,7 @@ def setup_logging(settings: Settings) -> None:
     stream.setFormatter(fmt)
     filelog = logging.handlers.RotatingFileHandler(settings.home / "gateway.log", maxBytes=10_000_000, backupCount=3)
     filelog.setFormatter(fmt)
+    os.chmod(settings.home / "gateway.log", 0o600)  # it names jobs, principals and paths
     root.addHandler(stream)
     root.addHandler(filelog)
 
@@ -55,7 +57,8 @@ def _sandbox(settings: Settings, state: list[Path]) -> tuple[Sandbox, Egress | N
     egress = Egress(settings.home / "egress", sb.allow_hosts) if sb.allow_hosts and sb.kinds and not sb.network \
         else None
     sandbox = build(sb.kinds, sb.hide, sb.network, sb.run_as, [settings.home, settings.db_path.parent, *state],
-                    sb.pids_max, egress.socket if egress else None)
+                    sb.pids_max, egress.socket if egress else None, seccomp=sb.seccomp, unix_sockets=sb.unix_sockets,
+                    file_max=sb.file_max, tmp_max=sb.tmp_max)
     if sandbox.why_not:
         log.error("sandbox: %s; jobs of %s will be refused until it is fixed or [sandbox] kinds is changed",
                   sandbox.why_not, ", ".join(sorted(sandbox.kinds)))
@@ -72,12 +75,42 @@ def build_service(settings: Settings, clock: Clock | None = None) -> Service:
         s = settings.slurm
         jobs = s.jobs_dir or settings.home / "slurm" / "jobs"
         sandbox, egress = _sandbox(settings, [Path(jobs)])
+        identities = Identities(settings.home / "identities.json", *settings.sandbox.dynamic_uids)
         backend = SlurmBackend(jobs, s.conf, s.agent_nice, s.agent_qos, s.timeout_s, s.poll_s, sandbox=sandbox)
-        return Service(settings, db, backend, clock=clock, sandbox=sandbox, egress=egress)
+        backend.identities = identities
+        service = Service(settings, db, backend, clock=clock, sandbox=sandbox, egress=egress, identities=identities)
+        service.private_state = [Path(jobs), scratch_dir(settings.storage, settings.home)]
+        make_private(settings.home)
+        return service
     sandbox, egress = _sandbox(settings, [])
+    identities = Identities(settings.home / "identities.json", *settings.sandbox.dynamic_uids)
     backend = LocalBackend(settings.home / "local", settings.local_cpus, settings.local_memory_mb,
-                           settings.local_max_walltime_s, sandbox)
-    return Service(settings, db, backend, clock=clock, sandbox=sandbox, egress=egress)
+                           settings.local_max_walltime_s, sandbox, identities=identities,
+                           output_max=settings.sandbox.output_max)
+    service = Service(settings, db, backend, clock=clock, sandbox=sandbox, egress=egress, identities=identities)
+    service.private_state = [scratch_dir(settings.storage, settings.home)]
+    make_private(settings.home)
+    return service
+
+
+SHARED = ("slurm", "fastlane", "images", "envbuild", "egress")
+"""Directories of the home that jobs' own users reach by name (a Slurm job's script, a
+fast-lane worker's pool, an image, the egress socket): each keeps the modes its owner set."""
+
+
+def make_private(home: Path) -> None:
+    """corral's state is its own: the home 0711 (nothing in it can be listed; the
+    directories of ``SHARED`` are reached by name), every other directory in it 0700 and
+    every file 0600. Its database, keys, tokens, audit and guarded copies are read by no
+    one else, whoever runs the gateway."""
+    os.chmod(home, 0o711)
+    for p in home.iterdir():
+        if p.is_symlink() or p.name in SHARED:
+            continue
+        if p.is_file():
+            os.chmod(p, 0o600)
+        elif p.is_dir():
+            os.chmod(p, 0o700)
 
 
 def port_taken(host: str, port: int) -> str | None:

@@ -43,6 +43,8 @@ from .safety.audit import Audit, AuditLog
 from .safety.credentials import Credentials
 from .safety.gate import Gate, budgets, job_resource, job_text
 from .sandbox import Sandbox
+from . import workdirs
+from .identity import Identities
 from .storage.verbs import StorageVerbs
 
 if TYPE_CHECKING:
@@ -54,9 +56,14 @@ MAX_BATCH = 1000
 
 class Service:
     def __init__(self, settings: Settings, db: Database, backend: Backend, metrics: Metrics | None = None,
-                 clock: Clock | None = None, sandbox: Sandbox | None = None, egress: "Egress | None" = None) -> None:
+                 clock: Clock | None = None, sandbox: Sandbox | None = None, egress: "Egress | None" = None,
+                 identities: Identities | None = None) -> None:
         self.settings = settings
         self.sandbox = sandbox
+        self.identities = identities
+        """Who each principal's jobs run as (corral/identity.py), where the gateway assigns it."""
+        self.private_state: list[Path] = []
+        """corral's directories beside its home (the scheduler's job directories, scratch): no job works there."""
         """What contains jobs (the backends and the fast lane apply it); None: nothing is contained."""
         self.egress = egress
         """The sandbox's egress proxy, when the facility allows some hosts; closed with the gateway."""
@@ -97,7 +104,7 @@ class Service:
 
             pilots = Pilots(settings.fastlane, db, self.lanes.batch, self.sender)
             self.lanes.add(FastLane(settings.fastlane, settings.home / "fastlane", settings.default_lane,
-                                    settings.tick_s, db, self.lanes.batch, pilots, self.progress, sandbox))
+                                    settings.tick_s, db, self.lanes.batch, pilots, self.progress, sandbox, identities))
         self.reconciler = Reconciler(db, self.lanes, self.sender, self.progress, self.metrics, settings.tick_s,
                                      settings.max_backoff_s)
         self.jobctl = JobControl(db, self.lanes, self.gate, self.audit, self.reconciler)
@@ -156,7 +163,7 @@ class Service:
         distinct = {t: specs[i] for t, i in first.items()}
         if any(self.storage.applies(s) for s in distinct.values()):  # its image and workspace found
             distinct = await asyncio.to_thread(self._resolve, caller, distinct, first, where)
-        default = await asyncio.to_thread(self._preflight, {first[t]: s for t, s in distinct.items()}, where)
+        default = await asyncio.to_thread(self._preflight, {first[t]: s for t, s in distinct.items()}, where, caller)
         rule = "default"
         for t, s in distinct.items():
             with _prefixed(where(first[t])):
@@ -211,6 +218,16 @@ class Service:
                            "a retry must send the same body", hint="use a new key for a new request")
         return earlier
 
+    def _check_workdir(self, caller: Caller, workdir: str) -> None:
+        p = caller.principal
+        kind = p.kind.value
+        contained = self.sandbox is not None and self.sandbox.applies(kind)
+        ident = self.identities.of(p.name, p.unix_user, p.is_admin, contained, kind == "service") \
+            if self.identities else None
+        hidden = self.sandbox.hidden_from(kind, p.unix_user) if contained and self.sandbox is not None else []
+        state = [self.settings.home, self.settings.db_path.parent, *self.private_state]
+        workdirs.check(workdir, ident, state, hidden)
+
     def _default_partition(self) -> str:
         try:
             parts = self.lanes.batch.partitions()
@@ -226,8 +243,9 @@ class Service:
                 out[t] = self.storage.resolve(caller, s)
         return out
 
-    def _preflight(self, specs: dict[int, JobSpec], where: Any) -> str:
-        """In a thread: workdirs are looked at on disk, and the first preflight reads the
+    def _preflight(self, specs: dict[int, JobSpec], where: Any, caller: Caller | None = None) -> str:
+        """In a thread: workdirs are looked at on disk (and checked as the job's identity
+        would use them: corral/workdirs.py), and the first preflight reads the
         cluster's limits (a slow controller must not stall every other request).
         -> the default partition (one thread hop for both: a single submission is hot)."""
         for i, spec in specs.items():
@@ -238,6 +256,8 @@ class Service:
                         raise InvalidRequest(f"workdir {spec.workdir!r} must be an absolute path")
                     if not wd.is_dir():
                         raise InvalidRequest(f"workdir {spec.workdir!r} does not exist; create it or pick another")
+                    if caller is not None and not spec.workspace:  # a workspace's view is corral's own making
+                        self._check_workdir(caller, spec.workdir)
                 try:
                     self.lanes.batch.preflight(spec)
                 except BackendError as e:

@@ -44,6 +44,8 @@ class SubmitContext:
     session: str | None = None
     unix_user: str | None = None
     account: str | None = None
+    admin: bool = False
+    """The principal is an admin (the bootstrapped admin's uncontained work runs as the gateway's user)."""
     after: str | None = None
     """The scheduler's dependency ("afterok:12:13,afterany:14"), on a backend that takes
     them (``Backend.dependencies``); corral holds every other dependent job itself."""

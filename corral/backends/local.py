@@ -1,13 +1,17 @@
 """The embedded default backend: jobs are real processes on this machine.
 
-Each job gets a directory ``ROOT/jobs/<id>/`` holding ``launch.json`` (what to
-run), ``stdout``/``stderr``, ``running.json`` (written by the job's supervisor,
-``local_runner``, when it starts) and ``result.json`` (its last act). The
-directory *is* the state, so the backend rebuilds its queue from disk after a
-gateway restart and jobs keep running meanwhile. Jobs that do not fit the free
-CPU slots and memory wait in FIFO order, first fit. Jobs run as the gateway's Unix
-user, but for sandboxed ones started by a root gateway (corral/sandbox.py): they run
-as their principal's Unix user, or the sandbox's unprivileged one.
+Each job gets a directory ``ROOT/jobs/<id>/`` that is corral's alone (0700, the
+gateway's): ``launch.json`` (what to run), ``stdout``/``stderr`` (handed to the job as
+file descriptors, never reopened by a path the job could change), ``script`` (the
+same), ``running.json`` (written by the job's supervisor, ``local_runner``, when it
+starts) and ``result.json`` (its last act). No job sees it: a job without a working
+directory gets ``work/`` inside it, owned by the job's identity and bound alone into
+its sandbox, and corral reads nothing from there. So nothing a job writes is parsed as
+corral's state (docs/decisions/0010-privsep.md). The directory *is* the state, so the
+backend rebuilds its queue from disk after a gateway restart and jobs keep running
+meanwhile. Jobs that do not fit the free CPU slots and memory wait in FIFO order,
+first fit. Under a root gateway each job runs as its principal's identity
+(corral/identity.py); under any other, as the gateway's user.
 """
 
 from __future__ import annotations
@@ -33,7 +37,26 @@ from . import CONTROLS, BackendStatus, OutputPaths, Partition, SubmitContext, Us
 from .local_runner import write_json
 
 if TYPE_CHECKING:
+    from ..identity import Identities
     from ..sandbox import Sandbox
+
+SCRIPT = "/dev/fd/3"
+"""A job's script, as the job finds it: a file descriptor its supervisor opened."""
+WORKDIR_FD = 7
+"""The job's working directory, opened by its supervisor without following links and
+bound into the sandbox by descriptor (bwrap --bind-fd): a link swapped in meanwhile is
+never followed."""
+JOB_DIR = "/tmp/corral-job"
+
+
+def _write_private(path: Path, data: bytes, mode: int) -> None:
+    """A new file of corral's, never through a link."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    try:
+        os.write(fd, data)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +92,20 @@ class LocalBackend:
     dependencies = False  # corral holds dependent jobs itself (control/dependencies.py)
 
     def __init__(self, root: Path, cpus: int, memory_mb: int, max_walltime_s: int = 7 * 86400,
-                 sandbox: "Sandbox | None" = None) -> None:
+                 sandbox: "Sandbox | None" = None, identities: "Identities | None" = None,
+                 output_max: int | None = None) -> None:
         # Absolute: supervisors run with the job directory as their cwd.
         self.root = Path(root).resolve()
         self.jobs_dir = self.root / "jobs"
         self.hosts_dir = self.root / "sandboxes"
         """Built sandboxes' sockets and logs (corral/sandbox_host.py), in corral's hidden state."""
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)
+        os.chmod(self.jobs_dir, 0o700)
+        self.identities = identities
+        """Who each job runs as (corral/identity.py); None: the sandbox's own rule (tests)."""
+        self.output_max = output_max
+        """The most a job may write to its stdout and stderr together (its supervisor stops it past that)."""
         self.cpus = cpus
         self.memory_mb = memory_mb
         self.max_walltime_s = max_walltime_s
@@ -97,50 +127,75 @@ class LocalBackend:
         with self._lock:
             if (d / "launch.json").exists():
                 return bid  # idempotent: a retried submit after a crash
-            d.mkdir(parents=True, exist_ok=True)
+            # Corral's own: no job ever sees or writes this directory (its state, output, script).
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            contained = self.sandbox is not None and self.sandbox.applies(ctx.kind)
+            ident = self.identities.of(ctx.principal, ctx.unix_user, ctx.admin, contained, ctx.kind == "service") \
+                if self.identities is not None else None
+            reads: list[str] = []
             if spec.script:
                 script = d / "script"
-                script.write_text(spec.script)
-                argv = [str(script)] if spec.script.startswith("#!") else ["bash", str(script)]
-                if spec.script.startswith("#!"):
-                    script.chmod(0o700)
+                _write_private(script, spec.script.encode(), 0o755)  # read through its fd: d stays closed
+                reads = [str(script)]
+                argv = [SCRIPT] if spec.script.startswith("#!") else ["bash", SCRIPT]
             else:
                 argv = ["bash", "-c", spec.command or ""]
             env = base_env()
+            if ident is not None:  # who it is, not who the gateway is
+                env.update({"USER": ident.user, "LOGNAME": ident.user})
+                env.pop("HOME", None)
+                if ident.home:
+                    env["HOME"] = ident.home
             env.update(spec.env)
             env.update({"CORRAL_JOB_ID": bid, "CORRAL_PRINCIPAL": ctx.principal, "CORRAL_SESSION": ctx.session or ""})
-            cwd = spec.workdir or str(d)
-            host = None
+            work = d / "work"
             traced = bool(spec.labels.get(META_LABEL))
+            own: str | None = None  # the job's own writable directory, when it needs one
+            if not spec.workdir or traced:
+                work.mkdir(mode=0o700, exist_ok=True)
+                own = str(work)
+                if ident is not None:
+                    os.chown(work, *ident.pair)
+                elif contained and self.sandbox is not None:
+                    who = self.sandbox.owner(ctx.kind, ctx.unix_user)
+                    if who is not None:
+                        os.chown(work, *who)
+            cwd = spec.workdir or str(work)
+            if ident is not None and "HOME" not in env:
+                env["HOME"] = (JOB_DIR if contained else str(work)) if own else cwd
+            host = None
             if traced:  # sampled: its metadata calls counted (storage/meta.py), so wrapped alone
-                argv = meta.traced(argv, str(d))
-            if self.sandbox is not None and self.sandbox.applies(ctx.kind) and spec.workdir and not traced:
-                host, argv = self._host(ctx, argv, cwd, d)
-            elif self.sandbox is not None:
-                argv = self.sandbox.wrap(ctx.kind, argv, cwd, str(d), ctx.unix_user)
-                who = self.sandbox.owner(ctx.kind, ctx.unix_user)
-                if who is not None:  # the job's user writes its own directory
-                    for p in (d, *d.iterdir()):
-                        os.chown(p, *who)
+                argv = meta.traced(argv, str(work))
+            fd = WORKDIR_FD if spec.workdir else None
+            pair = ident.pair if ident is not None else None
+            if contained and self.sandbox is not None and spec.workdir and not traced:
+                host, argv = self._host(ctx, argv, cwd, pair, reads)
+            elif contained and self.sandbox is not None:
+                argv = self.sandbox.wrap(ctx.kind, argv, cwd, own, ctx.unix_user, ident=pair, cwd_fd=fd)
             launch: dict[str, object] = {
                 "host": host,
                 "argv": argv,
                 "cwd": cwd,
+                "workdir": spec.workdir,
+                "reads": reads,
+                "identity": None if ident is None or contained else list(ident.pair) + [not ident.dynamic, ident.user],
                 "env": env,
                 "cpus": spec.cpus,
                 "memory_mb": spec.memory_mb,
                 "walltime_s": spec.walltime_s,
+                "output_max": self.output_max,
                 "principal": ctx.principal,
                 "session": ctx.session,
             }
-            (d / "stdout").touch()
-            (d / "stderr").touch()
+            for name in ("stdout", "stderr"):
+                _write_private(d / name, b"", 0o600)
             write_json(d / "launch.json", launch)
             self._queue[bid] = (spec.cpus, spec.memory_mb)
             self._schedule()
         return bid
 
-    def _host(self, ctx: SubmitContext, argv: list[str], cwd: str, d: Path) -> tuple[dict[str, Any], list[str]]:
+    def _host(self, ctx: SubmitContext, argv: list[str], cwd: str, ident: tuple[int, int] | None,
+              reads: list[str]) -> tuple[dict[str, Any], list[str]]:
         """A contained job with a working directory starts in the sandbox built for its
         (kind, user, principal, directory), shared with the principal's other jobs there
         (corral/sandbox_host.py): ~1 ms instead of ~14 ms per job. Its output files and
@@ -149,18 +204,16 @@ class LocalBackend:
         # setsid waits on it, as the parent it dies with: it outlives the supervisor that
         # built it, and killing that one process (its pid is kept beside the socket) ends it.
         wrapped = ["setsid", "--fork", "--wait", *self.sandbox.wrap(
-            ctx.kind, sandbox_host.command(self.sandbox.pids_max, listening=True), cwd, None, ctx.unix_user, limit=False)]
+            ctx.kind, sandbox_host.command(self.sandbox.pids_max, listening=True, seccomp=self.sandbox.seccomp,
+                                 fsize=self.sandbox.file_max),
+            cwd, None, ctx.unix_user, limit=False, ident=ident, filtered=False, cwd_fd=WORKDIR_FD)]
         key = hashlib.sha256(json.dumps([ctx.principal, wrapped]).encode()).hexdigest()[:20]
         self.hosts_dir.mkdir(mode=0o700, exist_ok=True)
-        reads = [a for a in argv if a == str(d / "script")]
-        who = self.sandbox.owner(ctx.kind, ctx.unix_user)
-        if who is not None:
-            for f in reads:  # run from its fd: by its user, with its mode (0700)
-                os.chown(f, *who)
+        d = self.jobs_dir / str(ctx.job_id)
         # Relative to the supervisor's directory (the job's): a socket's path has at most 107 bytes.
         sock = os.path.relpath(self.hosts_dir / f"{key}.sock", d)
         host = {"socket": sock, "argv": wrapped, "log": str(self.hosts_dir / f"{key}.log"), "reads": reads}
-        return host, ["/dev/fd/3" if a in reads else a for a in argv]
+        return host, argv
 
     def status(self, backend_ids: Sequence[str]) -> dict[str, BackendStatus]:
         with self._lock:

@@ -73,9 +73,30 @@ def trees_rss_mb(pids: list[int]) -> dict[int, float]:
     return out
 
 
+def open_dir(path: str) -> int:
+    """``path``, a directory, opened one component at a time without following a link
+    (what ``openat2(RESOLVE_NO_SYMLINKS)`` does): a link an agent swapped in after the
+    gateway checked the path is refused, never followed by this root process."""
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY)
+    try:
+        for part in Path(path).parts[1:]:
+            nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+WORKDIR_FD = 7
+SCRIPT_FD = 3
+
+
 def main(job_dir: str) -> int:
     d = Path(job_dir)
     launch = json.loads((d / "launch.json").read_text())
+    os.umask(0o022)  # the job's files get the usual modes, whatever corral's own umask is
     # A SIGTERM is remembered at any time, and interrupts the wait only while
     # waiting, so it never cuts the writing of a result short.
     term = {"pending": False, "armed": False}
@@ -105,15 +126,28 @@ def main(job_dir: str) -> int:
         write_json(d / "result.json", {"state": "CANCELLED", "exit_code": None, "reason": "cancelled before start",
                                        "start_time": None, "end_time": start})
         return 0
-    with open(d / "stdout", "ab") as out, open(d / "stderr", "ab") as err:
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW
+    with open(os.open(d / "stdout", flags), "ab") as out, open(os.open(d / "stderr", flags), "ab") as err:
         try:
+            if launch.get("workdir"):
+                try:
+                    wfd = open_dir(launch["workdir"])
+                except OSError as e:
+                    raise OSError(e.errno, f"its working directory {launch['workdir']} cannot be opened without "
+                                  f"following a link ({e.strerror}); it changed since it was checked") from None
+                os.dup2(wfd, WORKDIR_FD)
+                os.close(wfd)
             child: Child = Hosted(launch, out.fileno(), err.fileno()) if launch.get("host") else Popened(
-                subprocess.Popen(launch["argv"], cwd=launch["cwd"], env=launch["env"], stdin=subprocess.DEVNULL,
-                                 stdout=out, stderr=err, process_group=0))
+                _popen(launch, out, err))
         except OSError as e:
-            write_json(d / "result.json", {"state": "FAILED", "exit_code": 127, "reason": f"could not start: {e}",
+            write_json(d / "result.json", {"state": "FAILED", "exit_code": 127, "reason": f"could not start: {e.strerror or e}",
                                            "start_time": start, "end_time": time.time()})
             return 0
+        finally:
+            try:
+                os.close(WORKDIR_FD)
+            except OSError:
+                pass
     held["child"] = child
     write_json(d / "running.json", {"pid": os.getpid(), "child": child.pid, "start_time": start})
 
@@ -140,10 +174,14 @@ def main(job_dir: str) -> int:
                 raise Cancelled()
             rss = child.rss_mb()
             peak = max(peak, rss)
+            written = _written(d)
             if time.time() >= deadline:
                 state, reason = "TIMEOUT", f"killed after its walltime of {launch['walltime_s']}s"
             elif rss > mem_limit:
                 state, reason = "OUT_OF_MEMORY", f"killed for using more than its {mem_limit}M of memory"
+            elif launch.get("output_max") and written > launch["output_max"]:
+                state, reason = "FAILED", (f"stopped after writing {written} bytes of output, over the facility's "
+                                           f"limit of {launch['output_max']}; write large results to files instead")
         except Cancelled:
             state, reason = "CANCELLED", "cancelled by request"
         term["armed"] = False
@@ -156,6 +194,9 @@ def main(job_dir: str) -> int:
     if state is None:
         if rc == 0:
             state = "COMPLETED"
+        elif rc == -signal.SIGXFSZ or rc == 128 + signal.SIGXFSZ:
+            state, reason = "FAILED", ("a file it wrote reached the facility's size limit for one file "
+                                       "([sandbox] file_max); write smaller files")
         elif rc < 0:
             name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
             state, reason = "FAILED", f"killed by signal {name}"
@@ -167,6 +208,44 @@ def main(job_dir: str) -> int:
                                    "start_time": start, "end_time": end, "cpu_s": cpu_s,
                                    "max_rss_mb": round(max(peak, rss_mb or 0.0), 1)})
     return 0
+
+
+def _written(d: Path) -> int:
+    """What the job wrote to its output so far (files only corral can reach)."""
+    try:
+        return sum(os.stat(d / n, follow_symlinks=False).st_size for n in ("stdout", "stderr"))
+    except OSError:
+        return 0
+
+
+def _popen(launch: dict[str, Any], out: Any, err: Any) -> "subprocess.Popen[bytes]":
+    """Start a job that runs here (not in a built sandbox): its script as fd 3, its
+    working directory entered through the descriptor opened for it, and, when it is
+    not contained but runs as someone else, that identity set before it runs."""
+    reads = [os.open(f, os.O_RDONLY | os.O_NOFOLLOW) for f in launch.get("reads") or []]
+    workdir = bool(launch.get("workdir"))
+
+    def prepare() -> None:  # in the child, after its identity is set: as that identity
+        for n, f in enumerate(reads):
+            os.dup2(f, SCRIPT_FD + n)
+        if workdir:
+            os.fchdir(WORKDIR_FD)
+
+    ident = launch.get("identity")
+    who: dict[str, Any] = {}
+    if ident:
+        uid, gid, real, name = ident
+        groups = os.getgrouplist(name, gid) if real else []
+        who = {"user": uid, "group": gid, "extra_groups": groups}
+    try:
+        # fds stay open across exec only where dup2 put them (3: the script; 7: the working
+        # directory, for bwrap's --bind-fd): every other descriptor here is close-on-exec.
+        return subprocess.Popen(launch["argv"], cwd=None if workdir else launch["cwd"], env=launch["env"],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=err, process_group=0,
+                                close_fds=False, preexec_fn=prepare, **who)
+    finally:
+        for f in reads:
+            os.close(f)
 
 
 def stop(child: "Child") -> int:
@@ -248,10 +327,11 @@ class Hosted:
         host = launch["host"]
         fds = [out, err]
         for f in host["reads"]:
-            fds.append(os.open(f, os.O_RDONLY))
+            fds.append(os.open(f, os.O_RDONLY | os.O_NOFOLLOW))
+        keep = (WORKDIR_FD,) if launch.get("workdir") else ()
         try:
             for attempt in range(2):  # a host that exited as we connected: built anew, once
-                self.conn, self.root = connect(host["socket"], host["argv"], host["log"])
+                self.conn, self.root = connect(host["socket"], host["argv"], host["log"], keep)
                 self.conn.settimeout(30)  # a sandbox that never answers fails the job; it does not hang it
                 socket.send_fds(self.conn, [json.dumps({"id": 0, "argv": launch["argv"], "env": launch["env"]}).encode()],
                                 fds)

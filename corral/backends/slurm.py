@@ -36,6 +36,7 @@ import secrets
 import shlex
 import shutil
 import signal as _signal
+import stat
 import sys
 import time
 from pathlib import Path
@@ -49,6 +50,7 @@ from . import CONTROLS, BackendStatus, OutputPaths, Partition, SubmitContext, Us
 from .slurm_vocab import STATES, _epoch, _expand, _kv, _read_epoch, parse_exit, parse_slurm_time, translate
 
 if TYPE_CHECKING:
+    from ..identity import Identities
     from ..sandbox import Sandbox
 
 log = logging.getLogger(__name__)
@@ -140,24 +142,26 @@ class SlurmBackend:
         d = self.jobs_dir / str(ctx.job_id)
         recorded = d / "backend_id"
         if recorded.exists():
-            return recorded.read_text().strip()
+            return read_small(recorded).strip()
         if (d / "job.sh").exists():  # written before a crash or a failed sbatch: was it submitted?
-            found = self._find_submitted(job_name(ctx, spec), (d / "nonce").read_text().strip())
+            found = self._find_submitted(job_name(ctx, spec), read_small(d / "nonce").strip())
             if found:
                 recorded.write_text(found)
                 self._index(found, d)
                 return found
         d.mkdir(parents=True, exist_ok=True)
+        d.chmod(0o711)  # jobs' users reach their own files by name; nobody lists another's
         if not (d / "nonce").exists():
             # Job ids restart with every corral install: the nonce tells this job from
             # another install's job of the same name.
             (d / "nonce").write_text(secrets.token_hex(8))
-        (d / "stdout").touch()
-        (d / "stderr").touch()
+        for name in ("stdout", "stderr"):
+            (d / name).touch()
+            (d / name).chmod(0o600)
         if spec.script:
             (d / "script").write_text(spec.script)
             (d / "script").chmod(0o700)
-        (d / "job.sh").write_text(self.render(ctx, spec, d, (d / "nonce").read_text().strip()))
+        (d / "job.sh").write_text(self.render(ctx, spec, d, read_small(d / "nonce").strip()))
         argv = ["sbatch", "--parsable"]
         user = self._run_as(ctx, d)
         if user:
@@ -180,7 +184,7 @@ class SlurmBackend:
             elif not self._indexed:  # directories of jobs submitted before the index existed: once
                 self._indexed = True
                 for rec in self.jobs_dir.glob("*/backend_id"):
-                    self._dirs.setdefault(rec.read_text().strip(), rec.parent)
+                    self._dirs.setdefault(read_small(rec).strip(), rec.parent)
                 d = self._dirs.get(backend_id)
         return d
 
@@ -236,19 +240,29 @@ class SlurmBackend:
         work = ([str(d / "script")] if spec.script.startswith("#!") else ["bash", str(d / "script")]) \
             if spec.script else None
         if spec.labels.get(META_LABEL):  # sampled: its metadata calls counted (storage/meta.py)
-            work = meta.traced(work or ["bash", "-c", spec.command or ""], str(d))
+            work = meta.traced(work or ["bash", "-c", spec.command or ""], str(d / "work"))
         sandbox = self.sandbox if self.sandbox is not None and self.sandbox.applies(ctx.kind) else None
         contained = sandbox is not None
         if sandbox is not None:
             # The script runs as the principal's Unix user (sbatch --uid), else as the
             # gateway's: when that is root, the sandbox makes the work someone else.
+            # The contained work gets a directory of its own, d/work: d itself (markers,
+            # output, the record of its Slurm id) stays corral's, so nothing the work
+            # writes is read back as corral's state (docs/decisions/0010-privsep.md).
             root = os.geteuid() == 0 and not ctx.unix_user
-            who = sandbox.owner(ctx.kind, ctx.unix_user, root)
+            ident = self.identities.of(ctx.principal, ctx.unix_user, ctx.admin, True) \
+                if root and self.identities is not None else None
+            who = ident.pair if ident is not None else sandbox.owner(ctx.kind, ctx.unix_user, root)
+            own = d / "work"
+            own.mkdir(exist_ok=True)
             if who is not None:
-                for path in (d, *(d / n for n in ("script",) if (d / n).exists())):
+                for path in (own, *(d / n for n in ("script",) if (d / n).exists())):
                     os.chown(path, *who)
+            work = [str(own) if a == str(d) else a for a in (work or [])] or None
             lines.append(shlex.join(sandbox.wrap(ctx.kind, work or ["bash", "-c", spec.command or ""],
-                                                 spec.workdir or str(d), str(d), ctx.unix_user, root)))
+                                                 spec.workdir or str(own), str(own), ctx.unix_user, root,
+                                                 readable=[str(d / "script")] if spec.script else (),
+                                                 ident=who if ident is not None else None)))
         elif work:
             lines.append(shlex.join(work))
         else:
@@ -295,7 +309,7 @@ class SlurmBackend:
         if d is None:
             return None
         try:
-            code = int((d / "ended").read_text().strip())
+            code = int(read_small(d / "ended").strip())
         except (OSError, ValueError):
             return None
         if code > 128:
@@ -376,16 +390,23 @@ class SlurmBackend:
         """Whether this job was sent with a Slurm dependency (its job.sh says so)."""
         d = self._dir_of(backend_id)
         try:
-            return d is not None and "#SBATCH --dependency=" in (d / "job.sh").read_text()
+            return d is not None and "#SBATCH --dependency=" in read_small(d / "job.sh", 1 << 20)
         except OSError:
             return False
 
     def _stderr_says_oom(self, backend_id: str) -> bool:
         d = self._dir_of(backend_id)
-        if d is None or not (d / "stderr").exists():
+        if d is None:
             return False
-        with open(d / "stderr", "rb") as f:
-            f.seek(max(0, (d / "stderr").stat().st_size - 4096))
+        try:  # a job of a Unix user writes its own directory: never through a link
+            fd = os.open(d / "stderr", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return False
+        with open(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return False
+            f.seek(max(0, st.st_size - 4096))
             return bool(_OOM_MARK.search(f.read()))
 
     def cancel(self, backend_ids: Sequence[str]) -> None:
@@ -572,6 +593,9 @@ class SlurmBackend:
                     return jid.strip()
         return None
 
+    identities: "Identities | None" = None
+    """Who a contained job of a principal without a Unix user runs as (corral/identity.py)."""
+
     def _run_as(self, ctx: SubmitContext, d: Path) -> tuple[int, int] | None:
         if not ctx.unix_user or os.geteuid() != 0:
             return None
@@ -582,6 +606,17 @@ class SlurmBackend:
         for path in (d, d / "stdout", d / "stderr", *([d / "script"] if (d / "script").exists() else [])):
             shutil.chown(path, pw.pw_uid, pw.pw_gid)
         return pw.pw_uid, pw.pw_gid
+
+
+def read_small(path: Path, limit: int = 4096) -> str:
+    """A small file of a job's directory, read by the gateway: where the job's own Unix
+    user writes that directory, never through a link and never more than ``limit``
+    bytes; OSError if it is not a plain file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a plain file")
+        return f.read(limit).decode(errors="replace")
 
 
 __all__ = ["SlurmBackend", "STATES", "translate", "parse_exit", "parse_slurm_time"]

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 def context(job: Job, p: Principal) -> SubmitContext:
-    return SubmitContext(job.id, p.name, p.kind.value, p.sponsor, job.session, p.unix_user, p.account)
+    return SubmitContext(job.id, p.name, p.kind.value, p.sponsor, job.session, p.unix_user, p.account, admin=p.is_admin)
 
 
 class Sender:

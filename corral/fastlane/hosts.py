@@ -31,19 +31,22 @@ if TYPE_CHECKING:
 
 IDLE_S = 30.0
 MAX_HOSTS = 64
-Key = tuple[str, str | None, str | None, str]
+Key = tuple[str, str | None, str | None, str, tuple[int, int] | None]
+"""(kind, Unix user, principal, working directory, the identity its tasks run as)."""
 
 
 class Host:
     """One built sandbox and the host program inside it."""
 
     def __init__(self, sandbox: "Sandbox", key: Key, log: Path) -> None:
-        kind, user, _, workdir = key
+        kind, user, _, workdir, ident = key
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # A task's message carries its env (at most 128 KiB) and command (64 KiB).
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
         fd = str(theirs.fileno())
-        argv = [fd if a == "{fd}" else a for a in sandbox.wrap(kind, command(), workdir, None, user)]
+        # The host takes the system-call filter itself (its tasks are spawned: corral/seccomp.py).
+        argv = [fd if a == "{fd}" else a for a in sandbox.wrap(kind, command(seccomp=sandbox.seccomp, fsize=sandbox.file_max), workdir, None, user,
+                                                               ident=ident, filtered=False)]
         self.log = log
         try:
             self.proc = proc.spawn(argv, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, stdout=log,

@@ -39,6 +39,7 @@ from .pool import Allocations, Pool, PoolConfig, PoolKey, Reports, Shape, Task
 
 if TYPE_CHECKING:
     from ..db import Database
+    from ..identity import Identities
     from ..sandbox import Sandbox
 
 log = logging.getLogger("corral.fastlane")
@@ -72,10 +73,12 @@ class FastLane:
 
     def __init__(self, settings: FastLaneSettings, default_dir: Path, default_lane: str, tick_s: float,
                  db: "Database", batch: BackendLane, allocations: Allocations, reports: Reports,
-                 sandbox: "Sandbox | None" = None) -> None:
+                 sandbox: "Sandbox | None" = None, identities: "Identities | None" = None) -> None:
         # Dask logs every worker and client at INFO: the gateway's log is for its operators.
         logging.getLogger("distributed").setLevel(logging.WARNING)
         self.settings = settings
+        self.identities = identities
+        """Who a contained task runs as (corral/identity.py): the same identity on every lane."""
         self.default_lane, self.tick_s = default_lane, tick_s
         self.db = db
         self.batch = batch
@@ -259,7 +262,9 @@ class FastLane:
             task["image"] = [spec.labels[IMAGE_FILE], spec.labels[IMAGE_AT]]
         if self.sandbox is not None and self.sandbox.applies(ctx.kind):
             # The worker wraps it (corral/sandbox.py), as who it runs as decides how.
+            ident = self.identities.of(ctx.principal, ctx.unix_user, ctx.admin, True) if self.identities else None
             task["contain"] = {"kind": ctx.kind, "user": ctx.unix_user, "principal": ctx.principal,
+                               "ident": list(ident.pair) if ident is not None else None,
                                "readable": [str(pool.dir / f"{ctx.job_id}.sh")] if spec.script else []}
         pool.enqueue(Task(ctx.job_id, task, idempotent=bool(spec.idempotent)))
         return bid

@@ -270,7 +270,7 @@ class Launcher:
         argv = argv_for(command)
         try:
             # The child opens its own output files: the (GIL-bound) worker does not.
-            pid = os.posix_spawn(argv[0], argv, env, setsid=True,
+            pid = os.posix_spawn(argv[0], argv, env, setsid=True, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
                                  file_actions=[(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
                                                (os.POSIX_SPAWN_OPEN, 1, f"{d}/{jid}.out", _OUT, 0o644),
                                                (os.POSIX_SPAWN_OPEN, 2, f"{d}/{jid}.err", _OUT, 0o644)])
@@ -295,8 +295,9 @@ class Launcher:
         argv = contained_argv_for(s["command"])
         fds: list[int] = []
         try:
+            ident = contain.get("ident")
             host, new = self._hosts.get((contain["kind"], contain["user"], contain.get("principal"),
-                                         s.get("workdir") or "/tmp"), d)
+                                         s.get("workdir") or "/tmp", tuple(ident) if ident else None), d)
             if new:
                 ep.register(host.fileno(), select.EPOLLIN)
             fds = [os.open(f"{d}/{jid}.out", _OUT, 0o644), os.open(f"{d}/{jid}.err", _OUT, 0o644)]

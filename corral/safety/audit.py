@@ -86,7 +86,7 @@ class AuditLog:
                 body = json.dumps({"seq": seq, "ts": now, **record}, separators=(",", ":"), sort_keys=True, default=str)
                 mac = self._sign(mac, body)
                 lines.append(f"{mac} {body}\n")
-            with open(self.path, "a", encoding="utf-8") as f:
+            with open(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a", encoding="utf-8") as f:
                 f.write("".join(lines))
             self.seq, self.mac = seq, mac
             return seq, mac

@@ -19,6 +19,7 @@ its progress (a crash between the two) is cut back before the next append.
 
 from __future__ import annotations
 
+import os
 import json
 import re
 import threading
@@ -124,8 +125,10 @@ class OutputGuard:
         before = _tail_text(copy, prog.size)
         found = _injection(before + clean)
         out = clean.encode()
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        with open(copy, "ab") as f:
+        if not copy.parent.is_dir():  # corral's own copies: private, whoever else runs on the machine
+            copy.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(self.root, 0o700)
+        with open(os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as f:
             f.truncate(prog.size)  # what a crash left past the recorded end
             f.seek(prog.size)
             f.write(out)

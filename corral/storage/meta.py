@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -72,17 +73,35 @@ def count(lines: Iterable[str], shared: Sequence[str]) -> tuple[int, int, dict[s
 
 
 def read(job_dir: Path, shared: Sequence[str]) -> tuple[int, int, dict[str, int]] | None:
-    """A finished job's counts from its traces; None if it was not traced."""
-    d = job_dir / DIR
-    files = sorted(d.glob("trace*")) if d.is_dir() else []
-    if not files:
+    """A finished job's counts from its traces; None if it was not traced. The traces lie
+    where the job could write (its own ``work/`` on the local backend), so they are
+    opened without following a link, and only regular files are read: a trace the job
+    swapped for a link to someone's file is skipped, never followed by this root process."""
+    d = job_dir / "work" / DIR if (job_dir / "work").is_dir() else job_dir / DIR
+    try:
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
         return None
-    total = on_shared = 0
-    by: dict[str, int] = {}
-    for f in files:
-        with open(f, encoding="utf-8", errors="replace") as fh:
-            t, s, b = count(fh, shared)
-        total, on_shared = total + t, on_shared + s
-        for k, v in b.items():
-            by[k] = by.get(k, 0) + v
-    return total, on_shared, by
+    try:
+        names = sorted(n for n in os.listdir(dfd) if n.startswith("trace"))
+        if not names:
+            return None
+        total = on_shared = 0
+        by: dict[str, int] = {}
+        for name in names:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+            except OSError:
+                continue
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                continue
+            with open(fd, encoding="utf-8", errors="replace") as fh:
+                t, s, b = count(fh, shared)
+            total, on_shared = total + t, on_shared + s
+            for k, v in b.items():
+                by[k] = by.get(k, 0) + v
+        return total, on_shared, by
+    finally:
+        os.close(dfd)
+

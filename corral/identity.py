@@ -1,0 +1,132 @@
+"""Who a job runs as: one identity per side of the facility, never a shared one.
+
+A gateway run as root starts every job as someone else (docs/decisions/0010-privsep.md):
+
+- a principal with a Unix user runs as that user (an agent created without one took its
+  sponsor's at creation: it works in its human's project, and what it writes there
+  belongs to that human);
+- a principal with neither gets a **dynamic identity**: a uid of its own from
+  ``[sandbox] dynamic_uids`` (as systemd's ``DynamicUser=``), allocated on its first job,
+  recorded in corral's private state and never handed to anyone else, so two agents
+  never share a uid and none shares ``nobody``;
+- an admin with no Unix user, and corral's own service principals (an image build
+  writes corral's image store), run as the gateway's own user unless their kind is
+  contained;
+- nobody runs as root: a principal whose Unix user is root is refused.
+
+A gateway not run as root cannot change identity: every job is the gateway's user
+(a researcher's own gateway), kept apart by the sandbox alone.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pwd
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import InvalidRequest
+
+DEFAULT_RANGE = (61184, 65519)
+"""systemd's range for dynamic users: outside what distributions give people and services."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    uid: int
+    gid: int
+    user: str
+    """The name the job sees in ``USER`` (its Unix user's, or its principal's)."""
+    home: str | None
+    """Its Unix user's home, if it has one (a dynamic identity has none)."""
+    dynamic: bool = False
+
+    @property
+    def pair(self) -> tuple[int, int]:
+        return self.uid, self.gid
+
+    def describe(self) -> str:
+        if self.dynamic:
+            return f"dynamic uid {self.uid} (its principal has no Unix user)"
+        return f"Unix user {self.user} (uid {self.uid})"
+
+
+class Identities:
+    """The facility's identities, as this gateway assigns them. ``path``: the record of
+    dynamic uids (corral's private state, 0600)."""
+
+    def __init__(self, path: Path, first: int = DEFAULT_RANGE[0], last: int = DEFAULT_RANGE[1],
+                 root: bool | None = None) -> None:
+        self.path = Path(path)
+        self.first, self.last = first, last
+        self.root = os.geteuid() == 0 if root is None else root
+        self._lock = threading.Lock()
+
+    def of(self, principal: str, unix_user: str | None, admin: bool = False, contained: bool = False,
+           service: bool = False) -> Identity | None:
+        """The identity ``principal``'s jobs run as; None: the gateway's own (it is not
+        root, or this is an admin's or corral's own service principals' uncontained work:
+        an image build writes corral's image store)."""
+        if not self.root:
+            return None
+        if unix_user:
+            try:
+                u = pwd.getpwnam(unix_user)
+            except KeyError:
+                raise InvalidRequest(f"principal {principal!r} runs as the Unix user {unix_user!r}, who does not exist on "
+                                     "this machine", hint="the admin must create that user or change the principal's "
+                                     "unix_user") from None
+            if u.pw_uid == 0:
+                raise InvalidRequest(f"principal {principal!r} names the Unix user {unix_user!r}, who is root: corral "
+                                     "never runs a job as root", hint="give the principal an unprivileged Unix user")
+            return Identity(u.pw_uid, u.pw_gid, u.pw_name, u.pw_dir)
+        if (admin or service) and not contained:
+            return None
+        uid = self._dynamic(principal)
+        return Identity(uid, uid, principal, None, dynamic=True)
+
+    def known(self) -> dict[str, int]:
+        """principal -> dynamic uid, as recorded."""
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        return {str(k): int(v) for k, v in data.get("uids", {}).items()}
+
+    def _dynamic(self, principal: str) -> int:
+        """Its uid, allocated once: the next never given out and not in the password file.
+        A uid is never handed out twice (the record only grows), so files a former
+        principal left behind never become another's."""
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    data = json.loads(self.path.read_text())
+                except FileNotFoundError:
+                    data = {"next": self.first, "uids": {}}
+                uids: dict[str, int] = data["uids"]
+                if principal in uids:
+                    return int(uids[principal])
+                uid = int(data["next"])
+                taken = {u.pw_uid for u in pwd.getpwall()}
+                while uid in taken or uid in uids.values():
+                    uid += 1
+                if uid > self.last:
+                    raise InvalidRequest(f"no dynamic uid is left in {self.first}-{self.last} for {principal!r}",
+                                         hint="the admin must widen [sandbox] dynamic_uids or give principals Unix users")
+                uids[principal] = uid
+                data["next"] = uid + 1
+                tmp = self.path.with_suffix(".tmp")
+                with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as f:
+                    json.dump(data, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.path)
+                return uid
+            finally:
+                os.close(fd)

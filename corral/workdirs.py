@@ -1,0 +1,90 @@
+"""Which working directories a job may have: checked as the job's identity would use it.
+
+A job's working directory is bound read-write into its sandbox over the read-only host
+(corral/sandbox.py), so the directory an agent names decides what the job can change.
+It must be a directory the job's identity may write (its project), and none of:
+
+- a system tree (``/``, ``/proc``, ``/sys``, ``/dev``, ``/run``, ``/etc``, ``/usr``,
+  ``/boot``, ``/var`` and its shared spools, ``/dev/shm``, ``/tmp``, ``/var/tmp``: places
+  many parties share, or whose bind would undo the sandbox's own mounts);
+- a home's root (``/home/alice`` itself: a project lies below it);
+- corral's state, or inside it (another job's directory, a sandbox's socket);
+- a path the profile hides, or inside one (credentials, munge, Slurm's state).
+
+A directory that *holds* something hidden (a project with corral's home in it) is
+allowed: the sandbox hides that again over the bind. The path is resolved first, so a
+link cannot name one thing here and another when it is bound; the supervisor then opens
+it without following links (corral/backends/local_runner.py), so a link swapped in
+later is refused rather than followed.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+from pathlib import Path
+from typing import Iterable
+
+from .errors import InvalidRequest
+from .identity import Identity
+
+SYSTEM = ("/", "/proc", "/sys", "/dev", "/run", "/etc", "/usr", "/boot", "/bin", "/sbin", "/lib", "/lib64",
+          "/var", "/var/spool", "/var/lib", "/var/log", "/var/run", "/dev/shm", "/tmp", "/var/tmp", "/home", "/root",
+          "/opt", "/srv", "/mnt", "/media")
+"""Never a job's working directory; those marked as trees, nothing below them either."""
+TREES = ("/proc", "/sys", "/dev", "/run", "/etc", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib64")
+
+
+def _homes() -> set[str]:
+    return {os.path.realpath(u.pw_dir) for u in pwd.getpwall() if u.pw_dir not in ("", "/", "/nonexistent")}
+
+
+def check(workdir: str, identity: Identity | None, state: Iterable[Path], hidden: Iterable[Path]) -> str:
+    """-> the resolved working directory, or raise InvalidRequest naming the rule and what
+    to do. ``identity``: who the job runs as (None: the gateway's own user)."""
+    real = os.path.realpath(workdir)
+    p = Path(real)
+    what = f"workdir {workdir!r}" + (f" (that is {real})" if real != workdir else "")
+    todo = "pick your project's directory (or a subdirectory of it) with --workdir"
+    if real in SYSTEM or any(p.is_relative_to(t) for t in TREES):
+        raise InvalidRequest(f"{what} is a system directory that many share; a job may not work there", hint=todo)
+    if real in _homes():
+        raise InvalidRequest(f"{what} is a home directory itself; a job works in a project below it", hint=todo)
+    for s in state:
+        s = Path(os.path.realpath(s))
+        if p == s or p.is_relative_to(s):
+            raise InvalidRequest(f"{what} lies in corral's own state, where no job may work", hint=todo)
+    for h in hidden:
+        h = Path(os.path.realpath(h))
+        if p == h or p.is_relative_to(h):
+            raise InvalidRequest(f"{what} lies in {h}, which the facility hides from jobs", hint=todo)
+    try:
+        st = os.stat(real)
+    except OSError as e:
+        raise InvalidRequest(f"{what} cannot be read ({e.strerror})", hint=todo) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise InvalidRequest(f"{what} is not a directory", hint=todo)
+    if identity is not None and not writable(st, identity):
+        raise InvalidRequest(
+            f"{what} is not writable by the identity this job runs as, {identity.describe()}",
+            hint=("give the principal (or its sponsor) a Unix user that owns the project, make the directory "
+                  "writable by that identity, or pick a directory it may write") if identity.dynamic else
+                 f"pick a directory {identity.user} may write, or make this one writable by {identity.user}")
+    return real
+
+
+def writable(st: os.stat_result, identity: Identity) -> bool:
+    """Whether ``identity`` may create files in a directory of ``st`` (search and write),
+    by its owner, its groups and the mode, as the kernel would decide it (ACLs aside)."""
+    if st.st_uid == identity.uid:
+        return st.st_mode & 0o300 == 0o300
+    groups = {identity.gid}
+    if not identity.dynamic:
+        try:
+            groups |= set(os.getgrouplist(identity.user, identity.gid))
+        except OSError:
+            pass
+    if st.st_gid in groups:
+        return st.st_mode & 0o030 == 0o030
+    return st.st_mode & 0o003 == 0o003
