@@ -254,8 +254,9 @@ def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[
         spec["command"] = command[0] if len(command) == 1 else shlex.join(command)
     else:
         spec["script"] = script_file.read()
-    if not spec.get("workspace"):
-        spec.setdefault("workdir", os.getcwd())
+    defaulted = not spec.get("workspace") and "workdir" not in spec
+    if defaulted:
+        spec["workdir"] = os.getcwd()
     env = {} if clean_env else {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
     env.update(_parse_kv(env_pairs, "--env"))
     if env:
@@ -275,7 +276,19 @@ def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[
         ids = [j["id"] for j in batch["jobs"]]
         o.out(batch, lambda r: f"submitted {len(ids)} jobs ({ids[0]}..{ids[-1]}) of array {array}")
         return
-    job = o.client.submit(spec, idempotency_key)
+    try:
+        job = o.client.submit(spec, idempotency_key)
+    except InvalidRequest as e:
+        from .workdirs import NOT_WRITABLE
+
+        if not defaulted or NOT_WRITABLE not in e.message:
+            raise
+        # As Slurm does when a job cannot enter its submit directory: it runs elsewhere
+        # (its own directory) and you are told, rather than refused.
+        print(f"corral: {e.message}; the job runs in its own directory instead (--workdir DIR to choose one)",
+              file=sys.stderr)
+        del spec["workdir"]
+        job = o.client.submit(spec, idempotency_key)
     if wait_s is not None:
         job = o.client.wait(job["id"], wait_s)
     def human(j: dict[str, Any]) -> str:

@@ -223,7 +223,7 @@ class Sandbox:
         out: list[tuple[str, ...]] = [("--tmpfs", str(h)) for h in others]
         for p in self.hide:
             if not any(p.is_relative_to(h) for h in others):  # already gone with its home
-                out.append(("--tmpfs", str(p)) if p.is_dir() else ("--ro-bind", str(p), "/dev/null"))
+                out.append(("--tmpfs", str(p)) if os.path.isdir(p) else ("--ro-bind", str(p), "/dev/null"))
         return out
 
     def dumps(self) -> str:
@@ -237,7 +237,7 @@ class Sandbox:
     @classmethod
     def loads(cls, text: str) -> "Sandbox":
         d = json.loads(text)
-        here = lambda ps: tuple(Path(p) for p in ps if Path(p).exists())  # noqa: E731 (this node's)
+        here = lambda ps: tuple(Path(p) for p in ps if os.path.exists(p))  # noqa: E731 (this node's)
         return cls(frozenset(d["kinds"]), here(d["hide"]), d["network"], d["run_as"], d["pids_max"], d["why_not"],
                    here(d["homes"]), d["egress"], d["own_count"], d.get("seccomp"), d.get("file_max"), d.get("tmp_max"))
 
@@ -253,14 +253,14 @@ def people_homes() -> list[Path]:
     """Homes of people (uid 1000 and up, or under /home), each hidden from others' jobs."""
     return sorted({Path(u.pw_dir) for u in pwd.getpwall()
                    if (u.pw_uid >= 1000 or u.pw_dir.startswith("/home/")) and u.pw_uid != 65534
-                   and Path(u.pw_dir).is_dir() and Path(u.pw_dir) != Path("/")})
+                   and os.path.isdir(u.pw_dir) and Path(u.pw_dir) != Path("/")})
 
 
 def homes() -> list[Path]:
     """Every home directory a job could read: the gateway user's and the password file's."""
     seen = {Path.home()}
     for u in pwd.getpwall():
-        if u.pw_dir and u.pw_dir not in ("/", "/nonexistent") and Path(u.pw_dir).is_dir():
+        if u.pw_dir and u.pw_dir not in ("/", "/nonexistent") and os.path.isdir(u.pw_dir):
             seen.add(Path(u.pw_dir))
     return sorted(seen)
 
@@ -277,7 +277,7 @@ def build(kinds: Sequence[str], extra_hide: Sequence[Path], network: bool, run_a
     directories (hidden from every sandboxed job; a job's own directory is bound back).
     Every hidden path is hidden where it really lies: ``/var/run/munge`` is ``/run/munge``
     where ``/var/run`` is a link (bwrap cannot mount over a path through a link)."""
-    missing = [p for p in extra_hide if not p.exists()]
+    missing = [p for p in extra_hide if not os.path.lexists(p)]
     if missing:
         raise InvalidRequest(f"[sandbox] hide names {', '.join(map(str, missing))}, which does not exist",
                              hint="fix the path or remove it from corral.toml")
@@ -290,9 +290,11 @@ def build(kinds: Sequence[str], extra_hide: Sequence[Path], network: bool, run_a
         if uid == 0:
             raise InvalidRequest(f"[sandbox] run_as names {run_as!r}, who is root: a contained job is never root",
                                  hint="name an unprivileged user (the default is 'nobody')")
-    hide = [Path(p) for p in SYSTEM if Path(p).exists()]
-    hide += [h / c for h in homes() for c in CREDENTIALS if (h / c).exists()]
-    hide += [Path(p) for p in (*state, *extra_hide) if Path(p).exists()]
+    # A path this process cannot even look at (a gateway run by a service account, before
+    # root's 0700 home) is beyond its jobs too, who are that account: nothing to hide.
+    hide = [Path(p) for p in SYSTEM if os.path.exists(p)]
+    hide += [h / c for h in homes() for c in CREDENTIALS if os.path.exists(h / c)]
+    hide += [Path(p) for p in (*state, *extra_hide) if os.path.exists(p)]
     hide = [Path(os.path.realpath(p)) for p in hide]
     program = None
     if seccomp and kinds:

@@ -33,6 +33,8 @@ SYSTEM = ("/", "/proc", "/sys", "/dev", "/run", "/etc", "/usr", "/boot", "/bin",
           "/var", "/var/spool", "/var/lib", "/var/log", "/var/run", "/dev/shm", "/tmp", "/var/tmp", "/home", "/root",
           "/opt", "/srv", "/mnt", "/media")
 """Never a job's working directory; those marked as trees, nothing below them either."""
+NOT_WRITABLE = "is not writable by the identity this job runs as"
+"""How a refusal for an unwritable working directory reads (the CLI recognises it)."""
 TREES = ("/proc", "/sys", "/dev", "/run", "/etc", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib64")
 
 
@@ -67,7 +69,7 @@ def check(workdir: str, identity: Identity | None, state: Iterable[Path], hidden
         raise InvalidRequest(f"{what} is not a directory", hint=todo)
     if identity is not None and not writable(st, identity):
         raise InvalidRequest(
-            f"{what} is not writable by the identity this job runs as, {identity.describe()}",
+            f"{what} {NOT_WRITABLE}, {identity.describe()}",
             hint=("give the principal (or its sponsor) a Unix user that owns the project, make the directory "
                   "writable by that identity, or pick a directory it may write") if identity.dynamic else
                  f"pick a directory {identity.user} may write, or make this one writable by {identity.user}")

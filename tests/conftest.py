@@ -67,7 +67,7 @@ class Gateway:
              "--cpus", str(self.cpus)],
             env=self.env(), stdout=log, stderr=log, cwd=self.home.parent,
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # a loaded machine starts a gateway slowly
         while time.monotonic() < deadline:
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
