@@ -434,7 +434,7 @@ def principal() -> None:
 @click.argument("name")
 @click.option("--kind", type=click.Choice(["human", "agent", "service"]), required=True, help="What acts: a person, an AI agent, or a service.")
 @click.option("--sponsor", help="For agents: the human who answers for it.")
-@click.option("--unix-user", help="Unix user its jobs run as (Slurm backend).")
+@click.option("--unix-user", help="Unix user its jobs run as (under a root gateway; an agent without one works as its sponsor's, and a principal with neither gets a uid of its own).")
 @click.option("--account", help="Scheduler account its jobs are charged to.")
 @click.option("--admin", is_flag=True, help="Make this human an admin.")
 @click.pass_obj
