@@ -218,13 +218,16 @@ class Service:
                            "a retry must send the same body", hint="use a new key for a new request")
         return earlier
 
-    def _check_workdir(self, caller: Caller, workdir: str) -> None:
+    def _check_workdir(self, caller: Caller, workdir: str, only_writable: bool = False) -> None:
         p = caller.principal
         kind = p.kind.value
         contained = self.sandbox is not None and self.sandbox.applies(kind)
         ident = self.identities.of(p.name, p.unix_user, p.is_admin, contained, kind == "service") \
             if self.identities else None
         hidden = self.sandbox.hidden_from(kind, p.unix_user) if contained and self.sandbox is not None else []
+        if only_writable:
+            workdirs.check_writable(workdir, ident)
+            return
         state = [self.settings.home, self.settings.db_path.parent, *self.private_state]
         workdirs.check(workdir, ident, state, hidden)
 
@@ -256,8 +259,8 @@ class Service:
                         raise InvalidRequest(f"workdir {spec.workdir!r} must be an absolute path")
                     if not wd.is_dir():
                         raise InvalidRequest(f"workdir {spec.workdir!r} does not exist; create it or pick another")
-                    if caller is not None and not spec.workspace:  # a workspace's view is corral's own making
-                        self._check_workdir(caller, spec.workdir)
+                    if caller is not None:  # a workspace's view is corral's own making: only who may write it
+                        self._check_workdir(caller, spec.workdir, only_writable=bool(spec.workspace))
                 try:
                     self.lanes.batch.preflight(spec)
                 except BackendError as e:

@@ -67,13 +67,28 @@ def check(workdir: str, identity: Identity | None, state: Iterable[Path], hidden
         raise InvalidRequest(f"{what} cannot be read ({e.strerror})", hint=todo) from None
     if not stat.S_ISDIR(st.st_mode):
         raise InvalidRequest(f"{what} is not a directory", hint=todo)
+    _writable_or_refuse(what, st, identity)
+    return real
+
+
+def check_writable(workdir: str, identity: Identity | None) -> None:
+    """Only whether the job's identity may write ``workdir`` (a trial workspace's merged
+    view, which corral made): a job that cannot write there is refused, not run to a
+    COMPLETED whose every write failed."""
+    try:
+        st = os.stat(workdir)
+    except OSError as e:
+        raise InvalidRequest(f"workdir {workdir!r} cannot be read ({e.strerror})") from None
+    _writable_or_refuse(f"workdir {workdir!r}", st, identity)
+
+
+def _writable_or_refuse(what: str, st: os.stat_result, identity: Identity | None) -> None:
     if identity is not None and not writable(st, identity):
         raise InvalidRequest(
             f"{what} {NOT_WRITABLE}, {identity.describe()}",
             hint=("give the principal (or its sponsor) a Unix user that owns the project, make the directory "
                   "writable by that identity, or pick a directory it may write") if identity.dynamic else
                  f"pick a directory {identity.user} may write, or make this one writable by {identity.user}")
-    return real
 
 
 def writable(st: os.stat_result, identity: Identity) -> bool:

@@ -266,6 +266,12 @@ class FastLane:
             task["contain"] = {"kind": ctx.kind, "user": ctx.unix_user, "principal": ctx.principal,
                                "ident": list(ident.pair) if ident is not None else None,
                                "readable": [str(pool.dir / f"{ctx.job_id}.sh")] if spec.script else []}
+        elif self.identities is not None and not ctx.unix_user:
+            # Not contained (a person), with no Unix user of its own: its dynamic identity,
+            # which a root worker becomes for this task, never the worker's own.
+            who = self.identities.of(ctx.principal, None, ctx.admin, False, ctx.kind == "service")
+            if who is not None:
+                task["ident"] = list(who.pair)
         pool.enqueue(Task(ctx.job_id, task, idempotent=bool(spec.idempotent)))
         return bid
 

@@ -268,6 +268,8 @@ class Launcher:
         if s.get("workdir"):  # posix_spawn cannot chdir: the shell does
             command = f"cd {shlex.quote(s['workdir'])} && {command}"
         argv = argv_for(command)
+        if s.get("ident") and os.geteuid() == 0:
+            return self._start_as(s, batch, i, ep, argv, env, gpus, start)
         try:
             # The child opens its own output files: the (GIL-bound) worker does not.
             pid = os.posix_spawn(argv[0], argv, env, setsid=True, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
@@ -278,6 +280,42 @@ class Launcher:
             # The error names the program even when it was an output file that failed.
             self._not_started(s, batch, i, gpus, start, f"could not start {argv[0]} (output in {d}): {e.strerror}")
             return None
+        self._began(s, start)
+        self._pids.add(pid)
+        pidfd = os.pidfd_open(pid)
+        ep.register(pidfd, select.EPOLLIN)
+        return _Running(s, batch, i, pid, pidfd, start, gpus)
+
+    def _start_as(self, s: dict[str, Any], batch: _Batch, i: int, ep: select.epoll, argv: list[str],
+                  env: dict[str, str], gpus: list[str], start: float) -> _Running | None:
+        """A person's task with no Unix user, on a root worker: it becomes that person's
+        identity (corral/identity.py) before it runs, never the worker's root. A fork,
+        since posix_spawn cannot change identity."""
+        d, jid = s["dir"], s["job_id"]
+        uid, gid = s["ident"]
+        try:
+            out = os.open(f"{d}/{jid}.out", _OUT | os.O_NOFOLLOW, 0o600)
+            err = os.open(f"{d}/{jid}.err", _OUT | os.O_NOFOLLOW, 0o600)
+        except OSError as e:
+            self._not_started(s, batch, i, gpus, start, f"could not open its output in {d}: {e.strerror}")
+            return None
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child)
+            try:
+                os.setsid()
+                for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+                    signal.signal(sig, signal.SIG_DFL)
+                os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
+                os.dup2(out, 1)
+                os.dup2(err, 2)
+                os.setgroups([])
+                os.setresgid(gid, gid, gid)
+                os.setresuid(uid, uid, uid)
+                os.execvpe(argv[0], argv, env)
+            finally:
+                os._exit(127)
+        os.close(out)
+        os.close(err)
         self._began(s, start)
         self._pids.add(pid)
         pidfd = os.pidfd_open(pid)
