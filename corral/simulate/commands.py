@@ -58,30 +58,39 @@ def _json_errors(ctx: click.Context) -> None:
               help="Seconds between backfill passes (0: at every event, as AccaSim does).")
 @click.option("--backfill-depth", type=int, default=500, show_default=True, help="Jobs a backfill pass looks at.")
 @click.option("--policies", "policy_names", default=",".join(POLICIES), show_default=True,
-              help="Which of plain, corral, ban to compare.")
+              help="Which of plain, corral (the gateway today), corral-new (with the co-design levers), ban.")
 @click.option("--cedar", type=click.Path(path_type=Path), help="The facility's Cedar policy (default: corral's).")
 @click.option("--corral-without", "corral_without", default="",
-              help="Run corral without some of its parts, to see what each buys: view, fast, cache, policy, nice.")
+              help="Run corral without some of its parts, to see what each buys: view, fast, cache, policy, nice, "
+                   "and corral-new's levers preempt, predict, cap.")
+@click.option("--guarantee", type=float, default=0.0, show_default=True,
+              help="corral-new: share of a partition's cores agents' jobs get without preemption.")
+@click.option("--reserve", type=float, default=0.02, show_default=True,
+              help="corral-new: share of a partition's cores preemptible jobs leave idle for people's next jobs.")
+@click.option("--walltime-margin", type=float, default=2.0, show_default=True,
+              help="corral-new: the walltime asked is the predicted runtime times this.")
 @click.option("--agent-tier", type=int, default=0, show_default=True,
               help="QOS tier of agents' batch jobs through corral: 0 people's, 1 a lower QOS (slurm.agent_qos).")
 @click.option("--sweep", "sweep_text", default=None, is_flag=False, flag_value=SWEEP_DEFAULT,
-              help=f"Also sweep the agents' share (plain and corral); alone: {SWEEP_DEFAULT}.")
+              help=f"Also sweep the agents' share (the policies compared); alone: {SWEEP_DEFAULT}.")
 @click.option("--html", "html_out", type=click.Path(path_type=Path), help="Also write a self-contained HTML report.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.pass_context
 def simulate(ctx: click.Context, trace: Path | None, facility: str | None, days: float, seed: int, people: int,
              load: float, agent_share: float, agent_loops: float, agent_think: float, agent_poll: float,
              scheduler: str, backfill_interval: float, backfill_depth: int, policy_names: str, cedar: Path | None,
-             corral_without: str, agent_tier: int, sweep_text: str | None, html_out: Path | None,
-             as_json: bool) -> None:
+             corral_without: str, guarantee: float, reserve: float, walltime_margin: float, agent_tier: int,
+             sweep_text: str | None, html_out: Path | None, as_json: bool) -> None:
     """Simulate a facility with agents as ordinary users, through corral, and banned.
 
     \b
-    The same people's jobs run three times: agents as ordinary users (each polls
-    squeue, tiny jobs wait in the queue), agents through corral (one shared view,
-    the fast lane, agents' nice, the Cedar policy, the result cache), and no agents.
-    Reported per policy: people's wait and bounded slowdown, agents' loop latency,
-    utilisation, the controller's RPC rate, busy share and command latency.
+    The same people's jobs run under each policy: agents as ordinary users (each polls
+    squeue, tiny jobs wait in the queue), agents through corral as the gateway is today
+    (one shared view, the fast lane, agents' nice, the Cedar policy, the result cache),
+    corral-new (the same, with agents' work beyond a guaranteed share preemptible,
+    walltimes from outcome memory, a size cap that follows people's demand), and no
+    agents. Reported per policy: people's wait, agents' loop latency and results per
+    hour, utilisation and work lost to requeues, the controller's RPC rate and load.
 
     \b
     Examples:
@@ -109,7 +118,8 @@ def simulate(ctx: click.Context, trace: Path | None, facility: str | None, days:
     agents = AgentModel(share=agent_share, loops=agent_loops, think_s=agent_think, poll_s=agent_poll)
     sc = scenario.build(trace, facility, days, seed, agents, PeopleModel(people=people, load=load),
                         SchedConfig(scheduler, backfill_interval, backfill_depth), cedar=cedar, agent_tier=agent_tier,
-                        corral_off=frozenset(x.strip() for x in corral_without.split(",") if x.strip()))
+                        corral_off=frozenset(x.strip() for x in corral_without.split(",") if x.strip()),
+                        guarantee=guarantee, reserve=reserve, margin=walltime_margin)
     err = Console(stderr=True)
     show = sys.stderr.isatty() and not as_json
     result = _with_progress(err, show, sc, names, shares)
@@ -132,7 +142,7 @@ def _with_progress(err: Any, show: bool, sc: Any, names: tuple[str, ...], shares
     from . import scenario
 
     total = sc.days * 86400
-    runs = len(names) + (len(shares) * 2 if shares else 0)
+    runs = len(names) + (len(shares) * len(names) if shares else 0)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("day {task.fields[day]:.0f}"),
                   TimeElapsedColumn(), console=err, disable=not show, transient=True) as bar:
         task = bar.add_task("simulating", total=runs * total, day=0)
@@ -146,7 +156,7 @@ def _with_progress(err: Any, show: bool, sc: Any, names: tuple[str, ...], shares
 
         result = scenario.compare(sc, names, tick)
         if shares:
-            result["sweep"] = scenario.sweep(sc, shares, progress=tick)
+            result["sweep"] = scenario.sweep(sc, shares, names, progress=tick)
     return result
 
 

@@ -16,6 +16,14 @@ and either ends (by its limit) before the reservation or uses only what the head
 will not need then. As in Slurm, the backfill pass may run at every event
 (``backfill_interval_s = 0``, as AccaSim does) or every so often (Slurm's default 30 s,
 with a depth of ``backfill_depth`` jobs: bf_max_job_test).
+
+Preemption (``preemption``, Slurm's ``PreemptType=preempt/qos`` with
+``PreemptMode=REQUEUE``): a job marked preemptible (an agent's opportunistic work) runs
+in whatever is free, whatever a reservation says; a job that is not preemptible and
+would start if the preemptible jobs were not there preempts them, youngest first (the
+least work lost), and they go back to the queue to start over. The work they had done
+is counted lost (``lost_core_s``). A job whose runtime exceeds its limit ends at the
+limit (TIMEOUT), as Slurm ends it; the policy decides what follows.
 """
 
 from __future__ import annotations
@@ -47,11 +55,18 @@ class SchedConfig:
     nice_age_s: float = 604.8
     """Seconds of queue age one point of nice is worth (PriorityMaxAge 7-0 over
     PriorityWeightAge 1000)."""
+    preemption: bool = False
+    """Jobs that are not preemptible requeue preemptible ones to start (preempt/qos, REQUEUE)."""
+    reserve: float = 0.0
+    """Share of a partition's cores preemptible jobs leave idle, so that the next jobs
+    that are not preemptible start without requeuing anything (a GrpTRES limit on the
+    preemptible QOS that follows what is free)."""
 
 
 class Partition:
     __slots__ = ("index", "name", "cores", "gpus", "mem", "free_c", "free_g", "free_m", "queue", "ends",
-                 "max_limit", "busy_core_s", "touched", "dirty", "blocked", "reserved")
+                 "max_limit", "busy_core_s", "touched", "dirty", "blocked", "reserved",
+                 "pre_c", "pre_g", "pre_m", "pre_run", "people_c", "reserve_c")
 
     def __init__(self, index: int, name: str, cores: int, gpus: int, mem: int, max_limit: float) -> None:
         self.index, self.name = index, name
@@ -67,6 +82,14 @@ class Partition:
         """Something ended or arrived since the last backfill pass."""
         self.blocked: SimJob | None = None  # accasim-easy's state
         self.reserved = math.inf
+        self.pre_c = self.pre_g = self.pre_m = 0
+        """What running preemptible jobs hold: free to a job that may preempt them."""
+        self.pre_run: dict[int, SimJob] = {}
+        """Running preemptible jobs, oldest first (dicts keep insertion order)."""
+        self.people_c = 0
+        self.reserve_c = 0
+        """Cores people's jobs ask for here, queued or running: their demand (fast-lane
+        pilots and agents' jobs not counted), which a demand-following cap reads."""
 
 
 class Engine:
@@ -98,6 +121,14 @@ class Engine:
         """Jobs the controller holds (pending and running batch jobs): a query's cost."""
         self.held_max = 0
         self.rejected = 0
+        self.preempt = self.easy and not self.accasim and sched.preemption
+        for p in self.parts:
+            p.reserve_c = int(p.cores * sched.reserve) if self.preempt else 0
+        self.preemptions = 0
+        self.lost_core_s = 0.0
+        """Core-seconds preempted jobs had run before they were requeued: work done twice."""
+        self.on_preempt: Callable[[SimJob], None] | None = None
+        self.on_bucket: Callable[[float], None] | None = None
         self.live = 0
         """Events that are not periodic ticks: when none is left, the run is over."""
 
@@ -133,7 +164,7 @@ class Engine:
                 if kind < BACKFILL:
                     self.live -= 1
                 if kind == END:
-                    if obj.state == RUNNING:
+                    if obj.state == RUNNING and obj.end_at == t:  # else preempted since, or finished early
                         self._end(obj)
                 elif kind == ARRIVE:
                     self.submit(obj)
@@ -169,6 +200,8 @@ class Engine:
         if not job.key:
             job.key = (0, job.submit, job.id)
         insort(p.queue, (job.key, job))
+        if not job.agent and job.pilot is None:
+            p.people_c += job.cores
         self.held += 1
         if self.held > self.held_max:
             self.held_max = self.held
@@ -186,8 +219,14 @@ class Engine:
         if self.starts is not None:
             self.starts[job.id] = now
         p.ends.add((now + job.limit, job.id, job))
+        if job.pre:
+            p.pre_run[job.id] = job
+            p.pre_c += job.cores
+            p.pre_g += job.gpus
+            p.pre_m += job.mem
         self.live += 1
-        heapq.heappush(self.heap, (now + job.run, next(self.seq), END, job))
+        job.end_at = now + min(job.run, job.limit)  # past its limit Slurm ends it (TIMEOUT)
+        heapq.heappush(self.heap, (job.end_at, next(self.seq), END, job))
         if self.on_start is not None:
             self.on_start(job)
 
@@ -204,6 +243,10 @@ class Engine:
         p.free_m += job.mem
         p.busy_core_s += job.cores * (self.now - job.start)
         p.ends.remove((job.start + job.limit, job.id, job))
+        if job.pre:
+            self._unpre(p, job)
+        if not job.agent and job.pilot is None:
+            p.people_c -= job.cores
         job.state = DONE
         self.held -= 1
         p.touched = p.dirty = True
@@ -211,6 +254,49 @@ class Engine:
             self._next_backfill()
         if self.on_end is not None:
             self.on_end(job)
+
+    @staticmethod
+    def _unpre(p: Partition, job: SimJob) -> None:
+        del p.pre_run[job.id]
+        p.pre_c -= job.cores
+        p.pre_g -= job.gpus
+        p.pre_m -= job.mem
+
+    def _room(self, p: Partition, job: SimJob) -> bool:
+        """Whether ``job`` can start now, preempting what it may; if so, room is made."""
+        if job.pre:
+            return job.cores <= p.free_c - p.reserve_c and job.gpus <= p.free_g and job.mem <= p.free_m
+        if job.cores <= p.free_c and job.gpus <= p.free_g and job.mem <= p.free_m:
+            return True
+        if not self.preempt or job.cores > p.free_c + p.pre_c or job.gpus > p.free_g + p.pre_g \
+                or job.mem > p.free_m + p.pre_m:
+            return False
+        for victim in reversed(list(p.pre_run.values())):  # youngest first: the least work lost
+            self._requeue(p, victim)
+            if job.cores <= p.free_c and job.gpus <= p.free_g and job.mem <= p.free_m:
+                break
+        return True
+
+    def _requeue(self, p: Partition, job: SimJob) -> None:
+        """Preempted: its resources freed, the work it did lost, back in the queue (its
+        place kept) to start over, as PreemptMode=REQUEUE does."""
+        now = self.now
+        p.free_c += job.cores
+        p.free_g += job.gpus
+        p.free_m += job.mem
+        done = job.cores * (now - job.start)
+        p.busy_core_s += done
+        self.lost_core_s += done
+        p.ends.remove((job.start + job.limit, job.id, job))
+        self._unpre(p, job)
+        job.state = PENDING
+        job.start = -1.0
+        job.requeues += 1
+        self.preemptions += 1
+        insort(p.queue, (job.key, job))
+        p.touched = p.dirty = True
+        if self.on_preempt is not None:
+            self.on_preempt(job)
 
     def _schedule(self, p: Partition, backfill: bool) -> None:
         if self.accasim:
@@ -225,10 +311,11 @@ class Engine:
         if not p.dirty:
             return  # nothing ended or arrived since the last pass: it would start nothing
         p.dirty = False
-        if p.free_c <= 0:
+        pre = self.preempt and p.pre_run
+        if p.free_c <= 0 and not pre:
             return
         head = q[0][1]
-        shadow, extra_c, extra_g, extra_m = self._reservation(p, head)
+        shadow, extra_c, extra_g, extra_m = self._reservation(p, head, self.preempt and not head.pre)
         if self.reserved is not None:
             self.reserved.setdefault(head.id, shadow)
         now = self.now
@@ -237,18 +324,27 @@ class Engine:
         for idx in range(1, min(len(q), self.sched.backfill_depth + 1)):
             job = q[idx][1]
             c = job.cores
-            if c > free_c or job.gpus > free_g or job.mem > free_m:
+            if job.pre:  # opportunistic: free room will do, a head that may preempt takes it back
+                if c > free_c - p.reserve_c or job.gpus > free_g or job.mem > free_m:
+                    continue
+            elif pre:  # may preempt: what preemptible jobs hold counts as free
+                if c > free_c + p.pre_c or job.gpus > free_g + p.pre_g or job.mem > free_m + p.pre_m:
+                    continue
+            elif c > free_c or job.gpus > free_g or job.mem > free_m:
                 continue
-            if now + job.limit > shadow:
+            if (head.pre or not job.pre) and now + job.limit > shadow:  # EASY among the opportunistic too
                 if c > extra_c or job.gpus > extra_g or job.mem > extra_m:
                     continue
                 extra_c -= c
                 extra_g -= job.gpus
                 extra_m -= job.mem
+            if pre and not job.pre:
+                self._room(p, job)  # requeued victims sort after every job that may preempt: idx stays valid
             self._start(p, job)
             started.append(idx)
             free_c, free_g, free_m = p.free_c, p.free_g, p.free_m
-            if free_c <= 0:
+            pre = self.preempt and p.pre_run
+            if free_c <= 0 and not pre:
                 break
         for idx in reversed(started):
             del q[idx]
@@ -266,7 +362,11 @@ class Engine:
         q, i = p.queue, start
         while i < len(q):
             job = q[i][1]
-            if job.cores > p.free_c or job.gpus > p.free_g or job.mem > p.free_m:
+            if self.preempt:
+                if not self._room(p, job):
+                    break
+                q = p.queue  # a requeued victim sorts after the jobs that may preempt: i stays valid
+            elif job.cores > p.free_c or job.gpus > p.free_g or job.mem > p.free_m:
                 break
             self._start(p, job)
             i += 1
@@ -306,10 +406,15 @@ class Engine:
         p.queue = keep
 
     @staticmethod
-    def _reservation(p: Partition, head: SimJob) -> tuple[float, int, int, int]:
-        """(when the head can start by the running jobs' limits, what it leaves over then)."""
+    def _reservation(p: Partition, head: SimJob, preempting: bool = False) -> tuple[float, int, int, int]:
+        """(when the head can start by the running jobs' limits, what it leaves over then);
+        a head that may preempt counts what preemptible jobs hold as free already."""
         c, g, m = p.free_c, p.free_g, p.free_m
+        if preempting:
+            c, g, m = c + p.pre_c, g + p.pre_g, m + p.pre_m
         for end, _, job in p.ends:
+            if preempting and job.pre:
+                continue
             c += job.cores
             g += job.gpus
             m += job.mem
@@ -321,4 +426,6 @@ class Engine:
     def _bucket(self, t: float) -> None:
         assert self.plane is not None
         self.plane.close_bucket(t - BUCKET_S, self.held)
+        if self.on_bucket is not None:
+            self.on_bucket(t)
         self.at(t + BUCKET_S, BUCKET, None)

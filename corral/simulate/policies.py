@@ -9,6 +9,10 @@
   agents' batch jobs get the gateway's ``agent_nice``; every submission is decided
   by the facility's Cedar policy (corral's own ``Policy.decide``, on the simulated
   clock); a repeated identical run is answered by the result cache.
+- ``corral-new``: corral with the co-design levers of corral/simulate/levers.py as
+  well (a preemptible tier beyond a guaranteed share, walltimes from outcome memory,
+  a size cap that follows people's demand): what issue 38 proposes as the default,
+  not yet what the gateway does.
 - ``ban``: no agents (the baseline the paper rejects): what people would see alone.
 
 People are the same in all three: the same jobs, each person running one ``squeue -u``
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -29,16 +33,20 @@ from .cluster import Facility
 from .controlplane import ControlPlane, ServiceTimes
 from .engine import ARRIVE, DONE, Engine, SchedConfig
 from .fastpool import FastLanes
-from .stats import Quantiles, bounded_slowdown
+from .levers import LEVERS, Levers
+from .stats import Hourly, Quantiles, bounded_slowdown
 from .workload import HOUR, AgentModel, Agents, Session, SimJob, agents_for
 
 if TYPE_CHECKING:
     from ..safety.policy import Policy
 
-POLICIES = ("plain", "corral", "ban")
-PARTS = frozenset({"view", "fast", "cache", "policy", "nice"})
-"""corral's parts, each of which a scenario may turn off (``corral_off``) to see what it buys:
-the shared view, the fast lane, the result cache, the Cedar policy, the agents' nice/tier."""
+POLICIES = ("plain", "corral", "corral-new", "ban")
+TODAY = frozenset({"view", "fast", "cache", "policy", "nice"})
+"""corral's parts today: the shared view, the fast lane, the result cache, the Cedar
+policy, the agents' nice/tier."""
+PARTS = TODAY | LEVERS
+"""Everything a scenario may turn off (``corral_off``) to see what it buys; ``corral``
+has the parts of today, ``corral-new`` the levers as well."""
 CACHE_ANSWER_S = 0.05
 SHORT_S = 60.0
 
@@ -67,6 +75,14 @@ class Scenario:
     agent_tier: int = 0
     """The QOS tier of agents' batch jobs through corral (``slurm.agent_qos``): 0 shares
     people's; 1 sorts after every person's job, whatever its age."""
+    guarantee: float = 0.0
+    """``preempt``: agents' share of a partition's cores that is not preemptible."""
+    reserve: float = 0.02
+    """``preempt``: share of a partition's cores preemptible jobs leave idle for the next people's jobs."""
+    margin: float = 2.0
+    """``predict``: the predicted runtime times this is the limit corral asks for."""
+    history: int = 3
+    """``predict``: how many of a session's last runs the prediction reads."""
 
 
 class Run:
@@ -76,18 +92,21 @@ class Run:
         if policy not in POLICIES:
             raise ValueError(policy)
         self.sc, self.policy = sc, policy
+        self.corral = policy in ("corral", "corral-new")
+        self.parts = ((PARTS if policy == "corral-new" else TODAY) - sc.corral_off) if self.corral else frozenset()
+        """What of corral this run has (all of it, less what the scenario turns off)."""
         self.plane = ControlPlane(sc.times)
-        self.engine = Engine(sc.facility, sc.sched, self.plane)
+        self.engine = Engine(sc.facility, replace(sc.sched, preemption="preempt" in self.parts, reserve=sc.reserve),
+                             self.plane)
         self.engine.on_end = self._ended
         self.engine.on_start = self._started
-        self.corral = policy == "corral"
+        self.engine.on_bucket = self._sample
+        self.levers = Levers(self.engine, self.parts & LEVERS, sc.guarantee, sc.margin, sc.history)
         self.end_t = sc.days * 86400.0
         n_agents = 0 if policy == "ban" else agents_for(sc.people_count, sc.agents.share)
         self.agents = Agents(sc.agents, sc.facility, n_agents, sc.person_jobs_per_day, sc.person_core_s_per_day, sc.seed,
                              first_user=1_000_000, week_offset_h=sc.week_offset_h)
         fl: FastLaneSettings = sc.settings.fastlane
-        self.parts = (PARTS - sc.corral_off) if self.corral else frozenset()
-        """What of corral this run has (all of it, less what the scenario turns off)."""
         self.lanes = FastLanes(self.engine, fl, sc.facility.default, self._submit_batch,
                                self._task_done) if "fast" in self.parts else None
         self.nice = sc.settings.slurm.agent_nice
@@ -102,6 +121,11 @@ class Run:
         self.agent_wait = Quantiles()
         self.count = dict.fromkeys(("people_jobs", "agent_jobs", "fast_tasks", "cache_hits", "refused",
                                     "batch_agent_jobs", "pilots", "cancelled", "resized"), 0)
+        self.results = Hourly()
+        """Agents' results per hour, and the share of cores busy, over the run."""
+        self.busy = Hourly()
+        self.size_floor = 0
+        """The largest CPUs the facility's Cedar policy lets an agent's job ask (``cap``)."""
         self.wall_s = 0.0
         self.people_active: dict[int, int] = {}
         """Each person's jobs in the system: while any, they poll."""
@@ -133,7 +157,7 @@ class Run:
         if cancel:
             self.count["cancelled"] += 1
         on = self.parts
-        if "policy" in on and not self._allowed(job, now) and not self._shrink(job, now):
+        if "policy" in on and not self._admit(job, now) and not self._shrink(job, now):
             self.count["refused"] += 1
             eng.call(now, lambda: self._noticed(s, job, counted=False))
             return
@@ -145,8 +169,9 @@ class Run:
             self.count["fast_tasks"] += 1
             self.lanes.run(job)
             return
-        if "nice" in on:
-            job.key = (self.sc.agent_tier, self.nice * self.sc.sched.nice_age_s, job.id)
+        self._place(job)
+        if "predict" in on and job.run >= SHORT_S:
+            self.levers.tighten(job, s.history)
         if "view" not in on:
             self.plane.polling("agents", 1, now, self.sc.agents.poll_s, kind="query_one")
         self.count["batch_agent_jobs"] += 1
@@ -154,9 +179,45 @@ class Run:
             self.plane.add("cancel")
         self._submit_batch(job)
 
+    def _place(self, job: SimJob) -> None:
+        """An agent's batch job's QOS: the guaranteed share (with the nice), or beyond it
+        the preemptible tier (``preempt``)."""
+        job.key = ()
+        if "preempt" in self.parts and not self.levers.tier(job):
+            return
+        if "nice" in self.parts:
+            job.key = (self.sc.agent_tier, self.nice * self.sc.sched.nice_age_s, job.id)
+
+    def _admit(self, job: SimJob, now: float) -> bool:
+        """The Cedar policy; with ``cap``, a job above the policy's CPU limit passes while
+        it fits in what people neither use nor queue for (the other rules still apply)."""
+        if "cap" not in self.parts:
+            return self._allowed(job, now)
+        if not self.size_floor:
+            self.size_floor = self._largest_allowed(now)
+        if job.cores <= self.size_floor:
+            return self._allowed(job, now)
+        if job.cores > self.levers.headroom(job.part):
+            return False
+        cores, job.cores = job.cores, self.size_floor
+        ok = self._allowed(job, now)
+        job.cores = cores
+        return ok
+
+    def _largest_allowed(self, now: float) -> int:
+        """The policy's CPU limit for an agent's job, found by asking it (bisection)."""
+        probe = SimJob(0, now, 60.0, 3600.0, 1)
+        lo, hi = 1, self.sc.facility.default.cores
+        while lo < hi:
+            probe.cores = (lo + hi + 1) // 2
+            lo, hi = (probe.cores, hi) if self._allowed(probe, now) else (lo, probe.cores - 1)
+        return lo
+
     def _submit_batch(self, job: SimJob) -> None:
         """sbatch: one RPC, and the job reaches the queue once the controller answers."""
         self.plane.add("submit")
+        if job.agent or job.pilot is not None:
+            self.levers.held(job, 1)
         if job.pilot is not None:
             self.count["pilots"] += 1
         arrive = self.engine.now + self.plane.wait_s + self.sc.times.submit_s
@@ -200,8 +261,9 @@ class Run:
             cores = job.cores // 2
             job.run *= job.cores / cores
             job.limit *= job.cores / cores
+            job.shrunk *= job.cores / cores
             job.cores = cores
-            if self._allowed(job, now):
+            if self._admit(job, now):
                 self.count["resized"] += 1
                 return True
         return False
@@ -209,9 +271,13 @@ class Run:
     def _started(self, job: SimJob) -> None:
         if job.pilot is not None:
             job.pilot.up(job)
+        elif job.agent and job.requeues == 0:
+            self.levers.limit_over_run.add(job.limit / max(job.run, 1.0))
 
     def _ended(self, job: SimJob) -> None:
         now = self.engine.now
+        if job.agent or job.pilot is not None:
+            self.levers.held(job, -1)
         if job.pilot is not None:  # a fast-lane allocation
             job.pilot.down(job)
             return
@@ -227,6 +293,13 @@ class Run:
                 self.people_bsld.add(bounded_slowdown(wait, job.run))
             return
         s: Session = job.loop
+        again = self.levers.overran(job)
+        if again is not None:  # TIMEOUT at the tightened limit: corral resubmits with the agent's own
+            self._place(again)
+            self._submit_batch(again)
+            return
+        if "predict" in self.parts:
+            self.levers.remember(job, s.history)
         if job.start >= 0:
             self.agent_wait.add(job.start - job.submit)
         if "view" in self.parts:  # the job reports its own end; the gateway pushes it within a tick
@@ -245,6 +318,7 @@ class Run:
         if counted:
             took = now - job.issued
             self.agent_loop.add(took)
+            self.results.add(now, 1.0)
             if job.run < SHORT_S:
                 self.agent_loop_short.add(took)
         s.left -= 1
@@ -252,6 +326,11 @@ class Run:
             self.engine.call(now + self.agents.think(s), lambda: self._issue(s))
         else:
             self._next_session(s.agent, now)
+
+    def _sample(self, t: float) -> None:
+        """Each minute: the share of the machine's cores busy (for the plot over time)."""
+        used = sum(p.cores - p.free_c for p in self.engine.parts)
+        self.busy.add(t, used / max(self.sc.facility.cores, 1), mean=True)
 
     def _next_session(self, agent: int, after: float) -> None:
         t = self.agents.next_session(after)
@@ -276,6 +355,7 @@ class Run:
         busy = sum(p.busy_core_s for p in eng.parts)
         c = self.count
         jobs = c["people_jobs"] + c["agent_jobs"] + c["pilots"]
+        lost = eng.lost_core_s + self.levers.overrun_core_s
         return {
             "policy": self.policy,
             "agents": self.agents.count,
@@ -285,6 +365,10 @@ class Run:
             "agent_loop_s": self.agent_loop.summary(),
             "agent_batch_wait_s": self.agent_wait.summary(),
             "utilisation": round(busy / (cores * span), 4),
+            "useful_utilisation": round((busy - lost) / (cores * span), 4),
+            "lost_core_h": round(lost / 3600, 1),
+            "preemptions": eng.preemptions,
+            "levers": self.levers.figures(span),
             "controller": self.plane.summary(),
             "people_jobs_per_h": round(c["people_jobs"] / (span / HOUR), 2),
             "agent_results_per_h": round(self.agent_loop.n / (span / HOUR), 2),

@@ -1,19 +1,24 @@
 """The simulation's report: a terminal table, JSON, and one self-contained HTML page
-with inline SVG plots (people's wait distribution, the controller's load over time,
-the agents' share swept), nothing fetched."""
+with inline SVG plots (people's wait distribution, agents' results per hour,
+utilisation and the controller's load over the run, the agents' share swept), each
+with round ticks, units and a legend, nothing fetched. The axes are in axes.py."""
 
 from __future__ import annotations
 
 import html
 import json
-import math
-from typing import Any, Callable
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-COLORS = {"plain": "#d9480f", "corral": "#2b8a3e", "ban": "#1971c2"}
-W, H, LEFT, BOTTOM, TOP = 560, 190, 60, 36, 24
+from .axes import Axis, days_axis, duration_axis, log_axis, plot, share_axis
+
+COLORS = {"plain": "#d9480f", "corral": "#2b8a3e", "corral-new": "#7048e8", "ban": "#1971c2"}
+LIMITS = ("Limits: partitions are pools of cores (no node placement or fragmentation); the controller is a "
+          "fluid queue over one-minute buckets calibrated on a test Slurm; agents are a model (closed loops "
+          "whose runs within a session are alike: run_jitter), not a trace; preemption requeues the youngest "
+          "opportunistic jobs first and their work is lost (counted). See docs/simulation.md.")
 
 ROWS = [
     ("people's wait p50", lambda f: _dur(f["people_wait_s"]["p50"])),
@@ -21,13 +26,16 @@ ROWS = [
     ("people's bounded slowdown p50", lambda f: f"{f['people_bounded_slowdown']['p50']:.2f}"),
     ("agents' loop, short jobs p50", lambda f: _dur(f["agent_loop_short_s"]["p50"]) if f["agent_loop_short_s"]["n"] else "-"),
     ("agents' loop, short jobs p90", lambda f: _dur(f["agent_loop_short_s"]["p90"]) if f["agent_loop_short_s"]["n"] else "-"),
+    ("agents' results/h", lambda f: f"{f['agent_results_per_h']:.1f}"),
     ("utilisation", lambda f: f"{f['utilisation']:.1%}"),
+    ("utilisation less work lost", lambda f: f"{f['useful_utilisation']:.1%}"),
+    ("work lost to requeues (core-h)", lambda f: f"{f['lost_core_h']:,.0f}"),
+    ("preemptions", lambda f: f"{f['preemptions']:,}"),
     ("controller RPCs/s", lambda f: f"{f['controller']['rpc_per_s']:.2f}"),
     ("controller busy", lambda f: f"{f['controller']['utilisation']:.1%}"),
     ("people's squeue latency p50", lambda f: _dur(f["controller"]["people_command_latency_s"]["p50"])),
     ("people's squeue latency p90", lambda f: _dur(f["controller"]["people_command_latency_s"]["p90"])),
     ("people's jobs/h", lambda f: f"{f['people_jobs_per_h']:.1f}"),
-    ("agents' results/h", lambda f: f"{f['agent_results_per_h']:.1f}"),
 ]
 
 
@@ -56,64 +64,111 @@ def terminal(r: dict[str, Any], console: Console | None = None) -> None:
     for label, get in ROWS:
         t.add_row(label, *(get(f) for f in pols.values()))
     c.print(t)
+    c.print(LIMITS, style="dim")
     if r.get("sweep"):
         s = Table(title="agents' share of users, swept", header_style="bold")
-        for col in ("share", "policy", "agents", "people p50", "people p90", "agent loop p50", "RPCs/s"):
+        for col in ("share", "policy", "agents", "people p50", "people p90", "agent loop p50", "results/h",
+                    "utilisation", "RPCs/s"):
             s.add_column(col, justify="right")
         for row in r["sweep"]:
             s.add_row(f"{row['share']:.0%}", row["policy"], str(row["agents"]), _dur(row["people_wait_p50_s"]),
-                      _dur(row["people_wait_p90_s"]), _dur(row["agent_loop_short_p50_s"]), f"{row['rpc_per_s']:.1f}")
+                      _dur(row["people_wait_p90_s"]), _dur(row["agent_loop_short_p50_s"]),
+                      f"{row['agent_results_per_h']:.1f}", f"{row['utilisation']:.1%}", f"{row['rpc_per_s']:.2f}")
         c.print(s)
+
+
+SERIES = ("controller_series", "people_wait_cdf", "results_series", "busy_series")
 
 
 def to_json(r: dict[str, Any]) -> str:
     """The report without the plots' point series."""
-    slim = {**r, "policies": {k: {x: y for x, y in v.items() if x not in ("controller_series", "people_wait_cdf")}
-                              for k, v in r["policies"].items()}}
+    slim = {**r, "policies": {k: {x: y for x, y in v.items() if x not in SERIES} for k, v in r["policies"].items()},
+            "limits": LIMITS}
     return json.dumps(slim, indent=2)
 
 
-def _lines(series: dict[str, list[tuple[float, float]]], label: str, xlabel: str, logx: bool = False,
-           yfmt: Callable[[float], str] = lambda v: f"{v:.3g}") -> str:
-    pts = [p for s in series.values() for p in s]
-    if not pts:
-        return '<p class="note">no data</p>'
-    fx = (lambda v: math.log10(max(v, 1e-3))) if logx else (lambda v: v)
-    x0, x1 = min(fx(p[0]) for p in pts), max(fx(p[0]) for p in pts)
-    top = max(p[1] for p in pts) or 1.0
-    x1 = x1 if x1 > x0 else x0 + 1
-
-    def px(v: float) -> float:
-        return LEFT + (fx(v) - x0) / (x1 - x0) * W
-
-    def py(v: float) -> float:
-        return TOP + H - v / top * H
-
-    out = [f'<svg role="img" aria-label="{html.escape(label)}" width="{LEFT + W + 110}" height="{TOP + H + BOTTOM + 8}">',
-           f'<text x="4" y="12" class="small">{html.escape(label)}</text>']
-    for k in range(5):
-        v = top * k / 4
-        out.append(f'<line x1="{LEFT}" x2="{LEFT + W}" y1="{py(v):.1f}" y2="{py(v):.1f}" stroke="#eee"/>'
-                   f'<text x="{LEFT - 6}" y="{py(v) + 4:.1f}" class="small" text-anchor="end">{yfmt(v)}</text>')
-    for k in range(6):
-        xv = x0 + (x1 - x0) * k / 5
-        shown = 10 ** xv if logx else xv
-        out.append(f'<text x="{LEFT + W * k / 5:.1f}" y="{TOP + H + 16}" class="small" text-anchor="middle">'
-                   f'{_dur(shown) if logx else f"{shown:.3g}"}</text>')
-    out.append(f'<line x1="{LEFT}" y1="{TOP + H}" x2="{LEFT + W}" y2="{TOP + H}" stroke="#888"/>'
-               f'<text x="{LEFT + W / 2}" y="{TOP + H + BOTTOM}" class="small" text-anchor="middle">{html.escape(xlabel)}</text>')
-    for i, (name, s) in enumerate(series.items()):
-        path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in s)
-        color = COLORS.get(name.split()[0], "#555")
-        out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{path}"><title>{html.escape(name)}</title></polyline>'
-                   f'<rect x="{LEFT + W + 14}" y="{TOP + 16 * i}" width="10" height="10" fill="{color}"/>'
-                   f'<text x="{LEFT + W + 28}" y="{TOP + 9 + 16 * i}" class="small">{html.escape(name)}</text>')
-    out.append("</svg>")
-    return "".join(out)
-
-
-def _days(series: list[tuple[float, float, float, float]], col: int) -> list[tuple[float, float]]:
+def _days(series: list[tuple[float, ...]], col: int) -> list[tuple[float, float]]:
     return [(row[0] / 86400, row[col]) for row in series]
+
+
+def _nonzero(series: dict[str, list[tuple[float, float]]]) -> dict[str, list[tuple[float, float]]]:
+    return {k: v for k, v in series.items() if any(y > 0 for _, y in v)}
+
+
+def _plots(r: dict[str, Any]) -> list[str]:
+    pols = r["policies"]
+    days = r["scenario"]["days"]
+    t_axis = days_axis(days)
+    cdf = {n: f["people_wait_cdf"] for n, f in pols.items()}
+    waits = [x for s in cdf.values() for x, _ in s if x > 0]
+    out = [plot(cdf, "People's wait: share of their jobs that waited at most this long",
+                duration_axis(min(waits, default=1.0), max(waits, default=3600.0), "wait (log scale)"),
+                share_axis("share of people's jobs"), COLORS),
+           plot(_nonzero({n: f["results_series"] for n, f in pols.items()}),
+                "Agents' results per hour over the run (hourly)", t_axis,
+                Axis.linear(0, max((y for f in pols.values() for _, y in f["results_series"]), default=1.0),
+                            "results per hour"), COLORS),
+           plot({n: f["busy_series"] for n, f in pols.items()}, "Utilisation over the run (hourly mean)", t_axis,
+                share_axis("share of the machine's cores busy"), COLORS)]
+    rpc = {n: [(d, max(v, 1e-3)) for d, v in _days(f["controller_series"], 1) if d < days] for n, f in pols.items()}
+    out.append(plot(rpc, "Controller load: RPCs per second (hourly mean, log scale)", t_axis,
+                    log_axis(rpc, "RPCs per second (log scale)"), COLORS))
+    busy = {n: [(d, max(v, 1e-5)) for d, v in _days(f["controller_series"], 2) if d < days] for n, f in pols.items()}
+    out.append(plot(busy, "Controller busy: share of its time serving RPCs (hourly mean, log scale)", t_axis,
+                    log_axis(busy, "share of time busy (log scale)", percent=True), COLORS))
+    if r.get("sweep"):
+        shares = sorted({row["share"] for row in r["sweep"]})
+        x = Axis.ticked(shares[0] * 100, shares[-1] * 100, [v * 100 for v in shares],
+                        lambda v: f"{v:.0f}%", "agents' share of users")
+        for key, label, kind in (("people_wait_p50_s", "People's median wait", "dur"),
+                                 ("people_wait_p90_s", "People's 90th-percentile wait", "dur"),
+                                 ("agent_results_per_h", "Agents' results per hour", "lin"),
+                                 ("agent_loop_short_p50_s", "Agents' loop on a sub-minute job, median", "dur"),
+                                 ("utilisation", "Utilisation", "share"),
+                                 ("rpc_per_s", "Controller RPCs per second (log scale)", "log")):
+            by: dict[str, list[tuple[float, float]]] = {}
+            for row in r["sweep"]:
+                if key.startswith("agent") and row["agents"] == 0:
+                    continue
+                by.setdefault(row["policy"], []).append((row["share"] * 100, max(row[key], 1e-3)))
+            ys = [y for s in by.values() for _, y in s]
+            if kind == "dur":
+                y = duration_axis(min(ys, default=1.0), max(ys, default=60.0), "time (log scale)")
+            elif kind == "share":
+                y = share_axis("share of cores busy")
+            elif kind == "log":
+                y = log_axis(by, "RPCs per second (log scale)")
+            else:
+                y = Axis.linear(0, max(ys, default=1.0), "results per hour")
+            out.append(plot(by, f"{label} against agents' share of users", x, y, COLORS))
+    return out
+
+
+def _scenario(sc: dict[str, Any]) -> str:
+    fac = sc["facility"]
+    rows = "".join(f"<tr><td>{html.escape(p['name'])}</td><td>{p['nodes']:,}</td><td>{p['cores_per_node']}</td>"
+                   f"<td>{p['memory_gb_per_node']} GB</td><td>{p['gpus_per_node']}</td><td>{p['max_walltime_h']:g} h</td></tr>"
+                   for p in fac["partitions"])
+    a, s, c, lv = sc["agents"], sc["scheduler"], sc["controller"], sc.get("levers", {})
+    items = [
+        ("Simulated time", f"{sc['days']:g} days, seed {sc['seed']}"),
+        ("People", f"{sc['people']:,}, each submitting {sc['person_jobs_per_day']:g} jobs and "
+                   f"{sc['person_core_hours_per_day']:,.0f} core-hours a day; one squeue -u every {sc['people_poll_s']:g} s"),
+        ("Agents", f"{a['share']:.0%} of users; sessions of {a['loops']:g} jobs on average, {a['think_s']:g} s to think "
+                   f"(median); {a['short']:.0%} of jobs under a minute; outside corral, squeue -j every {a['poll_s']:g} s"),
+        ("Scheduler", f"{s['algorithm']}, backfill every {s['backfill_interval_s']:g} s, {s['backfill_depth']} jobs deep"),
+        ("Controller", f"sbatch {c['submit_s'] * 1000:.2f} ms, squeue {c['query_base_s'] * 1000:.2f} ms + "
+                       f"{c['query_per_job_s'] * 1e6:.1f} µs per job held, squeue -j {c['query_one_s'] * 1000:.2f} ms "
+                       f"({html.escape(str(c.get('source', '')))})"),
+        ("corral-new's levers", f"guaranteed share {lv.get('guarantee', 0):.0%} of cores, {lv.get('reserve', 0):.0%} left idle "
+                                f"by preemptible jobs; walltime = largest of the last "
+                                f"{lv.get('history', 3)} runs x {lv.get('margin', 2):g}"),
+    ]
+    if sc.get("corral_without"):
+        items.append(("corral without", ", ".join(sc["corral_without"])))
+    dl = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in items)
+    return (f"<h2>Scenario</h2><table><tr><th>partition</th><th>nodes</th><th>cores per node</th><th>memory per node</th>"
+            f"<th>GPUs per node</th><th>walltime limit</th></tr>{rows}</table><dl>{dl}</dl>")
 
 
 def html_page(r: dict[str, Any]) -> str:
@@ -121,31 +176,18 @@ def html_page(r: dict[str, Any]) -> str:
     head = "".join(f"<th>{html.escape(n)} ({f['agents']} agents)</th>" for n, f in pols.items())
     body = "".join(f"<tr><td>{html.escape(label)}</td>" + "".join(f"<td>{html.escape(get(f))}</td>" for f in pols.values())
                    + "</tr>" for label, get in ROWS)
-    plots = [
-        _lines({n: f["people_wait_cdf"] for n, f in pols.items()}, "people's wait: share of jobs waiting at most",
-               "wait (log scale)", logx=True, yfmt=lambda v: f"{v:.0%}"),
-        _lines({n: _days(f["controller_series"], 1) for n, f in pols.items()}, "controller RPCs per second (hourly mean)",
-               "day"),
-        _lines({n: _days(f["controller_series"], 3) for n, f in pols.items()}, "command latency (hourly mean)",
-               "day", yfmt=_dur),
-    ]
-    if r.get("sweep"):
-        for key, label, fmt in (("people_wait_p50_s", "people's wait p50", _dur),
-                                ("rpc_per_s", "controller RPCs per second", lambda v: f"{v:.3g}"),
-                                ("agent_loop_short_p50_s", "agents' loop on short jobs p50", _dur)):
-            by: dict[str, list[tuple[float, float]]] = {}
-            for row in r["sweep"]:
-                by.setdefault(row["policy"], []).append((row["share"] * 100, row[key]))
-            plots.append(_lines(by, f"{label} against agents' share of users", "agents' share of users (%)", yfmt=fmt))
     sc = r["scenario"]
-    return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>corral simulate: {html.escape(sc['facility']['name'])}</title>
-<style>body{{font:14px system-ui,sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
+    name = html.escape(sc["facility"]["name"])
+    return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>corral simulate: the {name} facility</title>
+<style>body{{font:14px system-ui,sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse;margin:1em 0}}
 td,th{{border:1px solid #ddd;padding:4px 10px;text-align:right}}td:first-child{{text-align:left}}
-.small{{font-size:11px;fill:#444}}pre{{background:#f6f6f6;padding:1em;overflow:auto}}svg{{display:block;margin:1em 0}}</style></head>
-<body><h1>What agents, and corral, do to {html.escape(sc['facility']['name'])}</h1>
-<p>{sc['facility']['nodes']:,} nodes, {sc['facility']['cores']:,} cores, {sc['days']} days, {sc['people']} people,
+.small{{font-size:11px;fill:#444}}.title{{font-size:13px;font-weight:600}}.limits{{color:#555}}dt{{font-weight:600;margin-top:.4em}}dd{{margin-left:1.5em}}
+svg{{display:block;margin:1.5em 0}}</style></head>
+<body><h1>What agents, and corral, would do to the {name} facility</h1>
+<p>{sc['facility']['nodes']:,} nodes, {sc['facility']['cores']:,} cores, {sc['days']:g} days, {sc['people']:,} people,
 agents {sc['agents']['share']:.0%} of users, scheduler {html.escape(sc['scheduler']['algorithm'])}, seed {sc['seed']}.
-Same people's jobs in every column; see docs/simulation.md for the model.</p>
+The same people's jobs run under every policy; docs/simulation.md describes the model.</p>
+<p class="limits">{html.escape(LIMITS)}</p>
 <table><tr><th></th>{head}</tr>{body}</table>
-{''.join(plots)}
-<h2>Scenario</h2><pre>{html.escape(json.dumps(sc, indent=2))}</pre></body></html>"""
+{''.join(_plots(r))}
+{_scenario(sc)}</body></html>"""

@@ -79,3 +79,47 @@ class Quantiles:
 
 def bounded_slowdown(wait: float, run: float) -> float:
     return max(1.0, (wait + run) / max(run, BSLD_BOUND_S))
+
+
+class Hourly:
+    """A quantity over the run in hourly rows (a rate, or the mean of samples), merged
+    in pairs past ``max_rows`` so that memory stays bounded however long the run."""
+
+    __slots__ = ("period_s", "rows", "max_rows")
+
+    def __init__(self, max_rows: int = 2000) -> None:
+        self.period_s = 3600.0
+        self.rows: dict[int, list[float]] = {}
+        """period index: [sum, samples]"""
+        self.max_rows = max_rows
+
+    def add(self, t: float, v: float, mean: bool = False) -> None:
+        i = int(t // self.period_s)
+        row = self.rows.get(i)
+        if row is None:
+            row = self.rows[i] = [0.0, 0.0]
+            if len(self.rows) > self.max_rows:
+                self._merge()
+                row = self.rows.setdefault(int(t // self.period_s), [0.0, 0.0])
+        row[0] += v
+        row[1] += 1.0 if mean else 0.0
+
+    def _merge(self) -> None:
+        merged: dict[int, list[float]] = {}
+        for i, (s, n) in self.rows.items():
+            row = merged.setdefault(i // 2, [0.0, 0.0])
+            row[0] += s
+            row[1] += n
+        self.rows = merged
+        self.period_s *= 2
+
+    def series(self, end_s: float) -> list[tuple[float, float]]:
+        """(period start in days, value): the mean of the samples where there were
+        samples, else the count per hour; an empty period is zero, and none starts at
+        or past ``end_s`` (what drains after the run's end is not plotted)."""
+        out = []
+        last = int(max(end_s - 1e-9, 0) // self.period_s)
+        for i in range(last + 1):
+            s, n = self.rows.get(i, (0.0, 0.0))
+            out.append((i * self.period_s / 86400.0, s / n if n else s * 3600.0 / self.period_s))
+        return out

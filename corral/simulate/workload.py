@@ -34,7 +34,8 @@ class SimJob:
     """One job (or one fast-lane task, or one pilot allocation) in flight."""
 
     __slots__ = ("id", "submit", "run", "limit", "cores", "gpus", "mem", "user", "agent", "part", "key",
-                 "start", "state", "loop", "issued", "cancel_at", "task", "pilot")
+                 "start", "state", "loop", "issued", "cancel_at", "task", "pilot", "pre", "requeues", "ask",
+                 "end_at", "cut", "guaranteed", "shrunk")
 
     def __init__(self, id: int, submit: float, run: float, limit: float, cores: int, gpus: int = 0,
                  mem: int = 0, user: int = 0, agent: bool = False, part: int = 0) -> None:
@@ -47,6 +48,16 @@ class SimJob:
         self.issued = submit  # when its owner asked (before the controller answered)
         self.task = False  # a fast-lane task: runs inside a pilot, not in the partition
         self.pilot: Any = None
+        self.pre = False
+        """Preemptible: runs at the opportunistic QOS, requeued when a job that is not needs its cores."""
+        self.requeues = 0
+        self.ask = 0.0
+        """The walltime its owner asked for, when corral tightened ``limit`` below it (else 0)."""
+        self.end_at = -1.0
+        """When the running job ends (by its runtime or its limit): a stale END event is ignored."""
+        self.cut = False  # cancelled part-way by its owner: its runtime says nothing of the next run's
+        self.guaranteed = False  # an agent's job counted in the agents' guaranteed share
+        self.shrunk = 1.0  # how many times its owner halved it to pass the policy (it runs that much longer)
 
 
 def _open(path: Path) -> IO[str]:
@@ -218,6 +229,9 @@ class AgentModel:
     """How often an agent polls squeue while its job is in flight, outside corral."""
     gpu_jobs: float = 0.15
     cpu_choices: tuple[int, ...] = (1, 1, 2, 4, 8)
+    run_jitter: float = 0.35
+    """Sigma of a long run's log around its session's typical run (lognormal); the
+    session's own sigma makes the total 1.0, so every run's distribution is unchanged."""
 
     def check(self) -> None:
         for name in ("short", "cancelled", "fail", "repeat", "gpu_jobs"):
@@ -228,6 +242,8 @@ class AgentModel:
             raise InvalidRequest(f"--agent-share must be from 0 to below 1, got {self.share}")
         if self.loops < 1 or self.think_s < 0 or self.poll_s <= 0 or self.jobs_ratio <= 0 or self.core_hours_ratio <= 0:
             raise InvalidRequest("agent loops must be at least 1, think time at least 0, poll and ratio above 0")
+        if not 0 <= self.run_jitter <= 1:
+            raise InvalidRequest(f"agent run jitter must be from 0 to 1, got {self.run_jitter}")
         if not 0.01 <= self.off_hours <= 1:
             raise InvalidRequest(f"--agent-off-hours must be from 0.01 to 1, got {self.off_hours}")
 
@@ -248,10 +264,15 @@ def agents_for(people: int, share: float) -> int:
 class Session:
     """One agent session: ``left`` more jobs, one in flight at a time."""
 
-    __slots__ = ("agent", "left", "rng")
+    __slots__ = ("agent", "left", "rng", "base", "history")
 
-    def __init__(self, agent: int, left: int, rng: random.Random) -> None:
+    def __init__(self, agent: int, left: int, rng: random.Random, base: float = 900.0) -> None:
         self.agent, self.left, self.rng = agent, left, rng
+        self.base = base
+        """The session's typical long run: an agent iterates on one piece of code, so its
+        runs resemble each other (what corral's outcome memory predicts from)."""
+        self.history: list[float] = []
+        """Runtimes of its completed long jobs, newest last (corral's outcome memory)."""
 
 
 class Agents:
@@ -295,7 +316,9 @@ class Agents:
 
     def session(self, agent: int) -> Session:
         left = 1 + int(math.log(1 - self.rng.random()) / math.log(1 - 1 / self.m.loops)) if self.m.loops > 1 else 1
-        return Session(agent, left, random.Random(self.rng.getrandbits(32)))
+        rng = random.Random(self.rng.getrandbits(32))
+        j = min(self.m.run_jitter, 1.0)
+        return Session(agent, left, rng, rng.lognormvariate(math.log(900.0), math.sqrt(1 - j * j)))
 
     def think(self, s: Session) -> float:
         return s.rng.lognormvariate(math.log(self.m.think_s), 1.0) if self.m.think_s > 0 else 0.0
@@ -308,7 +331,7 @@ class Agents:
         if rng.random() < m.short:
             run, limit = float(rng.randint(1, 59)), 300.0
         else:
-            run = self._long_run(rng)
+            run = min(max(s.base * rng.lognormvariate(0.0, min(m.run_jitter, 1.0)), 60.0), 12 * HOUR)
             limit = min(_ladder(run * 2), self.batch.max_walltime_h * HOUR)
             if self.gpu is not None and rng.random() < m.gpu_jobs:
                 gpus, part, limit = 1, self.gpu_part, min(limit, self.gpu.max_walltime_h * HOUR)
@@ -318,4 +341,5 @@ class Agents:
         cancel = rng.random() < m.cancelled
         if cancel:
             job.run = max(1.0, round(rng.uniform(0.1, 0.9) * run))
+            job.cut = True
         return job, rng.random() < m.repeat, cancel
