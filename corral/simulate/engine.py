@@ -66,7 +66,7 @@ class SchedConfig:
 class Partition:
     __slots__ = ("index", "name", "cores", "gpus", "mem", "free_c", "free_g", "free_m", "queue", "ends",
                  "max_limit", "busy_core_s", "touched", "dirty", "blocked", "reserved",
-                 "pre_c", "pre_g", "pre_m", "pre_run", "people_c", "reserve_c")
+                 "pre_c", "pre_g", "pre_m", "pre_run", "people_c", "people_run_c", "reserve_c")
 
     def __init__(self, index: int, name: str, cores: int, gpus: int, mem: int, max_limit: float) -> None:
         self.index, self.name = index, name
@@ -87,6 +87,8 @@ class Partition:
         self.pre_run: dict[int, SimJob] = {}
         """Running preemptible jobs, oldest first (dicts keep insertion order)."""
         self.people_c = 0
+        self.people_run_c = 0
+        """Of those, the cores of people's running jobs."""
         self.reserve_c = 0
         """Cores people's jobs ask for here, queued or running: their demand (fast-lane
         pilots and agents' jobs not counted), which a demand-following cap reads."""
@@ -219,6 +221,8 @@ class Engine:
         if self.starts is not None:
             self.starts[job.id] = now
         p.ends.add((now + job.limit, job.id, job))
+        if not job.agent and job.pilot is None:
+            p.people_run_c += job.cores
         if job.pre:
             p.pre_run[job.id] = job
             p.pre_c += job.cores
@@ -247,6 +251,7 @@ class Engine:
             self._unpre(p, job)
         if not job.agent and job.pilot is None:
             p.people_c -= job.cores
+            p.people_run_c -= job.cores
         job.state = DONE
         self.held -= 1
         p.touched = p.dirty = True
@@ -315,18 +320,29 @@ class Engine:
         if p.free_c <= 0 and not pre:
             return
         head = q[0][1]
-        shadow, extra_c, extra_g, extra_m = self._reservation(p, head, self.preempt and not head.pre)
+        shadow, extra_c, extra_g, extra_m = self._reservation(p, head, self.preempt and not head.pre,
+                                                              p.reserve_c if head.pre else 0)
         if self.reserved is not None:
             self.reserved.setdefault(head.id, shadow)
         now = self.now
         started: list[int] = []
+        pre_res: list[float] | None = None
+        """The oldest blocked opportunistic job's reservation, when the head may preempt."""
         free_c, free_g, free_m = p.free_c, p.free_g, p.free_m
         for idx in range(1, min(len(q), self.sched.backfill_depth + 1)):
             job = q[idx][1]
             c = job.cores
             if job.pre:  # opportunistic: free room will do, a head that may preempt takes it back
                 if c > free_c - p.reserve_c or job.gpus > free_g or job.mem > free_m:
-                    continue
+                    if pre_res is None and not head.pre:  # the oldest one blocked gets its own reservation,
+                        pre_res = list(self._reservation(p, job, reserve=p.reserve_c))  # as Slurm's backfill plans
+                    continue                                                              # every job, not one
+                if pre_res is not None and now + job.limit > pre_res[0]:
+                    if c > pre_res[1] or job.gpus > pre_res[2] or job.mem > pre_res[3]:
+                        continue
+                    pre_res[1] -= c
+                    pre_res[2] -= job.gpus
+                    pre_res[3] -= job.mem
             elif pre:  # may preempt: what preemptible jobs hold counts as free
                 if c > free_c + p.pre_c or job.gpus > free_g + p.pre_g or job.mem > free_m + p.pre_m:
                     continue
@@ -406,10 +422,12 @@ class Engine:
         p.queue = keep
 
     @staticmethod
-    def _reservation(p: Partition, head: SimJob, preempting: bool = False) -> tuple[float, int, int, int]:
+    def _reservation(p: Partition, head: SimJob, preempting: bool = False,
+                     reserve: int = 0) -> tuple[float, int, int, int]:
         """(when the head can start by the running jobs' limits, what it leaves over then);
-        a head that may preempt counts what preemptible jobs hold as free already."""
-        c, g, m = p.free_c, p.free_g, p.free_m
+        a head that may preempt counts what preemptible jobs hold as free already, an
+        opportunistic one leaves ``reserve`` cores idle."""
+        c, g, m = p.free_c - reserve, p.free_g, p.free_m
         if preempting:
             c, g, m = c + p.pre_c, g + p.pre_g, m + p.pre_m
         for end, _, job in p.ends:

@@ -56,9 +56,13 @@ class Levers:
 
     # -- cap: the size limit follows people's demand ----------------------------------
     def headroom(self, part: int) -> int:
-        """Cores neither people (running or queued) nor agents hold: what a job larger
-        than the constant limit may take."""
+        """What a job larger than the constant limit may take: the cores neither people
+        (running or queued) nor agents hold; with ``preempt``, the cores people's running
+        jobs leave (the job will be opportunistic: people's queued jobs can take it back,
+        and other opportunistic jobs share with it in turn)."""
         p = self.engine.parts[part]
+        if "preempt" in self.on:
+            return p.cores - p.reserve_c
         return p.cores - p.people_c - self.agents_c[part]
 
     # -- preempt: the guaranteed share, then the opportunistic tier -------------------
