@@ -10,12 +10,13 @@
 2. Speed: jobs simulated per second by each on the same runs (one core: the
    simulator is single-threaded).
 3. Memory: the peak (tracemalloc) of a run of D days and of 4D days, same facility.
-4. The headline: a month of the 2,000-node preset, agents at 50% of users, plain
-   against corral against a ban; then agents' share swept from 10% to 60%.
-5. What each part of corral buys: a week of the same, corral with one part off at a
-   time (and all off, which must equal the plain arm).
+4. The headline: ``corral simulate --agent-share 0.5`` with its defaults (a month of
+   the 2,000-node preset, 400 people), every policy.
+5. What each part of corral today buys: a week of the same, corral with one part off
+   at a time (and all off, which must equal the plain arm). The co-design levers, the
+   sweep and their ablation are bench/codesign.py's.
 
---quick: the first 3,000 jobs of each trace, a 7-day headline, no sweep, no ablation.
+--quick: the first 3,000 jobs of each trace, a 7-day headline, no ablation.
 Last line: one JSON object.
 """
 
@@ -36,7 +37,7 @@ from bench._common import shared_data  # noqa: E402
 from corral.simulate import scenario  # noqa: E402
 from corral.simulate.cluster import one_pool  # noqa: E402
 from corral.simulate.engine import Engine, SchedConfig  # noqa: E402
-from corral.simulate.policies import PARTS, Run  # noqa: E402
+from corral.simulate.policies import TODAY, Run  # noqa: E402
 from corral.simulate.workload import AgentModel, PeopleModel, swf_jobs  # noqa: E402
 
 TRACES = ("lublin_256.swf", "NASA-iPSC-1993-3.1-cln.swf.gz", "DOST-ASTI-COARE-Saliksik-2020-cln.swf")
@@ -108,8 +109,8 @@ def memory(days: float) -> dict:
             "memory_jobs_growth_4x_to_16x": round(rows[2][2] / rows[1][2], 2)}
 
 
-def headline(days: float, sweep: bool) -> dict:
-    sc = scenario.build(None, "2000-node", days, 1, AgentModel(share=0.5), PeopleModel(people=1000), SchedConfig())
+def headline(days: float) -> dict:
+    sc = scenario.build(None, "2000-node", days, 1, AgentModel(share=0.5), PeopleModel(), SchedConfig())
     t0 = time.perf_counter()
     r = scenario.compare(sc)
     took = time.perf_counter() - t0
@@ -117,7 +118,7 @@ def headline(days: float, sweep: bool) -> dict:
     out = {"facility_days": days, "facility_wall_s": round(took, 1),
            "facility_jobs": sum(f["jobs"] for f in p.values()),
            "facility_jobs_per_s": round(sum(f["jobs"] for f in p.values()) / took),
-           "agents": p["plain"]["agents"], "people": 1000}
+           "agents": p["plain"]["agents"], "people": sc.people_count}
     for name, f in p.items():
         out[f"human_wait_p50_{name}_s"] = round(f["people_wait_s"]["p50"], 1)
         out[f"human_wait_p90_{name}_s"] = round(f["people_wait_s"]["p90"], 1)
@@ -129,11 +130,6 @@ def headline(days: float, sweep: bool) -> dict:
         out[f"agent_loop_short_p90_{name}_s"] = round(f["agent_loop_short_s"]["p90"], 1)
         out[f"utilisation_{name}"] = f["utilisation"]
         out[f"agent_results_per_h_{name}"] = f["agent_results_per_h"]
-    if sweep:
-        s7 = scenario.build(None, "2000-node", 7, 1, AgentModel(), PeopleModel(people=1000), SchedConfig())
-        out["sweep"] = scenario.sweep(s7, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
-        for row in out["sweep"]:
-            print(json.dumps(row), file=sys.stderr)
     return out
 
 
@@ -141,8 +137,8 @@ def ablation(days: float) -> dict:
     """corral with each of its parts turned off in turn (and all of them: which must be
     the plain arm exactly), same month, agents at 50%."""
     rows = []
-    for off in ([], ["view"], ["fast"], ["cache"], ["policy"], ["nice"], sorted(PARTS)):
-        sc = scenario.build(None, "2000-node", days, 1, AgentModel(share=0.5), PeopleModel(people=1000),
+    for off in ([], ["view"], ["fast"], ["cache"], ["policy"], ["nice"], sorted(TODAY)):
+        sc = scenario.build(None, "2000-node", days, 1, AgentModel(share=0.5), PeopleModel(),
                             SchedConfig(), corral_off=frozenset(off))
         f = Run(sc, "corral").go()
         rows.append({"without": ",".join(off) or "-", "people_wait_p50_s": round(f["people_wait_s"]["p50"], 1),
@@ -161,7 +157,7 @@ def main() -> None:
     a = ap.parse_args()
     result = validate(3000 if a.quick else None)
     result.update(memory(3 if a.quick else 7))
-    result.update(headline(7 if a.quick else 30, sweep=not a.quick))
+    result.update(headline(7 if a.quick else 30))
     if not a.quick:
         result.update(ablation(7))
     print(json.dumps(result))

@@ -65,7 +65,7 @@ def _json_errors(ctx: click.Context) -> None:
                    "and corral-new's levers preempt, predict, cap.")
 @click.option("--guarantee", type=float, default=0.0, show_default=True,
               help="corral-new: share of a partition's cores agents' jobs get without preemption.")
-@click.option("--reserve", type=float, default=0.02, show_default=True,
+@click.option("--reserve", type=float, default=0.01, show_default=True,
               help="corral-new: share of a partition's cores preemptible jobs leave idle for people's next jobs.")
 @click.option("--walltime-margin", type=float, default=2.0, show_default=True,
               help="corral-new: the walltime asked is the predicted runtime times this.")

@@ -23,7 +23,9 @@ in whatever is free, whatever a reservation says; a job that is not preemptible 
 would start if the preemptible jobs were not there preempts them, youngest first (the
 least work lost), and they go back to the queue to start over. The work they had done
 is counted lost (``lost_core_s``). A job whose runtime exceeds its limit ends at the
-limit (TIMEOUT), as Slurm ends it; the policy decides what follows.
+limit (TIMEOUT), as Slurm ends it, and the policy decides what follows; but a
+preemptible job whose limit corral tightened (``ask`` above ``limit``) gets its
+owner's limit back when it reaches it, as an operator's ``scontrol update`` would.
 """
 
 from __future__ import annotations
@@ -127,6 +129,8 @@ class Engine:
         for p in self.parts:
             p.reserve_c = int(p.cores * sched.reserve) if self.preempt else 0
         self.preemptions = 0
+        self.extensions = 0
+        """Preemptible jobs whose tightened limit was raised back to their owner's at it."""
         self.lost_core_s = 0.0
         """Core-seconds preempted jobs had run before they were requeued: work done twice."""
         self.on_preempt: Callable[[SimJob], None] | None = None
@@ -167,7 +171,10 @@ class Engine:
                     self.live -= 1
                 if kind == END:
                     if obj.state == RUNNING and obj.end_at == t:  # else preempted since, or finished early
-                        self._end(obj)
+                        if obj.pre and obj.run > obj.limit and obj.ask > obj.limit:
+                            self._extend(obj)
+                        else:
+                            self._end(obj)
                 elif kind == ARRIVE:
                     self.submit(obj)
                 elif kind == CALL:
@@ -259,6 +266,19 @@ class Engine:
             self._next_backfill()
         if self.on_end is not None:
             self.on_end(job)
+
+    def _extend(self, job: SimJob) -> None:
+        """A preemptible job at its tightened limit gets the limit its owner asked for
+        (``scontrol update TimeLimit``): no work lost, and no promise to a job that may
+        preempt is broken, since such a job counts the preemptible ones as free."""
+        p = self.parts[job.part]
+        p.ends.remove((job.start + job.limit, job.id, job))
+        job.limit = job.ask
+        p.ends.add((job.start + job.limit, job.id, job))
+        self.extensions += 1
+        self.live += 1
+        job.end_at = job.start + min(job.run, job.limit)
+        heapq.heappush(self.heap, (job.end_at, next(self.seq), END, job))
 
     @staticmethod
     def _unpre(p: Partition, job: SimJob) -> None:

@@ -7,8 +7,10 @@
 - ``predict``: walltimes from outcome memory. An agent asks for a round walltime far
   above its run; corral predicts the run from the session's earlier runs (the largest
   of the last ``history`` times ``margin``) and asks Slurm for that, so backfill can
-  place the job. A job that overruns the tightened limit ends at it (TIMEOUT) and
-  corral resubmits it with the agent's own limit: that work is lost and counted.
+  place the job. A preemptible job that reaches the tightened limit gets the agent's
+  own back (extended, nothing lost: jobs that may preempt it never counted on it); one
+  that is not preemptible ends at it (TIMEOUT) and corral resubmits it with the
+  agent's own limit: that work is lost and counted.
 - ``cap``: the facility's per-job size limit (the Cedar rule ``agents-job-size``,
   256 CPUs by default) follows people's demand: a larger job passes while it fits in
   what people neither use nor queue for (less what agents already hold); otherwise

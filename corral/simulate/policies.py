@@ -77,7 +77,7 @@ class Scenario:
     people's; 1 sorts after every person's job, whatever its age."""
     guarantee: float = 0.0
     """``preempt``: agents' share of a partition's cores that is not preemptible."""
-    reserve: float = 0.02
+    reserve: float = 0.01
     """``preempt``: share of a partition's cores preemptible jobs leave idle for the next people's jobs."""
     margin: float = 2.0
     """``predict``: the predicted runtime times this is the limit corral asks for."""
@@ -368,6 +368,7 @@ class Run:
             "useful_utilisation": round((busy - lost) / (cores * span), 4),
             "lost_core_h": round(lost / 3600, 1),
             "preemptions": eng.preemptions,
+            "extensions": eng.extensions,
             "levers": self.levers.figures(span),
             "controller": self.plane.summary(),
             "people_jobs_per_h": round(c["people_jobs"] / (span / HOUR), 2),

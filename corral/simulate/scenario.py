@@ -25,7 +25,7 @@ GENERATED_EPOCH = float(calendar.timegm((2026, 6, 1, 0, 0, 0)))  # a Monday
 def build(trace: Path | None, facility: str | None, days: float, seed: int, agents: AgentModel,
           people: PeopleModel, sched: SchedConfig, times: ServiceTimes | None = None,
           cedar: Path | None = None, settings: Settings | None = None, agent_tier: int = 0,
-          corral_off: frozenset[str] = frozenset(), guarantee: float = 0.0, reserve: float = 0.02,
+          corral_off: frozenset[str] = frozenset(), guarantee: float = 0.0, reserve: float = 0.01,
           margin: float = 2.0) -> Scenario:
     if sched.algorithm not in ALGORITHMS:
         raise InvalidRequest(f"unknown scheduler {sched.algorithm!r}", hint=f"use one of {', '.join(ALGORITHMS)}")
