@@ -14,13 +14,13 @@ demand). Scenarios:
 2. the agents' share swept from 10% to 60%, 30 days at each (``corral simulate
    --sweep``; a week's sweep is noisier: at 10%, 44 agents' closed loops);
 3. the ablation: corral-new with each lever alone and with each left out (7 days,
-   agents at 50%);
+   agents at 50%), and its knobs moved one at a time;
 4. walltime prediction error on the three real traces of ../shared/data/traces.
 
 ``pareto`` is true when corral-new passes every check of
 ``corral.simulate.scenario.PARETO`` against plain and the ban, on the documented
 scenario and at every share of the sweep. --quick: 7 days, shares 10% and 50%, no
-ablation, no traces. Last line: one JSON object.
+ablation, no traces. --jobs N runs N simulations at once (each is single-threaded). Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -47,10 +48,10 @@ KEYS = ("people_wait_p50_s", "people_wait_p90_s", "agent_results_per_h", "agent_
 TRACES = ("lublin_256.swf", "NASA-iPSC-1993-3.1-cln.swf.gz", "DOST-ASTI-COARE-Saliksik-2020-cln.swf")
 
 
-def _build(days: float, share: float, off: frozenset[str] = frozenset()) -> scenario.Scenario:
+def _build(days: float, share: float, off: frozenset[str] = frozenset(), **knobs: float) -> scenario.Scenario:
     """The defaults of ``corral simulate`` (so each figure is that command's)."""
     return scenario.build(None, "2000-node", days, 1, AgentModel(share=share), PeopleModel(), SchedConfig(),
-                          corral_off=off)
+                          corral_off=off, **knobs)  # type: ignore[arg-type]
 
 
 def _row(h: dict) -> dict:
@@ -58,63 +59,86 @@ def _row(h: dict) -> dict:
     return {k: round(h[k], 4) if isinstance(h[k], float) else h[k] for k in KEYS}
 
 
-def documented(days: float) -> dict:
-    r = scenario.compare(_build(days, 0.5), tuple(NAMES))["policies"]
-    heads = {n: scenario.headline(f) for n, f in r.items()}
-    out = {NAMES[n]: _row(h) for n, h in heads.items()}
-    for n, f in r.items():
-        out[NAMES[n]]["wall_s"] = f["wall_s"]
-    out["corral-new"]["preemptions"] = r["corral-new"]["preemptions"]
-    out["corral-new"]["levers"] = r["corral-new"]["levers"]
-    checks = scenario.pareto(heads["corral-new"], heads["plain"], heads["ban"])
-    return {"policies": out, "checks": checks}
+Task = tuple[float, float, str, frozenset, tuple]
+"""(days, agents' share, policy, corral_without, knobs as (name, value) pairs)"""
 
 
-def sweep(days: float, shares: list[float]) -> list[dict]:
-    rows = scenario.sweep(_build(days, 0.5), shares, tuple(NAMES))
+def _go(task: Task) -> dict:
+    """One run; what the tables need of it (a separate process may run it)."""
+    days, share, policy, off, knob = task
+    f = Run(_build(days, share, frozenset(off), **dict(knob)), policy).go()
+    return {**scenario.headline(f), "preemptions": f["preemptions"], "extensions": f["extensions"],
+            "levers": f["levers"], "agent_loop_p99_s": f["agent_loop_s"]["p99"], "wall_s": f["wall_s"]}
+
+
+def _headlines(f: dict) -> dict:
+    return {**_row(f), "preemptions": f["preemptions"]}
+
+
+def documented(days: float, run: dict) -> dict:
+    heads = {n: run[(days, 0.5, n, frozenset(), ())] for n in NAMES}
+    out = {NAMES[n]: {**_row(h), "wall_s": h["wall_s"]} for n, h in heads.items()}
+    new = heads["corral-new"]
+    out["corral-new"].update(preemptions=new["preemptions"], extensions=new["extensions"], levers=new["levers"])
+    return {"policies": out, "checks": scenario.pareto(new, heads["plain"], heads["ban"])}
+
+
+def sweep(days: float, shares: list[float], run: dict) -> list[dict]:
     out = []
     for share in shares:
-        at = {r["policy"]: r for r in rows if r["share"] == share}
-        checks = scenario.pareto(at["corral-new"], at["plain"], at["ban"])
+        at = {n: run[(days, share if n != "ban" else 0.5, n, frozenset(), ())] for n in NAMES}
         out.append({"share": share, "agents": at["plain"]["agents"],
-                    "policies": {NAMES[n]: _row(h) for n, h in at.items()}, "checks": checks})
-        print(json.dumps(out[-1]), file=sys.stderr)
+                    "policies": {NAMES[n]: _row(h) for n, h in at.items()},
+                    "checks": scenario.pareto(at["corral-new"], at["plain"], at["ban"])})
     return out
 
 
-def ablation(days: float) -> list[dict]:
+def _ablation_cases() -> list[tuple[str, str, frozenset]]:
     """corral-new with one lever alone (the others off; ``fast`` is corral-today's
     own, so "fast alone" is corral-today) and with one lever left out."""
-    levers = sorted(LEVERS | {"fast"})
-    rows = []
-    cases: list[tuple[str, str, frozenset[str]]] = [("corral-today", "corral", frozenset())]
+    cases: list[tuple[str, str, frozenset]] = [("corral-today", "corral", frozenset())]
     cases += [(f"{x} alone", "corral-new", frozenset(LEVERS - {x})) for x in sorted(LEVERS)]
     cases += [("all levers", "corral-new", frozenset())]
-    cases += [(f"all but {x}", "corral-new", frozenset({x})) for x in levers]
-    for label, policy, off in cases:
-        f = Run(_build(days, 0.5, off), policy).go()
-        rows.append({"case": label, "corral_without": ",".join(sorted(off)) or "-", **_row(scenario.headline(f)),
-                     "preemptions": f["preemptions"], "overruns": f["levers"]["overruns"]})
-        print(json.dumps(rows[-1]), file=sys.stderr)
-    return rows
+    cases += [(f"all but {x}", "corral-new", frozenset({x})) for x in sorted(LEVERS | {"fast"})]
+    return cases
+
+
+KNOBS = (("guarantee", (0.0, 0.02, 0.05, 0.1)), ("reserve", (0.0, 0.01, 0.02, 0.05)), ("margin", (1.5, 2.0, 3.0)))
+"""corral-new with one knob moved at a time (``--guarantee``, ``--reserve``, ``--walltime-margin``)."""
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process (default 1)")
     a = ap.parse_args()
     t0 = time.perf_counter()
-    doc = documented(7 if a.quick else 30)
-    print(json.dumps(doc), file=sys.stderr)
+    doc_days = 7 if a.quick else 30
     shares = [0.1, 0.5] if a.quick else [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
-    sweep_days = 7 if a.quick else 30
-    sw = sweep(sweep_days, shares)
-    result: dict = {"documented_days": 7 if a.quick else 30, "sweep_days": sweep_days, **doc, "sweep": sw,
+    tasks: list[Task] = [(doc_days, 0.5, n, frozenset(), ()) for n in NAMES]
+    tasks += [(doc_days, s, n, frozenset(), ()) for s in shares for n in NAMES if n != "ban"]
+    tasks.append((doc_days, 0.5, "ban", frozenset(), ()))  # people alone: the same at every share
+    if not a.quick:
+        tasks += [(7, 0.5, pol, off, ()) for _, pol, off in _ablation_cases()]
+        tasks += [(7, 0.5, "corral-new", frozenset(), ((k, v),)) for k, vs in KNOBS for v in vs]
+    tasks = list(dict.fromkeys(tasks))
+    with ProcessPoolExecutor(max_workers=max(1, a.jobs)) as pool:
+        run = dict(zip(tasks, pool.map(_go, tasks)))
+    doc = documented(doc_days, run)
+    sw = sweep(doc_days, shares, run)
+    result: dict = {"documented_days": doc_days, "sweep_days": doc_days, **doc, "sweep": sw,
                     "pareto": doc["checks"]["all"] and all(r["checks"]["all"] for r in sw)}
     if not a.quick:
-        result["ablation"] = ablation(7)
+        result["ablation"] = [{"case": label, "corral_without": ",".join(sorted(off)) or "-",
+                               **_headlines(run[(7, 0.5, pol, off, ())]),
+                               "overruns": run[(7, 0.5, pol, off, ())]["levers"]["overruns"]}
+                              for label, pol, off in _ablation_cases()]
+        result["knobs"] = [{"knob": k, "value": v, **_headlines(f := run[(7, 0.5, "corral-new", frozenset(), ((k, v),))]),
+                            "extensions": f["extensions"], "agent_loop_p99_s": f["agent_loop_p99_s"]}
+                           for k, vs in KNOBS for v in vs]
         result["traces"] = [trace_error(shared_data("traces") / t) for t in TRACES]
     result["wall_s"] = round(time.perf_counter() - t0, 1)
+    result["jobs"] = a.jobs
     print(json.dumps(result))
 
 
