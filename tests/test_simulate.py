@@ -166,6 +166,9 @@ def test_command_reports_in_three_forms(tmp_path: Path) -> None:
     (["--sweep", "0.1,x"], "not a list of shares"),
     (["--agent-tier", "3"], "--agent-tier must be 0"),
     (["--corral-without", "fast,wings"], "unknown part of corral wings"),
+    (["--reserve", "1.5"], "--reserve must be a share of cores"),
+    (["--guarantee", "-0.1"], "--guarantee must be a share of cores"),
+    (["--walltime-margin", "0.5"], "--walltime-margin must be at least 1"),
 ])
 def test_bad_input_is_refused_in_the_callers_terms(args: list[str], says: str) -> None:
     r = _cli(*args, "--json")
