@@ -176,6 +176,21 @@ def gateway(tmp_path):
         yield gw
 
 
+@pytest.fixture(autouse=True)
+def _reachable_tmp_path(request: pytest.FixtureRequest) -> None:
+    """Under a root gateway every principal without a Unix user runs as a dynamic uid of
+    its own (corral/identity.py), and a job's working directory must be one it may write:
+    a test's tmp_path (root's, 0700, under 0700 parents) is made traversable and
+    writable, as a project directory people share would be."""
+    if "tmp_path" not in request.fixturenames or os.geteuid() != 0:
+        return
+    tmp = request.getfixturevalue("tmp_path")
+    tmp.chmod(0o777)
+    for parent in (tmp.parent, tmp.parent.parent):
+        if parent.name.startswith("pytest-"):
+            parent.chmod(0o711)
+
+
 @pytest.fixture
 def agent_dir() -> Iterator[Path]:
     """A working directory an agent's job can use: it runs sandboxed, and under a root

@@ -76,6 +76,8 @@ def test_visibility_own_sponsor_admin(gateway: Gateway, people, tmp_path) -> Non
 
 def test_idempotency_key_yields_one_job(gateway: Gateway, people, agent_dir) -> None:
     marker = agent_dir / "ran"
+    marker.touch()
+    marker.chmod(0o666)  # bot1 and bot2 are two identities: both append to it
     body = {"command": f"echo x >> {marker}", "workdir": str(agent_dir)}
 
     def post(_: int) -> httpx.Response:
@@ -91,8 +93,9 @@ def test_idempotency_key_yields_one_job(gateway: Gateway, people, agent_dir) -> 
         h.get(f"/v1/jobs/{ids.pop()}/wait", params={"timeout": 30})
         # The same key from another principal is another job.
     with gateway.http(people["bot2"]) as h:
-        assert h.post("/v1/jobs", json=body, headers={"Idempotency-Key": "retry-1"}).status_code == 201
-    time.sleep(1)
+        r = h.post("/v1/jobs", json=body, headers={"Idempotency-Key": "retry-1"})
+        assert r.status_code == 201
+        assert h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": 30}).json()["state"] == "COMPLETED"
     assert marker.read_text().count("x") == 2
 
 
