@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -61,20 +62,23 @@ async def full_loop(client: Client, workdir: str) -> dict[str, Any]:
     assert annotations["job_status"].read_only_hint and annotations["wait_for_events"].read_only_hint
     info = data(await client.call_tool("facility_info", {}))
     assert info["partitions"][0]["name"] == "local"
-    plan = await client.call_tool("plan_job", {"spec": {"command": "true", "workdir": workdir, "walltime": "10m"}})
+    plan = await client.call_tool("plan_job", {"command": "true", "workdir": workdir, "walltime": "10m"})
     planned = data(plan)
     assert planned["allowed"] and planned["lane"] == "local" and "starts now" in plan.content[0].text, planned
-    assert error_text(await client.call_tool("plan_job", {"spec": {"command": "true", "cpus": "many"}}))
+    assert error_text(await client.call_tool("plan_job", {"command": "true", "cpus": "many"}))
     sub = data(await client.call_tool("submit_job", {"command": "echo from-mcp; echo warn >&2", "workdir": workdir}))
     assert "wait_for_job" in sub["next"] and str(sub["job_id"]) in sub["next"]
     done = data(await client.call_tool("wait_for_job", {"job_id": sub["job_id"], "timeout_s": 30}))
     assert done["reached"] and done["state"] == "COMPLETED" and "job_output" in done["next"]
     page = await client.call_tool("job_output", {"job_id": sub["job_id"]})
-    # always marked as data for the model, flagged or not; the page is the text, not sent twice
-    assert page.content[0].text == f"<untrusted-data source='job {sub['job_id']} stdout'>\nfrom-mcp\n\n</untrusted-data>"
-    assert data(page)["eof"] and "from-mcp" not in json.dumps(page.structured_content)
+    # always marked as data for the model, flagged or not, between tags with this answer's nonce; the page is in
+    # the structured content (what Claude Code and Codex hand the model) and the text block alike
+    text = page.content[0].text
+    assert re.fullmatch(rf"<untrusted-data-([0-9a-f]{{12}}) source='job {sub['job_id']} stdout'>\nfrom-mcp\n\n"
+                        r"</untrusted-data-\1>", text), text
+    assert data(page)["eof"] and data(page)["text"] == text
     err = (await client.call_tool("job_output", {"job_id": sub["job_id"], "stream": "stderr", "tail_lines": 1})).content[0].text
-    assert err.split("\n")[1] == "warn" and err.endswith("</untrusted-data>")
+    assert err.split("\n")[1] == "warn" and re.search(r"</untrusted-data-[0-9a-f]{12}>$", err)
     listed = data(await client.call_tool("list_jobs", {}))
     assert sub["job_id"] in [j["id"] for j in listed["jobs"]]
     raw = await client.call_tool("job_status", {"job_id": sub["job_id"]})
