@@ -122,7 +122,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     n = 3 if args.quick else 10
-    gw = GatewayProcess("--cpus", "2")
+    gw = GatewayProcess("--backend", "local", "--cpus", "2")
     try:
         with gw.client() as h:
             h.post("/v1/principals", json={"name": "alice", "kind": "human"})
