@@ -293,7 +293,7 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
     @_guarded
     async def submit_jobs(
         ctx: Context,
-        jobs: Annotated[list[JobFields], Field(min_length=1, max_length=1000, description=(  # type: ignore[valid-type]
+        jobs: Annotated[list[JobFields], Field(min_length=1, max_length=1000, description=(
             "The jobs, 1 to 1000, each with submit_job's fields."))],
         idempotency_key: IdemKey = None,
         array: Annotated[str | None, Field(max_length=200, description=(
