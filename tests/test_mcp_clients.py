@@ -123,9 +123,10 @@ def test_codex_hands_the_model_what_corral_says(gateway: Gateway, agent_dir: Pat
         assert_the_model_read(standin, cp)
 
 
-@pytest.mark.parametrize("client", ["claude", "codex"])
+@pytest.mark.parametrize("client,transport", [("claude", "stdio"), ("claude", "http"), ("codex", "stdio"),
+                                              ("codex", "http")])
 def test_an_auth_error_reaches_the_model_in_corrals_words(gateway: Gateway, agent_dir: Path, tmp_path: Path,
-                                                          client: str) -> None:
+                                                          client: str, transport: str) -> None:
     """A revoked token: the client still lists corral's tools, and a call answers what
     is wrong and what to do (not 'Connection closed', not an OAuth registration)."""
     _agent(gateway)
@@ -135,13 +136,19 @@ def test_an_auth_error_reaches_the_model_in_corrals_words(gateway: Gateway, agen
     script: list[Step] = [("submit_job", {"command": "true", "workdir": str(agent_dir)})]
     with StandIn(script) as standin:
         if client == "claude":
-            cfg = claude_config(tmp_path / "mcp.json", _stdio(gateway, minted["token"]))
+            server = _stdio(gateway, minted["token"]) if transport == "stdio" else {
+                "type": "http", "url": f"{gateway.url}/mcp", "headers": {"Authorization": f"Bearer {minted['token']}"}}
+            cfg = claude_config(tmp_path / "mcp.json", server)
             cp = run_claude(standin, [cfg, "--strict-mcp-config", "-p", "go", "--allowedTools", "mcp__corral"],
                             tmp_path / "home", agent_dir)
         else:
-            cp = run_codex(standin, ["-c", f'mcp_servers.corral.url="{gateway.url}/mcp"',
-                                     "-c", 'mcp_servers.corral.bearer_token_env_var="CORRAL_TOKEN"'],
-                           tmp_path / "home", agent_dir, CORRAL_TOKEN=minted["token"])
+            config = (["-c", f'mcp_servers.corral.url="{gateway.url}/mcp"',
+                       "-c", 'mcp_servers.corral.bearer_token_env_var="CORRAL_TOKEN"'] if transport == "http" else
+                      ["-c", f"mcp_servers.corral.command={json.dumps(sys.executable)}",
+                       "-c", 'mcp_servers.corral.args=["-m", "corral.entry", "mcp"]',
+                       "-c", 'mcp_servers.corral.env_vars=["CORRAL_TOKEN", "CORRAL_URL", "PYTHONPATH"]'])
+            cp = run_codex(standin, config, tmp_path / "home", agent_dir, CORRAL_TOKEN=minted["token"],
+                           CORRAL_URL=gateway.url)
         assert cp.returncode == 0, cp.stderr[-3000:]
         assert any(n.endswith("submit_job") for n in standin.tool_names()), standin.tool_names()
         said = standin.tool_results()
@@ -181,3 +188,20 @@ def test_the_clients_are_pinned() -> None:
     for name, version in deps.items():
         assert lock["packages"][f"node_modules/{name}"]["version"] == version
     assert shutil.which("node") or os.environ.get("CI") != "true"
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_the_typescript_sdk_client_validates_every_result_against_its_schema(
+        gateway: Gateway, agent_dir: Path, tmp_path: Path, transport: str) -> None:
+    _client("claude")  # installed together (scripts/clients-up)
+    token = _agent(gateway, max_cpus=1)
+    cp = subprocess.run(["node", str(Path(__file__).parent / "clients" / "ts_client.mjs"), transport, str(agent_dir)],
+                        capture_output=True, text=True, timeout=180, cwd=Path(__file__).parent / "clients",
+                        env=_env(tmp_path / "home", CORRAL_TOKEN=token, CORRAL_URL=gateway.url,
+                                 CORRAL_PYTHON=sys.executable))
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    got = json.loads(cp.stdout.strip().splitlines()[-1])
+    assert "submit_job" in got["tools"] and got["state"] == "COMPLETED"
+    assert "ts-sdk-output" in got["page"]["text"] and got["page"]["eof"]
+    assert got["plan"]["allowed"]  # plan_job takes the fields as submit_job does, '4G' and '30m' included
+    assert got["refused"]["isError"] and "at most 1 CPUs" in got["refused"]["text"]
