@@ -205,3 +205,27 @@ def test_the_typescript_sdk_client_validates_every_result_against_its_schema(
     assert "ts-sdk-output" in got["page"]["text"] and got["page"]["eof"]
     assert got["plan"]["allowed"]  # plan_job takes the fields as submit_job does, '4G' and '30m' included
     assert got["refused"]["isError"] and "at most 1 CPUs" in got["refused"]["text"]
+
+
+def test_a_long_wait_answers_within_claude_codes_tool_timeout(tmp_path: Path, agent_dir: Path) -> None:
+    """A job that runs past the client's tool timeout. Claude Code does not extend its
+    timeout on progress notifications (measured: a wait of 30 s with progress every 1 s
+    failed at MCP_TOOL_TIMEOUT=4 s), so the wait answers 'not yet, call again' within
+    mcp_wait_s, shorter than the client's timeout, and the next call gets the end."""
+    from .conftest import running
+
+    with running(tmp_path, CORRAL_MCP_WAIT_S="3", CORRAL_MCP_PROGRESS_S="1") as gateway:
+        token = _agent(gateway)
+        script: list[Step] = [("submit_job", {"command": "sleep 5; echo slept", "workdir": str(agent_dir)}),
+                              ("wait_for_job", lambda r: {"job_id": job_id_in(r)}),
+                              ("wait_for_job", lambda r: {"job_id": job_id_in(r)}),
+                              ("wait_for_job", lambda r: {"job_id": job_id_in(r)})]
+        with StandIn(script) as standin:
+            cfg = claude_config(tmp_path / "mcp.json", _stdio(gateway, token))
+            cp = run_claude(standin, [cfg, "--strict-mcp-config", "-p", "go", "--allowedTools", "mcp__corral"],
+                            tmp_path / "home", agent_dir, MCP_TOOL_TIMEOUT="6000")
+            assert cp.returncode == 0, cp.stderr[-3000:]
+            said = standin.tool_results()
+            assert '"reached":false' in said[1] and "again" in said[1], said  # not a timeout: call again
+            assert any('"state":"COMPLETED"' in s for s in said[2:]), said
+            assert not any("timed out" in s for s in said), said
