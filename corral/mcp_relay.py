@@ -1,9 +1,11 @@
 """``corral mcp``: MCP over stdio as a relay of JSON-RPC to the gateway's streamable
 HTTP endpoint (``/mcp``), so that there is one MCP implementation, the gateway's.
 
-Standard library only, and nothing of corral's heavy modules: a client (Claude Code,
-Codex) waits for ``initialize`` before it lists tools, and one-shot runs that start
-before the answer have no corral tools at all (docs/decisions/0006-mcp-stdio-relay.md).
+Standard library only, and little of it (HTTP/1.1 spoken on a socket here: http.client
+would import the email package, most of the relay's start), and nothing of corral's
+heavy modules: a client (Claude Code, Codex) waits for ``initialize`` before it lists
+tools, and one-shot runs that start before the answer have no corral tools at all
+(docs/decisions/0006-mcp-stdio-relay.md).
 
 Each message read from stdin is POSTed on a thread of its own (a long wait does not
 hold up a status call); the answer, JSON or a stream of server-sent events (progress
@@ -20,11 +22,10 @@ calls with a tool error in its own words.
 
 from __future__ import annotations
 
-import http.client
 import json
+import socket
 import sys
 import threading
-import urllib.parse
 from typing import Any, BinaryIO, Iterator
 
 TIMEOUT_S = 300.0
@@ -34,11 +35,13 @@ TIMEOUT_S = 300.0
 
 class Relay:
     def __init__(self, url: str, token: str | None, session: str | None, out: BinaryIO) -> None:
-        parts = urllib.parse.urlsplit(url.rstrip("/"))
-        self.https = parts.scheme == "https"
-        self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or (443 if self.https else 80)
-        self.path = (parts.path or "") + "/mcp"
+        scheme, _, rest = url.rstrip("/").partition("://")
+        netloc, slash, path = rest.partition("/")
+        self.https = scheme == "https"
+        host, colon, port = netloc.rpartition(":") if "]" not in netloc.rpartition(":")[2] else ("", "", "")
+        self.host = (host if colon else netloc).strip("[]") or "127.0.0.1"
+        self.port = int(port) if colon and port.isdigit() else (443 if self.https else 80)
+        self.path = (slash + path if path else "") + "/mcp"
         self.url = url
         self.token = token
         self.session = session
@@ -71,17 +74,32 @@ class Relay:
 
     def _post(self, message: dict[str, Any]) -> tuple[int, dict[str, str], Iterator[bytes]]:
         """(status, headers, the JSON-RPC messages of the answer, as they arrive)."""
-        cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
-        conn = cls(self.host, self.port, timeout=TIMEOUT_S)
-        conn.request("POST", self.path, body=json.dumps(message).encode(), headers=self._headers())
-        resp = conn.getresponse()
-        headers = {k.lower(): v for k, v in resp.getheaders()}
+        body = json.dumps(message).encode()
+        sock = socket.create_connection((self.host, self.port), timeout=TIMEOUT_S)
+        if self.https:
+            import ssl
+
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
+        head = "".join(f"{k}: {v}\r\n" for k, v in self._headers().items())
+        sock.sendall(f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nConnection: close\r\n"
+                     f"Content-Length: {len(body)}\r\n{head}\r\n".encode("latin-1") + body)
+        f = sock.makefile("rb")
+        try:
+            status = int(f.readline().split()[1])
+        except (IndexError, ValueError):
+            sock.close()
+            raise ConnectionError("the gateway's answer is not HTTP") from None
+        headers: dict[str, str] = {}
+        while (line := f.readline()) not in (b"\r\n", b"\n", b""):
+            k, _, v = line.decode("latin-1").partition(":")
+            headers[k.strip().lower()] = v.strip()
 
         def messages() -> Iterator[bytes]:
             try:
+                lines = _lines(_body(f, headers))
                 if headers.get("content-type", "").startswith("text/event-stream"):
                     data: list[bytes] = []
-                    for line in resp:
+                    for line in lines:
                         line = line.rstrip(b"\r\n")
                         if not line:
                             if data:
@@ -92,13 +110,14 @@ class Relay:
                     if data:
                         yield b"\n".join(data)
                 else:
-                    body = resp.read()
-                    if body.strip():
-                        yield body.strip()
+                    whole = b"".join(lines).strip()
+                    if whole:
+                        yield whole
             finally:
-                conn.close()
+                f.close()
+                sock.close()
 
-        return resp.status, headers, messages()
+        return status, headers, messages()
 
     def _open(self) -> None:
         """Initialize a new upstream session with the client's own parameters."""
@@ -131,7 +150,7 @@ class Relay:
                 if method == "initialize":
                     self.version = (json.loads(raw).get("result") or {}).get("protocolVersion") or self.version
                 self.write(raw)
-        except (OSError, http.client.HTTPException, ConnectionError) as e:
+        except (OSError, ValueError, ConnectionError) as e:
             self.fail(message, f"the corral gateway at {self.url} does not answer ({e.__class__.__name__}: {e}); "
                                "start it (corral serve) or set CORRAL_URL to where it runs, then call again")
 
@@ -163,6 +182,33 @@ class Relay:
             self.write({"jsonrpc": "2.0", "id": rid, "error": {"code": -32603, "message": sentence}})
             return
         self.write({"jsonrpc": "2.0", "id": rid, "result": result})
+
+
+def _body(f: Any, headers: dict[str, str]) -> Iterator[bytes]:
+    """An HTTP/1.1 body as it arrives: chunked, by length, or to the connection's end."""
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        while True:
+            size = int(f.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                return
+            yield f.read(size)
+            f.readline()  # the chunk's CRLF
+    elif "content-length" in headers:
+        yield f.read(int(headers["content-length"]))
+    else:
+        while chunk := f.read1(65536):
+            yield chunk
+
+
+def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    rest = b""
+    for chunk in chunks:
+        rest += chunk
+        *whole, rest = rest.split(b"\n")
+        for line in whole:
+            yield line + b"\n"
+    if rest:
+        yield rest
 
 
 def _refusal(status: int, body: bytes, url: str) -> str:
