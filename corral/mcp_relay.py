@@ -233,8 +233,10 @@ def serve(url: str, token: str | None, session: str | None, stdin: BinaryIO | No
         except ValueError as e:
             relay.write({"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": f"parse error: {e}"}})
             continue
-        if message.get("method") == "initialize":
-            relay.handle(message)  # first, alone: the session id every later message carries
+        if message.get("method") == "initialize" or "id" not in message:
+            # initialize first, alone: the session id every later message carries; notifications
+            # (initialized, cancelled) in order, so none overtakes what it is about
+            relay.handle(message)
             continue
         t = threading.Thread(target=relay.handle, args=(message,), daemon=True)
         t.start()

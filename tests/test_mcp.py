@@ -160,14 +160,14 @@ def _agent(gateway: Gateway) -> str:
         return h.post("/v1/tokens", json={"for": "claude", "expires": "1h"}).json()["token"]
 
 
-def test_stdio_spawning_corral_mcp(gateway: Gateway, tmp_path) -> None:
+def test_stdio_spawning_corral_mcp(gateway: Gateway, agent_dir) -> None:
     token = _agent(gateway)
     params = StdioServerParameters(command=sys.executable, args=["-m", "corral.entry", "mcp"],
                                    env=gateway.env(token, CORRAL_SESSION="stdio-session-1"))
 
     async def scenario() -> dict[str, Any]:
         async with Client(params) as client:
-            return await full_loop(client, str(tmp_path))
+            return await full_loop(client, str(agent_dir))  # a directory the agent's identity may write
 
     sub = asyncio.run(scenario())
     with gateway.http(token) as h:
@@ -213,7 +213,7 @@ def test_stdio_without_a_usable_token_or_gateway_tells_the_model(gateway: Gatewa
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
-def test_http_against_the_gateway(gateway: Gateway, tmp_path, mode) -> None:
+def test_http_against_the_gateway(gateway: Gateway, agent_dir, mode) -> None:
     token = _agent(gateway) if mode == "legacy" else None
     if token is None:
         with gateway.http() as h:
@@ -228,7 +228,7 @@ def test_http_against_the_gateway(gateway: Gateway, tmp_path, mode) -> None:
             listed = await client.list_tools()
             if mode == "auto":  # the 2026-07-28 protocol: list results say how long they stay fresh
                 assert listed.ttl_ms == 600_000 and listed.cache_scope == "public"
-            return await full_loop(client, str(tmp_path))
+            return await full_loop(client, str(agent_dir))
 
     sub = asyncio.run(scenario())
     with gateway.http(token) as h:
