@@ -33,6 +33,7 @@ test: $(STAMP)
 	@scripts/browser-up || { [ "$$CI" != "true" ] && echo "make test: no Chromium; the browser test will skip"; }
 	@scripts/sandbox-up || { [ "$$CI" != "true" ] && echo "make test: no bubblewrap; the sandbox tests will skip"; }
 	@scripts/storage-up || { [ "$$CI" != "true" ] && echo "make test: no squashfs-tools; the storage tests will skip"; }
+	@scripts/clients-up || { [ "$$CI" != "true" ] && echo "make test: no npm; the Claude Code and Codex tests will skip"; }
 	$(BIN)/mypy
 	SLURM_CONF=$${SLURM_CONF:-/tmp/corral-slurm/etc/slurm.conf} $(BIN)/python -m pytest -q
 

@@ -51,7 +51,7 @@ class GatewayProcess:
         self.log = open(self.home / "serve.log", "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "corral.cli", "serve", "--port", str(self.port), *args],
                                      env=self.env, stdout=self.log, stderr=self.log)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # a loaded machine (shared CI runners) starts it slowly
         while time.monotonic() < deadline:
             try:
                 httpx.get(f"{self.url}/healthz", timeout=1)

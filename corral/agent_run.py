@@ -3,7 +3,8 @@ as a corral agent session.
 
 - Its token and session are in its environment (CORRAL_TOKEN, CORRAL_SESSION, CORRAL_URL).
 - corral's MCP server is configured for it without touching the user's own files:
-  Claude Code gets ``--mcp-config FILE``, Codex ``-c mcp_servers.corral...`` overrides;
+  Claude Code gets ``--mcp-config=FILE``, Codex ``-c mcp_servers.corral...`` overrides
+  (the token by name, from the environment, never on the command line);
   any other program finds the same JSON at $CORRAL_MCP_CONFIG.
 - Its PATH starts with corral's Slurm shims (corral/shims), so its ``sbatch`` and
   ``squeue -j`` loops are served by the gateway.
@@ -64,14 +65,19 @@ def mcp_config(corral_bin: str, env: dict[str, str]) -> dict[str, object]:
 
 
 def client_args(command: list[str], config_path: Path, corral_bin: str, env: dict[str, str]) -> list[str]:
-    """The command with corral's MCP server added, by the client's own mechanism."""
+    """The command with corral's MCP server added, by the client's own mechanism.
+
+    Claude Code: ``--mcp-config=FILE`` in one word, since ``--mcp-config FILE`` takes
+    every later word as another file (the prompt too). Codex: ``-c`` overrides naming
+    the variables it forwards from its own environment (``env_vars``), never their
+    values: a command line is readable by every user of a login node."""
     name = os.path.basename(command[0])
     if name == "claude":
-        return [command[0], "--mcp-config", str(config_path), *command[1:]]
+        return [command[0], f"--mcp-config={config_path}", *command[1:]]
     if name == "codex":
-        toml_env = "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + "}"
+        names = ", ".join(json.dumps(k) for k in env)
         return [command[0], "-c", f"mcp_servers.corral.command={json.dumps(corral_bin)}",
-                "-c", 'mcp_servers.corral.args=["mcp"]', "-c", f"mcp_servers.corral.env={toml_env}", *command[1:]]
+                "-c", 'mcp_servers.corral.args=["mcp"]', "-c", f"mcp_servers.corral.env_vars=[{names}]", *command[1:]]
     return command
 
 
@@ -156,7 +162,7 @@ def _command() -> "object":
 
         \b
         Its token and session are set; corral's MCP server is configured for it
-        (Claude Code: --mcp-config, Codex: -c mcp_servers.corral...; others:
+        (Claude Code: --mcp-config=FILE, Codex: -c mcp_servers.corral...; others:
         $CORRAL_MCP_CONFIG); its sbatch, squeue, sacct, scancel, sinfo, scontrol and
         srun are corral's; and, with bubblewrap, the munge socket and Slurm's own
         binaries are hidden, so the scheduler is reached through corral only.

@@ -199,8 +199,16 @@ class RequireToken:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         try:
-            caller = self.service.authenticate(bearer_token(headers.get("authorization")))
-            holder = session_holder(caller)
+            try:
+                holder = session_holder(self.service.authenticate(bearer_token(headers.get("authorization"))))
+            except CorralError as e:
+                if self.metadata or e.status != 401:
+                    raise
+                # No authorization server to send a client to: let the session open, so the
+                # client lists the tools and each call answers in corral's words what is
+                # wrong (every tool authenticates again), instead of a client starting an
+                # OAuth registration that cannot succeed (docs/decisions/0006-mcp-stdio-relay.md).
+                holder = "unauthenticated"
             sid = headers.get("mcp-session-id")
             if sid and self.bound.get(sid, holder) != holder:
                 raise Forbidden(f"MCP session {sid[:40]} was opened with another token",

@@ -393,36 +393,20 @@ def facility(o: Ctx) -> None:
 @cli.command("mcp")
 @click.pass_obj
 def mcp_stdio(o: Ctx) -> None:
-    """Serve corral's MCP tools over stdio for a coding agent, as a thin client of the
-    running gateway. Attach it with: claude mcp add corral -- corral mcp
+    """Serve corral's MCP tools over stdio for a coding agent: a relay to the running
+    gateway's MCP endpoint. Attach it with: claude mcp add corral -- corral mcp
 
     \b
     Needs CORRAL_TOKEN (the agent's token) and, unless the gateway is on
-    http://127.0.0.1:8765, CORRAL_URL. The session id is CORRAL_SESSION, or a new one.
+    http://127.0.0.1:8765, CORRAL_URL. The session id is CORRAL_SESSION, or the MCP
+    session's own. A missing or bad token, or a gateway that does not answer, does not
+    stop it: each tool call then answers with what is wrong and what to do.
     """
-    import anyio
-
-    from .client import Client
-    from .mcp_server import new_session_id, stdio_mcp
+    from .mcp_relay import serve
 
     # No fallback to the admin token file: an agent started in the gateway's directory
     # must not silently act as the admin.
-    token = o.token or os.environ.get("CORRAL_TOKEN")
-    if not token:
-        _fail("corral mcp needs the agent's own token in CORRAL_TOKEN; mint one with "
-              "'corral token mint --for AGENT --expires 8h'")
-    session = o.session or new_session_id()
-    client = Client(o.url, token, session)
-    me = client.whoami()  # fail now, with a clear message, not on the agent's first call
-    click.echo(f"corral mcp: serving {me['name']} (session {session}) on stdio, gateway {o.url}", err=True)
-    from .config import load_settings
-
-    try:  # its waits' limits: the facility's file and CORRAL_MCP_* (the rest is the gateway's)
-        s = load_settings()
-        waits = (s.mcp_wait_s, s.mcp_progress_s)
-    except InvalidRequest as e:
-        _fail(str(e))
-    anyio.run(stdio_mcp(client, *waits).run_stdio_async)
+    sys.exit(serve(o.url, o.token or os.environ.get("CORRAL_TOKEN"), o.session))
 
 
 @cli.group()

@@ -205,7 +205,9 @@ def gateway_mcp(service: Service) -> MCPServer:
     def ops_for(ctx: Context) -> Ops:
         headers = ctx.headers or {}
         service.metrics.requests.labels("mcp", "tool_call").inc()
-        session = headers.get("mcp-session-id")  # bound to this token by api.RequireToken
+        # The agent's own session (corral mcp relays CORRAL_SESSION, as the HTTP API takes it),
+        # else the transport's, bound to this token by api.RequireToken.
+        session = headers.get("x-corral-session") or headers.get("mcp-session-id")
         return ServiceOps(service, bearer_token(headers.get("authorization")), session)
 
     async def card_info() -> dict[str, Any]:

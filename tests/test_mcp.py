@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -61,20 +62,23 @@ async def full_loop(client: Client, workdir: str) -> dict[str, Any]:
     assert annotations["job_status"].read_only_hint and annotations["wait_for_events"].read_only_hint
     info = data(await client.call_tool("facility_info", {}))
     assert info["partitions"][0]["name"] == "local"
-    plan = await client.call_tool("plan_job", {"spec": {"command": "true", "workdir": workdir, "walltime": "10m"}})
+    plan = await client.call_tool("plan_job", {"command": "true", "workdir": workdir, "walltime": "10m"})
     planned = data(plan)
     assert planned["allowed"] and planned["lane"] == "local" and "starts now" in plan.content[0].text, planned
-    assert error_text(await client.call_tool("plan_job", {"spec": {"command": "true", "cpus": "many"}}))
+    assert error_text(await client.call_tool("plan_job", {"command": "true", "cpus": "many"}))
     sub = data(await client.call_tool("submit_job", {"command": "echo from-mcp; echo warn >&2", "workdir": workdir}))
     assert "wait_for_job" in sub["next"] and str(sub["job_id"]) in sub["next"]
     done = data(await client.call_tool("wait_for_job", {"job_id": sub["job_id"], "timeout_s": 30}))
     assert done["reached"] and done["state"] == "COMPLETED" and "job_output" in done["next"]
     page = await client.call_tool("job_output", {"job_id": sub["job_id"]})
-    # always marked as data for the model, flagged or not; the page is the text, not sent twice
-    assert page.content[0].text == f"<untrusted-data source='job {sub['job_id']} stdout'>\nfrom-mcp\n\n</untrusted-data>"
-    assert data(page)["eof"] and "from-mcp" not in json.dumps(page.structured_content)
+    # always marked as data for the model, flagged or not, between tags with this answer's nonce; the page is in
+    # the structured content (what Claude Code and Codex hand the model) and the text block alike
+    text = page.content[0].text
+    assert re.fullmatch(rf"<untrusted-data-([0-9a-f]{{12}}) source='job {sub['job_id']} stdout'>\nfrom-mcp\n\n"
+                        r"</untrusted-data-\1>", text), text
+    assert data(page)["eof"] and data(page)["text"] == text
     err = (await client.call_tool("job_output", {"job_id": sub["job_id"], "stream": "stderr", "tail_lines": 1})).content[0].text
-    assert err.split("\n")[1] == "warn" and err.endswith("</untrusted-data>")
+    assert err.split("\n")[1] == "warn" and re.search(r"</untrusted-data-[0-9a-f]{12}>$", err)
     listed = data(await client.call_tool("list_jobs", {}))
     assert sub["job_id"] in [j["id"] for j in listed["jobs"]]
     raw = await client.call_tool("job_status", {"job_id": sub["job_id"]})
@@ -156,14 +160,14 @@ def _agent(gateway: Gateway) -> str:
         return h.post("/v1/tokens", json={"for": "claude", "expires": "1h"}).json()["token"]
 
 
-def test_stdio_spawning_corral_mcp(gateway: Gateway, tmp_path) -> None:
+def test_stdio_spawning_corral_mcp(gateway: Gateway, agent_dir) -> None:
     token = _agent(gateway)
-    params = StdioServerParameters(command=sys.executable, args=["-m", "corral.cli", "mcp"],
+    params = StdioServerParameters(command=sys.executable, args=["-m", "corral.entry", "mcp"],
                                    env=gateway.env(token, CORRAL_SESSION="stdio-session-1"))
 
     async def scenario() -> dict[str, Any]:
         async with Client(params) as client:
-            return await full_loop(client, str(tmp_path))
+            return await full_loop(client, str(agent_dir))  # a directory the agent's identity may write
 
     sub = asyncio.run(scenario())
     with gateway.http(token) as h:
@@ -171,17 +175,45 @@ def test_stdio_spawning_corral_mcp(gateway: Gateway, tmp_path) -> None:
     assert job["principal"] == "claude" and job["session"] == "stdio-session-1"
 
 
-def test_stdio_refuses_to_start_without_a_valid_token(gateway: Gateway) -> None:
-    cp = gateway.cli("mcp", token="crl_bad_token")
-    assert cp.returncode == 2 and "token" in cp.stderr and "Traceback" not in cp.stderr
-    # Run in the gateway's own directory, with its admin token file readable: still refused.
+async def _said_to_the_model(client: Client) -> tuple[list[str], str]:
+    """(the tools listed, what a tool call answers): what a model would read."""
+    names = [t.name for t in (await client.list_tools()).tools]
+    result = await client.call_tool(names[0], {})
+    assert result.is_error
+    return names, result.content[0].text
+
+
+def test_stdio_without_a_usable_token_or_gateway_tells_the_model(gateway: Gateway) -> None:
+    """A bad, missing or revoked token, or no gateway, does not end `corral mcp` (the client
+    would say only 'Connection closed'): every call answers what is wrong and what to do."""
+    _agent(gateway)
+    with gateway.http() as h:
+        minted = h.post("/v1/tokens", json={"for": "claude", "expires": "1h"}).json()
+        assert h.delete(f"/v1/tokens/{minted['id']}").status_code == 200
+
+    def run(env: dict[str, str]) -> tuple[list[str], str]:
+        params = StdioServerParameters(command=sys.executable, args=["-m", "corral.entry", "mcp"], env=env)
+
+        async def scenario() -> tuple[list[str], str]:
+            async with Client(params) as client:
+                return await _said_to_the_model(client)
+
+        return asyncio.run(scenario())
+
+    names, said = run(gateway.env("crl_forged_token"))
+    assert "submit_job" in names and "not valid" in said, said
+    names, said = run(gateway.env(minted["token"]))
+    assert "submit_job" in names and "revoked" in said and "new one" in said, said
+    # Run in the gateway's own directory, with its admin token file readable: no admin fallback.
     assert (gateway.home / "admin.token").exists()
-    cp = gateway.cli("mcp")
-    assert cp.returncode == 2 and "CORRAL_TOKEN" in cp.stderr
+    names, said = run(gateway.env())
+    assert "submit_job" in names and "token" in said.lower(), said
+    names, said = run(gateway.env(minted["token"], CORRAL_URL="http://127.0.0.1:9"))
+    assert names == ["corral_status"] and "does not answer" in said and "CORRAL_URL" in said, said
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
-def test_http_against_the_gateway(gateway: Gateway, tmp_path, mode) -> None:
+def test_http_against_the_gateway(gateway: Gateway, agent_dir, mode) -> None:
     token = _agent(gateway) if mode == "legacy" else None
     if token is None:
         with gateway.http() as h:
@@ -196,7 +228,7 @@ def test_http_against_the_gateway(gateway: Gateway, tmp_path, mode) -> None:
             listed = await client.list_tools()
             if mode == "auto":  # the 2026-07-28 protocol: list results say how long they stay fresh
                 assert listed.ttl_ms == 600_000 and listed.cache_scope == "public"
-            return await full_loop(client, str(tmp_path))
+            return await full_loop(client, str(agent_dir))
 
     sub = asyncio.run(scenario())
     with gateway.http(token) as h:
@@ -208,30 +240,27 @@ def test_http_against_the_gateway(gateway: Gateway, tmp_path, mode) -> None:
         assert job["session"] == f"token-{minted['id']}"
 
 
-def test_http_without_token_is_refused(gateway: Gateway) -> None:
-    r = httpx2.post(f"{gateway.url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
-                    headers={"Accept": "application/json, text/event-stream"})
-    assert r.status_code == 401 and "token" in r.json()["error"]["message"]
+def test_http_without_a_usable_token_answers_in_corrals_words(gateway: Gateway) -> None:
+    """No authorization server configured: no 401 that would start a client's OAuth
+    registration (it fails with a 404); the session opens and each call says what to do."""
 
-    async def scenario(token: str) -> str:
-        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"})
-        try:
-            async with Client(streamable_http_client(f"{gateway.url}/mcp", http_client=http)) as client:
-                await client.list_tools()
-        except BaseException as e:  # the SDK raises an exception group around an MCPError
-            while isinstance(e, BaseExceptionGroup):
-                e = e.exceptions[0]
-            return str(e)
-        return "connected"
+    async def scenario(token: str | None) -> tuple[list[str], str]:
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"} if token else {})
+        async with Client(streamable_http_client(f"{gateway.url}/mcp", http_client=http)) as client:
+            return await _said_to_the_model(client)
 
-    # The client is told what to do, not "Server returned an error response".
-    assert "not valid" in asyncio.run(scenario("crl_forged_token"))
+    names, said = asyncio.run(scenario(None))
+    assert "submit_job" in names and "token" in said.lower(), said
+    assert "not valid" in asyncio.run(scenario("crl_forged_token"))[1]
     _agent(gateway)
     with gateway.http() as h:
         minted = h.post("/v1/tokens", json={"for": "claude", "expires": "1h"}).json()
         assert h.delete(f"/v1/tokens/{minted['id']}").status_code == 200
-    said = asyncio.run(scenario(minted["token"]))
+    said = asyncio.run(scenario(minted["token"]))[1]
     assert "revoked" in said and "new one" in said, said
+    r = httpx2.post(f"{gateway.url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                    headers={"Accept": "application/json, text/event-stream"})
+    assert r.status_code != 401 and "resource_metadata" not in r.headers.get("www-authenticate", "")
 
 
 def test_waits_fit_the_client_and_one_stream_carries_every_job(tmp_path, agent_dir) -> None:

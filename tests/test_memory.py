@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import time
 
@@ -139,7 +140,7 @@ def test_notes_scopes_guard_and_recall(gateway: Gateway, people: dict[str, str])
             r = await client.call_tool("recall", {"query": "gpu gres"})
             notes = (r.structured_content or json.loads(r.content[0].text))["notes"]
             assert notes and "gres" in notes[0]["text"]
-            assert notes[0]["text"].startswith("<untrusted-data source='note ")  # always delimited for the model
+            assert re.match(r"<untrusted-data-[0-9a-f]{12} source='note ", notes[0]["text"])  # always delimited for the model
 
     asyncio.run(over_mcp())
 

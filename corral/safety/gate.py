@@ -203,10 +203,14 @@ class Gate:
         return found[1] if found else None
 
     def taint(self, caller: Caller, reason: str) -> bool:
-        """Taint the credential in use (its last block); -> True if it was not already."""
+        """Taint the credential in use and, when it was narrowed from another, that parent
+        too (one taint on the parent's block covers both, and every token narrowed from
+        it: a sub-agent's read must not leave the agent that spawned it clean);
+        -> True if it was not already."""
         if self.tainted(caller) is not None:
             return False
-        key = self.taint_key(caller.token_id)
+        blocks = caller.cap.block_ids if caller.cap else (caller.token_id,)
+        key = self.taint_key(blocks[-2] if len(blocks) > 1 else caller.token_id)
         self._taint[key] = reason
         self.store.taint(key, caller.name, reason)
         return True

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import re
 import unicodedata
 from dataclasses import dataclass, field
@@ -89,11 +90,16 @@ class Scan:
 
 
 def delimit(text: str, source: str, kinds: list[str] | None = None) -> str:
-    """``text`` marked as data from ``source``, not instructions (and what was suspected in it)."""
+    """``text`` marked as data from ``source``, not instructions (and what was suspected in
+    it), between tags carrying a random nonce made for this answer: the data cannot close
+    them, whatever variant of a closing tag it holds, since it cannot know the nonce (and a
+    nonce the data happens to contain is drawn again)."""
     flag = f" suspected-injection={','.join(kinds)!r}" if kinds else ""
-    # A closing tag inside the data must not end the data early.
-    body = text.replace("</untrusted-data>", "</untrusted-data\u200b>")
-    return f"<untrusted-data source={source!r}{flag}>\n{body}\n</untrusted-data>"
+    while True:
+        nonce = os.urandom(6).hex()
+        if nonce not in text and nonce not in source:
+            break
+    return f"<untrusted-data-{nonce} source={source!r}{flag}>\n{text}\n</untrusted-data-{nonce}>"
 
 
 def scan(text: str, source: str) -> Scan:

@@ -42,6 +42,8 @@ CHUNK = 1024 * 1024
 WINDOW = 64 * 1024
 OVERLAP = 2048
 MAX_RANGES = 200
+TOKEN_MARGIN = 1024
+_TOKEN_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=_~.-:")
 
 
 @dataclass
@@ -75,6 +77,14 @@ def _cut(data: bytes, final: bool) -> int:
     if len(data) < MAX_LINE:
         return 0
     cut = MAX_LINE
+    # Not inside a token: a secret cut in two would pass the guard as two harmless halves.
+    # Back to the last byte that cannot be part of one (a token longer than the margin is
+    # cut anyway: the entropy rules see its parts).
+    back = cut
+    while back > MAX_LINE - TOKEN_MARGIN and data[back - 1] in _TOKEN_BYTES:
+        back -= 1
+    if back > MAX_LINE - TOKEN_MARGIN:
+        cut = back
     while cut > 0 and data[cut] & 0xC0 == 0x80:  # not inside a UTF-8 character
         cut -= 1
     return cut

@@ -19,6 +19,8 @@ training log, where every line through the plugins cost ~2.8 s.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import bisect
 import functools
 import re
@@ -60,6 +62,10 @@ LINE_RULES: list[tuple[str, re.Pattern[str]]] = [
     ("password_in_url", re.compile(r"(?<=://)[^/\s:@]{1,200}:[^/\s@]{1,200}(?=@)")),
 ]
 """Whole matches, tried on candidate lines only."""
+_WRAPPED = re.compile(r"([A-Za-z0-9_+/=-]{4,})(\r?\n)([A-Za-z0-9_+/=-]{4,})")
+"""A run of token characters at a line's end and another at the next line's start: a
+token wrapped over two lines (a terminal's width, a log's column limit)."""
+_B64 = re.compile(r"(?<![A-Za-z0-9+/=_-])[A-Za-z0-9+/]{24,}={0,2}(?![A-Za-z0-9+/=_-])")
 ASSIGNED = re.compile(
     r"(?i)(?<![A-Za-z0-9_.-])[A-Za-z0-9_.-]{0,40}(?:key|secret|token|passw(?:or)?d|passwd|pwd|credentials?|jwt)"
     r"[\"']?\s{0,3}[:=]\s{0,3}[\"']?([^\s\"',;]{8,})")
@@ -130,6 +136,45 @@ def _whole(line: str, value: str) -> list[tuple[int, int]]:
     return spans
 
 
+def _unwrap(text: str, kinds: list[str]) -> str:
+    """A known token wrapped over two lines: both its parts redacted."""
+
+    def fix(m: re.Match[str]) -> str:
+        head, brk, tail = m.group(1), m.group(2), m.group(3)
+        t = TOKENS.search(head + tail)
+        if t is None or not t.start() < len(head) < t.end():
+            return m.group(0)  # no token across the line end
+        whole_line = m.string[m.end():m.end() + 1] in ("", "\n", "\r")
+        if TOKENS.match(head, t.start()) and not whole_line:
+            return m.group(0)  # a whole token on the first line, and words after it on the next
+        kinds.append(t.lastgroup or "token")
+        return head[:t.start()] + REDACTED + brk + REDACTED + tail[t.end() - len(head):]
+
+    return _WRAPPED.sub(fix, text) if "\n" in text else text
+
+
+def _encoded(text: str, kinds: list[str]) -> str:
+    """A base64 run that decodes to text holding a known token or a secret assignment:
+    redacted whole."""
+
+    def fix(m: re.Match[str]) -> str:
+        run = m.group(0)
+        if not _mixed(run):
+            return run
+        try:
+            decoded = base64.b64decode(run + "=" * (-len(run) % 4), validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            return run
+        t = TOKENS.search(decoded)
+        a = None if t else next((x for x in ASSIGNED.finditer(decoded) if _made(x.group(1))), None)
+        if t is None and a is None:
+            return run
+        kinds.append("base64:" + ((t.lastgroup or "token") if t else "assigned_secret"))
+        return REDACTED
+
+    return _B64.sub(fix, text)
+
+
 def _redact_lines(text: str) -> tuple[str, list[str]]:
     """``text`` holds no private-key block: corral's rules over all of it at once, the
     plugins over its candidate lines only."""
@@ -139,6 +184,7 @@ def _redact_lines(text: str) -> tuple[str, list[str]]:
         kinds.append(m.lastgroup or "token")
         return REDACTED
 
+    text = _encoded(_unwrap(text, kinds), kinds)
     text = TOKENS.sub(token, text)
     lines = text.splitlines(keepends=True)
     starts = [0]
