@@ -11,10 +11,11 @@ import logging
 import math
 import os
 import threading
-from typing import Annotated, Any, AsyncIterator, Literal
+from typing import Annotated, Any, AsyncIterator, Callable, Coroutine, Literal
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -23,6 +24,7 @@ from .api_models import (AdviceOut, BatchOut, EventsOut, FacilityOut, HealthOut,
                          NoteOut, NotesOut, OutputOut, PlanOut, PrincipalOut, PublicKeyOut, RevokedOut,
                          TaintClearedOut, TokenInfo, TokenOut, UsageOut, WhoamiOut)
 from .errors import CorralError, Forbidden, RateLimited, Restarting, describe_validation
+from .http_body import parse_body
 from .jobs import MAX_INT, JobSpec, expand_array
 
 JobIdPath = Annotated[int, Path(ge=1, le=MAX_INT, description="A job id.")]
@@ -233,6 +235,32 @@ class RequireToken:
         await JSONResponse(body, status_code=e.status, headers=headers_out)(scope, receive, send)
 
 
+def bounded_route(service: Service) -> type[APIRoute]:
+    """Routes whose JSON body is checked before FastAPI parses it (corral/http_body.py): a
+    body over ``[http] unauthenticated_body_bytes`` is parsed only once its token is good."""
+    bounds = service.settings.http
+
+    class BoundedRoute(APIRoute):
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
+
+            async def bounded(request: Request) -> Response:
+                if request.method in ("POST", "PUT", "PATCH", "DELETE"):
+                    body = await request.body()
+                    if body:
+                        if len(body) > bounds.unauthenticated_body_bytes and self.path.startswith("/v1/") \
+                                and self.path != "/v1/tokens/public-key":
+                            h = request.headers
+                            request.scope["corral.caller"] = service.authenticate(
+                                bearer_token(h.get("authorization")), h.get("x-corral-session"))
+                        request._json = parse_body(body, bounds.max_json_depth)
+                return await handler(request)
+
+            return bounded
+
+    return BoundedRoute
+
+
 def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAPI:
     """The HTTP edge. ``stop_deadline_s``: the process exits that long after its shutdown
     begins, whatever still hangs (only for the process that owns the app: ``serve``)."""
@@ -274,6 +302,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         "Every /v1 route needs `Authorization: Bearer <token>`. Agents may send `X-Corral-Session: <id>`; "
         "it is recorded with every job they submit. `POST /v1/jobs` takes an optional `Idempotency-Key` header."))
     app.state.service = service
+    app.router.route_class = bounded_route(service)  # before any route is declared
 
     @app.exception_handler(CorralError)
     async def _corral_error(request: Request, exc: CorralError) -> JSONResponse:
@@ -306,6 +335,9 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         headers = request.headers
         route = request.scope.get("route")
         requests.labels("http", route.name if route is not None else "other").inc()
+        checked = request.scope.get("corral.caller")  # a large body's token, checked before it was parsed
+        if checked is not None:
+            return checked  # type: ignore[no-any-return]
         return service.authenticate(bearer_token(headers.get("authorization")), headers.get("x-corral-session"))
 
     # The hot read routes first: Starlette tries routes in order of registration.

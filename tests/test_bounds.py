@@ -1,0 +1,126 @@
+"""Bounded work before authentication (issue 39): a real gateway process over real
+sockets, refusing what no honest client sends with its own status and a sentence, while
+it keeps answering everyone else."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import Gateway, running
+
+
+def raw(gw: Gateway, data: bytes, source: str = "127.0.0.1", read_s: float = 15.0) -> tuple[int, dict]:
+    """Send these bytes as they are; -> (status, JSON error body) of the answer."""
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=read_s, source_address=(source, 0)) as s:
+        try:
+            s.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused while sending: the answer is still there to read
+        return read_answer(s)
+
+
+def read_answer(s: socket.socket) -> tuple[int, dict]:
+    got = b""
+    while b"\r\n\r\n" not in got or len(got.partition(b"\r\n\r\n")[2]) < length(got):
+        try:
+            chunk = s.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        got += chunk
+    head, _, body = got.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), json.loads(body or b"{}")
+
+
+def length(got: bytes) -> int:
+    for line in got.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            return int(v)
+    return 0
+
+
+def healthy(gw: Gateway) -> bool:
+    return httpx.get(f"{gw.url}/healthz", timeout=5).status_code == 200
+
+
+def test_a_huge_header_is_refused_431_before_it_is_read(gateway: Gateway) -> None:
+    # 16 MB of one header: refused at 64 KiB, the rest never parsed.
+    status, body = raw(gateway, b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 16_000_000 + b"\r\n\r\n")
+    assert status == 431, body
+    assert body["error"]["code"] == "headers_too_large" and "65536 bytes" in body["error"]["message"]
+    status, body = raw(gateway, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"".join(
+        b"X-%d: 1\r\n" % i for i in range(500)) + b"\r\n")
+    assert status == 431 and "100 headers" in body["error"]["message"], body
+    assert healthy(gateway)
+
+
+def test_a_body_over_the_route_limit_is_refused_413_from_its_length(gateway: Gateway) -> None:
+    # No token, and Content-Length says 50 MB: refused before a byte of the body is sent.
+    status, body = raw(gateway, b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                b"Content-Length: 50000000\r\n\r\n")
+    assert status == 413 and body["error"]["code"] == "body_too_large", body
+    assert "at most 1,048,576" in body["error"]["message"]
+    # Chunked, so no length to judge by: refused as it streams past the bound.
+    chunk = b"%x\r\n%s\r\n" % (60_000, b"[" * 60_000)
+    status, body = raw(gateway, b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                b"Transfer-Encoding: chunked\r\n\r\n" + chunk * 40)
+    assert status == 413, body
+    assert healthy(gateway)
+
+
+def test_a_large_body_without_a_valid_token_is_401_unparsed(gateway: Gateway) -> None:
+    body = json.dumps({"command": "true", "labels": {f"k{i}": "v" for i in range(60_000)}})
+    r = httpx.post(f"{gateway.url}/v1/jobs", content=body, headers={"Content-Type": "application/json"},
+                   timeout=30)
+    assert r.status_code == 401, r.text
+    deep = "[" * 5000 + "]" * 5000
+    with gateway.http() as h:
+        r = h.post("/v1/jobs", content=deep, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and "deeper than 32 levels" in r.json()["error"]["message"], r.text
+
+
+def test_half_sent_requests_time_out_408(tmp_path: Path) -> None:
+    with running(tmp_path, CORRAL_HTTP__HEADER_TIMEOUT_S="1", CORRAL_HTTP__BODY_TIMEOUT_S="1") as gw:
+        with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")  # and never the rest
+            status, body = read_answer(s)
+        assert status == 408 and "headers did not arrive within 1 s" in body["error"]["message"], body
+        with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
+            s.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100\r\n\r\n{\"comm")
+            status, body = read_answer(s)
+        assert status == 408 and "body did not arrive" in body["error"]["message"], body
+        with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:  # says nothing at all
+            t = time.monotonic()
+            assert s.recv(10) == b""
+            assert time.monotonic() - t < 8
+        assert healthy(gw)
+
+
+def test_connections_are_capped_per_client_and_in_total(tmp_path: Path) -> None:
+    with running(tmp_path, CORRAL_HTTP__MAX_CONNECTIONS="20", CORRAL_HTTP__MAX_CONNECTIONS_PER_CLIENT="5") as gw:
+        held = [socket.create_connection(("127.0.0.1", gw.port), source_address=("127.0.0.2", 0))
+                for _ in range(5)]
+        try:
+            time.sleep(0.3)
+            status, body = raw(gw, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", source="127.0.0.2")
+            assert status == 429 and "127.0.0.2 has 5 connections open" in body["error"]["message"], body
+            assert healthy(gw)  # another address is still served
+            for i in range(3, 6):
+                held += [socket.create_connection(("127.0.0.1", gw.port), source_address=(f"127.0.0.{i}", 0))
+                         for _ in range(5)]
+            time.sleep(0.3)
+            status, body = raw(gw, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", source="127.0.0.9")
+            assert status == 503 and body["error"]["code"] == "too_many_connections", body
+        finally:
+            for s in held:
+                s.close()
+        time.sleep(0.3)
+        assert healthy(gw)
