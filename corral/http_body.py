@@ -33,7 +33,7 @@ def parse_body(body: bytes, max_depth: int) -> Any:
         raise InvalidRequest(f"the request body nests arrays or objects deeper than {max_depth} levels; "
                              "flatten it")
     if _SUSPECT.search(body):
-        problem = _first(data, "", _bad_text)
+        problem = _first(data, "", text_problem)
         if problem:
             raise InvalidRequest(problem)
     return data
@@ -51,7 +51,7 @@ def _depth(data: Any) -> int:
     return deepest
 
 
-def _bad_text(text: str, where: str) -> str | None:
+def text_problem(text: str, where: str) -> str | None:
     if "\x00" in text:
         return f"{where} holds a NUL character (\\u0000); remove it"
     try:

@@ -124,3 +124,69 @@ def test_connections_are_capped_per_client_and_in_total(tmp_path: Path) -> None:
                 s.close()
         time.sleep(0.3)
         assert healthy(gw)
+
+
+def test_inputs_that_reached_a_500_answer_400_with_a_sentence(gateway: Gateway) -> None:
+    """Each of these answered 500 (or was silently changed) before."""
+    bad = [("/v1/jobs", '{"command": "true", "env": {"A": "x\\ud800y"}}', "half of a UTF-16 surrogate pair"),
+           ("/v1/jobs", '{"command": "true", "labels": {"k": "\\udc00"}}', "labels.k holds half"),
+           ("/v1/jobs", '{"command": "true", "labels": {"\\ud800k": "v"}}', "a key of labels holds half"),
+           ("/v1/tokens", '{"for": "admin", "note": "n\\ud800"}', "note holds half"),
+           ("/v1/tokens", '{"for": "admin", "note": "a\\u0000b"}', "note holds a NUL"),
+           ("/v1/notes", '{"text": "a\\u0000b"}', "text holds a NUL"),
+           ("/v1/jobs/batch", '{"jobs": [{"command": "true"}], "array": "1-' + "9" * 190 + '"}', "4000000"),
+           ("/v1/jobs", '{"command": "true", "after_ok": [1, 1]}', "after_ok names job 1 twice")]
+    with gateway.http() as h:
+        for path, body, words in bad:
+            r = h.post(path, content=body, headers={"Content-Type": "application/json"})
+            assert r.status_code == 400, (path, body, r.text)
+            assert words in r.json()["error"]["message"], (body, r.text)
+        assert h.get("/v1/tokens").status_code == 200
+        assert h.post("/v1/jobs", json={"command": "true", "labels": {"k": "\U0001F600"}}).status_code == 201
+
+
+def test_corral_records_reach_only_its_own_plain_handlers(tmp_path: Path) -> None:
+    """The MCP SDK calls logging.basicConfig with a Rich handler (rich tracebacks held the
+    loop 1-2 s per 500); the gateway's logging is set first, so it installs nothing, and
+    corral's records stop at corral's own handler whatever is on the root logger."""
+    import logging
+
+    from mcp.server.mcpserver.utilities.logging import configure_logging
+
+    from corral.config import Settings
+    from corral.server import setup_logging
+
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level, logging.getLogger("corral").handlers[:])
+    try:
+        setup_logging(Settings(home=tmp_path / "home"))
+        configure_logging("INFO")  # what building the gateway's MCP server does
+        logger, seen = logging.getLogger("corral.api"), []
+        while logger is not None:
+            seen += logger.handlers
+            logger = logger.parent if logger.propagate else None  # type: ignore[assignment]
+        assert seen and all(type(h).__name__ == "QueueHandler" for h in seen), seen
+        assert not any(type(h).__name__ == "RichHandler" for h in root.handlers), root.handlers
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logging.getLogger("corral.api").exception("unexpected error on POST /v1/jobs")
+        deadline = time.monotonic() + 5
+        log = tmp_path / "home" / "gateway.log"
+        while "ValueError: boom" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "Traceback (most recent call last)" in log.read_text()
+    finally:
+        root.handlers[:], _, _ = saved[0], None, None
+        root.setLevel(saved[1])
+        logging.getLogger("corral").handlers[:] = saved[2]
+        logging.getLogger("corral").propagate = True
+
+
+def test_sigterm_drains_and_exits_0(tmp_path: Path) -> None:
+    import signal
+
+    with running(tmp_path) as gw:
+        assert gw.proc is not None
+        gw.proc.send_signal(signal.SIGTERM)
+        assert gw.proc.wait(20) == 0

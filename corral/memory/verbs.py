@@ -9,6 +9,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Conflict, CorralError, InvalidRequest
+from ..http_body import text_problem
 from ..jobs import JobSpec, JobState, no_job, parse_duration_s
 from ..principals import PILOT_PRINCIPAL, Caller, Principal
 from ..safety import guard
@@ -89,6 +90,8 @@ class MemoryVerbs:
     def remember(self, caller: Caller, text: str, scope: str = "user", expires: str | None = None,
                  job_id: int | None = None) -> dict[str, Any]:
         with self.audit.refusals(caller, "write_note", {"scope": scope}):
+            if problem := text_problem(text, "text"):  # the MCP tool's and CLI's way in, as well as HTTP's
+                raise InvalidRequest(problem)
             if job_id is not None:  # provenance must be a job the author may see
                 job = self.db.get_job(job_id)
                 if job is None or not caller.sees(job.principal):
