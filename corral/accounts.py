@@ -115,9 +115,10 @@ class Accounts:
             expires_at = expires_in(expires, self.gate.clock.time())
             self.credentials.check_mint(caller, for_name, expires_at)
             self.gate.check(caller, "manage", "Facility")
-            minted = self.credentials.mint(caller, for_name, expires_at, note, caveats or Caveats())
-        self.audit.record(caller, "manage", "allow", "policy", [{"mint_for": for_name, "token_id": minted["id"],
-                                                           "caveats": minted["caveats"]}])
+            with self.db.transaction():  # the token and its record together, or neither (a full disk)
+                minted = self.credentials.mint(caller, for_name, expires_at, note, caveats or Caveats())
+                self.audit.record(caller, "manage", "allow", "policy", [{"mint_for": for_name, "token_id": minted["id"],
+                                                                   "caveats": minted["caveats"]}])
         return minted
 
     def list_tokens(self, caller: Caller) -> list[dict[str, Any]]:

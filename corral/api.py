@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import threading
+import time
 from typing import Annotated, Any, AsyncIterator, Callable, Coroutine, Literal
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
@@ -23,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .api_models import (AdviceOut, BatchOut, EventsOut, FacilityOut, HealthOut, JobListOut, JobOut, JobsOut,
                          NoteOut, NotesOut, OutputOut, PlanOut, PrincipalOut, PublicKeyOut, RevokedOut,
                          TaintClearedOut, TokenInfo, TokenOut, UsageOut, WhoamiOut)
-from .errors import CorralError, Forbidden, RateLimited, Restarting, describe_validation
+from .errors import CorralError, Forbidden, RateLimited, Restarting, describe_validation, storage_full
 from .http_body import parse_body
 from .jobs import MAX_INT, JobSpec, expand_array
 
@@ -157,8 +158,9 @@ class ContainErrors:
     """ASGI middleware: an exception below it is logged once and answered with a 500 in the
     error shape, if no response has started; it never reaches the server."""
 
-    def __init__(self, app: Any, errors: Any) -> None:
-        self.app, self.errors = app, errors
+    def __init__(self, app: Any, errors: Any, home: Any = None) -> None:
+        self.app, self.errors, self.home = app, errors, home
+        self.said_full = -1e9
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -173,7 +175,16 @@ class ContainErrors:
 
         try:
             await self.app(scope, receive, tracking)
-        except Exception:
+        except Exception as e:
+            full = storage_full(e, self.home)
+            if full is not None:  # the admin's to fix, not a bug: said once a minute at most, no traceback
+                self.errors.labels("http", "storage_full").inc()
+                if self.said_full + 60 < time.monotonic():
+                    self.said_full = time.monotonic()
+                    log.error("%s (on %s %s)", full.message, scope.get("method"), scope.get("path"))
+                if not started:
+                    await error_response(full)(scope, receive, send)
+                return
             log.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
             self.errors.labels("http", "internal_error").inc()
             if not started:
@@ -325,7 +336,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     # Last: anything unexpected becomes a 500 in the error shape, logged once, and the
     # connection stays open (Starlette's own handler re-raises to the server, which logs
     # the traceback again and drops the connection).
-    app.add_middleware(ContainErrors, errors=service.metrics.requests)
+    app.add_middleware(ContainErrors, errors=service.metrics.requests, home=service.settings.home)
 
     requests = service.metrics.requests
 
@@ -548,7 +559,8 @@ ERRORS = {"400": "the request is invalid: the message names the field and the li
           "404": "no such thing visible to you", "405": "the method is not allowed on this path",
           "409": "it clashes with current state (an idempotency key, a repeat of a failure)",
           "429": "too fast or too many at once; Retry-After says when", "500": "a bug, logged",
-          "503": "the scheduler is away, or the gateway is restarting; call again"}
+          "503": "the scheduler is away, or the gateway is restarting; call again",
+          "507": "the gateway's disk is full: nothing of the request was kept; call again once the admin freed space"}
 PUBLIC = {"/healthz", "/metrics", "/v1/tokens/public-key", "/openapi.json", "/docs"}
 
 

@@ -12,7 +12,6 @@ their news lands, the reconciler, the gate, the audit, and the verbs of accounts
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import time
@@ -30,6 +29,7 @@ from .control.progress import Progress
 from .control.reconciler import Reconciler, Watchers
 from .control.sender import Sender, context
 from .db import Database
+from .faults import fault
 from .errors import BackendError, Conflict, CorralError, InvalidRequest, NotFound, Restarting
 from .job_control import JobControl
 from .jobs import MAX_INT, TERMINAL_STATES, Job, JobSpec, JobState, no_job
@@ -72,6 +72,7 @@ class Service:
         self.watchers = Watchers(self.metrics)
         self.lanes = Lanes(BackendLane(MeteredBackend(backend, self.metrics)))
         self.audit = Audit(AuditLog(settings.home / "audit.jsonl", settings.home / "audit.key", db.audit_head()), db)
+        self.audit.repair()  # a torn final record (a crash, a full disk) cut off, and the cut recorded
         self.gate = Gate(settings.safety, settings.home, db, clock)
         self.credentials = Credentials(db, self.gate)
         self.outputs = OutputGuard(settings.home / "guarded")
@@ -127,6 +128,7 @@ class Service:
             jobs, created, advice, rule = await self._record(caller, specs, idempotency_key)
         if created:
             p = caller.principal
+            fault("after_commit")
             taken = await self.sender.send([(j, context(j, p)) for j in jobs if j.backend_id is None],
                                            dispatch=len(specs) > 1)
             self.reconciler.kick()
@@ -135,9 +137,9 @@ class Service:
             again = [j.id for j in jobs if j.backend_id is None and j.id not in taken]
             current = self.db.get_jobs(again) if again else {}
             jobs = [j.sent_as(taken[j.id]) if j.id in taken else current.get(j.id, j) for j in jobs]
-        self.audit.record(caller, "submit", "allow", rule,
-                          [{"job_id": j.id, "backend": j.backend, "backend_id": j.backend_id,
-                            "partition": j.spec.partition, "cpus": j.spec.cpus, "gpus": j.spec.gpus} for j in jobs])
+            fault("after_send")
+        else:  # a replay or cache hits: the decision to answer with what exists (new jobs were recorded at insert)
+            self.audit.record(caller, "submit", "allow", rule, [_audited(j) for j in jobs])
         return [j.with_advice(a) if a else j for j, a in zip(jobs, advice, strict=True)], created
 
     async def _record(self, caller: Caller, specs: list[JobSpec], key: str | None,
@@ -190,10 +192,19 @@ class Service:
             replay = self._replay(caller, key, n, digest)
             if replay is not None:
                 return replay, False, [[] for _ in replay], "idempotent-replay"
-        # One INSERT statement is atomic by itself; more share one transaction.
-        with self.db.transaction() if len(new) > 1 else contextlib.nullcontext():
-            made = iter(self.db.insert_jobs(caller.name, caller.session, [(lane.name, spec) for spec, lane in new],
-                                            caller.cap.path if caller.cap else None, key, digest) if new else [])
+        # The decision is recorded before the act: the jobs' rows and their allow records
+        # commit together (the audit head is in the same transaction), before any is sent.
+        # A crash before the commit leaves an allow record of a job that never existed (its
+        # id and submit time name it), never a job without its decision.
+        fault("before_insert")
+        with self.db.transaction():
+            inserted = self.db.insert_jobs(caller.name, caller.session, [(lane.name, spec) for spec, lane in new],
+                                           caller.cap.path if caller.cap else None, key, digest) if new else []
+            fault("after_insert")
+            if inserted:
+                self.audit.record(caller, "submit", "allow", rule, [_audited(j) for j in inserted])
+                fault("after_audit")
+        made = iter(inserted)
         jobs, advice = [], []
         for t in texts:
             r = ready[t]
@@ -204,6 +215,9 @@ class Service:
             else:
                 jobs.append(next(made))
                 advice.append(said[t])
+        hits = [r for r in ready.values() if isinstance(r, Job)]
+        if new and hits:  # beside new jobs: the answer's reused results, decided too
+            self.audit.record(caller, "submit", "allow", "cache-hit", [_audited(j) for j in hits])
         # Only cache hits: nothing new was made, and the answer says so.
         return jobs, bool(new), advice, rule if new else "cache-hit"
 
@@ -619,3 +633,10 @@ class _prefixed:
         if self.prefix and isinstance(exc, CorralError) and not exc.message.startswith(self.prefix):
             exc.message = self.prefix + exc.message
             exc.args = (exc.message,)
+
+
+def _audited(job: Job) -> dict[str, Any]:
+    """A submitted job as its allow record names it: its id and submit time together say
+    which job (an id is taken again after a rolled-back insert)."""
+    return {"job_id": job.id, "submitted": job.submit_time, "backend": job.backend, "backend_id": job.backend_id,
+            "partition": job.spec.partition, "cpus": job.spec.cpus, "gpus": job.spec.gpus}

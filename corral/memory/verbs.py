@@ -102,11 +102,12 @@ class MemoryVerbs:
                 ttl = parse_duration_s(expires, "expiry") if expires else None
             except ValueError as e:
                 raise InvalidRequest(f"{e} (for example '30d' or '12h'; leave it out to keep the note)") from None
-            note: dict[str, Any] = mem.remember(caller, text, scope, ttl, job_id)
+            with self.db.transaction():  # the note and its record together, or neither (a full disk)
+                note: dict[str, Any] = mem.remember(caller, text, scope, ttl, job_id)
+                self.audit.record(caller, "write_note", "allow", rule, [{"note_id": note["id"], "scope": scope,
+                                                                         "flags": note.get("flags")}])
         if self.semantic is not None:
             self.semantic.wake()
-        self.audit.record(caller, "write_note", "allow", rule, [{"note_id": note["id"], "scope": scope,
-                                                                 "flags": note.get("flags")}])
         return note
 
     async def recall(self, caller: Caller, query: str, k: int = 5) -> list[dict[str, Any]]:
