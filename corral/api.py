@@ -291,6 +291,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
                      asyncio.create_task(service.storage.gc_loop(), name="storage-gc"),
                      asyncio.create_task(service.metrics.watch_loop(), name="loop-lag"),
                      *(asyncio.create_task(lane.run(), name=f"lane-{lane.name}") for lane in service.lanes)]
+            service.loops = {t.get_name(): t for t in loops}
             # Move start-up objects out of the collector's reach: fewer, shorter GC pauses
             # on the request path.
             gc.collect()
@@ -379,7 +380,9 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
 
     @app.get("/healthz", tags=["ops"], responses={200: {"model": HealthOut}})
     async def healthz() -> Response:
-        return ok(service.health())
+        """200 while every loop lives and the reconciler goes round; 503 naming those that do not."""
+        health = service.health()
+        return ok(health, 503 if health["stalled"] else 200)
 
     @app.get("/metrics", tags=["ops"], response_class=Response,
              responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},

@@ -7,7 +7,9 @@ tests only: a facility never sets it.
 
 The points of the submit path, in order: ``before_insert``, ``after_insert`` (the jobs'
 rows written, not committed), ``after_audit`` (their allow record appended, not
-committed), ``after_commit`` (recorded, not sent), ``after_send``.
+committed), ``after_commit`` (recorded, not sent), ``after_send``. And one that stalls
+instead of dying: ``reconciler_stall`` (the reconciler's loop stops beating, as a hung
+scheduler call would leave it; /healthz must say so).
 """
 
 from __future__ import annotations
@@ -22,3 +24,8 @@ def fault(point: str) -> None:
     """Die here if this is the point the environment names."""
     if _POINT == point:
         os._exit(EXIT_STATUS)
+
+
+def stalls(point: str) -> bool:
+    """Whether this is the point the environment names (the caller then hangs there)."""
+    return _POINT == point

@@ -109,6 +109,8 @@ class Service:
         self.reconciler = Reconciler(db, self.lanes, self.sender, self.progress, self.metrics, settings.tick_s,
                                      settings.max_backoff_s)
         self.jobctl = JobControl(db, self.lanes, self.gate, self.audit, self.reconciler)
+        self.loops: dict[str, asyncio.Task[Any]] = {}
+        """The gateway's background loops by name (set by the HTTP edge's lifespan), for /healthz."""
         """job_control and job_usage (job_control.py)."""
 
     def authenticate(self, token: str | None, session: str | None = None) -> Caller:
@@ -616,8 +618,16 @@ class Service:
         return info
 
     def health(self) -> dict[str, Any]:
-        return {"ok": self.reconciler.degraded is None, "backend": self.lanes.batch.name,
-                "degraded": self.reconciler.degraded, "last_tick": self.reconciler.last_tick}
+        """The gateway's signs of life: ``stalled`` names a loop that died or (the
+        reconciler) stopped going round; /healthz then answers 503."""
+        r = self.reconciler
+        loops = {name: _loop_state(t) for name, t in self.loops.items()}
+        stalled = [name for name, state in loops.items() if state not in ("running", "done")]
+        if self.loops and (r.last_beat is None or time.time() - r.last_beat > r.stall_after_s()):
+            stalled.append("reconciler")
+        return {"ok": r.degraded is None and not stalled, "backend": self.lanes.batch.name,
+                "degraded": r.degraded, "last_tick": r.last_tick, "last_beat": r.last_beat,
+                "loops": loops, "stalled": sorted(set(stalled))}
 
 
 class _prefixed:
@@ -640,3 +650,13 @@ def _audited(job: Job) -> dict[str, Any]:
     which job (an id is taken again after a rolled-back insert)."""
     return {"job_id": job.id, "submitted": job.submit_time, "backend": job.backend, "backend_id": job.backend_id,
             "partition": job.spec.partition, "cpus": job.spec.cpus, "gpus": job.spec.gpus}
+
+
+def _loop_state(task: "asyncio.Task[Any]") -> str:
+    """running; done (it returned: nothing for it to do here, e.g. a feature off); or how it died."""
+    if not task.done():
+        return "running"
+    if task.cancelled():
+        return "cancelled"
+    exc = task.exception()
+    return "done" if exc is None else f"died: {exc!r}"[:200]

@@ -190,3 +190,20 @@ def test_sigterm_drains_and_exits_0(tmp_path: Path) -> None:
         assert gw.proc is not None
         gw.proc.send_signal(signal.SIGTERM)
         assert gw.proc.wait(20) == 0
+
+
+def test_healthz_shows_the_reconciler_beating_on_an_idle_gateway(gateway: Gateway) -> None:
+    time.sleep(1)
+    h = httpx.get(f"{gateway.url}/healthz", timeout=5)
+    assert h.status_code == 200, h.text
+    body = h.json()
+    assert body["last_tick"] is not None and time.time() - body["last_beat"] < 5, body
+    assert body["loops"]["reconciler"] == "running" and body["stalled"] == [], body
+
+
+def test_healthz_fails_when_the_reconciler_stalls(tmp_path: Path) -> None:
+    with running(tmp_path, CORRAL_FAULT="reconciler_stall", CORRAL_MAX_BACKOFF_S="0.5") as gw:
+        deadline = time.monotonic() + 30  # stalled after 3 x 0.5 + 10 x 0.2 s of silence
+        while (r := httpx.get(f"{gw.url}/healthz", timeout=5)).status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert r.status_code == 503 and r.json()["stalled"] == ["reconciler"], r.text
