@@ -45,7 +45,7 @@ from .safety.gate import Gate, budgets, job_resource, job_text
 from .sandbox import Sandbox
 from . import workdirs
 from .identity import Identities
-from .storage.verbs import StorageVerbs
+from .storage.verbs import StorageVerbs, scratch_dir
 
 if TYPE_CHECKING:
     from .egress import Egress
@@ -95,6 +95,8 @@ class Service:
         self.stream = Events(db, self.watchers, settings.wait_max_s)
         """The event stream of jobs' state changes (control/events.py)."""
         self.sender = Sender(db, self.lanes)
+        scratch = scratch_dir(settings.storage, settings.home)
+        self.sender.needed_dirs = [scratch / sub for sub in ("workspaces", "trees", "uv-cache")]
         self.storage = StorageVerbs(settings.storage, settings.home, db, self.lanes, self.sender, self.audit, sandbox,
                                     self.metrics)
         """Environment images, workspaces, metadata accounting (corral/storage/)."""

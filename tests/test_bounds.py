@@ -207,3 +207,21 @@ def test_healthz_fails_when_the_reconciler_stalls(tmp_path: Path) -> None:
         while (r := httpx.get(f"{gw.url}/healthz", timeout=5)).status_code == 200 and time.monotonic() < deadline:
             time.sleep(0.5)
         assert r.status_code == 503 and r.json()["stalled"] == ["reconciler"], r.text
+
+
+def test_a_removed_scratch_directory_is_made_again(gateway: Gateway, people: dict[str, str], agent_dir: Path) -> None:
+    """systemd-tmpfiles' age rule removes /var/tmp/corral-<hash>; an agent's job must still run."""
+    import shutil
+
+    from corral.config import StorageSettings
+    from corral.storage.verbs import scratch_dir
+
+    scratch = scratch_dir(StorageSettings(), gateway.home.resolve())
+    assert scratch.is_dir()
+    shutil.rmtree(scratch)
+    with gateway.http(people["bot1"]) as h:
+        job = h.post("/v1/jobs", json={"command": "echo hi", "workdir": str(agent_dir), "walltime": "1m"})
+        assert job.status_code == 201, job.text
+        done = h.get(f"/v1/jobs/{job.json()['id']}/wait", params={"timeout": 60}).json()
+    assert done["state"] == "COMPLETED", done
+    assert (scratch / "workspaces").is_dir()
