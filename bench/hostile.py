@@ -277,7 +277,8 @@ def run_all(duration: float, pythonpath: str | None) -> dict[str, Any]:
            "CORRAL_RATE_SUBMIT_PER_MIN": "600", "CORRAL_AGENT_MAX_ACTIVE_JOBS": "2000"}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    gw = GatewayProcess(env=env)
+    with contextlib.chdir(pythonpath or "."):  # `python -m` puts its cwd first on the path: the tree's own corral
+        gw = GatewayProcess(env=env)
     try:
         tokens = sponsored_agents(gw, 25)
         honest_tokens, hostile_tokens = tokens[:20], tokens[20:]

@@ -31,6 +31,12 @@ from .config import HttpSettings
 
 log = logging.getLogger(__name__)
 
+LINGER_S = 2.0
+LINGER_BYTES = 64 * 1024 * 1024
+"""After a refusal the rest of what the client sends is read and dropped, for this long
+and this much at most (nginx's lingering close): closing at once would make the kernel
+answer the unread bytes with a reset, and the client would lose the refusal's sentence."""
+
 REASONS = {408: b"Request Timeout", 413: b"Content Too Large", 429: b"Too Many Requests",
            431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 
@@ -67,6 +73,8 @@ def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
         _refusal: bytes | None = None
         _timer: asyncio.TimerHandle | None = None
         _peer: str | None = None
+        _lingering = -1
+        """Bytes dropped since a refusal (-1: not refused)."""
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -99,6 +107,11 @@ def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
 
         # -- the bytes as they come --------------------------------------------------
         def data_received(self, data: bytes) -> None:
+            if self._lingering >= 0:
+                self._lingering += len(data)
+                if self._lingering > LINGER_BYTES:
+                    self.transport.close()
+                return
             self._unset_keepalive_if_required()
             while data and not self.transport.is_closing():
                 if not self._in_head:  # a body (bounded in on_body), and maybe the next head after it
@@ -187,9 +200,16 @@ def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
 
         def _refuse(self, response: bytes) -> None:
             self._disarm()
-            if response and not self.transport.is_closing():
-                self.transport.write(response)
-            self.transport.close()
+            if not response or self.transport.is_closing():
+                self.transport.close()
+                return
+            self.transport.write(response)
+            if not self.transport.can_write_eof():
+                self.transport.close()
+                return
+            self.transport.write_eof()  # the refusal is all we say; what still comes is dropped
+            self._lingering = 0
+            self._timer = self.loop.call_later(LINGER_S, self.transport.close)
 
         def _arm(self, seconds: float) -> None:
             self._disarm()
@@ -202,7 +222,7 @@ def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
 
         def _timed_out(self) -> None:
             self._timer = None
-            if self.transport.is_closing():
+            if self.transport.is_closing() or self._lingering >= 0:
                 return
             if self._in_head:
                 if self._head_bytes == 0 and (self.cycle is None or self.cycle.response_complete):
