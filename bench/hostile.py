@@ -320,6 +320,7 @@ def main() -> None:
     here = str(Path(__file__).resolve().parent.parent)
     out: dict[str, Any] = {"bench": "hostile", "duration_s": duration, "honest_agents": 20, "hostile_clients": 5,
                            **run_all(duration, here)}
+    print(json.dumps({k: v for k, v in out.items() if not isinstance(v, dict)}), flush=True)  # kept if the baseline fails
     if args.baseline:
         out["baseline"] = {"tree": str(args.baseline), **run_all(duration, str(args.baseline.resolve()))}
     for name, r in [("this tree", out), *([("baseline", out["baseline"])] if args.baseline else [])]:

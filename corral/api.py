@@ -349,7 +349,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         requests.labels("http", route.name if route is not None else "other").inc()
         checked = request.scope.get("corral.caller")  # a large body's token, checked before it was parsed
         if checked is not None:
-            return checked  # type: ignore[no-any-return]
+            return checked
         return service.authenticate(bearer_token(headers.get("authorization")), headers.get("x-corral-session"))
 
     # The hot read routes first: Starlette tries routes in order of registration.
@@ -378,7 +378,8 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         or a gateway restart: nothing missed, nothing repeated."""
         return ok(await service.events(c, cursor, timeout, limit))
 
-    @app.get("/healthz", tags=["ops"], responses={200: {"model": HealthOut}})
+    @app.get("/healthz", tags=["ops"], responses={200: {"model": HealthOut}, 503: {
+        "model": HealthOut, "description": "a background loop died, or the reconciler stopped going round"}})
     async def healthz() -> Response:
         """200 while every loop lives and the reconciler goes round; 503 naming those that do not."""
         health = service.health()
