@@ -290,6 +290,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
                      asyncio.create_task(service.memory.index_loop(), name="note-index"),
                      asyncio.create_task(service.storage.gc_loop(), name="storage-gc"),
                      asyncio.create_task(service.metrics.watch_loop(), name="loop-lag"),
+                     asyncio.create_task(service.housekeeping_loop(), name="housekeeping"),
                      *(asyncio.create_task(lane.run(), name=f"lane-{lane.name}") for lane in service.lanes)]
             service.loops = {t.get_name(): t for t in loops}
             # Move start-up objects out of the collector's reach: fewer, shorter GC pauses

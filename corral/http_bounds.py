@@ -32,8 +32,8 @@ from .config import HttpSettings
 log = logging.getLogger(__name__)
 
 LINGER_S = 2.0
-LINGER_BYTES = 64 * 1024 * 1024
-"""After a refusal the rest of what the client sends is read and dropped, for this long
+LINGER_BYTES = 1024 * 1024
+"""After a refusal what the client still sends is read and dropped, for this long
 and this much at most (nginx's lingering close): closing at once would make the kernel
 answer the unread bytes with a reset, and the client would lose the refusal's sentence."""
 

@@ -619,6 +619,18 @@ class Service:
                                                f"sponsor runs 'corral token clear-taint {taint[0] or caller.token_id}'")
         return info
 
+    async def housekeeping_loop(self, interval_s: float = 600.0) -> None:
+        """Retention that must not wait for a caller: state-change events older than a
+        week are forgotten (at most once an hour; before, only a call to /v1/events did)."""
+        while True:
+            try:
+                pruned = self.stream.prune()
+                if pruned:
+                    log.info("forgot %d job events older than a week", pruned)
+            except Exception:  # a full disk or a locked database: next time
+                log.exception("housekeeping failed")
+            await asyncio.sleep(interval_s)
+
     def health(self) -> dict[str, Any]:
         """The gateway's signs of life: ``stalled`` names a loop that died or (the
         reconciler) stopped going round; /healthz then answers 503."""

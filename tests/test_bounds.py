@@ -225,3 +225,34 @@ def test_a_removed_scratch_directory_is_made_again(gateway: Gateway, people: dic
         done = h.get(f"/v1/jobs/{job.json()['id']}/wait", params={"timeout": 60}).json()
     assert done["state"] == "COMPLETED", done
     assert (scratch / "workspaces").is_dir()
+
+
+def test_old_job_events_are_pruned_without_anyone_asking_for_events(tmp_path: Path) -> None:
+    import sqlite3
+
+    with running(tmp_path) as gw:
+        with gw.http() as h:
+            job = h.post("/v1/jobs", json={"command": "true", "walltime": "1m"}).json()["id"]
+            h.get(f"/v1/jobs/{job}/wait", params={"timeout": 30})
+        gw.kill()
+        db = sqlite3.connect(gw.home / "corral.db", isolation_level=None)
+        try:
+            assert db.execute("SELECT count(*) FROM job_events").fetchone()[0] > 0
+            db.execute("UPDATE job_events SET at = at - 8 * 86400")  # older than the week kept
+        finally:
+            db.close()
+        gw.start()  # no one calls /v1/events
+        deadline = time.monotonic() + 20
+        while (left := events(gw.home)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert left == 0
+
+
+def events(home: Path) -> int:
+    import sqlite3
+
+    db = sqlite3.connect(home / "corral.db", isolation_level=None)
+    try:
+        return int(db.execute("SELECT count(*) FROM job_events").fetchone()[0])
+    finally:
+        db.close()
