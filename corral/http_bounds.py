@@ -63,6 +63,9 @@ def body_limit(limits: HttpSettings, path: str) -> int:
 def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
     """The protocol class for one server: its limits, and its count of connections per client."""
     per_client: dict[str, int] = {}
+    accepted = [0]
+    """Connections taken (refused ones, lingering 2 s, are not counted: a flood of refused
+    connections from one address must not fill the gateway for everyone else)."""
 
     class Bounded(HttpToolsProtocol):
         _head_bytes = 0
@@ -79,7 +82,7 @@ def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             peer = self.client[0] if self.client else "?"
-            if len(self.connections) > limits.max_connections:
+            if accepted[0] >= limits.max_connections:
                 self._refuse(refusal(503, "too_many_connections",
                                      f"the gateway has {limits.max_connections} connections open, its most",
                                      "retry in a few seconds, reusing one connection for many requests", 2))
@@ -92,11 +95,13 @@ def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
                 return
             self._peer = peer
             per_client[peer] = per_client.get(peer, 0) + 1
+            accepted[0] += 1
             self._arm(limits.header_timeout_s)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             if self._peer is not None:
+                accepted[0] -= 1
                 left = per_client.get(self._peer, 1) - 1
                 if left > 0:
                     per_client[self._peer] = left
