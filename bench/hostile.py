@@ -1,20 +1,29 @@
 """Hostile clients: 20 honest agents poll their jobs' status (and now and then submit)
 while 5 hostile clients send the largest and most expensive requests they can, valid
 and invalid: 64 KiB commands, 256 KiB scripts, 256 environment variables, ids past
-2^63, NUL bytes, 1e400, malformed JSON. Two arms in one run, quiet then hostile, against
-the same gateway (local backend); /healthz is probed throughout.
+2^63, NUL bytes, 1e400, malformed JSON. Then, without any token, from another address
+(127.0.0.2): an 8 MB header and a 36 MB JSON body of 2.5 M labels (each at most twice a
+second, one at a time), and slowloris (1,500 connections that trickle a header a byte a
+second). Three arms in one run, quiet,
+hostile and unauthenticated, against the same gateway (local backend); /healthz is
+probed throughout.
 
-    python bench/hostile.py [--quick] [--duration 15]
+    python bench/hostile.py [--quick] [--duration 15] [--baseline DIR]
+
+``--baseline DIR``: the same arms again against the gateway of another checkout (e.g.
+the commit before, ``git archive 9cbaf98 | tar -x -C DIR``), side by side.
 
 Reports honest agents' status p99 and /healthz p99 in each arm, their ratio, and every
 5xx the gateway answered. Last line: one JSON object with honest_p99_ms_quiet,
-honest_p99_ms_hostile, ratio (target <= 2) and server_errors (target 0).
+honest_p99_ms_hostile, ratio (target <= 2), honest_p99_ms_unauth, unauth_ratio (target
+<= 2) and server_errors (target 0).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import random
@@ -54,12 +63,17 @@ def hostile_bodies(workdir: str) -> list[tuple[str, str, str]]:
     ]
 
 
-async def probe(port: int, token: str, until: float, out: list[float]) -> None:
+async def probe(port: int, token: str, until: float, out: list[float], failed: list[int]) -> None:
     c = KeepAliveGet(port, token)
     try:
         while time.perf_counter() < until:
             t = time.perf_counter()
-            await c.get("/healthz")
+            try:
+                await asyncio.wait_for(c.get("/healthz"), 30)
+            except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+                failed.append(1)  # counted, and its time too: a probe that could not get an answer
+                c.close()
+                c = KeepAliveGet(port, token)
             out.append((time.perf_counter() - t) * 1000)
             await asyncio.sleep(0.02)
     finally:
@@ -71,7 +85,12 @@ async def honest(c: KeepAliveGet, h: httpx.AsyncClient, job_id: int, until: floa
     rng = random.Random(job_id)
     while time.perf_counter() < until:
         t = time.perf_counter()
-        status, _ = await c.get(f"/v1/jobs/{job_id}")
+        try:
+            status, _ = await asyncio.wait_for(c.get(f"/v1/jobs/{job_id}"), 30)
+        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+            status = 599  # no answer at all (refused, reset, timed out): worse than a 5xx
+            c.close()
+            c.reader = c.writer = None
         lat.append((time.perf_counter() - t) * 1000)
         if status >= 500:
             errors.append(status)
@@ -119,11 +138,103 @@ def attackers(url: str, tokens: list[str], bodies: list[tuple[str, str, str]], d
     out.put(asyncio.run(run()))
 
 
+SOURCE = "127.0.0.2"
+"""The unauthenticated attackers' address: another client to the gateway (all of 127/8 is loopback)."""
+
+
+async def open_from(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", port, local_addr=(SOURCE, 0))
+
+
+async def send_and_read(port: int, data: bytes, counts: dict[str, int]) -> None:
+    """Send a whole request as fast as the socket takes it; count the answer's status."""
+    try:
+        r, w = await open_from(port)
+    except OSError:
+        counts["connect_failed"] = counts.get("connect_failed", 0) + 1
+        return
+    try:
+        w.write(data)
+        with contextlib.suppress(OSError):
+            await asyncio.wait_for(w.drain(), 60)
+        head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 60)
+        key = head[9:12].decode()
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        key = "closed_unanswered"  # a refusal may close before the client reads it
+    except asyncio.TimeoutError:
+        key = "no_answer_60s"
+    finally:
+        w.close()
+    counts[key] = counts.get(key, 0) + 1
+
+
+def big_header() -> bytes:
+    return b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8_000_000 + b"\r\n\r\n"
+
+
+def big_body() -> bytes:
+    body = json.dumps({"command": "true", "labels": {f"k{i}": "v" for i in range(2_500_000)}}).encode()
+    return (b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)) + body
+
+
+async def repeat(port: int, data: bytes, until: float, counts: dict[str, int], per_s: float = 2.0) -> None:
+    """At most ``per_s`` attempts a second, one at a time: the gateway's cost per attack is
+    measured, not the attacker's CPU (it shares this machine's cores with the gateway)."""
+    while time.perf_counter() < until:
+        t = time.perf_counter()
+        await send_and_read(port, data, counts)
+        await asyncio.sleep(max(0.0, 1 / per_s - (time.perf_counter() - t)))
+
+
+async def slowloris(port: int, until: float, counts: dict[str, int], n: int = 1500) -> None:
+    """n connections, each sending a header a byte a second, opened again when closed."""
+    async def one(i: int) -> None:
+        while time.perf_counter() < until:
+            try:
+                r, w = await open_from(port)
+            except OSError:
+                counts["connect_failed"] = counts.get("connect_failed", 0) + 1
+                await asyncio.sleep(1)
+                continue
+            counts["opened"] = counts.get("opened", 0) + 1
+            try:
+                w.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                while time.perf_counter() < until and not w.is_closing() and not r.at_eof():
+                    w.write(b"a")
+                    await w.drain()
+                    await asyncio.sleep(1)
+            except OSError:
+                pass
+            finally:
+                w.close()
+            await asyncio.sleep(1)  # then a new one: slowloris, not a connection flood
+    await asyncio.gather(*(one(i) for i in range(n)))
+
+
+def unauthenticated(port: int, duration: float, ready: Any, out: Any) -> None:
+    """The attackers without a token, in a process of their own."""
+    async def run() -> dict[str, dict[str, int]]:
+        header: dict[str, int] = {}
+        body: dict[str, int] = {}
+        slow: dict[str, int] = {}
+        header_bytes, body_bytes = big_header(), big_body()  # built before the clock starts
+        ready.set()
+        until = time.perf_counter() + duration + 1.0
+        await asyncio.gather(repeat(port, header_bytes, until, header), repeat(port, body_bytes, until, body),
+                             slowloris(port, until, slow))
+        return {"huge_header": header, "huge_body": body, "slowloris": slow}
+
+    out.put(asyncio.run(run()))
+
+
 async def arm(gw: GatewayProcess, tokens: list[str], jobs: list[int], hostile_tokens: list[str],
-              duration: float, bodies: list[tuple[str, str, str]]) -> dict[str, float]:
+              duration: float, bodies: list[tuple[str, str, str]], unauth: bool = False) -> dict[str, Any]:
     lat: list[float] = []
     health: list[float] = []
+    health_failed: list[int] = []
     errors: list[int] = []
+    attacks: dict[str, Any] = {}
     sent, hostile_errors = 0, 0
     # Every client is made before the clock starts, as an agent's session holds one
     # (making 20 httpx clients inside the window cost the first second's polls ~250 ms).
@@ -136,11 +247,21 @@ async def arm(gw: GatewayProcess, tokens: list[str], jobs: list[int], hostile_to
         proc = ctx.Process(target=attackers, args=(gw.url, hostile_tokens, bodies, duration, ready, out))
         proc.start()
         await asyncio.to_thread(ready.wait, 60)
+    elif unauth:
+        ctx = multiprocessing.get_context("spawn")
+        ready, out = ctx.Event(), ctx.Queue()
+        proc = ctx.Process(target=unauthenticated, args=(gw.port, duration, ready, out))
+        proc.start()
+        await asyncio.to_thread(ready.wait, 60)
+        await asyncio.sleep(1.0)  # the attackers' bodies built, their connections opening
     until = time.perf_counter() + duration
     try:
         await asyncio.gather(*(honest(c, h, j, until, lat, errors) for c, h, j in zip(polls, posts, jobs)),
-                             probe(gw.port, gw.token, until, health))
-        if proc is not None:
+                             probe(gw.port, gw.token, until, health, health_failed))
+        if proc is not None and unauth:
+            attacks = await asyncio.to_thread(out.get, True, 300)
+            proc.join(30)
+        elif proc is not None:
             sent, hostile_errors = await asyncio.to_thread(out.get, True, 120)
             proc.join(30)
     finally:
@@ -150,18 +271,19 @@ async def arm(gw: GatewayProcess, tokens: list[str], jobs: list[int], hostile_to
             await h.aclose()
     return {"status_p50_ms": round(pct(lat, 50), 2), "status_p99_ms": round(pct(lat, 99), 2),
             "healthz_p99_ms": round(pct(health, 99), 2), "polls": len(lat), "hostile_requests": sent,
-            "server_errors": len(errors) + hostile_errors}
+            "server_errors": len(errors) + hostile_errors, "healthz_failed": len(health_failed),
+            **({"attacks": attacks} if unauth else {})}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="5 s per arm")
-    ap.add_argument("--duration", type=float, default=15.0, help="seconds per arm (default 15)")
-    args = ap.parse_args()
-    duration = 5.0 if args.quick else args.duration
+def run_all(duration: float, pythonpath: str | None) -> dict[str, Any]:
+    """The three arms against one gateway (of ``pythonpath``'s corral, if given)."""
     # The facility's default rate limits stay on: they are part of the defence measured.
-    gw = GatewayProcess(env={"CORRAL_LOCAL_CPUS": "2", "CORRAL_FASTLANE": "false", "CORRAL_RATE_API_PER_S": "50",
-                             "CORRAL_RATE_SUBMIT_PER_MIN": "600", "CORRAL_AGENT_MAX_ACTIVE_JOBS": "2000"})
+    env = {"CORRAL_LOCAL_CPUS": "2", "CORRAL_FASTLANE": "false", "CORRAL_RATE_API_PER_S": "50",
+           "CORRAL_RATE_SUBMIT_PER_MIN": "600", "CORRAL_AGENT_MAX_ACTIVE_JOBS": "2000"}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    with contextlib.chdir(pythonpath or "."):  # `python -m` puts its cwd first on the path: the tree's own corral
+        gw = GatewayProcess(env=env)
     try:
         tokens = sponsored_agents(gw, 25)
         honest_tokens, hostile_tokens = tokens[:20], tokens[20:]
@@ -174,21 +296,44 @@ def main() -> None:
         uvloop.install()
         quiet = asyncio.run(arm(gw, honest_tokens, jobs, [], duration, bodies))
         loud = asyncio.run(arm(gw, honest_tokens, jobs, hostile_tokens, duration, bodies))
+        unauth = asyncio.run(arm(gw, honest_tokens, jobs, [], duration, bodies, unauth=True))
+        rss_mb = int(Path(f"/proc/{gw.proc.pid}/status").read_text().split("VmRSS:")[1].split()[0]) // 1024
     finally:
-        with gw.client() as h:  # local jobs outlive the gateway: end them
+        with contextlib.suppress(httpx.HTTPError), gw.client() as h:  # local jobs outlive the gateway: end them
             live = h.get("/v1/jobs", params={"state": ["PENDING", "RUNNING"], "limit": 1000}).json()["jobs"]
             if live:
                 h.post("/v1/jobs/cancel", json={"ids": [j["id"] for j in live]})
         gw.stop()
-    out = {"bench": "hostile", "duration_s": duration, "honest_agents": 20, "hostile_clients": 5,
-           "honest_p99_ms_quiet": quiet["status_p99_ms"], "honest_p99_ms_hostile": loud["status_p99_ms"],
-           "ratio": round(loud["status_p99_ms"] / quiet["status_p99_ms"], 2) if quiet["status_p99_ms"] else None,
-           "healthz_p99_ms_quiet": quiet["healthz_p99_ms"], "healthz_p99_ms_hostile": loud["healthz_p99_ms"],
-           "hostile_requests": loud["hostile_requests"],
-           "server_errors": quiet["server_errors"] + loud["server_errors"], "quiet": quiet, "hostile": loud}
-    print(f"honest status p99: {out['honest_p99_ms_quiet']} ms quiet, {out['honest_p99_ms_hostile']} ms under "
-          f"{out['hostile_requests']} hostile requests (x{out['ratio']}); /healthz p99 {out['healthz_p99_ms_quiet']} "
-          f"-> {out['healthz_p99_ms_hostile']} ms; 5xx: {out['server_errors']}")
+    ratio = (lambda a, b: round(a / b, 2) if b else None)
+    return {"honest_p99_ms_quiet": quiet["status_p99_ms"], "honest_p99_ms_hostile": loud["status_p99_ms"],
+            "ratio": ratio(loud["status_p99_ms"], quiet["status_p99_ms"]),
+            "honest_p99_ms_unauth": unauth["status_p99_ms"],
+            "unauth_ratio": ratio(unauth["status_p99_ms"], quiet["status_p99_ms"]),
+            "healthz_p99_ms_quiet": quiet["healthz_p99_ms"], "healthz_p99_ms_hostile": loud["healthz_p99_ms"],
+            "healthz_p99_ms_unauth": unauth["healthz_p99_ms"], "hostile_requests": loud["hostile_requests"],
+            "server_errors": quiet["server_errors"] + loud["server_errors"] + unauth["server_errors"],
+            "rss_mb_after": rss_mb, "quiet": quiet, "hostile": loud, "unauth": unauth}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="5 s per arm")
+    ap.add_argument("--duration", type=float, default=15.0, help="seconds per arm (default 15)")
+    ap.add_argument("--baseline", type=Path, help="another checkout whose gateway runs the same arms, side by side")
+    args = ap.parse_args()
+    duration = 5.0 if args.quick else args.duration
+    here = str(Path(__file__).resolve().parent.parent)
+    out: dict[str, Any] = {"bench": "hostile", "duration_s": duration, "honest_agents": 20, "hostile_clients": 5,
+                           **run_all(duration, here)}
+    print(json.dumps({k: v for k, v in out.items() if not isinstance(v, dict)}), flush=True)  # kept if the baseline fails
+    if args.baseline:
+        out["baseline"] = {"tree": str(args.baseline), **run_all(duration, str(args.baseline.resolve()))}
+    for name, r in [("this tree", out), *([("baseline", out["baseline"])] if args.baseline else [])]:
+        print(f"{name}: honest status p99 {r['honest_p99_ms_quiet']} ms quiet, {r['honest_p99_ms_hostile']} ms "
+              f"under {r['hostile_requests']} hostile requests (x{r['ratio']}), {r['honest_p99_ms_unauth']} ms "
+              f"under unauthenticated attackers (x{r['unauth_ratio']}); /healthz p99 {r['healthz_p99_ms_quiet']} / "
+              f"{r['healthz_p99_ms_hostile']} / {r['healthz_p99_ms_unauth']} ms; 5xx: {r['server_errors']}; "
+              f"attacks answered: {r['unauth'].get('attacks')}")
     print(json.dumps(out))
 
 

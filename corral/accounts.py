@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import Conflict, Forbidden, InvalidRequest
+from .http_body import text_problem
 from .principals import Caller, Kind, Principal, check_name, new_token
 from .safety.tokens import Caveats, expires_in
 
@@ -109,12 +110,15 @@ class Accounts:
                    caveats: Caveats | None = None) -> dict[str, Any]:
         """A capability token for ``for_name`` with ``caveats``; shown once."""
         with self.audit.refusals(caller, "manage", {"mint_for": for_name}):
+            if note is not None and (problem := text_problem(note, "note")):
+                raise InvalidRequest(problem)
             expires_at = expires_in(expires, self.gate.clock.time())
             self.credentials.check_mint(caller, for_name, expires_at)
             self.gate.check(caller, "manage", "Facility")
-            minted = self.credentials.mint(caller, for_name, expires_at, note, caveats or Caveats())
-        self.audit.record(caller, "manage", "allow", "policy", [{"mint_for": for_name, "token_id": minted["id"],
-                                                           "caveats": minted["caveats"]}])
+            with self.db.transaction():  # the token and its record together, or neither (a full disk)
+                minted = self.credentials.mint(caller, for_name, expires_at, note, caveats or Caveats())
+                self.audit.record(caller, "manage", "allow", "policy", [{"mint_for": for_name, "token_id": minted["id"],
+                                                                   "caveats": minted["caveats"]}])
         return minted
 
     def list_tokens(self, caller: Caller) -> list[dict[str, Any]]:

@@ -11,10 +11,12 @@ import logging
 import math
 import os
 import threading
-from typing import Annotated, Any, AsyncIterator, Literal
+import time
+from typing import Annotated, Any, AsyncIterator, Callable, Coroutine, Literal
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -22,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .api_models import (AdviceOut, BatchOut, EventsOut, FacilityOut, HealthOut, JobListOut, JobOut, JobsOut,
                          NoteOut, NotesOut, OutputOut, PlanOut, PrincipalOut, PublicKeyOut, RevokedOut,
                          TaintClearedOut, TokenInfo, TokenOut, UsageOut, WhoamiOut)
-from .errors import CorralError, Forbidden, RateLimited, Restarting, describe_validation
+from .errors import CorralError, Forbidden, RateLimited, Restarting, describe_validation, storage_full
+from .http_body import parse_body
 from .jobs import MAX_INT, JobSpec, expand_array
 
 JobIdPath = Annotated[int, Path(ge=1, le=MAX_INT, description="A job id.")]
@@ -155,8 +158,9 @@ class ContainErrors:
     """ASGI middleware: an exception below it is logged once and answered with a 500 in the
     error shape, if no response has started; it never reaches the server."""
 
-    def __init__(self, app: Any, errors: Any) -> None:
-        self.app, self.errors = app, errors
+    def __init__(self, app: Any, errors: Any, home: Any = None) -> None:
+        self.app, self.errors, self.home = app, errors, home
+        self.said_full = -1e9
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -171,7 +175,16 @@ class ContainErrors:
 
         try:
             await self.app(scope, receive, tracking)
-        except Exception:
+        except Exception as e:
+            full = storage_full(e, self.home)
+            if full is not None:  # the admin's to fix, not a bug: said once a minute at most, no traceback
+                self.errors.labels("http", "storage_full").inc()
+                if self.said_full + 60 < time.monotonic():
+                    self.said_full = time.monotonic()
+                    log.error("%s (on %s %s)", full.message, scope.get("method"), scope.get("path"))
+                if not started:
+                    await error_response(full)(scope, receive, send)
+                return
             log.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
             self.errors.labels("http", "internal_error").inc()
             if not started:
@@ -241,6 +254,32 @@ class RequireToken:
         await JSONResponse(body, status_code=e.status, headers=headers_out)(scope, receive, send)
 
 
+def bounded_route(service: Service) -> type[APIRoute]:
+    """Routes whose JSON body is checked before FastAPI parses it (corral/http_body.py): a
+    body over ``[http] unauthenticated_body_bytes`` is parsed only once its token is good."""
+    bounds = service.settings.http
+
+    class BoundedRoute(APIRoute):
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
+
+            async def bounded(request: Request) -> Response:
+                if request.method in ("POST", "PUT", "PATCH", "DELETE"):
+                    body = await request.body()
+                    if body:
+                        if len(body) > bounds.unauthenticated_body_bytes and self.path.startswith("/v1/") \
+                                and self.path != "/v1/tokens/public-key":
+                            h = request.headers
+                            request.scope["corral.caller"] = service.authenticate(
+                                bearer_token(h.get("authorization")), h.get("x-corral-session"))
+                        request._json = parse_body(body, bounds.max_json_depth)
+                return await handler(request)
+
+            return bounded
+
+    return BoundedRoute
+
+
 def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAPI:
     """The HTTP edge. ``stop_deadline_s``: the process exits that long after its shutdown
     begins, whatever still hangs (only for the process that owns the app: ``serve``)."""
@@ -259,7 +298,9 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
                      asyncio.create_task(service.memory.index_loop(), name="note-index"),
                      asyncio.create_task(service.storage.gc_loop(), name="storage-gc"),
                      asyncio.create_task(service.metrics.watch_loop(), name="loop-lag"),
+                     asyncio.create_task(service.housekeeping_loop(), name="housekeeping"),
                      *(asyncio.create_task(lane.run(), name=f"lane-{lane.name}") for lane in service.lanes)]
+            service.loops = {t.get_name(): t for t in loops}
             # Move start-up objects out of the collector's reach: fewer, shorter GC pauses
             # on the request path.
             gc.collect()
@@ -282,6 +323,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         "Every /v1 route needs `Authorization: Bearer <token>`. Agents may send `X-Corral-Session: <id>`; "
         "it is recorded with every job they submit. `POST /v1/jobs` takes an optional `Idempotency-Key` header."))
     app.state.service = service
+    app.router.route_class = bounded_route(service)  # before any route is declared
 
     @app.exception_handler(CorralError)
     async def _corral_error(request: Request, exc: CorralError) -> JSONResponse:
@@ -304,7 +346,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     # Last: anything unexpected becomes a 500 in the error shape, logged once, and the
     # connection stays open (Starlette's own handler re-raises to the server, which logs
     # the traceback again and drops the connection).
-    app.add_middleware(ContainErrors, errors=service.metrics.requests)
+    app.add_middleware(ContainErrors, errors=service.metrics.requests, home=service.settings.home)
 
     requests = service.metrics.requests
 
@@ -314,6 +356,9 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         headers = request.headers
         route = request.scope.get("route")
         requests.labels("http", route.name if route is not None else "other").inc()
+        checked = request.scope.get("corral.caller")  # a large body's token, checked before it was parsed
+        if checked is not None:
+            return checked
         return service.authenticate(bearer_token(headers.get("authorization")), headers.get("x-corral-session"))
 
     # The hot read routes first: Starlette tries routes in order of registration.
@@ -342,9 +387,12 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         or a gateway restart: nothing missed, nothing repeated."""
         return ok(await service.events(c, cursor, timeout, limit))
 
-    @app.get("/healthz", tags=["ops"], responses={200: {"model": HealthOut}})
+    @app.get("/healthz", tags=["ops"], responses={200: {"model": HealthOut}, 503: {
+        "model": HealthOut, "description": "a background loop died, or the reconciler stopped going round"}})
     async def healthz() -> Response:
-        return ok(service.health())
+        """200 while every loop lives and the reconciler goes round; 503 naming those that do not."""
+        health = service.health()
+        return ok(health, 503 if health["stalled"] else 200)
 
     @app.get("/metrics", tags=["ops"], response_class=Response,
              responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
@@ -524,7 +572,8 @@ ERRORS = {"400": "the request is invalid: the message names the field and the li
           "404": "no such thing visible to you", "405": "the method is not allowed on this path",
           "409": "it clashes with current state (an idempotency key, a repeat of a failure)",
           "429": "too fast or too many at once; Retry-After says when", "500": "a bug, logged",
-          "503": "the scheduler is away, or the gateway is restarting; call again"}
+          "503": "the scheduler is away, or the gateway is restarting; call again",
+          "507": "the gateway's disk is full: nothing of the request was kept; call again once the admin freed space"}
 PUBLIC = {"/healthz", "/metrics", "/v1/tokens/public-key", "/openapi.json", "/docs"}
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from .jobs import JobState
 
@@ -175,6 +175,9 @@ class HealthOut(_Out):
     backend: str
     degraded: str | None
     last_tick: float | None
+    last_beat: float | None = Field(None, description="When the reconciler's loop last went round, busy or idle.")
+    loops: dict[str, str] = Field(default_factory=dict, description="Each background loop: running, or how it ended.")
+    stalled: list[str] = Field(default_factory=list, description="Loops dead or silent too long (then 503).")
 
 
 class FacilityOut(_Out):

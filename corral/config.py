@@ -139,8 +139,26 @@ class StorageSettings(_Part):
     session_meta_budget: int = Field(0, ge=0, description="Metadata operations on shared_paths one session's measured jobs may make; past it, its jobs must use an image or a workspace (0: no cap).")
 
 
+class HttpSettings(_Part):
+    """Bounds on what an HTTP client may make the gateway do before it is authenticated
+    (corral/http_bounds.py, corral/api.py); see docs/security.md, "Request bounds"."""
+
+    max_header_bytes: int = Field(65536, ge=4096, le=16 * 1024 * 1024, description="Most bytes of a request's line and headers (431 past it).")
+    max_headers: int = Field(100, ge=16, le=10_000, description="Most header lines in a request (431 past it).")
+    max_body_bytes: int = Field(1024 * 1024, ge=65536, description="Most bytes of a request body, except a batch (413 past it, refused from Content-Length before it is read).")
+    max_batch_body_bytes: int = Field(8 * 1024 * 1024, ge=65536, description="Most bytes of the body of POST /v1/jobs/batch (413 past it).")
+    unauthenticated_body_bytes: int = Field(65536, ge=1024, description="A body larger than this is parsed only after its token is checked (a bad token: 401 without parsing).")
+    max_json_depth: int = Field(32, ge=4, le=500, description="Deepest nesting of arrays and objects in a JSON body (400 past it).")
+    header_timeout_s: float = Field(10.0, gt=0, le=3600, description="A request's line and headers must arrive within this many seconds of its first byte, or of the connection (408; an idle new connection is closed).")
+    body_timeout_s: float = Field(30.0, gt=0, le=3600, description="A request's body must arrive within this many seconds of its headers (408).")
+    keep_alive_s: float = Field(5.0, gt=0, le=3600, description="An idle keep-alive connection is closed after this many seconds.")
+    max_connections: int = Field(1024, ge=16, description="Most connections open at once (503 past it); the gateway raises its open-file limit to fit.")
+    max_connections_per_client: int = Field(128, ge=1, description="Most connections open at once from one address (429 past it). Behind a proxy every client has its address: raise it there.")
+
+
 PARTS: dict[str, type[_Part]] = {"fastlane": FastLaneSettings, "slurm": SlurmSettings, "memory": MemorySettings,
-                                 "safety": SafetySettings, "sandbox": SandboxSettings, "storage": StorageSettings}
+                                 "safety": SafetySettings, "sandbox": SandboxSettings, "storage": StorageSettings,
+                                 "http": HttpSettings}
 
 
 def _flat_names() -> dict[str, tuple[str, str]]:
@@ -185,6 +203,7 @@ class Settings(BaseModel):
     memory: MemorySettings = Field(default_factory=MemorySettings)
     safety: SafetySettings = Field(default_factory=SafetySettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
 
     @model_validator(mode="before")
     @classmethod

@@ -13,7 +13,8 @@ what to do next::
      ├── Conflict            the request clashes with current state    (HTTP 409, CLI 2)
      ├── RateLimited         too fast, or too many at once; retry later (HTTP 429 + Retry-After, CLI 2)
      ├── BackendError        the scheduler failed or is unreachable   (HTTP 503, CLI 1)
-     └── Restarting          the gateway is stopping; call again      (HTTP 503 + Retry-After, CLI 1)
+     ├── Restarting          the gateway is stopping; call again      (HTTP 503 + Retry-After, CLI 1)
+     └── StorageFull         the gateway's disk is full; nothing kept  (HTTP 507, CLI 1)
 """
 
 from __future__ import annotations
@@ -135,6 +136,42 @@ class Restarting(CorralError):
     def __init__(self, message: str = "the gateway is restarting; nothing was lost, call again in a few seconds",
                  *, hint: str | None = "call again: your job keeps running and its state is kept") -> None:
         super().__init__(message, hint=hint)
+
+
+class StorageFull(CorralError):
+    """The gateway could not write its state (its disk or quota is full): the request was
+    refused whole, nothing of it recorded. ``full``: the path that could not be written."""
+
+    status = 507
+    code = "storage_full"
+
+    def __init__(self, full: str, free_bytes: int | None) -> None:
+        free = f" ({free_bytes:,} bytes free there)" if free_bytes is not None else ""
+        super().__init__(f"the gateway's disk is full: it could not write {full}{free}; nothing of this request "
+                         "was recorded or done", hint="tell the facility's admin to free space on that filesystem "
+                         "(old job output, gateway.log.*); then send the same request again")
+        self.full = full
+
+
+def storage_full(exc: BaseException, home: Any) -> StorageFull | None:
+    """``exc`` as a StorageFull if it is a full disk or quota (an OSError, or SQLite's
+    'database or disk is full'), else None. ``home``: the gateway's state directory."""
+    import errno
+    import os
+    import sqlite3
+
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        path = str(exc.filename or home)
+    elif isinstance(exc, sqlite3.OperationalError) and "full" in str(exc):
+        path = f"{home}/corral.db"
+    else:
+        return None
+    try:
+        st = os.statvfs(os.path.dirname(path) if not os.path.isdir(path) else path)
+        free: int | None = st.f_bavail * st.f_frsize
+    except OSError:
+        free = None
+    return StorageFull(path, free)
 
 
 def describe_validation(errors: Iterable[dict[str, Any]], where_default: str, unknown_field: str | None = None) -> str:

@@ -249,6 +249,16 @@ class JobSpec(BaseModel):
         # or allowed as '/etc', never as something under /tmp.
         return os.path.normpath(v) if v and v.startswith("/") and "\x00" not in v else v
 
+    @field_validator("after_ok", "after_any")
+    @classmethod
+    def _once_each(cls, v: list[int] | None, info: Any) -> list[int] | None:
+        seen: set[int] = set()
+        for job_id in v or ():
+            if job_id in seen:
+                raise ValueError(f"{info.field_name} names job {job_id} twice; name each job once")
+            seen.add(job_id)
+        return v
+
     @property
     def parents(self) -> list[int]:
         """The jobs this one waits for (after_ok, then after_any)."""
@@ -333,7 +343,9 @@ class Job(BaseModel):
         return out
 
 
-_ARRAY_RE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
+_ARRAY_RE = re.compile(r"^([0-9]{1,12})(?:-([0-9]{1,12})(?::([0-9]{1,12}))?)?$")
+MAX_ARRAY_INDEX = 4_000_000
+"""Slurm's largest array task id (MaxArraySize is at most 4000001)."""
 
 
 def array_indices(text: str, limit: int = 1000) -> list[int]:
@@ -346,8 +358,12 @@ def array_indices(text: str, limit: int = 1000) -> list[int]:
     for part in str(text).replace(" ", "").split(","):
         m = _ARRAY_RE.match(part)
         if not m:
+            if re.fullmatch(r"[0-9:-]+", part) and re.search(r"[0-9]{13}", part):
+                raise ValueError(f"array {str(text)[:40]!r}...: task ids go from 0 to {MAX_ARRAY_INDEX} (Slurm's limit)")
             raise ValueError(f"array {text!r} is not Slurm's syntax; write '0-9', '1,3,5' or '0-99:2'")
         lo, hi, step = int(m.group(1)), int(m.group(2) or m.group(1)), int(m.group(3) or 1)
+        if hi > MAX_ARRAY_INDEX:
+            raise ValueError(f"array {str(text)[:40]!r}...: task ids go from 0 to {MAX_ARRAY_INDEX} (Slurm's limit)")
         if hi < lo or step < 1:
             raise ValueError(f"array {text!r}: a range goes low-high with a positive step")
         if (hi - lo) // step + 1 + len(out) > limit:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import errno
 import fcntl
 import faulthandler
 import json
 import os
+import queue
+import resource
 import socket
 import urllib.request
 import logging
+import math
 import logging.handlers
 import signal
 import sys
@@ -24,6 +29,7 @@ from .config import Settings
 from .db import Database
 from .errors import InvalidRequest
 from .egress import Egress
+from .http_bounds import bounded_protocol
 from .identity import Identities
 from .sandbox import Sandbox, build
 from .service import Service
@@ -33,18 +39,46 @@ log = logging.getLogger("corral")
 
 
 def setup_logging(settings: Settings) -> None:
+    """corral's own handlers, written by one thread off the event loop: a record costs the
+    loop a queue put. The root logger gets them too, before any library can install its
+    own (the MCP SDK calls logging.basicConfig with a Rich handler, whose tracebacks once
+    held the loop 1-2 s per 500), and corral's records stop at "corral"."""
     settings.home.mkdir(parents=True, exist_ok=True)
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    root = logging.getLogger("corral")
-    root.setLevel(settings.log_level.upper())
-    root.handlers.clear()
     stream = logging.StreamHandler(sys.stderr)
     stream.setFormatter(fmt)
     filelog = logging.handlers.RotatingFileHandler(settings.home / "gateway.log", maxBytes=10_000_000, backupCount=3)
     filelog.setFormatter(fmt)
     os.chmod(settings.home / "gateway.log", 0o600)  # it names jobs, principals and paths
-    root.addHandler(stream)
-    root.addHandler(filelog)
+    global _listener
+    if _listener is not None:
+        _listener.stop()
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    _listener = logging.handlers.QueueListener(records, stream, filelog, respect_handler_level=True)
+    _listener.start()
+    atexit.register(_listener.stop)
+    handler = logging.handlers.QueueHandler(records)
+    for name, level in (("corral", settings.log_level.upper()), ("", "WARNING")):
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        logger.handlers.clear()
+        logger.addHandler(handler)
+    logging.getLogger("corral").propagate = False
+
+
+_listener: logging.handlers.QueueListener | None = None
+
+
+def raise_file_limit(wanted: int) -> int:
+    """Raise this process's open-file limit toward ``wanted`` (as far as the hard limit
+    allows); -> the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    return soft
 
 
 def _sandbox(settings: Settings, state: list[Path]) -> tuple[Sandbox, Egress | None]:
@@ -181,9 +215,18 @@ def serve(settings: Settings) -> None:
             # (a 503 with Retry-After) instead of being cut off with a 500 after the grace.
             watchers.stop()
             super().handle_exit(sig, frame)
+            if sig == signal.SIGTERM:  # a requested stop that drains cleanly exits 0, not 143
+                self._captured_signals.remove(sig)
 
+    bounds = settings.http
+    # Each connection is a file: room for all of them beside the jobs' and the database's.
+    files = raise_file_limit(bounds.max_connections + 1024)
+    if files < bounds.max_connections + 256:
+        log.warning("the open-file limit is %d: fewer than [http] max_connections (%d) + 256; connections past "
+                    "it fail at accept. Raise LimitNOFILE, or lower max_connections", files, bounds.max_connections)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
-                            loop="uvloop", http="httptools", timeout_graceful_shutdown=3)
+                            loop="uvloop", http=bounded_protocol(bounds), timeout_graceful_shutdown=3,
+                            timeout_keep_alive=int(math.ceil(bounds.keep_alive_s)))
     try:
         Server(config).run()
     finally:

@@ -12,7 +12,6 @@ their news lands, the reconciler, the gate, the audit, and the verbs of accounts
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import time
@@ -30,6 +29,7 @@ from .control.progress import Progress
 from .control.reconciler import Reconciler, Watchers
 from .control.sender import Sender, context
 from .db import Database
+from .faults import fault
 from .errors import BackendError, Conflict, CorralError, InvalidRequest, NotFound, Restarting
 from .job_control import JobControl
 from .jobs import MAX_INT, TERMINAL_STATES, Job, JobSpec, JobState, no_job
@@ -45,7 +45,7 @@ from .safety.gate import Gate, budgets, job_resource, job_text
 from .sandbox import Sandbox
 from . import workdirs
 from .identity import Identities
-from .storage.verbs import StorageVerbs
+from .storage.verbs import StorageVerbs, scratch_dir
 
 if TYPE_CHECKING:
     from .egress import Egress
@@ -72,6 +72,7 @@ class Service:
         self.watchers = Watchers(self.metrics)
         self.lanes = Lanes(BackendLane(MeteredBackend(backend, self.metrics)))
         self.audit = Audit(AuditLog(settings.home / "audit.jsonl", settings.home / "audit.key", db.audit_head()), db)
+        self.audit.repair()  # a torn final record (a crash, a full disk) cut off, and the cut recorded
         self.gate = Gate(settings.safety, settings.home, db, clock)
         self.credentials = Credentials(db, self.gate)
         self.outputs = OutputGuard(settings.home / "guarded")
@@ -94,6 +95,8 @@ class Service:
         self.stream = Events(db, self.watchers, settings.wait_max_s)
         """The event stream of jobs' state changes (control/events.py)."""
         self.sender = Sender(db, self.lanes)
+        scratch = scratch_dir(settings.storage, settings.home)
+        self.sender.needed_dirs = [scratch / sub for sub in ("workspaces", "trees", "uv-cache")]
         self.storage = StorageVerbs(settings.storage, settings.home, db, self.lanes, self.sender, self.audit, sandbox,
                                     self.metrics)
         """Environment images, workspaces, metadata accounting (corral/storage/)."""
@@ -108,6 +111,8 @@ class Service:
         self.reconciler = Reconciler(db, self.lanes, self.sender, self.progress, self.metrics, settings.tick_s,
                                      settings.max_backoff_s)
         self.jobctl = JobControl(db, self.lanes, self.gate, self.audit, self.reconciler)
+        self.loops: dict[str, asyncio.Task[Any]] = {}
+        """The gateway's background loops by name (set by the HTTP edge's lifespan), for /healthz."""
         """job_control and job_usage (job_control.py)."""
 
     def authenticate(self, token: str | None, session: str | None = None) -> Caller:
@@ -127,6 +132,7 @@ class Service:
             jobs, created, advice, rule = await self._record(caller, specs, idempotency_key)
         if created:
             p = caller.principal
+            fault("after_commit")
             taken = await self.sender.send([(j, context(j, p)) for j in jobs if j.backend_id is None],
                                            dispatch=len(specs) > 1)
             self.reconciler.kick()
@@ -135,9 +141,9 @@ class Service:
             again = [j.id for j in jobs if j.backend_id is None and j.id not in taken]
             current = self.db.get_jobs(again) if again else {}
             jobs = [j.sent_as(taken[j.id]) if j.id in taken else current.get(j.id, j) for j in jobs]
-        self.audit.record(caller, "submit", "allow", rule,
-                          [{"job_id": j.id, "backend": j.backend, "backend_id": j.backend_id,
-                            "partition": j.spec.partition, "cpus": j.spec.cpus, "gpus": j.spec.gpus} for j in jobs])
+            fault("after_send")
+        else:  # a replay or cache hits: the decision to answer with what exists (new jobs were recorded at insert)
+            self.audit.record(caller, "submit", "allow", rule, [_audited(j) for j in jobs])
         return [j.with_advice(a) if a else j for j, a in zip(jobs, advice, strict=True)], created
 
     async def _record(self, caller: Caller, specs: list[JobSpec], key: str | None,
@@ -190,10 +196,19 @@ class Service:
             replay = self._replay(caller, key, n, digest)
             if replay is not None:
                 return replay, False, [[] for _ in replay], "idempotent-replay"
-        # One INSERT statement is atomic by itself; more share one transaction.
-        with self.db.transaction() if len(new) > 1 else contextlib.nullcontext():
-            made = iter(self.db.insert_jobs(caller.name, caller.session, [(lane.name, spec) for spec, lane in new],
-                                            caller.cap.path if caller.cap else None, key, digest) if new else [])
+        # The decision is recorded before the act: the jobs' rows and their allow records
+        # commit together (the audit head is in the same transaction), before any is sent.
+        # A crash before the commit leaves an allow record of a job that never existed (its
+        # id and submit time name it), never a job without its decision.
+        fault("before_insert")
+        with self.db.transaction():
+            inserted = self.db.insert_jobs(caller.name, caller.session, [(lane.name, spec) for spec, lane in new],
+                                           caller.cap.path if caller.cap else None, key, digest) if new else []
+            fault("after_insert")
+            if inserted:
+                self.audit.record(caller, "submit", "allow", rule, [_audited(j) for j in inserted])
+                fault("after_audit")
+        made = iter(inserted)
         jobs, advice = [], []
         for t in texts:
             r = ready[t]
@@ -204,6 +219,9 @@ class Service:
             else:
                 jobs.append(next(made))
                 advice.append(said[t])
+        hits = [r for r in ready.values() if isinstance(r, Job)]
+        if new and hits:  # beside new jobs: the answer's reused results, decided too
+            self.audit.record(caller, "submit", "allow", "cache-hit", [_audited(j) for j in hits])
         # Only cache hits: nothing new was made, and the answer says so.
         return jobs, bool(new), advice, rule if new else "cache-hit"
 
@@ -601,9 +619,29 @@ class Service:
                                                f"sponsor runs 'corral token clear-taint {taint[0] or caller.token_id}'")
         return info
 
+    async def housekeeping_loop(self, interval_s: float = 600.0) -> None:
+        """Retention that must not wait for a caller: state-change events older than a
+        week are forgotten (at most once an hour; before, only a call to /v1/events did)."""
+        while True:
+            try:
+                pruned = self.stream.prune()
+                if pruned:
+                    log.info("forgot %d job events older than a week", pruned)
+            except Exception:  # a full disk or a locked database: next time
+                log.exception("housekeeping failed")
+            await asyncio.sleep(interval_s)
+
     def health(self) -> dict[str, Any]:
-        return {"ok": self.reconciler.degraded is None, "backend": self.lanes.batch.name,
-                "degraded": self.reconciler.degraded, "last_tick": self.reconciler.last_tick}
+        """The gateway's signs of life: ``stalled`` names a loop that died or (the
+        reconciler) stopped going round; /healthz then answers 503."""
+        r = self.reconciler
+        loops = {name: _loop_state(t) for name, t in self.loops.items()}
+        stalled = [name for name, state in loops.items() if state not in ("running", "done")]
+        if self.loops and (r.last_beat is None or time.time() - r.last_beat > r.stall_after_s()):
+            stalled.append("reconciler")
+        return {"ok": r.degraded is None and not stalled, "backend": self.lanes.batch.name,
+                "degraded": r.degraded, "last_tick": r.last_tick, "last_beat": r.last_beat,
+                "loops": loops, "stalled": sorted(set(stalled))}
 
 
 class _prefixed:
@@ -619,3 +657,20 @@ class _prefixed:
         if self.prefix and isinstance(exc, CorralError) and not exc.message.startswith(self.prefix):
             exc.message = self.prefix + exc.message
             exc.args = (exc.message,)
+
+
+def _audited(job: Job) -> dict[str, Any]:
+    """A submitted job as its allow record names it: its id and submit time together say
+    which job (an id is taken again after a rolled-back insert)."""
+    return {"job_id": job.id, "submitted": job.submit_time, "backend": job.backend, "backend_id": job.backend_id,
+            "partition": job.spec.partition, "cpus": job.spec.cpus, "gpus": job.spec.gpus}
+
+
+def _loop_state(task: "asyncio.Task[Any]") -> str:
+    """running; done (it returned: nothing for it to do here, e.g. a feature off); or how it died."""
+    if not task.done():
+        return "running"
+    if task.cancelled():
+        return "cancelled"
+    exc = task.exception()
+    return "done" if exc is None else f"died: {exc!r}"[:200]

@@ -223,9 +223,19 @@ def people(gateway: Gateway) -> dict[str, str]:
     return add_people(gateway)
 
 
+_SCRATCH_BEFORE: set[str] = set()
+"""The /var/tmp/corral-* directories that existed before this session: not ours to remove
+(another session's, or a real gateway's on this machine)."""
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _SCRATCH_BEFORE.update(p.name for p in Path("/var/tmp").glob("corral-*"))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Every gateway a test started made its node-local scratch in /var/tmp (corral/storage):
-    those left empty and unmounted (most never held an image or a workspace) are removed."""
+    those this session made and left empty and unmounted (most never held an image or a
+    workspace) are removed; none that was there before it."""
     import re
     import shutil
 
@@ -234,6 +244,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(session.config, "workerinput"):  # the controller tidies once, after every worker
         return
     for d in Path("/var/tmp").glob("corral-*"):
-        if re.fullmatch(r"corral-[0-9a-f]{10}", d.name) and not under(d) \
+        if re.fullmatch(r"corral-[0-9a-f]{10}", d.name) and d.name not in _SCRATCH_BEFORE and not under(d) \
                 and not any(p.is_file() for p in d.rglob("*")):
             shutil.rmtree(d, ignore_errors=True)

@@ -17,6 +17,7 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Iterable
 
+from ..faults import stalls
 from ..db import Database, Run
 from ..errors import CorralError
 from ..jobs import JobState
@@ -101,6 +102,8 @@ class Reconciler:
         self.max_backoff_s = max_backoff_s
         self.degraded: str | None = None
         self.last_tick: float | None = None
+        self.last_beat: float | None = None
+        """When the loop last went round (wall clock), busy or idle: /healthz's sign of life."""
         self._kick = asyncio.Event()
         self._failures = 0
 
@@ -108,8 +111,15 @@ class Reconciler:
         """Ask for a tick now (after a submit or cancel), not at the next interval."""
         self._kick.set()
 
+    def stall_after_s(self) -> float:
+        """A loop silent this long is stalled: longer than its longest backoff and then some."""
+        return 3 * self.max_backoff_s + 10 * self.tick_s
+
     async def run(self) -> None:
         while True:
+            self.last_beat = time.time()
+            if stalls("reconciler_stall"):
+                await asyncio.Event().wait()
             try:
                 await self.tick()
                 self._failures = 0
@@ -146,6 +156,7 @@ class Reconciler:
         active = self.db.active_runs(self.lanes.polled())
         self.metrics.active_jobs.set(len(active))
         if not active:
+            self.last_tick = time.time()  # an idle tick is a tick: nothing to ask the backend
             return
         t0 = time.perf_counter()
         by_lane: dict[str, list[Run]] = defaultdict(list)

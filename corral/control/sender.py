@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from pathlib import Path
 from typing import Sequence
 
 from ..backends import SubmitContext
@@ -39,6 +40,15 @@ class Sender:
         self.ended: list[int] = []
         """Jobs this Sender ended itself (a dependency never satisfied): the reconciler's
         next tick tells their waiters."""
+        self.needed_dirs: list[Path] = []
+        """Directories a job needs to exist when it is sent (node-local scratch the sandbox
+        binds): recreated if a cleaner (systemd-tmpfiles' age rule) removed them."""
+
+    def _recreate_missing(self) -> None:
+        for d in self.needed_dirs:
+            if not d.is_dir():
+                d.mkdir(parents=True, exist_ok=True)
+                log.warning("%s was missing (removed by a cleaner?); made again", d)
 
     async def send(self, jobs: Sequence[tuple[Job, SubmitContext]], *, dispatch: bool = False,
                    raise_backend: bool = False) -> dict[int, str]:
@@ -47,6 +57,7 @@ class Sender:
         recording, raise the first scheduler failure (the reconciler then backs off).
         -> job id: backend id, for the jobs a lane took."""
         taken: dict[int, str] = {}
+        self._recreate_missing()
         by_lane: dict[str, list[tuple[Job, SubmitContext]]] = {}
         for job, ctx in self._ready(jobs):
             by_lane.setdefault(job.backend, []).append((job, ctx))

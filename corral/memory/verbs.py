@@ -9,6 +9,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Conflict, CorralError, InvalidRequest
+from ..http_body import text_problem
 from ..jobs import JobSpec, JobState, no_job, parse_duration_s
 from ..principals import PILOT_PRINCIPAL, Caller, Principal
 from ..safety import guard
@@ -89,6 +90,8 @@ class MemoryVerbs:
     def remember(self, caller: Caller, text: str, scope: str = "user", expires: str | None = None,
                  job_id: int | None = None) -> dict[str, Any]:
         with self.audit.refusals(caller, "write_note", {"scope": scope}):
+            if problem := text_problem(text, "text"):  # the MCP tool's and CLI's way in, as well as HTTP's
+                raise InvalidRequest(problem)
             if job_id is not None:  # provenance must be a job the author may see
                 job = self.db.get_job(job_id)
                 if job is None or not caller.sees(job.principal):
@@ -99,11 +102,12 @@ class MemoryVerbs:
                 ttl = parse_duration_s(expires, "expiry") if expires else None
             except ValueError as e:
                 raise InvalidRequest(f"{e} (for example '30d' or '12h'; leave it out to keep the note)") from None
-            note: dict[str, Any] = mem.remember(caller, text, scope, ttl, job_id)
+            with self.db.transaction():  # the note and its record together, or neither (a full disk)
+                note: dict[str, Any] = mem.remember(caller, text, scope, ttl, job_id)
+                self.audit.record(caller, "write_note", "allow", rule, [{"note_id": note["id"], "scope": scope,
+                                                                         "flags": note.get("flags")}])
         if self.semantic is not None:
             self.semantic.wake()
-        self.audit.record(caller, "write_note", "allow", rule, [{"note_id": note["id"], "scope": scope,
-                                                                 "flags": note.get("flags")}])
         return note
 
     async def recall(self, caller: Caller, query: str, k: int = 5) -> list[dict[str, Any]]:

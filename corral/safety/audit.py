@@ -17,6 +17,7 @@ import contextvars
 import hashlib
 import hmac
 import json
+import logging
 import os
 import secrets
 import threading
@@ -47,7 +48,11 @@ class AuditLog:
         self.path = path
         self.key = self._key(key_path)
         self._lock = threading.Lock()
-        self.seq, self.mac = head or self._tail()
+        tail = self._tail()
+        # The file may hold records past the database's head: appended in a submission's
+        # transaction that then did not commit (a crash, a full disk). They are sealed, so
+        # the chain goes on from them; a file shorter than the head is verify's to report.
+        self.seq, self.mac = tail if head is None or tail[0] > head[0] else head
 
     @staticmethod
     def _key(path: Path) -> bytes:
@@ -77,7 +82,8 @@ class AuditLog:
         return hmac.new(self.key, (prev + body).encode(), hashlib.sha256).hexdigest()
 
     def append(self, records: list[dict[str, Any]]) -> tuple[int, str]:
-        """Append decisions (one write); -> the new head (seq, mac), for the database to keep."""
+        """Append decisions (one write); -> the new head (seq, mac), for the database to keep.
+        A write that fails (a full disk) leaves the file as it was: no torn line."""
         with self._lock:
             seq, mac, lines = self.seq, self.mac, []
             now = round(time.time(), 6)
@@ -86,14 +92,52 @@ class AuditLog:
                 body = json.dumps({"seq": seq, "ts": now, **record}, separators=(",", ":"), sort_keys=True, default=str)
                 mac = self._sign(mac, body)
                 lines.append(f"{mac} {body}\n")
-            with open(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a", encoding="utf-8") as f:
-                f.write("".join(lines))
+            data = "".join(lines).encode("utf-8", "backslashreplace")
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                size = os.fstat(fd).st_size
+                try:
+                    written = os.write(fd, data)
+                    while written < len(data):  # a short write: the disk filled on the way
+                        written += os.write(fd, data[written:])
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, size)  # freeing needs no space
+                    raise
+            finally:
+                os.close(fd)
             self.seq, self.mac = seq, mac
             return seq, mac
 
+    def repair(self) -> dict[str, Any] | None:
+        """At start, before anything is appended: a torn final record (the bytes after the
+        last newline, from a crash or a full disk in the middle of a write) is cut off.
+        -> what was cut (for the record of the repair), or None. Only the unfinished
+        line: an edit anywhere in the chain is still verify's to find."""
+        if not self.path.exists():
+            return None
+        with open(self.path, "rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            start = max(0, size - 1024 * 1024)
+            f.seek(start)
+            tail = f.read()
+            if not tail or tail.endswith(b"\n"):
+                return None
+            cut = tail.rfind(b"\n")
+            if cut < 0 and start > 0:
+                return None  # a line over 1 MiB is no record: left for verify to report
+            keep = start + cut + 1
+            torn = tail[cut + 1:]
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+        self.seq, self.mac = self._tail()
+        return {"torn_bytes": len(torn), "torn_sha256": hashlib.sha256(torn).hexdigest(),
+                "torn_start": torn[:120].decode("utf-8", "replace"), "kept_bytes": keep}
+
     def verify(self, head: tuple[int, str] | None = None) -> tuple[int, list[Problem]]:
         """-> (records read, problems): the first break in the chain, said where and how."""
-        prev, n, expected = GENESIS, 0, 1
+        prev, n, expected, at_head = GENESIS, 0, 1, ""
         problems: list[Problem] = []
         if not self.path.exists():
             return 0, ([Problem(0, None, "the audit log is missing")] if head and head[0] else [])
@@ -101,6 +145,8 @@ class AuditLog:
             for n, raw in enumerate(f, 1):
                 mac, _, body = raw.rstrip("\n").partition(" ")
                 if hmac.compare_digest(mac, self._sign(prev, body)):
+                    if head and expected == head[0]:
+                        at_head = mac
                     prev, expected = mac, expected + 1
                     continue
                 later = set()
@@ -111,9 +157,12 @@ class AuditLog:
                         continue
                 problems.append(self._diagnose(n, body, expected, prev, mac, later))
                 return n, problems
-        if head and head[0] and (expected - 1 != head[0] or prev != head[1]):
+        if head and head[0] and expected - 1 < head[0]:
             problems.append(Problem(n, expected - 1, f"the log ends at record {expected - 1} but the gateway "
                                                      f"recorded {head[0]}: records were cut off the end"))
+        elif head and head[0] and at_head != head[1]:
+            problems.append(Problem(head[0], head[0], f"record {head[0]} is not the one the gateway recorded: "
+                                                      "the log was rewritten from there"))
         return n, problems
 
     def _diagnose(self, line: int, body: str, expected: int, prev: str, mac: str, later: set[int]) -> Problem:
@@ -151,6 +200,19 @@ class Audit:
 
     def __init__(self, log: AuditLog, db: "Database") -> None:
         self.log, self.db = log, db
+
+    def repair(self) -> None:
+        """At the gateway's start: a torn final record is cut off, logged, and the repair
+        itself recorded in the chain."""
+        cut = self.log.repair()
+        if cut is None:
+            return
+        logging.getLogger(__name__).warning(
+            "audit log %s: cut off a torn final record (%d bytes, from a crash or a full disk while it was "
+            "written); the chain before it is intact", self.log.path, cut["torn_bytes"])
+        head = self.log.append([{"principal": "corral", "kind": "service", "sponsor": None, "session": None,
+                                 "action": "audit_repair", "decision": "allow", "rule": "startup", **cut}])
+        self.db.set_audit_head(*head)
 
     def record(self, caller: "Caller", action: str, decision: str, rule: str,
                resources: list[dict[str, Any]]) -> None:

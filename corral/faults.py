@@ -1,0 +1,31 @@
+"""Fault points: where a test makes the gateway die, on purpose, to prove what survives.
+
+``CORRAL_FAULT=<point>`` in the gateway's environment makes it exit at once
+(``os._exit``, as a kill -9 would: no cleanup, no flush of anything not yet written) when
+it reaches that point. Read once at import; unset, a point costs one comparison. For
+tests only: a facility never sets it.
+
+The points of the submit path, in order: ``before_insert``, ``after_insert`` (the jobs'
+rows written, not committed), ``after_audit`` (their allow record appended, not
+committed), ``after_commit`` (recorded, not sent), ``after_send``. And one that stalls
+instead of dying: ``reconciler_stall`` (the reconciler's loop stops beating, as a hung
+scheduler call would leave it; /healthz must say so).
+"""
+
+from __future__ import annotations
+
+import os
+
+EXIT_STATUS = 86
+_POINT = os.environ.get("CORRAL_FAULT") or None
+
+
+def fault(point: str) -> None:
+    """Die here if this is the point the environment names."""
+    if _POINT == point:
+        os._exit(EXIT_STATUS)
+
+
+def stalls(point: str) -> bool:
+    """Whether this is the point the environment names (the caller then hangs there)."""
+    return _POINT == point
