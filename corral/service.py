@@ -59,6 +59,7 @@ class Service:
                  clock: Clock | None = None, sandbox: Sandbox | None = None, egress: "Egress | None" = None,
                  identities: Identities | None = None) -> None:
         self.settings = settings
+        self._backend = backend
         self.sandbox = sandbox
         self.identities = identities
         """Who each principal's jobs run as (corral/identity.py), where the gateway assigns it."""
@@ -621,12 +622,20 @@ class Service:
 
     async def housekeeping_loop(self, interval_s: float = 600.0) -> None:
         """Retention that must not wait for a caller: state-change events older than a
-        week are forgotten (at most once an hour; before, only a call to /v1/events did)."""
+        week are forgotten (at most once an hour; before, only a call to /v1/events did),
+        and the local backend's job directories past ``local_keep_days``."""
         while True:
             try:
                 pruned = self.stream.prune()
                 if pruned:
                     log.info("forgot %d job events older than a week", pruned)
+                collect = getattr(self._backend, "collect", None)
+                if collect is not None:  # the local backend's ended jobs' directories, past their retention
+                    cutoff = time.time() - self.settings.local_keep_days * 86400
+                    removed = await asyncio.to_thread(collect, cutoff)
+                    if removed:
+                        log.info("removed the directories of %d jobs ended over %g days ago", removed,
+                                 self.settings.local_keep_days)
             except Exception:  # a full disk or a locked database: next time
                 log.exception("housekeeping failed")
             await asyncio.sleep(interval_s)

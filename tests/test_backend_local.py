@@ -85,3 +85,22 @@ def test_a_start_estimate_follows_the_queue(backend, tmp_path) -> None:
     start = backend.estimate_start(JobSpec(command="true", workdir=str(tmp_path), walltime="1m"))
     assert start is not None and now + 590 < start < now + 620, start - now
     assert backend.estimate_start(JobSpec(command="true", cpus=4, workdir=str(tmp_path))) > start + 290
+
+
+def test_ended_jobs_directories_are_collected_after_their_retention(tmp_path) -> None:
+    """Retention (issue 39): the directories of jobs that ended before the cutoff go; a
+    running job's and a recent one's stay, and recovery then reads only what is left."""
+    root = tmp_path / "local"
+    be = LocalBackend(root, cpus=2, memory_mb=2048)
+    old = be.submit(ctx(1), JobSpec(command="echo old", workdir=str(tmp_path)))
+    wait_all(be, [old], 30)
+    cutoff = json.loads((root / "jobs" / old / "result.json").read_text())["end_time"] + 1e-3
+    recent = be.submit(ctx(2), JobSpec(command="echo recent", workdir=str(tmp_path)))
+    running = be.submit(ctx(3), JobSpec(command="sleep 30", workdir=str(tmp_path)))
+    wait_all(be, [recent], 30)
+    assert be.collect(cutoff) == 1
+    assert not (root / "jobs" / old).exists()
+    assert (root / "jobs" / recent / "stdout").read_text() == "recent\n"
+    assert be.status([running])[running].state in (JobState.RUNNING, JobState.PENDING)
+    be.cancel([running])
+    assert LocalBackend(root, cpus=2, memory_mb=2048).status([old]) == {}  # gone for a restart too

@@ -292,6 +292,25 @@ class LocalBackend:
     def forget(self, backend_ids: Sequence[str]) -> None:
         """Nothing is kept of an ended job: its directory is the record."""
 
+    def collect(self, before: float) -> int:
+        """Remove the directories of jobs that ended before ``before`` (their output and
+        record: the job's state stays in corral's database). -> how many. Start-up and
+        recovery then cost what the live jobs cost, not what history does. Symlink-safe:
+        a job's own ``work/`` is its identity's, and rmtree never follows a link in it."""
+        import shutil
+
+        gone = 0
+        for d in self.jobs_dir.iterdir():
+            if not d.name.isdigit() or d.name in self._running or d.name in self._queue:
+                continue
+            result = _read_json(d / "result.json")
+            if not result or (result.get("end_time") or before) >= before:
+                continue
+            shutil.rmtree(d, ignore_errors=True)
+            self._done.pop(d.name, None)
+            gone += 1
+        return gone
+
     def free(self, partition: str | None) -> tuple[int, int] | None:
         with self._lock:
             self._reap()
