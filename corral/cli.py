@@ -59,7 +59,7 @@ class Ctx:
         if self._client is None:
             from .client import Client, default_token
 
-            self._client = Client(self.url, self.token or default_token(), self.session)
+            self._client = Client(self.url, self.token or default_token(url=self.url), self.session)
         return self._client
 
     def out(self, data: Any, human: Callable[[Any], str] | None = None) -> None:

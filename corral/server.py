@@ -25,6 +25,7 @@ from .db import Database
 from .errors import InvalidRequest
 from .egress import Egress
 from .identity import Identities
+from .paths import drop_pointer, write_pointer
 from .sandbox import Sandbox, build
 from .service import Service
 from .storage.verbs import scratch_dir
@@ -173,6 +174,8 @@ def serve(settings: Settings) -> None:
     where = f"{settings.local_cpus} CPU slots" if settings.backend == "local" else f"SLURM_CONF={settings.slurm.conf or os.environ.get('SLURM_CONF')}"
     print(f"backend: {settings.backend} ({where}); state in {settings.home}", flush=True)
     print(f"admin token {'created' if created else 'kept'} in {token_path} (mode 0600)", flush=True)
+    # So that `corral` finds this admin token from any directory (corral/paths.py).
+    pointer = write_pointer(settings.port, settings.home) if settings.host in ("127.0.0.1", "localhost", "0.0.0.0", "::1", "") else None
     watchers = service.watchers
 
     class Server(uvicorn.Server):
@@ -180,6 +183,8 @@ def serve(settings: Settings) -> None:
             # First, before uvicorn waits for open requests: long-polls answer "call again"
             # (a 503 with Retry-After) instead of being cut off with a 500 after the grace.
             watchers.stop()
+            if pointer is not None:  # no CLI is pointed at a gateway on its way out
+                drop_pointer(settings.port, settings.home)
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
@@ -187,4 +192,6 @@ def serve(settings: Settings) -> None:
     try:
         Server(config).run()
     finally:
+        if pointer is not None:
+            drop_pointer(settings.port, settings.home)
         lock.close()
