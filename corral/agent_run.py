@@ -140,7 +140,13 @@ def _command() -> "object":
 
     @click.group()
     def agent() -> None:
-        """Run coding agents as corral agent sessions."""
+        """Run coding agents as corral agent sessions.
+
+        \b
+        Examples:
+          corral agent run --token $TOKEN -- claude       # sbatch, squeue ... inside are corral's
+          corral agent run --token $TOKEN -- bash         # a shell as the agent sees it
+        """
 
     @agent.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
     @click.option("--token", envvar="CORRAL_TOKEN", help="The agent's token (default: $CORRAL_TOKEN).")

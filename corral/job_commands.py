@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from .cli import Ctx
-from .job_control import SIGNALS
+from .signals import SIGNALS
 
 
 @click.command()
@@ -40,7 +40,12 @@ def control(o: Ctx, job_id: int, action: str, sig: str | None) -> None:
 @click.pass_obj
 def usage(o: Ctx, job_id: int) -> None:
     """What a finished job used against what it asked (elapsed, CPU time, peak memory,
-    efficiencies, as seff reports them), and what to ask next time."""
+    efficiencies, as seff reports them), and what to ask next time.
+
+    \b
+    Example:
+      corral usage 7            # after 'corral wait 7'
+    """
 
     def human(u: dict[str, Any]) -> str:
         a = u["asked"]

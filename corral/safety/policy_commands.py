@@ -8,12 +8,14 @@ import shutil
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..errors import InvalidRequest
-from . import policy as pol
+
+if TYPE_CHECKING:  # imported where used: `corral policy --help` does not load Cedar
+    from . import policy as pol
 
 
 def _fail(message: str) -> None:
@@ -32,6 +34,8 @@ def _policy_path(path: str | None) -> Path | None:
 
 
 def _load(path: str | None) -> pol.Policy:
+    from . import policy as pol
+
     try:
         return pol.Policy.load(_policy_path(path))
     except InvalidRequest as e:
@@ -67,6 +71,8 @@ def policy_init(force: bool) -> None:
     if dest.exists() and not force:
         _fail(f"{dest} exists; edit it, or pass --force to start again from the default")
     dest.parent.mkdir(parents=True, exist_ok=True)
+    from . import policy as pol
+
     shutil.copyfile(pol.DEFAULT_POLICY, dest)
     click.echo(f"wrote {dest}; a running gateway applies each edit within 2 s, once it validates "
                f"('corral policy check {dest}' to see)")
@@ -104,6 +110,8 @@ def policy_test(cases_file: str, policy_file: str | None, as_json: bool) -> None
     """Run the cases in CASES_FILE (TOML [[case]] tables or a JSON array) against the
     policy. Each case is a request plus expect = 'allow' or 'deny' and, optionally,
     rule = the @id expected to decide. Exit 1 when a case fails."""
+    from . import policy as pol
+
     p = _load(policy_file)
     try:
         cases = _read_cases(Path(cases_file))
@@ -140,6 +148,8 @@ def policy_explain(request: str, policy_file: str | None) -> None:
     A request: {"principal": {"kind", "name", "sponsor", "account", "groups"},
     "action": "submit", "resource": {"type": "Job", "cpus", "gpus", "walltime_s",
     "partition"}, "context": {"command" or "risk_tags", "tainted", "at"}}."""
+    from . import policy as pol
+
     p = _load(policy_file)
     text = Path(request[1:]).read_text() if request.startswith("@") else request
     try:

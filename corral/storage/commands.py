@@ -12,7 +12,6 @@ import click
 
 from ..cli import Ctx, _ts, table
 from ..errors import InvalidRequest
-from .images import KINDS
 
 
 def _size(n: int | None) -> str:
@@ -43,6 +42,7 @@ def env() -> None:
       corral env build requirements.txt --name torch-cpu   # build (or reuse) an image
       corral submit --image torch-cpu -- python train.py   # its python first on PATH
       corral env list                                      # images, sizes, last use
+      corral env status torch-cpu                          # a build's progress, or why it failed
       corral env gc --dry-run                              # admin: what is unused
     """
 
@@ -58,6 +58,8 @@ def env_build(o: Ctx, file: Path, name: str | None, rebuild: bool, no_wait: bool
     """Build an image from a requirements.txt, a pyproject.toml or a uv.lock (the
     pyproject.toml beside it is sent too). Asking again for the same file answers at
     once with the image already built, whoever built it."""
+    from .images import KINDS
+
     if file.name not in KINDS:
         raise InvalidRequest(f"{file.name} is not one of {', '.join(KINDS)}; rename it or point at the right file")
     files = {file.name: file.read_text()}
@@ -146,6 +148,7 @@ def workspace() -> None:
       corral workspace diff ws-0123abcd4567             # what the trial changed
       corral workspace commit ws-0123abcd4567           # write it back (refused on conflict)
       corral workspace discard ws-0123abcd4567
+      corral workspace list                             # yours, with their expiry
     """
 
 
