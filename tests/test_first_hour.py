@@ -38,7 +38,7 @@ class RelativeGateway:
         self.proc = subprocess.Popen([sys.executable, "-m", "corral.cli", "serve", "--port", str(self.port),
                                       "--tick", "0.2", "--cpus", "2"],
                                      env=self.base_env, cwd=self.checkout, stdout=log, stderr=log)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # a loaded machine (tests/conftest.py waits as long)
         while time.monotonic() < deadline:
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
