@@ -76,7 +76,10 @@ def first_run(ref: str, runs: int, no_cache: bool) -> dict[str, float]:
         subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(clone)], check=True)
         subprocess.run(["git", "-C", str(clone), "checkout", "--quiet", sha], check=True)
         port = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "VIRTUAL_ENV"))}
+        # The clone's own code and venv only: nothing of the caller's (PYTHONPATH would import
+        # the checkout the bench runs from instead of the clone).
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("CORRAL_", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"))}
         env.update(CORRAL_PORT=str(port), XDG_STATE_HOME=str(work / "state"))
         if no_cache:
             env["PIP_NO_CACHE_DIR"] = "1"
@@ -109,7 +112,10 @@ def first_run(ref: str, runs: int, no_cache: bool) -> dict[str, float]:
             per_command = {n: min(timed_ms([corral, n, "--help"], cenv) for _ in range(max(1, runs // 5)))
                            for n in names}
         finally:
-            os.killpg(make.pid, signal.SIGTERM)
+            try:
+                os.killpg(make.pid, signal.SIGTERM)
+            except ProcessLookupError:  # make already ended
+                pass
             try:
                 make.wait(20)
             except subprocess.TimeoutExpired:
