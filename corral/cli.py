@@ -25,7 +25,8 @@ from .errors import CorralError, InvalidRequest
 EPILOG = """\b
 Environment:
   CORRAL_URL     gateway URL (default http://127.0.0.1:8765)
-  CORRAL_TOKEN   your token (default: the local admin token file, if readable)
+  CORRAL_TOKEN   your token (default: the admin token of the gateway at CORRAL_URL,
+                 when it runs on this machine and you may read it)
   CORRAL_HOME    gateway state directory (default ./.corral)
   CORRAL_SESSION session id recorded with every job you submit
 """
@@ -59,7 +60,7 @@ class Ctx:
         if self._client is None:
             from .client import Client, default_token
 
-            self._client = Client(self.url, self.token or default_token(), self.session)
+            self._client = Client(self.url, self.token or default_token(url=self.url), self.session)
         return self._client
 
     def out(self, data: Any, human: Callable[[Any], str] | None = None) -> None:
@@ -134,6 +135,20 @@ class CorralGroup(click.Group):
             self.add_command(getattr(importlib.import_module(module), attr), name)
         return super().get_command(ctx, name)
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands in sections (corral/cli_help.py), summaries of lazy ones not imported."""
+        from .cli_help import SECTIONS, SUMMARIES
+
+        width = (formatter.width or 80) - 6 - max(len(n) for n in self.list_commands(ctx))
+        for title, names in SECTIONS:
+            rows = []
+            for name in names:
+                loaded = self.commands.get(name)
+                text = loaded.get_short_help_str(width) if loaded is not None else SUMMARIES[name]
+                rows.append((name, text if len(text) <= width else text[:width - 3].rsplit(" ", 1)[0] + "..."))
+            with formatter.section(title):
+                formatter.write_dl(rows)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -182,6 +197,12 @@ def serve(**opts: Any) -> None:
 
     Settings come from flags, CORRAL_* environment variables, then CORRAL_HOME/corral.toml.
     On first start it creates an admin principal and writes its token to CORRAL_HOME/admin.token (mode 0600).
+
+    \b
+    Examples:
+      corral serve                                  # local backend, state in ./.corral (as make run)
+      corral serve --backend slurm                  # jobs are Slurm jobs (SLURM_CONF)
+      corral serve --home /var/lib/corral --host 0.0.0.0 --port 8765
     """
     from .config import load_settings
     from .server import serve as run_server
@@ -305,7 +326,14 @@ def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[
 @click.argument("job_ids", nargs=-1, type=int, required=True)
 @click.pass_obj
 def status(o: Ctx, job_ids: tuple[int, ...]) -> None:
-    """Show the state of one or more jobs (from the gateway's state, not the scheduler)."""
+    """Show the state of one or more jobs (from the gateway's state, not the scheduler).
+
+    \b
+    Examples:
+      corral status 7
+      corral status 7 8 9
+      corral --json status 7          # for agents and scripts: state, exit_code, reason ...
+    """
     jobs = [o.client.job(j) for j in job_ids]
     o.out(jobs if len(jobs) > 1 else jobs[0], lambda d: _job_rows(d if isinstance(d, list) else [d]))
 
@@ -320,6 +348,12 @@ def wait(o: Ctx, job_id: int, timeout: float, until: str | None) -> None:
 
     Exit status 0 when the job ended (or reached --until), 3 when --timeout passed first,
     so `corral wait 7 && corral logs 7` reads only finished output.
+
+    \b
+    Examples:
+      corral wait 7 && corral logs 7
+      corral wait 7 --until RUNNING         # started yet?
+      corral wait 7 --timeout 600           # a long job: wait up to 10 minutes
     """
     job = o.client.wait(job_id, timeout, until)
     o.out(job, lambda j: _job_line(j) + ("" if j["reached"] else f" [still {j['state']} after {timeout:g}s]"))
@@ -335,7 +369,15 @@ def wait(o: Ctx, job_id: int, timeout: float, until: str | None) -> None:
 @click.option("--limit", type=int, default=65536, show_default=True, help="Bytes to read at most.")
 @click.pass_obj
 def logs(o: Ctx, job_id: int, use_stderr: bool, tail: int | None, offset: int, limit: int) -> None:
-    """Print a job's output, bounded: a page from --offset, or the last --tail lines."""
+    """Print a job's output, bounded: a page from --offset, or the last --tail lines.
+
+    \b
+    Examples:
+      corral logs 7
+      corral logs 7 --tail 20
+      corral logs 7 --stderr
+      corral logs 7 --offset 65536          # the next page, as the first one says
+    """
     page = o.client.output(job_id, stream="stderr" if use_stderr else "stdout", offset=offset, limit=limit, tail=tail)
     if not use_stderr and page["size"] == 0:
         other = o.client.output(job_id, stream="stderr", offset=0, limit=1)
@@ -356,7 +398,12 @@ def logs(o: Ctx, job_id: int, use_stderr: bool, tail: int | None, offset: int, l
 @click.argument("job_ids", nargs=-1, type=int, required=True)
 @click.pass_obj
 def cancel(o: Ctx, job_ids: tuple[int, ...]) -> None:
-    """Cancel one or more jobs."""
+    """Cancel one or more jobs.
+
+    \b
+    Example:
+      corral cancel 7 8
+    """
     res = o.client.cancel(list(job_ids))
     o.out(res, lambda r: "\n".join(f"job {j['id']}: cancel requested ({j['state']})" for j in r["jobs"]))
 
@@ -369,7 +416,15 @@ def cancel(o: Ctx, job_ids: tuple[int, ...]) -> None:
 @click.option("--offset", type=int, default=0, show_default=True, help="Skip this many jobs (for the next page).")
 @click.pass_obj
 def jobs(o: Ctx, states: tuple[str, ...], session: str | None, principal: str | None, limit: int, offset: int) -> None:
-    """List jobs you may see (yours, your agents'; all for admins), newest first."""
+    """List jobs you may see (yours, your agents'; all for admins), newest first.
+
+    \b
+    Examples:
+      corral jobs
+      corral jobs --state RUNNING --state PENDING
+      corral jobs --session tour-1 --principal claude-1
+      corral jobs --limit 50 --offset 50     # the next page
+    """
     res = o.client.jobs(state=list(states) or None, session=session, principal=principal, limit=limit, offset=offset)
     o.out(res, lambda r: _job_rows(r["jobs"]))
 
@@ -377,7 +432,12 @@ def jobs(o: Ctx, states: tuple[str, ...], session: str | None, principal: str | 
 @cli.command()
 @click.pass_obj
 def whoami(o: Ctx) -> None:
-    """Show the principal your token acts as."""
+    """Show the principal your token acts as.
+
+    \b
+    Example:
+      corral whoami            # e.g. claude-1 (agent), sponsored by alice
+    """
     o.out(o.client.whoami(), lambda p: f"{p['name']} ({p['kind']}{', admin' if p['admin'] else ''})"
           + (f", sponsored by {p['sponsor']}" if p.get("sponsor") else ""))
 
@@ -385,7 +445,12 @@ def whoami(o: Ctx) -> None:
 @cli.command()
 @click.pass_obj
 def facility(o: Ctx) -> None:
-    """Show partitions, limits, queue pressure and your own usage."""
+    """Show partitions, limits, queue pressure and your own usage.
+
+    \b
+    Example:
+      corral facility
+    """
     o.out(o.client.facility(), lambda f: table(f["partitions"], ["name", "default", "max_cpus", "max_memory_mb", "max_gpus", "max_walltime_s"])
           + f"\nqueue: {f['queue']['pending']} pending, {f['queue']['running']} running; you: {f['you']['active_jobs']} active jobs")
 
@@ -401,6 +466,10 @@ def mcp_stdio(o: Ctx) -> None:
     http://127.0.0.1:8765, CORRAL_URL. The session id is CORRAL_SESSION, or the MCP
     session's own. A missing or bad token, or a gateway that does not answer, does not
     stop it: each tool call then answers with what is wrong and what to do.
+
+    \b
+    Example:
+      claude mcp add corral -e CORRAL_TOKEN=$CORRAL_TOKEN -- corral mcp
     """
     from .mcp_relay import serve
 
@@ -411,7 +480,15 @@ def mcp_stdio(o: Ctx) -> None:
 
 @cli.group()
 def principal() -> None:
-    """Register and list principals: humans, agents (with a sponsor) and services."""
+    """Register and list principals: humans, agents (with a sponsor) and services.
+
+    \b
+    Examples:
+      corral principal add alice --kind human
+      corral principal add claude-1 --kind agent --sponsor alice
+      corral principal add ci --kind service
+      corral principal list
+    """
 
 
 @principal.command("add")

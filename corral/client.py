@@ -17,7 +17,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any, Protocol
 
-from .paths import home_dir
+from .paths import client_home, home_dir
 from .errors import (BackendError, Conflict, CorralError, Forbidden, InvalidRequest, NotFound, RateLimited,
                      Unauthenticated)
 
@@ -31,12 +31,13 @@ class GatewayUnreachable(CorralError):
     code = "gateway_unreachable"
 
 
-def default_token(home: Path | None = None) -> str | None:
-    """CORRAL_TOKEN, else the admin token file of the local gateway when this user can read it."""
+def default_token(home: Path | None = None, url: str | None = None) -> str | None:
+    """CORRAL_TOKEN, else the admin token file of the local gateway at ``url`` when this
+    user can read it (found from any directory: corral/paths.py)."""
     token = os.environ.get("CORRAL_TOKEN")
     if token:
         return token.strip()
-    path = (home or home_dir()) / "admin.token"
+    path = (home or (client_home(url) if url else home_dir())) / "admin.token"
     try:
         return path.read_text().strip()
     except OSError:

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from .cli import Ctx
-from .job_control import SIGNALS
+from .signals import SIGNALS
 
 
 @click.command()
@@ -40,20 +40,31 @@ def control(o: Ctx, job_id: int, action: str, sig: str | None) -> None:
 @click.pass_obj
 def usage(o: Ctx, job_id: int) -> None:
     """What a finished job used against what it asked (elapsed, CPU time, peak memory,
-    efficiencies, as seff reports them), and what to ask next time."""
+    efficiencies, as seff reports them), and what to ask next time.
 
-    def human(u: dict[str, Any]) -> str:
-        a = u["asked"]
-        eff = u["efficiency"]
-        lines = [f"job {u['job_id']}: {u['state']}",
-                 f"  elapsed   {u['elapsed_s']} s of {a['walltime_s']} s asked" + _pct(eff.get("time")),
-                 f"  cpu time  {u['cpu_s']} s on {a['cpus']} CPUs" + _pct(eff.get("cpu")),
-                 f"  peak mem  {u['max_rss_mb']} MB of {a['memory_mb']} MB" + _pct(eff.get("memory")),
-                 f"  ({u['how']})"]
-        return "\n".join(lines + [f"advice: {x}" for x in u["advice"]])
+    \b
+    Example:
+      corral usage 7            # after 'corral wait 7'
+    """
 
-    o.out(o.client.usage(job_id), human)
+    o.out(o.client.usage(job_id), usage_text)
 
 
-def _pct(x: float | None) -> str:
-    return "" if x is None else f"  ({x:.0%} efficiency)"
+def usage_text(u: dict[str, Any]) -> str:
+    """`corral usage` for a person: each use against what was asked, in words that stay
+    true when a job used more than it asked (its memory, before the limit caught it)."""
+    a, eff = u["asked"], u["efficiency"]
+    lines = [f"job {u['job_id']}: {u['state']}",
+             f"  elapsed   {u['elapsed_s']} s of {a['walltime_s']} s asked" + _share(eff.get("time"), "of the time used"),
+             f"  cpu time  {u['cpu_s']} s on {a['cpus']} CPUs" + _share(eff.get("cpu"), "CPU efficiency"),
+             f"  peak mem  {u['max_rss_mb']} MB, {a['memory_mb']} MB asked" + _share(eff.get("memory"), "of it used"),
+             f"  ({u['how']})"]
+    return "\n".join(lines + [f"advice: {x}" for x in u["advice"]])
+
+
+def _share(x: float | None, words: str) -> str:
+    if x is None:
+        return ""
+    if x > 1:
+        return f"  ({x:.0%}: more than asked)"
+    return f"  ({x:.0%} {words})"

@@ -31,8 +31,7 @@ from .principals import Caller
 from .safety.audit import Audit
 from .safety.gate import Gate, job_resource
 
-SIGNALS = ("HUP", "INT", "QUIT", "USR1", "USR2", "TERM", "CONT", "STOP", "TSTP", "KILL")
-"""Signals a job may be sent: the ones programs handle (checkpoint on USR1, ...)."""
+from .signals import SIGNALS
 
 
 def parse_signal(value: str | int | None) -> int:

@@ -9,13 +9,15 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from . import proc
-from .config import load_settings
 from .errors import CorralError
-from .sandbox import Sandbox, build
+
+if TYPE_CHECKING:
+    from .sandbox import Sandbox
 
 
 def _fail(message: str, hint: str | None = None) -> None:
@@ -25,6 +27,9 @@ def _fail(message: str, hint: str | None = None) -> None:
 
 
 def _box() -> Sandbox:
+    from .config import load_settings  # here: `corral sandbox --help` loads neither pydantic nor the sandbox
+    from .sandbox import build
+
     s = load_settings()
     sb = s.sandbox
     try:
@@ -34,7 +39,12 @@ def _box() -> Sandbox:
         raise
 
 
-@click.group(help="Show the facility's job sandbox, or try a command inside it.")
+@click.group(help="""Show the facility's job sandbox, or try a command inside it.
+
+\b
+Examples:
+  corral sandbox show                   # what an agent's job sees hidden, its network
+  corral sandbox run -- ls -la ~/.ssh   # empty, as an agent's job sees it""")
 def sandbox() -> None:
     pass
 
@@ -48,6 +58,8 @@ it contains, what it hides, its network and process limit, and whether it can be
   corral --json sandbox show | jq .hidden""")
 @click.pass_context
 def show(ctx: click.Context) -> None:
+    from .config import load_settings
+
     box = _box()
     s = load_settings()
     hidden, homes = [str(p) for p in box.hide], [str(h) for h in box.homes]

@@ -31,6 +31,7 @@ from .errors import InvalidRequest
 from .egress import Egress
 from .http_bounds import bounded_protocol
 from .identity import Identities
+from .paths import drop_pointer, write_pointer
 from .sandbox import Sandbox, build
 from .service import Service
 from .storage.verbs import scratch_dir
@@ -207,6 +208,8 @@ def serve(settings: Settings) -> None:
     where = f"{settings.local_cpus} CPU slots" if settings.backend == "local" else f"SLURM_CONF={settings.slurm.conf or os.environ.get('SLURM_CONF')}"
     print(f"backend: {settings.backend} ({where}); state in {settings.home}", flush=True)
     print(f"admin token {'created' if created else 'kept'} in {token_path} (mode 0600)", flush=True)
+    # So that `corral` finds this admin token from any directory (corral/paths.py).
+    pointer = write_pointer(settings.port, settings.home) if settings.host in ("127.0.0.1", "localhost", "0.0.0.0", "::1", "") else None
     watchers = service.watchers
 
     class Server(uvicorn.Server):
@@ -214,6 +217,8 @@ def serve(settings: Settings) -> None:
             # First, before uvicorn waits for open requests: long-polls answer "call again"
             # (a 503 with Retry-After) instead of being cut off with a 500 after the grace.
             watchers.stop()
+            if pointer is not None:  # no CLI is pointed at a gateway on its way out
+                drop_pointer(settings.port, settings.home)
             super().handle_exit(sig, frame)
             if sig == signal.SIGTERM:  # a requested stop that drains cleanly exits 0, not 143
                 self._captured_signals.remove(sig)
@@ -230,4 +235,6 @@ def serve(settings: Settings) -> None:
     try:
         Server(config).run()
     finally:
+        if pointer is not None:
+            drop_pointer(settings.port, settings.home)
         lock.close()

@@ -101,7 +101,12 @@ def command() -> "object":
 
     @click.group()
     def slurm() -> None:
-        """Slurm-side pieces of corral."""
+        """Slurm-side pieces of corral.
+
+        \b
+        Example:
+          corral slurm plugin --agent-account agents --corral-user corral > /etc/slurm/job_submit.lua
+        """
 
     @slurm.command()
     @click.option("--agent-user", "agent_users", multiple=True, help="A Unix user (or uid) that is an agent's; repeatable.")

@@ -183,17 +183,22 @@ def test_formats_and_durations() -> None:
 
 def test_corral_records_are_exact(gateway, people) -> None:
     """The gateway's own database: every job's principal kind is known."""
+    with gateway.http() as h:  # a service principal: a CI runner, neither a person nor an agent
+        assert h.post("/v1/principals", json={"name": "ci", "kind": "service"}).status_code == 201
+        people = {**people, "ci": h.post("/v1/tokens", json={"for": "ci", "expires": "1h"}).json()["token"]}
     jobs = []
-    for who in ("bot1", "bot1", "alice"):
+    for who in ("bot1", "bot1", "alice", "ci"):
         with gateway.http(people[who]) as h:
             jobs.append((who, h.post("/v1/jobs", json={"command": "true"}).json()["id"]))
     for who, jid in jobs:
         with gateway.http(people[who]) as h:
             assert h.get(f"/v1/jobs/{jid}/wait", params={"timeout": 30}).json()["state"] == "COMPLETED"
     r = analyze_json(str(gateway.home / "corral.db"))
-    assert r["source"]["format"] == "corral" and r["source"]["jobs"] == 3
+    assert r["source"]["format"] == "corral" and r["source"]["jobs"] == 4
     assert r["groups"]["agent"]["jobs"] == 2 and r["groups"]["human"]["jobs"] == 1
-    assert r["classification"]["by_basis"] == {"provenance/agent": 1, "provenance/human": 1}
+    assert r["groups"]["human"]["users"] == 1 and r["services"]["users"] == 1 and r["services"]["jobs"] == 1
+    assert r["agents"]["submission_share"] == round(2 / 3, 4)  # of agents' and people's jobs, not the service's
+    assert r["classification"]["by_basis"] == {"provenance/agent": 1, "provenance/human": 1, "provenance/service": 1}
 
 
 def _chromium() -> str:

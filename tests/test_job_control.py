@@ -137,12 +137,15 @@ def test_usage_reports_cpu_time_peak_memory_and_what_to_ask(gateway: Gateway, tm
         assert _wait(h, job["id"])["state"] == "COMPLETED"
         u = h.get(f"/v1/jobs/{job['id']}/usage").json()
         assert u["final"] and u["cpu_s"] >= 0.9 and 140 <= u["max_rss_mb"] <= 400, u
-        assert 0.15 < u["efficiency"]["cpu"] <= 0.75 and u["efficiency"]["memory"] < 0.25
+        # What the job used, against what it asked; how busy its CPUs were depends on the
+        # machine's load, so only what holds at any load: one thread fills at most one of two.
+        assert u["efficiency"]["cpu"] <= 0.75 and u["efficiency"]["memory"] < 0.25
         advice = " ".join(u["advice"])
         assert "cpus=1" in advice and "memory=" in advice and "walltime=" in advice
         assert h.get("/v1/jobs/999999/usage").status_code == 404
     cp = gateway.cli("usage", str(job["id"]))
     assert cp.returncode == 0 and "peak mem" in cp.stdout and "advice:" in cp.stdout
+    assert "MB, 2048 MB asked" in cp.stdout and "% of it used" in cp.stdout
     cp = gateway.cli("--json", "control", str(job["id"]), "hold")
     assert cp.returncode == 2 and "has ended" in cp.stdout
 
@@ -198,3 +201,14 @@ def test_a_held_child_survives_a_gateway_crash(tmp_path: Path) -> None:
             assert done["state"] == "COMPLETED", done
             assert h.get(f"/v1/jobs/{child['id']}/output").json()["data"] == "p\n"
             assert len(h.get("/v1/jobs").json()["jobs"]) == 2
+
+
+def test_usage_of_a_job_past_its_memory_reads_as_more_than_asked() -> None:
+    """The words of `corral usage` (a formatting check: the real job is the test above)."""
+    from corral.job_commands import usage_text
+
+    text = usage_text({"job_id": 7, "state": "OUT_OF_MEMORY", "elapsed_s": 3, "cpu_s": 1.0, "max_rss_mb": 116.2,
+                       "how": "cgroup", "advice": [], "asked": {"walltime_s": 3600, "cpus": 1, "memory_mb": 100},
+                       "efficiency": {"time": 0.001, "cpu": 0.33, "memory": 1.162}})
+    assert "peak mem  116.2 MB, 100 MB asked  (116%: more than asked)" in text
+    assert "efficiency" not in text.split("peak mem")[1]

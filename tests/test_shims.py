@@ -71,6 +71,12 @@ def test_agent_run_refuses_what_it_cannot_start(gateway: Gateway, agent_dir: Pat
                        env={k: v for k, v in gateway.env().items() if k != "CORRAL_TOKEN"}, capture_output=True,
                        text=True, cwd=agent_dir)
     assert r.returncode == 2 and "no token" in r.stderr
+    # `--token $TOKEN` with TOKEN empty: --token '' quoted, or --token -- unquoted; a token
+    # the gateway does not know. None starts the agent.
+    for flags in (["--token", ""], ["--token"], ["--token", "crb_not-a-token"]):
+        r = subprocess.run([sys.executable, "-m", "corral.cli", "agent", "run", *flags, "--", "echo", "STARTED"],
+                           env=gateway.env(), capture_output=True, text=True, cwd=agent_dir)
+        assert r.returncode == 2 and "STARTED" not in r.stdout and "error:" in r.stderr, (flags, r.stdout, r.stderr)
 
 
 def test_claude_and_codex_get_corrals_mcp_server_by_their_own_mechanisms(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -578,3 +579,19 @@ def test_images_from_a_pyproject_and_from_a_uv_lock(gw: tuple[Gateway, dict[str,
     (proj / "pyproject.toml").unlink()
     alone = g.cli("--json", "env", "build", str(proj / "uv.lock"), token=t["bot1"])
     assert alone.returncode == 2 and "pyproject.toml" in json.loads(alone.stdout)["error"]["message"]
+
+
+@needs_tools
+@needs_root
+def test_workspace_commands_as_a_person_reads_them(gw: tuple[Gateway, dict[str, str]], project: Path) -> None:
+    g, t = gw
+    ids = [g.cli_json("workspace", "fork", str(project), token=t["bot1"])["workspace"] for _ in range(2)]
+    listed = g.cli("workspace", "list", token=t["bot1"]).stdout
+    expiry = time.strftime("%Y-%m-%d", time.localtime(time.time() + 7 * 86400))
+    assert expiry in listed, listed  # a week away: its date, not only a time of day
+    cp = g.cli("workspace", "discard", *ids, token=t["bot1"])
+    assert cp.returncode == 0 and cp.stdout.split("\n")[:2] == [f"discarded {ids[0]}", f"discarded {ids[1]}"], cp
+    assert g.cli_json("workspace", "list", token=t["bot1"]) == []
+    bad = g.cli("workspace", "diff", "ws-nonexistent", token=t["bot1"])
+    assert bad.returncode == 2 and "'ws-nonexistent' is not a workspace id: ids look like ws-0123abcd4567" in bad.stderr
+    assert "pattern" not in bad.stderr and "^ws-" not in bad.stderr

@@ -143,7 +143,7 @@ def classify(jobs: pl.DataFrame, overrides: dict[str, str] | None = None, behavi
     ov = pl.DataFrame({"user": list((overrides or {}).keys()), "override": list((overrides or {}).values())},
                       schema={"user": pl.String, "override": pl.String})
     f = f.join(ov, on="user", how="left")
-    prov = pl.col("provenance").replace({"service": "human"})
+    prov = pl.col("provenance")  # a service stays a service: neither a person nor an agent
     guess = pl.when(pl.col("p_agent") >= 0.5).then(pl.lit("agent")).otherwise(pl.lit("human"))
     fallback = guess if behaviour else pl.lit("human")
     return f.with_columns(

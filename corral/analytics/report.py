@@ -39,9 +39,15 @@ def build(ing: Ingested, users: pl.DataFrame, truth: dict[str, str] | None = Non
     """The report as a dict of plain values (JSON-ready). ``capacity_cores``: the
     facility's cores, for use against capacity (else the input's, if it says)."""
     kinds = users.select("user", pl.col("kind").alias("group"))
-    # A job's own provenance decides its group; else its user's classification.
-    own = pl.col("kind").replace({"service": "human"})
+    # A job's own provenance decides its group; else its user's classification. A service
+    # principal's jobs (a CI runner, a portal) are neither an agent's nor a person's: they
+    # form their own group, left out of the shares and reported apart.
+    own = pl.col("kind")
     j = ing.jobs.join(kinds, on="user", how="left").with_columns(pl.coalesce(own, pl.col("group"), pl.lit("human")).alias("group"))
+    svc = j.filter(pl.col("group") == "service")
+    services = {"users": svc["user"].drop_nulls().n_unique(), "jobs": svc.height,
+                "core_hours": round(float((svc["elapsed_s"] * svc["cpus"]).sum() or 0) / 3600, 1)}
+    j = j.filter(pl.col("group") != "service")
     j = j.with_columns(
         core_h=pl.col("elapsed_s") * pl.col("cpus") / 3600,
         gpu_h=pl.col("elapsed_s") * pl.col("gpus") / 3600,
@@ -108,6 +114,7 @@ def build(ing: Ingested, users: pl.DataFrame, truth: dict[str, str] | None = Non
             "rate_vs_humans": round(rate["agent"] / rate["human"], 2) if rate["agent"] and rate["human"] else None,
         },
         "groups": groups,
+        "services": services,
         "classification": _classification(users, classified),
         "heatmap": _heatmap(j),
         "tables": tables.build(j, users, capacity_cores or ing.capacity_cores),

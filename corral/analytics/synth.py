@@ -17,13 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from datetime import datetime
 from pathlib import Path
-from typing import Callable
-
-import numpy as np
-import polars as pl
+from typing import TYPE_CHECKING, Callable
 
 from ..errors import InvalidRequest
-from .ingest import SACCT_FIELDS
+
+if TYPE_CHECKING:  # imported where used: `corral synth --help` and the simulator's help load no numpy, polars
+    import numpy as np
+    import polars as pl
 
 
 @dataclass
@@ -93,6 +93,8 @@ PARAM_NAMES = [f.name for f in fields(Params)]
 
 def _week_weights(agent: bool, agent_off: float = 0.8) -> np.ndarray:
     """Relative chance of activity in each of the week's 168 hours (Monday 00:00 first)."""
+    import numpy as np
+
     w = np.empty(168)
     for h in range(168):
         day, hour = divmod(h, 24)
@@ -108,6 +110,8 @@ def _split(total: int, n: int, rng: np.random.Generator, sigma: float, floor: in
     """``total`` jobs over ``n`` users, heavy-tailed (lognormal), each at least ``floor``
     (or as many as the total allows: 2,000 users with 20,000 jobs cannot give each of
     the agents 50)."""
+    import numpy as np
+
     floor = min(floor, total // n)
     w = rng.lognormal(0, sigma, n)
     extra = total - floor * n
@@ -118,6 +122,11 @@ def _split(total: int, n: int, rng: np.random.Generator, sigma: float, floor: in
 
 def generate(p: Params, progress: Callable[[int], None] | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(jobs as sacct columns, labels user|kind)."""
+    import numpy as np
+    import polars as pl
+
+    from .ingest import SACCT_FIELDS
+
     p.check()
     rng = np.random.default_rng(p.seed)
     n_agents = round(p.users * p.agent_users)

@@ -31,7 +31,14 @@ def _open(home: Path | None) -> tuple[Any, tuple[int, str] | None]:
 
 @click.group()
 def audit() -> None:
-    """The audit chain: every decision (submit, cancel), allowed or refused, tamper-evident."""
+    """The audit chain: every decision (submit, cancel), allowed or refused, tamper-evident.
+
+    \b
+    Examples (on the gateway's host, as its admin):
+      corral audit verify                                    # is the chain whole?
+      corral audit tail -n 5                                 # the newest decisions
+      corral audit search --principal bot --decision deny   # what an agent was refused
+    """
 
 
 _home = click.option("--home", type=click.Path(path_type=Path), help="Gateway state directory (default $CORRAL_HOME or ./.corral).")

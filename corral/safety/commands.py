@@ -9,8 +9,6 @@ from typing import Any, TextIO
 
 import click
 
-from .policy import Policy, agent_verdict
-from .risk import analyze
 
 
 @click.command()
@@ -35,6 +33,9 @@ def risk(ctx: click.Context, script: TextIO | None, as_json: bool, policy_file: 
     """
     as_json = as_json or bool(ctx.obj and getattr(ctx.obj, "as_json", False))
     from pathlib import Path
+
+    from .policy import Policy, agent_verdict  # here, not at the top: `corral risk --help` loads neither
+    from .risk import analyze
 
     policy = Policy.load(Path(policy_file)) if policy_file else None
     items = [script.read()] if script else (line.rstrip("\n") for line in sys.stdin)

@@ -32,7 +32,7 @@ from ..errors import CorralError, Forbidden, RateLimited
 from ..jobs import JobSpec
 from ..principals import Caller, Kind
 from .limits import Buckets
-from .policy import Policy, Request
+from .policy import Policy, Request, refusal_sizes
 from .risk import tags_of
 from .store import SafetyStore
 from .tokens import TokenAuthority
@@ -261,11 +261,18 @@ class Gate:
                 self._remember(pkey, decision)
             rule = decision.rule
             if not decision.allowed:
+                nearest = self._cached(("nearest", pkey))
+                if nearest is None:  # asked of the policy once per distinct refusal, not per retry
+                    nearest = refusal_sizes(policy, req)
+                    self._remember(("nearest", pkey), nearest)
+                said, ask = nearest
                 raise Forbidden(
-                    f"the facility policy denies {action}: rule '{decision.rule}'"
-                    + (f" (risk tags: {', '.join(tags)})" if tags else "")
+                    f"the facility policy denies {action}: rule '{decision.rule}'" + (f": {said}" if said else "")
+                    + (f" (risk tags: {', '.join(tags)})" if tags and not said else "")
                     + (" (this session read content flagged as possible prompt injection)" if tainted else ""),
-                    hint="see 'corral policy explain' for why; ask your sponsor or the facility if this is wrong")
+                    hint=f"ask for {ask}, or ask your sponsor or the facility for more" if ask else
+                    "see 'corral policy explain' (the same flags as submit) for why; "
+                    "ask your sponsor or the facility if this is wrong")
         except CorralError as e:
             e.rule, e.tags = rule, tags
             raise

@@ -44,7 +44,9 @@ def token() -> None:
     Examples:
       corral token mint --for bot --expires 8h --partitions debug --max-cpus 8 --cpu-hours 20
       corral token attenuate --max-cpus 2 --actions submit,status --expires 1h   # of $CORRAL_TOKEN
+      corral token list                                      # ids, caveats, taint; never secrets
       corral token revoke 6eb44e209298474907d2a833
+      corral token clear-taint 6eb44e209298474907d2a833      # after reading what tainted it
     """
 
 

@@ -65,7 +65,7 @@ def client() -> Client:
     if not token:
         from ..client import default_token
 
-        token = default_token()
+        token = default_token(url=url)
     return Client(url, token, os.environ.get("CORRAL_SESSION"), timeout=60)
 
 

@@ -3,6 +3,7 @@ clients of /v1/env and /v1/workspaces. A build shows its steps as a progress bar
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -12,7 +13,6 @@ import click
 
 from ..cli import Ctx, _ts, table
 from ..errors import InvalidRequest
-from .images import KINDS
 
 
 def _size(n: int | None) -> str:
@@ -43,6 +43,7 @@ def env() -> None:
       corral env build requirements.txt --name torch-cpu   # build (or reuse) an image
       corral submit --image torch-cpu -- python train.py   # its python first on PATH
       corral env list                                      # images, sizes, last use
+      corral env status torch-cpu                          # a build's progress, or why it failed
       corral env gc --dry-run                              # admin: what is unused
     """
 
@@ -58,6 +59,8 @@ def env_build(o: Ctx, file: Path, name: str | None, rebuild: bool, no_wait: bool
     """Build an image from a requirements.txt, a pyproject.toml or a uv.lock (the
     pyproject.toml beside it is sent too). Asking again for the same file answers at
     once with the image already built, whoever built it."""
+    from .images import KINDS
+
     if file.name not in KINDS:
         raise InvalidRequest(f"{file.name} is not one of {', '.join(KINDS)}; rename it or point at the right file")
     files = {file.name: file.read_text()}
@@ -146,6 +149,7 @@ def workspace() -> None:
       corral workspace diff ws-0123abcd4567             # what the trial changed
       corral workspace commit ws-0123abcd4567           # write it back (refused on conflict)
       corral workspace discard ws-0123abcd4567
+      corral workspace list                             # yours, with their expiry
     """
 
 
@@ -160,17 +164,37 @@ def ws_fork(o: Ctx, base: Path, rev: str | None) -> None:
                        f"({w['how']})\n  path: {w['path']}\n  run in it: corral submit --workspace {w['workspace']} -- ...")
 
 
+WS_ID = re.compile(r"^ws-[0-9a-f]{12}$")
+
+
+def _ws_id(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A workspace id checked here, in the reader's terms (the API's answer is a regex)."""
+    for v in value if isinstance(value, tuple) else (value,):
+        if not WS_ID.match(v):
+            raise InvalidRequest(f"{v!r} is not a workspace id: ids look like ws-0123abcd4567",
+                                 hint="'corral workspace list' shows yours; 'corral workspace fork DIR' makes one")
+    return value
+
+
+def _when(t: float | None) -> str:
+    """A time of day today, else its date too: an expiry is days away."""
+    if not t:
+        return "-"
+    same_day = time.strftime("%Y-%m-%d", time.localtime(t)) == time.strftime("%Y-%m-%d")
+    return time.strftime("%H:%M:%S" if same_day else "%Y-%m-%d %H:%M", time.localtime(t))
+
+
 @workspace.command("list")
 @click.pass_obj
 def ws_list(o: Ctx) -> None:
     """Your active workspaces."""
     ws = o.client.request("GET", "/v1/workspaces")["workspaces"]
-    rows = [{**w, "changes": _size(w["upper_bytes"]), "expires": _ts(w["expires"])} for w in ws]
+    rows = [{**w, "changes": _size(w["upper_bytes"]), "expires": _when(w["expires"])} for w in ws]
     o.out(ws, lambda _: table(rows, ["workspace", "base", "rev", "how", "changes", "expires"]))
 
 
 @workspace.command("diff")
-@click.argument("ws_id")
+@click.argument("ws_id", callback=_ws_id)
 @click.pass_obj
 def ws_diff(o: Ctx, ws_id: str) -> None:
     """What the trial changed: added (A), modified (M) and deleted (D) files."""
@@ -180,7 +204,7 @@ def ws_diff(o: Ctx, ws_id: str) -> None:
 
 
 @workspace.command("commit")
-@click.argument("ws_id")
+@click.argument("ws_id", callback=_ws_id)
 @click.pass_obj
 def ws_commit(o: Ctx, ws_id: str) -> None:
     """Write the changed files back to the base; refused, naming the paths, if the base
@@ -191,8 +215,9 @@ def ws_commit(o: Ctx, ws_id: str) -> None:
 
 
 @workspace.command("discard")
-@click.argument("ws_id")
+@click.argument("ws_ids", nargs=-1, required=True, callback=_ws_id)
 @click.pass_obj
-def ws_discard(o: Ctx, ws_id: str) -> None:
-    """Drop the workspace and everything its trial wrote."""
-    o.out(o.client.request("POST", f"/v1/workspaces/{ws_id}/discard"), lambda _: f"discarded {ws_id}")
+def ws_discard(o: Ctx, ws_ids: tuple[str, ...]) -> None:
+    """Drop workspaces and everything their trials wrote (one id or several)."""
+    done = [o.client.request("POST", f"/v1/workspaces/{ws_id}/discard") for ws_id in ws_ids]
+    o.out(done if len(done) > 1 else done[0], lambda _: "\n".join(f"discarded {w}" for w in ws_ids))

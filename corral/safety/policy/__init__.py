@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +153,78 @@ class Policy:
         if result.allowed:
             return Decision(True, ",".join(named) or "allow", tuple(d.errors))
         return Decision(False, ",".join(named) or "default-deny", tuple(d.errors))
+
+
+SIZES: tuple[tuple[str, int], ...] = (("walltime_s", 60), ("cpus", 1), ("gpus", 0), ("memory_mb", 1))
+"""A job's sizes a policy may limit, each with the least a job can ask, in the order a
+refusal lowers them (time first: the cheapest to give up)."""
+
+
+def _largest_passing(policy: Policy, req: Request, key: str, low: int, high: int) -> int:
+    """The largest value of ``key`` in [low, high] the policy allows (``low`` allowed):
+    a binary search, as a policy's size rules are thresholds."""
+    while low < high:
+        mid = (low + high + 1) // 2
+        if policy.decide(replace(req, resource={**req.resource, key: mid})).allowed:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def nearest_allowed(policy: Policy, req: Request) -> dict[str, tuple[int, int]] | None:
+    """For a denied job, the nearest request the policy allows by lowering its sizes:
+    {size: (asked, allowed)} for each size that must come down, or None when no smaller
+    job would pass (the rule is about something else: the command, the taint, the hour).
+    Works for any policy, not only the default's thresholds: it asks the policy itself."""
+    if req.resource_type != "Job":
+        return None
+    asked = {k: int(v) for k, v in _job_attrs(req.resource).items() if k in dict(SIZES)}
+    least = {k: min(m, asked[k]) for k, m in SIZES}
+    if not policy.decide(replace(req, resource={**req.resource, **least})).allowed:
+        return None
+    fixed = dict(asked)
+    for key, _ in SIZES:  # lower one size at a time, the later ones still at their least
+        later = {k: least[k] for k, _ in SIZES[[k for k, _ in SIZES].index(key) + 1:]}
+        trial = replace(req, resource={**req.resource, **fixed, **later})
+        fixed[key] = _largest_passing(policy, trial, key, least[key], asked[key])
+        if policy.decide(replace(req, resource={**req.resource, **fixed})).allowed:
+            break
+    return {k: (asked[k], fixed[k]) for k, _ in SIZES if fixed[k] != asked[k]}
+
+
+def _span(seconds: int) -> str:
+    for unit, n in (("h", 3600), ("m", 60)):
+        if seconds >= n and seconds % n == 0:
+            return f"{seconds // n}{unit}"
+    return f"{seconds}s"
+
+
+_SAY: dict[str, tuple[str, str, Any]] = {
+    # size: (what it is called, the submit flag, how its values read)
+    "walltime_s": ("walltime", "--time", lambda v: _span(v)),
+    "cpus": ("cpus", "--cpus", str),
+    "gpus": ("gpus", "--gpus", str),
+    "memory_mb": ("memory", "--mem", lambda v: f"{v // 1024}G" if v % 1024 == 0 else f"{v}M"),
+}
+
+
+def refusal_sizes(policy: Policy, req: Request) -> tuple[str, str]:
+    """What a refusal says of sizes, in the caller's terms: ("walltime 100h asked; an agent
+    may ask at most 48h", "--time <= 48:00:00"), or ("", "") when no smaller job passes."""
+    nearest = nearest_allowed(policy, req)
+    if not nearest:
+        return "", ""
+    who = {"agent": "an agent", "human": "a person", "service": "a service"}.get(req.kind, req.kind)
+    said, ask = [], []
+    for key, (asked, allowed) in nearest.items():
+        name, flag, fmt = _SAY[key]
+        said.append(f"{name} {fmt(asked)} asked; {who}{' in this session' if req.tainted else ''} may ask at "
+                    f"most {fmt(allowed)}")
+        h, rest = divmod(allowed, 3600)
+        ask.append(f"{flag} <= {h:02d}:{rest // 60:02d}:{rest % 60:02d}" if key == "walltime_s"
+                   else f"{flag} <= {fmt(allowed)}")
+    return "; ".join(said), " ".join(ask)
 
 
 _DEFAULT: Policy | None = None
