@@ -28,10 +28,9 @@ from pathlib import Path
 
 from . import proc
 from .errors import InvalidRequest
-from .shims import COMMANDS
+from .shims import COMMANDS, REFUSED
 
-SLURM_CLIENTS = COMMANDS + ("salloc", "sbcast", "sstat", "sprio", "sshare", "sreport", "sacctmgr", "scrontab",
-                            "strigger", "sattach", "sdiag", "smap", "sview", "slurmrestd")
+SLURM_CLIENTS = COMMANDS + REFUSED + ("slurmrestd",)
 MUNGE_DIRS = ("/run/munge", "/var/run/munge")
 
 
@@ -52,7 +51,7 @@ def shim_dir(root: Path) -> Path:
         raise InvalidRequest("the corral-slurm entry point is missing", hint="reinstall corral (make venv)")
     d = root / "bin"
     d.mkdir(parents=True, exist_ok=True)
-    for name in COMMANDS:
+    for name in COMMANDS + REFUSED:  # the refused ones say what to use instead
         link = d / name
         if not link.exists():
             link.symlink_to(target)
@@ -91,7 +90,7 @@ def fence(argv: list[str], shims: Path, slurm_conf: str | None) -> tuple[list[st
         for d in dict.fromkeys(path_dirs + ["/usr/bin", "/usr/local/bin", "/bin", "/usr/sbin"]):
             real = os.path.join(d, name)
             if os.path.isfile(real) and os.path.realpath(real) != target:
-                if name in COMMANDS:
+                if name in COMMANDS + REFUSED:
                     args += ["--ro-bind", str(shims / name), real]
                 else:
                     args += ["--ro-bind", "/dev/null", real]

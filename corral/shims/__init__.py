@@ -12,9 +12,17 @@ import os
 import sys
 
 COMMANDS = ("sbatch", "squeue", "sacct", "scancel", "sinfo", "scontrol", "srun")
+REFUSED = ("salloc", "sstat", "sprio", "sshare", "sacctmgr", "sreport", "sbcast", "sattach", "strigger",
+           "scrontab", "sdiag", "smap", "sview")
+"""Slurm commands corral does not serve: each prints one line naming corral's way (shims/known.py)."""
 
 
 def dispatch(name: str, argv: list[str]) -> int:
+    if name in REFUSED:
+        from .known import INSTEAD
+
+        print(f"{name}: error: corral's agent session does not serve {name}: {INSTEAD[name]}", file=sys.stderr)
+        return 1
     from .base import run
 
     if name == "sbatch":

@@ -46,6 +46,12 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         if message.startswith("unrecognized arguments: "):
             flag = message.split(": ", 1)[1].split()[0]
+            from .known import is_known
+
+            if is_known(self.prog, flag):  # Slurm has it; corral does not serve it (yet): say so by name
+                raise ShimError(f"corral's {self.prog} does not support {flag.split('=', 1)[0]} yet: it is "
+                                f"Slurm's, but corral does not act on it (drop it, or ask corral's own command "
+                                "or MCP tool)")
             raise ShimError(f"{self.prog}: unrecognized option '{flag}'\nTry \"{self.prog} --help\" for more "
                             "information", self.code, bare=True)
         raise ShimError(f"{self.prog}: {message}\nTry \"{self.prog} --help\" for more information", self.code,
@@ -160,6 +166,8 @@ def exit_code(job: dict[str, Any]) -> str:
         return "0:0"
     if code > 128 and job.get("state") in ("CANCELLED", "TIMEOUT", "OUT_OF_MEMORY"):
         return f"0:{code - 128}"
+    if code == 128 + 53 and job.get("state") == "FAILED":  # sbatch's shim: the output file could not be opened
+        return "0:53"
     return f"{code}:0"
 
 
