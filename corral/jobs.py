@@ -69,12 +69,12 @@ MAX_DURATION_S = 10 * 365 * 86400
 """Longest duration corral takes anywhere (a walltime, an expiry): fits every clock and int."""
 
 
-def parse_duration_s(value: Any, what: str = "walltime") -> int:
+def parse_duration_s(value: Any, what: str = "walltime", unit_required: bool = False) -> int:
     """'90s', '30m', '2h', '1d', 600 (a number: seconds), or Slurm's colon forms read as
     Slurm reads them ('MM:SS', 'HH:MM:SS', 'D-HH', 'D-HH:MM', 'D-HH:MM:SS', through
-    corral.slurm_formats) -> seconds. A string of bare digits is refused: Slurm reads
-    minutes there and a program seconds, so the unit must be written. ``what`` names
-    the field in errors (walltime, expiry ...)."""
+    corral.slurm_formats) -> seconds. ``unit_required`` (a job's walltime): a string of
+    bare digits is refused, since Slurm reads minutes there and a program seconds; else
+    it is seconds. ``what`` names the field in errors (walltime, expiry ...)."""
     if isinstance(value, bool):
         raise ValueError(f"{what} must be a duration such as '30m' or '02:00:00'")
     if isinstance(value, (int, float)):
@@ -89,7 +89,7 @@ def parse_duration_s(value: Any, what: str = "walltime") -> int:
                                  "'D-HH:MM:SS'") from None
             if secs == slurm_formats.NO_LIMIT:
                 raise ValueError(f"{what} {value!r} asks for no limit; write the limit itself, e.g. '2h'")
-        elif text.isdigit():
+        elif text.isdigit() and unit_required:
             raise ValueError(f"{what} {value!r} has no unit: write '{text}m' (what Slurm means by a bare "
                              f"number) or '{text}s', or send a JSON number of seconds")
         else:
@@ -117,7 +117,11 @@ def _text_cached(parse: Callable[[Any], int]) -> Callable[[Any], int]:
 
 
 MemoryMB = Annotated[int, BeforeValidator(_text_cached(parse_memory_mb))]
-Seconds = Annotated[int, BeforeValidator(_text_cached(parse_duration_s))]
+def _walltime(value: Any) -> int:
+    return parse_duration_s(value, unit_required=True)
+
+
+Seconds = Annotated[int, BeforeValidator(_text_cached(_walltime))]
 
 _NAME_RE = r"^[A-Za-z0-9_.+-]{1,64}$"
 

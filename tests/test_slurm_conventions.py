@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from corral import slurm_formats as sf
-from corral.jobs import parse_duration_s
+from corral.jobs import JobSpec, parse_duration_s
 
 from .conftest import Gateway
 from .test_gateway_slurm import slurm_gateway  # noqa: F401  (the fixture)
@@ -62,7 +62,8 @@ def test_the_api_reads_slurms_colon_forms_as_slurm_and_wants_a_unit_on_bare_digi
     assert parse_duration_s("1-12:00") == 36 * 3600  # was 1 day 12 minutes
     assert parse_duration_s("30m") == 1800 and parse_duration_s(90) == 90
     with pytest.raises(ValueError, match="no unit"):
-        parse_duration_s("5")
+        JobSpec(command="true", walltime="5")
+    assert parse_duration_s("600", "expiry") == 600  # elsewhere digits stay seconds
 
 
 def test_corral_submit_time_is_minutes_as_for_slurm(gateway: Gateway, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ under each job that started (unless ``-X``), in Slurm's columns: the default sev
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -102,7 +103,9 @@ def _fields(text: str) -> list[tuple[str, int]]:
     return out
 
 
-def sacct(argv: list[str]) -> int:
+@functools.lru_cache(maxsize=None)
+def _sacct_parser() -> Parser:
+    """Built once per process (the shim helper builds it before forking)."""
     p = Parser(prog="sacct", allow_abbrev=True)
     a = p.add_argument
     a("-j", "--jobs")
@@ -122,6 +125,11 @@ def sacct(argv: list[str]) -> int:
     a("--json", action="store_true")
     a("-l", "--long", action="store_true")
     a("-D", "--duplicates", action="store_true")
+    return p
+
+
+def sacct(argv: list[str]) -> int:
+    p = _sacct_parser()
     ns = p.parse_args(argv)
     if ns.long:
         unsupported("sacct", "--long", "name the fields with --format")

@@ -275,7 +275,9 @@ def views(ids: list[str] | None, states: set[str] | None, partitions: set[str] |
     return keep(fetch(ids, server), states, partitions, names, active_only)
 
 
-def squeue(argv: list[str]) -> int:
+@functools.lru_cache(maxsize=None)
+def _squeue_parser() -> Parser:
+    """Built once per process (the shim helper builds it before forking)."""
     p = Parser(prog="squeue", allow_abbrev=True)
     a = p.add_argument
     a("-h", "--noheader", action="store_true")
@@ -297,6 +299,11 @@ def squeue(argv: list[str]) -> int:
     a("-A", "--account")
     a("-q", "--qos")
     a("-w", "--nodelist")
+    return p
+
+
+def squeue(argv: list[str]) -> int:
+    p = _squeue_parser()
     ns = p.parse_args(argv)
     for flag, why in (("sort", "corral lists newest first"), ("iterate", "wait with corral wait or wait_for_events"),
                       ("account", ""), ("qos", ""), ("nodelist", "")):

@@ -11,6 +11,7 @@ first job's id is the array's (``N_IDX`` in squeue), as in Slurm.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import shlex
@@ -271,12 +272,28 @@ def _run_script(interp: str, rest: str, args: list[str]) -> str:
            f"rm -f \"${{TMPDIR:-/tmp}}/corral-script-$$\"\nexit $rc\n"
 
 
-def main(argv: list[str]) -> int:
+@functools.lru_cache(maxsize=None)
+def _sbatch_parser() -> Parser:
+    """Built once per process (the shim helper builds it before forking)."""
     p = parser("sbatch")
     p.add_argument("--wrap")
     p.add_argument("--parsable", action="store_true")
     p.add_argument("script", nargs="?")
     p.add_argument("args", nargs=argparse.REMAINDER)
+    return p
+
+
+@functools.lru_cache(maxsize=None)
+def _srun_parser() -> Parser:
+    p = parser("srun")
+    p.add_argument("-l", "--label", action="store_true")
+    p.add_argument("-u", "--unbuffered", action="store_true")  # corral reads the output once the job ends
+    p.add_argument("command", nargs="...")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    p = _sbatch_parser()
     ns = p.parse_args(argv)
     if ns.wrap is not None:
         if ns.script:
@@ -338,10 +355,7 @@ def main(argv: list[str]) -> int:
 def srun(argv: list[str]) -> int:
     """``srun [options] COMMAND...`` as one batch-style job: submitted, waited for, its
     output printed, its exit code returned."""
-    p = parser("srun")
-    p.add_argument("-l", "--label", action="store_true")
-    p.add_argument("-u", "--unbuffered", action="store_true")  # corral reads the output once the job ends
-    p.add_argument("command", nargs="...")
+    p = _srun_parser()
     for flag in ("--pty", "--x11", "--mpi", "--het-group", "--multi-prog"):
         if any(a == flag or a.startswith(flag + "=") for a in argv):
             unsupported("srun", flag, "corral runs srun batch-style, without a terminal or steps")
