@@ -3,7 +3,9 @@ scontrol show job and srun (batch-style). ``corral agent run`` puts a directory 
 them first on an agent's PATH; each is this one entry point under the command's name
 (``main`` reads argv[0]), so an agent's habits (``sbatch job.sh``, then
 ``while squeue -h -j $ID | grep -q .; do sleep 2; done``) are served by the gateway's
-shared view and never reach slurmctld.
+shared view and never reach slurmctld. In an agent session each command is a launcher
+that hands the call to the session's resident helper (helper.py, decision 0008); the
+code that runs is the same. Slurm's formats are parsed by corral/slurm_formats.py.
 """
 
 from __future__ import annotations

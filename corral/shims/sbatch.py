@@ -156,7 +156,8 @@ def resources(ns: Any, prog: str, labels: dict[str, str]) -> dict[str, Any]:
     if shape.cpus_per_task > 1:
         labels["slurm_cpus_per_task"] = str(shape.cpus_per_task)
     if ns.mem and ns.mem_per_cpu:
-        raise ShimError("--mem and --mem-per-cpu are mutually exclusive.")
+        raise ShimError(f"{prog}: fatal: --mem, --mem-per-cpu, and --mem-per-gpu are mutually exclusive.",
+                        bare=True)
     try:
         if ns.mem:
             mb = sf.memory_mb(ns.mem)
