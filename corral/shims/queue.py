@@ -78,7 +78,8 @@ class View:
         r = self.j.get("reason") or ""
         if self.j.get("held") or r.startswith("held"):
             return "(JobHeldUser)"
-        if r.startswith("waiting for job"):
+        if r.startswith("waiting for job") or (self.state == "PENDING" and "slurm_dependency" in self.labels
+                                                and not re.fullmatch(r"(?!None$)[A-Z][A-Za-z_]+", r)):
             return "(Dependency)"
         word = r if re.fullmatch(r"[A-Z][A-Za-z_]+", r or "") else "None"  # Slurm's own words pass, corral's not
         return f"({word})" if self.state == "PENDING" else "(None)"

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import slurm_formats as sf
-from .base import Parser, ShimError, client, facility, unsupported, user, wait
+from .base import OPEN_FAILED, Parser, ShimError, client, facility, unsupported, user, wait
 
 REFUSED: dict[str, tuple[str | None, str]] = {
     # option (its dest): (short flag, why corral does not take it)
@@ -112,10 +112,6 @@ def _dependency(text: str) -> dict[str, list[int]]:
     return out
 
 
-OPEN_FAILED_SIGNAL = 53
-"""What Slurm 22.05 reports when a job's output file cannot be opened: FAILED 0:53."""
-
-
 def _redirect(path: str, stream: str, append: bool = False) -> list[str]:
     """Lines that send ``stream`` to ``path`` with Slurm's % patterns expanded in the job;
     a file that cannot be opened (a missing directory) ends the job before it runs, by
@@ -126,7 +122,7 @@ def _redirect(path: str, stream: str, append: bool = False) -> list[str]:
     if re.search(r"%[^%]", expanded.replace("$((", "")):
         raise ShimError(f"corral's sbatch expands %j %x %u %A %a in file names, not in {path!r}")
     fd = "1" if stream == "out" else "2"
-    return [f'{{ : {">>" if append else ">"}"{expanded}"; }} 2>/dev/null || kill -{OPEN_FAILED_SIGNAL} $$',
+    return [f'{{ : {">>" if append else ">"}"{expanded}"; }} 2>/dev/null || exit {OPEN_FAILED}',
             f'exec {fd}{">>" if append else ">"}"{expanded}"']
 
 

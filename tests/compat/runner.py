@@ -61,12 +61,15 @@ def setup(cwd: Path, env: dict[str, str]) -> dict[str, str]:
     raise AssertionError(f"the setup jobs did not settle: {acct!r} {run!r}")
 
 
-def run_all(cwd: Path, env: dict[str, str]) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+def run_all(cwd: Path, env: dict[str, str],
+            only: set[str] | None = None) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
     ids = setup(cwd, env)
     full = {**env, **ids, "MISSING": MISSING, "USER": env.get("USER") or "root"}
     ids = {**ids, "CWD": str(cwd)}  # the directory differs between runs: normalised like an id
     out: dict[str, dict[str, Any]] = {}
     for name, cmd in corpus():
+        if only is not None and name not in only:
+            continue
         r = shell(cmd, cwd, full)
         out[name] = {"cmd": cmd, "rc": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
     return ids, out
