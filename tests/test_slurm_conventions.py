@@ -88,15 +88,18 @@ def _lines(r: subprocess.CompletedProcess[str]) -> dict[str, str]:
 
 @pytest.mark.usefixtures("slurm_turn")
 def test_the_shims_print_what_the_job_asked(slurm_gateway: Gateway, agent_dir: Path) -> None:  # noqa: F811
+    # pending behind a sleeper (not -H: the shim's hold is a second request, which a job
+    # as short as `true` can outrun)
     script = (
-        "A=$(sbatch --parsable -H -t 5 --mem=2G --wrap true); "
-        "B=$(sbatch --parsable -H -t 0 --mem-per-cpu=200 -n2 -J 'my job' --wrap true); "
-        "C=$(sbatch --parsable -H -p batch -t 1-12 -N1 -n4 --wrap true); "
+        "S=$(sbatch --parsable -o /dev/null -t 5 --wrap 'sleep 120'); "
+        "A=$(sbatch --parsable -d afterok:$S -t 5 --mem=2G --wrap true); "
+        "B=$(sbatch --parsable -d afterok:$S -t 0 --mem-per-cpu=200 -n2 -J 'my job' --wrap true); "
+        "C=$(sbatch --parsable -d afterok:$S -p batch -t 1-12 -N1 -n4 --wrap true); "
         "echo \"A=$(squeue -h -j $A -o '%l %m %C')\"; echo \"B=$(squeue -h -j $B -o '%l %m %C %j')\"; "
         "echo \"C=$(squeue -h -j $C -o '%l %C')\"; "
         "echo \"BSHOW=$(scontrol show job $B -o)\"; "
         "echo \"ACCT=$(sacct -X -n -P -j $A -o ReqMem,Timelimit)\"; "
-        "echo \"LONG=$(squeue -l -h -j $C)\"; scancel $A $B $C")
+        "echo \"LONG=$(squeue -l -h -j $C)\"; scancel $A $B $C $S")
     r = agent_run(slurm_gateway, agent_token(slurm_gateway), script, agent_dir, "--no-fence")
     got = _lines(r)
     assert got.get("A") == "5:00 2G 1", r.stdout + r.stderr
