@@ -151,7 +151,8 @@ def run(command: list[str], url: str, token: str | None, session: str | None, fe
     env = {**os.environ, **agent_env, "CORRAL_MCP_CONFIG": str(cfg), "CORRAL_AGENT": "1",
            "CORRAL_SHIM_CACHE": str(root / "cache"),
            "PATH": f"{shims}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    helper, sock = start_helper(root)
+    # CORRAL_SHIM_HELPER=0: each shim runs on its own (slower, the same answers)
+    helper, sock = start_helper(root) if os.environ.get("CORRAL_SHIM_HELPER", "1") != "0" else (None, None)
     if sock:
         env["CORRAL_SHIM_SOCKET"] = sock
     argv = client_args(command, cfg, corral_bin, agent_env)

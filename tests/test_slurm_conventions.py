@@ -57,6 +57,16 @@ def test_memory_and_shape_as_slurm_computes_them() -> None:
         sf.shape("0")
 
 
+def test_min_job_age_is_read_from_slurm_conf(tmp_path: Path) -> None:
+    from corral.backends.slurm_vocab import min_job_age_s
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=x\nMinJobAge=45\n")
+    assert min_job_age_s(str(conf)) == 45
+    conf.write_text("ClusterName=x\n")
+    assert min_job_age_s(str(conf)) == 300 and min_job_age_s(None) == 300
+
+
 def test_the_api_reads_slurms_colon_forms_as_slurm_and_wants_a_unit_on_bare_digits() -> None:
     assert parse_duration_s("1-12") == 36 * 3600  # was 1 day 12 seconds
     assert parse_duration_s("1-12:00") == 36 * 3600  # was 1 day 12 minutes
@@ -103,6 +113,8 @@ def test_the_shims_print_what_the_job_asked(slurm_gateway: Gateway, agent_dir: P
     r = agent_run(slurm_gateway, agent_token(slurm_gateway), script, agent_dir, "--no-fence")
     got = _lines(r)
     assert got.get("A") == "5:00 2G 1", r.stdout + r.stderr
+    with slurm_gateway.http() as h:  # the cluster's MinJobAge (scripts/slurm-up: 300), for squeue -j's lifecycle
+        assert {p.get("min_job_age_s") for p in h.get("/v1/facility").json()["partitions"]} == {300}
     assert got["B"] == "UNLIMITED 200M 2 my job"
     assert got["C"] == "1-12:00:00 4"  # (squeue -l keeps 1-12:00:00 whole in its 9-wide column, as Slurm's)
     show = dict(x.split("=", 1) for x in got["BSHOW"].split() if "=" in x)

@@ -248,11 +248,12 @@ def fetch(ids: list[str] | None, server_states: list[str] | None = None) -> list
 
 
 def min_job_age() -> float:
-    """How long slurmctld keeps an ended job (MinJobAge): $CORRAL_MIN_JOB_AGE_S (a site's
-    value, or a test's), else the facility's when it says, else Slurm's default, 300 s."""
+    """How long slurmctld keeps an ended job (MinJobAge): $CORRAL_MIN_JOB_AGE_S (a test's),
+    else the cluster's as the facility reports it (the Slurm backend reads slurm.conf),
+    else Slurm's default, 300 s (the local backend's)."""
     try:
-        return float(os.environ.get("CORRAL_MIN_JOB_AGE_S") or facility(client()).get("min_job_age_s")
-                     or MIN_JOB_AGE_S)
+        parts = facility(client()).get("partitions") or [{}]
+        return float(os.environ.get("CORRAL_MIN_JOB_AGE_S") or parts[0].get("min_job_age_s") or MIN_JOB_AGE_S)
     except (TypeError, ValueError):
         return MIN_JOB_AGE_S
 
