@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,10 +30,9 @@ from pathlib import Path
 
 from . import proc
 from .errors import InvalidRequest
-from .shims import COMMANDS
+from .shims import COMMANDS, REFUSED
 
-SLURM_CLIENTS = COMMANDS + ("salloc", "sbcast", "sstat", "sprio", "sshare", "sreport", "sacctmgr", "scrontab",
-                            "strigger", "sattach", "sdiag", "smap", "sview", "slurmrestd")
+SLURM_CLIENTS = COMMANDS + REFUSED + ("slurmrestd",)
 MUNGE_DIRS = ("/run/munge", "/var/run/munge")
 
 
@@ -47,17 +47,47 @@ def munge_dirs(slurm_conf: str | None) -> list[str]:
 
 
 def shim_dir(root: Path) -> Path:
-    """A directory of the shims, one symlink per Slurm command, to the corral-slurm entry point."""
-    target = shutil.which("corral-slurm") or str(Path(sys.executable).with_name("corral-slurm"))
-    if not os.path.exists(target):
-        raise InvalidRequest("the corral-slurm entry point is missing", hint="reinstall corral (make venv)")
+    """A directory of the shims: one symlink per Slurm command to a launcher that asks the
+    session's resident helper (corral/shims/helper.py), else runs the shim itself."""
+    from .shims.helper import launcher
+
     d = root / "bin"
     d.mkdir(parents=True, exist_ok=True)
-    for name in COMMANDS:
+    target = d / "corral-shim"
+    if not target.exists():
+        target.write_text(launcher(str(Path(__file__).resolve().parent.parent)))
+        target.chmod(0o755)
+    for name in COMMANDS + REFUSED:  # the refused ones say what to use instead
         link = d / name
         if not link.exists():
             link.symlink_to(target)
     return d
+
+
+def start_helper(root: Path) -> tuple[subprocess.Popen[bytes] | None, str | None]:
+    """The session's resident shim helper (its process, its socket), or (None, None) when
+    it did not come up: the shims then run on their own, only slower."""
+    sock = root / "shim.sock"
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r}); "
+            f"from corral.shims.helper import serve; serve({str(sock)!r})")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and proc.poll() is None:
+        if sock.exists():
+            return proc, str(sock)
+        time.sleep(0.02)
+    stop_helper(proc)
+    return None, None
+
+
+def stop_helper(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def mcp_config(corral_bin: str, env: dict[str, str]) -> dict[str, object]:
@@ -97,7 +127,7 @@ def fence(argv: list[str], shims: Path, slurm_conf: str | None) -> tuple[list[st
         for d in dict.fromkeys(path_dirs + ["/usr/bin", "/usr/local/bin", "/bin", "/usr/sbin"]):
             real = os.path.join(d, name)
             if os.path.isfile(real) and os.path.realpath(real) != target:
-                if name in COMMANDS:
+                if name in COMMANDS + REFUSED:
                     args += ["--ro-bind", str(shims / name), real]
                 else:
                     args += ["--ro-bind", "/dev/null", real]
@@ -135,6 +165,10 @@ def run(command: list[str], url: str, token: str | None, session: str | None, fe
     env = {**os.environ, **agent_env, "CORRAL_MCP_CONFIG": str(cfg), "CORRAL_AGENT": "1",
            "CORRAL_SHIM_CACHE": str(root / "cache"),
            "PATH": f"{shims}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    # CORRAL_SHIM_HELPER=0: each shim runs on its own (slower, the same answers)
+    helper, sock = start_helper(root) if os.environ.get("CORRAL_SHIM_HELPER", "1") != "0" else (None, None)
+    if sock:
+        env["CORRAL_SHIM_SOCKET"] = sock
     argv = client_args(command, cfg, corral_bin, agent_env)
     hidden: list[str] = []
     if fenced:
@@ -146,6 +180,7 @@ def run(command: list[str], url: str, token: str | None, session: str | None, fe
     try:
         return proc.attach(argv, env=env)
     finally:
+        stop_helper(helper)
         shutil.rmtree(root, ignore_errors=True)
 
 

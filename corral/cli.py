@@ -220,7 +220,9 @@ def serve(**opts: Any) -> None:
 @click.option("--cpus", type=int, help="CPU cores (default 1).")
 @click.option("--memory", "--mem", help="Memory, e.g. 512M or 4G (default 1G).")
 @click.option("--gpus", type=int, help="GPUs (default 0).")
-@click.option("--walltime", "--time", "-t", help="Time limit, e.g. 30m, 2h or HH:MM:SS (default 1h).")
+@click.option("--walltime", "--time", "-t", help="Time limit as Slurm reads it: a bare number is minutes (-t 5), "
+              "MM:SS, HH:MM:SS, D-HH[:MM[:SS]], UNLIMITED (the partition's maximum); or with a unit: 90s, 30m, 2h "
+              "(default 1h).")
 @click.option("--partition", "-p", help="Partition (default: the facility's default).")
 @click.option("--name", "-J", help="A short job name.")
 @click.option("--workdir", "-D", type=click.Path(), help="Working directory (absolute; default: the current directory).")
@@ -269,6 +271,8 @@ def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[
     if bool(command) == bool(script_file):
         _fail("give a command after '--' or a script with --script FILE (not both)")
     spec: dict[str, Any] = {k: v for k, v in res.items() if v is not None}
+    if "walltime" in spec:
+        spec["walltime"] = _cli_time(o, spec["walltime"], spec.get("partition"))
     if command:
         import shlex
 
@@ -320,6 +324,25 @@ def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[
     o.out(job, human)
     if wait_s is not None and job.get("reached") is False:
         sys.exit(EXIT_TIMEOUT)
+
+
+def _cli_time(o: Ctx, text: str, partition: str | None) -> Any:
+    """--time as Slurm means it (corral.slurm_formats: a bare number is minutes, D-HH is
+    days and hours); a unit ('90s', '2h') is passed on as written. UNLIMITED and 0 ask
+    for the partition's maximum, as sbatch's do."""
+    from . import slurm_formats
+
+    try:
+        secs = slurm_formats.time_seconds(text, whole_minutes=False)
+    except ValueError:
+        return text  # '30m', '2h': corral's own units, checked by the gateway
+    if secs != slurm_formats.NO_LIMIT:
+        return secs
+    parts = o.client.facility().get("partitions") or []
+    part = next((p for p in parts if p["name"] == partition or (partition is None and p.get("default"))), None)
+    if part is None:
+        _fail(f"--time {text}: no partition {partition!r} to take the maximum of", hint="corral facility lists them")
+    return int(part["max_walltime_s"])
 
 
 @cli.command()

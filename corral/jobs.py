@@ -12,6 +12,7 @@ from typing import Literal, Annotated, Any, Callable
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from . import slurm_formats
 from .errors import NotFound
 
 
@@ -68,34 +69,34 @@ MAX_DURATION_S = 10 * 365 * 86400
 """Longest duration corral takes anywhere (a walltime, an expiry): fits every clock and int."""
 
 
-def parse_duration_s(value: Any, what: str = "walltime") -> int:
-    """'90s', '30m', '2h', '1d', 'HH:MM:SS', 'D-HH:MM:SS' (Slurm's form), 600 (s) -> seconds.
-    ``what`` names the field in errors (walltime, expiry ...)."""
+def parse_duration_s(value: Any, what: str = "walltime", unit_required: bool = False) -> int:
+    """'90s', '30m', '2h', '1d', 600 (a number: seconds), or Slurm's colon forms read as
+    Slurm reads them ('MM:SS', 'HH:MM:SS', 'D-HH', 'D-HH:MM', 'D-HH:MM:SS', through
+    corral.slurm_formats) -> seconds. ``unit_required`` (a job's walltime): a string of
+    bare digits is refused, since Slurm reads minutes there and a program seconds; else
+    it is seconds. ``what`` names the field in errors (walltime, expiry ...)."""
     if isinstance(value, bool):
         raise ValueError(f"{what} must be a duration such as '30m' or '02:00:00'")
     if isinstance(value, (int, float)):
         secs = float(value) if abs(value) < 1e300 else math.inf  # a 400-digit int must not overflow
     else:
         text = str(value).strip()
-        days = 0
-        if "-" in text:
-            d, _, text = text.partition("-")
-            if not d.isdigit():
-                raise ValueError(f"{what} {value!r} is not a duration; write '30m', '2h' or 'HH:MM:SS'")
-            days = int(d)
-        if ":" in text:
-            parts = text.split(":")
-            if len(parts) > 3 or not all(p.isdigit() for p in parts):
-                raise ValueError(f"{what} {value!r} is not a duration; write '30m', '2h' or 'HH:MM:SS'")
-            nums = [int(p) for p in parts]
-            while len(nums) < 3:
-                nums.insert(0, 0)
-            secs = days * 86400 + nums[0] * 3600 + nums[1] * 60 + nums[2]
+        if "-" in text or ":" in text:
+            try:
+                secs = slurm_formats.time_seconds(text, whole_minutes=False)
+            except ValueError:
+                raise ValueError(f"{what} {value!r} is not a duration; write '30m', '2h', 'HH:MM:SS' or "
+                                 "'D-HH:MM:SS'") from None
+            if secs == slurm_formats.NO_LIMIT:
+                raise ValueError(f"{what} {value!r} asks for no limit; write the limit itself, e.g. '2h'")
+        elif text.isdigit() and unit_required:
+            raise ValueError(f"{what} {value!r} has no unit: write '{text}m' (what Slurm means by a bare "
+                             f"number) or '{text}s', or send a JSON number of seconds")
         else:
             m = _DUR_RE.match(text)
             if not m:
                 raise ValueError(f"{what} {value!r} is not a duration; write '30m', '2h' or 'HH:MM:SS'")
-            secs = days * 86400 + float(m.group(1)) * _DUR_UNITS[m.group(2).lower()]
+            secs = float(m.group(1)) * _DUR_UNITS[m.group(2).lower()]
     if not math.isfinite(secs) or secs > MAX_DURATION_S:
         raise ValueError(f"{what} {value!r} is too long; at most {MAX_DURATION_S // 86400} days")
     if secs < 1:
@@ -116,7 +117,11 @@ def _text_cached(parse: Callable[[Any], int]) -> Callable[[Any], int]:
 
 
 MemoryMB = Annotated[int, BeforeValidator(_text_cached(parse_memory_mb))]
-Seconds = Annotated[int, BeforeValidator(_text_cached(parse_duration_s))]
+def _walltime(value: Any) -> int:
+    return parse_duration_s(value, unit_required=True)
+
+
+Seconds = Annotated[int, BeforeValidator(_text_cached(_walltime))]
 
 _NAME_RE = r"^[A-Za-z0-9_.+-]{1,64}$"
 
@@ -173,7 +178,9 @@ class JobSpec(BaseModel):
     cpus: int = Field(1, ge=1, le=100_000, strict=True, description="CPU cores (a whole number; true is not 1).")
     memory_mb: MemoryMB = Field(1024, alias="memory", description="Memory: '512M', '4G' or MB as a number.")
     gpus: int = Field(0, ge=0, le=1024, strict=True, description="GPUs (a whole number).")
-    walltime_s: Seconds = Field(3600, alias="walltime", description="Time limit: '30m', '2h', 'HH:MM:SS' or seconds.")
+    walltime_s: Seconds = Field(3600, alias="walltime", description=(
+        "Time limit with its unit: '90s', '30m', '2h', '1d', Slurm's 'HH:MM:SS' or 'D-HH:MM:SS', or a JSON "
+        "number of seconds. A string of bare digits is refused (Slurm reads minutes there, a program seconds)."))
     partition: str | None = Field(None, pattern=_NAME_RE, description="Partition (queue); default: the facility's default.")
     name: str | None = Field(None, pattern=_NAME_RE, description="A short name for people.")
     labels: dict[str, str] = Field(default_factory=dict, description="Free-form key/value labels.")
@@ -343,33 +350,7 @@ class Job(BaseModel):
         return out
 
 
-_ARRAY_RE = re.compile(r"^([0-9]{1,12})(?:-([0-9]{1,12})(?::([0-9]{1,12}))?)?$")
-MAX_ARRAY_INDEX = 4_000_000
-"""Slurm's largest array task id (MaxArraySize is at most 4000001)."""
-
-
-def array_indices(text: str, limit: int = 1000) -> list[int]:
-    """Slurm's --array syntax, '0-9', '1,3,5', '0-99:2' -> the task indices (at most
-    ``limit``). A throttle ('%N') is refused: corral runs an array as a batch."""
-    if "%" in str(text):
-        raise ValueError(f"array {text!r}: a throttle (%N) is not supported; corral runs an array as one batch "
-                         "and the facility's limits bound how many run; drop the %N")
-    out: list[int] = []
-    for part in str(text).replace(" ", "").split(","):
-        m = _ARRAY_RE.match(part)
-        if not m:
-            if re.fullmatch(r"[0-9:-]+", part) and re.search(r"[0-9]{13}", part):
-                raise ValueError(f"array {str(text)[:40]!r}...: task ids go from 0 to {MAX_ARRAY_INDEX} (Slurm's limit)")
-            raise ValueError(f"array {text!r} is not Slurm's syntax; write '0-9', '1,3,5' or '0-99:2'")
-        lo, hi, step = int(m.group(1)), int(m.group(2) or m.group(1)), int(m.group(3) or 1)
-        if hi > MAX_ARRAY_INDEX:
-            raise ValueError(f"array {str(text)[:40]!r}...: task ids go from 0 to {MAX_ARRAY_INDEX} (Slurm's limit)")
-        if hi < lo or step < 1:
-            raise ValueError(f"array {text!r}: a range goes low-high with a positive step")
-        if (hi - lo) // step + 1 + len(out) > limit:
-            raise ValueError(f"array {text!r} has more than {limit} tasks; split it into several submissions")
-        out += range(lo, hi + 1, step)
-    return sorted(dict.fromkeys(out))
+from .slurm_formats import array_indices  # noqa: E402  (one parser of Slurm's formats)
 
 
 def expand_array(specs: list[JobSpec], text: str, limit: int = 1000) -> list[JobSpec]:

@@ -575,7 +575,8 @@ class Service:
                 {"name": p.name, "default": p.default, "max_cpus": p.max_cpus, "max_memory_mb": p.max_memory_mb,
                  "max_gpus": p.max_gpus, "max_walltime_s": p.max_walltime_s,
                  **({"nodes": p.extra["nodes"]} if p.extra.get("nodes") else {}),
-                 **({"state": p.extra["state"]} if p.extra.get("state") else {})}
+                 **({"state": p.extra["state"]} if p.extra.get("state") else {}),
+                 **({"min_job_age_s": p.extra["min_job_age_s"]} if p.extra.get("min_job_age_s") else {})}
                 for p in parts
             ],
             "queue": {"pending": counts.get("PENDING", 0), "running": counts.get("RUNNING", 0)},

@@ -47,7 +47,8 @@ from ..errors import BackendError, CorralError, InvalidRequest
 from ..jobs import JobSpec, JobState, format_duration
 from ..storage import IMAGE_AT, IMAGE_FILE, META_LABEL, meta
 from . import CONTROLS, BackendStatus, OutputPaths, Partition, SubmitContext, Usage, base_env
-from .slurm_vocab import STATES, _epoch, _expand, _kv, _read_epoch, parse_exit, parse_slurm_time, translate
+from .slurm_vocab import (STATES, _epoch, _expand, _kv, _read_epoch, min_job_age_s, parse_exit, parse_slurm_time,
+                          translate)
 
 if TYPE_CHECKING:
     from ..identity import Identities
@@ -532,7 +533,8 @@ class SlurmBackend:
             gpus = max((nodes[n][2] for n in members), default=0)
             max_t = parse_slurm_time(kv.get("MaxTime", "")) or 365 * 86400
             parts.append(Partition(kv["PartitionName"], cpus, mem, gpus, max_t, default=kv.get("Default") == "YES",
-                                   extra={"state": kv.get("State"), "nodes": sorted(members)}))
+                                   extra={"state": kv.get("State"), "nodes": sorted(members),
+                                          "min_job_age_s": min_job_age_s(self.slurm_conf)}))
         return parts
 
     def facts(self) -> dict[str, Any]:

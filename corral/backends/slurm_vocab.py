@@ -8,6 +8,7 @@ import re
 import time
 from pathlib import Path
 
+from .. import slurm_formats
 from ..jobs import JobState
 
 log = logging.getLogger("corral.backends.slurm")
@@ -59,19 +60,22 @@ def parse_exit(code: str) -> tuple[int | None, int]:
 
 
 def parse_slurm_time(value: str) -> int | None:
-    """'UNLIMITED', '1:00:00', '2-00:00:00', '30' (minutes) -> seconds."""
-    if not value or value in ("UNLIMITED", "INFINITE", "NONE"):
+    """'UNLIMITED', '1:00:00', '2-00:00:00', '30' (minutes) -> seconds; None for no limit
+    (corral.slurm_formats reads every form)."""
+    if not value or value.upper() in ("UNLIMITED", "INFINITE", "NONE"):
         return None
-    days = 0
-    if "-" in value:
-        d, value = value.split("-", 1)
-        days = int(d)
-    parts = [int(p) for p in value.split(":")]
-    if len(parts) == 1:
-        return days * 86400 + parts[0] * 60
-    while len(parts) < 3:
-        parts.insert(0, 0)
-    return days * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+    secs = slurm_formats.time_seconds(value, whole_minutes=False)
+    return None if secs == slurm_formats.NO_LIMIT else secs
+
+
+def min_job_age_s(slurm_conf: str | None) -> int:
+    """slurm.conf's MinJobAge (how long slurmctld keeps an ended job); Slurm's default, 300."""
+    try:
+        text = Path(slurm_conf).read_text(errors="replace") if slurm_conf else ""
+    except OSError:
+        text = ""
+    m = re.search(r"(?im)^\s*MinJobAge\s*=\s*(\d+)", text)
+    return int(m.group(1)) if m else 300
 
 
 def _kv(line: str) -> dict[str, str]:

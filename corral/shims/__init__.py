@@ -3,7 +3,9 @@ scontrol show job and srun (batch-style). ``corral agent run`` puts a directory 
 them first on an agent's PATH; each is this one entry point under the command's name
 (``main`` reads argv[0]), so an agent's habits (``sbatch job.sh``, then
 ``while squeue -h -j $ID | grep -q .; do sleep 2; done``) are served by the gateway's
-shared view and never reach slurmctld.
+shared view and never reach slurmctld. In an agent session each command is a launcher
+that hands the call to the session's resident helper (helper.py, decision 0008); the
+code that runs is the same. Slurm's formats are parsed by corral/slurm_formats.py.
 """
 
 from __future__ import annotations
@@ -12,9 +14,17 @@ import os
 import sys
 
 COMMANDS = ("sbatch", "squeue", "sacct", "scancel", "sinfo", "scontrol", "srun")
+REFUSED = ("salloc", "sstat", "sprio", "sshare", "sacctmgr", "sreport", "sbcast", "sattach", "strigger",
+           "scrontab", "sdiag", "smap", "sview")
+"""Slurm commands corral does not serve: each prints one line naming corral's way (shims/known.py)."""
 
 
 def dispatch(name: str, argv: list[str]) -> int:
+    if name in REFUSED:
+        from .known import INSTEAD
+
+        print(f"{name}: error: corral's agent session does not serve {name}: {INSTEAD[name]}", file=sys.stderr)
+        return 1
     from .base import run
 
     if name == "sbatch":

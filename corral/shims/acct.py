@@ -4,11 +4,13 @@ under each job that started (unless ``-X``), in Slurm's columns: the default sev
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
 from typing import Any
 
+from ..slurm_formats import memory_text
 from .base import Parser, ShimError, elapsed, exit_code, hms, stamp, unsupported, user
 from .queue import View, _states, views
 from .queue import account as queue_account
@@ -31,21 +33,24 @@ LEFT = {"jobid", "jobidraw", "workdir", "nodelist"}
 def _value(v: View, key: str, step: bool, account: str) -> str:
     j, s = v.j, v.spec
     el = elapsed(v.j, v.now)
-    cpus = str(s.get("cpus", 1))
+    cpus = str(v.cpus)
     state = j["state"]
-    if state == "CANCELLED" and not step:
+    if step and exit_code(j) == "0:53":
+        state = "CANCELLED"
+    elif state == "CANCELLED" and not step:
         state = "CANCELLED by " + str(__import__("os").getuid())
     vals = {
         "jobid": v.jobid + (".batch" if step else ""), "jobidraw": str(j["id"]) + (".batch" if step else ""),
-        "jobname": "batch" if step else (j.get("name") or "wrap"), "partition": "" if step else v.partition,
+        "jobname": "batch" if step else v.name, "partition": "" if step else v.partition,
         "account": account, "alloccpus": cpus, "ncpus": cpus, "reqcpus": cpus, "state": state,
         "exitcode": ("0:15" if j["state"] == "CANCELLED" else exit_code(j)) if step else exit_code(j),
         "elapsed": hms(el), "elapsedraw": str(int(el)),
         "start": stamp(j.get("start_time")), "end": stamp(j.get("end_time")), "submit": stamp(j.get("submit_time")),
         "nodelist": v.nodes if j.get("start_time") else "None assigned",
-        "reqmem": f"{s.get('memory_mb', 1024)}M", "timelimit": "" if step else hms(s.get("walltime_s", 3600)),
+        "reqmem": "" if step else memory_text(v.memory), "timelimit": "" if step else v.time_limit(hms),
         "user": "" if step else user(), "workdir": s.get("workdir") or "",
-        "alloctres": f"cpu={cpus},mem={s.get('memory_mb', 1024)}M,node=1", "nnodes": "1",
+        "alloctres": ("" if not j.get("start_time") else (f"cpu={cpus},mem={memory_text(v.memory)},node=1" if step
+                      else f"billing={cpus},cpu={cpus},mem={memory_text(v.memory)},node=1")), "nnodes": "1",
         "cputime": hms(el * int(cpus)),
     }
     return vals[key]
@@ -98,7 +103,9 @@ def _fields(text: str) -> list[tuple[str, int]]:
     return out
 
 
-def sacct(argv: list[str]) -> int:
+@functools.lru_cache(maxsize=None)
+def _sacct_parser() -> Parser:
+    """Built once per process (the shim helper builds it before forking)."""
     p = Parser(prog="sacct", allow_abbrev=True)
     a = p.add_argument
     a("-j", "--jobs")
@@ -118,6 +125,11 @@ def sacct(argv: list[str]) -> int:
     a("--json", action="store_true")
     a("-l", "--long", action="store_true")
     a("-D", "--duplicates", action="store_true")
+    return p
+
+
+def sacct(argv: list[str]) -> int:
+    p = _sacct_parser()
     ns = p.parse_args(argv)
     if ns.long:
         unsupported("sacct", "--long", "name the fields with --format")
@@ -163,10 +175,10 @@ def _row(cells: list[tuple[str, int, str]], sep: str, trail: str, ns: Any) -> st
 
 def _json(v: View, account: str) -> dict[str, Any]:
     j, s = v.j, v.spec
-    return {"job_id": j["id"], "name": j.get("name") or "wrap", "partition": v.partition, "account": account,
+    return {"job_id": j["id"], "name": v.name, "partition": v.partition, "account": account,
             "user": user(), "state": {"current": j["state"]}, "exit_code": {"return_code": j.get("exit_code") or 0},
             "time": {"submission": int(j.get("submit_time") or 0), "start": int(j.get("start_time") or 0),
                      "end": int(j.get("end_time") or 0), "elapsed": int(elapsed(v.j, v.now)),
-                     "limit": int(s.get("walltime_s", 3600) // 60)},
-            "required": {"CPUs": s.get("cpus", 1), "memory": s.get("memory_mb", 1024)},
+                     "limit": v.walltime // 60},
+            "required": {"CPUs": v.cpus, "memory": v.memory},
             "working_directory": s.get("workdir") or ""}

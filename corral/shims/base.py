@@ -22,6 +22,9 @@ SHORT = {"PENDING": "PD", "RUNNING": "R", "COMPLETED": "CD", "FAILED": "F", "CAN
          "TIMEOUT": "TO", "OUT_OF_MEMORY": "OOM", "UNKNOWN": "NF"}
 """squeue's %t codes for corral's JobState values (which are Slurm's long names)."""
 ACTIVE = ("PENDING", "RUNNING")
+OPEN_FAILED = 53
+"""Slurm 22.05's ExitCode for a job whose output file cannot be opened: FAILED 0:53. The
+sbatch shim's job exits with it (a signal would not survive the job sandbox's layers)."""
 
 
 class ShimError(Exception):
@@ -46,6 +49,12 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         if message.startswith("unrecognized arguments: "):
             flag = message.split(": ", 1)[1].split()[0]
+            from .known import is_known
+
+            if is_known(self.prog, flag):  # Slurm has it; corral does not serve it (yet): say so by name
+                raise ShimError(f"corral's {self.prog} does not support {flag.split('=', 1)[0]} yet: it is "
+                                f"Slurm's, but corral does not act on it (drop it, or ask corral's own command "
+                                "or MCP tool)")
             raise ShimError(f"{self.prog}: unrecognized option '{flag}'\nTry \"{self.prog} --help\" for more "
                             "information", self.code, bare=True)
         raise ShimError(f"{self.prog}: {message}\nTry \"{self.prog} --help\" for more information", self.code,
@@ -160,6 +169,9 @@ def exit_code(job: dict[str, Any]) -> str:
         return "0:0"
     if code > 128 and job.get("state") in ("CANCELLED", "TIMEOUT", "OUT_OF_MEMORY"):
         return f"0:{code - 128}"
+    if code in (OPEN_FAILED, 128 + OPEN_FAILED) and job.get("state") == "FAILED" and \
+            "slurm_stdout" in ((job.get("spec") or {}).get("labels") or {}):
+        return f"0:{OPEN_FAILED}"  # sbatch's shim: the output file could not be opened, as Slurm reports it
     return f"{code}:0"
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 
 from .base import ACTIVE, Parser, ShimError, client, facility, limit, unsupported, user
 from .queue import _states, views
 
 
-def scancel(argv: list[str]) -> int:
+@functools.lru_cache(maxsize=None)
+def _scancel_parser() -> Parser:
+    """Built once per process (the shim helper builds it before forking)."""
     p = Parser(prog="scancel", allow_abbrev=True)
     a = p.add_argument
     a("ids", nargs="*")
@@ -24,6 +27,11 @@ def scancel(argv: list[str]) -> int:
     a("-Q", "--quiet", action="store_true")
     a("-v", "--verbose", action="store_true")
     a("-i", "--interactive", action="store_true")
+    return p
+
+
+def scancel(argv: list[str]) -> int:
+    p = _scancel_parser()
     ns = p.parse_args(argv)
     if ns.signal or ns.batch or ns.full:
         unsupported("scancel", "--signal/--batch/--full", "signal a job with corral control ID signal -s NAME")
@@ -53,7 +61,9 @@ def scancel(argv: list[str]) -> int:
     return 0
 
 
-def sinfo(argv: list[str]) -> int:
+@functools.lru_cache(maxsize=None)
+def _sinfo_parser() -> Parser:
+    """Built once per process (the shim helper builds it before forking)."""
     p = Parser(prog="sinfo", allow_abbrev=True)
     a = p.add_argument
     a("-h", "--noheader", action="store_true")
@@ -69,6 +79,11 @@ def sinfo(argv: list[str]) -> int:
     a("-t", "--states")
     a("-v", "--verbose", action="store_true")
     a("--json", action="store_true")
+    return p
+
+
+def sinfo(argv: list[str]) -> int:
+    p = _sinfo_parser()
     ns = p.parse_args(argv)
     for flag in ("Node", "long", "Format", "list_reasons", "states", "json"):
         if getattr(ns, flag):

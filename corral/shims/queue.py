@@ -21,6 +21,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import NotFound
+from ..slurm_formats import memory_text
 from .base import (ACTIVE, SHORT, Parser, ShimError, client, elapsed, exit_code, facility, hms, limit, squeue_time,
                    stamp, unsupported, user)
 
@@ -41,6 +42,27 @@ class View:
         self.task = labels.get("array_task")
         pos = int(labels.get("array_pos", 0) or 0)
         self.array_id = job["id"] - pos if self.task is not None else job["id"]
+        self.labels = labels
+        # the API's names (walltime, memory); walltime_s/memory_mb were the names before
+        self.walltime = int(spec.get("walltime", spec.get("walltime_s", 3600)))
+        self.memory = int(spec.get("memory", spec.get("memory_mb", 1024)))
+        self.cpus = int(spec.get("cpus", 1))
+        self.ntasks = int(labels.get("slurm_ntasks", 1))
+        self.name = labels.get("slurm_name") or job.get("name") or "wrap"
+
+    def time_limit(self, fmt: Callable[[float], str] = limit) -> str:
+        """What the job asked (UNLIMITED for -t 0/UNLIMITED, as Slurm prints it)."""
+        return "UNLIMITED" if self.labels.get("slurm_time") == "UNLIMITED" else fmt(self.walltime)
+
+    def min_memory(self) -> str:
+        """squeue's %m: per CPU for --mem-per-cpu, 0 for --mem=0, else per node."""
+        if "slurm_mem_per_cpu" in self.labels:
+            return memory_text(int(self.labels["slurm_mem_per_cpu"]))
+        return "0" if self.labels.get("slurm_mem") == "0" else memory_text(self.memory)
+
+    def tres(self) -> str:
+        return (f"cpu={self.cpus},mem={memory_text(self.memory)},node=1,billing={self.cpus}"
+                + (f",gres/gpu={self.spec['gpus']}" if self.spec.get("gpus") else ""))
 
     @property
     def jobid(self) -> str:
@@ -56,7 +78,8 @@ class View:
         r = self.j.get("reason") or ""
         if self.j.get("held") or r.startswith("held"):
             return "(JobHeldUser)"
-        if r.startswith("waiting for job"):
+        if r.startswith("waiting for job") or (self.state == "PENDING" and "slurm_dependency" in self.labels
+                                                and not re.fullmatch(r"(?!None$)[A-Z][A-Za-z_]+", r)):
             return "(Dependency)"
         word = r if re.fullmatch(r"[A-Z][A-Za-z_]+", r or "") else "None"  # Slurm's own words pass, corral's not
         return f"({word})" if self.state == "PENDING" else "(None)"
@@ -65,12 +88,12 @@ class View:
         j, s = self.j, self.spec
         return {
             "i": self.jobid, "A": str(self.array_id), "K": self.task or "N/A", "P": self.partition,
-            "j": j.get("name") or "wrap", "u": user(), "t": SHORT.get(self.state, "NF"), "T": self.state,
+            "j": self.name, "u": user(), "t": SHORT.get(self.state, "NF"), "T": self.state,
             "M": squeue_time(elapsed(j, self.now)), "D": "1", "R": self.reason(), "N": self.nodes if self.state
             == "RUNNING" else "", "r": self.reason().strip("()") if self.state != "RUNNING" else "None",
-            "l": limit(s.get("walltime_s", 3600)), "L": limit(max(0, s.get("walltime_s", 3600) - elapsed(j, self.now)))
-            if self.state == "RUNNING" else limit(s.get("walltime_s", 3600)),
-            "C": str(s.get("cpus", 1)), "m": f"{s.get('memory_mb', 1024)}M", "V": stamp(j.get("submit_time")),
+            "l": self.time_limit(), "L": (limit(max(0, self.walltime - elapsed(j, self.now)))
+                                          if self.state == "RUNNING" else self.time_limit()),
+            "C": str(self.cpus), "m": self.min_memory(), "V": stamp(j.get("submit_time")),
             "S": stamp(j.get("start_time")) if j.get("start_time") else "N/A", "e": stamp(j.get("end_time"))
             if j.get("end_time") else "N/A", "Z": s.get("workdir") or "", "a": account(),
             "b": f"gpu:{s['gpus']}" if s.get("gpus") else "N/A", "%": "%",
@@ -138,6 +161,10 @@ def compile_long(text: str) -> list[tuple[str, Any]]:
     return out
 
 
+WHOLE = set("lLM")
+"""Times squeue prints whole past their width (-l's %.9l shows 1-12:00:00)."""
+
+
 def render(fields: list[tuple[str, Any]], value: Callable[[str], str], header: bool) -> str:
     cells = []
     for key, how in fields:
@@ -147,7 +174,8 @@ def render(fields: list[tuple[str, Any]], value: Callable[[str], str], header: b
         right, width = how
         text = HEADERS[key] if header else value(key)
         if width is not None:
-            text = text[:width]
+            if header or key not in WHOLE:
+                text = text[:width]
             text = text.rjust(width) if right else text.ljust(width)
         cells.append(text)  # -O fields are padded and follow each other with no separator
     return "".join(cells)
@@ -219,10 +247,26 @@ def fetch(ids: list[str] | None, server_states: list[str] | None = None) -> list
     return out
 
 
+def min_job_age() -> float:
+    """How long slurmctld keeps an ended job (MinJobAge): $CORRAL_MIN_JOB_AGE_S (a test's),
+    else the cluster's as the facility reports it (the Slurm backend reads slurm.conf),
+    else Slurm's default, 300 s (the local backend's)."""
+    try:
+        parts = facility(client()).get("partitions") or [{}]
+        return float(os.environ.get("CORRAL_MIN_JOB_AGE_S") or parts[0].get("min_job_age_s") or MIN_JOB_AGE_S)
+    except (TypeError, ValueError):
+        return MIN_JOB_AGE_S
+
+
+def held(v: View) -> bool:
+    """Whether Slurm's controller would still hold this job: active, or ended within MinJobAge."""
+    return v.state in ACTIVE or (v.j.get("end_time") or v.now) > v.now - min_job_age()
+
+
 def keep(vs: list[View], states: set[str] | None, partitions: set[str] | None, names: set[str] | None,
          active_only: bool) -> list[View]:
     return [v for v in vs if not (active_only and v.state not in ACTIVE) and (states is None or v.state in states)
-            and (not partitions or v.partition in partitions) and (not names or (v.j.get("name") or "wrap") in names)]
+            and (not partitions or v.partition in partitions) and (not names or v.name in names)]
 
 
 def views(ids: list[str] | None, states: set[str] | None, partitions: set[str] | None,
@@ -233,7 +277,9 @@ def views(ids: list[str] | None, states: set[str] | None, partitions: set[str] |
     return keep(fetch(ids, server), states, partitions, names, active_only)
 
 
-def squeue(argv: list[str]) -> int:
+@functools.lru_cache(maxsize=None)
+def _squeue_parser() -> Parser:
+    """Built once per process (the shim helper builds it before forking)."""
     p = Parser(prog="squeue", allow_abbrev=True)
     a = p.add_argument
     a("-h", "--noheader", action="store_true")
@@ -255,6 +301,11 @@ def squeue(argv: list[str]) -> int:
     a("-A", "--account")
     a("-q", "--qos")
     a("-w", "--nodelist")
+    return p
+
+
+def squeue(argv: list[str]) -> int:
+    p = _squeue_parser()
     ns = p.parse_args(argv)
     for flag, why in (("sort", "corral lists newest first"), ("iterate", "wait with corral wait or wait_for_events"),
                       ("account", ""), ("qos", ""), ("nodelist", "")):
@@ -269,14 +320,16 @@ def squeue(argv: list[str]) -> int:
     pool = fetch(ids) if wide else fetch(None, sorted(states) if states else sorted(ACTIVE))
     parts, names = (set(ns.partition.split(",")) if ns.partition else None), (set(ns.name.split(",")) if ns.name else None)
     vs = keep(pool, states, parts, names, active_only=states is None)
-    if ids and not vs and not states and not pool:
-        # squeue -j of a job corral does not know: Slurm says the id is invalid once it is purged
+    if ids and len(ids) == 1 and not [v for v in pool if held(v)]:
+        # squeue -j ONE of a job slurmctld no longer holds (never known, or ended over MinJobAge
+        # ago) fails as Slurm's does, so `while squeue -h -j $ID; do sleep 2; done` ends; with
+        # several ids Slurm lists those it holds and exits 0
         raise ShimError("slurm_load_jobs error: Invalid job id specified", bare=True)
     if not (ids or ns.user or ns.me or ns.states or ns.partition or ns.name) and sys.stderr.isatty():
         print("squeue: corral shows your jobs only", file=sys.stderr)
     if ns.json:  # as Slurm's, the jobs the controller still holds: ended ones for MinJobAge (300 s)
         recent = [v for v in keep(pool, None, parts, names, active_only=False)  # -p and -n hold here too
-                  if v.state in ACTIVE or (v.j.get("end_time") or 0) > time.time() - MIN_JOB_AGE_S]
+                  if held(v)]
         print(json.dumps({"jobs": [_json(v) for v in (vs if states else recent)]}, indent=2))
         return 0
     fields = compile_long(ns.Format) if ns.Format else compile_format(ns.format or (LONG if ns.long else DEFAULT))
@@ -291,9 +344,9 @@ def squeue(argv: list[str]) -> int:
 
 def _json(v: View) -> dict[str, Any]:
     j, s = v.j, v.spec
-    return {"job_id": j["id"], "name": j.get("name") or "wrap", "job_state": v.state, "partition": v.partition,
+    return {"job_id": j["id"], "name": v.name, "job_state": v.state, "partition": v.partition,
             "user_name": user(), "cpus": s.get("cpus", 1), "node_count": 1, "nodes": v.nodes if v.state == "RUNNING"
-            else "", "time_limit": int(s.get("walltime_s", 3600) // 60), "submit_time": int(j.get("submit_time") or 0),
+            else "", "time_limit": v.walltime // 60, "submit_time": int(j.get("submit_time") or 0),
             "start_time": int(j.get("start_time") or 0), "end_time": int(j.get("end_time") or 0),
             "state_reason": v.reason().strip("()") if v.state != "RUNNING" else "None",
             "exit_code": j.get("exit_code") or 0, "current_working_directory": s.get("workdir") or ""}
@@ -306,7 +359,7 @@ def scontrol(argv: list[str]) -> int:
         if "-o" in rest or "--oneliner" in rest:
             one_line = True
             rest = [x for x in rest if x not in ("-o", "--oneliner")]
-        vs = views(rest[:1] if rest else None, None, None, None, False)
+        vs = [v for v in views(rest[:1] if rest else None, None, None, None, False) if held(v)]
         if rest and not vs:
             raise ShimError("slurm_load_jobs error: Invalid job id specified", bare=True)
         if not rest:
@@ -323,25 +376,45 @@ def scontrol(argv: list[str]) -> int:
 
 
 def _show(v: View, one_line: bool) -> str:
-    j, s = v.j, v.spec
+    """scontrol show job, in Slurm 22.05's lines, with what corral knows of the job."""
+    j, s, lab = v.j, v.spec, v.labels
+    head = [("JobId", str(j["id"]) if v.task is not None else v.jobid)]
+    if v.task is not None:
+        head += [("ArrayJobId", str(v.array_id)), ("ArrayTaskId", v.task)]
+    workdir = s.get("workdir") or ""
+
+    def path(key: str) -> str:
+        text = lab.get(key)
+        if not text:
+            return "/dev/null" if key != "slurm_stdout" else "(null)"
+        text = (text.replace("%j", str(j["id"])).replace("%x", v.name).replace("%u", user())
+                .replace("%A", str(v.array_id)).replace("%a", v.task or "4294967294"))
+        return text if text.startswith("/") else os.path.join(workdir, text)
+
+    dep = lab.get("slurm_dependency")
+    dep_text = f"{dep}(unfulfilled)" if dep and v.state == "PENDING" else "(null)"
+    mem_key = "MinMemoryCPU" if "slurm_mem_per_cpu" in lab else "MinMemoryNode"
+    cpt = int(lab.get("slurm_cpus_per_task", 1))
     pairs = [
-        [("JobId", v.jobid), ("JobName", j.get("name") or "wrap")],
+        head + [("JobName", v.name)],
         [("UserId", f"{user()}({os.getuid()})"), ("GroupId", f"{_group()}({os.getgid()})"),
          ("Account", account()), ("QOS", "normal")],
         [("JobState", v.state), ("Reason", v.reason().strip("()") if v.state != "RUNNING" else "None"),
-         ("Dependency", "(null)")],
+         ("Dependency", dep_text)],
         [("ExitCode", exit_code(j))],
-        [("RunTime", hms(elapsed(j, v.now))), ("TimeLimit", hms(s.get("walltime_s", 3600)))],
+        [("RunTime", hms(elapsed(j, v.now))), ("TimeLimit", v.time_limit(hms))],
         [("SubmitTime", stamp(j.get("submit_time")))],
         [("StartTime", stamp(j.get("start_time"))),
-         ("EndTime", stamp(j.get("end_time") or ((j["start_time"] + s.get("walltime_s", 3600))
-                                                 if j.get("start_time") else None)))],
+         ("EndTime", stamp(j.get("end_time") or ((j["start_time"] + v.walltime) if j.get("start_time") else None)))],
         [("Partition", v.partition)],
         [("NodeList", v.nodes if v.state == "RUNNING" else "(null)")],
-        [("NumNodes", "1"), ("NumCPUs", str(s.get("cpus", 1))), ("NumTasks", "1"), ("CPUs/Task", str(s.get("cpus", 1)))],
-        [("TRES", f"cpu={s.get('cpus', 1)},mem={s.get('memory_mb', 1024)}M,node=1"
-          + (f",gres/gpu={s['gpus']}" if s.get("gpus") else ""))],
-        [("WorkDir", s.get("workdir") or "")],
+        [("NumNodes", "1"), ("NumCPUs", str(v.cpus)), ("NumTasks", str(v.ntasks)), ("CPUs/Task", str(cpt))],
+        [("TRES", v.tres())],
+        [(mem_key, v.min_memory())],
+        [("WorkDir", workdir)],
+        [("StdErr", path("slurm_stderr"))],
+        [("StdIn", "/dev/null")],
+        [("StdOut", path("slurm_stdout"))],
     ]
     if one_line:
         return " ".join(f"{k}={val}" for line in pairs for k, val in line)

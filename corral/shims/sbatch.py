@@ -11,6 +11,7 @@ first job's id is the array's (``N_IDX`` in squeue), as in Slurm.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import shlex
@@ -18,9 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..backends.slurm_vocab import parse_slurm_time
-from ..jobs import array_indices
-from .base import Parser, ShimError, client, facility, unsupported, wait
+from .. import slurm_formats as sf
+from .base import OPEN_FAILED, Parser, ShimError, client, facility, unsupported, user, wait
 
 REFUSED: dict[str, tuple[str | None, str]] = {
     # option (its dest): (short flag, why corral does not take it)
@@ -33,6 +33,7 @@ REFUSED: dict[str, tuple[str | None, str]] = {
     "signal": (None, "use corral control ID signal"),
     "nodelist": ("-w", "corral places jobs"), "exclude": ("-x", "corral places jobs"),
     "constraint": ("-C", "corral places jobs"), "reservation": (None, "corral places jobs"),
+    "nice": (None, "corral gives agents' jobs their nice value itself, so people keep priority"),
 }
 
 
@@ -42,9 +43,11 @@ def parser(prog: str) -> Parser:
     a("-J", "--job-name")
     a("-p", "--partition")
     a("-t", "--time")
-    a("-c", "--cpus-per-task", type=int)
-    a("-n", "--ntasks", type=int)
+    a("-c", "--cpus-per-task")
+    a("-n", "--ntasks")
     a("-N", "--nodes")
+    a("--ntasks-per-node")
+    a("--gpus-per-node")
     a("--mem")
     a("--mem-per-cpu")
     a("-G", "--gpus")
@@ -80,18 +83,13 @@ def _sbatch_lines(text: str) -> list[str]:
     return out
 
 
-def _memory(text: str, per_cpu: int = 1) -> int:
-    m = re.fullmatch(r"(\d+)([KMGT]?)B?", text.strip().upper())
-    if not m:
-        raise ShimError(f"invalid memory constraint: {text}")
-    n, unit = int(m[1]), m[2] or "M"
-    mb = {"K": n / 1024, "M": n, "G": n * 1024, "T": n * 1024 * 1024}[unit]
-    return max(1, int(mb * per_cpu))
-
-
 def _gpus(ns: Any) -> int:
-    if ns.gpus:
-        return int(str(ns.gpus).split(":")[-1])
+    given = ns.gpus or ns.gpus_per_node  # one node: per node is per job
+    if given:
+        try:
+            return int(str(given).split(":")[-1])
+        except ValueError:
+            raise ShimError(f"Invalid GRES specification: gpu:{given}") from None
     if ns.gres:
         m = re.fullmatch(r"gpu(?::[^:,]+)?:(\d+)", ns.gres)
         if not m:
@@ -114,63 +112,146 @@ def _dependency(text: str) -> dict[str, list[int]]:
     return out
 
 
-def _redirect(path: str, stream: str, append: bool = False) -> str:
-    """A line that sends ``stream`` to ``path`` with Slurm's % patterns expanded in the job."""
+def _redirect(path: str, stream: str, append: bool = False) -> list[str]:
+    """Lines that send ``stream`` to ``path`` with Slurm's % patterns expanded in the job;
+    a file that cannot be opened (a missing directory) ends the job before it runs, by
+    the signal Slurm's own failure reads as (FAILED, ExitCode 0:53)."""
     expanded = (path.replace("%%", "\0").replace("%j", "${CORRAL_JOB_ID}").replace("%x", "${SLURM_JOB_NAME}")
                 .replace("%u", "${USER}").replace("%A", "$((CORRAL_JOB_ID - ${CORRAL_ARRAY_POS:-0}))")
                 .replace("%a", "${CORRAL_ARRAY_TASK_ID:-4294967294}").replace("\0", "%"))
     if re.search(r"%[^%]", expanded.replace("$((", "")):
         raise ShimError(f"corral's sbatch expands %j %x %u %A %a in file names, not in {path!r}")
     fd = "1" if stream == "out" else "2"
-    return f'exec {fd}{">>" if append else ">"}"{expanded}"'
+    return [f'{{ : {">>" if append else ">"}"{expanded}"; }} 2>/dev/null || exit {OPEN_FAILED}',
+            f'exec {fd}{">>" if append else ">"}"{expanded}"']
+
+
+def _limits(partition: str | None) -> dict[str, Any]:
+    """The partition's maxima (facility cache): what UNLIMITED and --mem=0 stand for."""
+    parts = facility(client()).get("partitions") or []
+    part = next((x for x in parts if x["name"] == partition or (partition is None and x.get("default"))), None)
+    return part or {}
+
+
+def _shape(ns: Any, prog: str) -> sf.Shape:
+    try:
+        return sf.shape(ns.ntasks, ns.cpus_per_task, ns.nodes, ns.ntasks_per_node)
+    except ValueError as e:
+        raise ShimError(str(e)) from None
+
+
+def resources(ns: Any, prog: str, labels: dict[str, str]) -> dict[str, Any]:
+    """CPUs, memory, time and GPUs of parsed options, through corral.slurm_formats;
+    what Slurm would print of the request (per-CPU memory, UNLIMITED) goes in ``labels``."""
+    shape = _shape(ns, prog)
+    if shape.nodes > 1:
+        unsupported(prog, f"--nodes={ns.nodes}", "corral runs a job on one node")
+    spec: dict[str, Any] = {"cpus": shape.cpus}
+    if shape.ntasks > 1:
+        labels["slurm_ntasks"] = str(shape.ntasks)
+    if shape.cpus_per_task > 1:
+        labels["slurm_cpus_per_task"] = str(shape.cpus_per_task)
+    if ns.mem and ns.mem_per_cpu:
+        raise ShimError(f"{prog}: fatal: --mem, --mem-per-cpu, and --mem-per-gpu are mutually exclusive.",
+                        bare=True)
+    try:
+        if ns.mem:
+            mb = sf.memory_mb(ns.mem)
+            if mb == sf.WHOLE_NODE:
+                labels["slurm_mem"] = "0"
+                mb = int(_limits(ns.partition).get("max_memory_mb") or 0)
+                if not mb:
+                    unsupported(prog, "--mem=0", "name the memory the job needs, e.g. --mem=4G")
+            spec["memory"] = mb
+        elif ns.mem_per_cpu:
+            per = sf.memory_mb(ns.mem_per_cpu)
+            if per == sf.WHOLE_NODE:
+                unsupported(prog, "--mem-per-cpu=0", "name the memory per CPU, e.g. --mem-per-cpu=2G")
+            labels["slurm_mem_per_cpu"] = str(per)
+            spec["memory"] = per * shape.cpus
+    except ValueError:
+        raise ShimError("Invalid --mem specification", 255) from None
+    if ns.time:
+        try:
+            secs = sf.time_seconds(ns.time)
+        except ValueError:
+            raise ShimError("Invalid --time specification", 255) from None
+        if secs == sf.NO_LIMIT:
+            labels["slurm_time"] = "UNLIMITED"
+            secs = int(_limits(ns.partition).get("max_walltime_s") or 0)
+            if not secs:
+                unsupported(prog, f"--time={ns.time}", "name a time limit, e.g. -t 2:00:00")
+        spec["walltime"] = secs
+    gpus = _gpus(ns)
+    if gpus:
+        spec["gpus"] = gpus
+    return spec
+
+
+SUBMIT_HOST = os.uname().nodename
+
+
+def _env_lines(ns: Any, name: str, spec: dict[str, Any], labels: dict[str, str], submit_dir: Path) -> list[str]:
+    """Slurm's environment of a batch job, in the job's script: one job id in
+    SLURM_JOB_ID and SLURM_JOBID, corral's (decision 0008), the submitter's directory,
+    USER and HOME (sbatch's --export=ALL), the job's shape and its array."""
+    ntasks = labels.get("slurm_ntasks", "1")
+    env = {"SLURM_JOB_NAME": name, "SLURM_SUBMIT_DIR": str(submit_dir), "SLURM_SUBMIT_HOST": SUBMIT_HOST,
+           "SLURM_NTASKS": ntasks, "SLURM_NPROCS": ntasks, "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
+           "SLURM_CPUS_ON_NODE": str(spec["cpus"]), "SLURM_JOB_CPUS_PER_NODE": str(spec["cpus"])}
+    if "slurm_cpus_per_task" in labels:
+        env["SLURM_CPUS_PER_TASK"] = labels["slurm_cpus_per_task"]
+    if ns.partition:
+        env["SLURM_JOB_PARTITION"] = ns.partition
+    if "memory" in spec and "slurm_mem_per_cpu" not in labels:
+        env["SLURM_MEM_PER_NODE"] = str(spec["memory"])
+    if "slurm_mem_per_cpu" in labels:
+        env["SLURM_MEM_PER_CPU"] = labels["slurm_mem_per_cpu"]
+    for key in ("USER", "HOME", "LOGNAME"):
+        value = os.environ.get(key) or (user() if key != "HOME" else os.path.expanduser("~"))
+        env[key] = value
+    lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    lines.append('export SLURM_JOB_ID="${CORRAL_JOB_ID}" SLURM_JOBID="${CORRAL_JOB_ID}"')
+    lines.append('if [ -n "${CORRAL_ARRAY_TASK_ID:-}" ]; then export SLURM_ARRAY_JOB_ID=$((CORRAL_JOB_ID - '
+                 '${CORRAL_ARRAY_POS:-0})) SLURM_ARRAY_TASK_ID="$CORRAL_ARRAY_TASK_ID"; fi')
+    return lines
 
 
 def build(ns: Any, script: str, args: list[str], cwd: Path,
-          default_out: bool = True) -> tuple[dict[str, Any], str | None, bool]:
+          default_out: bool = True, prog: str = "sbatch") -> tuple[dict[str, Any], str | None, bool]:
     """(the job spec, the array text or None, whether to hold) of parsed options. Output
     goes to -o, else to Slurm's default file (``default_out``: sbatch's, not srun's,
     whose output is the caller's)."""
     for dest, (_, why) in REFUSED.items():
         if getattr(ns, dest, None):
-            unsupported("sbatch", "--" + dest.replace("_", "-"), why)
-    if ns.nodes not in (None, "1", "1-1"):
-        unsupported("sbatch", f"--nodes={ns.nodes}", "corral runs a job on one node")
+            unsupported(prog, "--" + dest.replace("_", "-"), why)
     if ns.export not in (None, "ALL"):
-        unsupported("sbatch", f"--export={ns.export}", "jobs get your environment (ALL)")
-    spec: dict[str, Any] = {}
-    cpus = (ns.cpus_per_task or 1) * (ns.ntasks or 1)
-    spec["cpus"] = cpus
-    if ns.mem and ns.mem_per_cpu:
-        raise ShimError("--mem and --mem-per-cpu are mutually exclusive.")
-    if ns.mem:
-        spec["memory"] = _memory(ns.mem)
-    elif ns.mem_per_cpu:
-        spec["memory"] = _memory(ns.mem_per_cpu, cpus)
-    if ns.time:
-        try:
-            secs = parse_slurm_time(ns.time)
-        except ValueError:
-            secs = -1
-        if secs is None or secs <= 0:
-            raise ShimError("Invalid --time specification", 255)
-        spec["walltime"] = secs
-    gpus = _gpus(ns)
-    if gpus:
-        spec["gpus"] = gpus
+        unsupported(prog, f"--export={ns.export}", "jobs get your environment (ALL)")
+    labels: dict[str, str] = {}
+    spec = resources(ns, prog, labels)
     if ns.partition:
         spec["partition"] = ns.partition
-    name = ns.job_name or "wrap"
+    name = ns.job_name or ("wrap" if prog == "sbatch" else os.path.basename((ns.command or ["wrap"])[0]))
     spec["name"] = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:64] or "wrap"
+    if spec["name"] != name:
+        labels["slurm_name"] = name[:256]  # printed by the shims as Slurm would, 'my job' included
     workdir = Path(ns.chdir).resolve() if ns.chdir else cwd
     spec["workdir"] = str(workdir)
     out = ns.output or (("slurm-%A_%a.out" if ns.array else "slurm-%j.out") if default_out else None)
-    lines = ["#!/bin/bash", f"export SLURM_JOB_NAME={shlex.quote(name)}",
-             'export SLURM_JOB_ID="${CORRAL_JOB_ID}"', f"cd {shlex.quote(str(workdir))}",
-             _redirect(out, "out", ns.open_mode == "append") if out else "",
-             _redirect(ns.error, "err", ns.open_mode == "append") if ns.error else "exec 2>&1"]
+    for key, path in (("slurm_stdout", out), ("slurm_stderr", ns.error or out)):
+        if path and len(path) <= 256:
+            labels[key] = path
+    if ns.dependency and len(ns.dependency) <= 256:
+        labels["slurm_dependency"] = ns.dependency
+    lines = ["#!/bin/bash", *_env_lines(ns, name, spec, labels, cwd), f"cd {shlex.quote(str(workdir))}",
+             *(_redirect(out, "out", ns.open_mode == "append") if out else []),
+             *(_redirect(ns.error, "err", ns.open_mode == "append") if ns.error else
+               (["exec 2>&1"] if out else []))]
     body = script if script.startswith("#!") else "#!/bin/bash\n" + script
     interp, _, rest = body.partition("\n")
     spec["script"] = "\n".join(x for x in lines if x) + "\n" + _run_script(interp, rest, args)
+    if labels:
+        spec["labels"] = labels
     if ns.dependency:
         spec.update(_dependency(ns.dependency))
     return spec, ns.array, bool(ns.hold)
@@ -188,12 +269,28 @@ def _run_script(interp: str, rest: str, args: list[str]) -> str:
            f"rm -f \"${{TMPDIR:-/tmp}}/corral-script-$$\"\nexit $rc\n"
 
 
-def main(argv: list[str]) -> int:
+@functools.lru_cache(maxsize=None)
+def _sbatch_parser() -> Parser:
+    """Built once per process (the shim helper builds it before forking)."""
     p = parser("sbatch")
     p.add_argument("--wrap")
     p.add_argument("--parsable", action="store_true")
     p.add_argument("script", nargs="?")
     p.add_argument("args", nargs=argparse.REMAINDER)
+    return p
+
+
+@functools.lru_cache(maxsize=None)
+def _srun_parser() -> Parser:
+    p = parser("srun")
+    p.add_argument("-l", "--label", action="store_true")
+    p.add_argument("-u", "--unbuffered", action="store_true")  # corral reads the output once the job ends
+    p.add_argument("command", nargs="...")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    p = _sbatch_parser()
     ns = p.parse_args(argv)
     if ns.wrap is not None:
         if ns.script:
@@ -226,12 +323,15 @@ def main(argv: list[str]) -> int:
     _check_partition(c, spec)
     if array:
         try:
-            indices = array_indices(array)
+            indices = sf.array_indices(array)
         except ValueError as e:
             raise ShimError(f"Invalid job array specification: {e}") from None
+        whole = {"SLURM_ARRAY_TASK_COUNT": str(len(indices)), "SLURM_ARRAY_TASK_MIN": str(indices[0]),
+                 "SLURM_ARRAY_TASK_MAX": str(indices[-1])}
         specs = [{**spec, "env": {"CORRAL_ARRAY_TASK_ID": str(i), "SLURM_ARRAY_TASK_ID": str(i),
-                                  "CORRAL_ARRAY_POS": str(pos)},
-                  "labels": {"array_task": str(i), "array_pos": str(pos)}} for pos, i in enumerate(indices)]
+                                  "CORRAL_ARRAY_POS": str(pos), **whole},
+                  "labels": {**spec.get("labels", {}), "array_task": str(i), "array_pos": str(pos)}}
+                 for pos, i in enumerate(indices)]
         jobs = c.submit_batch(specs)["jobs"]
     else:
         jobs = [c.submit(spec)]
@@ -252,8 +352,7 @@ def main(argv: list[str]) -> int:
 def srun(argv: list[str]) -> int:
     """``srun [options] COMMAND...`` as one batch-style job: submitted, waited for, its
     output printed, its exit code returned."""
-    p = parser("srun")
-    p.add_argument("command", nargs="...")
+    p = _srun_parser()
     for flag in ("--pty", "--x11", "--mpi", "--het-group", "--multi-prog"):
         if any(a == flag or a.startswith(flag + "=") for a in argv):
             unsupported("srun", flag, "corral runs srun batch-style, without a terminal or steps")
@@ -262,15 +361,17 @@ def srun(argv: list[str]) -> int:
         raise ShimError("No command given to execute.")
     if os.environ.get("SLURM_JOB_ID"):
         unsupported("srun", "a step inside a job", "inside a job, run the command directly")
-    script = "#!/bin/bash\n" + " ".join(shlex.quote(a) for a in ns.command) + "\n"
     ns.array = None
-    spec, _, _ = build(ns, script, [], Path.cwd(), default_out=False)
+    ntasks = _shape(ns, "srun").ntasks
+    spec, _, _ = build(ns, _tasks_script(ns.command, ntasks, ns.label), [], Path.cwd(), default_out=False,
+                       prog="srun")
     c = client()
     _check_partition(c, spec)
     job = c.submit(spec)
     done = wait(c, job["id"])
-    out = c.output(job["id"], limit=1 << 20)
-    sys.stdout.write(out.get("data") or "")
+    sys.stdout.write(c.output(job["id"], limit=1 << 20).get("data") or "")
+    sys.stdout.flush()
+    sys.stderr.write(c.output(job["id"], stream="stderr", limit=1 << 20).get("data") or "")
     state = done.get("state")
     if state == "COMPLETED":
         return 0
@@ -281,6 +382,20 @@ def srun(argv: list[str]) -> int:
         return code if 0 < code < 256 else 1
     print(f"srun: error: {node}: task 0: {state}", file=sys.stderr)
     return 1
+
+
+def _tasks_script(command: list[str], ntasks: int, label: bool) -> str:
+    """The command once per task (srun -n4 runs it four times, SLURM_PROCID 0..3), each
+    line prefixed with its task number under -l; the exit code is the highest."""
+    cmd = " ".join(shlex.quote(a) for a in command)
+    if ntasks == 1 and not label:
+        return f"#!/bin/bash\nexport SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0\n{cmd}\n"
+    run = f'{cmd} > >(sed "s/^/$t: /") 2> >(sed "s/^/$t: /" >&2)' if label else cmd
+    return ("#!/bin/bash\npids=()\n"
+            f"for t in $(seq 0 {ntasks - 1}); do\n"
+            f"  (export SLURM_PROCID=$t SLURM_LOCALID=$t SLURM_NODEID=0; {run}; rc=$?; wait; exit $rc) &\n"
+            "  pids+=($!)\ndone\nrc=0\n"
+            'for p in "${pids[@]}"; do wait "$p"; r=$?; [ "$r" -gt "$rc" ] && rc=$r; done\nexit $rc\n')
 
 
 def _node(c: Any, spec: dict[str, Any]) -> str:

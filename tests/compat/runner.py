@@ -1,7 +1,12 @@
 """The compatibility corpus, run by either arm: Slurm's own commands against the
 private Slurm (scripts/record-slurm-golden records that), or corral's shims against a
-gateway in front of it (tests/test_compat.py). Same setup jobs, same directory layout,
-same shell: only PATH differs."""
+gateway in front of it, run as an agent inside ``corral agent run`` (tests/test_compat.py
+starts ``python -m tests.compat.runner OUT`` there). Same setup jobs, same directory
+layout, same shell: only what ``sbatch`` is differs.
+
+Durations and memory are compared as printed (a time limit, ReqMem, %m); only the
+invocations in ``ELAPSED`` show how long a job has run so far, which no two runs share,
+and have their durations normalised."""
 
 from __future__ import annotations
 
@@ -56,19 +61,25 @@ def setup(cwd: Path, env: dict[str, str]) -> dict[str, str]:
     raise AssertionError(f"the setup jobs did not settle: {acct!r} {run!r}")
 
 
-def run_all(cwd: Path, env: dict[str, str]) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+def run_all(cwd: Path, env: dict[str, str],
+            only: set[str] | None = None) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
     ids = setup(cwd, env)
     full = {**env, **ids, "MISSING": MISSING, "USER": env.get("USER") or "root"}
     ids = {**ids, "CWD": str(cwd)}  # the directory differs between runs: normalised like an id
     out: dict[str, dict[str, Any]] = {}
     for name, cmd in corpus():
+        if only is not None and name not in only:
+            continue
         r = shell(cmd, cwd, full)
         out[name] = {"cmd": cmd, "rc": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
     return ids, out
 
 
-def cleanup(cwd: Path, env: dict[str, str]) -> None:
-    shell("scancel -u root 2>/dev/null; scancel -n sleeper 2>/dev/null; true", cwd, env)
+def cleanup(cwd: Path, env: dict[str, str], ids: dict[str, str] | None = None) -> None:
+    """The setup's jobs cancelled (by id: the private Slurm is shared, other users' jobs
+    stay), and any sleeper left."""
+    mine = " ".join(v for k, v in (ids or {}).items() if k in ("RUN", "HELD"))
+    shell(f"scancel {mine} 2>/dev/null; scancel -n sleeper 2>/dev/null; true", cwd, env)
 
 
 def base_env() -> dict[str, str]:
@@ -79,21 +90,38 @@ def base_env() -> dict[str, str]:
     return env
 
 
+ELAPSED = {"squeue_default", "squeue_head", "squeue_noheader", "squeue_me", "squeue_user", "squeue_job_running",
+           "squeue_job_h", "squeue_pending", "squeue_grep_running", "sacct_elapsed", "time_long", "time_held_limit"}
+"""Invocations that print a running job's elapsed time (or time left)."""
 _DATE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
 _DUR = re.compile(r"\b(\d+-)?\d{1,2}(:\d\d){1,2}\b")
 
 
-def normalize(text: str, ids: dict[str, str]) -> str:
-    """Ids by role (<DONE>, <ID> for a new one), dates, durations and runs of blanks:
-    what differs between two runs of the same thing."""
+def normalize(text: str, ids: dict[str, str], durations: bool = False) -> str:
+    """Ids by role (<DONE>, <ID> for a new one), dates and runs of blanks (and, with
+    ``durations``, every duration): what differs between two runs of the same thing."""
     for name, value in sorted(ids.items(), key=lambda kv: -len(kv[1])):
         text = re.sub(rf"(?<![\d.]){re.escape(value)}(?![\d])", f"<{name}>", text)
+    # srun's notes while a busy cluster makes it wait: Slurm's, timing-dependent
+    text = re.sub(r"(?m)^srun: job \d+ (queued and waiting for resources|has been allocated resources)\n?", "", text)
     text = re.sub(r"Submitted batch job \d+", "Submitted batch job <ID>", text)
     text = re.sub(r"(?m)^\d+$", "<ID>", text)
     text = _DATE.sub("<DATE>", text)
-    text = _DUR.sub("<T>", text)
+    if durations:
+        text = _DUR.sub("<T>", text)
     return "\n".join(re.sub(r"[ \t]+", " ", line).strip() for line in text.splitlines()).strip()
 
 
 def fields(text: str) -> dict[str, str]:
     return dict(tok.split("=", 1) for tok in text.split() if "=" in tok)
+
+
+if __name__ == "__main__":  # the shim arm, inside `corral agent run`: the corpus as the agent runs it
+    import json
+    import sys
+
+    env = {**os.environ, "USER": os.environ.get("USER") or "root"}
+    cwd = Path.cwd()
+    ids, out = run_all(cwd, env)
+    cleanup(cwd, env, ids)
+    Path(sys.argv[1]).write_text(json.dumps({"ids": ids, "results": out}))
