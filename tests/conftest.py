@@ -186,9 +186,10 @@ def _reachable_tmp_path(request: pytest.FixtureRequest) -> None:
         return
     tmp = request.getfixturevalue("tmp_path")
     tmp.chmod(0o777)
-    for parent in (tmp.parent, tmp.parent.parent):
-        if parent.name.startswith("pytest-"):
-            parent.chmod(0o711)
+    for parent in tmp.parents:  # pytest-of-root/pytest-N[/popen-gwK]: each 0700, root's
+        if not parent.name.startswith(("pytest-", "popen-gw")):
+            break
+        parent.chmod(0o711)
 
 
 @pytest.fixture

@@ -126,8 +126,18 @@ def main(job_dir: str) -> int:
         write_json(d / "result.json", {"state": "CANCELLED", "exit_code": None, "reason": "cancelled before start",
                                        "start_time": None, "end_time": start})
         return 0
-    flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW
-    with open(os.open(d / "stdout", flags), "ab") as out, open(os.open(d / "stderr", flags), "ab") as err:
+    # Corral's own files in corral's own directory (or, for a harness that writes its own
+    # launch.json, the paths it names there): never through a link.
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+    paths = launch.get("output") or {}
+    try:
+        out_fd = os.open(paths.get("stdout") or d / "stdout", flags, 0o600)
+        err_fd = os.open(paths.get("stderr") or d / "stderr", flags, 0o600)
+    except OSError as e:
+        write_json(d / "result.json", {"state": "FAILED", "exit_code": None, "start_time": None, "end_time": time.time(),
+                                       "reason": f"its output could not be opened ({e.strerror}); nothing ran"})
+        return 0
+    with open(out_fd, "ab") as out, open(err_fd, "ab") as err:
         try:
             if launch.get("workdir"):
                 try:

@@ -84,14 +84,13 @@ def sbatch(args: list[str]) -> None:
     jid = new_id()
     d = STATE / "jobs" / str(jid)
     d.mkdir(parents=True)
-    for name, key in (("stdout", "output"), ("stderr", "error")):
-        (d / name).symlink_to(opts.get(key, d / f"{name}.log"))
+    output = {name: opts.get(key, str(d / f"{name}.log")) for name, key in (("stdout", "output"), ("stderr", "error"))}
     comment = opts.get("comment", "").strip("'")
     (d / "meta.json").write_text(json.dumps({"id": jid, "name": opts.get("job-name", script.name), "comment": comment,
                                              "partition": part, "submit": time.time()}))
     limit = (h * 60 + m + (1 if s else 0)) * minute_s()
     (d / "launch.json").write_text(json.dumps({
-        "argv": ["bash", str(script)], "cwd": opts.get("chdir", str(d)), "env": dict(os.environ),
+        "argv": ["bash", str(script)], "cwd": opts.get("chdir", str(d)), "env": dict(os.environ), "output": output,
         "walltime_s": max(1, int(limit)), "memory_mb": int(opts.get("mem", "1024M").rstrip("M"))}))
     subprocess.Popen([sys.executable, "-m", "corral.backends.local_runner", str(d)], start_new_session=True,
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
