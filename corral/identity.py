@@ -12,7 +12,8 @@ A gateway run as root starts every job as someone else (docs/decisions/0010-priv
 - an admin with no Unix user, and corral's own service principals (an image build
   writes corral's image store), run as the gateway's own user unless their kind is
   contained;
-- nobody runs as root: a principal whose Unix user is root is refused.
+- nobody runs as root: a principal whose Unix user is root is refused; one whose Unix
+  user this node does not know gets a dynamic uid of its own (logged).
 
 A gateway not run as root cannot change identity: every job is the gateway's user
 (a researcher's own gateway), kept apart by the sandbox alone.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import pwd
 import threading
@@ -29,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InvalidRequest
+
+log = logging.getLogger(__name__)
 
 DEFAULT_RANGE = (61184, 65519)
 """systemd's range for dynamic users: outside what distributions give people and services."""
@@ -76,9 +80,14 @@ class Identities:
             try:
                 u = pwd.getpwnam(unix_user)
             except KeyError:
-                raise InvalidRequest(f"principal {principal!r} runs as the Unix user {unix_user!r}, who does not exist on "
-                                     "this machine", hint="the admin must create that user or change the principal's "
-                                     "unix_user") from None
+                if service and not contained:  # corral's own work (a fast-lane pool's worker) for a user
+                    return None                # this node does not know: as before, the gateway's
+                # Unknown on this node (users not synced here yet): a uid of the principal's
+                # own, never the gateway's and never one shared with another principal.
+                log.warning("principal %r names the Unix user %r, unknown on this machine: its jobs run as a "
+                            "dynamic uid of its own", principal, unix_user)
+                uid = self._dynamic(principal)
+                return Identity(uid, uid, principal, None, dynamic=True)
             if u.pw_uid == 0:
                 raise InvalidRequest(f"principal {principal!r} names the Unix user {unix_user!r}, who is root: corral "
                                      "never runs a job as root", hint="give the principal an unprivileged Unix user")
