@@ -264,7 +264,10 @@ def bounded_route(service: Service) -> type[APIRoute]:
             handler = super().get_route_handler()
 
             async def bounded(request: Request) -> Response:
-                if request.method in ("POST", "PUT", "PATCH", "DELETE"):
+                kind = request.headers.get("content-type", "")
+                # A form (the dashboard's sign-in and sign-out) is not JSON: FastAPI reads it itself.
+                if request.method in ("POST", "PUT", "PATCH", "DELETE") and not kind.startswith(
+                        ("application/x-www-form-urlencoded", "multipart/form-data")):
                     body = await request.body()
                     if body:
                         if len(body) > bounds.unauthenticated_body_bytes and self.path.startswith("/v1/") \

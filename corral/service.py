@@ -278,8 +278,8 @@ class Service:
                         raise InvalidRequest(f"workdir {spec.workdir!r} must be an absolute path")
                     if not wd.is_dir():
                         raise InvalidRequest(f"workdir {spec.workdir!r} does not exist; create it or pick another")
-                    if caller is not None:  # a workspace's view is corral's own making: only who may write it
-                        self._check_workdir(caller, spec.workdir, only_writable=bool(spec.workspace))
+                    if caller is not None and not spec.workspace:  # a workspace's view is corral's own making
+                        self._check_workdir(caller, spec.workdir)
                 try:
                     self.lanes.batch.preflight(spec)
                 except BackendError as e:

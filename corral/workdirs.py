@@ -30,7 +30,7 @@ from .errors import InvalidRequest
 from .identity import Identity
 
 SYSTEM = ("/", "/proc", "/sys", "/dev", "/run", "/etc", "/usr", "/boot", "/bin", "/sbin", "/lib", "/lib64",
-          "/var", "/var/spool", "/var/lib", "/var/log", "/var/run", "/dev/shm", "/tmp", "/var/tmp", "/home", "/root",
+          "/var", "/var/spool", "/var/lib", "/var/log", "/var/run", "/dev/shm", "/var/tmp", "/home", "/root",
           "/opt", "/srv", "/mnt", "/media")
 """Never a job's working directory; those marked as trees, nothing below them either."""
 NOT_WRITABLE = "is not writable by the identity this job runs as"

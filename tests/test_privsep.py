@@ -144,7 +144,7 @@ def test_an_agent_works_as_its_sponsors_unix_user(gw: Gateway, project: Path) ->
         subprocess.run(["userdel", name], capture_output=True)
 
 
-@pytest.mark.parametrize("where", ["/", "/proc", "/proc/1", "/dev/shm", "/var/tmp", "/tmp", "/etc", "/run", "/sys",
+@pytest.mark.parametrize("where", ["/", "/proc", "/proc/1", "/dev/shm", "/var/tmp", "/etc", "/run", "/sys",
                                    "/root", "HOME", "HOME/local", "HOME/local/jobs", "OTHERJOB", "LINK"])
 def test_forbidden_working_directories_are_refused_with_the_rule(gw: Gateway, project: Path, where: str) -> None:
     t = tokens(gw, ("bot1", "alice"), ("bot2", "carol"))

@@ -105,7 +105,7 @@ def test_image_is_built_once_shared_and_used_by_a_contained_job(gw: tuple[Gatewa
         # An agent's job: inside its sandbox, the image's python first on PATH, six from the image.
         job = _run(h, {"command": "python -c 'import six, sys; print(sys.prefix, six.__file__)'; id -u",
                        "env": "six-env"})
-        assert job["state"] == "COMPLETED", job
+        assert job["state"] == "COMPLETED", (job["reason"], job["out"], job)
         prefix, where = job["out"].split()[:2]
         assert prefix.endswith(f"/images/{key}") and where.startswith(prefix + "/lib/") and "six.py" in where
         assert job["out"].split()[2] != "0"  # never root, even from an image
@@ -117,7 +117,9 @@ def test_image_is_built_once_shared_and_used_by_a_contained_job(gw: tuple[Gatewa
         mine = next(i for i in listed if i["image"] == key)
         assert mine["name"] == "six-env" and mine["last_used"] is not None
         # by key prefix too, and the CLI says what it is in a person's words
-        assert _run(h, {"command": "python -c 'import six'", "image": key[:12]})["state"] == "COMPLETED"
+        hers = _run(h, {"command": "python -c 'import six' 2>&1 | tail -3; id; pwd", "image": key[:12]})
+        err = h.get(f"/v1/jobs/{hers['id']}/output", params={"stream": "stderr"}).json()
+        assert hers["state"] == "COMPLETED" and "Error" not in hers["out"], (hers["reason"], hers["out"], err)
     cp = g.cli("env", "list", token=t["carol"])
     assert cp.returncode == 0 and "six-env" in cp.stdout and key[:12] in cp.stdout
     with g.http() as admin:  # one build job, by the envbuild service principal, audited

@@ -149,7 +149,9 @@ class LocalBackend:
             env.update(spec.env)
             env.update({"CORRAL_JOB_ID": bid, "CORRAL_PRINCIPAL": ctx.principal, "CORRAL_SESSION": ctx.session or ""})
             work = d / "work"
-            traced = bool(spec.labels.get(META_LABEL))
+            # Sampled for metadata accounting (storage/meta.py); not a job that runs uncontained as
+            # another identity: its traces would lie in corral's directories, which it cannot enter.
+            traced = bool(spec.labels.get(META_LABEL)) and not (ident is not None and not contained)
             own: str | None = None  # the job's own writable directory, when it needs one
             if not spec.workdir or traced:
                 work.mkdir(mode=0o700, exist_ok=True)
@@ -161,6 +163,11 @@ class LocalBackend:
                     if who is not None:
                         os.chown(work, *who)
             cwd = spec.workdir or str(work)
+            if ident is not None and not contained and not spec.workdir:
+                # Not contained, no directory named: corral's own directories are closed to it
+                # (their parents are 0700), so it starts in /tmp, as Slurm does when a job
+                # cannot enter its directory.
+                cwd, own = "/tmp", None
             if ident is not None and "HOME" not in env:
                 env["HOME"] = (JOB_DIR if contained else str(work)) if own else cwd
             host = None
