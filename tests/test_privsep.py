@@ -24,19 +24,13 @@ from typing import Any, Iterator
 import pytest
 
 from .conftest import Gateway, running
+from .test_sandbox import need_bwrap
 
 DYNAMIC = (61184, 65519)
 """[sandbox] dynamic_uids' default (systemd's DynamicUser range)."""
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true",
                                 reason="privilege separation is a root gateway's (CI runs as root)")
-
-
-def need_bwrap() -> None:
-    if shutil.which("bwrap") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("bubblewrap is missing: scripts/sandbox-up installs it")
-        pytest.skip("no bubblewrap (scripts/sandbox-up)")
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from ..client import Client, GatewayUnreachable
 from ..errors import CorralError
+from ..slurm_formats import format_limit
 
 SHORT = {"PENDING": "PD", "RUNNING": "R", "COMPLETED": "CD", "FAILED": "F", "CANCELLED": "CA",
          "TIMEOUT": "TO", "OUT_OF_MEMORY": "OOM", "UNKNOWN": "NF"}
@@ -132,16 +133,8 @@ def elapsed(job: dict[str, Any], now: float | None = None) -> float:
 
 
 def squeue_time(s: float) -> str:
-    """squeue's %M: M:SS, H:MM:SS, D-HH:MM:SS."""
-    s = int(s)
-    d, rem = divmod(s, 86400)
-    h, rem = divmod(rem, 3600)
-    m, sec = divmod(rem, 60)
-    if d:
-        return f"{d}-{h:02d}:{m:02d}:{sec:02d}"
-    if h:
-        return f"{h}:{m:02d}:{sec:02d}"
-    return f"{m}:{sec:02d}"
+    """squeue's %M: M:SS, H:MM:SS, D-HH:MM:SS (the form of a limit, %l)."""
+    return format_limit(s)
 
 
 def hms(s: float) -> str:
