@@ -68,6 +68,8 @@ class Identities:
         self.first, self.last = first, last
         self.root = os.geteuid() == 0 if root is None else root
         self._lock = threading.Lock()
+        self._cache: dict[str, int] = {}
+        """Uids already read or given: a record that only grows needs no second read."""
 
     def of(self, principal: str, unix_user: str | None, admin: bool = False, contained: bool = False,
            service: bool = False) -> Identity | None:
@@ -109,6 +111,8 @@ class Identities:
         """Its uid, allocated once: the next never given out and not in the password file.
         A uid is never handed out twice (the record only grows), so files a former
         principal left behind never become another's."""
+        if principal in self._cache:  # every later job of it: no file read on the submit path
+            return self._cache[principal]
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -120,7 +124,8 @@ class Identities:
                     data = {"next": self.first, "uids": {}}
                 uids: dict[str, int] = data["uids"]
                 if principal in uids:
-                    return int(uids[principal])
+                    self._cache[principal] = int(uids[principal])
+                    return self._cache[principal]
                 uid = int(data["next"])
                 taken = {u.pw_uid for u in pwd.getpwall()}
                 while uid in taken or uid in uids.values():
@@ -136,6 +141,7 @@ class Identities:
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, self.path)
+                self._cache[principal] = uid
                 return uid
             finally:
                 os.close(fd)
