@@ -390,10 +390,13 @@ def _tasks_script(command: list[str], ntasks: int, label: bool) -> str:
     cmd = " ".join(shlex.quote(a) for a in command)
     if ntasks == 1 and not label:
         return f"#!/bin/bash\nexport SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0\n{cmd}\n"
-    run = f'{cmd} > >(sed "s/^/$t: /") 2> >(sed "s/^/$t: /" >&2)' if label else cmd
+    # Pipes, not process substitutions: bash's wait would not wait for a substitution's
+    # sed, so a task's last labelled line could be lost when the job ended first.
+    run = (f'set -o pipefail; {{ {cmd} 2>&1 1>&3 3>&- | sed "s/^/$t: /" >&2 3>&-; }} 3>&1 | sed "s/^/$t: /"'
+           if label else cmd)
     return ("#!/bin/bash\npids=()\n"
             f"for t in $(seq 0 {ntasks - 1}); do\n"
-            f"  (export SLURM_PROCID=$t SLURM_LOCALID=$t SLURM_NODEID=0; {run}; rc=$?; wait; exit $rc) &\n"
+            f"  (export SLURM_PROCID=$t SLURM_LOCALID=$t SLURM_NODEID=0; {run}) &\n"
             "  pids+=($!)\ndone\nrc=0\n"
             'for p in "${pids[@]}"; do wait "$p"; r=$?; [ "$r" -gt "$rc" ] && rc=$r; done\nexit $rc\n')
 
