@@ -196,6 +196,7 @@ class Settings(BaseModel):
     local_memory_mb: int = Field(default_factory=_total_memory_mb, ge=64, description="Memory (MB) of the local backend.")
     local_max_walltime_s: int = Field(7 * 86400, ge=1, description="Longest walltime the local backend accepts.")
     local_keep_days: float = Field(30.0, gt=0, description="How long the local backend keeps an ended job's directory (its output); the job's record stays in the database.")
+    audit_segment_mb: float = Field(64.0, gt=0, description="The audit chain's live file is closed as a segment (audit-<first record>.jsonl) once it passes this size; the chain runs on across segments and 'corral audit verify' walks them all. Archive old segments together: verify needs every one.")
     log_level: str = Field("INFO", description="Python logging level of the gateway.")
     default_lane: Literal["batch", "fast", "auto"] = Field("batch", description="Lane of a submission that names none: 'batch' (the scheduler), 'fast' (warm pool) or 'auto'.")
     fastlane: FastLaneSettings = Field(default_factory=FastLaneSettings)

@@ -72,7 +72,8 @@ class Service:
         self.metrics = metrics or Metrics()
         self.watchers = Watchers(self.metrics)
         self.lanes = Lanes(BackendLane(MeteredBackend(backend, self.metrics)))
-        self.audit = Audit(AuditLog(settings.home / "audit.jsonl", settings.home / "audit.key", db.audit_head()), db)
+        self.audit = Audit(AuditLog(settings.home / "audit.jsonl", settings.home / "audit.key", db.audit_head(),
+                                    segment_bytes=int(settings.audit_segment_mb * 1024 * 1024)), db)
         self.audit.repair()  # a torn final record (a crash, a full disk) cut off, and the cut recorded
         self.gate = Gate(settings.safety, settings.home, db, clock)
         self.credentials = Credentials(db, self.gate)

@@ -66,3 +66,47 @@ def test_the_chain_survives_a_restart(gateway: Gateway, tmp_path) -> None:
     code, out = _verify(gateway)
     assert code == 0 and "2 records" in out, out
     assert oct(Path(gateway.home / "audit.key").stat().st_mode & 0o777) == "0o600"
+
+
+def test_segments_rotate_and_the_chain_runs_across_them(tmp_path) -> None:
+    from .conftest import running
+
+    with running(tmp_path, CORRAL_AUDIT_SEGMENT_MB="0.0005") as gw:  # ~500 B: a segment every 2 records
+        with gw.http() as h:
+            for _ in range(6):
+                assert h.post("/v1/jobs", json={"command": "true", "workdir": str(tmp_path)}).status_code == 201
+        segments = sorted(gw.home.glob("audit-*.jsonl"))
+        assert len(segments) >= 2, segments
+        code, out = _verify(gw)
+        assert code == 0 and "6 records" in out, out
+        # a segment's name is its first record, and the next segment starts where it ends
+        firsts = [int(p.name[6:18]) for p in segments]
+        assert firsts[0] == 1 and firsts == sorted(firsts)
+        found = gw.cli("audit", "search", "--home", str(gw.home), "--action", "submit").stdout.splitlines()
+        assert len(found) == 6  # search reads every segment, not only the live file
+        cp = gw.cli("analyze", str(gw.home / "audit.jsonl"), "--json")
+        assert cp.returncode == 0 and json.loads(cp.stdout)["source"]["jobs"] == 6, cp.stdout + cp.stderr
+        gw.kill(signal.SIGKILL)  # start-up finds the head in the newest file and chains on from it
+        gw.start()
+        with gw.http() as h:
+            assert h.post("/v1/jobs", json={"command": "true", "workdir": str(tmp_path)}).status_code == 201
+        code, out = _verify(gw)
+        assert code == 0 and "7 records" in out, out
+
+        segments = sorted(gw.home.glob("audit-*.jsonl"))
+        middle = segments[1]
+        saved = middle.read_bytes()
+        middle.unlink()
+        code, out = _verify(gw)
+        assert code == 1 and "were dropped" in out and "a segment before" in out, out
+        middle.write_bytes(saved.replace(b'"decision":"allow"', b'"decision":"deny"', 1))
+        code, out = _verify(gw)
+        assert code == 1 and f"{middle.name}, line 1" in out and "was edited" in out, out
+        middle.write_bytes(saved)
+        first = segments[0]
+        saved_first = first.read_bytes()
+        first.unlink()  # the oldest segment removed: records 1.. are missing, which verify says
+        code, out = _verify(gw)
+        assert code == 1 and "records 1.." in out, out
+        first.write_bytes(saved_first)
+        assert _verify(gw)[0] == 0

@@ -391,7 +391,11 @@ def _audit(path: Path) -> Ingested:
     is known. It has no run times: shares of users and submissions, rates and the
     heatmap come out; core-hours need an accounting export."""
     ing = Ingested(pl.DataFrame(), str(path), "audit")
-    lines = _lines(path)
+    # the live file of a rotated chain: its closed segments beside it are the older records
+    older = sorted(path.parent.glob(f"{path.stem}-[0-9]*{path.suffix}")) if path.name == "audit.jsonl" else []
+    lines = pl.concat([_lines(p) for p in [*older, path] if p is path or p.stat().st_size])
+    if older:
+        ing.notes.append(f"read {len(older) + 1} segments of the chain ({older[0].name} onwards)")
     ing.rows_read = lines.height
     rec = pl.col("line").str.splitn(" ", 2).struct.field("field_1").str.json_decode(_AUDIT)
     df = lines.with_columns(rec.alias("r")).unnest("r")

@@ -8,7 +8,14 @@ from there on, and cannot mend it without the key. The newest (seq, mac) is also
 in the database, so a cut-off tail is caught too. Verification needs no JSON parsing
 (only the line that breaks is read, to say how), which keeps it at hundreds of
 thousands of records a second.
+
+Retention: once the live file passes ``segment_bytes`` it is closed as a segment
+named by its first record (``audit-000000000001.jsonl``) and a new live file begins.
+The chain runs on across files (a segment's first record is sealed over the previous
+segment's last mac), so verify walks the segments in order and a removed, reordered
+or edited segment is a break like any other; start-up reads only the live file's tail.
 """
+
 
 from __future__ import annotations
 
@@ -41,11 +48,14 @@ class Problem:
     line: int
     seq: int | None
     what: str
+    file: str = ""
 
 
 class AuditLog:
-    def __init__(self, path: Path, key_path: Path, head: tuple[int, str] | None = None) -> None:
+    def __init__(self, path: Path, key_path: Path, head: tuple[int, str] | None = None,
+                 segment_bytes: int | None = None) -> None:
         self.path = path
+        self.segment_bytes = segment_bytes
         self.key = self._key(key_path)
         self._lock = threading.Lock()
         tail = self._tail()
@@ -63,12 +73,19 @@ class AuditLog:
                 f.write(secrets.token_hex(32))
         return bytes.fromhex(path.read_text().strip())
 
+    def segments(self) -> list[Path]:
+        """The chain's files, oldest first: the closed segments, then the live file."""
+        closed = sorted(self.path.parent.glob(f"{self.path.stem}-[0-9]*{self.path.suffix}"))
+        return closed + ([self.path] if self.path.exists() else [])
+
     def _tail(self) -> tuple[int, str]:
-        """The last good record's (seq, mac), read from the end of the file."""
-        if not self.path.exists() or self.path.stat().st_size == 0:
+        """The last good record's (seq, mac), read from the end of the newest file."""
+        files = [f for f in self.segments() if f.stat().st_size > 0]
+        if not files:
             return 0, GENESIS
-        with open(self.path, "rb") as f:
-            f.seek(max(0, self.path.stat().st_size - 65536))
+        last = files[-1]
+        with open(last, "rb") as f:
+            f.seek(max(0, last.stat().st_size - 65536))
             lines = f.read().splitlines()
         for raw in reversed(lines):
             mac, _, body = raw.decode("utf-8", "replace").partition(" ")
@@ -107,7 +124,26 @@ class AuditLog:
             finally:
                 os.close(fd)
             self.seq, self.mac = seq, mac
+            if self.segment_bytes and size + len(data) >= self.segment_bytes:
+                self._rotate()
             return seq, mac
+
+    def _rotate(self) -> None:
+        """Close the live file as a segment named by its first record. Only whole
+        records are in it (a failed write was cut back), so a segment never ends torn."""
+        with open(self.path, "rb") as f:
+            first = f.readline().partition(b" ")[2]
+        try:
+            n = int(json.loads(first)["seq"])
+        except (ValueError, KeyError):
+            return  # not a record we wrote: left in place for verify to report
+        os.rename(self.path, self.path.with_name(f"{self.path.stem}-{n:012d}{self.path.suffix}"))
+        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))  # the documented path always exists
+        dfd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)  # the rename survives a crash: the records are never in neither file
+        finally:
+            os.close(dfd)
 
     def repair(self) -> dict[str, Any] | None:
         """At start, before anything is appended: a torn final record (the bytes after the
@@ -137,26 +173,33 @@ class AuditLog:
 
     def verify(self, head: tuple[int, str] | None = None) -> tuple[int, list[Problem]]:
         """-> (records read, problems): the first break in the chain, said where and how."""
-        prev, n, expected, at_head = GENESIS, 0, 1, ""
+        prev, n, total, expected, at_head = GENESIS, 0, 0, 1, ""
         problems: list[Problem] = []
-        if not self.path.exists():
+        files = self.segments()
+        if not files:
             return 0, ([Problem(0, None, "the audit log is missing")] if head and head[0] else [])
-        with open(self.path, encoding="utf-8", errors="replace") as f:
-            for n, raw in enumerate(f, 1):
-                mac, _, body = raw.rstrip("\n").partition(" ")
-                if hmac.compare_digest(mac, self._sign(prev, body)):
-                    if head and expected == head[0]:
-                        at_head = mac
-                    prev, expected = mac, expected + 1
-                    continue
-                later = set()
-                for rest in f:  # only now, at the break, are the records read for their numbers
-                    try:
-                        later.add(int(json.loads(rest.partition(" ")[2])["seq"]))
-                    except (ValueError, KeyError, TypeError):
+        for path in files:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for n, raw in enumerate(f, 1):
+                    mac, _, body = raw.rstrip("\n").partition(" ")
+                    if hmac.compare_digest(mac, self._sign(prev, body)):
+                        if head and expected == head[0]:
+                            at_head = mac
+                        prev, expected, total = mac, expected + 1, total + 1
                         continue
-                problems.append(self._diagnose(n, body, expected, prev, mac, later))
-                return n, problems
+                    later = set()
+                    for rest in f:  # only now, at the break, are the records read for their numbers
+                        try:
+                            later.add(int(json.loads(rest.partition(" ")[2])["seq"]))
+                        except (ValueError, KeyError, TypeError):
+                            continue
+                    problem = self._diagnose(n, body, expected, prev, mac, later)
+                    problem.file = path.name
+                    if n == 1 and path != files[0] and problem.seq is not None and problem.seq > expected:
+                        problem.what += f" (a segment before {path.name} is missing)"
+                    problems.append(problem)
+                    return total + 1, problems
+        n = total
         if head and head[0] and expected - 1 < head[0]:
             problems.append(Problem(n, expected - 1, f"the log ends at record {expected - 1} but the gateway "
                                                      f"recorded {head[0]}: records were cut off the end"))
@@ -181,14 +224,13 @@ class AuditLog:
         return Problem(line, seq, f"record {seq} is out of order or inserted here (expected {expected})")
 
     def records(self) -> Iterator[dict[str, Any]]:
-        if not self.path.exists():
-            return
-        with open(self.path, encoding="utf-8", errors="replace") as f:
-            for raw in f:
-                try:
-                    yield json.loads(raw.partition(" ")[2])
-                except ValueError:
-                    continue
+        for path in self.segments():
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for raw in f:
+                    try:
+                        yield json.loads(raw.partition(" ")[2])
+                    except ValueError:
+                        continue
 
 
 _recording: contextvars.ContextVar[bool] = contextvars.ContextVar("corral_audit_recording", default=False)

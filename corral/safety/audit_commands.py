@@ -48,12 +48,13 @@ _home = click.option("--home", type=click.Path(path_type=Path), help="Gateway st
 @_home
 @click.pass_context
 def verify(ctx: click.Context, home: Path | None) -> None:
-    """Check the whole chain; say where and how it was edited, cut, reordered or extended."""
+    """Check the whole chain, every segment in order; say where and how it was edited,
+    cut, reordered or extended."""
     log, head = _open(home)
     n, problems = log.verify(head)
     if problems:
         for p in problems:
-            click.echo(f"line {p.line} (record {p.seq}): {p.what}", err=True)
+            click.echo(f"{p.file + ', ' if p.file else ''}line {p.line} (record {p.seq}): {p.what}", err=True)
         ctx.exit(1)
     click.echo(f"ok: {n:,} records, chain intact up to record {head[0] if head else 0}")
 
