@@ -116,12 +116,25 @@ class WaitIn(BaseModel):
     timeout: Seconds = Field(60.0, description="Seconds to wait at most.")
 
 
+_ARRAY_SYNTAX = r"^[0-9]{1,7}(-[0-9]{1,7}(:[1-9][0-9]{0,6})?)?(,[0-9]{1,7}(-[0-9]{1,7}(:[1-9][0-9]{0,6})?)?)*$"
+"""Slurm's --array syntax, for the schema (a throttle, %N, is refused by name)."""
+
+
+_IDEMPOTENCY_KEY = Header(None, description="1-200 characters, unique per request (a UUID is a good key): a retry "
+                                               "with the same key and body returns the first answer (200); the same "
+                                               "key with another body is refused (409).",
+                          json_schema_extra={"minLength": 1, "maxLength": 200})
+
+
 class BatchIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
     jobs: list[JobSpec] = Field(min_length=1, max_length=1000, description="The jobs, each as POST /v1/jobs takes it.")
-    array: str | None = Field(None, max_length=200, description="Slurm's --array syntax ('0-9', '1,3,5', '0-99:2'): "
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
+        {"required": ["array"], "properties": {"array": {"type": "string"}, "jobs": {"maxItems": 1}}},
+        {"properties": {"array": {"type": "null"}}}]})
+    array: str | None = Field(None, max_length=200, json_schema_extra={"pattern": _ARRAY_SYNTAX},
+                              description="Slurm's --array syntax ('0-9', '1,3,5', '0-99:2'): "
                               "jobs holds one spec, run once per index, the index in $CORRAL_ARRAY_TASK_ID "
-                              "(and $SLURM_ARRAY_TASK_ID).")
+                              "(and $SLURM_ARRAY_TASK_ID). A range goes low-high; at most 1,000 tasks.")
 
     @model_validator(mode="after")
     def _expand(self) -> "BatchIn":
@@ -445,7 +458,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     @app.post("/v1/jobs", status_code=201, tags=["jobs"], responses={201: {"model": JobOut}, 200: {"model": JobOut, "description": "an idempotent replay, or a cache hit: nothing new was made"}})
     async def submit(
         spec: JobSpec, c: Caller = Depends(caller),
-        idempotency_key: str | None = Header(None),
+        idempotency_key: str | None = _IDEMPOTENCY_KEY,
     ) -> Response:
         jobs, created = await service.submit(c, [spec], idempotency_key)
         return ok({**jobs[0].to_dict(), "created": created}, 201 if created else 200)
@@ -466,7 +479,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
 
     @app.post("/v1/jobs/batch", status_code=201, tags=["jobs"], responses={201: {"model": BatchOut}, 200: {"model": BatchOut, "description": "an idempotent replay, or a cache hit: nothing new was made"}})
     async def submit_batch(body: BatchIn, c: Caller = Depends(caller),
-                           idempotency_key: str | None = Header(None)) -> Response:
+                           idempotency_key: str | None = _IDEMPOTENCY_KEY) -> Response:
         """Up to 1,000 jobs in one request: all are checked before any is recorded. With an
         `Idempotency-Key`, a retry of the same request returns the same jobs (200)."""
         jobs, created = await service.submit(c, body.jobs, idempotency_key)
@@ -563,7 +576,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     async def facility(c: Caller = Depends(caller)) -> Response:
         return ok(await service.facility(c))
 
-    app.openapi = lambda: document(app)  # type: ignore[method-assign]
+    app.openapi = lambda: document(app, service)  # type: ignore[method-assign]
     return app
 
 
@@ -580,9 +593,10 @@ ERRORS = {"400": "the request is invalid: the message names the field and the li
 PUBLIC = {"/healthz", "/metrics", "/v1/tokens/public-key", "/openapi.json", "/docs"}
 
 
-def document(app: FastAPI) -> dict[str, Any]:
+def document(app: FastAPI, service: Service | None = None) -> dict[str, Any]:
     """The OpenAPI the server keeps to: 400 (not FastAPI's 422) for invalid input, every
-    error status the routes send in the one error shape, 200 for idempotent replays."""
+    error status the routes send in the one error shape, 200 for idempotent replays; a
+    job's sizes bounded by this facility's largest partition, its partitions named."""
     if app.openapi_schema:
         return app.openapi_schema
     from fastapi.openapi.utils import get_openapi
@@ -599,5 +613,22 @@ def document(app: FastAPI) -> dict[str, Any]:
                 responses.setdefault(code, {"description": ERRORS[code], **ref})
     for schema in ("HTTPValidationError", "ValidationError"):
         spec["components"]["schemas"].pop(schema, None)
+    if service is not None:
+        _facility_bounds(spec, service)
     app.openapi_schema = spec
     return spec
+
+
+def _facility_bounds(spec: dict[str, Any], service: Service) -> None:
+    """What this facility can run at most, in the schema of a job (the policy may allow
+    a principal less; its refusal names the limit)."""
+    parts = service.lanes.batch.partitions()
+    job = next((v for k, v in spec["components"]["schemas"].items() if k.startswith("JobSpec")), None)
+    if not parts or job is None:
+        return
+    props = job["properties"]
+    props["cpus"]["maximum"] = max(p.max_cpus for p in parts)
+    props["gpus"]["maximum"] = max(p.max_gpus for p in parts)
+    props["memory"]["anyOf"][0]["maximum"] = max(p.max_memory_mb for p in parts)
+    props["walltime"]["anyOf"][0]["maximum"] = max(p.max_walltime_s for p in parts)
+    props["partition"]["anyOf"][0]["enum"] = sorted(p.name for p in parts)

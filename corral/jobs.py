@@ -126,6 +126,15 @@ Seconds = Annotated[int, BeforeValidator(_text_cached(_walltime))]
 _NAME_RE = r"^[A-Za-z0-9_.+-]{1,64}$"
 
 
+def _whole(value: Any) -> Any:
+    # JSON has one number type: 2.0 is the whole number 2 (JSON Schema's integer says so
+    # too), while true, 2.5 and "2" stay refused.
+    return int(value) if type(value) is float and value.is_integer() and abs(value) < 1e18 else value
+
+
+Whole = Annotated[int, BeforeValidator(_whole)]
+
+
 MAX_INT = 2**63 - 1
 """The largest id, offset or count corral takes: SQLite's INTEGER, and a file offset."""
 MAX_DEPENDENCIES = 100
@@ -164,10 +173,56 @@ def _check_path(path: str, what: str) -> None:
         raise ValueError(f"{what} is too long: at most 4096 characters, 255 bytes a component")
 
 
+_TEXT = "^[^\\u0000]*$"
+"""JSON Schema for text without NUL (corral refuses it, and a lone surrogate: no file or
+database keeps them; a surrogate range here made schemathesis drop the whole pattern)."""
+MAX_WALLTIME_S = 366 * 86400
+MAX_MEMORY_MB = 64 * 1024 * 1024
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _spec_schema(schema: dict[str, Any]) -> None:
+    """The documented schema says what the validators accept, so that a client (and a
+    generator such as schemathesis) can build a valid job from it: exactly one of command
+    and script, the text and size rules, and the units of memory and walltime."""
+    props = schema["properties"]
+
+    def put(name: str, rule: dict[str, Any]) -> None:
+        keep = {k: props[name][k] for k in ("description", "title", "default") if k in props[name]}
+        props[name] = {**rule, **keep}
+
+    put("command", _nullable({"type": "string", "minLength": 1, "maxLength": MAX_COMMAND, "pattern": _TEXT}))
+    put("script", _nullable({"type": "string", "minLength": 1, "maxLength": MAX_SCRIPT, "pattern": _TEXT}))
+    path = {"type": "string", "pattern": "^/[^\\u0000]*$", "maxLength": 4096}
+    put("workdir", _nullable(path))
+    put("inputs", _nullable({"type": "array", "items": path, "maxItems": 256}))
+    put("env", {"type": "object", "maxProperties": MAX_ENV_VARS,
+                "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]{0,255}$"},
+                "additionalProperties": {"type": "string", "maxLength": MAX_ENV_VALUE, "pattern": _TEXT}})
+    put("labels", {"type": "object", "maxProperties": 32,
+                   "propertyNames": {"minLength": 1, "maxLength": 64, "pattern": _TEXT},
+                   "additionalProperties": {"type": "string", "maxLength": 256, "pattern": _TEXT}})
+    put("memory", {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_MEMORY_MB},
+                             {"type": "string", "pattern": "^([1-9][0-9]{0,6}[Mm]?|[1-9][0-9]{0,3}[Gg]|[1-9][Tt]|[1-5][0-9][Tt]|6[0-4][Tt])$"}]})
+    put("walltime", {"anyOf": [
+        {"type": "integer", "minimum": 1, "maximum": MAX_WALLTIME_S},
+        {"type": "string", "pattern": "^([1-9][0-9]{0,3}[sm]|[1-9][0-9]{0,2}h|[1-9][0-9]?d|[12][0-9]{2}d|3[0-5][0-9]d|36[0-6]d|"
+                                      "[0-9]{1,2}:[0-5][0-9]:[0-5][0-9]|[1-9]-[0-9]{1,2}:[0-5][0-9]:[0-5][0-9])$"}]})
+    for dep in ("after_ok", "after_any"):
+        props[dep]["anyOf"][0]["uniqueItems"] = True
+    schema["anyOf"] = [{"required": ["command"], "properties": {"command": {"type": "string"},
+                                                                "script": {"type": "null"}}},
+                       {"required": ["script"], "properties": {"script": {"type": "string"},
+                                                               "command": {"type": "null"}}}]
+
+
 class JobSpec(BaseModel):
     """What a caller asks to run. Unknown fields are refused, not ignored."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_spec_schema)
 
     command: str | None = Field(None, description="A shell command line, run with bash -c (at most 64 KiB).",
                                 max_length=MAX_COMMAND)
@@ -175,9 +230,9 @@ class JobSpec(BaseModel):
                                max_length=MAX_SCRIPT)
     workdir: str | None = Field(None, description="Absolute working directory; must exist. Default: corral's job directory.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
-    cpus: int = Field(1, ge=1, le=100_000, strict=True, description="CPU cores (a whole number; true is not 1).")
+    cpus: Whole = Field(1, ge=1, le=100_000, strict=True, description="CPU cores (a whole number; true is not 1).")
     memory_mb: MemoryMB = Field(1024, alias="memory", description="Memory: '512M', '4G' or MB as a number.")
-    gpus: int = Field(0, ge=0, le=1024, strict=True, description="GPUs (a whole number).")
+    gpus: Whole = Field(0, ge=0, le=1024, strict=True, description="GPUs (a whole number).")
     walltime_s: Seconds = Field(3600, alias="walltime", description=(
         "Time limit with its unit: '90s', '30m', '2h', '1d', Slurm's 'HH:MM:SS' or 'D-HH:MM:SS', or a JSON "
         "number of seconds. A string of bare digits is refused (Slurm reads minutes there, a program seconds)."))
@@ -230,7 +285,7 @@ class JobSpec(BaseModel):
     def _one_of_command_or_script(self) -> "JobSpec":
         if bool(self.command) == bool(self.script):
             raise ValueError("give exactly one of 'command' (a shell line) or 'script' (a job script)")
-        if self.walltime_s > 366 * 86400:
+        if self.walltime_s > MAX_WALLTIME_S:
             raise ValueError("walltime over a year is not a request any facility can meet; ask for less")
         if self.memory_mb > 1024 * 1024 * 64:
             raise ValueError("memory over 64T is not a request any node can meet; ask for less")

@@ -42,3 +42,31 @@ def test_schemathesis_finds_no_5xx_and_nothing_undocumented(gateway: Gateway, pe
     tail = "\n".join(lines[errors:errors + 40] + ["..."] + lines[-40:])
     assert cp.returncode == 0, tail
     assert " passed" in tail and "failed" not in tail.split("Test cases:")[-1], tail
+
+
+def test_generated_submissions_are_mostly_accepted(gateway: Gateway, tmp_path) -> None:
+    """The schema of a job states what the gateway accepts (one of command or script, text
+    without NUL, absolute paths, sizes with their units, this facility's largest node), so
+    valid jobs generated from it are mostly accepted. What the schema cannot know stays a
+    clear refusal: a directory, image, workspace or parent job that does not exist, a
+    repeat of a job that failed. A generator reusing an Idempotency-Key with another body
+    is refused (409) by design, and those bodies are left out of the count."""
+    import json
+
+    st = Path(sys.executable).with_name("st")
+    har = tmp_path / "run.har"
+    cp = subprocess.run(
+        [str(st), "run", f"{gateway.url}/openapi.json", "-H", f"Authorization: Bearer {gateway.admin_token}",
+         "-c", "not_a_server_error", "-n", "40", "--phases", "fuzzing", "-m", "positive", "--generation-deterministic",
+         "--include-path", "/v1/jobs", "--workers", "1", "--no-color", "--request-timeout", "30",
+         "--report", "har", "--report-har-path", str(har)],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert cp.returncode == 0, cp.stdout[-3000:]
+    answers = [(e["response"]["status"], e["response"]["content"].get("text", ""))
+               for e in json.loads(har.read_text())["log"]["entries"]
+               if e["request"]["method"] == "POST" and e["request"]["url"].endswith("/v1/jobs")]
+    decided = [(code, text) for code, text in answers if not (code == 409 and "idempotency key" in text)]
+    accepted = [code for code, _ in decided if code in (200, 201)]
+    assert len(decided) >= 15, answers
+    assert len(accepted) > len(decided) / 2, [t[:160] for c, t in decided if c >= 400]
+    assert all('"message"' in text for code, text in decided if code >= 400)  # every refusal says why
