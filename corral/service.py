@@ -44,7 +44,7 @@ from .safety.credentials import Credentials
 from .safety.gate import Gate, budgets, job_resource, job_text
 from .sandbox import Sandbox
 from . import workdirs
-from .identity import Identities
+from .identity import Identities, Identity
 from .storage.verbs import StorageVerbs, scratch_dir
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ class Service:
         scratch = scratch_dir(settings.storage, settings.home)
         self.sender.needed_dirs = [scratch / sub for sub in ("workspaces", "trees", "uv-cache")]
         self.storage = StorageVerbs(settings.storage, settings.home, db, self.lanes, self.sender, self.audit, sandbox,
-                                    self.metrics)
+                                    self.metrics, owner=self.identity_of)
         """Environment images, workspaces, metadata accounting (corral/storage/)."""
         self.progress.ends.append(self.storage)
         if settings.fastlane.enabled:
@@ -238,12 +238,19 @@ class Service:
                            "a retry must send the same body", hint="use a new key for a new request")
         return earlier
 
+    def identity_of(self, caller: Caller) -> Identity | None:
+        """The identity ``caller``'s jobs run as (corral/identity.py); None: the gateway's."""
+        p = caller.principal
+        kind = p.kind.value
+        contained = self.sandbox is not None and self.sandbox.applies(kind)
+        return self.identities.of(p.name, p.unix_user, p.is_admin, contained, kind == "service") \
+            if self.identities else None
+
     def _check_workdir(self, caller: Caller, workdir: str, only_writable: bool = False) -> None:
         p = caller.principal
         kind = p.kind.value
         contained = self.sandbox is not None and self.sandbox.applies(kind)
-        ident = self.identities.of(p.name, p.unix_user, p.is_admin, contained, kind == "service") \
-            if self.identities else None
+        ident = self.identity_of(caller)
         hidden = self.sandbox.hidden_from(kind, p.unix_user) if contained and self.sandbox is not None else []
         if only_writable:
             workdirs.check_writable(workdir, ident)

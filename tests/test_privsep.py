@@ -396,3 +396,51 @@ def test_a_gateway_run_as_a_service_account(project: Path) -> None:
         time.sleep(0.5)
         subprocess.run(["userdel", "-r", name], capture_output=True)
         shutil.rmtree(f"/tmp/{name}", ignore_errors=True)
+
+
+def test_an_agents_job_writes_its_trial_workspace(gw: Gateway, project: Path) -> None:
+    """A workspace forked by an agent is written by the agent's jobs (as the agent's
+    identity), and its diff shows the writes; another agent's job cannot use it."""
+    t = tokens(gw, ("bot1", "alice"), ("bot2", "carol"))
+    (project / "README").write_text("base\n")
+    (project / "README").chmod(0o666)  # the project's files are the agent's to write, as in its project
+    (project / "locked").write_text("root's\n")  # and this one is not, in the workspace as in the project
+    with gw.http(t["bot1"]) as h:
+        r = h.post("/v1/workspaces", json={"base": str(project)})
+        assert r.status_code == 201, r.text
+        ws = r.json()["workspace"]
+    job = run(gw, t["bot1"], {"command": "id -u; echo new > made.txt; echo more >> README; stat -c %u made.txt; "
+                                         "echo no >> locked || echo LOCKED", "workspace": ws})
+    assert job["state"] == "COMPLETED", (job["reason"], job["out"], job["err"])
+    uid, owner, locked = job["out"].split()
+    assert uid == owner and DYNAMIC[0] <= int(uid) <= DYNAMIC[1] and locked == "LOCKED", job["out"]
+    with gw.http(t["bot1"]) as h:
+        diff = h.get(f"/v1/workspaces/{ws}/diff").json()
+    changed = json.dumps(diff)
+    assert "made.txt" in changed and "README" in changed, diff
+    assert (project / "README").read_text() == "base\n"  # the base is untouched until a commit
+    other = submit(gw, t["bot2"], {"command": "echo x > stolen.txt", "workspace": ws})
+    assert other.status_code in (400, 403, 404), other.text
+
+
+def test_an_agent_writes_a_workspace_forked_at_a_git_revision(gw: Gateway, project: Path) -> None:
+    """A revision's tree is extracted by corral (root): it belongs to the trial's identity,
+    so the agent's job writes it as its own checkout."""
+    t = tokens(gw, ("bot1", "alice"))
+    git = ["git", "-C", str(project), "-c", "user.name=t", "-c", "user.email=t@x"]
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    (project / "src").mkdir()
+    (project / "src" / "main.py").write_text("print(1)\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    with gw.http(t["bot1"]) as h:
+        r = h.post("/v1/workspaces", json={"base": str(project), "rev": "HEAD"})
+        assert r.status_code == 201, r.text
+        ws = r.json()["workspace"]
+    job = run(gw, t["bot1"], {"command": "echo 'print(2)' > src/main.py && echo new > src/extra.py && id -u",
+                              "workspace": ws})
+    assert job["state"] == "COMPLETED", (job["reason"], job["out"], job["err"])
+    with gw.http(t["bot1"]) as h:
+        changed = json.dumps(h.get(f"/v1/workspaces/{ws}/diff").json())
+    assert "src/main.py" in changed and "src/extra.py" in changed, changed
+    assert (project / "src" / "main.py").read_text() == "print(1)\n"

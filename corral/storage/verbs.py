@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from ..control.metrics import Metrics
     from ..control.sender import Sender
     from ..db import Database
+    from ..identity import Identity
     from ..lanes import Lanes
     from ..safety.audit import Audit
     from ..sandbox import Sandbox
@@ -50,14 +51,15 @@ def scratch_dir(settings: StorageSettings, home: Path) -> Path:
 
 class StorageVerbs:
     def __init__(self, settings: StorageSettings, home: Path, db: "Database", lanes: "Lanes", sender: "Sender",
-                 audit: "Audit", sandbox: "Sandbox | None" = None, metrics: "Metrics | None" = None) -> None:
+                 audit: "Audit", sandbox: "Sandbox | None" = None, metrics: "Metrics | None" = None,
+                 owner: "Callable[[Caller], Identity | None] | None" = None) -> None:
         self.settings, self.db, self.lanes, self.audit, self.metrics = settings, db, lanes, audit, metrics
         self.scratch = scratch_dir(settings, home)
         self.store = Store(db.path)
         self.images = Images(settings, home, self.scratch, db, self.store, lanes, sender)
         hidden = (lambda c: sandbox.hidden_from(c.principal.kind.value, c.principal.unix_user)) \
             if sandbox is not None else (lambda c: [])
-        self.workspaces = Workspaces(settings, self.scratch, self.store, hidden)
+        self.workspaces = Workspaces(settings, self.scratch, self.store, hidden, owner or (lambda c: None))
         self.shared = [os.path.normpath(str(p)) for p in settings.shared_paths]
         self.pending: set[asyncio.Task[None]] = set()
 

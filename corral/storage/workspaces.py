@@ -38,6 +38,7 @@ from . import mounts
 
 if TYPE_CHECKING:
     from ..config import StorageSettings
+    from ..identity import Identity
     from .store import Store
 
 MIN_FREE_MB = 64
@@ -131,9 +132,12 @@ def _same(a: Path, b: Path) -> bool:
 
 class Workspaces:
     def __init__(self, settings: "StorageSettings", scratch: Path, store: "Store",
-                 hidden: "Callable[[Caller], Sequence[Path]]" = lambda c: ()) -> None:
-        self.settings, self.store, self.hidden = settings, store, hidden
-        """``hidden(caller)``: paths the caller's jobs see empty (the sandbox's), never forked."""
+                 hidden: "Callable[[Caller], Sequence[Path]]" = lambda c: (),
+                 owner: "Callable[[Caller], Identity | None]" = lambda c: None) -> None:
+        self.settings, self.store, self.hidden, self.owner = settings, store, hidden, owner
+        """``hidden(caller)``: paths the caller's jobs see empty (the sandbox's), never forked.
+        ``owner(caller)``: the identity the caller's jobs run as (None: the gateway's), who
+        owns a revision's exported tree, so that the trial's jobs can write it."""
         self.root = scratch / "workspaces"
         self.trees = scratch / "trees"
 
@@ -171,7 +175,7 @@ class Workspaces:
                                  f"at least {MIN_FREE_MB}); discard workspaces you no longer need "
                                  "(corral workspace list), or ask the admin to free [storage] scratch")
         if rev is not None:
-            lower = self._export(b, rev)
+            lower = self._export(b, rev, self.owner(caller))
             meta: dict[str, Any] = {"lower": str(lower)}
         else:
             lower = b
@@ -192,14 +196,17 @@ class Workspaces:
                        now + self.settings.workspace_ttl_s))
         return self.describe(caller, ws_id) | {"why": m.why}
 
-    def _export(self, repo: Path, rev: str) -> Path:
+    def _export(self, repo: Path, rev: str, owner: "Identity | None" = None) -> Path:
+        """The files of ``rev``, extracted once per commit and identity. The tree belongs
+        to the identity the trial's jobs run as (a checkout of one's own), so that they can
+        write it through the overlay; one identity's tree is never another's lower layer."""
         # Read (never written) as the gateway's user: a repository of someone else's is no "dubious ownership".
         git = ["git", "-c", "safe.directory=*", "-C", str(repo)]
         r = proc.run([*git, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], timeout=30, check=False)
         if r.returncode != 0:
             raise InvalidRequest(f"{rev!r} is not a commit of the git repository {repo}; name a branch, tag or hash")
         commit = r.stdout.strip()
-        tree = self.trees / commit
+        tree = self.trees / (commit if owner is None else f"{commit}-{owner.uid}")
         if not tree.is_dir():
             tmp = self.trees / f".{commit}.{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
@@ -209,6 +216,12 @@ class Workspaces:
             with tarfile.open(archive, mode="r:") as tf:
                 tf.extractall(tmp, filter="tar")
             archive.unlink()
+            if owner is not None:
+                # Extracted by corral, not yet seen by any job: nothing in it is an agent's link.
+                for root, dirs, files in os.walk(tmp):
+                    for name in [*dirs, *files]:
+                        os.lchown(os.path.join(root, name), owner.uid, owner.gid)
+                os.lchown(tmp, owner.uid, owner.gid)
             try:
                 tmp.rename(tree)
             except OSError:
