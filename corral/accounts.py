@@ -6,6 +6,7 @@ authenticate -> check -> record."""
 from __future__ import annotations
 
 import os
+import pwd
 import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -94,6 +95,9 @@ class Accounts:
             account = account if account is not None else sp.account
         elif sponsor:
             raise InvalidRequest("only agents have sponsors; drop --sponsor for humans and services")
+        if unix_user and _uid(unix_user) == 0:
+            raise InvalidRequest(f"unix user {unix_user!r} is root: corral never runs a job as root",
+                                 hint="give the principal an unprivileged Unix user, or none")
         if self.db.get_principal(name) is not None:
             raise Conflict(f"principal {name!r} already exists")
         self.gate.check(caller, "manage", "Facility")
@@ -140,3 +144,10 @@ class Accounts:
     def token_public_key(self) -> str:
         """Hex of the key that verifies this gateway's tokens: what narrowing a token needs."""
         return self.gate.tokens.public_key.hex()
+
+
+def _uid(user: str) -> int | None:
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None

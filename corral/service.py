@@ -278,6 +278,8 @@ class Service:
         would use them: corral/workdirs.py), and the first preflight reads the
         cluster's limits (a slow controller must not stall every other request).
         -> the default partition (one thread hop for both: a single submission is hot)."""
+        if caller is not None:
+            self.identity_of(caller)  # a principal no job may run as (root) is refused here, not in a lane
         for i, spec in specs.items():
             with _prefixed(where(i)):
                 if spec.workdir is not None:

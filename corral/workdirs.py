@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import time
 import stat
 from pathlib import Path
 from typing import Iterable
@@ -38,8 +39,18 @@ NOT_WRITABLE = "is not writable by the identity this job runs as"
 TREES = ("/proc", "/sys", "/dev", "/run", "/etc", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib64")
 
 
-def _homes() -> set[str]:
-    return {os.path.realpath(u.pw_dir) for u in pwd.getpwall() if u.pw_dir not in ("", "/", "/nonexistent")}
+_HOMES: tuple[float, frozenset[str]] = (0.0, frozenset())
+
+
+def _homes() -> frozenset[str]:
+    """Every user's home, read at most once a minute: the user database is a file (or a
+    directory service) too slow to walk on every submission."""
+    global _HOMES
+    now = time.monotonic()
+    if now - _HOMES[0] > 60 or not _HOMES[1]:
+        _HOMES = (now, frozenset(os.path.realpath(u.pw_dir) for u in pwd.getpwall()
+                                 if u.pw_dir not in ("", "/", "/nonexistent")))
+    return _HOMES[1]
 
 
 def check(workdir: str, identity: Identity | None, state: Iterable[Path], hidden: Iterable[Path]) -> str:

@@ -444,3 +444,16 @@ def test_an_agent_writes_a_workspace_forked_at_a_git_revision(gw: Gateway, proje
         changed = json.dumps(h.get(f"/v1/workspaces/{ws}/diff").json())
     assert "src/main.py" in changed and "src/extra.py" in changed, changed
     assert (project / "src" / "main.py").read_text() == "print(1)\n"
+
+
+def test_no_principal_runs_as_root(gw: Gateway) -> None:
+    """Not even an admin can make a principal whose jobs would run as root: refused when
+    the principal is added (400, saying why), never later inside a lane."""
+    with gw.http() as h:
+        for body in ({"name": "rooty", "kind": "human", "unix_user": "root"},
+                     {"name": "svc", "kind": "service", "unix_user": "root"}):
+            r = h.post("/v1/principals", json=body)
+            assert r.status_code == 400 and "never runs a job as root" in r.json()["error"]["message"], r.text
+        assert h.post("/v1/principals", json={"name": "dana", "kind": "human"}).status_code == 201
+        r = h.post("/v1/principals", json={"name": "bot", "kind": "agent", "sponsor": "dana", "unix_user": "root"})
+        assert r.status_code == 400, r.text
