@@ -39,6 +39,9 @@ import threading
 import time
 from pathlib import Path
 
+IDENT = (61184, 61184) if os.geteuid() == 0 else None
+"""An agent's job runs as a dynamic identity of its own (corral/identity.py), as a root gateway runs it."""
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
@@ -89,7 +92,7 @@ class Warm:
 
     def __init__(self, box: Sandbox, work: str, log: Path) -> None:
         self.box, self.work, self.log = box, work, log
-        self.host = Host(box, ("agent", None, "bench", work), log)
+        self.host = Host(box, ("agent", None, "bench", work, IDENT), log)
         self.n = 0
         self.rebuilt = 0
         """Times a task ended its own sandbox (`kill -9 -1` reaches the host, its user's):
@@ -113,7 +116,7 @@ class Warm:
                         status = m["status"]
                 if self.host.ended:
                     self.host.close()
-                    self.host = Host(self.box, ("agent", None, "bench", self.work), self.log)
+                    self.host = Host(self.box, ("agent", None, "bench", self.work, IDENT), self.log)
                     self.rebuilt += 1
                     break
             f.seek(0)
@@ -151,8 +154,8 @@ def as_job_user() -> list[str]:
     """Bare, but as the job's user and without the network (as the sandbox's default):
     "broken" then counts what the sandbox's files and processes break, not the network,
     which it cuts on purpose (the egress allow-list is what lets pip reach a mirror)."""
-    if os.geteuid() == 0:
-        return ["unshare", "--net", "--", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    if IDENT is not None:
+        return ["unshare", "--net", "--", "setpriv", f"--reuid={IDENT[0]}", f"--regid={IDENT[1]}", "--clear-groups"]
     return ["unshare", "--user", "--net", "--map-current-user", "--"]
 
 
@@ -163,7 +166,7 @@ def agent_commands(box: Sandbox, n: int) -> tuple[int, list[str]]:
     broken = []
     for cmd in rows:
         codes = []
-        for wrap in (lambda a, w: as_job_user() + a, lambda a, w: box.wrap("agent", a, w)):
+        for wrap in (lambda a, w: as_job_user() + a, lambda a, w: box.wrap("agent", a, w, ident=IDENT)):
             work = fresh_dir()
             try:
                 r = subprocess.run(wrap(["bash", "-c", cmd], work), cwd=work, capture_output=True, text=True,
@@ -239,7 +242,7 @@ def main() -> None:
         for _ in range(runs):
             for arm, start in ((bare, lambda: subprocess.run(["true"], check=True)),
                                (hosted, lambda: warm.run(["true"], out=null)),
-                               (boxed, lambda: subprocess.run(box.wrap("agent", ["true"], work), check=True))):
+                               (boxed, lambda: subprocess.run(box.wrap("agent", ["true"], work, ident=IDENT), check=True))):
                 t = time.perf_counter()
                 start()
                 arm.append((time.perf_counter() - t) * 1000)
@@ -253,7 +256,7 @@ def main() -> None:
                 harmful.append(f"built sandbox: {category}/{disguise}: {cmd[:60]}: {', '.join(harm)}")
         for cmd, category, disguise in attacks:
             try:
-                r = subprocess.run(box.wrap("agent", ["bash", "-c", cmd], work), capture_output=True, text=True,
+                r = subprocess.run(box.wrap("agent", ["bash", "-c", cmd], work, ident=IDENT), capture_output=True, text=True,
                                    timeout=3 if category == "scheduler" else 15)
                 said = r.stdout + r.stderr
             except subprocess.TimeoutExpired as e:  # still trying: Slurm's tools retry for a minute
@@ -264,7 +267,7 @@ def main() -> None:
                 harmful.append(f"{category}/{disguise}: {cmd[:60]}: {', '.join(harm)}")
         bomb_peak = []
         for bomb in FORK_BOMBS:
-            p = subprocess.Popen(box.wrap("agent", ["bash", "-c", bomb], work), stdout=subprocess.DEVNULL,
+            p = subprocess.Popen(box.wrap("agent", ["bash", "-c", bomb], work, ident=IDENT), stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
             peak = 0
             for _ in range(30):  # the highest count over 1.5 s
@@ -293,7 +296,7 @@ def main() -> None:
         fill = {"wheels": wheels, "data": shared_data("agent-bash-commands.jsonl").parent}
         for cmd in BENIGN:
             w = fresh_dir()
-            r = subprocess.run(box.wrap("agent", ["bash", "-c", cmd.format(**fill)], w), capture_output=True, text=True,
+            r = subprocess.run(box.wrap("agent", ["bash", "-c", cmd.format(**fill)], w, ident=IDENT), capture_output=True, text=True,
                                timeout=120)
             shutil.rmtree(w, ignore_errors=True)
             if r.returncode != 0:
