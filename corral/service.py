@@ -26,7 +26,8 @@ from .control.dependencies import judge
 from .control.events import Events
 from .control.metrics import MeteredBackend, Metrics
 from .control.progress import Progress
-from .control.reconciler import Reconciler, Watchers
+from .control.reconciler import Reconciler
+from .control.watchers import Watchers
 from .control.sender import Sender, context
 from .db import Database
 from .faults import fault

@@ -13,7 +13,8 @@ import polars as pl
 import pytest
 
 from bench._common import shared_data
-from corral.analytics.ingest import _duration, detect, load
+from corral.analytics.frame import duration_s as _duration
+from corral.analytics.ingest import detect, load
 from corral.analytics.synth import Params
 
 DATA = Path(__file__).parent / "data"

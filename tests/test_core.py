@@ -13,7 +13,7 @@ from corral.backends import SubmitContext
 from corral.backends.slurm import SlurmBackend
 from corral.config import Settings
 from corral.control.progress import Progress
-from corral.control.reconciler import Watchers
+from corral.control.watchers import Watchers
 from corral.control.metrics import Metrics
 from corral.control.sender import Sender
 from corral.db import Database

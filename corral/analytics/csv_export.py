@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from ..errors import InvalidRequest
-from .frame import KIND_RE, SWF_STATUS, conform, state_from_slurm
+from .frame import KIND_RE, SWF_STATUS, account_rows, conform, duration_s, state_from_slurm
 
 if TYPE_CHECKING:
-    from .ingest import Ingested
+    from .frame import Ingested
 
 NAMES: dict[str, tuple[str, ...]] = {
     "job_id": ("jobid", "job", "id", "jobnumber", "jobidraw"),
@@ -66,10 +66,9 @@ def _seconds(col: pl.Expr, dtype: Any) -> pl.Expr:
     """Seconds as a number, or [D-]HH:MM:SS."""
     if dtype.is_numeric():
         return col.cast(pl.Int64, strict=False)
-    from .ingest import _duration
 
     text = col.cast(pl.String).str.strip_chars()
-    return pl.coalesce(text.cast(pl.Float64, strict=False).cast(pl.Int64), _duration(text))
+    return pl.coalesce(text.cast(pl.Float64, strict=False).cast(pl.Int64), duration_s(text))
 
 
 def _state(col: pl.Expr) -> pl.Expr:
@@ -122,9 +121,8 @@ def read(path: Path, ing: "Ingested", local: Any) -> None:
     ing.rows_read = df.height
     if "state" not in found:
         ing.notes.append("the export has no state column: every job counts as COMPLETED")
-    from .ingest import _account
 
-    df = _account(ing, df, {
+    df = account_rows(ing, df, {
         "bytes that are not UTF-8": pl.concat_str([pl.col(n).cast(pl.String) for n in found.values()],
                                                   ignore_nulls=True).str.contains("\ufffd"),
         "no job id": pl.col("job_id").is_null() | (pl.col("job_id") == ""),

@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import gzip
 import sqlite3
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import polars as pl
 
 from ..errors import InvalidRequest
-from .frame import KIND_RE, PRINCIPAL_RE, SWF_STATUS, conform, state_from_slurm
+from .frame import (KIND_RE, PRINCIPAL_RE, SWF_STATUS, Ingested, account_rows, conform, duration_s, local_clock,
+                    state_from_slurm)
 
 Format = Literal["sacct", "sacct-json", "swf", "csv", "corral", "audit"]
 FORMATS: tuple[str, ...] = ("sacct", "sacct-json", "swf", "csv", "corral", "audit")
@@ -43,28 +42,6 @@ _GPU = r"gres/gpu=(\d+)"
 """corral's provenance in the job comment. An agent runs as its sponsor's Unix user,
 so where a job names its principal, the principal is the 'user' analysed."""
 _GPU_TYPED = r"gres/gpu:[^=,]+=(\d+)"
-
-
-@dataclass
-class Ingested:
-    """The job table plus what reading it cost: nothing read is unaccounted for."""
-
-    jobs: pl.DataFrame
-    source: str
-    format: str
-    rows_read: int = 0
-    steps_skipped: int = 0
-    malformed: dict[str, int] = field(default_factory=dict)
-    examples: dict[str, list[int]] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    capacity_cores: int | None = None
-    """The facility's cores, where the input says (an SWF header's MaxProcs)."""
-    warnings: list[str] = field(default_factory=list)
-    """What makes the report's figures partial: said first, loudly, in every output."""
-
-    @property
-    def malformed_total(self) -> int:
-        return sum(self.malformed.values())
 
 
 def detect(path: Path) -> Format:
@@ -139,21 +116,6 @@ def _lines(path: Path, comment: str | None = None) -> pl.DataFrame:
     return df.with_row_index("lineno", offset=1)
 
 
-def _account(ing: Ingested, df: pl.DataFrame, bad: dict[str, pl.Expr]) -> pl.DataFrame:
-    """Count rows failing each check (first failing reason wins), return the rest."""
-    reason = pl.lit(None, dtype=pl.String)
-    for name, expr in reversed(bad.items()):
-        reason = pl.when(expr).then(pl.lit(name)).otherwise(reason)
-    df = df.with_columns(reason.alias("_bad"))
-    failed = df.filter(pl.col("_bad").is_not_null())
-    if failed.height:
-        counts = failed.group_by("_bad").agg(pl.len(), pl.col("lineno").head(5))
-        for r in counts.iter_rows(named=True):
-            ing.malformed[r["_bad"]] = r["len"]
-            ing.examples[r["_bad"]] = r["lineno"]
-    return df.filter(pl.col("_bad").is_null()).drop("_bad")
-
-
 def _int(col: str) -> pl.Expr:
     return pl.col(col).str.strip_chars().cast(pl.Int64, strict=False)
 
@@ -192,7 +154,7 @@ def _sacct(path: Path) -> Ingested:
     if "ElapsedRaw" in header:
         elapsed = _int("ElapsedRaw")
     elif "Elapsed" in header:
-        elapsed = _duration(pl.col("Elapsed"))
+        elapsed = duration_s(pl.col("Elapsed"))
     else:
         elapsed = (ts("End") - ts("Start")).dt.total_seconds()
     tres = pl.col("AllocTRES").fill_null("") if "AllocTRES" in header else pl.lit("")
@@ -225,26 +187,9 @@ def _sacct(path: Path) -> Ingested:
         "unreadable elapsed time": pl.col("elapsed_s").is_null() & has("ElapsedRaw" if "ElapsedRaw" in header else "Elapsed"),
         "unreadable AllocCPUS": pl.col("cpus").is_null() & has("AllocCPUS"),
     }
-    out = _account(ing, out, checks)
+    out = account_rows(ing, out, checks)
     ing.jobs = conform(out.with_columns(pl.col("elapsed_s").fill_null(0), pl.col("cpus").fill_null(1)))
     return ing
-
-
-def _duration(col: pl.Expr) -> pl.Expr:
-    """sacct's '[D-]HH:MM:SS' -> seconds (null when unreadable)."""
-    days = pl.when(col.str.contains("-")).then(col.str.extract(r"^(\d+)-").cast(pl.Int64, strict=False)).otherwise(0)
-    hms = col.str.replace(r"^\d+-", "").str.split(":")
-    n = hms.list.len()
-    h = pl.when(n == 3).then(hms.list.get(0, null_on_oob=True)).otherwise(pl.lit("0")).cast(pl.Int64, strict=False)
-    m = hms.list.get(-2, null_on_oob=True).cast(pl.Int64, strict=False)
-    s = hms.list.get(-1, null_on_oob=True).cast(pl.Int64, strict=False)
-    return days * 86400 + h * 3600 + m * 60 + s
-
-
-def _local(epoch: pl.Expr) -> pl.Expr:
-    """Epoch seconds -> the facility's local wall clock, as sacct's text export prints it."""
-    offset = -time.altzone if time.daylight and time.localtime().tm_isdst else -time.timezone
-    return pl.when(epoch > 0).then(pl.from_epoch(epoch + offset, time_unit="s").cast(pl.Datetime("us")))
 
 
 def _number(expr: pl.Expr, dtype: Any) -> pl.Expr:
@@ -267,7 +212,7 @@ def _sacct_json(path: Path) -> Ingested:
     from . import sacct_json
 
     ing = Ingested(pl.DataFrame(), str(path), "sacct-json")
-    sacct_json.read(path, ing, _local)
+    sacct_json.read(path, ing, local_clock)
     return ing
 
 
@@ -275,7 +220,7 @@ def _csv(path: Path) -> Ingested:
     from . import csv_export
 
     ing = Ingested(pl.DataFrame(), str(path), "csv")
-    csv_export.read(path, ing, _local)
+    csv_export.read(path, ing, local_clock)
     return ing
 
 
@@ -340,7 +285,7 @@ def _swf(path: Path) -> Ingested:
         cpus=pl.when(f(5) > 0).then(f(5)).otherwise(pl.when(f(8) > 0).then(f(8)).otherwise(1)),
         gpus=pl.lit(0),
     )
-    df = _account(ing, df, {
+    df = account_rows(ing, df, {
         NOT_UTF8: pl.col("line").str.contains("\ufffd", literal=True),
         "wrong number of fields (expected 18)": ~ok,
         "unreadable number": f(1).is_null() | f(2).is_null() | f(4).is_null() | f(5).is_null(),
@@ -373,8 +318,8 @@ def _corral(path: Path) -> Ingested:
     # they are the tenants this report is about.
     df = df.with_columns(
         user=pl.col("principal"),
-        submit=_local(pl.col("submit_e").cast(pl.Int64)), start=_local(pl.col("start_e").cast(pl.Int64)),
-        end=_local(pl.col("end_e").cast(pl.Int64)),
+        submit=local_clock(pl.col("submit_e").cast(pl.Int64)), start=local_clock(pl.col("start_e").cast(pl.Int64)),
+        end=local_clock(pl.col("end_e").cast(pl.Int64)),
         elapsed_s=(pl.col("end_e").fill_null(pl.col("start_e")) - pl.col("start_e")).round().cast(pl.Int64).fill_null(0),
     )
     ing.jobs = conform(df.with_row_index("lineno", offset=1))
@@ -399,14 +344,14 @@ def _audit(path: Path) -> Ingested:
     ing.rows_read = lines.height
     rec = pl.col("line").str.splitn(" ", 2).struct.field("field_1").str.json_decode(_AUDIT)
     df = lines.with_columns(rec.alias("r")).unnest("r")
-    df = _account(ing, df, {"unreadable record": pl.col("seq").is_null()})
+    df = account_rows(ing, df, {"unreadable record": pl.col("seq").is_null()})
     refused = df.filter((pl.col("action") == "submit") & (pl.col("decision") == "deny")).height
     if refused:
         ing.notes.append(f"{refused:,} refused submissions are in the log and not counted as jobs")
     jobs = df.filter((pl.col("action") == "submit") & (pl.col("decision") == "allow") & pl.col("job_id").is_not_null())
     ing.jobs = conform(jobs.with_columns(
         job_id=pl.col("job_id").cast(pl.String), user=pl.col("principal"),
-        submit=_local(pl.col("ts").cast(pl.Int64)), elapsed_s=pl.lit(0), state=pl.lit("UNKNOWN"),
+        submit=local_clock(pl.col("ts").cast(pl.Int64)), elapsed_s=pl.lit(0), state=pl.lit("UNKNOWN"),
         cpus=pl.col("cpus").fill_null(1), gpus=pl.col("gpus").fill_null(0)).unique("job_id", keep="first"))
     ing.notes.append("read from corral's audit chain: no run times, so core- and GPU-hours are not measured here")
     return ing

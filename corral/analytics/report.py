@@ -23,7 +23,7 @@ import polars as pl
 from . import tables
 from .classify import accuracy
 from .frame import off_hours
-from .ingest import Ingested
+from .frame import Ingested
 
 FAILED = ("FAILED", "OUT_OF_MEMORY", "TIMEOUT")
 SESSION_GAP_S = 1800

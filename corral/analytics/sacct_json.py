@@ -20,7 +20,7 @@ from ..errors import InvalidRequest
 from .frame import KIND_RE, PRINCIPAL_RE, conform, state_from_slurm
 
 if TYPE_CHECKING:
-    from .ingest import Ingested
+    from .frame import Ingested
 
 _PRINCIPAL = re.compile(PRINCIPAL_RE)
 _KIND = re.compile(KIND_RE)
@@ -136,7 +136,7 @@ def _row(job: Any) -> dict[str, Any]:
 
 def read(path: Path, ing: "Ingested", local: Any) -> None:
     """Fill ``ing`` from the export at ``path``; ``local`` turns epoch columns into the
-    facility's wall clock (ingest._local)."""
+    facility's wall clock (frame.local_clock)."""
     try:
         data = json.loads(path.read_bytes().decode("utf-8", "replace"))
     except ValueError as e:

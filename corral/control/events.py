@@ -17,7 +17,7 @@ from typing import Any
 from ..db import Database
 from ..errors import Conflict, InvalidRequest, Restarting
 from ..principals import Caller
-from .reconciler import Watchers
+from .watchers import Watchers
 
 KEEP_S = 7 * 86400.0
 GATHER_S = 0.2

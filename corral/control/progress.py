@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from ..db import Database
 from ..jobs import JobState
-from .reconciler import Watchers
+from .watchers import Watchers
 
 log = logging.getLogger(__name__)
 
