@@ -331,11 +331,18 @@ def test_var_run_as_a_link_and_munge_present_still_build(tmp_path: Path) -> None
             Path("/run/munge").rmdir()
 
 
-def test_a_gateway_run_as_a_service_account(project: Path) -> None:
+@pytest.mark.parametrize("backend", ["local", "slurm"])
+def test_a_gateway_run_as_a_service_account(project: Path, backend: str) -> None:
     """The other deployment: the gateway is an unprivileged service account, with no
-    root anywhere. Its agents' jobs run contained as that account (it can become no one
-    else), under the same filter, and its state is private to it."""
+    root anywhere, on either backend. Its agents' jobs run contained as that account (it
+    can become no one else: sbatch's --uid is root's only), under the same filter, and
+    its state is private to it."""
     need_bwrap()
+    extra = {}
+    if backend == "slurm":
+        from .slurm_env import slurm_conf
+
+        extra = {"CORRAL_BACKEND": "slurm", "SLURM_CONF": slurm_conf()}
     name = f"corralsvc{os.getpid() % 100000}"
     subprocess.run(["userdel", "-r", name], capture_output=True)
     subprocess.run(["useradd", "--create-home", "--home-dir", f"/tmp/{name}", name], check=True, capture_output=True)
@@ -350,7 +357,7 @@ def test_a_gateway_run_as_a_service_account(project: Path) -> None:
         port = free_port()
         site = next(Path(".venv/lib").glob("python3*/site-packages")).resolve()
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": u.pw_dir, "CORRAL_HOME": str(home),
-               "PYTHONPATH": f"{site}:{Path.cwd()}", "USER": name}
+               "PYTHONPATH": f"{site}:{Path.cwd()}", "USER": name, **extra}
         log = open(Path(u.pw_dir) / "gateway.log", "ab")
         # The system's Python with the project's packages: the venv's interpreter lies in
         # root's home here, which a service account cannot enter.
@@ -380,7 +387,7 @@ def test_a_gateway_run_as_a_service_account(project: Path) -> None:
             assert r.status_code == 201, r.text
             job = h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": 60}).json()
             out = h.get(f"/v1/jobs/{job['id']}/output").json()["data"]
-        assert job["state"] == "COMPLETED", job
+        assert job["state"] == "COMPLETED" and job["backend"] == backend, job
         assert out.split()[0] == str(u.pw_uid) and "filtered" in out, out
         assert (project / "made.txt").stat().st_uid == u.pw_uid
         assert home.stat().st_uid == u.pw_uid and home.stat().st_mode & 0o077 in (0o011, 0)
