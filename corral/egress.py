@@ -63,6 +63,7 @@ class Egress:
                                    hint="or empty [sandbox] allow_hosts to run without it (no network for jobs)")
             time.sleep(0.05)
         self.socket.chmod(0o666)
+        self.bridge = bridge_binary(directory)
 
     def close(self) -> None:
         if self._proc is not None:
@@ -72,6 +73,28 @@ class Egress:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
             self._proc = None
+
+
+BRIDGE_NAME = "socat"
+"""corral's copy of socat beside the proxy's socket (see bridge_binary)."""
+
+
+def bridge_binary(directory: Path) -> Path | None:
+    """A copy of socat that its users may run but not read (0111). The bridge runs in
+    the job's sandbox as the job's uid, before the system-call filter; a program the
+    kernel cannot let its user read is started non-dumpable, so the job cannot ptrace it
+    or write its /proc/PID/mem to use its unfiltered calls. -> None without socat."""
+    import shutil
+
+    real = shutil.which("socat")
+    if real is None:
+        return None
+    copy = directory / BRIDGE_NAME
+    tmp = directory / f".{BRIDGE_NAME}.{os.getpid()}"
+    shutil.copyfile(real, tmp)
+    tmp.chmod(0o111)  # also the owner's bits: a service account's own jobs run as it
+    os.replace(tmp, copy)
+    return copy
 
 
 @functools.lru_cache(maxsize=1)

@@ -540,6 +540,16 @@ def test_egress_reaches_the_allow_list_and_nothing_else(tmp_path, canary) -> Non
                 assert job["state"] in ("FAILED", "COMPLETED", "REFUSED"), job
                 if cmd.startswith("curl -s -m 3 http:"):  # the proxy's answer says what to ask for
                     assert "not on this facility's egress allow-list" in job["out"], job
+            # The bridge (socat) runs unfiltered as the job's uid: the job must not be able to
+            # trace it, read or write its memory, or copy the program to run it unfiltered.
+            trace = ("P=$(for p in /proc/[0-9]*; do [ \"$(cat $p/comm 2>/dev/null)\" = socat ] && echo ${p#/proc/} "
+                     "&& break; done); echo PID=$P; python3 -c \"import ctypes, sys; libc = ctypes.CDLL(None, "
+                     "use_errno=True); r = libc.ptrace(16, int(sys.argv[1]), 0, 0); print('ATTACH', r, ctypes.get_errno())\" "
+                     "$P; head -c 10 /proc/$P/maps >/dev/null 2>&1 && echo MAPS-READ; "
+                     "cp \"$(command -v socat)\" /tmp/s 2>/dev/null && echo COPIED; echo done")
+            job = run_job(gw, t["bot1"], trace, canary["work"])
+            assert "PID=" in job["out"] and "PID=\n" not in job["out"] and "done" in job["out"], job
+            assert "ATTACH -1 1" in job["out"] and "MAPS-READ" not in job["out"] and "COPIED" not in job["out"], job
             with gw.http(t["bot1"]) as h:
                 info = h.get("/v1/facility").json()["sandbox"]
             assert info["allow_hosts"] == [f"127.0.0.1:{mport}"] and "through the proxy" in info["you"]
