@@ -30,6 +30,7 @@ from .safety import guard
 
 if TYPE_CHECKING:
     from .mcp_server import Ops
+    from .mcp_tasks import JobTasks
 
 log = logging.getLogger(__name__)
 
@@ -269,8 +270,12 @@ class _Server(MCPServer):
 
 
 def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Awaitable[dict[str, Any]]],
-              wait_s: float = WAIT_S, progress_s: float = PROGRESS_S) -> MCPServer:
-    mcp = _Server("corral", instructions=INSTRUCTIONS, version="0.1.0", cache_hints=CACHE_HINTS)
+              wait_s: float = WAIT_S, progress_s: float = PROGRESS_S, tasks: "JobTasks | None" = None) -> MCPServer:
+    """``tasks``: long waits as MCP tasks for clients that declare them (the gateway's)."""
+    mcp = _Server("corral", instructions=INSTRUCTIONS, version="0.1.0", cache_hints=CACHE_HINTS,
+                  extensions=[tasks] if tasks else None)
+    if tasks:
+        tasks.call_tool = mcp._handle_call_tool  # the tool without the task interceptor around it
 
     def limit(timeout_s: float | None) -> float:
         return max(0.0, min(wait_s if timeout_s is None else timeout_s, wait_s))
