@@ -219,7 +219,8 @@ def gateway_mcp(service: Service) -> MCPServer:
     from .mcp_tasks import JobTasks, task_key
     from .storage.mcp_tools import env_answer
 
-    tasks = JobTasks(ops_from, task_key(service.settings.home), env_answer)
+    tasks = JobTasks(ops_from, task_key(service.settings.home), env_answer,
+                     lambda op: service.metrics.requests.labels("mcp", op).inc())
     return build_mcp(ops_for, card_info, service.settings.mcp_wait_s, service.settings.mcp_progress_s, tasks)
 
 

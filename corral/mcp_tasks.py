@@ -132,8 +132,11 @@ class JobTasks(Extension):
     identifier = TASKS
 
     def __init__(self, ops_for: Callable[[Mapping[str, str] | None], "ServiceOps"], key: bytes,
-                 env_answer: Callable[[dict[str, Any]], CallToolResult]) -> None:
+                 env_answer: Callable[[dict[str, Any]], CallToolResult],
+                 count: Callable[[str], None] = lambda op: None) -> None:
         self.ops_for = ops_for
+        self.count = count
+        """Counts 'task_created', 'tasks/get', 'tasks/cancel' (the gateway's metrics)."""
         self.key = key
         self.env_answer = env_answer
         self.call_tool: Callable[[ServerRequestContext[Any, Any], CallToolRequestParams], Awaitable[Any]] | None = None
@@ -177,6 +180,7 @@ class JobTasks(Extension):
             ref = TaskRef("env", str(data["digest"]), "", int(time.time()))
             message = "building the environment"
         task_id = ref.seal(self.key, self._ops(ctx).caller.name)
+        self.count("task_created")
         return {"resultType": "task", **self._task(task_id, ref, "working", ref.created, statusMessage=message)}
 
     # -- tasks/* ---------------------------------------------------------------------
@@ -197,6 +201,7 @@ class JobTasks(Extension):
 
     async def get(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
         ops, ref = self._ref(ctx, params.task_id)
+        self.count("tasks/get")
         try:
             if ref.kind == "job":
                 return await self._job_task(ctx, ops, params.task_id, ref)
@@ -237,6 +242,7 @@ class JobTasks(Extension):
 
     async def cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
         ops, ref = self._ref(ctx, params.task_id)
+        self.count("tasks/cancel")
         if ref.kind == "job":
             try:
                 await ops.cancel(int(ref.subject))

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from .clients.standin import StandIn, Step, job_id_in
@@ -229,3 +230,37 @@ def test_a_long_wait_answers_within_claude_codes_tool_timeout(tmp_path: Path, ag
             assert '"reached":false' in said[1] and "again" in said[1], said  # not a timeout: call again
             assert any('"state":"COMPLETED"' in s for s in said[2:]), said
             assert not any("timed out" in s for s in said), said
+
+
+def run_inspector(gateway: Gateway, token: str, transport: str, home: Path, *args: str,
+                  era: str = "modern") -> Any:
+    """The MCP Inspector's CLI (pinned in tests/clients): one method, its JSON result."""
+    target = ([f"{gateway.url}/mcp", "--transport", "http", "--header", f"Authorization: Bearer {token}"]
+              if transport == "http" else ["-e", f"CORRAL_TOKEN={token}", "-e", f"CORRAL_URL={gateway.url}",
+                                           "-e", f"PYTHONPATH={ROOT}", "--", sys.executable, "-m", "corral.entry", "mcp"])
+    cp = subprocess.run([_client("inspector"), "--cli", "--format", "json", "--protocol-era", era, *args, *target],
+                        capture_output=True, text=True, timeout=180, env=_env(home, MCP_CATALOG_PATH=str(home / "c.json")))
+    assert cp.returncode == 0, (cp.stdout[-2000:], cp.stderr[-3000:])
+    return json.loads(cp.stdout)["result"]
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_the_mcp_inspector_lists_and_calls_corrals_tools(gateway: Gateway, agent_dir: Path, tmp_path: Path,
+                                                         transport: str) -> None:
+    """The Inspector's CLI (TypeScript SDK v2 and the tasks extension's requester, protocol
+    2026-07-28): the tools listed, a job submitted, and its wait run as an MCP task to the
+    job's end (corral answers a declaring client's wait with a task handle)."""
+    token = _agent(gateway)
+    home = tmp_path / "home"
+    tools = run_inspector(gateway, token, transport, home, "--method", "tools/list")
+    names = [t["name"] for t in tools["tools"]]
+    assert "submit_job" in names and "wait_for_job" in names, names
+    sub = run_inspector(gateway, token, transport, home, "--method", "tools/call", "--tool-name", "submit_job",
+                        "--tool-args-json", json.dumps({"command": "sleep 2; echo inspected", "workdir": str(agent_dir)}))
+    job_id = sub["structuredContent"]["job_id"]
+    waited = run_inspector(gateway, token, transport, home, "--method", "tools/call", "--tool-name", "wait_for_job",
+                           "--tool-args-json", json.dumps({"job_id": job_id}))
+    assert waited["structuredContent"]["state"] == "COMPLETED" and waited["structuredContent"]["reached"], waited
+    metrics = httpx.get(f"{gateway.url}/metrics").text  # the wait was a task, polled to its end
+    assert 'corral_requests_total{edge="mcp",op="task_created"} 1.0' in metrics, metrics
+    assert 'op="tasks/get"' in metrics

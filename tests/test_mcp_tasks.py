@@ -43,11 +43,11 @@ def rpc(gateway: Gateway, token: str, method: str, params: dict[str, Any], tasks
         headers["Mcp-Name"] = name
     r = httpx.post(f"{gateway.url}/mcp", json=message(method, params, tasks), headers=headers, timeout=60)
     lines = [x[5:].strip() for x in r.text.splitlines() if x.startswith("data:")] or [r.text]
-    return json.loads(lines[-1])  # type: ignore[no-any-return]
+    return json.loads(lines[-1])
 
 
 def call(gateway: Gateway, token: str, name: str, tasks: bool = True, **args: Any) -> dict[str, Any]:
-    return rpc(gateway, token, "tools/call", {"name": name, "arguments": args}, tasks)["result"]  # type: ignore[no-any-return]
+    return rpc(gateway, token, "tools/call", {"name": name, "arguments": args}, tasks)["result"]
 
 
 def poll(gateway: Gateway, token: str, task_id: str, until: str = "completed") -> dict[str, Any]:
@@ -55,7 +55,7 @@ def poll(gateway: Gateway, token: str, task_id: str, until: str = "completed") -
     while time.monotonic() < deadline:
         got = rpc(gateway, token, "tasks/get", {"taskId": task_id})["result"]
         if got["status"] == until:
-            return got  # type: ignore[no-any-return]
+            return got
         assert got["status"] == "working", got
         time.sleep(0.3)
     raise AssertionError(f"task {task_id} still {got}")
@@ -137,7 +137,7 @@ def test_the_stdio_relay_passes_task_requests_through(gateway: Gateway, agent_di
         while True:
             got = json.loads(relay.stdout.readline())  # type: ignore[union-attr]
             if got.get("id") == rid:
-                return got  # type: ignore[no-any-return]
+                return got
 
     try:
         sub = ask("tools/call", {"name": "submit_job", "arguments": {"command": "sleep 1", "workdir": str(agent_dir)}}, 1)
