@@ -426,3 +426,21 @@ def test_sweeps_chains_control_and_usage_through_the_sdk_client(tmp_path, agent_
             runner.cancel()
 
     asyncio.run(scenario())
+
+
+def test_a_jobs_fields_are_described_once_in_the_tool_list() -> None:
+    """plan_job and submit_jobs take submit_job's fields: their descriptions are said in
+    submit_job only (the model reads every schema every turn); types and bounds stay."""
+    from corral.mcp_models import JOB_FIELDS
+
+    async def listed() -> dict[str, Any]:
+        async with Client(build_mcp(lambda ctx: None, lambda: None)) as c:  # type: ignore[arg-type,return-value]
+            return {t.name: t.input_schema for t in (await c.list_tools()).tools}
+
+    tools = asyncio.run(listed())
+    assert all("description" in tools["submit_job"]["properties"][f] for f in JOB_FIELDS)
+    for props in (tools["plan_job"]["properties"], tools["submit_jobs"]["$defs"]["JobFields"]["properties"]):
+        assert set(JOB_FIELDS) <= set(props)
+        assert not any("description" in props[f] for f in JOB_FIELDS), props
+        assert props["cpus"]["minimum"] == 1 and props["lane"]["enum"] == ["fast", "batch", "auto"]
+    assert "described there" in tools["submit_jobs"]["properties"]["jobs"]["description"]
