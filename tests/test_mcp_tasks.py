@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from .conftest import Gateway, add_people
 
@@ -46,8 +47,8 @@ def rpc(gateway: Gateway, token: str, method: str, params: dict[str, Any], tasks
     return json.loads(lines[-1])
 
 
-def call(gateway: Gateway, token: str, name: str, tasks: bool = True, **args: Any) -> dict[str, Any]:
-    return rpc(gateway, token, "tools/call", {"name": name, "arguments": args}, tasks)["result"]
+def call(gateway: Gateway, token: str, tool: str, tasks: bool = True, **args: Any) -> dict[str, Any]:
+    return rpc(gateway, token, "tools/call", {"name": tool, "arguments": args}, tasks)["result"]
 
 
 def poll(gateway: Gateway, token: str, task_id: str, until: str = "completed") -> dict[str, Any]:
@@ -156,3 +157,26 @@ def test_the_stdio_relay_passes_task_requests_through(gateway: Gateway, agent_di
     finally:
         relay.stdin.close()
         relay.wait(10)
+
+
+def test_an_environment_build_is_a_task(gateway: Gateway) -> None:
+    """A build that is not ready is a task; it completes with build_environment's own
+    answer; a build that cannot succeed completes as a tool error (a completed task:
+    'failed' is for protocol errors)."""
+    from .test_storage import TOOLS
+
+    if TOOLS or os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            raise AssertionError(f"CI needs {TOOLS} and root (scripts/storage-up)")
+        pytest.skip(f"image builds need {TOOLS} and root")
+    bot = add_people(gateway)["bot1"]
+    task = call(gateway, bot, "build_environment", requirements="six==1.17.0\n", name="six-task")
+    assert task["resultType"] == "task" and task["taskId"].startswith("env-"), task
+    done = poll(gateway, bot, task["taskId"])
+    image = done["result"]["structuredContent"]
+    assert image["state"] == "ready" and image["name"] == "six-task" and "submit_job image=" in image["next"], done
+    assert call(gateway, bot, "build_environment", requirements="six==1.17.0\n").get("resultType") == "complete"
+    bad = call(gateway, bot, "build_environment", requirements="zz-no-pkg-q9==9\n")
+    if bad.get("resultType") == "task":
+        bad = poll(gateway, bot, bad["taskId"])["result"]
+    assert bad["isError"] and "zz-no-pkg-q9" in bad["content"][0]["text"], bad
