@@ -48,7 +48,7 @@ TASK_TOOLS = ("wait_for_job", "build_environment")
 POLL_MS = 2000
 """What a client is asked to poll at: a job's end is seen within this, and a tasks/get
 is one read of a row (no scheduler query)."""
-_ID = re.compile(r"^(job|env)-([A-Za-z0-9]{1,80})-([A-Z]*)-(\d{1,12})-([0-9a-f]{32})$")
+_ID = re.compile(r"^(job|env)-([A-Za-z0-9]{1,80})-([A-Z_]*)-(\d{1,12})-([0-9a-f]{32})$")
 
 
 class TaskParams(RequestParams):

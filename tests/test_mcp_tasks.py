@@ -180,3 +180,19 @@ def test_an_environment_build_is_a_task(gateway: Gateway) -> None:
     if bad.get("resultType") == "task":
         bad = poll(gateway, bot, bad["taskId"])["result"]
     assert bad["isError"] and "zz-no-pkg-q9" in bad["content"][0]["text"], bad
+
+
+def test_a_task_id_names_its_wait_and_opens_for_its_principal_only() -> None:
+    from typing import get_args
+
+    from corral.mcp_models import Until
+    from corral.mcp_tasks import TaskRef
+
+    key, other = b"k" * 32, b"o" * 32
+    for until in [u for u in get_args(Until) if u != "change"] + [""]:
+        ref = TaskRef("job", "12", until, 1796000000)
+        tid = ref.seal(key, "claude-1")
+        assert TaskRef.open(tid, key, "claude-1") == ref, tid
+        assert TaskRef.open(tid, key, "claude-2") is None and TaskRef.open(tid, other, "claude-1") is None
+    env = TaskRef("env", "ab" * 32, "", 1796000000)
+    assert TaskRef.open(env.seal(key, "claude-1"), key, "claude-1") == env
