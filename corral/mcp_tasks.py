@@ -92,17 +92,23 @@ def task_key(home: Path) -> bytes:
     """The gateway's key for task ids, made once and kept (0600) in its home, so that
     task ids stay valid across restarts."""
     path = home / "mcp-tasks.key"
-    try:
-        return bytes.fromhex(path.read_text().strip())
-    except (OSError, ValueError):
-        pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600) if not path.exists() else None
-    if fd is None:  # present but unreadable as a key: not ours to overwrite
+    if not path.exists():
+        # written whole beside it, then linked in: a gateway starting at the same moment
+        # reads either nothing or the whole key, and both keep the first one linked
+        tmp = home / f".mcp-tasks.key.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(os.urandom(32).hex())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    text = path.read_text().strip()
+    if len(text) != 64:
         raise RuntimeError(f"{path} is not a key corral wrote; remove it to let corral make a new one")
-    key = os.urandom(32)
-    with os.fdopen(fd, "w") as f:
-        f.write(key.hex())
-    return key
+    return bytes.fromhex(text)
 
 
 def _iso(t: float) -> str:
