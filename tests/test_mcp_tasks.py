@@ -62,16 +62,25 @@ def poll(gateway: Gateway, token: str, task_id: str, until: str = "completed") -
     raise AssertionError(f"task {task_id} still {got}")
 
 
+def until_flag(agent_dir: Path) -> tuple[str, Path]:
+    """A job that runs until the test says (a file appears): no race with a slow machine."""
+    flag = agent_dir / "go"
+    return f"while [ ! -e {flag} ]; do sleep 0.2; done; echo task-done", flag
+
+
 def test_a_wait_is_a_task_whose_end_carries_the_tools_result(gateway: Gateway, agent_dir: Path) -> None:
     bot = add_people(gateway)["bot1"]
     discover = rpc(gateway, bot, "server/discover", {})["result"]
     assert TASKS in discover["capabilities"]["extensions"], discover
-    job = call(gateway, bot, "submit_job", command="sleep 2; echo task-done", workdir=str(agent_dir))
+    command, flag = until_flag(agent_dir)
+    job = call(gateway, bot, "submit_job", command=command, workdir=str(agent_dir))
     job_id = job["structuredContent"]["job_id"]
     task = call(gateway, bot, "wait_for_job", job_id=job_id)
     assert task["resultType"] == "task" and task["status"] == "working", task
     assert task["ttlMs"] is None and task["pollIntervalMs"] > 0 and task["createdAt"].endswith("Z")
     assert f"job {job_id} is" in task["statusMessage"]
+    assert rpc(gateway, bot, "tasks/get", {"taskId": task["taskId"]})["result"]["status"] == "working"
+    flag.touch()
     done = poll(gateway, bot, task["taskId"])
     assert done["resultType"] == "complete"
     result = done["result"]
@@ -114,11 +123,12 @@ def test_tasks_cancel_cancels_the_job_and_others_cannot_see_the_task(gateway: Ga
 
 def test_a_task_survives_a_gateway_restart(gateway: Gateway, agent_dir: Path) -> None:
     bot = add_people(gateway)["bot1"]
-    job_id = call(gateway, bot, "submit_job", command="sleep 4; echo after", workdir=str(agent_dir))[
-        "structuredContent"]["job_id"]
+    command, flag = until_flag(agent_dir)
+    job_id = call(gateway, bot, "submit_job", command=command, workdir=str(agent_dir))["structuredContent"]["job_id"]
     task_id = call(gateway, bot, "wait_for_job", job_id=job_id)["taskId"]
     gateway.kill(signal.SIGKILL)
     gateway.start()
+    flag.touch()
     done = poll(gateway, bot, task_id)
     assert done["result"]["structuredContent"]["state"] == "COMPLETED", done
 
@@ -141,11 +151,13 @@ def test_the_stdio_relay_passes_task_requests_through(gateway: Gateway, agent_di
                 return got
 
     try:
-        sub = ask("tools/call", {"name": "submit_job", "arguments": {"command": "sleep 1", "workdir": str(agent_dir)}}, 1)
+        command, flag = until_flag(agent_dir)
+        sub = ask("tools/call", {"name": "submit_job", "arguments": {"command": command, "workdir": str(agent_dir)}}, 1)
         assert "result" in sub, sub
         job_id = sub["result"]["structuredContent"]["job_id"]
         task = ask("tools/call", {"name": "wait_for_job", "arguments": {"job_id": job_id}}, 2)["result"]
         assert task["resultType"] == "task", task
+        flag.touch()
         for rid in range(3, 200):
             got = ask("tasks/get", {"taskId": task["taskId"]}, rid)["result"]
             if got["status"] == "completed":
