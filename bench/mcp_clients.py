@@ -10,6 +10,9 @@
   launch to the first model request that carries corral's tools, characters of corral's
   tool definitions in that request, and one submit-wait-read loop (tool calls, characters
   of results handed to the model, whether the job's output text was among them).
+- the MCP Inspector's CLI (protocol 2026-07-28, over stdio): seconds to the tool list,
+  its characters, and one wait run as an MCP task (``wait_was_a_task``, from the
+  gateway's metrics).
 
 Last line of stdout: one JSON object.
 """
@@ -20,15 +23,20 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "clients"))
+
+import httpx  # noqa: E402
+import logging  # noqa: E402
 
 from bench._common import GatewayProcess  # noqa: E402
 from standin import StandIn, job_id_in  # noqa: E402
@@ -117,7 +125,38 @@ def run_client(name: str, gw: GatewayProcess, token: str, workdir: Path) -> dict
                 "model_read_output": any(MARK in r for r in results), "s_total": round(time.monotonic() - t0, 1)}
 
 
+def run_inspector(gw: GatewayProcess, token: str, workdir: Path) -> dict[str, object]:
+    """The MCP Inspector's CLI over stdio (protocol 2026-07-28): seconds to the tool list,
+    its characters (the whole definitions: the Inspector shows a person all of it), and one
+    submit and wait, the wait run as an MCP task (corral/mcp_tasks.py)."""
+    bin_ = ROOT / "tests" / "clients" / "node_modules" / ".bin" / "inspector"
+    if not bin_.exists():
+        return {"error": "not installed (scripts/clients-up)"}
+    env = {"PATH": os.environ["PATH"], "HOME": str(workdir), "MCP_CATALOG_PATH": str(workdir / "catalog.json")}
+    target = ["-e", f"CORRAL_TOKEN={token}", "-e", f"CORRAL_URL={gw.url}", "-e", f"PYTHONPATH={ROOT}",
+              "--", sys.executable, "-m", "corral.entry", "mcp"]
+
+    def run(*args: str) -> tuple[float, dict[str, object]]:
+        t = time.monotonic()
+        cp = subprocess.run([str(bin_), "--cli", "--format", "json", "--protocol-era", "modern", *args, *target],
+                            capture_output=True, text=True, timeout=240, env=env)
+        return time.monotonic() - t, json.loads(cp.stdout)["result"] if cp.returncode == 0 else {"error": cp.stderr[-300:]}
+
+    s_tools, listed = run("--method", "tools/list")
+    sub = run("--method", "tools/call", "--tool-name", "submit_job", "--tool-args-json",
+              json.dumps({"command": f"sleep 8; echo {MARK}", "workdir": str(workdir)}))[1]  # outlives a spawn
+    job_id = (sub.get("structuredContent") or {}).get("job_id")  # type: ignore[attr-defined]
+    s_wait, waited = run("--method", "tools/call", "--tool-name", "wait_for_job", "--tool-args-json",
+                         json.dumps({"job_id": job_id}))
+    tasks = [line for line in httpx.get(f"{gw.url}/metrics").text.splitlines()
+             if line.startswith("corral_requests_total") and 'op="task_created"' in line]
+    return {"s_to_tools": round(s_tools, 2), "tools_chars": len(json.dumps(listed.get("tools", []))),
+            "wait_s": round(s_wait, 2), "wait_state": (waited.get("structuredContent") or {}).get("state"),  # type: ignore[attr-defined]
+            "wait_was_a_task": bool(tasks) and not tasks[0].endswith(" 0.0")}
+
+
 def main() -> None:
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
@@ -135,10 +174,12 @@ def main() -> None:
         print(f"stdio initialize, median of {n}: relay {init['relay']} ms, SDK server {init['sdk_server']} ms")
         chars = asyncio.run(listed_chars())
         print(f"tool definitions: {chars['today']} chars today, {chars['uncompacted']} uncompacted")
-        workdir = gw.home / "work"
-        workdir.mkdir()
+        # outside the gateway's home: no job may work in corral's own state
+        workdir = Path(tempfile.mkdtemp(prefix="corral-bench-work-", dir="/tmp"))
         os.chmod(workdir, 0o777)
         clients = {name: run_client(name, gw, token, workdir) for name in ("claude", "codex")}
+        clients["inspector"] = run_inspector(gw, token, workdir)
+        shutil.rmtree(workdir, ignore_errors=True)
         for name, r in clients.items():
             print(f"{name}: {r}")
     finally:

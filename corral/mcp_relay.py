@@ -22,6 +22,7 @@ calls with a tool error in its own words.
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import sys
@@ -60,12 +61,25 @@ class Relay:
             self.out.flush()
 
     # -- upstream -------------------------------------------------------------------
-    def _headers(self) -> dict[str, str]:
+    def _headers(self, message: dict[str, Any]) -> dict[str, str]:
         h = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
         if self.token:
             h["Authorization"] = f"Bearer {self.token}"
         if self.session:
             h["X-Corral-Session"] = self.session
+        modern = _envelope_version(message)
+        if modern:
+            # Protocol 2026-07-28: each request carries its own version in its envelope, and
+            # the transport's headers must repeat it, the method and the name it is about
+            # (a tool, a resource, a task), as an HTTP client of the gateway would send them.
+            h["Mcp-Protocol-Version"] = modern
+            h["Mcp-Method"] = str(message.get("method"))
+            params = message.get("params") or {}
+            name = params.get(_NAMED.get(str(message.get("method")), "")) if isinstance(params, dict) else None
+            if isinstance(name, str):
+                h["Mcp-Name"] = name if name.isascii() and name.isprintable() else \
+                    "=?base64?" + base64.b64encode(name.encode()).decode() + "?="
+            return h
         if self.sid:
             h["Mcp-Session-Id"] = self.sid
         if self.version:
@@ -80,7 +94,7 @@ class Relay:
             import ssl
 
             sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
-        head = "".join(f"{k}: {v}\r\n" for k, v in self._headers().items())
+        head = "".join(f"{k}: {v}\r\n" for k, v in self._headers(message).items())
         sock.sendall(f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nConnection: close\r\n"
                      f"Content-Length: {len(body)}\r\n{head}\r\n".encode("latin-1") + body)
         f = sock.makefile("rb")
@@ -142,7 +156,13 @@ class Relay:
                 self._open()  # the gateway restarted and forgot the session: a new one, same client
                 status, headers, answer = self._post(message)
             if status >= 400:
-                self.fail(message, _refusal(status, b"".join(answer), self.url))
+                body = b"".join(answer)
+                error = _rpc_error(body)
+                if error is not None and method not in _ANSWERED_HERE and "id" in message:
+                    # The gateway's own JSON-RPC error (an unknown task: -32602): the client's to read
+                    self.write({"jsonrpc": "2.0", "id": message["id"], "error": error})
+                    return
+                self.fail(message, _refusal(status, body, self.url))
                 return
             if method == "initialize":
                 self.sid = headers.get("mcp-session-id")
@@ -184,6 +204,20 @@ class Relay:
         self.write({"jsonrpc": "2.0", "id": rid, "result": result})
 
 
+_NAMED = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri",
+          "tasks/get": "taskId", "tasks/update": "taskId", "tasks/cancel": "taskId"}
+"""Which parameter a request is about, mirrored in ``Mcp-Name`` (protocol 2026-07-28, and
+the tasks extension for its methods)."""
+
+
+def _envelope_version(message: dict[str, Any]) -> str | None:
+    """The protocol version a 2026-07-28 request carries in its own ``_meta``, if any."""
+    params = message.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    version = meta.get("io.modelcontextprotocol/protocolVersion") if isinstance(meta, dict) else None
+    return version if isinstance(version, str) and version.isascii() and version.isprintable() else None
+
+
 def _body(f: Any, headers: dict[str, str]) -> Iterator[bytes]:
     """An HTTP/1.1 body as it arrives: chunked, by length, or to the connection's end."""
     if headers.get("transfer-encoding", "").lower() == "chunked":
@@ -209,6 +243,19 @@ def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
             yield line + b"\n"
     if rest:
         yield rest
+
+
+_ANSWERED_HERE = ("initialize", "tools/list", "tools/call", "ping")
+"""Methods whose refusal (a bad token) the relay turns into something each client shows:
+instructions, a tool that says what is wrong, a tool error."""
+
+
+def _rpc_error(body: bytes) -> dict[str, Any] | None:
+    try:
+        error = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return error if isinstance(error, dict) and isinstance(error.get("code"), int) else None
 
 
 def _refusal(status: int, body: bytes, url: str) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -202,18 +202,26 @@ class RemoteOps:
 def gateway_mcp(service: Service) -> MCPServer:
     """The MCP server inside the gateway: each request authenticates from its headers."""
 
-    def ops_for(ctx: Context) -> Ops:
-        headers = ctx.headers or {}
+    def ops_from(headers: Mapping[str, str] | None) -> ServiceOps:
+        headers = headers or {}
         service.metrics.requests.labels("mcp", "tool_call").inc()
         # The agent's own session (corral mcp relays CORRAL_SESSION, as the HTTP API takes it),
         # else the transport's, bound to this token by api.RequireToken.
         session = headers.get("x-corral-session") or headers.get("mcp-session-id")
         return ServiceOps(service, bearer_token(headers.get("authorization")), session)
 
+    def ops_for(ctx: Context) -> Ops:
+        return ops_from(ctx.headers)
+
     async def card_info() -> dict[str, Any]:
         return await service.facility(None)
 
-    return build_mcp(ops_for, card_info, service.settings.mcp_wait_s, service.settings.mcp_progress_s)
+    from .mcp_tasks import JobTasks, task_key
+    from .storage.mcp_tools import env_answer
+
+    tasks = JobTasks(ops_from, task_key(service.settings.home), env_answer,
+                     lambda op: service.metrics.requests.labels("mcp", op).inc())
+    return build_mcp(ops_for, card_info, service.settings.mcp_wait_s, service.settings.mcp_progress_s, tasks)
 
 
 def stdio_mcp(client: Any, wait_s: float = WAIT_S, progress_s: float = PROGRESS_S) -> MCPServer:

@@ -30,6 +30,7 @@ from .safety import guard
 
 if TYPE_CHECKING:
     from .mcp_server import Ops
+    from .mcp_tasks import JobTasks
 
 log = logging.getLogger(__name__)
 
@@ -246,6 +247,27 @@ def compact_schema(node: Any, output: bool = False) -> Any:
     return out
 
 
+SAME_FIELDS = ("plan_job", "submit_jobs")
+"""Tools that take a job's fields as submit_job does: their fields' descriptions are
+submit_job's word for word, so they are said there only (a model reads every tool's
+schema in every turn: ~3,400 characters less); types, enums and bounds stay."""
+
+
+def _said_once(tool: str, schema: dict[str, Any]) -> dict[str, Any]:
+    if tool not in SAME_FIELDS:
+        return schema
+
+    def bare(props: dict[str, Any]) -> dict[str, Any]:
+        return {k: ({f: v for f, v in p.items() if f != "description"} if k in JOB_FIELDS else p)
+                for k, p in props.items()}
+
+    out = {**schema, "properties": bare(schema.get("properties", {}))}
+    if "JobFields" in schema.get("$defs", {}):
+        d = schema["$defs"]["JobFields"]
+        out["$defs"] = {**schema["$defs"], "JobFields": {**d, "properties": bare(d.get("properties", {}))}}
+    return out
+
+
 class _Server(MCPServer):
     """The SDK's server, but arguments that do not fit a tool's schema are refused in
     corral's words ('stream must be one of 'stdout', 'stderr''), not pydantic's, and
@@ -255,7 +277,7 @@ class _Server(MCPServer):
         tools = await super().list_tools()
         return [t.model_copy(update={
             "description": " ".join((t.description or "").split()),
-            "input_schema": compact_schema(t.input_schema),
+            "input_schema": _said_once(t.name, compact_schema(t.input_schema)),
             "output_schema": compact_schema(t.output_schema, output=True) if t.output_schema else None})
             for t in tools]
 
@@ -269,8 +291,12 @@ class _Server(MCPServer):
 
 
 def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Awaitable[dict[str, Any]]],
-              wait_s: float = WAIT_S, progress_s: float = PROGRESS_S) -> MCPServer:
-    mcp = _Server("corral", instructions=INSTRUCTIONS, version="0.1.0", cache_hints=CACHE_HINTS)
+              wait_s: float = WAIT_S, progress_s: float = PROGRESS_S, tasks: "JobTasks | None" = None) -> MCPServer:
+    """``tasks``: long waits as MCP tasks for clients that declare them (the gateway's)."""
+    mcp = _Server("corral", instructions=INSTRUCTIONS, version="0.1.0", cache_hints=CACHE_HINTS,
+                  extensions=[tasks] if tasks else None)
+    if tasks:
+        tasks.call_tool = mcp._handle_call_tool  # the tool without the task interceptor around it
 
     def limit(timeout_s: float | None) -> float:
         return max(0.0, min(wait_s if timeout_s is None else timeout_s, wait_s))
@@ -294,7 +320,7 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
     async def submit_jobs(
         ctx: Context,
         jobs: Annotated[list[JobFields], Field(min_length=1, max_length=1000, description=(
-            "The jobs, 1 to 1000, each with submit_job's fields."))],
+            "The jobs, 1 to 1000, each with submit_job's fields (described there)."))],
         idempotency_key: IdemKey = None,
         array: Annotated[str | None, Field(max_length=200, description=(
             "Slurm --array syntax ('0-9', '1,3,5', '0-99:2', max 200 chars): `jobs` holds one job, run once per "
@@ -323,8 +349,8 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
     @_job_fields()
     @_guarded
     async def plan_job(ctx: Context, **fields: Any) -> Annotated[CallToolResult, PlanOut]:
-        """What submit_job would do with this job now, without submitting it (same
-        fields): allowed or not and by which rule, lane, start estimate, CPU/GPU-hours
+        """What submit_job would do with this job now, without submitting it (submit_job's
+        fields, described there): allowed or not and by which rule, lane, start estimate, CPU/GPU-hours
         and budgets left, advice, and whether the result cache would answer it."""
         plan = await ops_for(ctx).plan(_spec_of(fields))
         start = (plan.get("start") or {}).get("start")

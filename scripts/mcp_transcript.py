@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -60,7 +61,9 @@ def main() -> None:
             h.post("/v1/principals", json={"name": "claude-1", "kind": "agent", "sponsor": "alice"})
             token = h.post("/v1/tokens", json={"for": "claude-1", "expires": "8h"}).json()["token"]
         env = {**gw.env, "CORRAL_TOKEN": token, "CORRAL_SESSION": "transcript-1"}
-        asyncio.run(session(env, tempfile.mkdtemp(prefix="corral-transcript-")))
+        workdir = tempfile.mkdtemp(prefix="corral-transcript-")
+        os.chmod(workdir, 0o777)  # an agent's job may run as an identity of its own
+        asyncio.run(session(env, workdir))
     finally:
         gw.stop()
 

@@ -19,7 +19,9 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from corral.config import Settings
+from corral.mcp_models import JOB_FIELDS
 from corral.mcp_server import ServiceOps, build_mcp
+from corral.mcp_tools import SAME_FIELDS
 from corral.server import build_service
 
 from .conftest import Gateway
@@ -48,8 +50,10 @@ async def full_loop(client: Client, workdir: str) -> dict[str, Any]:
     for t in tools.tools:  # described for a model: every field, closed choices, outputs, hints
         assert t.description and len(t.description) > 40, t.name
         props = t.input_schema.get("properties", {})
-        assert all(p.get("description") for p in props.values()), (t.name, [n for n, p in props.items()
-                                                                           if not p.get("description")])
+        # a job's fields are described once, in submit_job (plan_job: the same fields)
+        said = [n for n, p in props.items() if not p.get("description") and not (
+            t.name in SAME_FIELDS and n in JOB_FIELDS)]
+        assert not said, (t.name, said)
         assert t.annotations is not None and t.annotations.read_only_hint is not None, t.name
         assert t.output_schema or t.name in ("facility_info", "remember"), t.name
     schema = {t.name: t.input_schema["properties"] for t in tools.tools}
@@ -426,3 +430,19 @@ def test_sweeps_chains_control_and_usage_through_the_sdk_client(tmp_path, agent_
             runner.cancel()
 
     asyncio.run(scenario())
+
+
+def test_a_jobs_fields_are_described_once_in_the_tool_list() -> None:
+    """plan_job and submit_jobs take submit_job's fields: their descriptions are said in
+    submit_job only (the model reads every schema every turn); types and bounds stay."""
+    async def listed() -> dict[str, Any]:
+        async with Client(build_mcp(lambda ctx: None, lambda: None)) as c:  # type: ignore[arg-type,return-value]
+            return {t.name: t.input_schema for t in (await c.list_tools()).tools}
+
+    tools = asyncio.run(listed())
+    assert all("description" in tools["submit_job"]["properties"][f] for f in JOB_FIELDS)
+    for props in (tools["plan_job"]["properties"], tools["submit_jobs"]["$defs"]["JobFields"]["properties"]):
+        assert set(JOB_FIELDS) <= set(props)
+        assert not any("description" in props[f] for f in JOB_FIELDS), props
+        assert props["cpus"]["minimum"] == 1 and props["lane"]["enum"] == ["fast", "batch", "auto"]
+    assert "described there" in tools["submit_jobs"]["properties"]["jobs"]["description"]

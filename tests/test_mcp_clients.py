@@ -13,9 +13,11 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from .clients.standin import StandIn, Step, job_id_in
@@ -229,3 +231,53 @@ def test_a_long_wait_answers_within_claude_codes_tool_timeout(tmp_path: Path, ag
             assert '"reached":false' in said[1] and "again" in said[1], said  # not a timeout: call again
             assert any('"state":"COMPLETED"' in s for s in said[2:]), said
             assert not any("timed out" in s for s in said), said
+
+
+def inspector(gateway: Gateway, token: str, transport: str, home: Path, *args: str) -> list[str]:
+    """The MCP Inspector's CLI (pinned in tests/clients) running one method, protocol 2026-07-28."""
+    target = ([f"{gateway.url}/mcp", "--transport", "http", "--header", f"Authorization: Bearer {token}"]
+              if transport == "http" else ["-e", f"CORRAL_TOKEN={token}", "-e", f"CORRAL_URL={gateway.url}",
+                                           "-e", f"PYTHONPATH={ROOT}", "--", sys.executable, "-m", "corral.entry", "mcp"])
+    return [_client("inspector"), "--cli", "--format", "json", "--protocol-era", "modern", *args, *target]
+
+
+def inspected(cp: subprocess.CompletedProcess[str]) -> Any:
+    assert cp.returncode == 0, (cp.stdout[-2000:], cp.stderr[-3000:])
+    return json.loads(cp.stdout)["result"]
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_the_mcp_inspector_lists_and_calls_corrals_tools(gateway: Gateway, agent_dir: Path, tmp_path: Path,
+                                                         transport: str) -> None:
+    """The Inspector's CLI (TypeScript SDK v2 and the tasks extension's requester, protocol
+    2026-07-28): the tools listed, a job submitted, and its wait run as an MCP task to the
+    job's end (corral answers a declaring client's wait with a task handle). The job runs
+    until the task exists, so the wait cannot find it ended, however slowly the client starts."""
+    token = _agent(gateway)
+    home = tmp_path / "home"
+    env = _env(home, MCP_CATALOG_PATH=str(home / "c.json"))
+
+    def run(*args: str) -> Any:
+        return inspected(subprocess.run(inspector(gateway, token, transport, home, *args), capture_output=True,
+                                        text=True, timeout=180, env=env))
+
+    names = [t["name"] for t in run("--method", "tools/list")["tools"]]
+    assert "submit_job" in names and "wait_for_job" in names, names
+    flag = agent_dir / "go"
+    sub = run("--method", "tools/call", "--tool-name", "submit_job", "--tool-args-json", json.dumps(
+        {"command": f"while [ ! -e {flag} ]; do sleep 0.2; done; echo inspected", "workdir": str(agent_dir)}))
+    job_id = sub["structuredContent"]["job_id"]
+    wait = subprocess.Popen(inspector(gateway, token, transport, home, "--method", "tools/call", "--tool-name",
+                                      "wait_for_job", "--tool-args-json", json.dumps({"job_id": job_id})),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    made = 'corral_requests_total{edge="mcp",op="task_created"} 1.0'
+    deadline = time.monotonic() + 120
+    while made not in httpx.get(f"{gateway.url}/metrics").text and wait.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    flag.touch()  # the job ends now, while the Inspector polls tasks/get
+    out, err = wait.communicate(timeout=120)
+    waited = inspected(subprocess.CompletedProcess(wait.args, wait.returncode, out, err))
+    assert waited["structuredContent"]["state"] == "COMPLETED" and waited["structuredContent"]["reached"], waited
+    metrics = httpx.get(f"{gateway.url}/metrics").text  # the wait was a task, polled to its end
+    assert made in metrics, metrics
+    assert 'op="tasks/get"' in metrics

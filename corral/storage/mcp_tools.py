@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Awaitable, Callable, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import CallToolResult
+from mcp_types import CallToolResult, TextContent
 from pydantic import Field
 
 from ..mcp_models import EnvOut, WorkspaceOut
@@ -17,6 +17,20 @@ if TYPE_CHECKING:
     from ..mcp_server import Ops
 
 Action = Literal["fork", "list", "diff", "commit", "discard"]
+
+
+def env_answer(r: dict[str, Any]) -> CallToolResult:
+    """build_environment's answer for a build that is ready or still building (also a
+    finished task's result: corral/mcp_tasks.py)."""
+    if r["state"] == "ready":
+        use = r.get("name") or r["image"]
+        r["next"] = f"submit_job image={use!r} command=...: its python and packages are first on PATH"
+        said = f"image {use} ready ({len(r.get('packages', []))} packages{', reused' if r.get('reused') else ''})"
+    else:
+        p = r.get("progress") or {}
+        r["next"] = "still building: call build_environment again with the same arguments (it does not start twice)"
+        said = f"building: step {p.get('step', 0)}/{p.get('of', 5)} {p.get('doing', 'queued')}"
+    return CallToolResult(content=[TextContent(type="text", text=f"{said}. Next: {r['next']}")], structured_content=r)
 
 
 def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"], limit: Callable[[float | None], float],
@@ -60,17 +74,11 @@ def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"], limit: Callabl
             p = r.get("progress") or {}
             return f"building: step {p.get('step', 0)}/{p.get('of', 5)} {p.get('doing', 'queued')}"
 
-        r = first if first["state"] != "building" else await waiting(
+        r = first if first["state"] != "building" or limit(timeout_s) == 0 else await waiting(
             ctx, poll, limit(timeout_s), min(every, 2.0), lambda x: x["state"] != "building", say)
-        if r["state"] == "ready":
-            use = r.get("name") or r["image"]
-            r["next"] = f"submit_job image={use!r} command=...: its python and packages are first on PATH"
-            return result(f"image {use} ready ({len(r.get('packages', []))} packages"
-                          f"{', reused' if r.get('reused') else ''}). Next: {r['next']}", r)
         if r["state"] == "failed":
             raise ToolError(f"the environment could not be built: {r.get('error')}")
-        r["next"] = "still building: call build_environment again with the same arguments (it does not start twice)"
-        return result(f"{say(r)}. Next: {r['next']}", r)
+        return env_answer(r)
 
     @mcp.tool(annotations=annotations("Trial workspaces: fork, diff, commit, discard", read_only=False,
                                       destructive=True, idempotent=False))
