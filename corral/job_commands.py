@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from .cli import Ctx
+from .cli_kit import Ctx
 from .signals import SIGNALS
 
 

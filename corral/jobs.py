@@ -164,7 +164,7 @@ def _check_env(env: dict[str, str]) -> None:
         raise ValueError(f"env is {total} characters in all; at most {MAX_ENV_TOTAL} (put large data in a file)")
 
 
-def _check_path(path: str, what: str) -> None:
+def check_path(path: str, what: str) -> None:
     if "\x00" in path:
         raise ValueError(f"{what} contains a NUL byte; remove it")
     if not path.startswith("/"):
@@ -299,9 +299,9 @@ class JobSpec(BaseModel):
             if len(key) > 64 or len(value) > 256 or "\x00" in key + value:
                 raise ValueError("a label is a key of at most 64 and a value of at most 256 characters, without NUL")
         for path in self.inputs or []:
-            _check_path(path, f"input {path[:80]!r}")
+            check_path(path, f"input {path[:80]!r}")
         if self.workdir is not None:
-            _check_path(self.workdir, "workdir")
+            check_path(self.workdir, "workdir")
         return self
 
     @field_validator("workdir")

@@ -41,7 +41,7 @@ from pydantic import BaseModel, Field
 from .errors import CorralError
 
 if TYPE_CHECKING:
-    from .mcp_server import ServiceOps
+    from .mcp_ops import ServiceOps
 
 TASKS = "io.modelcontextprotocol/tasks"
 TASK_TOOLS = ("wait_for_job", "build_environment")

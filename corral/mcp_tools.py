@@ -29,7 +29,7 @@ from .jobs import JobSpec, expand_array, format_duration
 from .safety import guard
 
 if TYPE_CHECKING:
-    from .mcp_server import Ops
+    from .mcp_ops import Ops
     from .mcp_tasks import JobTasks
 
 log = logging.getLogger(__name__)

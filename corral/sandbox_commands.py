@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 def _fail(message: str, hint: str | None = None) -> None:
-    from .cli import _fail as fail  # the CLI's one way to stop with a message (exit 2)
+    from .cli_kit import fail  # the CLI's one way to stop with a message (exit 2)
 
     fail(message, hint=hint)
 

@@ -91,7 +91,7 @@ class Params:
 PARAM_NAMES = [f.name for f in fields(Params)]
 
 
-def _week_weights(agent: bool, agent_off: float = 0.8) -> np.ndarray:
+def week_weights(agent: bool, agent_off: float = 0.8) -> np.ndarray:
     """Relative chance of activity in each of the week's 168 hours (Monday 00:00 first)."""
     import numpy as np
 
@@ -148,7 +148,7 @@ def generate(p: Params, progress: Callable[[int], None] | None = None) -> tuple[
     active[is_agent_user] = np.clip(np.round(active[is_agent_user] * want_a / active[is_agent_user].sum()), 1, hours)
     active = np.minimum(active, counts)
 
-    weights = {a: np.tile(_week_weights(a, p.agent_off_hours), hours // 168 + 2)[offset: offset + hours]
+    weights = {a: np.tile(week_weights(a, p.agent_off_hours), hours // 168 + 2)[offset: offset + hours]
                for a in (False, True)}
     submit = np.empty(p.jobs, np.int64)
     user_idx = np.repeat(np.arange(p.users), counts)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # imported where used: `corral policy --help` does not load C
 
 
 def _fail(message: str) -> None:
-    from ..cli import _fail as fail  # the CLI's one way to stop with a message (exit 2)
+    from ..cli_kit import fail  # the CLI's one way to stop with a message (exit 2)
 
     fail(message)
 

@@ -80,7 +80,7 @@ def token_attenuate(o: Any, token_: str | None, expires: str | None, **caveats: 
     Needs no secret: only the gateway's public key, fetched once from the gateway."""
     from .tokens import attenuate, caveats_from, expires_in
 
-    from ..cli import _fail as fail
+    from ..cli_kit import fail
 
     tok = token_ or o.token or os.environ.get("CORRAL_TOKEN")
     if not tok:
@@ -98,7 +98,7 @@ def token_attenuate(o: Any, token_: str | None, expires: str | None, **caveats: 
 @click.pass_obj
 def token_list(o: Any) -> None:
     """List tokens (never their secrets), with narrowed ones seen in use."""
-    from ..cli import _ts as ts, table
+    from ..cli_kit import table, ts
 
     o.out(o.client.tokens(), lambda ts_: table(
         [{**t, "expires": ts(t.get("expires")), "revoked": "yes" if t.get("revoked") else ""} for t in ts_],

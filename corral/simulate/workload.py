@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator
 
 from ..analytics.synth import Params as SynthParams
-from ..analytics.synth import _week_weights
+from ..analytics.synth import week_weights
 from ..errors import InvalidRequest
 from .cluster import Facility
 
@@ -174,7 +174,7 @@ def people_jobs(m: PeopleModel, facility: Facility, days: float, seed: int, star
     rng = random.Random(seed)
     batch = facility.default
     gpu = facility.gpu
-    w = [float(x) for x in _week_weights(False)]  # numpy scalars would make every time a numpy float
+    w = [float(x) for x in week_weights(False)]  # numpy scalars would make every time a numpy float
     mean_w = sum(w) / len(w)
     rate = m.jobs_per_s(facility)
     mu = math.log(m.mean_run_s) - m.sigma ** 2 / 2
@@ -284,7 +284,7 @@ class Agents:
         self.m, self.count, self.first_user = m, count, first_user
         self.offset = week_offset_h
         self.rng = random.Random(seed * 7919 + 17)
-        self.weights = [float(x) for x in _week_weights(True, m.off_hours)]
+        self.weights = [float(x) for x in week_weights(True, m.off_hours)]
         self.top = max(self.weights)
         per_day = m.jobs_ratio * person_jobs_per_day
         mean_w = sum(self.weights) / len(self.weights)

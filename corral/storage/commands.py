@@ -11,7 +11,8 @@ from typing import Any
 
 import click
 
-from ..cli import Ctx, _ts, table
+from ..cli_kit import Ctx, table
+from ..cli_kit import ts as _ts
 from ..errors import InvalidRequest
 
 

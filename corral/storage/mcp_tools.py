@@ -14,7 +14,7 @@ from pydantic import Field
 from ..mcp_models import EnvOut, WorkspaceOut
 
 if TYPE_CHECKING:
-    from ..mcp_server import Ops
+    from ..mcp_ops import Ops
 
 Action = Literal["fork", "list", "diff", "commit", "discard"]
 

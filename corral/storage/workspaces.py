@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from .. import proc
 from ..errors import Conflict, InvalidRequest, NotFound
-from ..jobs import _check_path
+from ..jobs import check_path
 from ..principals import Caller
 from . import mounts
 
@@ -156,7 +156,7 @@ class Workspaces:
         """A new workspace over ``base`` (at git ``rev`` if given). Blocking: off the loop."""
         self.expire()
         try:
-            _check_path(base, "the base of a workspace")
+            check_path(base, "the base of a workspace")
             b = Path(os.path.realpath(base))
         except (ValueError, OSError) as e:
             raise InvalidRequest(f"{e}; give the absolute path of the directory to fork") from None
