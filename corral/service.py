@@ -97,7 +97,7 @@ class Service:
         self.progress = Progress(db, self.watchers, self.memory)
         self.stream = Events(db, self.watchers, settings.wait_max_s)
         """The event stream of jobs' state changes (control/events.py)."""
-        self.sender = Sender(db, self.lanes)
+        self.sender = Sender(db, self.lanes, self.progress)
         scratch = scratch_dir(settings.storage, settings.home)
         self.sender.needed_dirs = [scratch / sub for sub in ("workspaces", "trees", "uv-cache")]
         self.storage = StorageVerbs(settings.storage, settings.home, db, self.lanes, self.sender, self.audit, sandbox,
@@ -460,8 +460,8 @@ class Service:
             if not j.terminal and j.backend_id is None:
                 if j.id in self.sender.in_flight:  # on its way: the Sender cancels it once sent
                     self.sender.cancelled.add(j.id)
-                self.db.update_job(j.id, JobState.CANCELLED, reason="cancelled before it reached the scheduler",
-                                   end_time=time.time())
+                self.progress.ended([{"job_id": j.id, "state": JobState.CANCELLED.value, "end": time.time(),
+                                      "reason": "cancelled before it reached the scheduler"}])
         return [self.db.get_job(j.id) or j for j in jobs]
 
     async def control(self, caller: Caller, job_id: int, action: str, signal: str | int | None = None) -> Job:

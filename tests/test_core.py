@@ -103,7 +103,7 @@ def test_the_sender_sends_what_was_recorded_once(tmp_path) -> None:
     lane = _Recording()
     lanes = Lanes(BackendLane(_NoBackend()))  # type: ignore[arg-type]
     lanes.add(lane)  # type: ignore[arg-type]
-    sender = Sender(db, lanes)
+    sender = Sender(db, lanes, Progress(db, Watchers(Metrics())))
     with db.transaction():
         jobs = db.insert_jobs("a", None, [("rec", JobSpec(command="x")), ("rec", JobSpec(command="y"))])
     asyncio.run(sender.send_unsent())
@@ -243,3 +243,19 @@ def test_the_event_loop_lag_is_measured() -> None:
     late = [ln for ln in text.splitlines() if ln.startswith('corral_event_loop_lag_seconds_bucket{le="0.05"}')]
     count = [ln for ln in text.splitlines() if ln.startswith("corral_event_loop_lag_seconds_count")]
     assert float(late[0].split()[-1]) < float(count[0].split()[-1])  # one sample was over 50 ms
+
+
+def test_one_writer_of_job_state() -> None:
+    """Every change of a job's state goes through control/progress.py (the event
+    stream's triggers, the long-polls and memory all hear of it there): no other module
+    of corral calls the database's state writers."""
+    import re
+    from pathlib import Path
+
+    import corral
+
+    root = Path(corral.__file__).parent
+    writers = re.compile(r"\.(update_job|update_jobs|mark_running)\(")
+    found = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                   if writers.search(p.read_text()) and p.name not in ("progress.py", "db.py"))
+    assert found == [], f"these modules write a job's state themselves: {found}; call Progress instead"

@@ -1,6 +1,10 @@
 """Where news of jobs lands, whoever brings it (the reconciler's poll of a batch lane,
-or a lane that reports itself): the jobs table, in one transaction per report; the
-long-polls of those jobs; and memory's episodes of the ones that ended."""
+a lane that reports itself, the sender, a cancel): the jobs table, in one transaction
+per report; the long-polls of those jobs; and memory's episodes of the ones that ended.
+
+The one writer of a job's state: nothing else in corral updates it (a test holds the
+code to that), so every change is seen by the event stream's triggers, the long-polls
+and memory alike."""
 
 from __future__ import annotations
 
@@ -27,6 +31,13 @@ class Progress:
         self.db, self.watchers, self.episodes = db, watchers, episodes
         self.ends: list[Ends] = []
         """Who else hears of jobs that ended (the storage's metadata accounting)."""
+
+    def write(self, job_id: int, state: JobState, *, exit_code: int | None = None, reason: str | None = None,
+              start_time: float | None = None, end_time: float | None = None) -> None:
+        """One job's new state, in the caller's transaction; the caller then hands the
+        ids it wrote to ``changed`` (a terminal state is never overwritten: db.update_job)."""
+        self.db.update_job(job_id, state, exit_code=exit_code, reason=reason, start_time=start_time,
+                           end_time=end_time)
 
     def started(self, started: dict[int, float]) -> None:
         """Jobs a lane reports started: RUNNING (only if still PENDING); wake their waiters."""

@@ -120,12 +120,12 @@ class Reconciler:
                 st = statuses.get(job.backend_id or "")
                 if st is None:
                     if job.state is not JobState.UNKNOWN:
-                        self.db.update_job(job.id, JobState.UNKNOWN, reason="the backend has no record of this job")
+                        self.progress.write(job.id, JobState.UNKNOWN, reason="the backend has no record of this job")
                         changed.append(job.id)
                     continue
                 if (st.state, st.exit_code, st.reason, st.start_time) != (job.state, job.exit_code, job.reason,
                                                                            job.start_time):
-                    self.db.update_job(job.id, st.state, exit_code=st.exit_code, reason=st.reason,
+                    self.progress.write(job.id, st.state, exit_code=st.exit_code, reason=st.reason,
                                        start_time=st.start_time, end_time=st.end_time)
                     changed.append(job.id)
                 if st.state.terminal:

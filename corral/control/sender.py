@@ -22,6 +22,7 @@ from ..jobs import Job, JobState
 from ..lanes import Lanes, Sent
 from ..principals import Principal
 from .dependencies import held_reason, judge
+from .progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +32,8 @@ def context(job: Job, p: Principal) -> SubmitContext:
 
 
 class Sender:
-    def __init__(self, db: Database, lanes: Lanes) -> None:
-        self.db, self.lanes = db, lanes
+    def __init__(self, db: Database, lanes: Lanes, progress: "Progress") -> None:
+        self.db, self.lanes, self.progress = db, lanes, progress
         self.in_flight: set[int] = set()
         """Jobs on their way to a lane: ``send_unsent`` must not send them a second time."""
         self.cancelled: set[int] = set()
@@ -102,14 +103,14 @@ class Sender:
             lane = self.lanes.by_name.get(job.backend)
             v = judge(job.spec, parents, job.backend, bool(lane is not None and lane.dependencies))
             if v.never:
-                self.db.update_job(job.id, JobState.CANCELLED, reason=v.never, end_time=time.time())
+                self.progress.write(job.id, JobState.CANCELLED, reason=v.never, end_time=time.time())
                 self.ended.append(job.id)
             elif v.go:
                 ready.append((job, ctx))
             elif v.native:
                 ready.append((job, dataclasses.replace(ctx, after=v.native)))
             elif job.reason != (why := held_reason(v.waiting)):
-                self.db.update_job(job.id, JobState.PENDING, reason=why)
+                self.progress.write(job.id, JobState.PENDING, reason=why)
         return ready
 
     def _record(self, group: list[tuple[Job, SubmitContext]], sent: list[Sent]) -> BackendError | None:
@@ -124,10 +125,10 @@ class Sender:
                 if isinstance(s.error, BackendError):
                     # Kept: sent again once the scheduler answers.
                     log.warning("submit of job %s deferred: %s", job.id, s.error)
-                    self.db.update_job(job.id, JobState.PENDING, reason=f"waiting for the scheduler: {s.error.message}")
+                    self.progress.write(job.id, JobState.PENDING, reason=f"waiting for the scheduler: {s.error.message}")
                     failure = failure or s.error
                 elif s.error is not None:
-                    self.db.update_job(job.id, JobState.FAILED, reason=f"refused by the backend: {s.error.message}",
+                    self.progress.write(job.id, JobState.FAILED, reason=f"refused by the backend: {s.error.message}",
                                        end_time=time.time())
         return failure
 

@@ -64,7 +64,8 @@ class Pilots:
             with contextlib.suppress(CorralError):
                 await self.batch.cancel([job.backend_id])
         else:
-            self.db.update_job(job_id, JobState.CANCELLED, reason="released by the fast lane", end_time=time.time())
+            self.sender.progress.ended([{"job_id": job_id, "state": JobState.CANCELLED.value, "end": time.time(),
+                                         "reason": "released by the fast lane"}])
 
     async def free(self, partition: str | None) -> tuple[int, int] | None:
         return await self.batch.free(partition)
