@@ -1,5 +1,7 @@
 """The gateway's state in SQLite: WAL mode, numbered migrations, and the queries
-the service core needs. Nothing else in corral writes SQL.
+the service core needs. Not the only writer yet: safety/store.py and memory's store.py,
+facts.py and semantic.py write over this connection, and storage over its own
+(storage/store.py); docs/architecture.md lists them.
 
 One connection per ``Database``, used from one thread (the gateway's event loop);
 statements are short, so the loop is never blocked for long.

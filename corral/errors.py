@@ -3,7 +3,8 @@
 Every error a caller can cause or meet is a ``CorralError``; each edge maps the
 class to its own vocabulary (an HTTP status, a CLI exit status, an MCP tool error)
 and shows ``message`` verbatim, so messages are written for the caller and say
-what to do next::
+what to do next (the client adds one more child, ``client.GatewayUnreachable``: no
+answer from the gateway, CLI 1)::
 
     CorralError
      ├── InvalidRequest      bad input: a field, a resource, a path    (HTTP 400, CLI 2)
@@ -13,6 +14,7 @@ what to do next::
      ├── Conflict            the request clashes with current state    (HTTP 409, CLI 2)
      ├── RateLimited         too fast, or too many at once; retry later (HTTP 429 + Retry-After, CLI 2)
      ├── BackendError        the scheduler failed or is unreachable   (HTTP 503, CLI 1)
+     ├── SandboxUnavailable  a job that must be contained, and no sandbox here (HTTP 503, CLI 1)
      ├── Restarting          the gateway is stopping; call again      (HTTP 503 + Retry-After, CLI 1)
      └── StorageFull         the gateway's disk is full; nothing kept  (HTTP 507, CLI 1)
 """

@@ -8,7 +8,8 @@
 
 A lane is a small class behind the ``Lane`` Protocol. ``job.backend`` names the lane a
 job was sent to; the reconciler polls only the lanes that do not report themselves.
-No code outside a lane's own package knows which lanes exist.
+Meant to be the one place that knows which lanes exist; docs/architecture.md lists
+where lane names are still written elsewhere.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """What the MCP tools need of corral (``Ops``), and its two implementations: the
 gateway's own core as an authenticated caller (``ServiceOps``, for streamable HTTP at
-``/mcp``), and a thin client of a running gateway (``RemoteOps``, for ``corral mcp``).
+``/mcp``), and a thin client of a running gateway (``RemoteOps``, ``corral mcp`` before it became a
+relay to ``/mcp``; kept for a bench's comparison).
 The tools (corral/mcp_tools.py) and the tasks (corral/mcp_tasks.py) see only these."""
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ interface (corral/mcp_ops.py) with two implementations, so there is never a seco
 
 - ``ServiceOps``: inside the gateway, for streamable HTTP at ``/mcp``; every request
   is authenticated from its Authorization header.
-- ``RemoteOps``: for ``corral mcp`` over stdio, a thin client of the running gateway's
-  HTTP API with the agent's ``CORRAL_TOKEN``.
+- ``RemoteOps``: a thin client of the running gateway's HTTP API (``stdio_mcp``), which
+  ``corral mcp`` was before it became a relay to ``/mcp`` (corral/mcp_relay.py, decision
+  0006); kept for bench/mcp_clients.py's comparison.
 
 Each MCP session has a session id recorded with every job it submits, bound to the
 credential, never chosen by a client's header. Over HTTP: the transport's

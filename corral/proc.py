@@ -1,7 +1,10 @@
-"""The one door to the outside world: every subprocess corral starts goes through
-``spawn`` (detached, long-lived), ``run`` (short, awaited) or ``attach`` (a program in
-the caller's terminal, awaited: ``corral agent run``). Tests replace this
-seam, not the callers; argument lists only, never a shell built from input."""
+"""The door to the outside world for the gateway and its tools: ``spawn`` (detached,
+long-lived), ``run`` (short, awaited) or ``attach`` (a program in the caller's terminal,
+awaited: ``corral agent run``). Tests replace this seam, not the callers; argument lists
+only, never a shell built from input. The programs that start jobs outside the gateway
+(the local supervisor, a sandbox's host, the fast lane's launcher, the shim helper) fork
+or posix_spawn themselves, for what this module does not offer (an identity, passed
+descriptors, a process group); docs/architecture.md lists every exception."""
 
 from __future__ import annotations
 
