@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
+from typing import Any, Iterator
 
 import httpx
+import pytest
 
 from .conftest import Gateway
 from .test_analytics import _chromium
@@ -24,68 +27,97 @@ def _browser(p):  # type: ignore[no-untyped-def]
         "--disable-component-update", "--disable-sync"])
 
 
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """One Chromium for the module's tests (each test opens its own contexts)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = _browser(p)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
 def _sign_in(page, url: str, token: str) -> None:  # type: ignore[no-untyped-def]
     page.goto(f"{url}/dashboard")
     page.fill("#token", token)
     page.click("button[type=submit]")
 
 
-def test_the_dashboard_lives_in_a_real_browser(gateway: Gateway, people: dict[str, str], agent_dir: Path) -> None:
-    from playwright.sync_api import sync_playwright
+SECRET = "WANDB_API_KEY=0123456789abcdef0123456789abcdef01234567"
 
+
+def test_the_dashboard_lives_in_a_real_browser(gateway: Gateway, people: dict[str, str], agent_dir: Path,
+                                               browser: Any) -> None:
     with gateway.http(people["bot1"], session="bot1-s1") as bot, gateway.http(people["carol"], session="c-1") as carol:
-        done = bot.post("/v1/jobs", json={"command": "echo hi", "workdir": str(agent_dir)}).json()
+        done = bot.post("/v1/jobs", json={"command": "echo hi", "name": "greeting", "cpus": 2, "memory": "256M",
+                                          "walltime": "5m", "workdir": str(agent_dir)}).json()
         assert bot.get(f"/v1/jobs/{done['id']}/wait", params={"timeout": 30}).json()["state"] == "COMPLETED"
-        carol.post("/v1/jobs", json={"command": "echo carol"})
-        # a refusal, for the table by rule
+        carol.post("/v1/jobs", json={"command": f"echo carol && export {SECRET}"})
+        # a refusal, for the table by rule and the session's drill-down
         assert bot.post("/v1/jobs", json={"command": "rm -rf /", "workdir": str(agent_dir)}).status_code == 403
     requests: list[str] = []
     errors: list[str] = []
-    with sync_playwright() as p:
-        browser = _browser(p)
-        try:
-            page = browser.new_page()
-            page.on("request", lambda r: requests.append(r.url))
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            _sign_in(page, gateway.url, gateway.admin_token)
-            assert page.url == f"{gateway.url}/dashboard"  # the token is in no URL
-            assert "admin" in page.locator("header .who").inner_text()
-            sessions = page.locator("#sessions").inner_text()
-            assert "bot1-s1" in sessions and "c-1" in sessions
-            assert "agents-no-harmful-commands" in page.locator("#refusals").inner_text()
-            assert "intact" in page.locator("#audit").inner_text()
-            # A job changes state: the page shows it without a reload.
-            with gateway.http() as h:
-                job = h.post("/v1/jobs", json={"command": "sleep 2"}).json()
-                page.wait_for_selector("#jobs tr[data-state=RUNNING]", timeout=15_000)
-                h.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 30})
-            page.wait_for_selector("#jobs tr[data-state=RUNNING]", state="detached", timeout=15_000)
-            # The session's drill-down: its jobs and what they did.
-            page.click("#sessions a:has-text('bot1-s1')")
-            assert "echo hi" in page.locator("#session-jobs").inner_text()
-            page.go_back()
-            # A sponsor sees only their agents.
-            sponsor = browser.new_context().new_page()
-            sponsor.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            _sign_in(sponsor, gateway.url, people["alice"])
-            seen = sponsor.locator("#sessions").inner_text()
-            assert "bot1-s1" in seen and "c-1" not in seen and "carol" not in seen
-            assert sponsor.locator("#pools").count() == 0
-            r = sponsor.request.get(f"{gateway.url}/dashboard/sessions/carol/c-1")
-            assert r.status == 404
-            # Wrong, missing and agents' tokens are refused, saying what to do.
-            other = browser.new_context().new_page()
-            _sign_in(other, gateway.url, "crl_not_a_token")
-            assert "not valid" in other.locator("#error").inner_text()
-            _sign_in(other, gateway.url, people["bot1"])
-            assert "for people" in other.locator("#error").inner_text()
-            assert other.request.get(f"{gateway.url}/dashboard/live").status == 401
-            # Signing out ends it.
-            page.click("text=Sign out")
-            assert page.locator("#token").count() == 1
-        finally:
-            browser.close()
+    contexts = [browser.new_context(viewport={"width": 420, "height": 900}) for _ in range(3)]
+    try:
+        page, sponsor, other = (c.new_page() for c in contexts)
+        page.on("request", lambda r: requests.append(r.url))
+        for p in (page, sponsor):
+            p.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            p.on("pageerror", lambda e: errors.append(str(e)))
+        _sign_in(page, gateway.url, gateway.admin_token)
+        assert page.url == f"{gateway.url}/dashboard"  # the token is in no URL
+        assert "admin" in page.locator("header .who").inner_text()
+        sessions = page.locator("#sessions").inner_text()
+        assert "bot1-s1" in sessions and "c-1" in sessions
+        assert "agents-no-harmful-commands" in page.locator("#refusals").inner_text()
+        # On a narrow screen the refusals' bars stay inside their card.
+        card = page.locator("#refusals").bounding_box()
+        for meter in page.locator("#refusals meter").all():
+            box = meter.bounding_box()
+            assert box["x"] + box["width"] <= card["x"] + card["width"], (box, card)
+        assert "intact" in page.locator("#audit").inner_text()
+        # A job changes state: the page shows it without a reload.
+        with gateway.http() as h:
+            job = h.post("/v1/jobs", json={"command": "sleep 2"}).json()
+            page.wait_for_selector("#jobs tr[data-state=RUNNING]", timeout=15_000)
+            h.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 30})
+        page.wait_for_selector("#jobs tr[data-state=RUNNING]", state="detached", timeout=15_000)
+        # The session's drill-down: its jobs, what they asked and took, and what was refused.
+        page.click("#sessions a:has-text('bot1-s1')")
+        row = page.locator(f"#session-jobs tr[data-job='{done['id']}']")
+        text = row.inner_text()
+        assert "echo hi" in text and "greeting" in text and "2 CPU, 256 MB, 5 min" in text
+        assert re.fullmatch(r"\d+s", row.locator(".elapsed").inner_text().strip())
+        refused = page.locator("#session-refused").inner_text()
+        assert "agents-no-harmful-commands" in refused and "rm -rf /" in refused
+        page.go_back()
+        page.click("#sessions a:has-text('c-1')")
+        shown = page.locator("#session-jobs").inner_text()
+        assert "echo carol" in shown and "[REDACTED]" in shown and SECRET.split("=")[1] not in shown
+        assert "nothing refused" in page.locator("#session-refused").inner_text()
+        page.go_back()
+        # A sponsor sees only their agents.
+        _sign_in(sponsor, gateway.url, people["alice"])
+        seen = sponsor.locator("#sessions").inner_text()
+        assert "bot1-s1" in seen and "c-1" not in seen and "carol" not in seen
+        assert sponsor.locator("#pools").count() == 0
+        r = sponsor.request.get(f"{gateway.url}/dashboard/sessions/carol/c-1")
+        assert r.status == 404
+        # Wrong, missing and agents' tokens are refused, saying what to do.
+        _sign_in(other, gateway.url, "crb_not_a_token")
+        assert "not valid" in other.locator("#error").inner_text()
+        _sign_in(other, gateway.url, people["bot1"])
+        assert "for people" in other.locator("#error").inner_text()
+        assert other.request.get(f"{gateway.url}/dashboard/live").status == 401
+        # Signing out ends it.
+        page.click("text=Sign out")
+        assert page.locator("#token").count() == 1
+    finally:
+        for c in contexts:
+            c.close()
     assert all(u.startswith(gateway.url) for u in requests), [u for u in requests if not u.startswith(gateway.url)]
     assert errors == []
 

@@ -124,6 +124,8 @@ class SlurmBackend:
         self._known: dict[str, BackendStatus] = {}  # last answer per live job, between full polls
         self._final: dict[str, BackendStatus] = {}  # a terminal answer never changes
         self._cancelled: set[str] = set()  # cancelled by corral (not by Slurm, for a dependency)
+        self.controller_calls: dict[str, int] = {}
+        """Slurm commands run, by command (sbatch, squeue, sacct, scancel, scontrol...)."""
 
     # -- the one door, with Slurm's environment ------------------------------------
 
@@ -134,7 +136,14 @@ class SlurmBackend:
         return env
 
     def _run(self, *argv: str) -> str:
+        self._counted(argv)
         return proc.run(argv, env=self._env(), inherit_env=False, timeout=self.timeout_s).stdout
+
+    def _counted(self, argv: Sequence[str]) -> None:
+        """Count one Slurm command: what the controller (or slurmdbd) was really asked.
+        The dashboard sets it against what clients without corral would have asked;
+        a status call answered from jobs' own reports asks nothing and is not counted."""
+        self.controller_calls[argv[0]] = self.controller_calls.get(argv[0], 0) + 1
 
     # -- Backend Protocol --------------------------------------------------------------
 
@@ -428,6 +437,7 @@ class SlurmBackend:
                 # a hold asked by a principal is a user hold (JobHeldUser, as sbatch -H makes), which
                 # its owner may release; root's plain hold would be the admin's
                 else ["scontrol", "uhold" if action == "hold" else action, backend_id])
+        self._counted(argv)
         r = proc.run(argv, env=self._env(), inherit_env=False, timeout=self.timeout_s, check=False)
         if r.returncode != 0:
             said = (r.stderr or r.stdout).strip().splitlines()
@@ -494,6 +504,7 @@ class SlurmBackend:
             argv.append(f"--partition={spec.partition}")
         if spec.gpus:
             argv.append(f"--gres=gpu:{spec.gpus}")
+        self._counted(argv)
         r = proc.run(argv, env=self._env(), inherit_env=False, timeout=self.timeout_s, check=False)
         m = re.search(r"to start at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", (r.stderr or "") + (r.stdout or ""))
         return time.mktime(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) if m else None

@@ -15,6 +15,7 @@ from the scheduler: a dashboard left open must cost the controller nothing.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import threading
 import time
@@ -22,13 +23,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ..errors import NotFound
+from ..safety import guard
 from ..principals import PILOT_PRINCIPAL, Caller
+from .history import History
 
 if TYPE_CHECKING:
     from ..service import Service
 
 RECENT_S = 3600
 """A session is shown while it has live jobs or submitted within this long."""
+MAX_SESSIONS = 5000
+DENIED_PER_SESSION = 50
+"""The session drill-down's refusals: the latest this many of each of the latest sessions."""
 RATE_WINDOW_S = 300
 """Submissions a minute are counted over this window."""
 SHARE_S = 1.0
@@ -39,6 +45,8 @@ VERIFY_EVERY_S = 60
 """The audit chain is verified at most this often (it reads the whole log)."""
 READS = ("get_job", "wait", "wait_many", "events", "list_jobs", "output", "usage", "tool_call")
 """Requests that a client without corral would have answered by asking the scheduler."""
+CANCELS = ("cancel", "cancel_many")
+"""Requests that a client without corral would have sent as an scancel."""
 
 
 class AuditTally:
@@ -50,6 +58,8 @@ class AuditTally:
         self.offset = 0
         self.counts: dict[tuple[str, str, str, str], int] = {}
         """(principal, action, decision, rule) -> decisions."""
+        self.denied: dict[tuple[str, str], collections.deque[dict[str, Any]]] = {}
+        """(principal, session) -> its latest refusals (the session drill-down's)."""
         self._lock = threading.Lock()
 
     def refresh(self) -> None:
@@ -59,7 +69,7 @@ class AuditTally:
             except OSError:
                 return
             if size < self.offset:  # rotated or rewritten: count again
-                self.offset, self.counts = 0, {}
+                self.offset, self.counts, self.denied = 0, {}, {}
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
                 data = f.read(size - self.offset)
@@ -71,7 +81,18 @@ class AuditTally:
                     continue
                 key = (str(r.get("principal")), str(r.get("action")), str(r.get("decision")), str(r.get("rule")))
                 self.counts[key] = self.counts.get(key, 0) + 1
+                if r.get("decision") == "deny":
+                    self._deny(r)
             self.offset += end
+
+    def _deny(self, r: dict[str, Any]) -> None:
+        key = (str(r.get("principal")), str(r.get("session") or "-"))
+        if key not in self.denied:
+            if len(self.denied) >= MAX_SESSIONS:  # bounded: the oldest sessions go first
+                self.denied.pop(next(iter(self.denied)))
+            self.denied[key] = collections.deque(maxlen=DENIED_PER_SESSION)
+        self.denied[key].append({"at": r.get("ts") or r.get("time"), "action": r.get("action"), "rule": r.get("rule"),
+                                 "reason": r.get("reason"), "command": r.get("command")})
 
     def refusals(self, names: frozenset[str] | None) -> list[dict[str, Any]]:
         by: dict[tuple[str, str], int] = {}
@@ -116,6 +137,7 @@ class Board:
         self.service = service
         self.tally = AuditTally(service.audit.log.path)
         self.counts = JobCounts(service)
+        self.history = History(service)
         self._shared: dict[tuple[str, ...] | None, tuple[float, dict[str, Any]]] = {}
         self._refreshing: set[tuple[str, ...] | None] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -189,58 +211,106 @@ class Board:
             f"""SELECT p.kind, COUNT(*) FROM jobs j JOIN principals p ON p.name = j.principal
                 WHERE {where} AND j.principal != ? AND j.submit_time > ? GROUP BY p.kind""",
             [*args, PILOT_PRINCIPAL, now - RATE_WINDOW_S])}
+        saved = self.saved(names)
+        self.history.sample(now, saved)
         return {
             "viewer": self._viewer(caller, names),
             "at": now,
+            "plots": await asyncio.to_thread(self.history.plots, now, names),
             "sessions": sessions,
             "jobs": states,
             "submits_per_min": rate,
-            "saved": self.saved(names),
+            "saved": saved,
             "refusals": self.tally.refusals(names),
             "budgets": self.budgets(names),
             "tainted": self.tainted(names),
             "audit": self.verified,
-            "pools": ([lane.describe() | {"lane": lane.name} for lane in self.service.lanes
-                       if lane is not self.service.lanes.batch] if names is None else []),
+            "pools": ([{**lane.describe(), "lane": lane.name,
+                        "pools": [{**p, "name": pool_name(p)} for p in lane.describe().get("pools", [])]}
+                       for lane in self.service.lanes if lane is not self.service.lanes.batch]
+                      if names is None else []),
             "degraded": self.service.reconciler.degraded,
             "storage": await asyncio.to_thread(self.service.storage.board, names),
         }
 
     def saved(self, names: frozenset[str] | None) -> dict[str, Any]:
-        """The control plane's load that corral took: scheduler calls it made (one
-        reconciler poll for every job at once) against the calls its clients would have
-        made without it (a scheduler query per read they sent, one sbatch per job), and
-        fast-lane tasks against the Slurm jobs that carried them. Facility-wide for an
-        admin; a sponsor sees the task counts of their own agents."""
+        """What corral spared the scheduler, per backend: the calls its clients would have
+        made without it (an sbatch per job, a query per read of a job, a cancel per
+        cancel) against the calls corral made to that backend's controller. A Slurm
+        backend counts the commands it really ran (a status tick answered from jobs' own
+        reports asks nothing); the local backend has no controller, so it has no ratio,
+        only what the same traffic would have asked of one. Fast-lane tasks are set
+        against the scheduler jobs that carried them. Facility-wide for an admin; a
+        sponsor sees the task counts of their own agents."""
         counts = self.counts.refresh()
         fast = sum(n for (who, lane), n in counts.items() if lane == "fast" and (names is None or who in names))
         pilots = sum(n for (who, _), n in counts.items() if who == PILOT_PRINCIPAL)
         out: dict[str, Any] = {"fast_lane_tasks": fast, "their_scheduler_jobs": pilots}
         if names is None:
-            m = self.service.metrics
-            made = sum(s.value for metric in m.backend_calls.collect() for s in metric.samples
-                       if s.name.endswith("_total"))
-            reads = sum(s.value for metric in m.requests.collect() for s in metric.samples
-                        if s.name.endswith("_total") and s.labels.get("op") in READS)
-            jobs = sum(n for (who, _), n in counts.items() if who != PILOT_PRINCIPAL)
-            out.update(scheduler_calls=int(made), without_corral=int(reads + jobs),
-                       ratio=round((reads + jobs) / made, 1) if made else None)
+            out["backends"] = [self._saved_batch(counts)]
         return out
 
+    def _saved_batch(self, counts: dict[tuple[str, str], int]) -> dict[str, Any]:
+        m = self.service.metrics
+        backend = self.service.lanes.batch.backend
+        looks = {s.labels["op"]: int(s.value) for metric in m.backend_calls.collect() for s in metric.samples
+                 if s.name.endswith("_total")}
+        ops = {s.labels.get("op"): s.value for metric in m.requests.collect() for s in metric.samples
+               if s.name.endswith("_total")}
+        reads = int(sum(v for op, v in ops.items() if op in READS))
+        cancels = int(sum(v for op, v in ops.items() if op in CANCELS))
+        jobs = sum(n for (who, _), n in counts.items() if who != PILOT_PRINCIPAL)
+        without = jobs + reads + cancels
+        controller: dict[str, int] | None = getattr(getattr(backend, "inner", backend), "controller_calls", None)
+        row: dict[str, Any] = {"backend": backend.name, "jobs": jobs, "reads": reads, "cancels": cancels,
+                               "without_corral": without, "corral_looks": sum(looks.values())}
+        if controller is None:
+            row.update(corral_asked=0, by_command={}, ratio=None, means=(
+                f"The {backend.name} backend has no scheduler controller: corral runs jobs as its own processes "
+                f"and looked at them {row['corral_looks']} times, which costs no controller anything. On Slurm, "
+                f"clients without corral would have sent its controller {without} calls for this traffic "
+                f"({jobs} sbatch, {reads} queries, {cancels} scancel)."))
+            return row
+        asked = sum(controller.values())
+        ratio = round(without / asked, 1) if asked else None
+        row.update(corral_asked=asked, by_command=dict(sorted(controller.items())), ratio=ratio, means=(
+            f"Clients without corral would have sent the controller {without} calls ({jobs} sbatch, {reads} "
+            f"queries, {cancels} scancel; a client that polls while it waits sends more than the one counted). "
+            f"Corral sent {asked}" + (f": {ratio}x fewer." if ratio and ratio >= 1 else
+                                      f": {ratio}x, more than its clients would have (few clients, short "
+                                      f"jobs: its polls are not yet shared by many)." if ratio else ".")))
+        return row
+
     def budgets(self, names: frozenset[str] | None) -> list[dict[str, Any]]:
-        """CPU- and GPU-hours charged to each token (and its narrowed tokens), by sponsor."""
-        db = self.service.db
+        """Each limited token block with what it used of its limits (CPU- and GPU-hours,
+        live jobs, submissions a minute), then unlimited tokens that used something.
+        Use is charged as ``admit`` charges it: a live job its whole walltime."""
+        store = self.service.gate.store
+        sponsors = {n: s for n, s in self.service.db.conn.execute("SELECT name, sponsor FROM principals")}
+        out: list[dict[str, Any]] = []
+        for path, (who, limits) in list(store.limits_seen.items())[-200:]:
+            if names is not None and who not in names:
+                continue
+            cpu_s, gpu_s, active = store.used(path)
+            out.append({"token": path.rsplit("/", 1)[-1], "principal": who, "sponsor": sponsors.get(who) or who,
+                        "note": path, "cpu_hours": round(cpu_s / 3600, 3), "gpu_hours": round(gpu_s / 3600, 3),
+                        "active_jobs": active,
+                        "cpu_limit": _hours(limits.get("budget_cpu_s")), "gpu_limit": _hours(limits.get("budget_gpu_s")),
+                        "active_limit": limits.get("max_active_jobs"), "rate_limit": limits.get("submits_per_min")})
+        limited = {b["token"] for b in out}
         where, args = _in("t.principal", names)
-        rows = db.conn.execute(
+        rows = self.service.db.conn.execute(
             f"""SELECT t.id, t.principal, p.sponsor, t.note FROM tokens t JOIN principals p ON p.name = t.principal
                 WHERE {where} AND t.revoked IS NULL ORDER BY t.created DESC LIMIT 200""", args).fetchall()
-        out = []
         for tid, who, sponsor, note in rows:
-            cpu_s, gpu_s, active = self.service.gate.store.used(tid)
+            if tid in limited:
+                continue
+            cpu_s, gpu_s, active = store.used(tid)
             if cpu_s or gpu_s or active:
                 out.append({"token": tid, "principal": who, "sponsor": sponsor or who, "note": note,
                             "cpu_hours": round(cpu_s / 3600, 3), "gpu_hours": round(gpu_s / 3600, 3),
-                            "active_jobs": active})
+                            "active_jobs": active, "cpu_limit": None, "gpu_limit": None, "active_limit": None,
+                            "rate_limit": None})
         return out
 
     def tainted(self, names: frozenset[str] | None) -> list[dict[str, Any]]:
@@ -276,11 +346,46 @@ class Board:
         notes = [{"id": r[0], "text": r[1], "scope": r[2], "created": r[3]} for r in db.conn.execute(
             "SELECT id, text, scope, created FROM notes WHERE author = ? AND session IS ? ORDER BY id DESC LIMIT 50",
             (principal, sess))]
-        return {"principal": principal, "session": session,
-                "jobs": [{**j.summary(), "lane": j.backend, "command": (j.spec.command or "script")[:120],
-                          **({"signature": episodes[j.id]["signature"], "detail": episodes[j.id]["detail"]}
-                             if j.id in episodes and episodes[j.id]["signature"] else {})} for j in jobs],
+        with self.tally._lock:
+            denied = list(self.tally.denied.get((principal, session), ()))
+        return {"principal": principal, "session": session, "jobs": [_job_row(j, episodes.get(j.id)) for j in jobs],
+                "refused": [{**d, "reason": _clean(d.get("reason")), "command": _clean(d.get("command"))}
+                            for d in reversed(denied)],
                 "notes": notes}
+
+
+def _clean(text: Any) -> str | None:
+    """Text shown to a person with its secrets redacted, as ``corral logs`` does."""
+    return None if text is None else guard.redact(str(text))[0]
+
+
+def _job_row(j: Any, episode: dict[str, Any] | None) -> dict[str, Any]:
+    spec = j.spec
+    end = j.end_time or (time.time() if j.start_time else None)
+    return {**j.summary(), "lane": j.backend,
+            "command": _clean(spec.command[:300] if spec.command else "(a script)"),
+            "elapsed_s": round(end - j.start_time) if j.start_time and end else None,
+            "waited_s": round((j.start_time or time.time()) - j.submit_time),
+            "resources": f"{spec.cpus} CPU, {spec.memory_mb} MB" + (f", {spec.gpus} GPU" if spec.gpus else "")
+                         + f", {spec.walltime_s // 60} min",
+            **({"signature": episode["signature"], "detail": episode["detail"]}
+               if episode and episode["signature"] else {})}
+
+
+def _hours(seconds: int | None) -> float | None:
+    return None if seconds is None else round(seconds / 3600, 3)
+
+
+def pool_name(pool: dict[str, Any]) -> str:
+    """A pool as a person reads it: whose it is, charged where, on which partition, and
+    its allocations' shape (its slug, ``_-_-_`` for the defaults, is a directory's name)."""
+    shape = pool.get("shape") or {}
+    size = ", ".join(f"{shape[k]} {unit}" for k, unit in (("cpus", "CPUs"), ("memory_mb", "MB"), ("gpus", "GPUs"))
+                     if shape.get(k))
+    return (f"{pool.get('unix_user') or 'the gateway user'}, "
+            f"{'account ' + pool['account'] if pool.get('account') else 'default account'}, "
+            f"{'partition ' + pool['partition'] if pool.get('partition') else 'default partition'}"
+            + (f": up to {size} an allocation" if size else ""))
 
 
 def _in(column: str, names: Iterable[str] | None) -> tuple[str, list[Any]]:

@@ -66,6 +66,13 @@ def _fmt_time(t: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
 
 
+def _fmt_duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
 def mount(app: FastAPI, service: "Service") -> Board:
     from .metrics import BoardCollector
 
@@ -75,6 +82,7 @@ def mount(app: FastAPI, service: "Service") -> Board:
     env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
                       autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
     env.filters["clock"] = _fmt_time
+    env.filters["duration"] = _fmt_duration
     env.filters["quote"] = lambda s: urllib.parse.quote(str(s), safe="")
 
     def page(name: str, status: int = 200, **ctx: Any) -> HTMLResponse:

@@ -72,6 +72,8 @@ class Credentials:
             raise Unauthenticated("the token's principal no longer exists")
         if cap is not None and len(cap.block_ids) > 1:
             self.gate.store.seen_blocks(cap.root, principal.name, cap.block_ids)
+        if cap is not None:
+            self.gate.store.saw_limits(principal.name, cap.block_ids, cap.limits)
         visible = frozenset([principal.name, *self.db.sponsored_by(principal.name)])
         return expires, principal, visible, cap, cap.block_ids[-1] if cap else record["id"]
 

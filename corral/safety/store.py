@@ -17,6 +17,19 @@ assert {"PENDING", "RUNNING", "UNKNOWN"} == {s.value for s in JobState} - {s.val
 class SafetyStore:
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.limits_seen: dict[str, tuple[str, dict[str, int]]] = {}
+        """Token subtree path -> (principal, its block's limits), for every limited block
+        presented since start: what the dashboard shows budgets against. In memory (the
+        limits live in the token, not here); an agent's next call fills it again."""
+
+    def saw_limits(self, principal: str, block_ids: tuple[str, ...], limits: tuple[dict[str, int], ...]) -> None:
+        for i, block in enumerate(limits):
+            if block:
+                path = "/".join(block_ids[: i + 1])
+                if path not in self.limits_seen:
+                    if len(self.limits_seen) >= 10_000:  # bounded: the oldest go first
+                        self.limits_seen.pop(next(iter(self.limits_seen)))
+                    self.limits_seen[path] = (principal, dict(block))
 
     # -- tokens ---------------------------------------------------------------------
 
