@@ -6,8 +6,10 @@ in docs/ asks only for metrics the gateway exports."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import signal
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -120,6 +122,162 @@ def test_the_dashboard_lives_in_a_real_browser(gateway: Gateway, people: dict[st
             c.close()
     assert all(u.startswith(gateway.url) for u in requests), [u for u in requests if not u.startswith(gateway.url)]
     assert errors == []
+
+
+PLOTS = {"submissions": "jobs / min", "queue": "jobs waiting", "states": "jobs in the minute",
+         "utilisation": "% of CPUs", "saved": "calls"}
+
+
+def _plot(page: Any, name: str) -> dict[str, list[float]]:
+    """One plot as the page shows it: its lines' figures by legend name, after checking
+    that it has both axes (the value axis labelled with its unit) and a legend naming
+    every line."""
+    svg = page.locator(f"#plot-{name} svg")
+    assert svg.get_attribute("data-unit") == PLOTS[name]
+    assert svg.locator("g.axis.x text").count() >= 4  # clock ticks and the axis' name
+    assert "time" in svg.locator("g.axis.x").inner_html()
+    y = svg.locator("g.axis.y")
+    assert y.locator("text").count() >= 5 and PLOTS[name] in [t.text_content() for t in y.locator("text").all()]
+    lines = {ln.get_attribute("data-series"): [float(v) for v in ln.get_attribute("data-values").split(",")]
+             for ln in svg.locator("polyline").all()}
+    legend = [t.text_content() for t in svg.locator("g.legend text").all()]
+    assert legend == list(lines), (legend, list(lines))
+    assert all(len(v) == 30 for v in lines.values()) or name == "saved"
+    return lines
+
+
+def _live(page: Any, name: str, test: str, timeout_s: float = 30) -> dict[str, list[float]]:
+    """Wait, without reloading, until the page's plot ``name`` satisfies ``test`` (a
+    Python expression over ``lines``) -> its lines."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = _plot(page, name)
+        if eval(test, {}, {"lines": lines}):
+            return lines
+        assert time.monotonic() < deadline, f"{name}: {test} never held; last {lines}"
+        page.wait_for_timeout(500)
+
+
+def test_the_plots_show_a_scripted_workload_live(gateway: Gateway, people: dict[str, str], agent_dir: Path,
+                                                 browser: Any) -> None:
+    """A scripted workload: 3 agent jobs and 2 people's, waited for; then, with the page
+    open, a job that fills the 2 CPUs and one that waits behind it. Each plot has its
+    axes, unit and legend, shows these figures, and follows them without a reload."""
+    reads = 0
+    with gateway.http(people["bot1"]) as bot, gateway.http(people["carol"]) as carol:
+        ids = [bot.post("/v1/jobs", json={"command": f"echo {i}", "workdir": str(agent_dir)}).json()["id"]
+               for i in range(3)]
+        ids += [carol.post("/v1/jobs", json={"command": "true"}).json()["id"] for _ in range(2)]
+        for who, i in zip((bot, bot, bot, carol, carol), ids):
+            assert who.get(f"/v1/jobs/{i}/wait", params={"timeout": 30}).json()["state"] == "COMPLETED"
+            reads += 1
+    with gateway.http() as h:  # every job ended (the admin sees them all)
+        for i in ids:
+            assert h.get(f"/v1/jobs/{i}/wait", params={"timeout": 30}).json()["state"] == "COMPLETED"
+            reads += 1
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        _sign_in(page, gateway.url, gateway.admin_token)
+        subs = _plot(page, "submissions")
+        assert sum(subs["agent"]) == 3 and sum(subs["human"]) == 2, subs
+        assert sum(_plot(page, "states")["COMPLETED"]) == 5
+        assert max(_plot(page, "queue").get("local", [0])) <= 5
+        # What corral saved: the local backend has no controller, and says so; what clients
+        # would have asked is an sbatch per job and a query per read.
+        saved = page.locator("#saved table.backend[data-backend=local]")
+        assert int(saved.locator(".without").inner_text()) == 5 + reads
+        assert int(saved.locator(".asked").inner_text()) == 0
+        assert "no scheduler controller" in page.locator("#saved .means").inner_text()
+        # Live: a job holds both CPUs, another waits behind it.
+        with gateway.http(people["carol"]) as carol:
+            big = carol.post("/v1/jobs", json={"command": "sleep 6", "cpus": 2}).json()["id"]
+            carol.get(f"/v1/jobs/{big}/wait", params={"timeout": 30, "until": "RUNNING"})
+            small = carol.post("/v1/jobs", json={"command": "true"}).json()["id"]
+            reads += 1
+            _live(page, "submissions", "sum(lines['human']) == 4")
+            _live(page, "queue", "lines['local'][-1] >= 1")
+            _live(page, "states", "lines['RUNNING'][-1] >= 1 and lines['PENDING'][-1] >= 1")
+            # 2 of the 2 CPUs held for part of the last minute: above 0, at most 100 %.
+            util = _live(page, "utilisation", "lines['CPUs held by jobs'][-1] > 0")
+            assert all(0 <= v <= 100 for v in util["CPUs held by jobs"])
+            for i in (big, small):
+                assert carol.get(f"/v1/jobs/{i}/wait", params={"timeout": 30}).json()["state"] == "COMPLETED"
+                reads += 1
+        _live(page, "states", "sum(lines['COMPLETED']) == 7")
+        lines = _live(page, "saved", f"lines['clients would have asked'][-1] == {7 + reads}")
+        assert lines["corral asked the controller"][-1] == 0
+        assert errors == []
+    finally:
+        context.close()
+
+
+@contextlib.contextmanager
+def _admin_board(gateway: Gateway) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=gateway.url, timeout=60) as c:
+        assert c.post("/dashboard/login", data={"token": gateway.admin_token}).status_code == 303
+        yield c
+
+
+def test_budgets_are_shown_against_their_limits(gateway: Gateway, people: dict[str, str], agent_dir: Path) -> None:
+    """A token minted with a CPU-hour budget and a cap on live jobs: the board shows
+    what was used of each limit (a live job charged its whole walltime, as admit does)."""
+    with gateway.http() as h:
+        limited = h.post("/v1/tokens", json={"for": "bot1", "cpu_hours": 2, "max_active_jobs": 3,
+                                             "submits_per_min": 10}).json()
+    with gateway.http(limited["token"]) as bot:
+        job = bot.post("/v1/jobs", json={"command": "sleep 5", "walltime": "30m", "workdir": str(agent_dir)}).json()
+        with _admin_board(gateway) as c:
+            rows = [b for b in c.get("/dashboard/live.json").json()["budgets"] if b["principal"] == "bot1"]
+            assert [(b["cpu_hours"], b["cpu_limit"], b["active_jobs"], b["active_limit"], b["rate_limit"])
+                    for b in rows] == [(0.5, 2.0, 1, 3, 10)]
+            html = c.get("/dashboard/live").text
+            row = re.search(rf'<tr data-token="{rows[0]["token"]}">(.*?)</tr>', html, re.S)
+            assert row and "0.5 of 2.0" in row.group(1) and "1 of 3" in row.group(1) and "10/min" in row.group(1)
+        bot.post(f"/v1/jobs/{job['id']}/cancel")
+
+
+def test_the_fast_lane_pool_is_named_for_people(gateway: Gateway) -> None:
+    with gateway.http() as h:
+        task = h.post("/v1/jobs", json={"command": "true", "lane": "fast"}).json()
+        assert h.get(f"/v1/jobs/{task['id']}/wait", params={"timeout": 60}).json()["state"] == "COMPLETED"
+    with _admin_board(gateway) as c:
+        html = c.get("/dashboard/live").text
+    pools = re.findall(r'<tr data-pool="([^"]*)"><td>([^<]*)</td>', html)
+    assert pools, html[html.find('id="pools"'):][:2000]
+    for slug, name in pools:
+        assert "_-_" not in name and "default account" in name and "partition" in name and "CPUs" in name, name
+
+
+def test_what_corral_saved_a_real_slurm_is_counted_in_its_commands(tmp_path: Path, slurm_turn: None) -> None:
+    """On Slurm, what corral asked is the Slurm commands it ran (not its status ticks,
+    most answered by jobs' own reports), set against an sbatch per job and a query per
+    read of its clients; the panel says what the figure means."""
+    from .slurm_env import slurm_conf
+    from .test_gateway_slurm import start_slurm_gateway
+
+    gw = start_slurm_gateway(tmp_path, slurm_conf())
+    try:
+        with gw.http() as h:
+            ids = [h.post("/v1/jobs", json={"command": "true", "walltime": "1m"}).json()["id"] for _ in range(2)]
+            for i in ids:
+                assert h.get(f"/v1/jobs/{i}/wait", params={"timeout": 120}).json()["state"] == "COMPLETED"
+            for _ in range(5):
+                h.get(f"/v1/jobs/{ids[0]}")
+            assert h.post(f"/v1/jobs/{ids[0]}/cancel").status_code in (200, 409)
+        with _admin_board(gw) as c:
+            board = c.get("/dashboard/live.json").json()
+            slurm = board["saved"]["backends"][0]
+            html = c.get("/dashboard/live").text
+    finally:
+        gw.kill(signal.SIGTERM)
+    assert slurm["backend"] == "slurm" and slurm["jobs"] == 2 and slurm["reads"] == 7 and slurm["cancels"] == 1
+    assert slurm["without_corral"] == 10
+    assert slurm["by_command"]["sbatch"] == 2 and slurm["corral_asked"] == sum(slurm["by_command"].values())
+    assert slurm["ratio"] == round(10 / slurm["corral_asked"], 1)
+    assert f"Corral sent {slurm['corral_asked']}" in slurm["means"] and "Corral sent" in html
 
 
 def test_a_revoked_token_signs_the_viewer_out(gateway: Gateway, people: dict[str, str]) -> None:

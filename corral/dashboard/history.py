@@ -2,7 +2,8 @@
 
 Jobs' own times say most of it, so most series are read from the database, not kept:
 a restarted gateway draws the same past. A job counts where it was during each minute
-(submitted in it; waiting or running at any moment of it; ended in it, by outcome).
+(submitted in it; waiting or running at any moment of it; ended in it, by outcome);
+the queue's depth is the jobs waiting at each minute's end (the last point: now).
 Utilisation is the CPUs that batch jobs held (fast-lane tasks run inside their pools'
 allocations, which are batch jobs: counted once) against the batch backend's CPUs.
 What corral saved the scheduler comes from counters, which have no past: it is sampled
@@ -42,10 +43,10 @@ class History:
         with self._lock:
             if self.samples and now - self.samples[-1][0] < SAMPLE_S:
                 return
-            point: dict[str, float] = {}
-            for b in saved["backends"]:
-                point[f"clients would have asked {b['backend']}"] = b["without_corral"]
-                point[f"corral asked {b['backend']}"] = b["corral_asked"]
+            # One batch backend per gateway: its controller is the one the fast lane uses too.
+            b = saved["backends"][0]
+            point = {"clients would have asked": float(b["without_corral"]),
+                     "corral asked the controller": float(b["corral_asked"])}
             self.samples.append((now, point))
 
     def capacity(self) -> int:
@@ -98,9 +99,11 @@ class History:
                 continue
             if sub > start:
                 kinds.setdefault(kind, [0.0] * n)[first(sub)] += 1
-            for i in range(first(sub), last(begin if begin is not None else end) + 1):
-                queue.setdefault(lane, [0.0] * n)[i] += 1
+            waited = begin if begin is not None else end
+            for i in range(first(sub), last(waited) + 1):
                 states.setdefault("PENDING", [0.0] * n)[i] += 1
+                if waited is None or waited > times[i]:  # the queue's depth at the minute's end
+                    queue.setdefault(lane, [0.0] * n)[i] += 1
             if begin is not None:
                 for i in range(first(begin), last(end) + 1):
                     states.setdefault("RUNNING", [0.0] * n)[i] += 1
@@ -111,7 +114,7 @@ class History:
         out = {
             "submissions": plots.timeseries("submissions", "Submissions, by kind of principal", "jobs / min",
                                             times, dict(sorted(kinds.items())) or {"none": [0.0] * n}),
-            "queue": plots.timeseries("queue", "Queue depth: jobs waiting, by lane", "jobs waiting",
+            "queue": plots.timeseries("queue", "Queue depth: jobs waiting at each minute's end, by lane", "jobs waiting",
                                       times, dict(sorted(queue.items())) or {"none": [0.0] * n}),
             "states": plots.timeseries("states", "Jobs by state during each minute", "jobs in the minute",
                                        times, states or {"none": [0.0] * n}),

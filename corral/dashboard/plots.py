@@ -35,8 +35,8 @@ def _num(v: float) -> str:
     return f"{v / 1e6:.1f}M" if v >= 1e6 else f"{v / 1e3:.0f}k" if v >= 1e4 else f"{v:g}"
 
 
-def _clock(t: float) -> str:
-    return time.strftime("%H:%M", time.localtime(t))
+def _clock(t: float, seconds: bool = False) -> str:
+    return time.strftime("%H:%M:%S" if seconds else "%H:%M", time.localtime(t))
 
 
 def timeseries(plot_id: str, title: str, unit: str, times: Sequence[float],
@@ -48,7 +48,8 @@ def timeseries(plot_id: str, title: str, unit: str, times: Sequence[float],
         return f'<p class="muted" data-plot="{esc(plot_id)}">{esc(title)}: not enough history yet</p>'
     t0, t1 = times[0], times[-1]
     top = nice_top(max((max(v, default=0.0) for v in series.values()), default=0.0))
-    legend_h = 14 * ((len(series) + 2) // 3) + 6
+    cols = 3 if max(map(len, series), default=0) <= 14 else 1
+    legend_h = 14 * -(-len(series) // cols) + 6
     width, height = LEFT + W + RIGHT, TOP + H + BOTTOM + legend_h
 
     def px(t: float) -> float:
@@ -71,7 +72,7 @@ def timeseries(plot_id: str, title: str, unit: str, times: Sequence[float],
     for k in range(4):
         t = t0 + (t1 - t0) * k / 3
         out.append(f'<text x="{px(t):.1f}" y="{TOP + H + 12}" class="tick" '
-                   f'text-anchor="{"start" if k == 0 else "end" if k == 3 else "middle"}">{_clock(t)}</text>')
+                   f'text-anchor="{"start" if k == 0 else "end" if k == 3 else "middle"}">{_clock(t, t1 - t0 < 600)}</text>')
     out.append(f'<line x1="{LEFT}" y1="{TOP + H}" x2="{LEFT + W}" y2="{TOP + H}" stroke="#888"/>'
                f'<text x="{LEFT + W / 2}" y="{TOP + H + 25}" class="tick" text-anchor="middle">'
                f'time (local clock)</text></g>')
@@ -85,7 +86,7 @@ def timeseries(plot_id: str, title: str, unit: str, times: Sequence[float],
     out.append('</g><g class="legend">')
     for i, name in enumerate(series):
         color = colors.get(name) or FIXED.get(name) or PALETTE[i % len(PALETTE)]
-        x, y = LEFT + (i % 3) * (W // 3), TOP + H + BOTTOM + 10 + 14 * (i // 3)
+        x, y = LEFT + (i % cols) * (W // cols), TOP + H + BOTTOM + 10 + 14 * (i // cols)
         out.append(f'<rect x="{x}" y="{y - 8}" width="9" height="9" fill="{color}"/>'
                    f'<text x="{x + 13}" y="{y}" class="tick" data-series="{esc(name)}">{esc(name)}</text>')
     out.append("</g></svg>")
