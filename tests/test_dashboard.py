@@ -62,7 +62,7 @@ def test_the_dashboard_lives_in_a_real_browser(gateway: Gateway, people: dict[st
         assert bot.post("/v1/jobs", json={"command": "rm -rf /", "workdir": str(agent_dir)}).status_code == 403
     requests: list[str] = []
     errors: list[str] = []
-    contexts = [browser.new_context(viewport={"width": 420, "height": 900}) for _ in range(3)]
+    contexts = [browser.new_context(viewport={"width": 360, "height": 900}) for _ in range(3)]
     try:
         page, sponsor, other = (c.new_page() for c in contexts)
         page.on("request", lambda r: requests.append(r.url))
@@ -75,11 +75,16 @@ def test_the_dashboard_lives_in_a_real_browser(gateway: Gateway, people: dict[st
         sessions = page.locator("#sessions").inner_text()
         assert "bot1-s1" in sessions and "c-1" in sessions
         assert "agents-no-harmful-commands" in page.locator("#refusals").inner_text()
-        # On a narrow screen the refusals' bars stay inside their card.
+        # On a phone's screen the refusals' bars stay inside their card, and no card's
+        # content spills out of it (a wide table scrolls inside its card).
         card = page.locator("#refusals").bounding_box()
         for meter in page.locator("#refusals meter").all():
             box = meter.bounding_box()
             assert box["x"] + box["width"] <= card["x"] + card["width"], (box, card)
+        assert page.evaluate("""[...document.querySelectorAll('main > section')]
+            .filter(s => s.scrollWidth > s.clientWidth + 1 && getComputedStyle(s).overflowX === 'visible')
+            .map(s => s.id)""") == []
+        assert page.evaluate("(s => s.scrollWidth <= s.clientWidth + 1)(document.getElementById('refusals'))")
         assert "intact" in page.locator("#audit").inner_text()
         # A job changes state: the page shows it without a reload.
         with gateway.http() as h:
