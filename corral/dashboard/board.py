@@ -293,7 +293,7 @@ class Board:
                 continue
             cpu_s, gpu_s, active = store.used(path)
             out.append({"token": path.rsplit("/", 1)[-1], "principal": who, "sponsor": sponsors.get(who) or who,
-                        "note": path, "cpu_hours": round(cpu_s / 3600, 3), "gpu_hours": round(gpu_s / 3600, 3),
+                        "note": path, "path": path, "cpu_hours": round(cpu_s / 3600, 3), "gpu_hours": round(gpu_s / 3600, 3),
                         "active_jobs": active,
                         "cpu_limit": _hours(limits.get("budget_cpu_s")), "gpu_limit": _hours(limits.get("budget_gpu_s")),
                         "active_limit": limits.get("max_active_jobs"), "rate_limit": limits.get("submits_per_min")})
@@ -307,7 +307,7 @@ class Board:
                 continue
             cpu_s, gpu_s, active = store.used(tid)
             if cpu_s or gpu_s or active:
-                out.append({"token": tid, "principal": who, "sponsor": sponsor or who, "note": note,
+                out.append({"token": tid, "principal": who, "sponsor": sponsor or who, "note": note, "path": tid,
                             "cpu_hours": round(cpu_s / 3600, 3), "gpu_hours": round(gpu_s / 3600, 3),
                             "active_jobs": active, "cpu_limit": None, "gpu_limit": None, "active_limit": None,
                             "rate_limit": None})

@@ -69,10 +69,21 @@ class BoardCollector(Collector):
                                  labels=["sponsor"])
         by_sponsor: dict[str, float] = {}
         for row in self.board.budgets(None):
+            if "/" in row["path"]:  # a narrowed token's use is counted in its root's too
+                continue
             by_sponsor[row["sponsor"]] = by_sponsor.get(row["sponsor"], 0.0) + row["cpu_hours"]
         for sponsor, hours in sorted(by_sponsor.items()):
             used.add_metric([sponsor], hours)
         yield used
+        backend = self.board.service.lanes.batch.backend
+        asked = getattr(getattr(backend, "inner", backend), "controller_calls", None)
+        if asked is not None:
+            commands = CounterMetricFamily("corral_controller_calls", "Scheduler commands corral ran (what the "
+                                           "controller and its database were really asked), by command.",
+                                           labels=["command"])
+            for command, n in sorted(asked.items()):
+                commands.add_metric([command], n)
+            yield commands
         pending = GaugeMetricFamily("corral_fastlane_pool_pending", "Tasks waiting in a fast-lane pool.", labels=["pool"])
         allocs = GaugeMetricFamily("corral_fastlane_pool_allocations", "A fast-lane pool's allocations up.",
                                    labels=["pool"])
