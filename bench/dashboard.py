@@ -149,6 +149,7 @@ def main() -> None:
         page_lat: list[float] = []
         live_lat: list[float] = []
         computed: list[float] = []
+        plots_ms: list[float] = []  # the part of each snapshot spent on its plots (history.py)
         ages: list[float] = []
         with httpx.Client(base_url=gw.url, timeout=60) as browser:
             assert browser.post("/dashboard/login", data={"token": admin}).status_code == 303
@@ -165,6 +166,7 @@ def main() -> None:
                 ages.append(snap["age_s"])
                 if snap.get("computed_ms") is not None and (not computed or snap["computed_ms"] != computed[-1]):
                     computed.append(snap["computed_ms"])
+                    plots_ms.append(snap.get("plots_ms") or 0.0)
                 print(f"\rdashboard: {i + 1}/{a.samples}", end="", file=sys.stderr)
             print(file=sys.stderr)
             snap = browser.get("/dashboard/live.json").json()
@@ -182,6 +184,7 @@ def main() -> None:
            "status_p50_ms": round(pct(status_lat, 50), 2), "status_p95_ms": round(pct(status_lat, 95), 2),
            "live_over_status_p50": round(pct(live_lat, 50) / pct(status_lat, 50), 1) if status_lat else None,
            "snapshot_compute_p50_ms": round(pct(computed, 50), 1), "snapshot_compute_p95_ms": round(pct(computed, 95), 1),
+           "of_which_plots_p50_ms": round(pct(plots_ms, 50), 1), "of_which_plots_p95_ms": round(pct(plots_ms, 95), 1),
            "age_p95_s": round(pct(ages, 95), 2), "age_max_s": round(max(ages), 2) if ages else None,
            "agent_status_calls": len(status_lat), "sessions_shown": len(snap["sessions"]), "errors": len(errors),
            "target_p95_ms": 100}

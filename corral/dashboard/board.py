@@ -213,10 +213,13 @@ class Board:
             [*args, PILOT_PRINCIPAL, now - RATE_WINDOW_S])}
         saved = self.saved(names)
         self.history.sample(now, saved)
+        t0 = time.perf_counter()
+        drawn = await asyncio.to_thread(self.history.plots, now, names)
         return {
             "viewer": self._viewer(caller, names),
             "at": now,
-            "plots": await asyncio.to_thread(self.history.plots, now, names),
+            "plots": drawn,
+            "plots_ms": round((time.perf_counter() - t0) * 1000, 1),
             "sessions": sessions,
             "jobs": states,
             "submits_per_min": rate,
