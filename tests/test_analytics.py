@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -234,10 +235,20 @@ def test_html_report_in_a_real_browser(facility: Path, tmp_path: Path) -> None:
             page.goto(page_file.as_uri())
             assert page.title() == "corral: what agents do on this facility"
             assert "19.5%" in page.locator("#cards").inner_text()  # the agents' share of users
-            assert page.locator("svg").count() == 9  # + 3 series a day, 2 distributions
+            assert page.locator("svg").count() == 11  # + 3 series a day, 2 distributions, 2 colour scales
             assert page.locator("svg.ts").count() == 3 and page.locator("svg.hist").count() == 2
             assert "agent" in (page.locator("svg.ts").first.text_content() or "")  # the legend
             assert page.locator("svg.heat rect").count() == 2 * 7 * 24
+            # each heatmap has its colour scale, up to its busiest hour
+            for heat, scale in zip(page.locator("svg.heat").all(), page.locator("svg.heat-scale").all()):
+                peak = max(int(re.search(r"— ([\d,]+) jobs", t.text_content() or "").group(1).replace(",", ""))
+                           for t in heat.locator("title").all())
+                labels = [t.text_content() for t in scale.locator("text").all()]
+                assert labels[0] == "0" and labels[-2] == f"{peak:,}" and "jobs submitted in that hour" in labels[-1]
+            # percentiles say their unit
+            for table in ("#wait-quantiles", "#run-quantiles"):
+                head = page.locator(f"{table} tr").first.inner_text()
+                assert "p50 (s)" in head and "max (s)" in head, head
             assert page.locator("svg.scatter circle").count() == 400 + 2  # one dot per user, and the legend's two
             box = page.locator("svg.bars").bounding_box()
             assert box and box["width"] > 300 and box["height"] > 100  # drawn, not collapsed
@@ -369,6 +380,12 @@ def test_the_tables_an_admin_expects_and_their_csv(facility: Path, tmp_path: Pat
     assert [r["size"] for r in t["by_size"] if r["group"] == "human"][:2] == ["1", "2-4"]
     jobs = sum(r["jobs"] for r in t["by_partition"])
     assert jobs == sum(r["jobs"] for r in t["daily"]) == sum(r["jobs"] for r in t["by_size"])
+    # accounts by use, the most core-hours first (the report shows the first 30)
+    used: dict[str, float] = {}
+    for r in t["by_account"]:
+        used[r["account"]] = used.get(r["account"], 0.0) + r["core_hours"]
+    order = list(dict.fromkeys(r["account"] for r in t["by_account"]))
+    assert len(order) > 2 and [used[a] for a in order] == sorted(used.values(), reverse=True)
     wait = {r["group"]: r for r in t["wait_distribution"]}
     assert wait["agent"]["p10"] <= wait["agent"]["p50"] <= wait["agent"]["p99"] <= wait["agent"]["max"]
     day = t["utilisation"][0]

@@ -111,6 +111,22 @@ def _heat(grid: list[list[int]], color: str, label: str) -> str:
             out.append(f'<rect x="{left + h * cell}" y="{top + d * cell}" width="{cell - 1}" height="{cell - 1}" '
                        f'fill="{color}" opacity="{op:.2f}"><title>{DAYS[d]} {h:02d}:00 — {n:,} jobs</title></rect>')
     out.append("</svg>")
+    return "".join(out) + _heat_scale(peak, color)
+
+
+def _heat_scale(peak: int, color: str) -> str:
+    """The heatmap's colour scale: what a shade means, in jobs submitted in that hour of
+    that weekday over the whole period (the same opacity curve as the cells)."""
+    stops = sorted({0, round(peak / 16), round(peak / 4), round(peak / 2), peak})
+    cell = 18
+    out = [f'<svg role="img" aria-label="colour scale: jobs an hour" class="heat-scale" '
+           f'width="{36 + len(stops) * 3 * cell + 140}" height="30">']
+    for i, n in enumerate(stops):
+        op = 0.06 + 0.94 * (n / peak) ** 0.6 if n else 0.03
+        x = 36 + i * 3 * cell
+        out.append(f'<rect x="{x}" y="2" width="{cell - 1}" height="{cell - 1}" fill="{color}" opacity="{op:.2f}"/>'
+                   f'<text x="{x + cell + 2}" y="15" class="small">{n:,}</text>')
+    out.append(f'<text x="{36 + len(stops) * 3 * cell}" y="15" class="small">jobs submitted in that hour</text></svg>')
     return "".join(out)
 
 
@@ -172,6 +188,12 @@ def _cell(v: Any) -> str:
         if isinstance(v, int) else str(v)
 
 
+def _seconds(rows: list[dict[str, Any]], bins: list[str]) -> list[dict[str, Any]]:
+    """A distribution's quantiles with their unit in the header (p50 (s))."""
+    return [{(f"{k} (s)" if k.startswith("p") or k == "max" else k): v for k, v in r.items() if k not in bins}
+            for r in rows]
+
+
 def _tables(t: dict[str, Any]) -> str:
     """Over time, breakdowns, distributions, users and use against capacity."""
     if not t:
@@ -189,9 +211,9 @@ def _tables(t: dict[str, Any]) -> str:
              _table(t["by_size"], "by-size"),
              "<h2>Waits and run times</h2>",
              histogram(t["wait_distribution"], bins, "queue wait"),
-             _table([{k: v for k, v in r.items() if k not in bins} for r in t["wait_distribution"]], "wait-quantiles"),
+             _table(_seconds(t["wait_distribution"], bins), "wait-quantiles"),
              histogram(t["run_distribution"], bins, "run time"),
-             _table([{k: v for k, v in r.items() if k not in bins} for r in t["run_distribution"]], "run-quantiles"),
+             _table(_seconds(t["run_distribution"], bins), "run-quantiles"),
              "<h2>Users, least certain first</h2>", _table(t["users"], "users", 40)]
     if t.get("utilisation"):
         parts += ["<h2>Use against capacity</h2>",
