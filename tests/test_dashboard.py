@@ -311,9 +311,10 @@ def test_every_grafana_query_names_a_metric_the_gateway_exports(gateway: Gateway
         c.post("/dashboard/login", data={"token": gateway.admin_token})
         c.get("/dashboard/live.json")
     text = httpx.get(f"{gateway.url}/metrics").text
-    # samples, and families declared without one yet (no live job: no corral_jobs sample)
+    # samples, and families declared without one yet (no live job: no corral_jobs sample; no
+    # controller behind the local backend: no corral_controller_calls_total sample)
     exported = set(re.findall(r"^(corral_[a-z_]+?)(?:\{| )", text, re.M)) | set(
-        re.findall(r"^# TYPE (corral_[a-z_]+) gauge", text, re.M))
+        re.findall(r"^# TYPE (corral_[a-z_]+) (?:gauge|counter)", text, re.M))
     board = json.loads((DOCS / "grafana-corral.json").read_text())
     exprs = [t["expr"] for panel in board["panels"] for t in panel["targets"]]
     assert len(exprs) >= 12
@@ -322,5 +323,6 @@ def test_every_grafana_query_names_a_metric_the_gateway_exports(gateway: Gateway
             assert name in exported, f"{name} (in {expr!r}) is not on /metrics"
     # what the dashboard shows is there too
     for family in ("corral_jobs_submitted_total", "corral_decisions_total", "corral_sessions_active",
-                   "corral_fastlane_tasks_total", "corral_audit_chain_ok", "corral_tainted_credentials"):
+                   "corral_fastlane_tasks_total", "corral_audit_chain_ok", "corral_tainted_credentials",
+                   "corral_controller_calls_total"):
         assert family in exported, family

@@ -77,13 +77,12 @@ class BoardCollector(Collector):
         yield used
         backend = self.board.service.lanes.batch.backend
         asked = getattr(getattr(backend, "inner", backend), "controller_calls", None)
-        if asked is not None:
-            commands = CounterMetricFamily("corral_controller_calls", "Scheduler commands corral ran (what the "
-                                           "controller and its database were really asked), by command.",
-                                           labels=["command"])
-            for command, n in sorted(asked.items()):
-                commands.add_metric([command], n)
-            yield commands
+        commands = CounterMetricFamily("corral_controller_calls", "Scheduler commands corral ran (what the "
+                                       "controller and its database were really asked), by command; none on a "
+                                       "backend without a controller (local).", labels=["command"])
+        for command, n in sorted((asked or {}).items()):
+            commands.add_metric([command], n)
+        yield commands
         pending = GaugeMetricFamily("corral_fastlane_pool_pending", "Tasks waiting in a fast-lane pool.", labels=["pool"])
         allocs = GaugeMetricFamily("corral_fastlane_pool_allocations", "A fast-lane pool's allocations up.",
                                    labels=["pool"])
