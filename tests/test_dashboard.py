@@ -326,3 +326,56 @@ def test_every_grafana_query_names_a_metric_the_gateway_exports(gateway: Gateway
                    "corral_fastlane_tasks_total", "corral_audit_chain_ok", "corral_tainted_credentials",
                    "corral_controller_calls_total"):
         assert family in exported, family
+
+
+def test_the_plots_figures_from_jobs_times(tmp_path: Path) -> None:
+    """An extra, beside the browser test: History over a real database of jobs with
+    chosen times gives the exact figures, fractions of a minute included (the gateway
+    around it is stood in for by its database and a 4-CPU backend)."""
+    from types import SimpleNamespace
+
+    from corral.backends import Partition
+    from corral.dashboard.history import BUCKET_S, History
+    from corral.db import Database
+    from corral.principals import PILOT_PRINCIPAL
+
+    db = Database(tmp_path / "corral.db")
+    now = 1_800_000_000.0
+    m = BUCKET_S
+    db.conn.executemany("INSERT INTO principals (name, kind, sponsor, created) VALUES (?, ?, NULL, ?)",
+                        [("ann", "human", now), ("bot", "agent", now), (PILOT_PRINCIPAL, "service", now)])
+    jobs = [  # principal, lane, state, submit, start, end, cpus
+        ("ann", "local", "COMPLETED", now - 10 * m, now - 9.5 * m, now - 7.5 * m, 2),  # ran 2 minutes
+        ("bot", "local", "RUNNING", now - 3 * m, now - 2.25 * m, None, 1),  # running since 2m15s ago
+        ("bot", "local", "PENDING", now - 0.5 * m, None, None, 4),  # waiting now
+        ("bot", "fast", "COMPLETED", now - 4 * m, now - 4 * m, now - 3.9 * m, 1),  # inside an allocation
+        (PILOT_PRINCIPAL, "local", "RUNNING", now - 5 * m, now - 5 * m, None, 1),  # the allocation
+    ]
+    db.conn.executemany(
+        "INSERT INTO jobs (principal, session, backend, backend_id, state, submit_time, start_time, end_time, spec) "
+        "VALUES (?, NULL, ?, 'x', ?, ?, ?, ?, ?)",
+        [(w, lane, st, s, b, e, json.dumps({"command": "true", "cpus": c})) for w, lane, st, s, b, e, c in jobs])
+    backend = SimpleNamespace(partitions=lambda: [Partition("local", 4, 8000, 0, 3600, default=True)])
+    service = SimpleNamespace(db=db, lanes=SimpleNamespace(batch=SimpleNamespace(backend=backend, name="local")))
+    svg = History(service).plots(now, None)  # type: ignore[arg-type]
+
+    def lines(name: str) -> dict[str, list[float]]:
+        return {k: [float(x) for x in v.split(",")] for k, v in
+                re.findall(r'<polyline [^>]*data-series="([^"]+)" data-values="([^"]+)"', svg[name])}
+
+    last = lambda k: k[-12:]  # the last 12 minutes, oldest first # noqa: E731
+    subs = lines("submissions")
+    # minute k of these 12 is (now - (12 - k) min, now - (11 - k) min]
+    assert last(subs["human"]) == [0, 1] + [0] * 10
+    assert last(subs["agent"]) == [0] * 7 + [1, 1, 0, 0, 1]
+    util = lines("utilisation")["CPUs held by jobs"]
+    # ann's 2 CPUs: half of minute -10..-9, all of -9..-8, half of -8..-7, of 4 CPUs; the
+    # pilot's 1 CPU from -5 on; bot's 1 CPU from -2.25 on; the fast task not again.
+    assert last(util) == [0, 0, 25, 50, 25, 0, 0, 25, 25, 31.2, 50, 50], last(util)  # 31.25: bot a quarter
+    queue = lines("queue")
+    # waiting at a minute's end: ann's job at -10 min, bot's at -3 min, the pending one now
+    assert last(queue["local"]) == [0, 1] + [0] * 6 + [1, 0, 0, 1] and not any(queue["fast"])
+    states = lines("states")
+    assert last(states["COMPLETED"]) == [0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0]
+    assert last(states["PENDING"])[-1] == 1 and last(states["RUNNING"])[-1] == 1
+    db.close()

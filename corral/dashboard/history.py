@@ -75,13 +75,14 @@ class History:
                                UNION SELECT id FROM jobs WHERE end_time > ?) AND {where}
                 LIMIT 100000""", [start, start, *args]).fetchall()
         n = len(times)
-        kinds: dict[str, list[float]] = {}
-        queue: dict[str, list[float]] = {}
-        states: dict[str, list[float]] = {}
-        busy = [0.0] * n
-        fast = getattr(self.service.lanes, "fast", None)
-        fast_name = getattr(fast, "name", "fast")
         t0 = times[0]
+        # Spans are added as differences (+v where a span begins, -v after it ends) and
+        # summed once at the end: each job costs the same whatever its length.
+        kinds: dict[str, list[float]] = collections.defaultdict(lambda: [0.0] * (n + 1))
+        queue: dict[str, list[float]] = collections.defaultdict(lambda: [0.0] * (n + 1))
+        states: dict[str, list[float]] = collections.defaultdict(lambda: [0.0] * (n + 1))
+        busy = [0.0] * (n + 1)
+        fast_name = getattr(getattr(self.service.lanes, "fast", None), "name", "fast")
 
         def first(x: float) -> int:  # the first minute whose end is at or after x
             return min(n - 1, max(0, math.ceil((x - t0) / BUCKET_S)))
@@ -89,26 +90,50 @@ class History:
         def last(y: float | None) -> int:  # the last minute that began before y
             return n - 1 if y is None else min(n - 1, math.ceil((y + BUCKET_S - t0) / BUCKET_S) - 1)
 
+        def span(diff: list[float], a: int, b: int, v: float = 1.0) -> None:
+            if a <= b:
+                diff[a] += v
+                diff[b + 1] -= v
+
+        def held(i: int, begin: float, end: float | None) -> float:  # of minute i, the share a job ran
+            return max(0.0, min(times[i], end if end is not None else times[i]) - max(times[i] - BUCKET_S, begin)
+                       ) / BUCKET_S
+
         for who, kind, lane, state, sub, begin, end, cpus in rows:
             pilot = who == PILOT_PRINCIPAL
-            if begin is not None and (pilot or lane != fast_name):  # a batch job holds CPUs while it runs
-                for i in range(first(begin), last(end) + 1):
-                    held = min(times[i], end if end is not None else times[i]) - max(times[i] - BUCKET_S, begin)
-                    busy[i] += max(0.0, held) / BUCKET_S * float(cpus or 1)
+            if begin is not None:
+                a, b = first(begin), last(end)
+                if a <= b and (pilot or lane != fast_name):  # a batch job holds its CPUs while it runs
+                    c = float(cpus or 1)
+                    span(busy, a + 1, b - 1, c)  # whole minutes between its first and its last
+                    for i in {a, b}:
+                        d = held(i, begin, end) * c
+                        busy[i] += d
+                        busy[i + 1] -= d
+                if not pilot:
+                    span(states["RUNNING"], a, b)
             if pilot:
                 continue
             if sub > start:
-                kinds.setdefault(kind, [0.0] * n)[first(sub)] += 1
+                span(kinds[kind], first(sub), first(sub))
             waited = begin if begin is not None else end
-            for i in range(first(sub), last(waited) + 1):
-                states.setdefault("PENDING", [0.0] * n)[i] += 1
-                if waited is None or waited > times[i]:  # the queue's depth at the minute's end
-                    queue.setdefault(lane, [0.0] * n)[i] += 1
-            if begin is not None:
-                for i in range(first(begin), last(end) + 1):
-                    states.setdefault("RUNNING", [0.0] * n)[i] += 1
+            span(states["PENDING"], first(sub), last(waited))
+            # the queue's depth at each minute's end: minutes that end before the wait does
+            span(queue[lane], first(sub), n - 1 if waited is None else min(n - 1, math.ceil((waited - t0) / BUCKET_S) - 1))
             if end is not None and end > start and state not in LIVE:
-                states.setdefault(state, [0.0] * n)[first(end)] += 1
+                span(states[state], first(end), first(end))
+
+        def summed(diff: list[float]) -> list[float]:
+            out, acc = [], 0.0
+            for d in diff[:n]:
+                acc += d
+                out.append(round(acc, 6))
+            return out
+
+        kinds = {k: summed(v) for k, v in kinds.items()}
+        queue = {k: summed(v) for k, v in queue.items()}
+        states = {k: summed(v) for k, v in states.items() if any(summed(v))}
+        busy = summed(busy)
         order = ["PENDING", "RUNNING", "COMPLETED", "FAILED"]
         states = dict(sorted(states.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else 9, kv[0])))
         out = {
