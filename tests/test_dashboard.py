@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 import signal
 import time
@@ -141,8 +142,13 @@ def _plot(page: Any, name: str) -> dict[str, list[float]]:
     assert svg.get_attribute("data-unit") == PLOTS[name]
     assert svg.locator("g.axis.x text").count() >= 4  # clock ticks and the axis' name
     assert "time" in svg.locator("g.axis.x").inner_html()
-    y = svg.locator("g.axis.y")
-    assert y.locator("text").count() >= 5 and PLOTS[name] in [t.text_content() for t in y.locator("text").all()]
+    labels = [t.text_content() or "" for t in svg.locator("g.axis.y text").all()]
+    assert labels[-1] == PLOTS[name]  # the value axis names its unit
+    ticks = [float(t) for t in labels[:-1]]  # round ticks, evenly spaced: 0, 2, 4... never 1.25
+    steps = {round(b - a, 9) for a, b in zip(ticks, ticks[1:])}
+    assert ticks[0] == 0 and len(ticks) >= 2 and len(steps) == 1, ticks
+    step = steps.pop()
+    assert round(step / 10 ** math.floor(math.log10(step)), 6) in (1, 2, 5), ticks
     lines = {ln.get_attribute("data-series"): [float(v) for v in ln.get_attribute("data-values").split(",")]
              for ln in svg.locator("polyline").all()}
     legend = [t.text_content() for t in svg.locator("g.legend text").all()]

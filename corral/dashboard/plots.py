@@ -9,6 +9,7 @@ so a test or a script reads what a person sees."""
 from __future__ import annotations
 
 import html
+import math
 import time
 from typing import Mapping, Sequence
 
@@ -18,17 +19,18 @@ FIXED = {"agent": "#d9480f", "human": "#1971c2", "service": "#495057", "PENDING"
          "RUNNING": "#2b8a3e", "COMPLETED": "#1971c2", "FAILED": "#b3261e"}
 
 
-def nice_top(top: float) -> float:
-    """A round axis maximum at or above ``top`` (1, 2, 2.5, 5 times a power of ten)."""
+def axis(top: float) -> tuple[float, float]:
+    """A value axis up to at least ``top``: (its step, its end), the step 1, 2 or 5 times
+    a power of ten, so every tick is a round number (0, 2, 4, 6, 8; never 1.25)."""
     if top <= 0:
-        return 1.0
-    step = 10.0 ** (len(str(int(top))) - 1) if top >= 1 else 0.1
-    while step > top:  # below 1: tenths, hundredths...
-        step /= 10
-    for m in (1, 2, 2.5, 5, 10):
-        if m * step >= top:
-            return m * step
-    return 10 * step
+        return 1.0, 1.0
+    raw = top / 4
+    step = 10.0 ** math.floor(math.log10(raw))
+    for m in (1, 2, 5, 10):
+        if m * step >= raw * (1 - 1e-9):
+            step *= m
+            break
+    return step, step * math.ceil(top / step - 1e-9)
 
 
 def _num(v: float) -> str:
@@ -47,7 +49,7 @@ def timeseries(plot_id: str, title: str, unit: str, times: Sequence[float],
     if len(times) < 2:
         return f'<p class="muted" data-plot="{esc(plot_id)}">{esc(title)}: not enough history yet</p>'
     t0, t1 = times[0], times[-1]
-    top = nice_top(max((max(v, default=0.0) for v in series.values()), default=0.0))
+    step, top = axis(max((max(v, default=0.0) for v in series.values()), default=0.0))
     cols = 3 if max(map(len, series), default=0) <= 14 else 1
     legend_h = 14 * -(-len(series) // cols) + 6
     width, height = LEFT + W + RIGHT, TOP + H + BOTTOM + legend_h
@@ -61,8 +63,8 @@ def timeseries(plot_id: str, title: str, unit: str, times: Sequence[float],
     out = [f'<svg role="img" aria-label="{esc(title)} ({esc(unit)})" data-plot="{esc(plot_id)}" '
            f'data-unit="{esc(unit)}" viewBox="0 0 {width} {height}" class="plot">',
            f'<title>{esc(title)} ({esc(unit)})</title><g class="axis y" data-label="{esc(unit)}">']
-    for k in range(5):
-        v = top * k / 4
+    for k in range(round(top / step) + 1):
+        v = k * step
         out.append(f'<line x1="{LEFT}" x2="{LEFT + W}" y1="{py(v):.1f}" y2="{py(v):.1f}" stroke="#eee"/>'
                    f'<text x="{LEFT - 4}" y="{py(v) + 3:.1f}" class="tick" text-anchor="end">{_num(v)}</text>')
     out.append(f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + H}" stroke="#888"/>'
