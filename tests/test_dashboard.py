@@ -112,6 +112,9 @@ def test_the_dashboard_lives_in_a_real_browser(gateway: Gateway, people: dict[st
         seen = sponsor.locator("#sessions").inner_text()
         assert "bot1-s1" in seen and "c-1" not in seen and "carol" not in seen
         assert sponsor.locator("#pools").count() == 0
+        # their plots are of their agents' jobs; the facility's utilisation and calls are the admins'
+        assert sum(_plot(sponsor, "submissions")["agent"]) == 1 and "human" not in _plot(sponsor, "submissions")
+        assert sponsor.locator("#plot-utilisation").count() == 0 and sponsor.locator("#plot-saved").count() == 0
         r = sponsor.request.get(f"{gateway.url}/dashboard/sessions/carol/c-1")
         assert r.status == 404
         # Wrong, missing and agents' tokens are refused, saying what to do.
