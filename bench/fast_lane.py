@@ -131,6 +131,117 @@ def corral_arm(gw: GatewayProcess, tokens: list[str], cmd: str, tasks: int, batc
             "failed": len(errors), "errors": errors[:3]}
 
 
+def _procs() -> dict[int, tuple[int, str, float, float]]:
+    """pid -> (parent, command line, own CPU s, reaped children's CPU s), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{e}/stat").read_text()
+            cmd = Path(f"/proc/{e}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        f = stat[stat.rindex(")") + 2:].split()
+        out[int(e)] = (int(f[1]), cmd, (int(f[11]) + int(f[12])) / tick, (int(f[13]) + int(f[14])) / tick)
+    return out
+
+
+def cpu_by_role(gw: GatewayProcess, before: dict[int, tuple[int, str, float, float]],
+                after: dict[int, tuple[int, str, float, float]]) -> dict[str, float]:
+    """CPU seconds spent between two snapshots: the gateway, its pools' workers, their
+    sandbox hosts (with the tasks they reaped), slurm's daemons, everything else."""
+    home = str(gw.home)
+    workers = {p for p, (_, cmd, _, _) in after.items() if "corral.fastlane.worker" in cmd and home in cmd}
+
+    def under(p: int, roots: set[int]) -> bool:
+        for _ in range(20):
+            if p in roots:
+                return True
+            p = after.get(p, (0,))[0]
+            if p <= 1:
+                return False
+        return False
+
+    roles: dict[str, float] = {}
+    for p, (_, cmd, own, kids) in after.items():
+        b = before.get(p)
+        d_own, d_kids = own - (b[2] if b else 0.0), kids - (b[3] if b else 0.0)
+        if p == gw.proc.pid:
+            role = "gateway"
+        elif p in workers:
+            role = "worker"
+        elif under(p, workers):
+            role = "sandbox hosts + their tasks"
+            d_own += d_kids
+        elif any(x in cmd for x in ("slurmctld", "slurmd", "slurmstepd")):
+            role = "slurm daemons"
+        elif p == os.getpid():
+            role = "bench client"
+        else:
+            role = "everything else (other users of the machine)"
+        if d_own > 0:
+            roles[role] = round(roles.get(role, 0.0) + d_own, 3)
+    return roles
+
+
+def stages(gw: GatewayProcess, tokens: list[str], tasks: int, trace_dir: Path) -> dict[str, Any]:
+    """One traced burst: each task's time per stage (corral/fastlane/trace.py), and the
+    CPU each process spent over the burst."""
+    from corral.fastlane import trace
+
+    per = tasks // len(tokens)
+    spec = {"command": "true", "lane": "fast", "walltime": "5m", "memory": "100M"}
+    clients = [httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {t}"}, timeout=120) for t in tokens]
+    for c in clients:
+        c.get("/healthz")
+    posted: dict[int, float] = {}
+    waited: dict[int, float] = {}
+    lock = threading.Lock()
+
+    def agent(h: httpx.Client) -> None:
+        t = time.time()
+        mine = [j["id"] for j in h.post("/v1/jobs/batch", json={"jobs": [spec] * per}).raise_for_status().json()["jobs"]]
+        h.post("/v1/jobs/wait", json={"ids": mine, "timeout": 300}).raise_for_status()
+        with lock:
+            posted.update((j, t) for j in mine)
+            waited.update((j, time.time()) for j in mine)
+
+    before = _procs()
+    t0 = time.time()
+    threads = [threading.Thread(target=agent, args=(c,)) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    makespan = time.time() - t0
+    cpu = cpu_by_role(gw, before, _procs())
+    for c in clients:
+        c.close()
+    time.sleep(0.5)  # the last flushes
+    marks = trace.load(trace_dir)
+    steps = [("gateway request (POST sent -> enqueued in the pool)", "posted", "enqueued"),
+             ("dispatch (pool: waiting for a worker's room -> handed to the engine)", "enqueued", "sent"),
+             ("engine (Dask: scheduler -> worker -> launcher)", "sent", "received"),
+             ("launcher (waiting for a slot, outputs opened, sent to the host)", "received", "spawning"),
+             ("sandbox spawn (host: posix_spawn, its pid back)", "spawning", "pid"),
+             ("task runs (`true`) and its end heard", "pid", "exited"),
+             ("report, in the worker (held up to REPORT_S, then pushed)", "exited", "reported"),
+             ("report, engine to the gateway's pool", "reported", "heard"),
+             ("recorded (outcome committed, waiters woken)", "heard", "recorded"),
+             ("back to the agent (its wait returns)", "recorded", "waited")]
+    table = {}
+    for name, a, b in steps:
+        d = []
+        for jid, m in marks.items():
+            m = {**m, "posted": posted.get(jid), "waited": waited.get(jid)}
+            if m.get(a) is not None and m.get(b) is not None:
+                d.append((m[b] - m[a]) * 1000)
+        table[name] = {"p50_ms": round(pct(d, 50), 2), "p99_ms": round(pct(d, 99), 2), "n": len(d)}
+    return {"makespan_s": round(makespan, 3), "stages": table, "cpu_s": cpu}
+
+
 def idle_dispatch(gw: GatewayProcess, token: str, n: int) -> dict[str, float]:
     """One task at a time into the warm, idle pool: submit -> started, as corral records both."""
     lat = []
@@ -147,12 +258,37 @@ def _pilots(gw: GatewayProcess) -> int:
         return len(h.get("/v1/jobs", params={"principal": "fastlane", "limit": 1000}).json()["jobs"])
 
 
+def trace_main(a: argparse.Namespace) -> None:
+    trace_dir = Path(tempfile.mkdtemp(prefix="corral-bench-trace-"))
+    os.chmod(trace_dir, 0o777)
+    gw = GatewayProcess("--backend", "slurm", env={"SLURM_CONF": ENV["SLURM_CONF"],
+                                                   "CORRAL_FASTLANE_TRACE": str(trace_dir)})
+    try:
+        tokens = sponsored_agents(gw, a.agents)
+        with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {tokens[0]}"}, timeout=120) as h:
+            first = h.post("/v1/jobs", json={"command": "true", "lane": "fast"}).json()
+            h.get(f"/v1/jobs/{first['id']}/wait", params={"timeout": 120})
+        idle_dispatch(gw, tokens[0], 20)
+        for f in trace_dir.glob("trace-*"):
+            f.unlink()
+        out = stages(gw, tokens, 200 if a.quick else a.tasks, trace_dir)
+        out["slurm_jobs"] = _pilots(gw)
+    finally:
+        gw.stop()
+    for name, row in out["stages"].items():
+        print(f"{row['p50_ms']:9.2f} {row['p99_ms']:9.2f}  {name}", file=sys.stderr)
+    print(json.dumps({"bench": "fast_lane_stages", **out}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="200 tasks, `true` only")
     ap.add_argument("--tasks", type=int, default=1000)
     ap.add_argument("--agents", type=int, default=10)
+    ap.add_argument("--trace", action="store_true", help="one traced burst of `true`: time per stage, CPU per process")
     a = ap.parse_args()
+    if a.trace:
+        return trace_main(a)
     tasks = 200 if a.quick else a.tasks
     commands = ["true"] if a.quick else ["true", "sleep 0.5"]
     workdir = tempfile.mkdtemp(prefix="corral-bench-fl-")

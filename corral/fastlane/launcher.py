@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..backends.local_runner import trees_rss_mb
 from ..errors import BackendError
+from . import trace
 from .hosts import Host, Hosts
 
 if TYPE_CHECKING:
@@ -160,6 +161,8 @@ class Launcher:
         os.set_blocking(self._r, False)
         os.set_blocking(self._w, False)
         self._host = os.uname().nodename
+        self._trace: str | None = None
+        """Where each stage of a task is timed (corral/fastlane/trace.py), once a traced batch came."""
         threading.Thread(target=self._loop, name="corral-launcher", daemon=True).start()
 
     def run_batch(self, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -167,6 +170,9 @@ class Launcher:
         (all of them without ``report``), in order."""
         if not specs:
             return []
+        if specs[0].get("trace"):
+            self._trace = specs[0]["trace"]
+            trace.mark("received", [s["job_id"] for s in specs])
         batch = _Batch([None] * len(specs), len(specs))
         for i, s in enumerate(specs):
             self.q.put((s, batch, i))
@@ -216,6 +222,9 @@ class Launcher:
             if not self._complete and now - self._last_report < REPORT_S:
                 return True
             try:
+                if self._trace:
+                    trace.mark("reported", [e["job_id"] for e in self._ended])
+                    trace.flush(self._trace)
                 self.report({"started": self._started, "ended": self._ended})
                 for b, i in self._slots:  # delivered: the batch's return need not carry it again
                     b.results[i] = None
@@ -343,6 +352,8 @@ class Launcher:
                 fds.append(os.open(f, os.O_RDONLY))
                 argv = [f"/dev/fd/{3 + n}" if a == f else a for a in argv]
             host.start(jid, argv, env, fds)
+            if self._trace:
+                trace.mark("spawning", [jid])
         except (OSError, BackendError) as e:  # BackendError: bwrap itself could not start
             self._not_started(s, batch, i, gpus, start, f"could not start it in its sandbox (output in {d}): "
                                      f"{getattr(e, 'strerror', None) or e}")
@@ -417,7 +428,11 @@ class Launcher:
                 continue
             if "pid" in m:
                 host.inner[m["id"]] = m["pid"]
+                if self._trace:
+                    trace.mark("pid", [m["id"]])
                 continue
+            if self._trace:
+                trace.mark("exited", [m["id"]])
             running.pop(r.pidfd, None)
             if "error" in m:
                 out.append((r, self._release(r, 127, 0.0, m["error"])))

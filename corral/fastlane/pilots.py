@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..backends import SubmitContext
@@ -43,7 +44,10 @@ class Pilots:
                f"--name alloc-$CORRAL_JOB_ID --tls-dir {pool.dir / 'tls'}")
         if (pool.dir / SANDBOX_FILE).exists():
             cmd += f" --sandbox {pool.dir / SANDBOX_FILE}"
-        return JobSpec(command=cmd, cpus=sh.cpus, memory=sh.memory_mb, gpus=sh.gpus, walltime=sh.walltime_s,
+        # The gateway's own Python runs the gateway's own corral: a worker speaks its pool's
+        # protocol (the launcher's specs and events), whatever else that Python would import.
+        env = {} if self.settings.python else {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        return JobSpec(command=cmd, env=env, cpus=sh.cpus, memory=sh.memory_mb, gpus=sh.gpus, walltime=sh.walltime_s,
                        partition=pool.key.partition, name=f"pool-{pool.key.slug}"[:64], lane="batch",
                        labels={"corral-fastlane-pool": pool.key.slug})
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..jobs import JobState
-from . import launcher
+from . import launcher, trace
 
 log = logging.getLogger("corral.fastlane")
 MAX_BATCH = 256
@@ -162,6 +162,8 @@ class Pool:
         self._tasks: set[asyncio.Future[Any]] = set()
         """Every task this pool started: kept (asyncio holds only weak references) and
         awaited at close."""
+        self.trace = trace.gateway_dir()
+        """Where each stage of a task is timed (bench/fast_lane.py --trace), or None."""
 
     # -- life ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -216,6 +218,9 @@ class Pool:
 
     # -- tasks --------------------------------------------------------------------
     def enqueue(self, task: Task) -> None:
+        if self.trace:
+            trace.mark("enqueued", [task.job_id])
+            task.spec["trace"] = self.trace
         self.known.add(task.job_id)
         self.pending.append(task)
         self.last_work = time.monotonic()
@@ -273,6 +278,8 @@ class Pool:
             t.addr = addr
             self.inflight[t.job_id] = t
         self.load[addr] = self.load.get(addr, 0) + len(batch)
+        if self.trace:
+            trace.mark("sent", [t.job_id for t in batch])
         # One opaque argument: Dask would otherwise walk every spec looking for its own
         # keys, and pickle each task's environment anew (one object for many tasks here).
         payload = pickle.dumps([t.spec for t in batch], protocol=pickle.HIGHEST_PROTOCOL)
@@ -310,8 +317,13 @@ class Pool:
         if started:
             self.reports.started(started)
         if ended:
+            if self.trace:
+                trace.mark("heard", [r["job_id"] for r in ended])
             self.reported.update(r["job_id"] for r in ended)
             self.reports.ended(ended)
+            if self.trace:
+                trace.mark("recorded", [r["job_id"] for r in ended])
+                trace.flush(self.trace)
             self._unload([self.inflight[r["job_id"]] for r in ended])
 
     async def _collect(self, fut: Any, batch: list[Task]) -> None:
