@@ -258,16 +258,44 @@ def _pilots(gw: GatewayProcess) -> int:
         return len(h.get("/v1/jobs", params={"principal": "fastlane", "limit": 1000}).json()["jobs"])
 
 
+def warm_up(gw: GatewayProcess, tokens: list[str]) -> tuple[float, list[int]]:
+    """The pool as agents that have been sending bursts find it: one task (the cold
+    start, timed), one burst of 100 `true`, then until no allocation is still coming (the
+    pool keeps one sized to its recent demand), then 10 `true` from each agent (each
+    agent's sandbox is built where its tasks run). -> (cold start s, CPUs of each allocation)."""
+    t = time.perf_counter()
+
+    def burst(token: str, n: int) -> None:
+        with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {token}"}, timeout=120) as h:
+            ids = [j["id"] for j in h.post("/v1/jobs/batch", json={"jobs": [{"command": "true", "lane": "fast"}] * n})
+                   .raise_for_status().json()["jobs"]]
+            h.post("/v1/jobs/wait", json={"ids": ids, "timeout": 120}).raise_for_status()
+
+    burst(tokens[0], 1)
+    cold = time.perf_counter() - t
+    burst(tokens[0], 100)
+    deadline = time.monotonic() + 60
+    with gw.client() as h:
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            pools = h.get("/v1/facility").json()["fast_lane"]["pools"]
+            allocs = [a for p in pools for a in p["allocations"]]
+            if all(a["up"] for a in allocs):
+                break
+    for token in tokens:
+        burst(token, 10)
+    return cold, [a["shape"]["cpus"] for a in allocs]
+
+
 def trace_main(a: argparse.Namespace) -> None:
     trace_dir = Path(tempfile.mkdtemp(prefix="corral-bench-trace-"))
     os.chmod(trace_dir, 0o777)
     gw = GatewayProcess("--backend", "slurm", env={"SLURM_CONF": ENV["SLURM_CONF"],
-                                                   "CORRAL_FASTLANE_TRACE": str(trace_dir)})
+                                                   "CORRAL_BENCH_TRACE": str(trace_dir)})
     try:
         tokens = sponsored_agents(gw, a.agents)
-        with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {tokens[0]}"}, timeout=120) as h:
-            first = h.post("/v1/jobs", json={"command": "true", "lane": "fast"}).json()
-            h.get(f"/v1/jobs/{first['id']}/wait", params={"timeout": 120})
+        _, warm = warm_up(gw, tokens)
+        print(f"warm pool: {warm}", file=sys.stderr)
         idle_dispatch(gw, tokens[0], 20)
         for f in trace_dir.glob("trace-*"):
             f.unlink()
@@ -302,12 +330,9 @@ def main() -> None:
     results: dict[str, Any] = {}
     try:
         tokens = sponsored_agents(gw, a.agents)
-        t = time.perf_counter()
-        with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {tokens[0]}"}, timeout=120) as h:
-            first = h.post("/v1/jobs", json={"command": "true", "lane": "fast"}).json()
-            h.get(f"/v1/jobs/{first['id']}/wait", params={"timeout": 120})
-        cold = time.perf_counter() - t
-        print(f"pool warm after {cold:.1f} s (one allocation started through Slurm)", file=sys.stderr)
+        cold, warm = warm_up(gw, tokens)
+        print(f"first task done after {cold:.1f} s (one allocation started through Slurm); warm pool: {warm}",
+              file=sys.stderr)
         idle = idle_dispatch(gw, tokens[0], 20 if a.quick else 100)
         print(f"dispatch into the idle warm pool: {idle}", file=sys.stderr)
         for cmd in commands:

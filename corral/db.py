@@ -506,6 +506,13 @@ class Database:
                 chunk))
         return out
 
+    def set_reasons(self, job_ids: list[int], reason: str) -> None:
+        """What these jobs wait for, while they are still PENDING (the fast lane's pools)."""
+        for i in range(0, len(job_ids), 900):
+            chunk = job_ids[i: i + 900]
+            self.conn.execute(f"UPDATE jobs SET reason=? WHERE state='PENDING' AND id IN ({','.join('?' * len(chunk))})",
+                              [reason, *chunk])
+
     def set_held(self, job_id: int, held: bool, reason: str) -> bool:
         """Hold (or release) a job not yet sent to a lane; -> whether it was such a job."""
         return self.conn.execute(

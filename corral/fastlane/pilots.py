@@ -27,12 +27,13 @@ if TYPE_CHECKING:
     from ..control.sender import Sender
     from ..db import Database
     from ..lanes import BackendLane
-    from .pool import Pool, Shape
+    from .pool import Pool, Shape, Waiting
 
 
 class Pilots:
     def __init__(self, settings: FastLaneSettings, db: "Database", batch: "BackendLane", sender: "Sender") -> None:
         self.settings, self.db, self.batch, self.sender = settings, db, batch, sender
+        self._default: str | None = None
 
     def _principal(self) -> Principal:
         p = self.db.get_principal(PILOT_PRINCIPAL)
@@ -73,6 +74,26 @@ class Pilots:
 
     async def free(self, partition: str | None) -> tuple[int, int] | None:
         return await self.batch.free(partition)
+
+    def waiting(self, partition: str | None) -> "list[Waiting]":
+        """Batch jobs corral sent that still wait on this partition (the pools' own
+        allocations aside), oldest first, from corral's records: the reconciler keeps their
+        state and the scheduler's reason. A job held by corral or waiting for another job
+        does not wait for cores."""
+        from .pool import Waiting
+
+        if partition is None and self._default is None:  # asked of the scheduler once
+            self._default = next((p.name for p in self.batch.partitions() if p.default), "")
+        default = partition or self._default
+        out = []
+        for job in self.db.list_jobs(None, [JobState.PENDING], limit=500):
+            s = job.spec
+            if (job.principal == PILOT_PRINCIPAL or job.backend != self.batch.name or not job.backend_id
+                    or (s.partition or default) != default or s.after_ok or s.after_any
+                    or any(w in (job.reason or "") for w in ("Dependency", "Held", "held", "BeginTime"))):
+                continue
+            out.append(Waiting(job.id, s.cpus, job.submit_time, job.reason))
+        return sorted(out, key=lambda w: w.since)
 
     def state(self, job_id: int) -> tuple[JobState, str | None]:
         job = self.db.get_job(job_id)

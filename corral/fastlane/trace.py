@@ -1,6 +1,6 @@
 """Where a fast-lane task's time goes: timestamps per stage, for the benchmark only.
 
-Off unless the gateway runs with ``CORRAL_FASTLANE_TRACE=DIR``; then the pool marks
+Off unless the gateway runs with ``CORRAL_BENCH_TRACE=DIR``; then the pool marks
 each task's spec with that directory, so its worker (started through Slurm, without
 the gateway's environment) traces it too. Each process keeps ``(stage, job id, time)``
 in memory (no write on the hot path) and appends them to ``DIR/<stage group>-<pid>.jsonl``
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-ENV = "CORRAL_FASTLANE_TRACE"
+ENV = "CORRAL_BENCH_TRACE"
 STAGES = ("enqueued", "sent", "received", "spawning", "pid", "exited", "reported", "heard", "recorded")
 
 _events: list[tuple[str, int, float]] = []
