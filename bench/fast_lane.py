@@ -235,9 +235,10 @@ def stages(gw: GatewayProcess, tokens: list[str], tasks: int, trace_dir: Path) -
     for name, a, b in steps:
         d = []
         for jid, m in marks.items():
-            m = {**m, "posted": posted.get(jid), "waited": waited.get(jid)}
-            if m.get(a) is not None and m.get(b) is not None:
-                d.append((m[b] - m[a]) * 1000)
+            at: dict[str, float | None] = {**m, "posted": posted.get(jid), "waited": waited.get(jid)}
+            x, y = at.get(a), at.get(b)
+            if x is not None and y is not None:
+                d.append((y - x) * 1000)
         table[name] = {"p50_ms": round(pct(d, 50), 2), "p99_ms": round(pct(d, 99), 2), "n": len(d)}
     return {"makespan_s": round(makespan, 3), "stages": table, "cpu_s": cpu}
 
@@ -308,11 +309,65 @@ def trace_main(a: argparse.Namespace) -> None:
     print(json.dumps({"bench": "fast_lane_stages", **out}))
 
 
+def checkout(rev: str) -> tuple[str, dict[str, str]]:
+    """The tree of ``rev`` in a temporary directory (git archive: the repository is not
+    touched), and the environment that makes a gateway and its pools' workers run it."""
+    root = Path(__file__).resolve().parent.parent
+    sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", rev], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    d = Path(tempfile.mkdtemp(prefix=f"corral-bench-{sha}-"))
+    archive = subprocess.run(["git", "-C", str(root), "archive", sha], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(d)], input=archive, check=True)
+    python = d / "python"  # the workers, started through Slurm, must import that tree too
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={d} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    return sha, {"PYTHONPATH": str(d), "CORRAL_FASTLANE_PYTHON": str(python)}
+
+
+def side(env: dict[str, str], commands: list[str], sbatch: dict[str, Any], tasks: int, agents: int,
+         quick: bool, label: str) -> dict[str, Any]:
+    """One gateway (this tree, or another commit's): warm-up, idle dispatch, every arm."""
+    gw = GatewayProcess("--backend", "slurm", env={"SLURM_CONF": ENV["SLURM_CONF"], **env})
+    results: dict[str, Any] = {}
+    try:
+        tokens = sponsored_agents(gw, agents)
+        cold, warm = warm_up(gw, tokens)
+        print(f"{label}: first task done after {cold:.1f} s (one allocation started through Slurm); "
+              f"warm pool: {warm}", file=sys.stderr)
+        idle = idle_dispatch(gw, tokens[0], 20 if quick else 100)
+        print(f"{label}: dispatch into the idle warm pool: {idle}", file=sys.stderr)
+        for cmd in commands:
+            sb = sbatch[cmd]
+            fl = corral_arm(gw, tokens, cmd, tasks, batched=True)
+            print(f"{label} [{cmd}] corral fast lane, batched: {fl}", file=sys.stderr)
+            one = corral_arm(gw, tokens, cmd, tasks, batched=False)
+            print(f"{label} [{cmd}] corral fast lane, one request per task: {one}", file=sys.stderr)
+            results[cmd] = {"fast": fl, "fast_per_request": one,
+                            "ratio": round(sb["makespan_s"] / fl["makespan_s"], 1),
+                            "ratio_per_request": round(sb["makespan_s"] / one["makespan_s"], 1)}
+        pilots = _pilots(gw)
+    finally:
+        gw.stop()
+    r = results["true"]
+    return {"makespan_fast_s": r["fast"]["makespan_s"], "ratio": r["ratio"], "tasks_per_s": r["fast"]["tasks_per_s"],
+            "dispatch_p50_ms": idle["p50_ms"], "dispatch_p99_ms": idle["p99_ms"],
+            "burst_dispatch_p50_ms": r["fast"]["dispatch_p50_ms"], "burst_dispatch_p99_ms": r["fast"]["dispatch_p99_ms"],
+            "slurm_jobs": pilots, "cold_start_s": round(cold, 2), "warm_allocations_cpus": warm, "runs": results}
+
+
+def load() -> dict[str, float]:
+    """The machine's load average and the CPU others used, for the record (2 shared cores)."""
+    one, five, _ = os.getloadavg()
+    return {"loadavg_1m": round(one, 2), "loadavg_5m": round(five, 2)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="200 tasks, `true` only")
     ap.add_argument("--tasks", type=int, default=1000)
     ap.add_argument("--agents", type=int, default=10)
+    ap.add_argument("--before", default="auto", help="the commit to run side by side ('auto': where this branch "
+                                                      "left main; 'none': skip)")
     ap.add_argument("--trace", action="store_true", help="one traced burst of `true`: time per stage, CPU per process")
     a = ap.parse_args()
     if a.trace:
@@ -321,41 +376,27 @@ def main() -> None:
     commands = ["true"] if a.quick else ["true", "sleep 0.5"]
     workdir = tempfile.mkdtemp(prefix="corral-bench-fl-")
     os.chmod(workdir, 0o777)
+    load_at_start = load()
     # sbatch first: a warm pool holds the (single) node, which would stall one-job-per-task
     sbatch = {}
     for cmd in commands:
         sbatch[cmd] = sbatch_arm(cmd, tasks, a.agents, workdir)
         print(f"[{cmd}] sbatch: {sbatch[cmd]}", file=sys.stderr)
-    gw = GatewayProcess("--backend", "slurm", env={"SLURM_CONF": ENV["SLURM_CONF"]})
-    results: dict[str, Any] = {}
-    try:
-        tokens = sponsored_agents(gw, a.agents)
-        cold, warm = warm_up(gw, tokens)
-        print(f"first task done after {cold:.1f} s (one allocation started through Slurm); warm pool: {warm}",
-              file=sys.stderr)
-        idle = idle_dispatch(gw, tokens[0], 20 if a.quick else 100)
-        print(f"dispatch into the idle warm pool: {idle}", file=sys.stderr)
-        for cmd in commands:
-            sb = sbatch[cmd]
-            fl = corral_arm(gw, tokens, cmd, tasks, batched=True)
-            print(f"[{cmd}] corral fast lane, batched: {fl}", file=sys.stderr)
-            one = corral_arm(gw, tokens, cmd, tasks, batched=False)
-            print(f"[{cmd}] corral fast lane, one request per task: {one}", file=sys.stderr)
-            results[cmd] = {"sbatch": sb, "fast": fl, "fast_per_request": one,
-                            "ratio": round(sb["makespan_s"] / fl["makespan_s"], 1),
-                            "ratio_per_request": round(sb["makespan_s"] / one["makespan_s"], 1)}
-        pilots = _pilots(gw)
-    finally:
-        gw.stop()
-    main_r = results["true"]
-    out = {"bench": "fast_lane", "tasks": tasks, "agents": a.agents,
-           "makespan_sbatch_s": main_r["sbatch"]["makespan_s"], "makespan_fast_s": main_r["fast"]["makespan_s"],
-           "ratio": main_r["ratio"], "tasks_per_s": main_r["fast"]["tasks_per_s"],
-           "dispatch_p50_ms": idle["p50_ms"], "dispatch_p99_ms": idle["p99_ms"],
-           "burst_dispatch_p50_ms": main_r["fast"]["dispatch_p50_ms"],
-           "burst_dispatch_p99_ms": main_r["fast"]["dispatch_p99_ms"],
-           "slurm_jobs": pilots, "slurm_jobs_sbatch": main_r["sbatch"]["slurm_jobs"],
-           "cold_start_s": round(cold, 2), "runs": results}
+    now = side({}, commands, sbatch, tasks, a.agents, a.quick, "this tree")
+    before: dict[str, Any] | None = None
+    if a.before != "none":
+        rev = a.before
+        if rev == "auto":
+            root = str(Path(__file__).resolve().parent.parent)
+            rev = subprocess.run(["git", "-C", root, "merge-base", "HEAD", "main"], capture_output=True, text=True,
+                                 check=True).stdout.strip()
+        sha, env = checkout(rev)
+        before = {"commit": sha, **side(env, commands, sbatch, tasks, a.agents, a.quick, f"commit {sha}")}
+    sb = sbatch["true"]
+    out = {"bench": "fast_lane", "tasks": tasks, "agents": a.agents, "makespan_sbatch_s": sb["makespan_s"],
+           **{k: v for k, v in now.items() if k != "runs"}, "slurm_jobs_sbatch": sb["slurm_jobs"],
+           "sbatch": sbatch, "runs": now["runs"], "before": before,
+           "load": {"start": load_at_start, "end": load()}}
     print(json.dumps(out))
 
 

@@ -44,6 +44,7 @@ class Demand:
     def __init__(self) -> None:
         self.durations: dict[str, float] = {}
         self.start_s = START_S
+        self.measured = False
         self.peak_cpus = 0
         self.peak_at = 0.0
 
@@ -60,7 +61,10 @@ class Demand:
 
     def started(self, seconds: float) -> None:
         """An allocation of this pool joined ``seconds`` after it was asked for."""
-        self.start_s += ALPHA * (seconds - self.start_s)
+        if not self.measured:  # the default was a guess: the first measure replaces it
+            self.start_s, self.measured = seconds, True
+        else:
+            self.start_s += ALPHA * (seconds - self.start_s)
 
     def wanted(self, cpus: int, now: float | None = None) -> None:
         """``cpus`` were wanted at once (waiting and running): remembered as the peak."""

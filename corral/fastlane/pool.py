@@ -179,6 +179,8 @@ class Pool:
         self.tell: Callable[[list[int], str], None] | None = None
         """Writes what waiting tasks wait for into their records (the lane sets it)."""
         self._told: tuple[str | None, int] = (None, 0)
+        self.gave_to: tuple[int, float] | None = None
+        """The batch job this pool last gave cores back to, and when."""
         self.known: set[int] = set()
         """Every task waiting or running here: submit is idempotent per job id."""
         self.reported: set[int] = set()
@@ -582,4 +584,5 @@ class Pool:
                                  "draining": a.draining}
                                 for a in self.allocations.values()],
                 "pending": len(self.pending), "running": len(self.inflight),
+                "gave_cores_to": None if self.gave_to is None else {"job_id": self.gave_to[0], "at": self.gave_to[1]},
                 "breaker": {"open": self.breaker_open, "failures": self.failures, "last_reason": self.last_reason}}

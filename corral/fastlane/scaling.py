@@ -129,9 +129,11 @@ async def give_back(pool: "Pool", now: float) -> None:
         if empty and (a.draining or (a.idle_since is not None and now - a.idle_since >= bound)):
             why = f"batch job {w.job_id} waited {now - w.since:.0f} s for its cores"
             await pool.release(a, why)
+            pool.gave_to = (w.job_id, now)
             free += a.shape.cpus
         elif not a.draining and now - w.since >= bound:
             a.draining = True
+            pool.gave_to = (w.job_id, now)
             log.info("fast-lane pool %s: allocation %s takes no new tasks, batch job %s waits for its cores",
                      pool.key.slug, a.job_id, w.job_id)
 
@@ -156,4 +158,8 @@ def waiting_reason(pool: "Pool") -> str | None:
         if ahead:
             text += ", behind batch job" + ("s " if len(ahead) > 1 else " ") + ", ".join(
                 f"{w.job_id} ({w.cpus} CPUs, queued {time.time() - w.since:.0f} s)" for w in ahead[:5])
+        if pool.gave_to is not None and pool.gave_to[0] not in {w.job_id for w in ahead}:
+            job, when = pool.gave_to
+            text += (f"; the fast lane gave its cores back to batch job {job} "
+                     f"{time.time() - when:.0f} s ago, and waits for cores to free")
     return text
