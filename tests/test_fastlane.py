@@ -499,7 +499,7 @@ def test_a_batch_job_gets_the_cores_of_an_idle_pool_and_a_task_says_it_waits_for
                 # 16 CPUs: more than the node has beside the warm allocation
                 batch = h.post("/v1/jobs", json={"command": "sleep 8", "lane": "batch", "cpus": 16,
                                                  "partition": "debug", "walltime": "2m"}).json()
-                started = wait(gw, gw.admin_token, batch["id"], until="RUNNING", timeout=90)
+                started = wait(gw, gw.admin_token, batch["id"], until="RUNNING", timeout=50)
                 assert started["state"] == "RUNNING", started
                 pool = h.get("/v1/facility").json()["fast_lane"]["pools"][0]
                 assert pool["allocations"] == [] and pool["gave_cores_to"]["job_id"] == batch["id"]

@@ -23,11 +23,14 @@ from ..jobs import JobSpec, JobState
 from ..principals import PILOT_PRINCIPAL, Kind, Principal
 from .launcher import SANDBOX_FILE
 
+from .model import Waiting
+
 if TYPE_CHECKING:
     from ..control.sender import Sender
     from ..db import Database
     from ..lanes import BackendLane
-    from .pool import Pool, Shape, Waiting
+    from .model import Shape
+    from .pool import Pool
 
 
 class Pilots:
@@ -75,13 +78,11 @@ class Pilots:
     async def free(self, partition: str | None) -> tuple[int, int] | None:
         return await self.batch.free(partition)
 
-    def waiting(self, partition: str | None) -> "list[Waiting]":
+    def waiting(self, partition: str | None) -> list[Waiting]:
         """Batch jobs corral sent that still wait on this partition (the pools' own
         allocations aside), oldest first, from corral's records: the reconciler keeps their
         state and the scheduler's reason. A job held by corral or waiting for another job
         does not wait for cores."""
-        from .pool import Waiting
-
         if partition is None and self._default is None:  # asked of the scheduler once
             self._default = next((p.name for p in self.batch.partitions() if p.default), "")
         default = partition or self._default

@@ -1,16 +1,19 @@
 """One fast-lane pool: warm allocations of one Unix user and account on one partition,
 with one Dask scheduler that only that pool's workers join.
 
-    tasks ─enqueue─▶ pending ─dispatch (each worker ≤ DEPTH per CPU slot)───▶ Dask scheduler
+    tasks ─enqueue─▶ pending ─dispatch (each worker ≤ HOLD_S of work per slot)─▶ Dask scheduler
                                                                                   │
     allocation (a pilot job: corral.fastlane.worker) ◀────── batches ─────────────┘
          └─ launcher runs each task as a process ─▶ starts, outcomes (pushed as events)
                                                      ─▶ the service records them
 
-Scaling: an allocation is started when tasks wait and there is none, or when the
-oldest has waited ``scale_after_s`` with every allocation busy, up to
-``max_allocations`` and at most ``max_queued`` not yet up; one is stopped after
-``idle_s`` without work, down to ``min_allocations``. A circuit breaker opens after
+Scaling (corral/fastlane/scaling.py): an allocation is asked for when tasks wait and
+there is none, or when the work coming would take the pool's allocations longer to
+drain than a new one takes to join, up to ``max_allocations`` and at most
+``max_queued`` not yet up, sized to that work; an idle pool keeps one sized to its
+recent peak; one is stopped after ``idle_s`` without work, down to
+``min_allocations``, and an idle one after ``give_back_s`` when a batch job waits for
+its cores. Records and ports: corral/fastlane/model.py. A circuit breaker opens after
 ``breaker_failures`` allocations in a row end (or run ``start_timeout_s``) without a
 worker joining, for
 ``breaker_cooldown_s``: tasks then fail with the reason instead of waiting forever.
@@ -19,143 +22,23 @@ worker joining, for
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import pickle
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from ..jobs import JobState
 from . import launcher, scaling, trace
 from .demand import HOLD_S, Demand
+from .model import Allocation, Allocations, PoolConfig, PoolKey, Reports, Shape, Task, Waiting, _fits  # noqa: F401
+
+__all__ = ["Allocation", "Allocations", "Pool", "PoolConfig", "PoolKey", "Reports", "Shape", "Task", "Waiting"]
 
 log = logging.getLogger("corral.fastlane")
 MAX_BATCH = 512
-
-
-@dataclass(frozen=True)
-class PoolKey:
-    """What a pool belongs to: tasks of principals that differ here never share one."""
-
-    unix_user: str | None
-    account: str | None
-    partition: str | None
-
-    @functools.cached_property
-    def slug(self) -> str:  # asked per task on submit: computed once
-        return "-".join(p or "_" for p in (self.unix_user, self.account, self.partition))
-
-
-@dataclass(frozen=True)
-class Shape:
-    """The resources of one allocation (one worker)."""
-
-    cpus: int
-    memory_mb: int
-    gpus: int
-    walltime_s: int
-
-
-@dataclass
-class PoolConfig:
-    min_allocations: int = 0
-    max_allocations: int = 2
-    max_queued: int = 1
-    idle_s: float = 120.0
-    start_timeout_s: float = 300.0
-    breaker_failures: int = 3
-    breaker_cooldown_s: float = 300.0
-    host: str = "127.0.0.1"
-    min_cpus: int = 4
-    """Fewest CPUs of an allocation (within the pool's shape). A small warm allocation
-    does not strand a burst: it holds ``DEPTH`` tasks per slot, the next one the rest."""
-    scale_after_s: float = 2.0
-    """The simulator's rule (corral/simulate): another allocation once the oldest
-    waiting task has waited this long. The gateway grows ahead instead (scaling.py)."""
-    give_back_s: float = 10.0
-    """Longest a batch job waits for cores an idle allocation holds (scaling.give_back)."""
-
-
-@dataclass
-class Task:
-    job_id: int
-    spec: dict[str, Any]
-    """What the launcher needs: command, cpus, memory_mb, gpus, walltime_s, env, dir, workdir."""
-    idempotent: bool = False
-    submitted: float = field(default_factory=time.time)
-    addr: str | None = None
-    """The worker it was sent to, while it holds room there."""
-    work: float = 0.0
-    """Seconds of CPU slots it was expected to hold when sent (demand.py)."""
-
-
-@dataclass
-class Allocation:
-    job_id: int
-    name: str
-    asked: float
-    shape: Shape
-    up_since: float | None = None
-    running_since: float | None = None
-    draining: bool = False
-    """Given back to a batch job that waits for its cores: no new tasks; released once empty."""
-    idle_since: float | None = None
-    """When its worker last became empty (None while it holds tasks)."""
-
-
-_NONE = {"cpus": 0, "memory_mb": 0, "gpus": 0}
-
-
-def _fits(shape: Shape, spec: dict[str, Any]) -> bool:
-    return spec["cpus"] <= shape.cpus and spec["memory_mb"] <= shape.memory_mb and spec["gpus"] <= shape.gpus
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """A batch job queued on a pool's partition."""
-
-    job_id: int
-    cpus: int
-    since: float
-    reason: str | None
-
-
-class Allocations(Protocol):
-    """How a pool gets and gives back allocations (pilot jobs of the batch lane)."""
-
-    async def start(self, pool: "Pool", shape: Shape) -> int:
-        """Ask for one allocation of ``shape`` running this pool's worker; -> the corral job
-        id of its pilot."""
-        ...
-
-    async def stop(self, job_id: int) -> None: ...
-
-    def waiting(self, partition: str | None) -> list["Waiting"]:
-        """Batch jobs (not allocations) queued on the partition now, oldest first."""
-        ...
-
-    async def free(self, partition: str | None) -> tuple[int, int] | None:
-        """The most CPUs (and memory, MB) one node of the partition has free now; None
-        when not known."""
-        ...
-
-    def state(self, job_id: int) -> tuple[JobState, str | None]: ...
-
-
-class Reports(Protocol):
-    """Where a pool's news of its tasks goes (the service's Progress)."""
-
-    def started(self, started: dict[int, float]) -> None:
-        """Tasks that started: job id -> start time."""
-        ...
-
-    def ended(self, results: list[dict[str, Any]]) -> None:
-        """Finished tasks' records: job_id, state, exit_code, start, end, cpu_s, reason."""
-        ...
 
 
 class Pool:
@@ -171,8 +54,7 @@ class Pool:
         self.demand = Demand()
         self.pending_work = 0.0
         """Expected seconds of CPU slots of the tasks waiting here."""
-        self.pending_max = dict(_NONE)
-        """The most CPUs, memory and GPUs a task waiting here asks for (reset when none waits)."""
+
         self._growing = False
         self._by_name: dict[str, Allocation] = {}
         """Worker address -> its allocation, for the workers up."""
@@ -256,9 +138,6 @@ class Pool:
     def enqueue(self, task: Task) -> None:
         task.work = self.demand.expect(task.spec)
         self.pending_work += task.work
-        m, sp = self.pending_max, task.spec
-        if sp["cpus"] > m["cpus"] or sp["memory_mb"] > m["memory_mb"] or sp["gpus"] > m["gpus"]:
-            self.pending_max = {k: max(m[k], sp[k]) for k in m}
         if self.trace:
             trace.mark("enqueued", [task.job_id])
             task.spec["trace"] = self.trace
@@ -331,7 +210,6 @@ class Pool:
                 self._send(take[i:i + MAX_BATCH], addr)
         if not self.pending:
             self.pending_work = 0.0  # no drift from float sums
-            self.pending_max = dict(_NONE)
 
     def _send(self, batch: list[Task], addr: str) -> None:
         for t in batch:

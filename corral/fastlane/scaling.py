@@ -25,22 +25,21 @@ import time
 from typing import TYPE_CHECKING
 
 from ..jobs import JobState
+from .model import Allocation, Shape, Waiting, _fits
 
 if TYPE_CHECKING:
-    from .pool import Allocation, Pool, Shape, Waiting
+    from .pool import Pool
 
 log = logging.getLogger("corral.fastlane")
 
 
 def backlogged(pool: "Pool", now: float) -> bool:
     """Whether this pool should ask for another allocation now."""
-    from .pool import _fits
-
     if pool.pending and not pool.allocations:
         return True
     if not pool.pending:
         return False
-    biggest = pool.pending_max
+    biggest = {k: max(t.spec[k] for t in pool.pending) for k in ("cpus", "memory_mb", "gpus")}
     if not any(_fits(a.shape, biggest) for a in pool.allocations.values()) and \
             any(not any(_fits(a.shape, t.spec) for a in pool.allocations.values()) for t in pool.pending):
         return True  # a task no allocation (up or coming) can ever run: one that can
@@ -52,15 +51,13 @@ def backlogged(pool: "Pool", now: float) -> bool:
     return pool.demand.drain_s(work, cpus) > pool.demand.start_s
 
 
-def size(pool: "Pool", room: tuple[int, int] | None = None) -> "Shape":
+def size(pool: "Pool", room: tuple[int, int] | None = None) -> Shape:
     """The next allocation, sized to the demand no allocation covers yet, within the
     pool's largest shape: a burst of 1-CPU tasks on an idle pool does not take a whole
     node from the batch queue. Always big enough for the largest task waiting, as big as
     the pool's recent peak when it has none, and no bigger than ``room`` (what a node has
     free now) when that is big enough: an allocation that would queue behind the pool's
     own smaller one starts nothing."""
-    from .pool import Shape
-
     tasks = [*pool.pending, *pool.inflight.values()]
     covered = sum(a.shape.cpus for a in pool.allocations.values() if not a.draining)
     big = pool.shape
@@ -93,14 +90,14 @@ def undersized(pool: "Pool") -> bool:
     return all(a.shape.cpus < peak for a in pool.allocations.values())
 
 
-def keeper(pool: "Pool") -> "Allocation | None":
+def keeper(pool: "Pool") -> Allocation | None:
     """The allocation an idle pool keeps warm longest: the up one nearest its recent peak."""
     up = [a for a in pool.allocations.values() if a.up_since is not None and not a.draining]
     target = pool.demand.recent_peak() or pool.cfg.min_cpus
     return min(up, key=lambda a: (abs(a.shape.cpus - target), -a.asked), default=None)
 
 
-def blocked(waiting: "list[Waiting]", free_cpus: int | None, a: "Allocation") -> "Waiting | None":
+def blocked(waiting: list[Waiting], free_cpus: int | None, a: Allocation) -> Waiting | None:
     """The oldest batch job that this allocation's cores would let start, if any."""
     free = free_cpus or 0
     return next((w for w in waiting if free < w.cpus <= free + a.shape.cpus), None)
