@@ -84,6 +84,8 @@ def undersized(pool: "Pool") -> bool:
     ahead of the next burst; the smaller one is then released first when idle."""
     if pool.pending or pool.breaker_open or len(pool.allocations) >= pool.cfg.max_allocations:
         return False
+    if pool.gave_to is not None and time.time() - pool.gave_to[1] < pool.cfg.idle_s:
+        return False  # batch jobs want this partition's cores: no allocation ahead of need
     if not pool.allocations or any(a.up_since is None or a.draining for a in pool.allocations.values()):
         return False
     peak = min(pool.shape.cpus, pool.demand.recent_peak())
