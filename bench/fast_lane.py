@@ -7,13 +7,19 @@ Arm A: 10 submitter threads each run ``sbatch --wrap CMD`` for their share; one
 poller watches ``squeue`` until every job has left the queue. Arm B: a corral
 gateway on the Slurm backend; each agent (its own principal) sends its share as one
 ``POST /v1/jobs/batch`` with ``lane: fast`` and then one ``POST /v1/jobs/wait``. The
-pool is warmed first (one task), as an agent's session would find it; the cold start
-is reported apart, and ``slurm_jobs`` counts every allocation the fast lane made in
-the whole run, the warm-up's included. A third arm sends the same tasks one request each, for agents that
+pool is warmed first as agents that have been sending bursts find it (``warm_up``: one
+task, whose cold start is reported apart; one burst of 100; 10 tasks per agent), and
+``slurm_jobs`` counts every allocation the fast lane made in the whole run, the
+warm-up's included. ``--trace``: one traced burst instead, its time per stage
+(corral/fastlane/trace.py) and the CPU each process spent. A third arm sends the same tasks one request each, for agents that
 do not batch. Makespan runs from the first submission to the last task seen ended.
 Dispatch latency (submit -> started, as corral records both) is reported for single
 tasks into the idle warm pool (``dispatch_p50_ms``) and over the 1,000-task burst,
 where it includes waiting for a free slot (``burst_dispatch_*``).
+After the arms, a batch job that needs 4 CPUs more than the node has free beside the
+idle pool: how long it waits for the pool to give cores back. The same arms run again
+on the commit this branch left main from (``--before``; its tree from ``git archive``,
+its workers made to import it), with the same sbatch figures.
 slurmctld's RPC counts come from sdiag, reset before each arm. Each command (``true``,
 then ``sleep 0.5``) gets all arms. Needs the private Slurm of scripts/slurm-up.
 Last line: one JSON object.
@@ -309,6 +315,30 @@ def trace_main(a: argparse.Namespace) -> None:
     print(json.dumps({"bench": "fast_lane_stages", **out}))
 
 
+def batch_behind_idle_pool(gw: GatewayProcess, cap_s: float) -> dict[str, Any]:
+    """A batch job that needs 4 of the cores the idle warm pool holds (the node's free
+    CPUs + 4): how long from its submission until it runs (corral's record, which the
+    job's own start marker updates). Capped at ``cap_s`` (the commit before gave cores
+    back only after ``idle_s``, 120 s)."""
+    with gw.client() as h:
+        free = 32 - sum(a["shape"]["cpus"] for p in h.get("/v1/facility").json()["fast_lane"]["pools"]
+                        for a in p["allocations"])
+        t = time.perf_counter()
+        job = h.post("/v1/jobs", json={"command": "true", "lane": "batch", "cpus": min(32, free + 4),
+                                       "memory": "100M", "partition": "debug", "walltime": "1m"}
+                     ).raise_for_status().json()
+        while time.perf_counter() - t < cap_s:
+            state = h.get(f"/v1/jobs/{job['id']}").json()["state"]
+            if state != "PENDING":
+                break
+            time.sleep(0.2)
+        waited = time.perf_counter() - t
+        if state == "PENDING":
+            h.post(f"/v1/jobs/{job['id']}/cancel")
+    return {"waited_s": round(waited, 1), "ran": state != "PENDING", "cap_s": cap_s, "node_cpus_free_before": free,
+            "cpus": min(32, free + 4)}
+
+
 def checkout(rev: str) -> tuple[str, dict[str, str]]:
     """The tree of ``rev`` in a temporary directory (git archive: the repository is not
     touched), and the environment that makes a gateway and its pools' workers run it."""
@@ -346,13 +376,16 @@ def side(env: dict[str, str], commands: list[str], sbatch: dict[str, Any], tasks
                             "ratio": round(sb["makespan_s"] / fl["makespan_s"], 1),
                             "ratio_per_request": round(sb["makespan_s"] / one["makespan_s"], 1)}
         pilots = _pilots(gw)
+        behind = batch_behind_idle_pool(gw, 30.0 if quick else 150.0)
+        print(f"{label}: a batch job behind the idle pool: {behind}", file=sys.stderr)
     finally:
         gw.stop()
     r = results["true"]
     return {"makespan_fast_s": r["fast"]["makespan_s"], "ratio": r["ratio"], "tasks_per_s": r["fast"]["tasks_per_s"],
             "dispatch_p50_ms": idle["p50_ms"], "dispatch_p99_ms": idle["p99_ms"],
             "burst_dispatch_p50_ms": r["fast"]["dispatch_p50_ms"], "burst_dispatch_p99_ms": r["fast"]["dispatch_p99_ms"],
-            "slurm_jobs": pilots, "cold_start_s": round(cold, 2), "warm_allocations_cpus": warm, "runs": results}
+            "slurm_jobs": pilots, "cold_start_s": round(cold, 2), "warm_allocations_cpus": warm,
+            "batch_job_behind_idle_pool": behind, "runs": results}
 
 
 def load() -> dict[str, float]:
@@ -391,7 +424,12 @@ def main() -> None:
             rev = subprocess.run(["git", "-C", root, "merge-base", "HEAD", "main"], capture_output=True, text=True,
                                  check=True).stdout.strip()
         sha, env = checkout(rev)
-        before = {"commit": sha, **side(env, commands, sbatch, tasks, a.agents, a.quick, f"commit {sha}")}
+        here = os.getcwd()
+        os.chdir(env["PYTHONPATH"])  # `python -m` puts the working directory first on the path
+        try:
+            before = {"commit": sha, **side(env, commands, sbatch, tasks, a.agents, a.quick, f"commit {sha}")}
+        finally:
+            os.chdir(here)
     sb = sbatch["true"]
     out = {"bench": "fast_lane", "tasks": tasks, "agents": a.agents, "makespan_sbatch_s": sb["makespan_s"],
            **{k: v for k, v in now.items() if k != "runs"}, "slurm_jobs_sbatch": sb["slurm_jobs"],
