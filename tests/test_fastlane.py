@@ -426,7 +426,12 @@ def test_a_pool_grows_for_the_work_coming_not_for_the_number_of_tasks(tmp_path) 
     pool = _pool(tmp_path, min_cpus=4)
     now = time.time()
     pool.allocations[1] = Allocation(1, "alloc-1", now - 10, Shape(4, 8000, 0, 3600), up_since=now - 8)
-    pool.demand.started(2.5)  # its allocations join 2.5 s after they are asked for
+    pool.demand.started(0.5)  # its allocations join half a second after they are asked for
+    pool.enqueue(_task(0, "sleep 3"))  # one task that starts at once where it is: nothing to grow for
+    assert not pool._backlogged(now)
+    pool.pending.clear()
+    pool.pending_work = 0.0
+    pool.demand.started(3.8)  # averaged with the first: 1.5 s
     pool.demand.ran({"command": "true", "cpus": 1}, 0.003)
     for i in range(1000):  # 3 s of work: 0.75 s on 4 CPUs, over before another could join
         pool.enqueue(_task(i))

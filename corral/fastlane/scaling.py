@@ -47,6 +47,9 @@ def backlogged(pool: "Pool", now: float) -> bool:
     cpus = sum(a.shape.cpus for a in live)
     if cpus >= pool.shape.cpus * len(live) and any(a.up_since is None for a in live):
         return False  # full-size allocations are already coming
+    n = len(pool.pending) + len(pool.inflight)  # every task wants a CPU at least
+    if n <= cpus and sum(t.spec["cpus"] for t in (*pool.pending, *pool.inflight.values())) <= cpus:
+        return False  # everything starts at once where it is
     work = pool.pending_work + sum(pool.load.values())
     return pool.demand.drain_s(work, cpus) > pool.demand.start_s
 
