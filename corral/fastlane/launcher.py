@@ -50,9 +50,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("corral.fastlane.launcher")
 TICK_S = 0.25
-REPORT_S = 0.01
+REPORT_S = 0.025
 """Starts and ends are pushed to the gateway at most this often (a burst of tiny tasks
-would otherwise send a message per few tasks), and at once when a batch completes."""
+would otherwise send a message per few tasks), and at once when a batch completes.
+Measured (bench/fast_lane.py --trace, 1,000 `true`, three runs each on a shared
+machine): 25 ms instead of 10 ms cost the worker and the gateway together ~0.25 CPU-s
+less per 1,000 tasks (fewer Dask events, each a TLS write and one transaction)."""
 SUSPECT_WAIT_S = 2.0
 TOPIC = "corral-fastlane"
 """The engine's event topic on which workers push each pass's starts and ends."""
