@@ -506,6 +506,14 @@ class Database:
                 chunk))
         return out
 
+    def queued_on(self, backend: str, but: str, limit: int = 500) -> list[Job]:
+        """Jobs sent to ``backend`` that are still PENDING, but ``but``'s, oldest first
+        (the fast lane asks which batch jobs wait for cores, each tick)."""
+        rows = self.conn.execute(
+            f"SELECT {_JOB_COLS} FROM jobs WHERE state='PENDING' AND backend=? AND backend_id IS NOT NULL "
+            "AND principal != ? ORDER BY id LIMIT ?", (backend, but, limit)).fetchall()
+        return [_row_to_job(r) for r in rows]
+
     def set_reasons(self, job_ids: list[int], reason: str) -> None:
         """What these jobs wait for, while they are still PENDING (the fast lane's pools)."""
         for i in range(0, len(job_ids), 900):

@@ -87,10 +87,9 @@ class Pilots:
             self._default = next((p.name for p in self.batch.partitions() if p.default), "")
         default = partition or self._default
         out = []
-        for job in self.db.list_jobs(None, [JobState.PENDING], limit=500):
+        for job in self.db.queued_on(self.batch.name, PILOT_PRINCIPAL):
             s = job.spec
-            if (job.principal == PILOT_PRINCIPAL or job.backend != self.batch.name or not job.backend_id
-                    or (s.partition or default) != default or s.after_ok or s.after_any
+            if ((s.partition or default) != default or s.after_ok or s.after_any
                     or any(w in (job.reason or "") for w in ("Dependency", "Held", "held", "BeginTime"))):
                 continue
             out.append(Waiting(job.id, s.cpus, job.submit_time, job.reason))

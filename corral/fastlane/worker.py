@@ -20,8 +20,9 @@ from typing import Any
 
 from . import launcher
 
-THREADS = 64
-"""Batches a worker holds at once (each waits in one thread while the launcher runs it)."""
+MIN_THREADS = 16
+"""Fewest batches a worker holds at once (each waits in one thread while the launcher
+runs it): the batches of a burst from ten agents, on the smallest allocation."""
 
 
 def security(tls_dir: Path | None) -> Any:
@@ -52,8 +53,10 @@ async def run(a: argparse.Namespace) -> None:
     launcher.configure(launcher.Slots(a.cpus, a.memory_mb, gpus[: a.gpus]), sandbox)
     # A thread only waits for its batch in the launcher, which runs every batch at once:
     # a batch queued for a thread behind others waited ~0.7 s of a 1,000-task burst on a
-    # 4-CPU allocation (bench/fast_lane.py --trace). Waiting threads cost no CPU.
-    async with Worker(a.scheduler, nthreads=THREADS, name=a.name, death_timeout=a.death_timeout,
+    # 4-CPU allocation with 4 threads (bench/fast_lane.py --trace), so never fewer than
+    # MIN_THREADS. But measured before: more threads than CPUs cost the worker CPU (GIL
+    # hand-offs as they wake) without starting tasks sooner, when batches are small.
+    async with Worker(a.scheduler, nthreads=max(MIN_THREADS, min(a.cpus, 64)), name=a.name, death_timeout=a.death_timeout,
                       dashboard=False, security=security(a.tls_dir), memory_limit=0) as w:
         # Starts and outcomes go to the gateway as they happen, over the worker's own
         # connection (Dask's events), not only when a whole batch has returned.
