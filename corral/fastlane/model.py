@@ -95,6 +95,7 @@ class Waiting:
 
     job_id: int
     cpus: int
+    memory_mb: int
     since: float
     reason: str | None
 

@@ -92,7 +92,7 @@ class Pilots:
             if ((s.partition or default) != default or s.after_ok or s.after_any
                     or any(w in (job.reason or "") for w in ("Dependency", "Held", "held", "BeginTime"))):
                 continue
-            out.append(Waiting(job.id, s.cpus, job.submit_time, job.reason))
+            out.append(Waiting(job.id, s.cpus, s.memory_mb, job.submit_time, job.reason))
         return sorted(out, key=lambda w: w.since)
 
     def state(self, job_id: int) -> tuple[JobState, str | None]:

@@ -368,7 +368,9 @@ class Pool:
         await scaling.give_back(self, now)
         await self._grow()
         if scaling.undersized(self):  # the next burst finds an allocation sized to the last
-            await self._add()
+            room = await self.allocations_port.free(self.key.partition)
+            if room is not None and room[0] > max(a.shape.cpus for a in self.allocations.values()):
+                await self._add()  # only one that starts now and is bigger than what it has
         if len(self.allocations) < self.cfg.min_allocations and not self.breaker_open \
                 and not any(a.up_since is None for a in self.allocations.values()):
             await self._add()

@@ -102,10 +102,12 @@ def keeper(pool: "Pool") -> Allocation | None:
     return min(up, key=lambda a: (abs(a.shape.cpus - target), -a.asked), default=None)
 
 
-def blocked(waiting: list[Waiting], free_cpus: int | None, a: Allocation) -> Waiting | None:
-    """The oldest batch job that this allocation's cores would let start, if any."""
-    free = free_cpus or 0
-    return next((w for w in waiting if free < w.cpus <= free + a.shape.cpus), None)
+def blocked(waiting: list[Waiting], room: tuple[int, int], a: Allocation) -> Waiting | None:
+    """The oldest batch job that cannot start in the node's free ``room`` (CPUs, MB) and
+    could with this allocation's, if any."""
+    cpus, mem = room
+    return next((w for w in waiting if (w.cpus > cpus or w.memory_mb > mem)
+                 and w.cpus <= cpus + a.shape.cpus and w.memory_mb <= mem + a.shape.memory_mb), None)
 
 
 async def give_back(pool: "Pool", now: float) -> None:
@@ -118,8 +120,7 @@ async def give_back(pool: "Pool", now: float) -> None:
         for a in pool.allocations.values():
             a.draining = False  # nothing waits any more: take tasks again
         return
-    room = await pool.allocations_port.free(pool.key.partition)
-    free = room[0] if room else 0
+    free = await pool.allocations_port.free(pool.key.partition) or (0, 0)
     for a in sorted(pool.allocations.values(), key=lambda a: a.asked, reverse=True):
         if a.up_since is None:
             continue
@@ -132,7 +133,7 @@ async def give_back(pool: "Pool", now: float) -> None:
             why = f"batch job {w.job_id} waited {now - w.since:.0f} s for its cores"
             await pool.release(a, why)
             pool.gave_to = (w.job_id, now)
-            free += a.shape.cpus
+            free = (free[0] + a.shape.cpus, free[1] + a.shape.memory_mb)
         elif not a.draining and now - w.since >= bound:
             a.draining = True
             pool.gave_to = (w.job_id, now)
