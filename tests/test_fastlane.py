@@ -479,6 +479,23 @@ def test_the_warm_allocation_follows_recent_demand(tmp_path) -> None:
     assert pool.demand.recent_peak(now + 4000) == 2
 
 
+def test_an_allocation_gives_way_only_to_a_batch_job_it_holds_back() -> None:
+    """Cores (or memory) go back only to a job that cannot start beside the pool and
+    could start without this allocation: not to one that fits already, nor to one too
+    big for the node either way."""
+    from corral.fastlane.model import Allocation, Shape, Waiting
+    from corral.fastlane.scaling import blocked
+
+    a = Allocation(1, "alloc-1", 0.0, Shape(24, 48000, 0, 3600), up_since=1.0)
+    fits = Waiting(10, 4, 1000, 1.0, "Priority")
+    by_cpus = Waiting(11, 16, 1000, 2.0, "Resources")
+    by_memory = Waiting(12, 2, 40000, 3.0, "Resources")
+    too_big = Waiting(13, 64, 1000, 0.5, "Resources")
+    assert blocked([too_big, fits, by_cpus], (8, 16000), a) is by_cpus
+    assert blocked([fits, by_memory], (8, 16000), a) is by_memory
+    assert blocked([too_big, fits], (8, 16000), a) is None
+
+
 def test_a_batch_job_gets_the_cores_of_an_idle_pool_and_a_task_says_it_waits_for_it(tmp_path) -> None:
     """Issue 40 (2, 4), on the real Slurm: a warm allocation held cores a batch job waited
     for until the pool had been idle ``idle_s`` (120 s); now it is released once idle for
