@@ -311,6 +311,7 @@ class Launcher:
         except OSError as e:
             self._not_started(s, batch, i, gpus, start, f"could not open its output in {d}: {e.strerror}")
             return None
+        r, w = os.pipe()  # both close on exec: an empty read means the exec happened
         pid = os.fork()
         if pid == 0:  # pragma: no cover (the child)
             try:
@@ -324,10 +325,21 @@ class Launcher:
                 os.setresgid(gid, gid, gid)
                 os.setresuid(uid, uid, uid)
                 os.execvpe(argv[0], argv, env)
+            except BaseException as e:
+                os.write(w, str(getattr(e, "strerror", None) or e).encode())
             finally:
                 os._exit(127)
         os.close(out)
         os.close(err)
+        os.close(w)
+        # Its pid is watched only once it runs the task's program: sampled before that,
+        # its memory was this worker's copy (a `true` was killed as OUT_OF_MEMORY at 10 MB).
+        with open(r, "rb") as pipe:
+            failed = pipe.read().decode(errors="replace")
+        if failed:
+            os.waitpid(pid, 0)
+            self._not_started(s, batch, i, gpus, start, f"could not start {argv[0]} as its identity: {failed}")
+            return None
         self._began(s, start)
         self._pids.add(pid)
         pidfd = os.pidfd_open(pid)
