@@ -7,13 +7,19 @@ Arm A: 10 submitter threads each run ``sbatch --wrap CMD`` for their share; one
 poller watches ``squeue`` until every job has left the queue. Arm B: a corral
 gateway on the Slurm backend; each agent (its own principal) sends its share as one
 ``POST /v1/jobs/batch`` with ``lane: fast`` and then one ``POST /v1/jobs/wait``. The
-pool is warmed first (one task), as an agent's session would find it; the cold start
-is reported apart, and ``slurm_jobs`` counts every allocation the fast lane made in
-the whole run, the warm-up's included. A third arm sends the same tasks one request each, for agents that
+pool is warmed first as agents that have been sending bursts find it (``warm_up``: one
+task, whose cold start is reported apart; one burst of 100; 10 tasks per agent), and
+``slurm_jobs`` counts every allocation the fast lane made in the whole run, the
+warm-up's included. ``--trace``: one traced burst instead, its time per stage
+(corral/fastlane/trace.py) and the CPU each process spent. A third arm sends the same tasks one request each, for agents that
 do not batch. Makespan runs from the first submission to the last task seen ended.
 Dispatch latency (submit -> started, as corral records both) is reported for single
 tasks into the idle warm pool (``dispatch_p50_ms``) and over the 1,000-task burst,
 where it includes waiting for a free slot (``burst_dispatch_*``).
+After the arms, a batch job that needs 4 CPUs more than the node has free beside the
+idle pool: how long it waits for the pool to give cores back. The same arms run again
+on the commit this branch left main from (``--before``; its tree from ``git archive``,
+its workers made to import it), with the same sbatch figures.
 slurmctld's RPC counts come from sdiag, reset before each arm. Each command (``true``,
 then ``sleep 0.5``) gets all arms. Needs the private Slurm of scripts/slurm-up.
 Last line: one JSON object.
@@ -131,6 +137,118 @@ def corral_arm(gw: GatewayProcess, tokens: list[str], cmd: str, tasks: int, batc
             "failed": len(errors), "errors": errors[:3]}
 
 
+def _procs() -> dict[int, tuple[int, str, float, float]]:
+    """pid -> (parent, command line, own CPU s, reaped children's CPU s), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{e}/stat").read_text()
+            cmd = Path(f"/proc/{e}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        f = stat[stat.rindex(")") + 2:].split()
+        out[int(e)] = (int(f[1]), cmd, (int(f[11]) + int(f[12])) / tick, (int(f[13]) + int(f[14])) / tick)
+    return out
+
+
+def cpu_by_role(gw: GatewayProcess, before: dict[int, tuple[int, str, float, float]],
+                after: dict[int, tuple[int, str, float, float]]) -> dict[str, float]:
+    """CPU seconds spent between two snapshots: the gateway, its pools' workers, their
+    sandbox hosts (with the tasks they reaped), slurm's daemons, everything else."""
+    home = str(gw.home)
+    workers = {p for p, (_, cmd, _, _) in after.items() if "corral.fastlane.worker" in cmd and home in cmd}
+
+    def under(p: int, roots: set[int]) -> bool:
+        for _ in range(20):
+            if p in roots:
+                return True
+            p = after.get(p, (0,))[0]
+            if p <= 1:
+                return False
+        return False
+
+    roles: dict[str, float] = {}
+    for p, (_, cmd, own, kids) in after.items():
+        b = before.get(p)
+        d_own, d_kids = own - (b[2] if b else 0.0), kids - (b[3] if b else 0.0)
+        if p == gw.proc.pid:
+            role = "gateway"
+        elif p in workers:
+            role = "worker"
+        elif under(p, workers):
+            role = "sandbox hosts + their tasks"
+            d_own += d_kids
+        elif any(x in cmd for x in ("slurmctld", "slurmd", "slurmstepd")):
+            role = "slurm daemons"
+        elif p == os.getpid():
+            role = "bench client"
+        else:
+            role = "everything else (other users of the machine)"
+        if d_own > 0:
+            roles[role] = round(roles.get(role, 0.0) + d_own, 3)
+    return roles
+
+
+def stages(gw: GatewayProcess, tokens: list[str], tasks: int, trace_dir: Path) -> dict[str, Any]:
+    """One traced burst: each task's time per stage (corral/fastlane/trace.py), and the
+    CPU each process spent over the burst."""
+    from corral.fastlane import trace
+
+    per = tasks // len(tokens)
+    spec = {"command": "true", "lane": "fast", "walltime": "5m", "memory": "100M"}
+    clients = [httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {t}"}, timeout=120) for t in tokens]
+    for c in clients:
+        c.get("/healthz")
+    posted: dict[int, float] = {}
+    waited: dict[int, float] = {}
+    lock = threading.Lock()
+
+    def agent(h: httpx.Client) -> None:
+        t = time.time()
+        mine = [j["id"] for j in h.post("/v1/jobs/batch", json={"jobs": [spec] * per}).raise_for_status().json()["jobs"]]
+        h.post("/v1/jobs/wait", json={"ids": mine, "timeout": 300}).raise_for_status()
+        with lock:
+            posted.update((j, t) for j in mine)
+            waited.update((j, time.time()) for j in mine)
+
+    before = _procs()
+    t0 = time.time()
+    threads = [threading.Thread(target=agent, args=(c,)) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    makespan = time.time() - t0
+    cpu = cpu_by_role(gw, before, _procs())
+    for c in clients:
+        c.close()
+    time.sleep(0.5)  # the last flushes
+    marks = trace.load(trace_dir)
+    steps = [("gateway request (POST sent -> enqueued in the pool)", "posted", "enqueued"),
+             ("dispatch (pool: waiting for a worker's room -> handed to the engine)", "enqueued", "sent"),
+             ("engine (Dask: scheduler -> worker -> launcher)", "sent", "received"),
+             ("launcher (waiting for a slot, outputs opened, sent to the host)", "received", "spawning"),
+             ("sandbox spawn (host: posix_spawn, its pid back)", "spawning", "pid"),
+             ("task runs (`true`) and its end heard", "pid", "exited"),
+             ("report, in the worker (held up to REPORT_S, then pushed)", "exited", "reported"),
+             ("report, engine to the gateway's pool", "reported", "heard"),
+             ("recorded (outcome committed, waiters woken)", "heard", "recorded"),
+             ("back to the agent (its wait returns)", "recorded", "waited")]
+    table = {}
+    for name, a, b in steps:
+        d = []
+        for jid, m in marks.items():
+            at: dict[str, float | None] = {**m, "posted": posted.get(jid), "waited": waited.get(jid)}
+            x, y = at.get(a), at.get(b)
+            if x is not None and y is not None:
+                d.append((y - x) * 1000)
+        table[name] = {"p50_ms": round(pct(d, 50), 2), "p99_ms": round(pct(d, 99), 2), "n": len(d)}
+    return {"makespan_s": round(makespan, 3), "stages": table, "cpu_s": cpu}
+
+
 def idle_dispatch(gw: GatewayProcess, token: str, n: int) -> dict[str, float]:
     """One task at a time into the warm, idle pool: submit -> started, as corral records both."""
     lat = []
@@ -147,54 +265,176 @@ def _pilots(gw: GatewayProcess) -> int:
         return len(h.get("/v1/jobs", params={"principal": "fastlane", "limit": 1000}).json()["jobs"])
 
 
+def warm_up(gw: GatewayProcess, tokens: list[str]) -> tuple[float, list[int]]:
+    """The pool as agents that have been sending bursts find it: one task (the cold
+    start, timed), one burst of 100 `true`, then until no allocation is still coming (the
+    pool keeps one sized to its recent demand), then 10 `true` from each agent (each
+    agent's sandbox is built where its tasks run). -> (cold start s, CPUs of each allocation)."""
+    t = time.perf_counter()
+
+    def burst(token: str, n: int) -> None:
+        with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {token}"}, timeout=120) as h:
+            ids = [j["id"] for j in h.post("/v1/jobs/batch", json={"jobs": [{"command": "true", "lane": "fast"}] * n})
+                   .raise_for_status().json()["jobs"]]
+            h.post("/v1/jobs/wait", json={"ids": ids, "timeout": 120}).raise_for_status()
+
+    burst(tokens[0], 1)
+    cold = time.perf_counter() - t
+    burst(tokens[0], 100)
+    deadline = time.monotonic() + 60
+    with gw.client() as h:
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            pools = h.get("/v1/facility").json()["fast_lane"]["pools"]
+            allocs = [a for p in pools for a in p["allocations"]]
+            if all(a["up"] for a in allocs):
+                break
+    for token in tokens:
+        burst(token, 10)
+    return cold, [a["shape"]["cpus"] for a in allocs]
+
+
+def trace_main(a: argparse.Namespace) -> None:
+    trace_dir = Path(tempfile.mkdtemp(prefix="corral-bench-trace-"))
+    os.chmod(trace_dir, 0o777)
+    gw = GatewayProcess("--backend", "slurm", env={"SLURM_CONF": ENV["SLURM_CONF"],
+                                                   "CORRAL_BENCH_TRACE": str(trace_dir)})
+    try:
+        tokens = sponsored_agents(gw, a.agents)
+        _, warm = warm_up(gw, tokens)
+        print(f"warm pool: {warm}", file=sys.stderr)
+        idle_dispatch(gw, tokens[0], 20)
+        for f in trace_dir.glob("trace-*"):
+            f.unlink()
+        out = stages(gw, tokens, 200 if a.quick else a.tasks, trace_dir)
+        out["slurm_jobs"] = _pilots(gw)
+    finally:
+        gw.stop()
+    for name, row in out["stages"].items():
+        print(f"{row['p50_ms']:9.2f} {row['p99_ms']:9.2f}  {name}", file=sys.stderr)
+    print(json.dumps({"bench": "fast_lane_stages", **out}))
+
+
+def batch_behind_idle_pool(gw: GatewayProcess, cap_s: float) -> dict[str, Any]:
+    """A batch job that needs 4 of the cores the idle warm pool holds (the node's free
+    CPUs + 4): how long from its submission until it runs (corral's record, which the
+    job's own start marker updates). Capped at ``cap_s`` (the commit before gave cores
+    back only after ``idle_s``, 120 s)."""
+    with gw.client() as h:
+        free = 32 - sum(a["shape"]["cpus"] for p in h.get("/v1/facility").json()["fast_lane"]["pools"]
+                        for a in p["allocations"])
+        t = time.perf_counter()
+        job = h.post("/v1/jobs", json={"command": "true", "lane": "batch", "cpus": min(32, free + 4),
+                                       "memory": "100M", "partition": "debug", "walltime": "1m"}
+                     ).raise_for_status().json()
+        while time.perf_counter() - t < cap_s:
+            state = h.get(f"/v1/jobs/{job['id']}").json()["state"]
+            if state != "PENDING":
+                break
+            time.sleep(0.2)
+        waited = time.perf_counter() - t
+        if state == "PENDING":
+            h.post(f"/v1/jobs/{job['id']}/cancel")
+    return {"waited_s": round(waited, 1), "ran": state != "PENDING", "cap_s": cap_s, "node_cpus_free_before": free,
+            "cpus": min(32, free + 4)}
+
+
+def checkout(rev: str) -> tuple[str, dict[str, str]]:
+    """The tree of ``rev`` in a temporary directory (git archive: the repository is not
+    touched), and the environment that makes a gateway and its pools' workers run it."""
+    root = Path(__file__).resolve().parent.parent
+    sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", rev], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    d = Path(tempfile.mkdtemp(prefix=f"corral-bench-{sha}-"))
+    archive = subprocess.run(["git", "-C", str(root), "archive", sha], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(d)], input=archive, check=True)
+    python = d / "python"  # the workers, started through Slurm, must import that tree too
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={d} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    return sha, {"PYTHONPATH": str(d), "CORRAL_FASTLANE_PYTHON": str(python)}
+
+
+def side(env: dict[str, str], commands: list[str], sbatch: dict[str, Any], tasks: int, agents: int,
+         quick: bool, label: str) -> dict[str, Any]:
+    """One gateway (this tree, or another commit's): warm-up, idle dispatch, every arm."""
+    gw = GatewayProcess("--backend", "slurm", env={"SLURM_CONF": ENV["SLURM_CONF"], **env})
+    results: dict[str, Any] = {}
+    try:
+        tokens = sponsored_agents(gw, agents)
+        cold, warm = warm_up(gw, tokens)
+        print(f"{label}: first task done after {cold:.1f} s (one allocation started through Slurm); "
+              f"warm pool: {warm}", file=sys.stderr)
+        idle = idle_dispatch(gw, tokens[0], 20 if quick else 100)
+        print(f"{label}: dispatch into the idle warm pool: {idle}", file=sys.stderr)
+        for cmd in commands:
+            sb = sbatch[cmd]
+            fl = corral_arm(gw, tokens, cmd, tasks, batched=True)
+            print(f"{label} [{cmd}] corral fast lane, batched: {fl}", file=sys.stderr)
+            one = corral_arm(gw, tokens, cmd, tasks, batched=False)
+            print(f"{label} [{cmd}] corral fast lane, one request per task: {one}", file=sys.stderr)
+            results[cmd] = {"fast": fl, "fast_per_request": one,
+                            "ratio": round(sb["makespan_s"] / fl["makespan_s"], 1),
+                            "ratio_per_request": round(sb["makespan_s"] / one["makespan_s"], 1)}
+        pilots = _pilots(gw)
+        behind = batch_behind_idle_pool(gw, 30.0 if quick else 150.0)
+        print(f"{label}: a batch job behind the idle pool: {behind}", file=sys.stderr)
+    finally:
+        gw.stop()
+    r = results["true"]
+    return {"makespan_fast_s": r["fast"]["makespan_s"], "ratio": r["ratio"], "tasks_per_s": r["fast"]["tasks_per_s"],
+            "dispatch_p50_ms": idle["p50_ms"], "dispatch_p99_ms": idle["p99_ms"],
+            "burst_dispatch_p50_ms": r["fast"]["dispatch_p50_ms"], "burst_dispatch_p99_ms": r["fast"]["dispatch_p99_ms"],
+            "slurm_jobs": pilots, "cold_start_s": round(cold, 2), "warm_allocations_cpus": warm,
+            "batch_job_behind_idle_pool": behind, "runs": results}
+
+
+def load() -> dict[str, float]:
+    """The machine's load average and the CPU others used, for the record (2 shared cores)."""
+    one, five, _ = os.getloadavg()
+    return {"loadavg_1m": round(one, 2), "loadavg_5m": round(five, 2)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="200 tasks, `true` only")
     ap.add_argument("--tasks", type=int, default=1000)
     ap.add_argument("--agents", type=int, default=10)
+    ap.add_argument("--before", default="auto", help="the commit to run side by side ('auto': where this branch "
+                                                      "left main; 'none': skip)")
+    ap.add_argument("--trace", action="store_true", help="one traced burst of `true`: time per stage, CPU per process")
     a = ap.parse_args()
+    if a.trace:
+        return trace_main(a)
     tasks = 200 if a.quick else a.tasks
     commands = ["true"] if a.quick else ["true", "sleep 0.5"]
     workdir = tempfile.mkdtemp(prefix="corral-bench-fl-")
     os.chmod(workdir, 0o777)
+    load_at_start = load()
     # sbatch first: a warm pool holds the (single) node, which would stall one-job-per-task
     sbatch = {}
     for cmd in commands:
         sbatch[cmd] = sbatch_arm(cmd, tasks, a.agents, workdir)
         print(f"[{cmd}] sbatch: {sbatch[cmd]}", file=sys.stderr)
-    gw = GatewayProcess("--backend", "slurm", env={"SLURM_CONF": ENV["SLURM_CONF"]})
-    results: dict[str, Any] = {}
-    try:
-        tokens = sponsored_agents(gw, a.agents)
-        t = time.perf_counter()
-        with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {tokens[0]}"}, timeout=120) as h:
-            first = h.post("/v1/jobs", json={"command": "true", "lane": "fast"}).json()
-            h.get(f"/v1/jobs/{first['id']}/wait", params={"timeout": 120})
-        cold = time.perf_counter() - t
-        print(f"pool warm after {cold:.1f} s (one allocation started through Slurm)", file=sys.stderr)
-        idle = idle_dispatch(gw, tokens[0], 20 if a.quick else 100)
-        print(f"dispatch into the idle warm pool: {idle}", file=sys.stderr)
-        for cmd in commands:
-            sb = sbatch[cmd]
-            fl = corral_arm(gw, tokens, cmd, tasks, batched=True)
-            print(f"[{cmd}] corral fast lane, batched: {fl}", file=sys.stderr)
-            one = corral_arm(gw, tokens, cmd, tasks, batched=False)
-            print(f"[{cmd}] corral fast lane, one request per task: {one}", file=sys.stderr)
-            results[cmd] = {"sbatch": sb, "fast": fl, "fast_per_request": one,
-                            "ratio": round(sb["makespan_s"] / fl["makespan_s"], 1),
-                            "ratio_per_request": round(sb["makespan_s"] / one["makespan_s"], 1)}
-        pilots = _pilots(gw)
-    finally:
-        gw.stop()
-    main_r = results["true"]
-    out = {"bench": "fast_lane", "tasks": tasks, "agents": a.agents,
-           "makespan_sbatch_s": main_r["sbatch"]["makespan_s"], "makespan_fast_s": main_r["fast"]["makespan_s"],
-           "ratio": main_r["ratio"], "tasks_per_s": main_r["fast"]["tasks_per_s"],
-           "dispatch_p50_ms": idle["p50_ms"], "dispatch_p99_ms": idle["p99_ms"],
-           "burst_dispatch_p50_ms": main_r["fast"]["dispatch_p50_ms"],
-           "burst_dispatch_p99_ms": main_r["fast"]["dispatch_p99_ms"],
-           "slurm_jobs": pilots, "slurm_jobs_sbatch": main_r["sbatch"]["slurm_jobs"],
-           "cold_start_s": round(cold, 2), "runs": results}
+    now = side({}, commands, sbatch, tasks, a.agents, a.quick, "this tree")
+    before: dict[str, Any] | None = None
+    if a.before != "none":
+        rev = a.before
+        if rev == "auto":
+            root = str(Path(__file__).resolve().parent.parent)
+            rev = subprocess.run(["git", "-C", root, "merge-base", "HEAD", "main"], capture_output=True, text=True,
+                                 check=True).stdout.strip()
+        sha, env = checkout(rev)
+        here = os.getcwd()
+        os.chdir(env["PYTHONPATH"])  # `python -m` puts the working directory first on the path
+        try:
+            before = {"commit": sha, **side(env, commands, sbatch, tasks, a.agents, a.quick, f"commit {sha}")}
+        finally:
+            os.chdir(here)
+    sb = sbatch["true"]
+    out = {"bench": "fast_lane", "tasks": tasks, "agents": a.agents, "makespan_sbatch_s": sb["makespan_s"],
+           **{k: v for k, v in now.items() if k != "runs"}, "slurm_jobs_sbatch": sb["slurm_jobs"],
+           "sbatch": sbatch, "runs": now["runs"], "before": before,
+           "load": {"start": load_at_start, "end": load()}}
     print(json.dumps(out))
 
 

@@ -56,6 +56,7 @@ class FastLaneSettings(_Part):
     start_timeout_s: float = Field(300.0, gt=0, description="An allocation whose worker has not joined by then counts as failed.")
     breaker_failures: int = Field(3, ge=1, description="Allocations failing to start in a row that turn a pool's fast lane off.")
     breaker_cooldown_s: float = Field(300.0, gt=0, description="How long a tripped pool stays off.")
+    give_back_s: float = Field(10.0, gt=0, description="Longest a batch job waits for cores a fast-lane allocation holds: an allocation idle this long is released for it; a busy one takes no new tasks once the job has waited this long, and is released when its tasks end.")
 
 
 class SlurmSettings(_Part):

@@ -506,6 +506,21 @@ class Database:
                 chunk))
         return out
 
+    def queued_on(self, backend: str, but: str, limit: int = 500) -> list[Job]:
+        """Jobs sent to ``backend`` that are still PENDING, but ``but``'s, oldest first
+        (the fast lane asks which batch jobs wait for cores, each tick)."""
+        rows = self.conn.execute(
+            f"SELECT {_JOB_COLS} FROM jobs WHERE state='PENDING' AND backend=? AND backend_id IS NOT NULL "
+            "AND principal != ? ORDER BY id LIMIT ?", (backend, but, limit)).fetchall()
+        return [_row_to_job(r) for r in rows]
+
+    def set_reasons(self, job_ids: list[int], reason: str) -> None:
+        """What these jobs wait for, while they are still PENDING (the fast lane's pools)."""
+        for i in range(0, len(job_ids), 900):
+            chunk = job_ids[i: i + 900]
+            self.conn.execute(f"UPDATE jobs SET reason=? WHERE state='PENDING' AND id IN ({','.join('?' * len(chunk))})",
+                              [reason, *chunk])
+
     def set_held(self, job_id: int, held: bool, reason: str) -> bool:
         """Hold (or release) a job not yet sent to a lane; -> whether it was such a job."""
         return self.conn.execute(

@@ -145,7 +145,7 @@ class FastLane:
             s = self.settings
             cfg = PoolConfig(s.min_allocations, s.max_allocations, s.max_queued, s.idle_s, s.start_timeout_s,
                              s.breaker_failures, s.breaker_cooldown_s, host=_scheduler_host(s, self.batch.name),
-                             min_cpus=s.min_cpus)
+                             min_cpus=s.min_cpus, give_back_s=s.give_back_s)
             directory = self.dir / key.slug
             directory.mkdir(parents=True, exist_ok=True)
             _give(directory, key.unix_user)
@@ -153,6 +153,7 @@ class FastLane:
                 (directory / launcher.SANDBOX_FILE).write_text(self.sandbox.dumps())
             _, security = _tls(directory / "tls", key.unix_user)
             pool = Pool(key, self.shape(key.partition), directory, cfg, self.allocations, self.reports, security)
+            pool.tell = self.db.set_reasons
             self.pools[key] = pool
             task = asyncio.ensure_future(self._start(pool))
             self._starting.add(task)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..backends import SubmitContext
@@ -22,16 +23,20 @@ from ..jobs import JobSpec, JobState
 from ..principals import PILOT_PRINCIPAL, Kind, Principal
 from .launcher import SANDBOX_FILE
 
+from .model import Waiting
+
 if TYPE_CHECKING:
     from ..control.sender import Sender
     from ..db import Database
     from ..lanes import BackendLane
-    from .pool import Pool, Shape
+    from .model import Shape
+    from .pool import Pool
 
 
 class Pilots:
     def __init__(self, settings: FastLaneSettings, db: "Database", batch: "BackendLane", sender: "Sender") -> None:
         self.settings, self.db, self.batch, self.sender = settings, db, batch, sender
+        self._default: str | None = None
 
     def _principal(self) -> Principal:
         p = self.db.get_principal(PILOT_PRINCIPAL)
@@ -43,7 +48,10 @@ class Pilots:
                f"--name alloc-$CORRAL_JOB_ID --tls-dir {pool.dir / 'tls'}")
         if (pool.dir / SANDBOX_FILE).exists():
             cmd += f" --sandbox {pool.dir / SANDBOX_FILE}"
-        return JobSpec(command=cmd, cpus=sh.cpus, memory=sh.memory_mb, gpus=sh.gpus, walltime=sh.walltime_s,
+        # The gateway's own Python runs the gateway's own corral: a worker speaks its pool's
+        # protocol (the launcher's specs and events), whatever else that Python would import.
+        env = {} if self.settings.python else {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        return JobSpec(command=cmd, env=env, cpus=sh.cpus, memory=sh.memory_mb, gpus=sh.gpus, walltime=sh.walltime_s,
                        partition=pool.key.partition, name=f"pool-{pool.key.slug}"[:64], lane="batch",
                        labels={"corral-fastlane-pool": pool.key.slug})
 
@@ -69,6 +77,23 @@ class Pilots:
 
     async def free(self, partition: str | None) -> tuple[int, int] | None:
         return await self.batch.free(partition)
+
+    def waiting(self, partition: str | None) -> list[Waiting]:
+        """Batch jobs corral sent that still wait on this partition (the pools' own
+        allocations aside), oldest first, from corral's records: the reconciler keeps their
+        state and the scheduler's reason. A job held by corral or waiting for another job
+        does not wait for cores."""
+        if partition is None and self._default is None:  # asked of the scheduler once
+            self._default = next((p.name for p in self.batch.partitions() if p.default), "")
+        default = partition or self._default
+        out = []
+        for job in self.db.queued_on(self.batch.name, PILOT_PRINCIPAL):
+            s = job.spec
+            if ((s.partition or default) != default or s.after_ok or s.after_any
+                    or any(w in (job.reason or "") for w in ("Dependency", "Held", "held", "BeginTime"))):
+                continue
+            out.append(Waiting(job.id, s.cpus, s.memory_mb, job.submit_time, job.reason))
+        return sorted(out, key=lambda w: w.since)
 
     def state(self, job_id: int) -> tuple[JobState, str | None]:
         job = self.db.get_job(job_id)

@@ -1,16 +1,19 @@
 """One fast-lane pool: warm allocations of one Unix user and account on one partition,
 with one Dask scheduler that only that pool's workers join.
 
-    tasks ─enqueue─▶ pending ─dispatch (each worker ≤ DEPTH per CPU slot)───▶ Dask scheduler
+    tasks ─enqueue─▶ pending ─dispatch (each worker ≤ HOLD_S of work per slot)─▶ Dask scheduler
                                                                                   │
     allocation (a pilot job: corral.fastlane.worker) ◀────── batches ─────────────┘
          └─ launcher runs each task as a process ─▶ starts, outcomes (pushed as events)
                                                      ─▶ the service records them
 
-Scaling: an allocation is started when tasks wait and there is none, or when the
-oldest has waited ``scale_after_s`` with every allocation busy, up to
-``max_allocations`` and at most ``max_queued`` not yet up; one is stopped after
-``idle_s`` without work, down to ``min_allocations``. A circuit breaker opens after
+Scaling (corral/fastlane/scaling.py): an allocation is asked for when tasks wait and
+there is none, or when the work coming would take the pool's allocations longer to
+drain than a new one takes to join, up to ``max_allocations`` and at most
+``max_queued`` not yet up, sized to that work; an idle pool keeps one sized to its
+recent peak; one is stopped after ``idle_s`` without work, down to
+``min_allocations``, and an idle one after ``give_back_s`` when a batch job waits for
+its cores. Records and ports: corral/fastlane/model.py. A circuit breaker opens after
 ``breaker_failures`` allocations in a row end (or run ``start_timeout_s``) without a
 worker joining, for
 ``breaker_cooldown_s``: tasks then fail with the reason instead of waiting forever.
@@ -19,120 +22,23 @@ worker joining, for
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import pickle
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable
 
 from ..jobs import JobState
-from . import launcher
+from . import launcher, scaling, trace
+from .demand import HOLD_S, Demand
+from .model import Allocation, Allocations, PoolConfig, PoolKey, Reports, Shape, Task, Waiting, _fits  # noqa: F401
+
+__all__ = ["Allocation", "Allocations", "Pool", "PoolConfig", "PoolKey", "Reports", "Shape", "Task", "Waiting"]
 
 log = logging.getLogger("corral.fastlane")
-MAX_BATCH = 256
-DEPTH = 4
-"""Tasks a worker holds per CPU slot at most, running or queued in its launcher: enough
-that its slots do not wait for the gateway's next refill, few enough that a burst on a
-small allocation leaves the rest to a bigger one that joins later."""
-
-
-@dataclass(frozen=True)
-class PoolKey:
-    """What a pool belongs to: tasks of principals that differ here never share one."""
-
-    unix_user: str | None
-    account: str | None
-    partition: str | None
-
-    @functools.cached_property
-    def slug(self) -> str:  # asked per task on submit: computed once
-        return "-".join(p or "_" for p in (self.unix_user, self.account, self.partition))
-
-
-@dataclass(frozen=True)
-class Shape:
-    """The resources of one allocation (one worker)."""
-
-    cpus: int
-    memory_mb: int
-    gpus: int
-    walltime_s: int
-
-
-@dataclass
-class PoolConfig:
-    min_allocations: int = 0
-    max_allocations: int = 2
-    max_queued: int = 1
-    idle_s: float = 120.0
-    start_timeout_s: float = 300.0
-    breaker_failures: int = 3
-    breaker_cooldown_s: float = 300.0
-    host: str = "127.0.0.1"
-    min_cpus: int = 4
-    """Fewest CPUs of an allocation (within the pool's shape). A small warm allocation
-    does not strand a burst: it holds ``DEPTH`` tasks per slot, the next one the rest."""
-    scale_after_s: float = 2.0
-    """Another allocation only once the oldest waiting task has waited this long."""
-
-
-@dataclass
-class Task:
-    job_id: int
-    spec: dict[str, Any]
-    """What the launcher needs: command, cpus, memory_mb, gpus, walltime_s, env, dir, workdir."""
-    idempotent: bool = False
-    submitted: float = field(default_factory=time.time)
-    addr: str | None = None
-    """The worker it was sent to, while it holds room there."""
-
-
-@dataclass
-class Allocation:
-    job_id: int
-    name: str
-    asked: float
-    shape: Shape
-    up_since: float | None = None
-    running_since: float | None = None
-
-
-def _fits(shape: Shape, spec: dict[str, Any]) -> bool:
-    return spec["cpus"] <= shape.cpus and spec["memory_mb"] <= shape.memory_mb and spec["gpus"] <= shape.gpus
-
-
-class Allocations(Protocol):
-    """How a pool gets and gives back allocations (pilot jobs of the batch lane)."""
-
-    async def start(self, pool: "Pool", shape: Shape) -> int:
-        """Ask for one allocation of ``shape`` running this pool's worker; -> the corral job
-        id of its pilot."""
-        ...
-
-    async def stop(self, job_id: int) -> None: ...
-
-    async def free(self, partition: str | None) -> tuple[int, int] | None:
-        """The most CPUs (and memory, MB) one node of the partition has free now; None
-        when not known."""
-        ...
-
-    def state(self, job_id: int) -> tuple[JobState, str | None]: ...
-
-
-class Reports(Protocol):
-    """Where a pool's news of its tasks goes (the service's Progress)."""
-
-    def started(self, started: dict[int, float]) -> None:
-        """Tasks that started: job id -> start time."""
-        ...
-
-    def ended(self, results: list[dict[str, Any]]) -> None:
-        """Finished tasks' records: job_id, state, exit_code, start, end, cpu_s, reason."""
-        ...
+MAX_BATCH = 512
 
 
 class Pool:
@@ -143,8 +49,20 @@ class Pool:
         self.security = security
         self.pending: deque[Task] = deque()
         self.inflight: dict[int, Task] = {}
-        self.load: dict[str, int] = {}
-        """Worker address -> tasks sent to it and not yet ended."""
+        self.load: dict[str, float] = {}
+        """Worker address -> expected seconds of CPU slots of the tasks sent to it and not yet ended."""
+        self.demand = Demand()
+        self.pending_work = 0.0
+        """Expected seconds of CPU slots of the tasks waiting here."""
+
+        self._growing = False
+        self._by_name: dict[str, Allocation] = {}
+        """Worker address -> its allocation, for the workers up."""
+        self.tell: Callable[[list[int], str], None] | None = None
+        """Writes what waiting tasks wait for into their records (the lane sets it)."""
+        self._told: tuple[str | None, int] = (None, 0)
+        self.gave_to: tuple[int, float] | None = None
+        """The batch job this pool last gave cores back to, and when."""
         self.known: set[int] = set()
         """Every task waiting or running here: submit is idempotent per job id."""
         self.reported: set[int] = set()
@@ -162,6 +80,8 @@ class Pool:
         self._tasks: set[asyncio.Future[Any]] = set()
         """Every task this pool started: kept (asyncio holds only weak references) and
         awaited at close."""
+        self.trace = trace.gateway_dir()
+        """Where each stage of a task is timed (bench/fast_lane.py --trace), or None."""
 
     # -- life ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -216,6 +136,11 @@ class Pool:
 
     # -- tasks --------------------------------------------------------------------
     def enqueue(self, task: Task) -> None:
+        task.work = self.demand.expect(task.spec)
+        self.pending_work += task.work
+        if self.trace:
+            trace.mark("enqueued", [task.job_id])
+            task.spec["trace"] = self.trace
         self.known.add(task.job_id)
         self.pending.append(task)
         self.last_work = time.monotonic()
@@ -226,6 +151,7 @@ class Pool:
         dropped = [t.job_id for t in self.pending if t.job_id in job_ids]
         if dropped:
             self.pending = deque(t for t in self.pending if t.job_id not in job_ids)
+            self.pending_work = sum(t.work for t in self.pending)
             self.known.difference_update(dropped)
         running = [j for j in job_ids if j in self.inflight]
         if running and self.client is not None:
@@ -233,46 +159,68 @@ class Pool:
         return dropped
 
     def dispatch(self) -> None:
-        """Hand pending tasks to the workers up, each at most ``DEPTH`` tasks per CPU slot
-        (running and queued in its launcher); the rest wait here for a worker's room. A
-        task sent is a task placed: it cannot move to an allocation that joins later, so a
-        burst on a small warm allocation takes only what it can soon start, and the next
-        allocation gets the rest. Called at the end of a batch submission (its tasks go
-        out before the next request is read: under a burst of requests, waiting for the
-        loop's next turn started tasks only after the last request), and by the loop below
-        for single submissions, for tasks that waited for room, and when tasks end."""
+        """Hand pending tasks to the workers up, each up to ``HOLD_S`` seconds of expected
+        work per CPU slot (running and queued in its launcher: demand.py); the rest wait
+        here for a worker's room. A task sent is a task placed: it cannot move to an
+        allocation that joins later, so a small warm allocation takes only what it can
+        soon run and the next allocation gets the rest, while a burst of millisecond tasks
+        goes out in a few large batches. Called at the end of a batch submission (its
+        tasks go out before the next request is read), by the loop below for single
+        submissions, for tasks that waited for room, and when tasks end."""
+        if self.pending:
+            n = len(self.pending) + len(self.inflight)  # every task wants a CPU at least
+            self.demand.wanted(self.shape.cpus if n >= self.shape.cpus else min(self.shape.cpus, sum(
+                t.spec["cpus"] for t in (*self.pending, *self.inflight.values()))))
+            self._grow_soon()
         if not self.pending or self.client is None or not self.scheduler.workers:
             return
         up = self.workers_up()
-        room: list[tuple[int, str, Shape]] = []
+        room: list[tuple[float, str, Shape]] = []
         for a in self.allocations.values():
             addr = up.get(a.name)
-            if addr is None:
+            if addr is None or a.draining:
                 continue
-            cap = DEPTH * a.shape.cpus
-            free = cap - self.load.get(addr, 0)
+            cap = HOLD_S * a.shape.cpus
+            load = self.load.get(addr, 0.0)
+            free = cap - load
             # Refill by halves: batches of ~100 `true` cost the gateway and the worker
             # 0.2 s less CPU per 1,000 than batches of 32 (measured), so no trickle.
-            if free > 0 and free >= min(cap // 2, len(self.pending)):
+            if load == 0 or (free > 0 and free >= min(cap / 2, self.pending_work)):
                 room.append((free, addr, a.shape))
         for free, addr, shape in sorted(room, reverse=True):
             if not self.pending:
                 break
+            take: list[Task] = []
             if shape == self.shape:  # tasks were routed to fit the pool's shape: any of them
-                take = [self.pending.popleft() for _ in range(min(free, len(self.pending)))]
+                while self.pending and (not take or self.pending[0].work <= free):
+                    t = self.pending.popleft()
+                    free -= t.work
+                    take.append(t)
             else:  # a smaller allocation: only what fits it; the rest keep their order
-                take, keep = [], deque[Task]()
+                keep = deque[Task]()
                 for t in self.pending:
-                    (take if len(take) < free and _fits(shape, t.spec) else keep).append(t)
+                    if _fits(shape, t.spec) and (not take or t.work <= free):
+                        free -= t.work
+                        take.append(t)
+                    else:
+                        keep.append(t)
                 self.pending = keep
+            self.pending_work -= sum(t.work for t in take)
             for i in range(0, len(take), MAX_BATCH):
                 self._send(take[i:i + MAX_BATCH], addr)
+        if not self.pending:
+            self.pending_work = 0.0  # no drift from float sums
 
     def _send(self, batch: list[Task], addr: str) -> None:
         for t in batch:
             t.addr = addr
             self.inflight[t.job_id] = t
-        self.load[addr] = self.load.get(addr, 0) + len(batch)
+        self.load[addr] = self.load.get(addr, 0.0) + sum(t.work for t in batch)
+        a = self._by_name.get(addr)
+        if a is not None:
+            a.idle_since = None
+        if self.trace:
+            trace.mark("sent", [t.job_id for t in batch])
         # One opaque argument: Dask would otherwise walk every spec looking for its own
         # keys, and pickle each task's environment anew (one object for many tasks here).
         payload = pickle.dumps([t.spec for t in batch], protocol=pickle.HIGHEST_PROTOCOL)
@@ -284,11 +232,14 @@ class Pool:
         """These tasks no longer hold room in their worker."""
         for t in tasks:
             if t.addr is not None:
-                left = self.load.get(t.addr, 0) - 1
-                if left > 0:
+                left = self.load.get(t.addr, 0.0) - t.work
+                if left > 1e-9:
                     self.load[t.addr] = left
                 else:
                     self.load.pop(t.addr, None)
+                    a = self._by_name.get(t.addr)
+                    if a is not None and a.idle_since is None:
+                        a.idle_since = time.time()
                 t.addr = None
         if self.pending:
             self._wake.set()
@@ -310,9 +261,22 @@ class Pool:
         if started:
             self.reports.started(started)
         if ended:
+            self._learn(ended)
+            if self.trace:
+                trace.mark("heard", [r["job_id"] for r in ended])
             self.reported.update(r["job_id"] for r in ended)
             self.reports.ended(ended)
+            if self.trace:
+                trace.mark("recorded", [r["job_id"] for r in ended])
+                trace.flush(self.trace)
             self._unload([self.inflight[r["job_id"]] for r in ended])
+
+    def _learn(self, ended: list[dict[str, Any]]) -> None:
+        """How long tasks of each kind ran (the outcomes of tasks that ran)."""
+        for r in ended:
+            t = self.inflight.get(int(r["job_id"]))
+            if t is not None and r.get("start") and r.get("end") and r.get("state") in ("COMPLETED", "FAILED"):
+                self.demand.ran(t.spec, max(0.0, r["end"] - r["start"]))
 
     async def _collect(self, fut: Any, batch: list[Task]) -> None:
         """A batch came back: record what its worker had not pushed already. Its result
@@ -346,6 +310,7 @@ class Pool:
         if lost:  # neither pushed nor returned: what its journal says, as for a lost worker
             results += self._salvage(lost, "the batch came back without their outcome")
         if results:
+            self._learn(results)
             self.known.difference_update(int(r["job_id"]) for r in results)
             self.reports.ended(results)
         if self.pending:
@@ -364,6 +329,7 @@ class Pool:
             elif t.idempotent or rec is None:
                 log.info("fast-lane task %s requeued after its allocation was lost", t.job_id)
                 self.pending.append(t)  # never started, or marked idempotent: run it again
+                self.pending_work += t.work
             else:
                 out.append({"job_id": t.job_id, "state": "FAILED", "exit_code": None, "start": rec.get("start"),
                             "end": now, "cpu_s": None,
@@ -373,7 +339,8 @@ class Pool:
 
     # -- scaling --------------------------------------------------------------------
     async def maintain(self) -> None:
-        """Called every tick: track allocations, scale, trip or close the breaker."""
+        """Called every tick: track allocations, scale, give cores back, say what waiting
+        tasks wait for, trip or close the breaker."""
         if self._spent:
             spent, self._spent = self._spent, []
             for fut in spent:
@@ -382,7 +349,9 @@ class Pool:
         now = time.time()
         for a in list(self.allocations.values()):
             if a.name in up and a.up_since is None:
-                a.up_since = now
+                a.up_since = a.idle_since = now
+                self._by_name[up[a.name]] = a
+                self.demand.started(now - a.asked)
                 self.failures = 0
                 self._wake.set()
             state, reason = self.allocations_port.state(a.job_id)
@@ -391,25 +360,71 @@ class Pool:
             # Waiting in the scheduler's queue is not failing; running without a worker is.
             stuck = a.up_since is None and a.running_since is not None and now - a.running_since > self.cfg.start_timeout_s
             if state.terminal or stuck:
-                del self.allocations[a.job_id]
+                self._forget(a)
                 if a.up_since is None:
                     self._failed(a, reason if state.terminal else None)
                     if not state.terminal:
                         await self.allocations_port.stop(a.job_id)
-        queued = [a for a in self.allocations.values() if a.up_since is None]
-        if (self._backlogged(now) and not self.breaker_open and len(self.allocations) < self.cfg.max_allocations
-                and len(queued) < self.cfg.max_queued):
-            await self._add()
-        elif len(self.allocations) < self.cfg.min_allocations and not self.breaker_open and not queued:
+        await scaling.give_back(self, now)
+        await self._grow()
+        if scaling.undersized(self):  # the next burst finds an allocation sized to the last
+            room = await self.allocations_port.free(self.key.partition)
+            if room is not None and room[0] > max(a.shape.cpus for a in self.allocations.values()):
+                await self._add()  # only one that starts now and is bigger than what it has
+        if len(self.allocations) < self.cfg.min_allocations and not self.breaker_open \
+                and not any(a.up_since is None for a in self.allocations.values()):
             await self._add()
         idle = time.monotonic() - self.last_work > self.cfg.idle_s
         if idle and not self.pending and not self.inflight and len(self.allocations) > self.cfg.min_allocations:
-            # release one still queued first, else the newest
-            victim = max(self.allocations.values(), key=lambda a: (a.up_since is None, a.asked))
-            del self.allocations[victim.job_id]
-            log.info("fast-lane pool %s: releasing idle allocation %s", self.key.slug, victim.job_id)
-            await self.allocations_port.stop(victim.job_id)
+            # release one still queued first, else any but the one sized nearest to recent demand
+            keep = scaling.keeper(self)
+            victim = max(self.allocations.values(), key=lambda a: (a.up_since is None, a is not keep, a.asked))
+            await self.release(victim, "idle")
             self.last_work = time.monotonic()
+        self._say_why()
+
+    def _say_why(self) -> None:
+        """Tell waiting tasks what they wait for, when that changed or new ones came."""
+        if self.tell is None:
+            return
+        why = scaling.waiting_reason(self)
+        if why is None:
+            self._told = (None, 0)
+        elif self._told != (why, len(self.pending)):
+            self._told = (why, len(self.pending))
+            self.tell([t.job_id for t in self.pending], why)
+
+    def _addr_of(self, a: Allocation) -> str | None:
+        return next((addr for addr, x in self._by_name.items() if x is a), None)
+
+    def _forget(self, a: Allocation) -> None:
+        self.allocations.pop(a.job_id, None)
+        addr = self._addr_of(a)
+        if addr is not None:
+            del self._by_name[addr]
+
+    async def release(self, a: Allocation, why: str) -> None:
+        self._forget(a)
+        log.info("fast-lane pool %s: releasing allocation %s (%s)", self.key.slug, a.job_id, why)
+        await self.allocations_port.stop(a.job_id)
+
+    async def _grow(self) -> None:
+        if self._growing:
+            return
+        queued = sum(1 for a in self.allocations.values() if a.up_since is None)
+        if (not self.breaker_open and len(self.allocations) < self.cfg.max_allocations
+                and queued < self.cfg.max_queued and self._backlogged(time.time())):
+            self._growing = True
+            try:
+                await self._add()
+            finally:
+                self._growing = False
+
+    def _grow_soon(self) -> None:
+        """Ask for an allocation now, not at the next tick, when the backlog calls for one."""
+        if (not self._growing and self.client is not None and len(self.allocations) < self.cfg.max_allocations
+                and self._backlogged(time.time())):
+            self._keep(asyncio.ensure_future(self._grow()))
 
     def _failed(self, a: Allocation, reason: str | None) -> None:
         self.failures += 1
@@ -422,41 +437,10 @@ class Pool:
                                "submit with lane=batch")
 
     def _backlogged(self, now: float) -> bool:
-        """Tasks wait and no allocation is coming, or more CPUs are asked (queued here or
-        in the workers' launchers) than the allocations up have, and the oldest has
-        waited ``scale_after_s``: a burst one allocation drains in a second adds none."""
-        if self.pending and not self.allocations:
-            return True
-        tasks = [*self.pending, *self.inflight.values()]
-        if not tasks:
-            return False
-        if any(not any(_fits(a.shape, t.spec) for a in self.allocations.values()) for t in self.pending):
-            return True  # a task no allocation (up or coming) can ever run: one that can
-        up = sum(a.shape.cpus for a in self.allocations.values() if a.up_since)
-        asked = sum(t.spec["cpus"] for t in tasks)
-        oldest = min(t.submitted for t in tasks)
-        return asked > up and now - oldest > self.cfg.scale_after_s
+        return scaling.backlogged(self, now)
 
     def _size(self, room: tuple[int, int] | None = None) -> Shape:
-        """The next allocation, sized to the demand no allocation covers yet, within the
-        pool's largest shape: a burst of 1-CPU tasks on an idle pool does not take a whole
-        node from the batch queue. Always big enough for the largest task waiting, and no
-        bigger than ``room`` (what a node has free now) when that is big enough: an
-        allocation that would queue behind the pool's own smaller one starts nothing."""
-        tasks = [*self.pending, *self.inflight.values()]
-        covered = sum(a.shape.cpus for a in self.allocations.values())
-        big = self.shape
-        need_cpus = max([1, *(t.spec["cpus"] for t in self.pending)])
-        need_mem = max([0, *(t.spec["memory_mb"] for t in self.pending)])
-        cpus = min(big.cpus, max(self.cfg.min_cpus, sum(t.spec["cpus"] for t in tasks) - covered, need_cpus))
-        per_cpu = big.memory_mb // max(1, big.cpus)
-        if room is not None and max(self.cfg.min_cpus, need_cpus) <= room[0] < cpus:
-            cpus = room[0]
-        memory = min(big.memory_mb, max(cpus * per_cpu, need_mem))
-        if room is not None and need_mem <= room[1] < memory:
-            memory = room[1]
-        gpus = min(big.gpus, max([0, *(t.spec["gpus"] for t in self.pending)]))
-        return Shape(cpus, memory, gpus, big.walltime_s)
+        return scaling.size(self, room)
 
     async def _add(self) -> None:
         shape = self._size(await self.allocations_port.free(self.key.partition))
@@ -469,13 +453,16 @@ class Pool:
                    "cpu_s": None, "reason": reason} for t in self.pending]
         self.known.difference_update(t.job_id for t in self.pending)
         self.pending.clear()
+        self.pending_work = 0.0
         if failed:
             self.reports.ended(failed)
 
     def describe(self) -> dict[str, Any]:
         return {"pool": self.key.slug, "unix_user": self.key.unix_user, "account": self.key.account,
                 "partition": self.key.partition, "shape": vars(self.shape),
-                "allocations": [{"job_id": a.job_id, "up": a.up_since is not None, "shape": vars(a.shape)}
+                "allocations": [{"job_id": a.job_id, "up": a.up_since is not None, "shape": vars(a.shape),
+                                 "draining": a.draining}
                                 for a in self.allocations.values()],
                 "pending": len(self.pending), "running": len(self.inflight),
+                "gave_cores_to": None if self.gave_to is None else {"job_id": self.gave_to[0], "at": self.gave_to[1]},
                 "breaker": {"open": self.breaker_open, "failures": self.failures, "last_reason": self.last_reason}}

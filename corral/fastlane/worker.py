@@ -20,6 +20,10 @@ from typing import Any
 
 from . import launcher
 
+MIN_THREADS = 16
+"""Fewest batches a worker holds at once (each waits in one thread while the launcher
+runs it): the batches of a burst from ten agents, on the smallest allocation."""
+
 
 def security(tls_dir: Path | None) -> Any:
     if tls_dir is None:
@@ -47,9 +51,12 @@ async def run(a: argparse.Namespace) -> None:
 
         sandbox = Sandbox.loads(a.sandbox.read_text())
     launcher.configure(launcher.Slots(a.cpus, a.memory_mb, gpus[: a.gpus]), sandbox)
-    # Threads only wait on the launcher; measured: more threads cost the worker CPU
-    # (GIL hand-offs) without starting tasks sooner.
-    async with Worker(a.scheduler, nthreads=max(2, min(a.cpus, 64)), name=a.name, death_timeout=a.death_timeout,
+    # A thread only waits for its batch in the launcher, which runs every batch at once:
+    # a batch queued for a thread behind others waited ~0.7 s of a 1,000-task burst on a
+    # 4-CPU allocation with 4 threads (bench/fast_lane.py --trace), so never fewer than
+    # MIN_THREADS. But measured before: more threads than CPUs cost the worker CPU (GIL
+    # hand-offs as they wake) without starting tasks sooner, when batches are small.
+    async with Worker(a.scheduler, nthreads=max(MIN_THREADS, min(a.cpus, 64)), name=a.name, death_timeout=a.death_timeout,
                       dashboard=False, security=security(a.tls_dir), memory_limit=0) as w:
         # Starts and outcomes go to the gateway as they happen, over the worker's own
         # connection (Dask's events), not only when a whole batch has returned.
