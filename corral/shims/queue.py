@@ -370,9 +370,33 @@ def scontrol(argv: list[str]) -> int:
         for v in vs:
             print(_show(v, one_line))
         return 0
+    if argv and argv[0] in ("hold", "uhold", "release"):
+        return _hold(argv[0], argv[1:])
     what = " ".join(argv[:2]) or "(nothing)"
-    unsupported("scontrol", what, "corral's scontrol shows jobs only (scontrol show job ID); hold, release and "
-                "requeue are corral control ID hold|release|requeue")
+    unsupported("scontrol", what, "corral's scontrol shows jobs (scontrol show job ID) and holds and releases "
+                "them; requeue is corral control ID requeue")
+
+
+def _hold(action: str, ids: list[str]) -> int:
+    """scontrol hold|uhold|release ID[,ID...]: Slurm 22.05's words on the private Slurm
+    (a finished or unknown job: two lines, exit 1; a running job: nothing, exit 0)."""
+    if not ids:
+        print(f"too few arguments for keyword:{action}", file=sys.stderr)
+        return 1
+    c, rc = client(), 0
+    for raw in ",".join(ids).split(","):
+        try:
+            job = c.job(int(raw)) if raw.isdigit() else None
+        except NotFound:
+            job = None
+        why = ("Invalid job id specified" if job is None else
+               "Job has already finished" if job["state"] not in ACTIVE else None)
+        if why:
+            print(f"{why} for job {raw}\nslurm_suspend error: {why}", file=sys.stderr)
+            rc = 1
+        elif job["state"] == "PENDING":  # Slurm accepts either on a running job and changes nothing
+            c.control(int(raw), "release" if action == "release" else "hold")
+    return rc
 
 
 def _show(v: View, one_line: bool) -> str:
