@@ -243,7 +243,7 @@ def build(ns: Any, script: str, args: list[str], cwd: Path,
             labels[key] = path
     if ns.dependency and len(ns.dependency) <= 256:
         labels["slurm_dependency"] = ns.dependency
-    lines = ["#!/bin/bash", *_env_lines(ns, name, spec, labels, cwd), f"cd {shlex.quote(str(workdir))}",
+    lines = ["#!/bin/bash", *_env_lines(ns, name, spec, labels, cwd), _chdir(str(workdir)),
              *(_redirect(out, "out", ns.open_mode == "append") if out else []),
              *(_redirect(ns.error, "err", ns.open_mode == "append") if ns.error else
                (["exec 2>&1"] if out else []))]
@@ -255,6 +255,13 @@ def build(ns: Any, script: str, args: list[str], cwd: Path,
     if ns.dependency:
         spec.update(_dependency(ns.dependency))
     return spec, ns.array, bool(ns.hold)
+
+
+def _chdir(workdir: str) -> str:
+    """Into the job's directory, unless it starts there: a contained job is started in it,
+    and may be unable to reach it again by its path (its parents are not in its sandbox)."""
+    q = shlex.quote(workdir)
+    return f'[ "$PWD" = {q} ] || cd {q}'
 
 
 def _run_script(interp: str, rest: str, args: list[str]) -> str:
