@@ -394,7 +394,7 @@ def _hold(action: str, ids: list[str]) -> int:
         if why:
             print(f"{why} for job {raw}\nslurm_suspend error: {why}", file=sys.stderr)
             rc = 1
-        elif job["state"] == "PENDING":  # Slurm accepts either on a running job and changes nothing
+        elif job is not None and job["state"] == "PENDING":  # Slurm takes either on a running job, a no-op
             c.control(int(raw), "release" if action == "release" else "hold")
     return rc
 

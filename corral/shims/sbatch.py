@@ -108,8 +108,8 @@ def _dependency(text: str) -> dict[str, list[int]]:
         try:
             out.setdefault(key, []).extend(int(x.split("_")[0].split("+")[0]) for x in ids.split(":"))
         except ValueError:
-            raise ShimError(f"invalid dependency specification: {part}") from None
-    return out
+            raise ShimError("Batch job submission failed: Job dependency problem") from None  # Slurm's words
+    return {k: list(dict.fromkeys(v)) for k, v in out.items()}  # afterok:A:A is A once, as Slurm takes it
 
 
 def _redirect(path: str, stream: str, append: bool = False) -> list[str]:
@@ -332,9 +332,14 @@ def main(argv: list[str]) -> int:
         try:
             indices = sf.array_indices(array)
         except ValueError as e:
-            raise ShimError(f"Invalid job array specification: {e}") from None
+            if "%" in array or "more than" in str(e):  # what Slurm takes and corral does not: said by name
+                raise ShimError(f"Invalid job array specification: {e}") from None
+            raise ShimError("Batch job submission failed: Invalid job array specification") from None
         whole = {"SLURM_ARRAY_TASK_COUNT": str(len(indices)), "SLURM_ARRAY_TASK_MIN": str(indices[0]),
                  "SLURM_ARRAY_TASK_MAX": str(indices[-1])}
+        m = re.fullmatch(r"\d+-\d+(?::(\d+))?", array.strip())
+        if m:  # one range: its step (the private Slurm: -a 7-9:2 -> 2); a list's is not known here
+            whole["SLURM_ARRAY_TASK_STEP"] = m.group(1) or "1"
         specs = [{**spec, "env": {"CORRAL_ARRAY_TASK_ID": str(i), "SLURM_ARRAY_TASK_ID": str(i),
                                   "CORRAL_ARRAY_POS": str(pos), **whole},
                   "labels": {**spec.get("labels", {}), "array_task": str(i), "array_pos": str(pos)}}
