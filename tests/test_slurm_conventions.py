@@ -98,8 +98,8 @@ def _lines(r: subprocess.CompletedProcess[str]) -> dict[str, str]:
 
 @pytest.mark.usefixtures("slurm_turn")
 def test_the_shims_print_what_the_job_asked(slurm_gateway: Gateway, agent_dir: Path) -> None:  # noqa: F811
-    # pending behind a sleeper (not -H: the shim's hold is a second request, which a job
-    # as short as `true` can outrun)
+    # pending behind a sleeper (written when the shim held a job after submitting it, which a
+    # job as short as `true` could outrun; -H is one held submission now, decision 0013)
     script = (
         "S=$(sbatch --parsable -o /dev/null -t 5 --wrap 'sleep 120'); "
         "A=$(sbatch --parsable -d afterok:$S -t 5 --mem=2G --wrap true); "

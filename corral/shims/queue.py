@@ -11,6 +11,7 @@ NODELIST shows the node names the facility reports for the job's partition.
 
 from __future__ import annotations
 
+import copy
 import functools
 import grp
 import json
@@ -337,9 +338,42 @@ def squeue(argv: list[str]) -> int:
         print(time.strftime("%a %b %d %H:%M:%S %Y"))
     if not ns.noheader:
         print(render(fields, lambda k: "", True))
-    for v in vs:
+    for v in _arrays(vs, ns.array):
         print(render(fields, v.field, False))
     return 0
+
+
+def _arrays(vs: list[View], split: bool) -> list[View]:
+    """An array's pending tasks as Slurm lists them: one line, ``ID_[0-2]`` (the private
+    Slurm: ``3125_[0,3,6]``, ``3126_[5]``), or with ``-r`` one line a task, by index."""
+    groups: dict[int, list[View]] = {}
+    for v in vs:
+        if v.task is not None and v.state == "PENDING":
+            groups.setdefault(v.array_id, []).append(v)
+    out: list[View] = []
+    for v in vs:
+        if not (v.task is not None and v.state == "PENDING"):
+            out.append(v)
+            continue
+        group = groups.pop(v.array_id, [])  # empty: listed with its array already
+        group.sort(key=lambda x: int(x.task or 0))
+        if group and not split:
+            first = copy.copy(group[0])
+            first.task = "[" + _ranges([int(x.task or 0) for x in group]) + "]"
+            group = [first]
+        out += group
+    return out
+
+
+def _ranges(ids: list[int]) -> str:
+    """0,1,2,5 -> '0-2,5' (Slurm's way of writing a set of array indices)."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def _json(v: View) -> dict[str, Any]:
