@@ -206,9 +206,10 @@ def test_a_held_submission_is_never_sent_before_its_release(gateway: Gateway, pe
         assert h.get(f"/v1/jobs/{got['ID']}").json()["backend_id"] is None
     assert not (agent_dir / "held.out").exists()
     r = agent_run(gateway, people["bot1"], f"scontrol release {got['ID']}; echo rc=$?; "
-                  f"while squeue -h -j {got['ID']} | grep -q .; do sleep 0.3; done; sleep 0.5; cat held.out; "
+                  f"for i in $(seq 200); do s=$(sacct -X -n -P -j {got['ID']} -o State); "
+                  "case $s in COMPLETED|FAILED|CANCELLED*) break;; esac; sleep 0.3; done; echo $s; cat held.out; "
                   f"scontrol release {got['ID']}; echo rc=$?", agent_dir, "--no-fence")
-    assert r.stdout.split() == ["rc=0", "ran", "rc=1"], r.stdout + r.stderr
+    assert r.stdout.split() == ["rc=0", "COMPLETED", "ran", "rc=1"], r.stdout + r.stderr
     assert f"Job has already finished for job {got['ID']}" in r.stderr
 
 
