@@ -179,9 +179,9 @@ def _serve_one(conn: socket.socket) -> None:
 def serve(path: str) -> None:
     import gc
 
-    from . import acct, misc, queue, sbatch  # imported once, for every call
+    from . import acct, misc, queue, sbatch, srun  # imported once, for every call
 
-    for build in (sbatch._sbatch_parser, sbatch._srun_parser, queue._squeue_parser, acct._sacct_parser,
+    for build in (sbatch._sbatch_parser, srun._srun_parser, queue._squeue_parser, acct._sacct_parser,
                   misc._scancel_parser, misc._sinfo_parser):
         build()  # argparse's parsers, built once: ~20 ms a call in a forked child otherwise
 
