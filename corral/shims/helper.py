@@ -78,10 +78,11 @@ def _cache_dir() -> Path | None:
     return base
 
 
-def compiled_launcher(root: str) -> Path | None:
+def compiled_launcher(root: str, spare: Path | None = None) -> Path | None:
     """The compiled launcher (launcher.c) for this Python and checkout: built once per
-    user and kept in their cache, keyed by what went into it; None where no C compiler
-    is found or the build fails (the Python launcher serves then, at more CPU a call)."""
+    user and kept in their cache (else in ``spare``, the session's own directory), keyed
+    by what went into it; None where no C compiler is found or the build fails (the
+    Python launcher serves then, at more CPU a call)."""
     cc = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
     if cc is None:
         return None
@@ -89,7 +90,7 @@ def compiled_launcher(root: str) -> Path | None:
     python = os.path.realpath(sys.executable)
     key = hashlib.sha256(b"\0".join([source, os.fsencode(python), os.fsencode(root), os.fsencode(cc),
                                      os.uname().machine.encode()])).hexdigest()[:16]
-    cache = _cache_dir()
+    cache = _cache_dir() or spare
     if cache is None:
         return None
     built = cache / f"shim-launcher-{key}"
@@ -114,7 +115,7 @@ def compiled_launcher(root: str) -> Path | None:
 def install_launcher(target: Path, root: str) -> None:
     """The shims' one launcher at ``target``: the compiled one where it builds (copied:
     the session owns what its PATH runs), else the Python one."""
-    built = None if os.environ.get("CORRAL_SHIM_COMPILED") == "0" else compiled_launcher(root)
+    built = None if os.environ.get("CORRAL_SHIM_COMPILED") == "0" else compiled_launcher(root, target.parent.parent)
     if built is not None:
         shutil.copyfile(built, target)
     else:
