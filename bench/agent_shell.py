@@ -2,6 +2,7 @@
 
     python bench/agent_shell.py [--quick] [--agents 20] [--duration 120]
     python bench/agent_shell.py --agents 10,20,40        # several sizes, one run
+    python bench/agent_shell.py --launchers              # and corral with the Python shim launcher
 
 Each agent runs the same bash loop for a fixed time, as coding agents do: `sbatch` a
 short job (`-t 1`, two seconds of work), poll it with `squeue -h -j $ID` every 2 s until
@@ -90,7 +91,7 @@ def run_arm(n: int, duration: float, command: list[str] | None, env_for: list[di
             "wall_s": round(wall, 1), "by_type": dict(sorted(counts.items(), key=lambda kv: -kv[1])[:8])}
 
 
-def one_size(n: int, duration: float) -> dict:
+def one_size(n: int, duration: float, launchers: bool = False) -> dict:
     bare = run_arm(n, duration, None, None)
     print(f"[{n} agents] bare: {bare}", file=sys.stderr)
     gw = GatewayProcess("--backend", "slurm", env={"SLURM_CONF": ENV["SLURM_CONF"], "CORRAL_DEFAULT_LANE": "auto"})
@@ -102,9 +103,14 @@ def one_size(n: int, duration: float) -> dict:
         inside = run_arm(n, duration, [corral, "agent", "run", "--quiet", "--url", gw.url, "--"], envs)
         with gw.client() as h:
             pilots = len(h.get("/v1/jobs", params={"principal": "fastlane", "limit": 1000}).json()["jobs"])
+        print(f"[{n} agents] corral: {inside} (fast-lane allocations: {pilots})", file=sys.stderr)
+        py = None
+        if launchers:  # the same, with decision 0008's Python launcher instead of the compiled one (0013)
+            py = run_arm(n, duration, [corral, "agent", "run", "--quiet", "--url", gw.url, "--"],
+                         [{**e, "CORRAL_SHIM_COMPILED": "0"} for e in envs])
+            print(f"[{n} agents] corral, Python launcher: {py}", file=sys.stderr)
     finally:
         gw.stop()
-    print(f"[{n} agents] corral: {inside} (fast-lane allocations: {pilots})", file=sys.stderr)
     return {"agents": n, "duration_s": duration, "rpc_bare": bare["rpc"], "rpc_corral": inside["rpc"],
             "ratio": round(bare["rpc"] / max(inside["rpc"], 1), 1),
             "rpc_per_job_bare": round(bare["rpc"] / max(bare["jobs"], 1), 2),
@@ -112,7 +118,9 @@ def one_size(n: int, duration: float) -> dict:
             "jobs_bare": bare["jobs"], "jobs_corral": inside["jobs"],
             "notice_p50_s_bare": bare["notice_p50_s"], "notice_p50_s_corral": inside["notice_p50_s"],
             "notice_p90_s_bare": bare["notice_p90_s"], "notice_p90_s_corral": inside["notice_p90_s"],
-            "fast_lane_allocations": pilots, "bare": bare, "corral": inside}
+            "fast_lane_allocations": pilots, "bare": bare, "corral": inside,
+            **({"jobs_corral_python_launcher": py["jobs"], "notice_p50_s_corral_python_launcher": py["notice_p50_s"],
+                "corral_python_launcher": py} if py else {})}
 
 
 def main() -> None:
@@ -120,13 +128,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="8 agents for 30 s")
     ap.add_argument("--agents", default="20", help="agents, or a comma list of sizes")
     ap.add_argument("--duration", type=float, default=120.0, help="seconds per arm")
+    ap.add_argument("--launchers", action="store_true",
+                    help="a third arm: corral with the Python shim launcher (decision 0008) instead of the compiled one")
     a = ap.parse_args()
     sizes = [8] if a.quick else [int(x) for x in a.agents.split(",")]
     duration = 30.0 if a.quick else a.duration
     if not os.path.exists(ENV["SLURM_CONF"]):
         raise SystemExit("needs the private Slurm: scripts/slurm-up")
-    runs = [one_size(n, duration) for n in sizes]
-    last = {k: v for k, v in runs[-1].items() if k not in ("bare", "corral")}
+    runs = [one_size(n, duration, a.launchers) for n in sizes]
+    last = {k: v for k, v in runs[-1].items() if k not in ("bare", "corral", "corral_python_launcher")}
     print(json.dumps({"bench": "agent_shell", **last, "runs": runs}))
 
 

@@ -8,7 +8,9 @@ for every agent, where a shim is one process per call.
     bench/shim_cost.py [--quick] [--runs N]
 
 The shim arm counts the launcher's CPU and that of the helper's child serving the call
-(corral/shims/helper.py); ``shim_without_helper_cpu_ms`` is the shim run on its own.
+(corral/shims/helper.py): the compiled launcher (launcher.c, decision 0013) where a C
+compiler is found; ``python_launcher_shim_cpu_ms`` is decision 0008's Python launcher
+with the same helper, ``shim_without_helper_cpu_ms`` the shim run on its own.
 
 Last line: one JSON object (squeue_cpu_ms, shim_cpu_ms, ratio, and the same for sbatch).
 """
@@ -60,7 +62,7 @@ def main() -> None:
     if not Path(SLURM_CONF).exists():
         raise SystemExit(f"no Slurm at {SLURM_CONF}: run scripts/slurm-up first")
     from corral.agent_run import shim_dir, start_helper, stop_helper
-    from corral.shims.helper import children_cpu_ms
+    from corral.shims.helper import children_cpu_ms, launcher
 
     gw = GatewayProcess("--backend", "slurm", env={"SLURM_CONF": SLURM_CONF, "CORRAL_FASTLANE": "false"})
     work = tempfile.mkdtemp(prefix="corral-shimcost-")
@@ -68,6 +70,12 @@ def main() -> None:
     try:
         token = sponsored_agents(gw, 1)[0]
         shims = shim_dir(Path(work) / "shims")
+        if (shims / "corral-shim").read_bytes()[:4] != b"\x7fELF":
+            print("note: no C compiler here: the shims are the Python launcher", file=sys.stderr)
+        pydir = Path(work) / "py"  # decision 0008's Python launcher, beside the compiled one (0013)
+        pydir.mkdir()
+        (pydir / "squeue").write_text(launcher(str(Path(__file__).resolve().parent.parent)))
+        (pydir / "squeue").chmod(0o755)
         helper, sock = start_helper(Path(work))
         if sock is None:
             raise SystemExit("the shim helper did not start")
@@ -83,8 +91,9 @@ def main() -> None:
             if env is not agent:
                 return ms
             child = children_cpu_ms(sock) - before
-            arms["launcher"].append(ms)
-            arms["helper_child"].append(child)
+            if argv[0].startswith(str(shims)):  # the compiled launcher's share, and the helper's
+                arms["launcher"].append(ms)
+                arms["helper_child"].append(child)
             return ms + child
 
         sbatch = ["--parsable", "-t", "1", "-o", "/dev/null", "--wrap", "true"]
@@ -92,12 +101,14 @@ def main() -> None:
         _, shim_id = cpu_ms([str(shims / "sbatch"), "--parsable", "-t", "5", "-o", "/dev/null", "--wrap",
                              "sleep 300"], agent, work)
         arms: dict[str, list[float]] = {"squeue": [], "shim_squeue": [], "sbatch": [], "shim_sbatch": [],
-                                        "python_floor": [], "shim_alone_squeue": [], "launcher": [], "helper_child": []}
+                                        "python_floor": [], "shim_alone_squeue": [], "py_launcher_squeue": [], "launcher": [],
+                                        "helper_child": []}
         py = os.path.realpath(sys.executable)
         for _ in range(runs):
             arms["squeue"].append(cpu_ms(["squeue", "-h", "-j", real_id.strip()], base, work)[0])
             arms["shim_squeue"].append(shim([str(shims / "squeue"), "-h", "-j", shim_id.strip()], agent))
             arms["shim_alone_squeue"].append(shim([str(shims / "squeue"), "-h", "-j", shim_id.strip()], alone))
+            arms["py_launcher_squeue"].append(shim([str(pydir / "squeue"), "-h", "-j", shim_id.strip()], agent))
             arms["sbatch"].append(cpu_ms(["sbatch", *sbatch], base, work)[0])
             arms["shim_sbatch"].append(shim([str(shims / "sbatch"), *sbatch], agent))
             arms["python_floor"].append(cpu_ms([py, "-S", "-c", "pass"], base, work)[0])
@@ -111,6 +122,7 @@ def main() -> None:
            "ratio": round(med["shim_squeue"] / med["squeue"], 2), "sbatch_cpu_ms": med["sbatch"],
            "shim_sbatch_cpu_ms": med["shim_sbatch"], "sbatch_ratio": round(med["shim_sbatch"] / med["sbatch"], 2),
            "python_floor_cpu_ms": med["python_floor"], "shim_without_helper_cpu_ms": med["shim_alone_squeue"],
+           "python_launcher_shim_cpu_ms": med["py_launcher_squeue"],
            "launcher_cpu_ms": med["launcher"], "helper_child_cpu_ms": med["helper_child"], "target_ratio": 2.0, "load_avg_1m": os.getloadavg()[0]}
     for k in arms:
         print(f"{k:>13}: median {med[k]} ms CPU per call")

@@ -49,14 +49,13 @@ def munge_dirs(slurm_conf: str | None) -> list[str]:
 def shim_dir(root: Path) -> Path:
     """A directory of the shims: one symlink per Slurm command to a launcher that asks the
     session's resident helper (corral/shims/helper.py), else runs the shim itself."""
-    from .shims.helper import launcher
+    from .shims.helper import install_launcher
 
     d = root / "bin"
     d.mkdir(parents=True, exist_ok=True)
     target = d / "corral-shim"
     if not target.exists():
-        target.write_text(launcher(str(Path(__file__).resolve().parent.parent)))
-        target.chmod(0o755)
+        install_launcher(target, str(Path(__file__).resolve().parent.parent))
     for name in COMMANDS + REFUSED:  # the refused ones say what to use instead
         link = d / name
         if not link.exists():

@@ -459,8 +459,9 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     async def submit(
         spec: JobSpec, c: Caller = Depends(caller),
         idempotency_key: str | None = _IDEMPOTENCY_KEY,
+        hold: bool = Query(False, description="Recorded held, not sent until released (Slurm's sbatch -H)."),
     ) -> Response:
-        jobs, created = await service.submit(c, [spec], idempotency_key)
+        jobs, created = await service.submit(c, [spec], idempotency_key, hold)
         return ok({**jobs[0].to_dict(), "created": created}, 201 if created else 200)
 
     @app.get("/v1/jobs", tags=["jobs"], responses={200: {"model": JobListOut}})
@@ -479,10 +480,12 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
 
     @app.post("/v1/jobs/batch", status_code=201, tags=["jobs"], responses={201: {"model": BatchOut}, 200: {"model": BatchOut, "description": "an idempotent replay, or a cache hit: nothing new was made"}})
     async def submit_batch(body: BatchIn, c: Caller = Depends(caller),
-                           idempotency_key: str | None = _IDEMPOTENCY_KEY) -> Response:
+                           idempotency_key: str | None = _IDEMPOTENCY_KEY,
+                           hold: bool = Query(False, description="All recorded held, not sent until released."),
+                           ) -> Response:
         """Up to 1,000 jobs in one request: all are checked before any is recorded. With an
         `Idempotency-Key`, a retry of the same request returns the same jobs (200)."""
-        jobs, created = await service.submit(c, body.jobs, idempotency_key)
+        jobs, created = await service.submit(c, body.jobs, idempotency_key, hold)
         return ok({"jobs": [{**j.summary(), "backend": j.backend, "lane": j.spec.lane,
                              **({"advice": j.advice} if j.advice else {})} for j in jobs],
                    "created": created}, 201 if created else 200)

@@ -239,9 +239,10 @@ class Client:
     def whoami(self) -> dict[str, Any]:
         return self.request("GET", "/v1/whoami")
 
-    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None, hold: bool = False) -> dict[str, Any]:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self.request("POST", "/v1/jobs", json_body=spec, headers=headers)
+        return self.request("POST", "/v1/jobs", json_body=spec, headers=headers,
+                            params={"hold": "true"} if hold else None)
 
     def remember(self, text: str, scope: str = "user", expires: str | None = None,
                  job_id: int | None = None) -> dict[str, Any]:
@@ -255,10 +256,11 @@ class Client:
         return self.request("POST", "/v1/advice", json_body=spec)
 
     def submit_batch(self, specs: list[dict[str, Any]], idempotency_key: str | None = None,
-                     array: str | None = None) -> dict[str, Any]:
+                     array: str | None = None, hold: bool = False) -> dict[str, Any]:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         body: dict[str, Any] = {"jobs": specs, **({"array": array} if array is not None else {})}
-        return self.request("POST", "/v1/jobs/batch", json_body=body, headers=headers)
+        return self.request("POST", "/v1/jobs/batch", json_body=body, headers=headers,
+                            params={"hold": "true"} if hold else None)
 
     def plan(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self.request("POST", "/v1/plan", json_body=spec)

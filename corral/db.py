@@ -240,6 +240,8 @@ _JOB_COLS = (
 
 _TERMINAL = tuple(s.value for s in TERMINAL_STATES)
 _ACTIVE = "state IN ('PENDING', 'RUNNING', 'UNKNOWN')"
+HELD_REASON = "held by request; release it to let it run"
+"""A job held before it was sent (job_control's hold, a held submission)."""
 _UPDATE = f"""UPDATE jobs SET state=?, exit_code=?, reason=?,
     start_time=COALESCE(start_time, ?), end_time=COALESCE(end_time, ?), cpu_s=COALESCE(?, cpu_s),
     max_rss_mb=COALESCE(?, max_rss_mb) WHERE id=? AND state NOT IN ({','.join('?' * len(_TERMINAL))})"""
@@ -407,28 +409,30 @@ class Database:
 
     def insert_jobs(self, principal: str, session: str | None, items: list[tuple[str, JobSpec]],
                     token_path: str | None = None, idem_key: str | None = None, digest: str | None = None,
-                    ) -> list[Job]:
+                    held: bool = False) -> list[Job]:
         """PENDING jobs, (lane, spec) each, in one statement per 500. With ``idem_key``
         the jobs take the keys ``KEY``, ``KEY/1``, ``KEY/2`` ... and ``digest`` (see
-        ``find_idempotent``). Call inside ``transaction()``."""
+        ``find_idempotent``). ``held``: recorded held (``set_held``), so that no Sender
+        sends them before a release (sbatch -H). Call inside ``transaction()``."""
         now = time.time()
         dumped: dict[int, str] = {}  # a batch's jobs often share one spec object: dump it once
         texts = [dumped.get(id(spec)) or dumped.setdefault(id(spec), spec.model_dump_json(by_alias=True, exclude_none=True))
                  for _, spec in items]
         keys = _idem_keys(idem_key, len(items))
+        reason = HELD_REASON if held else None
         jobs: list[Job] = []
-        for i in range(0, len(items), 500):  # 9 parameters a row, under SQLite's limit
+        for i in range(0, len(items), 500):  # 11 parameters a row, under SQLite's limit
             chunk = items[i: i + 500]
-            rows = ",".join("(?,?,?,?,?,?,?,?,?)" for _ in chunk)
+            rows = ",".join("(?,?,?,?,?,?,?,?,?,?,?)" for _ in chunk)
             args: list[Any] = []
             for k, (backend, _) in enumerate(chunk):
                 args += [principal, session, keys[i + k], digest if keys[i + k] else None, backend,
-                         JobState.PENDING.value, now, texts[i + k], token_path]
+                         JobState.PENDING.value, now, texts[i + k], token_path, int(held), reason]
             ids = [r[0] for r in self.conn.execute(
                 f"INSERT INTO jobs (principal, session, idem_key, idem_digest, backend, state, submit_time, spec, "
-                f"token_path) VALUES {rows} RETURNING id", args).fetchall()]
+                f"token_path, held, reason) VALUES {rows} RETURNING id", args).fetchall()]
             # Built from what was written: no read back (a batch of 1,000 inserts is hot).
-            jobs += [_row_to_job((jid, principal, session, backend, None, JobState.PENDING.value, None, None, now,
+            jobs += [_row_to_job((jid, principal, session, backend, None, JobState.PENDING.value, None, reason, now,
                                   None, None, text)) for jid, (backend, _), text in zip(ids, chunk, texts[i: i + 500])]
         return jobs
 

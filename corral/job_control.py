@@ -23,7 +23,7 @@ from typing import Any
 
 from .backends import CONTROLS, DONE, Usage
 from .control.reconciler import Reconciler
-from .db import Database
+from .db import HELD_REASON, Database
 from .errors import CorralError, InvalidRequest, NotFound
 from .jobs import Job, JobState
 from .lanes import Lanes
@@ -73,7 +73,7 @@ class JobControl:
             if action not in ("hold", "release"):
                 raise InvalidRequest(f"job {job.id} has not been sent to its lane yet; it cannot be {DONE[action]}",
                                      hint="hold or cancel it now, or wait until it is RUNNING")
-            why = ("held by request; release it to let it run" if action == "hold"
+            why = (HELD_REASON if action == "hold"
                    else "released; waiting to be sent")
             if not self.db.set_held(job.id, action == "hold", why):
                 raise InvalidRequest(f"job {job.id} was just sent to its lane; try again")

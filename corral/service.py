@@ -125,18 +125,19 @@ class Service:
     # -- submit: the one path, for one job or a thousand --------------------------------
 
     async def submit(self, caller: Caller, specs: list[JobSpec], idempotency_key: str | None = None,
-                     ) -> tuple[list[Job], bool]:
+                     hold: bool = False) -> tuple[list[Job], bool]:
         """Check, decide, record, send and audit jobs submitted together; a single
         submission is a batch of one. -> (jobs, created). All are checked before any is
         recorded. With a key this principal used before for the same request, returns
-        that request's jobs and submits nothing."""
+        that request's jobs and submits nothing. ``hold``: recorded held and not sent
+        until released (sbatch -H: no moment at which the job could start first)."""
         what = {"jobs": len(specs), "command": (specs[0].command or "script")[:200] if specs else ""}
         with self.audit.refusals(caller, "submit", what):
-            jobs, created, advice, rule = await self._record(caller, specs, idempotency_key)
+            jobs, created, advice, rule = await self._record(caller, specs, idempotency_key, hold)
         if created:
             p = caller.principal
             fault("after_commit")
-            taken = await self.sender.send([(j, context(j, p)) for j in jobs if j.backend_id is None],
+            taken = await self.sender.send([(j, context(j, p)) for j in jobs if j.backend_id is None and not hold],
                                            dispatch=len(specs) > 1)
             self.reconciler.kick()
             # A job its lane took has only gained its backend id (unless it was cancelled on
@@ -149,7 +150,7 @@ class Service:
             self.audit.record(caller, "submit", "allow", rule, [_audited(j) for j in jobs])
         return [j.with_advice(a) if a else j for j, a in zip(jobs, advice, strict=True)], created
 
-    async def _record(self, caller: Caller, specs: list[JobSpec], key: str | None,
+    async def _record(self, caller: Caller, specs: list[JobSpec], key: str | None, hold: bool = False,
                       ) -> tuple[list[Job], bool, list[list[str]], str]:
         """Everything before a job is sent: -> (jobs, created, advice per job, the rule that allowed)."""
         n = len(specs)
@@ -206,7 +207,7 @@ class Service:
         fault("before_insert")
         with self.db.transaction():
             inserted = self.db.insert_jobs(caller.name, caller.session, [(lane.name, spec) for spec, lane in new],
-                                           caller.cap.path if caller.cap else None, key, digest) if new else []
+                                           caller.cap.path if caller.cap else None, key, digest, hold) if new else []
             fault("after_insert")
             if inserted:
                 self.audit.record(caller, "submit", "allow", rule, [_audited(j) for j in inserted])
@@ -454,7 +455,15 @@ class Service:
         for name, ids in by_lane.items():
             lane = self.lanes.by_name.get(name)
             if lane is not None:
-                self.progress.ended(await lane.cancel(ids))
+                told = await lane.cancel(ids)
+                # A job that had not started ends at once, as Slurm's scancel ends a pending job:
+                # the next squeue must not list it (its lane's poll would say so a tick later).
+                known = {int(r["job_id"]) for r in told}
+                told += [{"job_id": j.id, "state": JobState.CANCELLED.value, "exit_code": None, "start": None,
+                          "end": time.time(), "reason": "cancelled before it started"}
+                         for j in jobs if j.backend == name and j.backend_id and j.state is JobState.PENDING
+                         and j.id not in known]
+                self.progress.ended(told)
         self.reconciler.kick()
         for j in jobs:
             if not j.terminal and j.backend_id is None:

@@ -1,5 +1,5 @@
 """corral's Slurm shims against Slurm's own commands, invocation by invocation: the
-corpus (tests/compat/corpus.tsv, 177 invocations agents use) was run against the
+corpus (tests/compat/corpus.tsv, 278 invocations agents use) was run against the
 private Slurm by scripts/record-slurm-golden (tests/golden/slurm_compat.json); here it
 runs as an agent would: an agent's token, inside ``corral agent run`` (fenced by
 bubblewrap where it is installed: /usr/bin/sbatch is the shim), against a gateway in

@@ -23,8 +23,9 @@ LOOP = ('ID=$(sbatch --parsable -J probe --wrap "echo hello from \\$SLURM_JOB_NA
         'cat "slurm-$ID.out"; sacct -j "$ID" -X -P -n -o JobName,State,ExitCode')
 
 
-def agent_run(gw: Gateway, token: str, script: str, cwd: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    env = gw.env(token)
+def agent_run(gw: Gateway, token: str, script: str, cwd: Path, *flags: str,
+              extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**gw.env(token), **(extra or {})}
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     return subprocess.run([sys.executable, "-m", "corral.cli", "agent", "run", "--url", gw.url, *flags, "--",
                            "bash", "-c", script], env=env, capture_output=True, text=True, timeout=180, cwd=cwd)
@@ -131,3 +132,33 @@ def test_squeue_json_honours_name_and_partition(gateway: Gateway, people: dict[s
 
     first, second = [json.loads(x) for x in r.stdout.replace("}\n{", "}\x00{").split("\x00")]
     assert [j["name"] for j in first["jobs"]] == ["keep"] and second["jobs"] == [], r.stdout
+
+
+def test_the_compiled_launcher_answers_as_the_python_one_with_or_without_the_helper(
+        gateway: Gateway, people: dict[str, str], agent_dir: Path) -> None:
+    # decision 0013: the shims are a compiled launcher where a C compiler is found; its
+    # answers (stdout, stderr, exit code, the caller's directory, stdin) must be the Python
+    # launcher's, through the session's helper or, without one, run in Python by itself
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("no C compiler: the compiled shim launcher cannot be tested")
+        pytest.skip("no C compiler")
+    (agent_dir / "sub").mkdir(mode=0o777)
+    (agent_dir / "sub").chmod(0o777)
+    script = ("echo KIND=$(head -c 4 \"$(command -v squeue)\" | tail -c 3); squeue -h -j 999999; echo rc=$?; "
+              "sbatch --bogus; echo rc=$?; salloc; echo rc=$?; cd sub; "
+              "ID=$(sbatch --parsable -J 'a b' -o o.txt --wrap 'echo x; echo $SLURM_SUBMIT_DIR'); "
+              "while squeue -h -j $ID | grep -q .; do sleep 0.3; done; sleep 0.5; sed \"s|$PWD|DIR|\" o.txt; "
+              "sacct -X -n -P -j $ID -o JobName; printf 'in\\n' | srun cat; srun sh -c 'exit 7'; echo rc=$?")
+    got = {}
+    for how, env in (("compiled", {}), ("python", {"CORRAL_SHIM_COMPILED": "0"}),
+                     ("no helper", {"CORRAL_SHIM_HELPER": "0"})):
+        r = agent_run(gateway, people["bot1"], script, agent_dir, "--no-fence", "--quiet", extra=env)
+        got[how] = (r.stdout, r.stderr)
+    assert got["compiled"][0].startswith("KIND=ELF\n") and got["python"][0].startswith("KIND=!/")
+    assert got["no helper"][0].startswith("KIND=ELF\n")
+    want = got["compiled"][0].split("\n", 1)[1]
+    assert want.split("\n")[:5] == ["rc=1", "rc=255", "rc=1", "x", "DIR"], got["compiled"]
+    assert want.split("\n")[5:] == ["a b", "in", "rc=7", ""], got["compiled"]
+    for how in ("python", "no helper"):
+        assert (got[how][0].split("\n", 1)[1], got[how][1]) == (want, got["compiled"][1]), how

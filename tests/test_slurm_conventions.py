@@ -98,8 +98,8 @@ def _lines(r: subprocess.CompletedProcess[str]) -> dict[str, str]:
 
 @pytest.mark.usefixtures("slurm_turn")
 def test_the_shims_print_what_the_job_asked(slurm_gateway: Gateway, agent_dir: Path) -> None:  # noqa: F811
-    # pending behind a sleeper (not -H: the shim's hold is a second request, which a job
-    # as short as `true` can outrun)
+    # pending behind a sleeper (written when the shim held a job after submitting it, which a
+    # job as short as `true` could outrun; -H is one held submission now, decision 0013)
     script = (
         "S=$(sbatch --parsable -o /dev/null -t 5 --wrap 'sleep 120'); "
         "A=$(sbatch --parsable -d afterok:$S -t 5 --mem=2G --wrap true); "
@@ -109,7 +109,10 @@ def test_the_shims_print_what_the_job_asked(slurm_gateway: Gateway, agent_dir: P
         "echo \"C=$(squeue -h -j $C -o '%l %C')\"; "
         "echo \"BSHOW=$(scontrol show job $B -o)\"; "
         "echo \"ACCT=$(sacct -X -n -P -j $A -o ReqMem,Timelimit)\"; "
-        "echo \"LONG=$(squeue -l -h -j $C)\"; scancel $A $B $C $S")
+        "echo \"LONG=$(squeue -l -h -j $C)\"; "
+        # the private Slurm: a pending job cancelled is gone from squeue -n NAME at once
+        "Q=$(sbatch --parsable -J 'gone q' -d afterok:$S -o /dev/null --wrap true); scancel $Q; "
+        "echo \"QN=$(squeue -h -n 'gone q' | wc -l)\"; scancel $A $B $C $S")
     r = agent_run(slurm_gateway, agent_token(slurm_gateway), script, agent_dir, "--no-fence")
     got = _lines(r)
     assert got.get("A") == "5:00 2G 1", r.stdout + r.stderr
@@ -123,6 +126,7 @@ def test_the_shims_print_what_the_job_asked(slurm_gateway: Gateway, agent_dir: P
                                                                                            + ".out")
     assert got["ACCT"] == "2G|00:05:00"
     assert "1-12:00:00" in got["LONG"]
+    assert got["QN"] == "0"
 
 
 def test_srun_runs_its_tasks_and_keeps_stderr_apart(gateway: Gateway, people: dict[str, str],
@@ -188,3 +192,31 @@ def test_squeue_of_a_job_gone_from_the_controller_fails_so_the_loop_ends(gateway
     got = _lines(r)
     assert "slurm_load_jobs error: Invalid job id specified" in r.stderr, r.stdout + r.stderr
     assert r.stdout.count("rc=1") == 1 and got["RC2"] == "0" and got["ACCT"] == "COMPLETED"
+
+
+def test_a_held_submission_is_never_sent_before_its_release(gateway: Gateway, people: dict[str, str],
+                                                            agent_dir: Path) -> None:
+    # The private Slurm: sbatch -H -> PENDING JobHeldUser until scontrol release (silent, exit 0);
+    # scontrol release of a finished job: 'Job has already finished for job ID', exit 1.
+    r = agent_run(gateway, people["bot1"], "ID=$(sbatch --parsable -H -o held.out --wrap 'echo ran'); echo ID=$ID; "
+                  "sleep 1; echo ST=$(squeue -h -j $ID -o '%T|%r')", agent_dir, "--no-fence")
+    got = _lines(r)
+    assert got.get("ST") == "PENDING|JobHeldUser", r.stdout + r.stderr
+    with gateway.http() as h:  # recorded held: never sent to its lane, so it could not start first
+        assert h.get(f"/v1/jobs/{got['ID']}").json()["backend_id"] is None
+    assert not (agent_dir / "held.out").exists()
+    r = agent_run(gateway, people["bot1"], f"scontrol release {got['ID']}; echo rc=$?; "
+                  f"for i in $(seq 200); do s=$(sacct -X -n -P -j {got['ID']} -o State); "
+                  "case $s in COMPLETED|FAILED|CANCELLED*) break;; esac; sleep 0.3; done; echo $s; cat held.out; "
+                  f"scontrol release {got['ID']}; echo rc=$?", agent_dir, "--no-fence")
+    assert r.stdout.split() == ["rc=0", "COMPLETED", "ran", "rc=1"], r.stdout + r.stderr
+    assert f"Job has already finished for job {got['ID']}" in r.stderr
+
+
+def test_srun_passes_its_stdin_to_every_task(gateway: Gateway, people: dict[str, str], agent_dir: Path) -> None:
+    # The private Slurm: printf 'a\nb\n' | srun -n2 cat -> a b a b; srun cat </dev/null -> nothing, exit 0
+    script = ("printf 'a\\nb\\n' | srun -n2 cat | sort | tr '\\n' ' '; echo; echo hi | srun wc -c; "
+              "srun cat </dev/null; echo rc=$?; head -c 3000 /dev/zero | tr '\\0' x > big; srun wc -c < big; "
+              "sleep 30 | srun echo not-waiting")
+    r = agent_run(gateway, people["bot1"], script, agent_dir, "--no-fence")
+    assert r.stdout.splitlines() == ["a a b b ", "3", "rc=0", "3000", "not-waiting"], r.stdout + r.stderr

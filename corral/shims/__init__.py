@@ -30,7 +30,7 @@ def dispatch(name: str, argv: list[str]) -> int:
     if name == "sbatch":
         from .sbatch import main as fn
     elif name == "srun":
-        from .sbatch import srun as fn
+        from .srun import srun as fn
     elif name == "squeue":
         from .queue import squeue as fn
     elif name == "scontrol":

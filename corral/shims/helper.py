@@ -13,11 +13,16 @@ and the helper serves only its own uid (SO_PEERCRED).
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import signal
 import socket
+import stat
 import struct
+import subprocess
 import sys
+from pathlib import Path
 
 LAUNCHER = r'''#!{python} -S
 # corral's Slurm shim launcher (corral/shims/helper.py): the resident helper runs the
@@ -48,6 +53,74 @@ main()
 def launcher(root: str) -> str:
     """The launcher's text for this Python and this checkout of corral."""
     return LAUNCHER.format(python=os.path.realpath(sys.executable), root=root)
+
+
+def _c_string(text: str) -> str:
+    """``text`` as a C string literal (paths may hold any byte but NUL)."""
+    out = []
+    for b in os.fsencode(text):
+        ch = chr(b)
+        out.append(f"\\{b:03o}" if not 32 <= b < 127 or ch in '"\\?' else ch)
+    return '"' + "".join(out) + '"'
+
+
+def _cache_dir() -> Path | None:
+    """The user's own cache directory for built launchers, or None if it is not safely
+    theirs (a launcher run by every shim call must be writable by its user alone)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "corral"
+    try:
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = base.lstat()
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return None
+    return base
+
+
+def compiled_launcher(root: str, spare: Path | None = None) -> Path | None:
+    """The compiled launcher (launcher.c) for this Python and checkout: built once per
+    user and kept in their cache (else in ``spare``, the session's own directory), keyed
+    by what went into it; None where no C compiler is found or the build fails (the
+    Python launcher serves then, at more CPU a call)."""
+    cc = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    source = (Path(__file__).parent / "launcher.c").read_bytes()
+    python = os.path.realpath(sys.executable)
+    key = hashlib.sha256(b"\0".join([source, os.fsencode(python), os.fsencode(root), os.fsencode(cc),
+                                     os.uname().machine.encode()])).hexdigest()[:16]
+    cache = _cache_dir() or spare
+    if cache is None:
+        return None
+    built = cache / f"shim-launcher-{key}"
+    if built.is_file() and built.stat().st_uid == os.getuid():
+        return built
+    tmp = cache / f".shim-launcher-{key}.{os.getpid()}"
+    try:
+        r = subprocess.run([cc, "-O2", "-std=c99", "-D_GNU_SOURCE", f"-DCORRAL_PYTHON={_c_string(python)}",
+                            f"-DCORRAL_ROOT={_c_string(root)}", "-o", str(tmp), "-x", "c", "-"],
+                           input=source, capture_output=True, timeout=60, check=False)
+        if r.returncode != 0:
+            return None
+        tmp.chmod(0o755)
+        os.replace(tmp, built)  # atomic: a concurrent session sees the old file or the new one
+    except (OSError, subprocess.SubprocessError):
+        return None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return built
+
+
+def install_launcher(target: Path, root: str) -> None:
+    """The shims' one launcher at ``target``: the compiled one where it builds (copied:
+    the session owns what its PATH runs), else the Python one."""
+    built = None if os.environ.get("CORRAL_SHIM_COMPILED") == "0" else compiled_launcher(root, target.parent.parent)
+    if built is not None:
+        shutil.copyfile(built, target)
+    else:
+        target.write_text(launcher(root))
+    target.chmod(0o755)
 
 
 STATS = "__corral_stats__"
@@ -107,9 +180,9 @@ def _serve_one(conn: socket.socket) -> None:
 def serve(path: str) -> None:
     import gc
 
-    from . import acct, misc, queue, sbatch  # imported once, for every call
+    from . import acct, misc, queue, sbatch, srun  # imported once, for every call
 
-    for build in (sbatch._sbatch_parser, sbatch._srun_parser, queue._squeue_parser, acct._sacct_parser,
+    for build in (sbatch._sbatch_parser, srun._srun_parser, queue._squeue_parser, acct._sacct_parser,
                   misc._scancel_parser, misc._sinfo_parser):
         build()  # argparse's parsers, built once: ~20 ms a call in a forked child otherwise
 

@@ -11,6 +11,7 @@ NODELIST shows the node names the facility reports for the job's partition.
 
 from __future__ import annotations
 
+import copy
 import functools
 import grp
 import json
@@ -337,9 +338,42 @@ def squeue(argv: list[str]) -> int:
         print(time.strftime("%a %b %d %H:%M:%S %Y"))
     if not ns.noheader:
         print(render(fields, lambda k: "", True))
-    for v in vs:
+    for v in _arrays(vs, ns.array):
         print(render(fields, v.field, False))
     return 0
+
+
+def _arrays(vs: list[View], split: bool) -> list[View]:
+    """An array's pending tasks as Slurm lists them: one line, ``ID_[0-2]`` (the private
+    Slurm: ``3125_[0,3,6]``, ``3126_[5]``), or with ``-r`` one line a task, by index."""
+    groups: dict[int, list[View]] = {}
+    for v in vs:
+        if v.task is not None and v.state == "PENDING":
+            groups.setdefault(v.array_id, []).append(v)
+    out: list[View] = []
+    for v in vs:
+        if not (v.task is not None and v.state == "PENDING"):
+            out.append(v)
+            continue
+        group = groups.pop(v.array_id, [])  # empty: listed with its array already
+        group.sort(key=lambda x: int(x.task or 0))
+        if group and not split:
+            first = copy.copy(group[0])
+            first.task = "[" + _ranges([int(x.task or 0) for x in group]) + "]"
+            group = [first]
+        out += group
+    return out
+
+
+def _ranges(ids: list[int]) -> str:
+    """0,1,2,5 -> '0-2,5' (Slurm's way of writing a set of array indices)."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def _json(v: View) -> dict[str, Any]:
@@ -370,9 +404,33 @@ def scontrol(argv: list[str]) -> int:
         for v in vs:
             print(_show(v, one_line))
         return 0
+    if argv and argv[0] in ("hold", "uhold", "release"):
+        return _hold(argv[0], argv[1:])
     what = " ".join(argv[:2]) or "(nothing)"
-    unsupported("scontrol", what, "corral's scontrol shows jobs only (scontrol show job ID); hold, release and "
-                "requeue are corral control ID hold|release|requeue")
+    unsupported("scontrol", what, "corral's scontrol shows jobs (scontrol show job ID) and holds and releases "
+                "them; requeue is corral control ID requeue")
+
+
+def _hold(action: str, ids: list[str]) -> int:
+    """scontrol hold|uhold|release ID[,ID...]: Slurm 22.05's words on the private Slurm
+    (a finished or unknown job: two lines, exit 1; a running job: nothing, exit 0)."""
+    if not ids:
+        print(f"too few arguments for keyword:{action}", file=sys.stderr)
+        return 1
+    c, rc = client(), 0
+    for raw in ",".join(ids).split(","):
+        try:
+            job = c.job(int(raw)) if raw.isdigit() else None
+        except NotFound:
+            job = None
+        why = ("Invalid job id specified" if job is None else
+               "Job has already finished" if job["state"] not in ACTIVE else None)
+        if why:
+            print(f"{why} for job {raw}\nslurm_suspend error: {why}", file=sys.stderr)
+            rc = 1
+        elif job is not None and job["state"] == "PENDING":  # Slurm takes either on a running job, a no-op
+            c.control(int(raw), "release" if action == "release" else "hold")
+    return rc
 
 
 def _show(v: View, one_line: bool) -> str:

@@ -1,4 +1,4 @@
-"""``sbatch`` and ``srun`` through corral: the same flags, ``#SBATCH`` lines, output
+"""``sbatch`` through corral: the same flags, ``#SBATCH`` lines, output
 files and answers as Slurm's, one gateway request per submission.
 
 The job's output goes where Slurm would put it (``slurm-%j.out`` in the submission
@@ -108,8 +108,8 @@ def _dependency(text: str) -> dict[str, list[int]]:
         try:
             out.setdefault(key, []).extend(int(x.split("_")[0].split("+")[0]) for x in ids.split(":"))
         except ValueError:
-            raise ShimError(f"invalid dependency specification: {part}") from None
-    return out
+            raise ShimError("Batch job submission failed: Job dependency problem") from None  # Slurm's words
+    return {k: list(dict.fromkeys(v)) for k, v in out.items()}  # afterok:A:A is A once, as Slurm takes it
 
 
 def _redirect(path: str, stream: str, append: bool = False) -> list[str]:
@@ -243,7 +243,7 @@ def build(ns: Any, script: str, args: list[str], cwd: Path,
             labels[key] = path
     if ns.dependency and len(ns.dependency) <= 256:
         labels["slurm_dependency"] = ns.dependency
-    lines = ["#!/bin/bash", *_env_lines(ns, name, spec, labels, cwd), f"cd {shlex.quote(str(workdir))}",
+    lines = ["#!/bin/bash", *_env_lines(ns, name, spec, labels, cwd), _chdir(str(workdir)),
              *(_redirect(out, "out", ns.open_mode == "append") if out else []),
              *(_redirect(ns.error, "err", ns.open_mode == "append") if ns.error else
                (["exec 2>&1"] if out else []))]
@@ -255,6 +255,13 @@ def build(ns: Any, script: str, args: list[str], cwd: Path,
     if ns.dependency:
         spec.update(_dependency(ns.dependency))
     return spec, ns.array, bool(ns.hold)
+
+
+def _chdir(workdir: str) -> str:
+    """Into the job's directory, unless it starts there: a contained job is started in it,
+    and may be unable to reach it again by its path (its parents are not in its sandbox)."""
+    q = shlex.quote(workdir)
+    return f'[ "$PWD" = {q} ] || cd {q}'
 
 
 def _run_script(interp: str, rest: str, args: list[str]) -> str:
@@ -277,15 +284,6 @@ def _sbatch_parser() -> Parser:
     p.add_argument("--parsable", action="store_true")
     p.add_argument("script", nargs="?")
     p.add_argument("args", nargs=argparse.REMAINDER)
-    return p
-
-
-@functools.lru_cache(maxsize=None)
-def _srun_parser() -> Parser:
-    p = parser("srun")
-    p.add_argument("-l", "--label", action="store_true")
-    p.add_argument("-u", "--unbuffered", action="store_true")  # corral reads the output once the job ends
-    p.add_argument("command", nargs="...")
     return p
 
 
@@ -325,19 +323,21 @@ def main(argv: list[str]) -> int:
         try:
             indices = sf.array_indices(array)
         except ValueError as e:
-            raise ShimError(f"Invalid job array specification: {e}") from None
+            if "%" in array or "more than" in str(e):  # what Slurm takes and corral does not: said by name
+                raise ShimError(f"Invalid job array specification: {e}") from None
+            raise ShimError("Batch job submission failed: Invalid job array specification") from None
         whole = {"SLURM_ARRAY_TASK_COUNT": str(len(indices)), "SLURM_ARRAY_TASK_MIN": str(indices[0]),
                  "SLURM_ARRAY_TASK_MAX": str(indices[-1])}
+        m = re.fullmatch(r"\d+-\d+(?::(\d+))?", array.strip())
+        if m:  # one range: its step (the private Slurm: -a 7-9:2 -> 2); a list's is not known here
+            whole["SLURM_ARRAY_TASK_STEP"] = m.group(1) or "1"
         specs = [{**spec, "env": {"CORRAL_ARRAY_TASK_ID": str(i), "SLURM_ARRAY_TASK_ID": str(i),
                                   "CORRAL_ARRAY_POS": str(pos), **whole},
                   "labels": {**spec.get("labels", {}), "array_task": str(i), "array_pos": str(pos)}}
                  for pos, i in enumerate(indices)]
-        jobs = c.submit_batch(specs)["jobs"]
+        jobs = c.submit_batch(specs, hold=hold)["jobs"]
     else:
-        jobs = [c.submit(spec)]
-    if hold:
-        for j in jobs:
-            c.control(j["id"], "hold")
+        jobs = [c.submit(spec, hold=hold)]  # held as it is recorded: it cannot start before the hold
     if not ns.quiet:
         print(jobs[0]["id"] if ns.parsable else f"Submitted batch job {jobs[0]['id']}", flush=True)
     if ns.wait:
@@ -347,65 +347,6 @@ def main(argv: list[str]) -> int:
             code = max(code, done.get("exit_code") or (0 if done.get("state") == "COMPLETED" else 1))
         return code
     return 0
-
-
-def srun(argv: list[str]) -> int:
-    """``srun [options] COMMAND...`` as one batch-style job: submitted, waited for, its
-    output printed, its exit code returned."""
-    p = _srun_parser()
-    for flag in ("--pty", "--x11", "--mpi", "--het-group", "--multi-prog"):
-        if any(a == flag or a.startswith(flag + "=") for a in argv):
-            unsupported("srun", flag, "corral runs srun batch-style, without a terminal or steps")
-    ns = p.parse_args(argv)
-    if not ns.command:
-        raise ShimError("No command given to execute.")
-    if os.environ.get("SLURM_JOB_ID"):
-        unsupported("srun", "a step inside a job", "inside a job, run the command directly")
-    ns.array = None
-    ntasks = _shape(ns, "srun").ntasks
-    spec, _, _ = build(ns, _tasks_script(ns.command, ntasks, ns.label), [], Path.cwd(), default_out=False,
-                       prog="srun")
-    c = client()
-    _check_partition(c, spec)
-    job = c.submit(spec)
-    done = wait(c, job["id"])
-    sys.stdout.write(c.output(job["id"], limit=1 << 20).get("data") or "")
-    sys.stdout.flush()
-    sys.stderr.write(c.output(job["id"], stream="stderr", limit=1 << 20).get("data") or "")
-    state = done.get("state")
-    if state == "COMPLETED":
-        return 0
-    code = done.get("exit_code")
-    node = _node(c, spec)
-    if state == "FAILED" and isinstance(code, int):
-        print(f"srun: error: {node}: task 0: Exited with exit code {code}", file=sys.stderr)
-        return code if 0 < code < 256 else 1
-    print(f"srun: error: {node}: task 0: {state}", file=sys.stderr)
-    return 1
-
-
-def _tasks_script(command: list[str], ntasks: int, label: bool) -> str:
-    """The command once per task (srun -n4 runs it four times, SLURM_PROCID 0..3), each
-    line prefixed with its task number under -l; the exit code is the highest."""
-    cmd = " ".join(shlex.quote(a) for a in command)
-    if ntasks == 1 and not label:
-        return f"#!/bin/bash\nexport SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0\n{cmd}\n"
-    # Pipes, not process substitutions: bash's wait would not wait for a substitution's
-    # sed, so a task's last labelled line could be lost when the job ended first.
-    run = (f'set -o pipefail; {{ {cmd} 2>&1 1>&3 3>&- | sed "s/^/$t: /" >&2 3>&-; }} 3>&1 | sed "s/^/$t: /"'
-           if label else cmd)
-    return ("#!/bin/bash\npids=()\n"
-            f"for t in $(seq 0 {ntasks - 1}); do\n"
-            f"  (export SLURM_PROCID=$t SLURM_LOCALID=$t SLURM_NODEID=0; {run}) &\n"
-            "  pids+=($!)\ndone\nrc=0\n"
-            'for p in "${pids[@]}"; do wait "$p"; r=$?; [ "$r" -gt "$rc" ] && rc=$r; done\nexit $rc\n')
-
-
-def _node(c: Any, spec: dict[str, Any]) -> str:
-    parts = facility(c).get("partitions") or []
-    want = spec.get("partition")
-    p = next((x for x in parts if x["name"] == want or (want is None and x.get("default"))), None)
-    return ",".join((p or {}).get("nodes") or ["localhost"])
 
 
 def _check_partition(c: Any, spec: dict[str, Any]) -> None:

@@ -122,6 +122,6 @@ if __name__ == "__main__":  # the shim arm, inside `corral agent run`: the corpu
 
     env = {**os.environ, "USER": os.environ.get("USER") or "root"}
     cwd = Path.cwd()
-    ids, out = run_all(cwd, env)
+    ids, out = run_all(cwd, env, set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None)
     cleanup(cwd, env, ids)
     Path(sys.argv[1]).write_text(json.dumps({"ids": ids, "results": out}))
