@@ -28,19 +28,25 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from ..config import FastLaneSettings, Settings
 from .cluster import Facility
 from .controlplane import ControlPlane, ServiceTimes
 from .engine import ARRIVE, DONE, Engine, SchedConfig
-from .fastpool import FastLanes
 from .levers import LEVERS, Levers
 from .stats import Hourly, Quantiles, bounded_slowdown
 from .workload import HOUR, AgentModel, Agents, Session, SimJob, agents_for
 
 if TYPE_CHECKING:
+    from ..config import FastLaneSettings, Settings
     from ..safety.policy import Policy
 
 POLICIES = ("plain", "corral", "corral-new", "ban")
+
+
+def _settings() -> Settings:
+    # corral's settings (pydantic) cost ~0.3 s to import: a run pays it, `--help` does not
+    from ..config import Settings
+
+    return Settings()
 TODAY = frozenset({"view", "fast", "cache", "policy", "nice"})
 """corral's parts today: the shared view, the fast lane, the result cache, the Cedar
 policy, the agents' nice/tier."""
@@ -70,7 +76,7 @@ class Scenario:
     epoch: float = 1780272000.0  # 2026-06-01 00:00 UTC, a Monday: the week's weights start there
     week_offset_h: int = 0
     cedar: Path | None = None
-    settings: Settings = field(default_factory=Settings)
+    settings: Settings = field(default_factory=_settings)
     corral_off: frozenset[str] = frozenset()
     agent_tier: int = 0
     """The QOS tier of agents' batch jobs through corral (``slurm.agent_qos``): 0 shares
@@ -106,6 +112,8 @@ class Run:
         n_agents = 0 if policy == "ban" else agents_for(sc.people_count, sc.agents.share)
         self.agents = Agents(sc.agents, sc.facility, n_agents, sc.person_jobs_per_day, sc.person_core_s_per_day, sc.seed,
                              first_user=1_000_000, week_offset_h=sc.week_offset_h)
+        from .fastpool import FastLanes  # the fast lane's model: loaded by a run, not by --help
+
         fl: FastLaneSettings = sc.settings.fastlane
         self.lanes = FastLanes(self.engine, fl, sc.facility.default, self._submit_batch,
                                self._task_done) if "fast" in self.parts else None
