@@ -9,8 +9,8 @@ it until /healthz answers. Then `corral --help` and each command's help, through
 clone's installed entry point, and the size of the venv. With --before REF the same for
 that commit (e.g. the one before `make run` was split from `make test`), in the same run.
 
-pip reads this machine's configured indexes and its cache: figures say what a second
-user of the same machine sees; --no-cache measures a cold download from those indexes.
+pip and uv read this machine's configured indexes and their caches: figures say what a
+second user of the same machine sees; --no-cache measures a cold download from those indexes.
 Last line: one JSON object with make_run_s, venv_mb, help_ms (p50 of `corral --help`, wall),
 help_cpu_ms (its CPU time: what it costs on a loaded machine too), command_help_max_ms, and
 the same keys prefixed before_ for --before.
@@ -81,8 +81,9 @@ def first_run(ref: str, runs: int, no_cache: bool) -> dict[str, float]:
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("CORRAL_", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"))}
         env.update(CORRAL_PORT=str(port), XDG_STATE_HOME=str(work / "state"))
-        if no_cache:
+        if no_cache:  # both installers: uv does most of the install and keeps a cache of its own
             env["PIP_NO_CACHE_DIR"] = "1"
+            env["UV_NO_CACHE"] = "1"
         log = open(work / "make-run.log", "wb")
         t0 = time.perf_counter()
         make = subprocess.Popen(["make", "run"], cwd=clone, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -136,7 +137,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="5 runs of each help (default 20)")
     ap.add_argument("--before", help="also measure this commit, in the same run")
-    ap.add_argument("--no-cache", action="store_true", help="pip without its cache (a cold download)")
+    ap.add_argument("--no-cache", action="store_true", help="pip and uv without their caches (a cold download)")
     args = ap.parse_args()
     runs = 5 if args.quick else 20
     out: dict[str, object] = dict(first_run("HEAD", runs, args.no_cache))
