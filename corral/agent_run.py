@@ -30,6 +30,7 @@ from pathlib import Path
 
 from . import proc
 from .errors import InvalidRequest
+from .paths import gateway_homes
 from .shims import COMMANDS, REFUSED
 
 SLURM_CLIENTS = COMMANDS + REFUSED + ("slurmrestd",)
@@ -120,6 +121,11 @@ def fence(argv: list[str], shims: Path, slurm_conf: str | None) -> tuple[list[st
     for d in munge_dirs(slurm_conf):
         args += ["--tmpfs", d]
         hidden.append(d)
+    # The admin tokens and state of every gateway this user runs: the agent runs as that
+    # user, and a file it can read would make it the admin (issue 32's review, F12).
+    for home in gateway_homes():
+        args += ["--tmpfs", str(home)]
+        hidden.append(str(home))
     target = os.path.realpath(shims / "sbatch")
     path_dirs = [p for p in os.environ.get("PATH", "").split(":") if p and os.path.realpath(p) != str(shims)]
     for name in SLURM_CLIENTS:

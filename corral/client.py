@@ -37,6 +37,11 @@ def default_token(home: Path | None = None, url: str | None = None) -> str | Non
     token = os.environ.get("CORRAL_TOKEN")
     if token:
         return token.strip()
+    if os.environ.get("CORRAL_AGENT") == "1":
+        # Inside `corral agent run`: the agent acts with its own token or not at all, never
+        # with the admin token of a gateway its user happens to run (the fence hides those
+        # files too; this holds where there is no fence).
+        return None
     path = (home or (client_home(url) if url else home_dir())) / "admin.token"
     try:
         return path.read_text().strip()

@@ -167,6 +167,10 @@ def _check_env(env: dict[str, str]) -> None:
 def check_path(path: str, what: str) -> None:
     if "\x00" in path:
         raise ValueError(f"{what} contains a NUL byte; remove it")
+    if any(c < " " or c == "\x7f" for c in path):
+        # A newline in a path would end a line of a batch script or a log; no directory
+        # worth running in needs one (issue 32's review: #SBATCH lines smuggled in a workdir).
+        raise ValueError(f"{what} contains a control character (a newline, tab or the like); rename the directory")
     if not path.startswith("/"):
         raise ValueError(f"{what} must be an absolute path")
     if len(path) > 4096 or any(len(part.encode()) > 255 for part in path.split("/")):
@@ -196,7 +200,7 @@ def _spec_schema(schema: dict[str, Any]) -> None:
 
     put("command", _nullable({"type": "string", "minLength": 1, "maxLength": MAX_COMMAND, "pattern": _TEXT}))
     put("script", _nullable({"type": "string", "minLength": 1, "maxLength": MAX_SCRIPT, "pattern": _TEXT}))
-    path = {"type": "string", "pattern": "^/[^\\u0000]*$", "maxLength": 4096}
+    path = {"type": "string", "pattern": "^/[^\\u0000-\\u001f\\u007f]*$", "maxLength": 4096}
     put("workdir", _nullable(path))
     put("inputs", _nullable({"type": "array", "items": path, "maxItems": 256}))
     put("env", {"type": "object", "maxProperties": MAX_ENV_VARS,

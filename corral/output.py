@@ -3,7 +3,9 @@ Never loads a whole file: agents' jobs can print gigabytes."""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,11 @@ def read_page(path: Path, offset: int = 0, limit: int = DEFAULT_LIMIT) -> dict[s
     offset = max(0, min(offset, size))
     if size == 0:
         return {"data": "", "offset": 0, "next_offset": 0, "size": 0, "eof": True}
-    with open(path, "rb") as f:
+    try:
+        f = open_output(path)
+    except OSError:
+        return {"data": "", "offset": 0, "next_offset": 0, "size": 0, "eof": True}
+    with f:
         f.seek(offset)
         data = f.read(limit)
     end = offset + len(data)
@@ -37,7 +43,11 @@ def read_tail(path: Path, lines: int, limit: int = DEFAULT_LIMIT) -> dict[str, A
     got = 0
     if size == 0:
         return {"data": "", "offset": 0, "next_offset": 0, "size": 0, "eof": True, "truncated": False}
-    with open(path, "rb") as f:
+    try:
+        f = open_output(path)
+    except OSError:
+        return {"data": "", "offset": 0, "next_offset": 0, "size": 0, "eof": True, "truncated": False}
+    with f:
         while pos > 0 and got < limit:
             step = min(block, pos, limit - got)
             pos -= step
@@ -61,8 +71,20 @@ def read_tail(path: Path, lines: int, limit: int = DEFAULT_LIMIT) -> dict[str, A
             "size": size, "eof": True, "truncated": truncated}
 
 
+def open_output(path: Path) -> Any:
+    """A job's output file, opened for reading as its job may have left it: never through
+    a link, never blocking on a FIFO, a plain file or nothing (OSError). Where the job's
+    own user writes the directory (Slurm, sbatch --uid) the file may be anything."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{path} is not a plain file")
+    return os.fdopen(fd, "rb")
+
+
 def _size(path: Path) -> int:
     try:
-        return os.stat(path).st_size
+        st = os.lstat(path)
     except FileNotFoundError:
         return 0
+    return st.st_size if stat.S_ISREG(st.st_mode) else 0

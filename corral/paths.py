@@ -27,6 +27,24 @@ def _pointer_dir() -> Path:
     return Path(base) / "corral" / "gateways"
 
 
+def gateway_homes() -> list[Path]:
+    """The pointer directory and every home a gateway of this user recorded there (and
+    ``$CORRAL_HOME``, ``./.corral``): what an agent run by this user must not see, since
+    each holds an admin token and the gateway's state (corral/agent_run.py's fence)."""
+    found = [_pointer_dir(), home_dir()]
+    try:
+        for p in _pointer_dir().iterdir():
+            try:
+                recorded = p.read_text().strip()
+            except OSError:
+                continue
+            if os.path.isabs(recorded):
+                found.append(Path(recorded))
+    except OSError:
+        pass
+    return [p for p in dict.fromkeys(found) if p.is_dir()]
+
+
 def pointer_path(port: int) -> Path:
     """Where a gateway on this machine's ``port`` says where its home is."""
     return _pointer_dir() / str(port)

@@ -131,7 +131,7 @@ class Sandbox:
     def wrap(self, kind: str, argv: Sequence[str], cwd: str, job_dir: str | None = None,
              user: str | None = None, root: bool | None = None, readable: Sequence[str] = (),
              limit: bool = True, ident: tuple[int, int] | None = None, filtered: bool = True,
-             cwd_fd: int | None = None) -> list[str]:
+             cwd_fd: int | None = None, env_fd: int | None = None) -> list[str]:
         """The command that runs ``argv`` contained (itself when ``kind`` is not
         sandboxed). Writable inside: ``cwd``, ``job_dir`` (the job's output) and a
         private /tmp; ``readable``: files in hidden places it must read (its script).
@@ -141,7 +141,11 @@ class Sandbox:
         corral/sandbox_host.py, that sets each of its jobs' own); ``filtered=False``:
         without the system-call filter (a host, which installs it in each job);
         ``cwd_fd``: the working directory is bound from this descriptor, which its
-        starter opened without following links (the path is where it appears inside)."""
+        starter opened without following links (the path is where it appears inside);
+        ``env_fd``: the job's own environment (JSON) is read from this descriptor by the
+        last step, just before the job: the command itself must be started with corral's
+        environment, never the job's (seccomp.APPLY says why). Every program of the
+        chain is named by its absolute path, found on the gateway's PATH."""
         if not self.applies(kind):
             return list(argv)
         who = ident if ident is not None and (os.geteuid() == 0 if root is None else root) else self.owner(kind, user, root)
@@ -159,7 +163,7 @@ class Sandbox:
                   + ([] if self.network else ["--unshare-net"])) if who is not None else \
             ["--unshare-all", *(["--share-net"] if self.network else [])]
         size = ["--size", str(self.tmp_max)] if self.tmp_max else []
-        out = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", *size, "--tmpfs", "/tmp",
+        out = [tool("bwrap"), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", *size, "--tmpfs", "/tmp",
                *spaces, "--die-with-parent", "--new-session"]
         own = _home_of(who[0]) if who is not None else str(Path.home())
         # emptied first (the job's own directories are bound back in after); a path gone since
@@ -194,7 +198,7 @@ class Sandbox:
             out += ["--bind", job_dir, inner]
         out += ["--chdir", cwd]
         fsize = [f"--fsize={self.file_max}:{self.file_max}"] if self.file_max else []
-        prlimit = ["prlimit", f"--nproc={self.pids_max}:{self.pids_max}", *fsize, "--"] if limit else []
+        prlimit = [tool("prlimit"), f"--nproc={self.pids_max}:{self.pids_max}", *fsize, "--"] if limit else []
         if self.egress and not self.network:
             url = f"http://127.0.0.1:{PORT_INSIDE}"
             out += ["--bind", self.egress, EGRESS_INSIDE]
@@ -203,17 +207,17 @@ class Sandbox:
                 out += ["--ro-bind", bridge, real]
             for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
                 out += ["--setenv", var, url]
-            prlimit += ["bash", "-c", _BRIDGE, "corral-egress"]
-        if filtered and self.seccomp:  # last before the job: corral's own setup above is not bound by it
-            prlimit += apply_argv(system_python(), self.seccomp)
+            prlimit += [tool("bash"), "-c", _BRIDGE, "corral-egress"]
+        if (filtered and self.seccomp) or env_fd is not None:  # last before the job: corral's own setup above is not bound by it
+            prlimit += apply_argv(system_python(), self.seccomp if filtered else None, env_fd)
         if who is None:
             return [*out, "--cap-drop", "ALL", "--", *prlimit, *argv]
         # bwrap builds the namespaces as root (it reads every path it binds), then the job
         # becomes its user with no capability left, and no_new_privs (bwrap's) keeps it so;
         # `unshare --user` gives it the namespace in which its process count is its own.
         groups = "--init-groups" if _home_of(who[0]) is not None else "--clear-groups"  # a real user's project groups
-        return [*out, "--", "setpriv", f"--reuid={who[0]}", f"--regid={who[1]}", groups, "--inh-caps=-all",
-                "--bounding-set=-all", "--", *(["unshare", "--user", "--map-current-user", "--"] if self.own_count else []), *prlimit, *argv]
+        return [*out, "--", tool("setpriv"), f"--reuid={who[0]}", f"--regid={who[1]}", groups, "--inh-caps=-all",
+                "--bounding-set=-all", "--", *([tool("unshare"), "--user", "--map-current-user", "--"] if self.own_count else []), *prlimit, *argv]
 
     def hidden_from(self, kind: str, user: str | None = None) -> list[Path]:
         """The paths a contained job of ``kind`` (and ``user``) sees empty: what it may not
@@ -274,6 +278,13 @@ def homes() -> list[Path]:
     return sorted(seen)
 
 
+@functools.lru_cache(maxsize=16)
+def tool(name: str) -> str:
+    """A program that corral runs ahead of a job, by its absolute path on the gateway's
+    own PATH (the probe found it there): never looked up on a PATH a job chose."""
+    return shutil.which(name) or name
+
+
 def system_python() -> str:
     """The system's Python (the gateway's own may lie in a home the sandbox hides)."""
     return shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or "python3"
@@ -327,9 +338,9 @@ def probe(box: Sandbox) -> str | None:
     and what to do, in an admin's words."""
     if shutil.which("bwrap") is None:
         return "bubblewrap is not installed (apt-get install bubblewrap)"
-    for tool in ("setpriv", "prlimit", "unshare"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed (apt-get install util-linux)"
+    for name in ("setpriv", "prlimit", "unshare"):
+        if shutil.which(name) is None:
+            return f"{name} is not installed (apt-get install util-linux)"
     if box.egress and shutil.which("socat") is None:
         return "socat is not installed (apt-get install socat): [sandbox] allow_hosts needs it"
     try:

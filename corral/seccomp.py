@@ -34,23 +34,36 @@ CLONE_NEWUSER = 0x10000000
 AF_VSOCK = 40
 
 APPLY = r"""import ctypes, os, sys
-b = bytes.fromhex(sys.argv[1])
-class P(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-buf = ctypes.create_string_buffer(b, len(b))
-prog = P(len(b) // 8, ctypes.cast(buf, ctypes.c_void_p))
-libc = ctypes.CDLL(None, use_errno=True)
-libc.prctl(38, 1, 0, 0, 0)
-if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:
-    sys.stderr.write("corral: the sandbox's system-call filter could not be installed (errno %d)\n" % ctypes.get_errno())
-    os._exit(126)
+b = sys.argv[1] != "-" and bytes.fromhex(sys.argv[1])
+env = dict(os.environ)
+if sys.argv[2] != "-":
+    import json
+    fd = int(sys.argv[2])
+    with os.fdopen(fd, "rb") as f:
+        env.update(json.loads(f.read(1 << 22)))
+if b:
+    class P(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    buf = ctypes.create_string_buffer(b, len(b))
+    prog = P(len(b) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(38, 1, 0, 0, 0)
+    if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:
+        sys.stderr.write("corral: the sandbox's system-call filter could not be installed (errno %d)\n" % ctypes.get_errno())
+        os._exit(126)
 try:
-    os.execvp(sys.argv[2], sys.argv[2:])
+    os.execvpe(sys.argv[3], sys.argv[3:], env)
 except OSError as e:
-    sys.stderr.write("corral: could not start %s: %s\n" % (sys.argv[2], e.strerror))
+    sys.stderr.write("corral: could not start %s: %s\n" % (sys.argv[3], e.strerror))
     os._exit(127)
 """
-"""``python3 -I -S -c APPLY HEX ARGV...``: installs the filter, then execs ARGV (stdlib only)."""
+"""``python3 -I -S -c APPLY HEX ENVFD ARGV...``: the last step before a contained job.
+Installs the filter (HEX ``-``: none), takes the job's own environment from descriptor
+ENVFD (JSON; ``-``: none) over the one it was started with, then execs ARGV (stdlib
+only). The job's environment is applied here and nowhere before: every step ahead of
+it (bwrap run by root, setpriv, unshare, prlimit, the egress bridge) runs with corral's
+environment, so a job's PATH, LD_PRELOAD or BASH_ENV reaches only the job itself, and
+only after the filter is in place (issue 32's review, F1 and F16)."""
 
 
 @functools.lru_cache(maxsize=2)
@@ -76,6 +89,7 @@ def program(unix_sockets: bool = False) -> str:
         return t.read().hex()
 
 
-def apply_argv(python: str, hex_program: str) -> list[str]:
-    """The argv prefix that runs what follows under the filter."""
-    return [python, "-I", "-S", "-c", APPLY, hex_program]
+def apply_argv(python: str, hex_program: str | None, env_fd: int | None = None) -> list[str]:
+    """The argv prefix that runs what follows under the filter (None: no filter), with
+    the environment read from ``env_fd`` (None: the one it inherits)."""
+    return [python, "-I", "-S", "-c", APPLY, hex_program or "-", "-" if env_fd is None else str(env_fd)]

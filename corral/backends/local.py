@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 SCRIPT = "/dev/fd/3"
 """A job's script, as the job finds it: a file descriptor its supervisor opened."""
 WORKDIR_FD = 7
+ENV_FD = 6
+"""A contained job's own environment reaches the last step before it on this descriptor."""
 """The job's working directory, opened by its supervisor without following links and
 bound into the sandbox by descriptor (bwrap --bind-fd): a link swapped in meanwhile is
 never followed."""
@@ -170,7 +172,7 @@ class LocalBackend:
                 cwd, own = "/tmp", None
             if ident is not None and "HOME" not in env:
                 env["HOME"] = (JOB_DIR if contained else str(work)) if own else cwd
-            host = None
+            host, env_file = None, None
             if traced:  # sampled: its metadata calls counted (storage/meta.py), so wrapped alone
                 argv = meta.traced(argv, str(work))
             fd = WORKDIR_FD if spec.workdir else None
@@ -178,7 +180,12 @@ class LocalBackend:
             if contained and self.sandbox is not None and spec.workdir and not traced:
                 host, argv = self._host(ctx, argv, cwd, pair, reads)
             elif contained and self.sandbox is not None:
-                argv = self.sandbox.wrap(ctx.kind, argv, cwd, own, ctx.unix_user, ident=pair, cwd_fd=fd)
+                # bwrap runs as root with corral's environment; the job's own (its PATH,
+                # LD_PRELOAD ...) is read from a descriptor by the step that starts it.
+                _write_private(d / "env.json", json.dumps(env).encode(), 0o600)
+                env, env_file = base_env(), str(d / "env.json")
+                argv = self.sandbox.wrap(ctx.kind, argv, cwd, own, ctx.unix_user, ident=pair, cwd_fd=fd,
+                                         env_fd=ENV_FD)
             launch: dict[str, object] = {
                 "host": host,
                 "argv": argv,
@@ -187,6 +194,7 @@ class LocalBackend:
                 "reads": reads,
                 "identity": None if ident is None or contained else list(ident.pair) + [not ident.dynamic, ident.user],
                 "env": env,
+                "env_file": env_file,
                 "cpus": spec.cpus,
                 "memory_mb": spec.memory_mb,
                 "walltime_s": spec.walltime_s,

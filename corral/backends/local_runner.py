@@ -91,6 +91,7 @@ def open_dir(path: str) -> int:
 
 WORKDIR_FD = 7
 SCRIPT_FD = 3
+ENV_FD = 6
 
 
 def main(job_dir: str) -> int:
@@ -233,11 +234,16 @@ def _popen(launch: dict[str, Any], out: Any, err: Any) -> "subprocess.Popen[byte
     working directory entered through the descriptor opened for it, and, when it is
     not contained but runs as someone else, that identity set before it runs."""
     reads = [os.open(f, os.O_RDONLY | os.O_NOFOLLOW) for f in launch.get("reads") or []]
+    # A contained job's environment: corral's file, read by the sandbox's last step (the
+    # command itself runs with corral's environment: seccomp.APPLY).
+    env_fd = os.open(launch["env_file"], os.O_RDONLY | os.O_NOFOLLOW) if launch.get("env_file") else None
     workdir = bool(launch.get("workdir"))
 
     def prepare() -> None:  # in the child, after its identity is set: as that identity
         for n, f in enumerate(reads):
             os.dup2(f, SCRIPT_FD + n)
+        if env_fd is not None:
+            os.dup2(env_fd, ENV_FD)
         if workdir:
             os.fchdir(WORKDIR_FD)
 
@@ -248,13 +254,13 @@ def _popen(launch: dict[str, Any], out: Any, err: Any) -> "subprocess.Popen[byte
         groups = os.getgrouplist(name, gid) if real else []
         who = {"user": uid, "group": gid, "extra_groups": groups}
     try:
-        # fds stay open across exec only where dup2 put them (3: the script; 7: the working
-        # directory, for bwrap's --bind-fd): every other descriptor here is close-on-exec.
+        # fds stay open across exec only where dup2 put them (3: the script; 6: a contained job's
+        # environment; 7: the working directory, for bwrap's --bind-fd): every other one is close-on-exec.
         return subprocess.Popen(launch["argv"], cwd=None if workdir else launch["cwd"], env=launch["env"],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=err, process_group=0,
                                 close_fds=False, preexec_fn=prepare, **who)
     finally:
-        for f in reads:
+        for f in reads + ([env_fd] if env_fd is not None else []):
             os.close(f)
 
 

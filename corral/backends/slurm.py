@@ -28,6 +28,7 @@ otherwise jobs run as the gateway's user. The job gets the gateway's basic envir
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pwd
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from .. import proc
+from ..seccomp import apply_argv
 from ..errors import BackendError, CorralError, InvalidRequest
 from ..jobs import JobSpec, JobState, format_duration
 from ..storage import IMAGE_AT, IMAGE_FILE, META_LABEL, meta
@@ -51,7 +53,7 @@ from .slurm_vocab import (STATES, _epoch, _expand, _kv, _read_epoch, min_job_age
                           translate)
 
 if TYPE_CHECKING:
-    from ..identity import Identities
+    from ..identity import Identities, Identity
     from ..sandbox import Sandbox
 
 log = logging.getLogger(__name__)
@@ -75,6 +77,8 @@ def _members(partition: dict[str, str], nodes: Iterable[str]) -> list[str]:
 
 
 FORWARDED = ("HUP", "INT", "QUIT", "USR1", "USR2", "CONT", "TSTP")
+ENV_FD = 6
+"""The batch script opens the job's environment on this descriptor for the work's last step."""
 """Signals job_control may send a Slurm job, passed on by its batch shell to the work
 (TERM and KILL are Slurm's own: a cancel, a walltime)."""
 
@@ -156,34 +160,193 @@ class SlurmBackend:
         if (d / "job.sh").exists():  # written before a crash or a failed sbatch: was it submitted?
             found = self._find_submitted(job_name(ctx, spec), read_small(d / "nonce").strip())
             if found:
-                recorded.write_text(found)
+                _write_own(recorded, found)
                 self._index(found, d)
                 return found
+        # d is corral's alone (its owner writes it; jobs reach it by name only): job.sh, the
+        # nonce and the record of the Slurm id. What the job writes (its output, its markers)
+        # lies in d/out, handed to the job's user only once corral has written what it puts
+        # there, so the gateway never writes, creates or chowns where a job could have put a
+        # link (docs/decisions/0010-privsep.md).
         d.mkdir(parents=True, exist_ok=True)
-        d.chmod(0o711)  # jobs' users reach their own files by name; nobody lists another's
+        d.chmod(0o711)
         if not (d / "nonce").exists():
             # Job ids restart with every corral install: the nonce tells this job from
             # another install's job of the same name.
-            (d / "nonce").write_text(secrets.token_hex(8))
-        for name in ("stdout", "stderr"):
-            (d / name).touch()
-            (d / name).chmod(0o600)
-        if spec.script:
-            (d / "script").write_text(spec.script)
-            (d / "script").chmod(0o700)
-        (d / "job.sh").write_text(self.render(ctx, spec, d, read_small(d / "nonce").strip()))
-        argv = ["sbatch", "--parsable"]
-        user = self._run_as(ctx, d)
+            _write_own(d / "nonce", secrets.token_hex(8))
+        user = self._run_as(ctx)
+        self._lay_out(d, ctx, spec, user)
+        _write_own(d / "job.sh", self.render(ctx, spec, d, read_small(d / "nonce").strip()))
+        argv = ["sbatch", "--parsable", f"--chdir={self._chdir(ctx, spec, d)}"]
         if user:
             argv += [f"--uid={user[0]}", f"--gid={user[1]}"]
         out = self._run(*argv, str(d / "job.sh")).strip()
         backend_id = out.split(";")[0]
         if not backend_id.isdigit():
             raise BackendError(f"sbatch answered {out!r}, not a job id", argv=argv)
-        recorded.write_text(backend_id)
+        _write_own(recorded, backend_id)
         self._index(backend_id, d)
         self._known[backend_id] = BackendStatus(backend_id, JobState.PENDING, reason="submitted")
         return backend_id
+
+    def _lay_out(self, d: Path, ctx: SubmitContext, spec: JobSpec, user: tuple[int, int] | None) -> None:
+        """d/out, made whole once: empty output files, the script, the job's environment
+        and (contained) its own directory, written by corral in a directory nobody else
+        can reach yet, then handed to the job's user by descriptor and put in place with
+        one rename. A retry after a failed sbatch finds it made and writes nothing there."""
+        if (d / "out").exists():
+            return
+        new = d / "out.new"
+        if new.exists():  # a crash mid-way: corral's alone (never handed out before the rename)
+            shutil.rmtree(new)
+        new.mkdir(mode=0o700)
+        files = {"stdout": (b"", 0o600), "stderr": (b"", 0o600),
+                 "env.json": (json.dumps(self._job_env(ctx, spec)).encode(), 0o600)}
+        if spec.script:
+            files["script"] = (spec.script.encode(), 0o700)
+        who = user or self._contained_as(ctx)
+        for name, (data, mode) in files.items():
+            fd = os.open(new / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+            try:
+                os.write(fd, data)
+                # The script is read by the contained work's identity; the rest by whoever
+                # runs the batch script (the job's user, else corral).
+                owner = user or (who if name == "script" else None)
+                if owner is not None:
+                    os.fchown(fd, *owner)
+            finally:
+                os.close(fd)
+        if self._contains(ctx):
+            os.mkdir(new / "work", 0o700)  # the contained work's own directory
+            if who is not None:
+                os.chown(new / "work", *who, follow_symlinks=False)
+        if user is not None:
+            os.chown(new, *user, follow_symlinks=False)
+        os.rename(new, d / "out")
+
+    @staticmethod
+    def _job_env(ctx: SubmitContext, spec: JobSpec) -> dict[str, str]:
+        return {"CORRAL_JOB_ID": str(ctx.job_id), "CORRAL_PRINCIPAL": ctx.principal,
+                "CORRAL_SESSION": ctx.session or "", **spec.env}
+
+    def _contains(self, ctx: SubmitContext) -> bool:
+        return self.sandbox is not None and self.sandbox.applies(ctx.kind)
+
+    def _root_runs(self, ctx: SubmitContext) -> bool:
+        """Whether the batch script runs as the gateway's root (no Unix user to run as)."""
+        return os.geteuid() == 0 and not ctx.unix_user
+
+    def _dropped_to(self, ctx: SubmitContext) -> "Identity | None":
+        """The identity a root-run batch script gives the work: a dynamic one of the
+        principal's own (corral/identity.py); None: an admin's or corral's own work."""
+        if not self._root_runs(ctx) or self.identities is None:
+            return None
+        return self.identities.of(ctx.principal, ctx.unix_user, ctx.admin, self._contains(ctx))
+
+    def _contained_as(self, ctx: SubmitContext) -> tuple[int, int] | None:
+        if not self._contains(ctx):
+            return None
+        assert self.sandbox is not None
+        ident = self._dropped_to(ctx)
+        return ident.pair if ident is not None else self.sandbox.owner(ctx.kind, ctx.unix_user, self._root_runs(ctx))
+
+    def _chdir(self, ctx: SubmitContext, spec: JobSpec, d: Path) -> str:
+        """The batch script's directory, on sbatch's command line (never a line of the
+        script: a path is data, not code). A work dropped to a dynamic identity without a
+        directory named starts in /tmp, as Slurm does when a job cannot enter its own."""
+        if spec.workdir:
+            return spec.workdir
+        if not self._contains(ctx) and self._dropped_to(ctx) is not None:
+            return "/tmp"
+        return str(d / "out")
+
+    def render(self, ctx: SubmitContext, spec: JobSpec, d: Path, nonce: str = "-") -> str:
+        """The batch script: resources and provenance as #SBATCH lines, then the work.
+        Every value here is corral's or checked by JobSpec; the job's own environment is
+        not in it (it travels in d/out/env.json, read by the last step before the job)."""
+        out = d / "out"
+        comment = " ".join(f"{k}={v}" for k, v in (
+            ("corral_job", ctx.job_id), ("principal", ctx.principal), ("kind", ctx.kind),
+            ("sponsor", ctx.sponsor or "-"), ("session", ctx.session or "-"), ("nonce", nonce)))
+        lines = [
+            "#!/bin/bash",
+            f"#SBATCH --job-name={job_name(ctx, spec)}",
+            f"#SBATCH --comment={shlex.quote(comment)}",
+            f"#SBATCH --output={out / 'stdout'}",
+            f"#SBATCH --error={out / 'stderr'}",
+            "#SBATCH --nodes=1",
+            "#SBATCH --ntasks=1",
+            f"#SBATCH --cpus-per-task={spec.cpus}",
+            f"#SBATCH --mem={spec.memory_mb}M",
+            f"#SBATCH --time={format_duration(-(-spec.walltime_s // 60) * 60)}",
+        ]
+        if spec.partition:
+            lines.append(f"#SBATCH --partition={spec.partition}")
+        if spec.gpus:
+            lines.append(f"#SBATCH --gres=gpu:{spec.gpus}")
+        if ctx.account:
+            lines.append(f"#SBATCH --account={ctx.account}")
+        if ctx.after:
+            lines += [f"#SBATCH --dependency={ctx.after}", "#SBATCH --kill-on-invalid-dep=yes"]
+        if ctx.kind == "agent":
+            lines.append(f"#SBATCH --nice={self.agent_nice}")
+            if self.agent_qos:
+                lines.append(f"#SBATCH --qos={self.agent_qos}")
+        # The job tells corral itself when it starts and when it ends normally: no
+        # controller RPC needed. The end is written only after the work returns; a job
+        # killed by a signal (cancel, walltime, memory) dies before that line, and Slurm's
+        # accounting says what happened. (An EXIT trap would run there with a wrong $?.)
+        lines += ["", f"date +%s > {out / 'started'}", ""]
+        if spec.labels.get(IMAGE_FILE):  # the job's environment image, mounted on this node (storage/mounts.py)
+            lines += [f"corral_env=$({shlex.quote(sys.executable)} -I -m corral.storage.mounts image "
+                      f"{shlex.quote(spec.labels[IMAGE_FILE])} {shlex.quote(spec.labels[IMAGE_AT])}) || exit 1",
+                      'export PATH="$corral_env/bin:$PATH" VIRTUAL_ENV="$corral_env"', ""]
+        work = ([str(out / "script")] if spec.script.startswith("#!") else ["bash", str(out / "script")]) \
+            if spec.script else None
+        if spec.labels.get(META_LABEL):  # sampled: its metadata calls counted (storage/meta.py)
+            work = meta.traced(work or ["bash", "-c", spec.command or ""], str(out / "work"))
+        sandbox = self.sandbox if self._contains(ctx) else None
+        contained = sandbox is not None
+        dropped = self._dropped_to(ctx)
+        if sandbox is not None:
+            # The script runs as the principal's Unix user (sbatch --uid), else as the
+            # gateway's: when that is root, the sandbox makes the work someone else.
+            # The contained work gets a directory of its own, d/out/work: nothing it
+            # writes is read back as corral's state (docs/decisions/0010-privsep.md).
+            root = self._root_runs(ctx)
+            who = self._contained_as(ctx)
+            own = out / "work"
+            work = [str(own) if a == str(d) else a for a in (work or [])] or None
+            lines.append(f"exec {ENV_FD}< {out / 'env.json'}")
+            lines.append(shlex.join(sandbox.wrap(ctx.kind, work or ["bash", "-c", spec.command or ""],
+                                                 spec.workdir or str(own), str(own), ctx.unix_user, root,
+                                                 readable=[str(out / "script")] if spec.script else (),
+                                                 ident=who if dropped is not None else None, env_fd=ENV_FD)))
+        elif dropped is not None:
+            # Not contained, but root runs this script: the work becomes the principal's own
+            # identity first, and only then takes its environment (seccomp.APPLY).
+            from ..sandbox import system_python, tool
+
+            lines.append(f"exec {ENV_FD}< {out / 'env.json'}")
+            lines.append(shlex.join([tool("setpriv"), f"--reuid={dropped.pair[0]}", f"--regid={dropped.pair[1]}",
+                                     "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--",
+                                     *apply_argv(system_python(), None, ENV_FD),
+                                     *(work or ["bash", "-c", spec.command or ""])]))
+        else:
+            # Run as the job's own user (or an admin's work as the gateway): its environment is its own.
+            lines += [f"export {k}={shlex.quote(v)}" for k, v in self._job_env(ctx, spec).items()]
+            lines += [shlex.join(work)] if work else ["(", spec.command or "", ")"]
+        # The work runs in the background so that this shell can pass on a signal that
+        # job_control sends it (scancel --batch reaches this shell alone): to the work
+        # itself, or inside a sandbox to what bwrap runs (bwrap dies of a signal it does
+        # not handle, and the sandbox's init ignores one it has no handler for).
+        lines[-1] += " &"
+        target = "$(for p in $(pgrep -P $w); do pgrep -P $p; done)" if contained else "$w"
+        lines += ["w=$!", f"_fwd() {{ kill -s \"$1\" {target} 2>/dev/null; }}",
+                  "for s in " + " ".join(FORWARDED) + "; do trap \"_fwd $s\" $s; done",
+                  "while :; do wait $w; rc=$?; kill -0 $w 2>/dev/null || break; done"]
+        lines += [f"echo $rc > {out / 'ended'}", "exit $rc"]
+        return "\n".join(lines) + "\n"
 
     def _dir_of(self, backend_id: str) -> Path | None:
         d = self._dirs.get(backend_id)
@@ -204,90 +367,6 @@ class SlurmBackend:
         link.parent.mkdir(exist_ok=True)
         if not link.is_symlink():
             link.symlink_to(d)
-
-    def render(self, ctx: SubmitContext, spec: JobSpec, d: Path, nonce: str = "-") -> str:
-        """The batch script: resources and provenance as #SBATCH lines, then the work."""
-        comment = " ".join(f"{k}={v}" for k, v in (
-            ("corral_job", ctx.job_id), ("principal", ctx.principal), ("kind", ctx.kind),
-            ("sponsor", ctx.sponsor or "-"), ("session", ctx.session or "-"), ("nonce", nonce)))
-        lines = [
-            "#!/bin/bash",
-            f"#SBATCH --job-name={job_name(ctx, spec)}",
-            f"#SBATCH --comment={shlex.quote(comment)}",
-            f"#SBATCH --output={d / 'stdout'}",
-            f"#SBATCH --error={d / 'stderr'}",
-            f"#SBATCH --chdir={spec.workdir or d}",
-            "#SBATCH --nodes=1",
-            "#SBATCH --ntasks=1",
-            f"#SBATCH --cpus-per-task={spec.cpus}",
-            f"#SBATCH --mem={spec.memory_mb}M",
-            f"#SBATCH --time={format_duration(-(-spec.walltime_s // 60) * 60)}",
-        ]
-        if spec.partition:
-            lines.append(f"#SBATCH --partition={spec.partition}")
-        if spec.gpus:
-            lines.append(f"#SBATCH --gres=gpu:{spec.gpus}")
-        if ctx.account:
-            lines.append(f"#SBATCH --account={ctx.account}")
-        if ctx.after:
-            lines += [f"#SBATCH --dependency={ctx.after}", "#SBATCH --kill-on-invalid-dep=yes"]
-        if ctx.kind == "agent":
-            lines.append(f"#SBATCH --nice={self.agent_nice}")
-            if self.agent_qos:
-                lines.append(f"#SBATCH --qos={self.agent_qos}")
-        env = {"CORRAL_JOB_ID": str(ctx.job_id), "CORRAL_PRINCIPAL": ctx.principal,
-               "CORRAL_SESSION": ctx.session or "", **spec.env}
-        lines += [""] + [f"export {k}={shlex.quote(v)}" for k, v in env.items()] + [""]
-        # The job tells corral itself when it starts and when it ends normally: no
-        # controller RPC needed. The end is written only after the work returns; a job
-        # killed by a signal (cancel, walltime, memory) dies before that line, and Slurm's
-        # accounting says what happened. (An EXIT trap would run there with a wrong $?.)
-        lines += [f"date +%s > {d / 'started'}", ""]
-        if spec.labels.get(IMAGE_FILE):  # the job's environment image, mounted on this node (storage/mounts.py)
-            lines += [f"corral_env=$({shlex.quote(sys.executable)} -m corral.storage.mounts image "
-                      f"{shlex.quote(spec.labels[IMAGE_FILE])} {shlex.quote(spec.labels[IMAGE_AT])}) || exit 1",
-                      'export PATH="$corral_env/bin:$PATH" VIRTUAL_ENV="$corral_env"', ""]
-        work = ([str(d / "script")] if spec.script.startswith("#!") else ["bash", str(d / "script")]) \
-            if spec.script else None
-        if spec.labels.get(META_LABEL):  # sampled: its metadata calls counted (storage/meta.py)
-            work = meta.traced(work or ["bash", "-c", spec.command or ""], str(d / "work"))
-        sandbox = self.sandbox if self.sandbox is not None and self.sandbox.applies(ctx.kind) else None
-        contained = sandbox is not None
-        if sandbox is not None:
-            # The script runs as the principal's Unix user (sbatch --uid), else as the
-            # gateway's: when that is root, the sandbox makes the work someone else.
-            # The contained work gets a directory of its own, d/work: d itself (markers,
-            # output, the record of its Slurm id) stays corral's, so nothing the work
-            # writes is read back as corral's state (docs/decisions/0010-privsep.md).
-            root = os.geteuid() == 0 and not ctx.unix_user
-            ident = self.identities.of(ctx.principal, ctx.unix_user, ctx.admin, True) \
-                if root and self.identities is not None else None
-            who = ident.pair if ident is not None else sandbox.owner(ctx.kind, ctx.unix_user, root)
-            own = d / "work"
-            own.mkdir(exist_ok=True)
-            if who is not None:
-                for path in (own, *(d / n for n in ("script",) if (d / n).exists())):
-                    os.chown(path, *who)
-            work = [str(own) if a == str(d) else a for a in (work or [])] or None
-            lines.append(shlex.join(sandbox.wrap(ctx.kind, work or ["bash", "-c", spec.command or ""],
-                                                 spec.workdir or str(own), str(own), ctx.unix_user, root,
-                                                 readable=[str(d / "script")] if spec.script else (),
-                                                 ident=who if ident is not None else None)))
-        elif work:
-            lines.append(shlex.join(work))
-        else:
-            lines += ["(", spec.command or "", ")"]
-        # The work runs in the background so that this shell can pass on a signal that
-        # job_control sends it (scancel --batch reaches this shell alone): to the work
-        # itself, or inside a sandbox to what bwrap runs (bwrap dies of a signal it does
-        # not handle, and the sandbox's init ignores one it has no handler for).
-        lines[-1] += " &"
-        target = "$(for p in $(pgrep -P $w); do pgrep -P $p; done)" if contained else "$w"
-        lines += ["w=$!", f"_fwd() {{ kill -s \"$1\" {target} 2>/dev/null; }}",
-                  "for s in " + " ".join(FORWARDED) + "; do trap \"_fwd $s\" $s; done",
-                  "while :; do wait $w; rc=$?; kill -0 $w 2>/dev/null || break; done"]
-        lines += [f"echo $rc > {d / 'ended'}", "exit $rc"]
-        return "\n".join(lines) + "\n"
 
     def status(self, backend_ids: Sequence[str]) -> dict[str, BackendStatus]:
         out: dict[str, BackendStatus] = {}
@@ -318,14 +397,19 @@ class SlurmBackend:
         d = self._dir_of(jid)
         if d is None:
             return None
+        out = _out(d)
         try:
-            code = int(read_small(d / "ended").strip())
+            if out.stat().st_uid != os.geteuid():
+                # The batch script runs as the job's own user, who may write this marker
+                # before its work is done: its end is Slurm's word, at the next poll.
+                return None
+            code = int(read_small(out / "ended").strip())
         except (OSError, ValueError):
             return None
         if code > 128:
             return None
-        started = _read_epoch(d / "started")
-        end = (d / "ended").stat().st_mtime
+        started = _marker_epoch(out / "started")
+        end = (out / "ended").stat().st_mtime
         if code == 0:
             return BackendStatus(jid, JobState.COMPLETED, 0, None, started, end)
         return BackendStatus(jid, JobState.FAILED, code, f"exited with code {code}", started, end)
@@ -334,7 +418,7 @@ class SlurmBackend:
         """Between full polls: a PENDING job whose script wrote 'started' is RUNNING."""
         if last.state is JobState.PENDING:
             d = self._dir_of(jid)
-            started = _read_epoch(d / "started") if d else None
+            started = _marker_epoch(_out(d) / "started") if d else None
             if started is not None:
                 last = BackendStatus(jid, JobState.RUNNING, start_time=started)
                 self._known[jid] = last
@@ -409,7 +493,7 @@ class SlurmBackend:
         if d is None:
             return False
         try:  # a job of a Unix user writes its own directory: never through a link
-            fd = os.open(d / "stderr", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = os.open(_out(d) / "stderr", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             return False
         with open(fd, "rb") as f:
@@ -450,8 +534,8 @@ class SlurmBackend:
             # It runs again from the start: its markers of the last run must not end it.
             d = self._dir_of(backend_id)
             for marker in ("started", "ended"):
-                if d is not None:
-                    (d / marker).unlink(missing_ok=True)
+                if d is not None:  # unlink removes a link, never what it names
+                    (_out(d) / marker).unlink(missing_ok=True)
             self._final.pop(backend_id, None)
             self._known[backend_id] = BackendStatus(backend_id, JobState.PENDING, reason="requeued")
         self._last_poll = None  # its state changed: ask Slurm next tick
@@ -510,8 +594,9 @@ class SlurmBackend:
         return time.mktime(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) if m else None
 
     def output_paths(self, backend_id: str) -> OutputPaths:
-        d = self._dir_of(backend_id) or self.jobs_dir / "missing"
-        return OutputPaths(d / "stdout", d / "stderr")
+        d = self._dir_of(backend_id)
+        out = _out(d) if d is not None else self.jobs_dir / "missing"
+        return OutputPaths(out / "stdout", out / "stderr")
 
     def close(self) -> None:
         """Slurm owns the jobs; nothing to stop."""
@@ -609,16 +694,44 @@ class SlurmBackend:
     identities: "Identities | None" = None
     """Who a contained job of a principal without a Unix user runs as (corral/identity.py)."""
 
-    def _run_as(self, ctx: SubmitContext, d: Path) -> tuple[int, int] | None:
+    def _run_as(self, ctx: SubmitContext) -> tuple[int, int] | None:
+        """(uid, gid) that sbatch --uid runs the batch script as: the principal's Unix user,
+        when the gateway is root; None: the gateway's own."""
         if not ctx.unix_user or os.geteuid() != 0:
             return None
         try:
             pw = pwd.getpwnam(ctx.unix_user)
         except KeyError:
             raise InvalidRequest(f"unix user {ctx.unix_user!r} of principal {ctx.principal!r} does not exist here") from None
-        for path in (d, d / "stdout", d / "stderr", *([d / "script"] if (d / "script").exists() else [])):
-            shutil.chown(path, pw.pw_uid, pw.pw_gid)
         return pw.pw_uid, pw.pw_gid
+
+
+def _write_own(path: Path, text: str) -> None:
+    """One of corral's own files in a job's directory (which only corral writes): created
+    or replaced, never through a link, 0600."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _marker_epoch(path: Path) -> float | None:
+    """A time a job's script wrote (a marker): never through a link, never blocking."""
+    try:
+        return float(read_small(path, 64).strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _out(d: Path) -> Path:
+    """Where a job's output and markers lie: d/out (d itself for a job submitted before
+    corral kept them apart)."""
+    out = d / "out"
+    return out if out.is_dir() else d
 
 
 def read_small(path: Path, limit: int = 4096) -> str:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.local_runner import write_json
-from ..output import read_page, read_tail
+from ..output import open_output, read_page, read_tail
 from . import guard
 from . import secrets
 from .secrets import KEY_BLOCK_MAX, MAX_LINE, REDACTED
@@ -116,12 +116,12 @@ class OutputGuard:
             prog = Progress()
         if prog.done:
             return prog
-        try:
-            with open(raw, "rb") as f:
+        try:  # never through a link a job left, never blocking on its FIFO (corral/output.py)
+            with open_output(raw) as f:
                 f.seek(prog.raw)
                 data = f.read(CHUNK)
                 more = bool(f.read(1))
-        except FileNotFoundError:
+        except OSError:
             data, more = b"", False
         final = final and not more
         n = _cut(data, final)

@@ -1,9 +1,8 @@
 #!/bin/bash
 #SBATCH --job-name=corral-17
 #SBATCH --comment='corral_job=17 principal=claude-1 kind=agent sponsor=alice session=sess-9 nonce=-'
-#SBATCH --output=/jobs/17/stdout
-#SBATCH --error=/jobs/17/stderr
-#SBATCH --chdir=/work/alice
+#SBATCH --output=/jobs/17/out/stdout
+#SBATCH --error=/jobs/17/out/stderr
 #SBATCH --nodes=1
 #SBATCH --ntasks=1
 #SBATCH --cpus-per-task=4
@@ -15,14 +14,13 @@
 #SBATCH --nice=100
 #SBATCH --qos=agents
 
+date +%s > /jobs/17/out/started
+
 export CORRAL_JOB_ID=17
 export CORRAL_PRINCIPAL=claude-1
 export CORRAL_SESSION=sess-9
 export SEED=42
 export MSG='it'"'"'s ok'
-
-date +%s > /jobs/17/started
-
 (
 python train.py --epochs 3
 ) &
@@ -30,5 +28,5 @@ w=$!
 _fwd() { kill -s "$1" $w 2>/dev/null; }
 for s in HUP INT QUIT USR1 USR2 CONT TSTP; do trap "_fwd $s" $s; done
 while :; do wait $w; rc=$?; kill -0 $w 2>/dev/null || break; done
-echo $rc > /jobs/17/ended
+echo $rc > /jobs/17/out/ended
 exit $rc

@@ -1,25 +1,23 @@
 #!/bin/bash
 #SBATCH --job-name=corral-18
 #SBATCH --comment='corral_job=18 principal=alice kind=human sponsor=- session=- nonce=-'
-#SBATCH --output=/jobs/18/stdout
-#SBATCH --error=/jobs/18/stderr
-#SBATCH --chdir=/jobs/18
+#SBATCH --output=/jobs/18/out/stdout
+#SBATCH --error=/jobs/18/out/stderr
 #SBATCH --nodes=1
 #SBATCH --ntasks=1
 #SBATCH --cpus-per-task=1
 #SBATCH --mem=1024M
 #SBATCH --time=01:00:00
 
+date +%s > /jobs/18/out/started
+
 export CORRAL_JOB_ID=18
 export CORRAL_PRINCIPAL=alice
 export CORRAL_SESSION=''
-
-date +%s > /jobs/18/started
-
-/jobs/18/script &
+/jobs/18/out/script &
 w=$!
 _fwd() { kill -s "$1" $w 2>/dev/null; }
 for s in HUP INT QUIT USR1 USR2 CONT TSTP; do trap "_fwd $s" $s; done
 while :; do wait $w; rc=$?; kill -0 $w 2>/dev/null || break; done
-echo $rc > /jobs/18/ended
+echo $rc > /jobs/18/out/ended
 exit $rc

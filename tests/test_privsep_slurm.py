@@ -1,0 +1,135 @@
+"""On the Slurm backend, what a job can write is never what root writes, follows or
+trusts (issue 32's review: F1, F4, F5, F19; docs/decisions/0010-privsep.md).
+
+A principal with a Unix user has its batch script run as that user (sbatch --uid): the
+user writes its job's output and markers. Before, the whole job directory was handed
+to the user while the gateway, root, still wrote, created and chowned in it, and read
+it back through links: an agent of that user made root overwrite and chown root's files
+and read them back as its output, and ended its job early in corral's books. The
+directory is now corral's, and the user gets d/out, made whole before it is handed over.
+And the batch script no longer carries anything an agent chose as code: a newline in a
+working directory, or the job's environment ahead of root's bwrap."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from .conftest import Gateway, free_port
+from .slurm_env import slurm_conf
+from .test_privsep_env import evil, ran_as_root  # noqa: F401 (a fixture)
+from .test_sandbox import need_bwrap
+
+pytestmark = [pytest.mark.usefixtures("slurm_turn"),
+              pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true",
+                                 reason="a root gateway's (CI runs as root)")]
+
+
+@pytest.fixture
+def site() -> Iterator[tuple[Gateway, Path, str]]:
+    """A root gateway on the private Slurm whose home every user can traverse (as a
+    site's shared filesystem), a Unix user, and a project that user owns."""
+    need_bwrap()
+    root = Path(tempfile.mkdtemp(prefix="corral-ps-", dir="/tmp"))
+    root.chmod(0o755)
+    name = f"corralps{os.getpid() % 100000}"
+    subprocess.run(["userdel", name], capture_output=True)
+    subprocess.run(["useradd", "--no-create-home", name], check=True, capture_output=True)
+    u = pwd.getpwnam(name)
+    project = root / "project"
+    project.mkdir()
+    os.chown(project, u.pw_uid, u.pw_gid)
+    gw = Gateway(root / "home", free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": slurm_conf(),
+                                                        "CORRAL_TICK_S": "0.5"})
+    gw.home.mkdir()
+    gw.start()
+    try:
+        yield gw, project, name
+    finally:
+        gw.kill(signal.SIGTERM)
+        subprocess.run(["pkill", "-u", name], capture_output=True)
+        subprocess.run(["userdel", name], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def as_user(name: str, cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["setpriv", f"--reuid={name}", f"--regid={pwd.getpwnam(name).pw_gid}", "--clear-groups",
+                           "bash", "-c", cmd], capture_output=True, text=True)
+
+
+def agent_of(gw: Gateway, user: str) -> str:
+    with gw.http() as h:
+        assert h.post("/v1/principals", json={"name": "dana", "kind": "human", "unix_user": user}).status_code == 201
+        assert h.post("/v1/principals", json={"name": "dbot", "kind": "agent", "sponsor": "dana"}).status_code == 201
+        return h.post("/v1/tokens", json={"for": "dbot", "expires": "1h"}).json()["token"]
+
+
+def test_a_users_job_directory_gives_root_no_link_to_follow(site: tuple[Gateway, Path, str]) -> None:
+    gw, project, user = site
+    secret = gw.home.parent / "root-only.txt"
+    secret.write_text("root-only-canary\n")
+    secret.chmod(0o600)
+    token = agent_of(gw, user)
+    with gw.http(token) as h:
+        r = h.post("/v1/jobs", json={"command": "echo started; sleep 30; echo finished", "workdir": str(project),
+                                     "walltime": "2m"})
+        assert r.status_code == 201, r.text
+        jid = r.json()["id"]
+        running = h.get(f"/v1/jobs/{jid}/wait", params={"timeout": 90, "until": "RUNNING"}).json()
+        assert running["state"] == "RUNNING", running
+    d = gw.home / "slurm" / "jobs" / str(jid)
+    # corral's own record is root's, and the user can put nothing beside it
+    for name in ("job.sh", "backend_id", "nonce"):
+        st = (d / name).stat()
+        assert st.st_uid == 0 and st.st_mode & 0o077 == 0, (name, oct(st.st_mode))
+    assert d.stat().st_uid == 0 and (d / "out").stat().st_uid == pwd.getpwnam(user).pw_uid
+    for target in ("backend_id", "job.sh", "planted"):
+        r = as_user(user, f"ln -sfn {secret} {d / target}")
+        assert r.returncode != 0, (target, r.stderr)
+    assert (d / "backend_id").read_text().strip().isdigit()
+    # its own markers: an early 'ended' does not end the job in corral's books (Slurm says when)
+    assert as_user(user, f"echo 0 > {d / 'out' / 'ended'}").returncode == 0
+    with gw.http(token) as h:
+        for _ in range(6):
+            time.sleep(0.5)
+            assert h.get(f"/v1/jobs/{jid}").json()["state"] == "RUNNING"
+        # its output swapped for a link to root's file: corral reads no further than the link
+        r = as_user(user, f"rm -f {d / 'out' / 'stdout'} && ln -s {secret} {d / 'out' / 'stdout'}")
+        assert r.returncode == 0, r.stderr
+        out = h.get(f"/v1/jobs/{jid}/output")
+        assert "root-only-canary" not in out.text, out.text
+        h.post(f"/v1/jobs/{jid}/cancel")
+        done = h.get(f"/v1/jobs/{jid}/wait", params={"timeout": 90}).json()
+        assert done["state"] == "CANCELLED", done
+        assert "root-only-canary" not in h.get(f"/v1/jobs/{jid}/output").text
+    assert secret.read_text() == "root-only-canary\n" and secret.stat().st_uid == 0
+
+
+def test_a_jobs_environment_never_reaches_roots_batch_steps(site: tuple[Gateway, Path, str], evil: Path) -> None:  # noqa: F811
+    """An agent with no Unix user: the batch script is root's, and its bwrap must not be
+    the agent's (F1) nor load the agent's library (F16), on Slurm as locally."""
+    gw, _, _ = site
+    from .test_sandbox import pair
+
+    t = pair(gw)
+    with gw.http(t["bot1"]) as h:
+        r = h.post("/v1/jobs", json={"command": "echo mine=$MINE; id -u", "walltime": "60s", "workdir": str(evil),
+                                     "env": {"PATH": f"{evil}:/usr/bin:/bin", "LD_PRELOAD": str(evil / "p.so"),
+                                             "MINE": "kept"}})
+        assert r.status_code == 201, r.text
+        job = h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": 90}).json()
+        out = h.get(f"/v1/jobs/{job['id']}/output").json()["data"]
+    assert job["state"] == "COMPLETED", job
+    assert "mine=kept" in out and out.split()[-1] != "0", out
+    assert ran_as_root(evil / "ran.log") == [], (evil / "ran.log").read_text()
+    script = next((gw.home / "slurm" / "jobs").glob("*/job.sh")).read_text()
+    assert "kept" not in script and "LD_PRELOAD" not in script and str(evil) + ":" not in script, script
