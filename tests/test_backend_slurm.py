@@ -163,7 +163,8 @@ def test_runs_as_the_principals_unix_user(conf) -> None:
     st = wait_all(b, [bid])[bid]
     assert st.state is JobState.COMPLETED, b.output_paths(bid).stderr.read_text()
     assert b.output_paths(bid).stdout.read_text() == f"{user}\n"
-    assert (root / "jobs" / str(c.job_id) / "mine").stat().st_uid == pwd.getpwnam(user).pw_uid
+    # no directory named: it starts in its own out/ (corral's directory above it is root's)
+    assert (root / "jobs" / str(c.job_id) / "out" / "mine").stat().st_uid == pwd.getpwnam(user).pw_uid
     deadline = time.time() + 30
     while time.time() < deadline and sacct(conf, bid, "User") != user:
         time.sleep(0.5)

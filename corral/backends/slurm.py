@@ -241,7 +241,7 @@ class SlurmBackend:
         principal's own (corral/identity.py); None: an admin's or corral's own work."""
         if not self._root_runs(ctx) or self.identities is None:
             return None
-        return self.identities.of(ctx.principal, ctx.unix_user, ctx.admin, self._contains(ctx))
+        return self.identities.of(ctx.principal, ctx.unix_user, ctx.admin, self._contains(ctx), ctx.kind == "service")
 
     def _contained_as(self, ctx: SubmitContext) -> tuple[int, int] | None:
         if not self._contains(ctx):
