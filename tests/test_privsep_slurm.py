@@ -133,3 +133,34 @@ def test_a_jobs_environment_never_reaches_roots_batch_steps(site: tuple[Gateway,
     assert ran_as_root(evil / "ran.log") == [], (evil / "ran.log").read_text()
     script = next((gw.home / "slurm" / "jobs").glob("*/job.sh")).read_text()
     assert "kept" not in script and "LD_PRELOAD" not in script and str(evil) + ":" not in script, script
+
+
+def test_a_workdir_swapped_for_a_link_after_the_check_is_refused_on_slurm(site: tuple[Gateway, Path, str]) -> None:
+    """F8 on Slurm: the batch script's bwrap bound the working directory by path, so a
+    component swapped for a link while the job waited was followed by root. It is now
+    opened one component at a time without following links and bound by descriptor."""
+    gw, _, _ = site
+    from .test_sandbox import pair
+
+    pub = gw.home.parent / "pub"
+    (pub / "proj").mkdir(parents=True)
+    for p in (pub, pub / "proj"):
+        p.chmod(0o777)
+    hidden = gw.home.parent / "elsewhere"
+    hidden.mkdir()
+    (hidden / "not-yours.txt").write_text("elsewhere-canary")
+    hidden.chmod(0o777)
+    t = pair(gw)
+    with gw.http(t["bot1"]) as h:
+        first = h.post("/v1/jobs", json={"command": "sleep 6", "walltime": "60s"}).json()
+        r = h.post("/v1/jobs", json={"command": "ls; cat not-yours.txt; echo ran > here.txt", "walltime": "60s",
+                                     "workdir": str(pub / "proj"), "after_ok": [first["id"]]})
+        assert r.status_code == 201, r.text
+        (pub / "proj").rename(pub / "proj.was")
+        (pub / "proj").symlink_to(hidden)
+        job = h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": 120}).json()
+        out = h.get(f"/v1/jobs/{job['id']}/output").json()["data"]
+        err = h.get(f"/v1/jobs/{job['id']}/output", params={"stream": "stderr"}).json()["data"]
+    assert job["state"] == "FAILED", (job, out, err)
+    assert "elsewhere-canary" not in out and not (hidden / "here.txt").exists(), out
+    assert "changed since it was checked" in err, err

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from .. import proc
+from ..sandbox import open_dir_argv, system_python, tool
 from ..seccomp import apply_argv
 from ..errors import BackendError, CorralError, InvalidRequest
 from ..jobs import JobSpec, JobState, format_duration
@@ -79,6 +80,7 @@ def _members(partition: dict[str, str], nodes: Iterable[str]) -> list[str]:
 FORWARDED = ("HUP", "INT", "QUIT", "USR1", "USR2", "CONT", "TSTP")
 ENV_FD = 6
 """The batch script opens the job's environment on this descriptor for the work's last step."""
+WORKDIR_FD = 7
 """Signals job_control may send a Slurm job, passed on by its batch shell to the work
 (TERM and KILL are Slurm's own: a cancel, a walltime)."""
 
@@ -318,15 +320,17 @@ class SlurmBackend:
             own = out / "work"
             work = [str(own) if a == str(d) else a for a in (work or [])] or None
             lines.append(f"exec {ENV_FD}< {out / 'env.json'}")
-            lines.append(shlex.join(sandbox.wrap(ctx.kind, work or ["bash", "-c", spec.command or ""],
-                                                 spec.workdir or str(own), str(own), ctx.unix_user, root,
-                                                 readable=[str(out / "script")] if spec.script else (),
-                                                 ident=who if dropped is not None else None, env_fd=ENV_FD)))
+            # The working directory is bound by descriptor, opened without following links
+            # (a link swapped in after the gateway's check is refused, not followed).
+            opened = open_dir_argv(spec.workdir, WORKDIR_FD) if spec.workdir else []
+            lines.append(shlex.join([*opened, *sandbox.wrap(
+                ctx.kind, work or ["bash", "-c", spec.command or ""], spec.workdir or str(own), str(own),
+                ctx.unix_user, root, readable=[str(out / "script")] if spec.script else (),
+                ident=who if dropped is not None else None, env_fd=ENV_FD,
+                cwd_fd=WORKDIR_FD if spec.workdir else None)]))
         elif dropped is not None:
             # Not contained, but root runs this script: the work becomes the principal's own
             # identity first, and only then takes its environment (seccomp.APPLY).
-            from ..sandbox import system_python, tool
-
             lines.append(f"exec {ENV_FD}< {out / 'env.json'}")
             lines.append(shlex.join([tool("setpriv"), f"--reuid={dropped.pair[0]}", f"--regid={dropped.pair[1]}",
                                      "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--",
