@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+SCRATCH_DIRS = ("workspaces", "trees", "uv-cache")
+"""Scratch's directories the sandbox hides (each trial's own is bound back)."""
 
 
 def scratch_dir(settings: StorageSettings, home: Path) -> Path:
