@@ -98,6 +98,7 @@ def commit(req: dict[str, Any]) -> list[list[str]]:
     conflicts: list[str] = []
     unwritable: list[str] = []
     odd: list[str] = []
+    unreadable: list[str] = []
     try:
         if not os.access(".", os.W_OK | os.X_OK, dir_fd=base):
             raise Refused("unwritable", f"{req['base']} cannot be written")
@@ -120,12 +121,16 @@ def commit(req: dict[str, Any]) -> list[list[str]]:
                     s = None
                 if s is None or not (stat.S_ISREG(s.st_mode) or stat.S_ISLNK(s.st_mode)):
                     odd.append(rel)
+                elif stat.S_ISREG(s.st_mode) and not _may_read(src, rel):
+                    unreadable.append(rel)  # another identity's 0600 file: refused before anything is written
             if not _may_write(base, rel):
                 unwritable.append(rel)
         if conflicts:
             raise Refused("conflict", "the base changed", sorted(conflicts))
         if odd:
             raise Refused("invalid", "not a regular file or link", sorted(odd))
+        if unreadable:
+            raise Refused("unreadable", "the trial's files cannot be read", sorted(unreadable))
         if unwritable:
             raise Refused("unwritable", "cannot be written", sorted(unwritable))
         done: list[str] = []
@@ -140,6 +145,15 @@ def commit(req: dict[str, Any]) -> list[list[str]]:
         for fd in (base, src, lower):
             os.close(fd)
     return todo
+
+
+def _may_read(src: int, rel: str) -> bool:
+    parts = parts_of(rel)
+    d = walk(src, parts[:-1])
+    try:
+        return os.access(parts[-1], os.R_OK, dir_fd=d, follow_symlinks=False)
+    finally:
+        os.close(d)
 
 
 def _may_write(base: int, rel: str) -> bool:

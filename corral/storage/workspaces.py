@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -120,6 +121,12 @@ class Workspaces:
     def _refusal(self, e: basefs.Refused, base: str, ident: "Identity | None", verb: str) -> CorralError:
         """What the child's refusal means to the caller, and what to do next."""
         who = _as(ident)
+        if e.kind == "unreadable" and e.paths:
+            return Forbidden(f"{who}, the identity your jobs run as, cannot read {_listed(e.paths)} in the workspace "
+                             "(written by another identity); nothing was written: corral commits a workspace as "
+                             "that identity", rule="workspace-unreadable",
+                             hint="make them readable from a job of the workspace's owner (chmod a+r), or let its "
+                                  "owner commit")
         if e.kind == "unreadable":
             return Forbidden(f"the base {base} cannot be read by {who}, the identity your jobs run as: corral "
                              f"{verb}s a workspace as that identity, so a trial sees only what its jobs could "
@@ -165,7 +172,10 @@ class Workspaces:
         try:
             self._allowed(base, Path(os.path.realpath(base)), hidden)
             b = Path(run_as(ident, {"verb": "resolve", "base": base})["real"])
-            self._allowed(base, b, hidden)  # as that identity resolves it
+            if b != Path(os.path.realpath(base)):  # a link moved meanwhile: judged on one path, never two
+                raise Conflict(f"the base {base} changed while it was being forked (a link in its path moved); "
+                               "fork it again")
+            self._allowed(base, b, hidden)
             free = self._free_mb()
             if free < MIN_FREE_MB:
                 raise InvalidRequest(f"node-local scratch {self.root} has only {free:.0f} MB free (a workspace "
@@ -212,6 +222,8 @@ class Workspaces:
         checkout of its own), so the trial's jobs write it through the overlay; one
         identity's tree is never another's lower layer."""
         commit = run_as(owner, {"verb": "export", "repo": str(repo), "rev": rev})["commit"]
+        if not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit):  # it names a path of root's
+            raise CorralError(f"git named no commit for {rev!r} in {repo} (it said {commit[:80]!r})")
         tree = self.trees / (commit if owner is None else f"{commit}-{owner.uid}")
         if not tree.is_dir():
             tmp = self.trees / f".{commit}.{os.getpid()}.{secrets.token_hex(4)}"
@@ -243,10 +255,6 @@ class Workspaces:
         if not lower.is_dir():
             raise Conflict(f"the base of workspace {ws_id} ({r['base']}) is gone; discard the workspace "
                            "(corral workspace discard) and fork again from where the project is now")
-        if mount and not mounts.mounted(d / "merged") and os.path.realpath(lower) != str(lower):
-            # The kernel would follow it: the overlay's lower layer would be wherever it points.
-            raise Conflict(f"the base of workspace {ws_id} ({r['base']}) is now reached through a link; discard "
-                           "the workspace and fork the directory itself again")
         if not mount:
             return str(d / "merged")
         return mounts.mount_overlay(lower, d / "upper", d / "work", d / "merged").path
