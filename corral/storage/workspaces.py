@@ -124,20 +124,20 @@ class Workspaces:
         if e.kind == "unreadable" and e.paths:
             return Forbidden(f"{who}, the identity your jobs run as, cannot read {_listed(e.paths)} in the workspace "
                              "(written by another identity); nothing was written: corral commits a workspace as "
-                             "that identity", rule="workspace-unreadable",
+                             "that identity (rule workspace-unreadable)", rule="workspace-unreadable",
                              hint="make them readable from a job of the workspace's owner (chmod a+r), or let its "
                                   "owner commit")
         if e.kind == "unreadable":
             return Forbidden(f"the base {base} cannot be read by {who}, the identity your jobs run as: corral "
                              f"{verb}s a workspace as that identity, so a trial sees only what its jobs could "
-                             f"({e.message})", rule="workspace-base-unreadable",
+                             f"({e.message}; rule workspace-base-unreadable)", rule="workspace-base-unreadable",
                              hint="fork a directory that identity may read, or ask its owner to grant read access "
                                   "(chmod, or a group the identity is in)")
         if e.kind == "unwritable":
             where = f"at {_listed(e.paths)}" if e.paths else f"({e.message})"
             return Forbidden(f"{who}, the identity your jobs run as, may not write the base {base} {where}; "
-                             "nothing was written: corral commits a workspace as that identity",
-                             rule="workspace-base-unwritable",
+                             "nothing was written: corral commits a workspace as that identity (rule "
+                             "workspace-base-unwritable)", rule="workspace-base-unwritable",
                              hint="ask the base's owner to make it writable by that identity, or copy what you "
                                   "need from a job of the workspace into a directory it may write")
         if e.kind == "gone":
