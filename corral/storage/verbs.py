@@ -45,10 +45,11 @@ SCRATCH_DIRS = ("workspaces", "trees", "uv-cache")
 
 
 def scratch_dir(settings: StorageSettings, home: Path) -> Path:
-    """Node-local scratch: never under HOME (jobs see HOME's contents as empty)."""
+    """Node-local scratch: never under HOME (jobs see HOME's contents as empty). Where it
+    really lies: paths in it are walked without following links, and hidden by bwrap."""
     if settings.scratch is not None:
-        return settings.scratch
-    return Path("/var/tmp") / f"corral-{hashlib.sha256(str(home).encode()).hexdigest()[:10]}"
+        return Path(os.path.realpath(settings.scratch))
+    return Path(os.path.realpath("/var/tmp")) / f"corral-{hashlib.sha256(str(home).encode()).hexdigest()[:10]}"
 
 
 class StorageVerbs:
