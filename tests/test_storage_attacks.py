@@ -121,6 +121,32 @@ def test_a_directory_swapped_for_a_link_after_the_fork_is_refused(gw: Gateway, b
     assert (rootonly / "names" / "SECRET-NAME-4411").exists()
 
 
+def test_the_base_itself_swapped_for_a_link_is_neither_written_nor_mounted(gw: Gateway, rootonly: Path) -> None:
+    """The base's own parent is writable by the agent (not sticky): it renames the base
+    and puts a link to root's directory in its place. The commit refuses; a remount (as
+    after a reboot) refuses too, rather than mount root's directory as the lower layer."""
+    t = tokens(gw, ("bot1", "alice"))
+    outer = _dir(0o777, "corral-outer-")
+    try:
+        base = outer / "proj"
+        base.mkdir(mode=0o777)
+        base.chmod(0o777)
+        ws = _fork(gw, t["bot1"], {"base": str(base)})
+        assert run(gw, t["bot1"], {"command": "echo x > x", "workspace": ws["workspace"]})["state"] == "COMPLETED"
+        swap = f"mv proj proj.old && ln -s {rootonly} proj"
+        assert run(gw, t["bot1"], {"command": swap, "workdir": str(outer)})["state"] == "COMPLETED"
+        code, text = _commit(gw, t["bot1"], ws["workspace"])
+        assert code == 409 and "link" in text, text
+        subprocess.run(["umount", "-l", str(ws["path"])], check=True)
+        with gw.http(t["bot1"]) as h:
+            r = h.post("/v1/jobs", json={"command": "ls", "workspace": ws["workspace"], "walltime": "60s"})
+        assert r.status_code == 409 and "link" in r.text, r.text
+        assert sorted(p.name for p in rootonly.iterdir()) == ["names"]
+    finally:
+        subprocess.run(["umount", "-l", str(outer / "proj")], capture_output=True)
+        shutil.rmtree(outer, ignore_errors=True)
+
+
 def test_a_fifo_or_a_device_in_the_trial_is_refused_not_read(gw: Gateway, base: Path) -> None:
     """A FIFO left in the workspace: the commit names it and writes nothing (nothing
     blocks on it); a plain file and a link beside it are written once it is gone, the
