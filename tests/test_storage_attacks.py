@@ -179,6 +179,22 @@ def test_a_commit_the_callers_identity_may_not_write_is_refused(gw: Gateway, bas
     assert not (base / "new.txt").exists()
 
 
+def test_a_sticky_base_keeps_others_files_from_the_commit(gw: Gateway, base: Path) -> None:
+    """A sticky, world-writable base (as a shared drop directory): the agent may add files
+    but not replace root's; the commit names root's file and writes nothing, rather than
+    writing half of it."""
+    t = tokens(gw, ("bot1", "alice"))
+    (base / "shared.txt").write_text("root's\n")
+    (base / "shared.txt").chmod(0o666)
+    base.chmod(0o1777)
+    ws = _fork(gw, t["bot1"], {"base": str(base)})["workspace"]
+    assert run(gw, t["bot1"], {"command": "echo a > a.txt; echo mine > shared.txt",
+                               "workspace": ws})["state"] == "COMPLETED"
+    code, text = _commit(gw, t["bot1"], ws)
+    assert code == 403 and "shared.txt" in text and "a.txt" not in text and "nothing was written" in text, text
+    assert not (base / "a.txt").exists() and (base / "shared.txt").read_text() == "root's\n"
+
+
 def test_a_private_repository_is_not_exported_for_another_identity(gw: Gateway, someone: pwd.struct_passwd) -> None:
     """F6 and F21: another person's 0700 repository (and a 0700 directory) cannot be
     forked by an agent whose identity may not read it, at a revision or in place; what is

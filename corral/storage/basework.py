@@ -157,17 +157,29 @@ def _may_read(src: int, rel: str) -> bool:
 
 
 def _may_write(base: int, rel: str) -> bool:
-    """Whether the deepest existing directory on ``rel``'s way may be written here."""
+    """Whether the deepest existing directory on ``rel``'s way may be written here, and
+    ``rel`` replaced in it (a sticky directory keeps others' files from this identity)."""
+    parts = parts_of(rel)
     d = os.dup(base)
     try:
-        for part in parts_of(rel)[:-1]:
+        whole = True
+        for part in parts[:-1]:
             try:
                 nxt = os.open(part, PATH_FLAGS, dir_fd=d)
             except FileNotFoundError:
+                whole = False
                 break
             os.close(d)
             d = nxt
-        return os.access(".", os.W_OK | os.X_OK, dir_fd=d)
+        if not os.access(".", os.W_OK | os.X_OK, dir_fd=d):
+            return False
+        here = os.stat(".", dir_fd=d)
+        if not whole or not here.st_mode & stat.S_ISVTX or os.getuid() in (0, here.st_uid):
+            return True
+        try:
+            return os.stat(parts[-1], dir_fd=d, follow_symlinks=False).st_uid == os.getuid()
+        except FileNotFoundError:
+            return True
     finally:
         os.close(d)
 
