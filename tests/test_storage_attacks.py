@@ -226,7 +226,8 @@ def test_a_private_repository_is_not_exported_for_another_identity(gw: Gateway, 
         inplace = _fork(gw, t["bot1"], {"base": str(repo)})
         d = scratch / "workspaces" / str(inplace["workspace"])
         assert stat.S_IMODE((d / "fork.json").stat().st_mode) == 0o600
-        assert stat.S_IMODE(d.stat().st_mode) == 0o711 and stat.S_IMODE((scratch / "workspaces").stat().st_mode) == 0o711
+        for private in (d, scratch / "workspaces", scratch):
+            assert stat.S_IMODE(private.stat().st_mode) == 0o711, private
         nobody = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "sh", "-c",
                                  f"cat {trees[0]}/secret.txt; ls {scratch}/workspaces; cat {d}/fork.json"],
                                 capture_output=True, text=True)

@@ -68,7 +68,8 @@ def manifest(req: dict[str, Any]) -> dict[str, list[int]]:
     try:
         for rel, st, _ in entries(fd):
             if len(out) > MAX_FILES:
-                raise Refused("invalid", f"the base holds more than {MAX_FILES} files")
+                raise Refused("invalid", f"the base {req['base']} holds more than {MAX_FILES} files; fork a git commit "
+                                        "of it (rev) or the subdirectory the trial works in")
             if not stat.S_ISDIR(st.st_mode):
                 out[rel] = [st.st_size, st.st_mtime_ns]
     finally:
@@ -86,7 +87,7 @@ def resolve(req: dict[str, Any]) -> dict[str, Any]:
     except PermissionError:
         raise Refused("unreadable", f"{req['base']} cannot be reached") from None
     if not stat.S_ISDIR(st.st_mode):
-        raise Refused("invalid", f"{req['base']} is a file, not a directory")
+        raise Refused("invalid", f"the base {req['base']} is a file, not a directory; fork a directory")
     os.close(read_dir(real))
     return {"real": real}
 
@@ -246,7 +247,7 @@ def export(req: dict[str, Any]) -> dict[str, Any]:
     directory ``into`` if given (owned by this identity: a checkout of its own)."""
     rev = req["rev"]
     if not rev or rev.startswith("-") or any(c in rev for c in "\0\n"):
-        raise Refused("invalid", f"{rev!r} is not a revision")
+        raise Refused("invalid", f"{rev!r} is not a revision; name a branch, tag or hash")
     repo = open_root(req["repo"])
     try:
         git = ["git", "-c", "safe.directory=*", "-c", "core.fsmonitor=false", "-C", f"/proc/self/fd/{repo}"]
@@ -254,7 +255,8 @@ def export(req: dict[str, Any]) -> dict[str, Any]:
         r = subprocess.run([*git, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
                            capture_output=True, text=True, timeout=30, **kw)
         if r.returncode != 0:
-            raise Refused("invalid", f"{rev!r} is not a commit of the git repository {req['repo']}")
+            raise Refused("invalid", f"{rev!r} is not a commit of the git repository {req['repo']}; name a "
+                                    "branch, tag or hash")
         commit = r.stdout.strip()
         if req.get("into") is None:
             return {"commit": commit}
@@ -281,7 +283,11 @@ def _extract(git: list[str], kw: dict[str, Any], items: list[bytes], into: int) 
             meta, _, raw = entry.partition(b"\t")
             mode, kind, sha = meta.split()
             rel = os.fsdecode(raw)
-            parts = parts_of(rel)
+            try:
+                parts = parts_of(rel)
+            except Refused:
+                raise Refused("invalid", f"the commit holds the path {rel!r}, which climbs out of its tree (git "
+                                         "checkout would refuse it too); fork another commit") from None
             if any(p.lower() == ".git" for p in parts):
                 continue  # as git checkout: a tree's .git is never written
             d = walk(into, parts[:-1], create=True)

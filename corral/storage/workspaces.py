@@ -155,7 +155,7 @@ class Workspaces:
                                   "workspace (a job: rm PATH) and commit again; nothing was written")
         if e.kind in ("conflict", "failed"):
             return Conflict(f"the workspace's {verb} over {base} stopped: {e.message}")
-        return InvalidRequest(f"{e.message}; give the absolute path of the directory to fork")
+        return InvalidRequest(e.message)
 
     def fork(self, caller: Caller, base: str, rev: str | None = None) -> dict[str, Any]:
         """A new workspace over ``base`` (at git ``rev`` if given), read as the identity
