@@ -268,14 +268,16 @@ def test_scratch_someone_else_made_first_is_refused(tmp_path: Path) -> None:
     need_bwrap()
     home = tmp_path / "home"
     scratch = Path("/var/tmp") / f"corral-{hashlib.sha256(str(home).encode()).hexdigest()[:10]}"
-    subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "mkdir", "-m", "777",
-                    str(scratch)], check=True)
+    mine = "setpriv --reuid=nobody --regid=nogroup --clear-groups".split()
+    subprocess.run([*mine, "mkdir", "-m", "777", str(scratch)], check=True)
+    # a file in it: other test sessions' tidying removes empty scratch directories they did not see before
+    subprocess.run([*mine, "touch", str(scratch / "planted")], check=True)
     try:
         with pytest.raises(RuntimeError) as e:
             with running(tmp_path):
                 pass
         assert f"node-local scratch {scratch} is owned by nobody" in str(e.value), e.value
-        assert "rm -r" in str(e.value) and not any(scratch.iterdir())
+        assert "rm -r" in str(e.value) and [p.name for p in scratch.iterdir()] == ["planted"]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -286,16 +288,18 @@ def test_scratch_remade_after_a_cleaner_is_never_someone_elses(gw: Gateway, base
     adopt it, and nothing of the victim's lands in it."""
     t = tokens(gw, ("bot1", "alice"))
     scratch = _scratch(gw)
-    shutil.rmtree(scratch)
+    shutil.rmtree(scratch, ignore_errors=True)  # (other sessions' tidying may have removed it, empty, already)
     mine = "setpriv --reuid=nobody --regid=nogroup --clear-groups".split()
     subprocess.run([*mine, "mkdir", "-m", "755", str(scratch)], check=True)
     subprocess.run([*mine, "mkdir", "-m", "777", str(scratch / "workspaces")], check=True)
+    subprocess.run([*mine, "touch", str(scratch / "planted")], check=True)  # kept by other sessions' tidying
     with gw.http(t["bot1"]) as h:
         r = h.post("/v1/workspaces", json={"base": str(base)})
     assert r.status_code == 400 and f"node-local scratch {scratch} is owned by nobody" in r.text, r.text
-    assert run(gw, t["bot1"], {"command": "echo results > results.txt", "workdir": str(base)})["state"] == \
-        "COMPLETED"
-    assert sorted(p.name for p in scratch.iterdir()) == ["workspaces"] and not any((scratch / "workspaces").iterdir())
+    job = run(gw, t["bot1"], {"command": "echo results > results.txt", "workdir": str(base)})
+    assert job["state"] == "COMPLETED", job
+    assert sorted(p.name for p in scratch.iterdir()) == ["planted", "workspaces"]
+    assert not any((scratch / "workspaces").iterdir())
     log = (gw.home / "gateway.log").read_text()
     assert f"node-local scratch {scratch} is owned by nobody" in log
     shutil.rmtree(scratch)
