@@ -94,3 +94,29 @@ def test_manifest_and_listing_never_follow_links(tmp_path: Path) -> None:
     got = basework.manifest({"base": str(base)})
     assert sorted(got) == ["f", "link"]
     assert "SECRET" not in str(basefs.listing(str(base)))
+
+
+@pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true", reason="a root mount is what is attacked")
+def test_a_slurm_node_never_mounts_in_scratch_someone_else_made(tmp_path: Path) -> None:
+    """H4 F10 on a batch node: the job script (root) mounts the image under
+    /var/tmp/corral-<hash>/images; another user made that directory first on this node,
+    with a link where the mount point goes. Refused, naming it; nothing mounted."""
+    import shutil
+    import sys
+
+    from corral.storage.mounts import under
+
+    image = tmp_path / "img.sqsh"
+    image.write_bytes(b"not mounted")
+    scratch = Path(f"/var/tmp/corral-f10node{os.getpid()}")
+    mine = "setpriv --reuid=nobody --regid=nogroup --clear-groups".split()
+    subprocess.run([*mine, "mkdir", "-p", "-m", "777", str(scratch / "images")], check=True)
+    subprocess.run([*mine, "ln", "-s", str(tmp_path), str(scratch / "images" / "KEY")], check=True)
+    try:
+        r = subprocess.run([sys.executable, "-m", "corral.storage.mounts", "image", str(image),
+                            str(scratch / "images" / "KEY")], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+        assert r.returncode == 1 and f"node-local scratch {scratch} is owned by nobody" in r.stderr, r.stderr
+        assert not under(tmp_path) and not under(scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

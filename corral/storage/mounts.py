@@ -189,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not a.image.is_file():
             raise InvalidRequest(f"the environment image {a.image} is not on this node's filesystem")
+        if os.geteuid() == 0:  # root mounts only in this node's scratch as root made it, never in another's
+            from . import scratch
+
+            scratch.prepare(a.at.parent.parent, [a.at.parent.name])
         m = mount_image(a.image, a.at)
     except (BackendError, InvalidRequest) as e:
         print(f"corral: {e.message}", file=sys.stderr)
