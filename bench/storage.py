@@ -119,8 +119,8 @@ def gateway_side_ops(shared: Path, project: Path, image: Path, scratch: Path, tm
     """What the gateway does on the shared path for one trial: the fork's manifest walk and
     the image's mount (on a fresh mount point), each traced in a process of its own."""
     walk = tmp / "walk.strace"
-    traced([sys.executable, "-c", f"from pathlib import Path; from corral.storage.workspaces import _manifest; "
-                                  f"_manifest(Path({str(project)!r}))"], walk)
+    traced([sys.executable, "-c", f"from corral.storage.basework import manifest; "
+                                  f"manifest({{'base': {str(project)!r}}})"], walk)
     at = scratch / "bench-mount"
     mount = tmp / "mount.strace"
     traced([sys.executable, "-c", f"from pathlib import Path; from corral.storage.mounts import mount_image; "

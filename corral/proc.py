@@ -58,10 +58,12 @@ def run(
     input: str | None = None,
     check: bool = True,
     inherit_env: bool = True,
+    pass_fds: Sequence[int] = (),
 ) -> subprocess.CompletedProcess[str]:
     """Run a short command and return its output; a failure is a ``BackendError``
     that carries argv, return code and stderr. ``env`` is added to the gateway's
-    environment, or is the whole environment with ``inherit_env=False``."""
+    environment, or is the whole environment with ``inherit_env=False``; ``pass_fds``
+    stay open in it (a directory named to it as /proc/self/fd/N, opened without links)."""
     t0 = time.monotonic()
     try:
         cp = subprocess.run(
@@ -71,6 +73,7 @@ def run(
             capture_output=True,
             text=True,
             timeout=timeout,
+            pass_fds=tuple(pass_fds),
         )
     except FileNotFoundError:
         raise BackendError(f"{argv[0]} is not installed or not on PATH", argv=list(argv)) from None

@@ -34,7 +34,8 @@ from .identity import Identities
 from .paths import drop_pointer, write_pointer
 from .sandbox import Sandbox, build
 from .service import Service
-from .storage.verbs import scratch_dir
+from .storage.scratch import prepare as prepare_scratch
+from .storage.verbs import SCRATCH_DIRS, scratch_dir
 
 log = logging.getLogger("corral")
 
@@ -86,9 +87,9 @@ def _sandbox(settings: Settings, state: list[Path]) -> tuple[Sandbox, Egress | N
     sb = settings.sandbox
     # Workspaces and the trees they fork are each trial's own: hidden, the job's own bound back.
     scratch = scratch_dir(settings.storage, settings.home)
-    for sub in ("workspaces", "trees", "uv-cache"):
-        (scratch / sub).mkdir(parents=True, exist_ok=True)
-        state = [*state, scratch / sub]
+    # Made, or checked as ours and written by no one else: refused at start otherwise (storage/scratch.py).
+    prepare_scratch(scratch, SCRATCH_DIRS, {"uv-cache": 0o755})
+    state = [*state, *(scratch / sub for sub in SCRATCH_DIRS)]
     egress = Egress(settings.home / "egress", sb.allow_hosts) if sb.allow_hosts and sb.kinds and not sb.network \
         else None
     sandbox = build(sb.kinds, sb.hide, sb.network, sb.run_as, [settings.home, settings.db_path.parent, *state],

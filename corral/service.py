@@ -46,7 +46,7 @@ from .safety.gate import Gate, budgets, job_resource, job_text
 from .sandbox import Sandbox
 from . import workdirs
 from .identity import Identities, Identity
-from .storage.verbs import StorageVerbs, scratch_dir
+from .storage.verbs import SCRATCH_DIRS, StorageVerbs, scratch_dir
 
 if TYPE_CHECKING:
     from .egress import Egress
@@ -99,7 +99,7 @@ class Service:
         """The event stream of jobs' state changes (control/events.py)."""
         self.sender = Sender(db, self.lanes, self.progress)
         scratch = scratch_dir(settings.storage, settings.home)
-        self.sender.needed_dirs = [scratch / sub for sub in ("workspaces", "trees", "uv-cache")]
+        self.sender.needed_dirs = [scratch / sub for sub in SCRATCH_DIRS]
         self.storage = StorageVerbs(settings.storage, settings.home, db, self.lanes, self.sender, self.audit, sandbox,
                                     self.metrics, owner=self.identity_of)
         """Environment images, workspaces, metadata accounting (corral/storage/)."""

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from .conftest import Gateway, running
+from .conftest import Gateway, drop_scratch, running
 from .test_sandbox import need_bwrap
 
 DYNAMIC = (61184, 65519)
@@ -350,6 +350,7 @@ def test_a_gateway_run_as_a_service_account(project: Path, backend: str) -> None
     gw_proc = None
     try:
         home = Path(u.pw_dir) / "state"
+        drop_scratch(home)  # a former run's (same pid, same name, a deleted uid): refused as not this gateway's
         os.chown(project, u.pw_uid, u.pw_gid)
         project.chmod(0o755)
         from .conftest import free_port
@@ -403,6 +404,7 @@ def test_a_gateway_run_as_a_service_account(project: Path, backend: str) -> None
         time.sleep(0.5)
         subprocess.run(["userdel", "-r", name], capture_output=True)
         shutil.rmtree(f"/tmp/{name}", ignore_errors=True)
+        drop_scratch(Path(f"/tmp/{name}") / "state")
 
 
 def test_an_agents_job_writes_its_trial_workspace(gw: Gateway, project: Path) -> None:

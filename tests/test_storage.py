@@ -248,6 +248,7 @@ def test_workspaces_from_git_and_the_bad_bases(gw: tuple[Gateway, dict[str, str]
     (project / "README").write_text("uncommitted\n")
     with g.http(t["bot1"]) as h:
         w = h.post("/v1/workspaces", json={"base": str(project), "rev": "HEAD"}).json()
+        assert "workspace" in w, w
         job = _run(h, {"command": "cat README", "workspace": w["workspace"]})
         assert job["out"] == "calc\n", job  # the commit, not the working tree
         h.post(f"/v1/workspaces/{w['workspace']}/discard")

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Sequence
 
 from ..backends import SubmitContext
 from ..db import Database
-from ..errors import BackendError, CorralError
+from ..errors import BackendError, CorralError, InvalidRequest
 from ..jobs import Job, JobState
 from ..lanes import Lanes, Sent
 from ..principals import Principal
@@ -46,9 +47,15 @@ class Sender:
         binds): recreated if a cleaner (systemd-tmpfiles' age rule) removed them."""
 
     def _recreate_missing(self) -> None:
+        from ..storage import scratch
+
         for d in self.needed_dirs:
-            if not d.is_dir():
-                d.mkdir(parents=True, exist_ok=True)
+            if not os.path.isdir(d) or os.path.islink(d):
+                try:  # made again as at start: never one someone else made meanwhile (F10)
+                    scratch.prepare(d.parent, [d.name], {"uv-cache": 0o755})
+                except InvalidRequest as e:
+                    log.error("%s; %s", e.message, e.hint)
+                    continue
                 log.warning("%s was missing (removed by a cleaner?); made again", d)
 
     async def send(self, jobs: Sequence[tuple[Job, SubmitContext]], *, dispatch: bool = False,

@@ -33,7 +33,7 @@ from ..errors import Conflict, Forbidden, InvalidRequest, NotFound
 from ..jobs import JobSpec, JobState
 from ..output import read_tail
 from ..principals import Caller, Kind, Principal
-from . import mounts
+from . import mounts, scratch
 from .build import sha256_file
 
 if TYPE_CHECKING:
@@ -274,6 +274,8 @@ class Images:
                 # (lazily: jobs still reading the old one keep their view).
                 mounts.unmount(at)
                 self._verified[key] = (st.st_ino, st.st_mtime, st.st_size)
+            # Mounted as root at a path of scratch: never inside a directory someone else made (scratch.py).
+            scratch.prepare(self.mounts.parent, [self.mounts.name])
             m = mounts.mount_image(image, at)
         with self.store.tx() as c:
             c.execute("UPDATE env_images SET last_used=? WHERE key=?", (time.time(), key))

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import proc
-from ..errors import BackendError, InvalidRequest
+from ..errors import BackendError, Conflict, InvalidRequest
+from . import basefs
 
 UNPACKED_MARK = ".corral-unpacked"
 
@@ -106,28 +107,44 @@ def mount_image(image: Path, at: Path) -> Mounted:
 
 
 def mount_overlay(lower: Path, upper: Path, work: Path, at: Path) -> Mounted:
-    """``lower`` read-only under ``upper`` (the trial's changes) at ``at``."""
+    """``lower`` read-only under ``upper`` (the trial's changes) at ``at``. ``lower`` (an
+    agent's directory, or a tree of scratch) is opened without following a link in any
+    component and given to the mount by descriptor: a link swapped in since it was
+    checked is refused (Conflict), never mounted as the lower layer."""
     if mounted(at):
         return Mounted(str(at), "overlay", "already mounted on this node")
+    try:
+        low = basefs.open_root(str(lower))
+    except basefs.Refused as e:
+        raise Conflict(f"the base of this workspace cannot be mounted: {e.message}; discard the workspace and fork "
+                       "the directory itself again") from None
+    try:
+        return _mount_overlay(low, upper, work, at)
+    finally:
+        os.close(low)
+
+
+def _mount_overlay(low: int, upper: Path, work: Path, at: Path) -> Mounted:
     fresh = not upper.exists()
     for d in (upper, work, at):
         d.mkdir(parents=True, exist_ok=True)
     if fresh:  # the merged root shows the upper root's owner and mode: the base's, not root's 0755
-        st = lower.stat()
+        st = os.fstat(low)
         if os.geteuid() == 0:
             os.chown(upper, st.st_uid, st.st_gid)
         os.chmod(upper, stat.S_IMODE(st.st_mode))
-    opts = f"lowerdir={lower},upperdir={upper},workdir={work}"
+    opts = f"lowerdir=/proc/self/fd/{low},upperdir={upper},workdir={work}"
     tried = []
     if os.geteuid() == 0:
-        r = proc.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(at)], timeout=60, check=False)
+        r = proc.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(at)], timeout=60, check=False,
+                     pass_fds=(low,))
         if r.returncode == 0:
             return Mounted(str(at), "overlay", "root on this node: the kernel's overlayfs")
         tried.append(f"kernel overlay: {(r.stderr or '').strip()[:200]}")
     else:
         tried.append("kernel overlay: not root")
     if _fuse_ok() is None and shutil.which("fuse-overlayfs"):
-        r = proc.run(["fuse-overlayfs", "-o", opts, str(at)], timeout=60, check=False)
+        r = proc.run(["fuse-overlayfs", "-o", opts, str(at)], timeout=60, check=False, pass_fds=(low,))
         if r.returncode == 0:
             return Mounted(str(at), "fuse-overlayfs", "; ".join(tried) + " -> FUSE")
         tried.append(f"fuse-overlayfs: {(r.stderr or '').strip()[:200]}")
@@ -172,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not a.image.is_file():
             raise InvalidRequest(f"the environment image {a.image} is not on this node's filesystem")
+        if os.geteuid() == 0:  # root mounts only in this node's scratch as root made it, never in another's
+            from . import scratch
+
+            scratch.prepare(a.at.parent.parent, [a.at.parent.name])
         m = mount_image(a.image, a.at)
     except (BackendError, InvalidRequest) as e:
         print(f"corral: {e.message}", file=sys.stderr)

@@ -40,13 +40,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+SCRATCH_DIRS = ("workspaces", "trees", "uv-cache")
+"""Scratch's directories the sandbox hides (each trial's own is bound back)."""
 
 
 def scratch_dir(settings: StorageSettings, home: Path) -> Path:
-    """Node-local scratch: never under HOME (jobs see HOME's contents as empty)."""
+    """Node-local scratch: never under HOME (jobs see HOME's contents as empty). Where it
+    really lies: paths in it are walked without following links, and hidden by bwrap."""
     if settings.scratch is not None:
-        return settings.scratch
-    return Path("/var/tmp") / f"corral-{hashlib.sha256(str(home).encode()).hexdigest()[:10]}"
+        return Path(os.path.realpath(settings.scratch))
+    return Path(os.path.realpath("/var/tmp")) / f"corral-{hashlib.sha256(str(home).encode()).hexdigest()[:10]}"
 
 
 class StorageVerbs:

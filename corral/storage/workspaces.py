@@ -16,25 +16,33 @@ deletions, an opaque directory replaced its lower one. ``commit`` writes only th
 paths back into the base directory, after checking each against the fork-time state,
 and refuses, naming every conflicting path, if any moved; ``discard`` drops the
 workspace. One not committed or discarded expires after ``[storage] workspace_ttl_s``.
+
+The base is an agent's directory, so the gateway never opens a path in it: resolving
+it, its manifest, a revision's export, the lower side of ``diff`` and every write of
+``commit`` run in a child process that is the identity the caller's jobs run as
+(``run_as``, basework.py), walking without following links. A base that identity may
+not read is refused at the fork, one it may not write at the commit (docs/decisions/
+0024-workspace-base-as-its-identity.md). The upper layer and ``fork.json`` are
+corral's: in 0711 directories of scratch, ``fork.json`` 0600.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
-import stat
-import tarfile
+import subprocess
+import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .. import proc
-from ..errors import Conflict, InvalidRequest, NotFound
+from ..errors import Conflict, CorralError, Forbidden, InvalidRequest, NotFound
 from ..jobs import check_path
 from ..principals import Caller
-from . import mounts
+from . import basefs, basework, mounts, scratch
 
 if TYPE_CHECKING:
     from ..config import StorageSettings
@@ -44,90 +52,48 @@ if TYPE_CHECKING:
 MIN_FREE_MB = 64
 """A fork needs at least this much free node-local scratch: a trial's first write must not find it full."""
 _COLS = ("id", "principal", "base", "rev", "dir", "how", "created", "expires", "state")
-
-
-MAX_BASE_FILES = 100_000
-"""A directory base with more files is refused: fork a git commit of it, or a smaller tree."""
 VIRTUAL = ("/", "/proc", "/sys", "/dev", "/run")
+SYSTEM_PYTHON = "/usr/bin/python3"
+"""The child's interpreter: one any identity may run (the gateway's may lie in root's home)."""
+_BOOT = ("import sys\nns = {'__name__': 'corral_basework'}\n"
+         "for src in sys.argv[1:]:\n    exec(compile(src, 'corral-basework', 'exec'), ns)\n"
+         "sys.exit(ns['main']())\n")
+_SOURCES = [Path(basefs.__file__).read_text(), Path(basework.__file__).read_text()]
 
 
-def _manifest(base: Path) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for root, dirs, files in os.walk(base):
-        if len(out) > MAX_BASE_FILES:
-            raise InvalidRequest(f"the base {base} holds more than {MAX_BASE_FILES} files; fork a git commit of "
-                                 "it (rev) or the subdirectory the trial works in")
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
-            p = os.path.join(root, name)
-            st = os.lstat(p)
-            out[os.path.relpath(p, base)] = [st.st_size, st.st_mtime_ns]
-    return out
+def run_as(identity: "Identity | None", request: dict[str, Any], timeout: float = 900) -> Any:
+    """``request`` done by basework.py in a child process that is ``identity`` (None: the
+    gateway's own user) from before it starts: the gateway never opens a path in a base.
+    Raises basefs.Refused as the child refused, CorralError if it failed."""
+    who: dict[str, Any] = {}
+    if identity is not None and os.geteuid() == 0:
+        groups = [] if identity.dynamic else os.getgrouplist(identity.user, identity.gid)
+        who = {"user": identity.uid, "group": identity.gid, "extra_groups": groups}
+    python = SYSTEM_PYTHON if os.access(SYSTEM_PYTHON, os.X_OK) else sys.executable
+    try:
+        r = subprocess.run([python, "-I", "-S", "-c", _BOOT, *_SOURCES], input=json.dumps(request).encode(),
+                           capture_output=True, timeout=timeout, cwd="/",
+                           env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}, **who)
+    except subprocess.TimeoutExpired:
+        raise CorralError(f"the workspace's {request['verb']} took over {timeout:.0f} s and was stopped; "
+                          "fork a smaller tree (a subdirectory, or a git revision)") from None
+    try:
+        out = json.loads(r.stdout)
+    except ValueError:
+        raise CorralError(f"the workspace's {request['verb']} failed: "
+                          f"{r.stderr.decode(errors='replace').strip()[-400:]}") from None
+    if "error" in out:
+        e = out["error"]
+        raise basefs.Refused(e["kind"], e["message"], e["paths"])
+    return out["ok"]
 
 
-def _whiteout(path: Path, st: os.stat_result) -> bool:
-    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+def _as(identity: "Identity | None") -> str:
+    return identity.describe() if identity is not None else "the gateway's user"
 
 
-def _opaque(path: Path) -> bool:
-    for attr in ("trusted.overlay.opaque", "user.overlay.opaque", "user.fuseoverlayfs.opaque"):
-        try:
-            if os.getxattr(path, attr) == b"y":
-                return True
-        except OSError:
-            continue
-    return False
-
-
-def changes(upper: Path, lower: Path) -> Iterator[tuple[str, str]]:
-    """(status, relative path) of what a trial changed: added, modified, deleted."""
-    for root, dirs, files in os.walk(upper):
-        r = Path(root)
-        rel_root = r.relative_to(upper)
-        if r != upper and _opaque(r):  # the lower directory was replaced whole
-            low = lower / rel_root
-            if low.is_dir():
-                for p in sorted(low.rglob("*")):
-                    if not p.is_dir() and not (upper / p.relative_to(lower)).exists():
-                        yield "deleted", str(p.relative_to(lower))
-        for name in sorted(files + [d for d in dirs if (r / d).is_symlink()]):
-            p = r / name
-            rel = rel_root / name
-            if name.startswith(".wh.") and name != ".wh..wh..opq":
-                yield "deleted", str(rel_root / name[4:])
-                continue
-            if name == ".wh..wh..opq":
-                continue
-            st = os.lstat(p)
-            if _whiteout(p, st):
-                low = lower / rel
-                if low.is_dir() and not low.is_symlink():
-                    for q in sorted(low.rglob("*")):
-                        if not q.is_dir():
-                            yield "deleted", str(q.relative_to(lower))
-                else:
-                    yield "deleted", str(rel)
-            elif os.path.lexists(lower / rel):
-                if not _same(p, lower / rel):
-                    yield "modified", str(rel)
-            else:
-                yield "added", str(rel)
-
-
-def _same(a: Path, b: Path) -> bool:
-    sa, sb = os.lstat(a), os.lstat(b)
-    if stat.S_IFMT(sa.st_mode) != stat.S_IFMT(sb.st_mode) or stat.S_IMODE(sa.st_mode) != stat.S_IMODE(sb.st_mode):
-        return False
-    if stat.S_ISLNK(sa.st_mode):
-        return os.readlink(a) == os.readlink(b)
-    if sa.st_size != sb.st_size:
-        return False
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        while True:
-            x, y = fa.read(1 << 20), fb.read(1 << 20)
-            if x != y:
-                return False
-            if not x:
-                return True
+def _listed(paths: list[str]) -> str:
+    return f"{', '.join(sorted(paths)[:50])}{' ...' if len(paths) > 50 else ''}"
 
 
 class Workspaces:
@@ -148,42 +114,87 @@ class Workspaces:
         return dict(zip(_COLS, r))
 
     def _free_mb(self) -> float:
-        self.root.mkdir(parents=True, exist_ok=True)
+        scratch.prepare(self.root.parent, [self.root.name, self.trees.name])
         st = os.statvfs(self.root)
         return st.f_bavail * st.f_frsize / 2**20
 
+    def _refusal(self, e: basefs.Refused, base: str, ident: "Identity | None", verb: str) -> CorralError:
+        """What the child's refusal means to the caller, and what to do next."""
+        who = _as(ident)
+        if e.kind == "unreadable" and e.paths:
+            return Forbidden(f"{who}, the identity your jobs run as, cannot read {_listed(e.paths)} in the workspace "
+                             "(written by another identity); nothing was written: corral commits a workspace as "
+                             "that identity (rule workspace-unreadable)", rule="workspace-unreadable",
+                             hint="make them readable from a job of the workspace's owner (chmod a+r), or let its "
+                                  "owner commit")
+        if e.kind == "unreadable":
+            return Forbidden(f"the base {base} cannot be read by {who}, the identity your jobs run as: corral "
+                             f"{verb}s a workspace as that identity, so a trial sees only what its jobs could "
+                             f"({e.message}; rule workspace-base-unreadable)", rule="workspace-base-unreadable",
+                             hint="fork a directory that identity may read, or ask its owner to grant read access "
+                                  "(chmod, or a group the identity is in)")
+        if e.kind == "unwritable":
+            where = f"at {_listed(e.paths)}" if e.paths else f"({e.message})"
+            return Forbidden(f"{who}, the identity your jobs run as, may not write the base {base} {where}; "
+                             "nothing was written: corral commits a workspace as that identity (rule "
+                             "workspace-base-unwritable)", rule="workspace-base-unwritable",
+                             hint="ask the base's owner to make it writable by that identity, or copy what you "
+                                  "need from a job of the workspace into a directory it may write")
+        if e.kind == "gone":
+            return InvalidRequest(f"the base {base} is not a directory (it does not exist, or is a file); "
+                                  "fork an existing directory") if verb == "fork" else \
+                Conflict(f"the base {base} is gone; nothing was written. Discard the workspace, or restore the "
+                         "base and commit again")
+        if e.kind == "conflict" and e.paths:
+            return Conflict(f"the base {base} changed since the workspace was forked, at: {_listed(e.paths)} (a "
+                            "link where a directory was counts as a change); nothing was written. Fork again "
+                            "from the base as it is now and redo the change there, or discard this workspace")
+        if e.kind == "invalid" and e.paths:
+            return InvalidRequest(f"{_listed(e.paths)} in the workspace are neither regular files nor links (a FIFO, "
+                                  "a socket or a device); corral commits files and links only. Remove them in the "
+                                  "workspace (a job: rm PATH) and commit again; nothing was written")
+        if e.kind in ("conflict", "failed"):
+            return Conflict(f"the workspace's {verb} over {base} stopped: {e.message}")
+        return InvalidRequest(e.message)
+
     def fork(self, caller: Caller, base: str, rev: str | None = None) -> dict[str, Any]:
-        """A new workspace over ``base`` (at git ``rev`` if given). Blocking: off the loop."""
+        """A new workspace over ``base`` (at git ``rev`` if given), read as the identity
+        the caller's jobs run as. Blocking: off the loop."""
         self.expire()
         try:
             check_path(base, "the base of a workspace")
-            b = Path(os.path.realpath(base))
-        except (ValueError, OSError) as e:
+        except ValueError as e:
             raise InvalidRequest(f"{e}; give the absolute path of the directory to fork") from None
-        if str(b) in VIRTUAL or any(b.is_relative_to(v) for v in VIRTUAL[1:]):
-            raise InvalidRequest(f"{base} is not a project directory; fork the directory your trial works in")
+        if rev is not None and (not rev or rev.startswith("-") or any(ord(c) < 32 for c in rev)):
+            raise InvalidRequest(f"{rev!r} is not a revision; name a branch, tag or commit hash")
+        ident = self.owner(caller)
         hidden = self.hidden(caller)
-        if any(b == h or b.is_relative_to(h) or (b != Path("/") and h.is_relative_to(b)) for h in hidden):
-            raise InvalidRequest(f"{base} is, or holds, a path your jobs may not see; fork a directory without "
-                                 "credentials or others' files in it")
-        if not b.is_dir():
-            raise InvalidRequest(f"the base {base} is not a directory (it does not exist, or is a file); "
-                                 "fork an existing directory")
-        free = self._free_mb()
-        if free < MIN_FREE_MB:
-            raise InvalidRequest(f"node-local scratch {self.root} has only {free:.0f} MB free (a workspace needs "
-                                 f"at least {MIN_FREE_MB}); discard workspaces you no longer need "
-                                 "(corral workspace list), or ask the admin to free [storage] scratch")
-        if rev is not None:
-            lower = self._export(b, rev, self.owner(caller))
-            meta: dict[str, Any] = {"lower": str(lower)}
-        else:
-            lower = b
-            meta = {"lower": str(b), "manifest": _manifest(b)}
+        try:
+            self._allowed(base, Path(os.path.realpath(base)), hidden)
+            b = Path(run_as(ident, {"verb": "resolve", "base": base})["real"])
+            if b != Path(os.path.realpath(base)):  # a link moved meanwhile: judged on one path, never two
+                raise Conflict(f"the base {base} changed while it was being forked (a link in its path moved); "
+                               "fork it again")
+            self._allowed(base, b, hidden)
+            free = self._free_mb()
+            if free < MIN_FREE_MB:
+                raise InvalidRequest(f"node-local scratch {self.root} has only {free:.0f} MB free (a workspace "
+                                     f"needs at least {MIN_FREE_MB}); discard workspaces you no longer need "
+                                     "(corral workspace list), or ask the admin to free [storage] scratch")
+            if rev is not None:
+                lower = self._export(b, rev, ident)
+                meta: dict[str, Any] = {"lower": str(lower)}
+            else:
+                lower = b
+                meta = {"lower": str(b), "manifest": run_as(ident, {"verb": "manifest", "base": str(b)})}
+        except basefs.Refused as e:
+            raise self._refusal(e, base, ident, "fork") from None
         ws_id = "ws-" + secrets.token_hex(6)
         d = self.root / ws_id
-        d.mkdir(parents=True)
-        (d / "fork.json").write_text(json.dumps(meta))
+        os.mkdir(d, 0o711)  # traversable to its merged view, never listable
+        # Names and sizes of the base's files: corral's alone.
+        with open(os.open(d / "fork.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w") as f:
+            json.dump(meta, f)
         try:
             m = mounts.mount_overlay(lower, d / "upper", d / "work", d / "merged")
         except Exception:
@@ -196,36 +207,36 @@ class Workspaces:
                        now + self.settings.workspace_ttl_s))
         return self.describe(caller, ws_id) | {"why": m.why}
 
+    @staticmethod
+    def _allowed(base: str, b: Path, hidden: Sequence[Path]) -> None:
+        if str(b) in VIRTUAL or any(b.is_relative_to(v) for v in VIRTUAL[1:]):
+            raise InvalidRequest(f"{base} is not a project directory; fork the directory your trial works in")
+        if any(b == h or b.is_relative_to(h) or (b != Path("/") and h.is_relative_to(b)) for h in hidden):
+            raise InvalidRequest(f"{base} is, or holds, a path your jobs may not see; fork a directory without "
+                                 "credentials or others' files in it")
+
     def _export(self, repo: Path, rev: str, owner: "Identity | None" = None) -> Path:
-        """The files of ``rev``, extracted once per commit and identity. The tree belongs
-        to the identity the trial's jobs run as (a checkout of one's own), so that they can
-        write it through the overlay; one identity's tree is never another's lower layer."""
-        # Read (never written) as the gateway's user: a repository of someone else's is no "dubious ownership".
-        git = ["git", "-c", "safe.directory=*", "-C", str(repo)]
-        r = proc.run([*git, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], timeout=30, check=False)
-        if r.returncode != 0:
-            raise InvalidRequest(f"{rev!r} is not a commit of the git repository {repo}; name a branch, tag or hash")
-        commit = r.stdout.strip()
+        """The files of ``rev``, extracted once per commit and identity, by that identity
+        (git plumbing as it: the repository is read only as far as it may read it, and no
+        filter or hook of the repository's runs). The tree is that identity's (0700: a
+        checkout of its own), so the trial's jobs write it through the overlay; one
+        identity's tree is never another's lower layer."""
+        commit = run_as(owner, {"verb": "export", "repo": str(repo), "rev": rev})["commit"]
+        if not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit):  # it names a path of root's
+            raise CorralError(f"git named no commit for {rev!r} in {repo} (it said {commit[:80]!r})")
         tree = self.trees / (commit if owner is None else f"{commit}-{owner.uid}")
         if not tree.is_dir():
-            tmp = self.trees / f".{commit}.{os.getpid()}"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            archive = tmp.with_suffix(".tar")
-            proc.run([*git, "archive", "--format=tar", "-o", str(archive), commit], timeout=600)
-            with tarfile.open(archive, mode="r:") as tf:
-                tf.extractall(tmp, filter="tar")
-            archive.unlink()
-            if owner is not None:
-                # Extracted by corral, not yet seen by any job: nothing in it is an agent's link.
-                for root, dirs, files in os.walk(tmp):
-                    for name in [*dirs, *files]:
-                        os.lchown(os.path.join(root, name), owner.uid, owner.gid)
-                os.lchown(tmp, owner.uid, owner.gid)
+            tmp = self.trees / f".{commit}.{os.getpid()}.{secrets.token_hex(4)}"
+            os.mkdir(tmp, 0o700)  # in corral's own 0711 directory: nobody else's link can be here
+            if owner is not None and os.geteuid() == 0:
+                os.chown(tmp, owner.uid, owner.gid)
             try:
+                run_as(owner, {"verb": "export", "repo": str(repo), "rev": commit, "into": str(tmp)})
                 tmp.rename(tree)
-            except OSError:
-                shutil.rmtree(tmp, ignore_errors=True)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)  # fd-based: links the export made are not followed
+                if not tree.is_dir():
+                    raise
         return tree
 
     def describe(self, caller: Caller, ws_id: str) -> dict[str, Any]:
@@ -240,7 +251,7 @@ class Workspaces:
         after a reboot)."""
         r = self._row(caller, ws_id)
         d = Path(r["dir"])
-        lower = Path(json.loads((d / "fork.json").read_text())["lower"])
+        lower = Path(self._fork_of(d)["lower"])
         if not lower.is_dir():
             raise Conflict(f"the base of workspace {ws_id} ({r['base']}) is gone; discard the workspace "
                            "(corral workspace discard) and fork again from where the project is now")
@@ -254,12 +265,21 @@ class Workspaces:
                                             "ORDER BY created") if caller.sees(r[1])]
         return [self.describe(caller, i) for i in ids]
 
+    def _fork_of(self, d: Path) -> dict[str, Any]:
+        with open(os.open(d / "fork.json", os.O_RDONLY | os.O_NOFOLLOW)) as f:
+            fork: dict[str, Any] = json.load(f)
+        return fork
+
     def diff(self, caller: Caller, ws_id: str) -> dict[str, Any]:
         r = self._row(caller, ws_id)
         d = Path(r["dir"])
-        lower = Path(json.loads((d / "fork.json").read_text())["lower"])
+        ident = self.owner(caller)
+        try:
+            found = changes(d / "upper", Path(self._fork_of(d)["lower"]), _source(d), ident)
+        except basefs.Refused as e:
+            raise self._refusal(e, r["base"], ident, "diff") from None
         out: dict[str, list[str]] = {"added": [], "modified": [], "deleted": []}
-        for status, rel in changes(d / "upper", lower):
+        for status, rel in found:
             out[status].append(rel)
         return {"workspace": ws_id, **out, "upper_bytes": _du(d / "upper")}
 
@@ -274,56 +294,19 @@ class Workspaces:
                            f"{'them' if len(busy) > 1 else 'it'} (or cancel) and {verb} again")
 
     def commit(self, caller: Caller, ws_id: str) -> dict[str, Any]:
-        """The trial's changes into the base, all or none: refused with every conflicting path."""
+        """The trial's changes into the base, all or none, written by the identity the
+        caller's jobs run as (basework.py: never by the gateway, never through a link):
+        refused with every conflicting path, or every path it may not write."""
         r = self._row(caller, ws_id)
         self._idle(ws_id, "commit")
-        d, base = Path(r["dir"]), Path(r["base"])
-        fork = json.loads((d / "fork.json").read_text())
-        lower = Path(fork["lower"])
-        if not base.is_dir():
-            raise Conflict(f"the base {base} of workspace {ws_id} is gone; nothing was written. Discard the "
-                           "workspace, or restore the base and commit again")
-        todo = list(changes(d / "upper", lower))
-        manifest = fork.get("manifest")
-        conflicts = []
-        for _, rel in todo:
-            now = base / rel
-            if manifest is not None:  # a directory base: as it was at the fork?
-                was = manifest.get(rel)
-                is_ = [now.lstat().st_size, now.lstat().st_mtime_ns] if os.path.lexists(now) else None
-                if was != is_:
-                    conflicts.append(rel)
-            else:  # a git base: the working tree's file as the commit had it?
-                if os.path.lexists(now) != os.path.lexists(lower / rel) or \
-                        (os.path.lexists(now) and not now.is_dir() and not _same(now, lower / rel)):
-                    conflicts.append(rel)
-        if conflicts:
-            raise Conflict(f"the base {base} changed since workspace {ws_id} was forked, at: "
-                           f"{', '.join(sorted(conflicts)[:50])}{' ...' if len(conflicts) > 50 else ''}; nothing "
-                           "was written. Fork again from the base as it is now and redo the change there, or "
-                           "discard this workspace")
-        merged = d / "merged"
-        for status, rel in todo:
-            dst = base / rel
-            if status == "deleted":
-                if dst.is_dir() and not dst.is_symlink():
-                    shutil.rmtree(dst)
-                else:
-                    dst.unlink(missing_ok=True)
-                continue
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dst.with_name(f".{dst.name}.corral-{os.getpid()}")
-            src = merged / rel if mounts.mounted(merged) else d / "upper" / rel
-            # Written by the gateway, owned as before (or as the directory it lands in), not by root.
-            owner = (dst if os.path.lexists(dst) else dst.parent).lstat()
-            if src.is_symlink():
-                tmp.unlink(missing_ok=True)
-                os.symlink(os.readlink(src), tmp)
-            else:
-                shutil.copy2(src, tmp)
-            if os.geteuid() == 0:
-                os.lchown(tmp, owner.st_uid, owner.st_gid)
-            os.replace(tmp, dst)
+        d, base = Path(r["dir"]), r["base"]
+        fork = self._fork_of(d)
+        ident = self.owner(caller)
+        try:
+            todo = run_as(ident, {"verb": "commit", "base": base, "lower": fork["lower"], "src": str(_source(d)),
+                                  "manifest": fork.get("manifest"), **basefs.listing(str(d / "upper"))})
+        except basefs.Refused as e:
+            raise self._refusal(e, base, ident, "commit") from None
         self._drop(ws_id, d, "committed")
         done: dict[str, list[str]] = {"added": [], "modified": [], "deleted": []}
         for status, rel in todo:
@@ -355,12 +338,30 @@ class Workspaces:
         return gone
 
 
+def _source(d: Path) -> Path:
+    """Where a trial's files are read: its merged view while mounted, else its upper layer."""
+    return d / "merged" if mounts.mounted(d / "merged") else d / "upper"
+
+
+def changes(upper: Path, lower: Path, src: Path | None = None,
+            identity: "Identity | None" = None) -> list[tuple[str, str]]:
+    """(status, relative path) of what a trial changed: added, modified, deleted. The
+    upper layer is listed here (overlayfs' opaque marks are root's xattrs); the lower,
+    which may be an agent's directory, is read by ``identity``."""
+    found = run_as(identity, {"verb": "changes", "lower": str(lower), "src": str(src or upper),
+                              **basefs.listing(str(upper))})
+    return [(status, rel) for status, rel in found]
+
+
 def _du(path: Path) -> int:
-    total = 0
-    for root, dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
-            except OSError:
-                pass
-    return total
+    """Bytes of the upper layer, walked by descriptor: a link a job made is not followed."""
+    try:
+        fd = basefs.read_dir(str(path))
+    except (OSError, basefs.Refused):
+        return 0
+    try:
+        return sum(st.st_blocks * 512 for _, st, _ in basefs.entries(fd))
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
