@@ -26,7 +26,7 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..clock import Clock
 from ..db import Database
@@ -34,7 +34,11 @@ from ..errors import Forbidden, InvalidRequest, NotFound
 from ..jobs import Job, JobSpec
 from ..principals import Caller, Kind, Principal
 from ..safety import guard
+from .. import safe_read
 from . import semantic, signatures
+
+if TYPE_CHECKING:
+    from ..identity import Identity
 
 SCOPES = ("facility", "account", "user", "agent", "session")
 COMMON_SHARE = 0.05
@@ -84,21 +88,32 @@ def resources(spec: JobSpec) -> str:
     return f"cpus={spec.cpus} mem={spec.memory_mb}M gpus={spec.gpus} partition={spec.partition or '-'}"
 
 
-def cache_key(spec: JobSpec) -> str:
+def cache_key(spec: JobSpec, identity: "Identity | None" = None) -> str:
     """What decides a result: the script, the declared inputs' contents, the environment,
-    the working directory and the resources. Any change is a new key."""
+    the working directory and the resources. Any change is a new key. The inputs are read
+    as ``identity``, the job's (None: the gateway's own user), plain files only and
+    bounded (corral/safe_read.py): an input the job could not read is refused, with one
+    answer whether it is missing or only not the job's to read."""
     h = hashlib.sha256()
     h.update(fingerprint(spec).encode())
     h.update(json.dumps({"env": spec.env, "workdir": spec.workdir, "res": resources(spec),
                          "walltime": spec.walltime_s}, sort_keys=True).encode())
-    for path in sorted(spec.inputs or []):
-        h.update(path.encode())
+    paths = sorted(spec.inputs or [])
+    if paths:
         try:
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-        except OSError as e:
-            raise InvalidRequest(f"input {path!r} cannot be read ({e.strerror}); fix the path or drop it") from None
+            h.update(safe_read.hash_inputs(paths, identity).encode())
+        except safe_read.InputRefused as e:
+            who = identity.describe() if identity is not None else "the job's user"
+            if e.why == "large":
+                raise InvalidRequest(
+                    f"the inputs from {paths[e.index]!r} on pass {safe_read.MAX_INPUT_BYTES >> 20} MiB together, "
+                    "more than corral hashes at submit", hint="name fewer or smaller inputs, or submit without cache"
+                ) from None
+            if e.index < 0 or e.index >= len(paths):
+                raise InvalidRequest(f"the inputs cannot be hashed: {e.why}", hint="name fewer inputs") from None
+            raise InvalidRequest(
+                f"input {paths[e.index]!r} cannot be read as {who}: it is missing, not a plain file, or not "
+                "that identity's to read", hint="fix the path or drop it from inputs") from None
     return h.hexdigest()
 
 
@@ -107,12 +122,13 @@ def _mem(mb: int) -> str:
 
 
 def read_tail(paths: tuple[Path, Path], limit: int = 16_384) -> str:
+    """The ends of a failed job's stdout and stderr, for its error signature: plain files
+    only, never through a link, ``limit`` bytes each (read as the reconciler records the
+    outcome, so it must never block: corral/safe_read.py)."""
     out = []
     for p in paths:
         try:
-            with open(p, "rb") as f:
-                f.seek(max(0, p.stat().st_size - limit))
-                out.append(f.read().decode("utf-8", "replace"))
+            out.append(safe_read.read_tail(p, limit).decode("utf-8", "replace"))
         except OSError:
             continue
     return "\n".join(out)
