@@ -117,6 +117,13 @@ def cache_key(spec: JobSpec, identity: "Identity | None" = None) -> str:
     return h.hexdigest()
 
 
+def _quoted(episode: dict[str, Any]) -> str:
+    """An episode's error detail, which its job wrote: secrets redacted, and always
+    between nonce'd delimiters as data (corral/safety/guard.py), whoever reads it."""
+    clean, _ = guard.redact(str(episode["detail"]))
+    return guard.delimit(clean, f"output of job {episode['job_id']}", guard.injection(clean))
+
+
 def _mem(mb: int) -> str:
     return f"{mb // 1024}G" if mb % 1024 == 0 else f"{mb}M"
 
@@ -175,14 +182,16 @@ class Memory:
         return {"signature": r[0], "detail": r[1], "deterministic": bool(r[2])} if r else None
 
     def _episodes(self, principal: Principal, fp: str) -> list[dict[str, Any]]:
-        where, args = "fingerprint=? AND family=?", [fp, family(principal)]
+        where, args = "e.fingerprint=? AND e.family=?", [fp, family(principal)]
         if self.share_account and principal.account:
-            where, args = "fingerprint=? AND (family=? OR account=?)", [fp, family(principal), principal.account]
+            where, args = "e.fingerprint=? AND (e.family=? OR e.account=?)", [fp, family(principal), principal.account]
         rows = self.db.conn.execute(
-            f"""SELECT job_id, principal, resources, memory_mb, state, exit_code, signature, detail, deterministic, ended
-                FROM episodes WHERE {where} ORDER BY ended DESC LIMIT 50""", args).fetchall()
+            f"""SELECT e.job_id, e.principal, e.resources, e.memory_mb, e.state, e.exit_code, e.signature, e.detail,
+                       e.deterministic, e.ended, json_extract(j.spec, '$.workdir')
+                FROM episodes e LEFT JOIN jobs j ON j.id = e.job_id
+                WHERE {where} ORDER BY e.ended DESC LIMIT 50""", args).fetchall()
         keys = ("job_id", "principal", "resources", "memory_mb", "state", "exit_code", "signature", "detail",
-                "deterministic", "ended")
+                "deterministic", "ended", "workdir")
         return [dict(zip(keys, r, strict=True)) for r in rows]
 
     def advise(self, principal: Principal, spec: JobSpec) -> tuple[list[str], str | None]:
@@ -199,7 +208,7 @@ class Memory:
         hints = {n: h for n, _, _, h in signatures.PATTERNS} | {v[0]: v[2] for v in signatures.STATE_SIGNATURES.values()}
         for name, fs in failures.items():
             last = fs[0]
-            what = f"{name}: {last['detail']}" if last["detail"] else name
+            what = f"{name}: {_quoted(last)}" if last["detail"] else name
             at = f" at {_mem(last['memory_mb'])}" if name == "out_of_memory" else ""
             advice.append(f"this script failed {len(fs)} time(s) with {what}{at} (last: job {last['job_id']}); "
                           f"{hints.get(name, '')}".rstrip("; "))
@@ -212,13 +221,18 @@ class Memory:
         if ok and not failures:
             advice.append(f"this script succeeded {len(ok)} time(s) before (last: job {ok[0]['job_id']}, "
                           f"{ok[0]['resources']})")
-        same = [e for e in eps if e["resources"] == res]
+        # Refused only as a repeat of the submitter's own failure in the same directory: a
+        # sibling agent's failure elsewhere is advice, never a refusal (H4 F15: one agent's
+        # output must not stop, or speak to, another).
+        same = [e for e in eps if e["resources"] == res and e["principal"] == principal.name
+                and e["workdir"] == spec.workdir]
         refuse = None
         if same and same[0]["deterministic"] and self.clock.time() - same[0]["ended"] < REPEAT_WINDOW_S and not spec.force:
             n = sum(1 for e in same if e["signature"] == same[0]["signature"])
-            refuse = (f"this exact job (same script, {res}) failed {n} time(s) with {same[0]['signature']}"
-                      f"{': ' + same[0]['detail'] if same[0]['detail'] else ''} (last: job {same[0]['job_id']}), "
-                      "and that failure repeats by itself; change the script or resources, or resubmit with force")
+            refuse = (f"this exact job (same script, {res}, same workdir) failed {n} time(s) with "
+                      f"{same[0]['signature']}{': ' + _quoted(same[0]) if same[0]['detail'] else ''} "
+                      f"(last: job {same[0]['job_id']}), and that failure repeats by itself; change the script or "
+                      "resources, or resubmit with force")
         return advice, refuse
 
     # -- notes ----------------------------------------------------------------------------
