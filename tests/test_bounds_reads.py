@@ -137,6 +137,13 @@ def _swap(path: Path, to: str, owner: pwd.struct_passwd) -> None:
     os.lchown(path, owner.pw_uid, owner.pw_gid)
 
 
+def _file(jobs: Path, job_id: int, name: str) -> Path:
+    """Where the job's own user writes ``name``: its job directory, or the ``out/`` in it
+    that is all the user owns where corral keeps its own record apart."""
+    d = jobs / str(job_id)
+    return d / "out" / name if (d / "out").is_dir() else d / name
+
+
 def _until(what: Any, timeout: float = 90) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -163,15 +170,15 @@ def test_fifos_and_links_in_a_job_directory_never_stall_the_gateway(
             # (c)+(b): started and stderr become FIFOs while the job runs; it then fails.
             a = h.post("/v1/jobs", json={"command": "echo hello; echo oops >&2; sleep 4; exit 3",
                                          "workdir": str(work), "walltime": "60s"}).json()["id"]
-            _until(lambda: (jobs / str(a) / "started").exists())
-            _swap(jobs / str(a) / "started", "fifo", unix_user)
-            _swap(jobs / str(a) / "stderr", "fifo", unix_user)
+            _until(lambda: (_file(jobs, a, "started")).exists())
+            _swap(_file(jobs, a, "started"), "fifo", unix_user)
+            _swap(_file(jobs, a, "stderr"), "fifo", unix_user)
             # A job whose output is a link to root's file, not read before the swap.
             c = h.post("/v1/jobs", json={"command": "echo mine", "workdir": str(work),
                                          "walltime": "60s"}).json()["id"]
-            _until(lambda: (jobs / str(c) / "ended").exists())
-            _swap(jobs / str(c) / "stdout", str(canary / "root-only.txt"), unix_user)
-            _swap(jobs / str(c) / "stderr", "/dev/zero", unix_user)
+            _until(lambda: (_file(jobs, c, "ended")).exists())
+            _swap(_file(jobs, c, "stdout"), str(canary / "root-only.txt"), unix_user)
+            _swap(_file(jobs, c, "stderr"), "/dev/zero", unix_user)
         with gw.http(t["other"]) as h:  # another agent's job still moves through its states
             b = h.post("/v1/jobs", json={"command": "echo B", "walltime": "60s"}).json()["id"]
             assert h.get(f"/v1/jobs/{b}/wait", params={"timeout": 60}).json()["state"] == "COMPLETED"
@@ -182,7 +189,7 @@ def test_fifos_and_links_in_a_job_directory_never_stall_the_gateway(
             assert done["state"] in ("FAILED", "COMPLETED") and done.get("exit_code") in (3, None), done
             assert _healthy(gw)
             # (a): stdout a FIFO after the end; ten reads at once, then everyone is still served.
-            _swap(jobs / str(a) / "stdout", "fifo", unix_user)
+            _swap(_file(jobs, a, "stdout"), "fifo", unix_user)
             codes: list[int] = []
 
             def read() -> None:
