@@ -12,11 +12,17 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import Forbidden, InvalidRequest, NotFound, Unauthenticated
 from ..principals import Caller, Kind, Principal, check_session, secret_matches, split_token
-from .tokens import PREFIX, Capability, Caveats
+from .tokens import PREFIX, Capability, Caveats, precheck
 
 if TYPE_CHECKING:
     from ..db import Database
     from .gate import Gate
+
+
+VERIFY_PER_S = 20.0
+"""Verifications per second of tokens not seen before, per root token (all its narrowed
+variants together); an honest agent verifies each of its tokens once."""
+VERIFY_BURST = 100.0
 
 
 class Credentials:
@@ -35,6 +41,12 @@ class Credentials:
             raise Unauthenticated("no token given; send 'Authorization: Bearer <token>' or set CORRAL_TOKEN")
         hit = self._cache.get(token)
         if hit is None or (hit[0] is not None and hit[0] < self.gate.clock.time()):
+            if token.startswith(PREFIX):
+                # Bounded before the signatures are checked, and charged: a flood of fresh
+                # variants of one token is refused (429) before the costly part (H4 F20).
+                root = precheck(token)
+                self.gate.buckets.take_all([(f"verify:{root}", 1.0, VERIFY_PER_S, VERIFY_BURST,
+                                             "fresh variants of one token")], self.gate.clock.monotonic())
             hit = self._verify(token)
             if len(self._cache) > 10_000:
                 self._cache.clear()
