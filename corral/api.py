@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hmac
 import json
 import logging
 import math
@@ -352,8 +353,23 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     @app.get("/metrics", tags=["ops"], response_class=Response,
              responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
                               "description": "Prometheus text format"}})
-    async def metrics() -> Response:
-        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
+    async def metrics(authorization: Annotated[str | None, Header()] = None) -> Response:
+        """Prometheus text. Without an admin's token or ``metrics_token`` (the scrape
+        secret), figures per person are summed (sponsors' budgets: one '(all)')."""
+        return Response(service.metrics.render(detailed=_may_see_people(authorization)),
+                        media_type="text/plain; version=0.0.4")
+
+    def _may_see_people(authorization: str | None) -> bool:
+        token = bearer_token(authorization)
+        if not token:
+            return False
+        secret = service.settings.metrics_token
+        if secret and hmac.compare_digest(token.encode(), secret.encode()):
+            return True
+        try:
+            return service.authenticate(token).principal.is_admin
+        except CorralError:
+            return False
 
     @app.get("/v1/whoami", tags=["principals"], responses={200: {"model": WhoamiOut}})
     async def whoami(c: Caller = Depends(caller)) -> Response:
