@@ -6,7 +6,8 @@ thread, or the event loop, for ever), a device that never ends (``/dev/zero``), 
 gigabytes. Every such read here:
 
 - opens with ``O_NOFOLLOW | O_NONBLOCK`` (a link is refused; a FIFO opens at once and is
-  then refused, as is every device, socket or directory: ``fstat`` must say S_ISREG);
+  then refused, as is every device, socket or directory: ``fstat`` must say S_ISREG; a
+  file with a second name, a hard link where ``fs.protected_hardlinks`` is off, too);
 - reads at most a bound the caller states;
 - is a few system calls on a plain file, so it may run anywhere, but callers run it off
   the event loop where it can (a file on a slow filesystem still takes its time).
@@ -56,8 +57,13 @@ def open_regular(path: str | os.PathLike[str], follow: bool = False) -> int:
             raise NotPlainFile(e.errno, "a link, not a plain file", str(path)) from None
         raise
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise NotPlainFile(errno.EINVAL, "not a plain file", str(path))
+        if st.st_nlink > 1 and not follow:
+            # A second name for someone else's file, made where fs.protected_hardlinks is
+            # off: what O_NOFOLLOW cannot see. corral's files and a job's output have one.
+            raise NotPlainFile(errno.EMLINK, "a plain file with other names (a hard link)", str(path))
     except BaseException:
         os.close(fd)
         raise
@@ -124,14 +130,16 @@ def _hash_inputs(paths: list[str], max_bytes: int) -> str:
             if st.st_size > left:
                 return f"large {i}"
             h.update(path.encode() + b"\0" + str(st.st_size).encode() + b"\0")
-            while left >= 0:
-                block = _os.read(fd, 1 << 20)
+            todo = st.st_size
+            while todo > 0:
+                block = _os.read(fd, min(todo, 1 << 20))
                 if not block:
-                    break
-                left -= len(block)
+                    return f"refused {i}"  # shrank while read
+                todo -= len(block)
                 h.update(block)
-            if left < 0:  # grew while read
-                return f"large {i}"
+            left -= st.st_size
+            if _os.read(fd, 1):  # more than its size says: growing, or made up as read (/proc)
+                return f"refused {i}"
         except OSError:
             return f"refused {i}"
         finally:
