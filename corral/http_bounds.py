@@ -13,7 +13,7 @@ front of it, enforced while the bytes arrive and before any application code run
   one *network* (``client_group``: a /24 for IPv4, a /64 for IPv6, every loopback address
   as one), counted at accept. When a new connection finds its network's or the gateway's
   count full, the oldest connection that is not serving a request (idle between
-  requests, or still sending a head) is closed for it (from its own network, or from the
+  requests, or its request still arriving) is closed for it (from its own network, or from the
   network holding the most); a connection whose request is being served is never closed
   this way. Only when none can be closed is the new one refused (429, or 503 in all).
   (H4 report, F14: counted per exact address, 128 connections from each of ten loopback
@@ -112,6 +112,8 @@ def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
         _refusal: bytes | None = None
         _timer: asyncio.TimerHandle | None = None
         _group: str | None = None
+        _received = False
+        """The current request has arrived whole (head and body): the gateway is serving it."""
         _lingering = -1
         """Bytes dropped since a refusal (-1: not refused)."""
 
@@ -155,8 +157,11 @@ def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
                 self._group = None
 
         def _sheddable(self) -> bool:
-            """Serving no request: idle between requests, or its head still arriving."""
-            return self._lingering < 0 and self._in_head and (self.cycle is None or self.cycle.response_complete)
+            """Serving no request: idle between requests, or its request still arriving (a
+            head or a body sent slowly must not hold a place for 10 or 30 s)."""
+            if self._lingering >= 0:
+                return False
+            return not self._received or self.cycle is None or self.cycle.response_complete
 
         # -- the bytes as they come --------------------------------------------------
         def data_received(self, data: bytes) -> None:
@@ -204,6 +209,7 @@ def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._header_count = 0
+            self._received = False
 
         def on_header(self, name: bytes, value: bytes) -> None:
             self._header_count += 1
@@ -234,6 +240,7 @@ def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
         def on_message_complete(self) -> None:
             self._disarm()
             self._in_head, self._head_bytes = True, 0
+            self._received = True
             super().on_message_complete()
 
         # -- refusals --------------------------------------------------------------------

@@ -55,6 +55,11 @@ def test_idle_connections_from_many_addresses_do_not_shut_out_an_honest_client(t
             time.sleep(0.3)
             status, body = raw(gw, GET, source="127.0.0.1")
             assert status == 200, body
+            slow_body = b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"
+            held += _hold(gw, "127.0.0.4", 10, slow_body)  # bodies never finished
+            time.sleep(0.3)
+            status, body = raw(gw, GET, source="127.0.0.1")
+            assert status == 200, body
             with httpx.Client(base_url=gw.url, timeout=10) as c:  # an ordinary client, keep-alive and all
                 assert all(c.get("/healthz").status_code == 200 for _ in range(5))
         finally:
