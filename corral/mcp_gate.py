@@ -76,6 +76,13 @@ class RequireToken:
                                     hint="send the token that opened it, or open a session of your own") from None
                 # No token: answered statelessly, so the client lists the tools and each
                 # call says what is wrong; no session is made, nothing outlives the request.
+                # Only POST: a GET would hold a server-to-client stream open (a connection
+                # serving a request, which the connection caps never close) for nothing.
+                if scope.get("method") != "POST":
+                    body = {"jsonrpc": "2.0", "id": None, "error": {
+                        "code": -32600, "message": "without a token only requests (POST) are answered; no stream"}}
+                    await JSONResponse(body, status_code=405, headers={"Allow": "POST"})(scope, receive, send)
+                    return
                 await self.anonymous(scope, receive, send)
                 return
             holder, who = session_holder(caller), caller.principal.name

@@ -74,6 +74,9 @@ def test_no_session_without_a_token_and_memory_stays_flat(tmp_path: Path) -> Non
 
         names, said = asyncio.run(scenario())
         assert "submit_job" in names and "token" in said.lower(), said
+        # nor a stream held open without a token (a connection no cap would ever close)
+        r = httpx.get(f"{gw.url}/mcp", headers={"Accept": "text/event-stream"}, timeout=10)
+        assert r.status_code == 405, r.text
 
 
 def test_a_principal_holds_a_bounded_number_of_sessions(tmp_path: Path) -> None:
