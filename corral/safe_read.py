@@ -45,10 +45,11 @@ class NotPlainFile(OSError):
     """The path is a link, FIFO, device, socket or directory: never read by the gateway."""
 
 
-def open_regular(path: str | os.PathLike[str], follow: bool = False) -> int:
+def open_regular(path: str | os.PathLike[str], follow: bool = False, linked: bool = False) -> int:
     """A descriptor of ``path``, a plain file, opened without blocking and (unless
     ``follow``) without following a link in its last component; NotPlainFile or the
-    OSError of ``open`` otherwise. The caller closes it."""
+    OSError of ``open`` otherwise. ``linked``: a file with other names is fine (a tree
+    corral only compares, where a second name gives nothing away). The caller closes it."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
@@ -60,7 +61,7 @@ def open_regular(path: str | os.PathLike[str], follow: bool = False) -> int:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise NotPlainFile(errno.EINVAL, "not a plain file", str(path))
-        if st.st_nlink > 1 and not follow:
+        if st.st_nlink > 1 and not (follow or linked):
             # A second name for someone else's file, made where fs.protected_hardlinks is
             # off: what O_NOFOLLOW cannot see. corral's files and a job's output have one.
             raise NotPlainFile(errno.EMLINK, "a plain file with other names (a hard link)", str(path))
