@@ -110,9 +110,11 @@ class InputRefused(Exception):
         self.index, self.why = index, why
 
 
-def _hash_inputs(paths: list[str], max_bytes: int) -> str:
+def _hash_inputs(paths: list[str], max_bytes: int, hidden: list[str]) -> str:
     """sha256 over each path and its contents; prints (in a child) or returns the digest,
-    or 'refused <i>' / 'large <i>'. Self-contained: a child runs its source alone."""
+    or 'refused <i>' / 'large <i>'. A file that lies, once opened, under one of ``hidden``
+    (what the job's sandbox empties) is refused like a missing one. Self-contained: a
+    child runs its source alone."""
     import hashlib as _h
     import os as _os
     import stat as _st
@@ -127,6 +129,9 @@ def _hash_inputs(paths: list[str], max_bytes: int) -> str:
         try:
             st = _os.fstat(fd)
             if not _st.S_ISREG(st.st_mode):
+                return f"refused {i}"
+            real = _os.readlink(f"/proc/self/fd/{fd}")  # the file opened, whatever links led there
+            if any(real == h or real.startswith(h.rstrip("/") + "/") for h in hidden):
                 return f"refused {i}"
             if st.st_size > left:
                 return f"large {i}"
@@ -149,7 +154,7 @@ def _hash_inputs(paths: list[str], max_bytes: int) -> str:
 
 
 _CHILD = inspect.getsource(_hash_inputs) + (
-    "\nimport json, sys\nreq = json.load(sys.stdin)\nprint(_hash_inputs(req['paths'], req['max_bytes']))\n")
+    "\nimport json, sys\nreq = json.load(sys.stdin)\nprint(_hash_inputs(req['paths'], req['max_bytes'], req['hidden']))\n")
 
 
 def _python() -> str:
@@ -160,14 +165,17 @@ def _python() -> str:
     return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
 
 
-def hash_inputs(paths: list[str], identity: "Identity | None", max_bytes: int = MAX_INPUT_BYTES) -> str:
+def hash_inputs(paths: list[str], identity: "Identity | None", hidden: list[str] | None = None,
+                max_bytes: int = MAX_INPUT_BYTES) -> str:
     """A digest of ``paths`` (in this order) and their contents, read as ``identity``
     (None: the gateway's own user, which is then the job's); InputRefused naming the
-    first that cannot be read that way or that passes the size bound."""
+    first that cannot be read that way, lies under ``hidden`` (real paths the job's
+    sandbox empties: its cache key must not tell of them) or passes the size bound."""
+    hidden = [os.path.realpath(h) for h in hidden or []]
     if len(paths) > MAX_INPUTS:
         raise InputRefused(MAX_INPUTS, f"at most {MAX_INPUTS} inputs")
     if identity is None or os.geteuid() != 0:
-        got = _hash_inputs(paths, max_bytes)
+        got = _hash_inputs(paths, max_bytes, hidden)
     else:
         groups: list[int] = []
         if not identity.dynamic:
@@ -177,7 +185,7 @@ def hash_inputs(paths: list[str], identity: "Identity | None", max_bytes: int = 
                 groups = []
         try:
             r = subprocess.run([_python(), "-I", "-S", "-c", _CHILD], input=json.dumps(
-                {"paths": paths, "max_bytes": max_bytes}), capture_output=True, text=True, cwd="/", env={},
+                {"paths": paths, "max_bytes": max_bytes, "hidden": hidden}), capture_output=True, text=True, cwd="/", env={},
                 user=identity.uid, group=identity.gid, extra_groups=groups, timeout=HASH_TIMEOUT_S, check=False)
         except subprocess.TimeoutExpired:
             raise InputRefused(-1, f"hashing the inputs took over {HASH_TIMEOUT_S:.0f} s") from None

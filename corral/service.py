@@ -248,6 +248,13 @@ class Service:
         return self.identities.of(p.name, p.unix_user, p.is_admin, contained, kind == "service") \
             if self.identities else None
 
+    def _hidden(self, caller: Caller) -> list[str]:
+        """What ``caller``'s contained jobs see empty (nothing for one not contained)."""
+        kind = caller.principal.kind.value
+        if self.sandbox is None or not self.sandbox.applies(kind):
+            return []
+        return [str(p) for p in self.sandbox.hidden_from(kind, caller.principal.unix_user)]
+
     def _check_workdir(self, caller: Caller, workdir: str, only_writable: bool = False) -> None:
         p = caller.principal
         kind = p.kind.value
@@ -335,7 +342,7 @@ class Service:
             from .memory.store import CACHE_LABEL, cache_key
 
             # Hashes the inputs as the job's identity would read them: off the event loop.
-            key = await asyncio.to_thread(lambda: cache_key(spec, self.identity_of(caller)))
+            key = await asyncio.to_thread(lambda: cache_key(spec, self.identity_of(caller), self._hidden(caller)))
             earlier = self.memory.store.cached(caller.principal, key)
             job = self.db.get_job(earlier) if earlier is not None else None
             if job is not None:

@@ -113,6 +113,29 @@ def test_inputs_are_bounded_in_count_and_size(tmp_path: Path, canary: Path) -> N
             assert r.status_code in (400, 422), r.text
 
 
+def test_inputs_the_sandbox_hides_are_refused_like_missing_ones(tmp_path: Path, canary: Path) -> None:
+    """A file the job's identity may read but its sandbox empties ([sandbox] hide, the
+    credentials under a home): its cache key would tell the agent it exists and when it
+    changes. Refused, with the answer a missing file gets, by name or through a link."""
+    import json
+
+    hidden = canary / "hidden"
+    hidden.mkdir()
+    hidden.chmod(0o755)
+    (hidden / "creds").write_text("CANARY-HIDDEN\n")
+    (hidden / "creds").chmod(0o644)
+    (canary / "to-creds").symlink_to(hidden / "creds")
+    with running(tmp_path, CORRAL_SANDBOX__HIDE=json.dumps([str(hidden)])) as gw:
+        t = tokens(gw, ("bot1", "alice"))
+        with gw.http(t["bot1"]) as h:
+            said = set()
+            for name in (str(hidden / "creds"), str(canary / "to-creds"), str(hidden / "none")):
+                r = h.post("/v1/jobs", json={"command": "true", "cache": True, "inputs": [name], "walltime": "60s"})
+                assert r.status_code == 400, r.text
+                said.add(r.json()["error"]["message"].replace(name, "PATH"))
+            assert len(said) == 1, said
+
+
 # -- a Unix user's job directory on Slurm: the job's own user may put anything there ---------
 
 

@@ -88,12 +88,13 @@ def resources(spec: JobSpec) -> str:
     return f"cpus={spec.cpus} mem={spec.memory_mb}M gpus={spec.gpus} partition={spec.partition or '-'}"
 
 
-def cache_key(spec: JobSpec, identity: "Identity | None" = None) -> str:
+def cache_key(spec: JobSpec, identity: "Identity | None" = None, hidden: "list[str] | None" = None) -> str:
     """What decides a result: the script, the declared inputs' contents, the environment,
     the working directory and the resources. Any change is a new key. The inputs are read
     as ``identity``, the job's (None: the gateway's own user), plain files only and
-    bounded (corral/safe_read.py): an input the job could not read is refused, with one
-    answer whether it is missing or only not the job's to read."""
+    bounded (corral/safe_read.py): an input the job could not read, or that lies under
+    ``hidden`` (what its sandbox empties), is refused, with one answer whether it is
+    missing or only not the job's to see."""
     h = hashlib.sha256()
     h.update(fingerprint(spec).encode())
     h.update(json.dumps({"env": spec.env, "workdir": spec.workdir, "res": resources(spec),
@@ -101,7 +102,7 @@ def cache_key(spec: JobSpec, identity: "Identity | None" = None) -> str:
     paths = sorted(spec.inputs or [])
     if paths:
         try:
-            h.update(safe_read.hash_inputs(paths, identity).encode())
+            h.update(safe_read.hash_inputs(paths, identity, hidden).encode())
         except safe_read.InputRefused as e:
             who = identity.describe() if identity is not None else "the job's user"
             if e.why == "large":
