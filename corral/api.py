@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hmac
 import json
 import logging
 import math
@@ -31,7 +32,8 @@ from .jobs import MAX_INT, JobSpec, expand_array
 JobIdPath = Annotated[int, Path(ge=1, le=MAX_INT, description="A job id.")]
 JobIds = list[Annotated[int, Field(ge=1, le=MAX_INT)]]
 Seconds = Annotated[float, Field(ge=0, le=86400, allow_inf_nan=False)]
-from .principals import Caller, bearer_token, session_holder
+from .mcp_gate import RequireToken, anonymous_endpoint
+from .principals import Caller, bearer_token
 from .safety.tokens import Caveats, caveats_from
 from .service import Service
 
@@ -204,69 +206,6 @@ class ContainErrors:
                 await JSONResponse(INTERNAL, status_code=500)(scope, receive, send)
 
 
-class RequireToken:
-    """Refuse an MCP connection without a valid token at the transport (HTTP 401),
-    before any MCP session exists; the tools then authenticate each call again.
-    ``metadata``: the RFC 9728 document's URL, named in each 401 where one is published.
-
-    A transport session (the ``Mcp-Session-Id`` the SDK issues at ``initialize``) is
-    bound to the token block that opened it: another token presenting that id is
-    refused (403), so a session is the credential's, never a header a client picks."""
-
-    MAX_BOUND = 10_000
-
-    def __init__(self, app: Any, service: Service, metadata: str | None = None) -> None:
-        self.app = app
-        self.service = service
-        self.metadata = metadata
-        self.bound: dict[str, str] = {}
-        """Mcp-Session-Id -> the token block that opened it (oldest first)."""
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        try:
-            try:
-                holder = session_holder(self.service.authenticate(bearer_token(headers.get("authorization"))))
-            except CorralError as e:
-                if self.metadata or e.status != 401:
-                    raise
-                # No authorization server to send a client to: let the session open, so the
-                # client lists the tools and each call answers in corral's words what is
-                # wrong (every tool authenticates again), instead of a client starting an
-                # OAuth registration that cannot succeed (docs/decisions/0006-mcp-stdio-relay.md).
-                holder = "unauthenticated"
-            sid = headers.get("mcp-session-id")
-            if sid and self.bound.get(sid, holder) != holder:
-                raise Forbidden(f"MCP session {sid[:40]} was opened with another token",
-                                hint="open a session of your own (initialize) with your token")
-        except CorralError as e:
-            await self._refuse(e, scope, receive, send)
-            return
-
-        async def binding(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                for k, v in message.get("headers", []):
-                    if k.decode("latin-1").lower() == "mcp-session-id":
-                        self.bound[v.decode("latin-1")] = holder
-                        while len(self.bound) > self.MAX_BOUND:
-                            self.bound.pop(next(iter(self.bound)))
-            await send(message)
-
-        await self.app(scope, receive, binding)
-
-    async def _refuse(self, e: CorralError, scope: Any, receive: Any, send: Any) -> None:
-        # A JSON-RPC error in the body: the MCP client shows its message (what to do),
-        # where a bare 401 became "Server returned an error response".
-        text = e.message + (f" ({e.hint})" if e.hint else "")
-        body = {"jsonrpc": "2.0", "id": None,
-                "error": {"code": -32001, "message": text, "data": {"code": e.code, "hint": e.hint}}}
-        quoted = text.replace("\\", "").replace('"', "'")
-        where = f', resource_metadata="{self.metadata}"' if self.metadata else ""
-        headers_out = {"WWW-Authenticate": f'Bearer error="invalid_token", error_description="{quoted}"{where}'} \
-            if e.status == 401 else None
-        await JSONResponse(body, status_code=e.status, headers=headers_out)(scope, receive, send)
-
-
 def bounded_route(service: Service) -> type[APIRoute]:
     """Routes whose JSON body is checked before FastAPI parses it (corral/http_body.py): a
     body over ``[http] unauthenticated_body_bytes`` is parsed only once its token is good."""
@@ -305,10 +244,11 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
 
     mcp = gateway_mcp(service)
     mcp_app = mcp.streamable_http_app(streamable_http_path="/mcp", host=service.settings.host)
+    anonymous, anonymous_sessions = anonymous_endpoint(mcp.session_manager)  # no session without a token
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with mcp.session_manager.run():
+        async with mcp.session_manager.run(), anonymous_sessions.run():
             loops = [asyncio.create_task(service.reconciler.run(), name="reconciler"),
                      asyncio.create_task(service.memory.facts_loop(), name="facts"),
                      asyncio.create_task(service.memory.index_loop(), name="note-index"),
@@ -413,8 +353,23 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     @app.get("/metrics", tags=["ops"], response_class=Response,
              responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
                               "description": "Prometheus text format"}})
-    async def metrics() -> Response:
-        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
+    async def metrics(authorization: Annotated[str | None, Header()] = None) -> Response:
+        """Prometheus text. Without an admin's token or ``metrics_token`` (the scrape
+        secret), figures per person are summed (sponsors' budgets: one '(all)')."""
+        return Response(service.metrics.render(detailed=_may_see_people(authorization)),
+                        media_type="text/plain; version=0.0.4")
+
+    def _may_see_people(authorization: str | None) -> bool:
+        token = bearer_token(authorization)
+        if not token:
+            return False
+        secret = service.settings.metrics_token
+        if secret and hmac.compare_digest(token.encode(), secret.encode()):
+            return True
+        try:
+            return service.authenticate(token).principal.is_admin
+        except CorralError:
+            return False
 
     @app.get("/v1/whoami", tags=["principals"], responses={200: {"model": WhoamiOut}})
     async def whoami(c: Caller = Depends(caller)) -> Response:
@@ -566,7 +521,9 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         metadata = str(build_resource_metadata_url(resource))
     for route in mcp_app.routes:
         if isinstance(route, Route) and route.path == "/mcp":
-            app.router.routes.append(Route("/mcp", endpoint=RequireToken(route.app, service, metadata)))
+            gate = RequireToken(route.app, service, metadata, anonymous, mcp.session_manager,
+                                service.settings.mcp_sessions_per_principal)
+            app.router.routes.append(Route("/mcp", endpoint=gate))
 
     from .dashboard.routes import mount
 

@@ -9,8 +9,15 @@ front of it, enforced while the bytes arrive and before any application code run
 - the body at most the route's limit, refused from its ``Content-Length`` before a byte
   of it is read, or as it streams when chunked (413), and complete within
   ``body_timeout_s`` of the head (408);
-- at most ``max_connections`` open connections (503) and ``max_connections_per_client``
-  from one address (429), refused at accept.
+- at most ``max_connections`` open connections and ``max_connections_per_client`` from
+  one *network* (``client_group``: a /24 for IPv4, a /64 for IPv6, every loopback address
+  as one), counted at accept. When a new connection finds its network's or the gateway's
+  count full, the oldest connection that is not serving a request (idle between
+  requests, or its request still arriving) is closed for it (from its own network, or from the
+  network holding the most); a connection whose request is being served is never closed
+  this way. Only when none can be closed is the new one refused (429, or 503 in all).
+  (H4 report, F14: counted per exact address, 128 connections from each of ten loopback
+  addresses left an honest client 503.)
 
 Every refusal is one small JSON response in corral's error shape, then the connection is
 closed: a refused client costs a few microseconds, whatever it sends. (uvicorn's own
@@ -20,6 +27,7 @@ httptools protocol has no head bound at all: a 256 MB header stalled the loop 13
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 from typing import Any
@@ -60,12 +68,40 @@ def body_limit(limits: HttpSettings, path: str) -> int:
     return limits.max_batch_body_bytes if path == "/v1/jobs/batch" else limits.max_body_bytes
 
 
+def client_group(peer: str) -> str:
+    """The network a client address is counted in: its /24 (IPv4) or /64 (IPv6), and every
+    loopback address as one (anyone on the machine may use any 127.x address, and the
+    gateway's own login-node agents share 127.0.0.1 already). Not an address: itself."""
+    try:
+        ip = ipaddress.ip_address(peer.split("%", 1)[0])
+    except ValueError:
+        return peer
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback:
+        return "loopback"
+    bits = 24 if ip.version == 4 else 64
+    return str(ipaddress.ip_network(f"{ip}/{bits}", strict=False))
+
+
 def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
-    """The protocol class for one server: its limits, and its count of connections per client."""
-    per_client: dict[str, int] = {}
+    """The protocol class for one server: its limits, and its connections per network."""
+    groups: dict[str, dict[Any, None]] = {}
+    """network -> its open connections, oldest first (refused ones, lingering 2 s, are not
+    counted: a flood of refused connections must not fill the gateway for everyone else)."""
     accepted = [0]
-    """Connections taken (refused ones, lingering 2 s, are not counted: a flood of refused
-    connections from one address must not fill the gateway for everyone else)."""
+
+    def shed(group: str | None) -> bool:
+        """Close the oldest connection serving no request, from ``group`` (None: from the
+        network holding the most); False when every one is serving a request."""
+        names = [group] if group is not None else sorted(groups, key=lambda g: len(groups[g]), reverse=True)
+        for name in names:
+            for conn in groups.get(name, {}):
+                if conn._sheddable():
+                    conn._release()
+                    conn.transport.close()
+                    return True
+        return False
 
     class Bounded(HttpToolsProtocol):
         _head_bytes = 0
@@ -75,40 +111,57 @@ def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
         _body_limit = 0
         _refusal: bytes | None = None
         _timer: asyncio.TimerHandle | None = None
-        _peer: str | None = None
+        _group: str | None = None
+        _received = False
+        """The current request has arrived whole (head and body): the gateway is serving it."""
         _lingering = -1
         """Bytes dropped since a refusal (-1: not refused)."""
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             peer = self.client[0] if self.client else "?"
-            if accepted[0] >= limits.max_connections:
-                self._refuse(refusal(503, "too_many_connections",
-                                     f"the gateway has {limits.max_connections} connections open, its most",
-                                     "retry in a few seconds, reusing one connection for many requests", 2))
-                return
-            if per_client.get(peer, 0) >= limits.max_connections_per_client:
+            group = client_group(peer)
+            if len(groups.get(group, ())) >= limits.max_connections_per_client and not shed(group):
+                where = "this machine's loopback" if group == "loopback" else group
                 self._refuse(refusal(429, "too_many_connections",
-                                     f"{peer} has {limits.max_connections_per_client} connections open to the "
-                                     "gateway, the most one address may", "reuse your open connections "
-                                     "(keep-alive) instead of opening more; retry when one has closed", 1))
+                                     f"{where} has {limits.max_connections_per_client} connections open to the "
+                                     "gateway, each serving a request: the most one network may",
+                                     "reuse your open connections (keep-alive) instead of opening more; retry when "
+                                     "one has closed", 1))
                 return
-            self._peer = peer
-            per_client[peer] = per_client.get(peer, 0) + 1
+            if accepted[0] >= limits.max_connections and not shed(None):
+                self._refuse(refusal(503, "too_many_connections",
+                                     f"the gateway has {limits.max_connections} connections open, each serving a "
+                                     "request: its most", "retry in a few seconds, reusing one connection for many "
+                                     "requests", 2))
+                return
+            self._group = group
+            groups.setdefault(group, {})[self] = None
             accepted[0] += 1
             self._arm(limits.header_timeout_s)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
-            if self._peer is not None:
-                accepted[0] -= 1
-                left = per_client.get(self._peer, 1) - 1
-                if left > 0:
-                    per_client[self._peer] = left
-                else:
-                    per_client.pop(self._peer, None)
-                self._peer = None
+            self._release()
             super().connection_lost(exc)
+
+        def _release(self) -> None:
+            """No longer counted (closed, or being closed to make room)."""
+            if self._group is not None:
+                accepted[0] -= 1
+                mine = groups.get(self._group)
+                if mine is not None:
+                    mine.pop(self, None)
+                    if not mine:
+                        del groups[self._group]
+                self._group = None
+
+        def _sheddable(self) -> bool:
+            """Serving no request: idle between requests, or its request still arriving (a
+            head or a body sent slowly must not hold a place for 10 or 30 s)."""
+            if self._lingering >= 0:
+                return False
+            return not self._received or self.cycle is None or self.cycle.response_complete
 
         # -- the bytes as they come --------------------------------------------------
         def data_received(self, data: bytes) -> None:
@@ -156,6 +209,7 @@ def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._header_count = 0
+            self._received = False
 
         def on_header(self, name: bytes, value: bytes) -> None:
             self._header_count += 1
@@ -186,6 +240,7 @@ def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
         def on_message_complete(self) -> None:
             self._disarm()
             self._in_head, self._head_bytes = True, 0
+            self._received = True
             super().on_message_complete()
 
         # -- refusals --------------------------------------------------------------------

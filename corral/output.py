@@ -1,13 +1,15 @@
 """Bounded reads of job output: a page from an offset, or the last N lines.
-Never loads a whole file: agents' jobs can print gigabytes."""
+Never loads a whole file: agents' jobs can print gigabytes; never follows a link or
+opens a FIFO or device (corral/safe_read.py): a missing file, or one that is not a plain
+file, reads as empty."""
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 from pathlib import Path
 from typing import Any
+
+from .safe_read import open_regular
 
 MAX_LIMIT = 1024 * 1024
 DEFAULT_LIMIT = 64 * 1024
@@ -16,15 +18,12 @@ DEFAULT_LIMIT = 64 * 1024
 def read_page(path: Path, offset: int = 0, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
     """Bytes [offset, offset+limit) as text, with where to continue."""
     limit = max(1, min(limit, MAX_LIMIT))
-    size = _size(path)
-    offset = max(0, min(offset, size))
-    if size == 0:
+    fd = _open(path)
+    if fd is None:
         return {"data": "", "offset": 0, "next_offset": 0, "size": 0, "eof": True}
-    try:
-        f = open_output(path)
-    except OSError:
-        return {"data": "", "offset": 0, "next_offset": 0, "size": 0, "eof": True}
-    with f:
+    with open(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        offset = max(0, min(offset, size))
         f.seek(offset)
         data = f.read(limit)
     end = offset + len(data)
@@ -35,19 +34,18 @@ def read_page(path: Path, offset: int = 0, limit: int = DEFAULT_LIMIT) -> dict[s
 def read_tail(path: Path, lines: int, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
     """The last ``lines`` lines, at most ``limit`` bytes, reading backwards in blocks."""
     limit = max(1, min(limit, MAX_LIMIT))
-    size = _size(path)
+    fd = _open(path)
+    size = os.fstat(fd).st_size if fd is not None else 0
     block = 8192
     pos = size
     chunks: list[bytes] = []
     newlines = 0
     got = 0
-    if size == 0:
+    if fd is None or size == 0:
+        if fd is not None:
+            os.close(fd)
         return {"data": "", "offset": 0, "next_offset": 0, "size": 0, "eof": True, "truncated": False}
-    try:
-        f = open_output(path)
-    except OSError:
-        return {"data": "", "offset": 0, "next_offset": 0, "size": 0, "eof": True, "truncated": False}
-    with f:
+    with open(fd, "rb") as f:
         while pos > 0 and got < limit:
             step = min(block, pos, limit - got)
             pos -= step
@@ -71,20 +69,8 @@ def read_tail(path: Path, lines: int, limit: int = DEFAULT_LIMIT) -> dict[str, A
             "size": size, "eof": True, "truncated": truncated}
 
 
-def open_output(path: Path) -> Any:
-    """A job's output file, opened for reading as its job may have left it: never through
-    a link, never blocking on a FIFO, a plain file or nothing (OSError). Where the job's
-    own user writes the directory (Slurm, sbatch --uid) the file may be anything."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, f"{path} is not a plain file")
-    return os.fdopen(fd, "rb")
-
-
-def _size(path: Path) -> int:
+def _open(path: Path) -> int | None:
     try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return 0
-    return st.st_size if stat.S_ISREG(st.st_mode) else 0
+        return open_regular(path)
+    except OSError:
+        return None

@@ -185,7 +185,7 @@ class Service:
         ready: dict[str, tuple[JobSpec, Lane] | Job] = {}
         for t, s in distinct.items():
             with _prefixed(where(first[t])):
-                ready[t] = await self._cached_or_routed(p, s)
+                ready[t] = await self._cached_or_routed(caller, s)
         allowed = [r[0] for r in ready.values() if not isinstance(r, Job)]  # each distinct spec once
         if self.storage.needs(allowed):  # decided: their images and workspaces mounted before they are recorded
             await asyncio.to_thread(self.storage.prepare, caller, allowed)
@@ -247,6 +247,13 @@ class Service:
         contained = self.sandbox is not None and self.sandbox.applies(kind)
         return self.identities.of(p.name, p.unix_user, p.is_admin, contained, kind == "service") \
             if self.identities else None
+
+    def _hidden(self, caller: Caller) -> list[str]:
+        """What ``caller``'s contained jobs see empty (nothing for one not contained)."""
+        kind = caller.principal.kind.value
+        if self.sandbox is None or not self.sandbox.applies(kind):
+            return []
+        return [str(p) for p in self.sandbox.hidden_from(kind, caller.principal.unix_user)]
 
     def _check_workdir(self, caller: Caller, workdir: str, only_writable: bool = False) -> None:
         p = caller.principal
@@ -328,19 +335,20 @@ class Service:
             raise InvalidRequest(f"{never}: this job could never start",
                                  hint="use after_any to run it after those jobs whatever their end")
 
-    async def _cached_or_routed(self, principal: Principal, spec: JobSpec) -> tuple[JobSpec, Lane] | Job:
+    async def _cached_or_routed(self, caller: Caller, spec: JobSpec) -> tuple[JobSpec, Lane] | Job:
         """The earlier job with this exact result (``cache``), else the spec routed to its lane.
         A job that waits for others is never answered from the cache: its inputs are theirs."""
         if spec.cache and not spec.parents and self.memory.store is not None:
             from .memory.store import CACHE_LABEL, cache_key
 
-            key = await asyncio.to_thread(cache_key, spec)  # hashes the inputs: off the event loop
-            earlier = self.memory.store.cached(principal, key)
+            # Hashes the inputs as the job's identity would read them: off the event loop.
+            key = await asyncio.to_thread(lambda: cache_key(spec, self.identity_of(caller), self._hidden(caller)))
+            earlier = self.memory.store.cached(caller.principal, key)
             job = self.db.get_job(earlier) if earlier is not None else None
             if job is not None:
                 return job
             spec = spec.model_copy(update={"labels": {**spec.labels, CACHE_LABEL: key}})
-        return self.lanes.route(principal, spec)
+        return self.lanes.route(caller.principal, spec)
 
     async def advice(self, caller: Caller, spec: JobSpec) -> dict[str, Any]:
         """What corral would say of this submission, without submitting it."""
@@ -370,7 +378,7 @@ class Service:
             out["rule"] = await self._decide(caller, spec, default)
             if self.sandbox is not None:
                 self.sandbox.require(p.kind.value)
-            routed = await self._cached_or_routed(p, spec)
+            routed = await self._cached_or_routed(caller, spec)
             if isinstance(routed, Job):
                 out["cache"] = {"hit": True, "job_id": routed.id, "state": routed.state.value}
             else:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+import httpx
 import pytest
 
 from corral.storage import mounts
@@ -174,6 +175,24 @@ def test_a_corrupt_image_is_refused_and_rebuilt_on_request(gw: tuple[Gateway, di
         job = _run(h, {"command": "python -c 'import six; print(six.__version__)'", "env": "six-old",
                        "workdir": "/tmp"})
         assert job["state"] == "COMPLETED" and job["out"].strip() == "1.16.0", job
+
+
+@needs_tools
+def test_a_fifo_in_a_workspace_never_blocks_its_diff(gw: tuple[Gateway, dict[str, str]], project: Path) -> None:
+    """H4 F11 variant: a FIFO in the base and one the job made in its workspace, of one
+    mode: comparing them opened both, and the gateway's thread waited for a writer for ever."""
+    g, t = gw
+    os.mkfifo(project / "pipe", 0o666)
+    os.chmod(project / "pipe", 0o666)
+    with g.http(t["bot1"]) as h:
+        h.timeout = httpx.Timeout(30)
+        w = h.post("/v1/workspaces", json={"base": str(project)}).json()
+        job = _run(h, {"command": "rm pipe && mkfifo pipe && chmod 666 pipe && echo x >> README",
+                       "workspace": w["workspace"]})
+        assert job["state"] == "COMPLETED", job
+        d = h.get(f"/v1/workspaces/{w['workspace']}/diff")
+        assert d.status_code == 200 and d.json()["modified"] == ["README"], d.text
+        assert h.post(f"/v1/workspaces/{w['workspace']}/discard").status_code == 200
 
 
 @needs_tools

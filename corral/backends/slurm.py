@@ -37,7 +37,6 @@ import secrets
 import shlex
 import shutil
 import signal as _signal
-import stat
 import sys
 import time
 from pathlib import Path
@@ -48,6 +47,7 @@ from ..sandbox import open_dir_argv, system_python, tool
 from ..seccomp import apply_argv
 from ..errors import BackendError, CorralError, InvalidRequest
 from ..jobs import JobSpec, JobState, format_duration
+from ..safe_read import read_small, read_tail
 from ..storage import IMAGE_AT, IMAGE_FILE, META_LABEL, meta
 from . import CONTROLS, BackendStatus, OutputPaths, Partition, SubmitContext, Usage, base_env
 from .slurm_vocab import (STATES, _epoch, _expand, _kv, _read_epoch, min_job_age_s, parse_exit, parse_slurm_time,
@@ -413,7 +413,7 @@ class SlurmBackend:
         if code > 128:
             return None
         started = _marker_epoch(out / "started")
-        end = (out / "ended").stat().st_mtime
+        end = os.lstat(out / "ended").st_mtime
         if code == 0:
             return BackendStatus(jid, JobState.COMPLETED, 0, None, started, end)
         return BackendStatus(jid, JobState.FAILED, code, f"exited with code {code}", started, end)
@@ -497,15 +497,9 @@ class SlurmBackend:
         if d is None:
             return False
         try:  # a job of a Unix user writes its own directory: never through a link
-            fd = os.open(_out(d) / "stderr", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            return bool(_OOM_MARK.search(read_tail(_out(d) / "stderr", 4096)))
         except OSError:
             return False
-        with open(fd, "rb") as f:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return False
-            f.seek(max(0, st.st_size - 4096))
-            return bool(_OOM_MARK.search(f.read()))
 
     def cancel(self, backend_ids: Sequence[str]) -> None:
         if backend_ids:
@@ -736,17 +730,6 @@ def _out(d: Path) -> Path:
     corral kept them apart)."""
     out = d / "out"
     return out if out.is_dir() else d
-
-
-def read_small(path: Path, limit: int = 4096) -> str:
-    """A small file of a job's directory, read by the gateway: where the job's own Unix
-    user writes that directory, never through a link and never more than ``limit``
-    bytes; OSError if it is not a plain file."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    with open(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path} is not a plain file")
-        return f.read(limit).decode(errors="replace")
 
 
 __all__ = ["SlurmBackend", "STATES", "translate", "parse_exit", "parse_slurm_time"]

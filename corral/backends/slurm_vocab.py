@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .. import slurm_formats
 from ..jobs import JobState
+from ..safe_read import read_small
 
 log = logging.getLogger("corral.backends.slurm")
 
@@ -84,7 +85,7 @@ def _kv(line: str) -> dict[str, str]:
 
 def _read_epoch(path: Path) -> float | None:
     try:
-        return float(path.read_text().strip())
+        return float(read_small(path, 64).strip())  # the job's own claim: never a link, FIFO or device
     except (OSError, ValueError):
         return None
 

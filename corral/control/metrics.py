@@ -5,12 +5,18 @@ to the scheduler: the number this whole project exists to keep small."""
 from __future__ import annotations
 
 import asyncio
+from contextvars import ContextVar
 from typing import Any, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..backends import Backend, BackendStatus, OutputPaths, Partition, SubmitContext, Usage
 from ..jobs import JobSpec
+
+
+DETAILED: ContextVar[bool] = ContextVar("corral_metrics_detailed", default=False)
+"""Whether this scrape may see figures per person (sponsors' budgets): an admin's token or
+the configured scrape secret; an anonymous scrape sees the facility's totals."""
 
 
 class Metrics:
@@ -56,8 +62,12 @@ class Metrics:
     def backend_count(self, op: str) -> int:
         return int(self.backend_calls.labels(op)._value.get())
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, detailed: bool = False) -> bytes:
+        mark = DETAILED.set(detailed)
+        try:
+            return generate_latest(self.registry)
+        finally:
+            DETAILED.reset(mark)
 
 
 class MeteredBackend:

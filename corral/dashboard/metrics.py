@@ -12,6 +12,7 @@ from typing import Any, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..control.metrics import DETAILED
 from ..principals import PILOT_PRINCIPAL
 from .board import Board
 
@@ -65,13 +66,16 @@ class BoardCollector(Collector):
                                     value=0 if audit["problems"] else 1)
             yield GaugeMetricFamily("corral_audit_records", "Records in the audit chain at its last check.",
                                     value=audit["records"])
-        used = GaugeMetricFamily("corral_budget_cpu_hours", "CPU-hours charged to tokens, by sponsor.",
+        used = GaugeMetricFamily("corral_budget_cpu_hours", "CPU-hours charged to tokens, by sponsor (one "
+                                 "sponsor '(all)' for a scrape without an admin token or the scrape secret).",
                                  labels=["sponsor"])
         by_sponsor: dict[str, float] = {}
         for row in self.board.budgets(None):
             if "/" in row["path"]:  # a narrowed token's use is counted in its root's too
                 continue
             by_sponsor[row["sponsor"]] = by_sponsor.get(row["sponsor"], 0.0) + row["cpu_hours"]
+        if not DETAILED.get():  # who spends what is not for anyone who can reach the port
+            by_sponsor = {"(all)": sum(by_sponsor.values())}
         for sponsor, hours in sorted(by_sponsor.items()):
             used.add_metric([sponsor], hours)
         yield used

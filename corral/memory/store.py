@@ -26,7 +26,7 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..clock import Clock
 from ..db import Database
@@ -34,7 +34,11 @@ from ..errors import Forbidden, InvalidRequest, NotFound
 from ..jobs import Job, JobSpec
 from ..principals import Caller, Kind, Principal
 from ..safety import guard
+from .. import safe_read
 from . import semantic, signatures
+
+if TYPE_CHECKING:
+    from ..identity import Identity
 
 SCOPES = ("facility", "account", "user", "agent", "session")
 COMMON_SHARE = 0.05
@@ -84,22 +88,41 @@ def resources(spec: JobSpec) -> str:
     return f"cpus={spec.cpus} mem={spec.memory_mb}M gpus={spec.gpus} partition={spec.partition or '-'}"
 
 
-def cache_key(spec: JobSpec) -> str:
+def cache_key(spec: JobSpec, identity: "Identity | None" = None, hidden: "list[str] | None" = None) -> str:
     """What decides a result: the script, the declared inputs' contents, the environment,
-    the working directory and the resources. Any change is a new key."""
+    the working directory and the resources. Any change is a new key. The inputs are read
+    as ``identity``, the job's (None: the gateway's own user), plain files only and
+    bounded (corral/safe_read.py): an input the job could not read, or that lies under
+    ``hidden`` (what its sandbox empties), is refused, with one answer whether it is
+    missing or only not the job's to see."""
     h = hashlib.sha256()
     h.update(fingerprint(spec).encode())
     h.update(json.dumps({"env": spec.env, "workdir": spec.workdir, "res": resources(spec),
                          "walltime": spec.walltime_s}, sort_keys=True).encode())
-    for path in sorted(spec.inputs or []):
-        h.update(path.encode())
+    paths = sorted(spec.inputs or [])
+    if paths:
         try:
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-        except OSError as e:
-            raise InvalidRequest(f"input {path!r} cannot be read ({e.strerror}); fix the path or drop it") from None
+            h.update(safe_read.hash_inputs(paths, identity, hidden).encode())
+        except safe_read.InputRefused as e:
+            who = identity.describe() if identity is not None else "the job's user"
+            if e.why == "large":
+                raise InvalidRequest(
+                    f"the inputs from {paths[e.index]!r} on pass {safe_read.MAX_INPUT_BYTES >> 20} MiB together, "
+                    "more than corral hashes at submit", hint="name fewer or smaller inputs, or submit without cache"
+                ) from None
+            if e.index < 0 or e.index >= len(paths):
+                raise InvalidRequest(f"the inputs cannot be hashed: {e.why}", hint="name fewer inputs") from None
+            raise InvalidRequest(
+                f"input {paths[e.index]!r} cannot be read as {who}: it is missing, not a plain file, or not "
+                "that identity's to read", hint="fix the path or drop it from inputs") from None
     return h.hexdigest()
+
+
+def _quoted(episode: dict[str, Any]) -> str:
+    """An episode's error detail, which its job wrote: secrets redacted, and always
+    between nonce'd delimiters as data (corral/safety/guard.py), whoever reads it."""
+    clean, _ = guard.redact(str(episode["detail"]))
+    return guard.delimit(clean, f"output of job {episode['job_id']}", guard.injection(clean))
 
 
 def _mem(mb: int) -> str:
@@ -107,12 +130,13 @@ def _mem(mb: int) -> str:
 
 
 def read_tail(paths: tuple[Path, Path], limit: int = 16_384) -> str:
+    """The ends of a failed job's stdout and stderr, for its error signature: plain files
+    only, never through a link, ``limit`` bytes each (read as the reconciler records the
+    outcome, so it must never block: corral/safe_read.py)."""
     out = []
     for p in paths:
         try:
-            with open(p, "rb") as f:
-                f.seek(max(0, p.stat().st_size - limit))
-                out.append(f.read().decode("utf-8", "replace"))
+            out.append(safe_read.read_tail(p, limit).decode("utf-8", "replace"))
         except OSError:
             continue
     return "\n".join(out)
@@ -159,14 +183,16 @@ class Memory:
         return {"signature": r[0], "detail": r[1], "deterministic": bool(r[2])} if r else None
 
     def _episodes(self, principal: Principal, fp: str) -> list[dict[str, Any]]:
-        where, args = "fingerprint=? AND family=?", [fp, family(principal)]
+        where, args = "e.fingerprint=? AND e.family=?", [fp, family(principal)]
         if self.share_account and principal.account:
-            where, args = "fingerprint=? AND (family=? OR account=?)", [fp, family(principal), principal.account]
+            where, args = "e.fingerprint=? AND (e.family=? OR e.account=?)", [fp, family(principal), principal.account]
         rows = self.db.conn.execute(
-            f"""SELECT job_id, principal, resources, memory_mb, state, exit_code, signature, detail, deterministic, ended
-                FROM episodes WHERE {where} ORDER BY ended DESC LIMIT 50""", args).fetchall()
+            f"""SELECT e.job_id, e.principal, e.resources, e.memory_mb, e.state, e.exit_code, e.signature, e.detail,
+                       e.deterministic, e.ended, json_extract(j.spec, '$.workdir')
+                FROM episodes e LEFT JOIN jobs j ON j.id = e.job_id
+                WHERE {where} ORDER BY e.ended DESC LIMIT 50""", args).fetchall()
         keys = ("job_id", "principal", "resources", "memory_mb", "state", "exit_code", "signature", "detail",
-                "deterministic", "ended")
+                "deterministic", "ended", "workdir")
         return [dict(zip(keys, r, strict=True)) for r in rows]
 
     def advise(self, principal: Principal, spec: JobSpec) -> tuple[list[str], str | None]:
@@ -183,7 +209,7 @@ class Memory:
         hints = {n: h for n, _, _, h in signatures.PATTERNS} | {v[0]: v[2] for v in signatures.STATE_SIGNATURES.values()}
         for name, fs in failures.items():
             last = fs[0]
-            what = f"{name}: {last['detail']}" if last["detail"] else name
+            what = f"{name}: {_quoted(last)}" if last["detail"] else name
             at = f" at {_mem(last['memory_mb'])}" if name == "out_of_memory" else ""
             advice.append(f"this script failed {len(fs)} time(s) with {what}{at} (last: job {last['job_id']}); "
                           f"{hints.get(name, '')}".rstrip("; "))
@@ -196,13 +222,18 @@ class Memory:
         if ok and not failures:
             advice.append(f"this script succeeded {len(ok)} time(s) before (last: job {ok[0]['job_id']}, "
                           f"{ok[0]['resources']})")
-        same = [e for e in eps if e["resources"] == res]
+        # Refused only as a repeat of the submitter's own failure in the same directory: a
+        # sibling agent's failure elsewhere is advice, never a refusal (H4 F15: one agent's
+        # output must not stop, or speak to, another).
+        same = [e for e in eps if e["resources"] == res and e["principal"] == principal.name
+                and e["workdir"] == spec.workdir]
         refuse = None
         if same and same[0]["deterministic"] and self.clock.time() - same[0]["ended"] < REPEAT_WINDOW_S and not spec.force:
             n = sum(1 for e in same if e["signature"] == same[0]["signature"])
-            refuse = (f"this exact job (same script, {res}) failed {n} time(s) with {same[0]['signature']}"
-                      f"{': ' + same[0]['detail'] if same[0]['detail'] else ''} (last: job {same[0]['job_id']}), "
-                      "and that failure repeats by itself; change the script or resources, or resubmit with force")
+            refuse = (f"this exact job (same script, {res}, same workdir) failed {n} time(s) with "
+                      f"{same[0]['signature']}{': ' + _quoted(same[0]) if same[0]['detail'] else ''} "
+                      f"(last: job {same[0]['job_id']}), and that failure repeats by itself; change the script or "
+                      "resources, or resubmit with force")
         return advice, refuse
 
     # -- notes ----------------------------------------------------------------------------

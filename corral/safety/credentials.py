@@ -7,16 +7,23 @@ tokens existed) are still accepted until revoked or expired.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Forbidden, InvalidRequest, NotFound, Unauthenticated
 from ..principals import Caller, Kind, Principal, check_session, secret_matches, split_token
-from .tokens import PREFIX, Capability, Caveats
+from .tokens import MAX_TOKEN_CHARS, PREFIX, TOO_LONG_HINT, Capability, Caveats, precheck
 
 if TYPE_CHECKING:
     from ..db import Database
     from .gate import Gate
+
+
+VERIFY_PER_S = 20.0
+"""Verifications per second of tokens not seen before, per root token (all its narrowed
+variants together); an honest agent verifies each of its tokens once."""
+VERIFY_BURST = 100.0
 
 
 class Credentials:
@@ -25,7 +32,7 @@ class Credentials:
         self.gate = gate
         # token -> (expiry, principal, visible names, capability, token id). Every write to principals
         # or tokens clears it, so a revocation takes effect on the very next request.
-        self._cache: dict[str, tuple[float | None, Principal, frozenset[str], Capability | None, str]] = {}
+        self._cache: dict[bytes, tuple[float | None, Principal, frozenset[str], Capability | None, str]] = {}
 
     def clear(self) -> None:
         self._cache.clear()
@@ -33,12 +40,22 @@ class Credentials:
     def authenticate(self, token: str | None, session: str | None = None) -> Caller:
         if not token:
             raise Unauthenticated("no token given; send 'Authorization: Bearer <token>' or set CORRAL_TOKEN")
-        hit = self._cache.get(token)
+        if len(token) > MAX_TOKEN_CHARS:
+            raise Unauthenticated(f"the token is {len(token):,} characters long; corral takes at most "
+                                  f"{MAX_TOKEN_CHARS:,}", hint=TOO_LONG_HINT)
+        key = hashlib.sha256(token.encode()).digest()  # a bounded key, whatever the token's length
+        hit = self._cache.get(key)
         if hit is None or (hit[0] is not None and hit[0] < self.gate.clock.time()):
+            if token.startswith(PREFIX):
+                # Bounded before the signatures are checked, and charged: a flood of fresh
+                # variants of one token is refused (429) before the costly part (H4 F20).
+                root = precheck(token)
+                self.gate.buckets.take_all([(f"verify:{root}", 1.0, VERIFY_PER_S, VERIFY_BURST,
+                                             "fresh variants of one token")], self.gate.clock.monotonic())
             hit = self._verify(token)
             if len(self._cache) > 10_000:
                 self._cache.clear()
-            self._cache[token] = hit
+            self._cache[key] = hit
         expires, principal, visible, cap, token_id = hit
         caller = Caller(principal, check_session(session), token_id, visible, cap)
         self.gate.api_call(caller)

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.local_runner import write_json
-from ..output import open_output, read_page, read_tail
+from ..output import read_page, read_tail
+from ..safe_read import read_at
 from . import guard
 from . import secrets
 from .secrets import KEY_BLOCK_MAX, MAX_LINE, REDACTED
@@ -116,12 +117,12 @@ class OutputGuard:
             prog = Progress()
         if prog.done:
             return prog
-        try:  # never through a link a job left, never blocking on its FIFO (corral/output.py)
-            with open_output(raw) as f:
-                f.seek(prog.raw)
-                data = f.read(CHUNK)
-                more = bool(f.read(1))
-        except OSError:
+        try:  # the job's file: never through a link, never a FIFO or device, CHUNK at most
+            got, _ = read_at(raw, prog.raw, CHUNK + 1)
+            data, more = got[:CHUNK], len(got) > CHUNK
+        except FileNotFoundError:
+            data, more = b"", False
+        except OSError:  # not a plain file (any more): what was guarded is all there is
             data, more = b"", False
         final = final and not more
         n = _cut(data, final)
