@@ -146,7 +146,7 @@ def test_slurm_backend_forgets_what_the_core_recorded(tmp_path) -> None:
     assert bid in b._final and bid in b._dirs
     b.forget([bid])
     assert bid not in b._final and bid not in b._dirs and bid not in b._known
-    assert b.output_paths(bid).stdout == tmp_path / "jobs" / "3" / "stdout"
+    assert b.output_paths(bid).stdout == tmp_path / "jobs" / "3" / "out" / "stdout"
 
 
 def test_background_tasks_are_kept_until_they_end(tmp_path) -> None:

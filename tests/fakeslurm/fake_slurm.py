@@ -79,6 +79,8 @@ def sbatch(args: list[str]) -> None:
     script = Path(args[-1])
     text = script.read_text()
     opts = dict(m.groups() for m in re.finditer(r"^#SBATCH --([a-z-]+)=(.*)$", text, re.M))
+    # options on the command line win over #SBATCH lines, as in sbatch (corral puts --chdir there)
+    opts.update(dict(m.groups() for a in args[:-1] if (m := re.fullmatch(r"--([a-z-]+)=(.*)", a))))
     part = opts.get("partition") or next(p["PartitionName"] for p in conf()["parts"] if p.get("Default") == "YES")
     h, m, s = (int(x) for x in opts.get("time", "01:00:00").split(":"))
     jid = new_id()
