@@ -33,7 +33,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from bisect import bisect_left, insort
+from bisect import insort
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -267,17 +267,6 @@ class Engine:
         if self.on_end is not None:
             self.on_end(job)
 
-    def reorder(self, job: SimJob, key: tuple[Any, ...], pre: bool) -> None:
-        """A pending job's QOS (and so its place) changed, as ``scontrol update JobId=N
-        QOS=...`` changes it: it moves in its queue and is scheduled at once."""
-        p = self.parts[job.part]
-        del p.queue[bisect_left(p.queue, (job.key,))]  # keys are unique (they end with the job's id)
-        job.key, job.pre = key, pre
-        insort(p.queue, (key, job))
-        p.touched = p.dirty = True
-        if self.periodic and not self.bf_pending:
-            self._next_backfill()
-
     def _extend(self, job: SimJob) -> None:
         """A preemptible job at its tightened limit gets the limit its owner asked for
         (``scontrol update TimeLimit``): no work lost, and no promise to a job that may
@@ -287,8 +276,6 @@ class Engine:
         job.limit = job.ask
         p.ends.add((job.start + job.limit, job.id, job))
         self.extensions += 1
-        if self.plane is not None:
-            self.plane.add("update")  # scontrol update TimeLimit: one RPC
         self.live += 1
         job.end_at = job.start + min(job.run, job.limit)
         heapq.heappush(self.heap, (job.end_at, next(self.seq), END, job))

@@ -16,31 +16,21 @@
   what people neither use nor queue for (less what agents already hold); otherwise
   the constant limit holds and the agent halves its request as the refusal says.
 
-- ``promote``: an opportunistic job still waiting ``promote_after`` seconds after it
-  reached Slurm (the time it ran before a requeue included) stops being opportunistic:
-  corral moves it to the agents' QOS that is not preemptible, without the nice, so it
-  queues among people's jobs by its age, as on a plain cluster (``scontrol update
-  JobId=N QOS=... Nice=0``: one RPC, decided from the gateway's one ``squeue``). It
-  bounds the wait of the wide jobs that people's queue would otherwise keep out for
-  hours and requeue again and again.
-
 The fast lane's packing (``fast``) is corral's today and lives in fastpool.py.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from typing import TYPE_CHECKING
 
-from .engine import PENDING
 from .stats import Quantiles
 from .workload import SimJob
 
 if TYPE_CHECKING:
     from .engine import Engine
 
-LEVERS = frozenset({"preempt", "predict", "cap", "promote"})
+LEVERS = frozenset({"preempt", "predict", "cap"})
 PRE_TIER = 2
 """The preemptible QOS sorts after people's (0) and the agents' lower QOS (1)."""
 MIN_LIMIT_S = 300.0
@@ -51,17 +41,9 @@ class Levers:
     """The levers' state in one run: agents' cores held per partition, the guaranteed
     share, the walltime predictor's error, and the work each lever loses."""
 
-    def __init__(self, engine: "Engine", on: frozenset[str], guarantee: float, margin: float, history: int,
-                 promote_after: float = 3600.0, tier: int = 0) -> None:
+    def __init__(self, engine: "Engine", on: frozenset[str], guarantee: float, margin: float, history: int) -> None:
         self.engine, self.on = engine, on
         self.guarantee, self.margin, self.history = guarantee, margin, history
-        self.promote_after, self.promote_tier = promote_after, tier
-        self.watched: deque[SimJob] = deque()
-        """Opportunistic jobs in the order they reached Slurm: the next to be due first."""
-        self.promoted = 0
-        self.due: list[SimJob] = []
-        import os
-        self.budget = float(os.environ.get("PB", "1.0"))
         n = len(engine.parts)
         self.agents_c = [0] * n
         """Cores of agents' jobs (and fast-lane pilots) submitted and not ended, per partition."""
@@ -82,14 +64,6 @@ class Levers:
         and other opportunistic jobs share with it in turn)."""
         p = self.engine.parts[part]
         if "preempt" in self.on:
-            import os
-            v = os.environ.get("HR", "A")
-            if v == "B":
-                return p.cores - p.people_run_c - p.reserve_c
-            if v == "C":
-                return p.free_c - p.reserve_c
-            if v == "D":
-                return p.cores - p.people_c - p.reserve_c
             return p.cores - p.reserve_c
         return p.cores - p.people_c - self.agents_c[part]
 
@@ -110,52 +84,6 @@ class Levers:
         self.agents_c[job.part] += delta * job.cores
         if job.guaranteed:
             self.guar_c[job.part] += delta * job.cores
-
-    # -- promote: opportunistic no longer, once it has waited long enough ---------------
-    def watch(self, job: SimJob) -> None:
-        """An opportunistic job reaches Slurm."""
-        if job.pre and "promote" in self.on:
-            self.watched.append(job)
-
-    def tick(self, now: float) -> None:
-        """Each minute (the gateway sees it at its next ``squeue``): the jobs now due that
-        still wait are promoted, oldest first, while the budget holds; one running now
-        is, if it is requeued later (``preempted``)."""
-        w, due = self.watched, now - self.promote_after
-        while w and w[0].submit <= due:
-            self.due.append(w.popleft())
-        if not self.due:
-            return
-        keep = []
-        for job in self.due:
-            if not (job.pre and job.state == PENDING):
-                continue
-            if self.guar_c[job.part] + job.cores <= self.budget * self.engine.parts[job.part].cores:
-                self.promote(job)
-            else:
-                keep.append(job)
-        self.due = keep
-
-    def preempted(self, job: SimJob) -> None:
-        """A requeued job past its due time is due again."""
-        if "promote" in self.on and self.engine.now - job.submit >= self.promote_after:
-            self.due.append(job)
-
-    def promote(self, job: SimJob) -> None:
-        import os
-        v = os.environ.get("PK", "age")
-        if v == "now":
-            key = (self.promote_tier, self.engine.now, job.id)
-        elif v == "tier1":
-            key = (1, job.submit, job.id)
-        else:
-            key = (self.promote_tier, job.submit, job.id)
-        self.engine.reorder(job, key, pre=False)
-        job.guaranteed = True  # counted with the agents' work that is not preemptible from now on
-        self.guar_c[job.part] += job.cores
-        self.promoted += 1
-        if self.engine.plane is not None:
-            self.engine.plane.add("update")
 
     # -- predict: walltimes from memory --------------------------------------------------
     def tighten(self, job: SimJob, history: list[float]) -> None:
@@ -187,7 +115,7 @@ class Levers:
         return again
 
     def figures(self, span_s: float) -> dict[str, object]:
-        return {"tightened": self.tightened, "overruns": self.overruns, "promoted": self.promoted,
+        return {"tightened": self.tightened, "overruns": self.overruns,
                 "overrun_core_h": round(self.overrun_core_s / 3600, 1),
                 "predicted_over_actual": self.predicted.summary(),
                 "agent_limit_over_run": self.limit_over_run.summary()}

@@ -89,8 +89,6 @@ class Scenario:
     """``predict``: the predicted runtime times this is the limit corral asks for."""
     history: int = 3
     """``predict``: how many of a session's last runs the prediction reads."""
-    promote_after: float = 3600.0
-    """``promote``: seconds an opportunistic job waits before it queues as people's do."""
 
 
 class Run:
@@ -109,9 +107,7 @@ class Run:
         self.engine.on_end = self._ended
         self.engine.on_start = self._started
         self.engine.on_bucket = self._sample
-        self.levers = Levers(self.engine, self.parts & LEVERS, sc.guarantee, sc.margin, sc.history,
-                             sc.promote_after, sc.agent_tier)
-        self.engine.on_preempt = self.levers.preempted
+        self.levers = Levers(self.engine, self.parts & LEVERS, sc.guarantee, sc.margin, sc.history)
         self.end_t = sc.days * 86400.0
         n_agents = 0 if policy == "ban" else agents_for(sc.people_count, sc.agents.share)
         self.agents = Agents(sc.agents, sc.facility, n_agents, sc.person_jobs_per_day, sc.person_core_s_per_day, sc.seed,
@@ -234,14 +230,8 @@ class Run:
             self.count["pilots"] += 1
         arrive = self.engine.now + self.plane.wait_s + self.sc.times.submit_s
         job.submit = arrive
-        self.levers.watch(job)
         if job.key:  # (tier, the nice's age penalty) -> (tier, when it counts as submitted)
             job.key = (job.key[0], arrive + job.key[1], job.id)
-            import os
-            if job.pre and os.environ.get("PO") == "sjf":
-                job.key = (job.key[0], job.cores * job.limit, job.id)
-            elif job.pre and os.environ.get("PO") == "sjf2":
-                job.key = (job.key[0], job.limit, job.id)
         self.engine.at(arrive, ARRIVE, job)
 
     def _allowed(self, job: SimJob, now: float) -> bool:
@@ -349,7 +339,6 @@ class Run:
         """Each minute: the share of the machine's cores busy (for the plot over time)."""
         used = sum(p.cores - p.free_c for p in self.engine.parts)
         self.busy.add(t, used / max(self.sc.facility.cores, 1), mean=True)
-        self.levers.tick(t)
 
     def _next_session(self, agent: int, after: float) -> None:
         t = self.agents.next_session(after)

@@ -26,7 +26,7 @@ def build(trace: Path | None, facility: str | None, days: float, seed: int, agen
           people: PeopleModel, sched: SchedConfig, times: ServiceTimes | None = None,
           cedar: Path | None = None, settings: Settings | None = None, agent_tier: int = 0,
           corral_off: frozenset[str] = frozenset(), guarantee: float = 0.0, reserve: float = 0.01,
-          margin: float = 2.0, promote_after: float = 3600.0) -> Scenario:
+          margin: float = 2.0) -> Scenario:
     if sched.algorithm not in ALGORITHMS:
         raise InvalidRequest(f"unknown scheduler {sched.algorithm!r}", hint=f"use one of {', '.join(ALGORITHMS)}")
     if days <= 0:
@@ -39,9 +39,6 @@ def build(trace: Path | None, facility: str | None, days: float, seed: int, agen
         raise InvalidRequest(f"--guarantee must be a share of cores from 0 to 1, got {guarantee}")
     if not 0 <= reserve < 1:
         raise InvalidRequest(f"--reserve must be a share of cores from 0 to below 1, got {reserve}")
-    if promote_after <= 0:
-        raise InvalidRequest(f"--promote-after must be above 0 seconds, got {promote_after:g}",
-                             hint="leave opportunistic jobs opportunistic with --corral-without promote")
     if margin < 1:
         raise InvalidRequest(f"--walltime-margin must be at least 1 (the predicted runtime itself), got {margin}")
     unknown = corral_off - PARTS
@@ -50,8 +47,7 @@ def build(trace: Path | None, facility: str | None, days: float, seed: int, agen
                              hint=f"--corral-without takes some of {', '.join(sorted(PARTS))}")
     common: dict[str, Any] = dict(sched=sched, agents=agents, times=times or ServiceTimes.load(), seed=seed,
                                   cedar=cedar, settings=settings or Settings(), agent_tier=agent_tier,
-                                  corral_off=corral_off, guarantee=guarantee, reserve=reserve, margin=margin,
-                                  promote_after=promote_after)
+                                  corral_off=corral_off, guarantee=guarantee, reserve=reserve, margin=margin)
     if trace is not None:
         head = scan_swf(trace)
         fac = cluster.load(facility) if facility else cluster.one_pool(head.max_procs, trace.stem)
@@ -149,5 +145,4 @@ def describe(sc: Scenario) -> dict[str, Any]:
             "agents": {k: getattr(sc.agents, k) for k in sc.agents.__dataclass_fields__},
             "controller": sc.times.to_dict(), "people_poll_s": sc.people_poll_s, "agent_tier": sc.agent_tier,
             "corral_without": sorted(sc.corral_off),
-            "levers": {"guarantee": sc.guarantee, "reserve": sc.reserve, "margin": sc.margin, "history": sc.history,
-                       "promote_after_s": sc.promote_after}}
+            "levers": {"guarantee": sc.guarantee, "reserve": sc.reserve, "margin": sc.margin, "history": sc.history}}
