@@ -278,6 +278,29 @@ def test_a_preemptible_job_is_requeued_its_work_lost_and_it_finishes_later() -> 
     assert plain.starts is not None and plain.starts[2] == 100.0 and plain.preemptions == 0
 
 
+def test_order_starts_the_smallest_opportunistic_job_first() -> None:
+    """corral-new's ``order``: opportunistic jobs queue by cores x walltime, not by age,
+    and people's jobs still come before any of them. Without it, by age."""
+    from corral.simulate.levers import Levers
+
+    starts = {}
+    for on in (frozenset({"preempt"}), frozenset({"preempt", "order"})):
+        e = Engine(one_pool(8), SchedConfig("easy", 0, preemption=True), record_starts=True)
+        lv = Levers(e, on, guarantee=0.0, margin=2.0, history=3)
+        person = SimJob(1, 0.0, 100.0, 100.0, 8)
+        big = SimJob(2, 1.0, 50.0, 100.0, 8, agent=True)  # the older: 800 core-seconds asked
+        small = SimJob(3, 2.0, 10.0, 50.0, 4, agent=True)  # 200: too long to backfill before the big one
+        late = SimJob(4, 3.0, 10.0, 20.0, 4)  # a person's, after both
+        for j in (big, small):
+            assert not lv.tier(j)  # no guaranteed share: opportunistic
+            j.key = lv.queued(j, j.submit)
+        e.run(iter([person, big, small, late]))
+        assert e.starts is not None and e.starts[1] == 0.0 and e.starts[4] == 100.0  # people first
+        starts[on] = (e.starts[2], e.starts[3])
+    assert starts[frozenset({"preempt"})] == (110.0, 160.0)  # by age: the big one, then the small
+    assert starts[frozenset({"preempt", "order"})] == (110.0, 100.0)  # the small one beside the person
+
+
 def test_a_job_past_its_limit_ends_at_the_limit() -> None:
     e = Engine(one_pool(4), SchedConfig("easy", 0), record_starts=True)
     ends: dict[int, float] = {}

@@ -276,6 +276,8 @@ class Engine:
         job.limit = job.ask
         p.ends.add((job.start + job.limit, job.id, job))
         self.extensions += 1
+        if self.plane is not None:
+            self.plane.add("update")  # scontrol update TimeLimit: one RPC
         self.live += 1
         job.end_at = job.start + min(job.run, job.limit)
         heapq.heappush(self.heap, (job.end_at, next(self.seq), END, job))
