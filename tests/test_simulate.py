@@ -125,6 +125,16 @@ def test_same_seed_same_report_and_policies_do_what_they_claim() -> None:
     assert b["corral"]["agent_loop_short_s"]["p50"] < b["plain"]["agent_loop_short_s"]["p50"]
 
 
+def test_the_gateway_polls_only_while_it_has_jobs_in_slurm() -> None:
+    """As the reconciler and the Slurm backend do: no jobs of corral's in Slurm, no
+    squeue; so a gateway without agents costs the controller exactly what people do."""
+    sc = scenario.build(None, "small", 1, 3, AgentModel(share=0.0), PeopleModel(people=40),
+                        SchedConfig("easy", 30, 200))
+    r = scenario.compare(sc, ("corral-new", "ban"))["policies"]
+    assert r["corral-new"]["controller"]["rpcs"] == r["ban"]["controller"]["rpcs"]
+    assert r["ban"]["controller"]["rpcs"]["query"] > 0
+
+
 def test_the_controller_slows_down_under_a_polling_storm() -> None:
     """Many agents polling every 2 s load the modelled slurmctld: its busy share and
     command latency rise with the agents; through corral they stay flat."""
