@@ -349,7 +349,7 @@ class Engine:
         now = self.now
         started: list[int] = []
         pre_res: list[float] | None = None
-        """The first blocked opportunistic job (in queue order)'s reservation, when the head may preempt."""
+        """The reservation of the first blocked opportunistic job (in queue order), when the head may preempt."""
         free_c, free_g, free_m = p.free_c, p.free_g, p.free_m
         for idx in range(1, min(len(q), self.sched.backfill_depth + 1)):
             job = q[idx][1]
