@@ -7,7 +7,7 @@ people's jobs: ``plain`` (agents as ordinary users), ``ban`` (no agents),
 ``corral-today`` (the gateway as it is: shared view, fast lane, result cache, Cedar
 policy, agents' nice) and ``corral-new`` (the same with the co-design levers: a
 preemptible tier, walltimes from outcome memory, a size cap that follows people's
-demand). Scenarios:
+demand, the smallest opportunistic jobs first). Scenarios:
 
 1. the documented one: ``corral simulate --agent-share 0.5`` (2,000-node preset, 30
    days, 400 people offering 60% of the batch partition, EASY backfill every 30 s);
@@ -87,7 +87,11 @@ def sweep(days: float, shares: list[float], run: dict) -> list[dict]:
     out = []
     for share in shares:
         at = {n: run[(days, share if n != "ban" else 0.5, n, frozenset(), ())] for n in NAMES}
+        # people's own RPCs (the ban's) are in every arm; the controller check leaves corral
+        # plain's / 100 in all, so where that is below people's own no policy can pass it
         out.append({"share": share, "agents": at["plain"]["agents"],
+                    "people_rpc_per_s": at["ban"]["rpc_per_s"], "controller_budget_rpc_per_s":
+                    round(at["plain"]["rpc_per_s"] / 100, 4),
                     "policies": {NAMES[n]: _row(h) for n, h in at.items()},
                     "checks": scenario.pareto(at["corral-new"], at["plain"], at["ban"])})
     return out
@@ -97,7 +101,9 @@ def _ablation_cases() -> list[tuple[str, str, frozenset]]:
     """corral-new with one lever alone (the others off; ``fast`` is corral-today's
     own, so "fast alone" is corral-today) and with one lever left out."""
     cases: list[tuple[str, str, frozenset]] = [("corral-today", "corral", frozenset())]
-    cases += [(f"{x} alone", "corral-new", frozenset(LEVERS - {x})) for x in sorted(LEVERS)]
+    # order acts on the opportunistic tier only: alone (without preempt) it is corral-today
+    cases += [(f"{x} alone" if x != "order" else "order with preempt", "corral-new",
+               frozenset(LEVERS - {x} - ({"preempt"} if x == "order" else set()))) for x in sorted(LEVERS)]
     cases += [("all levers", "corral-new", frozenset())]
     cases += [(f"all but {x}", "corral-new", frozenset({x})) for x in sorted(LEVERS | {"fast"})]
     return cases

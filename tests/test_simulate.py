@@ -125,6 +125,16 @@ def test_same_seed_same_report_and_policies_do_what_they_claim() -> None:
     assert b["corral"]["agent_loop_short_s"]["p50"] < b["plain"]["agent_loop_short_s"]["p50"]
 
 
+def test_the_gateway_polls_only_while_it_has_jobs_in_slurm() -> None:
+    """As the reconciler and the Slurm backend do: no jobs of corral's in Slurm, no
+    squeue; so a gateway without agents costs the controller exactly what people do."""
+    sc = scenario.build(None, "small", 1, 3, AgentModel(share=0.0), PeopleModel(people=40),
+                        SchedConfig("easy", 30, 200))
+    r = scenario.compare(sc, ("corral-new", "ban"))["policies"]
+    assert r["corral-new"]["controller"]["rpcs"] == r["ban"]["controller"]["rpcs"]
+    assert r["ban"]["controller"]["rpcs"]["query"] > 0
+
+
 def test_the_controller_slows_down_under_a_polling_storm() -> None:
     """Many agents polling every 2 s load the modelled slurmctld: its busy share and
     command latency rise with the agents; through corral they stay flat."""
@@ -276,6 +286,29 @@ def test_a_preemptible_job_is_requeued_its_work_lost_and_it_finishes_later() -> 
     plain = Engine(fac, SchedConfig("easy", 0), record_starts=True)
     plain.run(iter([agent, person, small]))
     assert plain.starts is not None and plain.starts[2] == 100.0 and plain.preemptions == 0
+
+
+def test_order_starts_the_smallest_opportunistic_job_first() -> None:
+    """corral-new's ``order``: opportunistic jobs queue by cores x walltime, not by age,
+    and people's jobs still come before any of them. Without it, by age."""
+    from corral.simulate.levers import Levers
+
+    starts = {}
+    for on in (frozenset({"preempt"}), frozenset({"preempt", "order"})):
+        e = Engine(one_pool(8), SchedConfig("easy", 0, preemption=True), record_starts=True)
+        lv = Levers(e, on, guarantee=0.0, margin=2.0, history=3)
+        person = SimJob(1, 0.0, 100.0, 100.0, 8)
+        big = SimJob(2, 1.0, 50.0, 100.0, 8, agent=True)  # the older: 800 core-seconds asked
+        small = SimJob(3, 2.0, 10.0, 50.0, 4, agent=True)  # 200: too long to backfill before the big one
+        late = SimJob(4, 3.0, 10.0, 20.0, 4)  # a person's, after both
+        for j in (big, small):
+            assert not lv.tier(j)  # no guaranteed share: opportunistic
+            j.key = lv.queued(j, j.submit)
+        e.run(iter([person, big, small, late]))
+        assert e.starts is not None and e.starts[1] == 0.0 and e.starts[4] == 100.0  # people first
+        starts[on] = (e.starts[2], e.starts[3])
+    assert starts[frozenset({"preempt"})] == (110.0, 160.0)  # by age: the big one, then the small
+    assert starts[frozenset({"preempt", "order"})] == (110.0, 100.0)  # the small one beside the person
 
 
 def test_a_job_past_its_limit_ends_at_the_limit() -> None:

@@ -62,7 +62,7 @@ def _json_errors(ctx: click.Context) -> None:
 @click.option("--cedar", type=click.Path(path_type=Path), help="The facility's Cedar policy (default: corral's).")
 @click.option("--corral-without", "corral_without", default="",
               help="Run corral without some of its parts, to see what each buys: view, fast, cache, policy, nice, "
-                   "and corral-new's levers preempt, predict, cap.")
+                   "and corral-new's levers preempt, predict, cap, order.")
 @click.option("--guarantee", type=float, default=0.0, show_default=True,
               help="corral-new: share of a partition's cores agents' jobs get without preemption.")
 @click.option("--reserve", type=float, default=0.01, show_default=True,
@@ -88,7 +88,8 @@ def simulate(ctx: click.Context, trace: Path | None, facility: str | None, days:
     squeue, tiny jobs wait in the queue), agents through corral as the gateway is today
     (one shared view, the fast lane, agents' nice, the Cedar policy, the result cache),
     corral-new (the same, with agents' work beyond a guaranteed share preemptible,
-    walltimes from outcome memory, a size cap that follows people's demand), and no
+    walltimes from outcome memory, a size cap that follows people's demand, the
+    smallest opportunistic jobs first), and no
     agents. Reported per policy: people's wait, agents' loop latency and results per
     hour, utilisation and work lost to requeues, the controller's RPC rate and load.
 

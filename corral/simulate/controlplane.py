@@ -30,7 +30,10 @@ from .stats import Quantiles
 CALIBRATION = Path(__file__).with_name("calibration.json")
 BUCKET_S = 60.0
 MAX_ROWS = 2000
-KINDS = ("submit", "query", "query_one", "cancel")
+KINDS = ("submit", "query", "query_one", "cancel", "update")
+"""``update``: corral's ``scontrol update`` of one job (a tightened limit given back),
+costed as a cancel: both take the job write lock for one job, and the calibration
+has no update of its own."""
 
 
 @dataclass
@@ -118,7 +121,7 @@ class ControlPlane:
         n = sum(c.values())
         query_s = t.query_base_s + t.query_per_job_s * jobs_held
         work = (c["submit"] * t.submit_s + c["query"] * query_s + c["query_one"] * t.query_one_s
-                + c["cancel"] * t.cancel_s)
+                + (c["cancel"] + c["update"]) * t.cancel_s)
         cap = t.threads_effective * BUCKET_S
         mean_s = work / n if n else query_s
         rho = work / cap

@@ -276,6 +276,8 @@ class Engine:
         job.limit = job.ask
         p.ends.add((job.start + job.limit, job.id, job))
         self.extensions += 1
+        if self.plane is not None:
+            self.plane.add("update")  # scontrol update TimeLimit: one RPC
         self.live += 1
         job.end_at = job.start + min(job.run, job.limit)
         heapq.heappush(self.heap, (job.end_at, next(self.seq), END, job))
@@ -347,14 +349,14 @@ class Engine:
         now = self.now
         started: list[int] = []
         pre_res: list[float] | None = None
-        """The oldest blocked opportunistic job's reservation, when the head may preempt."""
+        """The reservation of the first blocked opportunistic job (in queue order), when the head may preempt."""
         free_c, free_g, free_m = p.free_c, p.free_g, p.free_m
         for idx in range(1, min(len(q), self.sched.backfill_depth + 1)):
             job = q[idx][1]
             c = job.cores
             if job.pre:  # opportunistic: free room will do, a head that may preempt takes it back
                 if c > free_c - p.reserve_c or job.gpus > free_g or job.mem > free_m:
-                    if pre_res is None and not head.pre:  # the oldest one blocked gets its own reservation,
+                    if pre_res is None and not head.pre:  # the first one blocked gets its own reservation,
                         pre_res = list(self._reservation(p, job, reserve=p.reserve_c))  # as Slurm's backfill plans
                     continue                                                              # every job, not one
                 if pre_res is not None and now + job.limit > pre_res[0]:

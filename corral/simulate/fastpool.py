@@ -85,6 +85,8 @@ class Pool:
 
     def _maybe_release(self, a: Allocation, since: float) -> None:
         if a.tasks == 0 and a.idle_since == since and a.pilot.state == RUNNING:
+            if self.lanes.engine.plane is not None:
+                self.lanes.engine.plane.add("cancel")  # the gateway releases it with scancel
             self.lanes.engine.finish(a.pilot)
 
     def _grow(self, immediately: bool) -> None:

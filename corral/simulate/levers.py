@@ -16,6 +16,14 @@
   what people neither use nor queue for (less what agents already hold); otherwise
   the constant limit holds and the agent halves its request as the refusal says.
 
+- ``order``: among opportunistic jobs, the smallest first: they queue by cores times
+  the walltime Slurm sees (the tightened one with ``predict``), not by age. People's
+  jobs come first either way; what this changes is which agents get the idle cores
+  when they come back (after a day of people's queue, the shortest loops resume first,
+  which is what results per hour count). In Slurm: corral submits each opportunistic
+  job with ``--nice`` equal to its core-minutes (below 2^31 for a whole partition for
+  48 hours), which outweighs age (at most ``PriorityWeightAge``) inside one QOS.
+
 The fast lane's packing (``fast``) is corral's today and lives in fastpool.py.
 """
 
@@ -30,7 +38,7 @@ from .workload import SimJob
 if TYPE_CHECKING:
     from .engine import Engine
 
-LEVERS = frozenset({"preempt", "predict", "cap"})
+LEVERS = frozenset({"preempt", "predict", "cap", "order"})
 PRE_TIER = 2
 """The preemptible QOS sorts after people's (0) and the agents' lower QOS (1)."""
 MIN_LIMIT_S = 300.0
@@ -78,6 +86,11 @@ class Levers:
         job.pre = True
         job.key = (PRE_TIER, 0.0, job.id)
         return False
+
+    def queued(self, job: SimJob, arrive: float) -> tuple[int, float, int]:
+        """An opportunistic job's place among the others: by its core-seconds with
+        ``order``, else by when it reached Slurm."""
+        return (PRE_TIER, job.cores * job.limit if "order" in self.on else arrive, job.id)
 
     def held(self, job: SimJob, delta: int) -> None:
         """An agent's job (or pilot) reaches Slurm (+1) or leaves it (-1)."""

@@ -11,7 +11,8 @@
   clock); a repeated identical run is answered by the result cache.
 - ``corral-new``: corral with the co-design levers of corral/simulate/levers.py as
   well (a preemptible tier beyond a guaranteed share, walltimes from outcome memory,
-  a size cap that follows people's demand): what issue 38 proposes as the default,
+  a size cap that follows people's demand, the smallest opportunistic jobs first):
+  what issue 38 proposes as the default,
   not yet what the gateway does.
 - ``ban``: no agents (the baseline the paper rejects): what people would see alone.
 
@@ -135,6 +136,8 @@ class Run:
         self.size_floor = 0
         """The largest CPUs the facility's Cedar policy lets an agent's job ask (``cap``)."""
         self.wall_s = 0.0
+        self.in_slurm = 0
+        """Agents' batch jobs and fast-lane allocations submitted and not ended."""
         self.people_active: dict[int, int] = {}
         """Each person's jobs in the system: while any, they poll."""
 
@@ -226,13 +229,24 @@ class Run:
         self.plane.add("submit")
         if job.agent or job.pilot is not None:
             self.levers.held(job, 1)
+            self._watching(1)
         if job.pilot is not None:
             self.count["pilots"] += 1
         arrive = self.engine.now + self.plane.wait_s + self.sc.times.submit_s
         job.submit = arrive
-        if job.key:  # (tier, the nice's age penalty) -> (tier, when it counts as submitted)
+        if job.pre:
+            job.key = self.levers.queued(job, arrive)
+        elif job.key:  # (tier, the nice's age penalty) -> (tier, when it counts as submitted)
             job.key = (job.key[0], arrive + job.key[1], job.id)
         self.engine.at(arrive, ARRIVE, job)
+
+    def _watching(self, delta: int) -> None:
+        """The gateway's one ``squeue`` every ``slurm.poll_s`` runs while it has jobs in
+        Slurm that have not reported their end (corral/backends/slurm.py ``status``),
+        whatever their number; with none, the reconciler asks nothing."""
+        self.in_slurm += delta
+        if "view" in self.parts and self.in_slurm == (1 if delta > 0 else 0):
+            self.plane.polling("gateway", delta, self.engine.now, self.sc.settings.slurm.poll_s)
 
     def _allowed(self, job: SimJob, now: float) -> bool:
         """The facility's Cedar policy on this submission at the simulated time; the
@@ -286,6 +300,7 @@ class Run:
         now = self.engine.now
         if job.agent or job.pilot is not None:
             self.levers.held(job, -1)
+            self._watching(-1)
         if job.pilot is not None:  # a fast-lane allocation
             job.pilot.down(job)
             return
@@ -349,8 +364,6 @@ class Run:
     def go(self, progress: Callable[[float], None] | None = None) -> dict[str, Any]:
         for a in range(self.agents.count):
             self._next_session(a, 0.0)
-        if "view" in self.parts:
-            self.plane.polling("gateway", 1, 0.0, self.sc.settings.slurm.poll_s)
         t0 = time.perf_counter()
         self.engine.run(self._people(), progress=progress)
         self.wall_s = time.perf_counter() - t0

@@ -162,7 +162,8 @@ def _scenario(sc: dict[str, Any]) -> str:
                        f"({html.escape(str(c.get('source', '')))})"),
         ("corral-new's levers", f"guaranteed share {lv.get('guarantee', 0):.0%} of cores, {lv.get('reserve', 0):.0%} left idle "
                                 f"by preemptible jobs; walltime = largest of the last "
-                                f"{lv.get('history', 3)} runs x {lv.get('margin', 2):g}"),
+                                f"{lv.get('history', 3)} runs x {lv.get('margin', 2):g}; opportunistic jobs "
+                                f"queue smallest (cores x walltime) first"),
     ]
     if sc.get("corral_without"):
         items.append(("corral without", ", ".join(sc["corral_without"])))
