@@ -25,7 +25,12 @@ class JobSummaryOut(_Out):
     reason: str | None
     submit_time: float
     start_time: float | None
+    """When it first started (a requeued job ran again later, from the start)."""
     end_time: float | None
+    requeues: int = 0
+    """Times the scheduler requeued it (preempted for a person's job); still one job."""
+    lost_s: float | None = None
+    """Seconds of work its requeued runs lost."""
 
 
 class JobOut(JobSummaryOut):
@@ -93,6 +98,9 @@ class PlanOut(_Out):
     """{"start": a time or null, "how": how it was estimated}."""
     advice: dict[str, Any] | None = None
     cache: dict[str, Any] | None = None
+    placement: dict[str, Any] | None = None
+    """An agent's batch job: its tier (opportunistic: preemptible, requeued), the QOS,
+    the walltime asked of the scheduler and the agent's own, and why."""
 
 
 class OutputOut(_Out):

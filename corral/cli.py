@@ -39,13 +39,20 @@ EXIT_TIMEOUT = 3
 
 def _job_line(j: dict[str, Any]) -> str:
     extra = f" exit={j['exit_code']}" if j.get("exit_code") is not None else ""
+    if j.get("requeues"):  # Slurm preempted and requeued it; ran again from the start
+        lost = f", {j['lost_s']:.0f} s of work lost" if j.get("lost_s") is not None else ""
+        extra += f" requeued={j['requeues']}{lost}"
     reason = f" ({j['reason']})" if j.get("reason") else ""
     return f"job {j['id']}: {j['state']}{extra}{reason}"
 
 
 def _job_rows(jobs: list[dict[str, Any]]) -> str:
-    rows = [{**j, "submitted": _ts(j.get("submit_time")), "exit": j.get("exit_code")} for j in jobs]
-    return table(rows, ["id", "name", "principal", "session", "state", "exit", "submitted", "reason"])
+    rows = [{**j, "submitted": _ts(j.get("submit_time")), "exit": j.get("exit_code"),
+             "requeued": (f"{j['requeues']}x" + (f" ({j['lost_s']:.0f}s lost)" if j.get("lost_s") is not None else "")
+                          if j.get("requeues") else "")} for j in jobs]
+    # A job Slurm requeued (preempted) ran again from the start: the column only when one did.
+    cols = ["id", "name", "principal", "session", "state", "exit", "submitted", "reason"]
+    return table(rows, cols[:6] + ["requeued"] + cols[6:] if any(j.get("requeues") for j in jobs) else cols)
 
 
 INHERITED_ENV = ("PATH", "VIRTUAL_ENV")

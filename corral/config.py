@@ -68,6 +68,12 @@ class SlurmSettings(_Part):
     agent_qos: str | None = Field(None, description="QOS for agents' jobs, when the site has one.")
     timeout_s: float = Field(30.0, gt=0, description="Longest wait for one Slurm command.")
     poll_s: float = Field(10.0, gt=0, description="Full squeue poll interval; jobs report their own start and end in between.")
+    opportunistic_qos: str | None = Field("agents-opportunistic", description="QOS of agents' opportunistic batch work: preemptible, requeued by Slurm when a person's job needs its cores, reported as one job with its requeue count (docs/decisions/0022). Used where Slurm preempts it (PreemptType=preempt/qos, the QOS exists; scripts/slurm-up sets both); '' turns the tier off.")
+    agent_guarantee: float = Field(0.0, ge=0, le=1, description="Share of a partition's CPUs agents' batch jobs hold without preemption (niced, in agent_qos); beyond it they are opportunistic. 0: all of agents' batch work is opportunistic (decision 0009).")
+    tighten_walltime: bool = Field(True, description="An opportunistic job whose script completed before at the same resources asks Slurm for its recent runtimes times walltime_margin instead of the agent's walltime, and gets the agent's own back before it reaches that (plan_job and the job's record show both).")
+    walltime_margin: float = Field(2.0, ge=1, description="The tightened walltime: the largest of the last walltime_history runtimes times this.")
+    walltime_history: int = Field(3, ge=2, le=50, description="Runs of the same script the tightened walltime is taken from (at least 2 needed).")
+    walltime_min_s: int = Field(300, ge=60, description="The shortest walltime corral asks of Slurm when it tightens one.")
 
 
 class MemorySettings(_Part):

@@ -230,11 +230,17 @@ MIGRATIONS: list[str] = [
         vec BLOB NOT NULL
     );
     """,
+    # 12: a job the scheduler requeued (an agent's opportunistic job preempted) stays one
+    # job: how many times, and the seconds of work its earlier runs lost (decision 0022)
+    """
+    ALTER TABLE jobs ADD COLUMN requeues INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN lost_s REAL;
+    """,
 ]
 
 _JOB_COLS = (
     "id, principal, session, backend, backend_id, state, exit_code, reason, "
-    "submit_time, start_time, end_time, spec"
+    "submit_time, start_time, end_time, spec, requeues, lost_s"
 )
 
 
@@ -243,9 +249,11 @@ _ACTIVE = "state IN ('PENDING', 'RUNNING', 'UNKNOWN')"
 HELD_REASON = "held by request; release it to let it run"
 """A job held before it was sent (job_control's hold, a held submission)."""
 _UPDATE = f"""UPDATE jobs SET state=?, exit_code=?, reason=?,
-    start_time=COALESCE(start_time, ?), end_time=COALESCE(end_time, ?), cpu_s=COALESCE(?, cpu_s),
-    max_rss_mb=COALESCE(?, max_rss_mb) WHERE id=? AND state NOT IN ({','.join('?' * len(_TERMINAL))})"""
-"""One job's new facts; a terminal state is never overwritten (a late report cannot undo an end)."""
+    start_time=COALESCE(start_time, ?), end_time=COALESCE(end_time, ?),
+    cpu_s=COALESCE(?, cpu_s), max_rss_mb=COALESCE(?, max_rss_mb), requeues=MAX(requeues, ?),
+    lost_s=COALESCE(?, lost_s) WHERE id=? AND state NOT IN ({','.join('?' * len(_TERMINAL))})"""
+"""One job's new facts; a terminal state is never overwritten (a late report cannot undo an end).
+A requeued job keeps its first start; its requeue count only grows."""
 
 _SPECS: dict[str, JobSpec] = {}
 
@@ -261,6 +269,8 @@ class Run(NamedTuple):
     exit_code: int | None
     reason: str | None
     start_time: float | None
+    requeues: int = 0
+    lost_s: float | None = None
 
 
 def _statements(sql: str) -> Iterator[str]:
@@ -285,7 +295,7 @@ def _parse_spec(text: str) -> JobSpec:
 
 
 def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
-    (id_, principal, session, backend, backend_id, state, exit_code, reason, st, bt, et, spec) = row
+    (id_, principal, session, backend, backend_id, state, exit_code, reason, st, bt, et, spec, requeues, lost_s) = row
     return Job.stored(
         id=id_,
         principal=principal,
@@ -299,6 +309,8 @@ def _row_to_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
         start_time=bt,
         end_time=et,
         spec=_parse_spec(spec),
+        requeues=requeues,
+        lost_s=lost_s,
     )
 
 
@@ -433,13 +445,13 @@ class Database:
                 f"token_path, held, reason) VALUES {rows} RETURNING id", args).fetchall()]
             # Built from what was written: no read back (a batch of 1,000 inserts is hot).
             jobs += [_row_to_job((jid, principal, session, backend, None, JobState.PENDING.value, None, reason, now,
-                                  None, None, text)) for jid, (backend, _), text in zip(ids, chunk, texts[i: i + 500])]
+                                  None, None, text, 0, None)) for jid, (backend, _), text in zip(ids, chunk, texts[i: i + 500])]
         return jobs
 
     def update_jobs(self, updates: list[tuple[int, JobState, int | None, str | None, float | None, float | None,
                                                float | None, float | None]]) -> None:
         """``update_job`` for many: (id, state, exit code, reason, start, end, cpu s, peak MB); one statement."""
-        self.conn.executemany(_UPDATE, [(st.value, code, reason, start, end, cpu, rss, jid, *_TERMINAL)
+        self.conn.executemany(_UPDATE, [(st.value, code, reason, start, end, cpu, rss, 0, None, jid, *_TERMINAL)
                                         for jid, st, code, reason, start, end, cpu, rss in updates])
 
     def audit_head(self) -> tuple[int, str] | None:
@@ -540,13 +552,23 @@ class Database:
         self.conn.execute("UPDATE jobs SET cpu_s=COALESCE(?, cpu_s), max_rss_mb=COALESCE(?, max_rss_mb) WHERE id=?",
                           (cpu_s, max_rss_mb, job_id))
 
+    def guaranteed_cpus(self, partition: str | None) -> int:
+        """CPUs of agents' unfinished jobs placed in the guaranteed tier of a partition
+        (None: sent without one, to the default). Only read when a guaranteed share is set."""
+        rows = self.conn.execute(
+            f"""SELECT json_extract(spec, '$.cpus') FROM jobs WHERE {_ACTIVE}
+                AND json_extract(spec, '$.labels."corral-tier"') = 'guaranteed'
+                AND json_extract(spec, '$.partition') IS ?""", (partition,)).fetchall()
+        return sum(int(r[0] or 1) for r in rows)
+
     def active_runs(self, lanes: Iterable[str]) -> list[Run]:
         """Jobs not yet ended that were sent to these lanes (the ones the reconciler polls)."""
         names = list(lanes)
         rows = self.conn.execute(
-            f"SELECT id, backend, backend_id, state, exit_code, reason, start_time FROM jobs WHERE {_ACTIVE} "
-            f"AND backend_id IS NOT NULL AND backend IN ({','.join('?' * len(names))}) ORDER BY id", names)
-        return [Run(i, b, bid, JobState(s), c, r, t) for i, b, bid, s, c, r, t in rows]
+            f"SELECT id, backend, backend_id, state, exit_code, reason, start_time, requeues, lost_s FROM jobs "
+            f"WHERE {_ACTIVE} AND backend_id IS NOT NULL AND backend IN ({','.join('?' * len(names))}) ORDER BY id",
+            names)
+        return [Run(i, b, bid, JobState(s), c, r, t, q, lost) for i, b, bid, s, c, r, t, q, lost in rows]
 
     def list_jobs(
         self,
@@ -586,10 +608,12 @@ class Database:
         start_time: float | None = None,
         end_time: float | None = None,
         cpu_s: float | None = None,
+        requeues: int = 0,
+        lost_s: float | None = None,
     ) -> None:
         """Record what the backend reported. A terminal state is never overwritten."""
-        self.conn.execute(_UPDATE, (state.value, exit_code, reason, start_time, end_time, cpu_s, None, job_id,
-                                    *_TERMINAL))
+        self.conn.execute(_UPDATE, (state.value, exit_code, reason, start_time, end_time, cpu_s, None, requeues, lost_s,
+                                    job_id, *_TERMINAL))
 
     def mark_running(self, started: dict[int, float]) -> None:
         """Jobs still PENDING that started (id -> start time): one statement for many."""

@@ -357,6 +357,11 @@ class Job(BaseModel):
     start_time: float | None = None
     end_time: float | None = None
     spec: JobSpec
+    requeues: int = 0
+    """Times the scheduler requeued the job (an agent's opportunistic job preempted by a
+    person's): each time it ran again from the start; it is still this one job."""
+    lost_s: float | None = None
+    """Seconds of work the requeued runs had done and lost (None: none, or not measured yet)."""
     advice: list[str] = []
     """What corral's memory says about this submission (set on submit, not stored)."""
 
@@ -370,6 +375,8 @@ class Job(BaseModel):
         ``model_construct``, but without its per-field default handling (~10 µs a job,
         ~3 µs here); a sweep's submit, wait and outcomes each build hundreds."""
         job = cls.__new__(cls)
+        fields.setdefault("requeues", 0)
+        fields.setdefault("lost_s", None)
         fields.setdefault("advice", [])
         object.__setattr__(job, "__dict__", fields)
         object.__setattr__(job, "__pydantic_fields_set__", set(fields))
@@ -397,6 +404,8 @@ class Job(BaseModel):
             "submit_time": self.submit_time,
             "start_time": self.start_time,
             "end_time": self.end_time,
+            "requeues": self.requeues,
+            "lost_s": self.lost_s,
         }
 
     def to_dict(self) -> dict[str, Any]:

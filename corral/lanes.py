@@ -102,6 +102,8 @@ class BackendLane:
         self.backend = backend
         self.name = backend.name
         self.dependencies = backend.dependencies
+        self.tiered: bool = getattr(backend, "tiered", hasattr(backend, "opportunistic"))
+        """Agents' jobs are placed in a tier here (Slurm; corral/placement.py)."""
         self._slots = asyncio.Semaphore(SUBMIT_CONCURRENCY)
 
     def claim(self, principal: Principal, spec: JobSpec) -> JobSpec | None:
@@ -155,6 +157,17 @@ class BackendLane:
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name}
+
+    def opportunistic(self) -> str | None:
+        """The preemptible QOS of agents' opportunistic jobs here (None: no such tier)."""
+        fn = getattr(self.backend, "opportunistic", None)
+        return fn() if fn else None
+
+    def partition_cpus(self, partition: str | None) -> int:
+        """CPUs of a partition (None: the default one), its nodes times the largest node's."""
+        parts = self.backend.partitions()
+        p = next((x for x in parts if x.name == partition), None) or next((x for x in parts if x.default), parts[0])
+        return p.max_cpus * max(1, len(p.extra.get("nodes") or ()))
 
     def preflight(self, spec: JobSpec) -> None:
         self.backend.preflight(spec)

@@ -61,6 +61,9 @@ class JobOut(_Out):
     state: State
     exit_code: int | None = None
     reason: str | None = None
+    requeues: int | None = Field(None, description="Times Slurm requeued it (an opportunistic job preempted for "
+                                 "a person's): it ran again from the start and is still this one job.")
+    lost_s: float | None = Field(None, description="Seconds of work the requeued runs lost.")
     next: str = Field(description="What to do next.")
 
 
@@ -118,6 +121,9 @@ class PlanOut(_Out):
     budgets: list[dict[str, Any]]
     advice: dict[str, Any] | None = None
     cache: dict[str, Any] | None = None
+    placement: dict[str, Any] | None = Field(None, description="How the job would run: tier (opportunistic: "
+                                             "preemptible, requeued and run again if a person's job needs the "
+                                             "cores), qos, walltime_s asked of Slurm, asked_walltime_s, why.")
 
 
 class JobsOut(_Out):

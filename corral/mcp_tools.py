@@ -151,6 +151,10 @@ def compact(job: dict[str, Any]) -> dict[str, Any]:
         out["reason"] = guard.delimit(job["reason"], f"job {job['id']} reason")
     if job.get("start_time") and job.get("end_time"):
         out["ran_s"] = round(job["end_time"] - job["start_time"], 2)
+    if job.get("requeues"):  # preempted and run again from the start: still this one job
+        out["requeues"] = job["requeues"]
+        if job.get("lost_s") is not None:
+            out["lost_s"] = job["lost_s"]
     return out
 
 
@@ -361,6 +365,11 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
                 f"refused by {plan['rule']}: {plan['refused']['message']}")
         if (plan.get("cache") or {}).get("hit"):
             said += f"; the result of job {plan['cache']['job_id']} would answer it"
+        placed = plan.get("placement") or {}
+        if placed.get("tier") == "opportunistic":
+            said += "; opportunistic (preemptible, requeued if a person needs the cores)"
+        if placed and placed["walltime_s"] < placed["asked_walltime_s"]:
+            said += f"; walltime {format_duration(placed['walltime_s'])} asked of the scheduler (from memory)"
         return _result(said, plan)
 
     @mcp.tool(annotations=_annotations("Job status", read_only=True))

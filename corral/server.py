@@ -112,7 +112,8 @@ def build_service(settings: Settings, clock: Clock | None = None) -> Service:
         jobs = s.jobs_dir or settings.home / "slurm" / "jobs"
         sandbox, egress = _sandbox(settings, [Path(jobs)])
         identities = Identities(settings.home / "identities.json", *settings.sandbox.dynamic_uids)
-        backend = SlurmBackend(jobs, s.conf, s.agent_nice, s.agent_qos, s.timeout_s, s.poll_s, sandbox=sandbox)
+        backend = SlurmBackend(jobs, s.conf, s.agent_nice, s.agent_qos, s.timeout_s, s.poll_s, sandbox=sandbox,
+                               opportunistic_qos=s.opportunistic_qos)
         backend.identities = identities
         service = Service(settings, db, backend, clock=clock, sandbox=sandbox, egress=egress, identities=identities)
         service.private_state = [Path(jobs), scratch_dir(settings.storage, settings.home)]

@@ -37,7 +37,8 @@ from .jobs import MAX_INT, TERMINAL_STATES, Job, JobSpec, JobState, no_job
 from .lanes import BackendLane, Lane, Lanes
 from .memory.facts import Facts
 from .memory.verbs import MemoryVerbs
-from .principals import Caller, Principal
+from .placement import Placement, Placer
+from .principals import Caller, Kind, Principal
 from .safety import guard
 from .safety.output_guard import OutputGuard
 from .safety.audit import Audit, AuditLog
@@ -94,12 +95,16 @@ class Service:
             m = settings.memory
             semantic = SemanticRecall(db, Embedder(m.embed_model, m.model_cache, m.embed_threads))
         self.memory = MemoryVerbs(settings.memory, db, self.gate, self.audit, self.lanes, Facts(db), store, semantic)
+        self.placer = Placer(settings.slurm, db, self.memory.runtimes)
+        """Agents' batch jobs: their tier (opportunistic, preemptible) and walltime (corral/placement.py)."""
         self.progress = Progress(db, self.watchers, self.memory)
         self.stream = Events(db, self.watchers, settings.wait_max_s)
         """The event stream of jobs' state changes (control/events.py)."""
         self.sender = Sender(db, self.lanes, self.progress)
         scratch = scratch_dir(settings.storage, settings.home)
         self.sender.needed_dirs = [scratch / sub for sub in SCRATCH_DIRS]
+        if hasattr(backend, "scratch"):  # a requeued Slurm job runs again without a send: its script makes them
+            backend.scratch = list(self.sender.needed_dirs)
         self.storage = StorageVerbs(settings.storage, settings.home, db, self.lanes, self.sender, self.audit, sandbox,
                                     self.metrics, owner=self.identity_of)
         """Environment images, workspaces, metadata accounting (corral/storage/)."""
@@ -185,7 +190,10 @@ class Service:
         ready: dict[str, tuple[JobSpec, Lane] | Job] = {}
         for t, s in distinct.items():
             with _prefixed(where(first[t])):
-                ready[t] = await self._cached_or_routed(caller, s)
+                routed_one = await self._cached_or_routed(caller, s)
+                # Where an agent's batch job runs (its tier, its walltime): labels on its spec.
+                ready[t] = routed_one if isinstance(routed_one, Job) else (
+                    (await self._placed(p, *routed_one))[0], routed_one[1])
         allowed = [r[0] for r in ready.values() if not isinstance(r, Job)]  # each distinct spec once
         if self.storage.needs(allowed):  # decided: their images and workspaces mounted before they are recorded
             await asyncio.to_thread(self.storage.prepare, caller, allowed)
@@ -350,6 +358,14 @@ class Service:
             spec = spec.model_copy(update={"labels": {**spec.labels, CACHE_LABEL: key}})
         return self.lanes.route(caller.principal, spec)
 
+    async def _placed(self, p: Principal, spec: JobSpec, lane: Lane) -> tuple[JobSpec, Placement | None]:
+        """The placement of a routed spec (corral/placement.py): an agent's batch job on a
+        tiered backend (Slurm) gets its tier and, from memory, its walltime; every other
+        spec loses such labels."""
+        batch = self.lanes.batch if lane is self.lanes.batch and self.lanes.batch.tiered else None
+        qos = await asyncio.to_thread(batch.opportunistic) if batch is not None and p.kind is Kind.AGENT else None
+        return self.placer.place(p, spec, batch, qos)
+
     async def advice(self, caller: Caller, spec: JobSpec) -> dict[str, Any]:
         """What corral would say of this submission, without submitting it."""
         with self.audit.refusals(caller, "advice", {"command": (spec.command or "script")[:200]}):
@@ -385,6 +401,9 @@ class Service:
                 spec, lane = routed
                 out["cache"] = {"hit": False, "asked": bool(spec.cache)}
                 self.gate.admit(caller, [spec], take=False)
+                spec, placed = await self._placed(p, spec, lane)
+                if placed is not None:
+                    out["placement"] = placed.public()
         except CorralError as e:
             out.update(allowed=False, rule=getattr(e, "rule", None) or e.code,
                        refused={"message": e.message, "hint": e.hint})

@@ -47,9 +47,17 @@ def _ids_from(db: Path, first: int) -> None:
 
 @pytest.fixture(scope="module")
 def shim_results():
+    import fcntl
+
     conf = slurm_conf()
     root = Path(tempfile.mkdtemp(prefix="corral-compat-"))
     root.chmod(0o755)
+    # The corpus's jobs take their turn on the real Slurm like any test's (conftest.slurm_turn,
+    # taken per test function: this module fixture runs before it, and holds the turn only
+    # while the corpus runs). Without it, a test filling the node meanwhile made Slurm preempt
+    # the corpus's running sleeper, an agent's opportunistic job (decision 0022).
+    turn = open("/tmp/corral-slurm-tests.lock", "w")
+    fcntl.flock(turn, fcntl.LOCK_EX)
     gw = start_slurm_gateway(root, conf)
     _ids_from(gw.home / "corral.db", 700_000)
     try:
@@ -69,8 +77,10 @@ def shim_results():
                            cwd=work, env=env, capture_output=True, text=True, timeout=1800)
         assert r.returncode == 0 and out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
         got = json.loads(out.read_text())
+        turn.close()  # the corpus has run: each comparison below takes its own turn
         yield got["ids"], got["results"]
     finally:
+        turn.close()
         gw.kill(signal.SIGTERM)
 
 

@@ -59,6 +59,10 @@ class BackendStatus:
     reason: str | None = None
     start_time: float | None = None
     end_time: float | None = None
+    requeues: int = 0
+    """Times the scheduler requeued the job (preempted, node failure): it ran again from the start."""
+    lost_s: float | None = None
+    """Seconds of work its requeued runs had done, lost (None: not measured, or none)."""
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ import shutil
 import signal as _signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -50,7 +51,9 @@ from ..jobs import JobSpec, JobState, format_duration
 from ..safe_read import read_small, read_tail
 from ..storage import IMAGE_AT, IMAGE_FILE, META_LABEL, meta
 from . import CONTROLS, BackendStatus, OutputPaths, Partition, SubmitContext, Usage, base_env
-from .slurm_vocab import (STATES, _epoch, _expand, _kv, _read_epoch, min_job_age_s, parse_exit, parse_slurm_time,
+from .slurm_tiers import (TIER_LABEL, WALLTIME_LABEL, Requeues, Tiers, extend, read_started, rerun_lines,
+                          tier_lines)
+from .slurm_vocab import (STATES, _epoch, _expand, _kv, min_job_age_s, parse_exit, parse_slurm_time,
                           translate)
 
 if TYPE_CHECKING:
@@ -108,7 +111,8 @@ class SlurmBackend:
 
     def __init__(self, jobs_dir: Path, slurm_conf: str | None = None, agent_nice: int = 100,
                  agent_qos: str | None = None, timeout_s: float = 30.0, poll_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic, sandbox: "Sandbox | None" = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, sandbox: "Sandbox | None" = None,
+                 opportunistic_qos: str | None = None) -> None:
         self.jobs_dir = Path(jobs_dir).resolve()
         self.sandbox = sandbox
         """Contains the work of the kinds it names inside the batch script (corral/sandbox.py)."""
@@ -132,6 +136,10 @@ class SlurmBackend:
         self._cancelled: set[str] = set()  # cancelled by corral (not by Slurm, for a dependency)
         self.controller_calls: dict[str, int] = {}
         """Slurm commands run, by command (sbatch, squeue, sacct, scancel, scontrol...)."""
+        door = lambda *argv: self._run(*argv)  # noqa: E731  (through _run as it is when called: tests replace it)
+        self.tiers = Tiers(opportunistic_qos, door, self._conf_key)
+        """Agents' opportunistic tier, where this Slurm preempts its QOS (slurm_tiers.py)."""
+        self.requeues = Requeues(door)
 
     # -- the one door, with Slurm's environment ------------------------------------
 
@@ -150,6 +158,10 @@ class SlurmBackend:
         The dashboard sets it against what clients without corral would have asked;
         a status call answered from jobs' own reports asks nothing and is not counted."""
         self.controller_calls[argv[0]] = self.controller_calls.get(argv[0], 0) + 1
+
+    def opportunistic(self) -> str | None:
+        """The preemptible QOS agents' opportunistic jobs go to; None where Slurm has none."""
+        return self.tiers.offered()
 
     # -- Backend Protocol --------------------------------------------------------------
 
@@ -188,6 +200,9 @@ class SlurmBackend:
             raise BackendError(f"sbatch answered {out!r}, not a job id", argv=argv)
         _write_own(recorded, backend_id)
         self._index(backend_id, d)
+        if spec.labels.get(WALLTIME_LABEL):  # tightened by the placement: given back before it is reached
+            self._tightened(backend_id).parent.mkdir(mode=0o700, exist_ok=True)
+            self._tightened(backend_id).write_text(f"{spec.labels[WALLTIME_LABEL]} {spec.walltime_s}")
         self._known[backend_id] = BackendStatus(backend_id, JobState.PENDING, reason="submitted")
         return backend_id
 
@@ -267,6 +282,8 @@ class SlurmBackend:
         Every value here is corral's or checked by JobSpec; the job's own environment is
         not in it (it travels in d/out/env.json, read by the last step before the job)."""
         out = d / "out"
+        # The placement's walltime (corral/placement.py), tightened from memory, else the agent's.
+        walltime_s = int(spec.labels.get(WALLTIME_LABEL) or spec.walltime_s)
         comment = " ".join(f"{k}={v}" for k, v in (
             ("corral_job", ctx.job_id), ("principal", ctx.principal), ("kind", ctx.kind),
             ("sponsor", ctx.sponsor or "-"), ("session", ctx.session or "-"), ("nonce", nonce)))
@@ -276,11 +293,14 @@ class SlurmBackend:
             f"#SBATCH --comment={shlex.quote(comment)}",
             f"#SBATCH --output={out / 'stdout'}",
             f"#SBATCH --error={out / 'stderr'}",
+            # A requeued job's output grows on, never truncated: the guarded copy an
+            # agent pages through is append-only (safety/output_guard.py).
+            "#SBATCH --open-mode=append",
             "#SBATCH --nodes=1",
             "#SBATCH --ntasks=1",
             f"#SBATCH --cpus-per-task={spec.cpus}",
             f"#SBATCH --mem={spec.memory_mb}M",
-            f"#SBATCH --time={format_duration(-(-spec.walltime_s // 60) * 60)}",
+            f"#SBATCH --time={format_duration(-(-walltime_s // 60) * 60)}",
         ]
         if spec.partition:
             lines.append(f"#SBATCH --partition={spec.partition}")
@@ -292,13 +312,16 @@ class SlurmBackend:
             lines += [f"#SBATCH --dependency={ctx.after}", "#SBATCH --kill-on-invalid-dep=yes"]
         if ctx.kind == "agent":
             lines.append(f"#SBATCH --nice={self.agent_nice}")
-            if self.agent_qos:
+            opportunistic = self.opportunistic() if spec.labels.get(TIER_LABEL) == "opportunistic" else None
+            if opportunistic:
+                lines += tier_lines(opportunistic)
+            elif self.agent_qos:
                 lines.append(f"#SBATCH --qos={self.agent_qos}")
         # The job tells corral itself when it starts and when it ends normally: no
         # controller RPC needed. The end is written only after the work returns; a job
         # killed by a signal (cancel, walltime, memory) dies before that line, and Slurm's
         # accounting says what happened. (An EXIT trap would run there with a wrong $?.)
-        lines += ["", f"date +%s > {out / 'started'}", ""]
+        lines += [""] + rerun_lines(str(out / "started"), str(out / "ended")) + [""]
         if spec.labels.get(IMAGE_FILE):  # the job's environment image, mounted on this node (storage/mounts.py)
             lines += [f"corral_env=$({shlex.quote(sys.executable)} -I -m corral.storage.mounts image "
                       f"{shlex.quote(spec.labels[IMAGE_FILE])} {shlex.quote(spec.labels[IMAGE_AT])}) || exit 1",
@@ -319,6 +342,8 @@ class SlurmBackend:
             who = self._contained_as(ctx)
             own = out / "work"
             work = [str(own) if a == str(d) else a for a in (work or [])] or None
+            if self.scratch:  # where the script may (as root): a cleaner's removal must not fail a rerun
+                lines.append(f"mkdir -p {' '.join(shlex.quote(str(p)) for p in self.scratch)} 2>/dev/null")
             lines.append(f"exec {ENV_FD}< {out / 'env.json'}")
             # The working directory is bound by descriptor, opened without following links
             # (a link swapped in after the gateway's check is refused, not followed).
@@ -389,11 +414,23 @@ class SlurmBackend:
         for jid in unsure:
             if jid not in out and jid in self._known:
                 out[jid] = self._upgrade(jid, self._known[jid])
+        # A job Slurm requeued: the work its earlier runs lost, from accounting, once.
+        self.requeues.measure([jid for jid, st in out.items() if st.requeues and self.requeues.lost(jid) is None])
         for jid, st in out.items():
+            if st.requeues:
+                out[jid] = st = replace(st, requeues=self.requeues.count(jid), lost_s=self.requeues.lost(jid))
             if st.state.terminal:  # the one place a job moves from live to final
                 self._final[jid] = st
                 self._known.pop(jid, None)
         return out
+
+    def _started(self, jid: str) -> tuple[float | None, int]:
+        """The job's own record of its last run's start: (epoch, restarts before it)."""
+        d = self._dir_of(jid)
+        try:  # never through a link, never blocking (read_small)
+            return read_started(read_small(_out(d) / "started", 64)) if d is not None else (None, 0)
+        except OSError:
+            return None, 0
 
     def _self_report(self, jid: str) -> BackendStatus | None:
         """A normal end, written by the job script after its work returned. A code over 128
@@ -412,19 +449,20 @@ class SlurmBackend:
             return None
         if code > 128:
             return None
-        started = _marker_epoch(out / "started")
+        started, restarts = self._started(jid)
+        self.requeues.note(jid, restarts)
         end = os.lstat(out / "ended").st_mtime
         if code == 0:
-            return BackendStatus(jid, JobState.COMPLETED, 0, None, started, end)
-        return BackendStatus(jid, JobState.FAILED, code, f"exited with code {code}", started, end)
+            return BackendStatus(jid, JobState.COMPLETED, 0, None, started, end, requeues=restarts)
+        return BackendStatus(jid, JobState.FAILED, code, f"exited with code {code}", started, end, requeues=restarts)
 
     def _upgrade(self, jid: str, last: BackendStatus) -> BackendStatus:
-        """Between full polls: a PENDING job whose script wrote 'started' is RUNNING."""
+        """Between full polls: a PENDING job whose script wrote 'started' is RUNNING (the
+        marker of this run: a requeued job's last run left one too)."""
         if last.state is JobState.PENDING:
-            d = self._dir_of(jid)
-            started = _marker_epoch(_out(d) / "started") if d else None
-            if started is not None:
-                last = BackendStatus(jid, JobState.RUNNING, start_time=started)
+            started, restarts = self._started(jid)
+            if started is not None and restarts >= self.requeues.count(jid):
+                last = BackendStatus(jid, JobState.RUNNING, start_time=started, requeues=restarts)
                 self._known[jid] = last
         return last
 
@@ -433,27 +471,51 @@ class SlurmBackend:
         wanted = set(backend_ids)
         out: dict[str, BackendStatus] = {}
         ended: dict[str, str] = {}
-        for line in self._run("squeue", "-h", "-a", "-t", "all", "-o", "%i|%T|%r|%S").splitlines():
-            jid, st, reason, start = (line.split("|") + ["", "", ""])[:4]
+        for line in self._run("squeue", "-h", "-a", "-t", "all",
+                              "-O", "JobID:|,State:|,Reason:|,StartTime:|,RestartCnt:").splitlines():
+            jid, st, reason, start, restarts = (line.split("|") + ["", "", "", ""])[:5]
+            jid = jid.strip()
             if jid not in wanted:
                 continue
+            again = int(restarts) if restarts.strip().isdigit() else 0
+            self.requeues.note(jid, again)
             state = translate(st)
-            if state.terminal or st.startswith("COMPLETING"):
+            if again and (st.split() or [""])[0] in ("COMPLETING", "PREEMPTED", "REQUEUED", "REQUEUE_HOLD"):
+                # Being requeued: Slurm keeps the job (same id) and runs it again.
+                state = JobState.PENDING
+            elif state.terminal or st.startswith("COMPLETING"):
                 ended[jid] = st
                 continue
+            why = None if reason in ("None", "") else reason
+            if again and state is JobState.PENDING:
+                why = (f"requeued by Slurm {again}x (preempted: a job that may take its cores needed them, or a "
+                       f"requeue was asked); it runs again from the start" + (f" ({why})" if why else ""))
             out[jid] = self._known[jid] = BackendStatus(
-                jid, state, reason=None if reason in ("None", "") else reason,
-                start_time=_epoch(start) if state is JobState.RUNNING else None)
+                jid, state, reason=why, start_time=_epoch(start) if state is JobState.RUNNING else None,
+                requeues=again)
+        self._extend([st for st in out.values() if st.state is JobState.RUNNING and st.start_time is not None])
         missing = [j for j in backend_ids if j not in out]
         if missing:
             final = self._accounting(missing)
             for jid in missing:
                 if jid in final:
-                    out[jid] = final[jid]
+                    out[jid] = replace(final[jid], requeues=self.requeues.count(jid))
                 elif jid in ended:  # accounting lags squeue by a few seconds
-                    out[jid] = BackendStatus(jid, JobState.RUNNING, reason="ended; waiting for accounting")
+                    out[jid] = BackendStatus(jid, JobState.RUNNING, reason="ended; waiting for accounting",
+                                             requeues=self.requeues.count(jid))
                     self._last_poll = None  # look again next tick, not in poll_s
         return out
+
+    def _tightened(self, backend_id: str) -> Path:
+        """Where a tightened job's walltimes are kept: corral's own directory, never the
+        job's (its user writes that one; decision 0010)."""
+        return self.jobs_dir / "tightened" / backend_id
+
+    def _extend(self, running: Sequence[BackendStatus]) -> None:
+        """Jobs near the walltime the placement tightened get the agent's own back (slurm_tiers.extend)."""
+        for st in running:
+            if st.start_time is not None:
+                extend(self._tightened(st.backend_id), st.backend_id, st.start_time, self.poll_s, self._run)
 
     def _accounting(self, ids: Sequence[str]) -> dict[str, BackendStatus]:
         text = self._run("sacct", "-X", "-n", "-P", "-j", ",".join(ids),
@@ -560,6 +622,8 @@ class SlurmBackend:
             self._known.pop(jid, None)
             self._dirs.pop(jid, None)
             self._cancelled.discard(jid)
+            self.requeues.forget(jid)
+            self._tightened(jid).unlink(missing_ok=True)
 
     def free(self, partition: str | None) -> tuple[int, int] | None:
         """From the nodes' allocations now, asked of scontrol: nodes down, drained or not
@@ -580,8 +644,9 @@ class SlurmBackend:
     def estimate_start(self, spec: JobSpec) -> float | None:
         """``sbatch --test-only`` with the job's resources: Slurm's own answer (one RPC),
         'Job N to start at 2026-12-01T21:05:11 ...' in the controller's local time."""
+        walltime_s = int(spec.labels.get(WALLTIME_LABEL) or spec.walltime_s)  # as it would be sent
         argv = ["sbatch", "--test-only", "--nodes=1", "--ntasks=1", f"--cpus-per-task={spec.cpus}",
-                f"--mem={spec.memory_mb}M", f"--time={max(1, -(-spec.walltime_s // 60))}", "--wrap=true"]
+                f"--mem={spec.memory_mb}M", f"--time={max(1, -(-walltime_s // 60))}", "--wrap=true"]
         if spec.partition:
             argv.append(f"--partition={spec.partition}")
         if spec.gpus:
@@ -601,12 +666,16 @@ class SlurmBackend:
 
     # -- the facility's limits ----------------------------------------------------------
 
-    def partitions(self) -> list[Partition]:
-        """Read once, cached; re-read when slurm.conf changes (mtime and size)."""
-        key = None
+    def _conf_key(self) -> tuple[float, int] | None:
+        """slurm.conf's mtime and size: what is read from Slurm's configuration is read again when they change."""
         if self.slurm_conf and Path(self.slurm_conf).exists():
             st = Path(self.slurm_conf).stat()
-            key = (st.st_mtime, st.st_size)
+            return st.st_mtime, st.st_size
+        return None
+
+    def partitions(self) -> list[Partition]:
+        """Read once, cached; re-read when slurm.conf changes (mtime and size)."""
+        key = self._conf_key()
         if self._limits is None or key != self._limits_key:
             self._limits = self._read_limits()
             self._limits_key = key
@@ -691,6 +760,10 @@ class SlurmBackend:
 
     identities: "Identities | None" = None
     """Who a contained job of a principal without a Unix user runs as (corral/identity.py)."""
+    scratch: list[Path] = []
+    """Node-local directories the sandbox hides (the Sender makes them again at a send if a
+    cleaner removed them); a contained job's script makes them too, for the run Slurm
+    starts again after a requeue, minutes later and without a send."""
 
     def _run_as(self, ctx: SubmitContext) -> tuple[int, int] | None:
         """(uid, gid) that sbatch --uid runs the batch script as: the principal's Unix user,
@@ -715,14 +788,6 @@ def _write_own(path: Path, text: str) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-
-
-def _marker_epoch(path: Path) -> float | None:
-    """A time a job's script wrote (a marker): never through a link, never blocking."""
-    try:
-        return float(read_small(path, 64).strip())
-    except (OSError, ValueError):
-        return None
 
 
 def _out(d: Path) -> Path:

@@ -78,6 +78,8 @@ class MeteredBackend:
         self.metrics = metrics
         self.name = inner.name
         self.dependencies = inner.dependencies
+        self.tiered = hasattr(inner, "opportunistic")
+        """The backend has tiers for agents' work (Slurm's QOS); corral/placement.py places jobs on it."""
 
     def _count(self, op: str) -> None:
         self.metrics.backend_calls.labels(op).inc()
@@ -104,6 +106,11 @@ class MeteredBackend:
         """Backend-specific facility facts (Slurm: node types, QOS); {} where none."""
         fn = getattr(self.inner, "facts", None)
         return fn() if fn else {}
+
+    def opportunistic(self) -> str | None:
+        """The preemptible QOS agents' opportunistic work goes to; None where the backend has none."""
+        fn = getattr(self.inner, "opportunistic", None)
+        return fn() if fn else None
 
     def preflight(self, spec: JobSpec) -> None:
         self.inner.preflight(spec)  # answered from cached limits: not counted as a scheduler call

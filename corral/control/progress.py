@@ -33,11 +33,13 @@ class Progress:
         """Who else hears of jobs that ended (the storage's metadata accounting)."""
 
     def write(self, job_id: int, state: JobState, *, exit_code: int | None = None, reason: str | None = None,
-              start_time: float | None = None, end_time: float | None = None) -> None:
+              start_time: float | None = None, end_time: float | None = None, requeues: int = 0,
+              lost_s: float | None = None) -> None:
         """One job's new state, in the caller's transaction; the caller then hands the
-        ids it wrote to ``changed`` (a terminal state is never overwritten: db.update_job)."""
+        ids it wrote to ``changed`` (a terminal state is never overwritten: db.update_job;
+        a job its scheduler requeued stays one job, with its count and the work lost)."""
         self.db.update_job(job_id, state, exit_code=exit_code, reason=reason, start_time=start_time,
-                           end_time=end_time)
+                           end_time=end_time, requeues=requeues, lost_s=lost_s)
 
     def started(self, started: dict[int, float]) -> None:
         """Jobs a lane reports started: RUNNING (only if still PENDING); wake their waiters."""

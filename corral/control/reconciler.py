@@ -123,10 +123,14 @@ class Reconciler:
                         self.progress.write(job.id, JobState.UNKNOWN, reason="the backend has no record of this job")
                         changed.append(job.id)
                     continue
-                if (st.state, st.exit_code, st.reason, st.start_time) != (job.state, job.exit_code, job.reason,
-                                                                           job.start_time):
+                # A start is written once (the first run's): a requeued job's later runs
+                # report other starts, and those are no change to write every tick.
+                if (st.state, st.exit_code, st.reason, st.requeues, st.lost_s) != (
+                        job.state, job.exit_code, job.reason, job.requeues, job.lost_s) or (
+                        st.start_time is not None and job.start_time is None):
                     self.progress.write(job.id, st.state, exit_code=st.exit_code, reason=st.reason,
-                                       start_time=st.start_time, end_time=st.end_time)
+                                       start_time=st.start_time, end_time=st.end_time, requeues=st.requeues,
+                                       lost_s=st.lost_s)
                     changed.append(job.id)
                 if st.state.terminal:
                     ended.append(st.backend_id)

@@ -195,6 +195,17 @@ class Memory:
                 "deterministic", "ended", "workdir")
         return [dict(zip(keys, r, strict=True)) for r in rows]
 
+    def runtimes(self, principal: Principal, spec: JobSpec, n: int) -> list[tuple[int, float]]:
+        """The last ``n`` completed runs of this script at these resources in the
+        principal's family: (job id, seconds its run took), newest first. A job its
+        scheduler requeued is left out: its start to its end spans more than one run."""
+        rows = self.db.conn.execute(
+            """SELECT e.job_id, j.end_time - j.start_time FROM episodes e JOIN jobs j ON j.id = e.job_id
+               WHERE e.fingerprint=? AND e.family=? AND e.resources=? AND e.state='COMPLETED'
+                 AND j.start_time IS NOT NULL AND j.end_time IS NOT NULL AND j.requeues = 0
+               ORDER BY e.ended DESC LIMIT ?""", (fingerprint(spec), family(principal), resources(spec), n)).fetchall()
+        return [(int(jid), max(0.0, float(ran))) for jid, ran in rows]
+
     def advise(self, principal: Principal, spec: JobSpec) -> tuple[list[str], str | None]:
         """-> (advice for this submission, why it is refused or None)."""
         eps = self._episodes(principal, fingerprint(spec))

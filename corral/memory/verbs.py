@@ -55,6 +55,11 @@ class MemoryVerbs:
         # Advice quotes job output (error lines): guarded like any output handed to an agent.
         return [guard.scan(a, "memory advice").text for a in advice]
 
+    def runtimes(self, principal: Principal, spec: JobSpec, n: int) -> list[tuple[int, float]]:
+        """What this script's last ``n`` successful runs took (job id, seconds), newest
+        first; [] when memory is off (corral/placement.py tightens walltimes from it)."""
+        return self.store.runtimes(principal, spec, n) if self.store is not None else []
+
     def remember_outcomes(self, job_ids: list[int]) -> None:
         """Ended jobs become episodes (their failures' output read once, bounded)."""
         if self.store is None:

@@ -459,7 +459,7 @@ def _show(v: View, one_line: bool) -> str:
          ("Account", account()), ("QOS", "normal")],
         [("JobState", v.state), ("Reason", v.reason().strip("()") if v.state != "RUNNING" else "None"),
          ("Dependency", dep_text)],
-        [("ExitCode", exit_code(j))],
+        [("Restarts", str(j.get("requeues") or 0)), ("ExitCode", exit_code(j))],  # requeued by Slurm (decision 0022)
         [("RunTime", hms(elapsed(j, v.now))), ("TimeLimit", v.time_limit(hms))],
         [("SubmitTime", stamp(j.get("submit_time")))],
         [("StartTime", stamp(j.get("start_time"))),

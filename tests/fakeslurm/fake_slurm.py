@@ -122,15 +122,24 @@ def _select(args: list[str], ids_flag: str, name_flag: str) -> list[dict[str, ob
     return [r for r in map(record, jobs()) if (ids is None or str(r["id"]) in ids) and (name is None or r["name"] == name)]
 
 
+_LONG = {"JobID": "i", "State": "T", "Reason": "r", "StartTime": "S", "Comment": "k", "RestartCnt": "R"}
+"""squeue -O's field names -> the -o letters (RestartCnt has none: the fake never requeues)."""
+
+
 def squeue(args: list[str]) -> None:
-    fmt = args[args.index("-o") + 1]
+    if "-O" in args:  # 'JobID:|,State:|,...': each field, then its suffix
+        fmt = "".join(f"%{_LONG[name]}{suffix}" for name, _, suffix in
+                      (f.partition(":") for f in args[args.index("-O") + 1].split(",")))
+    else:
+        fmt = args[args.index("-o") + 1]
     for r in _select(args, "-j", "-n"):
         st, _ = _state(r)
         if st not in ("PENDING", "RUNNING"):
             continue
         running = r["running"]
         start = running.get("start_time") if isinstance(running, dict) else None
-        fields = {"i": str(r["id"]), "T": st, "r": "None", "S": stamp(start) if start else "N/A", "k": str(r["comment"])}
+        fields = {"i": str(r["id"]), "T": st, "r": "None", "S": stamp(start) if start else "N/A", "k": str(r["comment"]),
+                  "R": "0"}
         print(re.sub(r"%([a-zA-Z])", lambda m: fields.get(m.group(1), ""), fmt))
 
 

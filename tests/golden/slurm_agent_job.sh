@@ -3,6 +3,7 @@
 #SBATCH --comment='corral_job=17 principal=claude-1 kind=agent sponsor=alice session=sess-9 nonce=-'
 #SBATCH --output=/jobs/17/out/stdout
 #SBATCH --error=/jobs/17/out/stderr
+#SBATCH --open-mode=append
 #SBATCH --nodes=1
 #SBATCH --ntasks=1
 #SBATCH --cpus-per-task=4
@@ -14,7 +15,9 @@
 #SBATCH --nice=100
 #SBATCH --qos=agents
 
-date +%s > /jobs/17/out/started
+corral_run=${SLURM_RESTART_COUNT:-0}
+if [ "$corral_run" -gt 0 ]; then rm -f /jobs/17/out/ended; m="corral: Slurm requeued this job (restart $corral_run); it runs again from the start, and the output above this line is from an earlier run that did not finish"; echo "$m"; echo "$m" >&2; fi
+echo "$(date +%s) $corral_run" > /jobs/17/out/started
 
 export CORRAL_JOB_ID=17
 export CORRAL_PRINCIPAL=claude-1

@@ -3,13 +3,16 @@
 #SBATCH --comment='corral_job=18 principal=alice kind=human sponsor=- session=- nonce=-'
 #SBATCH --output=/jobs/18/out/stdout
 #SBATCH --error=/jobs/18/out/stderr
+#SBATCH --open-mode=append
 #SBATCH --nodes=1
 #SBATCH --ntasks=1
 #SBATCH --cpus-per-task=1
 #SBATCH --mem=1024M
 #SBATCH --time=01:00:00
 
-date +%s > /jobs/18/out/started
+corral_run=${SLURM_RESTART_COUNT:-0}
+if [ "$corral_run" -gt 0 ]; then rm -f /jobs/18/out/ended; m="corral: Slurm requeued this job (restart $corral_run); it runs again from the start, and the output above this line is from an earlier run that did not finish"; echo "$m"; echo "$m" >&2; fi
+echo "$(date +%s) $corral_run" > /jobs/18/out/started
 
 export CORRAL_JOB_ID=18
 export CORRAL_PRINCIPAL=alice

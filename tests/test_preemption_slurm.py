@@ -1,0 +1,322 @@
+"""Agents' opportunistic tier on the real Slurm of scripts/slurm-up (issue 38 item 2,
+docs/decisions/0022): a person's job preempts an agent's opportunistic job, Slurm
+requeues it, it finishes later, and the agent sees one job that ended COMPLETED with
+its requeue count, the work lost, and its output as one stream."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.backends.slurm import SlurmBackend
+from corral.backends.slurm_tiers import Requeues, extend
+from corral.config import SlurmSettings
+from corral.jobs import JobSpec, JobState
+from corral.placement import Placer
+from corral.principals import Kind, Principal
+
+from .conftest import Gateway, free_port
+from .slurm_env import slurm_conf
+
+# One real-Slurm test at a time, whichever worker runs it (tests/conftest.py::slurm_turn).
+on_slurm = pytest.mark.usefixtures("slurm_turn")
+
+
+def slurm(conf: str, *argv: str) -> str:
+    return subprocess.run(argv, env={**os.environ, "SLURM_CONF": conf}, capture_output=True, text=True,
+                          check=True, timeout=30).stdout
+
+
+def free_cpus(conf: str) -> int:
+    """CPUs not allocated on the private Slurm's one node (it advertises 32)."""
+    kv = dict(t.split("=", 1) for t in slurm(conf, "scontrol", "show", "node", "-o").split() if "=" in t)
+    return int(kv["CPUTot"]) - int(kv["CPUAlloc"])
+
+
+def until(what: str, check: Any, within: float) -> Any:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {within:.0f} s waiting for {what}")
+
+
+def status(gw: Gateway, token: str, job_id: int) -> dict[str, Any]:
+    """The job as the agent sees it, through the CLI with its own token."""
+    cp = gw.cli("--json", "status", str(job_id), token=token)
+    assert cp.returncode == 0, cp.stderr
+    return json.loads(cp.stdout)
+
+
+@on_slurm
+def test_a_persons_job_preempts_an_agents_opportunistic_job(tmp_path: Path, agent_dir: Path) -> None:
+    conf = slurm_conf()
+    preempt = slurm(conf, "scontrol", "show", "config")
+    assert re.search(r"PreemptType\s+=\s+preempt/qos", preempt), "scripts/slurm-up configures preemption"
+    gw = Gateway(tmp_path / "home", free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": conf,
+                                                            "CORRAL_TICK_S": "0.5", "CORRAL_SLURM__POLL_S": "2"})
+    gw.home.mkdir()
+    gw.start()
+    try:
+        with gw.http() as h:
+            for body in ({"name": "alice", "kind": "human"}, {"name": "bot1", "kind": "agent", "sponsor": "alice"}):
+                assert h.post("/v1/principals", json=body).status_code == 201
+            tok = {n: h.post("/v1/tokens", json={"for": n, "expires": "1h"}).json()["token"] for n in ("alice", "bot1")}
+        # The node's free CPUs, all of them: the person's job below can only start on the agent's.
+        cpus = until("free CPUs on the node", lambda: free_cpus(conf) >= 8 and free_cpus(conf), 120)
+        work = "echo begin; sleep 25; echo finished"
+        with gw.http(tok["bot1"]) as h:
+            plan = h.post("/v1/plan", json={"command": work, "cpus": cpus, "walltime": "10m",
+                                            "workdir": str(agent_dir)}).json()
+            assert plan["allowed"] and plan["placement"]["tier"] == "opportunistic", plan
+            assert plan["placement"]["qos"] == "agents-opportunistic"
+        cp = gw.cli("--json", "submit", "--cpus", str(cpus), "--time", "10m", "--workdir", str(agent_dir), "--",
+                    work, token=tok["bot1"])
+        assert cp.returncode == 0, cp.stderr
+        job_id = json.loads(cp.stdout)["id"]
+        job = until("the agent's job to run", lambda: (j := status(gw, tok["bot1"], job_id))["state"] == "RUNNING"
+                    and j, 180)
+        assert job["requeues"] == 0
+        backend_id = job["backend_id"]
+        script = (gw.home / "slurm" / "jobs" / str(job_id) / "job.sh").read_text()
+        assert "#SBATCH --qos=agents-opportunistic" in script and "#SBATCH --requeue" in script
+        assert "agents-opportunistic" in slurm(conf, "squeue", "-h", "-j", backend_id, "-o", "%q")
+        time.sleep(3)  # some of its work done: lost when it is preempted
+
+        # A person's job that needs those cores: Slurm preempts the agent's and requeues it.
+        with gw.http(tok["alice"]) as h:
+            hers = h.post("/v1/jobs", json={"command": "echo hers", "cpus": cpus, "walltime": "5m",
+                                            "workdir": str(tmp_path)}).json()
+            assert h.get(f"/v1/jobs/{hers['id']}/wait", params={"timeout": 120}).json()["state"] == "COMPLETED"
+        again = until("the agent's job requeued", lambda: (j := status(gw, tok["bot1"], job_id))["requeues"] >= 1
+                      and j, 60)
+        assert again["state"] in ("PENDING", "RUNNING"), again  # still one live job, never FAILED or CANCELLED
+        assert again["backend_id"] == backend_id
+
+        # Slurm runs it again (after its BeginTime, ~2 min on 22.05); the agent waits as always.
+        until("the agent's job to end", lambda: status(gw, tok["bot1"], job_id)["state"] not in ("PENDING", "RUNNING"),
+              400)
+        cp = gw.cli("--json", "wait", str(job_id), "--timeout", "30", token=tok["bot1"])
+        assert cp.returncode == 0, cp.stderr
+        done = json.loads(cp.stdout)
+        assert done["state"] == "COMPLETED" and done["exit_code"] == 0, done
+        assert done["requeues"] >= 1 and done["lost_s"] is not None and done["lost_s"] >= 2, done
+        assert done["backend_id"] == backend_id
+        shown = gw.cli("status", str(job_id), token=tok["bot1"]).stdout  # what a person reads
+        assert "REQUEUED" in shown and f"{done['requeues']}x ({done['lost_s']:.0f}s lost)" in shown, shown
+        with gw.http(tok["bot1"]) as h:  # one job in the agent's listing, and its output as one stream
+            mine = h.get("/v1/jobs").json()["jobs"]
+            assert [j["id"] for j in mine] == [job_id] and mine[0]["requeues"] == done["requeues"]
+            out = h.get(f"/v1/jobs/{job_id}/output").json()["data"]
+        runs = out.split("corral: Slurm requeued this job")
+        assert len(runs) == done["requeues"] + 1, out
+        assert runs[0].startswith("begin\n"), out  # the preempted run's (its shell may outlive TERM a moment)
+        assert runs[-1].rstrip().endswith("begin\nfinished"), out
+        # Slurm's accounting: the earlier run preempted, the last one completed, same job id
+        rows = slurm(conf, "sacct", "-D", "-X", "-n", "-P", "-j", backend_id, "-o", "State").split()
+        assert rows[0] == "PREEMPTED" and rows[-1] == "COMPLETED", rows
+    finally:
+        gw.kill(signal.SIGTERM)
+
+
+@on_slurm
+def test_walltime_tightened_from_memory_and_given_back(tmp_path: Path, agent_dir: Path) -> None:
+    """An agent's script that completed twice asks Slurm for its runtimes x 2 (here at
+    least 1 min), shown by plan_job and kept in the record beside the agent's own; once
+    it runs near that limit the gateway gives it the agent's walltime back."""
+    conf = slurm_conf()
+    gw = Gateway(tmp_path / "home", free_port(), extra_env={
+        "CORRAL_BACKEND": "slurm", "SLURM_CONF": conf, "CORRAL_TICK_S": "0.5", "CORRAL_SLURM__POLL_S": "2",
+        "CORRAL_SLURM__WALLTIME_MIN_S": "60"})
+    gw.home.mkdir()
+    gw.start()
+    try:
+        with gw.http() as h:
+            for body in ({"name": "alice", "kind": "human"}, {"name": "bot1", "kind": "agent", "sponsor": "alice"}):
+                assert h.post("/v1/principals", json=body).status_code == 201
+            tok = h.post("/v1/tokens", json={"for": "bot1", "expires": "1h"}).json()["token"]
+        spec = {"command": "sleep ${SECS:-1}; echo step", "walltime": "10m", "workdir": str(agent_dir)}
+        with gw.http(tok) as h:
+            first = h.post("/v1/plan", json=spec).json()["placement"]
+            assert first["tier"] == "opportunistic" and first["walltime_s"] == first["asked_walltime_s"] == 600
+            for _ in range(2):  # two runs for memory to go by
+                job = h.post("/v1/jobs", json=spec).json()
+                done = until("a run to end", lambda: (j := h.get(f"/v1/jobs/{job['id']}/wait",
+                                                                 params={"timeout": 30}).json())["state"]
+                             not in ("PENDING", "RUNNING") and j, 300)
+                assert done["state"] == "COMPLETED", done
+            plan = h.post("/v1/plan", json=spec).json()["placement"]
+            assert plan["walltime_s"] == 60 and plan["asked_walltime_s"] == 600, plan
+            assert "the last 2 runs of this script took at most" in plan["why"], plan
+            other = h.post("/v1/plan", json={**spec, "command": "sleep 2; echo step"}).json()["placement"]
+            assert other["walltime_s"] == 600, other  # another script: nothing to go by
+            # The same script (the environment is not part of it), running long enough to be seen running.
+            job = h.post("/v1/jobs", json={**spec, "env": {"SECS": "30"}}).json()
+            assert job["spec"]["walltime"] == 600 and job["spec"]["labels"]["corral-walltime-s"] == "60", job
+            assert "x2" in job["spec"]["labels"]["corral-walltime-why"]
+        script = (gw.home / "slurm" / "jobs" / str(job["id"]) / "job.sh").read_text()
+        assert "#SBATCH --time=00:01:00" in script, script
+        backend_id = (gw.home / "slurm" / "jobs" / str(job["id"]) / "backend_id").read_text().strip()
+
+        def limit() -> str:
+            return re.search(r"TimeLimit=(\S+)", slurm(conf, "scontrol", "show", "job", backend_id)).group(1)
+
+        # Within 2 minutes of its tightened limit from the start: given back at the first poll that sees it run.
+        assert until("its walltime given back", lambda: limit() == "00:10:00", 300)
+        with gw.http(tok) as h:  # done with it: the cores go back
+            h.post(f"/v1/jobs/{job['id']}/cancel")
+    finally:
+        gw.kill(signal.SIGTERM)
+
+
+# -- no Slurm needed: the placement, and Slurm's answers about requeued jobs ----------------
+
+class _Lane:
+    def partition_cpus(self, partition: str | None) -> int:
+        return 32
+
+
+class _Db:
+    held = 0
+
+    def guaranteed_cpus(self, partition: str | None) -> int:
+        return self.held
+
+
+BOT = Principal("bot1", Kind.AGENT, "alice")
+ALICE = Principal("alice", Kind.HUMAN)
+
+
+def test_placement_tiers_and_labels_are_the_placements_alone() -> None:
+    db = _Db()
+    placer = Placer(SlurmSettings(), db, lambda p, s, n: [])  # type: ignore[arg-type]
+    forged = JobSpec(command="x", labels={"corral-tier": "guaranteed", "corral-walltime-s": "1", "mine": "y"})
+    spec, placed = placer.place(BOT, forged, _Lane(), "agents-opportunistic")
+    assert placed is not None and placed.tier == "opportunistic" and placed.qos == "agents-opportunistic"
+    assert spec.labels == {"mine": "y", "corral-tier": "opportunistic"} and spec.walltime_s == forged.walltime_s
+    spec, placed = placer.place(ALICE, forged, _Lane(), "agents-opportunistic")  # a person: not placed
+    assert placed is None and spec.labels == {"mine": "y"}
+    spec, placed = placer.place(BOT, forged, None, "agents-opportunistic")  # another lane (the fast lane)
+    assert placed is None and spec.labels == {"mine": "y"}
+    _, placed = placer.place(BOT, forged, _Lane(), None)  # a Slurm without the QOS: as before
+    assert placed is not None and placed.tier == "guaranteed" and placed.qos is None
+    shared = Placer(SlurmSettings(agent_guarantee=0.25), db, lambda p, s, n: [])  # type: ignore[arg-type]
+    _, placed = shared.place(BOT, JobSpec(command="x", cpus=8), _Lane(), "q")
+    assert placed is not None and placed.tier == "guaranteed"  # 8 of 32 x 0.25
+    db.held = 4
+    _, placed = shared.place(BOT, JobSpec(command="x", cpus=8), _Lane(), "q")
+    assert placed is not None and placed.tier == "opportunistic"
+
+
+def test_walltime_from_the_last_runs_with_its_margin_floor_and_ceiling() -> None:
+    runs: list[tuple[int, float]] = []
+    placer = Placer(SlurmSettings(), _Db(), lambda p, s, n: runs[:n])  # type: ignore[arg-type]
+    spec = JobSpec(command="x", walltime="2h")
+
+    def applied() -> tuple[int, dict[str, str]]:
+        placed_spec, placed = placer.place(BOT, spec, _Lane(), "q")
+        assert placed is not None and placed.asked_walltime_s == 7200 and placed_spec.walltime_s == 7200
+        return placed.walltime_s, placed_spec.labels
+
+    runs[:] = [(7, 400.0)]
+    assert applied() == (7200, {"corral-tier": "opportunistic"})  # one run is not enough to go by
+    runs[:] = [(9, 400.0), (8, 610.0), (7, 30.0), (6, 5000.0)]  # the last 3: at most 610 s, x2, whole minutes
+    limit, labels = applied()
+    assert limit == 1260 and labels["corral-walltime-s"] == "1260" and "jobs 9, 8, 7" in labels["corral-walltime-why"]
+    runs[:] = [(9, 10.0), (8, 20.0)]
+    assert applied()[0] == 300  # at least walltime_min_s
+    runs[:] = [(9, 4000.0), (8, 20.0)]
+    assert applied() == (7200, {"corral-tier": "opportunistic"})  # never above what was asked
+    guaranteed = Placer(SlurmSettings(), _Db(), lambda p, s, n: [(1, 10.0), (2, 10.0)])  # type: ignore[arg-type]
+    _, placed = guaranteed.place(BOT, spec, _Lane(), None)
+    assert placed is not None and placed.walltime_s == 7200  # a guaranteed job keeps the agent's
+
+
+def test_a_requeued_job_is_pending_with_its_count_and_the_work_it_lost(tmp_path: Path) -> None:
+    """Slurm's own words for a job being requeued (squeue: COMPLETING, RestartCnt 1) read
+    as PENDING, never as an end; the work lost comes from sacct -D's earlier runs."""
+    b = SlurmBackend(tmp_path / "jobs", None, poll_s=0)
+    said = {"squeue": "41|COMPLETING|None|2026-12-03T07:41:24|1\n42|PREEMPTED|None|N/A|0\n",
+            "sacct": ("41|PREEMPTED|2026-12-03T07:41:24|2026-12-03T07:41:28\n41|PENDING|Unknown|Unknown\n"
+                      "42|PREEMPTED|2026-12-03T07:40:00|2026-12-03T07:40:30\n")}
+    asked: list[tuple[str, ...]] = []
+
+    def run(*argv: str) -> str:
+        asked.append(argv)
+        return said[argv[0]]
+
+    b._run = run  # type: ignore[method-assign]
+    got = b.status(["41", "42"])
+    assert got["41"].state is JobState.PENDING and got["41"].requeues == 1 and got["41"].lost_s == 4.0
+    # A job Slurm no longer holds (gone from squeue's live states) that accounting says was
+    # PREEMPTED was not requeued: that is its end.
+    assert got["42"].state is JobState.FAILED
+    assert [a[:2] for a in asked].count(("sacct", "-D")) == 1
+    said["squeue"] = "41|PENDING|BeginTime|2026-12-03T07:43:28|1\n"
+    again = b.status(["41"])["41"]
+    assert again.state is JobState.PENDING and again.reason is not None and again.reason.startswith("requeued by Slurm 1x")
+    assert again.lost_s == 4.0 and [a[:2] for a in asked].count(("sacct", "-D")) == 1  # measured once
+
+
+def test_requeues_wait_for_accounting_to_have_every_earlier_run() -> None:
+    text = {"t": "5|PENDING|Unknown|Unknown\n"}
+    r = Requeues(lambda *a: text["t"])
+    r.note("5", 1)
+    r.measure(["5"])
+    assert r.count("5") == 1 and r.lost("5") is None  # slurmdbd has not the preempted run yet
+    text["t"] = "5|PREEMPTED|2026-12-03T07:00:00|2026-12-03T07:01:40\n5|RUNNING|2026-12-03T07:03:40|Unknown\n"
+    r.measure(["5"])
+    assert r.lost("5") == 100.0
+
+
+def test_a_tightened_walltime_is_given_back_once_near_its_limit(tmp_path: Path) -> None:
+    record = tmp_path / "77"
+    record.write_text("600 3600")
+    asked: list[tuple[str, ...]] = []
+    extend(record, "77", time.time(), 10.0, lambda *a: asked.append(a) or "")
+    assert asked == [] and record.exists()  # 10 minutes left: not yet
+    extend(record, "77", time.time() - 500, 10.0, lambda *a: asked.append(a) or "")
+    assert asked == [("scontrol", "update", "JobId=77", "TimeLimit=01:00:00")] and not record.exists()
+    extend(record, "77", time.time() - 590, 10.0, lambda *a: asked.append(a) or "")
+    assert len(asked) == 1  # asked once
+
+
+def test_the_tier_is_used_only_where_slurm_preempts_its_qos() -> None:
+    said = {"config": "PreemptType             = preempt/none\n", "qos": "normal\nagents\n"}
+    asked: list[str] = []
+
+    def run(*argv: str) -> str:
+        asked.append(argv[0])
+        return said["config"] if argv[0] == "scontrol" else said["qos"]
+
+    from corral.backends.slurm_tiers import Tiers
+
+    conf = ["a"]
+    tiers = Tiers("agents-opportunistic", run, lambda: conf[0])
+    assert tiers.offered() is None and tiers.offered() is None and asked == ["scontrol"]  # once per slurm.conf
+    said["config"] = "PreemptType             = preempt/qos\n"
+    conf[0] = "b"
+    assert tiers.offered() is None and asked[-1] == "sacctmgr"  # no such QOS yet
+    said["qos"] += "agents-opportunistic\n"
+    conf[0] = "c"
+    assert tiers.offered() == "agents-opportunistic"
+    assert Tiers("", run, lambda: "c").offered() is None  # turned off
+
+
+def test_an_agent_over_mcp_sees_the_requeues_and_the_work_lost() -> None:
+    from corral.mcp_tools import compact
+
+    job = {"id": 3, "name": None, "state": "COMPLETED", "exit_code": 0, "reason": None, "start_time": 10.0,
+           "end_time": 40.0, "requeues": 1, "lost_s": 4.0}
+    assert compact(job) == {"id": 3, "state": "COMPLETED", "exit_code": 0, "ran_s": 30.0, "requeues": 1, "lost_s": 4.0}
+    assert "requeues" not in compact({**job, "requeues": 0, "lost_s": None})
