@@ -68,6 +68,7 @@ class SlurmSettings(_Part):
     agent_qos: str | None = Field(None, description="QOS for agents' jobs, when the site has one.")
     timeout_s: float = Field(30.0, gt=0, description="Longest wait for one Slurm command.")
     poll_s: float = Field(10.0, gt=0, description="Full squeue poll interval; jobs report their own start and end in between.")
+    submitter: str | None = Field(None, description="A gateway run as a service account: the privileged submitter scripts/privsep-up installed (e.g. /usr/local/libexec/corral-submit), run through `sudo -n`, so each principal with a Unix user has its Slurm jobs run as that user (decision 0021). Unset: they run as the gateway's account. A root gateway needs none.")
 
 
 class MemorySettings(_Part):
