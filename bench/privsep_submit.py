@@ -63,8 +63,9 @@ def main() -> None:
         plain, helped = [], []
         for i in range(1, n + 1):
             (jobs / str(i)).mkdir(mode=0o711)
-            (jobs / str(i) / "run").mkdir(mode=0o700)
-            for p in (jobs / str(i), jobs / str(i) / "run"):
+            (jobs / str(i) / "out.new").mkdir(mode=0o700)
+            (jobs / str(i) / "out.new" / "stdout").touch(mode=0o600)
+            for p in (jobs / str(i), jobs / str(i) / "out.new", jobs / str(i) / "out.new" / "stdout"):
                 os.chown(p, svc.pw_uid, svc.pw_gid)
             t0 = time.perf_counter()
             as_user(svc, ["sbatch", "--parsable", "--job-name=bench-plain", *OPTS, f"--output={jobs}/{i}/plain.out"],
@@ -72,6 +73,7 @@ def main() -> None:
             plain.append((time.perf_counter() - t0) * 1000)
             t0 = time.perf_counter()
             as_user(svc, ["sudo", "-n", str(helper), "prepare", str(i), str(user.pw_uid)])
+            (jobs / str(i) / "out.new").rename(jobs / str(i) / "out")  # as the gateway does between them
             as_user(svc, ["sudo", "-n", str(helper), "submit", str(i), str(user.pw_uid), f"--job-name=corral-{i}", *OPTS],
                     SCRIPT)
             helped.append((time.perf_counter() - t0) * 1000)

@@ -17,23 +17,15 @@ no script directory on ``sys.path``), and does the least:
     check                     the configuration it enforces (JSON)
 
 It trusts only root's: its configuration (``CONFIG``, set at install; the file and every
-directory above it root's and writable by no one else), ``/etc/login.defs``, the password
-and group databases. It refuses, before touching anything:
-
-- a caller other than the configured gateway account (sudo's ``SUDO_UID``), a run not
-  through sudo, a gateway whose group has other members;
-- a uid that is root, below ``UID_MIN``, outside the configured range or group, unknown;
-- an sbatch option not in ``OPTIONS``, a value outside its pattern, an option twice, a
-  bare word (``--uid``, ``--priority``, a negative ``--nice``, ``--export`` are not there);
-- a script not starting ``#!/bin/bash``, with NUL or CR, over 4 MiB. Nothing in it is
-  parsed: ``FENCE`` follows its first line, and sbatch reads no ``#SBATCH`` line after a
-  command;
-- a job directory reached through a link (``O_NOFOLLOW`` at each step from ``/``; owners
-  change through descriptors), not the gateway's or writable by others; an ``out.new``
-  holding anything but ``HANDED`` as the gateway lays it out (plain files with one link).
-
-Every request, refused or done, is one JSON line in the audit log (root's, 0600) and in
-syslog. Exit: 0 done, 2 refused, 1 Slurm failed (why on stderr). It reads nothing a job wrote.
+directory above it root's, writable by no one else), ``/etc/login.defs``, the password and
+group databases. Before touching anything it refuses: a caller not the configured gateway
+(sudo's ``SUDO_UID``); a uid that is root, below ``UID_MIN``, outside the configured range
+or group; an option not in ``OPTIONS`` or a value outside its pattern; a script not
+``#!/bin/bash`` (never parsed: ``FENCE`` follows its first line, and sbatch reads no
+``#SBATCH`` line after a command); a path through a link (``O_NOFOLLOW`` at each step
+from ``/``; owners change through descriptors). Every request, refused or done, is one
+JSON line in the audit log and in syslog. Exit: 0 done, 2 refused, 1 Slurm failed (why
+on stderr). Decision 0021 says why each rule.
 """
 
 from __future__ import annotations
@@ -227,8 +219,7 @@ def target(text: str, cfg: dict[str, object]) -> pwd.struct_passwd:
     """The job's user: a uid in the allowed set, known to the password database."""
     if not _UID.fullmatch(text):
         raise Refused(f"uid {text!r} is not a plain positive number")
-    low, high = allowed_range(cfg)
-    uid = int(text)
+    (low, high), uid = allowed_range(cfg), int(text)
     if not low <= uid <= high:
         raise Refused(f"uid {uid} is outside the allowed range {low}-{high} (root and system accounts never)")
     try:
@@ -245,33 +236,22 @@ def target(text: str, cfg: dict[str, object]) -> pwd.struct_passwd:
     return user
 
 
-# -- the requests --------------------------------------------------------------------
-
-
 def _job_dir(cfg: dict[str, object], gw: pwd.struct_passwd, job: str, name: str) -> int:
     """JOBS_DIR/JOB/NAME, opened without following a link; JOBS_DIR and JOB the gateway's
     and writable by no one else (so no one else can swap NAME)."""
-    jobs = open_beneath_root(str(cfg["jobs_dir"]), trusted=False)
+    fd = open_beneath_root(str(cfg["jobs_dir"]), trusted=False)
     try:
-        st = os.fstat(jobs)
-        if st.st_uid != gw.pw_uid or st.st_mode & 0o022:
-            raise Refused(f"jobs_dir {cfg['jobs_dir']} must be the gateway's and writable by no one else")
-        try:
-            jfd = os.open(job, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=jobs)
-        except OSError as e:
-            raise Refused(f"job directory {job}: {e.strerror}") from None
-    finally:
-        os.close(jobs)
-    try:
-        st = os.fstat(jfd)
-        if st.st_uid != gw.pw_uid or st.st_mode & 0o022:
-            raise Refused(f"job directory {job} must be the gateway's and writable by no one else")
-        try:
-            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=jfd)
-        except OSError as e:
-            raise Refused(f"{job}/{name}: {e.strerror} (the gateway lays it out)") from None
-    finally:
-        os.close(jfd)
+        for step in (job, name):
+            st = os.fstat(fd)
+            if st.st_uid != gw.pw_uid or st.st_mode & 0o022:
+                raise Refused(f"{cfg['jobs_dir']} and {job} in it must be the gateway's and writable by no one else")
+            nxt = os.open(step, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return fd
+    except (OSError, Refused) as e:
+        os.close(fd)
+        raise e if isinstance(e, Refused) else Refused(f"{job}/{name}: {e.strerror} (the gateway lays it out)")
 
 
 HANDED = {"stdout": 0o640, "stderr": 0o640, "env.json": 0o640, "script": 0o750, "work": 0o2750}
