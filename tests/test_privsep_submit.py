@@ -169,7 +169,7 @@ OPTS = ("--job-name=corral-{job}", "--nodes=1", "--ntasks=1", "--cpus-per-task=1
 
 
 def test_submits_as_the_user_and_script_directives_cannot_change_it(site: Site) -> None:
-    """prepare hands run/ to the user with the gateway's group; submit runs as the user
+    """prepare hands out.new (then out) to the user with the gateway's group; submit runs as the user
     whatever #SBATCH lines the script holds (--uid=0, --gid=0, --priority are fenced off);
     what the job writes is the user's, readable by the gateway's group."""
     d = site.job_dir(J := site.jid(11))
@@ -223,7 +223,7 @@ def test_system_accounts_and_users_outside_the_allowed_set_are_refused(site: Sit
     assert r.returncode == 2 and b"not a member" in r.stderr, r.stderr
     assert (d / "out.new").stat().st_uid == site.svc.pw_uid
     cfg.write_text(base)
-    # run/ is read by the gateway's group: a group shared with anyone else is refused
+    # out/ is read by the gateway's group: a group shared with anyone else is refused
     subprocess.run(["gpasswd", "-a", site.carol.pw_name, site.svc.pw_name], check=True, capture_output=True)
     r = site.call("prepare", J, str(site.carol.pw_uid))
     assert r.returncode == 2 and b"group of its own" in r.stderr, r.stderr
@@ -261,8 +261,9 @@ def test_scripts_it_does_not_take(site: Site, script: bytes) -> None:
 
 
 def test_links_and_foreign_directories_are_never_followed_or_handed(site: Site, tmp_path: Path) -> None:
-    """Symlink swaps in the gateway's tree: the job directory, run/, the jobs directory
-    itself; a run/ that is not empty, not the gateway's, or a job directory others may
+    """Symlink swaps in the gateway's tree: the job directory, out.new, the jobs directory
+    itself; an out.new holding what the gateway never lays out (a planted file, a hard
+    link to root's file, a link), another user's, or a job directory others may
     write; job ids that are paths. Root's and another user's directories stay theirs."""
     uid = str(site.alice.pw_uid)
     victim = Path(tempfile.mkdtemp(prefix="corral-victim-", dir="/tmp"))  # root's
@@ -298,7 +299,7 @@ def test_links_and_foreign_directories_are_never_followed_or_handed(site: Site, 
         os.chown(d / "out.new", site.carol.pw_uid, site.carol.pw_gid)  # another user's
         refused("26")
         d = site.job_dir("27")
-        d.chmod(0o777)  # a job directory anyone could swap run/ in
+        d.chmod(0o777)  # a job directory anyone could swap out.new in
         refused("27")
         # the jobs directory replaced by a link to a copy the gateway controls
         site.job_dir("28")
