@@ -46,7 +46,8 @@ run: $(RUN_STAMP)
 
 # The Slurm tests need the private Slurm of scripts/slurm-up, the HTML report's test
 # Debian's Chromium (scripts/browser-up), the sandbox tests bubblewrap (scripts/sandbox-up), the
-# storage tests squashfs-tools, strace and the FUSE mounts (scripts/storage-up);
+# storage tests squashfs-tools, strace and the FUSE mounts (scripts/storage-up), the privileged
+# submitter's tests sudo (scripts/privsep-up --sudo-only);
 # all install Debian's packages when missing,
 # as root. mypy checks corral/ first (config in pyproject.toml). Under CI either one failing fails the run; elsewhere those tests skip and
 # say how to get them.
@@ -56,6 +57,7 @@ test: $(TEST_STAMP)
 	@scripts/sandbox-up || { [ "$$CI" != "true" ] && echo "make test: no bubblewrap; the sandbox tests will skip"; }
 	@scripts/storage-up || { [ "$$CI" != "true" ] && echo "make test: no squashfs-tools; the storage tests will skip"; }
 	@scripts/clients-up || { [ "$$CI" != "true" ] && echo "make test: no npm; the Claude Code and Codex tests will skip"; }
+	@scripts/privsep-up --sudo-only || { [ "$$CI" != "true" ] && echo "make test: no sudo; the privileged submitter's tests will skip"; }
 	$(BIN)/mypy
 	SLURM_CONF=$${SLURM_CONF:-/tmp/corral-slurm/etc/slurm.conf} $(BIN)/python -m pytest -q
 

@@ -74,6 +74,7 @@ class SlurmSettings(_Part):
     walltime_margin: float = Field(2.0, ge=1, description="The tightened walltime: the largest of the last walltime_history runtimes times this.")
     walltime_history: int = Field(3, ge=2, le=50, description="Runs of the same script the tightened walltime is taken from (at least 2 needed).")
     walltime_min_s: int = Field(300, ge=60, description="The shortest walltime corral asks of Slurm when it tightens one.")
+    submitter: str | None = Field(None, description="A gateway run as a service account: the privileged submitter scripts/privsep-up installed (e.g. /usr/local/libexec/corral-submit), run through `sudo -n`, so each principal with a Unix user has its Slurm jobs run as that user (decision 0021). Unset: they run as the gateway's account. A root gateway needs none.")
 
 
 class MemorySettings(_Part):

@@ -19,7 +19,7 @@ import logging.handlers
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .api import STOP_DEADLINE_S, create_app
 from .backends import Backend
@@ -27,7 +27,7 @@ from .backends.local import LocalBackend
 from .clock import Clock
 from .config import Settings
 from .db import Database
-from .errors import InvalidRequest
+from .errors import CorralError, InvalidRequest
 from .egress import Egress
 from .http_bounds import bounded_protocol
 from .identity import Identities
@@ -36,6 +36,10 @@ from .sandbox import Sandbox, build
 from .service import Service
 from .storage.scratch import prepare as prepare_scratch
 from .storage.verbs import SCRATCH_DIRS, scratch_dir
+
+
+if TYPE_CHECKING:
+    from .backends.slurm_submitter import Submitter
 
 log = logging.getLogger("corral")
 
@@ -101,6 +105,23 @@ def _sandbox(settings: Settings, state: list[Path]) -> tuple[Sandbox, Egress | N
     return sandbox, egress
 
 
+def _submitter(path: str | None) -> "Submitter | None":
+    """The privileged submitter of a service-account gateway, checked once at start: what
+    it enforces is logged, or why it cannot serve (jobs of principals with a Unix user
+    are then refused with the same reason)."""
+    from .backends.slurm_submitter import Submitter
+
+    if not path or os.geteuid() == 0:
+        return None
+    sub = Submitter(path)
+    try:
+        log.info("slurm: jobs of principals with a Unix user are submitted as that user through %s (%s)",
+                 path, sub.check())
+    except CorralError as e:
+        log.error("slurm: the privileged submitter %s cannot serve: %s", path, e)
+    return sub
+
+
 def build_service(settings: Settings, clock: Clock | None = None) -> Service:
     settings.home.mkdir(parents=True, exist_ok=True)
     db = Database(settings.db_path)
@@ -113,7 +134,8 @@ def build_service(settings: Settings, clock: Clock | None = None) -> Service:
         sandbox, egress = _sandbox(settings, [Path(jobs)])
         identities = Identities(settings.home / "identities.json", *settings.sandbox.dynamic_uids)
         backend = SlurmBackend(jobs, s.conf, s.agent_nice, s.agent_qos, s.timeout_s, s.poll_s, sandbox=sandbox,
-                               opportunistic_qos=s.opportunistic_qos)
+                               opportunistic_qos=s.opportunistic_qos,
+                               submitter=_submitter(s.submitter))
         backend.identities = identities
         service = Service(settings, db, backend, clock=clock, sandbox=sandbox, egress=egress, identities=identities)
         service.private_state = [Path(jobs), scratch_dir(settings.storage, settings.home)]

@@ -20,7 +20,9 @@ principal, sponsor, session and kind, so ``sacct -o JobName,Comment`` alone tell
 work from human work. Agents' jobs get ``--nice`` (and ``--qos`` when configured) so
 people's interactive work keeps priority.
 
-Who runs the job: when the principal has a ``unix_user`` and the gateway runs as root,
+Who runs the job (a gateway run as a service account with ``[slurm] submitter``: the
+same, through the privileged submitter, slurm_submitter.py): when the principal has a
+``unix_user`` and the gateway runs as root,
 ``sbatch --uid/--gid`` submits as that user and the job directory is handed to it;
 otherwise jobs run as the gateway's user. The job gets the gateway's basic environment
 (PATH, HOME, LANG, ...), never its secrets, plus the spec's ``env``.
@@ -53,6 +55,7 @@ from ..storage import IMAGE_AT, IMAGE_FILE, META_LABEL, meta
 from . import CONTROLS, BackendStatus, OutputPaths, Partition, SubmitContext, Usage, base_env
 from .slurm_tiers import (TIER_LABEL, WALLTIME_LABEL, Requeues, Tiers, extend, read_started, rerun_lines,
                           tier_lines)
+from .slurm_submitter import Submitter, handed_to
 from .slurm_vocab import (STATES, _epoch, _expand, _kv, min_job_age_s, parse_exit, parse_slurm_time,
                           translate)
 
@@ -112,8 +115,11 @@ class SlurmBackend:
     def __init__(self, jobs_dir: Path, slurm_conf: str | None = None, agent_nice: int = 100,
                  agent_qos: str | None = None, timeout_s: float = 30.0, poll_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic, sandbox: "Sandbox | None" = None,
-                 opportunistic_qos: str | None = None) -> None:
+                 opportunistic_qos: str | None = None,
+                 submitter: Submitter | None = None) -> None:
         self.jobs_dir = Path(jobs_dir).resolve()
+        self.submitter = submitter
+        """A service-account gateway's way to submit as a principal's Unix user (slurm_submitter.py)."""
         self.sandbox = sandbox
         """Contains the work of the kinds it names inside the batch script (corral/sandbox.py)."""
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
@@ -189,8 +195,11 @@ class SlurmBackend:
             # another install's job of the same name.
             _write_own(d / "nonce", secrets.token_hex(8))
         user = self._run_as(ctx)
-        self._lay_out(d, ctx, spec, user)
-        _write_own(d / "job.sh", self.render(ctx, spec, d, read_small(d / "nonce").strip()))
+        helped = self.submitter.applies(ctx.unix_user, ctx.kind) if self.submitter is not None and not user else None
+        self._lay_out(d, ctx, spec, user, helped)
+        _write_own(d / "job.sh", script := self.render(ctx, spec, d, read_small(d / "nonce").strip()))
+        if helped is not None:  # a service-account gateway: sbatch --uid through the privileged submitter
+            return self._submit_as(ctx, spec, d, helped, script)
         argv = ["sbatch", "--parsable", f"--chdir={self._chdir(ctx, spec, d)}"]
         if user:
             argv += [f"--uid={user[0]}", f"--gid={user[1]}"]
@@ -206,7 +215,22 @@ class SlurmBackend:
         self._known[backend_id] = BackendStatus(backend_id, JobState.PENDING, reason="submitted")
         return backend_id
 
-    def _lay_out(self, d: Path, ctx: SubmitContext, spec: JobSpec, user: tuple[int, int] | None) -> None:
+    def _submit_as(self, ctx: SubmitContext, spec: JobSpec, d: Path, user: pwd.struct_passwd, script: str) -> str:
+        """sbatch as ``user`` through the privileged submitter: job.sh's own #SBATCH lines
+        as its arguments (the helper fences the script's off; it fixes output and error)."""
+        assert self.submitter is not None
+        options = [shlex.split(line[len("#SBATCH "):])[0] for line in script.splitlines() if line.startswith("#SBATCH ")]
+        options = [o for o in options if not o.startswith(("--output=", "--error="))]
+        self._counted(["sbatch"])
+        backend_id = self.submitter.submit(str(ctx.job_id), user.pw_uid,
+                                           [*options, f"--chdir={self._chdir(ctx, spec, d)}"], script)
+        _write_own(d / "backend_id", backend_id)
+        self._index(backend_id, d)
+        self._known[backend_id] = BackendStatus(backend_id, JobState.PENDING, reason="submitted")
+        return backend_id
+
+    def _lay_out(self, d: Path, ctx: SubmitContext, spec: JobSpec, user: tuple[int, int] | None,
+                 helped: pwd.struct_passwd | None = None) -> None:
         """d/out, made whole once: empty output files, the script, the job's environment
         and (contained) its own directory, written by corral in a directory nobody else
         can reach yet, then handed to the job's user by descriptor and put in place with
@@ -239,6 +263,9 @@ class SlurmBackend:
                 os.chown(new / "work", *who, follow_symlinks=False)
         if user is not None:
             os.chown(new, *user, follow_symlinks=False)
+        if helped is not None:  # not root: the privileged submitter hands out.new and what corral put in it
+            assert self.submitter is not None
+            self.submitter.prepare(str(ctx.job_id), helped.pw_uid)
         os.rename(new, d / "out")
 
     @staticmethod
@@ -566,7 +593,15 @@ class SlurmBackend:
     def cancel(self, backend_ids: Sequence[str]) -> None:
         if backend_ids:
             self._cancelled.update(backend_ids)
-            self._run("scancel", *backend_ids)
+            plain, owned = self._by_owner(backend_ids)
+            if plain:
+                self._run("scancel", *plain)
+            for uid, ids in owned.items():  # jobs of other users: scancel as their owner
+                assert self.submitter is not None
+                self._counted(["scancel"])
+                r = self.submitter.as_owner("cancel", uid, *ids)
+                if r.returncode != 0:
+                    log.warning("scancel as uid %d of %s: %s", uid, ids, (r.stderr or r.stdout).strip()[-300:])
             self._last_poll = None  # a cancelled job says nothing itself: ask Slurm next tick
 
     def control(self, backend_id: str, action: str, signal: int | None = None) -> None:
@@ -582,7 +617,13 @@ class SlurmBackend:
                 # its owner may release; root's plain hold would be the admin's
                 else ["scontrol", "uhold" if action == "hold" else action, backend_id])
         self._counted(argv)
-        r = proc.run(argv, env=self._env(), inherit_env=False, timeout=self.timeout_s, check=False)
+        owner = self._by_owner([backend_id])[1]
+        if owner and self.submitter is not None:  # another user's job: as its owner
+            uid = next(iter(owner))
+            r = self.submitter.as_owner(*(("signal", uid, backend_id, str(signal), "full" if plain else "batch")
+                                          if action == "signal" else ("control", uid, backend_id, argv[1])))
+        else:
+            r = proc.run(argv, env=self._env(), inherit_env=False, timeout=self.timeout_s, check=False)
         if r.returncode != 0:
             said = (r.stderr or r.stdout).strip().splitlines()
             text = said[-1] if said else f"exit code {r.returncode}"
@@ -599,6 +640,20 @@ class SlurmBackend:
             self._final.pop(backend_id, None)
             self._known[backend_id] = BackendStatus(backend_id, JobState.PENDING, reason="requeued")
         self._last_poll = None  # its state changed: ask Slurm next tick
+
+    def _by_owner(self, backend_ids: Sequence[str]) -> tuple[list[str], dict[int, list[str]]]:
+        """Jobs the gateway acts on itself, and those submitted as another user through
+        the privileged submitter, by that user's uid."""
+        plain: list[str] = []
+        owned: dict[int, list[str]] = {}
+        for jid in backend_ids:
+            d = self._dir_of(jid) if self.submitter is not None else None
+            uid = handed_to(d) if d is not None else None
+            if uid is None:
+                plain.append(jid)
+            else:
+                owned.setdefault(uid, []).append(jid)
+        return plain, owned
 
     def usage(self, backend_id: str) -> Usage:
         """From accounting (slurmdbd, not the controller): the job's CPU time, and the
