@@ -271,9 +271,12 @@ def _run_script(interp: str, rest: str, args: list[str]) -> str:
     marker = "CORRAL_SBATCH_SCRIPT_END"
     while marker in rest:
         marker += "_"
-    return f"cat > \"${{TMPDIR:-/tmp}}/corral-script-$$\" <<'{marker}'\n{interp}\n{rest}\n{marker}\n" \
-           f"{prog} \"${{TMPDIR:-/tmp}}/corral-script-$$\" {quoted}\nrc=$?\n" \
-           f"rm -f \"${{TMPDIR:-/tmp}}/corral-script-$$\"\nexit $rc\n"
+    # mktemp, not a name from the pid: in a job that is not contained /tmp is shared, and a
+    # file another user made there first would be the script this job runs.
+    return f"corral_script=$(mktemp \"${{TMPDIR:-/tmp}}/corral-script-XXXXXX\") || exit 1\n" \
+           f"cat > \"$corral_script\" <<'{marker}'\n{interp}\n{rest}\n{marker}\n" \
+           f"{prog} \"$corral_script\" {quoted}\nrc=$?\n" \
+           f"rm -f \"$corral_script\"\nexit $rc\n"
 
 
 @functools.lru_cache(maxsize=None)
