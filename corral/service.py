@@ -105,8 +105,8 @@ class Service:
         self.sender.needed_dirs = [scratch / sub for sub in SCRATCH_DIRS]
         if hasattr(backend, "scratch"):  # a requeued Slurm job runs again without a send: its script makes them
             backend.scratch = list(self.sender.needed_dirs)
-        self.storage = StorageVerbs(settings.storage, settings.home, db, self.lanes, self.sender, self.audit, sandbox,
-                                    self.metrics, owner=self.identity_of)
+        self.storage = StorageVerbs(settings.storage, settings.home, db, self.lanes, self.sender, self.audit, self.gate,
+                                    sandbox, self.metrics, owner=self.identity_of)
         """Environment images, workspaces, metadata accounting (corral/storage/)."""
         self.progress.ends.append(self.storage)
         if settings.fastlane.enabled:

@@ -34,9 +34,12 @@ from ..errors import Forbidden, InvalidRequest, Unauthenticated
 from ..jobs import format_duration
 
 PREFIX = "crb_"
-ACTIONS = ("submit", "cancel", "status", "read_output", "write_note", "read_notes", "advice", "manage")
-"""What a token may be limited to. ``status`` covers reading jobs, waiting and usage;
-``manage`` covers principals and tokens."""
+STORAGE_ACTIONS = ("workspace_fork", "workspace_commit", "workspace_discard", "env_build")
+"""The storage verbs that change something (corral/storage/verbs.py): each its own action,
+so a token narrowed to reading cannot fork, write a project back or start a build."""
+ACTIONS = ("submit", "cancel", "status", "read_output", "write_note", "read_notes", "advice", "manage", *STORAGE_ACTIONS)
+"""What a token may be limited to. ``status`` covers reading jobs, waiting and usage (and
+listing and diffing workspaces, listing images); ``manage`` covers principals and tokens."""
 LIMIT_FACTS = ("budget_cpu_s", "budget_gpu_s", "submits_per_min", "max_active_jobs")
 EVAL_BUDGET = dt.timedelta(milliseconds=250)
 """Wall time a token's checks may take. Biscuit's default, 1 ms, is wall time too: on a

@@ -1,6 +1,11 @@
 """The storage verbs the service calls (``service.storage``): environment images,
-workspaces, and what a job's spec becomes once its image and workspace are resolved;
-each verb audited once, allowed or refused.
+workspaces, and what a job's spec becomes once its image and workspace are resolved.
+
+A verb that changes something (fork, commit, discard, build) passes the gate as submit
+does: the token's caveats, then the facility policy with the session's taint, each verb
+its own action (``workspace_fork``, ``workspace_commit``, ``workspace_discard``,
+``env_build``); the decision is audited before the act, a refusal or a failure after.
+Reading (list, show, diff, an image's status) is checked as ``status``.
 
 Resolution happens in a worker thread (it may mount): a job naming ``image`` gets the
 image mounted on this node, its ``bin`` first on PATH and VIRTUAL_ENV set, and labels
@@ -36,6 +41,7 @@ if TYPE_CHECKING:
     from ..identity import Identity
     from ..lanes import Lanes
     from ..safety.audit import Audit
+    from ..safety.gate import Gate
     from ..sandbox import Sandbox
 
 log = logging.getLogger(__name__)
@@ -54,9 +60,10 @@ def scratch_dir(settings: StorageSettings, home: Path) -> Path:
 
 class StorageVerbs:
     def __init__(self, settings: StorageSettings, home: Path, db: "Database", lanes: "Lanes", sender: "Sender",
-                 audit: "Audit", sandbox: "Sandbox | None" = None, metrics: "Metrics | None" = None,
+                 audit: "Audit", gate: "Gate", sandbox: "Sandbox | None" = None, metrics: "Metrics | None" = None,
                  owner: "Callable[[Caller], Identity | None] | None" = None) -> None:
         self.settings, self.db, self.lanes, self.audit, self.metrics = settings, db, lanes, audit, metrics
+        self.gate = gate
         self.scratch = scratch_dir(settings, home)
         self.store = Store(db.path)
         self.images = Images(settings, home, self.scratch, db, self.store, lanes, sender)
@@ -68,16 +75,24 @@ class StorageVerbs:
 
     # -- images -------------------------------------------------------------------------
 
+    def _decide(self, caller: Caller, action: str, rtype: str, resource: dict[str, Any], audited: str,
+                facts: dict[str, Any]) -> None:
+        """The gate on one storage verb (token caveats, policy, taint), its allow recorded
+        before the act; a refusal raises (recorded by the caller's ``refusals``)."""
+        rule = self.gate.check(caller, action, rtype, {"owner": caller.name, **resource})
+        self.audit.record(caller, audited, "allow", rule, [facts])
+
     async def env_build(self, caller: Caller, files: dict[str, str], name: str | None = None,
                         rebuild: bool = False) -> dict[str, Any]:
-        with self.audit.refusals(caller, "env.build", {"files": sorted(files), "name": name}):
+        content = hashlib.sha256(json.dumps(sorted(files.items())).encode()).hexdigest()[:32]
+        facts = {"files": sorted(files), "content": content, "name": name, "rebuild": rebuild}
+        with self.audit.refusals(caller, "env.build", facts):
+            self._decide(caller, "env_build", "Environment", {"files": sorted(files)}, "env.build", facts)
             out = await self.images.request(caller, files, name, rebuild)
-        self.audit.record(caller, "env.build", "allow", "default",
-                          [{"digest": out["digest"], "state": out["state"], "job_id": out.get("job"),
-                            "image": out.get("image")}])
         return out
 
     async def env_status(self, caller: Caller, ref: str) -> dict[str, Any]:
+        self.gate.check_status(caller)
         return await asyncio.to_thread(self._status, ref)
 
     def _status(self, ref: str) -> dict[str, Any]:
@@ -87,6 +102,7 @@ class StorageVerbs:
         return {**self.images.describe(self.images.find(ref)), "state": "ready"}
 
     async def env_list(self, caller: Caller) -> list[dict[str, Any]]:
+        self.gate.check_status(caller)
         return await asyncio.to_thread(self.images.listing)
 
     async def env_gc(self, caller: Caller, older_than_s: float | None, only: str | None,
@@ -107,12 +123,14 @@ class StorageVerbs:
                                   "list": self.workspaces.listing, "show": self.workspaces.describe}
         fn = verbs[verb]
         if verb in ("diff", "list", "show"):
+            self.gate.check_status(caller)
             return await asyncio.to_thread(fn, caller, **args)
         with self.audit.refusals(caller, f"workspace.{verb}", args):
+            base = args.get("base") if verb == "fork" else \
+                (await asyncio.to_thread(self.workspaces._row, caller, args["ws_id"]))["base"]
+            self._decide(caller, f"workspace_{verb}", "Workspace", {"base": str(base or "")},
+                         f"workspace.{verb}", {**args, "base": base})
             out = await asyncio.to_thread(fn, caller, **args)
-        self.audit.record(caller, f"workspace.{verb}", "allow", "default",
-                          [{k: out.get(k) for k in ("workspace", "base", "state", "added", "modified", "deleted")
-                            if k in out}])
         return out
 
     # -- jobs ---------------------------------------------------------------------------

@@ -22,7 +22,7 @@ HERE = Path(__file__).parent
 DEFAULT_POLICY = HERE / "default.cedar"
 SCHEMA_TEXT = (HERE / "schema.cedarschema").read_text()
 KINDS = {"human": "Human", "agent": "Agent", "service": "Service"}
-RESOURCES = ("Job", "Note", "Facility")
+RESOURCES = ("Job", "Note", "Workspace", "Environment", "Facility")
 
 
 def is_off_hours(t: float) -> bool:
@@ -132,6 +132,10 @@ class Policy:
             rattrs = _job_attrs(req.resource)
         elif req.resource_type == "Note":
             rattrs = {"scope": str(req.resource.get("scope", "user")), "author": str(req.resource.get("author", ""))}
+        elif req.resource_type == "Workspace":
+            rattrs = {"owner": str(req.resource.get("owner", "")), "base": str(req.resource.get("base", ""))}
+        elif req.resource_type == "Environment":
+            rattrs = {"owner": str(req.resource.get("owner", "")), "files": [str(x) for x in req.resource.get("files") or []]}
         else:
             rattrs = {}
         entities: list[dict[str, Any]] = [
