@@ -140,6 +140,7 @@ class StorageSettings(_Part):
     build_cpus: int = Field(2, ge=1, description="CPUs of one environment build job.")
     build_memory_mb: int = Field(4096, ge=256, description="Memory (MB) of one environment build job.")
     build_walltime_s: int = Field(3600, ge=60, description="Walltime of one environment build job.")
+    build_max_mb: int = Field(20480, ge=16, description="Most MB an installed environment may hold; a larger one is refused when packed.")
     image_keep_days: float = Field(30.0, gt=0, description="An image no job has used for this long is collected by 'corral env gc'.")
     workspace_ttl_s: int = Field(7 * 86400, ge=60, description="A workspace not committed or discarded is dropped this long after it was forked.")
     shared_paths: list[Path] = Field(default_factory=list, description="Paths on the shared filesystem whose file-metadata operations corral counts (e.g. ['/home', '/project']).")

@@ -59,11 +59,13 @@ JOB_DIR = "/tmp/corral-job"
 """Where a job that runs as ``run_as`` finds its own directory."""
 EGRESS_INSIDE = "/tmp/corral-egress.sock"
 PORT_INSIDE = 3128
-_BRIDGE = (f"socat TCP-LISTEN:{PORT_INSIDE},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{EGRESS_INSIDE} & "
+_BRIDGE = (f"(socat TCP-LISTEN:{PORT_INSIDE},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{EGRESS_INSIDE} &); "
            f"for i in $(seq 200); do (exec 3<>/dev/tcp/127.0.0.1/{PORT_INSIDE}) 2>/dev/null && break; sleep 0.005; "
            'done; exec "$@"')
 """Inside a job with the egress proxy: the job's loopback port to the proxy's socket,
-ready before the job starts."""
+ready before the job starts. socat is started from a subshell, so it is not a child of
+what the job execs: a job sampled under strace (storage/meta.py) would otherwise wait
+for it forever (an environment build's install runs with the proxy)."""
 @functools.lru_cache(maxsize=1)
 def _socat() -> str | None:
     found = shutil.which("socat")

@@ -29,6 +29,8 @@ from .conftest import Gateway, add_people, running
 CI = os.environ.get("CI") == "true"
 TOOLS = [t for t in ("mksquashfs", "unsquashfs", "bwrap", "strace") if shutil.which(t) is None]
 needs_tools = pytest.mark.skipif(bool(TOOLS) and not CI, reason=f"missing {TOOLS}: run scripts/storage-up")
+INDEX_HOSTS = json.dumps(["pypi.org", "files.pythonhosted.org"])
+"""An agent's build installs in its sandbox: the index reached through corral's egress proxy."""
 needs_root = pytest.mark.skipif(os.geteuid() != 0 and not CI, reason="kernel squashfs and overlay mounts need root")
 
 
@@ -55,7 +57,8 @@ def gw(tmp_path_factory: pytest.TempPathFactory, shared: Path) -> Iterator[tuple
         pytest.fail(f"CI needs {TOOLS} (scripts/storage-up installs them)")
     home = tmp_path_factory.mktemp("storage")
     with running(home, cpus=4, CORRAL_STORAGE__SHARED_PATHS=json.dumps([str(shared)]),
-                 CORRAL_STORAGE__META_SAMPLE="1.0", CORRAL_STORAGE__SESSION_META_BUDGET="60") as g:
+                 CORRAL_STORAGE__META_SAMPLE="1.0", CORRAL_STORAGE__SESSION_META_BUDGET="60",
+                 CORRAL_SANDBOX__ALLOW_HOSTS=INDEX_HOSTS) as g:
         yield g, _principals(g)
 
 
@@ -111,13 +114,17 @@ def test_image_is_built_once_shared_and_used_by_a_contained_job(gw: tuple[Gatewa
         assert prefix.endswith(f"/images/{key}") and where.startswith(prefix + "/lib/") and "six.py" in where
         assert job["out"].split()[2] != "0"  # never root, even from an image
         assert mounts.mounted(prefix)
-    with g.http(t["carol"]) as h:  # another principal, another family: the same image, at once
-        again = h.post("/v1/env/build", json={"files": files})
+        again = h.post("/v1/env/build", json={"files": files})  # the same request of the same identity: at once
         assert again.status_code == 200 and again.json()["reused"] and again.json()["image"] == key
+    with g.http(t["carol"]) as h:
+        # Another identity installs its own (decision 0025): what bot1's job installed is
+        # only as trustworthy as bot1, so it is never handed to carol as her build.
+        hers_built = _wait_build(h, h.post("/v1/env/build", json={"files": files}).json())
+        assert hers_built["state"] == "ready" and hers_built["image"] != key and hers_built["built_by"] == "carol"
         listed = h.get("/v1/env").json()["images"]
         mine = next(i for i in listed if i["image"] == key)
         assert mine["name"] == "six-env" and mine["last_used"] is not None
-        # by key prefix too, and the CLI says what it is in a person's words
+        # bot1's image, named by carol herself by key prefix, and the CLI says what it is in a person's words
         hers = _run(h, {"command": "python -c 'import six' 2>&1 | tail -3; id; pwd", "image": key[:12]})
         err = h.get(f"/v1/jobs/{hers['id']}/output", params={"stream": "stderr"}).json()
         assert hers["state"] == "COMPLETED" and "Error" not in hers["out"], (hers["reason"], hers["out"], err)
@@ -389,7 +396,7 @@ def test_diff_reads_overlay_whiteouts_and_opaque_dirs(tmp_path: Path) -> None:
 @needs_tools
 @needs_root
 def test_images_in_the_fast_lane_and_workspaces_across_a_restart(tmp_path: Path, project: Path) -> None:
-    with running(tmp_path) as g:
+    with running(tmp_path, CORRAL_SANDBOX__ALLOW_HOSTS=INDEX_HOSTS) as g:
         t = _principals(g)
         with g.http(t["bot1"]) as h:
             img = _wait_build(h, h.post("/v1/env/build", json={"files": {"requirements.txt": "six==1.17.0\n"},
@@ -475,13 +482,14 @@ def test_images_and_workspaces_on_the_private_slurm(tmp_path: Path, project: Pat
     g = Gateway(tmp_path / "home", free_port(), extra_env={
         "CORRAL_BACKEND": "slurm", "SLURM_CONF": slurm_conf(), "CORRAL_TICK_S": "0.5",
         "CORRAL_STORAGE__BUILD_MEMORY_MB": "1024", "CORRAL_STORAGE__BUILD_CPUS": "1",
-        "CORRAL_STORAGE__SHARED_PATHS": json.dumps([str(shared)]), "CORRAL_STORAGE__META_SAMPLE": "1.0"})
+        "CORRAL_STORAGE__SHARED_PATHS": json.dumps([str(shared)]), "CORRAL_STORAGE__META_SAMPLE": "1.0",
+        "CORRAL_SANDBOX__ALLOW_HOSTS": INDEX_HOSTS})
     g.home.mkdir()
     g.start()
     try:
         t = _principals(g)
         with g.http(t["bot1"], session="slurm-s") as h:
-            # the build itself is a Slurm job, of the envbuild principal
+            # the build is two Slurm jobs: bot1's install, contained, then the envbuild principal's pack
             img = _wait_build(h, h.post("/v1/env/build", json={"files": {"requirements.txt": "six==1.17.0\n"},
                                                                "name": "six"}).json())
             assert img["state"] == "ready", img

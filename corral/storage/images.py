@@ -1,12 +1,16 @@
-"""Environment images: built once, shared by all, read-only.
+"""Environment images: built once per identity, read-only, mounted by any job that names one.
 
 A request (a requirements.txt, a pyproject.toml, or a uv.lock with its pyproject.toml)
-is known by its *digest*: the files, the target Python and the index. A request seen
-before whose image exists is answered at once, for any principal; else a build job is
-recorded, as a job of the ``envbuild`` service principal, and sent through the batch
-lane like any job (queued, bounded by ``[storage] build_*``, polled, audited by the
-verb that asked). The build (build.py) names its image by the *key* of what it
-resolved, so two requests that resolve alike share one image.
+names packages of the facility's index only (requirements.py), and is known by its
+*digest*: the files, the target Python, the index and the *scope* (the identity that
+installs it: staging.py). A request seen before in that scope whose image exists is
+answered at once; else a build is recorded as two jobs and sent through the batch lane
+like any job (queued, bounded by ``[storage] build_*``, polled, audited by the verb that
+asked): the requester's own job, which resolves and installs as its identity and in its
+sandbox (stage.py), and after it a job of the ``envbuild`` service principal, which
+copies what was installed without following links and packs it (build.py; decision
+0025). The image is named by the *key* of what it resolved, so two requests of one
+scope that resolve alike share one image.
 
 The store (``[storage] images_dir``) holds ``KEY.sqsh`` and ``KEY.json``; the database
 holds who built which, the names, and when each was last used (``env gc`` reads that).
@@ -21,35 +25,47 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
-from ..backends import SubmitContext
 from ..config import StorageSettings
-from ..errors import Conflict, Forbidden, InvalidRequest, NotFound
+from ..errors import Conflict, Forbidden, InvalidRequest, NotFound, SandboxUnavailable
 from ..jobs import JobSpec, JobState
 from ..output import read_tail
 from ..principals import Caller, Kind, Principal
-from . import mounts, scratch
+from . import mounts, requirements, scratch, staging
 from .build import sha256_file
+
+from ..control.sender import context
 
 if TYPE_CHECKING:
     from ..control.sender import Sender
     from ..db import Database
+    from ..identity import Identity
     from ..lanes import Lanes
+    from ..sandbox import Sandbox
     from .store import Store
 
 BUILD_PRINCIPAL = "envbuild"
 KINDS = ("requirements.txt", "pyproject.toml", "uv.lock")
 MAX_FILE = 1024 * 1024
 TLS_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR", "https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY")
-"""The gateway's TLS and proxy settings, which a build job needs to reach the index."""
+"""The gateway's TLS and proxy settings, which an uncontained build job needs to reach the
+index (a contained one has only its sandbox's way out, and keeps the certificates)."""
+CODE = str(Path(__file__).resolve().parents[2])
+"""Where this gateway's corral package lies: the pack job runs the same code."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _PROGRESS = re.compile(r"^corral-progress (\d+)/(\d+) (.*)$", re.M)
 _ERROR = re.compile(r"^corral-error: (.*)$", re.M)
+
+
+def _uv() -> str:
+    here = Path(sys.executable).with_name("uv")
+    return str(here) if here.exists() else (shutil.which("uv") or "uv")
 
 
 def default_python() -> str:
@@ -77,10 +93,22 @@ def request_kind(files: dict[str, str]) -> str:
     return kind
 
 
+def checked_kind(files: dict[str, str]) -> str:
+    """``request_kind``, and every requirement one of the index's (requirements.py)."""
+    kind = request_kind(files)
+    requirements.check(files)
+    return kind
+
+
 class Images:
     def __init__(self, settings: StorageSettings, home: Path, scratch: Path, db: "Database", store: "Store",
-                 lanes: "Lanes", sender: "Sender") -> None:
+                 lanes: "Lanes", sender: "Sender", owner: "Callable[[Caller], Identity | None] | None" = None,
+                 sandbox: "Sandbox | None" = None) -> None:
         self.settings, self.db, self.store, self.lanes, self.sender = settings, db, store, lanes, sender
+        self.owner = owner or (lambda c: None)
+        """The identity a caller's jobs run as: its build installs as that identity."""
+        self.sandbox = sandbox
+        self.scratch = scratch
         """``db``: the loop's (a build job's record); ``store``: storage's own tables, from any thread."""
         self.images_dir = settings.images_dir or home / "images"
         self.requests_dir = home / "envbuild"
@@ -98,19 +126,37 @@ class Images:
         p = self.db.get_principal(BUILD_PRINCIPAL)
         return p if p is not None else self.db.add_principal(Principal(BUILD_PRINCIPAL, Kind.SERVICE))
 
-    def digest(self, files: dict[str, str]) -> str:
-        return hashlib.sha256(json.dumps([sorted(files.items()), self.python, self.settings.index_url])
+    def digest(self, files: dict[str, str], scope: str) -> str:
+        return hashlib.sha256(json.dumps([sorted(files.items()), self.python, self.settings.index_url, scope])
                               .encode()).hexdigest()[:32]
+
+    def _contained(self, caller: Caller) -> bool:
+        """Whether ``caller``'s build job runs in the sandbox; refuses one that could not
+        reach the index from there (before anything is recorded)."""
+        box, kind = self.sandbox, caller.principal.kind.value
+        if box is None or not box.applies(kind):
+            return False
+        if not box.network and not box.egress:
+            raise SandboxUnavailable(
+                f"an environment build runs as your own job, in the sandbox of {kind} principals, and that sandbox "
+                "reaches no network: it cannot download from the package index",
+                hint="ask the facility's admin to put the index's hosts on [sandbox] allow_hosts (for PyPI: "
+                     "pypi.org, files.pythonhosted.org; or the facility's mirror), which the sandbox reaches "
+                     "through corral's egress proxy")
+        return True
 
     async def request(self, caller: Caller, files: dict[str, str], name: str | None = None,
                       rebuild: bool = False) -> dict[str, Any]:
-        """An image for these files: the existing one at once, or a build job started."""
-        kind = request_kind(files)
+        """An image for these files: the existing one of the caller's scope at once, or a
+        build started (the caller's job, then corral's)."""
+        kind = checked_kind(files)
         if name is not None and not _NAME.match(name):
             raise InvalidRequest(f"image name {name[:80]!r}: letters, digits, '_', '.', '-', at most 64")
         if name is not None:
             self._check_name(caller, name)
-        digest = self.digest(files)
+        ident = self.owner(caller)
+        scope = staging.scope_of(caller.principal.name, ident)
+        digest = self.digest(files, scope)
         self.refresh()
         row = self._request_row(digest)
         if row is not None and not rebuild:
@@ -120,26 +166,40 @@ class Images:
                 return {**self.describe(row["key"]), "state": "ready", "digest": digest, "reused": True}
             if row["state"] == "building":
                 return self.status_of(digest)
+        contained = self._contained(caller)
         self.images_dir.mkdir(parents=True, exist_ok=True)
         self.requests_dir.mkdir(parents=True, exist_ok=True)
-        req = {"files": files, "kind": kind, "python": self.python, "index_url": self.settings.index_url,
-               "store": str(self.images_dir), "uv_cache": str(self.uv_cache), "digest": digest,
-               "principal": caller.principal.name, "rebuild": rebuild}
-        path = self.requests_dir / f"{digest}.json"
-        path.write_text(json.dumps(req))
+        os.chmod(self.requests_dir, 0o700)  # what corral's half reads: nobody else's to read or change
+        uv = _uv()
+        stage = staging.make(self.scratch, caller.principal.name, ident, digest, {
+            "files": files, "kind": kind, "python": self.python, "index_url": self.settings.index_url, "uv": uv})
         s = self.settings
-        spec = JobSpec(command=f"exec {sys.executable} -m corral.storage.build {path}", cpus=s.build_cpus,
-                       memory=s.build_memory_mb, walltime=s.build_walltime_s, lane="batch",
-                       name=f"envbuild-{digest[:12]}", labels={"corral-envbuild": digest},
-                       env={k: os.environ[k] for k in TLS_ENV if k in os.environ})
+        env = {k: os.environ[k] for k in (TLS_ENV[:2] if contained else TLS_ENV) if k in os.environ}
+        first = JobSpec(command=stage.command(self.python), cpus=s.build_cpus, memory=s.build_memory_mb,
+                        walltime=s.build_walltime_s, lane="batch", workdir=str(stage.workdir),
+                        name=f"envbuild-{digest[:12]}-install", labels={"corral-envbuild-stage": digest}, env=env)
+        req = {"store": str(self.images_dir), "python": self.python, "digest": digest, "scope": scope,
+               "uid": stage.uid, "out": str(stage.out), "stage": str(stage.where), "principal": caller.principal.name,
+               "rebuild": rebuild, "max_bytes": s.build_max_mb << 20, "cpus": s.build_cpus}
+        path = self.requests_dir / f"{digest}-{stage.where.name[-8:]}.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with open(fd, "w", encoding="utf-8") as f:
+            json.dump(req, f)
         p = self._principal()
-        job = self.db.insert_job(p.name, f"envbuild:{caller.principal.name}", self.lanes.batch.name, spec)
+        with self.db.transaction():
+            staged = self.db.insert_jobs(caller.principal.name, caller.session, [(self.lanes.batch.name, first)],
+                                         caller.cap.path if caller.cap else None)[0]
+            pack = JobSpec(command=f"exec {sys.executable} -m corral.storage.build {path}", cpus=s.build_cpus,
+                           memory=s.build_memory_mb, walltime=s.build_walltime_s, lane="batch",
+                           name=f"envbuild-{digest[:12]}", labels={"corral-envbuild": digest}, after_ok=[staged.id],
+                           env={"PYTHONPATH": CODE})  # this gateway's own corral, whatever the job's Python finds first
+            job = self.db.insert_jobs(p.name, f"envbuild:{caller.principal.name}", [(self.lanes.batch.name, pack)])[0]
         with self.store.tx() as c:
             c.execute(
                 "INSERT OR REPLACE INTO env_requests (digest, job_id, key, name, principal, at, state, reason) "
                 "VALUES (?, ?, NULL, ?, ?, ?, 'building', NULL)",
                 (digest, job.id, name, caller.principal.name, time.time()))
-        await self.sender.send([(job, SubmitContext(job.id, p.name, p.kind.value, None, job.session))])
+        await self.sender.send([(staged, context(staged, caller.principal)), (job, context(job, p))])
         return self.status_of(digest)
 
     def _request_row(self, digest: str) -> dict[str, Any] | None:
@@ -148,7 +208,7 @@ class Images:
         keys = ("digest", "job_id", "key", "name", "principal", "at", "state", "reason")
         return dict(zip(keys, r)) if r else None
 
-    def _build_output(self, job_id: int) -> str:
+    def _one_output(self, job_id: int) -> str:
         job = self.store.one("SELECT backend, backend_id FROM jobs WHERE id=?", (job_id,))
         if job is None or not job[1]:
             return ""
@@ -156,6 +216,12 @@ class Images:
             return str(read_tail(self.lanes[job[0]].output_paths(job[1]).stdout, 1000, 64 * 1024)["data"])
         except (OSError, KeyError):
             return ""
+
+    def _build_output(self, job_id: int) -> str:
+        """What the build said: its install job's (the requester's) lines, then its pack job's."""
+        row = self.store.one("SELECT spec FROM jobs WHERE id=?", (job_id,))
+        first = (json.loads(row[0]).get("after_ok") or [None])[0] if row else None
+        return (self._one_output(int(first)) if first is not None else "") + "\n" + self._one_output(job_id)
 
     def refresh(self) -> None:
         """Builds that ended since last asked: their images registered, or their failure kept."""
