@@ -172,7 +172,9 @@ def run(a: argparse.Namespace, trials: int, reqs: list[str], shared: Path, tmp: 
     print("corral: image + workspace through a gateway", file=sys.stderr)
     gw = GatewayProcess("--cpus", str(max(2, os.cpu_count() or 2)), env={
         "CORRAL_STORAGE__IMAGES_DIR": str(shared / "images"),
-        "CORRAL_STORAGE__SHARED_PATHS": json.dumps([str(shared)]), "CORRAL_STORAGE__META_SAMPLE": "1.0"})
+        "CORRAL_STORAGE__SHARED_PATHS": json.dumps([str(shared)]), "CORRAL_STORAGE__META_SAMPLE": "1.0",
+        # the agent's build installs in its own sandbox: the index through corral's egress proxy
+        "CORRAL_SANDBOX__ALLOW_HOSTS": json.dumps(["pypi.org", "files.pythonhosted.org"])})
     try:
         token = sponsored_agents(gw, 1)[0]
         import httpx

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import Gateway, add_people
+from .conftest import Gateway, add_people, running
 
 ROOT = Path(__file__).parent.parent
 TASKS = "io.modelcontextprotocol/tasks"
@@ -171,16 +171,21 @@ def test_the_stdio_relay_passes_task_requests_through(gateway: Gateway, agent_di
         relay.wait(10)
 
 
-def test_an_environment_build_is_a_task(gateway: Gateway) -> None:
+def test_an_environment_build_is_a_task(tmp_path: Path) -> None:
     """A build that is not ready is a task; it completes with build_environment's own
     answer; a build that cannot succeed completes as a tool error (a completed task:
     'failed' is for protocol errors)."""
-    from .test_storage import TOOLS
+    from .test_storage import INDEX_HOSTS, TOOLS
 
     if TOOLS or os.geteuid() != 0:
         if os.environ.get("CI") == "true":
             raise AssertionError(f"CI needs {TOOLS} and root (scripts/storage-up)")
         pytest.skip(f"image builds need {TOOLS} and root")
+    with running(tmp_path, CORRAL_SANDBOX__ALLOW_HOSTS=INDEX_HOSTS) as gateway:  # the agent's install reaches the index
+        _build_as_a_task(gateway)
+
+
+def _build_as_a_task(gateway: Gateway) -> None:
     bot = add_people(gateway)["bot1"]
     task = call(gateway, bot, "build_environment", requirements="six==1.17.0\n", name="six-task")
     assert task["resultType"] == "task" and task["taskId"].startswith("env-"), task
