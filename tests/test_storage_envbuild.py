@@ -71,6 +71,10 @@ def test_requests_naming_paths_files_or_indexes_are_refused_before_any_job(gatew
         lock = f'version = 1\n[[package]]\nname = "evilpkg"\nversion = "1.0"\nsource = {{ path = "{evil}" }}\n'
         _refused(h.post("/v1/env/build", json={"files": {"uv.lock": lock, "pyproject.toml": proj % '"evilpkg"'}}),
                  "uv.lock", "path")
+        # A valid request, but this gateway's sandbox reaches no network: the agent's own
+        # install could not reach the index, so it is refused now, saying what the admin adds.
+        r = h.post("/v1/env/build", json={"files": {"requirements.txt": "six==1.17.0\n"}})
+        assert r.status_code == 503 and "allow_hosts" in r.text and "pypi.org" in r.text, r.text
     with gateway.http() as admin:  # nothing was recorded: no job, no request
         assert admin.get("/v1/jobs", params={"limit": 500}).json()["jobs"] == []
 
@@ -87,6 +91,23 @@ def test_requests_naming_paths_files_or_indexes_are_refused_before_any_job(gatew
 
     text = asyncio.run(over_mcp())
     assert SECRET not in text and "option line" in text and "package name" in text, text
+
+
+def test_the_install_is_the_requesters_job_within_its_budget(tmp_path: Path) -> None:
+    """The install job is the agent's own: a token allowed to build but with no CPU-hours
+    left starts none (it was a free job of corral's, beyond every budget)."""
+    from corral.safety.tokens import Caveats, attenuate
+
+    with running(tmp_path, CORRAL_SANDBOX__ALLOW_HOSTS=json.dumps(["pypi.org", "files.pythonhosted.org"])) as g:
+        t = add_people(g)
+        with g.http() as admin:
+            key = bytes.fromhex(admin.get("/v1/tokens/public-key").json()["public_key"])
+        _, broke = attenuate(t["bot1"], Caveats(cpu_hours=0), key)
+        with g.http(broke) as h:
+            r = h.post("/v1/env/build", json={"files": {"requirements.txt": "six==1.17.0\n"}})
+            assert r.status_code == 403 and "budget" in r.json()["error"]["message"], r.text
+        with g.http() as admin:
+            assert admin.get("/v1/jobs", params={"limit": 50}).json()["jobs"] == []
 
 
 def _evil_index(root: Path, findings: str, lport: int) -> Path:

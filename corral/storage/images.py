@@ -103,8 +103,11 @@ def checked_kind(files: dict[str, str]) -> str:
 class Images:
     def __init__(self, settings: StorageSettings, home: Path, scratch: Path, db: "Database", store: "Store",
                  lanes: "Lanes", sender: "Sender", owner: "Callable[[Caller], Identity | None] | None" = None,
-                 sandbox: "Sandbox | None" = None) -> None:
+                 sandbox: "Sandbox | None" = None,
+                 admit: "Callable[[Caller, list[JobSpec]], None] | None" = None) -> None:
         self.settings, self.db, self.store, self.lanes, self.sender = settings, db, store, lanes, sender
+        self.admit = admit or (lambda c, specs: None)
+        """Admission of the requester's install job (Gate.admit: rates, budgets, caps)."""
         self.owner = owner or (lambda c: None)
         """The identity a caller's jobs run as: its build installs as that identity."""
         self.sandbox = sandbox
@@ -186,10 +189,12 @@ class Images:
         with open(fd, "w", encoding="utf-8") as f:
             json.dump(req, f)
         p = self._principal()
+        self.admit(caller, [first])  # the install is the requester's job: its rates, budgets and caps
         with self.db.transaction():
             staged = self.db.insert_jobs(caller.principal.name, caller.session, [(self.lanes.batch.name, first)],
                                          caller.cap.path if caller.cap else None)[0]
-            pack = JobSpec(command=f"exec {sys.executable} -m corral.storage.build {path}", cpus=s.build_cpus,
+            # -P: nothing from the working directory on sys.path, for a program run as root
+            pack = JobSpec(command=f"exec {sys.executable} -P -m corral.storage.build {path}", cpus=s.build_cpus,
                            memory=s.build_memory_mb, walltime=s.build_walltime_s, lane="batch",
                            name=f"envbuild-{digest[:12]}", labels={"corral-envbuild": digest}, after_ok=[staged.id],
                            env={"PYTHONPATH": CODE})  # this gateway's own corral, whatever the job's Python finds first

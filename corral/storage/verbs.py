@@ -66,7 +66,7 @@ class StorageVerbs:
         self.gate = gate
         self.scratch = scratch_dir(settings, home)
         self.store = Store(db.path)
-        self.images = Images(settings, home, self.scratch, db, self.store, lanes, sender, owner, sandbox)
+        self.images = Images(settings, home, self.scratch, db, self.store, lanes, sender, owner, sandbox, gate.admit)
         hidden = (lambda c: sandbox.hidden_from(c.principal.kind.value, c.principal.unix_user)) \
             if sandbox is not None else (lambda c: [])
         self.workspaces = Workspaces(settings, self.scratch, self.store, hidden, owner or (lambda c: None))
