@@ -232,6 +232,19 @@ def _listing(store: Path) -> str:
     return subprocess.run(["unsquashfs", "-lls", str(image)], capture_output=True, text=True, check=True).stdout
 
 
+def _holds_secret(image: Path) -> bool:
+    """Whether any plain file in ``image`` holds SECRET (unpacked: the image is compressed)."""
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run(["unsquashfs", "-q", "-n", "-no-xattrs", "-d", f"{d}/x", str(image)], check=True,
+                       capture_output=True)
+        for root, _dirs, files in os.walk(f"{d}/x"):
+            for f in files:
+                p = Path(root) / f
+                if p.is_file() and not p.is_symlink() and SECRET.encode() in p.read_bytes():
+                    return True
+    return False
+
+
 def test_pack_keeps_links_as_links_and_drops_set_id_bits(staged: dict[str, Any], capsys, rootonly: Path) -> None:
     env = Path(staged["out"]) / "env"
     os.symlink(str(rootonly), env / "lib" / "leak")
@@ -247,8 +260,7 @@ def test_pack_keeps_links_as_links_and_drops_set_id_bits(staged: dict[str, Any],
     listing = _listing(Path(staged["store"]))
     assert f"leak -> {rootonly}" in listing and "etc-link -> /etc" in listing, listing
     assert "-rwxr-xr-x root/root" in next(ln for ln in listing.splitlines() if ln.endswith("/bin/suid")), listing
-    image = next(Path(staged["store"]).glob("*.sqsh")).read_bytes()
-    assert SECRET.encode() not in image
+    assert not _holds_secret(next(Path(staged["store"]).glob("*.sqsh")))
 
 
 @pytest.mark.parametrize("plant", ["fifo", "hardlink", "others_file", "lock_link", "env_link", "out_link", "too_big"])
@@ -279,3 +291,51 @@ def test_pack_refuses_what_is_not_the_requesters_own(staged: dict[str, Any], cap
     rc, said = _pack(staged, capsys)
     assert rc == 2 and "corral-error:" in said, said
     assert SECRET not in said and not list(Path(staged["store"]).glob("*.sqsh")), said
+
+
+def test_pack_against_a_requester_racing_it_never_packs_what_it_could_not_read(staged: dict[str, Any], capsys,
+                                                                               rootonly: Path) -> None:
+    """The requester's other processes keep swapping files and directories of its output
+    for links to a root-only file (and back) while corral packs: each pack succeeds with
+    the requester's own bytes or refuses; the secret is never in the image or the answer."""
+    uid = staged["uid"]
+    lib = Path(staged["out"]) / "env" / "lib"
+    for i in range(200):
+        (lib / f"m{i}.py").write_text(f"x = {i}\n")
+        os.chown(lib / f"m{i}.py", uid, uid)
+    child = os.fork()
+    if child == 0:  # the requester: its own uid, its own files
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            n = 0
+            while True:
+                n += 1
+                for i in range(0, 200, 3):
+                    p, t = lib / f"m{i}.py", lib / f".t{i}"
+                    try:
+                        os.symlink(str(rootonly), t) if n % 2 else t.write_text("y = 1\n")
+                        os.rename(t, p)
+                    except OSError:
+                        pass
+                try:  # a whole directory of the walk, now a link, now back
+                    os.rename(lib, lib.with_name("lib.real"))
+                    os.symlink(str(rootonly.parent), lib)
+                    os.unlink(lib)
+                    os.rename(lib.with_name("lib.real"), lib)
+                except OSError:
+                    pass
+        finally:
+            os._exit(0)
+    results = []
+    try:
+        for _ in range(4):
+            rc, said = _pack({**staged, "rebuild": True}, capsys)
+            results.append(rc)
+            assert rc in (0, 2) and SECRET not in said, said
+            for image in Path(staged["store"]).glob("*.sqsh"):
+                assert not _holds_secret(image)
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+    assert 0 in results or 2 in results, results
