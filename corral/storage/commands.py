@@ -58,8 +58,10 @@ def env() -> None:
 @click.pass_obj
 def env_build(o: Ctx, file: Path, name: str | None, rebuild: bool, no_wait: bool, timeout: float) -> None:
     """Build an image from a requirements.txt, a pyproject.toml or a uv.lock (the
-    pyproject.toml beside it is sent too). Asking again for the same file answers at
-    once with the image already built, whoever built it."""
+    pyproject.toml beside it is sent too): packages of the facility's index only (no -r,
+    -c, -e, --index-url, --find-links, paths or file: URLs). The install runs as your own
+    job, in your sandbox. Asking again for the same file answers at once with the image
+    you (or your identity) already built."""
     from .images import KINDS
 
     if file.name not in KINDS:

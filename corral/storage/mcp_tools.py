@@ -42,7 +42,8 @@ def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"], limit: Callabl
     async def build_environment(
         ctx: Context,
         requirements: Annotated[str | None, Field(max_length=1024 * 1024, description=(
-            "The text of a requirements.txt (one package per line, pins allowed)."))] = None,
+            "The text of a requirements.txt (one package of the facility's index per line, pins, extras, markers "
+            "and --hash allowed; no -r/-c/-e, --index-url, --find-links, paths or file: URLs)."))] = None,
         pyproject: Annotated[str | None, Field(max_length=1024 * 1024, description=(
             "The text of a pyproject.toml (its dependencies are installed); with uv_lock, the project it locks."))] = None,
         uv_lock: Annotated[str | None, Field(max_length=1024 * 1024, description=(
@@ -54,8 +55,9 @@ def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"], limit: Callabl
             "Seconds to wait for the build at most (default and most: 90); then call again."))] = None,
     ) -> Annotated[CallToolResult, EnvOut]:
         """An environment image: built once with uv and packed into one read-only file that
-        every job can mount, so a job's imports cost the shared filesystem nothing. The same
-        requirements asked again (by anyone) answer at once. Then run jobs with
+        every job can mount, so a job's imports cost the shared filesystem nothing. It
+        installs as your own job, in your sandbox; the same requirements asked again answer
+        at once. Then run jobs with
         submit_job image=<name or image key>: its python is first on PATH."""
         files = {k: v for k, v in (("requirements.txt", requirements), ("pyproject.toml", pyproject),
                                    ("uv.lock", uv_lock)) if v is not None}
