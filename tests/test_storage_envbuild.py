@@ -190,6 +190,9 @@ def test_a_packages_build_code_runs_as_the_requesting_agent_contained(tmp_path: 
             assert uid != 0 and f"uid={uid}" in said, said
             assert "shadow=no" in said and "token=no" in said, said
             assert "direct=no" in said and "proxied=no" in said, said
+            # the failed build's directories and corral's request are gone; the identity's cache stays
+            assert not list(scratch.glob("envbuild/*/b-*")) and not list((g.home / "envbuild").glob("*.json"))
+            assert oct(found[0].parent.stat().st_mode & 0o777) == "0o700" and found[0].parent.stat().st_uid == uid
     finally:
         index.kill()
         listener.close()

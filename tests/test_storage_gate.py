@@ -77,6 +77,8 @@ def test_a_status_only_token_forks_commits_and_builds_nothing(gateway: Gateway, 
     assert {"workspace.fork", "workspace.commit", "workspace.discard", "env.build"} <= denied, denied
     allowed = [r for r in records if r["decision"] == "allow" and r["action"] == "workspace.fork"]
     assert allowed and all(r["base"] == str(project) for r in allowed), allowed
+    forks = [r["decision"] for r in records if r["action"] == "workspace.fork" and r["principal"] == "bot1"]
+    assert forks[:2] == ["allow", "done"], forks  # the decision before the act, then what it did
 
 
 def test_the_mcp_edge_refuses_the_same(gateway: Gateway, project: Path) -> None:

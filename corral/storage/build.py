@@ -234,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if req.get("stage"):  # the requester's staging, gone once packed or refused (rmtree: by descriptor)
             shutil.rmtree(req["stage"], ignore_errors=True)
+        Path(args[0]).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

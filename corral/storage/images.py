@@ -252,6 +252,7 @@ class Images:
             why = errors[-1] if errors else f"the build job {job_id} ended {state}: {reason or 'no reason given'}"
             with self.store.tx() as c:
                 c.execute("UPDATE env_requests SET state='failed', reason=? WHERE digest=?", (why, digest))
+            staging.drop(self.scratch, self.requests_dir, digest)  # the pack that removes them never ran
 
     def status_of(self, digest: str) -> dict[str, Any]:
         """A request as its requester sees it: building (with progress), ready, or failed (why),

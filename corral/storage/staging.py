@@ -102,3 +102,13 @@ def make(scratch: Path, principal: str, ident: Identity | None, digest: str, req
         json.dump(body, f)
     _dir(where / "out", uid, gid, 0o700)
     return Stage(scope, workdir, where, uid)
+
+
+def drop(scratch: Path, requests: Path, digest: str) -> None:
+    """A failed build's directories and corral's request for it (the pack job, which
+    removes them once it ran, never did). rmtree works by descriptor: a link the
+    requester left inside is removed, never followed."""
+    for where in (scratch / "envbuild").glob(f"*/b-{digest[:16]}-*"):
+        shutil.rmtree(where, ignore_errors=True)
+    for req in requests.glob(f"{digest}-*.json"):
+        req.unlink(missing_ok=True)

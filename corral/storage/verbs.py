@@ -4,7 +4,8 @@ workspaces, and what a job's spec becomes once its image and workspace are resol
 A verb that changes something (fork, commit, discard, build) passes the gate as submit
 does: the token's caveats, then the facility policy with the session's taint, each verb
 its own action (``workspace_fork``, ``workspace_commit``, ``workspace_discard``,
-``env_build``); the decision is audited before the act, a refusal or a failure after.
+``env_build``); the decision is audited before the act, then what it did (``done``), or
+a refusal or a failure.
 Reading (list, show, diff, an image's status) is checked as ``status``.
 
 Resolution happens in a worker thread (it may mount): a job naming ``image`` gets the
@@ -76,19 +77,23 @@ class StorageVerbs:
     # -- images -------------------------------------------------------------------------
 
     def _decide(self, caller: Caller, action: str, rtype: str, resource: dict[str, Any], audited: str,
-                facts: dict[str, Any]) -> None:
+                facts: dict[str, Any]) -> str:
         """The gate on one storage verb (token caveats, policy, taint), its allow recorded
-        before the act; a refusal raises (recorded by the caller's ``refusals``)."""
+        before the act (what the act did follows as ``done``); a refusal raises (recorded by
+        the caller's ``refusals``). -> the rule that allowed."""
         rule = self.gate.check(caller, action, rtype, {"owner": caller.name, **resource})
         self.audit.record(caller, audited, "allow", rule, [facts])
+        return rule
 
     async def env_build(self, caller: Caller, files: dict[str, str], name: str | None = None,
                         rebuild: bool = False) -> dict[str, Any]:
         content = hashlib.sha256(json.dumps(sorted(files.items())).encode()).hexdigest()[:32]
         facts = {"files": sorted(files), "content": content, "name": name, "rebuild": rebuild}
         with self.audit.refusals(caller, "env.build", facts):
-            self._decide(caller, "env_build", "Environment", {"files": sorted(files)}, "env.build", facts)
+            rule = self._decide(caller, "env_build", "Environment", {"files": sorted(files)}, "env.build", facts)
             out = await self.images.request(caller, files, name, rebuild)
+        self.audit.record(caller, "env.build", "done", rule, [{"digest": out["digest"], "state": out["state"],
+                                                               "job_id": out.get("job"), "image": out.get("image")}])
         return out
 
     async def env_status(self, caller: Caller, ref: str) -> dict[str, Any]:
@@ -129,9 +134,12 @@ class StorageVerbs:
         with self.audit.refusals(caller, f"workspace.{verb}", args):
             base = args.get("base") if verb == "fork" else \
                 (await asyncio.to_thread(self.workspaces._row, caller, args["ws_id"]))["base"]
-            self._decide(caller, f"workspace_{verb}", "Workspace", {"base": str(base or "")},
-                         f"workspace.{verb}", {**args, "base": base})
+            rule = self._decide(caller, f"workspace_{verb}", "Workspace", {"base": str(base or "")},
+                                f"workspace.{verb}", {**args, "base": base})
             out = await asyncio.to_thread(fn, caller, **args)
+        self.audit.record(caller, f"workspace.{verb}", "done", rule,  # what the act did (a commit: the files)
+                          [{k: out.get(k) for k in ("workspace", "base", "state", "added", "modified", "deleted")
+                            if k in out}])
         return out
 
     # -- jobs ---------------------------------------------------------------------------
