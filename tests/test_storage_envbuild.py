@@ -342,3 +342,16 @@ def test_pack_against_a_requester_racing_it_never_packs_what_it_could_not_read(s
         os.kill(child, 9)
         os.waitpid(child, 0)
     assert 0 in results or 2 in results, results
+
+
+def test_pack_never_enters_a_mount_inside_the_output(staged: dict[str, Any], capsys) -> None:
+    """A requester may mount over part of its output (FUSE, whose reads it could stall
+    forever): the pack refuses the mount point instead of reading through it."""
+    mnt = Path(staged["out"]) / "env" / "lib" / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=1m,uid={staged['uid']}", "tmpfs", str(mnt)], check=True)
+    try:
+        rc, said = _pack(staged, capsys)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+    assert rc == 2 and "another filesystem" in said, said

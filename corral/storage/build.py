@@ -99,8 +99,10 @@ def read_theirs(dir_fd: int, name: str, uid: int, most: int) -> bytes:
 class Copy:
     """``out/env`` of the requester's job, copied where only corral reaches (see the module)."""
 
-    def __init__(self, uid: int, most: int) -> None:
-        self.uid, self.most = uid, most
+    def __init__(self, uid: int, most: int, dev: int | None = None) -> None:
+        self.uid, self.most, self.dev = uid, most, dev
+        """``dev``: the filesystem of the output; a mount inside it (a FUSE mount of the
+        requester's, whose reads it could stall) is refused, never entered."""
         self.bytes = self.entries = 0
 
     def tree(self, src: int, dst: str, rel: str = "", depth: int = 0) -> None:
@@ -129,6 +131,8 @@ class Copy:
                 raise Refused(f"the environment holds {here}, which is neither a file, a directory nor a link")
 
     def _own(self, st: os.stat_result, here: str) -> None:
+        if self.dev is not None and st.st_dev != self.dev:
+            raise Refused(f"{here} in the environment lies on another filesystem (a mount point)")
         if st.st_uid != self.uid:
             raise Refused(f"{here} in the environment is not the build's own (uid {st.st_uid}, not {self.uid}): "
                           "a build may pack only what it installed")
@@ -184,7 +188,7 @@ def build(req: dict[str, Any]) -> int:
             with tempfile.TemporaryDirectory(prefix=".copy-", dir=store) as tmp:  # 0700, corral's
                 env = os.open("env", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=out)
                 try:
-                    Copy(uid, int(req["max_bytes"])).tree(env, tmp)
+                    Copy(uid, int(req["max_bytes"]), st.st_dev).tree(env, tmp)
                 finally:
                     os.close(env)
                 with open(os.path.join(tmp, "corral-lock.txt"), "w", encoding="utf-8") as f:
