@@ -4,7 +4,7 @@ A build is two jobs: the requester's own (stage.py: resolve, download, install, 
 identity, in its sandbox) and, after it, corral's (build.py: copy without following
 links, pack, publish). They share one directory on node-local scratch:
 
-    SCRATCH/envbuild/                 corral's, 0711
+    SCRATCH/envbuild/                 corral's, 0711, hidden from every sandbox (its scope bound back)
       SCOPE/                          corral's, 0711: the requester's job works here
         cache/                        the identity's, 0700: its uv cache (never another's)
         b-DIGEST-NONCE/               corral's, 0755: stage.py and request.json, read-only to the job
@@ -33,6 +33,7 @@ from typing import Any
 
 from ..errors import BackendError
 from ..identity import Identity
+from .scratch import prepare
 
 STAGE_PROGRAM = Path(__file__).with_name("stage.py")
 KEEP_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR", "http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY",
@@ -86,9 +87,7 @@ def make(scratch: Path, principal: str, ident: Identity | None, digest: str, req
     me, gid_me = os.geteuid(), os.getegid()
     uid, gid = (ident.uid, ident.gid) if ident is not None else (me, gid_me)
     scope = scope_of(principal, ident)
-    root = scratch / "envbuild"
-    scratch.mkdir(parents=True, exist_ok=True)
-    _dir(root, me, gid_me, 0o711)
+    root = prepare(scratch, ["envbuild"]) / "envbuild"  # scratch.py: made or checked as corral's own
     workdir = root / scope
     _dir(workdir, me, gid_me, 0o711)
     _dir(workdir / "cache", uid, gid, 0o700)

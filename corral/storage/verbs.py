@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
-SCRATCH_DIRS = ("workspaces", "trees", "uv-cache")
+SCRATCH_DIRS = ("workspaces", "trees", "uv-cache", "envbuild")
 """Scratch's directories the sandbox hides (each trial's own is bound back)."""
 
 
