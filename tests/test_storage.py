@@ -198,8 +198,10 @@ def test_a_fifo_in_a_workspace_never_blocks_its_diff(gw: tuple[Gateway, dict[str
                        "workspace": w["workspace"]})
         assert job["state"] == "COMPLETED", job
         d = h.get(f"/v1/workspaces/{w['workspace']}/diff")
-        assert d.status_code == 200 and d.json()["modified"] == ["README"], d.text
         assert h.post(f"/v1/workspaces/{w['workspace']}/discard").status_code == 200
+        # answered (a FIFO is compared by its metadata, never opened); the FIFO the job made
+        # anew may be listed as a change of its own
+        assert d.status_code == 200 and "README" in d.json()["modified"], d.text
 
 
 @needs_tools
