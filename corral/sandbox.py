@@ -168,9 +168,10 @@ class Sandbox:
         out = [tool("bwrap"), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", *size, "--tmpfs", "/tmp",
                *spaces, "--die-with-parent", "--new-session"]
         own = _home_of(who[0]) if who is not None else str(Path.home())
+        hiding = self._now_hidden(own)
         # emptied first (the job's own directories are bound back in after); a path gone since
         # the list was made (a home userdel removed) needs no hiding, and bwrap could not mount on it
-        for flag, path, *src in self._hiding(own):
+        for flag, path, *src in hiding:
             if os.path.lexists(path):
                 out += [flag, *src, path]
         if who is not None and readable:  # bwrap made their hidden parents root's, 0700: bound apart
@@ -186,14 +187,14 @@ class Sandbox:
             # A working directory inside an emptied one (a workspace under corral's scratch):
             # bwrap would make its parents root's and 0700, which the job's user cannot
             # traverse by absolute path; they are made 0755 first.
-            for flag, hidden, *_ in self._hiding(own):
+            for flag, hidden, *_ in hiding:
                 if flag == "--tmpfs" and Path(cwd).is_relative_to(hidden) and cwd != hidden:
                     for parent in reversed(Path(cwd).relative_to(hidden).parents[:-1]):
                         out += ["--perms", "0755", "--dir", str(Path(hidden) / parent)]
             out += ["--bind-fd", str(cwd_fd), cwd] if cwd_fd is not None else ["--bind", cwd, cwd]
             # What is hidden inside the working directory (corral's home in the project that
             # holds it, a credential directory) is hidden again over the bind, which undid it.
-            for flag, path, *src in self._hiding(own):
+            for flag, path, *src in hiding:
                 if Path(path).is_relative_to(cwd) and path != cwd and os.path.lexists(path):
                     out += [flag, *src, path]
         if job_dir is not None and inner is not None:
@@ -228,7 +229,22 @@ class Sandbox:
             return []
         who = self.owner(kind, user)
         own = _home_of(who[0]) if who is not None else str(Path.home())
-        return [Path(t[1]) for t in self._hiding(own)]
+        return [Path(t[1]) for t in self._now_hidden(own)]
+
+    def _now_hidden(self, own: str | None) -> list[tuple[str, ...]]:
+        """``_hiding`` and the credentials under ``own`` as they are now: one made after
+        the gateway started (``~/.aws`` written today) is hidden from the next sandbox built."""
+        static = self._hiding(own)
+        fresh = [c for c in credentials(own) if c not in static]
+        return [*static, *fresh] if fresh else static
+
+    def fresh(self, ident: tuple[int, int] | None, root: bool | None = None) -> tuple[tuple[str, ...], ...]:
+        """The credentials under the home of the job's identity (``ident``, when started by
+        root; else this process's user's), as they are now: a built sandbox made before one
+        of them appeared is not used for the next job (corral/fastlane/hosts.py keys on it)."""
+        own = _home_of(ident[0]) if ident is not None and (os.geteuid() == 0 if root is None else root) \
+            else str(Path.home())
+        return credentials(own)
 
     @functools.lru_cache(maxsize=64)
     def _hiding(self, own: str | None) -> list[tuple[str, ...]]:
@@ -257,11 +273,27 @@ class Sandbox:
                    here(d["homes"]), d["egress"], d["own_count"], d.get("seccomp"), d.get("file_max"), d.get("tmp_max"))
 
 
+@functools.lru_cache(maxsize=256)
 def _home_of(uid: int) -> str | None:
+    """Once per uid and process (a fast-lane worker asks on every task)."""
     try:
         return pwd.getpwuid(uid).pw_dir
     except KeyError:
         return None
+
+
+def credentials(home: str | None) -> tuple[tuple[str, ...], ...]:
+    """(bwrap flag, path[, source]) emptying each credential under ``home`` that exists
+    now, where it really lies (a link's target): a stat per name, ~20 us in all."""
+    if not home or home in ("/", "/nonexistent"):
+        return ()
+    out: list[tuple[str, ...]] = []
+    for c in CREDENTIALS:
+        p = os.path.join(home, c)
+        if os.path.exists(p):
+            real = os.path.realpath(p)
+            out.append(("--tmpfs", real) if os.path.isdir(real) else ("--ro-bind", real, "/dev/null"))
+    return tuple(out)
 
 
 def people_homes() -> list[Path]:

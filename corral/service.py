@@ -178,7 +178,11 @@ class Service:
         distinct = {t: specs[i] for t, i in first.items()}
         if any(self.storage.applies(s) for s in distinct.values()):  # its image and workspace found
             distinct = await asyncio.to_thread(self._resolve, caller, distinct, first, where)
-        default = await asyncio.to_thread(self._preflight, {first[t]: s for t, s in distinct.items()}, where, caller)
+        checked = {first[t]: s for t, s in distinct.items()}
+        default = await asyncio.to_thread(self._preflight, checked, where, caller)
+        # From here on each spec names the directory that was checked, not a link to it
+        # that its owner may point elsewhere before the job starts (H4 F8).
+        distinct = {t: checked[first[t]] for t in distinct}
         rule = "default"
         for t, s in distinct.items():
             with _prefixed(where(first[t])):
@@ -263,7 +267,7 @@ class Service:
             return []
         return [str(p) for p in self.sandbox.hidden_from(kind, caller.principal.unix_user)]
 
-    def _check_workdir(self, caller: Caller, workdir: str, only_writable: bool = False) -> None:
+    def _check_workdir(self, caller: Caller, workdir: str, only_writable: bool = False) -> str:
         p = caller.principal
         kind = p.kind.value
         contained = self.sandbox is not None and self.sandbox.applies(kind)
@@ -271,9 +275,9 @@ class Service:
         hidden = self.sandbox.hidden_from(kind, p.unix_user) if contained and self.sandbox is not None else []
         if only_writable:
             workdirs.check_writable(workdir, ident)
-            return
+            return workdir
         state = [self.settings.home, self.settings.db_path.parent, *self.private_state]
-        workdirs.check(workdir, ident, state, hidden)
+        return workdirs.check(workdir, ident, state, hidden)
 
     def _default_partition(self) -> str:
         try:
@@ -294,7 +298,9 @@ class Service:
         """In a thread: workdirs are looked at on disk (and checked as the job's identity
         would use them: corral/workdirs.py), and the first preflight reads the
         cluster's limits (a slow controller must not stall every other request).
-        -> the default partition (one thread hop for both: a single submission is hot)."""
+        -> the default partition (one thread hop for both: a single submission is hot).
+        A spec whose working directory was checked is replaced in ``specs`` by one that
+        names the resolved directory: the lanes bind that, never the link it was named by."""
         if caller is not None:
             self.identity_of(caller)  # a principal no job may run as (root) is refused here, not in a lane
         for i, spec in specs.items():
@@ -306,7 +312,9 @@ class Service:
                     if not wd.is_dir():
                         raise InvalidRequest(f"workdir {spec.workdir!r} does not exist; create it or pick another")
                     if caller is not None and not spec.workspace:  # a workspace's view is corral's own making
-                        self._check_workdir(caller, spec.workdir)
+                        real = self._check_workdir(caller, spec.workdir)
+                        if real != spec.workdir:
+                            specs[i] = spec.model_copy(update={"workdir": real})
                 try:
                     self.lanes.batch.preflight(spec)
                 except BackendError as e:

@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import proc
+from ..errors import BackendError
+from ..opendir import Changed, open_dir
+from ..opendir import identity as opendir_identity
 from ..sandbox_host import command, outside_pids
 
 if TYPE_CHECKING:
@@ -31,28 +34,41 @@ if TYPE_CHECKING:
 
 IDLE_S = 30.0
 MAX_HOSTS = 64
-Key = tuple[str, str | None, str | None, str, tuple[int, int] | None]
-"""(kind, Unix user, principal, working directory, the identity its tasks run as)."""
+Key = tuple[str, str | None, str | None, str, tuple[int, int] | None, tuple[tuple[str, ...], ...]]
+"""(kind, Unix user, principal, working directory, the identity its tasks run as, the
+credentials under that identity's home when it was built: one made since means a new
+sandbox that hides it, Sandbox.fresh)."""
 
 
 class Host:
     """One built sandbox and the host program inside it."""
 
     def __init__(self, sandbox: "Sandbox", key: Key, log: Path) -> None:
-        kind, user, _, workdir, ident = key
+        kind, user, _, workdir, ident, _ = key
+        # The working directory is bound by descriptor, opened here one component at a
+        # time without following links, as the tasks' identity (corral/opendir.py): a link
+        # swapped in after the gateway checked the path fails the tasks, never redirects them.
+        wfd = None
+        if workdir != "/tmp":
+            try:
+                wfd = open_dir(workdir, opendir_identity(*ident) if ident is not None else None)
+            except Changed as e:
+                raise BackendError(str(e.strerror or e)) from None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # A task's message carries its env (at most 128 KiB) and command (64 KiB).
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
         fd = str(theirs.fileno())
         # The host takes the system-call filter itself (its tasks are spawned: corral/seccomp.py).
         argv = [fd if a == "{fd}" else a for a in sandbox.wrap(kind, command(seccomp=sandbox.seccomp, fsize=sandbox.file_max), workdir, None, user,
-                                                               ident=ident, filtered=False)]
+                                                               ident=ident, filtered=False, cwd_fd=wfd)]
         self.log = log
         try:
             self.proc = proc.spawn(argv, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, stdout=log,
-                                   stderr=log, pass_fds=(theirs.fileno(),))
+                                   stderr=log, pass_fds=(theirs.fileno(), *([wfd] if wfd is not None else [])))
         finally:
             theirs.close()
+            if wfd is not None:
+                os.close(wfd)
         ours.settimeout(10)  # a host that stops reading fails the task, it does not hang the lane
         self.sock = ours
         self.key = key

@@ -146,8 +146,14 @@ class FastLane:
             cfg = PoolConfig(s.min_allocations, s.max_allocations, s.max_queued, s.idle_s, s.start_timeout_s,
                              s.breaker_failures, s.breaker_cooldown_s, host=_scheduler_host(s, self.batch.name),
                              min_cpus=s.min_cpus, give_back_s=s.give_back_s)
+            # Outputs and scripts of a pool are its user's and the gateway's alone: the pool's
+            # directory 0700, reached by name through fastlane/ (0711, nothing listed).
+            self.dir.mkdir(mode=0o711, parents=True, exist_ok=True)
+            if self.dir.stat().st_uid == os.geteuid():
+                self.dir.chmod(0o711)
             directory = self.dir / key.slug
-            directory.mkdir(parents=True, exist_ok=True)
+            directory.mkdir(mode=0o700, exist_ok=True)
+            directory.chmod(0o700)
             _give(directory, key.unix_user)
             if self.sandbox is not None:  # what the pool's workers wrap contained tasks with
                 (directory / launcher.SANDBOX_FILE).write_text(self.sandbox.dumps())
@@ -250,9 +256,7 @@ class FastLane:
         command = spec.command
         if spec.script:
             path = pool.dir / f"{ctx.job_id}.sh"
-            path.write_text(spec.script)
-            path.chmod(0o755)
-            _give(path, key.unix_user)
+            _write_script(path, spec.script, key.unix_user)
             command = str(path) if spec.script.startswith("#!") else f"/bin/bash {path}"
         env = self._task_env(ctx, spec)
         task: dict[str, Any] = {
@@ -273,6 +277,8 @@ class FastLane:
             who = self.identities.of(ctx.principal, None, ctx.admin, False, ctx.kind == "service")
             if who is not None:
                 task["ident"] = list(who.pair)
+                if spec.script:  # it cannot enter the pool's directory: its script comes as fd 3
+                    task["reads"] = [str(pool.dir / f"{ctx.job_id}.sh")]
         pool.enqueue(Task(ctx.job_id, task, idempotent=bool(spec.idempotent)))
         return bid
 
@@ -341,6 +347,27 @@ def _give(path: Path, unix_user: str | None) -> None:
         except KeyError:
             return
         os.chown(path, pw.pw_uid, pw.pw_gid)
+
+
+def _write_script(path: Path, text: str, unix_user: str | None) -> None:
+    """A task's script, written by a root gateway in a directory the pool's user owns:
+    never through a link or into a file planted there (whatever was at the name is
+    removed, and the file is made new). 0755: a task of another identity runs it through
+    the descriptor it is given; the directory (0700) lets no one else reach it by path."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        os.fchmod(fd, 0o755)
+        if unix_user and os.geteuid() == 0:
+            try:
+                pw = pwd.getpwnam(unix_user)
+            except KeyError:
+                return
+            os.fchown(fd, pw.pw_uid, pw.pw_gid)
 
 
 def _tls(directory: Path, unix_user: str | None) -> tuple[Path, Any]:

@@ -126,7 +126,10 @@ def contained_argv_for(command: str) -> list[str]:
     return argv if argv[:2] == ["/bin/bash", "-c"] else shlex.split(command)
 
 
-_OUT = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+_OUT = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+OUT_MODE = 0o600
+"""A task's output: the worker's (its pool's user, or root) and the gateway's to read,
+written by the task through the descriptor it was given (H4 F9: no other user reads it)."""
 
 
 class Launcher:
@@ -247,8 +250,9 @@ class Launcher:
             try:
                 if fd is None:
                     name = self._journal_path.name if self._journal_path else f"{self._host}-{os.getpid()}.jsonl"
-                    os.makedirs(os.path.join(d, JOURNALS), exist_ok=True)
-                    fd = os.open(os.path.join(d, JOURNALS, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                    os.makedirs(os.path.join(d, JOURNALS), mode=0o700, exist_ok=True)
+                    fd = os.open(os.path.join(d, JOURNALS, name),
+                                 os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
                     self._journals[d] = fd
                 os.write(fd, "".join(lines).encode())
             except OSError:
@@ -286,8 +290,8 @@ class Launcher:
             # The child opens its own output files: the (GIL-bound) worker does not.
             pid = os.posix_spawn(argv[0], argv, env, setsid=True, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
                                  file_actions=[(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-                                               (os.POSIX_SPAWN_OPEN, 1, f"{d}/{jid}.out", _OUT, 0o644),
-                                               (os.POSIX_SPAWN_OPEN, 2, f"{d}/{jid}.err", _OUT, 0o644)])
+                                               (os.POSIX_SPAWN_OPEN, 1, f"{d}/{jid}.out", _OUT, OUT_MODE),
+                                               (os.POSIX_SPAWN_OPEN, 2, f"{d}/{jid}.err", _OUT, OUT_MODE)])
         except OSError as e:
             # The error names the program even when it was an output file that failed.
             self._not_started(s, batch, i, gpus, start, f"could not start {argv[0]} (output in {d}): {e.strerror}")
@@ -306,11 +310,15 @@ class Launcher:
         d, jid = s["dir"], s["job_id"]
         uid, gid = s["ident"]
         try:
-            out = os.open(f"{d}/{jid}.out", _OUT | os.O_NOFOLLOW, 0o600)
-            err = os.open(f"{d}/{jid}.err", _OUT | os.O_NOFOLLOW, 0o600)
+            out = os.open(f"{d}/{jid}.out", _OUT, OUT_MODE)
+            err = os.open(f"{d}/{jid}.err", _OUT, OUT_MODE)
+            # Its script (the pool's directory is closed to it): fd 3, 4, ...
+            reads = [os.open(f, os.O_RDONLY | os.O_NOFOLLOW) for f in s.get("reads") or []]
         except OSError as e:
             self._not_started(s, batch, i, gpus, start, f"could not open its output in {d}: {e.strerror}")
             return None
+        for n, f in enumerate(s.get("reads") or []):  # corral's own path, also inside a `cd DIR && ...` line
+            argv = [a.replace(f, f"/dev/fd/{3 + n}") for a in argv]
         r, w = os.pipe()  # both close on exec: an empty read means the exec happened
         pid = os.fork()
         if pid == 0:  # pragma: no cover (the child)
@@ -321,6 +329,8 @@ class Launcher:
                 os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
                 os.dup2(out, 1)
                 os.dup2(err, 2)
+                for n, f in enumerate(reads):
+                    os.dup2(f, 3 + n)
                 os.setgroups([])
                 os.setresgid(gid, gid, gid)
                 os.setresuid(uid, uid, uid)
@@ -329,8 +339,8 @@ class Launcher:
                 os.write(w, str(getattr(e, "strerror", None) or e).encode())
             finally:
                 os._exit(127)
-        os.close(out)
-        os.close(err)
+        for f in (out, err, *reads):
+            os.close(f)
         os.close(w)
         # Its pid is watched only once it runs the task's program: sampled before that,
         # its memory was this worker's copy (a `true` was killed as OUT_OF_MEMORY at 10 MB).
@@ -357,14 +367,14 @@ class Launcher:
         argv = contained_argv_for(s["command"])
         fds: list[int] = []
         try:
-            ident = contain.get("ident")
+            ident = tuple(contain["ident"]) if contain.get("ident") else None
             host, new = self._hosts.get((contain["kind"], contain["user"], contain.get("principal"),
-                                         s.get("workdir") or "/tmp", tuple(ident) if ident else None), d)
+                                         s.get("workdir") or "/tmp", ident, self._hosts.sandbox.fresh(ident)), d)
             if new:
                 ep.register(host.fileno(), select.EPOLLIN)
-            fds = [os.open(f"{d}/{jid}.out", _OUT, 0o644), os.open(f"{d}/{jid}.err", _OUT, 0o644)]
+            fds = [os.open(f"{d}/{jid}.out", _OUT, OUT_MODE), os.open(f"{d}/{jid}.err", _OUT, OUT_MODE)]
             for n, f in enumerate(contain["readable"]):  # its script, in corral's (hidden) state
-                fds.append(os.open(f, os.O_RDONLY))
+                fds.append(os.open(f, os.O_RDONLY | os.O_NOFOLLOW))
                 argv = [f"/dev/fd/{3 + n}" if a == f else a for a in argv]
             host.start(jid, argv, env, fds)
             if self._trace:
