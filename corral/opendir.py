@@ -19,6 +19,7 @@ job cannot read.
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import sys
@@ -55,6 +56,9 @@ def open_dir(path: str, who: Who | None = None) -> int:
             return _walk(path)
         return _walk_as(path, who)
     except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM):
+            raise Changed(e.errno, f"its working directory {path} is not reachable by the identity it runs as "
+                                   f"({e.strerror}): a parent is closed to it; pick a directory it may enter") from None
         raise Changed(e.errno, f"its working directory {path} cannot be opened without following a link "
                                f"({e.strerror}): it changed since it was checked; submit it again with a "
                                "directory that is not a link and whose parents are not links") from None

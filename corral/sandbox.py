@@ -238,13 +238,13 @@ class Sandbox:
         fresh = [c for c in credentials(own) if c not in static]
         return [*static, *fresh] if fresh else static
 
-    def fresh(self, ident: tuple[int, int] | None, root: bool | None = None) -> tuple[tuple[str, ...], ...]:
-        """The credentials under the home of the job's identity (``ident``, when started by
-        root; else this process's user's), as they are now: a built sandbox made before one
-        of them appeared is not used for the next job (corral/fastlane/hosts.py keys on it)."""
-        own = _home_of(ident[0]) if ident is not None and (os.geteuid() == 0 if root is None else root) \
-            else str(Path.home())
-        return credentials(own)
+    def fresh(self, kind: str, user: str | None, ident: tuple[int, int] | None) -> tuple[tuple[str, ...], ...]:
+        """The credentials under the home of whom a job becomes (as ``wrap`` decides it),
+        as they are now: a built sandbox made before one of them appeared is not used for
+        the next job (corral/fastlane/hosts.py keys on it)."""
+        root = os.geteuid() == 0
+        who = ident if ident is not None and root else self.owner(kind, user, root)
+        return credentials(_home_of(who[0]) if who is not None else str(Path.home()))
 
     @functools.lru_cache(maxsize=64)
     def _hiding(self, own: str | None) -> list[tuple[str, ...]]:

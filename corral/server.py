@@ -132,7 +132,8 @@ def build_service(settings: Settings, clock: Clock | None = None) -> Service:
         s = settings.slurm
         jobs = s.jobs_dir or settings.home / "slurm" / "jobs"
         sandbox, egress = _sandbox(settings, [Path(jobs)])
-        identities = Identities(settings.home / "identities.json", *settings.sandbox.dynamic_uids)
+        identities = Identities(settings.home / "identities.json", *settings.sandbox.dynamic_uids,
+                                registry=settings.sandbox.uid_registry)
         backend = SlurmBackend(jobs, s.conf, s.agent_nice, s.agent_qos, s.timeout_s, s.poll_s, sandbox=sandbox,
                                opportunistic_qos=s.opportunistic_qos,
                                submitter=_submitter(s.submitter))
@@ -142,7 +143,8 @@ def build_service(settings: Settings, clock: Clock | None = None) -> Service:
         make_private(settings.home)
         return service
     sandbox, egress = _sandbox(settings, [])
-    identities = Identities(settings.home / "identities.json", *settings.sandbox.dynamic_uids)
+    identities = Identities(settings.home / "identities.json", *settings.sandbox.dynamic_uids,
+                            registry=settings.sandbox.uid_registry)
     backend = LocalBackend(settings.home / "local", settings.local_cpus, settings.local_memory_mb,
                            settings.local_max_walltime_s, sandbox, identities=identities,
                            output_max=settings.sandbox.output_max)

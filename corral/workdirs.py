@@ -79,6 +79,15 @@ def check(workdir: str, identity: Identity | None, state: Iterable[Path], hidden
     if not stat.S_ISDIR(st.st_mode):
         raise InvalidRequest(f"{what} is not a directory", hint=todo)
     _writable_or_refuse(what, st, identity)
+    if identity is not None:
+        for parent in p.parents:  # the kernel's rule for its identity, not root's, who passes all
+            try:
+                pst = os.stat(parent)
+            except OSError as e:
+                raise InvalidRequest(f"{what} cannot be read ({e.strerror})", hint=todo) from None
+            if not _may(pst, identity, 0o1):
+                raise InvalidRequest(f"{what} lies under {parent}, which {identity.describe()} may not enter",
+                                     hint=todo)
     return real
 
 
@@ -105,8 +114,14 @@ def _writable_or_refuse(what: str, st: os.stat_result, identity: Identity | None
 def writable(st: os.stat_result, identity: Identity) -> bool:
     """Whether ``identity`` may create files in a directory of ``st`` (search and write),
     by its owner, its groups and the mode, as the kernel would decide it (ACLs aside)."""
+    return _may(st, identity, 0o3)
+
+
+def _may(st: os.stat_result, identity: Identity, bits: int) -> bool:
+    """Whether ``identity`` has the permission ``bits`` (0o1 search, 0o2 write, 0o4
+    read; as for "other") on a file of ``st``: the owner's, else a group's, else other's."""
     if st.st_uid == identity.uid:
-        return st.st_mode & 0o300 == 0o300
+        return st.st_mode >> 6 & bits == bits
     groups = {identity.gid}
     if not identity.dynamic:
         try:
@@ -114,5 +129,5 @@ def writable(st: os.stat_result, identity: Identity) -> bool:
         except OSError:
             pass
     if st.st_gid in groups:
-        return st.st_mode & 0o030 == 0o030
-    return st.st_mode & 0o003 == 0o003
+        return st.st_mode >> 3 & bits == bits
+    return st.st_mode & bits == bits

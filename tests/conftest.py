@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,12 @@ def free_port() -> int:
     raise RuntimeError(f"no free loopback port in {block}-{block + 1999}")
 
 
+TEST_UIDS = os.path.join(tempfile.mkdtemp(prefix="corral-uids-"), "uids")
+"""The machine's record of dynamic uids for this test process's gateways: shared by
+them, as by installs on one machine, and not the machine's own (/var/lib/corral/uids),
+whose uids are never given back and would run out over many test runs."""
+
+
 @dataclass
 class Gateway:
     home: Path
@@ -54,7 +61,8 @@ class Gateway:
 
     def env(self, token: str | None = None, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-        env.update({"CORRAL_HOME": str(self.home), "CORRAL_URL": self.url, **self.extra_env, **extra})
+        env.update({"CORRAL_HOME": str(self.home), "CORRAL_URL": self.url,
+                    "CORRAL_SANDBOX__UID_REGISTRY": TEST_UIDS, **self.extra_env, **extra})
         if token:
             env["CORRAL_TOKEN"] = token
         return env

@@ -369,7 +369,8 @@ class Launcher:
         try:
             ident = tuple(contain["ident"]) if contain.get("ident") else None
             host, new = self._hosts.get((contain["kind"], contain["user"], contain.get("principal"),
-                                         s.get("workdir") or "/tmp", ident, self._hosts.sandbox.fresh(ident)), d)
+                                         s.get("workdir") or "/tmp", ident,
+                                         self._hosts.sandbox.fresh(contain["kind"], contain["user"], ident)), d)
             if new:
                 ep.register(host.fileno(), select.EPOLLIN)
             fds = [os.open(f"{d}/{jid}.out", _OUT, OUT_MODE), os.open(f"{d}/{jid}.err", _OUT, OUT_MODE)]

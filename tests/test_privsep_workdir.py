@@ -1,0 +1,378 @@
+"""The adversarial review's findings on working directories, outputs, credentials and
+identities (H4 F8, F9, F17, F18; docs/decisions/0010-privsep.md), attacked as the review
+did: a real root gateway, a real agent token, real identities and real bubblewrap.
+
+- F8: a link swapped in after the working directory was checked (the directory named
+  itself, or a parent of it) never redirects a job, in the fast lane as in batch;
+- F9: a fast-lane task's output, script and journal are read by no other local user;
+- F17: a credential made after the gateway started is hidden from the next job;
+- F18: two corral installs on one machine never give one dynamic uid to two principals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from .conftest import Gateway, running
+from .test_privsep import DYNAMIC, finish, run, submit, tokens
+from .test_sandbox import need_bwrap
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true",
+                                reason="privilege separation is a root gateway's (CI runs as root)")
+
+FAST = {"CORRAL_FASTLANE_CPUS": "4", "CORRAL_FASTLANE_MEMORY_MB": "4096"}
+
+
+@pytest.fixture
+def fast(tmp_path: Path) -> Iterator[Gateway]:
+    need_bwrap()
+    with running(tmp_path, cpus=8, **FAST) as g:
+        yield g
+
+
+@pytest.fixture
+def project() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="corral-proj-", dir="/tmp"))
+    d.chmod(0o777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def private() -> Iterator[Path]:
+    """Root's closed directory (0700) with a world-writable project in it, and a canary:
+    nothing an agent's identity may enter."""
+    d = Path(tempfile.mkdtemp(prefix="corral-private-", dir="/tmp"))
+    d.chmod(0o700)
+    (d / "ledger.txt").write_text("CANARY-PRIVATE-51c2\n")
+    for name in ("okwd", ".ssh"):
+        (d / name).mkdir()
+        (d / name).chmod(0o777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def as_nobody(cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", "sh", "-c", cmd],
+                          capture_output=True, text=True, timeout=30)
+
+
+def swap(link: Path, target: Path) -> None:
+    """`ln -sfn target link`, as the review did."""
+    tmp = link.with_name(link.name + ".new")
+    tmp.symlink_to(target)
+    os.replace(tmp, link)
+
+
+# -- F8 --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lane", ["fast", "batch"])
+def test_a_link_swapped_after_submit_never_redirects_the_job(fast: Gateway, project: Path, lane: str) -> None:
+    """The review's F8: submit with a link to a checked directory, then point the link at
+    corral's own state (hidden from jobs). The job runs in the directory that was checked."""
+    t = tokens(fast, ("bot1", "alice"))
+    ok = project / "okwd"
+    ok.mkdir()
+    ok.chmod(0o777)
+    (ok / "okwd-marker").write_text("here\n")
+    link = project / "lnk2"
+    link.symlink_to(ok)
+    r = submit(fast, t["bot1"], {"command": "sleep 1; ls -a; echo x > pwned", "workdir": str(link), "lane": lane,
+                                 "walltime": "1m"})
+    assert r.status_code == 201, r.text
+    assert r.json()["spec"]["workdir"] == str(ok), r.json()  # recorded as checked, not as the link
+    swap(link, fast.home.resolve())
+    job = finish(fast, t["bot1"], r.json()["id"])
+    assert job["state"] == "COMPLETED", job
+    assert "okwd-marker" in job["out"] and "admin.token" not in job["out"], job["out"]
+    assert (ok / "pwned").exists() and not (fast.home / "pwned").exists()
+
+
+@pytest.mark.parametrize("lane", ["fast", "batch"])
+def test_a_parent_swapped_for_a_link_fails_the_job(fast: Gateway, project: Path, private: Path, lane: str) -> None:
+    """The checked path is resolved; its owner then swaps a parent of it for a link to a
+    place the job's identity may not enter, where a directory of the same name waits.
+    The directory is opened one component at a time without following a link: the job
+    fails saying so, and nothing is written there."""
+    t = tokens(fast, ("bot1", "alice"))
+    parent = project / "p"
+    (parent / "okwd").mkdir(parents=True)
+    for d in (parent, parent / "okwd"):
+        d.chmod(0o777)
+    blocker = None
+    if lane == "batch":  # both CPU slots taken: the job waits after its check
+        blocker = submit(fast, t["bot1"], {"command": "sleep 30", "cpus": 8, "workdir": str(project)})
+        assert blocker.status_code == 201, blocker.text
+    r = submit(fast, t["bot1"], {"command": "ls -a; cat ../ledger.txt; echo x > pwned", "workdir": str(parent / "okwd"),
+                                 "lane": lane, "walltime": "1m"})
+    assert r.status_code == 201, r.text
+    parent.rename(project / "p-old")
+    (project / "p").symlink_to(private)
+    if blocker is not None:
+        with fast.http(t["bot1"]) as h:
+            h.post(f"/v1/jobs/{blocker.json()['id']}/cancel")
+    job = finish(fast, t["bot1"], r.json()["id"])
+    assert job["state"] == "FAILED" and "link" in (job["reason"] or ""), job
+    assert "CANARY-PRIVATE" not in job["out"]
+    assert not (private / "okwd" / "pwned").exists()
+
+
+def test_a_hidden_name_behind_a_swapped_parent_is_not_reached(fast: Gateway, project: Path, private: Path) -> None:
+    """The same with a credential directory's name (.ssh) as the working directory's last
+    component, in the fast lane: never the private one."""
+    t = tokens(fast, ("bot1", "alice"))
+    parent = project / "q"
+    (parent / ".ssh").mkdir(parents=True)
+    for d in (parent, parent / ".ssh"):
+        d.chmod(0o777)
+    r = submit(fast, t["bot1"], {"command": "echo x > note.txt", "workdir": str(parent / ".ssh"), "lane": "fast",
+                                 "walltime": "1m"})
+    assert r.status_code == 201, r.text
+    os.rename(parent, project / "q-old")
+    (project / "q").symlink_to(private)
+    job = finish(fast, t["bot1"], r.json()["id"])
+    assert job["state"] == "FAILED", job
+    assert not (private / ".ssh" / "note.txt").exists()
+
+
+def test_a_directory_under_a_parent_the_identity_cannot_enter(fast: Gateway, private: Path) -> None:
+    """No link at all: a world-writable directory under root's closed one. Root could
+    open it; the job's identity cannot, so the job never works there (refused at submit,
+    or failed saying why)."""
+    t = tokens(fast, ("bot1", "alice"))
+    for lane in ("fast", "batch"):
+        r = submit(fast, t["bot1"], {"command": "echo x > pwned; cat ../ledger.txt", "workdir": str(private / "okwd"),
+                                     "lane": lane, "walltime": "1m"})
+        if r.status_code == 201:
+            job = finish(fast, t["bot1"], r.json()["id"])
+            assert job["state"] == "FAILED", (lane, job)
+            assert "CANARY-PRIVATE" not in job["out"]
+        else:
+            assert r.status_code == 400, r.text
+        assert not (private / "okwd" / "pwned").exists(), lane
+
+
+# -- F9 --------------------------------------------------------------------------------
+
+
+def test_no_other_user_reads_a_fast_tasks_output_or_script(fast: Gateway, project: Path) -> None:
+    """The review's F9: a fast-lane task echoing a token; another local user (nobody)
+    then tries `cat fastlane/*/N.out`, the task's script and the pool's journal."""
+    t = tokens(fast, ("bot1", "alice"))
+    out = run(fast, t["bot1"], {"command": "echo HF_TOKEN=hf_SECRET_F9", "lane": "fast", "workdir": str(project)})
+    assert out["state"] == "COMPLETED" and "HF_TOKEN" in out["out"], out  # the guard redacts what corral returns
+    scripted = run(fast, t["bot1"], {"script": "#!/bin/bash\nexport WANDB_API_KEY=wandb_SECRET_F9\necho scripted",
+                                     "lane": "fast", "workdir": str(project)})
+    assert scripted["state"] == "COMPLETED" and "scripted" in scripted["out"], scripted
+    home = fast.home.resolve()
+    slug = out["backend_id"].split(":")[1]
+    pool = home / "fastlane" / slug
+    assert "hf_SECRET_F9" in (pool / f"{out['id']}.out").read_text()  # raw, where the review found it
+    for cmd in (f"cat {home}/fastlane/*/{out['id']}.out", f"cat {pool}/{out['id']}.out",
+                f"cat {pool}/{scripted['id']}.sh", f"cat {pool}/journals/*", f"ls {pool}", f"ls {home}/fastlane"):
+        got = as_nobody(cmd)
+        assert got.returncode != 0 and "SECRET" not in got.stdout and slug not in got.stdout, (cmd, got)
+    assert (pool / f"{out['id']}.out").stat().st_mode & 0o077 == 0
+    assert pool.stat().st_mode & 0o077 == 0
+
+
+def test_a_persons_script_task_with_a_dynamic_identity_still_runs(fast: Gateway, project: Path) -> None:
+    """A person without a Unix user runs uncontained as its dynamic identity, which cannot
+    enter the pool's closed directory: its script reaches it as a descriptor."""
+    with fast.http() as h:
+        assert h.post("/v1/principals", json={"name": "erin", "kind": "human"}).status_code == 201
+        tok = h.post("/v1/tokens", json={"for": "erin", "expires": "1h"}).json()["token"]
+    for script in ("#!/bin/bash\necho shebang; id -u", "echo plain; id -u"):
+        for wd in (None, str(project)):
+            body: dict[str, Any] = {"script": script, "lane": "fast", **({"workdir": wd} if wd else {})}
+            job = run(fast, tok, body)
+            assert job["state"] == "COMPLETED", (body, job)
+            words = job["out"].split()
+            assert words[0] in ("shebang", "plain") and DYNAMIC[0] <= int(words[1]) <= DYNAMIC[1], job
+
+
+# -- F17 -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def person(tmp_path: Path) -> Iterator[pwd.struct_passwd]:
+    name = f"corralc{os.getpid() % 100000}"
+    subprocess.run(["userdel", "-r", name], capture_output=True)
+    subprocess.run(["useradd", "--create-home", "--home-dir", f"/tmp/{name}", name], check=True, capture_output=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["pkill", "-u", name], capture_output=True)
+        subprocess.run(["userdel", "-r", name], capture_output=True)
+        shutil.rmtree(f"/tmp/{name}", ignore_errors=True)
+
+
+def _plant(home: Path, person: pwd.struct_passwd) -> list[Path]:
+    made = []
+    for rel, text in ((".aws/credentials", "aws_secret_access_key=AKIA_F17_SECRET"),
+                      (".config/gh/hosts.yml", "oauth_token: gho_F17_SECRET"), (".netrc", "password F17_SECRET")):
+        f = home / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text + "\n")
+        made.append(f)
+    subprocess.run(["chown", "-R", f"{person.pw_uid}:{person.pw_gid}", str(home)], check=True)
+    return made
+
+
+def _reads(made: list[Path], home: Path) -> str:
+    """What the review did to read them past the risk tags (the sandbox must hold anyway)."""
+    return f"find {home} -type f -exec rev {{}} + | rev; ls -a {home}/.a?s"
+
+
+def test_a_credential_made_after_start_is_hidden(tmp_path: Path, person: pwd.struct_passwd) -> None:
+    """The review's F17: ~/.aws/credentials made after the gateway started was readable
+    by the sponsor's agent (its job runs as the sponsor's Unix user). Now hidden from
+    the next job."""
+    need_bwrap()
+    home = Path(person.pw_dir)
+    proj = home / "proj"
+    proj.mkdir()
+    os.chown(proj, person.pw_uid, person.pw_gid)
+    with running(tmp_path) as gw:
+        with gw.http() as h:
+            assert h.post("/v1/principals", json={"name": "cara", "kind": "human",
+                                                  "unix_user": person.pw_name}).status_code == 201
+            assert h.post("/v1/principals", json={"name": "cb", "kind": "agent", "sponsor": "cara"}).status_code == 201
+            tok = h.post("/v1/tokens", json={"for": "cb", "expires": "1h"}).json()["token"]
+        warm = run(gw, tok, {"command": "id -un", "workdir": str(proj)})  # a sandbox built before they exist
+        assert warm["state"] == "COMPLETED" and warm["out"].strip() == person.pw_name, (warm["reason"], warm["err"])
+        made = _plant(home, person)
+        for wd in (str(proj), None):  # a built sandbox (a working directory), and one built for the job alone
+            job = run(gw, tok, {"command": _reads(made, home), **({"workdir": wd} if wd else {})})
+            assert "F17_SECRET" not in job["out"] and "credentials" not in job["out"], (wd, job)
+
+
+def test_a_fast_lane_sandbox_built_before_a_credential_is_not_reused(tmp_path: Path,
+                                                                      person: pwd.struct_passwd) -> None:
+    """The same in a fast-lane worker (the launcher and its built sandboxes, run as root
+    as a root pool's worker is): a sandbox built before the credential appeared is not
+    used for the next task of its key; a new one hides it."""
+    from corral.fastlane.launcher import Launcher, Slots
+    from corral.sandbox import build
+
+    need_bwrap()
+    home = Path(person.pw_dir)
+    proj = home / "proj"
+    proj.mkdir()
+    os.chown(proj, person.pw_uid, person.pw_gid)
+    box = build(["agent"], [], False, "nobody", [tmp_path], pids_max=64)
+    assert box.why_not is None, box.why_not
+    la = Launcher(Slots(4, 4000), sandbox=box)
+
+    def spec(jid: int, command: str) -> dict[str, Any]:
+        return {"job_id": jid, "command": command, "cpus": 1, "memory_mb": 200, "gpus": 0, "walltime_s": 60,
+                "env": {"PATH": "/usr/bin:/bin", "HOME": str(home)}, "dir": str(tmp_path), "workdir": str(proj),
+                "contain": {"kind": "agent", "user": person.pw_name, "principal": "cb",
+                            "ident": [person.pw_uid, person.pw_gid], "readable": []}}
+
+    try:
+        first = la.run_batch([spec(1, "id -un")])[0]
+        assert first["state"] == "COMPLETED" and (tmp_path / "1.out").read_text().strip() == person.pw_name, first
+        made = _plant(home, person)
+        second = la.run_batch([spec(2, _reads(made, home))])[0]
+        text = (tmp_path / "2.out").read_text()
+        assert "F17_SECRET" not in text and "credentials" not in text, (second, text)
+    finally:
+        la.kill_all()
+
+
+# -- F18 -------------------------------------------------------------------------------
+
+
+def test_two_installs_on_one_machine_never_share_a_dynamic_uid(tmp_path: Path, project: Path) -> None:
+    """The review's F18: three homes gave 61184 to different principals, and one read
+    another's 0600 file. Two gateways here, one machine record: each principal its own
+    uid, and bot1's private file stays bot1's."""
+    need_bwrap()
+    registry = tmp_path / "machine" / "uids"
+    registry.parent.mkdir(mode=0o700)
+    env = {"CORRAL_SANDBOX__UID_REGISTRY": str(registry)}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    uids: dict[str, int] = {}
+    with running(tmp_path / "a", **env) as a, running(tmp_path / "b", **env) as b:
+        ta = tokens(a, ("bot1", "halice"))
+        tb = tokens(b, ("vbot", "hvictor"), ("vbot2", "hvictor"))
+        job = run(a, ta["bot1"], {"command": "id -u; echo SECRET-F18 > mine.txt; chmod 600 mine.txt",
+                                  "workdir": str(project)})
+        assert job["state"] == "COMPLETED", job
+        uids["bot1"] = int(job["out"].split()[0])
+        for name in ("vbot", "vbot2"):
+            job = run(b, tb[name], {"command": f"id -u; cat mine.txt; echo {name} > mine.txt",
+                                    "workdir": str(project)})
+            uids[name] = int(job["out"].split()[0])
+            assert "SECRET-F18" not in job["out"], job
+        assert len(set(uids.values())) == 3 and all(DYNAMIC[0] <= u <= DYNAMIC[1] for u in uids.values()), uids
+        assert (project / "mine.txt").read_text() == "SECRET-F18\n"
+    record = json.loads(registry.read_text())["uids"]
+    assert {int(u) for u in record} >= set(uids.values()), record
+    assert registry.stat().st_mode & 0o077 == 0 and registry.stat().st_uid == 0
+
+
+def test_an_install_whose_old_record_collides_is_refused(tmp_path: Path, project: Path) -> None:
+    """Homes that handed out uids before the machine's record existed: the first to run a
+    principal claims its uid; the other install's principal with the same uid is refused
+    (400, saying what the admin must do), never run as someone else's uid."""
+    need_bwrap()
+    registry = tmp_path / "machine" / "uids"
+    registry.parent.mkdir(mode=0o700)
+    env = {"CORRAL_SANDBOX__UID_REGISTRY": str(registry)}
+    homes = [tmp_path / "a" / "home", tmp_path / "b" / "home"]
+    for h in homes:
+        h.parent.mkdir()
+    homes[1].mkdir()
+    with running(tmp_path / "a", **env) as a:
+        ta = tokens(a, ("bot1", "halice"))
+        first = run(a, ta["bot1"], {"command": "id -u", "workdir": str(project)})
+        assert first["state"] == "COMPLETED", first
+        taken = int(first["out"].split()[0])
+    # The old record claims the same uid for another principal only if bot1 got it.
+    (homes[1] / "identities.json").write_text(json.dumps({"next": taken + 1, "uids": {"vbot": taken}}))
+    gw = Gateway(homes[1], 0, extra_env=env)
+    from .conftest import free_port
+
+    gw.port = free_port()
+    gw.start()
+    try:
+        tb = tokens(gw, ("vbot", "hvictor"))
+        r = submit(gw, tb["vbot"], {"command": "id -u", "workdir": str(project)})
+        assert r.status_code == 400 and str(taken) in r.json()["error"]["message"], r.text
+        assert r.json()["error"].get("hint"), r.text
+    finally:
+        gw.kill(15)
+
+
+def test_a_uid_a_user_or_group_holds_is_skipped(tmp_path: Path, project: Path) -> None:
+    """A uid that a group (gid = uid for a dynamic identity) or a user of the system has is
+    never handed out, whatever the records say."""
+    need_bwrap()
+    registry = tmp_path / "machine" / "uids"
+    registry.parent.mkdir(mode=0o700)
+    low = DYNAMIC[0] + 4000
+    name = f"corralg{os.getpid() % 100000}"
+    subprocess.run(["groupdel", name], capture_output=True)
+    subprocess.run(["groupadd", "-g", str(low), name], check=True, capture_output=True)
+    try:
+        with running(tmp_path, CORRAL_SANDBOX__UID_REGISTRY=str(registry),
+                     CORRAL_SANDBOX__DYNAMIC_UIDS=json.dumps([low, low + 10])) as gw:
+            t = tokens(gw, ("bot1", "halice"))
+            job = run(gw, t["bot1"], {"command": "id -u", "workdir": str(project)})
+            assert job["state"] == "COMPLETED", job
+            assert int(job["out"].split()[0]) == low + 1, job
+    finally:
+        subprocess.run(["groupdel", name], capture_output=True)
