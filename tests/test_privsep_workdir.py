@@ -61,6 +61,20 @@ def private() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.fixture
+def person(tmp_path: Path) -> Iterator[pwd.struct_passwd]:
+    name = f"corralc{os.getpid() % 100000}"
+    subprocess.run(["userdel", "-r", name], capture_output=True)
+    # Under /home, as people's are (a job's /tmp is private: a home there is out of sight).
+    subprocess.run(["useradd", "--create-home", "--home-dir", f"/home/{name}", name], check=True, capture_output=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["pkill", "-u", name], capture_output=True)
+        subprocess.run(["userdel", "-r", name], capture_output=True)
+        shutil.rmtree(f"/home/{name}", ignore_errors=True)
+
+
 def as_nobody(cmd: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", "sh", "-c", cmd],
                           capture_output=True, text=True, timeout=30)
@@ -77,9 +91,13 @@ def swap(link: Path, target: Path) -> None:
 
 
 @pytest.mark.parametrize("lane", ["fast", "batch"])
-def test_a_link_swapped_after_submit_never_redirects_the_job(fast: Gateway, project: Path, lane: str) -> None:
+def test_a_link_swapped_after_submit_never_redirects_the_job(person: pwd.struct_passwd, fast: Gateway, project: Path,
+                                                             lane: str) -> None:
     """The review's F8: submit with a link to a checked directory, then point the link at
-    corral's own state (hidden from jobs). The job runs in the directory that was checked."""
+    a person's home (hidden from an agent's job). The job runs in the directory that was
+    checked, and nothing of that home is read or written."""
+    victim = Path(person.pw_dir)
+    (victim / "notes.txt").write_text("VISIBLE_NOTE\n")
     t = tokens(fast, ("bot1", "alice"))
     ok = project / "okwd"
     ok.mkdir()
@@ -90,12 +108,13 @@ def test_a_link_swapped_after_submit_never_redirects_the_job(fast: Gateway, proj
     r = submit(fast, t["bot1"], {"command": "sleep 1; ls -a; echo x > pwned", "workdir": str(link), "lane": lane,
                                  "walltime": "1m"})
     assert r.status_code == 201, r.text
-    assert r.json()["spec"]["workdir"] == str(ok), r.json()  # recorded as checked, not as the link
-    swap(link, fast.home.resolve())
+    swap(link, victim)
     job = finish(fast, t["bot1"], r.json()["id"])
+    assert "notes.txt" not in job["out"] and not (victim / "pwned").exists(), job
     assert job["state"] == "COMPLETED", job
-    assert "okwd-marker" in job["out"] and "admin.token" not in job["out"], job["out"]
-    assert (ok / "pwned").exists() and not (fast.home / "pwned").exists()
+    assert "okwd-marker" in job["out"], job["out"]
+    assert (ok / "pwned").exists()
+    assert r.json()["spec"]["workdir"] == str(ok), r.json()  # recorded as checked, not as the link
 
 
 @pytest.mark.parametrize("lane", ["fast", "batch"])
@@ -204,21 +223,11 @@ def test_a_persons_script_task_with_a_dynamic_identity_still_runs(fast: Gateway,
 # -- F17 -------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def person(tmp_path: Path) -> Iterator[pwd.struct_passwd]:
-    name = f"corralc{os.getpid() % 100000}"
-    subprocess.run(["userdel", "-r", name], capture_output=True)
-    subprocess.run(["useradd", "--create-home", "--home-dir", f"/tmp/{name}", name], check=True, capture_output=True)
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["pkill", "-u", name], capture_output=True)
-        subprocess.run(["userdel", "-r", name], capture_output=True)
-        shutil.rmtree(f"/tmp/{name}", ignore_errors=True)
-
-
 def _plant(home: Path, person: pwd.struct_passwd) -> list[Path]:
+    """Credentials the sponsor makes after the gateway started (and after a sandbox of
+    its agent's was built)."""
     made = []
+    (home / "notes.txt").write_text("VISIBLE_NOTE\n")
     for rel, text in ((".aws/credentials", "aws_secret_access_key=AKIA_F17_SECRET"),
                       (".config/gh/hosts.yml", "oauth_token: gho_F17_SECRET"), (".netrc", "password F17_SECRET")):
         f = home / rel
@@ -229,9 +238,14 @@ def _plant(home: Path, person: pwd.struct_passwd) -> list[Path]:
     return made
 
 
-def _reads(made: list[Path], home: Path) -> str:
-    """What the review did to read them past the risk tags (the sandbox must hold anyway)."""
-    return f"find {home} -type f -exec rev {{}} + | rev; ls -a {home}/.a?s"
+def _reads(home: Path, n: int) -> str:
+    """What the review did to read them past the risk tags and the output guard (reversed
+    text): the sandbox must hold anyway."""
+    return f"find {home} -type f 2>/dev/null | while read f; do rev $f; done; ls -a {home}/.a?s; true # {n}"
+
+
+def _leaked(out: str) -> bool:
+    return "TERCES_71F" in out or "F17_SECRET" in out or "credentials" in out
 
 
 def test_a_credential_made_after_start_is_hidden(tmp_path: Path, person: pwd.struct_passwd) -> None:
@@ -251,10 +265,11 @@ def test_a_credential_made_after_start_is_hidden(tmp_path: Path, person: pwd.str
             tok = h.post("/v1/tokens", json={"for": "cb", "expires": "1h"}).json()["token"]
         warm = run(gw, tok, {"command": "id -un", "workdir": str(proj)})  # a sandbox built before they exist
         assert warm["state"] == "COMPLETED" and warm["out"].strip() == person.pw_name, (warm["reason"], warm["err"])
-        made = _plant(home, person)
-        for wd in (str(proj), None):  # a built sandbox (a working directory), and one built for the job alone
-            job = run(gw, tok, {"command": _reads(made, home), **({"workdir": wd} if wd else {})})
-            assert "F17_SECRET" not in job["out"] and "credentials" not in job["out"], (wd, job)
+        _plant(home, person)
+        for n, wd in enumerate((str(proj), None)):  # a built sandbox (a working directory), and one built alone
+            job = run(gw, tok, {"command": _reads(home, n), **({"workdir": wd} if wd else {})})
+            assert job["state"] == "COMPLETED" and not _leaked(job["out"]), (wd, job)
+            assert "ETON_ELBISIV" in job["out"], job  # its home is read: what is missing was hidden
 
 
 def test_a_fast_lane_sandbox_built_before_a_credential_is_not_reused(tmp_path: Path,
@@ -283,10 +298,10 @@ def test_a_fast_lane_sandbox_built_before_a_credential_is_not_reused(tmp_path: P
     try:
         first = la.run_batch([spec(1, "id -un")])[0]
         assert first["state"] == "COMPLETED" and (tmp_path / "1.out").read_text().strip() == person.pw_name, first
-        made = _plant(home, person)
-        second = la.run_batch([spec(2, _reads(made, home))])[0]
+        _plant(home, person)
+        second = la.run_batch([spec(2, _reads(home, 2))])[0]
         text = (tmp_path / "2.out").read_text()
-        assert "F17_SECRET" not in text and "credentials" not in text, (second, text)
+        assert second["state"] == "COMPLETED" and not _leaked(text) and "ETON_ELBISIV" in text, (second, text)
     finally:
         la.kill_all()
 
