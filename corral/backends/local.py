@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .. import proc, sandbox_host
+from .. import opendir, proc, sandbox_host
 from ..storage import META_LABEL, meta
 from ..errors import InvalidRequest
 from ..jobs import JobSpec, JobState, format_duration
@@ -49,6 +49,14 @@ ENV_FD = 6
 bound into the sandbox by descriptor (bwrap --bind-fd): a link swapped in meanwhile is
 never followed."""
 JOB_DIR = "/tmp/corral-job"
+
+
+def _open_as(pair: tuple[int, int] | None) -> list[Any] | None:
+    """[uid, gid, groups] a root supervisor opens a job's working directory as."""
+    if pair is None:
+        return None
+    uid, gid, groups = opendir.identity(*pair)
+    return [uid, gid, groups]
 
 
 def _write_private(path: Path, data: bytes, mode: int) -> None:
@@ -191,6 +199,9 @@ class LocalBackend:
                 "argv": argv,
                 "cwd": cwd,
                 "workdir": spec.workdir,
+                # Who opens the working directory (corral/opendir.py): the job's identity, not root.
+                "open_as": _open_as(pair if pair is not None else (
+                    self.sandbox.owner(ctx.kind, ctx.unix_user) if contained and self.sandbox is not None else None)),
                 "reads": reads,
                 "identity": None if ident is None or contained else list(ident.pair) + [not ident.dynamic, ident.user],
                 "env": env,

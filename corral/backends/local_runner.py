@@ -7,7 +7,8 @@ process tree), turns SIGTERM into a cancel and SIGUSR1 into the signal named in
 DIR/signal.json (job_control), and writes ``result.json`` atomically as its last act,
 with what the job used (CPU time, peak memory). The gateway learns everything from files in DIR.
 
-Deliberately imports only the standard library: it starts once per job.
+Deliberately imports only the standard library (and corral/opendir.py, itself stdlib
+only): it starts once per job.
 """
 
 from __future__ import annotations
@@ -73,20 +74,14 @@ def trees_rss_mb(pids: list[int]) -> dict[int, float]:
     return out
 
 
-def open_dir(path: str) -> int:
+def open_dir(path: str, who: list[Any] | None = None) -> int:
     """``path``, a directory, opened one component at a time without following a link
-    (what ``openat2(RESOLVE_NO_SYMLINKS)`` does): a link an agent swapped in after the
-    gateway checked the path is refused, never followed by this root process."""
-    fd = os.open("/", os.O_PATH | os.O_DIRECTORY)
-    try:
-        for part in Path(path).parts[1:]:
-            nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
+    (what ``openat2(RESOLVE_NO_SYMLINKS)`` does), as the job's identity ``who`` ([uid,
+    gid, groups]) when this supervisor is root (corral/opendir.py): a link an agent
+    swapped in after the gateway checked the path is refused, never followed."""
+    from ..opendir import open_dir as walk
+
+    return walk(path, (int(who[0]), int(who[1]), [int(g) for g in who[2]]) if who else None)
 
 
 WORKDIR_FD = 7
@@ -141,11 +136,7 @@ def main(job_dir: str) -> int:
     with open(out_fd, "ab") as out, open(err_fd, "ab") as err:
         try:
             if launch.get("workdir"):
-                try:
-                    wfd = open_dir(launch["workdir"])
-                except OSError as e:
-                    raise OSError(e.errno, f"its working directory {launch['workdir']} cannot be opened without "
-                                  f"following a link ({e.strerror}); it changed since it was checked") from None
+                wfd = open_dir(launch["workdir"], launch.get("open_as"))  # its error says why and what to do
                 os.dup2(wfd, WORKDIR_FD)
                 os.close(wfd)
             child: Child = Hosted(launch, out.fileno(), err.fileno()) if launch.get("host") else Popened(
