@@ -220,6 +220,37 @@ def test_a_persons_script_task_with_a_dynamic_identity_still_runs(fast: Gateway,
             assert words[0] in ("shebang", "plain") and DYNAMIC[0] <= int(words[1]) <= DYNAMIC[1], job
 
 
+def test_a_link_planted_in_a_pool_directory_is_not_written_through(person: pwd.struct_passwd, fast: Gateway,
+                                                                    tmp_path: Path) -> None:
+    """A pool of a person's Unix user has a directory that user owns, where the root
+    gateway writes each task's script. The person plants the next task's script name as
+    a link to a root-only file: the gateway replaces the link, never writes, chmods or
+    chowns through it."""
+    target = tmp_path / "root-only"
+    target.write_text("ROOT-ONLY\n")
+    target.chmod(0o600)
+    with fast.http() as h:
+        assert h.post("/v1/principals", json={"name": "pat", "kind": "human",
+                                              "unix_user": person.pw_name}).status_code == 201
+        tok = h.post("/v1/tokens", json={"for": "pat", "expires": "1h"}).json()["token"]
+    with fast.http(tok) as h:
+        first = h.post("/v1/jobs", json={"script": "echo one", "lane": "fast", "walltime": "30s"})
+        assert first.status_code == 201, first.text
+        pool = fast.home.resolve() / "fastlane" / first.json()["backend_id"].split(":")[1]
+        for n in range(1, 6):  # the next ids (the pool's allocation is a job too, recorded meanwhile)
+            subprocess.run(["setpriv", f"--reuid={person.pw_uid}", f"--regid={person.pw_gid}", "--clear-groups",
+                            "ln", "-s", str(target), str(pool / f"{first.json()['id'] + n}.sh")], check=True)
+        second = h.post("/v1/jobs", json={"script": "echo PLANTED-THROUGH", "lane": "fast", "walltime": "30s"})
+        assert second.status_code == 201, second.text
+        nxt = pool / f"{second.json()['id']}.sh"
+        assert second.json()["id"] <= first.json()["id"] + 5
+    assert target.read_text() == "ROOT-ONLY\n"
+    st = target.stat()
+    assert st.st_uid == 0 and st.st_mode & 0o777 == 0o600, oct(st.st_mode)
+    assert not nxt.is_symlink() and nxt.read_text() == "echo PLANTED-THROUGH"
+    assert pool.stat().st_uid == person.pw_uid and pool.stat().st_mode & 0o777 == 0o700
+
+
 # -- F17 -------------------------------------------------------------------------------
 
 
@@ -391,3 +422,39 @@ def test_a_uid_a_user_or_group_holds_is_skipped(tmp_path: Path, project: Path) -
             assert int(job["out"].split()[0]) == low + 1, job
     finally:
         subprocess.run(["groupdel", name], capture_output=True)
+
+
+def test_a_batch_script_binds_its_working_directory_by_descriptor(tmp_path: Path, project: Path,
+                                                                   private: Path) -> None:
+    """What a batch script (Slurm's job.sh) runs: ``opendir.command`` before the wrapped
+    command opens the directory at fd 7 as the job's identity, without following links,
+    and bwrap binds that descriptor. A link in place of the directory or a parent stops
+    it before bwrap starts (exit 125, saying why); a parent closed to the identity too."""
+    from corral import opendir
+    from corral.sandbox import build
+
+    need_bwrap()
+    box = build(["agent"], [], False, "nobody", [tmp_path], pids_max=64)
+    assert box.why_not is None, box.why_not
+    who = opendir.identity(DYNAMIC[0] + 4321, DYNAMIC[0] + 4321)
+    work = project / "p" / "w"
+    work.mkdir(parents=True)
+    for d in (work.parent, work):
+        d.chmod(0o777)
+
+    def go(path: Path) -> subprocess.CompletedProcess[str]:
+        argv = opendir.command(7, str(path), who) + box.wrap("agent", ["sh", "-c", "id -u; pwd; echo x > made"],
+                                                             str(path), ident=who[:2], cwd_fd=7)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+    ok = go(work)
+    assert ok.returncode == 0 and ok.stdout.split() == [str(who[0]), str(work)], ok
+    assert (work / "made").stat().st_uid == who[0]
+    os.rename(work.parent, project / "p-old")
+    (project / "p").symlink_to(private)
+    (private / "w").mkdir()
+    (private / "w").chmod(0o777)
+    for path in (work, private / "w"):  # a parent swapped for a link; a parent closed to it
+        bad = go(path)
+        assert bad.returncode == 125 and "working directory" in bad.stderr, bad
+        assert not (private / "w" / "made").exists()
