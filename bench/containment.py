@@ -92,7 +92,7 @@ class Warm:
 
     def __init__(self, box: Sandbox, work: str, log: Path) -> None:
         self.box, self.work, self.log = box, work, log
-        self.host = Host(box, ("agent", None, "bench", work, IDENT), log)
+        self.host = Host(box, ("agent", None, "bench", work, IDENT, box.fresh("agent", None, IDENT)), log)
         self.n = 0
         self.rebuilt = 0
         """Times a task ended its own sandbox (`kill -9 -1` reaches the host, its user's):
@@ -116,7 +116,7 @@ class Warm:
                         status = m["status"]
                 if self.host.ended:
                     self.host.close()
-                    self.host = Host(self.box, ("agent", None, "bench", self.work, IDENT), self.log)
+                    self.host = Host(self.box, ("agent", None, "bench", self.work, IDENT, self.box.fresh("agent", None, IDENT)), self.log)
                     self.rebuilt += 1
                     break
             f.seek(0)
