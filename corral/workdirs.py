@@ -11,11 +11,13 @@ It must be a directory the job's identity may write (its project), and none of:
 - corral's state, or inside it (another job's directory, a sandbox's socket);
 - a path the profile hides, or inside one (credentials, munge, Slurm's state).
 
+Its parents must be ones that identity may enter (root's own look would pass them all).
+Its parents must be ones that identity may enter (root's own look passes them all).
 A directory that *holds* something hidden (a project with corral's home in it) is
-allowed: the sandbox hides that again over the bind. The path is resolved first, so a
-link cannot name one thing here and another when it is bound; the supervisor then opens
-it without following links (corral/backends/local_runner.py), so a link swapped in
-later is refused rather than followed.
+allowed: the sandbox hides that again over the bind. The path is resolved first and the
+job records the resolved path, so a link cannot name one thing here and another when it
+is bound; whoever binds it then opens it without following links, as the job's identity
+(corral/opendir.py), so a link swapped in later fails the job rather than redirects it.
 """
 
 from __future__ import annotations
@@ -85,9 +87,9 @@ def check(workdir: str, identity: Identity | None, state: Iterable[Path], hidden
                 pst = os.stat(parent)
             except OSError as e:
                 raise InvalidRequest(f"{what} cannot be read ({e.strerror})", hint=todo) from None
-            if not _may(pst, identity, 0o1):
-                raise InvalidRequest(f"{what} lies under {parent}, which {identity.describe()} may not enter",
-                                     hint=todo)
+            if not _may(pst, identity, 0o1):  # worded as unwritable: the CLI then runs it in its own directory
+                raise InvalidRequest(f"{what} {NOT_WRITABLE}, {identity.describe()}: it lies under {parent}, "
+                                     "which that identity may not enter", hint=todo)
     return real
 
 
