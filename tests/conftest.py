@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -37,7 +39,9 @@ def free_port() -> int:
     raise RuntimeError(f"no free loopback port in {block}-{block + 1999}")
 
 
-TEST_UIDS = os.path.join(tempfile.mkdtemp(prefix="corral-uids-"), "uids")
+_UIDS_DIR = tempfile.mkdtemp(prefix="corral-uids-")
+atexit.register(shutil.rmtree, _UIDS_DIR, True)
+TEST_UIDS = os.path.join(_UIDS_DIR, "uids")
 """The machine's record of dynamic uids for this test process's gateways: shared by
 them, as by installs on one machine, and not the machine's own (/var/lib/corral/uids),
 whose uids are never given back and would run out over many test runs."""
