@@ -235,6 +235,10 @@ class Sandbox:
         """``_hiding`` and the credentials under ``own`` as they are now: one made after
         the gateway started (``~/.aws`` written today) is hidden from the next sandbox built."""
         static = self._hiding(own)
+        # A path missing when that list was made (scratch a cleaner had removed, made again
+        # since) was listed as a file: hidden as the directory it is now, or bwrap fails.
+        if any(t[0] == "--ro-bind" and os.path.isdir(t[1]) for t in static):
+            static = [("--tmpfs", t[1]) if t[0] == "--ro-bind" and os.path.isdir(t[1]) else t for t in static]
         fresh = [c for c in credentials(own) if c not in static]
         return [*static, *fresh] if fresh else static
 

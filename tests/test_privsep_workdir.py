@@ -458,3 +458,28 @@ def test_a_batch_script_binds_its_working_directory_by_descriptor(tmp_path: Path
         bad = go(path)
         assert bad.returncode == 125 and "working directory" in bad.stderr, bad
         assert not (private / "w" / "made").exists()
+
+
+def test_a_hidden_directory_made_again_after_a_cleaner_is_still_hidden(tmp_path: Path) -> None:
+    """corral's node-local scratch can be removed by a cleaner (systemd-tmpfiles, another
+    test session) and is made again when a job needs it. A sandbox whose hidden list was
+    first worked out while it was missing still builds, and still hides it."""
+    from corral.sandbox import build
+
+    need_bwrap()
+    scratch = Path(tempfile.mkdtemp(prefix="corral-scr-", dir="/var/tmp"))
+    try:
+        (scratch / "workspaces").mkdir()
+        box = build(["agent"], [], False, "nobody", [scratch / "workspaces"], pids_max=64)
+        assert box.why_not is None, box.why_not
+        shutil.rmtree(scratch / "workspaces")
+        box.hidden_from("agent")  # worked out now, while it is missing
+        (scratch / "workspaces").mkdir()
+        (scratch / "workspaces" / "canary").write_text("SCRATCH-CANARY\n")
+        (scratch / "workspaces").chmod(0o755)
+        (scratch / "workspaces" / "canary").chmod(0o644)
+        r = subprocess.run(box.wrap("agent", ["sh", "-c", f"cat {scratch}/workspaces/canary; echo ran"], "/tmp"),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "ran" in r.stdout and "SCRATCH-CANARY" not in r.stdout, r
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
