@@ -473,12 +473,14 @@ def test_a_hidden_directory_made_again_after_a_cleaner_is_still_hidden(tmp_path:
         box = build(["agent"], [], False, "nobody", [scratch / "workspaces"], pids_max=64)
         assert box.why_not is None, box.why_not
         shutil.rmtree(scratch / "workspaces")
-        box.hidden_from("agent")  # worked out now, while it is missing
+        ident = (DYNAMIC[0] + 4444, DYNAMIC[0] + 4444)  # an identity with no home: a list not made before
+        box.wrap("agent", ["true"], "/tmp", ident=ident)  # worked out now, while it is missing
         (scratch / "workspaces").mkdir()
         (scratch / "workspaces" / "canary").write_text("SCRATCH-CANARY\n")
         (scratch / "workspaces").chmod(0o755)
         (scratch / "workspaces" / "canary").chmod(0o644)
-        r = subprocess.run(box.wrap("agent", ["sh", "-c", f"cat {scratch}/workspaces/canary; echo ran"], "/tmp"),
+        r = subprocess.run(box.wrap("agent", ["sh", "-c", f"cat {scratch}/workspaces/canary; echo ran"], "/tmp",
+                                    ident=ident),
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and "ran" in r.stdout and "SCRATCH-CANARY" not in r.stdout, r
     finally:
