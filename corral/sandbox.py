@@ -323,32 +323,6 @@ def tool(name: str) -> str:
     return shutil.which(name) or name
 
 
-OPEN_DIR = r"""import os, sys
-fd = os.open("/", os.O_PATH | os.O_DIRECTORY)
-try:
-    for part in sys.argv[1].split("/"):
-        if part:
-            nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-except OSError as e:
-    sys.stderr.write("corral: the working directory %s cannot be opened without following a link (%s); "
-                     "it changed since it was checked\n" % (sys.argv[1], e.strerror))
-    os._exit(1)
-os.dup2(fd, int(sys.argv[2]))
-os.close(fd)
-os.execv(sys.argv[3], sys.argv[3:])
-"""
-"""``python3 -I -S -c OPEN_DIR PATH FD ARGV...``: PATH opened one component at a time
-without following a link (what openat2's RESOLVE_NO_SYMLINKS does) on descriptor FD,
-then ARGV, which binds it by descriptor (bwrap's --bind-fd): where a batch script, not a
-supervisor, starts the sandbox (Slurm), a link swapped in after the check is refused."""
-
-
-def open_dir_argv(path: str, fd: int) -> list[str]:
-    return [system_python(), "-I", "-S", "-c", OPEN_DIR, path, str(fd)]
-
-
 def system_python() -> str:
     """The system's Python (the gateway's own may lie in a home the sandbox hides)."""
     return shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or "python3"

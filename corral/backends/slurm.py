@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from .. import proc
-from ..sandbox import open_dir_argv, system_python, tool
+from .. import opendir
+from ..sandbox import system_python, tool
 from ..seccomp import apply_argv
 from ..errors import BackendError, CorralError, InvalidRequest
 from ..jobs import JobSpec, JobState, format_duration
@@ -374,7 +375,9 @@ class SlurmBackend:
             lines.append(f"exec {ENV_FD}< {out / 'env.json'}")
             # The working directory is bound by descriptor, opened without following links
             # (a link swapped in after the gateway's check is refused, not followed).
-            opened = open_dir_argv(spec.workdir, WORKDIR_FD) if spec.workdir else []
+            # As the work's identity where root runs this script (the kernel's checks apply).
+            opened = opendir.command(WORKDIR_FD, spec.workdir, opendir.identity(*who) if root and who else None) \
+                if spec.workdir else []
             lines.append(shlex.join([*opened, *sandbox.wrap(
                 ctx.kind, work or ["bash", "-c", spec.command or ""], spec.workdir or str(own), str(own),
                 ctx.unix_user, root, readable=[str(out / "script")] if spec.script else (),
