@@ -64,7 +64,11 @@ OPTIONS: dict[str, str] = {
     "--kill-on-invalid-dep": r"yes",
     "--nice": r"[0-9]{1,10}",  # never negative: that is an operator's
     "--qos": _NAME,
+    "--open-mode": r"append",  # a requeued job's output grows on (decision 0022)
 }
+FLAGS = ("--requeue",)
+"""Options without a value a gateway may pass: an opportunistic job is requeued by Slurm
+when a person's job preempts it (decision 0022)."""
 """The sbatch options a gateway may pass (what corral's Slurm backend renders), each
 with the whole value it may take."""
 
@@ -319,11 +323,14 @@ def submit(cfg: dict[str, object], gw: pwd.struct_passwd, job: str, user: pwd.st
 def checked_options(words: list[str]) -> list[str]:
     seen: set[str] = set()
     for word in words:
+        if word in FLAGS and word not in seen:
+            seen.add(word)
+            continue
         name, eq, value = word.partition("=")
         pattern = OPTIONS.get(name)
         if not eq or pattern is None:
             raise Refused(f"{word[:60]!r} is not an option corral-submit passes to sbatch "
-                          f"(it takes {', '.join(OPTIONS)}, each as --name=value)")
+                          f"(it takes {', '.join(OPTIONS)}, each as --name=value, and {', '.join(FLAGS)})")
         if name in seen or not re.fullmatch(pattern, value):
             raise Refused(f"{name} given twice or with a value it does not take: {value[:60]!r}")
         seen.add(name)

@@ -427,7 +427,7 @@ def test_a_service_account_gateway_runs_each_job_as_its_principal(site: Site) ->
                 job = h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": 90}).json()
                 out = h.get(f"/v1/jobs/{job['id']}/output").json()["data"]
                 err = h.get(f"/v1/jobs/{job['id']}/output", params={"stream": "stderr"}).json()["data"]
-            assert job["state"] == "COMPLETED" and job["backend"] == "slurm", (job, out, err,
+            assert job["state"] == "COMPLETED" and job["backend"] == "slurm", (job.get("reason"), job, out, err,
                                                                               (Path(svc.pw_dir) / "gateway.log").read_text()[-3000:])
             assert out.split() == [str(user.pw_uid)] + ([user.pw_name] if name == "bot1" else []), (out, err)
             run = home / "slurm" / "jobs" / str(job["id"]) / "out"
