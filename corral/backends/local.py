@@ -43,11 +43,11 @@ if TYPE_CHECKING:
 SCRIPT = "/dev/fd/3"
 """A job's script, as the job finds it: a file descriptor its supervisor opened."""
 WORKDIR_FD = 7
-ENV_FD = 6
-"""A contained job's own environment reaches the last step before it on this descriptor."""
 """The job's working directory, opened by its supervisor without following links and
 bound into the sandbox by descriptor (bwrap --bind-fd): a link swapped in meanwhile is
 never followed."""
+ENV_FD = 6
+"""A contained job's own environment reaches the last step before it on this descriptor."""
 JOB_DIR = "/tmp/corral-job"
 
 
