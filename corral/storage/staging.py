@@ -82,6 +82,31 @@ class Stage:
         return f"exec {python} -I -S {rel}/stage.py {rel}"
 
 
+def _uv_copy(uv: Path, workdir: Path) -> Path:
+    """The gateway's uv, copied once into the scope's directory (corral's, 0711, the build
+    job's working directory): the gateway's own may lie where the requester's sandbox
+    cannot see it (a home, or /tmp, which every sandbox replaces with its own)."""
+    dest = workdir / "uv"
+    try:
+        src = os.stat(uv)
+        have = os.lstat(dest)
+        if have.st_size == src.st_size and have.st_mtime_ns >= src.st_mtime_ns and have.st_uid == os.geteuid():
+            return dest
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return uv
+    tmp = workdir / f".uv-{secrets.token_hex(4)}"
+    try:
+        shutil.copyfile(uv, tmp)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, dest)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+        return uv
+    return dest
+
+
 def make(scratch: Path, principal: str, ident: Identity | None, digest: str, req: dict[str, Any]) -> Stage:
     """The directories of one build, and its request written where only corral writes."""
     me, gid_me = os.geteuid(), os.getegid()
@@ -96,6 +121,8 @@ def make(scratch: Path, principal: str, ident: Identity | None, digest: str, req
     shutil.copyfile(STAGE_PROGRAM, where / "stage.py")
     os.chmod(where / "stage.py", 0o644)
     body = {**req, "uv_cache": str(workdir / "cache"), "keep_env": list(KEEP_ENV)}
+    if req.get("uv") and os.path.isabs(req["uv"]):
+        body["uv"] = str(_uv_copy(Path(req["uv"]), workdir))
     fd = os.open(where / "request.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with open(fd, "w", encoding="utf-8") as f:
         json.dump(body, f)
