@@ -164,3 +164,21 @@ def test_a_workdir_swapped_for_a_link_after_the_check_is_refused_on_slurm(site: 
     assert job["state"] == "FAILED", (job, out, err)
     assert "elsewhere-canary" not in out and not (hidden / "here.txt").exists(), out
     assert "changed since it was checked" in err, err
+
+
+def test_a_person_without_a_unix_user_runs_a_script_as_its_own_identity(site: tuple[Gateway, Path, str]) -> None:
+    """Root runs the batch script; the person's work becomes its dynamic identity (never
+    root) and still reads its script, which lies in corral's own out/."""
+    gw, _, _ = site
+    with gw.http() as h:
+        assert h.post("/v1/principals", json={"name": "pat", "kind": "human"}).status_code == 201
+        tok = h.post("/v1/tokens", json={"for": "pat", "expires": "1h"}).json()["token"]
+    with gw.http(tok) as h:
+        for script in ("#!/bin/bash\necho script-ran; id -u\n", "echo plain-ran; id -u\n"):
+            r = h.post("/v1/jobs", json={"script": script, "walltime": "60s", "env": {"K": "v"}})
+            assert r.status_code == 201, r.text
+            job = h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": 90}).json()
+            out = h.get(f"/v1/jobs/{job['id']}/output").json()["data"]
+            err = h.get(f"/v1/jobs/{job['id']}/output", params={"stream": "stderr"}).json()["data"]
+            assert job["state"] == "COMPLETED", (job, out, err)
+            assert "ran" in out and out.split()[-1] != "0", out

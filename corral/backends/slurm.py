@@ -88,6 +88,8 @@ FORWARDED = ("HUP", "INT", "QUIT", "USR1", "USR2", "CONT", "TSTP")
 ENV_FD = 6
 """The batch script opens the job's environment on this descriptor for the work's last step."""
 WORKDIR_FD = 7
+SCRIPT_FD = 3
+SCRIPT = f"/dev/fd/{SCRIPT_FD}"
 """Signals job_control may send a Slurm job, passed on by its batch shell to the work
 (TERM and KILL are Slurm's own: a cancel, a walltime)."""
 
@@ -245,7 +247,9 @@ class SlurmBackend:
         files = {"stdout": (b"", 0o600), "stderr": (b"", 0o600),
                  "env.json": (json.dumps(self._job_env(ctx, spec)).encode(), 0o600)}
         if spec.script:
-            files["script"] = (spec.script.encode(), 0o700)
+            # 0755 in a 0700 directory: reached by the work through a descriptor only where
+            # root runs the batch script for someone else (render)
+            files["script"] = (spec.script.encode(), 0o755)
         who = user or self._contained_as(ctx)
         for name, (data, mode) in files.items():
             fd = os.open(new / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
@@ -387,6 +391,10 @@ class SlurmBackend:
             # Not contained, but root runs this script: the work becomes the principal's own
             # identity first, and only then takes its environment (seccomp.APPLY).
             lines.append(f"exec {ENV_FD}< {out / 'env.json'}")
+            if spec.script and not spec.labels.get(META_LABEL):
+                # out/ is root's: the work reads its script through a descriptor root opened
+                lines.append(f"exec {SCRIPT_FD}< {out / 'script'}")
+                work = [SCRIPT] if spec.script.startswith("#!") else ["bash", SCRIPT]
             lines.append(shlex.join([tool("setpriv"), f"--reuid={dropped.pair[0]}", f"--regid={dropped.pair[1]}",
                                      "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--",
                                      *apply_argv(system_python(), None, ENV_FD),
