@@ -34,11 +34,13 @@ class Changed(OSError):
     not a directory, or not reachable by the job's identity)."""
 
 
-def _walk(path: str) -> int:
+def walk(path: str, mode: int = os.O_PATH) -> int:
+    """``path`` opened one component at a time without following a link; ``mode``
+    ``os.O_RDONLY`` for a descriptor that can also be listed."""
     fd = os.open("/", os.O_PATH | os.O_DIRECTORY)
     try:
         for part in Path(path).parts[1:]:
-            nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            nxt = os.open(part, mode | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             os.close(fd)
             fd = nxt
     except OSError:
@@ -53,7 +55,7 @@ def open_dir(path: str, who: Who | None = None) -> int:
     (None: as this process). Raises ``Changed`` saying what to do."""
     try:
         if who is None or os.geteuid() != 0 or who[0] == 0:
-            return _walk(path)
+            return walk(path)
         return _walk_as(path, who)
     except OSError as e:
         if e.errno in (errno.EACCES, errno.EPERM):
@@ -76,7 +78,7 @@ def _walk_as(path: str, who: Who) -> int:
             os.setgroups(who[2])
             os.setresgid(who[1], who[1], who[1])
             os.setresuid(who[0], who[0], who[0])
-            fd = _walk(path)
+            fd = walk(path)
             socket.send_fds(theirs, [b"0"], [fd])
         except OSError as e:
             try:

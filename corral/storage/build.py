@@ -71,17 +71,10 @@ def interpreter(python: str) -> dict[str, str]:
 
 
 def open_beneath(path: str) -> int:
-    """A directory opened one component at a time without following a link."""
-    fd = os.open("/", os.O_PATH | os.O_DIRECTORY)
-    try:
-        for part in Path(path).parts[1:]:
-            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
+    """A directory opened one component at a time without following a link (listable)."""
+    from ..opendir import walk
+
+    return walk(path, os.O_RDONLY)
 
 
 def read_theirs(dir_fd: int, name: str, uid: int, most: int) -> bytes:
