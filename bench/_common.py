@@ -49,7 +49,7 @@ class GatewayProcess:
                     "CORRAL_HOME": str(self.home), "CORRAL_URL": self.url, "CORRAL_RATE_API_PER_S": "0",
                     "CORRAL_RATE_SUBMIT_PER_MIN": "0", "CORRAL_AGENT_MAX_ACTIVE_JOBS": "0", **(env or {})}
         self.log = open(self.home / "serve.log", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "corral.cli", "serve", "--port", str(self.port), *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "corral.edges.cli.main", "serve", "--port", str(self.port), *args],
                                      env=self.env, stdout=self.log, stderr=self.log)
         deadline = time.monotonic() + 90  # a loaded machine (shared CI runners) starts it slowly
         while time.monotonic() < deadline:

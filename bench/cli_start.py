@@ -53,7 +53,7 @@ def main() -> None:
                 time.sleep(0.2)
                 job = h.get(f"/v1/jobs/{job['id']}").json()
         env = {**gw.env, "CORRAL_TOKEN": gw.token, "SLURM_CONF": SLURM_CONF}
-        corral = [sys.executable, "-m", "corral.cli", "--json", "status", str(job["id"])]
+        corral = [sys.executable, "-m", "corral.edges.cli.main", "--json", "status", str(job["id"])]
         if Path(sys.executable).with_name("corral").exists():  # the installed entry point, as users run it
             corral = [str(Path(sys.executable).with_name("corral")), "--json", "status", str(job["id"])]
         squeue = ["squeue", "-h", "-j", str(job["backend_id"])]

@@ -3,7 +3,7 @@
     python bench/containment.py [--quick] [--runs 100]
 
 1. Start cost: `true` bare (arm A), started in a sandbox already built for its key
-   (arm B: the fast lane's path, corral/fastlane/hosts.py, every task but the first of a
+   (arm B: the fast lane's path, corral/lanes/fast/hosts.py, every task but the first of a
    principal in a directory), and in a sandbox built for it alone (arm C: the local
    backend's and the Slurm batch script's path), interleaved; each arm's start-to-exit p50.
 2. Attacks executed: every payload of corral/safety/canary.py (deletion and overwrite
@@ -40,16 +40,16 @@ import time
 from pathlib import Path
 
 IDENT = (61184, 61184) if os.geteuid() == 0 else None
-"""An agent's job runs as a dynamic identity of its own (corral/identity.py), as a root gateway runs it."""
+"""An agent's job runs as a dynamic identity of its own (corral/core/identity.py), as a root gateway runs it."""
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
 from bench._common import GatewayProcess, pct, shared_data  # noqa: E402
-from corral.fastlane.hosts import Host  # noqa: E402
+from corral.lanes.fast.hosts import Host  # noqa: E402
 from corral.safety.canary import FORK_BOMBS, Canaries  # noqa: E402
-from corral.sandbox import Sandbox, build  # noqa: E402
+from corral.sandbox.bwrap import Sandbox, build  # noqa: E402
 
 
 BENIGN = [

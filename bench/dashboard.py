@@ -31,7 +31,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import GatewayProcess, pct  # noqa: E402
-from corral.db import Database  # noqa: E402
+from corral.core.db import Database  # noqa: E402
 
 STATES = ("COMPLETED",) * 80 + ("FAILED",) * 12 + ("CANCELLED",) * 5 + ("TIMEOUT",) * 2 + ("OUT_OF_MEMORY",)
 

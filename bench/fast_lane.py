@@ -11,7 +11,7 @@ pool is warmed first as agents that have been sending bursts find it (``warm_up`
 task, whose cold start is reported apart; one burst of 100; 10 tasks per agent), and
 ``slurm_jobs`` counts every allocation the fast lane made in the whole run, the
 warm-up's included. ``--trace``: one traced burst instead, its time per stage
-(corral/fastlane/trace.py) and the CPU each process spent. A third arm sends the same tasks one request each, for agents that
+(corral/lanes/fast/trace.py) and the CPU each process spent. A third arm sends the same tasks one request each, for agents that
 do not batch. Makespan runs from the first submission to the last task seen ended.
 Dispatch latency (submit -> started, as corral records both) is reported for single
 tasks into the idle warm pool (``dispatch_p50_ms``) and over the 1,000-task burst,
@@ -159,7 +159,7 @@ def cpu_by_role(gw: GatewayProcess, before: dict[int, tuple[int, str, float, flo
     """CPU seconds spent between two snapshots: the gateway, its pools' workers, their
     sandbox hosts (with the tasks they reaped), slurm's daemons, everything else."""
     home = str(gw.home)
-    workers = {p for p, (_, cmd, _, _) in after.items() if "corral.fastlane.worker" in cmd and home in cmd}
+    workers = {p for p, (_, cmd, _, _) in after.items() if "corral.lanes.fast.worker" in cmd and home in cmd}
 
     def under(p: int, roots: set[int]) -> bool:
         for _ in range(20):
@@ -193,9 +193,9 @@ def cpu_by_role(gw: GatewayProcess, before: dict[int, tuple[int, str, float, flo
 
 
 def stages(gw: GatewayProcess, tokens: list[str], tasks: int, trace_dir: Path) -> dict[str, Any]:
-    """One traced burst: each task's time per stage (corral/fastlane/trace.py), and the
+    """One traced burst: each task's time per stage (corral/lanes/fast/trace.py), and the
     CPU each process spent over the burst."""
-    from corral.fastlane import trace
+    from corral.lanes.fast import trace
 
     per = tasks // len(tokens)
     spec = {"command": "true", "lane": "fast", "walltime": "5m", "memory": "100M"}

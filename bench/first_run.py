@@ -107,7 +107,7 @@ def first_run(ref: str, runs: int, no_cache: bool) -> dict[str, float]:
             help_cpu = [cpu_ms([corral, "--help"], cenv) for _ in range(runs)]
             names = json.loads(subprocess.run(
                 [str(clone / ".venv" / "bin" / "python"), "-c",
-                 "import json, click; from corral.cli import cli; ctx = click.Context(cli); "
+                 "import json, click; from corral.edges.cli.main import cli; ctx = click.Context(cli); "
                  "print(json.dumps(cli.list_commands(ctx)))"], env=cenv, capture_output=True, text=True,
                 check=True).stdout)
             per_command = {n: min(timed_ms([corral, n, "--help"], cenv) for _ in range(max(1, runs // 5)))

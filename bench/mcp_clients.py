@@ -1,8 +1,8 @@
 """What agents' real clients get from corral's MCP server, side by side with before.
 
 - ``stdio_initialize_ms``: from spawning ``corral mcp`` to its answer to ``initialize``,
-  for the stdlib relay (corral/mcp_relay.py, today) and the SDK server it replaced
-  (``corral.mcp_server.stdio_mcp``, still importable), median of N spawns each.
+  for the stdlib relay (corral/edges/mcp/relay.py, today) and the SDK server it replaced
+  (``corral.edges.mcp.server.stdio_mcp``, still importable), median of N spawns each.
 - ``tools_chars``: the JSON of every tool definition as listed today (compact schemas,
   one-line descriptions) and as the SDK lists the same tools uncompacted.
 - per client (Claude Code, Codex CLI, from tests/clients; scripts/clients-up), against
@@ -44,7 +44,7 @@ from standin import StandIn, job_id_in  # noqa: E402
 MARK = "bench-output-line"
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}}
-SDK_SERVER = ("import anyio, os; from corral.client import Client; from corral.mcp_server import stdio_mcp; "
+SDK_SERVER = ("import anyio, os; from corral.edges.client import Client; from corral.edges.mcp.server import stdio_mcp; "
               "anyio.run(stdio_mcp(Client(os.environ['CORRAL_URL'], os.environ['CORRAL_TOKEN'])).run_stdio_async)")
 
 
@@ -66,7 +66,7 @@ async def listed_chars() -> dict[str, int]:
     from mcp import Client
     from mcp.server.mcpserver import MCPServer
 
-    from corral.mcp_tools import build_mcp
+    from corral.edges.mcp.tools import build_mcp
 
     mcp = build_mcp(lambda ctx: None, lambda: None)  # type: ignore[arg-type,return-value]
 
@@ -128,7 +128,7 @@ def run_client(name: str, gw: GatewayProcess, token: str, workdir: Path) -> dict
 def run_inspector(gw: GatewayProcess, token: str, workdir: Path) -> dict[str, object]:
     """The MCP Inspector's CLI over stdio (protocol 2026-07-28): seconds to the tool list,
     its characters (the whole definitions: the Inspector shows a person all of it), and one
-    submit and wait, the wait run as an MCP task (corral/mcp_tasks.py)."""
+    submit and wait, the wait run as an MCP task (corral/edges/mcp/tasks.py)."""
     bin_ = ROOT / "tests" / "clients" / "node_modules" / ".bin" / "inspector"
     if not bin_.exists():
         return {"error": "not installed (scripts/clients-up)"}

@@ -191,7 +191,7 @@ def main() -> None:
         env = {**gw.env, "CORRAL_TOKEN": token}
 
         async def stdio() -> list[float]:
-            params = StdioServerParameters(command=sys.executable, args=["-m", "corral.cli", "mcp"], env=env)
+            params = StdioServerParameters(command=sys.executable, args=["-m", "corral.edges.cli.main", "mcp"], env=env)
             async with Client(params) as client:
                 return await time_calls(client, job_id, calls)
 

@@ -44,12 +44,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import GatewayProcess, pct, sponsored_agents  # noqa: E402
 from bench.memory_notes import HELDOUT, NOTES, filler  # noqa: E402
-from corral.db import Database  # noqa: E402
+from corral.core.db import Database  # noqa: E402
 from corral.memory.embed import Embedder  # noqa: E402
 from corral.memory.semantic import SemanticRecall  # noqa: E402
 from corral.memory.store import Memory  # noqa: E402
 from corral.memory.verbs import SEMANTIC_DEPTH  # noqa: E402
-from corral.principals import Caller, Kind, Principal  # noqa: E402
+from corral.core.principals import Caller, Kind, Principal  # noqa: E402
 
 
 # -- (a) retrieval -------------------------------------------------------------------------

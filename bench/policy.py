@@ -30,12 +30,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import GatewayProcess, pct  # noqa: E402
-from corral.config import Settings  # noqa: E402
-from corral.jobs import JobSpec  # noqa: E402
+from corral.core.config import Settings  # noqa: E402
+from corral.core.jobs import JobSpec  # noqa: E402
 from corral.safety.audit import AuditLog  # noqa: E402
 from corral.safety.gate import job_resource, job_text  # noqa: E402
 from corral.safety.tokens import Caveats  # noqa: E402
-from corral.server import build_service  # noqa: E402
+from corral.core.server import build_service  # noqa: E402
 
 SCRIPT = """#!/bin/bash
 #SBATCH --job-name=train-{i}

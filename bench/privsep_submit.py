@@ -1,4 +1,4 @@
-"""What the privileged submitter (corral/privsep_submit.py, decision 0021) adds to a Slurm
+"""What the privileged submitter (corral/lanes/slurm/privsep_submit.py, decision 0021) adds to a Slurm
 submission: ``sudo -n corral-submit prepare`` + ``submit`` (two sudo calls, two isolated
 Pythons, sbatch as root with ``--uid``) against one plain ``sbatch`` of the same script
 by the service account itself, on the private Slurm (scripts/slurm-up). Needs root: it

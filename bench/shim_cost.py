@@ -8,7 +8,7 @@ for every agent, where a shim is one process per call.
     bench/shim_cost.py [--quick] [--runs N]
 
 The shim arm counts the launcher's CPU and that of the helper's child serving the call
-(corral/shims/helper.py): the compiled launcher (launcher.c, decision 0013) where a C
+(corral/edges/shims/helper.py): the compiled launcher (launcher.c, decision 0013) where a C
 compiler is found; ``python_launcher_shim_cpu_ms`` is decision 0008's Python launcher
 with the same helper, ``shim_without_helper_cpu_ms`` the shim run on its own.
 
@@ -61,8 +61,8 @@ def main() -> None:
     runs = 10 if args.quick else args.runs
     if not Path(SLURM_CONF).exists():
         raise SystemExit(f"no Slurm at {SLURM_CONF}: run scripts/slurm-up first")
-    from corral.agent_run import shim_dir, start_helper, stop_helper
-    from corral.shims.helper import children_cpu_ms, launcher
+    from corral.edges.cli.agent_run import shim_dir, start_helper, stop_helper
+    from corral.edges.shims.helper import children_cpu_ms, launcher
 
     gw = GatewayProcess("--backend", "slurm", env={"SLURM_CONF": SLURM_CONF, "CORRAL_FASTLANE": "false"})
     work = tempfile.mkdtemp(prefix="corral-shimcost-")

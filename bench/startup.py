@@ -35,7 +35,7 @@ def start(home: Path) -> tuple[subprocess.Popen[bytes], int, float]:
     port = free_port()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}, "CORRAL_HOME": str(home)}
     t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-m", "corral.cli", "serve", "--port", str(port)], env=env,
+    p = subprocess.Popen([sys.executable, "-m", "corral.edges.cli.main", "serve", "--port", str(port)], env=env,
                          stdout=open(home / "serve.log", "ab"), stderr=subprocess.STDOUT, cwd=TREE)
     while p.poll() is None:
         try:

@@ -30,9 +30,9 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import GatewayProcess, KeepAliveGet, pct  # noqa: E402
-from corral.backends import SubmitContext  # noqa: E402
-from corral.backends.local import LocalBackend  # noqa: E402
-from corral.jobs import JobSpec  # noqa: E402
+from corral.lanes.backend import SubmitContext  # noqa: E402
+from corral.lanes.local import LocalBackend  # noqa: E402
+from corral.core.jobs import JobSpec  # noqa: E402
 
 
 def corral_arm(clients: int, duration: float, tick: float, rate: float | None) -> dict:

@@ -227,7 +227,7 @@ def run(a: argparse.Namespace, trials: int, reqs: list[str], shared: Path, tmp: 
                 h.post(f"/v1/workspaces/{w['workspace']}/discard")
     finally:
         gw.stop()
-        from corral.config import StorageSettings
+        from corral.core.config import StorageSettings
         from corral.storage.mounts import unmount_all
         from corral.storage.verbs import scratch_dir
 

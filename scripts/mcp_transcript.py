@@ -32,7 +32,7 @@ def show(title: str, args: dict | None, result) -> None:
 
 
 async def session(env: dict[str, str], workdir: str) -> None:
-    params = StdioServerParameters(command=sys.executable, args=["-m", "corral.cli", "mcp"], env=env)
+    params = StdioServerParameters(command=sys.executable, args=["-m", "corral.edges.cli.main", "mcp"], env=env)
     async with Client(params) as client:
         tools = await client.list_tools()
         print("**list_tools** → " + ", ".join(f"`{t.name}`" for t in tools.tools) + "\n")

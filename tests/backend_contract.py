@@ -11,9 +11,9 @@ from typing import Sequence
 
 import pytest
 
-from corral.backends import Backend, BackendStatus, SubmitContext
-from corral.errors import InvalidRequest
-from corral.jobs import JobSpec, JobState
+from corral.lanes.backend import Backend, BackendStatus, SubmitContext
+from corral.core.errors import InvalidRequest
+from corral.core.jobs import JobSpec, JobState
 
 _ids = itertools.count(int(time.time() * 1000) % 10_000_000)
 

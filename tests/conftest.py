@@ -75,7 +75,7 @@ class Gateway:
         log = open(self.home.parent / f"gateway-{self.port}.log", "ab")
         self.proc = subprocess.Popen(
             # 2 CPU slots whatever the machine (unless a test says): tests that fill the slots mean this many.
-            [sys.executable, "-m", "corral.cli", "serve", "--port", str(self.port), "--tick", "0.2",
+            [sys.executable, "-m", "corral.edges.cli.main", "serve", "--port", str(self.port), "--tick", "0.2",
              "--cpus", str(self.cpus)],
             env=self.env(), stdout=log, stderr=log, cwd=self.home.parent,
         )
@@ -119,7 +119,7 @@ class Gateway:
         return httpx.Client(base_url=self.url, headers=headers, timeout=60)
 
     def cli(self, *args: str, token: str | None = None, input: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "corral.cli", *args], env=self.env(token, **env),
+        return subprocess.run([sys.executable, "-m", "corral.edges.cli.main", *args], env=self.env(token, **env),
                               capture_output=True, text=True, input=input, timeout=120, cwd=self.home.parent)
 
     def cli_json(self, *args: str, token: str | None = None) -> Any:
@@ -172,7 +172,7 @@ def drop_scratch(home: Path, scratch: str | None = None) -> None:
     unmounted, the directory removed (it lies outside tmp_path, in /var/tmp)."""
     import shutil
 
-    from corral.config import StorageSettings
+    from corral.core.config import StorageSettings
     from corral.storage.mounts import unmount_all
     from corral.storage.verbs import scratch_dir
 
@@ -191,7 +191,7 @@ def gateway(tmp_path):
 @pytest.fixture(autouse=True)
 def _reachable_tmp_path(request: pytest.FixtureRequest) -> None:
     """Under a root gateway every principal without a Unix user runs as a dynamic uid of
-    its own (corral/identity.py), and a job's working directory must be one it may write:
+    its own (corral/core/identity.py), and a job's working directory must be one it may write:
     a test's tmp_path (root's, 0700, under 0700 parents) is made traversable and
     writable, as a project directory people share would be."""
     if "tmp_path" not in request.fixturenames or os.geteuid() != 0:

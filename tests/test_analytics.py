@@ -25,7 +25,7 @@ TRACES = shared_data("traces")
 
 
 def corral(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "corral.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "corral.edges.cli.main", *args], capture_output=True, text=True,
                           timeout=300, cwd=cwd)
 
 

@@ -9,10 +9,10 @@ from typing import Any, Awaitable, Callable
 import httpx
 import pytest
 
-from corral.api import create_app
-from corral.clock import ManualClock
-from corral.config import Settings
-from corral.server import build_service
+from corral.edges.http.app import create_app
+from corral.core.clock import ManualClock
+from corral.core.config import Settings
+from corral.core.server import build_service
 
 Scenario = Callable[[httpx.AsyncClient, dict[str, str]], Awaitable[Any]]
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from corral.backends.slurm import SlurmBackend
+from corral.lanes.slurm.backend import SlurmBackend
 
 from . import fakeslurm
 from .backend_contract import *  # noqa: F401,F403

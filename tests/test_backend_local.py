@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from corral.backends.local import LocalBackend
-from corral.jobs import JobSpec, JobState
+from corral.lanes.local import LocalBackend
+from corral.core.jobs import JobSpec, JobState
 
 from .backend_contract import *  # noqa: F401,F403
 from .backend_contract import check_free_counts_what_runs, ctx, wait_all

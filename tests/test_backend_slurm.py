@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from corral.backends import SubmitContext
-from corral.backends.slurm import STATES, SlurmBackend, parse_exit, parse_slurm_time, translate
-from corral.errors import InvalidRequest
-from corral.jobs import JobSpec, JobState
+from corral.lanes.backend import SubmitContext
+from corral.lanes.slurm.backend import STATES, SlurmBackend, parse_exit, parse_slurm_time, translate
+from corral.core.errors import InvalidRequest
+from corral.core.jobs import JobSpec, JobState
 
 from .backend_contract import *  # noqa: F401,F403
 from .backend_contract import check_free_counts_what_runs, ctx, wait_all
@@ -69,7 +69,7 @@ def test_state_table_and_exit_codes() -> None:
 
 def test_preflight_suggests_the_partition_that_fits() -> None:
     """A facility where only 'gpu' has GPUs and only 'long' runs for days (no Slurm needed)."""
-    from corral.backends import Partition
+    from corral.lanes.backend import Partition
 
     b = SlurmBackend.__new__(SlurmBackend)
     b.slurm_conf, b._limits_key = None, None

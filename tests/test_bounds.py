@@ -134,15 +134,15 @@ def test_corral_records_reach_only_its_own_plain_handlers(tmp_path: Path) -> Non
 
     from mcp.server.mcpserver.utilities.logging import configure_logging
 
-    from corral.config import Settings
-    from corral.server import setup_logging
+    from corral.core.config import Settings
+    from corral.core.server import setup_logging
 
     root = logging.getLogger()
     saved = (root.handlers[:], root.level, logging.getLogger("corral").handlers[:])
     try:
         setup_logging(Settings(home=tmp_path / "home"))
         configure_logging("INFO")  # what building the gateway's MCP server does
-        logger, seen = logging.getLogger("corral.api"), []
+        logger, seen = logging.getLogger("corral.edges.http.app"), []
         while logger is not None:
             seen += logger.handlers
             logger = logger.parent if logger.propagate else None  # type: ignore[assignment]
@@ -151,7 +151,7 @@ def test_corral_records_reach_only_its_own_plain_handlers(tmp_path: Path) -> Non
         try:
             raise ValueError("boom")
         except ValueError:
-            logging.getLogger("corral.api").exception("unexpected error on POST /v1/jobs")
+            logging.getLogger("corral.edges.http.app").exception("unexpected error on POST /v1/jobs")
         deadline = time.monotonic() + 5
         log = tmp_path / "home" / "gateway.log"
         while "ValueError: boom" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
@@ -194,7 +194,7 @@ def test_a_removed_scratch_directory_is_made_again(gateway: Gateway, people: dic
     """systemd-tmpfiles' age rule removes /var/tmp/corral-<hash>; an agent's job must still run."""
     import shutil
 
-    from corral.config import StorageSettings
+    from corral.core.config import StorageSettings
     from corral.storage.verbs import scratch_dir
 
     scratch = scratch_dir(StorageSettings(), gateway.home.resolve())

@@ -1,5 +1,5 @@
 """Connection caps that one party cannot fill for everyone (H4 report, F14;
-corral/http_bounds.py): connections are counted per network (a /24, a /64, all of
+corral/edges/http/bounds.py): connections are counted per network (a /24, a /64, all of
 loopback as one), and a full count closes the oldest connection serving no request
 before it refuses anyone; a connection whose request is being served is never closed."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from corral.http_bounds import client_group
+from corral.edges.http.bounds import client_group
 
 from .conftest import Gateway, running
 from .test_bounds import raw

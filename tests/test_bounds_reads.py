@@ -1,5 +1,5 @@
 """What the gateway reads of files a job or an agent can influence (H4 report, F11;
-corral/safe_read.py): a FIFO, a device or a link where corral expects a plain file, and
+corral/core/safe_read.py): a FIFO, a device or a link where corral expects a plain file, and
 `inputs` naming what the job may not read. Each attack as the reviewer ran it, against a
 real root gateway over HTTP: the gateway answers everyone throughout, and reads nothing
 the job could not read itself."""

@@ -7,7 +7,7 @@ import json
 import click
 import pytest
 
-from corral.cli import cli
+from corral.edges.cli.main import cli
 
 from .conftest import Gateway
 
@@ -132,7 +132,7 @@ def test_serve_refuses_a_taken_port_and_a_second_gateway_on_one_home(gateway: Ga
 
     def serve(home, port: int) -> subprocess.CompletedProcess[str]:
         env = {**gateway.env(), "CORRAL_HOME": str(home)}
-        return subprocess.run([sys.executable, "-m", "corral.cli", "serve", "--port", str(port)], env=env,
+        return subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "serve", "--port", str(port)], env=env,
                               capture_output=True, text=True, timeout=60)
 
     taken = serve(tmp_path / "other", gateway.port)

@@ -12,11 +12,11 @@ import sys
 import click
 import pytest
 
-from corral.cli import LAZY, cli
-from corral.cli_help import SECTIONS, SUMMARIES
+from corral.edges.cli.main import LAZY, cli
+from corral.edges.cli.help import SECTIONS, SUMMARIES
 
 HEAVY = ("numpy", "polars", "cedarpy", "tree_sitter", "onnxruntime", "dask", "distributed", "fastapi", "uvicorn",
-         "corral.service", "corral.jobs")
+         "corral.core.service", "corral.core.jobs")
 
 
 def commands() -> list[tuple[str, click.Command]]:
@@ -70,7 +70,7 @@ def test_every_command_documents_itself_with_an_example(path: str) -> None:
 
 def loaded_by(argv: list[str]) -> list[str]:
     """The heavy modules loaded by `corral ARGV` in a fresh process."""
-    code = ("import sys, json\nfrom corral.cli import cli\n"
+    code = ("import sys, json\nfrom corral.edges.cli.main import cli\n"
             f"try:\n    cli({argv!r}, prog_name='corral')\nexcept SystemExit:\n    pass\n"
             f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]), file=sys.stderr)")
     cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

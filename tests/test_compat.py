@@ -72,7 +72,7 @@ def shim_results():
         work.mkdir()
         work.chmod(0o777)  # the agent's jobs run contained, as an unprivileged user under a root gateway
         out = root / "results.json"
-        r = subprocess.run([sys.executable, "-m", "corral.cli", "agent", "run", "--url", gw.url, "--token", token,
+        r = subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "agent", "run", "--url", gw.url, "--token", token,
                             "--quiet", "--", sys.executable, "-m", "tests.compat.runner", str(out)],
                            cwd=work, env=env, capture_output=True, text=True, timeout=1800)
         assert r.returncode == 0 and out.exists(), r.stdout[-3000:] + r.stderr[-3000:]

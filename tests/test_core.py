@@ -9,20 +9,20 @@ from typing import Any
 
 import pytest
 
-from corral.backends import SubmitContext
-from corral.backends.slurm import SlurmBackend
-from corral.config import Settings
+from corral.lanes.backend import SubmitContext
+from corral.lanes.slurm.backend import SlurmBackend
+from corral.core.config import Settings
 from corral.control.progress import Progress
 from corral.control.watchers import Watchers
 from corral.control.metrics import Metrics
 from corral.control.sender import Sender
-from corral.db import Database
-from corral.errors import Conflict, InvalidRequest
-from corral.jobs import JobSpec, JobState
-from corral.lanes import BackendLane, Lanes
-from corral.principals import Kind, Principal
+from corral.core.db import Database
+from corral.core.errors import Conflict, InvalidRequest
+from corral.core.jobs import JobSpec, JobState
+from corral.lanes.registry import BackendLane, Lanes
+from corral.core.principals import Kind, Principal
 from corral.safety.audit import AuditLog
-from corral.server import build_service
+from corral.core.server import build_service
 
 
 def _service(tmp_path: Path, **settings: Any) -> Any:
@@ -87,7 +87,7 @@ class _Recording:
         return spec
 
     async def submit(self, jobs: Any) -> list[Any]:
-        from corral.lanes import Sent
+        from corral.lanes.registry import Sent
 
         self.sent += [ctx.job_id for ctx, _ in jobs]
         return [Sent(f"r{ctx.job_id}") for ctx, _ in jobs]
@@ -150,7 +150,7 @@ def test_slurm_backend_forgets_what_the_core_recorded(tmp_path) -> None:
 
 
 def test_background_tasks_are_kept_until_they_end(tmp_path) -> None:
-    from corral.fastlane.pool import Pool, PoolConfig, PoolKey, Shape
+    from corral.lanes.fast.pool import Pool, PoolConfig, PoolKey, Shape
 
     pool = Pool(PoolKey(None, None, None), Shape(1, 64, 0, 60), tmp_path, PoolConfig(), None, None)  # type: ignore[arg-type]
 
@@ -185,7 +185,7 @@ def test_allocations_are_sized_to_their_demand_not_the_whole_node(tmp_path) -> N
     """A pool's allocation asked for the whole node (32 CPUs, all its memory) for one task."""
     import time
 
-    from corral.fastlane.pool import Allocation, Pool, PoolConfig, PoolKey, Shape, Task
+    from corral.lanes.fast.pool import Allocation, Pool, PoolConfig, PoolKey, Shape, Task
 
     pool = Pool(PoolKey(None, None, None), Shape(32, 64000, 4, 3600), tmp_path, PoolConfig(min_cpus=4),
                 None, None)  # type: ignore[arg-type]
@@ -210,7 +210,7 @@ def test_allocations_are_sized_to_their_demand_not_the_whole_node(tmp_path) -> N
 
 
 def test_a_note_expires_on_the_clock(tmp_path) -> None:
-    from corral.clock import ManualClock
+    from corral.core.clock import ManualClock
 
     clock = ManualClock()
     svc = build_service(Settings(home=tmp_path / "home", local_cpus=2, fastlane=False), clock)

@@ -343,10 +343,10 @@ def test_the_plots_figures_from_jobs_times(tmp_path: Path) -> None:
     around it is stood in for by its database and a 4-CPU backend)."""
     from types import SimpleNamespace
 
-    from corral.backends import Partition
-    from corral.dashboard.history import BUCKET_S, History
-    from corral.db import Database
-    from corral.principals import PILOT_PRINCIPAL
+    from corral.lanes.backend import Partition
+    from corral.edges.dashboard.history import BUCKET_S, History
+    from corral.core.db import Database
+    from corral.core.principals import PILOT_PRINCIPAL
 
     db = Database(tmp_path / "corral.db")
     now = 1_800_000_000.0

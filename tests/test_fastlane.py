@@ -146,7 +146,7 @@ def _kill_workers(gw: Gateway) -> None:
                 cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
             except OSError:
                 continue
-            if b"corral.fastlane.worker" in cmd and str(gw.home).encode() in b" ".join(cmd):
+            if b"corral.lanes.fast.worker" in cmd and str(gw.home).encode() in b" ".join(cmd):
                 os.kill(int(pid), signal.SIGKILL)
 
 
@@ -216,7 +216,7 @@ def test_batch_submission_and_mcp(fast: Gateway) -> None:
         assert h.get("/v1/jobs", params={"limit": 1000}).json()["jobs"].__len__() == 20  # nothing of the bad batch
 
     async def over_mcp() -> None:
-        params = StdioServerParameters(command=sys.executable, args=["-m", "corral.cli", "mcp"],
+        params = StdioServerParameters(command=sys.executable, args=["-m", "corral.edges.cli.main", "mcp"],
                                        env=fast.env(t["bot"], CORRAL_SESSION="mcp-fast"))
         async with Client(params) as client:
             sub = await client.call_tool("submit_job", {"command": "echo via-mcp", "lane": "fast"})
@@ -304,9 +304,9 @@ def test_an_allocation_still_being_submitted_is_not_sent_twice(tmp_path) -> None
     one name met the pool's scheduler, Dask refused the second, and the allocation the
     gateway kept track of was the one that had exited (seen under load in CI)."""
 
-    from corral.config import Settings
-    from corral.jobs import JobSpec
-    from corral.server import build_service
+    from corral.core.config import Settings
+    from corral.core.jobs import JobSpec
+    from corral.core.server import build_service
 
     service = build_service(Settings(home=tmp_path / "home", tick_s=0.05, local_cpus=4, fastlane_cpus=2,
                                      fastlane_memory_mb=512))
@@ -345,9 +345,9 @@ def test_an_allocation_still_being_submitted_is_not_sent_twice(tmp_path) -> None
 def test_an_outcome_is_kept_when_memory_cannot_record_it(tmp_path) -> None:
     """A report's outcomes and their memory episodes share one commit; memory only
     advises, so its failure must not roll the outcomes back."""
-    from corral.config import Settings
-    from corral.jobs import JobSpec
-    from corral.server import build_service
+    from corral.core.config import Settings
+    from corral.core.jobs import JobSpec
+    from corral.core.server import build_service
 
     service = build_service(Settings(home=tmp_path / "home", local_cpus=4, fastlane_cpus=2, fastlane_memory_mb=512))
     service.accounts.bootstrap_admin()
@@ -405,13 +405,13 @@ def test_a_chain_of_fast_tasks_and_what_each_used(fast: Gateway, agent_dir) -> N
 
 def _pool(tmp_path, **cfg: Any) -> Any:
     """A pool's scaling state alone (no engine, no allocations port): its rules read only it."""
-    from corral.fastlane.pool import Pool, PoolConfig, PoolKey, Shape
+    from corral.lanes.fast.pool import Pool, PoolConfig, PoolKey, Shape
 
     return Pool(PoolKey(None, None, None), Shape(32, 64000, 0, 3600), tmp_path, PoolConfig(**cfg), None, None)  # type: ignore[arg-type]
 
 
 def _task(i: int, command: str = "true", cpus: int = 1) -> Any:
-    from corral.fastlane.pool import Task
+    from corral.lanes.fast.pool import Task
 
     return Task(i, {"command": command, "cpus": cpus, "memory_mb": 100, "gpus": 0})
 
@@ -421,7 +421,7 @@ def test_a_pool_grows_for_the_work_coming_not_for_the_number_of_tasks(tmp_path) 
     larger one was asked for only after the backlog had waited 2 s, whatever it held.
     Now the work a batch brings (what its kind of task took before, else a second each)
     is weighed against how long an allocation takes to join."""
-    from corral.fastlane.pool import Allocation, Shape
+    from corral.lanes.fast.pool import Allocation, Shape
 
     pool = _pool(tmp_path, min_cpus=4)
     now = time.time()
@@ -459,8 +459,8 @@ def test_the_warm_allocation_follows_recent_demand(tmp_path) -> None:
     """An idle pool whose only allocation is smaller than its last burst asks for one of
     that burst's size, and keeps that one when idle; a pool with nothing asks for its
     recent peak, not the floor."""
-    from corral.fastlane import scaling
-    from corral.fastlane.pool import Allocation, Shape
+    from corral.lanes.fast import scaling
+    from corral.lanes.fast.pool import Allocation, Shape
 
     pool = _pool(tmp_path, min_cpus=4, max_allocations=2)
     now = time.time()
@@ -483,8 +483,8 @@ def test_an_allocation_gives_way_only_to_a_batch_job_it_holds_back() -> None:
     """Cores (or memory) go back only to a job that cannot start beside the pool and
     could start without this allocation: not to one that fits already, nor to one too
     big for the node either way."""
-    from corral.fastlane.model import Allocation, Shape, Waiting
-    from corral.fastlane.scaling import blocked
+    from corral.lanes.fast.model import Allocation, Shape, Waiting
+    from corral.lanes.fast.scaling import blocked
 
     a = Allocation(1, "alloc-1", 0.0, Shape(24, 48000, 0, 3600), up_since=1.0)
     fits = Waiting(10, 4, 1000, 1.0, "Priority")

@@ -35,7 +35,7 @@ class RelativeGateway:
 
     def start(self) -> None:
         log = open(self.checkout / "gateway.out", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "corral.cli", "serve", "--port", str(self.port),
+        self.proc = subprocess.Popen([sys.executable, "-m", "corral.edges.cli.main", "serve", "--port", str(self.port),
                                       "--tick", "0.2", "--cpus", "2"],
                                      env=self.base_env, cwd=self.checkout, stdout=log, stderr=log)
         deadline = time.monotonic() + 90  # a loaded machine (tests/conftest.py waits as long)
@@ -56,7 +56,7 @@ class RelativeGateway:
 
     def cli(self, *args: str, cwd: Path, token: str | None = None) -> subprocess.CompletedProcess[str]:
         env = dict(self.base_env, **({"CORRAL_TOKEN": token} if token else {}))
-        return subprocess.run([sys.executable, "-m", "corral.cli", *args], env=env, cwd=cwd,
+        return subprocess.run([sys.executable, "-m", "corral.edges.cli.main", *args], env=env, cwd=cwd,
                               capture_output=True, text=True, timeout=120)
 
 

@@ -165,7 +165,7 @@ def test_the_cli_submits_arrays_and_chains(gateway: Gateway, tmp_path: Path) -> 
 def test_an_agents_contained_job_is_signalled_and_measured_in_its_built_sandbox(
         gateway: Gateway, people: dict[str, str], agent_dir: Path) -> None:
     """An agent's job with a working directory starts inside its key's built sandbox
-    (corral/sandbox_host.py): the signal and the usage travel through that host."""
+    (corral/sandbox/host.py): the signal and the usage travel through that host."""
     with gateway.http(people["bot1"]) as h:
         trap = h.post("/v1/jobs", json={
             "command": "trap 'echo got-usr1; exit 0' USR1; echo ready; while true; do sleep 0.1; done",
@@ -205,7 +205,7 @@ def test_a_held_child_survives_a_gateway_crash(tmp_path: Path) -> None:
 
 def test_usage_of_a_job_past_its_memory_reads_as_more_than_asked() -> None:
     """The words of `corral usage` (a formatting check: the real job is the test above)."""
-    from corral.job_commands import usage_text
+    from corral.edges.cli.job_commands import usage_text
 
     text = usage_text({"job_id": 7, "state": "OUT_OF_MEMORY", "elapsed_s": 3, "cpu_s": 1.0, "max_rss_mb": 116.2,
                        "how": "cgroup", "advice": [], "asked": {"walltime_s": 3600, "cpus": 1, "memory_mb": 100},

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from corral.fastlane.launcher import Launcher, Slots, read_journals
+from corral.lanes.fast.launcher import Launcher, Slots, read_journals
 
 
 def spec(d: Path, jid: int, command: str, **kw: Any) -> dict[str, Any]:

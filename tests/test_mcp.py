@@ -18,11 +18,11 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
-from corral.config import Settings
-from corral.mcp_models import JOB_FIELDS
-from corral.mcp_server import ServiceOps, build_mcp
-from corral.mcp_tools import SAME_FIELDS
-from corral.server import build_service
+from corral.core.config import Settings
+from corral.edges.mcp.models import JOB_FIELDS
+from corral.edges.mcp.server import ServiceOps, build_mcp
+from corral.edges.mcp.tools import SAME_FIELDS
+from corral.core.server import build_service
 
 from .conftest import Gateway
 
@@ -374,7 +374,7 @@ def test_protected_resource_metadata_tells_a_client_where_tokens_come_from(tmp_p
                         headers={"Accept": "application/json, text/event-stream"})
         assert r.status_code == 401
         assert f'resource_metadata="{gw.url}/.well-known/oauth-protected-resource/mcp"' in r.headers["www-authenticate"]
-    bad = subprocess.run([sys.executable, "-m", "corral.cli", "serve", "--port", "0"], capture_output=True, text=True,
+    bad = subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "serve", "--port", "0"], capture_output=True, text=True,
                          env={**os.environ, "CORRAL_HOME": str(tmp_path / "h2"),
                               "CORRAL_MCP_AUTHORIZATION_SERVERS": '["idp.example.org"]'}, timeout=60)
     assert bad.returncode == 2 and "not an http(s) URL" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

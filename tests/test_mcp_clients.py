@@ -163,7 +163,7 @@ def test_agent_run_starts_claude_code_and_codex_with_corral(gateway: Gateway, ag
     for an MCP config file), corral's tools are there; `-- claude mcp list` runs; Codex
     gets the token from its environment, and its command line does not carry it."""
     token = _agent(gateway, max_cpus=1)
-    corral = [sys.executable, "-m", "corral.cli", "agent", "run", "--no-fence", "--quiet", "--"]
+    corral = [sys.executable, "-m", "corral.edges.cli.main", "agent", "run", "--no-fence", "--quiet", "--"]
     # `corral` on PATH as installed, running this tree (codex forwards only the variables it is told to)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

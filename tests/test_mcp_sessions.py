@@ -1,4 +1,4 @@
-"""Who gets an MCP session over HTTP, and how many (H4 report, F13; corral/mcp_gate.py):
+"""Who gets an MCP session over HTTP, and how many (H4 report, F13; corral/edges/mcp/gate.py):
 a caller without a token gets none (its requests are answered statelessly), and a
 principal holds a bounded number, its oldest closed when it opens one more."""
 

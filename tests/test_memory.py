@@ -132,7 +132,7 @@ def test_notes_scopes_guard_and_recall(gateway: Gateway, people: dict[str, str])
     assert gateway.cli("remember", "--scope", "nope", "x", token=t["bot2"]).returncode == 2
 
     async def over_mcp() -> None:
-        params = StdioServerParameters(command=sys.executable, args=["-m", "corral.cli", "mcp"],
+        params = StdioServerParameters(command=sys.executable, args=["-m", "corral.edges.cli.main", "mcp"],
                                        env=gateway.env(t["bot2"], CORRAL_SESSION="mcp-mem"))
         async with Client(params) as client:
             w = await client.call_tool("remember", {"text": "partition gpu needs --gres; use gpus=1"})

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.errors import Forbidden, InvalidRequest, Unauthenticated
+from corral.core.errors import Forbidden, InvalidRequest, Unauthenticated
 from corral.safety.policy import DEFAULT_POLICY, Policy, Request
 from corral.safety.tokens import Caveats, TokenAuthority, attenuate
 
@@ -20,7 +20,7 @@ CASES = DEFAULT_POLICY.parent / "default_cases.toml"
 
 
 def corral(*args: str, home: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "corral.cli", *args], capture_output=True, text=True, input=stdin,
+    return subprocess.run([sys.executable, "-m", "corral.edges.cli.main", *args], capture_output=True, text=True, input=stdin,
                           env={"CORRAL_HOME": str(home), "PATH": "/usr/bin:/bin"}, timeout=60)
 
 

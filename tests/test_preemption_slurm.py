@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from corral.backends.slurm import SlurmBackend
-from corral.backends.slurm_tiers import Requeues, extend
-from corral.config import SlurmSettings
-from corral.jobs import JobSpec, JobState
-from corral.placement import Placer
-from corral.principals import Kind, Principal
+from corral.lanes.slurm.backend import SlurmBackend
+from corral.lanes.slurm.tiers import Requeues, extend
+from corral.core.config import SlurmSettings
+from corral.core.jobs import JobSpec, JobState
+from corral.lanes.placement import Placer
+from corral.core.principals import Kind, Principal
 
 from .conftest import Gateway, free_port
 from .slurm_env import slurm_conf
@@ -299,7 +299,7 @@ def test_the_tier_is_used_only_where_slurm_preempts_its_qos() -> None:
         asked.append(argv[0])
         return said["config"] if argv[0] == "scontrol" else said["qos"]
 
-    from corral.backends.slurm_tiers import Tiers
+    from corral.lanes.slurm.tiers import Tiers
 
     conf = ["a"]
     tiers = Tiers("agents-opportunistic", run, lambda: conf[0])
@@ -314,7 +314,7 @@ def test_the_tier_is_used_only_where_slurm_preempts_its_qos() -> None:
 
 
 def test_an_agent_over_mcp_sees_the_requeues_and_the_work_lost() -> None:
-    from corral.mcp_tools import compact
+    from corral.edges.mcp.tools import compact
 
     job = {"id": 3, "name": None, "state": "COMPLETED", "exit_code": 0, "reason": None, "start_time": 10.0,
            "end_time": 40.0, "requeues": 1, "lost_s": 4.0}

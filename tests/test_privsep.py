@@ -316,7 +316,7 @@ def test_var_run_as_a_link_and_munge_present_still_build(tmp_path: Path) -> None
     """Where /var/run links to /run and /run/munge exists (a common layout), the sandbox
     is built: each hidden path is hidden where it really lies."""
     need_bwrap()
-    from corral.sandbox import build
+    from corral.sandbox.bwrap import build
 
     made = not Path("/run/munge").exists()
     if made:
@@ -362,7 +362,7 @@ def test_a_gateway_run_as_a_service_account(project: Path, backend: str) -> None
         log = open(Path(u.pw_dir) / "gateway.log", "ab")
         # The system's Python with the project's packages: the venv's interpreter lies in
         # root's home here, which a service account cannot enter.
-        gw_proc = subprocess.Popen(["/usr/bin/python3", "-m", "corral.cli", "serve", "--port", str(port), "--tick", "0.2",
+        gw_proc = subprocess.Popen(["/usr/bin/python3", "-m", "corral.edges.cli.main", "serve", "--port", str(port), "--tick", "0.2",
                                     "--cpus", "2"], env=env, stdout=log, stderr=log, cwd=u.pw_dir,
                                    user=u.pw_uid, group=u.pw_gid, extra_groups=[])
         import httpx

@@ -1,4 +1,4 @@
-"""The privileged submitter (corral/privsep_submit.py, decision 0021): a gateway run as
+"""The privileged submitter (corral/lanes/slurm/privsep_submit.py, decision 0021): a gateway run as
 a service account submits each principal's Slurm job as that principal's Unix user
 through one sudo rule, on the private Slurm, and the helper holds against a compromised
 gateway account and against what jobs leave behind.
@@ -398,7 +398,7 @@ def test_a_service_account_gateway_runs_each_job_as_its_principal(site: Site) ->
            "PYTHONPATH": f"{site_packages}:{ROOT}", "CORRAL_BACKEND": "slurm", "SLURM_CONF": site.slurm_conf,
            "CORRAL_SLURM__SUBMITTER": site.helper, "CORRAL_SLURM__POLL_S": "1"}
     log = open(Path(svc.pw_dir) / "gateway.log", "ab")
-    gw = subprocess.Popen(["/usr/bin/python3", "-m", "corral.cli", "serve", "--port", str(port), "--tick", "0.2"],
+    gw = subprocess.Popen(["/usr/bin/python3", "-m", "corral.edges.cli.main", "serve", "--port", str(port), "--tick", "0.2"],
                           env=env, stdout=log, stderr=log, cwd=svc.pw_dir, user=svc.pw_uid, group=svc.pw_gid,
                           extra_groups=[])
     url = f"http://127.0.0.1:{port}"

@@ -308,8 +308,8 @@ def test_a_fast_lane_sandbox_built_before_a_credential_is_not_reused(tmp_path: P
     """The same in a fast-lane worker (the launcher and its built sandboxes, run as root
     as a root pool's worker is): a sandbox built before the credential appeared is not
     used for the next task of its key; a new one hides it."""
-    from corral.fastlane.launcher import Launcher, Slots
-    from corral.sandbox import build
+    from corral.lanes.fast.launcher import Launcher, Slots
+    from corral.sandbox.bwrap import build
 
     need_bwrap()
     home = Path(person.pw_dir)
@@ -430,8 +430,8 @@ def test_a_batch_script_binds_its_working_directory_by_descriptor(tmp_path: Path
     command opens the directory at fd 7 as the job's identity, without following links,
     and bwrap binds that descriptor. A link in place of the directory or a parent stops
     it before bwrap starts (exit 125, saying why); a parent closed to the identity too."""
-    from corral import opendir
-    from corral.sandbox import build
+    from corral.sandbox import opendir
+    from corral.sandbox.bwrap import build
 
     need_bwrap()
     box = build(["agent"], [], False, "nobody", [tmp_path], pids_max=64)
@@ -464,7 +464,7 @@ def test_a_hidden_directory_made_again_after_a_cleaner_is_still_hidden(tmp_path:
     """corral's node-local scratch can be removed by a cleaner (systemd-tmpfiles, another
     test session) and is made again when a job needs it. A sandbox whose hidden list was
     first worked out while it was missing still builds, and still hides it."""
-    from corral.sandbox import build
+    from corral.sandbox.bwrap import build
 
     need_bwrap()
     scratch = Path(tempfile.mkdtemp(prefix="corral-scr-", dir="/var/tmp"))

@@ -125,7 +125,7 @@ class Newcomer:
         site = next((venv / "lib").glob("python3*/site-packages"))
         (site / "test-venv.pth").write_text(next(Path(sys.prefix, "lib").glob("python3*/site-packages")).as_posix()
                                             + "\n")
-        for script, module in (("corral", "corral.cli"), ("corral-slurm", "corral.shims")):  # pyproject's scripts
+        for script, module in (("corral", "corral.edges.cli.main"), ("corral-slurm", "corral.edges.shims")):  # pyproject's scripts
             (venv / "bin" / script).write_text(f"#!{venv}/bin/python\nfrom {module} import main\nmain()\n")
             (venv / "bin" / script).chmod(0o755)
         return venv
@@ -133,7 +133,7 @@ class Newcomer:
     def serve(self) -> None:
         log = open(self.dir / "gateway.out", "wb")
         self.gateway = subprocess.Popen([*self.prefix, str(self.checkout / ".venv" / "bin" / "python"), "-m",
-                                         "corral.cli", "serve"], cwd=self.checkout, env=self.env, stdout=log,
+                                         "corral.edges.cli.main", "serve"], cwd=self.checkout, env=self.env, stdout=log,
                                         stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 90  # a loaded machine (tests/conftest.py waits as long)
         while time.monotonic() < deadline:

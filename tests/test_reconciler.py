@@ -8,12 +8,12 @@ import asyncio
 from pathlib import Path
 from typing import Sequence
 
-from corral.backends import BackendStatus, OutputPaths, Partition, SubmitContext
-from corral.config import Settings
-from corral.db import Database
-from corral.errors import BackendError
-from corral.jobs import JobSpec, JobState
-from corral.service import Service
+from corral.lanes.backend import BackendStatus, OutputPaths, Partition, SubmitContext
+from corral.core.config import Settings
+from corral.core.db import Database
+from corral.core.errors import BackendError
+from corral.core.jobs import JobSpec, JobState
+from corral.core.service import Service
 
 
 class ScriptedBackend:

@@ -76,7 +76,7 @@ def test_real_agents_commands_are_not_refused() -> None:
 
 
 def test_corral_risk_reads_lines_and_prints_json(tmp_path) -> None:
-    cp = subprocess.run([sys.executable, "-m", "corral.cli", "risk", "--json"], input="rm -rf ~\n\nls -la\n",
+    cp = subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "risk", "--json"], input="rm -rf ~\n\nls -la\n",
                         capture_output=True, text=True, timeout=60)
     assert cp.returncode == 0, cp.stderr
     rows = [json.loads(line) for line in cp.stdout.splitlines()]
@@ -85,7 +85,7 @@ def test_corral_risk_reads_lines_and_prints_json(tmp_path) -> None:
     assert rows[0]["tags"] == ["destructive_fs", "writes_outside"] and rows[0]["evidence"]["destructive_fs"] == ["rm -rf ~"]
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\n#SBATCH -t 10\nmodule load python\nTARGET=$HOME\nrm -rf $TARGET\n")
-    cp = subprocess.run([sys.executable, "-m", "corral.cli", "risk", "--script", str(script)],
+    cp = subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "risk", "--script", str(script)],
                         capture_output=True, text=True, timeout=60)
     assert cp.returncode == 0 and cp.stdout.startswith("deny")
 

@@ -15,7 +15,7 @@ from biscuit_auth import BlockBuilder
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from corral.errors import Forbidden
+from corral.core.errors import Forbidden
 from corral.safety.audit import AuditLog
 from corral.safety.tokens import PREFIX, Caveats, TokenAuthority, attenuate
 

@@ -1,4 +1,4 @@
-"""Agents' jobs contained by structure (corral/sandbox.py), executed for real in
+"""Agents' jobs contained by structure (corral/sandbox/bwrap.py), executed for real in
 bubblewrap on the local backend: attacks in several disguises against a canary home,
 canary credentials, corral's own state and a canary listener, and what must keep
 working. Needs bwrap (scripts/sandbox-up); under CI its absence fails the run."""
@@ -21,8 +21,8 @@ from typing import Iterator
 
 import pytest
 
-from corral.errors import InvalidRequest, SandboxUnavailable
-from corral.sandbox import Sandbox, build
+from corral.core.errors import InvalidRequest, SandboxUnavailable
+from corral.sandbox.bwrap import Sandbox, build
 
 from .conftest import Gateway, running
 
@@ -396,7 +396,7 @@ def test_contained_tasks_start_in_one_sandbox_per_key(tmp_path) -> None:
     a program that does not exist, walltime, memory and cancel all hold as for bare
     tasks; a second principal gets a sandbox of its own; a sandbox that is killed fails
     the tasks it held, saying so."""
-    from corral.fastlane.launcher import Launcher, Slots
+    from corral.lanes.fast.launcher import Launcher, Slots
 
     need_bwrap()
     box = build(["agent"], [], False, "nobody", [tmp_path], pids_max=64)
@@ -569,7 +569,7 @@ def test_an_admin_sees_and_tries_the_sandbox_from_the_cli(tmp_path) -> None:
         (home / ".ssh" / "id_ed25519").write_text(SECRET)
         home.chmod(0o755)
         env = {**os.environ, "HOME": str(home), "CORRAL_HOME": str(tmp_path / "corral")}
-        cli = [sys.executable, "-m", "corral.cli"]
+        cli = [sys.executable, "-m", "corral.edges.cli.main"]
         shown = json.loads(subprocess.run([*cli, "--json", "sandbox", "show"], env=env, capture_output=True,
                                           text=True, check=True).stdout)
         assert shown["available"] and shown["pids_max"] == 512 and str(home / ".ssh") in shown["hidden"]
@@ -588,7 +588,7 @@ def test_an_admin_sees_and_tries_the_sandbox_from_the_cli(tmp_path) -> None:
 def test_a_home_gone_since_the_sandbox_was_made_is_not_mounted_over(tmp_path: Path) -> None:
     """userdel -r between the gateway's start and a job: hiding the home that no longer
     exists is neither needed nor possible (bwrap cannot mkdir on the read-only root)."""
-    from corral.sandbox import Sandbox
+    from corral.sandbox.bwrap import Sandbox
 
     kept, gone = tmp_path / "kept", tmp_path / "gone"
     kept.mkdir()

@@ -86,7 +86,7 @@ def test_the_int8_graph_computes_the_encoder(tmp_path: Path) -> None:
 
 
 def test_the_index_finds_the_nearest_notes(tmp_path: Path) -> None:
-    from corral.db import Database
+    from corral.core.db import Database
 
     db = Database(tmp_path / "c.db")
     rng = np.random.default_rng(7)
@@ -171,8 +171,8 @@ def test_recall_by_meaning_through_a_gateway(gateway: Gateway, people: dict[str,
 
 
 def test_without_a_model_recall_is_by_words_and_says_why(tmp_path: Path) -> None:
-    from corral.config import MemorySettings, Settings
-    from corral.server import build_service
+    from corral.core.config import MemorySettings, Settings
+    from corral.core.server import build_service
 
     empty = tmp_path / "no-model"
     empty.mkdir()

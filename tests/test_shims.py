@@ -27,7 +27,7 @@ def agent_run(gw: Gateway, token: str, script: str, cwd: Path, *flags: str,
               extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {**gw.env(token), **(extra or {})}
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-    return subprocess.run([sys.executable, "-m", "corral.cli", "agent", "run", "--url", gw.url, *flags, "--",
+    return subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "agent", "run", "--url", gw.url, *flags, "--",
                            "bash", "-c", script], env=env, capture_output=True, text=True, timeout=180, cwd=cwd)
 
 
@@ -60,28 +60,28 @@ def test_what_a_shim_cannot_honour_is_an_error_naming_the_flag(gateway: Gateway,
 
 def test_a_shim_without_a_gateway_says_so_in_slurms_words(agent_dir: Path) -> None:
     env = {**os.environ, "CORRAL_URL": f"http://127.0.0.1:{free_port()}", "CORRAL_TOKEN": "x"}
-    r = subprocess.run([sys.executable, "-m", "corral.shims", "squeue"], env=env, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "corral.edges.shims", "squeue"], env=env, capture_output=True, text=True)
     assert r.returncode == 1 and "Unable to contact slurm controller" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_agent_run_refuses_what_it_cannot_start(gateway: Gateway, agent_dir: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "corral.cli", "agent", "run", "--", "no-such-agent-program"],
+    r = subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "agent", "run", "--", "no-such-agent-program"],
                        env=gateway.env("tok"), capture_output=True, text=True, cwd=agent_dir)
     assert r.returncode == 2 and "not a program on PATH" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "corral.cli", "agent", "run", "--", "true"],
+    r = subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "agent", "run", "--", "true"],
                        env={k: v for k, v in gateway.env().items() if k != "CORRAL_TOKEN"}, capture_output=True,
                        text=True, cwd=agent_dir)
     assert r.returncode == 2 and "no token" in r.stderr
     # `--token $TOKEN` with TOKEN empty: --token '' quoted, or --token -- unquoted; a token
     # the gateway does not know. None starts the agent.
     for flags in (["--token", ""], ["--token"], ["--token", "crb_not-a-token"]):
-        r = subprocess.run([sys.executable, "-m", "corral.cli", "agent", "run", *flags, "--", "echo", "STARTED"],
+        r = subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "agent", "run", *flags, "--", "echo", "STARTED"],
                            env=gateway.env(), capture_output=True, text=True, cwd=agent_dir)
         assert r.returncode == 2 and "STARTED" not in r.stdout and "error:" in r.stderr, (flags, r.stdout, r.stderr)
 
 
 def test_claude_and_codex_get_corrals_mcp_server_by_their_own_mechanisms(tmp_path: Path) -> None:
-    from corral.agent_run import client_args
+    from corral.edges.cli.agent_run import client_args
 
     cfg = tmp_path / "mcp.json"
     env = {"CORRAL_URL": "http://gw:1", "CORRAL_TOKEN": "t", "CORRAL_SESSION": "s"}

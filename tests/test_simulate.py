@@ -148,7 +148,7 @@ def test_the_controller_slows_down_under_a_polling_storm() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "corral.cli", "simulate", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "simulate", *args], capture_output=True, text=True,
                           timeout=300, env={**os.environ, "COLUMNS": "150"})
 
 

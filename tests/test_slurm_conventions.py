@@ -1,5 +1,5 @@
 """Slurm's conventions, exactly (issue 34): one parser of Slurm's formats
-(corral/slurm_formats.py) used by the shims, the CLI and the API; the shims print what
+(corral/core/slurm_formats.py) used by the shims, the CLI and the API; the shims print what
 the job asked; squeue of a purged job fails as Slurm's; the job sees Slurm's
 environment; real Slurm flags corral does not serve are refused by name.
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from corral import slurm_formats as sf
-from corral.jobs import JobSpec, parse_duration_s
+from corral.core import slurm_formats as sf
+from corral.core.jobs import JobSpec, parse_duration_s
 
 from .conftest import Gateway
 from .test_gateway_slurm import slurm_gateway  # noqa: F401  (the fixture)
@@ -58,7 +58,7 @@ def test_memory_and_shape_as_slurm_computes_them() -> None:
 
 
 def test_min_job_age_is_read_from_slurm_conf(tmp_path: Path) -> None:
-    from corral.backends.slurm_vocab import min_job_age_s
+    from corral.lanes.slurm.vocab import min_job_age_s
 
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=x\nMinJobAge=45\n")
@@ -78,7 +78,7 @@ def test_the_api_reads_slurms_colon_forms_as_slurm_and_wants_a_unit_on_bare_digi
 
 def test_corral_submit_time_is_minutes_as_for_slurm(gateway: Gateway, tmp_path: Path) -> None:
     def submit(*args: str) -> dict:
-        r = subprocess.run([sys.executable, "-m", "corral.cli", "--json", "submit", *args, "--", "true"],
+        r = subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "--json", "submit", *args, "--", "true"],
                            env=gateway.env(), capture_output=True, text=True, cwd=tmp_path)
         assert r.returncode == 0, r.stdout + r.stderr
         return json.loads(r.stdout)

@@ -48,7 +48,7 @@ def plugin(tmp_path: Path):
     for u in (AGENT_USER, PERSON):
         _user(u)
     lua = tmp_path / "job_submit.lua"
-    r = subprocess.run([sys.executable, "-m", "corral.cli", "slurm", "plugin", "--agent-user", AGENT_USER,
+    r = subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "slurm", "plugin", "--agent-user", AGENT_USER,
                         "--agent-account", "agents", "--out", str(lua)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     env = {**os.environ, "SLURM_CONF": conf}
@@ -89,8 +89,8 @@ def test_agents_reach_slurm_through_corral_only(plugin: str) -> None:
 
 
 def test_the_plugin_refuses_to_be_written_without_agents() -> None:
-    r = subprocess.run([sys.executable, "-m", "corral.cli", "slurm", "plugin"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "slurm", "plugin"], capture_output=True, text=True)
     assert r.returncode == 2 and "name the agents' users or accounts" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "corral.cli", "slurm", "plugin", "--agent-user", "no-such-user-x"],
+    r = subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "slurm", "plugin", "--agent-user", "no-such-user-x"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "no Unix user 'no-such-user-x'" in r.stderr

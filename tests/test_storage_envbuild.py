@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from corral.config import StorageSettings
+from corral.core.config import StorageSettings
 from corral.storage.verbs import scratch_dir
 
 from .conftest import Gateway, add_people, running

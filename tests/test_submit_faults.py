@@ -1,5 +1,5 @@
 """The decision is recorded before the act (issue 39): the gateway is killed at each step
-of the submit path (fault points, corral/faults.py: an os._exit as sudden as kill -9),
+of the submit path (fault points, corral/core/faults.py: an os._exit as sudden as kill -9),
 started again, and every job that exists must have its allow record, the chain must
 verify, and a retry with the same key must make no second job."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from corral.faults import EXIT_STATUS
+from corral.core.faults import EXIT_STATUS
 from tests.conftest import Gateway, drop_scratch, free_port
 
 POINTS = ["before_insert", "after_insert", "after_audit", "after_commit", "after_send"]

@@ -8,12 +8,12 @@ import sqlite3
 import pytest
 from pydantic import ValidationError
 
-from corral.config import load_settings
-from corral.db import MIGRATIONS, Database
-from corral.errors import InvalidRequest
-from corral.jobs import Job, JobSpec, JobState, parse_duration_s, parse_memory_mb
-from corral.output import read_page, read_tail
-from corral.principals import Kind, Principal
+from corral.core.config import load_settings
+from corral.core.db import MIGRATIONS, Database
+from corral.core.errors import InvalidRequest
+from corral.core.jobs import Job, JobSpec, JobState, parse_duration_s, parse_memory_mb
+from corral.core.output import read_page, read_tail
+from corral.core.principals import Kind, Principal
 
 
 @pytest.mark.parametrize("text, mb", [("512M", 512), ("4G", 4096), ("4GB", 4096), ("1.5g", 1536), (2048, 2048),
@@ -161,7 +161,7 @@ def test_shutdown_never_waits_for_a_task_that_ignores_cancellation() -> None:
     import asyncio
     import time
 
-    from corral.api import settle
+    from corral.edges.http.app import settle
 
     released = False
 

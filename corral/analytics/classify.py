@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from ..errors import InvalidRequest
-from .frame import off_hours
+from corral.core.errors import InvalidRequest
+from corral.analytics.frame import off_hours
 
 WEIGHTS: dict[str, tuple[float, float]] = {
     "log_rate": (4.0, 0.0),     # centre: the baseline's split between people and agents

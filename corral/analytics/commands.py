@@ -14,8 +14,8 @@ from typing import Any
 
 import click
 
-from ..errors import InvalidRequest
-from . import synth as synth_mod
+from corral.core.errors import InvalidRequest
+from corral.analytics import synth as synth_mod
 
 PARAM_HELP = {
     "users": "Number of users.", "jobs": "Number of jobs.", "days": "Length of the period in days.",
@@ -85,10 +85,10 @@ def analyze(ctx: click.Context, file: Path, fmt: str | None, overrides: Path | N
     """
     from rich.console import Console
 
-    from .classify import classify, read_labels, read_overrides
-    from .ingest import load
-    from .render import html_page, terminal
-    from .report import build
+    from corral.analytics.classify import classify, read_labels, read_overrides
+    from corral.analytics.ingest import load
+    from corral.analytics.render import html_page, terminal
+    from corral.analytics.report import build
 
     as_json = as_json or bool(ctx.obj and getattr(ctx.obj, "as_json", False))
     err = Console(stderr=True)
@@ -109,7 +109,7 @@ def analyze(ctx: click.Context, file: Path, fmt: str | None, overrides: Path | N
         except OSError as e:
             raise InvalidRequest(f"cannot write {html_out}: {e.strerror}") from e
     if csv_dir:
-        from .tables import write_csv
+        from corral.analytics.tables import write_csv
 
         written = write_csv(report["tables"], csv_dir)
         if not as_json:

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from ..errors import InvalidRequest
-from .frame import KIND_RE, SWF_STATUS, account_rows, conform, duration_s, state_from_slurm
+from corral.core.errors import InvalidRequest
+from corral.analytics.frame import KIND_RE, SWF_STATUS, account_rows, conform, duration_s, state_from_slurm
 
 if TYPE_CHECKING:
-    from .frame import Ingested
+    from corral.analytics.frame import Ingested
 
 NAMES: dict[str, tuple[str, ...]] = {
     "job_id": ("jobid", "job", "id", "jobnumber", "jobidraw"),

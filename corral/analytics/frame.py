@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from ..backends.slurm_vocab import STATES
-from ..jobs import JobState
+from corral.lanes.slurm.vocab import STATES
+from corral.core.jobs import JobState
 
 SCHEMA: dict[str, pl.DataType] = {
     "job_id": pl.String(),

@@ -26,8 +26,8 @@ from typing import Any, Literal
 
 import polars as pl
 
-from ..errors import InvalidRequest
-from .frame import (KIND_RE, PRINCIPAL_RE, SWF_STATUS, Ingested, account_rows, conform, duration_s, local_clock,
+from corral.core.errors import InvalidRequest
+from corral.analytics.frame import (KIND_RE, PRINCIPAL_RE, SWF_STATUS, Ingested, account_rows, conform, duration_s, local_clock,
                     state_from_slurm)
 
 Format = Literal["sacct", "sacct-json", "swf", "csv", "corral", "audit"]
@@ -64,7 +64,7 @@ def detect(path: Path) -> Format:
     text = head.decode("utf-8", "replace").lstrip()
     if text.startswith("{"):
         return "sacct-json"
-    from .csv_export import looks_like
+    from corral.analytics.csv_export import looks_like
 
     if looks_like(text):
         return "csv"
@@ -209,7 +209,7 @@ def _user(s: pl.Schema) -> pl.Expr:
 
 
 def _sacct_json(path: Path) -> Ingested:
-    from . import sacct_json
+    from corral.analytics import sacct_json
 
     ing = Ingested(pl.DataFrame(), str(path), "sacct-json")
     sacct_json.read(path, ing, local_clock)
@@ -217,7 +217,7 @@ def _sacct_json(path: Path) -> Ingested:
 
 
 def _csv(path: Path) -> Ingested:
-    from . import csv_export
+    from corral.analytics import csv_export
 
     ing = Ingested(pl.DataFrame(), str(path), "csv")
     csv_export.read(path, ing, local_clock)

@@ -198,8 +198,8 @@ def _tables(t: dict[str, Any]) -> str:
     """Over time, breakdowns, distributions, users and use against capacity."""
     if not t:
         return ""
-    from .plots import histogram, timeseries
-    from .tables import BINS
+    from corral.analytics.plots import histogram, timeseries
+    from corral.analytics.tables import BINS
 
     bins = [b for _, _, b in BINS]
     parts = ["<h2>Over time</h2>",

@@ -20,10 +20,10 @@ from typing import Any
 
 import polars as pl
 
-from . import tables
-from .classify import accuracy
-from .frame import off_hours
-from .frame import Ingested
+from corral.analytics import tables
+from corral.analytics.classify import accuracy
+from corral.analytics.frame import off_hours
+from corral.analytics.frame import Ingested
 
 FAILED = ("FAILED", "OUT_OF_MEMORY", "TIMEOUT")
 SESSION_GAP_S = 1800

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from ..errors import InvalidRequest
-from .frame import KIND_RE, PRINCIPAL_RE, conform, state_from_slurm
+from corral.core.errors import InvalidRequest
+from corral.analytics.frame import KIND_RE, PRINCIPAL_RE, conform, state_from_slurm
 
 if TYPE_CHECKING:
-    from .frame import Ingested
+    from corral.analytics.frame import Ingested
 
 _PRINCIPAL = re.compile(PRINCIPAL_RE)
 _KIND = re.compile(KIND_RE)

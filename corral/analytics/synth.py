@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from ..errors import InvalidRequest
+from corral.core.errors import InvalidRequest
 
 if TYPE_CHECKING:  # imported where used: `corral synth --help` and the simulator's help load no numpy, polars
     import numpy as np
@@ -125,7 +125,7 @@ def generate(p: Params, progress: Callable[[int], None] | None = None) -> tuple[
     import numpy as np
     import polars as pl
 
-    from .ingest import SACCT_FIELDS
+    from corral.analytics.ingest import SACCT_FIELDS
 
     p.check()
     rng = np.random.default_rng(p.seed)

@@ -13,7 +13,7 @@ from typing import Any
 
 import polars as pl
 
-from ..errors import InvalidRequest
+from corral.core.errors import InvalidRequest
 
 SIZES = ((1, 1, "1"), (2, 4, "2-4"), (5, 16, "5-16"), (17, 64, "17-64"), (65, 1 << 30, "65+"))
 """Job sizes by allocated CPUs."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..jobs import JobSpec, JobState
+from corral.core.jobs import JobSpec, JobState
 
 
 class Parent(NamedTuple):

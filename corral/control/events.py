@@ -2,7 +2,7 @@
 
 An agent with twenty jobs waits once (``wait``), not twenty times. The changes are rows
 of ``job_events``, written by triggers in the same transaction as the change itself
-(corral/db.py, migration 7), so a cursor (the last event id seen) resumes exactly after
+(corral/core/db.py, migration 7), so a cursor (the last event id seen) resumes exactly after
 a reconnect or a gateway restart: nothing is missed, nothing repeated. Events are kept
 ``KEEP_S``; a cursor older than that is refused with where to resume, never silently
 skipped.
@@ -14,10 +14,10 @@ import asyncio
 import time
 from typing import Any
 
-from ..db import Database
-from ..errors import Conflict, InvalidRequest, Restarting
-from ..principals import Caller
-from .watchers import Watchers
+from corral.core.db import Database
+from corral.core.errors import Conflict, InvalidRequest, Restarting
+from corral.core.principals import Caller
+from corral.control.watchers import Watchers
 
 KEEP_S = 7 * 86400.0
 GATHER_S = 0.2

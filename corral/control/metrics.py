@@ -10,8 +10,8 @@ from typing import Any, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from ..backends import Backend, BackendStatus, OutputPaths, Partition, SubmitContext, Usage
-from ..jobs import JobSpec
+from corral.lanes.backend import Backend, BackendStatus, OutputPaths, Partition, SubmitContext, Usage
+from corral.core.jobs import JobSpec
 
 
 DETAILED: ContextVar[bool] = ContextVar("corral_metrics_detailed", default=False)
@@ -79,7 +79,7 @@ class MeteredBackend:
         self.name = inner.name
         self.dependencies = inner.dependencies
         self.tiered = hasattr(inner, "opportunistic")
-        """The backend has tiers for agents' work (Slurm's QOS); corral/placement.py places jobs on it."""
+        """The backend has tiers for agents' work (Slurm's QOS); corral/lanes/placement.py places jobs on it."""
 
     def _count(self, op: str) -> None:
         self.metrics.backend_calls.labels(op).inc()

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-from ..db import Database
-from ..jobs import JobState
-from .watchers import Watchers
+from corral.core.db import Database
+from corral.core.jobs import JobState
+from corral.control.watchers import Watchers
 
 log = logging.getLogger(__name__)
 

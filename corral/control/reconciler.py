@@ -17,16 +17,16 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from ..faults import stalls
-from ..db import Database, Run
-from ..errors import CorralError
-from ..jobs import JobState
-from .metrics import Metrics
+from corral.core.faults import stalls
+from corral.core.db import Database, Run
+from corral.core.errors import CorralError
+from corral.core.jobs import JobState
+from corral.control.metrics import Metrics
 
 if TYPE_CHECKING:
-    from ..lanes import Lanes
-    from .progress import Progress
-    from .sender import Sender
+    from corral.lanes.registry import Lanes
+    from corral.control.progress import Progress
+    from corral.control.sender import Sender
 
 log = logging.getLogger(__name__)
 

@@ -16,14 +16,14 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from ..backends import SubmitContext
-from ..db import Database
-from ..errors import BackendError, CorralError, InvalidRequest
-from ..jobs import Job, JobState
-from ..lanes import Lanes, Sent
-from ..principals import Principal
-from .dependencies import held_reason, judge
-from .progress import Progress
+from corral.lanes.backend import SubmitContext
+from corral.core.db import Database
+from corral.core.errors import BackendError, CorralError, InvalidRequest
+from corral.core.jobs import Job, JobState
+from corral.lanes.registry import Lanes, Sent
+from corral.core.principals import Principal
+from corral.control.dependencies import held_reason, judge
+from corral.control.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class Sender:
         binds): recreated if a cleaner (systemd-tmpfiles' age rule) removed them."""
 
     def _recreate_missing(self) -> None:
-        from ..storage import scratch
+        from corral.storage import scratch
 
         for d in self.needed_dirs:
             if not os.path.isdir(d) or os.path.islink(d):

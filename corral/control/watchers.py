@@ -7,7 +7,7 @@ import asyncio
 from collections import defaultdict
 from typing import Iterable
 
-from .metrics import Metrics
+from corral.control.metrics import Metrics
 
 
 class Watchers:

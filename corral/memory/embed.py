@@ -29,7 +29,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from . import bert_onnx
+from corral.memory import bert_onnx
 
 log = logging.getLogger("corral.memory")
 

@@ -21,9 +21,9 @@ import shutil
 import time
 from typing import Any
 
-from ..backends import Backend
-from ..db import Database
-from ..proc import run
+from corral.lanes.backend import Backend
+from corral.core.db import Database
+from corral.core.proc import run
 
 log = logging.getLogger("corral.memory")
 

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from ..db import Database
+from corral.core.db import Database
 
 if TYPE_CHECKING:
-    from .embed import Embedder
+    from corral.memory.embed import Embedder
 
 log = logging.getLogger("corral.memory")
 

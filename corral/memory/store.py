@@ -28,17 +28,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..clock import Clock
-from ..db import Database
-from ..errors import Forbidden, InvalidRequest, NotFound
-from ..jobs import Job, JobSpec
-from ..principals import Caller, Kind, Principal
-from ..safety import guard
-from .. import safe_read
-from . import semantic, signatures
+from corral.core.clock import Clock
+from corral.core.db import Database
+from corral.core.errors import Forbidden, InvalidRequest, NotFound
+from corral.core.jobs import Job, JobSpec
+from corral.core.principals import Caller, Kind, Principal
+from corral.safety import guard
+from corral.core import safe_read
+from corral.memory import semantic, signatures
 
 if TYPE_CHECKING:
-    from ..identity import Identity
+    from corral.core.identity import Identity
 
 SCOPES = ("facility", "account", "user", "agent", "session")
 COMMON_SHARE = 0.05
@@ -92,7 +92,7 @@ def cache_key(spec: JobSpec, identity: "Identity | None" = None, hidden: "list[s
     """What decides a result: the script, the declared inputs' contents, the environment,
     the working directory and the resources. Any change is a new key. The inputs are read
     as ``identity``, the job's (None: the gateway's own user), plain files only and
-    bounded (corral/safe_read.py): an input the job could not read, or that lies under
+    bounded (corral/core/safe_read.py): an input the job could not read, or that lies under
     ``hidden`` (what its sandbox empties), is refused, with one answer whether it is
     missing or only not the job's to see."""
     h = hashlib.sha256()
@@ -132,7 +132,7 @@ def _mem(mb: int) -> str:
 def read_tail(paths: tuple[Path, Path], limit: int = 16_384) -> str:
     """The ends of a failed job's stdout and stderr, for its error signature: plain files
     only, never through a link, ``limit`` bytes each (read as the reconciler records the
-    outcome, so it must never block: corral/safe_read.py)."""
+    outcome, so it must never block: corral/core/safe_read.py)."""
     out = []
     for p in paths:
         try:

@@ -8,23 +8,23 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Conflict, CorralError, InvalidRequest
-from ..http_body import text_problem
-from ..jobs import JobSpec, JobState, no_job, parse_duration_s
-from ..principals import PILOT_PRINCIPAL, Caller, Principal
-from ..safety import guard
+from corral.core.errors import Conflict, CorralError, InvalidRequest
+from corral.edges.http.body import text_problem
+from corral.core.jobs import JobSpec, JobState, no_job, parse_duration_s
+from corral.core.principals import PILOT_PRINCIPAL, Caller, Principal
+from corral.safety import guard
 
 if TYPE_CHECKING:
-    from ..config import MemorySettings
-    from ..db import Database
-    from ..lanes import Lanes
-    from ..safety.audit import Audit
-    from ..safety.gate import Gate
-    from .facts import Facts
-    from .semantic import SemanticRecall
-    from .store import Memory
+    from corral.core.config import MemorySettings
+    from corral.core.db import Database
+    from corral.lanes.registry import Lanes
+    from corral.safety.audit import Audit
+    from corral.safety.gate import Gate
+    from corral.memory.facts import Facts
+    from corral.memory.semantic import SemanticRecall
+    from corral.memory.store import Memory
 
-log = logging.getLogger("corral.service")
+log = logging.getLogger("corral.core.service")
 
 SEMANTIC_DEPTH = 200
 """Nearest notes asked of the semantic index, before those the caller may not read are
@@ -40,7 +40,7 @@ class MemoryVerbs:
     async def prepare(self, spec: JobSpec) -> None:
         """The costly part of ``advise`` for a long text, done off the event loop."""
         if self.store is not None:
-            from .store import prepare
+            from corral.memory.store import prepare
 
             await prepare(spec)
 
@@ -57,14 +57,14 @@ class MemoryVerbs:
 
     def runtimes(self, principal: Principal, spec: JobSpec, n: int) -> list[tuple[int, float]]:
         """What this script's last ``n`` successful runs took (job id, seconds), newest
-        first; [] when memory is off (corral/placement.py tightens walltimes from it)."""
+        first; [] when memory is off (corral/lanes/placement.py tightens walltimes from it)."""
         return self.store.runtimes(principal, spec, n) if self.store is not None else []
 
     def remember_outcomes(self, job_ids: list[int]) -> None:
         """Ended jobs become episodes (their failures' output read once, bounded)."""
         if self.store is None:
             return
-        from .store import read_tail
+        from corral.memory.store import read_tail
 
         jobs = [j for j in self.db.get_jobs(list(job_ids)).values() if j.terminal and j.principal != PILOT_PRINCIPAL]
         principals: dict[str, Principal | None] = {}
@@ -150,7 +150,7 @@ class MemoryVerbs:
 
     async def facts_loop(self) -> None:
         """Harvest the facility facts at start and every ``facts_interval_s``."""
-        from .facts import harvest
+        from corral.memory.facts import harvest
 
         while True:
             try:

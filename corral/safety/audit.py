@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CorralError
+from corral.core.errors import CorralError
 
 if TYPE_CHECKING:
-    from ..db import Database
-    from ..principals import Caller
+    from corral.core.db import Database
+    from corral.core.principals import Caller
 
 GENESIS = "0" * 64
 

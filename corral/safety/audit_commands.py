@@ -10,13 +10,13 @@ from typing import Any
 
 import click
 
-from ..errors import InvalidRequest
+from corral.core.errors import InvalidRequest
 
 
 def _open(home: Path | None) -> tuple[Any, tuple[int, str] | None]:
-    from ..config import load_settings
-    from ..db import Database
-    from .audit import AuditLog
+    from corral.core.config import load_settings
+    from corral.core.db import Database
+    from corral.safety.audit import AuditLog
 
     h = home or load_settings().home
     if not (h / "audit.key").exists():

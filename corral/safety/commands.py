@@ -34,8 +34,8 @@ def risk(ctx: click.Context, script: TextIO | None, as_json: bool, policy_file: 
     as_json = as_json or bool(ctx.obj and getattr(ctx.obj, "as_json", False))
     from pathlib import Path
 
-    from .policy import Policy, agent_verdict  # here, not at the top: `corral risk --help` loads neither
-    from .risk import analyze
+    from corral.safety.policy import Policy, agent_verdict  # here, not at the top: `corral risk --help` loads neither
+    from corral.safety.risk import analyze
 
     policy = Policy.load(Path(policy_file)) if policy_file else None
     items = [script.read()] if script else (line.rstrip("\n") for line in sys.stdin)

@@ -11,13 +11,13 @@ import hashlib
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Forbidden, InvalidRequest, NotFound, Unauthenticated
-from ..principals import Caller, Kind, Principal, check_session, secret_matches, split_token
-from .tokens import MAX_TOKEN_CHARS, PREFIX, TOO_LONG_HINT, Capability, Caveats, precheck
+from corral.core.errors import Forbidden, InvalidRequest, NotFound, Unauthenticated
+from corral.core.principals import Caller, Kind, Principal, check_session, secret_matches, split_token
+from corral.safety.tokens import MAX_TOKEN_CHARS, PREFIX, TOO_LONG_HINT, Capability, Caveats, precheck
 
 if TYPE_CHECKING:
-    from ..db import Database
-    from .gate import Gate
+    from corral.core.db import Database
+    from corral.safety.gate import Gate
 
 
 VERIFY_PER_S = 20.0

@@ -25,27 +25,27 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import proc
-from ..clock import Clock
-from ..config import SafetySettings
-from ..errors import CorralError, Forbidden, RateLimited
-from ..jobs import JobSpec
-from ..principals import Caller, Kind
-from .limits import Buckets
-from .policy import Policy, Request, refusal_sizes
-from .risk import tags_of
-from .store import SafetyStore
-from .tokens import TokenAuthority
+from corral.core import proc
+from corral.core.clock import Clock
+from corral.core.config import SafetySettings
+from corral.core.errors import CorralError, Forbidden, RateLimited
+from corral.core.jobs import JobSpec
+from corral.core.principals import Caller, Kind
+from corral.safety.limits import Buckets
+from corral.safety.policy import Policy, Request, refusal_sizes
+from corral.safety.risk import tags_of
+from corral.safety.store import SafetyStore
+from corral.safety.tokens import TokenAuthority
 
 if TYPE_CHECKING:
-    from ..db import Database
+    from corral.core.db import Database
 
 log = logging.getLogger(__name__)
 
 
 def job_resource(spec: JobSpec, owner: str, contained: bool = False) -> dict[str, Any]:
     """A job as the policy and the token checks see it; ``contained``: it will run in the
-    sandbox (corral/sandbox.py)."""
+    sandbox (corral/sandbox/bwrap.py)."""
     return {"owner": owner, "partition": spec.partition or "", "cpus": spec.cpus, "gpus": spec.gpus,
             "walltime_s": spec.walltime_s, "memory_mb": spec.memory_mb, "lane": spec.lane or "batch",
             "paths": [spec.workdir] if spec.workdir else [], "contained": contained}

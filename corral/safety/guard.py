@@ -20,7 +20,7 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 
-from . import secrets
+from corral.safety import secrets
 
 _INJECTION: list[tuple[str, str]] = [
     ("override", r"\b(ignore|disregard|forget|override|bypass)\b[\w\s,'-]{0,40}?\b(previous|prior|above|earlier|"

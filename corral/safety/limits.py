@@ -15,7 +15,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from ..errors import RateLimited
+from corral.core.errors import RateLimited
 
 
 @dataclass

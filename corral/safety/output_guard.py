@@ -28,12 +28,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..backends.local_runner import write_json
-from ..output import read_page, read_tail
-from ..safe_read import read_at
-from . import guard
-from . import secrets
-from .secrets import KEY_BLOCK_MAX, MAX_LINE, REDACTED
+from corral.lanes.local_runner import write_json
+from corral.core.output import read_page, read_tail
+from corral.core.safe_read import read_at
+from corral.safety import guard
+from corral.safety import secrets
+from corral.safety.secrets import KEY_BLOCK_MAX, MAX_LINE, REDACTED
 
 # The raw file is bytes: secrets.py's own key-block patterns, compiled for bytes.
 _BEGIN = re.compile(secrets.BEGIN.pattern.encode())

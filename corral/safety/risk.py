@@ -19,7 +19,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from . import shparse
+from corral.safety import shparse
 
 TAGS = ("destructive_fs", "recursive_permissions", "fork_bomb", "credential_read", "exfiltration",
         "cryptomining", "privilege_escalation", "heavy_compute", "scheduler_polling", "obfuscated",

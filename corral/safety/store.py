@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..db import Database
-from ..jobs import TERMINAL_STATES, JobState
+from corral.core.db import Database
+from corral.core.jobs import TERMINAL_STATES, JobState
 
 # Written as the partial index jobs_active is, so SQLite can use it for the counts.
 _ACTIVE = "state IN ('PENDING', 'RUNNING', 'UNKNOWN')"

@@ -59,7 +59,7 @@ def token() -> None:
 @click.pass_obj
 def token_mint(o: Any, for_: str, expires: str, note: str | None, **caveats: Any) -> None:
     """Mint a token. It is shown once: store it now (e.g. export CORRAL_TOKEN=...)."""
-    from .tokens import csv_list
+    from corral.safety.tokens import csv_list
 
     given = {k: v for k, v in caveats.items() if v is not None}
     for k in ("actions", "partitions"):  # comma-separated on the command line, lists in the API
@@ -79,9 +79,9 @@ def token_attenuate(o: Any, token_: str | None, expires: str | None, **caveats: 
     """Narrow a token for a sub-agent: the result can do only what both allow.
 
     Needs no secret: only the gateway's public key, fetched once from the gateway."""
-    from .tokens import attenuate, caveats_from, expires_in
+    from corral.safety.tokens import attenuate, caveats_from, expires_in
 
-    from ..cli_kit import fail
+    from corral.edges.cli.kit import fail
 
     tok = token_ or o.token or os.environ.get("CORRAL_TOKEN")
     if not tok:
@@ -99,7 +99,7 @@ def token_attenuate(o: Any, token_: str | None, expires: str | None, **caveats: 
 @click.pass_obj
 def token_list(o: Any) -> None:
     """List tokens (never their secrets), with narrowed ones seen in use."""
-    from ..cli_kit import table, ts
+    from corral.edges.cli.kit import table, ts
 
     o.out(o.client.tokens(), lambda ts_: table(
         [{**t, "expires": ts(t.get("expires")), "revoked": "yes" if t.get("revoked") else ""} for t in ts_],

@@ -30,8 +30,8 @@ from typing import Any
 from biscuit_auth import (Algorithm, AuthorizationError, AuthorizerBuilder, Biscuit, BiscuitBuilder, BlockBuilder, KeyPair,
                           PrivateKey, PublicKey, UnverifiedBiscuit)
 
-from ..errors import Forbidden, InvalidRequest, Unauthenticated
-from ..jobs import format_duration
+from corral.core.errors import Forbidden, InvalidRequest, Unauthenticated
+from corral.core.jobs import format_duration
 
 PREFIX = "crb_"
 STORAGE_ACTIONS = ("workspace_fork", "workspace_commit", "workspace_discard", "env_build")
@@ -282,7 +282,7 @@ def csv_list(text: str) -> list[str]:
 def caveats_from(fields: dict[str, Any]) -> Caveats:
     """Caveats from the edges' names: max_walltime as a duration ('2h'), lists as lists
     or comma-separated text; None or missing: no restriction."""
-    from ..jobs import parse_duration_s
+    from corral.core.jobs import parse_duration_s
 
     f = {k: v for k, v in fields.items() if v is not None}
     for k in ("actions", "partitions"):
@@ -301,7 +301,7 @@ def caveats_from(fields: dict[str, Any]) -> Caveats:
 
 def expires_in(value: str | None, now: float | None = None) -> float | None:
     """'8h' -> an absolute time (from ``now``, default the system's); None/''/'never' -> None."""
-    from ..jobs import parse_duration_s
+    from corral.core.jobs import parse_duration_s
 
     if value in (None, "", "never"):
         return None

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import proc
-from ..errors import InvalidRequest
-from .controlplane import CALIBRATION
+from corral.core import proc
+from corral.core.errors import InvalidRequest
+from corral.simulate.controlplane import CALIBRATION
 
 RPC_RE = re.compile(r"^\s*(\w+)\s+\(\s*\d+\)\s+count:(\d+)\s+ave_time:(\d+)\s+total_time:(\d+)", re.M)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidRequest
+from corral.core.errors import InvalidRequest
 
 
 @dataclass(frozen=True)

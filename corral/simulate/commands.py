@@ -12,10 +12,10 @@ from typing import Any
 
 import click
 
-from ..errors import InvalidRequest
-from .engine import ALGORITHMS, SchedConfig
-from .policies import POLICIES
-from .workload import AgentModel, PeopleModel
+from corral.core.errors import InvalidRequest
+from corral.simulate.engine import ALGORITHMS, SchedConfig
+from corral.simulate.policies import POLICIES
+from corral.simulate.workload import AgentModel, PeopleModel
 
 SWEEP_DEFAULT = "0.1,0.2,0.3,0.4,0.5,0.6"
 
@@ -107,7 +107,7 @@ def simulate(ctx: click.Context, trace: Path | None, facility: str | None, days:
         _json_errors(ctx)
     from rich.console import Console
 
-    from . import report, scenario
+    from corral.simulate import report, scenario
 
     names = tuple(n.strip() for n in policy_names.split(",") if n.strip())
     bad = [n for n in names if n not in POLICIES]
@@ -140,7 +140,7 @@ def simulate(ctx: click.Context, trace: Path | None, facility: str | None, days:
 def _with_progress(err: Any, show: bool, sc: Any, names: tuple[str, ...], shares: list[float] | None) -> dict[str, Any]:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from . import scenario
+    from corral.simulate import scenario
 
     total = sc.days * 86400
     runs = len(names) + (len(shares) * len(names) if shares else 0)
@@ -167,7 +167,7 @@ def _with_progress(err: Any, show: bool, sc: Any, names: tuple[str, ...], shares
 @click.option("--out", type=click.Path(path_type=Path), help="Where to write (default: the packaged calibration.json).")
 def calibrate(queries: int, held: int, out: Path | None) -> None:
     """Measure slurmctld's service times with sdiag (needs SLURM_CONF and admin rights)."""
-    from . import calibrate as cal
+    from corral.simulate import calibrate as cal
 
     result = cal.calibrate(queries, held, say=lambda s: click.echo(s, err=True))
     path = cal.write(result, out)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .stats import Quantiles
+from corral.simulate.stats import Quantiles
 
 CALIBRATION = Path(__file__).with_name("calibration.json")
 BUCKET_S = 60.0

@@ -39,9 +39,9 @@ from typing import Any, Callable, Iterator
 
 from sortedcontainers import SortedList
 
-from .cluster import Facility
-from .controlplane import BUCKET_S, ControlPlane
-from .workload import SimJob
+from corral.simulate.cluster import Facility
+from corral.simulate.controlplane import BUCKET_S, ControlPlane
+from corral.simulate.workload import SimJob
 
 PENDING, RUNNING, DONE = 0, 1, 2
 ALGORITHMS = ("fcfs", "easy", "accasim-easy")

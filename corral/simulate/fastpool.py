@@ -16,12 +16,12 @@ from collections import deque
 from functools import partial
 from typing import Callable
 
-from ..config import FastLaneSettings
-from ..fastlane.lane import MAX_SHAPE_CPUS, task_misfit
-from ..fastlane.pool import PoolConfig, Shape
-from .cluster import PartitionSpec
-from .engine import RUNNING, Engine
-from .workload import SimJob
+from corral.core.config import FastLaneSettings
+from corral.lanes.fast.lane import MAX_SHAPE_CPUS, task_misfit
+from corral.lanes.fast.pool import PoolConfig, Shape
+from corral.simulate.cluster import PartitionSpec
+from corral.simulate.engine import RUNNING, Engine
+from corral.simulate.workload import SimJob
 
 TASK_OVERHEAD_S = 0.05
 """A task's start and report inside a warm allocation (bench/fast_lane.py measures it)."""

@@ -32,11 +32,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from .stats import Quantiles
-from .workload import SimJob
+from corral.simulate.stats import Quantiles
+from corral.simulate.workload import SimJob
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from corral.simulate.engine import Engine
 
 LEVERS = frozenset({"preempt", "predict", "cap", "order"})
 PRE_TIER = 2

@@ -29,23 +29,23 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from .cluster import Facility
-from .controlplane import ControlPlane, ServiceTimes
-from .engine import ARRIVE, DONE, Engine, SchedConfig
-from .levers import LEVERS, Levers
-from .stats import Hourly, Quantiles, bounded_slowdown
-from .workload import HOUR, AgentModel, Agents, Session, SimJob, agents_for
+from corral.simulate.cluster import Facility
+from corral.simulate.controlplane import ControlPlane, ServiceTimes
+from corral.simulate.engine import ARRIVE, DONE, Engine, SchedConfig
+from corral.simulate.levers import LEVERS, Levers
+from corral.simulate.stats import Hourly, Quantiles, bounded_slowdown
+from corral.simulate.workload import HOUR, AgentModel, Agents, Session, SimJob, agents_for
 
 if TYPE_CHECKING:
-    from ..config import FastLaneSettings, Settings
-    from ..safety.policy import Policy
+    from corral.core.config import FastLaneSettings, Settings
+    from corral.safety.policy import Policy
 
 POLICIES = ("plain", "corral", "corral-new", "ban")
 
 
 def _settings() -> Settings:
     # corral's settings (pydantic) cost ~0.3 s to import: a run pays it, `--help` does not
-    from ..config import Settings
+    from corral.core.config import Settings
 
     return Settings()
 TODAY = frozenset({"view", "fast", "cache", "policy", "nice"})
@@ -113,7 +113,7 @@ class Run:
         n_agents = 0 if policy == "ban" else agents_for(sc.people_count, sc.agents.share)
         self.agents = Agents(sc.agents, sc.facility, n_agents, sc.person_jobs_per_day, sc.person_core_s_per_day, sc.seed,
                              first_user=1_000_000, week_offset_h=sc.week_offset_h)
-        from .fastpool import FastLanes  # the fast lane's model: loaded by a run, not by --help
+        from corral.simulate.fastpool import FastLanes  # the fast lane's model: loaded by a run, not by --help
 
         fl: FastLaneSettings = sc.settings.fastlane
         self.lanes = FastLanes(self.engine, fl, sc.facility.default, self._submit_batch,
@@ -242,7 +242,7 @@ class Run:
 
     def _watching(self, delta: int) -> None:
         """The gateway's one ``squeue`` every ``slurm.poll_s`` runs while it has jobs in
-        Slurm that have not reported their end (corral/backends/slurm.py ``status``),
+        Slurm that have not reported their end (corral/lanes/slurm/backend.py ``status``),
         whatever their number; with none, the reconciler asks nothing."""
         self.in_slurm += delta
         if "view" in self.parts and self.in_slurm == (1 if delta > 0 else 0):
@@ -253,7 +253,7 @@ class Run:
         answers are kept by (size, hour, weekday), or by size alone when no rule of the
         policy reads the clock."""
         if self._policy is None:
-            from ..safety.policy import Policy  # Cedar loads only for the corral arm
+            from corral.safety.policy import Policy  # Cedar loads only for the corral arm
 
             self._policy = Policy.load(self.sc.cedar)
             # whole-line comments only: a "//" inside a string must not hide a rule (erring
@@ -268,7 +268,7 @@ class Run:
             key = (job.cores, job.gpus, int(job.limit))
         ok = self._decisions.get(key)
         if ok is None:
-            from ..safety.policy import Request  # on a miss only: a few thousand per run
+            from corral.safety.policy import Request  # on a miss only: a few thousand per run
 
             req = Request(kind="agent", name="simulated-agent", action="submit", sponsor="someone",
                           resource={"cpus": job.cores, "gpus": job.gpus, "walltime_s": int(job.limit),

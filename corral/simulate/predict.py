@@ -21,10 +21,10 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from .cluster import one_pool
-from .levers import MIN_LIMIT_S
-from .stats import Quantiles
-from .workload import scan_swf, swf_jobs
+from corral.simulate.cluster import one_pool
+from corral.simulate.levers import MIN_LIMIT_S
+from corral.simulate.stats import Quantiles
+from corral.simulate.workload import scan_swf, swf_jobs
 
 
 def trace_error(path: Path, margin: float = 2.0, history: int = 3) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .axes import Axis, days_axis, duration_axis, log_axis, plot, share_axis
+from corral.simulate.axes import Axis, days_axis, duration_axis, log_axis, plot, share_axis
 
 COLORS = {"plain": "#d9480f", "corral": "#2b8a3e", "corral-new": "#7048e8", "ban": "#1971c2"}
 LIMITS = ("Limits: partitions are pools of cores (no node placement or fragmentation); the controller is a "

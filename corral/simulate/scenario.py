@@ -11,13 +11,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from ..config import Settings
-from ..errors import InvalidRequest
-from . import cluster
-from .controlplane import ServiceTimes
-from .engine import ALGORITHMS, SchedConfig
-from .policies import PARTS, POLICIES, Run, Scenario
-from .workload import AgentModel, PeopleModel, people_jobs, scan_swf, swf_jobs
+from corral.core.config import Settings
+from corral.core.errors import InvalidRequest
+from corral.simulate import cluster
+from corral.simulate.controlplane import ServiceTimes
+from corral.simulate.engine import ALGORITHMS, SchedConfig
+from corral.simulate.policies import PARTS, POLICIES, Run, Scenario
+from corral.simulate.workload import AgentModel, PeopleModel, people_jobs, scan_swf, swf_jobs
 
 GENERATED_EPOCH = float(calendar.timegm((2026, 6, 1, 0, 0, 0)))  # a Monday
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-from ..analytics.synth import Params as SynthParams
-from ..analytics.synth import week_weights
-from ..errors import InvalidRequest
-from .cluster import Facility
+from corral.analytics.synth import Params as SynthParams
+from corral.analytics.synth import week_weights
+from corral.core.errors import InvalidRequest
+from corral.simulate.cluster import Facility
 
 HOUR = 3600.0
 WEEK = 168 * HOUR

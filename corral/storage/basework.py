@@ -30,7 +30,7 @@ import sys
 from typing import Any
 
 try:
-    from .basefs import (MAX_FILES, PATH_FLAGS, Refused, entries, exists, files_below, lstat_at, open_file,
+    from corral.storage.basefs import (MAX_FILES, PATH_FLAGS, Refused, entries, exists, files_below, lstat_at, open_file,
                          open_root, parts_of, read_dir, readlink_at, rmtree_at, same, walk, write_all)
 except ImportError:  # in the child: basefs's text ran first, in this same namespace
     pass

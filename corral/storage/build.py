@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import proc
+from corral.core import proc
 
 STEPS = 5
 MAX_ENTRIES = 500_000
@@ -72,7 +72,7 @@ def interpreter(python: str) -> dict[str, str]:
 
 def open_beneath(path: str) -> int:
     """A directory opened one component at a time without following a link (listable)."""
-    from ..opendir import walk
+    from corral.sandbox.opendir import walk
 
     return walk(path, os.O_RDONLY)
 

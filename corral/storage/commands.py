@@ -11,9 +11,9 @@ from typing import Any
 
 import click
 
-from ..cli_kit import Ctx, table
-from ..cli_kit import ts as _ts
-from ..errors import InvalidRequest
+from corral.edges.cli.kit import Ctx, table
+from corral.edges.cli.kit import ts as _ts
+from corral.core.errors import InvalidRequest
 
 
 def _size(n: int | None) -> str:
@@ -62,7 +62,7 @@ def env_build(o: Ctx, file: Path, name: str | None, rebuild: bool, no_wait: bool
     -c, -e, --index-url, --find-links, paths or file: URLs). The install runs as your own
     job, in your sandbox. Asking again for the same file answers at once with the image
     you (or your identity) already built."""
-    from .images import KINDS
+    from corral.storage.images import KINDS
 
     if file.name not in KINDS:
         raise InvalidRequest(f"{file.name} is not one of {', '.join(KINDS)}; rename it or point at the right file")

@@ -32,23 +32,24 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..config import StorageSettings
-from ..errors import Conflict, Forbidden, InvalidRequest, NotFound, SandboxUnavailable
-from ..jobs import JobSpec, JobState
-from ..output import read_tail
-from ..principals import Caller, Kind, Principal
-from . import mounts, requirements, scratch, staging
-from .build import sha256_file
+from corral.core.config import StorageSettings
+from corral.core.errors import Conflict, Forbidden, InvalidRequest, NotFound, SandboxUnavailable
+from corral.core.jobs import JobSpec, JobState
+from corral.core.output import read_tail
+from corral.core.principals import Caller, Kind, Principal
+from corral.storage import mounts, requirements, scratch, staging
+from corral.storage.build import sha256_file
 
-from ..control.sender import context
+from corral.control.sender import context
+from corral.core import paths
 
 if TYPE_CHECKING:
-    from ..control.sender import Sender
-    from ..db import Database
-    from ..identity import Identity
-    from ..lanes import Lanes
-    from ..sandbox import Sandbox
-    from .store import Store
+    from corral.control.sender import Sender
+    from corral.core.db import Database
+    from corral.core.identity import Identity
+    from corral.lanes.registry import Lanes
+    from corral.sandbox.bwrap import Sandbox
+    from corral.storage.store import Store
 
 BUILD_PRINCIPAL = "envbuild"
 KINDS = ("requirements.txt", "pyproject.toml", "uv.lock")
@@ -56,7 +57,7 @@ MAX_FILE = 1024 * 1024
 TLS_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR", "https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY")
 """The gateway's TLS and proxy settings, which an uncontained build job needs to reach the
 index (a contained one has only its sandbox's way out, and keeps the certificates)."""
-CODE = str(Path(__file__).resolve().parents[2])
+CODE = str(paths.CODE_ROOT)
 """Where this gateway's corral package lies: the pack job runs the same code."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _PROGRESS = re.compile(r"^corral-progress (\d+)/(\d+) (.*)$", re.M)

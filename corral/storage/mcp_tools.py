@@ -11,17 +11,17 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 from pydantic import Field
 
-from ..mcp_models import EnvOut, WorkspaceOut
+from corral.edges.mcp.models import EnvOut, WorkspaceOut
 
 if TYPE_CHECKING:
-    from ..mcp_ops import Ops
+    from corral.edges.mcp.ops import Ops
 
 Action = Literal["fork", "list", "diff", "commit", "discard"]
 
 
 def env_answer(r: dict[str, Any]) -> CallToolResult:
     """build_environment's answer for a build that is ready or still building (also a
-    finished task's result: corral/mcp_tasks.py)."""
+    finished task's result: corral/edges/mcp/tasks.py)."""
     if r["state"] == "ready":
         use = r.get("name") or r["image"]
         r["next"] = f"submit_job image={use!r} command=...: its python and packages are first on PATH"

@@ -28,9 +28,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import proc
-from ..errors import BackendError, Conflict, InvalidRequest
-from . import basefs
+from corral.core import proc
+from corral.core.errors import BackendError, Conflict, InvalidRequest
+from corral.storage import basefs
 
 UNPACKED_MARK = ".corral-unpacked"
 
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         if not a.image.is_file():
             raise InvalidRequest(f"the environment image {a.image} is not on this node's filesystem")
         if os.geteuid() == 0:  # root mounts only in this node's scratch as root made it, never in another's
-            from . import scratch
+            from corral.storage import scratch
 
             scratch.prepare(a.at.parent.parent, [a.at.parent.name])
         m = mount_image(a.image, a.at)

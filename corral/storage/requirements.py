@@ -22,7 +22,7 @@ import re
 import tomllib
 from typing import Any
 
-from ..errors import InvalidRequest
+from corral.core.errors import InvalidRequest
 
 ALLOWED = ("a requirement is a package name with optional [extras], version specifiers and an environment "
            "marker (numpy>=1.26,<2; python_version >= '3.10'), or name @ https://URL, optionally followed by "

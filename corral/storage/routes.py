@@ -9,10 +9,10 @@ from fastapi import Depends, FastAPI, Path
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..principals import Caller
+from corral.core.principals import Caller
 
 if TYPE_CHECKING:
-    from ..service import Service
+    from corral.core.service import Service
 
 WsId = Annotated[str, Path(pattern=r"^ws-[0-9a-f]{12}$", description="A workspace id (ws-...).")]
 Ref = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",

@@ -21,7 +21,7 @@ import stat
 from pathlib import Path
 from typing import Iterable
 
-from ..errors import InvalidRequest
+from corral.core.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
 

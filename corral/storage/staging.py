@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import BackendError
-from ..identity import Identity
-from .scratch import prepare
+from corral.core.errors import BackendError
+from corral.core.identity import Identity
+from corral.storage.scratch import prepare
 
 STAGE_PROGRAM = Path(__file__).with_name("stage.py")
 KEEP_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR", "http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY",

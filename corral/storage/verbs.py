@@ -26,24 +26,24 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..config import StorageSettings
-from ..errors import Forbidden, InvalidRequest
-from ..jobs import JobSpec
-from ..principals import Caller
-from . import IMAGE_AT, IMAGE_FILE, IMAGE_KEY, META_LABEL, OWN_LABELS, meta
-from .images import Images
-from .store import Store
-from .workspaces import Workspaces
+from corral.core.config import StorageSettings
+from corral.core.errors import Forbidden, InvalidRequest
+from corral.core.jobs import JobSpec
+from corral.core.principals import Caller
+from corral.storage import IMAGE_AT, IMAGE_FILE, IMAGE_KEY, META_LABEL, OWN_LABELS, meta
+from corral.storage.images import Images
+from corral.storage.store import Store
+from corral.storage.workspaces import Workspaces
 
 if TYPE_CHECKING:
-    from ..control.metrics import Metrics
-    from ..control.sender import Sender
-    from ..db import Database
-    from ..identity import Identity
-    from ..lanes import Lanes
-    from ..safety.audit import Audit
-    from ..safety.gate import Gate
-    from ..sandbox import Sandbox
+    from corral.control.metrics import Metrics
+    from corral.control.sender import Sender
+    from corral.core.db import Database
+    from corral.core.identity import Identity
+    from corral.lanes.registry import Lanes
+    from corral.safety.audit import Audit
+    from corral.safety.gate import Gate
+    from corral.sandbox.bwrap import Sandbox
 
 log = logging.getLogger(__name__)
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"

@@ -39,15 +39,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..errors import Conflict, CorralError, Forbidden, InvalidRequest, NotFound
-from ..jobs import check_path
-from ..principals import Caller
-from . import basefs, basework, mounts, scratch
+from corral.core.errors import Conflict, CorralError, Forbidden, InvalidRequest, NotFound
+from corral.core.jobs import check_path
+from corral.core.principals import Caller
+from corral.storage import basefs, basework, mounts, scratch
 
 if TYPE_CHECKING:
-    from ..config import StorageSettings
-    from ..identity import Identity
-    from .store import Store
+    from corral.core.config import StorageSettings
+    from corral.core.identity import Identity
+    from corral.storage.store import Store
 
 MIN_FREE_MB = 64
 """A fork needs at least this much free node-local scratch: a trial's first write must not find it full."""

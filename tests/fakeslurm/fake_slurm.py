@@ -2,7 +2,7 @@
 """A fake Slurm for laptops: sbatch, squeue, sacct, scancel, scontrol and sinfo as one
 script (a shim per name on PATH, written by tests/fakeslurm/__init__.py), over a state
 directory beside $SLURM_CONF. Jobs really run: each under corral's local supervisor
-(corral.backends.local_runner), which enforces walltime and memory, so the backend
+(corral.lanes.local_runner), which enforces walltime and memory, so the backend
 contract suite means the same here as on the real Slurm of scripts/slurm-up.
 
 It speaks only the subset of each command's flags and output formats that corral's
@@ -94,7 +94,7 @@ def sbatch(args: list[str]) -> None:
     (d / "launch.json").write_text(json.dumps({
         "argv": ["bash", str(script)], "cwd": opts.get("chdir", str(d)), "env": dict(os.environ), "output": output,
         "walltime_s": max(1, int(limit)), "memory_mb": int(opts.get("mem", "1024M").rstrip("M"))}))
-    subprocess.Popen([sys.executable, "-m", "corral.backends.local_runner", str(d)], start_new_session=True,
+    subprocess.Popen([sys.executable, "-m", "corral.lanes.local_runner", str(d)], start_new_session=True,
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     print(jid)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import cedarpy
 
-from ...errors import InvalidRequest
+from corral.core.errors import InvalidRequest
 
 HERE = Path(__file__).parent
 DEFAULT_POLICY = HERE / "default.cedar"
@@ -61,7 +61,7 @@ class Request:
                                  '"action": "submit", "resource": {"cpus": 4}, "context": {"command": "make"}}')
         tags = list(c.get("risk_tags") or [])
         if c.get("command"):
-            from ..risk import analyze
+            from corral.safety.risk import analyze
 
             tags += list(analyze(str(c["command"])).tags)
         rtype = r.pop("type", "Job")

@@ -1,0 +1,1 @@
+"""The facility core: the service every edge calls, jobs, principals, the store, configuration."""

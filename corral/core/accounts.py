@@ -1,0 +1,153 @@
+"""Who may act: the core's verbs for principals and their tokens (the admin's
+bootstrap, adding principals, minting and revoking tokens). An object the service
+holds (``service.accounts``); every edge reaches these through it, and each runs
+authenticate -> check -> record."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import sqlite3
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from corral.core.errors import Conflict, Forbidden, InvalidRequest
+from corral.edges.http.body import text_problem
+from corral.core.principals import Caller, Kind, Principal, check_name, new_token
+from corral.safety.tokens import Caveats, expires_in
+
+if TYPE_CHECKING:
+    from corral.core.config import Settings
+    from corral.core.db import Database
+    from corral.safety.audit import Audit
+    from corral.safety.credentials import Credentials
+    from corral.safety.gate import Gate
+
+ADMIN = "admin"
+
+
+class Accounts:
+    def __init__(self, settings: "Settings", db: "Database", credentials: "Credentials", gate: "Gate",
+                 audit: "Audit") -> None:
+        self.settings, self.db, self.credentials, self.gate, self.audit = settings, db, credentials, gate, audit
+
+    # -- bootstrap ----------------------------------------------------------------
+
+    def bootstrap_admin(self) -> Path | None:
+        """On first start: create the admin principal and write its token (0600). -> path, if new."""
+        if self.db.get_principal(ADMIN) is not None:
+            return None
+        self.db.add_principal(Principal(ADMIN, Kind.HUMAN, is_admin=True))
+        token_id, token, hash_ = new_token()
+        self.db.add_token(token_id, ADMIN, hash_, None, "admin token created on first start")
+        path = self.settings.admin_token_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        os.chmod(path, 0o600)
+        return path
+
+    # -- authentication -------------------------------------------------------------
+
+    def authenticate(self, token: str | None, session: str | None = None) -> Caller:
+        """Token -> caller, on every request of every edge; rate-limits API calls."""
+        return self.credentials.authenticate(token, session)
+
+    # -- principals and tokens --------------------------------------------------------
+
+    def add_principal(
+        self, caller: Caller, name: str, kind: str, sponsor: str | None = None,
+        unix_user: str | None = None, account: str | None = None, admin: bool = False,
+    ) -> Principal:
+        with self.audit.refusals(caller, "manage", {"add_principal": name}):
+            p = self._add_principal(caller, name, kind, sponsor, unix_user, account, admin)
+        self.audit.record(caller, "manage", "allow", "policy", [{"add_principal": name, "kind": p.kind.value,
+                                                                 "sponsor": p.sponsor}])
+        return p
+
+    def _add_principal(self, caller: Caller, name: str, kind: str, sponsor: str | None,
+                       unix_user: str | None, account: str | None, admin: bool) -> Principal:
+        check_name(name)
+        try:
+            k = Kind(kind)
+        except ValueError:
+            raise InvalidRequest(f"kind {kind!r} is unknown; use one of: human, agent, service") from None
+        if not caller.principal.is_admin:
+            # A human may register agents it sponsors itself; everything else is the admin's.
+            if not (caller.principal.kind is Kind.HUMAN and k is Kind.AGENT and sponsor in (None, caller.name)):
+                raise Forbidden("only an admin may add humans and services; a human may add agents it sponsors")
+            sponsor = caller.name
+        if admin and not caller.principal.is_admin:
+            raise Forbidden("only an admin may create another admin")
+        if k is Kind.AGENT:
+            if not sponsor:
+                raise InvalidRequest("an agent needs a sponsor: the human who answers for it (--sponsor NAME)")
+            sp = self.db.get_principal(sponsor)
+            if sp is None or sp.kind is not Kind.HUMAN:
+                raise InvalidRequest(f"sponsor {sponsor!r} is not a human principal; add the human first")
+            # An agent acts under its sponsor's name: it runs as the sponsor's Unix user and
+            # is charged to the sponsor's account. Only an admin may place it elsewhere, or
+            # a sponsor could have its agent run as any user (root included).
+            if not caller.principal.is_admin and (unix_user not in (None, sp.unix_user) or account not in (None, sp.account)):
+                raise Forbidden("an agent runs as its sponsor's Unix user and account; only an admin may set others")
+            unix_user = unix_user if unix_user is not None else sp.unix_user
+            account = account if account is not None else sp.account
+        elif sponsor:
+            raise InvalidRequest("only agents have sponsors; drop --sponsor for humans and services")
+        if unix_user and _uid(unix_user) == 0:
+            raise InvalidRequest(f"unix user {unix_user!r} is root: corral never runs a job as root",
+                                 hint="give the principal an unprivileged Unix user, or none")
+        if self.db.get_principal(name) is not None:
+            raise Conflict(f"principal {name!r} already exists")
+        self.gate.check(caller, "manage", "Facility")
+        self.credentials.clear()
+        try:
+            return self.db.add_principal(Principal(name, k, sponsor, unix_user, account, admin and k is Kind.HUMAN))
+        except sqlite3.IntegrityError:
+            raise Conflict(f"principal {name!r} already exists") from None
+
+    def list_principals(self, caller: Caller) -> list[Principal]:
+        return [p for p in self.db.list_principals() if caller.sees(p.name)]
+
+    def mint_token(self, caller: Caller, for_name: str, expires: str | None = "8h", note: str | None = None,
+                   caveats: Caveats | None = None) -> dict[str, Any]:
+        """A capability token for ``for_name`` with ``caveats``; shown once."""
+        with self.audit.refusals(caller, "manage", {"mint_for": for_name}):
+            if note is not None and (problem := text_problem(note, "note")):
+                raise InvalidRequest(problem)
+            expires_at = expires_in(expires, self.gate.clock.time())
+            self.credentials.check_mint(caller, for_name, expires_at)
+            self.gate.check(caller, "manage", "Facility")
+            with self.db.transaction():  # the token and its record together, or neither (a full disk)
+                minted = self.credentials.mint(caller, for_name, expires_at, note, caveats or Caveats())
+                self.audit.record(caller, "manage", "allow", "policy", [{"mint_for": for_name, "token_id": minted["id"],
+                                                                   "caveats": minted["caveats"]}])
+        return minted
+
+    def list_tokens(self, caller: Caller) -> list[dict[str, Any]]:
+        return self.credentials.list(caller)
+
+    def revoke_token(self, caller: Caller, token_id: str) -> None:
+        with self.audit.refusals(caller, "manage", {"revoke": token_id}):
+            self.gate.check(caller, "manage", "Facility")
+            self.credentials.revoke(caller, token_id)
+        self.audit.record(caller, "manage", "allow", "policy", [{"revoke": token_id}])
+
+    def clear_taint(self, caller: Caller, token_id: str) -> str:
+        with self.audit.refusals(caller, "manage", {"clear_taint": token_id}):
+            self.gate.check(caller, "manage", "Facility")
+            why = self.credentials.clear_taint(caller, token_id)
+        self.audit.record(caller, "manage", "allow", "policy", [{"clear_taint": token_id, "was": why[:200]}])
+        return why
+
+    def token_public_key(self) -> str:
+        """Hex of the key that verifies this gateway's tokens: what narrowing a token needs."""
+        return self.gate.tokens.public_key.hex()
+
+
+def _uid(user: str) -> int | None:
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None

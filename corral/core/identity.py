@@ -1,0 +1,238 @@
+"""Who a job runs as: one identity per side of the facility, never a shared one.
+
+A gateway run as root starts every job as someone else (docs/decisions/0010-privsep.md):
+
+- a principal with a Unix user runs as that user (an agent created without one took its
+  sponsor's at creation: it works in its human's project, and what it writes there
+  belongs to that human);
+- a principal with neither gets a **dynamic identity**: a uid of its own from
+  ``[sandbox] dynamic_uids`` (as systemd's ``DynamicUser=``), allocated on its first job,
+  recorded in corral's private state and never handed to anyone else, so two agents
+  never share a uid and none shares ``nobody``;
+- an admin with no Unix user, and corral's own service principals (an image build
+  writes corral's image store), run as the gateway's own user unless their kind is
+  contained;
+- nobody runs as root: a principal whose Unix user is root is refused; one whose Unix
+  user this node does not know gets a dynamic uid of its own (logged).
+
+A gateway not run as root cannot change identity: every job is the gateway's user
+(a researcher's own gateway), kept apart by the sandbox alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import grp
+import json
+import logging
+import os
+import pwd
+import stat
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from corral.core.errors import InvalidRequest
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RANGE = (61184, 65519)
+"""systemd's range for dynamic users: outside what distributions give people and services."""
+REGISTRY = Path("/var/lib/corral/uids")
+"""The machine's record of dynamic uids given by every corral install on it (root's,
+0600 in a 0700 directory): two gateway homes on one machine never hand out one uid."""
+SYSTEMD_DYNAMIC = Path("/run/systemd/dynamic-uid")
+"""Where systemd keeps a lock per dynamic uid its services hold now."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    uid: int
+    gid: int
+    user: str
+    """The name the job sees in ``USER`` (its Unix user's, or its principal's)."""
+    home: str | None
+    """Its Unix user's home, if it has one (a dynamic identity has none)."""
+    dynamic: bool = False
+
+    @property
+    def pair(self) -> tuple[int, int]:
+        return self.uid, self.gid
+
+    def describe(self) -> str:
+        if self.dynamic:
+            return f"dynamic uid {self.uid} (its principal has no Unix user)"
+        return f"Unix user {self.user} (uid {self.uid})"
+
+
+class Identities:
+    """The facility's identities, as this gateway assigns them. ``path``: the record of
+    dynamic uids (corral's private state, 0600)."""
+
+    def __init__(self, path: Path, first: int = DEFAULT_RANGE[0], last: int = DEFAULT_RANGE[1],
+                 root: bool | None = None, registry: Path = REGISTRY) -> None:
+        self.path = Path(path)
+        self.registry = Path(registry)
+        """The machine-wide record (``REGISTRY``), shared with every other install here."""
+        self.install = os.path.realpath(self.path.parent)
+        """This install, as the machine's record names it (its home)."""
+        self.first, self.last = first, last
+        self.root = os.geteuid() == 0 if root is None else root
+        self._lock = threading.Lock()
+        self._cache: dict[str, int] = {}
+        """Uids already read or given: a record that only grows needs no second read."""
+
+    def of(self, principal: str, unix_user: str | None, admin: bool = False, contained: bool = False,
+           service: bool = False) -> Identity | None:
+        """The identity ``principal``'s jobs run as; None: the gateway's own (it is not
+        root, or this is an admin's or corral's own service principals' uncontained work:
+        an image build writes corral's image store)."""
+        if not self.root:
+            return None
+        if unix_user:
+            try:
+                u = pwd.getpwnam(unix_user)
+            except KeyError:
+                if service and not contained:  # corral's own work (a fast-lane pool's worker) for a user
+                    return None                # this node does not know: as before, the gateway's
+                # Unknown on this node (users not synced here yet): a uid of the principal's
+                # own, never the gateway's and never one shared with another principal.
+                log.warning("principal %r names the Unix user %r, unknown on this machine: its jobs run as a "
+                            "dynamic uid of its own", principal, unix_user)
+                uid = self._dynamic(principal)
+                return Identity(uid, uid, principal, None, dynamic=True)
+            if u.pw_uid == 0:
+                raise InvalidRequest(f"principal {principal!r} names the Unix user {unix_user!r}, who is root: corral "
+                                     "never runs a job as root", hint="give the principal an unprivileged Unix user")
+            return Identity(u.pw_uid, u.pw_gid, u.pw_name, u.pw_dir)
+        if (admin or service) and not contained:
+            return None
+        uid = self._dynamic(principal)
+        return Identity(uid, uid, principal, None, dynamic=True)
+
+    def known(self) -> dict[str, int]:
+        """principal -> dynamic uid, as recorded."""
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        return {str(k): int(v) for k, v in data.get("uids", {}).items()}
+
+    def _dynamic(self, principal: str) -> int:
+        """Its uid, allocated once: the lowest never given out on this machine (by any
+        corral install: the machine's record, ``registry``) and known to no user or group
+        database (nss-systemd included). A uid is never handed out twice (the records
+        only grow), so files a former principal, or another install's, left behind never
+        become another's."""
+        if principal in self._cache:  # every later job of it: no file read on the submit path
+            return self._cache[principal]
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    data = json.loads(self.path.read_text())
+                except FileNotFoundError:
+                    data = {"next": self.first, "uids": {}}
+                uids: dict[str, int] = data["uids"]
+                if principal in uids:
+                    # Recorded here before the machine's record existed (or by a copy of this
+                    # home): claimed there now, refused if another install holds it.
+                    with self._machine() as machine:
+                        self._claim(machine, int(uids[principal]), principal)
+                    self._cache[principal] = int(uids[principal])
+                    return self._cache[principal]
+                with self._machine() as machine:
+                    for p, u in uids.items():  # this home's earlier uids, claimed before a new one
+                        self._claim(machine, int(u), p, strict=False)
+                    mine = [int(u) for u, h in machine.items()  # claimed, and this record lost (a crash between)
+                            if h.get("home") == self.install and h.get("principal") == principal]
+                    uid = mine[0] if mine else self._free(machine, set(map(int, uids.values())))
+                    if uid is None:
+                        raise InvalidRequest(f"no dynamic uid is left in {self.first}-{self.last} for {principal!r}",
+                                             hint="the admin must widen [sandbox] dynamic_uids or give principals Unix users")
+                    self._claim(machine, uid, principal)
+                uids[principal] = uid
+                data["next"] = uid + 1
+                tmp = self.path.with_suffix(".tmp")
+                with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as f:
+                    json.dump(data, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.path)
+                self._cache[principal] = uid
+                return uid
+            finally:
+                os.close(fd)
+
+    # -- the machine's record ---------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _machine(self) -> Iterator[dict[str, dict[str, str]]]:
+        """The machine's record of dynamic uids, locked (flock) while held, written back
+        atomically if changed. Its directory must be root's and closed to others: a
+        record someone else could write would let them decide who a job runs as."""
+        d = self.registry.parent
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(d)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise InvalidRequest(f"the machine's record of dynamic uids lies in {d}, which is not a directory "
+                                 "only this gateway's user (root) may write",
+                                 hint=f"the admin must make {d} root's and mode 0700, or set [sandbox] uid_registry")
+        fd = os.open(d / (self.registry.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                with open(os.open(self.registry, os.O_RDONLY | os.O_NOFOLLOW)) as f:
+                    machine: dict[str, dict[str, str]] = json.load(f).get("uids", {})
+            except FileNotFoundError:
+                machine = {}
+            before = json.dumps(machine, sort_keys=True)
+            yield machine
+            if json.dumps(machine, sort_keys=True) != before:
+                tmp = self.registry.with_name(self.registry.name + ".tmp")
+                with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as f:
+                    json.dump({"uids": machine}, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.registry)
+        finally:
+            os.close(fd)
+
+    def _claim(self, machine: dict[str, dict[str, str]], uid: int, principal: str, strict: bool = True) -> None:
+        """Record ``uid`` as this install's ``principal``'s; one another install holds is
+        refused (``strict``) or left alone (its principal is refused when it next runs)."""
+        held = machine.get(str(uid))
+        if held is None:
+            machine[str(uid)] = {"home": self.install, "principal": principal}
+        elif held.get("home") != self.install or held.get("principal") != principal:
+            if strict:
+                raise InvalidRequest(
+                    f"principal {principal!r}'s dynamic uid {uid} is also given to {held.get('principal')!r} of the "
+                    f"corral install at {held.get('home')}: two installs on this machine must never share a uid",
+                    hint=f"the admin must remove {principal!r} from {self.path} (it gets a new uid on its next job, "
+                         "and files it left keep the old one) or retire the other install's record")
+
+    def _free(self, machine: dict[str, dict[str, str]], ours: set[int]) -> int | None:
+        """The lowest uid of the range that nobody has: not in the password or group
+        database (files, and nss-systemd's services of the moment, through getpwuid), not
+        held by systemd's DynamicUser, not given by any corral install on this machine."""
+        listed = {u.pw_uid for u in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()}
+        for uid in range(self.first, self.last + 1):
+            if uid in listed or uid in ours or str(uid) in machine or (SYSTEMD_DYNAMIC / str(uid)).exists():
+                continue
+            try:
+                pwd.getpwuid(uid)
+                continue
+            except KeyError:
+                pass
+            try:
+                grp.getgrgid(uid)
+                continue
+            except KeyError:
+                pass
+            return uid
+        return None

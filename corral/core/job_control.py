@@ -1,0 +1,145 @@
+"""Control of one job after its submission (``job_control``) and what it used once
+ended (``job_usage``). The service fetches the caller's job (visibility) and hands it
+here; these verbs decide, record and act as every other verb does.
+
+::
+
+    Service.control ─▶ get_job ─▶ JobControl.control ─▶ gate.check("cancel") ─▶ audit
+                                     ├─ not yet sent (held by a dependency, or never sent):
+                                     │    hold/release in corral's own row (the Sender skips it)
+                                     └─ sent: its lane (Slurm: scontrol/scancel; local:
+                                          hold/release in its queue, signal by its supervisor)
+    Service.usage ─▶ get_job ─▶ JobControl.usage ─▶ what the lane measured (stored, or
+                                     asked once of Slurm's accounting) ─▶ seff-like efficiency
+
+A control is allowed where a cancel is: the same weight, on one's own job.
+"""
+
+from __future__ import annotations
+
+import math
+import signal as signals
+from typing import Any
+
+from corral.lanes.backend import CONTROLS, DONE, Usage
+from corral.control.reconciler import Reconciler
+from corral.core.db import HELD_REASON, Database
+from corral.core.errors import CorralError, InvalidRequest, NotFound
+from corral.core.jobs import Job, JobState
+from corral.lanes.registry import Lanes
+from corral.core.principals import Caller
+from corral.safety.audit import Audit
+from corral.safety.gate import Gate, job_resource
+
+from corral.core.signals import SIGNALS
+
+
+def parse_signal(value: str | int | None) -> int:
+    """'USR1', 'SIGUSR1', 10 -> the signal's number; only ``SIGNALS``."""
+    if value is None:
+        raise InvalidRequest(f"signal needs a signal: one of {', '.join(SIGNALS)}")
+    if isinstance(value, int) and not isinstance(value, bool):
+        names = {getattr(signals, "SIG" + n).value: n for n in SIGNALS}
+        if value in names:
+            return value
+    elif isinstance(value, str):
+        name = value.upper().removeprefix("SIG")
+        if name in SIGNALS:
+            return int(getattr(signals, "SIG" + name))
+        if name.isdigit():
+            return parse_signal(int(name))
+    raise InvalidRequest(f"signal {value!r} is not one corral sends; use one of {', '.join(SIGNALS)}")
+
+
+class JobControl:
+    def __init__(self, db: Database, lanes: Lanes, gate: Gate, audit: Audit, reconciler: Reconciler) -> None:
+        self.db, self.lanes, self.gate, self.audit, self.reconciler = db, lanes, gate, audit, reconciler
+
+    async def control(self, caller: Caller, job: Job, action: str, signal: str | int | None = None) -> Job:
+        """Hold, release, requeue or signal ``job`` (the caller's, already looked up)."""
+        what = {"job_id": job.id, "action": action}
+        with self.audit.refusals(caller, "control", what):
+            if action not in CONTROLS:
+                raise InvalidRequest(f"unknown action {action!r}; use one of {', '.join(CONTROLS)}")
+            sig = parse_signal(signal) if action == "signal" else None
+            if action != "signal" and signal is not None:
+                raise InvalidRequest(f"a signal goes with action 'signal', not {action!r}; leave it out")
+            rule = self.gate.check(caller, "cancel", "Job", {"id": job.id, **job_resource(job.spec, job.principal)})
+            if job.terminal:
+                raise InvalidRequest(f"job {job.id} has ended ({job.state.value}); {action} applies to a pending "
+                                     "or running job", hint="submit it again to run it again")
+        self.audit.record(caller, "control", "allow", rule, [{**what, "signal": sig, "backend_id": job.backend_id}])
+        if job.backend_id is None:  # corral holds it (a dependency, or the scheduler was away)
+            if action not in ("hold", "release"):
+                raise InvalidRequest(f"job {job.id} has not been sent to its lane yet; it cannot be {DONE[action]}",
+                                     hint="hold or cancel it now, or wait until it is RUNNING")
+            why = (HELD_REASON if action == "hold"
+                   else "released; waiting to be sent")
+            if not self.db.set_held(job.id, action == "hold", why):
+                raise InvalidRequest(f"job {job.id} was just sent to its lane; try again")
+        else:
+            lane = self.lanes.by_name.get(job.backend)
+            if lane is None:
+                raise NotFound(f"job {job.id}'s lane {job.backend!r} is not offered any more")
+            await lane.control(job.backend_id, action, sig)
+        self.reconciler.kick()
+        return self.db.get_job(job.id) or job
+
+    async def usage(self, caller: Caller, job: Job) -> dict[str, Any]:
+        """What ``job`` used against what it asked, as ``seff`` reports it, and what to ask next time."""
+        cpu_s, rss = self.db.usage_of(job.id)
+        how = "recorded with its outcome"
+        if job.terminal and job.backend_id and (cpu_s is None or rss is None):
+            lane = self.lanes.by_name.get(job.backend)
+            if lane is not None:
+                try:
+                    got: Usage = await lane.usage(job.backend_id)
+                except CorralError as e:
+                    got = Usage(how=f"its lane could not say: {e.message}")
+                cpu_s = cpu_s if cpu_s is not None else got.cpu_s
+                rss = rss if rss is not None else got.max_rss_mb
+                how = got.how
+                if got.cpu_s is not None or got.max_rss_mb is not None:
+                    self.db.set_usage(job.id, got.cpu_s, got.max_rss_mb)
+        return report(job, cpu_s, rss, how)
+
+
+def report(job: Job, cpu_s: float | None, rss_mb: float | None, how: str) -> dict[str, Any]:
+    s = job.spec
+    elapsed = (job.end_time - job.start_time) if job.start_time and job.end_time else None
+    out: dict[str, Any] = {
+        "job_id": job.id, "state": job.state.value, "final": job.terminal,
+        "asked": {"cpus": s.cpus, "memory_mb": s.memory_mb, "walltime_s": s.walltime_s, "gpus": s.gpus},
+        "elapsed_s": None if elapsed is None else round(elapsed, 3),
+        "cpu_s": None if cpu_s is None else round(cpu_s, 3),
+        "max_rss_mb": None if rss_mb is None else round(rss_mb, 1),
+        "efficiency": {}, "how": how, "advice": [],
+    }
+    if not job.terminal:
+        out["advice"].append("the job has not ended: its usage is known once it has (wait_for_job)")
+        return out
+    eff = out["efficiency"]
+    if elapsed and cpu_s is not None:
+        eff["cpu"] = round(cpu_s / (elapsed * s.cpus), 3)
+        used = cpu_s / elapsed
+        if s.cpus > 1 and used < 0.5 * s.cpus:
+            out["advice"].append(f"used {used:.1f} of {s.cpus} CPUs on average: ask cpus={max(1, round(used + 0.3))}")
+    if rss_mb is not None:
+        eff["memory"] = round(rss_mb / s.memory_mb, 3)
+        if job.state is JobState.OUT_OF_MEMORY:
+            out["advice"].append(f"ran out of its {s.memory_mb}M: ask memory='{s.memory_mb * 2}M' or more")
+        elif s.memory_mb > 512 and rss_mb < 0.5 * s.memory_mb:
+            out["advice"].append(f"peaked at {rss_mb:.0f}M of {s.memory_mb}M: ask memory='{_round_mb(rss_mb * 1.5)}M'")
+    if elapsed:
+        eff["time"] = round(elapsed / s.walltime_s, 3)
+        if job.state is JobState.TIMEOUT:
+            out["advice"].append(f"hit its walltime of {s.walltime_s}s: ask more, or checkpoint")
+        elif s.walltime_s > 900 and elapsed < 0.25 * s.walltime_s:
+            # A shorter limit lets the scheduler backfill it sooner.
+            out["advice"].append(f"ran {elapsed:.0f}s of {s.walltime_s}s asked: walltime='{math.ceil(elapsed * 2 / 60)}m' "
+                                 "starts sooner")
+    return out
+
+
+def _round_mb(mb: float) -> int:
+    return max(64, math.ceil(mb / 64) * 64)

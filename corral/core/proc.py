@@ -1,0 +1,123 @@
+"""The door to the outside world for the gateway and its tools: ``spawn`` (detached,
+long-lived), ``run`` (short, awaited) or ``attach`` (a program in the caller's terminal,
+awaited: ``corral agent run``). Tests replace this seam, not the callers; argument lists
+only, never a shell built from input. The programs that start jobs outside the gateway
+(the local supervisor, a sandbox's host, the fast lane's launcher, the shim helper) fork
+or posix_spawn themselves, for what this module does not offer (an identity, passed
+descriptors, a process group); docs/architecture.md lists every exception."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from corral.core.errors import BackendError
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    cwd: Path | str | None = None,
+    env: Mapping[str, str] | None = None,
+    stdout: Path | None = None,
+    stderr: Path | None = None,
+    pass_fds: Sequence[int] = (),
+) -> subprocess.Popen[bytes]:
+    """Start a process in its own session, so that it outlives the gateway (kill -9
+    of the gateway or a Ctrl-C in its terminal must not take jobs with it)."""
+    out = open(stdout, "ab") if stdout else subprocess.DEVNULL
+    err = open(stderr, "ab") if stderr else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=tuple(pass_fds),
+        )
+    except OSError as e:
+        raise BackendError(f"could not start {argv[0]}: {e}", argv=list(argv)) from None
+    finally:
+        for f in (out, err):
+            if hasattr(f, "close"):
+                f.close()
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    timeout: float = 30.0,
+    env: Mapping[str, str] | None = None,
+    input: str | None = None,
+    check: bool = True,
+    inherit_env: bool = True,
+    pass_fds: Sequence[int] = (),
+) -> subprocess.CompletedProcess[str]:
+    """Run a short command and return its output; a failure is a ``BackendError``
+    that carries argv, return code and stderr. ``env`` is added to the gateway's
+    environment, or is the whole environment with ``inherit_env=False``; ``pass_fds``
+    stay open in it (a directory named to it as /proc/self/fd/N, opened without links)."""
+    t0 = time.monotonic()
+    try:
+        cp = subprocess.run(
+            list(argv),
+            env=({**os.environ, **env} if inherit_env else dict(env)) if env is not None else None,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            pass_fds=tuple(pass_fds),
+        )
+    except FileNotFoundError:
+        raise BackendError(f"{argv[0]} is not installed or not on PATH", argv=list(argv)) from None
+    except subprocess.TimeoutExpired:
+        raise BackendError(
+            f"{argv[0]} did not answer within {timeout:.0f}s", argv=list(argv), hint="the scheduler may be overloaded"
+        ) from None
+    if check and cp.returncode != 0:
+        raise BackendError(
+            f"{argv[0]} failed with exit code {cp.returncode} after {time.monotonic() - t0:.2f}s: {cp.stderr.strip()[:500]}",
+            argv=list(argv),
+            returncode=cp.returncode,
+            stderr=cp.stderr,
+        )
+    return cp
+
+
+def die_with_parent() -> None:
+    """In a helper process the gateway starts (the risk parser, the egress proxy): it is
+    killed when the gateway dies, even by SIGKILL (a parser left behind was seen using CPU
+    an hour later). PR_SET_PDEATHSIG; exits at once if the gateway died before."""
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:
+        os._exit(0)
+
+
+def attach(argv: Sequence[str], *, env: Mapping[str, str]) -> int:
+    """Run a program in the caller's terminal and session (an interactive agent such
+    as Claude Code needs both) until it exits; its exit code. Ctrl-C and Ctrl-\\ are the
+    program's to handle (an agent interrupts its own turn with them), so the caller
+    ignores them meanwhile."""
+    import signal
+
+    try:
+        child = subprocess.Popen(list(argv), env=dict(env))
+    except OSError as e:
+        raise BackendError(f"could not start {argv[0]}: {e}", argv=list(argv)) from None
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGQUIT)}
+    try:
+        return child.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -1,0 +1,266 @@
+"""Assembles one gateway from settings: logging, database, backend, service, app."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import fcntl
+import faulthandler
+import json
+import os
+import queue
+import resource
+import socket
+import urllib.request
+import logging
+import math
+import logging.handlers
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from corral.edges.http.app import STOP_DEADLINE_S, create_app
+from corral.lanes.backend import Backend
+from corral.lanes.local import LocalBackend
+from corral.core.clock import Clock
+from corral.core.config import Settings
+from corral.core.db import Database
+from corral.core.errors import CorralError, InvalidRequest
+from corral.sandbox.egress import Egress
+from corral.edges.http.bounds import bounded_protocol
+from corral.core.identity import Identities
+from corral.core.paths import drop_pointer, write_pointer
+from corral.sandbox.bwrap import Sandbox, build
+from corral.core.service import Service
+from corral.storage.scratch import prepare as prepare_scratch
+from corral.storage.verbs import SCRATCH_DIRS, scratch_dir
+
+
+if TYPE_CHECKING:
+    from corral.lanes.slurm.submitter import Submitter
+
+log = logging.getLogger("corral")
+
+
+def setup_logging(settings: Settings) -> None:
+    """corral's own handlers, written by one thread off the event loop: a record costs the
+    loop a queue put. The root logger gets them too, before any library can install its
+    own (the MCP SDK calls logging.basicConfig with a Rich handler, whose tracebacks once
+    held the loop 1-2 s per 500), and corral's records stop at "corral"."""
+    settings.home.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(fmt)
+    filelog = logging.handlers.RotatingFileHandler(settings.home / "gateway.log", maxBytes=10_000_000, backupCount=3)
+    filelog.setFormatter(fmt)
+    os.chmod(settings.home / "gateway.log", 0o600)  # it names jobs, principals and paths
+    global _listener
+    if _listener is not None:
+        _listener.stop()
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    _listener = logging.handlers.QueueListener(records, stream, filelog, respect_handler_level=True)
+    _listener.start()
+    atexit.register(_listener.stop)
+    handler = logging.handlers.QueueHandler(records)
+    for name, level in (("corral", settings.log_level.upper()), ("", "WARNING")):
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        logger.handlers.clear()
+        logger.addHandler(handler)
+    logging.getLogger("corral").propagate = False
+
+
+_listener: logging.handlers.QueueListener | None = None
+
+
+def raise_file_limit(wanted: int) -> int:
+    """Raise this process's open-file limit toward ``wanted`` (as far as the hard limit
+    allows); -> the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    return soft
+
+
+def _sandbox(settings: Settings, state: list[Path]) -> tuple[Sandbox, Egress | None]:
+    sb = settings.sandbox
+    # Workspaces and the trees they fork are each trial's own: hidden, the job's own bound back.
+    scratch = scratch_dir(settings.storage, settings.home)
+    # Made, or checked as ours and written by no one else: refused at start otherwise (storage/scratch.py).
+    prepare_scratch(scratch, SCRATCH_DIRS, {"uv-cache": 0o755})
+    state = [*state, *(scratch / sub for sub in SCRATCH_DIRS)]
+    egress = Egress(settings.home / "egress", sb.allow_hosts) if sb.allow_hosts and sb.kinds and not sb.network \
+        else None
+    sandbox = build(sb.kinds, sb.hide, sb.network, sb.run_as, [settings.home, settings.db_path.parent, *state],
+                    sb.pids_max, egress.socket if egress else None, seccomp=sb.seccomp, unix_sockets=sb.unix_sockets,
+                    file_max=sb.file_max, tmp_max=sb.tmp_max)
+    if sandbox.why_not:
+        log.error("sandbox: %s; jobs of %s will be refused until it is fixed or [sandbox] kinds is changed",
+                  sandbox.why_not, ", ".join(sorted(sandbox.kinds)))
+    return sandbox, egress
+
+
+def _submitter(path: str | None) -> "Submitter | None":
+    """The privileged submitter of a service-account gateway, checked once at start: what
+    it enforces is logged, or why it cannot serve (jobs of principals with a Unix user
+    are then refused with the same reason)."""
+    from corral.lanes.slurm.submitter import Submitter
+
+    if not path or os.geteuid() == 0:
+        return None
+    sub = Submitter(path)
+    try:
+        log.info("slurm: jobs of principals with a Unix user are submitted as that user through %s (%s)",
+                 path, sub.check())
+    except CorralError as e:
+        log.error("slurm: the privileged submitter %s cannot serve: %s", path, e)
+    return sub
+
+
+def build_service(settings: Settings, clock: Clock | None = None) -> Service:
+    settings.home.mkdir(parents=True, exist_ok=True)
+    db = Database(settings.db_path)
+    backend: Backend
+    if settings.backend == "slurm":
+        from corral.lanes.slurm.backend import SlurmBackend
+
+        s = settings.slurm
+        jobs = s.jobs_dir or settings.home / "slurm" / "jobs"
+        sandbox, egress = _sandbox(settings, [Path(jobs)])
+        identities = Identities(settings.home / "identities.json", *settings.sandbox.dynamic_uids,
+                                registry=settings.sandbox.uid_registry)
+        backend = SlurmBackend(jobs, s.conf, s.agent_nice, s.agent_qos, s.timeout_s, s.poll_s, sandbox=sandbox,
+                               opportunistic_qos=s.opportunistic_qos,
+                               submitter=_submitter(s.submitter))
+        backend.identities = identities
+        service = Service(settings, db, backend, clock=clock, sandbox=sandbox, egress=egress, identities=identities)
+        service.private_state = [Path(jobs), scratch_dir(settings.storage, settings.home)]
+        make_private(settings.home)
+        return service
+    sandbox, egress = _sandbox(settings, [])
+    identities = Identities(settings.home / "identities.json", *settings.sandbox.dynamic_uids,
+                            registry=settings.sandbox.uid_registry)
+    backend = LocalBackend(settings.home / "local", settings.local_cpus, settings.local_memory_mb,
+                           settings.local_max_walltime_s, sandbox, identities=identities,
+                           output_max=settings.sandbox.output_max)
+    service = Service(settings, db, backend, clock=clock, sandbox=sandbox, egress=egress, identities=identities)
+    service.private_state = [scratch_dir(settings.storage, settings.home)]
+    make_private(settings.home)
+    return service
+
+
+SHARED = ("slurm", "fastlane", "images", "envbuild", "egress")
+"""Directories of the home that jobs' own users reach by name (a Slurm job's script, a
+fast-lane worker's pool, an image, the egress socket): each keeps the modes its owner set."""
+
+
+def make_private(home: Path) -> None:
+    """corral's state is its own: the home 0711 (nothing in it can be listed; the
+    directories of ``SHARED`` are reached by name), every other directory in it 0700 and
+    every file 0600. Its database, keys, tokens, audit and guarded copies are read by no
+    one else, whoever runs the gateway."""
+    os.chmod(home, 0o711)
+    for p in home.iterdir():
+        if p.is_symlink() or p.name in SHARED:
+            continue
+        if p.is_file():
+            os.chmod(p, 0o600)
+        elif p.is_dir():
+            os.chmod(p, 0o700)
+
+
+def port_taken(host: str, port: int) -> str | None:
+    """Why the gateway could not listen on (host, port), in the admin's words; None if free."""
+    if port == 0:
+        return None
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind((host, port))
+            return None
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                return f"cannot listen on {host}:{port}: {e.strerror}"
+    probe = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    try:
+        with urllib.request.urlopen(f"http://{probe}:{port}/healthz", timeout=1) as r:
+            who = "a corral gateway" if "backend" in json.loads(r.read() or b"{}") else "another web server"
+    except (OSError, ValueError):
+        who = "another program"
+    return f"port {port} on {host} is taken by {who}"
+
+
+def lock_home(home: Path) -> Any:
+    """One gateway per state directory: an exclusive lock held for the process's life.
+    -> the open lock file (keep it). Raises InvalidRequest naming the holder."""
+    home.mkdir(parents=True, exist_ok=True)
+    f = open(home / "gateway.lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise InvalidRequest(f"another gateway ({holder}) already runs on {home}; two gateways on one home would "
+                             "run jobs twice", hint="stop it first, or give this one its own --home") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def serve(settings: Settings) -> None:
+    import uvicorn
+
+    why = port_taken(settings.host, settings.port)
+    if why:
+        raise InvalidRequest(why, hint="stop what holds it, or start with --port N (0: any free port)")
+    lock = lock_home(settings.home)  # before anything starts: a second gateway touches no job
+    setup_logging(settings)
+    # `kill -USR1 <pid>` prints every thread's stack to stderr: how to see where a gateway
+    # that will not stop (or answer) is stuck, without stopping it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    service = build_service(settings)
+    created = service.accounts.bootstrap_admin()
+    app = create_app(service, STOP_DEADLINE_S)
+    token_path = settings.admin_token_path.resolve()
+    print(f"corral gateway on {settings.base_url}  (API docs: {settings.base_url}/docs)", flush=True)
+    where = f"{settings.local_cpus} CPU slots" if settings.backend == "local" else f"SLURM_CONF={settings.slurm.conf or os.environ.get('SLURM_CONF')}"
+    print(f"backend: {settings.backend} ({where}); state in {settings.home}", flush=True)
+    print(f"admin token {'created' if created else 'kept'} in {token_path} (mode 0600)", flush=True)
+    # So that `corral` finds this admin token from any directory (corral/core/paths.py).
+    pointer = write_pointer(settings.port, settings.home) if settings.host in ("127.0.0.1", "localhost", "0.0.0.0", "::1", "") else None
+    watchers = service.watchers
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # First, before uvicorn waits for open requests: long-polls answer "call again"
+            # (a 503 with Retry-After) instead of being cut off with a 500 after the grace.
+            watchers.stop()
+            if pointer is not None:  # no CLI is pointed at a gateway on its way out
+                drop_pointer(settings.port, settings.home)
+            super().handle_exit(sig, frame)
+            if sig == signal.SIGTERM:  # a requested stop that drains cleanly exits 0, not 143
+                self._captured_signals.remove(sig)
+
+    bounds = settings.http
+    # Each connection is a file: room for all of them beside the jobs' and the database's.
+    files = raise_file_limit(bounds.max_connections + 1024)
+    if files < bounds.max_connections + 256:
+        log.warning("the open-file limit is %d: fewer than [http] max_connections (%d) + 256; connections past "
+                    "it fail at accept. Raise LimitNOFILE, or lower max_connections", files, bounds.max_connections)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
+                            loop="uvloop", http=bounded_protocol(bounds), timeout_graceful_shutdown=3,
+                            timeout_keep_alive=int(math.ceil(bounds.keep_alive_s)))
+    try:
+        Server(config).run()
+    finally:
+        if pointer is not None:
+            drop_pointer(settings.port, settings.home)
+        lock.close()

@@ -1,0 +1,38 @@
+"""`corral --help` in sections, as gh, kubectl and uv list theirs, without importing the
+commands that are loaded only when called (corral/edges/cli/main.py ``LAZY``): their one-line
+summaries are here, so the top-level help starts no Cedar, polars or tree-sitter.
+tests/test_cli_help.py fails when a command is in no section, a summary here differs
+from the command's own, or a command's help shows no example."""
+
+from __future__ import annotations
+
+SECTIONS: list[tuple[str, list[str]]] = [
+    ("Jobs", ["submit", "status", "wait", "logs", "cancel", "jobs", "control", "usage", "facility", "whoami"]),
+    ("Memory", ["remember", "recall", "advice"]),
+    ("Storage", ["env", "workspace"]),
+    ("Agent tools", ["agent", "mcp", "risk"]),
+    ("Admin", ["serve", "principal", "token", "policy", "audit", "sandbox", "slurm"]),
+    ("Analysis (offline, no gateway)", ["analyze", "synth", "simulate"]),
+]
+"""Every command, once, in the order a reader meets them."""
+
+SUMMARIES: dict[str, str] = {
+    "advice": "What corral remembers of a job like this one, without submitting it.",
+    "agent": "Run coding agents as corral agent sessions.",
+    "analyze": "Measure what agents take of a facility, from its accounting data.",
+    "audit": "The audit chain: every decision (submit, cancel), allowed or refused, tamper-evident.",
+    "control": "Hold, release, requeue or signal a job, where its lane can.",
+    "env": "Environment images: a Python environment built once with uv, packed into one read-only squashfs file, shared by every job and every principal.",
+    "policy": "The facility policy (Cedar): what each principal may do, and why not.",
+    "recall": "Search the notes you may read, best match first: by their words and by their meaning, so a question finds a note worded otherwise.",
+    "remember": "Write a note for later sessions: a fix, a pitfall, what works here.",
+    "risk": "Tag shell commands by what they risk, and give the policy's decision for an agent.",
+    "sandbox": "Show the facility's job sandbox, or try a command inside it.",
+    "simulate": "Simulate a facility with agents as ordinary users, through corral, and banned.",
+    "slurm": "Slurm-side pieces of corral.",
+    "synth": "Write a synthetic facility: a sacct export of human and agent users, with labels.",
+    "token": "Mint, narrow, list and revoke tokens.",
+    "usage": "What a finished job used against what it asked (elapsed, CPU time, peak memory, efficiencies, as seff reports them), and what to ask next time.",
+    "workspace": "Copy-on-write trial workspaces: fork a project, let jobs change it, then look at the diff and commit it back, or discard it.",
+}
+"""The first sentence of each lazily loaded command's help, as its module writes it."""

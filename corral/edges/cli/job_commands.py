@@ -1,0 +1,70 @@
+"""`corral control` and `corral usage`: a job after its submission (hold, release,
+requeue, signal) and what it used once ended, as `seff` reports it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from corral.edges.cli.kit import Ctx
+from corral.core.signals import SIGNALS
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.argument("action", type=click.Choice(["hold", "release", "requeue", "signal"]))
+@click.option("--signal", "-s", "sig", type=click.Choice(SIGNALS, case_sensitive=False),
+              help="With 'signal': which one (e.g. USR1 to make a job checkpoint).")
+@click.pass_obj
+def control(o: Ctx, job_id: int, action: str, sig: str | None) -> None:
+    """Hold, release, requeue or signal a job, where its lane can.
+
+    \b
+    Examples:
+      corral control 42 hold            # keep a pending job from starting
+      corral control 42 release
+      corral control 42 signal -s USR1  # a running job: checkpoint now
+      corral control 42 requeue         # Slurm: run it again from the start
+
+    A refusal says what to do instead (a fast-lane task can only be cancelled).
+    """
+    if action == "signal" and not sig:
+        raise click.UsageError("signal needs --signal, e.g. --signal USR1")
+    job = o.client.control(job_id, action, sig.upper() if sig else None)
+    o.out(job, lambda j: f"job {j['id']}: {action} done ({j['state']}{', ' + j['reason'] if j.get('reason') else ''})")
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.pass_obj
+def usage(o: Ctx, job_id: int) -> None:
+    """What a finished job used against what it asked (elapsed, CPU time, peak memory,
+    efficiencies, as seff reports them), and what to ask next time.
+
+    \b
+    Example:
+      corral usage 7            # after 'corral wait 7'
+    """
+
+    o.out(o.client.usage(job_id), usage_text)
+
+
+def usage_text(u: dict[str, Any]) -> str:
+    """`corral usage` for a person: each use against what was asked, in words that stay
+    true when a job used more than it asked (its memory, before the limit caught it)."""
+    a, eff = u["asked"], u["efficiency"]
+    lines = [f"job {u['job_id']}: {u['state']}",
+             f"  elapsed   {u['elapsed_s']} s of {a['walltime_s']} s asked" + _share(eff.get("time"), "of the time used"),
+             f"  cpu time  {u['cpu_s']} s on {a['cpus']} CPUs" + _share(eff.get("cpu"), "CPU efficiency"),
+             f"  peak mem  {u['max_rss_mb']} MB, {a['memory_mb']} MB asked" + _share(eff.get("memory"), "of it used"),
+             f"  ({u['how']})"]
+    return "\n".join(lines + [f"advice: {x}" for x in u["advice"]])
+
+
+def _share(x: float | None, words: str) -> str:
+    if x is None:
+        return ""
+    if x > 1:
+        return f"  ({x:.0%}: more than asked)"
+    return f"  ({x:.0%} {words})"

@@ -1,0 +1,62 @@
+"""The command line's shared parts, for every module that adds commands (jobs, memory,
+storage, safety, sandbox): the context each command gets (its gateway client and its
+``--json`` switch), the one way to stop with a message (exit 2, and a JSON error under
+``--json``), and times and tables as people read them."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Callable, NoReturn
+
+import click
+
+
+def fail(message: str, code: int = 2, hint: str | None = None, kind: str = "invalid_request") -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    if hint:
+        click.echo(f"hint: {hint}", err=True)
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root().obj if ctx is not None else None
+    if isinstance(root, Ctx) and root.as_json:
+        click.echo(json.dumps({"error": {"code": kind, "message": message, **({"hint": hint} if hint else {})}}))
+    sys.exit(code)
+
+
+class Ctx:
+    def __init__(self, url: str | None, token: str | None, session: str | None, as_json: bool) -> None:
+        self.url = url or os.environ.get("CORRAL_URL") or "http://127.0.0.1:8765"
+        self.token = token
+        self.session = session or os.environ.get("CORRAL_SESSION")
+        self.as_json = as_json
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            from corral.edges.client import Client, default_token
+
+            self._client = Client(self.url, self.token or default_token(url=self.url), self.session)
+        return self._client
+
+    def out(self, data: Any, human: Callable[[Any], str] | None = None) -> None:
+        if self.as_json or human is None:
+            click.echo(json.dumps(data, indent=None if self.as_json else 2, default=str))
+        else:
+            click.echo(human(data))
+
+
+def ts(t: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
+    if not rows:
+        return "(none)"
+    cells = [[("-" if r.get(c) is None else str(r.get(c))) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)

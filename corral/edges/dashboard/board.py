@@ -1,0 +1,398 @@
+"""What the dashboard shows, as one JSON-ready snapshot per viewer: an admin sees
+everything, a sponsor only themself and the agents they sponsor. Every figure is read
+from the gateway's own state (the database, the metrics, the audit log's tally), never
+from the scheduler: a dashboard left open must cost the controller nothing.
+
+::
+
+    Board.snapshot(caller) ─▶ now (sessions, jobs by state and lane, submissions a minute)
+                           ├▶ saved (scheduler calls made vs what the clients would have made)
+                           ├▶ refusals by rule (AuditTally), budgets used per token and sponsor
+                           ├▶ tainted credentials, the audit chain's state, fast-lane pools
+    Board.session(caller, principal, session) ─▶ its jobs, outcomes, advice, notes
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+from corral.core.errors import NotFound
+from corral.safety import guard
+from corral.core.principals import PILOT_PRINCIPAL, Caller
+from corral.edges.dashboard.history import History
+
+if TYPE_CHECKING:
+    from corral.core.service import Service
+
+RECENT_S = 3600
+"""A session is shown while it has live jobs or submitted within this long."""
+MAX_SESSIONS = 5000
+DENIED_PER_SESSION = 50
+"""The session drill-down's refusals: the latest this many of each of the latest sessions."""
+RATE_WINDOW_S = 300
+"""Submissions a minute are counted over this window."""
+SHARE_S = 1.0
+"""A snapshot younger than this is served as it is; an older one is refreshed behind."""
+MAX_AGE_S = 5.0
+"""The oldest snapshot ever served (the issue's "at most 5 s old")."""
+VERIFY_EVERY_S = 60
+"""The audit chain is verified at most this often (it reads the whole log)."""
+READS = ("get_job", "wait", "wait_many", "events", "list_jobs", "output", "usage", "tool_call")
+"""Requests that a client without corral would have answered by asking the scheduler."""
+CANCELS = ("cancel", "cancel_many")
+"""Requests that a client without corral would have sent as an scancel."""
+
+
+class AuditTally:
+    """Decisions counted from the audit log, read incrementally: each refresh reads
+    only what was appended since the last one (a restart reads the log once)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.counts: dict[tuple[str, str, str, str], int] = {}
+        """(principal, action, decision, rule) -> decisions."""
+        self.denied: dict[tuple[str, str], collections.deque[dict[str, Any]]] = {}
+        """(principal, session) -> its latest refusals (the session drill-down's)."""
+        self._lock = threading.Lock()
+
+    def refresh(self) -> None:
+        with self._lock:
+            try:
+                size = self.path.stat().st_size
+            except OSError:
+                return
+            if size < self.offset:  # rotated or rewritten: count again
+                self.offset, self.counts, self.denied = 0, {}, {}
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(size - self.offset)
+            end = data.rfind(b"\n") + 1  # a line still being written waits for the next refresh
+            for raw in data[:end].splitlines():
+                try:
+                    r = json.loads(raw.partition(b" ")[2])
+                except ValueError:
+                    continue
+                key = (str(r.get("principal")), str(r.get("action")), str(r.get("decision")), str(r.get("rule")))
+                self.counts[key] = self.counts.get(key, 0) + 1
+                if r.get("decision") == "deny":
+                    self._deny(r)
+            self.offset += end
+
+    def _deny(self, r: dict[str, Any]) -> None:
+        key = (str(r.get("principal")), str(r.get("session") or "-"))
+        if key not in self.denied:
+            if len(self.denied) >= MAX_SESSIONS:  # bounded: the oldest sessions go first
+                self.denied.pop(next(iter(self.denied)))
+            self.denied[key] = collections.deque(maxlen=DENIED_PER_SESSION)
+        self.denied[key].append({"at": r.get("ts") or r.get("time"), "action": r.get("action"), "rule": r.get("rule"),
+                                 "reason": r.get("reason"), "command": r.get("command")})
+
+    def refusals(self, names: frozenset[str] | None) -> list[dict[str, Any]]:
+        by: dict[tuple[str, str], int] = {}
+        for (who, action, decision, rule), n in list(self.counts.items()):
+            if decision == "deny" and (names is None or who in names):
+                by[(action, rule)] = by.get((action, rule), 0) + n
+        return [{"action": a, "rule": r, "count": n} for (a, r), n in sorted(by.items(), key=lambda kv: -kv[1])]
+
+    def totals(self) -> dict[tuple[str, str, str], int]:
+        """(action, decision, rule) -> decisions, for /metrics."""
+        out: dict[tuple[str, str, str], int] = {}
+        for (_, action, decision, rule), n in list(self.counts.items()):
+            out[(action, decision, rule)] = out.get((action, decision, rule), 0) + n
+        return out
+
+
+class JobCounts:
+    """Jobs submitted so far, by (principal, lane), kept by counting only the rows added
+    since the last look: jobs are never deleted, so the first look scans the history
+    once and every later one reads a few new rows (a COUNT over 1M jobs: ~25 ms)."""
+
+    def __init__(self, service: "Service") -> None:
+        self.service = service
+        self.upto = 0
+        self.counts: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def refresh(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            rows = self.service.db.conn.execute(
+                "SELECT principal, backend, COUNT(*), MAX(id) FROM jobs NOT INDEXED WHERE id > ? "
+                "GROUP BY principal, backend",  # NOT INDEXED: a rowid range, not an index scan in GROUP BY order
+                (self.upto,)).fetchall()
+            for who, lane, n, top in rows:
+                self.counts[(who, lane)] = self.counts.get((who, lane), 0) + n
+                self.upto = max(self.upto, top)
+            return dict(self.counts)
+
+
+class Board:
+    def __init__(self, service: "Service") -> None:
+        self.service = service
+        self.tally = AuditTally(service.audit.log.path)
+        self.counts = JobCounts(service)
+        self.history = History(service)
+        self._shared: dict[tuple[str, ...] | None, tuple[float, dict[str, Any]]] = {}
+        self._refreshing: set[tuple[str, ...] | None] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.verified: dict[str, Any] = {"checked": None, "records": None, "problems": None}
+
+    def scope(self, caller: Caller) -> frozenset[str] | None:
+        """The principals the viewer may see: None for an admin (all)."""
+        return None if caller.principal.is_admin else caller.visible
+
+    async def snapshot(self, caller: Caller) -> dict[str, Any]:
+        """The viewer's snapshot, stale-while-revalidate: viewers of one scope share
+        one, served at once while it is younger than ``MAX_AGE_S``; one older than
+        ``SHARE_S`` is computed again in the background, once, for the next request.
+        So a page waits for a snapshot only when its scope has none, and what it shows
+        is at most ``MAX_AGE_S`` old (the page polls every 2 s: ~2-3 s in practice)."""
+        names = self.scope(caller)
+        key = None if names is None else tuple(sorted(names))
+        hit = self._shared.get(key)
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < MAX_AGE_S:
+            if now - hit[0] >= SHARE_S and key not in self._refreshing:
+                self._refreshing.add(key)
+                task = asyncio.create_task(self._refresh(key, caller, names))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            return {**hit[1], "viewer": self._viewer(caller, names), "age_s": round(now - hit[0], 2)}
+        snap = await self._refresh(key, caller, names)
+        return {**snap, "age_s": 0.0}
+
+    async def _refresh(self, key: tuple[str, ...] | None, caller: Caller, names: frozenset[str] | None,
+                       ) -> dict[str, Any]:
+        try:
+            t0 = time.perf_counter()
+            snap = await self._snapshot(caller, names)
+            snap["computed_ms"] = round((time.perf_counter() - t0) * 1000, 1)
+            if len(self._shared) > 1000:
+                self._shared.clear()
+            self._shared[key] = (time.monotonic(), snap)
+            return snap
+        finally:
+            self._refreshing.discard(key)
+
+    @staticmethod
+    def _viewer(caller: Caller, names: frozenset[str] | None) -> dict[str, Any]:
+        return {"name": caller.name, "admin": caller.principal.is_admin,
+                "sees": "everyone" if names is None else sorted(names)}
+
+    async def _snapshot(self, caller: Caller, names: frozenset[str] | None) -> dict[str, Any]:
+        await asyncio.to_thread(self.tally.refresh)
+        await self._verify()
+        now = time.time()
+        db = self.service.db
+        where, args = _in("j.principal", names)
+        # "Live or recent" as two index reads (the live jobs' partial index, submit or end
+        # time), never a scan of the history.
+        recent = """SELECT id FROM jobs WHERE state IN ('PENDING', 'RUNNING', 'UNKNOWN')
+                     UNION SELECT id FROM jobs WHERE {col} > ?"""
+        sessions = [dict(zip(("principal", "kind", "sponsor", "session", "active", "jobs", "last"), r)) for r in
+                    db.conn.execute(
+                        f"""SELECT j.principal, p.kind, p.sponsor, COALESCE(j.session, '-'),
+                               SUM(j.state IN ('PENDING', 'RUNNING', 'UNKNOWN')), COUNT(*), MAX(j.submit_time)
+                            FROM jobs j JOIN principals p ON p.name = j.principal
+                            WHERE j.id IN ({recent.format(col="submit_time")}) AND {where} AND j.principal != ?
+                            GROUP BY j.principal, j.session ORDER BY MAX(j.submit_time) DESC LIMIT 200""",
+                        [now - RECENT_S, *args, PILOT_PRINCIPAL])]
+        states = [dict(zip(("state", "lane", "count"), r)) for r in db.conn.execute(
+            f"""SELECT j.state, j.backend, COUNT(*) FROM jobs j
+                WHERE j.id IN ({recent.format(col="end_time")}) AND {where} AND j.principal != ?
+                GROUP BY j.state, j.backend ORDER BY j.state, j.backend""", [now - RECENT_S, *args, PILOT_PRINCIPAL])]
+        rate = {k: round(n / (RATE_WINDOW_S / 60), 2) for k, n in db.conn.execute(
+            f"""SELECT p.kind, COUNT(*) FROM jobs j JOIN principals p ON p.name = j.principal
+                WHERE {where} AND j.principal != ? AND j.submit_time > ? GROUP BY p.kind""",
+            [*args, PILOT_PRINCIPAL, now - RATE_WINDOW_S])}
+        saved = self.saved(names)
+        self.history.sample(now, saved)
+        t0 = time.perf_counter()
+        drawn = await asyncio.to_thread(self.history.plots, now, names)
+        return {
+            "viewer": self._viewer(caller, names),
+            "at": now,
+            "plots": drawn,
+            "plots_ms": round((time.perf_counter() - t0) * 1000, 1),
+            "sessions": sessions,
+            "jobs": states,
+            "submits_per_min": rate,
+            "saved": saved,
+            "refusals": self.tally.refusals(names),
+            "budgets": self.budgets(names),
+            "tainted": self.tainted(names),
+            "audit": self.verified,
+            "pools": ([{**lane.describe(), "lane": lane.name,
+                        "pools": [{**p, "name": pool_name(p)} for p in lane.describe().get("pools", [])]}
+                       for lane in self.service.lanes if lane is not self.service.lanes.batch]
+                      if names is None else []),
+            "degraded": self.service.reconciler.degraded,
+            "storage": await asyncio.to_thread(self.service.storage.board, names),
+        }
+
+    def saved(self, names: frozenset[str] | None) -> dict[str, Any]:
+        """What corral spared the scheduler, per backend: the calls its clients would have
+        made without it (an sbatch per job, a query per read of a job, a cancel per
+        cancel) against the calls corral made to that backend's controller. A Slurm
+        backend counts the commands it really ran (a status tick answered from jobs' own
+        reports asks nothing); the local backend has no controller, so it has no ratio,
+        only what the same traffic would have asked of one. Fast-lane tasks are set
+        against the scheduler jobs that carried them. Facility-wide for an admin; a
+        sponsor sees the task counts of their own agents."""
+        counts = self.counts.refresh()
+        fast = sum(n for (who, lane), n in counts.items() if lane == "fast" and (names is None or who in names))
+        pilots = sum(n for (who, _), n in counts.items() if who == PILOT_PRINCIPAL)
+        out: dict[str, Any] = {"fast_lane_tasks": fast, "their_scheduler_jobs": pilots}
+        if names is None:
+            out["backends"] = [self._saved_batch(counts)]
+        return out
+
+    def _saved_batch(self, counts: dict[tuple[str, str], int]) -> dict[str, Any]:
+        m = self.service.metrics
+        backend = self.service.lanes.batch.backend
+        looks = {s.labels["op"]: int(s.value) for metric in m.backend_calls.collect() for s in metric.samples
+                 if s.name.endswith("_total")}
+        ops = {s.labels.get("op"): s.value for metric in m.requests.collect() for s in metric.samples
+               if s.name.endswith("_total")}
+        reads = int(sum(v for op, v in ops.items() if op in READS))
+        cancels = int(sum(v for op, v in ops.items() if op in CANCELS))
+        jobs = sum(n for (who, _), n in counts.items() if who != PILOT_PRINCIPAL)
+        without = jobs + reads + cancels
+        controller: dict[str, int] | None = getattr(getattr(backend, "inner", backend), "controller_calls", None)
+        row: dict[str, Any] = {"backend": backend.name, "jobs": jobs, "reads": reads, "cancels": cancels,
+                               "without_corral": without, "corral_looks": sum(looks.values())}
+        if controller is None:
+            row.update(corral_asked=0, by_command={}, ratio=None, means=(
+                f"The {backend.name} backend has no scheduler controller: corral runs jobs as its own processes "
+                f"and looked at them {row['corral_looks']} times, which costs no controller anything. On Slurm, "
+                f"clients without corral would have sent its controller {without} calls for this traffic "
+                f"({jobs} sbatch, {reads} queries, {cancels} scancel)."))
+            return row
+        asked = sum(controller.values())
+        ratio = round(without / asked, 1) if asked else None
+        row.update(corral_asked=asked, by_command=dict(sorted(controller.items())), ratio=ratio, means=(
+            f"Clients without corral would have sent the controller {without} calls ({jobs} sbatch, {reads} "
+            f"queries, {cancels} scancel; a client that polls while it waits sends more than the one counted). "
+            f"Corral sent {asked}" + (f": {ratio}x fewer." if ratio and ratio >= 1 else
+                                      f": {ratio}x, more than its clients would have (few clients, short "
+                                      f"jobs: its polls are not yet shared by many)." if ratio else ".")))
+        return row
+
+    def budgets(self, names: frozenset[str] | None) -> list[dict[str, Any]]:
+        """Each limited token block with what it used of its limits (CPU- and GPU-hours,
+        live jobs, submissions a minute), then unlimited tokens that used something.
+        Use is charged as ``admit`` charges it: a live job its whole walltime."""
+        store = self.service.gate.store
+        sponsors = {n: s for n, s in self.service.db.conn.execute("SELECT name, sponsor FROM principals")}
+        out: list[dict[str, Any]] = []
+        for path, (who, limits) in list(store.limits_seen.items())[-200:]:
+            if names is not None and who not in names:
+                continue
+            cpu_s, gpu_s, active = store.used(path)
+            out.append({"token": path.rsplit("/", 1)[-1], "principal": who, "sponsor": sponsors.get(who) or who,
+                        "note": path, "path": path, "cpu_hours": round(cpu_s / 3600, 3), "gpu_hours": round(gpu_s / 3600, 3),
+                        "active_jobs": active,
+                        "cpu_limit": _hours(limits.get("budget_cpu_s")), "gpu_limit": _hours(limits.get("budget_gpu_s")),
+                        "active_limit": limits.get("max_active_jobs"), "rate_limit": limits.get("submits_per_min")})
+        limited = {b["token"] for b in out}
+        where, args = _in("t.principal", names)
+        rows = self.service.db.conn.execute(
+            f"""SELECT t.id, t.principal, p.sponsor, t.note FROM tokens t JOIN principals p ON p.name = t.principal
+                WHERE {where} AND t.revoked IS NULL ORDER BY t.created DESC LIMIT 200""", args).fetchall()
+        for tid, who, sponsor, note in rows:
+            if tid in limited:
+                continue
+            cpu_s, gpu_s, active = store.used(tid)
+            if cpu_s or gpu_s or active:
+                out.append({"token": tid, "principal": who, "sponsor": sponsor or who, "note": note, "path": tid,
+                            "cpu_hours": round(cpu_s / 3600, 3), "gpu_hours": round(gpu_s / 3600, 3),
+                            "active_jobs": active, "cpu_limit": None, "gpu_limit": None, "active_limit": None,
+                            "rate_limit": None})
+        return out
+
+    def tainted(self, names: frozenset[str] | None) -> list[dict[str, Any]]:
+        where, args = _in("principal", names)
+        return [{"key": k, "principal": p, "at": at, "reason": r} for k, p, at, r in self.service.db.conn.execute(
+            f"SELECT key, principal, at, reason FROM taint WHERE {where} ORDER BY at DESC LIMIT 100", args)]
+
+    async def _verify(self) -> None:
+        last = self.verified["checked"]
+        if last is not None and time.time() - last < VERIFY_EVERY_S:
+            return
+        log = self.service.audit.log
+        head = self.service.db.audit_head()
+        records, problems = await asyncio.to_thread(log.verify, head)
+        self.verified = {"checked": time.time(), "records": records,
+                          "problems": [{"line": p.line, "seq": p.seq, "what": p.what} for p in problems][:20]}
+
+    def session(self, caller: Caller, principal: str, session: str) -> dict[str, Any]:
+        """One session's jobs, their outcomes and advice (memory's episodes), and its notes."""
+        names = self.scope(caller)
+        if names is not None and principal not in names:
+            raise NotFound(f"no session {session!r} of {principal!r} visible to you")
+        db = self.service.db
+        sess = None if session == "-" else session
+        jobs = db.list_jobs([principal], session=sess, limit=500) if sess else [
+            j for j in db.list_jobs([principal], limit=500) if j.session is None]
+        if not jobs:
+            raise NotFound(f"no session {session!r} of {principal!r} visible to you")
+        ids = [j.id for j in jobs]
+        marks = ",".join("?" * len(ids))
+        episodes = {r[0]: {"signature": r[1], "detail": r[2]} for r in db.conn.execute(
+            f"SELECT job_id, signature, detail FROM episodes WHERE job_id IN ({marks})", ids)}
+        notes = [{"id": r[0], "text": r[1], "scope": r[2], "created": r[3]} for r in db.conn.execute(
+            "SELECT id, text, scope, created FROM notes WHERE author = ? AND session IS ? ORDER BY id DESC LIMIT 50",
+            (principal, sess))]
+        with self.tally._lock:
+            denied = list(self.tally.denied.get((principal, session), ()))
+        return {"principal": principal, "session": session, "jobs": [_job_row(j, episodes.get(j.id)) for j in jobs],
+                "refused": [{**d, "reason": _clean(d.get("reason")), "command": _clean(d.get("command"))}
+                            for d in reversed(denied)],
+                "notes": notes}
+
+
+def _clean(text: Any) -> str | None:
+    """Text shown to a person with its secrets redacted, as ``corral logs`` does."""
+    return None if text is None else guard.redact(str(text))[0]
+
+
+def _job_row(j: Any, episode: dict[str, Any] | None) -> dict[str, Any]:
+    spec = j.spec
+    end = j.end_time or (time.time() if j.start_time else None)
+    return {**j.summary(), "lane": j.backend,
+            "command": _clean(spec.command[:300] if spec.command else "(a script)"),
+            "elapsed_s": round(end - j.start_time) if j.start_time and end else None,
+            "waited_s": round((j.start_time or time.time()) - j.submit_time),
+            "resources": f"{spec.cpus} CPU, {spec.memory_mb} MB" + (f", {spec.gpus} GPU" if spec.gpus else "")
+                         + f", {spec.walltime_s // 60} min",
+            **({"signature": episode["signature"], "detail": episode["detail"]}
+               if episode and episode["signature"] else {})}
+
+
+def _hours(seconds: int | None) -> float | None:
+    return None if seconds is None else round(seconds / 3600, 3)
+
+
+def pool_name(pool: dict[str, Any]) -> str:
+    """A pool as a person reads it: whose it is, charged where, on which partition, and
+    its allocations' shape (its slug, ``_-_-_`` for the defaults, is a directory's name)."""
+    shape = pool.get("shape") or {}
+    size = ", ".join(f"{shape[k]} {unit}" for k, unit in (("cpus", "CPUs"), ("memory_mb", "MB"), ("gpus", "GPUs"))
+                     if shape.get(k))
+    return (f"{pool.get('unix_user') or 'the gateway user'}, "
+            f"{'account ' + pool['account'] if pool.get('account') else 'default account'}, "
+            f"{'partition ' + pool['partition'] if pool.get('partition') else 'default partition'}"
+            + (f": up to {size} an allocation" if size else ""))
+
+
+def _in(column: str, names: Iterable[str] | None) -> tuple[str, list[Any]]:
+    if names is None:
+        return "1=1", []
+    listed = sorted(names)
+    return f"{column} IN ({','.join('?' * len(listed))})", listed

@@ -1,0 +1,105 @@
+"""What the dashboard shows, for Prometheus: a collector read at each scrape from the
+gateway's own state (docs/grafana-corral.json is built on these and the core's metrics).
+
+Labels stay few and bounded: states, lanes and principal kinds are closed sets; rules
+are the policy's; pools and sponsors grow with the facility's people, not with jobs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from corral.control.metrics import DETAILED
+from corral.core.principals import PILOT_PRINCIPAL
+from corral.edges.dashboard.board import Board
+
+
+class BoardCollector(Collector):
+    def __init__(self, board: Board) -> None:
+        self.board = board
+
+    def collect(self) -> Iterator[Any]:
+        db = self.board.service.db
+        live = GaugeMetricFamily("corral_jobs", "Jobs not yet ended, by state and lane.", labels=["state", "lane"])
+        for state, lane, n in db.conn.execute(
+                "SELECT state, backend, COUNT(*) FROM jobs WHERE state IN ('PENDING', 'RUNNING', 'UNKNOWN') "
+                "AND principal != ? GROUP BY state, backend", (PILOT_PRINCIPAL,)):
+            live.add_metric([state, lane], n)
+        yield live
+        kinds = dict(db.conn.execute("SELECT name, kind FROM principals").fetchall())
+        counts = self.board.counts.refresh()
+        by_kind: dict[str, int] = {}
+        for (who, _), n in counts.items():
+            if who != PILOT_PRINCIPAL:
+                by_kind[kinds.get(who, "unknown")] = by_kind.get(kinds.get(who, "unknown"), 0) + n
+        submitted = CounterMetricFamily("corral_jobs_submitted", "Jobs submitted, by the kind of principal.",
+                                        labels=["kind"])
+        for kind, n in sorted(by_kind.items()):
+            submitted.add_metric([kind], n)
+        yield submitted
+        sessions = GaugeMetricFamily("corral_sessions_active", "Sessions with live jobs, by kind.", labels=["kind"])
+        for kind, active in db.conn.execute(
+                """SELECT p.kind, COUNT(DISTINCT j.principal || '/' || COALESCE(j.session, ''))
+                   FROM jobs j JOIN principals p ON p.name = j.principal
+                   WHERE j.state IN ('PENDING', 'RUNNING', 'UNKNOWN') AND j.principal != ? GROUP BY p.kind""",
+                (PILOT_PRINCIPAL,)):
+            sessions.add_metric([kind], active)
+        yield sessions
+        yield CounterMetricFamily("corral_fastlane_tasks", "Tasks run in the fast lane.",
+                                  value=sum(n for (_, lane), n in counts.items() if lane == "fast"))
+        yield CounterMetricFamily("corral_fastlane_allocations", "Scheduler jobs that carried fast-lane tasks.",
+                                  value=sum(n for (who, _), n in counts.items() if who == PILOT_PRINCIPAL))
+        self.board.tally.refresh()
+        decisions = CounterMetricFamily("corral_decisions", "Decisions recorded in the audit log.",
+                                        labels=["action", "decision", "rule"])
+        for (action, decision, rule), n in sorted(self.board.tally.totals().items()):
+            decisions.add_metric([action, decision, rule], n)
+        yield decisions
+        yield GaugeMetricFamily("corral_tainted_credentials", "Token blocks tainted by content flagged as injection.",
+                                value=db.conn.execute("SELECT COUNT(*) FROM taint").fetchone()[0])
+        audit = self.board.verified
+        if audit["records"] is not None:
+            yield GaugeMetricFamily("corral_audit_chain_ok", "1 when the audit chain verified intact at its last check.",
+                                    value=0 if audit["problems"] else 1)
+            yield GaugeMetricFamily("corral_audit_records", "Records in the audit chain at its last check.",
+                                    value=audit["records"])
+        used = GaugeMetricFamily("corral_budget_cpu_hours", "CPU-hours charged to tokens, by sponsor (one "
+                                 "sponsor '(all)' for a scrape without an admin token or the scrape secret).",
+                                 labels=["sponsor"])
+        by_sponsor: dict[str, float] = {}
+        for row in self.board.budgets(None):
+            if "/" in row["path"]:  # a narrowed token's use is counted in its root's too
+                continue
+            by_sponsor[row["sponsor"]] = by_sponsor.get(row["sponsor"], 0.0) + row["cpu_hours"]
+        if not DETAILED.get():  # who spends what is not for anyone who can reach the port
+            by_sponsor = {"(all)": sum(by_sponsor.values())}
+        for sponsor, hours in sorted(by_sponsor.items()):
+            used.add_metric([sponsor], hours)
+        yield used
+        backend = self.board.service.lanes.batch.backend
+        asked = getattr(getattr(backend, "inner", backend), "controller_calls", None)
+        commands = CounterMetricFamily("corral_controller_calls", "Scheduler commands corral ran (what the "
+                                       "controller and its database were really asked), by command; none on a "
+                                       "backend without a controller (local).", labels=["command"])
+        for command, n in sorted((asked or {}).items()):
+            commands.add_metric([command], n)
+        yield commands
+        pending = GaugeMetricFamily("corral_fastlane_pool_pending", "Tasks waiting in a fast-lane pool.", labels=["pool"])
+        allocs = GaugeMetricFamily("corral_fastlane_pool_allocations", "A fast-lane pool's allocations up.",
+                                   labels=["pool"])
+        for lane in self.board.service.lanes:
+            for p in lane.describe().get("pools", []) if lane is not self.board.service.lanes.batch else []:
+                pending.add_metric([p["pool"]], p["pending"])
+                allocs.add_metric([p["pool"]], sum(1 for a in p["allocations"] if a["up"]))
+        yield pending
+        yield allocs
+        semantic = self.board.service.memory.semantic
+        index = semantic.index if semantic is not None else None
+        if index is not None:
+            yield GaugeMetricFamily("corral_notes_embedded", "Notes in memory's semantic index.", value=index.size)
+            yield GaugeMetricFamily("corral_notes_embedding_backlog",
+                                    "Notes written but not embedded yet (recall finds them by words meanwhile).",
+                                    value=index.backlog())

@@ -1,0 +1,1 @@
+"""The HTTP edge: the app, its response models, and the bounds checked before authentication."""

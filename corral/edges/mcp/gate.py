@@ -1,0 +1,156 @@
+"""The door to ``/mcp`` over HTTP: who may hold an MCP session, and how many.
+
+A transport session (the ``Mcp-Session-Id`` the SDK issues at ``initialize``) costs the
+gateway memory until the client deletes it or it idles out (30 min): ~35 KB each, and
+the SDK keeps at most 10,000 for everyone (H4 report, F13: 9,000 sessions opened with
+no token took the gateway from 140 to 471 MB). So:
+
+- A caller without a valid token never gets a session. With no authorization server
+  configured, its requests are served *stateless* (a transport for the request, dropped
+  with it): the client still lists the tools and each call answers in corral's words what
+  is wrong (docs/decisions/0006-mcp-stdio-relay.md), and nothing outlives the request.
+  With one configured, it is answered 401 and pointed at the RFC 9728 metadata.
+- A session is bound to the token block that opened it: another token presenting its id
+  is refused (403), so a session is the credential's, never a header a client picks.
+- A principal holds at most ``[mcp] sessions_per_principal`` sessions (over all its
+  tokens and narrowed variants): opening one more closes its oldest, which then answers
+  404 as an expired session does, and a well-behaved client opens a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+from fastapi.responses import JSONResponse
+
+from corral.core.errors import CorralError, Forbidden
+from corral.core.principals import bearer_token, session_holder
+
+if TYPE_CHECKING:
+    from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+    from corral.core.service import Service
+
+log = logging.getLogger(__name__)
+
+SESSIONS_PER_PRINCIPAL = 64
+"""Sessions one principal may hold at once: an agent and its sub-agents, each with a
+client or two, with room to spare; a loop that never closes its sessions recycles them."""
+
+
+class RequireToken:
+    """The ``/mcp`` endpoint's guard. ``app``: the SDK's stateful endpoint; ``anonymous``:
+    a stateless one for callers without a token (None: they are refused); ``manager``:
+    the stateful endpoint's session manager (to close a session evicted over the cap);
+    ``metadata``: the RFC 9728 document's URL, named in each 401 where one is published."""
+
+    MAX_BOUND = 10_000
+
+    def __init__(self, app: Any, service: "Service", metadata: str | None = None, anonymous: Any = None,
+                 manager: "StreamableHTTPSessionManager | None" = None,
+                 per_principal: int = SESSIONS_PER_PRINCIPAL) -> None:
+        self.app, self.anonymous, self.manager = app, anonymous, manager
+        self.service = service
+        self.metadata = metadata
+        self.per_principal = per_principal
+        self.bound: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        """Mcp-Session-Id -> (the token block that opened it, its principal), oldest first."""
+        self.held: dict[str, OrderedDict[str, None]] = {}
+        """principal -> its session ids, oldest first."""
+        self._closing: set[asyncio.Task[None]] = set()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        sid = headers.get("mcp-session-id")
+        try:
+            try:
+                caller = self.service.authenticate(bearer_token(headers.get("authorization")))
+            except CorralError as e:
+                if self.metadata or e.status != 401 or self.anonymous is None:
+                    raise
+                if sid and sid in self.bound:  # a token's session, presented without it
+                    raise Forbidden(f"MCP session {sid[:40]} was opened with a token this request lacks",
+                                    hint="send the token that opened it, or open a session of your own") from None
+                # No token: answered statelessly, so the client lists the tools and each
+                # call says what is wrong; no session is made, nothing outlives the request.
+                # Only POST: a GET would hold a server-to-client stream open (a connection
+                # serving a request, which the connection caps never close) for nothing.
+                if scope.get("method") != "POST":
+                    body = {"jsonrpc": "2.0", "id": None, "error": {
+                        "code": -32600, "message": "without a token only requests (POST) are answered; no stream"}}
+                    await JSONResponse(body, status_code=405, headers={"Allow": "POST"})(scope, receive, send)
+                    return
+                await self.anonymous(scope, receive, send)
+                return
+            holder, who = session_holder(caller), caller.principal.name
+            if sid and sid in self.bound and self.bound[sid][0] != holder:
+                raise Forbidden(f"MCP session {sid[:40]} was opened with another token",
+                                hint="open a session of your own (initialize) with your token")
+        except CorralError as e:
+            await self._refuse(e, scope, receive, send)
+            return
+
+        async def binding(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                for k, v in message.get("headers", []):
+                    if k.decode("latin-1").lower() == "mcp-session-id":
+                        self._bind(v.decode("latin-1"), holder, who)
+            await send(message)
+
+        await self.app(scope, receive, binding)
+
+    def _bind(self, sid: str, holder: str, who: str) -> None:
+        if sid in self.bound:
+            return
+        self.bound[sid] = (holder, who)
+        mine = self.held.setdefault(who, OrderedDict())
+        mine[sid] = None
+        while len(mine) > self.per_principal:
+            self._close(next(iter(mine)))
+        while len(self.bound) > self.MAX_BOUND:
+            self._close(next(iter(self.bound)))
+
+    def _close(self, sid: str) -> None:
+        """Forget ``sid`` and end its transport (it then answers 404, as an expired one)."""
+        _, who = self.bound.pop(sid, ("", ""))
+        mine = self.held.get(who)
+        if mine is not None:
+            mine.pop(sid, None)
+            if not mine:
+                del self.held[who]
+        transport = getattr(self.manager, "_server_instances", {}).get(sid) if self.manager else None
+        if transport is not None:
+            # The SDK has no public call to end a session; _discard_session is what its own
+            # DELETE and idle reaping use.
+            task = asyncio.get_running_loop().create_task(self.manager._discard_session(sid, transport))  # type: ignore[union-attr]
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    def open_sessions(self) -> int:
+        """Sessions the SDK holds now (the 'mcp_sessions' gauge)."""
+        return len(getattr(self.manager, "_server_instances", {})) if self.manager else len(self.bound)
+
+    async def _refuse(self, e: CorralError, scope: Any, receive: Any, send: Any) -> None:
+        # A JSON-RPC error in the body: the MCP client shows its message (what to do),
+        # where a bare 401 became "Server returned an error response".
+        text = e.message + (f" ({e.hint})" if e.hint else "")
+        body = {"jsonrpc": "2.0", "id": None,
+                "error": {"code": -32001, "message": text, "data": {"code": e.code, "hint": e.hint}}}
+        quoted = text.replace("\\", "").replace('"', "'")
+        where = f', resource_metadata="{self.metadata}"' if self.metadata else ""
+        headers_out = {"WWW-Authenticate": f'Bearer error="invalid_token", error_description="{quoted}"{where}'} \
+            if e.status == 401 else None
+        await JSONResponse(body, status_code=e.status, headers=headers_out)(scope, receive, send)
+
+
+def anonymous_endpoint(stateful: "StreamableHTTPSessionManager") -> tuple[Any, "StreamableHTTPSessionManager"]:
+    """A stateless twin of ``stateful`` (same server, same security settings) -> (its ASGI
+    endpoint, its manager, which the gateway's lifespan runs)."""
+    from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+
+    twin = StreamableHTTPSessionManager(app=stateful.app, json_response=stateful.json_response, stateless=True,
+                                        security_settings=stateful.security_settings)
+    return StreamableHTTPASGIApp(twin), twin

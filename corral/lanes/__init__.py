@@ -1,0 +1,1 @@
+"""Lanes: where a recorded job runs (local, Slurm, the fast lane), behind one registry."""

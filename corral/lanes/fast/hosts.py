@@ -1,0 +1,168 @@
+"""A fast-lane worker's sandboxes: built once per key, reused by every task of that key.
+
+A contained task used to be wrapped alone (bwrap, setpriv, unshare, prlimit: ~14 ms of
+execs and namespaces per task, on a lane made for sub-second tasks). Here a worker
+builds one sandbox per (kind, Unix user, principal, working directory) with the
+facility's profile, runs corral/sandbox/host.py in it, and sends it each task of that
+key with the task's output files (and the script it reads) as open file descriptors.
+What holds a task in is the same as before: the host is read-only, the working
+directory and /tmp are the writable places, no network, no capabilities, never root,
+``pids_max`` processes (now for the principal's tasks in that directory together).
+
+A host idle for ``IDLE_S`` is closed; a host that ends (killed, or bwrap failed) fails
+the tasks it held, with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from corral.core import proc
+from corral.core.errors import BackendError
+from corral.sandbox.opendir import Changed, open_dir
+from corral.sandbox.opendir import identity as opendir_identity
+from corral.sandbox.host import command, outside_pids
+
+if TYPE_CHECKING:
+    from corral.sandbox.bwrap import Sandbox
+
+IDLE_S = 30.0
+MAX_HOSTS = 64
+Key = tuple[str, str | None, str | None, str, tuple[int, int] | None, tuple[tuple[str, ...], ...]]
+"""(kind, Unix user, principal, working directory, the identity its tasks run as, the
+credentials under that identity's home when it was built: one made since means a new
+sandbox that hides it, Sandbox.fresh)."""
+
+
+class Host:
+    """One built sandbox and the host program inside it."""
+
+    def __init__(self, sandbox: "Sandbox", key: Key, log: Path) -> None:
+        kind, user, _, workdir, ident, _ = key
+        # The working directory is bound by descriptor, opened here one component at a
+        # time without following links, as the tasks' identity (corral/sandbox/opendir.py): a link
+        # swapped in after the gateway checked the path fails the tasks, never redirects them.
+        wfd = None
+        if workdir != "/tmp":
+            try:
+                wfd = open_dir(workdir, opendir_identity(*ident) if ident is not None else None)
+            except Changed as e:
+                raise BackendError(str(e.strerror or e)) from None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # A task's message carries its env (at most 128 KiB) and command (64 KiB).
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+        fd = str(theirs.fileno())
+        # The host takes the system-call filter itself (its tasks are spawned: corral/sandbox/seccomp.py).
+        argv = [fd if a == "{fd}" else a for a in sandbox.wrap(kind, command(seccomp=sandbox.seccomp, fsize=sandbox.file_max), workdir, None, user,
+                                                               ident=ident, filtered=False, cwd_fd=wfd)]
+        self.log = log
+        try:
+            self.proc = proc.spawn(argv, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, stdout=log,
+                                   stderr=log, pass_fds=(theirs.fileno(), *([wfd] if wfd is not None else [])))
+        finally:
+            theirs.close()
+            if wfd is not None:
+                os.close(wfd)
+        ours.settimeout(10)  # a host that stops reading fails the task, it does not hang the lane
+        self.sock = ours
+        self.key = key
+        self.tasks: dict[int, Any] = {}
+        """Job id -> the launcher's record of it, while it runs here."""
+        self.inner: dict[int, int] = {}
+        """Job id -> its pid inside the sandbox."""
+        self.used = time.monotonic()
+        self.ended = False
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def start(self, job_id: int, argv: list[str], env: dict[str, str], fds: list[int]) -> None:
+        """Send a task (fds: its stdout, stderr, then what it reads as fd 3, 4, ...)."""
+        self.used = time.monotonic()
+        socket.send_fds(self.sock, [json.dumps({"id": job_id, "argv": argv, "env": env}).encode()], fds)
+
+    def kill(self, job_id: int) -> None:
+        try:
+            self.sock.send(json.dumps({"kill": job_id}).encode())
+        except OSError:
+            pass  # the host is gone, and its tasks with it
+
+    def receive(self) -> list[dict[str, Any]]:
+        """What the host said since last time (``ended`` tells whether it has ended)."""
+        out: list[dict[str, Any]] = []
+        while True:
+            try:  # the fd itself: the socket object's recv would wait out its timeout
+                data = os.read(self.sock.fileno(), 65536)
+            except BlockingIOError:
+                return out
+            except OSError:
+                data = b""
+            if not data:
+                self.ended = True
+                return out
+            out.append(json.loads(data))
+
+    def host_pids(self) -> dict[int, int]:
+        """Job id -> its pid outside (for the memory police)."""
+        return outside_pids(self.proc.pid, self.inner)
+
+    def why_ended(self) -> str:
+        try:
+            tail = self.log.read_text(errors="replace").strip().splitlines()[-1:]
+        except OSError:
+            tail = []
+        return f"its sandbox ended ({tail[0][:300] if tail else f'exit {self.proc.poll()}'})"
+
+    def close(self) -> None:
+        self.sock.close()  # the host kills its tasks and exits; bwrap then ends the namespace
+        try:
+            self.proc.kill()
+            self.proc.wait(5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+
+class Hosts:
+    """A worker's hosts by key."""
+
+    def __init__(self, sandbox: "Sandbox") -> None:
+        self.sandbox = sandbox
+        self.by_key: dict[Key, Host] = {}
+        self.by_fd: dict[int, Host] = {}
+        self._n = 0
+
+    def get(self, key: Key, log_dir: str) -> tuple[Host, bool]:
+        """-> the host for ``key``, and whether it was built now."""
+        host = self.by_key.get(key)
+        if host is not None and host.proc.poll() is None:
+            return host, False
+        if host is not None:
+            self.drop(host)
+        if len(self.by_key) >= MAX_HOSTS:
+            idle = sorted((h for h in self.by_key.values() if not h.tasks), key=lambda h: h.used)
+            for h in idle[: max(1, len(idle) // 2)]:
+                self.drop(h)
+        self._n += 1
+        host = Host(self.sandbox, key, Path(log_dir) / f"sandbox-{os.uname().nodename}-{os.getpid()}-{self._n}.log")
+        self.by_key[key] = host
+        self.by_fd[host.fileno()] = host
+        return host, True
+
+    def idle(self) -> list[Host]:
+        now = time.monotonic()
+        return [h for h in self.by_key.values() if not h.tasks and now - h.used > IDLE_S]
+
+    def drop(self, host: Host) -> None:
+        self.by_key.pop(host.key, None)
+        self.by_fd.pop(host.fileno(), None)
+        host.close()
+
+    def close(self) -> None:
+        for h in list(self.by_key.values()):
+            self.drop(h)

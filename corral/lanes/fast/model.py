@@ -1,0 +1,134 @@
+"""What a fast-lane pool is made of and talks to: its key, shapes, configuration, tasks,
+allocations, and the two ports it is given (allocations to start and stop, reports to
+make). corral/lanes/fast/pool.py is the pool itself."""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from corral.core.jobs import JobState
+
+if TYPE_CHECKING:
+    from corral.lanes.fast.pool import Pool
+
+
+@dataclass(frozen=True)
+class PoolKey:
+    """What a pool belongs to: tasks of principals that differ here never share one."""
+
+    unix_user: str | None
+    account: str | None
+    partition: str | None
+
+    @functools.cached_property
+    def slug(self) -> str:  # asked per task on submit: computed once
+        return "-".join(p or "_" for p in (self.unix_user, self.account, self.partition))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The resources of one allocation (one worker)."""
+
+    cpus: int
+    memory_mb: int
+    gpus: int
+    walltime_s: int
+
+
+@dataclass
+class PoolConfig:
+    min_allocations: int = 0
+    max_allocations: int = 2
+    max_queued: int = 1
+    idle_s: float = 120.0
+    start_timeout_s: float = 300.0
+    breaker_failures: int = 3
+    breaker_cooldown_s: float = 300.0
+    host: str = "127.0.0.1"
+    min_cpus: int = 4
+    """Fewest CPUs of an allocation (within the pool's shape). A small warm allocation
+    does not strand a burst: it holds ``DEPTH`` tasks per slot, the next one the rest."""
+    scale_after_s: float = 2.0
+    """The simulator's rule (corral/simulate): another allocation once the oldest
+    waiting task has waited this long. The gateway grows ahead instead (scaling.py)."""
+    give_back_s: float = 10.0
+    """Longest a batch job waits for cores an idle allocation holds (scaling.give_back)."""
+
+
+@dataclass
+class Task:
+    job_id: int
+    spec: dict[str, Any]
+    """What the launcher needs: command, cpus, memory_mb, gpus, walltime_s, env, dir, workdir."""
+    idempotent: bool = False
+    submitted: float = field(default_factory=time.time)
+    addr: str | None = None
+    """The worker it was sent to, while it holds room there."""
+    work: float = 0.0
+    """Seconds of CPU slots it was expected to hold when sent (demand.py)."""
+
+
+@dataclass
+class Allocation:
+    job_id: int
+    name: str
+    asked: float
+    shape: Shape
+    up_since: float | None = None
+    running_since: float | None = None
+    draining: bool = False
+    """Given back to a batch job that waits for its cores: no new tasks; released once empty."""
+    idle_since: float | None = None
+    """When its worker last became empty (None while it holds tasks)."""
+
+
+def _fits(shape: Shape, spec: dict[str, Any]) -> bool:
+    return spec["cpus"] <= shape.cpus and spec["memory_mb"] <= shape.memory_mb and spec["gpus"] <= shape.gpus
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A batch job queued on a pool's partition."""
+
+    job_id: int
+    cpus: int
+    memory_mb: int
+    since: float
+    reason: str | None
+
+
+class Allocations(Protocol):
+    """How a pool gets and gives back allocations (pilot jobs of the batch lane)."""
+
+    async def start(self, pool: "Pool", shape: Shape) -> int:
+        """Ask for one allocation of ``shape`` running this pool's worker; -> the corral job
+        id of its pilot."""
+        ...
+
+    async def stop(self, job_id: int) -> None: ...
+
+    def waiting(self, partition: str | None) -> list["Waiting"]:
+        """Batch jobs (not allocations) queued on the partition now, oldest first."""
+        ...
+
+    async def free(self, partition: str | None) -> tuple[int, int] | None:
+        """The most CPUs (and memory, MB) one node of the partition has free now; None
+        when not known."""
+        ...
+
+    def state(self, job_id: int) -> tuple[JobState, str | None]: ...
+
+
+class Reports(Protocol):
+    """Where a pool's news of its tasks goes (the service's Progress)."""
+
+    def started(self, started: dict[int, float]) -> None:
+        """Tasks that started: job id -> start time."""
+        ...
+
+    def ended(self, results: list[dict[str, Any]]) -> None:
+        """Finished tasks' records: job_id, state, exit_code, start, end, cpu_s, reason."""
+        ...

@@ -1,0 +1,101 @@
+"""A pool's allocations as jobs: the adapter the fast lane's pools use to start and stop
+them (``pool.Allocations``).
+
+An allocation is a pilot job (``python -m corral.lanes.fast.worker``) recorded as a job of
+the ``fastlane`` service principal and sent through the batch lane by the service's
+Sender, as the pool's Unix user and account, so it carries corral's provenance in Slurm
+(job name ``corral-<id>``, comment ``principal=fastlane kind=service session=pool:<pool>``)
+and is polled by the reconciler like any batch job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from corral.lanes.backend import SubmitContext
+from corral.core.config import FastLaneSettings
+from corral.core.errors import CorralError
+from corral.core.jobs import JobSpec, JobState
+from corral.core.principals import PILOT_PRINCIPAL, Kind, Principal
+from corral.lanes.fast.launcher import SANDBOX_FILE
+
+from corral.lanes.fast.model import Waiting
+from corral.core import paths
+
+if TYPE_CHECKING:
+    from corral.control.sender import Sender
+    from corral.core.db import Database
+    from corral.lanes.registry import BackendLane
+    from corral.lanes.fast.model import Shape
+    from corral.lanes.fast.pool import Pool
+
+
+class Pilots:
+    def __init__(self, settings: FastLaneSettings, db: "Database", batch: "BackendLane", sender: "Sender") -> None:
+        self.settings, self.db, self.batch, self.sender = settings, db, batch, sender
+        self._default: str | None = None
+
+    def _principal(self) -> Principal:
+        p = self.db.get_principal(PILOT_PRINCIPAL)
+        return p if p is not None else self.db.add_principal(Principal(PILOT_PRINCIPAL, Kind.SERVICE))
+
+    def spec(self, pool: "Pool", sh: "Shape") -> JobSpec:
+        cmd = (f"exec {self.settings.python or sys.executable} -m corral.lanes.fast.worker "
+               f"--scheduler {pool.address} --cpus {sh.cpus} --memory-mb {sh.memory_mb} --gpus {sh.gpus} "
+               f"--name alloc-$CORRAL_JOB_ID --tls-dir {pool.dir / 'tls'}")
+        if (pool.dir / SANDBOX_FILE).exists():
+            cmd += f" --sandbox {pool.dir / SANDBOX_FILE}"
+        # The gateway's own Python runs the gateway's own corral: a worker speaks its pool's
+        # protocol (the launcher's specs and events), whatever else that Python would import.
+        env = {} if self.settings.python else {"PYTHONPATH": str(paths.CODE_ROOT)}
+        return JobSpec(command=cmd, env=env, cpus=sh.cpus, memory=sh.memory_mb, gpus=sh.gpus, walltime=sh.walltime_s,
+                       partition=pool.key.partition, name=f"pool-{pool.key.slug}"[:64], lane="batch",
+                       labels={"corral-fastlane-pool": pool.key.slug})
+
+    async def start(self, pool: "Pool", shape: "Shape") -> int:
+        p = self._principal()
+        session = f"pool:{pool.key.slug}"
+        job = self.db.insert_job(p.name, session, self.batch.name, self.spec(pool, shape))
+        ctx = SubmitContext(job.id, p.name, p.kind.value, None, session, pool.key.unix_user, pool.key.account)
+        # A refusal leaves the job FAILED, which the pool's breaker counts.
+        await self.sender.send([(job, ctx)])
+        return job.id
+
+    async def stop(self, job_id: int) -> None:
+        job = self.db.get_job(job_id)
+        if job is None or job.terminal:
+            return
+        if job.backend_id:
+            with contextlib.suppress(CorralError):
+                await self.batch.cancel([job.backend_id])
+        else:
+            self.sender.progress.ended([{"job_id": job_id, "state": JobState.CANCELLED.value, "end": time.time(),
+                                         "reason": "released by the fast lane"}])
+
+    async def free(self, partition: str | None) -> tuple[int, int] | None:
+        return await self.batch.free(partition)
+
+    def waiting(self, partition: str | None) -> list[Waiting]:
+        """Batch jobs corral sent that still wait on this partition (the pools' own
+        allocations aside), oldest first, from corral's records: the reconciler keeps their
+        state and the scheduler's reason. A job held by corral or waiting for another job
+        does not wait for cores."""
+        if partition is None and self._default is None:  # asked of the scheduler once
+            self._default = next((p.name for p in self.batch.partitions() if p.default), "")
+        default = partition or self._default
+        out = []
+        for job in self.db.queued_on(self.batch.name, PILOT_PRINCIPAL):
+            s = job.spec
+            if ((s.partition or default) != default or s.after_ok or s.after_any
+                    or any(w in (job.reason or "") for w in ("Dependency", "Held", "held", "BeginTime"))):
+                continue
+            out.append(Waiting(job.id, s.cpus, s.memory_mb, job.submit_time, job.reason))
+        return sorted(out, key=lambda w: w.since)
+
+    def state(self, job_id: int) -> tuple[JobState, str | None]:
+        job = self.db.get_job(job_id)
+        return (job.state, job.reason) if job else (JobState.UNKNOWN, "the allocation's record is gone")

@@ -1,0 +1,468 @@
+"""One fast-lane pool: warm allocations of one Unix user and account on one partition,
+with one Dask scheduler that only that pool's workers join.
+
+    tasks ─enqueue─▶ pending ─dispatch (each worker ≤ HOLD_S of work per slot)─▶ Dask scheduler
+                                                                                  │
+    allocation (a pilot job: corral.lanes.fast.worker) ◀────── batches ─────────────┘
+         └─ launcher runs each task as a process ─▶ starts, outcomes (pushed as events)
+                                                     ─▶ the service records them
+
+Scaling (corral/lanes/fast/scaling.py): an allocation is asked for when tasks wait and
+there is none, or when the work coming would take the pool's allocations longer to
+drain than a new one takes to join, up to ``max_allocations`` and at most
+``max_queued`` not yet up, sized to that work; an idle pool keeps one sized to its
+recent peak; one is stopped after ``idle_s`` without work, down to
+``min_allocations``, and an idle one after ``give_back_s`` when a batch job waits for
+its cores. Records and ports: corral/lanes/fast/model.py. A circuit breaker opens after
+``breaker_failures`` allocations in a row end (or run ``start_timeout_s``) without a
+worker joining, for
+``breaker_cooldown_s``: tasks then fail with the reason instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+import time
+import uuid
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable
+
+from corral.core.jobs import JobState
+from corral.lanes.fast import launcher, scaling, trace
+from corral.lanes.fast.demand import HOLD_S, Demand
+from corral.lanes.fast.model import Allocation, Allocations, PoolConfig, PoolKey, Reports, Shape, Task, Waiting, _fits  # noqa: F401
+
+__all__ = ["Allocation", "Allocations", "Pool", "PoolConfig", "PoolKey", "Reports", "Shape", "Task", "Waiting"]
+
+log = logging.getLogger("corral.lanes.fast")
+MAX_BATCH = 512
+
+
+class Pool:
+    def __init__(self, key: PoolKey, shape: Shape, directory: Path, cfg: PoolConfig, allocations: Allocations,
+                 reports: Reports, security: Any = None) -> None:
+        self.key, self.shape, self.dir, self.cfg = key, shape, directory, cfg
+        self.allocations_port, self.reports = allocations, reports
+        self.security = security
+        self.pending: deque[Task] = deque()
+        self.inflight: dict[int, Task] = {}
+        self.load: dict[str, float] = {}
+        """Worker address -> expected seconds of CPU slots of the tasks sent to it and not yet ended."""
+        self.demand = Demand()
+        self.pending_work = 0.0
+        """Expected seconds of CPU slots of the tasks waiting here."""
+
+        self._growing = False
+        self._by_name: dict[str, Allocation] = {}
+        """Worker address -> its allocation, for the workers up."""
+        self.tell: Callable[[list[int], str], None] | None = None
+        """Writes what waiting tasks wait for into their records (the lane sets it)."""
+        self._told: tuple[str | None, int] = (None, 0)
+        self.gave_to: tuple[int, float] | None = None
+        """The batch job this pool last gave cores back to, and when."""
+        self.known: set[int] = set()
+        """Every task waiting or running here: submit is idempotent per job id."""
+        self.reported: set[int] = set()
+        """Tasks of batches still out whose outcome a worker already pushed (recorded once)."""
+        self.allocations: dict[int, Allocation] = {}
+        self.failures = 0
+        self.open_until = 0.0
+        self.last_reason: str | None = None
+        self.last_work = time.monotonic()
+        self.scheduler: Any = None
+        self.client: Any = None
+        self._spent: list[Any] = []
+        """Futures of batches already collected, released on the next tick."""
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Future[Any]] = set()
+        """Every task this pool started: kept (asyncio holds only weak references) and
+        awaited at close."""
+        self.trace = trace.gateway_dir()
+        """Where each stage of a task is timed (bench/fast_lane.py --trace), or None."""
+
+    # -- life ---------------------------------------------------------------------
+    async def start(self) -> None:
+        import dask
+        from distributed import Client, Scheduler
+
+        # A task must never run twice unless it says it may: no silent retries on a lost worker.
+        dask.config.set({"distributed.scheduler.allowed-failures": 0,
+                         "distributed.scheduler.work-stealing": True})
+        # Workers join over the network (TLS); the gateway's own client sits in the same
+        # process and talks to the scheduler in memory (inproc): no socket, no encryption.
+        # (Lists give one listener each: accepted by Dask, though its annotations say str.)
+        self.scheduler = await Scheduler(host=[self.cfg.host, None], port=[0, None],  # type: ignore[arg-type]
+                                         dashboard=False, security=self.security,
+                                         protocol=["tls" if self.security else "tcp", "inproc"])  # type: ignore[arg-type]
+        self.client = await Client(self.scheduler.listeners[1].contact_address, asynchronous=True,
+                                   security=self.security)
+        self.client.subscribe_topic(launcher.TOPIC, self._on_event)
+        self._keep(asyncio.create_task(self._dispatch_loop(), name=f"fastlane-dispatch-{self.key.slug}"))
+
+    def _keep(self, task: "asyncio.Future[Any]") -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:  # bounded: the gateway's shutdown has a deadline (api.settle)
+            await asyncio.wait(tasks, timeout=1.0)
+        for a in list(self.allocations.values()):
+            await self.allocations_port.stop(a.job_id)
+        if self.client is not None:
+            await self.client.close()
+        if self.scheduler is not None:
+            try:
+                await self.scheduler.close()
+            except RuntimeError as e:  # Dask's close can race a connection still opening
+                log.warning("fast-lane pool %s: the scheduler's close was untidy (%s)", self.key.slug, e)
+
+    @property
+    def address(self) -> str:
+        return str(self.scheduler.address)
+
+    @property
+    def breaker_open(self) -> bool:
+        return time.time() < self.open_until
+
+    def workers_up(self) -> dict[str, str]:
+        """Worker name -> address, for the workers connected now."""
+        return {str(ws.name): addr for addr, ws in self.scheduler.workers.items()}
+
+    # -- tasks --------------------------------------------------------------------
+    def enqueue(self, task: Task) -> None:
+        task.work = self.demand.expect(task.spec)
+        self.pending_work += task.work
+        if self.trace:
+            trace.mark("enqueued", [task.job_id])
+            task.spec["trace"] = self.trace
+        self.known.add(task.job_id)
+        self.pending.append(task)
+        self.last_work = time.monotonic()
+        self._wake.set()
+
+    def cancel(self, job_ids: set[int]) -> list[int]:
+        """Drop waiting tasks (returned) and tell workers to kill running ones."""
+        dropped = [t.job_id for t in self.pending if t.job_id in job_ids]
+        if dropped:
+            self.pending = deque(t for t in self.pending if t.job_id not in job_ids)
+            self.pending_work = sum(t.work for t in self.pending)
+            self.known.difference_update(dropped)
+        running = [j for j in job_ids if j in self.inflight]
+        if running and self.client is not None:
+            self._keep(asyncio.ensure_future(self.client.run(launcher.cancel, running)))
+        return dropped
+
+    def dispatch(self) -> None:
+        """Hand pending tasks to the workers up, each up to ``HOLD_S`` seconds of expected
+        work per CPU slot (running and queued in its launcher: demand.py); the rest wait
+        here for a worker's room. A task sent is a task placed: it cannot move to an
+        allocation that joins later, so a small warm allocation takes only what it can
+        soon run and the next allocation gets the rest, while a burst of millisecond tasks
+        goes out in a few large batches. Called at the end of a batch submission (its
+        tasks go out before the next request is read), by the loop below for single
+        submissions, for tasks that waited for room, and when tasks end."""
+        if self.pending:
+            n = len(self.pending) + len(self.inflight)  # every task wants a CPU at least
+            self.demand.wanted(self.shape.cpus if n >= self.shape.cpus else min(self.shape.cpus, sum(
+                t.spec["cpus"] for t in (*self.pending, *self.inflight.values()))))
+            self._grow_soon()
+        if not self.pending or self.client is None or not self.scheduler.workers:
+            return
+        up = self.workers_up()
+        room: list[tuple[float, str, Shape]] = []
+        for a in self.allocations.values():
+            addr = up.get(a.name)
+            if addr is None or a.draining:
+                continue
+            cap = HOLD_S * a.shape.cpus
+            load = self.load.get(addr, 0.0)
+            free = cap - load
+            # Refill by halves: batches of ~100 `true` cost the gateway and the worker
+            # 0.2 s less CPU per 1,000 than batches of 32 (measured), so no trickle.
+            if load == 0 or (free > 0 and free >= min(cap / 2, self.pending_work)):
+                room.append((free, addr, a.shape))
+        for free, addr, shape in sorted(room, reverse=True):
+            if not self.pending:
+                break
+            take: list[Task] = []
+            if shape == self.shape:  # tasks were routed to fit the pool's shape: any of them
+                while self.pending and (not take or self.pending[0].work <= free):
+                    t = self.pending.popleft()
+                    free -= t.work
+                    take.append(t)
+            else:  # a smaller allocation: only what fits it; the rest keep their order
+                keep = deque[Task]()
+                for t in self.pending:
+                    if _fits(shape, t.spec) and (not take or t.work <= free):
+                        free -= t.work
+                        take.append(t)
+                    else:
+                        keep.append(t)
+                self.pending = keep
+            self.pending_work -= sum(t.work for t in take)
+            for i in range(0, len(take), MAX_BATCH):
+                self._send(take[i:i + MAX_BATCH], addr)
+        if not self.pending:
+            self.pending_work = 0.0  # no drift from float sums
+
+    def _send(self, batch: list[Task], addr: str) -> None:
+        for t in batch:
+            t.addr = addr
+            self.inflight[t.job_id] = t
+        self.load[addr] = self.load.get(addr, 0.0) + sum(t.work for t in batch)
+        a = self._by_name.get(addr)
+        if a is not None:
+            a.idle_since = None
+        if self.trace:
+            trace.mark("sent", [t.job_id for t in batch])
+        # One opaque argument: Dask would otherwise walk every spec looking for its own
+        # keys, and pickle each task's environment anew (one object for many tasks here).
+        payload = pickle.dumps([t.spec for t in batch], protocol=pickle.HIGHEST_PROTOCOL)
+        fut = self.client.submit(launcher.run_batch, payload, pure=False, key=f"batch-{uuid.uuid4().hex}",
+                                 workers=[addr], allow_other_workers=False)
+        self._keep(asyncio.ensure_future(self._collect(fut, batch)))
+
+    def _unload(self, tasks: list[Task]) -> None:
+        """These tasks no longer hold room in their worker."""
+        for t in tasks:
+            if t.addr is not None:
+                left = self.load.get(t.addr, 0.0) - t.work
+                if left > 1e-9:
+                    self.load[t.addr] = left
+                else:
+                    self.load.pop(t.addr, None)
+                    a = self._by_name.get(t.addr)
+                    if a is not None and a.idle_since is None:
+                        a.idle_since = time.time()
+                t.addr = None
+        if self.pending:
+            self._wake.set()
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(0)  # let a burst of submissions land in one round
+            self.dispatch()
+
+    def _on_event(self, event: tuple[float, dict[str, Any]]) -> None:
+        """A worker's push of what started and ended since its last one. Only this pool's
+        tasks still out count: a worker cannot report (or re-report) anything else."""
+        msg = event[1]
+        ended = [r for r in msg.get("ended", ()) if r["job_id"] in self.inflight and r["job_id"] not in self.reported]
+        over = {r["job_id"] for r in msg.get("ended", ())}
+        started = {j: t for j, t in msg.get("started", ()) if j in self.inflight and j not in over}
+        if started:
+            self.reports.started(started)
+        if ended:
+            self._learn(ended)
+            if self.trace:
+                trace.mark("heard", [r["job_id"] for r in ended])
+            self.reported.update(r["job_id"] for r in ended)
+            self.reports.ended(ended)
+            if self.trace:
+                trace.mark("recorded", [r["job_id"] for r in ended])
+                trace.flush(self.trace)
+            self._unload([self.inflight[r["job_id"]] for r in ended])
+
+    def _learn(self, ended: list[dict[str, Any]]) -> None:
+        """How long tasks of each kind ran (the outcomes of tasks that ran)."""
+        for r in ended:
+            t = self.inflight.get(int(r["job_id"]))
+            if t is not None and r.get("start") and r.get("end") and r.get("state") in ("COMPLETED", "FAILED"):
+                self.demand.ran(t.spec, max(0.0, r["end"] - r["start"]))
+
+    async def _collect(self, fut: Any, batch: list[Task]) -> None:
+        """A batch came back: record what its worker had not pushed already. Its result
+        is fetched only when something in it was not pushed (a round trip to the worker)."""
+        from distributed import wait
+
+        try:
+            await wait(fut)
+            results: list[dict[str, Any]] = []
+            if fut.status != "finished" or any(t.job_id not in self.reported for t in batch):
+                results = await fut
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the worker died (KilledWorker) or the batch could not run
+            results = self._salvage([t for t in batch if t.job_id not in self.reported],
+                                    f"{type(e).__name__}: {e}"[:300])
+        finally:
+            self._unload(batch)  # what an event did not unload already
+            for t in batch:
+                self.inflight.pop(t.job_id, None)
+            self.last_work = time.monotonic()
+            # Released together on the next tick: a release just before the next submission
+            # held that submission back by Dask's 10 ms batching of the client's messages.
+            self._spent.append(fut)
+        pushed = {t.job_id for t in batch if t.job_id in self.reported}
+        self.reported.difference_update(pushed)
+        self.known.difference_update(pushed)
+        results = [r for r in results if int(r["job_id"]) not in pushed]
+        heard = pushed | {int(r["job_id"]) for r in results}
+        lost = [t for t in batch if t.job_id not in heard]
+        if lost:  # neither pushed nor returned: what its journal says, as for a lost worker
+            results += self._salvage(lost, "the batch came back without their outcome")
+        if results:
+            self._learn(results)
+            self.known.difference_update(int(r["job_id"]) for r in results)
+            self.reports.ended(results)
+        if self.pending:
+            self._wake.set()
+
+    def _salvage(self, batch: list[Task], why: str) -> list[dict[str, Any]]:
+        """A batch lost with its allocation: keep outcomes its worker journaled, rerun
+        what may be rerun, fail the rest with the reason."""
+        journal = launcher.read_journals(self.dir)
+        out: list[dict[str, Any]] = []
+        now = time.time()
+        for t in batch:
+            rec = journal.get(t.job_id)
+            if rec and rec.get("event") == "ended":
+                out.append(rec)
+            elif t.idempotent or rec is None:
+                log.info("fast-lane task %s requeued after its allocation was lost", t.job_id)
+                self.pending.append(t)  # never started, or marked idempotent: run it again
+                self.pending_work += t.work
+            else:
+                out.append({"job_id": t.job_id, "state": "FAILED", "exit_code": None, "start": rec.get("start"),
+                            "end": now, "cpu_s": None,
+                            "reason": f"the fast-lane allocation was lost while the task ran ({why}); "
+                                      "mark the job idempotent to have it rerun"})
+        return out
+
+    # -- scaling --------------------------------------------------------------------
+    async def maintain(self) -> None:
+        """Called every tick: track allocations, scale, give cores back, say what waiting
+        tasks wait for, trip or close the breaker."""
+        if self._spent:
+            spent, self._spent = self._spent, []
+            for fut in spent:
+                fut.release()
+        up = self.workers_up()
+        now = time.time()
+        for a in list(self.allocations.values()):
+            if a.name in up and a.up_since is None:
+                a.up_since = a.idle_since = now
+                self._by_name[up[a.name]] = a
+                self.demand.started(now - a.asked)
+                self.failures = 0
+                self._wake.set()
+            state, reason = self.allocations_port.state(a.job_id)
+            if state is JobState.RUNNING and a.running_since is None:
+                a.running_since = now
+            # Waiting in the scheduler's queue is not failing; running without a worker is.
+            stuck = a.up_since is None and a.running_since is not None and now - a.running_since > self.cfg.start_timeout_s
+            if state.terminal or stuck:
+                self._forget(a)
+                if a.up_since is None:
+                    self._failed(a, reason if state.terminal else None)
+                    if not state.terminal:
+                        await self.allocations_port.stop(a.job_id)
+        await scaling.give_back(self, now)
+        await self._grow()
+        if scaling.undersized(self):  # the next burst finds an allocation sized to the last
+            room = await self.allocations_port.free(self.key.partition)
+            if room is not None and room[0] > max(a.shape.cpus for a in self.allocations.values()):
+                await self._add()  # only one that starts now and is bigger than what it has
+        if len(self.allocations) < self.cfg.min_allocations and not self.breaker_open \
+                and not any(a.up_since is None for a in self.allocations.values()):
+            await self._add()
+        idle = time.monotonic() - self.last_work > self.cfg.idle_s
+        if idle and not self.pending and not self.inflight and len(self.allocations) > self.cfg.min_allocations:
+            # release one still queued first, else any but the one sized nearest to recent demand
+            keep = scaling.keeper(self)
+            victim = max(self.allocations.values(), key=lambda a: (a.up_since is None, a is not keep, a.asked))
+            await self.release(victim, "idle")
+            self.last_work = time.monotonic()
+        self._say_why()
+
+    def _say_why(self) -> None:
+        """Tell waiting tasks what they wait for, when that changed or new ones came."""
+        if self.tell is None:
+            return
+        why = scaling.waiting_reason(self)
+        if why is None:
+            self._told = (None, 0)
+        elif self._told != (why, len(self.pending)):
+            self._told = (why, len(self.pending))
+            self.tell([t.job_id for t in self.pending], why)
+
+    def _addr_of(self, a: Allocation) -> str | None:
+        return next((addr for addr, x in self._by_name.items() if x is a), None)
+
+    def _forget(self, a: Allocation) -> None:
+        self.allocations.pop(a.job_id, None)
+        addr = self._addr_of(a)
+        if addr is not None:
+            del self._by_name[addr]
+
+    async def release(self, a: Allocation, why: str) -> None:
+        self._forget(a)
+        log.info("fast-lane pool %s: releasing allocation %s (%s)", self.key.slug, a.job_id, why)
+        await self.allocations_port.stop(a.job_id)
+
+    async def _grow(self) -> None:
+        if self._growing:
+            return
+        queued = sum(1 for a in self.allocations.values() if a.up_since is None)
+        if (not self.breaker_open and len(self.allocations) < self.cfg.max_allocations
+                and queued < self.cfg.max_queued and self._backlogged(time.time())):
+            self._growing = True
+            try:
+                await self._add()
+            finally:
+                self._growing = False
+
+    def _grow_soon(self) -> None:
+        """Ask for an allocation now, not at the next tick, when the backlog calls for one."""
+        if (not self._growing and self.client is not None and len(self.allocations) < self.cfg.max_allocations
+                and self._backlogged(time.time())):
+            self._keep(asyncio.ensure_future(self._grow()))
+
+    def _failed(self, a: Allocation, reason: str | None) -> None:
+        self.failures += 1
+        self.last_reason = reason or f"no worker joined within {self.cfg.start_timeout_s:.0f} s of the job starting"
+        log.warning("fast-lane allocation %s of pool %s failed to start: %s", a.job_id, self.key.slug, self.last_reason)
+        if self.failures >= self.cfg.breaker_failures:
+            self.open_until = time.time() + self.cfg.breaker_cooldown_s
+            self.fail_pending(f"the fast lane of pool {self.key.slug} is off for {self.cfg.breaker_cooldown_s:.0f} s: "
+                               f"{self.failures} allocations in a row failed to start (last: {self.last_reason}); "
+                               "submit with lane=batch")
+
+    def _backlogged(self, now: float) -> bool:
+        return scaling.backlogged(self, now)
+
+    def _size(self, room: tuple[int, int] | None = None) -> Shape:
+        return scaling.size(self, room)
+
+    async def _add(self) -> None:
+        shape = self._size(await self.allocations_port.free(self.key.partition))
+        job_id = await self.allocations_port.start(self, shape)
+        self.allocations[job_id] = Allocation(job_id, f"alloc-{job_id}", time.time(), shape)
+
+    def fail_pending(self, reason: str) -> None:
+        now = time.time()
+        failed = [{"job_id": t.job_id, "state": "FAILED", "exit_code": None, "start": None, "end": now,
+                   "cpu_s": None, "reason": reason} for t in self.pending]
+        self.known.difference_update(t.job_id for t in self.pending)
+        self.pending.clear()
+        self.pending_work = 0.0
+        if failed:
+            self.reports.ended(failed)
+
+    def describe(self) -> dict[str, Any]:
+        return {"pool": self.key.slug, "unix_user": self.key.unix_user, "account": self.key.account,
+                "partition": self.key.partition, "shape": vars(self.shape),
+                "allocations": [{"job_id": a.job_id, "up": a.up_since is not None, "shape": vars(a.shape),
+                                 "draining": a.draining}
+                                for a in self.allocations.values()],
+                "pending": len(self.pending), "running": len(self.inflight),
+                "gave_cores_to": None if self.gave_to is None else {"job_id": self.gave_to[0], "at": self.gave_to[1]},
+                "breaker": {"open": self.breaker_open, "failures": self.failures, "last_reason": self.last_reason}}

@@ -1,0 +1,484 @@
+"""The embedded default backend: jobs are real processes on this machine.
+
+Each job gets a directory ``ROOT/jobs/<id>/`` that is corral's alone (0700, the
+gateway's): ``launch.json`` (what to run), ``stdout``/``stderr`` (handed to the job as
+file descriptors, never reopened by a path the job could change), ``script`` (the
+same), ``running.json`` (written by the job's supervisor, ``local_runner``, when it
+starts) and ``result.json`` (its last act). No job sees it: a job without a working
+directory gets ``work/`` inside it, owned by the job's identity and bound alone into
+its sandbox, and corral reads nothing from there. So nothing a job writes is parsed as
+corral's state (docs/decisions/0010-privsep.md). The directory *is* the state, so the
+backend rebuilds its queue from disk after a gateway restart and jobs keep running
+meanwhile. Jobs that do not fit the free CPU slots and memory wait in FIFO order,
+first fit. Under a root gateway each job runs as its principal's identity
+(corral/core/identity.py); under any other, as the gateway's user.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from signal import SIGUSR1
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from corral.core import proc
+from corral.sandbox import host as sandbox_host, opendir
+from corral.storage import META_LABEL, meta
+from corral.core.errors import InvalidRequest
+from corral.core.jobs import JobSpec, JobState, format_duration
+from corral.lanes.backend import CONTROLS, BackendStatus, OutputPaths, Partition, SubmitContext, Usage, base_env
+from corral.lanes.local_runner import write_json
+
+if TYPE_CHECKING:
+    from corral.core.identity import Identities
+    from corral.sandbox.bwrap import Sandbox
+
+SCRIPT = "/dev/fd/3"
+"""A job's script, as the job finds it: a file descriptor its supervisor opened."""
+WORKDIR_FD = 7
+"""The job's working directory, opened by its supervisor without following links and
+bound into the sandbox by descriptor (bwrap --bind-fd): a link swapped in meanwhile is
+never followed."""
+ENV_FD = 6
+"""A contained job's own environment reaches the last step before it on this descriptor."""
+JOB_DIR = "/tmp/corral-job"
+
+
+def _open_as(pair: tuple[int, int] | None) -> list[Any] | None:
+    """[uid, gid, groups] a root supervisor opens a job's working directory as."""
+    if pair is None:
+        return None
+    uid, gid, groups = opendir.identity(*pair)
+    return [uid, gid, groups]
+
+
+def _write_private(path: Path, data: bytes, mode: int) -> None:
+    """A new file of corral's, never through a link."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    try:
+        os.write(fd, data)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+log = logging.getLogger(__name__)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """True if pid runs and is not a zombie (zombies linger under some PID 1s)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z"
+
+
+@dataclass
+class _Running:
+    cpus: int
+    memory_mb: int
+    pid: int | None  # the supervisor's pid
+    child: subprocess.Popen[bytes] | None = None  # set when this instance started it
+    start_time: float | None = None
+
+
+class LocalBackend:
+    name = "local"
+    dependencies = False  # corral holds dependent jobs itself (control/dependencies.py)
+
+    def __init__(self, root: Path, cpus: int, memory_mb: int, max_walltime_s: int = 7 * 86400,
+                 sandbox: "Sandbox | None" = None, identities: "Identities | None" = None,
+                 output_max: int | None = None) -> None:
+        # Absolute: supervisors run with the job directory as their cwd.
+        self.root = Path(root).resolve()
+        self.jobs_dir = self.root / "jobs"
+        self.hosts_dir = self.root / "sandboxes"
+        """Built sandboxes' sockets and logs (corral/sandbox/host.py), in corral's hidden state."""
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)
+        os.chmod(self.jobs_dir, 0o700)
+        self.identities = identities
+        """Who each job runs as (corral/core/identity.py); None: the sandbox's own rule (tests)."""
+        self.output_max = output_max
+        """The most a job may write to its stdout and stderr together (its supervisor stops it past that)."""
+        self.cpus = cpus
+        self.memory_mb = memory_mb
+        self.max_walltime_s = max_walltime_s
+        self.sandbox = sandbox
+        """Contains the jobs of the kinds it names (corral/sandbox/bwrap.py)."""
+        self._lock = threading.Lock()
+        self._queue: dict[str, tuple[int, int]] = {}  # FIFO: id -> (cpus, memory_mb)
+        self._running: dict[str, _Running] = {}
+        self._done: dict[str, BackendStatus] = {}  # terminal results never change: read once
+        self._held: set[str] = set()  # queued jobs held by their owner (DIR/held): not started
+        self._recover()
+
+    # -- Backend Protocol ---------------------------------------------------------
+
+    def submit(self, ctx: SubmitContext, spec: JobSpec) -> str:
+        self.preflight(spec)
+        bid = str(ctx.job_id)
+        d = self.jobs_dir / bid
+        with self._lock:
+            if (d / "launch.json").exists():
+                return bid  # idempotent: a retried submit after a crash
+            # Corral's own: no job ever sees or writes this directory (its state, output, script).
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            contained = self.sandbox is not None and self.sandbox.applies(ctx.kind)
+            ident = self.identities.of(ctx.principal, ctx.unix_user, ctx.admin, contained, ctx.kind == "service") \
+                if self.identities is not None else None
+            reads: list[str] = []
+            if spec.script:
+                script = d / "script"
+                _write_private(script, spec.script.encode(), 0o755)  # read through its fd: d stays closed
+                reads = [str(script)]
+                argv = [SCRIPT] if spec.script.startswith("#!") else ["bash", SCRIPT]
+            else:
+                argv = ["bash", "-c", spec.command or ""]
+            env = base_env()
+            if ident is not None:  # who it is, not who the gateway is
+                env.update({"USER": ident.user, "LOGNAME": ident.user})
+                env.pop("HOME", None)
+                if ident.home:
+                    env["HOME"] = ident.home
+            env.update(spec.env)
+            env.update({"CORRAL_JOB_ID": bid, "CORRAL_PRINCIPAL": ctx.principal, "CORRAL_SESSION": ctx.session or ""})
+            work = d / "work"
+            # Sampled for metadata accounting (storage/meta.py); not a job that runs uncontained as
+            # another identity: its traces would lie in corral's directories, which it cannot enter.
+            traced = bool(spec.labels.get(META_LABEL)) and not (ident is not None and not contained)
+            own: str | None = None  # the job's own writable directory, when it needs one
+            if not spec.workdir or traced:
+                work.mkdir(mode=0o700, exist_ok=True)
+                own = str(work)
+                if ident is not None:
+                    os.chown(work, *ident.pair)
+                elif contained and self.sandbox is not None:
+                    who = self.sandbox.owner(ctx.kind, ctx.unix_user)
+                    if who is not None:
+                        os.chown(work, *who)
+            cwd = spec.workdir or str(work)
+            if ident is not None and not contained and not spec.workdir:
+                # Not contained, no directory named: corral's own directories are closed to it
+                # (their parents are 0700), so it starts in /tmp, as Slurm does when a job
+                # cannot enter its directory.
+                cwd, own = "/tmp", None
+            if ident is not None and "HOME" not in env:
+                env["HOME"] = (JOB_DIR if contained else str(work)) if own else cwd
+            host, env_file = None, None
+            if traced:  # sampled: its metadata calls counted (storage/meta.py), so wrapped alone
+                argv = meta.traced(argv, str(work))
+            fd = WORKDIR_FD if spec.workdir else None
+            pair = ident.pair if ident is not None else None
+            if contained and self.sandbox is not None and spec.workdir and not traced:
+                host, argv = self._host(ctx, argv, cwd, pair, reads)
+            elif contained and self.sandbox is not None:
+                # bwrap runs as root with corral's environment; the job's own (its PATH,
+                # LD_PRELOAD ...) is read from a descriptor by the step that starts it.
+                _write_private(d / "env.json", json.dumps(env).encode(), 0o600)
+                env, env_file = base_env(), str(d / "env.json")
+                argv = self.sandbox.wrap(ctx.kind, argv, cwd, own, ctx.unix_user, ident=pair, cwd_fd=fd,
+                                         env_fd=ENV_FD)
+            launch: dict[str, object] = {
+                "host": host,
+                "argv": argv,
+                "cwd": cwd,
+                "workdir": spec.workdir,
+                # Who opens the working directory (corral/sandbox/opendir.py): the job's identity, not root.
+                "open_as": _open_as(pair if pair is not None else (
+                    self.sandbox.owner(ctx.kind, ctx.unix_user) if contained and self.sandbox is not None else None)),
+                "reads": reads,
+                "identity": None if ident is None or contained else list(ident.pair) + [not ident.dynamic, ident.user],
+                "env": env,
+                "env_file": env_file,
+                "cpus": spec.cpus,
+                "memory_mb": spec.memory_mb,
+                "walltime_s": spec.walltime_s,
+                "output_max": self.output_max,
+                "principal": ctx.principal,
+                "session": ctx.session,
+            }
+            for name in ("stdout", "stderr"):
+                _write_private(d / name, b"", 0o600)
+            write_json(d / "launch.json", launch)
+            self._queue[bid] = (spec.cpus, spec.memory_mb)
+            self._schedule()
+        return bid
+
+    def _host(self, ctx: SubmitContext, argv: list[str], cwd: str, ident: tuple[int, int] | None,
+              reads: list[str]) -> tuple[dict[str, Any], list[str]]:
+        """A contained job with a working directory starts in the sandbox built for its
+        (kind, user, principal, directory), shared with the principal's other jobs there
+        (corral/sandbox/host.py): ~1 ms instead of ~14 ms per job. Its output files and
+        script reach it as file descriptors. -> (the supervisor's ``host``, the job's argv)."""
+        assert self.sandbox is not None
+        # setsid waits on it, as the parent it dies with: it outlives the supervisor that
+        # built it, and killing that one process (its pid is kept beside the socket) ends it.
+        wrapped = ["setsid", "--fork", "--wait", *self.sandbox.wrap(
+            ctx.kind, sandbox_host.command(self.sandbox.pids_max, listening=True, seccomp=self.sandbox.seccomp,
+                                 fsize=self.sandbox.file_max),
+            cwd, None, ctx.unix_user, limit=False, ident=ident, filtered=False, cwd_fd=WORKDIR_FD)]
+        key = hashlib.sha256(json.dumps([ctx.principal, wrapped]).encode()).hexdigest()[:20]
+        self.hosts_dir.mkdir(mode=0o700, exist_ok=True)
+        d = self.jobs_dir / str(ctx.job_id)
+        # Relative to the supervisor's directory (the job's): a socket's path has at most 107 bytes.
+        sock = os.path.relpath(self.hosts_dir / f"{key}.sock", d)
+        host = {"socket": sock, "argv": wrapped, "log": str(self.hosts_dir / f"{key}.log"), "reads": reads}
+        return host, argv
+
+    def status(self, backend_ids: Sequence[str]) -> dict[str, BackendStatus]:
+        with self._lock:
+            self._reap()
+            self._schedule()
+            out: dict[str, BackendStatus] = {}
+            for bid in backend_ids:
+                st = self._status_one(bid)
+                if st is not None:
+                    out[bid] = st
+            return out
+
+    def cancel(self, backend_ids: Sequence[str]) -> None:
+        with self._lock:
+            for bid in backend_ids:
+                d = self.jobs_dir / bid
+                if not (d / "launch.json").exists() or (d / "result.json").exists():
+                    continue
+                (d / "cancel").touch()
+                if bid in self._queue:
+                    del self._queue[bid]
+                    self._held.discard(bid)
+                    self._finish(d, "CANCELLED", None, "cancelled while pending")
+                    continue
+                r = self._running.get(bid)
+                # Signal only a supervisor that has set its handler (it wrote running.json
+                # after); one still starting finds the cancel file before it starts the job.
+                if r is not None and r.pid is not None and (d / "running.json").exists() and _alive(r.pid):
+                    try:
+                        os.kill(r.pid, 15)
+                    except ProcessLookupError:
+                        pass
+
+    def control(self, backend_id: str, action: str, signal: int | None = None) -> None:
+        """hold/release a queued job (DIR/held); signal a running one through its
+        supervisor (DIR/signal.json, then SIGUSR1: local_runner); no requeue."""
+        if action not in CONTROLS:
+            raise InvalidRequest(f"unknown action {action!r}; use one of {', '.join(CONTROLS)}")
+        if action == "requeue":
+            raise InvalidRequest("the local backend cannot requeue a job", hint="cancel it and submit it again")
+        d = self.jobs_dir / backend_id
+        with self._lock:
+            if (d / "result.json").exists():
+                raise InvalidRequest(f"the job has ended; {action} applies to a pending or running job")
+            if action in ("hold", "release"):
+                if backend_id not in self._queue:
+                    raise InvalidRequest(f"the job has started; {action} applies to a job still waiting for CPUs",
+                                         hint="signal it, or cancel it")
+                if action == "hold":
+                    (d / "held").touch()
+                    self._held.add(backend_id)
+                else:
+                    (d / "held").unlink(missing_ok=True)
+                    self._held.discard(backend_id)
+                    self._schedule()
+                return
+            r = self._running.get(backend_id)
+            if r is None or r.pid is None or not (d / "running.json").exists() or not _alive(r.pid):
+                raise InvalidRequest("the job is not running yet; a signal goes to a running job",
+                                     hint="wait until it is RUNNING (wait_for_job until RUNNING)")
+            write_json(d / "signal.json", {"signal": signal})
+            os.kill(r.pid, SIGUSR1)  # the supervisor reads DIR/signal.json
+
+    def usage(self, backend_id: str) -> Usage:
+        result = _read_json(self.jobs_dir / backend_id / "result.json") or {}
+        return Usage(result.get("cpu_s"), result.get("max_rss_mb"),
+                     "the supervisor's wait (CPU time, peak memory), and its memory samples")
+
+    def output_paths(self, backend_id: str) -> OutputPaths:
+        d = self.jobs_dir / backend_id
+        return OutputPaths(d / "stdout", d / "stderr")
+
+    def partitions(self) -> list[Partition]:
+        return [Partition("local", self.cpus, self.memory_mb, 0, self.max_walltime_s, default=True)]
+
+    def forget(self, backend_ids: Sequence[str]) -> None:
+        """Nothing is kept of an ended job: its directory is the record."""
+
+    def collect(self, before: float) -> int:
+        """Remove the directories of jobs that ended before ``before`` (their output and
+        record: the job's state stays in corral's database). -> how many. Start-up and
+        recovery then cost what the live jobs cost, not what history does. Symlink-safe:
+        a job's own ``work/`` is its identity's, and rmtree never follows a link in it."""
+        import shutil
+
+        gone = 0
+        for d in self.jobs_dir.iterdir():
+            if not d.name.isdigit() or d.name in self._running or d.name in self._queue:
+                continue
+            result = _read_json(d / "result.json")
+            if not result or (result.get("end_time") or before) >= before:
+                continue
+            shutil.rmtree(d, ignore_errors=True)
+            self._done.pop(d.name, None)
+            gone += 1
+        return gone
+
+    def free(self, partition: str | None) -> tuple[int, int] | None:
+        with self._lock:
+            self._reap()
+            return self._free()
+
+    def estimate_start(self, spec: JobSpec) -> float | None:
+        """First come, first served, as this backend schedules: the jobs queued ahead
+        start as running ones end (each assumed to run its whole walltime), then this one."""
+        now = time.time()
+        with self._lock:
+            self._reap()
+            ends: list[tuple[float, int]] = []
+            for bid, r in self._running.items():
+                launch = _read_json(self.jobs_dir / bid / "launch.json") or {}
+                ends.append(((r.start_time or now) + launch.get("walltime_s", 0), r.cpus))
+            queued = [(c, (_read_json(self.jobs_dir / bid / "launch.json") or {}).get("walltime_s", 0))
+                      for bid, (c, _) in self._queue.items()]
+            free = self.cpus - sum(r.cpus for r in self._running.values())
+        t = now
+        for cpus, walltime in [*queued, (spec.cpus, spec.walltime_s)]:
+            ends.sort()
+            while free < cpus and ends:
+                end, freed = ends.pop(0)
+                t, free = max(t, end), free + freed
+            if free < cpus:
+                return None
+            free -= cpus
+            ends.append((t + walltime, cpus))
+        return t
+
+    def close(self) -> None:
+        """Jobs keep running: they belong to their supervisors, not to the gateway."""
+
+    # -- preflight --------------------------------------------------------------------
+
+    def preflight(self, spec: JobSpec) -> None:
+        """Refuse at once what this machine can never run, naming the nearest valid request."""
+        if spec.partition not in (None, "local"):
+            raise InvalidRequest(f"unknown partition {spec.partition!r}; this facility has one partition: 'local'")
+        if spec.cpus > self.cpus:
+            raise InvalidRequest(f"{spec.cpus} CPUs asked but the largest node has {self.cpus}; ask for cpus <= {self.cpus}")
+        if spec.memory_mb > self.memory_mb:
+            raise InvalidRequest(
+                f"{spec.memory_mb}M of memory asked but the largest node has {self.memory_mb}M; ask for memory <= {self.memory_mb}M"
+            )
+        if spec.gpus > 0:
+            raise InvalidRequest(f"{spec.gpus} GPUs asked but this facility has none; set gpus to 0")
+        if spec.walltime_s > self.max_walltime_s:
+            raise InvalidRequest(
+                f"walltime {format_duration(spec.walltime_s)} is over the limit of {format_duration(self.max_walltime_s)}; ask for less"
+            )
+
+    # -- internals (called with the lock held) ------------------------------------------
+
+    def _recover(self) -> None:
+        """Rebuild queue and slot usage from disk: the gateway may have restarted."""
+        dirs = sorted((p for p in self.jobs_dir.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+        for d in dirs:
+            if (d / "result.json").exists() or not (d / "launch.json").exists():
+                continue
+            launch = _read_json(d / "launch.json") or {}
+            spawned = _read_json(d / "running.json") or _read_json(d / "spawned")
+            if spawned is not None:
+                self._running[d.name] = _Running(launch.get("cpus", 1), launch.get("memory_mb", 0), spawned.get("pid"))
+            else:
+                self._queue[d.name] = (launch.get("cpus", 1), launch.get("memory_mb", 0))
+                if (d / "held").exists():
+                    self._held.add(d.name)
+        with self._lock:
+            self._schedule()
+
+    def _free(self) -> tuple[int, int]:
+        used_cpu = sum(r.cpus for r in self._running.values())
+        used_mem = sum(r.memory_mb for r in self._running.values())
+        return self.cpus - used_cpu, self.memory_mb - used_mem
+
+    def _schedule(self) -> None:
+        free_cpu, free_mem = self._free()
+        for bid, (cpus, memory_mb) in list(self._queue.items()):
+            if free_cpu <= 0:
+                break
+            if bid in self._held:
+                continue
+            if cpus <= free_cpu and memory_mb <= free_mem:
+                del self._queue[bid]
+                self._start(bid, cpus, memory_mb)
+                free_cpu -= cpus
+                free_mem -= memory_mb
+
+    def _start(self, bid: str, cpus: int, memory_mb: int) -> None:
+        d = self.jobs_dir / bid
+        child = proc.spawn(
+            [sys.executable, "-m", "corral.lanes.local_runner", str(d)],
+            cwd=d, stdout=d / "runner.log", stderr=d / "runner.log",
+        )
+        # Written before the supervisor's own running.json exists, so a restart in
+        # between still counts this job as started rather than starting it twice.
+        write_json(d / "spawned", {"pid": child.pid, "time": time.time()})
+        self._running[bid] = _Running(cpus, memory_mb, child.pid, child)
+
+    def _reap(self) -> None:
+        """Free the slots of jobs whose supervisor has exited. Costs a waitpid (or a
+        /proc read for jobs started before a restart) per running job, no file reads."""
+        for bid, r in list(self._running.items()):
+            if r.child is not None:
+                if r.child.poll() is None:
+                    continue
+            elif r.pid is not None and _alive(r.pid):
+                continue
+            d = self.jobs_dir / bid
+            if not (d / "result.json").exists():
+                self._finish(d, "FAILED", None,
+                             "the job's supervisor process vanished without a result (killed, or the host restarted)")
+            del self._running[bid]
+
+    def _finish(self, d: Path, state: str, exit_code: int | None, reason: str) -> None:
+        write_json(d / "result.json", {"state": state, "exit_code": exit_code, "reason": reason,
+                                       "start_time": None, "end_time": time.time()})
+
+    def _status_one(self, bid: str) -> BackendStatus | None:
+        if bid in self._done:
+            return self._done[bid]
+        d = self.jobs_dir / bid
+        r = self._running.get(bid)
+        if r is not None:
+            if r.start_time is None:
+                running = _read_json(d / "running.json")
+                if running is None:
+                    return BackendStatus(bid, JobState.PENDING, reason="starting")
+                r.start_time = running.get("start_time")
+            return BackendStatus(bid, JobState.RUNNING, start_time=r.start_time)
+        if bid in self._held:
+            return BackendStatus(bid, JobState.PENDING, reason="held by request; release it to let it run")
+        if bid in self._queue:
+            return BackendStatus(bid, JobState.PENDING, reason="waiting for free CPU slots or memory")
+        result = _read_json(d / "result.json")
+        if result:
+            st = BackendStatus(bid, JobState(result["state"]), result.get("exit_code"), result.get("reason"),
+                               result.get("start_time"), result.get("end_time"))
+            self._done[bid] = st
+            return st
+        if not (d / "launch.json").exists():
+            return None
+        return BackendStatus(bid, JobState.PENDING, reason="starting")

@@ -1,0 +1,216 @@
+"""Lanes: where a recorded job is sent to run. The service holds them in one registry.
+
+::
+
+    Lanes ─route(principal, spec)─▶ the lane that claims the spec (else the batch lane)
+      ├── "local" | "slurm"   BackendLane: a scheduler Backend (corral/backends), polled
+      └── "fast"              FastLane (corral/lanes/fast): warm allocations, reports itself
+
+A lane is a small class behind the ``Lane`` Protocol. ``job.backend`` names the lane a
+job was sent to; the reconciler polls only the lanes that do not report themselves.
+Meant to be the one place that knows which lanes exist; docs/architecture.md lists
+where lane names are still written elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from corral.lanes.backend import Backend, BackendStatus, OutputPaths, Partition, SubmitContext, Usage
+from corral.core.errors import BackendError, CorralError, InvalidRequest
+from corral.core.jobs import JobSpec
+from corral.core.principals import Principal
+
+SUBMIT_CONCURRENCY = 8
+"""Scheduler submissions of one batch in flight at once (sbatch is ~2 controller RPCs:
+concurrent, bounded, never one after another inside a request)."""
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What a lane did with one job: its backend id, or why it could not take it now."""
+
+    backend_id: str | None = None
+    error: CorralError | None = None
+
+
+@runtime_checkable
+class Lane(Protocol):
+    name: str
+    reports_itself: bool
+    """True: the lane pushes starts and outcomes (to the service's Progress); never polled."""
+    dependencies: bool
+    """True: ``submit`` honours ``SubmitContext.after`` (its scheduler holds dependent jobs)."""
+
+    def claim(self, principal: Principal, spec: JobSpec) -> JobSpec | None:
+        """This spec, made ready for this lane, if the lane takes it; None to let the batch
+        lane have it. Raises InvalidRequest when the spec asks for this lane and cannot fit."""
+        ...
+
+    async def submit(self, jobs: Sequence[tuple[SubmitContext, JobSpec]]) -> list[Sent]:
+        """Start or queue each job (idempotent per job id); one ``Sent`` per job, in order."""
+        ...
+
+    def dispatch(self) -> None:
+        """Start what ``submit`` queued now rather than on the lane's next turn."""
+        ...
+
+    async def status(self, backend_ids: Sequence[str]) -> dict[str, BackendStatus]: ...
+
+    async def cancel(self, backend_ids: Sequence[str]) -> list[dict[str, Any]]:
+        """Cancel; -> outcomes known at once (jobs dropped before they started)."""
+        ...
+
+    def output_paths(self, backend_id: str) -> OutputPaths: ...
+
+    def forget(self, backend_ids: Sequence[str]) -> None:
+        """The core has recorded these jobs' terminal states: drop what the lane keeps of them."""
+        ...
+
+    async def run(self) -> None:
+        """The lane's own loop, for the gateway's lifetime (returns at once if it has none)."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def estimate(self, principal: Principal, spec: JobSpec) -> dict[str, Any]:
+        """When a job of ``spec`` submitted now would start: {"start": time or None, "how": ...}."""
+        ...
+
+    async def control(self, backend_id: str, action: str, signal: int | None) -> None:
+        """Hold, release, requeue or signal one job it took; InvalidRequest where it cannot."""
+        ...
+
+    async def usage(self, backend_id: str) -> Usage:
+        """What one finished job used, as far as the lane measured it."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What the facility card says of this lane."""
+        ...
+
+
+class BackendLane:
+    """A scheduler Backend as a lane: its blocking calls in worker threads, a batch's
+    submissions concurrent (at most ``SUBMIT_CONCURRENCY``)."""
+
+    reports_itself = False
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.name = backend.name
+        self.dependencies = backend.dependencies
+        self.tiered: bool = getattr(backend, "tiered", hasattr(backend, "opportunistic"))
+        """Agents' jobs are placed in a tier here (Slurm; corral/lanes/placement.py)."""
+        self._slots = asyncio.Semaphore(SUBMIT_CONCURRENCY)
+
+    def claim(self, principal: Principal, spec: JobSpec) -> JobSpec | None:
+        return spec.model_copy(update={"lane": "batch"})
+
+    async def submit(self, jobs: Sequence[tuple[SubmitContext, JobSpec]]) -> list[Sent]:
+        async def one(ctx: SubmitContext, spec: JobSpec) -> Sent:
+            async with self._slots:
+                try:
+                    return Sent(await asyncio.to_thread(self.backend.submit, ctx, spec))
+                except CorralError as e:
+                    return Sent(error=e)
+
+        return list(await asyncio.gather(*(one(c, s) for c, s in jobs)))
+
+    def dispatch(self) -> None:
+        """Submissions are sent as they come."""
+
+    async def status(self, backend_ids: Sequence[str]) -> dict[str, BackendStatus]:
+        return await asyncio.to_thread(self.backend.status, backend_ids)
+
+    async def cancel(self, backend_ids: Sequence[str]) -> list[dict[str, Any]]:
+        await asyncio.to_thread(self.backend.cancel, backend_ids)
+        return []
+
+    def output_paths(self, backend_id: str) -> OutputPaths:
+        return self.backend.output_paths(backend_id)
+
+    def forget(self, backend_ids: Sequence[str]) -> None:
+        self.backend.forget(backend_ids)
+
+    async def run(self) -> None:
+        """Polled by the reconciler: no loop of its own."""
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.backend.close)
+
+    async def estimate(self, principal: Principal, spec: JobSpec) -> dict[str, Any]:
+        try:
+            start = await asyncio.to_thread(self.backend.estimate_start, spec)
+        except BackendError as e:
+            return {"start": None, "how": f"the scheduler could not say ({e.message})"}
+        how = "sbatch --test-only" if self.backend.name == "slurm" else "the queue now, each job running its whole walltime"
+        return {"start": start, "how": how}
+
+    async def control(self, backend_id: str, action: str, signal: int | None) -> None:
+        await asyncio.to_thread(self.backend.control, backend_id, action, signal)
+
+    async def usage(self, backend_id: str) -> Usage:
+        return await asyncio.to_thread(self.backend.usage, backend_id)
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name}
+
+    def opportunistic(self) -> str | None:
+        """The preemptible QOS of agents' opportunistic jobs here (None: no such tier)."""
+        fn = getattr(self.backend, "opportunistic", None)
+        return fn() if fn else None
+
+    def partition_cpus(self, partition: str | None) -> int:
+        """CPUs of a partition (None: the default one), its nodes times the largest node's."""
+        parts = self.backend.partitions()
+        p = next((x for x in parts if x.name == partition), None) or next((x for x in parts if x.default), parts[0])
+        return p.max_cpus * max(1, len(p.extra.get("nodes") or ()))
+
+    def preflight(self, spec: JobSpec) -> None:
+        self.backend.preflight(spec)
+
+    def partitions(self) -> list[Partition]:
+        return self.backend.partitions()
+
+    async def free(self, partition: str | None) -> tuple[int, int] | None:
+        """See Backend.free; None too when the scheduler cannot be asked now."""
+        try:
+            return await asyncio.to_thread(self.backend.free, partition)
+        except CorralError:
+            return None
+
+
+class Lanes:
+    """The registry: the batch lane (the facility's scheduler) and any others."""
+
+    def __init__(self, batch: BackendLane) -> None:
+        self.batch = batch
+        self.by_name: dict[str, Lane] = {batch.name: batch}
+
+    def add(self, lane: Lane) -> None:
+        self.by_name[lane.name] = lane
+
+    def __getitem__(self, name: str) -> Lane:
+        return self.by_name[name]
+
+    def __iter__(self) -> Any:
+        return iter(self.by_name.values())
+
+    def polled(self) -> list[str]:
+        """Names of the lanes the reconciler asks for status."""
+        return [lane.name for lane in self if not lane.reports_itself]
+
+    def route(self, principal: Principal, spec: JobSpec) -> tuple[JobSpec, Lane]:
+        """-> (the spec as it will run, its lane). A lane other than batch may claim it."""
+        for lane in self:
+            if lane is not self.batch:
+                claimed = lane.claim(principal, spec)
+                if claimed is not None:
+                    return claimed, lane
+        if spec.lane not in (None, "batch", "auto"):
+            raise InvalidRequest(f"lane {spec.lane!r} is not offered at this facility",
+                                 hint="submit with lane 'batch' (or leave the lane out)")
+        return self.batch.claim(principal, spec) or spec, self.batch

@@ -1,0 +1,145 @@
+"""The sandbox's one way out: an egress proxy that lets through only the facility's
+allow-list (``[sandbox] allow_hosts``), so that `pip install` from the facility's
+mirror works and nothing else does.
+
+The proxy is ``proxy.py`` (PyPI), run by the gateway as a child process that dies with
+it (``python -m corral.sandbox.egress``), listening on a Unix socket in corral's state, with
+one plugin of corral's: ``AllowHosts``, which refuses (403, saying what to ask the
+admin for) any upstream host, or host:port, not on the list, for plain HTTP and for
+``CONNECT`` (HTTPS) alike. A sandboxed job has a network namespace with only a
+loopback: the socket is bound into it and a ``socat`` inside bridges
+``127.0.0.1:3128`` to it, and the job's ``http_proxy``/``https_proxy`` point there
+(corral/sandbox/bwrap.py). Whatever a job runs, the only connection that can leave is one
+the proxy accepts: the allow-list is checked on the effect (the upstream connection),
+not on the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from corral.core import proc
+from corral.core.errors import BackendError
+
+log = logging.getLogger(__name__)
+
+
+def allowed(host: str, port: int, allow: Sequence[str]) -> bool:
+    """``host``:``port`` against entries ``host``, ``host:port`` or ``*.domain``."""
+    host = host.lower().rstrip(".")
+    for entry in allow:
+        name, _, p = entry.lower().partition(":")
+        if p and p != str(port):
+            continue
+        if host == name or (name.startswith("*.") and host.endswith(name[1:])):
+            return True
+    return False
+
+
+class Egress:
+    """The running proxy; ``socket`` is what sandboxes bind in."""
+
+    def __init__(self, directory: Path, allow: Sequence[str]) -> None:
+        self.allow = list(allow)
+        directory.mkdir(parents=True, exist_ok=True)
+        directory.chmod(0o755)  # the jobs' users connect to the socket
+        self.socket = directory / "proxy.sock"
+        self.socket.unlink(missing_ok=True)
+        self._proc: subprocess.Popen[bytes] | None = proc.spawn(
+            [sys.executable, "-m", "corral.sandbox.egress", "--socket", str(self.socket), "--allow", ",".join(self.allow)],
+            stderr=directory / "proxy.log")
+        deadline = time.monotonic() + 20
+        while not self.socket.exists():
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                raise BackendError(f"the egress proxy did not start; see {directory / 'proxy.log'}",
+                                   hint="or empty [sandbox] allow_hosts to run without it (no network for jobs)")
+            time.sleep(0.05)
+        self.socket.chmod(0o666)
+        self.bridge = bridge_binary(directory)
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+            self._proc = None
+
+
+BRIDGE_NAME = "socat"
+"""corral's copy of socat beside the proxy's socket (see bridge_binary)."""
+
+
+def bridge_binary(directory: Path) -> Path | None:
+    """A copy of socat that its users may run but not read (0111). The bridge runs in
+    the job's sandbox as the job's uid, before the system-call filter; a program the
+    kernel cannot let its user read is started non-dumpable, so the job cannot ptrace it
+    or write its /proc/PID/mem to use its unfiltered calls. -> None without socat."""
+    import shutil
+
+    real = shutil.which("socat")
+    if real is None:
+        return None
+    copy = directory / BRIDGE_NAME
+    tmp = directory / f".{BRIDGE_NAME}.{os.getpid()}"
+    shutil.copyfile(real, tmp)
+    tmp.chmod(0o111)  # also the owner's bits: a service account's own jobs run as it
+    os.replace(tmp, copy)
+    return copy
+
+
+@functools.lru_cache(maxsize=1)
+def _plugin() -> Any:
+    """The proxy.py plugin, made only in the proxy's process (proxy.py is imported there)."""
+    from proxy.http.exception import HttpRequestRejected
+    from proxy.http.parser import HttpParser
+    from proxy.http.proxy import HttpProxyBasePlugin
+
+    allow = [a for a in os.environ.get("CORRAL_EGRESS_ALLOW", "").split(",") if a]
+
+    class AllowHosts(HttpProxyBasePlugin):
+        def before_upstream_connection(self, request: HttpParser) -> Optional[HttpParser]:
+            host = (request.host or b"").decode("ascii", "replace")
+            port = request.port or 80
+            if not allowed(host, port, allow):
+                log.warning("egress refused: %s:%s", host, port)
+                raise HttpRequestRejected(status_code=403, reason=b"Forbidden", body=(
+                    f"corral: {host}:{port} is not on this facility's egress allow-list; "
+                    "ask the admin to add it to [sandbox] allow_hosts\n").encode())
+            return request
+
+    return AllowHosts
+
+
+def __getattr__(name: str) -> Any:
+    """``corral.sandbox.egress.AllowHosts``, as proxy.py loads its plugins by name."""
+    if name == "AllowHosts":
+        return _plugin()
+    raise AttributeError(name)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="corral's egress proxy (proxy.py with an allow-list)")
+    ap.add_argument("--socket", required=True, type=Path)
+    ap.add_argument("--allow", default="")
+    a = ap.parse_args(argv)
+    proc.die_with_parent()
+    os.environ["CORRAL_EGRESS_ALLOW"] = a.allow
+    import proxy
+
+    with proxy.Proxy(["--unix-socket-path", str(a.socket), "--plugins", "corral.sandbox.egress.AllowHosts",
+                      "--num-workers", "1", "--num-acceptors", "1", "--log-level", "WARNING"]):
+        proxy.sleep_loop()
+
+
+if __name__ == "__main__":
+    main()
