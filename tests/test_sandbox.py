@@ -573,6 +573,12 @@ def test_an_admin_sees_and_tries_the_sandbox_from_the_cli(tmp_path) -> None:
         shown = json.loads(subprocess.run([*cli, "--json", "sandbox", "show"], env=env, capture_output=True,
                                           text=True, check=True).stdout)
         assert shown["available"] and shown["pids_max"] == 512 and str(home / ".ssh") in shown["hidden"]
+        # The profile a job gets, as data: the credentials emptied, the host read-only beneath
+        # them, the filter the last step before the job.
+        mounts = shown["profile"]["mounts"]
+        assert mounts[0] == {"op": "ro-bind", "src": "/", "dst": "/"}
+        assert {"op": "tmpfs", "dst": str(home / ".ssh")} in mounts
+        assert shown["profile"]["steps"][-1].endswith("python3")
         r = subprocess.run([*cli, "sandbox", "run", "--", "bash", "-c",
                             f"cat {home}/.ssh/id_ed25519; echo x > /etc/corral-cli-canary; id -u; exit 3"],
                            env=env, capture_output=True, text=True, timeout=60)
@@ -598,3 +604,23 @@ def test_a_home_gone_since_the_sandbox_was_made_is_not_mounted_over(tmp_path: Pa
     gone.rmdir()
     argv = box.wrap("agent", ["true"], str(tmp_path), root=False)
     assert str(gone) not in argv and argv[argv.index(str(kept)) - 1] == "--tmpfs"
+
+
+def test_a_profile_renders_its_hiding_around_the_working_directory(tmp_path: Path) -> None:
+    """The order bwrap applies mounts is the containment: what is hidden is emptied first,
+    the working directory bound over it, and what is hidden inside the working directory
+    emptied again over that bind (a credential in the project); a job that runs as another
+    user becomes it with no capability left, its environment read by the last step."""
+    project = tmp_path / "project"
+    (project / ".aws").mkdir(parents=True)
+    box = Sandbox(frozenset({"agent"}), (tmp_path, project / ".aws"), run_as="nobody", seccomp="00")
+    profile, argv = box.profile("agent", ["make"], str(project), root=True, user=None, env_fd=7)
+    ops = [(m.op, m.dst) for m in profile.mounts]
+    hidden, bound, again = ops.index(("tmpfs", str(tmp_path))), ops.index(("bind", str(project))), \
+        len(ops) - 1 - ops[::-1].index(("tmpfs", str(project / ".aws")))
+    assert hidden < bound < again
+    assert ("dir", str(project)) not in ops and argv == ["make"]
+    rendered = profile.render(argv)
+    assert rendered[rendered.index("--") + 1].endswith("setpriv") and "--bounding-set=-all" in rendered
+    last = profile.steps[-1]
+    assert last[-2:] == ("00", "7") and rendered[-1] == "make"

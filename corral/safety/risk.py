@@ -181,76 +181,147 @@ def _walk(text: str, risk: Risk, variables: dict[str, str], aliases: dict[str, s
             _check(argv, pipeline[:i], risk, variables, aliases, depth)
 
 
+@dataclass
+class _Call:
+    """One command being judged, with what it was reached through."""
+
+    argv: list[str]
+    upstream: list[list[str]]
+    """The commands piped into it."""
+    risk: Risk
+    variables: dict[str, str]
+    aliases: dict[str, str]
+    depth: int
+
+    @property
+    def name(self) -> str:
+        return self.argv[0].rsplit("/", 1)[-1]
+
+    @property
+    def line(self) -> str:
+        return " ".join(self.argv)
+
+    def again(self, argv: list[str], upstream: list[list[str]] | None = None) -> None:
+        """Judge a command this one runs (a prefix's, find's -exec)."""
+        _check(argv, self.upstream if upstream is None else upstream, self.risk, self.variables, self.aliases,
+               self.depth + 1)
+
+    def code(self, text: str) -> None:
+        """Judge shell code this one runs (sh -c, eval, a one-liner's system())."""
+        _walk(text, self.risk, dict(self.variables), self.aliases, self.depth + 1)
+
+
 def _check(argv: list[str], upstream: list[list[str]], risk: Risk, variables: dict[str, str],
            aliases: dict[str, str], depth: int) -> None:
-    name = argv[0].rsplit("/", 1)[-1]
-    line = " ".join(argv)
-    if name in ("sudo", "doas", "su", "pkexec") or (name == "chmod" and re.search(r"[ug]\+s|\b[2467][0-7]{3}\b", line)):
-        risk.add("privilege_escalation", line)
-    if name in PREFIXES or name == "xargs":
-        k = 1  # skip the prefix's own options, VAR=value pairs and (timeout) the duration
-        while k < len(argv) and (argv[k].startswith("-") or re.match(r"^\w+=", argv[k])):
-            k += 1
-        if name == "timeout" and k < len(argv):
-            k += 1
-        if k < len(argv):
-            _check(argv[k:], upstream, risk, variables, aliases, depth + 1)
+    c = _Call(argv, upstream, risk, variables, aliases, depth)
+    if c.name in ("sudo", "doas", "su", "pkexec") or (c.name == "chmod" and re.search(r"[ug]\+s|\b[2467][0-7]{3}\b", c.line)):
+        risk.add("privilege_escalation", c.line)
+    for runs_another in (_prefixed, _shell, _interpreter):
+        if runs_another(c):  # judged as what it runs
+            return
+    for rule in _RULES:
+        rule(c)
+    _effects(c.name, argv, c.line, risk)
+
+
+def _prefixed(c: _Call) -> bool:
+    """``nohup``, ``timeout 60``, ``env X=1``, ``xargs``: the command after them."""
+    if c.name not in PREFIXES and c.name != "xargs":
+        return False
+    argv, k = c.argv, 1  # skip the prefix's own options, VAR=value pairs and (timeout) the duration
+    while k < len(argv) and (argv[k].startswith("-") or re.match(r"^\w+=", argv[k])):
+        k += 1
+    if c.name == "timeout" and k < len(argv):
+        k += 1
+    if k < len(argv):
+        c.again(argv[k:])
+    return True
+
+
+def _shell(c: _Call) -> bool:
+    """``sh -c CODE``, ``eval CODE``, and what is piped into a shell, decoded where it can be."""
+    if c.name not in SHELLS and c.name != "eval":
+        return False
+    argv, code = c.argv, None
+    if c.name == "eval":
+        code = " ".join(argv[1:])
+    elif "-c" in argv[1:]:
+        k = argv.index("-c")
+        code = argv[k + 1] if k + 1 < len(argv) else None
+    elif c.upstream:
+        code = _decoded(c.upstream, c.risk)
+    if code:
+        c.code(code)
+    return True
+
+
+def _interpreter(c: _Call) -> bool:
+    if c.name not in ("python", "python3", "perl", "ruby", "node") or not any(f in c.argv for f in ("-c", "-e")):
+        return False
+    k = c.argv.index("-c" if "-c" in c.argv else "-e") + 1
+    _one_liner(c.argv[k] if k < len(c.argv) else "", c.risk, c.variables, c.aliases, c.depth)
+    return True
+
+
+def _find(c: _Call) -> None:
+    if c.name != "find":
         return
-    if name in SHELLS or name == "eval":
-        code = None
-        if name == "eval":
-            code = " ".join(argv[1:])
-        elif "-c" in argv[1:]:
-            k = argv.index("-c")
-            code = argv[k + 1] if k + 1 < len(argv) else None
-        elif upstream:  # something piped into a shell: decode what we can
-            code = _decoded(upstream, risk)
-        if code:
-            _walk(code, risk, dict(variables), aliases, depth + 1)
+    argv = c.argv
+    paths = [a for a in argv[1:] if not a.startswith("-") and a not in ("{}", ";", "+", "\\;")][:1]
+    if "-delete" in argv and paths and _protected(paths[0]):
+        c.risk.add("destructive_fs", c.line)
+    if "-exec" in argv or "-execdir" in argv:
+        k = argv.index("-exec") if "-exec" in argv else argv.index("-execdir")
+        sub = [a for a in argv[k + 1:] if a not in (";", "\\;", "+")]
+        if sub and sub[0].rsplit("/", 1)[-1] in ("rm", "shred", "chmod", "chown") and paths and _protected(paths[0]):
+            c.risk.add("destructive_fs" if sub[0].endswith(("rm", "shred")) else "recursive_permissions", c.line)
+        elif sub:
+            c.again([s.replace("{}", paths[0] if paths else "x") for s in sub], [])
+
+
+def _removal(c: _Call) -> None:
+    if c.name not in ("rm", "shred", "unlink", "rmdir"):
         return
-    if name in ("python", "python3", "perl", "ruby", "node") and any(f in argv for f in ("-c", "-e")):
-        flag = "-c" if "-c" in argv else "-e"
-        code = argv[argv.index(flag) + 1] if argv.index(flag) + 1 < len(argv) else ""
-        _one_liner(code, risk, variables, aliases, depth)
-        return
-    if name == "find":
-        paths = [a for a in argv[1:] if not a.startswith("-") and a not in ("{}", ";", "+", "\\;")][:1]
-        if "-delete" in argv and paths and _protected(paths[0]):
-            risk.add("destructive_fs", line)
-        if "-exec" in argv or "-execdir" in argv:
-            k = argv.index("-exec") if "-exec" in argv else argv.index("-execdir")
-            sub = [a for a in argv[k + 1:] if a not in (";", "\\;", "+")]
-            if sub and sub[0].rsplit("/", 1)[-1] in ("rm", "shred", "chmod", "chown") and paths and _protected(paths[0]):
-                risk.add("destructive_fs" if sub[0].endswith(("rm", "shred")) else "recursive_permissions", line)
-            elif sub:
-                _check([s.replace("{}", paths[0] if paths else "x") for s in sub], [], risk, variables, aliases, depth + 1)
-    if name in ("rm", "shred", "unlink", "rmdir"):
-        flags = "".join(a[1:] for a in argv[1:] if a.startswith("-") and not a.startswith("--"))
-        recursive = "r" in flags.lower() or "--recursive" in argv or name == "shred"
-        targets = [a for a in argv[1:] if not a.startswith("-") and a != "{}"]
-        if (not targets or "{}" in argv) and upstream:  # xargs rm (-I{}): the targets come down the pipe
-            targets = [w for cmd in upstream for w in cmd[1:] if not w.startswith("-")]
-        if recursive and any(_protected(t) for t in targets):
-            risk.add("destructive_fs", line)
+    argv = c.argv
+    flags = "".join(a[1:] for a in argv[1:] if a.startswith("-") and not a.startswith("--"))
+    recursive = "r" in flags.lower() or "--recursive" in argv or c.name == "shred"
+    targets = [a for a in argv[1:] if not a.startswith("-") and a != "{}"]
+    if (not targets or "{}" in argv) and c.upstream:  # xargs rm (-I{}): the targets come down the pipe
+        targets = [w for cmd in c.upstream for w in cmd[1:] if not w.startswith("-")]
+    if recursive and any(_protected(t) for t in targets):
+        c.risk.add("destructive_fs", c.line)
+
+
+def _by_name(c: _Call) -> None:
+    """The classes a command's name and words give away alone."""
+    name, line, argv, risk = c.name, c.line, c.argv, c.risk
     if name in ("mkfs", "wipefs") or name.startswith("mkfs.") or (name == "dd" and re.search(r"\bof=/dev/", line)):
         risk.add("destructive_fs", line)
     if name in ("chmod", "chown", "chgrp", "setfacl") and re.search(r"\s-(\w*R\w*)\b|--recursive", line):
         risk.add("recursive_permissions", line)
-    if SECRET_PATHS.search(line) or re.search(r"\$\{?\w*(TOKEN|SECRET|API_KEY|PASSWORD)\w*\}?", line):
-        if name not in ("ssh-keygen", "ssh-add"):
-            risk.add("credential_read", line)
+    if (SECRET_PATHS.search(line) or re.search(r"\$\{?\w*(TOKEN|SECRET|API_KEY|PASSWORD)\w*\}?", line)) and \
+            name not in ("ssh-keygen", "ssh-add"):
+        risk.add("credential_read", line)
     if name in NET_TOOLS and _external(argv):
         risk.add("exfiltration", line)
     if name in ("base64", "xxd") and ("-d" in argv or "--decode" in argv or "-r" in argv):
         risk.add("obfuscated", line)
     if name in HEAVY or (name == "make" and re.search(r"-j\s*(\d{2,}|\b)", line) and "-j1" not in line):
         risk.add("heavy_compute", line)
-    _effects(name, argv, line, risk)
+
+
+_RULES = (_find, _removal, _by_name)
 
 
 def _effects(name: str, argv: list[str], line: str, risk: Risk) -> None:
     """The classes by effect: where a command writes, whom it acts on, whether it connects."""
     args = [a for a in argv[1:] if not a.startswith("-")]
+    _writes(name, argv, args, line, risk)
+    _acts(name, argv, args, line, risk)
+
+
+def _writes(name: str, argv: list[str], args: list[str], line: str, risk: Risk) -> None:
+    """Where it writes: a socket, a start-up file, outside the job's own places."""
     written: list[str] = []
     if name == ">":  # a redirect, by the shell (corral/safety/shparse.py)
         written = args[:1]
@@ -267,6 +338,10 @@ def _effects(name: str, argv: list[str], line: str, risk: Risk) -> None:
             risk.add("persistence", line)
         elif target.startswith(("/", "~", "$HOME", "${HOME}")) and not target.startswith(INSIDE):
             risk.add("writes_outside", line)
+
+
+def _acts(name: str, argv: list[str], args: list[str], line: str, risk: Risk) -> None:
+    """Whom it acts on (the scheduler, other users, later runs) and whether it connects."""
     if (name == "crontab" and "-l" not in argv) or name in ("at", "batch") or \
             (name == "systemctl" and "--user" in argv and any(a in argv for a in ("enable", "start", "link"))):
         risk.add("persistence", line)

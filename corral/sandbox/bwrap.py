@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Sequence
 
 from corral.core import proc
+from corral.sandbox.profile import Become, Mount, Profile, hiding
 from corral.sandbox.seccomp import apply_argv
 from corral.core.errors import BackendError, InvalidRequest, SandboxUnavailable
 
@@ -135,9 +136,9 @@ class Sandbox:
              limit: bool = True, ident: tuple[int, int] | None = None, filtered: bool = True,
              cwd_fd: int | None = None, env_fd: int | None = None) -> list[str]:
         """The command that runs ``argv`` contained (itself when ``kind`` is not
-        sandboxed). Writable inside: ``cwd``, ``job_dir`` (the job's output) and a
-        private /tmp; ``readable``: files in hidden places it must read (its script).
-        ``user``, ``root``: as for ``owner``; the command must be run by whoever
+        sandboxed): ``profile`` rendered. Writable inside: ``cwd``, ``job_dir`` (the job's
+        output) and a private /tmp; ``readable``: files in hidden places it must read (its
+        script). ``user``, ``root``: as for ``owner``; the command must be run by whoever
         ``root`` says; ``ident``: the (uid, gid) the job becomes instead (its identity,
         corral/core/identity.py). ``limit=False``: without the process limit (a sandbox host,
         corral/sandbox/host.py, that sets each of its jobs' own); ``filtered=False``:
@@ -150,6 +151,16 @@ class Sandbox:
         chain is named by its absolute path, found on the gateway's PATH."""
         if not self.applies(kind):
             return list(argv)
+        profile, argv = self.profile(kind, argv, cwd, job_dir, user, root, readable, limit, ident, filtered, cwd_fd, env_fd)
+        return profile.render(argv)
+
+    def profile(self, kind: str, argv: Sequence[str], cwd: str, job_dir: str | None = None,
+                user: str | None = None, root: bool | None = None, readable: Sequence[str] = (),
+                limit: bool = True, ident: tuple[int, int] | None = None, filtered: bool = True,
+                cwd_fd: int | None = None, env_fd: int | None = None) -> tuple[Profile, list[str]]:
+        """What ``wrap`` renders, as data (corral/sandbox/profile.py), and ``argv`` as
+        the job sees it inside (its own directory and scripts where they are bound)."""
+        argv = list(argv)
         who = ident if ident is not None and (os.geteuid() == 0 if root is None else root) else self.owner(kind, user, root)
         inner = job_dir
         if who is not None and job_dir is not None:
@@ -158,69 +169,73 @@ class Sandbox:
             inner = JOB_DIR
             argv = [inner + a[len(job_dir):] if a == job_dir or a.startswith(job_dir + "/") else a for a in argv]
             cwd = inner if cwd == job_dir else cwd
-        # Run by root, bwrap needs no user namespace, and the job's user must be one the
-        # kernel knows (in a new user namespace only root would be mapped); run by anyone
-        # else, the user namespace is what lets bwrap build the rest.
-        spaces = (["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
-                  + ([] if self.network else ["--unshare-net"])) if who is not None else \
-            ["--unshare-all", *(["--share-net"] if self.network else [])]
-        size = ["--size", str(self.tmp_max)] if self.tmp_max else []
-        out = [tool("bwrap"), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", *size, "--tmpfs", "/tmp",
-               *spaces, "--die-with-parent", "--new-session"]
         own = _home_of(who[0]) if who is not None else str(Path.home())
-        hiding = self._now_hidden(own)
-        # emptied first (the job's own directories are bound back in after); a path gone since
-        # the list was made (a home userdel removed) needs no hiding, and bwrap could not mount on it
-        for flag, path, *src in hiding:
-            if os.path.lexists(path):
-                out += [flag, *src, path]
-        if who is not None and readable:  # bwrap made their hidden parents root's, 0700: bound apart
-            seen = {f: f"{READ_DIR}/{Path(f).name}" for f in readable}
-            out += ["--perms", "0755", "--dir", READ_DIR]
-            for f, inside in seen.items():
-                out += ["--ro-bind", f, inside]
-            argv = [seen.get(a, a) for a in argv]
-        else:
-            for f in readable:
-                out += ["--ro-bind", f, f]
-        if cwd not in (job_dir, inner, "/tmp"):
-            # A working directory inside an emptied one (a workspace under corral's scratch):
-            # bwrap would make its parents root's and 0700, which the job's user cannot
-            # traverse by absolute path; they are made 0755 first.
-            for flag, hidden, *_ in hiding:
-                if flag == "--tmpfs" and Path(cwd).is_relative_to(hidden) and cwd != hidden:
-                    for parent in reversed(Path(cwd).relative_to(hidden).parents[:-1]):
-                        out += ["--perms", "0755", "--dir", str(Path(hidden) / parent)]
-            out += ["--bind-fd", str(cwd_fd), cwd] if cwd_fd is not None else ["--bind", cwd, cwd]
-            # What is hidden inside the working directory (corral's home in the project that
-            # holds it, a credential directory) is hidden again over the bind, which undid it.
-            for flag, path, *src in hiding:
-                if Path(path).is_relative_to(cwd) and path != cwd and os.path.lexists(path):
-                    out += [flag, *src, path]
+        hidden = [hiding(*t) for t in self._now_hidden(own) if os.path.lexists(t[1])]
+        # a path gone since the list was made (a home userdel removed) needs no hiding, and bwrap could not mount on it
+        inside = {f: f"{READ_DIR}/{Path(f).name}" for f in readable} if who is not None and readable else {}
+        argv = [inside.get(a, a) for a in argv]
+        mounts = [Mount("ro-bind", "/", "/"), Mount("dev", "/dev"), Mount("proc", "/proc"),
+                  Mount("tmpfs", "/tmp", perms="1777", size=self.tmp_max),
+                  *hidden,  # emptied first: the job's own directories are bound back in after
+                  *self._readable(readable, inside), *self._workdir(cwd, cwd_fd, (job_dir, inner), hidden)]
         if job_dir is not None and inner is not None:
-            out += ["--bind", job_dir, inner]
-        out += ["--chdir", cwd]
-        fsize = [f"--fsize={self.file_max}:{self.file_max}"] if self.file_max else []
-        prlimit = [tool("prlimit"), f"--nproc={self.pids_max}:{self.pids_max}", *fsize, "--"] if limit else []
+            mounts.append(Mount("bind", inner, job_dir))
+        env: list[tuple[str, str]] = []
+        steps: list[tuple[str, ...]] = []
+        if limit:
+            fsize = (f"--fsize={self.file_max}:{self.file_max}",) if self.file_max else ()
+            steps.append((tool("prlimit"), f"--nproc={self.pids_max}:{self.pids_max}", *fsize, "--"))
         if self.egress and not self.network:
-            url = f"http://127.0.0.1:{PORT_INSIDE}"
-            out += ["--bind", self.egress, EGRESS_INSIDE]
-            bridge, real = os.path.join(os.path.dirname(self.egress), "socat"), _socat()
-            if real and os.path.exists(bridge):  # corral's unreadable copy (corral/sandbox/egress.py): not traceable
-                out += ["--ro-bind", bridge, real]
-            for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
-                out += ["--setenv", var, url]
-            prlimit += [tool("bash"), "-c", _BRIDGE, "corral-egress"]
+            mounts += self._egress()
+            env = [(var, f"http://127.0.0.1:{PORT_INSIDE}") for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")]
+            steps.append((tool("bash"), "-c", _BRIDGE, "corral-egress"))
         if (filtered and self.seccomp) or env_fd is not None:  # last before the job: corral's own setup above is not bound by it
-            prlimit += apply_argv(system_python(), self.seccomp if filtered else None, env_fd)
-        if who is None:
-            return [*out, "--cap-drop", "ALL", "--", *prlimit, *argv]
+            steps.append(tuple(apply_argv(system_python(), self.seccomp if filtered else None, env_fd)))
         # bwrap builds the namespaces as root (it reads every path it binds), then the job
         # becomes its user with no capability left, and no_new_privs (bwrap's) keeps it so;
         # `unshare --user` gives it the namespace in which its process count is its own.
-        groups = "--init-groups" if _home_of(who[0]) is not None else "--clear-groups"  # a real user's project groups
-        return [*out, "--", tool("setpriv"), f"--reuid={who[0]}", f"--regid={who[1]}", groups, "--inh-caps=-all",
-                "--bounding-set=-all", "--", *([tool("unshare"), "--user", "--map-current-user", "--"] if self.own_count else []), *prlimit, *argv]
+        become = None if who is None else Become(who[0], who[1], _home_of(who[0]) is not None, self.own_count)
+        return Profile(tool("bwrap"), self._namespaces(who is not None), tuple(mounts), cwd, tuple(env), become,
+                       tuple(steps), {"setpriv": tool("setpriv"), "unshare": tool("unshare")}), argv
+
+    def _namespaces(self, as_root: bool) -> tuple[str, ...]:
+        # Run by root, bwrap needs no user namespace, and the job's user must be one the
+        # kernel knows (in a new user namespace only root would be mapped); run by anyone
+        # else, the user namespace is what lets bwrap build the rest.
+        if as_root:
+            return ("--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
+                    *(() if self.network else ("--unshare-net",)))
+        return ("--unshare-all", *(("--share-net",) if self.network else ()))
+
+    @staticmethod
+    def _readable(readable: Sequence[str], inside: dict[str, str]) -> list[Mount]:
+        if inside:  # bwrap made their hidden parents root's, 0700: bound apart
+            return [Mount("dir", READ_DIR, perms="0755"), *(Mount("ro-bind", at, f) for f, at in inside.items())]
+        return [Mount("ro-bind", f, f) for f in readable]
+
+    @staticmethod
+    def _workdir(cwd: str, cwd_fd: int | None, own: tuple[str | None, str | None], hidden: list[Mount]) -> list[Mount]:
+        """The working directory bound writable, unless it is the job's own directory or /tmp."""
+        if cwd in (*own, "/tmp"):
+            return []
+        # A working directory inside an emptied one (a workspace under corral's scratch):
+        # bwrap would make its parents root's and 0700, which the job's user cannot
+        # traverse by absolute path; they are made 0755 first.
+        out = [Mount("dir", str(Path(m.dst) / parent), perms="0755")
+               for m in hidden if m.op == "tmpfs" and Path(cwd).is_relative_to(m.dst) and cwd != m.dst
+               for parent in reversed(Path(cwd).relative_to(m.dst).parents[:-1])]
+        out.append(Mount("bind-fd", cwd, str(cwd_fd)) if cwd_fd is not None else Mount("bind", cwd, cwd))
+        # What is hidden inside the working directory (corral's home in the project that
+        # holds it, a credential directory) is hidden again over the bind, which undid it.
+        return out + [m for m in hidden if Path(m.dst).is_relative_to(cwd) and m.dst != cwd]
+
+    def _egress(self) -> list[Mount]:
+        assert self.egress is not None
+        out = [Mount("bind", EGRESS_INSIDE, self.egress)]
+        bridge, real = os.path.join(os.path.dirname(self.egress), "socat"), _socat()
+        if real and os.path.exists(bridge):  # corral's unreadable copy (corral/sandbox/egress.py): not traceable
+            out.append(Mount("ro-bind", real, bridge))
+        return out
 
     def hidden_from(self, kind: str, user: str | None = None) -> list[Path]:
         """The paths a contained job of ``kind`` (and ``user``) sees empty: what it may not

@@ -68,6 +68,9 @@ def show(ctx: click.Context) -> None:
                                                   if s.sandbox.allow_hosts else "none"),
            "pids_max": box.pids_max, "run_as": box.run_as, "own_process_count": box.own_count,
            "hidden": hidden, "homes_hidden_from_others": homes}
+    if box.kinds and box.why_not is None:  # what a job in the current directory gets, as bwrap's steps
+        kind = "agent" if box.applies("agent") else sorted(box.kinds)[0]
+        out["profile"] = box.profile(kind, ["true"], os.getcwd())[0].describe()
     root = ctx.find_root().obj
     if getattr(root, "as_json", False):
         click.echo(json.dumps(out))

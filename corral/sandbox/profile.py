@@ -1,0 +1,93 @@
+"""A job's sandbox as data: what bwrap builds and what runs ahead of the job, rendered to argv.
+
+``Sandbox.profile`` (corral/sandbox/bwrap.py) decides, for one job, which namespaces it
+gets, what it sees (mounts, in the order bwrap applies them: a later one covers an
+earlier), whom it becomes and which steps run between bwrap and the job (the process
+limit, the egress bridge, the system-call filter). This module only renders that
+decision, so the decision can be read, printed (``corral sandbox show``) and tested
+without parsing an argument list, and the order of the chain is written once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One filesystem step of bwrap's: ``op`` is its flag without dashes."""
+
+    op: str
+    """ro-bind, bind, bind-fd (``src`` is a descriptor's number), tmpfs, dir, dev, proc."""
+    dst: str
+    src: str | None = None
+    perms: str | None = None
+    """The mode of what ``tmpfs`` or ``dir`` makes (bwrap's --perms, which applies to the next step)."""
+    size: int | None = None
+    """The size of a ``tmpfs``, in bytes."""
+
+    def argv(self) -> list[str]:
+        out = ["--perms", self.perms] if self.perms else []
+        out += ["--size", str(self.size)] if self.size else []
+        return out + [f"--{self.op}", *([self.src] if self.src is not None else []), self.dst]
+
+
+def hiding(flag: str, path: str, *src: str) -> Mount:
+    """A hidden path as ``Sandbox`` lists it (bwrap flag, path[, source]) as a mount."""
+    return Mount(flag.removeprefix("--"), path, src[0] if src else None)
+
+
+@dataclass(frozen=True)
+class Become:
+    """Who the job becomes after bwrap, which root runs: setpriv, then (``own_count``)
+    a user namespace of its own in which its process count is its own."""
+
+    uid: int
+    gid: int
+    init_groups: bool
+    """A real user's supplementary (project) groups; False: none."""
+    own_count: bool
+
+
+@dataclass(frozen=True)
+class Profile:
+    bwrap: str
+    """bwrap's absolute path."""
+    namespaces: tuple[str, ...]
+    """bwrap's namespace flags (--unshare-*, --share-net)."""
+    mounts: tuple[Mount, ...]
+    chdir: str
+    env: tuple[tuple[str, str], ...] = ()
+    become: Become | None = None
+    """None: the job stays who starts bwrap, with every capability dropped."""
+    steps: tuple[tuple[str, ...], ...] = ()
+    """Programs run in turn between bwrap (or setpriv) and the job, each by absolute path,
+    each ending where the next begins (prlimit, the egress bridge, the filter)."""
+    tools: dict[str, str] = field(default_factory=dict)
+    """Absolute paths of setpriv and unshare."""
+
+    def render(self, argv: list[str]) -> list[str]:
+        """The command that runs ``argv`` in this sandbox."""
+        base, rest = self.mounts[:4], self.mounts[4:]  # /, /dev, /proc, /tmp: then the namespaces
+        out = [self.bwrap, *(a for m in base for a in m.argv()), *self.namespaces, "--die-with-parent", "--new-session"]
+        out += [a for m in rest for a in m.argv()]
+        out += ["--chdir", self.chdir]
+        for k, v in self.env:
+            out += ["--setenv", k, v]
+        chain = [a for step in self.steps for a in step]
+        if self.become is None:
+            return [*out, "--cap-drop", "ALL", "--", *chain, *argv]
+        b = self.become
+        groups = "--init-groups" if b.init_groups else "--clear-groups"
+        unshare = [self.tools["unshare"], "--user", "--map-current-user", "--"] if b.own_count else []
+        return [*out, "--", self.tools["setpriv"], f"--reuid={b.uid}", f"--regid={b.gid}", groups, "--inh-caps=-all",
+                "--bounding-set=-all", "--", *unshare, *chain, *argv]
+
+    def describe(self) -> dict[str, Any]:
+        """The profile in words an admin reads (``corral --json sandbox show``'s ``profile``)."""
+        return {"namespaces": list(self.namespaces),
+                "mounts": [{k: v for k, v in vars(m).items() if v is not None} for m in self.mounts],
+                "chdir": self.chdir, "env": dict(self.env),
+                "becomes": None if self.become is None else {"uid": self.become.uid, "gid": self.become.gid},
+                "steps": [s[0] for s in self.steps]}
