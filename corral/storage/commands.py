@@ -11,8 +11,7 @@ from typing import Any
 
 import click
 
-from corral.edges.cli.kit import Ctx, table
-from corral.edges.cli.kit import ts as _ts
+from corral.edges.cli.kit import Ctx, table, ts
 from corral.core.errors import InvalidRequest
 
 
@@ -122,7 +121,7 @@ def env_list(o: Ctx) -> None:
     """Every image: name, key, size, packages, who built it, when it was last used."""
     images = o.client.request("GET", "/v1/env")["images"]
     rows = [{**i, "key": i["image"][:12], "size": _size(i["size"]), "packages": len(i["packages"]),
-             "created": _ts(i["created"]), "last_used": _ts(i["last_used"])} for i in images]
+             "created": ts(i["created"]), "last_used": ts(i["last_used"])} for i in images]
     o.out(images, lambda _: table(rows, ["key", "name", "size", "python", "packages", "built_by", "created",
                                          "last_used"]))
 

@@ -18,9 +18,7 @@ from typing import Any
 
 import click
 
-from corral.edges.cli.kit import Ctx, table
-from corral.edges.cli.kit import fail as _fail
-from corral.edges.cli.kit import ts as _ts
+from corral.edges.cli.kit import Ctx, fail, table, ts
 from corral.core.errors import CorralError, InvalidRequest
 
 EPILOG = """\b
@@ -47,7 +45,7 @@ def _job_line(j: dict[str, Any]) -> str:
 
 
 def _job_rows(jobs: list[dict[str, Any]]) -> str:
-    rows = [{**j, "submitted": _ts(j.get("submit_time")), "exit": j.get("exit_code"),
+    rows = [{**j, "submitted": ts(j.get("submit_time")), "exit": j.get("exit_code"),
              "requeued": (f"{j['requeues']}x" + (f" ({j['lost_s']:.0f}s lost)" if j.get("lost_s") is not None else "")
                           if j.get("requeues") else "")} for j in jobs]
     # A job Slurm requeued (preempted) ran again from the start: the column only when one did.
@@ -63,7 +61,7 @@ def _parse_kv(pairs: tuple[str, ...], what: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for p in pairs:
         if "=" not in p:
-            _fail(f"{what} {p!r} must look like KEY=VALUE")
+            fail(f"{what} {p!r} must look like KEY=VALUE")
         k, v = p.split("=", 1)
         out[k] = v
     return out
@@ -115,11 +113,11 @@ class CorralGroup(click.Group):
         except CorralError as e:
             from corral.edges.client import GatewayUnreachable
 
-            _fail(e.message, 1 if isinstance(e, GatewayUnreachable) or e.status >= 500 else 2, e.hint, e.code)
+            fail(e.message, 1 if isinstance(e, GatewayUnreachable) or e.status >= 500 else 2, e.hint, e.code)
         except click.UsageError as e:
             if isinstance(ctx.obj, Ctx) and ctx.obj.as_json:
                 where = e.ctx.command_path if e.ctx else "corral"
-                _fail(e.format_message(), 2, f"see '{where} --help'")
+                fail(e.format_message(), 2, f"see '{where} --help'")
             raise
 
 
@@ -170,7 +168,7 @@ def serve(**opts: Any) -> None:
     try:
         settings = load_settings(**opts)
     except InvalidRequest as e:
-        _fail(e.message)
+        fail(e.message)
     run_server(settings)
 
 
@@ -229,7 +227,7 @@ def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[
     these), then each --env KEY=VALUE, which wins over both.
     """
     if bool(command) == bool(script_file):
-        _fail("give a command after '--' or a script with --script FILE (not both)")
+        fail("give a command after '--' or a script with --script FILE (not both)")
     spec: dict[str, Any] = {k: v for k, v in res.items() if v is not None}
     if "walltime" in spec:
         spec["walltime"] = _cli_time(o, spec["walltime"], spec.get("partition"))
@@ -253,10 +251,10 @@ def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[
             try:
                 spec[key] = [int(x) for x in given.split(",") if x.strip()]
             except ValueError:
-                _fail(f"--{key.replace('_', '-')} takes job ids separated by commas, e.g. 41,42")
+                fail(f"--{key.replace('_', '-')} takes job ids separated by commas, e.g. 41,42")
     if array is not None:
         if wait_s is not None:
-            _fail("--wait waits for one job; with --array, wait for the batch with 'corral wait' per job")
+            fail("--wait waits for one job; with --array, wait for the batch with 'corral wait' per job")
         batch = o.client.submit_batch([spec], idempotency_key, array=array)
         ids = [j["id"] for j in batch["jobs"]]
         o.out(batch, lambda r: f"submitted {len(ids)} jobs ({ids[0]}..{ids[-1]}) of array {array}")
@@ -301,7 +299,7 @@ def _cli_time(o: Ctx, text: str, partition: str | None) -> Any:
     parts = o.client.facility().get("partitions") or []
     part = next((p for p in parts if p["name"] == partition or (partition is None and p.get("default"))), None)
     if part is None:
-        _fail(f"--time {text}: no partition {partition!r} to take the maximum of", hint="corral facility lists them")
+        fail(f"--time {text}: no partition {partition!r} to take the maximum of", hint="corral facility lists them")
     return int(part["max_walltime_s"])
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from corral.core.slurm_formats import memory_text
 from corral.edges.shims.base import Parser, ShimError, elapsed, exit_code, hms, stamp, unsupported, user
-from corral.edges.shims.queue import View, _states, views
+from corral.edges.shims.queue import View, parse_states, views
 from corral.edges.shims.queue import account as queue_account
 
 DEFAULT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
@@ -136,7 +136,7 @@ def sacct(argv: list[str]) -> int:
     if ns.user and set(ns.user.split(",")) - {user()} or ns.allusers:
         unsupported("sacct", "--user/--allusers", "corral shows you your own jobs (and your agents')")
     ids = ns.jobs.split(",") if ns.jobs else None
-    vs = views(ids, _states(ns.state) if ns.state else None, None, set(ns.name.split(",")) if ns.name else None, False)
+    vs = views(ids, parse_states(ns.state) if ns.state else None, None, set(ns.name.split(",")) if ns.name else None, False)
     # Slurm's window: without -j, jobs since 00:00 today; -S/-E narrow it either way
     start = when(ns.starttime) if ns.starttime else (None if ids else _midnight())
     end = when(ns.endtime) if ns.endtime else None

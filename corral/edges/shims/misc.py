@@ -6,7 +6,7 @@ import functools
 import sys
 
 from corral.edges.shims.base import ACTIVE, Parser, ShimError, client, facility, limit, unsupported, user
-from corral.edges.shims.queue import _states, views
+from corral.edges.shims.queue import parse_states, views
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,7 +46,7 @@ def scancel(argv: list[str]) -> int:
     for raw in ns.ids:
         if not raw.split("_")[0].split(".")[0].isdigit():
             raise ShimError(f"Invalid job id {raw}")
-    vs = views(ns.ids or None, _states(ns.state) if ns.state else None,
+    vs = views(ns.ids or None, parse_states(ns.state) if ns.state else None,
                set(ns.partition.split(",")) if ns.partition else None,
                set(ns.name.split(",")) if ns.name else None, active_only=False)
     if ns.ids and ns.verbose:
@@ -107,11 +107,11 @@ def sinfo(argv: list[str]) -> int:
                      "N": ",".join(nodes), "F": f"{n_busy}/{len(nodes) - n_busy}/0/{len(nodes)}", "c": str(x.get("max_cpus")),
                      "m": str(x.get("max_memory_mb")), "G": f"gpu:{x['max_gpus']}" if x.get("max_gpus") else "(null)"})
     if ns.format:
-        from corral.edges.shims.queue import _SPEC
+        from corral.edges.shims.queue import FORMAT_SPEC
 
         heads = {"P": "PARTITION", "a": "AVAIL", "l": "TIMELIMIT", "D": "NODES", "T": "STATE", "N": "NODELIST",
                  "F": "NODES(A/I/O/T)", "c": "CPUS", "m": "MEMORY", "G": "GRES", "R": "PARTITION"}
-        specs = list(_SPEC.finditer(ns.format))
+        specs = list(FORMAT_SPEC.finditer(ns.format))
         for m in specs:
             if m[4] not in heads:
                 unsupported("sinfo", f"the format field %{m[4]}")

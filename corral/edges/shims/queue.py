@@ -29,7 +29,7 @@ from corral.edges.shims.base import (ACTIVE, SHORT, Parser, ShimError, client, e
 DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
 MIN_JOB_AGE_S = 300
 LONG = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
-_SPEC = re.compile(r"%(\.)?(-)?(\d+)?([a-zA-Z%])")
+FORMAT_SPEC = re.compile(r"%(\.)?(-)?(\d+)?([a-zA-Z%])")
 
 
 class View:
@@ -135,7 +135,7 @@ def compile_format(fmt: str) -> list[tuple[str, Any]]:
     """-o FORMAT as [(literal text, None) | (letter, (right, width))]."""
     out: list[tuple[str, Any]] = []
     pos = 0
-    for m in _SPEC.finditer(fmt):
+    for m in FORMAT_SPEC.finditer(fmt):
         if m.start() > pos:
             out.append((fmt[pos:m.start()], None))
         letter = m[4]
@@ -182,7 +182,7 @@ def render(fields: list[tuple[str, Any]], value: Callable[[str], str], header: b
     return "".join(cells)
 
 
-def _states(text: str) -> set[str]:
+def parse_states(text: str) -> set[str]:
     names = {v: k for k, v in SHORT.items()}
     out: set[str] = set()
     for s in text.upper().split(","):
@@ -315,7 +315,7 @@ def squeue(argv: list[str]) -> int:
     if ns.user and set(ns.user.split(",")) - {user()}:
         unsupported("squeue", f"--user={ns.user}", "corral shows you your own jobs (and your agents')")
     ids = ns.jobs.split(",") if ns.jobs else None
-    states = _states(ns.states) if ns.states else None
+    states = parse_states(ns.states) if ns.states else None
     # one fetch: the ids asked (known or not), every job for --json, else what is asked
     wide = bool(ids) or (ns.json and not states)
     pool = fetch(ids) if wide else fetch(None, sorted(states) if states else sorted(ACTIVE))

@@ -133,7 +133,7 @@ def _limits(partition: str | None) -> dict[str, Any]:
     return part or {}
 
 
-def _shape(ns: Any, prog: str) -> sf.Shape:
+def shape_of(ns: Any, prog: str) -> sf.Shape:
     try:
         return sf.shape(ns.ntasks, ns.cpus_per_task, ns.nodes, ns.ntasks_per_node)
     except ValueError as e:
@@ -143,7 +143,7 @@ def _shape(ns: Any, prog: str) -> sf.Shape:
 def resources(ns: Any, prog: str, labels: dict[str, str]) -> dict[str, Any]:
     """CPUs, memory, time and GPUs of parsed options, through corral.core.slurm_formats;
     what Slurm would print of the request (per-CPU memory, UNLIMITED) goes in ``labels``."""
-    shape = _shape(ns, prog)
+    shape = shape_of(ns, prog)
     if shape.nodes > 1:
         unsupported(prog, f"--nodes={ns.nodes}", "corral runs a job on one node")
     spec: dict[str, Any] = {"cpus": shape.cpus}
@@ -321,7 +321,7 @@ def main(argv: list[str]) -> int:
         unsupported("sbatch", "--test-only", "ask corral plan (MCP plan_job) for a start estimate")
     spec, array, hold = build(ns, script, args, Path.cwd())
     c = client()
-    _check_partition(c, spec)
+    check_partition(c, spec)
     if array:
         try:
             indices = sf.array_indices(array)
@@ -352,7 +352,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _check_partition(c: Any, spec: dict[str, Any]) -> None:
+def check_partition(c: Any, spec: dict[str, Any]) -> None:
     """Slurm's words for a partition it does not have (the gateway's would name the others)."""
     if spec.get("partition") and spec["partition"] not in {x["name"] for x in facility(c).get("partitions") or []}:
         raise ShimError(f"invalid partition specified: {spec['partition']}\nsbatch: error: Batch job submission "

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.edges.shims.base import Parser, ShimError, client, facility, unsupported, wait
-from corral.edges.shims.sbatch import _check_partition, _shape, build, parser
+from corral.edges.shims.sbatch import check_partition, shape_of, build, parser
 
 
 @functools.lru_cache(maxsize=None)
@@ -38,11 +38,11 @@ def srun(argv: list[str]) -> int:
     if os.environ.get("SLURM_JOB_ID"):
         unsupported("srun", "a step inside a job", "inside a job, run the command directly")
     ns.array = None
-    ntasks = _shape(ns, "srun").ntasks
+    ntasks = shape_of(ns, "srun").ntasks
     script = _tasks_script(ns.command, ntasks, ns.label, _stdin())
     spec, _, _ = build(ns, script, [], Path.cwd(), default_out=False, prog="srun")
     c = client()
-    _check_partition(c, spec)
+    check_partition(c, spec)
     job = c.submit(spec)
     done = wait(c, job["id"])
     sys.stdout.write(c.output(job["id"], limit=1 << 20).get("data") or "")

@@ -85,7 +85,7 @@ class Allocation:
     """When its worker last became empty (None while it holds tasks)."""
 
 
-def _fits(shape: Shape, spec: dict[str, Any]) -> bool:
+def fits(shape: Shape, spec: dict[str, Any]) -> bool:
     return spec["cpus"] <= shape.cpus and spec["memory_mb"] <= shape.memory_mb and spec["gpus"] <= shape.gpus
 
 

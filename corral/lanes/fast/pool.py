@@ -33,7 +33,7 @@ from typing import Any, Callable
 from corral.core.jobs import JobState
 from corral.lanes.fast import launcher, scaling, trace
 from corral.lanes.fast.demand import HOLD_S, Demand
-from corral.lanes.fast.model import Allocation, Allocations, PoolConfig, PoolKey, Reports, Shape, Task, Waiting, _fits  # noqa: F401
+from corral.lanes.fast.model import Allocation, Allocations, PoolConfig, PoolKey, Reports, Shape, Task, Waiting, fits  # noqa: F401
 
 __all__ = ["Allocation", "Allocations", "Pool", "PoolConfig", "PoolKey", "Reports", "Shape", "Task", "Waiting"]
 
@@ -199,7 +199,7 @@ class Pool:
             else:  # a smaller allocation: only what fits it; the rest keep their order
                 keep = deque[Task]()
                 for t in self.pending:
-                    if _fits(shape, t.spec) and (not take or t.work <= free):
+                    if fits(shape, t.spec) and (not take or t.work <= free):
                         free -= t.work
                         take.append(t)
                     else:

@@ -25,7 +25,7 @@ import time
 from typing import TYPE_CHECKING
 
 from corral.core.jobs import JobState
-from corral.lanes.fast.model import Allocation, Shape, Waiting, _fits
+from corral.lanes.fast.model import Allocation, Shape, Waiting, fits
 
 if TYPE_CHECKING:
     from corral.lanes.fast.pool import Pool
@@ -40,8 +40,8 @@ def backlogged(pool: "Pool", now: float) -> bool:
     if not pool.pending:
         return False
     biggest = {k: max(t.spec[k] for t in pool.pending) for k in ("cpus", "memory_mb", "gpus")}
-    if not any(_fits(a.shape, biggest) for a in pool.allocations.values()) and \
-            any(not any(_fits(a.shape, t.spec) for a in pool.allocations.values()) for t in pool.pending):
+    if not any(fits(a.shape, biggest) for a in pool.allocations.values()) and \
+            any(not any(fits(a.shape, t.spec) for a in pool.allocations.values()) for t in pool.pending):
         return True  # a task no allocation (up or coming) can ever run: one that can
     live = [a for a in pool.allocations.values() if not a.draining]
     cpus = sum(a.shape.cpus for a in live)

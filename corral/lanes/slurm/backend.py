@@ -57,7 +57,7 @@ from corral.lanes.backend import CONTROLS, BackendStatus, OutputPaths, Partition
 from corral.lanes.slurm.tiers import (TIER_LABEL, WALLTIME_LABEL, Requeues, Tiers, extend, read_started, rerun_lines,
                           tier_lines)
 from corral.lanes.slurm.submitter import Submitter, handed_to
-from corral.lanes.slurm.vocab import (STATES, _epoch, _expand, _kv, min_job_age_s, parse_exit, parse_slurm_time,
+from corral.lanes.slurm.vocab import (STATES, slurm_epoch, expand_nodes, parse_kv, min_job_age_s, parse_exit, parse_slurm_time,
                           translate)
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ def job_name(ctx: SubmitContext, spec: JobSpec) -> str:
 def _members(partition: dict[str, str], nodes: Iterable[str]) -> list[str]:
     """The nodes of a partition (its ``scontrol show partition`` line): all of them when
     its Nodes= names none of them (``ALL``)."""
-    names, listed = list(nodes), _expand(partition.get("Nodes", ""))
+    names, listed = list(nodes), expand_nodes(partition.get("Nodes", ""))
     return [n for n in names if n in listed] or names
 
 
@@ -529,7 +529,7 @@ class SlurmBackend:
                 why = (f"requeued by Slurm {again}x (preempted: a job that may take its cores needed them, or a "
                        f"requeue was asked); it runs again from the start" + (f" ({why})" if why else ""))
             out[jid] = self._known[jid] = BackendStatus(
-                jid, state, reason=why, start_time=_epoch(start) if state is JobState.RUNNING else None,
+                jid, state, reason=why, start_time=slurm_epoch(start) if state is JobState.RUNNING else None,
                 requeues=again)
         self._extend([st for st in out.values() if st.state is JobState.RUNNING and st.start_time is not None])
         missing = [j for j in backend_ids if j not in out]
@@ -573,7 +573,7 @@ class SlurmBackend:
             elif state is JobState.TIMEOUT:
                 why = "killed after its walltime"
             elif state is JobState.CANCELLED and jid not in self._cancelled and (
-                    reason.startswith("Dependency") or (_epoch(start) is None and self._waited(jid))):
+                    reason.startswith("Dependency") or (slurm_epoch(start) is None and self._waited(jid))):
                 # Slurm's kill-on-invalid-dep ended it, not a cancel of corral's. sacct's
                 # Reason says so only when accounting caught the job while it waited
                 # ("None" otherwise, seen in CI): a job sent with a dependency that
@@ -581,7 +581,7 @@ class SlurmBackend:
                 why, exit_code = "dependency never satisfied: a job it waited for did not complete (after_ok)", None
             elif state is JobState.CANCELLED:
                 why, exit_code = "cancelled", None  # the one rule: a cancelled job has no exit code
-            out[jid] = BackendStatus(jid, state, exit_code, why, _epoch(start), _epoch(end))
+            out[jid] = BackendStatus(jid, state, exit_code, why, slurm_epoch(start), slurm_epoch(end))
         return out
 
     def _waited(self, backend_id: str) -> bool:
@@ -694,10 +694,10 @@ class SlurmBackend:
     def free(self, partition: str | None) -> tuple[int, int] | None:
         """From the nodes' allocations now, asked of scontrol: nodes down, drained or not
         responding have none free."""
-        parts = [_kv(p) for p in self._run("scontrol", "show", "partition", "-o").splitlines()]
+        parts = [parse_kv(p) for p in self._run("scontrol", "show", "partition", "-o").splitlines()]
         part = next((p for p in parts if (p.get("PartitionName") == partition if partition
                                           else p.get("Default") == "YES")), {})
-        nodes = {kv.get("NodeName", ""): kv for kv in map(_kv, self._run("scontrol", "show", "node", "-o").splitlines())}
+        nodes = {kv.get("NodeName", ""): kv for kv in map(parse_kv, self._run("scontrol", "show", "node", "-o").splitlines())}
         best: tuple[int, int] | None = None
         for kv in (nodes[n] for n in _members(part, nodes)):
             if any(s in kv.get("State", "") for s in ("DOWN", "DRAIN", "NOT_RESPONDING", "FAIL")):
@@ -750,12 +750,12 @@ class SlurmBackend:
     def _read_limits(self) -> list[Partition]:
         nodes = {}
         for line in self._run("scontrol", "show", "node", "-o").splitlines():
-            kv = _kv(line)
+            kv = parse_kv(line)
             gpus = sum(int(m.group(1)) for m in re.finditer(r"gpu(?::[^:,(]+)?:(\d+)", kv.get("Gres", "")))
             nodes[kv.get("NodeName", "")] = (int(kv.get("CPUTot", 0)), int(kv.get("RealMemory", 0)), gpus)
         parts = []
         for line in self._run("scontrol", "show", "partition", "-o").splitlines():
-            kv = _kv(line)
+            kv = parse_kv(line)
             members = _members(kv, nodes)
             cpus = max((nodes[n][0] for n in members), default=0)
             mem = max((nodes[n][1] for n in members), default=0)
@@ -771,7 +771,7 @@ class SlurmBackend:
         facility facts. The QOS part needs slurmdbd; without it, it is None."""
         types: dict[tuple[int, int, str, str], int] = {}
         for line in self._run("scontrol", "show", "node", "-o").splitlines():
-            kv = _kv(line)
+            kv = parse_kv(line)
             key = (int(kv.get("CPUTot", 0)), int(kv.get("RealMemory", 0)), kv.get("Gres", "(null)"),
                    kv.get("AvailableFeatures", "(null)"))
             types[key] = types.get(key, 0) + 1

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 from corral.core.errors import CorralError
 from corral.core.jobs import format_duration
-from corral.lanes.slurm.vocab import _epoch
+from corral.lanes.slurm.vocab import slurm_epoch
 
 log = logging.getLogger("corral.lanes.slurm.backend")
 
@@ -143,7 +143,7 @@ class Requeues:
         runs: dict[str, list[tuple[float | None, float | None]]] = {}
         for line in text.splitlines():
             jid, _, start, end = (line.split("|") + ["", "", ""])[:4]
-            runs.setdefault(jid.strip(), []).append((_epoch(start), _epoch(end)))
+            runs.setdefault(jid.strip(), []).append((slurm_epoch(start), slurm_epoch(end)))
         for jid in jids:
             # Every row but the latest is a run Slurm ended and requeued (PREEMPTED,
             # REQUEUED, NODE_FAIL ...); sacct lists them oldest first.

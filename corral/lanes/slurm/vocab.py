@@ -79,7 +79,7 @@ def min_job_age_s(slurm_conf: str | None) -> int:
     return int(m.group(1)) if m else 300
 
 
-def _kv(line: str) -> dict[str, str]:
+def parse_kv(line: str) -> dict[str, str]:
     return dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
 
 
@@ -90,7 +90,7 @@ def _read_epoch(path: Path) -> float | None:
         return None
 
 
-def _epoch(text: str) -> float | None:
+def slurm_epoch(text: str) -> float | None:
     if not text or text in ("Unknown", "None", "N/A"):
         return None
     try:
@@ -99,7 +99,7 @@ def _epoch(text: str) -> float | None:
         return None
 
 
-def _expand(nodes: str) -> set[str]:
+def expand_nodes(nodes: str) -> set[str]:
     """'localhost' or 'n[1-3],gpu1' -> names (enough for the common forms)."""
     out: set[str] = set()
     for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", nodes):
