@@ -19,7 +19,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from corral.core.config import Settings
-from corral.edges.mcp.models import JOB_FIELDS
+from corral.edges.inputs import JOB_FIELDS
 from corral.edges.mcp.server import ServiceOps, build_mcp
 from corral.edges.mcp.tools import SAME_FIELDS
 from corral.core.server import build_service

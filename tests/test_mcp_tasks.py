@@ -202,7 +202,7 @@ def _build_as_a_task(gateway: Gateway) -> None:
 def test_a_task_id_names_its_wait_and_opens_for_its_principal_only() -> None:
     from typing import get_args
 
-    from corral.edges.mcp.models import Until
+    from corral.edges.inputs import Until
     from corral.edges.mcp.tasks import TaskRef
 
     key, other = b"k" * 32, b"o" * 32

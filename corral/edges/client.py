@@ -9,15 +9,17 @@ the standard library's http.client, imported only then.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
 import threading
 import urllib.parse
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from corral.core.paths import client_home, home_dir
+from corral.edges.verbs import BY_NAME
 from corral.core.errors import (BackendError, Conflict, CorralError, Forbidden, InvalidRequest, NotFound, RateLimited,
                      Unauthenticated)
 
@@ -239,87 +241,33 @@ class Client:
             raise cls(message, hint=hint)
         return json.loads(data)
 
-    # -- the API, one method a route ------------------------------------------------
+    # -- the API: one method a verb, from the table (corral/edges/verbs.py) ------------
 
-    def whoami(self) -> dict[str, Any]:
-        return self.request("GET", "/v1/whoami")
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Verb ``name`` with these arguments (positional ones in the row's order): each to
+        its place in the path, the query, a header or the body, as the row says."""
+        verb = BY_NAME[name]
+        if len(args) > len(verb.args):
+            raise TypeError(f"{name}() takes at most {len(verb.args)} positional arguments ({', '.join(verb.args)})")
+        given = {**dict(zip(verb.args, args)), **kwargs}
+        path = verb.url(given)
+        params = {k: given[k] for k in verb.query if given.get(k) is not None}
+        headers = {h: str(given[k]) for k, h in verb.headers.items() if given.get(k) is not None}
+        rest = {k: v for k, v in given.items()
+                if k not in verb.in_path and k not in verb.query and k not in verb.headers}
+        body: Any = None
+        if verb.whole is not None:
+            body = rest.pop(verb.whole)
+        elif verb.body is not None:
+            body = {verb.wire.get(k, k): v for k, v in rest.items() if v is not None or k in verb.keep_none}
+            rest = {}
+        if rest:
+            raise TypeError(f"{name}() got unexpected arguments: {', '.join(rest)}")
+        timeout = float(given[verb.long]) + 30 if verb.long and given.get(verb.long) is not None else None
+        return self.request(verb.method, path, params=params or None, json_body=body, headers=headers or None,
+                            timeout=timeout)
 
-    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None, hold: bool = False) -> dict[str, Any]:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self.request("POST", "/v1/jobs", json_body=spec, headers=headers,
-                            params={"hold": "true"} if hold else None)
-
-    def remember(self, text: str, scope: str = "user", expires: str | None = None,
-                 job_id: int | None = None) -> dict[str, Any]:
-        body = {"text": text, "scope": scope, "expires": expires, "job_id": job_id}
-        return self.request("POST", "/v1/notes", json_body={k: v for k, v in body.items() if v is not None})
-
-    def recall(self, query: str, k: int = 5) -> dict[str, Any]:
-        return self.request("GET", "/v1/notes", params={"q": query, "k": k})
-
-    def advice(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return self.request("POST", "/v1/advice", json_body=spec)
-
-    def submit_batch(self, specs: list[dict[str, Any]], idempotency_key: str | None = None,
-                     array: str | None = None, hold: bool = False) -> dict[str, Any]:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        body: dict[str, Any] = {"jobs": specs, **({"array": array} if array is not None else {})}
-        return self.request("POST", "/v1/jobs/batch", json_body=body, headers=headers,
-                            params={"hold": "true"} if hold else None)
-
-    def plan(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return self.request("POST", "/v1/plan", json_body=spec)
-
-    def job(self, job_id: int) -> dict[str, Any]:
-        return self.request("GET", f"/v1/jobs/{job_id}")
-
-    def jobs(self, **params: Any) -> dict[str, Any]:
-        return self.request("GET", "/v1/jobs", params={k: v for k, v in params.items() if v is not None})
-
-    def wait(self, job_id: int, timeout: float, until: str | None = None) -> dict[str, Any]:
-        params: dict[str, Any] = {"timeout": timeout}
-        if until:
-            params["until"] = until
-        return self.request("GET", f"/v1/jobs/{job_id}/wait", params=params, timeout=timeout + 30)
-
-    def events(self, cursor: int | None, timeout: float, limit: int = 200) -> dict[str, Any]:
-        params: dict[str, Any] = {"timeout": timeout, "limit": limit}
-        if cursor is not None:
-            params["cursor"] = cursor
-        return self.request("GET", "/v1/events", params=params, timeout=timeout + 30)
-
-    def output(self, job_id: int, **params: Any) -> dict[str, Any]:
-        return self.request("GET", f"/v1/jobs/{job_id}/output", params={k: v for k, v in params.items() if v is not None})
-
-    def cancel(self, job_ids: list[int]) -> dict[str, Any]:
-        return self.request("POST", "/v1/jobs/cancel", json_body={"ids": job_ids})
-
-    def control(self, job_id: int, action: str, signal: str | None = None) -> dict[str, Any]:
-        return self.request("POST", f"/v1/jobs/{job_id}/control",
-                            json_body={"action": action, **({"signal": signal} if signal else {})})
-
-    def usage(self, job_id: int) -> dict[str, Any]:
-        return self.request("GET", f"/v1/jobs/{job_id}/usage")
-
-    def facility(self) -> dict[str, Any]:
-        return self.request("GET", "/v1/facility")
-
-    def add_principal(self, **body: Any) -> dict[str, Any]:
-        return self.request("POST", "/v1/principals", json_body={k: v for k, v in body.items() if v is not None})
-
-    def principals(self) -> list[dict[str, Any]]:
-        return self.request("GET", "/v1/principals")
-
-    def mint_token(self, for_: str, expires: str | None, note: str | None = None,
-                   caveats: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self.request("POST", "/v1/tokens", json_body={"for": for_, "expires": expires, "note": note,
-                                                             **(caveats or {})})
-
-    def tokens(self) -> list[dict[str, Any]]:
-        return self.request("GET", "/v1/tokens")
-
-    def clear_taint(self, token_id: str) -> dict[str, Any]:
-        return self.request("POST", f"/v1/tokens/{token_id}/clear-taint")
-
-    def revoke_token(self, token_id: str) -> dict[str, Any]:
-        return self.request("DELETE", f"/v1/tokens/{token_id}")
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name not in BY_NAME:
+            raise AttributeError(f"the gateway has no verb {name!r}; see corral/edges/verbs.py")
+        return functools.partial(self.call, name)

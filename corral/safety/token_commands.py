@@ -65,7 +65,7 @@ def token_mint(o: Any, for_: str, expires: str, note: str | None, **caveats: Any
     for k in ("actions", "partitions"):  # comma-separated on the command line, lists in the API
         if k in given:
             given[k] = csv_list(given[k])
-    t = o.client.mint_token(for_, expires, note, given)
+    t = o.client.mint_token(for_, expires, note, **given)
     o.out(t, lambda t: f"{t['token']}\n(token {t['id']} for {t['principal']}; shown once)"
           + "".join(f"\n  {c}" for c in t.get("caveats", [])))
 
@@ -88,7 +88,7 @@ def token_attenuate(o: Any, token_: str | None, expires: str | None, **caveats: 
         fail("give the token to narrow with --token or CORRAL_TOKEN")
     given = caveats_from({k: v for k, v in caveats.items() if v is not None})
     given.expires_at = expires_in(expires)
-    key = bytes.fromhex(o.client.request("GET", "/v1/tokens/public-key")["public_key"])
+    key = bytes.fromhex(o.client.public_key()["public_key"])
     block_id, narrowed = attenuate(tok, given, key)
     o.out({"id": block_id, "token": narrowed, "caveats": given.datalog().splitlines()},
           lambda t: f"{t['token']}\n(narrowed token {t['id']}; revoke it by that id)"

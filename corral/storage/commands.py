@@ -71,7 +71,7 @@ def env_build(o: Ctx, file: Path, name: str | None, rebuild: bool, no_wait: bool
         if not project.exists():
             raise InvalidRequest(f"a uv.lock is built with its pyproject.toml, and {project} does not exist")
         files["pyproject.toml"] = project.read_text()
-    r = o.client.request("POST", "/v1/env/build", json_body={"files": files, "name": name, "rebuild": rebuild})
+    r = o.client.env_build(files, name, rebuild)
     if r["state"] == "building" and not no_wait:
         r = _follow(o, r, timeout)
     if r["state"] == "failed":
@@ -93,7 +93,7 @@ def _follow(o: Ctx, r: dict[str, Any], timeout: float) -> dict[str, Any]:
             p = r.get("progress") or {}
             bar.update(task, completed=max(0, p.get("step", 0) - 1), description=p.get("doing", "queued"))
             time.sleep(0.5)
-            r = o.client.request("GET", f"/v1/env/{r['digest']}")
+            r = o.client.env_status(r['digest'])
     return r
 
 
@@ -112,14 +112,14 @@ def _human_status(r: dict[str, Any]) -> str:
 @click.pass_obj
 def env_status(o: Ctx, ref: str) -> None:
     """A build (its digest) or an image (name or key): state, progress, or why it failed."""
-    o.out(o.client.request("GET", f"/v1/env/{ref}"), _human_status)
+    o.out(o.client.env_status(ref), _human_status)
 
 
 @env.command("list")
 @click.pass_obj
 def env_list(o: Ctx) -> None:
     """Every image: name, key, size, packages, who built it, when it was last used."""
-    images = o.client.request("GET", "/v1/env")["images"]
+    images = o.client.env_list()["images"]
     rows = [{**i, "key": i["image"][:12], "size": _size(i["size"]), "packages": len(i["packages"]),
              "created": ts(i["created"]), "last_used": ts(i["last_used"])} for i in images]
     o.out(images, lambda _: table(rows, ["key", "name", "size", "python", "packages", "built_by", "created",
@@ -133,7 +133,7 @@ def env_list(o: Ctx) -> None:
 @click.pass_obj
 def env_gc(o: Ctx, days: float | None, image: str | None, dry_run: bool) -> None:
     """Admin: remove images no job used recently (unmounted, files and records gone)."""
-    r = o.client.request("POST", "/v1/env/gc", json_body={"older_than_days": days, "image": image, "dry_run": dry_run})
+    r = o.client.env_gc(days, image, dry_run)
     o.out(r, lambda x: f"{'would collect' if dry_run else 'collected'} {len(x['collected'])} image(s)"
           + "".join(f"\n  {k}" for k in x["collected"]))
 
@@ -161,7 +161,7 @@ def workspace() -> None:
 @click.pass_obj
 def ws_fork(o: Ctx, base: Path, rev: str | None) -> None:
     """A new workspace over BASE (a directory, or a git repository at --rev)."""
-    r = o.client.request("POST", "/v1/workspaces", json_body={"base": str(base.resolve()), "rev": rev})
+    r = o.client.ws_fork(str(base.resolve()), rev)
     o.out(r, lambda w: f"workspace {w['workspace']} over {w['base']}{' at ' + w['rev'] if w.get('rev') else ''} "
                        f"({w['how']})\n  path: {w['path']}\n  run in it: corral submit --workspace {w['workspace']} -- ...")
 
@@ -190,7 +190,7 @@ def _when(t: float | None) -> str:
 @click.pass_obj
 def ws_list(o: Ctx) -> None:
     """Your active workspaces."""
-    ws = o.client.request("GET", "/v1/workspaces")["workspaces"]
+    ws = o.client.ws_list()["workspaces"]
     rows = [{**w, "changes": _size(w["upper_bytes"]), "expires": _when(w["expires"])} for w in ws]
     o.out(ws, lambda _: table(rows, ["workspace", "base", "rev", "how", "changes", "expires"]))
 
@@ -200,7 +200,7 @@ def ws_list(o: Ctx) -> None:
 @click.pass_obj
 def ws_diff(o: Ctx, ws_id: str) -> None:
     """What the trial changed: added (A), modified (M) and deleted (D) files."""
-    r = o.client.request("GET", f"/v1/workspaces/{ws_id}/diff")
+    r = o.client.ws_diff(ws_id)
     o.out(r, lambda d: "\n".join([f"{c} {p}" for c, k in (("A", "added"), ("M", "modified"), ("D", "deleted"))
                                   for p in d[k]]) or "(no changes)")
 
@@ -211,7 +211,7 @@ def ws_diff(o: Ctx, ws_id: str) -> None:
 def ws_commit(o: Ctx, ws_id: str) -> None:
     """Write the changed files back to the base; refused, naming the paths, if the base
     changed there since the fork. The workspace is gone afterwards."""
-    r = o.client.request("POST", f"/v1/workspaces/{ws_id}/commit")
+    r = o.client.ws_commit(ws_id)
     o.out(r, lambda c: f"committed {ws_id}: {len(c['added'])} added, {len(c['modified'])} modified, "
                        f"{len(c['deleted'])} deleted")
 
@@ -221,5 +221,5 @@ def ws_commit(o: Ctx, ws_id: str) -> None:
 @click.pass_obj
 def ws_discard(o: Ctx, ws_ids: tuple[str, ...]) -> None:
     """Drop workspaces and everything their trials wrote (one id or several)."""
-    done = [o.client.request("POST", f"/v1/workspaces/{ws_id}/discard") for ws_id in ws_ids]
+    done = [o.client.ws_discard(ws_id) for ws_id in ws_ids]
     o.out(done if len(done) > 1 else done[0], lambda _: "\n".join(f"discarded {w}" for w in ws_ids))

@@ -11,7 +11,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 from pydantic import Field
 
-from corral.edges.mcp.models import EnvOut, WorkspaceOut
+from corral.edges.schemas import ToolEnv, ToolWorkspace
 
 if TYPE_CHECKING:
     from corral.edges.mcp.ops import Ops
@@ -53,7 +53,7 @@ def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"], limit: Callabl
         rebuild: Annotated[bool, Field(description="Build again even if the image exists (a corrupt one).")] = False,
         timeout_s: Annotated[float | None, Field(ge=0, description=(
             "Seconds to wait for the build at most (default and most: 90); then call again."))] = None,
-    ) -> Annotated[CallToolResult, EnvOut]:
+    ) -> Annotated[CallToolResult, ToolEnv]:
         """An environment image: built once with uv and packed into one read-only file that
         every job can mount, so a job's imports cost the shared filesystem nothing. It
         installs as your own job, in your sandbox; the same requirements asked again answer
@@ -95,7 +95,7 @@ def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"], limit: Callabl
             "The workspace (ws-...), for diff, commit and discard."))] = None,
         base: Annotated[str | None, Field(description="For fork: the absolute path of the project directory.")] = None,
         rev: Annotated[str | None, Field(description="For fork: start from this git commit, branch or tag of base.")] = None,
-    ) -> Annotated[CallToolResult, WorkspaceOut]:
+    ) -> Annotated[CallToolResult, ToolWorkspace]:
         """Copy-on-write trial workspaces: fork a project once per trial (it costs only what
         the trial changes), run jobs in it with submit_job workspace=<id>, look at the diff,
         then commit the trial that worked and discard the others."""
@@ -103,15 +103,15 @@ def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"], limit: Callabl
         if action == "fork":
             if not base:
                 raise ToolError("fork needs base: the absolute path of the directory to fork")
-            r = await ops.workspace("fork", {"base": base, "rev": rev})
+            r = await ops.ws_fork(base, rev)
             r["next"] = f"submit_job workspace={r['workspace']!r} command=...; then workspace action='diff'"
             return result(f"workspace {r['workspace']} over {r['base']}. Next: {r['next']}", r)
         if action == "list":
-            r = {"workspaces": await ops.workspace("list", {})}
+            r = await ops.ws_list()
             return result(", ".join(w["workspace"] for w in r["workspaces"]) or "no workspaces", r)
         if not workspace_id:
             raise ToolError(f"{action} needs workspace_id (ws-...); action='list' shows yours")
-        r = await ops.workspace(action, {"ws_id": workspace_id})
+        r = await getattr(ops, f"ws_{action}")(workspace_id)
         if action == "diff":
             n = {k: len(r[k]) for k in ("added", "modified", "deleted")}
             text = ", ".join(f"{v} {k}" for k, v in n.items())

@@ -385,7 +385,7 @@ def cancel(o: Ctx, job_ids: tuple[int, ...]) -> None:
     Example:
       corral cancel 7 8
     """
-    res = o.client.cancel(list(job_ids))
+    res = o.client.cancel_many(list(job_ids))
     o.out(res, lambda r: "\n".join(f"job {j['id']}: cancel requested ({j['state']})" for j in r["jobs"]))
 
 

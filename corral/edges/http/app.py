@@ -13,28 +13,20 @@ import math
 import os
 import threading
 import time
-from typing import Annotated, Any, AsyncIterator, Callable, Coroutine, Literal
+from typing import Annotated, Any, AsyncIterator, Callable, Coroutine
 
-from fastapi import Depends, FastAPI, Header, Path, Query, Request
+from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from corral.edges.http.models import (AdviceOut, BatchOut, EventsOut, FacilityOut, HealthOut, JobListOut, JobOut, JobsOut,
-                         NoteOut, NotesOut, OutputOut, PlanOut, PrincipalOut, PublicKeyOut, RevokedOut,
-                         TaintClearedOut, TokenInfo, TokenOut, UsageOut, WhoamiOut)
+from corral.edges.http.routes import add_routes
+from corral.edges.schemas import HealthOut
 from corral.core.errors import CorralError, Forbidden, RateLimited, Restarting, describe_validation, storage_full
 from corral.edges.http.body import parse_body
-from corral.core.jobs import MAX_INT, JobSpec, expand_array
-
-JobIdPath = Annotated[int, Path(ge=1, le=MAX_INT, description="A job id.")]
-JobIds = list[Annotated[int, Field(ge=1, le=MAX_INT)]]
-Seconds = Annotated[float, Field(ge=0, le=86400, allow_inf_nan=False)]
 from corral.edges.mcp.gate import RequireToken, anonymous_endpoint
 from corral.core.principals import Caller, bearer_token
-from corral.safety.tokens import Caveats, caveats_from
 from corral.core.service import Service
 
 log = logging.getLogger(__name__)
@@ -68,89 +60,6 @@ def hard_exit_after(seconds: float) -> None:
     timer = threading.Timer(seconds, _exit)
     timer.daemon = True
     timer.start()
-
-
-class PrincipalIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    kind: str = Field(description="human, agent or service")
-    sponsor: str | None = None
-    unix_user: str | None = None
-    account: str | None = None
-    admin: bool = False
-
-
-class TokenIn(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    for_: str = Field(alias="for", description="The principal the token acts as.")
-    expires: str | None = Field("8h", description="Lifetime such as '8h' or '7d'; 'never' for humans and services.")
-    note: str | None = None
-    actions: list[str] | None = Field(None, description="Only these actions (submit, cancel, status, read_output, write_note, read_notes, advice, manage).")
-    partitions: list[str] | None = Field(None, description="Submit only to these partitions.")
-    max_cpus: int | None = Field(None, ge=0, le=100_000, description="CPUs per job at most.")
-    max_gpus: int | None = Field(None, ge=0, le=1024, description="GPUs per job at most.")
-    max_walltime: str | None = Field(None, description="Walltime per job at most, e.g. '2h'.")
-    cpu_hours: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False, description="CPU-hour budget for everything submitted with this token.")
-    gpu_hours: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False, description="GPU-hour budget for everything submitted with this token.")
-    submits_per_min: int | None = Field(None, ge=0, le=1_000_000, description="Jobs submitted per minute at most.")
-    max_active_jobs: int | None = Field(None, ge=0, le=10_000_000, description="Unfinished jobs at once at most.")
-
-    def caveats(self) -> Caveats:
-        return caveats_from(self.model_dump(exclude={"for_", "expires", "note"}))
-
-
-class CancelIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    ids: JobIds = Field(min_length=1, max_length=10_000)
-
-
-class NoteIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    text: str = Field(min_length=1, max_length=20_000)
-    scope: str = Field("user", description="agent, user (you and your agents), account, session, facility (admins)")
-    expires: str | None = Field(None, description="e.g. '30d', '12h'; default: never")
-    job_id: int | None = Field(None, ge=1, le=MAX_INT, description="The job this note is about (provenance).")
-
-
-class WaitIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    ids: JobIds = Field(min_length=1, max_length=10_000)
-    timeout: Seconds = Field(60.0, description="Seconds to wait at most.")
-
-
-_ARRAY_SYNTAX = r"^[0-9]{1,7}(-[0-9]{1,7}(:[1-9][0-9]{0,6})?)?(,[0-9]{1,7}(-[0-9]{1,7}(:[1-9][0-9]{0,6})?)?)*$"
-"""Slurm's --array syntax, for the schema (a throttle, %N, is refused by name)."""
-
-
-_IDEMPOTENCY_KEY = Header(None, description="1-200 characters, unique per request (a UUID is a good key): a retry "
-                                               "with the same key and body returns the first answer (200); the same "
-                                               "key with another body is refused (409).",
-                          json_schema_extra={"minLength": 1, "maxLength": 200})
-
-
-class BatchIn(BaseModel):
-    jobs: list[JobSpec] = Field(min_length=1, max_length=1000, description="The jobs, each as POST /v1/jobs takes it.")
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
-        {"required": ["array"], "properties": {"array": {"type": "string"}, "jobs": {"maxItems": 1}}},
-        {"properties": {"array": {"type": "null"}}}]})
-    array: str | None = Field(None, max_length=200, json_schema_extra={"pattern": _ARRAY_SYNTAX},
-                              description="Slurm's --array syntax ('0-9', '1,3,5', '0-99:2'): "
-                              "jobs holds one spec, run once per index, the index in $CORRAL_ARRAY_TASK_ID "
-                              "(and $SLURM_ARRAY_TASK_ID). A range goes low-high; at most 1,000 tasks.")
-
-    @model_validator(mode="after")
-    def _expand(self) -> "BatchIn":
-        if self.array is not None:
-            self.jobs = expand_array(self.jobs, self.array)
-        return self
-
-
-class ControlIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    action: Literal["hold", "release", "requeue", "signal"] = Field(
-        description="hold: keep a pending job from starting; release: let it; requeue: run it again from the "
-                    "start (Slurm); signal: send a signal to a running job.")
-    signal: str | None = Field(None, max_length=10, description="With 'signal': USR1, TERM, INT, ... (default none).")
 
 
 def ok(data: Any, status: int = 200) -> Response:
@@ -317,31 +226,8 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
             return checked
         return service.authenticate(bearer_token(headers.get("authorization")), headers.get("x-corral-session"))
 
-    # The hot read routes first: Starlette tries routes in order of registration.
-    @app.get("/v1/jobs/{job_id:int}", tags=["jobs"], responses={200: {"model": JobOut}})
-    async def get_job(job_id: JobIdPath, c: Caller = Depends(caller)) -> Response:
-        return ok(service.get_job(c, job_id).to_dict())
-
-    @app.get("/v1/jobs/{job_id:int}/wait", tags=["jobs"], responses={200: {"model": JobOut}})
-    async def wait(
-        job_id: JobIdPath, c: Caller = Depends(caller),
-        timeout: float = Query(60.0, ge=0, le=86400, allow_inf_nan=False, description="Seconds to wait at most."),
-        until: str | None = Query(None, description="Return once the job is in this state, or 'change' at its next state change (always at its end)."),
-    ) -> Response:
-        job, reached = await service.wait(c, job_id, timeout, until)
-        return ok({**job.to_dict(), "reached": reached})
-
-    @app.get("/v1/events", tags=["jobs"], responses={200: {"model": EventsOut}})
-    async def events(
-        c: Caller = Depends(caller),
-        cursor: int | None = Query(None, ge=0, le=MAX_INT, description="The cursor the last call returned; none: from now on."),
-        timeout: float = Query(60.0, ge=0, le=86400, allow_inf_nan=False, description="Seconds to wait at most for a first event."),
-        limit: int = Query(200, ge=1, le=1000, description="Most events in one answer."),
-    ) -> Response:
-        """Every state change of your jobs (and your agents') after ``cursor``, oldest
-        first: a long-poll that answers at the first change. Resumable after a reconnect
-        or a gateway restart: nothing missed, nothing repeated."""
-        return ok(await service.events(c, cursor, timeout, limit))
+    # Every verb's route, from the table (corral/edges/verbs.py), the hot reads first.
+    add_routes(app, service, caller, ok)
 
     @app.get("/healthz", tags=["ops"], responses={200: {"model": HealthOut}, 503: {
         "model": HealthOut, "description": "a background loop died, or the reconciler stopped going round"}})
@@ -371,143 +257,6 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         except CorralError:
             return False
 
-    @app.get("/v1/whoami", tags=["principals"], responses={200: {"model": WhoamiOut}})
-    async def whoami(c: Caller = Depends(caller)) -> Response:
-        taint = service.gate.taint_of(c)
-        return ok({**c.principal.to_dict(), "session": c.session, "token_id": c.token_id,
-                   "tainted": taint[1] if taint else None, "tainted_token": taint[0] if taint else None})
-
-    @app.post("/v1/principals", status_code=201, tags=["principals"], responses={201: {"model": PrincipalOut}})
-    async def add_principal(body: PrincipalIn, c: Caller = Depends(caller)) -> Response:
-        p = service.accounts.add_principal(c, body.name, body.kind, body.sponsor, body.unix_user, body.account, body.admin)
-        return ok(p.to_dict(), 201)
-
-    @app.get("/v1/principals", tags=["principals"], responses={200: {"model": list[PrincipalOut]}})
-    async def list_principals(c: Caller = Depends(caller)) -> Response:
-        return ok([p.to_dict() for p in service.accounts.list_principals(c)])
-
-    @app.post("/v1/tokens", status_code=201, tags=["tokens"], responses={201: {"model": TokenOut}})
-    async def mint_token(body: TokenIn, c: Caller = Depends(caller)) -> Response:
-        return ok(service.accounts.mint_token(c, body.for_, body.expires, body.note, body.caveats()), 201)
-
-    @app.get("/v1/tokens/public-key", tags=["tokens"], responses={200: {"model": PublicKeyOut}})
-    async def token_public_key() -> Response:
-        """The key that verifies this gateway's tokens: all that narrowing a token needs. Public."""
-        return ok({"public_key": service.accounts.token_public_key(), "algorithm": "ed25519"})
-
-    @app.get("/v1/tokens", tags=["tokens"], responses={200: {"model": list[TokenInfo]}})
-    async def list_tokens(c: Caller = Depends(caller)) -> Response:
-        return ok(service.accounts.list_tokens(c))
-
-    @app.delete("/v1/tokens/{token_id}", tags=["tokens"], responses={200: {"model": RevokedOut}})
-    async def revoke_token(token_id: str, c: Caller = Depends(caller)) -> Response:
-        service.accounts.revoke_token(c, token_id)
-        return ok({"id": token_id, "revoked": True})
-
-    @app.post("/v1/tokens/{token_id}/clear-taint", tags=["tokens"], responses={200: {"model": TaintClearedOut}})
-    async def clear_taint(token_id: str, c: Caller = Depends(caller)) -> Response:
-        """Lift a token's taint (set when its holder read content flagged as injection):
-        its principal's sponsor or an admin."""
-        return ok({"id": token_id, "tainted": False, "was": service.accounts.clear_taint(c, token_id)})
-
-    @app.post("/v1/jobs", status_code=201, tags=["jobs"], responses={201: {"model": JobOut}, 200: {"model": JobOut, "description": "an idempotent replay, or a cache hit: nothing new was made"}})
-    async def submit(
-        spec: JobSpec, c: Caller = Depends(caller),
-        idempotency_key: str | None = _IDEMPOTENCY_KEY,
-        hold: bool = Query(False, description="Recorded held, not sent until released (Slurm's sbatch -H)."),
-    ) -> Response:
-        jobs, created = await service.submit(c, [spec], idempotency_key, hold)
-        return ok({**jobs[0].to_dict(), "created": created}, 201 if created else 200)
-
-    @app.get("/v1/jobs", tags=["jobs"], responses={200: {"model": JobListOut}})
-    async def list_jobs(
-        c: Caller = Depends(caller),
-        state: list[str] | None = Query(None, description="Filter by state; repeatable."),
-        session: str | None = None,
-        principal: str | None = None,
-        limit: int = Query(50, ge=1, le=1000),
-        offset: int = Query(0, ge=0, le=MAX_INT),
-        full: bool = Query(False, description="Each job whole (its spec, backend and backend id), as GET /v1/jobs/{id}."),
-    ) -> Response:
-        jobs = service.list_jobs(c, state, session, principal, limit, offset)
-        return ok({"jobs": [j.to_dict() if full else j.summary() for j in jobs], "limit": limit, "offset": offset,
-                   "next_offset": offset + len(jobs) if len(jobs) == limit else None})
-
-    @app.post("/v1/jobs/batch", status_code=201, tags=["jobs"], responses={201: {"model": BatchOut}, 200: {"model": BatchOut, "description": "an idempotent replay, or a cache hit: nothing new was made"}})
-    async def submit_batch(body: BatchIn, c: Caller = Depends(caller),
-                           idempotency_key: str | None = _IDEMPOTENCY_KEY,
-                           hold: bool = Query(False, description="All recorded held, not sent until released."),
-                           ) -> Response:
-        """Up to 1,000 jobs in one request: all are checked before any is recorded. With an
-        `Idempotency-Key`, a retry of the same request returns the same jobs (200)."""
-        jobs, created = await service.submit(c, body.jobs, idempotency_key, hold)
-        return ok({"jobs": [{**j.summary(), "backend": j.backend, "lane": j.spec.lane,
-                             **({"advice": j.advice} if j.advice else {})} for j in jobs],
-                   "created": created}, 201 if created else 200)
-
-    @app.post("/v1/jobs/wait", tags=["jobs"], responses={200: {"model": JobsOut}})
-    async def wait_many(body: WaitIn, c: Caller = Depends(caller)) -> Response:
-        """Long-poll until all these jobs have ended (or the timeout): one request per sweep."""
-        jobs, done = await service.wait_many(c, body.ids, body.timeout)
-        return ok({"jobs": [j.summary() for j in jobs], "reached": done})
-
-    @app.post("/v1/notes", status_code=201, tags=["memory"], responses={201: {"model": NoteOut}})
-    async def remember(body: NoteIn, c: Caller = Depends(caller)) -> Response:
-        """Write a note (scope agent, user, account, session; facility for admins). Secrets are redacted."""
-        return ok(service.memory.remember(c, body.text, body.scope, body.expires, body.job_id), 201)
-
-    @app.get("/v1/notes", tags=["memory"], responses={200: {"model": NotesOut}})
-    async def recall(c: Caller = Depends(caller), q: str = Query(..., description="Words to search for."),
-                     k: int = Query(5, ge=1, le=50)) -> Response:
-        """The k notes you may read that best answer the query: by its words (BM25) and by
-        meaning (a sentence encoder), fused by reciprocal rank. Each note says which found it."""
-        return ok({"notes": await service.memory.recall(c, q, k)})
-
-    @app.post("/v1/notes/{note_id}/promote", tags=["memory"], responses={200: {"model": NoteOut}})
-    async def promote(note_id: Annotated[int, Path(ge=1, le=MAX_INT)], c: Caller = Depends(caller)) -> Response:
-        """Admins: make a note facility-wide."""
-        return ok(service.memory.promote_note(c, note_id))
-
-    @app.post("/v1/advice", tags=["memory"], responses={200: {"model": AdviceOut}})
-    async def advice(spec: JobSpec, c: Caller = Depends(caller)) -> Response:
-        """What corral remembers of a job like this one, without submitting it."""
-        return ok(await service.advice(c, spec))
-
-    @app.post("/v1/plan", tags=["jobs"], responses={200: {"model": PlanOut}})
-    async def plan(spec: JobSpec, c: Caller = Depends(caller)) -> Response:
-        """What submitting this job now would do, without submitting it: allowed or the
-        rule that refuses, lane, estimated start, cost and budgets left, advice, cache."""
-        return ok(await service.plan(c, spec))
-
-    @app.post("/v1/jobs/cancel", tags=["jobs"], responses={200: {"model": JobsOut}})
-    async def cancel_many(body: CancelIn, c: Caller = Depends(caller)) -> Response:
-        jobs = await service.cancel(c, body.ids)
-        return ok({"jobs": [j.summary() for j in jobs]})
-
-    @app.get("/v1/jobs/{job_id}/output", tags=["jobs"], responses={200: {"model": OutputOut}})
-    async def output(
-        job_id: JobIdPath, c: Caller = Depends(caller),
-        stream: str = Query("stdout", pattern="^(stdout|stderr)$"),
-        offset: int = Query(0, ge=0, le=MAX_INT), limit: int = Query(65536, ge=1, le=1024 * 1024),
-        tail: int | None = Query(None, ge=0, le=100_000, description="Last N lines instead of a page from offset."),
-    ) -> Response:
-        return ok(await service.read_output(c, job_id, stream, offset, limit, tail))
-
-    @app.post("/v1/jobs/{job_id}/control", tags=["jobs"], responses={200: {"model": JobOut}})
-    async def control(job_id: JobIdPath, body: ControlIn, c: Caller = Depends(caller)) -> Response:
-        """Hold, release, requeue or signal a job, where its lane can (a refusal says what to do instead)."""
-        return ok((await service.control(c, job_id, body.action, body.signal)).to_dict())
-
-    @app.get("/v1/jobs/{job_id}/usage", tags=["jobs"], responses={200: {"model": UsageOut}})
-    async def usage(job_id: JobIdPath, c: Caller = Depends(caller)) -> Response:
-        """What a finished job used (elapsed, CPU time, peak memory) against what it asked, as seff
-        reports it, with what to ask next time."""
-        return ok(await service.usage(c, job_id))
-
-    @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"], responses={200: {"model": JobOut}})
-    async def cancel(job_id: JobIdPath, c: Caller = Depends(caller)) -> Response:
-        return ok((await service.cancel(c, [job_id]))[0].to_dict())
-
     # MCP over streamable HTTP: the SDK's endpoint, behind the token check.
     metadata = None
     if service.settings.mcp_authorization_servers:  # RFC 9728, through the SDK's own routes
@@ -528,14 +277,6 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     from corral.edges.dashboard.routes import mount
 
     app.state.board = mount(app, service)  # /dashboard: server-rendered pages (corral/edges/dashboard)
-    from corral.storage.routes import add_routes
-
-    add_routes(app, service, caller, ok)  # /v1/env, /v1/workspaces (corral/storage)
-
-    @app.get("/v1/facility", tags=["facility"], responses={200: {"model": FacilityOut}})
-    async def facility(c: Caller = Depends(caller)) -> Response:
-        return ok(await service.facility(c))
-
     app.openapi = lambda: document(app, service)  # type: ignore[method-assign]
     return app
 

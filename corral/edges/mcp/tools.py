@@ -23,8 +23,10 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field, ValidationError
 
 from corral.core.errors import CorralError, describe_validation
-from corral.edges.mcp.models import (JOB_FIELDS, EventsOut, JobFields, JobOut, JobsOut, NotesOut, OutputOut, PlanOut, State,
-                         SubmitOut, SweepOut, Until, UsageOut, WaitOut)
+from corral.edges.inputs import JOB_FIELDS, JobFields, Until
+from corral.edges.schemas import (NotesOut, PlanOut, State, ToolEvents, ToolJob, ToolJobs, ToolOutput, ToolSubmit,
+                                  ToolSweep, ToolWait, UsageOut)
+from corral.edges.verbs import BY_NAME
 from corral.core.jobs import JobSpec, expand_array, format_duration
 from corral.safety import guard
 
@@ -110,6 +112,14 @@ def _annotations(title: str, read_only: bool, destructive: bool = False, idempot
     # Closed world: every tool acts on this facility only, never on the open internet.
     return ToolAnnotations(title=title, read_only_hint=read_only, destructive_hint=destructive,
                            idempotent_hint=idempotent, open_world_hint=False)
+
+
+def declared(verb: str) -> dict[str, Any]:
+    """The MCP tool's name and annotations, as the verb table declares them."""
+    tool = BY_NAME[verb].tool
+    assert tool is not None, verb
+    return {"name": tool.name,
+            "annotations": _annotations(tool.title, tool.read_only, tool.destructive, tool.idempotent)}
 
 
 T = TypeVar("T")
@@ -305,10 +315,10 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
     def limit(timeout_s: float | None) -> float:
         return max(0.0, min(wait_s if timeout_s is None else timeout_s, wait_s))
 
-    @mcp.tool(annotations=_annotations("Submit a job", read_only=False, idempotent=False))
+    @mcp.tool(**declared("submit"))
     @_job_fields(inspect.Parameter("idempotency_key", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=IdemKey))
     @_guarded
-    async def submit_job(ctx: Context, **fields: Any) -> Annotated[CallToolResult, SubmitOut]:
+    async def submit_job(ctx: Context, **fields: Any) -> Annotated[CallToolResult, ToolSubmit]:
         """Submit a job: exactly one of `command` or `script`, and the resources it
         needs. Then call wait_for_job (many jobs: wait_for_events)."""
         job = await ops_for(ctx).submit(_spec_of(fields), fields.get("idempotency_key"))
@@ -319,7 +329,7 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         return _result(f"{_said(job)}{'' if out['created'] else ' (an earlier submission)'}.{advice} "
                        f"Next: {out['next']}", out)
 
-    @mcp.tool(annotations=_annotations("Submit many jobs at once", read_only=False, idempotent=False))
+    @mcp.tool(**declared("submit_batch"))
     @_guarded
     async def submit_jobs(
         ctx: Context,
@@ -329,7 +339,7 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         array: Annotated[str | None, Field(max_length=200, description=(
             "Slurm --array syntax ('0-9', '1,3,5', '0-99:2', max 200 chars): `jobs` holds one job, run once per "
             "index ($CORRAL_ARRAY_TASK_ID)."))] = None,
-    ) -> Annotated[CallToolResult, SweepOut]:
+    ) -> Annotated[CallToolResult, ToolSweep]:
         """Submit a sweep in one call: every job is checked before any is recorded, so
         either all are taken or none (the error names the job). An array is one job run
         per index. Then wait for them all with wait_for_events."""
@@ -341,7 +351,7 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
             except ValueError as e:
                 raise ToolError(str(e)) from None
         cursor = (await ops.events(None, 0.0))["cursor"]  # taken first: no end of these can come before it
-        res = await ops.submit_many([j.model_dump(by_alias=True, exclude_unset=True) for j in specs], idempotency_key)
+        res = await ops.submit_batch([j.model_dump(by_alias=True, exclude_unset=True) for j in specs], idempotency_key)
         ids = [j["id"] for j in res["jobs"]]
         out = {"job_ids": ids, "created": res["created"], "cursor": cursor,
                "next": f"call wait_for_events cursor={cursor}: each job's end comes once; then read its output"}
@@ -349,7 +359,7 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         return _result(f"{len(ids)} jobs ({span}){'' if res['created'] else ', an earlier submission'}. "
                        f"Next: {out['next']}", out)
 
-    @mcp.tool(annotations=_annotations("Plan a job without submitting it", read_only=True))
+    @mcp.tool(**declared("plan"))
     @_job_fields()
     @_guarded
     async def plan_job(ctx: Context, **fields: Any) -> Annotated[CallToolResult, PlanOut]:
@@ -372,22 +382,22 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
             said += f"; walltime {format_duration(placed['walltime_s'])} asked of the scheduler (from memory)"
         return _result(said, plan)
 
-    @mcp.tool(annotations=_annotations("Job status", read_only=True))
+    @mcp.tool(**declared("job"))
     @_guarded
-    async def job_status(ctx: Context, job_id: JobId) -> Annotated[CallToolResult, JobOut]:
+    async def job_status(ctx: Context, job_id: JobId) -> Annotated[CallToolResult, ToolJob]:
         """The current state of one job, its exit code and reason. To wait for a job,
         use wait_for_job instead of calling this repeatedly."""
         job = await ops_for(ctx).job(job_id)
         out = {**compact(job), "next": next_for(job)}
         return _result(f"{_said(job)}. Next: {out['next']}", out)
 
-    @mcp.tool(annotations=_annotations("Wait for a job", read_only=True))
+    @mcp.tool(**declared("wait"))
     @_guarded
     async def wait_for_job(
         ctx: Context, job_id: JobId, timeout_s: WaitS = None,
         until: Annotated[Until | None, Field(description="Return once the job is in this state, or at its next "
                                                           "state change ('change'); default: at its end.")] = None,
-    ) -> Annotated[CallToolResult, WaitOut]:
+    ) -> Annotated[CallToolResult, ToolWait]:
         """Wait until a job ends (or reaches `until`). A long-poll: it returns the moment
         the state changes and costs the scheduler nothing. It answers within `timeout_s`
         (default and most: 90 s, so that no client timeout loses the answer), with
@@ -406,14 +416,14 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         out["next"] = next_for(job) if reached else f"still {job['state']}: call wait_for_job job_id={job_id} again"
         return _result(f"{_said(job)}. Next: {out['next']}", out)
 
-    @mcp.tool(annotations=_annotations("Wait for your jobs' changes", read_only=True))
+    @mcp.tool(**declared("events"))
     @_guarded
     async def wait_for_events(
         ctx: Context,
         cursor: Annotated[int | None, Field(ge=0, description="The cursor the last call returned; none: from now on.")] = None,
         timeout_s: WaitS = None,
         ends_only: Annotated[bool, Field(description="Only jobs' ends (default); false: also submitted and running.")] = True,
-    ) -> Annotated[CallToolResult, EventsOut]:
+    ) -> Annotated[CallToolResult, ToolEvents]:
         """Wait for the next changes of all your jobs at once, instead of one wait_for_job
         per job. Pass the `cursor` the last call returned: you get every change after it,
         exactly once, even after a reconnect or a gateway restart. Answers shortly after
@@ -440,7 +450,7 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         said = "; ".join(f"{e['job_id']} {e['state']}" for e in events[:20]) or "no change"
         return _result(f"{said}{' ...' if len(events) > 20 else ''}. Next: {out['next']}", out)
 
-    @mcp.tool(annotations=_annotations("Read a job's output", read_only=True))
+    @mcp.tool(**declared("output"))
     @_guarded
     async def job_output(
         ctx: Context, job_id: JobId,
@@ -449,7 +459,7 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         offset: Annotated[int, Field(ge=0, description="Byte offset to read from (next_offset of the last page).")] = 0,
         max_bytes: Annotated[int, Field(ge=1, le=MAX_OUTPUT_BYTES, description=(
             f"At most this many bytes, 1 to {MAX_OUTPUT_BYTES}."))] = 8000,
-    ) -> Annotated[CallToolResult, OutputOut]:
+    ) -> Annotated[CallToolResult, ToolOutput]:
         """Read a job's output (`text`): bounded, secrets redacted, delimited as untrusted
         data. `tail_lines`: the last N lines; else up to `max_bytes` from `offset`. If
         `eof` is false, call again with offset=next_offset."""
@@ -471,17 +481,16 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         return _result(data + (f"\n[{warning}]" if warning else "") + (f"\n[{out['next']}]" if not page["eof"] else ""),
                        out)
 
-    @mcp.tool(annotations=_annotations("Cancel a job", read_only=False, destructive=True))
+    @mcp.tool(**declared("cancel"))
     @_guarded
-    async def cancel_job(ctx: Context, job_id: JobId) -> Annotated[CallToolResult, JobOut]:
+    async def cancel_job(ctx: Context, job_id: JobId) -> Annotated[CallToolResult, ToolJob]:
         """Cancel a job you own (or one of the agents you sponsor). Cancelling a finished
         job does nothing."""
         job = await ops_for(ctx).cancel(job_id)
         out = {**compact(job), "next": f"call wait_for_job job_id={job_id} to see it end"}
         return _result(f"{_said(job)}. Next: {out['next']}", out)
 
-    @mcp.tool(annotations=_annotations("Hold, release, requeue or signal a job", read_only=False, destructive=True,
-                                       idempotent=False))
+    @mcp.tool(**declared("control"))
     @_guarded
     async def job_control(
         ctx: Context, job_id: JobId,
@@ -490,14 +499,14 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
             "from the start (Slurm jobs); signal: send `signal` to a running job (e.g. USR1 to checkpoint)."))],
         signal: Annotated[Literal["HUP", "INT", "QUIT", "USR1", "USR2", "TERM", "CONT", "STOP", "TSTP", "KILL"]
                           | None, Field(description="With action 'signal': which one.")] = None,
-    ) -> Annotated[CallToolResult, JobOut]:
+    ) -> Annotated[CallToolResult, ToolJob]:
         """Control a job you own where its lane can; a refusal says what to do instead
         (a fast-lane task can only be cancelled)."""
         job = await ops_for(ctx).control(job_id, action, signal)
         out = {**compact(job), "next": next_for(job)}
         return _result(f"{action}: {_said(job)}. Next: {out['next']}", out)
 
-    @mcp.tool(annotations=_annotations("What a finished job used", read_only=True))
+    @mcp.tool(**declared("usage"))
     @_guarded
     async def job_usage(ctx: Context, job_id: JobId) -> Annotated[CallToolResult, UsageOut]:
         """What a finished job used against what it asked, as seff reports it: elapsed
@@ -508,19 +517,19 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         return _result(f"job {job_id} {u['state']}: elapsed {u['elapsed_s']}s, cpu {u['cpu_s']}s, peak "
                        f"{u['max_rss_mb']}M; efficiency {eff}. {' '.join(u['advice'])}".strip(), u)
 
-    @mcp.tool(annotations=_annotations("List your jobs", read_only=True))
+    @mcp.tool(**declared("jobs"))
     @_guarded
     async def list_jobs(
         ctx: Context, state: Annotated[State | None, Field(description="Only jobs in this state.")] = None,
         limit: Annotated[int, Field(ge=1, le=100, description="At most this many, 1 to 100.")] = 20,
         offset: Annotated[int, Field(ge=0, description="Skip this many (to page).")] = 0,
-    ) -> Annotated[CallToolResult, JobsOut]:
+    ) -> Annotated[CallToolResult, ToolJobs]:
         """Your jobs, newest first, optionally only those in one `state`; page with `offset`."""
-        res = await ops_for(ctx).jobs(state, max(1, min(limit, 100)), max(0, offset))
+        res = await ops_for(ctx).jobs([state] if state else None, limit=max(1, min(limit, 100)), offset=max(0, offset))
         jobs = [compact(j) for j in res["jobs"]]
         return _result("; ".join(_said(j) for j in jobs[:30]) or "no jobs", {"jobs": jobs, "count": len(jobs)})
 
-    @mcp.tool(annotations=_annotations("What this facility offers you", read_only=True))
+    @mcp.tool(**declared("facility"))
     @_guarded
     async def facility_info(ctx: Context) -> dict[str, Any]:
         """What this facility offers before you submit: partitions and their limits
@@ -528,7 +537,7 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         active jobs, budgets, taint and sandbox."""
         return await ops_for(ctx).facility()
 
-    @mcp.tool(annotations=_annotations("Remember a note", read_only=False, idempotent=False))
+    @mcp.tool(**declared("remember"))
     @_guarded
     async def remember(
         ctx: Context, text: Annotated[str, Field(description="What to remember (no secrets: they are redacted).")],
@@ -541,7 +550,7 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         or partition works), so later sessions need not rediscover it."""
         return await ops_for(ctx).remember(text, scope, expires, job_id)
 
-    @mcp.tool(annotations=_annotations("Search notes", read_only=True))
+    @mcp.tool(**declared("recall"))
     @_guarded
     async def recall(
         ctx: Context, query: Annotated[str, Field(description="What to look for, e.g. 'cuda module', 'out of memory'.")],

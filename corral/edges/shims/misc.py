@@ -57,7 +57,7 @@ def scancel(argv: list[str]) -> int:
                 print(f"scancel: error: Kill job error on job id {raw}: Invalid job id specified", file=sys.stderr)
     targets = [v.j["id"] for v in vs if v.state in ACTIVE]
     if targets:
-        c.cancel(targets)
+        c.cancel_many(targets)
     return 0
 
 
