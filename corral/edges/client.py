@@ -243,7 +243,7 @@ class Client:
 
     # -- the API: one method a verb, from the table (corral/edges/verbs.py) ------------
 
-    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+    def call(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
         """Verb ``name`` with these arguments (positional ones in the row's order): each to
         its place in the path, the query, a header or the body, as the row says."""
         verb = BY_NAME[name]
