@@ -14,22 +14,21 @@ the caller and the checked arguments. From the rows are produced:
                                               names and annotations (corral/edges/mcp/tools.py)
 
 A new verb is a service method and one row here (plus its models in schemas.py when it
-takes or answers a new shape). This module imports nothing heavy: the CLI starts with it.
+takes or answers a new shape). This module imports nothing heavy: the CLI starts with it
+(rows are NamedTuples: a dataclass's generated methods cost the CLI's start ~5 ms more).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 Serve = Callable[[Any, Any, dict[str, Any]], Any]
 """(service, caller, checked arguments) -> the answer's JSON data, or an awaitable of it.
 The body's model (when the verb has one) is in the arguments as ``body``."""
 
 
-@dataclass(frozen=True)
-class Tool:
+class Tool(NamedTuple):
     """The MCP tool built on a verb: its name and its MCP annotations (closed world: every
     tool acts on this facility only)."""
 
@@ -40,8 +39,7 @@ class Tool:
     idempotent: bool = True
 
 
-@dataclass(frozen=True)
-class Verb:
+class Verb(NamedTuple):
     name: str
     """Client.<name>, Ops.<name>."""
     method: str
@@ -50,7 +48,7 @@ class Verb:
     args: tuple[str, ...] = ()
     """The Python arguments in order (positional calls map onto them)."""
     query: tuple[str, ...] = ()
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = {}
     """argument -> HTTP header."""
     body: str | None = None
     """The body's model (in schemas.py); its fields are the arguments not in path, query or headers."""
@@ -63,7 +61,7 @@ class Verb:
     status: int = 200
     status_of: Callable[[Any], int] | None = None
     """The status from the answer, where it varies (a replay is 200, not 201)."""
-    also: dict[int, str] = field(default_factory=dict)
+    also: dict[int, str] = {}
     """Other statuses it answers with, documented: status -> description."""
     op: str | None = None
     """The route's name (the metrics' ``op`` label), if not ``name``."""
@@ -75,7 +73,7 @@ class Verb:
     """The argument that says how long the server may wait: the client's timeout grows by it."""
     keep_none: tuple[str, ...] = ()
     """Body fields sent even when None (None means something there: a token that never expires)."""
-    wire: dict[str, str] = field(default_factory=dict)
+    wire: dict[str, str] = {}
     """Python argument -> its name on the wire ('for_' -> 'for')."""
     tool: Tool | None = None
     cli: str | None = None
