@@ -104,3 +104,17 @@ def test_a_new_verb_is_one_row(gateway, monkeypatch) -> None:
 
     asyncio.run(scenario())
     assert requests_of("job_brief", 5)[:2] == ("GET", "/v1/jobs/5/brief")
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """Issue 36: a helper another module needs is public where it lives (the CLI's in
+    corral/edges/cli/kit.py), never reached for as ``from x import _name``."""
+    import ast
+    from pathlib import Path
+
+    root = Path(verbs.__file__).resolve().parents[1]
+    found = [f"{path.relative_to(root.parent)}:{node.lineno} {node.module}.{alias.name}"
+             for path in root.rglob("*.py") for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("corral")
+             for alias in node.names if alias.name.startswith("_")]
+    assert not found, found
