@@ -15,7 +15,7 @@ the caller and the checked arguments. From the rows are produced:
 
 A new verb is a service method and one row here (plus its models in schemas.py when it
 takes or answers a new shape). This module imports nothing heavy: the CLI starts with it
-(rows are NamedTuples: a dataclass's generated methods cost the CLI's start ~5 ms more).
+(0.8 ms from bytecode; rows are NamedTuples, cheaper to define than frozen dataclasses).
 """
 
 from __future__ import annotations
