@@ -12,6 +12,7 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import Field
 
 from corral.edges.schemas import ToolEnv, ToolWorkspace
+from corral.edges.verbs import BY_NAME
 
 if TYPE_CHECKING:
     from corral.edges.mcp.ops import Ops
@@ -37,7 +38,11 @@ def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"], limit: Callabl
              every: float, guarded: Callable[..., Any], annotations: Callable[..., Any], result: Callable[..., Any],
              waiting: Callable[..., Awaitable[dict[str, Any]]]) -> None:
 
-    @mcp.tool(annotations=annotations("Build or reuse an environment image", read_only=False, idempotent=True))
+    build = BY_NAME["env_build"].tool  # its name and annotations, as the verb table declares them
+    assert build is not None
+
+    @mcp.tool(name=build.name, annotations=annotations(build.title, build.read_only, build.destructive,
+                                                       build.idempotent))
     @guarded
     async def build_environment(
         ctx: Context,
