@@ -40,6 +40,8 @@ class Tool(NamedTuple):
 
 
 class Verb(NamedTuple):
+    """One operation of the API, declared once; the edges are produced from it."""
+
     name: str
     """Client.<name>, Ops.<name>."""
     method: str
