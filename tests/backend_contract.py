@@ -107,6 +107,7 @@ def test_memory_is_enforced(backend: Backend, tmp_path) -> None:
     assert wait_all(backend, [bid], 60)[bid].state is JobState.OUT_OF_MEMORY
 
 
+@pytest.mark.slurm_turn("alone")  # fills the node: on Slurm, no other test's jobs beside it
 def test_jobs_beyond_capacity_queue_then_run(backend: Backend, tmp_path) -> None:
     slots = max(p.max_cpus for p in backend.partitions())
     n = min(slots + 2, 40)

@@ -21,6 +21,14 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
+# Bytecode is cached for this session's Python processes. Under PYTHONDONTWRITEBYTECODE=1
+# (set where the suite ran in CI rehearsals) and a venv installed by uv (which compiles
+# nothing by default), every gateway, CLI and shim the tests start compiled some 550
+# modules from source again: 0.7 s more per gateway start on a quiet machine, more on a
+# loaded one (docs/benchmarks.md, test suite). Caches lie in __pycache__ (git ignores them).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 
 def free_port() -> int:
     """A free loopback port, below the kernel's ephemeral range (so no outgoing connection
@@ -128,16 +136,41 @@ class Gateway:
         return json.loads(cp.stdout)
 
 
-@pytest.fixture
-def slurm_turn() -> Iterator[None]:
-    """One real-Slurm test at a time across the pytest-xdist workers: some stop slurmctld,
-    some count its free CPUs. (xdist's --dist loadgroup would group them, but it marks
-    groups by rewriting node ids, which pytest 9 ignores: the group ran on both workers.)"""
+SLURM_LOCK = "/tmp/corral-slurm-tests.lock"
+
+
+@contextlib.contextmanager
+def slurm_lock(shared: bool = False) -> Iterator[None]:
+    """A turn on the one private Slurm, across pytest-xdist workers and test sessions: shared
+    with other tests holding a shared turn, or alone (exclusive). (xdist's --dist loadgroup
+    would group them, but it marks groups by rewriting node ids, which pytest 9 ignores:
+    the group ran on both workers.)"""
     import fcntl
 
-    with open("/tmp/corral-slurm-tests.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    with open(SLURM_LOCK, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         yield
+
+
+@pytest.fixture
+def slurm_turn(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A real-Slurm test's turn (docs/decisions/0031). Alone by default: some tests stop
+    slurmctld, reconfigure it, fill its node or count its free CPUs. A test marked
+    ``@pytest.mark.slurm_turn("shared")`` only runs a few small jobs of its own (a few
+    CPUs of the node's 32, never all) and reads only those: it runs beside another such
+    test, on the other worker, instead of waiting for it."""
+    marker = request.node.get_closest_marker("slurm_turn")
+    with slurm_lock(shared=bool(marker and marker.args == ("shared",))):
+        yield
+
+
+SHARED_TURN = pytest.mark.slurm_turn("shared")
+"""The mark of a real-Slurm test that may share its turn (see slurm_turn)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slurm_turn(how): 'shared' lets a real-Slurm test run beside another "
+                                       "shared one (tests/conftest.py::slurm_turn); unmarked tests run alone")
 
 
 def ended(pid: int, within: float = 10.0) -> bool:

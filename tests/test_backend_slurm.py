@@ -17,10 +17,12 @@ from corral.core.jobs import JobSpec, JobState
 
 from .backend_contract import *  # noqa: F401,F403
 from .backend_contract import check_free_counts_what_runs, ctx, wait_all
+from .conftest import SHARED_TURN
 from .slurm_env import slurm_conf
 
-# One real-Slurm test at a time, whichever worker runs it (tests/conftest.py::slurm_turn).
-pytestmark = pytest.mark.usefixtures("slurm_turn")
+# Real-Slurm tests take turns (tests/conftest.py::slurm_turn): these share theirs, except
+# the ones marked to run alone (they fill the node, or count its free CPUs).
+pytestmark = [pytest.mark.usefixtures("slurm_turn"), SHARED_TURN]
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -192,5 +194,6 @@ def test_accounting_lag_is_asked_again_next_tick(tmp_path) -> None:
     assert calls == ["squeue", "sacct", "squeue", "sacct"]
 
 
+@pytest.mark.slurm_turn("alone")  # counts the node's free CPUs
 def test_free_counts_what_runs_now(backend, tmp_path) -> None:
     check_free_counts_what_runs(backend, tmp_path)

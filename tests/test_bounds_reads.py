@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from .conftest import Gateway, running
+from .conftest import SHARED_TURN, Gateway, running
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true",
                                 reason="reads as the job's identity are a root gateway's (CI runs as root)")
@@ -181,6 +181,7 @@ def _until(what: Any, timeout: float = 90) -> Any:
     raise AssertionError("not reached in time")
 
 
+@SHARED_TURN
 def test_fifos_and_links_in_a_job_directory_never_stall_the_gateway(
         tmp_path: Path, canary: Path, unix_user: pwd.struct_passwd, slurm_turn: None) -> None:
     """F11 (a)-(c): a Unix user's Slurm job swaps `started`, `stderr` and `stdout` for

@@ -10,6 +10,7 @@ fields the shim prints."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -20,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from .compat import runner
+from .conftest import slurm_lock
 from .slurm_env import slurm_conf
 from .test_gateway_slurm import start_slurm_gateway
 
-pytestmark = pytest.mark.usefixtures("slurm_turn")
 FIELD_BY_FIELD = {"scontrol_show_job"}
 KNOWN = {("scontrol_show_job", "TRES"): "a job that names no memory gets corral's default (1 GB), not the "
                                         "partition's DefMemPerCPU (documented in README)",
@@ -47,17 +48,15 @@ def _ids_from(db: Path, first: int) -> None:
 
 @pytest.fixture(scope="module")
 def shim_results():
-    import fcntl
-
     conf = slurm_conf()
     root = Path(tempfile.mkdtemp(prefix="corral-compat-"))
     root.chmod(0o755)
-    # The corpus's jobs take their turn on the real Slurm like any test's (conftest.slurm_turn,
-    # taken per test function: this module fixture runs before it, and holds the turn only
-    # while the corpus runs). Without it, a test filling the node meanwhile made Slurm preempt
-    # the corpus's running sleeper, an agent's opportunistic job (decision 0022).
-    turn = open("/tmp/corral-slurm-tests.lock", "w")
-    fcntl.flock(turn, fcntl.LOCK_EX)
+    # The corpus's jobs take their turn on the real Slurm, alone (conftest.slurm_lock), while
+    # the corpus runs; its comparisons below ask Slurm nothing and take no turn. Without
+    # it, a test filling the node meanwhile made Slurm preempt the corpus's running
+    # sleeper, an agent's opportunistic job (decision 0022).
+    turn = contextlib.ExitStack()
+    turn.enter_context(slurm_lock())
     gw = start_slurm_gateway(root, conf)
     _ids_from(gw.home / "corral.db", 700_000)
     try:
@@ -77,7 +76,7 @@ def shim_results():
                            cwd=work, env=env, capture_output=True, text=True, timeout=1800)
         assert r.returncode == 0 and out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
         got = json.loads(out.read_text())
-        turn.close()  # the corpus has run: each comparison below takes its own turn
+        turn.close()  # the corpus has run: the comparisons need no turn
         yield got["ids"], got["results"]
     finally:
         turn.close()

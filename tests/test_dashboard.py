@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from .conftest import Gateway
+from .conftest import SHARED_TURN, Gateway
 from .test_analytics import _chromium
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -265,6 +265,7 @@ def test_the_fast_lane_pool_is_named_for_people(gateway: Gateway) -> None:
         assert "_-_" not in name and "default account" in name and "partition" in name and "CPUs" in name, name
 
 
+@SHARED_TURN  # counts its own gateway's commands only
 def test_what_corral_saved_a_real_slurm_is_counted_in_its_commands(tmp_path: Path, slurm_turn: None) -> None:
     """On Slurm, what corral asked is the Slurm commands it ran (not its status ticks,
     most answered by jobs' own reports), set against an sbatch per job and a query per

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from mcp import Client, StdioServerParameters
 
-from .conftest import Gateway, running
+from .conftest import Gateway, running, slurm_lock
 
 
 @pytest.fixture
@@ -504,11 +504,8 @@ def test_a_batch_job_gets_the_cores_of_an_idle_pool_and_a_task_says_it_waits_for
     from .slurm_env import slurm_conf
 
     conf = slurm_conf()
-    lock = open("/tmp/corral-slurm-tests.lock", "w")  # one real-Slurm test at a time (conftest.slurm_turn)
-    import fcntl
-
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    try:
+    # alone on the real Slurm (conftest.slurm_lock): its allocation and batch job fill the node
+    with slurm_lock():
         with running(tmp_path, CORRAL_BACKEND="slurm", SLURM_CONF=conf, CORRAL_TICK_S="0.5",
                      CORRAL_FASTLANE_CPUS="24", CORRAL_FASTLANE_MIN_CPUS="24", CORRAL_FASTLANE_MEMORY_MB="2000",
                      CORRAL_FASTLANE_GIVE_BACK_S="2") as gw:
@@ -541,8 +538,6 @@ def test_a_batch_job_gets_the_cores_of_an_idle_pool_and_a_task_says_it_waits_for
                 # and it runs once the batch job has ended
                 assert wait(gw, gw.admin_token, task["id"], timeout=120)["state"] == "COMPLETED"
                 assert h.get(f"/v1/jobs/{batch['id']}").json()["state"] == "COMPLETED"
-    finally:
-        lock.close()
 
 
 def test_a_persons_task_runs_as_its_identity_and_is_measured_only_once_it_runs(fast: Gateway) -> None:

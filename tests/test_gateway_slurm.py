@@ -14,11 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import Gateway, ended, free_port, running
+from .conftest import SHARED_TURN, Gateway, ended, free_port, running
 from .slurm_env import answers, slurm_conf
 
-# One real-Slurm test at a time, whichever worker runs it (tests/conftest.py::slurm_turn).
-pytestmark = pytest.mark.usefixtures("slurm_turn")
+# Real-Slurm tests take turns (tests/conftest.py::slurm_turn): these share theirs, except
+# the ones that stop slurmctld.
+pytestmark = [pytest.mark.usefixtures("slurm_turn"), SHARED_TURN]
 
 
 def start_slurm_gateway(root: Path, conf: str) -> Gateway:
@@ -67,6 +68,7 @@ def test_full_loop_on_slurm(slurm_gateway: Gateway, tmp_path) -> None:
     assert facts["partitions"]["debug"]["max_walltime_s"] == 3600
 
 
+@pytest.mark.slurm_turn("alone")  # stops slurmctld
 def test_slurmctld_restart_mid_run(slurm_gateway: Gateway, tmp_path) -> None:
     conf = slurm_conf()
     env = {**os.environ, "SLURM_CONF": conf}
@@ -117,6 +119,7 @@ def test_gateway_kill_9_with_slurm_jobs_running(slurm_gateway: Gateway, tmp_path
     assert [(ledger / str(i)).read_text() for i in range(4)] == ["run\n"] * 4  # each ran exactly once
 
 
+@pytest.mark.slurm_turn("alone")  # stops slurmctld
 def test_first_submission_while_slurmctld_is_down(tmp_path) -> None:
     """A fresh gateway has no cached limits yet: with the controller away it still takes
     the job (recorded, deferred) and the job runs once slurmctld is back."""

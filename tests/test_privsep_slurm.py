@@ -24,12 +24,12 @@ from typing import Iterator
 
 import pytest
 
-from .conftest import Gateway, free_port
+from .conftest import SHARED_TURN, Gateway, free_port
 from .slurm_env import slurm_conf
 from .test_privsep_env import evil, ran_as_root  # noqa: F401 (a fixture)
 from .test_sandbox import need_bwrap
 
-pytestmark = [pytest.mark.usefixtures("slurm_turn"),
+pytestmark = [pytest.mark.usefixtures("slurm_turn"), SHARED_TURN,  # a user and a few jobs of its own
               pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true",
                                  reason="a root gateway's (CI runs as root)")]
 

@@ -24,14 +24,14 @@ from typing import Iterator
 import httpx
 import pytest
 
-from .conftest import free_port
+from .conftest import SHARED_TURN, free_port
 from .slurm_env import slurm_conf
 
 ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true",
                                  reason="installs a sudo rule and makes Unix users (CI runs as root)"),
-              pytest.mark.usefixtures("slurm_turn")]
+              pytest.mark.usefixtures("slurm_turn"), SHARED_TURN]  # users and jobs of its own
 
 
 def need_sudo() -> None:

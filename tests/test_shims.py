@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Gateway, free_port
+from .conftest import SHARED_TURN, Gateway, free_port
 from .test_gateway_slurm import slurm_gateway  # noqa: F401  (the fixture)
 
 LOOP = ('ID=$(sbatch --parsable -J probe --wrap "echo hello from \\$SLURM_JOB_NAME"); '
@@ -97,6 +97,7 @@ def test_claude_and_codex_get_corrals_mcp_server_by_their_own_mechanisms(tmp_pat
 
 
 @pytest.mark.usefixtures("slurm_turn")
+@SHARED_TURN
 def test_the_fence_leaves_corral_the_only_way_to_slurm(slurm_gateway: Gateway, agent_dir: Path) -> None:  # noqa: F811
     """Inside agent run: the munge socket's directory is empty, Slurm's own binaries are
     the shims (even by absolute path), a credential cannot be had; and the agent's job

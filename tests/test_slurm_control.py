@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Gateway
+from .conftest import SHARED_TURN, Gateway
 from .test_gateway_slurm import slurm_gateway  # noqa: F401  (the fixture)
 
-pytestmark = pytest.mark.usefixtures("slurm_turn")
+pytestmark = [pytest.mark.usefixtures("slurm_turn"), SHARED_TURN]  # its own few jobs
 
 
 def _wait(h, jid: int, until: str | None = None) -> dict:

@@ -19,7 +19,7 @@ import pytest
 from corral.core import slurm_formats as sf
 from corral.core.jobs import JobSpec, parse_duration_s
 
-from .conftest import Gateway
+from .conftest import SHARED_TURN, Gateway
 from .test_gateway_slurm import slurm_gateway  # noqa: F401  (the fixture)
 from .test_shims import agent_run
 
@@ -97,6 +97,7 @@ def _lines(r: subprocess.CompletedProcess[str]) -> dict[str, str]:
 
 
 @pytest.mark.usefixtures("slurm_turn")
+@SHARED_TURN
 def test_the_shims_print_what_the_job_asked(slurm_gateway: Gateway, agent_dir: Path) -> None:  # noqa: F811
     # pending behind a sleeper (written when the shim held a job after submitting it, which a
     # job as short as `true` could outrun; -H is one held submission now, decision 0013)

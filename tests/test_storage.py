@@ -24,7 +24,7 @@ from corral.storage import mounts
 from corral.storage.meta import count
 from corral.storage.workspaces import changes
 
-from .conftest import Gateway, add_people, running
+from .conftest import SHARED_TURN, Gateway, add_people, running
 
 CI = os.environ.get("CI") == "true"
 TOOLS = [t for t in ("mksquashfs", "unsquashfs", "bwrap", "strace") if shutil.which(t) is None]
@@ -477,6 +477,7 @@ def test_mcp_tools_build_an_environment_and_run_a_trial_workspace(gw: tuple[Gate
 
 @needs_tools
 @needs_root
+@SHARED_TURN
 def test_images_and_workspaces_on_the_private_slurm(tmp_path: Path, project: Path, shared: Path, slurm_turn) -> None:
     from .slurm_env import slurm_conf
     from .conftest import free_port
