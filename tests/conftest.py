@@ -147,8 +147,13 @@ def slurm_lock(shared: bool = False) -> Iterator[None]:
     the group ran on both workers.)"""
     import fcntl
 
-    with open(SLURM_LOCK, "w") as f:
+    # Through a turnstile (a second lock, held while the turn is awaited): a test waiting to
+    # run alone holds it, so no new shared turn begins meanwhile (flock itself prefers no one,
+    # and the two workers' shared turns could overlap without end).
+    with open(SLURM_LOCK + ".gate", "w") as gate, open(SLURM_LOCK, "w") as f:
+        fcntl.flock(gate, fcntl.LOCK_EX)
         fcntl.flock(f, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        fcntl.flock(gate, fcntl.LOCK_UN)
         yield
 
 

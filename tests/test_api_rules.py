@@ -23,12 +23,17 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def api(tmp_path, clock) -> Callable[[Scenario], Any]:
+def service(tmp_path, clock) -> Any:
+    """The gateway's service core, in this process; ``api`` serves it over HTTP in-process."""
     service = build_service(Settings(home=tmp_path / "home", local_cpus=16, fastlane=False), clock)
     service.accounts.bootstrap_admin()
+    return service
+
+
+@pytest.fixture
+def api(service, tmp_path) -> Callable[[Scenario], Any]:
     admin = (tmp_path / "home" / "admin.token").read_text().strip()
     app = create_app(service)
-    app.state.corral = service
 
     def run(scenario: Scenario) -> Any:
         async def go() -> Any:
@@ -163,10 +168,8 @@ def test_a_workdir_is_judged_as_the_path_it_names(api, tmp_path) -> None:
     api(scenario)
 
 
-def test_an_unexpected_error_is_one_500_in_the_error_shape(api, tmp_path, monkeypatch) -> None:
+def test_an_unexpected_error_is_one_500_in_the_error_shape(api, service, monkeypatch) -> None:
     async def scenario(h: httpx.AsyncClient, tokens: dict[str, str]) -> None:
-        service = h._transport.app.state.corral  # type: ignore[attr-defined]
-
         def broken(*args: Any) -> Any:
             raise RuntimeError("a bug")
 
