@@ -174,8 +174,10 @@ def test_sigterm_drains_and_exits_0(tmp_path: Path) -> None:
 
 
 def test_healthz_shows_the_reconciler_beating_on_an_idle_gateway(gateway: Gateway) -> None:
-    time.sleep(1)
-    h = httpx.get(f"{gateway.url}/healthz", timeout=5)
+    deadline = time.monotonic() + 30  # its first tick
+    while (h := httpx.get(f"{gateway.url}/healthz", timeout=5)).json().get("last_tick") is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert h.status_code == 200, h.text
     body = h.json()
     assert body["last_tick"] is not None and time.time() - body["last_beat"] < 5, body

@@ -92,7 +92,13 @@ def test_hold_release_and_signal_on_the_local_backend(tmp_path: Path) -> None:
         child = h.post("/v1/jobs", json={"command": "echo child", "after_any": [blocker["id"]]}).json()
         assert h.post(f"/v1/jobs/{child['id']}/control", json={"action": "hold"}).json()["reason"].startswith("held")
         _wait(h, blocker["id"])
-        time.sleep(1.0)  # several ticks: neither held job may start
+        # several ticks of the reconciler after the blocker's end: neither held job may start
+        ticks = {h.get("/healthz").json()["last_tick"]}
+        deadline = time.monotonic() + 30
+        while len(ticks) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            ticks.add(h.get("/healthz").json()["last_tick"])
+        assert len(ticks) >= 5, ticks
         for jid in (queued["id"], child["id"]):
             job = h.get(f"/v1/jobs/{jid}").json()
             assert job["state"] == "PENDING" and "held" in job["reason"], job

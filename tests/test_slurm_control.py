@@ -80,7 +80,9 @@ def test_hold_release_signal_requeue_and_usage_on_slurm(slurm_gateway: Gateway, 
         # BeginTime, about two minutes later); its markers of the first run no longer count.
         again = h.post("/v1/jobs", json={"command": "echo run >> runs.txt; sleep 3", "workdir": str(tmp_path)}).json()
         _wait(h, again["id"], "RUNNING")
-        time.sleep(1)
+        deadline = time.monotonic() + 30  # its first run under way
+        while not (tmp_path / "runs.txt").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
         r = h.post(f"/v1/jobs/{again['id']}/control", json={"action": "requeue"})
         assert r.status_code == 200, r.text
         deadline = time.monotonic() + 30
