@@ -163,9 +163,14 @@ def slurm_turn(request: pytest.FixtureRequest) -> Iterator[None]:
     slurmctld, reconfigure it, fill its node or count its free CPUs. A test marked
     ``@pytest.mark.slurm_turn("shared")`` only runs a few small jobs of its own (a few
     CPUs of the node's 32, never all) and reads only those: it runs beside another such
-    test, on the other worker, instead of waiting for it."""
+    test, on the other worker, instead of waiting for it. ``slurm_turn("none")``: a test of a
+    Slurm module that asks Slurm nothing takes no turn."""
     marker = request.node.get_closest_marker("slurm_turn")
-    with slurm_lock(shared=bool(marker and marker.args == ("shared",))):
+    how = marker.args[0] if marker and marker.args else "alone"
+    if how == "none":
+        yield
+        return
+    with slurm_lock(shared=how == "shared"):
         yield
 
 
@@ -175,7 +180,8 @@ SHARED_TURN = pytest.mark.slurm_turn("shared")
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slurm_turn(how): 'shared' lets a real-Slurm test run beside another "
-                                       "shared one (tests/conftest.py::slurm_turn); unmarked tests run alone")
+                                       "shared one, 'none' takes no turn (tests/conftest.py::slurm_turn); "
+                                       "unmarked tests run alone")
 
 
 def ended(pid: int, within: float = 10.0) -> bool:

@@ -45,6 +45,7 @@ def sacct(conf: str, job: str, fields: str) -> str:
 
 # -- no Slurm needed ---------------------------------------------------------------------
 
+@pytest.mark.slurm_turn("none")  # asks Slurm nothing
 def test_generated_script_matches_golden(tmp_path) -> None:
     b = SlurmBackend.__new__(SlurmBackend)
     b.agent_nice, b.agent_qos = 100, "agents"
@@ -58,6 +59,7 @@ def test_generated_script_matches_golden(tmp_path) -> None:
     assert human == (GOLDEN / "slurm_human_script.sh").read_text()
 
 
+@pytest.mark.slurm_turn("none")  # asks Slurm nothing
 def test_state_table_and_exit_codes() -> None:
     assert translate("CANCELLED by 0") is JobState.CANCELLED
     assert translate("OUT_OF_MEMORY") is JobState.OUT_OF_MEMORY
@@ -69,6 +71,7 @@ def test_state_table_and_exit_codes() -> None:
     assert parse_slurm_time("30") == 1800 and parse_slurm_time("UNLIMITED") is None
 
 
+@pytest.mark.slurm_turn("none")  # asks Slurm nothing
 def test_preflight_suggests_the_partition_that_fits() -> None:
     """A facility where only 'gpu' has GPUs and only 'long' runs for days (no Slurm needed)."""
     from corral.lanes.backend import Partition
@@ -175,6 +178,7 @@ def test_runs_as_the_principals_unix_user(conf) -> None:
         b.submit(SubmitContext(c.job_id + 1, "bob", "human", unix_user="no-such-user-here"), JobSpec(command="true"))
 
 
+@pytest.mark.slurm_turn("none")  # asks Slurm nothing
 def test_accounting_lag_is_asked_again_next_tick(tmp_path) -> None:
     """squeue says a job ended but sacct has no record yet: the next status call polls
     again instead of waiting poll_s (no Slurm needed: the one door is replaced)."""

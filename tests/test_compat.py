@@ -10,7 +10,6 @@ fields the shim prints."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import subprocess
@@ -46,41 +45,52 @@ def _ids_from(db: Path, first: int) -> None:
     conn.close()
 
 
-@pytest.fixture(scope="module")
-def shim_results():
-    conf = slurm_conf()
+def run_corpus(conf: str) -> dict:
+    """The corpus run as an agent, through the shims and a gateway of its own: {ids, results}."""
     root = Path(tempfile.mkdtemp(prefix="corral-compat-"))
     root.chmod(0o755)
-    # The corpus's jobs take their turn on the real Slurm, alone (conftest.slurm_lock), while
-    # the corpus runs; its comparisons below ask Slurm nothing and take no turn. Without
-    # it, a test filling the node meanwhile made Slurm preempt the corpus's running
-    # sleeper, an agent's opportunistic job (decision 0022).
-    turn = contextlib.ExitStack()
-    turn.enter_context(slurm_lock())
-    gw = start_slurm_gateway(root, conf)
-    _ids_from(gw.home / "corral.db", 700_000)
-    try:
-        with gw.http() as h:
-            assert h.post("/v1/principals", json={"name": "compat-agent", "kind": "agent",
-                                                  "sponsor": "admin"}).status_code == 201
-            token = h.post("/v1/tokens", json={"for": "compat-agent", "expires": "2h"}).json()["token"]
-        env = runner.base_env()
-        env.update({"SLURM_CONF": conf, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
-                    "PATH": f"{Path(sys.executable).parent}:{env['PATH']}"})
-        work = root / "work"
-        work.mkdir()
-        work.chmod(0o777)  # the agent's jobs run contained, as an unprivileged user under a root gateway
-        out = root / "results.json"
-        r = subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "agent", "run", "--url", gw.url, "--token", token,
-                            "--quiet", "--", sys.executable, "-m", "tests.compat.runner", str(out)],
-                           cwd=work, env=env, capture_output=True, text=True, timeout=1800)
-        assert r.returncode == 0 and out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
-        got = json.loads(out.read_text())
-        turn.close()  # the corpus has run: the comparisons need no turn
-        yield got["ids"], got["results"]
-    finally:
-        turn.close()
-        gw.kill(signal.SIGTERM)
+    # The corpus's jobs take a turn on the real Slurm (conftest.slurm_lock) while the corpus
+    # runs, shared: the tests that fill the node run alone. (Beside one of those, Slurm
+    # preempted the corpus's running sleeper, an agent's opportunistic job: decision 0022.)
+    with slurm_lock(shared=True):
+        gw = start_slurm_gateway(root, conf)
+        _ids_from(gw.home / "corral.db", 700_000)
+        try:
+            with gw.http() as h:
+                assert h.post("/v1/principals", json={"name": "compat-agent", "kind": "agent",
+                                                      "sponsor": "admin"}).status_code == 201
+                token = h.post("/v1/tokens", json={"for": "compat-agent", "expires": "2h"}).json()["token"]
+            env = runner.base_env()
+            env.update({"SLURM_CONF": conf, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+                        "PATH": f"{Path(sys.executable).parent}:{env['PATH']}"})
+            work = root / "work"
+            work.mkdir()
+            work.chmod(0o777)  # the agent's jobs run contained, as an unprivileged user under a root gateway
+            out = root / "results.json"
+            r = subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "agent", "run", "--url", gw.url, "--token",
+                                token, "--quiet", "--", sys.executable, "-m", "tests.compat.runner", str(out)],
+                               cwd=work, env=env, capture_output=True, text=True, timeout=1800)
+            assert r.returncode == 0 and out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
+            return dict(json.loads(out.read_text()))
+        finally:
+            gw.kill(signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def shim_results(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> tuple[dict, dict]:
+    """The corpus's results, run once per test session: the first pytest-xdist worker to get
+    here runs it; the other reads what it wrote (before, each worker ran the whole corpus)."""
+    import fcntl
+
+    conf = slurm_conf()
+    base = tmp_path_factory.getbasetemp()
+    shared = (base if worker_id == "master" else base.parent) / "compat-results.json"
+    with open(shared.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not shared.exists():
+            shared.write_text(json.dumps(run_corpus(conf)))
+        got = json.loads(shared.read_text())
+    return got["ids"], got["results"]
 
 
 GOLDEN = json.loads(runner.GOLDEN.read_text())

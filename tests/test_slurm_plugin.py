@@ -88,9 +88,13 @@ def test_agents_reach_slurm_through_corral_only(plugin: str) -> None:
         gw.kill(signal.SIGTERM)
 
 
+@pytest.mark.slurm_turn("none")  # a rule of the CLI, in-process: Slurm is not asked
 def test_the_plugin_refuses_to_be_written_without_agents() -> None:
-    r = subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "slurm", "plugin"], capture_output=True, text=True)
-    assert r.returncode == 2 and "name the agents' users or accounts" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "slurm", "plugin", "--agent-user", "no-such-user-x"],
-                       capture_output=True, text=True)
-    assert r.returncode == 2 and "no Unix user 'no-such-user-x'" in r.stderr
+    from click.testing import CliRunner
+
+    from corral.edges.cli.main import cli
+
+    r = CliRunner().invoke(cli, ["slurm", "plugin"])
+    assert r.exit_code == 2 and "name the agents' users or accounts" in r.stderr
+    r = CliRunner().invoke(cli, ["slurm", "plugin", "--agent-user", "no-such-user-x"])
+    assert r.exit_code == 2 and "no Unix user 'no-such-user-x'" in r.stderr
