@@ -127,13 +127,42 @@ class Gateway:
         return httpx.Client(base_url=self.url, headers=headers, timeout=60)
 
     def cli(self, *args: str, token: str | None = None, input: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "corral.edges.cli.main", *args], env=self.env(token, **env),
-                              capture_output=True, text=True, input=input, timeout=120, cwd=self.home.parent)
+        """``corral ARGS`` against this gateway, as a user runs it, in this process (click's
+        runner: the command, its environment, its working directory and its exit code as a
+        process would have them; a process of its own is not what these tests are about).
+        ``agent`` runs a process of its own, as it does for users."""
+        full = self.env(token, **env)
+        if args and args[0] == "agent":
+            return subprocess.run([sys.executable, "-m", "corral.edges.cli.main", *args], env=full,
+                                  capture_output=True, text=True, input=input, timeout=120, cwd=self.home.parent)
+        return cli_in_process(list(args), full, self.home.parent, input)
 
     def cli_json(self, *args: str, token: str | None = None) -> Any:
         cp = self.cli("--json", *args, token=token)
         assert cp.returncode == 0, cp.stderr
         return json.loads(cp.stdout)
+
+
+def cli_in_process(args: list[str], env: dict[str, str], cwd: Path,
+                   input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``corral ARGS`` through click's runner, with exactly ``env`` as its environment (what a
+    process started with it would see: the rest of this one's unset, a terminal 80 columns
+    wide as for a process whose output is a pipe) and ``cwd`` as its directory."""
+    from click.testing import CliRunner
+
+    from corral.edges.cli.main import cli
+
+    shown = {"COLUMNS": "80", "LINES": "24", **env}
+    patch: dict[str, str | None] = {**{k: None for k in os.environ if k not in shown}, **shown}
+    before = os.getcwd()
+    os.chdir(cwd)
+    try:
+        r = CliRunner().invoke(cli, args, input=input, env=patch, prog_name="corral")
+    finally:
+        os.chdir(before)
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        raise r.exception
+    return subprocess.CompletedProcess(["corral", *args], r.exit_code, r.stdout, r.stderr)
 
 
 SLURM_LOCK = "/tmp/corral-slurm-tests.lock"
