@@ -1,15 +1,25 @@
-"""The CLI, run as a real subprocess against a running gateway."""
+"""The CLI as a user runs it (its environment, directory and exit code; in-process through
+click's runner, tests/conftest.py::Gateway.cli) against a running gateway."""
 
 from __future__ import annotations
 
 import json
+from typing import Iterator
 
 import click
 import pytest
 
 from corral.edges.cli.main import cli
 
-from .conftest import Gateway
+from .conftest import Gateway, running
+
+
+@pytest.fixture(scope="module")
+def refusing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """One gateway for the refusals below: each is refused before anything is made, so
+    none disturbs the next (a gateway each took 4 s to start, for one command)."""
+    with running(tmp_path_factory.mktemp("cli-refusals")) as gw:
+        yield gw
 
 
 def test_tour_as_in_the_readme(gateway: Gateway, tmp_path) -> None:
@@ -54,8 +64,8 @@ def test_script_from_stdin_and_idempotency(gateway: Gateway, tmp_path) -> None:
     (["status", "notanumber"], "notanumber"),
     (["--url", "ftp://example", "jobs"], "http://HOST:PORT"),
 ])
-def test_bad_input_exits_2_with_a_message(gateway: Gateway, args, word) -> None:
-    cp = gateway.cli(*args)
+def test_bad_input_exits_2_with_a_message(refusing: Gateway, args, word) -> None:
+    cp = refusing.cli(*args)
     assert cp.returncode == 2, (args, cp.stdout, cp.stderr)
     assert word.lower() in cp.stderr.lower()
     assert "Traceback" not in cp.stderr
