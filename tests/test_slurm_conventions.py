@@ -218,6 +218,10 @@ def test_srun_passes_its_stdin_to_every_task(gateway: Gateway, people: dict[str,
     # The private Slurm: printf 'a\nb\n' | srun -n2 cat -> a b a b; srun cat </dev/null -> nothing, exit 0
     script = ("printf 'a\\nb\\n' | srun -n2 cat | sort | tr '\\n' ' '; echo; echo hi | srun wc -c; "
               "srun cat </dev/null; echo rc=$?; head -c 3000 /dev/zero | tr '\\0' x > big; srun wc -c < big; "
-              "sleep 30 | srun echo not-waiting")
+              # stdin a pipe its writer holds open (a process substitution, which the script
+              # need not wait for, unlike a pipeline's first command): srun returns while it is
+              "exec 3< <(exec sleep 30 2>/dev/null); W=$!; srun echo not-waiting <&3; "
+              "kill -0 $W && echo its-stdin-still-open; kill $W")
     r = agent_run(gateway, people["bot1"], script, agent_dir, "--no-fence")
-    assert r.stdout.splitlines() == ["a a b b ", "3", "rc=0", "3000", "not-waiting"], r.stdout + r.stderr
+    assert r.stdout.splitlines() == ["a a b b ", "3", "rc=0", "3000", "not-waiting", "its-stdin-still-open"], \
+        r.stdout + r.stderr
