@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from mcp import Client, StdioServerParameters
 
-from .conftest import Gateway, running, slurm_lock
+from .conftest import Gateway, running
 
 
 @pytest.fixture
@@ -496,6 +496,7 @@ def test_an_allocation_gives_way_only_to_a_batch_job_it_holds_back() -> None:
     assert blocked([too_big, fits], (8, 16000), a) is None
 
 
+@pytest.mark.usefixtures("slurm_turn")  # alone: its allocation and batch job fill the node
 def test_a_batch_job_gets_the_cores_of_an_idle_pool_and_a_task_says_it_waits_for_it(tmp_path) -> None:
     """Issue 40 (2, 4), on the real Slurm: a warm allocation held cores a batch job waited
     for until the pool had been idle ``idle_s`` (120 s); now it is released once idle for
@@ -504,40 +505,38 @@ def test_a_batch_job_gets_the_cores_of_an_idle_pool_and_a_task_says_it_waits_for
     from .slurm_env import slurm_conf
 
     conf = slurm_conf()
-    # alone on the real Slurm (conftest.slurm_lock): its allocation and batch job fill the node
-    with slurm_lock():
-        with running(tmp_path, CORRAL_BACKEND="slurm", SLURM_CONF=conf, CORRAL_TICK_S="0.5",
-                     CORRAL_FASTLANE_CPUS="24", CORRAL_FASTLANE_MIN_CPUS="24", CORRAL_FASTLANE_MEMORY_MB="2000",
-                     CORRAL_FASTLANE_GIVE_BACK_S="2") as gw:
-            with gw.http() as h:
-                warm = h.post("/v1/jobs", json={"command": "true", "lane": "fast", "partition": "debug"}).json()
-                assert wait(gw, gw.admin_token, warm["id"], timeout=120)["state"] == "COMPLETED"
-                pool = h.get("/v1/facility").json()["fast_lane"]["pools"][0]
-                (alloc,) = pool["allocations"]
-                assert alloc["shape"]["cpus"] == 24
-                # 16 CPUs: more than the node has beside the warm allocation
-                batch = h.post("/v1/jobs", json={"command": "sleep 8", "lane": "batch", "cpus": 16,
-                                                 "partition": "debug", "walltime": "2m"}).json()
-                started = wait(gw, gw.admin_token, batch["id"], until="RUNNING", timeout=50)
-                assert started["state"] == "RUNNING", started
-                pool = h.get("/v1/facility").json()["fast_lane"]["pools"][0]
-                assert pool["allocations"] == [] and pool["gave_cores_to"]["job_id"] == batch["id"]
-                pilot = h.get(f"/v1/jobs/{alloc['job_id']}").json()
-                assert pilot["state"] in ("CANCELLED", "COMPLETED", "FAILED"), pilot
-                # a fast task now waits for an allocation that cannot start beside the batch job
-                task = h.post("/v1/jobs", json={"command": "echo after", "lane": "fast", "partition": "debug"}).json()
-                reason = ""
-                for _ in range(60):
-                    got = h.get(f"/v1/jobs/{task['id']}").json()
-                    reason = got["reason"] or ""
-                    if got["state"] != "PENDING" or f"batch job {batch['id']}" in reason:
-                        break
-                    time.sleep(0.25)
-                assert got["state"] == "PENDING" and f"batch job {batch['id']}" in reason, got
-                assert "fast-lane allocation job" in reason and "queued" in reason
-                # and it runs once the batch job has ended
-                assert wait(gw, gw.admin_token, task["id"], timeout=120)["state"] == "COMPLETED"
-                assert h.get(f"/v1/jobs/{batch['id']}").json()["state"] == "COMPLETED"
+    with running(tmp_path, CORRAL_BACKEND="slurm", SLURM_CONF=conf, CORRAL_TICK_S="0.5",
+                 CORRAL_FASTLANE_CPUS="24", CORRAL_FASTLANE_MIN_CPUS="24", CORRAL_FASTLANE_MEMORY_MB="2000",
+                 CORRAL_FASTLANE_GIVE_BACK_S="2") as gw:
+        with gw.http() as h:
+            warm = h.post("/v1/jobs", json={"command": "true", "lane": "fast", "partition": "debug"}).json()
+            assert wait(gw, gw.admin_token, warm["id"], timeout=120)["state"] == "COMPLETED"
+            pool = h.get("/v1/facility").json()["fast_lane"]["pools"][0]
+            (alloc,) = pool["allocations"]
+            assert alloc["shape"]["cpus"] == 24
+            # 16 CPUs: more than the node has beside the warm allocation
+            batch = h.post("/v1/jobs", json={"command": "sleep 8", "lane": "batch", "cpus": 16,
+                                             "partition": "debug", "walltime": "2m"}).json()
+            started = wait(gw, gw.admin_token, batch["id"], until="RUNNING", timeout=50)
+            assert started["state"] == "RUNNING", started
+            pool = h.get("/v1/facility").json()["fast_lane"]["pools"][0]
+            assert pool["allocations"] == [] and pool["gave_cores_to"]["job_id"] == batch["id"]
+            pilot = h.get(f"/v1/jobs/{alloc['job_id']}").json()
+            assert pilot["state"] in ("CANCELLED", "COMPLETED", "FAILED"), pilot
+            # a fast task now waits for an allocation that cannot start beside the batch job
+            task = h.post("/v1/jobs", json={"command": "echo after", "lane": "fast", "partition": "debug"}).json()
+            reason = ""
+            for _ in range(60):
+                got = h.get(f"/v1/jobs/{task['id']}").json()
+                reason = got["reason"] or ""
+                if got["state"] != "PENDING" or f"batch job {batch['id']}" in reason:
+                    break
+                time.sleep(0.25)
+            assert got["state"] == "PENDING" and f"batch job {batch['id']}" in reason, got
+            assert "fast-lane allocation job" in reason and "queued" in reason
+            # and it runs once the batch job has ended
+            assert wait(gw, gw.admin_token, task["id"], timeout=120)["state"] == "COMPLETED"
+            assert h.get(f"/v1/jobs/{batch['id']}").json()["state"] == "COMPLETED"
 
 
 def test_a_persons_task_runs_as_its_identity_and_is_measured_only_once_it_runs(fast: Gateway) -> None:
