@@ -1,4 +1,5 @@
-"""Shared fixtures: a real gateway process on a loopback port, and the real CLI."""
+"""Shared fixtures: a real gateway process on a loopback port, the real CLI against it
+(in-process), and turns on the real Slurm."""
 
 from __future__ import annotations
 
