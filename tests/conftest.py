@@ -22,6 +22,8 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
+from .slurm_env import SLURM_CONF, turn_lock
+
 # Bytecode is cached for this session's Python processes. Under PYTHONDONTWRITEBYTECODE=1
 # (set where the suite ran in CI rehearsals) and a venv installed by uv (which compiles
 # nothing by default), every gateway, CLI and shim the tests start compiled some 550
@@ -166,7 +168,8 @@ def cli_in_process(args: list[str], env: dict[str, str], cwd: Path,
     return subprocess.CompletedProcess(["corral", *args], r.exit_code, r.stdout, r.stderr)
 
 
-SLURM_LOCK = "/tmp/corral-slurm-tests.lock"
+SLURM_LOCK = turn_lock(SLURM_CONF)
+"""One lock per private Slurm instance (tests/slurm_env.py)."""
 
 
 @contextlib.contextmanager

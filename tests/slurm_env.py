@@ -4,8 +4,11 @@ fails the run; elsewhere the Slurm tests skip with the command to start one."""
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +45,71 @@ def slurm_conf() -> str:
                         "make test runs scripts/slurm-up first")
         pytest.skip("no Slurm here: run scripts/slurm-up (as root) to test the Slurm backend")
     return SLURM_CONF
+
+
+# ---- the private Slurm's layout (scripts/slurm-up; docs/decisions/0032-private-cluster.md)
+
+def slurm_dir(conf: str) -> Path:
+    """The instance's directory: its slurm.conf lies in DIR/etc."""
+    return Path(conf).resolve().parent.parent
+
+
+def layout(conf: str) -> dict[str, str]:
+    """The settings slurm-up made this instance with (DIR/etc/layout): LAYOUT is 'cluster'
+    (nodes c1..c4 and controllers ctl1, ctl2 in namespaces of their own) or 'single' (one
+    node `localhost`, the layout of an instance made before the cluster)."""
+    out = {"LAYOUT": "single", "NS": "corral"}
+    try:
+        text = (slurm_dir(conf) / "etc" / "layout").read_text()
+    except FileNotFoundError:
+        return out
+    for key, value in re.findall(r"CORRAL_SLURM_(\w+):=([^}]*)\}", text):
+        out[key] = value
+    return out
+
+
+def turn_lock(conf: str) -> str:
+    """The file whose lock gives one real-Slurm test at a time on this instance (the
+    default instance's path is the one every checkout used before)."""
+    if Path(conf).resolve() == Path("/tmp/corral-slurm/etc/slurm.conf"):
+        return "/tmp/corral-slurm-tests.lock"
+    return str(slurm_dir(conf) / "tests.lock")
+
+
+def controller_pidfile(conf: str) -> Path:
+    """Where the primary slurmctld's pid is: slurm-up's own record in the cluster layout
+    (Slurm's SlurmctldPidFile there lies in each controller's private mount)."""
+    if layout(conf)["LAYOUT"] == "cluster":
+        return slurm_dir(conf) / "run" / "ctl1.pid"
+    for line in Path(conf).read_text().splitlines():
+        if line.startswith("SlurmctldPidFile="):
+            return Path(line.split("=", 1)[1])
+    raise AssertionError("no SlurmctldPidFile in slurm.conf")
+
+
+def restore(conf: str) -> None:
+    """Start again whatever a test stopped (a controller, a node): slurm-up is idempotent,
+    and in the cluster layout it alone knows how to start a daemon on a host of its own."""
+    if layout(conf)["LAYOUT"] == "cluster":
+        script = Path(__file__).resolve().parent.parent / "scripts" / "slurm-up"
+        cp = subprocess.run([str(script)], env={**os.environ, "CORRAL_SLURM_DIR": str(slurm_dir(conf))},
+                            capture_output=True, text=True, timeout=300)
+        assert cp.returncode == 0, cp.stderr[-3000:]
+    else:
+        subprocess.run(["slurmctld", "-f", conf], env={**os.environ, "SLURM_CONF": conf}, check=True)
+    assert answers(conf, 90), "slurmctld did not come back"
+
+
+def kill_host(conf: str, host: str) -> list[int]:
+    """A host of the private cluster dies: every process in its network namespace gets
+    SIGKILL at once (its slurmd or slurmctld, and on a node the jobs' slurmstepd and
+    tasks), as if it lost power. -> the pids killed."""
+    ns = f"{layout(conf)['NS']}-{host}"
+    pids = [int(p) for p in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
+                                           check=True).stdout.split()]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids

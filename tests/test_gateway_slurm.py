@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from .conftest import SHARED_TURN, Gateway, ended, free_port, running
-from .slurm_env import answers, slurm_conf
+from .slurm_env import controller_pidfile, restore, slurm_conf
 
 # Real-Slurm tests take turns (tests/conftest.py::slurm_turn): these share theirs, except
 # the ones that stop slurmctld.
@@ -39,10 +39,7 @@ def slurm_gateway(tmp_path):
 
 
 def slurmctld_pidfile(conf: str) -> Path:
-    for line in Path(conf).read_text().splitlines():
-        if line.startswith("SlurmctldPidFile="):
-            return Path(line.split("=", 1)[1])
-    raise AssertionError("no SlurmctldPidFile in slurm.conf")
+    return controller_pidfile(conf)
 
 
 def test_full_loop_on_slurm(slurm_gateway: Gateway, tmp_path) -> None:
@@ -93,8 +90,7 @@ def test_slurmctld_restart_mid_run(slurm_gateway: Gateway, tmp_path) -> None:
             health = httpx.get(f"{slurm_gateway.url}/healthz").json()
             assert health["ok"] is False and health["degraded"]
         finally:
-            subprocess.run(["slurmctld", "-f", conf], env=env, check=True)
-            assert answers(conf, 90), "slurmctld did not come back"
+            restore(conf)
         final = [h.get(f"/v1/jobs/{j}/wait", params={"timeout": 120}).json() for j in ids]
         assert [j["state"] for j in final] == ["COMPLETED"] * 5, final
         assert httpx.get(f"{slurm_gateway.url}/healthz").json()["ok"] is True
@@ -139,8 +135,7 @@ def test_first_submission_while_slurmctld_is_down(tmp_path) -> None:
             assert job["state"] == "PENDING" and "waiting for the scheduler" in (job["reason"] or "")
             assert h.get("/healthz").status_code == 200  # the gateway kept answering
     finally:
-        subprocess.run(["slurmctld", "-f", conf], env=env, check=True)
-        assert answers(conf, 90), "slurmctld did not come back"
+        restore(conf)
     try:
         with gw.http() as h:
             done = h.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 120}).json()

@@ -526,8 +526,7 @@ class SlurmBackend:
                 continue
             why = None if reason in ("None", "") else reason
             if again and state is JobState.PENDING:
-                why = (f"requeued by Slurm {again}x (preempted: a job that may take its cores needed them, or a "
-                       f"requeue was asked); it runs again from the start" + (f" ({why})" if why else ""))
+                why = self.requeues.why(jid, again) + (f" ({why})" if why else "")
             out[jid] = self._known[jid] = BackendStatus(
                 jid, state, reason=why, start_time=slurm_epoch(start) if state is JobState.RUNNING else None,
                 requeues=again)
@@ -557,16 +556,19 @@ class SlurmBackend:
 
     def _accounting(self, ids: Sequence[str]) -> dict[str, BackendStatus]:
         text = self._run("sacct", "-X", "-n", "-P", "-j", ",".join(ids),
-                         "-o", "JobID,State,ExitCode,Start,End,Reason")
+                         "-o", "JobID,State,ExitCode,Start,End,Reason,NodeList")
         out: dict[str, BackendStatus] = {}
         for line in text.splitlines():
-            jid, st, code, start, end, reason = (line.split("|") + [""] * 6)[:6]
+            jid, st, code, start, end, reason, nodes = (line.split("|") + [""] * 7)[:7]
             state = translate(st)
             if not state.terminal:
                 continue  # squeue is the authority for live jobs
             exit_code, sig = parse_exit(code)
             why = None
-            if state is JobState.FAILED and sig == 9 and self._stderr_says_oom(jid):
+            if st.startswith("NODE_FAIL"):  # not the job's doing: no exit code of its own
+                why, exit_code = (f"the node it ran on ({nodes}) failed (Slurm: NODE_FAIL) and the job was not "
+                                  "requeued: submit it again"), None
+            elif state is JobState.FAILED and sig == 9 and self._stderr_says_oom(jid):
                 state, why = JobState.OUT_OF_MEMORY, "killed for using more memory than it asked for"
             elif state is JobState.FAILED:
                 why = f"killed by signal {sig}" if sig else f"exited with code {exit_code}"

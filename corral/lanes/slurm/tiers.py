@@ -116,6 +116,22 @@ class Requeues:
     def __init__(self, run: Callable[..., str]) -> None:
         self._run = run
         self.seen: dict[str, tuple[int, float | None]] = {}
+        self.causes: dict[str, tuple[str, str]] = {}
+        """Per job: how Slurm ended its latest requeued run, and on which node(s)."""
+
+    def why(self, jid: str, restarts: int) -> str:
+        """What the agent is told while a requeued job waits to run again: what ended
+        the run it lost (once accounting has it), so a node that died is not mistaken for
+        a preemption."""
+        state, nodes = self.causes.get(jid, ("", ""))
+        if state == "NODE_FAIL":
+            return (f"requeued by Slurm {restarts}x: the node it ran on ({nodes}) failed (NODE_FAIL); "
+                    "it runs again from the start, on a node that is up")
+        if state == "PREEMPTED":
+            return (f"requeued by Slurm {restarts}x (preempted on {nodes}: a job that may take its cores "
+                    "needed them); it runs again from the start")
+        return (f"requeued by Slurm {restarts}x (preempted: a job that may take its cores needed them, or a "
+                "requeue was asked); it runs again from the start")
 
     def count(self, jid: str) -> int:
         return self.seen.get(jid, (0, None))[0]
@@ -136,25 +152,30 @@ class Requeues:
         if not jids:
             return
         try:
-            text = self._run("sacct", "-D", "-X", "-n", "-P", "-j", ",".join(jids), "-o", "JobID,State,Start,End")
+            text = self._run("sacct", "-D", "-X", "-n", "-P", "-j", ",".join(jids), "-o",
+                             "JobID,State,Start,End,NodeList")
         except CorralError as e:
             log.warning("the work lost by requeued jobs %s is not known yet: %s", list(jids)[:5], e)
             return
         runs: dict[str, list[tuple[float | None, float | None]]] = {}
+        ends: dict[str, list[tuple[str, str]]] = {}
         for line in text.splitlines():
-            jid, _, start, end = (line.split("|") + ["", "", ""])[:4]
+            jid, state, start, end, nodes = (line.split("|") + ["", "", "", ""])[:5]
             runs.setdefault(jid.strip(), []).append((slurm_epoch(start), slurm_epoch(end)))
+            ends.setdefault(jid.strip(), []).append(((state.split() or [""])[0], nodes))
         for jid in jids:
             # Every row but the latest is a run Slurm ended and requeued (PREEMPTED,
             # REQUEUED, NODE_FAIL ...); sacct lists them oldest first.
             earlier = runs.get(jid, [])[:-1]
             if len(earlier) < self.count(jid) or any(e is None for _, e in earlier):
                 continue
+            self.causes[jid] = ends[jid][-2]
             lost = sum(max(0.0, e - s) for s, e in earlier if s is not None and e is not None)
             self.seen[jid] = (max(self.count(jid), len(earlier)), round(lost, 1))
 
     def forget(self, jid: str) -> None:
         self.seen.pop(jid, None)
+        self.causes.pop(jid, None)
 
 
 def extend(record: Path, backend_id: str, start: float, poll_s: float, run: Callable[..., str]) -> None:

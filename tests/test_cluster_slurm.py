@@ -1,0 +1,159 @@
+"""What only happens on a cluster, on the private one of scripts/slurm-up (nodes c1..c4,
+each a slurmd in a network and UTS namespace of its own; controllers ctl1 and backup
+ctl2; docs/decisions/0032-private-cluster.md), through a real gateway on the Slurm
+backend: jobs spread over nodes; a node that dies under its jobs (Slurm requeues one
+and ends the other NODE_FAIL, and the agent is told which); the primary controller
+killed (the backup takes over, and the gateway keeps answering and sends again)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Gateway
+from .slurm_env import kill_host, layout, restore, slurm_conf
+from .test_gateway_slurm import start_slurm_gateway
+
+pytestmark = pytest.mark.usefixtures("slurm_turn")
+
+
+def cluster_conf() -> str:
+    """The private Slurm, which must be the cluster layout (fails under CI, else skips)."""
+    conf = slurm_conf()
+    if layout(conf)["LAYOUT"] != "cluster":
+        why = (f"the private Slurm at {conf} is the single-node layout of an older scripts/slurm-up: "
+               "scripts/slurm-down, then scripts/slurm-up, makes the cluster")
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    return conf
+
+
+def slurm(conf: str, *argv: str) -> str:
+    return subprocess.run(argv, env={**os.environ, "SLURM_CONF": conf}, capture_output=True, text=True,
+                          check=True, timeout=30).stdout
+
+
+def until(what: str, check: Any, within: float) -> Any:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {within:.0f} s waiting for {what}")
+
+
+@pytest.fixture
+def gw(tmp_path: Path) -> Iterator[Gateway]:
+    conf = cluster_conf()
+    g = start_slurm_gateway(tmp_path, conf)
+    try:
+        yield g
+    finally:
+        g.kill(signal.SIGTERM)
+
+
+def job(g: Gateway, job_id: int) -> dict[str, Any]:
+    with g.http() as h:
+        r = h.get(f"/v1/jobs/{job_id}")
+        assert r.status_code == 200, r.text
+        return r.json()  # type: ignore[no-any-return]
+
+
+def test_jobs_spread_over_nodes(gw: Gateway, agent_dir: Path) -> None:
+    """Six 4-CPU jobs: more than one node holds (the small nodes have 8 CPUs), so Slurm
+    places them on several; each ran where accounting says, under that node's hostname."""
+    conf = slurm_conf()
+    with gw.http() as h:
+        ids = [h.post("/v1/jobs", json={"command": "hostname; sleep 3", "cpus": 4, "walltime": "5m",
+                                        "workdir": str(agent_dir)}).json()["id"] for _ in range(6)]
+        done = [h.get(f"/v1/jobs/{j}/wait", params={"timeout": 120}).json() for j in ids]
+        assert [d["state"] for d in done] == ["COMPLETED"] * 6, done
+        ran_on = [h.get(f"/v1/jobs/{j}/output").json()["data"].strip() for j in ids]
+    nodes = [slurm(conf, "sacct", "-X", "-n", "-P", "-j", d["backend_id"], "-o", "NodeList").strip() for d in done]
+    assert ran_on == nodes, (ran_on, nodes)  # the job's own hostname is its node's
+    assert len(set(nodes)) >= 3 and set(nodes) <= {"c1", "c2", "c3", "c4"}, nodes
+
+
+def node_state(conf: str, node: str) -> str:
+    kv = dict(t.split("=", 1) for t in slurm(conf, "scontrol", "show", "node", node, "-o").split() if "=" in t)
+    return kv["State"]
+
+
+def test_a_node_dies_under_its_jobs(gw: Gateway, agent_dir: Path) -> None:
+    """Every process of the node the jobs run on is killed (slurmd, slurmstepd, the
+    tasks): Slurm marks the node DOWN; the job it may requeue (its default) waits to run
+    again, the one it may not ends NODE_FAIL; corral tells the agent which, naming the
+    node, and gives the failed one no exit code of its own."""
+    conf = slurm_conf()
+    work = "echo begin; sleep 300; echo finished"
+    try:
+        with gw.http() as h:
+            ids = [h.post("/v1/jobs", json={"command": work, "cpus": 4, "walltime": "10m",
+                                            "workdir": str(agent_dir)}).json()["id"] for _ in range(2)]
+            running = [h.get(f"/v1/jobs/{j}/wait", params={"timeout": 120, "until": "RUNNING"}).json() for j in ids]
+        assert [r["state"] for r in running] == ["RUNNING"] * 2, running
+        again, once = (r["backend_id"] for r in running)
+        slurm(conf, "scontrol", "update", f"JobId={once}", "Requeue=0")
+        nodes = {b: slurm(conf, "squeue", "-h", "-j", b, "-o", "%N").strip() for b in (again, once)}
+        for node in set(nodes.values()):
+            assert kill_host(conf, node), f"nothing ran on {node}"
+        for node in set(nodes.values()):  # SlurmdTimeout=15 s, pings every 5 s
+            until(f"Slurm to mark {node} down", lambda n=node: "DOWN" in node_state(conf, n), 90)
+
+        requeued = until("the requeued job's report", lambda: (j := job(gw, ids[0]))["requeues"] >= 1
+                         and "NODE_FAIL" in (j["reason"] or "") and j, 90)
+        assert requeued["state"] in ("PENDING", "RUNNING"), requeued  # one live job still, same Slurm id
+        assert requeued["backend_id"] == again and nodes[again] in requeued["reason"], requeued
+        assert "preempted" not in requeued["reason"], requeued
+        rows = slurm(conf, "sacct", "-D", "-X", "-n", "-P", "-j", again, "-o", "State").split()
+        assert rows[0] == "NODE_FAIL", rows
+
+        with gw.http() as h:
+            failed = h.get(f"/v1/jobs/{ids[1]}/wait", params={"timeout": 90}).json()
+        assert failed["state"] == "FAILED" and failed["exit_code"] is None, failed
+        assert "NODE_FAIL" in failed["reason"] and nodes[once] in failed["reason"], failed
+        assert slurm(conf, "sacct", "-X", "-n", "-P", "-j", once, "-o", "State").strip() == "NODE_FAIL"
+        with gw.http() as h:
+            assert h.get(f"/v1/jobs/{ids[1]}/output").json()["data"].startswith("begin"), "its output is kept"
+            h.post(f"/v1/jobs/{ids[0]}/cancel")
+    finally:
+        restore(conf)  # the node's slurmd again: ReturnToService=2 brings it back
+    for node in set(nodes.values()):
+        until(f"{node} back in service", lambda n=node: "DOWN" not in node_state(conf, n), 60)
+
+
+def test_the_primary_controller_dies(gw: Gateway, agent_dir: Path) -> None:
+    """ctl1 killed outright: the gateway keeps answering from its own view, takes work
+    while no controller answers, and sends it once the backup ctl2 has taken over
+    (SlurmctldTimeout=10 s); then the primary is started again."""
+    conf = slurm_conf()
+    with gw.http() as h:
+        first = h.post("/v1/jobs", json={"command": "echo one", "workdir": str(agent_dir)}).json()
+        assert h.get(f"/v1/jobs/{first['id']}/wait", params={"timeout": 60}).json()["state"] == "COMPLETED"
+        try:
+            assert kill_host(conf, "ctl1")
+            assert h.get(f"/v1/jobs/{first['id']}").json()["state"] == "COMPLETED"  # its own view
+            late = h.post("/v1/jobs", json={"command": "echo two", "workdir": str(agent_dir)})
+            assert late.status_code == 201, late.text
+            done = h.get(f"/v1/jobs/{late.json()['id']}/wait", params={"timeout": 150}).json()
+            assert done["state"] == "COMPLETED", done
+            assert h.get(f"/v1/jobs/{done['id']}/output").json()["data"] == "two\n"
+            ping = slurm(conf, "scontrol", "ping")
+            assert "primary) at ctl1 is DOWN" in ping and "backup) at ctl2 is UP" in ping, ping
+            third = h.post("/v1/jobs", json={"command": "echo three", "workdir": str(agent_dir)}).json()
+            assert h.get(f"/v1/jobs/{third['id']}/wait", params={"timeout": 60}).json()["state"] == "COMPLETED"
+            assert h.get("/v1/jobs").status_code == 200
+        finally:
+            restore(conf)
+    ping = until("the primary in control again", lambda: "primary) at ctl1 is UP" in (p := slurm(conf, "scontrol", "ping"))
+                 and p, 60)
+    assert "ctl1 is UP" in ping
