@@ -113,3 +113,16 @@ def kill_host(conf: str, host: str) -> list[int]:
         except ProcessLookupError:
             pass
     return pids
+
+
+def stop_controllers(conf: str) -> list[int]:
+    """Slurm's controller away: SIGTERM to slurmctld, and in the cluster layout to its
+    backup too (else the backup takes over: tests/test_cluster_slurm.py). -> the pids,
+    to wait for (`conftest.ended`) and `restore` after."""
+    files = [controller_pidfile(conf)]
+    if layout(conf)["LAYOUT"] == "cluster":
+        files.append(slurm_dir(conf) / "run" / "ctl2.pid")
+    pids = [int(f.read_text()) for f in files]
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    return pids

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from .conftest import SHARED_TURN, Gateway, ended, free_port, running
-from .slurm_env import controller_pidfile, restore, slurm_conf
+from .slurm_env import restore, slurm_conf, stop_controllers
 
 # Real-Slurm tests take turns (tests/conftest.py::slurm_turn): these share theirs, except
 # the ones that stop slurmctld.
@@ -36,10 +36,6 @@ def slurm_gateway(tmp_path):
     gw = start_slurm_gateway(tmp_path, slurm_conf())
     yield gw
     gw.kill(signal.SIGTERM)
-
-
-def slurmctld_pidfile(conf: str) -> Path:
-    return controller_pidfile(conf)
 
 
 def test_full_loop_on_slurm(slurm_gateway: Gateway, tmp_path) -> None:
@@ -68,16 +64,14 @@ def test_full_loop_on_slurm(slurm_gateway: Gateway, tmp_path) -> None:
 @pytest.mark.slurm_turn("alone")  # stops slurmctld
 def test_slurmctld_restart_mid_run(slurm_gateway: Gateway, tmp_path) -> None:
     conf = slurm_conf()
-    env = {**os.environ, "SLURM_CONF": conf}
-    pidfile = slurmctld_pidfile(conf)
     with slurm_gateway.http() as h:
         ids = [h.post("/v1/jobs", json={"command": f"sleep 4; echo {i}", "workdir": str(tmp_path)}).json()["id"]
                for i in range(4)]
         h.get(f"/v1/jobs/{ids[0]}/wait", params={"timeout": 60, "until": "RUNNING"})
-        pid = int(pidfile.read_text())
-        os.kill(pid, signal.SIGTERM)
+        pids = stop_controllers(conf)
         try:
-            ended(pid)  # really gone (it lingers as a zombie here)
+            for pid in pids:
+                ended(pid)  # really gone (it lingers as a zombie here)
             # The gateway keeps answering from its own state, and takes new work.
             late = h.post("/v1/jobs", json={"command": "echo late", "workdir": str(tmp_path)})
             assert late.status_code == 201
@@ -120,13 +114,12 @@ def test_first_submission_while_slurmctld_is_down(tmp_path) -> None:
     """A fresh gateway has no cached limits yet: with the controller away it still takes
     the job (recorded, deferred) and the job runs once slurmctld is back."""
     conf = slurm_conf()
-    env = {**os.environ, "SLURM_CONF": conf}
-    pid = int(slurmctld_pidfile(conf).read_text())
-    os.kill(pid, signal.SIGTERM)
+    pids = stop_controllers(conf)
     gw = Gateway(tmp_path / "home", free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": conf})
     gw.home.mkdir()
     try:
-        ended(pid)
+        for pid in pids:
+            ended(pid)
         gw.start()
         with gw.http() as h:
             r = h.post("/v1/jobs", json={"command": "echo deferred", "workdir": str(tmp_path)})

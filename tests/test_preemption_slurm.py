@@ -36,9 +36,12 @@ def slurm(conf: str, *argv: str) -> str:
 
 
 def free_cpus(conf: str) -> int:
-    """CPUs not allocated on the private Slurm's one node (it advertises 32)."""
-    kv = dict(t.split("=", 1) for t in slurm(conf, "scontrol", "show", "node", "-o").split() if "=" in t)
-    return int(kv["CPUTot"]) - int(kv["CPUAlloc"])
+    """CPUs not allocated on the private Slurm's largest node (it advertises 32; the
+    cluster's others 8, decision 0032): a job of that many fits on that node alone."""
+    nodes = [dict(t.split("=", 1) for t in line.split() if "=" in t)
+             for line in slurm(conf, "scontrol", "show", "node", "-o").splitlines()]
+    biggest = max(nodes, key=lambda kv: int(kv["CPUTot"]))
+    return int(biggest["CPUTot"]) - int(biggest["CPUAlloc"])
 
 
 def until(what: str, check: Any, within: float) -> Any:
