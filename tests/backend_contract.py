@@ -142,18 +142,17 @@ def test_partitions_describe_the_facility(backend: Backend) -> None:
 __all__ = [n for n in dir() if n.startswith("test_")] + ["ctx", "wait_all", "wait_state"]
 
 
-def check_free_counts_what_runs(backend: Backend, tmp_path) -> None:
+def check_free_counts_what_runs(backend: Backend, tmp_path, partition: str | None = None) -> None:
     """Not a contract test (the fake Slurm keeps no node allocations): the backends that
-    know their nodes' allocations call it. The fast lane sizes allocations to it."""
-    before = backend.free(None)
+    know their nodes' allocations call it. The fast lane sizes allocations to it. free()
+    is the roomiest node's room: on a cluster, ``partition`` is one of one node."""
+    before = backend.free(partition)
     assert before is not None and before[0] >= 3
-    # free() is the roomiest node's room: a job that fits on that node alone (on the
-    # private cluster, c1 of 32 CPUs beside nodes of 8) is one it must count.
-    cpus = before[0] - 1
-    bid = backend.submit(ctx(), JobSpec(command="sleep 60", cpus=cpus, memory="256M", workdir=str(tmp_path)))
+    bid = backend.submit(ctx(), JobSpec(command="sleep 60", cpus=2, memory="256M", workdir=str(tmp_path),
+                                        partition=partition))
     try:
         wait_state(backend, bid, JobState.RUNNING)
-        assert backend.free(None) == (1, before[1] - 256)
+        assert backend.free(partition) == (before[0] - 2, before[1] - 256)
     finally:
         backend.cancel([bid])
     assert wait_all(backend, [bid], 60)[bid].state is JobState.CANCELLED

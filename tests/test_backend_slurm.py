@@ -200,4 +200,4 @@ def test_accounting_lag_is_asked_again_next_tick(tmp_path) -> None:
 
 @pytest.mark.slurm_turn("alone")  # counts the node's free CPUs
 def test_free_counts_what_runs_now(backend, tmp_path) -> None:
-    check_free_counts_what_runs(backend, tmp_path)
+    check_free_counts_what_runs(backend, tmp_path, "gpu")  # c1 alone on the private cluster (decision 0032)
