@@ -110,8 +110,11 @@ def normalize(text: str, ids: dict[str, str], durations: bool = False) -> str:
     # The private Slurm's node names: one node `localhost`, or the cluster's c1..c4
     # (decision 0032), so that a golden recorded on one layout holds on the other. The
     # shims' NODELIST is the partition's nodes, not the job's (corral keeps no node per
-    # job): a difference only a cluster shows, which this hides.
+    # job): a difference only a cluster shows, which this hides. So are sinfo's node counts
+    # (the shims count a partition's nodes alike whatever runs on each).
     text = re.sub(r"\b(?:localhost|c\[[\d,-]+\]|c\d+)(?:,c\d+)*\b", "<NODES>", text)
+    text = re.sub(r"\b\d+/\d+/\d+/\d+\b", "<A/I/O/T>", text)
+    text = re.sub(r"\b\d+[ \t]+(?=(?:mix|idle|alloc|allocated|down|drain|drng|comp)\b)", "<N> ", text)
     if durations:
         text = _DUR.sub("<T>", text)
     return "\n".join(re.sub(r"[ \t]+", " ", line).strip() for line in text.splitlines()).strip()
