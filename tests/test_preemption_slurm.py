@@ -288,6 +288,11 @@ def test_requeues_wait_for_accounting_to_have_every_earlier_run() -> None:
     text["t"] = "5|PREEMPTED|2026-12-03T07:00:00|2026-12-03T07:01:40\n5|RUNNING|2026-12-03T07:03:40|Unknown\n"
     r.measure(["5"])
     assert r.lost("5") == 100.0
+    assert "preempted on" in r.why("5", 1)
+    text["t"] = "6|NODE_FAIL|2026-12-03T07:00:00|2026-12-03T07:01:00|c2\n6|PENDING|Unknown|Unknown|None assigned\n"
+    r.note("6", 1)
+    r.measure(["6"])  # a node that died under it is said so, naming the node (the private cluster)
+    assert r.why("6", 1).startswith("requeued by Slurm 1x: the node it ran on (c2) failed (NODE_FAIL)")
 
 
 def test_a_tightened_walltime_is_given_back_once_near_its_limit(tmp_path: Path) -> None:

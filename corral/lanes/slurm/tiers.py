@@ -124,6 +124,7 @@ class Requeues:
         the run it lost (once accounting has it), so a node that died is not mistaken for
         a preemption."""
         state, nodes = self.causes.get(jid, ("", ""))
+        nodes = nodes if nodes and nodes != "None assigned" else "a node"
         if state == "NODE_FAIL":
             return (f"requeued by Slurm {restarts}x: the node it ran on ({nodes}) failed (NODE_FAIL); "
                     "it runs again from the start, on a node that is up")
