@@ -19,11 +19,9 @@ outputs and journals are found again after a restart.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import os
 import pwd
-import socket
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -36,7 +34,7 @@ from corral.core.jobs import JobSpec
 from corral.lanes.registry import BackendLane, Sent
 from corral.core.principals import PILOT_PRINCIPAL, Principal
 from corral.lanes.fast import launcher
-from corral.lanes.slurm.vocab import controller_hosts
+from corral.lanes.slurm import reach
 from corral.lanes.fast.pool import Allocations, Pool, PoolConfig, PoolKey, Reports, Shape, Task
 
 if TYPE_CHECKING:
@@ -337,35 +335,7 @@ def _scheduler_host(s: FastLaneSettings, backend: str) -> str:
     # Workers on compute nodes must reach the scheduler: loopback only for the local backend.
     if s.host:
         return s.host
-    if backend == "local":
-        return "127.0.0.1"
-    name = socket.getfqdn()
-    if _loopback(name):
-        # This machine's name means loopback here (as /etc/hosts often says, and on the
-        # private cluster, decision 0032): the address this machine reaches the Slurm
-        # controller from is one the nodes reach it at too.
-        for ctl in controller_hosts(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")):
-            addr = _address_toward(ctl)
-            if addr and not _loopback(addr):
-                return addr
-    return name
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    except (OSError, ValueError):
-        return False
-
-
-def _address_toward(host: str) -> str | None:
-    """This machine's address on the route to ``host`` (a UDP connect sends nothing)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((host, 9))
-            return str(s.getsockname()[0])
-    except OSError:
-        return None
+    return "127.0.0.1" if backend == "local" else reach.this_host()
 
 
 def _give(path: Path, unix_user: str | None) -> None:

@@ -79,17 +79,6 @@ def min_job_age_s(slurm_conf: str | None) -> int:
     return int(m.group(1)) if m else 300
 
 
-def controller_hosts(slurm_conf: str | None) -> list[str]:
-    """slurm.conf's SlurmctldHost entries in order (primary, backups): each one's address
-    where given (`ctl1(10.0.0.1)`), else its name."""
-    try:
-        text = Path(slurm_conf).read_text(errors="replace") if slurm_conf else ""
-    except OSError:
-        text = ""
-    return [m.group(2) or m.group(1)
-            for m in re.finditer(r"(?im)^\s*SlurmctldHost\s*=\s*([^\s(#]+)(?:\(([^)\s]+)\))?", text)]
-
-
 def parse_kv(line: str) -> dict[str, str]:
     return dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
 
