@@ -185,6 +185,7 @@ def test_allocations_are_sized_to_their_demand_not_the_whole_node(tmp_path) -> N
     """A pool's allocation asked for the whole node (32 CPUs, all its memory) for one task."""
     import time
 
+    from corral.lanes.fast import scaling
     from corral.lanes.fast.pool import Allocation, Pool, PoolConfig, PoolKey, Shape, Task
 
     pool = Pool(PoolKey(None, None, None), Shape(32, 64000, 4, 3600), tmp_path, PoolConfig(min_cpus=4),
@@ -193,20 +194,20 @@ def test_allocations_are_sized_to_their_demand_not_the_whole_node(tmp_path) -> N
     def task(i: int, cpus: int = 1, memory_mb: int = 1024, gpus: int = 0) -> Task:
         return Task(i, {"cpus": cpus, "memory_mb": memory_mb, "gpus": gpus})
 
-    pool.pending.extend(task(i) for i in range(3))
-    assert pool._size() == Shape(4, 8000, 0, 3600)  # the floor, memory in proportion
-    pool.pending.extend(task(i) for i in range(3, 23))
-    assert pool._size().cpus == 23  # the burst's demand
+    pool.queue.extend(task(i) for i in range(3))
+    assert scaling.size(pool) == Shape(4, 8000, 0, 3600)  # the floor, memory in proportion
+    pool.queue.extend(task(i) for i in range(3, 23))
+    assert scaling.size(pool).cpus == 23  # the burst's demand
     pool.allocations[1] = Allocation(1, "alloc-1", time.time(), Shape(23, 46000, 0, 3600), up_since=time.time())
-    pool.pending.clear()
-    pool.pending.append(task(99, cpus=2, memory_mb=50000, gpus=1))
-    assert pool._backlogged(time.time())  # no allocation can ever run it: another that can
-    assert pool._size() == Shape(4, 50000, 1, 3600)
+    pool.queue.clear()
+    pool.queue.put(task(99, cpus=2, memory_mb=50000, gpus=1))
+    assert scaling.backlogged(pool, time.time())  # no allocation can ever run it: another that can
+    assert scaling.size(pool) == Shape(4, 50000, 1, 3600)
     # a burst 19 CPUs short where one node has 12 CPUs free: an allocation that starts now,
     # not one that would queue behind the pool's own
-    pool.pending.extend(task(i) for i in range(100, 140))
-    assert pool._size((12, 64000)) == Shape(12, 50000, 1, 3600)
-    assert pool._size((2, 64000)).cpus == 19  # too little free to bother: ask, and queue
+    pool.queue.extend(task(i) for i in range(100, 140))
+    assert scaling.size(pool, (12, 64000)) == Shape(12, 50000, 1, 3600)
+    assert scaling.size(pool, (2, 64000)).cpus == 19  # too little free to bother: ask, and queue
 
 
 def test_a_note_expires_on_the_clock(tmp_path) -> None:

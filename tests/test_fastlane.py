@@ -421,6 +421,7 @@ def test_a_pool_grows_for_the_work_coming_not_for_the_number_of_tasks(tmp_path) 
     larger one was asked for only after the backlog had waited 2 s, whatever it held.
     Now the work a batch brings (what its kind of task took before, else a second each)
     is weighed against how long an allocation takes to join."""
+    from corral.lanes.fast import scaling
     from corral.lanes.fast.pool import Allocation, Shape
 
     pool = _pool(tmp_path, min_cpus=4)
@@ -428,31 +429,29 @@ def test_a_pool_grows_for_the_work_coming_not_for_the_number_of_tasks(tmp_path) 
     pool.allocations[1] = Allocation(1, "alloc-1", now - 10, Shape(4, 8000, 0, 3600), up_since=now - 8)
     pool.demand.started(0.5)  # its allocations join half a second after they are asked for
     pool.enqueue(_task(0, "sleep 3"))  # one task that starts at once where it is: nothing to grow for
-    assert not pool._backlogged(now)
-    pool.pending.clear()
-    pool.pending_work = 0.0
+    assert not scaling.backlogged(pool, now)
+    pool.queue.clear()
     pool.demand.started(3.8)  # averaged with the first: 1.5 s
     pool.demand.ran({"command": "true", "cpus": 1}, 0.003)
     for i in range(1000):  # 3 s of work: 0.75 s on 4 CPUs, over before another could join
         pool.enqueue(_task(i))
-    assert not pool._backlogged(now)
+    assert not scaling.backlogged(pool, now)
     for i in range(1000, 1100):  # a sweep never run here: assumed a second each, 25 s on 4 CPUs
         pool.enqueue(_task(i, f"python check.py --seed {i}"))
-    assert pool._backlogged(now)
-    assert pool._size((28, 56000)).cpus == 28  # asked at once, as big as the node has free
-    assert pool._size(None).cpus == 32  # the pool's whole shape when the node's room is unknown
+    assert scaling.backlogged(pool, now)
+    assert scaling.size(pool, (28, 56000)).cpus == 28  # asked at once, as big as the node has free
+    assert scaling.size(pool, None).cpus == 32  # the pool's whole shape when the node's room is unknown
     # once its runs are known to be long, the same sweep is weighed as such
     pool.demand.ran({"command": "python check.py --seed 1", "cpus": 1}, 0.001)
-    pool.pending.clear()
-    pool.pending_work = 0.0
+    pool.queue.clear()
     for i in range(2000, 2100):
         pool.enqueue(_task(i, f"python check.py --seed {i}"))
-    assert not pool._backlogged(now)
+    assert not scaling.backlogged(pool, now)
     # a full-size allocation already coming: no second ask
     pool.enqueue(_task(3000, "sleep 600"))
     pool.allocations[2] = Allocation(2, "alloc-2", now, Shape(32, 64000, 0, 3600))
     pool.allocations[1] = Allocation(1, "alloc-1", now - 10, Shape(32, 64000, 0, 3600), up_since=now - 8)
-    assert not pool._backlogged(now)
+    assert not scaling.backlogged(pool, now)
 
 
 def test_the_warm_allocation_follows_recent_demand(tmp_path) -> None:
@@ -464,13 +463,13 @@ def test_the_warm_allocation_follows_recent_demand(tmp_path) -> None:
 
     pool = _pool(tmp_path, min_cpus=4, max_allocations=2)
     now = time.time()
-    assert pool._size(None).cpus == 4  # nothing known: the floor
+    assert scaling.size(pool, None).cpus == 4  # nothing known: the floor
     pool.demand.wanted(32)  # a burst wanted 32 CPUs at once
-    assert pool._size(None).cpus == 32
+    assert scaling.size(pool, None).cpus == 32
     small = Allocation(1, "alloc-1", now - 10, Shape(4, 8000, 0, 3600), up_since=now - 8)
     pool.allocations[1] = small
     assert scaling.undersized(pool)
-    assert pool._size((28, 56000)).cpus == 28
+    assert scaling.size(pool, (28, 56000)).cpus == 28
     big = Allocation(2, "alloc-2", now - 5, Shape(28, 56000, 0, 3600), up_since=now - 2)
     pool.allocations[2] = big
     assert not scaling.undersized(pool)

@@ -132,8 +132,8 @@ class FastLane:
         why = self.misfit(spec)
         key = self.key(principal, spec)
         pool = self.pools.get(key)
-        if why is None and pool is not None and pool.breaker_open:
-            why = f"the fast lane of pool {key.slug} is off after failed allocations ({pool.last_reason})"
+        if why is None and pool is not None and pool.breaker.is_open:
+            why = f"the fast lane of pool {key.slug} is off after failed allocations ({pool.breaker.last_reason})"
         if lane == "fast" and why:
             raise InvalidRequest(f"lane 'fast': {why}", hint="submit with lane 'batch' or 'auto', or ask for less")
         return None if why else spec.model_copy(update={"lane": FAST})

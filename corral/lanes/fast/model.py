@@ -1,18 +1,17 @@
 """What a fast-lane pool is made of and talks to: its key, shapes, configuration, tasks,
 allocations, and the two ports it is given (allocations to start and stop, reports to
-make). corral/lanes/fast/pool.py is the pool itself."""
+make). corral/lanes/fast/pool.py is the pool itself; it imports this module, never the
+other way round."""
 
 from __future__ import annotations
 
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 from corral.core.jobs import JobState
-
-if TYPE_CHECKING:
-    from corral.lanes.fast.pool import Pool
 
 
 @dataclass(frozen=True)
@@ -100,10 +99,21 @@ class Waiting:
     reason: str | None
 
 
+class Site(Protocol):
+    """What an allocation's worker needs of its pool: whose pool it is, where its files
+    (TLS, sandbox profile) are, and where its scheduler listens."""
+
+    key: PoolKey
+    dir: Path
+
+    @property
+    def address(self) -> str: ...
+
+
 class Allocations(Protocol):
     """How a pool gets and gives back allocations (pilot jobs of the batch lane)."""
 
-    async def start(self, pool: "Pool", shape: Shape) -> int:
+    async def start(self, pool: Site, shape: Shape) -> int:
         """Ask for one allocation of ``shape`` running this pool's worker; -> the corral job
         id of its pilot."""
         ...

@@ -30,8 +30,7 @@ if TYPE_CHECKING:
     from corral.control.sender import Sender
     from corral.core.db import Database
     from corral.lanes.registry import BackendLane
-    from corral.lanes.fast.model import Shape
-    from corral.lanes.fast.pool import Pool
+    from corral.lanes.fast.model import Shape, Site
 
 
 class Pilots:
@@ -43,7 +42,7 @@ class Pilots:
         p = self.db.get_principal(PILOT_PRINCIPAL)
         return p if p is not None else self.db.add_principal(Principal(PILOT_PRINCIPAL, Kind.SERVICE))
 
-    def spec(self, pool: "Pool", sh: "Shape") -> JobSpec:
+    def spec(self, pool: "Site", sh: "Shape") -> JobSpec:
         cmd = (f"exec {self.settings.python or sys.executable} -m corral.lanes.fast.worker "
                f"--scheduler {pool.address} --cpus {sh.cpus} --memory-mb {sh.memory_mb} --gpus {sh.gpus} "
                f"--name alloc-$CORRAL_JOB_ID --tls-dir {pool.dir / 'tls'}")
@@ -56,7 +55,7 @@ class Pilots:
                        partition=pool.key.partition, name=f"pool-{pool.key.slug}"[:64], lane="batch",
                        labels={"corral-fastlane-pool": pool.key.slug})
 
-    async def start(self, pool: "Pool", shape: "Shape") -> int:
+    async def start(self, pool: "Site", shape: "Shape") -> int:
         p = self._principal()
         session = f"pool:{pool.key.slug}"
         job = self.db.insert_job(p.name, session, self.batch.name, self.spec(pool, shape))

@@ -13,10 +13,15 @@ drain than a new one takes to join, up to ``max_allocations`` and at most
 ``max_queued`` not yet up, sized to that work; an idle pool keeps one sized to its
 recent peak; one is stopped after ``idle_s`` without work, down to
 ``min_allocations``, and an idle one after ``give_back_s`` when a batch job waits for
-its cores. Records and ports: corral/lanes/fast/model.py. A circuit breaker opens after
-``breaker_failures`` allocations in a row end (or run ``start_timeout_s``) without a
-worker joining, for
-``breaker_cooldown_s``: tasks then fail with the reason instead of waiting forever.
+its cores. Records and ports: corral/lanes/fast/model.py. A circuit breaker
+(corral/lanes/fast/breaker.py) opens after ``breaker_failures`` allocations in a row end
+(or run ``start_timeout_s``) without a worker joining, for ``breaker_cooldown_s``: tasks
+then fail with the reason instead of waiting forever.
+
+The pool composes three parts, each tested alone: its queue of waiting tasks
+(queue.py), the scaling strategy that reads the pool's state and answers (scaling.py),
+and the breaker. What stays here is the engine: the Dask scheduler and client, sending
+batches, hearing outcomes, and acting on the strategy's answers.
 """
 
 from __future__ import annotations
@@ -26,14 +31,15 @@ import logging
 import pickle
 import time
 import uuid
-from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
 from corral.core.jobs import JobState
 from corral.lanes.fast import launcher, scaling, trace
+from corral.lanes.fast.breaker import Breaker
 from corral.lanes.fast.demand import HOLD_S, Demand
-from corral.lanes.fast.model import Allocation, Allocations, PoolConfig, PoolKey, Reports, Shape, Task, Waiting, fits  # noqa: F401
+from corral.lanes.fast.model import Allocation, Allocations, PoolConfig, PoolKey, Reports, Shape, Task, Waiting
+from corral.lanes.fast.queue import TaskQueue
 
 __all__ = ["Allocation", "Allocations", "Pool", "PoolConfig", "PoolKey", "Reports", "Shape", "Task", "Waiting"]
 
@@ -47,13 +53,12 @@ class Pool:
         self.key, self.shape, self.dir, self.cfg = key, shape, directory, cfg
         self.allocations_port, self.reports = allocations, reports
         self.security = security
-        self.pending: deque[Task] = deque()
+        self.queue = TaskQueue()
+        """Tasks waiting for a worker's room."""
         self.inflight: dict[int, Task] = {}
         self.load: dict[str, float] = {}
         """Worker address -> expected seconds of CPU slots of the tasks sent to it and not yet ended."""
         self.demand = Demand()
-        self.pending_work = 0.0
-        """Expected seconds of CPU slots of the tasks waiting here."""
 
         self._growing = False
         self._by_name: dict[str, Allocation] = {}
@@ -68,9 +73,7 @@ class Pool:
         self.reported: set[int] = set()
         """Tasks of batches still out whose outcome a worker already pushed (recorded once)."""
         self.allocations: dict[int, Allocation] = {}
-        self.failures = 0
-        self.open_until = 0.0
-        self.last_reason: str | None = None
+        self.breaker = Breaker(cfg.breaker_failures, cfg.breaker_cooldown_s)
         self.last_work = time.monotonic()
         self.scheduler: Any = None
         self.client: Any = None
@@ -126,10 +129,6 @@ class Pool:
     def address(self) -> str:
         return str(self.scheduler.address)
 
-    @property
-    def breaker_open(self) -> bool:
-        return time.time() < self.open_until
-
     def workers_up(self) -> dict[str, str]:
         """Worker name -> address, for the workers connected now."""
         return {str(ws.name): addr for addr, ws in self.scheduler.workers.items()}
@@ -137,22 +136,18 @@ class Pool:
     # -- tasks --------------------------------------------------------------------
     def enqueue(self, task: Task) -> None:
         task.work = self.demand.expect(task.spec)
-        self.pending_work += task.work
         if self.trace:
             trace.mark("enqueued", [task.job_id])
             task.spec["trace"] = self.trace
         self.known.add(task.job_id)
-        self.pending.append(task)
+        self.queue.put(task)
         self.last_work = time.monotonic()
         self._wake.set()
 
     def cancel(self, job_ids: set[int]) -> list[int]:
         """Drop waiting tasks (returned) and tell workers to kill running ones."""
-        dropped = [t.job_id for t in self.pending if t.job_id in job_ids]
-        if dropped:
-            self.pending = deque(t for t in self.pending if t.job_id not in job_ids)
-            self.pending_work = sum(t.work for t in self.pending)
-            self.known.difference_update(dropped)
+        dropped = self.queue.drop(job_ids)
+        self.known.difference_update(dropped)
         running = [j for j in job_ids if j in self.inflight]
         if running and self.client is not None:
             self._keep(asyncio.ensure_future(self.client.run(launcher.cancel, running)))
@@ -167,12 +162,12 @@ class Pool:
         goes out in a few large batches. Called at the end of a batch submission (its
         tasks go out before the next request is read), by the loop below for single
         submissions, for tasks that waited for room, and when tasks end."""
-        if self.pending:
-            n = len(self.pending) + len(self.inflight)  # every task wants a CPU at least
+        if self.queue:
+            n = len(self.queue) + len(self.inflight)  # every task wants a CPU at least
             self.demand.wanted(self.shape.cpus if n >= self.shape.cpus else min(self.shape.cpus, sum(
-                t.spec["cpus"] for t in (*self.pending, *self.inflight.values()))))
+                t.spec["cpus"] for t in (*self.queue, *self.inflight.values()))))
             self._grow_soon()
-        if not self.pending or self.client is None or not self.scheduler.workers:
+        if not self.queue or self.client is None or not self.scheduler.workers:
             return
         up = self.workers_up()
         room: list[tuple[float, str, Shape]] = []
@@ -185,31 +180,15 @@ class Pool:
             free = cap - load
             # Refill by halves: batches of ~100 `true` cost the gateway and the worker
             # 0.2 s less CPU per 1,000 than batches of 32 (measured), so no trickle.
-            if load == 0 or (free > 0 and free >= min(cap / 2, self.pending_work)):
+            if load == 0 or (free > 0 and free >= min(cap / 2, self.queue.work)):
                 room.append((free, addr, a.shape))
         for free, addr, shape in sorted(room, reverse=True):
-            if not self.pending:
+            if not self.queue:
                 break
-            take: list[Task] = []
-            if shape == self.shape:  # tasks were routed to fit the pool's shape: any of them
-                while self.pending and (not take or self.pending[0].work <= free):
-                    t = self.pending.popleft()
-                    free -= t.work
-                    take.append(t)
-            else:  # a smaller allocation: only what fits it; the rest keep their order
-                keep = deque[Task]()
-                for t in self.pending:
-                    if fits(shape, t.spec) and (not take or t.work <= free):
-                        free -= t.work
-                        take.append(t)
-                    else:
-                        keep.append(t)
-                self.pending = keep
-            self.pending_work -= sum(t.work for t in take)
+            # tasks were routed to fit the pool's shape: a full-size allocation takes any of them
+            take = self.queue.take(free, shape, shape == self.shape)
             for i in range(0, len(take), MAX_BATCH):
                 self._send(take[i:i + MAX_BATCH], addr)
-        if not self.pending:
-            self.pending_work = 0.0  # no drift from float sums
 
     def _send(self, batch: list[Task], addr: str) -> None:
         for t in batch:
@@ -241,7 +220,7 @@ class Pool:
                     if a is not None and a.idle_since is None:
                         a.idle_since = time.time()
                 t.addr = None
-        if self.pending:
+        if self.queue:
             self._wake.set()
 
     async def _dispatch_loop(self) -> None:
@@ -313,7 +292,7 @@ class Pool:
             self._learn(results)
             self.known.difference_update(int(r["job_id"]) for r in results)
             self.reports.ended(results)
-        if self.pending:
+        if self.queue:
             self._wake.set()
 
     def _salvage(self, batch: list[Task], why: str) -> list[dict[str, Any]]:
@@ -328,8 +307,7 @@ class Pool:
                 out.append(rec)
             elif t.idempotent or rec is None:
                 log.info("fast-lane task %s requeued after its allocation was lost", t.job_id)
-                self.pending.append(t)  # never started, or marked idempotent: run it again
-                self.pending_work += t.work
+                self.queue.requeue(t)  # never started, or marked idempotent: run it again
             else:
                 out.append({"job_id": t.job_id, "state": "FAILED", "exit_code": None, "start": rec.get("start"),
                             "end": now, "cpu_s": None,
@@ -352,7 +330,7 @@ class Pool:
                 a.up_since = a.idle_since = now
                 self._by_name[up[a.name]] = a
                 self.demand.started(now - a.asked)
-                self.failures = 0
+                self.breaker.joined()
                 self._wake.set()
             state, reason = self.allocations_port.state(a.job_id)
             if state is JobState.RUNNING and a.running_since is None:
@@ -365,41 +343,58 @@ class Pool:
                     self._failed(a, reason if state.terminal else None)
                     if not state.terminal:
                         await self.allocations_port.stop(a.job_id)
-        await scaling.give_back(self, now)
+        await self._give_back(now)
         await self._grow()
         if scaling.undersized(self):  # the next burst finds an allocation sized to the last
             room = await self.allocations_port.free(self.key.partition)
             if room is not None and room[0] > max(a.shape.cpus for a in self.allocations.values()):
                 await self._add()  # only one that starts now and is bigger than what it has
-        if len(self.allocations) < self.cfg.min_allocations and not self.breaker_open \
+        if len(self.allocations) < self.cfg.min_allocations and not self.breaker.is_open \
                 and not any(a.up_since is None for a in self.allocations.values()):
             await self._add()
-        idle = time.monotonic() - self.last_work > self.cfg.idle_s
-        if idle and not self.pending and not self.inflight and len(self.allocations) > self.cfg.min_allocations:
-            # release one still queued first, else any but the one sized nearest to recent demand
-            keep = scaling.keeper(self)
-            victim = max(self.allocations.values(), key=lambda a: (a.up_since is None, a is not keep, a.asked))
+        victim = scaling.idle_victim(self, time.monotonic() - self.last_work)
+        if victim is not None:
             await self.release(victim, "idle")
             self.last_work = time.monotonic()
         self._say_why()
+
+    async def _give_back(self, now: float) -> None:
+        """Release or drain allocations that hold cores a waiting batch job needs."""
+        if not self.allocations:
+            return
+        waiting = self.allocations_port.waiting(self.key.partition)
+        if not waiting:
+            for a in self.allocations.values():
+                a.draining = False  # nothing waits any more: take tasks again
+            return
+        free = await self.allocations_port.free(self.key.partition) or (0, 0)
+        for g in scaling.give_back(self, waiting, free, now):
+            self.gave_to = (g.to.job_id, now)
+            if g.release:
+                await self.release(g.allocation, f"batch job {g.to.job_id} waited {now - g.to.since:.0f} s for its cores")
+            else:
+                g.allocation.draining = True
+                log.info("fast-lane pool %s: allocation %s takes no new tasks, batch job %s waits for its cores",
+                         self.key.slug, g.allocation.job_id, g.to.job_id)
 
     def _say_why(self) -> None:
         """Tell waiting tasks what they wait for, when that changed or new ones came."""
         if self.tell is None:
             return
-        why = scaling.waiting_reason(self)
+        why = scaling.waiting_reason(self, self.allocations_port)
         if why is None:
             self._told = (None, 0)
-        elif self._told != (why, len(self.pending)):
-            self._told = (why, len(self.pending))
-            self.tell([t.job_id for t in self.pending], why)
+        elif self._told != (why, len(self.queue)):
+            self._told = (why, len(self.queue))
+            self.tell([t.job_id for t in self.queue], why)
 
-    def _addr_of(self, a: Allocation) -> str | None:
+    def address_of(self, a: Allocation) -> str | None:
+        """The address of this allocation's worker, None while it is not up."""
         return next((addr for addr, x in self._by_name.items() if x is a), None)
 
     def _forget(self, a: Allocation) -> None:
         self.allocations.pop(a.job_id, None)
-        addr = self._addr_of(a)
+        addr = self.address_of(a)
         if addr is not None:
             del self._by_name[addr]
 
@@ -411,9 +406,7 @@ class Pool:
     async def _grow(self) -> None:
         if self._growing:
             return
-        queued = sum(1 for a in self.allocations.values() if a.up_since is None)
-        if (not self.breaker_open and len(self.allocations) < self.cfg.max_allocations
-                and queued < self.cfg.max_queued and self._backlogged(time.time())):
+        if scaling.may_grow(self, time.time()):
             self._growing = True
             try:
                 await self._add()
@@ -423,37 +416,26 @@ class Pool:
     def _grow_soon(self) -> None:
         """Ask for an allocation now, not at the next tick, when the backlog calls for one."""
         if (not self._growing and self.client is not None and len(self.allocations) < self.cfg.max_allocations
-                and self._backlogged(time.time())):
+                and scaling.backlogged(self, time.time())):
             self._keep(asyncio.ensure_future(self._grow()))
 
     def _failed(self, a: Allocation, reason: str | None) -> None:
-        self.failures += 1
-        self.last_reason = reason or f"no worker joined within {self.cfg.start_timeout_s:.0f} s of the job starting"
-        log.warning("fast-lane allocation %s of pool %s failed to start: %s", a.job_id, self.key.slug, self.last_reason)
-        if self.failures >= self.cfg.breaker_failures:
-            self.open_until = time.time() + self.cfg.breaker_cooldown_s
-            self.fail_pending(f"the fast lane of pool {self.key.slug} is off for {self.cfg.breaker_cooldown_s:.0f} s: "
-                               f"{self.failures} allocations in a row failed to start (last: {self.last_reason}); "
-                               "submit with lane=batch")
-
-    def _backlogged(self, now: float) -> bool:
-        return scaling.backlogged(self, now)
-
-    def _size(self, room: tuple[int, int] | None = None) -> Shape:
-        return scaling.size(self, room)
+        why = reason or f"no worker joined within {self.cfg.start_timeout_s:.0f} s of the job starting"
+        log.warning("fast-lane allocation %s of pool %s failed to start: %s", a.job_id, self.key.slug, why)
+        b = self.breaker
+        if b.failed(why):
+            self.fail_pending(f"the fast lane of pool {self.key.slug} is off for {b.cooldown_s:.0f} s: "
+                              f"{b.failures} allocations in a row failed to start (last: {why}); "
+                              "submit with lane=batch")
 
     async def _add(self) -> None:
-        shape = self._size(await self.allocations_port.free(self.key.partition))
+        shape = scaling.size(self, await self.allocations_port.free(self.key.partition))
         job_id = await self.allocations_port.start(self, shape)
         self.allocations[job_id] = Allocation(job_id, f"alloc-{job_id}", time.time(), shape)
 
     def fail_pending(self, reason: str) -> None:
-        now = time.time()
-        failed = [{"job_id": t.job_id, "state": "FAILED", "exit_code": None, "start": None, "end": now,
-                   "cpu_s": None, "reason": reason} for t in self.pending]
-        self.known.difference_update(t.job_id for t in self.pending)
-        self.pending.clear()
-        self.pending_work = 0.0
+        failed = self.queue.fail_all(reason)
+        self.known.difference_update(r["job_id"] for r in failed)
         if failed:
             self.reports.ended(failed)
 
@@ -463,6 +445,6 @@ class Pool:
                 "allocations": [{"job_id": a.job_id, "up": a.up_since is not None, "shape": vars(a.shape),
                                  "draining": a.draining}
                                 for a in self.allocations.values()],
-                "pending": len(self.pending), "running": len(self.inflight),
+                "pending": len(self.queue), "running": len(self.inflight),
                 "gave_cores_to": None if self.gave_to is None else {"job_id": self.gave_to[0], "at": self.gave_to[1]},
-                "breaker": {"open": self.breaker_open, "failures": self.failures, "last_reason": self.last_reason}}
+                "breaker": self.breaker.describe()}

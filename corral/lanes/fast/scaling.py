@@ -16,60 +16,91 @@ back, and what its waiting tasks are told (docs/decisions/0012-fastlane-sizing.m
   behind the fast lane without bound.
 - **Say what a task waits for**: a pending task with no allocation up is told which
   allocation it waits for and, when that allocation is queued, the batch jobs ahead of it.
+
+The strategy only reads a pool's state (``Fleet``: its queue, tasks out, allocations,
+breaker) and answers; it starts and stops nothing. The pool acts on its answers
+(corral/lanes/fast/pool.py), so each rule is tested on a plain record of that state.
 """
 
 from __future__ import annotations
 
-import logging
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Protocol
 
 from corral.core.jobs import JobState
-from corral.lanes.fast.model import Allocation, Shape, Waiting, fits
-
-if TYPE_CHECKING:
-    from corral.lanes.fast.pool import Pool
-
-log = logging.getLogger("corral.lanes.fast")
+from corral.lanes.fast.breaker import Breaker
+from corral.lanes.fast.demand import Demand
+from corral.lanes.fast.model import Allocation, Allocations, PoolConfig, PoolKey, Shape, Task, Waiting, fits
+from corral.lanes.fast.queue import TaskQueue
 
 
-def backlogged(pool: "Pool", now: float) -> bool:
+class Fleet(Protocol):
+    """What the strategy reads of a pool (a Pool is one; a test may build its own)."""
+
+    key: PoolKey
+    shape: Shape
+    cfg: PoolConfig
+    demand: Demand
+    queue: TaskQueue
+    inflight: dict[int, Task]
+    allocations: dict[int, Allocation]
+    load: dict[str, float]
+    """Worker address -> expected seconds of work sent to it and not yet ended."""
+    breaker: Breaker
+    gave_to: tuple[int, float] | None
+
+    def address_of(self, a: Allocation) -> str | None:
+        """The address of this allocation's worker, None while it is not up."""
+        ...
+
+
+def backlogged(pool: Fleet, now: float) -> bool:
     """Whether this pool should ask for another allocation now."""
-    if pool.pending and not pool.allocations:
+    if pool.queue and not pool.allocations:
         return True
-    if not pool.pending:
+    if not pool.queue:
         return False
-    biggest = {k: max(t.spec[k] for t in pool.pending) for k in ("cpus", "memory_mb", "gpus")}
+    biggest = pool.queue.largest()
     if not any(fits(a.shape, biggest) for a in pool.allocations.values()) and \
-            any(not any(fits(a.shape, t.spec) for a in pool.allocations.values()) for t in pool.pending):
+            any(not any(fits(a.shape, t.spec) for a in pool.allocations.values()) for t in pool.queue):
         return True  # a task no allocation (up or coming) can ever run: one that can
     live = [a for a in pool.allocations.values() if not a.draining]
     cpus = sum(a.shape.cpus for a in live)
     if cpus >= pool.shape.cpus * len(live) and any(a.up_since is None for a in live):
         return False  # full-size allocations are already coming
-    n = len(pool.pending) + len(pool.inflight)  # every task wants a CPU at least
-    if n <= cpus and sum(t.spec["cpus"] for t in (*pool.pending, *pool.inflight.values())) <= cpus:
+    n = len(pool.queue) + len(pool.inflight)  # every task wants a CPU at least
+    if n <= cpus and sum(t.spec["cpus"] for t in (*pool.queue, *pool.inflight.values())) <= cpus:
         return False  # everything starts at once where it is
-    work = pool.pending_work + sum(pool.load.values())
+    work = pool.queue.work + sum(pool.load.values())
     return pool.demand.drain_s(work, cpus) > pool.demand.start_s
 
 
-def size(pool: "Pool", room: tuple[int, int] | None = None) -> Shape:
+def may_grow(pool: Fleet, now: float) -> bool:
+    """Whether the pool asks for another allocation now: the breaker closed, room for one
+    more (and for one more not yet up), and a backlog."""
+    queued = sum(1 for a in pool.allocations.values() if a.up_since is None)
+    return (not pool.breaker.is_open and len(pool.allocations) < pool.cfg.max_allocations
+            and queued < pool.cfg.max_queued and backlogged(pool, now))
+
+
+def size(pool: Fleet, room: tuple[int, int] | None = None) -> Shape:
     """The next allocation, sized to the demand no allocation covers yet, within the
     pool's largest shape: a burst of 1-CPU tasks on an idle pool does not take a whole
     node from the batch queue. Always big enough for the largest task waiting, as big as
     the pool's recent peak when it has none, and no bigger than ``room`` (what a node has
     free now) when that is big enough: an allocation that would queue behind the pool's
     own smaller one starts nothing."""
-    tasks = [*pool.pending, *pool.inflight.values()]
+    tasks = [*pool.queue, *pool.inflight.values()]
     covered = sum(a.shape.cpus for a in pool.allocations.values() if not a.draining)
     big = pool.shape
-    need_cpus = max([1, *(t.spec["cpus"] for t in pool.pending)])
-    need_mem = max([0, *(t.spec["memory_mb"] for t in pool.pending)])
+    largest = pool.queue.largest()
+    need_cpus = max(1, largest["cpus"])
+    need_mem = largest["memory_mb"]
     wanted = sum(t.spec["cpus"] for t in tasks)
     pool.demand.wanted(min(big.cpus, wanted))
     # No allocation, or none waiting (asked ahead of the next burst): the recent peak.
-    floor = max(pool.cfg.min_cpus, 0 if pool.allocations and pool.pending else pool.demand.recent_peak())
+    floor = max(pool.cfg.min_cpus, 0 if pool.allocations and pool.queue else pool.demand.recent_peak())
     cpus = min(big.cpus, max(floor, wanted - covered, need_cpus))
     per_cpu = big.memory_mb // max(1, big.cpus)
     if room is not None and max(pool.cfg.min_cpus, need_cpus) <= room[0] < cpus:
@@ -77,15 +108,15 @@ def size(pool: "Pool", room: tuple[int, int] | None = None) -> Shape:
     memory = min(big.memory_mb, max(cpus * per_cpu, need_mem))
     if room is not None and need_mem <= room[1] < memory:
         memory = room[1]
-    gpus = min(big.gpus, max([0, *(t.spec["gpus"] for t in pool.pending)]))
+    gpus = min(big.gpus, largest["gpus"])
     return Shape(cpus, memory, gpus, big.walltime_s)
 
 
-def undersized(pool: "Pool") -> bool:
+def undersized(pool: Fleet) -> bool:
     """An idle pool whose allocations are all smaller than its recent peak demand (and
     than the room its shape allows), with room for one more: ask for one that size now,
     ahead of the next burst; the smaller one is then released first when idle."""
-    if pool.pending or pool.breaker_open or len(pool.allocations) >= pool.cfg.max_allocations:
+    if pool.queue or pool.breaker.is_open or len(pool.allocations) >= pool.cfg.max_allocations:
         return False
     if pool.gave_to is not None and time.time() - pool.gave_to[1] < pool.cfg.idle_s:
         return False  # batch jobs want this partition's cores: no allocation ahead of need
@@ -95,11 +126,20 @@ def undersized(pool: "Pool") -> bool:
     return all(a.shape.cpus < peak for a in pool.allocations.values())
 
 
-def keeper(pool: "Pool") -> Allocation | None:
+def keeper(pool: Fleet) -> Allocation | None:
     """The allocation an idle pool keeps warm longest: the up one nearest its recent peak."""
     up = [a for a in pool.allocations.values() if a.up_since is not None and not a.draining]
     target = pool.demand.recent_peak() or pool.cfg.min_cpus
     return min(up, key=lambda a: (abs(a.shape.cpus - target), -a.asked), default=None)
+
+
+def idle_victim(pool: Fleet, idle_for: float) -> Allocation | None:
+    """The allocation to release after ``idle_for`` seconds without work, if any: one still
+    queued first, else any but the one sized nearest to recent demand."""
+    if idle_for <= pool.cfg.idle_s or pool.queue or pool.inflight or len(pool.allocations) <= pool.cfg.min_allocations:
+        return None
+    keep = keeper(pool)
+    return max(pool.allocations.values(), key=lambda a: (a.up_since is None, a is not keep, a.asked))
 
 
 def blocked(waiting: list[Waiting], room: tuple[int, int], a: Allocation) -> Waiting | None:
@@ -110,40 +150,40 @@ def blocked(waiting: list[Waiting], room: tuple[int, int], a: Allocation) -> Wai
                  and w.cpus <= cpus + a.shape.cpus and w.memory_mb <= mem + a.shape.memory_mb), None)
 
 
-async def give_back(pool: "Pool", now: float) -> None:
-    """Release or drain allocations that hold cores a waiting batch job needs."""
+@dataclass(frozen=True)
+class GiveBack:
+    """Give ``allocation``'s cores to batch job ``to``: release it now, or drain it (no new
+    tasks; released once empty)."""
+
+    allocation: Allocation
+    to: Waiting
+    release: bool
+
+
+def give_back(pool: Fleet, waiting: list[Waiting], free: tuple[int, int], now: float) -> list[GiveBack]:
+    """Which allocations to release or drain for batch jobs ``waiting`` on the partition,
+    whose node has ``free`` (CPUs, MB) now; newest allocations first."""
     bound = pool.cfg.give_back_s
-    if not pool.allocations:
-        return
-    waiting = pool.allocations_port.waiting(pool.key.partition)
-    if not waiting:
-        for a in pool.allocations.values():
-            a.draining = False  # nothing waits any more: take tasks again
-        return
-    free = await pool.allocations_port.free(pool.key.partition) or (0, 0)
+    out: list[GiveBack] = []
     for a in sorted(pool.allocations.values(), key=lambda a: a.asked, reverse=True):
         if a.up_since is None:
             continue
         w = blocked(waiting, free, a)
         if w is None:
             continue
-        addr = pool._addr_of(a)
+        addr = pool.address_of(a)
         empty = addr is None or pool.load.get(addr, 0.0) == 0
         if empty and (a.draining or (a.idle_since is not None and now - a.idle_since >= bound)):
-            why = f"batch job {w.job_id} waited {now - w.since:.0f} s for its cores"
-            await pool.release(a, why)
-            pool.gave_to = (w.job_id, now)
+            out.append(GiveBack(a, w, True))
             free = (free[0] + a.shape.cpus, free[1] + a.shape.memory_mb)
         elif not a.draining and now - w.since >= bound:
-            a.draining = True
-            pool.gave_to = (w.job_id, now)
-            log.info("fast-lane pool %s: allocation %s takes no new tasks, batch job %s waits for its cores",
-                     pool.key.slug, a.job_id, w.job_id)
+            out.append(GiveBack(a, w, False))
+    return out
 
 
-def waiting_reason(pool: "Pool") -> str | None:
+def waiting_reason(pool: Fleet, port: Allocations) -> str | None:
     """What the pool's pending tasks wait for, or None when an allocation is up for them."""
-    if not pool.pending:
+    if not pool.queue:
         return None
     live = [a for a in pool.allocations.values() if a.up_since is not None and not a.draining]
     if live:
@@ -152,11 +192,11 @@ def waiting_reason(pool: "Pool") -> str | None:
     if not coming:
         return f"waiting for the fast lane of pool {pool.key.slug} to ask for an allocation"
     a = min(coming, key=lambda a: a.asked)
-    state, why = pool.allocations_port.state(a.job_id)
+    state, why = port.state(a.job_id)
     text = (f"waiting for fast-lane allocation job {a.job_id} ({a.shape.cpus} CPUs, pool {pool.key.slug}) "
             f"to start")
     if state is JobState.PENDING:
-        ahead = [w for w in pool.allocations_port.waiting(pool.key.partition) if w.since <= a.asked]
+        ahead = [w for w in port.waiting(pool.key.partition) if w.since <= a.asked]
         text += f"; it is queued in the scheduler ({why or 'no reason given yet'})"
         if ahead:
             text += ", behind batch job" + ("s " if len(ahead) > 1 else " ") + ", ".join(
