@@ -1,0 +1,121 @@
+"""The Slurm lane's common ground: its settings and state, the one door every Slurm
+command goes through (``_run``: tests replace it), and the small file helpers of a
+job's directory. The backend (corral/lanes/slurm/backend.py) is this base and three
+concerns, each a module of its own:
+
+::
+
+    SlurmBackend ── submit, cancel, control, forget          backend.py
+       ├── Scripts   the batch script and the job's directory  script.py
+       ├── Polling   status: markers, squeue, sacct            state.py
+       └── Facility  limits, preflight, free cores, usage      facility.py
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from corral.core import proc
+from corral.lanes.backend import BackendStatus, Partition, base_env
+from corral.lanes.slurm.submitter import Submitter
+from corral.lanes.slurm.tiers import Requeues, Tiers
+
+if TYPE_CHECKING:
+    from corral.core.identity import Identities
+    from corral.sandbox.bwrap import Sandbox
+
+
+class SlurmBase:
+    def __init__(self, jobs_dir: Path, slurm_conf: str | None = None, agent_nice: int = 100,
+                 agent_qos: str | None = None, timeout_s: float = 30.0, poll_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic, sandbox: "Sandbox | None" = None,
+                 opportunistic_qos: str | None = None,
+                 submitter: Submitter | None = None) -> None:
+        self.jobs_dir = Path(jobs_dir).resolve()
+        self.submitter = submitter
+        """A service-account gateway's way to submit as a principal's Unix user (slurm_submitter.py)."""
+        self.sandbox = sandbox
+        """Contains the work of the kinds it names inside the batch script (corral/sandbox/bwrap.py)."""
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.slurm_conf = slurm_conf or os.environ.get("SLURM_CONF")
+        self.agent_nice = agent_nice
+        self.agent_qos = agent_qos
+        self.timeout_s = timeout_s
+        self._limits: list[Partition] | None = None
+        self._limits_key: tuple[float, int] | None = None
+        self._dirs: dict[str, Path] = {}  # Slurm job id -> corral's job directory, while corral asks
+        self._indexed = False
+        self.poll_s = poll_s
+        self.clock = clock
+        self._last_poll: float | None = None
+        """When squeue was last asked (``clock``); None: ask at the next status call. (Not
+        0.0: the monotonic clock counts from boot, and a host up for less than poll_s
+        would wait for its first poll.)"""
+        self._known: dict[str, BackendStatus] = {}  # last answer per live job, between full polls
+        self._final: dict[str, BackendStatus] = {}  # a terminal answer never changes
+        self._cancelled: set[str] = set()  # cancelled by corral (not by Slurm, for a dependency)
+        self.controller_calls: dict[str, int] = {}
+        """Slurm commands run, by command (sbatch, squeue, sacct, scancel, scontrol...)."""
+        door = lambda *argv: self._run(*argv)  # noqa: E731  (through _run as it is when called: tests replace it)
+        self.tiers = Tiers(opportunistic_qos, door, self.conf_key)
+        """Agents' opportunistic tier, where this Slurm preempts its QOS (slurm_tiers.py)."""
+        self.requeues = Requeues(door)
+
+    # -- the one door, with Slurm's environment ------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        env = base_env()
+        if self.slurm_conf:
+            env["SLURM_CONF"] = self.slurm_conf
+        return env
+
+    def _run(self, *argv: str) -> str:
+        self._counted(argv)
+        return proc.run(argv, env=self._env(), inherit_env=False, timeout=self.timeout_s).stdout
+
+    def _counted(self, argv: Sequence[str]) -> None:
+        """Count one Slurm command: what the controller (or slurmdbd) was really asked.
+        The dashboard sets it against what clients without corral would have asked;
+        a status call answered from jobs' own reports asks nothing and is not counted."""
+        self.controller_calls[argv[0]] = self.controller_calls.get(argv[0], 0) + 1
+
+    def opportunistic(self) -> str | None:
+        """The preemptible QOS agents' opportunistic jobs go to; None where Slurm has none."""
+        return self.tiers.offered()
+
+    def conf_key(self) -> tuple[float, int] | None:
+        """slurm.conf's mtime and size: what is read from Slurm's configuration is read again when they change."""
+        if self.slurm_conf and Path(self.slurm_conf).exists():
+            st = Path(self.slurm_conf).stat()
+            return st.st_mtime, st.st_size
+        return None
+
+    identities: "Identities | None" = None
+    """Who a contained job of a principal without a Unix user runs as (corral/core/identity.py)."""
+    scratch: list[Path] = []
+    """Node-local directories the sandbox hides (the Sender makes them again at a send if a
+    cleaner removed them); a contained job's script makes them too, for the run Slurm
+    starts again after a requeue, minutes later and without a send."""
+
+
+def write_own(path: Path, text: str) -> None:
+    """One of corral's own files in a job's directory (which only corral writes): created
+    or replaced, never through a link, 0600."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def out_dir(d: Path) -> Path:
+    """Where a job's output and markers lie: d/out (d itself for a job submitted before
+    corral kept them apart)."""
+    out = d / "out"
+    return out if out.is_dir() else d

@@ -1,0 +1,164 @@
+"""What the Slurm lane's facility offers and what a job used: partitions and their
+limits (``scontrol show partition/node``, cached until slurm.conf changes), the refusal
+of what can never run (preflight), the cores free now, Slurm's own start estimate
+(``sbatch --test-only``), the facility's node types and QOS, and a finished job's CPU
+time and peak memory from accounting."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Iterable
+
+from corral.core import proc
+from corral.core.errors import CorralError, InvalidRequest
+from corral.core.jobs import JobSpec, format_duration
+from corral.lanes.backend import Partition, Usage
+from corral.lanes.slurm.base import SlurmBase
+from corral.lanes.slurm.tiers import WALLTIME_LABEL
+from corral.lanes.slurm.vocab import expand_nodes, min_job_age_s, parse_kv, parse_slurm_time
+
+
+def _members(partition: dict[str, str], nodes: Iterable[str]) -> list[str]:
+    """The nodes of a partition (its ``scontrol show partition`` line): all of them when
+    its Nodes= names none of them (``ALL``)."""
+    names, listed = list(nodes), expand_nodes(partition.get("Nodes", ""))
+    return [n for n in names if n in listed] or names
+
+
+
+_SIZE_MB = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024}
+
+
+def _rss_mb(text: str) -> float | None:
+    """sacct's MaxRSS ('204800K', '1.50G', '0') -> MB."""
+    m = re.match(r"^\s*(\d+(?:\.\d+)?)([KMGT]?)\s*$", text or "")
+    return float(m.group(1)) * _SIZE_MB.get(m.group(2) or "K", 1 / 1024) if m else None
+
+
+def _cpu_s(text: str) -> float | None:
+    """sacct's TotalCPU ('00:01.234', '01:02:03', '1-02:03:04') -> seconds."""
+    m = re.match(r"^\s*(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+(?:\.\d+)?)\s*$", text or "")
+    if not m:
+        return None
+    d, h, mi, sec = m.groups()
+    return int(d or 0) * 86400 + int(h or 0) * 3600 + int(mi) * 60 + float(sec)
+
+
+class Facility(SlurmBase):
+    def usage(self, backend_id: str) -> Usage:
+        """From accounting (slurmdbd, not the controller): the job's CPU time, and the
+        largest MaxRSS of its steps (the batch step is the work; jobacct_gather samples)."""
+        text = self._run("sacct", "-n", "-P", "-j", backend_id, "-o", "JobID,TotalCPU,MaxRSS")
+        cpu, rss = None, None
+        for line in text.splitlines():
+            jid, total, maxrss = (line.split("|") + ["", ""])[:3]
+            if jid == backend_id:
+                cpu = _cpu_s(total)
+            got = _rss_mb(maxrss)
+            if got is not None and (rss is None or got > rss):
+                rss = got
+        return Usage(cpu, rss, "sacct TotalCPU and MaxRSS (sampled by jobacct_gather)")
+
+    def free(self, partition: str | None) -> tuple[int, int] | None:
+        """From the nodes' allocations now, asked of scontrol: nodes down, drained or not
+        responding have none free."""
+        parts = [parse_kv(p) for p in self._run("scontrol", "show", "partition", "-o").splitlines()]
+        part = next((p for p in parts if (p.get("PartitionName") == partition if partition
+                                          else p.get("Default") == "YES")), {})
+        nodes = {kv.get("NodeName", ""): kv for kv in map(parse_kv, self._run("scontrol", "show", "node", "-o").splitlines())}
+        best: tuple[int, int] | None = None
+        for kv in (nodes[n] for n in _members(part, nodes)):
+            if any(s in kv.get("State", "") for s in ("DOWN", "DRAIN", "NOT_RESPONDING", "FAIL")):
+                continue
+            room = (int(kv.get("CPUTot", 0)) - int(kv.get("CPUAlloc", 0)),
+                    int(kv.get("RealMemory", 0)) - int(kv.get("AllocMem", 0)))
+            best = room if best is None or room > best else best
+        return best
+
+    def estimate_start(self, spec: JobSpec) -> float | None:
+        """``sbatch --test-only`` with the job's resources: Slurm's own answer (one RPC),
+        'Job N to start at 2026-12-01T21:05:11 ...' in the controller's local time."""
+        walltime_s = int(spec.labels.get(WALLTIME_LABEL) or spec.walltime_s)  # as it would be sent
+        argv = ["sbatch", "--test-only", "--nodes=1", "--ntasks=1", f"--cpus-per-task={spec.cpus}",
+                f"--mem={spec.memory_mb}M", f"--time={max(1, -(-walltime_s // 60))}", "--wrap=true"]
+        if spec.partition:
+            argv.append(f"--partition={spec.partition}")
+        if spec.gpus:
+            argv.append(f"--gres=gpu:{spec.gpus}")
+        self._counted(argv)
+        r = proc.run(argv, env=self._env(), inherit_env=False, timeout=self.timeout_s, check=False)
+        m = re.search(r"to start at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", (r.stderr or "") + (r.stdout or ""))
+        return time.mktime(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) if m else None
+
+    def partitions(self) -> list[Partition]:
+        """Read once, cached; re-read when slurm.conf changes (mtime and size)."""
+        key = self.conf_key()
+        if self._limits is None or key != self._limits_key:
+            self._limits = self._read_limits()
+            self._limits_key = key
+        return self._limits
+
+    def _read_limits(self) -> list[Partition]:
+        nodes = {}
+        for line in self._run("scontrol", "show", "node", "-o").splitlines():
+            kv = parse_kv(line)
+            gpus = sum(int(m.group(1)) for m in re.finditer(r"gpu(?::[^:,(]+)?:(\d+)", kv.get("Gres", "")))
+            nodes[kv.get("NodeName", "")] = (int(kv.get("CPUTot", 0)), int(kv.get("RealMemory", 0)), gpus)
+        parts = []
+        for line in self._run("scontrol", "show", "partition", "-o").splitlines():
+            kv = parse_kv(line)
+            members = _members(kv, nodes)
+            cpus = max((nodes[n][0] for n in members), default=0)
+            mem = max((nodes[n][1] for n in members), default=0)
+            gpus = max((nodes[n][2] for n in members), default=0)
+            max_t = parse_slurm_time(kv.get("MaxTime", "")) or 365 * 86400
+            parts.append(Partition(kv["PartitionName"], cpus, mem, gpus, max_t, default=kv.get("Default") == "YES",
+                                   extra={"state": kv.get("State"), "nodes": sorted(members),
+                                          "min_job_age_s": min_job_age_s(self.slurm_conf)}))
+        return parts
+
+    def facts(self) -> dict[str, Any]:
+        """Node types (CPUs, memory, gres, features; counted) and QOS limits, for the
+        facility facts. The QOS part needs slurmdbd; without it, it is None."""
+        types: dict[tuple[int, int, str, str], int] = {}
+        for line in self._run("scontrol", "show", "node", "-o").splitlines():
+            kv = parse_kv(line)
+            key = (int(kv.get("CPUTot", 0)), int(kv.get("RealMemory", 0)), kv.get("Gres", "(null)"),
+                   kv.get("AvailableFeatures", "(null)"))
+            types[key] = types.get(key, 0) + 1
+        nodes = [{"count": n, "cpus": c, "memory_mb": m, "gres": g, "features": f} for (c, m, g, f), n in types.items()]
+        qos: list[dict[str, str]] | None
+        try:
+            out = self._run("sacctmgr", "-n", "-P", "show", "qos", "format=Name,Priority,MaxWall,MaxTRESPU,MaxJobsPU")
+            qos = [dict(zip(("name", "priority", "max_wall", "max_tres_per_user", "max_jobs_per_user"), ln.split("|"),
+                            strict=False)) for ln in out.splitlines() if ln.strip()]
+        except CorralError:
+            qos = None
+        return {"node_types": nodes, "qos": qos}
+
+    def preflight(self, spec: JobSpec) -> None:
+        """Refuse at once what no partition can ever run, naming the nearest valid request."""
+        parts = self.partitions()
+        names = [p.name for p in parts]
+        if spec.partition is not None and spec.partition not in names:
+            raise InvalidRequest(f"unknown partition {spec.partition!r}; this facility has: {', '.join(names)}")
+        target = next((p for p in parts if p.name == spec.partition), None) or next((p for p in parts if p.default), parts[0])
+        where = f"partition {target.name!r}"
+        if spec.cpus > target.max_cpus:
+            raise InvalidRequest(f"{spec.cpus} CPUs asked but the largest node in {where} has {target.max_cpus}; ask for cpus <= {target.max_cpus}")
+        if spec.memory_mb > target.max_memory_mb:
+            raise InvalidRequest(f"{spec.memory_mb}M of memory asked but the largest node in {where} has "
+                                 f"{target.max_memory_mb}M; ask for memory <= {target.max_memory_mb}M")
+        if spec.gpus > target.max_gpus:
+            with_gpus = [p.name for p in parts if p.max_gpus >= spec.gpus]
+            alt = f"use partition {with_gpus[0]!r}" if with_gpus else None
+            limit = f"ask for gpus <= {target.max_gpus}" if target.max_gpus else "set gpus to 0"
+            raise InvalidRequest(f"{spec.gpus} GPUs asked but {where} has nodes with {target.max_gpus}; "
+                                 + (f"{alt}, or {limit}" if alt else limit))
+        if spec.walltime_s > target.max_walltime_s:
+            longer = [p for p in parts if p.max_walltime_s >= spec.walltime_s]
+            alt = f", or use partition {longer[0].name!r} (max {format_duration(longer[0].max_walltime_s)})" if longer else ""
+            raise InvalidRequest(f"walltime {format_duration(spec.walltime_s)} is over the limit of {where}, "
+                                 f"{format_duration(target.max_walltime_s)}; ask for walltime <= "
+                                 f"{format_duration(target.max_walltime_s)}{alt}")

@@ -1,0 +1,240 @@
+"""The Slurm lane's batch script and job directory: what ``submit`` writes before it
+calls sbatch (#SBATCH lines with corral's provenance, the work wrapped in its sandbox or
+dropped to its identity, the signals passed on), and who the script runs as."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from corral.core.errors import InvalidRequest
+from corral.core.jobs import JobSpec, format_duration
+from corral.lanes.backend import SubmitContext
+from corral.lanes.slurm.base import SlurmBase
+from corral.lanes.slurm.tiers import TIER_LABEL, WALLTIME_LABEL, rerun_lines, tier_lines
+from corral.sandbox import opendir
+from corral.sandbox.bwrap import system_python, tool
+from corral.sandbox.seccomp import apply_argv
+from corral.storage import IMAGE_AT, IMAGE_FILE, META_LABEL, meta
+
+if TYPE_CHECKING:
+    from corral.core.identity import Identity
+
+
+def job_name(ctx: SubmitContext, spec: JobSpec) -> str:
+    """``corral-<id>``, then the user's ``--name`` (Slurm's own listings show both; the
+    name's pattern, ``[A-Za-z0-9_.+-]``, is safe in a job name)."""
+    return f"corral-{ctx.job_id}" + (f"-{spec.name}" if spec.name else "")
+
+
+
+FORWARDED = ("HUP", "INT", "QUIT", "USR1", "USR2", "CONT", "TSTP")
+ENV_FD = 6
+"""The batch script opens the job's environment on this descriptor for the work's last step."""
+WORKDIR_FD = 7
+SCRIPT_FD = 3
+SCRIPT = f"/dev/fd/{SCRIPT_FD}"
+"""Signals job_control may send a Slurm job, passed on by its batch shell to the work
+(TERM and KILL are Slurm's own: a cancel, a walltime)."""
+
+
+class Scripts(SlurmBase):
+    def _lay_out(self, d: Path, ctx: SubmitContext, spec: JobSpec, user: tuple[int, int] | None,
+                 helped: pwd.struct_passwd | None = None) -> None:
+        """d/out, made whole once: empty output files, the script, the job's environment
+        and (contained) its own directory, written by corral in a directory nobody else
+        can reach yet, then handed to the job's user by descriptor and put in place with
+        one rename. A retry after a failed sbatch finds it made and writes nothing there."""
+        if (d / "out").exists():
+            return
+        new = d / "out.new"
+        if new.exists():  # a crash mid-way: corral's alone (never handed out before the rename)
+            shutil.rmtree(new)
+        new.mkdir(mode=0o700)
+        files = {"stdout": (b"", 0o600), "stderr": (b"", 0o600),
+                 "env.json": (json.dumps(self._job_env(ctx, spec)).encode(), 0o600)}
+        if spec.script:
+            # 0755 in a 0700 directory: reached by the work through a descriptor only where
+            # root runs the batch script for someone else (render)
+            files["script"] = (spec.script.encode(), 0o755)
+        who = user or self._contained_as(ctx)
+        for name, (data, mode) in files.items():
+            fd = os.open(new / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+            try:
+                os.write(fd, data)
+                # The script is read by the contained work's identity; the rest by whoever
+                # runs the batch script (the job's user, else corral).
+                owner = user or (who if name == "script" else None)
+                if owner is not None:
+                    os.fchown(fd, *owner)
+            finally:
+                os.close(fd)
+        if self._contains(ctx):
+            os.mkdir(new / "work", 0o700)  # the contained work's own directory
+            if who is not None:
+                os.chown(new / "work", *who, follow_symlinks=False)
+        if user is not None:
+            os.chown(new, *user, follow_symlinks=False)
+        if helped is not None:  # not root: the privileged submitter hands out.new and what corral put in it
+            assert self.submitter is not None
+            self.submitter.prepare(str(ctx.job_id), helped.pw_uid)
+        os.rename(new, d / "out")
+
+    @staticmethod
+    def _job_env(ctx: SubmitContext, spec: JobSpec) -> dict[str, str]:
+        return {"CORRAL_JOB_ID": str(ctx.job_id), "CORRAL_PRINCIPAL": ctx.principal,
+                "CORRAL_SESSION": ctx.session or "", **spec.env}
+
+    def _contains(self, ctx: SubmitContext) -> bool:
+        return self.sandbox is not None and self.sandbox.applies(ctx.kind)
+
+    def _root_runs(self, ctx: SubmitContext) -> bool:
+        """Whether the batch script runs as the gateway's root (no Unix user to run as)."""
+        return os.geteuid() == 0 and not ctx.unix_user
+
+    def _dropped_to(self, ctx: SubmitContext) -> "Identity | None":
+        """The identity a root-run batch script gives the work: a dynamic one of the
+        principal's own (corral/core/identity.py); None: an admin's or corral's own work."""
+        if not self._root_runs(ctx) or self.identities is None:
+            return None
+        return self.identities.of(ctx.principal, ctx.unix_user, ctx.admin, self._contains(ctx), ctx.kind == "service")
+
+    def _contained_as(self, ctx: SubmitContext) -> tuple[int, int] | None:
+        if not self._contains(ctx):
+            return None
+        assert self.sandbox is not None
+        ident = self._dropped_to(ctx)
+        return ident.pair if ident is not None else self.sandbox.owner(ctx.kind, ctx.unix_user, self._root_runs(ctx))
+
+    def _chdir(self, ctx: SubmitContext, spec: JobSpec, d: Path) -> str:
+        """The batch script's directory, on sbatch's command line (never a line of the
+        script: a path is data, not code). A work dropped to a dynamic identity without a
+        directory named starts in /tmp, as Slurm does when a job cannot enter its own."""
+        if spec.workdir:
+            return spec.workdir
+        if not self._contains(ctx) and self._dropped_to(ctx) is not None:
+            return "/tmp"
+        return str(d / "out")
+
+    def render(self, ctx: SubmitContext, spec: JobSpec, d: Path, nonce: str = "-") -> str:
+        """The batch script: resources and provenance as #SBATCH lines, then the work.
+        Every value here is corral's or checked by JobSpec; the job's own environment is
+        not in it (it travels in d/out/env.json, read by the last step before the job)."""
+        out = d / "out"
+        # The placement's walltime (corral/lanes/placement.py), tightened from memory, else the agent's.
+        walltime_s = int(spec.labels.get(WALLTIME_LABEL) or spec.walltime_s)
+        comment = " ".join(f"{k}={v}" for k, v in (
+            ("corral_job", ctx.job_id), ("principal", ctx.principal), ("kind", ctx.kind),
+            ("sponsor", ctx.sponsor or "-"), ("session", ctx.session or "-"), ("nonce", nonce)))
+        lines = [
+            "#!/bin/bash",
+            f"#SBATCH --job-name={job_name(ctx, spec)}",
+            f"#SBATCH --comment={shlex.quote(comment)}",
+            f"#SBATCH --output={out / 'stdout'}",
+            f"#SBATCH --error={out / 'stderr'}",
+            # A requeued job's output grows on, never truncated: the guarded copy an
+            # agent pages through is append-only (safety/output_guard.py).
+            "#SBATCH --open-mode=append",
+            "#SBATCH --nodes=1",
+            "#SBATCH --ntasks=1",
+            f"#SBATCH --cpus-per-task={spec.cpus}",
+            f"#SBATCH --mem={spec.memory_mb}M",
+            f"#SBATCH --time={format_duration(-(-walltime_s // 60) * 60)}",
+        ]
+        if spec.partition:
+            lines.append(f"#SBATCH --partition={spec.partition}")
+        if spec.gpus:
+            lines.append(f"#SBATCH --gres=gpu:{spec.gpus}")
+        if ctx.account:
+            lines.append(f"#SBATCH --account={ctx.account}")
+        if ctx.after:
+            lines += [f"#SBATCH --dependency={ctx.after}", "#SBATCH --kill-on-invalid-dep=yes"]
+        if ctx.kind == "agent":
+            lines.append(f"#SBATCH --nice={self.agent_nice}")
+            opportunistic = self.opportunistic() if spec.labels.get(TIER_LABEL) == "opportunistic" else None
+            if opportunistic:
+                lines += tier_lines(opportunistic)
+            elif self.agent_qos:
+                lines.append(f"#SBATCH --qos={self.agent_qos}")
+        # The job tells corral itself when it starts and when it ends normally: no
+        # controller RPC needed. The end is written only after the work returns; a job
+        # killed by a signal (cancel, walltime, memory) dies before that line, and Slurm's
+        # accounting says what happened. (An EXIT trap would run there with a wrong $?.)
+        lines += [""] + rerun_lines(str(out / "started"), str(out / "ended")) + [""]
+        if spec.labels.get(IMAGE_FILE):  # the job's environment image, mounted on this node (storage/mounts.py)
+            lines += [f"corral_env=$({shlex.quote(sys.executable)} -I -m corral.storage.mounts image "
+                      f"{shlex.quote(spec.labels[IMAGE_FILE])} {shlex.quote(spec.labels[IMAGE_AT])}) || exit 1",
+                      'export PATH="$corral_env/bin:$PATH" VIRTUAL_ENV="$corral_env"', ""]
+        work = ([str(out / "script")] if spec.script.startswith("#!") else ["bash", str(out / "script")]) \
+            if spec.script else None
+        if spec.labels.get(META_LABEL):  # sampled: its metadata calls counted (storage/meta.py)
+            work = meta.traced(work or ["bash", "-c", spec.command or ""], str(out / "work"))
+        sandbox = self.sandbox if self._contains(ctx) else None
+        contained = sandbox is not None
+        dropped = self._dropped_to(ctx)
+        if sandbox is not None:
+            # The script runs as the principal's Unix user (sbatch --uid), else as the
+            # gateway's: when that is root, the sandbox makes the work someone else.
+            # The contained work gets a directory of its own, d/out/work: nothing it
+            # writes is read back as corral's state (docs/decisions/0010-privsep.md).
+            root = self._root_runs(ctx)
+            who = self._contained_as(ctx)
+            own = out / "work"
+            work = [str(own) if a == str(d) else a for a in (work or [])] or None
+            if self.scratch:  # where the script may (as root): a cleaner's removal must not fail a rerun
+                lines.append(f"mkdir -p {' '.join(shlex.quote(str(p)) for p in self.scratch)} 2>/dev/null")
+            lines.append(f"exec {ENV_FD}< {out / 'env.json'}")
+            # The working directory is bound by descriptor, opened without following links
+            # (a link swapped in after the gateway's check is refused, not followed).
+            # As the work's identity where root runs this script (the kernel's checks apply).
+            opened = opendir.command(WORKDIR_FD, spec.workdir, opendir.identity(*who) if root and who else None) \
+                if spec.workdir else []
+            lines.append(shlex.join([*opened, *sandbox.wrap(
+                ctx.kind, work or ["bash", "-c", spec.command or ""], spec.workdir or str(own), str(own),
+                ctx.unix_user, root, readable=[str(out / "script")] if spec.script else (),
+                ident=who if dropped is not None else None, env_fd=ENV_FD,
+                cwd_fd=WORKDIR_FD if spec.workdir else None)]))
+        elif dropped is not None:
+            # Not contained, but root runs this script: the work becomes the principal's own
+            # identity first, and only then takes its environment (seccomp.APPLY).
+            lines.append(f"exec {ENV_FD}< {out / 'env.json'}")
+            if spec.script and not spec.labels.get(META_LABEL):
+                # out/ is root's: the work reads its script through a descriptor root opened
+                lines.append(f"exec {SCRIPT_FD}< {out / 'script'}")
+                work = [SCRIPT] if spec.script.startswith("#!") else ["bash", SCRIPT]
+            lines.append(shlex.join([tool("setpriv"), f"--reuid={dropped.pair[0]}", f"--regid={dropped.pair[1]}",
+                                     "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--",
+                                     *apply_argv(system_python(), None, ENV_FD),
+                                     *(work or ["bash", "-c", spec.command or ""])]))
+        else:
+            # Run as the job's own user (or an admin's work as the gateway): its environment is its own.
+            lines += [f"export {k}={shlex.quote(v)}" for k, v in self._job_env(ctx, spec).items()]
+            lines += [shlex.join(work)] if work else ["(", spec.command or "", ")"]
+        # The work runs in the background so that this shell can pass on a signal that
+        # job_control sends it (scancel --batch reaches this shell alone): to the work
+        # itself, or inside a sandbox to what bwrap runs (bwrap dies of a signal it does
+        # not handle, and the sandbox's init ignores one it has no handler for).
+        lines[-1] += " &"
+        target = "$(for p in $(pgrep -P $w); do pgrep -P $p; done)" if contained else "$w"
+        lines += ["w=$!", f"_fwd() {{ kill -s \"$1\" {target} 2>/dev/null; }}",
+                  "for s in " + " ".join(FORWARDED) + "; do trap \"_fwd $s\" $s; done",
+                  "while :; do wait $w; rc=$?; kill -0 $w 2>/dev/null || break; done"]
+        lines += [f"echo $rc > {out / 'ended'}", "exit $rc"]
+        return "\n".join(lines) + "\n"
+
+    def _run_as(self, ctx: SubmitContext) -> tuple[int, int] | None:
+        """(uid, gid) that sbatch --uid runs the batch script as: the principal's Unix user,
+        when the gateway is root; None: the gateway's own."""
+        if not ctx.unix_user or os.geteuid() != 0:
+            return None
+        try:
+            pw = pwd.getpwnam(ctx.unix_user)
+        except KeyError:
+            raise InvalidRequest(f"unix user {ctx.unix_user!r} of principal {ctx.principal!r} does not exist here") from None
+        return pw.pw_uid, pw.pw_gid

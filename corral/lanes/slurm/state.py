@@ -1,0 +1,214 @@
+"""The Slurm lane's job states: jobs report their own start and normal end through
+marker files in their directory (no controller RPC); one ``squeue`` for the whole job
+table every ``poll_s`` (and right after a cancel) catches what dies without a word
+(killed, out of memory, timeout, node failure); one ``sacct`` (slurmdbd, not slurmctld)
+gives the outcome of what ended. A terminal answer is kept and never asked again."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Sequence
+
+from corral.core.jobs import JobState
+from corral.core.safe_read import read_small, read_tail
+from corral.lanes.backend import BackendStatus
+from corral.lanes.slurm.base import SlurmBase, out_dir
+from corral.lanes.slurm.tiers import extend, read_started
+from corral.lanes.slurm.vocab import parse_exit, slurm_epoch, translate
+
+# Without cgroups (proctrack/linuxproc), Slurm's memory enforcement kills the step with
+# SIGKILL and sacct says FAILED 0:9; the only trace of the reason is this line in stderr.
+_OOM_MARK = re.compile(rb"exceeded (job )?memory limit|oom-kill|out of memory", re.IGNORECASE)
+
+
+class Polling(SlurmBase):
+    def _dir_of(self, backend_id: str) -> Path | None:
+        d = self._dirs.get(backend_id)
+        if d is None:  # forgotten, or after a restart: the index on disk
+            link = self.jobs_dir / "by-slurm-id" / backend_id
+            if link.is_symlink():
+                d = self._dirs[backend_id] = link.resolve()
+            elif not self._indexed:  # directories of jobs submitted before the index existed: once
+                self._indexed = True
+                for rec in self.jobs_dir.glob("*/backend_id"):
+                    self._dirs.setdefault(read_small(rec).strip(), rec.parent)
+                d = self._dirs.get(backend_id)
+        return d
+
+    def _index(self, backend_id: str, d: Path) -> None:
+        self._dirs[backend_id] = d
+        link = self.jobs_dir / "by-slurm-id" / backend_id
+        link.parent.mkdir(exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(d)
+
+    def status(self, backend_ids: Sequence[str]) -> dict[str, BackendStatus]:
+        out: dict[str, BackendStatus] = {}
+        unsure: list[str] = []
+        for jid in backend_ids:
+            told = self._final.get(jid) or self._self_report(jid)
+            if told is not None:
+                out[jid] = told
+            else:
+                unsure.append(jid)
+        if unsure and (self._last_poll is None or self.clock() - self._last_poll >= self.poll_s):
+            # Stamped before polling: _poll resets it to ask again next tick when
+            # accounting lags, and that reset must not be overwritten.
+            self._last_poll = self.clock()
+            out.update(self._poll(unsure))
+        for jid in unsure:
+            if jid not in out and jid in self._known:
+                out[jid] = self._upgrade(jid, self._known[jid])
+        # A job Slurm requeued: the work its earlier runs lost, from accounting, once.
+        self.requeues.measure([jid for jid, st in out.items() if st.requeues and self.requeues.lost(jid) is None])
+        for jid, st in out.items():
+            if st.requeues:
+                out[jid] = st = replace(st, requeues=self.requeues.count(jid), lost_s=self.requeues.lost(jid))
+            if st.state.terminal:  # the one place a job moves from live to final
+                self._final[jid] = st
+                self._known.pop(jid, None)
+        return out
+
+    def _started(self, jid: str) -> tuple[float | None, int]:
+        """The job's own record of its last run's start: (epoch, restarts before it)."""
+        d = self._dir_of(jid)
+        try:  # never through a link, never blocking (read_small)
+            return read_started(read_small(out_dir(d) / "started", 64)) if d is not None else (None, 0)
+        except OSError:
+            return None, 0
+
+    def _self_report(self, jid: str) -> BackendStatus | None:
+        """A normal end, written by the job script after its work returned. A code over 128
+        means the work died by a signal (a segfault, say): Slurm's accounting tells more."""
+        d = self._dir_of(jid)
+        if d is None:
+            return None
+        out = out_dir(d)
+        try:
+            if out.stat().st_uid != os.geteuid():
+                # The batch script runs as the job's own user, who may write this marker
+                # before its work is done: its end is Slurm's word, at the next poll.
+                return None
+            code = int(read_small(out / "ended").strip())
+        except (OSError, ValueError):
+            return None
+        if code > 128:
+            return None
+        started, restarts = self._started(jid)
+        self.requeues.note(jid, restarts)
+        end = os.lstat(out / "ended").st_mtime
+        if code == 0:
+            return BackendStatus(jid, JobState.COMPLETED, 0, None, started, end, requeues=restarts)
+        return BackendStatus(jid, JobState.FAILED, code, f"exited with code {code}", started, end, requeues=restarts)
+
+    def _upgrade(self, jid: str, last: BackendStatus) -> BackendStatus:
+        """Between full polls: a PENDING job whose script wrote 'started' is RUNNING (the
+        marker of this run: a requeued job's last run left one too)."""
+        if last.state is JobState.PENDING:
+            started, restarts = self._started(jid)
+            if started is not None and restarts >= self.requeues.count(jid):
+                last = BackendStatus(jid, JobState.RUNNING, start_time=started, requeues=restarts)
+                self._known[jid] = last
+        return last
+
+    def _poll(self, backend_ids: Sequence[str]) -> dict[str, BackendStatus]:
+        """One squeue for the whole table (the same RPCs as for one job), then one sacct."""
+        wanted = set(backend_ids)
+        out: dict[str, BackendStatus] = {}
+        ended: dict[str, str] = {}
+        for line in self._run("squeue", "-h", "-a", "-t", "all",
+                              "-O", "JobID:|,State:|,Reason:|,StartTime:|,RestartCnt:").splitlines():
+            jid, st, reason, start, restarts = (line.split("|") + ["", "", "", ""])[:5]
+            jid = jid.strip()
+            if jid not in wanted:
+                continue
+            again = int(restarts) if restarts.strip().isdigit() else 0
+            self.requeues.note(jid, again)
+            state = translate(st)
+            if again and (st.split() or [""])[0] in ("COMPLETING", "PREEMPTED", "REQUEUED", "REQUEUE_HOLD"):
+                # Being requeued: Slurm keeps the job (same id) and runs it again.
+                state = JobState.PENDING
+            elif state.terminal or st.startswith("COMPLETING"):
+                ended[jid] = st
+                continue
+            why = None if reason in ("None", "") else reason
+            if again and state is JobState.PENDING:
+                why = self.requeues.why(jid, again) + (f" ({why})" if why else "")
+            out[jid] = self._known[jid] = BackendStatus(
+                jid, state, reason=why, start_time=slurm_epoch(start) if state is JobState.RUNNING else None,
+                requeues=again)
+        self._extend([st for st in out.values() if st.state is JobState.RUNNING and st.start_time is not None])
+        missing = [j for j in backend_ids if j not in out]
+        if missing:
+            final = self._accounting(missing)
+            for jid in missing:
+                if jid in final:
+                    out[jid] = replace(final[jid], requeues=self.requeues.count(jid))
+                elif jid in ended:  # accounting lags squeue by a few seconds
+                    out[jid] = BackendStatus(jid, JobState.RUNNING, reason="ended; waiting for accounting",
+                                             requeues=self.requeues.count(jid))
+                    self._last_poll = None  # look again next tick, not in poll_s
+        return out
+
+    def _tightened(self, backend_id: str) -> Path:
+        """Where a tightened job's walltimes are kept: corral's own directory, never the
+        job's (its user writes that one; decision 0010)."""
+        return self.jobs_dir / "tightened" / backend_id
+
+    def _extend(self, running: Sequence[BackendStatus]) -> None:
+        """Jobs near the walltime the placement tightened get the agent's own back (slurm_tiers.extend)."""
+        for st in running:
+            if st.start_time is not None:
+                extend(self._tightened(st.backend_id), st.backend_id, st.start_time, self.poll_s, self._run)
+
+    def _accounting(self, ids: Sequence[str]) -> dict[str, BackendStatus]:
+        text = self._run("sacct", "-X", "-n", "-P", "-j", ",".join(ids),
+                         "-o", "JobID,State,ExitCode,Start,End,Reason,NodeList")
+        out: dict[str, BackendStatus] = {}
+        for line in text.splitlines():
+            jid, st, code, start, end, reason, nodes = (line.split("|") + [""] * 7)[:7]
+            state = translate(st)
+            if not state.terminal:
+                continue  # squeue is the authority for live jobs
+            exit_code, sig = parse_exit(code)
+            why = None
+            if st.startswith("NODE_FAIL"):  # not the job's doing: no exit code of its own
+                why, exit_code = (f"the node it ran on ({nodes}) failed (Slurm: NODE_FAIL) and the job was not "
+                                  "requeued: submit it again"), None
+            elif state is JobState.FAILED and sig == 9 and self._stderr_says_oom(jid):
+                state, why = JobState.OUT_OF_MEMORY, "killed for using more memory than it asked for"
+            elif state is JobState.FAILED:
+                why = f"killed by signal {sig}" if sig else f"exited with code {exit_code}"
+            elif state is JobState.TIMEOUT:
+                why = "killed after its walltime"
+            elif state is JobState.CANCELLED and jid not in self._cancelled and (
+                    reason.startswith("Dependency") or (slurm_epoch(start) is None and self._waited(jid))):
+                # Slurm's kill-on-invalid-dep ended it, not a cancel of corral's. sacct's
+                # Reason says so only when accounting caught the job while it waited
+                # ("None" otherwise, seen in CI): a job sent with a dependency that
+                # never started and that corral did not cancel is the same case.
+                why, exit_code = "dependency never satisfied: a job it waited for did not complete (after_ok)", None
+            elif state is JobState.CANCELLED:
+                why, exit_code = "cancelled", None  # the one rule: a cancelled job has no exit code
+            out[jid] = BackendStatus(jid, state, exit_code, why, slurm_epoch(start), slurm_epoch(end))
+        return out
+
+    def _waited(self, backend_id: str) -> bool:
+        """Whether this job was sent with a Slurm dependency (its job.sh says so)."""
+        d = self._dir_of(backend_id)
+        try:
+            return d is not None and "#SBATCH --dependency=" in read_small(d / "job.sh", 1 << 20)
+        except OSError:
+            return False
+
+    def _stderr_says_oom(self, backend_id: str) -> bool:
+        d = self._dir_of(backend_id)
+        if d is None:
+            return False
+        try:  # a job of a Unix user writes its own directory: never through a link
+            return bool(_OOM_MARK.search(read_tail(out_dir(d) / "stderr", 4096)))
+        except OSError:
+            return False
