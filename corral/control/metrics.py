@@ -1,17 +1,16 @@
 """Prometheus metrics of one gateway, on a registry of its own (several gateways
-may live in one test process). ``MeteredBackend`` counts every call corral makes
-to the scheduler: the number this whole project exists to keep small."""
+may live in one test process). ``backend_calls`` counts every call corral makes to
+the scheduler, the number this whole project exists to keep small: the lane registry
+meters the batch lane with ``count_backend_call`` (corral/lanes/registry.py)."""
 
 from __future__ import annotations
 
 import asyncio
 from contextvars import ContextVar
-from typing import Any, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from corral.lanes.backend import Backend, BackendStatus, OutputPaths, Partition, SubmitContext, Usage
-from corral.core.jobs import JobSpec
 
 
 DETAILED: ContextVar[bool] = ContextVar("corral_metrics_detailed", default=False)
@@ -59,6 +58,9 @@ class Metrics:
             await asyncio.sleep(every_s)
             self.loop_lag.observe(max(0.0, loop.time() - t - every_s))
 
+    def count_backend_call(self, op: str) -> None:
+        self.backend_calls.labels(op).inc()
+
     def backend_count(self, op: str) -> int:
         return int(self.backend_calls.labels(op)._value.get())
 
@@ -68,71 +70,3 @@ class Metrics:
             return generate_latest(self.registry)
         finally:
             DETAILED.reset(mark)
-
-
-class MeteredBackend:
-    """A Backend that counts what passes through it."""
-
-    def __init__(self, inner: Backend, metrics: Metrics) -> None:
-        self.inner = inner
-        self.metrics = metrics
-        self.name = inner.name
-        self.dependencies = inner.dependencies
-        self.tiered = hasattr(inner, "opportunistic")
-        """The backend has tiers for agents' work (Slurm's QOS); corral/lanes/placement.py places jobs on it."""
-
-    def _count(self, op: str) -> None:
-        self.metrics.backend_calls.labels(op).inc()
-
-    def submit(self, ctx: SubmitContext, spec: JobSpec) -> str:
-        self._count("submit")
-        return self.inner.submit(ctx, spec)
-
-    def status(self, backend_ids: Sequence[str]) -> dict[str, BackendStatus]:
-        self._count("status")
-        return self.inner.status(backend_ids)
-
-    def cancel(self, backend_ids: Sequence[str]) -> None:
-        self._count("cancel")
-        self.inner.cancel(backend_ids)
-
-    def output_paths(self, backend_id: str) -> OutputPaths:
-        return self.inner.output_paths(backend_id)  # a path computation, no scheduler call
-
-    def partitions(self) -> list[Partition]:
-        return self.inner.partitions()
-
-    def facts(self) -> dict[str, Any]:
-        """Backend-specific facility facts (Slurm: node types, QOS); {} where none."""
-        fn = getattr(self.inner, "facts", None)
-        return fn() if fn else {}
-
-    def opportunistic(self) -> str | None:
-        """The preemptible QOS agents' opportunistic work goes to; None where the backend has none."""
-        fn = getattr(self.inner, "opportunistic", None)
-        return fn() if fn else None
-
-    def preflight(self, spec: JobSpec) -> None:
-        self.inner.preflight(spec)  # answered from cached limits: not counted as a scheduler call
-
-    def forget(self, backend_ids: Sequence[str]) -> None:
-        self.inner.forget(backend_ids)  # memory only, no scheduler call: not counted
-
-    def free(self, partition: str | None) -> tuple[int, int] | None:
-        self._count("free")
-        return self.inner.free(partition)
-
-    def estimate_start(self, spec: JobSpec) -> float | None:
-        self._count("estimate_start")
-        return self.inner.estimate_start(spec)
-
-    def control(self, backend_id: str, action: str, signal: int | None = None) -> None:
-        self._count("control")
-        self.inner.control(backend_id, action, signal)
-
-    def usage(self, backend_id: str) -> Usage:
-        self._count("usage")
-        return self.inner.usage(backend_id)
-
-    def close(self) -> None:
-        self.inner.close()

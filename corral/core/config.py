@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from corral.core.errors import InvalidRequest
 from corral.core.paths import home_dir
+from corral.lanes.vocabulary import BATCH, LaneChoice
 
 
 def _total_memory_mb() -> int:
@@ -210,7 +211,7 @@ class Settings(BaseModel):
     local_keep_days: float = Field(30.0, gt=0, description="How long the local backend keeps an ended job's directory (its output); the job's record stays in the database.")
     audit_segment_mb: float = Field(64.0, gt=0, description="The audit chain's live file is closed as a segment (audit-<first record>.jsonl) once it passes this size; the chain runs on across segments and 'corral audit verify' walks them all. Archive old segments together: verify needs every one.")
     log_level: str = Field("INFO", description="Python logging level of the gateway.")
-    default_lane: Literal["batch", "fast", "auto"] = Field("batch", description="Lane of a submission that names none: 'batch' (the scheduler), 'fast' (warm pool) or 'auto'.")
+    default_lane: LaneChoice = Field(BATCH, description="Lane of a submission that names none: 'batch' (the scheduler), 'fast' (warm pool) or 'auto'.")
     fastlane: FastLaneSettings = Field(default_factory=FastLaneSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from corral.core import slurm_formats
 from corral.core.errors import NotFound
+from corral.lanes.vocabulary import LaneChoice
 
 
 class JobState(str, enum.Enum):
@@ -243,7 +244,7 @@ class JobSpec(BaseModel):
     partition: str | None = Field(None, pattern=_NAME_RE, description="Partition (queue); default: the facility's default.")
     name: str | None = Field(None, pattern=_NAME_RE, description="A short name for people.")
     labels: dict[str, str] = Field(default_factory=dict, description="Free-form key/value labels.")
-    lane: Literal["fast", "batch", "auto"] | None = Field(
+    lane: LaneChoice | None = Field(
         None, description="'fast': a warm pool runs it at once (short, small tasks); 'batch': the scheduler's queue; "
                           "'auto': fast when it fits. Default: the facility's (usually batch).")
     idempotent: bool | None = Field(

@@ -24,7 +24,7 @@ from corral.lanes.backend import Backend
 from corral.core.config import Settings
 from corral.control.dependencies import judge
 from corral.control.events import Events
-from corral.control.metrics import MeteredBackend, Metrics
+from corral.control.metrics import Metrics
 from corral.control.progress import Progress
 from corral.control.reconciler import Reconciler
 from corral.control.watchers import Watchers
@@ -34,7 +34,7 @@ from corral.core.faults import fault
 from corral.core.errors import BackendError, Conflict, CorralError, InvalidRequest, NotFound, Restarting
 from corral.core.job_control import JobControl
 from corral.core.jobs import MAX_INT, TERMINAL_STATES, Job, JobSpec, JobState, no_job
-from corral.lanes.registry import BackendLane, Lane, Lanes
+from corral.lanes.registry import Lane, Lanes
 from corral.memory.facts import Facts
 from corral.memory.verbs import MemoryVerbs
 from corral.lanes.placement import Placement, Placer
@@ -73,7 +73,7 @@ class Service:
         self.db = db
         self.metrics = metrics or Metrics()
         self.watchers = Watchers(self.metrics)
-        self.lanes = Lanes(BackendLane(MeteredBackend(backend, self.metrics)))
+        self.lanes = Lanes.over(backend, meter=self.metrics.count_backend_call)
         self.audit = Audit(AuditLog(settings.home / "audit.jsonl", settings.home / "audit.key", db.audit_head(),
                                     segment_bytes=int(settings.audit_segment_mb * 1024 * 1024)), db)
         self.audit.repair()  # a torn final record (a crash, a full disk) cut off, and the cut recorded

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from corral.core.jobs import MAX_INT, JobSpec, expand_array
 from corral.safety.tokens import Caveats, caveats_from
+from corral.lanes.vocabulary import LaneChoice
 
 __all__ = ["JobSpec"]  # a verb's body by name, beside the others
 
@@ -217,7 +218,7 @@ JOB_FIELDS: dict[str, tuple[Any, Any]] = {
     "name": (Annotated[str | None, Field(description="Short name for people.")], None),
     "workdir": (Annotated[str | None, Field(description="Absolute working directory; must exist.")], None),
     "env": (Annotated[dict[str, str] | None, Field(description="Extra environment variables.")], None),
-    "lane": (Annotated[Literal["fast", "batch", "auto"] | None, Field(
+    "lane": (Annotated[LaneChoice | None, Field(
         description="'fast': a warm allocation starts it at once (short, small tasks); 'batch': the queue; "
                     "'auto': fast when it fits.")], None),
     "idempotent": (Annotated[bool | None, Field(description="Safe to run twice (fast lane may rerun it).")], None),

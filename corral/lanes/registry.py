@@ -3,8 +3,12 @@
 ::
 
     Lanes ─route(principal, spec)─▶ the lane that claims the spec (else the batch lane)
-      ├── "local" | "slurm"   BackendLane: a scheduler Backend (corral/backends), polled
+      ├── "local" | "slurm"   BackendLane: a scheduler Backend (local.py, slurm/), polled
       └── "fast"              FastLane (corral/lanes/fast): warm allocations, reports itself
+
+The registry owns the lane vocabulary (``batch``, ``fast``, ``auto``: what a submission
+may name; corral/lanes/vocabulary.py, re-exported here): code that asks about a lane
+asks here, and the records and edges that must list the choices take them from there.
 
 A lane is a small class behind the ``Lane`` Protocol. ``job.backend`` names the lane a
 job was sent to; the reconciler polls only the lanes that do not report themselves.
@@ -16,12 +20,16 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from corral.lanes.backend import Backend, BackendStatus, OutputPaths, Partition, SubmitContext, Usage
 from corral.core.errors import BackendError, CorralError, InvalidRequest
 from corral.core.jobs import JobSpec
 from corral.core.principals import Principal
+from corral.lanes.vocabulary import AUTO, BATCH, CHOICES, FAST, LaneChoice
+
+__all__ = ["AUTO", "BATCH", "CHOICES", "FAST", "SUBMIT_CONCURRENCY", "BackendLane", "Lane", "LaneChoice", "Lanes",
+           "Sent"]
 
 SUBMIT_CONCURRENCY = 8
 """Scheduler submissions of one batch in flight at once (sbatch is ~2 controller RPCs:
@@ -94,12 +102,16 @@ class Lane(Protocol):
 
 class BackendLane:
     """A scheduler Backend as a lane: its blocking calls in worker threads, a batch's
-    submissions concurrent (at most ``SUBMIT_CONCURRENCY``)."""
+    submissions concurrent (at most ``SUBMIT_CONCURRENCY``). Every call that reaches the
+    scheduler is counted by ``meter`` (its operation's name), which the registry applies
+    (``Lanes.over``); calls answered from memory or cached limits (output paths,
+    preflight, partitions, forget) are not."""
 
     reports_itself = False
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, meter: Callable[[str], None] | None = None) -> None:
         self.backend = backend
+        self._meter: Callable[[str], None] = meter or _unmetered
         self.name = backend.name
         self.dependencies = backend.dependencies
         self.tiered: bool = getattr(backend, "tiered", hasattr(backend, "opportunistic"))
@@ -107,12 +119,13 @@ class BackendLane:
         self._slots = asyncio.Semaphore(SUBMIT_CONCURRENCY)
 
     def claim(self, principal: Principal, spec: JobSpec) -> JobSpec | None:
-        return spec.model_copy(update={"lane": "batch"})
+        return spec.model_copy(update={"lane": BATCH})
 
     async def submit(self, jobs: Sequence[tuple[SubmitContext, JobSpec]]) -> list[Sent]:
         async def one(ctx: SubmitContext, spec: JobSpec) -> Sent:
             async with self._slots:
                 try:
+                    self._meter("submit")
                     return Sent(await asyncio.to_thread(self.backend.submit, ctx, spec))
                 except CorralError as e:
                     return Sent(error=e)
@@ -123,9 +136,11 @@ class BackendLane:
         """Submissions are sent as they come."""
 
     async def status(self, backend_ids: Sequence[str]) -> dict[str, BackendStatus]:
+        self._meter("status")
         return await asyncio.to_thread(self.backend.status, backend_ids)
 
     async def cancel(self, backend_ids: Sequence[str]) -> list[dict[str, Any]]:
+        self._meter("cancel")
         await asyncio.to_thread(self.backend.cancel, backend_ids)
         return []
 
@@ -143,6 +158,7 @@ class BackendLane:
 
     async def estimate(self, principal: Principal, spec: JobSpec) -> dict[str, Any]:
         try:
+            self._meter("estimate_start")
             start = await asyncio.to_thread(self.backend.estimate_start, spec)
         except BackendError as e:
             return {"start": None, "how": f"the scheduler could not say ({e.message})"}
@@ -150,9 +166,11 @@ class BackendLane:
         return {"start": start, "how": how}
 
     async def control(self, backend_id: str, action: str, signal: int | None) -> None:
+        self._meter("control")
         await asyncio.to_thread(self.backend.control, backend_id, action, signal)
 
     async def usage(self, backend_id: str) -> Usage:
+        self._meter("usage")
         return await asyncio.to_thread(self.backend.usage, backend_id)
 
     def describe(self) -> dict[str, Any]:
@@ -169,6 +187,17 @@ class BackendLane:
         p = next((x for x in parts if x.name == partition), None) or next((x for x in parts if x.default), parts[0])
         return p.max_cpus * max(1, len(p.extra.get("nodes") or ()))
 
+    def controller_calls(self) -> dict[str, int] | None:
+        """Scheduler commands the backend really ran, by command (Slurm: sbatch, squeue,
+        sacct ...); None for a backend without a controller (local)."""
+        calls: dict[str, int] | None = getattr(self.backend, "controller_calls", None)
+        return calls
+
+    def facts(self) -> dict[str, Any]:
+        """Backend-specific facility facts (Slurm: node types, QOS); {} where none."""
+        fn = getattr(self.backend, "facts", None)
+        return fn() if fn else {}
+
     def preflight(self, spec: JobSpec) -> None:
         self.backend.preflight(spec)
 
@@ -178,9 +207,14 @@ class BackendLane:
     async def free(self, partition: str | None) -> tuple[int, int] | None:
         """See Backend.free; None too when the scheduler cannot be asked now."""
         try:
+            self._meter("free")
             return await asyncio.to_thread(self.backend.free, partition)
         except CorralError:
             return None
+
+
+def _unmetered(op: str) -> None:
+    """No meter: nothing counted."""
 
 
 class Lanes:
@@ -189,6 +223,11 @@ class Lanes:
     def __init__(self, batch: BackendLane) -> None:
         self.batch = batch
         self.by_name: dict[str, Lane] = {batch.name: batch}
+
+    @classmethod
+    def over(cls, backend: Backend, meter: Callable[[str], None] | None = None) -> "Lanes":
+        """A registry whose batch lane is ``backend``, every scheduler call counted by ``meter``."""
+        return cls(BackendLane(backend, meter))
 
     def add(self, lane: Lane) -> None:
         self.by_name[lane.name] = lane
@@ -210,7 +249,7 @@ class Lanes:
                 claimed = lane.claim(principal, spec)
                 if claimed is not None:
                     return claimed, lane
-        if spec.lane not in (None, "batch", "auto"):
+        if spec.lane not in (None, BATCH, AUTO):
             raise InvalidRequest(f"lane {spec.lane!r} is not offered at this facility",
-                                 hint="submit with lane 'batch' (or leave the lane out)")
+                                 hint=f"submit with lane '{BATCH}' (or leave the lane out)")
         return self.batch.claim(principal, spec) or spec, self.batch

@@ -31,6 +31,7 @@ from corral.core.config import SafetySettings
 from corral.core.errors import CorralError, Forbidden, RateLimited
 from corral.core.jobs import JobSpec
 from corral.core.principals import Caller, Kind
+from corral.lanes.vocabulary import BATCH
 from corral.safety.limits import Buckets
 from corral.safety.policy import Policy, Request, refusal_sizes
 from corral.safety.risk import tags_of
@@ -47,7 +48,7 @@ def job_resource(spec: JobSpec, owner: str, contained: bool = False) -> dict[str
     """A job as the policy and the token checks see it; ``contained``: it will run in the
     sandbox (corral/sandbox/bwrap.py)."""
     return {"owner": owner, "partition": spec.partition or "", "cpus": spec.cpus, "gpus": spec.gpus,
-            "walltime_s": spec.walltime_s, "memory_mb": spec.memory_mb, "lane": spec.lane or "batch",
+            "walltime_s": spec.walltime_s, "memory_mb": spec.memory_mb, "lane": spec.lane or BATCH,
             "paths": [spec.workdir] if spec.workdir else [], "contained": contained}
 
 

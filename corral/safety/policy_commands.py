@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from corral.core.errors import InvalidRequest
+from corral.lanes.vocabulary import CHOICES
 
 if TYPE_CHECKING:  # imported where used: `corral policy --help` does not load Cedar
     from corral.safety import policy as pol
@@ -151,7 +152,7 @@ def policy_test(cases_file: str, policy_file: str | None, as_json: bool) -> None
 @click.option("--gpus", type=int, help="GPUs (as submit; default 0).")
 @click.option("--walltime", "--time", "-t", help="Time limit, e.g. 30m, 2h, HH:MM:SS (as submit; default 1h).")
 @click.option("--partition", "-p", help="Partition (as submit).")
-@click.option("--lane", type=click.Choice(["fast", "batch", "auto"]), help="Lane (as submit).")
+@click.option("--lane", type=click.Choice(CHOICES), help="Lane (as submit).")
 @click.option("--tainted", is_flag=True, help="The session has read content flagged as possible prompt injection.")
 @click.option("--uncontained", is_flag=True, help="The job would run outside the sandbox (it runs inside by "
               "default for agents where bubblewrap works).")

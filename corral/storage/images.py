@@ -37,6 +37,7 @@ from corral.core.errors import Conflict, Forbidden, InvalidRequest, NotFound, Sa
 from corral.core.jobs import JobSpec, JobState
 from corral.core.output import read_tail
 from corral.core.principals import Caller, Kind, Principal
+from corral.lanes.vocabulary import BATCH
 from corral.storage import mounts, requirements, scratch, staging
 from corral.storage.build import sha256_file
 
@@ -180,7 +181,7 @@ class Images:
         s = self.settings
         env = {k: os.environ[k] for k in (TLS_ENV[:2] if contained else TLS_ENV) if k in os.environ}
         first = JobSpec(command=stage.command(self.python), cpus=s.build_cpus, memory=s.build_memory_mb,
-                        walltime=s.build_walltime_s, lane="batch", workdir=str(stage.workdir),
+                        walltime=s.build_walltime_s, lane=BATCH, workdir=str(stage.workdir),
                         name=f"envbuild-{digest[:12]}-install", labels={"corral-envbuild-stage": digest}, env=env)
         req = {"store": str(self.images_dir), "python": self.python, "digest": digest, "scope": scope,
                "uid": stage.uid, "out": str(stage.out), "stage": str(stage.where), "principal": caller.principal.name,
@@ -196,7 +197,7 @@ class Images:
                                          caller.cap.path if caller.cap else None)[0]
             # -P: nothing from the working directory on sys.path, for a program run as root
             pack = JobSpec(command=f"exec {sys.executable} -P -m corral.storage.build {path}", cpus=s.build_cpus,
-                           memory=s.build_memory_mb, walltime=s.build_walltime_s, lane="batch",
+                           memory=s.build_memory_mb, walltime=s.build_walltime_s, lane=BATCH,
                            name=f"envbuild-{digest[:12]}", labels={"corral-envbuild": digest}, after_ok=[staged.id],
                            env={"PYTHONPATH": CODE})  # this gateway's own corral, whatever the job's Python finds first
             job = self.db.insert_jobs(p.name, f"envbuild:{caller.principal.name}", [(self.lanes.batch.name, pack)])[0]

@@ -20,6 +20,7 @@ import click
 
 from corral.edges.cli.kit import Ctx, fail, table, ts
 from corral.core.errors import CorralError, InvalidRequest
+from corral.lanes.vocabulary import CHOICES
 
 EPILOG = """\b
 Environment:
@@ -188,7 +189,7 @@ def serve(**opts: Any) -> None:
 @click.option("--label", "label_pairs", multiple=True, metavar="KEY=VALUE", help="Label; repeatable.")
 @click.option("--idempotency-key", help="Retry-safe key: the same key always yields the same single job.")
 @click.option("--wait", "wait_s", type=float, help="Then wait up to this many seconds for the job to end.")
-@click.option("--lane", type=click.Choice(["fast", "batch", "auto"]),
+@click.option("--lane", type=click.Choice(CHOICES),
               help="fast: a warm pool starts it at once (short, small tasks); batch: the scheduler's queue; "
                    "auto: fast when it fits (give --time). Default: the facility's.")
 @click.option("--idempotent", is_flag=True, default=None,

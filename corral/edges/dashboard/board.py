@@ -26,6 +26,7 @@ from corral.core.errors import NotFound
 from corral.safety import guard
 from corral.core.principals import PILOT_PRINCIPAL, Caller
 from corral.edges.dashboard.history import History
+from corral.lanes.registry import FAST
 
 if TYPE_CHECKING:
     from corral.core.service import Service
@@ -246,7 +247,7 @@ class Board:
         against the scheduler jobs that carried them. Facility-wide for an admin; a
         sponsor sees the task counts of their own agents."""
         counts = self.counts.refresh()
-        fast = sum(n for (who, lane), n in counts.items() if lane == "fast" and (names is None or who in names))
+        fast = sum(n for (who, lane), n in counts.items() if lane == FAST and (names is None or who in names))
         pilots = sum(n for (who, _), n in counts.items() if who == PILOT_PRINCIPAL)
         out: dict[str, Any] = {"fast_lane_tasks": fast, "their_scheduler_jobs": pilots}
         if names is None:
@@ -255,7 +256,7 @@ class Board:
 
     def _saved_batch(self, counts: dict[tuple[str, str], int]) -> dict[str, Any]:
         m = self.service.metrics
-        backend = self.service.lanes.batch.backend
+        batch = self.service.lanes.batch
         looks = {s.labels["op"]: int(s.value) for metric in m.backend_calls.collect() for s in metric.samples
                  if s.name.endswith("_total")}
         ops = {s.labels.get("op"): s.value for metric in m.requests.collect() for s in metric.samples
@@ -264,12 +265,12 @@ class Board:
         cancels = int(sum(v for op, v in ops.items() if op in CANCELS))
         jobs = sum(n for (who, _), n in counts.items() if who != PILOT_PRINCIPAL)
         without = jobs + reads + cancels
-        controller: dict[str, int] | None = getattr(getattr(backend, "inner", backend), "controller_calls", None)
-        row: dict[str, Any] = {"backend": backend.name, "jobs": jobs, "reads": reads, "cancels": cancels,
+        controller = batch.controller_calls()
+        row: dict[str, Any] = {"backend": batch.name, "jobs": jobs, "reads": reads, "cancels": cancels,
                                "without_corral": without, "corral_looks": sum(looks.values())}
         if controller is None:
             row.update(corral_asked=0, by_command={}, ratio=None, means=(
-                f"The {backend.name} backend has no scheduler controller: corral runs jobs as its own processes "
+                f"The {batch.name} backend has no scheduler controller: corral runs jobs as its own processes "
                 f"and looked at them {row['corral_looks']} times, which costs no controller anything. On Slurm, "
                 f"clients without corral would have sent its controller {without} calls for this traffic "
                 f"({jobs} sbatch, {reads} queries, {cancels} scancel)."))

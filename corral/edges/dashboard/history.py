@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral.core.principals import PILOT_PRINCIPAL
 from corral.edges.dashboard import plots
+from corral.lanes.registry import FAST
 
 if TYPE_CHECKING:
     from corral.core.service import Service
@@ -82,7 +83,7 @@ class History:
         queue: dict[str, list[float]] = collections.defaultdict(lambda: [0.0] * (n + 1))
         states: dict[str, list[float]] = collections.defaultdict(lambda: [0.0] * (n + 1))
         busy = [0.0] * (n + 1)
-        fast_name = getattr(getattr(self.service.lanes, "fast", None), "name", "fast")
+        fast_name = FAST
 
         def first(x: float) -> int:  # the first minute whose end is at or after x
             return min(n - 1, max(0, math.ceil((x - t0) / BUCKET_S)))

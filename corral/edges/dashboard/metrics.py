@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 from corral.control.metrics import DETAILED
 from corral.core.principals import PILOT_PRINCIPAL
 from corral.edges.dashboard.board import Board
+from corral.lanes.registry import FAST
 
 
 class BoardCollector(Collector):
@@ -49,7 +50,7 @@ class BoardCollector(Collector):
             sessions.add_metric([kind], active)
         yield sessions
         yield CounterMetricFamily("corral_fastlane_tasks", "Tasks run in the fast lane.",
-                                  value=sum(n for (_, lane), n in counts.items() if lane == "fast"))
+                                  value=sum(n for (_, lane), n in counts.items() if lane == FAST))
         yield CounterMetricFamily("corral_fastlane_allocations", "Scheduler jobs that carried fast-lane tasks.",
                                   value=sum(n for (who, _), n in counts.items() if who == PILOT_PRINCIPAL))
         self.board.tally.refresh()
@@ -79,8 +80,7 @@ class BoardCollector(Collector):
         for sponsor, hours in sorted(by_sponsor.items()):
             used.add_metric([sponsor], hours)
         yield used
-        backend = self.board.service.lanes.batch.backend
-        asked = getattr(getattr(backend, "inner", backend), "controller_calls", None)
+        asked = self.board.service.lanes.batch.controller_calls()
         commands = CounterMetricFamily("corral_controller_calls", "Scheduler commands corral ran (what the "
                                        "controller and its database were really asked), by command; none on a "
                                        "backend without a controller (local).", labels=["command"])

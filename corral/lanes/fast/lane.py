@@ -31,7 +31,7 @@ from corral.lanes.backend import DONE, BackendStatus, OutputPaths, SubmitContext
 from corral.core.config import FastLaneSettings
 from corral.core.errors import InvalidRequest, NotFound
 from corral.core.jobs import JobSpec
-from corral.lanes.registry import BackendLane, Sent
+from corral.lanes.registry import AUTO, BATCH, FAST, BackendLane, Sent
 from corral.core.principals import PILOT_PRINCIPAL, Principal
 from corral.lanes.fast import launcher
 from corral.lanes.slurm import reach
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from corral.sandbox.bwrap import Sandbox
 
 log = logging.getLogger("corral.lanes.fast")
-FAST = "fast"
 MAX_SHAPE_CPUS = 32
 
 
@@ -123,10 +122,10 @@ class FastLane:
         be None/auto/fast/batch. 'fast' without a walltime gets the fast lane's cap;
         'auto' without one goes to batch (nothing says it is short)."""
         lane = spec.lane or self.default_lane
-        if lane == "batch":
+        if lane == BATCH:
             return None
         if "walltime_s" not in spec.model_fields_set:
-            if lane == "auto":
+            if lane == AUTO:
                 return None  # no walltime given: not known to be short
             spec = spec.model_copy(update={"walltime_s": min(self.settings.max_task_s, spec.walltime_s)})
         why = self.misfit(spec)
@@ -134,8 +133,8 @@ class FastLane:
         pool = self.pools.get(key)
         if why is None and pool is not None and pool.breaker.is_open:
             why = f"the fast lane of pool {key.slug} is off after failed allocations ({pool.breaker.last_reason})"
-        if lane == "fast" and why:
-            raise InvalidRequest(f"lane 'fast': {why}", hint="submit with lane 'batch' or 'auto', or ask for less")
+        if lane == FAST and why:
+            raise InvalidRequest(f"lane '{FAST}': {why}", hint="submit with lane 'batch' or 'auto', or ask for less")
         return None if why else spec.model_copy(update={"lane": FAST})
 
     # -- pools ----------------------------------------------------------------------

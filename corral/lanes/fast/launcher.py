@@ -44,6 +44,7 @@ from corral.lanes.local_runner import trees_rss_mb
 from corral.core.errors import BackendError
 from corral.lanes.fast import trace
 from corral.lanes.fast.hosts import Host, Hosts
+from corral.lanes.vocabulary import FAST
 
 if TYPE_CHECKING:
     from corral.sandbox.bwrap import Sandbox
@@ -265,7 +266,7 @@ class Launcher:
     def _start(self, s: dict[str, Any], batch: _Batch, i: int, ep: select.epoll) -> _Running | None:
         d, jid = s["dir"], s["job_id"]
         gpus, self.free.gpus = self.free.gpus[: s["gpus"]], self.free.gpus[s["gpus"]:]
-        env = {**s["env"], "CORRAL_JOB_ID": str(jid), "CORRAL_LANE": "fast"}
+        env = {**s["env"], "CORRAL_JOB_ID": str(jid), "CORRAL_LANE": FAST}
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         command, contain = s["command"], s.get("contain")

@@ -24,6 +24,7 @@ from corral.core.principals import PILOT_PRINCIPAL, Kind, Principal
 from corral.lanes.fast.launcher import SANDBOX_FILE
 
 from corral.lanes.fast.model import Waiting
+from corral.lanes.vocabulary import BATCH
 from corral.core import paths
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class Pilots:
         # protocol (the launcher's specs and events), whatever else that Python would import.
         env = {} if self.settings.python else {"PYTHONPATH": str(paths.CODE_ROOT)}
         return JobSpec(command=cmd, env=env, cpus=sh.cpus, memory=sh.memory_mb, gpus=sh.gpus, walltime=sh.walltime_s,
-                       partition=pool.key.partition, name=f"pool-{pool.key.slug}"[:64], lane="batch",
+                       partition=pool.key.partition, name=f"pool-{pool.key.slug}"[:64], lane=BATCH,
                        labels={"corral-fastlane-pool": pool.key.slug})
 
     async def start(self, pool: "Site", shape: "Shape") -> int:

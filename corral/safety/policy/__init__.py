@@ -17,6 +17,7 @@ from typing import Any
 import cedarpy
 
 from corral.core.errors import InvalidRequest
+from corral.lanes.vocabulary import BATCH
 
 HERE = Path(__file__).parent
 DEFAULT_POLICY = HERE / "default.cedar"
@@ -87,7 +88,7 @@ def _job_attrs(r: dict[str, Any]) -> dict[str, Any]:
     return {"owner": str(r.get("owner", "")), "partition": str(r.get("partition") or ""),
             "cpus": int(r.get("cpus", 1)), "gpus": int(r.get("gpus", 0)),
             "walltime_s": int(r.get("walltime_s", 3600)), "memory_mb": int(r.get("memory_mb", 0)),
-            "lane": str(r.get("lane") or "batch"), "paths": [str(x) for x in r.get("paths") or []],
+            "lane": str(r.get("lane") or BATCH), "paths": [str(x) for x in r.get("paths") or []],
             "contained": bool(r.get("contained", False))}
 
 
