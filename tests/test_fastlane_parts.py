@@ -14,7 +14,7 @@ from corral.lanes.fast import scaling
 from corral.lanes.fast.breaker import Breaker
 from corral.lanes.fast.demand import Demand
 from corral.lanes.fast.model import Allocation, PoolConfig, PoolKey, Shape, Task, Waiting
-from corral.lanes.fast.queue import TaskQueue
+from corral.lanes.fast.queue import TaskQueue, salvage
 
 BIG = Shape(32, 64000, 0, 3600)
 
@@ -56,6 +56,18 @@ def test_failing_the_queue_empties_it_with_a_record_for_each_task() -> None:
     assert [r["job_id"] for r in failed] == [0, 1, 2]
     assert all(r["state"] == "FAILED" and r["reason"] == "the pool is off" and r["start"] is None for r in failed)
     assert not q and q.work == 0.0 and q.largest() == {"cpus": 0, "memory_mb": 0, "gpus": 0}
+
+
+def test_a_lost_batch_keeps_journaled_ends_reruns_what_may_run_again_and_fails_the_rest() -> None:
+    ran, never, again, lost = task(1), task(2), task(3), task(4)
+    again.idempotent = True
+    journal = {1: {"job_id": 1, "event": "ended", "state": "COMPLETED"},
+               3: {"job_id": 3, "event": "started", "start": 5.0}, 4: {"job_id": 4, "event": "started", "start": 6.0}}
+    rerun, out = salvage([ran, never, again, lost], journal, "KilledWorker")
+    assert [t.job_id for t in rerun] == [2, 3]
+    assert out[0]["state"] == "COMPLETED"
+    assert out[1]["job_id"] == 4 and out[1]["state"] == "FAILED" and out[1]["start"] == 6.0
+    assert "KilledWorker" in out[1]["reason"] and "idempotent" in out[1]["reason"]
 
 
 # -- the breaker ------------------------------------------------------------------------

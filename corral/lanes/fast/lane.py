@@ -175,7 +175,7 @@ class FastLane:
 
     async def tick(self) -> None:
         for pool in list(self.pools.values()):
-            if pool.client is not None:
+            if pool.engine.up:
                 try:
                     await pool.maintain()
                 except Exception:  # one pool's trouble must not stop the others

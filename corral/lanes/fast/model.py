@@ -83,6 +83,10 @@ class Allocation:
     idle_since: float | None = None
     """When its worker last became empty (None while it holds tasks)."""
 
+    def describe(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "up": self.up_since is not None, "shape": vars(self.shape),
+                "draining": self.draining}
+
 
 def fits(shape: Shape, spec: dict[str, Any]) -> bool:
     return spec["cpus"] <= shape.cpus and spec["memory_mb"] <= shape.memory_mb and spec["gpus"] <= shape.gpus

@@ -7,30 +7,20 @@ with one Dask scheduler that only that pool's workers join.
          └─ launcher runs each task as a process ─▶ starts, outcomes (pushed as events)
                                                      ─▶ the service records them
 
-Scaling (corral/lanes/fast/scaling.py): an allocation is asked for when tasks wait and
-there is none, or when the work coming would take the pool's allocations longer to
-drain than a new one takes to join, up to ``max_allocations`` and at most
-``max_queued`` not yet up, sized to that work; an idle pool keeps one sized to its
-recent peak; one is stopped after ``idle_s`` without work, down to
-``min_allocations``, and an idle one after ``give_back_s`` when a batch job waits for
-its cores. Records and ports: corral/lanes/fast/model.py. A circuit breaker
-(corral/lanes/fast/breaker.py) opens after ``breaker_failures`` allocations in a row end
-(or run ``start_timeout_s``) without a worker joining, for ``breaker_cooldown_s``: tasks
-then fail with the reason instead of waiting forever.
-
-The pool composes three parts, each tested alone: its queue of waiting tasks
-(queue.py), the scaling strategy that reads the pool's state and answers (scaling.py),
-and the breaker. What stays here is the engine: the Dask scheduler and client, sending
-batches, hearing outcomes, and acting on the strategy's answers.
+The pool composes four parts: its queue of waiting tasks (queue.py), the scaling
+strategy that reads the pool's state and answers when to grow, how big, what to give
+back or release (scaling.py), the circuit breaker that turns the pool off after
+allocations fail to start (breaker.py), each tested alone, and the engine (engine.py:
+the Dask scheduler and the gateway's client). Records and ports: model.py. What stays
+here is what ties them: placing batches on workers, hearing outcomes, salvaging lost
+batches, and acting on the strategy's answers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import pickle
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,8 +28,9 @@ from corral.core.jobs import JobState
 from corral.lanes.fast import launcher, scaling, trace
 from corral.lanes.fast.breaker import Breaker
 from corral.lanes.fast.demand import HOLD_S, Demand
+from corral.lanes.fast.engine import Engine
 from corral.lanes.fast.model import Allocation, Allocations, PoolConfig, PoolKey, Reports, Shape, Task, Waiting
-from corral.lanes.fast.queue import TaskQueue
+from corral.lanes.fast.queue import TaskQueue, salvage
 
 __all__ = ["Allocation", "Allocations", "Pool", "PoolConfig", "PoolKey", "Reports", "Shape", "Task", "Waiting"]
 
@@ -52,19 +43,17 @@ class Pool:
                  reports: Reports, security: Any = None) -> None:
         self.key, self.shape, self.dir, self.cfg = key, shape, directory, cfg
         self.allocations_port, self.reports = allocations, reports
-        self.security = security
+        self.engine = Engine(cfg.host, security, key.slug)
         self.queue = TaskQueue()
         """Tasks waiting for a worker's room."""
         self.inflight: dict[int, Task] = {}
         self.load: dict[str, float] = {}
         """Worker address -> expected seconds of CPU slots of the tasks sent to it and not yet ended."""
         self.demand = Demand()
-
         self._growing = False
         self._by_name: dict[str, Allocation] = {}
         """Worker address -> its allocation, for the workers up."""
-        self.tell: Callable[[list[int], str], None] | None = None
-        """Writes what waiting tasks wait for into their records (the lane sets it)."""
+        self.tell: Callable[[list[int], str], None] | None = None  # writes why tasks wait (the lane sets it)
         self._told: tuple[str | None, int] = (None, 0)
         self.gave_to: tuple[int, float] | None = None
         """The batch job this pool last gave cores back to, and when."""
@@ -75,34 +64,17 @@ class Pool:
         self.allocations: dict[int, Allocation] = {}
         self.breaker = Breaker(cfg.breaker_failures, cfg.breaker_cooldown_s)
         self.last_work = time.monotonic()
-        self.scheduler: Any = None
-        self.client: Any = None
         self._spent: list[Any] = []
         """Futures of batches already collected, released on the next tick."""
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Future[Any]] = set()
-        """Every task this pool started: kept (asyncio holds only weak references) and
-        awaited at close."""
+        """Every task this pool started: kept (asyncio holds weak references), awaited at close."""
         self.trace = trace.gateway_dir()
         """Where each stage of a task is timed (bench/fast_lane.py --trace), or None."""
 
     # -- life ---------------------------------------------------------------------
     async def start(self) -> None:
-        import dask
-        from distributed import Client, Scheduler
-
-        # A task must never run twice unless it says it may: no silent retries on a lost worker.
-        dask.config.set({"distributed.scheduler.allowed-failures": 0,
-                         "distributed.scheduler.work-stealing": True})
-        # Workers join over the network (TLS); the gateway's own client sits in the same
-        # process and talks to the scheduler in memory (inproc): no socket, no encryption.
-        # (Lists give one listener each: accepted by Dask, though its annotations say str.)
-        self.scheduler = await Scheduler(host=[self.cfg.host, None], port=[0, None],  # type: ignore[arg-type]
-                                         dashboard=False, security=self.security,
-                                         protocol=["tls" if self.security else "tcp", "inproc"])  # type: ignore[arg-type]
-        self.client = await Client(self.scheduler.listeners[1].contact_address, asynchronous=True,
-                                   security=self.security)
-        self.client.subscribe_topic(launcher.TOPIC, self._on_event)
+        await self.engine.start(self._on_event)
         self._keep(asyncio.create_task(self._dispatch_loop(), name=f"fastlane-dispatch-{self.key.slug}"))
 
     def _keep(self, task: "asyncio.Future[Any]") -> None:
@@ -117,21 +89,15 @@ class Pool:
             await asyncio.wait(tasks, timeout=1.0)
         for a in list(self.allocations.values()):
             await self.allocations_port.stop(a.job_id)
-        if self.client is not None:
-            await self.client.close()
-        if self.scheduler is not None:
-            try:
-                await self.scheduler.close()
-            except RuntimeError as e:  # Dask's close can race a connection still opening
-                log.warning("fast-lane pool %s: the scheduler's close was untidy (%s)", self.key.slug, e)
+        await self.engine.close()
 
     @property
     def address(self) -> str:
-        return str(self.scheduler.address)
+        return self.engine.address
 
     def workers_up(self) -> dict[str, str]:
         """Worker name -> address, for the workers connected now."""
-        return {str(ws.name): addr for addr, ws in self.scheduler.workers.items()}
+        return self.engine.workers_up()
 
     # -- tasks --------------------------------------------------------------------
     def enqueue(self, task: Task) -> None:
@@ -149,8 +115,8 @@ class Pool:
         dropped = self.queue.drop(job_ids)
         self.known.difference_update(dropped)
         running = [j for j in job_ids if j in self.inflight]
-        if running and self.client is not None:
-            self._keep(asyncio.ensure_future(self.client.run(launcher.cancel, running)))
+        if running and self.engine.up:
+            self._keep(asyncio.ensure_future(self.engine.kill(running)))
         return dropped
 
     def dispatch(self) -> None:
@@ -167,7 +133,7 @@ class Pool:
             self.demand.wanted(self.shape.cpus if n >= self.shape.cpus else min(self.shape.cpus, sum(
                 t.spec["cpus"] for t in (*self.queue, *self.inflight.values()))))
             self._grow_soon()
-        if not self.queue or self.client is None or not self.scheduler.workers:
+        if not self.queue or not self.engine.has_workers():
             return
         up = self.workers_up()
         room: list[tuple[float, str, Shape]] = []
@@ -200,11 +166,7 @@ class Pool:
             a.idle_since = None
         if self.trace:
             trace.mark("sent", [t.job_id for t in batch])
-        # One opaque argument: Dask would otherwise walk every spec looking for its own
-        # keys, and pickle each task's environment anew (one object for many tasks here).
-        payload = pickle.dumps([t.spec for t in batch], protocol=pickle.HIGHEST_PROTOCOL)
-        fut = self.client.submit(launcher.run_batch, payload, pure=False, key=f"batch-{uuid.uuid4().hex}",
-                                 workers=[addr], allow_other_workers=False)
+        fut = self.engine.send([t.spec for t in batch], addr)
         self._keep(asyncio.ensure_future(self._collect(fut, batch)))
 
     def _unload(self, tasks: list[Task]) -> None:
@@ -298,21 +260,10 @@ class Pool:
     def _salvage(self, batch: list[Task], why: str) -> list[dict[str, Any]]:
         """A batch lost with its allocation: keep outcomes its worker journaled, rerun
         what may be rerun, fail the rest with the reason."""
-        journal = launcher.read_journals(self.dir)
-        out: list[dict[str, Any]] = []
-        now = time.time()
-        for t in batch:
-            rec = journal.get(t.job_id)
-            if rec and rec.get("event") == "ended":
-                out.append(rec)
-            elif t.idempotent or rec is None:
-                log.info("fast-lane task %s requeued after its allocation was lost", t.job_id)
-                self.queue.requeue(t)  # never started, or marked idempotent: run it again
-            else:
-                out.append({"job_id": t.job_id, "state": "FAILED", "exit_code": None, "start": rec.get("start"),
-                            "end": now, "cpu_s": None,
-                            "reason": f"the fast-lane allocation was lost while the task ran ({why}); "
-                                      "mark the job idempotent to have it rerun"})
+        rerun, out = salvage(batch, launcher.read_journals(self.dir), why)
+        for t in rerun:
+            log.info("fast-lane task %s requeued after its allocation was lost", t.job_id)
+            self.queue.requeue(t)
         return out
 
     # -- scaling --------------------------------------------------------------------
@@ -415,7 +366,7 @@ class Pool:
 
     def _grow_soon(self) -> None:
         """Ask for an allocation now, not at the next tick, when the backlog calls for one."""
-        if (not self._growing and self.client is not None and len(self.allocations) < self.cfg.max_allocations
+        if (not self._growing and self.engine.up and len(self.allocations) < self.cfg.max_allocations
                 and scaling.backlogged(self, time.time())):
             self._keep(asyncio.ensure_future(self._grow()))
 
@@ -440,11 +391,9 @@ class Pool:
             self.reports.ended(failed)
 
     def describe(self) -> dict[str, Any]:
-        return {"pool": self.key.slug, "unix_user": self.key.unix_user, "account": self.key.account,
-                "partition": self.key.partition, "shape": vars(self.shape),
-                "allocations": [{"job_id": a.job_id, "up": a.up_since is not None, "shape": vars(a.shape),
-                                 "draining": a.draining}
-                                for a in self.allocations.values()],
+        k, gave = self.key, self.gave_to
+        return {"pool": k.slug, "unix_user": k.unix_user, "account": k.account, "partition": k.partition,
+                "shape": vars(self.shape), "allocations": [a.describe() for a in self.allocations.values()],
                 "pending": len(self.queue), "running": len(self.inflight),
-                "gave_cores_to": None if self.gave_to is None else {"job_id": self.gave_to[0], "at": self.gave_to[1]},
+                "gave_cores_to": None if gave is None else {"job_id": gave[0], "at": gave[1]},
                 "breaker": self.breaker.describe()}

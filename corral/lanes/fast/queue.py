@@ -4,7 +4,8 @@ worker's room.
 
 It knows nothing of Dask, allocations' lives or scaling: the pool puts tasks in, takes
 batches out for the workers up (``take``), and gives back what a lost worker never ran
-(``requeue``). The scaling strategy reads it (corral/lanes/fast/scaling.py).
+(``requeue``; ``salvage`` says which). The scaling strategy reads it
+(corral/lanes/fast/scaling.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,27 @@ from collections import deque
 from typing import Any, Iterable, Iterator
 
 from corral.lanes.fast.model import Shape, Task, fits
+
+
+def salvage(batch: list[Task], journal: dict[int, dict[str, Any]], why: str) -> tuple[list[Task], list[dict[str, Any]]]:
+    """A batch lost with its worker (``why``), read against the worker's journal (job id ->
+    its last record): -> (the tasks to run again: never started, or marked idempotent;
+    the outcomes: journaled ends kept, the rest FAILED with the reason)."""
+    rerun: list[Task] = []
+    out: list[dict[str, Any]] = []
+    now = time.time()
+    for t in batch:
+        rec = journal.get(t.job_id)
+        if rec and rec.get("event") == "ended":
+            out.append(rec)
+        elif t.idempotent or rec is None:
+            rerun.append(t)
+        else:
+            out.append({"job_id": t.job_id, "state": "FAILED", "exit_code": None, "start": rec.get("start"),
+                        "end": now, "cpu_s": None,
+                        "reason": f"the fast-lane allocation was lost while the task ran ({why}); "
+                                  "mark the job idempotent to have it rerun"})
+    return rerun, out
 
 
 class TaskQueue:
