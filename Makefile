@@ -47,7 +47,8 @@ run: $(RUN_STAMP)
 # The Slurm tests need the private Slurm of scripts/slurm-up, the HTML report's test
 # Debian's Chromium (scripts/browser-up), the sandbox tests bubblewrap (scripts/sandbox-up), the
 # storage tests squashfs-tools, strace and the FUSE mounts (scripts/storage-up), the privileged
-# submitter's tests sudo (scripts/privsep-up --sudo-only);
+# submitter's tests sudo (scripts/privsep-up --sudo-only), the store's contract tests a
+# private PostgreSQL (scripts/postgres-up);
 # all install Debian's packages when missing,
 # as root. mypy checks corral/ first (config in pyproject.toml). Under CI either one failing fails the run; elsewhere those tests skip and
 # say how to get them.
@@ -58,6 +59,7 @@ test: $(TEST_STAMP)
 	@scripts/storage-up || { [ "$$CI" != "true" ] && echo "make test: no squashfs-tools; the storage tests will skip"; }
 	@scripts/clients-up || { [ "$$CI" != "true" ] && echo "make test: no npm; the Claude Code and Codex tests will skip"; }
 	@scripts/privsep-up --sudo-only || { [ "$$CI" != "true" ] && echo "make test: no sudo; the privileged submitter's tests will skip"; }
+	@scripts/postgres-up >/dev/null || { [ "$$CI" != "true" ] && echo "make test: no PostgreSQL; the store's PostgreSQL tests will skip"; }
 	$(BIN)/mypy
 	SLURM_CONF=$${SLURM_CONF:-/tmp/corral-slurm/etc/slurm.conf} $(BIN)/python -m pytest -q
 

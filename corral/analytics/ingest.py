@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 import polars as pl
 
+from corral.core.store.read import report_rows
 from corral.core.errors import InvalidRequest
 from corral.analytics.frame import (KIND_RE, PRINCIPAL_RE, SWF_STATUS, Ingested, account_rows, conform, duration_s, local_clock,
                     state_from_slurm)
@@ -300,16 +301,7 @@ def _swf(path: Path) -> Ingested:
 def _corral(path: Path) -> Ingested:
     """corral's own records: every job with its principal's kind, exact provenance."""
     ing = Ingested(pl.DataFrame(), str(path), "corral")
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        rows = con.execute("""
-            SELECT CAST(j.id AS TEXT), COALESCE(p.unix_user, j.principal), p.account,
-                   json_extract(j.spec, '$.partition'), json_extract(j.spec, '$.name'),
-                   j.submit_time, j.start_time, j.end_time, j.state, j.exit_code,
-                   json_extract(j.spec, '$.cpus'), json_extract(j.spec, '$.gpus'), p.kind, j.principal
-            FROM jobs j JOIN principals p ON p.name = j.principal ORDER BY j.id""").fetchall()
-    finally:
-        con.close()
+    rows = report_rows(path)
     cols = ["job_id", "user", "account", "partition", "name", "submit_e", "start_e", "end_e", "state",
             "exit_code", "cpus", "gpus", "kind", "principal"]
     df = pl.DataFrame(rows, schema=cols, orient="row", infer_schema_length=None)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import os
 import pwd
-import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from corral.core.store.conn import INTEGRITY_ERRORS
 from corral.core.errors import Conflict, Forbidden, InvalidRequest
 from corral.edges.http.body import text_problem
 from corral.core.principals import Caller, Kind, Principal, check_name, new_token
@@ -104,7 +104,7 @@ class Accounts:
         self.credentials.clear()
         try:
             return self.db.add_principal(Principal(name, k, sponsor, unix_user, account, admin and k is Kind.HUMAN))
-        except sqlite3.IntegrityError:
+        except INTEGRITY_ERRORS:
             raise Conflict(f"principal {name!r} already exists") from None
 
     def list_principals(self, caller: Caller) -> list[Principal]:

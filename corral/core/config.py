@@ -150,6 +150,19 @@ class StorageSettings(_Part):
     session_meta_budget: int = Field(0, ge=0, description="Metadata operations on shared_paths one session's measured jobs may make; past it, its jobs must use an image or a workspace (0: no cap).")
 
 
+class StoreSettings(_Part):
+    """Where the gateway keeps its state (corral/core/store/)."""
+
+    url: str | None = Field(None, description="The store: 'postgresql://USER@HOST:PORT/DB' for PostgreSQL (production: several gateways, backups, a server an operator already runs), or a SQLite file's path. Default HOME/corral.db, SQLite.")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and "://" in v and not v.startswith(("postgresql://", "postgres://", "sqlite://")):
+            raise ValueError(f"store url {v.split('://')[0]}://... is not postgresql:// or a SQLite path")
+        return v
+
+
 class HttpSettings(_Part):
     """Bounds on what an HTTP client may make the gateway do before it is authenticated
     (corral/edges/http/bounds.py, corral/edges/http/app.py); see docs/security.md, "Request bounds"."""
@@ -169,7 +182,7 @@ class HttpSettings(_Part):
 
 PARTS: dict[str, type[_Part]] = {"fastlane": FastLaneSettings, "slurm": SlurmSettings, "memory": MemorySettings,
                                  "safety": SafetySettings, "sandbox": SandboxSettings, "storage": StorageSettings,
-                                 "http": HttpSettings}
+                                 "http": HttpSettings, "store": StoreSettings}
 
 
 def _flat_names() -> dict[str, tuple[str, str]]:
@@ -219,6 +232,7 @@ class Settings(BaseModel):
     safety: SafetySettings = Field(default_factory=SafetySettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
 
     @model_validator(mode="before")
     @classmethod
@@ -264,6 +278,11 @@ class Settings(BaseModel):
     @property
     def db_path(self) -> Path:
         return self.home / "corral.db"
+
+    @property
+    def store_url(self) -> str:
+        """The store to open: ``[store] url``, else the SQLite file in HOME."""
+        return self.store.url or str(self.db_path)
 
     @property
     def admin_token_path(self) -> Path:

@@ -124,7 +124,7 @@ def _submitter(path: str | None) -> "Submitter | None":
 
 def build_service(settings: Settings, clock: Clock | None = None) -> Service:
     settings.home.mkdir(parents=True, exist_ok=True)
-    db = Database(settings.db_path)
+    db = Database(settings.store_url)
     backend: Backend
     if settings.backend == "slurm":
         from corral.lanes.slurm.backend import SlurmBackend

@@ -92,8 +92,7 @@ class Facts:
         self.db = db
 
     def current(self) -> dict[str, Any]:
-        r = self.db.conn.execute("SELECT version, hash, facts, changes, updated FROM facts ORDER BY version DESC LIMIT 1"
-                                 ).fetchone()
+        r = self.db.memory.facts()
         if r is None:
             return {"version": 0, "facts": {}, "changes": [], "updated": None}
         return {"version": r[0], "hash": r[1], "facts": json.loads(r[2]), "changes": json.loads(r[3]), "updated": r[4]}
@@ -108,8 +107,7 @@ class Facts:
         changes = _changes(cur["facts"], facts) if cur["version"] else []
         version = cur["version"] + 1
         with self.db.transaction():
-            self.db.conn.execute("INSERT INTO facts (version, hash, facts, changes, updated) VALUES (?,?,?,?,?)",
-                                 (version, digest, json.dumps(facts), json.dumps([c for _, c in changes]), time.time()))
+            self.db.memory.add_facts(version, digest, json.dumps(facts), json.dumps([c for _, c in changes]), time.time())
             for subject, what in changes:
                 self._stale(subject, f"{what} (facility version {version}); this note may be out of date")
         if changes:
@@ -117,10 +115,7 @@ class Facts:
         return self.current()
 
     def _stale(self, subject: str, why: str) -> None:
-        rows = self.db.conn.execute(
-            "SELECT n.id, n.flags FROM notes_fts f JOIN notes n ON n.id = f.rowid WHERE notes_fts MATCH ?",
-            (f'"{subject}"',)).fetchall()
-        for nid, flags in rows:
+        for nid, flags in self.db.memory.phrase(subject):
             f = json.loads(flags) if flags else {}
             f["stale"] = why
-            self.db.conn.execute("UPDATE notes SET flags=? WHERE id=?", (json.dumps(f), nid))
+            self.db.memory.set_flags(nid, json.dumps(f))

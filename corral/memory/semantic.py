@@ -72,14 +72,12 @@ class VectorIndex:
     def forget_other_models(self) -> int:
         """Vectors of another model are not comparable: drop them (their notes are
         embedded again). Returns how many went."""
-        return self.db.conn.execute("DELETE FROM note_vectors WHERE model != ?", (self.model,)).rowcount
+        return self.db.memory.forget_vectors(self.model)
 
     def load(self, limit: int = 5000) -> int:
         """Read up to ``limit`` stored vectors into memory; 0 when all are in. A slice
         of 5,000 holds the event loop about 30 ms (20,000: 125 ms)."""
-        rows = self.db.conn.execute(
-            "SELECT note_id, vec FROM note_vectors WHERE note_id > ? ORDER BY note_id LIMIT ?",
-            (self.loaded_to, limit)).fetchall()
+        rows = self.db.memory.vectors_after(self.loaded_to, limit)
         if rows:
             vecs = np.frombuffer(b"".join(r[1] for r in rows), np.float16).reshape(len(rows), self.dim)
             self._append(np.array([r[0] for r in rows], np.int64), vecs)
@@ -89,24 +87,20 @@ class VectorIndex:
     def _last_embedded(self) -> int:
         """The newest note with a stored vector: every note after it waits (notes are
         embedded in id order)."""
-        return int(self.db.conn.execute("SELECT COALESCE(MAX(note_id), 0) FROM note_vectors").fetchone()[0])
+        return self.db.memory.last_embedded()
 
     def pending(self, limit: int = 256) -> list[tuple[int, str]]:
         """Notes not embedded yet, oldest first."""
-        return [(int(i), str(t)) for i, t in self.db.conn.execute(
-            "SELECT id, text FROM notes WHERE id > ? ORDER BY id LIMIT ?", (self._last_embedded(), limit))]
+        return self.db.memory.notes_after(self._last_embedded(), limit)
 
     def backlog(self) -> int:
         """How many notes wait for their vector."""
-        return int(self.db.conn.execute("SELECT COUNT(*) FROM notes WHERE id > ?",
-                                        (self._last_embedded(),)).fetchone()[0])
+        return self.db.memory.count_notes_after(self._last_embedded())
 
     def add(self, ids: list[int], vecs: np.ndarray) -> None:
         """Store the vectors of these notes and make them searchable."""
         half = vecs.astype(np.float16)
-        with self.db.transaction():
-            self.db.conn.executemany("INSERT OR REPLACE INTO note_vectors (note_id, model, vec) VALUES (?,?,?)",
-                                     [(i, self.model, v.tobytes()) for i, v in zip(ids, half, strict=True)])
+        self.db.memory.put_vectors([(int(i), self.model, v.tobytes()) for i, v in zip(ids, half, strict=True)])
         self._append(np.asarray(ids, np.int64), half)
         self.loaded_to = max(self.loaded_to, max(ids))
 
@@ -174,7 +168,7 @@ class SemanticRecall:
                 "waiting": self.index.backlog()}
 
     async def run(self, batch: int = 128) -> None:
-        while not self.db.conn.execute("SELECT 1 FROM notes LIMIT 1").fetchone():
+        while not self.db.memory.any_note():
             await self._sleep()
         try:
             await asyncio.to_thread(self.embedder.load)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral.core.clock import Clock
 from corral.core.db import Database
+from corral.core.store.memory import Viewer
 from corral.core.errors import Forbidden, InvalidRequest, NotFound
 from corral.core.jobs import Job, JobSpec
 from corral.core.principals import Caller, Kind, Principal
@@ -165,32 +166,19 @@ class Memory:
                          res, job.spec.memory_mb, job.state.value, job.exit_code,
                          sig.name if sig else None, sig.detail if sig else None, int(bool(sig and sig.deterministic)),
                          job.end_time or self.clock.time(), key))
-        self.db.conn.executemany(
-            """INSERT OR IGNORE INTO episodes (job_id, principal, family, account, fingerprint, resources, memory_mb,
-               state, exit_code, signature, detail, deterministic, ended, cache_key)
-               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)""", rows)
+        self.db.memory.record_episodes(rows)
 
     def cached(self, principal: Principal, key: str) -> int | None:
         """The job whose successful run had this key, if this principal ran one."""
-        r = self.db.conn.execute(
-            """SELECT job_id FROM episodes WHERE cache_key=? AND principal=? AND state='COMPLETED'
-               ORDER BY ended DESC LIMIT 1""", (key, principal.name)).fetchone()
-        return int(r[0]) if r else None
+        return self.db.memory.cached(key, principal.name)
 
     def episode(self, job_id: int) -> dict[str, Any] | None:
-        r = self.db.conn.execute("SELECT signature, detail, deterministic FROM episodes WHERE job_id=?",
-                                 (job_id,)).fetchone()
+        r = self.db.memory.episode(job_id)
         return {"signature": r[0], "detail": r[1], "deterministic": bool(r[2])} if r else None
 
     def _episodes(self, principal: Principal, fp: str) -> list[dict[str, Any]]:
-        where, args = "e.fingerprint=? AND e.family=?", [fp, family(principal)]
-        if self.share_account and principal.account:
-            where, args = "e.fingerprint=? AND (e.family=? OR e.account=?)", [fp, family(principal), principal.account]
-        rows = self.db.conn.execute(
-            f"""SELECT e.job_id, e.principal, e.resources, e.memory_mb, e.state, e.exit_code, e.signature, e.detail,
-                       e.deterministic, e.ended, json_extract(j.spec, '$.workdir')
-                FROM episodes e LEFT JOIN jobs j ON j.id = e.job_id
-                WHERE {where} ORDER BY e.ended DESC LIMIT 50""", args).fetchall()
+        rows = self.db.memory.episodes(fp, family(principal),
+                                       principal.account if self.share_account else None)
         keys = ("job_id", "principal", "resources", "memory_mb", "state", "exit_code", "signature", "detail",
                 "deterministic", "ended", "workdir")
         return [dict(zip(keys, r, strict=True)) for r in rows]
@@ -199,12 +187,7 @@ class Memory:
         """The last ``n`` completed runs of this script at these resources in the
         principal's family: (job id, seconds its run took), newest first. A job its
         scheduler requeued is left out: its start to its end spans more than one run."""
-        rows = self.db.conn.execute(
-            """SELECT e.job_id, j.end_time - j.start_time FROM episodes e JOIN jobs j ON j.id = e.job_id
-               WHERE e.fingerprint=? AND e.family=? AND e.resources=? AND e.state='COMPLETED'
-                 AND j.start_time IS NOT NULL AND j.end_time IS NOT NULL AND j.requeues = 0
-               ORDER BY e.ended DESC LIMIT ?""", (fingerprint(spec), family(principal), resources(spec), n)).fetchall()
-        return [(int(jid), max(0.0, float(ran))) for jid, ran in rows]
+        return self.db.memory.runtimes(fingerprint(spec), family(principal), resources(spec), n)
 
     def advise(self, principal: Principal, spec: JobSpec) -> tuple[list[str], str | None]:
         """-> (advice for this submission, why it is refused or None)."""
@@ -269,22 +252,13 @@ class Memory:
         if guard.suspicious(clean):
             flags["suspected_injection"] = True
         now = self.clock.time()
-        cur = self.db.conn.execute(
-            """INSERT INTO notes (text, scope, author, family, account, session, job_id, created, expires, flags)
-               VALUES (?,?,?,?,?,?,?,?,?,?)""",
-            (clean, scope, p.name, family(p), p.account, caller.session, job_id, now,
-             now + expires_s if expires_s else None, json.dumps(flags) if flags else None))
-        nid = int(cur.lastrowid)  # type: ignore[arg-type]
-        self.db.conn.execute("INSERT INTO notes_fts (rowid, text) VALUES (?, ?)", (nid, clean))
+        nid = self.db.memory.add_note(clean, scope, p.name, family(p), p.account, caller.session, job_id, now,
+                                      now + expires_s if expires_s else None, json.dumps(flags) if flags else None)
         return self._note(nid)
 
-    def _visible(self, caller: Caller) -> tuple[str, list[Any]]:
+    def _viewer(self, caller: Caller) -> Viewer | None:
         p = caller.principal
-        if p.is_admin:
-            return "1=1", []
-        return ("""(n.scope='facility' OR (n.scope='account' AND n.account=?) OR (n.scope='user' AND n.family=?)
-                   OR (n.scope='agent' AND n.author=?) OR (n.scope='session' AND n.author=? AND n.session=?))""",
-                [p.account, family(p), p.name, p.name, caller.session])
+        return None if p.is_admin else Viewer(p.account, family(p), p.name, caller.session)
 
     def recall(self, caller: Caller, query: str, k: int = 5,
                near: list[tuple[int, float]] | None = None) -> list[dict[str, Any]]:
@@ -314,16 +288,14 @@ class Memory:
 
     def _bm25(self, caller: Caller, terms: list[str], k: int) -> list[tuple[int, float]]:
         """The ``k`` best BM25 matches this caller may read: (note id, score), best first."""
-        match = " OR ".join(f'"{t}"' for t in terms)
         limit = max(50, 20 * k)
         while True:
-            # Rank inside FTS5 first (its own top-N), then keep what this caller may read.
-            cand = self.db.conn.execute("SELECT rowid, rank FROM notes_fts WHERE notes_fts MATCH ? ORDER BY rank LIMIT ?",
-                                        (match, limit)).fetchall()
+            # Rank inside the full-text index first (its own top-N), then keep what this caller may read.
+            cand = self.db.memory.match(terms, limit)
             if not cand:
                 return []
             ok = self._readable(caller, [i for i, _ in cand])
-            rows = [(int(i), -float(r)) for i, r in cand if i in ok]
+            rows = [(i, s) for i, s in cand if i in ok]
             if len(rows) >= k or len(cand) < limit:
                 return rows[:k]
             limit *= 10  # the best matches were not this caller's to read: look further
@@ -332,23 +304,19 @@ class Memory:
         """Which of these notes the caller may read now (scope, expiry)."""
         if not ids:
             return set()
-        vis, args = self._visible(caller)
-        return {r[0] for r in self.db.conn.execute(
-            f"""SELECT n.id FROM notes n WHERE n.id IN ({",".join("?" * len(ids))}) AND {vis}
-                AND (n.expires IS NULL OR n.expires > ?)""", [*ids, *args, self.clock.time()])}
+        return self.db.memory.readable(ids, self._viewer(caller), self.clock.time())
 
     def _selective(self, terms: list[str]) -> list[str]:
         """The terms found in at most ``COMMON_SHARE`` of all notes. The others weigh
         almost nothing in BM25, yet an OR over them ranks a large part of the corpus
         (measured: p95 172 ms at 100,000 notes). If every term is that common, all."""
-        total = self.db.conn.execute("SELECT COALESCE(MAX(id), 0) FROM notes").fetchone()[0]  # O(1), near enough
+        total = self.db.memory.newest_note()  # O(1), near enough
         if total < 1000:
             return terms
         now = time.monotonic()
         missing = [t for t in terms if t not in self._df or now - self._df[t][1] > 60]
         if missing:
-            got = dict(self.db.conn.execute(
-                f"SELECT term, doc FROM notes_vocab WHERE term IN ({','.join('?' * len(missing))})", missing).fetchall())
+            got = self.db.memory.term_docs(missing)
             self._df.update((t, (got.get(t, 0), now)) for t in missing)
         rare = [t for t in terms if self._df[t][0] <= COMMON_SHARE * total]
         return rare or terms
@@ -356,14 +324,13 @@ class Memory:
     def promote(self, caller: Caller, note_id: int) -> dict[str, Any]:
         if not caller.principal.is_admin:
             raise Forbidden("only an admin promotes notes to facility scope")
-        if self.db.conn.execute("UPDATE notes SET scope='facility' WHERE id=?", (note_id,)).rowcount == 0:
+        if not self.db.memory.promote(note_id):
             raise NotFound(f"no note {note_id}")
         return self._note(note_id)
 
     def _note(self, nid: int) -> dict[str, Any]:
-        r = self.db.conn.execute(
-            "SELECT id, text, scope, author, session, job_id, created, expires, flags FROM notes WHERE id=?",
-            (nid,)).fetchone()
+        r = self.db.memory.note(nid)
+        assert r is not None, nid  # asked only for a note just written or found
         flags = json.loads(r[8]) if r[8] else {}
         note = {"id": r[0], "text": r[1], "scope": r[2], "author": r[3], "session": r[4], "job_id": r[5],
                 "created": r[6], "expires": r[7], **({"flags": flags} if flags else {})}

@@ -18,10 +18,11 @@ def _open(home: Path | None) -> tuple[Any, tuple[int, str] | None]:
     from corral.core.db import Database
     from corral.safety.audit import AuditLog
 
-    h = home or load_settings().home
+    settings = load_settings(home=home) if home else load_settings()
+    h = home or settings.home
     if not (h / "audit.key").exists():
         raise InvalidRequest(f"no audit log under {h}", hint="pass --home, or set CORRAL_HOME to the gateway's state directory")
-    db = Database(h / "corral.db")
+    db = Database(settings.store_url if settings.store.url else h / "corral.db")
     try:
         head = db.audit_head()
     finally:

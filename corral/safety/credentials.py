@@ -150,7 +150,7 @@ class Credentials:
         return tokens + derived
 
     def _opaque_ids(self) -> set[str]:
-        return {r[0] for r in self.db.conn.execute("SELECT id FROM tokens WHERE hash != ''")}
+        return self.db.opaque_token_ids()
 
     def revoke(self, caller: Caller, token_id: str) -> None:
         """By id: a minted token's, or a derived block's once it has been used. Kills every

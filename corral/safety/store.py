@@ -3,15 +3,9 @@ tainted sessions, and the usage that budgets and concurrency caps are checked ag
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from corral.core.db import Database
-from corral.core.jobs import TERMINAL_STATES, JobState
-
-# Written as the partial index jobs_active is, so SQLite can use it for the counts.
-_ACTIVE = "state IN ('PENDING', 'RUNNING', 'UNKNOWN')"
-assert {"PENDING", "RUNNING", "UNKNOWN"} == {s.value for s in JobState} - {s.value for s in TERMINAL_STATES}
 
 
 class SafetyStore:
@@ -31,71 +25,43 @@ class SafetyStore:
                         self.limits_seen.pop(next(iter(self.limits_seen)))
                     self.limits_seen[path] = (principal, dict(block))
 
-    # -- tokens ---------------------------------------------------------------------
+    # -- tokens, taint and usage: kept in the store (corral/core/store/safety.py) -----------
 
     def revoked(self) -> set[str]:
-        ids = {r[0] for r in self.db.conn.execute("SELECT id FROM revoked")}
-        return ids | {r[0] for r in self.db.conn.execute("SELECT id FROM tokens WHERE revoked IS NOT NULL")}
+        return self.db.safety.revoked()
 
     def revoke(self, block_id: str, by: str) -> None:
-        with self.db.transaction():
-            self.db.conn.execute("INSERT OR IGNORE INTO revoked (id, at, by) VALUES (?,?,?)", (block_id, time.time(), by))
-            self.db.conn.execute("UPDATE tokens SET revoked=? WHERE id=? AND revoked IS NULL", (time.time(), block_id))
+        self.db.safety.revoke(block_id, by)
 
     def seen_blocks(self, root: str, principal: str, block_ids: tuple[str, ...]) -> None:
         """Remember the blocks a holder added, so their ids can be listed and revoked."""
-        self.db.conn.executemany(
-            "INSERT OR IGNORE INTO token_blocks (id, root, principal, first_seen) VALUES (?,?,?,?)",
-            [(b, root, principal, time.time()) for b in block_ids[1:]])
+        self.db.safety.seen_blocks(root, principal, block_ids[1:])
 
     def block_owner(self, block_id: str) -> str | None:
-        row = self.db.conn.execute("SELECT principal FROM token_blocks WHERE id=?", (block_id,)).fetchone()
-        return row[0] if row else None
+        return self.db.safety.block_owner(block_id)
 
     def block_root(self, block_id: str) -> str | None:
-        row = self.db.conn.execute("SELECT root FROM token_blocks WHERE id=?", (block_id,)).fetchone()
-        return row[0] if row else None
+        return self.db.safety.block_root(block_id)
 
     def blocks_of(self, root: str) -> list[str]:
-        return [r[0] for r in self.db.conn.execute("SELECT id FROM token_blocks WHERE root=?", (root,))]
+        return self.db.safety.blocks_of(root)
 
     def blocks(self, principals: list[str] | None) -> list[dict[str, Any]]:
-        sql = "SELECT b.id, b.root, b.principal, b.first_seen, r.at FROM token_blocks b LEFT JOIN revoked r ON r.id=b.id"
-        args: list[Any] = []
-        if principals is not None:
-            sql += f" WHERE b.principal IN ({','.join('?' * len(principals))})"
-            args = principals
-        keys = ("id", "root", "principal", "first_seen", "revoked")
-        return [dict(zip(keys, r)) for r in self.db.conn.execute(sql, args)]
-
-    # -- taint ------------------------------------------------------------------------
+        return self.db.safety.blocks(principals)
 
     def taints(self) -> dict[str, str]:
-        return dict(self.db.conn.execute("SELECT key, reason FROM taint").fetchall())
+        return self.db.safety.taints()
 
     def clear_taint(self, key: str) -> None:
-        self.db.conn.execute("DELETE FROM taint WHERE key=?", (key,))
+        self.db.safety.clear_taint(key)
 
     def taint(self, key: str, principal: str, reason: str) -> None:
-        self.db.conn.execute("INSERT OR IGNORE INTO taint (key, principal, at, reason) VALUES (?,?,?,?)",
-                             (key, principal, time.time(), reason))
-
-    # -- usage --------------------------------------------------------------------------
+        self.db.safety.taint(key, principal, reason)
 
     def used(self, block_path: str) -> tuple[float, float, int]:
         """CPU-seconds and GPU-seconds charged to a token subtree, and its active jobs.
         A finished job is charged what it ran; a live one what it may still run (its walltime)."""
-        row = self.db.conn.execute(
-            f"""SELECT
-                  SUM(json_extract(spec, '$.cpus') * CASE WHEN {_ACTIVE} THEN json_extract(spec, '$.walltime')
-                      ELSE MAX(0, COALESCE(end_time, start_time, 0) - COALESCE(start_time, end_time, 0)) END),
-                  SUM(json_extract(spec, '$.gpus') * CASE WHEN {_ACTIVE} THEN json_extract(spec, '$.walltime')
-                      ELSE MAX(0, COALESCE(end_time, start_time, 0) - COALESCE(start_time, end_time, 0)) END),
-                  SUM(CASE WHEN {_ACTIVE} THEN 1 ELSE 0 END)
-                FROM jobs WHERE token_path = ? OR (token_path > ? || '/' AND token_path < ? || '0')""",
-            (block_path, block_path, block_path)).fetchone()  # '0' follows '/': the subtree as an index range
-        return float(row[0] or 0), float(row[1] or 0), int(row[2] or 0)
+        return self.db.safety.used(block_path)
 
     def active(self, principal: str) -> int:
-        return int(self.db.conn.execute(f"SELECT COUNT(*) FROM jobs WHERE principal=? AND {_ACTIVE}",
-                                        (principal,)).fetchone()[0])
+        return self.db.safety.active(principal)

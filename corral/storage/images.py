@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from corral.core.identity import Identity
     from corral.lanes.registry import Lanes
     from corral.sandbox.bwrap import Sandbox
-    from corral.storage.store import Store
+    from corral.core.store.storage import StorageRecords
 
 BUILD_PRINCIPAL = "envbuild"
 KINDS = ("requirements.txt", "pyproject.toml", "uv.lock")
@@ -103,7 +103,7 @@ def checked_kind(files: dict[str, str]) -> str:
 
 
 class Images:
-    def __init__(self, settings: StorageSettings, home: Path, scratch: Path, db: "Database", store: "Store",
+    def __init__(self, settings: StorageSettings, home: Path, scratch: Path, db: "Database", store: "StorageRecords",
                  lanes: "Lanes", sender: "Sender", owner: "Callable[[Caller], Identity | None] | None" = None,
                  sandbox: "Sandbox | None" = None,
                  admit: "Callable[[Caller, list[JobSpec]], None] | None" = None) -> None:
@@ -201,22 +201,15 @@ class Images:
                            name=f"envbuild-{digest[:12]}", labels={"corral-envbuild": digest}, after_ok=[staged.id],
                            env={"PYTHONPATH": CODE})  # this gateway's own corral, whatever the job's Python finds first
             job = self.db.insert_jobs(p.name, f"envbuild:{caller.principal.name}", [(self.lanes.batch.name, pack)])[0]
-        with self.store.tx() as c:
-            c.execute(
-                "INSERT OR REPLACE INTO env_requests (digest, job_id, key, name, principal, at, state, reason) "
-                "VALUES (?, ?, NULL, ?, ?, ?, 'building', NULL)",
-                (digest, job.id, name, caller.principal.name, time.time()))
+        self.store.request_building(digest, job.id, name, caller.principal.name)
         await self.sender.send([(staged, context(staged, caller.principal)), (job, context(job, p))])
         return self.status_of(digest)
 
     def _request_row(self, digest: str) -> dict[str, Any] | None:
-        r = self.store.one("SELECT digest, job_id, key, name, principal, at, state, reason FROM env_requests "
-                           "WHERE digest=?", (digest,))
-        keys = ("digest", "job_id", "key", "name", "principal", "at", "state", "reason")
-        return dict(zip(keys, r)) if r else None
+        return self.store.request(digest)
 
     def _one_output(self, job_id: int) -> str:
-        job = self.store.one("SELECT backend, backend_id FROM jobs WHERE id=?", (job_id,))
+        job = self.store.job_lane(job_id)
         if job is None or not job[1]:
             return ""
         try:  # the build's last lines: its progress and any error are at the end
@@ -226,14 +219,13 @@ class Images:
 
     def _build_output(self, job_id: int) -> str:
         """What the build said: its install job's (the requester's) lines, then its pack job's."""
-        row = self.store.one("SELECT spec FROM jobs WHERE id=?", (job_id,))
-        first = (json.loads(row[0]).get("after_ok") or [None])[0] if row else None
+        spec = self.store.job_spec(job_id)
+        first = (spec.get("after_ok") or [None])[0] if spec else None
         return (self._one_output(int(first)) if first is not None else "") + "\n" + self._one_output(job_id)
 
     def refresh(self) -> None:
         """Builds that ended since last asked: their images registered, or their failure kept."""
-        rows = self.store.all("SELECT r.digest, r.job_id, r.name, r.principal, j.state, j.reason FROM "
-                              "env_requests r JOIN jobs j ON j.id = r.job_id WHERE r.state='building'")
+        rows = self.store.building()
         for digest, job_id, name, principal, state, reason in rows:
             if not JobState(state).terminal:
                 continue
@@ -241,19 +233,13 @@ class Images:
             if state == JobState.COMPLETED.value and done.exists():
                 key = json.loads(done.read_text())["key"]
                 record = json.loads((self.images_dir / f"{key}.json").read_text())
-                with self.store.tx() as c:
-                    c.execute(
-                        "INSERT INTO env_images (key, name, record, builder, created, last_used) VALUES (?, ?, ?, ?, ?, NULL) "
-                        "ON CONFLICT(key) DO UPDATE SET record=excluded.record", (key, None, json.dumps(record),
-                                                                                  principal, record["created"]))
-                    c.execute("UPDATE env_requests SET state='ready', key=? WHERE digest=?", (key, digest))
+                self.store.image_built(digest, key, record, principal)
                 if name:
                     self._name(key, name)
                 continue
             errors = _ERROR.findall(self._build_output(job_id))
             why = errors[-1] if errors else f"the build job {job_id} ended {state}: {reason or 'no reason given'}"
-            with self.store.tx() as c:
-                c.execute("UPDATE env_requests SET state='failed', reason=? WHERE digest=?", (why, digest))
+            self.store.request_failed(digest, why)
             staging.drop(self.scratch, self.requests_dir, digest)  # the pack that removes them never ran
 
     def status_of(self, digest: str) -> dict[str, Any]:
@@ -276,23 +262,19 @@ class Images:
     # -- names and listing -----------------------------------------------------------
 
     def _check_name(self, caller: Caller, name: str) -> None:
-        r = self.store.one("SELECT builder FROM env_images WHERE name=?", (name,))
-        owner = self.store.one("SELECT principal FROM env_requests WHERE name=? ORDER BY at LIMIT 1", (name,))
-        first = (owner[0] if owner else None) or (r[0] if r else None)
+        first = self.store.name_owner(name)
         if first is not None and first != caller.principal.name and not caller.principal.is_admin \
                 and first not in caller.visible:
             raise Forbidden(f"the image name {name!r} belongs to {first}; choose another name")
 
     def _name(self, key: str, name: str) -> None:
-        with self.store.tx() as c:
-            c.execute("UPDATE env_images SET name=NULL WHERE name=? AND key<>?", (name, key))
-            c.execute("UPDATE env_images SET name=? WHERE key=?", (name, key))
+        self.store.name_image(key, name)
 
     def describe(self, key: str) -> dict[str, Any]:
-        r = self.store.one("SELECT key, name, record, builder, created, last_used FROM env_images WHERE key=?", (key,))
+        r = self.store.image(key)
         if r is None:
             raise NotFound(f"no environment image {key}; corral env list shows them")
-        rec = json.loads(r[2])
+        rec = r[2]
         m = self.mounted.get(key)
         return {"image": r[0], "name": r[1], "packages": rec["packages"], "size": rec["size"],
                 "python": rec["python"], "platform": rec["platform"], "built_by": r[3], "created": r[4],
@@ -300,27 +282,26 @@ class Images:
 
     def listing(self) -> list[dict[str, Any]]:
         self.refresh()
-        keys = [r[0] for r in self.store.all("SELECT key FROM env_images ORDER BY created DESC")]
+        keys = self.store.image_keys()
         return [self.describe(k) for k in keys]
 
     def find(self, ref: str) -> str:
         """A name, a key or a key's prefix (8 characters or more) -> the key."""
         self.refresh()
-        r = self.store.one("SELECT key FROM env_images WHERE name=?", (ref,))
+        r = self.store.image_named(ref)
         if r is None and re.fullmatch(r"[0-9a-f]{8,32}", ref):
-            rows = self.store.all("SELECT key FROM env_images WHERE key LIKE ?", (ref + "%",))
+            rows = self.store.images_prefixed(ref)
             if len(rows) > 1:
                 raise InvalidRequest(f"image {ref!r} is the prefix of {len(rows)} images; give more of its key")
             r = rows[0] if rows else None
         if r is None:
-            building = self.store.one("SELECT digest FROM env_requests WHERE (name=? OR digest=?) AND "
-                                      "state='building'", (ref, ref))
+            building = self.store.building_of(ref)
             if building:
                 raise Conflict(f"the image {ref!r} is still being built; wait for it (corral env status "
-                               f"{building[0]}) and submit again")
+                               f"{building}) and submit again")
             raise NotFound(f"no environment image {ref!r}; build it with corral env build FILE --name {ref}, "
                            "or list the images with corral env list")
-        return str(r[0])
+        return r
 
     # -- use -----------------------------------------------------------------------------
 
@@ -328,10 +309,10 @@ class Images:
         """The image mounted on this node, checked whole the first time (a corrupt image
         is refused, never mounted). Blocking: called off the event loop."""
         image = self.images_dir / f"{key}.sqsh"
-        row = self.store.one("SELECT record FROM env_images WHERE key=?", (key,))
+        row = self.store.image(key)
         if row is None:
             raise NotFound(f"no environment image {key}; corral env list shows them")
-        rec = json.loads(row[0])
+        rec = row[2]
         try:
             st = image.stat()
         except OSError:
@@ -351,8 +332,7 @@ class Images:
             # Mounted as root at a path of scratch: never inside a directory someone else made (scratch.py).
             scratch.prepare(self.mounts.parent, [self.mounts.name])
             m = mounts.mount_image(image, at)
-        with self.store.tx() as c:
-            c.execute("UPDATE env_images SET last_used=? WHERE key=?", (time.time(), key))
+        self.store.image_used(key)
         self.mounted[key] = m
         return m
 
@@ -363,8 +343,7 @@ class Images:
         if only is not None:
             keys = [self.find(only)]
         else:
-            keys = [r[0] for r in self.store.all(
-                "SELECT key FROM env_images WHERE COALESCE(last_used, created) < ?", (cutoff,))]
+            keys = self.store.images_unused_since(cutoff)
         if dry_run:
             return keys
         for part in self.images_dir.glob(".*.part"):  # a build killed while packing left its half
@@ -377,7 +356,5 @@ class Images:
             mounts.unmount(self.mounts / key)
             for p in (self.images_dir / f"{key}.sqsh", self.images_dir / f"{key}.json"):
                 p.unlink(missing_ok=True)
-            with self.store.tx() as c:
-                c.execute("DELETE FROM env_images WHERE key=?", (key,))
-                c.execute("UPDATE env_requests SET state='collected' WHERE key=?", (key,))
+            self.store.image_collected(key)
         return keys

@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import random
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -32,7 +31,6 @@ from corral.core.jobs import JobSpec
 from corral.core.principals import Caller
 from corral.storage import IMAGE_AT, IMAGE_FILE, IMAGE_KEY, META_LABEL, OWN_LABELS, meta
 from corral.storage.images import Images
-from corral.storage.store import Store
 from corral.storage.workspaces import Workspaces
 
 if TYPE_CHECKING:
@@ -66,7 +64,7 @@ class StorageVerbs:
         self.settings, self.db, self.lanes, self.audit, self.metrics = settings, db, lanes, audit, metrics
         self.gate = gate
         self.scratch = scratch_dir(settings, home)
-        self.store = Store(db.path)
+        self.store = db.storage
         self.images = Images(settings, home, self.scratch, db, self.store, lanes, sender, owner, sandbox, gate.admit)
         hidden = (lambda c: sandbox.hidden_from(c.principal.kind.value, c.principal.unix_user)) \
             if sandbox is not None else (lambda c: [])
@@ -204,15 +202,13 @@ class StorageVerbs:
                             "(workspace: ID, from corral workspace fork DIR)", rule="metadata-budget")
 
     def session_ops(self, principal: str, session: str) -> int:
-        r = self.store.one("SELECT COALESCE(SUM(shared_ops), 0) FROM job_meta WHERE principal=? AND session=?",
-                           (principal, session))
-        return int(r[0]) if r else 0
+        return self.store.session_ops(principal, session)
 
     def job_ops(self, job_id: int) -> dict[str, Any] | None:
-        r = self.store.one("SELECT ops, shared_ops, by_call FROM job_meta WHERE job_id=?", (job_id,))
+        r = self.store.job_ops(job_id)
         if r is None:
             return None
-        return {"calls": r[0], "on_shared_paths": r[1], "by_call": json.loads(r[2]), "shared_paths": self.shared}
+        return {"calls": r[0], "on_shared_paths": r[1], "by_call": r[2], "shared_paths": self.shared}
 
     def ended(self, job_ids: list[int]) -> None:
         """Jobs that ended: those traced have their counts read (off the loop) and kept."""
@@ -221,9 +217,7 @@ class StorageVerbs:
         jobs = [j for j in self.db.get_jobs(job_ids).values()
                 if j.terminal and j.spec.labels.get(META_LABEL) and j.backend_id]
         if jobs:  # each counted once, however often its end is heard
-            marks = ",".join("?" * len(jobs))
-            seen = {r[0] for r in self.store.all(f"SELECT job_id FROM job_meta WHERE job_id IN ({marks})",
-                                                 [j.id for j in jobs])}
+            seen = self.store.counted([j.id for j in jobs])
             jobs = [j for j in jobs if j.id not in seen]
         if not jobs:
             return
@@ -246,11 +240,7 @@ class StorageVerbs:
 
         async def account() -> None:
             rows = await asyncio.to_thread(work)
-            with self.store.tx() as c:
-                c.executemany(
-                    "INSERT OR REPLACE INTO job_meta (job_id, principal, session, ops, shared_ops, by_call, at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [(jid, p, s, t, sh, json.dumps(by), time.time()) for jid, p, s, (t, sh, by) in rows])
+            self.store.add_ops([(jid, p, s, t, sh, by) for jid, p, s, (t, sh, by) in rows])
             if self.metrics is not None:
                 for *_, (t, sh, _by) in rows:
                     self.metrics.meta_ops.labels("shared").inc(sh)
@@ -278,16 +268,12 @@ class StorageVerbs:
         """The dashboard's storage panel: images (everyone's, as they are shared), active
         workspaces and the sessions with the most metadata calls on shared paths, of
         ``names`` (None: everyone)."""
-        where, args = ("", []) if names is None else (f" AND principal IN ({','.join('?' * len(names))})",
-                                                      sorted(names))
-        images = self.store.one("SELECT COUNT(*), COALESCE(SUM(json_extract(record, '$.size')), 0), MAX(last_used) "
-                                "FROM env_images")
-        ws = self.store.one(f"SELECT COUNT(*) FROM workspaces WHERE state='active'{where}", args)
-        sessions = [dict(zip(("principal", "session", "jobs", "shared_ops", "ops"), r)) for r in self.store.all(
-            f"SELECT principal, COALESCE(session, '-'), COUNT(*), SUM(shared_ops), SUM(ops) FROM job_meta "
-            f"WHERE 1{where} GROUP BY principal, session ORDER BY SUM(shared_ops) DESC LIMIT 10", args)]
-        return {"images": images[0] if images else 0, "image_bytes": images[1] if images else 0,
-                "image_last_used": images[2] if images else None, "workspaces": ws[0] if ws else 0,
+        listed = None if names is None else sorted(names)
+        images, image_bytes, last_used = self.store.images_summary()
+        sessions = [dict(zip(("principal", "session", "jobs", "shared_ops", "ops"), r))
+                    for r in self.store.sessions_ops(listed)]
+        return {"images": images, "image_bytes": int(image_bytes), "image_last_used": last_used,
+                "workspaces": self.store.count_workspaces(listed),
                 "budget": self.settings.session_meta_budget or None, "shared_paths": self.shared,
                 "sessions": sessions}
 

@@ -47,7 +47,7 @@ from corral.storage import basefs, basework, mounts, scratch
 if TYPE_CHECKING:
     from corral.core.config import StorageSettings
     from corral.core.identity import Identity
-    from corral.storage.store import Store
+    from corral.core.store.storage import StorageRecords
 
 MIN_FREE_MB = 64
 """A fork needs at least this much free node-local scratch: a trial's first write must not find it full."""
@@ -97,7 +97,7 @@ def _listed(paths: list[str]) -> str:
 
 
 class Workspaces:
-    def __init__(self, settings: "StorageSettings", scratch: Path, store: "Store",
+    def __init__(self, settings: "StorageSettings", scratch: Path, store: "StorageRecords",
                  hidden: "Callable[[Caller], Sequence[Path]]" = lambda c: (),
                  owner: "Callable[[Caller], Identity | None]" = lambda c: None) -> None:
         self.settings, self.store, self.hidden, self.owner = settings, store, hidden, owner
@@ -108,10 +108,10 @@ class Workspaces:
         self.trees = scratch / "trees"
 
     def _row(self, caller: Caller, ws_id: str) -> dict[str, Any]:
-        r = self.store.one(f"SELECT {', '.join(_COLS)} FROM workspaces WHERE id=?", (ws_id,))
-        if r is None or not caller.sees(r[1]) or r[8] != "active":
+        r = self.store.workspace(ws_id)
+        if r is None or not caller.sees(r["principal"]) or r["state"] != "active":
             raise NotFound(f"no active workspace {ws_id!r} visible to you; corral workspace list shows yours")
-        return dict(zip(_COLS, r))
+        return r
 
     def _free_mb(self) -> float:
         scratch.prepare(self.root.parent, [self.root.name, self.trees.name])
@@ -201,10 +201,8 @@ class Workspaces:
             shutil.rmtree(d, ignore_errors=True)
             raise
         now = time.time()
-        with self.store.tx() as c:
-            c.execute(f"INSERT INTO workspaces ({', '.join(_COLS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active')",
-                      (ws_id, caller.principal.name, str(b), rev, str(d), m.how, now,
-                       now + self.settings.workspace_ttl_s))
+        self.store.add_workspace(ws_id, caller.principal.name, str(b), rev, str(d), m.how, now,
+                                 now + self.settings.workspace_ttl_s)
         return self.describe(caller, ws_id) | {"why": m.why}
 
     @staticmethod
@@ -261,8 +259,7 @@ class Workspaces:
 
     def listing(self, caller: Caller) -> list[dict[str, Any]]:
         self.expire()
-        ids = [r[0] for r in self.store.all("SELECT id, principal FROM workspaces WHERE state='active' "
-                                            "ORDER BY created") if caller.sees(r[1])]
+        ids = [i for i, who in self.store.active_workspaces() if caller.sees(who)]
         return [self.describe(caller, i) for i in ids]
 
     def _fork_of(self, d: Path) -> dict[str, Any]:
@@ -285,9 +282,7 @@ class Workspaces:
 
     def _idle(self, ws_id: str, verb: str) -> None:
         """A workspace whose jobs still run is not committed or discarded under them."""
-        busy = [r[0] for r in self.store.all(
-            "SELECT id FROM jobs WHERE state IN ('PENDING', 'RUNNING', 'UNKNOWN') "
-            "AND json_extract(spec, '$.workspace') = ? ORDER BY id", (ws_id,))]
+        busy = self.store.jobs_in_workspace(ws_id)
         if busy:
             raise Conflict(f"job{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy[:10]))} still "
                            f"{'run' if len(busy) > 1 else 'runs'} in workspace {ws_id}; wait for "
@@ -322,11 +317,10 @@ class Workspaces:
     def _drop(self, ws_id: str, d: Path, state: str) -> None:
         mounts.unmount(d / "merged")
         shutil.rmtree(d, ignore_errors=True)
-        with self.store.tx() as c:
-            c.execute("UPDATE workspaces SET state=? WHERE id=?", (state, ws_id))
+        self.store.set_workspace_state(ws_id, state)
 
     def expire(self) -> list[str]:
-        rows = self.store.all("SELECT id, dir FROM workspaces WHERE state='active' AND expires < ?", (time.time(),))
+        rows = self.store.expired_workspaces(time.time())
         gone = []
         for ws_id, d in rows:
             try:

@@ -20,7 +20,7 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from corral.core.errors import NotFound
 from corral.safety import guard
@@ -123,10 +123,7 @@ class JobCounts:
 
     def refresh(self) -> dict[tuple[str, str], int]:
         with self._lock:
-            rows = self.service.db.conn.execute(
-                "SELECT principal, backend, COUNT(*), MAX(id) FROM jobs NOT INDEXED WHERE id > ? "
-                "GROUP BY principal, backend",  # NOT INDEXED: a rowid range, not an index scan in GROUP BY order
-                (self.upto,)).fetchall()
+            rows = self.service.db.read.submitted_since(self.upto)
             for who, lane, n, top in rows:
                 self.counts[(who, lane)] = self.counts.get((who, lane), 0) + n
                 self.upto = max(self.upto, top)
@@ -190,28 +187,11 @@ class Board:
         await asyncio.to_thread(self.tally.refresh)
         await self._verify()
         now = time.time()
-        db = self.service.db
-        where, args = _in("j.principal", names)
-        # "Live or recent" as two index reads (the live jobs' partial index, submit or end
-        # time), never a scan of the history.
-        recent = """SELECT id FROM jobs WHERE state IN ('PENDING', 'RUNNING', 'UNKNOWN')
-                     UNION SELECT id FROM jobs WHERE {col} > ?"""
-        sessions = [dict(zip(("principal", "kind", "sponsor", "session", "active", "jobs", "last"), r)) for r in
-                    db.conn.execute(
-                        f"""SELECT j.principal, p.kind, p.sponsor, COALESCE(j.session, '-'),
-                               SUM(j.state IN ('PENDING', 'RUNNING', 'UNKNOWN')), COUNT(*), MAX(j.submit_time)
-                            FROM jobs j JOIN principals p ON p.name = j.principal
-                            WHERE j.id IN ({recent.format(col="submit_time")}) AND {where} AND j.principal != ?
-                            GROUP BY j.principal, j.session ORDER BY MAX(j.submit_time) DESC LIMIT 200""",
-                        [now - RECENT_S, *args, PILOT_PRINCIPAL])]
-        states = [dict(zip(("state", "lane", "count"), r)) for r in db.conn.execute(
-            f"""SELECT j.state, j.backend, COUNT(*) FROM jobs j
-                WHERE j.id IN ({recent.format(col="end_time")}) AND {where} AND j.principal != ?
-                GROUP BY j.state, j.backend ORDER BY j.state, j.backend""", [now - RECENT_S, *args, PILOT_PRINCIPAL])]
-        rate = {k: round(n / (RATE_WINDOW_S / 60), 2) for k, n in db.conn.execute(
-            f"""SELECT p.kind, COUNT(*) FROM jobs j JOIN principals p ON p.name = j.principal
-                WHERE {where} AND j.principal != ? AND j.submit_time > ? GROUP BY p.kind""",
-            [*args, PILOT_PRINCIPAL, now - RATE_WINDOW_S])}
+        read = self.service.db.read
+        sessions = read.sessions(now - RECENT_S, names, PILOT_PRINCIPAL)
+        states = read.states(now - RECENT_S, names, PILOT_PRINCIPAL)
+        rate = {k: round(n / (RATE_WINDOW_S / 60), 2)
+                for k, n in read.submissions_by_kind(now - RATE_WINDOW_S, names, PILOT_PRINCIPAL).items()}
         saved = self.saved(names)
         self.history.sample(now, saved)
         t0 = time.perf_counter()
@@ -290,7 +270,7 @@ class Board:
         live jobs, submissions a minute), then unlimited tokens that used something.
         Use is charged as ``admit`` charges it: a live job its whole walltime."""
         store = self.service.gate.store
-        sponsors = {n: s for n, s in self.service.db.conn.execute("SELECT name, sponsor FROM principals")}
+        sponsors = self.service.db.read.sponsors()
         out: list[dict[str, Any]] = []
         for path, (who, limits) in list(store.limits_seen.items())[-200:]:
             if names is not None and who not in names:
@@ -302,10 +282,7 @@ class Board:
                         "cpu_limit": _hours(limits.get("budget_cpu_s")), "gpu_limit": _hours(limits.get("budget_gpu_s")),
                         "active_limit": limits.get("max_active_jobs"), "rate_limit": limits.get("submits_per_min")})
         limited = {b["token"] for b in out}
-        where, args = _in("t.principal", names)
-        rows = self.service.db.conn.execute(
-            f"""SELECT t.id, t.principal, p.sponsor, t.note FROM tokens t JOIN principals p ON p.name = t.principal
-                WHERE {where} AND t.revoked IS NULL ORDER BY t.created DESC LIMIT 200""", args).fetchall()
+        rows = self.service.db.read.live_tokens(names)
         for tid, who, sponsor, note in rows:
             if tid in limited:
                 continue
@@ -318,9 +295,7 @@ class Board:
         return out
 
     def tainted(self, names: frozenset[str] | None) -> list[dict[str, Any]]:
-        where, args = _in("principal", names)
-        return [{"key": k, "principal": p, "at": at, "reason": r} for k, p, at, r in self.service.db.conn.execute(
-            f"SELECT key, principal, at, reason FROM taint WHERE {where} ORDER BY at DESC LIMIT 100", args)]
+        return self.service.db.read.tainted(names)
 
     async def _verify(self) -> None:
         last = self.verified["checked"]
@@ -343,13 +318,10 @@ class Board:
             j for j in db.list_jobs([principal], limit=500) if j.session is None]
         if not jobs:
             raise NotFound(f"no session {session!r} of {principal!r} visible to you")
-        ids = [j.id for j in jobs]
-        marks = ",".join("?" * len(ids))
-        episodes = {r[0]: {"signature": r[1], "detail": r[2]} for r in db.conn.execute(
-            f"SELECT job_id, signature, detail FROM episodes WHERE job_id IN ({marks})", ids)}
-        notes = [{"id": r[0], "text": r[1], "scope": r[2], "created": r[3]} for r in db.conn.execute(
-            "SELECT id, text, scope, created FROM notes WHERE author = ? AND session IS ? ORDER BY id DESC LIMIT 50",
-            (principal, sess))]
+        episodes = {jid: {"signature": sig, "detail": detail}
+                    for jid, (sig, detail) in db.memory.episodes_of([j.id for j in jobs]).items()}
+        notes = [{"id": r[0], "text": r[1], "scope": r[2], "created": r[3]}
+                 for r in db.memory.session_notes(principal, sess)]
         with self.tally._lock:
             denied = list(self.tally.denied.get((principal, session), ()))
         return {"principal": principal, "session": session, "jobs": [_job_row(j, episodes.get(j.id)) for j in jobs],
@@ -392,8 +364,3 @@ def pool_name(pool: dict[str, Any]) -> str:
             + (f": up to {size} an allocation" if size else ""))
 
 
-def _in(column: str, names: Iterable[str] | None) -> tuple[str, list[Any]]:
-    if names is None:
-        return "1=1", []
-    listed = sorted(names)
-    return f"{column} IN ({','.join('?' * len(listed))})", listed

@@ -62,19 +62,7 @@ class History:
         and the scheduler calls saved."""
         times = [now - WINDOW_S + BUCKET_S * k for k in range(1, WINDOW_S // BUCKET_S + 1)]
         start = times[0] - BUCKET_S
-        db = self.service.db
-        where, args = "1=1", []
-        if names is not None:
-            listed = sorted(names)
-            where, args = f"j.principal IN ({','.join('?' * len(listed))})", listed
-        rows = db.conn.execute(
-            f"""SELECT j.principal, p.kind, j.backend, j.state, j.submit_time, j.start_time, j.end_time,
-                       json_extract(j.spec, '$.cpus')
-                FROM jobs j JOIN principals p ON p.name = j.principal
-                WHERE j.id IN (SELECT id FROM jobs WHERE state IN ('PENDING', 'RUNNING', 'UNKNOWN')
-                               UNION SELECT id FROM jobs WHERE submit_time > ?
-                               UNION SELECT id FROM jobs WHERE end_time > ?) AND {where}
-                LIMIT 100000""", [start, start, *args]).fetchall()
+        rows = self.service.db.read.spans(start, names)
         n = len(times)
         t0 = times[0]
         # Spans are added as differences (+v where a span begins, -v after it ends) and

@@ -23,14 +23,12 @@ class BoardCollector(Collector):
         self.board = board
 
     def collect(self) -> Iterator[Any]:
-        db = self.board.service.db
+        read = self.board.service.db.read
         live = GaugeMetricFamily("corral_jobs", "Jobs not yet ended, by state and lane.", labels=["state", "lane"])
-        for state, lane, n in db.conn.execute(
-                "SELECT state, backend, COUNT(*) FROM jobs WHERE state IN ('PENDING', 'RUNNING', 'UNKNOWN') "
-                "AND principal != ? GROUP BY state, backend", (PILOT_PRINCIPAL,)):
+        for state, lane, n in read.live(PILOT_PRINCIPAL):
             live.add_metric([state, lane], n)
         yield live
-        kinds = dict(db.conn.execute("SELECT name, kind FROM principals").fetchall())
+        kinds = read.kinds()
         counts = self.board.counts.refresh()
         by_kind: dict[str, int] = {}
         for (who, _), n in counts.items():
@@ -42,11 +40,7 @@ class BoardCollector(Collector):
             submitted.add_metric([kind], n)
         yield submitted
         sessions = GaugeMetricFamily("corral_sessions_active", "Sessions with live jobs, by kind.", labels=["kind"])
-        for kind, active in db.conn.execute(
-                """SELECT p.kind, COUNT(DISTINCT j.principal || '/' || COALESCE(j.session, ''))
-                   FROM jobs j JOIN principals p ON p.name = j.principal
-                   WHERE j.state IN ('PENDING', 'RUNNING', 'UNKNOWN') AND j.principal != ? GROUP BY p.kind""",
-                (PILOT_PRINCIPAL,)):
+        for kind, active in read.live_sessions_by_kind(PILOT_PRINCIPAL):
             sessions.add_metric([kind], active)
         yield sessions
         yield CounterMetricFamily("corral_fastlane_tasks", "Tasks run in the fast lane.",
@@ -60,7 +54,7 @@ class BoardCollector(Collector):
             decisions.add_metric([action, decision, rule], n)
         yield decisions
         yield GaugeMetricFamily("corral_tainted_credentials", "Token blocks tainted by content flagged as injection.",
-                                value=db.conn.execute("SELECT COUNT(*) FROM taint").fetchone()[0])
+                                value=read.taint_count())
         audit = self.board.verified
         if audit["records"] is not None:
             yield GaugeMetricFamily("corral_audit_chain_ok", "1 when the audit chain verified intact at its last check.",

@@ -1,0 +1,88 @@
+"""The safety layer's records in the store: capability-token blocks seen and revoked,
+tainted sessions, and the usage that budgets and concurrency caps are checked against
+(corral/safety/store.py keeps the rest in memory)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from corral.core.store.conn import Conn
+from corral.core.store.jobs import ACTIVE
+
+
+class SafetyRecords:
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+
+    # -- tokens ---------------------------------------------------------------------------
+
+    def revoked(self) -> set[str]:
+        ids = {r[0] for r in self.conn.execute("SELECT id FROM revoked")}
+        return ids | {r[0] for r in self.conn.execute("SELECT id FROM tokens WHERE revoked IS NOT NULL")}
+
+    def revoke(self, block_id: str, by: str) -> None:
+        with self.conn.transaction():
+            self.conn.execute(self.conn.insert_ignore("revoked", "id, at, by", 3), (block_id, time.time(), by))
+            self.conn.execute("UPDATE tokens SET revoked=? WHERE id=? AND revoked IS NULL", (time.time(), block_id))
+
+    def seen_blocks(self, root: str, principal: str, block_ids: tuple[str, ...]) -> None:
+        self.conn.executemany(self.conn.insert_ignore("token_blocks", "id, root, principal, first_seen", 4),
+                              [(b, root, principal, time.time()) for b in block_ids])
+
+    def block_owner(self, block_id: str) -> str | None:
+        row = self.conn.one("SELECT principal FROM token_blocks WHERE id=?", (block_id,))
+        return row[0] if row else None
+
+    def block_root(self, block_id: str) -> str | None:
+        row = self.conn.one("SELECT root FROM token_blocks WHERE id=?", (block_id,))
+        return row[0] if row else None
+
+    def blocks_of(self, root: str) -> list[str]:
+        return [r[0] for r in self.conn.execute("SELECT id FROM token_blocks WHERE root=?", (root,))]
+
+    def blocks(self, principals: list[str] | None) -> list[dict[str, Any]]:
+        sql = "SELECT b.id, b.root, b.principal, b.first_seen, r.at FROM token_blocks b LEFT JOIN revoked r ON r.id=b.id"
+        args: list[Any] = []
+        if principals is not None:
+            sql += f" WHERE b.principal IN ({self.conn.marks(len(principals))})"
+            args = principals
+        keys = ("id", "root", "principal", "first_seen", "revoked")
+        return [dict(zip(keys, r)) for r in self.conn.execute(sql, args)]
+
+    # -- taint ----------------------------------------------------------------------------
+
+    def taints(self) -> dict[str, str]:
+        return dict(self.conn.all("SELECT key, reason FROM taint"))
+
+    def clear_taint(self, key: str) -> None:
+        self.conn.execute("DELETE FROM taint WHERE key=?", (key,))
+
+    def taint(self, key: str, principal: str, reason: str) -> None:
+        self.conn.execute(self.conn.insert_ignore("taint", "key, principal, at, reason", 4),
+                          (key, principal, time.time(), reason))
+
+    # -- usage ----------------------------------------------------------------------------
+
+    def used(self, block_path: str) -> tuple[float, float, int]:
+        """CPU-seconds and GPU-seconds charged to a token subtree, and its active jobs.
+        A finished job is charged what it ran; a live one what it may still run (its walltime)."""
+        c = self.conn
+        # '0' follows '/': the subtree as an index range in SQLite's byte order; PostgreSQL's
+        # order follows its collation, so there it is a prefix test.
+        subtree = ("starts_with(token_path, CAST(? AS TEXT) || '/')" if c.pg else
+                   "(token_path > CAST(? AS TEXT) || '/' AND token_path < CAST(? AS TEXT) || '0')")
+        ran = c.greatest("0", "COALESCE(end_time, start_time, 0) - COALESCE(start_time, end_time, 0)")
+        row = c.one(
+            f"""SELECT
+                  SUM({c.json('spec', 'cpus', num=True)} * CASE WHEN {ACTIVE} THEN {c.json('spec', 'walltime', num=True)}
+                      ELSE {ran} END),
+                  SUM({c.json('spec', 'gpus', num=True)} * CASE WHEN {ACTIVE} THEN {c.json('spec', 'walltime', num=True)}
+                      ELSE {ran} END),
+                  SUM(CASE WHEN {ACTIVE} THEN 1 ELSE 0 END)
+                FROM jobs WHERE token_path = ? OR {subtree}""",
+            (block_path, block_path) if c.pg else (block_path, block_path, block_path))
+        return float(row[0] or 0), float(row[1] or 0), int(row[2] or 0)
+
+    def active(self, principal: str) -> int:
+        return int(self.conn.one(f"SELECT COUNT(*) FROM jobs WHERE principal=? AND {ACTIVE}", (principal,))[0])
