@@ -2,7 +2,7 @@
 
 An agent with twenty jobs waits once (``wait``), not twenty times. The changes are rows
 of ``job_events``, written by triggers in the same transaction as the change itself
-(corral/core/db.py, migration 7), so a cursor (the last event id seen) resumes exactly after
+(corral/core/store/migrations.py, migration 7), so a cursor (the last event id seen) resumes exactly after
 a reconnect or a gateway restart: nothing is missed, nothing repeated. Events are kept
 ``KEEP_S``; a cursor older than that is refused with where to resume, never silently
 skipped.

@@ -3,8 +3,8 @@
 Each migration is written once, in SQLite's SQL; ``pg_statements`` renders it for
 PostgreSQL (its types, and the few objects that differ: full-text search, the event
 stream's triggers). A store records the last migration it ran (SQLite's
-``user_version``; PostgreSQL's table ``corral_schema``) and runs the newer ones, each in
-one transaction.
+``user_version``; PostgreSQL's table ``corral_schema``) and runs the newer ones, all in
+one transaction: a store is at one version or the next, never between.
 """
 
 from __future__ import annotations
