@@ -271,3 +271,12 @@ def test_the_read_model(db: Database) -> None:
     assert r.live_tokens(["bot"]) == [("t1", "bot", "alice", "n")] and r.live_tokens(["alice"]) == []
     db.safety.taint("k", "bot", "why")
     assert [t["key"] for t in r.tainted(None)] == ["k"] and r.tainted(["alice"]) == [] and r.taint_count() == 1
+
+
+def test_a_full_postgresql_disk_is_a_507_naming_the_server() -> None:
+    import psycopg.errors
+
+    from corral.core.errors import storage_full
+
+    full = storage_full(psycopg.errors.DiskFull("could not extend file"), "/home")
+    assert full is not None and full.status == 507 and "PostgreSQL" in str(full)

@@ -157,7 +157,7 @@ class StorageFull(CorralError):
 
 def storage_full(exc: BaseException, home: Any) -> StorageFull | None:
     """``exc`` as a StorageFull if it is a full disk or quota (an OSError, or SQLite's
-    'database or disk is full'), else None. ``home``: the gateway's state directory."""
+    'database or disk is full', or PostgreSQL's disk_full), else None. ``home``: the gateway's state directory."""
     import errno
     import os
     import sqlite3
@@ -166,6 +166,8 @@ def storage_full(exc: BaseException, home: Any) -> StorageFull | None:
         path = str(exc.filename or home)
     elif isinstance(exc, sqlite3.OperationalError) and "full" in str(exc):
         path = f"{home}/corral.db"
+    elif getattr(exc, "sqlstate", None) == "53100":  # PostgreSQL's disk_full: its disk, not ours
+        return StorageFull("the PostgreSQL server's data directory ([store] url)", None)
     else:
         return None
     try:
