@@ -280,3 +280,32 @@ def test_a_full_postgresql_disk_is_a_507_naming_the_server() -> None:
 
     full = storage_full(psycopg.errors.DiskFull("could not extend file"), "/home")
     assert full is not None and full.status == 507 and "PostgreSQL" in str(full)
+
+
+def test_a_postgresql_store_connects_again_after_the_server_dropped_it() -> None:
+    """Outside a transaction a dropped connection is made again (a server restart);
+    inside one the transaction fails whole; an unreachable server is named, password hidden."""
+    import psycopg
+
+    from corral.core.store.conn import Conn
+
+    with fresh_database() as url:
+        db = open_store(url)
+        db.add_principal(Principal("alice", Kind.HUMAN))
+
+        def drop() -> None:
+            with psycopg.connect(url, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+        drop()
+        assert db.get_principal("alice") is not None  # connected again, asked again
+        with pytest.raises(psycopg.OperationalError):
+            with db.transaction():
+                db.add_principal(Principal("bob", Kind.HUMAN))
+                drop()
+                db.add_principal(Principal("carol", Kind.HUMAN))
+        assert [p.name for p in db.list_principals()] == ["alice"]  # nothing of it kept
+        db.close()
+    with pytest.raises(RuntimeError, match=r"cannot reach the PostgreSQL store postgresql://u:\*\*\*@127.0.0.1:1/x"):
+        Conn("postgresql://u:secret@127.0.0.1:1/x")

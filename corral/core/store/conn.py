@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import sqlite3
 import threading
 from pathlib import Path
@@ -93,10 +94,18 @@ class Conn:
             self.raw.execute("PRAGMA foreign_keys=ON")
             self.raw.execute("PRAGMA busy_timeout=10000")
         else:
-            if psycopg is None:
-                raise RuntimeError("a postgresql:// store needs psycopg; reinstall corral (make venv)")
             self.path = None
-            self.raw = psycopg.connect(url, autocommit=True, cursor_factory=psycopg.ClientCursor)
+            self.raw = self._connect()
+
+    def _connect(self) -> Any:
+        if psycopg is None:
+            raise RuntimeError("a postgresql:// store needs psycopg; reinstall corral (make venv)")
+        try:
+            return psycopg.connect(self.url, autocommit=True, cursor_factory=psycopg.ClientCursor, connect_timeout=10)
+        except psycopg.OperationalError as e:
+            shown = re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", self.url)
+            raise RuntimeError(f"cannot reach the PostgreSQL store {shown}: {str(e).strip().splitlines()[0]}; "
+                               "check [store] url and that the server is up") from None
 
     @property
     def pg(self) -> bool:
@@ -113,9 +122,17 @@ class Conn:
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Cursor:
         with self.lock:
-            if self.pg:
+            if not self.pg:
+                return self.raw.execute(sql, args)
+            try:
                 return self.raw.execute(_pg(sql), args)
-            return self.raw.execute(sql, args)
+            except psycopg.OperationalError:
+                # The server restarted or dropped us: outside a transaction, connect again and
+                # say it once more; inside one, its earlier statements are gone, so it fails.
+                if self._depth or not self.raw.closed:
+                    raise
+                self.raw = self._connect()
+                return self.raw.execute(_pg(sql), args)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         rows = list(rows)
