@@ -3,9 +3,11 @@ through HTTP) calls these methods; each runs authenticate -> decide (the gate) -
 record (the audit) -> act (a lane), and answers status and listings from the
 gateway's own state, never a scheduler.
 
-The service is assembled from parts that are built and tested alone: the lanes
-(``lanes.Lanes``), the Sender that hands recorded jobs to them, the Progress where
-their news lands, the reconciler, the gate, the audit, and the verbs of accounts
+The service holds parts that are built and tested alone, assembled by the runtime
+(corral/core/runtime.py, which also runs the background loops): the lanes
+(``lanes.Lanes``), the Intake where every job is recorded, the Sender that hands
+recorded jobs to them, the Progress where their news lands (the one writer of a job's
+state), the reconciler, the gate, the audit, and the verbs of accounts
 (``service.accounts``) and memory (``service.memory``).
 """
 
@@ -19,37 +21,37 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from corral.core.accounts import Accounts
-from corral.core.clock import Clock
-from corral.lanes.backend import Backend
 from corral.core.config import Settings
 from corral.control.dependencies import judge
 from corral.control.events import Events
+from corral.control.intake import Intake, audited
 from corral.control.metrics import Metrics
 from corral.control.progress import Progress
 from corral.control.reconciler import Reconciler
 from corral.control.watchers import Watchers
 from corral.control.sender import Sender, context
 from corral.core.db import Database
+from corral.core.facility import facility_card
 from corral.core.faults import fault
 from corral.core.errors import BackendError, Conflict, CorralError, InvalidRequest, NotFound, Restarting
 from corral.core.job_control import JobControl
 from corral.core.jobs import MAX_INT, TERMINAL_STATES, Job, JobSpec, JobState, no_job
 from corral.lanes.registry import Lane, Lanes
-from corral.memory.facts import Facts
 from corral.memory.verbs import MemoryVerbs
 from corral.lanes.placement import Placement, Placer
 from corral.core.principals import Caller, Kind, Principal
 from corral.safety import guard
 from corral.safety.output_guard import OutputGuard
-from corral.safety.audit import Audit, AuditLog
+from corral.safety.audit import Audit
 from corral.safety.credentials import Credentials
 from corral.safety.gate import Gate, budgets, job_resource, job_text
 from corral.sandbox.bwrap import Sandbox
 from corral.core import workdirs
 from corral.core.identity import Identities, Identity
-from corral.storage.verbs import SCRATCH_DIRS, StorageVerbs, scratch_dir
+from corral.storage.verbs import StorageVerbs
 
 if TYPE_CHECKING:
+    from corral.core.runtime import Runtime
     from corral.sandbox.egress import Egress
 
 log = logging.getLogger(__name__)
@@ -57,71 +59,40 @@ MAX_BATCH = 1000
 
 
 class Service:
-    def __init__(self, settings: Settings, db: Database, backend: Backend, metrics: Metrics | None = None,
-                 clock: Clock | None = None, sandbox: Sandbox | None = None, egress: "Egress | None" = None,
-                 identities: Identities | None = None) -> None:
-        self.settings = settings
-        self._backend = backend
+    """The verbs. Built by the runtime (corral/core/runtime.py) from parts that are each
+    built and tested alone; it starts nothing and owns no loop."""
+
+    def __init__(self, settings: Settings, db: Database, *, metrics: Metrics, watchers: Watchers, lanes: Lanes,
+                 audit: Audit, gate: Gate, credentials: Credentials, outputs: OutputGuard, accounts: Accounts,
+                 memory: MemoryVerbs, placer: Placer, progress: Progress, stream: Events, sender: Sender,
+                 intake: Intake, storage: StorageVerbs, reconciler: Reconciler, jobctl: JobControl,
+                 sandbox: Sandbox | None = None, egress: "Egress | None" = None,
+                 identities: Identities | None = None, private_state: Iterable[Path] = ()) -> None:
+        self.settings, self.db, self.metrics, self.watchers, self.lanes = settings, db, metrics, watchers, lanes
+        self.audit, self.gate, self.credentials, self.accounts = audit, gate, credentials, accounts
+        self.outputs = outputs
+        """Job output as agents read it: guarded whole, paged from the guarded copy."""
+        self.memory, self.progress, self.sender, self.reconciler = memory, progress, sender, reconciler
+        self.placer = placer
+        """Agents' batch jobs: their tier (opportunistic, preemptible) and walltime (corral/lanes/placement.py)."""
+        self.stream = stream
+        """The event stream of jobs' state changes (control/events.py)."""
+        self.intake = intake
+        """Where every job is recorded with its allow record (control/intake.py)."""
+        self.storage = storage
+        """Environment images, workspaces, metadata accounting (corral/storage/)."""
+        self.jobctl = jobctl
+        """job_control and job_usage (job_control.py)."""
         self.sandbox = sandbox
-        self.identities = identities
-        """Who each principal's jobs run as (corral/core/identity.py), where the gateway assigns it."""
-        self.private_state: list[Path] = []
-        """corral's directories beside its home (the scheduler's job directories, scratch): no job works there."""
         """What contains jobs (the backends and the fast lane apply it); None: nothing is contained."""
         self.egress = egress
         """The sandbox's egress proxy, when the facility allows some hosts; closed with the gateway."""
-        self.db = db
-        self.metrics = metrics or Metrics()
-        self.watchers = Watchers(self.metrics)
-        self.lanes = Lanes.over(backend, meter=self.metrics.count_backend_call)
-        self.audit = Audit(AuditLog(settings.home / "audit.jsonl", settings.home / "audit.key", db.audit_head(),
-                                    segment_bytes=int(settings.audit_segment_mb * 1024 * 1024)), db)
-        self.audit.repair()  # a torn final record (a crash, a full disk) cut off, and the cut recorded
-        self.gate = Gate(settings.safety, settings.home, db, clock)
-        self.credentials = Credentials(db, self.gate)
-        self.outputs = OutputGuard(settings.home / "guarded")
-        """Job output as agents read it: guarded whole, paged from the guarded copy."""
-        self.accounts = Accounts(settings, db, self.credentials, self.gate, self.audit)
-        store = None
-        if settings.memory.enabled:
-            from corral.memory.store import Memory
-
-            store = Memory(db, settings.memory.share_account, self.gate.clock)
-        semantic = None
-        if store is not None and settings.memory.semantic:
-            from corral.memory.embed import Embedder
-            from corral.memory.semantic import SemanticRecall
-
-            m = settings.memory
-            semantic = SemanticRecall(db, Embedder(m.embed_model, m.model_cache, m.embed_threads))
-        self.memory = MemoryVerbs(settings.memory, db, self.gate, self.audit, self.lanes, Facts(db), store, semantic)
-        self.placer = Placer(settings.slurm, db, self.memory.runtimes)
-        """Agents' batch jobs: their tier (opportunistic, preemptible) and walltime (corral/lanes/placement.py)."""
-        self.progress = Progress(db, self.watchers, self.memory)
-        self.stream = Events(db, self.watchers, settings.wait_max_s)
-        """The event stream of jobs' state changes (control/events.py)."""
-        self.sender = Sender(db, self.lanes, self.progress)
-        scratch = scratch_dir(settings.storage, settings.home)
-        self.sender.needed_dirs = [scratch / sub for sub in SCRATCH_DIRS]
-        if hasattr(backend, "scratch"):  # a requeued Slurm job runs again without a send: its script makes them
-            backend.scratch = list(self.sender.needed_dirs)
-        self.storage = StorageVerbs(settings.storage, settings.home, db, self.lanes, self.sender, self.audit, self.gate,
-                                    sandbox, self.metrics, owner=self.identity_of)
-        """Environment images, workspaces, metadata accounting (corral/storage/)."""
-        self.progress.ends.append(self.storage)
-        if settings.fastlane.enabled:
-            from corral.lanes.fast.lane import FastLane
-            from corral.lanes.fast.pilots import Pilots
-
-            pilots = Pilots(settings.fastlane, db, self.lanes.batch, self.sender)
-            self.lanes.add(FastLane(settings.fastlane, settings.home / "fastlane", settings.default_lane,
-                                    settings.tick_s, db, self.lanes.batch, pilots, self.progress, sandbox, identities))
-        self.reconciler = Reconciler(db, self.lanes, self.sender, self.progress, self.metrics, settings.tick_s,
-                                     settings.max_backoff_s)
-        self.jobctl = JobControl(db, self.lanes, self.gate, self.audit, self.reconciler)
-        self.loops: dict[str, asyncio.Task[Any]] = {}
-        """The gateway's background loops by name (set by the HTTP edge's lifespan), for /healthz."""
-        """job_control and job_usage (job_control.py)."""
+        self.identities = identities
+        """Who each principal's jobs run as (corral/core/identity.py), where the gateway assigns it."""
+        self.private_state = list(private_state)
+        """corral's directories beside its home (the scheduler's job directories, scratch): no job works there."""
+        self.runtime: "Runtime | None" = None
+        """What runs the loops around these verbs (set by the runtime that assembled them)."""
 
     def authenticate(self, token: str | None, session: str | None = None) -> Caller:
         """Token -> caller, on every request of every edge; rate-limits API calls."""
@@ -152,7 +123,7 @@ class Service:
             jobs = [j.sent_as(taken[j.id]) if j.id in taken else current.get(j.id, j) for j in jobs]
             fault("after_send")
         else:  # a replay or cache hits: the decision to answer with what exists (new jobs were recorded at insert)
-            self.audit.record(caller, "submit", "allow", rule, [_audited(j) for j in jobs])
+            self.audit.record(caller, "submit", "allow", rule, [audited(j) for j in jobs])
         return [j.with_advice(a) if a else j for j, a in zip(jobs, advice, strict=True)], created
 
     async def _record(self, caller: Caller, specs: list[JobSpec], key: str | None, hold: bool = False,
@@ -217,13 +188,8 @@ class Service:
         # A crash before the commit leaves an allow record of a job that never existed (its
         # id and submit time name it), never a job without its decision.
         fault("before_insert")
-        with self.db.transaction():
-            inserted = self.db.insert_jobs(caller.name, caller.session, [(lane.name, spec) for spec, lane in new],
-                                           caller.cap.path if caller.cap else None, key, digest, hold) if new else []
-            fault("after_insert")
-            if inserted:
-                self.audit.record(caller, "submit", "allow", rule, [_audited(j) for j in inserted])
-                fault("after_audit")
+        inserted = self.intake.record(caller, [(lane.name, spec) for spec, lane in new], rule, key=key,
+                                      digest=digest, hold=hold)
         made = iter(inserted)
         jobs, advice = [], []
         for t in texts:
@@ -237,7 +203,7 @@ class Service:
                 advice.append(said[t])
         hits = [r for r in ready.values() if isinstance(r, Job)]
         if new and hits:  # beside new jobs: the answer's reused results, decided too
-            self.audit.record(caller, "submit", "allow", "cache-hit", [_audited(j) for j in hits])
+            self.audit.record(caller, "submit", "allow", "cache-hit", [audited(j) for j in hits])
         # Only cache hits: nothing new was made, and the answer says so.
         return jobs, bool(new), advice, rule if new else "cache-hit"
 
@@ -254,11 +220,7 @@ class Service:
 
     def identity_of(self, caller: Caller) -> Identity | None:
         """The identity ``caller``'s jobs run as (corral/core/identity.py); None: the gateway's."""
-        p = caller.principal
-        kind = p.kind.value
-        contained = self.sandbox is not None and self.sandbox.applies(kind)
-        return self.identities.of(p.name, p.unix_user, p.is_admin, contained, kind == "service") \
-            if self.identities else None
+        return identity_of(caller, self.sandbox, self.identities)
 
     def _hidden(self, caller: Caller) -> list[str]:
         """What ``caller``'s contained jobs see empty (nothing for one not contained)."""
@@ -621,92 +583,15 @@ class Service:
     # -- facility ---------------------------------------------------------------------------
 
     async def facility(self, caller: Caller | None) -> dict[str, Any]:
-        """Partitions, limits and queue pressure; with a caller, also who it is and its usage."""
-        parts = await asyncio.to_thread(self.lanes.batch.partitions)  # may ask the scheduler once
-        counts = self.db.count_jobs()
-        info: dict[str, Any] = {
-            "backend": self.lanes.batch.name,
-            "partitions": [
-                {"name": p.name, "default": p.default, "max_cpus": p.max_cpus, "max_memory_mb": p.max_memory_mb,
-                 "max_gpus": p.max_gpus, "max_walltime_s": p.max_walltime_s,
-                 **({"nodes": p.extra["nodes"]} if p.extra.get("nodes") else {}),
-                 **({"state": p.extra["state"]} if p.extra.get("state") else {}),
-                 **({"min_job_age_s": p.extra["min_job_age_s"]} if p.extra.get("min_job_age_s") else {})}
-                for p in parts
-            ],
-            "queue": {"pending": counts.get("PENDING", 0), "running": counts.get("RUNNING", 0)},
-            "degraded": self.reconciler.degraded,
-            "sandbox": ({"kinds": sorted(self.sandbox.kinds), "network": self.sandbox.network,
-                         "available": self.sandbox.why_not is None, "why_not": self.sandbox.why_not,
-                         "pids_max": self.sandbox.pids_max, "contains": [lane.name for lane in self.lanes],
-                         "allow_hosts": self.egress.allow if self.egress else []}
-                        if self.sandbox is not None else {"kinds": [], "contains": []}),
-        }
-        if caller is not None and self.sandbox is not None and self.sandbox.applies(caller.principal.kind.value):
-            info["sandbox"]["you"] = (f"your jobs and tasks run contained: the host read-only, writable only the "
-                                      "job's working and output directories and a private /tmp, credentials hidden, "
-                                      f"at most {self.sandbox.pids_max} processes, never as root"
-                                      + ("" if self.sandbox.network else
-                                         f", no network but {', '.join(self.egress.allow)} through the proxy at "
-                                         "$https_proxy" if self.egress else ", no network"))
-        for lane in self.lanes:
-            if lane is not self.lanes.batch:
-                info[f"{lane.name}_lane"] = lane.describe()
-        if self.memory.store is not None:
-            info["memory"] = {"recall": self.memory.semantic.status() if self.memory.semantic is not None
-                              else {"semantic": False, "why": "[memory] semantic = false"}}
-        facts = self.memory.facts.current()
-        info["facts"] = {"version": facts["version"], "updated": facts["updated"], "changes": facts["changes"],
-                         "modules": (facts["facts"].get("modules") or [])[:200],
-                         "filesystems": facts["facts"].get("filesystems", {})}
-        if caller is not None:
-            mine = self.db.list_jobs(caller.visible, [JobState.PENDING, JobState.RUNNING], limit=1000)
-            info["you"] = {"principal": caller.name, "kind": caller.principal.kind.value,
-                           "sponsor": caller.principal.sponsor, "session": caller.session, "active_jobs": len(mine),
-                           "usage": self.db.usage([caller.name]),
-                           "budgets": (found := budgets(self.gate.store, caller.cap)),
-                           "budgets_note": None if found else "this token carries no budgets or caps"}
-            info["storage"] = self.storage.facility(caller)
-            taint = self.gate.taint_of(caller)
-            info["you"]["tainted"] = taint[1] if taint else None
-            if taint:
-                info["you"]["tainted_note"] = ("this token read content flagged as prompt injection; whatever session "
-                                               "it sends, the facility policy narrows what it may do (by default: no "
-                                               "GPUs, at most 4 CPUs and 1 h per job, no shared notes) until its "
-                                               f"sponsor runs 'corral token clear-taint {taint[0] or caller.token_id}'")
-        return info
-
-    async def housekeeping_loop(self, interval_s: float = 600.0) -> None:
-        """Retention that must not wait for a caller: state-change events older than a
-        week are forgotten (at most once an hour; before, only a call to /v1/events did),
-        and the local backend's job directories past ``local_keep_days``."""
-        while True:
-            try:
-                pruned = self.stream.prune()
-                if pruned:
-                    log.info("forgot %d job events older than a week", pruned)
-                collect = getattr(self._backend, "collect", None)
-                if collect is not None:  # the local backend's ended jobs' directories, past their retention
-                    cutoff = time.time() - self.settings.local_keep_days * 86400
-                    removed = await asyncio.to_thread(collect, cutoff)
-                    if removed:
-                        log.info("removed the directories of %d jobs ended over %g days ago", removed,
-                                 self.settings.local_keep_days)
-            except Exception:  # a full disk or a locked database: next time
-                log.exception("housekeeping failed")
-            await asyncio.sleep(interval_s)
+        """Partitions, limits and queue pressure; with a caller, also who it is and its usage
+        (corral/core/facility.py)."""
+        return await facility_card(self, caller)
 
     def health(self) -> dict[str, Any]:
-        """The gateway's signs of life: ``stalled`` names a loop that died or (the
-        reconciler) stopped going round; /healthz then answers 503."""
-        r = self.reconciler
-        loops = {name: _loop_state(t) for name, t in self.loops.items()}
-        stalled = [name for name, state in loops.items() if state not in ("running", "done")]
-        if self.loops and (r.last_beat is None or time.time() - r.last_beat > r.stall_after_s()):
-            stalled.append("reconciler")
-        return {"ok": r.degraded is None and not stalled, "backend": self.lanes.batch.name,
-                "degraded": r.degraded, "last_tick": r.last_tick, "last_beat": r.last_beat,
-                "loops": loops, "stalled": sorted(set(stalled))}
+        """The gateway's signs of life (corral/core/runtime.py): its loops and the reconciler's beat."""
+        from corral.core.runtime import health
+
+        return health(self, self.runtime)
 
 
 class _prefixed:
@@ -724,18 +609,9 @@ class _prefixed:
             exc.args = (exc.message,)
 
 
-def _audited(job: Job) -> dict[str, Any]:
-    """A submitted job as its allow record names it: its id and submit time together say
-    which job (an id is taken again after a rolled-back insert)."""
-    return {"job_id": job.id, "submitted": job.submit_time, "backend": job.backend, "backend_id": job.backend_id,
-            "partition": job.spec.partition, "cpus": job.spec.cpus, "gpus": job.spec.gpus}
-
-
-def _loop_state(task: "asyncio.Task[Any]") -> str:
-    """running; done (it returned: nothing for it to do here, e.g. a feature off); or how it died."""
-    if not task.done():
-        return "running"
-    if task.cancelled():
-        return "cancelled"
-    exc = task.exception()
-    return "done" if exc is None else f"died: {exc!r}"[:200]
+def identity_of(caller: Caller, sandbox: Sandbox | None, identities: Identities | None) -> Identity | None:
+    """The identity ``caller``'s jobs run as (corral/core/identity.py); None: the gateway's."""
+    p = caller.principal
+    kind = p.kind.value
+    contained = sandbox is not None and sandbox.applies(kind)
+    return identities.of(p.name, p.unix_user, p.is_admin, contained, kind == "service") if identities else None
