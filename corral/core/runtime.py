@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Coroutine, Literal
 
 from corral.core.accounts import Accounts
+from corral.core.admission import Admission
 from corral.core.clock import Clock
 from corral.core.config import Settings
 from corral.core.db import Database
@@ -149,14 +150,18 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
         lanes.add(FastLane(settings.fastlane, settings.home / "fastlane", settings.default_lane, settings.tick_s, db,
                            lanes.batch, pilots, progress, sandbox, identities))
     reconciler = Reconciler(db, lanes, sender, progress, metrics, settings.tick_s, settings.max_backoff_s)
+    placer = Placer(settings.slurm, db, memory.runtimes)
+    admission = Admission(settings, db, lanes, gate, audit, memory, storage, placer, intake, sandbox,
+                          lambda caller: identity_of(caller, sandbox, identities), private_state or [])
     service = Service(
         settings, db, metrics=metrics, watchers=watchers, lanes=lanes, audit=audit, gate=gate,
         credentials=credentials, outputs=OutputGuard(settings.home / "guarded"),
         accounts=Accounts(settings, db, credentials, gate, audit), memory=memory,
-        placer=Placer(settings.slurm, db, memory.runtimes), progress=progress,
-        stream=Events(db, watchers, settings.wait_max_s), sender=sender, intake=intake, storage=storage,
+        placer=placer, progress=progress,
+        stream=Events(db, watchers, settings.wait_max_s), sender=sender, intake=intake, admission=admission,
+        storage=storage,
         reconciler=reconciler, jobctl=JobControl(db, lanes, gate, audit, reconciler), sandbox=sandbox,
-        egress=egress, identities=identities, private_state=private_state or [])
+        egress=egress, identities=identities)
     service.runtime = Runtime(service, backend)
     return service
 
