@@ -14,6 +14,7 @@ from corral.core.db import Database
 from corral.core.errors import BackendError
 from corral.core.jobs import JobSpec, JobState
 from corral.core.service import Service
+from corral.core.runtime import assemble
 
 
 class ScriptedBackend:
@@ -66,7 +67,7 @@ class ScriptedBackend:
 def make(tmp_path, tick: float = 0.05) -> tuple[Service, ScriptedBackend]:
     backend = ScriptedBackend()
     settings = Settings(home=tmp_path, tick_s=tick, max_backoff_s=0.4)
-    svc = Service(settings, Database(tmp_path / "db"), backend)
+    svc = assemble(settings, Database(tmp_path / "db"), backend)
     svc.accounts.bootstrap_admin()
     return svc, backend
 

@@ -1,4 +1,6 @@
-"""Assembles one gateway from settings: logging, database, backend, service, app."""
+"""Runs one gateway process: logging, the state directory's lock, the port, the CLI's
+pointer and uvicorn around the HTTP app. What the gateway is made of, its loops and
+their shutdown order are the runtime's (corral/core/runtime.py)."""
 
 from __future__ import annotations
 
@@ -19,27 +21,16 @@ import logging.handlers
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from corral.edges.http.app import STOP_DEADLINE_S, create_app
-from corral.lanes.backend import Backend
-from corral.lanes.local import LocalBackend
-from corral.core.clock import Clock
+from corral.edges.http.app import create_app
 from corral.core.config import Settings
-from corral.core.db import Database
-from corral.core.errors import CorralError, InvalidRequest
-from corral.sandbox.egress import Egress
+from corral.core.errors import InvalidRequest
 from corral.edges.http.bounds import bounded_protocol
-from corral.core.identity import Identities
 from corral.core.paths import drop_pointer, write_pointer
-from corral.sandbox.bwrap import Sandbox, build
-from corral.core.service import Service
-from corral.storage.scratch import prepare as prepare_scratch
-from corral.storage.verbs import SCRATCH_DIRS, scratch_dir
+from corral.core.runtime import STOP_DEADLINE_S, build_service
 
-
-if TYPE_CHECKING:
-    from corral.lanes.slurm.submitter import Submitter
+__all__ = ["build_service", "lock_home", "port_taken", "raise_file_limit", "serve", "setup_logging"]
 
 log = logging.getLogger("corral")
 
@@ -85,93 +76,6 @@ def raise_file_limit(wanted: int) -> int:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
             soft = target
     return soft
-
-
-def _sandbox(settings: Settings, state: list[Path]) -> tuple[Sandbox, Egress | None]:
-    sb = settings.sandbox
-    # Workspaces and the trees they fork are each trial's own: hidden, the job's own bound back.
-    scratch = scratch_dir(settings.storage, settings.home)
-    # Made, or checked as ours and written by no one else: refused at start otherwise (storage/scratch.py).
-    prepare_scratch(scratch, SCRATCH_DIRS, {"uv-cache": 0o755})
-    state = [*state, *(scratch / sub for sub in SCRATCH_DIRS)]
-    egress = Egress(settings.home / "egress", sb.allow_hosts) if sb.allow_hosts and sb.kinds and not sb.network \
-        else None
-    sandbox = build(sb.kinds, sb.hide, sb.network, sb.run_as, [settings.home, settings.db_path.parent, *state],
-                    sb.pids_max, egress.socket if egress else None, seccomp=sb.seccomp, unix_sockets=sb.unix_sockets,
-                    file_max=sb.file_max, tmp_max=sb.tmp_max)
-    if sandbox.why_not:
-        log.error("sandbox: %s; jobs of %s will be refused until it is fixed or [sandbox] kinds is changed",
-                  sandbox.why_not, ", ".join(sorted(sandbox.kinds)))
-    return sandbox, egress
-
-
-def _submitter(path: str | None) -> "Submitter | None":
-    """The privileged submitter of a service-account gateway, checked once at start: what
-    it enforces is logged, or why it cannot serve (jobs of principals with a Unix user
-    are then refused with the same reason)."""
-    from corral.lanes.slurm.submitter import Submitter
-
-    if not path or os.geteuid() == 0:
-        return None
-    sub = Submitter(path)
-    try:
-        log.info("slurm: jobs of principals with a Unix user are submitted as that user through %s (%s)",
-                 path, sub.check())
-    except CorralError as e:
-        log.error("slurm: the privileged submitter %s cannot serve: %s", path, e)
-    return sub
-
-
-def build_service(settings: Settings, clock: Clock | None = None) -> Service:
-    settings.home.mkdir(parents=True, exist_ok=True)
-    db = Database(settings.store_url)
-    backend: Backend
-    if settings.backend == "slurm":
-        from corral.lanes.slurm.backend import SlurmBackend
-
-        s = settings.slurm
-        jobs = s.jobs_dir or settings.home / "slurm" / "jobs"
-        sandbox, egress = _sandbox(settings, [Path(jobs)])
-        identities = Identities(settings.home / "identities.json", *settings.sandbox.dynamic_uids,
-                                registry=settings.sandbox.uid_registry)
-        backend = SlurmBackend(jobs, s.conf, s.agent_nice, s.agent_qos, s.timeout_s, s.poll_s, sandbox=sandbox,
-                               opportunistic_qos=s.opportunistic_qos,
-                               submitter=_submitter(s.submitter))
-        backend.identities = identities
-        service = Service(settings, db, backend, clock=clock, sandbox=sandbox, egress=egress, identities=identities)
-        service.private_state = [Path(jobs), scratch_dir(settings.storage, settings.home)]
-        make_private(settings.home)
-        return service
-    sandbox, egress = _sandbox(settings, [])
-    identities = Identities(settings.home / "identities.json", *settings.sandbox.dynamic_uids,
-                            registry=settings.sandbox.uid_registry)
-    backend = LocalBackend(settings.home / "local", settings.local_cpus, settings.local_memory_mb,
-                           settings.local_max_walltime_s, sandbox, identities=identities,
-                           output_max=settings.sandbox.output_max)
-    service = Service(settings, db, backend, clock=clock, sandbox=sandbox, egress=egress, identities=identities)
-    service.private_state = [scratch_dir(settings.storage, settings.home)]
-    make_private(settings.home)
-    return service
-
-
-SHARED = ("slurm", "fastlane", "images", "envbuild", "egress")
-"""Directories of the home that jobs' own users reach by name (a Slurm job's script, a
-fast-lane worker's pool, an image, the egress socket): each keeps the modes its owner set."""
-
-
-def make_private(home: Path) -> None:
-    """corral's state is its own: the home 0711 (nothing in it can be listed; the
-    directories of ``SHARED`` are reached by name), every other directory in it 0700 and
-    every file 0600. Its database, keys, tokens, audit and guarded copies are read by no
-    one else, whoever runs the gateway."""
-    os.chmod(home, 0o711)
-    for p in home.iterdir():
-        if p.is_symlink() or p.name in SHARED:
-            continue
-        if p.is_file():
-            os.chmod(p, 0o600)
-        elif p.is_dir():
-            os.chmod(p, 0o700)
 
 
 def port_taken(host: str, port: int) -> str | None:

@@ -3,125 +3,93 @@ through HTTP) calls these methods; each runs authenticate -> decide (the gate) -
 record (the audit) -> act (a lane), and answers status and listings from the
 gateway's own state, never a scheduler.
 
-The service is assembled from parts that are built and tested alone: the lanes
-(``lanes.Lanes``), the Sender that hands recorded jobs to them, the Progress where
-their news lands, the reconciler, the gate, the audit, and the verbs of accounts
+The service holds parts that are built and tested alone, assembled by the runtime
+(corral/core/runtime.py, which also runs the background loops): the lanes
+(``lanes.Lanes``), the Intake where every job is recorded, the Sender that hands
+recorded jobs to them, the Progress where their news lands (the one writer of a job's
+state), the reconciler, the gate, the audit, and the verbs of accounts
 (``service.accounts``) and memory (``service.memory``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from corral.core.accounts import Accounts
-from corral.core.clock import Clock
-from corral.lanes.backend import Backend
+from corral.core.admission import Admission
 from corral.core.config import Settings
-from corral.control.dependencies import judge
 from corral.control.events import Events
+from corral.control.intake import Intake, audited
 from corral.control.metrics import Metrics
 from corral.control.progress import Progress
 from corral.control.reconciler import Reconciler
 from corral.control.watchers import Watchers
 from corral.control.sender import Sender, context
 from corral.core.db import Database
+from corral.core.facility import facility_card
 from corral.core.faults import fault
-from corral.core.errors import BackendError, Conflict, CorralError, InvalidRequest, NotFound, Restarting
+from corral.core.errors import CorralError, InvalidRequest, NotFound, Restarting
 from corral.core.job_control import JobControl
 from corral.core.jobs import MAX_INT, TERMINAL_STATES, Job, JobSpec, JobState, no_job
 from corral.lanes.registry import Lane, Lanes
-from corral.memory.facts import Facts
 from corral.memory.verbs import MemoryVerbs
-from corral.lanes.placement import Placement, Placer
-from corral.core.principals import Caller, Kind, Principal
+from corral.lanes.placement import Placer
+from corral.core.principals import Caller
 from corral.safety import guard
 from corral.safety.output_guard import OutputGuard
-from corral.safety.audit import Audit, AuditLog
+from corral.safety.audit import Audit
 from corral.safety.credentials import Credentials
 from corral.safety.gate import Gate, budgets, job_resource, job_text
 from corral.sandbox.bwrap import Sandbox
-from corral.core import workdirs
 from corral.core.identity import Identities, Identity
-from corral.storage.verbs import SCRATCH_DIRS, StorageVerbs, scratch_dir
+from corral.storage.verbs import StorageVerbs
 
 if TYPE_CHECKING:
+    from corral.core.runtime import Runtime
     from corral.sandbox.egress import Egress
 
 log = logging.getLogger(__name__)
-MAX_BATCH = 1000
 
 
 class Service:
-    def __init__(self, settings: Settings, db: Database, backend: Backend, metrics: Metrics | None = None,
-                 clock: Clock | None = None, sandbox: Sandbox | None = None, egress: "Egress | None" = None,
+    """The verbs. Built by the runtime (corral/core/runtime.py) from parts that are each
+    built and tested alone; it starts nothing and owns no loop."""
+
+    def __init__(self, settings: Settings, db: Database, *, metrics: Metrics, watchers: Watchers, lanes: Lanes,
+                 audit: Audit, gate: Gate, credentials: Credentials, outputs: OutputGuard, accounts: Accounts,
+                 memory: MemoryVerbs, placer: Placer, progress: Progress, stream: Events, sender: Sender,
+                 intake: Intake, admission: Admission, storage: StorageVerbs, reconciler: Reconciler,
+                 jobctl: JobControl,
+                 sandbox: Sandbox | None = None, egress: "Egress | None" = None,
                  identities: Identities | None = None) -> None:
-        self.settings = settings
-        self._backend = backend
+        self.settings, self.db, self.metrics, self.watchers, self.lanes = settings, db, metrics, watchers, lanes
+        self.audit, self.gate, self.credentials, self.accounts = audit, gate, credentials, accounts
+        self.outputs = outputs
+        """Job output as agents read it: guarded whole, paged from the guarded copy."""
+        self.memory, self.progress, self.sender, self.reconciler = memory, progress, sender, reconciler
+        self.placer = placer
+        """Agents' batch jobs: their tier (opportunistic, preemptible) and walltime (corral/lanes/placement.py)."""
+        self.stream = stream
+        """The event stream of jobs' state changes (control/events.py)."""
+        self.intake = intake
+        """Where every job is recorded with its allow record (control/intake.py)."""
+        self.admission = admission
+        """What a submission passes before it is recorded (core/admission.py); plan and advice run it too."""
+        self.storage = storage
+        """Environment images, workspaces, metadata accounting (corral/storage/)."""
+        self.jobctl = jobctl
+        """job_control and job_usage (job_control.py)."""
         self.sandbox = sandbox
-        self.identities = identities
-        """Who each principal's jobs run as (corral/core/identity.py), where the gateway assigns it."""
-        self.private_state: list[Path] = []
-        """corral's directories beside its home (the scheduler's job directories, scratch): no job works there."""
         """What contains jobs (the backends and the fast lane apply it); None: nothing is contained."""
         self.egress = egress
         """The sandbox's egress proxy, when the facility allows some hosts; closed with the gateway."""
-        self.db = db
-        self.metrics = metrics or Metrics()
-        self.watchers = Watchers(self.metrics)
-        self.lanes = Lanes.over(backend, meter=self.metrics.count_backend_call)
-        self.audit = Audit(AuditLog(settings.home / "audit.jsonl", settings.home / "audit.key", db.audit_head(),
-                                    segment_bytes=int(settings.audit_segment_mb * 1024 * 1024)), db)
-        self.audit.repair()  # a torn final record (a crash, a full disk) cut off, and the cut recorded
-        self.gate = Gate(settings.safety, settings.home, db, clock)
-        self.credentials = Credentials(db, self.gate)
-        self.outputs = OutputGuard(settings.home / "guarded")
-        """Job output as agents read it: guarded whole, paged from the guarded copy."""
-        self.accounts = Accounts(settings, db, self.credentials, self.gate, self.audit)
-        store = None
-        if settings.memory.enabled:
-            from corral.memory.store import Memory
-
-            store = Memory(db, settings.memory.share_account, self.gate.clock)
-        semantic = None
-        if store is not None and settings.memory.semantic:
-            from corral.memory.embed import Embedder
-            from corral.memory.semantic import SemanticRecall
-
-            m = settings.memory
-            semantic = SemanticRecall(db, Embedder(m.embed_model, m.model_cache, m.embed_threads))
-        self.memory = MemoryVerbs(settings.memory, db, self.gate, self.audit, self.lanes, Facts(db), store, semantic)
-        self.placer = Placer(settings.slurm, db, self.memory.runtimes)
-        """Agents' batch jobs: their tier (opportunistic, preemptible) and walltime (corral/lanes/placement.py)."""
-        self.progress = Progress(db, self.watchers, self.memory)
-        self.stream = Events(db, self.watchers, settings.wait_max_s)
-        """The event stream of jobs' state changes (control/events.py)."""
-        self.sender = Sender(db, self.lanes, self.progress)
-        scratch = scratch_dir(settings.storage, settings.home)
-        self.sender.needed_dirs = [scratch / sub for sub in SCRATCH_DIRS]
-        if hasattr(backend, "scratch"):  # a requeued Slurm job runs again without a send: its script makes them
-            backend.scratch = list(self.sender.needed_dirs)
-        self.storage = StorageVerbs(settings.storage, settings.home, db, self.lanes, self.sender, self.audit, self.gate,
-                                    sandbox, self.metrics, owner=self.identity_of)
-        """Environment images, workspaces, metadata accounting (corral/storage/)."""
-        self.progress.ends.append(self.storage)
-        if settings.fastlane.enabled:
-            from corral.lanes.fast.lane import FastLane
-            from corral.lanes.fast.pilots import Pilots
-
-            pilots = Pilots(settings.fastlane, db, self.lanes.batch, self.sender)
-            self.lanes.add(FastLane(settings.fastlane, settings.home / "fastlane", settings.default_lane,
-                                    settings.tick_s, db, self.lanes.batch, pilots, self.progress, sandbox, identities))
-        self.reconciler = Reconciler(db, self.lanes, self.sender, self.progress, self.metrics, settings.tick_s,
-                                     settings.max_backoff_s)
-        self.jobctl = JobControl(db, self.lanes, self.gate, self.audit, self.reconciler)
-        self.loops: dict[str, asyncio.Task[Any]] = {}
-        """The gateway's background loops by name (set by the HTTP edge's lifespan), for /healthz."""
-        """job_control and job_usage (job_control.py)."""
+        self.identities = identities
+        """Who each principal's jobs run as (corral/core/identity.py), where the gateway assigns it."""
+        self.runtime: "Runtime | None" = None
+        """What runs the loops around these verbs (set by the runtime that assembled them)."""
 
     def authenticate(self, token: str | None, session: str | None = None) -> Caller:
         """Token -> caller, on every request of every edge; rate-limits API calls."""
@@ -138,7 +106,7 @@ class Service:
         until released (sbatch -H: no moment at which the job could start first)."""
         what = {"jobs": len(specs), "command": (specs[0].command or "script")[:200] if specs else ""}
         with self.audit.refusals(caller, "submit", what):
-            jobs, created, advice, rule = await self._record(caller, specs, idempotency_key, hold)
+            jobs, created, advice, rule = await self.admission.record(caller, specs, idempotency_key, hold)
         if created:
             p = caller.principal
             fault("after_commit")
@@ -152,232 +120,17 @@ class Service:
             jobs = [j.sent_as(taken[j.id]) if j.id in taken else current.get(j.id, j) for j in jobs]
             fault("after_send")
         else:  # a replay or cache hits: the decision to answer with what exists (new jobs were recorded at insert)
-            self.audit.record(caller, "submit", "allow", rule, [_audited(j) for j in jobs])
+            self.audit.record(caller, "submit", "allow", rule, [audited(j) for j in jobs])
         return [j.with_advice(a) if a else j for j, a in zip(jobs, advice, strict=True)], created
-
-    async def _record(self, caller: Caller, specs: list[JobSpec], key: str | None, hold: bool = False,
-                      ) -> tuple[list[Job], bool, list[list[str]], str]:
-        """Everything before a job is sent: -> (jobs, created, advice per job, the rule that allowed)."""
-        n = len(specs)
-        if not 1 <= n <= MAX_BATCH:
-            raise InvalidRequest(f"a submission holds 1 to {MAX_BATCH} jobs; split it into several requests")
-        where = (lambda i: f"job {i}: ") if n > 1 else (lambda i: "")
-        texts = [s.model_dump_json() for s in specs]
-        digest = None
-        if key is not None:
-            if not 1 <= len(key) <= 200:
-                raise InvalidRequest("the idempotency key must be 1 to 200 characters")
-            digest = hashlib.blake2b("\n".join(texts).encode(), digest_size=16).hexdigest()
-            replay = self._replay(caller, key, n, digest)
-            if replay is not None:
-                return replay, False, [[] for _ in replay], "idempotent-replay"
-        # A sweep repeats one spec: each distinct one is checked, decided, routed and advised once.
-        first: dict[str, int] = {}
-        for i, t in enumerate(texts):
-            first.setdefault(t, i)
-        distinct = {t: specs[i] for t, i in first.items()}
-        if any(self.storage.applies(s) for s in distinct.values()):  # its image and workspace found
-            distinct = await asyncio.to_thread(self._resolve, caller, distinct, first, where)
-        checked = {first[t]: s for t, s in distinct.items()}
-        default = await asyncio.to_thread(self._preflight, checked, where, caller)
-        # From here on each spec names the directory that was checked, not a link to it
-        # that its owner may point elsewhere before the job starts (H4 F8).
-        distinct = {t: checked[first[t]] for t in distinct}
-        rule = "default"
-        for t, s in distinct.items():
-            with _prefixed(where(first[t])):
-                rule = await self._decide(caller, s, default)
-                self._check_parents(caller, s)
-        p = caller.principal
-        if self.sandbox is not None:
-            self.sandbox.require(p.kind.value)
-        ready: dict[str, tuple[JobSpec, Lane] | Job] = {}
-        for t, s in distinct.items():
-            with _prefixed(where(first[t])):
-                routed_one = await self._cached_or_routed(caller, s)
-                # Where an agent's batch job runs (its tier, its walltime): labels on its spec.
-                ready[t] = routed_one if isinstance(routed_one, Job) else (
-                    (await self._placed(p, *routed_one))[0], routed_one[1])
-        allowed = [r[0] for r in ready.values() if not isinstance(r, Job)]  # each distinct spec once
-        if self.storage.needs(allowed):  # decided: their images and workspaces mounted before they are recorded
-            await asyncio.to_thread(self.storage.prepare, caller, allowed)
-        routed = [ready[t] for t in texts]
-        new = [r for r in routed if not isinstance(r, Job)]
-        self.gate.admit(caller, [spec for spec, _ in new])  # nothing awaited from here to the insert
-        said: dict[str, list[str]] = {}
-        for t, r in ready.items():
-            if not isinstance(r, Job):
-                said[t] = self.memory.advise(p, r[0], first[t] if n > 1 else None)
-        if key is not None:  # again, now that nothing awaits before the insert: a concurrent retry won
-            replay = self._replay(caller, key, n, digest)
-            if replay is not None:
-                return replay, False, [[] for _ in replay], "idempotent-replay"
-        # The decision is recorded before the act: the jobs' rows and their allow records
-        # commit together (the audit head is in the same transaction), before any is sent.
-        # A crash before the commit leaves an allow record of a job that never existed (its
-        # id and submit time name it), never a job without its decision.
-        fault("before_insert")
-        with self.db.transaction():
-            inserted = self.db.insert_jobs(caller.name, caller.session, [(lane.name, spec) for spec, lane in new],
-                                           caller.cap.path if caller.cap else None, key, digest, hold) if new else []
-            fault("after_insert")
-            if inserted:
-                self.audit.record(caller, "submit", "allow", rule, [_audited(j) for j in inserted])
-                fault("after_audit")
-        made = iter(inserted)
-        jobs, advice = [], []
-        for t in texts:
-            r = ready[t]
-            if isinstance(r, Job):  # a cache hit: the earlier job's result stands
-                jobs.append(r)
-                advice.append([f"result reused from job {r.id}: same script, inputs, environment and resources "
-                               "(cache hit)"])
-            else:
-                jobs.append(next(made))
-                advice.append(said[t])
-        hits = [r for r in ready.values() if isinstance(r, Job)]
-        if new and hits:  # beside new jobs: the answer's reused results, decided too
-            self.audit.record(caller, "submit", "allow", "cache-hit", [_audited(j) for j in hits])
-        # Only cache hits: nothing new was made, and the answer says so.
-        return jobs, bool(new), advice, rule if new else "cache-hit"
-
-    def _replay(self, caller: Caller, key: str, n: int, digest: str | None) -> list[Job] | None:
-        """The jobs an earlier request with this key made, or None; a different request is a 409."""
-        found = self.db.find_idempotent(caller.name, key, n)
-        if found is None:
-            return None
-        earlier, earlier_digest = found
-        if earlier_digest is not None and earlier_digest != digest:
-            raise Conflict(f"idempotency key {key!r} was used for a different request (job {earlier[0].id}); "
-                           "a retry must send the same body", hint="use a new key for a new request")
-        return earlier
 
     def identity_of(self, caller: Caller) -> Identity | None:
         """The identity ``caller``'s jobs run as (corral/core/identity.py); None: the gateway's."""
-        p = caller.principal
-        kind = p.kind.value
-        contained = self.sandbox is not None and self.sandbox.applies(kind)
-        return self.identities.of(p.name, p.unix_user, p.is_admin, contained, kind == "service") \
-            if self.identities else None
-
-    def _hidden(self, caller: Caller) -> list[str]:
-        """What ``caller``'s contained jobs see empty (nothing for one not contained)."""
-        kind = caller.principal.kind.value
-        if self.sandbox is None or not self.sandbox.applies(kind):
-            return []
-        return [str(p) for p in self.sandbox.hidden_from(kind, caller.principal.unix_user)]
-
-    def _check_workdir(self, caller: Caller, workdir: str, only_writable: bool = False) -> str:
-        p = caller.principal
-        kind = p.kind.value
-        contained = self.sandbox is not None and self.sandbox.applies(kind)
-        ident = self.identity_of(caller)
-        hidden = self.sandbox.hidden_from(kind, p.unix_user) if contained and self.sandbox is not None else []
-        if only_writable:
-            workdirs.check_writable(workdir, ident)
-            return workdir
-        state = [self.settings.home, self.settings.db_path.parent, *self.private_state]
-        return workdirs.check(workdir, ident, state, hidden)
-
-    def _default_partition(self) -> str:
-        try:
-            parts = self.lanes.batch.partitions()
-        except BackendError:  # the scheduler is away: judged without one
-            return ""
-        return next((p.name for p in parts if p.default), parts[0].name if parts else "")
-
-    def _resolve(self, caller: Caller, distinct: dict[str, JobSpec], first: dict[str, int], where: Any,
-                 ) -> dict[str, JobSpec]:
-        out = {}
-        for t, s in distinct.items():
-            with _prefixed(where(first[t])):
-                out[t] = self.storage.resolve(caller, s)
-        return out
-
-    def _preflight(self, specs: dict[int, JobSpec], where: Any, caller: Caller | None = None) -> str:
-        """In a thread: workdirs are looked at on disk (and checked as the job's identity
-        would use them: corral/core/workdirs.py), and the first preflight reads the
-        cluster's limits (a slow controller must not stall every other request).
-        -> the default partition (one thread hop for both: a single submission is hot).
-        A spec whose working directory was checked is replaced in ``specs`` by one that
-        names the resolved directory: the lanes bind that, never the link it was named by."""
-        if caller is not None:
-            self.identity_of(caller)  # a principal no job may run as (root) is refused here, not in a lane
-        for i, spec in specs.items():
-            with _prefixed(where(i)):
-                if spec.workdir is not None:
-                    wd = Path(spec.workdir)
-                    if not wd.is_absolute():
-                        raise InvalidRequest(f"workdir {spec.workdir!r} must be an absolute path")
-                    if not wd.is_dir():
-                        raise InvalidRequest(f"workdir {spec.workdir!r} does not exist; create it or pick another")
-                    if caller is not None and not spec.workspace:  # a workspace's view is corral's own making
-                        real = self._check_workdir(caller, spec.workdir)
-                        if real != spec.workdir:
-                            specs[i] = spec.model_copy(update={"workdir": real})
-                try:
-                    self.lanes.batch.preflight(spec)
-                except BackendError as e:
-                    # Limits unknown while the scheduler is away: record the job, the scheduler judges it later.
-                    log.warning("preflight skipped, the scheduler's limits are unavailable: %s", e)
-        return self._default_partition()
-
-    async def _decide(self, caller: Caller, spec: JobSpec, default: str) -> str:
-        """The token and the policy on one spec, as it would run (``default``: the default
-        partition); -> the rule that allows, or raises the refusal. Records nothing."""
-        kind = caller.principal.kind.value
-        contained = self.sandbox is not None and self.sandbox.applies(kind) and self.sandbox.why_not is None
-        resource = job_resource(spec, caller.name, contained)
-        if not resource["partition"]:  # decided as where it will run: the default partition
-            resource["partition"] = default
-        text = job_text(spec)
-        await self.gate.prepare(text)
-        await self.memory.prepare(spec)
-        return self.gate.check(caller, "submit", "Job", resource, text=text)
-
-    def _check_parents(self, caller: Caller, spec: JobSpec) -> None:
-        """The jobs a spec waits for exist, are the caller's to see, and can still satisfy
-        it (judged as the Sender judges them: control/dependencies.py)."""
-        if not spec.parents:
-            return
-        found = self.db.parents(spec.parents)
-        for field, ids in (("after_ok", spec.after_ok or ()), ("after_any", spec.after_any or ())):
-            for pid in ids:
-                if pid not in found or not caller.sees(found[pid].principal):
-                    raise InvalidRequest(f"{field} names job {pid}, which is not visible to you",
-                                         hint="list your jobs to find the right id")
-        never = judge(spec, found, "", native=False).never
-        if never:
-            raise InvalidRequest(f"{never}: this job could never start",
-                                 hint="use after_any to run it after those jobs whatever their end")
-
-    async def _cached_or_routed(self, caller: Caller, spec: JobSpec) -> tuple[JobSpec, Lane] | Job:
-        """The earlier job with this exact result (``cache``), else the spec routed to its lane.
-        A job that waits for others is never answered from the cache: its inputs are theirs."""
-        if spec.cache and not spec.parents and self.memory.store is not None:
-            from corral.memory.store import CACHE_LABEL, cache_key
-
-            # Hashes the inputs as the job's identity would read them: off the event loop.
-            key = await asyncio.to_thread(lambda: cache_key(spec, self.identity_of(caller), self._hidden(caller)))
-            earlier = self.memory.store.cached(caller.principal, key)
-            job = self.db.get_job(earlier) if earlier is not None else None
-            if job is not None:
-                return job
-            spec = spec.model_copy(update={"labels": {**spec.labels, CACHE_LABEL: key}})
-        return self.lanes.route(caller.principal, spec)
-
-    async def _placed(self, p: Principal, spec: JobSpec, lane: Lane) -> tuple[JobSpec, Placement | None]:
-        """The placement of a routed spec (corral/lanes/placement.py): an agent's batch job on a
-        tiered backend (Slurm) gets its tier and, from memory, its walltime; every other
-        spec loses such labels."""
-        batch = self.lanes.batch if lane is self.lanes.batch and self.lanes.batch.tiered else None
-        qos = await asyncio.to_thread(batch.opportunistic) if batch is not None and p.kind is Kind.AGENT else None
-        return self.placer.place(p, spec, batch, qos)
+        return identity_of(caller, self.sandbox, self.identities)
 
     async def advice(self, caller: Caller, spec: JobSpec) -> dict[str, Any]:
         """What corral would say of this submission, without submitting it."""
         with self.audit.refusals(caller, "advice", {"command": (spec.command or "script")[:200]}):
-            await asyncio.to_thread(self._preflight, {0: spec}, lambda i: "")
+            await asyncio.to_thread(self.admission.preflight, {0: spec}, lambda i: "")
             await self.gate.prepare(job_text(spec))
             await self.memory.prepare(spec)
             rule = self.gate.check(caller, "advice", "Job", job_resource(spec, caller.name), text=job_text(spec))
@@ -398,18 +151,18 @@ class Service:
         with self.audit.refusals(caller, "plan", {"command": (spec.command or "script")[:200]}):
             self._may_read(caller)
         try:
-            default = await asyncio.to_thread(self._preflight, {0: spec}, lambda i: "")
-            out["rule"] = await self._decide(caller, spec, default)
+            default = await asyncio.to_thread(self.admission.preflight, {0: spec}, lambda i: "")
+            out["rule"] = await self.admission.decide(caller, spec, default)
             if self.sandbox is not None:
                 self.sandbox.require(p.kind.value)
-            routed = await self._cached_or_routed(caller, spec)
+            routed = await self.admission.cached_or_routed(caller, spec)
             if isinstance(routed, Job):
                 out["cache"] = {"hit": True, "job_id": routed.id, "state": routed.state.value}
             else:
                 spec, lane = routed
                 out["cache"] = {"hit": False, "asked": bool(spec.cache)}
                 self.gate.admit(caller, [spec], take=False)
-                spec, placed = await self._placed(p, spec, lane)
+                spec, placed = await self.admission.placed(p, spec, lane)
                 if placed is not None:
                     out["placement"] = placed.public()
         except CorralError as e:
@@ -621,121 +374,20 @@ class Service:
     # -- facility ---------------------------------------------------------------------------
 
     async def facility(self, caller: Caller | None) -> dict[str, Any]:
-        """Partitions, limits and queue pressure; with a caller, also who it is and its usage."""
-        parts = await asyncio.to_thread(self.lanes.batch.partitions)  # may ask the scheduler once
-        counts = self.db.count_jobs()
-        info: dict[str, Any] = {
-            "backend": self.lanes.batch.name,
-            "partitions": [
-                {"name": p.name, "default": p.default, "max_cpus": p.max_cpus, "max_memory_mb": p.max_memory_mb,
-                 "max_gpus": p.max_gpus, "max_walltime_s": p.max_walltime_s,
-                 **({"nodes": p.extra["nodes"]} if p.extra.get("nodes") else {}),
-                 **({"state": p.extra["state"]} if p.extra.get("state") else {}),
-                 **({"min_job_age_s": p.extra["min_job_age_s"]} if p.extra.get("min_job_age_s") else {})}
-                for p in parts
-            ],
-            "queue": {"pending": counts.get("PENDING", 0), "running": counts.get("RUNNING", 0)},
-            "degraded": self.reconciler.degraded,
-            "sandbox": ({"kinds": sorted(self.sandbox.kinds), "network": self.sandbox.network,
-                         "available": self.sandbox.why_not is None, "why_not": self.sandbox.why_not,
-                         "pids_max": self.sandbox.pids_max, "contains": [lane.name for lane in self.lanes],
-                         "allow_hosts": self.egress.allow if self.egress else []}
-                        if self.sandbox is not None else {"kinds": [], "contains": []}),
-        }
-        if caller is not None and self.sandbox is not None and self.sandbox.applies(caller.principal.kind.value):
-            info["sandbox"]["you"] = (f"your jobs and tasks run contained: the host read-only, writable only the "
-                                      "job's working and output directories and a private /tmp, credentials hidden, "
-                                      f"at most {self.sandbox.pids_max} processes, never as root"
-                                      + ("" if self.sandbox.network else
-                                         f", no network but {', '.join(self.egress.allow)} through the proxy at "
-                                         "$https_proxy" if self.egress else ", no network"))
-        for lane in self.lanes:
-            if lane is not self.lanes.batch:
-                info[f"{lane.name}_lane"] = lane.describe()
-        if self.memory.store is not None:
-            info["memory"] = {"recall": self.memory.semantic.status() if self.memory.semantic is not None
-                              else {"semantic": False, "why": "[memory] semantic = false"}}
-        facts = self.memory.facts.current()
-        info["facts"] = {"version": facts["version"], "updated": facts["updated"], "changes": facts["changes"],
-                         "modules": (facts["facts"].get("modules") or [])[:200],
-                         "filesystems": facts["facts"].get("filesystems", {})}
-        if caller is not None:
-            mine = self.db.list_jobs(caller.visible, [JobState.PENDING, JobState.RUNNING], limit=1000)
-            info["you"] = {"principal": caller.name, "kind": caller.principal.kind.value,
-                           "sponsor": caller.principal.sponsor, "session": caller.session, "active_jobs": len(mine),
-                           "usage": self.db.usage([caller.name]),
-                           "budgets": (found := budgets(self.gate.store, caller.cap)),
-                           "budgets_note": None if found else "this token carries no budgets or caps"}
-            info["storage"] = self.storage.facility(caller)
-            taint = self.gate.taint_of(caller)
-            info["you"]["tainted"] = taint[1] if taint else None
-            if taint:
-                info["you"]["tainted_note"] = ("this token read content flagged as prompt injection; whatever session "
-                                               "it sends, the facility policy narrows what it may do (by default: no "
-                                               "GPUs, at most 4 CPUs and 1 h per job, no shared notes) until its "
-                                               f"sponsor runs 'corral token clear-taint {taint[0] or caller.token_id}'")
-        return info
-
-    async def housekeeping_loop(self, interval_s: float = 600.0) -> None:
-        """Retention that must not wait for a caller: state-change events older than a
-        week are forgotten (at most once an hour; before, only a call to /v1/events did),
-        and the local backend's job directories past ``local_keep_days``."""
-        while True:
-            try:
-                pruned = self.stream.prune()
-                if pruned:
-                    log.info("forgot %d job events older than a week", pruned)
-                collect = getattr(self._backend, "collect", None)
-                if collect is not None:  # the local backend's ended jobs' directories, past their retention
-                    cutoff = time.time() - self.settings.local_keep_days * 86400
-                    removed = await asyncio.to_thread(collect, cutoff)
-                    if removed:
-                        log.info("removed the directories of %d jobs ended over %g days ago", removed,
-                                 self.settings.local_keep_days)
-            except Exception:  # a full disk or a locked database: next time
-                log.exception("housekeeping failed")
-            await asyncio.sleep(interval_s)
+        """Partitions, limits and queue pressure; with a caller, also who it is and its usage
+        (corral/core/facility.py)."""
+        return await facility_card(self, caller)
 
     def health(self) -> dict[str, Any]:
-        """The gateway's signs of life: ``stalled`` names a loop that died or (the
-        reconciler) stopped going round; /healthz then answers 503."""
-        r = self.reconciler
-        loops = {name: _loop_state(t) for name, t in self.loops.items()}
-        stalled = [name for name, state in loops.items() if state not in ("running", "done")]
-        if self.loops and (r.last_beat is None or time.time() - r.last_beat > r.stall_after_s()):
-            stalled.append("reconciler")
-        return {"ok": r.degraded is None and not stalled, "backend": self.lanes.batch.name,
-                "degraded": r.degraded, "last_tick": r.last_tick, "last_beat": r.last_beat,
-                "loops": loops, "stalled": sorted(set(stalled))}
+        """The gateway's signs of life (corral/core/runtime.py): its loops and the reconciler's beat."""
+        from corral.core.runtime import health
+
+        return health(self, self.runtime)
 
 
-class _prefixed:
-    """Errors raised inside name the job of a batch they are about ("job 3: ...")."""
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        if self.prefix and isinstance(exc, CorralError) and not exc.message.startswith(self.prefix):
-            exc.message = self.prefix + exc.message
-            exc.args = (exc.message,)
-
-
-def _audited(job: Job) -> dict[str, Any]:
-    """A submitted job as its allow record names it: its id and submit time together say
-    which job (an id is taken again after a rolled-back insert)."""
-    return {"job_id": job.id, "submitted": job.submit_time, "backend": job.backend, "backend_id": job.backend_id,
-            "partition": job.spec.partition, "cpus": job.spec.cpus, "gpus": job.spec.gpus}
-
-
-def _loop_state(task: "asyncio.Task[Any]") -> str:
-    """running; done (it returned: nothing for it to do here, e.g. a feature off); or how it died."""
-    if not task.done():
-        return "running"
-    if task.cancelled():
-        return "cancelled"
-    exc = task.exception()
-    return "done" if exc is None else f"died: {exc!r}"[:200]
+def identity_of(caller: Caller, sandbox: Sandbox | None, identities: Identities | None) -> Identity | None:
+    """The identity ``caller``'s jobs run as (corral/core/identity.py); None: the gateway's."""
+    p = caller.principal
+    kind = p.kind.value
+    contained = sandbox is not None and sandbox.applies(kind)
+    return identities.of(p.name, p.unix_user, p.is_admin, contained, kind == "service") if identities else None

@@ -4,7 +4,8 @@ A request (a requirements.txt, a pyproject.toml, or a uv.lock with its pyproject
 names packages of the facility's index only (requirements.py), and is known by its
 *digest*: the files, the target Python, the index and the *scope* (the identity that
 installs it: staging.py). A request seen before in that scope whose image exists is
-answered at once; else a build is recorded as two jobs and sent through the batch lane
+answered at once; else a build is recorded as two jobs (each with its allow record, by the
+pipeline: control/intake.py) and sent through the batch lane
 like any job (queued, bounded by ``[storage] build_*``, polled, audited by the verb that
 asked): the requester's own job, which resolves and installs as its identity and in its
 sandbox (stage.py), and after it a job of the ``envbuild`` service principal, which
@@ -36,16 +37,17 @@ from corral.core.config import StorageSettings
 from corral.core.errors import Conflict, Forbidden, InvalidRequest, NotFound, SandboxUnavailable
 from corral.core.jobs import JobSpec, JobState
 from corral.core.output import read_tail
-from corral.core.principals import Caller, Kind, Principal
+from corral.core.principals import Caller
 from corral.lanes.vocabulary import BATCH
 from corral.storage import mounts, requirements, scratch, staging
 from corral.storage.build import sha256_file
 
+from corral.control.intake import SERVICE_RULE
 from corral.control.sender import context
 from corral.core import paths
 
 if TYPE_CHECKING:
-    from corral.control.sender import Sender
+    from corral.control.intake import Intake
     from corral.core.db import Database
     from corral.core.identity import Identity
     from corral.lanes.registry import Lanes
@@ -104,10 +106,10 @@ def checked_kind(files: dict[str, str]) -> str:
 
 class Images:
     def __init__(self, settings: StorageSettings, home: Path, scratch: Path, db: "Database", store: "StorageRecords",
-                 lanes: "Lanes", sender: "Sender", owner: "Callable[[Caller], Identity | None] | None" = None,
+                 lanes: "Lanes", intake: "Intake", owner: "Callable[[Caller], Identity | None] | None" = None,
                  sandbox: "Sandbox | None" = None,
                  admit: "Callable[[Caller, list[JobSpec]], None] | None" = None) -> None:
-        self.settings, self.db, self.store, self.lanes, self.sender = settings, db, store, lanes, sender
+        self.settings, self.db, self.store, self.lanes, self.intake = settings, db, store, lanes, intake
         self.admit = admit or (lambda c, specs: None)
         """Admission of the requester's install job (Gate.admit: rates, budgets, caps)."""
         self.owner = owner or (lambda c: None)
@@ -126,10 +128,6 @@ class Images:
         self._lock = threading.Lock()
 
     # -- building ------------------------------------------------------------------
-
-    def _principal(self) -> Principal:
-        p = self.db.get_principal(BUILD_PRINCIPAL)
-        return p if p is not None else self.db.add_principal(Principal(BUILD_PRINCIPAL, Kind.SERVICE))
 
     def digest(self, files: dict[str, str], scope: str) -> str:
         return hashlib.sha256(json.dumps([sorted(files.items()), self.python, self.settings.index_url, scope])
@@ -151,9 +149,10 @@ class Images:
         return True
 
     async def request(self, caller: Caller, files: dict[str, str], name: str | None = None,
-                      rebuild: bool = False) -> dict[str, Any]:
+                      rebuild: bool = False, rule: str = "env.build") -> dict[str, Any]:
         """An image for these files: the existing one of the caller's scope at once, or a
-        build started (the caller's job, then corral's)."""
+        build started (the caller's job, then corral's). ``rule``: what allowed the request
+        (the install job's allow record names it)."""
         kind = checked_kind(files)
         if name is not None and not _NAME.match(name):
             raise InvalidRequest(f"image name {name[:80]!r}: letters, digits, '_', '.', '-', at most 64")
@@ -190,19 +189,20 @@ class Images:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with open(fd, "w", encoding="utf-8") as f:
             json.dump(req, f)
-        p = self._principal()
+        me = self.intake.service(BUILD_PRINCIPAL, f"envbuild:{caller.principal.name}")
         self.admit(caller, [first])  # the install is the requester's job: its rates, budgets and caps
+        # Both recorded by the pipeline with their allow records, in one transaction: the
+        # install as the requester's (allowed by the env.build verb's decision), the pack as corral's.
         with self.db.transaction():
-            staged = self.db.insert_jobs(caller.principal.name, caller.session, [(self.lanes.batch.name, first)],
-                                         caller.cap.path if caller.cap else None)[0]
+            staged = self.intake.record(caller, [(self.lanes.batch.name, first)], rule)[0]
             # -P: nothing from the working directory on sys.path, for a program run as root
             pack = JobSpec(command=f"exec {sys.executable} -P -m corral.storage.build {path}", cpus=s.build_cpus,
                            memory=s.build_memory_mb, walltime=s.build_walltime_s, lane=BATCH,
                            name=f"envbuild-{digest[:12]}", labels={"corral-envbuild": digest}, after_ok=[staged.id],
                            env={"PYTHONPATH": CODE})  # this gateway's own corral, whatever the job's Python finds first
-            job = self.db.insert_jobs(p.name, f"envbuild:{caller.principal.name}", [(self.lanes.batch.name, pack)])[0]
+            job = self.intake.record(me, [(self.lanes.batch.name, pack)], SERVICE_RULE)[0]
         self.store.request_building(digest, job.id, name, caller.principal.name)
-        await self.sender.send([(staged, context(staged, caller.principal)), (job, context(job, p))])
+        await self.intake.send([(staged, context(staged, caller.principal)), (job, context(job, me.principal))])
         return self.status_of(digest)
 
     def _request_row(self, digest: str) -> dict[str, Any] | None:

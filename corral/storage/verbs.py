@@ -35,7 +35,7 @@ from corral.storage.workspaces import Workspaces
 
 if TYPE_CHECKING:
     from corral.control.metrics import Metrics
-    from corral.control.sender import Sender
+    from corral.control.intake import Intake
     from corral.core.db import Database
     from corral.core.identity import Identity
     from corral.lanes.registry import Lanes
@@ -58,14 +58,14 @@ def scratch_dir(settings: StorageSettings, home: Path) -> Path:
 
 
 class StorageVerbs:
-    def __init__(self, settings: StorageSettings, home: Path, db: "Database", lanes: "Lanes", sender: "Sender",
+    def __init__(self, settings: StorageSettings, home: Path, db: "Database", lanes: "Lanes", intake: "Intake",
                  audit: "Audit", gate: "Gate", sandbox: "Sandbox | None" = None, metrics: "Metrics | None" = None,
                  owner: "Callable[[Caller], Identity | None] | None" = None) -> None:
         self.settings, self.db, self.lanes, self.audit, self.metrics = settings, db, lanes, audit, metrics
         self.gate = gate
         self.scratch = scratch_dir(settings, home)
         self.store = db.storage
-        self.images = Images(settings, home, self.scratch, db, self.store, lanes, sender, owner, sandbox, gate.admit)
+        self.images = Images(settings, home, self.scratch, db, self.store, lanes, intake, owner, sandbox, gate.admit)
         hidden = (lambda c: sandbox.hidden_from(c.principal.kind.value, c.principal.unix_user)) \
             if sandbox is not None else (lambda c: [])
         self.workspaces = Workspaces(settings, self.scratch, self.store, hidden, owner or (lambda c: None))
@@ -89,7 +89,7 @@ class StorageVerbs:
         facts = {"files": sorted(files), "content": content, "name": name, "rebuild": rebuild}
         with self.audit.refusals(caller, "env.build", facts):
             rule = self._decide(caller, "env_build", "Environment", {"files": sorted(files)}, "env.build", facts)
-            out = await self.images.request(caller, files, name, rebuild)
+            out = await self.images.request(caller, files, name, rebuild, rule)
         self.audit.record(caller, "env.build", "done", rule, [{"digest": out["digest"], "state": out["state"],
                                                                "job_id": out.get("job"), "image": out.get("image")}])
         return out

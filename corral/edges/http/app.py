@@ -3,15 +3,11 @@ codes. No logic lives here. OpenAPI at ``/docs``; Prometheus at ``/metrics``."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import gc
 import hmac
 import json
 import logging
 import math
-import os
-import threading
 import time
 from typing import Annotated, Any, AsyncIterator, Callable, Coroutine
 
@@ -30,36 +26,6 @@ from corral.core.principals import Caller, bearer_token
 from corral.core.service import Service
 
 log = logging.getLogger(__name__)
-STOP_DEADLINE_S = 6.0
-"""``serve``'s deadline from the start of the application's shutdown (which follows
-uvicorn's 3 s for open requests): the loops get 1 s, the fast-lane pools 4 s."""
-
-
-async def settle(tasks: list[asyncio.Task[Any]], timeout: float, cancel: bool = True) -> list[str]:
-    """Give these tasks ``timeout`` seconds to end (cancelled first, unless ``cancel`` is
-    False); -> the names of those that did not. Unlike ``wait_for``, this never waits for
-    a task that ignores its cancellation: a gateway once hung at exit that way."""
-    if cancel:
-        for t in tasks:
-            t.cancel()
-    _, pending = await asyncio.wait(tasks, timeout=timeout) if tasks else (set(), set())
-    for t in pending:
-        t.cancel()
-        log.warning("task %s did not end within %.0f s of the gateway's shutdown; left behind", t.get_name(), timeout)
-    return sorted(t.get_name() for t in pending)
-
-
-def hard_exit_after(seconds: float) -> None:
-    """The shutdown's last resort: exit ``seconds`` from now if the process is still here
-    (asyncio.run waits without limit for tasks that ignore cancellation)."""
-    def _exit() -> None:
-        log.warning("the gateway did not stop within %.0f s of its shutdown; exiting now", seconds)
-        logging.shutdown()
-        os._exit(0)
-
-    timer = threading.Timer(seconds, _exit)
-    timer.daemon = True
-    timer.start()
 
 
 def ok(data: Any, status: int = 200) -> Response:
@@ -157,31 +123,11 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with mcp.session_manager.run(), anonymous_sessions.run():
-            loops = [asyncio.create_task(service.reconciler.run(), name="reconciler"),
-                     asyncio.create_task(service.memory.facts_loop(), name="facts"),
-                     asyncio.create_task(service.memory.index_loop(), name="note-index"),
-                     asyncio.create_task(service.storage.gc_loop(), name="storage-gc"),
-                     asyncio.create_task(service.metrics.watch_loop(), name="loop-lag"),
-                     asyncio.create_task(service.housekeeping_loop(), name="housekeeping"),
-                     *(asyncio.create_task(lane.run(), name=f"lane-{lane.name}") for lane in service.lanes)]
-            service.loops = {t.get_name(): t for t in loops}
-            # Move start-up objects out of the collector's reach: fewer, shorter GC pauses
-            # on the request path.
-            gc.collect()
-            gc.freeze()
-            try:
-                yield
-            finally:
-                if stop_deadline_s is not None:  # everything is on disk: what still hangs is cut off
-                    hard_exit_after(stop_deadline_s)
-                await settle(loops, 1.0)
-                service.gate.close()
-                # Allocations are released first; Dask's own close must not hold the exit.
-                await settle([asyncio.create_task(lane.close(), name=f"lane-{lane.name}-close")
-                              for lane in service.lanes], 4.0, cancel=False)
-                if service.egress is not None:
-                    service.egress.close()
+        # The loops, readiness and the shutdown order are the runtime's (corral/core/runtime.py).
+        runtime = service.runtime
+        assert runtime is not None, "a service is served as the runtime assembled it (runtime.build_service)"
+        async with mcp.session_manager.run(), anonymous_sessions.run(), runtime.running(stop_deadline_s):
+            yield
 
     app = FastAPI(title="corral", version="0.1.0", lifespan=lifespan, description=(
         "A facility-side gateway through which AI coding agents act on an HPC cluster.\n\n"

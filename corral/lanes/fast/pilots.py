@@ -2,8 +2,8 @@
 them (``pool.Allocations``).
 
 An allocation is a pilot job (``python -m corral.lanes.fast.worker``) recorded as a job of
-the ``fastlane`` service principal and sent through the batch lane by the service's
-Sender, as the pool's Unix user and account, so it carries corral's provenance in Slurm
+the ``fastlane`` service principal by the service's Intake (with its allow record, as
+every job) and sent through the batch lane by the Sender, as the pool's Unix user and account, so it carries corral's provenance in Slurm
 (job name ``corral-<id>``, comment ``principal=fastlane kind=service session=pool:<pool>``)
 and is polled by the reconciler like any batch job.
 """
@@ -16,11 +16,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from corral.lanes.backend import SubmitContext
 from corral.core.config import FastLaneSettings
 from corral.core.errors import CorralError
 from corral.core.jobs import JobSpec, JobState
-from corral.core.principals import PILOT_PRINCIPAL, Kind, Principal
+from corral.core.principals import PILOT_PRINCIPAL
 from corral.lanes.fast.launcher import SANDBOX_FILE
 
 from corral.lanes.fast.model import Waiting
@@ -28,20 +27,18 @@ from corral.lanes.vocabulary import BATCH
 from corral.core import paths
 
 if TYPE_CHECKING:
-    from corral.control.sender import Sender
+    from corral.control.intake import Intake
+    from corral.control.progress import Progress
     from corral.core.db import Database
     from corral.lanes.registry import BackendLane
     from corral.lanes.fast.model import Shape, Site
 
 
 class Pilots:
-    def __init__(self, settings: FastLaneSettings, db: "Database", batch: "BackendLane", sender: "Sender") -> None:
-        self.settings, self.db, self.batch, self.sender = settings, db, batch, sender
+    def __init__(self, settings: FastLaneSettings, db: "Database", batch: "BackendLane", intake: "Intake",
+                 progress: "Progress") -> None:
+        self.settings, self.db, self.batch, self.intake, self.progress = settings, db, batch, intake, progress
         self._default: str | None = None
-
-    def _principal(self) -> Principal:
-        p = self.db.get_principal(PILOT_PRINCIPAL)
-        return p if p is not None else self.db.add_principal(Principal(PILOT_PRINCIPAL, Kind.SERVICE))
 
     def spec(self, pool: "Site", sh: "Shape") -> JobSpec:
         cmd = (f"exec {self.settings.python or sys.executable} -m corral.lanes.fast.worker "
@@ -57,12 +54,10 @@ class Pilots:
                        labels={"corral-fastlane-pool": pool.key.slug})
 
     async def start(self, pool: "Site", shape: "Shape") -> int:
-        p = self._principal()
-        session = f"pool:{pool.key.slug}"
-        job = self.db.insert_job(p.name, session, self.batch.name, self.spec(pool, shape))
-        ctx = SubmitContext(job.id, p.name, p.kind.value, None, session, pool.key.unix_user, pool.key.account)
+        me = self.intake.service(PILOT_PRINCIPAL, f"pool:{pool.key.slug}")
         # A refusal leaves the job FAILED, which the pool's breaker counts.
-        await self.sender.send([(job, ctx)])
+        job = await self.intake.run_as(me, self.batch.name, self.spec(pool, shape), unix_user=pool.key.unix_user,
+                                       account=pool.key.account)
         return job.id
 
     async def stop(self, job_id: int) -> None:
@@ -73,8 +68,8 @@ class Pilots:
             with contextlib.suppress(CorralError):
                 await self.batch.cancel([job.backend_id])
         else:
-            self.sender.progress.ended([{"job_id": job_id, "state": JobState.CANCELLED.value, "end": time.time(),
-                                         "reason": "released by the fast lane"}])
+            self.progress.ended([{"job_id": job_id, "state": JobState.CANCELLED.value, "end": time.time(),
+                                  "reason": "released by the fast lane"}])
 
     async def free(self, partition: str | None) -> tuple[int, int] | None:
         return await self.batch.free(partition)

@@ -1,0 +1,273 @@
+"""Admission: everything a submission passes before its jobs are recorded, in order:
+the size of the batch and its idempotency key (a replay answers with the earlier jobs),
+images and workspaces resolved, working directories checked on disk as the job's
+identity would use them, the scheduler's preflight, the token and the policy (the gate),
+dependencies, the sandbox, the result cache or the lane, the placement (tier and
+walltime), the storage mounted, admission against rates and budgets, memory's advice;
+then the Intake records them with their allow record (control/intake.py).
+
+``Service.submit`` sends what this records; ``Service.plan`` and ``advice`` run the same
+checks and record nothing. Sweeps repeat one spec: each distinct spec is checked once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+from corral.control.dependencies import judge
+from corral.control.intake import Intake, audited
+from corral.core import workdirs
+from corral.core.config import Settings
+from corral.core.db import Database
+from corral.core.errors import BackendError, Conflict, CorralError, InvalidRequest
+from corral.core.faults import fault
+from corral.core.identity import Identity
+from corral.core.jobs import Job, JobSpec
+from corral.core.principals import Caller, Kind, Principal
+from corral.lanes.placement import Placement, Placer
+from corral.lanes.registry import Lane, Lanes
+from corral.memory.verbs import MemoryVerbs
+from corral.safety.audit import Audit
+from corral.safety.gate import Gate, job_resource, job_text
+from corral.sandbox.bwrap import Sandbox
+from corral.storage.verbs import StorageVerbs
+
+log = logging.getLogger(__name__)
+MAX_BATCH = 1000
+
+
+class Admission:
+    def __init__(self, settings: Settings, db: Database, lanes: Lanes, gate: Gate, audit: Audit,
+                 memory: MemoryVerbs, storage: StorageVerbs, placer: Placer, intake: Intake,
+                 sandbox: Sandbox | None, identity_of: Callable[[Caller], Identity | None],
+                 private_state: list[Path]) -> None:
+        self.settings, self.db, self.lanes, self.gate, self.audit = settings, db, lanes, gate, audit
+        self.memory, self.storage, self.placer, self.intake = memory, storage, placer, intake
+        self.sandbox, self.identity_of = sandbox, identity_of
+        self.private_state = private_state
+        """corral's directories beside its home (the scheduler's job directories, scratch): no job works there."""
+
+    async def record(self, caller: Caller, specs: list[JobSpec], key: str | None, hold: bool = False,
+                     ) -> tuple[list[Job], bool, list[list[str]], str]:
+        """Everything before a job is sent: -> (jobs, created, advice per job, the rule that allowed)."""
+        n = len(specs)
+        if not 1 <= n <= MAX_BATCH:
+            raise InvalidRequest(f"a submission holds 1 to {MAX_BATCH} jobs; split it into several requests")
+        where = (lambda i: f"job {i}: ") if n > 1 else (lambda i: "")
+        texts = [s.model_dump_json() for s in specs]
+        digest = None
+        if key is not None:
+            if not 1 <= len(key) <= 200:
+                raise InvalidRequest("the idempotency key must be 1 to 200 characters")
+            digest = hashlib.blake2b("\n".join(texts).encode(), digest_size=16).hexdigest()
+            replay = self._replay(caller, key, n, digest)
+            if replay is not None:
+                return replay, False, [[] for _ in replay], "idempotent-replay"
+        # A sweep repeats one spec: each distinct one is checked, decided, routed and advised once.
+        first: dict[str, int] = {}
+        for i, t in enumerate(texts):
+            first.setdefault(t, i)
+        distinct = {t: specs[i] for t, i in first.items()}
+        if any(self.storage.applies(s) for s in distinct.values()):  # its image and workspace found
+            distinct = await asyncio.to_thread(self._resolve, caller, distinct, first, where)
+        checked = {first[t]: s for t, s in distinct.items()}
+        default = await asyncio.to_thread(self.preflight, checked, where, caller)
+        # From here on each spec names the directory that was checked, not a link to it
+        # that its owner may point elsewhere before the job starts (H4 F8).
+        distinct = {t: checked[first[t]] for t in distinct}
+        rule = "default"
+        for t, s in distinct.items():
+            with _prefixed(where(first[t])):
+                rule = await self.decide(caller, s, default)
+                self._check_parents(caller, s)
+        p = caller.principal
+        if self.sandbox is not None:
+            self.sandbox.require(p.kind.value)
+        ready: dict[str, tuple[JobSpec, Lane] | Job] = {}
+        for t, s in distinct.items():
+            with _prefixed(where(first[t])):
+                routed_one = await self.cached_or_routed(caller, s)
+                # Where an agent's batch job runs (its tier, its walltime): labels on its spec.
+                ready[t] = routed_one if isinstance(routed_one, Job) else (
+                    (await self.placed(p, *routed_one))[0], routed_one[1])
+        allowed = [r[0] for r in ready.values() if not isinstance(r, Job)]  # each distinct spec once
+        if self.storage.needs(allowed):  # decided: their images and workspaces mounted before they are recorded
+            await asyncio.to_thread(self.storage.prepare, caller, allowed)
+        routed = [ready[t] for t in texts]
+        new = [r for r in routed if not isinstance(r, Job)]
+        self.gate.admit(caller, [spec for spec, _ in new])  # nothing awaited from here to the insert
+        said: dict[str, list[str]] = {}
+        for t, r in ready.items():
+            if not isinstance(r, Job):
+                said[t] = self.memory.advise(p, r[0], first[t] if n > 1 else None)
+        if key is not None:  # again, now that nothing awaits before the insert: a concurrent retry won
+            replay = self._replay(caller, key, n, digest)
+            if replay is not None:
+                return replay, False, [[] for _ in replay], "idempotent-replay"
+        # The decision is recorded before the act: the jobs' rows and their allow records
+        # commit together (the audit head is in the same transaction), before any is sent.
+        # A crash before the commit leaves an allow record of a job that never existed (its
+        # id and submit time name it), never a job without its decision.
+        fault("before_insert")
+        inserted = self.intake.record(caller, [(lane.name, spec) for spec, lane in new], rule, key=key,
+                                      digest=digest, hold=hold)
+        made = iter(inserted)
+        jobs, advice = [], []
+        for t in texts:
+            r = ready[t]
+            if isinstance(r, Job):  # a cache hit: the earlier job's result stands
+                jobs.append(r)
+                advice.append([f"result reused from job {r.id}: same script, inputs, environment and resources "
+                               "(cache hit)"])
+            else:
+                jobs.append(next(made))
+                advice.append(said[t])
+        hits = [r for r in ready.values() if isinstance(r, Job)]
+        if new and hits:  # beside new jobs: the answer's reused results, decided too
+            self.audit.record(caller, "submit", "allow", "cache-hit", [audited(j) for j in hits])
+        # Only cache hits: nothing new was made, and the answer says so.
+        return jobs, bool(new), advice, rule if new else "cache-hit"
+
+    def _replay(self, caller: Caller, key: str, n: int, digest: str | None) -> list[Job] | None:
+        """The jobs an earlier request with this key made, or None; a different request is a 409."""
+        found = self.db.find_idempotent(caller.name, key, n)
+        if found is None:
+            return None
+        earlier, earlier_digest = found
+        if earlier_digest is not None and earlier_digest != digest:
+            raise Conflict(f"idempotency key {key!r} was used for a different request (job {earlier[0].id}); "
+                           "a retry must send the same body", hint="use a new key for a new request")
+        return earlier
+
+    def _hidden(self, caller: Caller) -> list[str]:
+        """What ``caller``'s contained jobs see empty (nothing for one not contained)."""
+        kind = caller.principal.kind.value
+        if self.sandbox is None or not self.sandbox.applies(kind):
+            return []
+        return [str(p) for p in self.sandbox.hidden_from(kind, caller.principal.unix_user)]
+
+    def _check_workdir(self, caller: Caller, workdir: str, only_writable: bool = False) -> str:
+        p = caller.principal
+        kind = p.kind.value
+        contained = self.sandbox is not None and self.sandbox.applies(kind)
+        ident = self.identity_of(caller)
+        hidden = self.sandbox.hidden_from(kind, p.unix_user) if contained and self.sandbox is not None else []
+        if only_writable:
+            workdirs.check_writable(workdir, ident)
+            return workdir
+        state = [self.settings.home, self.settings.db_path.parent, *self.private_state]
+        return workdirs.check(workdir, ident, state, hidden)
+
+    def _default_partition(self) -> str:
+        try:
+            parts = self.lanes.batch.partitions()
+        except BackendError:  # the scheduler is away: judged without one
+            return ""
+        return next((p.name for p in parts if p.default), parts[0].name if parts else "")
+
+    def _resolve(self, caller: Caller, distinct: dict[str, JobSpec], first: dict[str, int], where: Any,
+                 ) -> dict[str, JobSpec]:
+        out = {}
+        for t, s in distinct.items():
+            with _prefixed(where(first[t])):
+                out[t] = self.storage.resolve(caller, s)
+        return out
+
+    def preflight(self, specs: dict[int, JobSpec], where: Any, caller: Caller | None = None) -> str:
+        """In a thread: workdirs are looked at on disk (and checked as the job's identity
+        would use them: corral/core/workdirs.py), and the first preflight reads the
+        cluster's limits (a slow controller must not stall every other request).
+        -> the default partition (one thread hop for both: a single submission is hot).
+        A spec whose working directory was checked is replaced in ``specs`` by one that
+        names the resolved directory: the lanes bind that, never the link it was named by."""
+        if caller is not None:
+            self.identity_of(caller)  # a principal no job may run as (root) is refused here, not in a lane
+        for i, spec in specs.items():
+            with _prefixed(where(i)):
+                if spec.workdir is not None:
+                    wd = Path(spec.workdir)
+                    if not wd.is_absolute():
+                        raise InvalidRequest(f"workdir {spec.workdir!r} must be an absolute path")
+                    if not wd.is_dir():
+                        raise InvalidRequest(f"workdir {spec.workdir!r} does not exist; create it or pick another")
+                    if caller is not None and not spec.workspace:  # a workspace's view is corral's own making
+                        real = self._check_workdir(caller, spec.workdir)
+                        if real != spec.workdir:
+                            specs[i] = spec.model_copy(update={"workdir": real})
+                try:
+                    self.lanes.batch.preflight(spec)
+                except BackendError as e:
+                    # Limits unknown while the scheduler is away: record the job, the scheduler judges it later.
+                    log.warning("preflight skipped, the scheduler's limits are unavailable: %s", e)
+        return self._default_partition()
+
+    async def decide(self, caller: Caller, spec: JobSpec, default: str) -> str:
+        """The token and the policy on one spec, as it would run (``default``: the default
+        partition); -> the rule that allows, or raises the refusal. Records nothing."""
+        kind = caller.principal.kind.value
+        contained = self.sandbox is not None and self.sandbox.applies(kind) and self.sandbox.why_not is None
+        resource = job_resource(spec, caller.name, contained)
+        if not resource["partition"]:  # decided as where it will run: the default partition
+            resource["partition"] = default
+        text = job_text(spec)
+        await self.gate.prepare(text)
+        await self.memory.prepare(spec)
+        return self.gate.check(caller, "submit", "Job", resource, text=text)
+
+    def _check_parents(self, caller: Caller, spec: JobSpec) -> None:
+        """The jobs a spec waits for exist, are the caller's to see, and can still satisfy
+        it (judged as the Sender judges them: control/dependencies.py)."""
+        if not spec.parents:
+            return
+        found = self.db.parents(spec.parents)
+        for field, ids in (("after_ok", spec.after_ok or ()), ("after_any", spec.after_any or ())):
+            for pid in ids:
+                if pid not in found or not caller.sees(found[pid].principal):
+                    raise InvalidRequest(f"{field} names job {pid}, which is not visible to you",
+                                         hint="list your jobs to find the right id")
+        never = judge(spec, found, "", native=False).never
+        if never:
+            raise InvalidRequest(f"{never}: this job could never start",
+                                 hint="use after_any to run it after those jobs whatever their end")
+
+    async def cached_or_routed(self, caller: Caller, spec: JobSpec) -> tuple[JobSpec, Lane] | Job:
+        """The earlier job with this exact result (``cache``), else the spec routed to its lane.
+        A job that waits for others is never answered from the cache: its inputs are theirs."""
+        if spec.cache and not spec.parents and self.memory.store is not None:
+            from corral.memory.store import CACHE_LABEL, cache_key
+
+            # Hashes the inputs as the job's identity would read them: off the event loop.
+            key = await asyncio.to_thread(lambda: cache_key(spec, self.identity_of(caller), self._hidden(caller)))
+            earlier = self.memory.store.cached(caller.principal, key)
+            job = self.db.get_job(earlier) if earlier is not None else None
+            if job is not None:
+                return job
+            spec = spec.model_copy(update={"labels": {**spec.labels, CACHE_LABEL: key}})
+        return self.lanes.route(caller.principal, spec)
+
+    async def placed(self, p: Principal, spec: JobSpec, lane: Lane) -> tuple[JobSpec, Placement | None]:
+        """The placement of a routed spec (corral/lanes/placement.py): an agent's batch job on a
+        tiered backend (Slurm) gets its tier and, from memory, its walltime; every other
+        spec loses such labels."""
+        batch = self.lanes.batch if lane is self.lanes.batch and self.lanes.batch.tiered else None
+        qos = await asyncio.to_thread(batch.opportunistic) if batch is not None and p.kind is Kind.AGENT else None
+        return self.placer.place(p, spec, batch, qos)
+
+
+class _prefixed:
+    """Errors raised inside name the job of a batch they are about ("job 3: ...")."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if self.prefix and isinstance(exc, CorralError) and not exc.message.startswith(self.prefix):
+            exc.message = self.prefix + exc.message
+            exc.args = (exc.message,)
