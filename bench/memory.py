@@ -48,7 +48,7 @@ from corral.core.db import Database  # noqa: E402
 from corral.memory.embed import Embedder  # noqa: E402
 from corral.memory.semantic import SemanticRecall  # noqa: E402
 from corral.memory.store import Memory  # noqa: E402
-from corral.memory.verbs import SEMANTIC_DEPTH  # noqa: E402
+from corral.gateway.memory_verbs import SEMANTIC_DEPTH  # noqa: E402
 from corral.core.principals import Caller, Kind, Principal  # noqa: E402
 
 

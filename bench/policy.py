@@ -35,7 +35,7 @@ from corral.core.jobs import JobSpec  # noqa: E402
 from corral.safety.audit import AuditLog  # noqa: E402
 from corral.safety.gate import job_resource, job_text  # noqa: E402
 from corral.safety.tokens import Caveats  # noqa: E402
-from corral.core.server import build_service  # noqa: E402
+from corral.edges.http.serve import build_service  # noqa: E402
 
 SCRIPT = """#!/bin/bash
 #SBATCH --job-name=train-{i}

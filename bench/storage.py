@@ -229,7 +229,7 @@ def run(a: argparse.Namespace, trials: int, reqs: list[str], shared: Path, tmp: 
         gw.stop()
         from corral.core.config import StorageSettings
         from corral.storage.mounts import unmount_all
-        from corral.storage.verbs import scratch_dir
+        from corral.gateway.storage_verbs import scratch_dir
 
         scratch = scratch_dir(StorageSettings(), gw.home.resolve())
         unmount_all(scratch)

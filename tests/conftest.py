@@ -251,7 +251,7 @@ def drop_scratch(home: Path, scratch: str | None = None) -> None:
 
     from corral.core.config import StorageSettings
     from corral.storage.mounts import unmount_all
-    from corral.storage.verbs import scratch_dir
+    from corral.gateway.storage_verbs import scratch_dir
 
     root = Path(scratch) if scratch else scratch_dir(StorageSettings(), home.resolve())
     unmount_all(root)

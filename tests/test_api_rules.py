@@ -12,7 +12,7 @@ import pytest
 from corral.edges.http.app import create_app
 from corral.core.clock import ManualClock
 from corral.core.config import Settings
-from corral.core.server import build_service
+from corral.edges.http.serve import build_service
 
 Scenario = Callable[[httpx.AsyncClient, dict[str, str]], Awaitable[Any]]
 

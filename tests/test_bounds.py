@@ -135,7 +135,7 @@ def test_corral_records_reach_only_its_own_plain_handlers(tmp_path: Path) -> Non
     from mcp.server.mcpserver.utilities.logging import configure_logging
 
     from corral.core.config import Settings
-    from corral.core.server import setup_logging
+    from corral.edges.http.serve import setup_logging
 
     root = logging.getLogger()
     saved = (root.handlers[:], root.level, logging.getLogger("corral").handlers[:])
@@ -197,7 +197,7 @@ def test_a_removed_scratch_directory_is_made_again(gateway: Gateway, people: dic
     import shutil
 
     from corral.core.config import StorageSettings
-    from corral.storage.verbs import scratch_dir
+    from corral.gateway.storage_verbs import scratch_dir
 
     scratch = scratch_dir(StorageSettings(), gateway.home.resolve())
     assert scratch.is_dir()

@@ -16,7 +16,7 @@ from corral.edges.cli.main import LAZY, cli
 from corral.edges.cli.help import SECTIONS, SUMMARIES
 
 HEAVY = ("numpy", "polars", "cedarpy", "tree_sitter", "onnxruntime", "dask", "distributed", "fastapi", "uvicorn",
-         "corral.core.service", "corral.core.jobs")
+         "corral.gateway.service", "corral.core.jobs")
 
 
 def commands() -> list[tuple[str, click.Command]]:

@@ -22,7 +22,7 @@ from corral.core.jobs import JobSpec, JobState
 from corral.lanes.registry import BackendLane, Lanes
 from corral.core.principals import Kind, Principal
 from corral.safety.audit import AuditLog
-from corral.core.server import build_service
+from corral.edges.http.serve import build_service
 
 
 def _service(tmp_path: Path, **settings: Any) -> Any:

@@ -306,7 +306,7 @@ def test_an_allocation_still_being_submitted_is_not_sent_twice(tmp_path) -> None
 
     from corral.core.config import Settings
     from corral.core.jobs import JobSpec
-    from corral.core.server import build_service
+    from corral.edges.http.serve import build_service
 
     service = build_service(Settings(home=tmp_path / "home", tick_s=0.05, local_cpus=4, fastlane_cpus=2,
                                      fastlane_memory_mb=512))
@@ -347,7 +347,7 @@ def test_an_outcome_is_kept_when_memory_cannot_record_it(tmp_path) -> None:
     advises, so its failure must not roll the outcomes back."""
     from corral.core.config import Settings
     from corral.core.jobs import JobSpec
-    from corral.core.server import build_service
+    from corral.edges.http.serve import build_service
 
     service = build_service(Settings(home=tmp_path / "home", local_cpus=4, fastlane_cpus=2, fastlane_memory_mb=512))
     service.accounts.bootstrap_admin()

@@ -22,7 +22,7 @@ from corral.core.config import Settings
 from corral.edges.inputs import JOB_FIELDS
 from corral.edges.mcp.server import ServiceOps, build_mcp
 from corral.edges.mcp.tools import SAME_FIELDS
-from corral.core.server import build_service
+from corral.edges.http.serve import build_service
 
 from .conftest import Gateway
 

@@ -13,8 +13,8 @@ from corral.core.config import Settings
 from corral.core.db import Database
 from corral.core.errors import BackendError
 from corral.core.jobs import JobSpec, JobState
-from corral.core.service import Service
-from corral.core.runtime import assemble
+from corral.gateway.service import Service
+from corral.gateway.runtime import assemble
 
 
 class ScriptedBackend:

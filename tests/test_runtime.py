@@ -1,4 +1,4 @@
-"""The runtime (corral/core/runtime.py) and the pipeline's two rules (issue 36 items 2
+"""The runtime (corral/gateway/runtime.py) and the pipeline's two rules (issue 36 items 2
 and 4): every job enters through the Intake with its allow record, and every change of
 a job's state goes through Progress, whose writes the event stream's triggers see.
 
@@ -22,7 +22,7 @@ from corral.control.intake import SERVICE_RULE
 from corral.core.config import Settings
 from corral.core.jobs import JobSpec, JobState
 from corral.core.principals import PILOT_PRINCIPAL
-from corral.core.runtime import build_service
+from corral.gateway.runtime import build_service
 from corral.edges.http.app import create_app
 from corral.lanes.fast.launcher import JOURNALS
 from corral.lanes.fast.model import PoolKey, Shape

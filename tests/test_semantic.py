@@ -172,7 +172,7 @@ def test_recall_by_meaning_through_a_gateway(gateway: Gateway, people: dict[str,
 
 def test_without_a_model_recall_is_by_words_and_says_why(tmp_path: Path) -> None:
     from corral.core.config import MemorySettings, Settings
-    from corral.core.server import build_service
+    from corral.edges.http.serve import build_service
 
     empty = tmp_path / "no-model"
     empty.mkdir()

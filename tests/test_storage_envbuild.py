@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import pytest
 
 from corral.core.config import StorageSettings
-from corral.storage.verbs import scratch_dir
+from corral.gateway.storage_verbs import scratch_dir
 
 from .conftest import Gateway, add_people, running
 from .test_sandbox import canary_listener

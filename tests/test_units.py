@@ -161,7 +161,7 @@ def test_shutdown_never_waits_for_a_task_that_ignores_cancellation() -> None:
     import asyncio
     import time
 
-    from corral.core.runtime import settle
+    from corral.gateway.runtime import settle
 
     released = False
 

@@ -12,7 +12,7 @@ import pytest
 from mcp import Client as McpClient
 
 from corral.core.config import Settings
-from corral.core.server import build_service
+from corral.edges.http.serve import build_service
 from corral.edges import verbs
 from corral.edges.client import Client
 from corral.edges.http import routes

@@ -18,16 +18,8 @@ looks at held jobs on every tick). On a lane that takes dependencies natively
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
-from corral.core.jobs import JobSpec, JobState
-
-
-class Parent(NamedTuple):
-    state: str
-    backend: str
-    backend_id: str | None
-    principal: str
+from corral.core.jobs import Parent, JobSpec, JobState
 
 
 @dataclass(frozen=True)

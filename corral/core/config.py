@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from corral.core.errors import InvalidRequest
 from corral.core.paths import home_dir
-from corral.lanes.vocabulary import BATCH, LaneChoice
+from corral.core.lane_names import BATCH, LaneChoice
 
 
 def _total_memory_mb() -> int:

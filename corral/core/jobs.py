@@ -8,13 +8,13 @@ import functools
 import math
 import os
 import re
-from typing import Literal, Annotated, Any, Callable
+from typing import NamedTuple, Literal, Annotated, Any, Callable
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from corral.core import slurm_formats
 from corral.core.errors import NotFound
-from corral.lanes.vocabulary import LaneChoice
+from corral.core.lane_names import LaneChoice
 
 
 class JobState(str, enum.Enum):
@@ -432,3 +432,12 @@ def expand_array(specs: list[JobSpec], text: str, limit: int = 1000) -> list[Job
     return [spec.model_copy(update={
         "env": {**spec.env, "CORRAL_ARRAY_TASK_ID": str(i), "SLURM_ARRAY_TASK_ID": str(i)},
         "labels": {**spec.labels, "array_task": str(i)}}) for i in array_indices(text, limit)]
+
+
+class Parent(NamedTuple):
+    """What a waiting job needs to know of a job it waits for (control/dependencies.py)."""
+
+    state: str
+    backend: str
+    backend_id: str | None
+    principal: str

@@ -1,4 +1,4 @@
-"""The signals a job may be sent, by name: apart from corral/core/job_control.py so that the
+"""The signals a job may be sent, by name: apart from corral/gateway/job_control.py so that the
 CLI's `corral control --help` lists them without importing the service's core."""
 
 SIGNALS = ("HUP", "INT", "QUIT", "USR1", "USR2", "TERM", "CONT", "STOP", "TSTP", "KILL")

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from corral.core.jobs import MAX_INT, JobSpec, expand_array
 from corral.safety.tokens import Caveats, caveats_from
-from corral.lanes.vocabulary import LaneChoice
+from corral.core.lane_names import LaneChoice
 
 __all__ = ["JobSpec"]  # a verb's body by name, beside the others
 

@@ -7,7 +7,7 @@
       └── "fast"              FastLane (corral/lanes/fast): warm allocations, reports itself
 
 The registry owns the lane vocabulary (``batch``, ``fast``, ``auto``: what a submission
-may name; corral/lanes/vocabulary.py, re-exported here): code that asks about a lane
+may name; corral/core/lane_names.py, re-exported here): code that asks about a lane
 asks here, and the records and edges that must list the choices take them from there.
 
 A lane is a small class behind the ``Lane`` Protocol. ``job.backend`` names the lane a
@@ -26,7 +26,7 @@ from corral.lanes.backend import Backend, BackendStatus, OutputPaths, Partition,
 from corral.core.errors import BackendError, CorralError, InvalidRequest
 from corral.core.jobs import JobSpec
 from corral.core.principals import Principal
-from corral.lanes.vocabulary import AUTO, BATCH, CHOICES, FAST, LaneChoice
+from corral.core.lane_names import AUTO, BATCH, CHOICES, FAST, LaneChoice
 
 __all__ = ["AUTO", "BATCH", "CHOICES", "FAST", "SUBMIT_CONCURRENCY", "BackendLane", "Lane", "LaneChoice", "Lanes",
            "Sent"]

@@ -31,7 +31,7 @@ from corral.core.config import SafetySettings
 from corral.core.errors import CorralError, Forbidden, RateLimited
 from corral.core.jobs import JobSpec
 from corral.core.principals import Caller, Kind
-from corral.lanes.vocabulary import BATCH
+from corral.core.lane_names import BATCH
 from corral.safety.limits import Buckets
 from corral.safety.policy import Policy, Request, refusal_sizes
 from corral.safety.risk import tags_of

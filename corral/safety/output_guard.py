@@ -28,7 +28,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corral.lanes.local_runner import write_json
 from corral.core.output import read_page, read_tail
 from corral.core.safe_read import read_at
 from corral.safety import guard
@@ -150,7 +149,9 @@ class OutputGuard:
         prog.size += len(out)
         prog.secrets = list(dict.fromkeys(prog.secrets + kinds))
         prog.done = final and n == len(data)
-        write_json(state, asdict(prog))
+        tmp = state.with_suffix(".tmp")  # whole or not at all: a reader never sees half
+        tmp.write_text(json.dumps(asdict(prog)))
+        os.replace(tmp, state)
         return prog
 
 

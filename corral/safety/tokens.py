@@ -35,7 +35,7 @@ from corral.core.jobs import format_duration
 
 PREFIX = "crb_"
 STORAGE_ACTIONS = ("workspace_fork", "workspace_commit", "workspace_discard", "env_build")
-"""The storage verbs that change something (corral/storage/verbs.py): each its own action,
+"""The storage verbs that change something (corral/gateway/storage_verbs.py): each its own action,
 so a token narrowed to reading cannot fork, write a project back or start a build."""
 ACTIONS = ("submit", "cancel", "status", "read_output", "write_note", "read_notes", "advice", "manage", *STORAGE_ACTIONS)
 """What a token may be limited to. ``status`` covers reading jobs, waiting and usage (and

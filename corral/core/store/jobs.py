@@ -10,7 +10,7 @@ import json
 import time
 from typing import Any, Iterable, NamedTuple
 
-from corral.control.dependencies import Parent
+from corral.core.jobs import Parent
 from corral.core.jobs import Job, JobSpec, JobState, TERMINAL_STATES
 from corral.core.store.conn import Conn
 

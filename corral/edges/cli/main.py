@@ -20,7 +20,7 @@ import click
 
 from corral.edges.cli.kit import Ctx, fail, table, ts
 from corral.core.errors import CorralError, InvalidRequest
-from corral.lanes.vocabulary import CHOICES
+from corral.core.lane_names import CHOICES
 
 EPILOG = """\b
 Environment:
@@ -69,15 +69,15 @@ def _parse_kv(pairs: tuple[str, ...], what: str) -> dict[str, str]:
 
 
 LAZY = {
-    "analyze": "corral.analytics.commands:analyze", "synth": "corral.analytics.commands:synth",
-    "remember": "corral.memory.commands:remember", "recall": "corral.memory.commands:recall",
-    "advice": "corral.memory.commands:advice", "risk": "corral.safety.commands:risk",
-    "audit": "corral.safety.audit_commands:audit", "token": "corral.safety.token_commands:token",
-    "policy": "corral.safety.policy_commands:policy", "sandbox": "corral.edges.cli.sandbox_commands:sandbox",
+    "analyze": "corral.edges.cli.analytics_commands:analyze", "synth": "corral.edges.cli.analytics_commands:synth",
+    "remember": "corral.edges.cli.memory_commands:remember", "recall": "corral.edges.cli.memory_commands:recall",
+    "advice": "corral.edges.cli.memory_commands:advice", "risk": "corral.edges.cli.safety_commands:risk",
+    "audit": "corral.edges.cli.audit_commands:audit", "token": "corral.edges.cli.token_commands:token",
+    "policy": "corral.edges.cli.policy_commands:policy", "sandbox": "corral.edges.cli.sandbox_commands:sandbox",
     "control": "corral.edges.cli.job_commands:control", "usage": "corral.edges.cli.job_commands:usage",
-    "simulate": "corral.simulate.commands:simulate", "agent": "corral.edges.cli.agent_run:agent",
-    "slurm": "corral.edges.cli.slurm_plugin:slurm", "env": "corral.storage.commands:env",
-    "workspace": "corral.storage.commands:workspace",
+    "simulate": "corral.edges.cli.simulate_commands:simulate", "agent": "corral.edges.cli.agent_run:agent",
+    "slurm": "corral.edges.cli.slurm_plugin:slurm", "env": "corral.edges.cli.storage_commands:env",
+    "workspace": "corral.edges.cli.storage_commands:workspace",
 }
 """Commands imported when called, not at start (they pull in polars, Cedar, tree-sitter)."""
 
@@ -164,7 +164,7 @@ def serve(**opts: Any) -> None:
       corral serve --home /var/lib/corral --host 0.0.0.0 --port 8765
     """
     from corral.core.config import load_settings
-    from corral.core.server import serve as run_server
+    from corral.edges.http.serve import serve as run_server
 
     try:
         settings = load_settings(**opts)

@@ -29,7 +29,7 @@ from corral.edges.dashboard.history import History
 from corral.lanes.registry import FAST
 
 if TYPE_CHECKING:
-    from corral.core.service import Service
+    from corral.gateway.service import Service
 
 RECENT_S = 3600
 """A session is shown while it has live jobs or submitted within this long."""

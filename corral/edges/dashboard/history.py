@@ -21,7 +21,7 @@ from corral.edges.dashboard import plots
 from corral.lanes.registry import FAST
 
 if TYPE_CHECKING:
-    from corral.core.service import Service
+    from corral.gateway.service import Service
 
 WINDOW_S = 1800
 BUCKET_S = 60

@@ -25,7 +25,7 @@ from corral.core.principals import Caller, Kind
 from corral.edges.dashboard.board import Board
 
 if TYPE_CHECKING:
-    from corral.core.service import Service
+    from corral.gateway.service import Service
 
 COOKIE = "corral_dashboard"
 SIGNED_IN_S = 12 * 3600

@@ -23,7 +23,7 @@ from corral.core.errors import CorralError, Forbidden, RateLimited, Restarting, 
 from corral.edges.http.body import parse_body
 from corral.edges.mcp.gate import RequireToken, anonymous_endpoint
 from corral.core.principals import Caller, bearer_token
-from corral.core.service import Service
+from corral.gateway.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # The loops, readiness and the shutdown order are the runtime's (corral/core/runtime.py).
+        # The loops, readiness and the shutdown order are the runtime's (corral/gateway/runtime.py).
         runtime = service.runtime
         assert runtime is not None, "a service is served as the runtime assembled it (runtime.build_service)"
         async with mcp.session_manager.run(), anonymous_sessions.run(), runtime.running(stop_deadline_s):

@@ -13,6 +13,7 @@ import json
 import re
 from typing import Any, Callable
 
+from corral.core.text import text_problem
 from corral.core.errors import InvalidRequest
 
 _SUSPECT = re.compile(rb"\\u(?:[dD][89a-fA-F]|0000)")
@@ -49,17 +50,6 @@ def _depth(data: Any) -> int:
             deepest = max(deepest, d)
             stack.extend((child, d + 1) for child in node if isinstance(child, (list, dict)))
     return deepest
-
-
-def text_problem(text: str, where: str) -> str | None:
-    if "\x00" in text:
-        return f"{where} holds a NUL character (\\u0000); remove it"
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        return (f"{where} holds half of a UTF-16 surrogate pair ({text[e.start]!r} at character {e.start}), "
-                "which is not text; send valid Unicode")
-    return None
 
 
 def _first(data: Any, where: str, check: Callable[[str, str], str | None]) -> str | None:

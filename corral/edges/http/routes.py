@@ -20,7 +20,7 @@ from corral.edges import inputs, schemas
 from corral.edges.verbs import VERBS, Verb
 
 if TYPE_CHECKING:
-    from corral.core.service import Service
+    from corral.gateway.service import Service
 
 _BOUNDS = {at.Ge: "ge", at.Le: "le", at.Gt: "gt", at.Lt: "lt", at.MinLen: "min_length", at.MaxLen: "max_length"}
 

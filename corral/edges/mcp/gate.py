@@ -32,7 +32,7 @@ from corral.core.principals import bearer_token, session_holder
 if TYPE_CHECKING:
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
-    from corral.core.service import Service
+    from corral.gateway.service import Service
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from corral.edges.http.routes import model
 from corral.edges.verbs import BY_NAME, Verb
 
 if TYPE_CHECKING:
-    from corral.core.service import Service
+    from corral.gateway.service import Service
 
 
 class Ops(Protocol):

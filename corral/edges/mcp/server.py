@@ -27,7 +27,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from corral.edges.mcp.ops import Ops, RemoteOps, ServiceOps
 from corral.edges.mcp.tools import PROGRESS_S, WAIT_S, build_mcp, facility_card
 from corral.core.principals import bearer_token
-from corral.core.service import Service
+from corral.gateway.service import Service
 
 
 def gateway_mcp(service: Service) -> MCPServer:
@@ -48,7 +48,7 @@ def gateway_mcp(service: Service) -> MCPServer:
         return await service.facility(None)
 
     from corral.edges.mcp.tasks import JobTasks, task_key
-    from corral.storage.mcp_tools import env_answer
+    from corral.edges.mcp.storage_tools import env_answer
 
     tasks = JobTasks(ops_from, task_key(service.settings.home), env_answer,
                      lambda op: service.metrics.requests.labels("mcp", op).inc())

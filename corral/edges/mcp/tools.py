@@ -569,7 +569,7 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         return _result("\n".join(f"[note {n.get('id')}] {n.get('text')}" for n in notes) or "no note matches",
                        {"notes": notes})
 
-    from corral.storage.mcp_tools import register
+    from corral.edges.mcp.storage_tools import register
 
     register(mcp, ops_for, limit, progress_s, _guarded, _annotations, _result, _waiting)
 

@@ -44,7 +44,7 @@ from corral.lanes.local_runner import trees_rss_mb
 from corral.core.errors import BackendError
 from corral.lanes.fast import trace
 from corral.lanes.fast.hosts import Host, Hosts
-from corral.lanes.vocabulary import FAST
+from corral.core.lane_names import FAST
 
 if TYPE_CHECKING:
     from corral.sandbox.bwrap import Sandbox

@@ -14,29 +14,42 @@ import contextlib
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from corral.core.config import FastLaneSettings
 from corral.core.errors import CorralError
-from corral.core.jobs import JobSpec, JobState
-from corral.core.principals import PILOT_PRINCIPAL
+from corral.core.jobs import Job, JobSpec, JobState
+from corral.core.principals import PILOT_PRINCIPAL, Caller
 from corral.lanes.fast.launcher import SANDBOX_FILE
 
 from corral.lanes.fast.model import Waiting
-from corral.lanes.vocabulary import BATCH
+from corral.core.lane_names import BATCH
 from corral.core import paths
 
 if TYPE_CHECKING:
-    from corral.control.intake import Intake
-    from corral.control.progress import Progress
     from corral.core.db import Database
     from corral.lanes.registry import BackendLane
     from corral.lanes.fast.model import Shape, Site
 
 
+class Records(Protocol):
+    """What the pilots ask of the pipeline (control/intake.py's Intake): the lane sits below it."""
+
+    def service(self, name: str, session: str) -> Caller: ...
+
+    async def run_as(self, caller: Caller, lane: str, spec: JobSpec, *, unix_user: str | None = None,
+                     account: str | None = None) -> Job: ...
+
+
+class Outcomes(Protocol):
+    """Where an allocation's end is recorded (control/progress.py's Progress)."""
+
+    def ended(self, results: list[dict[str, Any]]) -> None: ...
+
+
 class Pilots:
-    def __init__(self, settings: FastLaneSettings, db: "Database", batch: "BackendLane", intake: "Intake",
-                 progress: "Progress") -> None:
+    def __init__(self, settings: FastLaneSettings, db: "Database", batch: "BackendLane", intake: "Records",
+                 progress: "Outcomes") -> None:
         self.settings, self.db, self.batch, self.intake, self.progress = settings, db, batch, intake, progress
         self._default: str | None = None
 

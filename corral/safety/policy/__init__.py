@@ -17,7 +17,7 @@ from typing import Any
 import cedarpy
 
 from corral.core.errors import InvalidRequest
-from corral.lanes.vocabulary import BATCH
+from corral.core.lane_names import BATCH
 
 HERE = Path(__file__).parent
 DEFAULT_POLICY = HERE / "default.cedar"

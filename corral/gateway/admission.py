@@ -30,11 +30,11 @@ from corral.core.jobs import Job, JobSpec
 from corral.core.principals import Caller, Kind, Principal
 from corral.lanes.placement import Placement, Placer
 from corral.lanes.registry import Lane, Lanes
-from corral.memory.verbs import MemoryVerbs
+from corral.gateway.memory_verbs import MemoryVerbs
 from corral.safety.audit import Audit
 from corral.safety.gate import Gate, job_resource, job_text
 from corral.sandbox.bwrap import Sandbox
-from corral.storage.verbs import StorageVerbs
+from corral.gateway.storage_verbs import StorageVerbs
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 1000

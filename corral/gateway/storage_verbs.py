@@ -30,7 +30,7 @@ from corral.core.errors import Forbidden, InvalidRequest
 from corral.core.jobs import JobSpec
 from corral.core.principals import Caller
 from corral.storage import IMAGE_AT, IMAGE_FILE, IMAGE_KEY, META_LABEL, OWN_LABELS, meta
-from corral.storage.images import Images
+from corral.gateway.images import Images
 from corral.storage.workspaces import Workspaces
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from corral.core.errors import InvalidRequest
-from corral.lanes.vocabulary import CHOICES
+from corral.core.lane_names import CHOICES
 
 if TYPE_CHECKING:  # imported where used: `corral policy --help` does not load Cedar
     from corral.safety import policy as pol

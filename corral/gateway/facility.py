@@ -6,17 +6,38 @@ parts; it changes nothing."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from corral.core.jobs import JobState
 from corral.core.principals import Caller
 from corral.safety.gate import budgets
 
 if TYPE_CHECKING:
-    from corral.core.service import Service
+    from corral.control.reconciler import Reconciler
+    from corral.core.db import Database
+    from corral.gateway.memory_verbs import MemoryVerbs
+    from corral.gateway.storage_verbs import StorageVerbs
+    from corral.lanes.registry import Lanes
+    from corral.safety.gate import Gate
+    from corral.sandbox.bwrap import Sandbox
+    from corral.sandbox.egress import Egress
 
 
-async def facility_card(service: "Service", caller: Caller | None) -> dict[str, Any]:
+class Parts(Protocol):
+    """The service's parts the card reads (gateway/service.py's ``Service`` has them):
+    named here so that the card need not import the service that calls it."""
+
+    db: "Database"
+    lanes: "Lanes"
+    reconciler: "Reconciler"
+    gate: "Gate"
+    memory: "MemoryVerbs"
+    storage: "StorageVerbs"
+    sandbox: "Sandbox | None"
+    egress: "Egress | None"
+
+
+async def facility_card(service: Parts, caller: Caller | None) -> dict[str, Any]:
     """Partitions, limits and queue pressure; with a caller, also who it is and its usage."""
     parts = await asyncio.to_thread(service.lanes.batch.partitions)  # may ask the scheduler once
     counts = service.db.count_jobs()

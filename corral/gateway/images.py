@@ -38,7 +38,7 @@ from corral.core.errors import Conflict, Forbidden, InvalidRequest, NotFound, Sa
 from corral.core.jobs import JobSpec, JobState
 from corral.core.output import read_tail
 from corral.core.principals import Caller
-from corral.lanes.vocabulary import BATCH
+from corral.core.lane_names import BATCH
 from corral.storage import mounts, requirements, scratch, staging
 from corral.storage.build import sha256_file
 

@@ -1,6 +1,6 @@
 """Runs one gateway process: logging, the state directory's lock, the port, the CLI's
 pointer and uvicorn around the HTTP app. What the gateway is made of, its loops and
-their shutdown order are the runtime's (corral/core/runtime.py)."""
+their shutdown order are the runtime's (corral/gateway/runtime.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from corral.core.config import Settings
 from corral.core.errors import InvalidRequest
 from corral.edges.http.bounds import bounded_protocol
 from corral.core.paths import drop_pointer, write_pointer
-from corral.core.runtime import STOP_DEADLINE_S, build_service
+from corral.gateway.runtime import STOP_DEADLINE_S, build_service
 
 __all__ = ["build_service", "lock_home", "port_taken", "raise_file_limit", "serve", "setup_logging"]
 

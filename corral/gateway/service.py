@@ -4,7 +4,7 @@ record (the audit) -> act (a lane), and answers status and listings from the
 gateway's own state, never a scheduler.
 
 The service holds parts that are built and tested alone, assembled by the runtime
-(corral/core/runtime.py, which also runs the background loops): the lanes
+(corral/gateway/runtime.py, which also runs the background loops): the lanes
 (``lanes.Lanes``), the Intake where every job is recorded, the Sender that hands
 recorded jobs to them, the Progress where their news lands (the one writer of a job's
 state), the reconciler, the gate, the audit, and the verbs of accounts
@@ -14,12 +14,13 @@ state), the reconciler, the gate, the audit, and the verbs of accounts
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
-from corral.core.accounts import Accounts
-from corral.core.admission import Admission
+from corral.gateway.accounts import Accounts
+from corral.gateway.admission import Admission
 from corral.core.config import Settings
 from corral.control.events import Events
 from corral.control.intake import Intake, audited
@@ -29,13 +30,14 @@ from corral.control.reconciler import Reconciler
 from corral.control.watchers import Watchers
 from corral.control.sender import Sender, context
 from corral.core.db import Database
-from corral.core.facility import facility_card
+from corral.gateway.facility import facility_card
+from corral.gateway.health import health
 from corral.core.faults import fault
 from corral.core.errors import CorralError, InvalidRequest, NotFound, Restarting
-from corral.core.job_control import JobControl
+from corral.gateway.job_control import JobControl
 from corral.core.jobs import MAX_INT, TERMINAL_STATES, Job, JobSpec, JobState, no_job
 from corral.lanes.registry import Lane, Lanes
-from corral.memory.verbs import MemoryVerbs
+from corral.gateway.memory_verbs import MemoryVerbs
 from corral.lanes.placement import Placer
 from corral.core.principals import Caller
 from corral.safety import guard
@@ -45,17 +47,25 @@ from corral.safety.credentials import Credentials
 from corral.safety.gate import Gate, budgets, job_resource, job_text
 from corral.sandbox.bwrap import Sandbox
 from corral.core.identity import Identities, Identity
-from corral.storage.verbs import StorageVerbs
+from corral.gateway.storage_verbs import StorageVerbs
 
 if TYPE_CHECKING:
-    from corral.core.runtime import Runtime
     from corral.sandbox.egress import Egress
 
 log = logging.getLogger(__name__)
 
 
+class Loops(Protocol):
+    """What the service knows of the runtime that runs its loops (gateway/runtime.py)."""
+
+    tasks: dict[str, "asyncio.Task[Any]"]
+
+    def running(self, stop_deadline_s: float | None = None,
+                leader: bool = True) -> "contextlib.AbstractAsyncContextManager[Any]": ...
+
+
 class Service:
-    """The verbs. Built by the runtime (corral/core/runtime.py) from parts that are each
+    """The verbs. Built by the runtime (corral/gateway/runtime.py) from parts that are each
     built and tested alone; it starts nothing and owns no loop."""
 
     def __init__(self, settings: Settings, db: Database, *, metrics: Metrics, watchers: Watchers, lanes: Lanes,
@@ -88,7 +98,7 @@ class Service:
         """The sandbox's egress proxy, when the facility allows some hosts; closed with the gateway."""
         self.identities = identities
         """Who each principal's jobs run as (corral/core/identity.py), where the gateway assigns it."""
-        self.runtime: "Runtime | None" = None
+        self.runtime: "Loops | None" = None
         """What runs the loops around these verbs (set by the runtime that assembled them)."""
 
     def authenticate(self, token: str | None, session: str | None = None) -> Caller:
@@ -375,14 +385,12 @@ class Service:
 
     async def facility(self, caller: Caller | None) -> dict[str, Any]:
         """Partitions, limits and queue pressure; with a caller, also who it is and its usage
-        (corral/core/facility.py)."""
+        (corral/gateway/facility.py)."""
         return await facility_card(self, caller)
 
     def health(self) -> dict[str, Any]:
-        """The gateway's signs of life (corral/core/runtime.py): its loops and the reconciler's beat."""
-        from corral.core.runtime import health
-
-        return health(self, self.runtime)
+        """The gateway's signs of life (corral/gateway/runtime.py): its loops and the reconciler's beat."""
+        return health(self.reconciler, self.lanes.batch.name, self.runtime.tasks if self.runtime is not None else {})
 
 
 def identity_of(caller: Caller, sandbox: Sandbox | None, identities: Identities | None) -> Identity | None:

@@ -9,7 +9,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from corral.core.errors import Conflict, CorralError, InvalidRequest
-from corral.edges.http.body import text_problem
+from corral.core.text import text_problem
 from corral.core.jobs import JobSpec, JobState, no_job, parse_duration_s
 from corral.core.principals import PILOT_PRINCIPAL, Caller, Principal
 from corral.safety import guard
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from corral.memory.semantic import SemanticRecall
     from corral.memory.store import Memory
 
-log = logging.getLogger("corral.core.service")
+log = logging.getLogger("corral.gateway.service")
 
 SEMANTIC_DEPTH = 200
 """Nearest notes asked of the semantic index, before those the caller may not read are

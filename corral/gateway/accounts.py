@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral.core.store.conn import INTEGRITY_ERRORS
 from corral.core.errors import Conflict, Forbidden, InvalidRequest
-from corral.edges.http.body import text_problem
+from corral.core.text import text_problem
 from corral.core.principals import Caller, Kind, Principal, check_name, new_token
 from corral.safety.tokens import Caveats, expires_in
 

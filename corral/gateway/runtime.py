@@ -33,15 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Coroutine, Literal
 
-from corral.core.accounts import Accounts
-from corral.core.admission import Admission
+from corral.gateway.accounts import Accounts
+from corral.gateway.admission import Admission
 from corral.core.clock import Clock
 from corral.core.config import Settings
 from corral.core.db import Database
 from corral.core.errors import CorralError
 from corral.core.identity import Identities
-from corral.core.job_control import JobControl
-from corral.core.service import Service, identity_of
+from corral.gateway.job_control import JobControl
+from corral.gateway.service import Service, identity_of
 from corral.control.events import Events
 from corral.control.intake import Intake
 from corral.control.metrics import Metrics
@@ -54,7 +54,7 @@ from corral.lanes.local import LocalBackend
 from corral.lanes.placement import Placer
 from corral.lanes.registry import Lanes
 from corral.memory.facts import Facts
-from corral.memory.verbs import MemoryVerbs
+from corral.gateway.memory_verbs import MemoryVerbs
 from corral.safety.audit import Audit, AuditLog
 from corral.safety.credentials import Credentials
 from corral.safety.gate import Gate
@@ -62,7 +62,7 @@ from corral.safety.output_guard import OutputGuard
 from corral.sandbox.bwrap import Sandbox, build
 from corral.sandbox.egress import Egress
 from corral.storage.scratch import prepare as prepare_scratch
-from corral.storage.verbs import SCRATCH_DIRS, StorageVerbs, scratch_dir
+from corral.gateway.storage_verbs import SCRATCH_DIRS, StorageVerbs, scratch_dir
 
 if TYPE_CHECKING:
     from corral.lanes.slurm.submitter import Submitter
@@ -269,7 +269,7 @@ class Runtime:
     @property
     def ready(self) -> bool:
         """Started, and every loop it started still runs (or returned: nothing to do here)."""
-        return bool(self.tasks) and not health(self.service, self)["stalled"]
+        return bool(self.tasks) and not self.service.health()["stalled"]
 
     async def stop(self, deadline_s: float | None = None) -> None:
         """Steps 1 to 5 of the module's shutdown order."""
@@ -316,30 +316,6 @@ class Runtime:
             except Exception:  # a full disk or a locked database: next time
                 log.exception("housekeeping failed")
             await asyncio.sleep(interval_s)
-
-
-def health(service: Service, runtime: Runtime | None) -> dict[str, Any]:
-    """The gateway's signs of life: ``stalled`` names a loop that died or (the
-    reconciler) stopped going round; /healthz then answers 503."""
-    r = service.reconciler
-    tasks = runtime.tasks if runtime is not None else {}
-    loops = {name: _loop_state(t) for name, t in tasks.items()}
-    stalled = [name for name, state in loops.items() if state not in ("running", "done")]
-    if "reconciler" in tasks and (r.last_beat is None or time.time() - r.last_beat > r.stall_after_s()):
-        stalled.append("reconciler")
-    return {"ok": r.degraded is None and not stalled, "backend": service.lanes.batch.name,
-            "degraded": r.degraded, "last_tick": r.last_tick, "last_beat": r.last_beat,
-            "loops": loops, "stalled": sorted(set(stalled))}
-
-
-def _loop_state(task: "asyncio.Task[Any]") -> str:
-    """running; done (it returned: nothing for it to do here, e.g. a feature off); or how it died."""
-    if not task.done():
-        return "running"
-    if task.cancelled():
-        return "cancelled"
-    exc = task.exception()
-    return "done" if exc is None else f"died: {exc!r}"[:200]
 
 
 async def settle(tasks: list[asyncio.Task[Any]], timeout: float, cancel: bool = True) -> list[str]:

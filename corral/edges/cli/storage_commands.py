@@ -61,7 +61,7 @@ def env_build(o: Ctx, file: Path, name: str | None, rebuild: bool, no_wait: bool
     -c, -e, --index-url, --find-links, paths or file: URLs). The install runs as your own
     job, in your sandbox. Asking again for the same file answers at once with the image
     you (or your identity) already built."""
-    from corral.storage.images import KINDS
+    from corral.gateway.images import KINDS
 
     if file.name not in KINDS:
         raise InvalidRequest(f"{file.name} is not one of {', '.join(KINDS)}; rename it or point at the right file")
