@@ -1,5 +1,5 @@
 """The runtime: one gateway assembled from settings, its background loops, its
-readiness and its shutdown order. ``Service`` (core/service.py) keeps the verbs; this
+readiness and its shutdown order. ``Service`` (gateway/service.py) keeps the verbs; this
 module builds every part it holds, declares each loop once (``Runtime.loops``), starts
 them and stops them. The HTTP edge's lifespan is one call: ``runtime.running()``.
 

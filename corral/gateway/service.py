@@ -87,11 +87,11 @@ class Service:
         self.intake = intake
         """Where every job is recorded with its allow record (control/intake.py)."""
         self.admission = admission
-        """What a submission passes before it is recorded (core/admission.py); plan and advice run it too."""
+        """What a submission passes before it is recorded (gateway/admission.py); plan and advice run it too."""
         self.storage = storage
         """Environment images, workspaces, metadata accounting (corral/storage/)."""
         self.jobctl = jobctl
-        """job_control and job_usage (job_control.py)."""
+        """job_control and job_usage (gateway/job_control.py)."""
         self.sandbox = sandbox
         """What contains jobs (the backends and the fast lane apply it); None: nothing is contained."""
         self.egress = egress
@@ -272,13 +272,13 @@ class Service:
         return [self.db.get_job(j.id) or j for j in jobs]
 
     async def control(self, caller: Caller, job_id: int, action: str, signal: str | int | None = None) -> Job:
-        """Hold, release, requeue or signal one job, where its lane can (job_control.py)."""
+        """Hold, release, requeue or signal one job, where its lane can (gateway/job_control.py)."""
         with self.audit.refusals(caller, "control", {"job_id": job_id, "action": action}):
             job = self.get_job(caller, job_id)
         return await self.jobctl.control(caller, job, action, signal)
 
     async def usage(self, caller: Caller, job_id: int) -> dict[str, Any]:
-        """What a finished job used against what it asked (job_control.py)."""
+        """What a finished job used against what it asked (gateway/job_control.py)."""
         out = await self.jobctl.usage(caller, self.get_job(caller, job_id))
         ops = self.storage.job_ops(job_id)
         if ops is not None:
