@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from corral.lanes.backend import SubmitContext
 from corral.core.db import Database
@@ -42,6 +42,10 @@ class Sender:
         self.ended: list[int] = []
         """Jobs this Sender ended itself (a dependency never satisfied): the reconciler's
         next tick tells their waiters."""
+        self.leading = True
+        """This replica sends (the leader; a lone gateway always). A follower records and
+        calls ``wake_leader`` instead: one replica asks the scheduler (gateway/runtime.py)."""
+        self.wake_leader: Callable[[], None] = lambda: None
         self.needed_dirs: list[Path] = []
         """Directories a job needs to exist when it is sent (node-local scratch the sandbox
         binds): recreated if a cleaner (systemd-tmpfiles' age rule) removed them."""
@@ -65,6 +69,10 @@ class Sender:
         recording, raise the first scheduler failure (the reconciler then backs off).
         -> job id: backend id, for the jobs a lane took."""
         taken: dict[int, str] = {}
+        if not self.leading:  # recorded: the leader's sender sends it, woken now rather than at its tick
+            if jobs:
+                self.wake_leader()
+            return taken
         self._recreate_missing()
         by_lane: dict[str, list[tuple[Job, SubmitContext]]] = {}
         for job, ctx in self._ready(jobs):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from typing import Iterable
+from typing import Callable, Iterable
 
 from corral.control.metrics import Metrics
 
@@ -19,6 +19,9 @@ class Watchers:
         self.metrics = metrics
         self.stopping = False
         """Set when the gateway begins to stop: every long-poll wakes and answers 'call again'."""
+        self.publish: Callable[[list[int]], None] | None = None
+        """Tells the other replicas of these changes (set by the runtime on a shared store):
+        their long-polls and event streams wake as this one's do."""
 
     async def wait(self, job_id: int, timeout: float) -> bool:
         """Sleep until ``job_id`` changes or ``timeout`` passes. -> True if woken."""
@@ -54,8 +57,21 @@ class Watchers:
                 event.set()
 
     def notify(self, job_ids: Iterable[int]) -> None:
-        for job_id in job_ids:
-            for event in self._events.get(job_id, ()):
-                event.set()
+        """Jobs changed here: wake this replica's waiters, and tell the others."""
+        ids = list(job_ids)
+        self.wake(ids)
+        if self.publish is not None and ids:
+            self.publish(ids)
+
+    def wake(self, job_ids: Iterable[int] | None) -> None:
+        """Wake the waiters on these jobs (None: on every job) and the event streams."""
+        if job_ids is None:
+            for events in self._events.values():
+                for event in events:
+                    event.set()
+        else:
+            for job_id in job_ids:
+                for event in self._events.get(job_id, ()):
+                    event.set()
         for event in self._any:
             event.set()

@@ -185,6 +185,8 @@ class HealthOut(_Out):
     last_beat: float | None = Field(None, description="When the reconciler's loop last went round, busy or idle.")
     loops: dict[str, str] = Field(default_factory=dict, description="Each background loop: running, or how it ended.")
     stalled: list[str] = Field(default_factory=list, description="Loops dead or silent too long (then 503).")
+    leader: bool = Field(False, description="This replica runs the facility's loops (a lone gateway always).")
+    replica: str | None = Field(None, description="This replica's name, on a shared PostgreSQL store.")
 
 
 class FacilityOut(_Out):

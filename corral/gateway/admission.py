@@ -18,6 +18,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
+from corral.core.store.conn import INTEGRITY_ERRORS
 from corral.control.dependencies import judge
 from corral.control.intake import Intake, audited
 from corral.core import workdirs
@@ -113,8 +114,15 @@ class Admission:
         # A crash before the commit leaves an allow record of a job that never existed (its
         # id and submit time name it), never a job without its decision.
         fault("before_insert")
-        inserted = self.intake.record(caller, [(lane.name, spec) for spec, lane in new], rule, key=key,
-                                      digest=digest, hold=hold)
+        try:
+            inserted = self.intake.record(caller, [(lane.name, spec) for spec, lane in new], rule, key=key,
+                                          digest=digest, hold=hold)
+        except INTEGRITY_ERRORS:
+            # The same key inserted meanwhile by another replica (one store, many gateways): its jobs stand.
+            replay = self._replay(caller, key, n, digest) if key is not None else None
+            if replay is None:
+                raise
+            return replay, False, [[] for _ in replay], "idempotent-replay"
         made = iter(inserted)
         jobs, advice = [], []
         for t in texts:

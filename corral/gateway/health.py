@@ -11,17 +11,19 @@ if TYPE_CHECKING:
     from corral.control.reconciler import Reconciler
 
 
-def health(r: "Reconciler", backend: str, tasks: dict[str, "asyncio.Task[Any]"]) -> dict[str, Any]:
+def health(r: "Reconciler", backend: str, tasks: dict[str, "asyncio.Task[Any]"], leader: bool = False,
+           replica: str | None = None) -> dict[str, Any]:
     """The gateway's signs of life: ``stalled`` names a loop that died or (the
     reconciler) stopped going round; /healthz then answers 503. ``tasks``: the running
-    loops by name (none before the runtime starts them)."""
+    loops by name (none before the runtime starts them); ``leader``: they include the
+    facility's; ``replica``: this replica's name on a shared store (gateway/replicas.py)."""
     loops = {name: _loop_state(t) for name, t in tasks.items()}
     stalled = [name for name, state in loops.items() if state not in ("running", "done")]
     if "reconciler" in tasks and (r.last_beat is None or time.time() - r.last_beat > r.stall_after_s()):
         stalled.append("reconciler")
     return {"ok": r.degraded is None and not stalled, "backend": backend,
             "degraded": r.degraded, "last_tick": r.last_tick, "last_beat": r.last_beat,
-            "loops": loops, "stalled": sorted(set(stalled))}
+            "loops": loops, "stalled": sorted(set(stalled)), "leader": leader, "replica": replica}
 
 
 def _loop_state(task: "asyncio.Task[Any]") -> str:

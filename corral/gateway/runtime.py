@@ -6,8 +6,9 @@ them and stops them. The HTTP edge's lifespan is one call: ``runtime.running()``
 Where each loop runs. ``facility`` loops act on state one per facility (the jobs table,
 the scheduler, the fast lane's allocations): a second replica of the gateway must not run
 them twice, so only the leader does. ``replica`` loops look after one process (its event
-loop's lag) and run on every replica. Today one gateway is both (``leader=True``); the HA
-work chooses the leader and starts the others with ``leader=False``.
+loop's lag) and run on every replica. A lone gateway (SQLite) is both; on a PostgreSQL
+store the replica holding the leader's lock runs the facility's loops and the others start
+them when they take it over (gateway/replicas.py, decision 0033).
 
 The shutdown order (``Runtime.stop``), each step after the one before:
 
@@ -65,6 +66,7 @@ from corral.storage.scratch import prepare as prepare_scratch
 from corral.gateway.storage_verbs import SCRATCH_DIRS, StorageVerbs, scratch_dir
 
 if TYPE_CHECKING:
+    from corral.gateway.replicas import Replicas
     from corral.lanes.slurm.submitter import Submitter
 
 log = logging.getLogger("corral")
@@ -241,6 +243,8 @@ class Runtime:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         """The running loops by name (empty before ``start``), for ``health``."""
         self.leader = False
+        self.replicas: "Replicas | None" = None
+        """How this replica leads or follows, on a shared (PostgreSQL) store."""
 
     def loops(self) -> list[Loop]:
         """Every background loop of this gateway, where it runs and how often."""
@@ -259,12 +263,36 @@ class Runtime:
             *(Loop(f"lane-{lane.name}", lane.run, st.tick_s, "facility") for lane in s.lanes),
         ]
 
-    def start(self, leader: bool = True) -> None:
-        """Start this replica's loops: all of them on the leader, the ``replica`` ones elsewhere."""
-        self.leader = leader
+    def start(self, leader: bool | None = None) -> None:
+        """Start this replica's loops: the ``replica`` ones now; the ``facility`` ones now
+        if ``leader``, never if False, and with None while this replica leads (a lone
+        gateway on SQLite always; on PostgreSQL while it holds the leader's lock:
+        gateway/replicas.py)."""
         for loop in self.loops():
-            if leader or loop.scope == "replica":
+            if loop.scope == "replica":
                 self.tasks[loop.name] = asyncio.create_task(loop.start(), name=loop.name)
+        if leader is None and self.service.db.dialect == "postgresql":
+            from corral.gateway.replicas import Replicas
+
+            self.replicas = Replicas(self)
+            self.tasks["replicas"] = asyncio.create_task(self.replicas.run(), name="replicas")
+        elif leader is not False:
+            self.lead()
+
+    def lead(self) -> None:
+        """Start the facility's loops (this replica leads)."""
+        self.leader = True
+        for loop in self.loops():
+            if loop.scope == "facility" and loop.name not in self.tasks:
+                self.tasks[loop.name] = asyncio.create_task(loop.start(), name=loop.name)
+
+    def follow(self) -> None:
+        """Stop the facility's loops (another replica leads, or will)."""
+        self.leader = False
+        for loop in self.loops():
+            task = self.tasks.pop(loop.name, None) if loop.scope == "facility" else None
+            if task is not None:
+                task.cancel()
 
     @property
     def ready(self) -> bool:
@@ -285,7 +313,8 @@ class Runtime:
             s.egress.close()
 
     @contextlib.asynccontextmanager
-    async def running(self, stop_deadline_s: float | None = None, leader: bool = True) -> AsyncIterator["Runtime"]:
+    async def running(self, stop_deadline_s: float | None = None,
+                      leader: bool | None = None) -> AsyncIterator["Runtime"]:
         """The loops for the life of the block, stopped in order when it ends."""
         self.start(leader)
         # Move start-up objects out of the collector's reach: fewer, shorter GC pauses on the request path.

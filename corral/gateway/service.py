@@ -59,9 +59,11 @@ class Loops(Protocol):
     """What the service knows of the runtime that runs its loops (gateway/runtime.py)."""
 
     tasks: dict[str, "asyncio.Task[Any]"]
+    leader: bool
+    replicas: Any  # how it leads or follows on a shared store (gateway/replicas.py), or None
 
     def running(self, stop_deadline_s: float | None = None,
-                leader: bool = True) -> "contextlib.AbstractAsyncContextManager[Any]": ...
+                leader: bool | None = None) -> "contextlib.AbstractAsyncContextManager[Any]": ...
 
 
 class Service:
@@ -390,7 +392,9 @@ class Service:
 
     def health(self) -> dict[str, Any]:
         """The gateway's signs of life (corral/gateway/runtime.py): its loops and the reconciler's beat."""
-        return health(self.reconciler, self.lanes.batch.name, self.runtime.tasks if self.runtime is not None else {})
+        rt = self.runtime
+        return health(self.reconciler, self.lanes.batch.name, rt.tasks if rt else {}, bool(rt and rt.leader),
+                      rt.replicas.id if rt and rt.replicas else None)
 
 
 def identity_of(caller: Caller, sandbox: Sandbox | None, identities: Identities | None) -> Identity | None:

@@ -266,11 +266,13 @@ class LocalBackend:
                     self._finish(d, "CANCELLED", None, "cancelled while pending")
                     continue
                 r = self._running.get(bid)
+                # Another replica's start (this one follows): its supervisor named in running.json.
+                pid = r.pid if r is not None else (_read_json(d / "running.json") or {}).get("pid")
                 # Signal only a supervisor that has set its handler (it wrote running.json
                 # after); one still starting finds the cancel file before it starts the job.
-                if r is not None and r.pid is not None and (d / "running.json").exists() and _alive(r.pid):
+                if pid is not None and (d / "running.json").exists() and _alive(pid):
                     try:
-                        os.kill(r.pid, 15)
+                        os.kill(pid, 15)
                     except ProcessLookupError:
                         pass
 
@@ -389,6 +391,16 @@ class LocalBackend:
             raise InvalidRequest(
                 f"walltime {format_duration(spec.walltime_s)} is over the limit of {format_duration(self.max_walltime_s)}; ask for less"
             )
+
+    def take_over(self) -> None:
+        """This gateway leads now; another replica sent and started jobs meanwhile: what
+        runs and what waits is read again from disk, as after a restart."""
+        with self._lock:
+            self._queue.clear()
+            self._running.clear()
+            self._done.clear()
+            self._held.clear()
+        self._recover()
 
     # -- internals (called with the lock held) ------------------------------------------
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import fcntl
 import hashlib
 import hmac
 import json
@@ -58,6 +59,8 @@ class AuditLog:
         self.segment_bytes = segment_bytes
         self.key = self._key(key_path)
         self._lock = threading.Lock()
+        self._wrote: tuple[int, int] = (-1, -1)
+        """(inode, size) of the live file after this process's last write."""
         tail = self._tail()
         # The file may hold records past the database's head: appended in a submission's
         # transaction that then did not commit (a crash, a full disk). They are sealed, so
@@ -100,8 +103,12 @@ class AuditLog:
 
     def append(self, records: list[dict[str, Any]]) -> tuple[int, str]:
         """Append decisions (one write); -> the new head (seq, mac), for the database to keep.
-        A write that fails (a full disk) leaves the file as it was: no torn line."""
-        with self._lock:
+        A write that fails (a full disk) leaves the file as it was: no torn line. Replicas
+        sharing the home append to one chain: each write holds the file's lock, and one
+        that finds the file grown since its own last write goes on from the other's tail."""
+        with self._lock, self._exclusive() as (fd, st):
+            if (st.st_ino, st.st_size) != self._wrote:
+                self.seq, self.mac = self._tail()  # another replica appended (or rotated) since
             seq, mac, lines = self.seq, self.mac, []
             now = round(time.time(), 6)
             for record in records:
@@ -110,23 +117,41 @@ class AuditLog:
                 mac = self._sign(mac, body)
                 lines.append(f"{mac} {body}\n")
             data = "".join(lines).encode("utf-8", "backslashreplace")
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            size = st.st_size
             try:
-                size = os.fstat(fd).st_size
-                try:
-                    written = os.write(fd, data)
-                    while written < len(data):  # a short write: the disk filled on the way
-                        written += os.write(fd, data[written:])
-                except OSError:
-                    with contextlib.suppress(OSError):
-                        os.ftruncate(fd, size)  # freeing needs no space
-                    raise
-            finally:
-                os.close(fd)
+                written = os.write(fd, data)
+                while written < len(data):  # a short write: the disk filled on the way
+                    written += os.write(fd, data[written:])
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)  # freeing needs no space
+                raise
             self.seq, self.mac = seq, mac
+            self._wrote = (st.st_ino, size + len(data))
             if self.segment_bytes and size + len(data) >= self.segment_bytes:
                 self._rotate()
+                self._wrote = (-1, -1)
             return seq, mac
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[tuple[int, os.stat_result]]:
+        """The live file open for appending, locked against every other writer (other
+        replicas on this home): -> (fd, its stat). A file rotated away while this one
+        waited for the lock is let go and the new live file taken."""
+        while True:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                st = os.fstat(fd)
+                try:
+                    current = os.stat(self.path).st_ino
+                except FileNotFoundError:
+                    current = -1
+                if current == st.st_ino:
+                    yield fd, st
+                    return
+            finally:
+                os.close(fd)  # closing releases the lock
 
     def _rotate(self) -> None:
         """Close the live file as a segment named by its first record. Only whole

@@ -6,6 +6,7 @@ on SQLite (the embedded default, a file in HOME) or PostgreSQL (``[store] url =
     accounts.py  Accounts      principals and opaque tokens                   (db.get_principal ...)
     events.py    Events        the job_events stream after a cursor           (db.events ...)
     audit.py     Audit         the audit chain's head                          (db.audit_head ...)
+    cluster.py   Signals       word of changes to the other replicas; the lead (db.notify; Coordinator)
     safety.py    SafetyRecords token blocks, revocations, taint, budget use   (db.safety)
     memory.py    MemoryRecords episodes, notes and their index, facts, vectors (db.memory)
     storage.py   StorageRecords images, workspaces, metadata counts           (db.storage, own connection)
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from corral.core.store.accounts import Accounts
 from corral.core.store.audit import Audit
+from corral.core.store.cluster import Signals
 from corral.core.store.conn import INTEGRITY_ERRORS, Conn
 from corral.core.store.events import Events
 from corral.core.store.jobs import HELD_REASON, Jobs, Run
@@ -41,7 +43,7 @@ def store_url(where: Path | str) -> str:
     return str(where)
 
 
-class Database(Jobs, Accounts, Events, Audit):
+class Database(Jobs, Accounts, Events, Audit, Signals):
     """One store, open: a connection, its schema brought up to date, and each concern."""
 
     def __init__(self, where: Path | str) -> None:

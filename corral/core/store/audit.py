@@ -17,4 +17,6 @@ class Audit:
 
     def set_audit_head(self, seq: int, mac: str) -> None:
         self.conn.execute("INSERT INTO audit_head (id, seq, mac) VALUES (1, ?, ?) "
-                          "ON CONFLICT(id) DO UPDATE SET seq=excluded.seq, mac=excluded.mac", (seq, mac))
+                          "ON CONFLICT(id) DO UPDATE SET seq=excluded.seq, mac=excluded.mac "
+                          # Replicas append to one chain: a head set late never moves it back.
+                          "WHERE audit_head.seq < excluded.seq", (seq, mac))

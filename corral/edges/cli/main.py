@@ -151,6 +151,8 @@ def cli(ctx: click.Context, url: str | None, token: str | None, session: str | N
 @click.option("--backend", type=click.Choice(["local", "slurm"]), help="Where jobs run: local processes (default) or Slurm.")
 @click.option("--tick", "tick_s", type=float, help="Seconds between backend status polls (default 0.5).")
 @click.option("--cpus", "local_cpus", type=int, help="CPU slots of the local backend (default: this machine's cores).")
+@click.option("--store", "store_url", help="The store: postgresql://USER@HOST:PORT/DB (several replicas share it) "
+              "or a SQLite file (default HOME/corral.db); as [store] url.")
 def serve(**opts: Any) -> None:
     """Start the gateway: HTTP API, reconciler and backend, in the foreground.
 
@@ -162,10 +164,14 @@ def serve(**opts: Any) -> None:
       corral serve                                  # local backend, state in ./.corral (as make run)
       corral serve --backend slurm                  # jobs are Slurm jobs (SLURM_CONF)
       corral serve --home /var/lib/corral --host 0.0.0.0 --port 8765
+      corral serve --store postgresql://corral@db:5432/corral --port 8766   # one of N replicas
     """
     from corral.core.config import load_settings
     from corral.edges.http.serve import serve as run_server
 
+    url = opts.pop("store_url", None)
+    if url:
+        opts["store"] = {"url": url}
     try:
         settings = load_settings(**opts)
     except InvalidRequest as e:

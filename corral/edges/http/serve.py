@@ -125,7 +125,11 @@ def serve(settings: Settings) -> None:
     why = port_taken(settings.host, settings.port)
     if why:
         raise InvalidRequest(why, hint="stop what holds it, or start with --port N (0: any free port)")
-    lock = lock_home(settings.home)  # before anything starts: a second gateway touches no job
+    # Before anything starts: a second gateway on this home touches no job. On a PostgreSQL
+    # store replicas share the home (its jobs, its audit chain): the store's leader lock
+    # is what lets one of them act on the facility (gateway/replicas.py).
+    shared = settings.store_url.startswith(("postgresql://", "postgres://"))
+    lock = None if shared else lock_home(settings.home)
     setup_logging(settings)
     # `kill -USR1 <pid>` prints every thread's stack to stderr: how to see where a gateway
     # that will not stop (or answer) is stuck, without stopping it.
@@ -167,4 +171,5 @@ def serve(settings: Settings) -> None:
     finally:
         if pointer is not None:
             drop_pointer(settings.port, settings.home)
-        lock.close()
+        if lock is not None:
+            lock.close()

@@ -1,0 +1,84 @@
+"""Replicas: N gateways on one PostgreSQL store, behind any HTTP load balancer. Any
+replica answers any request; one of them, the leader, runs the facility's loops (the
+reconciler and its sender, the lanes' pool managers, the facts, the collectors), so the
+scheduler is asked once per tick whatever N is.
+
+The leader holds the store's advisory lock (corral/core/store/cluster.py: the
+Coordinator tries it about every second on a dedicated session). Gaining it: the lanes
+read again what the previous leader started (``take_over``), the sender sends, the
+facility's loops start and the reconciler ticks at once (jobs recorded meanwhile are
+sent). Losing it (its session ended: the store restarted, the network failed): the loops
+stop and the sender stops sending; the server has already released the lock for a
+follower to take.
+
+Between replicas: a change of jobs' states here is published (``NOTIFY``) and wakes the
+long-polls and event streams of every other replica; a job recorded by a follower is not
+sent by it but wakes the leader's reconciler, which sends it (send_unsent) at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from typing import TYPE_CHECKING
+
+from corral.core.store.cluster import Coordinator
+
+if TYPE_CHECKING:
+    from corral.gateway.runtime import Runtime
+
+log = logging.getLogger("corral")
+
+MAX_IDS = 400
+"""More jobs than this changed at once are published as '*': every waiter wakes and re-reads."""
+
+
+class Replicas:
+    def __init__(self, runtime: "Runtime") -> None:
+        self.runtime = runtime
+        s = runtime.service
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        """This replica, in its words to the others (its own words come back: ignored)."""
+        self.coordinator = Coordinator(s.db.url, self._gained, self._lost, self._heard)
+        s.sender.leading = False  # until the lock is ours
+        s.sender.wake_leader = lambda: self._say("s", "")
+        s.watchers.publish = self._publish
+
+    async def run(self) -> None:
+        await self.coordinator.run()
+
+    def _publish(self, job_ids: list[int]) -> None:
+        self._say("j", "*" if len(job_ids) > MAX_IDS else ",".join(map(str, job_ids)))
+
+    def _say(self, kind: str, payload: str) -> None:
+        try:
+            self.runtime.service.db.notify(f"{self.id}|{kind}|{payload}")
+        except Exception as e:  # a word lost costs the others latency (their waits time out and re-read)
+            log.warning("replicas: could not tell the others of a change (%s)", e)
+
+    def _heard(self, payload: str) -> None:
+        rid, kind, rest = (payload.split("|", 2) + ["", ""])[:3]
+        if rid == self.id:
+            return
+        s = self.runtime.service
+        if kind == "j":
+            s.watchers.wake(None if rest == "*" else [int(x) for x in rest.split(",") if x])
+        elif kind == "s" and self.runtime.leader:
+            s.reconciler.kick()
+
+    def _gained(self) -> None:
+        log.warning("replicas: %s leads now: it runs the facility's loops (reconciler, sender, lanes)", self.id)
+        s = self.runtime.service
+        take_over = getattr(self.runtime.backend, "take_over", None)
+        if take_over is not None:
+            take_over()
+        s.sender.leading = True
+        self.runtime.lead()
+        s.reconciler.kick()
+
+    def _lost(self) -> None:
+        log.warning("replicas: %s leads no more: its facility loops stop", self.id)
+        self.runtime.service.sender.leading = False
+        self.runtime.follow()
