@@ -102,7 +102,8 @@ def build_service(settings: Settings, clock: Clock | None = None) -> Service:
         sandbox, egress = _sandbox(settings, [])
         backend = LocalBackend(settings.home / "local", settings.local_cpus, settings.local_memory_mb,
                                settings.local_max_walltime_s, sandbox, identities=identities,
-                               output_max=settings.sandbox.output_max)
+                               output_max=settings.sandbox.output_max,
+                               recover=not settings.store_url.startswith(("postgresql://", "postgres://")))
         private = [scratch]
     service = assemble(settings, db, backend, clock=clock, sandbox=sandbox, egress=egress, identities=identities,
                        private_state=private)

@@ -104,7 +104,7 @@ class LocalBackend:
 
     def __init__(self, root: Path, cpus: int, memory_mb: int, max_walltime_s: int = 7 * 86400,
                  sandbox: "Sandbox | None" = None, identities: "Identities | None" = None,
-                 output_max: int | None = None) -> None:
+                 output_max: int | None = None, recover: bool = True) -> None:
         # Absolute: supervisors run with the job directory as their cwd.
         self.root = Path(root).resolve()
         self.jobs_dir = self.root / "jobs"
@@ -127,7 +127,8 @@ class LocalBackend:
         self._running: dict[str, _Running] = {}
         self._done: dict[str, BackendStatus] = {}  # terminal results never change: read once
         self._held: set[str] = set()  # queued jobs held by their owner (DIR/held): not started
-        self._recover()
+        if recover:  # else when this replica takes the lead (take_over): a follower starts nothing
+            self._recover()
 
     # -- Backend Protocol ---------------------------------------------------------
 
@@ -431,8 +432,11 @@ class LocalBackend:
         for bid, (cpus, memory_mb) in list(self._queue.items()):
             if free_cpu <= 0:
                 break
-            if bid in self._held:
+            # The file decides, not memory: a hold or release may have come through another replica.
+            if (self.jobs_dir / bid / "held").exists():
+                self._held.add(bid)
                 continue
+            self._held.discard(bid)
             if cpus <= free_cpu and memory_mb <= free_mem:
                 del self._queue[bid]
                 self._start(bid, cpus, memory_mb)

@@ -1,0 +1,227 @@
+"""Replicas under failure (issue 37 items 2-5): N `corral serve` replicas on one home and
+one PostgreSQL (scripts/postgres-up, a fresh database), the local backend; 100 agents
+submit with idempotency keys and wait, each request to a replica picked at random (a load
+balancer's round robin; a refused connection is retried on another, as HAProxy's
+`option redispatch` does); meanwhile the leader is killed -9 several times (and a
+follower once) and restarted. Then the status path's throughput on 1 replica and on all,
+and the scheduler polls per reconciler tick summed over the replicas.
+
+    python bench/ha.py [--quick] [--replicas 3] [--agents 100]
+
+lost: jobs acknowledged (an id returned) that did not complete, or never ran;
+duplicated: jobs whose command ran more than once (each appends its id to a file of its
+own). Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.conftest import Gateway, drop_scratch, free_port  # noqa: E402
+from tests.pg_env import fresh_database  # noqa: E402
+
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "UNKNOWN", "OUT_OF_MEMORY", "NODE_FAIL"}
+
+
+def alive(gws: list[Gateway]) -> list[Gateway]:
+    return [g for g in gws if g.proc is not None and g.proc.poll() is None]
+
+
+async def leader(gws: list[Gateway], c: httpx.AsyncClient) -> Gateway | None:
+    for g in alive(gws):
+        try:
+            if (await c.get(f"{g.url}/healthz", timeout=2)).json().get("leader"):
+                return g
+        except (httpx.HTTPError, ValueError):
+            continue
+    return None
+
+
+async def call(gws: list[Gateway], c: httpx.AsyncClient, method: str, path: str, **kw: Any) -> httpx.Response:
+    """One request through the 'load balancer': a random live replica, another on failure."""
+    while True:
+        live = alive(gws)
+        g = random.choice(live) if live else gws[0]
+        try:
+            r = await c.request(method, f"{g.url}{path}", **kw)
+        except httpx.HTTPError:
+            await asyncio.sleep(0.05)
+            continue
+        if r.status_code in (502, 503, 500):  # stopping, or not ready: the balancer tries another
+            await asyncio.sleep(0.1)
+            continue
+        return r
+
+
+async def agent(a: int, jobs: int, gws: list[Gateway], c: httpx.AsyncClient, runs: Path, work: Path,
+                acked: dict[str, int], chaos_over: asyncio.Event) -> None:
+    """Submit and wait, one job after another: ``jobs`` at least, and on until the kills are over."""
+    k = 0
+    while k < jobs or not chaos_over.is_set():
+        key = f"a{a}-{k}"
+        k += 1
+        body = {"command": f"echo $CORRAL_JOB_ID >> {runs}/{key}", "workdir": str(work)}
+        r = await call(gws, c, "POST", "/v1/jobs", json=body, headers={"Idempotency-Key": key})
+        assert r.status_code in (200, 201), r.text
+        acked[key] = jid = int(r.json()["id"])
+        while True:  # wait: a timeout or 'call again' is asked again, on any replica
+            r = await call(gws, c, "GET", f"/v1/jobs/{jid}/wait", params={"timeout": 10})
+            if r.status_code == 200 and r.json()["state"] in TERMINAL:
+                break
+
+
+async def chaos(gws: list[Gateway], c: httpx.AsyncClient, kills: int, over: asyncio.Event,
+                failovers: list[float]) -> int:
+    """Kill -9 the leader ``kills`` times (and one follower), restarting each; -> kills made."""
+    try:
+        return await _chaos(gws, c, kills, failovers)
+    finally:
+        over.set()
+
+
+async def _chaos(gws: list[Gateway], c: httpx.AsyncClient, kills: int, failovers: list[float]) -> int:
+    made = 0
+    await asyncio.sleep(2)
+    plan = ["leader"] * kills
+    plan.insert(len(plan) // 2, "follower")
+    for what in plan:
+        lead = await leader(gws, c)
+        if lead is None:
+            await asyncio.sleep(0.5)
+            continue
+        victim = lead if what == "leader" else next((g for g in alive(gws) if g is not lead), None)
+        if victim is None:
+            continue
+        await asyncio.sleep(random.uniform(0, 1.5))  # a random moment
+        assert victim.proc is not None
+        victim.proc.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(victim.proc.wait)
+        t0 = time.monotonic()
+        if what == "leader":
+            made += 1
+            while await leader(gws, c) is None:
+                await asyncio.sleep(0.05)
+            failovers.append(time.monotonic() - t0)
+        await asyncio.to_thread(victim.start)
+        await asyncio.sleep(1)
+    return made
+
+
+async def status_rate(urls: list[str], token: str, ids: list[int], seconds: float, conc: int = 32) -> float:
+    n = 0
+    stop = time.monotonic() + seconds
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30,
+                                 limits=httpx.Limits(max_connections=conc * 2)) as c:
+        async def worker(w: int) -> None:
+            nonlocal n
+            i = w
+            while time.monotonic() < stop:
+                r = await c.get(f"{urls[i % len(urls)]}/v1/jobs/{ids[i % len(ids)]}")
+                assert r.status_code == 200, r.text
+                n += 1
+                i += 1
+        await asyncio.gather(*(worker(w) for w in range(conc)))
+    return round(n / seconds, 1)
+
+
+def metric(gw: Gateway, prefix: str) -> float:
+    for line in httpx.get(f"{gw.url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(prefix):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def polls_per_tick(gws: list[Gateway], token: str, work: Path) -> float:
+    """Scheduler status calls, summed over every replica, per tick of the leader's reconciler."""
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
+        for _ in range(2):  # active jobs: each tick asks the scheduler
+            await c.post(f"{gws[0].url}/v1/jobs", json={"command": "sleep 8", "workdir": str(work)})
+        lead = await leader(gws, c)
+    assert lead is not None
+    await asyncio.sleep(1)
+    calls = '_total{op="status"}'
+    before = sum(metric(g, "corral_backend_calls" + calls) for g in gws), metric(lead, "corral_reconcile_ticks_total")
+    await asyncio.sleep(4)
+    after = sum(metric(g, "corral_backend_calls" + calls) for g in gws), metric(lead, "corral_reconcile_ticks_total")
+    ticks = after[1] - before[1]
+    return round((after[0] - before[0]) / ticks, 2) if ticks else float("nan")
+
+
+async def main_async(a: argparse.Namespace, url: str, root: Path) -> dict[str, Any]:
+    home, runs, work = root / "home", root / "runs", root / "work"
+    for d in (home, runs, work):
+        d.mkdir()
+    work.chmod(0o777)
+    runs.chmod(0o777)
+    gws = [Gateway(home, free_port(), extra_env={"CORRAL_STORE__URL": url}, cpus=4) for _ in range(a.replicas)]
+    try:
+        for g in gws:
+            g.start()
+        token = gws[0].admin_token
+        acked: dict[str, int] = {}
+        failovers: list[float] = []
+        over = asyncio.Event()
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60,
+                                     limits=httpx.Limits(max_connections=a.agents * 2)) as c:
+            killer = asyncio.create_task(chaos(gws, c, a.kills, over, failovers))
+            t0 = time.monotonic()
+            await asyncio.gather(*(agent(i, a.jobs, gws, c, runs, work, acked, over) for i in range(a.agents)))
+            took = time.monotonic() - t0
+            kills = await killer
+            states = {}
+            for key, jid in acked.items():
+                states[key] = (await call(gws, c, "GET", f"/v1/jobs/{jid}")).json()["state"]
+        for g in gws:  # every replica back before the steady figures
+            if g.proc is None or g.proc.poll() is not None:
+                g.start()
+        await asyncio.sleep(5)  # the restarted replicas' start-up work over: the rates measure requests only
+        ran = {p.name: len(p.read_text().split()) for p in runs.iterdir()}
+        lost = sum(1 for k in acked if states[k] != "COMPLETED" or ran.get(k, 0) == 0)
+        duplicated = sum(1 for n in ran.values() if n > 1)
+        ids = sorted(acked.values())[:200]
+        s1 = await status_rate([gws[0].url], token, ids, a.seconds)
+        s3 = await status_rate([g.url for g in gws], token, ids, a.seconds)
+        ppt = await polls_per_tick(gws, token, work)
+        verify = gws[0].cli("audit", "verify")
+        return {"replicas": a.replicas, "agents": a.agents, "jobs": len(acked), "seconds": round(took, 1),
+                "kills": kills, "failover_p50_s": round(statistics.median(failovers), 2) if failovers else None,
+                "failover_max_s": round(max(failovers), 2) if failovers else None, "lost": lost,
+                "duplicated": duplicated, "audit_ok": verify.returncode == 0,
+                "status_req_per_s_1": s1, "status_req_per_s_3": s3, "slurm_polls_per_tick": ppt}
+    finally:
+        for g in gws:
+            g.kill(signal.SIGTERM)
+        drop_scratch(home)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="2 jobs per agent, 2 leader kills, 2 s per rate")
+    ap.add_argument("--replicas", type=int, default=3)
+    ap.add_argument("--agents", type=int, default=100)
+    a = ap.parse_args()
+    a.jobs, a.kills, a.seconds = (2, 2, 2.0) if a.quick else (5, 5, 5.0)
+    with fresh_database() as url, tempfile.TemporaryDirectory(prefix="corral-ha-") as tmp:
+        Path(tmp).chmod(0o755)
+        result = asyncio.run(main_async(a, url, Path(tmp)))
+    for k, v in result.items():
+        print(f"{k:22} {v}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
