@@ -51,6 +51,12 @@ async def leader(gws: list[Gateway], c: httpx.AsyncClient) -> Gateway | None:
     return None
 
 
+OUTCOMES: dict[str, int] = {"answered": 0, "call_again": 0, "cut": 0, "refused": 0}
+"""What became of each request: answered, told to call again (503), cut by a kill (its
+connection closed mid-request: a load balancer answers 502 and the agent calls again), or
+refused (a replica dead or not yet listening: a load balancer sends it to another)."""
+
+
 async def call(gws: list[Gateway], c: httpx.AsyncClient, method: str, path: str, **kw: Any) -> httpx.Response:
     """One request through the 'load balancer': a random live replica, another on failure."""
     while True:
@@ -58,12 +64,15 @@ async def call(gws: list[Gateway], c: httpx.AsyncClient, method: str, path: str,
         g = random.choice(live) if live else gws[0]
         try:
             r = await c.request(method, f"{g.url}{path}", **kw)
-        except httpx.HTTPError:
+        except httpx.HTTPError as e:
+            OUTCOMES["refused" if isinstance(e, httpx.ConnectError) else "cut"] += 1
             await asyncio.sleep(0.05)
             continue
         if r.status_code in (502, 503, 500):  # stopping, or not ready: the balancer tries another
+            OUTCOMES["call_again"] += 1
             await asyncio.sleep(0.1)
             continue
+        OUTCOMES["answered"] += 1
         return r
 
 
@@ -121,7 +130,10 @@ async def _chaos(gws: list[Gateway], c: httpx.AsyncClient, kills: int, failovers
     return made
 
 
-async def status_rate(urls: list[str], token: str, ids: list[int], seconds: float, conc: int = 32) -> float:
+async def rate(urls: list[str], token: str, ids: list[int], seconds: float, work: Path | None = None,
+               conc: int = 32) -> float:
+    """Requests a second, ``conc`` at a time, spread round robin over ``urls``: status reads
+    of ``ids``, or (``work``) submissions recorded held (the store's insert, no job run)."""
     n = 0
     stop = time.monotonic() + seconds
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30,
@@ -130,8 +142,13 @@ async def status_rate(urls: list[str], token: str, ids: list[int], seconds: floa
             nonlocal n
             i = w
             while time.monotonic() < stop:
-                r = await c.get(f"{urls[i % len(urls)]}/v1/jobs/{ids[i % len(ids)]}")
-                assert r.status_code == 200, r.text
+                url = urls[i % len(urls)]
+                if work is None:
+                    r = await c.get(f"{url}/v1/jobs/{ids[i % len(ids)]}")
+                else:
+                    r = await c.post(f"{url}/v1/jobs", params={"hold": "true"},
+                                     json={"command": f"echo {w}-{i}", "workdir": str(work)})
+                assert r.status_code in (200, 201), r.text
                 n += 1
                 i += 1
         await asyncio.gather(*(worker(w) for w in range(conc)))
@@ -193,14 +210,17 @@ async def main_async(a: argparse.Namespace, url: str, root: Path) -> dict[str, A
         lost = sum(1 for k in acked if states[k] != "COMPLETED" or ran.get(k, 0) == 0)
         duplicated = sum(1 for n in ran.values() if n > 1)
         ids = sorted(acked.values())[:200]
-        s1 = await status_rate([gws[0].url], token, ids, a.seconds)
-        s3 = await status_rate([g.url for g in gws], token, ids, a.seconds)
+        s1 = await rate([gws[0].url], token, ids, a.seconds)
+        s3 = await rate([g.url for g in gws], token, ids, a.seconds)
+        w1 = await rate([gws[0].url], token, ids, a.seconds, work)
+        w3 = await rate([g.url for g in gws], token, ids, a.seconds, work)
         ppt = await polls_per_tick(gws, token, work)
         verify = gws[0].cli("audit", "verify")
         return {"replicas": a.replicas, "agents": a.agents, "jobs": len(acked), "seconds": round(took, 1),
                 "kills": kills, "failover_p50_s": round(statistics.median(failovers), 2) if failovers else None,
                 "failover_max_s": round(max(failovers), 2) if failovers else None, "lost": lost,
                 "duplicated": duplicated, "audit_ok": verify.returncode == 0,
+                "requests": dict(OUTCOMES), "submit_req_per_s_1": w1, "submit_req_per_s_3": w3,
                 "status_req_per_s_1": s1, "status_req_per_s_3": s3, "slurm_polls_per_tick": ppt}
     finally:
         for g in gws:

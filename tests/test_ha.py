@@ -17,7 +17,8 @@ from typing import Iterator
 import httpx
 import psycopg
 
-from tests.conftest import Gateway, drop_scratch, free_port
+from tests import test_mcp_tasks as mcp
+from tests.conftest import Gateway, add_people, drop_scratch, free_port
 from tests.pg_env import fresh_database
 
 HANDOVER_S = 5.0
@@ -66,7 +67,7 @@ def backend_calls(gw: Gateway, op: str) -> float:
     return 0.0
 
 
-def test_any_replica_answers_and_wakes_on_another_replicas_changes(tmp_path: Path) -> None:
+def test_any_replica_answers_and_wakes_on_another_replicas_changes(tmp_path: Path, agent_dir: Path) -> None:
     with replicas(tmp_path) as (_, gws):
         leader, _ = leader_of(gws)
         follower = next(g for g in gws if g is not leader)
@@ -99,6 +100,16 @@ def test_any_replica_answers_and_wakes_on_another_replicas_changes(tmp_path: Pat
             assert f.post(f"/v1/jobs/{sleeper['id']}/cancel").status_code == 200
             ended = ld.get(f"/v1/jobs/{sleeper['id']}/wait", params={"timeout": 60}).json()
             assert ended["state"] == "CANCELLED", ended
+        # MCP, protocol 2026-07-28 (stateless): a job submitted through one replica, its wait a
+        # task made on the other, the task read on the first: no replica keeps anything of it.
+        bot = add_people(leader)["bot1"]
+        command, flag = mcp.until_flag(agent_dir)
+        job_id = mcp.call(leader, bot, "submit_job", command=command,
+                          workdir=str(agent_dir))["structuredContent"]["job_id"]
+        task = mcp.call(follower, bot, "wait_for_job", job_id=job_id)
+        assert task["resultType"] == "task" and task["status"] == "working", task
+        flag.touch()
+        assert mcp.poll(leader, bot, task["taskId"])["status"] == "completed"
         # Only the leader asks the scheduler.
         assert backend_calls(follower, "status") == 0 and backend_calls(follower, "submit") == 0
         assert backend_calls(leader, "status") > 0
