@@ -15,7 +15,7 @@ The shutdown order (``Runtime.stop``), each step after the one before:
 0. ``serve``'s signal handler stops the long-polls (they answer "call again") before
    uvicorn waits for open requests; it then drops the CLI's pointer.
 1. With a deadline (``serve``): the process exits that long after, whatever still hangs.
-2. The loops are cancelled and given 1 s: no tick sends or polls from here on.
+2. The loops are cancelled and given 1 s: no tick sends or polls from here on; then the lead.
 3. The gate's store closes.
 4. The lanes close, 4 s, not cancelled: the fast lane's allocations are released first.
 5. The egress proxy closes (last: a lane's close may still use it).
@@ -244,8 +244,7 @@ class Runtime:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         """The running loops by name (empty before ``start``), for ``health``."""
         self.leader = False
-        self.replicas: "Replicas | None" = None
-        """How this replica leads or follows, on a shared (PostgreSQL) store."""
+        self.replicas: "Replicas | None" = None  # how it leads or follows on a shared store
 
     def loops(self) -> list[Loop]:
         """Every background loop of this gateway, where it runs and how often."""
@@ -265,10 +264,8 @@ class Runtime:
         ]
 
     def start(self, leader: bool | None = None) -> None:
-        """Start this replica's loops: the ``replica`` ones now; the ``facility`` ones now
-        if ``leader``, never if False, and with None while this replica leads (a lone
-        gateway on SQLite always; on PostgreSQL while it holds the leader's lock:
-        gateway/replicas.py)."""
+        """Start the ``replica`` loops; the ``facility`` ones if ``leader``, never if False,
+        and with None while this replica leads (SQLite: always; PostgreSQL: gateway/replicas.py)."""
         for loop in self.loops():
             if loop.scope == "replica":
                 self.tasks[loop.name] = asyncio.create_task(loop.start(), name=loop.name)
@@ -290,10 +287,9 @@ class Runtime:
     def follow(self) -> None:
         """Stop the facility's loops (another replica leads, or will)."""
         self.leader = False
-        for loop in self.loops():
-            task = self.tasks.pop(loop.name, None) if loop.scope == "facility" else None
-            if task is not None:
-                task.cancel()
+        for task in [self.tasks.pop(loop.name) for loop in self.loops() if loop.name in self.tasks
+                     and loop.scope == "facility"]:
+            task.cancel()
 
     @property
     def ready(self) -> bool:
@@ -304,7 +300,11 @@ class Runtime:
         """Steps 1 to 5 of the module's shutdown order."""
         if deadline_s is not None:  # everything is on disk: what still hangs is cut off
             hard_exit_after(deadline_s)
+        # The lead is given up last: no follower takes it while these loops may still send.
+        lead = self.tasks.pop("replicas", None)
         await settle(list(self.tasks.values()), 1.0)
+        if lead is not None:
+            await settle([lead], 1.0)
         s = self.service
         s.gate.close()
         # Allocations are released first; Dask's own close must not hold the exit.
