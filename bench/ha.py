@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import signal
 import statistics
@@ -155,6 +156,40 @@ async def rate(urls: list[str], token: str, ids: list[int], seconds: float, work
     return round(n / seconds, 1)
 
 
+def cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds these processes have used (gone ones count 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, IndexError):
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def store_pids(url: str) -> list[int]:
+    """The PostgreSQL server processes serving this database (the gateways' sessions)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as c:
+        return [int(r[0]) for r in c.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
+
+
+async def measured(url: str, gws: list[Gateway], urls: list[str], token: str, ids: list[int], seconds: float,
+                   work: Path | None = None) -> tuple[float, float, float]:
+    """-> (requests a second, gateway CPU ms per request, PostgreSQL CPU ms per request):
+    what a replica and the store each spend on one request, whatever this machine's cores."""
+    gpids = [g.proc.pid for g in gws if g.proc is not None]
+    spids = store_pids(url)
+    g0, s0 = cpu_s(gpids), cpu_s(spids)
+    per_s = await rate(urls, token, ids, seconds, work)
+    g1, s1 = cpu_s(gpids), cpu_s(spids)
+    n = per_s * seconds
+    return per_s, round((g1 - g0) * 1000 / n, 2), round((s1 - s0) * 1000 / n, 2)
+
+
 def metric(gw: Gateway, prefix: str) -> float:
     for line in httpx.get(f"{gw.url}/metrics", timeout=10).text.splitlines():
         if line.startswith(prefix):
@@ -210,10 +245,10 @@ async def main_async(a: argparse.Namespace, url: str, root: Path) -> dict[str, A
         lost = sum(1 for k in acked if states[k] != "COMPLETED" or ran.get(k, 0) == 0)
         duplicated = sum(1 for n in ran.values() if n > 1)
         ids = sorted(acked.values())[:200]
-        s1 = await rate([gws[0].url], token, ids, a.seconds)
-        s3 = await rate([g.url for g in gws], token, ids, a.seconds)
-        w1 = await rate([gws[0].url], token, ids, a.seconds, work)
-        w3 = await rate([g.url for g in gws], token, ids, a.seconds, work)
+        s1, _, _ = await measured(url, gws, [gws[0].url], token, ids, a.seconds)
+        s3, s_gw, s_pg = await measured(url, gws, [g.url for g in gws], token, ids, a.seconds)
+        w1, _, _ = await measured(url, gws, [gws[0].url], token, ids, a.seconds, work)
+        w3, w_gw, w_pg = await measured(url, gws, [g.url for g in gws], token, ids, a.seconds, work)
         ppt = await polls_per_tick(gws, token, work)
         verify = gws[0].cli("audit", "verify")
         return {"replicas": a.replicas, "agents": a.agents, "jobs": len(acked), "seconds": round(took, 1),
@@ -221,6 +256,8 @@ async def main_async(a: argparse.Namespace, url: str, root: Path) -> dict[str, A
                 "failover_max_s": round(max(failovers), 2) if failovers else None, "lost": lost,
                 "duplicated": duplicated, "audit_ok": verify.returncode == 0,
                 "requests": dict(OUTCOMES), "submit_req_per_s_1": w1, "submit_req_per_s_3": w3,
+                "cpu_ms_per_req": {"status": {"gateway": s_gw, "postgresql": s_pg},
+                                   "submit": {"gateway": w_gw, "postgresql": w_pg}},
                 "status_req_per_s_1": s1, "status_req_per_s_3": s3, "slurm_polls_per_tick": ppt}
     finally:
         for g in gws:

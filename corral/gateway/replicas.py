@@ -4,7 +4,7 @@ reconciler and its sender, the lanes' pool managers, the facts, the collectors),
 scheduler is asked once per tick whatever N is.
 
 The leader holds the store's advisory lock (corral/core/store/cluster.py: the
-Coordinator tries it about every second on a dedicated session). Gaining it: the lanes
+Coordinator tries it every half second on a dedicated session). Gaining it: the lanes
 read again what the previous leader started (``take_over``), the sender sends, the
 facility's loops start and the reconciler ticks at once (jobs recorded meanwhile are
 sent). Losing it (its session ended: the store restarted, the network failed): the loops
