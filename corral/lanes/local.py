@@ -96,6 +96,7 @@ class _Running:
     pid: int | None  # the supervisor's pid
     child: subprocess.Popen[bytes] | None = None  # set when this instance started it
     start_time: float | None = None
+    seen: float = 0.0  # when this instance began to follow it (a start another process claimed)
 
 
 class LocalBackend:
@@ -445,6 +446,13 @@ class LocalBackend:
 
     def _start(self, bid: str, cpus: int, memory_mb: int) -> None:
         d = self.jobs_dir / bid
+        try:  # one start per job, whichever process gets here first
+            os.close(os.open(d / "claimed", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            # Started by another gateway on this home (two leaders for a moment: the old one had
+            # not yet seen its store session end), or by this one's previous life: followed.
+            self._running[bid] = _Running(cpus, memory_mb, None, seen=time.monotonic())
+            return
         child = proc.spawn(
             [sys.executable, "-m", "corral.lanes.local_runner", str(d)],
             cwd=d, stdout=d / "runner.log", stderr=d / "runner.log",
@@ -464,6 +472,11 @@ class LocalBackend:
             elif r.pid is not None and _alive(r.pid):
                 continue
             d = self.jobs_dir / bid
+            if r.child is None and r.pid is None:  # a start claimed elsewhere: its pid, once written
+                found = _read_json(d / "running.json") or _read_json(d / "spawned") or {}
+                r.pid = found.get("pid")
+                if (r.pid is not None and _alive(r.pid)) or (r.pid is None and time.monotonic() - r.seen < 10):
+                    continue
             if not (d / "result.json").exists():
                 self._finish(d, "FAILED", None,
                              "the job's supervisor process vanished without a result (killed, or the host restarted)")
