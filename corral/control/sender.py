@@ -46,6 +46,8 @@ class Sender:
         """This replica sends (the leader; a lone gateway always). A follower records and
         calls ``wake_leader`` instead: one replica asks the scheduler (gateway/runtime.py)."""
         self.wake_leader: Callable[[], None] = lambda: None
+        self.cancels_elsewhere = False
+        """Other replicas cancel jobs too (a shared store): a job just sent is looked up once more."""
         self.needed_dirs: list[Path] = []
         """Directories a job needs to exist when it is sent (node-local scratch the sandbox
         binds): recreated if a cleaner (systemd-tmpfiles' age rule) removed them."""
@@ -93,7 +95,10 @@ class Sender:
                 self.in_flight.difference_update(ids)
             taken.update((job.id, s.backend_id) for (job, _), s in zip(group, sent) if s.backend_id)
             # Cancelled while its submission was on the way: do not let it run.
-            late = [s.backend_id for (job, _), s in zip(group, sent) if s.backend_id and job.id in self.cancelled]
+            gone = {job.id for job, _ in group if job.id in self.cancelled}
+            if self.cancels_elsewhere:  # another replica's cancel is written to the store, not to this set
+                gone |= {i for i, j in self.db.get_jobs(ids).items() if j.state is JobState.CANCELLED}
+            late = [s.backend_id for (job, _), s in zip(group, sent) if s.backend_id and job.id in gone]
             self.cancelled.difference_update(ids)
             if late:
                 await lane.cancel(late)

@@ -44,6 +44,7 @@ class Replicas:
         self.coordinator = Coordinator(s.db.url, self._gained, self._lost, self._heard)
         s.sender.leading = False  # until the lock is ours
         s.sender.wake_leader = lambda: self._say("s", "")
+        s.sender.cancels_elsewhere = True
         s.watchers.publish = self._publish
 
     async def run(self) -> None:
