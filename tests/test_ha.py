@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Iterator
 
 import httpx
-import psycopg
 
 from tests import test_mcp_tasks as mcp
 from tests.conftest import Gateway, add_people, drop_scratch, free_port
@@ -92,6 +91,12 @@ def test_any_replica_answers_and_wakes_on_another_replicas_changes(tmp_path: Pat
             again = ld.post("/v1/jobs", json={"command": "echo one", "workdir": str(tmp_path)},
                             headers={"Idempotency-Key": "k1"})
             assert again.status_code == 200 and again.json()["id"] == job["id"]
+            # Held on the leader, released on the follower: the leader's reconciler is woken to send it.
+            held = ld.post("/v1/jobs", params={"hold": "true"},
+                           json={"command": "echo held", "workdir": str(tmp_path)}).json()
+            assert held["state"] == "PENDING" and held["backend_id"] is None
+            assert f.post(f"/v1/jobs/{held['id']}/control", json={"action": "release"}).status_code == 200
+            assert f.get(f"/v1/jobs/{held['id']}/wait", params={"timeout": 60}).json()["state"] == "COMPLETED"
             # A long-poll on the leader wakes when a job recorded on the follower starts.
             sleeper = f.post("/v1/jobs", json={"command": "sleep 30", "workdir": str(tmp_path)}).json()
             running = ld.get(f"/v1/jobs/{sleeper['id']}/wait", params={"timeout": 60, "until": "RUNNING"}).json()
@@ -153,6 +158,8 @@ def test_the_leaders_death_hands_over_within_5s_and_loses_nothing(tmp_path: Path
 def test_a_leader_that_loses_its_session_stops_leading(tmp_path: Path) -> None:
     """The store ends the leader's session (a restart, a network cut): the leader stops its
     facility loops at once and another replica (or itself, later) takes the lead."""
+    import psycopg
+
     with replicas(tmp_path) as (url, gws):
         leader, _ = leader_of(gws)
         with psycopg.connect(url, autocommit=True) as c:

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from corral.core.faults import stalls
 from corral.core.db import Database, Run
@@ -54,11 +54,16 @@ class Reconciler:
         self.last_beat: float | None = None
         """When the loop last went round (wall clock), busy or idle: /healthz's sign of life."""
         self._kick = asyncio.Event()
+        self.elsewhere: Callable[[], None] | None = None
+        """Set while another replica leads: a kick wakes that replica's reconciler (core/replicas.py)."""
         self._failures = 0
 
     def kick(self) -> None:
         """Ask for a tick now (after a submit or cancel), not at the next interval."""
-        self._kick.set()
+        if self.elsewhere is not None:
+            self.elsewhere()
+        else:
+            self._kick.set()
 
     def stall_after_s(self) -> float:
         """A loop silent this long is stalled: longer than its longest backoff and then some."""

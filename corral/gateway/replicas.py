@@ -18,6 +18,7 @@ sent by it but wakes the leader's reconciler, which sends it (send_unsent) at on
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import secrets
@@ -43,12 +44,30 @@ class Replicas:
         """This replica, in its words to the others (its own words come back: ignored)."""
         self.coordinator = Coordinator(s.db.url, self._gained, self._lost, self._heard)
         s.sender.leading = False  # until the lock is ours
-        s.sender.wake_leader = lambda: self._say("s", "")
+        s.sender.wake_leader = s.reconciler.elsewhere = self._wake_leader
         s.sender.cancels_elsewhere = True
+        self._waking = False
         s.watchers.publish = self._publish
 
     async def run(self) -> None:
         await self.coordinator.run()
+
+    def _wake_leader(self) -> None:
+        """Jobs to send or a hold released here: the leader's reconciler ticks now. One word per
+        turn of the event loop, however many asked (a submit both sends and kicks)."""
+        if self._waking:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called from a worker thread: said at once
+            self._say("s", "")
+            return
+        self._waking = True
+        loop.call_soon(self._woken)
+
+    def _woken(self) -> None:
+        self._waking = False
+        self._say("s", "")
 
     def _publish(self, job_ids: list[int]) -> None:
         self._say("j", "*" if len(job_ids) > MAX_IDS else ",".join(map(str, job_ids)))
@@ -75,11 +94,12 @@ class Replicas:
         take_over = getattr(self.runtime.backend, "take_over", None)
         if take_over is not None:
             take_over()
-        s.sender.leading = True
+        s.sender.leading, s.reconciler.elsewhere = True, None
         self.runtime.lead()
         s.reconciler.kick()
 
     def _lost(self) -> None:
         log.warning("replicas: %s leads no more: its facility loops stop", self.id)
-        self.runtime.service.sender.leading = False
+        s = self.runtime.service
+        s.sender.leading, s.reconciler.elsewhere = False, self._wake_leader
         self.runtime.follow()
