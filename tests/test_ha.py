@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+from concurrent.futures import ThreadPoolExecutor
 import time
 from pathlib import Path
 from typing import Iterator
@@ -91,6 +92,14 @@ def test_any_replica_answers_and_wakes_on_another_replicas_changes(tmp_path: Pat
             again = ld.post("/v1/jobs", json={"command": "echo one", "workdir": str(tmp_path)},
                             headers={"Idempotency-Key": "k1"})
             assert again.status_code == 200 and again.json()["id"] == job["id"]
+            # The same key sent to both replicas at once: one job, whichever inserts first.
+            with ThreadPoolExecutor(2) as pool:
+                for k in range(5):
+                    body = {"command": f"echo race-{k}", "workdir": str(tmp_path)}
+                    both = list(pool.map(lambda h: h.post("/v1/jobs", json=body, headers={"Idempotency-Key": f"r{k}"}),
+                                         (f, ld)))
+                    assert sorted(r.status_code for r in both) == [200, 201], [r.text for r in both]
+                    assert both[0].json()["id"] == both[1].json()["id"]
             # Held on the leader, released on the follower: the leader's reconciler is woken to send it.
             held = ld.post("/v1/jobs", params={"hold": "true"},
                            json={"command": "echo held", "workdir": str(tmp_path)}).json()
