@@ -83,7 +83,7 @@ def build_service(settings: Settings, clock: Clock | None = None) -> Service:
     """The gateway of ``settings``: its database, sandbox, backend and every part of the
     service, with its runtime (``service.runtime``) ready to start."""
     settings.home.mkdir(parents=True, exist_ok=True)
-    db = Database(settings.db_path)
+    db = Database(settings.store_url)
     scratch = scratch_dir(settings.storage, settings.home)
     identities = Identities(settings.home / "identities.json", *settings.sandbox.dynamic_uids,
                             registry=settings.sandbox.uid_registry)
