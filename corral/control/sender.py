@@ -108,6 +108,16 @@ class Sender:
             raise failure
         return taken
 
+    async def cancel_if_sent(self, job_ids: list[int]) -> None:
+        """Jobs cancelled here before they were sent: those another replica (the leader) sent
+        meanwhile are cancelled in their lane (its own look after sending may have missed it)."""
+        if not self.cancels_elsewhere or not job_ids:
+            return
+        for job in self.db.get_jobs(job_ids).values():
+            lane = self.lanes.by_name.get(job.backend)
+            if job.backend_id and lane is not None:
+                await lane.cancel([job.backend_id])
+
     def _ready(self, jobs: Sequence[tuple[Job, SubmitContext]]) -> list[tuple[Job, SubmitContext]]:
         """The jobs that may go now: a job whose parents have not ended is held (or sent
         with the scheduler's dependency, where its lane takes one); one that can never

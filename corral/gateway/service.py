@@ -271,12 +271,7 @@ class Service:
                     self.sender.cancelled.add(j.id)
                 self.progress.ended([{"job_id": j.id, "state": JobState.CANCELLED.value, "end": time.time(),
                                       "reason": "cancelled before it reached the scheduler"}])
-        if self.sender.cancels_elsewhere:  # another replica (the leader) may have sent it meanwhile
-            unsent = [j.id for j in jobs if not j.terminal and j.backend_id is None]
-            for j in self.db.get_jobs(unsent).values() if unsent else ():
-                lane = self.lanes.by_name.get(j.backend)
-                if j.backend_id and lane is not None:
-                    await lane.cancel([j.backend_id])
+        await self.sender.cancel_if_sent([j.id for j in jobs if not j.terminal and j.backend_id is None])
         return [self.db.get_job(j.id) or j for j in jobs]
 
     async def control(self, caller: Caller, job_id: int, action: str, signal: str | int | None = None) -> Job:
