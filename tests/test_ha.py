@@ -173,7 +173,8 @@ def test_a_leader_that_loses_its_session_stops_leading(tmp_path: Path) -> None:
         leader, _ = leader_of(gws)
         with psycopg.connect(url, autocommit=True) as c:
             (n,) = c.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_locks "
-                             "WHERE locktype = 'advisory' AND granted").fetchone()
+                             "WHERE locktype = 'advisory' AND granted "  # this test's database: others run beside it
+                             "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())").fetchone()
         assert n == 1
         new, waited = leader_of(gws)
         assert waited < HANDOVER_S

@@ -23,12 +23,25 @@ import logging
 import os
 import secrets
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from corral.core.store.cluster import Coordinator
 
 if TYPE_CHECKING:
-    from corral.gateway.runtime import Runtime
+    from corral.gateway.service import Service
+
+
+class Runtime(Protocol):
+    """What the replicas ask of the runtime that starts them (gateway/runtime.py): named here
+    so that neither imports the other."""
+
+    service: "Service"
+    backend: Any
+    leader: bool
+
+    def lead(self) -> None: ...
+
+    def follow(self) -> None: ...
 
 log = logging.getLogger("corral")
 
