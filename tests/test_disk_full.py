@@ -36,11 +36,10 @@ def small_disk(where: Path, size: str = "8m") -> Iterator[Path]:
 
 def fill(disk: Path) -> Path:
     filler = disk / "filler"
-    with open(filler, "wb") as f:
+    with open(filler, "wb", buffering=0) as f:  # unbuffered: no remainder for close() to fail on
         with contextlib.suppress(OSError):
             while True:
                 f.write(b"\0" * 65536)
-                f.flush()
     return filler
 
 

@@ -11,6 +11,8 @@ import os
 import signal
 import sys
 import time
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,8 +48,12 @@ def wait(gw: Gateway, token: str, job_id: int, until: str | None = None, timeout
 
 def test_a_fast_task_is_a_job_over_http_and_cli(fast: Gateway, tmp_path) -> None:
     t = people(fast)
+    # bot runs as its sponsor's Unix user where alice exists, else as a dynamic identity,
+    # which may not enter pytest's 0700 /tmp/pytest-of-root: a directory it can use either way
+    work = Path(tempfile.mkdtemp(prefix="corral-fast-", dir="/var/tmp"))
+    work.chmod(0o777)
     with fast.http(t["bot"], session="s-1") as h:
-        r = h.post("/v1/jobs", json={"command": "echo hello; echo oops >&2", "lane": "fast", "workdir": str(tmp_path)})
+        r = h.post("/v1/jobs", json={"command": "echo hello; echo oops >&2", "lane": "fast", "workdir": str(work)})
         assert r.status_code == 201, r.text
         job = r.json()
         assert job["backend"] == "fast" and job["spec"]["lane"] == "fast" and job["spec"]["walltime"] == 600

@@ -193,6 +193,10 @@ def main(job_dir: str) -> int:
     child.close()
     end = time.time()
     cpu_s, rss_mb = child.usage()
+    if state is None and rc != 0 and (d / "cancel").exists():
+        # Asked to cancel, it died before this loop saw the request (the signal reached the
+        # job's own tree first): cancelled, not failed.
+        state, reason = "CANCELLED", "cancelled by request"
     if state is None:
         if rc == 0:
             state = "COMPLETED"
