@@ -1,7 +1,7 @@
 """What only happens on a cluster, on the private one of scripts/slurm-up (nodes c1..c4,
 each a slurmd in a network and UTS namespace of its own; controllers ctl1 and backup
 ctl2; docs/decisions/0032-private-cluster.md), through a real gateway on the Slurm
-backend: jobs spread over nodes; a node that dies under its jobs (Slurm requeues one
+backend: jobs spread over nodes; an agent's jobs contained on each node; a node that dies under its jobs (Slurm requeues one
 and ends the other NODE_FAIL, and the agent is told which); the primary controller
 killed (the backup takes over, and the gateway keeps answering and sends again)."""
 
@@ -157,3 +157,32 @@ def test_the_primary_controller_dies(gw: Gateway, agent_dir: Path) -> None:
     ping = until("the primary in control again", lambda: "primary) at ctl1 is UP" in (p := slurm(conf, "scontrol", "ping"))
                  and p, 60)
     assert "ctl1 is UP" in ping
+
+
+def test_an_agents_jobs_are_contained_on_every_node(gw: Gateway, agent_dir: Path) -> None:
+    """An agent's jobs, spread over the nodes, each run in the sandbox on its node: never
+    root, no network beyond its loopback, root's home and munge's key emptied (the sandbox
+    is built where the job runs, by the batch script, not where the gateway is)."""
+    conf = slurm_conf()
+    with gw.http() as h:
+        h.post("/v1/principals", json={"name": "alice", "kind": "human"})
+        h.post("/v1/principals", json={"name": "bot", "kind": "agent", "sponsor": "alice"})
+        token = h.post("/v1/tokens", json={"for": "bot", "expires": "1h", "max_cpus": 64}).json()["token"]
+    # /proc/net/dev is the caller's own network namespace (/sys/class/net is the host's sysfs)
+    probe = ("hostname; id -u; awk -F: 'NR > 2 {print $1}' /proc/net/dev | tr -d ' ' | tr '\\n' ' '; echo; "
+             "ls -A /root | wc -l; "
+             "ls -A /etc/munge 2>/dev/null | wc -l; sleep 3")
+    with gw.http(token) as h:
+        posted = [h.post("/v1/jobs", json={"command": probe, "cpus": 4, "walltime": "5m", "workdir": str(agent_dir)})
+                  for _ in range(6)]
+        assert all(r.status_code == 201 for r in posted), [r.text for r in posted]
+        ids = [r.json()["id"] for r in posted]
+        done = [h.get(f"/v1/jobs/{j}/wait", params={"timeout": 120}).json() for j in ids]
+        assert [d["state"] for d in done] == ["COMPLETED"] * 6, done
+        seen = [h.get(f"/v1/jobs/{j}/output").json()["data"].split("\n") for j in ids]
+    nodes = [slurm(conf, "sacct", "-X", "-n", "-P", "-j", d["backend_id"], "-o", "NodeList").strip() for d in done]
+    assert len(set(nodes)) >= 3, nodes
+    for node, (host, uid, nets, root_files, munge_files, *_) in zip(nodes, seen):
+        assert host == node and uid != "0", (node, host, uid)
+        assert nets.split() == ["lo"], (node, nets)
+        assert root_files == "0" and munge_files == "0", (node, root_files, munge_files)
