@@ -322,12 +322,6 @@ class ToolEnv(_Out):
     next: str
 
 
-class ToolWorkspace(_Out):
-    workspace: str | None = Field(None, description="The workspace id (ws-...).")
-    path: str | None = Field(None, description="Its merged view: where its jobs run.")
-    state: str | None = Field(None, description="committed or discarded, after those actions.")
-    added: list[str] | None = None
-    modified: list[str] | None = None
-    deleted: list[str] | None = None
+class ToolWorkspace(WorkspaceOut):  # the workspace tool's answer: a verb's, or (list) all the caller's
     workspaces: list[dict[str, Any]] | None = Field(None, description="For list: yours.")
     next: str | None = None
