@@ -87,7 +87,7 @@ def assert_the_model_read(standin: StandIn, cp: subprocess.CompletedProcess[str]
     assert any(n.endswith("submit_job") and "corral" in n for n in names), names  # in the first turn
     results = standin.tool_results()
     assert len(results) == 4, results
-    assert MARK in results[2], results[2]  # the job's output text itself, not only where it lies
+    assert MARK in results[2], results  # the job's output text itself, not only where it lies
     assert "untrusted-data-" in results[2]
     assert "allows at most 1 CPUs" in results[3], results[3]  # the cap's refusal, in corral's words
 
