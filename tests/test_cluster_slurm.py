@@ -3,13 +3,16 @@ each a slurmd in a network and UTS namespace of its own; controllers ctl1 and ba
 ctl2; docs/decisions/0032-private-cluster.md), through a real gateway on the Slurm
 backend: jobs spread over nodes; an agent's jobs contained on each node; a node that dies under its jobs (Slurm requeues one
 and ends the other NODE_FAIL, and the agent is told which); the primary controller
-killed (the backup takes over, and the gateway keeps answering and sends again)."""
+killed (the backup takes over, and the gateway keeps answering and sends again); the
+egress proxy reached from every node through the node's own relay."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Gateway
+from .conftest import Gateway, free_port
 from .slurm_env import kill_host, layout, restore, slurm_conf
 from .test_gateway_slurm import start_slurm_gateway
 
@@ -186,3 +189,72 @@ def test_an_agents_jobs_are_contained_on_every_node(gw: Gateway, agent_dir: Path
         assert host == node and uid != "0", (node, host, uid)
         assert nets.split() == ["lo"], (node, nets)
         assert root_files == "0" and munge_files == "0", (node, root_files, munge_files)
+
+
+def _serve(root: Path, host: str, text: str) -> tuple[subprocess.Popen[str], int]:
+    """A web server of one file on ``host`` (the cluster's bridge address): -> (it, its port)."""
+    root.mkdir()
+    (root / "ok.txt").write_text(text)
+    port = free_port()
+    srv = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", host], cwd=root,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    until(f"a web server on {host}:{port}", lambda: _listening(host, port), 20)
+    return srv, port
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), 0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_egress_works_on_every_node_through_its_own_relay(tmp_path: Path, agent_dir: Path) -> None:
+    """[sandbox] allow_hosts with egress_listen: an agent's jobs on several nodes each reach
+    the allowed host through the proxy and are refused any other, by the proxy's own words;
+    the socket each job's sandbox holds is its node's relay, not the gateway's Unix socket
+    (which on a real cluster connects on the gateway's machine alone)."""
+    conf = cluster_conf()
+    bridge = f"{layout(conf)['NET']}.254"  # this host on the nodes' bridge (scripts/slurm-up)
+    allowed, aport = _serve(tmp_path / "allowed", bridge, "from-the-mirror")
+    other, oport = _serve(tmp_path / "other", bridge, "should-never-arrive")
+    proxy = f"{bridge}:{free_port()}"
+    before = set(Path("/tmp").glob("corral-egress.*"))
+    g = Gateway(tmp_path / "home", free_port(), extra_env={
+        "CORRAL_BACKEND": "slurm", "SLURM_CONF": conf, "CORRAL_TICK_S": "0.5",
+        "CORRAL_SANDBOX__ALLOW_HOSTS": f'["{bridge}:{aport}"]', "CORRAL_SANDBOX__EGRESS_LISTEN": proxy})
+    g.home.mkdir()
+    g.start()
+    try:
+        with g.http() as h:
+            h.post("/v1/principals", json={"name": "alice", "kind": "human"})
+            h.post("/v1/principals", json={"name": "bot", "kind": "agent", "sponsor": "alice"})
+            token = h.post("/v1/tokens", json={"for": "bot", "expires": "1h", "max_cpus": 64}).json()["token"]
+        probe = (f"hostname; stat -L -c %i /tmp/corral-egress.sock; curl -s -m 20 http://{bridge}:{aport}/ok.txt; echo; "
+                 # (curl to a host off the list is refused at submit as exfiltration: asked another way)
+                 f"python3 -c \"import urllib.request as u, urllib.error as e\ntry: u.urlopen('http://{bridge}:{oport}/ok.txt', "
+                 "timeout=20)\nexcept e.HTTPError as x: print(x.code, x.read().decode().strip())\"; "
+                 f"python3 -c \"import socket; socket.create_connection(('{bridge}', {aport}), 3)\" 2>/dev/null "
+                 "|| echo direct-refused; sleep 2")
+        with g.http(token) as h:
+            posted = [h.post("/v1/jobs", json={"command": probe, "cpus": 4, "walltime": "5m",
+                                               "workdir": str(agent_dir)}) for _ in range(6)]
+            assert all(r.status_code == 201 for r in posted), [r.text for r in posted]
+            done = [h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": 120}).json() for r in posted]
+            seen = [h.get(f"/v1/jobs/{d['id']}/output").json()["data"].split("\n") for d in done]
+        assert [d["state"] for d in done] == ["COMPLETED"] * 6, [(d["state"], d["reason"]) for d in done]
+        gateways = os.stat(g.home / "egress" / "proxy.sock").st_ino
+        nodes = [slurm(conf, "sacct", "-X", "-n", "-P", "-j", d["backend_id"], "-o", "NodeList").strip() for d in done]
+        assert len(set(nodes)) >= 3, nodes
+        for node, (host, inode, got, refused, direct, *_) in zip(nodes, seen):
+            assert host == node, (node, host)
+            assert inode.isdigit() and int(inode) != gateways, (node, inode)  # the node's relay, not ours
+            assert got == "from-the-mirror", (node, got)
+            assert "not on this facility's egress allow-list" in refused, (node, refused)
+            assert direct == "direct-refused", (node, direct)
+        assert set(Path("/tmp").glob("corral-egress.*")) <= before  # each relay stopped, its directory gone
+    finally:
+        g.kill(signal.SIGTERM)
+        allowed.kill()
+        other.kill()

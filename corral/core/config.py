@@ -122,6 +122,7 @@ class SandboxSettings(_Part):
     hide: list[Path] = Field(default_factory=list, description="More paths a sandboxed job sees empty, beside the defaults (credentials under every home, munge, Slurm's state, /root, corral's own state). Each must exist.")
     run_as: str = Field("nobody", description="The unprivileged Unix user a sandboxed job runs as when root starts it and its principal has no Unix user of its own.")
     allow_hosts: list[str] = Field(default_factory=list, description="Hosts a sandboxed job without the host's network may reach, through corral's egress proxy: 'host', 'host:port' or '*.domain' (for example the facility's PyPI mirror). Empty: no way out at all.")
+    egress_listen: str | None = Field(None, description="HOST:PORT where the egress proxy also listens, an address of this host that the Slurm nodes reach: a job on a node then reaches the allow-list through a relay its batch script starts there. Unset: only through a Unix socket in corral's state, which connects on this machine alone (a node that is another machine reaches nothing).")
     pids_max: int = Field(512, ge=16, le=1_000_000, description="Most processes and threads one sandboxed job may have at once (a fork bomb stops there).")
     dynamic_uids: tuple[int, int] = Field((61184, 65519), description="The uids a root gateway hands out, one per principal that has no Unix user (nor a sponsor with one), as systemd's DynamicUser does; never reused.")
     uid_registry: Path = Field(Path("/var/lib/corral/uids"), description="The machine-wide record of dynamic uids, shared by every corral install on this machine (root's, 0600 in a 0700 directory), so that two installs never hand out one uid.")
@@ -130,6 +131,13 @@ class SandboxSettings(_Part):
     file_max: int = Field(16 * 2**30, ge=2**20, description="The largest file a sandboxed job may write, in bytes (its output included); past it the write fails and the job is told why.")
     tmp_max: int = Field(2 * 2**30, ge=2**20, description="The size of a sandboxed job's private /tmp, in bytes (it is memory-backed).")
     output_max: int = Field(4 * 2**30, ge=2**20, description="The most a job of the local backend may write to its stdout and stderr together, in bytes; past it the job is stopped (FAILED) with that reason.")
+
+    @field_validator("egress_listen")
+    @classmethod
+    def _listen(cls, v: str | None) -> str | None:
+        if v is not None:
+            host_port(v)
+        return v
 
 
 class StorageSettings(_Part):
@@ -148,6 +156,14 @@ class StorageSettings(_Part):
     shared_paths: list[Path] = Field(default_factory=list, description="Paths on the shared filesystem whose file-metadata operations corral counts (e.g. ['/home', '/project']).")
     meta_sample: float = Field(0.0, ge=0, le=1, description="Share of batch jobs run under strace to count their metadata operations on shared_paths (0: none; 1: every job). Sampled jobs run slower.")
     session_meta_budget: int = Field(0, ge=0, description="Metadata operations on shared_paths one session's measured jobs may make; past it, its jobs must use an image or a workspace (0: no cap).")
+
+
+def host_port(listen: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) -> (host, port); ValueError saying what is wrong."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{listen!r} is not HOST:PORT (for example 10.0.0.1:3128, an address of this host)")
+    return host.strip("[]"), int(port)
 
 
 class StoreSettings(_Part):

@@ -122,7 +122,7 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
     audit = Audit(AuditLog(settings.home / "audit.jsonl", settings.home / "audit.key", db.audit_head(),
                            segment_bytes=int(settings.audit_segment_mb * 1024 * 1024)), db)
     audit.repair()  # a torn final record (a crash, a full disk) cut off, and the cut recorded
-    gate = Gate(settings.safety, settings.home, db, clock)
+    gate = Gate(settings.safety, settings.home, db, clock, settings.sandbox.allow_hosts)
     credentials = Credentials(db, gate)
     store, semantic = None, None
     if settings.memory.enabled:
@@ -176,11 +176,11 @@ def _sandbox(settings: Settings, state: list[Path]) -> tuple[Sandbox, Egress | N
     # Made, or checked as ours and written by no one else: refused at start otherwise (storage/scratch.py).
     prepare_scratch(scratch, SCRATCH_DIRS, {"uv-cache": 0o755})
     state = [*state, *(scratch / sub for sub in SCRATCH_DIRS)]
-    egress = Egress(settings.home / "egress", sb.allow_hosts) if sb.allow_hosts and sb.kinds and not sb.network \
-        else None
+    egress = Egress(settings.home / "egress", sb.allow_hosts, sb.egress_listen) \
+        if sb.allow_hosts and sb.kinds and not sb.network else None
     sandbox = build(sb.kinds, sb.hide, sb.network, sb.run_as, [settings.home, settings.db_path.parent, *state],
                     sb.pids_max, egress.socket if egress else None, seccomp=sb.seccomp, unix_sockets=sb.unix_sockets,
-                    file_max=sb.file_max, tmp_max=sb.tmp_max)
+                    file_max=sb.file_max, tmp_max=sb.tmp_max, relay=sb.egress_listen)
     if sandbox.why_not:
         log.error("sandbox: %s; jobs of %s will be refused until it is fixed or [sandbox] kinds is changed",
                   sandbox.why_not, ", ".join(sorted(sandbox.kinds)))

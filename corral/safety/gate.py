@@ -23,7 +23,7 @@ import logging
 import shlex
 from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from corral.core import proc
 from corral.core.clock import Clock
@@ -34,7 +34,7 @@ from corral.core.principals import Caller, Kind
 from corral.core.lane_names import BATCH
 from corral.safety.limits import Buckets
 from corral.safety.policy import Policy, Request, refusal_sizes
-from corral.safety.risk import tags_of
+from corral.safety.risk import facility_hosts, tags_of
 from corral.safety.store import SafetyStore
 from corral.safety.tokens import TokenAuthority
 
@@ -59,17 +59,22 @@ def job_text(spec: JobSpec) -> str:
     return env + (spec.command or spec.script or "")
 
 
-def _parser_start() -> None:
+def _parser_start(hosts: list[str]) -> None:
     """In the parser process. Niced: parsing a hostile 256 KiB script takes a core for
     ~0.1 s, and the event loop that answers every other agent must get the CPU first.
-    And it dies with the gateway."""
+    And it dies with the gateway. ``hosts``: the facility's egress allow-list."""
     os.nice(10)
     proc.die_with_parent()
+    facility_hosts(hosts)
 
 
 class Gate:
-    def __init__(self, settings: SafetySettings, home: Path, db: "Database", clock: Clock | None = None) -> None:
+    def __init__(self, settings: SafetySettings, home: Path, db: "Database", clock: Clock | None = None,
+                 allow_hosts: Sequence[str] = ()) -> None:
         self.settings = settings
+        self.allow_hosts = list(allow_hosts)
+        """The facility's egress allow-list: fetching from it is not exfiltration (safety/risk.py)."""
+        facility_hosts(self.allow_hosts)
         self.clock = clock or Clock()
         self.store = SafetyStore(db)
         self.tokens = TokenAuthority(home / "token.key")
@@ -157,7 +162,7 @@ class Gate:
             return
         if self._parser is None:
             self._parser = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                               initializer=_parser_start)
+                                               initializer=_parser_start, initargs=(self.allow_hosts,))
         try:
             tags = await asyncio.get_running_loop().run_in_executor(self._parser, tags_of, text)
         except BrokenProcessPool:  # the parser died (OOM, a kill): a fresh one next time, a thread now

@@ -18,6 +18,7 @@ import binascii
 import re
 import shlex
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from corral.safety import shparse
 
@@ -411,13 +412,27 @@ def _protected(path: str) -> bool:
     return bool(re.fullmatch(r"~\w*|\$\{?HOME\}?", p))
 
 
+_FACILITY_HOSTS: list[str] = []
+"""What the facility's egress lets sandboxed jobs reach ([sandbox] allow_hosts): no exfiltration either."""
+
+
+def facility_hosts(hosts: Sequence[str]) -> None:
+    """Tell the tagger the facility's own allow-list (in the gateway, and in its parser
+    process): a job fetching from the site's mirror is doing what the site allows."""
+    _FACILITY_HOSTS[:] = list(hosts)
+
+
 def _external(argv: list[str]) -> bool:
     """Does this network command reach a host off the allow-list?"""
+    from corral.sandbox.egress import allowed
+
     for a in argv[1:]:
-        m = re.match(r"^(?:\w+://)?(?:[^@/\s]+@)?([A-Za-z0-9.-]+\.[A-Za-z]{2,}|\d+\.\d+\.\d+\.\d+|localhost)(?::\d+)?(?:[/:]|$)",
+        m = re.match(r"^(\w+://)?(?:[^@/\s]+@)?([A-Za-z0-9.-]+\.[A-Za-z]{2,}|\d+\.\d+\.\d+\.\d+|localhost)(?::(\d+))?(?:[/:]|$)",
                      a)
         if m and not a.startswith("-"):
-            host = m.group(1).lower()
-            if not any(host == h or host.endswith("." + h) for h in ALLOWED_HOSTS):
+            host = m.group(2).lower()
+            port = int(m.group(3)) if m.group(3) else 443 if (m.group(1) or "").lower() == "https://" else 80
+            if not any(host == h or host.endswith("." + h) for h in ALLOWED_HOSTS) \
+                    and not allowed(host, port, _FACILITY_HOSTS):
                 return True
     return False

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Sequence
 
 from corral.core import proc
+from corral.sandbox.egress import BRIDGE_NAME
 from corral.sandbox.profile import Become, Mount, Profile, hiding
 from corral.sandbox.seccomp import apply_argv
 from corral.core.errors import BackendError, InvalidRequest, SandboxUnavailable
@@ -103,6 +104,12 @@ class Sandbox:
     """The largest file a contained job may write, in bytes (RLIMIT_FSIZE: its output included)."""
     tmp_max: int | None = None
     """The size of a contained job's private /tmp, in bytes."""
+    bridge: str | None = None
+    """corral's unreadable copy of socat (corral/sandbox/egress.py), bound over the real one:
+    the bridge it runs before the filter cannot be traced by the job."""
+    relay: str | None = None
+    """HOST:PORT where the egress proxy listens for jobs on other machines ([sandbox]
+    egress_listen): a Slurm job's script relays its node's own socket there."""
 
     def applies(self, kind: str) -> bool:
         return kind in self.kinds
@@ -232,9 +239,9 @@ class Sandbox:
     def _egress(self) -> list[Mount]:
         assert self.egress is not None
         out = [Mount("bind", EGRESS_INSIDE, self.egress)]
-        bridge, real = os.path.join(os.path.dirname(self.egress), "socat"), _socat()
-        if real and os.path.exists(bridge):  # corral's unreadable copy (corral/sandbox/egress.py): not traceable
-            out.append(Mount("ro-bind", real, bridge))
+        real = _socat()
+        if real and self.bridge and os.path.exists(self.bridge):  # corral's unreadable copy: not traceable
+            out.append(Mount("ro-bind", real, self.bridge))
         return out
 
     def hidden_from(self, kind: str, user: str | None = None) -> list[Path]:
@@ -282,14 +289,15 @@ class Sandbox:
                            "run_as": self.run_as, "pids_max": self.pids_max, "why_not": self.why_not,
                            "homes": [str(h) for h in self.homes], "egress": self.egress,
                            "own_count": self.own_count, "seccomp": self.seccomp, "file_max": self.file_max,
-                           "tmp_max": self.tmp_max})
+                           "tmp_max": self.tmp_max, "bridge": self.bridge, "relay": self.relay})
 
     @classmethod
     def loads(cls, text: str) -> "Sandbox":
         d = json.loads(text)
         here = lambda ps: tuple(Path(p) for p in ps if os.path.exists(p))  # noqa: E731 (this node's)
         return cls(frozenset(d["kinds"]), here(d["hide"]), d["network"], d["run_as"], d["pids_max"], d["why_not"],
-                   here(d["homes"]), d["egress"], d["own_count"], d.get("seccomp"), d.get("file_max"), d.get("tmp_max"))
+                   here(d["homes"]), d["egress"], d["own_count"], d.get("seccomp"), d.get("file_max"), d.get("tmp_max"),
+                   d.get("bridge"), d.get("relay"))
 
 
 @functools.lru_cache(maxsize=256)
@@ -345,7 +353,8 @@ def system_python() -> str:
 
 def build(kinds: Sequence[str], extra_hide: Sequence[Path], network: bool, run_as: str | None,
           state: Sequence[Path], pids_max: int = 512, egress: Path | None = None, *, seccomp: bool = True,
-          unix_sockets: bool = False, file_max: int | None = None, tmp_max: int | None = None) -> Sandbox:
+          unix_sockets: bool = False, file_max: int | None = None, tmp_max: int | None = None,
+          relay: str | None = None) -> Sandbox:
     """The facility's sandbox, probed once at start-up. ``state``: corral's own
     directories (hidden from every sandboxed job; a job's own directory is bound back).
     Every hidden path is hidden where it really lies: ``/var/run/munge`` is ``/run/munge``
@@ -375,7 +384,8 @@ def build(kinds: Sequence[str], extra_hide: Sequence[Path], network: bool, run_a
         program = bpf(unix_sockets)
     box = Sandbox(frozenset(kinds), tuple(dict.fromkeys(hide)), network, run_as, pids_max,
                   homes=tuple(Path(os.path.realpath(h)) for h in people_homes()), egress=str(egress) if egress else None,
-                  seccomp=program, file_max=file_max, tmp_max=tmp_max)
+                  seccomp=program, file_max=file_max, tmp_max=tmp_max,
+                  bridge=str(egress.parent / BRIDGE_NAME) if egress else None, relay=relay if egress else None)
     if not kinds:
         return box
     why = probe(box)

@@ -12,6 +12,14 @@ loopback: the socket is bound into it and a ``socat`` inside bridges
 (corral/sandbox/bwrap.py). Whatever a job runs, the only connection that can leave is one
 the proxy accepts: the allow-list is checked on the effect (the upstream connection),
 not on the command.
+
+A Unix socket connects only on the machine that made it (a file on a shared filesystem
+does not carry it to another host). For jobs on other machines (the Slurm lane's nodes)
+the proxy also listens on TCP at ``[sandbox] egress_listen``, an address of this host the
+nodes reach; each such job's batch script starts a relay on its node, from a Unix socket
+of its own to that address, and binds the relay's socket in instead
+(corral/lanes/slurm/script.py). The allow-list is the same proxy's: a host that may
+connect to the port reaches only what a job may reach.
 """
 
 from __future__ import annotations
@@ -47,17 +55,20 @@ def allowed(host: str, port: int, allow: Sequence[str]) -> bool:
 class Egress:
     """The running proxy; ``socket`` is what sandboxes bind in."""
 
-    def __init__(self, directory: Path, allow: Sequence[str]) -> None:
+    def __init__(self, directory: Path, allow: Sequence[str], listen: str | None = None) -> None:
         self.allow = list(allow)
+        self.listen = listen
+        """HOST:PORT it also listens on for other machines' jobs (None: the Unix socket only)."""
         directory.mkdir(parents=True, exist_ok=True)
         directory.chmod(0o755)  # the jobs' users connect to the socket
         self.socket = directory / "proxy.sock"
         self.socket.unlink(missing_ok=True)
         self._proc: subprocess.Popen[bytes] | None = proc.spawn(
-            [sys.executable, "-m", "corral.sandbox.egress", "--socket", str(self.socket), "--allow", ",".join(self.allow)],
+            [sys.executable, "-m", "corral.sandbox.egress", "--socket", str(self.socket), "--allow", ",".join(self.allow),
+             *(["--listen", listen] if listen else [])],
             stderr=directory / "proxy.log")
         deadline = time.monotonic() + 20
-        while not self.socket.exists():
+        while not self.socket.exists() or (listen and not _answers(listen)):
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 raise BackendError(f"the egress proxy did not start; see {directory / 'proxy.log'}",
                                    hint="or empty [sandbox] allow_hosts to run without it (no network for jobs)")
@@ -73,6 +84,18 @@ class Egress:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
             self._proc = None
+
+
+def _answers(listen: str) -> bool:
+    import socket
+
+    from corral.core.config import host_port
+
+    try:
+        socket.create_connection(host_port(listen), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
 
 
 BRIDGE_NAME = "socat"
@@ -131,12 +154,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="corral's egress proxy (proxy.py with an allow-list)")
     ap.add_argument("--socket", required=True, type=Path)
     ap.add_argument("--allow", default="")
+    ap.add_argument("--listen", default=None, help="HOST:PORT to listen on too, for jobs on other machines")
     a = ap.parse_args(argv)
     proc.die_with_parent()
     os.environ["CORRAL_EGRESS_ALLOW"] = a.allow
     import proxy
 
-    with proxy.Proxy(["--unix-socket-path", str(a.socket), "--plugins", "corral.sandbox.egress.AllowHosts",
+    from corral.core.config import host_port
+
+    tcp: list[str] = []
+    if a.listen:  # proxy.py listens on the Unix socket and on each of --hostname x --ports
+        host, port = host_port(a.listen)
+        tcp = ["--hostname", host, "--ports", str(port)]
+    with proxy.Proxy(["--unix-socket-path", str(a.socket), *tcp, "--plugins", "corral.sandbox.egress.AllowHosts",
                       "--num-workers", "1", "--num-acceptors", "1", "--log-level", "WARNING"]):
         proxy.sleep_loop()
 

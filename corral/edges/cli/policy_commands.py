@@ -29,8 +29,10 @@ def _policy_path(path: str | None) -> Path | None:
     if path:
         return Path(path)
     from corral.core.config import load_settings
+    from corral.safety.risk import facility_hosts
 
     s = load_settings()
+    facility_hosts(s.sandbox.allow_hosts)  # as the gateway tags: the facility's mirror is not exfiltration
     return s.safety.policy_path(s.home)
 
 

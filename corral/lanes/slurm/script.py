@@ -8,11 +8,14 @@ import json
 import os
 import pwd
 import shlex
+import secrets
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from corral.core.config import host_port
 from corral.core.errors import InvalidRequest
 from corral.core.jobs import JobSpec, format_duration
 from corral.lanes.backend import SubmitContext
@@ -42,6 +45,29 @@ SCRIPT_FD = 3
 SCRIPT = f"/dev/fd/{SCRIPT_FD}"
 """Signals job_control may send a Slurm job, passed on by its batch shell to the work
 (TERM and KILL are Slurm's own: a cancel, a walltime)."""
+
+
+def relay_lines(where: str, listen: str, who: tuple[int, int] | None) -> list[str]:
+    """Lines of a batch script that start, on the node, the job's relay to the egress proxy
+    ([sandbox] egress_listen): a Unix socket in ``where`` (a new directory, the job's
+    identity's own: ``mkdir`` refuses one made there before) forwarded to HOST:PORT; the
+    sandbox binds that socket in place of the gateway's, which connects only on the
+    gateway's machine. ``who``: the identity the relay runs as when root runs the script
+    (the job's bytes never pass through root). Ready before the job starts."""
+    host, port = host_port(listen)
+    socat = shutil.which("socat") or "socat"
+    drop = [tool("setpriv"), f"--reuid={who[0]}", f"--regid={who[1]}", "--clear-groups", "--inh-caps=-all",
+            "--bounding-set=-all", "--"] if who else []
+    target = f"TCP:[{host}]:{port}" if ":" in host else f"TCP:{host}:{port}"
+    sock = f"{where}/proxy.sock"
+    return [f"mkdir -m 0700 {where} || {{ echo \"corral: cannot make {where} on $(hostname) for the egress relay\" >&2; "
+            "exit 1; }",
+            *([f"chown {who[0]}:{who[1]} {where}"] if who else []),
+            shlex.join([*drop, socat, f"UNIX-LISTEN:{sock},fork", target]) + " 2>/dev/null &",
+            "corral_relay=$!",
+            f"for i in $(seq 500); do [ -S {sock} ] && break; sleep 0.01; done",
+            f"[ -S {sock} ] || {{ echo \"corral: the egress relay to {listen} did not start on $(hostname)\" >&2; "
+            "exit 1; }"]
 
 
 class Scripts(SlurmBase):
@@ -177,6 +203,7 @@ class Scripts(SlurmBase):
             work = meta.traced(work or ["bash", "-c", spec.command or ""], str(out / "work"))
         sandbox = self.sandbox if self._contains(ctx) else None
         contained = sandbox is not None
+        cleanup: list[str] = []
         dropped = self._dropped_to(ctx)
         if sandbox is not None:
             # The script runs as the principal's Unix user (sbatch --uid), else as the
@@ -195,6 +222,11 @@ class Scripts(SlurmBase):
             # As the work's identity where root runs this script (the kernel's checks apply).
             opened = opendir.command(WORKDIR_FD, spec.workdir, opendir.identity(*who) if root and who else None) \
                 if spec.workdir else []
+            if sandbox.egress and sandbox.relay and not sandbox.network:  # the node's own way to the proxy
+                relay = f"/tmp/corral-egress.{secrets.token_hex(6)}"
+                lines += relay_lines(relay, sandbox.relay, who if root else None)
+                sandbox = replace(sandbox, egress=f"{relay}/proxy.sock")
+                cleanup = [f"kill $corral_relay 2>/dev/null; rm -rf {relay}"]
             lines.append(shlex.join([*opened, *sandbox.wrap(
                 ctx.kind, work or ["bash", "-c", spec.command or ""], spec.workdir or str(own), str(own),
                 ctx.unix_user, root, readable=[str(out / "script")] if spec.script else (),
@@ -225,7 +257,7 @@ class Scripts(SlurmBase):
         lines += ["w=$!", f"_fwd() {{ kill -s \"$1\" {target} 2>/dev/null; }}",
                   "for s in " + " ".join(FORWARDED) + "; do trap \"_fwd $s\" $s; done",
                   "while :; do wait $w; rc=$?; kill -0 $w 2>/dev/null || break; done"]
-        lines += [f"echo $rc > {out / 'ended'}", "exit $rc"]
+        lines += [*cleanup, f"echo $rc > {out / 'ended'}", "exit $rc"]
         return "\n".join(lines) + "\n"
 
     def _run_as(self, ctx: SubmitContext) -> tuple[int, int] | None:
