@@ -47,6 +47,11 @@ SCRIPT = f"/dev/fd/{SCRIPT_FD}"
 (TERM and KILL are Slurm's own: a cancel, a walltime)."""
 
 
+RELAY_CHILDREN = 64
+"""Connections one job's relay carries at once: it runs outside the sandbox's process
+limit (a job opening thousands of connections would otherwise fork as many relays)."""
+
+
 def relay_lines(where: str, listen: str, who: tuple[int, int] | None) -> list[str]:
     """Lines of a batch script that start, on the node, the job's relay to the egress proxy
     ([sandbox] egress_listen): a Unix socket in ``where`` (a new directory, the job's
@@ -62,8 +67,8 @@ def relay_lines(where: str, listen: str, who: tuple[int, int] | None) -> list[st
     sock = f"{where}/proxy.sock"
     return [f"mkdir -m 0700 {where} || {{ echo \"corral: cannot make {where} on $(hostname) for the egress relay\" >&2; "
             "exit 1; }",
-            *([f"chown {who[0]}:{who[1]} {where}"] if who else []),
-            shlex.join([*drop, socat, f"UNIX-LISTEN:{sock},fork", target]) + " 2>/dev/null &",
+            *([f"chown -h {who[0]}:{who[1]} {where}"] if who else []),
+            shlex.join([*drop, socat, f"UNIX-LISTEN:{sock},fork,max-children={RELAY_CHILDREN}", target]) + " 2>/dev/null &",
             "corral_relay=$!",
             f"for i in $(seq 500); do [ -S {sock} ] && break; sleep 0.01; done",
             f"[ -S {sock} ] || {{ echo \"corral: the egress relay to {listen} did not start on $(hostname)\" >&2; "
