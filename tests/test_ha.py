@@ -9,6 +9,7 @@ under CI=true without the server of scripts/postgres-up."""
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 from concurrent.futures import ThreadPoolExecutor
 import time
@@ -26,13 +27,13 @@ HANDOVER_S = 5.0
 
 
 @contextlib.contextmanager
-def replicas(tmp_path: Path, n: int = 2) -> Iterator[tuple[str, list[Gateway]]]:
+def replicas(tmp_path: Path, n: int = 2, **env: str) -> Iterator[tuple[str, list[Gateway]]]:
     """``n`` gateways on one home and one fresh database, started one after another (the
     first leads); -> (the store's URL, the gateways)."""
     home = tmp_path / "home"
     home.mkdir()
     with fresh_database() as url:
-        gws = [Gateway(home, free_port(), extra_env={"CORRAL_STORE__URL": url}) for _ in range(n)]
+        gws = [Gateway(home, free_port(), extra_env={"CORRAL_STORE__URL": url, **env}) for _ in range(n)]
         try:
             for gw in gws:
                 gw.start()
@@ -184,3 +185,34 @@ def test_a_leader_that_loses_its_session_stops_leading(tmp_path: Path) -> None:
         with new.http() as h:
             job = h.post("/v1/jobs", json={"command": "true", "workdir": str(tmp_path)}).json()
             assert h.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 60}).json()["state"] == "COMPLETED"
+
+
+def _wait_after_burst(gw: Gateway, token: str) -> float:
+    """An agent's calls to one replica until one is refused -> the wait its refusal names."""
+    with gw.http(token) as h:
+        for _ in range(50):
+            r = h.get("/v1/jobs")
+            if r.status_code == 429:
+                return float(re.search(r"retry in ([0-9.]+) s", r.json()["error"]["message"]).group(1))
+    raise AssertionError("50 calls at once and none refused")
+
+
+def _hears(gw: Gateway, n: int) -> None:
+    deadline = time.monotonic() + 15
+    while health(gw)["replicas"] != n:
+        assert time.monotonic() < deadline, f"{gw.url} hears {health(gw)['replicas']} replicas, not {n}"
+        time.sleep(0.2)
+
+
+def test_replicas_share_the_facilitys_rate_limits(tmp_path: Path) -> None:
+    """An agent spreading its calls over two replicas is held to the facility's rate, not
+    twice it: while each hears the other, each refills at half the rate (a refusal names
+    twice the wait); once the other is gone, at the whole rate again."""
+    with replicas(tmp_path, CORRAL_SAFETY__RATE_API_PER_S="1", CORRAL_SAFETY__RATE_API_BURST="3") as (_, gws):
+        bot = add_people(gws[0])["bot1"]
+        for g in gws:
+            _hears(g, 2)
+        assert all(_wait_after_burst(g, bot) > 1.5 for g in gws)  # 1 call a second, shared: 2 s each
+        gws[1].kill(signal.SIGKILL)
+        _hears(gws[0], 1)
+        assert _wait_after_burst(gws[0], bot) <= 1.0

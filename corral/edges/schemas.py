@@ -187,6 +187,7 @@ class HealthOut(_Out):
     stalled: list[str] = Field(default_factory=list, description="Loops dead or silent too long (then 503).")
     leader: bool = Field(False, description="This replica runs the facility's loops (a lone gateway always).")
     replica: str | None = Field(None, description="This replica's name, on a shared PostgreSQL store.")
+    replicas: int | None = Field(None, description="The replicas this one hears on the shared store, itself included: they share the facility's rate limits.")
 
 
 class FacilityOut(_Out):

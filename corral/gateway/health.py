@@ -12,18 +12,20 @@ if TYPE_CHECKING:
 
 
 def health(r: "Reconciler", backend: str, tasks: dict[str, "asyncio.Task[Any]"], leader: bool = False,
-           replica: str | None = None) -> dict[str, Any]:
+           replica: str | None = None, replicas: int | None = None) -> dict[str, Any]:
     """The gateway's signs of life: ``stalled`` names a loop that died or (the
     reconciler) stopped going round; /healthz then answers 503. ``tasks``: the running
     loops by name (none before the runtime starts them); ``leader``: they include the
-    facility's; ``replica``: this replica's name on a shared store (gateway/replicas.py)."""
+    facility's; ``replica``: this replica's name on a shared store (gateway/replicas.py),
+    ``replicas``: how many it hears (itself included)."""
     loops = {name: _loop_state(t) for name, t in tasks.items()}
     stalled = [name for name, state in loops.items() if state not in ("running", "done")]
     if "reconciler" in tasks and (r.last_beat is None or time.time() - r.last_beat > r.stall_after_s()):
         stalled.append("reconciler")
     return {"ok": r.degraded is None and not stalled, "backend": backend,
             "degraded": r.degraded, "last_tick": r.last_tick, "last_beat": r.last_beat,
-            "loops": loops, "stalled": sorted(set(stalled)), "leader": leader, "replica": replica}
+            "loops": loops, "stalled": sorted(set(stalled)), "leader": leader, "replica": replica,
+            "replicas": replicas}
 
 
 def _loop_state(task: "asyncio.Task[Any]") -> str:

@@ -13,7 +13,9 @@ follower to take.
 
 Between replicas: a change of jobs' states here is published (``NOTIFY``) and wakes the
 long-polls and event streams of every other replica; a job recorded by a follower is not
-sent by it but wakes the leader's reconciler, which sends it (send_unsent) at once.
+sent by it but wakes the leader's reconciler, which sends it (send_unsent) at once. Each
+replica says it is there every ``BEAT_S``; the replicas heard within ``GONE_S`` share the
+facility's rate limits (safety/limits.py: each refills at 1/N of the rate).
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ class Runtime(Protocol):
 
 log = logging.getLogger("corral")
 
+BEAT_S = 2.0
+GONE_S = 3 * BEAT_S
+"""A replica not heard for this long is gone: the others' shares of the rates grow back."""
 MAX_IDS = 400
 """More jobs than this changed at once are published as '*': every waiter wakes and re-reads."""
 
@@ -61,9 +66,30 @@ class Replicas:
         s.sender.cancels_elsewhere = True
         self._waking = False
         s.watchers.publish = self._publish
+        self.peers: dict[str, float] = {}
+        """The other replicas, by name: when each was last heard (monotonic)."""
+
+    @property
+    def count(self) -> int:
+        """The replicas there now, this one included."""
+        return 1 + len(self.peers)
 
     async def run(self) -> None:
-        await self.coordinator.run()
+        beat = asyncio.create_task(self._beat())
+        try:
+            await self.coordinator.run()
+        finally:
+            beat.cancel()
+
+    async def _beat(self) -> None:
+        while True:
+            self._say("h", "")
+            now = asyncio.get_running_loop().time()
+            for rid, heard in list(self.peers.items()):
+                if now - heard > GONE_S:
+                    del self.peers[rid]
+            self.runtime.service.gate.buckets.share = self.count
+            await asyncio.sleep(BEAT_S)
 
     def _wake_leader(self) -> None:
         """Jobs to send or a hold released here: the leader's reconciler ticks now. One word per
@@ -96,6 +122,10 @@ class Replicas:
         if rid == self.id:
             return
         s = self.runtime.service
+        if rid not in self.peers:
+            self.peers[rid] = 0.0
+            s.gate.buckets.share = self.count  # at once: a new replica takes its share from now
+        self.peers[rid] = asyncio.get_running_loop().time()
         if kind == "j":
             s.watchers.wake(None if rest == "*" else [int(x) for x in rest.split(",") if x])
         elif kind == "s" and self.runtime.leader:

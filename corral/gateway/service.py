@@ -395,7 +395,7 @@ class Service:
         """The gateway's signs of life (corral/gateway/runtime.py): its loops and the reconciler's beat."""
         rt = self.runtime
         return health(self.reconciler, self.lanes.batch.name, rt.tasks if rt else {}, bool(rt and rt.leader),
-                      rt.replicas.id if rt and rt.replicas else None)
+                      rt.replicas.id if rt and rt.replicas else None, rt.replicas.count if rt and rt.replicas else None)
 
 
 def identity_of(caller: Caller, sandbox: Sandbox | None, identities: Identities | None) -> Identity | None:

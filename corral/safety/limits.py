@@ -3,6 +3,10 @@ block, CPU- and GPU-hour budgets, and caps on concurrent jobs.
 
 Buckets are in memory: a restart refills them, which errs toward the agent but loses no
 work. Budgets and job counts are read from the database, so they survive restarts.
+Behind a load balancer, N replicas share the facility's rates: each refills its buckets
+at 1/N of the rate (``share``, from the replicas each hears: gateway/replicas.py), so
+that an agent spreading its calls over them is held to the facility's rate, without a
+store round trip per call. A burst is each replica's whole: at most N bursts at once.
 
 Why not a library: aiolimiter waits instead of refusing, and ``limits``/pyrate-limiter
 count in windows; a refusal here must say exactly when to retry (Retry-After), which a
@@ -44,9 +48,12 @@ class Buckets:
 
     def __init__(self) -> None:
         self._b: dict[str, Bucket] = {}
+        self.share = 1
+        """The replicas sharing the facility's rates (this one included)."""
 
     def take(self, key: str, n: float, rate: float, burst: float, now: float | None = None) -> float:
         now = time.monotonic() if now is None else now
+        rate /= self.share
         b = self._b.get(key)
         if b is None or b.rate != rate or b.burst != burst:
             if len(self._b) > 100_000:  # long-gone sessions: start afresh rather than grow forever
