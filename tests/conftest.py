@@ -337,3 +337,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if re.fullmatch(r"corral-[0-9a-f]{10}", d.name) and d.name not in _SCRATCH_BEFORE and not under(d) \
                 and not any(p.is_file() for p in d.rglob("*")):
             shutil.rmtree(d, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test that takes a real-Slurm turn goes to one worker, one after another
+    (``--dist loadgroup``, pyproject.toml): a turn taken on the other worker made one of
+    the two wait on the lock, idle, while the other ran. The other worker runs the rest."""
+    for item in items:
+        marker = item.get_closest_marker("slurm_turn")
+        how = marker.args[0] if marker and marker.args else "alone"
+        if "slurm_turn" in getattr(item, "fixturenames", ()) and how != "none":
+            item.add_marker(pytest.mark.xdist_group("slurm"))

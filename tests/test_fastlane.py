@@ -563,3 +563,52 @@ def test_a_persons_task_runs_as_its_identity_and_is_measured_only_once_it_runs(f
             [j["reason"] for j in done["jobs"] if j["state"] != "COMPLETED"][:3]
         uid = int(h.get(f"/v1/jobs/{who['id']}/output").json()["data"])
     assert uid != 0 and uid != os.getuid()  # the person's own identity, not the worker's root
+
+
+def test_fast_tasks_reach_the_egress_through_their_workers_relay(tmp_path, agent_dir) -> None:
+    """With [sandbox] egress_listen, a fast-lane worker (which on a cluster runs on a node,
+    where the gateway's Unix socket connects nowhere) starts a relay to the proxy's TCP
+    address, and its contained tasks fetch from the allow-list through it, not through
+    the gateway's socket; the relay ends with the worker."""
+    import socket
+    import subprocess
+
+    from .conftest import add_people, free_port
+
+    root = tmp_path / "mirror"
+    root.mkdir()
+    (root / "ok.txt").write_text("from-the-mirror")
+    mport = free_port()
+    mirror = subprocess.Popen([sys.executable, "-m", "http.server", str(mport), "--bind", "127.0.0.1"], cwd=root,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    before = set(Path("/tmp").glob("corral-egress.*"))
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", mport), 0.5).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the mirror did not start"
+                time.sleep(0.1)
+        with running(tmp_path, cpus=8, CORRAL_FASTLANE_CPUS="4", CORRAL_FASTLANE_MEMORY_MB="2048",
+                     CORRAL_SANDBOX__ALLOW_HOSTS=f'["127.0.0.1:{mport}"]',
+                     CORRAL_SANDBOX__EGRESS_LISTEN=f"127.0.0.1:{free_port()}") as gw:
+            bot = add_people(gw)["bot1"]
+            with gw.http(bot) as h:
+                job = h.post("/v1/jobs", json={"command": f"stat -L -c %i /tmp/corral-egress.sock; curl -s -m 20 "
+                                                          f"http://127.0.0.1:{mport}/ok.txt", "lane": "fast",
+                                               "workdir": str(agent_dir)}).json()
+                assert job["backend"] == "fast", job
+                done = wait(gw, bot, job["id"])
+                assert done["state"] == "COMPLETED", done
+                inode, got = h.get(f"/v1/jobs/{job['id']}/output").json()["data"].split("\n")[:2]
+            assert got == "from-the-mirror"
+            assert int(inode) != os.stat(gw.home / "egress" / "proxy.sock").st_ino  # the worker's relay
+            assert set(Path("/tmp").glob("corral-egress.*")) - before  # there while the worker is
+    finally:
+        mirror.kill()
+    deadline = time.monotonic() + 30
+    while set(Path("/tmp").glob("corral-egress.*")) - before:  # gone with the worker
+        assert time.monotonic() < deadline, set(Path("/tmp").glob("corral-egress.*")) - before
+        time.sleep(0.2)

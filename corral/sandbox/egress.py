@@ -98,6 +98,54 @@ def _answers(listen: str) -> bool:
         return False
 
 
+class Relay:
+    """A relay on this node to the egress proxy's TCP address, for the jobs a long-lived
+    process starts here (a fast-lane worker): a Unix socket in a new directory, forwarded
+    to ``listen`` (corral/lanes/slurm/script.py starts the same for one batch job). Its
+    tasks run as many identities, so the socket is theirs to connect to (0666: whoever on
+    the node connects reaches only the allow-list). Under root it runs as ``user``, so
+    that no job's bytes pass through a root process."""
+
+    CHILDREN = 64
+    """Connections at once: it forks outside every sandbox's process limit."""
+
+    def __init__(self, listen: str, user: str | None = None) -> None:
+        import pwd
+        import tempfile
+
+        from corral.core.config import host_port
+
+        host, port = host_port(listen)
+        self.dir = Path(tempfile.mkdtemp(prefix="corral-egress."))
+        self.dir.chmod(0o711)
+        self.socket = self.dir / "proxy.sock"
+        who: dict[str, Any] = {}
+        if os.geteuid() == 0 and user:
+            pw = pwd.getpwnam(user)
+            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+            who = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+        target = f"TCP:[{host}]:{port}" if ":" in host else f"TCP:{host}:{port}"
+        self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+            ["socat", f"UNIX-LISTEN:{self.socket},fork,perm=0666,max-children={self.CHILDREN}", target],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **who)
+        deadline = time.monotonic() + 10
+        while not self.socket.exists():
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise BackendError(f"the egress relay to {listen} did not start on this node",
+                                   hint="check that socat is installed on the nodes")
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        import shutil
+
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 BRIDGE_NAME = "socat"
 """corral's copy of socat beside the proxy's socket (see bridge_binary)."""
 

@@ -16,9 +16,12 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corral.lanes.fast import launcher
+
+if TYPE_CHECKING:
+    from corral.sandbox.egress import Relay
 
 MIN_THREADS = 16
 """Fewest batches a worker holds at once (each waits in one thread while the launcher
@@ -32,6 +35,10 @@ def security(tls_dir: Path | None) -> Any:
 
     return Security(tls_ca_file=str(tls_dir / "ca.pem"), tls_worker_cert=str(tls_dir / "cert.pem"),
                     tls_worker_key=str(tls_dir / "key.pem"), require_encryption=True)
+
+
+_relays: list["Relay"] = []
+"""This worker's egress relay, if its tasks need one: closed however the worker ends."""
 
 
 async def run(a: argparse.Namespace) -> None:
@@ -50,6 +57,18 @@ async def run(a: argparse.Namespace) -> None:
         from corral.sandbox.bwrap import Sandbox
 
         sandbox = Sandbox.loads(a.sandbox.read_text())
+    relay = None
+    if sandbox is not None and sandbox.egress and sandbox.relay and not sandbox.network:
+        # The gateway's Unix socket connects on the gateway's machine alone: this node's
+        # tasks reach the proxy's TCP address through a relay of this worker's
+        # ([sandbox] egress_listen; corral/sandbox/egress.py).
+        from dataclasses import replace
+
+        from corral.sandbox.egress import Relay
+
+        relay = Relay(sandbox.relay, sandbox.run_as)
+        _relays.append(relay)
+        sandbox = replace(sandbox, egress=str(relay.socket))
     launcher.configure(launcher.Slots(a.cpus, a.memory_mb, gpus[: a.gpus]), sandbox)
     # A thread only waits for its batch in the launcher, which runs every batch at once:
     # a batch queued for a thread behind others waited ~0.7 s of a 1,000-task burst on a
@@ -79,6 +98,8 @@ def main() -> None:
 
     def end(signum: int, frame: object) -> None:  # scancel, or the local backend's cancel
         launcher.kill_all()
+        for r in _relays:
+            r.close()
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, end)
@@ -87,6 +108,8 @@ def main() -> None:
         asyncio.run(run(a))
     finally:
         launcher.kill_all()
+        for r in _relays:
+            r.close()
 
 
 if __name__ == "__main__":
