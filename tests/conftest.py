@@ -348,3 +348,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         how = marker.args[0] if marker and marker.args else "alone"
         if "slurm_turn" in getattr(item, "fixturenames", ()) and how != "none":
             item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report carries the end of each gateway log in its tmp_path (a 500
+    says only "it is logged": the log is gone once pytest's old tmp dirs rotate out)."""
+    outcome = yield
+    rep = outcome.get_result()  # type: ignore[attr-defined]
+    tmp = getattr(item, "funcargs", {}).get("tmp_path")
+    if not rep.failed or not isinstance(tmp, Path):
+        return
+    for log in sorted(tmp.glob("gateway-*.log")):
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        starts = [i for i, line in enumerate(lines) if "Traceback" in line or " ERROR " in line]
+        shown = lines[max(0, starts[0] - 5):][:150] if starts else lines[-40:]
+        rep.sections.append((f"gateway log {log.name}", "\n".join(shown)))
