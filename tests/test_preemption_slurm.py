@@ -336,3 +336,36 @@ def test_an_agent_over_mcp_sees_the_requeues_and_the_work_lost() -> None:
            "end_time": 40.0, "requeues": 1, "lost_s": 4.0}
     assert compact(job) == {"id": 3, "state": "COMPLETED", "exit_code": 0, "ran_s": 30.0, "requeues": 1, "lost_s": 4.0}
     assert "requeues" not in compact({**job, "requeues": 0, "lost_s": None})
+
+
+@on_slurm
+@SHARED_TURN
+def test_opportunistic_jobs_queue_smallest_first(tmp_path: Path, agent_dir: Path) -> None:
+    """Two of an agent's opportunistic jobs wait in Slurm (each after one still running):
+    the smaller, sent second, has the higher priority, by its nice of core-minutes
+    (decision 0023's order), and both keep people's precedence (agent_nice beneath)."""
+    conf = slurm_conf()
+    gw = Gateway(tmp_path / "home", free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": conf,
+                                                            "CORRAL_TICK_S": "0.5"})
+    gw.home.mkdir()
+    gw.start()
+    try:
+        with gw.http() as h:
+            for body in ({"name": "alice", "kind": "human"}, {"name": "bot1", "kind": "agent", "sponsor": "alice"}):
+                assert h.post("/v1/principals", json=body).status_code == 201
+            bot = h.post("/v1/tokens", json={"for": "bot1", "expires": "1h"}).json()["token"]
+        with gw.http(bot) as h:
+            first = h.post("/v1/jobs", json={"command": "sleep 120", "workdir": str(agent_dir)}).json()
+            jobs = [h.post("/v1/jobs", json={"command": "true", "cpus": cpus, "walltime": walltime, "after_ok": [first["id"]],
+                                             "workdir": str(agent_dir)}).json() for cpus, walltime in ((8, "50m"), (1, "5m"))]
+            sent = [until("sent to Slurm", lambda j=j: h.get(f"/v1/jobs/{j['id']}").json()["backend_id"], 60)
+                    for j in jobs]
+            rows = {line.split()[0]: line.split()[1:] for line in
+                    slurm(conf, "squeue", "-h", "-j", ",".join(sent), "-o", "%i %Q %y").splitlines()}
+            (big_prio, big_nice), (small_prio, small_nice) = ((int(p), int(n)) for p, n in (rows[b] for b in sent))
+            assert big_nice - small_nice == 8 * 50 - 1 * 5, rows  # core-minutes each
+            assert small_nice > 100  # above agent_nice: people first, whatever the size
+            assert small_prio > big_prio, rows  # Slurm's own order: the smaller first, though sent later
+            h.post("/v1/jobs/cancel", json={"ids": [first["id"], *(j["id"] for j in jobs)]})
+    finally:
+        gw.kill(signal.SIGTERM)

@@ -20,7 +20,7 @@ from corral.core.errors import InvalidRequest
 from corral.core.jobs import JobSpec, format_duration
 from corral.lanes.backend import SubmitContext
 from corral.lanes.slurm.base import SlurmBase
-from corral.lanes.slurm.tiers import TIER_LABEL, WALLTIME_LABEL, rerun_lines, tier_lines
+from corral.lanes.slurm.tiers import TIER_LABEL, WALLTIME_LABEL, order_nice, rerun_lines, tier_lines
 from corral.sandbox import opendir
 from corral.sandbox.bwrap import system_python, tool
 from corral.sandbox.seccomp import apply_argv
@@ -37,6 +37,8 @@ def job_name(ctx: SubmitContext, spec: JobSpec) -> str:
 
 
 
+NICE_MAX = 2147483645
+"""Slurm's largest nice value."""
 FORWARDED = ("HUP", "INT", "QUIT", "USR1", "USR2", "CONT", "TSTP")
 ENV_FD = 6
 """The batch script opens the job's environment on this descriptor for the work's last step."""
@@ -187,8 +189,10 @@ class Scripts(SlurmBase):
         if ctx.after:
             lines += [f"#SBATCH --dependency={ctx.after}", "#SBATCH --kill-on-invalid-dep=yes"]
         if ctx.kind == "agent":
-            lines.append(f"#SBATCH --nice={self.agent_nice}")
             opportunistic = self.opportunistic() if spec.labels.get(TIER_LABEL) == "opportunistic" else None
+            # People keep priority (agent_nice); among opportunistic jobs the smallest first.
+            order = order_nice(spec.cpus, walltime_s) if opportunistic else 0
+            lines.append(f"#SBATCH --nice={min(self.agent_nice + order, NICE_MAX)}")
             if opportunistic:
                 lines += tier_lines(opportunistic)
             elif self.agent_qos:

@@ -90,6 +90,19 @@ def tier_lines(opportunistic: str | None) -> list[str]:
     return [f"#SBATCH --qos={opportunistic}", "#SBATCH --requeue"] if opportunistic else []
 
 
+ORDER_NICE_MAX = 10_000_000
+"""The most core-minutes an opportunistic job's order adds to its nice (a 32-core node
+for 200 days), far below Slurm's bound of 2^31 - 3 whatever agent_nice is."""
+
+
+def order_nice(cpus: int, walltime_s: float) -> int:
+    """What an opportunistic job adds to its nice: its core-minutes at the walltime Slurm
+    is asked for (the tightened one), so that among agents' opportunistic jobs the
+    smallest goes first, not the oldest (decision 0023's ``order``; it outweighs age:
+    one a job under priority/basic, at most PriorityWeightAge under multifactor)."""
+    return min(ORDER_NICE_MAX, max(1, cpus) * max(1, -(-int(walltime_s) // 60)))
+
+
 def rerun_lines(started: str, ended: str) -> list[str]:
     """The job script's first lines: a run that Slurm started again (after a requeue)
     says so in its output and clears the last run's end; every run records its start
