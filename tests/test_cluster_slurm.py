@@ -9,7 +9,10 @@ whose allocations run on two nodes at once."""
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -266,6 +269,37 @@ def test_egress_works_on_every_node_through_its_own_relay(tmp_path: Path, agent_
         other.kill()
 
 
+def open_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` listens on at an address other hosts can reach (not
+    loopback), read in its own network namespace (/proc/PID/net: a node's, for a worker)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if (target := os.readlink(fd)).startswith("socket:["):
+                inodes.add(target[8:-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            local, state, inode = line.split()[1], line.split()[3], line.split()[9]
+            raw, port = local.split(":")
+            # the address as the kernel prints it: each 32-bit word in host (little-endian) order
+            packed = b"".join(bytes.fromhex(raw[i:i + 8])[::-1] for i in range(0, len(raw), 8))
+            if state == "0A" and inode in inodes and not ipaddress.ip_address(packed).is_loopback:
+                ports.add(int(port, 16))
+    return ports
+
+
+def fast_workers(home: Path) -> list[int]:
+    """The pids of the fast-lane workers of the gateway whose home is ``home``."""
+    out = []
+    for d in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+            if d.name.isdigit() and b"corral.lanes.fast.worker" in argv and str(home).encode() in b" ".join(argv):
+                out.append(int(d.name))
+    return out
+
+
 def started_on(d: Path, n: int) -> dict[int, str]:
     """Task index -> the node its `started-<i>` says it started on, for those written."""
     out = {}
@@ -330,6 +364,15 @@ def test_a_fast_lane_pool_holds_allocations_on_several_nodes(cluster: str, tmp_p
             assert len(held) == 2 and {s[1] for s in held} == {"RUNNING"}, held
             nodes = {s[2] for s in held}
             assert len(nodes) == 2 and nodes <= {"c1", "c2", "c3", "c4"}, held
+            # Other hosts reach only the pool's TLS: the scheduler's port in the gateway, each
+            # worker's own on its node (Dask's unauthenticated diagnostics HTTP listened too,
+            # beside both: the pool's workers, their addresses and logs, to anyone)
+            scheduler = {int(re.search(r"--scheduler \S+:(\d+) ", job(gw, p["id"])["spec"]["command"])[1])
+                         for p in pilots}
+            assert gw.proc is not None and open_ports(gw.proc.pid) == scheduler, (open_ports(gw.proc.pid), scheduler)
+            workers = fast_workers(gw.home)
+            assert len(workers) == 2 and [len(open_ports(w)) for w in workers] == [1, 1], \
+                [(w, open_ports(w)) for w in workers]
             # A cancel reaches a running task on each node: the gateway's side of the pool
             # connects to every worker (Dask's scheduler to the worker's own listener).
             started = until("tasks started on both nodes", lambda: (st := started_on(agent_dir, burst))
