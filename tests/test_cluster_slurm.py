@@ -329,8 +329,10 @@ def test_a_fast_lane_pool_holds_allocations_on_several_nodes(cluster: str, tmp_p
     takes, so the pool asks for a second, sized to the most a node has free, which with
     c1 full is one of the 8-CPU nodes: Slurm can place the two allocations only on
     different nodes. Tasks run on both at once (the workers on c1..c4 reach the pool's
-    scheduler from their own namespaces), each under its node's name; every task
-    completes once with its own output; the idle pool gives both allocations back."""
+    scheduler from their own namespaces), each under its node's name; other hosts reach
+    only the pool's TLS listeners; a cancel reaches a running task on each node; every
+    other task completes once with its own output; the idle pool gives both allocations
+    back."""
     burst = 320  # 320 s of work as the pool reckons an unknown task (1 s each): 10 s on c1, longer than a node takes to join
     with running(tmp_path, CORRAL_BACKEND="slurm", SLURM_CONF=cluster, CORRAL_TICK_S="0.3",
                  CORRAL_FASTLANE_CPUS="32", CORRAL_FASTLANE_MIN_CPUS="8",
