@@ -4,11 +4,15 @@ ctl2; docs/decisions/0032-private-cluster.md), through a real gateway on the Slu
 backend: jobs spread over nodes; an agent's jobs contained on each node; a node that dies under its jobs (Slurm requeues one
 and ends the other NODE_FAIL, and the agent is told which); the primary controller
 killed (the backup takes over, and the gateway keeps answering and sends again); the
-egress proxy reached from every node through the node's own relay."""
+egress proxy reached from every node through the node's own relay; a fast-lane pool
+whose allocations run on two nodes at once."""
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -20,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Gateway, free_port
+from .conftest import Gateway, free_port, running
 from .slurm_env import kill_host, layout, restore, slurm_conf
 from .test_gateway_slurm import start_slurm_gateway
 
@@ -52,6 +56,11 @@ def until(what: str, check: Any, within: float) -> Any:
             return got
         time.sleep(0.5)
     raise AssertionError(f"timed out after {within:.0f} s waiting for {what}")
+
+
+@pytest.fixture
+def cluster() -> str:
+    return cluster_conf()
 
 
 @pytest.fixture
@@ -258,3 +267,147 @@ def test_egress_works_on_every_node_through_its_own_relay(tmp_path: Path, agent_
         g.kill(signal.SIGTERM)
         allowed.kill()
         other.kill()
+
+
+def open_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` listens on at an address other hosts can reach (not
+    loopback), read in its own network namespace (/proc/PID/net: a node's, for a worker)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if (target := os.readlink(fd)).startswith("socket:["):
+                inodes.add(target[8:-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            local, state, inode = line.split()[1], line.split()[3], line.split()[9]
+            raw, port = local.split(":")
+            # the address as the kernel prints it: each 32-bit word in host (little-endian) order
+            packed = b"".join(bytes.fromhex(raw[i:i + 8])[::-1] for i in range(0, len(raw), 8))
+            if state == "0A" and inode in inodes and not ipaddress.ip_address(packed).is_loopback:
+                ports.add(int(port, 16))
+    return ports
+
+
+def fast_workers(home: Path) -> list[int]:
+    """The pids of the fast-lane workers of the gateway whose home is ``home``."""
+    out = []
+    for d in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+            if d.name.isdigit() and b"corral.lanes.fast.worker" in argv and str(home).encode() in b" ".join(argv):
+                out.append(int(d.name))
+    return out
+
+
+def started_on(d: Path, n: int) -> dict[int, str]:
+    """Task index -> the node its `started-<i>` says it started on, for those written."""
+    out = {}
+    for i in range(n):
+        try:
+            node = (d / f"started-{i}").read_text().strip()
+        except FileNotFoundError:
+            continue
+        if node:
+            out[i] = node
+    return out
+
+
+def sacct_rows(conf: str, slurm_ids: list[str], fields: str) -> dict[str, dict[str, str]]:
+    """Slurm id -> accounting's record of the job itself (-X), by field."""
+    names = fields.split(",")
+    out: dict[str, dict[str, str]] = {}
+    for line in slurm(conf, "sacct", "-X", "-n", "-P", "-j", ",".join(slurm_ids), "-o", "JobID," + fields).splitlines():
+        jid, *values = line.split("|")
+        out[jid] = dict(zip(names, values))
+    return out
+
+
+def test_a_fast_lane_pool_holds_allocations_on_several_nodes(cluster: str, tmp_path: Path, agent_dir: Path) -> None:
+    """An agent's burst of fast-lane tasks: the pool's first allocation, sized to the
+    burst, is the whole of c1 (only c1 has 32 CPUs); the burst is more than that worker
+    takes, so the pool asks for a second, sized to the most a node has free, which with
+    c1 full is one of the 8-CPU nodes: Slurm can place the two allocations only on
+    different nodes. Tasks run on both at once (the workers on c1..c4 reach the pool's
+    scheduler from their own namespaces), each under its node's name; other hosts reach
+    only the pool's TLS listeners; a cancel reaches a running task on each node; every
+    other task completes once with its own output; the idle pool gives both allocations
+    back."""
+    burst = 320  # 320 s of work as the pool reckons an unknown task (1 s each): 10 s on c1, longer than a node takes to join
+    with running(tmp_path, CORRAL_BACKEND="slurm", SLURM_CONF=cluster, CORRAL_TICK_S="0.3",
+                 CORRAL_FASTLANE_CPUS="32", CORRAL_FASTLANE_MIN_CPUS="8",
+                 CORRAL_FASTLANE_MAX_ALLOCATIONS="2", CORRAL_FASTLANE_IDLE_S="1",
+                 CORRAL_RATE_API_BURST="1000") as gw:  # the agent reads each task's output once
+        with gw.http() as h:
+            h.post("/v1/principals", json={"name": "alice", "kind": "human"})
+            h.post("/v1/principals", json={"name": "bot", "kind": "agent", "sponsor": "alice"})
+            token = h.post("/v1/tokens", json={"for": "bot", "expires": "1h"}).json()["token"]
+        t0 = time.monotonic()
+        # Each task says where it started, then waits for `go` (the test's, made once tasks
+        # run on both allocations): the first worker cannot drain the burst before the
+        # second joins, however slow this machine is. Each appends its own line to a log:
+        # a task run twice shows twice.
+        jobs = [{"command": f"hostname > started-{i}; until [ -e go ]; do sleep 0.2; done; "
+                            f"echo task-{i} $(hostname) | tee -a runs.log",
+                 "lane": "fast", "walltime": "2m", "workdir": str(agent_dir)} for i in range(burst)]
+        with gw.http(token) as h:
+            r = h.post("/v1/jobs/batch", json={"jobs": jobs})
+            assert r.status_code == 201, r.text
+            ids = [j["id"] for j in r.json()["jobs"]]
+            # more tasks running than c1's allocation has CPUs: the second allocation runs some
+            until("tasks running on both allocations", lambda: len(h.get("/v1/jobs", params={
+                "state": "RUNNING", "limit": 1000}).json()["jobs"]) > 32, 60)
+            with gw.http() as admin:
+                pilots = admin.get("/v1/jobs", params={"principal": "fastlane"}).json()["jobs"]
+            slurm_ids = [job(gw, p["id"])["backend_id"] for p in pilots]
+            # (a) Slurm runs both allocations now, each on a node of its own
+            held = [line.split() for line in slurm(cluster, "squeue", "-h", "-j", ",".join(slurm_ids),
+                                                    "-o", "%i %T %N %C").splitlines()]
+            assert len(held) == 2 and {s[1] for s in held} == {"RUNNING"}, held
+            nodes = {s[2] for s in held}
+            assert len(nodes) == 2 and nodes <= {"c1", "c2", "c3", "c4"}, held
+            # Other hosts reach only the pool's TLS: the scheduler's port in the gateway, each
+            # worker's own on its node (Dask's unauthenticated diagnostics HTTP listened too,
+            # beside both: the pool's workers, their addresses and logs, to anyone)
+            scheduler = {int(re.search(r"--scheduler \S+:(\d+) ", job(gw, p["id"])["spec"]["command"])[1])
+                         for p in pilots}
+            assert gw.proc is not None and open_ports(gw.proc.pid) == scheduler, (open_ports(gw.proc.pid), scheduler)
+            workers = fast_workers(gw.home)
+            assert len(workers) == 2 and [len(open_ports(w)) for w in workers] == [1, 1], \
+                [(w, open_ports(w)) for w in workers]
+            # A cancel reaches a running task on each node: the gateway's side of the pool
+            # connects to every worker (Dask's scheduler to the worker's own listener).
+            started = until("tasks started on both nodes", lambda: (st := started_on(agent_dir, burst))
+                            and set(st.values()) == nodes and st, 30)
+            cancelled = {n: next(i for i, m in started.items() if m == n) for n in nodes}
+            for i in cancelled.values():
+                assert h.post(f"/v1/jobs/{ids[i]}/cancel").status_code == 200
+            gone = h.post("/v1/jobs/wait", json={"ids": [ids[i] for i in cancelled.values()], "timeout": 30}).json()
+            assert [j["state"] for j in gone["jobs"]] == ["CANCELLED"] * len(nodes), gone
+            (agent_dir / "go").touch()
+            rest = [j for i, j in enumerate(ids) if i not in cancelled.values()]
+            done = h.post("/v1/jobs/wait", json={"ids": rest, "timeout": 50}).json()
+            ran_s = time.monotonic() - t0
+            assert done["reached"] and [j["state"] for j in done["jobs"]] == ["COMPLETED"] * len(rest), \
+                [(j["id"], j["state"], j["reason"]) for j in done["jobs"] if j["state"] != "COMPLETED"][:5]
+            outputs = {i: h.get(f"/v1/jobs/{j}/output").json()["data"] for i, j in enumerate(ids)}
+        # (b), (c): each task's own output, naming the node it ran on: each of the allocations'
+        started = started_on(agent_dir, burst)
+        assert all(outputs[i] == "" for i in cancelled.values()), (cancelled, outputs)
+        seen = {i: o.split() for i, o in outputs.items() if i not in cancelled.values()}
+        wrong = [(i, s, started.get(i)) for i, s in seen.items() if s != [f"task-{i}", started.get(i)]]
+        assert not wrong, wrong[:5]  # its own line, from the node it started on
+        per_node = {n: sum(1 for s in seen.values() if s[1] == n) for n in {s[1] for s in seen.values()}}
+        assert set(per_node) == nodes, (per_node, held)
+        logged = sorted((agent_dir / "runs.log").read_text().splitlines())
+        assert logged == sorted(o.strip() for o in outputs.values() if o), "each task ran once, none cancelled"
+        # (d) idle: the pool gives both back, and Slurm shows them ended
+        with gw.http() as h:
+            until("the idle pool to release its allocations",
+                  lambda: h.get("/v1/facility").json()["fast_lane"]["pools"][0]["allocations"] == [], 30)
+        ended = until("Slurm to end both allocations", lambda: (rows := sacct_rows(cluster, slurm_ids, "State,End"))
+                      and all(r["State"].split()[0] in ("CANCELLED", "COMPLETED") and r["End"] != "Unknown"
+                              for r in rows.values()) and rows, 30)
+        assert len(ended) == 2 and not slurm(cluster, "squeue", "-h", "-j", ",".join(slurm_ids)).strip()
+        print(f"burst of {burst}: done {ran_s:.1f} s after sent, tasks per node {per_node}, allocations {held}; "
+              f"released {time.monotonic() - t0:.1f} s after sent: {ended}")

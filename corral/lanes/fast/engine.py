@@ -32,13 +32,19 @@ class Engine:
         from distributed import Client, Scheduler
 
         # A task must never run twice unless it says it may: no silent retries on a lost worker.
+        # No HTTP routes: Dask's diagnostics server (workers, their addresses, their logs and
+        # call stacks, fetched on request) answered anyone who reached the address the
+        # nodes use, unauthenticated, beside the TLS the workers must join with. The server
+        # Dask always starts is kept to loopback with nothing to serve.
         dask.config.set({"distributed.scheduler.allowed-failures": 0,
-                         "distributed.scheduler.work-stealing": True})
+                         "distributed.scheduler.work-stealing": True,
+                         "distributed.scheduler.http.routes": []})
         # Workers join over the network (TLS); the gateway's own client sits in the same
         # process and talks to the scheduler in memory (inproc): no socket, no encryption.
         # (Lists give one listener each: accepted by Dask, though its annotations say str.)
         self.scheduler = await Scheduler(host=[self.host, None], port=[0, None],  # type: ignore[arg-type]
-                                         dashboard=False, security=self.security,
+                                         dashboard=False, dashboard_address="127.0.0.1:0",
+                                         security=self.security,
                                          protocol=["tls" if self.security else "tcp", "inproc"])  # type: ignore[arg-type]
         self.client = await Client(self.scheduler.listeners[1].contact_address, asynchronous=True,
                                    security=self.security)

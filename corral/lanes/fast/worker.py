@@ -47,8 +47,11 @@ async def run(a: argparse.Namespace) -> None:
 
     # The worker's sampling profiler walks every thread's stack 100 times a second:
     # measured, that doubled the worker's CPU per task. Off, as are its other monitors.
+    # No HTTP routes, and its server (Dask always starts one) on the node's loopback: it
+    # answered /metrics and /health to anyone on the cluster's network, on 0.0.0.0.
     dask.config.set({"distributed.worker.profile.enabled": False,
-                     "distributed.admin.system-monitor.interval": "10s"})
+                     "distributed.admin.system-monitor.interval": "10s",
+                     "distributed.worker.http.routes": []})
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     gpus = visible.split(",") if visible else [str(i) for i in range(a.gpus)]
@@ -76,7 +79,8 @@ async def run(a: argparse.Namespace) -> None:
     # MIN_THREADS. But measured before: more threads than CPUs cost the worker CPU (GIL
     # hand-offs as they wake) without starting tasks sooner, when batches are small.
     async with Worker(a.scheduler, nthreads=max(MIN_THREADS, min(a.cpus, 64)), name=a.name, death_timeout=a.death_timeout,
-                      dashboard=False, security=security(a.tls_dir), memory_limit=0) as w:
+                      dashboard=False, dashboard_address="127.0.0.1:0", security=security(a.tls_dir),
+                      memory_limit=0) as w:
         # Starts and outcomes go to the gateway as they happen, over the worker's own
         # connection (Dask's events), not only when a whole batch has returned.
         launcher.report_to(lambda msg: w.log_event(launcher.TOPIC, msg))
