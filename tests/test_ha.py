@@ -216,3 +216,29 @@ def test_replicas_share_the_facilitys_rate_limits(tmp_path: Path) -> None:
         gws[1].kill(signal.SIGKILL)
         _hears(gws[0], 1)
         assert _wait_after_burst(gws[0], bot) <= 1.0
+
+
+def test_a_followers_death_loses_nothing(tmp_path: Path) -> None:
+    """A follower killed -9 right after it acknowledged jobs: the leader keeps leading,
+    sends them, and an agent's retries on the leader with the same idempotency keys
+    get the same jobs; each ran exactly once."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    with replicas(tmp_path) as (_, gws):
+        leader, _ = leader_of(gws)
+        follower = next(g for g in gws if g is not leader)
+        body = lambda i: {"command": f"echo $CORRAL_JOB_ID >> {runs}/{i}; sleep 0.3",  # noqa: E731
+                          "workdir": str(tmp_path)}
+        with follower.http() as f:
+            ids = [f.post("/v1/jobs", json=body(i), headers={"Idempotency-Key": f"job-{i}"}).json()["id"]
+                   for i in range(6)]
+        follower.kill(signal.SIGKILL)
+        assert leader_of(gws)[0] is leader
+        with leader.http() as ld:
+            again = [ld.post("/v1/jobs", json=body(i), headers={"Idempotency-Key": f"job-{i}"}) for i in range(6)]
+            assert [r.status_code for r in again] == [200] * 6 and [r.json()["id"] for r in again] == ids
+            for jid in ids:
+                assert ld.get(f"/v1/jobs/{jid}/wait", params={"timeout": 60}).json()["state"] == "COMPLETED"
+        assert all(len((runs / str(i)).read_text().split()) == 1 for i in range(6))
+        cp = leader.cli("audit", "verify")
+        assert cp.returncode == 0, cp.stdout + cp.stderr
