@@ -339,16 +339,25 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test that takes a real-Slurm turn goes to one worker, one after another
-    (``--dist loadgroup``, pyproject.toml): a turn taken on the other worker made one of
-    the two wait on the lock, idle, while the other ran. The other worker runs the rest."""
-    for item in items:
-        marker = item.get_closest_marker("slurm_turn")
-        how = marker.args[0] if marker and marker.args else "alone"
-        if "slurm_turn" in getattr(item, "fixturenames", ()) and how != "none":
-            item.add_marker(pytest.mark.xdist_group("slurm"))
 
+SLURM_FILES = {f"tests/{name}.py" for name in (
+    "test_backend_slurm", "test_gateway_slurm", "test_cluster_slurm", "test_preemption_slurm", "test_privsep_slurm",
+    "test_privsep_submit", "test_slurm_control")}
+"""Test files whose tests take turns on the private Slurm (slurm_turn): run on one worker."""
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """The real-Slurm test files go to one worker, one test after another, the rest to
+    the other: a turn taken on both workers left one of them idle on the lock while the
+    other ran (xdist's own ``--dist loadgroup`` marks groups by rewriting node ids, which
+    pytest 9 ignores; this scheduler reads the file of each id instead)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SlurmOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "slurm" if nodeid.split("::")[0] in SLURM_FILES else nodeid
+
+    return SlurmOnOneWorker(config, log)
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:

@@ -93,6 +93,13 @@ def test_jobs_spread_over_nodes(gw: Gateway, agent_dir: Path) -> None:
     nodes = [slurm(conf, "sacct", "-X", "-n", "-P", "-j", d["backend_id"], "-o", "NodeList").strip() for d in done]
     assert ran_on == nodes, (ran_on, nodes)  # the job's own hostname is its node's
     assert len(set(nodes)) >= 3 and set(nodes) <= {"c1", "c2", "c3", "c4"}, nodes
+    assert [d["node"] for d in done] == nodes  # the job's record names Slurm's node
+    # ... and so do Slurm's commands as an agent types them (the shims), each job its own node
+    shim = subprocess.run([sys.executable, "-m", "corral.edges.shims", "sacct", "-X", "-n", "-P", "-o", "JobID,NodeList",
+                           "-j", ",".join(str(j) for j in ids)], env=gw.env(gw.admin_token), capture_output=True,
+                          text=True, timeout=60)
+    assert shim.returncode == 0, shim.stderr
+    assert dict(line.split("|") for line in shim.stdout.split()) == {str(j): n for j, n in zip(ids, nodes)}, shim.stdout
 
 
 def node_state(conf: str, node: str) -> str:

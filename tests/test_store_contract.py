@@ -76,11 +76,14 @@ def test_jobs_insert_read_list_and_change(db: Database) -> None:
     db.update_job(a.id, JobState.RUNNING)  # a late report never resurrects a finished job
     done = db.get_job(a.id)
     assert done is not None and done.state is JobState.COMPLETED and done.start_time == 1000.0
-    db.update_jobs([(b.id, JobState.RUNNING, None, None, 2000.0, None, None, 512.0)])
+    db.update_jobs([(b.id, JobState.RUNNING, None, None, 2000.0, None, None, 512.0, "c2")])
     db.update_job(b.id, JobState.RUNNING, requeues=2, lost_s=30.0)
     db.update_job(b.id, JobState.RUNNING, requeues=1)  # the count only grows
     b2 = db.get_job(b.id)
     assert b2 is not None and b2.requeues == 2 and b2.lost_s == 30.0
+    assert b2.node == "c2"  # kept by a report that names no node
+    db.update_job(b.id, JobState.RUNNING, node="c3")  # its next run, elsewhere
+    assert (db.get_job(b.id) or b2).node == "c3"
     assert db.usage_of(b.id) == (None, 512.0)
     db.set_usage(b.id, 12.5, None)
     assert db.usage_of(b.id) == (12.5, 512.0)

@@ -34,12 +34,12 @@ class Progress:
 
     def write(self, job_id: int, state: JobState, *, exit_code: int | None = None, reason: str | None = None,
               start_time: float | None = None, end_time: float | None = None, requeues: int = 0,
-              lost_s: float | None = None) -> None:
+              lost_s: float | None = None, node: str | None = None) -> None:
         """One job's new state, in the caller's transaction; the caller then hands the
         ids it wrote to ``changed`` (a terminal state is never overwritten: db.update_job;
         a job its scheduler requeued stays one job, with its count and the work lost)."""
         self.db.update_job(job_id, state, exit_code=exit_code, reason=reason, start_time=start_time,
-                           end_time=end_time, requeues=requeues, lost_s=lost_s)
+                           end_time=end_time, requeues=requeues, lost_s=lost_s, node=node)
 
     def started(self, started: dict[int, float]) -> None:
         """Jobs a lane reports started: RUNNING (only if still PENDING); wake their waiters."""
@@ -54,7 +54,7 @@ class Progress:
         ids = [int(r["job_id"]) for r in results]
         with self.db.transaction():  # one commit for the outcomes and their episodes
             self.db.update_jobs([(jid, JobState(r["state"]), r.get("exit_code"), r.get("reason"),
-                                  r.get("start"), r.get("end"), r.get("cpu_s"), r.get("max_rss_mb"))
+                                  r.get("start"), r.get("end"), r.get("cpu_s"), r.get("max_rss_mb"), r.get("node"))
                                  for jid, r in zip(ids, results)])
             self._remember(ids)
         self.watchers.notify(ids)

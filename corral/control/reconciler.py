@@ -132,10 +132,11 @@ class Reconciler:
                 # report other starts, and those are no change to write every tick.
                 if (st.state, st.exit_code, st.reason, st.requeues, st.lost_s) != (
                         job.state, job.exit_code, job.reason, job.requeues, job.lost_s) or (
-                        st.start_time is not None and job.start_time is None):
+                        st.start_time is not None and job.start_time is None) or (
+                        st.node is not None and st.node != job.node):
                     self.progress.write(job.id, st.state, exit_code=st.exit_code, reason=st.reason,
                                        start_time=st.start_time, end_time=st.end_time, requeues=st.requeues,
-                                       lost_s=st.lost_s)
+                                       lost_s=st.lost_s, node=st.node)
                     changed.append(job.id)
                 if st.state.terminal:
                     ended.append(st.backend_id)

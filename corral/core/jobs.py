@@ -363,6 +363,8 @@ class Job(BaseModel):
     person's): each time it ran again from the start; it is still this one job."""
     lost_s: float | None = None
     """Seconds of work the requeued runs had done and lost (None: none, or not measured yet)."""
+    node: str | None = None
+    """The node it ran on (its last run's), as its scheduler or lane reported it."""
     advice: list[str] = []
     """What corral's memory says about this submission (set on submit, not stored)."""
 
@@ -378,6 +380,7 @@ class Job(BaseModel):
         job = cls.__new__(cls)
         fields.setdefault("requeues", 0)
         fields.setdefault("lost_s", None)
+        fields.setdefault("node", None)
         fields.setdefault("advice", [])
         object.__setattr__(job, "__dict__", fields)
         object.__setattr__(job, "__pydantic_fields_set__", set(fields))
@@ -407,6 +410,7 @@ class Job(BaseModel):
             "end_time": self.end_time,
             "requeues": self.requeues,
             "lost_s": self.lost_s,
+            "node": self.node,
         }
 
     def to_dict(self) -> dict[str, Any]:

@@ -33,6 +33,8 @@ class JobSummaryOut(_Out):
     """Times the scheduler requeued it (preempted for a person's job); still one job."""
     lost_s: float | None = None
     """Seconds of work its requeued runs lost."""
+    node: str | None = None
+    """The node it runs or ran on (its last run's), as its scheduler reported it."""
 
 
 class JobOut(JobSummaryOut):

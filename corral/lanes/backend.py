@@ -63,6 +63,8 @@ class BackendStatus:
     """Times the scheduler requeued the job (preempted, node failure): it ran again from the start."""
     lost_s: float | None = None
     """Seconds of work its requeued runs had done, lost (None: not measured, or none)."""
+    node: str | None = None
+    """The node it runs or ran on (None: not started, or not known)."""
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 from signal import SIGUSR1
 import subprocess
 import sys
@@ -69,6 +70,8 @@ def _write_private(path: Path, data: bytes, mode: int) -> None:
     finally:
         os.close(fd)
 
+HOST = socket.gethostname()
+"""The one node this backend runs jobs on (squeue's NODELIST for them)."""
 log = logging.getLogger(__name__)
 
 
@@ -497,7 +500,7 @@ class LocalBackend:
                 if running is None:
                     return BackendStatus(bid, JobState.PENDING, reason="starting")
                 r.start_time = running.get("start_time")
-            return BackendStatus(bid, JobState.RUNNING, start_time=r.start_time)
+            return BackendStatus(bid, JobState.RUNNING, start_time=r.start_time, node=HOST)
         if bid in self._held:
             return BackendStatus(bid, JobState.PENDING, reason="held by request; release it to let it run")
         if bid in self._queue:
@@ -505,7 +508,8 @@ class LocalBackend:
         result = _read_json(d / "result.json")
         if result:
             st = BackendStatus(bid, JobState(result["state"]), result.get("exit_code"), result.get("reason"),
-                               result.get("start_time"), result.get("end_time"))
+                               result.get("start_time"), result.get("end_time"),
+                               node=HOST if result.get("start_time") else None)
             self._done[bid] = st
             return st
         if not (d / "launch.json").exists():

@@ -122,7 +122,7 @@ def _select(args: list[str], ids_flag: str, name_flag: str) -> list[dict[str, ob
     return [r for r in map(record, jobs()) if (ids is None or str(r["id"]) in ids) and (name is None or r["name"] == name)]
 
 
-_LONG = {"JobID": "i", "State": "T", "Reason": "r", "StartTime": "S", "Comment": "k", "RestartCnt": "R"}
+_LONG = {"JobID": "i", "State": "T", "Reason": "r", "StartTime": "S", "Comment": "k", "RestartCnt": "R", "NodeList": "N"}
 """squeue -O's field names -> the -o letters (RestartCnt has none: the fake never requeues)."""
 
 
@@ -139,7 +139,7 @@ def squeue(args: list[str]) -> None:
         running = r["running"]
         start = running.get("start_time") if isinstance(running, dict) else None
         fields = {"i": str(r["id"]), "T": st, "r": "None", "S": stamp(start) if start else "N/A", "k": str(r["comment"]),
-                  "R": "0"}
+                  "R": "0", "N": "localhost" if st == "RUNNING" else ""}
         print(re.sub(r"%([a-zA-Z])", lambda m: fields.get(m.group(1), ""), fmt))
 
 

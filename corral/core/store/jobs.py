@@ -16,7 +16,7 @@ from corral.core.store.conn import Conn
 
 _JOB_COLS = (
     "id, principal, session, backend, backend_id, state, exit_code, reason, "
-    "submit_time, start_time, end_time, spec, requeues, lost_s"
+    "submit_time, start_time, end_time, spec, requeues, lost_s, node"
 )
 _TERMINAL = tuple(s.value for s in TERMINAL_STATES)
 ACTIVE = "state IN ('PENDING', 'RUNNING', 'UNKNOWN')"
@@ -41,6 +41,7 @@ class Run(NamedTuple):
     start_time: float | None
     requeues: int = 0
     lost_s: float | None = None
+    node: str | None = None
 
 
 def _parse_spec(text: str) -> JobSpec:
@@ -54,7 +55,8 @@ def _parse_spec(text: str) -> JobSpec:
 
 
 def _row_to_job(row: tuple[Any, ...]) -> Job:
-    (id_, principal, session, backend, backend_id, state, exit_code, reason, st, bt, et, spec, requeues, lost_s) = row
+    (id_, principal, session, backend, backend_id, state, exit_code, reason, st, bt, et, spec, requeues, lost_s,
+     node) = row
     return Job.stored(
         id=id_,
         principal=principal,
@@ -70,6 +72,7 @@ def _row_to_job(row: tuple[Any, ...]) -> Job:
         spec=_parse_spec(spec),
         requeues=requeues,
         lost_s=lost_s,
+        node=node,
     )
 
 
@@ -85,7 +88,7 @@ def _update_sql(conn: Conn) -> str:
     return f"""UPDATE jobs SET state=?, exit_code=?, reason=?,
     start_time=COALESCE(start_time, ?), end_time=COALESCE(end_time, ?),
     cpu_s=COALESCE(?, cpu_s), max_rss_mb=COALESCE(?, max_rss_mb), requeues={conn.greatest('requeues', '?')},
-    lost_s=COALESCE(?, lost_s) WHERE id=? AND state NOT IN ({conn.marks(len(_TERMINAL))})"""
+    lost_s=COALESCE(?, lost_s), node=COALESCE(?, node) WHERE id=? AND state NOT IN ({conn.marks(len(_TERMINAL))})"""
 
 
 class Jobs:
@@ -129,14 +132,15 @@ class Jobs:
                 f"token_path, held, reason) VALUES {rows} RETURNING id", args).fetchall()]
             # Built from what was written: no read back (a batch of 1,000 inserts is hot).
             jobs += [_row_to_job((jid, principal, session, backend, None, JobState.PENDING.value, None, reason, now,
-                                  None, None, text, 0, None)) for jid, (backend, _), text in zip(ids, chunk, texts[i: i + 500])]
+                                  None, None, text, 0, None, None)) for jid, (backend, _), text in zip(ids, chunk, texts[i: i + 500])]
         return jobs
 
     def update_jobs(self, updates: list[tuple[int, JobState, int | None, str | None, float | None, float | None,
-                                               float | None, float | None]]) -> None:
-        """``update_job`` for many: (id, state, exit code, reason, start, end, cpu s, peak MB); one statement."""
-        self.conn.executemany(_update_sql(self.conn), [(st.value, code, reason, start, end, cpu, rss, 0, None, jid, *_TERMINAL)
-                                        for jid, st, code, reason, start, end, cpu, rss in updates])
+                                               float | None, float | None, str | None]]) -> None:
+        """``update_job`` for many: (id, state, exit code, reason, start, end, cpu s, peak MB, node); one statement."""
+        self.conn.executemany(_update_sql(self.conn), [(st.value, code, reason, start, end, cpu, rss, 0, None, node, jid,
+                                                        *_TERMINAL)
+                                                       for jid, st, code, reason, start, end, cpu, rss, node in updates])
 
     def find_idempotent(self, principal: str, idem_key: str, n: int) -> tuple[list[Job], str | None] | None:
         """The ``n`` jobs a request with this key made, and that request's digest; None if
@@ -241,10 +245,10 @@ class Jobs:
         """Jobs not yet ended that were sent to these lanes (the ones the reconciler polls)."""
         names = list(lanes)
         rows = self.conn.execute(
-            f"SELECT id, backend, backend_id, state, exit_code, reason, start_time, requeues, lost_s FROM jobs "
+            f"SELECT id, backend, backend_id, state, exit_code, reason, start_time, requeues, lost_s, node FROM jobs "
             f"WHERE {ACTIVE} AND backend_id IS NOT NULL AND backend IN ({self.conn.marks(len(names))}) ORDER BY id",
             names)
-        return [Run(i, b, bid, JobState(s), c, r, t, q, lost) for i, b, bid, s, c, r, t, q, lost in rows]
+        return [Run(i, b, bid, JobState(s), c, r, t, q, lost, n) for i, b, bid, s, c, r, t, q, lost, n in rows]
 
     def list_jobs(
         self,
@@ -286,10 +290,11 @@ class Jobs:
         cpu_s: float | None = None,
         requeues: int = 0,
         lost_s: float | None = None,
+        node: str | None = None,
     ) -> None:
         """Record what the backend reported. A terminal state is never overwritten."""
-        self.conn.execute(_update_sql(self.conn), (state.value, exit_code, reason, start_time, end_time, cpu_s, None, requeues, lost_s,
-                                    job_id, *_TERMINAL))
+        self.conn.execute(_update_sql(self.conn), (state.value, exit_code, reason, start_time, end_time, cpu_s, None,
+                                                   requeues, lost_s, node, job_id, *_TERMINAL))
 
     def mark_running(self, started: dict[int, float]) -> None:
         """Jobs still PENDING that started (id -> start time): one statement for many."""

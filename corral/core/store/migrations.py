@@ -231,6 +231,11 @@ MIGRATIONS: list[str] = [
     ALTER TABLE jobs ADD COLUMN requeues INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE jobs ADD COLUMN lost_s REAL;
     """,
+    # 13: the node a job ran on (its last run's), as its scheduler or lane reports it:
+    # what squeue's NODELIST shows an agent, and where a node failure struck
+    """
+    ALTER TABLE jobs ADD COLUMN node TEXT;
+    """,
 ]
 
 

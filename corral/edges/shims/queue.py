@@ -6,7 +6,8 @@ Formats are Slurm's: the default and ``-l`` columns, ``-o`` with %-letters (``%.
 right-justified, 18 wide, cut to it), ``-O`` with field names (20 wide unless
 ``:[.]N``), ``-h``, ``--json``. The jobs are the caller's as corral sees them
 (``squeue`` with no filter says so on stderr, since Slurm's would list everyone's);
-NODELIST shows the node names the facility reports for the job's partition.
+NODELIST shows the node the job runs on, as its lane reports it (its partition's nodes
+where the lane does not say).
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ class View:
     """One job as the shims print it."""
 
     def __init__(self, job: dict[str, Any], partition: str, nodes: str, now: float) -> None:
-        self.j, self.partition, self.nodes, self.now = job, partition, nodes, now
+        # The job's own node when its lane said (a cluster's jobs run on one node each), else
+        # the partition's (a lane that does not say, or a record from before it did).
+        self.j, self.partition, self.nodes, self.now = job, partition, job.get("node") or nodes, now
         spec = job.get("spec") or {}
         self.spec = spec
         labels = spec.get("labels") or {}

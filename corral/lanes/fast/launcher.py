@@ -409,7 +409,7 @@ class Launcher:
     def _end(self, s: dict[str, Any], state: str, code: int | None, start: float, end: float,
              cpu_s: float, reason: str | None, rss_mb: float | None = None) -> dict[str, Any]:
         rec = {"job_id": s["job_id"], "event": "ended", "state": state, "exit_code": code, "start": start,
-               "end": end, "cpu_s": round(cpu_s, 4), "reason": reason, "host": self._host,
+               "end": end, "cpu_s": round(cpu_s, 4), "reason": reason, "node": self._host,
                "max_rss_mb": None if rss_mb is None else round(rss_mb, 1)}
         self._note(s["dir"], json.dumps(rec, separators=(",", ":")) + "\n")
         return rec

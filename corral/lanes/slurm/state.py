@@ -16,7 +16,7 @@ from corral.core.jobs import JobState
 from corral.core.safe_read import read_small, read_tail
 from corral.lanes.backend import BackendStatus
 from corral.lanes.slurm.base import SlurmBase, out_dir
-from corral.lanes.slurm.tiers import extend, read_started
+from corral.lanes.slurm.tiers import extend, read_node, read_started
 from corral.lanes.slurm.vocab import parse_exit, slurm_epoch, translate
 
 # Without cgroups (proctrack/linuxproc), Slurm's memory enforcement kills the step with
@@ -100,9 +100,24 @@ class Polling(SlurmBase):
         started, restarts = self._started(jid)
         self.requeues.note(jid, restarts)
         end = os.lstat(out / "ended").st_mtime
+        node = self._node(jid) or (last.node if (last := self._known.get(jid)) else None)
         if code == 0:
-            return BackendStatus(jid, JobState.COMPLETED, 0, None, started, end, requeues=restarts)
-        return BackendStatus(jid, JobState.FAILED, code, f"exited with code {code}", started, end, requeues=restarts)
+            return BackendStatus(jid, JobState.COMPLETED, 0, None, started, end, requeues=restarts, node=node)
+        return BackendStatus(jid, JobState.FAILED, code, f"exited with code {code}", started, end, requeues=restarts,
+                             node=node)
+
+    def _node(self, jid: str) -> str | None:
+        """The node the job's script said it started on, believed only where corral's own
+        script wrote it (root ran it): a script run as the job's own user could name any."""
+        d = self._dir_of(jid)
+        if d is None:
+            return None
+        try:
+            if out_dir(d).stat().st_uid != os.geteuid():
+                return None
+            return read_node(read_small(out_dir(d) / "started", 300))
+        except OSError:
+            return None
 
     def _upgrade(self, jid: str, last: BackendStatus) -> BackendStatus:
         """Between full polls: a PENDING job whose script wrote 'started' is RUNNING (the
@@ -110,7 +125,8 @@ class Polling(SlurmBase):
         if last.state is JobState.PENDING:
             started, restarts = self._started(jid)
             if started is not None and restarts >= self.requeues.count(jid):
-                last = BackendStatus(jid, JobState.RUNNING, start_time=started, requeues=restarts)
+                last = BackendStatus(jid, JobState.RUNNING, start_time=started, requeues=restarts,
+                                     node=self._node(jid) or last.node)
                 self._known[jid] = last
         return last
 
@@ -120,8 +136,8 @@ class Polling(SlurmBase):
         out: dict[str, BackendStatus] = {}
         ended: dict[str, str] = {}
         for line in self._run("squeue", "-h", "-a", "-t", "all",
-                              "-O", "JobID:|,State:|,Reason:|,StartTime:|,RestartCnt:").splitlines():
-            jid, st, reason, start, restarts = (line.split("|") + ["", "", "", ""])[:5]
+                              "-O", "JobID:|,State:|,Reason:|,StartTime:|,RestartCnt:|,NodeList:").splitlines():
+            jid, st, reason, start, restarts, nodes = (line.split("|") + ["", "", "", "", ""])[:6]
             jid = jid.strip()
             if jid not in wanted:
                 continue
@@ -139,7 +155,7 @@ class Polling(SlurmBase):
                 why = self.requeues.why(jid, again) + (f" ({why})" if why else "")
             out[jid] = self._known[jid] = BackendStatus(
                 jid, state, reason=why, start_time=slurm_epoch(start) if state is JobState.RUNNING else None,
-                requeues=again)
+                requeues=again, node=nodes.strip() or None if state is JobState.RUNNING else None)
         self._extend([st for st in out.values() if st.state is JobState.RUNNING and st.start_time is not None])
         missing = [j for j in backend_ids if j not in out]
         if missing:
@@ -193,7 +209,8 @@ class Polling(SlurmBase):
                 why, exit_code = "dependency never satisfied: a job it waited for did not complete (after_ok)", None
             elif state is JobState.CANCELLED:
                 why, exit_code = "cancelled", None  # the one rule: a cancelled job has no exit code
-            out[jid] = BackendStatus(jid, state, exit_code, why, slurm_epoch(start), slurm_epoch(end))
+            ran_on = nodes.strip() if nodes.strip() not in ("", "None assigned") else None
+            out[jid] = BackendStatus(jid, state, exit_code, why, slurm_epoch(start), slurm_epoch(end), node=ran_on)
         return out
 
     def _waited(self, backend_id: str) -> bool:

@@ -106,11 +106,17 @@ def order_nice(cpus: int, walltime_s: float) -> int:
 def rerun_lines(started: str, ended: str) -> list[str]:
     """The job script's first lines: a run that Slurm started again (after a requeue)
     says so in its output and clears the last run's end; every run records its start
-    and which run it is (``started``: 'EPOCH RESTARTS')."""
+    and which run it is, on which node (``started``: 'EPOCH RESTARTS NODE')."""
     return ["corral_run=${SLURM_RESTART_COUNT:-0}",
             f'if [ "$corral_run" -gt 0 ]; then rm -f {shlex.quote(ended)}; m="{RERUN_LINE}"; echo "$m"; '
             'echo "$m" >&2; fi',
-            f'echo "$(date +%s) $corral_run" > {shlex.quote(started)}']
+            f'echo "$(date +%s) $corral_run ${{SLURMD_NODENAME:-$(hostname)}}" > {shlex.quote(started)}']
+
+
+def read_node(text: str) -> str | None:
+    """The node a ``started`` marker names (its third word; none in an older corral's)."""
+    parts = text.split()
+    return parts[2] if len(parts) > 2 and len(parts[2]) <= 255 and parts[2].isprintable() else None
 
 
 def read_started(text: str) -> tuple[float | None, int]:
