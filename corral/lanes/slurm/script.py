@@ -24,7 +24,7 @@ from corral.lanes.slurm.tiers import TIER_LABEL, WALLTIME_LABEL, order_nice, rer
 from corral.sandbox import opendir
 from corral.sandbox.bwrap import system_python, tool
 from corral.sandbox.seccomp import apply_argv
-from corral.storage import IMAGE_AT, IMAGE_FILE, META_LABEL, meta
+from corral.storage import IMAGE_AT, IMAGE_FILE, META_LABEL, WS_DIR, WS_LOWER, meta
 
 if TYPE_CHECKING:
     from corral.core.identity import Identity
@@ -75,6 +75,12 @@ def relay_lines(where: str, listen: str, who: tuple[int, int] | None) -> list[st
             f"for i in $(seq 500); do [ -S {sock} ] && break; sleep 0.01; done",
             f"[ -S {sock} ] || {{ echo \"corral: the egress relay to {listen} did not start on $(hostname)\" >&2; "
             "exit 1; }"]
+
+
+MOUNTS = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r}); "
+          "from corral.storage.mounts import main; sys.exit(main(sys.argv[1:]))")
+"""The node's mount step, from the corral that wrote the script (not whichever one the
+interpreter's site-packages hold: a gateway run from a checkout), still isolated (-I)."""
 
 
 class Scripts(SlurmBase):
@@ -206,6 +212,11 @@ class Scripts(SlurmBase):
             lines += [f"corral_env=$({shlex.quote(sys.executable)} -I -m corral.storage.mounts image "
                       f"{shlex.quote(spec.labels[IMAGE_FILE])} {shlex.quote(spec.labels[IMAGE_AT])}) || exit 1",
                       'export PATH="$corral_env/bin:$PATH" VIRTUAL_ENV="$corral_env"', ""]
+        ws = spec.labels.get(WS_DIR)
+        if ws:  # its workspace, mounted on this node over the shared layers (docs/decisions/0036-workspaces-on-nodes.md)
+            mount = [sys.executable, "-I", "-c", MOUNTS]
+            lines += [shlex.join([*mount, "workspace", ws, spec.labels[WS_LOWER]]) + " > /dev/null || exit 1",
+                      f"cd {shlex.quote(spec.workdir or ws)} || exit 1", ""]  # sbatch's chdir was to the bare mount point
         work = ([str(out / "script")] if spec.script.startswith("#!") else ["bash", str(out / "script")]) \
             if spec.script else None
         if spec.labels.get(META_LABEL):  # sampled: its metadata calls counted (storage/meta.py)
@@ -266,6 +277,8 @@ class Scripts(SlurmBase):
         lines += ["w=$!", f"_fwd() {{ kill -s \"$1\" {target} 2>/dev/null; }}",
                   "for s in " + " ".join(FORWARDED) + "; do trap \"_fwd $s\" $s; done",
                   "while :; do wait $w; rc=$?; kill -0 $w 2>/dev/null || break; done"]
+        if ws:  # written through before the job is seen to end (a killed job's is dropped by the next mount here)
+            lines.append(shlex.join([*mount, "release", ws]))
         lines += [*cleanup, f"echo $rc > {out / 'ended'}", "exit $rc"]
         return "\n".join(lines) + "\n"
 
