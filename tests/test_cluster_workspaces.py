@@ -25,9 +25,6 @@ from corral.storage import mounts
 from .conftest import Gateway, drop_scratch, free_port
 from .test_cluster_slurm import cluster_conf, slurm, until
 
-pytestmark = pytest.mark.usefixtures("slurm_turn")
-
-
 @pytest.fixture
 def layers() -> Iterator[Path]:
     """[storage] workspaces: a directory every node sees (here, as at a site, one the
@@ -75,6 +72,7 @@ def node_of(conf: str, backend_id: str) -> str:
     return slurm(conf, "sacct", "-X", "-n", "-P", "-j", backend_id, "-o", "NodeList").strip()
 
 
+@pytest.mark.usefixtures("slurm_turn")
 def test_a_workspace_written_on_one_node_is_read_on_another(gw: Gateway, project: Path, layers: Path) -> None:
     conf = cluster_conf()
     with gw.http(agent(gw)) as h:
@@ -105,7 +103,7 @@ def test_a_workspace_written_on_one_node_is_read_on_another(gw: Gateway, project
         second = h.post("/v1/jobs", json={
             "workspace": ws, "cpus": 2, "walltime": "5m", "after_any": [a],
             "command": "hostname; cat wrote-on result.txt sub/f; test -e old.txt || echo old-gone; "
-                       "cat README; echo read > read-on-2"})
+                       f"cat README; echo read > read-on-2; ls -A {layers}/workspaces {layers}/trees"})
         assert second.status_code == 201, second.text
         b = second.json()["id"]
         done = [h.get(f"/v1/jobs/{j}/wait", params={"timeout": 120}).json() for j in (a, b)]
@@ -114,6 +112,8 @@ def test_a_workspace_written_on_one_node_is_read_on_another(gw: Gateway, project
         nodes = [node_of(conf, d["backend_id"]) for d in done]
         assert nodes[0] == "c1" and nodes[1] in {"c2", "c3", "c4"}, nodes
         assert out[:6] == [nodes[1], "c1", "42", "deep", "old-gone", "calc"], out
+        # the sandbox hides the layers' directories, its own workspace bound back: no other's, no tree
+        assert out[6:] == [f"{layers}/trees:", "", f"{layers}/workspaces:", ws, ""], out
 
         diff = h.get(f"/v1/workspaces/{ws}/diff").json()
         assert sorted(diff["added"]) == ["read-on-2", "result.txt", "sub/f", "wrote-on"], diff

@@ -212,11 +212,11 @@ class Scripts(SlurmBase):
             lines += [f"corral_env=$({shlex.quote(sys.executable)} -I -m corral.storage.mounts image "
                       f"{shlex.quote(spec.labels[IMAGE_FILE])} {shlex.quote(spec.labels[IMAGE_AT])}) || exit 1",
                       'export PATH="$corral_env/bin:$PATH" VIRTUAL_ENV="$corral_env"', ""]
-        ws = spec.labels.get(WS_DIR)
-        if ws:  # its workspace, mounted on this node over the shared layers (docs/decisions/0036-workspaces-on-nodes.md)
-            mount = [sys.executable, "-I", "-c", MOUNTS]
+        ws, mount = spec.labels.get(WS_DIR), [sys.executable, "-I", "-c", MOUNTS]
+        if ws:  # its workspace, mounted on this node over the shared layers (decision 0036)
             lines += [shlex.join([*mount, "workspace", ws, spec.labels[WS_LOWER]]) + " > /dev/null || exit 1",
-                      f"cd {shlex.quote(spec.workdir or ws)} || exit 1", ""]  # sbatch's chdir was to the bare mount point
+                      # sbatch's --chdir entered the bare mount point
+                      f"cd {shlex.quote(spec.workdir or ws)} || exit 1", ""]
         work = ([str(out / "script")] if spec.script.startswith("#!") else ["bash", str(out / "script")]) \
             if spec.script else None
         if spec.labels.get(META_LABEL):  # sampled: its metadata calls counted (storage/meta.py)
