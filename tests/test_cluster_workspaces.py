@@ -4,8 +4,9 @@ as an agent uses it: a job on c1 writes into the workspace, a job on another nod
 what it wrote and the gateway diffs and commits both. What a site must share, the
 workspace's layers ([storage] workspaces), is the one directory both nodes see; what it
 must not expect shared is asserted too: the overlay mount is the node's own (the gateway's
-machine never sees it mounted), and a workspace runs one job at a time, never in the fast
-lane; a node that does not see the layers is refused, saying what to share."""
+machine never sees it mounted), and a workspace runs one job at a time (refused by the
+gateway, else stopped by the node's lock), never in the fast lane; a node that does not
+see the layers is refused, saying what to share."""
 
 from __future__ import annotations
 
@@ -115,13 +116,28 @@ def test_a_workspace_written_on_one_node_is_read_on_another(gw: Gateway, project
         # the sandbox hides the layers' directories, its own workspace bound back: no other's, no tree
         assert out[6:] == [f"{layers}/trees:", "", f"{layers}/workspaces:", ws, ""], out
 
+        # Several at once in one submission: refused when they differ; a sweep (one spec
+        # repeated) meets the node's lock: one runs, the other stops saying which holds it.
+        both = h.post("/v1/jobs/batch", json={"jobs": [{"workspace": ws, "command": f"echo {i}"} for i in (1, 2)]})
+        assert both.status_code == 400 and "at once" in both.text and "after_any" in both.text, both.text
+        sweep = h.post("/v1/jobs/batch", json={"jobs": [{"workspace": ws, "cpus": 1, "walltime": "5m",
+                                                         "command": "echo ran >> sweep.txt; sleep 10"}] * 2})
+        assert sweep.status_code == 201, sweep.text
+        ids = [j["id"] for j in sweep.json()["jobs"]]
+        ended = {j: h.get(f"/v1/jobs/{j}/wait", params={"timeout": 120}).json()["state"] for j in ids}
+        assert sorted(ended.values()) == ["COMPLETED", "FAILED"], ended
+        ran, stopped = sorted(ids, key=lambda j: ended[j])
+        said = h.get(f"/v1/jobs/{stopped}/output", params={"stream": "stderr"}).json()["data"]
+        assert f"is in use by job {ran} (Slurm " in said and "after_any" in said, said
+
         diff = h.get(f"/v1/workspaces/{ws}/diff").json()
-        assert sorted(diff["added"]) == ["read-on-2", "result.txt", "sub/f", "wrote-on"], diff
+        assert sorted(diff["added"]) == ["read-on-2", "result.txt", "sub/f", "sweep.txt", "wrote-on"], diff
         assert diff["deleted"] == ["old.txt"], diff
         c = h.post(f"/v1/workspaces/{ws}/commit")
         assert c.status_code == 200, c.text
     assert (project / "result.txt").read_text() == "42\n" and not (project / "old.txt").exists()
     assert (project / "wrote-on").read_text() == "c1\n" and (project / "sub" / "f").read_text() == "deep\n"
+    assert (project / "sweep.txt").read_text() == "ran\n"  # the stopped one never mounted it
 
 
 def test_a_node_that_does_not_see_the_layers_is_refused_saying_what_to_share(

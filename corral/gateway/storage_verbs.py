@@ -223,6 +223,13 @@ class StorageVerbs:
         """Allowed jobs' images mounted on this node (each checked whole the first time:
         a corrupt one is refused here, before anything is recorded) and their workspaces'
         overlays mounted again if this node lost them. Blocking: in a worker thread."""
+        named = [s.workspace for s in specs if s.workspace]
+        twice = sorted({w for w in named if named.count(w) > 1})
+        if self.on_nodes and twice:  # one job of a workspace at a time (_one_node); a sweep meets the node's lock
+            raise InvalidRequest(f"this submission runs {named.count(twice[0])} different jobs in workspace "
+                                 f"{twice[0]} at once; on this cluster a workspace is mounted on one node at a time, "
+                                 "by the job running in it", hint="submit them one after another (after_any), or "
+                                 "fork a workspace for each")
         for key in dict.fromkeys(s.labels[IMAGE_KEY] for s in specs if s.labels.get(IMAGE_KEY)):
             self.images.attach(key)
         for ws in dict.fromkeys(s.workspace for s in specs if s.workspace):

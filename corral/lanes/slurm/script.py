@@ -44,6 +44,8 @@ ENV_FD = 6
 """The batch script opens the job's environment on this descriptor for the work's last step."""
 WORKDIR_FD = 7
 SCRIPT_FD = 3
+LOCK_FD = 9
+"""The batch shell holds its workspace's lock on this descriptor (closed for the work)."""
 SCRIPT = f"/dev/fd/{SCRIPT_FD}"
 """Signals job_control may send a Slurm job, passed on by its batch shell to the work
 (TERM and KILL are Slurm's own: a cancel, a walltime)."""
@@ -214,7 +216,14 @@ class Scripts(SlurmBase):
                       'export PATH="$corral_env/bin:$PATH" VIRTUAL_ENV="$corral_env"', ""]
         ws, mount = spec.labels.get(WS_DIR), [sys.executable, "-I", "-c", MOUNTS]
         if ws:  # its workspace, mounted on this node over the shared layers (decision 0036)
-            lines += [shlex.join([*mount, "workspace", ws, spec.labels[WS_LOWER]]) + " > /dev/null || exit 1",
+            # One job of a workspace at a time, whatever the gateway let through at once (a
+            # sweep, two requests racing): the lock in its layers, held by this shell to the end.
+            lock = shlex.quote(f"{ws}/lock")
+            lines += [f"exec {LOCK_FD}>>{lock} && {tool('flock')} -n {LOCK_FD} || {{ echo \"corral: workspace "
+                      f"{Path(ws).name} is in use by job $(cat {lock} 2>/dev/null) (one job of a workspace runs at a "
+                      "time, on one node): submit this one with after_any on that job\" >&2; exit 1; }",
+                      f"echo \"{ctx.job_id} (Slurm $SLURM_JOB_ID) on $(hostname)\" > {lock}",
+                      shlex.join([*mount, "workspace", ws, spec.labels[WS_LOWER]]) + " > /dev/null || exit 1",
                       # sbatch's --chdir entered the bare mount point
                       f"cd {shlex.quote(spec.workdir or ws)} || exit 1", ""]
         work = ([str(out / "script")] if spec.script.startswith("#!") else ["bash", str(out / "script")]) \
@@ -272,7 +281,7 @@ class Scripts(SlurmBase):
         # job_control sends it (scancel --batch reaches this shell alone): to the work
         # itself, or inside a sandbox to what bwrap runs (bwrap dies of a signal it does
         # not handle, and the sandbox's init ignores one it has no handler for).
-        lines[-1] += " &"
+        lines[-1] += (f" {LOCK_FD}>&-" if ws else "") + " &"
         target = "$(for p in $(pgrep -P $w); do pgrep -P $p; done)" if contained else "$w"
         lines += ["w=$!", f"_fwd() {{ kill -s \"$1\" {target} 2>/dev/null; }}",
                   "for s in " + " ".join(FORWARDED) + "; do trap \"_fwd $s\" $s; done",
