@@ -108,7 +108,9 @@ def test_a_workspace_written_on_one_node_is_read_on_another(gw: Gateway, project
         assert second.status_code == 201, second.text
         b = second.json()["id"]
         done = [h.get(f"/v1/jobs/{j}/wait", params={"timeout": 120}).json() for j in (a, b)]
-        assert [d["state"] for d in done] == ["COMPLETED"] * 2, done
+        assert [d["state"] for d in done] == ["COMPLETED"] * 2, [
+            (d["state"], d["exit_code"], d["reason"], h.get(f"/v1/jobs/{d['id']}/output", params={"stream": "stderr"})
+             .json().get("data")) for d in done]
         out = h.get(f"/v1/jobs/{b}/output").json()["data"].split("\n")
         nodes = [node_of(conf, d["backend_id"]) for d in done]
         assert nodes[0] == "c1" and nodes[1] in {"c2", "c3", "c4"}, nodes

@@ -219,7 +219,9 @@ class Scripts(SlurmBase):
             # One job of a workspace at a time, whatever the gateway let through at once (a
             # sweep, two requests racing): the lock in its layers, held by this shell to the end.
             lock = shlex.quote(f"{ws}/lock")
-            lines += [f"exec {LOCK_FD}>>{lock} && {tool('flock')} -n {LOCK_FD} || {{ echo \"corral: workspace "
+            # (the holder writes who it is just after it locks: a moment for it to have done so)
+            lines += [f"exec {LOCK_FD}>>{lock} && {tool('flock')} -n {LOCK_FD} || {{ for i in $(seq 100); do "
+                      f"[ -s {lock} ] && break; sleep 0.02; done; echo \"corral: workspace "
                       f"{Path(ws).name} is in use by job $(cat {lock} 2>/dev/null) (one job of a workspace runs at a "
                       "time, on one node): submit this one with after_any on that job\" >&2; exit 1; }",
                       f"echo \"{ctx.job_id} (Slurm $SLURM_JOB_ID) on $(hostname)\" > {lock}",
@@ -287,7 +289,7 @@ class Scripts(SlurmBase):
                   "for s in " + " ".join(FORWARDED) + "; do trap \"_fwd $s\" $s; done",
                   "while :; do wait $w; rc=$?; kill -0 $w 2>/dev/null || break; done"]
         if ws:  # written through before the job is seen to end (a killed job's is dropped by the next mount here)
-            lines.append(shlex.join([*mount, "release", ws]))
+            lines += [shlex.join([*mount, "release", ws]), f": > {lock}"]  # nobody holds it now
         lines += [*cleanup, f"echo $rc > {out / 'ended'}", "exit $rc"]
         return "\n".join(lines) + "\n"
 
