@@ -144,7 +144,8 @@ class StorageSettings(_Part):
     """Environment images, trial workspaces and metadata accounting (corral/storage/)."""
 
     images_dir: Path | None = Field(None, description="The shared store of environment images (one squashfs file each); on a filesystem the nodes share. Default HOME/images.")
-    scratch: Path | None = Field(None, description="Node-local scratch: images' mount points, unpacked images, workspaces' upper layers. Not under HOME, whose contents jobs never see. Default /var/tmp/corral-<hash of HOME>.")
+    scratch: Path | None = Field(None, description="Node-local scratch: images' mount points, unpacked images, build staging, and workspaces' layers unless [storage] workspaces names another directory. Not under HOME, whose contents jobs never see. Default /var/tmp/corral-<hash of HOME>.")
+    workspaces: Path | None = Field(None, description="Where trial workspaces' layers live (its workspaces/: each one's changes, its overlay's work directory and mount point; its trees/: the revisions forked). On the Slurm backend each job mounts its workspace on the node it runs on, over these layers: a directory every node sees at this path (a shared filesystem) for a workspace to be used on more than one node. Default [storage] scratch.")
     python: str | None = Field(None, description="The Python images are built for (the nodes must have it at the same path). Default /usr/bin/python3 where it exists, else the gateway's base interpreter.")
     index_url: str | None = Field(None, description="Package index uv resolves and installs from (the facility's PyPI mirror); default uv's (PyPI).")
     build_cpus: int = Field(2, ge=1, description="CPUs of one environment build job.")

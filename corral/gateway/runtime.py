@@ -63,7 +63,7 @@ from corral.safety.output_guard import OutputGuard
 from corral.sandbox.bwrap import Sandbox, build
 from corral.sandbox.egress import Egress
 from corral.storage.scratch import prepare as prepare_scratch
-from corral.gateway.storage_verbs import SCRATCH_DIRS, StorageVerbs, scratch_dir
+from corral.gateway.storage_verbs import SCRATCH_DIRS, WORKSPACE_DIRS, StorageVerbs, scratch_dir, workspaces_dir
 
 if TYPE_CHECKING:
     from corral.gateway.replicas import Replicas
@@ -176,6 +176,10 @@ def _sandbox(settings: Settings, state: list[Path]) -> tuple[Sandbox, Egress | N
     # Made, or checked as ours and written by no one else: refused at start otherwise (storage/scratch.py).
     prepare_scratch(scratch, SCRATCH_DIRS, {"uv-cache": 0o755})
     state = [*state, *(scratch / sub for sub in SCRATCH_DIRS)]
+    layers = workspaces_dir(settings.storage, settings.home)
+    if layers != scratch:  # [storage] workspaces, shared with the nodes: as much corral's alone
+        prepare_scratch(layers, WORKSPACE_DIRS)
+        state += [layers / sub for sub in WORKSPACE_DIRS]
     egress = Egress(settings.home / "egress", sb.allow_hosts, sb.egress_listen) \
         if sb.allow_hosts and sb.kinds and not sb.network else None
     sandbox = build(sb.kinds, sb.hide, sb.network, sb.run_as, [settings.home, settings.db_path.parent, *state],

@@ -11,7 +11,10 @@ Reading (list, show, diff, an image's status) is checked as ``status``.
 Resolution happens in a worker thread (it may mount): a job naming ``image`` gets the
 image mounted on this node, its ``bin`` first on PATH and VIRTUAL_ENV set, and labels
 that let a Slurm job mount it on its own node; a job naming ``workspace`` runs in the
-workspace's merged view. A session past its metadata budget must use one or the other.
+workspace's merged view, mounted here for a job of this machine, or by a Slurm job's
+batch script on its node (labels name the layers), one job of a workspace at a time and
+never in the fast lane (docs/decisions/0036-workspaces-on-nodes.md). A session past its
+metadata budget must use one or the other.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from corral.core.config import StorageSettings
 from corral.core.errors import Forbidden, InvalidRequest
 from corral.core.jobs import JobSpec
 from corral.core.principals import Caller
-from corral.storage import IMAGE_AT, IMAGE_FILE, IMAGE_KEY, META_LABEL, OWN_LABELS, meta
+from corral.storage import IMAGE_AT, IMAGE_FILE, IMAGE_KEY, META_LABEL, OWN_LABELS, WS_DIR, WS_LOWER, meta
 from corral.gateway.images import Images
 from corral.storage.workspaces import Workspaces
 
@@ -47,6 +50,8 @@ log = logging.getLogger(__name__)
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 SCRATCH_DIRS = ("workspaces", "trees", "uv-cache", "envbuild")
 """Scratch's directories the sandbox hides (each trial's own is bound back)."""
+WORKSPACE_DIRS = SCRATCH_DIRS[:2]
+"""The workspaces' own, in [storage] workspaces where the admin named one."""
 
 
 def scratch_dir(settings: StorageSettings, home: Path) -> Path:
@@ -55,6 +60,14 @@ def scratch_dir(settings: StorageSettings, home: Path) -> Path:
     if settings.scratch is not None:
         return Path(os.path.realpath(settings.scratch))
     return Path(os.path.realpath("/var/tmp")) / f"corral-{hashlib.sha256(str(home).encode()).hexdigest()[:10]}"
+
+
+def workspaces_dir(settings: StorageSettings, home: Path) -> Path:
+    """Where workspaces' layers and forked trees lie (its WORKSPACE_DIRS): [storage]
+    workspaces, shared with the nodes on a cluster, else scratch."""
+    if settings.workspaces is not None:
+        return Path(os.path.realpath(settings.workspaces))
+    return scratch_dir(settings, home)
 
 
 class StorageVerbs:
@@ -68,7 +81,10 @@ class StorageVerbs:
         self.images = Images(settings, home, self.scratch, db, self.store, lanes, intake, owner, sandbox, gate.admit)
         hidden = (lambda c: sandbox.hidden_from(c.principal.kind.value, c.principal.unix_user)) \
             if sandbox is not None else (lambda c: [])
-        self.workspaces = Workspaces(settings, self.scratch, self.store, hidden, owner or (lambda c: None))
+        # On Slurm a job runs on a node, which mounts its workspace itself (a mount is one kernel's).
+        self.on_nodes = lanes.batch.name == "slurm"
+        self.workspaces = Workspaces(settings, workspaces_dir(settings, home), self.store, hidden,
+                                     owner or (lambda c: None), self.on_nodes)
         self.shared = [os.path.normpath(str(p)) for p in settings.shared_paths]
         self.pending: set[asyncio.Task[None]] = set()
 
@@ -163,6 +179,10 @@ class StorageVerbs:
                 raise InvalidRequest(f"a job of workspace {spec.workspace} runs inside it ({path}); leave out "
                                      "workdir, or give a directory inside the workspace")
             update["workdir"] = spec.workdir or path
+            if self.on_nodes:
+                update["lane"] = self._one_node(spec)
+                d, lower = self.workspaces.on_node(caller, spec.workspace)
+                labels.update({WS_DIR: d, WS_LOWER: lower})
         if spec.image:
             key = self.images.find(spec.image)
             at = str(self.images.mounts / key)  # mounted or unpacked, there
@@ -178,10 +198,38 @@ class StorageVerbs:
             update["labels"] = labels
         return spec.model_copy(update=update) if update else spec
 
+    def _one_node(self, spec: JobSpec) -> str:
+        """A workspace used on a cluster's nodes: its batch job mounts it on its node, so it
+        runs in the batch lane (a fast-lane worker mounts nothing), and after every live job
+        of the workspace (one upper layer mounted on two machines at once is undefined:
+        each would miss, or corrupt, what the other writes). -> the lane."""
+        assert spec.workspace is not None
+        if spec.lane == "fast":
+            raise InvalidRequest(f"a job of workspace {spec.workspace} runs in the batch lane on this cluster (its "
+                                 "batch script mounts the workspace on the node it runs on; a fast-lane worker "
+                                 "does not)", hint="submit it with lane 'batch', or leave the lane out")
+        waits = set(spec.after_ok or ()) | set(spec.after_any or ())
+        live = [j for j in self.store.jobs_in_workspace(spec.workspace) if j not in waits]
+        if live:
+            raise InvalidRequest(
+                f"job{'s' if len(live) > 1 else ''} {', '.join(map(str, live[:10]))} of workspace {spec.workspace} "
+                f"{'have' if len(live) > 1 else 'has'} not ended: on this cluster a workspace is mounted on one node "
+                "at a time, by the job running in it, so its jobs run one after another",
+                hint=f"submit with after_any: {live[:10]} to run when they end, or fork another workspace for work "
+                     "in parallel (corral workspace fork)")
+        return "batch"
+
     def prepare(self, caller: Caller, specs: list[JobSpec]) -> None:
         """Allowed jobs' images mounted on this node (each checked whole the first time:
         a corrupt one is refused here, before anything is recorded) and their workspaces'
         overlays mounted again if this node lost them. Blocking: in a worker thread."""
+        named = [s.workspace for s in specs if s.workspace]
+        twice = sorted({w for w in named if named.count(w) > 1})
+        if self.on_nodes and twice:  # one job of a workspace at a time (_one_node); a sweep meets the node's lock
+            raise InvalidRequest(f"this submission runs {named.count(twice[0])} different jobs in workspace "
+                                 f"{twice[0]} at once; on this cluster a workspace is mounted on one node at a time, "
+                                 "by the job running in it", hint="submit them one after another (after_any), or "
+                                 "fork a workspace for each")
         for key in dict.fromkeys(s.labels[IMAGE_KEY] for s in specs if s.labels.get(IMAGE_KEY)):
             self.images.attach(key)
         for ws in dict.fromkeys(s.workspace for s in specs if s.workspace):

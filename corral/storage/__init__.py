@@ -9,4 +9,8 @@ IMAGE_KEY, IMAGE_FILE, IMAGE_AT = "corral-image", "corral-image-file", "corral-i
 on a node (a Slurm job mounts it there before its work)."""
 META_LABEL = "corral-meta"
 """Label of a job sampled for metadata accounting: it runs under strace (meta.py)."""
-OWN_LABELS = (IMAGE_KEY, IMAGE_FILE, IMAGE_AT, META_LABEL)
+WS_DIR, WS_LOWER = "corral-ws-dir", "corral-ws-lower"
+"""Labels of a Slurm job that runs in a workspace: the workspace's directory (its layers,
+on a filesystem the nodes share) and its lower layer; the job's batch script mounts the
+overlay on the node it runs on (mounts.py ``workspace``) and releases it at the end."""
+OWN_LABELS = (IMAGE_KEY, IMAGE_FILE, IMAGE_AT, META_LABEL, WS_DIR, WS_LOWER)

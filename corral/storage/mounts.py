@@ -11,7 +11,10 @@ says which and why):
    node with neither (the files are then local, so the shared filesystem still sees
    none of the imports' metadata calls).
 
-Workspaces: the kernel's overlayfs (root), else ``fuse-overlayfs``.
+Workspaces: the kernel's overlayfs (root), else ``fuse-overlayfs``. On a cluster a
+workspace is mounted by each job's batch script on the node the job runs on
+(``workspace``, then ``release`` at its end), over layers on a filesystem the nodes
+share: a mount is one kernel's, so one made by the gateway (or another node) is not seen.
 
 Every mount is idempotent: a path already mounted (``/proc/self/mountinfo``) or already
 unpacked is used as it is, so concurrent jobs of one image share one mount. Run where
@@ -124,7 +127,23 @@ def mount_overlay(lower: Path, upper: Path, work: Path, at: Path) -> Mounted:
         os.close(low)
 
 
-def _mount_overlay(low: int, upper: Path, work: Path, at: Path) -> Mounted:
+def on_nodes(lower: Path, d: Path) -> Mounted:
+    """A workspace's layers made in ``d`` over ``lower`` (opened as ``mount_overlay``
+    would), mounted by no one here: each job mounts it on its own node (``workspace``)."""
+    try:
+        low = basefs.open_root(str(lower))
+    except basefs.Refused as e:
+        raise Conflict(f"the base of this workspace cannot be mounted: {e.message}; fork the directory itself "
+                       "again") from None
+    try:
+        _layers(low, d / "upper", d / "work", d / "merged")
+    finally:
+        os.close(low)
+    return Mounted(str(d / "merged"), "on-node", "mounted by each job on the node it runs on, over layers the "
+                   "nodes share; one job of the workspace at a time")
+
+
+def _layers(low: int, upper: Path, work: Path, at: Path) -> None:
     fresh = not upper.exists()
     for d in (upper, work, at):
         d.mkdir(parents=True, exist_ok=True)
@@ -133,6 +152,10 @@ def _mount_overlay(low: int, upper: Path, work: Path, at: Path) -> Mounted:
         if os.geteuid() == 0:
             os.chown(upper, st.st_uid, st.st_gid)
         os.chmod(upper, stat.S_IMODE(st.st_mode))
+
+
+def _mount_overlay(low: int, upper: Path, work: Path, at: Path) -> Mounted:
+    _layers(low, upper, work, at)
     opts = f"lowerdir=/proc/self/fd/{low},upperdir={upper},workdir={work}"
     tried = []
     if os.geteuid() == 0:
@@ -178,15 +201,42 @@ def unmount_all(root: Path | str) -> None:
         unmount(point)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m corral.storage.mounts image IMAGE AT``: what a Slurm job script runs
-    on its node before its work (prints the path to use)."""
-    ap = argparse.ArgumentParser(prog="corral.storage.mounts")
-    ap.add_argument("what", choices=["image"])
-    ap.add_argument("image", type=Path)
-    ap.add_argument("at", type=Path)
-    a = ap.parse_args(argv)
+def workspace(d: Path, lower: Path) -> Mounted:
+    """Workspace ``d`` (its layers) mounted at ``d/merged`` on this node, afresh: a mount
+    left here by an earlier job that was killed before its ``release`` predates what
+    jobs on other nodes wrote since (the layers changed under it), so it is dropped first.
+    Refused, saying what to share, when this node does not see the layers."""
     try:
+        st = os.lstat(d / "upper")
+    except FileNotFoundError:
+        raise InvalidRequest(f"the workspace's layers {d} are not on this node ({os.uname().nodename}): a "
+                             "workspace is used on every node its jobs run on, so [storage] workspaces must be a "
+                             "directory the nodes share (node-local scratch is not); ask the admin") from None
+    owner = os.lstat(d).st_uid
+    if stat.S_ISLNK(os.lstat(d).st_mode) or owner != os.geteuid() or not stat.S_ISDIR(st.st_mode):
+        raise InvalidRequest(f"{d} is not a workspace corral made (a link, or not its own); nothing was mounted")
+    unmount(d / "merged")
+    return mount_overlay(lower, d / "upper", d / "work", d / "merged")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m corral.storage.mounts image IMAGE AT`` | ``workspace DIR LOWER`` |
+    ``release DIR``: what a Slurm job script runs on its node before its work (prints
+    the path to use), and after it."""
+    ap = argparse.ArgumentParser(prog="corral.storage.mounts")
+    ap.add_argument("what", choices=["image", "workspace", "release"])
+    ap.add_argument("image", type=Path, help="the image, or the workspace's directory")
+    ap.add_argument("at", type=Path, nargs="?", help="where the image goes, or the workspace's lower layer")
+    a = ap.parse_args(argv)
+    if a.what != "release" and a.at is None:
+        ap.error(f"{a.what} needs two paths")
+    if a.what == "release":
+        unmount(a.image / "merged")
+        return 0
+    try:
+        if a.what == "workspace":
+            print(workspace(a.image, a.at).path)
+            return 0
         if not a.image.is_file():
             raise InvalidRequest(f"the environment image {a.image} is not on this node's filesystem")
         if os.geteuid() == 0:  # root mounts only in this node's scratch as root made it, never in another's
@@ -194,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
 
             scratch.prepare(a.at.parent.parent, [a.at.parent.name])
         m = mount_image(a.image, a.at)
-    except (BackendError, InvalidRequest) as e:
+    except (BackendError, InvalidRequest, Conflict) as e:
         print(f"corral: {e.message}", file=sys.stderr)
         return 1
     print(m.path)

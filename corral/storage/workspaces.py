@@ -1,9 +1,13 @@
 """Copy-on-write trial workspaces: a read-only base under a trial's own changes.
 
-``fork(DIR)`` mounts an overlay (mounts.py) whose lower layer is the base and whose
-upper layer, on node-local scratch, receives whatever the trial writes; jobs name the
-workspace and run with its merged view as their working directory. Twenty forks of one
-base cost twenty sets of changes, not twenty copies.
+``fork(DIR)`` makes an overlay (mounts.py) whose lower layer is the base and whose
+upper layer receives whatever the trial writes; jobs name the workspace and run with its
+merged view as their working directory. Twenty forks of one base cost twenty sets of
+changes, not twenty copies. A mount is one kernel's: where jobs run on this machine
+(``on_nodes`` False) the gateway mounts it here; where they run on a cluster's nodes the
+gateway never does, and each job's batch script mounts it on the node it runs on over
+the layers in ``[storage] workspaces``, which the nodes must share, one job of a
+workspace at a time (docs/decisions/0036-workspaces-on-nodes.md).
 
 The base is either a directory, used in place (a manifest of its files' sizes and
 modification times is taken at the fork, so a commit can tell whether the base moved
@@ -99,8 +103,10 @@ def _listed(paths: list[str]) -> str:
 class Workspaces:
     def __init__(self, settings: "StorageSettings", scratch: Path, store: "StorageRecords",
                  hidden: "Callable[[Caller], Sequence[Path]]" = lambda c: (),
-                 owner: "Callable[[Caller], Identity | None]" = lambda c: None) -> None:
+                 owner: "Callable[[Caller], Identity | None]" = lambda c: None, on_nodes: bool = False) -> None:
         self.settings, self.store, self.hidden, self.owner = settings, store, hidden, owner
+        self.on_nodes = on_nodes
+        """Jobs run on other machines, each mounting its workspace there: never mounted here."""
         """``hidden(caller)``: paths the caller's jobs see empty (the sandbox's), never forked.
         ``owner(caller)``: the identity the caller's jobs run as (None: the gateway's), who
         owns a revision's exported tree, so that the trial's jobs can write it."""
@@ -178,9 +184,9 @@ class Workspaces:
             self._allowed(base, b, hidden)
             free = self._free_mb()
             if free < MIN_FREE_MB:
-                raise InvalidRequest(f"node-local scratch {self.root} has only {free:.0f} MB free (a workspace "
+                raise InvalidRequest(f"the workspaces' directory {self.root} has only {free:.0f} MB free (a workspace "
                                      f"needs at least {MIN_FREE_MB}); discard workspaces you no longer need "
-                                     "(corral workspace list), or ask the admin to free [storage] scratch")
+                                     "(corral workspace list), or ask the admin to free [storage] workspaces")
             if rev is not None:
                 lower = self._export(b, rev, ident)
                 meta: dict[str, Any] = {"lower": str(lower)}
@@ -196,7 +202,8 @@ class Workspaces:
         with open(os.open(d / "fork.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w") as f:
             json.dump(meta, f)
         try:
-            m = mounts.mount_overlay(lower, d / "upper", d / "work", d / "merged")
+            m = mounts.on_nodes(lower, d) if self.on_nodes else \
+                mounts.mount_overlay(lower, d / "upper", d / "work", d / "merged")
         except Exception:
             shutil.rmtree(d, ignore_errors=True)
             raise
@@ -253,9 +260,15 @@ class Workspaces:
         if not lower.is_dir():
             raise Conflict(f"the base of workspace {ws_id} ({r['base']}) is gone; discard the workspace "
                            "(corral workspace discard) and fork again from where the project is now")
-        if not mount:
+        if not mount or self.on_nodes:
             return str(d / "merged")
         return mounts.mount_overlay(lower, d / "upper", d / "work", d / "merged").path
+
+    def on_node(self, caller: Caller, ws_id: str) -> tuple[str, str]:
+        """(the workspace's directory, its lower layer): what a job's batch script mounts
+        on the node it runs on (mounts.py ``workspace``)."""
+        d = Path(self._row(caller, ws_id)["dir"])
+        return str(d), self._fork_of(d)["lower"]
 
     def listing(self, caller: Caller) -> list[dict[str, Any]]:
         self.expire()

@@ -24,7 +24,7 @@ from corral.lanes.slurm.tiers import TIER_LABEL, WALLTIME_LABEL, order_nice, rer
 from corral.sandbox import opendir
 from corral.sandbox.bwrap import system_python, tool
 from corral.sandbox.seccomp import apply_argv
-from corral.storage import IMAGE_AT, IMAGE_FILE, META_LABEL, meta
+from corral.storage import IMAGE_AT, IMAGE_FILE, META_LABEL, WS_DIR, WS_LOWER, meta
 
 if TYPE_CHECKING:
     from corral.core.identity import Identity
@@ -44,6 +44,8 @@ ENV_FD = 6
 """The batch script opens the job's environment on this descriptor for the work's last step."""
 WORKDIR_FD = 7
 SCRIPT_FD = 3
+LOCK_FD = 9
+"""The batch shell holds its workspace's lock on this descriptor (closed for the work)."""
 SCRIPT = f"/dev/fd/{SCRIPT_FD}"
 """Signals job_control may send a Slurm job, passed on by its batch shell to the work
 (TERM and KILL are Slurm's own: a cancel, a walltime)."""
@@ -75,6 +77,12 @@ def relay_lines(where: str, listen: str, who: tuple[int, int] | None) -> list[st
             f"for i in $(seq 500); do [ -S {sock} ] && break; sleep 0.01; done",
             f"[ -S {sock} ] || {{ echo \"corral: the egress relay to {listen} did not start on $(hostname)\" >&2; "
             "exit 1; }"]
+
+
+MOUNTS = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r}); "
+          "from corral.storage.mounts import main; sys.exit(main(sys.argv[1:]))")
+"""The node's mount step, from the corral that wrote the script (not whichever one the
+interpreter's site-packages hold: a gateway run from a checkout), still isolated (-I)."""
 
 
 class Scripts(SlurmBase):
@@ -206,6 +214,20 @@ class Scripts(SlurmBase):
             lines += [f"corral_env=$({shlex.quote(sys.executable)} -I -m corral.storage.mounts image "
                       f"{shlex.quote(spec.labels[IMAGE_FILE])} {shlex.quote(spec.labels[IMAGE_AT])}) || exit 1",
                       'export PATH="$corral_env/bin:$PATH" VIRTUAL_ENV="$corral_env"', ""]
+        ws, mount = spec.labels.get(WS_DIR), [sys.executable, "-I", "-c", MOUNTS]
+        if ws:  # its workspace, mounted on this node over the shared layers (decision 0036)
+            # One job of a workspace at a time, whatever the gateway let through at once (a
+            # sweep, two requests racing): the lock in its layers, held by this shell to the end.
+            lock = shlex.quote(f"{ws}/lock")
+            # (the holder writes who it is just after it locks: a moment for it to have done so)
+            lines += [f"exec {LOCK_FD}>>{lock} && {tool('flock')} -n {LOCK_FD} || {{ for i in $(seq 100); do "
+                      f"[ -s {lock} ] && break; sleep 0.02; done; echo \"corral: workspace "
+                      f"{Path(ws).name} is in use by job $(cat {lock} 2>/dev/null) (one job of a workspace runs at a "
+                      "time, on one node): submit this one with after_any on that job\" >&2; exit 1; }",
+                      f"echo \"{ctx.job_id} (Slurm $SLURM_JOB_ID) on $(hostname)\" > {lock}",
+                      shlex.join([*mount, "workspace", ws, spec.labels[WS_LOWER]]) + " > /dev/null || exit 1",
+                      # sbatch's --chdir entered the bare mount point
+                      f"cd {shlex.quote(spec.workdir or ws)} || exit 1", ""]
         work = ([str(out / "script")] if spec.script.startswith("#!") else ["bash", str(out / "script")]) \
             if spec.script else None
         if spec.labels.get(META_LABEL):  # sampled: its metadata calls counted (storage/meta.py)
@@ -261,11 +283,13 @@ class Scripts(SlurmBase):
         # job_control sends it (scancel --batch reaches this shell alone): to the work
         # itself, or inside a sandbox to what bwrap runs (bwrap dies of a signal it does
         # not handle, and the sandbox's init ignores one it has no handler for).
-        lines[-1] += " &"
+        lines[-1] += (f" {LOCK_FD}>&-" if ws else "") + " &"
         target = "$(for p in $(pgrep -P $w); do pgrep -P $p; done)" if contained else "$w"
         lines += ["w=$!", f"_fwd() {{ kill -s \"$1\" {target} 2>/dev/null; }}",
                   "for s in " + " ".join(FORWARDED) + "; do trap \"_fwd $s\" $s; done",
                   "while :; do wait $w; rc=$?; kill -0 $w 2>/dev/null || break; done"]
+        if ws:  # written through before the job is seen to end (a killed job's is dropped by the next mount here)
+            lines += [shlex.join([*mount, "release", ws]), f": > {lock}"]  # nobody holds it now
         lines += [*cleanup, f"echo $rc > {out / 'ended'}", "exit $rc"]
         return "\n".join(lines) + "\n"
 
