@@ -342,7 +342,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 SLURM_FILES = {f"tests/{name}.py" for name in (
     "test_backend_slurm", "test_gateway_slurm", "test_cluster_slurm", "test_preemption_slurm", "test_privsep_slurm",
-    "test_privsep_submit", "test_slurm_control")}
+    "test_privsep_submit", "test_slurm_control", "test_cluster_workspaces")}
 """Test files whose tests take turns on the private Slurm (slurm_turn): run on one worker."""
 
 
@@ -368,7 +368,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     tmp = getattr(item, "funcargs", {}).get("tmp_path")
     if not rep.failed or not isinstance(tmp, Path):
         return
-    for log in sorted(tmp.glob("gateway-*.log")):
+    for log in sorted(tmp.glob("**/gateway-*.log")):
         try:
             lines = log.read_text(errors="replace").splitlines()
         except OSError:
@@ -376,3 +376,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         starts = [i for i, line in enumerate(lines) if "Traceback" in line or " ERROR " in line]
         shown = lines[max(0, starts[0] - 5):][:150] if starts else lines[-40:]
         rep.sections.append((f"gateway log {log.name}", "\n".join(shown)))
+    # ... and why each of its local jobs that did not complete ended so (the reason an
+    # assertion on a job's state cuts off), with its supervisor's log.
+    for result in sorted(tmp.glob("**/jobs/*/result.json"))[:20]:
+        try:
+            ended = json.loads(result.read_text())
+            if ended.get("state") == "COMPLETED":
+                continue
+            log_text = (result.parent / "runner.log").read_text(errors="replace")[-2000:] \
+                if (result.parent / "runner.log").exists() else ""
+        except (OSError, ValueError):
+            continue
+        rep.sections.append((f"local job {result.parent.name}", json.dumps(ended) + "\n" + log_text))

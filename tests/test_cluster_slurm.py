@@ -58,14 +58,25 @@ def until(what: str, check: Any, within: float) -> Any:
     raise AssertionError(f"timed out after {within:.0f} s waiting for {what}")
 
 
+def quiet(conf: str) -> str:
+    """The cluster once no node has a CPU allocated: a test whose jobs must spread over
+    nodes would otherwise find the light ones still held by the last test's jobs, which
+    Slurm is still completing after corral recorded their ends (seen in CI: all on c1)."""
+    def idle() -> bool:
+        return all(int(line.split("/")[0]) == 0 for line in slurm(conf, "sinfo", "-h", "-N", "-o", "%C").split())
+
+    until("every node of the cluster free (the jobs of the test before ended in Slurm)", idle, 90)
+    return conf
+
+
 @pytest.fixture
 def cluster() -> str:
-    return cluster_conf()
+    return quiet(cluster_conf())
 
 
 @pytest.fixture
 def gw(tmp_path: Path) -> Iterator[Gateway]:
-    conf = cluster_conf()
+    conf = quiet(cluster_conf())
     g = start_slurm_gateway(tmp_path, conf)
     try:
         yield g
@@ -231,7 +242,7 @@ def test_egress_works_on_every_node_through_its_own_relay(tmp_path: Path, agent_
     the allowed host through the proxy and are refused any other, by the proxy's own words;
     the socket each job's sandbox holds is its node's relay, not the gateway's Unix socket
     (which on a real cluster connects on the gateway's machine alone)."""
-    conf = cluster_conf()
+    conf = quiet(cluster_conf())
     bridge = f"{layout(conf)['NET']}.254"  # this host on the nodes' bridge (scripts/slurm-up)
     allowed, aport = _serve(tmp_path / "allowed", bridge, "from-the-mirror")
     other, oport = _serve(tmp_path / "other", bridge, "should-never-arrive")

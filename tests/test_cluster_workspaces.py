@@ -24,7 +24,7 @@ import pytest
 from corral.storage import mounts
 
 from .conftest import Gateway, drop_scratch, free_port
-from .test_cluster_slurm import cluster_conf, slurm, until
+from .test_cluster_slurm import cluster_conf, quiet, slurm, until
 
 @pytest.fixture
 def layers() -> Iterator[Path]:
@@ -38,7 +38,7 @@ def layers() -> Iterator[Path]:
 
 @pytest.fixture
 def gw(tmp_path: Path, layers: Path) -> Iterator[Gateway]:
-    conf = cluster_conf()
+    conf = quiet(cluster_conf())
     g = Gateway(tmp_path / "home", free_port(), extra_env={
         "CORRAL_BACKEND": "slurm", "SLURM_CONF": conf, "CORRAL_TICK_S": "0.5",
         "CORRAL_STORAGE__WORKSPACES": str(layers)})

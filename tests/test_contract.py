@@ -47,9 +47,9 @@ def test_schemathesis_finds_no_5xx_and_nothing_undocumented(gateway: Gateway, pe
 def test_generated_submissions_are_mostly_accepted(gateway: Gateway, tmp_path) -> None:
     """The schema of a job states what the gateway accepts (one of command or script, text
     without NUL, absolute paths, sizes with their units, this facility's largest node), so
-    valid jobs generated from it are mostly accepted. What the schema cannot know stays a
-    clear refusal: a directory, image, workspace or parent job that does not exist, a
-    repeat of a job that failed. A generator reusing an Idempotency-Key with another body
+    valid jobs generated from it are accepted unless they name what the schema cannot
+    know: a directory, image, workspace or parent job that does not exist, a parent that
+    failed, a repeat of a job that failed; each of those is a clear refusal. A generator reusing an Idempotency-Key with another body
     is refused (409) by design, and those bodies are left out of the count."""
     import json
 
@@ -73,5 +73,13 @@ def test_generated_submissions_are_mostly_accepted(gateway: Gateway, tmp_path) -
     assert all('"message"' in text for code, text in answers if code >= 400)
     accepted = [code for code, _ in decided if code in (200, 201)]
     assert len(decided) >= 10, answers
-    assert len(accepted) > len(decided) / 2, [t[:160] for c, t in decided if c >= 400]
+    refused = [t for c, t in decided if c >= 400]
+    # Every refusal is one the schema cannot foresee: what the body names does not exist
+    # (here, or for this caller), or a job it waits for has already failed. A refusal of
+    # anything else is a rule the schema does not state (seen: ids over its maximum, which
+    # a client reading numbers as doubles rounded up).
+    unforeseeable = ("which is not visible to you", "does not exist", "no environment image", "no workspace",
+                     "dependency never satisfied", "not found")
+    assert [t[:200] for t in refused if not any(p in t for p in unforeseeable)] == []
+    assert len(accepted) >= len(decided) / 4, [t[:160] for t in refused]
     assert all('"message"' in text for code, text in decided if code >= 400)  # every refusal says why

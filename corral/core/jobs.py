@@ -136,8 +136,11 @@ def _whole(value: Any) -> Any:
 Whole = Annotated[int, BeforeValidator(_whole)]
 
 
-MAX_INT = 2**63 - 1
-"""The largest id, offset or count corral takes: SQLite's INTEGER, and a file offset."""
+MAX_INT = 2**53 - 1
+"""The largest id, offset or count corral takes: the largest integer every JSON reader
+holds exactly (within SQLite's INTEGER and a file offset). At 2^63 - 1 the schemas'
+``maximum`` was itself read as 2^63 by clients that parse numbers as doubles, and what
+they generated as valid was refused (seen: schemathesis, tests/test_contract.py)."""
 MAX_DEPENDENCIES = 100
 """Jobs one job may wait for (after_ok and after_any each)."""
 MAX_COMMAND = 64 * 1024
