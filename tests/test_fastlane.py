@@ -612,3 +612,30 @@ def test_fast_tasks_reach_the_egress_through_their_workers_relay(tmp_path, agent
     while set(Path("/tmp").glob("corral-egress.*")) - before:  # gone with the worker
         assert time.monotonic() < deadline, set(Path("/tmp").glob("corral-egress.*")) - before
         time.sleep(0.2)
+
+
+def test_a_workers_relay_leaves_nothing_its_user_can_swap() -> None:
+    """The relay runs as run_as (never root), but the directory of its socket is root's
+    again before any bwrap, as root, binds the socket: a link swapped in by anything
+    running as that user would be followed; the socket itself stays one all may use."""
+    import stat
+    import socket
+
+    from corral.sandbox.egress import Relay
+
+    if os.geteuid() != 0:
+        pytest.skip("the relay changes users only under root")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    relay = Relay(f"127.0.0.1:{listener.getsockname()[1]}", "nobody")
+    try:
+        st = os.stat(relay.dir)
+        assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700
+        sock = os.lstat(relay.socket)
+        assert stat.S_ISSOCK(sock.st_mode) and stat.S_IMODE(sock.st_mode) == 0o666
+        assert int(Path(f"/proc/{relay.pid}/status").read_text().split("Uid:")[1].split()[0]) != 0
+    finally:
+        relay.close()
+        listener.close()
+    assert not relay.dir.exists()

@@ -28,6 +28,7 @@ import argparse
 import functools
 import logging
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -128,6 +129,7 @@ class Relay:
         self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
             ["socat", f"UNIX-LISTEN:{self.socket},fork,perm=0666,max-children={self.CHILDREN}", target],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **who)
+        self.pid = self._proc.pid
         deadline = time.monotonic() + 10
         while not self.socket.exists():
             if self._proc.poll() is not None or time.monotonic() > deadline:
@@ -135,6 +137,12 @@ class Relay:
                 raise BackendError(f"the egress relay to {listen} did not start on this node",
                                    hint="check that socat is installed on the nodes")
             time.sleep(0.01)
+        if who:  # root's again before any bwrap (as root) binds what is in it: a link there would be followed
+            os.chown(self.dir, 0, 0)
+            self.dir.chmod(0o700)
+            if not stat.S_ISSOCK(os.lstat(self.socket).st_mode):
+                self.close()
+                raise BackendError(f"the egress relay's socket in {self.dir} was replaced; not used")
 
     def close(self) -> None:
         import shutil

@@ -62,7 +62,10 @@ def relay_lines(where: str, listen: str, who: tuple[int, int] | None) -> list[st
     identity's own: ``mkdir`` refuses one made there before) forwarded to HOST:PORT; the
     sandbox binds that socket in place of the gateway's, which connects only on the
     gateway's machine. ``who``: the identity the relay runs as when root runs the script
-    (the job's bytes never pass through root). Ready before the job starts."""
+    (the job's bytes never pass through root); once its socket is there, the directory is
+    root's again and the socket checked to be one: the bwrap that binds it runs as root,
+    and a link put there by anything running as ``who`` would be followed. Ready before
+    the job starts."""
     host, port = host_port(listen)
     socat = shutil.which("socat") or "socat"
     drop = [tool("setpriv"), f"--reuid={who[0]}", f"--regid={who[1]}", "--clear-groups", "--inh-caps=-all",
@@ -76,7 +79,9 @@ def relay_lines(where: str, listen: str, who: tuple[int, int] | None) -> list[st
             "corral_relay=$!",
             f"for i in $(seq 500); do [ -S {sock} ] && break; sleep 0.01; done",
             f"[ -S {sock} ] || {{ echo \"corral: the egress relay to {listen} did not start on $(hostname)\" >&2; "
-            "exit 1; }"]
+            "exit 1; }",
+            *([f"chown -h 0:0 {where} && [ ! -L {sock} ] && [ -S {sock} ] || {{ echo \"corral: the egress relay's "
+               f"socket in {where} was replaced\" >&2; exit 1; }}"] if who else [])]
 
 
 MOUNTS = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r}); "
