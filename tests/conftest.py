@@ -342,8 +342,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 SLURM_FILES = {f"tests/{name}.py" for name in (
     "test_backend_slurm", "test_gateway_slurm", "test_cluster_slurm", "test_preemption_slurm", "test_privsep_slurm",
-    "test_privsep_submit", "test_slurm_control", "test_cluster_workspaces")}
-"""Test files whose tests take turns on the private Slurm (slurm_turn): run on one worker."""
+    "test_privsep_submit", "test_slurm_control", "test_cluster_workspaces", "test_compat")}
+"""Test files whose tests take turns on the private Slurm (slurm_turn; test_compat's corpus
+takes one for the module): run on one worker."""
+SLURM_TESTS = {
+    "tests/test_bounds_reads.py::test_fifos_and_links_in_a_job_directory_never_stall_the_gateway",
+    "tests/test_dashboard.py::test_what_corral_saved_a_real_slurm_is_counted_in_its_commands",
+    "tests/test_fastlane.py::test_a_batch_job_gets_the_cores_of_an_idle_pool_and_a_task_says_it_waits_for_it",
+    "tests/test_shims.py::test_the_fence_leaves_corral_the_only_way_to_slurm",
+    "tests/test_simulate.py::test_calibration_reads_the_real_controller",
+    "tests/test_slurm_conventions.py::test_the_shims_print_what_the_job_asked",
+    "tests/test_slurm_plugin.py::test_agents_reach_slurm_through_corral_only",
+    "tests/test_storage.py::test_images_and_workspaces_on_the_private_slurm"}
+"""The other tests that take a Slurm turn (tests/test_suite_layout.py keeps this list whole)."""
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -355,7 +366,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class SlurmOnOneWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "slurm" if nodeid.split("::")[0] in SLURM_FILES else nodeid
+            base = nodeid.split("[")[0]
+            return "slurm" if nodeid.split("::")[0] in SLURM_FILES or base in SLURM_TESTS else nodeid
 
     return SlurmOnOneWorker(config, log)
 
