@@ -125,6 +125,7 @@ def test_the_dashboard_lives_in_a_real_browser(gateway: Gateway, people: dict[st
         assert other.request.get(f"{gateway.url}/dashboard/live").status == 401
         # Signing out ends it.
         page.click("text=Sign out")
+        page.locator("#token").wait_for(timeout=15_000)  # the sign-in page, once the navigation lands
         assert page.locator("#token").count() == 1
     finally:
         for c in contexts:
