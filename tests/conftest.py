@@ -244,6 +244,30 @@ def running(tmp_path: Path, cpus: int = 2, **env: str) -> Iterator[Gateway]:
         drop_scratch(gw.home, env.get("CORRAL_STORAGE_SCRATCH"))
 
 
+@contextlib.contextmanager
+def file_server(root: Path, host: str, text: str) -> Iterator[int]:
+    """A web server of one file, ``ok.txt``, on ``host`` (a host an egress allow-list may
+    name): -> its port, once it answers; stopped afterwards."""
+    root.mkdir()
+    (root / "ok.txt").write_text(text)
+    port = free_port()
+    srv = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", host], cwd=root,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection((host, port), 0.5).close()
+                break
+            except OSError:
+                assert srv.poll() is None and time.monotonic() < deadline, f"no web server on {host}:{port}"
+                time.sleep(0.1)
+        yield port
+    finally:
+        srv.kill()
+        srv.wait()
+
+
 def drop_scratch(home: Path, scratch: str | None = None) -> None:
     """A test gateway's node-local scratch (corral/storage): its images and workspaces
     unmounted, the directory removed (it lies outside tmp_path, in /var/tmp)."""

@@ -14,7 +14,6 @@ import ipaddress
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Gateway, free_port, running
+from .conftest import Gateway, file_server, free_port, running
 from .slurm_env import kill_host, layout, restore, slurm_conf
 from .test_gateway_slurm import start_slurm_gateway
 
@@ -218,25 +217,6 @@ def test_an_agents_jobs_are_contained_on_every_node(gw: Gateway, agent_dir: Path
         assert root_files == "0" and munge_files == "0", (node, root_files, munge_files)
 
 
-def _serve(root: Path, host: str, text: str) -> tuple[subprocess.Popen[str], int]:
-    """A web server of one file on ``host`` (the cluster's bridge address): -> (it, its port)."""
-    root.mkdir()
-    (root / "ok.txt").write_text(text)
-    port = free_port()
-    srv = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", host], cwd=root,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
-    until(f"a web server on {host}:{port}", lambda: _listening(host, port), 20)
-    return srv, port
-
-
-def _listening(host: str, port: int) -> bool:
-    try:
-        socket.create_connection((host, port), 0.5).close()
-        return True
-    except OSError:
-        return False
-
-
 def test_egress_works_on_every_node_through_its_own_relay(tmp_path: Path, agent_dir: Path) -> None:
     """[sandbox] allow_hosts with egress_listen: an agent's jobs on several nodes each reach
     the allowed host through the proxy and are refused any other, by the proxy's own words;
@@ -244,16 +224,12 @@ def test_egress_works_on_every_node_through_its_own_relay(tmp_path: Path, agent_
     (which on a real cluster connects on the gateway's machine alone)."""
     conf = quiet(cluster_conf())
     bridge = f"{layout(conf)['NET']}.254"  # this host on the nodes' bridge (scripts/slurm-up)
-    allowed, aport = _serve(tmp_path / "allowed", bridge, "from-the-mirror")
-    other, oport = _serve(tmp_path / "other", bridge, "should-never-arrive")
-    proxy = f"{bridge}:{free_port()}"
     before = set(Path("/tmp").glob("corral-egress.*"))
-    g = Gateway(tmp_path / "home", free_port(), extra_env={
-        "CORRAL_BACKEND": "slurm", "SLURM_CONF": conf, "CORRAL_TICK_S": "0.5",
-        "CORRAL_SANDBOX__ALLOW_HOSTS": f'["{bridge}:{aport}"]', "CORRAL_SANDBOX__EGRESS_LISTEN": proxy})
-    g.home.mkdir()
-    g.start()
-    try:
+    with file_server(tmp_path / "allowed", bridge, "from-the-mirror") as aport, \
+            file_server(tmp_path / "other", bridge, "should-never-arrive") as oport, \
+            running(tmp_path, CORRAL_BACKEND="slurm", SLURM_CONF=conf, CORRAL_TICK_S="0.5",
+                    CORRAL_SANDBOX__ALLOW_HOSTS=f'["{bridge}:{aport}"]',
+                    CORRAL_SANDBOX__EGRESS_LISTEN=f"{bridge}:{free_port()}") as g:
         with g.http() as h:
             h.post("/v1/principals", json={"name": "alice", "kind": "human"})
             h.post("/v1/principals", json={"name": "bot", "kind": "agent", "sponsor": "alice"})
@@ -281,10 +257,6 @@ def test_egress_works_on_every_node_through_its_own_relay(tmp_path: Path, agent_
             assert "not on this facility's egress allow-list" in refused, (node, refused)
             assert direct == "direct-refused", (node, direct)
         assert set(Path("/tmp").glob("corral-egress.*")) <= before  # each relay stopped, its directory gone
-    finally:
-        g.kill(signal.SIGTERM)
-        allowed.kill()
-        other.kill()
 
 
 def open_ports(pid: int) -> set[int]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ import pytest
 
 from corral.storage import mounts
 
-from .conftest import Gateway, drop_scratch, free_port
+from .conftest import Gateway, running
 from .test_cluster_slurm import cluster_conf, quiet, slurm, until
 
 @pytest.fixture
@@ -39,16 +38,9 @@ def layers() -> Iterator[Path]:
 @pytest.fixture
 def gw(tmp_path: Path, layers: Path) -> Iterator[Gateway]:
     conf = quiet(cluster_conf())
-    g = Gateway(tmp_path / "home", free_port(), extra_env={
-        "CORRAL_BACKEND": "slurm", "SLURM_CONF": conf, "CORRAL_TICK_S": "0.5",
-        "CORRAL_STORAGE__WORKSPACES": str(layers)})
-    g.home.mkdir()
-    g.start()
-    try:
+    with running(tmp_path, CORRAL_BACKEND="slurm", SLURM_CONF=conf, CORRAL_TICK_S="0.5",
+                 CORRAL_STORAGE__WORKSPACES=str(layers)) as g:
         yield g
-    finally:
-        g.kill(signal.SIGTERM)
-        drop_scratch(g.home)
 
 
 @pytest.fixture

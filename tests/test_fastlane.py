@@ -570,27 +570,10 @@ def test_fast_tasks_reach_the_egress_through_their_workers_relay(tmp_path, agent
     where the gateway's Unix socket connects nowhere) starts a relay to the proxy's TCP
     address, and its contained tasks fetch from the allow-list through it, not through
     the gateway's socket; the relay ends with the worker."""
-    import socket
-    import subprocess
+    from .conftest import add_people, file_server, free_port
 
-    from .conftest import add_people, free_port
-
-    root = tmp_path / "mirror"
-    root.mkdir()
-    (root / "ok.txt").write_text("from-the-mirror")
-    mport = free_port()
-    mirror = subprocess.Popen([sys.executable, "-m", "http.server", str(mport), "--bind", "127.0.0.1"], cwd=root,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     before = set(Path("/tmp").glob("corral-egress.*"))
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", mport), 0.5).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the mirror did not start"
-                time.sleep(0.1)
+    with file_server(tmp_path / "mirror", "127.0.0.1", "from-the-mirror") as mport:
         with running(tmp_path, cpus=8, CORRAL_FASTLANE_CPUS="4", CORRAL_FASTLANE_MEMORY_MB="2048",
                      CORRAL_SANDBOX__ALLOW_HOSTS=f'["127.0.0.1:{mport}"]',
                      CORRAL_SANDBOX__EGRESS_LISTEN=f"127.0.0.1:{free_port()}") as gw:
@@ -606,8 +589,6 @@ def test_fast_tasks_reach_the_egress_through_their_workers_relay(tmp_path, agent
             assert got == "from-the-mirror"
             assert int(inode) != os.stat(gw.home / "egress" / "proxy.sock").st_ino  # the worker's relay
             assert set(Path("/tmp").glob("corral-egress.*")) - before  # there while the worker is
-    finally:
-        mirror.kill()
     deadline = time.monotonic() + 30
     while set(Path("/tmp").glob("corral-egress.*")) - before:  # gone with the worker
         assert time.monotonic() < deadline, set(Path("/tmp").glob("corral-egress.*")) - before

@@ -23,7 +23,7 @@ from corral.core.jobs import JobSpec, JobState
 from corral.lanes.placement import Placer
 from corral.core.principals import Kind, Principal
 
-from .conftest import SHARED_TURN, Gateway, free_port
+from .conftest import SHARED_TURN, Gateway, add_people, free_port, running
 from .slurm_env import slurm_conf
 
 # One real-Slurm test at a time, whichever worker runs it (tests/conftest.py::slurm_turn).
@@ -345,15 +345,8 @@ def test_opportunistic_jobs_queue_smallest_first(tmp_path: Path, agent_dir: Path
     the smaller, sent second, has the higher priority, by its nice of core-minutes
     (decision 0023's order), and both keep people's precedence (agent_nice beneath)."""
     conf = slurm_conf()
-    gw = Gateway(tmp_path / "home", free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": conf,
-                                                            "CORRAL_TICK_S": "0.5"})
-    gw.home.mkdir()
-    gw.start()
-    try:
-        with gw.http() as h:
-            for body in ({"name": "alice", "kind": "human"}, {"name": "bot1", "kind": "agent", "sponsor": "alice"}):
-                assert h.post("/v1/principals", json=body).status_code == 201
-            bot = h.post("/v1/tokens", json={"for": "bot1", "expires": "1h"}).json()["token"]
+    with running(tmp_path, CORRAL_BACKEND="slurm", SLURM_CONF=conf, CORRAL_TICK_S="0.5") as gw:
+        bot = add_people(gw)["bot1"]
         with gw.http(bot) as h:
             first = h.post("/v1/jobs", json={"command": "sleep 120", "workdir": str(agent_dir)}).json()
             jobs = [h.post("/v1/jobs", json={"command": "true", "cpus": cpus, "walltime": walltime, "after_ok": [first["id"]],
@@ -367,5 +360,3 @@ def test_opportunistic_jobs_queue_smallest_first(tmp_path: Path, agent_dir: Path
             assert small_nice > 100  # above agent_nice: people first, whatever the size
             assert small_prio > big_prio, rows  # Slurm's own order: the smaller first, though sent later
             h.post("/v1/jobs/cancel", json={"ids": [first["id"], *(j["id"] for j in jobs)]})
-    finally:
-        gw.kill(signal.SIGTERM)

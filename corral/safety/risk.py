@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from corral.safety import shparse
+from corral.sandbox.egress import allowed
 
 TAGS = ("destructive_fs", "recursive_permissions", "fork_bomb", "credential_read", "exfiltration",
         "cryptomining", "privilege_escalation", "heavy_compute", "scheduler_polling", "obfuscated",
@@ -424,8 +425,6 @@ def facility_hosts(hosts: Sequence[str]) -> None:
 
 def _external(argv: list[str]) -> bool:
     """Does this network command reach a host off the allow-list?"""
-    from corral.sandbox.egress import allowed
-
     for a in argv[1:]:
         m = re.match(r"^(\w+://)?(?:[^@/\s]+@)?([A-Za-z0-9.-]+\.[A-Za-z]{2,}|\d+\.\d+\.\d+\.\d+|localhost)(?::(\d+))?(?:[/:]|$)",
                      a)

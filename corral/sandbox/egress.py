@@ -99,6 +99,25 @@ def _answers(listen: str) -> bool:
         return False
 
 
+RELAY_CHILDREN = 64
+"""Connections one relay carries at once: it runs outside every sandbox's process limit
+(a job opening thousands of connections would otherwise fork as many relays)."""
+
+
+def relay_argv(socket_path: str, listen: str, perm: str | None = None) -> list[str]:
+    """socat listening on ``socket_path`` (with mode ``perm``) and forwarding each
+    connection to the proxy's HOST:PORT ``listen``: a relay of the batch script's
+    (corral/lanes/slurm/script.py) or a fast-lane worker's (``Relay``)."""
+    import shutil
+
+    from corral.core.config import host_port
+
+    host, port = host_port(listen)
+    target = f"TCP:[{host}]:{port}" if ":" in host else f"TCP:{host}:{port}"
+    listening = f"UNIX-LISTEN:{socket_path},fork" + (f",perm={perm}" if perm else "") + f",max-children={RELAY_CHILDREN}"
+    return [shutil.which("socat") or "socat", listening, target]
+
+
 class Relay:
     """A relay on this node to the egress proxy's TCP address, for the jobs a long-lived
     process starts here (a fast-lane worker): a Unix socket in a new directory, forwarded
@@ -107,16 +126,10 @@ class Relay:
     the node connects reaches only the allow-list). Under root it runs as ``user``, so
     that no job's bytes pass through a root process."""
 
-    CHILDREN = 64
-    """Connections at once: it forks outside every sandbox's process limit."""
-
     def __init__(self, listen: str, user: str | None = None) -> None:
         import pwd
         import tempfile
 
-        from corral.core.config import host_port
-
-        host, port = host_port(listen)
         self.dir = Path(tempfile.mkdtemp(prefix="corral-egress."))
         self.dir.chmod(0o711)
         self.socket = self.dir / "proxy.sock"
@@ -125,9 +138,8 @@ class Relay:
             pw = pwd.getpwnam(user)
             os.chown(self.dir, pw.pw_uid, pw.pw_gid)
             who = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
-        target = f"TCP:[{host}]:{port}" if ":" in host else f"TCP:{host}:{port}"
         self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-            ["socat", f"UNIX-LISTEN:{self.socket},fork,perm=0666,max-children={self.CHILDREN}", target],
+            relay_argv(str(self.socket), listen, perm="0666"),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **who)
         self.pid = self._proc.pid
         deadline = time.monotonic() + 10

@@ -116,25 +116,26 @@ def mount_overlay(lower: Path, upper: Path, work: Path, at: Path) -> Mounted:
     checked is refused (Conflict), never mounted as the lower layer."""
     if mounted(at):
         return Mounted(str(at), "overlay", "already mounted on this node")
-    try:
-        low = basefs.open_root(str(lower))
-    except basefs.Refused as e:
-        raise Conflict(f"the base of this workspace cannot be mounted: {e.message}; discard the workspace and fork "
-                       "the directory itself again") from None
+    low = _open_base(lower, "discard the workspace and fork the directory itself again")
     try:
         return _mount_overlay(low, upper, work, at)
     finally:
         os.close(low)
 
 
+def _open_base(lower: Path, advice: str) -> int:
+    """``lower`` opened without following a link in any component (basefs.open_root);
+    Conflict, with ``advice``, when it cannot be."""
+    try:
+        return basefs.open_root(str(lower))
+    except basefs.Refused as e:
+        raise Conflict(f"the base of this workspace cannot be mounted: {e.message}; {advice}") from None
+
+
 def on_nodes(lower: Path, d: Path) -> Mounted:
     """A workspace's layers made in ``d`` over ``lower`` (opened as ``mount_overlay``
     would), mounted by no one here: each job mounts it on its own node (``workspace``)."""
-    try:
-        low = basefs.open_root(str(lower))
-    except basefs.Refused as e:
-        raise Conflict(f"the base of this workspace cannot be mounted: {e.message}; fork the directory itself "
-                       "again") from None
+    low = _open_base(lower, "fork the directory itself again")
     try:
         _layers(low, d / "upper", d / "work", d / "merged")
     finally:

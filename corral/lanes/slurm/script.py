@@ -15,7 +15,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from corral.core.config import host_port
 from corral.core.errors import InvalidRequest
 from corral.core.jobs import JobSpec, format_duration
 from corral.lanes.backend import SubmitContext
@@ -23,6 +22,7 @@ from corral.lanes.slurm.base import SlurmBase
 from corral.lanes.slurm.tiers import TIER_LABEL, WALLTIME_LABEL, order_nice, rerun_lines, tier_lines
 from corral.sandbox import opendir
 from corral.sandbox.bwrap import system_python, tool
+from corral.sandbox.egress import relay_argv
 from corral.sandbox.seccomp import apply_argv
 from corral.storage import IMAGE_AT, IMAGE_FILE, META_LABEL, WS_DIR, WS_LOWER, meta
 
@@ -51,11 +51,6 @@ SCRIPT = f"/dev/fd/{SCRIPT_FD}"
 (TERM and KILL are Slurm's own: a cancel, a walltime)."""
 
 
-RELAY_CHILDREN = 64
-"""Connections one job's relay carries at once: it runs outside the sandbox's process
-limit (a job opening thousands of connections would otherwise fork as many relays)."""
-
-
 def relay_lines(where: str, listen: str, who: tuple[int, int] | None) -> list[str]:
     """Lines of a batch script that start, on the node, the job's relay to the egress proxy
     ([sandbox] egress_listen): a Unix socket in ``where`` (a new directory, the job's
@@ -66,16 +61,13 @@ def relay_lines(where: str, listen: str, who: tuple[int, int] | None) -> list[st
     root's again and the socket checked to be one: the bwrap that binds it runs as root,
     and a link put there by anything running as ``who`` would be followed. Ready before
     the job starts."""
-    host, port = host_port(listen)
-    socat = shutil.which("socat") or "socat"
     drop = [tool("setpriv"), f"--reuid={who[0]}", f"--regid={who[1]}", "--clear-groups", "--inh-caps=-all",
             "--bounding-set=-all", "--"] if who else []
-    target = f"TCP:[{host}]:{port}" if ":" in host else f"TCP:{host}:{port}"
     sock = f"{where}/proxy.sock"
     return [f"mkdir -m 0700 {where} || {{ echo \"corral: cannot make {where} on $(hostname) for the egress relay\" >&2; "
             "exit 1; }",
             *([f"chown -h {who[0]}:{who[1]} {where}"] if who else []),
-            shlex.join([*drop, socat, f"UNIX-LISTEN:{sock},fork,max-children={RELAY_CHILDREN}", target]) + " 2>/dev/null &",
+            shlex.join([*drop, *relay_argv(sock, listen)]) + " 2>/dev/null &",
             "corral_relay=$!",
             f"for i in $(seq 500); do [ -S {sock} ] && break; sleep 0.01; done",
             f"[ -S {sock} ] || {{ echo \"corral: the egress relay to {listen} did not start on $(hostname)\" >&2; "
