@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import json
 import os
@@ -37,17 +38,26 @@ def free_port() -> int:
     """A free loopback port, below the kernel's ephemeral range (so no outgoing connection
     holds it) and in a block of its own per pytest-xdist worker: two workers never race
     for one port between this probe and the gateway's bind. (Not bind-to-0 filtered by
-    residue: Linux hands bind() even ports only.)"""
+    residue: Linux hands bind() even ports only.) Never one it handed out in the last
+    hundred: a test that asks for two ports before binding either (a gateway's and its
+    egress proxy's) got the same one, and the gateway could not bind (seen in CI)."""
     i = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
     block = 20_000 + (i % 6) * 2_000
     for port in random.Random().sample(range(block, block + 2_000), 2_000):
+        if port in _HANDED:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _HANDED.append(port)
             return port
     raise RuntimeError(f"no free loopback port in {block}-{block + 1999}")
+
+
+_HANDED: collections.deque[int] = collections.deque(maxlen=100)
+"""The ports free_port handed out last, perhaps not bound yet."""
 
 
 _UIDS_DIR = tempfile.mkdtemp(prefix="corral-uids-")
