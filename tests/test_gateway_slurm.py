@@ -183,6 +183,50 @@ def test_fast_lane_on_slurm(tmp_path) -> None:
             assert h.get(f"/v1/jobs/{again['id']}/output").json()["data"] == "again\n"
 
 
+def test_what_is_hidden_is_decided_when_the_batch_job_starts(tmp_path, agent_dir) -> None:
+    """A batch script is written at submission and runs later, on a node. A hidden path
+    removed while the job waited (a home userdel took) made bwrap fail there ("Can't
+    mkdir"): now the job runs, and a hidden file that became a directory of secrets
+    since is emptied as the directory it is when the job starts."""
+    from .test_sandbox import SECRET, need_bwrap, pair
+
+    import shutil
+    import tempfile
+
+    need_bwrap()
+    # Not under /tmp, which the sandbox replaces with its own (bwrap can make anything there).
+    top = Path(tempfile.mkdtemp(prefix="corral-hidden-", dir="/var/tmp"))
+    gone, changed = top / "gone-home", top / "changed"
+    gone.mkdir()
+    changed.write_text("a file when the job was submitted")
+    for p in (top, gone, changed):
+        p.chmod(0o755)
+    with running(tmp_path, CORRAL_BACKEND="slurm", SLURM_CONF=slurm_conf(), CORRAL_TICK_S="0.5",
+                 CORRAL_SANDBOX__HIDE=json.dumps([str(gone), str(changed)])) as gw:
+        t = pair(gw)
+        with gw.http(t["bot1"]) as h:
+            first = h.post("/v1/jobs", json={"command": "sleep 5", "walltime": "60s"}).json()
+            r = h.post("/v1/jobs", json={"command": f"ls {changed}; cat {changed}/key; echo ran", "walltime": "60s",
+                                         "workdir": str(agent_dir), "after_ok": [first["id"]]})
+            assert r.status_code == 201, r.text
+            job = r.json()
+            script = next(p for p in (gw.home / "slurm" / "jobs").glob("*/job.sh") if "bwrap" in p.read_text())
+            assert str(gone) in script.read_text()
+            gone.rmdir()
+            changed.unlink()
+            changed.mkdir()
+            (changed / "key").write_text(SECRET)
+            (changed / "key").chmod(0o644)
+            changed.chmod(0o755)
+            done = h.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 120}).json()
+            out = h.get(f"/v1/jobs/{job['id']}/output").json()["data"]
+            err = h.get(f"/v1/jobs/{job['id']}/output", params={"stream": "stderr"}).json()["data"]
+        shutil.rmtree(top)
+        assert done["state"] == "COMPLETED" and out.endswith("ran\n"), (done, out, err)
+        assert SECRET not in out + err, (out, err)
+        assert "No such file" in err, err  # an empty directory
+
+
 def test_agents_work_runs_contained_inside_the_batch_script(tmp_path, agent_dir) -> None:
     """On Slurm the generated batch script runs an agent's work in the same sandbox as on
     the local backend: credentials under the gateway's home unreadable, the host

@@ -624,3 +624,36 @@ def test_a_profile_renders_its_hiding_around_the_working_directory(tmp_path: Pat
     assert rendered[rendered.index("--") + 1].endswith("setpriv") and "--bounding-set=-all" in rendered
     last = profile.steps[-1]
     assert last[-2:] == ("00", "7") and rendered[-1] == "make"
+
+
+def test_a_batch_script_decides_what_is_hidden_when_it_runs(tmp_path: Path) -> None:
+    """``Sandbox.shell`` (a Slurm job's script, run later on a node): a hidden path gone
+    by then is left out (bwrap could not mount on it: "Can't mkdir"), one that became a
+    directory is emptied as one, a name with a space stays one word; each job's own."""
+    need_bwrap()
+    top = Path(tempfile.mkdtemp(prefix="corral-later-", dir="/var/tmp"))  # not /tmp: the sandbox's own
+    try:
+        gone, changed, spaced = top / "gone", top / "changed", top / "with space"
+        gone.mkdir()
+        changed.write_text("a file")
+        spaced.mkdir()
+        (spaced / "key").write_text(SECRET)
+        for p in (top, gone, changed, spaced, spaced / "key"):
+            p.chmod(0o755)
+        box = Sandbox(frozenset({"agent"}), (gone, changed, spaced), run_as="nobody")
+        lines = box.shell("agent", ["bash", "-c", f"cat '{spaced}/key' '{changed}/key'; echo ran"], "/tmp",
+                          ["env", "-u", "CORRAL_NOTHING"], root=True)
+        assert lines.count("corral_hide ") == 3 and lines.splitlines()[-1].startswith("env -u CORRAL_NOTHING ")
+        gone.rmdir()
+        changed.unlink()
+        changed.mkdir()
+        (changed / "key").write_text(SECRET)
+        (changed / "key").chmod(0o644)
+        r = subprocess.run(["bash", "-c", lines], capture_output=True, text=True, timeout=30)
+        assert r.stdout == "ran\n" and SECRET not in r.stdout + r.stderr, r
+        assert r.stderr.count("No such file") == 2, r.stderr
+        # the same box, rendered now for a job that starts now, agrees
+        argv = box.wrap("agent", ["true"], "/tmp", root=True)
+        assert str(gone) not in argv and argv[argv.index(str(changed)) - 1] == "--tmpfs"
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

@@ -38,10 +38,11 @@ import functools
 import json
 import os
 import pwd
+import shlex
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from corral.core import proc
 from corral.sandbox.egress import BRIDGE_NAME
@@ -161,12 +162,23 @@ class Sandbox:
         profile, argv = self.profile(kind, argv, cwd, job_dir, user, root, readable, limit, ident, filtered, cwd_fd, env_fd)
         return profile.render(argv)
 
+    def shell(self, kind: str, argv: Sequence[str], cwd: str, prefix: Sequence[str] = (), **how: Any) -> str:
+        """``wrap`` (``how``: its other arguments) as bash lines for a batch script, which
+        runs later and on another machine: what is hidden is decided there, when the job
+        starts (``Mount.later``): a path gone by then is left out, one made since (a
+        credential written after submission) is hidden. ``prefix`` runs first."""
+        if not self.applies(kind):
+            return shlex.join([*prefix, *argv])
+        profile, argv = self.profile(kind, argv, cwd, later=True, **how)
+        return profile.shell(argv, list(prefix))
+
     def profile(self, kind: str, argv: Sequence[str], cwd: str, job_dir: str | None = None,
                 user: str | None = None, root: bool | None = None, readable: Sequence[str] = (),
                 limit: bool = True, ident: tuple[int, int] | None = None, filtered: bool = True,
-                cwd_fd: int | None = None, env_fd: int | None = None) -> tuple[Profile, list[str]]:
+                cwd_fd: int | None = None, env_fd: int | None = None, later: bool = False) -> tuple[Profile, list[str]]:
         """What ``wrap`` renders, as data (corral/sandbox/profile.py), and ``argv`` as
-        the job sees it inside (its own directory and scripts where they are bound)."""
+        the job sees it inside (its own directory and scripts where they are bound);
+        ``later``: what is hidden is decided when the job starts (``shell``)."""
         argv = list(argv)
         who = ident if ident is not None and (os.geteuid() == 0 if root is None else root) else self.owner(kind, user, root)
         inner = job_dir
@@ -177,8 +189,14 @@ class Sandbox:
             argv = [inner + a[len(job_dir):] if a == job_dir or a.startswith(job_dir + "/") else a for a in argv]
             cwd = inner if cwd == job_dir else cwd
         own = _home_of(who[0]) if who is not None else str(Path.home())
-        hidden = [hiding(*t) for t in self._now_hidden(own) if os.path.lexists(t[1])]
-        # a path gone since the list was made (a home userdel removed) needs no hiding, and bwrap could not mount on it
+        if later:  # every credential name under the home, whichever are there when the job starts
+            now = self._now_hidden(own)
+            known = {t[1] for t in now}
+            hidden = [*(hiding(*t, later=True) for t in now),
+                      *(Mount("tmpfs", p, later=True) for p in _candidates(own) if p not in known)]
+        else:
+            # a path gone since the list was made (a home userdel removed) needs no hiding, and bwrap could not mount on it
+            hidden = [hiding(*t) for t in self._now_hidden(own) if os.path.lexists(t[1])]
         inside = {f: f"{READ_DIR}/{Path(f).name}" for f in readable} if who is not None and readable else {}
         argv = [inside.get(a, a) for a in argv]
         mounts = [Mount("ro-bind", "/", "/"), Mount("dev", "/dev"), Mount("proc", "/proc"),
@@ -321,6 +339,13 @@ def credentials(home: str | None) -> tuple[tuple[str, ...], ...]:
             real = os.path.realpath(p)
             out.append(("--tmpfs", real) if os.path.isdir(real) else ("--ro-bind", real, "/dev/null"))
     return tuple(out)
+
+
+def _candidates(home: str | None) -> list[str]:
+    """Every credential path ``credentials`` could find under ``home``, there or not."""
+    if not home or home in ("/", "/nonexistent"):
+        return []
+    return [os.path.join(home, c) for c in CREDENTIALS]
 
 
 def people_homes() -> list[Path]:

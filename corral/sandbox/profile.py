@@ -10,6 +10,7 @@ without parsing an argument list, and the order of the chain is written once.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,11 @@ class Mount:
     """The mode of what ``tmpfs`` or ``dir`` makes (bwrap's --perms, which applies to the next step)."""
     size: int | None = None
     """The size of a ``tmpfs``, in bytes."""
+    later: bool = False
+    """A hidden path decided where and when the job starts (``Profile.shell``): emptied
+    as the directory or file it is then, left out if it is gone (bwrap cannot mount on a
+    path the read-only root lacks). A batch job is rendered on the gateway and runs on a
+    node, later: a home removed in between made bwrap fail there."""
 
     def argv(self) -> list[str]:
         out = ["--perms", self.perms] if self.perms else []
@@ -33,9 +39,16 @@ class Mount:
         return out + [f"--{self.op}", *([self.src] if self.src is not None else []), self.dst]
 
 
-def hiding(flag: str, path: str, *src: str) -> Mount:
+def hiding(flag: str, path: str, *src: str, later: bool = False) -> Mount:
     """A hidden path as ``Sandbox`` lists it (bwrap flag, path[, source]) as a mount."""
-    return Mount(flag.removeprefix("--"), path, src[0] if src else None)
+    return Mount(flag.removeprefix("--"), path, src[0] if src else None, later=later)
+
+
+HIDE_LATER = ('corral_hide() { if [ -d "$1" ]; then corral_box+=(--tmpfs "$1"); '
+              'elif [ -e "$1" ]; then corral_box+=(--ro-bind /dev/null "$1"); fi; }')
+"""The shell's half of ``Mount.later``: a directory emptied, a file covered, nothing gone.
+Only stat(2) on the path (whose links the mount itself would follow); what is mounted
+is in the job's own namespace."""
 
 
 @dataclass(frozen=True)
@@ -67,11 +80,12 @@ class Profile:
     tools: dict[str, str] = field(default_factory=dict)
     """Absolute paths of setpriv and unshare."""
 
-    def render(self, argv: list[str]) -> list[str]:
-        """The command that runs ``argv`` in this sandbox."""
+    def render(self, argv: list[str], mark: str | None = None) -> list[str]:
+        """The command that runs ``argv`` in this sandbox; ``mark``: each ``later`` mount
+        as that one word, in its place (``shell`` fills it in)."""
         base, rest = self.mounts[:4], self.mounts[4:]  # /, /dev, /proc, /tmp: then the namespaces
         out = [self.bwrap, *(a for m in base for a in m.argv()), *self.namespaces, "--die-with-parent", "--new-session"]
-        out += [a for m in rest for a in m.argv()]
+        out += [a for m in rest for a in ([mark] if mark is not None and m.later else m.argv())]
         out += ["--chdir", self.chdir]
         for k, v in self.env:
             out += ["--setenv", k, v]
@@ -83,6 +97,28 @@ class Profile:
         unshare = [self.tools["unshare"], "--user", "--map-current-user", "--"] if b.own_count else []
         return [*out, "--", self.tools["setpriv"], f"--reuid={b.uid}", f"--regid={b.gid}", groups, "--inh-caps=-all",
                 "--bounding-set=-all", "--", *unshare, *chain, *argv]
+
+    def shell(self, argv: list[str], prefix: list[str] | None = None) -> str:
+        """``render`` as bash lines for a batch script: the command is built in the array
+        ``corral_box``, each ``later`` mount decided as the line runs (on the job's node,
+        when it starts), and the last line runs it (``prefix`` first), ready for a
+        redirection or ``&`` to be appended."""
+        later = [m for m in self.mounts if m.later]
+        if not later:
+            return shlex.join([*(prefix or []), *self.render(argv)])
+        mark = "\0later\0"  # no word of an exec's argv can hold a NUL
+        out = self.render(argv, mark)
+        lines, run = [HIDE_LATER, "corral_box=()"], list[str]()
+        for a in out:
+            if a == mark:
+                m = later.pop(0)
+                lines.append(f"corral_box+=({shlex.join(run)})" if run else "")
+                lines.append(f"corral_hide {shlex.quote(m.dst)}")
+                run = []
+            else:
+                run.append(a)
+        lines.append(f"corral_box+=({shlex.join(run)})")
+        return "\n".join(x for x in lines if x) + "\n" + shlex.join(prefix or []) + (" " if prefix else "") + '"${corral_box[@]}"'
 
     def describe(self) -> dict[str, Any]:
         """The profile in words an admin reads (``corral --json sandbox show``'s ``profile``)."""

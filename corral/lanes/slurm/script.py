@@ -255,11 +255,11 @@ class Scripts(SlurmBase):
                 lines += relay_lines(relay, sandbox.relay, who if root else None)
                 sandbox = replace(sandbox, egress=f"{relay}/proxy.sock")
                 cleanup = [f"kill $corral_relay 2>/dev/null; rm -rf {relay}"]
-            lines.append(shlex.join([*opened, *sandbox.wrap(
-                ctx.kind, work or ["bash", "-c", spec.command or ""], spec.workdir or str(own), str(own),
-                ctx.unix_user, root, readable=[str(out / "script")] if spec.script else (),
+            lines.append(sandbox.shell(
+                ctx.kind, work or ["bash", "-c", spec.command or ""], spec.workdir or str(own), opened,
+                job_dir=str(own), user=ctx.unix_user, root=root, readable=[str(out / "script")] if spec.script else (),
                 ident=who if dropped is not None else None, env_fd=ENV_FD,
-                cwd_fd=WORKDIR_FD if spec.workdir else None)]))
+                cwd_fd=WORKDIR_FD if spec.workdir else None))
         elif dropped is not None:
             # Not contained, but root runs this script: the work becomes the principal's own
             # identity first, and only then takes its environment (seccomp.APPLY).
