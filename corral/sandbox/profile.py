@@ -123,7 +123,7 @@ class Profile:
     def describe(self) -> dict[str, Any]:
         """The profile in words an admin reads (``corral --json sandbox show``'s ``profile``)."""
         return {"namespaces": list(self.namespaces),
-                "mounts": [{k: v for k, v in vars(m).items() if v is not None} for m in self.mounts],
+                "mounts": [{k: v for k, v in vars(m).items() if v is not None and v is not False} for m in self.mounts],
                 "chdir": self.chdir, "env": dict(self.env),
                 "becomes": None if self.become is None else {"uid": self.become.uid, "gid": self.become.gid},
                 "steps": [s[0] for s in self.steps]}
