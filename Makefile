@@ -1,5 +1,5 @@
 # corral: `make run` starts the gateway, `make test` runs the whole suite.
-PY ?= python3
+PY ?= $(shell scripts/pick-python)
 VENV := .venv
 BIN := $(VENV)/bin
 # Two stamps: what running needs (`make run`), then the test tools on top (`make test`).
