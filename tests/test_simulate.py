@@ -210,6 +210,29 @@ def test_calibration_reads_the_real_controller(tmp_path: Path, monkeypatch: pyte
     assert ServiceTimes.load(out).submit_s == result["submit_s"]
 
 
+def test_calibrate_writes_where_it_is_run_and_simulate_reads_it_when_told(tmp_path: Path) -> None:
+    """`corral simulate calibrate` writes calibration.json in the directory it is run
+    in (it wrote over the installed package's, a tracked file of a clone), says what to
+    set when it has no cluster, and `corral simulate --calibration FILE` uses the file."""
+    from click.testing import CliRunner
+
+    from corral.edges.cli.main import cli
+    from corral.simulate.controlplane import CALIBRATION
+
+    before = CALIBRATION.read_bytes()
+    runner = CliRunner()
+    r = runner.invoke(cli, ["simulate", "calibrate"], env={"SLURM_CONF": str(tmp_path / "none.conf")})
+    assert r.exit_code == 2 and "no slurm.conf at" in r.output and "SLURM_CONF" in r.output, r.output
+    mine = json.loads(before)
+    mine.update(submit_s=0.5, source="a slow site")
+    (tmp_path / "calibration.json").write_text(json.dumps(mine))
+    r = runner.invoke(cli, ["simulate", "--facility", "small", "--days", "1", "--policies", "plain", "--json",
+                            "--calibration", str(tmp_path / "calibration.json")])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["scenario"]["controller"]["source"] == "a slow site"
+    assert CALIBRATION.read_bytes() == before
+
+
 def test_corral_without_its_parts_is_the_plain_arm_and_each_part_counts() -> None:
     """The ablation's wiring: corral with every part off runs exactly as agents do
     outside it; with only the nice off, people wait longer than with all of corral."""

@@ -13,7 +13,8 @@ fork and connect. The steps, each after ``sdiag -r``:
    completes per second of its measured service time, i.e. how many it serves at once
    (``threads_effective``; the job lock serialises writers, readers overlap).
 
-The result is written as JSON (by default over the packaged calibration.json).
+The result is written as JSON, which ``corral simulate --calibration`` reads (the packaged
+calibration.json is the private Slurm's, measured so).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from typing import Any, Callable
 
 from corral.core import proc
 from corral.core.errors import InvalidRequest
-from corral.simulate.controlplane import CALIBRATION
 
 RPC_RE = re.compile(r"^\s*(\w+)\s+\(\s*\d+\)\s+count:(\d+)\s+ave_time:(\d+)\s+total_time:(\d+)", re.M)
 
@@ -51,7 +51,14 @@ def _mean_s(stats: dict[str, tuple[int, int]], *names: str) -> tuple[int, float]
 def calibrate(queries: int = 200, held: int = 300, clients: int = 8, burst_s: float = 5.0,
               say: Callable[[str], None] = print) -> dict[str, Any]:
     env = os.environ.get("SLURM_CONF", "")
-    proc.run(["sdiag", "-r"])
+    if not os.path.isfile(env or "/etc/slurm/slurm.conf") and not (not env and os.path.isdir("/run/slurm/conf")):
+        raise InvalidRequest(f"no slurm.conf at {env or '/etc/slurm/slurm.conf'}",
+                             hint="set SLURM_CONF to the slurm.conf of the cluster to measure")
+    reset = proc.run(["sdiag", "-r"], check=False)
+    if reset.returncode != 0:  # before any job is submitted
+        raise InvalidRequest("sdiag could not reset slurmctld's statistics"
+                             + (f" (SLURM_CONF={env})" if env else " (no SLURM_CONF set)"),
+                             hint="run it as Slurm's admin, with SLURM_CONF naming the cluster's slurm.conf")
     say(f"1/5 squeue x{queries}, queue empty")
     for _ in range(queries):
         proc.run(["squeue", "-h"])
@@ -109,8 +116,8 @@ def calibrate(queries: int = 200, held: int = 300, clients: int = 8, burst_s: fl
                       f"{clients} parallel clients; machine of {os.cpu_count()} cores"}
 
 
-def write(result: dict[str, Any], out: Path | None = None) -> Path:
-    path = out or CALIBRATION
+def write(result: dict[str, Any], out: Path) -> Path:
+    path = out
     try:
         path.write_text(json.dumps(result, indent=2) + "\n")
     except OSError as e:

@@ -73,6 +73,9 @@ def _json_errors(ctx: click.Context) -> None:
               help="QOS tier of agents' batch jobs through corral: 0 people's, 1 a lower QOS (slurm.agent_qos).")
 @click.option("--sweep", "sweep_text", default=None, is_flag=False, flag_value=SWEEP_DEFAULT,
               help=f"Also sweep the agents' share (the policies compared); alone: {SWEEP_DEFAULT}.")
+@click.option("--calibration", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="slurmctld's service times as `corral simulate calibrate` wrote them "
+                   "(default: those measured on corral's private Slurm).")
 @click.option("--html", "html_out", type=click.Path(path_type=Path), help="Also write a self-contained HTML report.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.pass_context
@@ -80,7 +83,7 @@ def simulate(ctx: click.Context, trace: Path | None, facility: str | None, days:
              load: float, agent_share: float, agent_loops: float, agent_think: float, agent_poll: float,
              scheduler: str, backfill_interval: float, backfill_depth: int, policy_names: str, cedar: Path | None,
              corral_without: str, guarantee: float, reserve: float, walltime_margin: float, agent_tier: int,
-             sweep_text: str | None, html_out: Path | None, as_json: bool) -> None:
+             sweep_text: str | None, calibration: Path | None, html_out: Path | None, as_json: bool) -> None:
     """Simulate a facility with agents as ordinary users, through corral, and banned.
 
     \b
@@ -99,7 +102,8 @@ def simulate(ctx: click.Context, trace: Path | None, facility: str | None, days:
       corral simulate --agent-share 0.5 --html sim.html
       corral simulate --trace lublin_256.swf --scheduler fcfs --json
       corral simulate --sweep --days 7 --html sweep.html
-      corral simulate calibrate                         # service times from a real slurmctld
+      corral simulate calibrate                         # your slurmctld's service times
+      corral simulate --calibration calibration.json    # ... used
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -116,9 +120,12 @@ def simulate(ctx: click.Context, trace: Path | None, facility: str | None, days:
     shares = _shares(sweep_text) if sweep_text else None
     if backfill_depth < 1:
         raise InvalidRequest("--backfill-depth must be at least 1")
+    from corral.simulate.controlplane import ServiceTimes
+
+    times = ServiceTimes.load(calibration) if calibration else None
     agents = AgentModel(share=agent_share, loops=agent_loops, think_s=agent_think, poll_s=agent_poll)
     sc = scenario.build(trace, facility, days, seed, agents, PeopleModel(people=people, load=load),
-                        SchedConfig(scheduler, backfill_interval, backfill_depth), cedar=cedar, agent_tier=agent_tier,
+                        SchedConfig(scheduler, backfill_interval, backfill_depth), times, cedar=cedar, agent_tier=agent_tier,
                         corral_off=frozenset(x.strip() for x in corral_without.split(",") if x.strip()),
                         guarantee=guarantee, reserve=reserve, margin=walltime_margin)
     err = Console(stderr=True)
@@ -164,9 +171,17 @@ def _with_progress(err: Any, show: bool, sc: Any, names: tuple[str, ...], shares
 @simulate.command()
 @click.option("--queries", type=click.IntRange(min=10), default=200, show_default=True, help="squeue calls per step.")
 @click.option("--held", type=click.IntRange(min=10), default=300, show_default=True, help="Jobs held for the slope.")
-@click.option("--out", type=click.Path(path_type=Path), help="Where to write (default: the packaged calibration.json).")
-def calibrate(queries: int, held: int, out: Path | None) -> None:
-    """Measure slurmctld's service times with sdiag (needs SLURM_CONF and admin rights)."""
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("calibration.json"),
+              show_default=True, help="Where to write them.")
+def calibrate(queries: int, held: int, out: Path) -> None:
+    """Measure your slurmctld's service times, for `corral simulate --calibration`.
+
+    \b
+    Each step is timed by slurmctld itself (sdiag, reset before it): squeue with the
+    queue empty, HELD jobs submitted held (sbatch --hold, cancelled at the end), squeue
+    and squeue -j with them queued, their scancel, and 8 clients at once. Run it as
+    Slurm's admin (sdiag -r needs it) on a quiet controller; SLURM_CONF names which.
+    """
     from corral.simulate import calibrate as cal
 
     result = cal.calibrate(queries, held, say=lambda s: click.echo(s, err=True))
