@@ -301,6 +301,15 @@ def test_the_cli_mints_narrows_lists_and_revokes(gateway: Gateway, people: dict[
     cp = gateway.cli("jobs", token=narrowed["token"])
     assert cp.returncode == 2 and "revoked" in cp.stderr
     assert gateway.cli("jobs", token=minted["token"]).returncode == 0
+    # by hand: the token alone on stdout (export CORRAL_TOKEN=$(corral token mint ...)), its limits in words
+    cp = gateway.cli("token", "mint", "--for", "bot1", "--expires", "1h", "--max-cpus", "2", "--cpu-hours", "1.5",
+                     "--submits-per-min", "4", "--actions", "submit,status", token=people["alice"])
+    assert cp.returncode == 0 and cp.stdout.startswith("crb_") and len(cp.stdout.split()) == 1, cp.stdout
+    assert gateway.cli("whoami", token=cp.stdout.strip()).stdout.startswith("bot1")
+    for said in ("shown once", "expires 20", "at most 2 cpus a job", "at most 1.5 CPU-hours in all",
+                 "at most 4 submissions a minute", "may only submit, status"):
+        assert said in cp.stderr, cp.stderr
+    assert "check if" not in cp.stderr and "$" not in cp.stderr, cp.stderr
     cp = gateway.cli("token", "mint", "--for", "bot1", "--actions", "submit,fly", token=people["alice"])
     assert cp.returncode == 2 and "unknown actions" in cp.stderr
     cp = gateway.cli("token", "attenuate", "--max-cpus", "1", token="crl_abc_def")

@@ -94,6 +94,33 @@ class Caveats:
         return "\n".join(lines)
 
 
+_WORDS = (
+    (re.compile(r"check if time\(\$t\), \$t <= (\S+);"), "expires {0}"),
+    (re.compile(r'check if operation\(\$op\), \$op != "submit" or partition\(\$p\), \[(.*)\]\.contains\(\$p\);'),
+     "submits only to partitions {0}"),
+    (re.compile(r"check if operation\(\$op\), \[(.*)\]\.contains\(\$op\);"), "may only {0}"),
+    (re.compile(r'check if operation\(\$op\), \$op != "submit" or walltime_s\(\$v\), \$v <= (\d+);'),
+     "a job's walltime at most {0} s"),
+    (re.compile(r'check if operation\(\$op\), \$op != "submit" or (cpus|gpus)\(\$v\), \$v <= (\d+);'),
+     "at most {1} {0} a job"),
+    (re.compile(r"^budget_(cpu|gpu)_s\((\d+)\);$"), "at most {1:h} {0}-hours in all"),
+    (re.compile(r"^submits_per_min\((\d+)\);$"), "at most {0} submissions a minute"),
+    (re.compile(r"^max_active_jobs\((\d+)\);$"), "at most {0} jobs at once"),
+)
+
+
+def in_words(line: str) -> str:
+    """One of the caveats corral writes (``Caveats.datalog``), as a person reads it."""
+    for pattern, words in _WORDS:
+        m = pattern.search(line)
+        if m:
+            said = [g.replace('"', "") for g in m.groups()]
+            if "{1:h}" in words:  # seconds held, hours said
+                return words.replace("{1:h}", f"{int(said[1]) / 3600:g}").format(said[0].upper())
+            return words.format(*said)
+    return line
+
+
 def _nat(value: float, name: str) -> int:
     """A cap as Datalog takes it: a whole number from 0 to 2^63 - 1."""
     if not (isinstance(value, (int, float)) and math.isfinite(value)) or not 0 <= value <= 2**63 - 1:

@@ -66,8 +66,16 @@ def token_mint(o: Any, for_: str, expires: str, note: str | None, **caveats: Any
         if k in given:
             given[k] = csv_list(given[k])
     t = o.client.mint_token(for_, expires, note, **given)
-    o.out(t, lambda t: f"{t['token']}\n(token {t['id']} for {t['principal']}; shown once)"
-          + "".join(f"\n  {c}" for c in t.get("caveats", [])))
+    o.out(t, lambda t: _shown_once(t["token"], f"token {t['id']} for {t['principal']}; shown once", t.get("caveats", [])))
+
+
+def _shown_once(token: str, what: str, caveats: list[str]) -> str:
+    """The token alone on stdout (``export CORRAL_TOKEN=$(corral token mint ...)``), what it
+    is and what it may do on stderr."""
+    from corral.safety.tokens import in_words
+
+    click.echo(f"({what})" + "".join(f"\n  {in_words(c)}" for c in caveats), err=True)
+    return token
 
 
 @token.command("attenuate")
@@ -91,8 +99,7 @@ def token_attenuate(o: Any, token_: str | None, expires: str | None, **caveats: 
     key = bytes.fromhex(o.client.public_key()["public_key"])
     block_id, narrowed = attenuate(tok, given, key)
     o.out({"id": block_id, "token": narrowed, "caveats": given.datalog().splitlines()},
-          lambda t: f"{t['token']}\n(narrowed token {t['id']}; revoke it by that id)"
-          + "".join(f"\n  {c}" for c in t["caveats"]))
+          lambda t: _shown_once(t["token"], f"narrowed token {t['id']}; revoke it by that id", t["caveats"]))
 
 
 @token.command("list")
