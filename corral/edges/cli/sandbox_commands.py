@@ -80,15 +80,17 @@ def show(ctx: click.Context) -> None:
     click.echo(f"network:         {out['network']}")
     click.echo(f"processes:       at most {box.pids_max} per job"
                + ("" if box.own_count else " (counted per Unix user: user namespaces are off)"))
-    click.echo(f"runs as:         the principal's Unix user, else {box.run_as} (when started by root)")
+    click.echo("runs as:         under a root gateway, the principal's Unix user (an agent: its sponsor's), else a"
+               f"\n                 dynamic uid of its own ([sandbox] dynamic_uids); 'corral sandbox run': {box.run_as}")
     click.echo("hidden:          " + ("\n                 ".join(hidden) or "-"))
     if homes:
         click.echo("homes, hidden from others' jobs: " + ", ".join(homes))
 
 
 @sandbox.command("run", context_settings={"ignore_unknown_options": True}, help="""Run COMMAND
-inside the sandbox an agent's job gets (kind agent), in a fresh working directory, and print
-what it printed and its exit code: what would an agent's job see, reach or break?
+inside the sandbox an agent's job gets (kind agent), in a fresh working directory, as the
+sandbox's run_as user (see 'corral sandbox show'), printing what it printed and exiting with
+its exit code: what would an agent's job see, reach or break?
 
 \b
   corral sandbox run -- ls -la ~/.ssh           (empty)
