@@ -54,8 +54,8 @@ class RelativeGateway:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(15)
 
-    def cli(self, *args: str, cwd: Path, token: str | None = None) -> subprocess.CompletedProcess[str]:
-        env = dict(self.base_env, **({"CORRAL_TOKEN": token} if token else {}))
+    def cli(self, *args: str, cwd: Path, token: str | None = None, **extra: str) -> subprocess.CompletedProcess[str]:
+        env = dict(self.base_env, **({"CORRAL_TOKEN": token} if token else {}), **extra)
         return subprocess.run([sys.executable, "-m", "corral.edges.cli.main", *args], env=env, cwd=cwd,
                               capture_output=True, text=True, timeout=120)
 
@@ -91,6 +91,28 @@ def test_relative_home_runs_an_agents_job_in_the_sandbox(relative: RelativeGatew
     # The admin sees what the sandbox hides: corral's own state, as an absolute path.
     shown = relative.cli("sandbox", "show", cwd=c)
     assert str(c / ".corral") in shown.stdout and " .corral" not in shown.stdout, shown.stdout + shown.stderr
+
+
+def test_an_agents_job_runs_python_from_the_venv_make_built(relative: RelativeGateway, agent_dir: Path) -> None:
+    """The tour activates .venv, and "an activated venv is the job's too": an agent's job
+    runs as an identity of its own, which must be able to run that venv's python (built on
+    root's pyenv under /root, 0700, every `python` in a job was "command not found")."""
+    need_bwrap()
+    c = relative.checkout
+    assert relative.cli("principal", "add", "alice", "--kind", "human", cwd=c).returncode == 0
+    assert relative.cli("principal", "add", "bot", "--kind", "agent", "--sponsor", "alice", cwd=c).returncode == 0
+    token = json.loads(relative.cli("--json", "token", "mint", "--for", "bot", "--expires", "1h", cwd=c).stdout)["token"]
+    venv = Path(sys.prefix)  # the suite runs on the venv make built
+    active = {"VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}:/usr/bin:/bin"}
+    for lane in ("batch", "fast"):
+        sub = relative.cli("--json", "submit", "--lane", lane, "-t", "1m", "--workdir", str(agent_dir), "--",
+                           "python -c 'import sys; print(6 * 7, sys.prefix)'", cwd=agent_dir, token=token, **active)
+        assert sub.returncode == 0, sub.stdout + sub.stderr
+        job = json.loads(sub.stdout)["id"]
+        done = json.loads(relative.cli("--json", "wait", str(job), cwd=c, token=token).stdout)
+        err = relative.cli("logs", str(job), "--stderr", cwd=c, token=token).stdout
+        assert done["state"] == "COMPLETED", (lane, done, err)
+        assert relative.cli("logs", str(job), cwd=c, token=token).stdout == f"42 {venv}\n", lane
 
 
 def test_the_admin_token_is_found_from_any_directory(relative: RelativeGateway, tmp_path: Path) -> None:
