@@ -39,7 +39,8 @@ class Credentials:
 
     def authenticate(self, token: str | None, session: str | None = None) -> Caller:
         if not token:
-            raise Unauthenticated("no token given; send 'Authorization: Bearer <token>' or set CORRAL_TOKEN")
+            raise Unauthenticated("no token given: the CLI takes --token or CORRAL_TOKEN; over HTTP send "
+                                  "'Authorization: Bearer <token>'")
         if len(token) > MAX_TOKEN_CHARS:
             raise Unauthenticated(f"the token is {len(token):,} characters long; corral takes at most "
                                   f"{MAX_TOKEN_CHARS:,}", hint=TOO_LONG_HINT)

@@ -30,7 +30,7 @@ from corral.storage import IMAGE_AT, IMAGE_FILE
 from corral.lanes.backend import DONE, BackendStatus, OutputPaths, SubmitContext, Usage, base_env
 from corral.core.config import FastLaneSettings
 from corral.core.errors import InvalidRequest, NotFound
-from corral.core.jobs import JobSpec
+from corral.core.jobs import JobSpec, format_duration
 from corral.lanes.registry import AUTO, BATCH, FAST, BackendLane, Sent
 from corral.core.principals import PILOT_PRINCIPAL, Principal
 from corral.lanes.fast import launcher
@@ -59,8 +59,10 @@ def task_misfit(settings: FastLaneSettings, sh: Shape, cpus: int, memory_mb: int
         return "the fast lane is turned off at this facility"
     cap = min(settings.max_task_s, sh.walltime_s)
     for what, asked, most in (("cpus", cpus, sh.cpus), ("memory MB", memory_mb, sh.memory_mb),
-                              ("gpus", gpus, sh.gpus), ("walltime s", walltime_s, cap)):
+                              ("gpus", gpus, sh.gpus), ("walltime", walltime_s, cap)):
         if asked > most:
+            if what == "walltime":  # said as the caller writes it (-t 2h), not in seconds
+                return f"walltime {format_duration(asked)} is more than a fast-lane task may have ({format_duration(most)})"
             return f"{what} {asked} is more than a fast-lane task may have ({most})"
     return None
 
