@@ -63,6 +63,8 @@ def test_script_from_stdin_and_idempotency(gateway: Gateway, tmp_path) -> None:
     (["principal", "add", "x", "--kind", "agent"], "sponsor"),
     (["status", "notanumber"], "notanumber"),
     (["--url", "ftp://example", "jobs"], "http://HOST:PORT"),
+    (["submit", "--workspace", "ws-zzz", "--", "true"], "a workspace id as `corral workspace fork` printed it"),
+    (["submit", "--lane", "fast", "-t", "2h", "--", "true"], "walltime 02:00:00 is more than a fast-lane task"),
 ])
 def test_bad_input_exits_2_with_a_message(refusing: Gateway, args, word) -> None:
     cp = refusing.cli(*args)
