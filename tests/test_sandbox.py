@@ -633,17 +633,20 @@ def test_a_batch_script_decides_what_is_hidden_when_it_runs(tmp_path: Path) -> N
     need_bwrap()
     top = Path(tempfile.mkdtemp(prefix="corral-later-", dir="/var/tmp"))  # not /tmp: the sandbox's own
     try:
-        gone, changed, spaced = top / "gone", top / "changed", top / "with space"
+        gone, changed, spaced, linked = top / "gone", top / "changed", top / "with space", top / "linked"
         gone.mkdir()
         changed.write_text("a file")
         spaced.mkdir()
         (spaced / "key").write_text(SECRET)
-        for p in (top, gone, changed, spaced, spaced / "key"):
+        (top / "dotfiles").mkdir()
+        (top / "dotfiles" / "key").write_text(SECRET)
+        for p in (top, gone, changed, spaced, spaced / "key", top / "dotfiles", top / "dotfiles" / "key"):
             p.chmod(0o755)
-        box = Sandbox(frozenset({"agent"}), (gone, changed, spaced), run_as="nobody")
-        lines = box.shell("agent", ["bash", "-c", f"cat '{spaced}/key' '{changed}/key'; echo ran"], "/tmp",
-                          ["env", "-u", "CORRAL_NOTHING"], root=True)
-        assert lines.count("corral_hide ") == 3 and lines.splitlines()[-1].startswith("env -u CORRAL_NOTHING ")
+        box = Sandbox(frozenset({"agent"}), (gone, changed, spaced, linked), run_as="nobody")
+        lines = box.shell("agent", ["bash", "-c", f"cat '{spaced}/key' '{changed}/key' '{linked}/key'; echo ran"],
+                          "/tmp", ["env", "-u", "CORRAL_NOTHING"], root=True)
+        assert lines.count("corral_hide ") == 4 and lines.splitlines()[-1].startswith("env -u CORRAL_NOTHING ")
+        linked.symlink_to(top / "dotfiles")  # made a link since (bwrap mounts over none: where it leads is hidden)
         gone.rmdir()
         changed.unlink()
         changed.mkdir()
@@ -651,7 +654,7 @@ def test_a_batch_script_decides_what_is_hidden_when_it_runs(tmp_path: Path) -> N
         (changed / "key").chmod(0o644)
         r = subprocess.run(["bash", "-c", lines], capture_output=True, text=True, timeout=30)
         assert r.stdout == "ran\n" and SECRET not in r.stdout + r.stderr, r
-        assert r.stderr.count("No such file") == 2, r.stderr
+        assert r.stderr.count("No such file") == 3, r.stderr
         # the same box, rendered now for a job that starts now, agrees
         argv = box.wrap("agent", ["true"], "/tmp", root=True)
         assert str(gone) not in argv and argv[argv.index(str(changed)) - 1] == "--tmpfs"

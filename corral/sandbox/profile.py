@@ -44,11 +44,13 @@ def hiding(flag: str, path: str, *src: str, later: bool = False) -> Mount:
     return Mount(flag.removeprefix("--"), path, src[0] if src else None, later=later)
 
 
-HIDE_LATER = ('corral_hide() { if [ -d "$1" ]; then corral_box+=(--tmpfs "$1"); '
-              'elif [ -e "$1" ]; then corral_box+=(--ro-bind /dev/null "$1"); fi; }')
-"""The shell's half of ``Mount.later``: a directory emptied, a file covered, nothing gone.
-Only stat(2) on the path (whose links the mount itself would follow); what is mounted
-is in the job's own namespace."""
+HIDE_LATER = ('corral_hide() { local p; p=$(readlink -f -- "$1") || return 0; '
+              'if [ -d "$p" ]; then corral_box+=(--tmpfs "$p"); '
+              'elif [ -e "$p" ]; then corral_box+=(--ro-bind /dev/null "$p"); fi; }')
+"""The shell's half of ``Mount.later``: a directory emptied, a file covered, nothing gone,
+each where it really lies (bwrap refuses to mount over a link: a credential directory
+that is a link, as dotfiles often are, failed the job). Only reads the path; what is
+mounted is in the job's own namespace."""
 
 
 @dataclass(frozen=True)
