@@ -34,6 +34,13 @@ if TYPE_CHECKING:
 
 IDLE_S = 30.0
 MAX_HOSTS = 64
+MAX_FDS = 250
+"""Descriptors per message to a host, below the kernel's 253 (a task brings 2 or more)."""
+MAX_BYTES = 512 << 10
+"""A message to a host larger than this is split (the socket's buffer is 1 MiB)."""
+Job = tuple[int, list[str], dict[str, str], dict[str, str], list[int]]
+"""A task for a host: (job id, argv, its environment shared with others of its batch,
+the variables of its own over it, its descriptors: stdout, stderr, then what it reads)."""
 Key = tuple[str, str | None, str | None, str, tuple[int, int] | None, tuple[tuple[str, ...], ...]]
 """(kind, Unix user, principal, working directory, the identity its tasks run as, the
 credentials under that identity's home when it was built: one made since means a new
@@ -82,10 +89,42 @@ class Host:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def start(self, job_id: int, argv: list[str], env: dict[str, str], fds: list[int]) -> None:
-        """Send a task (fds: its stdout, stderr, then what it reads as fd 3, 4, ...)."""
+    def start(self, jobs: list[Job]) -> list[tuple[int, str]]:
+        """Send tasks, in as few messages as the descriptors one may carry allow (the
+        host's batch protocol, corral/sandbox/host.py); -> (job id, why) of those that
+        could not be sent (the host is gone, or stopped reading)."""
         self.used = time.monotonic()
-        socket.send_fds(self.sock, [json.dumps({"id": job_id, "argv": argv, "env": env}).encode()], fds)
+        failed: list[tuple[int, str]] = []
+        chunk: list[Job] = []
+        nfds = 0
+        for j in jobs:
+            if chunk and nfds + len(j[4]) > MAX_FDS:
+                failed += self._send(chunk)
+                chunk, nfds = [], 0
+            chunk.append(j)
+            nfds += len(j[4])
+        if chunk:
+            failed += self._send(chunk)
+        return failed
+
+    def _send(self, jobs: list[Job]) -> list[tuple[int, str]]:
+        envs: dict[int, int] = {}  # id of a shared environment -> its place in the message
+        shared: list[dict[str, str]] = []
+        out = []
+        for jid, argv, env, own, fds in jobs:
+            i = envs.get(id(env))
+            if i is None:
+                i = envs[id(env)] = len(shared)
+                shared.append(env)
+            out.append({"id": jid, "argv": argv, "env": i, "set": own, "fds": len(fds)})
+        data = json.dumps({"envs": shared, "jobs": out}, separators=(",", ":")).encode()
+        if len(data) > MAX_BYTES and len(jobs) > 1:  # large environments or commands: halves
+            return self._send(jobs[: len(jobs) // 2]) + self._send(jobs[len(jobs) // 2:])
+        try:
+            socket.send_fds(self.sock, [data], [f for j in jobs for f in j[4]])
+        except OSError as e:
+            return [(j[0], e.strerror or str(e)) for j in jobs]
+        return []
 
     def kill(self, job_id: int) -> None:
         try:
@@ -106,7 +145,7 @@ class Host:
             if not data:
                 self.ended = True
                 return out
-            out.append(json.loads(data))
+            out += json.loads(data)["r"]
 
     def host_pids(self) -> dict[int, int]:
         """Job id -> its pid outside (for the memory police)."""

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from corral.lanes.local_runner import trees_rss_mb
 from corral.core.errors import BackendError
 from corral.lanes.fast import trace
-from corral.lanes.fast.hosts import Host, Hosts
+from corral.lanes.fast.hosts import Host, Hosts, Job
 from corral.core.lane_names import FAST
 
 if TYPE_CHECKING:
@@ -168,6 +168,10 @@ class Launcher:
         os.set_blocking(self._r, False)
         os.set_blocking(self._w, False)
         self._host = os.uname().nodename
+        self._sending: dict[Host, list[tuple[_Running, Job]]] = {}
+        """Contained tasks of this pass, by their sandbox: sent together (``_send``)."""
+        self._fresh: dict[tuple[Any, ...], tuple[tuple[str, ...], ...]] = {}
+        """Credentials under a home as this pass found them (Sandbox.fresh), by whom a task becomes."""
         self._trace: str | None = None
         """Where each stage of a task is timed (corral/lanes/fast/trace.py), once a traced batch came."""
         threading.Thread(target=self._loop, name="corral-launcher", daemon=True).start()
@@ -266,9 +270,9 @@ class Launcher:
     def _start(self, s: dict[str, Any], batch: _Batch, i: int, ep: select.epoll) -> _Running | None:
         d, jid = s["dir"], s["job_id"]
         gpus, self.free.gpus = self.free.gpus[: s["gpus"]], self.free.gpus[s["gpus"]:]
-        env = {**s["env"], "CORRAL_JOB_ID": str(jid), "CORRAL_LANE": FAST}
+        own = {"CORRAL_JOB_ID": str(jid), "CORRAL_LANE": FAST}
         if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+            own["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         command, contain = s["command"], s.get("contain")
         start = time.time()
         if s.get("image") and s["image"][1] not in self._images:
@@ -281,7 +285,9 @@ class Launcher:
                 return None
             self._images.add(s["image"][1])
         if contain is not None:
-            return self._start_contained(s, batch, i, ep, env, gpus, start)
+            self._start_contained(s, batch, i, ep, own, gpus, start)
+            return None
+        env = {**s["env"], **own}
         if s.get("workdir"):  # posix_spawn cannot chdir: the shell does
             command = f"cd {shlex.quote(s['workdir'])} && {command}"
         argv = argv_for(command)
@@ -357,48 +363,80 @@ class Launcher:
         ep.register(pidfd, select.EPOLLIN)
         return _Running(s, batch, i, pid, pidfd, start, gpus)
 
-    def _start_contained(self, s: dict[str, Any], batch: _Batch, i: int, ep: select.epoll, env: dict[str, str],
-                         gpus: list[str], start: float) -> _Running | None:
-        """Start it in its key's sandbox (corral/lanes/fast/hosts.py), built on first use."""
+    def _start_contained(self, s: dict[str, Any], batch: _Batch, i: int, ep: select.epoll, own: dict[str, str],
+                         gpus: list[str], start: float) -> None:
+        """Make it ready for its key's sandbox (corral/lanes/fast/hosts.py), built on first
+        use; ``_send`` sends it, with the others of this pass, in one message per host."""
         d, jid, contain = s["dir"], s["job_id"], s["contain"]
         if self._hosts is None:  # fail closed: never run a contained task bare
             self._not_started(s, batch, i, gpus, start, "this worker was started without the facility's "
                                      "sandbox: the gateway must restart its pool")
-            return None
+            return
         argv = contained_argv_for(s["command"])
         fds: list[int] = []
         try:
             ident = tuple(contain["ident"]) if contain.get("ident") else None
+            who = (contain["kind"], contain["user"], ident)
+            fresh = self._fresh.get(who)
+            if fresh is None:  # the credentials now under the home of whom it becomes: once per pass
+                fresh = self._fresh[who] = self._hosts.sandbox.fresh(contain["kind"], contain["user"], ident)
             host, new = self._hosts.get((contain["kind"], contain["user"], contain.get("principal"),
-                                         s.get("workdir") or "/tmp", ident,
-                                         self._hosts.sandbox.fresh(contain["kind"], contain["user"], ident)), d)
+                                         s.get("workdir") or "/tmp", ident, fresh), d)
             if new:
                 ep.register(host.fileno(), select.EPOLLIN)
             fds = [os.open(f"{d}/{jid}.out", _OUT, OUT_MODE), os.open(f"{d}/{jid}.err", _OUT, OUT_MODE)]
             for n, f in enumerate(contain["readable"]):  # its script, in corral's (hidden) state
                 fds.append(os.open(f, os.O_RDONLY | os.O_NOFOLLOW))
                 argv = [f"/dev/fd/{3 + n}" if a == f else a for a in argv]
-            host.start(jid, argv, env, fds)
-            if self._trace:
-                trace.mark("spawning", [jid])
         except (OSError, BackendError) as e:  # BackendError: bwrap itself could not start
-            self._not_started(s, batch, i, gpus, start, f"could not start it in its sandbox (output in {d}): "
-                                     f"{getattr(e, 'strerror', None) or e}")
-            return None
-        finally:
             for f in fds:
                 os.close(f)
-        self._began(s, start)
-        r = _Running(s, batch, i, 0, -jid, start, gpus, host=host)
-        host.tasks[jid] = r
-        return r
+            self._not_started(s, batch, i, gpus, start, f"could not start it in its sandbox (output in {d}): "
+                                     f"{getattr(e, 'strerror', None) or e}")
+            return
+        self._take(s)  # its slots now: the next task of this pass must not fit in them
+        self._sending.setdefault(host, []).append((_Running(s, batch, i, 0, -jid, start, gpus, host=host),
+                                                   (jid, argv, s["env"], own, fds)))
 
-    def _began(self, s: dict[str, Any], start: float) -> None:
-        """A task has started: journal it, report it, take its slots."""
+    def _send(self, running: dict[int, _Running]) -> None:
+        """Send this pass's contained tasks, each host's in one message (or as few as its
+        descriptors allow): a task is started once its host has it."""
+        sending, self._sending = self._sending, {}
+        self._fresh.clear()
+        for host, tasks in sending.items():
+            try:
+                failed = dict(host.start([job for _, job in tasks]))
+            finally:
+                for _, job in tasks:
+                    for f in job[4]:
+                        os.close(f)
+            if self._trace:
+                trace.mark("spawning", [r.spec["job_id"] for r, _ in tasks])
+            for r, _ in tasks:
+                jid = r.spec["job_id"]
+                if jid in failed:
+                    self._give(r.spec)
+                    self._not_started(r.spec, r.batch, r.index, r.gpus, r.start, "could not start it in its sandbox "
+                                      f"(output in {r.spec['dir']}): {failed[jid]}")
+                    continue
+                self._began(r.spec, r.start, take=False)
+                host.tasks[jid] = r
+                running[r.pidfd] = r
+
+    def _began(self, s: dict[str, Any], start: float, take: bool = True) -> None:
+        """A task has started: journal it, report it, take its slots (unless taken already)."""
         self._note(s["dir"], f'{{"job_id":{s["job_id"]},"event":"started","start":{start!r}}}\n')
         self._started.append([s["job_id"], start])
+        if take:
+            self._take(s)
+
+    def _take(self, s: dict[str, Any]) -> None:
         self.free.cpus -= s["cpus"]
         self.free.memory_mb -= s["memory_mb"]
+
+    def _give(self, s: dict[str, Any]) -> None:
+        self.free.cpus += s["cpus"]
+        self.free.memory_mb += s["memory_mb"]
 
     def _not_started(self, s: dict[str, Any], batch: _Batch, i: int, gpus: list[str], start: float,
                      why: str) -> None:
@@ -428,8 +466,7 @@ class Launcher:
         end = time.time()
         code = 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
         s = r.spec
-        self.free.cpus += s["cpus"]
-        self.free.memory_mb += s["memory_mb"]
+        self._give(s)
         self.free.gpus = r.gpus + self.free.gpus
         if r.host is not None:
             r.host.tasks.pop(s["job_id"], None)
@@ -546,6 +583,7 @@ class Launcher:
                     else:
                         keep.append(item)
                 waiting = keep
+                self._send(running)
             held = self._end_pass()
             timeout = REPORT_S if held else TICK_S if running or waiting or deferred else -1
             for fd, _ in ep.poll(timeout):
