@@ -10,7 +10,8 @@ gateway on the Slurm backend; each agent (its own principal) sends its share as 
 pool is warmed first as agents that have been sending bursts find it (``warm_up``: one
 task, whose cold start is reported apart; one burst of 100; 10 tasks per agent), and
 ``slurm_jobs`` counts every allocation the fast lane made in the whole run, the
-warm-up's included. ``--trace``: one traced burst instead, its time per stage
+warm-up's included. ``--trace``: traced bursts instead (``--repeat`` of them, alternating
+with the commit before unless ``--before none``), the time per stage
 (corral/lanes/fast/trace.py) and the CPU each process spent. A third arm sends the same tasks one request each, for agents that
 do not batch. Makespan runs from the first submission to the last task seen ended.
 Dispatch latency (submit -> started, as corral records both) is reported for single
@@ -294,25 +295,78 @@ def warm_up(gw: GatewayProcess, tokens: list[str]) -> tuple[float, list[int]]:
     return cold, [a["shape"]["cpus"] for a in allocs]
 
 
-def trace_main(a: argparse.Namespace) -> None:
+def traced(env: dict[str, str], tasks: int, agents: int) -> dict[str, Any]:
+    """One gateway (this tree, or another commit's: ``env``), warmed, then one traced burst."""
     trace_dir = Path(tempfile.mkdtemp(prefix="corral-bench-trace-"))
     os.chmod(trace_dir, 0o777)
     gw = GatewayProcess("--backend", "slurm", env={"SLURM_CONF": ENV["SLURM_CONF"],
-                                                   "CORRAL_BENCH_TRACE": str(trace_dir)})
+                                                   "CORRAL_BENCH_TRACE": str(trace_dir), **env})
     try:
-        tokens = sponsored_agents(gw, a.agents)
+        tokens = sponsored_agents(gw, agents)
         _, warm = warm_up(gw, tokens)
-        print(f"warm pool: {warm}", file=sys.stderr)
         idle_dispatch(gw, tokens[0], 20)
         for f in trace_dir.glob("trace-*"):
             f.unlink()
-        out = stages(gw, tokens, 200 if a.quick else a.tasks, trace_dir)
+        out = stages(gw, tokens, tasks, trace_dir)
         out["slurm_jobs"] = _pilots(gw)
+        out["warm_allocations_cpus"] = warm
+        out["load"] = load()
     finally:
         gw.stop()
-    for name, row in out["stages"].items():
-        print(f"{row['p50_ms']:9.2f} {row['p99_ms']:9.2f}  {name}", file=sys.stderr)
-    print(json.dumps({"bench": "fast_lane_stages", **out}))
+    return out
+
+
+CPU_ROLES = ("gateway", "worker", "sandbox hosts + their tasks")
+
+
+def trace_main(a: argparse.Namespace) -> None:
+    """``--trace``: traced bursts, ``--repeat`` times, alternating with the commit before
+    (``--before``) so that both see the same minutes of a shared machine. The CPU each
+    process spent per burst is the figure to compare (it holds on a loaded machine; the
+    makespan does not)."""
+    tasks = 200 if a.quick else a.tasks
+    sides: list[tuple[str, dict[str, str]]] = [("this tree", {})]
+    if a.before != "none":
+        sha, env = checkout(_before_rev(a.before))
+        sides.append((f"commit {sha}", env))
+    runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in sides}
+    for n in range(a.repeat):
+        for label, env in sides:
+            here = os.getcwd()
+            if env:
+                os.chdir(env["PYTHONPATH"])  # `python -m` puts the working directory first on the path
+            try:
+                out = traced(env, tasks, a.agents)
+            finally:
+                os.chdir(here)
+            runs[label].append(out)
+            cpu = out["cpu_s"]
+            print(f"{label} #{n + 1}: makespan {out['makespan_s']:.3f} s; CPU-s " +
+                  ", ".join(f"{r} {cpu.get(r, 0.0):.2f}" for r in (*CPU_ROLES, "everything else (other users of the machine)")) +
+                  f"; load {out['load']['loadavg_1m']}", file=sys.stderr)
+            if a.repeat == 1 and len(sides) == 1:
+                for name, row in out["stages"].items():
+                    print(f"{row['p50_ms']:9.2f} {row['p99_ms']:9.2f}  {name}", file=sys.stderr)
+    summary = {}
+    for label, outs in runs.items():
+        per = {r: sorted(o["cpu_s"].get(r, 0.0) for o in outs) for r in CPU_ROLES}
+        total = sorted(sum(o["cpu_s"].get(r, 0.0) for r in CPU_ROLES) for o in outs)
+        summary[label] = {"cpu_s_median": {**{r: pct(v, 50) for r, v in per.items()}, "corral + tasks": pct(total, 50)},
+                          "cpu_s_runs": {**per, "corral + tasks": total},
+                          "makespan_s": sorted(o["makespan_s"] for o in outs)}
+        print(f"{label}: median CPU-s per burst of {tasks}: " +
+              ", ".join(f"{k} {v:.3f}" for k, v in summary[label]["cpu_s_median"].items()) +
+              f"; makespans {summary[label]['makespan_s']}", file=sys.stderr)
+    print(json.dumps({"bench": "fast_lane_stages", "tasks": tasks, "summary": summary, "runs": runs}))
+
+
+def _before_rev(rev: str) -> str:
+    """'auto': where this branch left main."""
+    if rev != "auto":
+        return rev
+    root = str(Path(__file__).resolve().parent.parent)
+    return subprocess.run(["git", "-C", root, "merge-base", "HEAD", "main"], capture_output=True, text=True,
+                          check=True).stdout.strip()
 
 
 def batch_behind_idle_pool(gw: GatewayProcess, cap_s: float) -> dict[str, Any]:
@@ -401,7 +455,9 @@ def main() -> None:
     ap.add_argument("--agents", type=int, default=10)
     ap.add_argument("--before", default="auto", help="the commit to run side by side ('auto': where this branch "
                                                       "left main; 'none': skip)")
-    ap.add_argument("--trace", action="store_true", help="one traced burst of `true`: time per stage, CPU per process")
+    ap.add_argument("--trace", action="store_true", help="traced bursts of `true`: time per stage, CPU per process "
+                                                         "(with --before unless 'none', alternating)")
+    ap.add_argument("--repeat", type=int, default=1, help="--trace: bursts per side")
     a = ap.parse_args()
     if a.trace:
         return trace_main(a)
@@ -418,12 +474,7 @@ def main() -> None:
     now = side({}, commands, sbatch, tasks, a.agents, a.quick, "this tree")
     before: dict[str, Any] | None = None
     if a.before != "none":
-        rev = a.before
-        if rev == "auto":
-            root = str(Path(__file__).resolve().parent.parent)
-            rev = subprocess.run(["git", "-C", root, "merge-base", "HEAD", "main"], capture_output=True, text=True,
-                                 check=True).stdout.strip()
-        sha, env = checkout(rev)
+        sha, env = checkout(_before_rev(a.before))
         here = os.getcwd()
         os.chdir(env["PYTHONPATH"])  # `python -m` puts the working directory first on the path
         try:

@@ -27,7 +27,7 @@ class Engine:
         """The scheduler listens and the client is connected."""
         return self.client is not None
 
-    async def start(self, on_event: Callable[[tuple[float, dict[str, Any]]], None]) -> None:
+    async def start(self, on_event: Callable[[tuple[float, bytes | dict[str, Any]]], None]) -> None:
         import dask
         from distributed import Client, Scheduler
 

@@ -192,10 +192,10 @@ class Pool:
             await asyncio.sleep(0)  # let a burst of submissions land in one round
             self.dispatch()
 
-    def _on_event(self, event: tuple[float, dict[str, Any]]) -> None:
+    def _on_event(self, event: tuple[float, bytes | dict[str, Any]]) -> None:
         """A worker's push of what started and ended since its last one. Only this pool's
         tasks still out count: a worker cannot report (or re-report) anything else."""
-        msg = event[1]
+        msg = launcher.read_report(event[1])
         ended = [r for r in msg.get("ended", ()) if r["job_id"] in self.inflight and r["job_id"] not in self.reported]
         over = {r["job_id"] for r in msg.get("ended", ())}
         started = {j: t for j, t in msg.get("started", ()) if j in self.inflight and j not in over}
