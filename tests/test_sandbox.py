@@ -443,6 +443,36 @@ def test_contained_tasks_start_in_one_sandbox_per_key(tmp_path) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def test_contained_tasks_sent_together_inherit_only_their_own_outputs(tmp_path) -> None:
+    """A worker sends a pass's tasks to their sandbox in one message, descriptors and all
+    (issue 40): each task still gets its own stdout and stderr and nothing of the tasks
+    sent with it, starts with its own environment, and its end is told once."""
+    from corral.lanes.fast.launcher import Launcher, Slots
+
+    need_bwrap()
+    box = build(["agent"], [], False, "nobody", [tmp_path], pids_max=256)
+    assert box.why_not is None, box.why_not
+    la = Launcher(Slots(64, 64000), sandbox=box)
+    shared = {"PATH": "/usr/bin:/bin", "FOO": "bar"}
+
+    def spec(jid: int, who: str) -> dict:
+        return {"job_id": jid, "command": "ls /proc/self/fd; echo $FOO $CORRAL_JOB_ID; echo err >&2", "cpus": 1,
+                "memory_mb": 100, "gpus": 0, "walltime_s": 60, "env": shared, "dir": str(tmp_path), "workdir": None,
+                "contain": {"kind": "agent", "user": None, "principal": who, "readable": []}}
+
+    try:
+        out = la.run_batch([spec(j, f"bot{j % 2}") for j in range(1, 61)])
+        assert sorted(r["job_id"] for r in out) == list(range(1, 61))
+        assert all(r["state"] == "COMPLETED" for r in out), [r for r in out if r["state"] != "COMPLETED"][:3]
+        for j in range(1, 61):
+            *fds, env = (tmp_path / f"{j}.out").read_text().split("\n")[:-1]
+            # ls's own: 0-2 and the directory it reads; a leak would show the batch's others
+            assert fds == ["0", "1", "2", "3"], (j, fds)
+            assert env == f"bar {j}" and (tmp_path / f"{j}.err").read_text() == "err\n"
+    finally:
+        la.kill_all()
+
+
 def test_attacks_executed_in_every_disguise_harm_nothing(tmp_path, monkeypatch) -> None:
     """At least 150 harmful commands of every category (deletion and overwrite by any
     tool, persistence, credentials in every place, another person's home, outbound

@@ -39,6 +39,7 @@ its jobs with it.
 
 from __future__ import annotations
 
+import array
 import functools
 import json
 import os
@@ -107,10 +108,15 @@ def _spawn(argv: list[str], env: dict[str, str], fds: list[int], nproc: int | No
            program: bytes | None = None) -> int:
     """Start a job; -> its pid. ``nproc``: its own process count and limit (a fork, ~1.7
     ms); None: posix_spawn (~0.7 ms), the host's limit shared by its jobs."""
-    # Received fds are moved above every target first, so no dup2 overwrites another.
-    high = [os.dup2(f, HIGH_FD + i, inheritable=False) for i, f in enumerate(fds)]
-    for f in fds:
-        os.close(f)
+    if nproc is None and min(fds, default=HIGH_FD) > len(fds):
+        # None lies where another is to go (the common case: stdout and stderr, received
+        # above 2): the child takes them where they are, four system calls fewer a job.
+        high = fds
+    else:
+        # Received fds are moved above every target first, so no dup2 overwrites another.
+        high = [os.dup2(f, HIGH_FD + i, inheritable=False) for i, f in enumerate(fds)]
+        for f in fds:
+            os.close(f)
     try:
         if nproc is None:
             # posix_spawnp searches this process's PATH, not the child's: the job's PATH it is.
@@ -235,7 +241,7 @@ class _Host:
 
     def hear(self, cfd: int) -> None:
         try:
-            data, fds, _, _ = socket.recv_fds(self.conns[cfd], 1 << 20, MAX_FDS)
+            data, fds = _receive(self.conns[cfd])
         except OSError:
             data, fds = b"", []
         if not data:  # its tasks die with it (a supervisor, a worker)
@@ -303,6 +309,18 @@ class _Host:
                 idle_since = time.monotonic()
             elif self.listener is None or time.monotonic() - idle_since >= IDLE_S:
                 os._exit(0)  # bwrap then ends the namespace, and all left in it
+
+
+def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
+    """A message and its descriptors, close-on-exec as they arrive: a batch's descriptors
+    are all open here while its first jobs start, and no job may inherit another's
+    output. (socket.recv_fds drops its ``flags``: hence recvmsg.)"""
+    data, anc, _, _ = conn.recvmsg(1 << 20, socket.CMSG_LEN(MAX_FDS * 4), socket.MSG_CMSG_CLOEXEC)
+    fds = array.array("i")
+    for level, kind, raw in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(raw[: len(raw) - len(raw) % fds.itemsize])
+    return data, list(fds)
 
 
 def _killpg(pid: int, sig: int = signal.SIGKILL) -> None:

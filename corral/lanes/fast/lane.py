@@ -251,7 +251,7 @@ class FastLane:
 
     def _submit(self, ctx: SubmitContext, spec: JobSpec, key: PoolKey) -> str:
         pool = self._pool(key)
-        bid = f"fast:{key.slug}:{ctx.job_id}"
+        bid = f"fast:{pool.key.slug}:{ctx.job_id}"  # the pool's key: its slug is computed once
         if ctx.job_id in pool.known:
             return bid  # idempotent per job id
         command = spec.command

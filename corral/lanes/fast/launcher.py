@@ -179,6 +179,8 @@ class Launcher:
         """Contained tasks of this pass, by their sandbox: sent together (``_send``)."""
         self._fresh: dict[tuple[Any, ...], tuple[tuple[str, ...], ...]] = {}
         """Credentials under a home as this pass found them (Sandbox.fresh), by whom a task becomes."""
+        self._keyed: dict[tuple[Any, ...], Host] = {}
+        """The hosts this pass found up, by key."""
         self._trace: str | None = None
         """Where each stage of a task is timed (corral/lanes/fast/trace.py), once a traced batch came."""
         threading.Thread(target=self._loop, name="corral-launcher", daemon=True).start()
@@ -389,10 +391,13 @@ class Launcher:
             fresh = self._fresh.get(who)
             if fresh is None:  # the credentials now under the home of whom it becomes: once per pass
                 fresh = self._fresh[who] = self._hosts.sandbox.fresh(contain["kind"], contain["user"], ident)
-            host, new = self._hosts.get((contain["kind"], contain["user"], contain.get("principal"),
-                                         s.get("workdir") or "/tmp", ident, fresh), d)
-            if new:
-                ep.register(host.fileno(), select.EPOLLIN)
+            key = (contain["kind"], contain["user"], contain.get("principal"), s.get("workdir") or "/tmp", ident, fresh)
+            host = self._keyed.get(key)
+            if host is None:  # looked up (is it still up?) once per pass and key
+                host, new = self._hosts.get(key, d)
+                self._keyed[key] = host
+                if new:
+                    ep.register(host.fileno(), select.EPOLLIN)
             fds = [os.open(f"{d}/{jid}.out", _OUT, OUT_MODE), os.open(f"{d}/{jid}.err", _OUT, OUT_MODE)]
             for n, f in enumerate(contain["readable"]):  # its script, in corral's (hidden) state
                 fds.append(os.open(f, os.O_RDONLY | os.O_NOFOLLOW))
@@ -412,6 +417,7 @@ class Launcher:
         descriptors allow): a task is started once its host has it."""
         sending, self._sending = self._sending, {}
         self._fresh.clear()
+        self._keyed.clear()
         for host, tasks in sending.items():
             try:
                 failed = dict(host.start([job for _, job in tasks]))
