@@ -23,9 +23,10 @@ A contained task (an agent's) is not spawned here: it is sent, with its output f
 opened here, to the sandbox built for its key (corral/lanes/fast/hosts.py), whose host
 reports its pid and its end over the same socket, watched in the same epoll. The
 tasks of one pass go to a host in one message, and it answers once per pass of its own
-(corral/sandbox/host.py): measured (1,000 contained `true` from 10 agents, launcher and
-hosts alone), the launcher's CPU went from ~0.15 to ~0.08 s, the hosts' own from ~0.15
-to ~0.09 s, when that protocol stopped being a message, an encode and a read per task.
+(corral/sandbox/host.py): measured (bench/fast_lane_hosts.py: 1,000 contained `true`
+from 10 agents, launcher and hosts alone), the launcher's process CPU went from ~0.20 to
+~0.11 s, the hosts' own from ~0.17 to ~0.10 s, when that protocol stopped being a
+message, an encode and a read per task.
 """
 
 from __future__ import annotations
