@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -116,6 +117,7 @@ def measure(tasks: int, repeat: int, single: bool) -> list[dict[str, float]]:
                          "tasks_cpu_s": round(h1["tasks"] - h0["tasks"], 3)})
     finally:
         la.kill_all()
+        shutil.rmtree(tmp, ignore_errors=True)
     return runs
 
 
