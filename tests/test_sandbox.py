@@ -473,6 +473,28 @@ def test_contained_tasks_sent_together_inherit_only_their_own_outputs(tmp_path) 
         la.kill_all()
 
 
+def test_a_sandbox_with_tasks_about_to_be_sent_is_not_closed_as_idle(tmp_path, monkeypatch) -> None:
+    """Past its most sandboxes, a worker closes idle ones to build another; one whose
+    tasks of this pass are not yet sent holds them already, and is kept."""
+    from corral.lanes.fast import hosts
+    from corral.lanes.fast.launcher import Launcher, Slots
+
+    need_bwrap()
+    monkeypatch.setattr(hosts, "MAX_HOSTS", 2)
+    box = build(["agent"], [], False, "nobody", [tmp_path], pids_max=64)
+    assert box.why_not is None, box.why_not
+    la = Launcher(Slots(16, 16000), sandbox=box)
+    specs = [{"job_id": j, "command": "true", "cpus": 1, "memory_mb": 100, "gpus": 0, "walltime_s": 60,
+              "env": {"PATH": "/usr/bin:/bin"}, "dir": str(tmp_path), "workdir": None,
+              "contain": {"kind": "agent", "user": None, "principal": f"bot{j % 4}", "readable": []}}
+             for j in range(1, 13)]
+    try:
+        out = la.run_batch(specs)
+        assert [r["state"] for r in out] == ["COMPLETED"] * 12, [r for r in out if r["state"] != "COMPLETED"][:2]
+    finally:
+        la.kill_all()
+
+
 def test_attacks_executed_in_every_disguise_harm_nothing(tmp_path, monkeypatch) -> None:
     """At least 150 harmful commands of every category (deletion and overwrite by any
     tool, persistence, credentials in every place, another person's home, outbound

@@ -410,8 +410,9 @@ class Launcher:
                                      f"{getattr(e, 'strerror', None) or e}")
             return
         self._take(s)  # its slots now: the next task of this pass must not fit in them
-        self._sending.setdefault(host, []).append((_Running(s, batch, i, 0, -jid, start, gpus, host=host),
-                                                   (jid, argv, s["env"], own, fds)))
+        r = _Running(s, batch, i, 0, -jid, start, gpus, host=host)
+        host.tasks[jid] = r  # held by its host from now: a host with tasks is never closed as idle
+        self._sending.setdefault(host, []).append((r, (jid, argv, s["env"], own, fds)))
 
     def _send(self, running: dict[int, _Running]) -> None:
         """Send this pass's contained tasks, each host's in one message (or as few as its
@@ -431,12 +432,12 @@ class Launcher:
             for r, _ in tasks:
                 jid = r.spec["job_id"]
                 if jid in failed:
+                    host.tasks.pop(jid, None)
                     self._give(r.spec)
                     self._not_started(r.spec, r.batch, r.index, r.gpus, r.start, "could not start it in its sandbox "
                                       f"(output in {r.spec['dir']}): {failed[jid]}")
                     continue
                 self._began(r.spec, r.start, take=False)
-                host.tasks[jid] = r
                 running[r.pidfd] = r
 
     def _began(self, s: dict[str, Any], start: float, take: bool = True) -> None:
