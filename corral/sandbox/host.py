@@ -23,7 +23,7 @@ that part imports nothing of corral's. Messages are JSON, per connection:
 - out: ``{"id": N, "pid": P}`` (its pid in here), ``{"id": N, "error": "..."}`` (it did
   not start), ``{"id": N, "status": W, "cpu_s": S, "maxrss_kb": K}`` (it ended; W as from wait).
 
-A fast-lane worker sends many jobs at once instead (``BATCH``): ``{"envs": [{...}, ...],
+A fast-lane worker sends many jobs at once instead: ``{"envs": [{...}, ...],
 "jobs": [{"id": N, "argv": [...], "env": I, "set": {...}, "fds": K}, ...]}``, each job's
 environment ``envs[I]`` with ``set`` over it (a burst's jobs share all of it but their id)
 and its ``K`` descriptors in order after the previous job's. A connection that sent one
@@ -235,8 +235,10 @@ class _Host:
         self.pids.pop((cfd, jid), None)
         _, status, ru = os.wait4(pid, 0)
         # A task ends with what it started in its process group; once no task runs,
-        # with everything else it left here (even what left the group: ``serve``).
+        # with everything else it left here (even what left the group), before its end is told.
         _killpg(pid)
+        if not self.running:
+            _sweep(self.keep)
         self.send(cfd, {"id": jid, "status": status, "cpu_s": ru.ru_utime + ru.ru_stime, "maxrss_kb": ru.ru_maxrss})
 
     def hear(self, cfd: int) -> None:
@@ -290,7 +292,6 @@ class _Host:
         idle_since = time.monotonic()
         while True:
             timeout = IDLE_S if self.listener is not None else -1
-            reaped = False
             for efd, _ in self.ep.poll(timeout):
                 if efd in self.conns:
                     self.hear(efd)
@@ -301,9 +302,6 @@ class _Host:
                     self.ep.register(conn.fileno(), select.EPOLLIN)
                 elif efd in self.running:
                     self.ended(efd)
-                    reaped = True
-            if reaped and not self.running:
-                _sweep(self.keep)  # no task runs: whatever they left here goes
             self.flush()
             if self.conns or self.running:
                 idle_since = time.monotonic()
