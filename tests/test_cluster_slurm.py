@@ -259,6 +259,49 @@ def test_egress_works_on_every_node_through_its_own_relay(tmp_path: Path, agent_
         assert set(Path("/tmp").glob("corral-egress.*")) <= before  # each relay stopped, its directory gone
 
 
+def test_a_requeued_job_makes_its_relay_afresh(tmp_path: Path, agent_dir: Path) -> None:
+    """A run that Slurm ends (a requeue, a preemption, a node's end) dies before its
+    script's cleanup, leaving its relay's directory on the node; its name was in the
+    script, the same for every run, and in the relay's command line, which every user of
+    the node reads in /proc. The run after a requeue stopped there ("cannot make"), and
+    anyone who had read the name could stop every later run on any node by making it
+    first. Now each run makes a directory of its own, named when it runs (attack46)."""
+    conf = quiet(cluster_conf())
+    bridge = f"{layout(conf)['NET']}.254"
+    with file_server(tmp_path / "allowed", bridge, "from-the-mirror") as aport, \
+            running(tmp_path, CORRAL_BACKEND="slurm", SLURM_CONF=conf, CORRAL_TICK_S="0.5",
+                    CORRAL_SANDBOX__ALLOW_HOSTS=f'["{bridge}:{aport}"]',
+                    CORRAL_SANDBOX__EGRESS_LISTEN=f"{bridge}:{free_port()}") as g:
+        with g.http() as h:
+            h.post("/v1/principals", json={"name": "alice", "kind": "human"})
+            h.post("/v1/principals", json={"name": "bot", "kind": "agent", "sponsor": "alice"})
+            token = h.post("/v1/tokens", json={"for": "bot", "expires": "1h", "max_cpus": 64}).json()["token"]
+        with g.http(token) as h:
+            r = h.post("/v1/jobs", json={"workdir": str(agent_dir), "walltime": "5m", "command":
+                       f"if [ -e once ]; then curl -s -m 20 http://{bridge}:{aport}/ok.txt; else touch once; sleep 300; fi"})
+            assert r.status_code == 201, r.text
+            job_id = r.json()["id"]
+            until("the first run", lambda: (agent_dir / "once").exists(), 90)
+            backend_id = h.get(f"/v1/jobs/{job_id}").json()["backend_id"]
+            slurm(conf, "scontrol", "requeue", backend_id)
+            until("the job requeued", lambda: h.get(f"/v1/jobs/{job_id}").json()["requeues"] >= 1, 90)
+            # Another user of the nodes, who read the relay's name off the first run, makes it
+            # first (where that run's cleanup removed its own, as a signal may let it).
+            script = next((g.home / "slurm" / "jobs").glob("*/job.sh")).read_text()
+            taken = sorted(set(re.findall(r"/tmp/corral-egress\.[0-9a-zA-Z]+", script)))
+            for name in taken:
+                subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "mkdir", "-p", name],
+                               check=False)
+            with contextlib.suppress(subprocess.CalledProcessError):  # Slurm holds a requeued job ~2 min
+                slurm(conf, "scontrol", "update", f"JobId={backend_id}", "StartTime=now")
+            done = h.get(f"/v1/jobs/{job_id}/wait", params={"timeout": 180}).json()
+            err = h.get(f"/v1/jobs/{job_id}/output", params={"stream": "stderr"}).json()["data"]
+            out = h.get(f"/v1/jobs/{job_id}/output").json()["data"]
+        for name in taken:
+            subprocess.run(["rm", "-rf", name], check=False)
+        assert done["state"] == "COMPLETED" and out.endswith("from-the-mirror"), (done, out, err)
+
+
 def open_ports(pid: int) -> set[int]:
     """The TCP ports process ``pid`` listens on at an address other hosts can reach (not
     loopback), read in its own network namespace (/proc/PID/net: a node's, for a worker)."""

@@ -94,7 +94,8 @@ class Sandbox:
     """People's homes: each hidden from a job whose user it does not belong to."""
     egress: str | None = None
     """The egress proxy's socket (corral/sandbox/egress.py): without the host's network, a job
-    reaches the allow-list through it and nothing else."""
+    reaches the allow-list through it and nothing else. In a batch script (``shell``) it may
+    be a bash word beginning ``"$``, the socket of a relay the script made as it ran."""
     own_count: bool = True
     """Whether a job started by root gets a user namespace of its own, in which the
     process limit counts its processes alone (False where unprivileged user namespaces
@@ -256,7 +257,7 @@ class Sandbox:
 
     def _egress(self) -> list[Mount]:
         assert self.egress is not None
-        out = [Mount("bind", EGRESS_INSIDE, self.egress)]
+        out = [Mount("bind", EGRESS_INSIDE, self.egress, word=self.egress.startswith('"$'))]
         real = _socat()
         if real and self.bridge and os.path.exists(self.bridge):  # corral's unreadable copy: not traceable
             out.append(Mount("ro-bind", real, self.bridge))

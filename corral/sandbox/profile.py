@@ -32,6 +32,10 @@ class Mount:
     as the directory or file it is then, left out if it is gone (bwrap cannot mount on a
     path the read-only root lacks). A batch job is rendered on the gateway and runs on a
     node, later: a home removed in between made bwrap fail there."""
+    word: bool = False
+    """``src`` is a bash word expanded where and when the job starts (``Profile.shell``): a
+    path the batch script makes as it runs (its egress relay's socket, in a directory whose
+    name no earlier run and nobody else could know)."""
 
     def argv(self) -> list[str]:
         out = ["--perms", self.perms] if self.perms else []
@@ -83,11 +87,11 @@ class Profile:
     """Absolute paths of setpriv and unshare."""
 
     def render(self, argv: list[str], mark: str | None = None) -> list[str]:
-        """The command that runs ``argv`` in this sandbox; ``mark``: each ``later`` mount
-        as that one word, in its place (``shell`` fills it in)."""
+        """The command that runs ``argv`` in this sandbox; ``mark``: each ``later`` or
+        ``word`` mount as that one word, in its place (``shell`` fills it in)."""
         base, rest = self.mounts[:4], self.mounts[4:]  # /, /dev, /proc, /tmp: then the namespaces
         out = [self.bwrap, *(a for m in base for a in m.argv()), *self.namespaces, "--die-with-parent", "--new-session"]
-        out += [a for m in rest for a in ([mark] if mark is not None and m.later else m.argv())]
+        out += [a for m in rest for a in ([mark] if mark is not None and (m.later or m.word) else m.argv())]
         out += ["--chdir", self.chdir]
         for k, v in self.env:
             out += ["--setenv", k, v]
@@ -103,9 +107,9 @@ class Profile:
     def shell(self, argv: list[str], prefix: list[str] | None = None) -> str:
         """``render`` as bash lines for a batch script: the command is built in the array
         ``corral_box``, each ``later`` mount decided as the line runs (on the job's node,
-        when it starts), and the last line runs it (``prefix`` first), ready for a
-        redirection or ``&`` to be appended."""
-        later = [m for m in self.mounts if m.later]
+        when it starts), each ``word`` mount's source expanded there, and the last line runs
+        it (``prefix`` first), ready for a redirection or ``&`` to be appended."""
+        later = [m for m in self.mounts if m.later or m.word]
         if not later:
             return shlex.join([*(prefix or []), *self.render(argv)])
         mark = "\0later\0"  # no word of an exec's argv can hold a NUL
@@ -115,7 +119,8 @@ class Profile:
             if a == mark:
                 m = later.pop(0)
                 lines.append(f"corral_box+=({shlex.join(run)})" if run else "")
-                lines.append(f"corral_hide {shlex.quote(m.dst)}")
+                lines.append(f"corral_hide {shlex.quote(m.dst)}" if m.later else
+                             f"corral_box+=(--{m.op} {m.src} {shlex.quote(m.dst)})")
                 run = []
             else:
                 run.append(a)

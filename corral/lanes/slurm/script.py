@@ -8,7 +8,6 @@ import json
 import os
 import pwd
 import shlex
-import secrets
 import shutil
 import sys
 from dataclasses import replace
@@ -51,11 +50,20 @@ SCRIPT = f"/dev/fd/{SCRIPT_FD}"
 (TERM and KILL are Slurm's own: a cancel, a walltime)."""
 
 
-def relay_lines(where: str, listen: str, who: tuple[int, int] | None) -> list[str]:
+RELAY_DIR = "corral_relay_dir"
+"""The batch shell's variable naming its egress relay's directory, made as it runs."""
+RELAY_SOCKET = f'"${RELAY_DIR}/proxy.sock"'
+"""The relay's socket, as a bash word (``Sandbox.egress`` in a batch script)."""
+
+
+def relay_lines(listen: str, who: tuple[int, int] | None) -> list[str]:
     """Lines of a batch script that start, on the node, the job's relay to the egress proxy
-    ([sandbox] egress_listen): a Unix socket in ``where`` (a new directory, the job's
-    identity's own: ``mkdir`` refuses one made there before) forwarded to HOST:PORT; the
-    sandbox binds that socket in place of the gateway's, which connects only on the
+    ([sandbox] egress_listen): a Unix socket in a directory the script makes as it runs
+    (``mktemp -d``: new, 0700, named at random then, never in the script: a run that Slurm
+    ended before its cleanup leaves its own behind, and a name in the script, which every
+    user of the node read in the relay's command line, could be made first by anyone, so
+    that the run after a requeue stopped), forwarded to HOST:PORT; the sandbox binds that
+    socket (``RELAY_SOCKET``) in place of the gateway's, which connects only on the
     gateway's machine. ``who``: the identity the relay runs as when root runs the script
     (the job's bytes never pass through root); once its socket is there, the directory is
     root's again and the socket checked to be one: the bwrap that binds it runs as root,
@@ -63,17 +71,19 @@ def relay_lines(where: str, listen: str, who: tuple[int, int] | None) -> list[st
     the job starts."""
     drop = [tool("setpriv"), f"--reuid={who[0]}", f"--regid={who[1]}", "--clear-groups", "--inh-caps=-all",
             "--bounding-set=-all", "--"] if who else []
-    sock = f"{where}/proxy.sock"
-    return [f"mkdir -m 0700 {where} || {{ echo \"corral: cannot make {where} on $(hostname) for the egress relay\" >&2; "
-            "exit 1; }",
+    where, sock = f'"${RELAY_DIR}"', RELAY_SOCKET
+    socat, listening, target = relay_argv(f"${RELAY_DIR}/proxy.sock", listen)
+    return [f"{RELAY_DIR}=$(mktemp -d /tmp/corral-egress.XXXXXXXXXXXX) || {{ echo \"corral: cannot make a directory "
+            "in /tmp on $(hostname) for the egress relay\" >&2; exit 1; }",
             *([f"chown -h {who[0]}:{who[1]} {where}"] if who else []),
-            shlex.join([*drop, *relay_argv(sock, listen)]) + " 2>/dev/null &",
+            # the socket's path is expanded here: mktemp's name is letters and digits
+            f'{shlex.join([*drop, socat])} "{listening}" {shlex.quote(target)} 2>/dev/null &',
             "corral_relay=$!",
             f"for i in $(seq 500); do [ -S {sock} ] && break; sleep 0.01; done",
             f"[ -S {sock} ] || {{ echo \"corral: the egress relay to {listen} did not start on $(hostname)\" >&2; "
             "exit 1; }",
             *([f"chown -h 0:0 {where} && [ ! -L {sock} ] && [ -S {sock} ] || {{ echo \"corral: the egress relay's "
-               f"socket in {where} was replaced\" >&2; exit 1; }}"] if who else [])]
+               "socket on $(hostname) was replaced\" >&2; exit 1; }"] if who else [])]
 
 
 MOUNTS = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r}); "
@@ -251,10 +261,9 @@ class Scripts(SlurmBase):
             opened = opendir.command(WORKDIR_FD, spec.workdir, opendir.identity(*who) if root and who else None) \
                 if spec.workdir else []
             if sandbox.egress and sandbox.relay and not sandbox.network:  # the node's own way to the proxy
-                relay = f"/tmp/corral-egress.{secrets.token_hex(6)}"
-                lines += relay_lines(relay, sandbox.relay, who if root else None)
-                sandbox = replace(sandbox, egress=f"{relay}/proxy.sock")
-                cleanup = [f"kill $corral_relay 2>/dev/null; rm -rf {relay}"]
+                lines += relay_lines(sandbox.relay, who if root else None)
+                sandbox = replace(sandbox, egress=RELAY_SOCKET)
+                cleanup = [f'kill $corral_relay 2>/dev/null; rm -rf "${RELAY_DIR}"']
             lines.append(sandbox.shell(
                 ctx.kind, work or ["bash", "-c", spec.command or ""], spec.workdir or str(own), opened,
                 job_dir=str(own), user=ctx.unix_user, root=root, readable=[str(out / "script")] if spec.script else (),
