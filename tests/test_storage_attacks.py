@@ -307,3 +307,39 @@ def test_scratch_remade_after_a_cleaner_is_never_someone_elses(gw: Gateway, base
     st = scratch.stat()
     assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o711 and ws["workspace"]
     assert json.dumps(ws).count(str(scratch)) >= 1
+
+
+def test_the_node_releases_a_workspace_whatever_its_view_holds() -> None:
+    """On a cluster's node, root's batch script releases a workspace's view after the work
+    (``corral.storage.mounts release``, decision 0036). It asked first whether the view
+    held ``.corral-unpacked`` (the mark of an image unpacked in scratch), and the view is
+    the agent's to write: that one file made root remove every file the view showed (a
+    whiteout in the trial for each, files the agent may not delete too) and leave the
+    overlay mounted on the node. A mark is believed only where nothing is mounted (attack46)."""
+    from corral.storage import mounts
+
+    agent = pwd.getpwnam("nobody")
+    top = Path(tempfile.mkdtemp(prefix="corral-release-", dir="/var/tmp"))  # takes an overlay's upper layer
+    try:
+        base = top / "base"
+        (base / "kept").mkdir(parents=True)
+        (base / "kept" / "file").write_text("root's\n")  # in root's 0755 directory: the agent may not delete it
+        os.chown(base, agent.pw_uid, agent.pw_gid)  # the agent's project
+        top.chmod(0o755)
+        d = top / "ws-1"
+        d.mkdir(mode=0o711)
+        mounts.on_nodes(base, d)
+        assert mounts.main(["workspace", str(d), str(base)]) == 0
+        merged = d / "merged"
+        work = subprocess.run(["setpriv", f"--reuid={agent.pw_uid}", f"--regid={agent.pw_gid}", "--clear-groups",
+                               "sh", "-c", f"echo > {merged}/.corral-unpacked; echo mine > {merged}/made; "
+                               f"rm -f {merged}/kept/file || echo not-mine"], capture_output=True, text=True)
+        assert work.stdout == "not-mine\n", work
+        assert mounts.main(["release", str(d)]) == 0
+        assert not mounts.mounted(merged) and os.listdir(merged) == []
+        assert not os.path.lexists(d / "upper" / "kept" / "file")  # no whiteout: root deleted nothing
+        assert mounts.main(["workspace", str(d), str(base)]) == 0
+        assert (merged / "kept" / "file").read_text() == "root's\n" and (merged / "made").read_text() == "mine\n"
+    finally:
+        mounts.unmount_all(top)
+        shutil.rmtree(top, ignore_errors=True)

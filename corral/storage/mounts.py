@@ -178,11 +178,12 @@ def _mount_overlay(low: int, upper: Path, work: Path, at: Path) -> Mounted:
 
 def unmount(path: Path | str) -> None:
     """Unmount ``path`` if mounted (lazily: a job still reading keeps its view), or remove
-    the image unpacked there."""
-    if (Path(path) / UNPACKED_MARK).exists():
-        shutil.rmtree(path, ignore_errors=True)
-        return
+    the image unpacked there. A mount is asked of the kernel first: what a mount shows is
+    no mark of corral's (a workspace's view is the agent's to write, an image its
+    requester's to fill), so ``UNPACKED_MARK`` is believed only where nothing is mounted."""
     if not mounted(path):
+        if (Path(path) / UNPACKED_MARK).exists():
+            shutil.rmtree(path, ignore_errors=True)
         return
     r = proc.run(["umount", "-l", str(path)], timeout=60, check=False)
     fuse = shutil.which("fusermount3") or shutil.which("fusermount")
