@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,3 +143,37 @@ def test_a_node_that_does_not_see_the_layers_is_refused_saying_what_to_share(
     missing = tmp_path / "workspaces" / "ws-000000000000"
     assert mounts.main(["workspace", str(missing), str(tmp_path)]) == 1 and not missing.exists()
     assert "[storage] workspaces must be a directory the nodes share" in capsys.readouterr().err
+
+
+HOLD = ("import fcntl, sys, time\n"
+        "try:\n    f = open(sys.argv[1])\nexcept OSError as e:\n    print('refused', e.errno, flush=True); sys.exit()\n"
+        "fcntl.flock(f, fcntl.LOCK_EX)\nprint('holding', flush=True)\ntime.sleep(600)\n")
+"""Another user of the nodes holding a workspace's lock: it needs only to open the file."""
+
+
+@pytest.mark.usefixtures("slurm_turn")
+def test_nobody_else_can_hold_a_workspaces_lock(gw: Gateway, project: Path, layers: Path) -> None:
+    """The lock that keeps one job of a workspace at a time (the batch shell's flock) was
+    made by root's shell with the default mode, 0644, in the workspace's 0711 directory on
+    the layers every node shares; its path is the workspace's, which Slurm shows every user
+    (a job's WorkDir). flock needs no more than an open file, so any user of any node (or
+    a principal's uncontained job) could hold it and stop every job of that workspace:
+    "in use". Now it is root's alone, 0600 (attack46)."""
+    with gw.http(agent(gw)) as h:
+        ws = h.post("/v1/workspaces", json={"base": str(project)}).json()["workspace"]
+        first = h.post("/v1/jobs", json={"workspace": ws, "walltime": "5m", "command": "echo 1 > one"}).json()
+        assert h.get(f"/v1/jobs/{first['id']}/wait", params={"timeout": 120}).json()["state"] == "COMPLETED"
+        lock = layers / "workspaces" / ws / "lock"
+        holder = subprocess.Popen(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                                   sys.executable, "-c", HOLD, str(lock)], stdout=subprocess.PIPE, text=True)
+        try:
+            said = holder.stdout.readline().strip() if holder.stdout else ""
+            second = h.post("/v1/jobs", json={"workspace": ws, "walltime": "5m", "after_any": [first["id"]],
+                                              "command": "cat one"}).json()
+            done = h.get(f"/v1/jobs/{second['id']}/wait", params={"timeout": 120}).json()
+            err = h.get(f"/v1/jobs/{second['id']}/output", params={"stream": "stderr"}).json()["data"]
+        finally:
+            holder.kill()
+            holder.wait()
+        assert done["state"] == "COMPLETED", (said, done["state"], err)
+        assert said == "refused 13" and stat.S_IMODE(os.stat(lock).st_mode) == 0o600, said

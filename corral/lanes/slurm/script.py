@@ -226,12 +226,15 @@ class Scripts(SlurmBase):
             # One job of a workspace at a time, whatever the gateway let through at once (a
             # sweep, two requests racing): the lock in its layers, held by this shell to the end.
             lock = shlex.quote(f"{ws}/lock")
+            # Root's alone (0600): flock needs only an open file, and anyone who could open it
+            # (its directory is on the layers every node shares) could hold it for good.
             # (the holder writes who it is just after it locks: a moment for it to have done so)
-            lines += [f"exec {LOCK_FD}>>{lock} && {tool('flock')} -n {LOCK_FD} || {{ for i in $(seq 100); do "
-                      f"[ -s {lock} ] && break; sleep 0.02; done; echo \"corral: workspace "
+            lines += ["corral_umask=$(umask); umask 077",
+                      f"exec {LOCK_FD}>>{lock} && chmod 0600 {lock} && {tool('flock')} -n {LOCK_FD} || {{ "
+                      f"for i in $(seq 100); do [ -s {lock} ] && break; sleep 0.02; done; echo \"corral: workspace "
                       f"{Path(ws).name} is in use by job $(cat {lock} 2>/dev/null) (one job of a workspace runs at a "
                       "time, on one node): submit this one with after_any on that job\" >&2; exit 1; }",
-                      f"echo \"{ctx.job_id} (Slurm $SLURM_JOB_ID) on $(hostname)\" > {lock}",
+                      f"echo \"{ctx.job_id} (Slurm $SLURM_JOB_ID) on $(hostname)\" > {lock}", 'umask "$corral_umask"',
                       shlex.join([*mount, "workspace", ws, spec.labels[WS_LOWER]]) + " > /dev/null || exit 1",
                       # sbatch's --chdir entered the bare mount point
                       f"cd {shlex.quote(spec.workdir or ws)} || exit 1", ""]
