@@ -182,3 +182,35 @@ def test_a_person_without_a_unix_user_runs_a_script_as_its_own_identity(site: tu
             err = h.get(f"/v1/jobs/{job['id']}/output", params={"stream": "stderr"}).json()["data"]
             assert job["state"] == "COMPLETED", (job, out, err)
             assert "ran" in out and out.split()[-1] != "0", out
+
+
+def test_a_users_start_marker_is_not_the_start_corral_records(site: tuple[Gateway, Path, str]) -> None:
+    """Where the batch script runs as the job's own Unix user, its markers are that user's
+    claims. Its end was already Slurm's word, not the marker's; its start was not: a
+    ``started`` written while the job waited made the gateway record it RUNNING from that
+    moment, and the first start recorded is the one kept. A start a day ahead made every
+    finished job of the user's token cost nothing of its CPU-hour budget (ran = end -
+    start, at least 0), and the job showed as running before it ran (attack46)."""
+    gw, project, user = site
+    with gw.http() as h:
+        assert h.post("/v1/principals", json={"name": "dana", "kind": "human", "unix_user": user}).status_code == 201
+        token = h.post("/v1/tokens", json={"for": "dana", "expires": "1h", "cpu_hours": 10}).json()["token"]
+    with gw.http(token) as h:
+        first = h.post("/v1/jobs", json={"command": "sleep 15", "workdir": str(project), "walltime": "2m"}).json()
+        r = h.post("/v1/jobs", json={"command": "sleep 3", "workdir": str(project), "walltime": "2m",
+                                     "after_ok": [first["id"]]})
+        assert r.status_code == 201, r.text
+        jid = r.json()["id"]
+        out = gw.home / "slurm" / "jobs" / str(jid) / "out"
+        deadline = time.monotonic() + 60
+        while not (out / "started").parent.is_dir() or h.get(f"/v1/jobs/{jid}").json()["backend_id"] is None:
+            assert time.monotonic() < deadline, "the job was never sent"
+            time.sleep(0.2)
+        forged = int(time.time()) + 86400
+        assert as_user(user, f"echo '{forged} 0 c9' > {out / 'started'}").returncode == 0
+        time.sleep(3)  # several of the gateway's ticks while it waits
+        waiting = h.get(f"/v1/jobs/{jid}").json()
+        done = h.get(f"/v1/jobs/{jid}/wait", params={"timeout": 120}).json()
+    assert waiting["state"] == "PENDING" and waiting["start_time"] is None, waiting
+    assert done["state"] == "COMPLETED", done
+    assert done["start_time"] < forged and done["end_time"] - done["start_time"] >= 3, done

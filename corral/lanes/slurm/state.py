@@ -73,10 +73,15 @@ class Polling(SlurmBase):
         return out
 
     def _started(self, jid: str) -> tuple[float | None, int]:
-        """The job's own record of its last run's start: (epoch, restarts before it)."""
+        """The job's own record of its last run's start: (epoch, restarts before it),
+        believed only where corral's own script wrote it (root ran it). A script run as the
+        job's own user could write any start while the job waits: the first start recorded
+        is kept, and a start ahead of the end charged the job nothing of its budget."""
         d = self._dir_of(jid)
         try:  # never through a link, never blocking (read_small)
-            return read_started(read_small(out_dir(d) / "started", 64)) if d is not None else (None, 0)
+            if d is None or out_dir(d).stat().st_uid != os.geteuid():
+                return None, 0
+            return read_started(read_small(out_dir(d) / "started", 64))
         except OSError:
             return None, 0
 
