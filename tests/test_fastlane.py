@@ -620,3 +620,54 @@ def test_a_workers_relay_leaves_nothing_its_user_can_swap() -> None:
         relay.close()
         listener.close()
     assert not relay.dir.exists()
+
+
+def test_a_workers_relay_directory_is_never_its_users_to_move(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the relay started, its directory was run_as's own, in /tmp, where an entry's
+    owner may move it: anything running as that user (the relay itself, whose bytes are
+    the tasks') could put a link to any directory in its place, and root then chmod'ed
+    that directory 0700 and bound the socket named proxy.sock there into every task's
+    sandbox. The directory is root's throughout now: run_as writes its socket there by
+    group (attack46). Here the relay's program is run_as's move, then the real socat."""
+    import contextlib
+    import shutil
+    import socket
+    import stat
+
+    from corral.core.errors import BackendError
+    from corral.sandbox.egress import Relay
+
+    if os.geteuid() != 0:
+        pytest.skip("the relay changes users only under root")
+    top = Path(tempfile.mkdtemp(prefix="corral-relay-move-", dir="/var/tmp"))
+    top.chmod(0o755)
+    canary = top / "service"  # a directory of root's with a socket of the same name in it
+    canary.mkdir(mode=0o755)
+    theirs = socket.socket(socket.AF_UNIX)
+    theirs.bind(str(canary / "proxy.sock"))
+    (top / "socat").write_text(
+        f'#!/bin/bash\na=${{1#UNIX-LISTEN:}}; d=${{a%%,*}}; d=${{d%/proxy.sock}}\n'
+        f'if mv "$d" "$d.moved" 2>/dev/null; then ln -s {canary} "$d"; exec sleep 30; fi\n'
+        f'exec {shutil.which("socat")} "$@"\n')
+    (top / "socat").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{top}:{os.environ['PATH']}")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    relay = None
+    try:
+        with contextlib.suppress(BackendError):
+            relay = Relay(f"127.0.0.1:{listener.getsockname()[1]}", "nobody")
+        assert stat.S_IMODE(os.stat(canary).st_mode) == 0o755  # root changed nothing through a link
+        assert relay is not None and not relay.dir.is_symlink() and stat.S_ISSOCK(os.lstat(relay.socket).st_mode)
+        assert os.stat(relay.socket).st_ino != os.stat(canary / "proxy.sock").st_ino
+    finally:
+        if relay is not None:
+            for moved in (Path(f"{relay.dir}.moved"), relay.dir):
+                if moved.is_symlink():
+                    moved.unlink()
+                shutil.rmtree(moved, ignore_errors=True)
+            relay.close()
+        theirs.close()
+        listener.close()
+        shutil.rmtree(top, ignore_errors=True)

@@ -130,14 +130,19 @@ class Relay:
         import pwd
         import tempfile
 
-        self.dir = Path(tempfile.mkdtemp(prefix="corral-egress."))
-        self.dir.chmod(0o711)
+        self.dir = Path(tempfile.mkdtemp(prefix="corral-egress."))  # new, 0700
         self.socket = self.dir / "proxy.sock"
         who: dict[str, Any] = {}
         if os.geteuid() == 0 and user:
             pw = pwd.getpwnam(user)
-            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+            # Root's throughout: ``user`` makes its socket there by group (sticky: nobody else of
+            # the group moves it). Were it ``user``'s, anything running as ``user`` could move it
+            # in /tmp and put a link to any directory in its place for root to chmod and bind.
+            os.chown(self.dir, 0, pw.pw_gid)
+            self.dir.chmod(0o1730)
             who = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+        else:
+            self.dir.chmod(0o711)
         self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
             relay_argv(str(self.socket), listen, perm="0666"),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **who)
@@ -149,8 +154,7 @@ class Relay:
                 raise BackendError(f"the egress relay to {listen} did not start on this node",
                                    hint="check that socat is installed on the nodes")
             time.sleep(0.01)
-        if who:  # root's again before any bwrap (as root) binds what is in it: a link there would be followed
-            os.chown(self.dir, 0, 0)
+        if who:  # closed to ``user`` before any bwrap (as root) binds what is in it: a link there would be followed
             self.dir.chmod(0o700)
             if not stat.S_ISSOCK(os.lstat(self.socket).st_mode):
                 self.close()

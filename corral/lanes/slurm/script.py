@@ -65,24 +65,26 @@ def relay_lines(listen: str, who: tuple[int, int] | None) -> list[str]:
     that the run after a requeue stopped), forwarded to HOST:PORT; the sandbox binds that
     socket (``RELAY_SOCKET``) in place of the gateway's, which connects only on the
     gateway's machine. ``who``: the identity the relay runs as when root runs the script
-    (the job's bytes never pass through root); once its socket is there, the directory is
-    root's again and the socket checked to be one: the bwrap that binds it runs as root,
-    and a link put there by anything running as ``who`` would be followed. Ready before
-    the job starts."""
+    (the job's bytes never pass through root); the directory stays root's, ``who`` writing
+    in it by group until its socket is there, then closed and the socket checked to be
+    one: the bwrap that binds it runs as root, and a link put there by anything running
+    as ``who`` would be followed. Ready before the job starts."""
     drop = [tool("setpriv"), f"--reuid={who[0]}", f"--regid={who[1]}", "--clear-groups", "--inh-caps=-all",
             "--bounding-set=-all", "--"] if who else []
     where, sock = f'"${RELAY_DIR}"', RELAY_SOCKET
     socat, listening, target = relay_argv(f"${RELAY_DIR}/proxy.sock", listen)
     return [f"{RELAY_DIR}=$(mktemp -d /tmp/corral-egress.XXXXXXXXXXXX) || {{ echo \"corral: cannot make a directory "
             "in /tmp on $(hostname) for the egress relay\" >&2; exit 1; }",
-            *([f"chown -h {who[0]}:{who[1]} {where}"] if who else []),
+            # root's throughout: the relay makes its socket there by group (a directory of its
+            # identity's own, in /tmp, could be moved by it and a link put in its place)
+            *([f"chgrp -h {who[1]} {where} && chmod 1730 {where} || exit 1"] if who else []),
             # the socket's path is expanded here: mktemp's name is letters and digits
             f'{shlex.join([*drop, socat])} "{listening}" {shlex.quote(target)} 2>/dev/null &',
             "corral_relay=$!",
             f"for i in $(seq 500); do [ -S {sock} ] && break; sleep 0.01; done",
             f"[ -S {sock} ] || {{ echo \"corral: the egress relay to {listen} did not start on $(hostname)\" >&2; "
             "exit 1; }",
-            *([f"chown -h 0:0 {where} && [ ! -L {sock} ] && [ -S {sock} ] || {{ echo \"corral: the egress relay's "
+            *([f"chmod 0700 {where} && [ ! -L {sock} ] && [ -S {sock} ] || {{ echo \"corral: the egress relay's "
                "socket on $(hostname) was replaced\" >&2; exit 1; }"] if who else [])]
 
 
