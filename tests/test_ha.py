@@ -218,6 +218,22 @@ def test_replicas_share_the_facilitys_rate_limits(tmp_path: Path) -> None:
         assert _wait_after_burst(gws[0], bot) <= 1.0
 
 
+def test_a_replica_that_goes_gives_no_one_a_burst_again(tmp_path: Path) -> None:
+    """When the replicas' count changed (one came or went), every bucket was made anew,
+    full: an agent that had spent its burst on one replica had it whole again there the
+    moment another replica went (or came). What is left stays, and refills at the new
+    rate (attack46)."""
+    with replicas(tmp_path, CORRAL_SAFETY__RATE_API_PER_S="0.1", CORRAL_SAFETY__RATE_API_BURST="3") as (_, gws):
+        bot = add_people(gws[0])["bot1"]
+        for g in gws:
+            _hears(g, 2)
+        _wait_after_burst(gws[0], bot)  # spent, refilling at 0.05 a second
+        gws[1].kill(signal.SIGKILL)
+        _hears(gws[0], 1)
+        with gws[0].http(bot) as h:
+            assert h.get("/v1/jobs").status_code == 429
+
+
 def test_a_followers_death_loses_nothing(tmp_path: Path) -> None:
     """A follower killed -9 right after it acknowledged jobs: the leader keeps leading,
     sends them, and an agent's retries on the leader with the same idempotency keys

@@ -55,10 +55,15 @@ class Buckets:
         now = time.monotonic() if now is None else now
         rate /= self.share
         b = self._b.get(key)
-        if b is None or b.rate != rate or b.burst != burst:
+        if b is None:
             if len(self._b) > 100_000:  # long-gone sessions: start afresh rather than grow forever
                 self._b.clear()
             b = self._b[key] = Bucket(rate, burst, burst, now)
+        elif b.rate != rate or b.burst != burst:
+            # The replicas' count changed (one came or went), or a token's rate: what is left
+            # stays. A fresh bucket here gave every agent its whole burst again each time.
+            b.take(0, now)
+            b.rate, b.burst, b.tokens = rate, burst, min(b.tokens, burst)
         return b.take(n, now)
 
     def take_all(self, wants: list[tuple[str, float, float, float, str]], now: float | None = None) -> None:
