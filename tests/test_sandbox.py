@@ -712,3 +712,45 @@ def test_a_batch_script_decides_what_is_hidden_when_it_runs(tmp_path: Path) -> N
         assert str(gone) not in argv and argv[argv.index(str(changed)) - 1] == "--tmpfs"
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_anyone_on_the_network_gets_a_bounded_share_of_the_egress_proxy(tmp_path, agent_dir) -> None:
+    """[sandbox] egress_listen puts the egress proxy on an address the nodes reach, where
+    nothing is authenticated: proxy.py's own listener had no bound, and a few hundred idle
+    connections from anyone who reached it stalled the proxy and every contained job's way
+    out with it (here a job on the gateway's machine, through the Unix socket: its fetch
+    timed out). corral's own TCP side holds each address to a share and passes a
+    connection on only once its request begins (attack46)."""
+    import resource
+
+    from .conftest import file_server, free_port
+
+    need_bwrap()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), max(hard, 4096)))
+    listen = f"127.0.0.1:{free_port()}"
+    flood: list[socket.socket] = []
+    try:
+        with file_server(tmp_path / "mirror", "127.0.0.1", "from-the-mirror") as mport, \
+                running(tmp_path, CORRAL_SANDBOX__ALLOW_HOSTS=f'["127.0.0.1:{mport}"]',
+                        CORRAL_SANDBOX__EGRESS_LISTEN=listen) as gw:
+            t = pair(gw)
+            for _ in range(2000):
+                flood.append(socket.create_connection(("127.0.0.1", int(listen.split(":")[1])), 5))
+            time.sleep(1)
+            job = run_job(gw, t["bot1"], f"curl -s -m 10 http://127.0.0.1:{mport}/ok.txt", agent_dir)
+            closed = 0
+            for s in flood:
+                s.setblocking(False)
+                try:
+                    closed += s.recv(1) == b""
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    closed += 1
+        assert job["state"] == "COMPLETED" and job["out"] == "from-the-mirror", job
+        assert closed >= 2000 - 128, closed  # one address's share; the rest closed as they came
+    finally:
+        for s in flood:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -19,7 +19,9 @@ the proxy also listens on TCP at ``[sandbox] egress_listen``, an address of this
 nodes reach; each such job's batch script starts a relay on its node, from a Unix socket
 of its own to that address, and binds the relay's socket in instead
 (corral/lanes/slurm/script.py). The allow-list is the same proxy's: a host that may
-connect to the port reaches only what a job may reach.
+connect to the port reaches only what a job may reach. That TCP side is corral's own
+(``front``), bounded before anything else: each address a share of connections, each
+passed to the proxy's Unix socket once its request begins.
 """
 
 from __future__ import annotations
@@ -222,6 +224,67 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
+FRONT_PER_CLIENT = 128
+"""Connections one address may hold through the proxy's TCP side at once (a node's relays
+carry 64 each); more are closed as they come."""
+FRONT_TOTAL = 512
+"""Connections the TCP side carries at once, from everyone."""
+FIRST_BYTES_S = 10.0
+"""How long a connection to the TCP side may stay silent before its request begins."""
+
+
+async def front(listen: str, socket_path: str) -> None:
+    """The proxy's TCP side ([sandbox] egress_listen), bounded before anything else: no
+    authentication is asked there, so whoever reaches the address is held to a share
+    (``FRONT_PER_CLIENT``, ``FRONT_TOTAL``) and passed to the proxy's Unix socket only once
+    its request begins (``FIRST_BYTES_S``). proxy.py's own listener had no bound: a few
+    hundred idle connections from anyone on the network stalled it, and with it every
+    contained job's egress, local and on every node."""
+    import asyncio
+
+    from corral.core.config import host_port
+
+    held: dict[str, int] = {}
+
+    async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, end: bool) -> None:
+        while data := await src.read(65536):
+            dst.write(data)
+            await dst.drain()
+        if end and dst.can_write_eof():  # the client is done sending: the proxy answers still
+            dst.write_eof()
+        else:
+            dst.close()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        who = str(peer[0]) if peer else "?"
+        if sum(held.values()) >= FRONT_TOTAL or held.get(who, 0) >= FRONT_PER_CLIENT:
+            writer.close()
+            return
+        held[who] = held.get(who, 0) + 1
+        upstream: asyncio.StreamWriter | None = None
+        try:
+            first = await asyncio.wait_for(reader.read(65536), FIRST_BYTES_S)
+            if first:
+                back, upstream = await asyncio.open_unix_connection(socket_path)
+                upstream.write(first)
+                await asyncio.gather(pipe(reader, upstream, True), pipe(back, writer, False))
+        except (OSError, asyncio.TimeoutError):
+            pass
+        finally:
+            held[who] -= 1
+            if not held[who]:
+                del held[who]
+            for w in (upstream, writer):
+                if w is not None:
+                    w.close()
+
+    host, port = host_port(listen)
+    server = await asyncio.start_server(serve, host, port, backlog=1024)
+    async with server:
+        await server.serve_forever()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="corral's egress proxy (proxy.py with an allow-list)")
     ap.add_argument("--socket", required=True, type=Path)
@@ -230,16 +293,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     a = ap.parse_args(argv)
     proc.die_with_parent()
     os.environ["CORRAL_EGRESS_ALLOW"] = a.allow
+    import asyncio
+    import threading
+
     import proxy
 
-    from corral.core.config import host_port
-
-    tcp: list[str] = []
-    if a.listen:  # proxy.py listens on the Unix socket and on each of --hostname x --ports
-        host, port = host_port(a.listen)
-        tcp = ["--hostname", host, "--ports", str(port)]
-    with proxy.Proxy(["--unix-socket-path", str(a.socket), *tcp, "--plugins", "corral.sandbox.egress.AllowHosts",
+    with proxy.Proxy(["--unix-socket-path", str(a.socket), "--plugins", "corral.sandbox.egress.AllowHosts",
                       "--num-workers", "1", "--num-acceptors", "1", "--log-level", "WARNING"]):
+        if a.listen:  # the TCP side is corral's own, bounded, in front of the Unix socket
+            threading.Thread(target=asyncio.run, args=(front(a.listen, str(a.socket)),), daemon=True).start()
         proxy.sleep_loop()
 
 
