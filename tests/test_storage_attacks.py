@@ -343,3 +343,40 @@ def test_the_node_releases_a_workspace_whatever_its_view_holds() -> None:
     finally:
         mounts.unmount_all(top)
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_node_mounts_only_the_directory_that_was_forked() -> None:
+    """Root mounts a workspace's lower layer on each job's node by its path, when the job
+    starts (decision 0036): opened without following links, but as root, whom no
+    permission stops. A directory moved to that path since the fork (one the agent's
+    identity may not read: another user's, in a project the agent may write) was mounted,
+    and the view's root is the trial's own: its names and readable files were the
+    agent's to see. The node now mounts only the directory forked (its inode, recorded
+    at the fork), else refuses (attack46)."""
+    from corral.storage import mounts
+
+    agent, other = pwd.getpwnam("nobody"), pwd.getpwnam("daemon")
+    top = Path(tempfile.mkdtemp(prefix="corral-lower-", dir="/var/tmp"))
+    try:
+        top.chmod(0o777)  # a project its agent and others write in
+        base, theirs = top / "base", top / "theirs"
+        base.mkdir()
+        os.chown(base, agent.pw_uid, agent.pw_gid)
+        theirs.mkdir(mode=0o700)
+        (theirs / "PRIVATE-NAME").write_text("readable, in a closed directory\n")
+        (theirs / "PRIVATE-NAME").chmod(0o644)
+        os.chown(theirs, other.pw_uid, other.pw_gid)
+        d = top / "ws-1"
+        d.mkdir(mode=0o711)
+        mounts.on_nodes(base, d)
+        moved = subprocess.run(["setpriv", f"--reuid={agent.pw_uid}", f"--regid={agent.pw_gid}", "--clear-groups",
+                                "sh", "-c", f"mv {base} {top}/was && mv {theirs} {base}"], capture_output=True, text=True)
+        assert moved.returncode == 0, moved.stderr
+        assert mounts.main(["workspace", str(d), str(base)]) == 1
+        assert not mounts.mounted(d / "merged")
+        seen = subprocess.run(["setpriv", f"--reuid={agent.pw_uid}", f"--regid={agent.pw_gid}", "--clear-groups",
+                               "sh", "-c", f"ls {d}/merged; cat {d}/merged/PRIVATE-NAME"], capture_output=True, text=True)
+        assert "PRIVATE-NAME" not in seen.stdout and "closed directory" not in seen.stdout, seen
+    finally:
+        mounts.unmount_all(top)
+        shutil.rmtree(top, ignore_errors=True)

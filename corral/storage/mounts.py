@@ -36,6 +36,8 @@ from corral.core.errors import BackendError, Conflict, InvalidRequest
 from corral.storage import basefs
 
 UNPACKED_MARK = ".corral-unpacked"
+LOWER_INO = "lower.ino"
+"""In a workspace's directory on the shared layers: the inode of the directory forked."""
 
 
 @dataclass(frozen=True)
@@ -109,15 +111,19 @@ def mount_image(image: Path, at: Path) -> Mounted:
     return Mounted(str(at), "unpacked", "; ".join(tried) + " -> unpacked to node-local scratch")
 
 
-def mount_overlay(lower: Path, upper: Path, work: Path, at: Path) -> Mounted:
+def mount_overlay(lower: Path, upper: Path, work: Path, at: Path, ino: int | None = None) -> Mounted:
     """``lower`` read-only under ``upper`` (the trial's changes) at ``at``. ``lower`` (an
     agent's directory, or a tree of scratch) is opened without following a link in any
     component and given to the mount by descriptor: a link swapped in since it was
-    checked is refused (Conflict), never mounted as the lower layer."""
+    checked is refused (Conflict), never mounted as the lower layer; so is, given its
+    inode (``ino``, recorded at the fork), another directory moved to its path."""
     if mounted(at):
         return Mounted(str(at), "overlay", "already mounted on this node")
     low = _open_base(lower, "discard the workspace and fork the directory itself again")
     try:
+        if ino is not None and os.fstat(low).st_ino != ino:
+            raise Conflict(f"the base of this workspace, {lower}, is not the directory that was forked (it was "
+                           "moved or replaced since); discard the workspace and fork the directory again")
         return _mount_overlay(low, upper, work, at)
     finally:
         os.close(low)
@@ -138,6 +144,11 @@ def on_nodes(lower: Path, d: Path) -> Mounted:
     low = _open_base(lower, "fork the directory itself again")
     try:
         _layers(low, d / "upper", d / "work", d / "merged")
+        # Which directory was forked, for the nodes: root mounts it there by its path, later,
+        # and a directory moved to that path since (one the identity may not read, say) is not it.
+        fd = os.open(d / LOWER_INO, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with open(fd, "w") as f:
+            f.write(str(os.fstat(low).st_ino))
     finally:
         os.close(low)
     return Mounted(str(d / "merged"), "on-node", "mounted by each job on the node it runs on, over layers the "
@@ -218,7 +229,12 @@ def workspace(d: Path, lower: Path) -> Mounted:
     if stat.S_ISLNK(os.lstat(d).st_mode) or owner != os.geteuid() or not stat.S_ISDIR(st.st_mode):
         raise InvalidRequest(f"{d} is not a workspace corral made (a link, or not its own); nothing was mounted")
     unmount(d / "merged")
-    return mount_overlay(lower, d / "upper", d / "work", d / "merged")
+    try:  # (a workspace forked before it was recorded has none)
+        with open(os.open(d / LOWER_INO, os.O_RDONLY | os.O_NOFOLLOW)) as f:
+            ino: int | None = int(f.read(32))
+    except FileNotFoundError:
+        ino = None
+    return mount_overlay(lower, d / "upper", d / "work", d / "merged", ino)
 
 
 def main(argv: list[str] | None = None) -> int:
