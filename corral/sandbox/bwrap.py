@@ -61,6 +61,11 @@ SYSTEM = ("/root", "/etc/munge", "/run/munge", "/var/run/munge", "/var/lib/munge
 JOB_DIR = "/tmp/corral-job"
 """Where a job that runs as ``run_as`` finds its own directory."""
 EGRESS_INSIDE = "/tmp/corral-egress.sock"
+RELAY_DIR = "corral_relay_dir"
+"""A batch shell's variable naming the directory of its egress relay, made as it runs
+(corral/lanes/slurm/script.py ``relay_lines``)."""
+RELAY_SOCKET = f'"${RELAY_DIR}/proxy.sock"'
+"""That relay's socket as a bash word: the one ``Sandbox.egress`` the batch shell expands."""
 PORT_INSIDE = 3128
 _BRIDGE = (f"(socat TCP-LISTEN:{PORT_INSIDE},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{EGRESS_INSIDE} &); "
            f"for i in $(seq 200); do (exec 3<>/dev/tcp/127.0.0.1/{PORT_INSIDE}) 2>/dev/null && break; sleep 0.005; "
@@ -95,7 +100,7 @@ class Sandbox:
     egress: str | None = None
     """The egress proxy's socket (corral/sandbox/egress.py): without the host's network, a job
     reaches the allow-list through it and nothing else. In a batch script (``shell``) it may
-    be a bash word beginning ``"$``, the socket of a relay the script made as it ran."""
+    be ``RELAY_SOCKET``, the socket of a relay the script made as it ran."""
     own_count: bool = True
     """Whether a job started by root gets a user namespace of its own, in which the
     process limit counts its processes alone (False where unprivileged user namespaces
@@ -257,7 +262,7 @@ class Sandbox:
 
     def _egress(self) -> list[Mount]:
         assert self.egress is not None
-        out = [Mount("bind", EGRESS_INSIDE, self.egress, word=self.egress.startswith('"$'))]
+        out = [Mount("bind", EGRESS_INSIDE, self.egress, word=self.egress == RELAY_SOCKET)]
         real = _socat()
         if real and self.bridge and os.path.exists(self.bridge):  # corral's unreadable copy: not traceable
             out.append(Mount("ro-bind", real, self.bridge))

@@ -20,7 +20,7 @@ from corral.lanes.backend import SubmitContext
 from corral.lanes.slurm.base import SlurmBase
 from corral.lanes.slurm.tiers import TIER_LABEL, WALLTIME_LABEL, order_nice, rerun_lines, tier_lines
 from corral.sandbox import opendir
-from corral.sandbox.bwrap import system_python, tool
+from corral.sandbox.bwrap import RELAY_DIR, RELAY_SOCKET, system_python, tool
 from corral.sandbox.egress import relay_argv
 from corral.sandbox.seccomp import apply_argv
 from corral.storage import IMAGE_AT, IMAGE_FILE, META_LABEL, WS_DIR, WS_LOWER, meta
@@ -48,12 +48,6 @@ LOCK_FD = 9
 SCRIPT = f"/dev/fd/{SCRIPT_FD}"
 """Signals job_control may send a Slurm job, passed on by its batch shell to the work
 (TERM and KILL are Slurm's own: a cancel, a walltime)."""
-
-
-RELAY_DIR = "corral_relay_dir"
-"""The batch shell's variable naming its egress relay's directory, made as it runs."""
-RELAY_SOCKET = f'"${RELAY_DIR}/proxy.sock"'
-"""The relay's socket, as a bash word (``Sandbox.egress`` in a batch script)."""
 
 
 def relay_lines(listen: str, who: tuple[int, int] | None) -> list[str]:
