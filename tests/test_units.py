@@ -208,3 +208,20 @@ def test_settings_are_nested_and_the_flat_spelling_still_works(tmp_path, monkeyp
     (home / "corral.toml").write_text("[fastlane]\ncpu = 4\n")
     with pytest.raises(InvalidRequest, match=r"unknown keys \['fastlane.cpu'\]"):
         load_settings()
+
+
+def test_sessions_without_end_never_refill_a_spent_bucket() -> None:
+    """The rate buckets were cleared, all of them, once 100,000 existed: an agent that
+    sent its calls under ever new session ids (one bucket each) had its own spent bucket
+    whole again. Only buckets full again are dropped (attack46)."""
+    from corral.safety.limits import Buckets
+
+    b = Buckets()
+    now = 1000.0
+    while b.take("api:bot", 1, 50, 200, now) == 0:  # the agent's burst, spent
+        pass
+    for i in range(100_002):  # one new session per call, at the agent's rate
+        now += 0.02
+        b.take(f"api:bot:s{i}", 1, 50, 200, now)
+        b.take("api:bot", 1, 50, 200, now)
+    assert b.take("api:bot", 5, 50, 200, now) > 0  # still spent: no burst again

@@ -56,8 +56,8 @@ class Buckets:
         rate /= self.share
         b = self._b.get(key)
         if b is None:
-            if len(self._b) > 100_000:  # long-gone sessions: start afresh rather than grow forever
-                self._b.clear()
+            if len(self._b) > 100_000:  # long-gone sessions: dropped rather than kept forever
+                self._forget_full(now)
             b = self._b[key] = Bucket(rate, burst, burst, now)
         elif b.rate != rate or b.burst != burst:
             # The replicas' count changed (one came or went), or a token's rate: what is left
@@ -65,6 +65,14 @@ class Buckets:
             b.take(0, now)
             b.rate, b.burst, b.tokens = rate, burst, min(b.tokens, burst)
         return b.take(n, now)
+
+    def _forget_full(self, now: float) -> None:
+        """Drop the buckets that are full again (a new one would be the same), not all: a
+        clear refilled every bucket, and an agent that made 100,000 sessions' buckets had its
+        own spent one whole again."""
+        self._b = {k: b for k, b in self._b.items() if b.tokens + (now - b.stamp) * b.rate < b.burst}
+        if len(self._b) > 100_000:  # that many spent at once: the bound on memory wins
+            self._b.clear()
 
     def take_all(self, wants: list[tuple[str, float, float, float, str]], now: float | None = None) -> None:
         """Take from every bucket or from none: (key, n, rate, burst, what) each. Raises
