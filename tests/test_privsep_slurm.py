@@ -214,3 +214,39 @@ def test_a_users_start_marker_is_not_the_start_corral_records(site: tuple[Gatewa
     assert waiting["state"] == "PENDING" and waiting["start_time"] is None, waiting
     assert done["state"] == "COMPLETED", done
     assert done["start_time"] < forged and done["end_time"] - done["start_time"] >= 3, done
+
+
+def test_a_nodes_scratch_made_first_by_another_is_never_written_through(site: tuple[Gateway, Path, str]) -> None:
+    """A contained job's batch script, as root, made the node's scratch directories again
+    where a cleaner had removed them (``mkdir -p``). Scratch's name is predictable
+    (/var/tmp/corral-<hash of the home>), in a directory everyone may write: a link put
+    there by any user of the node made root make its directories wherever the link
+    pointed. Now the script makes or checks them as the gateway does (storage/scratch.py)
+    and stops, naming the path, at one it did not make (attack46)."""
+    import hashlib
+
+    gw, _, _ = site
+    scratch = Path("/var/tmp") / f"corral-{hashlib.sha256(str(gw.home).encode()).hexdigest()[:10]}"
+    assert scratch.is_dir(), scratch
+    elsewhere = Path(tempfile.mkdtemp(prefix="corral-elsewhere-", dir="/var/tmp"))
+    elsewhere.chmod(0o755)
+    try:
+        with gw.http() as h:
+            assert h.post("/v1/principals", json={"name": "pat", "kind": "human"}).status_code == 201
+            assert h.post("/v1/principals", json={"name": "pbot", "kind": "agent", "sponsor": "pat"}).status_code == 201
+            tok = h.post("/v1/tokens", json={"for": "pbot", "expires": "1h"}).json()["token"]
+        shutil.rmtree(scratch)  # a cleaner's age rule
+        planted = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                                  "ln", "-s", str(elsewhere), str(scratch)], capture_output=True, text=True)
+        assert planted.returncode == 0, planted.stderr
+        with gw.http(tok) as h:
+            r = h.post("/v1/jobs", json={"command": "echo ran", "walltime": "60s"})
+            assert r.status_code == 201, r.text
+            job = h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": 90}).json()
+            err = h.get(f"/v1/jobs/{job['id']}/output", params={"stream": "stderr"}).json()["data"]
+        assert os.listdir(elsewhere) == [], os.listdir(elsewhere)
+        assert job["state"] == "FAILED" and str(scratch) in err, (job["state"], err)
+    finally:
+        if scratch.is_symlink():
+            scratch.unlink()
+        shutil.rmtree(elsewhere, ignore_errors=True)

@@ -239,8 +239,18 @@ def workspace(d: Path, lower: Path) -> Mounted:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m corral.storage.mounts image IMAGE AT`` | ``workspace DIR LOWER`` |
-    ``release DIR``: what a Slurm job script runs on its node before its work (prints
-    the path to use), and after it."""
+    ``release DIR`` | ``scratch ROOT SUB...``: what a Slurm job script runs on its node
+    before its work (prints the path to use), and after it."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["scratch"] and len(args) > 1:  # made, or checked as its own, never through a link
+        from corral.storage import scratch
+
+        try:
+            scratch.prepare(Path(args[1]), args[2:], {"uv-cache": 0o755})
+        except InvalidRequest as e:
+            print(f"corral: on {os.uname().nodename}: {e.message}" + (f"; {e.hint}" if e.hint else ""), file=sys.stderr)
+            return 1
+        return 0
     ap = argparse.ArgumentParser(prog="corral.storage.mounts")
     ap.add_argument("what", choices=["image", "workspace", "release"])
     ap.add_argument("image", type=Path, help="the image, or the workspace's directory")

@@ -251,7 +251,14 @@ class Scripts(SlurmBase):
             who = self._contained_as(ctx)
             own = out / "work"
             work = [str(own) if a == str(d) else a for a in (work or [])] or None
-            if self.scratch:  # where the script may (as root): a cleaner's removal must not fail a rerun
+            if self.scratch and root:
+                # A cleaner's removal must not fail a rerun: made again, or checked, as the gateway
+                # makes them (storage/scratch.py). Scratch's name is predictable in a directory
+                # everyone writes: a `mkdir -p` by root went through a link anyone had put there.
+                for top in dict.fromkeys(p.parent for p in self.scratch):
+                    lines.append(shlex.join([*mount, "scratch", str(top), *(p.name for p in self.scratch
+                                                                              if p.parent == top)]) + " || exit 1")
+            elif self.scratch:  # as the job's own user: what it may make anyway
                 lines.append(f"mkdir -p {' '.join(shlex.quote(str(p)) for p in self.scratch)} 2>/dev/null")
             lines.append(f"exec {ENV_FD}< {out / 'env.json'}")
             # The working directory is bound by descriptor, opened without following links
