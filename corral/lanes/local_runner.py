@@ -344,9 +344,14 @@ class Hosted:
             for attempt in range(2):  # a host that exited as we connected: built anew, once
                 self.conn, self.root = connect(host["socket"], host["argv"], host["log"], keep)
                 self.conn.settimeout(30)  # a sandbox that never answers fails the job; it does not hang it
-                socket.send_fds(self.conn, [json.dumps({"id": 0, "argv": launch["argv"], "env": launch["env"]}).encode()],
-                                fds)
-                m = self._next()
+                try:
+                    socket.send_fds(self.conn, [json.dumps({"id": 0, "argv": launch["argv"],
+                                                            "env": launch["env"]}).encode()], fds)
+                    m = self._next()
+                except (ConnectionResetError, BrokenPipeError):
+                    # It closed with our message unread (it was exiting as we connected): the
+                    # job never started, and nothing it starts outlives it, so once more is safe.
+                    m = None
                 if m is None and attempt == 0:
                     self.conn.close()
                     continue
