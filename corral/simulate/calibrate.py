@@ -51,8 +51,10 @@ def _mean_s(stats: dict[str, tuple[int, int]], *names: str) -> tuple[int, float]
 def calibrate(queries: int = 200, held: int = 300, clients: int = 8, burst_s: float = 5.0,
               say: Callable[[str], None] = print) -> dict[str, Any]:
     env = os.environ.get("SLURM_CONF", "")
-    if not os.path.isfile(env or "/etc/slurm/slurm.conf") and not (not env and os.path.isdir("/run/slurm/conf")):
-        raise InvalidRequest(f"no slurm.conf at {env or '/etc/slurm/slurm.conf'}",
+    conf = env or "/etc/slurm/slurm.conf"
+    configless = not env and os.path.isdir("/run/slurm/conf")  # slurmd's cache of a configless cluster's
+    if not os.path.isfile(conf) and not configless:
+        raise InvalidRequest(f"no slurm.conf at {conf}",
                              hint="set SLURM_CONF to the slurm.conf of the cluster to measure")
     reset = proc.run(["sdiag", "-r"], check=False)
     if reset.returncode != 0:  # before any job is submitted

@@ -145,7 +145,9 @@ def run(command: list[str], url: str, token: str | None, session: str | None, fe
     if not command:
         raise InvalidRequest("give the agent's command after --", hint="corral agent run -- claude")
     if shutil.which(command[0]) is None and not os.path.exists(command[0]):
-        raise InvalidRequest(f"{command[0]!r} is not a program on PATH", hint="install it (Claude Code: npm install -g @anthropic-ai/claude-code; Codex: npm install -g @openai/codex) or give its full path")
+        raise InvalidRequest(f"{command[0]!r} is not a program on PATH",
+                             hint="install it (Claude Code: npm install -g @anthropic-ai/claude-code; Codex: "
+                                  "npm install -g @openai/codex) or give its full path")
     if not token or not token.strip() or token.startswith("-"):
         # `--token $TOKEN` with TOKEN empty reaches here as --token '' or as --token -- (the
         # shell drops an empty unquoted word): never start an agent on that.
