@@ -217,6 +217,20 @@ def test_an_agents_jobs_are_contained_on_every_node(gw: Gateway, agent_dir: Path
         assert root_files == "0" and munge_files == "0", (node, root_files, munge_files)
 
 
+@contextlib.contextmanager
+def egress_gateway(tmp_path: Path, conf: str, bridge: str, allowed: int) -> Iterator[tuple[Gateway, str]]:
+    """A Slurm gateway whose proxy listens on the nodes' bridge and allows ``allowed`` there,
+    and a token of an agent, bot, of alice's. -> (gateway, token)."""
+    with running(tmp_path, CORRAL_BACKEND="slurm", SLURM_CONF=conf, CORRAL_TICK_S="0.5",
+                 CORRAL_SANDBOX__ALLOW_HOSTS=f'["{bridge}:{allowed}"]',
+                 CORRAL_SANDBOX__EGRESS_LISTEN=f"{bridge}:{free_port()}") as g:
+        with g.http() as h:
+            h.post("/v1/principals", json={"name": "alice", "kind": "human"})
+            h.post("/v1/principals", json={"name": "bot", "kind": "agent", "sponsor": "alice"})
+            token = h.post("/v1/tokens", json={"for": "bot", "expires": "1h", "max_cpus": 64}).json()["token"]
+        yield g, token
+
+
 def test_egress_works_on_every_node_through_its_own_relay(tmp_path: Path, agent_dir: Path) -> None:
     """[sandbox] allow_hosts with egress_listen: an agent's jobs on several nodes each reach
     the allowed host through the proxy and are refused any other, by the proxy's own words;
@@ -227,13 +241,7 @@ def test_egress_works_on_every_node_through_its_own_relay(tmp_path: Path, agent_
     before = set(Path("/tmp").glob("corral-egress.*"))
     with file_server(tmp_path / "allowed", bridge, "from-the-mirror") as aport, \
             file_server(tmp_path / "other", bridge, "should-never-arrive") as oport, \
-            running(tmp_path, CORRAL_BACKEND="slurm", SLURM_CONF=conf, CORRAL_TICK_S="0.5",
-                    CORRAL_SANDBOX__ALLOW_HOSTS=f'["{bridge}:{aport}"]',
-                    CORRAL_SANDBOX__EGRESS_LISTEN=f"{bridge}:{free_port()}") as g:
-        with g.http() as h:
-            h.post("/v1/principals", json={"name": "alice", "kind": "human"})
-            h.post("/v1/principals", json={"name": "bot", "kind": "agent", "sponsor": "alice"})
-            token = h.post("/v1/tokens", json={"for": "bot", "expires": "1h", "max_cpus": 64}).json()["token"]
+            egress_gateway(tmp_path, conf, bridge, aport) as (g, token):
         probe = (f"hostname; stat -L -c %i /tmp/corral-egress.sock; curl -s -m 20 http://{bridge}:{aport}/ok.txt; echo; "
                  # (curl to a host off the list is refused at submit as exfiltration: asked another way)
                  f"python3 -c \"import urllib.request as u, urllib.error as e\ntry: u.urlopen('http://{bridge}:{oport}/ok.txt', "
@@ -269,13 +277,7 @@ def test_a_requeued_job_makes_its_relay_afresh(tmp_path: Path, agent_dir: Path) 
     conf = quiet(cluster_conf())
     bridge = f"{layout(conf)['NET']}.254"
     with file_server(tmp_path / "allowed", bridge, "from-the-mirror") as aport, \
-            running(tmp_path, CORRAL_BACKEND="slurm", SLURM_CONF=conf, CORRAL_TICK_S="0.5",
-                    CORRAL_SANDBOX__ALLOW_HOSTS=f'["{bridge}:{aport}"]',
-                    CORRAL_SANDBOX__EGRESS_LISTEN=f"{bridge}:{free_port()}") as g:
-        with g.http() as h:
-            h.post("/v1/principals", json={"name": "alice", "kind": "human"})
-            h.post("/v1/principals", json={"name": "bot", "kind": "agent", "sponsor": "alice"})
-            token = h.post("/v1/tokens", json={"for": "bot", "expires": "1h", "max_cpus": 64}).json()["token"]
+            egress_gateway(tmp_path, conf, bridge, aport) as (g, token):
         with g.http(token) as h:
             r = h.post("/v1/jobs", json={"workdir": str(agent_dir), "walltime": "5m", "command":
                        f"if [ -e once ]; then curl -s -m 20 http://{bridge}:{aport}/ok.txt; else touch once; sleep 300; fi"})
