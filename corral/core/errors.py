@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from corral.core.text import SHAPES
+
 
 class CorralError(Exception):
     """Root of every corral error. ``message`` is shown to the caller as is."""
@@ -119,13 +121,6 @@ _WORDS = {
 }
 """pydantic's error types in corral's words: a caller reads 'tail must be at least 0',
 not a library's phrasing and field path."""
-_SHAPES = {
-    r"^ws-[0-9a-f]{12}$": "a workspace id as `corral workspace fork` printed it: ws- and 12 hex digits",
-    r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$": "a name of 1-64 letters, digits, '_', '.' or '-', starting with a letter "
-                                          "or digit",
-    r"^/[^\x00]*$": "an absolute path",
-}
-"""The patterns corral's fields use, said as what to write instead of as a regex."""
 
 
 class SandboxUnavailable(CorralError):
@@ -197,8 +192,8 @@ def describe_validation(errors: Iterable[dict[str, Any]], where_default: str, un
             parts.append("the request body is not valid JSON; send a JSON object")
         elif unknown_field and kind == "extra_forbidden":
             parts.append(f"{where}: {unknown_field}")
-        elif kind == "string_pattern_mismatch" and (err.get("ctx") or {}).get("pattern") in _SHAPES:
-            parts.append(f"{where} must be {_SHAPES[err['ctx']['pattern']]}")
+        elif kind == "string_pattern_mismatch" and (err.get("ctx") or {}).get("pattern") in SHAPES:
+            parts.append(f"{where} must be {SHAPES[err['ctx']['pattern']]}")
         elif kind in _WORDS:
             try:
                 parts.append(f"{where} {_WORDS[kind].format(**(err.get('ctx') or {}))}")

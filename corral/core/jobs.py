@@ -15,6 +15,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 from corral.core import slurm_formats
 from corral.core.errors import NotFound
 from corral.core.lane_names import LaneChoice
+from corral.core.text import NAME, WS_ID
 
 
 class JobState(str, enum.Enum):
@@ -270,11 +271,11 @@ class JobSpec(BaseModel):
                     "(Slurm's --dependency=afterany).")
 
     image: str | None = Field(
-        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        None, pattern=NAME,
         description="An environment image (its name or key, from corral env build / env list) mounted read-only "
                     "in the job, its python first on PATH. 'env': NAME says the same.")
     workspace: str | None = Field(
-        None, pattern=r"^ws-[0-9a-f]{12}$",
+        None, pattern=WS_ID,
         description="A trial workspace (from corral workspace fork DIR): the job runs in it and its writes stay "
                     "there until the workspace is committed or discarded.")
 

@@ -1,7 +1,20 @@
 """What the gateway accepts as text in what a caller writes (a note, a field of a body):
-checked in one place for every edge and verb."""
+checked in one place for every edge and verb, and the shapes its names and ids take."""
 
 from __future__ import annotations
+
+NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+"""An image's name (and what names one: a key, a build's digest)."""
+WS_ID = r"^ws-[0-9a-f]{12}$"
+"""A workspace's id."""
+ABS_PATH = r"^/[^\x00]*$"
+"""A directory to fork."""
+SHAPES = {
+    WS_ID: "a workspace id as `corral workspace fork` printed it: ws- and 12 hex digits",
+    NAME: "a name of 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit",
+    ABS_PATH: "an absolute path",
+}
+"""Each pattern said as what to write instead of as a regex (core/errors.py's refusals)."""
 
 
 def text_problem(text: str, where: str) -> str | None:

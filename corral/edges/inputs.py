@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from corral.core.jobs import MAX_INT, JobSpec, expand_array
 from corral.safety.tokens import Caveats, caveats_from
 from corral.core.lane_names import LaneChoice
+from corral.core.text import ABS_PATH, NAME, WS_ID
 
 __all__ = ["JobSpec"]  # a verb's body by name, beside the others
 
@@ -107,7 +108,7 @@ class EnvBuildIn(BaseModel):
         ..., min_length=1, max_length=2,
         description="The environment's file by its name: requirements.txt, pyproject.toml, or uv.lock with its "
                     "pyproject.toml.")
-    name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+    name: str | None = Field(None, pattern=NAME,
                              description="A name jobs may use for the image (env: NAME).")
     rebuild: bool = Field(False, description="Build again even if an image exists (a corrupt one, say).")
 
@@ -116,14 +117,14 @@ class EnvGcIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     older_than_days: float | None = Field(None, gt=0, le=3650,
                                           description="Collect images unused this long (default: the facility's).")
-    image: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+    image: str | None = Field(None, pattern=NAME,
                               description="Collect this one image instead.")
     dry_run: bool = Field(False, description="Say what would be collected, collect nothing.")
 
 
 class ForkIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    base: str = Field(..., min_length=1, max_length=4096, pattern=r"^/[^\x00]*$",
+    base: str = Field(..., min_length=1, max_length=4096, pattern=ABS_PATH,
                       description="Absolute path of the directory (or git repository) to fork.")
     rev: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_./^~@{}-]+$",
                             description="A git commit, branch or tag of base: the workspace starts from it.")
@@ -189,12 +190,12 @@ class TokenParams(BaseModel):
 
 
 class EnvParams(BaseModel):
-    ref: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+    ref: str = Field(pattern=NAME,
                      description="An image's name or key, or a build request's digest.")
 
 
 class WsParams(BaseModel):
-    ws_id: str = Field(pattern=r"^ws-[0-9a-f]{12}$", description="A workspace id (ws-...).")
+    ws_id: str = Field(pattern=WS_ID, description="A workspace id (ws-...).")
 
 
 # -- a job as the MCP tools take it ----------------------------------------------------

@@ -39,6 +39,7 @@ from corral.core.jobs import JobSpec, JobState
 from corral.core.output import read_tail
 from corral.core.principals import Caller
 from corral.core.lane_names import BATCH
+from corral.core.text import NAME
 from corral.storage import mounts, requirements, scratch, staging
 from corral.storage.build import sha256_file
 
@@ -62,7 +63,7 @@ TLS_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR", "https_proxy", "HTTPS_PROXY", "no_pr
 index (a contained one has only its sandbox's way out, and keeps the certificates)."""
 CODE = str(paths.CODE_ROOT)
 """Where this gateway's corral package lies: the pack job runs the same code."""
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_NAME = re.compile(NAME)
 _PROGRESS = re.compile(r"^corral-progress (\d+)/(\d+) (.*)$", re.M)
 _ERROR = re.compile(r"^corral-error: (.*)$", re.M)
 

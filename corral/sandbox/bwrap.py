@@ -336,11 +336,8 @@ def _home_of(uid: int) -> str | None:
 def credentials(home: str | None) -> tuple[tuple[str, ...], ...]:
     """(bwrap flag, path[, source]) emptying each credential under ``home`` that exists
     now, where it really lies (a link's target): a stat per name, ~20 us in all."""
-    if not home or home in ("/", "/nonexistent"):
-        return ()
     out: list[tuple[str, ...]] = []
-    for c in CREDENTIALS:
-        p = os.path.join(home, c)
+    for p in _candidates(home):
         if os.path.exists(p):
             real = os.path.realpath(p)
             out.append(("--tmpfs", real) if os.path.isdir(real) else ("--ro-bind", real, "/dev/null"))

@@ -13,6 +13,7 @@ import click
 
 from corral.edges.cli.kit import Ctx, table, ts
 from corral.core.errors import InvalidRequest
+from corral.core.text import WS_ID as WS_ID_PATTERN
 
 
 def _size(n: int | None) -> str:
@@ -166,7 +167,7 @@ def ws_fork(o: Ctx, base: Path, rev: str | None) -> None:
                        f"({w['how']})\n  path: {w['path']}\n  run in it: corral submit --workspace {w['workspace']} -- ...")
 
 
-WS_ID = re.compile(r"^ws-[0-9a-f]{12}$")
+WS_ID = re.compile(WS_ID_PATTERN)
 
 
 def _ws_id(ctx: click.Context, param: click.Parameter, value: Any) -> Any:

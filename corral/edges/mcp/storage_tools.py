@@ -11,6 +11,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 from pydantic import Field
 
+from corral.core.text import NAME, WS_ID
 from corral.edges.schemas import ToolEnv, ToolWorkspace
 from corral.edges.verbs import BY_NAME
 
@@ -53,7 +54,7 @@ def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"], limit: Callabl
             "The text of a pyproject.toml (its dependencies are installed); with uv_lock, the project it locks."))] = None,
         uv_lock: Annotated[str | None, Field(max_length=1024 * 1024, description=(
             "The text of a uv.lock, given with its pyproject."))] = None,
-        name: Annotated[str | None, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description=(
+        name: Annotated[str | None, Field(pattern=NAME, description=(
             "A name your jobs may use for the image (submit_job image=NAME)."))] = None,
         rebuild: Annotated[bool, Field(description="Build again even if the image exists (a corrupt one).")] = False,
         timeout_s: Annotated[float | None, Field(ge=0, description=(
@@ -96,7 +97,7 @@ def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"], limit: Callabl
             "fork: a new copy-on-write workspace over `base`; list: yours; diff: what a trial changed; "
             "commit: write the changes back to the base (refused, naming the paths, if the base changed there); "
             "discard: drop it."))],
-        workspace_id: Annotated[str | None, Field(pattern=r"^ws-[0-9a-f]{12}$", description=(
+        workspace_id: Annotated[str | None, Field(pattern=WS_ID, description=(
             "The workspace (ws-...), for diff, commit and discard."))] = None,
         base: Annotated[str | None, Field(description="For fork: the absolute path of the project directory.")] = None,
         rev: Annotated[str | None, Field(description="For fork: start from this git commit, branch or tag of base.")] = None,
