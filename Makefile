@@ -54,6 +54,7 @@ run: $(RUN_STAMP)
 # say how to get them.
 test: $(TEST_STAMP)
 	@scripts/slurm-up >/dev/null || { [ "$$CI" != "true" ] && echo "make test: no Slurm; its tests will skip"; }
+	@scripts/slurm-up --second >/dev/null || { [ "$$CI" != "true" ] && echo "make test: no second Slurm; its tests will run on the first"; }
 	@scripts/browser-up || { [ "$$CI" != "true" ] && echo "make test: no Chromium; the browser test will skip"; }
 	@scripts/sandbox-up || { [ "$$CI" != "true" ] && echo "make test: no bubblewrap; the sandbox tests will skip"; }
 	@scripts/storage-up || { [ "$$CI" != "true" ] && echo "make test: no squashfs-tools; the storage tests will skip"; }

@@ -23,7 +23,8 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from .slurm_env import SLURM_CONF, turn_lock
+from . import slurm_env
+from .slurm_env import turn_lock
 
 # Bytecode is cached for this session's Python processes. Under PYTHONDONTWRITEBYTECODE=1
 # (set where the suite ran in CI rehearsals) and a venv installed by uv (which compiles
@@ -178,22 +179,19 @@ def cli_in_process(args: list[str], env: dict[str, str], cwd: Path,
     return subprocess.CompletedProcess(["corral", *args], r.exit_code, r.stdout, r.stderr)
 
 
-SLURM_LOCK = turn_lock(SLURM_CONF)
-"""One lock per private Slurm instance (tests/slurm_env.py)."""
-
-
 @contextlib.contextmanager
 def slurm_lock(shared: bool = False) -> Iterator[None]:
-    """A turn on the one private Slurm, across pytest-xdist workers and test sessions: shared
-    with other tests holding a shared turn, or alone (exclusive). (xdist's --dist loadgroup
-    would group them, but it marks groups by rewriting node ids, which pytest 9 ignores:
-    the group ran on both workers.)"""
+    """A turn on the current test's private Slurm (one lock per instance: tests/slurm_env.py),
+    across pytest-xdist workers and test sessions: shared with other tests holding a shared
+    turn, or alone (exclusive). (xdist's --dist loadgroup would group them, but it marks
+    groups by rewriting node ids, which pytest 9 ignores: the group ran on both workers.)"""
     import fcntl
 
+    lock = turn_lock(slurm_env.current())
     # Through a turnstile (a second lock, held while the turn is awaited): a test waiting to
     # run alone holds it, so no new shared turn begins meanwhile (flock itself prefers no one,
     # and the two workers' shared turns could overlap without end).
-    with open(SLURM_LOCK + ".gate", "w") as gate, open(SLURM_LOCK, "w") as f:
+    with open(lock + ".gate", "w") as gate, open(lock, "w") as f:
         fcntl.flock(gate, fcntl.LOCK_EX)
         fcntl.flock(f, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         fcntl.flock(gate, fcntl.LOCK_UN)
@@ -392,18 +390,28 @@ SLURM_TESTS = {
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """The real-Slurm test files go to one worker, one test after another, the rest to
-    the other: a turn taken on both workers left one of them idle on the lock while the
-    other ran (xdist's own ``--dist loadgroup`` marks groups by rewriting node ids, which
-    pytest 9 ignores; this scheduler reads the file of each id instead)."""
+    """The real-Slurm tests of each private Slurm instance go to one worker, one test after
+    another; the rest spread over the workers. A turn taken on two workers left one of them
+    idle on the lock while the other ran; two instances give two such chains at once
+    (xdist's own ``--dist loadgroup`` marks groups by rewriting node ids, which pytest 9
+    ignores; this scheduler reads the file of each id instead)."""
     from xdist.scheduler import LoadScopeScheduling
 
-    class SlurmOnOneWorker(LoadScopeScheduling):
+    class SlurmChains(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            base = nodeid.split("[")[0]
-            return "slurm" if nodeid.split("::")[0] in SLURM_FILES or base in SLURM_TESTS else nodeid
+            path = nodeid.split("::")[0]
+            if path in SLURM_FILES or nodeid.split("[")[0] in SLURM_TESTS:
+                return "slurm " + slurm_env.conf_of(path)
+            return nodeid
 
-    return SlurmOnOneWorker(config, log)
+    return SlurmChains(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The test's private Slurm is chosen before any of its fixtures (a module's gateway
+    among them) asks slurm_conf() which it is."""
+    slurm_env.use(slurm_env.conf_of(item.nodeid.split("::")[0]))
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:

@@ -13,6 +13,36 @@ from pathlib import Path
 import pytest
 
 SLURM_CONF = os.environ.get("SLURM_CONF") or "/tmp/corral-slurm/etc/slurm.conf"
+"""The first private Slurm: every real-Slurm test's unless its file is in SECOND_FILES."""
+SECOND_CONF = os.environ.get("CORRAL_TEST_SLURM2") or "/tmp/corral-slurm2/etc/slurm.conf"
+"""A second private Slurm (make test starts it: scripts/slurm-up --second), so that two
+chains of real-Slurm tests run at once, each taking its turns on its own instance
+(docs/decisions/0031). Where it is not there, its files' tests use the first."""
+SECOND_FILES = {f"tests/{name}.py" for name in (
+    "test_compat", "test_backend_slurm", "test_privsep_slurm", "test_privsep_submit", "test_slurm_control")}
+"""The test files on the second instance: about half of the real-Slurm tests' time
+(docs/benchmarks.md, the suite), none of those that stop a controller or a node."""
+
+
+def conf_of(path: str) -> str:
+    """The private Slurm the tests of this file (a path from the repository's root) use."""
+    return SECOND_CONF if path in SECOND_FILES and os.path.exists(SECOND_CONF) else SLURM_CONF
+
+
+_current = SLURM_CONF
+"""The instance of the test being run (a worker runs one test at a time: use())."""
+
+
+def use(conf: str) -> None:
+    """The test about to run uses this instance: slurm_conf() answers it, and so does
+    SLURM_CONF in this process's environment (which its subprocesses inherit)."""
+    global _current
+    _current = conf
+    os.environ["SLURM_CONF"] = conf
+
+
+def current() -> str:
+    return _current
 
 
 def answers(conf: str, within: float) -> bool:
@@ -31,20 +61,21 @@ def answers(conf: str, within: float) -> bool:
         time.sleep(0.5)
 
 
-_gone = False
-"""Set once Slurm did not answer: the next tests do not wait for it again."""
+_gone: set[str] = set()
+"""The instances that did not answer once: the next tests do not wait for them again."""
 
 
 def slurm_conf() -> str:
-    global _gone
-    ok = not _gone and os.path.exists(SLURM_CONF) and answers(SLURM_CONF, 60)
-    _gone = not ok
+    """The current test's private Slurm, once it answers."""
+    conf = _current
+    ok = conf not in _gone and os.path.exists(conf) and answers(conf, 60)
     if not ok:
+        _gone.add(conf)
         if os.environ.get("CI") == "true":
-            pytest.fail(f"Slurm is required under CI and does not answer (SLURM_CONF={SLURM_CONF}); "
+            pytest.fail(f"Slurm is required under CI and does not answer (SLURM_CONF={conf}); "
                         "make test runs scripts/slurm-up first")
         pytest.skip("no Slurm here: run scripts/slurm-up (as root) to test the Slurm backend")
-    return SLURM_CONF
+    return conf
 
 
 # ---- the private Slurm's layout (scripts/slurm-up; docs/decisions/0032-private-cluster.md)
