@@ -22,10 +22,11 @@ from .slurm_env import restore, slurm_conf, stop_controllers
 pytestmark = [pytest.mark.usefixtures("slurm_turn"), SHARED_TURN]
 
 
-def start_slurm_gateway(root: Path, conf: str) -> Gateway:
-    """A gateway on the Slurm backend with its home in ``root``, started (the caller stops it)."""
+def start_slurm_gateway(root: Path, conf: str, **env: str) -> Gateway:
+    """A gateway on the Slurm backend with its home in ``root`` (``env``: more CORRAL_*
+    settings), started (the caller stops it)."""
     gw = Gateway(root / "home", free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": conf,
-                                                        "CORRAL_TICK_S": "0.5"})
+                                                        "CORRAL_TICK_S": "0.5", **env})
     gw.home.mkdir()
     gw.start()
     return gw

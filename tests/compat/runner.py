@@ -61,18 +61,65 @@ def setup(cwd: Path, env: dict[str, str]) -> dict[str, str]:
     raise AssertionError(f"the setup jobs did not settle: {acct!r} {run!r}")
 
 
-def run_all(cwd: Path, env: dict[str, str],
-            only: set[str] | None = None) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+def queue_wide(cmd: str) -> bool:
+    """Whether an invocation reads or changes more than jobs of its own: the whole queue
+    (squeue or sacct without -j, sinfo's node states), the setup's jobs (scancel or
+    scontrol hold of them) or jobs by name. Those run alone, in the corpus's order, once
+    the queue holds only the setup's jobs again; the rest run a few at a time."""
+    for seg in re.split(r"[|;&]+|\$\(|\)", cmd):
+        words = seg.split()
+        tool, args = (words[0], words[1:]) if words else ("", [])
+        if tool == "sinfo" or (tool == "scontrol" and args[:1] != ["show"]):
+            return True
+        if tool in ("squeue", "sacct") and "-j" not in args:
+            return True
+        if tool == "scancel" and any(a == "-n" or a in ("$HELD", "$RUN", "$DONE", "$FAIL") for a in args):
+            return True
+    return False
+
+
+def _quiet(cwd: Path, env: dict[str, str], ids: dict[str, str]) -> None:
+    """Until the caller's queue holds only the setup's jobs still there (what the
+    queue-wide invocations saw when the corpus ran one invocation at a time)."""
+    setup_jobs = {ids["RUN"], ids["HELD"]}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if set(shell("squeue -h --me -o %i", cwd, env).stdout.split()) <= setup_jobs:
+            return
+        time.sleep(0.5)
+
+
+def run_all(cwd: Path, env: dict[str, str], only: set[str] | None = None,
+            at_once: int = 6) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """The corpus, in its order: the invocations between two queue-wide ones run
+    ``at_once`` at a time (each on jobs of its own), a queue-wide one alone after them."""
+    from concurrent.futures import ThreadPoolExecutor
+
     ids = setup(cwd, env)
     full = {**env, **ids, "MISSING": MISSING, "USER": env.get("USER") or "root"}
-    ids = {**ids, "CWD": str(cwd)}  # the directory differs between runs: normalised like an id
     out: dict[str, dict[str, Any]] = {}
-    for name, cmd in corpus():
-        if only is not None and name not in only:
-            continue
+
+    def one(name: str, cmd: str) -> None:
         r = shell(cmd, cwd, full)
         out[name] = {"cmd": cmd, "rc": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
-    return ids, out
+
+    with ThreadPoolExecutor(at_once) as pool:
+        batch = []
+        for name, cmd in corpus():
+            if only is not None and name not in only:
+                continue
+            if not queue_wide(cmd):
+                batch.append(pool.submit(one, name, cmd))
+                continue
+            for f in batch:
+                f.result()
+            batch = []
+            _quiet(cwd, full, ids)
+            one(name, cmd)
+        for f in batch:
+            f.result()
+    ids = {**ids, "CWD": str(cwd)}  # the directory differs between runs: normalised like an id
+    return ids, {name: out[name] for name, _ in corpus() if name in out}
 
 
 def cleanup(cwd: Path, env: dict[str, str], ids: dict[str, str] | None = None) -> None:
