@@ -16,6 +16,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from corral.core.errors import Forbidden
+from corral.edges.client import Client as CorralClient
 from corral.safety.audit import AuditLog
 from corral.safety.tokens import PREFIX, Caveats, TokenAuthority, attenuate
 
@@ -218,12 +219,20 @@ def test_budgets_and_concurrency_caps(gateway: Gateway, people: dict[str, str], 
         mine = h.get("/v1/facility").json()["you"]["budgets"]
         assert mine and mine[0]["cpu_hours"]["limit"] == 0.1 and mine[0]["active_jobs"]["limit"] == 2
         assert 0 <= mine[0]["cpu_hours"]["left"] <= 0.1 and mine[0]["active_jobs"]["now"] == 0
-        assert h.post("/v1/jobs", json={**job, "command": "true", "walltime": "1m"}).status_code == 201
+        # ... and so does `budget`, those figures alone (the card asks the scheduler too)
+        assert h.get("/v1/budget").json() == {"principal": "bot1", "budgets": mine}
+        assert h.post("/v1/jobs", json={**job, "command": "sleep 5", "walltime": "1m"}).status_code == 201
+        now = CorralClient(gateway.url, tok["token"]).budget()["budgets"][0]  # the Python client's, from the verb's row
+        assert now["active_jobs"]["now"] == 1 and now["cpu_hours"]["used"] >= mine[0]["cpu_hours"]["used"] + 0.016
     # A sub-agent's narrowed token shares its parent's budget: it cannot spend it twice.
     _, sub = attenuate(tok["token"], Caveats(cpu_hours=10), _pubkey(gateway))
     with gateway.http(sub) as h:
         r = h.post("/v1/jobs", json={**job, "walltime": "10m"})
         assert r.status_code == 403 and "budget" in r.json()["error"]["message"]
+        blocks = h.get("/v1/budget").json()["budgets"]
+        assert [b["cpu_hours"]["limit"] for b in blocks] == [0.1, 10.0], blocks
+    with gateway.http(people["carol"]) as h:
+        assert h.get("/v1/budget").json() == {"principal": "carol", "budgets": []}
 
 
 def test_guard_redacts_flags_and_taints_the_credential(gateway: Gateway, people: dict[str, str], agent_dir) -> None:

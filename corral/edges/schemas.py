@@ -199,6 +199,14 @@ class FacilityOut(_Out):
     degraded: str | None
 
 
+class BudgetOut(_Out):
+    principal: str
+    budgets: list[dict[str, Any]] = Field(description=(
+        "Each limited block of the caller's token (the token, then each it was attenuated "
+        "from): cpu_hours and gpu_hours (limit, used, left), active_jobs (limit, now), "
+        "submits_per_min. Empty: the token has no limits."))
+
+
 class UsageOut(_Out):
     job_id: int
     state: JobState

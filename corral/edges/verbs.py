@@ -257,6 +257,7 @@ VERBS: tuple[Verb, ...] = (
          tool=Tool("cancel_job", "Cancel a job", read_only=False, destructive=True)),
     Verb("facility", "GET", "/v1/facility", lambda s, c, a: s.facility(c), out="FacilityOut", tags=("facility",),
          tool=Tool("facility_info", "What this facility offers you", read_only=True), cli="facility"),
+    Verb("budget", "GET", "/v1/budget", lambda s, c, a: s.budget(c), out="BudgetOut", tags=("facility",)),
     Verb("env_build", "POST", "/v1/env/build",
          lambda s, c, a: s.storage.env_build(c, dict(a["body"].files), a["body"].name, a["body"].rebuild),
          args=("files", "name", "rebuild"), body="EnvBuildIn", out="EnvOut", status=202,

@@ -199,6 +199,12 @@ class Service:
                             "would_rule": out["rule"]}])
         return out
 
+    def budget(self, caller: Caller) -> dict[str, Any]:
+        """What the caller's token limits and what is used of it, block by block (the figures
+        admission checks, a live job charged its whole walltime): cheap enough to ask in
+        an agent's loop, unlike the facility card, which asks the scheduler."""
+        return {"principal": caller.name, "budgets": budgets(self.gate.store, caller.cap)}
+
     # -- reading jobs -----------------------------------------------------------------------
 
     def _may_read(self, caller: Caller) -> None:
