@@ -47,9 +47,7 @@ def sacct(conf: str, job: str, fields: str) -> str:
 
 @pytest.mark.slurm_turn("none")  # asks Slurm nothing
 def test_generated_script_matches_golden(tmp_path) -> None:
-    b = SlurmBackend.__new__(SlurmBackend)
-    b.agent_nice, b.agent_qos = 100, "agents"
-    b.sandbox = None  # the script as written; contained, see test_gateway_slurm.py
+    b = SlurmBackend(tmp_path / "jobs", None, 100, "agents")  # no sandbox: the script as written (contained: test_gateway_slurm.py)
     spec = JobSpec(command="python train.py --epochs 3", cpus=4, memory="8G", gpus=2, walltime="90s",
                    partition="gpu", env={"SEED": "42", "MSG": "it's ok"}, workdir="/work/alice")
     c = SubmitContext(17, "claude-1", "agent", "alice", "sess-9", None, "physics")
@@ -72,14 +70,13 @@ def test_state_table_and_exit_codes() -> None:
 
 
 @pytest.mark.slurm_turn("none")  # asks Slurm nothing
-def test_preflight_suggests_the_partition_that_fits() -> None:
+def test_preflight_suggests_the_partition_that_fits(tmp_path) -> None:
     """A facility where only 'gpu' has GPUs and only 'long' runs for days (no Slurm needed)."""
     from corral.lanes.backend import Partition
 
-    b = SlurmBackend.__new__(SlurmBackend)
-    b.slurm_conf, b._limits_key = None, None
-    b._limits = [Partition("cpu", 64, 256000, 0, 3600, default=True), Partition("gpu", 32, 512000, 8, 86400),
-                 Partition("long", 64, 256000, 0, 7 * 86400)]
+    b = SlurmBackend(tmp_path / "jobs", None, partitions=[
+        Partition("cpu", 64, 256000, 0, 3600, default=True), Partition("gpu", 32, 512000, 8, 86400),
+        Partition("long", 64, 256000, 0, 7 * 86400)])
     with pytest.raises(InvalidRequest, match="use partition 'gpu', or set gpus to 0"):
         b.preflight(JobSpec(command="true", gpus=2))
     with pytest.raises(InvalidRequest, match="or use partition 'gpu'"):
@@ -182,7 +179,6 @@ def test_runs_as_the_principals_unix_user(conf) -> None:
 def test_accounting_lag_is_asked_again_next_tick(tmp_path) -> None:
     """squeue says a job ended but sacct has no record yet: the next status call polls
     again instead of waiting poll_s (no Slurm needed: the one door is replaced)."""
-    b = SlurmBackend(tmp_path / "jobs", None, poll_s=3600)
     calls: list[str] = []
     answers = {"squeue": "42|CANCELLED|None|2026-01-01T00:00:00\n", "sacct": ""}
 
@@ -190,7 +186,7 @@ def test_accounting_lag_is_asked_again_next_tick(tmp_path) -> None:
         calls.append(argv[0])
         return answers[argv[0]]
 
-    b._run = fake_run  # type: ignore[method-assign]
+    b = SlurmBackend(tmp_path / "jobs", None, poll_s=3600, run=fake_run)
     first = b.status(["42"])["42"]
     assert first.state is JobState.RUNNING and "waiting for accounting" in (first.reason or "")
     answers["sacct"] = "42|CANCELLED by 0|0:15|2026-01-01T00:00:00|2026-01-01T00:00:05|None\n"

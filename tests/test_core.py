@@ -136,10 +136,9 @@ def test_progress_wakes_waiters_and_keeps_outcomes(tmp_path) -> None:
 
 def test_slurm_backend_forgets_what_the_core_recorded(tmp_path) -> None:
     """_final and _dirs grew with every job the gateway ever saw; the output is still found."""
-    b = SlurmBackend(tmp_path / "jobs", None, poll_s=3600, clock=lambda: 5.0)
     answers = {"sbatch": "77\n", "squeue": "", "sacct": "77|COMPLETED|0:0|2026-01-01T00:00:00|2026-01-01T00:00:01|None\n"}
-    b._run = lambda *argv: answers[argv[0]]  # type: ignore[method-assign]
-    b._limits = []  # no preflight against a cluster
+    b = SlurmBackend(tmp_path / "jobs", None, poll_s=3600, clock=lambda: 5.0, run=lambda *argv: answers[argv[0]],
+                     partitions=[])  # no preflight against a cluster
     b.preflight = lambda spec: None  # type: ignore[method-assign]
     bid = b.submit(SubmitContext(3, "a", "human"), JobSpec(command="true", name="t"))
     assert b.status([bid])[bid].state is JobState.COMPLETED  # polled at once, though the clock says 5 s

@@ -256,7 +256,6 @@ def test_walltime_from_the_last_runs_with_its_margin_floor_and_ceiling() -> None
 def test_a_requeued_job_is_pending_with_its_count_and_the_work_it_lost(tmp_path: Path) -> None:
     """Slurm's own words for a job being requeued (squeue: COMPLETING, RestartCnt 1) read
     as PENDING, never as an end; the work lost comes from sacct -D's earlier runs."""
-    b = SlurmBackend(tmp_path / "jobs", None, poll_s=0)
     said = {"squeue": "41|COMPLETING|None|2026-12-03T07:41:24|1\n42|PREEMPTED|None|N/A|0\n",
             "sacct": ("41|PREEMPTED|2026-12-03T07:41:24|2026-12-03T07:41:28\n41|PENDING|Unknown|Unknown\n"
                       "42|PREEMPTED|2026-12-03T07:40:00|2026-12-03T07:40:30\n")}
@@ -266,7 +265,7 @@ def test_a_requeued_job_is_pending_with_its_count_and_the_work_it_lost(tmp_path:
         asked.append(argv)
         return said[argv[0]]
 
-    b._run = run  # type: ignore[method-assign]
+    b = SlurmBackend(tmp_path / "jobs", None, poll_s=0, run=run)
     got = b.status(["41", "42"])
     assert got["41"].state is JobState.PENDING and got["41"].requeues == 1 and got["41"].lost_s == 4.0
     # A job Slurm no longer holds (gone from squeue's live states) that accounting says was

@@ -33,8 +33,12 @@ class SlurmBase:
                  agent_qos: str | None = None, timeout_s: float = 30.0, poll_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic, sandbox: "Sandbox | None" = None,
                  opportunistic_qos: str | None = None,
-                 submitter: Submitter | None = None) -> None:
+                 submitter: Submitter | None = None, run: Callable[..., str] | None = None,
+                 partitions: list[Partition] | None = None) -> None:
         self.jobs_dir = Path(jobs_dir).resolve()
+        self._answers = run
+        """In place of Slurm's commands (argv -> their stdout): answers the caller recorded
+        (tests of how corral reads Slurm, without one). Still counted as the controller's."""
         self.submitter = submitter
         """A service-account gateway's way to submit as a principal's Unix user (slurm_submitter.py)."""
         self.sandbox = sandbox
@@ -44,7 +48,10 @@ class SlurmBase:
         self.agent_nice = agent_nice
         self.agent_qos = agent_qos
         self.timeout_s = timeout_s
-        self._limits: list[Partition] | None = None
+        self._limits: list[Partition] | None = partitions
+        """The partitions and their limits, read from scontrol when slurm.conf changes."""
+        self._given_limits = partitions is not None
+        """The caller gave them: they are this facility's, whatever slurm.conf says."""
         self._limits_key: tuple[float, int] | None = None
         self._dirs: dict[str, Path] = {}  # Slurm job id -> corral's job directory, while corral asks
         self._indexed = False
@@ -59,10 +66,9 @@ class SlurmBase:
         self._cancelled: set[str] = set()  # cancelled by corral (not by Slurm, for a dependency)
         self.controller_calls: dict[str, int] = {}
         """Slurm commands run, by command (sbatch, squeue, sacct, scancel, scontrol...)."""
-        door = lambda *argv: self._run(*argv)  # noqa: E731  (through _run as it is when called: tests replace it)
-        self.tiers = Tiers(opportunistic_qos, door, self.conf_key)
+        self.tiers = Tiers(opportunistic_qos, self._run, self.conf_key)
         """Agents' opportunistic tier, where this Slurm preempts its QOS (slurm_tiers.py)."""
-        self.requeues = Requeues(door)
+        self.requeues = Requeues(self._run)
 
     # -- the one door, with Slurm's environment ------------------------------------
 
@@ -74,6 +80,8 @@ class SlurmBase:
 
     def _run(self, *argv: str) -> str:
         self._counted(argv)
+        if self._answers is not None:
+            return self._answers(*argv)
         return proc.run(argv, env=self._env(), inherit_env=False, timeout=self.timeout_s).stdout
 
     def _counted(self, argv: Sequence[str]) -> None:

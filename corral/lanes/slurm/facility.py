@@ -94,7 +94,7 @@ class Facility(SlurmBase):
     def partitions(self) -> list[Partition]:
         """Read once, cached; re-read when slurm.conf changes (mtime and size)."""
         key = self.conf_key()
-        if self._limits is None or key != self._limits_key:
+        if self._limits is None or (key != self._limits_key and not self._given_limits):
             self._limits = self._read_limits()
             self._limits_key = key
         return self._limits
