@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 from corral.safety.output_guard import OutputGuard
 from corral.safety.secrets import KEY_BLOCK_MAX, MAX_LINE, OVERLAP, redact
@@ -138,3 +142,39 @@ def test_an_injection_split_across_pages_still_taints(gateway: Gateway, people: 
             offset = page["next_offset"]
         assert flagged >= 2 and "step 30 ok" in seen
         assert h.get("/v1/whoami").json()["tainted"]
+
+
+def test_a_job_whose_line_is_one_long_run_stalls_no_one(gateway: Gateway, people: dict[str, str], agent_dir) -> None:
+    """A job's one line of 2 MB of token characters (a blob, a progress bar without line
+    ends), then a secret: while its agent reads it, another principal is answered, and the
+    read comes back redacted, through to the secret in a few reads. (The pattern that
+    finds a token wrapped over two lines tried every position inside a run, each to the
+    run's end: quadratic, with the GIL held, so no one was answered meanwhile; and a line
+    longer than a chunk went through the guard 16 KiB a read.)"""
+    import threading
+
+    script = agent_dir / "blob.sh"
+    script.write_text("python3 -c \"print('a' * 2_000_000); print('Ab1' * 300_000 + ' ' + 'x/' * 200_000)\"\n"
+                      "echo 'key=" + SECRETS[1] + "'\n")
+    with gateway.http(people["bot1"]) as h:
+        j = h.post("/v1/jobs", json={"command": f"bash {script}", "workdir": str(agent_dir)}).json()
+        assert h.get(f"/v1/jobs/{j['id']}/wait", params={"timeout": 60}).json()["state"] == "COMPLETED"
+    got: dict[str, Any] = {}
+
+    def read() -> None:  # each read guards at most 1 MiB more of the raw output: to its end
+        with gateway.http(people["bot1"]) as h2:
+            for _ in range(8):
+                got["page"] = h2.get(f"/v1/jobs/{j['id']}/output", params={"tail": 200}, timeout=120).json()
+                if "key=" in got["page"]["data"]:
+                    return
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    deadline = time.monotonic() + 120
+    with httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {people['carol']}"}, timeout=10) as other:
+        while reader.is_alive() and time.monotonic() < deadline:  # each answered within 10 s meanwhile
+            assert other.get("/v1/whoami").json()["name"] == "carol"
+            reader.join(0.1)
+    assert not reader.is_alive(), "the read of one long line did not come back in 2 minutes"
+    data = got["page"]["data"]
+    assert "key=[REDACTED]" in data and SECRETS[1][:8] not in data, data[-300:]

@@ -76,14 +76,15 @@ def _cut(data: bytes, final: bool) -> int:
         return nl + 1
     if len(data) < MAX_LINE:
         return 0
-    cut = MAX_LINE
-    # Not inside a token: a secret cut in two would pass the guard as two harmless halves.
-    # Back to the last byte that cannot be part of one (a token longer than the margin is
-    # cut anyway: the entropy rules see its parts).
-    back = cut
-    while back > MAX_LINE - TOKEN_MARGIN and data[back - 1] in _TOKEN_BYTES:
+    # All of what was read (a long line is guarded in windows: secrets.py), so that a
+    # line of megabytes is through in a few reads, not one MAX_LINE a read. Not inside a
+    # token: a secret cut in two would pass the guard as two harmless halves. Back to the
+    # last byte that cannot be part of one (a token longer than the margin is cut anyway:
+    # the entropy rules see its parts).
+    cut = back = len(data) - 1
+    while back > cut - TOKEN_MARGIN and data[back - 1] in _TOKEN_BYTES:
         back -= 1
-    if back > MAX_LINE - TOKEN_MARGIN:
+    if back > cut - TOKEN_MARGIN:
         cut = back
     while cut > 0 and data[cut] & 0xC0 == 0x80:  # not inside a UTF-8 character
         cut -= 1

@@ -62,9 +62,13 @@ LINE_RULES: list[tuple[str, re.Pattern[str]]] = [
     ("password_in_url", re.compile(r"(?<=://)[^/\s:@]{1,200}:[^/\s@]{1,200}(?=@)")),
 ]
 """Whole matches, tried on candidate lines only."""
-_WRAPPED = re.compile(r"([A-Za-z0-9_+/=-]{4,})(\r?\n)([A-Za-z0-9_+/=-]{4,})")
+_WRAPPED = re.compile(r"(?<![A-Za-z0-9_+/=-])([A-Za-z0-9_+/=-]{4,}+)(\r?\n)([A-Za-z0-9_+/=-]{4,})")
 """A run of token characters at a line's end and another at the next line's start: a
-token wrapped over two lines (a terminal's width, a log's column limit)."""
+token wrapped over two lines (a terminal's width, a log's column limit). Tried only
+where a run begins, and the run taken whole (possessive): without both, each position
+inside a run scanned to its end again, quadratic in the run: 2.6 s for 20 KB of one
+letter, 255 s for 200 KB, with the GIL held, so a job's long line stalled every caller
+of the gateway while its agent read it (tests/test_output_guard.py)."""
 _B64 = re.compile(r"(?<![A-Za-z0-9+/=_-])[A-Za-z0-9+/]{24,}={0,2}(?![A-Za-z0-9+/=_-])")
 ASSIGNED = re.compile(
     r"(?i)(?<![A-Za-z0-9_.-])[A-Za-z0-9_.-]{0,40}(?:key|secret|token|passw(?:or)?d|passwd|pwd|credentials?|jwt)"
