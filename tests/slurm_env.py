@@ -19,7 +19,8 @@ SECOND_CONF = os.environ.get("CORRAL_TEST_SLURM2") or "/tmp/corral-slurm2/etc/sl
 chains of real-Slurm tests run at once, each taking its turns on its own instance
 (docs/decisions/0031). Where it is not there, its files' tests use the first."""
 SECOND_FILES = {f"tests/{name}.py" for name in (
-    "test_compat", "test_backend_slurm", "test_privsep_slurm", "test_privsep_submit", "test_cluster_workspaces")}
+    "test_compat", "test_backend_slurm", "test_privsep_slurm", "test_privsep_submit", "test_cluster_workspaces",
+    "test_preemption_slurm", "test_slurm_control")}
 """The test files on the second instance: about half of the real-Slurm tests' time
 (docs/benchmarks.md, the suite), none of those that stop a controller or a node."""
 
