@@ -714,6 +714,36 @@ def test_a_batch_script_decides_what_is_hidden_when_it_runs(tmp_path: Path) -> N
         shutil.rmtree(top, ignore_errors=True)
 
 
+def test_a_gateway_killed_leaves_no_egress_proxy_behind(tmp_path) -> None:
+    """kill -9 of the gateway takes its egress proxy with it, and every process the proxy
+    forked: the proxy library's acceptor was left running after each crash (one more a
+    crash, each holding the old socket; found in CI rehearsals)."""
+    from .conftest import ended
+
+    need_bwrap()
+    with running(tmp_path, CORRAL_SANDBOX__ALLOW_HOSTS='["127.0.0.1:9"]') as gw:
+        sock = str(gw.home / "egress" / "proxy.sock")
+
+        def proxies() -> list[int]:
+            found = []
+            for d in Path("/proc").iterdir():
+                try:
+                    if d.name.isdigit() and sock in (d / "cmdline").read_bytes().decode(errors="replace"):
+                        found.append(int(d.name))
+                except OSError:
+                    pass
+            return found
+
+        deadline = time.monotonic() + 20
+        while len(proxies()) < 2 and time.monotonic() < deadline:  # the proxy, and the acceptor it forks
+            time.sleep(0.1)
+        pids = proxies()
+        assert len(pids) >= 2, pids
+        gw.kill(signal.SIGKILL)
+        left = [p for p in pids if not ended(p)]
+        assert left == [], f"still running after the gateway's kill -9: {left}"
+
+
 def test_anyone_on_the_network_gets_a_bounded_share_of_the_egress_proxy(tmp_path, agent_dir) -> None:
     """[sandbox] egress_listen puts the egress proxy on an address the nodes reach, where
     nothing is authenticated: proxy.py's own listener had no bound, and a few hundred idle

@@ -94,7 +94,14 @@ def run(
 def die_with_parent() -> None:
     """In a helper process the gateway starts (the risk parser, the egress proxy): it is
     killed when the gateway dies, even by SIGKILL (a parser left behind was seen using CPU
-    an hour later). PR_SET_PDEATHSIG; exits at once if the gateway died before."""
+    an hour later), and so is every process it forks, each when its own parent dies (the
+    proxy library forks its acceptor: after a gateway's kill -9 that one was left running,
+    one more at every crash). PR_SET_PDEATHSIG; exits at once if the parent died before."""
+    _die_with_parent()
+    os.register_at_fork(after_in_child=_die_with_parent)
+
+
+def _die_with_parent() -> None:
     import ctypes
     import signal
 
