@@ -64,7 +64,9 @@ def quiet(conf: str) -> str:
     def idle() -> bool:
         return all(int(line.split("/")[0]) == 0 for line in slurm(conf, "sinfo", "-h", "-N", "-o", "%C").split())
 
-    until("every node of the cluster free (the jobs of the test before ended in Slurm)", idle, 90)
+    # Up to minutes: after a controller's failover and handback the last test's jobs can
+    # stay COMPLETING on their nodes until those report again (seen once at 90 s, under load).
+    until("every node of the cluster free (the jobs of the test before ended in Slurm)", idle, 240)
     return conf
 
 

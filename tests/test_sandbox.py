@@ -714,6 +714,34 @@ def test_a_batch_script_decides_what_is_hidden_when_it_runs(tmp_path: Path) -> N
         shutil.rmtree(top, ignore_errors=True)
 
 
+def test_a_hidden_path_gone_before_its_host_is_built_is_left_out(tmp_path) -> None:
+    """The gateway lists what to hide when it takes a job; a supervisor builds the job's
+    sandbox host a moment later. A hidden path removed in between (another user's home,
+    userdel; seen in CI as "bwrap: Can't mkdir /home/...: Read-only file system", the job
+    FAILED "could not start") is left out then: gone, it has nothing to hide. One still
+    there is hidden."""
+    import secrets
+
+    from corral.sandbox.host import still_there
+
+    need_bwrap()
+    gone, kept = (Path("/var/tmp") / f"corral-hide-{secrets.token_hex(4)}-{n}" for n in ("gone", "kept"))
+    for d in (gone, kept):
+        d.mkdir()
+        (d / "secret").write_text("s3cret\n")
+    try:
+        box = build(["agent"], [gone, kept], False, "nobody", [tmp_path])
+        argv = box.wrap("agent", ["cat", str(kept / "secret")], "/tmp", limit=False)
+        shutil.rmtree(gone)
+        before = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        assert before.returncode != 0 and "Can't mkdir" in before.stderr, before  # what the supervisor met
+        after = subprocess.run(still_there(argv), capture_output=True, text=True, timeout=30)
+        assert after.returncode != 0 and "s3cret" not in after.stdout and "No such file" in after.stderr, after
+    finally:
+        for d in (gone, kept):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def test_a_gateway_killed_leaves_no_egress_proxy_behind(tmp_path) -> None:
     """kill -9 of the gateway takes its egress proxy with it, and every process the proxy
     forked: the proxy library's acceptor was left running after each crash (one more a

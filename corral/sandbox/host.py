@@ -401,13 +401,37 @@ def connect(path: str, argv: list[str], log: str, keep: tuple[int, ...] = ()) ->
         listener.listen(128)
         fd = listener.fileno()
         with open(log, "ab") as err:
-            child = subprocess.Popen([str(fd) if a == "{fd}" else a for a in argv], pass_fds=(fd, *keep),
+            child = subprocess.Popen([str(fd) if a == "{fd}" else a for a in still_there(argv)], pass_fds=(fd, *keep),
                                      stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True)
         listener.close()
         with open(path + ".pid", "w") as f:
             f.write(str(child.pid))
         conn.connect(path)
         return conn, child.pid
+
+
+def still_there(argv: list[str]) -> list[str]:
+    """A bwrap command without the hidden paths that are gone since it was made (the
+    gateway lists them; the host is built later, by a supervisor): bwrap cannot make the
+    mount point of a path gone from the read-only root ("Can't mkdir"), and the job would
+    fail to start, as it did when another user's home was removed meanwhile. A hidden path
+    is ``--tmpfs P`` (a directory) or ``--ro-bind /dev/null P`` (a file), with nothing
+    before it; a path under /tmp is in the sandbox's own /tmp, made there by bwrap. Gone,
+    it has nothing to hide. Only bwrap's options are read (up to its ``--``)."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    out: list[str] = []
+    i = 0
+    while i < end:
+        a = argv[i]
+        dropped = 3 if argv[i:i + 2] == ["--ro-bind", "/dev/null"] else 2 if a == "--tmpfs" else 0
+        if dropped and i + dropped <= end and not (out[-2:-1] and out[-2] in ("--perms", "--size")):
+            target = argv[i + dropped - 1]
+            if target.startswith("/") and not (target + "/").startswith("/tmp/") and not os.path.lexists(target):
+                i += dropped
+                continue
+        out.append(a)
+        i += 1
+    return out + argv[end:]
 
 
 def main(argv: list[str]) -> None:
