@@ -413,6 +413,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     among them) asks slurm_conf() which it is."""
     slurm_env.use(slurm_env.conf_of(item.nodeid.split("::")[0]))
 
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """A failed test's report carries the end of each gateway log in its tmp_path (a 500
