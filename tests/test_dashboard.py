@@ -142,20 +142,26 @@ def _plot(page: Any, name: str) -> dict[str, list[float]]:
     """One plot as the page shows it: its lines' figures by legend name, after checking
     that it has both axes (the value axis labelled with its unit) and a legend naming
     every line."""
-    svg = page.locator(f"#plot-{name} svg")
-    assert svg.get_attribute("data-unit") == PLOTS[name]
-    assert svg.locator("g.axis.x text").count() >= 4  # clock ticks and the axis' name
-    assert "time" in svg.locator("g.axis.x").inner_html()
-    labels = [t.text_content() or "" for t in svg.locator("g.axis.y text").all()]
+    # One snapshot, read in one call: the page redraws a live plot between two reads (a
+    # tick's label was once read from the new drawing as the unit's from the old).
+    snap = page.locator(f"#plot-{name}").evaluate("""p => {
+        const s = p.querySelector('svg'), t = q => [...s.querySelectorAll(q)].map(e => e.textContent);
+        return {unit: s.getAttribute('data-unit'), x: t('g.axis.x text'), xhtml: s.querySelector('g.axis.x').innerHTML,
+                y: t('g.axis.y text'), legend: t('g.legend text'),
+                lines: [...s.querySelectorAll('polyline')].map(l => [l.getAttribute('data-series'), l.getAttribute('data-values')])};
+    }""")
+    assert snap["unit"] == PLOTS[name]
+    assert len(snap["x"]) >= 4  # clock ticks and the axis' name
+    assert "time" in snap["xhtml"]
+    labels = snap["y"]
     assert labels[-1] == PLOTS[name]  # the value axis names its unit
     ticks = [float(t) for t in labels[:-1]]  # round ticks, evenly spaced: 0, 2, 4... never 1.25
     steps = {round(b - a, 9) for a, b in zip(ticks, ticks[1:])}
     assert ticks[0] == 0 and len(ticks) >= 2 and len(steps) == 1, ticks
     step = steps.pop()
     assert round(step / 10 ** math.floor(math.log10(step)), 6) in (1, 2, 5), ticks
-    lines = {ln.get_attribute("data-series"): [float(v) for v in ln.get_attribute("data-values").split(",")]
-             for ln in svg.locator("polyline").all()}
-    legend = [t.text_content() for t in svg.locator("g.legend text").all()]
+    lines = {series: [float(v) for v in values.split(",")] for series, values in snap["lines"]}
+    legend = snap["legend"]
     assert legend == list(lines), (legend, list(lines))
     assert all(len(v) == 30 for v in lines.values()) or name == "saved"
     return lines
