@@ -103,9 +103,10 @@ def run_all(cwd: Path, env: dict[str, str], only: set[str] | None = None,
         r = shell(cmd, cwd, full)
         out[name] = {"cmd": cmd, "rc": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
 
+    items = corpus()
     with ThreadPoolExecutor(at_once) as pool:
         batch = []
-        for name, cmd in corpus():
+        for name, cmd in items:
             if only is not None and name not in only:
                 continue
             if not queue_wide(cmd):
@@ -119,7 +120,7 @@ def run_all(cwd: Path, env: dict[str, str], only: set[str] | None = None,
         for f in batch:
             f.result()
     ids = {**ids, "CWD": str(cwd)}  # the directory differs between runs: normalised like an id
-    return ids, {name: out[name] for name, _ in corpus() if name in out}
+    return ids, {name: out[name] for name, _ in items if name in out}
 
 
 def cleanup(cwd: Path, env: dict[str, str], ids: dict[str, str] | None = None) -> None:
