@@ -259,3 +259,46 @@ def test_one_writer_of_job_state() -> None:
     found = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
                    if writers.search(p.read_text()) and p.name not in ("progress.py", "db.py"))
     assert found == [], f"these modules write a job's state themselves: {found}; call Progress instead"
+
+
+def test_usage_asks_slurms_accounting_again_until_both_figures_are_in(tmp_path) -> None:
+    """sacct fills in a job's figures over a few seconds: its MaxRSS came first once, its
+    CPU time reading 0 until then. The partial answer is not kept as the job's usage; the
+    complete one is, and is then served without asking again (seen in a CI run: a usage
+    read as 0 CPU seconds, then as 'recorded' with no word of sacct)."""
+    from corral.gateway.job_control import JobControl
+
+    sacct = ["77|00:00:00|\n77.batch|00:00:00|216300K\n",
+             "77|00:02.685|\n77.batch|00:02.685|221491K\n"]
+    calls: list[str] = []
+
+    def run(*argv: str) -> str:
+        calls.append(argv[0])
+        if argv[0] == "sbatch":
+            return "77\n"
+        if argv[0] == "sacct" and "JobID,TotalCPU,MaxRSS" in argv:  # the usage, filled in by its second reading
+            return sacct[min(calls.count("sacct"), 2) - 1]
+        return ""
+
+    db = Database(tmp_path / "c.db")
+    db.add_principal(Principal("a", Kind.HUMAN))
+    b = SlurmBackend(tmp_path / "jobs", None, poll_s=3600, clock=lambda: 5.0, run=run, partitions=[])
+    b.preflight = lambda spec: None  # type: ignore[method-assign]
+    lanes = Lanes(BackendLane(b))
+    with db.transaction():
+        job = db.insert_jobs("a", None, [("slurm", JobSpec(command="true"))])[0]
+    asyncio.run(Sender(db, lanes, Progress(db, Watchers(Metrics()))).send_unsent())
+    progress = Progress(db, Watchers(Metrics()))
+    progress.ended([{"job_id": job.id, "state": "COMPLETED", "exit_code": 0, "start": 1.0, "end": 4.0}])
+    ctl = JobControl(db, lanes, None, None, None)  # type: ignore[arg-type]  # usage needs no gate, audit or reconciler
+    ended = db.get_job(job.id)
+    assert ended is not None and ended.backend_id == "77"
+    calls.clear()
+    first = asyncio.run(ctl.usage(None, ended))  # type: ignore[arg-type]
+    assert first["cpu_s"] == 0 and first["max_rss_mb"] == 211.2 and "sacct" in first["how"]
+    second = asyncio.run(ctl.usage(None, ended))  # type: ignore[arg-type]
+    assert second["cpu_s"] == 2.685 and second["max_rss_mb"] == 216.3 and "sacct" in second["how"]
+    assert calls == ["sacct", "sacct"]
+    third = asyncio.run(ctl.usage(None, ended))  # type: ignore[arg-type]
+    assert (third["cpu_s"], third["max_rss_mb"]) == (2.685, 216.3) and calls == ["sacct", "sacct"]
+    assert third["how"] == "recorded with its outcome"

@@ -117,11 +117,22 @@ def test_the_fence_leaves_corral_the_only_way_to_slurm(slurm_gateway: Gateway, a
     out = r.stdout
     assert "MUNGE=0" in out and "MUNGE_CRED=0" not in out and "SDIAG=0" not in out
     assert "REAL_SBATCH_IS_SHIM=0" in out
-    assert "hello from probe" in out and "probe|COMPLETED|0:0" in out
+    assert "hello from probe" in out and "probe|COMPLETED|0:0" in out, out + r.stderr + _what_jobs_said(slurm_gateway)
     assert os.listdir(sock_dir), "the socket is hidden inside the fence only"
     with slurm_gateway.http() as h:
         jobs = h.get("/v1/jobs", params={"full": "true"}).json()["jobs"]
         assert {j["backend"] for j in jobs} == {"slurm"} and all(j["backend_id"] for j in jobs)
+
+
+def _what_jobs_said(gw: Gateway) -> str:
+    """Each job's state and the end of its stderr, as corral has them: why a job failed, when
+    it did (seen once in a CI run: both of this agent's jobs FAILED 1:0 before their
+    output's redirect, and the job directories were gone by the time anyone looked)."""
+    with gw.http() as h:
+        jobs = h.get("/v1/jobs", params={"full": "true"}).json()["jobs"]
+        return "".join(f"\njob {j['id']} {j['name']} {j['state']} {j.get('reason')}: "
+                       + h.get(f"/v1/jobs/{j['id']}/output", params={"stream": "stderr", "tail": 20}).text[-1500:]
+                       for j in jobs)
 
 
 def test_squeue_json_honours_name_and_partition(gateway: Gateway, people: dict[str, str], agent_dir: Path) -> None:

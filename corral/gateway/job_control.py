@@ -89,19 +89,29 @@ class JobControl:
         """What ``job`` used against what it asked, as ``seff`` reports it, and what to ask next time."""
         cpu_s, rss = self.db.usage_of(job.id)
         how = "recorded with its outcome"
-        if job.terminal and job.backend_id and (cpu_s is None or rss is None):
+        if job.terminal and job.backend_id and not settled(cpu_s, rss):
             lane = self.lanes.by_name.get(job.backend)
             if lane is not None:
                 try:
                     got: Usage = await lane.usage(job.backend_id)
                 except CorralError as e:
                     got = Usage(how=f"its lane could not say: {e.message}")
-                cpu_s = cpu_s if cpu_s is not None else got.cpu_s
-                rss = rss if rss is not None else got.max_rss_mb
+                # The lane's answer now over an earlier one: Slurm's accounting fills in a
+                # job's figures over a few seconds (its MaxRSS once came before its CPU time,
+                # which read 0 until then). Kept only once both are there, so a partial answer
+                # is asked again rather than frozen.
+                cpu_s = got.cpu_s if got.cpu_s is not None else cpu_s
+                rss = got.max_rss_mb if got.max_rss_mb is not None else rss
                 how = got.how
-                if got.cpu_s is not None or got.max_rss_mb is not None:
-                    self.db.set_usage(job.id, got.cpu_s, got.max_rss_mb)
+                if settled(cpu_s, rss):
+                    self.db.set_usage(job.id, cpu_s, rss)
         return report(job, cpu_s, rss, how)
+
+
+def settled(cpu_s: float | None, rss_mb: float | None) -> bool:
+    """Both figures measured (a job that ran used some CPU time and some memory: a zero is
+    accounting not yet caught up, asked again next time)."""
+    return bool(cpu_s) and bool(rss_mb)
 
 
 def report(job: Job, cpu_s: float | None, rss_mb: float | None, how: str) -> dict[str, Any]:
