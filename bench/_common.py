@@ -49,8 +49,14 @@ class GatewayProcess:
                     "CORRAL_HOME": str(self.home), "CORRAL_URL": self.url, "CORRAL_RATE_API_PER_S": "0",
                     "CORRAL_RATE_SUBMIT_PER_MIN": "0", "CORRAL_AGENT_MAX_ACTIVE_JOBS": "0", **(env or {})}
         self.log = open(self.home / "serve.log", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "corral.edges.cli.main", "serve", "--port", str(self.port), *args],
-                                     env=self.env, stdout=self.log, stderr=self.log)
+        # Another commit's tree (PYTHONPATH, as bench/fast_lane.py's --before sets it) is run
+        # from its own directory (`python -m` puts the working directory first on the path)
+        # by its own entry point: the CLI moved to corral/edges/cli/ in issue 36.
+        tree = Path(self.env["PYTHONPATH"]) if self.env.get("PYTHONPATH") else None
+        module = ("corral.cli" if tree is not None and not (tree / "corral" / "edges" / "cli" / "main.py").exists()
+                  else "corral.edges.cli.main")
+        self.proc = subprocess.Popen([sys.executable, "-m", module, "serve", "--port", str(self.port), *args],
+                                     env=self.env, stdout=self.log, stderr=self.log, cwd=tree)
         deadline = time.monotonic() + 90  # a loaded machine (shared CI runners) starts it slowly
         while time.monotonic() < deadline:
             try:

@@ -14,6 +14,7 @@ from corral.core.store.jobs import ACTIVE
 class SafetyRecords:
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
+        self._used_sql = _used_sql(conn)
 
     # -- tokens ---------------------------------------------------------------------------
 
@@ -67,22 +68,25 @@ class SafetyRecords:
     def used(self, block_path: str) -> tuple[float, float, int]:
         """CPU-seconds and GPU-seconds charged to a token subtree, and its active jobs.
         A finished job is charged what it ran; a live one what it may still run (its walltime)."""
-        c = self.conn
-        # '0' follows '/': the subtree as an index range in SQLite's byte order; PostgreSQL's
-        # order follows its collation, so there it is a prefix test.
-        subtree = ("starts_with(token_path, CAST(? AS TEXT) || '/')" if c.pg else
-                   "(token_path > CAST(? AS TEXT) || '/' AND token_path < CAST(? AS TEXT) || '0')")
-        ran = c.greatest("0", "COALESCE(end_time, start_time, 0) - COALESCE(start_time, end_time, 0)")
-        row = c.one(
-            f"""SELECT
-                  SUM({c.json('spec', 'cpus', num=True)} * CASE WHEN {ACTIVE} THEN {c.json('spec', 'walltime', num=True)}
-                      ELSE {ran} END),
-                  SUM({c.json('spec', 'gpus', num=True)} * CASE WHEN {ACTIVE} THEN {c.json('spec', 'walltime', num=True)}
-                      ELSE {ran} END),
-                  SUM(CASE WHEN {ACTIVE} THEN 1 ELSE 0 END)
-                FROM jobs WHERE token_path = ? OR {subtree}""",
-            (block_path, block_path) if c.pg else (block_path, block_path, block_path))
+        row = self.conn.one(self._used_sql, (block_path, block_path) if self.conn.pg else (block_path,) * 3)
         return float(row[0] or 0), float(row[1] or 0), int(row[2] or 0)
 
     def active(self, principal: str) -> int:
         return int(self.conn.one(f"SELECT COUNT(*) FROM jobs WHERE principal=? AND {ACTIVE}", (principal,))[0])
+
+
+def _used_sql(c: Conn) -> str:
+    """``used``'s statement in the store's dialect, spelled once (it is asked at every
+    admission: building it each time cost more than the query, bench/policy.py)."""
+    # '0' follows '/': the subtree as an index range in SQLite's byte order; PostgreSQL's
+    # order follows its collation, so there it is a prefix test.
+    subtree = ("starts_with(token_path, CAST(? AS TEXT) || '/')" if c.pg else
+               "(token_path > CAST(? AS TEXT) || '/' AND token_path < CAST(? AS TEXT) || '0')")
+    ran = c.greatest("0", "COALESCE(end_time, start_time, 0) - COALESCE(start_time, end_time, 0)")
+    return f"""SELECT
+          SUM({c.json('spec', 'cpus', num=True)} * CASE WHEN {ACTIVE} THEN {c.json('spec', 'walltime', num=True)}
+              ELSE {ran} END),
+          SUM({c.json('spec', 'gpus', num=True)} * CASE WHEN {ACTIVE} THEN {c.json('spec', 'walltime', num=True)}
+              ELSE {ran} END),
+          SUM(CASE WHEN {ACTIVE} THEN 1 ELSE 0 END)
+        FROM jobs WHERE token_path = ? OR {subtree}"""
