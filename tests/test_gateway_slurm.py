@@ -228,6 +228,63 @@ def test_what_is_hidden_is_decided_when_the_batch_job_starts(tmp_path, agent_dir
         assert "No such file" in err, err  # an empty directory
 
 
+def test_a_hidden_path_gone_as_the_sandbox_is_set_up_costs_a_try_not_the_job(tmp_path, agent_dir) -> None:
+    """The script looks at each hidden path as the job starts, then bwrap mounts over it:
+    a home that userdel removed between the two made bwrap fail ("Can't mkdir ...:
+    Read-only file system") and the job with it, before any of it ran (seen in CI: another
+    test's user deleted as an agent's jobs started). Here the home goes at that very moment,
+    every time: bwrap is reached through a wrapper that removes it (as userdel would), on the
+    job's first try only, then runs the real bwrap, which fails for real. The sandbox is set
+    up again and the job runs, once; a job whose own work fails is not run again."""
+    from .test_sandbox import need_bwrap, pair
+
+    import shutil
+    import tempfile
+
+    need_bwrap()
+    top = Path(tempfile.mkdtemp(prefix="corral-vanish-", dir="/var/tmp"))  # not /tmp: the sandbox's own
+    homes = [top / "home-a", top / "home-b"]
+    tools = top / "bin"
+    for d in (*homes, tools):
+        d.mkdir()
+    for p in (top, *homes, tools):
+        p.chmod(0o755)
+    real = shutil.which("bwrap")
+    (tools / "bwrap").write_text(
+        "#!/bin/sh\n"
+        f'if [ -n "$SLURM_JOB_ID" ] && [ ! -e {top}/tried-$SLURM_JOB_ID ]; then\n'
+        f"  : > {top}/tried-$SLURM_JOB_ID\n"
+        f"  for h in {' '.join(map(str, homes))}; do [ -d $h ] && rmdir $h && break; done\n"
+        "fi\n"
+        f'exec {real} "$@"\n')
+    (tools / "bwrap").chmod(0o755)
+    try:
+        with running(tmp_path, CORRAL_BACKEND="slurm", SLURM_CONF=slurm_conf(), CORRAL_TICK_S="0.5",
+                     CORRAL_SANDBOX__HIDE=json.dumps([str(h) for h in homes]),
+                     PATH=f"{tools}:{os.environ['PATH']}") as gw:
+            t = pair(gw)
+            with gw.http(t["bot1"]) as h:
+                runs = []
+                for command in ("echo ran >> runs-ok; echo ok", "echo ran >> runs-bad; exit 3"):
+                    job = h.post("/v1/jobs", json={"command": command, "workdir": str(agent_dir),
+                                                   "walltime": "60s"}).json()
+                    done = h.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 120}).json()
+                    err = h.get(f"/v1/jobs/{job['id']}/output", params={"stream": "stderr"}).json()["data"]
+                    runs.append((done, err))
+            script = next(p for p in (gw.home / "slurm" / "jobs").glob("*/job.sh") if "bwrap" in p.read_text())
+            assert str(tools / "bwrap") in script.read_text()  # the wrapper is what the job ran
+        (ok, ok_err), (bad, bad_err) = runs
+        assert ok["state"] == "COMPLETED", (ok, ok_err)
+        assert "Can't mkdir" in ok_err and "trying again" in ok_err, ok_err  # the real bwrap's failure, then the try
+        assert (agent_dir / "runs-ok").read_text() == "ran\n"
+        assert bad["state"] == "FAILED" and bad["exit_code"] == 3, (bad, bad_err)
+        assert bad_err.count("trying again") == 1, bad_err  # its setup, not its own failure
+        assert (agent_dir / "runs-bad").read_text() == "ran\n"  # its work ran once
+        assert not any(h.exists() for h in homes)
+    finally:
+        shutil.rmtree(top)
+
+
 def test_agents_work_runs_contained_inside_the_batch_script(tmp_path, agent_dir) -> None:
     """On Slurm the generated batch script runs an agent's work in the same sandbox as on
     the local backend: credentials under the gateway's home unreadable, the host

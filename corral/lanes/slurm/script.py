@@ -82,6 +82,29 @@ def relay_lines(listen: str, who: tuple[int, int] | None) -> list[str]:
                "socket on $(hostname) was replaced\" >&2; exit 1; }"] if who else [])]
 
 
+def run_and_wait(run: str, contained: bool) -> list[str]:
+    """The lines that start ``run`` (the work, in the background) and wait for it, passing
+    on the signals ``FORWARDED`` names; ``rc`` is its status after. Contained, the sandbox is
+    tried again (three times in all) when it was not set up: bwrap fails if a path it hides
+    is gone between the script's look at it and its mount (another user's home that userdel
+    removed at that instant: "Can't mkdir ...: Read-only file system"), and the job had not
+    begun then. What says so is the descriptor of the job's environment (``ENV_FD``): the
+    last step before the work reads it through the script's own open file, so its offset
+    is still 0 only if nothing of the job ran. A signal (a cancel) ends the tries."""
+    target = "$(for p in $(pgrep -P $w); do pgrep -P $p; done)" if contained else "$w"
+    wait = ["w=$!", f"_fwd() {{ corral_signalled=1; kill -s \"$1\" {target} 2>/dev/null; }}",
+            "for s in " + " ".join(FORWARDED) + "; do trap \"_fwd $s\" $s; done",
+            "while :; do wait $w; rc=$?; kill -0 $w 2>/dev/null || break; done"]
+    if not contained:
+        return [run, *wait]
+    return ["corral_signalled=", "for corral_try in 1 2 3; do", run, *wait,
+            f'[ "$rc" = 0 ] || [ -n "$corral_signalled" ] || [ "$corral_try" = 3 ] && break',
+            f"read -r _ corral_read < /proc/$$/fdinfo/{ENV_FD}",
+            '[ "$corral_read" = 0 ] || break',
+            'echo "corral: the sandbox was not set up (a path it hides changed as the job started); trying again" >&2',
+            "done"]
+
+
 MOUNTS = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r}); "
           "from corral.storage.mounts import main; sys.exit(main(sys.argv[1:]))")
 """The node's mount step, from the corral that wrote the script (not whichever one the
@@ -296,10 +319,7 @@ class Scripts(SlurmBase):
         # itself, or inside a sandbox to what bwrap runs (bwrap dies of a signal it does
         # not handle, and the sandbox's init ignores one it has no handler for).
         lines[-1] += (f" {LOCK_FD}>&-" if ws else "") + " &"
-        target = "$(for p in $(pgrep -P $w); do pgrep -P $p; done)" if contained else "$w"
-        lines += ["w=$!", f"_fwd() {{ kill -s \"$1\" {target} 2>/dev/null; }}",
-                  "for s in " + " ".join(FORWARDED) + "; do trap \"_fwd $s\" $s; done",
-                  "while :; do wait $w; rc=$?; kill -0 $w 2>/dev/null || break; done"]
+        lines += run_and_wait(lines.pop(), contained)
         if ws:  # written through before the job is seen to end (a killed job's is dropped by the next mount here)
             lines += [shlex.join([*mount, "release", ws]), f": > {lock}"]  # nobody holds it now
         lines += [*cleanup, f"echo $rc > {out / 'ended'}", "exit $rc"]
