@@ -92,7 +92,8 @@ def run_and_wait(run: str, contained: bool) -> list[str]:
     last step before the work reads it through the script's own open file, so its offset
     is still 0 only if nothing of the job ran. A signal (a cancel) ends the tries."""
     target = "$(for p in $(pgrep -P $w); do pgrep -P $p; done)" if contained else "$w"
-    wait = ["w=$!", f"_fwd() {{ corral_signalled=1; kill -s \"$1\" {target} 2>/dev/null; }}",
+    noted = "corral_signalled=1; " if contained else ""
+    wait = ["w=$!", f"_fwd() {{ {noted}kill -s \"$1\" {target} 2>/dev/null; }}",
             "for s in " + " ".join(FORWARDED) + "; do trap \"_fwd $s\" $s; done",
             "while :; do wait $w; rc=$?; kill -0 $w 2>/dev/null || break; done"]
     if not contained:
