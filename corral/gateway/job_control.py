@@ -10,7 +10,7 @@ here; these verbs decide, record and act as every other verb does.
                                      └─ sent: its lane (Slurm: scontrol/scancel; local:
                                           hold/release in its queue, signal by its supervisor)
     Service.usage ─▶ get_job ─▶ JobControl.usage ─▶ what the lane measured (stored, or
-                                     asked once of Slurm's accounting) ─▶ seff-like efficiency
+                                     asked of Slurm's accounting until both figures are in) ─▶ seff-like efficiency
 
 A control is allowed where a cancel is: the same weight, on one's own job.
 """

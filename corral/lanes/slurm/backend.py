@@ -10,7 +10,7 @@
                `sacct` (slurmdbd, not slurmctld) gives the outcome of what ended
     cancel  -> one `scancel id id ...`
     control -> `scontrol hold|release|requeue id`, `scancel --signal=S --full id`
-    usage   -> `sacct -j id -o TotalCPU,MaxRSS` (slurmdbd), once, when asked
+    usage   -> `sacct -j id -o TotalCPU,MaxRSS` (slurmdbd), when asked, until both are in
     after   -> `--dependency=afterok:..` with `--kill-on-invalid-dep=yes`: Slurm holds
                a dependent job, and cancels it when a parent it needs did not complete
     limits  -> `scontrol show partition/node`, cached until slurm.conf changes
