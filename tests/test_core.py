@@ -135,16 +135,16 @@ def test_progress_wakes_waiters_and_keeps_outcomes(tmp_path) -> None:
 
 
 def test_slurm_backend_forgets_what_the_core_recorded(tmp_path) -> None:
-    """_final and _dirs grew with every job the gateway ever saw; the output is still found."""
+    """What it held of a job grew with every job the gateway ever saw; the output is still found."""
     answers = {"sbatch": "77\n", "squeue": "", "sacct": "77|COMPLETED|0:0|2026-01-01T00:00:00|2026-01-01T00:00:01|None\n"}
     b = SlurmBackend(tmp_path / "jobs", None, poll_s=3600, clock=lambda: 5.0, run=lambda *argv: answers[argv[0]],
                      partitions=[])  # no preflight against a cluster
     b.preflight = lambda spec: None  # type: ignore[method-assign]
     bid = b.submit(SubmitContext(3, "a", "human"), JobSpec(command="true", name="t"))
     assert b.status([bid])[bid].state is JobState.COMPLETED  # polled at once, though the clock says 5 s
-    assert bid in b._final and bid in b._dirs
+    assert bid in b.remembered()
     b.forget([bid])
-    assert bid not in b._final and bid not in b._dirs and bid not in b._known
+    assert bid not in b.remembered()
     assert b.output_paths(bid).stdout == tmp_path / "jobs" / "3" / "out" / "stdout"
 
 
@@ -159,11 +159,11 @@ def test_background_tasks_are_kept_until_they_end(tmp_path) -> None:
         async def work() -> None:
             await gate.wait()
 
-        pool._keep(asyncio.ensure_future(work()))
-        held = len(pool._tasks)  # a strong reference: asyncio keeps only weak ones
+        pool.keep(asyncio.ensure_future(work()))
+        held = len(pool.background)  # a strong reference: asyncio keeps only weak ones
         gate.set()
         await asyncio.sleep(0.01)
-        return held, len(pool._tasks)
+        return held, len(pool.background)
 
     assert asyncio.run(scenario()) == (1, 0)
 

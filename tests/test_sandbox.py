@@ -427,13 +427,13 @@ def test_contained_tasks_start_in_one_sandbox_per_key(tmp_path) -> None:
         assert text[6] == "other\n" and text[12] == "left\n"
         left = subprocess.run(["pgrep", "-f", "sleep 301[78]"], capture_output=True, text=True).stdout
         assert not left.strip(), f"a task's processes outlived the tasks of its sandbox: {left}"
-        assert la._hosts is not None and len(la._hosts.by_key) == 2  # bot1's and bot2's
+        assert la.hosts is not None and len(la.hosts.by_key) == 2  # bot1's and bot2's
         hog = "python3 -c 'x = bytearray(300 * 2**20); import time; time.sleep(30)'"
         threading.Timer(0.5, la.cancel, args=([9],)).start()
         out = {r["job_id"]: r for r in la.run_batch([spec(7, "sleep 30", walltime_s=1), spec(8, hog, memory_mb=50),
                                                      spec(9, "sleep 30")])}
         assert out[7]["state"] == "TIMEOUT" and out[8]["state"] == "OUT_OF_MEMORY" and out[9]["state"] == "CANCELLED"
-        host = next(h for k, h in la._hosts.by_key.items() if k[:5] == ("agent", None, "bot1", str(work), None))
+        host = next(h for k, h in la.hosts.by_key.items() if k[:5] == ("agent", None, "bot1", str(work), None))
         threading.Timer(0.5, host.proc.kill).start()
         end = la.run_batch([spec(10, "sleep 30")])[0]
         assert end["state"] == "FAILED" and "its sandbox ended" in end["reason"], end

@@ -151,7 +151,8 @@ class Launcher:
         self.free = Slots(slots.cpus, slots.memory_mb, list(slots.gpus))
         self.sandbox = sandbox
         """Wraps the tasks that come marked ``contain`` (corral/sandbox/bwrap.py); without it they fail."""
-        self._hosts = Hosts(sandbox) if sandbox is not None else None
+        self.hosts = Hosts(sandbox) if sandbox is not None else None
+        """The sandboxes built for its contained tasks, one per key (None: no sandbox)."""
         self.report = report
         """Called with what started and ended since its last call (at most every
         ``REPORT_S``, and at once when a batch completes, before that batch returns); the
@@ -213,8 +214,8 @@ class Launcher:
             pass  # the pipe is full: the loop is awake anyway
 
     def kill_all(self) -> None:
-        if self._hosts is not None:
-            self._hosts.close()
+        if self.hosts is not None:
+            self.hosts.close()
         for pid in list(self._pids):
             try:
                 os.killpg(pid, signal.SIGKILL)
@@ -380,7 +381,7 @@ class Launcher:
         """Make it ready for its key's sandbox (corral/lanes/fast/hosts.py), built on first
         use; ``_send`` sends it, with the others of this pass, in one message per host."""
         d, jid, contain = s["dir"], s["job_id"], s["contain"]
-        if self._hosts is None:  # fail closed: never run a contained task bare
+        if self.hosts is None:  # fail closed: never run a contained task bare
             self._not_started(s, batch, i, gpus, start, "this worker was started without the facility's "
                                      "sandbox: the gateway must restart its pool")
             return
@@ -391,11 +392,11 @@ class Launcher:
             who = (contain["kind"], contain["user"], ident)
             fresh = self._fresh.get(who)
             if fresh is None:  # the credentials now under the home of whom it becomes: once per pass
-                fresh = self._fresh[who] = self._hosts.sandbox.fresh(contain["kind"], contain["user"], ident)
+                fresh = self._fresh[who] = self.hosts.sandbox.fresh(contain["kind"], contain["user"], ident)
             key = (contain["kind"], contain["user"], contain.get("principal"), s.get("workdir") or "/tmp", ident, fresh)
             host = self._keyed.get(key)
             if host is None:  # looked up (is it still up?) once per pass and key
-                host, new = self._hosts.get(key, d)
+                host, new = self.hosts.get(key, d)
                 self._keyed[key] = host
                 if new:
                     ep.register(host.fileno(), select.EPOLLIN)
@@ -534,8 +535,8 @@ class Launcher:
                 # sandbox too): suspect, as a bare task's, so it is counted lost with its allocation.
                 end["suspect"] = r.state is None and code in (-signal.SIGTERM, -signal.SIGKILL)
                 out.append((r, end))
-            assert self._hosts is not None
-            self._hosts.drop(host)
+            assert self.hosts is not None
+            self.hosts.drop(host)
         return out
 
     def _finish(self, r: _Running, e: dict[str, Any]) -> None:
@@ -545,8 +546,8 @@ class Launcher:
     def _police(self, running: dict[int, _Running], full: bool) -> None:
         """Kill what was cancelled; with ``full``, also what outran its walltime or memory."""
         now = time.time()
-        if full and self._hosts is not None:  # a contained task's pid outside, looked up once
-            for host in self._hosts.by_key.values():
+        if full and self.hosts is not None:  # a contained task's pid outside, looked up once
+            for host in self.hosts.by_key.values():
                 if any(not r.pid for r in host.tasks.values()):
                     for jid, pid in host.host_pids().items():
                         host.tasks[jid].pid = pid
@@ -612,7 +613,7 @@ class Launcher:
                     except BlockingIOError:
                         pass
                     continue
-                host = self._hosts.by_fd.get(fd) if self._hosts is not None else None
+                host = self.hosts.by_fd.get(fd) if self.hosts is not None else None
                 if host is None and fd not in running:
                     continue  # a host dropped earlier in this pass
                 ends = self._hear(host, running) if host is not None else [(r := running.pop(fd), self._reap(r, ep))]
@@ -632,9 +633,9 @@ class Launcher:
                 self._police(running, full)
             if full:
                 last_police = time.monotonic()
-                if self._hosts is not None:
-                    for h in self._hosts.idle():
-                        self._hosts.drop(h)
+                if self.hosts is not None:
+                    for h in self.hosts.idle():
+                        self.hosts.drop(h)
                 here = {r.spec["job_id"] for r in running.values()} | {w[0]["job_id"] for w in waiting}
                 old = time.monotonic() - 60
                 self.cancelled = {j: t for j, t in self.cancelled.items() if j in here or t > old}

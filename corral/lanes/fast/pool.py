@@ -67,7 +67,7 @@ class Pool:
         self._spent: list[Any] = []
         """Futures of batches already collected, released on the next tick."""
         self._wake = asyncio.Event()
-        self._tasks: set[asyncio.Future[Any]] = set()
+        self.background: set[asyncio.Future[Any]] = set()
         """Every task this pool started: kept (asyncio holds weak references), awaited at close."""
         self.trace = trace.gateway_dir()
         """Where each stage of a task is timed (bench/fast_lane.py --trace), or None."""
@@ -75,14 +75,15 @@ class Pool:
     # -- life ---------------------------------------------------------------------
     async def start(self) -> None:
         await self.engine.start(self._on_event)
-        self._keep(asyncio.create_task(self._dispatch_loop(), name=f"fastlane-dispatch-{self.key.slug}"))
+        self.keep(asyncio.create_task(self._dispatch_loop(), name=f"fastlane-dispatch-{self.key.slug}"))
 
-    def _keep(self, task: "asyncio.Future[Any]") -> None:
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def keep(self, task: "asyncio.Future[Any]") -> None:
+        """Hold ``task`` until it ends (a task nobody holds may be collected mid-way)."""
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
 
     async def close(self) -> None:
-        tasks = list(self._tasks)
+        tasks = list(self.background)
         for t in tasks:
             t.cancel()
         if tasks:  # bounded: the gateway's shutdown has a deadline (api.settle)
@@ -116,7 +117,7 @@ class Pool:
         self.known.difference_update(dropped)
         running = [j for j in job_ids if j in self.inflight]
         if running and self.engine.up:
-            self._keep(asyncio.ensure_future(self.engine.kill(running)))
+            self.keep(asyncio.ensure_future(self.engine.kill(running)))
         return dropped
 
     def dispatch(self) -> None:
@@ -167,7 +168,7 @@ class Pool:
         if self.trace:
             trace.mark("sent", [t.job_id for t in batch])
         fut = self.engine.send([t.spec for t in batch], addr)
-        self._keep(asyncio.ensure_future(self._collect(fut, batch)))
+        self.keep(asyncio.ensure_future(self._collect(fut, batch)))
 
     def _unload(self, tasks: list[Task]) -> None:
         """These tasks no longer hold room in their worker."""
@@ -368,7 +369,7 @@ class Pool:
         """Ask for an allocation now, not at the next tick, when the backlog calls for one."""
         if (not self._growing and self.engine.up and len(self.allocations) < self.cfg.max_allocations
                 and scaling.backlogged(self, time.time())):
-            self._keep(asyncio.ensure_future(self._grow()))
+            self.keep(asyncio.ensure_future(self._grow()))
 
     def _failed(self, a: Allocation, reason: str | None) -> None:
         why = reason or f"no worker joined within {self.cfg.start_timeout_s:.0f} s of the job starting"

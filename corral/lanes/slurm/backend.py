@@ -184,6 +184,12 @@ class SlurmBackend(Scripts, Polling, Facility):
                 owned.setdefault(uid, []).append(jid)
         return plain, owned
 
+    def remembered(self) -> set[str]:
+        """The jobs it holds anything of in memory (answers, directories): what ``forget``
+        lets go once the core has recorded their ends, so that it does not grow with every
+        job the gateway ever saw."""
+        return set(self._final) | set(self._known) | set(self._dirs)
+
     def forget(self, backend_ids: Sequence[str]) -> None:
         """The core recorded these jobs' ends: their answers and directories need not be
         kept here (a directory is found again on disk if its output is read later)."""
