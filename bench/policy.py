@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import json
 import sys
 import tempfile
@@ -119,14 +120,26 @@ def http_submit(n: int) -> float:
 
 
 def audit(n: int) -> dict[str, float]:
+    """Appends a second to the chain as the gateway keeps it on its default SQLite store
+    (its one writer, the file kept open), and as replicas sharing a home keep it (each
+    append under the file's lock); plain JSON lines; and verification."""
     d = Path(tempfile.mkdtemp(prefix="corral-bench-audit-"))
-    log = AuditLog(d / "audit.jsonl", d / "audit.key")
     rec = {"principal": "bot", "kind": "agent", "sponsor": "alice", "session": "s", "action": "submit",
            "decision": "allow", "rule": "agents-work", "job_id": 1, "backend_id": "123"}
-    t = time.perf_counter()
-    for _ in range(n):
-        log.append([rec])
-    chained = n / (time.perf_counter() - t)
+
+    def appends(log: AuditLog) -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            log.append([rec])
+        return n / (time.perf_counter() - t)
+
+    # A tree from before replicas (bench side by side) has one kind of log: the one writer's.
+    kinds = inspect.signature(AuditLog).parameters
+    (d / "one").mkdir()
+    one = AuditLog(d / "one" / "audit.jsonl", d / "audit.key", **({"shared": False} if "shared" in kinds else {}))
+    chained = appends(one)
+    shared = appends(AuditLog(d / "audit.jsonl", d / "audit.key")) if "shared" in kinds else None
+    log = one
     t = time.perf_counter()
     with open(d / "plain.jsonl", "a") as f:
         for i in range(n):
@@ -137,7 +150,7 @@ def audit(n: int) -> dict[str, float]:
     count, problems = log.verify()
     verify_rate = count / (time.perf_counter() - t)
     assert count == n and not problems
-    return {"append": chained, "plain": plain, "verify": verify_rate}
+    return {"append": chained, "append_shared": shared or 0.0, "plain": plain, "verify": verify_rate}
 
 
 def main() -> None:
@@ -155,7 +168,8 @@ def main() -> None:
            "decision_uncached_cold_p99_ms": round(d["unc_cold_p99"], 3),
            "http_submit_p50_ms": round(submit_p50, 2),
            "decision_share_of_submit": round(d["warm_p50"] / submit_p50, 3),
-           "audit_append_per_s": round(a["append"]), "plain_append_per_s": round(a["plain"]),
+           "audit_append_per_s": round(a["append"]), "audit_append_shared_per_s": round(a["append_shared"]),
+           "plain_append_per_s": round(a["plain"]),
            "chain_cost_ratio": round(a["plain"] / a["append"], 2), "audit_verify_per_s": round(a["verify"])}
     print(f"decision warm p50 {d['warm_p50']:.3f} p99 {d['warm_p99']:.3f} ms, cold p50 {d['cold_p50']:.3f} "
           f"p99 {d['cold_p99']:.3f} ms; uncached p50 {d['unc_p50']:.3f} p99 {d['unc_p99']:.3f}, uncached cold p50 "

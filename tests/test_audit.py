@@ -4,6 +4,7 @@ edit, drop, insertion, reordering or cut of the log is found and located."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -110,3 +111,34 @@ def test_segments_rotate_and_the_chain_runs_across_them(tmp_path) -> None:
         assert code == 1 and "records 1.." in out, out
         first.write_bytes(saved_first)
         assert _verify(gw)[0] == 0
+
+
+def test_the_one_writer_keeps_its_file_open_but_never_writes_to_one_moved_away(tmp_path) -> None:
+    """A SQLite gateway is its audit chain's one writer (its home's lock): it keeps the live
+    file open between appends instead of opening and locking it each time (bench/policy.py).
+    An admin's logrotate that moves the file away must not take the next records with it."""
+    from corral.safety.audit import AuditLog
+
+    live, moved = tmp_path / "audit.jsonl", tmp_path / "audit.jsonl.1"
+
+    def open_to(path: Path) -> list[str]:  # this process's descriptors on ``path``
+        out = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+                    out.append(fd)
+            except OSError:
+                pass
+        return out
+
+    log = AuditLog(live, tmp_path / "audit.key", shared=False)
+    log.append([{"what": "first"}])
+    kept = open_to(live)
+    log.append([{"what": "second"}])
+    assert len(kept) == 1 and open_to(live) == kept  # the same descriptor, not opened again
+    live.rename(moved)
+    log.append([{"what": "third"}])
+    assert '"what":"third"' in live.read_text() and '"what":"third"' not in moved.read_text()
+    assert open_to(moved) == [] and len(open_to(live)) == 1  # the moved file let go
+    log.close()
+    assert open_to(live) == []

@@ -302,6 +302,12 @@ class Settings(BaseModel):
         return self.store.url or str(self.db_path)
 
     @property
+    def replicated(self) -> bool:
+        """A PostgreSQL store: replicas may share this home, its jobs and its audit chain
+        (gateway/replicas.py); on SQLite one gateway holds the home (serve.lock_home)."""
+        return self.store_url.startswith(("postgresql://", "postgres://"))
+
+    @property
     def admin_token_path(self) -> Path:
         return self.home / "admin.token"
 

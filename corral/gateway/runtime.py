@@ -103,7 +103,7 @@ def build_service(settings: Settings, clock: Clock | None = None) -> Service:
         backend = LocalBackend(settings.home / "local", settings.local_cpus, settings.local_memory_mb,
                                settings.local_max_walltime_s, sandbox, identities=identities,
                                output_max=settings.sandbox.output_max,
-                               recover=not settings.store_url.startswith(("postgresql://", "postgres://")))
+                               recover=not settings.replicated)
         private = [scratch]
     service = assemble(settings, db, backend, clock=clock, sandbox=sandbox, egress=egress, identities=identities,
                        private_state=private)
@@ -120,7 +120,8 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
     watchers = Watchers(metrics)
     lanes = Lanes.over(backend, meter=metrics.count_backend_call)
     audit = Audit(AuditLog(settings.home / "audit.jsonl", settings.home / "audit.key", db.audit_head(),
-                           segment_bytes=int(settings.audit_segment_mb * 1024 * 1024)), db)
+                           segment_bytes=int(settings.audit_segment_mb * 1024 * 1024),
+                           shared=settings.replicated), db)
     audit.repair()  # a torn final record (a crash, a full disk) cut off, and the cut recorded
     gate = Gate(settings.safety, settings.home, db, clock, settings.sandbox.allow_hosts)
     credentials = Credentials(db, gate)

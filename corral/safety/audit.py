@@ -54,13 +54,20 @@ class Problem:
 
 class AuditLog:
     def __init__(self, path: Path, key_path: Path, head: tuple[int, str] | None = None,
-                 segment_bytes: int | None = None) -> None:
+                 segment_bytes: int | None = None, shared: bool = True) -> None:
         self.path = path
         self.segment_bytes = segment_bytes
         self.key = self._key(key_path)
+        self.shared = shared
+        """Other processes may append to this chain (replicas on one home, a PostgreSQL
+        store): each append takes the file's lock. False: this process is its one writer
+        (a SQLite gateway holds its home's lock, edges/http/serve.py::lock_home), and
+        keeps the live file open between appends."""
         self._lock = threading.Lock()
         self._wrote: tuple[int, int] = (-1, -1)
         """(inode, size) of the live file after this process's last write."""
+        self._open: tuple[int, int] | None = None
+        """Not shared: the live file kept open, (descriptor, inode)."""
         tail = self._tail()
         # The file may hold records past the database's head: appended in a submission's
         # transaction that then did not commit (a crash, a full disk). They are sealed, so
@@ -106,7 +113,7 @@ class AuditLog:
         A write that fails (a full disk) leaves the file as it was: no torn line. Replicas
         sharing the home append to one chain: each write holds the file's lock, and one
         that finds the file grown since its own last write goes on from the other's tail."""
-        with self._lock, self._exclusive() as (fd, st):
+        with self._lock, (self._exclusive() if self.shared else self._alone()) as (fd, st):
             if (st.st_ino, st.st_size) != self._wrote:
                 self.seq, self.mac = self._tail()  # another replica appended (or rotated) since
             seq, mac, lines = self.seq, self.mac, []
@@ -152,6 +159,29 @@ class AuditLog:
                     return
             finally:
                 os.close(fd)  # closing releases the lock
+
+    @contextlib.contextmanager
+    def _alone(self) -> Iterator[tuple[int, os.stat_result]]:
+        """``_exclusive`` for the one writer: no lock, the file kept open, and only checked
+        to be the live file still (an admin's logrotate may have moved it away: the next
+        record goes to the file at the documented path, never to one renamed)."""
+        try:
+            st: os.stat_result | None = os.stat(self.path)
+        except FileNotFoundError:
+            st = None
+        if self._open is not None and (st is None or self._open[1] != st.st_ino):
+            self.close()
+        if self._open is None or st is None:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            st = os.fstat(fd)
+            self._open = (fd, st.st_ino)
+        yield self._open[0], st  # the path's file is the one open: its stat is the descriptor's
+
+    def close(self) -> None:
+        """Let go of the live file kept open (a one-writer log; the next append opens it)."""
+        if self._open is not None:
+            os.close(self._open[0])
+            self._open = None
 
     def _rotate(self) -> None:
         """Close the live file as a segment named by its first record. Only whole

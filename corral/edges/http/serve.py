@@ -128,7 +128,7 @@ def serve(settings: Settings) -> None:
     # Before anything starts: a second gateway on this home touches no job. On a PostgreSQL
     # store replicas share the home (its jobs, its audit chain): the store's leader lock
     # is what lets one of them act on the facility (gateway/replicas.py).
-    shared = settings.store_url.startswith(("postgresql://", "postgres://"))
+    shared = settings.replicated
     lock = None if shared else lock_home(settings.home)
     setup_logging(settings)
     # `kill -USR1 <pid>` prints every thread's stack to stderr: how to see where a gateway
