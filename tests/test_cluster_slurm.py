@@ -240,7 +240,9 @@ def test_egress_works_on_every_node_through_its_own_relay(tmp_path: Path, agent_
     (which on a real cluster connects on the gateway's machine alone)."""
     conf = quiet(cluster_conf())
     bridge = f"{layout(conf)['NET']}.254"  # this host on the nodes' bridge (scripts/slurm-up)
-    before = set(Path("/tmp").glob("corral-egress.*"))
+    # A batch job's relay directory is mktemp's, 12 letters after the dot (a fast-lane
+    # worker's, which another test may have meanwhile, is tempfile's 8): seen in a CI run.
+    before = set(Path("/tmp").glob("corral-egress." + "?" * 12))
     with file_server(tmp_path / "allowed", bridge, "from-the-mirror") as aport, \
             file_server(tmp_path / "other", bridge, "should-never-arrive") as oport, \
             egress_gateway(tmp_path, conf, bridge, aport) as (g, token):
@@ -266,7 +268,23 @@ def test_egress_works_on_every_node_through_its_own_relay(tmp_path: Path, agent_
             assert got == "from-the-mirror", (node, got)
             assert "not on this facility's egress allow-list" in refused, (node, refused)
             assert direct == "direct-refused", (node, direct)
-        assert set(Path("/tmp").glob("corral-egress.*")) <= before  # each relay stopped, its directory gone
+        assert set(Path("/tmp").glob("corral-egress." + "?" * 12)) <= before  # each relay stopped, its directory gone
+        # A job cancelled while it runs (Slurm's SIGTERM, as at its walltime) leaves its
+        # node's /tmp as it found it too (each such job left its relay's directory).
+        with g.http(token) as h:
+            job = h.post("/v1/jobs", json={"command": "touch started; sleep 120", "walltime": "5m",
+                                           "workdir": str(agent_dir)}).json()
+            deadline = time.monotonic() + 60
+            while not (agent_dir / "started").exists():
+                assert time.monotonic() < deadline, h.get(f"/v1/jobs/{job['id']}").json()
+                time.sleep(0.2)
+            assert set(Path("/tmp").glob("corral-egress." + "?" * 12)) - before  # its relay's, while it runs
+            assert h.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
+            assert h.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 60}).json()["state"] == "CANCELLED"
+        deadline = time.monotonic() + 20
+        while set(Path("/tmp").glob("corral-egress." + "?" * 12)) - before:
+            assert time.monotonic() < deadline, set(Path("/tmp").glob("corral-egress." + "?" * 12)) - before
+            time.sleep(0.2)
 
 
 def test_a_requeued_job_makes_its_relay_afresh(tmp_path: Path, agent_dir: Path) -> None:

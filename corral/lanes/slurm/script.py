@@ -294,6 +294,10 @@ class Scripts(SlurmBase):
                 lines += relay_lines(sandbox.relay, who if root else None)
                 sandbox = replace(sandbox, egress=RELAY_SOCKET)
                 cleanup = [f'kill $corral_relay 2>/dev/null; rm -rf "${RELAY_DIR}"']
+                # A cancel or the walltime is Slurm's SIGTERM to every process of the job,
+                # this shell too (its SIGKILL follows): the relay's directory is removed
+                # then as well, not left in the node's /tmp by every job that did not end.
+                lines.append(f"trap '{cleanup[0]}; exit 143' TERM")
             lines.append(sandbox.shell(
                 ctx.kind, work or ["bash", "-c", spec.command or ""], spec.workdir or str(own), opened,
                 job_dir=str(own), user=ctx.unix_user, root=root, readable=[str(out / "script")] if spec.script else (),
