@@ -812,3 +812,30 @@ def test_anyone_on_the_network_gets_a_bounded_share_of_the_egress_proxy(tmp_path
         for s in flood:
             s.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_an_egress_port_someone_holds_first_stops_the_gateway_saying_so(tmp_path) -> None:
+    """Anyone on the gateway's machine may listen on [sandbox] egress_listen's port before
+    the gateway starts. The proxy's TCP side then failed to bind in a thread nobody
+    watched, the port still answered (the other program did), and the gateway started:
+    every node's relay would have carried its jobs' fetches (a `pip install`) to whoever
+    held the port. Now the gateway does not start, and says which port and what to do."""
+    from .conftest import Gateway, free_port
+
+    need_bwrap()
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen(16)
+    taken = f"127.0.0.1:{squatter.getsockname()[1]}"
+    gw = Gateway(tmp_path / "home", free_port(), extra_env={"CORRAL_SANDBOX__ALLOW_HOSTS": '["127.0.0.1:9"]',
+                                                            "CORRAL_SANDBOX__EGRESS_LISTEN": taken})
+    gw.home.mkdir()
+    try:
+        with pytest.raises(RuntimeError) as e:
+            gw.start()
+        assert f"egress_listen {taken}" in str(e.value) and "in use" in str(e.value), str(e.value)
+        assert "Traceback" not in str(e.value), str(e.value)
+    finally:
+        gw.kill(signal.SIGTERM)
+        squatter.close()

@@ -27,6 +27,7 @@ passed to the proxy's Unix socket once its request begins.
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import logging
 import os
@@ -35,10 +36,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from corral.core import proc
 from corral.core.errors import BackendError
+
+if TYPE_CHECKING:
+    import socket
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +77,10 @@ class Egress:
         deadline = time.monotonic() + 20
         while not self.socket.exists() or (listen and not _answers(listen)):
             if self._proc.poll() is not None or time.monotonic() > deadline:
-                raise BackendError(f"the egress proxy did not start; see {directory / 'proxy.log'}",
+                said = [line for line in (directory / "proxy.log").read_text(errors="replace").splitlines()
+                        if line.startswith("corral: ")]
+                raise BackendError(said[-1][len("corral: "):] if said else
+                                   f"the egress proxy did not start; see {directory / 'proxy.log'}",
                                    hint="or empty [sandbox] allow_hosts to run without it (no network for jobs)")
             time.sleep(0.05)
         self.socket.chmod(0o666)
@@ -233,7 +240,7 @@ FIRST_BYTES_S = 10.0
 """How long a connection to the TCP side may stay silent before its request begins."""
 
 
-async def front(listen: str, socket_path: str) -> None:
+async def front(listener: "socket.socket", socket_path: str) -> None:
     """The proxy's TCP side ([sandbox] egress_listen), bounded before anything else: no
     authentication is asked there, so whoever reaches the address is held to a share
     (``FRONT_PER_CLIENT``, ``FRONT_TOTAL``) and passed to the proxy's Unix socket only once
@@ -241,8 +248,6 @@ async def front(listen: str, socket_path: str) -> None:
     hundred idle connections from anyone on the network stalled it, and with it every
     contained job's egress, local and on every node."""
     import asyncio
-
-    from corral.core.config import host_port
 
     held: dict[str, int] = {}
 
@@ -279,10 +284,26 @@ async def front(listen: str, socket_path: str) -> None:
                 if w is not None:
                     w.close()
 
-    host, port = host_port(listen)
-    server = await asyncio.start_server(serve, host, port, backlog=1024)
+    server = await asyncio.start_server(serve, sock=listener)
     async with server:
         await server.serve_forever()
+
+
+def listen_on(listen: str) -> "socket.socket":
+    """The front's TCP socket, bound and listening before anything else starts: an address
+    someone else already listens on is refused here, and the proxy does not start (bound
+    later, in a thread nobody watched, a failure was silent while the other program
+    answered on the port: every node's relay would have carried its jobs' fetches to it)."""
+    import socket
+
+    from corral.core.config import host_port
+
+    try:
+        return socket.create_server(host_port(listen), backlog=1024)
+    except OSError as e:
+        what = "in use by another program" if e.errno == errno.EADDRINUSE else e.strerror
+        raise SystemExit(f"corral: [sandbox] egress_listen {listen} cannot be listened on ({what}): stop what "
+                         "holds it, or set egress_listen to a port of this gateway's alone") from None
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -298,10 +319,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     import proxy
 
+    listener = listen_on(a.listen) if a.listen else None  # before the Unix socket, which says "ready"
     with proxy.Proxy(["--unix-socket-path", str(a.socket), "--plugins", "corral.sandbox.egress.AllowHosts",
                       "--num-workers", "1", "--num-acceptors", "1", "--log-level", "WARNING"]):
-        if a.listen:  # the TCP side is corral's own, bounded, in front of the Unix socket
-            threading.Thread(target=asyncio.run, args=(front(a.listen, str(a.socket)),), daemon=True).start()
+        if listener is not None:  # the TCP side is corral's own, bounded, in front of the Unix socket
+            threading.Thread(target=asyncio.run, args=(front(listener, str(a.socket)),), daemon=True).start()
         proxy.sleep_loop()
 
 
