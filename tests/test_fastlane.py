@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import sys
+import textwrap
 import time
 import tempfile
 from pathlib import Path
@@ -597,6 +598,57 @@ def test_fast_tasks_reach_the_egress_through_their_workers_relay(tmp_path, agent
     while relay[0].exists():  # gone with the worker
         assert time.monotonic() < deadline, relay
         time.sleep(0.2)
+
+
+def test_one_task_holding_its_workers_relay_leaves_another_principal_a_way_out(tmp_path, agent_dir) -> None:
+    """A worker runs many principals' tasks, all reaching the proxy through its one relay.
+    The relay was socat with 64 children in all: one task holding 80 connections (each a
+    request begun, never finished) left every other principal's task on that worker with
+    no way out (its fetch timed out). Each identity now holds at most its share
+    (corral/sandbox/relay.py, by the kernel's word for who connected)."""
+    from .conftest import add_people, file_server, free_port
+
+    hog = textwrap.dedent("""\
+        import os, socket, time
+        host, port = os.environ["http_proxy"].rsplit("/", 1)[-1].rsplit(":", 1)  # the sandbox's way out
+        held = []
+        for _ in range(80):  # each a request begun, never finished
+            try:
+                s = socket.create_connection((host, int(port)), 2)
+                s.sendall(b"GET http://x/ HTTP/1.1\\r\\n")
+            except OSError:
+                continue
+            held.append(s)
+        open("holding", "w").write(str(len(held)))
+        for _ in range(15):
+            time.sleep(1)
+            for s in held:
+                try:
+                    s.sendall(b"X-a: b\\r\\n")
+                except OSError:
+                    pass
+        """)
+    (agent_dir / "hog.py").write_text(hog)
+    with file_server(tmp_path / "mirror", "127.0.0.1", "from-the-mirror") as mport:
+        with running(tmp_path, cpus=8, CORRAL_FASTLANE_CPUS="4", CORRAL_FASTLANE_MEMORY_MB="2048",
+                     CORRAL_SANDBOX__ALLOW_HOSTS=f'["127.0.0.1:{mport}"]',
+                     CORRAL_SANDBOX__EGRESS_LISTEN=f"127.0.0.1:{free_port()}") as gw:
+            t = add_people(gw)
+            with gw.http(t["bot1"]) as h1, gw.http(t["bot2"]) as h2:
+                held = h1.post("/v1/jobs", json={"command": f"python3 {agent_dir / 'hog.py'}", "lane": "fast",
+                                                 "workdir": str(agent_dir), "walltime": "2m"}).json()
+                deadline = time.monotonic() + 60
+                while not (agent_dir / "holding").exists():
+                    assert time.monotonic() < deadline, (h1.get(f"/v1/jobs/{held['id']}").json(),
+                                                         h1.get(f"/v1/jobs/{held['id']}/output",
+                                                                params={"stream": "stderr"}).text)
+                    time.sleep(0.2)
+                job = h2.post("/v1/jobs", json={"command": f"curl -s -m 8 http://127.0.0.1:{mport}/ok.txt",
+                                                "lane": "fast", "workdir": str(agent_dir)}).json()
+                done = wait(gw, t["bot2"], job["id"])
+                out = h2.get(f"/v1/jobs/{job['id']}/output").json()["data"]
+                assert done["state"] == "COMPLETED" and out == "from-the-mirror", (done, out)
+                assert wait(gw, t["bot1"], held["id"])["state"] == "COMPLETED"
 
 
 def test_a_workers_relay_leaves_nothing_its_user_can_swap() -> None:

@@ -128,46 +128,40 @@ def relay_argv(socket_path: str, listen: str, perm: str | None = None) -> list[s
 
 
 class Relay:
-    """A relay on this node to the egress proxy's TCP address, for the jobs a long-lived
-    process starts here (a fast-lane worker): a Unix socket in a new directory, forwarded
-    to ``listen`` (corral/lanes/slurm/script.py starts the same for one batch job). Its
-    tasks run as many identities, so the socket is theirs to connect to (0666: whoever on
-    the node connects reaches only the allow-list). Under root it runs as ``user``, so
-    that no job's bytes pass through a root process."""
+    """A relay on this node to the egress proxy's TCP address, for the tasks a fast-lane
+    worker starts here (corral/sandbox/relay.py: each identity held to a share of it; the
+    batch script starts a socat relay for its one job, ``relay_argv``): a Unix socket in a
+    new directory, forwarded to ``listen``. Its tasks run as many identities, so the
+    socket is theirs to connect to (0666: whoever on the node connects reaches only the
+    allow-list). Under root it binds the socket in root's directory and then becomes
+    ``user`` before it carries anything: no job's bytes pass through a root process."""
 
     def __init__(self, listen: str, user: str | None = None) -> None:
         import pwd
         import tempfile
 
-        self.dir = Path(tempfile.mkdtemp(prefix="corral-egress."))  # new, 0700
+        self.dir = Path(tempfile.mkdtemp(prefix="corral-egress."))  # new, 0700, root's under root
         self.socket = self.dir / "proxy.sock"
-        who: dict[str, Any] = {}
+        drop: list[str] = []
         if os.geteuid() == 0 and user:
             pw = pwd.getpwnam(user)
-            # Root's throughout: ``user`` makes its socket there by group (sticky: nobody else of
-            # the group moves it). Were it ``user``'s, anything running as ``user`` could move it
-            # in /tmp and put a link to any directory in its place for root to chmod and bind.
-            os.chown(self.dir, 0, pw.pw_gid)
-            self.dir.chmod(0o1730)
-            who = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+            drop = ["--uid", str(pw.pw_uid), "--gid", str(pw.pw_gid)]
         else:
             self.dir.chmod(0o711)
         self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-            relay_argv(str(self.socket), listen, perm="0666"),
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **who)
+            [sys.executable, "-m", "corral.sandbox.relay", str(self.socket), listen, *drop],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.pid = self._proc.pid
         deadline = time.monotonic() + 10
         while not self.socket.exists():
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 self.close()
                 raise BackendError(f"the egress relay to {listen} did not start on this node",
-                                   hint="check that socat is installed on the nodes")
+                                   hint="see that the worker's Python runs corral (CORRAL_FASTLANE_PYTHON)")
             time.sleep(0.01)
-        if who:  # closed to ``user`` before any bwrap (as root) binds what is in it: a link there would be followed
-            self.dir.chmod(0o700)
-            if not stat.S_ISSOCK(os.lstat(self.socket).st_mode):
-                self.close()
-                raise BackendError(f"the egress relay's socket in {self.dir} was replaced; not used")
+        if not stat.S_ISSOCK(os.lstat(self.socket).st_mode):  # bwrap (as root) binds it: never a link
+            self.close()
+            raise BackendError(f"the egress relay's socket in {self.dir} was replaced; not used")
 
     def close(self) -> None:
         import shutil
@@ -249,40 +243,21 @@ async def front(listener: "socket.socket", socket_path: str) -> None:
     contained job's egress, local and on every node."""
     import asyncio
 
-    held: dict[str, int] = {}
+    from corral.sandbox.relay import Shares, bridge
 
-    async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, end: bool) -> None:
-        while data := await src.read(65536):
-            dst.write(data)
-            await dst.drain()
-        if end and dst.can_write_eof():  # the client is done sending: the proxy answers still
-            dst.write_eof()
-        else:
-            dst.close()
+    shares = Shares(FRONT_PER_CLIENT, FRONT_TOTAL)
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        who = str(peer[0]) if peer else "?"
-        if sum(held.values()) >= FRONT_TOTAL or held.get(who, 0) >= FRONT_PER_CLIENT:
-            writer.close()
-            return
-        held[who] = held.get(who, 0) + 1
-        upstream: asyncio.StreamWriter | None = None
-        try:
-            first = await asyncio.wait_for(reader.read(65536), FIRST_BYTES_S)
+        with shares.take(str(peer[0]) if peer else "?") as ok:
+            try:
+                first = await asyncio.wait_for(reader.read(65536), FIRST_BYTES_S) if ok else b""
+            except (OSError, asyncio.TimeoutError):
+                first = b""
             if first:
-                back, upstream = await asyncio.open_unix_connection(socket_path)
-                upstream.write(first)
-                await asyncio.gather(pipe(reader, upstream, True), pipe(back, writer, False))
-        except (OSError, asyncio.TimeoutError):
-            pass
-        finally:
-            held[who] -= 1
-            if not held[who]:
-                del held[who]
-            for w in (upstream, writer):
-                if w is not None:
-                    w.close()
+                await bridge(reader, writer, lambda: asyncio.open_unix_connection(socket_path), first)
+            else:
+                writer.close()
 
     server = await asyncio.start_server(serve, sock=listener)
     async with server:
