@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -649,6 +650,41 @@ def test_one_task_holding_its_workers_relay_leaves_another_principal_a_way_out(t
                 out = h2.get(f"/v1/jobs/{job['id']}/output").json()["data"]
                 assert done["state"] == "COMPLETED" and out == "from-the-mirror", (done, out)
                 assert wait(gw, t["bot1"], held["id"])["state"] == "COMPLETED"
+
+
+def test_a_workers_relay_carries_as_its_user_and_ends_with_the_worker(tmp_path) -> None:
+    """The relay binds as root and becomes its user before it carries a byte; that change
+    of identity cleared the parent-death signal it had set (prctl(2)), so a worker killed
+    -9 would have left its relay running. It sets it again as the user."""
+    from .conftest import ended
+
+    if os.geteuid() != 0:
+        pytest.skip("the relay changes identity only when root starts it")
+    sock = tmp_path / "relay.sock"
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time\n"
+         "p = subprocess.Popen([sys.executable, '-m', 'corral.sandbox.relay', sys.argv[1], '127.0.0.1:9', "
+         "'--uid', '65534', '--gid', '65534'])\nprint(p.pid, flush=True)\ntime.sleep(120)", str(sock)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout is not None
+        relay = int(worker.stdout.readline())
+        deadline = time.monotonic() + 20
+        while not sock.exists() or "65534" not in _uid_line(relay):
+            assert time.monotonic() < deadline, _uid_line(relay)
+            time.sleep(0.05)
+        assert oct(sock.stat().st_mode & 0o777) == "0o666"  # every task's to connect to
+    finally:
+        worker.kill()
+        worker.wait()
+    assert ended(relay), "the relay outlived its worker"
+
+
+def _uid_line(pid: int) -> str:
+    try:
+        return next(line for line in open(f"/proc/{pid}/status") if line.startswith("Uid:"))
+    except OSError:
+        return ""
 
 
 def test_a_workers_relay_leaves_nothing_its_user_can_swap() -> None:

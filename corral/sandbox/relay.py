@@ -23,6 +23,8 @@ import socket
 import struct
 from typing import Any, Awaitable, Callable, Iterator, Sequence
 
+from corral.core import proc
+
 PER_PEER = 16
 """Connections one identity holds through a relay at once."""
 TOTAL = 64
@@ -111,6 +113,7 @@ async def serve(listener: socket.socket, host: str, port: int, become: tuple[int
         os.setgroups([])
         os.setgid(become[1])
         os.setuid(become[0])
+        proc.die_with_parent()  # a change of identity clears the parent-death signal (prctl(2))
     async with server:
         await server.serve_forever()
 
@@ -118,7 +121,6 @@ async def serve(listener: socket.socket, host: str, port: int, become: tuple[int
 def main(argv: Sequence[str] | None = None) -> None:
     import encodings.idna  # noqa: F401  (a host name is encoded so: imported while the interpreter's files are readable)
 
-    from corral.core import proc
     from corral.core.config import host_port
 
     ap = argparse.ArgumentParser(prog="corral.sandbox.relay", description=(__doc__ or "").split("\n\n")[0])
