@@ -108,7 +108,7 @@ async def serve(listener: socket.socket, host: str, port: int, become: tuple[int
             else:
                 writer.close()  # refused at once: the client's request fails, it does not wait
 
-    server = await asyncio.start_unix_server(carry, sock=listener)
+    server = await asyncio.start_unix_server(carry, sock=listener, start_serving=False)  # accepts once it is `become`
     if become is not None:
         os.setgroups([])
         os.setgid(become[1])
