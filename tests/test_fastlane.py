@@ -656,6 +656,8 @@ def test_a_workers_relay_carries_as_its_user_and_ends_with_the_worker(tmp_path) 
     """The relay binds as root and becomes its user before it carries a byte; that change
     of identity cleared the parent-death signal it had set (prctl(2)), so a worker killed
     -9 would have left its relay running. It sets it again as the user."""
+    from corral.sandbox.relay import READY
+
     from .conftest import ended
 
     if os.geteuid() != 0:
@@ -669,10 +671,8 @@ def test_a_workers_relay_carries_as_its_user_and_ends_with_the_worker(tmp_path) 
     try:
         assert worker.stdout is not None
         relay = int(worker.stdout.readline())
-        deadline = time.monotonic() + 20
-        while not sock.exists() or "65534" not in _uid_line(relay):
-            assert time.monotonic() < deadline, _uid_line(relay)
-            time.sleep(0.05)
+        assert worker.stdout.readline() == READY  # said once it is its user (it shares the worker's stdout)
+        assert _uid_of(relay) == 65534
         assert oct(sock.stat().st_mode & 0o777) == "0o666"  # every task's to connect to
     finally:
         worker.kill()
@@ -680,11 +680,9 @@ def test_a_workers_relay_carries_as_its_user_and_ends_with_the_worker(tmp_path) 
     assert ended(relay), "the relay outlived its worker"
 
 
-def _uid_line(pid: int) -> str:
-    try:
-        return next(line for line in open(f"/proc/{pid}/status") if line.startswith("Uid:"))
-    except OSError:
-        return ""
+def _uid_of(pid: int) -> int:
+    """A process's real uid, from /proc."""
+    return int(Path(f"/proc/{pid}/status").read_text().split("Uid:")[1].split()[0])
 
 
 def test_a_workers_relay_leaves_nothing_its_user_can_swap() -> None:
@@ -707,7 +705,7 @@ def test_a_workers_relay_leaves_nothing_its_user_can_swap() -> None:
         assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700
         sock = os.lstat(relay.socket)
         assert stat.S_ISSOCK(sock.st_mode) and stat.S_IMODE(sock.st_mode) == 0o666
-        assert int(Path(f"/proc/{relay.pid}/status").read_text().split("Uid:")[1].split()[0]) != 0
+        assert _uid_of(relay.pid) != 0  # its user already when Relay returns (it waits for READY)
     finally:
         relay.close()
         listener.close()

@@ -31,6 +31,7 @@ import errno
 import functools
 import logging
 import os
+import select
 import stat
 import subprocess
 import sys
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from corral.core import proc
 from corral.core.errors import BackendError
+from corral.sandbox.relay import READY, Shares, bridge
 
 if TYPE_CHECKING:
     import socket
@@ -150,15 +152,17 @@ class Relay:
             self.dir.chmod(0o711)
         self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
             [sys.executable, "-m", "corral.sandbox.relay", str(self.socket), listen, *drop],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.pid = self._proc.pid
-        deadline = time.monotonic() + 10
-        while not self.socket.exists():
-            if self._proc.poll() is not None or time.monotonic() > deadline:
-                self.close()
-                raise BackendError(f"the egress relay to {listen} did not start on this node",
-                                   hint="see that the worker's Python runs corral (CORRAL_FASTLANE_PYTHON)")
-            time.sleep(0.01)
+        # Ready once it says so, as its user (its socket is there before: bound as root).
+        out = self._proc.stdout
+        assert out is not None
+        said = out.readline() if select.select([out], [], [], 10)[0] else b""
+        out.close()
+        if said.decode() != READY:
+            self.close()
+            raise BackendError(f"the egress relay to {listen} did not start on this node",
+                               hint="see that the worker's Python runs corral (CORRAL_FASTLANE_PYTHON)")
         if not stat.S_ISSOCK(os.lstat(self.socket).st_mode):  # bwrap (as root) binds it: never a link
             self.close()
             raise BackendError(f"the egress relay's socket in {self.dir} was replaced; not used")
@@ -242,8 +246,6 @@ async def front(listener: "socket.socket", socket_path: str) -> None:
     hundred idle connections from anyone on the network stalled it, and with it every
     contained job's egress, local and on every node."""
     import asyncio
-
-    from corral.sandbox.relay import Shares, bridge
 
     shares = Shares(FRONT_PER_CLIENT, FRONT_TOTAL)
 

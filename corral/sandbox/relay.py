@@ -21,6 +21,7 @@ import contextlib
 import os
 import socket
 import struct
+import sys
 from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 from corral.core import proc
@@ -29,6 +30,7 @@ PER_PEER = 16
 """Connections one identity holds through a relay at once."""
 TOTAL = 64
 """Connections a relay holds at once, all identities together."""
+READY = "ready\n"
 
 
 async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, end: bool) -> None:
@@ -98,7 +100,8 @@ def peer_uid(writer: asyncio.StreamWriter) -> int:
 async def serve(listener: socket.socket, host: str, port: int, become: tuple[int, int] | None = None,
                 per_peer: int = PER_PEER, total: int = TOTAL) -> None:
     """Carry each connection to ``listener`` to HOST:PORT; ``become`` (uid, gid): the
-    identity taken once the server is set up, before anything is accepted."""
+    identity taken once the server is set up, before anything is accepted. ``READY`` on
+    standard output says it is set up, as that identity (the worker waits for it)."""
     shares = Shares(per_peer, total)
 
     async def carry(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -114,6 +117,8 @@ async def serve(listener: socket.socket, host: str, port: int, become: tuple[int
         os.setgid(become[1])
         os.setuid(become[0])
         proc.die_with_parent()  # a change of identity clears the parent-death signal (prctl(2))
+    sys.stdout.write(READY)
+    sys.stdout.flush()
     async with server:
         await server.serve_forever()
 
