@@ -138,8 +138,7 @@ def audit(n: int) -> dict[str, float]:
     (d / "one").mkdir()
     one = AuditLog(d / "one" / "audit.jsonl", d / "audit.key", **({"shared": False} if "shared" in kinds else {}))
     chained = appends(one)
-    shared = appends(AuditLog(d / "audit.jsonl", d / "audit.key")) if "shared" in kinds else None
-    log = one
+    shared = appends(AuditLog(d / "audit.jsonl", d / "audit.key", shared=True)) if "shared" in kinds else None
     t = time.perf_counter()
     with open(d / "plain.jsonl", "a") as f:
         for i in range(n):
@@ -147,7 +146,7 @@ def audit(n: int) -> dict[str, float]:
             f.flush()
     plain = n / (time.perf_counter() - t)
     t = time.perf_counter()
-    count, problems = log.verify()
+    count, problems = one.verify()
     verify_rate = count / (time.perf_counter() - t)
     assert count == n and not problems
     return {"append": chained, "append_shared": shared or 0.0, "plain": plain, "verify": verify_rate}
