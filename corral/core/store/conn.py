@@ -66,6 +66,11 @@ def _pg_text(sql: str) -> str:
 _pg = functools.lru_cache(maxsize=2048)(_pg_text)
 
 
+def is_postgres(url: str) -> bool:
+    """``url`` names a PostgreSQL store (else a SQLite file). Settings.replicated asks the same."""
+    return url.startswith(("postgresql://", "postgres://"))
+
+
 class Conn:
     """One connection: ``execute``/``executemany`` as sqlite3's, ``transaction()`` for
     many writes in one commit, and the dialect's spellings."""
@@ -75,7 +80,7 @@ class Conn:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.dialect = "postgresql" if url.startswith(("postgresql://", "postgres://")) else "sqlite"
+        self.dialect = "postgresql" if is_postgres(url) else "sqlite"
         self.lock = threading.RLock()
         """One statement at a time. Not held across a transaction: a worker thread's read
         (the dashboard's) goes on while the event loop's transaction is open, as before."""

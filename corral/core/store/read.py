@@ -11,7 +11,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Iterable
 
-from corral.core.store.conn import Conn
+from corral.core.store.conn import Conn, is_postgres
 from corral.core.store.jobs import ACTIVE
 
 
@@ -124,7 +124,7 @@ def report_rows(where: Path | str) -> list[tuple[Any, ...]]:
                     {partition}, {name}, j.submit_time, j.start_time, j.end_time, j.state, j.exit_code,
                     {cpus}, {gpus}, p.kind, j.principal
              FROM jobs j JOIN principals p ON p.name = j.principal ORDER BY j.id"""
-    if str(where).startswith(("postgresql://", "postgres://")):
+    if is_postgres(str(where)):
         conn = Conn(str(where))
         try:
             j = conn.json
