@@ -12,7 +12,7 @@ PIP := $(BIN)/pip install --disable-pip-version-check
 UV_VERSION := $(shell sed -n 's/^ *"uv==\([^"]*\)",*/\1/p' pyproject.toml)
 INSTALL = $(BIN)/uv pip install --python $(BIN)/python $(1) || $(PIP) $(1)
 
-.PHONY: run test venv bench clean fresh-venv
+.PHONY: run test venv bench bench-check clean fresh-venv
 
 # Each stamp is written last: a venv without the run stamp is half-built (an interrupted
 # install) and is rebuilt from scratch rather than trusted; the test stamp is redone on
@@ -66,6 +66,11 @@ test: $(TEST_STAMP)
 
 bench: $(TEST_STAMP)
 	$(BIN)/python bench/status_fanin.py --quick
+
+# Every benchmark's quick run (issue 46): each must exit 0, print one JSON object last,
+# measure something in every arm and finish within its 30 s budget. CI runs it after the tests.
+bench-check: $(TEST_STAMP)
+	SLURM_CONF=$${SLURM_CONF:-/tmp/corral-slurm/etc/slurm.conf} $(BIN)/python bench/check_all.py
 
 clean:
 	rm -rf $(VENV) .corral .pytest_cache

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -125,3 +126,20 @@ class KeepAliveGet:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+def finish(name: str, result: dict, measured: dict[str, bool]) -> None:
+    """Print the run's one JSON object last, then fail the run if an arm measured nothing.
+
+    ``measured`` maps each arm (or figure) to whether it measured something: samples taken,
+    failures seen where failures are the point, a denominator above zero. A benchmark whose
+    arm measured nothing is a claim, not a measurement (issue 46): the run exits 3 and names
+    the arm on stderr, after the JSON (which carries the same names under "measured_nothing")
+    so the figures that were taken are still readable.
+    """
+    empty = sorted(arm for arm, ok in measured.items() if not ok)
+    result = {**result, "measured_nothing": empty}
+    print(json.dumps(result), flush=True)
+    if empty:
+        print(f"bench/{name}.py: measured nothing in {', '.join(empty)}", file=sys.stderr)
+        raise SystemExit(3)
