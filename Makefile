@@ -50,8 +50,9 @@ run: $(RUN_STAMP)
 # submitter's tests sudo (scripts/privsep-up --sudo-only), the store's contract tests a
 # private PostgreSQL (scripts/postgres-up);
 # all install Debian's packages when missing,
-# as root. mypy checks corral/ first (config in pyproject.toml). Under CI either one failing fails the run; elsewhere those tests skip and
-# say how to get them.
+# as root. Under CI any of them failing fails the run; elsewhere those tests skip and
+# say how to get them. Before any test, ruff then mypy check the code (config in
+# pyproject.toml; ruff's rules: docs/decisions/0039-linter.md).
 test: $(TEST_STAMP)
 	@scripts/slurm-up >/dev/null || { [ "$$CI" != "true" ] && echo "make test: no Slurm; its tests will skip"; }
 	@scripts/slurm-up --second >/dev/null || { [ "$$CI" != "true" ] && echo "make test: no second Slurm; its tests will run on the first"; }
@@ -61,6 +62,7 @@ test: $(TEST_STAMP)
 	@scripts/clients-up || { [ "$$CI" != "true" ] && echo "make test: no npm; the Claude Code and Codex tests will skip"; }
 	@scripts/privsep-up --sudo-only || { [ "$$CI" != "true" ] && echo "make test: no sudo; the privileged submitter's tests will skip"; }
 	@scripts/postgres-up >/dev/null || { [ "$$CI" != "true" ] && echo "make test: no PostgreSQL; the store's PostgreSQL tests will skip"; }
+	$(BIN)/ruff check
 	$(BIN)/mypy
 	SLURM_CONF=$${SLURM_CONF:-/tmp/corral-slurm/etc/slurm.conf} $(BIN)/python -m pytest -q
 

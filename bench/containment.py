@@ -196,7 +196,7 @@ def fast_lane_makespans(tasks: int, rounds: int) -> dict[str, list[float]]:
         out: dict[str, list[float]] = {"bare": [], "sandboxed": []}
         clients = {n: httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {t}"}, timeout=300)
                    for n, t in tokens.items()}
-        for arm, who in (("bare", "alice"), ("sandboxed", "bot")):  # warm: the pool, the sandbox file
+        for _arm, who in (("bare", "alice"), ("sandboxed", "bot")):  # warm: the pool, the sandbox file
             ids = [j["id"] for j in clients[who].post("/v1/jobs/batch", json={"jobs": [spec] * 8}).json()["jobs"]]
             clients[who].post("/v1/jobs/wait", json={"ids": ids, "timeout": 120})
         for _ in range(rounds):

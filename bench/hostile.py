@@ -304,7 +304,10 @@ def run_all(duration: float, pythonpath: str | None) -> dict[str, Any]:
             if live:
                 h.post("/v1/jobs/cancel", json={"ids": [j["id"] for j in live]})
         gw.stop()
-    ratio = (lambda a, b: round(a / b, 2) if b else None)
+
+    def ratio(a: float, b: float) -> float | None:
+        return round(a / b, 2) if b else None
+
     return {"honest_p99_ms_quiet": quiet["status_p99_ms"], "honest_p99_ms_hostile": loud["status_p99_ms"],
             "ratio": ratio(loud["status_p99_ms"], quiet["status_p99_ms"]),
             "honest_p99_ms_unauth": unauth["status_p99_ms"],

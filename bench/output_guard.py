@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -79,16 +80,16 @@ def main() -> None:
     for name, text in outputs(mb).items():
         size = len(text) / 1e6
         if name.endswith("_one_line"):  # the old pattern on a whole megabyte: hours
-            now = median(lambda: guard_cpu(text, NOW), 3) / size
-            small = {k: median(lambda: guard_cpu(text[:k] + "\n", BEFORE), 3) for k in (20_000, 40_000)}
+            now = median(partial(guard_cpu, text, NOW), 3) / size
+            small = {k: median(partial(guard_cpu, text[:k] + "\n", BEFORE), 3) for k in (20_000, 40_000)}
             growth = small[40_000] / small[20_000]
             out[name] = {"now_s_per_mb": round(now, 4), "before_s_20kb": round(small[20_000], 3),
                          "before_s_40kb": round(small[40_000], 3), "before_growth_x2": round(growth, 2),
                          "before_s_per_mb_estimated": round(small[20_000] * (1e6 / 20_000) ** 2, 0)}
             print(f"{name:24} {now:10.4f} {'20 KB ' + format(small[20_000], '.2f') + ' s, 40 KB ' + format(small[40_000], '.2f') + ' s':>12}")
             continue
-        now = median(lambda: guard_cpu(text, NOW), 3) / size
-        before = median(lambda: guard_cpu(text, BEFORE), 3) / size
+        now = median(partial(guard_cpu, text, NOW), 3) / size
+        before = median(partial(guard_cpu, text, BEFORE), 3) / size
         out[name] = {"now_s_per_mb": round(now, 4), "before_s_per_mb": round(before, 4)}
         print(f"{name:24} {now:10.4f} {before:12.4f}")
     secrets._WRAPPED = NOW

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import stat
-import time
 
 import httpx
 

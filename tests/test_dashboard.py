@@ -268,7 +268,7 @@ def test_the_fast_lane_pool_is_named_for_people(gateway: Gateway) -> None:
         html = c.get("/dashboard/live").text
     pools = re.findall(r'<tr data-pool="([^"]*)"><td>([^<]*)</td>', html)
     assert pools, html[html.find('id="pools"'):][:2000]
-    for slug, name in pools:
+    for _slug, name in pools:
         assert "_-_" not in name and "default account" in name and "partition" in name and "CPUs" in name, name
 
 

@@ -97,7 +97,7 @@ def test_any_replica_answers_and_wakes_on_another_replicas_changes(tmp_path: Pat
             with ThreadPoolExecutor(2) as pool:
                 for k in range(5):
                     body = {"command": f"echo race-{k}", "workdir": str(tmp_path)}
-                    both = list(pool.map(lambda h: h.post("/v1/jobs", json=body, headers={"Idempotency-Key": f"r{k}"}),
+                    both = list(pool.map(lambda h: h.post("/v1/jobs", json=body, headers={"Idempotency-Key": f"r{k}"}),  # noqa: B023
                                          (f, ld)))
                     assert sorted(r.status_code for r in both) == [200, 201], [r.text for r in both]
                     assert both[0].json()["id"] == both[1].json()["id"]

@@ -59,7 +59,7 @@ def test_no_session_without_a_token_and_memory_stays_flat(tmp_path: Path) -> Non
             for _ in range(200):  # warm: the first requests allocate what every request reuses
                 _open(c, None)
             before = _rss_kb(gw.proc.pid)
-            for i in range(3000):
+            for _ in range(3000):
                 r = _open(c, None)
                 assert r.status_code == 200, r.text
                 assert "mcp-session-id" not in r.headers, r.headers

@@ -162,7 +162,7 @@ def test_walltime_tightened_from_memory_and_given_back(tmp_path: Path, agent_dir
             assert first["tier"] == "opportunistic" and first["walltime_s"] == first["asked_walltime_s"] == 600
             for _ in range(2):  # two runs for memory to go by
                 job = h.post("/v1/jobs", json=spec).json()
-                done = until("a run to end", lambda: (j := h.get(f"/v1/jobs/{job['id']}/wait",
+                done = until("a run to end", lambda: (j := h.get(f"/v1/jobs/{job['id']}/wait",  # noqa: B023
                                                                  params={"timeout": 30}).json())["state"]
                              not in ("PENDING", "RUNNING") and j, 300)
                 assert done["state"] == "COMPLETED", done

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 from contextvars import ContextVar
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 

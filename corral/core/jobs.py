@@ -8,7 +8,7 @@ import functools
 import math
 import os
 import re
-from typing import NamedTuple, Literal, Annotated, Any, Callable
+from typing import NamedTuple, Annotated, Any, Callable
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 

@@ -159,7 +159,7 @@ class OutputGuard:
 def _open_key_block(data: bytes) -> int | None:
     """Where the line of the last private-key BEGIN without an END after it starts."""
     last = None
-    for last in _BEGIN.finditer(data):
+    for last in _BEGIN.finditer(data):  # noqa: B007 (the loop keeps the last match)
         pass
     if last is None or _END.search(data, last.end()):
         return None

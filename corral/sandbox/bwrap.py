@@ -296,7 +296,7 @@ class Sandbox:
         who = ident if ident is not None and root else self.owner(kind, user, root)
         return credentials(_home_of(who[0]) if who is not None else str(Path.home()))
 
-    @functools.lru_cache(maxsize=64)
+    @functools.lru_cache(maxsize=64)  # noqa: B019 (a Sandbox is frozen and few are made)
     def _hiding(self, own: str | None) -> list[tuple[str, ...]]:
         """(bwrap flag, path[, source]) that empty ``hide`` and every home but ``own``:
         worked out once per home, not per job (a fast lane starts hundreds a second)."""

@@ -140,7 +140,7 @@ def squeue(args: list[str]) -> None:
         start = running.get("start_time") if isinstance(running, dict) else None
         fields = {"i": str(r["id"]), "T": st, "r": "None", "S": stamp(start) if start else "N/A", "k": str(r["comment"]),
                   "R": "0", "N": "localhost" if st == "RUNNING" else ""}
-        print(re.sub(r"%([a-zA-Z])", lambda m: fields.get(m.group(1), ""), fmt))
+        print(re.sub(r"%([a-zA-Z])", lambda m: fields.get(m.group(1), ""), fmt))  # noqa: B023 (used at once)
 
 
 def sacct(args: list[str]) -> None:

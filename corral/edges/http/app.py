@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from corral.edges.http.routes import add_routes
 from corral.edges.schemas import HealthOut
-from corral.core.errors import CorralError, Forbidden, RateLimited, Restarting, describe_validation, storage_full
+from corral.core.errors import CorralError, RateLimited, Restarting, describe_validation, storage_full
 from corral.edges.http.body import parse_body
 from corral.edges.mcp.gate import RequireToken, anonymous_endpoint
 from corral.core.principals import Caller, bearer_token
@@ -252,7 +252,7 @@ def document(app: FastAPI, service: Service | None = None) -> dict[str, Any]:
     spec.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
     ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
     for path, ops in spec.get("paths", {}).items():
-        for method, op in ops.items():
+        for op in ops.values():
             responses = op.setdefault("responses", {})
             responses.pop("422", None)
             codes = ["400", "500"] if path in PUBLIC else list(ERRORS)

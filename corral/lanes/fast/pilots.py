@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from corral.core.config import FastLaneSettings

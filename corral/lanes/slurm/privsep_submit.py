@@ -155,9 +155,12 @@ def open_beneath_root(path: str, *, trusted: bool) -> int:
             fd = nxt
         _trusted_dir(fd, trusted, path)
         return fd
-    except (OSError, Refused) as e:
+    except Refused:
         os.close(fd)
-        raise e if isinstance(e, Refused) else Refused(f"cannot open {path} without following a link: {e.strerror}")
+        raise
+    except OSError as e:
+        os.close(fd)
+        raise Refused(f"cannot open {path} without following a link: {e.strerror}") from e
 
 
 def _trusted_dir(fd: int, trusted: bool, path: str) -> None:
@@ -253,9 +256,12 @@ def _job_dir(cfg: dict[str, object], gw: pwd.struct_passwd, job: str, name: str)
             os.close(fd)
             fd = nxt
         return fd
-    except (OSError, Refused) as e:
+    except Refused:
         os.close(fd)
-        raise e if isinstance(e, Refused) else Refused(f"{job}/{name}: {e.strerror} (the gateway lays it out)")
+        raise
+    except OSError as e:
+        os.close(fd)
+        raise Refused(f"{job}/{name}: {e.strerror} (the gateway lays it out)") from e
 
 
 HANDED = {"stdout": 0o640, "stderr": 0o640, "env.json": 0o640, "script": 0o750, "work": 0o2750}

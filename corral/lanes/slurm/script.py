@@ -99,7 +99,7 @@ def run_and_wait(run: str, contained: bool) -> list[str]:
     if not contained:
         return [run, *wait]
     return ["corral_signalled=", "for corral_try in 1 2 3; do", run, *wait,
-            f'[ "$rc" = 0 ] || [ -n "$corral_signalled" ] || [ "$corral_try" = 3 ] && break',
+            '[ "$rc" = 0 ] || [ -n "$corral_signalled" ] || [ "$corral_try" = 3 ] && break',
             f"read -r _ corral_read < /proc/$$/fdinfo/{ENV_FD}",
             '[ "$corral_read" = 0 ] || break',
             'echo "corral: the sandbox was not set up (a path it hides changed as the job started); trying again" >&2',
