@@ -6,8 +6,10 @@ dependencies, the sandbox, the result cache or the lane, the placement (tier and
 walltime), the storage mounted, admission against rates and budgets, memory's advice;
 then the Intake records them with their allow record (control/intake.py).
 
-``Service.submit`` sends what this records; ``Service.plan`` and ``advice`` run the same
-checks and record nothing. Sweeps repeat one spec: each distinct spec is checked once.
+``Service.submit`` sends what this records. ``Service.plan`` asks the same function
+(``check``) as its caller, so a plan's verdict is the submission's: it only mounts no
+storage and spends no rate. ``Service.advice`` preflights as its caller too. Sweeps
+repeat one spec: each distinct spec is checked once.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -40,6 +43,22 @@ from corral.gateway.storage_verbs import StorageVerbs
 log = logging.getLogger(__name__)
 MAX_BATCH = 1000
 
+Ready = tuple[JobSpec, Placement | None, Lane] | Job
+"""A spec that passed, as it would run (its placement, its lane), or the job whose result answers it."""
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What ``Admission.check`` made of a submission: nothing recorded yet."""
+
+    texts: list[str]
+    """Each job's spec as JSON, in order: the key of its entry below."""
+    ready: dict[str, Ready]
+    advice: dict[str, list[str]]
+    """Memory's advice on each distinct spec that was not a cache hit."""
+    rule: str
+    """The rule that allowed (the last distinct spec's)."""
+
 
 class Admission:
     def __init__(self, settings: Settings, db: Database, lanes: Lanes, gate: Gate, audit: Audit,
@@ -58,7 +77,6 @@ class Admission:
         n = len(specs)
         if not 1 <= n <= MAX_BATCH:
             raise InvalidRequest(f"a submission holds 1 to {MAX_BATCH} jobs; split it into several requests")
-        where = (lambda i: f"job {i}: ") if n > 1 else (lambda i: "")
         texts = [s.model_dump_json() for s in specs]
         digest = None
         if key is not None:
@@ -68,43 +86,9 @@ class Admission:
             replay = self._replay(caller, key, n, digest)
             if replay is not None:
                 return replay, False, [[] for _ in replay], "idempotent-replay"
-        # A sweep repeats one spec: each distinct one is checked, decided, routed and advised once.
-        first: dict[str, int] = {}
-        for i, t in enumerate(texts):
-            first.setdefault(t, i)
-        distinct = {t: specs[i] for t, i in first.items()}
-        if any(self.storage.applies(s) for s in distinct.values()):  # its image and workspace found
-            distinct = await asyncio.to_thread(self._resolve, caller, distinct, first, where)
-        checked = {first[t]: s for t, s in distinct.items()}
-        default = await asyncio.to_thread(self.preflight, checked, where, caller)
-        # From here on each spec names the directory that was checked, not a link to it
-        # that its owner may point elsewhere before the job starts (H4 F8).
-        distinct = {t: checked[first[t]] for t in distinct}
-        rule = "default"
-        for t, s in distinct.items():
-            with _prefixed(where(first[t])):
-                rule = await self.decide(caller, s, default)
-                self._check_parents(caller, s)
-        p = caller.principal
-        if self.sandbox is not None:
-            self.sandbox.require(p.kind.value)
-        ready: dict[str, tuple[JobSpec, Lane] | Job] = {}
-        for t, s in distinct.items():
-            with _prefixed(where(first[t])):
-                routed_one = await self.cached_or_routed(caller, s)
-                # Where an agent's batch job runs (its tier, its walltime): labels on its spec.
-                ready[t] = routed_one if isinstance(routed_one, Job) else (
-                    (await self.placed(p, *routed_one))[0], routed_one[1])
-        allowed = [r[0] for r in ready.values() if not isinstance(r, Job)]  # each distinct spec once
-        if self.storage.needs(allowed):  # decided: their images and workspaces mounted before they are recorded
-            await asyncio.to_thread(self.storage.prepare, caller, allowed)
-        routed = [ready[t] for t in texts]
-        new = [r for r in routed if not isinstance(r, Job)]
-        self.gate.admit(caller, [spec for spec, _ in new])  # nothing awaited from here to the insert
-        said: dict[str, list[str]] = {}
-        for t, r in ready.items():
-            if not isinstance(r, Job):
-                said[t] = self.memory.advise(p, r[0], first[t] if n > 1 else None)
+        checked = await self.check(caller, specs, texts)
+        ready, said, rule = checked.ready, checked.advice, checked.rule
+        new = [(r[0], r[2]) for t in texts if not isinstance(r := ready[t], Job)]  # one per job
         if key is not None:  # again, now that nothing awaits before the insert: a concurrent retry won
             replay = self._replay(caller, key, n, digest)
             if replay is not None:
@@ -129,8 +113,7 @@ class Admission:
             r = ready[t]
             if isinstance(r, Job):  # a cache hit: the earlier job's result stands
                 jobs.append(r)
-                advice.append([f"result reused from job {r.id}: same script, inputs, environment and resources "
-                               "(cache hit)"])
+                advice.append([reused(r)])
             else:
                 jobs.append(next(made))
                 advice.append(said[t])
@@ -139,6 +122,55 @@ class Admission:
             self.audit.record(caller, "submit", "allow", "cache-hit", [audited(j) for j in hits])
         # Only cache hits: nothing new was made, and the answer says so.
         return jobs, bool(new), advice, rule if new else "cache-hit"
+
+    async def check(self, caller: Caller, specs: list[JobSpec], texts: list[str] | None = None, *,
+                    plan: bool = False) -> Checked:
+        """Every check a submission passes, in order, as ``caller``: storage resolved, the
+        workdirs and the preflight, the gate, the parents, the sandbox, the cache or the lane,
+        the placement, admission, memory. -> each distinct spec as it would run (or the job
+        whose result answers it), its advice, and the rule that allows; raises the first
+        refusal. Records nothing. ``plan``: what ``Service.plan`` asks, the same checks with
+        no storage mounted and no rate spent. ``texts``: the specs' JSON, if already made."""
+        n = len(specs)
+        where = (lambda i: f"job {i}: ") if n > 1 else (lambda i: "")
+        texts = texts if texts is not None else [s.model_dump_json() for s in specs]
+        # A sweep repeats one spec: each distinct one is checked, decided, routed and advised once.
+        first: dict[str, int] = {}
+        for i, t in enumerate(texts):
+            first.setdefault(t, i)
+        distinct = {t: specs[i] for t, i in first.items()}
+        if any(self.storage.applies(s) for s in distinct.values()):  # its image and workspace found
+            distinct = await asyncio.to_thread(self._resolve, caller, distinct, first, where)
+        checked = {first[t]: s for t, s in distinct.items()}
+        default = await asyncio.to_thread(self.preflight, checked, where, caller)
+        # From here on each spec names the directory that was checked, not a link to it
+        # that its owner may point elsewhere before the job starts (H4 F8).
+        distinct = {t: checked[first[t]] for t in distinct}
+        rule = "default"
+        for t, s in distinct.items():
+            with _prefixed(where(first[t])):
+                rule = await self.decide(caller, s, default)
+                self._check_parents(caller, s)
+        p = caller.principal
+        if self.sandbox is not None:
+            self.sandbox.require(p.kind.value)
+        ready: dict[str, Ready] = {}
+        for t, s in distinct.items():
+            with _prefixed(where(first[t])):
+                routed_one = await self.cached_or_routed(caller, s)
+                # Where an agent's batch job runs (its tier, its walltime): labels on its spec.
+                ready[t] = routed_one if isinstance(routed_one, Job) else (
+                    *(await self.placed(p, *routed_one)), routed_one[1])
+        allowed = [r[0] for r in ready.values() if not isinstance(r, Job)]  # each distinct spec once
+        if not plan and self.storage.needs(allowed):  # decided: their images and workspaces mounted first
+            await asyncio.to_thread(self.storage.prepare, caller, allowed)
+        new = [r[0] for t in texts if not isinstance(r := ready[t], Job)]
+        self.gate.admit(caller, new, take=not plan)  # nothing awaited from here to record's insert
+        said: dict[str, list[str]] = {}
+        for t, r in ready.items():
+            if not isinstance(r, Job):
+                said[t] = self.memory.advise(p, r[0], first[t] if n > 1 else None)
+        return Checked(texts, ready, said, rule)
 
     def _replay(self, caller: Caller, key: str, n: int, digest: str | None) -> list[Job] | None:
         """The jobs an earlier request with this key made, or None; a different request is a 409."""
@@ -185,15 +217,14 @@ class Admission:
                 out[t] = self.storage.resolve(caller, s)
         return out
 
-    def preflight(self, specs: dict[int, JobSpec], where: Any, caller: Caller | None = None) -> str:
+    def preflight(self, specs: dict[int, JobSpec], where: Any, caller: Caller) -> str:
         """In a thread: workdirs are looked at on disk (and checked as the job's identity
         would use them: corral/core/workdirs.py), and the first preflight reads the
         cluster's limits (a slow controller must not stall every other request).
         -> the default partition (one thread hop for both: a single submission is hot).
         A spec whose working directory was checked is replaced in ``specs`` by one that
         names the resolved directory: the lanes bind that, never the link it was named by."""
-        if caller is not None:
-            self.identity_of(caller)  # a principal no job may run as (root) is refused here, not in a lane
+        self.identity_of(caller)  # a principal no job may run as (root) is refused here, not in a lane
         for i, spec in specs.items():
             with _prefixed(where(i)):
                 if spec.workdir is not None:
@@ -202,7 +233,7 @@ class Admission:
                         raise InvalidRequest(f"workdir {spec.workdir!r} must be an absolute path")
                     if not wd.is_dir():
                         raise InvalidRequest(f"workdir {spec.workdir!r} does not exist; create it or pick another")
-                    if caller is not None and not spec.workspace:  # a workspace's view is corral's own making
+                    if not spec.workspace:  # a workspace's view is corral's own making
                         real = self._check_workdir(caller, spec.workdir)
                         if real != spec.workdir:
                             specs[i] = spec.model_copy(update={"workdir": real})
@@ -264,6 +295,11 @@ class Admission:
         batch = self.lanes.batch if lane is self.lanes.batch and self.lanes.batch.tiered else None
         qos = await asyncio.to_thread(batch.opportunistic) if batch is not None and p.kind is Kind.AGENT else None
         return self.placer.place(p, spec, batch, qos)
+
+
+def reused(job: Job) -> str:
+    """The advice on a submission that an earlier job's result answers."""
+    return f"result reused from job {job.id}: same script, inputs, environment and resources (cache hit)"
 
 
 class _prefixed:

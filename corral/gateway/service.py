@@ -20,7 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from corral.gateway.accounts import Accounts
-from corral.gateway.admission import Admission
+from corral.gateway.admission import Admission, reused
 from corral.core.config import Settings
 from corral.control.events import Events
 from corral.control.intake import Intake, audited
@@ -142,7 +142,7 @@ class Service:
     async def advice(self, caller: Caller, spec: JobSpec) -> dict[str, Any]:
         """What corral would say of this submission, without submitting it."""
         with self.audit.refusals(caller, "advice", {"command": (spec.command or "script")[:200]}):
-            await asyncio.to_thread(self.admission.preflight, {0: spec}, lambda i: "")
+            await asyncio.to_thread(self.admission.preflight, {0: spec}, lambda i: "", caller)
             await self.gate.prepare(job_text(spec))
             await self.memory.prepare(spec)
             rule = self.gate.check(caller, "advice", "Job", job_resource(spec, caller.name), text=job_text(spec))
@@ -151,10 +151,13 @@ class Service:
         return said
 
     async def plan(self, caller: Caller, spec: JobSpec) -> dict[str, Any]:
-        """What submitting ``spec`` now would do, without submitting: whether the token
-        and the policy allow it (the rule that refuses if not), the preflight, the lane,
-        the estimated start, the cost and what would remain of the budgets, the advice,
-        and whether the result cache would answer. Audited as a read; spends no rate."""
+        """What submitting ``spec`` now would do, without submitting: the verdict of the
+        very checks a submission passes, as this caller (``Admission.check``: the workdir as
+        the job's identity, storage and labels, the token and the policy, the parents, the
+        lane, admission against rates and budgets, memory), else the rule that refuses; the
+        lane, the estimated start, the cost and what would remain of the budgets, the
+        advice, and whether the result cache would answer. Audited as a read; records no
+        job, mounts nothing and spends no rate."""
         p = caller.principal
         out: dict[str, Any] = {"allowed": True, "rule": None, "refused": None}
         cost = {"cpu_hours": round(spec.cpus * spec.walltime_s / 3600, 4),
@@ -163,18 +166,16 @@ class Service:
         with self.audit.refusals(caller, "plan", {"command": (spec.command or "script")[:200]}):
             self._may_read(caller)
         try:
-            default = await asyncio.to_thread(self.admission.preflight, {0: spec}, lambda i: "")
-            out["rule"] = await self.admission.decide(caller, spec, default)
-            if self.sandbox is not None:
-                self.sandbox.require(p.kind.value)
-            routed = await self.admission.cached_or_routed(caller, spec)
-            if isinstance(routed, Job):
-                out["cache"] = {"hit": True, "job_id": routed.id, "state": routed.state.value}
+            checked = await self.admission.check(caller, [spec], plan=True)
+            out["rule"] = checked.rule
+            ready = checked.ready[checked.texts[0]]
+            if isinstance(ready, Job):
+                out["cache"] = {"hit": True, "job_id": ready.id, "state": ready.state.value}
+                out["advice"] = {"advice": [reused(ready)], "would_refuse": None}
             else:
-                spec, lane = routed
+                spec, placed, lane = ready
                 out["cache"] = {"hit": False, "asked": bool(spec.cache)}
-                self.gate.admit(caller, [spec], take=False)
-                spec, placed = await self.admission.placed(p, spec, lane)
+                out["advice"] = {"advice": checked.advice[checked.texts[0]], "would_refuse": None}
                 if placed is not None:
                     out["placement"] = placed.public()
         except CorralError as e:
@@ -192,7 +193,6 @@ class Service:
         if lane is not None:
             out["lane"] = lane.name
             out["start"] = await lane.estimate(p, spec)
-        out["advice"] = self.memory.would_say(p, spec) if out["allowed"] else None
         # The plan itself is a read that was allowed; what it foresaw is in its details.
         self.audit.record(caller, "plan", "allow", "policy",
                           [{"command": (spec.command or "script")[:200], "would_allow": out["allowed"],
