@@ -16,7 +16,8 @@ from typing import Any, Sequence
 from corral.core.db import Database
 from corral.core.faults import fault
 from corral.core.jobs import Job, JobSpec
-from corral.core.principals import Caller, Kind, Principal
+from corral.core.errors import Conflict
+from corral.core.principals import Caller, Kind, Principal, is_own_service
 from corral.control.sender import Sender, context
 from corral.lanes.backend import SubmitContext
 from corral.safety.audit import Audit
@@ -53,8 +54,13 @@ class Intake:
 
     def service(self, name: str, session: str) -> Caller:
         """corral itself acting as the service principal ``name`` (made on first use) in
-        ``session``: the caller its own jobs are recorded and audited as."""
+        ``session``: the caller its own jobs are recorded and audited as. ``name`` is one of
+        the reserved names (core/principals.py: RESERVED), which no one else may hold."""
         p = self.db.get_principal(name) or self.db.add_principal(Principal(name, Kind.SERVICE))
+        if not is_own_service(p):  # never someone's agent: its sponsor would see and cancel corral's jobs
+            raise Conflict(f"principal {name!r} is a {p.kind.value}{f' sponsored by {p.sponsor}' if p.sponsor else ''}, "
+                           "not corral's own service; corral records nothing as it",
+                           hint="restart the gateway: it takes back the names it keeps for itself")
         return Caller(p, session, token_id=SERVICE_RULE, visible=frozenset({name}))
 
     async def send(self, jobs: Sequence[tuple[Job, SubmitContext]], *, dispatch: bool = False) -> dict[int, str]:

@@ -17,14 +17,34 @@ import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from corral.core.errors import InvalidRequest
+from corral.core.errors import Forbidden, InvalidRequest
 
 if TYPE_CHECKING:
     from corral.safety.tokens import Capability
 
+ADMIN_PRINCIPAL = "admin"
+"""The facility's first admin, a person: made with its token on the gateway's first start."""
 PILOT_PRINCIPAL = "fastlane"
 """The service principal that owns corral's own jobs (the fast lane's allocations):
 never advised, never remembered as an outcome."""
+BUILD_PRINCIPAL = "envbuild"
+"""The service principal that packs an environment image (gateway/images.py)."""
+CORRAL_PRINCIPAL = "corral"
+"""corral itself where no principal acts (the audit's record of its own repair)."""
+
+RESERVED: dict[str, str] = {
+    ADMIN_PRINCIPAL: "the facility's first admin, made on the gateway's first start",
+    PILOT_PRINCIPAL: "corral's own service principal: the fast lane's allocations",
+    BUILD_PRINCIPAL: "corral's own service principal: environment images' pack jobs",
+    CORRAL_PRINCIPAL: "corral itself, in the audit log",
+}
+"""The names corral uses for itself, each with what it is: no one may add a principal by
+one of these names, and those below hold no token. A gateway that finds one in its
+store in another shape (made before the names were reserved) takes it back at start
+(gateway/accounts.py: ``Accounts.reclaim``)."""
+TOKENLESS = frozenset(RESERVED) - {ADMIN_PRINCIPAL}
+"""Reserved names whose principal corral acts as without a token (``Intake.service``):
+no token may act as one, whoever minted it and whenever."""
 NAME_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 
 
@@ -88,6 +108,20 @@ def check_name(name: str) -> str:
             f"principal name {name!r} is invalid; use 1-64 lowercase letters, digits, '_', '.', '-', starting with a letter"
         )
     return name
+
+
+def check_unreserved(name: str) -> str:
+    """Refuse a name corral keeps for itself (RESERVED), in the caller's terms."""
+    if name in RESERVED:
+        raise Forbidden(f"principal name {name!r} is reserved: it is {RESERVED[name]}; pick another name",
+                        hint=f"names corral keeps for itself: {', '.join(sorted(RESERVED))}", rule="reserved-name")
+    return name
+
+
+def is_own_service(p: Principal) -> bool:
+    """Whether ``p`` has the shape corral gives its own service principals: a service
+    with no sponsor, Unix user, account or admin right (what ``Intake.service`` makes)."""
+    return p.kind is Kind.SERVICE and not (p.sponsor or p.unix_user or p.account or p.is_admin)
 
 
 SESSION_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")

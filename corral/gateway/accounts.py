@@ -5,6 +5,7 @@ authenticate -> check -> record."""
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 from pathlib import Path
@@ -13,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 from corral.core.store.conn import INTEGRITY_ERRORS
 from corral.core.errors import Conflict, Forbidden, InvalidRequest
 from corral.core.text import text_problem
-from corral.core.principals import Caller, Kind, Principal, check_name, new_token
+from corral.core.principals import (ADMIN_PRINCIPAL, CORRAL_PRINCIPAL, RESERVED, Caller, Kind, Principal,
+                                   check_name, check_unreserved, is_own_service, new_token)
 from corral.safety.tokens import Caveats, expires_in
 
 if TYPE_CHECKING:
@@ -23,7 +25,8 @@ if TYPE_CHECKING:
     from corral.safety.credentials import Credentials
     from corral.safety.gate import Gate
 
-ADMIN = "admin"
+log = logging.getLogger(__name__)
+ADMIN = ADMIN_PRINCIPAL
 
 
 class Accounts:
@@ -48,6 +51,41 @@ class Accounts:
         os.chmod(path, 0o600)
         return path
 
+    def reclaim(self) -> list[str]:
+        """At start: a reserved name (core/principals.py: RESERVED) that the store holds in
+        a shape corral did not give it, made by someone before the names were reserved, is
+        taken back: made corral's own service principal again (no sponsor, Unix user,
+        account or admin right), so its former sponsor no longer sees, lists or cancels
+        what corral records under it; its tokens stopped acting as it already
+        (``Credentials``: no token acts as a tokenless name). Each taking is logged and
+        audited, naming what the principal was. Jobs recorded under the name stay recorded
+        under it. An ``admin`` that is not the admin person stops the start: taking it back
+        would make its holder the admin. -> the names taken back."""
+        taken = []
+        for name in sorted(RESERVED):
+            p = self.db.get_principal(name)
+            if p is None:
+                continue
+            if name == ADMIN:
+                if not (p.kind is Kind.HUMAN and p.is_admin):
+                    raise InvalidRequest(
+                        f"this store's principal {name!r} is a {p.kind.value} without the admin right, but corral "
+                        "keeps that name for the facility's first admin; the gateway will not start with it",
+                        hint="restore the store from a backup, or ask corral's maintainers how to rename it")
+                continue
+            if is_own_service(p):
+                continue
+            with self.db.transaction():
+                self.db.reshape_principal(Principal(name, Kind.SERVICE, created=p.created))
+                self.audit.record(Caller(Principal(CORRAL_PRINCIPAL, Kind.SERVICE), None, "startup", frozenset()),
+                                  "manage", "allow", "reserved-name", [{"reclaim": name, "was": p.to_dict()}])
+            self.credentials.clear()
+            log.warning("principal %r (kind %s, sponsor %s), made before the name was reserved for %s: taken back "
+                        "as corral's own; its tokens no longer authenticate", name, p.kind.value, p.sponsor,
+                        RESERVED[name])
+            taken.append(name)
+        return taken
+
     # -- authentication -------------------------------------------------------------
 
     def authenticate(self, token: str | None, session: str | None = None) -> Caller:
@@ -68,7 +106,7 @@ class Accounts:
 
     def _add_principal(self, caller: Caller, name: str, kind: str, sponsor: str | None,
                        unix_user: str | None, account: str | None, admin: bool) -> Principal:
-        check_name(name)
+        check_unreserved(check_name(name))
         try:
             k = Kind(kind)
         except ValueError:

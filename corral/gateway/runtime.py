@@ -157,10 +157,12 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
     placer = Placer(settings.slurm, db, memory.runtimes)
     admission = Admission(settings, db, lanes, gate, audit, memory, storage, placer, intake, sandbox,
                           lambda caller: identity_of(caller, sandbox, identities), private_state or [])
+    accounts = Accounts(settings, db, credentials, gate, audit)
+    accounts.reclaim()  # names corral keeps for itself, held by someone since before they were kept: taken back
     service = Service(
         settings, db, metrics=metrics, watchers=watchers, lanes=lanes, audit=audit, gate=gate,
         credentials=credentials, outputs=OutputGuard(settings.home / "guarded"),
-        accounts=Accounts(settings, db, credentials, gate, audit), memory=memory,
+        accounts=accounts, memory=memory,
         placer=placer, progress=progress,
         stream=Events(db, watchers, settings.wait_max_s), sender=sender, intake=intake, admission=admission,
         storage=storage,

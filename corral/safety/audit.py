@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corral.core.errors import CorralError
+from corral.core.principals import CORRAL_PRINCIPAL
 
 if TYPE_CHECKING:
     from corral.core.db import Database
@@ -307,7 +308,7 @@ class Audit:
         logging.getLogger(__name__).warning(
             "audit log %s: cut off a torn final record (%d bytes, from a crash or a full disk while it was "
             "written); the chain before it is intact", self.log.path, cut["torn_bytes"])
-        head = self.log.append([{"principal": "corral", "kind": "service", "sponsor": None, "session": None,
+        head = self.log.append([{"principal": CORRAL_PRINCIPAL, "kind": "service", "sponsor": None, "session": None,
                                  "action": "audit_repair", "decision": "allow", "rule": "startup", **cut}])
         self.db.set_audit_head(*head)
 

@@ -12,7 +12,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from corral.core.errors import Forbidden, InvalidRequest, NotFound, Unauthenticated
-from corral.core.principals import Caller, Kind, Principal, check_session, secret_matches, split_token
+from corral.core.principals import (RESERVED, TOKENLESS, Caller, Kind, Principal, check_session, secret_matches,
+                                   split_token)
 from corral.safety.tokens import MAX_TOKEN_CHARS, PREFIX, TOO_LONG_HINT, Capability, Caveats, precheck
 
 if TYPE_CHECKING:
@@ -88,6 +89,9 @@ class Credentials:
         principal = self.db.get_principal(record["principal"])
         if principal is None:
             raise Unauthenticated("the token's principal no longer exists")
+        if principal.name in TOKENLESS:  # minted before the name was reserved: corral acts as it, no token does
+            raise Unauthenticated(f"token {record['id']} acts as {principal.name!r}, a name corral keeps for itself; "
+                                  "no token acts as it", hint="ask your sponsor for a token of your own")
         if cap is not None and len(cap.block_ids) > 1:
             self.gate.store.seen_blocks(cap.root, principal.name, cap.block_ids)
         if cap is not None:
@@ -124,6 +128,9 @@ class Credentials:
             # An agent with an 8-hour token must not be able to renew itself forever.
             raise Forbidden("only people mint tokens: ask your sponsor for a new one",
                             hint="to hand a sub-agent less than you have, use 'corral token attenuate'")
+        if for_name in TOKENLESS:
+            raise Forbidden(f"{for_name!r} is {RESERVED[for_name]}: corral acts as it, and no token may",
+                            rule="reserved-name")
         target = self.db.get_principal(for_name)
         if target is None or not caller.sees(for_name):
             raise NotFound(f"no principal {for_name!r} that you may mint tokens for; see 'corral principal list'")

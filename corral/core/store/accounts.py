@@ -29,6 +29,12 @@ class Accounts:
         )
         return self.get_principal(p.name)  # type: ignore[return-value]
 
+    def reshape_principal(self, p: Principal) -> None:
+        """Give the principal named ``p.name`` the rest of ``p`` (its kind, sponsor, Unix
+        user, account, admin right); its name and its creation time stay."""
+        self.conn.execute("UPDATE principals SET kind=?, sponsor=?, unix_user=?, account=?, is_admin=? WHERE name=?",
+                          (p.kind.value, p.sponsor, p.unix_user, p.account, int(p.is_admin), p.name))
+
     def get_principal(self, name: str) -> Principal | None:
         row = self.conn.execute(
             "SELECT name, kind, sponsor, unix_user, account, is_admin, created FROM principals WHERE name=?", (name,)
