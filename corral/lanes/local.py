@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 SCRIPT = "/dev/fd/3"
 """A job's script, as the job finds it: a file descriptor its supervisor opened."""
 WORKDIR_FD = 7
+VENV_FD = 8
+"""The submitter's venv under /tmp, opened as the job's identity (Sandbox.venv_to_bind)."""
 """The job's working directory, opened by its supervisor without following links and
 bound into the sandbox by descriptor (bwrap --bind-fd): a link swapped in meanwhile is
 never followed."""
@@ -192,14 +194,16 @@ class LocalBackend:
             fd = WORKDIR_FD if spec.workdir else None
             pair = ident.pair if ident is not None else None
             if contained and self.sandbox is not None and spec.workdir and not traced:
-                host, argv = self._host(ctx, argv, cwd, pair, reads)
+                host, argv = self._host(ctx, argv, cwd, pair, reads, bound)
             elif contained and self.sandbox is not None:
                 # bwrap runs as root with corral's environment; the job's own (its PATH,
+            venv = self.sandbox.venv_to_bind(ctx.kind, env) if contained and self.sandbox is not None else None
+            bound = (venv, VENV_FD) if venv else None
                 # LD_PRELOAD ...) is read from a descriptor by the step that starts it.
                 _write_private(d / "env.json", json.dumps(env).encode(), 0o600)
                 env, env_file = base_env(), str(d / "env.json")
                 argv = self.sandbox.wrap(ctx.kind, argv, cwd, own, ctx.unix_user, ident=pair, cwd_fd=fd,
-                                         env_fd=ENV_FD)
+                                         env_fd=ENV_FD, venv=bound)
             launch: dict[str, object] = {
                 "host": host,
                 "argv": argv,
@@ -209,6 +213,7 @@ class LocalBackend:
                 "open_as": _open_as(pair if pair is not None else (
                     self.sandbox.owner(ctx.kind, ctx.unix_user) if contained and self.sandbox is not None else None)),
                 "reads": reads,
+                "venv": venv,
                 "identity": None if ident is None or contained else list(ident.pair) + [not ident.dynamic, ident.user],
                 "env": env,
                 "env_file": env_file,
@@ -227,7 +232,7 @@ class LocalBackend:
         return bid
 
     def _host(self, ctx: SubmitContext, argv: list[str], cwd: str, ident: tuple[int, int] | None,
-              reads: list[str]) -> tuple[dict[str, Any], list[str]]:
+              reads: list[str], venv: tuple[str, int] | None = None) -> tuple[dict[str, Any], list[str]]:
         """A contained job with a working directory starts in the sandbox built for its
         (kind, user, principal, directory), shared with the principal's other jobs there
         (corral/sandbox/host.py): ~1 ms instead of ~14 ms per job. Its output files and
@@ -238,7 +243,7 @@ class LocalBackend:
         wrapped = ["setsid", "--fork", "--wait", *self.sandbox.wrap(
             ctx.kind, sandbox_host.command(self.sandbox.pids_max, listening=True, seccomp=self.sandbox.seccomp,
                                  fsize=self.sandbox.file_max),
-            cwd, None, ctx.unix_user, limit=False, ident=ident, filtered=False, cwd_fd=WORKDIR_FD)]
+            cwd, None, ctx.unix_user, limit=False, ident=ident, filtered=False, cwd_fd=WORKDIR_FD, venv=venv)]
         key = hashlib.sha256(json.dumps([ctx.principal, wrapped]).encode()).hexdigest()[:20]
         self.hosts_dir.mkdir(mode=0o700, exist_ok=True)
         d = self.jobs_dir / str(ctx.job_id)

@@ -85,6 +85,7 @@ def open_dir(path: str, who: list[Any] | None = None) -> int:
 
 
 WORKDIR_FD = 7
+VENV_FD = 8
 SCRIPT_FD = 3
 ENV_FD = 6
 
@@ -135,10 +136,11 @@ def main(job_dir: str) -> int:
         return 0
     with open(out_fd, "ab") as out, open(err_fd, "ab") as err:
         try:
-            if launch.get("workdir"):
-                wfd = open_dir(launch["workdir"], launch.get("open_as"))  # its error says why and what to do
-                os.dup2(wfd, WORKDIR_FD)
-                os.close(wfd)
+            for key, at in (("workdir", WORKDIR_FD), ("venv", VENV_FD)):
+                if launch.get(key):
+                    wfd = open_dir(launch[key], launch.get("open_as"))  # its error says why and what to do
+                    os.dup2(wfd, at)
+                    os.close(wfd)
             child: Child = Hosted(launch, out.fileno(), err.fileno()) if launch.get("host") else Popened(
                 _popen(launch, out, err))
         except OSError as e:
@@ -146,10 +148,11 @@ def main(job_dir: str) -> int:
                                            "start_time": start, "end_time": time.time()})
             return 0
         finally:
-            try:
-                os.close(WORKDIR_FD)
-            except OSError:
-                pass
+            for at in (WORKDIR_FD, VENV_FD):
+                try:
+                    os.close(at)
+                except OSError:
+                    pass
     held["child"] = child
     write_json(d / "running.json", {"pid": os.getpid(), "child": child.pid, "start_time": start})
 
@@ -250,7 +253,8 @@ def _popen(launch: dict[str, Any], out: Any, err: Any) -> "subprocess.Popen[byte
         who = {"user": uid, "group": gid, "extra_groups": groups}
     try:
         # fds stay open across exec only where dup2 put them (3: the script; 6: a contained job's
-        # environment; 7: the working directory, for bwrap's --bind-fd): every other one is close-on-exec.
+        # environment; 7: the working directory, for bwrap's --bind-fd; 8: a venv under /tmp, --ro-bind-fd):
+        # every other one is close-on-exec.
         return subprocess.Popen(launch["argv"], cwd=None if workdir else launch["cwd"], env=launch["env"],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=err, process_group=0,
                                 close_fds=False, preexec_fn=prepare, **who)
@@ -339,7 +343,7 @@ class Hosted:
         fds = [out, err]
         for f in host["reads"]:
             fds.append(os.open(f, os.O_RDONLY | os.O_NOFOLLOW))
-        keep = (WORKDIR_FD,) if launch.get("workdir") else ()
+        keep = (*((WORKDIR_FD,) if launch.get("workdir") else ()), *((VENV_FD,) if launch.get("venv") else ()))
         try:
             for attempt in range(2):  # a host that exited as we connected: built anew, once
                 self.conn, self.root = connect(host["socket"], host["argv"], host["log"], keep)

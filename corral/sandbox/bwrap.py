@@ -46,6 +46,7 @@ from typing import Any, Sequence
 
 from corral.core import proc
 from corral.sandbox.egress import BRIDGE_NAME
+from corral.sandbox.homes import OWN_HOME, home_roots, homes, outermost, people_homes
 from corral.sandbox.profile import Become, Mount, Profile, hiding
 from corral.sandbox.seccomp import apply_argv
 from corral.core.errors import BackendError, InvalidRequest, SandboxUnavailable
@@ -97,6 +98,10 @@ class Sandbox:
     """Why this machine cannot build a sandbox (None: it can)."""
     homes: tuple[Path, ...] = ()
     """People's homes: each hidden from a job whose user it does not belong to."""
+    home_roots: tuple[Path, ...] = ()
+    """Directories that hold people's homes (``/home``): each emptied whole, and only the
+    job's identity's own home bound back, so a home made after the gateway or the job
+    started is never seen (an allow-list; ``homes`` elsewhere are hidden by name)."""
     egress: str | None = None
     """The egress proxy's socket (corral/sandbox/egress.py): without the host's network, a job
     reaches the allow-list through it and nothing else. In a batch script (``shell``) it may
@@ -148,7 +153,7 @@ class Sandbox:
     def wrap(self, kind: str, argv: Sequence[str], cwd: str, job_dir: str | None = None,
              user: str | None = None, root: bool | None = None, readable: Sequence[str] = (),
              limit: bool = True, ident: tuple[int, int] | None = None, filtered: bool = True,
-             cwd_fd: int | None = None, env_fd: int | None = None) -> list[str]:
+             cwd_fd: int | None = None, env_fd: int | None = None, venv: tuple[str, int] | None = None) -> list[str]:
         """The command that runs ``argv`` contained (itself when ``kind`` is not
         sandboxed): ``profile`` rendered. Writable inside: ``cwd``, ``job_dir`` (the job's
         output) and a private /tmp; ``readable``: files in hidden places it must read (its
@@ -161,11 +166,13 @@ class Sandbox:
         starter opened without following links (the path is where it appears inside);
         ``env_fd``: the job's own environment (JSON) is read from this descriptor by the
         last step, just before the job: the command itself must be started with corral's
-        environment, never the job's (seccomp.APPLY says why). Every program of the
-        chain is named by its absolute path, found on the gateway's PATH."""
+        environment, never the job's (seccomp.APPLY says why); ``venv``: (path, descriptor)
+        of the submitter's venv under /tmp, bound read-only (``venv_to_bind``). Every program
+        of the chain is named by its absolute path, found on the gateway's PATH."""
         if not self.applies(kind):
             return list(argv)
-        profile, argv = self.profile(kind, argv, cwd, job_dir, user, root, readable, limit, ident, filtered, cwd_fd, env_fd)
+        profile, argv = self.profile(kind, argv, cwd, job_dir, user, root, readable, limit, ident, filtered, cwd_fd,
+                                     env_fd, venv=venv)
         return profile.render(argv)
 
     def shell(self, kind: str, argv: Sequence[str], cwd: str, prefix: Sequence[str] = (), **how: Any) -> str:
@@ -181,7 +188,8 @@ class Sandbox:
     def profile(self, kind: str, argv: Sequence[str], cwd: str, job_dir: str | None = None,
                 user: str | None = None, root: bool | None = None, readable: Sequence[str] = (),
                 limit: bool = True, ident: tuple[int, int] | None = None, filtered: bool = True,
-                cwd_fd: int | None = None, env_fd: int | None = None, later: bool = False) -> tuple[Profile, list[str]]:
+                cwd_fd: int | None = None, env_fd: int | None = None, later: bool = False,
+                venv: tuple[str, int] | None = None) -> tuple[Profile, list[str]]:
         """What ``wrap`` renders, as data (corral/sandbox/profile.py), and ``argv`` as
         the job sees it inside (its own directory and scripts where they are bound);
         ``later``: what is hidden is decided when the job starts (``shell``)."""
@@ -198,17 +206,23 @@ class Sandbox:
         if later:  # every credential name under the home, whichever are there when the job starts
             now = self._now_hidden(own)
             known = {t[1] for t in now}
-            hidden = [*(hiding(*t, later=True) for t in now),
+            hidden = [*(hiding(*t, later=t[0] != OWN_HOME) for t in now),
                       *(Mount("tmpfs", p, later=True) for p in _candidates(own) if p not in known)]
         else:
             # a path gone since the list was made (a home userdel removed) needs no hiding, and bwrap could not mount on it
             hidden = [hiding(*t) for t in self._now_hidden(own) if os.path.lexists(t[1])]
+        everything, hidden = hidden, outermost(hidden)
         inside = {f: f"{READ_DIR}/{Path(f).name}" for f in readable} if who is not None and readable else {}
         argv = [inside.get(a, a) for a in argv]
         mounts = [Mount("ro-bind", "/", "/"), Mount("dev", "/dev"), Mount("proc", "/proc"),
                   Mount("tmpfs", "/tmp", perms="1777", size=self.tmp_max),
                   *hidden,  # emptied first: the job's own directories are bound back in after
-                  *self._readable(readable, inside), *self._workdir(cwd, cwd_fd, (job_dir, inner), hidden)]
+                  *self._readable(readable, inside), *self._workdir(cwd, cwd_fd, (job_dir, inner), everything)]
+        if venv is not None and cwd != venv[0]:  # after the working directory, which may hold it
+            # its parents in the job's own /tmp are made 0755 (bwrap makes them root's, 0700)
+            mounts += [*(Mount("dir", str(d), perms="0755") for d in reversed(Path(venv[0]).parents[:-2])),
+                       Mount("ro-bind-fd", venv[0], str(venv[1])),
+                       *(m for m in everything if Path(m.dst).is_relative_to(venv[0]) and m.dst != venv[0])]
         if job_dir is not None and inner is not None:
             mounts.append(Mount("bind", inner, job_dir))
         env: list[tuple[str, str]] = []
@@ -268,6 +282,24 @@ class Sandbox:
             out.append(Mount("ro-bind", real, self.bridge))
         return out
 
+    def venv_to_bind(self, kind: str, env: dict[str, str]) -> str | None:
+        """The submitter's activated venv (``VIRTUAL_ENV``) when a contained job would not
+        see it only because it lies under /tmp, which is the job's own there: bound back
+        read-only, so "an activated venv is the job's too" wherever a checkout lives. Opened
+        as the job's identity without following links (corral/sandbox/opendir.py): a venv
+        it could not read itself, or a link, fails the job; never one under a hidden path
+        or corral's own names in the job's /tmp. A venv in another's home or /root stays
+        hidden (docs/security.md)."""
+        v = env.get("VIRTUAL_ENV") if self.applies(kind) else None
+        if not v or not os.path.isabs(v):
+            return None
+        p = Path(os.path.normpath(v))
+        if p.parent == p or not p.is_relative_to("/tmp") or len(p.parts) < 3 or p.parts[2].startswith("corral-"):
+            return None
+        if any(p.is_relative_to(h) for h in self.hide) or not p.is_dir():
+            return None
+        return str(p)
+
     def hidden_from(self, kind: str, user: str | None = None) -> list[Path]:
         """The paths a contained job of ``kind`` (and ``user``) sees empty: what it may not
         reach by another door either (a workspace forked over one of them)."""
@@ -275,7 +307,7 @@ class Sandbox:
             return []
         who = self.owner(kind, user)
         own = _home_of(who[0]) if who is not None else str(Path.home())
-        return [Path(t[1]) for t in self._now_hidden(own)]
+        return [Path(t[1]) for t in self._now_hidden(own) if t[0] != OWN_HOME]
 
     def _now_hidden(self, own: str | None) -> list[tuple[str, ...]]:
         """``_hiding`` and the credentials under ``own`` as they are now: one made after
@@ -300,18 +332,23 @@ class Sandbox:
     def _hiding(self, own: str | None) -> list[tuple[str, ...]]:
         """(bwrap flag, path[, source]) that empty ``hide`` and every home but ``own``:
         worked out once per home, not per job (a fast lane starts hundreds a second)."""
-        others = [h for h in self.homes if str(h) != own]
-        out: list[tuple[str, ...]] = [("--tmpfs", str(h)) for h in others]
-        for p in self.hide:
-            if not any(p.is_relative_to(h) for h in others):  # already gone with its home
-                out.append(("--tmpfs", str(p)) if os.path.isdir(p) else ("--ro-bind", str(p), "/dev/null"))
+        roots = self.home_roots
+        # Under a root of homes only the job's own home is there again (read-only, as the
+        # rest of the machine): the rest of the root is an empty tmpfs, whatever it holds now
+        # or later. Homes elsewhere (a home directly under /srv) are hidden by name.
+        mine = [own] if own and any(Path(own).is_relative_to(r) and Path(own) != r for r in roots) else []
+        gone = [*roots, *(h for h in self.homes if str(h) != own and not any(h.is_relative_to(r) for r in roots))]
+        out: list[tuple[str, ...]] = [("--tmpfs", str(r)) for r in gone]
+        out += [(OWN_HOME, m, m) for m in mine]
+        out += [("--tmpfs", str(p)) if os.path.isdir(p) else ("--ro-bind", str(p), "/dev/null") for p in self.hide]
         return out
 
     def dumps(self) -> str:
         """For a process that starts jobs elsewhere (a fast-lane worker): ``loads`` reads it."""
         return json.dumps({"kinds": sorted(self.kinds), "hide": [str(p) for p in self.hide], "network": self.network,
                            "run_as": self.run_as, "pids_max": self.pids_max, "why_not": self.why_not,
-                           "homes": [str(h) for h in self.homes], "egress": self.egress,
+                           "homes": [str(h) for h in self.homes], "home_roots": [str(r) for r in self.home_roots],
+                           "egress": self.egress,
                            "own_count": self.own_count, "seccomp": self.seccomp, "file_max": self.file_max,
                            "tmp_max": self.tmp_max, "bridge": self.bridge, "relay": self.relay})
 
@@ -320,8 +357,8 @@ class Sandbox:
         d = json.loads(text)
         here = lambda ps: tuple(Path(p) for p in ps if os.path.exists(p))  # noqa: E731 (this node's)
         return cls(frozenset(d["kinds"]), here(d["hide"]), d["network"], d["run_as"], d["pids_max"], d["why_not"],
-                   here(d["homes"]), d["egress"], d["own_count"], d.get("seccomp"), d.get("file_max"), d.get("tmp_max"),
-                   d.get("bridge"), d.get("relay"))
+                   here(d["homes"]), here(d.get("home_roots", [])), d["egress"], d["own_count"], d.get("seccomp"),
+                   d.get("file_max"), d.get("tmp_max"), d.get("bridge"), d.get("relay"))
 
 
 @functools.lru_cache(maxsize=256)
@@ -349,22 +386,6 @@ def _candidates(home: str | None) -> list[str]:
     if not home or home in ("/", "/nonexistent"):
         return []
     return [os.path.join(home, c) for c in CREDENTIALS]
-
-
-def people_homes() -> list[Path]:
-    """Homes of people (uid 1000 and up, or under /home), each hidden from others' jobs."""
-    return sorted({Path(u.pw_dir) for u in pwd.getpwall()
-                   if (u.pw_uid >= 1000 or u.pw_dir.startswith("/home/")) and u.pw_uid != 65534
-                   and os.path.isdir(u.pw_dir) and Path(u.pw_dir) != Path("/")})
-
-
-def homes() -> list[Path]:
-    """Every home directory a job could read: the gateway user's and the password file's."""
-    seen = {Path.home()}
-    for u in pwd.getpwall():
-        if u.pw_dir and u.pw_dir not in ("/", "/nonexistent") and os.path.isdir(u.pw_dir):
-            seen.add(Path(u.pw_dir))
-    return sorted(seen)
 
 
 @functools.lru_cache(maxsize=16)
@@ -410,8 +431,9 @@ def build(kinds: Sequence[str], extra_hide: Sequence[Path], network: bool, run_a
     if seccomp and kinds:
         from corral.sandbox.seccomp import program as bpf
         program = bpf(unix_sockets)
+    people = [Path(os.path.realpath(h)) for h in people_homes()]
     box = Sandbox(frozenset(kinds), tuple(dict.fromkeys(hide)), network, run_as, pids_max,
-                  homes=tuple(Path(os.path.realpath(h)) for h in people_homes()), egress=str(egress) if egress else None,
+                  homes=tuple(people), home_roots=tuple(home_roots(people)), egress=str(egress) if egress else None,
                   seccomp=program, file_max=file_max, tmp_max=tmp_max,
                   bridge=str(egress.parent / BRIDGE_NAME) if egress else None, relay=relay if egress else None)
     if not kinds:

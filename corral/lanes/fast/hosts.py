@@ -41,41 +41,47 @@ MAX_BYTES = 512 << 10
 Job = tuple[int, list[str], dict[str, str], dict[str, str], list[int]]
 """A task for a host: (job id, argv, its environment shared with others of its batch,
 the variables of its own over it, its descriptors: stdout, stderr, then what it reads)."""
-Key = tuple[str, str | None, str | None, str, tuple[int, int] | None, tuple[tuple[str, ...], ...]]
+Key = tuple[str, str | None, str | None, str, tuple[int, int] | None, tuple[tuple[str, ...], ...], str | None]
 """(kind, Unix user, principal, working directory, the identity its tasks run as, the
 credentials under that identity's home when it was built: one made since means a new
-sandbox that hides it, Sandbox.fresh)."""
+sandbox that hides it, Sandbox.fresh; the submitter's venv under /tmp it binds, Sandbox.venv_to_bind)."""
 
 
 class Host:
     """One built sandbox and the host program inside it."""
 
     def __init__(self, sandbox: "Sandbox", key: Key, log: Path) -> None:
-        kind, user, _, workdir, ident, _ = key
-        # The working directory is bound by descriptor, opened here one component at a
-        # time without following links, as the tasks' identity (corral/sandbox/opendir.py): a link
-        # swapped in after the gateway checked the path fails the tasks, never redirects them.
-        wfd = None
-        if workdir != "/tmp":
-            try:
-                wfd = open_dir(workdir, opendir_identity(*ident) if ident is not None else None)
-            except Changed as e:
-                raise BackendError(str(e.strerror or e)) from None
+        kind, user, _, workdir, ident, _, venv = key
+        # The working directory (and a venv under /tmp) is bound by descriptor, opened here one
+        # component at a time without following links, as the tasks' identity (corral/sandbox/opendir.py):
+        # a link swapped in after the gateway checked the path fails the tasks, never redirects them.
+        wfd, vfd = None, None
+        who = opendir_identity(*ident) if ident is not None else None
+        try:
+            wfd = open_dir(workdir, who) if workdir != "/tmp" else None
+            vfd = open_dir(venv, who) if venv else None
+        except Changed as e:
+            for f in (wfd, vfd):
+                if f is not None:
+                    os.close(f)
+            raise BackendError(str(e.strerror or e)) from None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # A task's message carries its env (at most 128 KiB) and command (64 KiB).
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
         fd = str(theirs.fileno())
         # The host takes the system-call filter itself (its tasks are spawned: corral/sandbox/seccomp.py).
         argv = [fd if a == "{fd}" else a for a in sandbox.wrap(kind, command(seccomp=sandbox.seccomp, fsize=sandbox.file_max), workdir, None, user,
-                                                               ident=ident, filtered=False, cwd_fd=wfd)]
+                                                               ident=ident, filtered=False, cwd_fd=wfd,
+                                                               venv=(venv, vfd) if venv and vfd is not None else None)]
         self.log = log
         try:
             self.proc = proc.spawn(argv, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, stdout=log,
-                                   stderr=log, pass_fds=(theirs.fileno(), *([wfd] if wfd is not None else [])))
+                                   stderr=log, pass_fds=(theirs.fileno(), *(f for f in (wfd, vfd) if f is not None)))
         finally:
             theirs.close()
-            if wfd is not None:
-                os.close(wfd)
+            for f in (wfd, vfd):
+                if f is not None:
+                    os.close(f)
         ours.settimeout(10)  # a host that stops reading fails the task, it does not hang the lane
         self.sock = ours
         self.key = key

@@ -393,7 +393,9 @@ class Launcher:
             fresh = self._fresh.get(who)
             if fresh is None:  # the credentials now under the home of whom it becomes: once per pass
                 fresh = self._fresh[who] = self.hosts.sandbox.fresh(contain["kind"], contain["user"], ident)
-            key = (contain["kind"], contain["user"], contain.get("principal"), s.get("workdir") or "/tmp", ident, fresh)
+            venv = self.hosts.sandbox.venv_to_bind(contain["kind"], s["env"])
+            key = (contain["kind"], contain["user"], contain.get("principal"), s.get("workdir") or "/tmp", ident, fresh,
+                   venv)
             host = self._keyed.get(key)
             if host is None:  # looked up (is it still up?) once per pass and key
                 host, new = self.hosts.get(key, d)

@@ -1,0 +1,119 @@
+"""What a contained job sees of homes is decided by allow-list (issue 46 item 5).
+
+A root of homes (``/home``) is emptied whole and only the job's identity's own home is
+bound back: a home or a file made after the gateway, or after the job's built sandbox,
+started is never seen; ``/root`` is empty whatever it holds. Real bwrap, real gateway.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from corral.sandbox.bwrap import Sandbox, home_roots
+
+from .conftest import running
+from .test_sandbox import SECRET, need_bwrap, pair
+
+LOOK = "ls -A /home | tr '\\n' ' '; echo '|'; ls -A /root | tr '\\n' ' '; echo '|'; cat /home/*/secret 2>&1 | head -1"
+
+
+def need_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the gateway contains jobs as other identities only when it runs as root")
+
+
+@pytest.fixture
+def late() -> Iterator[dict[str, Path]]:
+    """A home and a file in /root, made by the test when it says (after the gateway started)."""
+    tag = secrets.token_hex(4)
+    made = {"home": Path(f"/home/zzlate{tag}"), "root": Path(f"/root/zzlate{tag}")}
+    yield made
+    shutil.rmtree(made["home"], ignore_errors=True)
+    made["root"].unlink(missing_ok=True)
+
+
+def make_late(made: dict[str, Path]) -> None:
+    made["home"].mkdir(parents=True)
+    (made["home"] / "secret").write_text(SECRET)
+    made["home"].chmod(0o755)
+    (made["home"] / "secret").chmod(0o644)
+    made["root"].write_text(SECRET)
+
+
+@pytest.mark.parametrize("lane", ["batch", "fast"])
+def test_a_home_made_after_the_sandbox_was_built_is_not_seen(tmp_path, late, lane) -> None:
+    """The first job builds the principal's sandbox for its directory (kept for the next
+    ones); a home and a file in /root made then are invisible to the next job in it."""
+    need_bwrap()
+    need_root()
+    work = Path(tempfile.mkdtemp(prefix="corral-allow-", dir="/var/tmp"))
+    work.chmod(0o777)
+    try:
+        with running(tmp_path) as gw:
+            tokens = pair(gw)
+            with gw.http(tokens["bot1"]) as h:
+                def look() -> str:
+                    r = h.post("/v1/jobs", json={"command": LOOK, "workdir": str(work), "walltime": "30s", "lane": lane})
+                    assert r.status_code == 201, r.text
+                    job = h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": 60}).json()
+                    assert job["state"] == "COMPLETED", job
+                    return h.get(f"/v1/jobs/{job['id']}/output").json()["data"]
+
+                before = look()
+                make_late(late)
+                after = look()
+        homes, root, _ = (part.strip() for part in after.split("|"))
+        assert late["home"].name not in after and SECRET not in after, after
+        assert root == "", (before, after)
+        assert homes == "", after  # the agent runs as an identity of its own, with no home under /home
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_job_of_a_user_sees_its_own_home_and_no_other(tmp_path, late) -> None:
+    """A job that becomes a Unix user with a home under /home sees that home (read-only,
+    its credentials emptied) and nothing else there, existing or made later."""
+    need_bwrap()
+    need_root()
+    name = f"zzown{secrets.token_hex(3)}"
+    subprocess.run(["useradd", "--create-home", "--home-dir", f"/home/{name}", name], check=True, capture_output=True)
+    try:
+        home = Path(pwd.getpwnam(name).pw_dir)
+        (home / "notes.txt").write_text("mine\n")
+        (home / ".ssh").mkdir()
+        (home / ".ssh" / "id_ed25519").write_text(SECRET)
+        subprocess.run(["chown", "-R", f"{name}:{name}", str(home)], check=True)
+        box = Sandbox(frozenset({"agent"}), (), run_as="nobody", homes=(home,), home_roots=tuple(home_roots([home])))
+        lines = box.shell("agent", ["bash", "-c", LOOK.replace("cat /home/*/secret", f"cat {home}/notes.txt") +
+                                    f"; ls -A {home}/.ssh | wc -l; id -un"], "/tmp", user=name, root=True)
+        make_late(late)  # after the script was written, before it runs (a batch job on its node)
+        r = subprocess.run(["bash", "-c", lines], capture_output=True, text=True, timeout=30)
+        homes, root, rest = (part.strip() for part in r.stdout.split("|"))
+        assert homes == name and root == "", r
+        assert rest.split() == ["mine", "0", name], r
+        now = box.wrap("agent", ["bash", "-c", "ls -A /home"], "/tmp", user=name, root=True)
+        assert subprocess.run(now, capture_output=True, text=True, timeout=30).stdout.split() == [name]
+    finally:
+        subprocess.run(["userdel", "-r", name], capture_output=True)
+
+
+def test_roots_of_homes_are_never_system_directories(tmp_path) -> None:
+    """A home directly under /srv or /opt hides that home by name, never the directory
+    that also holds software or projects."""
+    roots = home_roots([Path("/srv/alice"), Path("/opt/bob"), tmp_path / "users" / "carol"])
+    assert Path("/srv") not in roots and Path("/opt") not in roots and Path("/") not in roots
+    assert Path(os.path.realpath(tmp_path / "users")) in roots
+    solo = tmp_path / "solo"
+    solo.mkdir()
+    box = Sandbox(frozenset({"agent"}), (), homes=(solo,), home_roots=(Path("/home"),))
+    argv = box.wrap("agent", ["true"], "/tmp", root=False)
+    assert argv[argv.index(str(solo)) - 1] == "--tmpfs" and argv[argv.index("/home") - 1] == "--tmpfs"
