@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 import tempfile
 import time
@@ -25,6 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._common import finish  # noqa: E402
 from corral.analytics.classify import MIN_EVIDENCE, RATE_MARGIN, WEIGHTS, classify  # noqa: E402
 from corral.analytics.ingest import load  # noqa: E402
 from corral.analytics.report import build  # noqa: E402
@@ -116,9 +116,12 @@ def main() -> None:
     agree = all(abs(c[k] - p[k]) < 1e-3 for k in ("user_share", "submission_share", "core_hour_share", "gpu_hour_share"))
     if not agree:
         print(f"the arms disagree: corral {c} vs pandas {p}", file=sys.stderr)
-    print(json.dumps({"bench": "analyze", "rows": rows, "seconds": round(corral_s, 3),
-                      "baseline_seconds": round(pandas_s, 3), "ratio": round(pandas_s / corral_s, 2),
-                      "rows_per_s": round(rows / corral_s), "agree": agree, "agents": c, "repeat": repeat}))
+    result = {"bench": "analyze", "rows": rows, "seconds": round(corral_s, 3), "baseline_seconds": round(pandas_s, 3),
+              "ratio": round(pandas_s / corral_s, 2), "rows_per_s": round(rows / corral_s), "agree": agree,
+              "agents": c, "repeat": repeat}
+    # Two arms that agree on no agents at all agree on nothing: each must find some.
+    finish("analyze", result, {"corral": c["user_share"] > 0 and c["submission_share"] > 0,
+                               "pandas": p["user_share"] > 0 and p["submission_share"] > 0})
     sys.exit(0 if agree else 1)
 
 

@@ -13,7 +13,6 @@ corral_status_p50_ms, squeue_p50_ms and ratio (corral / squeue).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -22,17 +21,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import GatewayProcess, pct  # noqa: E402
+from bench._common import GatewayProcess, finish, pct  # noqa: E402
 
 SLURM_CONF = os.environ.get("SLURM_CONF") or "/tmp/corral-slurm/etc/slurm.conf"
 
 
-def timed(argv: list[str], env: dict[str, str]) -> float:
+def timed(argv: list[str], env: dict[str, str], saw: list[bool], want: str) -> float:
+    """Milliseconds of one run; ``saw`` records whether its output named ``want`` (the job)."""
     t = time.perf_counter()
     cp = subprocess.run(argv, env=env, capture_output=True, text=True)
     ms = (time.perf_counter() - t) * 1000
     if cp.returncode != 0:
         raise SystemExit(f"{argv[0]} failed ({cp.returncode}): {cp.stderr.strip()[:300]}")
+    saw.append(want in cp.stdout)
     return ms
 
 
@@ -57,22 +58,25 @@ def main() -> None:
         if Path(sys.executable).with_name("corral").exists():  # the installed entry point, as users run it
             corral = [str(Path(sys.executable).with_name("corral")), "--json", "status", str(job["id"])]
         squeue = ["squeue", "-h", "-j", str(job["backend_id"])]
-        timed(corral, env), timed(squeue, env)  # warm the page cache for both
+        # What each arm printed must name the job: an answer about nothing is cheap.
+        saw_a: list[bool] = []
+        saw_b: list[bool] = []
+        timed(corral, env, [], ""), timed(squeue, env, [], "")  # warm the page cache for both
         a, b = [], []
         for _ in range(runs):  # interleaved: the machine's drift hits both arms alike
-            a.append(timed(corral, env))
-            b.append(timed(squeue, env))
+            a.append(timed(corral, env, saw_a, f'"id": {job["id"]}'))
+            b.append(timed(squeue, env, saw_b, str(job["backend_id"])))
         with gw.client() as h:
             h.post(f"/v1/jobs/{job['id']}/cancel")
     finally:
         gw.stop()
     out = {"bench": "cli_start", "runs": runs, "corral_status_p50_ms": round(pct(a, 50), 1),
            "corral_status_p90_ms": round(pct(a, 90), 1), "squeue_p50_ms": round(pct(b, 50), 1),
-           "squeue_p90_ms": round(pct(b, 90), 1), "ratio": round(pct(a, 50) / pct(b, 50), 2),
+           "squeue_p90_ms": round(pct(b, 90), 1), "ratio": round(pct(a, 50) / pct(b, 50), 2) if b else None,
            "target_corral_p50_ms": 250}
     print(f"corral status --json: p50 {out['corral_status_p50_ms']} ms, p90 {out['corral_status_p90_ms']} ms")
     print(f"squeue -h -j:         p50 {out['squeue_p50_ms']} ms, p90 {out['squeue_p90_ms']} ms")
-    print(json.dumps(out))
+    finish("cli_start", out, {"corral_status": bool(saw_a) and all(saw_a), "squeue": bool(saw_b) and all(saw_b)})
 
 
 if __name__ == "__main__":

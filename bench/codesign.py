@@ -26,7 +26,6 @@ ablation, no traces. --jobs N runs N simulations at once (each is single-threade
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -34,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import shared_data  # noqa: E402
+from bench._common import finish, shared_data  # noqa: E402
 from corral.simulate import scenario  # noqa: E402
 from corral.simulate.engine import SchedConfig  # noqa: E402
 from corral.simulate.levers import LEVERS  # noqa: E402
@@ -145,7 +144,20 @@ def main() -> None:
         result["traces"] = [trace_error(shared_data("traces") / t) for t in TRACES]
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     result["jobs"] = a.jobs
-    print(json.dumps(result))
+    finish("codesign", result, measured(doc, sw))
+
+
+def measured(doc: dict, sw: list[dict]) -> dict[str, bool]:
+    """Each policy ran the facility (some utilisation), the agents' policies returned
+    results, and plain's controller load (the denominator of the controller check) is
+    above zero, in the documented scenario and at every share of the sweep."""
+    out: dict[str, bool] = {}
+    for where, policies in [("documented", doc["policies"]),
+                            *((f"sweep {r['share']}", r["policies"]) for r in sw)]:
+        for name, row in policies.items():
+            out[f"{where} {name}"] = row["utilisation"] > 0 and (name == "ban" or row["agent_results_per_h"] > 0)
+        out[f"{where} plain controller load"] = policies["plain"]["rpc_per_s"] > 0
+    return out
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ line back and a close.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import statistics
@@ -28,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._common import finish  # noqa: E402
 from corral.sandbox.egress import relay_argv  # noqa: E402
 
 CHUNK = b"x" * (1 << 20)
@@ -66,25 +66,29 @@ def start(kind: str, path: str, port: int) -> subprocess.Popen[bytes]:
     return p
 
 
-def bulk(path: str) -> float:
+def bulk(path: str) -> tuple[float, int]:
+    """-> (MB/s, bytes received): a relay that cut the copy short would look fast."""
     s = socket.socket(socket.AF_UNIX)
     s.connect(path)
     got, t = 0, time.perf_counter()
     while data := s.recv(1 << 20):
         got += len(data)
     s.close()
-    return got / (1 << 20) / (time.perf_counter() - t)
+    return got / (1 << 20) / (time.perf_counter() - t), got
 
 
-def connects(path: str, n: int) -> float:
-    t = time.perf_counter()
+def connects(path: str, n: int) -> tuple[float, int]:
+    """-> (connections a second, how many carried the server's line back)."""
+    t, answered = time.perf_counter(), 0
     for _ in range(n):
         s = socket.socket(socket.AF_UNIX)
         s.connect(path)
-        while s.recv(64):
-            pass
+        got = b""
+        while data := s.recv(64):
+            got += data
+        answered += got == b"ok\n"
         s.close()
-    return n / (time.perf_counter() - t)
+    return n / (time.perf_counter() - t), answered
 
 
 def main() -> None:
@@ -94,23 +98,31 @@ def main() -> None:
     mb, n, runs = (16, 200, 3) if a.quick else (64, 1000, 5)
     bulk_port, line_port = server(mb)
     out: dict[str, dict[str, float]] = {}
+    whole: dict[str, bool] = {}
     d = Path(tempfile.mkdtemp(prefix="corral-bench-relay-"))
     for kind in ("socat", "corral"):
-        rates, conns = [], []
+        rates, conns, copied, answered = [], [], [], []
         for r in range(runs):  # a relay per figure, so that each kind starts as fresh
             b = start(kind, str(d / f"{kind}-b{r}.sock"), bulk_port)
             c = start(kind, str(d / f"{kind}-c{r}.sock"), line_port)
             try:
-                rates.append(bulk(str(d / f"{kind}-b{r}.sock")))
-                conns.append(connects(str(d / f"{kind}-c{r}.sock"), n))
+                rate, got = bulk(str(d / f"{kind}-b{r}.sock"))
+                per_s, ok = connects(str(d / f"{kind}-c{r}.sock"), n)
+                rates.append(rate)
+                conns.append(per_s)
+                copied.append(got == mb << 20)
+                answered.append(ok == n)
             finally:
                 for p in (b, c):
                     p.kill()
                     p.wait()
         out[kind] = {"bulk_mb_per_s": round(statistics.median(rates), 1),
                      "connections_per_s": round(statistics.median(conns), 1)}
+        whole[f"{kind} bulk"] = all(copied)
+        whole[f"{kind} connect"] = all(answered)
         print(f"{kind}: {out[kind]}", file=sys.stderr)
-    print(json.dumps({"bench": "egress_relay", "bulk_mb": mb, "connections": n, "runs": runs, **out}))
+    # A copy cut short, or a connection closed without the server's line, carried nothing.
+    finish("egress_relay", {"bench": "egress_relay", "bulk_mb": mb, "connections": n, "runs": runs, **out}, whole)
 
 
 if __name__ == "__main__":

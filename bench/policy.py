@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import GatewayProcess, pct  # noqa: E402
+from bench._common import GatewayProcess, finish, pct  # noqa: E402
 from corral.core.config import Settings  # noqa: E402
 from corral.core.jobs import JobSpec  # noqa: E402
 from corral.safety.audit import AuditLog  # noqa: E402
@@ -166,14 +166,19 @@ def main() -> None:
            "decision_uncached_cold_p50_ms": round(d["unc_cold_p50"], 3),
            "decision_uncached_cold_p99_ms": round(d["unc_cold_p99"], 3),
            "http_submit_p50_ms": round(submit_p50, 2),
-           "decision_share_of_submit": round(d["warm_p50"] / submit_p50, 3),
+           "decision_share_of_submit": round(d["warm_p50"] / submit_p50, 3) if submit_p50 > 0 else None,
            "audit_append_per_s": round(a["append"]), "audit_append_shared_per_s": round(a["append_shared"]),
            "plain_append_per_s": round(a["plain"]),
            "chain_cost_ratio": round(a["plain"] / a["append"], 2), "audit_verify_per_s": round(a["verify"])}
     print(f"decision warm p50 {d['warm_p50']:.3f} p99 {d['warm_p99']:.3f} ms, cold p50 {d['cold_p50']:.3f} "
           f"p99 {d['cold_p99']:.3f} ms; uncached p50 {d['unc_p50']:.3f} p99 {d['unc_p99']:.3f}, uncached cold p50 "
           f"{d['unc_cold_p50']:.3f} p99 {d['unc_cold_p99']:.3f} ms; HTTP submit p50 {submit_p50:.1f} ms", file=sys.stderr)
-    print(json.dumps(out))
+    # pct() of no samples is NaN, which is not > 0; a rate of 0 is an arm that appended nothing.
+    finish("policy", out, {"decision_warm": d["warm_p50"] > 0, "decision_cold": d["cold_p50"] > 0,
+                           "decision_uncached": d["unc_p50"] > 0, "decision_uncached_cold": d["unc_cold_p50"] > 0,
+                           "http_submit": submit_p50 > 0, "audit_chained": a["append"] > 0,
+                           "audit_shared": a["append_shared"] > 0, "audit_plain": a["plain"] > 0,
+                           "audit_verify": a["verify"] > 0})
 
 
 if __name__ == "__main__":

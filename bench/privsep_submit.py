@@ -13,15 +13,20 @@ Last line: one JSON object (milliseconds per submission, median and p95).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pwd
+import re
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import finish  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = os.environ.get("SLURM_CONF") or "/tmp/corral-slurm/etc/slurm.conf"
@@ -61,6 +66,7 @@ def main() -> None:
         rule.write_text(f"{svc_name} ALL=(root) NOPASSWD: {helper}\n")
         rule.chmod(0o440)
         plain, helped = [], []
+        ids: dict[str, list[str]] = {"plain_sbatch": [], "through_submitter": []}  # Slurm's answer to each
         for i in range(1, n + 1):
             (jobs / str(i)).mkdir(mode=0o711)
             (jobs / str(i) / "out.new").mkdir(mode=0o700)
@@ -68,15 +74,17 @@ def main() -> None:
             for p in (jobs / str(i), jobs / str(i) / "out.new", jobs / str(i) / "out.new" / "stdout"):
                 os.chown(p, svc.pw_uid, svc.pw_gid)
             t0 = time.perf_counter()
-            as_user(svc, ["sbatch", "--parsable", "--job-name=bench-plain", *OPTS, f"--output={jobs}/{i}/plain.out"],
-                    SCRIPT)
+            said = as_user(svc, ["sbatch", "--parsable", "--job-name=bench-plain", *OPTS,
+                                 f"--output={jobs}/{i}/plain.out"], SCRIPT).stdout
             plain.append((time.perf_counter() - t0) * 1000)
             t0 = time.perf_counter()
             as_user(svc, ["sudo", "-n", str(helper), "prepare", str(i), str(user.pw_uid)])
             (jobs / str(i) / "out.new").rename(jobs / str(i) / "out")  # as the gateway does between them
-            as_user(svc, ["sudo", "-n", str(helper), "submit", str(i), str(user.pw_uid), f"--job-name=corral-{i}", *OPTS],
-                    SCRIPT)
+            via = as_user(svc, ["sudo", "-n", str(helper), "submit", str(i), str(user.pw_uid), f"--job-name=corral-{i}",
+                                *OPTS], SCRIPT).stdout
             helped.append((time.perf_counter() - t0) * 1000)
+            ids["plain_sbatch"].append(said.decode().strip())
+            ids["through_submitter"].append(via.decode().strip())
 
         def summary(xs: list[float]) -> dict[str, float]:
             xs = sorted(xs)
@@ -85,7 +93,9 @@ def main() -> None:
         out = {"jobs": n, "plain_sbatch": summary(plain), "through_submitter": summary(helped)}
         print(f"plain sbatch by the service account: {out['plain_sbatch']}")
         print(f"sudo corral-submit prepare + submit (sbatch --uid as root): {out['through_submitter']}")
-        print(json.dumps(out))
+        # Each submission timed must have been one: Slurm's job id back, every time.
+        finish("privsep_submit", out, {arm: bool(got) and all(re.fullmatch(r"\d+(;\S+)?", x) for x in got)
+                                       for arm, got in ids.items()})
     finally:
         rule.unlink(missing_ok=True)
         for name in (svc_name, user_name):

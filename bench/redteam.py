@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import pct, shared_data  # noqa: E402
+from bench._common import finish, pct, shared_data  # noqa: E402
 from corral.safety.guard import injection  # noqa: E402
 from corral.safety.policy import agent_verdict  # noqa: E402
 from corral.safety.output_guard import OutputGuard  # noqa: E402
@@ -79,7 +79,7 @@ def guard_figures(benign_texts: list[str], cuts: int) -> dict[str, object]:
                 offset = page["next_offset"]
     return {"secret_samples": len(samples), "secrets_found_rate": round(1 - len(missed) / len(samples), 4),
             "secrets_missed": missed[:5], "benign_texts_redacted": len(redacted),
-            "page_cut_trials": cuts, "secret_fragments_returned": leaked,
+            "page_cut_trials": cuts, "secret_fragments_watched": len(bad), "secret_fragments_returned": leaked,
             "guard_mb_per_s": round(raw_size(lines) / 1e6 / guard_s, 2)}
 
 
@@ -127,7 +127,14 @@ def main() -> None:
     print(f"commands {len(cases)}: {dict(decisions)}; injections {len(inj)}: missed {sum(inj_missed.values())}; "
           f"benign commands {len(ok)}: denied {len(denied)} {denied[:3]}; benign texts {len(text_ok)}: "
           f"flagged {len(flagged)}; guard: {out['guard']}", file=sys.stderr)
-    print(json.dumps(out))
+    g = out["guard"]
+    assert isinstance(g, dict)
+    # Rates over nothing: no attacks of a kind, no real agents' commands (../shared/data
+    # missing), no benign prose, no secrets; and "no fragment returned" is vacuous when
+    # the guard found no secret whole (then no fragment is watched for).
+    finish("redteam", out, {"command_attacks": bool(cases), "injections": bool(inj), "benign_commands": bool(ok),
+                            "benign_texts": bool(text_ok), "guard_secrets": g["secret_samples"] > 0,
+                            "guard_page_cuts": g["secret_fragments_watched"] > 0})
 
 
 if __name__ == "__main__":

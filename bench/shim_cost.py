@@ -18,7 +18,6 @@ Last line: one JSON object (squeue_cpu_ms, shim_cpu_ms, ratio, and the same for 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -28,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import GatewayProcess, sponsored_agents  # noqa: E402
+from bench._common import GatewayProcess, finish, sponsored_agents  # noqa: E402
 
 SLURM_CONF = os.environ.get("SLURM_CONF") or "/tmp/corral-slurm/etc/slurm.conf"
 
@@ -117,16 +116,23 @@ def main() -> None:
         stop_helper(helper)
     finally:
         gw.stop()
-    med = {k: round(statistics.median(v), 1) for k, v in arms.items()}
+    med = {k: round(statistics.median(v), 1) if v else 0.0 for k, v in arms.items()}
+
+    def ratio(a: float, b: float) -> float | None:
+        return round(a / b, 2) if b else None
+
     out = {"bench": "shim_cost", "runs": runs, "squeue_cpu_ms": med["squeue"], "shim_cpu_ms": med["shim_squeue"],
-           "ratio": round(med["shim_squeue"] / med["squeue"], 2), "sbatch_cpu_ms": med["sbatch"],
-           "shim_sbatch_cpu_ms": med["shim_sbatch"], "sbatch_ratio": round(med["shim_sbatch"] / med["sbatch"], 2),
+           "ratio": ratio(med["shim_squeue"], med["squeue"]), "sbatch_cpu_ms": med["sbatch"],
+           "shim_sbatch_cpu_ms": med["shim_sbatch"], "sbatch_ratio": ratio(med["shim_sbatch"], med["sbatch"]),
            "python_floor_cpu_ms": med["python_floor"], "shim_without_helper_cpu_ms": med["shim_alone_squeue"],
            "python_launcher_shim_cpu_ms": med["py_launcher_squeue"],
            "launcher_cpu_ms": med["launcher"], "helper_child_cpu_ms": med["helper_child"], "target_ratio": 2.0, "load_avg_1m": os.getloadavg()[0]}
     for k in arms:
         print(f"{k:>13}: median {med[k]} ms CPU per call")
-    print(json.dumps(out))
+    # Every arm used some CPU (a zero median is a process that did not run), and both
+    # squeue arms asked about a job that exists: each sbatch, real and shimmed, gave its id.
+    asked = real_id.strip().isdigit() and shim_id.strip().isdigit()
+    finish("shim_cost", out, {**{k: med[k] > 0 for k in arms}, "job_ids": asked})
 
 
 if __name__ == "__main__":
