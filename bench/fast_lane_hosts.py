@@ -1,7 +1,7 @@
 """The fast lane's launcher and sandbox hosts alone: CPU per contained task, no gateway,
 no engine, no Slurm (issue 40).
 
-    python bench/fast_lane_hosts.py [--tasks 1000] [--repeat 3] [--single] [--before auto|none|REV]
+    python bench/fast_lane_hosts.py [--quick] [--tasks 1000] [--repeat 3] [--single] [--before auto|none|REV]
 
 One launcher (corral/lanes/fast/launcher.py) with 28 slots and the facility's sandbox
 (bwrap, the seccomp filter), ten agents each handing it a batch of ``--tasks``/10
@@ -10,7 +10,7 @@ batch). Reported per burst: the launcher's process CPU (its loop and the callers
 threads) and the sandbox hosts' own CPU apart from their tasks' (a host counts its
 reaped tasks as its children). ``--before``: the same, on the commit this branch left
 main from (its tree from ``git archive``), alternating. Needs bubblewrap; run as root
-the tasks become ``nobody``. Last line: one JSON object.
+the tasks become ``nobody``. --quick: 200 tasks, one burst per side. Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._common import finish  # noqa: E402
 
 
 def _hosts_cpu() -> dict[str, float]:
@@ -123,6 +126,7 @@ def measure(tasks: int, repeat: int, single: bool) -> list[dict[str, float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="200 tasks, one burst per side")
     ap.add_argument("--tasks", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--single", action="store_true", help="one task per batch")
@@ -130,12 +134,13 @@ def main() -> None:
                                                       "left main; 'none': skip)")
     ap.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.quick:
+        a.tasks, a.repeat = 200, 1
     if a.measure_only:
         print(json.dumps(measure(a.tasks, a.repeat, a.single)))
         return
     sides = [("this tree", str(ROOT))]
     if a.before != "none":
-        sys.path.insert(0, str(ROOT))
         from bench.fast_lane import _before_rev, checkout
 
         sha, env = checkout(_before_rev(a.before))
@@ -150,8 +155,13 @@ def main() -> None:
             run = json.loads(res.stdout.splitlines()[-1])[0]
             out[label].append(run)
             print(f"{label}: {run}", file=sys.stderr)
-    print(json.dumps({"bench": "fast_lane_hosts", "tasks": a.tasks, "single": a.single, "runs": out,
-                      "load": os.getloadavg()[:2]}))
+    # Per side: the launcher spent CPU, and sandbox hosts were found under it (their own
+    # CPU or their tasks'): a tree whose hosts the /proc walk does not recognise reads 0.
+    finish("fast_lane_hosts", {"bench": "fast_lane_hosts", "tasks": a.tasks, "single": a.single, "runs": out,
+                               "load": os.getloadavg()[:2]},
+           {**{f"{label} launcher": sum(r["launcher_cpu_s"] for r in runs) > 0 for label, runs in out.items()},
+            **{f"{label} hosts": sum(r["hosts_own_cpu_s"] + r["tasks_cpu_s"] for r in runs) > 0
+               for label, runs in out.items()}})
 
 
 if __name__ == "__main__":

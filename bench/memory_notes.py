@@ -164,7 +164,8 @@ HELDOUT: list[str] = [
     "get an interactive shell on a compute node",
     "polling the queue status in a tight loop",
     "copy terabytes of data onto the cluster",
-    "which filesystem has backups",
+    # (was "which filesystem has backups", word for word a tuning question above: not held out)
+    "does anything back up my group's project files",
     "lustre is slow with millions of tiny files",
     "fast local disk on the compute node",
     "install R packages in my user library",
@@ -187,3 +188,31 @@ HELDOUT: list[str] = [
     "tensorflow cannot find libcudnn",
     "where do my own spack builds go",
 ]
+
+
+def main() -> None:
+    """The labeled set's own check (issue 46: every bench/NAME.py runs in CI): what
+    bench/memory.py would measure recall on. A note without a question, or a held-out
+    question set out of step with the notes, is recall measured over nothing."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench._common import finish
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="(the set is small: the same as a full run)")
+    ap.parse_args()
+    questions = [q for _, qs in NOTES for q in qs]
+    fillers = {filler(i) for i in range(1000)}
+    finish("memory_notes", {"bench": "memory_notes", "notes": len(NOTES), "questions": len(questions),
+                            "heldout": len(HELDOUT), "distinct_fillers_of_1000": len(fillers)},
+           {"notes": bool(NOTES) and all(qs for _, qs in NOTES),
+            "questions_distinct": len(set(questions)) == len(questions),
+            "heldout": len(HELDOUT) == len(NOTES) and not set(HELDOUT) & set(questions),
+            "fillers": len(fillers) == 1000 and fillers.isdisjoint(n for n, _ in NOTES)})
+
+
+if __name__ == "__main__":
+    main()
