@@ -19,10 +19,13 @@ missing Python module (needs PYTHONPATH), a command not found (needs PATH, as a
 gateway has the same jobs. The agent's fix logic is the same in both arms: read the
 failure (state, stderr), change the one thing. Without memory each session starts
 from nothing. With memory the agent asks ``POST /v1/advice`` before its first try and
-applies what it says; a refused exact repeat (409) is read the same way. A *repeated
-identical failure* is a failed job whose pitfall already failed for that sponsor's
-agents in an earlier session. (Wrong partitions are refused at submit by preflight in
-both arms, so they cause no failed jobs.) Last line: one JSON object.
+applies what it says; a refused exact repeat (409) is read the same way, and resubmitted
+with force when the agent has already changed what it names. A *repeated identical
+failure* is a failed job whose pitfall already failed for that sponsor's agents in an
+earlier session. (Wrong partitions are refused at submit by preflight in both arms, so
+they cause no failed jobs.) Both arms run at once, each with its own gateway. The run
+fails (exit 3, bench/_common.finish) if a planted pitfall never failed without memory.
+Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +46,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import GatewayProcess, pct, sponsored_agents  # noqa: E402
+from bench._common import GatewayProcess, finish, pct, sponsored_agents  # noqa: E402
 from bench.memory_notes import HELDOUT, NOTES, filler  # noqa: E402
 from corral.core.db import Database  # noqa: E402
 from corral.memory.embed import Embedder  # noqa: E402
@@ -64,7 +68,8 @@ def substring_scan(db: Database, query: str, k: int) -> list[int]:
     return [r[0] for r in rows]
 
 
-def retrieval(total: int, threads: int) -> dict[str, Any]:
+def retrieval(total: int, threads: int, every: int = 1) -> dict[str, Any]:
+    """``every``: ask every n-th question only (--quick: 2, one labeled question per note)."""
     tmp = tempfile.mkdtemp(prefix="corral-bench-mem-")
     db = Database(Path(tmp) / "m.db")
     admin = Principal("admin", Kind.HUMAN, is_admin=True)
@@ -76,8 +81,8 @@ def retrieval(total: int, threads: int) -> dict[str, Any]:
     with db.transaction():
         for text, _ in NOTES:
             ids.append(mem.remember(caller, text, "facility")["id"])
-    questions = [(q, ids[i]) for i, (_, qs) in enumerate(NOTES) for q in qs]
-    heldout = [(q, ids[i]) for i, q in enumerate(HELDOUT)]
+    questions = [(q, ids[i]) for i, (_, qs) in enumerate(NOTES) for q in qs][::every]
+    heldout = [(q, ids[i]) for i, q in enumerate(HELDOUT)][::every]
 
     async def embed_all() -> float:
         """The gateway's own index loop, until every note has its vector: -> notes/s."""
@@ -146,13 +151,17 @@ PITFALLS = ("oom", "module", "command", "timeout")
 
 
 def task(kind: str, tools: Path) -> dict[str, Any]:
-    """The first try of a task with a planted pitfall."""
+    """The first try of a task with a planted pitfall, in ``tools/work``. The out-of-memory
+    job holds its 300 MB for half a second, as a job computing over its data would: the
+    local lane enforces memory by sampling (corral/lanes/local_runner.py, first sample
+    at 50 ms), and an allocation freed at once could end before any sample saw it."""
     return {
-        "oom": {"command": "python3 -c 'b = bytearray(300 * 2**20)'", "memory": "100M"},
+        "oom": {"command": "python3 -c 'import time; b = bytearray(300 * 2**20); time.sleep(0.5)'",
+                "memory": "100M"},
         "module": {"command": "python3 -c 'import bench_helper_mod; print(bench_helper_mod.X)'"},
         "command": {"command": "bench-tool --version"},
         "timeout": {"command": "sleep 2; echo done", "walltime": "1s"},
-    }[kind] | {"workdir": str(tools)}
+    }[kind] | {"workdir": str(tools / "work")}
 
 
 def fix(spec: dict[str, Any], kind: str, tools: Path) -> dict[str, Any]:
@@ -161,9 +170,9 @@ def fix(spec: dict[str, Any], kind: str, tools: Path) -> dict[str, Any]:
     if kind == "out_of_memory":
         s["memory"] = "512M"
     elif kind == "module_not_found":
-        s["env"] = {**s.get("env", {}), "PYTHONPATH": str(tools)}
+        s["env"] = {**s.get("env", {}), "PYTHONPATH": str(tools / "lib")}
     elif kind == "command_not_found":
-        s["command"] = f"PATH={tools}:$PATH " + s["command"]
+        s["command"] = f"PATH={tools / 'bin'}:$PATH " + s["command"]
     elif kind == "timeout":
         s["walltime"] = "10s"
     return s
@@ -185,15 +194,41 @@ def from_advice(text: str) -> list[str]:
     return [k for k in ("out_of_memory", "module_not_found", "command_not_found", "timeout") if k in text]
 
 
+def project() -> Path:
+    """A project: work/ (the jobs' working directory), lib/ (the Python module they lack
+    until PYTHONPATH names it) and bin/ (the tool they lack until PATH does).
+
+    Under a root gateway an agent's job runs as a dynamic identity of its own
+    (corral/core/identity.py): work/ is one that identity may enter and write (as the
+    tests' agent_dir), not root's 0700 mkdtemp, which the gateway refuses at submit
+    (issue 46: every job was refused, no job ran, and the run printed 0 repeated
+    failures in both arms). The module and the tool lie beside work/, not in it:
+    ``python3 -c`` imports from its working directory, so a module there is no pitfall.
+    Under /var/tmp, not /tmp, which is private inside the job's sandbox."""
+    tools = Path(tempfile.mkdtemp(prefix="corral-bench-project-", dir="/var/tmp"))
+    tools.chmod(0o755)
+    for sub in ("work", "lib", "bin"):
+        (tools / sub).mkdir(mode=0o755)
+    (tools / "work").chmod(0o777)
+    (tools / "lib" / "bench_helper_mod.py").write_text("X = 42\n")
+    (tools / "bin" / "bench-tool").write_text("#!/bin/sh\necho bench-tool 1.0\n")
+    for f in ("lib/bench_helper_mod.py", "bin/bench-tool"):
+        (tools / f).chmod(0o755)
+    return tools
+
+
 def campaigns(use_memory: bool, agents: int, sessions: int) -> dict[str, Any]:
-    tools = Path(tempfile.mkdtemp(prefix="corral-bench-tools-"))
-    (tools / "bench_helper_mod.py").write_text("X = 42\n")
-    (tools / "bench-tool").write_text("#!/bin/sh\necho bench-tool 1.0\n")
-    (tools / "bench-tool").chmod(0o755)
+    tools = project()
     env = {} if use_memory else {"CORRAL_MEMORY": "false"}
     gw = GatewayProcess("--cpus", "4", "--tick", "0.2", env=env)
     failed_pitfall: dict[str, int] = {}  # pitfall -> first session it failed in (the sponsor's family)
-    stats = {"jobs": 0, "failed": 0, "repeated": 0, "refused": 0}
+    stats: dict[str, Any] = {"jobs": 0, "failed": 0, "repeated": 0, "refused": 0, "forced": 0, "undiagnosed": 0,
+                             "first_try_failed": {k: 0 for k in PITFALLS}, "tasks": {k: 0 for k in PITFALLS},
+                             "causes": {}}
+    """first_try_failed: of each pitfall's tasks, those whose first job failed (without memory:
+    every one, or the pitfall is not planted); causes: what each failure was diagnosed as
+    ("none": a failure the agent could not read, which is not the pitfall's)."""
+    errors: list[str] = []
     lock = threading.Lock()
     try:
         tokens = sponsored_agents(gw, agents)
@@ -203,72 +238,108 @@ def campaigns(use_memory: bool, agents: int, sessions: int) -> dict[str, Any]:
             if use_memory:
                 for cause in from_advice(json.dumps(h.post("/v1/advice", json=spec).json())):
                     spec = fix(spec, cause, tools)
-            for _ in range(6):
+            with lock:
+                stats["tasks"][kind] += 1
+            for attempt in range(6):
                 r = h.post("/v1/jobs", json=spec)
                 if r.status_code == 409:  # an exact repeat refused: the message names the cause
                     with lock:
                         stats["refused"] += 1
-                    causes = from_advice(r.json()["error"]["message"])
-                    for cause in causes:
+                    before = spec
+                    for cause in from_advice(r.json()["error"]["message"]):
                         spec = fix(spec, cause, tools)
+                    if spec == before:
+                        # Already changed what the cause names, where memory does not look:
+                        # the repeat check compares script, resources and directory, not the
+                        # environment, so a job mended by PYTHONPATH is refused as the same
+                        # job. The agent does what the refusal says: resubmits with force.
+                        spec = {**spec, "force": True}
+                        with lock:
+                            stats["forced"] += 1
                     continue
+                if r.status_code != 201:  # not a failed job: a refused one, which no agent would count
+                    raise RuntimeError(f"task {kind}: submission refused: {r.status_code} {r.text[:400]}")
                 job = h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": 60}).json()
                 with lock:
                     stats["jobs"] += 1
                 if job["state"] == "COMPLETED":
                     return
                 err = h.get(f"/v1/jobs/{job['id']}/output", params={"stream": "stderr"}).json()["data"]
+                cause = diagnose(job, err)
                 with lock:
                     stats["failed"] += 1
+                    stats["first_try_failed"][kind] += attempt == 0
+                    stats["causes"][cause or "none"] = stats["causes"].get(cause or "none", 0) + 1
+                    stats["undiagnosed"] += cause is None
                     first = failed_pitfall.setdefault(kind, session)
                     if first < session:
                         stats["repeated"] += 1
-                cause = diagnose(job, err)
                 if cause:
                     spec = fix(spec, cause, tools)
+                else:
+                    print(f"  {kind}: failed for no planted reason: {job['state']} {job.get('reason')}: "
+                          f"{err[-300:]!r}", file=sys.stderr)
             raise RuntimeError(f"task {kind} never succeeded")
 
         for session in range(sessions):  # sessions in order; the agents of a session in parallel
-            def agent(token: str, s: int = session) -> None:
-                with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {token}",
-                                                            "X-Corral-Session": f"s{s}"}, timeout=120) as h:
-                    for kind in PITFALLS:
+            # An agent's four tasks are independent (each its own script, so its own memory):
+            # it works on them at once, as an agent with a sweep does; each task's tries in order.
+            def agent_task(token: str, kind: str, s: int = session) -> None:
+                try:
+                    with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {token}",
+                                                                "X-Corral-Session": f"s{s}"}, timeout=120) as h:
                         run_task(h, s, kind)
+                except Exception as e:  # a thread's exception is otherwise printed and forgotten
+                    with lock:
+                        errors.append(f"session {s}: {type(e).__name__}: {e}")
 
-            threads = [threading.Thread(target=agent, args=(t,)) for t in tokens]
+            threads = [threading.Thread(target=agent_task, args=(t, k)) for t in tokens for k in PITFALLS]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
+            if errors:
+                raise SystemExit(f"bench/memory.py: campaign (memory {'on' if use_memory else 'off'}) broke: "
+                                 + "; ".join(errors))
     finally:
         gw.stop()
+        shutil.rmtree(tools, ignore_errors=True)
     print(f"campaigns, memory {'on' if use_memory else 'off'}: {stats}", file=sys.stderr)
     return stats
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="10,000 notes; 2 agents x 2 sessions")
+    ap.add_argument("--quick", action="store_true", help="500 notes, half the questions; 2 agents x 2 sessions")
     ap.add_argument("--notes", type=int, default=100_000)
     ap.add_argument("--threads", type=int, default=2, help="the encoder's CPU threads while indexing and answering")
     ap.add_argument("--retrieval-only", action="store_true", help="skip (b), the campaigns")
     a = ap.parse_args()
-    total = 10_000 if a.quick else a.notes
+    total = 500 if a.quick else a.notes
     agents, sessions = (2, 2) if a.quick else (3, 4)
-    r = retrieval(total, a.threads)
+    t0 = time.monotonic()
+    r = retrieval(total, a.threads, 2 if a.quick else 1)
+    print(f"[{time.monotonic() - t0:6.1f} s] retrieval, {total:,} notes", file=sys.stderr, flush=True)
+    retrieved = {"retrieval_questions": r["questions"] > 0, "retrieval_heldout": r["heldout_questions"] > 0,
+                 "retrieval_large_corpus": r["large"]["notes"] > len(NOTES)}
     if a.retrieval_only:
         big = r["large"]
-        print(json.dumps({"bench": "memory", "notes": big["notes"], "questions": r["questions"],
+        finish("memory", {"bench": "memory", "notes": big["notes"], "questions": r["questions"],
                           "recall_at_5": big["corral"]["recall_at_5"], "recall_p95_ms": big["corral"]["p95_ms"],
                           "bm25_recall_at_5": big["bm25"]["recall_at_5"],
                           "semantic_recall_at_5": big["semantic"]["recall_at_5"],
                           "heldout_recall_at_5": big["corral"]["heldout_recall_at_5"],
-                          "bm25_heldout_recall_at_5": big["bm25"]["heldout_recall_at_5"], "retrieval": r}))
+                          "bm25_heldout_recall_at_5": big["bm25"]["heldout_recall_at_5"], "retrieval": r}, retrieved)
         return
-    without = campaigns(False, agents, sessions)
-    with_ = campaigns(True, agents, sessions)
+    # The two arms side by side: their gateways and agents run at once, so each meets the
+    # same machine (their figures are counts of failures, not times).
+    with ThreadPoolExecutor(2) as pool:
+        arms = [pool.submit(campaigns, use, agents, sessions) for use in (False, True)]
+        without, with_ = (f.result() for f in arms)
+    print(f"[{time.monotonic() - t0:6.1f} s] campaigns, {agents} agents x {sessions} sessions, both arms",
+          file=sys.stderr, flush=True)
     reduction = 1 - with_["repeated"] / without["repeated"] if without["repeated"] else None
-    print(json.dumps({
+    finish("memory", {
         "bench": "memory", "notes": r["large"]["notes"], "questions": r["questions"],
         "recall_p50_ms": r["large"]["corral"]["p50_ms"], "recall_p95_ms": r["large"]["corral"]["p95_ms"],
         "recall_at_5": r["large"]["corral"]["recall_at_5"],
@@ -285,7 +356,11 @@ def main() -> None:
         "failed_jobs_without": without["failed"], "failed_jobs_with": with_["failed"],
         "reduction": round(reduction, 3) if reduction is not None else None,
         "retrieval": r, "campaigns": {"without": without, "with": with_, "agents": agents, "sessions": sessions},
-    }))
+    }, {**retrieved,
+        # The planted pitfalls are the point: without memory each must fail on its first try.
+        **{f"pitfall_{k}_failed_without_memory": without["first_try_failed"][k] > 0 for k in PITFALLS},
+        "repeat_failures_without": without["repeated"] > 0, "jobs_with_memory": with_["jobs"] > 0,
+        "reduction": reduction is not None})
 
 
 if __name__ == "__main__":
