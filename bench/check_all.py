@@ -8,10 +8,17 @@ time so a creeping one is seen. A table of names, times and outcomes is printed,
 one JSON object.
 
     python bench/check_all.py [NAME ...]
+    python bench/check_all.py --full [NAME ...]   # full runs, each recorded in bench/results/NAME.json
+    python bench/check_all.py --table             # docs/benchmarks.md's "When measured" table, from those
+
+A full run's record names its command, the commit it measured (with "+dirty" when the tree
+had uncommitted changes), the date and its JSON: docs/benchmarks.md's table is made from the
+records, and tests/test_benchmarks_doc.py holds the two to each other and to the benches.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import subprocess
 import sys
@@ -41,6 +48,49 @@ def last_json(out: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+RESULTS = HERE / "results"
+FULL_LIMIT_S = 1800.0
+
+
+def commit() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=HERE.parent).stdout.strip()
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "corral", "bench")
+    return git("rev-parse", "--short=12", "HEAD") + ("+dirty" if dirty else "")
+
+
+def record(path: Path) -> dict:
+    """One full run, recorded with its command, commit and date."""
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=FULL_LIMIT_S,
+                          cwd=HERE.parent)
+    took = time.monotonic() - start
+    result = last_json(proc.stdout)
+    row = {"bench": path.stem, "command": f"python bench/{path.name}", "commit": commit(),
+           "date": datetime.date.today().isoformat(), "seconds": round(took, 1), "exit": proc.returncode,
+           "result": result}
+    if proc.returncode != 0 or result is None:
+        sys.stderr.write(f"--- bench/{path.name}: exit {proc.returncode}\n{proc.stderr[-3000:]}\n")
+    else:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / f"{path.stem}.json").write_text(json.dumps(row, indent=1) + "\n")
+    return row
+
+
+def table() -> str:
+    """The "When measured" table: one row per bench, from its record (or saying there is none)."""
+    lines = ["| bench | command | commit | date | full run | measured nothing |", "|---|---|---|---|---|---|"]
+    for path in benches([]):
+        f = RESULTS / f"{path.stem}.json"
+        if not f.exists():
+            lines.append(f"| {path.stem} | `python bench/{path.name}` | not recorded | | | |")
+            continue
+        r = json.loads(f.read_text())
+        empty = ", ".join((r.get("result") or {}).get("measured_nothing") or []) or "none"
+        lines.append(f"| {r['bench']} | `{r['command']}` | {r['commit']} | {r['date']} | {r['seconds']:.0f} s | {empty} |")
+    return "\n".join(lines)
+
+
 def run(path: Path) -> dict:
     start = time.monotonic()
     try:
@@ -64,8 +114,17 @@ def run(path: Path) -> dict:
 
 
 def main() -> int:
+    args = sys.argv[1:]
+    if args[:1] == ["--table"]:
+        print(table())
+        return 0
+    if args[:1] == ["--full"]:
+        rows = [record(p) for p in benches(args[1:])]
+        for r in rows:
+            print(f"{r['bench']:<18} {r['seconds']:7.1f} s  exit {r['exit']}", flush=True)
+        return 1 if any(r["exit"] != 0 or r["result"] is None for r in rows) else 0
     rows = []
-    for path in benches(sys.argv[1:]):
+    for path in benches(args):
         row = run(path)
         rows.append(row)
         print(f"{row['bench']:<18} {row['seconds']:6.1f} s  {'ok' if row['ok'] else 'FAILED: ' + '; '.join(row['problems'])}",
