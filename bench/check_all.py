@@ -83,7 +83,8 @@ def table() -> str:
     for path in benches([]):
         f = RESULTS / f"{path.stem}.json"
         if not f.exists():
-            lines.append(f"| {path.stem} | `python bench/{path.name}` | not recorded | | | |")
+            lines.append(f"| {path.stem} | `python bench/{path.name}` | not re-measured at this stop: its section's "
+                         "figures are older | | | |")
             continue
         r = json.loads(f.read_text())
         empty = ", ".join((r.get("result") or {}).get("measured_nothing") or []) or "none"
