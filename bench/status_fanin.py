@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import sys
 import tempfile
 import threading
@@ -29,7 +28,7 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import GatewayProcess, KeepAliveGet, pct  # noqa: E402
+from bench._common import GatewayProcess, KeepAliveGet, finish, pct  # noqa: E402
 from corral.lanes.backend import SubmitContext  # noqa: E402
 from corral.lanes.local import LocalBackend  # noqa: E402
 from corral.core.jobs import JobSpec  # noqa: E402
@@ -149,14 +148,14 @@ def main() -> None:
     via = corral_arm(args.clients, duration, args.tick, args.rate)
     print(f"saturation arm: {args.clients} clients poll corral with no pause for {duration:.0f}s", file=sys.stderr)
     sat = corral_arm(args.clients, duration, args.tick, None)
-    ratio = direct["backend_calls"] / max(via["backend_calls"], 1)
+    ratio = round(direct["backend_calls"] / via["backend_calls"], 1) if via["backend_calls"] else None
     result = {
         "clients": args.clients,
         "duration_s": duration,
         "tick_s": args.tick,
         "backend_calls_direct": direct["backend_calls"],
         "backend_calls_corral": via["backend_calls"],
-        "ratio": round(ratio, 1),
+        "ratio": ratio,
         "requests_corral": via["requests"],
         "req_per_s": round(via["requests"] / via["elapsed"], 1),
         "p50_ms": round(via["p50_ms"], 2),
@@ -168,10 +167,15 @@ def main() -> None:
         "saturation_p50_ms": round(sat["p50_ms"], 2),
     }
     print(f"backend status calls: direct {direct['backend_calls']}, via corral {via['backend_calls']} "
-          f"(ratio {ratio:.0f}x); corral served {result['req_per_s']:.0f} req/s, "
+          f"(ratio {ratio}x); corral served {result['req_per_s']:.0f} req/s, "
           f"p50 {result['p50_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms; "
           f"saturated: {result['saturation_req_per_s']:.0f} req/s", file=sys.stderr)
-    print(json.dumps(result))
+    # corral's backend calls are the ratio's denominator: none means its reconciler never
+    # asked (the jobs were not running), not that fan-in was infinite. Requests that all
+    # failed measured no status.
+    finish("status_fanin", result, {
+        "direct": direct["backend_calls"] > 0, "corral_backend_calls": via["backend_calls"] > 0,
+        "corral": via["requests"] > via["errors"], "saturation": sat["requests"] > sat["errors"]})
 
 
 if __name__ == "__main__":
