@@ -13,7 +13,6 @@ Needs the private Slurm of scripts/slurm-up (SLURM_CONF). Last line: one JSON ob
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import re
@@ -27,7 +26,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import GatewayProcess, pct  # noqa: E402
+from bench._common import GatewayProcess, finish, pct  # noqa: E402
 
 SLURM_CONF = os.environ.get("SLURM_CONF") or "/tmp/corral-slurm/etc/slurm.conf"
 ENV = {**os.environ, "SLURM_CONF": SLURM_CONF}
@@ -86,7 +85,7 @@ def direct_arm(n: int, duration: float, workdir: str) -> dict:
     return {"counts": sdiag(), "jobs": jobs}
 
 
-def corral_arm(n: int, duration: float, workdir: str) -> dict:
+def corral_arm(n: int, duration: float, workdir: str, preflights: int = 200) -> dict:
     gw = GatewayProcess(env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": SLURM_CONF})
     try:
         def one_job(rng: random.Random, stop_at: float) -> None:
@@ -108,12 +107,12 @@ def corral_arm(n: int, duration: float, workdir: str) -> dict:
                {"command": "true", "walltime": "9h"}, {"command": "true", "gpus": 9, "partition": "gpu"}]
         lat = []
         with gw.client() as h:
-            for i in range(200):
+            for i in range(preflights):
                 t0 = time.perf_counter()
                 r = h.post("/v1/jobs", json={**bad[i % 4], "workdir": workdir})
                 lat.append(time.perf_counter() - t0)
                 assert r.status_code == 400, r.text
-        return {"counts": counts, "jobs": jobs, "preflight_p50_ms": pct(lat, 50) * 1000,
+        return {"counts": counts, "jobs": jobs, "preflights": len(lat), "preflight_p50_ms": pct(lat, 50) * 1000,
                 "preflight_p99_ms": pct(lat, 99) * 1000}
     finally:
         gw.stop()
@@ -123,9 +122,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agents", default="20", help="number of agents, or a comma list (5,20,50)")
     ap.add_argument("--duration", type=float, default=60.0, help="seconds per arm")
-    ap.add_argument("--quick", action="store_true", help="20 s per arm")
+    ap.add_argument("--quick", action="store_true", help="10 agents, 5 s per arm, 40 preflight requests")
     args = ap.parse_args()
-    duration = 20.0 if args.quick else args.duration
+    duration = 5.0 if args.quick else args.duration
+    if args.quick:
+        args.agents = "10"
     try:
         sh("sinfo", "-h")
     except (subprocess.CalledProcessError, FileNotFoundError):
@@ -137,16 +138,17 @@ def main() -> None:
         print(f"N={n}: direct arm, {duration:.0f}s ...", file=sys.stderr)
         a = direct_arm(n, duration, workdir)
         print(f"N={n}: corral arm, {duration:.0f}s ...", file=sys.stderr)
-        b = corral_arm(n, duration, workdir)
+        b = corral_arm(n, duration, workdir, 40 if args.quick else 200)
         agent_min = n * duration / 60
         ra, rb = status_rpcs(a["counts"]), status_rpcs(b["counts"])
         run = {
             "agents": n, "duration_s": duration,
-            "rpc_direct": ra, "rpc_corral": rb, "ratio": round(ra / max(rb, 1), 1),
+            "rpc_direct": ra, "rpc_corral": rb, "ratio": round(ra / rb, 1) if rb else None,
             "rpc_per_agent_min_direct": round(ra / agent_min, 2), "rpc_per_agent_min_corral": round(rb / agent_min, 2),
             "rpc_total_direct": sum(a["counts"].values()), "rpc_total_corral": sum(b["counts"].values()),
             "jobs_direct": a["jobs"], "jobs_corral": b["jobs"],
             "preflight_p50_ms": round(b["preflight_p50_ms"], 2), "preflight_p99_ms": round(b["preflight_p99_ms"], 2),
+            "preflights": b["preflights"],
             "by_type_direct": a["counts"], "by_type_corral": b["counts"],
         }
         runs.append(run)
@@ -156,7 +158,11 @@ def main() -> None:
     last = {k: v for k, v in runs[-1].items() if not k.startswith("by_type")}
     last["runs"] = [{k: v for k, v in r.items() if not k.startswith("by_type")} for r in runs]
     last["by_type_direct"], last["by_type_corral"] = runs[-1]["by_type_direct"], runs[-1]["by_type_corral"]
-    print(json.dumps(last))
+    # Per size: each arm ran jobs and the controller saw their status questions (corral's
+    # are the ratio's denominator); the preflight refused some impossible requests.
+    finish("control_plane", last, {f"{r['agents']} agents {what}": ok for r in runs for what, ok in (
+        ("direct", r["jobs_direct"] > 0 and r["rpc_direct"] > 0),
+        ("corral", r["jobs_corral"] > 0 and r["rpc_corral"] > 0), ("preflight", r["preflights"] > 0))})
 
 
 if __name__ == "__main__":
