@@ -21,7 +21,6 @@ size, every size under "runs").
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -32,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import GatewayProcess, pct, sponsored_agents  # noqa: E402
+from bench._common import GatewayProcess, finish, pct, sponsored_agents  # noqa: E402
 from bench.control_plane import ENV, sdiag, sh  # noqa: E402
 
 LOOP = r"""
@@ -112,7 +111,7 @@ def one_size(n: int, duration: float, launchers: bool = False) -> dict:
     finally:
         gw.stop()
     return {"agents": n, "duration_s": duration, "rpc_bare": bare["rpc"], "rpc_corral": inside["rpc"],
-            "ratio": round(bare["rpc"] / max(inside["rpc"], 1), 1),
+            "ratio": round(bare["rpc"] / inside["rpc"], 1) if inside["rpc"] else None,
             "rpc_per_job_bare": round(bare["rpc"] / max(bare["jobs"], 1), 2),
             "rpc_per_job_corral": round(inside["rpc"] / max(inside["jobs"], 1), 2),
             "jobs_bare": bare["jobs"], "jobs_corral": inside["jobs"],
@@ -125,19 +124,25 @@ def one_size(n: int, duration: float, launchers: bool = False) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="8 agents for 30 s")
+    ap.add_argument("--quick", action="store_true", help="8 agents for 6 s an arm")
     ap.add_argument("--agents", default="20", help="agents, or a comma list of sizes")
     ap.add_argument("--duration", type=float, default=120.0, help="seconds per arm")
     ap.add_argument("--launchers", action="store_true",
                     help="a third arm: corral with the Python shim launcher (decision 0008) instead of the compiled one")
     a = ap.parse_args()
     sizes = [8] if a.quick else [int(x) for x in a.agents.split(",")]
-    duration = 30.0 if a.quick else a.duration
+    duration = 6.0 if a.quick else a.duration
     if not os.path.exists(ENV["SLURM_CONF"]):
         raise SystemExit("needs the private Slurm: scripts/slurm-up")
     runs = [one_size(n, duration, a.launchers) for n in sizes]
     last = {k: v for k, v in runs[-1].items() if k not in ("bare", "corral", "corral_python_launcher")}
-    print(json.dumps({"bench": "agent_shell", **last, "runs": runs}))
+    # Per size: each arm's loops saw jobs end, and Slurm's controller counted their RPCs
+    # (corral's are the ratio's denominator).
+    arms = [("bare", "jobs_bare", "rpc_bare"), ("corral", "jobs_corral", "rpc_corral")]
+    measured = {f"{r['agents']} agents {arm}": r[jobs] > 0 and r[rpc] > 0 for r in runs for arm, jobs, rpc in arms}
+    measured.update({f"{r['agents']} agents corral, Python launcher": r["jobs_corral_python_launcher"] > 0
+                     for r in runs if "jobs_corral_python_launcher" in r})
+    finish("agent_shell", {"bench": "agent_shell", **last, "runs": runs}, measured)
 
 
 if __name__ == "__main__":
