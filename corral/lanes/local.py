@@ -193,12 +193,12 @@ class LocalBackend:
                 argv = meta.traced(argv, str(work))
             fd = WORKDIR_FD if spec.workdir else None
             pair = ident.pair if ident is not None else None
+            venv = self.sandbox.venv_to_bind(ctx.kind, env) if contained and self.sandbox is not None else None
+            bound = (venv, VENV_FD) if venv else None
             if contained and self.sandbox is not None and spec.workdir and not traced:
                 host, argv = self._host(ctx, argv, cwd, pair, reads, bound)
             elif contained and self.sandbox is not None:
                 # bwrap runs as root with corral's environment; the job's own (its PATH,
-            venv = self.sandbox.venv_to_bind(ctx.kind, env) if contained and self.sandbox is not None else None
-            bound = (venv, VENV_FD) if venv else None
                 # LD_PRELOAD ...) is read from a descriptor by the step that starts it.
                 _write_private(d / "env.json", json.dumps(env).encode(), 0o600)
                 env, env_file = base_env(), str(d / "env.json")
