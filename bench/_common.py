@@ -116,11 +116,15 @@ class KeepAliveGet:
         assert self.reader is not None
         head = await self.reader.readuntil(b"\r\n\r\n")
         status = int(head[9:12])
-        length = 0
+        length, close = 0, False
         for line in head.split(b"\r\n"):
             if line.lower().startswith(b"content-length:"):
                 length = int(line.split(b":")[1])
+            close = close or line.lower() == b"connection: close"
         body = await self.reader.readexactly(length)
+        if close:  # as HTTP/1.1 says: the server ends the connection; the next request opens one
+            self.close()
+            self.reader = self.writer = None
         return status, body
 
     def close(self) -> None:

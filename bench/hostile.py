@@ -16,7 +16,8 @@ the commit before, ``git archive 9cbaf98 | tar -x -C DIR``), side by side.
 Reports honest agents' status p99 and /healthz p99 in each arm, their ratio, and every
 5xx the gateway answered. Last line: one JSON object with honest_p99_ms_quiet,
 honest_p99_ms_hostile, ratio (target <= 2), honest_p99_ms_unauth, unauth_ratio (target
-<= 2) and server_errors (target 0).
+<= 2), server_errors (target 0) and honest_lost_<arm>: honest requests that got no answer
+at all (checked: any lost, and the run exits 4 naming the arm, after the JSON).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import GatewayProcess, KeepAliveGet, pct, sponsored_agents  # noqa: E402
+from bench._common import GatewayProcess, KeepAliveGet, finish, pct, sponsored_agents  # noqa: E402
 
 BIG = 2**63
 
@@ -80,24 +81,36 @@ async def probe(port: int, token: str, until: float, out: list[float], failed: l
         c.close()
 
 
+LOST = 599
+"""An honest request that got no answer at all (refused at connect, reset, closed, timed
+out): worse than any status, and checked: a run that loses one exits 4 naming the arm."""
+
+
 async def honest(c: KeepAliveGet, h: httpx.AsyncClient, job_id: int, until: float, lat: list[float],
-                 errors: list[int]) -> None:
+                 errors: list[int], refused: list[int]) -> None:
     rng = random.Random(job_id)
     while time.perf_counter() < until:
         t = time.perf_counter()
         try:
             status, _ = await asyncio.wait_for(c.get(f"/v1/jobs/{job_id}"), 30)
         except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError):
-            status = 599  # no answer at all (refused, reset, timed out): worse than a 5xx
+            status = LOST
             c.close()
             c.reader = c.writer = None
         lat.append((time.perf_counter() - t) * 1000)
         if status >= 500:
             errors.append(status)
+        elif status >= 400:
+            refused.append(status)
         if rng.random() < 0.02:  # an agent's loop submits now and then
-            r = await h.post("/v1/jobs", json={"command": "true", "walltime": "1m"})
-            if r.status_code >= 500:
-                errors.append(r.status_code)
+            try:
+                code = (await h.post("/v1/jobs", json={"command": "true", "walltime": "1m"})).status_code
+            except httpx.TransportError:
+                code = LOST
+            if code >= 500:
+                errors.append(code)
+            elif code >= 400:
+                refused.append(code)
         await asyncio.sleep(0.2)  # an agent's pace: 5 polls a second, 100/s for 20 agents
 
 
@@ -234,6 +247,7 @@ async def arm(gw: GatewayProcess, tokens: list[str], jobs: list[int], hostile_to
     health: list[float] = []
     health_failed: list[int] = []
     errors: list[int] = []
+    refused: list[int] = []
     attacks: dict[str, Any] = {}
     sent, hostile_errors = 0, 0
     # Every client is made before the clock starts, as an agent's session holds one
@@ -256,7 +270,7 @@ async def arm(gw: GatewayProcess, tokens: list[str], jobs: list[int], hostile_to
         await asyncio.sleep(1.0)  # the attackers' bodies built, their connections opening
     until = time.perf_counter() + duration
     try:
-        await asyncio.gather(*(honest(c, h, j, until, lat, errors) for c, h, j in zip(polls, posts, jobs)),
+        await asyncio.gather(*(honest(c, h, j, until, lat, errors, refused) for c, h, j in zip(polls, posts, jobs)),
                              probe(gw.port, gw.token, until, health, health_failed))
         if proc is not None and unauth:
             attacks = await asyncio.to_thread(out.get, True, 300)
@@ -272,6 +286,7 @@ async def arm(gw: GatewayProcess, tokens: list[str], jobs: list[int], hostile_to
     return {"status_p50_ms": round(pct(lat, 50), 2), "status_p99_ms": round(pct(lat, 99), 2),
             "healthz_p99_ms": round(pct(health, 99), 2), "polls": len(lat), "hostile_requests": sent,
             "server_errors": len(errors) + hostile_errors, "healthz_failed": len(health_failed),
+            "honest_lost": errors.count(LOST), "honest_refused": len(refused),
             **({"attacks": attacks} if unauth else {})}
 
 
@@ -315,6 +330,8 @@ def run_all(duration: float, pythonpath: str | None) -> dict[str, Any]:
             "healthz_p99_ms_quiet": quiet["healthz_p99_ms"], "healthz_p99_ms_hostile": loud["healthz_p99_ms"],
             "healthz_p99_ms_unauth": unauth["healthz_p99_ms"], "hostile_requests": loud["hostile_requests"],
             "server_errors": quiet["server_errors"] + loud["server_errors"] + unauth["server_errors"],
+            "honest_lost_quiet": quiet["honest_lost"], "honest_lost_hostile": loud["honest_lost"],
+            "honest_lost_unauth": unauth["honest_lost"],
             "rss_mb_after": rss_mb, "quiet": quiet, "hostile": loud, "unauth": unauth}
 
 
@@ -336,8 +353,17 @@ def main() -> None:
               f"under {r['hostile_requests']} hostile requests (x{r['ratio']}), {r['honest_p99_ms_unauth']} ms "
               f"under unauthenticated attackers (x{r['unauth_ratio']}); /healthz p99 {r['healthz_p99_ms_quiet']} / "
               f"{r['healthz_p99_ms_hostile']} / {r['healthz_p99_ms_unauth']} ms; 5xx: {r['server_errors']}; "
-              f"attacks answered: {r['unauth'].get('attacks')}")
-    print(json.dumps(out))
+              f"honest requests lost (no answer) {r['honest_lost_quiet']} / {r['honest_lost_hostile']} / "
+              f"{r['honest_lost_unauth']}; attacks answered: {r['unauth'].get('attacks')}")
+    lost = [arm for arm in ARMS if out[arm]["honest_lost"]]
+    finish("hostile", out, {arm: out[arm]["polls"] > 0 for arm in ARMS})
+    if lost:
+        print("bench/hostile.py: honest requests lost (no answer) in "
+              + ", ".join(f"{arm} ({out[arm]['honest_lost']})" for arm in lost), file=sys.stderr)
+        raise SystemExit(4)
+
+
+ARMS = ("quiet", "hostile", "unauth")
 
 
 if __name__ == "__main__":

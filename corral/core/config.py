@@ -194,7 +194,10 @@ class HttpSettings(_Part):
     body_timeout_s: float = Field(30.0, gt=0, le=3600, description="A request's body must arrive within this many seconds of its headers (408).")
     keep_alive_s: float = Field(5.0, gt=0, le=3600, description="An idle keep-alive connection is closed after this many seconds.")
     max_connections: int = Field(1024, ge=16, description="Most connections open at once (503 past it); the gateway raises its open-file limit to fit.")
-    max_connections_per_client: int = Field(128, ge=1, description="Most connections open at once from one address (429 past it). Behind a proxy every client has its address: raise it there.")
+    max_connections_per_client: int = Field(128, ge=1, description="Most connections open at once from one network (a /24, a /64, all of loopback as one; 429 past it). Behind a proxy every client has its address: raise it there.")
+    max_unauthenticated_connections: int = Field(256, ge=1, description="Most connections open at once on which no request has authenticated yet (503 past it): the share a flood without a token can hold. Past it, or past any cap, the oldest such connection serving no request is answered and closed for the new one; a connection that has authenticated never is.")
+    max_unauthenticated_connections_per_client: int = Field(64, ge=1, description="Most connections from one network on which no request has authenticated yet (429 past it): what a flood from a login node can hold beside its honest agents.")
+    max_connections_per_principal: int = Field(64, ge=1, description="Most connections one principal's token keeps from being closed for others; its connections past it count as unauthenticated.")
 
 
 PARTS: dict[str, type[_Part]] = {"fastlane": FastLaneSettings, "slurm": SlurmSettings, "memory": MemorySettings,

@@ -23,6 +23,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from corral.core.errors import CorralError, Forbidden, NotFound, Unauthenticated
 from corral.core.principals import Caller, Kind
 from corral.edges.dashboard.board import Board
+from corral.edges.http.connections import authenticated
 
 if TYPE_CHECKING:
     from corral.gateway.service import Service
@@ -105,7 +106,9 @@ def mount(app: FastAPI, service: "Service") -> Board:
         token = logins.token(request.cookies.get(COOKIE))
         if token is None:
             raise Unauthenticated("sign in with your corral token")
-        return person(token)
+        caller = person(token)
+        authenticated(request.scope, caller.principal.name)
+        return caller
 
     def refused(e: CorralError) -> HTMLResponse:
         return page("login.html", e.status, error=e.message + (f" ({e.hint})" if e.hint else ""))

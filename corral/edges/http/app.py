@@ -21,6 +21,7 @@ from corral.edges.http.routes import add_routes
 from corral.edges.schemas import HealthOut
 from corral.core.errors import CorralError, RateLimited, Restarting, describe_validation, storage_full
 from corral.edges.http.body import parse_body
+from corral.edges.http.connections import authenticated
 from corral.edges.mcp.gate import RequireToken, anonymous_endpoint
 from corral.core.principals import Caller, bearer_token
 from corral.gateway.service import Service
@@ -168,9 +169,10 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         route = request.scope.get("route")
         requests.labels("http", route.name if route is not None else "other").inc()
         checked = request.scope.get("corral.caller")  # a large body's token, checked before it was parsed
-        if checked is not None:
-            return checked
-        return service.authenticate(bearer_token(headers.get("authorization")), headers.get("x-corral-session"))
+        if checked is None:
+            checked = service.authenticate(bearer_token(headers.get("authorization")), headers.get("x-corral-session"))
+        authenticated(request.scope, checked.principal.name)  # its connection is kept (edges/http/connections.py)
+        return checked
 
     # Every verb's route, from the table (corral/edges/verbs.py), the hot reads first.
     add_routes(app, service, caller, ok)

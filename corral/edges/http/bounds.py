@@ -10,14 +10,18 @@ front of it, enforced while the bytes arrive and before any application code run
   of it is read, or as it streams when chunked (413), and complete within
   ``body_timeout_s`` of the head (408);
 - at most ``max_connections`` open connections and ``max_connections_per_client`` from
-  one *network* (``client_group``: a /24 for IPv4, a /64 for IPv6, every loopback address
-  as one), counted at accept. When a new connection finds its network's or the gateway's
-  count full, the oldest connection that is not serving a request (idle between
-  requests, or its request still arriving) is closed for it (from its own network, or from the
-  network holding the most); a connection whose request is being served is never closed
-  this way. Only when none can be closed is the new one refused (429, or 503 in all).
+  one *network* (a /24 for IPv4, a /64 for IPv6, every loopback address as one), of
+  which at most ``max_unauthenticated_connections`` and
+  ``max_unauthenticated_connections_per_client`` before a request on them has
+  authenticated (corral/edges/http/connections.py). When a count is full, the oldest
+  unauthenticated connection serving no request is answered (429 or 503) and closed for
+  the new one; one that has authenticated (the application says so through the ASGI
+  scope: ``connections.authenticated``), or whose request is being served, never is.
+  Only when none can be closed is the new one refused, with the same answer.
   (H4 report, F14: counted per exact address, 128 connections from each of ten loopback
-  addresses left an honest client 503.)
+  addresses left an honest client 503. Issue 47: a slowloris from loopback closed the
+  login node's honest agents' idle keep-alive connections, and the connections closed
+  for others went without a word.)
 
 Every refusal is one small JSON response in corral's error shape, then the connection is
 closed: a refused client costs a few microseconds, whatever it sends. (uvicorn's own
@@ -27,15 +31,15 @@ httptools protocol has no head bound at all: a 256 MB header stalled the loop 13
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
-from typing import Any
+from typing import Any, cast
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from corral.core.config import HttpSettings
+from corral.edges.http.connections import CONNECTION, Answer, Ledger, on_loop
 
 log = logging.getLogger(__name__)
 
@@ -68,40 +72,9 @@ def body_limit(limits: HttpSettings, path: str) -> int:
     return limits.max_batch_body_bytes if path == "/v1/jobs/batch" else limits.max_body_bytes
 
 
-def client_group(peer: str) -> str:
-    """The network a client address is counted in: its /24 (IPv4) or /64 (IPv6), and every
-    loopback address as one (anyone on the machine may use any 127.x address, and the
-    gateway's own login-node agents share 127.0.0.1 already). Not an address: itself."""
-    try:
-        ip = ipaddress.ip_address(peer.split("%", 1)[0])
-    except ValueError:
-        return peer
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if ip.is_loopback:
-        return "loopback"
-    bits = 24 if ip.version == 4 else 64
-    return str(ipaddress.ip_network(f"{ip}/{bits}", strict=False))
-
-
 def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
-    """The protocol class for one server: its limits, and its connections per network."""
-    groups: dict[str, dict[Any, None]] = {}
-    """network -> its open connections, oldest first (refused ones, lingering 2 s, are not
-    counted: a flood of refused connections must not fill the gateway for everyone else)."""
-    accepted = [0]
-
-    def shed(group: str | None) -> bool:
-        """Close the oldest connection serving no request, from ``group`` (None: from the
-        network holding the most); False when every one is serving a request."""
-        names = [group] if group is not None else sorted(groups, key=lambda g: len(groups[g]), reverse=True)
-        for name in names:
-            for conn in groups.get(name, {}):
-                if conn._sheddable():
-                    conn._release()
-                    conn.transport.close()
-                    return True
-        return False
+    """The protocol class for one server: its limits, and the ledger of its connections."""
+    ledger = Ledger(limits)
 
     class Bounded(HttpToolsProtocol):
         _head_bytes = 0
@@ -111,7 +84,6 @@ def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
         _body_limit = 0
         _refusal: bytes | None = None
         _timer: asyncio.TimerHandle | None = None
-        _group: str | None = None
         _received = False
         """The current request has arrived whole (head and body): the gateway is serving it."""
         _lingering = -1
@@ -119,49 +91,43 @@ def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            peer = self.client[0] if self.client else "?"
-            group = client_group(peer)
-            if len(groups.get(group, ())) >= limits.max_connections_per_client and not shed(group):
-                where = "this machine's loopback" if group == "loopback" else group
-                self._refuse(refusal(429, "too_many_connections",
-                                     f"{where} has {limits.max_connections_per_client} connections open to the "
-                                     "gateway, each serving a request: the most one network may",
-                                     "reuse your open connections (keep-alive) instead of opening more; retry when "
-                                     "one has closed", 1))
+            # Refused ones (lingering 2 s) are not counted: a flood of refused connections
+            # must not fill the gateway for everyone else.
+            refused = ledger.admit(self, self.client[0] if self.client else "?")
+            if refused is not None:
+                self._refuse(_answer(refused))
                 return
-            if accepted[0] >= limits.max_connections and not shed(None):
-                self._refuse(refusal(503, "too_many_connections",
-                                     f"the gateway has {limits.max_connections} connections open, each serving a "
-                                     "request: its most", "retry in a few seconds, reusing one connection for many "
-                                     "requests", 2))
-                return
-            self._group = group
-            groups.setdefault(group, {})[self] = None
-            accepted[0] += 1
             self._arm(limits.header_timeout_s)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
-            self._release()
+            ledger.release(self)
             super().connection_lost(exc)
 
-        def _release(self) -> None:
-            """No longer counted (closed, or being closed to make room)."""
-            if self._group is not None:
-                accepted[0] -= 1
-                mine = groups.get(self._group)
-                if mine is not None:
-                    mine.pop(self, None)
-                    if not mine:
-                        del groups[self._group]
-                self._group = None
+        def _authenticated(self, principal: str) -> None:
+            """The application's word that a request on this connection authenticated."""
+            if on_loop(self.loop):
+                ledger.promote(self, principal)
+            else:
+                self.loop.call_soon_threadsafe(ledger.promote, self, principal)
 
         def _sheddable(self) -> bool:
             """Serving no request: idle between requests, or its request still arriving (a
             head or a body sent slowly must not hold a place for 10 or 30 s)."""
-            if self._lingering >= 0:
+            if self._lingering >= 0 or self.pipeline:
                 return False
-            return not self._received or self.cycle is None or self.cycle.response_complete
+            if self.cycle is None or self.cycle.response_complete:
+                return True  # idle, or the next request's head arriving
+            return not self._received and not self._in_head  # its body arriving
+
+        def _shed(self, answer: Answer) -> None:
+            """Closed for a newer connection (the ledger has let it go): the client reads why."""
+            self._unset_keepalive_if_required()  # uvicorn's idle timer would cut the lingering close short
+            response = _answer(answer)
+            if not self._in_head:  # its body was arriving: the application sees a disconnect
+                self._abandon(response)
+                response = self._refusal or b""
+            self._refuse(response)
 
         # -- the bytes as they come --------------------------------------------------
         def data_received(self, data: bytes) -> None:
@@ -208,6 +174,7 @@ def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
         # -- parser callbacks ----------------------------------------------------------
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            cast(dict[str, Any], self.scope)[CONNECTION] = self._authenticated
             self._header_count = 0
             self._received = False
 
@@ -302,3 +269,7 @@ def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
             self._refuse(response)
 
     return Bounded
+
+
+def _answer(answer: Answer) -> bytes:
+    return refusal(answer.status, "too_many_connections", answer.message, answer.hint, answer.retry_after)

@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse
 
 from corral.core.errors import CorralError, Forbidden
 from corral.core.principals import bearer_token, session_holder
+from corral.edges.http.connections import authenticated
 
 if TYPE_CHECKING:
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -86,6 +87,7 @@ class RequireToken:
                 await self.anonymous(scope, receive, send)
                 return
             holder, who = session_holder(caller), caller.principal.name
+            authenticated(scope, who)
             if sid and sid in self.bound and self.bound[sid][0] != holder:
                 raise Forbidden(f"MCP session {sid[:40]} was opened with another token",
                                 hint="open a session of your own (initialize) with your token")
