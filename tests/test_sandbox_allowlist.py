@@ -117,3 +117,44 @@ def test_roots_of_homes_are_never_system_directories(tmp_path) -> None:
     box = Sandbox(frozenset({"agent"}), (), homes=(solo,), home_roots=(Path("/home"),))
     argv = box.wrap("agent", ["true"], "/tmp", root=False)
     assert argv[argv.index(str(solo)) - 1] == "--tmpfs" and argv[argv.index("/home") - 1] == "--tmpfs"
+
+
+@pytest.mark.parametrize("lane", ["batch", "fast"])
+def test_a_venv_under_tmp_is_bound_and_a_link_there_is_never_followed(tmp_path, late, lane) -> None:
+    """The submitter's VIRTUAL_ENV under /tmp is in the job (its private /tmp would hide
+    it); one that is a link, swapped in to reach a hidden home, fails the job saying so
+    and shows nothing of where it leads (bwrap, run by root, would have followed it)."""
+    need_bwrap()
+    need_root()
+    make_late(late)
+    top = Path(tempfile.mkdtemp(prefix="zzvenv-", dir="/tmp"))
+    work = Path(tempfile.mkdtemp(prefix="corral-allow-", dir="/var/tmp"))
+    try:
+        top.chmod(0o755)
+        work.chmod(0o777)
+        venv = top / "venv"
+        (venv / "bin").mkdir(parents=True)
+        (venv / "bin" / "hello").write_text("#!/bin/sh\necho hello from the venv\n")
+        (venv / "bin" / "hello").chmod(0o755)
+        (top / "link").symlink_to(late["home"])
+        with running(tmp_path) as gw:
+            tokens = pair(gw)
+            with gw.http(tokens["bot1"]) as h:
+                def run(env: dict[str, str], command: str) -> tuple[dict, str]:
+                    r = h.post("/v1/jobs", json={"command": command, "workdir": str(work), "walltime": "30s",
+                                                 "lane": lane, "env": env})
+                    assert r.status_code == 201, r.text
+                    job = h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": 60}).json()
+                    out = h.get(f"/v1/jobs/{job['id']}/output").json()["data"]
+                    return job, out
+
+                job, out = run({"VIRTUAL_ENV": str(venv), "PATH": f"{venv}/bin:/usr/bin:/bin"}, "hello")
+                assert job["state"] == "COMPLETED" and out == "hello from the venv\n", (job, out)
+                link = str(top / "link")
+                job, out = run({"VIRTUAL_ENV": link}, f"ls -A {link}; cat {link}/secret")
+        assert SECRET not in out and "secret" not in out, out
+        assert job["state"] == "FAILED", job
+        assert "without following a link" in (job.get("reason") or ""), job
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)

@@ -294,7 +294,8 @@ class Sandbox:
         if not v or not os.path.isabs(v):
             return None
         p = Path(os.path.normpath(v))
-        if p.parent == p or not p.is_relative_to("/tmp") or len(p.parts) < 3 or p.parts[2].startswith("corral-"):
+        ours = {Path(JOB_DIR), Path(READ_DIR), Path(EGRESS_INSIDE)}  # what the sandbox itself makes in its /tmp
+        if not p.is_relative_to("/tmp") or len(p.parts) < 3 or any(p.is_relative_to(o) or o.is_relative_to(p) for o in ours):
             return None
         if any(p.is_relative_to(h) for h in self.hide) or not p.is_dir():
             return None

@@ -49,19 +49,20 @@ def walk(path: str, mode: int = os.O_PATH) -> int:
     return fd
 
 
-def open_dir(path: str, who: Who | None = None) -> int:
+def open_dir(path: str, who: Who | None = None, what: str = "working directory") -> int:
     """``path`` (absolute), a directory -> an ``O_PATH`` descriptor of it, opened one
     component at a time without following a link; as ``who`` when this process is root
-    (None: as this process). Raises ``Changed`` saying what to do."""
+    (None: as this process). Raises ``Changed`` saying what to do; ``what`` names the
+    directory in its words (the job's "working directory", the submitter's "venv")."""
     try:
         if who is None or os.geteuid() != 0 or who[0] == 0:
             return walk(path)
         return _walk_as(path, who)
     except OSError as e:
         if e.errno in (errno.EACCES, errno.EPERM):
-            raise Changed(e.errno, f"its working directory {path} is not reachable by the identity it runs as "
+            raise Changed(e.errno, f"its {what} {path} is not reachable by the identity it runs as "
                                    f"({e.strerror}): a parent is closed to it; pick a directory it may enter") from None
-        raise Changed(e.errno, f"its working directory {path} cannot be opened without following a link "
+        raise Changed(e.errno, f"its {what} {path} cannot be opened without following a link "
                                f"({e.strerror}): it changed since it was checked; submit it again with a "
                                "directory that is not a link and whose parents are not links") from None
 
