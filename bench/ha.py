@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import signal
@@ -32,6 +31,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._common import finish  # noqa: E402
 from tests.conftest import Gateway, drop_scratch, free_port  # noqa: E402
 from tests.pg_env import fresh_database  # noqa: E402
 
@@ -187,6 +187,8 @@ async def measured(url: str, gws: list[Gateway], urls: list[str], token: str, id
     per_s = await rate(urls, token, ids, seconds, work)
     g1, s1 = cpu_s(gpids), cpu_s(spids)
     n = per_s * seconds
+    if not n:  # no request answered: no cost per request
+        return per_s, float("nan"), float("nan")
     return per_s, round((g1 - g0) * 1000 / n, 2), round((s1 - s0) * 1000 / n, 2)
 
 
@@ -197,7 +199,7 @@ def metric(gw: Gateway, prefix: str) -> float:
     return 0.0
 
 
-async def polls_per_tick(gws: list[Gateway], token: str, work: Path) -> float:
+async def polls_per_tick(gws: list[Gateway], token: str, work: Path, window: float = 4.0) -> float | None:
     """Scheduler status calls, summed over every replica, per tick of the leader's reconciler."""
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
         for _ in range(2):  # active jobs: each tick asks the scheduler
@@ -207,10 +209,10 @@ async def polls_per_tick(gws: list[Gateway], token: str, work: Path) -> float:
     await asyncio.sleep(1)
     calls = '_total{op="status"}'
     before = sum(metric(g, "corral_backend_calls" + calls) for g in gws), metric(lead, "corral_reconcile_ticks_total")
-    await asyncio.sleep(4)
+    await asyncio.sleep(window)
     after = sum(metric(g, "corral_backend_calls" + calls) for g in gws), metric(lead, "corral_reconcile_ticks_total")
     ticks = after[1] - before[1]
-    return round((after[0] - before[0]) / ticks, 2) if ticks else float("nan")
+    return round((after[0] - before[0]) / ticks, 2) if ticks else None
 
 
 async def main_async(a: argparse.Namespace, url: str, root: Path) -> dict[str, Any]:
@@ -221,8 +223,8 @@ async def main_async(a: argparse.Namespace, url: str, root: Path) -> dict[str, A
     runs.chmod(0o777)
     gws = [Gateway(home, free_port(), extra_env={"CORRAL_STORE__URL": url}, cpus=4) for _ in range(a.replicas)]
     try:
-        for g in gws:
-            g.start()
+        gws[0].start()  # the home and the store made once; the other replicas join them together
+        await asyncio.gather(*(asyncio.to_thread(g.start) for g in gws[1:]))
         token = gws[0].admin_token
         acked: dict[str, int] = {}
         failovers: list[float] = []
@@ -240,7 +242,7 @@ async def main_async(a: argparse.Namespace, url: str, root: Path) -> dict[str, A
         for g in gws:  # every replica back before the steady figures
             if g.proc is None or g.proc.poll() is not None:
                 g.start()
-        await asyncio.sleep(5)  # the restarted replicas' start-up work over: the rates measure requests only
+        await asyncio.sleep(a.settle)  # the restarted replicas' start-up work over: the rates measure requests only
         ran = {p.name: len(p.read_text().split()) for p in runs.iterdir()}
         lost = sum(1 for k in acked if states[k] != "COMPLETED" or ran.get(k, 0) == 0)
         duplicated = sum(1 for n in ran.values() if n > 1)
@@ -249,9 +251,9 @@ async def main_async(a: argparse.Namespace, url: str, root: Path) -> dict[str, A
         s3, s_gw, s_pg = await measured(url, gws, [g.url for g in gws], token, ids, a.seconds)
         w1, _, _ = await measured(url, gws, [gws[0].url], token, ids, a.seconds, work)
         w3, w_gw, w_pg = await measured(url, gws, [g.url for g in gws], token, ids, a.seconds, work)
-        ppt = await polls_per_tick(gws, token, work)
+        ppt = await polls_per_tick(gws, token, work, 2.0 if a.quick else 4.0)
         verify = gws[0].cli("audit", "verify")
-        return {"replicas": a.replicas, "agents": a.agents, "jobs": len(acked), "seconds": round(took, 1),
+        return {"replicas": a.replicas, "agents": a.agents, "jobs": len(acked), "ran": len(ran), "seconds": round(took, 1),
                 "kills": kills, "failover_p50_s": round(statistics.median(failovers), 2) if failovers else None,
                 "failover_max_s": round(max(failovers), 2) if failovers else None, "lost": lost,
                 "duplicated": duplicated, "audit_ok": verify.returncode == 0,
@@ -267,17 +269,26 @@ async def main_async(a: argparse.Namespace, url: str, root: Path) -> dict[str, A
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="2 jobs per agent, 2 leader kills, 2 s per rate")
+    ap.add_argument("--quick", action="store_true", help="10 agents, 2 jobs each, 1 leader kill (and the follower's), "
+                                                          "1 s per rate, 2 s to settle and to count polls")
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--agents", type=int, default=100)
     a = ap.parse_args()
-    a.jobs, a.kills, a.seconds = (2, 2, 2.0) if a.quick else (5, 5, 5.0)
+    a.jobs, a.kills, a.seconds, a.settle = (2, 1, 1.0, 2.0) if a.quick else (5, 5, 5.0, 5.0)
+    if a.quick:
+        a.agents = min(a.agents, 10)
     with fresh_database() as url, tempfile.TemporaryDirectory(prefix="corral-ha-") as tmp:
         Path(tmp).chmod(0o755)
         result = asyncio.run(main_async(a, url, Path(tmp)))
     for k, v in result.items():
         print(f"{k:22} {v}")
-    print(json.dumps(result))
+    # The leader was killed and another took over; jobs were acknowledged and ran (lost
+    # and duplicated count over them); every rate answered requests; the leader ticked.
+    finish("ha", result, {"failover": result["kills"] > 0 and result["failover_p50_s"] is not None,
+                          "jobs": result["jobs"] > 0 and result["ran"] > 0,
+                          **{k: result[k] > 0 for k in ("status_req_per_s_1", "status_req_per_s_3",
+                                                        "submit_req_per_s_1", "submit_req_per_s_3")},
+                          "slurm_polls_per_tick": result["slurm_polls_per_tick"] is not None})
 
 
 if __name__ == "__main__":
