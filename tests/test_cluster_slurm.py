@@ -385,7 +385,7 @@ def test_a_fast_lane_pool_holds_allocations_on_several_nodes(cluster: str, tmp_p
     c1 full is one of the 8-CPU nodes: Slurm can place the two allocations only on
     different nodes. Tasks run on both at once (the workers on c1..c4 reach the pool's
     scheduler from their own namespaces), each under its node's name; other hosts reach
-    only the pool's TLS listeners; a cancel reaches a running task on each node; every
+    only the pool's TLS listener, and the workers listen nowhere; a cancel reaches a running task on each node; every
     other task completes once with its own output; the idle pool gives both allocations
     back."""
     burst = 320  # 320 s of work as the pool reckons an unknown task (1 s each): 10 s on c1, longer than a node takes to join
@@ -421,17 +421,17 @@ def test_a_fast_lane_pool_holds_allocations_on_several_nodes(cluster: str, tmp_p
             assert len(held) == 2 and {s[1] for s in held} == {"RUNNING"}, held
             nodes = {s[2] for s in held}
             assert len(nodes) == 2 and nodes <= {"c1", "c2", "c3", "c4"}, held
-            # Other hosts reach only the pool's TLS: the scheduler's port in the gateway, each
-            # worker's own on its node (Dask's unauthenticated diagnostics HTTP listened too,
+            # Other hosts reach only the pool's TLS listener in the gateway; a worker listens
+            # nowhere, it opens its one connection to that listener (under Dask each worker
+            # had a listener of its own, and Dask's unauthenticated diagnostics HTTP listened
             # beside both: the pool's workers, their addresses and logs, to anyone)
             scheduler = {int(re.search(r"--scheduler \S+:(\d+) ", job(gw, p["id"])["spec"]["command"])[1])
                          for p in pilots}
             assert gw.proc is not None and open_ports(gw.proc.pid) == scheduler, (open_ports(gw.proc.pid), scheduler)
             workers = fast_workers(gw.home)
-            assert len(workers) == 2 and [len(open_ports(w)) for w in workers] == [1, 1], \
+            assert len(workers) == 2 and [len(open_ports(w)) for w in workers] == [0, 0], \
                 [(w, open_ports(w)) for w in workers]
-            # A cancel reaches a running task on each node: the gateway's side of the pool
-            # connects to every worker (Dask's scheduler to the worker's own listener).
+            # A cancel reaches a running task on each node, over its worker's own connection.
             started = until("tasks started on both nodes", lambda: (st := started_on(agent_dir, burst))
                             and set(st.values()) == nodes and st, 30)
             cancelled = {n: next(i for i, m in started.items() if m == n) for n in nodes}

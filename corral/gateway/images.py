@@ -45,7 +45,7 @@ from corral.storage.build import sha256_file
 
 from corral.control.intake import SERVICE_RULE
 from corral.control.sender import context
-from corral.core import paths
+from corral.core import interp
 
 if TYPE_CHECKING:
     from corral.control.intake import Intake
@@ -61,8 +61,6 @@ MAX_FILE = 1024 * 1024
 TLS_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR", "https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY")
 """The gateway's TLS and proxy settings, which an uncontained build job needs to reach the
 index (a contained one has only its sandbox's way out, and keeps the certificates)."""
-CODE = str(paths.CODE_ROOT)
-"""Where this gateway's corral package lies: the pack job runs the same code."""
 _NAME = re.compile(NAME)
 _PROGRESS = re.compile(r"^corral-progress (\d+)/(\d+) (.*)$", re.M)
 _ERROR = re.compile(r"^corral-error: (.*)$", re.M)
@@ -196,11 +194,11 @@ class Images:
         # install as the requester's (allowed by the env.build verb's decision), the pack as corral's.
         with self.db.transaction():
             staged = self.intake.record(caller, [(self.lanes.batch.name, first)], rule)[0]
-            # -P: nothing from the working directory on sys.path, for a program run as root
-            pack = JobSpec(command=f"exec {sys.executable} -P -m corral.storage.build {path}", cpus=s.build_cpus,
-                           memory=s.build_memory_mb, walltime=s.build_walltime_s, lane=BATCH,
-                           name=f"envbuild-{digest[:12]}", labels={"corral-envbuild": digest}, after_ok=[staged.id],
-                           env={"PYTHONPATH": CODE})  # this gateway's own corral, whatever the job's Python finds first
+            # Isolated (-I), for a program run as root: nothing from its working directory or
+            # PYTHON* variables; this gateway's own corral, named in argv (core/interp.py).
+            pack = JobSpec(command=f"exec {interp.module_command('corral.storage.build', str(path))}",
+                           cpus=s.build_cpus, memory=s.build_memory_mb, walltime=s.build_walltime_s, lane=BATCH,
+                           name=f"envbuild-{digest[:12]}", labels={"corral-envbuild": digest}, after_ok=[staged.id])
             job = self.intake.record(me, [(self.lanes.batch.name, pack)], SERVICE_RULE)[0]
         self.store.request_building(digest, job.id, name, caller.principal.name)
         await self.intake.send([(staged, context(staged, caller.principal)), (job, context(job, me.principal))])

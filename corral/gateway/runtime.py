@@ -314,7 +314,7 @@ class Runtime:
             await settle([lead], 1.0)
         s = self.service
         s.gate.close()
-        # Allocations are released first; Dask's own close must not hold the exit.
+        # Allocations are released first; a lane's close must not hold the exit.
         await settle([asyncio.create_task(lane.close(), name=f"lane-{lane.name}-close") for lane in s.lanes], 4.0,
                      cancel=False)
         if s.egress is not None:

@@ -23,14 +23,13 @@ import os
 import socket
 from signal import SIGUSR1
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from corral.core import proc
+from corral.core import interp, proc
 from corral.sandbox import host as sandbox_host, opendir
 from corral.storage import META_LABEL, meta
 from corral.core.errors import InvalidRequest
@@ -462,7 +461,7 @@ class LocalBackend:
             self._running[bid] = _Running(cpus, memory_mb, None, seen=time.monotonic())
             return
         child = proc.spawn(
-            [sys.executable, "-m", "corral.lanes.local_runner", str(d)],
+            interp.module_argv("corral.lanes.local_runner", str(d)),  # isolated: it runs as root
             cwd=d, stdout=d / "runner.log", stderr=d / "runner.log",
         )
         # Written before the supervisor's own running.json exists, so a restart in

@@ -34,12 +34,11 @@ import os
 import select
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from corral.core import proc
+from corral.core import interp, proc
 from corral.core.errors import BackendError
 from corral.sandbox.relay import READY, Shares, bridge
 
@@ -73,8 +72,8 @@ class Egress:
         self.socket = directory / "proxy.sock"
         self.socket.unlink(missing_ok=True)
         self._proc: subprocess.Popen[bytes] | None = proc.spawn(
-            [sys.executable, "-m", "corral.sandbox.egress", "--socket", str(self.socket), "--allow", ",".join(self.allow),
-             *(["--listen", listen] if listen else [])],
+            interp.module_argv("corral.sandbox.egress", "--socket", str(self.socket), "--allow", ",".join(self.allow),
+                               *(["--listen", listen] if listen else [])),
             stderr=directory / "proxy.log")
         deadline = time.monotonic() + 20
         while not self.socket.exists() or (listen and not _answers(listen)):
@@ -150,8 +149,9 @@ class Relay:
             drop = ["--uid", str(pw.pw_uid), "--gid", str(pw.pw_gid)]
         else:
             self.dir.chmod(0o711)
+        # Isolated: a worker starts it in its own working directory (/tmp on the local backend).
         self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-            [sys.executable, "-m", "corral.sandbox.relay", str(self.socket), listen, *drop],
+            interp.module_argv("corral.sandbox.relay", str(self.socket), listen, *drop),
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.pid = self._proc.pid
         # Ready once it says so, as its user (its socket is there before: bound as root).

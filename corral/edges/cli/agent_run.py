@@ -71,7 +71,8 @@ def start_helper(root: Path) -> tuple[subprocess.Popen[bytes] | None, str | None
     sock = root / "shim.sock"
     code = (f"import sys; sys.path.insert(0, {str(paths.CODE_ROOT)!r}); "
             f"from corral.edges.shims.helper import serve; serve({str(sock)!r})")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    # Isolated (-I): started in the agent's working directory, which others may write.
+    proc = subprocess.Popen([sys.executable, "-I", "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and proc.poll() is None:

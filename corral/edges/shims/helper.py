@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-LAUNCHER = r'''#!{python} -S
+LAUNCHER = r'''#!{python} -IS
 # corral's Slurm shim launcher (corral/edges/shims/helper.py): the resident helper runs the
 # command; this process imports only _socket. Written by corral agent run.
 import os, sys

@@ -51,10 +51,11 @@ static void in_python(int argc, char **argv, const char *name) {
     static const char code[] =
         "import sys; sys.path.insert(0, sys.argv.pop(1)); from corral.edges.shims import dispatch; "
         "sys.exit(dispatch(sys.argv[1], sys.argv[2:]))";
-    char **av = calloc((size_t)argc + 6, sizeof *av);
+    char **av = calloc((size_t)argc + 7, sizeof *av);
     if (!av) exit(1);
     int k = 0;
     av[k++] = CORRAL_PYTHON;
+    av[k++] = "-I"; /* isolated: nothing from the caller's directory (others may write it) or PYTHON* */
     av[k++] = "-S";
     av[k++] = "-c";
     av[k++] = (char *)code;

@@ -9,8 +9,9 @@ fast when it fits and the pool's breaker is closed, else batch.
 
 Isolation: a pool belongs to one (Unix user, account, partition). A principal's task
 goes to the pool of *its* user and account (agents inherit their sponsor's), so two
-principals share allocations only when they share both. Each pool has its own Dask
-scheduler with its own TLS certificate, written 0600 for the pool's user only.
+principals share allocations only when they share both. Each pool has its own
+listener in the gateway and its own CA, whose key is never written: the pool's user
+holds a worker certificate it issued, nothing more (trust.py, decision 0040).
 
 Backend ids are ``fast:<pool slug>:<job id>``: the pool's directory is in the id, so
 outputs and journals are found again after a restart.
@@ -33,7 +34,7 @@ from corral.core.errors import InvalidRequest, NotFound
 from corral.core.jobs import JobSpec, format_duration
 from corral.lanes.registry import AUTO, BATCH, FAST, BackendLane, Sent
 from corral.core.principals import PILOT_PRINCIPAL, Principal
-from corral.lanes.fast import launcher
+from corral.lanes.fast import launcher, trust
 from corral.lanes.slurm import reach
 from corral.lanes.fast.pool import Allocations, Pool, PoolConfig, PoolKey, Reports, Shape, Task
 
@@ -75,8 +76,6 @@ class FastLane:
     def __init__(self, settings: FastLaneSettings, default_dir: Path, default_lane: str, tick_s: float,
                  db: "Database", batch: BackendLane, allocations: Allocations, reports: Reports,
                  sandbox: "Sandbox | None" = None, identities: "Identities | None" = None) -> None:
-        # Dask logs every worker and client at INFO: the gateway's log is for its operators.
-        logging.getLogger("distributed").setLevel(logging.WARNING)
         self.settings = settings
         self.identities = identities
         """Who a contained task runs as (corral/core/identity.py): the same identity on every lane."""
@@ -91,8 +90,8 @@ class FastLane:
         self._env = base_env()
         self._envs: dict[tuple[Any, ...], dict[str, str]] = {}
         self.sandbox = sandbox
-        """Contains the tasks of the kinds it names; a pool writes it beside itself
-        (``launcher.SANDBOX_FILE``) for its workers, which wrap each task."""
+        """Contains the tasks of the kinds it names; a pool writes it with its workers'
+        files (``trust.SANDBOX_FILE``), for them to wrap each task."""
 
     # -- routing --------------------------------------------------------------------
     def shape(self, partition: str | None) -> Shape:
@@ -156,10 +155,11 @@ class FastLane:
             directory.mkdir(mode=0o700, exist_ok=True)
             directory.chmod(0o700)
             _give(directory, key.unix_user)
-            if self.sandbox is not None:  # what the pool's workers wrap contained tasks with
-                (directory / launcher.SANDBOX_FILE).write_text(self.sandbox.dumps())
-            _, security = _tls(directory / "tls", key.unix_user)
-            pool = Pool(key, self.shape(key.partition), directory, cfg, self.allocations, self.reports, security)
+            # Its workers' certificate and key, the CA's certificate and the sandbox profile,
+            # in a directory of root's: never in the pool's own, where its user puts links.
+            tls = trust.issue(directory, key.slug, _owner(key.unix_user),
+                              self.sandbox.dumps() if self.sandbox is not None else None)
+            pool = Pool(key, self.shape(key.partition), directory, cfg, self.allocations, self.reports, tls)
             pool.tell = self.db.set_reasons
             self.pools[key] = pool
             task = asyncio.ensure_future(self._start(pool))
@@ -339,15 +339,23 @@ def _scheduler_host(s: FastLaneSettings, backend: str) -> str:
     return "127.0.0.1" if backend == "local" else reach.this_host()
 
 
-def _give(path: Path, unix_user: str | None) -> None:
-    """Hand a pool's files to its Unix user when the gateway runs as root. A user this
-    host does not know (the local backend runs everything as the gateway) keeps root's."""
+def _owner(unix_user: str | None) -> tuple[int, int] | None:
+    """The uid and gid a pool's files are handed to when the gateway runs as root. A user
+    this host does not know (the local backend runs everything as the gateway) keeps root's."""
     if unix_user and os.geteuid() == 0:
         try:
             pw = pwd.getpwnam(unix_user)
         except KeyError:
-            return
-        os.chown(path, pw.pw_uid, pw.pw_gid)
+            return None
+        return pw.pw_uid, pw.pw_gid
+    return None
+
+
+def _give(path: Path, unix_user: str | None) -> None:
+    """Hand the pool's own directory (in root's ``fastlane/``: never a link) to its Unix user."""
+    owner = _owner(unix_user)
+    if owner is not None:
+        os.chown(path, *owner, follow_symlinks=False)
 
 
 def _write_script(path: Path, text: str, unix_user: str | None) -> None:
@@ -369,19 +377,3 @@ def _write_script(path: Path, text: str, unix_user: str | None) -> None:
             except KeyError:
                 return
             os.fchown(fd, pw.pw_uid, pw.pw_gid)
-
-
-def _tls(directory: Path, unix_user: str | None) -> tuple[Path, Any]:
-    """A fresh certificate per pool: only workers holding it (the pool's user) may join."""
-    from distributed.security import Security
-
-    sec = Security.temporary()
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for name, text in (("ca.pem", sec.tls_ca_file), ("cert.pem", sec.tls_worker_cert), ("key.pem", sec.tls_worker_key)):
-        path = directory / name
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        _give(path, unix_user)
-    _give(directory, unix_user)
-    return directory, sec

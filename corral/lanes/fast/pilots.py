@@ -11,7 +11,7 @@ and is polled by the reconciler like any batch job.
 from __future__ import annotations
 
 import contextlib
-import sys
+import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -19,16 +19,21 @@ from corral.core.config import FastLaneSettings
 from corral.core.errors import CorralError
 from corral.core.jobs import Job, JobSpec, JobState
 from corral.core.principals import PILOT_PRINCIPAL, Caller
-from corral.lanes.fast.launcher import SANDBOX_FILE
+from corral.core import interp
+from corral.lanes.fast import trust
 
 from corral.lanes.fast.model import Waiting
 from corral.core.lane_names import BATCH
-from corral.core import paths
 
 if TYPE_CHECKING:
     from corral.core.db import Database
     from corral.lanes.registry import BackendLane
     from corral.lanes.fast.model import Shape, Site
+
+
+log = logging.getLogger("corral.lanes.fast")
+_warned = False
+"""Whether the warning that corral's own directory is open to others was logged."""
 
 
 class Records(Protocol):
@@ -53,15 +58,24 @@ class Pilots:
         self._default: str | None = None
 
     def spec(self, pool: "Site", sh: "Shape") -> JobSpec:
-        cmd = (f"exec {self.settings.python or sys.executable} -m corral.lanes.fast.worker "
-               f"--scheduler {pool.address} --cpus {sh.cpus} --memory-mb {sh.memory_mb} --gpus {sh.gpus} "
-               f"--name alloc-$CORRAL_JOB_ID --tls-dir {pool.dir / 'tls'}")
-        if (pool.dir / SANDBOX_FILE).exists():
-            cmd += f" --sandbox {pool.dir / SANDBOX_FILE}"
-        # The gateway's own Python runs the gateway's own corral: a worker speaks its pool's
-        # protocol (the launcher's specs and events), whatever else that Python would import.
-        env = {} if self.settings.python else {"PYTHONPATH": str(paths.CODE_ROOT)}
-        return JobSpec(command=cmd, env=env, cpus=sh.cpus, memory=sh.memory_mb, gpus=sh.gpus, walltime=sh.walltime_s,
+        files = trust.files_of(pool.dir)
+        args = ["--scheduler", pool.address, "--cpus", str(sh.cpus), "--memory-mb", str(sh.memory_mb),
+                "--gpus", str(sh.gpus), "--tls-dir", str(files)]
+        if (files / trust.SANDBOX_FILE).exists():
+            args += ["--sandbox", str(files / trust.SANDBOX_FILE)]
+        # Isolated (-I): it starts where its job starts (/tmp on the local backend) and
+        # imports nothing from there, from PYTHONPATH or from its user's site. The gateway's
+        # own Python runs the gateway's own corral, named in argv (interp.py): a worker
+        # speaks its pool's protocol, whatever else that Python would import.
+        cmd = f"exec {interp.module_command('corral.lanes.fast.worker', *args, python=self.settings.python)}" \
+              " --name alloc-$CORRAL_JOB_ID"
+        global _warned
+        if not self.settings.python and not _warned and (open_to := interp.unsafe()) is not None:
+            _warned = True
+            log.warning("fast-lane workers import corral from %s, and users other than its owner and root may "
+                        "write %s: install corral where only root writes, or set [fastlane] python",
+                        interp.CODE_ROOT, open_to)
+        return JobSpec(command=cmd, cpus=sh.cpus, memory=sh.memory_mb, gpus=sh.gpus, walltime=sh.walltime_s,
                        partition=pool.key.partition, name=f"pool-{pool.key.slug}"[:64], lane=BATCH,
                        labels={"corral-fastlane-pool": pool.key.slug})
 

@@ -1,17 +1,17 @@
 """One fast-lane pool: warm allocations of one Unix user and account on one partition,
-with one Dask scheduler that only that pool's workers join.
+with one listener (in the gateway) that only that pool's workers join.
 
-    tasks ─enqueue─▶ pending ─dispatch (each worker ≤ HOLD_S of work per slot)─▶ Dask scheduler
+    tasks ─enqueue─▶ pending ─dispatch (each worker ≤ HOLD_S of work per slot)─▶ the pool's listener
                                                                                   │
     allocation (a pilot job: corral.lanes.fast.worker) ◀────── batches ─────────────┘
-         └─ launcher runs each task as a process ─▶ starts, outcomes (pushed as events)
+         └─ launcher runs each task as a process ─▶ starts, outcomes (pushed as reports)
                                                      ─▶ the service records them
 
 The pool composes four parts: its queue of waiting tasks (queue.py), the scaling
 strategy that reads the pool's state and answers when to grow, how big, what to give
 back or release (scaling.py), the circuit breaker that turns the pool off after
 allocations fail to start (breaker.py), each tested alone, and the engine (engine.py:
-the Dask scheduler and the gateway's client). Records and ports: model.py. What stays
+the listener its workers join, and what crosses it: wire.py). Records and ports: model.py. What stays
 here is what ties them: placing batches on workers, hearing outcomes, salvaging lost
 batches, and acting on the strategy's answers.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -28,7 +29,7 @@ from corral.core.jobs import JobState
 from corral.lanes.fast import launcher, scaling, trace
 from corral.lanes.fast.breaker import Breaker
 from corral.lanes.fast.demand import HOLD_S, Demand
-from corral.lanes.fast.engine import Engine
+from corral.lanes.fast.engine import Engine, Lost
 from corral.lanes.fast.model import Allocation, Allocations, PoolConfig, PoolKey, Reports, Shape, Task, Waiting
 from corral.lanes.fast.queue import TaskQueue, salvage
 
@@ -40,10 +41,10 @@ MAX_BATCH = 512
 
 class Pool:
     def __init__(self, key: PoolKey, shape: Shape, directory: Path, cfg: PoolConfig, allocations: Allocations,
-                 reports: Reports, security: Any = None) -> None:
+                 reports: Reports, tls: ssl.SSLContext | None = None) -> None:
         self.key, self.shape, self.dir, self.cfg = key, shape, directory, cfg
         self.allocations_port, self.reports = allocations, reports
-        self.engine = Engine(cfg.host, security, key.slug)
+        self.engine = Engine(cfg.host, tls, key.slug)
         self.queue = TaskQueue()
         """Tasks waiting for a worker's room."""
         self.inflight: dict[int, Task] = {}
@@ -64,8 +65,6 @@ class Pool:
         self.allocations: dict[int, Allocation] = {}
         self.breaker = Breaker(cfg.breaker_failures, cfg.breaker_cooldown_s)
         self.last_work = time.monotonic()
-        self._spent: list[Any] = []
-        """Futures of batches already collected, released on the next tick."""
         self._wake = asyncio.Event()
         self.background: set[asyncio.Future[Any]] = set()
         """Every task this pool started: kept (asyncio holds weak references), awaited at close."""
@@ -74,7 +73,7 @@ class Pool:
 
     # -- life ---------------------------------------------------------------------
     async def start(self) -> None:
-        await self.engine.start(self._on_event)
+        await self.engine.start(self._on_report)
         self.keep(asyncio.create_task(self._dispatch_loop(), name=f"fastlane-dispatch-{self.key.slug}"))
 
     def keep(self, task: "asyncio.Future[Any]") -> None:
@@ -117,7 +116,7 @@ class Pool:
         self.known.difference_update(dropped)
         running = [j for j in job_ids if j in self.inflight]
         if running and self.engine.up:
-            self.keep(asyncio.ensure_future(self.engine.kill(running)))
+            self.engine.kill(running)
         return dropped
 
     def dispatch(self) -> None:
@@ -193,13 +192,17 @@ class Pool:
             await asyncio.sleep(0)  # let a burst of submissions land in one round
             self.dispatch()
 
-    def _on_event(self, event: tuple[float, bytes | dict[str, Any]]) -> None:
-        """A worker's push of what started and ended since its last one. Only this pool's
-        tasks still out count: a worker cannot report (or re-report) anything else."""
-        msg = launcher.read_report(event[1])
-        ended = [r for r in msg.get("ended", ()) if r["job_id"] in self.inflight and r["job_id"] not in self.reported]
-        over = {r["job_id"] for r in msg.get("ended", ())}
-        started = {j: t for j, t in msg.get("started", ()) if j in self.inflight and j not in over}
+    def _on_report(self, addr: str, news: dict[int, float], all_ended: list[dict[str, Any]]) -> None:
+        """A worker's push of what started and ended since its last one (as wire.report
+        rebuilt it). Only the tasks sent to that worker and still out count: a worker cannot
+        report (or re-report) anything else."""
+        def sent_there(j: int) -> bool:
+            t = self.inflight.get(j)
+            return t is not None and t.addr == addr
+
+        ended = [r for r in all_ended if sent_there(r["job_id"]) and r["job_id"] not in self.reported]
+        over = {r["job_id"] for r in all_ended}
+        started = {j: t for j, t in news.items() if sent_there(j) and j not in over}
         if started:
             self.reports.started(started)
         if ended:
@@ -220,43 +223,55 @@ class Pool:
             if t is not None and r.get("start") and r.get("end") and r.get("state") in ("COMPLETED", "FAILED"):
                 self.demand.ran(t.spec, max(0.0, r["end"] - r["start"]))
 
-    async def _collect(self, fut: Any, batch: list[Task]) -> None:
-        """A batch came back: record what its worker had not pushed already. Its result
-        is fetched only when something in it was not pushed (a round trip to the worker)."""
-        from distributed import wait
-
+    async def _collect(self, fut: "asyncio.Future[list[dict[str, Any]]]", batch: list[Task]) -> None:
+        """A batch came back: record what its worker had not pushed already (its answer
+        carries only that: wire.py)."""
+        why: str | None = None
+        """Why the worker answered without outcomes (None: it answered, or it is gone)."""
+        gone = False
         try:
-            await wait(fut)
-            results: list[dict[str, Any]] = []
-            if fut.status != "finished" or any(t.job_id not in self.reported for t in batch):
-                results = await fut
+            results = await fut
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # the worker died (KilledWorker) or the batch could not run
-            results = self._salvage([t for t in batch if t.job_id not in self.reported],
-                                    f"{type(e).__name__}: {e}"[:300])
+        except Lost as e:  # the worker is gone: its journal says what ran, the rest may run again
+            gone = True
+            results = self._salvage([t for t in batch if t.job_id not in self.reported], str(e)[:300])
+        except Exception as e:  # it answered, without outcomes (engine.Failed: its word, or what broke)
+            results, why = [], str(e)[:300]
         finally:
-            self._unload(batch)  # what an event did not unload already
+            self._unload(batch)  # what a report did not unload already
             for t in batch:
                 self.inflight.pop(t.job_id, None)
             self.last_work = time.monotonic()
-            # Released together on the next tick: a release just before the next submission
-            # held that submission back by Dask's 10 ms batching of the client's messages.
-            self._spent.append(fut)
         pushed = {t.job_id for t in batch if t.job_id in self.reported}
         self.reported.difference_update(pushed)
         self.known.difference_update(pushed)
-        results = [r for r in results if int(r["job_id"]) not in pushed]
-        heard = pushed | {int(r["job_id"]) for r in results}
+        mine = {t.job_id for t in batch} - pushed
+        results = [r for r in results if r["job_id"] in mine]  # a worker answers for its own batch alone
+        heard = pushed | {r["job_id"] for r in results}
         lost = [t for t in batch if t.job_id not in heard]
-        if lost:  # neither pushed nor returned: what its journal says, as for a lost worker
-            results += self._salvage(lost, "the batch came back without their outcome")
+        if lost and not gone:
+            # The worker is up and answered without these: what its journal says; the rest
+            # fail, never sent again (to the same worker, they would come back the same).
+            results += self._unanswered(lost, why or "its worker answered the batch without their outcome")
         if results:
             self._learn(results)
             self.known.difference_update(int(r["job_id"]) for r in results)
             self.reports.ended(results)
         if self.queue:
             self._wake.set()
+
+    def _unanswered(self, tasks: list[Task], why: str) -> list[dict[str, Any]]:
+        """Tasks a live worker answered for without an outcome: their journaled ends, else FAILED."""
+        journal = launcher.read_journals(self.dir)
+        now = time.time()
+        out = []
+        for t in tasks:
+            rec = journal.get(t.job_id)
+            out.append(rec if rec and rec.get("event") == "ended" else
+                       {"job_id": t.job_id, "state": "FAILED", "exit_code": None, "start": rec and rec.get("start"),
+                        "end": now, "cpu_s": None, "reason": f"{why}; submit it again, or with lane=batch"})
+        return out
 
     def _salvage(self, batch: list[Task], why: str) -> list[dict[str, Any]]:
         """A batch lost with its allocation: keep outcomes its worker journaled, rerun
@@ -271,10 +286,6 @@ class Pool:
     async def maintain(self) -> None:
         """Called every tick: track allocations, scale, give cores back, say what waiting
         tasks wait for, trip or close the breaker."""
-        if self._spent:
-            spent, self._spent = self._spent, []
-            for fut in spent:
-                fut.release()
         up = self.workers_up()
         now = time.time()
         for a in list(self.allocations.values()):
@@ -349,6 +360,7 @@ class Pool:
         addr = self.address_of(a)
         if addr is not None:
             del self._by_name[addr]
+            self.engine.drop(addr)  # a dead node's connection says nothing: its batches are lost now
 
     async def release(self, a: Allocation, why: str) -> None:
         self._forget(a)

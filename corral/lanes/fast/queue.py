@@ -2,7 +2,7 @@
 (seconds of CPU slots, corral/lanes/fast/demand.py), taken out in batches that fit a
 worker's room.
 
-It knows nothing of Dask, allocations' lives or scaling: the pool puts tasks in, takes
+It knows nothing of the engine, allocations' lives or scaling: the pool puts tasks in, takes
 batches out for the workers up (``take``), and gives back what a lost worker never ran
 (``requeue``; ``salvage`` says which). The scaling strategy reads it
 (corral/lanes/fast/scaling.py).

@@ -1,40 +1,38 @@
-"""The program a fast-lane allocation runs: one Dask worker plus the task launcher.
+"""The program a fast-lane allocation runs: the pool's worker, around the task launcher.
 
-    python -m corral.lanes.fast.worker --scheduler tls://HOST:PORT --cpus 32 --memory-mb 64000 \\
-        --gpus 0 --name pool-3-alloc-17 --tls-dir DIR
+    python -I -m corral.lanes.fast.worker --scheduler tls://HOST:PORT --cpus 32 --memory-mb 64000 \\
+        --gpus 0 --name alloc-17 --tls-dir DIR
 
-It connects to its pool's scheduler inside the gateway, runs the batches it is given
-with the allocation's resources, and exits when the scheduler has been gone for
-``--death-timeout`` seconds (a gateway restart ends its pools cleanly).
+It connects to its pool's scheduler inside the gateway (TLS, with the certificate its
+pool's CA issued it: trust.py), says its name, runs the batches it is given with the
+allocation's resources, pushes starts and ends as they happen, and answers each batch
+with the outcomes not pushed yet (wire.py: lines of JSON). It exits, ending its tasks,
+when the scheduler goes (a gateway restart ends its pools cleanly), or when it cannot
+reach it within ``--death-timeout`` seconds of starting.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corral.lanes.fast import launcher
+from corral.lanes.fast import launcher, trust, wire
+from corral.lanes.fast.engine import tune
 
 if TYPE_CHECKING:
     from corral.sandbox.egress import Relay
 
 MIN_THREADS = 16
-"""Fewest batches a worker holds at once (each waits in one thread while the launcher
+"""Fewest batches a worker runs at once (each waits in one thread while the launcher
 runs it): the batches of a burst from ten agents, on the smallest allocation."""
-
-
-def security(tls_dir: Path | None) -> Any:
-    if tls_dir is None:
-        return None
-    from distributed.security import Security
-
-    return Security(tls_ca_file=str(tls_dir / "ca.pem"), tls_worker_cert=str(tls_dir / "cert.pem"),
-                    tls_worker_key=str(tls_dir / "key.pem"), require_encryption=True)
 
 
 _relays: list["Relay"] = []
@@ -42,17 +40,6 @@ _relays: list["Relay"] = []
 
 
 async def run(a: argparse.Namespace) -> None:
-    import dask
-    from distributed import Worker
-
-    # The worker's sampling profiler walks every thread's stack 100 times a second:
-    # measured, that doubled the worker's CPU per task. Off, as are its other monitors.
-    # No HTTP routes, and its server (Dask always starts one) on the node's loopback: it
-    # answered /metrics and /health to anyone on the cluster's network, on 0.0.0.0.
-    dask.config.set({"distributed.worker.profile.enabled": False,
-                     "distributed.admin.system-monitor.interval": "10s",
-                     "distributed.worker.http.routes": []})
-
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     gpus = visible.split(",") if visible else [str(i) for i in range(a.gpus)]
     sandbox = None
@@ -73,18 +60,59 @@ async def run(a: argparse.Namespace) -> None:
         _relays.append(relay)
         sandbox = replace(sandbox, egress=str(relay.socket))
     launcher.configure(launcher.Slots(a.cpus, a.memory_mb, gpus[: a.gpus]), sandbox)
+    reader, writer = await connect(a.scheduler, a.tls_dir, a.death_timeout)
+    tune(writer.get_extra_info("socket"))
+    loop = asyncio.get_running_loop()
+    writer.write(wire.line({"op": "hello", "name": a.name}))
+    # Starts and outcomes go to the gateway as they happen, from the launcher's thread, in
+    # order with the answers below (both reach the loop through call_soon_threadsafe):
+    # a batch's answer never overtakes the report that carried its outcomes.
+    def push(msg: bytes) -> None:
+        loop.call_soon_threadsafe(writer.write, msg)
+
+    launcher.report_to(push)
     # A thread only waits for its batch in the launcher, which runs every batch at once:
     # a batch queued for a thread behind others waited ~0.7 s of a 1,000-task burst on a
     # 4-CPU allocation with 4 threads (bench/fast_lane.py --trace), so never fewer than
-    # MIN_THREADS. But measured before: more threads than CPUs cost the worker CPU (GIL
-    # hand-offs as they wake) without starting tasks sooner, when batches are small.
-    async with Worker(a.scheduler, nthreads=max(MIN_THREADS, min(a.cpus, 64)), name=a.name, death_timeout=a.death_timeout,
-                      dashboard=False, dashboard_address="127.0.0.1:0", security=security(a.tls_dir),
-                      memory_limit=0) as w:
-        # Starts and outcomes go to the gateway as they happen, over the worker's own
-        # connection (Dask's events), not only when a whole batch has returned.
-        launcher.report_to(lambda msg: w.log_event(launcher.TOPIC, msg))
-        await w.finished()
+    # MIN_THREADS.
+    threads = ThreadPoolExecutor(max(MIN_THREADS, min(a.cpus, 64)), thread_name_prefix="corral-batch")
+    held: set[asyncio.Future[None]] = set()
+
+    async def answer(n: int, specs: list[dict[str, Any]]) -> None:
+        try:
+            results = await loop.run_in_executor(threads, launcher.run_batch, specs)
+            out = wire.line({"op": "done", "batch": n, "results": results})
+        except Exception as e:  # its tasks fail with this reason at the gateway
+            out = wire.line({"op": "done", "batch": n, "error": f"{type(e).__name__}: {e}"[:300]})
+        writer.write(out)
+
+    try:
+        while line := await reader.readline():
+            msg = json.loads(line)
+            if msg["op"] == "batch":
+                t = asyncio.ensure_future(answer(msg["batch"], msg["specs"]))
+                held.add(t)
+                t.add_done_callback(held.discard)
+            elif msg["op"] == "cancel":
+                launcher.cancel(msg["ids"])
+    finally:
+        threads.shutdown(wait=False, cancel_futures=True)
+
+
+async def connect(address: str, tls_dir: Path | None, within: float) -> tuple[asyncio.StreamReader,
+                                                                               asyncio.StreamWriter]:
+    """The pool's scheduler, tried until it answers or ``within`` seconds have passed."""
+    scheme, _, rest = address.partition("://")
+    host, _, port = rest.rpartition(":")
+    ctx = trust.worker_context(tls_dir) if scheme == "tls" and tls_dir is not None else None
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return await asyncio.open_connection(host.strip("[]"), int(port), ssl=ctx, limit=wire.MAX_LINE)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 def main() -> None:
@@ -94,27 +122,35 @@ def main() -> None:
     ap.add_argument("--memory-mb", type=int, required=True)
     ap.add_argument("--gpus", type=int, default=0)
     ap.add_argument("--name", required=True)
-    ap.add_argument("--tls-dir", type=Path)
+    ap.add_argument("--tls-dir", type=Path, help="its pool's CA certificate and its own certificate and key")
     ap.add_argument("--sandbox", type=Path, help="the facility's sandbox (JSON), for the tasks it contains")
-    ap.add_argument("--death-timeout", type=float, default=30.0)
+    ap.add_argument("--death-timeout", type=float, default=30.0, help="seconds to keep trying to reach the scheduler")
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
-    def end(signum: int, frame: object) -> None:  # scancel, or the local backend's cancel
-        launcher.kill_all()
+    def finish(code: int) -> None:
+        """End the worker once, whichever way it ends: no signal cuts its cleanup short (the
+        scheduler's going and the allocation's cancel often come together), the relay's
+        directory first (quick), then the tasks (their sandboxes may take a while)."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         for r in _relays:
             r.close()
-        os._exit(128 + signum)
+        launcher.kill_all()
+        logging.shutdown()
+        # Not a normal exit: a batch whose tasks never started still holds a thread, which
+        # the interpreter would wait for at exit. The worker's end is its batches' end.
+        os._exit(code)
 
-    signal.signal(signal.SIGTERM, end)
-    signal.signal(signal.SIGINT, end)
+    signal.signal(signal.SIGTERM, lambda signum, frame: finish(128 + signum))  # scancel, the local cancel
+    signal.signal(signal.SIGINT, lambda signum, frame: finish(128 + signum))
+    code = 0
     try:
         asyncio.run(run(a))
+    except Exception:
+        logging.getLogger("corral.lanes.fast.worker").exception("the worker ended")
+        code = 1
     finally:
-        launcher.kill_all()
-        for r in _relays:
-            r.close()
-
+        finish(code)
 
 if __name__ == "__main__":
     main()
