@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "tests" / "clients"))
 import httpx  # noqa: E402
 import logging  # noqa: E402
 
-from bench._common import GatewayProcess  # noqa: E402
+from bench._common import GatewayProcess, finish  # noqa: E402
 from standin import StandIn, job_id_in  # noqa: E402
 
 MARK = "bench-output-line"
@@ -125,10 +125,11 @@ def run_client(name: str, gw: GatewayProcess, token: str, workdir: Path) -> dict
                 "model_read_output": any(MARK in r for r in results), "s_total": round(time.monotonic() - t0, 1)}
 
 
-def run_inspector(gw: GatewayProcess, token: str, workdir: Path) -> dict[str, object]:
+def run_inspector(gw: GatewayProcess, token: str, workdir: Path, job_s: int = 8) -> dict[str, object]:
     """The MCP Inspector's CLI over stdio (protocol 2026-07-28): seconds to the tool list,
     its characters (the whole definitions: the Inspector shows a person all of it), and one
-    submit and wait, the wait run as an MCP task (corral/edges/mcp/tasks.py)."""
+    submit and wait, the wait run as an MCP task (corral/edges/mcp/tasks.py): the job runs
+    ``job_s`` seconds, to outlive the next call's spawn of the Inspector and ``corral mcp``."""
     bin_ = ROOT / "tests" / "clients" / "node_modules" / ".bin" / "inspector"
     if not bin_.exists():
         return {"error": "not installed (scripts/clients-up)"}
@@ -144,7 +145,7 @@ def run_inspector(gw: GatewayProcess, token: str, workdir: Path) -> dict[str, ob
 
     s_tools, listed = run("--method", "tools/list")
     sub = run("--method", "tools/call", "--tool-name", "submit_job", "--tool-args-json",
-              json.dumps({"command": f"sleep 8; echo {MARK}", "workdir": str(workdir)}))[1]  # outlives a spawn
+              json.dumps({"command": f"sleep {job_s}; echo {MARK}", "workdir": str(workdir)}))[1]
     job_id = (sub.get("structuredContent") or {}).get("job_id")  # type: ignore[attr-defined]
     s_wait, waited = run("--method", "tools/call", "--tool-name", "wait_for_job", "--tool-args-json",
                          json.dumps({"job_id": job_id}))
@@ -158,7 +159,7 @@ def run_inspector(gw: GatewayProcess, token: str, workdir: Path) -> dict[str, ob
 def main() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="3 spawns of each stdio server (else 10), the Inspector's job 5 s (else 8)")
     args = ap.parse_args()
     n = 3 if args.quick else 10
     gw = GatewayProcess("--backend", "local", "--cpus", "2")
@@ -178,13 +179,21 @@ def main() -> None:
         workdir = Path(tempfile.mkdtemp(prefix="corral-bench-work-", dir="/tmp"))
         os.chmod(workdir, 0o777)
         clients = {name: run_client(name, gw, token, workdir) for name in ("claude", "codex")}
-        clients["inspector"] = run_inspector(gw, token, workdir)
+        clients["inspector"] = run_inspector(gw, token, workdir, 5 if args.quick else 8)
         shutil.rmtree(workdir, ignore_errors=True)
         for name, r in clients.items():
             print(f"{name}: {r}")
     finally:
         gw.stop()
-    print(json.dumps({"clients": clients, "stdio_initialize_ms": init, "tools_chars": chars, "quick": args.quick}))
+    # Each client (scripts/clients-up; one not installed measured nothing) got corral's tools
+    # and made the loop's tool calls; the Inspector listed the tools and its wait returned a state.
+    loop = {name: clients[name].get("s_to_tools") is not None and bool(clients[name].get("loop_calls"))
+            for name in ("claude", "codex")}
+    listed = clients["inspector"].get("tools_chars")
+    finish("mcp_clients", {"clients": clients, "stdio_initialize_ms": init, "tools_chars": chars, "quick": args.quick},
+           {"initialize relay": init["relay"] > 0, "initialize sdk_server": init["sdk_server"] > 0,
+            "tools_chars": chars["today"] > 0 and chars["uncompacted"] > 0, **loop,
+            "inspector": isinstance(listed, int) and listed > 2 and clients["inspector"].get("wait_state") is not None})
 
 
 if __name__ == "__main__":
