@@ -308,7 +308,16 @@ class Sandbox:
             return []
         who = self.owner(kind, user)
         own = _home_of(who[0]) if who is not None else str(Path.home())
-        return [Path(t[1]) for t in self._now_hidden(own) if t[0] != OWN_HOME]
+        out: list[Path] = []
+        for t in self._now_hidden(own):
+            p = Path(t[1])
+            if t[0] == OWN_HOME:
+                continue
+            if own and Path(own) != p and Path(own).is_relative_to(p):  # a root of homes, its own bound back:
+                out += [e for e in _entries(p) if not Path(own).is_relative_to(e)]  # the rest, as it is now
+            else:
+                out.append(p)
+        return out
 
     def _now_hidden(self, own: str | None) -> list[tuple[str, ...]]:
         """``_hiding`` and the credentials under ``own`` as they are now: one made after
@@ -369,6 +378,13 @@ def _home_of(uid: int) -> str | None:
         return pwd.getpwuid(uid).pw_dir
     except KeyError:
         return None
+
+
+def _entries(d: Path) -> list[Path]:
+    try:
+        return [d / n for n in os.listdir(d)]
+    except OSError:
+        return []
 
 
 def credentials(home: str | None) -> tuple[tuple[str, ...], ...]:
