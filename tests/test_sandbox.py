@@ -377,7 +377,7 @@ def test_local_jobs_of_a_principal_in_a_directory_share_one_built_sandbox(tmp_pa
                     break
                 time.sleep(0.1)
             time.sleep(0.3)
-            pids = [p.read_text() for p in (gw.home / "local" / "sandboxes").glob("*.pid")]
+            pids = [p.read_text().split()[0] for p in (gw.home / "local" / "sandboxes").glob("*.pid")]
             assert len(pids) == 2, pids  # bot1's and bot2's in the directory (a job without one builds none)
             for p in pids:
                 try:

@@ -134,6 +134,7 @@ def main(job_dir: str) -> int:
         write_json(d / "result.json", {"state": "FAILED", "exit_code": None, "start_time": None, "end_time": time.time(),
                                        "reason": f"its output could not be opened ({e.strerror}); nothing ran"})
         return 0
+    started: Child | None = None
     with open(out_fd, "ab") as out, open(err_fd, "ab") as err:
         try:
             for key, at in (("workdir", WORKDIR_FD), ("venv", VENV_FD)):
@@ -141,7 +142,7 @@ def main(job_dir: str) -> int:
                     wfd = open_dir(launch[key], launch.get("open_as"))  # its error says why and what to do
                     os.dup2(wfd, at)
                     os.close(wfd)
-            child: Child = Hosted(launch, out.fileno(), err.fileno()) if launch.get("host") else Popened(
+            started = Hosted(launch, out.fileno(), err.fileno()) if launch.get("host") else Popened(
                 _popen(launch, out, err))
         except OSError as e:
             write_json(d / "result.json", {"state": "FAILED", "exit_code": 127, "reason": f"could not start: {e.strerror or e}",
@@ -149,10 +150,12 @@ def main(job_dir: str) -> int:
             return 0
         finally:
             for at in (WORKDIR_FD, VENV_FD):
-                try:
-                    os.close(at)
-                except OSError:
-                    pass
+                if not isinstance(started, Hosted):  # a hosted job's are its own until its host started it
+                    try:
+                        os.close(at)
+                    except OSError:
+                        pass
+    child: Child = started
     held["child"] = child
     write_json(d / "running.json", {"pid": os.getpid(), "child": child.pid, "start_time": start})
 
@@ -162,6 +165,7 @@ def main(job_dir: str) -> int:
     interval = 0.05
     peak = 0.0
     rc = None
+    stuck = None
     while rc is None:
         try:
             term["armed"] = True
@@ -187,11 +191,13 @@ def main(job_dir: str) -> int:
             elif launch.get("output_max") and written > launch["output_max"]:
                 state, reason = "FAILED", (f"stopped after writing {written} bytes of output, over the facility's "
                                            f"limit of {launch['output_max']}; write large results to files instead")
+            elif stuck := child.stuck():
+                state, reason = "FAILED", stuck
         except Cancelled:
             state, reason = "CANCELLED", "cancelled by request"
         term["armed"] = False
         if state:
-            rc = stop(child)
+            rc = child.force() if stuck else stop(child)
     held.clear()
     child.close()
     end = time.time()
@@ -200,6 +206,10 @@ def main(job_dir: str) -> int:
         # Asked to cancel, it died before this loop saw the request (the signal reached the
         # job's own tree first): cancelled, not failed.
         state, reason = "CANCELLED", "cancelled by request"
+    if child.why and state is None:  # its sandbox ended it, or never started it
+        state, reason = "FAILED", child.why
+    elif child.why and reason and child.why not in reason:  # ended by corral, through its sandbox's end
+        reason = f"{reason}; {child.why}"
     if state is None:
         if rc == 0:
             state = "COMPLETED"
@@ -264,13 +274,15 @@ def _popen(launch: dict[str, Any], out: Any, err: Any) -> "subprocess.Popen[byte
 
 
 def stop(child: "Child") -> int:
-    for sig, wait in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, 10.0)):
+    """SIGTERM, then SIGKILL; a job not ended by then is forced (``Child.force``)."""
+    from corral.sandbox.host import ANSWER_S
+
+    for sig, wait in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, ANSWER_S)):
         child.signal(sig)
         rc = child.wait(wait)
         if rc is not None:
             return rc
-    rc = child.wait(None)
-    return rc if rc is not None else -signal.SIGKILL
+    return child.force()
 
 
 class Child(Protocol):
@@ -279,11 +291,19 @@ class Child(Protocol):
 
     pid: int | None
     """Its pid here (outside its sandbox), if known."""
+    why: str | None
+    """Why it ended, when not by itself nor by this supervisor's signal: its sandbox."""
 
     def fileno(self) -> int: ...
     def ended(self) -> int | None: ...
     def wait(self, timeout: float | None) -> int | None: ...
     def signal(self, sig: int) -> None: ...
+    def stuck(self) -> str | None:
+        """Why it will never start, if so (the job's end is then ``force``)."""
+        ...
+    def force(self) -> int:
+        """End it, whoever must be killed for that; -> its return code."""
+        ...
     def rss_mb(self) -> float: ...
     def usage(self) -> tuple[float | None, float | None]:
         """Once ended: (CPU seconds, peak resident MB) of the job and what it waited for."""
@@ -297,6 +317,7 @@ class Popened:
     def __init__(self, p: subprocess.Popen[bytes]) -> None:
         self.p = p
         self.pid: int | None = p.pid
+        self.why: str | None = None
         # A pidfd becomes readable when the child exits: the supervisor sleeps in the
         # kernel instead of polling (Popen.wait(timeout) polls every few ms).
         self.pidfd = os.pidfd_open(p.pid)
@@ -319,6 +340,13 @@ class Popened:
         except ProcessLookupError:
             pass
 
+    def stuck(self) -> str | None:
+        return None
+
+    def force(self) -> int:
+        self.signal(signal.SIGKILL)
+        return self.p.wait()  # a process group SIGKILLed, as this supervisor's own child, ends
+
     def rss_mb(self) -> float:
         return tree_rss_mb(self.p.pid)
 
@@ -334,77 +362,158 @@ class Popened:
 class Hosted:
     """A job started in its key's sandbox, already built (corral/sandbox/host.py): the
     supervisor connects to it (building it if none answers) and sends the job with its
-    output files, and the script it reads, as file descriptors."""
+    output files, and the script it reads, as file descriptors.
+
+    The host runs as the job's identity, in the job's PID namespace: a job can stop it
+    (``kill -STOP $PPID``). So nothing here waits on it unbounded: the host's answer
+    that the job started is awaited in the supervisor's loop, with the walltime and the
+    cancel; a host that answers neither that (``START_S``) nor a kill (``ANSWER_S``) is
+    ended by the supervisor, with everything in its sandbox (``force``: host.end), and
+    the job's end is recorded with why (``why``)."""
 
     def __init__(self, launch: dict[str, Any], out: int, err: int) -> None:
-        from corral.sandbox.host import connect
-
         host = launch["host"]
-        fds = [out, err]
-        for f in host["reads"]:
-            fds.append(os.open(f, os.O_RDONLY | os.O_NOFOLLOW))
-        keep = (*((WORKDIR_FD,) if launch.get("workdir") else ()), *((VENV_FD,) if launch.get("venv") else ()))
-        try:
-            for attempt in range(2):  # a host that exited as we connected: built anew, once
-                self.conn, self.root = connect(host["socket"], host["argv"], host["log"], keep)
-                self.conn.settimeout(30)  # a sandbox that never answers fails the job; it does not hang it
-                try:
-                    socket.send_fds(self.conn, [json.dumps({"id": 0, "argv": launch["argv"],
-                                                            "env": launch["env"]}).encode()], fds)
-                    m = self._next()
-                except (ConnectionResetError, BrokenPipeError):
-                    # It closed with our message unread (it was exiting as we connected): the
-                    # job never started, and nothing it starts outlives it, so once more is safe.
-                    m = None
-                if m is None and attempt == 0:
-                    self.conn.close()
-                    continue
-                if m is None or "error" in m:
-                    raise OSError((m or {}).get("error") or "its sandbox ended before the job started")
-                self.inner = m["pid"]
-                self.conn.settimeout(None)
-                break
-        finally:
-            for f in fds[2:]:
-                os.close(f)
+        self.path, self.log, self.argv = host["socket"], host["log"], host["argv"]
+        # The directories its bwrap binds by descriptor, at these numbers (the host's argv
+        # names them): kept open, so that no other file takes a number, until the host says
+        # the job started, as are the job's own descriptors: a host that ended before that
+        # is built anew, once, and sent them again.
+        self.keep = (*((WORKDIR_FD,) if launch.get("workdir") else ()), *((VENV_FD,) if launch.get("venv") else ()))
+        self.job = json.dumps({"id": 0, "argv": launch["argv"], "env": launch["env"]}).encode()
+        self.fds: list[int] = [os.dup(out), os.dup(err)]
         self.rc: int | None = None
+        self.inner: int | None = None
+        self.pid: int | None = None
+        self.why: str | None = None
+        """Why the job ended when its sandbox, not the job, decided it (read by ``main``)."""
         self.used: tuple[float | None, float | None] = (None, None)
-        self.pid = self._outside()
+        self.since = time.time()
+        self.again = True
+        try:
+            for f in host["reads"]:
+                self.fds.append(os.open(f, os.O_RDONLY | os.O_NOFOLLOW))
+            self._send()
+        except BaseException:
+            self.keep = ()  # the caller's still
+            self._drop_fds()
+            raise
+
+    def _send(self) -> None:
+        from corral.sandbox.host import ANSWER_S, connect, end
+
+        for _ in range(2):
+            self.conn, self.root = connect(self.path, self.argv, self.log, self.keep)
+            self.conn.settimeout(ANSWER_S)
+            try:
+                socket.send_fds(self.conn, [self.job], self.fds)
+            except (ConnectionResetError, BrokenPipeError):
+                # It closed with our message unread (it was exiting as we connected): the
+                # job never started, and nothing it starts outlives it, so once more is safe.
+                self.conn.close()
+                continue
+            except TimeoutError:  # it reads nothing (a message is sent whole, or not at all)
+                self.conn.close()
+                end(self.path, self.root, f"its host read no job for {ANSWER_S:.0f} s (stopped, or hung): "
+                                          "it was ended, with every job in it", self.log)
+                continue
+            self.conn.settimeout(None)
+            self.sent = time.monotonic()
+            return
+        raise OSError(0, "its sandbox ended before the job started")
+
+    def _drop_fds(self) -> None:
+        for f in (*self.fds, *self.keep):
+            os.close(f)
+        self.fds, self.keep = [], ()
 
     def _outside(self) -> int | None:
         from corral.sandbox.host import outside_pids
 
-        return outside_pids(self.root, {0: self.inner}).get(0) if self.root else None
+        if self.root is None or self.inner is None:
+            return None
+        return outside_pids(self.root[0], {0: self.inner}).get(0)
 
     def _next(self) -> dict[str, Any] | None:
-        data = self.conn.recv(65536)
+        try:
+            data = self.conn.recv(65536)
+        except OSError:
+            data = b""
         return json.loads(data) if data else None
 
     def fileno(self) -> int:
         return self.conn.fileno()
 
     def ended(self) -> int | None:
+        from corral.sandbox.host import last_words
+
         m = self._next()
+        # It ended before it said it started the job: exiting as we connected (idle), or
+        # its bwrap failed (a hidden path gone meanwhile), so built anew, once; not when
+        # corral ended it for not answering, which the job may have made it do once it
+        # ran (it can stop its host before the host tells its pid).
+        if m is None and self.inner is None and self.again and not (
+                last_words(self.log, self.since) or "").startswith("corral: "):
+            self.again = False
+            self.conn.close()
+            try:
+                self._send()
+                return None
+            except OSError as e:
+                self.why = f"could not start: {e.strerror or e}"
+                self.conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # for fileno and close
+                self.rc = 127
+                self._drop_fds()
+                return self.rc
         if m is None:  # the host is gone, and the job with it
             self.rc = -signal.SIGKILL
+            if self.why is None:
+                said = last_words(self.log, self.since)
+                self.why = f"its sandbox ended before the job did ({said or 'its host was killed'})"
+        elif "pid" in m:
+            self.inner = m["pid"]
+            self._drop_fds()
+        elif "error" in m:
+            self.rc, self.why = 127, f"could not start: {m['error']}"
         elif "status" in m:
             self.rc = os.waitstatus_to_exitcode(m["status"])
             self.used = (m.get("cpu_s"), m["maxrss_kb"] / 1024 if m.get("maxrss_kb") is not None else None)
         return self.rc
 
     def wait(self, timeout: float | None) -> int | None:
+        until = None if timeout is None else time.monotonic() + timeout
         while self.rc is None:
-            ready, _, _ = select.select([self.conn], [], [], timeout)
+            ready, _, _ = select.select([self], [], [], None if until is None else max(0.0, until - time.monotonic()))
             if not ready:
                 return None
             self.ended()
         return self.rc
 
     def signal(self, sig: int) -> None:
-        try:
-            self.conn.send(json.dumps({"kill": 0, "signal": sig}).encode())
+        try:  # never waits: a stopped host's queue may be full
+            self.conn.send(json.dumps({"kill": 0, "signal": sig}).encode(), socket.MSG_DONTWAIT)
         except OSError:
             pass
+
+    def stuck(self) -> str | None:
+        from corral.sandbox.host import START_S
+
+        if self.inner is None and self.rc is None and time.monotonic() - self.sent > START_S:
+            self.why = (f"its sandbox did not start it within {START_S:.0f} s (its host stopped, or hung): "
+                        "it was ended, with every job in it")
+            return self.why
+        return None
+
+    def force(self) -> int:
+        """The host answered no kill: end it, with everything in its sandbox (SIGKILL
+        ends a stopped process too), and with it the job."""
+        from corral.sandbox.host import ANSWER_S, end
+
+        self.again = False
+        if self.why is None:
+            self.why = "its sandbox stopped answering (its host stopped, or hung): it was ended, with every job in it"
+        end(self.path, self.root, self.why, self.log)
+        rc = self.wait(ANSWER_S)  # its socket closes as it dies
+        return rc if rc is not None else -signal.SIGKILL
 
     def rss_mb(self) -> float:
         self.pid = self.pid or self._outside()
@@ -415,6 +524,7 @@ class Hosted:
 
     def close(self) -> None:
         self.conn.close()
+        self._drop_fds()
 
 
 if __name__ == "__main__":

@@ -367,30 +367,145 @@ def outside_pids(root: int, inner: dict[int, int]) -> dict[int, int]:
     return found
 
 
-def connect(path: str, argv: list[str], log: str, keep: tuple[int, ...] = ()) -> tuple[socket.socket, int | None]:
+ANSWER_S = 5.0
+"""A host that has not taken a connection, or answered a kill, this long is stopped or
+hung (a job in it can stop it: it runs there as the same identity): whoever waits on it
+kills it, with every job in it (``end``). The less privileged side never holds a job, or
+its CPU slots, past its walltime or its cancel."""
+
+
+START_S = 30.0
+"""A host that has not said it started a job this long after it took it never will
+(stopped, or hung): it is ended, and the job FAILED with why."""
+
+
+def _started(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot): with the pid, which process it is."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rfind(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def built(path: str) -> tuple[int, int] | None:
+    """The host built at ``path`` (its setsid outside, kept beside the socket with its
+    start), as (pid, start), if that very process still runs: a pid the kernel has given
+    to another process since is never taken for it. (A lone pid: a host built before
+    its start was kept; taken as it is.)"""
+    try:
+        with open(path + ".pid") as f:
+            words = [int(w) for w in f.read().split()]
+    except (OSError, ValueError):
+        return None
+    now = _started(words[0]) if words else None
+    return (words[0], now) if now is not None and now == (words[1:] or [now])[0] else None
+
+
+def _pidfd(which: tuple[int, int]) -> int | None:
+    """A pidfd of the process ``which`` (pid, start), if it is still that one."""
+    try:
+        pidfd = os.pidfd_open(which[0])
+    except OSError:
+        return None  # gone already
+    if _started(which[0]) != which[1]:
+        os.close(pidfd)
+        return None
+    return pidfd
+
+
+def _kill(which: tuple[int, int], log: str | None, why: str) -> bool:
+    """SIGKILL to the host ``which``, if it is still that process, after ``why`` ends its
+    log: the principal's other jobs there, which see its socket close and no more, end
+    with that line (``last_words``). -> whether it was killed now."""
+    pidfd = _pidfd(which)
+    if pidfd is None:
+        return False
+    try:
+        if log is not None:
+            try:
+                with open(log, "a") as f:
+                    f.write(f"corral: {why}\n")
+            except OSError:
+                pass
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        return True
+    except OSError:  # it ended meanwhile
+        return False
+    finally:
+        os.close(pidfd)
+
+
+def last_words(log: str, since: float) -> str | None:
+    """The last line of a host's log, if it was written at or after ``since`` (a time):
+    why the host ended, when corral ended it, or bwrap's last error."""
+    try:
+        with open(log, "rb") as f:
+            st = os.fstat(f.fileno())
+            if st.st_mtime < since:
+                return None
+            f.seek(max(0, st.st_size - 4096))
+            lines = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return None
+    return lines[-1][:300] if lines else None
+
+
+def end(path: str, which: tuple[int, int] | None, why: str, log: str | None = None) -> bool:
+    """Kill the host ``which`` (from ``built``) that stopped answering, with everything in
+    its sandbox: its setsid by SIGKILL (which ends a stopped process too); bwrap dies with
+    it, and every process of the PID namespace with bwrap's init. Its socket goes if it
+    is still that host's, so the next job builds another; ``why`` ends its log.
+    -> whether it was killed now."""
+    import fcntl
+
+    if which is None or not _kill(which, log, why):
+        return False
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if built(path) in (which, None):  # not one another supervisor has built since
+            for name in (path, path + ".pid"):
+                try:
+                    os.unlink(name)
+                except FileNotFoundError:
+                    pass
+    return True
+
+
+def connect(path: str, argv: list[str], log: str, keep: tuple[int, ...] = ()) -> tuple[socket.socket, tuple[int, int] | None]:
     """A connection to the listening host at ``path``, built first if none answers
     (it outlives its builder and serves every later job of its key, until idle for
     ``IDLE_S``). ``argv``: the wrapped host command, with ``{fd}`` for the
     listening socket; ``keep``: descriptors its bwrap needs (a working directory bound
-    by descriptor). Under a lock, so that two supervisors build one host.
-    -> (the connection, the host's bwrap pid outside, if known)."""
+    by descriptor). Under a lock, so that two supervisors build one host. One that
+    takes no connection for ``ANSWER_S`` (stopped: its backlog is full) is ended and
+    built anew. -> (the connection, the host as ``built`` names it, if known)."""
     import fcntl
     import subprocess
-
-    def pid() -> int | None:
-        try:
-            return int(open(path + ".pid").read())
-        except (OSError, ValueError):
-            return None
 
     with open(path + ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            conn.connect(path)
-            return conn, pid()
-        except OSError:
-            pass  # none yet, or one that exited: its socket is left behind
+        conn.setblocking(False)  # a full backlog says EAGAIN at once, it does not wait
+        waited = time.monotonic() + ANSWER_S
+        while True:
+            try:
+                conn.connect(path)
+                conn.setblocking(True)
+                return conn, built(path)
+            except BlockingIOError:
+                if time.monotonic() < waited:
+                    time.sleep(0.05)
+                    continue
+                stuck = built(path)
+                if stuck is not None:
+                    _kill(stuck, log, f"its host took no connection for {ANSWER_S:.0f} s (stopped, or hung): "
+                                      "it was ended, with every job in it")
+                break
+            except OSError:
+                break  # none yet, or one that exited: its socket is left behind
+        conn.setblocking(True)
         try:
             os.unlink(path)
         except FileNotFoundError:
@@ -404,10 +519,11 @@ def connect(path: str, argv: list[str], log: str, keep: tuple[int, ...] = ()) ->
             child = subprocess.Popen([str(fd) if a == "{fd}" else a for a in still_there(argv)], pass_fds=(fd, *keep),
                                      stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True)
         listener.close()
+        start = _started(child.pid)
         with open(path + ".pid", "w") as f:
-            f.write(str(child.pid))
+            f.write(f"{child.pid} {start}")
         conn.connect(path)
-        return conn, child.pid
+        return conn, (child.pid, start) if start is not None else None
 
 
 def still_there(argv: list[str]) -> list[str]:

@@ -11,6 +11,13 @@ directory and /tmp are the writable places, no network, no capabilities, never r
 
 A host idle for ``IDLE_S`` is closed; a host that ends (killed, or bwrap failed) fails
 the tasks it held, with the tail of its log.
+
+A task can stop its host (``kill -STOP $PPID``: the same identity, in the same PID
+namespace), so the worker never waits on one: what a host does not read at once waits
+in its ``outbox``, sent as it reads; a host that reads nothing, or answers no kill, for
+``ANSWER_S``, or starts no task it took for ``START_S`` (corral/sandbox/host.py), is
+ended with everything in it (``stall``), and its tasks with a reason (the launcher's
+``_watch``).
 """
 
 from __future__ import annotations
@@ -82,7 +89,7 @@ class Host:
             for f in (wfd, vfd):
                 if f is not None:
                     os.close(f)
-        ours.settimeout(10)  # a host that stops reading fails the task, it does not hang the lane
+        ours.setblocking(False)  # never waits on a host (what it does not take waits in the outbox)
         self.sock = ours
         self.key = key
         self.tasks: dict[int, Any] = {}
@@ -91,6 +98,14 @@ class Host:
         """Job id -> its pid inside the sandbox."""
         self.used = time.monotonic()
         self.ended = False
+        self.outbox: list[tuple[bytes, list[int]]] = []
+        """Messages the host has not taken yet, in order, with their descriptors (our copies)."""
+        self.waiting = 0.0
+        """Since when the outbox's first message has waited (monotonic; 0: none waits)."""
+        self.why: str | None = None
+        """Why the worker ended it (``stall``): its tasks end with that."""
+        self.stalled = 0.0
+        """When the worker ended it (monotonic; 0: it did not)."""
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -127,16 +142,68 @@ class Host:
         if len(data) > MAX_BYTES and len(jobs) > 1:  # large environments or commands: halves
             return self._send(jobs[: len(jobs) // 2]) + self._send(jobs[len(jobs) // 2:])
         try:
-            socket.send_fds(self.sock, [data], [f for j in jobs for f in j[4]])
+            self._put(data, [f for j in jobs for f in j[4]])
         except OSError as e:
             return [(j[0], e.strerror or str(e)) for j in jobs]
         return []
 
+    def _put(self, data: bytes, fds: list[int]) -> None:
+        """Send a message now, or after those waiting; what the host does not take at once
+        waits in the outbox (with copies of its descriptors: the caller closes its own)."""
+        if not self.outbox:
+            try:
+                self._write(data, fds)
+                return
+            except BlockingIOError:
+                self.waiting = time.monotonic()
+        self.outbox.append((data, [os.dup(f) for f in fds]))
+
+    def _write(self, data: bytes, fds: list[int]) -> None:
+        if fds:
+            socket.send_fds(self.sock, [data], fds)
+        else:
+            self.sock.send(data)
+
+    def flush(self) -> None:
+        """Send what waits, as far as the host takes it (a message goes whole, or not at all)."""
+        while self.outbox:
+            data, fds = self.outbox[0]
+            try:
+                self._write(data, fds)
+            except BlockingIOError:
+                return
+            except OSError:  # gone: its end fails its tasks
+                self._drop_outbox()
+                return
+            self.outbox.pop(0)
+            for f in fds:
+                os.close(f)
+            self.waiting = time.monotonic() if self.outbox else 0.0
+
+    def _drop_outbox(self) -> None:
+        for _, fds in self.outbox:
+            for f in fds:
+                os.close(f)
+        self.outbox, self.waiting = [], 0.0
+
     def kill(self, job_id: int) -> None:
         try:
-            self.sock.send(json.dumps({"kill": job_id}).encode())
+            self._put(json.dumps({"kill": job_id}).encode(), [])
         except OSError:
             pass  # the host is gone, and its tasks with it
+
+    def stall(self, why: str) -> None:
+        """It stopped answering (its host stopped, or hung): end it, with everything in its
+        sandbox (bwrap's init dies with bwrap, and the PID namespace with it; SIGKILL ends
+        a stopped process too). Its end (its socket closing) then ends its tasks with ``why``."""
+        if self.stalled:
+            return
+        self.why, self.stalled = why, time.monotonic()
+        self._drop_outbox()
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
 
     def receive(self) -> list[dict[str, Any]]:
         """What the host said since last time (``ended`` tells whether it has ended)."""
@@ -158,6 +225,8 @@ class Host:
         return outside_pids(self.proc.pid, self.inner)
 
     def why_ended(self) -> str:
+        if self.why:
+            return self.why
         try:
             tail = self.log.read_text(errors="replace").strip().splitlines()[-1:]
         except OSError:
@@ -165,6 +234,7 @@ class Host:
         return f"its sandbox ended ({tail[0][:300] if tail else f'exit {self.proc.poll()}'})"
 
     def close(self) -> None:
+        self._drop_outbox()
         self.sock.close()  # the host kills its tasks and exits; bwrap then ends the namespace
         try:
             self.proc.kill()
@@ -185,10 +255,10 @@ class Hosts:
     def get(self, key: Key, log_dir: str) -> tuple[Host, bool]:
         """-> the host for ``key``, and whether it was built now."""
         host = self.by_key.get(key)
-        if host is not None and host.proc.poll() is None:
+        if host is not None and host.proc.poll() is None and not host.stalled:
             return host, False
-        if host is not None:
-            self.drop(host)
+        if host is not None:  # ended: its tasks end once the launcher hears its socket close
+            self.retire(host)
         if len(self.by_key) >= MAX_HOSTS:
             idle = sorted((h for h in self.by_key.values() if not h.tasks), key=lambda h: h.used)
             for h in idle[: max(1, len(idle) // 2)]:
@@ -203,11 +273,17 @@ class Hosts:
         now = time.monotonic()
         return [h for h in self.by_key.values() if not h.tasks and now - h.used > IDLE_S]
 
+    def retire(self, host: Host) -> None:
+        """No task goes to it any more (the next of its key builds another); it is still
+        heard, until its end has ended its tasks (``drop``)."""
+        if self.by_key.get(host.key) is host:
+            del self.by_key[host.key]
+
     def drop(self, host: Host) -> None:
-        self.by_key.pop(host.key, None)
+        self.retire(host)
         self.by_fd.pop(host.fileno(), None)
         host.close()
 
     def close(self) -> None:
-        for h in list(self.by_key.values()):
+        for h in list(self.by_fd.values()):
             self.drop(h)

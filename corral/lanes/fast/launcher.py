@@ -50,6 +50,7 @@ from corral.core.errors import BackendError
 from corral.lanes.fast import trace
 from corral.lanes.fast.hosts import Host, Hosts, Job
 from corral.core.lane_names import FAST
+from corral.sandbox.host import ANSWER_S, START_S
 
 if TYPE_CHECKING:
     from corral.sandbox.bwrap import Sandbox
@@ -104,6 +105,9 @@ class _Running:
     host: Host | None = None
     """The sandbox it runs in (a contained task; ``pid`` is then its pid outside, 0
     until the memory police has looked it up, and ``pidfd`` its key, below 0)."""
+    asked: float = 0.0
+    """When its host was told to kill it (monotonic): a host that has not told its end
+    ``ANSWER_S`` later is ended (Host.stall)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -522,18 +526,54 @@ class Launcher:
                 out.append((r, self._release(r, os.waitstatus_to_exitcode(m["status"]), m["cpu_s"],
                                              rss_mb=None if kb is None else kb / 1024)))
         if host.ended:
-            why = host.why_ended()
-            rc = host.proc.poll()  # bwrap's: -N or 128+N when a signal ended what it held
-            code = rc if rc is not None and rc < 0 else 128 - rc if rc is not None and rc > 128 else -signal.SIGKILL
-            for r in list(host.tasks.values()):
-                running.pop(r.pidfd, None)
-                end = self._release(r, code, 0.0, r.reason or why)
-                # A signal this launcher did not send (scancel of the allocation ends the
-                # sandbox too): suspect, as a bare task's, so it is counted lost with its allocation.
-                end["suspect"] = r.state is None and code in (-signal.SIGTERM, -signal.SIGKILL)
-                out.append((r, end))
-            assert self.hosts is not None
-            self.hosts.drop(host)
+            out += self._lost(host, running)
+        return out
+
+    def _lost(self, host: Host, running: dict[int, _Running]) -> list[tuple[_Running, dict[str, Any]]]:
+        """A host that ended (or that this worker ended, ``Host.stall``) ends its tasks."""
+        why = host.why_ended()
+        rc = host.proc.poll()  # bwrap's: -N or 128+N when a signal ended what it held
+        code = rc if rc is not None and rc < 0 else 128 - rc if rc is not None and rc > 128 else -signal.SIGKILL
+        out = []
+        for r in list(host.tasks.values()):
+            running.pop(r.pidfd, None)
+            if r.reason and host.why:  # ended by this worker through its host's end: both said
+                r.reason = f"{r.reason}; {host.why}"
+            end = self._release(r, code, 0.0, r.reason or why)
+            # A signal this launcher did not send (scancel of the allocation ends the
+            # sandbox too): suspect, as a bare task's, so it is counted lost with its allocation.
+            end["suspect"] = r.state is None and not host.why and code in (-signal.SIGTERM, -signal.SIGKILL)
+            out.append((r, end))
+        assert self.hosts is not None
+        self.hosts.drop(host)
+        return out
+
+    def _watch(self, running: dict[int, _Running], full: bool) -> list[tuple[_Running, dict[str, Any]]]:
+        """Each pass, send what waits for a host; with ``full``, also end a host that reads
+        nothing, or answers no kill, for ``ANSWER_S``, or starts no task it took for
+        ``START_S`` (a task can stop it), and the tasks of one ended so whose end has not
+        been heard ``ANSWER_S`` later. The loop never waits on a host."""
+        if self.hosts is None:
+            return []
+        now, wall = time.monotonic(), time.time()
+        out = []
+        for host in list(self.hosts.by_fd.values()):
+            if host.outbox:
+                host.flush()
+            if not full:
+                continue
+            if host.stalled:
+                if now - host.stalled > ANSWER_S:
+                    out += self._lost(host, running)
+            elif host.outbox and now - host.waiting > ANSWER_S:
+                host.stall(f"its sandbox read nothing for {ANSWER_S:.0f} s (its host stopped, or hung): "
+                           "it was ended, with every task in it")
+            elif any(r.asked and now - r.asked > ANSWER_S for r in host.tasks.values()):
+                host.stall(f"its sandbox answered no kill for {ANSWER_S:.0f} s (its host stopped, or hung): "
+                           "it was ended, with every task in it")
+            elif not host.outbox and any(j not in host.inner and wall - r.start > START_S for j, r in host.tasks.items()):
+                host.stall(f"its sandbox started no task it took for {START_S:.0f} s (its host stopped, or hung): "
+                           "it was ended, with every task in it")
         return out
 
     def _finish(self, r: _Running, e: dict[str, Any]) -> None:
@@ -562,6 +602,7 @@ class Launcher:
                 r.state, r.reason = "OUT_OF_MEMORY", f"used more than its {s['memory_mb']} MB of memory"
             if r.state and r.host is not None:
                 r.host.kill(s["job_id"])
+                r.asked = time.monotonic()
             elif r.state:
                 try:
                     os.killpg(r.pid, signal.SIGKILL)
@@ -603,6 +644,8 @@ class Launcher:
                 self._send(running)
             held = self._end_pass()
             timeout = REPORT_S if held else TICK_S if running or waiting or deferred else -1
+            if self.hosts is not None and any(h.outbox for h in self.hosts.by_fd.values()):
+                timeout = REPORT_S  # sent as the host reads
             for fd, _ in ep.poll(timeout):
                 if fd == self._r:
                     try:
@@ -619,6 +662,8 @@ class Launcher:
                         deferred.append((time.monotonic() + SUSPECT_WAIT_S, r, end))
                     else:
                         self._finish(r, end)
+            for r, end in self._watch(running, time.monotonic() - last_police >= TICK_S):
+                self._finish(r, end)
             if deferred:
                 now_m = time.monotonic()
                 for due in [d for d in deferred if d[0] <= now_m]:
