@@ -21,7 +21,7 @@ import pytest
 from corral.sandbox.bwrap import Sandbox, home_roots
 
 from .conftest import running
-from .test_sandbox import SECRET, need_bwrap, pair
+from .test_sandbox import SECRET, need_bwrap, pair, run_job
 
 LOOK = "ls -A /home | tr '\\n' ' '; echo '|'; ls -A /root | tr '\\n' ' '; echo '|'; cat /home/*/secret 2>&1 | head -1"
 
@@ -34,6 +34,7 @@ def need_root() -> None:
 @pytest.fixture
 def late() -> Iterator[dict[str, Path]]:
     """A home and a file in /root, made by the test when it says (after the gateway started)."""
+    need_root()  # only root makes a home and writes in /root
     tag = secrets.token_hex(4)
     made = {"home": Path(f"/home/zzlate{tag}"), "root": Path(f"/root/zzlate{tag}")}
     yield made
@@ -157,4 +158,25 @@ def test_a_venv_under_tmp_is_bound_and_a_link_there_is_never_followed(tmp_path, 
         assert "without following a link" in (job.get("reason") or ""), job
     finally:
         shutil.rmtree(top, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_job_sees_no_home_but_its_own_whoever_runs_the_gateway(tmp_path) -> None:
+    """Root's gateway (the agent runs as an identity of its own, with no home) or a plain
+    user's (the agent runs as that user): /home shows the job's own home at most, though
+    other homes are there, and /root shows nothing."""
+    need_bwrap()
+    others = [p.name for p in Path("/home").iterdir()] if Path("/home").is_dir() else []
+    mine = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    expected = [mine.name] if os.getuid() != 0 and mine.parent == Path("/home") else []
+    work = Path(tempfile.mkdtemp(prefix="corral-allow-", dir="/var/tmp"))
+    work.chmod(0o777)
+    try:
+        with running(tmp_path) as gw:
+            tokens = pair(gw)
+            job = run_job(gw, tokens["bot1"], "ls -A /home; echo '|'; ls -A /root 2>/dev/null", work)
+        assert job["state"] == "COMPLETED", job
+        homes, root = (part.split() for part in job["out"].split("|"))
+        assert homes == expected and root == [], (job["out"], others)
+    finally:
         shutil.rmtree(work, ignore_errors=True)
