@@ -37,7 +37,7 @@ from corral.core.config import StorageSettings
 from corral.core.errors import Conflict, Forbidden, InvalidRequest, NotFound, SandboxUnavailable
 from corral.core.jobs import JobSpec, JobState
 from corral.core.output import read_tail
-from corral.core.principals import Caller
+from corral.core.principals import BUILD_PRINCIPAL, Caller
 from corral.core.lane_names import BATCH
 from corral.core.text import NAME
 from corral.storage import mounts, requirements, scratch, staging
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
     from corral.sandbox.bwrap import Sandbox
     from corral.core.store.storage import StorageRecords
 
-BUILD_PRINCIPAL = "envbuild"
 KINDS = ("requirements.txt", "pyproject.toml", "uv.lock")
 MAX_FILE = 1024 * 1024
 TLS_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR", "https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY")

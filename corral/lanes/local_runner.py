@@ -74,14 +74,14 @@ def trees_rss_mb(pids: list[int]) -> dict[int, float]:
     return out
 
 
-def open_dir(path: str, who: list[Any] | None = None) -> int:
+def open_dir(path: str, who: list[Any] | None = None, what: str = "working directory") -> int:
     """``path``, a directory, opened one component at a time without following a link
     (what ``openat2(RESOLVE_NO_SYMLINKS)`` does), as the job's identity ``who`` ([uid,
     gid, groups]) when this supervisor is root (corral/sandbox/opendir.py): a link an agent
     swapped in after the gateway checked the path is refused, never followed."""
     from corral.sandbox.opendir import open_dir as walk
 
-    return walk(path, (int(who[0]), int(who[1]), [int(g) for g in who[2]]) if who else None)
+    return walk(path, (int(who[0]), int(who[1]), [int(g) for g in who[2]]) if who else None, what)
 
 
 WORKDIR_FD = 7
@@ -137,9 +137,9 @@ def main(job_dir: str) -> int:
     started: Child | None = None
     with open(out_fd, "ab") as out, open(err_fd, "ab") as err:
         try:
-            for key, at in (("workdir", WORKDIR_FD), ("venv", VENV_FD)):
+            for key, at, what in (("workdir", WORKDIR_FD, "working directory"), ("venv", VENV_FD, "venv (VIRTUAL_ENV)")):
                 if launch.get(key):
-                    wfd = open_dir(launch[key], launch.get("open_as"))  # its error says why and what to do
+                    wfd = open_dir(launch[key], launch.get("open_as"), what)  # its error says why and what to do
                     os.dup2(wfd, at)
                     os.close(wfd)
             started = Hosted(launch, out.fileno(), err.fileno()) if launch.get("host") else Popened(

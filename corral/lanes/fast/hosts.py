@@ -66,7 +66,7 @@ class Host:
         who = opendir_identity(*ident) if ident is not None else None
         try:
             wfd = open_dir(workdir, who) if workdir != "/tmp" else None
-            vfd = open_dir(venv, who) if venv else None
+            vfd = open_dir(venv, who, "venv (VIRTUAL_ENV)") if venv else None
         except Changed as e:
             for f in (wfd, vfd):
                 if f is not None:
