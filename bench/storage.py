@@ -4,7 +4,8 @@
 
 The iteration: get an environment with numpy and pandas, run
 ``python -c "import numpy, pandas"``, run a small test suite (unittest, 24 modules and
-their tests) in a fresh copy of the project. Both arms in one run, on one machine:
+their tests) in a fresh copy of the project (--quick: numpy alone, two trials). Both
+arms in one run, on one machine:
 
 - **plain**, as agents do it today: ``uv venv`` + ``uv pip install`` into the trial's
   directory on the shared path, ``cp -r`` of the project there, the import and the suite
@@ -46,10 +47,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import GatewayProcess, sponsored_agents  # noqa: E402
+from bench._common import GatewayProcess, finish, sponsored_agents  # noqa: E402
 from corral.storage.meta import TRACE, count  # noqa: E402
 
-IMPORT = "import numpy, pandas"
+def importing(reqs: list[str]) -> str:
+    """The trial's import: each requirement, as a module (numpy, pandas)."""
+    return "import " + ", ".join(r.replace("-", "_") for r in reqs)
 
 
 def uv() -> str:
@@ -87,17 +90,18 @@ def du(path: Path) -> int:
     return int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=True).stdout.split()[0])
 
 
-def first_import_ms(python: str, cwd: Path) -> float:
+def first_import_ms(python: str, cwd: Path, stmt: str) -> float:
     times = []
     for _ in range(3):
         t0 = time.perf_counter()
-        subprocess.run([python, "-c", IMPORT], cwd=cwd, check=True)
+        subprocess.run([python, "-c", stmt], cwd=cwd, check=True)
         times.append((time.perf_counter() - t0) * 1000)
     return statistics.median(times)
 
 
 def plain_trial(i: int, shared: Path, project: Path, reqs: list[str], trace_dir: Path | None) -> Path:
     """One trial the usual way: venv, install, copy, import, suite, all on the shared path."""
+    stmt = importing(reqs)
     t = shared / "plain" / f"trial{i}"
     t.mkdir(parents=True)
     env = {**os.environ, "UV_SYSTEM_CERTS": "1", "UV_NO_PROGRESS": "1"}
@@ -105,7 +109,7 @@ def plain_trial(i: int, shared: Path, project: Path, reqs: list[str], trace_dir:
              ([uv(), "pip", "install", "--quiet", "--link-mode", "copy", "--python", str(t / "venv" / "bin" / "python"),
                *reqs], None),
              (["cp", "-r", str(project), str(t / "project")], None),
-             ([str(t / "venv" / "bin" / "python"), "-c", IMPORT], t),
+             ([str(t / "venv" / "bin" / "python"), "-c", stmt], t),
              ([str(t / "venv" / "bin" / "python"), "-m", "unittest", "discover", "-q", "-s", "tests"], t / "project")]
     for n, (argv, cwd) in enumerate(steps):
         if trace_dir is not None:
@@ -132,13 +136,15 @@ def gateway_side_ops(shared: Path, project: Path, image: Path, scratch: Path, tm
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="4 trials instead of 20")
+    ap.add_argument("--quick", action="store_true", help="2 trials instead of 20, numpy alone unless --requirements")
     ap.add_argument("--trials", type=int, default=20)
-    ap.add_argument("--requirements", default="numpy pandas")
+    ap.add_argument("--requirements", default=None, help="what the environment holds (default 'numpy pandas')")
     ap.add_argument("--shared", type=Path, default=None, help="the directory standing for the shared filesystem")
     a = ap.parse_args()
-    trials = 4 if a.quick else a.trials
-    reqs = a.requirements.split()
+    trials = 2 if a.quick else a.trials
+    # The image build (a cold download, an install, a squashfs) is most of a quick run: with
+    # pandas too, two trials took 39 CPU-s.
+    reqs = (a.requirements or ("numpy" if a.quick else "numpy pandas")).split()
     missing = [t for t in ("strace", "mksquashfs", "bwrap") if shutil.which(t) is None]
     if missing or os.geteuid() != 0:
         sys.exit(f"needs root and {missing or 'nothing else'}: run scripts/storage-up and scripts/sandbox-up as root")
@@ -163,7 +169,7 @@ def run(a: argparse.Namespace, trials: int, reqs: list[str], shared: Path, tmp: 
     per_step = [shared_ops(tmp / f"plain{n}.strace", shared) for n in range(5)]
     plain_ops = sum(per_step)
     plain_first_s = time.monotonic() - t0
-    import_plain = first_import_ms(str(first / "venv" / "bin" / "python"), first)
+    import_plain = first_import_ms(str(first / "venv" / "bin" / "python"), first, importing(reqs))
     for i in range(1, trials):
         plain_trial(i, shared, project, reqs, None)
     plain_bytes = du(shared / "plain")
@@ -196,7 +202,7 @@ def run(a: argparse.Namespace, trials: int, reqs: list[str], shared: Path, tmp: 
                 reuse.append((time.perf_counter() - t1) * 1000)
                 assert again["state"] == "ready" and again["image"] == r["image"]
             ws = [h.post("/v1/workspaces", json={"base": str(project)}).json() for _ in range(trials)]
-            suite = (f"python -c '{IMPORT}' && python -m unittest discover -q -s tests")
+            suite = (f"python -c '{importing(reqs)}' && python -m unittest discover -q -s tests")
             jobs = h.post("/v1/jobs/batch", json={"jobs": [{"command": suite, "image": "bench",
                                                            "workspace": w["workspace"]} for w in ws]}).json()["jobs"]
             done = h.post("/v1/jobs/wait", json={"ids": [j["id"] for j in jobs], "timeout": 600}).json()["jobs"]
@@ -217,10 +223,10 @@ def run(a: argparse.Namespace, trials: int, reqs: list[str], shared: Path, tmp: 
             info = h.get("/v1/facility").json()["storage"]
             scratch = Path(info["scratch"])
             mount = scratch / "images" / r["image"]
-            import_corral = first_import_ms(str(mount / "bin" / "python"), tmp)
+            import_corral = first_import_ms(str(mount / "bin" / "python"), tmp, importing(reqs))
             image = shared / "images" / f"{r['image']}.sqsh"
             side = gateway_side_ops(shared, project, image, scratch, tmp)
-            corral_ops = statistics.median(ops) + side
+            corral_ops = (statistics.median(ops) if ops else 0) + side
             uppers = sum(h.get(f"/v1/workspaces/{w['workspace']}").json()["upper_bytes"] for w in ws)
             corral_bytes = image.stat().st_size + uppers
             for w in ws:
@@ -245,7 +251,12 @@ def run(a: argparse.Namespace, trials: int, reqs: list[str], shared: Path, tmp: 
         "plain_first_trial_s": round(plain_first_s, 2),
         "meta_ops_plain_by_step": dict(zip(["venv", "install", "copy", "import", "suite"], per_step)),
     })
-    print(json.dumps(result))
+    # The corral job's count on shared paths is 0 when all it reads is the image and its
+    # workspace: that is a measurement only if its sampler saw calls at all (on any path).
+    finish("storage", result, {"plain metadata": plain_ops > 0, "plain bytes": plain_bytes > 0,
+                               "corral job metadata": bool(calls) and statistics.median(calls) > 0,
+                               "corral gateway metadata": side > 0, "corral bytes": corral_bytes > 0,
+                               "imports": import_plain > 0 and import_corral > 0})
 
 
 def cleanup(tmp: Path, shared: Path, ours: bool) -> None:
