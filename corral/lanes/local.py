@@ -34,6 +34,7 @@ from corral.sandbox import host as sandbox_host, opendir
 from corral.storage import META_LABEL, meta
 from corral.core.errors import InvalidRequest
 from corral.core.jobs import JobSpec, JobState, format_duration
+from corral.core.lru import LRU
 from corral.lanes.backend import CONTROLS, BackendStatus, OutputPaths, Partition, SubmitContext, Usage, base_env
 from corral.lanes.local_runner import write_json
 
@@ -52,6 +53,10 @@ never followed."""
 ENV_FD = 6
 """A contained job's own environment reaches the last step before it on this descriptor."""
 JOB_DIR = "/tmp/corral-job"
+DONE_KEPT = 4096
+"""Ended jobs' answers kept in memory (each is read from its result.json once): the core
+has them once it records the end (``forget``), so these are only those asked about
+before then, or again by another caller. Before issue 46 every job's was kept."""
 
 
 def _open_as(pair: tuple[int, int] | None) -> list[Any] | None:
@@ -130,7 +135,7 @@ class LocalBackend:
         self._lock = threading.Lock()
         self._queue: dict[str, tuple[int, int]] = {}  # FIFO: id -> (cpus, memory_mb)
         self._running: dict[str, _Running] = {}
-        self._done: dict[str, BackendStatus] = {}  # terminal results never change: read once
+        self._done: LRU[str, BackendStatus] = LRU(DONE_KEPT)  # terminal results never change: read once
         self._held: set[str] = set()  # queued jobs held by their owner (DIR/held): not started
         if recover:  # else when this replica takes the lead (take_over): a follower starts nothing
             self._recover()
@@ -327,8 +332,17 @@ class LocalBackend:
     def partitions(self) -> list[Partition]:
         return [Partition("local", self.cpus, self.memory_mb, 0, self.max_walltime_s, default=True)]
 
+    def remembered(self) -> set[str]:
+        """The jobs it holds anything of in memory: queued, running or an answer kept."""
+        with self._lock:
+            return set(self._queue) | set(self._running) | set(self._held) | set(self._done)
+
     def forget(self, backend_ids: Sequence[str]) -> None:
-        """Nothing is kept of an ended job: its directory is the record."""
+        """The core recorded these jobs' ends: their answers need not be kept (the
+        directory is the record, read again if one is asked about later)."""
+        with self._lock:
+            for bid in backend_ids:
+                self._done.pop(bid)
 
     def collect(self, before: float) -> int:
         """Remove the directories of jobs that ended before ``before`` (their output and
@@ -494,8 +508,9 @@ class LocalBackend:
                                        "start_time": None, "end_time": time.time()})
 
     def _status_one(self, bid: str) -> BackendStatus | None:
-        if bid in self._done:
-            return self._done[bid]
+        done = self._done.get(bid)
+        if done is not None:
+            return done
         d = self.jobs_dir / bid
         r = self._running.get(bid)
         if r is not None:
@@ -514,7 +529,7 @@ class LocalBackend:
             st = BackendStatus(bid, JobState(result["state"]), result.get("exit_code"), result.get("reason"),
                                result.get("start_time"), result.get("end_time"),
                                node=HOST if result.get("start_time") else None)
-            self._done[bid] = st
+            self._done.put(bid, st)
             return st
         if not (d / "launch.json").exists():
             return None

@@ -33,6 +33,7 @@ from corral.core.db import Database
 from corral.core.store.memory import Viewer
 from corral.core.errors import Forbidden, InvalidRequest, NotFound
 from corral.core.jobs import Job, JobSpec
+from corral.core.lru import LRU
 from corral.core.principals import Caller, Kind, Principal
 from corral.safety import guard
 from corral.core import safe_read
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
 
 SCOPES = ("facility", "account", "user", "agent", "session")
 COMMON_SHARE = 0.05
+TERMS_KEPT = 10_000
+"""Document frequencies of recall's terms kept (the ones asked last): every distinct word
+of every query was kept before issue 46."""
 STOPWORDS = frozenset(
     "a an and are as at be but by can do does for from how i in is it its my of on or should so that the their "
     "this to use was what when where which who why will with you your".split())
@@ -148,7 +152,7 @@ class Memory:
         self.clock = clock or Clock()
         self.db = db
         self.share_account = share_account
-        self._df: dict[str, tuple[int, float]] = {}
+        self._df: LRU[str, tuple[int, float]] = LRU(TERMS_KEPT)
         """term -> (notes holding it, when read): document frequencies change slowly."""
 
     # -- episodes -----------------------------------------------------------------------
@@ -314,11 +318,18 @@ class Memory:
         if total < 1000:
             return terms
         now = time.monotonic()
-        missing = [t for t in terms if t not in self._df or now - self._df[t][1] > 60]
+        docs: dict[str, int] = {}
+        for t in terms:
+            hit = self._df.get(t)
+            if hit is not None and now - hit[1] <= 60:
+                docs[t] = hit[0]
+        missing = [t for t in terms if t not in docs]
         if missing:
             got = self.db.memory.term_docs(missing)
-            self._df.update((t, (got.get(t, 0), now)) for t in missing)
-        rare = [t for t in terms if self._df[t][0] <= COMMON_SHARE * total]
+            for t in missing:
+                docs[t] = got.get(t, 0)
+                self._df.put(t, (docs[t], now))
+        rare = [t for t in terms if docs[t] <= COMMON_SHARE * total]
         return rare or terms
 
     def promote(self, caller: Caller, note_id: int) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from corral.core.clock import Clock
 from corral.core.config import SafetySettings
 from corral.core.errors import CorralError, Forbidden, RateLimited
 from corral.core.jobs import JobSpec
+from corral.core.lru import LRU
 from corral.core.principals import Caller, Kind
 from corral.core.lane_names import BATCH
 from corral.safety.limits import Buckets
@@ -42,6 +43,11 @@ if TYPE_CHECKING:
     from corral.core.db import Database
 
 log = logging.getLogger(__name__)
+
+DECISIONS_KEPT = 4096
+"""Decisions reused for ``cache_s``: at most this many kept, the expired ones dropped first.
+Each read of a job's output is a decision on its own facts (the job's id): before issue 46
+they were kept until 10,000 (~1 KB each) and then all cleared."""
 
 
 def job_resource(spec: JobSpec, owner: str, contained: bool = False) -> dict[str, Any]:
@@ -86,7 +92,7 @@ class Gate:
         self.revoked = self.store.revoked()
         self._taint = self.store.taints()
         self._tags: OrderedDict[str, list[str]] = OrderedDict()
-        self._decisions: dict[tuple[Any, ...], tuple[float, Any]] = {}
+        self._decisions: LRU[tuple[Any, ...], tuple[float, Any]] = LRU(DECISIONS_KEPT)
         self._parser: ProcessPoolExecutor | None = None
         """Parses long texts for risk, started on the first one (``prepare``)."""
         self.cache_s = 1.0
@@ -108,9 +114,9 @@ class Gate:
         ttl = self.cache_s if ttl is None else ttl
         if ttl <= 0:
             return
-        if len(self._decisions) > 10_000:
-            self._decisions.clear()
-        self._decisions[key] = (self.clock.monotonic() + ttl, value)
+        now = self.clock.monotonic()
+        self._decisions.put(key, (now + ttl, value))
+        self._decisions.drop_oldest_while(lambda hit: hit[0] <= now)
 
     def _mtime(self) -> float:
         try:

@@ -23,10 +23,10 @@ import os
 import json
 import re
 import threading
-from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from corral.core.output import read_page, read_tail
 from corral.core.safe_read import read_at
@@ -94,13 +94,34 @@ def _cut(data: bytes, final: bool) -> int:
 class OutputGuard:
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+        """(job, stream) -> its lock and how many reads hold or wait for it: kept while
+        one does, so there are as many as reads in progress (before issue 46, one per
+        stream ever read)."""
+        self._mutex = threading.Lock()
+
+    @contextmanager
+    def _exclusive(self, key: str) -> Iterator[None]:
+        """One read at a time advances a (job, stream)'s copy."""
+        with self._mutex:
+            lock, n = self._locks.get(key) or (threading.Lock(), 0)
+            self._locks[key] = (lock, n + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._mutex:
+                n = self._locks[key][1] - 1
+                if n:
+                    self._locks[key] = (lock, n)
+                else:
+                    del self._locks[key]
 
     def read(self, key: str, raw: Path, final: bool, offset: int, limit: int, tail: int | None) -> Page:
         """A page of the guarded copy of ``raw`` (``key`` names it: job and stream);
         ``final``: the job has ended, so what is held back is guarded too."""
         copy = self.root / key
-        with self._locks[key]:
+        with self._exclusive(key):
             prog = self._advance(copy, raw, final)
         page = read_tail(copy, tail, limit) if tail is not None else read_page(copy, offset, limit)
         page["eof"] = page["eof"] and prog.done

@@ -12,6 +12,7 @@ from typing import Any, Iterable, NamedTuple
 
 from corral.core.jobs import Parent
 from corral.core.jobs import Job, JobSpec, JobState, TERMINAL_STATES
+from corral.core.lru import LRU
 from corral.core.store.conn import Conn
 
 _JOB_COLS = (
@@ -25,7 +26,12 @@ assert {"PENDING", "RUNNING", "UNKNOWN"} == {s.value for s in JobState} - set(_T
 HELD_REASON = "held by request; release it to let it run"
 """A job held before it was sent (job_control's hold, a held submission)."""
 
-_SPECS: dict[str, JobSpec] = {}
+SPECS_KEPT = 4096
+SPECS_TEXT_KEPT = 8 * 2**20
+_SPECS: LRU[str, JobSpec] = LRU(SPECS_KEPT, SPECS_TEXT_KEPT, lambda text, _: len(text))
+"""Parsed specs by their stored text: the last 4,096 read, and at most 8 MiB of their text
+(a spec may be 256 KiB). Before issue 46 it held up to 50,000, ~1.7 KB each for a short
+command: it grew with every distinct job read, to ~80 MB before it was cleared."""
 
 
 class Run(NamedTuple):
@@ -48,9 +54,8 @@ def _parse_spec(text: str) -> JobSpec:
     """Specs never change once stored: parse each distinct one once (a status read is hot)."""
     spec = _SPECS.get(text)
     if spec is None:
-        if len(_SPECS) > 50_000:
-            _SPECS.clear()
-        spec = _SPECS[text] = JobSpec.model_validate(json.loads(text))
+        spec = JobSpec.model_validate(json.loads(text))
+        _SPECS.put(text, spec)
     return spec
 
 
