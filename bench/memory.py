@@ -38,7 +38,7 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -217,10 +217,14 @@ def project() -> Path:
     return tools
 
 
-def campaigns(use_memory: bool, agents: int, sessions: int) -> dict[str, Any]:
+def arm_gateway(use_memory: bool) -> GatewayProcess:
+    return GatewayProcess("--cpus", "4", "--tick", "0.2", env={} if use_memory else {"CORRAL_MEMORY": "false"})
+
+
+def campaigns(use_memory: bool, agents: int, sessions: int, gw: "Future[GatewayProcess] | None" = None) -> dict[str, Any]:
+    """``gw``: the arm's gateway, being started already (--quick); else one is started here."""
     tools = project()
-    env = {} if use_memory else {"CORRAL_MEMORY": "false"}
-    gw = GatewayProcess("--cpus", "4", "--tick", "0.2", env=env)
+    gw = gw.result() if gw is not None else arm_gateway(use_memory)
     failed_pitfall: dict[str, int] = {}  # pitfall -> first session it failed in (the sponsor's family)
     stats: dict[str, Any] = {"jobs": 0, "failed": 0, "repeated": 0, "refused": 0, "forced": 0, "undiagnosed": 0,
                              "first_try_failed": {k: 0 for k in PITFALLS}, "tasks": {k: 0 for k in PITFALLS},
@@ -310,14 +314,18 @@ def campaigns(use_memory: bool, agents: int, sessions: int) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="500 notes, half the questions; 2 agents x 2 sessions")
+    ap.add_argument("--quick", action="store_true", help="300 notes, half the questions; 2 agents x 2 sessions")
     ap.add_argument("--notes", type=int, default=100_000)
     ap.add_argument("--threads", type=int, default=2, help="the encoder's CPU threads while indexing and answering")
     ap.add_argument("--retrieval-only", action="store_true", help="skip (b), the campaigns")
     a = ap.parse_args()
-    total = 500 if a.quick else a.notes
+    total = 300 if a.quick else a.notes
     agents, sessions = (2, 2) if a.quick else (3, 4)
     t0 = time.monotonic()
+    # --quick starts the campaigns' two gateways (seconds of imports each) while retrieval
+    # runs, whose latencies are then not a quiet machine's; the full run starts them after.
+    early = ThreadPoolExecutor(2)
+    gateways = [early.submit(arm_gateway, use) for use in (False, True)] if a.quick and not a.retrieval_only else [None, None]
     r = retrieval(total, a.threads, 2 if a.quick else 1)
     print(f"[{time.monotonic() - t0:6.1f} s] retrieval, {total:,} notes", file=sys.stderr, flush=True)
     retrieved = {"retrieval_questions": r["questions"] > 0, "retrieval_heldout": r["heldout_questions"] > 0,
@@ -334,8 +342,9 @@ def main() -> None:
     # The two arms side by side: their gateways and agents run at once, so each meets the
     # same machine (their figures are counts of failures, not times).
     with ThreadPoolExecutor(2) as pool:
-        arms = [pool.submit(campaigns, use, agents, sessions) for use in (False, True)]
+        arms = [pool.submit(campaigns, use, agents, sessions, g) for use, g in zip((False, True), gateways)]
         without, with_ = (f.result() for f in arms)
+    early.shutdown()
     print(f"[{time.monotonic() - t0:6.1f} s] campaigns, {agents} agents x {sessions} sessions, both arms",
           file=sys.stderr, flush=True)
     reduction = 1 - with_["repeated"] / without["repeated"] if without["repeated"] else None
