@@ -93,7 +93,11 @@ def test_a_job_of_a_user_sees_its_own_home_and_no_other(tmp_path, late) -> None:
         (home / ".ssh").mkdir()
         (home / ".ssh" / "id_ed25519").write_text(SECRET)
         subprocess.run(["chown", "-R", f"{name}:{name}", str(home)], check=True)
-        box = Sandbox(frozenset({"agent"}), (), run_as="nobody", homes=(home,), home_roots=tuple(home_roots([home])))
+        other = Path(f"/home/zzoth{secrets.token_hex(3)}")  # another person's, with a credential hidden by name
+        (other / ".ssh").mkdir(parents=True)
+        other.chmod(0o755)
+        box = Sandbox(frozenset({"agent"}), (other / ".ssh", home / ".ssh"), run_as="nobody", homes=(home, other),
+                      home_roots=tuple(home_roots([home, other])))
         lines = box.shell("agent", ["bash", "-c", LOOK.replace("cat /home/*/secret", f"cat {home}/notes.txt") +
                                     f"; ls -A {home}/.ssh | wc -l; id -un"], "/tmp", user=name, root=True)
         make_late(late)  # after the script was written, before it runs (a batch job on its node)
@@ -105,6 +109,7 @@ def test_a_job_of_a_user_sees_its_own_home_and_no_other(tmp_path, late) -> None:
         assert subprocess.run(now, capture_output=True, text=True, timeout=30).stdout.split() == [name]
     finally:
         subprocess.run(["userdel", "-r", name], capture_output=True)
+        shutil.rmtree(f"/home/{other.name}" if "other" in locals() else "/nonexistent", ignore_errors=True)
 
 
 def test_roots_of_homes_are_never_system_directories(tmp_path) -> None:

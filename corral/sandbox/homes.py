@@ -18,18 +18,22 @@ from corral.sandbox.profile import Mount
 OWN_HOME = "--ro-bind-try"
 """The flag that binds the job's identity's own home back over an emptied root of homes
 (``-try``: a node without that home leaves it out, as Slurm's nodes may)."""
+
+
 def outermost(hidden: list[Mount]) -> list[Mount]:
     """``hidden`` without what an emptied directory before it already hides: bwrap would
     make each such path's mount point in the empty directory, and ``ls -A /root`` would
-    list ``.ssh`` (a name, no content). What lies under the job's own home, bound back,
-    stays; so does everything for the working directory's re-hiding, which gets the whole list."""
+    list ``.ssh``, ``ls -A /home`` another person's name (a name, no content). What lies
+    under the job's own home, bound back, stays hidden over that bind; the working
+    directory's re-hiding gets the whole list."""
     out: list[Mount] = []
     emptied: list[Path] = []
+    bound: list[Path] = []
     for m in hidden:
         at = Path(m.dst)
         if m.op == OWN_HOME.removeprefix("--"):
-            emptied = [e for e in emptied if not at.is_relative_to(e)]
-        elif any(at != e and at.is_relative_to(e) for e in emptied):
+            bound.append(at)
+        elif any(at != e and at.is_relative_to(e) for e in emptied) and not any(at.is_relative_to(b) for b in bound):
             continue
         elif m.op == "tmpfs":
             emptied.append(at)
@@ -65,5 +69,3 @@ def homes() -> list[Path]:
         if u.pw_dir and u.pw_dir not in ("/", "/nonexistent") and os.path.isdir(u.pw_dir):
             seen.add(Path(u.pw_dir))
     return sorted(seen)
-
-
