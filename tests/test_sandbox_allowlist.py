@@ -18,6 +18,7 @@ from typing import Iterator
 
 import pytest
 
+from corral.sandbox import bwrap
 from corral.sandbox.bwrap import Sandbox, home_roots
 
 from .conftest import running
@@ -185,3 +186,37 @@ def test_a_job_sees_no_home_but_its_own_whoever_runs_the_gateway(tmp_path) -> No
         assert homes == expected and root == [], (job["out"], others)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_home_that_is_a_link_is_bound_where_it_lies_with_its_credentials_hidden(tmp_path) -> None:
+    """/home/NAME -> /var/tmp/.../users/NAME: its credentials are hidden where they really
+    lie, so the home is bound there too (bound by its name, bwrap followed the link and
+    the .ssh hidden at the real path was not over it); its name still leads to it."""
+    need_bwrap()
+    need_root()
+    name = f"zzlnk{secrets.token_hex(3)}"
+    data = Path(tempfile.mkdtemp(prefix="zzdata-", dir="/var/tmp"))
+    real = data / "users" / name
+    subprocess.run(["useradd", "--no-create-home", "--home-dir", f"/home/{name}", name], check=True, capture_output=True)
+    try:
+        (real / ".ssh").mkdir(parents=True)
+        (real / ".ssh" / "id_ed25519").write_text(SECRET)
+        (real / "notes.txt").write_text("mine\n")
+        for p in (data, data / "users"):
+            p.chmod(0o755)
+        subprocess.run(["chown", "-R", f"{name}:{name}", str(real)], check=True)
+        Path(f"/home/{name}").symlink_to(real)
+        bwrap._home_of.cache_clear()  # a uid the test before gave another user (deleted since)
+        box = Sandbox(frozenset({"agent"}), (real / ".ssh",), run_as="nobody", homes=(real,),
+                      home_roots=tuple(home_roots([real])))
+        look = f"cat ~/notes.txt; ls -A ~/.ssh | wc -l; cat {real}/.ssh/id_ed25519 2>/dev/null; ls -A /home"
+        for argv in (box.wrap("agent", ["bash", "-c", look], "/tmp", user=name, root=True),
+                     ["bash", "-c", box.shell("agent", ["bash", "-c", look], "/tmp", user=name, root=True)]):
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=30, env={"HOME": f"/home/{name}",
+                                                                                    "PATH": "/usr/bin:/bin"})
+            assert SECRET not in r.stdout + r.stderr, r
+            assert r.stdout.split() == ["mine", "0", name], r
+    finally:
+        Path(f"/home/{name}").unlink(missing_ok=True)
+        subprocess.run(["userdel", name], capture_output=True)
+        shutil.rmtree(data, ignore_errors=True)

@@ -185,6 +185,8 @@ def _sandbox(settings: Settings, state: list[Path]) -> tuple[Sandbox, Egress | N
         state += [layers / sub for sub in WORKSPACE_DIRS]
     egress = Egress(settings.home / "egress", sb.allow_hosts, sb.egress_listen) \
         if sb.allow_hosts and sb.kinds and not sb.network else None
+    if settings.fastlane.dir is not None:  # pools' keys, outputs and journals, wherever the admin puts them
+        state.append(settings.fastlane.dir)
     sandbox = build(sb.kinds, sb.hide, sb.network, sb.run_as, [settings.home, settings.db_path.parent, *state],
                     sb.pids_max, egress.socket if egress else None, seccomp=sb.seccomp, unix_sockets=sb.unix_sockets,
                     file_max=sb.file_max, tmp_max=sb.tmp_max, relay=sb.egress_listen)

@@ -46,7 +46,7 @@ from typing import Any, Sequence
 
 from corral.core import proc
 from corral.sandbox.egress import BRIDGE_NAME
-from corral.sandbox.homes import OWN_HOME, home_roots, homes, outermost, people_homes
+from corral.sandbox.homes import HOME_LINK, OWN_HOME, home_roots, homes, outermost, people_homes
 from corral.sandbox.profile import Become, Mount, Profile, hiding
 from corral.sandbox.seccomp import apply_argv
 from corral.core.errors import BackendError, InvalidRequest, SandboxUnavailable
@@ -206,7 +206,7 @@ class Sandbox:
         if later:  # every credential name under the home, whichever are there when the job starts
             now = self._now_hidden(own)
             known = {t[1] for t in now}
-            hidden = [*(hiding(*t, later=t[0] != OWN_HOME) for t in now),
+            hidden = [*(hiding(*t, later=t[0] not in (OWN_HOME, HOME_LINK)) for t in now),
                       *(Mount("tmpfs", p, later=True) for p in _candidates(own) if p not in known)]
         else:
             # a path gone since the list was made (a home userdel removed) needs no hiding, and bwrap could not mount on it
@@ -297,7 +297,10 @@ class Sandbox:
         ours = {Path(JOB_DIR), Path(READ_DIR), Path(EGRESS_INSIDE)}  # what the sandbox itself makes in its /tmp
         if not p.is_relative_to("/tmp") or len(p.parts) < 3 or any(p.is_relative_to(o) or o.is_relative_to(p) for o in ours):
             return None
-        if any(p.is_relative_to(h) for h in self.hide) or not p.is_dir():
+        # Never one in what is hidden (people's homes under /tmp too); nothing is looked at
+        # as root here (an is_dir through a link was an oracle of what exists anywhere):
+        # one that is missing or not the job's to read fails the job when it is opened.
+        if any(p.is_relative_to(h) for h in (*self.hide, *self.homes, *self.home_roots)):
             return None
         return str(p)
 
@@ -308,13 +311,14 @@ class Sandbox:
             return []
         who = self.owner(kind, user)
         own = _home_of(who[0]) if who is not None else str(Path.home())
+        real = Path(os.path.realpath(own)) if own else None  # where its own home is bound back
         out: list[Path] = []
         for t in self._now_hidden(own):
             p = Path(t[1])
-            if t[0] == OWN_HOME:
+            if t[0] in (OWN_HOME, HOME_LINK):
                 continue
-            if own and Path(own) != p and Path(own).is_relative_to(p):  # a root of homes, its own bound back:
-                out += [e for e in _entries(p) if not Path(own).is_relative_to(e)]  # the rest, as it is now
+            if real and real != p and real.is_relative_to(p):  # a root of homes, its own bound back:
+                out += [e for e in _entries(p) if not real.is_relative_to(e)]  # the rest, as it is now
             else:
                 out.append(p)
         return out
@@ -343,13 +347,16 @@ class Sandbox:
         """(bwrap flag, path[, source]) that empty ``hide`` and every home but ``own``:
         worked out once per home, not per job (a fast lane starts hundreds a second)."""
         roots = self.home_roots
-        # Under a root of homes only the job's own home is there again (read-only, as the
-        # rest of the machine): the rest of the root is an empty tmpfs, whatever it holds now
-        # or later. Homes elsewhere (a home directly under /srv) are hidden by name.
-        mine = [own] if own and any(Path(own).is_relative_to(r) and Path(own) != r for r in roots) else []
-        gone = [*roots, *(h for h in self.homes if str(h) != own and not any(h.is_relative_to(r) for r in roots))]
+        # Under a root of homes only the job's own home is there again (read-only), bound where
+        # it really lies (a home that is a link, bound by its name, showed its credentials);
+        # the rest of the root is an empty tmpfs. Homes elsewhere (/srv/bob) are hidden by name.
+        real = os.path.realpath(own) if own else ""
+        mine = [real] if real and any(Path(real).is_relative_to(r) and Path(real) != r for r in roots) else []
+        gone = [*roots, *(h for h in self.homes if str(h) not in (own, real) and not any(h.is_relative_to(r) for r in roots))]
         out: list[tuple[str, ...]] = [("--tmpfs", str(r)) for r in gone]
         out += [(OWN_HOME, m, m) for m in mine]
+        if own and mine and own != real and any(Path(own).is_relative_to(r) for r in roots):  # its name leads there
+            out.append((HOME_LINK, own, real))
         out += [("--tmpfs", str(p)) if os.path.isdir(p) else ("--ro-bind", str(p), "/dev/null") for p in self.hide]
         return out
 

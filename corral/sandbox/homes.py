@@ -18,6 +18,9 @@ from corral.sandbox.profile import Mount
 OWN_HOME = "--ro-bind-try"
 """The flag that binds the job's identity's own home back over an emptied root of homes
 (``-try``: a node without that home leaves it out, as Slurm's nodes may)."""
+HOME_LINK = "--symlink"
+"""A home whose name is a link (``/home/alice -> /data/users/alice``) is bound where it
+really lies, and its name made a link there again inside the job (its HOME still works)."""
 
 
 def outermost(hidden: list[Mount]) -> list[Mount]:
@@ -33,6 +36,8 @@ def outermost(hidden: list[Mount]) -> list[Mount]:
         at = Path(m.dst)
         if m.op == OWN_HOME.removeprefix("--"):
             bound.append(at)
+        elif m.op == HOME_LINK.removeprefix("--"):
+            pass  # the job's own home's name, made inside an emptied root on purpose
         elif any(at != e and at.is_relative_to(e) for e in emptied) and not any(at.is_relative_to(b) for b in bound):
             continue
         elif m.op == "tmpfs":

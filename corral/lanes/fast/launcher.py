@@ -762,11 +762,14 @@ def read_journals(task_dir: Path) -> dict[int, dict[str, Any]]:
                         continue  # a torn last line of a killed worker
                     if not isinstance(raw, dict):
                         continue
-                    if raw.get("event") == "started" and type(raw.get("job_id")) is int:
-                        rec: dict[str, Any] | None = {"job_id": raw["job_id"], "event": "started",
-                                                      "start": wire.number(raw.get("start"))}
-                    else:
-                        rec = wire.outcome(raw)
+                    try:  # a record the pool user forged is skipped, never the whole read
+                        if raw.get("event") == "started" and type(raw.get("job_id")) is int:
+                            rec: dict[str, Any] | None = {"job_id": raw["job_id"], "event": "started",
+                                                          "start": wire.number(raw.get("start"))}
+                        else:
+                            rec = wire.outcome(raw)
+                    except (ValueError, TypeError, ArithmeticError, RecursionError):
+                        continue
                     if rec is None:
                         continue
                     prev = out.get(rec["job_id"])

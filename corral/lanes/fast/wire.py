@@ -26,6 +26,9 @@ import math
 from typing import Any
 
 MAX_LINE = 8 << 20
+GATEWAY_LINE = 512 << 20
+"""What a worker reads of one line from the gateway (a batch: up to 128 tasks of 64 KiB
+commands and 128 KiB environments, JSON-escaped): the worker trusts the gateway."""
 """A message's most bytes: a batch of 512 outcomes is ~150 KB."""
 MAX_TEXT = 2000
 """A reason's most characters (a node's name: 255)."""
@@ -60,9 +63,14 @@ def hello(msg: dict[str, Any]) -> str:
 
 
 def number(v: Any) -> float | None:
+    """A finite number, or None: an int too large for a float (a 400-digit one in a
+    journal raised OverflowError, which stopped the fast lane at every start) is None."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    v = float(v)
+    try:
+        v = float(v)
+    except OverflowError:
+        return None
     return v if math.isfinite(v) else None
 
 

@@ -108,7 +108,10 @@ async def connect(address: str, tls_dir: Path | None, within: float) -> tuple[as
     deadline = time.monotonic() + within
     while True:
         try:
-            return await asyncio.open_connection(host.strip("[]"), int(port), ssl=ctx, limit=wire.MAX_LINE)
+            # The gateway's lines are trusted and may be large (a batch of 128 tasks with long
+            # commands and environments passed 8 MiB, and readline's ValueError ended the worker
+            # with every other principal's tasks): the gateway's bound on what it sends, not MAX_LINE.
+            return await asyncio.open_connection(host.strip("[]"), int(port), ssl=ctx, limit=wire.GATEWAY_LINE)
         except OSError:
             if time.monotonic() > deadline:
                 raise
