@@ -30,6 +30,7 @@ import argparse
 import errno
 import functools
 import logging
+import contextlib
 import os
 import select
 import stat
@@ -168,13 +169,17 @@ class Relay:
             raise BackendError(f"the egress relay's socket in {self.dir} was replaced; not used")
 
     def close(self) -> None:
+        """Its directory first (nothing can fail before it goes), then the relay: a kill or a
+        wait that raised (a relay already reaped, a wait cut short) left the directory behind."""
         import shutil
 
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
-            self._proc = None
         shutil.rmtree(self.dir, ignore_errors=True)
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                proc.kill()
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                proc.wait(5)
 
 
 BRIDGE_NAME = "socat"

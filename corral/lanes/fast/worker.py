@@ -56,8 +56,13 @@ async def run(a: argparse.Namespace) -> None:
 
         from corral.sandbox.egress import Relay
 
-        relay = Relay(sandbox.relay, sandbox.run_as)
-        _relays.append(relay)
+        # no SIGTERM between its directory's making and its being known to ``finish``
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        try:
+            relay = Relay(sandbox.relay, sandbox.run_as)
+            _relays.append(relay)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
         sandbox = replace(sandbox, egress=str(relay.socket))
     launcher.configure(launcher.Slots(a.cpus, a.memory_mb, gpus[: a.gpus]), sandbox)
     reader, writer = await connect(a.scheduler, a.tls_dir, a.death_timeout)
@@ -136,10 +141,13 @@ def main() -> None:
         scheduler's going and the allocation's cancel often come together), the relay's
         directory first (quick), then the tasks (their sandboxes may take a while)."""
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-        for r in _relays:
-            r.close()
-        launcher.kill_all()
-        logging.shutdown()
+        # each step whatever the one before raised: an exception here (in a signal handler)
+        # skipped the exit, and the worker lived on with its relay's directory
+        for step in [*(r.close for r in _relays), launcher.kill_all, logging.shutdown]:
+            try:
+                step()
+            except Exception:  # noqa: BLE001 (nothing may stop the worker's end)
+                pass
         # Not a normal exit: a batch whose tasks never started still holds a thread, which
         # the interpreter would wait for at exit. The worker's end is its batches' end.
         os._exit(code)
