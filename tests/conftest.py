@@ -8,6 +8,7 @@ import collections
 import contextlib
 import json
 import os
+import pwd
 import random
 import shutil
 import signal
@@ -443,3 +444,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         except (OSError, ValueError):
             continue
         rep.sections.append((f"local job {result.parent.name}", json.dumps(ended) + "\n" + log_text))
+
+
+@contextlib.contextmanager
+def temporary_user(prefix: str, kill: bool = False) -> Iterator[pwd.struct_passwd]:
+    """A Unix user without a home, named for this process (one an interrupted run left is
+    removed first), removed afterwards; ``kill``: its processes killed before."""
+    name = f"{prefix}{os.getpid() % 100000}"
+    subprocess.run(["userdel", name], capture_output=True)
+    subprocess.run(["useradd", "--no-create-home", name], check=True, capture_output=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        if kill:
+            subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
+        subprocess.run(["userdel", name], capture_output=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -19,7 +18,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from .conftest import SHARED_TURN, Gateway, running
+from .conftest import SHARED_TURN, Gateway, running, temporary_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true",
                                 reason="reads as the job's identity are a root gateway's (CI runs as root)")
@@ -141,13 +140,8 @@ def test_inputs_the_sandbox_hides_are_refused_like_missing_ones(tmp_path: Path, 
 
 @pytest.fixture
 def unix_user() -> Iterator[pwd.struct_passwd]:
-    name = f"corralr{os.getpid() % 100000}"
-    subprocess.run(["userdel", name], capture_output=True)  # left by an interrupted run
-    subprocess.run(["useradd", "--no-create-home", name], check=True, capture_output=True)
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["userdel", name], capture_output=True)
+    with temporary_user("corralr") as u:
+        yield u
 
 
 def _swap(path: Path, to: str, owner: pwd.struct_passwd) -> None:

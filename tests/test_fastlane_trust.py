@@ -28,7 +28,7 @@ import pytest
 
 from corral.core.paths import CODE_ROOT
 
-from .conftest import Gateway, running
+from .conftest import Gateway, running, temporary_user
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="a root gateway and a pool user of its own")
 FAST = {"CORRAL_FASTLANE_CPUS": "2", "CORRAL_FASTLANE_MEMORY_MB": "1024"}
@@ -36,14 +36,8 @@ FAST = {"CORRAL_FASTLANE_CPUS": "2", "CORRAL_FASTLANE_MEMORY_MB": "1024"}
 
 @pytest.fixture
 def pool_user() -> Iterator[pwd.struct_passwd]:
-    name = f"corralp{os.getpid() % 100000}"
-    subprocess.run(["userdel", name], capture_output=True)  # left by an interrupted run
-    subprocess.run(["useradd", "--no-create-home", name], check=True, capture_output=True)
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
-        subprocess.run(["userdel", name], capture_output=True)
+    with temporary_user("corralp", kill=True) as u:
+        yield u
 
 
 @pytest.fixture
