@@ -2,7 +2,8 @@
 
 Precedence, highest first: explicit arguments (CLI flags), ``CORRAL_*`` environment
 variables, the TOML file (``$CORRAL_CONFIG``, else ``$CORRAL_HOME/corral.toml``),
-then the defaults below. Unknown keys in the file are refused with the list of valid ones.
+then the defaults below. An unknown key in the file is refused with the closest valid one
+(docs/config.md, written from these declarations by corral/core/config_reference.py, lists them all).
 
 The settings are nested: the gateway's own keys, then a part per component
 (``[fastlane]``, ``[slurm]``, ``[memory]``, ``[safety]`` in the file;
@@ -41,12 +42,12 @@ class FastLaneSettings(_Part):
     """The fast lane (corral/lanes/fast): handed to it alone."""
 
     enabled: bool = Field(True, description="Offer the fast lane: warm allocations that run many tiny tasks.")
-    host: str | None = Field(None, description="Address the pools' schedulers listen on, reachable from the nodes (default: 127.0.0.1 for the local backend, this host's name for Slurm).")
-    python: str | None = Field(None, description="Python (with corral installed) that allocations run on the nodes; default: the gateway's own.")
-    dir: Path | None = Field(None, description="Fast-lane task output and journals; on a filesystem the nodes share. Default HOME/fastlane.")
-    cpus: int | None = Field(None, ge=1, description="Most CPUs of one fast-lane allocation (default: the partition's largest node, at most 32). Each allocation is sized to the demand it starts for, between min_cpus and this.")
+    host: str | None = Field(None, examples=["login1.cluster.example"], description="Address the pools' schedulers listen on, reachable from the nodes (default: 127.0.0.1 for the local backend, this host's name for Slurm).")
+    python: str | None = Field(None, examples=["/opt/corral/bin/python"], description="Python (with corral installed) that allocations run on the nodes; default: the gateway's own.")
+    dir: Path | None = Field(None, examples=["/shared/corral/fastlane"], description="Fast-lane task output and journals; on a filesystem the nodes share. Default HOME/fastlane.")
+    cpus: int | None = Field(None, ge=1, examples=[16], description="Most CPUs of one fast-lane allocation (default: the partition's largest node, at most 32). Each allocation is sized to the demand it starts for, between min_cpus and this.")
     min_cpus: int = Field(4, ge=1, description="Fewest CPUs of one allocation (bounded by cpus): each allocation is sized to the demand it starts for, between this and cpus. Set it to cpus to keep every allocation at the full shape.")
-    memory_mb: int | None = Field(None, ge=64, description="Memory (MB) of one allocation (default: the partition's largest node).")
+    memory_mb: int | None = Field(None, ge=64, examples=[65536], description="Memory (MB) of one allocation (default: the partition's largest node).")
     gpus: int = Field(0, ge=0, description="GPUs of one allocation.")
     alloc_walltime_s: int = Field(3600, ge=60, description="Walltime of one allocation (a pilot job).")
     max_task_s: int = Field(600, ge=1, description="Longest walltime a task may ask for in the fast lane; 'auto' sends longer ones to batch.")
@@ -63,10 +64,10 @@ class FastLaneSettings(_Part):
 class SlurmSettings(_Part):
     """The Slurm backend (corral/lanes/slurm/backend.py)."""
 
-    conf: str | None = Field(None, description="slurm.conf of the cluster (default: $SLURM_CONF).")
-    jobs_dir: Path | None = Field(None, description="Job scripts and output; on a filesystem the nodes share. Default HOME/slurm/jobs.")
+    conf: str | None = Field(None, examples=["/etc/slurm/slurm.conf"], description="slurm.conf of the cluster (default: $SLURM_CONF).")
+    jobs_dir: Path | None = Field(None, examples=["/shared/corral/jobs"], description="Job scripts and output; on a filesystem the nodes share. Default HOME/slurm/jobs.")
     agent_nice: int = Field(100, ge=0, le=2147483645, description="Nice value for agents' jobs: people keep priority.")
-    agent_qos: str | None = Field(None, description="QOS for agents' jobs, when the site has one.")
+    agent_qos: str | None = Field(None, examples=["agents"], description="QOS for agents' jobs, when the site has one.")
     timeout_s: float = Field(30.0, gt=0, description="Longest wait for one Slurm command.")
     poll_s: float = Field(10.0, gt=0, description="Full squeue poll interval; jobs report their own start and end in between.")
     opportunistic_qos: str | None = Field("agents-opportunistic", description="QOS of agents' opportunistic batch work: preemptible, requeued by Slurm when a person's job needs its cores, reported as one job with its requeue count (docs/decisions/0022). Used where Slurm preempts it (PreemptType=preempt/qos, the QOS exists; scripts/slurm-up sets both); '' turns the tier off.")
@@ -75,7 +76,7 @@ class SlurmSettings(_Part):
     walltime_margin: float = Field(2.0, ge=1, description="The tightened walltime: the largest of the last walltime_history runtimes times this.")
     walltime_history: int = Field(3, ge=2, le=50, description="Runs of the same script the tightened walltime is taken from (at least 2 needed).")
     walltime_min_s: int = Field(300, ge=60, description="The shortest walltime corral asks of Slurm when it tightens one.")
-    submitter: str | None = Field(None, description="A gateway run as a service account: the privileged submitter scripts/privsep-up installed (e.g. /usr/local/libexec/corral-submit), run through `sudo -n`, so each principal with a Unix user has its Slurm jobs run as that user (decision 0021). Unset: they run as the gateway's account. A root gateway needs none.")
+    submitter: str | None = Field(None, examples=["/usr/local/libexec/corral-submit"], description="A gateway run as a service account: the privileged submitter scripts/privsep-up installed (e.g. /usr/local/libexec/corral-submit), run through `sudo -n`, so each principal with a Unix user has its Slurm jobs run as that user (decision 0021). Unset: they run as the gateway's account. A root gateway needs none.")
 
 
 class MemorySettings(_Part):
@@ -84,20 +85,20 @@ class MemorySettings(_Part):
     enabled: bool = Field(True, description="Remember every job's outcome and advise at submit; refuse exact repeats of deterministic failures (see refuse_repeats).")
     refuse_repeats: bool = Field(True, description="Refuse the exact repeat of a job whose last run failed in a way that repeats, unless it says force.")
     share_account: bool = Field(False, description="Advice also draws on the outcomes of everyone in the same account, not only the submitter's family.")
-    facility_paths: dict[str, str] = Field(default_factory=dict, description="Filesystems agents should know, name -> path (e.g. {scratch = '/scratch'}); part of the facility facts.")
-    facility_quotas: dict[str, str] = Field(default_factory=dict, description="Storage quotas agents should know, name -> text (e.g. {home = '20 GB per user'}); part of the facility facts.")
+    facility_paths: dict[str, str] = Field(default_factory=dict, examples=[{"scratch": "/scratch"}], description="Filesystems agents should know, name -> path (e.g. {scratch = '/scratch'}); part of the facility facts.")
+    facility_quotas: dict[str, str] = Field(default_factory=dict, examples=[{"home": "20 GB per user"}], description="Storage quotas agents should know, name -> text (e.g. {home = '20 GB per user'}); part of the facility facts.")
     facts_interval_s: float = Field(600.0, gt=0, description="How often the facility facts are harvested again (they are also harvested at start).")
     semantic: bool = Field(True, description="Recall also by meaning: notes are embedded by a small sentence encoder (all-MiniLM-L6-v2, int8, on the CPU) and fused with the BM25 ranking. Off: BM25 alone.")
-    embed_model: Path | None = Field(None, description="A BERT sentence-encoder directory (config.json, model.safetensors, tokenizer.json) to embed notes with. Default: the packaged all-MiniLM-L6-v2.")
+    embed_model: Path | None = Field(None, examples=["/opt/models/all-MiniLM-L6-v2"], description="A BERT sentence-encoder directory (config.json, model.safetensors, tokenizer.json) to embed notes with. Default: the packaged all-MiniLM-L6-v2.")
     embed_threads: int = Field(1, ge=1, le=64, description="Notes the encoder embeds at once, one CPU thread each (a query takes one).")
-    model_cache: Path | None = Field(None, description="Where the encoder's int8 graph is kept once built (shared by the gateways of one machine). Default ~/.cache/corral/models.")
+    model_cache: Path | None = Field(None, examples=["/var/cache/corral/models"], description="Where the encoder's int8 graph is kept once built (shared by the gateways of one machine). Default ~/.cache/corral/models.")
 
 
 class SafetySettings(_Part):
     """The gate (corral/safety): the policy, rate limits, caps."""
 
-    policy_file: Path | None = Field(None, description="The facility policy (Cedar). Default HOME/policy.cedar when it exists, else the packaged default; 'corral policy init' writes a copy to edit.")
-    policy_groups: dict[str, list[str]] = Field(default_factory=dict, description="Groups for the policy, name -> principals (e.g. {gpu-users = ['alice', 'bot1']}): Corral::Group::\"NAME\". Every principal with an account is also in group 'account:ACCOUNT'.")
+    policy_file: Path | None = Field(None, examples=["/etc/corral/policy.cedar"], description="The facility policy (Cedar). Default HOME/policy.cedar when it exists, else the packaged default; 'corral policy init' writes a copy to edit.")
+    policy_groups: dict[str, list[str]] = Field(default_factory=dict, examples=[{"gpu-users": ["alice", "bot1"]}], description="Groups for the policy, name -> principals (e.g. {gpu-users = ['alice', 'bot1']}): Corral::Group::\"NAME\". Every principal with an account is also in group 'account:ACCOUNT'.")
     rate_limit_kinds: list[str] = Field(["agent"], description="Kinds of principal the rate limits apply to (human, agent, service).")
     rate_api_per_s: float = Field(50.0, ge=0, description="API calls per second per principal and per session (0: no limit).")
     rate_api_burst: float = Field(200.0, ge=1, description="API calls allowed at once above the rate.")
@@ -119,10 +120,10 @@ class SandboxSettings(_Part):
 
     kinds: list[str] = Field(["agent"], description="Kinds of principal whose jobs run in a bubblewrap sandbox (human, agent, service); [] turns the sandbox off. Where it cannot be built, their jobs are refused.")
     network: bool = Field(False, description="Whether sandboxed jobs keep the host's network (default: none, only a private loopback).")
-    hide: list[Path] = Field(default_factory=list, description="More paths a sandboxed job sees empty, beside the defaults (credentials under every home, munge, Slurm's state, /root, corral's own state). Each must exist.")
+    hide: list[Path] = Field(default_factory=list, examples=[["/etc/site-secrets"]], description="More paths a sandboxed job sees empty, beside the defaults (credentials under every home, munge, Slurm's state, /root, corral's own state). Each must exist.")
     run_as: str = Field("nobody", description="The unprivileged Unix user a sandboxed job runs as when root starts it and its principal has no Unix user of its own.")
-    allow_hosts: list[str] = Field(default_factory=list, description="Hosts a sandboxed job without the host's network may reach, through corral's egress proxy: 'host', 'host:port' or '*.domain' (for example the facility's PyPI mirror). Empty: no way out at all.")
-    egress_listen: str | None = Field(None, description="HOST:PORT where the egress proxy also listens, an address of this host that the Slurm nodes reach: a job on a node then reaches the allow-list through a relay its batch script starts there. Unset: only through a Unix socket in corral's state, which connects on this machine alone (a node that is another machine reaches nothing).")
+    allow_hosts: list[str] = Field(default_factory=list, examples=[["pypi.internal.example:443", "*.mirror.example"]], description="Hosts a sandboxed job without the host's network may reach, through corral's egress proxy: 'host', 'host:port' or '*.domain' (for example the facility's PyPI mirror). Empty: no way out at all.")
+    egress_listen: str | None = Field(None, examples=["10.0.0.1:3128"], description="HOST:PORT where the egress proxy also listens, an address of this host that the Slurm nodes reach: a job on a node then reaches the allow-list through a relay its batch script starts there. Unset: only through a Unix socket in corral's state, which connects on this machine alone (a node that is another machine reaches nothing).")
     pids_max: int = Field(512, ge=16, le=1_000_000, description="Most processes and threads one sandboxed job may have at once (a fork bomb stops there).")
     dynamic_uids: tuple[int, int] = Field((61184, 65519), description="The uids a root gateway hands out, one per principal that has no Unix user (nor a sponsor with one), as systemd's DynamicUser does; never reused.")
     uid_registry: Path = Field(Path("/var/lib/corral/uids"), description="The machine-wide record of dynamic uids, shared by every corral install on this machine (root's, 0600 in a 0700 directory), so that two installs never hand out one uid.")
@@ -143,18 +144,18 @@ class SandboxSettings(_Part):
 class StorageSettings(_Part):
     """Environment images, trial workspaces and metadata accounting (corral/storage/)."""
 
-    images_dir: Path | None = Field(None, description="The shared store of environment images (one squashfs file each); on a filesystem the nodes share. Default HOME/images.")
-    scratch: Path | None = Field(None, description="Node-local scratch: images' mount points, unpacked images, build staging, and workspaces' layers unless [storage] workspaces names another directory. Not under HOME, whose contents jobs never see. Default /var/tmp/corral-<hash of HOME>.")
-    workspaces: Path | None = Field(None, description="Where trial workspaces' layers live (its workspaces/: each one's changes, its overlay's work directory and mount point; its trees/: the revisions forked). On the Slurm backend each job mounts its workspace on the node it runs on, over these layers: a directory every node sees at this path (a shared filesystem) for a workspace to be used on more than one node. Default [storage] scratch.")
-    python: str | None = Field(None, description="The Python images are built for (the nodes must have it at the same path). Default /usr/bin/python3 where it exists, else the gateway's base interpreter.")
-    index_url: str | None = Field(None, description="Package index uv resolves and installs from (the facility's PyPI mirror); default uv's (PyPI).")
+    images_dir: Path | None = Field(None, examples=["/shared/corral/images"], description="The shared store of environment images (one squashfs file each); on a filesystem the nodes share. Default HOME/images.")
+    scratch: Path | None = Field(None, examples=["/local/corral"], description="Node-local scratch: images' mount points, unpacked images, build staging, and workspaces' layers unless [storage] workspaces names another directory. Not under HOME, whose contents jobs never see. Default /var/tmp/corral-<hash of HOME>.")
+    workspaces: Path | None = Field(None, examples=["/shared/corral/workspaces"], description="Where trial workspaces' layers live (its workspaces/: each one's changes, its overlay's work directory and mount point; its trees/: the revisions forked). On the Slurm backend each job mounts its workspace on the node it runs on, over these layers: a directory every node sees at this path (a shared filesystem) for a workspace to be used on more than one node. Default [storage] scratch.")
+    python: str | None = Field(None, examples=["/usr/bin/python3"], description="The Python images are built for (the nodes must have it at the same path). Default /usr/bin/python3 where it exists, else the gateway's base interpreter.")
+    index_url: str | None = Field(None, examples=["https://pypi.internal.example/simple"], description="Package index uv resolves and installs from (the facility's PyPI mirror); default uv's (PyPI).")
     build_cpus: int = Field(2, ge=1, description="CPUs of one environment build job.")
     build_memory_mb: int = Field(4096, ge=256, description="Memory (MB) of one environment build job.")
     build_walltime_s: int = Field(3600, ge=60, description="Walltime of one environment build job.")
     build_max_mb: int = Field(20480, ge=16, description="Most MB an installed environment may hold; a larger one is refused when packed.")
     image_keep_days: float = Field(30.0, gt=0, description="An image no job has used for this long is collected by 'corral env gc'.")
     workspace_ttl_s: int = Field(7 * 86400, ge=60, description="A workspace not committed or discarded is dropped this long after it was forked.")
-    shared_paths: list[Path] = Field(default_factory=list, description="Paths on the shared filesystem whose file-metadata operations corral counts (e.g. ['/home', '/project']).")
+    shared_paths: list[Path] = Field(default_factory=list, examples=[["/home", "/project"]], description="Paths on the shared filesystem whose file-metadata operations corral counts (e.g. ['/home', '/project']).")
     meta_sample: float = Field(0.0, ge=0, le=1, description="Share of batch jobs run under strace to count their metadata operations on shared_paths (0: none; 1: every job). Sampled jobs run slower.")
     session_meta_budget: int = Field(0, ge=0, description="Metadata operations on shared_paths one session's measured jobs may make; past it, its jobs must use an image or a workspace (0: no cap).")
 
@@ -170,7 +171,7 @@ def host_port(listen: str) -> tuple[str, int]:
 class StoreSettings(_Part):
     """Where the gateway keeps its state (corral/core/store/)."""
 
-    url: str | None = Field(None, description="The store: 'postgresql://USER@HOST:PORT/DB' for PostgreSQL (production: several gateways, backups, a server an operator already runs), or a SQLite file's path. Default HOME/corral.db, SQLite.")
+    url: str | None = Field(None, examples=["postgresql://corral@db.example:5432/corral"], description="The store: 'postgresql://USER@HOST:PORT/DB' for PostgreSQL (production: several gateways, backups, a server an operator already runs), or a SQLite file's path. Default HOME/corral.db, SQLite.")
 
     @field_validator("url")
     @classmethod
@@ -225,21 +226,24 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    home: Path = Field(default_factory=home_dir, description="State directory: database, admin token, logs, job files.")
+    home: Path = Field(default_factory=home_dir, json_schema_extra={"shown_default": "$CORRAL_HOME, else ./.corral"}, examples=["/var/lib/corral"], description="State directory: database, admin token, logs, job files.")
     host: str = Field("127.0.0.1", description="Address the gateway listens on.")
     port: int = Field(8765, ge=0, le=65535, description="Port the gateway listens on (0: any free port).")
-    url: str | None = Field(None, description="Gateway URL for clients; default http://HOST:PORT.")
+    url: str | None = Field(None, examples=["https://corral.cluster.example:8765"], description="Gateway URL for clients; default http://HOST:PORT (https:// with tls_cert).")
+    tls_cert: Path | None = Field(None, examples=["/etc/corral/tls/fullchain.pem"], description="The certificate (PEM, with its chain) the gateway serves HTTPS with; needs tls_key. Clients verify it against the system store, or CORRAL_CA_FILE for a site CA.")
+    tls_key: Path | None = Field(None, examples=["/etc/corral/tls/privkey.pem"], description="The private key (PEM) of tls_cert; readable by the gateway's account only.")
+    insecure: bool = Field(False, description="Listen on an address other than loopback without TLS. Bearer tokens then cross the network in clear: only for a proxy on this host that terminates TLS (docs/deploy.md) or a network no one else reaches. Refused otherwise.")
     backend: Literal["local", "slurm"] = Field("local", description="Where jobs run: 'local' (processes on this machine) or 'slurm'.")
     tick_s: float = Field(0.5, gt=0, le=60, description="Reconciler interval: one backend status call per tick.")
     max_backoff_s: float = Field(30.0, gt=0, description="Longest pause between ticks while the backend fails.")
     wait_max_s: float = Field(600.0, gt=0, description="Longest long-poll a client may ask of 'wait'.")
     mcp_wait_s: float = Field(90.0, gt=0, le=600, description="Longest an MCP tool call waits before it answers 'not yet, call again' (Claude Code moves a call to the background after ~120 s).")
-    metrics_token: str | None = Field(None, description="A secret a Prometheus scraper sends as 'Authorization: Bearer <it>' to see figures per person on /metrics (sponsors' budgets); an admin's token does too. Without either, /metrics shows the facility's totals only.")
+    metrics_token: str | None = Field(None, examples=["a-long-random-secret"], description="A secret a Prometheus scraper sends as 'Authorization: Bearer <it>' to see figures per person on /metrics (sponsors' budgets); an admin's token does too. Without either, /metrics shows the facility's totals only.")
     mcp_sessions_per_principal: int = Field(64, ge=1, le=10_000, description="MCP sessions (streamable HTTP) one principal may hold at once, over all its tokens: opening one more closes its oldest. A caller without a token never gets one.")
     mcp_progress_s: float = Field(10.0, gt=0, le=60, description="A waiting MCP tool call sends a progress notification at least this often.")
-    mcp_authorization_servers: list[str] = Field(default_factory=list, description="The facility's OAuth authorization servers (URLs) that MCP clients may get a token from: published as the /mcp resource's RFC 9728 metadata. Empty: none is published (corral's own tokens, minted by a sponsor, are the way in).")
-    local_cpus: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, description="CPU slots of the local backend.")
-    local_memory_mb: int = Field(default_factory=_total_memory_mb, ge=64, description="Memory (MB) of the local backend.")
+    mcp_authorization_servers: list[str] = Field(default_factory=list, examples=[["https://login.example/realms/hpc"]], description="The facility's OAuth authorization servers (URLs) that MCP clients may get a token from: published as the /mcp resource's RFC 9728 metadata. Empty: none is published (corral's own tokens, minted by a sponsor, are the way in).")
+    local_cpus: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, json_schema_extra={"shown_default": "this machine's cores"}, examples=[8], description="CPU slots of the local backend.")
+    local_memory_mb: int = Field(default_factory=_total_memory_mb, ge=64, json_schema_extra={"shown_default": "this machine's memory"}, examples=[16384], description="Memory (MB) of the local backend.")
     local_max_walltime_s: int = Field(7 * 86400, ge=1, description="Longest walltime the local backend accepts.")
     local_keep_days: float = Field(30.0, gt=0, description="How long the local backend keeps an ended job's directory (its output); the job's record stays in the database.")
     audit_segment_mb: float = Field(64.0, gt=0, description="The audit chain's live file is closed as a segment (audit-<first record>.jsonl) once it passes this size; the chain runs on across segments and 'corral audit verify' walks them all. Archive old segments together: verify needs every one.")
@@ -282,6 +286,12 @@ class Settings(BaseModel):
                 raise ValueError(f"mcp_authorization_servers: {url[:80]!r} is not an http(s) URL")
         return v
 
+    @model_validator(mode="after")
+    def _tls_pair(self) -> "Settings":
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: give both (or neither)")
+        return self
+
     @field_validator("home")
     @classmethod
     def _absolute_home(cls, v: Path) -> Path:
@@ -292,8 +302,9 @@ class Settings(BaseModel):
     def base_url(self) -> str:
         if self.url:
             return self.url.rstrip("/")
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"http://{host}:{self.port}"
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        host = f"[{host}]" if ":" in host else host
+        return f"{'https' if self.tls_cert else 'http'}://{host}:{self.port}"
 
     @property
     def db_path(self) -> Path:
@@ -325,6 +336,37 @@ def config_file(home: Path | None = None) -> Path:
 
 def valid_keys() -> list[str]:
     return sorted({*Settings.model_fields, *_flat_names()})
+
+
+def unknown_keys(data: dict[str, Any]) -> dict[str, str | None]:
+    """Each key of a corral.toml that no setting has -> the closest one that exists
+    ('fastlane.cpu' -> 'fastlane.cpus', 'cpus' -> 'fastlane.cpus'), or None: a typo is
+    answered with one name to try, not with all of them."""
+    import difflib
+
+    dotted = [k for k in Settings.model_fields if k not in PARTS]
+    dotted += [f"{p}.{k}" for p, model in PARTS.items() for k in model.model_fields]
+    flat = set(valid_keys())
+    out: dict[str, str | None] = {}
+    for key, value in data.items():
+        if key in PARTS and isinstance(value, dict):
+            for sub in sorted(set(value) - set(PARTS[key].model_fields)):
+                out[f"{key}.{sub}"] = _closest(f"{key}.{sub}", dotted, difflib)
+        elif key not in flat:
+            out[key] = _closest(key, dotted, difflib)
+    return out
+
+
+def _closest(key: str, names: list[str], difflib: Any) -> str | None:
+    # A key written at the top that lives in a table ('cpus') is matched by its last part too.
+    exact = [n for n in names if n.rpartition(".")[2] == key.rpartition(".")[2]]
+    if len(exact) == 1:
+        return exact[0]
+    best = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    if not best:
+        tails = {n.rpartition(".")[2]: n for n in names}
+        best = [tails[t] for t in difflib.get_close_matches(key.rpartition(".")[2], list(tails), n=1, cutoff=0.75)]
+    return best[0] if best else None
 
 
 def _from_env() -> dict[str, Any]:
@@ -372,14 +414,12 @@ def load_settings(**overrides: Any) -> Settings:
             from_file = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as e:
             raise InvalidRequest(f"config file {path} is not valid TOML: {e}") from None
-        unknown = set(from_file) - set(valid_keys())
-        for part in PARTS:
-            if isinstance(from_file.get(part), dict):
-                unknown |= {f"{part}.{k}" for k in set(from_file[part]) - set(PARTS[part].model_fields)}
+        unknown = unknown_keys(from_file)
         if unknown:
             raise InvalidRequest(
-                f"config file {path} has unknown keys {sorted(unknown)}; valid keys: {valid_keys()} "
-                "(and the keys of the tables " + ", ".join(f"[{p}]" for p in PARTS) + ")")
+                f"config file {path}: " + "; ".join(f"unknown key '{k}'" + (f": did you mean '{m}'?" if m else "")
+                                                    for k, m in unknown.items()),
+                hint="every key, with its type, default and meaning: docs/config.md (or 'corral config reference')")
     try:
         return Settings(**_merge(from_file, _from_env(), overrides))
     except ValidationError as e:

@@ -11,7 +11,7 @@ SECTIONS: list[tuple[str, list[str]]] = [
     ("Memory", ["remember", "recall", "advice"]),
     ("Storage", ["env", "workspace"]),
     ("Agent tools", ["agent", "mcp", "risk"]),
-    ("Admin", ["serve", "principal", "token", "policy", "audit", "sandbox", "slurm"]),
+    ("Admin", ["serve", "config", "principal", "token", "policy", "audit", "sandbox", "slurm"]),
     ("Analysis (offline, no gateway)", ["analyze", "synth", "simulate"]),
 ]
 """Every command, once, in the order a reader meets them."""
@@ -21,9 +21,11 @@ SUMMARIES: dict[str, str] = {
     "agent": "Run coding agents as corral agent sessions.",
     "analyze": "Measure what agents take of a facility, from its accounting data.",
     "audit": "The audit chain: every decision (submit, cancel), allowed or refused, tamper-evident.",
+    "config": "The configuration: every key's reference, and a check of a corral.toml.",
     "control": "Hold, release, requeue or signal a job, where its lane can.",
     "env": "Environment images: a Python environment built once with uv, packed into one read-only squashfs file, shared by every job and every principal.",
     "policy": "The facility policy (Cedar): what each principal may do, and why not.",
+    "principal": "Register and list principals: humans, agents (with a sponsor) and services.",
     "recall": "Search the notes you may read, best match first: by their words and by their meaning, so a question finds a note worded otherwise.",
     "remember": "Write a note for later sessions: a fix, a pitfall, what works here.",
     "risk": "Tag shell commands by what they risk, and give the policy's decision for an agent.",

@@ -78,6 +78,7 @@ LAZY = {
     "simulate": "corral.edges.cli.simulate_commands:simulate", "agent": "corral.edges.cli.agent_run:agent",
     "slurm": "corral.edges.cli.slurm_plugin:slurm", "env": "corral.edges.cli.storage_commands:env",
     "workspace": "corral.edges.cli.storage_commands:workspace",
+    "principal": "corral.edges.cli.principal_commands:principal", "config": "corral.edges.cli.config_commands:config"
 }
 """Commands imported when called, not at start (they pull in polars, Cedar, tree-sitter)."""
 
@@ -464,41 +465,6 @@ def mcp_stdio(o: Ctx) -> None:
     # No fallback to the admin token file: an agent started in the gateway's directory
     # must not silently act as the admin.
     sys.exit(serve(o.url, o.token or os.environ.get("CORRAL_TOKEN"), o.session))
-
-
-@cli.group()
-def principal() -> None:
-    """Register and list principals: humans, agents (with a sponsor) and services.
-
-    \b
-    Examples:
-      corral principal add alice --kind human
-      corral principal add claude-1 --kind agent --sponsor alice
-      corral principal add ci --kind service
-      corral principal list
-    """
-
-
-@principal.command("add")
-@click.argument("name")
-@click.option("--kind", type=click.Choice(["human", "agent", "service"]), required=True, help="What acts: a person, an AI agent, or a service.")
-@click.option("--sponsor", help="For agents: the human who answers for it.")
-@click.option("--unix-user", help="Unix user its jobs run as (under a root gateway; an agent without one works as its sponsor's, and a principal with neither gets a uid of its own).")
-@click.option("--account", help="Scheduler account its jobs are charged to.")
-@click.option("--admin", is_flag=True, help="Make this human an admin.")
-@click.pass_obj
-def principal_add(o: Ctx, name: str, kind: str, sponsor: str | None, unix_user: str | None,
-                  account: str | None, admin: bool) -> None:
-    """Add a principal. Example: corral principal add bot1 --kind agent --sponsor alice"""
-    p = o.client.add_principal(name=name, kind=kind, sponsor=sponsor, unix_user=unix_user, account=account, admin=admin)
-    o.out(p, lambda p: f"added {p['kind']} {p['name']}" + (f" (sponsor {p['sponsor']})" if p.get("sponsor") else ""))
-
-
-@principal.command("list")
-@click.pass_obj
-def principal_list(o: Ctx) -> None:
-    """List the principals you may see."""
-    o.out(o.client.principals(), lambda ps: table(ps, ["name", "kind", "sponsor", "unix_user", "account", "admin"]))
 
 
 def main() -> None:
