@@ -446,3 +446,24 @@ def test_a_jobs_fields_are_described_once_in_the_tool_list() -> None:
         assert not any("description" in props[f] for f in JOB_FIELDS), props
         assert props["cpus"]["minimum"] == 1 and props["lane"]["enum"] == ["fast", "batch", "auto"]
     assert "described there" in tools["submit_jobs"]["properties"]["jobs"]["description"]
+
+
+def test_an_argument_no_tool_takes_is_an_error_naming_it_and_the_valid_ones(tmp_path) -> None:
+    """issue 47: `labels` sent to submit_job (which takes no such field) was dropped without
+    a word and the job ran as if it had not been said. It is now a tool error naming the
+    argument and the ones the tool takes; nothing is submitted."""
+    settings = Settings(home=tmp_path / "home", tick_s=0.1, local_cpus=2)
+    service = build_service(settings)
+    service.accounts.bootstrap_admin()
+    token = settings.admin_token_path.read_text().strip()
+    mcp = build_mcp(lambda ctx: ServiceOps(service, token, "unknown-1"), lambda: service.facility(None))
+
+    async def scenario() -> None:
+        async with Client(mcp) as client:
+            said = error_text(await client.call_tool("submit_job", {"command": "true", "labels": {"a": "b"}}))
+            assert "unknown argument 'labels'" in said and "command" in said and "workdir" in said, said
+            said = error_text(await client.call_tool("job_status", {"job_id": 1, "verbose": True, "colour": 1}))
+            assert "'colour', 'verbose'" in said and "job_id" in said, said
+
+    asyncio.run(scenario())
+    assert service.db.count_jobs() == {}  # nothing was submitted

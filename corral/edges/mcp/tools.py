@@ -296,6 +296,14 @@ class _Server(MCPServer):
             for t in tools]
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        # The SDK drops what its schema does not name: `labels` sent for `label` was lost
+        # without a word, and the job ran unlabelled. An argument no tool takes is an error.
+        tool = self._tool_manager.get_tool(name)
+        known = set((tool.parameters.get("properties") or {}) if tool is not None else arguments)
+        unknown = sorted(set(arguments) - known)
+        if unknown:
+            raise ToolError(f"{name}: unknown argument{'s' if len(unknown) > 1 else ''} "
+                            f"{', '.join(map(repr, unknown))}; the arguments it takes: {', '.join(sorted(known))}")
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as e:
