@@ -485,3 +485,21 @@ def test_a_hidden_directory_made_again_after_a_cleaner_is_still_hidden(tmp_path:
         assert r.returncode == 0 and "ran" in r.stdout and "SCRATCH-CANARY" not in r.stdout, r
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_a_workdir_under_a_closed_parent_answers_alike_whether_it_exists_or_not(fast: Gateway, private: Path) -> None:
+    """issue 47 review: the preflight, run by root, answered "does not exist" for a path
+    the caller's identity cannot look into and "not writable" for one that is there: a
+    way to map root's closed directories. Both now get one answer, naming the parent."""
+    t = tokens(fast, ("bot1", "alice"))
+    said = {}
+    for name in ("okwd", "no-such-dir", "ledger.txt"):
+        r = submit(fast, t["bot1"], {"command": "true", "workdir": str(private / name)})
+        assert r.status_code == 400, r.text
+        said[name] = r.json()["error"]["message"].replace(str(private / name), "WD")
+    assert said["okwd"] == said["no-such-dir"] == said["ledger.txt"], said
+    assert f"lies under {private}, which that identity may not enter" in said["okwd"], said
+    with fast.http(t["bot1"]) as h:  # plan_job and advice answer as submit does
+        for name in ("okwd", "no-such-dir"):
+            r = h.post("/v1/plan", json={"command": "true", "workdir": str(private / name)})
+            assert "does not exist" not in r.text and "may not enter" in r.text, r.text

@@ -55,6 +55,26 @@ def _homes() -> frozenset[str]:
     return _HOMES[1]
 
 
+def reachable(workdir: str, identity: Identity | None) -> None:
+    """Refuse a working directory that lies under a directory the job's identity may not
+    enter, in the same words whether it exists or not, before anything else is said of
+    it. The gateway (root) looks at everything: answering "does not exist" here and "not
+    writable" there told a caller what lies where its identity cannot look (issue 47).
+    Each parent is looked at as named, from ``/`` down; the first one that is missing ends
+    the walk (its own parent was open to the identity: it could see that for itself)."""
+    if identity is None or not os.path.isabs(workdir):
+        return
+    for parent in reversed(Path(os.path.normpath(workdir)).parents):
+        try:
+            st = os.stat(parent)
+        except OSError:
+            return
+        if not _may(st, identity, 0o1):
+            raise InvalidRequest(f"workdir {workdir!r} {NOT_WRITABLE}, {identity.describe()}: it lies under "
+                                 f"{parent}, which that identity may not enter",
+                                 hint="pick your project's directory (or a subdirectory of it) with --workdir")
+
+
 def check(workdir: str, identity: Identity | None, state: Iterable[Path], hidden: Iterable[Path]) -> str:
     """-> the resolved working directory, or raise InvalidRequest naming the rule and what
     to do. ``identity``: who the job runs as (None: the gateway's own user)."""

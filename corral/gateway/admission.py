@@ -224,11 +224,13 @@ class Admission:
         -> the default partition (one thread hop for both: a single submission is hot).
         A spec whose working directory was checked is replaced in ``specs`` by one that
         names the resolved directory: the lanes bind that, never the link it was named by."""
-        self.identity_of(caller)  # a principal no job may run as (root) is refused here, not in a lane
+        ident = self.identity_of(caller)  # a principal no job may run as (root) is refused here, not in a lane
         for i, spec in specs.items():
             with _prefixed(where(i)):
                 if spec.workdir is not None:
                     wd = Path(spec.workdir)
+                    if not spec.workspace:  # before "does not exist": one answer under what it may not enter
+                        workdirs.reachable(spec.workdir, ident)
                     if not wd.is_absolute():
                         raise InvalidRequest(f"workdir {spec.workdir!r} must be an absolute path")
                     if not wd.is_dir():
