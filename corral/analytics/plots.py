@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-COLORS = {"agent": "#d9480f", "human": "#1971c2", "use": "#2b8a3e"}
+COLORS = {"agent": "#D55E00", "human": "#0072B2", "use": "#009E73"}  # Okabe-Ito, as render.py
 W, H, LEFT, BOTTOM, TOP = 620, 200, 56, 34, 24
 
 

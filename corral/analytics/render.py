@@ -15,7 +15,7 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 
-AGENT, HUMAN = "#d9480f", "#1971c2"
+AGENT, HUMAN = "#D55E00", "#0072B2"  # Okabe-Ito: colour-blind safe
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 ROWS = (  # (label, key in groups, format)
     ("users", "users", "{:,}"),
@@ -68,6 +68,7 @@ def terminal(r: dict[str, Any], console: Console | None = None) -> None:
               for why, n in s["malformed_by_reason"].items()]
     lines += [f"  note: {n}" for n in s["notes"]]
     lines.append(f"who is an agent: {c['method']}; " + ", ".join(f"{k}: {v}" for k, v in sorted(c["by_basis"].items())))
+    lines.append(would_flag(c))
     if "against_labels" in c:
         acc = c["against_labels"]
         lines.append(f"against the labels: {acc['correct']}/{acc['users']} users right ({acc['accuracy']:.1%})")
@@ -79,15 +80,26 @@ def terminal(r: dict[str, Any], console: Console | None = None) -> None:
     console.print(Group(head, groups, Panel("\n".join(lines), title="data and method", expand=False)))
 
 
+def would_flag(c: dict[str, Any]) -> str:
+    """The behaviour score's verdict, said even where it decided nothing (SWF traces,
+    where it is off): on people's own traces it is the score's false-positive count."""
+    n, users = c["behaviour_would_flag"], c["users"]
+    return (f"the behaviour score would flag {n:,} of {users:,} users as agents (p_agent at least 0.5)"
+            + ("" if c["method"].startswith("provenance") else "; it decided nothing here (--classify to use it)"))
+
+
 def _bars(a: dict[str, Any]) -> str:
     """Stacked 100% bars: the agents' share of each resource."""
     w, row = 560, 34
     out = [f'<svg role="img" aria-label="agents share of users, submissions, core-hours, GPU-hours" '
            f'width="{w + 170}" height="{row * len(SHARES) + 10}" class="bars">']
     for i, (label, key) in enumerate(SHARES):
-        v = a[key] or 0.0
         y = i * row + 4
         out.append(f'<text x="0" y="{y + 18}">{label}</text>')
+        if a[key] is None:  # nothing of it in the export: said, as on its card, not drawn as 0%
+            out.append(f'<text x="150" y="{y + 17}" class="none">— (no {label} in this export)</text>')
+            continue
+        v = a[key]
         out.append(f'<rect x="150" y="{y}" width="{w * v:.1f}" height="24" fill="{AGENT}"><title>agents {v:.1%}</title></rect>')
         out.append(f'<rect x="{150 + w * v:.1f}" y="{y}" width="{w * (1 - v):.1f}" height="24" fill="{HUMAN}" '
                    f'opacity="0.35"><title>humans {1 - v:.1%}</title></rect>')
@@ -119,14 +131,16 @@ def _heat_scale(peak: int, color: str) -> str:
     that weekday over the whole period (the same opacity curve as the cells)."""
     stops = sorted({0, round(peak / 16), round(peak / 4), round(peak / 2), peak})
     cell = 18
+    label = "jobs submitted in that hour"  # sized for its text (it was clipped at 140 px)
+    width = 36 + len(stops) * 3 * cell + 8 + 6 * len(label)
     out = [f'<svg role="img" aria-label="colour scale: jobs an hour" class="heat-scale" '
-           f'width="{36 + len(stops) * 3 * cell + 140}" height="30">']
+           f'width="{width}" height="30" viewBox="0 0 {width} 30">']
     for i, n in enumerate(stops):
         op = 0.06 + 0.94 * (n / peak) ** 0.6 if n else 0.03
         x = 36 + i * 3 * cell
         out.append(f'<rect x="{x}" y="2" width="{cell - 1}" height="{cell - 1}" fill="{color}" opacity="{op:.2f}"/>'
                    f'<text x="{x + cell + 2}" y="15" class="small">{n:,}</text>')
-    out.append(f'<text x="{36 + len(stops) * 3 * cell}" y="15" class="small">jobs submitted in that hour</text></svg>')
+    out.append(f'<text x="{36 + len(stops) * 3 * cell}" y="15" class="small">{label}</text></svg>')
     return "".join(out)
 
 
@@ -164,10 +178,11 @@ h1{font-size:1.6rem;margin-bottom:.2rem} h2{font-size:1.15rem;margin-top:2rem;bo
 .sub{color:#666;margin-top:0} svg text{font:12px system-ui,sans-serif;fill:#333} svg text.val{fill:#fff;font-weight:600}
 svg text.small{font-size:10.5px;fill:#666} table{border-collapse:collapse;margin:.5rem 0}
 td,th{padding:.25rem .8rem;border-bottom:1px solid #eee;text-align:right} td:first-child,th:first-child{text-align:left}
-.agent{color:#d9480f;font-weight:600} .human{color:#1971c2;font-weight:600}
+.agent{color:#D55E00;font-weight:600} .human{color:#0072B2;font-weight:600}
 .cards{display:flex;gap:1rem;flex-wrap:wrap} .card{border:1px solid #e5e5e5;border-radius:8px;padding:.7rem 1rem;min-width:150px}
-.card b{display:block;font-size:1.5rem;color:#d9480f} .heats{display:flex;gap:2rem;flex-wrap:wrap}
+.card b{display:block;font-size:1.5rem;color:#D55E00} .heats{display:flex;gap:2rem;flex-wrap:wrap}
 .note{color:#666;font-size:.9rem} code{background:#f4f4f4;padding:0 .25rem}
+svg text.none{fill:#666;font-style:italic}
 .warn{color:#b3261e;font-weight:600;border-left:4px solid #b3261e;padding-left:.6rem}
 """
 
@@ -202,10 +217,13 @@ def _tables(t: dict[str, Any]) -> str:
     from corral.analytics.tables import BINS
 
     bins = [b for _, _, b in BINS]
-    parts = ["<h2>Over time</h2>",
-             timeseries(t["daily"], "day", "jobs", "jobs a day"),
-             timeseries(t["daily"], "day", "core_hours", "CPU core-hours a day"),
-             timeseries(t["daily"], "day", "gpu_hours", "GPU-hours a day"),
+    days = sorted({str(r["day"]) for r in t["daily"]})
+    over_time = [timeseries(t["daily"], "day", "jobs", "jobs a day"),
+                 timeseries(t["daily"], "day", "core_hours", "CPU core-hours a day"),
+                 timeseries(t["daily"], "day", "gpu_hours", "GPU-hours a day")] if len(days) >= 2 else [
+        f'<p class="note" id="no-over-time">The export covers {"one day (" + days[0] + ")" if days else "no whole day"}: '
+        "a figure over time needs at least two days, so none is drawn. Export a longer period for them.</p>"]
+    parts = ["<h2>Over time</h2>", *over_time,
              "<h2>By partition, account and size</h2>",
              _table(t["by_partition"], "by-partition"), _table(t["by_account"], "by-account", 30),
              _table(t["by_size"], "by-size"),
@@ -215,7 +233,7 @@ def _tables(t: dict[str, Any]) -> str:
              histogram(t["run_distribution"], bins, "run time"),
              _table(_seconds(t["run_distribution"], bins), "run-quantiles"),
              "<h2>Users, least certain first</h2>", _table(t["users"], "users", 40)]
-    if t.get("utilisation"):
+    if t.get("utilisation") and len(days) >= 2:
         parts += ["<h2>Use against capacity</h2>",
                   timeseries(t["utilisation"], "day", "utilisation", "share of the facility's core-hours used",
                              series="", cls="ts use")]
@@ -226,7 +244,9 @@ def html_page(r: dict[str, Any]) -> str:
     """One self-contained HTML document."""
     a, g, s, c = r["agents"], r["groups"], r["source"], r["classification"]
     e = html.escape
-    cards = "".join(f'<div class="card"><b>{_pct(a[k])}</b>of {label}</div>' for label, k in SHARES)
+    cards = "".join(f'<div class="card"><b>{_pct(a[k])}</b>of {label}'
+                    + (f' <span class="note">(no {label} in this export)</span>' if a[k] is None else "") + "</div>"
+                    for label, k in SHARES)
     rate = "—" if a["rate_vs_humans"] is None else f"{a['rate_vs_humans']:.1f}x"
     cards += f'<div class="card"><b>{rate}</b>submission rate vs humans</div>'
     rows = "".join(f"<tr><td>{e(label)}</td><td>{_fmt(fmt, g['agent'].get(k))}</td><td>{_fmt(fmt, g['human'].get(k))}</td></tr>"
@@ -253,7 +273,8 @@ def html_page(r: dict[str, Any]) -> str:
 <div class="heats"><div><p class="agent">agents</p>{_heat(r['heatmap']['agent'], AGENT, 'agents')}</div>
 <div><p class="human">humans</p>{_heat(r['heatmap']['human'], HUMAN, 'humans')}</div></div>
 <h2>Who is an agent</h2>
-<p>{e(c['method'])}. Users: {c['users']:,} ({basis}).</p>{acc}
+<p>{e(c['method'])}. Users: {c['users']:,} ({basis}).</p>
+<p id="would-flag">{e(would_flag(c)[0].upper() + would_flag(c)[1:])}.</p>{acc}
 {_scatter(c['users_detail'])}
 <p class="note">Each dot is a user; colour is the verdict. Hover for the user. Settle doubtful users in an override file
 (<code>corral analyze FILE --overrides FILE</code>).</p>

@@ -119,6 +119,13 @@ def build(ing: Ingested, users: pl.DataFrame, truth: dict[str, str] | None = Non
         "heatmap": _heatmap(j),
         "tables": tables.build(j, users, capacity_cores or ing.capacity_cores),
     }
+    days = len({str(r["day"]) for r in report["tables"].get("daily", [])}) if report["tables"] else 0
+    if j.height and days < 2:
+        # A line over one point is no trend: said once, here, for the terminal, the JSON and the page.
+        report["source"]["warnings"] = [*ing.warnings, (
+            f"the export covers {'one day' if days == 1 else 'no whole day'} ({report['period']['first_submit'] or '-'} "
+            f"to {report['period']['last_submit'] or '-'}): figures over time need at least two days, so none are "
+            "drawn; export a longer period (sacct --starttime ... --endtime ...) for them")]
     if truth:
         report["classification"]["against_labels"] = accuracy(users, truth)
     return report

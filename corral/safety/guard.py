@@ -109,3 +109,21 @@ def scan(text: str, source: str) -> Scan:
     if kinds:
         clean = delimit(clean, source, kinds)
     return Scan(clean, found, kinds)
+
+
+_DELIMITED = re.compile(r"<untrusted-data-([0-9a-f]{12}) source='([^']*)'(?: suspected-injection='([^']*)')?>\n?"
+                        r"(.*?)(?:\n?</untrusted-data-\1>|$)", re.S)
+_OPEN_CUT = re.compile(r"<untrusted-data-[0-9a-f]{0,12}[^>]*$")
+
+
+def for_people(text: str) -> str:
+    """``text`` as a person reads it: each delimited block (see ``delimit``) shown as a
+    quotation naming its source, and any flag, instead of the tags a model needs; a
+    block cut short (a reason truncated in the audit log) is shown as far as it goes.
+    Only for people's eyes: what a model reads keeps the tags."""
+
+    def quoted(m: re.Match[str]) -> str:
+        flag = f"; suspected injection: {m.group(3)}" if m.group(3) else ""
+        return f"\u201c{m.group(4).strip()}\u201d (from {m.group(2)}{flag})"
+
+    return _OPEN_CUT.sub("\u2026", _DELIMITED.sub(quoted, text))

@@ -14,7 +14,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-W, H, LEFT, BOTTOM, TOP, RIGHT = 560, 200, 78, 42, 30, 130
+W, H, LEFT, BOTTOM, TOP, RIGHT = 560, 200, 78, 42, 30, 150
+DASHES = ("", "7 4", "2 3", "10 3 2 3")
+"""Each series its own dash and marker as well as its colour: a line that lies on
+another (corral-new on the ban) still shows, and colour is not the only cue."""
+MARKERS = ("circle", "square", "triangle", "diamond")
 
 ROUND_DURATIONS = ((0.001, "1 ms"), (0.01, "10 ms"), (0.1, "0.1 s"), (1, "1 s"), (10, "10 s"), (60, "1 min"),
                    (600, "10 min"), (3600, "1 h"), (36000, "10 h"), (86400, "1 d"), (864000, "10 d"))
@@ -98,6 +102,16 @@ def log_axis(series: dict[str, list[tuple[float, float]]], label: str, percent: 
     return Axis(lo, hi, label, ticks, fmt, True)
 
 
+def _marker(kind: str, x: float, y: float, color: str) -> str:
+    if kind == "circle":
+        return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"/>'
+    if kind == "square":
+        return f'<rect x="{x - 3:.1f}" y="{y - 3:.1f}" width="6" height="6" fill="none" stroke="{color}" stroke-width="1.5"/>'
+    pts = ((x, y - 4), (x + 4, y + 3), (x - 4, y + 3)) if kind == "triangle" else ((x, y - 4), (x + 4, y), (x, y + 4), (x - 4, y))
+    return (f'<polygon points="{" ".join(f"{a:.1f},{b:.1f}" for a, b in pts)}" fill="none" stroke="{color}" '
+            f'stroke-width="1.5"/>')
+
+
 def plot(series: dict[str, list[tuple[float, float]]], title: str, x: Axis, y: Axis,
          colors: dict[str, str]) -> str:
     """One line per series, with a legend; an empty plot says so."""
@@ -129,11 +143,16 @@ def plot(series: dict[str, list[tuple[float, float]]], title: str, x: Axis, y: A
                f'text-anchor="middle">{html.escape(y.label)}</text>')
     for i, (name, pts) in enumerate(series.items()):
         color = colors.get(name.split()[0], "#555")
+        dash = f' stroke-dasharray="{DASHES[i % len(DASHES)]}"' if DASHES[i % len(DASHES)] else ""
         path = " ".join(f"{px(a):.1f},{py(b):.1f}" for a, b in pts)
+        every = max(1, len(pts) // 12)  # a dozen markers a line at most
+        marks = "".join(_marker(MARKERS[i % len(MARKERS)], px(a), py(b), color) for a, b in pts[::every])
+        ly = TOP + 18 * i + 5
         out.append(f'<polyline class="series" data-name="{html.escape(name)}" fill="none" stroke="{color}" '
-                   f'stroke-width="2" points="{path}"><title>{html.escape(name)}</title></polyline>'
-                   f'<g class="legend"><rect x="{LEFT + W + 14}" y="{TOP + 18 * i}" width="10" height="10" '
-                   f'fill="{color}"/><text x="{LEFT + W + 28}" y="{TOP + 9 + 18 * i}" class="small">'
-                   f'{html.escape(name)}</text></g>')
+                   f'stroke-width="2"{dash} points="{path}"><title>{html.escape(name)}</title></polyline>'
+                   f'<g class="marks">{marks}</g>'
+                   f'<g class="legend"><line x1="{LEFT + W + 10}" x2="{LEFT + W + 34}" y1="{ly}" y2="{ly}" stroke="{color}" '
+                   f'stroke-width="2"{dash}/>{_marker(MARKERS[i % len(MARKERS)], LEFT + W + 22, ly, color)}'
+                   f'<text x="{LEFT + W + 40}" y="{ly + 4}" class="small">{html.escape(name)}</text></g>')
     out.append("</svg>")
     return "".join(out)

@@ -89,10 +89,15 @@ PRESETS: dict[str, Facility] = {
 }
 
 
-def one_pool(cores: int, name: str = "trace") -> Facility:
-    """One partition of ``cores`` one-core nodes: an SWF trace's machine (MaxProcs)."""
+def one_pool(cores: int, name: str = "trace", nodes: int = 0) -> Facility:
+    """One partition of an SWF trace's machine: ``cores`` (MaxProcs) on ``nodes``
+    (MaxNodes) when they divide evenly, else on one-core nodes (all a header without
+    MaxNodes says; the report then warns that its "nodes" are processors)."""
     if cores < 1:
         raise InvalidRequest(f"a facility needs at least one core, got {cores}")
+    if 0 < nodes <= cores and cores % nodes == 0:
+        per = cores // nodes
+        return Facility(name, (PartitionSpec("batch", nodes, per, 4 * per, 0, 10_000),))
     return Facility(name, (PartitionSpec("batch", cores, 1, 4, 0, 10_000),))
 
 

@@ -90,6 +90,8 @@ class Scenario:
     """``predict``: the predicted runtime times this is the limit corral asks for."""
     history: int = 3
     """``predict``: how many of a session's last runs the prediction reads."""
+    trace: dict[str, Any] | None = None
+    """What the trace itself says (its users, partitions, recorded waits), for the report's caveats."""
 
 
 class Run:

@@ -14,39 +14,69 @@ from rich.table import Table
 
 from corral.simulate.axes import Axis, days_axis, duration_axis, log_axis, plot, share_axis
 
-COLORS = {"plain": "#d9480f", "corral": "#2b8a3e", "corral-new": "#7048e8", "ban": "#1971c2"}
+# Okabe and Ito's colour-blind-safe palette, one colour per policy (and a dash each, axes.py).
+COLORS = {"plain": "#D55E00", "corral": "#009E73", "corral-new": "#CC79A7", "ban": "#0072B2"}
 LIMITS = ("Limits: partitions are pools of cores (no node placement or fragmentation); the controller is a "
           "fluid queue over one-minute buckets calibrated on a test Slurm; agents are a model (closed loops "
           "whose runs within a session are alike: run_jitter), not a trace; preemption requeues the youngest "
           "opportunistic jobs first and their work is lost (counted). See docs/simulation.md.")
 
-ROWS = [
-    ("people's wait p50", lambda f: _dur(f["people_wait_s"]["p50"])),
-    ("people's wait p90", lambda f: _dur(f["people_wait_s"]["p90"])),
-    ("people's bounded slowdown p50", lambda f: f"{f['people_bounded_slowdown']['p50']:.2f}"),
-    ("agents' loop, short jobs p50", lambda f: _dur(f["agent_loop_short_s"]["p50"]) if f["agent_loop_short_s"]["n"] else "-"),
-    ("agents' loop, short jobs p90", lambda f: _dur(f["agent_loop_short_s"]["p90"]) if f["agent_loop_short_s"]["n"] else "-"),
-    ("agents' results/h", lambda f: f"{f['agent_results_per_h']:.1f}"),
-    ("utilisation", lambda f: f"{f['utilisation']:.1%}"),
-    ("utilisation less work lost", lambda f: f"{f['useful_utilisation']:.1%}"),
-    ("work lost to requeues (core-h)", lambda f: f"{f['lost_core_h']:,.0f}"),
-    ("preemptions", lambda f: f"{f['preemptions']:,}"),
-    ("controller RPCs/s", lambda f: f"{f['controller']['rpc_per_s']:.2f}"),
-    ("controller busy", lambda f: f"{f['controller']['utilisation']:.1%}"),
-    ("people's squeue latency p50", lambda f: _dur(f["controller"]["people_command_latency_s"]["p50"])),
-    ("people's squeue latency p90", lambda f: _dur(f["controller"]["people_command_latency_s"]["p90"])),
-    ("people's jobs/h", lambda f: f"{f['people_jobs_per_h']:.1f}"),
+NO_DATA = "no data"
+"""A figure with nothing under it (no agents, no job of the kind) is said so, never 0."""
+
+
+def _q(key: str, q: str) -> Any:
+    """A percentile of a distribution, None when it holds nothing."""
+    return lambda f: f[key][q] if f[key]["n"] else None
+
+
+def _ctl(q: str) -> Any:
+    return lambda f: f["controller"]["people_command_latency_s"][q] if f["controller"]["people_command_latency_s"]["n"] else None
+
+
+# (label, the figure from a run's, its kind: "dur" rows share one unit across the policies)
+ROWS: list[tuple[str, Any, str]] = [
+    ("people's wait p50", _q("people_wait_s", "p50"), "dur"),
+    ("people's wait p90", _q("people_wait_s", "p90"), "dur"),
+    ("people's bounded slowdown p50", lambda f: f"{f['people_bounded_slowdown']['p50']:.2f}", "text"),
+    ("agents' loop, short jobs p50", _q("agent_loop_short_s", "p50"), "dur"),
+    ("agents' loop, short jobs p90", _q("agent_loop_short_s", "p90"), "dur"),
+    ("agents' results/h", lambda f: f"{f['agent_results_per_h']:.1f}" if f["agents"] else NO_DATA, "text"),
+    ("utilisation", lambda f: f"{f['utilisation']:.1%}", "text"),
+    ("utilisation less work lost", lambda f: f"{f['useful_utilisation']:.1%}", "text"),
+    ("work lost to requeues (core-h)", lambda f: f"{f['lost_core_h']:,.0f}", "text"),
+    ("preemptions", lambda f: f"{f['preemptions']:,}", "text"),
+    ("controller RPCs/s", lambda f: f"{f['controller']['rpc_per_s']:.2f}", "text"),
+    ("controller busy", lambda f: f"{f['controller']['utilisation']:.1%}", "text"),
+    ("people's squeue latency p50", _ctl("p50"), "dur"),
+    ("people's squeue latency p90", _ctl("p90"), "dur"),
+    ("people's jobs/h", lambda f: f"{f['people_jobs_per_h']:.1f}", "text"),
 ]
+UNITS = ((1e-3, "ms"), (1.0, "s"), (60.0, "min"), (3600.0, "h"))
+
+
+def unit_for(values: list[float | None]) -> tuple[float, str]:
+    """One unit for a row of durations, chosen by its largest (5.6 h beside 1.6 h,
+    never beside 94.4 min)."""
+    top = max((v for v in values if v is not None), default=0.0)
+    return (1e-3, "ms") if top < 1 else (1.0, "s") if top < 120 else (60.0, "min") if top < 7200 else (3600.0, "h")
+
+
+def durations(values: list[float | None]) -> list[str]:
+    scale, name = unit_for(values)
+    return [NO_DATA if v is None else "0 s" if v == 0 else f"{v / scale:,.1f} {name}" for v in values]
+
+
+def row_cells(get: Any, kind: str, runs: list[dict[str, Any]]) -> list[str]:
+    return durations([get(f) for f in runs]) if kind == "dur" else [get(f) for f in runs]
 
 
 def _dur(s: float) -> str:
-    if s < 1:
-        return f"{s * 1000:.1f} ms"
-    if s < 120:
-        return f"{s:.1f} s"
-    if s < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
+    return durations([s])[0]
+
+
+def warnings_text(r: dict[str, Any]) -> list[str]:
+    return [f"warning ({w['about']}): {w['says']}" for w in r.get("warnings", [])]
 
 
 def terminal(r: dict[str, Any], console: Console | None = None) -> None:
@@ -54,27 +84,48 @@ def terminal(r: dict[str, Any], console: Console | None = None) -> None:
     sc = r["scenario"]
     fac = sc["facility"]
     c.print(f"[bold]{fac['name']}[/]: {fac['nodes']:,} nodes, {fac['cores']:,} cores; {sc['days']} days; "
-            f"{sc['people']} people, agents {sc['agents']['share']:.0%} of users; "
-            f"{sc['scheduler']['algorithm']}; seed {sc['seed']}")
+            f"{sc['people']:,} {'person' if sc['people'] == 1 else 'people'}, agents {sc['agents']['share']:.0%} of users; "
+            f"{sc['scheduler']['algorithm']}; seed {sc['seed']}", highlight=False)
+    for line in warnings_text(r):
+        c.print(line, style="yellow", highlight=False, markup=False)
     t = Table(show_header=True, header_style="bold")
     t.add_column("")
     pols = r["policies"]
     for name, f in pols.items():
         t.add_column(f"{name} ({f['agents']} agents)", justify="right")
-    for label, get in ROWS:
-        t.add_row(label, *(get(f) for f in pols.values()))
+    for label, get, kind in ROWS:
+        t.add_row(label, *row_cells(get, kind, list(pols.values())))
     c.print(t)
     c.print(LIMITS, style="dim")
     if r.get("sweep"):
-        s = Table(title="agents' share of users, swept", header_style="bold")
-        for col in ("share", "policy", "agents", "people p50", "people p90", "agent loop p50", "results/h",
-                    "utilisation", "RPCs/s"):
-            s.add_column(col, justify="right")
-        for row in r["sweep"]:
-            s.add_row(f"{row['share']:.0%}", row["policy"], str(row["agents"]), _dur(row["people_wait_p50_s"]),
-                      _dur(row["people_wait_p90_s"]), _dur(row["agent_loop_short_p50_s"]),
-                      f"{row['agent_results_per_h']:.1f}", f"{row['utilisation']:.1%}", f"{row['rpc_per_s']:.2f}")
-        c.print(s)
+        c.print(sweep_table(r["sweep"]))
+
+
+SWEEP_COLS = ("share", "policy", "agents", "people p50", "people p90", "agent loop p50", "results/h",
+              "utilisation", "RPCs/s")
+
+
+def sweep_cells(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """The sweep's rows as shown: each duration column in one unit; agents' figures of a
+    row without agents (or without a short job) "no data", as the plots leave them out."""
+    def agentless(row: dict[str, Any]) -> bool:
+        return not row["agents"] or not row.get("agent_loop_short_n", 1)
+
+    p50 = durations([row["people_wait_p50_s"] if row.get("people_wait_n", 1) else None for row in rows])
+    p90 = durations([row["people_wait_p90_s"] if row.get("people_wait_n", 1) else None for row in rows])
+    loop = durations([None if agentless(row) else row["agent_loop_short_p50_s"] for row in rows])
+    return [[f"{row['share']:.0%}", row["policy"], str(row["agents"]), p50[i], p90[i], loop[i],
+             f"{row['agent_results_per_h']:.1f}" if row["agents"] else NO_DATA, f"{row['utilisation']:.1%}",
+             f"{row['rpc_per_s']:.2f}"] for i, row in enumerate(rows)]
+
+
+def sweep_table(rows: list[dict[str, Any]]) -> Table:
+    s = Table(title="agents' share of users, swept", header_style="bold")
+    for col in SWEEP_COLS:
+        s.add_column(col, justify="right")
+    for cells in sweep_cells(rows):
+        s.add_row(*cells)
+    return s
 
 
 SERIES = ("controller_series", "people_wait_cdf", "results_series", "busy_series")
@@ -101,9 +152,15 @@ def _plots(r: dict[str, Any]) -> list[str]:
     t_axis = days_axis(days)
     cdf = {n: f["people_wait_cdf"] for n, f in pols.items()}
     waits = [x for s in cdf.values() for x, _ in s if x > 0]
+    at_once = {n: f["people_wait_at_once"] for n, f in pols.items() if f.get("people_wait_at_once")}
     out = [plot(cdf, "People's wait: share of their jobs that waited at most this long",
                 duration_axis(min(waits, default=1.0), max(waits, default=3600.0), "wait (log scale)"),
-                share_axis("share of people's jobs"), COLORS),
+                share_axis("share of people's jobs"), COLORS)]
+    if at_once:
+        out.append('<p class="note">People\'s jobs that started at once (a wait of 0, which a log scale cannot '
+                   "place; the line starts above 0 at the axis' left end): " + ", ".join(f"{html.escape(n)} {v:.0%}" for n, v in at_once.items())
+                   + ".</p>")
+    out += [
            plot(_nonzero({n: f["results_series"] for n, f in pols.items()}),
                 "Agents' results per hour over the run (hourly)", t_axis,
                 Axis.linear(0, max((y for f in pols.values() for _, y in f["results_series"]), default=1.0),
@@ -128,7 +185,8 @@ def _plots(r: dict[str, Any]) -> list[str]:
                                  ("rpc_per_s", "Controller RPCs per second (log scale)", "log")):
             by: dict[str, list[tuple[float, float]]] = {}
             for row in r["sweep"]:
-                if key.startswith("agent") and row["agents"] == 0:
+                if key.startswith("agent") and (row["agents"] == 0 or (
+                        key == "agent_loop_short_p50_s" and not row.get("agent_loop_short_n", 1))):
                     continue
                 by.setdefault(row["policy"], []).append((row["share"] * 100, max(row[key], 1e-3)))
             ys = [y for s in by.values() for _, y in s]
@@ -175,20 +233,32 @@ def _scenario(sc: dict[str, Any]) -> str:
 def html_page(r: dict[str, Any]) -> str:
     pols = r["policies"]
     head = "".join(f"<th>{html.escape(n)} ({f['agents']} agents)</th>" for n, f in pols.items())
-    body = "".join(f"<tr><td>{html.escape(label)}</td>" + "".join(f"<td>{html.escape(get(f))}</td>" for f in pols.values())
-                   + "</tr>" for label, get in ROWS)
+    body = "".join(f'<tr data-row="{html.escape(label)}"><td>{html.escape(label)}</td>'
+                   + "".join(f"<td>{html.escape(c)}</td>" for c in row_cells(get, kind, list(pols.values())))
+                   + "</tr>" for label, get, kind in ROWS)
+    warns = "".join(f'<p class="warn" data-about="{html.escape(w["about"])}"><b>Warning ({html.escape(w["about"])}):</b> '
+                    f'{html.escape(w["says"])}</p>' for w in r.get("warnings", []))
+    sweep = ""
+    if r.get("sweep"):
+        sweep = ('<h2>Agents\' share of users, swept</h2><table id="sweep"><tr>'
+                 + "".join(f"<th>{html.escape(c)}</th>" for c in SWEEP_COLS) + "</tr>"
+                 + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+                           for cells in sweep_cells(r["sweep"])) + "</table>")
     sc = r["scenario"]
     name = html.escape(sc["facility"]["name"])
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>corral simulate: the {name} facility</title>
 <style>body{{font:14px system-ui,sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse;margin:1em 0}}
 td,th{{border:1px solid #ddd;padding:4px 10px;text-align:right}}td:first-child{{text-align:left}}
+.warn{{background:#fff4d6;border-left:4px solid #E69F00;padding:.5em .8em}}
 .small{{font-size:11px;fill:#444}}.title{{font-size:13px;font-weight:600}}.limits{{color:#555}}dt{{font-weight:600;margin-top:.4em}}dd{{margin-left:1.5em}}
 svg{{display:block;margin:1.5em 0}}</style></head>
 <body><h1>What agents, and corral, would do to the {name} facility</h1>
 <p>{sc['facility']['nodes']:,} nodes, {sc['facility']['cores']:,} cores, {sc['days']:g} days, {sc['people']:,} people,
 agents {sc['agents']['share']:.0%} of users, scheduler {html.escape(sc['scheduler']['algorithm'])}, seed {sc['seed']}.
 The same people's jobs run under every policy; docs/simulation.md describes the model.</p>
+{warns}
 <p class="limits">{html.escape(LIMITS)}</p>
-<table><tr><th></th>{head}</tr>{body}</table>
+<table id="figures"><tr><th></th>{head}</tr>{body}</table>
+{sweep}
 {''.join(_plots(r))}
 {_scenario(sc)}</body></html>"""

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from corral.core.config import Settings
 from corral.core.errors import InvalidRequest
-from corral.simulate import cluster
+from corral.simulate import caveats, cluster
 from corral.simulate.controlplane import ServiceTimes
 from corral.simulate.engine import ALGORITHMS, SchedConfig
 from corral.simulate.policies import PARTS, POLICIES, Run, Scenario
@@ -50,14 +50,15 @@ def build(trace: Path | None, facility: str | None, days: float, seed: int, agen
                                   corral_off=corral_off, guarantee=guarantee, reserve=reserve, margin=margin)
     if trace is not None:
         head = scan_swf(trace)
-        fac = cluster.load(facility) if facility else cluster.one_pool(head.max_procs, trace.stem)
+        fac = cluster.load(facility) if facility else cluster.one_pool(head.max_procs, trace.stem, head.max_nodes)
         span_days = head.span_s / 86400
         epoch = float(head.unix_start) if head.unix_start else GENERATED_EPOCH
         lt = time.gmtime(epoch)
         users, span = max(head.users, 1), max(span_days, 1e-9)
         return Scenario(fac, lambda: swf_jobs(trace, fac), users, head.jobs / users / span,
                         head.core_s / users / span, span_days,
-                        epoch=epoch, week_offset_h=lt.tm_wday * 24 + lt.tm_hour, **common)
+                        epoch=epoch, week_offset_h=lt.tm_wday * 24 + lt.tm_hour,
+                        trace=caveats.trace_facts(trace, head, facility), **common)
     fac = cluster.load(facility or "2000-node")
     per_day = people.jobs_per_s(fac) * 86400
     core_s = people.load * fac.default.cores * 86400 / people.people
@@ -77,9 +78,10 @@ def compare(sc: Scenario, policies: tuple[str, ...] = POLICIES,
         run.plane.flush()
         out[name]["controller_series"] = run.plane.series
         out[name]["people_wait_cdf"] = run.people_wait.cdf_points()
+        out[name]["people_wait_at_once"] = round(run.people_wait.zeros / run.people_wait.n, 4) if run.people_wait.n else None
         out[name]["results_series"] = run.results.series(run.end_t)
         out[name]["busy_series"] = run.busy.series(run.end_t)
-    return {"scenario": describe(sc), "policies": out}
+    return {"scenario": describe(sc), "policies": out, "warnings": caveats.of_run(sc, out)}
 
 
 def sweep(sc: Scenario, shares: list[float], policies: tuple[str, ...] = ("plain", "corral", "corral-new", "ban"),
@@ -102,7 +104,8 @@ def sweep(sc: Scenario, shares: list[float], policies: tuple[str, ...] = ("plain
 
 def headline(f: dict[str, Any]) -> dict[str, Any]:
     """The figures a scheduling committee compares policies on, from one run's."""
-    return {"agents": f["agents"], "people_wait_p50_s": f["people_wait_s"]["p50"],
+    return {"agents": f["agents"], "agent_loop_short_n": f["agent_loop_short_s"]["n"],
+            "people_wait_n": f["people_wait_s"]["n"], "people_wait_p50_s": f["people_wait_s"]["p50"],
             "people_wait_p90_s": f["people_wait_s"]["p90"], "agent_results_per_h": f["agent_results_per_h"],
             "agent_loop_short_p50_s": f["agent_loop_short_s"]["p50"], "utilisation": f["utilisation"],
             "useful_utilisation": f["useful_utilisation"], "lost_core_h": f["lost_core_h"],
@@ -144,5 +147,5 @@ def describe(sc: Scenario) -> dict[str, Any]:
                           "backfill_depth": sc.sched.backfill_depth},
             "agents": {k: getattr(sc.agents, k) for k in sc.agents.__dataclass_fields__},
             "controller": sc.times.to_dict(), "people_poll_s": sc.people_poll_s, "agent_tier": sc.agent_tier,
-            "corral_without": sorted(sc.corral_off),
+            "corral_without": sorted(sc.corral_off), "trace": sc.trace,
             "levers": {"guarantee": sc.guarantee, "reserve": sc.reserve, "margin": sc.margin, "history": sc.history}}

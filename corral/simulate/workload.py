@@ -74,13 +74,22 @@ class TraceHeader:
     jobs: int
     span_s: float
     core_s: float
+    max_nodes: int = 0
+    partitions: tuple[str, ...] = ()
+    """The partitions the header names (``; Partition: 0 gpu``), or the numbers jobs carry."""
+    waits: tuple[float, ...] = ()
+    """The waits the trace recorded (field 3), where it recorded them."""
 
 
 def scan_swf(path: Path) -> TraceHeader:
-    """One cheap pass: the header's MaxProcs and start, and the people and span of the jobs."""
+    """One cheap pass: the header's MaxProcs, MaxNodes, partitions and start, and the
+    people, span and recorded waits of the jobs (user id -1, unknown, is no one)."""
     if not path.is_file():
         raise InvalidRequest(f"trace {path} does not exist", hint="give an SWF file (.swf or .swf.gz)")
-    max_procs = unix_start = 0
+    max_procs = unix_start = max_nodes = 0
+    named: list[str] = []
+    numbers: set[str] = set()
+    waits: list[float] = []
     users: set[int] = set()
     jobs, first, last, widest, core_s = 0, math.inf, 0.0, 0, 0.0
     with _open(path) as f:
@@ -92,12 +101,21 @@ def scan_swf(path: Path) -> TraceHeader:
                     max_procs = int(float(v.split()[0])) if v.split() else 0
                 elif k == "unixstarttime":
                     unix_start = int(float(v.split()[0])) if v.split() else 0
+                elif k == "maxnodes":
+                    max_nodes = int(float(v.split()[0])) if v.split() else 0
+                elif k == "partition" and len(v.split()) >= 2:
+                    named.append(v.split()[1])
                 continue
             parts = line.split()
             if len(parts) < 18:
                 continue
             jobs += 1
-            users.add(int(parts[11]))
+            if parts[11] != "-1":
+                users.add(int(parts[11]))
+            if parts[15] != "-1":
+                numbers.add(parts[15])
+            if parts[2] != "-1":
+                waits.append(max(float(parts[2]), 0.0))
             t = float(parts[1])
             first, last = min(first, t), max(last, t)
             procs = int(parts[7]) if parts[7] != "-1" else int(parts[4])
@@ -105,7 +123,8 @@ def scan_swf(path: Path) -> TraceHeader:
             core_s += max(procs, 0) * max(float(parts[3]), 0.0)
     if jobs == 0:
         raise InvalidRequest(f"trace {path} has no job lines", hint="an SWF file has 18 fields per job line")
-    return TraceHeader(max_procs or widest, unix_start, len(users), jobs, max(last - first, 1.0), core_s)
+    return TraceHeader(max_procs or widest, unix_start, len(users), jobs, max(last - first, 1.0), core_s,
+                       max_nodes, tuple(named) or tuple(sorted(numbers)), tuple(waits))
 
 
 def swf_jobs(path: Path, facility: Facility, start_id: int = 0) -> Iterator[SimJob]:

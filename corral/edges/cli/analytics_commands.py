@@ -91,18 +91,27 @@ def analyze(ctx: click.Context, file: Path, fmt: str | None, overrides: Path | N
     from corral.analytics.report import build
 
     as_json = as_json or bool(ctx.obj and getattr(ctx.obj, "as_json", False))
-    err = Console(stderr=True)
-    with err.status(f"reading {file} ...") if _stderr_is_tty() and not as_json else _Null():
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    # Polars reads the export in one call, so the bar moves by stage (read, classify,
+    # build), each named; on a terminal only: a pipe and --json get nothing on stderr.
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+                  disable=not _stderr_is_tty() or as_json) as bar:
+        task = bar.add_task(f"reading {file}", total=3)
         ing = load(file, fmt)
         if behaviour is None:
             behaviour = ing.format != "swf"
             if not behaviour:
                 ing.notes.append("SWF traces predate coding agents: users count as human unless the override "
                                  "file says otherwise (--classify runs the behaviour score instead)")
+        bar.update(task, advance=1, description=f"classifying {ing.jobs.height:,} jobs' users")
         ov = read_overrides(overrides) if overrides else None
         truth = read_labels(labels) if labels else None
         users = classify(ing.jobs, ov, behaviour)
+        bar.update(task, advance=1, description="building the report")
         report = build(ing, users, truth, behaviour, capacity_cores)
+        bar.update(task, advance=1)
     if html_out:
         try:
             html_out.write_text(html_page(report))
@@ -120,14 +129,6 @@ def analyze(ctx: click.Context, file: Path, fmt: str | None, overrides: Path | N
         terminal(report)
         if html_out:
             click.echo(f"HTML report: {html_out}")
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *a: Any) -> None:
-        return None
 
 
 def _synth_options(f: Any) -> Any:

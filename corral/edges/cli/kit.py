@@ -14,10 +14,21 @@ from typing import Any, Callable, NoReturn
 import click
 
 
+def for_people(text: str) -> str:
+    """Delimited untrusted data (corral/safety/guard.py) shown to a person as a quotation
+    naming its source; the JSON a program or model reads keeps the tags. The guard is
+    imported only when there is something to render (it loads the secret detectors)."""
+    if "<untrusted-data-" not in text:
+        return text
+    from corral.safety.guard import for_people as render
+
+    return render(text)
+
+
 def fail(message: str, code: int = 2, hint: str | None = None, kind: str = "invalid_request") -> NoReturn:
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"error: {for_people(message)}", err=True)
     if hint:
-        click.echo(f"hint: {hint}", err=True)
+        click.echo(f"hint: {for_people(hint)}", err=True)
     ctx = click.get_current_context(silent=True)
     root = ctx.find_root().obj if ctx is not None else None
     if isinstance(root, Ctx) and root.as_json:

@@ -164,7 +164,10 @@ def _with_progress(err: Any, show: bool, sc: Any, names: tuple[str, ...], shares
 
         result = scenario.compare(sc, names, tick)
         if shares:
+            from corral.simulate.caveats import of_sweep
+
             result["sweep"] = scenario.sweep(sc, shares, names, progress=tick)
+            result["warnings"] = result.get("warnings", []) + of_sweep(result["sweep"])
     return result
 
 

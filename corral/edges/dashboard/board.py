@@ -325,7 +325,7 @@ class Board:
         with self.tally._lock:
             denied = list(self.tally.denied.get((principal, session), ()))
         return {"principal": principal, "session": session, "jobs": [_job_row(j, episodes.get(j.id)) for j in jobs],
-                "refused": [{**d, "reason": _clean(d.get("reason")), "command": _clean(d.get("command"))}
+                "refused": [{**d, "reason": _shown(d.get("reason")), "command": _shown(d.get("command"))}
                             for d in reversed(denied)],
                 "notes": notes}
 
@@ -335,16 +335,33 @@ def _clean(text: Any) -> str | None:
     return None if text is None else guard.redact(str(text))[0]
 
 
+def _shown(text: Any) -> str | None:
+    """Text for a person's page: secrets redacted, and untrusted data (a job's output
+    quoted in a refusal) as a quotation naming its source, not the tags a model reads."""
+    clean = _clean(text)
+    return None if clean is None else guard.for_people(clean)
+
+
+def waited(submit: float, start: float | None, end: float | None, now: float) -> float:
+    """How long a job waited, from what happened: until it started; one that ended
+    without starting (cancelled in the queue) waited until it ended, a figure that no
+    longer grows; only a job still waiting waits until now."""
+    return (start if start is not None else end if end is not None else now) - submit
+
+
 def _job_row(j: Any, episode: dict[str, Any] | None) -> dict[str, Any]:
     spec = j.spec
-    end = j.end_time or (time.time() if j.start_time else None)
+    now = time.time()
+    end = j.end_time or (now if j.start_time else None)
     return {**j.summary(), "lane": j.backend,
             "command": _clean(spec.command[:300] if spec.command else "(a script)"),
             "elapsed_s": round(end - j.start_time) if j.start_time and end else None,
-            "waited_s": round((j.start_time or time.time()) - j.submit_time),
+            "waited_s": round(waited(j.submit_time, j.start_time, j.end_time, now)),
+            "never_started": j.start_time is None and j.end_time is not None,
+            "reason": _shown(j.reason),
             "resources": f"{spec.cpus} CPU, {spec.memory_mb} MB" + (f", {spec.gpus} GPU" if spec.gpus else "")
                          + f", {spec.walltime_s // 60} min",
-            **({"signature": episode["signature"], "detail": episode["detail"]}
+            **({"signature": episode["signature"], "detail": _shown(episode["detail"])}
                if episode and episode["signature"] else {})}
 
 

@@ -123,29 +123,27 @@ class History:
         queue = {k: summed(v) for k, v in queue.items()}
         states = {k: summed(v) for k, v in states.items() if any(summed(v))}
         busy = summed(busy)
-        order = ["PENDING", "RUNNING", "COMPLETED", "FAILED"]
+        order = ["PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY"]
         states = dict(sorted(states.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else 9, kv[0])))
+        window = (times[0], times[-1])  # every plot of the row over the same half hour
         out = {
-            "submissions": plots.timeseries("submissions", "Submissions, by kind of principal", "jobs / min",
-                                            times, dict(sorted(kinds.items())) or {"none": [0.0] * n}),
-            "queue": plots.timeseries("queue", "Queue depth: jobs waiting at each minute's end, by lane", "jobs waiting",
+            "submissions": plots.timeseries("submissions", "Jobs submitted each minute, by kind of principal",
+                                            "jobs / min", times, dict(sorted(kinds.items())) or {"none": [0.0] * n}),
+            "queue": plots.timeseries("queue", "Jobs waiting at each minute's end, by lane", "jobs waiting",
                                       times, dict(sorted(queue.items())) or {"none": [0.0] * n}),
-            "states": plots.timeseries("states", "Jobs by state during each minute", "jobs in the minute",
+            "states": plots.timeseries("states", "Jobs in each state during each minute", "jobs in the minute",
                                        times, states or {"none": [0.0] * n}),
         }
         if names is None:
             cap = self.capacity()
             out["utilisation"] = plots.timeseries(
-                "utilisation", f"Utilisation of the {self.service.lanes.batch.name} backend's {cap} CPUs",
+                "utilisation", f"Share of the {self.service.lanes.batch.name} backend's {cap} CPUs held by jobs",
                 "% of CPUs", times, {"CPUs held by jobs": [round(100 * b / cap, 1) if cap else 0.0 for b in busy]})
-            with self._lock:
-                samples = list(self.samples)
-            if len(samples) >= 2:
-                keys = list(samples[-1][1])
-                out["saved"] = plots.timeseries(
-                    "saved", "Scheduler calls since the gateway started", "calls",
-                    [t for t, _ in samples], {k: [p.get(k, 0.0) for _, p in samples] for k in keys})
-            else:
-                out["saved"] = plots.timeseries("saved", "Scheduler calls since the gateway started", "calls", [], {})
+            with self._lock:  # the counters have no past before the gateway started: the line begins there
+                samples = [(t, p) for t, p in self.samples if t >= window[0]]
+            keys = list(samples[-1][1]) if samples else []
+            out["saved"] = plots.timeseries(
+                "saved", "Scheduler calls, with corral and without it, since the gateway started", "calls",
+                [t for t, _ in samples], {k: [p.get(k, 0.0) for _, p in samples] for k in keys}, span=window)
         return out
 

@@ -10,6 +10,7 @@ are refused: the dashboard is for the people who answer for them.
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 import urllib.parse
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup, escape
 
 from corral.core.errors import CorralError, Forbidden, NotFound, Unauthenticated
 from corral.core.principals import Caller, Kind
@@ -74,6 +76,17 @@ def _fmt_duration(s: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
+_JOINS = re.compile(r"(?<=[_\-./:])")
+
+
+def _breakable(text: Any) -> Markup:
+    """A rule's name that may wrap only where its words join (``invalid_``/``request``,
+    never ``invalid_requ``/``est``): each part a span that does not break, with a break
+    opportunity between parts."""
+    parts = [p for p in _JOINS.split(str(text if text is not None else "")) if p]
+    return Markup("<wbr>".join(f'<span class="w">{escape(p)}</span>' for p in parts))
+
+
 def mount(app: FastAPI, service: "Service") -> Board:
     from corral.edges.dashboard.metrics import BoardCollector
 
@@ -84,6 +97,7 @@ def mount(app: FastAPI, service: "Service") -> Board:
                       autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
     env.filters["clock"] = _fmt_time
     env.filters["duration"] = _fmt_duration
+    env.filters["breakable"] = _breakable
     env.filters["quote"] = lambda s: urllib.parse.quote(str(s), safe="")
 
     def page(name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
