@@ -55,6 +55,10 @@ class _BadResponse(Exception):
     """The server's answer was cut or not HTTP: the connection is dropped and retried once."""
 
 
+class _TlsRefused(Exception):
+    """The gateway's certificate could not be verified, or TLS itself failed: no retry helps."""
+
+
 class _Connection(Protocol):
     def settimeout(self, timeout: float) -> None: ...
     def exchange(self, method: str, target: str, body: bytes | None,
@@ -148,8 +152,11 @@ class _Https:
         import http.client
         import ssl
 
-        self.conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=ssl.create_default_context())
+        # The system's CAs, or the site CA's file (CORRAL_CA_FILE); the hostname is checked.
+        context = ssl.create_default_context(cafile=os.environ.get("CORRAL_CA_FILE") or None)
+        self.conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
         self.errors: tuple[type[BaseException], ...] = (http.client.HTTPException,)
+        self.tls_errors: tuple[type[BaseException], ...] = (ssl.SSLError, ssl.CertificateError)
 
     def settimeout(self, timeout: float) -> None:
         self.conn.timeout = timeout
@@ -162,6 +169,8 @@ class _Https:
             self.conn.request(method, target, body=body, headers=headers)
             resp = self.conn.getresponse()
             return resp.status, resp.read(), resp.getheader("Retry-After")
+        except self.tls_errors as e:
+            raise _TlsRefused(getattr(e, "verify_message", None) or getattr(e, "reason", None) or str(e)) from None
         except self.errors as e:
             raise _BadResponse(str(e)) from None
 
@@ -216,6 +225,11 @@ class Client:
             try:
                 status, data, resp_retry = conn.exchange(method, self._prefix + path + query, body, hdrs)
                 break
+            except _TlsRefused as e:
+                self.close()
+                raise GatewayUnreachable(
+                    f"the gateway at {self.url} could not be verified ({e}): nothing was sent",
+                    hint="if the site signs its own certificates, set CORRAL_CA_FILE to its CA's PEM file") from None
             except (ConnectionRefusedError, socket.gaierror):
                 self.close()
                 raise GatewayUnreachable(

@@ -29,6 +29,8 @@ Environment:
                  when it runs on this machine and you may read it)
   CORRAL_HOME    gateway state directory (default ./.corral)
   CORRAL_SESSION session id recorded with every job you submit
+  CORRAL_CA_FILE CA certificate(s), PEM, to verify an https gateway with
+                 (default: the system's store)
 """
 
 
@@ -154,6 +156,9 @@ def cli(ctx: click.Context, url: str | None, token: str | None, session: str | N
 @click.option("--cpus", "local_cpus", type=int, help="CPU slots of the local backend (default: this machine's cores).")
 @click.option("--store", "store_url", help="The store: postgresql://USER@HOST:PORT/DB (several replicas share it) "
               "or a SQLite file (default HOME/corral.db); as [store] url.")
+@click.option("--tls-cert", type=click.Path(path_type=Path), help="Serve HTTPS with this certificate (PEM, with its chain); as tls_cert.")
+@click.option("--tls-key", type=click.Path(path_type=Path), help="The certificate's private key (PEM); as tls_key.")
+@click.option("--insecure", is_flag=True, default=None, help="Allow plain HTTP on a non-loopback --host (tokens in clear).")
 def serve(**opts: Any) -> None:
     """Start the gateway: HTTP API, reconciler and backend, in the foreground.
 
@@ -164,7 +169,7 @@ def serve(**opts: Any) -> None:
     Examples:
       corral serve                                  # local backend, state in ./.corral (as make run)
       corral serve --backend slurm                  # jobs are Slurm jobs (SLURM_CONF)
-      corral serve --home /var/lib/corral --host 0.0.0.0 --port 8765
+      corral serve --home /var/lib/corral --host 0.0.0.0 --tls-cert cert.pem --tls-key key.pem
       corral serve --store postgresql://corral@db:5432/corral --port 8766   # one of N replicas
     """
     from corral.core.config import load_settings

@@ -122,6 +122,9 @@ def lock_home(home: Path) -> Any:
 def serve(settings: Settings) -> None:
     import uvicorn
 
+    from corral.edges.http import tls
+
+    tls.check(settings)  # no token in clear across a network; a certificate that loads
     why = port_taken(settings.host, settings.port)
     if why:
         raise InvalidRequest(why, hint="stop what holds it, or start with --port N (0: any free port)")
@@ -138,7 +141,9 @@ def serve(settings: Settings) -> None:
     created = service.accounts.bootstrap_admin()
     app = create_app(service, STOP_DEADLINE_S)
     token_path = settings.admin_token_path.resolve()
-    print(f"corral gateway on {settings.base_url}  (API docs: {settings.base_url}/docs)", flush=True)
+    print(f"corral gateway on {settings.base_url}  (API docs, served by it: {settings.base_url}/docs)", flush=True)
+    if settings.tls_cert is None and not tls.loopback(settings.host):
+        print("WARNING: plain HTTP on a network address (--insecure): tokens cross it in clear", flush=True)
     where = f"{settings.local_cpus} CPU slots" if settings.backend == "local" else f"SLURM_CONF={settings.slurm.conf or os.environ.get('SLURM_CONF')}"
     print(f"backend: {settings.backend} ({where}); state in {settings.home}", flush=True)
     print(f"admin token {'created' if created else 'kept'} in {token_path} (mode 0600)", flush=True)
@@ -165,7 +170,7 @@ def serve(settings: Settings) -> None:
                     "it fail at accept. Raise LimitNOFILE, or lower max_connections", files, bounds.max_connections)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
                             loop="uvloop", http=bounded_protocol(bounds), timeout_graceful_shutdown=3,
-                            timeout_keep_alive=int(math.ceil(bounds.keep_alive_s)))
+                            timeout_keep_alive=int(math.ceil(bounds.keep_alive_s)), **tls.server_options(settings))
     try:
         Server(config).run()
     finally:

@@ -93,7 +93,15 @@ class Relay:
         if self.https:
             import ssl
 
-            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
+            import os
+
+            # The system's CAs, or the site CA's file (CORRAL_CA_FILE), as the CLI verifies it.
+            context = ssl.create_default_context(cafile=os.environ.get("CORRAL_CA_FILE") or None)
+            try:
+                sock = context.wrap_socket(sock, server_hostname=self.host)
+            except OSError:
+                sock.close()
+                raise
         head = "".join(f"{k}: {v}\r\n" for k, v in self._headers(message).items())
         sock.sendall(f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nConnection: close\r\n"
                      f"Content-Length: {len(body)}\r\n{head}\r\n".encode("latin-1") + body)
@@ -171,6 +179,10 @@ class Relay:
                     self.version = (json.loads(raw).get("result") or {}).get("protocolVersion") or self.version
                 self.write(raw)
         except (OSError, ValueError, ConnectionError) as e:
+            if self.https and e.__class__.__name__.startswith(("SSL", "Certificate")):
+                self.fail(message, f"the corral gateway at {self.url} could not be verified ({e}); if the site "
+                                   "signs its own certificates, set CORRAL_CA_FILE to its CA's PEM file")
+                return
             self.fail(message, f"the corral gateway at {self.url} does not answer ({e.__class__.__name__}: {e}); "
                                "start it (corral serve) or set CORRAL_URL to where it runs, then call again")
 
