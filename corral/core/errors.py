@@ -16,6 +16,7 @@ answer from the gateway, CLI 1)::
      ├── BackendError        the scheduler failed or is unreachable   (HTTP 503, CLI 1)
      ├── SandboxUnavailable  a job that must be contained, and no sandbox here (HTTP 503, CLI 1)
      ├── Restarting          the gateway is stopping; call again      (HTTP 503 + Retry-After, CLI 1)
+     ├── StoreUnavailable    the store did not answer; call again      (HTTP 503 + Retry-After, CLI 1)
      └── StorageFull         the gateway's disk is full; nothing kept  (HTTP 507, CLI 1)
 """
 
@@ -140,6 +141,40 @@ class Restarting(CorralError):
     def __init__(self, message: str = "the gateway is restarting; nothing was lost, call again in a few seconds",
                  *, hint: str | None = "call again: your job keeps running and its state is kept") -> None:
         super().__init__(message, hint=hint)
+
+
+class StoreUnavailable(CorralError):
+    """The store (PostgreSQL) dropped or refused this request's statement: it restarted, a
+    failover, another replica's admission held a lock too long. Nothing half-done stays
+    (its transaction rolled back); the same call, with the same Idempotency-Key, is safe."""
+
+    status = 503
+    code = "store_unavailable"
+    retry_after = 2.0
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(f"the gateway's store did not answer ({cause}); nothing of this request was half-done",
+                         hint="call again in a few seconds (a submission with the same Idempotency-Key "
+                              "answers with its jobs if they were recorded)")
+
+
+def store_unavailable(exc: BaseException) -> StoreUnavailable | None:
+    """``exc`` as a StoreUnavailable if the store failed to answer (PostgreSQL's connection
+    lost or its server shutting down, a lock or statement timeout, a deadlock; SQLite's
+    database locked past its busy timeout), else None."""
+    import sqlite3
+
+    if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+        return StoreUnavailable("the database file is locked by another writer")
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - pinned in pyproject.toml
+        return None
+    if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)) and \
+            getattr(exc, "sqlstate", None) != "53100":  # a full disk is StorageFull's (507)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        return StoreUnavailable(f"PostgreSQL: {first}")
+    return None
 
 
 class StorageFull(CorralError):

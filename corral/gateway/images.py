@@ -188,10 +188,10 @@ class Images:
         with open(fd, "w", encoding="utf-8") as f:
             json.dump(req, f)
         me = self.intake.service(BUILD_PRINCIPAL, f"envbuild:{caller.principal.name}")
-        self.admit(caller, [first])  # the install is the requester's job: its rates, budgets and caps
         # Both recorded by the pipeline with their allow records, in one transaction: the
         # install as the requester's (allowed by the env.build verb's decision), the pack as corral's.
         with self.db.transaction():
+            self.admit(caller, [first])  # the install is the requester's job: its rates, budgets and caps
             staged = self.intake.record(caller, [(self.lanes.batch.name, first)], rule)[0]
             # Isolated (-I), for a program run as root: nothing from its working directory or
             # PYTHON* variables; this gateway's own corral, named in argv (core/interp.py).

@@ -33,7 +33,7 @@ from corral.core.jobs import JobSpec
 from corral.core.lru import LRU
 from corral.core.principals import Caller, Kind
 from corral.core.lane_names import BATCH
-from corral.safety.limits import Buckets
+from corral.safety.limits import Buckets, Want, take_stored
 from corral.safety.policy import Policy, Request, refusal_sizes
 from corral.safety.risk import facility_hosts, tags_of
 from corral.safety.store import SafetyStore
@@ -43,6 +43,10 @@ if TYPE_CHECKING:
     from corral.core.db import Database
 
 log = logging.getLogger(__name__)
+
+FORGET_S = 86400.0
+"""A submission bucket untouched this long is dropped from the store (full again, unless
+its refill takes more than a day: then an agent idle for a day has its burst back)."""
 
 DECISIONS_KEPT = 4096
 """Decisions reused for ``cache_s``: at most this many kept, the expired ones dropped first.
@@ -89,6 +93,8 @@ class Gate:
         self._policy_seen = (self._mtime(), self.clock.monotonic())
         self._policy_version = 0
         self.buckets = Buckets()
+        """Every other call's buckets (``api_call``), per replica: submissions' are in the store."""
+        self._reserved = 0
         self.revoked = self.store.revoked()
         self._taint = self.store.taints()
         self._tags: OrderedDict[str, list[str]] = OrderedDict()
@@ -313,51 +319,86 @@ class Gate:
 
     def admit(self, caller: Caller, specs: list[JobSpec], take: bool = True) -> None:
         """Rates, budgets and concurrency for ``specs`` about to be submitted together.
-        Raises RateLimited (retry later) or Forbidden (a budget is spent). ``take=False``:
-        the answer only, no rate spent (a plan)."""
-        s = self.settings
-        n = len(specs)
+        Raises RateLimited (retry later) or Forbidden (a budget is spent). ``take``: the
+        rates spent, in the store's transaction (joined if one is open: the caller's insert
+        of the jobs belongs in it), under the principal's hold there, so that every
+        replica's admissions of one principal take turns and none reads usage another has
+        not yet recorded (decision 0042). ``take=False``: the answer only (a plan)."""
+        wants, counted = self._wants(caller, len(specs)), self._counted(caller)
         try:
-            wants: list[tuple[str, float, float, float, str]] = []
-            if caller.principal.kind.value in s.rate_limit_kinds and s.rate_submit_per_min > 0:
-                rate, burst = s.rate_submit_per_min / 60, s.rate_submit_burst
-                wants.append((f"sub:{caller.name}", n, rate, burst, f"submissions of {caller.name}"))
-                if caller.session:
-                    wants.append((f"sub:{caller.name}:{caller.session}", n, rate, burst,
-                                  f"submissions of session {caller.session}"))
-            cap = caller.cap
-            paths = [cap.block_ids[: i + 1] for i in range(len(cap.block_ids))] if cap else []
-            for ids, limits in zip(paths, cap.limits if cap else ()):
-                if "submits_per_min" in limits:
-                    per_min = limits["submits_per_min"]
-                    wants.append((f"tok:{ids[-1]}", n, per_min / 60, max(1, per_min),
-                                  f"submissions allowed by token block {ids[-1]}"))
-            if caller.principal.kind is Kind.AGENT and s.agent_max_active_jobs > 0:
-                active = self.store.active(caller.name)
-                if active + n > s.agent_max_active_jobs:
-                    raise RateLimited(f"{caller.name} has {active} unfinished jobs; the facility allows an agent "
-                                      f"{s.agent_max_active_jobs} at once", retry_after=30.0,
-                                      hint="wait for some to end (corral wait), then submit again")
-            cpu_s = sum(x.cpus * x.walltime_s for x in specs)
-            gpu_s = sum(x.gpus * x.walltime_s for x in specs)
-            for ids, limits in zip(paths, cap.limits if cap else ()):
-                if not {"budget_cpu_s", "budget_gpu_s", "max_active_jobs"} & set(limits):
-                    continue
-                used_cpu, used_gpu, active = self.store.used("/".join(ids))
-                for key, used, want, what in (("budget_cpu_s", used_cpu, cpu_s, "CPU"), ("budget_gpu_s", used_gpu, gpu_s, "GPU")):
-                    if key in limits and used + want > limits[key]:
-                        raise Forbidden(
-                            f"{what}-hour budget of token block {ids[-1]}: {used / 3600:.2f} of {limits[key] / 3600:.2f} h "
-                            f"used or reserved, and this asks {want / 3600:.2f} h more (reserved at walltime x {what}s)",
-                            hint="ask for less walltime or fewer CPUs/GPUs, or ask your sponsor for a new budget")
-                if "max_active_jobs" in limits and active + n > limits["max_active_jobs"]:
-                    raise RateLimited(f"token block {ids[-1]} allows {limits['max_active_jobs']} unfinished jobs at "
-                                      f"once and has {active}", retry_after=30.0,
-                                      hint="wait for some to end (corral wait), then submit again")
-            (self.buckets.take_all if take else self.buckets.check_all)(wants, self.clock.monotonic())
+            if not take:
+                self._within(caller, specs)
+                if wants:
+                    take_stored(self.store.buckets([w[0] for w in wants]), wants, self.clock.time())
+                return
+            if not wants and not counted:
+                return  # nothing limits this caller: no lock, no read
+            with self.store.db.transaction():
+                self.store.hold(caller.name)
+                self._within(caller, specs)
+                if wants:
+                    now = self.clock.time()
+                    rows = take_stored(self.store.buckets([w[0] for w in wants]), wants, now)
+                    self._reserved += 1
+                    self.store.set_buckets(rows, now - FORGET_S if self._reserved % 1000 == 0 else None)
         except CorralError as e:
             e.rule = "rate-limit" if isinstance(e, RateLimited) else "budget"
             raise
+
+    def _wants(self, caller: Caller, n: int) -> list[Want]:
+        """The submission buckets a batch of ``n`` takes from: its principal's and session's,
+        and each token block's that sets ``submits_per_min``."""
+        s = self.settings
+        wants: list[Want] = []
+        if caller.principal.kind.value in s.rate_limit_kinds and s.rate_submit_per_min > 0:
+            rate, burst = s.rate_submit_per_min / 60, s.rate_submit_burst
+            wants.append((f"sub:{caller.name}", n, rate, burst, f"submissions of {caller.name}"))
+            if caller.session:
+                wants.append((f"sub:{caller.name}:{caller.session}", n, rate, burst,
+                              f"submissions of session {caller.session}"))
+        cap = caller.cap
+        for block, limits in zip(cap.block_ids if cap else (), cap.limits if cap else ()):
+            if "submits_per_min" in limits:
+                per_min = limits["submits_per_min"]
+                wants.append((f"tok:{block}", n, per_min / 60, max(1, per_min),
+                              f"submissions allowed by token block {block}"))
+        return wants
+
+    def _counted(self, caller: Caller) -> bool:
+        """Whether ``_within`` reads anything: an agent's active cap, or a token block's budget or cap."""
+        if caller.principal.kind is Kind.AGENT and self.settings.agent_max_active_jobs > 0:
+            return True
+        return any({"budget_cpu_s", "budget_gpu_s", "max_active_jobs"} & set(limits)
+                   for limits in (caller.cap.limits if caller.cap else ()))
+
+    def _within(self, caller: Caller, specs: list[JobSpec]) -> None:
+        """The caller's active jobs and its token blocks' budgets, read from the store, with
+        ``specs`` added: raises the first limit they would pass."""
+        s, n = self.settings, len(specs)
+        if caller.principal.kind is Kind.AGENT and s.agent_max_active_jobs > 0:
+            active = self.store.active(caller.name)
+            if active + n > s.agent_max_active_jobs:
+                raise RateLimited(f"{caller.name} has {active} unfinished jobs; the facility allows an agent "
+                                  f"{s.agent_max_active_jobs} at once", retry_after=30.0,
+                                  hint="wait for some to end (corral wait), then submit again")
+        cap = caller.cap
+        paths = [cap.block_ids[: i + 1] for i in range(len(cap.block_ids))] if cap else []
+        cpu_s = sum(x.cpus * x.walltime_s for x in specs)
+        gpu_s = sum(x.gpus * x.walltime_s for x in specs)
+        for ids, limits in zip(paths, cap.limits if cap else ()):
+            if not {"budget_cpu_s", "budget_gpu_s", "max_active_jobs"} & set(limits):
+                continue
+            used_cpu, used_gpu, active = self.store.used("/".join(ids))
+            for key, used, want, what in (("budget_cpu_s", used_cpu, cpu_s, "CPU"), ("budget_gpu_s", used_gpu, gpu_s, "GPU")):
+                if key in limits and used + want > limits[key]:
+                    raise Forbidden(
+                        f"{what}-hour budget of token block {ids[-1]}: {used / 3600:.2f} of {limits[key] / 3600:.2f} h "
+                        f"used or reserved, and this asks {want / 3600:.2f} h more (reserved at walltime x {what}s)",
+                        hint="ask for less walltime or fewer CPUs/GPUs, or ask your sponsor for a new budget")
+            if "max_active_jobs" in limits and active + n > limits["max_active_jobs"]:
+                raise RateLimited(f"token block {ids[-1]} allows {limits['max_active_jobs']} unfinished jobs at "
+                                  f"once and has {active}", retry_after=30.0,
+                                  hint="wait for some to end (corral wait), then submit again")
 
 
 def budgets(store: Any, cap: Any) -> list[dict[str, Any]]:

@@ -1,12 +1,16 @@
 """Rate limits and admission: token buckets per principal, per session and per token
 block, CPU- and GPU-hour budgets, and caps on concurrent jobs.
 
-Buckets are in memory: a restart refills them, which errs toward the agent but loses no
-work. Budgets and job counts are read from the database, so they survive restarts.
-Behind a load balancer, N replicas share the facility's rates: each refills its buckets
-at 1/N of the rate (``share``, from the replicas each hears: gateway/replicas.py), so
-that an agent spreading its calls over them is held to the facility's rate, without a
-store round trip per call. A burst is each replica's whole: at most N bursts at once.
+Submissions' buckets are the facility's, in the store (``take_stored``): taken in the
+transaction that records the jobs, under the principal's admission lock, so N replicas
+grant one burst between them, not N (decision 0042). Budgets and job counts are read
+from the store in that same transaction.
+
+Every other call's buckets (``api_call``, token verifications) are in memory: a store
+round trip per call would cost more than the call, and a restart refills them, which
+errs toward the agent but loses no work. Behind a load balancer, N replicas share those
+rates: each refills its buckets at 1/N of the rate (``share``, from the replicas each
+hears: gateway/replicas.py); their burst is each replica's whole.
 
 Why not a library: aiolimiter waits instead of refusing, and ``limits``/pyrate-limiter
 count in windows; a refusal here must say exactly when to retry (Retry-After), which a
@@ -84,11 +88,7 @@ class Buckets:
             if wait > 0:
                 for k, m in taken:  # give back: a refused request costs nothing
                     self._b[k].tokens += m
-                if math.isinf(wait):
-                    raise RateLimited(f"{what}: {n:g} at once is more than its burst of {burst:g}; send fewer",
-                                      retry_after=60.0)
-                raise RateLimited(f"{what}: limit {rate * 60:g} per minute (burst {burst:g}); retry in {wait:.1f} s",
-                                  retry_after=wait)
+                raise _refusal(what, n, rate, burst, wait)
             taken.append((key, n))
 
     def check_all(self, wants: list[tuple[str, float, float, float, str]], now: float | None = None) -> None:
@@ -96,3 +96,30 @@ class Buckets:
         self.take_all(wants, now)
         for key, n, *_ in wants:
             self._b[key].tokens += n
+
+
+Want = tuple[str, float, float, float, str]
+"""(key, n, rate per second, burst, what it limits): one bucket a request takes from."""
+
+
+def take_stored(held: dict[str, tuple[float, float]], wants: list[Want], now: float) -> list[tuple[str, float, float]]:
+    """Buckets kept in the store: ``held`` their rows (key -> tokens, stamp; a missing one
+    is full), ``now`` wall-clock seconds (the replicas share no monotonic clock). -> the
+    rows to write back once every bucket had enough; raises RateLimited naming the first
+    short one (then nothing is to be written: a refused request costs nothing)."""
+    rows = []
+    for key, n, rate, burst, what in wants:
+        tokens, stamp = held.get(key, (burst, now))
+        b = Bucket(rate, burst, min(tokens, burst), min(stamp, now))  # a clock stepped back refills nothing
+        wait = b.take(n, now)
+        if wait > 0:
+            raise _refusal(what, n, rate, burst, wait)
+        rows.append((key, b.tokens, b.stamp))
+    return rows
+
+
+def _refusal(what: str, n: float, rate: float, burst: float, wait: float) -> RateLimited:
+    if math.isinf(wait):
+        return RateLimited(f"{what}: {n:g} at once is more than its burst of {burst:g}; send fewer", retry_after=60.0)
+    return RateLimited(f"{what}: limit {rate * 60:g} per minute (burst {burst:g}); retry in {wait:.1f} s",
+                       retry_after=wait)

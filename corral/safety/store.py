@@ -65,3 +65,13 @@ class SafetyStore:
 
     def active(self, principal: str) -> int:
         return self.db.safety.active(principal)
+
+    def hold(self, principal: str) -> None:
+        """In the store's transaction: this principal's admissions take turns, on every replica."""
+        self.db.safety.hold(principal)
+
+    def buckets(self, keys: list[str]) -> dict[str, tuple[float, float]]:
+        return self.db.safety.buckets(keys)
+
+    def set_buckets(self, rows: list[tuple[str, float, float]], forget_before: float | None = None) -> None:
+        self.db.safety.set_buckets(rows, forget_before)

@@ -10,6 +10,10 @@ from typing import Any
 from corral.core.store.conn import Conn
 from corral.core.store.jobs import ACTIVE
 
+LOCK_WAIT_MS = 3000
+"""The longest an admission waits for another replica's admission of the same principal
+(each holds the lock for one transaction: milliseconds, unless its replica hangs)."""
+
 
 class SafetyRecords:
     def __init__(self, conn: Conn) -> None:
@@ -73,6 +77,36 @@ class SafetyRecords:
 
     def active(self, principal: str) -> int:
         return int(self.conn.one(f"SELECT COUNT(*) FROM jobs WHERE principal=? AND {ACTIVE}", (principal,))[0])
+
+    # -- admission: one principal's at a time, on every replica -----------------------------
+
+    def hold(self, principal: str) -> None:
+        """Inside a transaction: until it ends, no other admission of ``principal``, on any
+        replica, reads its usage, its active jobs or its rate buckets (decision 0042).
+        PostgreSQL: the principal's row locked ``FOR NO KEY UPDATE`` (the jobs' references
+        to it take ``FOR KEY SHARE``, which this does not block); a lock not had within
+        ``LOCK_WAIT_MS`` (a replica stuck mid-admission) fails this one, retryably (503).
+        SQLite: ``BEGIN IMMEDIATE`` already took the database's one write lock."""
+        if not self.conn.in_transaction:
+            raise RuntimeError("SafetyRecords.hold outside a transaction holds nothing")
+        if self.conn.pg:
+            self.conn.execute(f"SET LOCAL lock_timeout = '{LOCK_WAIT_MS}ms'")
+            self.conn.execute("SELECT name FROM principals WHERE name=? FOR NO KEY UPDATE", (principal,))
+
+    def buckets(self, keys: list[str]) -> dict[str, tuple[float, float]]:
+        """The facility's rate buckets by key -> (tokens, stamp: wall-clock seconds); a
+        missing one is full."""
+        rows = self.conn.all(f"SELECT key, tokens, stamp FROM rate_buckets WHERE key IN ({self.conn.marks(len(keys))})",
+                             keys)
+        return {k: (float(t), float(at)) for k, t, at in rows}
+
+    def set_buckets(self, rows: list[tuple[str, float, float]], forget_before: float | None = None) -> None:
+        """Buckets (key, tokens, stamp) written; ``forget_before``: rows untouched since then
+        dropped too (full again long ago: a missing bucket is a full one)."""
+        self.conn.executemany("INSERT INTO rate_buckets (key, tokens, stamp) VALUES (?, ?, ?) ON CONFLICT (key) "
+                              "DO UPDATE SET tokens=excluded.tokens, stamp=excluded.stamp", rows)
+        if forget_before is not None:
+            self.conn.execute("DELETE FROM rate_buckets WHERE stamp < ?", (forget_before,))
 
 
 def _used_sql(c: Conn) -> str:

@@ -19,7 +19,8 @@ from fastapi.responses import JSONResponse, Response
 
 from corral.edges.http.routes import add_routes
 from corral.edges.schemas import HealthOut
-from corral.core.errors import CorralError, RateLimited, Restarting, describe_validation, storage_full
+from corral.core.errors import (CorralError, RateLimited, Restarting, StoreUnavailable, describe_validation,
+                                 storage_full, store_unavailable)
 from corral.edges.http.body import parse_body
 from corral.edges.http.connections import authenticated
 from corral.edges.mcp.gate import RequireToken, anonymous_endpoint
@@ -36,7 +37,7 @@ def ok(data: Any, status: int = 200) -> Response:
 
 def error_response(exc: CorralError) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
-    if isinstance(exc, (RateLimited, Restarting)):
+    if isinstance(exc, (RateLimited, Restarting, StoreUnavailable)):
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
     return JSONResponse({"error": exc.to_dict()}, status_code=exc.status, headers=headers or None)
 
@@ -75,6 +76,13 @@ class ContainErrors:
                     log.error("%s (on %s %s)", full.message, scope.get("method"), scope.get("path"))
                 if not started:
                     await error_response(full)(scope, receive, send)
+                return
+            away = store_unavailable(e)
+            if away is not None:  # the store restarted or failed over: the caller calls again, no traceback
+                self.errors.labels("http", "store_unavailable").inc()
+                log.warning("%s (on %s %s)", away.message, scope.get("method"), scope.get("path"))
+                if not started:
+                    await error_response(away)(scope, receive, send)
                 return
             log.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
             self.errors.labels("http", "internal_error").inc()
