@@ -2,7 +2,7 @@
 PostgreSQL store, one agent's submissions sent to all three at once over real HTTP. Its
 CPU-hour budget, its token's cap on unfinished jobs and the facility's submission burst
 each admit exactly what one gateway would: admission reads and reserves them in the
-store, under the principal's lock, on every replica (decision 0042). Before, each
+store, under the principal's lock, on every replica (decision 0043). Before, each
 replica read what the others had not yet recorded (a 10 CPU-hour budget granted 27) and
 kept a burst of its own (three bursts across three). Fails under CI=true without the
 server of scripts/postgres-up."""

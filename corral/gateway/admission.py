@@ -3,8 +3,9 @@ the size of the batch and its idempotency key (a replay answers with the earlier
 images and workspaces resolved, working directories checked on disk as the job's
 identity would use them, the scheduler's preflight, the token and the policy (the gate),
 dependencies, the sandbox, the result cache or the lane, the placement (tier and
-walltime), the storage mounted, admission against rates and budgets, memory's advice;
-then the Intake records them with their allow record (control/intake.py).
+walltime), the storage mounted, memory's advice; then admission against rates, budgets
+and active jobs, and the Intake's record of the jobs with their allow record
+(control/intake.py), in one transaction of the store.
 
 ``Service.submit`` sends what this records. ``Service.plan`` asks the same function
 (``check``) as its caller, so a plan's verdict is the submission's: it only mounts no
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -34,6 +36,7 @@ from corral.core.jobs import Job, JobSpec
 from corral.core.principals import Caller, Kind, Principal
 from corral.lanes.placement import Placement, Placer
 from corral.lanes.registry import Lane, Lanes
+from corral.gateway import own_account
 from corral.gateway.memory_verbs import MemoryVerbs
 from corral.safety.audit import Audit
 from corral.safety.gate import Gate, job_resource, job_text
@@ -99,8 +102,14 @@ class Admission:
         # id and submit time name it), never a job without its decision.
         fault("before_insert")
         try:
-            inserted = self.intake.record(caller, [(lane.name, spec) for spec, lane in new], rule, key=key,
-                                          digest=digest, hold=hold)
+            # Reserved and recorded in one transaction, under the principal's hold in the
+            # store: another replica's admission of the same principal waits for this
+            # commit, then counts these jobs (decision 0043).
+            with self.db.transaction():
+                if new:
+                    self.gate.admit(caller, [spec for spec, _ in new])
+                inserted = self.intake.record(caller, [(lane.name, spec) for spec, lane in new], rule, key=key,
+                                              digest=digest, hold=hold)
         except INTEGRITY_ERRORS:
             # The same key inserted meanwhile by another replica (one store, many gateways): its jobs stand.
             replay = self._replay(caller, key, n, digest) if key is not None else None
@@ -164,8 +173,8 @@ class Admission:
         allowed = [r[0] for r in ready.values() if not isinstance(r, Job)]  # each distinct spec once
         if not plan and self.storage.needs(allowed):  # decided: their images and workspaces mounted first
             await asyncio.to_thread(self.storage.prepare, caller, allowed)
-        new = [r[0] for t in texts if not isinstance(r := ready[t], Job)]
-        self.gate.admit(caller, new, take=not plan)  # nothing awaited from here to record's insert
+        if plan:  # a submission's own admission is taken where its jobs are recorded (``record``)
+            self.gate.admit(caller, [r[0] for t in texts if not isinstance(r := ready[t], Job)], take=False)
         said: dict[str, list[str]] = {}
         for t, r in ready.items():
             if not isinstance(r, Job):
@@ -202,6 +211,24 @@ class Admission:
         state = [self.settings.home, self.settings.db_path.parent, *self.private_state]
         return workdirs.check(workdir, ident, state, hidden)
 
+    def _check_outputs(self, caller: Caller, spec: JobSpec) -> None:
+        """The sbatch shim's -o/-e files: a directory that exists but that the job's identity
+        may not write is refused now, in the caller's terms, not run to a job that fails
+        without a word (Slurm's FAILED 0:53). A directory that does not exist is left to
+        fail the job as Slurm's does; one named with a pattern (%j) is known only in the job."""
+        for key in ("slurm_stdout", "slurm_stderr"):
+            path = spec.labels.get(key)
+            if not path or "%" in os.path.dirname(path) or path.startswith("/dev/"):
+                continue
+            where = Path(spec.workdir or "/", path).parent
+            if where.is_dir():
+                try:
+                    workdirs.check_writable(str(where), self.identity_of(caller))
+                except InvalidRequest as e:
+                    raise InvalidRequest(f"output file {path!r}: {e.message.replace('workdir ', 'its directory ', 1)}",
+                                         hint="write it where the job may (its working directory), or make "
+                                              f"{where} writable by that identity") from None
+
     def _default_partition(self) -> str:
         try:
             parts = self.lanes.batch.partitions()
@@ -225,6 +252,7 @@ class Admission:
         A spec whose working directory was checked is replaced in ``specs`` by one that
         names the resolved directory: the lanes bind that, never the link it was named by."""
         ident = self.identity_of(caller)  # a principal no job may run as (root) is refused here, not in a lane
+        own_account.refuse(self.settings, caller.principal)  # nor as an unprivileged gateway's own account
         for i, spec in specs.items():
             with _prefixed(where(i)):
                 if spec.workdir is not None:
@@ -239,6 +267,7 @@ class Admission:
                         real = self._check_workdir(caller, spec.workdir)
                         if real != spec.workdir:
                             specs[i] = spec.model_copy(update={"workdir": real})
+                    self._check_outputs(caller, spec)
                 try:
                     self.lanes.batch.preflight(spec)
                 except BackendError as e:

@@ -323,7 +323,7 @@ class Gate:
         rates spent, in the store's transaction (joined if one is open: the caller's insert
         of the jobs belongs in it), under the principal's hold there, so that every
         replica's admissions of one principal take turns and none reads usage another has
-        not yet recorded (decision 0042). ``take=False``: the answer only (a plan)."""
+        not yet recorded (decision 0043). ``take=False``: the answer only (a plan)."""
         wants, counted = self._wants(caller, len(specs)), self._counted(caller)
         try:
             if not take:

@@ -3,7 +3,7 @@ block, CPU- and GPU-hour budgets, and caps on concurrent jobs.
 
 Submissions' buckets are the facility's, in the store (``take_stored``): taken in the
 transaction that records the jobs, under the principal's admission lock, so N replicas
-grant one burst between them, not N (decision 0042). Budgets and job counts are read
+grant one burst between them, not N (decision 0043). Budgets and job counts are read
 from the store in that same transaction.
 
 Every other call's buckets (``api_call``, token verifications) are in memory: a store

@@ -82,7 +82,7 @@ class SafetyRecords:
 
     def hold(self, principal: str) -> None:
         """Inside a transaction: until it ends, no other admission of ``principal``, on any
-        replica, reads its usage, its active jobs or its rate buckets (decision 0042).
+        replica, reads its usage, its active jobs or its rate buckets (decision 0043).
         PostgreSQL: the principal's row locked ``FOR NO KEY UPDATE`` (the jobs' references
         to it take ``FOR KEY SHARE``, which this does not block); a lock not had within
         ``LOCK_WAIT_MS`` (a replica stuck mid-admission) fails this one, retryably (503).
