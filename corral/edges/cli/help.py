@@ -11,7 +11,7 @@ SECTIONS: list[tuple[str, list[str]]] = [
     ("Memory", ["remember", "recall", "advice"]),
     ("Storage", ["env", "workspace"]),
     ("Agent tools", ["agent", "mcp", "risk"]),
-    ("Admin", ["serve", "config", "principal", "token", "policy", "audit", "sandbox", "slurm"]),
+    ("Admin", ["serve", "doctor", "config", "principal", "token", "policy", "audit", "sandbox", "slurm"]),
     ("Analysis (offline, no gateway)", ["analyze", "synth", "simulate"]),
 ]
 """Every command, once, in the order a reader meets them."""
@@ -23,6 +23,7 @@ SUMMARIES: dict[str, str] = {
     "audit": "The audit chain: every decision (submit, cancel), allowed or refused, tamper-evident.",
     "config": "The configuration: every key's reference, and a check of a corral.toml.",
     "control": "Hold, release, requeue or signal a job, where its lane can.",
+    "doctor": "Check this host before serving: Slurm, accounting, job_submit.lua, munge, the clock, bubblewrap, user namespaces, seccomp, the dynamic uid range, the store, free disk, TLS.",
     "env": "Environment images: a Python environment built once with uv, packed into one read-only squashfs file, shared by every job and every principal.",
     "policy": "The facility policy (Cedar): what each principal may do, and why not.",
     "principal": "Register and list principals: humans, agents (with a sponsor) and services.",

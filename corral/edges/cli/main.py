@@ -80,7 +80,8 @@ LAZY = {
     "simulate": "corral.edges.cli.simulate_commands:simulate", "agent": "corral.edges.cli.agent_run:agent",
     "slurm": "corral.edges.cli.slurm_plugin:slurm", "env": "corral.edges.cli.storage_commands:env",
     "workspace": "corral.edges.cli.storage_commands:workspace",
-    "principal": "corral.edges.cli.principal_commands:principal", "config": "corral.edges.cli.config_commands:config"
+    "principal": "corral.edges.cli.principal_commands:principal", "config": "corral.edges.cli.config_commands:config",
+    "doctor": "corral.edges.cli.doctor_commands:doctor",
 }
 """Commands imported when called, not at start (they pull in polars, Cedar, tree-sitter)."""
 

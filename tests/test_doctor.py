@@ -1,0 +1,83 @@
+"""`corral doctor` on this host as an admin runs it before serving: against the private
+Slurm (scripts/slurm-up) every check of a good setup passes, read-only; and each setting
+broken on purpose (no such slurm.conf, a store that does not answer, a uid corral gave
+that the directory now gives a person, a network address without TLS) is a FAIL saying
+what to do, with exit 1; invalid settings exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from .conftest import SHARED_TURN
+from .slurm_env import slurm_conf
+
+CORRAL = [sys.executable, "-m", "corral.entry"]
+
+
+def doctor(home: Path, *args: str, toml: str = "", **env: str) -> tuple[int, dict[str, Any], str]:
+    home.mkdir(exist_ok=True)
+    (home / "corral.toml").write_text(toml)
+    full = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    full.update({"CORRAL_HOME": str(home), "CORRAL_SANDBOX__UID_REGISTRY": str(home / "no-uids"), **env})
+    r = subprocess.run([*CORRAL, "--json", "doctor", *args], env=full, capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.returncode, json.loads(r.stdout), r.stderr
+
+
+def by_check(report: dict[str, Any]) -> dict[str, dict[str, str]]:
+    return {f["check"]: f for f in report["findings"]}
+
+
+@SHARED_TURN
+def test_a_good_host_passes_against_the_private_slurm(tmp_path: Path, slurm_turn: None) -> None:
+    conf = slurm_conf()
+    sdiag_before = subprocess.run(["sdiag"], env={**os.environ, "SLURM_CONF": conf}, capture_output=True, text=True)
+    code, report, _ = doctor(tmp_path / "home", "--backend", "slurm", SLURM_CONF=conf)
+    found = by_check(report)
+    assert code == 0 and report["ok"], report
+    assert found["slurm"]["status"] == "ok" and "Slurm 22." in found["slurm"]["detail"]
+    assert found["accounting"]["status"] == "ok" and "job_comment" in found["accounting"]["detail"]
+    assert found["munge"]["status"] == "ok" and found["clock"]["status"] == "ok"
+    assert found["store"]["status"] == "ok" and found["disk"]["status"] in ("ok", "warn")
+    assert found["job_submit.lua"]["status"] in ("ok", "warn")  # the private cluster runs no plugin by default
+    assert all(f["fix"] for f in report["findings"] if f["status"] in ("warn", "fail"))
+    # read-only: sdiag's counters were not reset (doctor runs sdiag without -r)
+    since = [x for x in sdiag_before.stdout.splitlines() if x.startswith("Data since")]
+    after = subprocess.run(["sdiag"], env={**os.environ, "SLURM_CONF": conf}, capture_output=True, text=True)
+    assert since and since[0] in after.stdout
+
+
+def test_a_missing_slurm_conf_fails_and_says_what_to_set(tmp_path: Path) -> None:
+    code, report, _ = doctor(tmp_path / "home", "--backend", "slurm",
+                             toml='[slurm]\nconf = "/nonexistent/slurm.conf"\n')
+    slurm = by_check(report)["slurm"]
+    assert code == 1 and not report["ok"]
+    assert slurm["status"] == "fail" and "does not answer" in slurm["detail"] and "[slurm] conf" in slurm["fix"]
+
+
+def test_a_store_that_does_not_answer_fails(tmp_path: Path) -> None:
+    code, report, _ = doctor(tmp_path / "home", toml='[store]\nurl = "postgresql://corral:pw@127.0.0.1:1/corral"\n')
+    store = by_check(report)["store"]
+    assert code == 1 and store["status"] == "fail" and "does not answer" in store["detail"]
+    assert ":pw@" not in store["detail"] and "[store] url" in store["fix"]
+
+
+def test_a_uid_corral_gave_that_the_directory_now_gives_a_person_fails(tmp_path: Path) -> None:
+    registry = tmp_path / "uids"
+    registry.write_text(json.dumps({"uids": {"0": {"home": str(tmp_path), "principal": "bot1"}}}))
+    code, report, _ = doctor(tmp_path / "home", CORRAL_SANDBOX__UID_REGISTRY=str(registry))
+    uids = by_check(report)["dynamic uids"]
+    assert code == 1 and uids["status"] == "fail" and "0 (corral's bot1, NSS's root)" in uids["detail"]
+
+
+def test_a_network_address_without_tls_fails_and_bad_settings_exit_2(tmp_path: Path) -> None:
+    code, report, _ = doctor(tmp_path / "home", toml='host = "0.0.0.0"\n')
+    listen = by_check(report)["listen"]
+    assert code == 1 and listen["status"] == "fail" and "without TLS" in listen["detail"]
+    code, report, stderr = doctor(tmp_path / "home", toml="[sandbox]\nseccom = false\n")
+    assert code == 2 and "did you mean 'sandbox.seccomp'" in report["error"]["message"]
