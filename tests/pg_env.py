@@ -53,3 +53,61 @@ def fresh_database() -> Iterator[str]:
             yield url.rsplit("/", 1)[0] + "/" + name
         finally:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+class PrivateServer:
+    """A PostgreSQL server of one test's or bench's own (``private_server``): one that may be
+    restarted under load without disturbing the shared server other tests use."""
+
+    def __init__(self, root: Path, port: int) -> None:
+        self.root, self.port = root, port
+        self.url = f"postgresql://corral@127.0.0.1:{port}/corral"
+
+    def _ctl(self, *args: str) -> None:
+        import glob
+        import subprocess
+
+        ctl = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))[-1]
+        subprocess.run(["runuser", "-u", "postgres", "--", ctl, "-D", str(self.root / "data"), "-w", "-t", "60",
+                        *args], check=True, capture_output=True)
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """Stopped fast (its sessions ended, their transactions rolled back), ``down_s``
+        seconds away, started again: back when this returns."""
+        import time
+
+        self._ctl("-m", "fast", "stop")
+        time.sleep(down_s)
+        self._ctl("-l", str(self.root / "server.log"), "start")
+
+    def stop(self) -> None:
+        self._ctl("-m", "immediate", "stop")
+
+
+@contextlib.contextmanager
+def private_server() -> Iterator[PrivateServer]:
+    """scripts/postgres-up in a directory and on a port of its own -> the server; stopped
+    and removed afterwards. Without PostgreSQL installed: skipped, failed under CI=true."""
+    import shutil
+    import socket
+    import subprocess
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="corral-pg-own-", dir="/tmp"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = Path(__file__).resolve().parent.parent / "scripts" / "postgres-up"
+    cp = subprocess.run([str(script)], env={**os.environ, "CORRAL_PG_DIR": str(root), "CORRAL_PG_PORT": str(port)},
+                        capture_output=True, text=True)
+    if cp.returncode != 0:
+        shutil.rmtree(root, ignore_errors=True)
+        _unavailable(f"scripts/postgres-up failed: {cp.stderr.strip()[-300:]}")
+    server = PrivateServer(root, port)
+    try:
+        yield server
+    finally:
+        try:
+            server.stop()
+        finally:
+            shutil.rmtree(root, ignore_errors=True)

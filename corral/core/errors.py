@@ -164,8 +164,12 @@ def store_unavailable(exc: BaseException) -> StoreUnavailable | None:
     database locked past its busy timeout), else None."""
     import sqlite3
 
+    from corral.core.store.conn import Unreachable
+
     if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
         return StoreUnavailable("the database file is locked by another writer")
+    if isinstance(exc, Unreachable):  # reconnecting after the server went: it is not back yet
+        return StoreUnavailable("PostgreSQL: " + str(exc).split(": ", 1)[-1].split("; check")[0])
     try:
         import psycopg
     except ImportError:  # pragma: no cover - pinned in pyproject.toml

@@ -32,6 +32,12 @@ INTEGRITY_ERRORS: tuple[type[BaseException], ...] = (sqlite3.IntegrityError,) + 
 """What a broken uniqueness or reference raises, on either server."""
 
 
+class Unreachable(RuntimeError):
+    """The PostgreSQL server refused a new connection: at start, the gateway says so and
+    stops; later (the server restarting), the request is answered 503 and called again
+    (errors.store_unavailable)."""
+
+
 class Cursor(Protocol):
     rowcount: int
 
@@ -109,8 +115,8 @@ class Conn:
             return psycopg.connect(self.url, autocommit=True, cursor_factory=psycopg.ClientCursor, connect_timeout=10)
         except psycopg.OperationalError as e:
             shown = re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", self.url)
-            raise RuntimeError(f"cannot reach the PostgreSQL store {shown}: {str(e).strip().splitlines()[0]}; "
-                               "check [store] url and that the server is up") from None
+            raise Unreachable(f"cannot reach the PostgreSQL store {shown}: {str(e).strip().splitlines()[0]}; "
+                              "check [store] url and that the server is up") from None
 
     @property
     def pg(self) -> bool:
