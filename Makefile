@@ -42,7 +42,9 @@ venv: $(RUN_STAMP)
 run: $(RUN_STAMP)
 	@scripts/sandbox-up || echo "make run: no bubblewrap; agents' jobs will be refused until it is installed"
 	@scripts/storage-up || echo "make run: no squashfs-tools; environment images cannot be built until it is installed"
-	$(BIN)/corral serve
+	@# Run as a plain user, the gateway is that person's own (personal = true): every job runs
+	@# as her account, so it serves her and her agents only (gateway/own_account.py).
+	$(if $(filter 0,$(shell id -u)),,CORRAL_PERSONAL=true) $(BIN)/corral serve
 
 # The Slurm tests need the private Slurm of scripts/slurm-up, the HTML report's test
 # Debian's Chromium (scripts/browser-up), the sandbox tests bubblewrap (scripts/sandbox-up), the

@@ -30,7 +30,8 @@ class RelativeGateway:
         # The user's own state directory (where the gateway leaves the pointer to its home),
         # kept inside the test's directory.
         self.base_env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-        self.base_env.update(XDG_STATE_HOME=str(state), CORRAL_URL=self.url)
+        # As `make run` starts it: run by a plain user (place-check), the gateway is hers alone.
+        self.base_env.update(XDG_STATE_HOME=str(state), CORRAL_URL=self.url, CORRAL_PERSONAL="true")
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:

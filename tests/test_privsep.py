@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from .conftest import Gateway, drop_scratch, running
+from .conftest import Gateway, running
 from .test_sandbox import need_bwrap
 
 DYNAMIC = (61184, 65519)
@@ -329,82 +329,6 @@ def test_var_run_as_a_link_and_munge_present_still_build(tmp_path: Path) -> None
     finally:
         if made:
             Path("/run/munge").rmdir()
-
-
-@pytest.mark.parametrize("backend", ["local", "slurm"])
-def test_a_gateway_run_as_a_service_account(project: Path, backend: str) -> None:
-    """The other deployment: the gateway is an unprivileged service account, with no
-    root anywhere, on either backend. Its agents' jobs run contained as that account (it
-    can become no one else: sbatch's --uid is root's only), under the same filter, and
-    its state is private to it."""
-    need_bwrap()
-    extra = {}
-    if backend == "slurm":
-        from .slurm_env import slurm_conf
-
-        extra = {"CORRAL_BACKEND": "slurm", "SLURM_CONF": slurm_conf()}
-    name = f"corralsvc{os.getpid() % 100000}"
-    subprocess.run(["userdel", "-r", name], capture_output=True)
-    subprocess.run(["useradd", "--create-home", "--home-dir", f"/tmp/{name}", name], check=True, capture_output=True)
-    u = pwd.getpwnam(name)
-    gw_proc = None
-    try:
-        home = Path(u.pw_dir) / "state"
-        drop_scratch(home)  # a former run's (same pid, same name, a deleted uid): refused as not this gateway's
-        os.chown(project, u.pw_uid, u.pw_gid)
-        project.chmod(0o755)
-        from .conftest import free_port
-
-        port = free_port()
-        site = next(Path(".venv/lib").glob("python3*/site-packages")).resolve()
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": u.pw_dir, "CORRAL_HOME": str(home),
-               "PYTHONPATH": f"{site}:{Path.cwd()}", "USER": name, **extra}
-        log = open(Path(u.pw_dir) / "gateway.log", "ab")
-        # The system's Python with the project's packages: the venv's interpreter lies in
-        # root's home here, which a service account cannot enter.
-        gw_proc = subprocess.Popen(["/usr/bin/python3", "-m", "corral.edges.cli.main", "serve", "--port", str(port), "--tick", "0.2",
-                                    "--cpus", "2"], env=env, stdout=log, stderr=log, cwd=u.pw_dir,
-                                   user=u.pw_uid, group=u.pw_gid, extra_groups=[])
-        import httpx
-
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert gw_proc.poll() is None, (Path(u.pw_dir) / "gateway.log").read_text()
-            time.sleep(0.1)
-        admin = (home / "admin.token").read_text().strip()
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"}, timeout=30) as h:
-            for body in ({"name": "alice", "kind": "human"}, {"name": "bot1", "kind": "agent", "sponsor": "alice"}):
-                assert h.post("/v1/principals", json=body).status_code == 201
-            tok = h.post("/v1/tokens", json={"for": "bot1", "expires": "1h"}).json()["token"]
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {tok}"}, timeout=90) as h:
-            r = h.post("/v1/jobs", json={"command": "id -u; echo made > made.txt; python3 -c \"import socket; "
-                                                    "socket.socket(socket.AF_UNIX)\" || echo filtered",
-                                         "workdir": str(project), "walltime": "60s"})
-            assert r.status_code == 201, r.text
-            job = h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": 60}).json()
-            out = h.get(f"/v1/jobs/{job['id']}/output").json()["data"]
-        assert job["state"] == "COMPLETED" and job["backend"] == backend, job
-        assert out.split()[0] == str(u.pw_uid) and "filtered" in out, out
-        assert (project / "made.txt").stat().st_uid == u.pw_uid
-        assert home.stat().st_uid == u.pw_uid and home.stat().st_mode & 0o077 in (0o011, 0)
-        assert (home / "corral.db").stat().st_mode & 0o077 == 0
-    finally:
-        if gw_proc is not None:
-            gw_proc.terminate()
-            try:
-                gw_proc.wait(20)
-            except subprocess.TimeoutExpired:
-                gw_proc.kill()
-        subprocess.run(["pkill", "-u", name], capture_output=True)
-        time.sleep(0.5)
-        subprocess.run(["userdel", "-r", name], capture_output=True)
-        shutil.rmtree(f"/tmp/{name}", ignore_errors=True)
-        drop_scratch(Path(f"/tmp/{name}") / "state")
 
 
 def test_an_agents_job_writes_its_trial_workspace(gw: Gateway, project: Path) -> None:

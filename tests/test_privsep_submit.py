@@ -396,7 +396,8 @@ def test_a_service_account_gateway_runs_each_job_as_its_principal(site: Site) ->
     site_packages = next((ROOT / ".venv" / "lib").glob("python3*/site-packages")).resolve()
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": svc.pw_dir, "CORRAL_HOME": str(home), "USER": svc.pw_name,
            "PYTHONPATH": f"{site_packages}:{ROOT}", "CORRAL_BACKEND": "slurm", "SLURM_CONF": site.slurm_conf,
-           "CORRAL_SLURM__SUBMITTER": site.helper, "CORRAL_SLURM__POLL_S": "1"}
+           "CORRAL_SLURM__SUBMITTER": site.helper, "CORRAL_SLURM__POLL_S": "1",
+           "CORRAL_FASTLANE__ENABLED": "false"}  # its workers would be the gateway's account (own_account.py)
     log = open(Path(svc.pw_dir) / "gateway.log", "ab")
     gw = subprocess.Popen(["/usr/bin/python3", "-m", "corral.edges.cli.main", "serve", "--port", str(port), "--tick", "0.2"],
                           env=env, stdout=log, stderr=log, cwd=svc.pw_dir, user=svc.pw_uid, group=svc.pw_gid,
@@ -415,9 +416,22 @@ def test_a_service_account_gateway_runs_each_job_as_its_principal(site: Site) ->
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"}, timeout=30) as h:
             for body in ({"name": "alice", "kind": "human", "unix_user": alice.pw_name},
                          {"name": "carol", "kind": "human", "unix_user": carol.pw_name},
-                         {"name": "bot1", "kind": "agent", "sponsor": "alice"}):
+                         {"name": "bot1", "kind": "agent", "sponsor": "alice"},
+                         {"name": "dave", "kind": "human"}, {"name": "bot2", "kind": "agent", "sponsor": "dave"}):
                 assert h.post("/v1/principals", json=body).status_code == 201
-            tok = {n: h.post("/v1/tokens", json={"for": n, "expires": "1h"}).json()["token"] for n in ("bot1", "carol")}
+            tok = {n: h.post("/v1/tokens", json={"for": n, "expires": "1h"}).json()["token"]
+                   for n in ("bot1", "carol", "dave", "bot2")}
+        # issue 47: dave has no Unix user, and this gateway cannot give him a uid of his own.
+        # Before, his job ran uncontained as the service account and read its admin token
+        # past the output guard; now nobody's job runs as that account.
+        for name in ("dave", "bot2"):
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {tok[name]}"}, timeout=90) as h:
+                for cmd in (f"cat {home}/admin.token | base64 | rev", f"cat {home}/corral.db"):
+                    r = h.post("/v1/jobs", json={"command": cmd, "walltime": "60s"})
+                    assert r.status_code == 403, r.text
+                    said = r.json()["error"]
+                    assert f"no job runs as the gateway's own account '{svc.pw_name}'" in said["message"], said
+                    assert "has no Unix user" in said["message"] and "--unix-user" in said["hint"], said
         jobs = {}
         for name, user, cmd in (("bot1", alice, "id -u; echo made > made.txt; stat -c %U made.txt"),
                                 ("carol", carol, "id -u; echo hers > hers.txt")):

@@ -11,7 +11,7 @@ the reconciler's next tick sends (control/sender.py).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from corral.core.db import Database
 from corral.core.faults import fault
@@ -36,6 +36,8 @@ def audited(job: Job) -> dict[str, Any]:
 class Intake:
     def __init__(self, db: Database, audit: Audit, sender: Sender) -> None:
         self.db, self.audit, self.sender = db, audit, sender
+        self.refuse: Callable[[Principal], None] = lambda p: None
+        """Raises for a principal none of whose jobs may be recorded here (gateway/own_account.py)."""
 
     def record(self, caller: Caller, items: list[tuple[str, JobSpec]], rule: str, *, key: str | None = None,
                digest: str | None = None, hold: bool = False) -> list[Job]:
@@ -44,6 +46,7 @@ class Intake:
         the commit leaves neither; the audit's head is in the same transaction."""
         if not items:
             return []
+        self.refuse(caller.principal)
         with self.db.transaction():
             inserted = self.db.insert_jobs(caller.name, caller.session, items,
                                            caller.cap.path if caller.cap else None, key, digest, hold)

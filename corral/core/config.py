@@ -233,6 +233,7 @@ class Settings(BaseModel):
     tls_cert: Path | None = Field(None, examples=["/etc/corral/tls/fullchain.pem"], description="The certificate (PEM, with its chain) the gateway serves HTTPS with; needs tls_key. Clients verify it against the system store, or CORRAL_CA_FILE for a site CA.")
     tls_key: Path | None = Field(None, examples=["/etc/corral/tls/privkey.pem"], description="The private key (PEM) of tls_cert; readable by the gateway's account only.")
     insecure: bool = Field(False, description="Listen on an address other than loopback without TLS. Bearer tokens then cross the network in clear: only for a proxy on this host that terminates TLS (docs/deploy.md) or a network no one else reaches. Refused otherwise.")
+    personal: bool = Field(False, description="This gateway is one person's own: it runs as her account and serves her and her agents only (`make run` as a plain user sets it). An unprivileged gateway runs every job as its own account, so it refuses to start without this (or, on Slurm, [slurm] submitter), and refuses the job of a principal whose Unix user is someone else (decision 0046).")
     backend: Literal["local", "slurm"] = Field("local", description="Where jobs run: 'local' (processes on this machine) or 'slurm'.")
     tick_s: float = Field(0.5, gt=0, le=60, description="Reconciler interval: one backend status call per tick.")
     max_backoff_s: float = Field(30.0, gt=0, description="Longest pause between ticks while the backend fails.")

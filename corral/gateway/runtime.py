@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -41,6 +42,7 @@ from corral.core.config import Settings
 from corral.core.db import Database
 from corral.core.errors import CorralError
 from corral.core.identity import Identities
+from corral.gateway import own_account
 from corral.gateway.job_control import JobControl
 from corral.gateway.service import Service, identity_of
 from corral.control.events import Events
@@ -55,6 +57,8 @@ from corral.lanes.local import LocalBackend
 from corral.lanes.placement import Placer
 from corral.lanes.registry import Lanes
 from corral.memory.facts import Facts
+from corral.notify.notifier import Notifier
+from corral.gateway.notify_verbs import NotifyVerbs
 from corral.gateway.memory_verbs import MemoryVerbs
 from corral.safety.audit import Audit, AuditLog
 from corral.safety.credentials import Credentials
@@ -81,7 +85,9 @@ Scope = Literal["facility", "replica"]
 
 def build_service(settings: Settings, clock: Clock | None = None) -> Service:
     """The gateway of ``settings``: its database, sandbox, backend and every part of the
-    service, with its runtime (``service.runtime``) ready to start."""
+    service, with its runtime (``service.runtime``) ready to start. Refused, before anything
+    is made, when it would run people's jobs as its own account (gateway/own_account.py)."""
+    own_account.check_start(settings)
     settings.home.mkdir(parents=True, exist_ok=True)
     db = Database(settings.store_url)
     scratch = scratch_dir(settings.storage, settings.home)
@@ -123,6 +129,8 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
                            segment_bytes=int(settings.audit_segment_mb * 1024 * 1024),
                            shared=settings.replicated), db)
     audit.repair()  # a torn final record (a crash, a full disk) cut off, and the cut recorded
+    notifier = Notifier(db, settings.notify)
+    audit.on_deny.append(notifier.on_audit)  # a refusal, recorded, is told to the agent's sponsor
     gate = Gate(settings.safety, settings.home, db, clock, settings.sandbox.allow_hosts)
     credentials = Credentials(db, gate)
     store, semantic = None, None
@@ -143,6 +151,7 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
     if hasattr(backend, "scratch"):  # a requeued Slurm job runs again without a send: its script makes them
         backend.scratch = list(sender.needed_dirs)
     intake = Intake(db, audit, sender)
+    intake.refuse = functools.partial(own_account.refuse, settings)  # every job, whichever verb records it
     storage = StorageVerbs(settings.storage, settings.home, db, lanes, intake, audit, gate, sandbox, metrics,
                            owner=lambda caller: identity_of(caller, sandbox, identities))
     progress.ends.append(storage)
@@ -168,6 +177,7 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
         storage=storage,
         reconciler=reconciler, jobctl=JobControl(db, lanes, gate, audit, reconciler), sandbox=sandbox,
         egress=egress, identities=identities)
+    service.notify = NotifyVerbs(settings.notify, db, audit, notifier)
     service.runtime = Runtime(service, backend)
     return service
 
@@ -266,6 +276,8 @@ class Runtime:
             Loop("note-index", s.memory.index_loop, None, "facility"),
             Loop("storage-gc", s.storage.gc_loop, 86400.0, "facility"),
             Loop("housekeeping", self.housekeeping_loop, 600.0, "facility"),
+            # Job ends and refusals -> sponsors' notifications, delivered off the request path.
+            Loop("notify", s.notify.notifier.run, None, "facility"),
             Loop("loop-lag", s.metrics.watch_loop, 0.1, "replica"),
             # A lane's own loop: the fast lane's pool manager (recover, then scale and dispatch);
             # the batch lane has none (the reconciler polls it) and returns at once.
