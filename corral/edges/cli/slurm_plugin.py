@@ -138,6 +138,29 @@ def command() -> "object":
                 raise InvalidRequest(f"cannot write {out}: {e.strerror}") from None
             click.echo(f"wrote {out}", err=True)
 
+    @slurm.command()
+    @click.option("--dest", type=click.Path(path_type=Path), default=Path("/usr/local/libexec/corral-submit"),
+                  show_default=True, help="Where the helper goes: root's, in a directory only root may write.")
+    @click.option("--config", "config", default="/etc/corral/submit.toml", show_default=True,
+                  help="The configuration it will read (root's, 0644; decision 0021 says what it holds).")
+    @click.option("--gateway-user", default="corral", show_default=True, help="The gateway's service account.")
+    def submitter(dest: Path, config: str, gateway_user: str) -> None:
+        """Install the privileged submitter from this installation (as root), as scripts/privsep-up does.
+
+        \b
+        A gateway run as a service account submits each principal's jobs as its Unix
+        user through it, behind one sudo rule (printed; never written here).
+
+        \b
+        Example:
+          sudo /opt/corral/bin/corral slurm submitter --dest /usr/local/libexec/corral-submit
+        """
+        from corral.lanes.slurm.privsep_install import install
+
+        install(dest, config)
+        click.echo(f"installed {dest} (configuration: {config}). Add with visudo -f /etc/sudoers.d/corral:\n"
+                   f"{gateway_user} ALL=(root) NOPASSWD: {dest}", err=True)
+
     return slurm
 
 
