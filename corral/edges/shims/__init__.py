@@ -34,7 +34,7 @@ def dispatch(name: str, argv: list[str]) -> int:
     elif name == "squeue":
         from corral.edges.shims.queue import squeue as fn
     elif name == "scontrol":
-        from corral.edges.shims.queue import scontrol as fn
+        from corral.edges.shims.control import scontrol as fn
     elif name == "sacct":
         from corral.edges.shims.acct import sacct as fn
     elif name == "scancel":

@@ -61,21 +61,23 @@ def _midnight() -> float:
     return time.mktime((t.tm_year, t.tm_mon, t.tm_mday, 0, 0, 0, 0, 0, -1))
 
 
-_REL = re.compile(r"now(?:([-+])(\d+)(seconds|minutes|hours|days|weeks)?)?")
+_REL = re.compile(r"now(?:([-+])(\d+)(?:(second|minute|hour|day|week)s?)?)?")
+_UNIT = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800, None: 1}
+"""sacct's units after now-N, singular or plural, any case (now-1hour, now-2Days): Slurm 22.05
+reads these, and no abbreviation (now-1h: Invalid time specification)."""
 
 
 def when(text: str) -> float:
     """sacct's -S/-E: YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY], now[-N{seconds,minutes,hours,days,weeks}],
     today, midnight, noon."""
-    t = text.strip().lower()
+    t = text.strip().lower()  # Slurm's words are case-blind
     if t in ("today", "midnight"):
         return _midnight()
     if t == "noon":
         return _midnight() + 12 * 3600
     m = _REL.fullmatch(t)
     if m:
-        n = int(m[2] or 0) * {"seconds": 1, "minutes": 60, "hours": 3600, "days": 86400, "weeks": 604800,
-                              None: 1}[m[3]]
+        n = int(m[2] or 0) * _UNIT[m[3]]
         return time.time() + (n if m[1] == "+" else -n)
     for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d", "%m/%d/%y", "%m/%d"):
         try:
@@ -85,7 +87,9 @@ def when(text: str) -> float:
         year = parsed.tm_year if "%y" in fmt.lower() else time.localtime().tm_year
         return time.mktime((year, parsed.tm_mon, parsed.tm_mday, parsed.tm_hour, parsed.tm_min, parsed.tm_sec,
                             0, 0, -1))
-    raise ShimError(f"Invalid time specification: {text} (use YYYY-MM-DD[THH:MM[:SS]], MM/DD or now-2hours)")
+    digits = re.match(r"now[-+](\d+)", t)  # Slurm's words: where its parser stopped (the count's last digit)
+    pos = digits.end() - 1 if digits else 0
+    raise ShimError(f"Invalid time specification (pos={pos}): {text}", bare=True)
 
 
 def _fields(text: str) -> list[tuple[str, int]]:

@@ -165,6 +165,11 @@ def exit_code(job: dict[str, Any]) -> str:
     if code in (OPEN_FAILED, 128 + OPEN_FAILED) and job.get("state") == "FAILED" and \
             "slurm_stdout" in ((job.get("spec") or {}).get("labels") or {}):
         return f"0:{OPEN_FAILED}"  # sbatch's shim: the output file could not be opened, as Slurm reports it
+    if 128 < code <= 128 + 64 and job.get("state") == "FAILED":
+        # Killed by a signal: Slurm's CODE:SIGNAL is 0:9 for a batch script killed by KILL. The
+        # job's shells between Slurm and the work turn that into exit 137; read back, as a
+        # shell would. (A script's own `exit 137` reads so too, which Slurm shows as 137:0.)
+        return f"0:{code - 128}"
     return f"{code}:0"
 
 

@@ -180,7 +180,7 @@ def _serve_one(conn: socket.socket) -> None:
 def serve(path: str) -> None:
     import gc
 
-    from corral.edges.shims import acct, misc, queue, sbatch, srun  # imported once, for every call
+    from corral.edges.shims import acct, control, misc, queue, sbatch, srun  # noqa: F401 imported once, for every call
 
     for build in (sbatch._sbatch_parser, srun._srun_parser, queue._squeue_parser, acct._sacct_parser,
                   misc._scancel_parser, misc._sinfo_parser):

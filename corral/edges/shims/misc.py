@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+import re
 import sys
 
-from corral.edges.shims.base import ACTIVE, Parser, ShimError, client, facility, limit, unsupported, user
+from corral.edges.shims.base import ACTIVE, Parser, ShimError, client, facility, unsupported, user
+from corral.edges.shims.nodes import busy_nodes, expand_ids, partition_rows
 from corral.edges.shims.queue import parse_states, views
 
 
@@ -46,6 +48,7 @@ def scancel(argv: list[str]) -> int:
     for raw in ns.ids:
         if not raw.split("_")[0].split(".")[0].isdigit():
             raise ShimError(f"Invalid job id {raw}")
+    ns.ids = expand_ids(ns.ids)  # ID_[1-3,5]: those tasks, as Slurm's scancel takes them
     vs = views(ns.ids or None, parse_states(ns.state) if ns.state else None,
                set(ns.partition.split(",")) if ns.partition else None,
                set(ns.name.split(",")) if ns.name else None, active_only=False)
@@ -93,23 +96,16 @@ def sinfo(argv: list[str]) -> int:
     if ns.partition:
         want = set(ns.partition.split(","))
         parts = [x for x in parts if x["name"] in want]
-    running = {v.partition for v in views(None, {"RUNNING"}, None, None, False)}
-    # a node is busy when a job runs on it, whichever partition the job came through
-    busy_nodes = {n for x in fac.get("partitions") or [] if x["name"] in running for n in (x.get("nodes") or ["localhost"])}
+    busy = busy_nodes(fac.get("partitions") or [], views(None, {"RUNNING"}, None, None, False))
+    by_state = not ns.summarize and not (ns.format and not re.search(r"%[.\d-]*[tT]", ns.format))
     rows = []
-    for x in parts:
-        nodes = x.get("nodes") or ["localhost"]
-        n_busy = sum(1 for n in nodes if n in busy_nodes)
-        name = x["name"] + ("*" if x.get("default") else "")
-        avail = "up" if (x.get("state") or "UP").upper() == "UP" else "down"
-        t = limit(x.get("max_walltime_s") or 0) if x.get("max_walltime_s") else "infinite"
-        rows.append({"P": name, "a": avail, "l": t, "D": str(len(nodes)), "T": "mix" if n_busy else "idle",
-                     "N": ",".join(nodes), "F": f"{n_busy}/{len(nodes) - n_busy}/0/{len(nodes)}", "c": str(x.get("max_cpus")),
-                     "m": str(x.get("max_memory_mb")), "G": f"gpu:{x['max_gpus']}" if x.get("max_gpus") else "(null)"})
+    for x in parts:  # a row per state where the state is printed, else one per partition
+        rows += partition_rows(x, busy, not by_state)
     if ns.format:
         from corral.edges.shims.queue import FORMAT_SPEC
 
-        heads = {"P": "PARTITION", "a": "AVAIL", "l": "TIMELIMIT", "D": "NODES", "T": "STATE", "N": "NODELIST",
+        heads = {"P": "PARTITION", "a": "AVAIL", "l": "TIMELIMIT", "D": "NODES", "T": "STATE", "t": "STATE",
+                 "N": "NODELIST",
                  "F": "NODES(A/I/O/T)", "c": "CPUS", "m": "MEMORY", "G": "GRES", "R": "PARTITION"}
         specs = list(FORMAT_SPEC.finditer(ns.format))
         for m in specs:
@@ -131,15 +127,16 @@ def sinfo(argv: list[str]) -> int:
 
         if not ns.noheader:
             print(fmt(lambda k: heads[k]))
-        for r in rows:
-            print(fmt(lambda k, r=r: r["P"].rstrip("*") if k == "R" else r[k]))
+        lines = [fmt(lambda k, r=r: r["P"].rstrip("*") if k == "R" else r[k]) for r in rows]
+        print("\n".join(dict.fromkeys(lines)))  # rows alike in every field printed are one, as in Slurm's
+
         return 0
     if ns.summarize:
         head = f"{'PARTITION':<9} {'AVAIL':>5} {'TIMELIMIT':>10} {'NODES(A/I/O/T)':>16} NODELIST"
         body = [f"{r['P']:<9} {r['a']:>5} {r['l']:>10} {r['F']:>16} {r['N']}" for r in rows]
     else:
         head = f"{'PARTITION':<9} {'AVAIL':>5} {'TIMELIMIT':>10} {'NODES':>6} {'STATE':>6} NODELIST"
-        body = [f"{r['P']:<9} {r['a']:>5} {r['l']:>10} {r['D']:>6} {r['T']:>6} {r['N']}" for r in rows]
+        body = [f"{r['P']:<9} {r['a']:>5} {r['l']:>10} {r['D']:>6} {r['t']:>6} {r['N']}" for r in rows]
     if not ns.noheader:
         print(head)
     print("\n".join(body))

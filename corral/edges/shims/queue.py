@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from corral.core.errors import NotFound
 from corral.core.slurm_formats import memory_text
-from corral.edges.shims.base import (ACTIVE, SHORT, Parser, ShimError, client, elapsed, exit_code, facility, hms, limit, squeue_time,
+from corral.edges.shims.base import (ACTIVE, SHORT, Parser, ShimError, client, elapsed, facility, limit, squeue_time,
                    stamp, unsupported, user)
 
 DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
@@ -101,20 +101,29 @@ class View:
             "S": stamp(j.get("start_time")) if j.get("start_time") else "N/A", "e": stamp(j.get("end_time"))
             if j.get("end_time") else "N/A", "Z": s.get("workdir") or "", "a": account(),
             "b": f"gpu:{s['gpus']}" if s.get("gpus") else "N/A", "%": "%",
+            "stdout": self.io_path("slurm_stdout"), "stderr": self.io_path("slurm_stderr"), "stdin": "/dev/null",
         }[key]
+
+    def io_path(self, key: str) -> str:
+        """-O STDOUT/STDERR: the file as given, patterns unexpanded, made absolute (Slurm 22.05's squeue)."""
+        text = self.labels.get(key)
+        if not text:
+            return "/dev/null"
+        return text if text.startswith("/") else os.path.join(self.spec.get("workdir") or "", text)
 
 
 HEADERS = {"i": "JOBID", "A": "ARRAY_JOB_ID", "K": "ARRAY_TASK_ID", "P": "PARTITION", "j": "NAME", "u": "USER",
            "t": "ST", "T": "STATE", "M": "TIME", "D": "NODES", "R": "NODELIST(REASON)", "N": "NODELIST",
            "r": "REASON", "l": "TIME_LIMIT", "L": "TIME_LEFT", "C": "CPUS", "m": "MIN_MEMORY", "V": "SUBMIT_TIME",
-           "S": "START_TIME", "e": "END_TIME", "Z": "WORK_DIR", "a": "ACCOUNT", "b": "TRES_PER_NODE", "%": "%"}
+           "S": "START_TIME", "e": "END_TIME", "Z": "WORK_DIR", "a": "ACCOUNT", "b": "TRES_PER_NODE", "%": "%",
+           "stdout": "STDOUT", "stderr": "STDERR", "stdin": "STDIN"}
 """The %-letters a shim can answer truly; the others (priority, QOS, command, comment ...)
 are refused by name rather than made up."""
 LONG_FIELDS = {"jobid": "i", "arrayjobid": "A", "arraytaskid": "K", "partition": "P", "name": "j", "username": "u",
                "statecompact": "t", "state": "T", "timeused": "M", "numnodes": "D", "reasonlist": "R",
                "nodelist": "N", "reason": "r", "timelimit": "l", "timeleft": "L", "numcpus": "C",
                "minmemory": "m", "submittime": "V", "starttime": "S", "endtime": "e", "workdir": "Z",
-               "account": "a"}
+               "account": "a", "stdout": "stdout", "stderr": "stderr", "stdin": "stdin"}
 
 
 def _group() -> str:
@@ -245,7 +254,10 @@ def fetch(ids: list[str] | None, server_states: list[str] | None = None) -> list
         jobs = c.jobs(full=True, limit=1000, state=server_states)["jobs"]
     out = []
     for j in jobs:
-        part = (j.get("spec") or {}).get("partition") or default
+        spec = j.get("spec") or {}
+        part = spec.get("partition") or default
+        if j["state"] == "PENDING" and ((spec.get("labels") or {}).get("slurm_partition")):
+            part = spec["labels"]["slurm_partition"]  # -p A,B: Slurm lists them all until one starts it
         out.append(View(j, part, nodes.get(part, "localhost"), now))
     out.sort(key=lambda v: (v.state != "PENDING", -v.j["id"]))
     return out
@@ -317,6 +329,12 @@ def squeue(argv: list[str]) -> int:
             unsupported("squeue", f"--{flag}", why)
     if ns.user and set(ns.user.split(",")) - {user()}:
         unsupported("squeue", f"--user={ns.user}", "corral shows you your own jobs (and your agents')")
+    if ns.jobs is not None and not ns.jobs.strip(","):
+        # -j "" (an empty $ID after a failed sbatch): Slurm lists no job, not every job, so
+        # `while squeue -h -j "$ID" | grep -q .` ends
+        if not ns.noheader:
+            print(render(compile_format(ns.format or (LONG if ns.long else DEFAULT)), lambda k: "", True))
+        return 0
     ids = ns.jobs.split(",") if ns.jobs else None
     states = parse_states(ns.states) if ns.states else None
     # one fetch: the ids asked (known or not), every job for --json, else what is asked
@@ -341,7 +359,7 @@ def squeue(argv: list[str]) -> int:
         print(time.strftime("%a %b %d %H:%M:%S %Y"))
     if not ns.noheader:
         print(render(fields, lambda k: "", True))
-    for v in _arrays(vs, ns.array):
+    for v in _arrays(vs, ns.array or any("_" in i for i in ids or [])):  # ID_1 asked: listed as ID_1
         print(render(fields, v.field, False))
     return 0
 
@@ -386,98 +404,6 @@ def _json(v: View) -> dict[str, Any]:
             else "", "time_limit": v.walltime // 60, "submit_time": int(j.get("submit_time") or 0),
             "start_time": int(j.get("start_time") or 0), "end_time": int(j.get("end_time") or 0),
             "state_reason": v.reason().strip("()") if v.state != "RUNNING" else "None",
-            "exit_code": j.get("exit_code") or 0, "current_working_directory": s.get("workdir") or ""}
-
-
-def scontrol(argv: list[str]) -> int:
-    if len(argv) >= 2 and argv[0] == "show" and argv[1] in ("job", "jobs", "jobid"):
-        rest = argv[2:]
-        one_line = False
-        if "-o" in rest or "--oneliner" in rest:
-            one_line = True
-            rest = [x for x in rest if x not in ("-o", "--oneliner")]
-        vs = [v for v in views(rest[:1] if rest else None, None, None, None, False) if held(v)]
-        if rest and not vs:
-            raise ShimError("slurm_load_jobs error: Invalid job id specified", bare=True)
-        if not rest:
-            vs = [v for v in vs if v.state in ACTIVE]
-            if not vs:
-                print("No jobs in the system")
-                return 0
-        for v in vs:
-            print(_show(v, one_line))
-        return 0
-    if argv and argv[0] in ("hold", "uhold", "release"):
-        return _hold(argv[0], argv[1:])
-    what = " ".join(argv[:2]) or "(nothing)"
-    unsupported("scontrol", what, "corral's scontrol shows jobs (scontrol show job ID) and holds and releases "
-                "them; requeue is corral control ID requeue")
-
-
-def _hold(action: str, ids: list[str]) -> int:
-    """scontrol hold|uhold|release ID[,ID...]: Slurm 22.05's words on the private Slurm
-    (a finished or unknown job: two lines, exit 1; a running job: nothing, exit 0)."""
-    if not ids:
-        print(f"too few arguments for keyword:{action}", file=sys.stderr)
-        return 1
-    c, rc = client(), 0
-    for raw in ",".join(ids).split(","):
-        try:
-            job = c.job(int(raw)) if raw.isdigit() else None
-        except NotFound:
-            job = None
-        why = ("Invalid job id specified" if job is None else
-               "Job has already finished" if job["state"] not in ACTIVE else None)
-        if why:
-            print(f"{why} for job {raw}\nslurm_suspend error: {why}", file=sys.stderr)
-            rc = 1
-        elif job is not None and job["state"] == "PENDING":  # Slurm takes either on a running job, a no-op
-            c.control(int(raw), "release" if action == "release" else "hold")
-    return rc
-
-
-def _show(v: View, one_line: bool) -> str:
-    """scontrol show job, in Slurm 22.05's lines, with what corral knows of the job."""
-    j, s, lab = v.j, v.spec, v.labels
-    head = [("JobId", str(j["id"]) if v.task is not None else v.jobid)]
-    if v.task is not None:
-        head += [("ArrayJobId", str(v.array_id)), ("ArrayTaskId", v.task)]
-    workdir = s.get("workdir") or ""
-
-    def path(key: str) -> str:
-        text = lab.get(key)
-        if not text:
-            return "/dev/null" if key != "slurm_stdout" else "(null)"
-        text = (text.replace("%j", str(j["id"])).replace("%x", v.name).replace("%u", user())
-                .replace("%A", str(v.array_id)).replace("%a", v.task or "4294967294"))
-        return text if text.startswith("/") else os.path.join(workdir, text)
-
-    dep = lab.get("slurm_dependency")
-    dep_text = f"{dep}(unfulfilled)" if dep and v.state == "PENDING" else "(null)"
-    mem_key = "MinMemoryCPU" if "slurm_mem_per_cpu" in lab else "MinMemoryNode"
-    cpt = int(lab.get("slurm_cpus_per_task", 1))
-    pairs = [
-        head + [("JobName", v.name)],
-        [("UserId", f"{user()}({os.getuid()})"), ("GroupId", f"{_group()}({os.getgid()})"),
-         ("Account", account()), ("QOS", "normal")],
-        [("JobState", v.state), ("Reason", v.reason().strip("()") if v.state != "RUNNING" else "None"),
-         ("Dependency", dep_text)],
-        [("Restarts", str(j.get("requeues") or 0)), ("ExitCode", exit_code(j))],  # requeued by Slurm (decision 0022)
-        [("RunTime", hms(elapsed(j, v.now))), ("TimeLimit", v.time_limit(hms))],
-        [("SubmitTime", stamp(j.get("submit_time")))],
-        [("StartTime", stamp(j.get("start_time"))),
-         ("EndTime", stamp(j.get("end_time") or ((j["start_time"] + v.walltime) if j.get("start_time") else None)))],
-        [("Partition", v.partition)],
-        [("NodeList", v.nodes if v.state == "RUNNING" else "(null)")],
-        [("NumNodes", "1"), ("NumCPUs", str(v.cpus)), ("NumTasks", str(v.ntasks)), ("CPUs/Task", str(cpt))],
-        [("TRES", v.tres())],
-        [(mem_key, v.min_memory())],
-        [("WorkDir", workdir)],
-        [("StdErr", path("slurm_stderr"))],
-        [("StdIn", "/dev/null")],
-        [("StdOut", path("slurm_stdout"))],
-    ]
-    if one_line:
-        return " ".join(f"{k}={val}" for line in pairs for k, val in line)
-    return "\n".join(("" if i == 0 else "   ") + " ".join(f"{k}={val}" for k, val in line)
-                     for i, line in enumerate(pairs)) + "\n"
+            "exit_code": j.get("exit_code") or 0, "current_working_directory": s.get("workdir") or "",
+            "standard_output": v.io_path("slurm_stdout"), "standard_error": v.io_path("slurm_stderr"),
+            "standard_input": "/dev/null"}

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.core import slurm_formats as sf
+from corral.edges.shims.export import exported
 from corral.edges.shims.base import OPEN_FAILED, Parser, ShimError, client, facility, unsupported, user, wait
 
 REFUSED: dict[str, tuple[str | None, str]] = {
@@ -99,17 +100,28 @@ def _gpus(ns: Any) -> int:
 
 
 def _dependency(text: str) -> dict[str, list[int]]:
+    """afterok/afterany on jobs, arrays (every task, as Slurm waits for the whole array)
+    and single tasks (``ID_N``)."""
     out: dict[str, list[int]] = {}
     for part in text.split(","):
         kind, _, ids = part.partition(":")
         key = {"afterok": "after_ok", "afterany": "after_any"}.get(kind)
         if key is None or not ids:
             raise ShimError(f"corral's sbatch takes --dependency afterok:ID[:ID] or afterany:ID, not {part!r}")
-        try:
-            out.setdefault(key, []).extend(int(x.split("_")[0].split("+")[0]) for x in ids.split(":"))
-        except ValueError:
-            raise ShimError("Batch job submission failed: Job dependency problem") from None  # Slurm's words
+        for x in ids.split(":"):
+            if not re.fullmatch(r"\d+(_\d+)?(\+\d+)?", x):
+                raise ShimError("Batch job submission failed: Job dependency problem")  # Slurm's words
+            out.setdefault(key, []).extend(_dep_jobs(x.split("+")[0]))
     return {k: list(dict.fromkeys(v)) for k, v in out.items()}  # afterok:A:A is A once, as Slurm takes it
+
+
+def _dep_jobs(raw: str) -> list[int]:
+    """corral's jobs behind one id of a dependency: an array's id is all its tasks (corral
+    records each task as a job; the array's id is its first task's), ``ID_N`` that task."""
+    from corral.edges.shims.queue import fetch
+
+    found = [v for v in fetch([raw]) if v.task is not None]  # an array or one of its tasks
+    return [v.j["id"] for v in found] or [int(raw.split("_")[0])]
 
 
 def _redirect(path: str, stream: str, append: bool = False) -> list[str]:
@@ -118,9 +130,10 @@ def _redirect(path: str, stream: str, append: bool = False) -> list[str]:
     the signal Slurm's own failure reads as (FAILED, ExitCode 0:53)."""
     expanded = (path.replace("%%", "\0").replace("%j", "${CORRAL_JOB_ID}").replace("%x", "${SLURM_JOB_NAME}")
                 .replace("%u", "${USER}").replace("%A", "$((CORRAL_JOB_ID - ${CORRAL_ARRAY_POS:-0}))")
-                .replace("%a", "${CORRAL_ARRAY_TASK_ID:-4294967294}").replace("\0", "%"))
-    if re.search(r"%[^%]", expanded.replace("$((", "")):
+                .replace("%a", "${CORRAL_ARRAY_TASK_ID:-4294967294}"))
+    if re.search(r"%", expanded.replace("$((", "")):  # before %% is % again: pct%%-%j.out is fine
         raise ShimError(f"corral's sbatch expands %j %x %u %A %a in file names, not in {path!r}")
+    expanded = expanded.replace("\0", "%")
     fd = "1" if stream == "out" else "2"
     return [f'{{ : {">>" if append else ">"}"{expanded}"; }} 2>/dev/null || exit {OPEN_FAILED}',
             f'exec {fd}{">>" if append else ">"}"{expanded}"']
@@ -159,7 +172,11 @@ def resources(ns: Any, prog: str, labels: dict[str, str]) -> dict[str, Any]:
             mb = sf.memory_mb(ns.mem)
             if mb == sf.WHOLE_NODE:
                 labels["slurm_mem"] = "0"
-                mb = int(_limits(ns.partition).get("max_memory_mb") or 0)
+                # Slurm: all the memory of the node the job gets. corral sizes a job before it
+                # is placed: the smallest node's memory, which every node of the partition has,
+                # so the job waits for no particular node (the largest's fit only an empty one)
+                lim = _limits(ns.partition.split(",")[0] if ns.partition else None)
+                mb = int(lim.get("min_memory_mb") or lim.get("max_memory_mb") or 0)
                 if not mb:
                     unsupported(prog, "--mem=0", "name the memory the job needs, e.g. --mem=4G")
             spec["memory"] = mb
@@ -199,8 +216,6 @@ def _env_lines(ns: Any, name: str, spec: dict[str, Any], labels: dict[str, str],
     env = {"SLURM_JOB_NAME": name, "SLURM_SUBMIT_DIR": str(submit_dir), "SLURM_SUBMIT_HOST": SUBMIT_HOST,
            "SLURM_NTASKS": ntasks, "SLURM_NPROCS": ntasks, "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
            "SLURM_CPUS_ON_NODE": str(spec["cpus"]), "SLURM_JOB_CPUS_PER_NODE": str(spec["cpus"])}
-    if "slurm_cpus_per_task" in labels:
-        env["SLURM_CPUS_PER_TASK"] = labels["slurm_cpus_per_task"]
     if ns.partition:
         env["SLURM_JOB_PARTITION"] = ns.partition
     if "memory" in spec and "slurm_mem_per_cpu" not in labels:
@@ -211,6 +226,10 @@ def _env_lines(ns: Any, name: str, spec: dict[str, Any], labels: dict[str, str],
         value = os.environ.get(key) or (user() if key != "HOME" else os.path.expanduser("~"))
         env[key] = value
     lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    # Slurm sets SLURM_CPUS_PER_TASK only for -c; corral's lane asks Slurm for the job's CPUs
+    # as -c, whose value an -n4 job must not see (OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK)
+    lines.append(f"export SLURM_CPUS_PER_TASK={labels['slurm_cpus_per_task']}" if "slurm_cpus_per_task" in labels
+                 else "unset SLURM_CPUS_PER_TASK")
     lines.append('export SLURM_JOB_ID="${CORRAL_JOB_ID}" SLURM_JOBID="${CORRAL_JOB_ID}"')
     lines.append('if [ -n "${CORRAL_ARRAY_TASK_ID:-}" ]; then export SLURM_ARRAY_JOB_ID=$((CORRAL_JOB_ID - '
                  '${CORRAL_ARRAY_POS:-0})) SLURM_ARRAY_TASK_ID="$CORRAL_ARRAY_TASK_ID"; fi')
@@ -225,13 +244,12 @@ def build(ns: Any, script: str, args: list[str], cwd: Path,
     for dest, (_, why) in REFUSED.items():
         if getattr(ns, dest, None):
             unsupported(prog, "--" + dest.replace("_", "-"), why)
-    if ns.export not in (None, "ALL"):
-        unsupported(prog, f"--export={ns.export}", "jobs get your environment (ALL)")
     labels: dict[str, str] = {}
     spec = resources(ns, prog, labels)
     if ns.partition:
-        spec["partition"] = ns.partition
-    name = ns.job_name or ("wrap" if prog == "sbatch" else os.path.basename((ns.command or ["wrap"])[0]))
+        spec["partition"] = _partition(ns.partition, spec, labels)
+    name = ns.job_name or (os.path.basename(getattr(ns, "script_name", None) or "wrap") if prog == "sbatch"
+                           else os.path.basename((ns.command or ["wrap"])[0]))
     spec["name"] = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:64] or "wrap"
     if spec["name"] != name:
         labels["slurm_name"] = name[:256]  # printed by the shims as Slurm would, 'my job' included
@@ -243,7 +261,7 @@ def build(ns: Any, script: str, args: list[str], cwd: Path,
             labels[key] = path
     if ns.dependency and len(ns.dependency) <= 256:
         labels["slurm_dependency"] = ns.dependency
-    lines = ["#!/bin/bash", *_env_lines(ns, name, spec, labels, cwd), _chdir(str(workdir)),
+    lines = ["#!/bin/bash", *exported(ns.export), *_env_lines(ns, name, spec, labels, cwd), _chdir(str(workdir)),
              *(_redirect(out, "out", ns.open_mode == "append") if out else []),
              *(_redirect(ns.error, "err", ns.open_mode == "append") if ns.error else
                (["exec 2>&1"] if out else []))]
@@ -293,6 +311,7 @@ def _sbatch_parser() -> Parser:
 def main(argv: list[str]) -> int:
     p = _sbatch_parser()
     ns = p.parse_args(argv)
+    ns_script = ns.script
     if ns.wrap is not None:
         if ns.script:
             raise ShimError("Script arguments not permitted with --wrap option")
@@ -317,6 +336,7 @@ def main(argv: list[str]) -> int:
                             "with #! followed by the path to an interpreter.\nsbatch: error: For instance: "
                             "#!/bin/sh")
         ns = p.parse_args(_sbatch_lines(script) + options)  # the command line over #SBATCH, as Slurm does
+        ns.script_name = ns_script or "sbatch"  # Slurm names a job by its script's file ("sbatch": stdin)
     if ns.test_only:
         unsupported("sbatch", "--test-only", "ask corral plan (MCP plan_job) for a start estimate")
     spec, array, hold = build(ns, script, args, Path.cwd())
@@ -350,6 +370,26 @@ def main(argv: list[str]) -> int:
             code = max(code, done.get("exit_code") or (0 if done.get("state") == "COMPLETED" else 1))
         return code
     return 0
+
+
+def _partition(text: str, spec: dict[str, Any], labels: dict[str, str]) -> str:
+    """-p A,B: Slurm runs the job in whichever partition starts it first; corral sends it
+    to the first of them whose limits it fits (a corral job has one partition), and the
+    shims print the list while it waits, as Slurm's squeue does."""
+    names = [n for n in text.split(",") if n]
+    if len(names) <= 1:
+        return text
+    labels["slurm_partition"] = text
+    known = {x["name"]: x for x in facility(client()).get("partitions") or []}
+    for n in names:
+        if n not in known:
+            check_partition(client(), {"partition": n})  # Slurm's words for the one it does not have
+    for n in names:
+        x = known.get(n)
+        if x and spec.get("walltime", 0) <= (x.get("max_walltime_s") or 1 << 62) and \
+                spec.get("memory", 0) <= (x.get("max_memory_mb") or 1 << 62) and spec["cpus"] <= (x.get("max_cpus") or 1 << 30):
+            return str(n)
+    return names[0]
 
 
 def check_partition(c: Any, spec: dict[str, Any]) -> None:

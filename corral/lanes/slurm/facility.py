@@ -115,6 +115,8 @@ class Facility(SlurmBase):
             max_t = parse_slurm_time(kv.get("MaxTime", "")) or 365 * 86400
             parts.append(Partition(kv["PartitionName"], cpus, mem, gpus, max_t, default=kv.get("Default") == "YES",
                                    extra={"state": kv.get("State"), "nodes": sorted(members),
+                                          # what --mem=0 (all of a node's memory) is sure to get on any of them
+                                          "min_memory_mb": min((nodes[n][1] for n in members), default=0),
                                           "min_job_age_s": min_job_age_s(self.slurm_conf)}))
         return parts
 

@@ -111,6 +111,17 @@ class Polling(SlurmBase):
         return BackendStatus(jid, JobState.FAILED, code, f"exited with code {code}", started, end, requeues=restarts,
                              node=node)
 
+    def _ended_code(self, jid: str) -> int | None:
+        """The status the job's script wrote at its end (``ended``), believed only where
+        corral's own script wrote it (root ran it)."""
+        d = self._dir_of(jid)
+        try:
+            if d is None or out_dir(d).stat().st_uid != os.geteuid():
+                return None
+            return int(read_small(out_dir(d) / "ended", 64).strip())
+        except (OSError, ValueError):
+            return None
+
     def _node(self, jid: str) -> str | None:
         """The node the job's script said it started on, believed only where corral's own
         script wrote it (root ran it): a script run as the job's own user could name any."""
@@ -195,6 +206,10 @@ class Polling(SlurmBase):
             if not state.terminal:
                 continue  # squeue is the authority for live jobs
             exit_code, sig = parse_exit(code)
+            if state is JobState.FAILED and not sig and exit_code and self._ended_code(jid) == exit_code + 128:
+                # Slurm 22.05 shows a batch script's exit status over 128 less 128 (137 -> 9:0):
+                # the script's own end marker tells the work died of signal 9 from an exit 9
+                exit_code, sig = exit_code + 128, exit_code
             why = None
             if st.startswith("NODE_FAIL"):  # not the job's doing: no exit code of its own
                 why, exit_code = (f"the node it ran on ({nodes}) failed (Slurm: NODE_FAIL) and the job was not "
