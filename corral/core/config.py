@@ -201,9 +201,30 @@ class HttpSettings(_Part):
     max_connections_per_principal: int = Field(64, ge=1, description="Most connections one principal's token keeps from being closed for others; its connections past it count as unauthenticated.")
 
 
+class NotifySettings(_Part):
+    """Notifications to sponsors (corral/notify/, docs/notify.md): what a person is told
+    when they have not chosen, and how it is delivered."""
+
+    smtp_host: str | None = Field(None, examples=["smtp.cluster.example"], description="SMTP server that email notifications go through. Unset: no email (webhooks only).")
+    smtp_port: int = Field(25, ge=1, le=65535, description="Port of smtp_host.")
+    smtp_from: str = Field("corral@localhost", examples=["corral@cluster.example"], description="The From: address of email notifications.")
+    smtp_starttls: bool = Field(False, description="Upgrade the SMTP connection with STARTTLS (verified against the system store).")
+    webhook_hosts: list[str] = Field(default_factory=list, examples=[["ntfy.sh", "*.slack.com", "chat.cluster.example:443"]], description="Hosts a person's webhook may point at: 'host', 'host:port' or '*.domain'. Empty: webhooks are refused (the gateway would otherwise send requests wherever a person says, its own network included).")
+    jobs: Literal["all", "failures", "none"] = Field("failures", description="Default for a person who has not chosen: which of their agents' job ends they are told of.")
+    budget: bool = Field(True, description="Default: tell a sponsor when an agent's budget crosses 50, 80 and 100%.")
+    denials: bool = Field(True, description="Default: tell a sponsor when the policy refuses their agent or taints its token (at most one notification per agent and rule an hour).")
+    quiet_hours: str | None = Field(None, examples=["22-07"], description="Default quiet hours, 'HH-HH' in the gateway's local time: what falls inside waits until they end (as one digest).")
+    digest: bool = Field(False, description="Default: gather what is due for a person into one message, not one each.")
+    retry_max_s: float = Field(3600.0, gt=0, description="Longest pause between tries of a notification that failed (the pause doubles from 5 s).")
+    give_up_s: float = Field(86400.0, gt=0, description="A notification not delivered this long after it was made is given up (kept, marked failed).")
+    timeout_s: float = Field(5.0, gt=0, le=60, description="Longest one delivery may take.")
+    concurrency: int = Field(8, ge=1, le=256, description="Deliveries in flight at once.")
+
+
 PARTS: dict[str, type[_Part]] = {"fastlane": FastLaneSettings, "slurm": SlurmSettings, "memory": MemorySettings,
                                  "safety": SafetySettings, "sandbox": SandboxSettings, "storage": StorageSettings,
-                                 "http": HttpSettings, "store": StoreSettings}
+                                 "http": HttpSettings, "store": StoreSettings,
+                                 "notify": NotifySettings}
 
 
 def _flat_names() -> dict[str, tuple[str, str]]:
@@ -258,6 +279,7 @@ class Settings(BaseModel):
     storage: StorageSettings = Field(default_factory=StorageSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
+    notify: NotifySettings = Field(default_factory=NotifySettings)
 
     @model_validator(mode="before")
     @classmethod

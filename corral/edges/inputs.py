@@ -13,8 +13,9 @@ from corral.core.jobs import MAX_INT, JobSpec, expand_array
 from corral.safety.tokens import Caveats, caveats_from
 from corral.core.lane_names import LaneChoice
 from corral.core.text import ABS_PATH, NAME, WS_ID
+from corral.notify.prefs import Prefs as NotifyIn  # the body of PUT /v1/notify, as the notifier checks it
 
-__all__ = ["JobSpec"]  # a verb's body by name, beside the others
+__all__ = ["JobSpec", "NotifyIn"]  # a verb's body by name, beside the others
 
 JobIds = list[Annotated[int, Field(ge=1, le=MAX_INT)]]
 Seconds = Annotated[float, Field(ge=0, le=86400, allow_inf_nan=False)]
@@ -111,6 +112,12 @@ class EnvBuildIn(BaseModel):
     name: str | None = Field(None, pattern=NAME,
                              description="A name jobs may use for the image (env: NAME).")
     rebuild: bool = Field(False, description="Build again even if an image exists (a corrupt one, say).")
+
+
+class NotifyParams(BaseModel):
+    principal: str | None = Field(None, max_length=128,
+                                  description="Whose notifications (default: your own; an agent you sponsor).")
+    limit: int = Field(50, ge=1, le=500, description="Most notifications listed.")
 
 
 class EnvGcIn(BaseModel):

@@ -51,6 +51,7 @@ from corral.gateway.storage_verbs import StorageVerbs
 
 if TYPE_CHECKING:
     from corral.sandbox.egress import Egress
+    from corral.gateway.notify_verbs import NotifyVerbs
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class Service:
         self.identities = identities
         """Who each principal's jobs run as (corral/core/identity.py), where the gateway assigns it."""
         self.runtime: "Loops | None" = None
+        self.notify: "NotifyVerbs" = None  # type: ignore[assignment]  # set by the runtime's assembly with the notifier
         """What runs the loops around these verbs (set by the runtime that assembled them)."""
 
     def authenticate(self, token: str | None, session: str | None = None) -> Caller:

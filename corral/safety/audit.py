@@ -30,7 +30,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -298,6 +298,8 @@ class Audit:
 
     def __init__(self, log: AuditLog, db: "Database") -> None:
         self.log, self.db = log, db
+        self.on_deny: list[Callable[[list[dict[str, Any]]], None]] = []
+        """Told of each refusal once it is recorded (the notifier: a sponsor hears of it)."""
 
     def repair(self) -> None:
         """At the gateway's start: a torn final record is cut off, logged, and the repair
@@ -318,8 +320,12 @@ class Audit:
         p = caller.principal
         who = {"principal": p.name, "kind": p.kind.value, "sponsor": p.sponsor, "session": caller.session,
                "action": action, "decision": decision, "rule": rule}
-        head = self.log.append([{**who, **r} for r in resources] or [who])
+        records = [{**who, **r} for r in resources] or [who]
+        head = self.log.append(records)
         self.db.set_audit_head(*head)
+        if decision == "deny":
+            for listener in self.on_deny:
+                listener(records)
 
     @contextlib.contextmanager
     def refusals(self, caller: "Caller", action: str, resource: dict[str, Any]) -> Any:

@@ -11,6 +11,7 @@ on SQLite (the embedded default, a file in HOME) or PostgreSQL (``[store] url =
     memory.py    MemoryRecords episodes, notes and their index, facts, vectors (db.memory)
     storage.py   StorageRecords images, workspaces, metadata counts           (db.storage, own connection)
     read.py      ReadModel     what the dashboard shows                        (db.read)
+    notify.py    NotifyRecords notification choices, the outbox, the notifier's marks (db.notifications)
     migrations.py              the numbered schema, rendered per server
     conn.py      Conn          one connection and the SQL the servers spell differently
 
@@ -31,6 +32,7 @@ from corral.core.store.events import Events
 from corral.core.store.jobs import HELD_REASON, Jobs, Run
 from corral.core.store.memory import MemoryRecords
 from corral.core.store.migrations import MIGRATIONS, migrate, version
+from corral.core.store.notify import NotifyRecords
 from corral.core.store.read import ReadModel
 from corral.core.store.safety import SafetyRecords
 from corral.core.store.storage import StorageRecords
@@ -55,6 +57,7 @@ class Database(Jobs, Accounts, Events, Audit, Signals):
         self.memory = MemoryRecords(self.conn)
         self.safety = SafetyRecords(self.conn)
         self.read = ReadModel(self.conn)
+        self.notifications = NotifyRecords(self.conn)
         self._storage: StorageRecords | None = None
 
     @property

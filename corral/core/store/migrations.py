@@ -246,6 +246,38 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX rate_buckets_stamp ON rate_buckets(stamp);
     """,
+    # 15: notifications: each person's choices, the outbox of every notification (sent,
+    # waiting or given up), the notifier's marks (corral/notify/, corral/core/store/notify.py)
+    """
+    CREATE TABLE notify_prefs (
+        principal TEXT PRIMARY KEY,
+        prefs TEXT NOT NULL,
+        updated REAL NOT NULL
+    );
+    CREATE TABLE notify_outbox (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        key TEXT NOT NULL UNIQUE,
+        recipient TEXT NOT NULL,
+        about TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        channel TEXT NOT NULL,
+        target TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        body TEXT NOT NULL,
+        created REAL NOT NULL,
+        due REAL NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        state TEXT NOT NULL DEFAULT 'pending',
+        sent REAL,
+        error TEXT
+    );
+    CREATE INDEX notify_outbox_due ON notify_outbox(state, due);
+    CREATE INDEX notify_outbox_recipient ON notify_outbox(recipient, id);
+    CREATE TABLE notify_marks (
+        name TEXT PRIMARY KEY,
+        value REAL NOT NULL
+    );
+    """,
 ]
 
 

@@ -1,0 +1,221 @@
+"""The notifier: the facility's loop that turns what happened into notifications and
+delivers them.
+
+    job_events (a job ended)  ─┐
+    audit (a policy refusal)  ─┼─▶ outbox row per recipient and channel (unique key) ─▶ delivery
+    admission (a budget level) ┘     due now, after quiet hours, or at the digest's hour     retried with backoff
+
+Enqueueing is a few inserts; delivery runs in tasks of its own, each try bounded by
+``timeout_s`` and at most ``concurrency`` at once, so a webhook that never answers delays
+nothing but its own notifications. A crash between enqueueing and moving the mark reads
+the same events again, whose rows are already there (their key is unique): nothing is
+lost and nothing is told twice by corral's doing; a crash after a delivery and before it
+was recorded sends it again with the same ``Corral-Notification-Id`` (and Message-ID),
+so a receiver can tell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Callable
+
+import httpx
+
+from corral.core.config import NotifySettings
+from corral.core.jobs import JobState
+from corral.core.principals import Kind
+from corral.notify import channels, compose
+from corral.notify.prefs import Effective, effective
+
+if TYPE_CHECKING:
+    from corral.core.db import Database
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.5
+BATCH = 500
+MISTAKES = frozenset({"invalid_request", "not_found", "conflict", "unauthenticated"})
+"""Refusals of a caller's own mistakes: answered to the agent, not told to its sponsor."""
+LEVELS = (50, 80, 100)
+MARK = "job_events"
+
+
+def _wants_end(state: JobState) -> Callable[[Effective], bool]:
+    failed = state in compose.FAILURES
+    return lambda e: e.jobs == "all" or (e.jobs == "failures" and failed)
+
+
+class Notifier:
+    def __init__(self, db: "Database", site: NotifySettings, clock: Callable[[], float] = time.time) -> None:
+        self.db, self.site, self.now = db, site, clock
+        self.records = db.notifications
+        self._flight: set[int] = set()
+        self._gate = asyncio.Semaphore(site.concurrency)
+        self._client: httpx.AsyncClient | None = None
+        self.delivered = 0
+
+    # -- who is told --------------------------------------------------------------------
+    def recipients(self, about: str) -> list[tuple[str, Effective]]:
+        """The principal itself where it chose a way to be reached, and the person who
+        answers for it (the first human up its sponsors)."""
+        out: list[tuple[str, Effective]] = []
+        own = self.records.prefs(about)
+        if own is not None:
+            out.append((about, effective(own, self.site)))
+        name, seen = about, {about}
+        for _ in range(8):
+            p = self.db.get_principal(name)
+            if p is None or p.sponsor is None or p.sponsor in seen:
+                break
+            name = p.sponsor
+            seen.add(name)
+            sponsor = self.db.get_principal(name)
+            if sponsor is not None and sponsor.kind == Kind.HUMAN:
+                out.append((name, effective(self.records.prefs(name), self.site)))
+                break
+        return [(n, e) for n, e in out if e.channels()]
+
+    def _rows(self, key: str, about: str, note: compose.Note, want: Callable[[Effective], bool]) -> list[dict[str, Any]]:
+        now = self.now()
+        rows = []
+        for name, eff in self.recipients(about):
+            if not want(eff):
+                continue
+            due = eff.quiet_until(now) or (now - now % 3600 + 3600 if eff.digest else now)
+            rows += [{"key": f"{key}:{name}:{ch}", "recipient": name, "about": about, "kind": note.kind,
+                      "channel": ch, "target": target, "subject": note.subject, "body": note.body,
+                      "created": now, "due": due} for ch, target in eff.channels()]
+        return rows
+
+    # -- what is told -------------------------------------------------------------------
+    def feed(self) -> int:
+        """Job ends since the mark -> outbox rows; -> how many rows were new."""
+        mark = self.records.mark(MARK)
+        if mark is None:  # the first start: from now on, not the whole history
+            self.records.set_mark(MARK, float(self.db.event_bounds()[0]))
+            return 0
+        events = self.db.events(int(mark), None, BATCH)
+        rows: list[dict[str, Any]] = []
+        for eid, job_id, principal, state, _exit, _at in events:
+            st = JobState(state) if state in JobState.__members__ else JobState.UNKNOWN
+            if not st.terminal:
+                continue
+            job = self.db.get_job(job_id)
+            if job is None:
+                continue
+            sponsor = p.sponsor if (p := self.db.get_principal(principal)) else None
+            note = compose.job_end(job, sponsor)
+            rows += self._rows(f"job:{eid}", principal, note, _wants_end(st))
+        new = self.records.enqueue(rows) if rows else 0
+        if events:
+            self.records.set_mark(MARK, float(events[-1][0]))
+        return new
+
+    def on_audit(self, records: list[dict[str, Any]]) -> None:
+        """The audit's listener: a policy refusal or a taint, told once per agent and rule
+        an hour. Never raises into the request that was refused."""
+        try:
+            for r in records:
+                if r.get("decision") != "deny" or r.get("rule") in MISTAKES or r.get("kind") == "service":
+                    continue
+                hour = int(self.now() // 3600)
+                key = f"deny:{r.get('principal')}:{r.get('rule')}:{hour}"
+                rows = self._rows(key, str(r.get("principal")), compose.denial(r), lambda e: e.denials)
+                if rows:
+                    self.records.enqueue(rows)
+        except Exception:  # noqa: BLE001 - a notification must never fail a decision
+            log.exception("notify: could not enqueue a refusal's notification")
+
+    def budget_used(self, principal: str, what: str, block: str, used: float, limit: float) -> None:
+        """Admission's listener: tell each level of ``LEVELS`` a budget crosses, once."""
+        try:
+            if limit <= 0:
+                return
+            level = max((lv for lv in LEVELS if used >= limit * lv / 100), default=0)
+            name = f"budget:{principal}:{what}:{block}"
+            if level <= (self.records.mark(name) or 0):
+                return
+            self.records.set_mark(name, level)
+            note = compose.budget(principal, what, level, used, limit)
+            rows = self._rows(f"{name}:{level}", principal, note, lambda e: e.budget)
+            if rows:
+                self.records.enqueue(rows)
+        except Exception:  # noqa: BLE001 - admission goes on whatever the notifier does
+            log.exception("notify: could not enqueue a budget notification")
+
+    def test(self, recipient: str, eff: Effective) -> int:
+        note = compose.test_note(recipient)
+        now = self.now()
+        return self.records.enqueue([{"key": f"test:{recipient}:{now:.6f}:{ch}", "recipient": recipient,
+                                      "about": recipient, "kind": note.kind, "channel": ch, "target": target,
+                                      "subject": note.subject, "body": note.body, "created": now, "due": now}
+                                     for ch, target in eff.channels()])
+
+    # -- delivery -----------------------------------------------------------------------
+    def deliver(self) -> list[asyncio.Task[None]]:
+        """Start delivering what is due (not already in flight); -> the tasks started."""
+        due = [r for r in self.records.due(self.now(), BATCH) if r["id"] not in self._flight]
+        groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+        for r in due:
+            groups[(r["recipient"], r["channel"], r["target"])].append(r)
+        tasks = []
+        for (recipient, _, _), rows in groups.items():
+            eff = effective(self.records.prefs(recipient), self.site)
+            # One message for a digest, or for a flood (six job ends at once read better as one).
+            batches = [rows] if (eff.digest or len(rows) > 5) else [[r] for r in rows]
+            for batch in batches:
+                self._flight.update(r["id"] for r in batch)
+                tasks.append(asyncio.create_task(self._send(batch), name="notify-send"))
+        return tasks
+
+    async def _send(self, rows: list[dict[str, Any]]) -> None:
+        ids = [r["id"] for r in rows]
+        try:
+            async with self._gate:
+                subject, body = (rows[0]["subject"], rows[0]["body"]) if len(rows) == 1 else compose.digest(rows)
+                channel, target = rows[0]["channel"], rows[0]["target"]
+                try:
+                    if channel == "email":
+                        await channels.email(self.site, target, subject, body, rows[0]["key"])
+                    else:
+                        headers, payload = compose.webhook_body(channel.partition(":")[2], subject, body, rows)
+                        await channels.webhook(self._http(), target, headers, payload, self.site.timeout_s)
+                except channels.Undelivered as e:
+                    self._failed(rows, str(e))
+                    return
+                self.records.sent(ids, self.now())
+                self.delivered += len(ids)
+        finally:
+            self._flight.difference_update(ids)
+
+    def _failed(self, rows: list[dict[str, Any]], why: str) -> None:
+        now = self.now()
+        attempts = max(r["attempts"] for r in rows) + 1
+        given_up = now - min(r["created"] for r in rows) > self.site.give_up_s
+        due = None if given_up else now + min(self.site.retry_max_s, 5.0 * 2 ** (attempts - 1))
+        self.records.failed([r["id"] for r in rows], why, due)
+        log.info("notify: %d notification(s) to %s not delivered (%s); %s", len(rows), rows[0]["recipient"], why,
+                 "given up" if due is None else f"again in {due - now:.0f} s")
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(trust_env=False)
+        return self._client
+
+    async def run(self) -> None:
+        """The facility loop: read, enqueue, start delivering, every ``TICK_S``."""
+        try:
+            while True:
+                try:
+                    self.feed()
+                    self.deliver()
+                except Exception:  # noqa: BLE001 - a store hiccup: the next tick tries again
+                    log.exception("notify: tick failed")
+                await asyncio.sleep(TICK_S)
+        finally:
+            if self._client is not None:
+                await self._client.aclose()
+                self._client = None
