@@ -207,6 +207,26 @@ class BudgetOut(_Out):
         "submits_per_min. Empty: the token has no limits."))
 
 
+class NotifyOut(_Out):
+    principal: str
+    chosen: dict[str, Any] = Field(description="What was chosen for this principal (the rest: the site's defaults).")
+    effective: dict[str, Any] = Field(description="The choices in force: who is told what, where, and when.")
+    channels_available: list[str]
+    webhook_hosts: list[str] = Field(description="The hosts a webhook may point at here.")
+
+
+class NotifySentOut(_Out):
+    principal: str
+    notifications: list[dict[str, Any]] = Field(description=(
+        "Newest first: id, kind (job, budget, denial, test), about (whose), channel, subject, created, "
+        "state (pending, sent, failed), sent, attempts, error."))
+
+
+class NotifyTestOut(_Out):
+    principal: str
+    queued: int = Field(description="Test notifications queued, one per channel; see them with notify sent.")
+
+
 class UsageOut(_Out):
     job_id: int
     state: JobState
