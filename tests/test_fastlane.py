@@ -124,8 +124,8 @@ def test_accounting_and_provenance(fast: Gateway) -> None:
     with fast.http() as h:
         pilots = h.get("/v1/jobs", params={"principal": "fastlane"}).json()["jobs"]
         info = h.get("/v1/facility").json()["fast_lane"]
-    assert pilots and pilots[0]["session"] == "pool:alice-proj-a-_"  # the allocation says whose it is
-    assert [p["pool"] for p in info["pools"]] == ["alice-proj-a-_"]
+    assert pilots and pilots[0]["session"] == "pool:alice-proj+2Da-_"  # the allocation says whose it is
+    assert [p["pool"] for p in info["pools"]] == ["alice-proj+2Da-_"]
 
 
 def test_pools_are_per_user_and_account(fast: Gateway) -> None:
@@ -137,13 +137,13 @@ def test_pools_are_per_user_and_account(fast: Gateway) -> None:
     for who, job in ids.items():
         assert wait(fast, t[who], job["id"])["state"] == "COMPLETED"
     # the agent shares its sponsor's user and account, hence its pool; carol has her own
-    assert ids["alice"]["backend_id"].split(":")[1] == ids["bot"]["backend_id"].split(":")[1] == "alice-proj-a-_"
-    assert ids["carol"]["backend_id"].split(":")[1] == "carol-proj-c-_"
+    assert ids["alice"]["backend_id"].split(":")[1] == ids["bot"]["backend_id"].split(":")[1] == "alice-proj+2Da-_"
+    assert ids["carol"]["backend_id"].split(":")[1] == "carol-proj+2Dc-_"
     with fast.http() as h:
         pools = {p["pool"]: p for p in h.get("/v1/facility").json()["fast_lane"]["pools"]}
         pilots = h.get("/v1/jobs", params={"principal": "fastlane"}).json()["jobs"]
-    assert set(pools) == {"alice-proj-a-_", "carol-proj-c-_"}
-    assert {p["session"] for p in pilots} == {"pool:alice-proj-a-_", "pool:carol-proj-c-_"}
+    assert set(pools) == {"alice-proj+2Da-_", "carol-proj+2Dc-_"}
+    assert {p["session"] for p in pilots} == {"pool:alice-proj+2Da-_", "pool:carol-proj+2Dc-_"}
 
 
 def _kill_workers(gw: Gateway) -> None:

@@ -21,9 +21,19 @@ from corral.lanes.fast import wire
 
 log = logging.getLogger("corral.lanes.fast")
 HELLO_S = 10.0
-"""A connection that has not said its worker's name by then is closed."""
+"""A connection that has not finished its TLS handshake by then is closed, and so is one
+that has not said its worker's name this long after."""
 MAX_WORKERS = 256
 """Workers of one pool connected at once, at most (a pool asks for a few allocations)."""
+MAX_PENDING = 32
+"""Connections not yet a worker (before TLS, or before their hello), at most. Anyone who
+reaches the address may connect: each costs a handshake of the gateway's CPU and a
+socket, so past this the one that has waited longest, of the address that holds the
+most, is closed (a slowloris's, most likely), before any TLS is spent on the new one."""
+IDLE_S = 90.0
+"""A worker silent this long is closed: it pings every ``PING_S`` (worker.py), so only
+one that holds its connection without speaking (hung, stopped, or not corral's) is."""
+PING_S = 30.0
 
 
 class Lost(Exception):
@@ -44,35 +54,106 @@ class _Worker:
 class Engine:
     def __init__(self, host: str, tls: ssl.SSLContext | None, slug: str) -> None:
         self.host, self.tls, self.slug = host, tls, slug
-        self.server: asyncio.Server | None = None
+        self.sock: socket.socket | None = None
         self.workers: dict[str, _Worker] = {}
         """Address (host:port of the worker's end) -> the worker connected there."""
         self._numbers = itertools.count(1)
+        self.pending: dict[int, tuple[str, socket.socket]] = {}
+        """Connections not yet a worker, by descriptor, oldest first: their peer's address
+        and a duplicate of their socket (to shut it down whatever owns it by then)."""
+        self._held: set[asyncio.Future[Any]] = set()
         self._on_report: Callable[[str, dict[int, float], list[dict[str, Any]]], None] = lambda a, s, e: None
 
     @property
     def up(self) -> bool:
         """The listener is open."""
-        return self.server is not None
+        return self.sock is not None
 
     async def start(self, on_report: Callable[[str, dict[int, float], list[dict[str, Any]]], None]) -> None:
         """Listen; ``on_report(address, started, ended)`` hears each worker's pushes."""
         self._on_report = on_report
-        self.server = await asyncio.start_server(self._serve, self.host, 0, ssl=self.tls, limit=wire.MAX_LINE,
-                                                 ssl_handshake_timeout=HELLO_S if self.tls else None)
+        family, _, _, _, where = socket.getaddrinfo(self.host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        self.sock = socket.create_server(where[:2], family=family, backlog=128)
+        self.sock.setblocking(False)
+        self._keep(asyncio.ensure_future(self._accept(self.sock)))
+
+    def _keep(self, fut: "asyncio.Future[Any]") -> None:
+        self._held.add(fut)
+        fut.add_done_callback(self._held.discard)
 
     async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        if self.sock is not None:
+            for fut in list(self._held):
+                fut.cancel()
+            self.sock.close()
             for w in list(self.workers.values()):
                 w.writer.close()
-            self.server = None
+            for fd in list(self.pending):
+                self._shed(fd)
+            self.sock = None
+
+    # -- the door: accepted, counted, then TLS -------------------------------------------
+    async def _accept(self, sock: socket.socket) -> None:
+        """Accept for ever; each connection counted among the pending (past MAX_PENDING the
+        oldest of the busiest address shed) before any TLS is spent on it. The listener's
+        own ``ssl=`` would handshake every connection before anything counts it."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, peer = await loop.sock_accept(sock)
+            except OSError:  # out of descriptors, or the peer gone already: the next one
+                await asyncio.sleep(0.1)
+                continue
+            while len(self.pending) >= MAX_PENDING:
+                self._shed(self._busiest())
+            self.pending[conn.fileno()] = (str(peer[0]), conn.dup())
+            self._keep(asyncio.ensure_future(self._open(conn)))
+
+    def _busiest(self) -> int:
+        """The oldest pending connection of the address that holds the most: a flood from
+        one host sheds its own, not a worker joining from its node."""
+        count: dict[str, int] = {}
+        for ip, _ in self.pending.values():
+            count[ip] = count.get(ip, 0) + 1
+        most = max(count, key=lambda ip: count[ip])
+        return next(fd for fd, (ip, _) in self.pending.items() if ip == most)
+
+    def _shed(self, fd: int) -> None:
+        """No longer pending: shut down, whoever holds it now, and let go of its duplicate."""
+        _, dup = self.pending.pop(fd)
+        try:
+            dup.shutdown(socket.SHUT_RDWR)  # whoever holds it (the handshake, _serve) sees its end
+        except OSError:
+            pass
+        dup.close()
+
+    def _admitted(self, fd: int) -> None:
+        """Said its name: a worker now, no longer counted among the pending."""
+        got = self.pending.pop(fd, None)
+        if got is not None:
+            got[1].close()
+
+    async def _open(self, conn: socket.socket) -> None:
+        """TLS within HELLO_S, then ``_serve`` (through the stream protocol)."""
+        fd = conn.fileno()
+
+        def protocol() -> asyncio.StreamReaderProtocol:
+            return asyncio.StreamReaderProtocol(asyncio.StreamReader(limit=wire.MAX_LINE),
+                                                lambda r, w: self._serve(r, w, fd))
+
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                protocol, conn, ssl=self.tls, ssl_handshake_timeout=HELLO_S if self.tls else None)
+        except (OSError, ssl.SSLError, asyncio.TimeoutError, EOFError):
+            conn.close()
+            if fd in self.pending:
+                self._shed(fd)
 
     @property
     def address(self) -> str:
         """Where workers join."""
-        assert self.server is not None
-        host, port = self.server.sockets[0].getsockname()[:2]
+        assert self.sock is not None
+        host, port = self.sock.getsockname()[:2]
         return f"{'tls' if self.tls else 'tcp'}://{f'[{host}]' if ':' in host else host}:{port}"
 
     def workers_up(self) -> dict[str, str]:
@@ -107,21 +188,26 @@ class Engine:
         if w is not None:
             w.writer.close()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, fd: int) -> None:
         peer = writer.get_extra_info("peername") or ("?", 0)
         addr = f"{peer[0]}:{peer[1]}"
         tune(writer.get_extra_info("socket"))
         w: _Worker | None = None
         why = "its connection closed"
         try:
-            name = wire.hello(wire.parse(await asyncio.wait_for(reader.readline(), HELLO_S)))
+            try:
+                name = wire.hello(wire.parse(await asyncio.wait_for(reader.readline(), HELLO_S)))
+            finally:
+                self._admitted(fd)
             if name in self.workers_up():
                 raise wire.Refused(f"a worker named {name} is already here")
             if len(self.workers) >= MAX_WORKERS:
                 raise wire.Refused(f"the pool has {MAX_WORKERS} workers already")
             w = self.workers[addr] = _Worker(name, writer)
-            while line := await reader.readline():
+            while line := await asyncio.wait_for(reader.readline(), IDLE_S):
                 msg = wire.parse(line)
+                if msg["op"] == "ping":
+                    continue
                 if msg["op"] == "report":
                     news = wire.report(msg)
                     try:
@@ -142,7 +228,9 @@ class Engine:
         except (wire.Refused, ValueError) as e:  # ValueError: a line past MAX_LINE
             why = f"it broke the protocol ({e})"
             log.warning("fast-lane pool %s: dropped %s (%s): %s", self.slug, w.name if w else "a peer", addr, why)
-        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ssl.SSLError) as e:
+        except asyncio.TimeoutError:
+            why = f"it said nothing for {IDLE_S:.0f} s" if w is not None else "it did not say its name in time"
+        except (OSError, asyncio.IncompleteReadError, ssl.SSLError) as e:
             why = f"its connection failed ({type(e).__name__})"
         finally:
             if w is not None:

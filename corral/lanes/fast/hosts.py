@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral.core import proc
 from corral.core.errors import BackendError
+from corral.core.safe_read import read_tail
 from corral.sandbox.opendir import Changed, open_dir
 from corral.sandbox.opendir import identity as opendir_identity
 from corral.sandbox.host import command, outside_pids
@@ -228,7 +229,8 @@ class Host:
         if self.why:
             return self.why
         try:
-            tail = self.log.read_text(errors="replace").strip().splitlines()[-1:]
+            # its sandbox's host (the task's identity) writes this log: a plain file, its end alone
+            tail = read_tail(self.log, 4096).decode(errors="replace").strip().splitlines()[-1:]
         except OSError:
             tail = []
         return f"its sandbox ended ({tail[0][:300] if tail else f'exit {self.proc.poll()}'})"

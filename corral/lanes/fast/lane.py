@@ -34,7 +34,8 @@ from corral.core.errors import InvalidRequest, NotFound
 from corral.core.jobs import JobSpec, format_duration
 from corral.lanes.registry import AUTO, BATCH, FAST, BackendLane, Sent
 from corral.core.principals import PILOT_PRINCIPAL, Principal
-from corral.lanes.fast import launcher, trust
+from corral.lanes.fast import trust
+from corral.lanes.fast.journals import read_off_loop
 from corral.lanes.slurm import reach
 from corral.lanes.fast.pool import Allocations, Pool, PoolConfig, PoolKey, Reports, Shape, Task
 
@@ -226,12 +227,16 @@ class FastLane:
         """After a restart: allocations of the last run are released (their workers lost
         their scheduler); each task's fate is read from the journals."""
         now = time.time()
+        journals: dict[str, dict[int, dict[str, Any]]] = {}
+        """Each pool's journals, read once (off the event loop: journals.py), not once per task."""
         for job in self.db.active_jobs():
             if job.principal == PILOT_PRINCIPAL:
                 await self.allocations.stop(job.id)
             elif job.backend == FAST and job.backend_id:
                 slug, jid = parse_id(job.backend_id)
-                rec = launcher.read_journals(self.dir / slug).get(jid)
+                if slug not in journals:
+                    journals[slug] = await read_off_loop(self.dir / slug)
+                rec = journals[slug].get(jid)
                 if rec and rec.get("event") == "ended":
                     self.reports.ended([rec])
                 elif rec is None or job.spec.idempotent:

@@ -24,7 +24,29 @@ class PoolKey:
 
     @functools.cached_property
     def slug(self) -> str:  # asked per task on submit: computed once
-        return "-".join(p or "_" for p in (self.unix_user, self.account, self.partition))
+        """The pool's name on disk and in backend ids, one per key: ``user-account-partition``
+        with each part escaped (``_part``), so that no two keys share one. A plain join made
+        ``bob`` + ``chem-lab`` and ``bob-chem`` + ``lab`` one pool: one directory, one
+        listener, one user's tasks run as the other's."""
+        return "-".join(_part(p) for p in (self.unix_user, self.account, self.partition))
+
+
+_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._")
+"""Characters a slug's part keeps as they are: what a job's name allows (a pilot is named
+after its pool), but ``-`` (the parts' separator) and ``+`` (the escape). ``:`` (backend
+ids' separator) and ``/`` (a slug is a directory's name) are escaped with the rest."""
+
+
+def _part(p: str | None) -> str:
+    """One part of a slug: ``_`` for none; else each byte outside ``_PLAIN``, and ``_``
+    alone, as ``+XX``. Decodable, so the join of three is injective."""
+    if p is None:
+        return "_"
+    if p == "_":
+        return "+5F"
+    if all(c in _PLAIN for c in p):
+        return p  # the common case: user names, accounts and partitions as they are
+    return "".join(c if c in _PLAIN else "".join(f"+{b:02X}" for b in c.encode()) for c in p)
 
 
 @dataclass(frozen=True)

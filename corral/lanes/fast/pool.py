@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from corral.core.jobs import JobState
-from corral.lanes.fast import launcher, scaling, trace
+from corral.lanes.fast import scaling, trace
+from corral.lanes.fast.journals import read_off_loop
 from corral.lanes.fast.breaker import Breaker
 from corral.lanes.fast.demand import HOLD_S, Demand
 from corral.lanes.fast.engine import Engine, Lost
@@ -235,7 +236,7 @@ class Pool:
             raise
         except Lost as e:  # the worker is gone: its journal says what ran, the rest may run again
             gone = True
-            results = self._salvage([t for t in batch if t.job_id not in self.reported], str(e)[:300])
+            results = await self._salvage([t for t in batch if t.job_id not in self.reported], str(e)[:300])
         except Exception as e:  # it answered, without outcomes (engine.Failed: its word, or what broke)
             results, why = [], str(e)[:300]
         finally:
@@ -253,7 +254,7 @@ class Pool:
         if lost and not gone:
             # The worker is up and answered without these: what its journal says; the rest
             # fail, never sent again (to the same worker, they would come back the same).
-            results += self._unanswered(lost, why or "its worker answered the batch without their outcome")
+            results += await self._unanswered(lost, why or "its worker answered the batch without their outcome")
         if results:
             self._learn(results)
             self.known.difference_update(int(r["job_id"]) for r in results)
@@ -261,9 +262,9 @@ class Pool:
         if self.queue:
             self._wake.set()
 
-    def _unanswered(self, tasks: list[Task], why: str) -> list[dict[str, Any]]:
+    async def _unanswered(self, tasks: list[Task], why: str) -> list[dict[str, Any]]:
         """Tasks a live worker answered for without an outcome: their journaled ends, else FAILED."""
-        journal = launcher.read_journals(self.dir)
+        journal = await read_off_loop(self.dir)
         now = time.time()
         out = []
         for t in tasks:
@@ -273,10 +274,10 @@ class Pool:
                         "end": now, "cpu_s": None, "reason": f"{why}; submit it again, or with lane=batch"})
         return out
 
-    def _salvage(self, batch: list[Task], why: str) -> list[dict[str, Any]]:
-        """A batch lost with its allocation: keep outcomes its worker journaled, rerun
-        what may be rerun, fail the rest with the reason."""
-        rerun, out = salvage(batch, launcher.read_journals(self.dir), why)
+    async def _salvage(self, batch: list[Task], why: str) -> list[dict[str, Any]]:
+        """A batch lost with its allocation: keep outcomes its worker journaled (read off
+        the event loop, bounded: journals.py), rerun what may be rerun, fail the rest."""
+        rerun, out = salvage(batch, await read_off_loop(self.dir), why)
         for t in rerun:
             log.info("fast-lane task %s requeued after its allocation was lost", t.job_id)
             self.queue.requeue(t)

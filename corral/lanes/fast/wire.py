@@ -7,6 +7,7 @@ is one line of JSON, plain data only, at most ``MAX_LINE`` bytes:
     worker -> gateway   {"op": "hello", "name": "alloc-17"}                  first, once
                         {"op": "report", "started": [[id, t], ...], "ended": [record, ...]}
                         {"op": "done", "batch": n, "results": [record, ...]}  or "error": "why"
+                        {"op": "ping"}                  every engine.PING_S: silent ones are closed
     gateway -> worker   {"op": "batch", "batch": n, "specs": [spec, ...]}
                         {"op": "cancel", "ids": [id, ...]}
 
@@ -50,7 +51,7 @@ def parse(raw: bytes) -> dict[str, Any]:
         msg = json.loads(raw)
     except (ValueError, RecursionError) as e:  # not JSON, or nested past the parser's depth
         raise Refused(f"not a message ({type(e).__name__})") from None
-    if not isinstance(msg, dict) or msg.get("op") not in ("hello", "report", "done"):
+    if not isinstance(msg, dict) or msg.get("op") not in ("hello", "report", "done", "ping"):
         raise Refused("not a message of the protocol")
     return msg
 
