@@ -77,12 +77,15 @@ async def full_loop(client: Client, workdir: str) -> dict[str, Any]:
     page = await client.call_tool("job_output", {"job_id": sub["job_id"]})
     # always marked as data for the model, flagged or not, between tags with this answer's nonce; the page is in
     # the structured content (what Claude Code and Codex hand the model) and the text block alike
+    # the page says its lines at both ends (a client that cuts a long answer cuts its middle)
+    where = f"[job {sub['job_id']} stdout, line 1 (bytes 0-9 of 9)]"
     text = page.content[0].text
-    assert re.fullmatch(rf"<untrusted-data-([0-9a-f]{{12}}) source='job {sub['job_id']} stdout'>\nfrom-mcp\n\n"
-                        r"</untrusted-data-\1>", text), text
-    assert data(page)["eof"] and data(page)["text"] == text
+    assert re.fullmatch(rf"{re.escape(where)}\n<untrusted-data-([0-9a-f]{{12}}) source='job {sub['job_id']} "
+                        rf"stdout'>\nfrom-mcp\n\n</untrusted-data-\1>\n{re.escape(where)}", text), text
+    assert data(page)["eof"] and data(page)["text"] in text and data(page)["where"] == where
+    assert (data(page)["first_line"], data(page)["last_line"]) == (1, 1)
     err = (await client.call_tool("job_output", {"job_id": sub["job_id"], "stream": "stderr", "tail_lines": 1})).content[0].text
-    assert err.split("\n")[1] == "warn" and re.search(r"</untrusted-data-[0-9a-f]{12}>$", err)
+    assert err.split("\n")[2] == "warn" and re.search(r"</untrusted-data-[0-9a-f]{12}>\n\[job .*\]$", err), err
     listed = data(await client.call_tool("list_jobs", {}))
     assert sub["job_id"] in [j["id"] for j in listed["jobs"]]
     raw = await client.call_tool("job_status", {"job_id": sub["job_id"]})
@@ -381,8 +384,8 @@ def test_protected_resource_metadata_tells_a_client_where_tokens_come_from(tmp_p
 
 
 def test_an_mcp_session_belongs_to_the_token_that_opened_it(gateway: Gateway) -> None:
-    """The Mcp-Session-Id the SDK issued to one token is refused with another (403),
-    so a client cannot put its calls, and its jobs, into someone else's session."""
+    """The Mcp-Session-Id the SDK issued to one token is refused with another, so a
+    client cannot put its calls, and its jobs, into someone else's session."""
     first = _agent(gateway)
     with gateway.http() as h:
         second = h.post("/v1/tokens", json={"for": "claude", "expires": "1h"}).json()["token"]
@@ -397,7 +400,13 @@ def test_an_mcp_session_belongs_to_the_token_that_opened_it(gateway: Gateway) ->
     assert mine.status_code == 200
     theirs = httpx2.post(f"{gateway.url}/mcp", json=ping, headers={**head, "Authorization": f"Bearer {second}",
                                                                     "Mcp-Session-Id": sid})
-    assert theirs.status_code == 403 and "another token" in theirs.json()["error"]["message"]
+    # refused as the answer to that very request (its id), so a client can match it to its call
+    assert theirs.json()["id"] == 2 and "another token" in theirs.json()["error"]["message"], theirs.text
+    call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "list_jobs", "arguments": {}}}
+    theirs = httpx2.post(f"{gateway.url}/mcp", json=call, headers={**head, "Authorization": f"Bearer {second}",
+                                                                    "Mcp-Session-Id": sid}).json()
+    assert theirs["id"] == 3 and theirs["result"]["isError"], theirs  # a tool call's: a tool error, the model reads it
+    assert "another token" in theirs["result"]["content"][0]["text"], theirs
 
 
 def test_sweeps_chains_control_and_usage_through_the_sdk_client(tmp_path, agent_dir) -> None:

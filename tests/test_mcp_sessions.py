@@ -94,4 +94,8 @@ def test_a_principal_holds_a_bounded_number_of_sessions(tmp_path: Path) -> None:
             assert [_ping(c, t1, s) for s in mine[:2]] == [404, 404]
             assert all(_ping(c, t1, s) == 200 for s in mine[2:5]) and _ping(c, narrowed, mine[5]) == 200
             assert _ping(c, t2, other) == 200  # another principal's session is untouched
-            assert _ping(c, t2, mine[-1]) == 403  # and a session is its opener's alone
+            # and a session is its opener's alone: refused, as the answer to that very request
+            refused = c.post("/mcp", json={"jsonrpc": "2.0", "id": 7, "method": "ping"},
+                             headers={**ACCEPT, "Authorization": f"Bearer {t2}", "Mcp-Session-Id": mine[-1],
+                                      "MCP-Protocol-Version": "2025-06-18"}).json()
+            assert refused["id"] == 7 and "another token" in refused["error"]["message"], refused

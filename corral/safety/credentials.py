@@ -84,8 +84,8 @@ class Credentials:
             expires = record["expires"]
         if expires is not None and expires < self.gate.clock.time():
             when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(expires))
-            raise Unauthenticated(f"token {record['id']} expired at {when}; mint a new one with "
-                                  f"'corral token mint --for {record['principal']}'")
+            raise Unauthenticated(f"token {record['id']} expired at {when}",
+                                  hint=self._renewal(record["principal"]))
         principal = self.db.get_principal(record["principal"])
         if principal is None:
             raise Unauthenticated("the token's principal no longer exists")
@@ -98,6 +98,16 @@ class Credentials:
             self.gate.store.saw_limits(principal.name, cap.block_ids, cap.limits)
         visible = frozenset([principal.name, *self.db.sponsored_by(principal.name)])
         return expires, principal, visible, cap, cap.block_ids[-1] if cap else record["id"]
+
+    def _renewal(self, name: str) -> str:
+        """What the holder of an expired token can do: an agent cannot mint (only people
+        do), so it asks its sponsor; a person mints with a token still valid."""
+        holder = self.db.get_principal(name)
+        if holder is not None and holder.kind is not Kind.HUMAN:
+            sponsor = f" ({holder.sponsor})" if holder.sponsor else ""
+            return (f"ask your sponsor{sponsor} for a new token, then start again with it; "
+                    "an agent cannot mint one")
+        return f"mint a new one with 'corral token mint --for {name}' (using a token still valid), or ask an admin"
 
     def clear_taint(self, caller: Caller, token_id: str) -> str:
         """Lift a token's taint: its principal's sponsor or an admin, never the tainted

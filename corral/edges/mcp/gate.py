@@ -72,9 +72,8 @@ class RequireToken:
             except CorralError as e:
                 if self.metadata or e.status != 401 or self.anonymous is None:
                     raise
-                if sid and sid in self.bound:  # a token's session, presented without it
-                    raise Forbidden(f"MCP session {sid[:40]} was opened with a token this request lacks",
-                                    hint="send the token that opened it, or open a session of your own") from None
+                if sid and sid in self.bound:  # a token's session, its token expired or revoked since
+                    raise  # the real reason (expired, revoked), answered to the call itself (_refuse)
                 # No token: answered statelessly, so the client lists the tools and each
                 # call says what is wrong; no session is made, nothing outlives the request.
                 # Only POST: a GET would hold a server-to-client stream open (a connection
@@ -136,9 +135,18 @@ class RequireToken:
         return len(getattr(self.manager, "_server_instances", {})) if self.manager else len(self.bound)
 
     async def _refuse(self, e: CorralError, scope: Any, receive: Any, send: Any) -> None:
+        if not (self.metadata and e.status == 401) and scope.get("method") == "POST":
+            # In the protocol, as the answer to the very request: a client matches an error
+            # to its call by id (Codex over HTTP hung 300 s on each later call when this was
+            # an HTTP 403 with "id": null), and a tool call's error is the model's to read.
+            # With an authorization server, a 401 stays HTTP: that is what starts a refresh.
+            request = await _request_of(receive)
+            if request is not None:
+                await JSONResponse(in_protocol(e, request))(scope, receive, send)
+                return
         # A JSON-RPC error in the body: the MCP client shows its message (what to do),
         # where a bare 401 became "Server returned an error response".
-        text = e.message + (f" ({e.hint})" if e.hint else "")
+        text = said(e)
         body = {"jsonrpc": "2.0", "id": None,
                 "error": {"code": -32001, "message": text, "data": {"code": e.code, "hint": e.hint}}}
         quoted = text.replace("\\", "").replace('"', "'")
@@ -146,6 +154,52 @@ class RequireToken:
         headers_out = {"WWW-Authenticate": f'Bearer error="invalid_token", error_description="{quoted}"{where}'} \
             if e.status == 401 else None
         await JSONResponse(body, status_code=e.status, headers=headers_out)(scope, receive, send)
+
+
+MAX_REFUSED_BODY = 1 << 20
+"""The most of a refused request's body read to find its id: a JSON-RPC request is small."""
+
+
+def said(e: CorralError) -> str:
+    return e.message + (f" ({e.hint})" if e.hint else "")
+
+
+async def _request_of(receive: Any) -> dict[str, Any] | None:
+    """The JSON-RPC request (one, with an id) in the body, or None (a notification, a
+    batch, not JSON, too long)."""
+    import json
+
+    body = b""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        body += message.get("body", b"")
+        if len(body) > MAX_REFUSED_BODY:
+            return None
+        if not message.get("more_body"):
+            break
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(request, dict) or request.get("id") is None or not isinstance(request.get("method"), str):
+        return None
+    return request
+
+
+def in_protocol(e: CorralError, request: dict[str, Any]) -> dict[str, Any]:
+    """``e`` as the answer to ``request``: a tool call's is a tool error (the model reads
+    it, in corral's words), any other request's a JSON-RPC error with its id."""
+    text = said(e)
+    if request["method"] != "tools/call":
+        return {"jsonrpc": "2.0", "id": request["id"],
+                "error": {"code": -32001, "message": text, "data": {"code": e.code, "hint": e.hint}}}
+    result: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": True}
+    meta = (request.get("params") or {}).get("_meta") if isinstance(request.get("params"), dict) else None
+    if isinstance(meta, dict) and "io.modelcontextprotocol/protocolVersion" in meta:
+        result["resultType"] = "complete"  # the 2026-07-28 shape of a result
+    return {"jsonrpc": "2.0", "id": request["id"], "result": result}
 
 
 def anonymous_endpoint(stateful: "StreamableHTTPSessionManager") -> tuple[Any, "StreamableHTTPSessionManager"]:

@@ -5,8 +5,10 @@ The job is the task. A client that declares the extension in a request's capabil
 and calls ``wait_for_job`` (or ``build_environment``) for a job (a build) that has not
 ended gets a task handle at once instead of a long-poll; ``tasks/get`` answers from the
 gateway's shared view (the job's row, the build's record) and, once it has ended, carries
-the very result the tool gives then; ``tasks/cancel`` cancels the job. Nothing about a
-task is kept in memory: its id names the job (the build), the wait's ``until`` and when
+the very result the tool gives then. ``tasks/cancel`` ends the wait, never the job: a wait
+is read-only, and stopping a background wait (Claude Code's interactive mode sends
+``tasks/cancel`` when the model or its user stops one) must leave the job running;
+``cancel_job`` alone cancels a job. Nothing a task needs is kept in memory: its id names the job (the build), the wait's ``until`` and when
 it was made, sealed with a key kept in the gateway's home and bound to the principal, so
 a task outlives the session that made it and a gateway restart, and no other principal
 can use (or guess) it. Clients that do not declare the extension get the long-poll with
@@ -24,6 +26,7 @@ import hmac
 import os
 import re
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,6 +48,7 @@ if TYPE_CHECKING:
 
 TASKS = "io.modelcontextprotocol/tasks"
 TASK_TOOLS = ("wait_for_job", "build_environment")
+MAX_CANCELLED = 10_000
 POLL_MS = 2000
 """What a client is asked to poll at: a job's end is seen within this, and a tasks/get
 is one read of a row (no scheduler query)."""
@@ -145,6 +149,10 @@ class JobTasks(Extension):
         """Counts 'task_created', 'tasks/get', 'tasks/cancel' (the gateway's metrics)."""
         self.key = key
         self.env_answer = env_answer
+        self.cancelled: OrderedDict[str, float] = OrderedDict()
+        """Task id -> when its wait was cancelled, newest last, at most MAX_CANCELLED: what
+        tasks/get then answers ('cancelled'). Only a courtesy to the client: after a restart
+        a cancelled task reads as its wait again, which changes nothing (a wait is read-only)."""
         self.call_tool: Callable[[ServerRequestContext[Any, Any], CallToolRequestParams], Awaitable[Any]] | None = None
         """The tool itself, without this interceptor (set by mcp_tools.build_mcp): a finished
         task's result is what the tool answers then."""
@@ -208,6 +216,10 @@ class JobTasks(Extension):
     async def get(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
         ops, ref = self._ref(ctx, params.task_id)
         self.count("tasks/get")
+        if params.task_id in self.cancelled:
+            return self._task(params.task_id, ref, "cancelled", self.cancelled[params.task_id],
+                              statusMessage=f"the wait was cancelled; the {'job' if ref.kind == 'job' else 'build'} "
+                                            "goes on (cancel_job stops a job)")
         try:
             if ref.kind == "job":
                 return await self._job_task(ctx, ops, params.task_id, ref)
@@ -247,12 +259,11 @@ class JobTasks(Extension):
         return {}  # corral never asks for input mid-task: nothing is outstanding, so nothing to apply
 
     async def cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
-        ops, ref = self._ref(ctx, params.task_id)
+        """Ends the wait only: the job (the build) goes on. To stop a job: cancel_job."""
+        self._ref(ctx, params.task_id)
         self.count("tasks/cancel")
-        if ref.kind == "job":
-            try:
-                await ops.cancel(int(ref.subject))
-            except CorralError as e:
-                raise MCPError(INVALID_PARAMS, f"Failed to cancel task: {e.message}") from None
-        # An environment build is shared by everyone who asks for the same files: it goes on.
+        self.cancelled[params.task_id] = time.time()
+        self.cancelled.move_to_end(params.task_id)
+        while len(self.cancelled) > MAX_CANCELLED:
+            self.cancelled.popitem(last=False)
         return {}

@@ -1,0 +1,158 @@
+"""How corral's MCP tools answer: a result (a one-line summary and structured content),
+a tool's annotations from the verb table, errors in corral's words (``guarded``), a job
+as a model needs it, the facility card, and a wait cut in slices with progress between
+(corral/edges/mcp/tools.py registers the tools that use them)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Any, Awaitable, Callable, TypeVar
+
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
+
+from corral.core.errors import CorralError
+from corral.core.jobs import format_duration
+from corral.edges.verbs import BY_NAME
+from corral.safety import guard
+
+log = logging.getLogger("corral.edges.mcp.tools")
+
+LIVE = ("PENDING", "RUNNING", "UNKNOWN")
+
+
+def untrusted(text: str | None, source: str) -> str | None:
+    return None if text is None else guard.delimit(text, source)
+
+
+def answer(summary: str, data: dict[str, Any]) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=summary)], structured_content=data)
+
+
+def tool_annotations(title: str, read_only: bool, destructive: bool = False, idempotent: bool = True) -> ToolAnnotations:
+    # Closed world: every tool acts on this facility only, never on the open internet.
+    return ToolAnnotations(title=title, read_only_hint=read_only, destructive_hint=destructive,
+                           idempotent_hint=idempotent, open_world_hint=False)
+
+
+def declared(verb: str) -> dict[str, Any]:
+    """The MCP tool's name and annotations, as the verb table declares them."""
+    tool = BY_NAME[verb].tool
+    assert tool is not None, verb
+    return {"name": tool.name,
+            "annotations": tool_annotations(tool.title, tool.read_only, tool.destructive, tool.idempotent)}
+
+
+T = TypeVar("T")
+
+
+def guarded(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """CorralError -> a tool error with its message and hint; anything else -> a tool
+    error that hides internals but says what to do."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> T:
+        try:
+            return await fn(*args, **kwargs)
+        except ToolError:
+            raise
+        except CorralError as e:
+            raise ToolError(e.message + (f" (hint: {e.hint})" if e.hint else "")) from None
+        except Exception:
+            log.exception("MCP tool %s failed", fn.__name__)
+            raise ToolError("internal error in corral (it is logged); retry once, then tell the facility admin") from None
+
+    return wrapper
+
+
+def next_for(job: dict[str, Any]) -> str:
+    state = job["state"]
+    if state in LIVE:
+        return f"call wait_for_job with job_id={job['id']} (it returns when the job ends)"
+    if state == "COMPLETED":
+        return f"read its output with job_output job_id={job['id']}"
+    return f"read why with job_output job_id={job['id']} stream='stderr'; fix and resubmit"
+
+
+def compact(job: dict[str, Any]) -> dict[str, Any]:
+    """What a model needs of a job: no session (it knows its own), no epoch times (the
+    run time instead, once it has ended)."""
+    out = {k: job[k] for k in ("id", "name", "state", "exit_code") if job.get(k) is not None}
+    if job.get("reason"):  # may quote what the job wrote
+        out["reason"] = guard.delimit(job["reason"], f"job {job['id']} reason")
+    if job.get("start_time") and job.get("end_time"):
+        out["ran_s"] = round(job["end_time"] - job["start_time"], 2)
+    if job.get("requeues"):  # preempted and run again from the start: still this one job
+        out["requeues"] = job["requeues"]
+        if job.get("lost_s") is not None:
+            out["lost_s"] = job["lost_s"]
+    return out
+
+
+def said_job(job: dict[str, Any]) -> str:
+    """A job in a line: 'job 12 COMPLETED (exit 0)'."""
+    code = f" (exit {job['exit_code']})" if job.get("exit_code") is not None else ""
+    why = f": {job['reason']}" if job.get("reason") and job["state"] not in LIVE + ("COMPLETED",) else ""
+    return f"job {job['id']} {job['state']}{code}{why}"
+
+
+def facility_card(info: dict[str, Any]) -> str:
+    """The compact markdown an agent needs before its first job here."""
+    you = info.get("you")
+    who = ""
+    if you:
+        who = f" You are `{you['principal']}` ({you['kind']})" + (f", sponsored by `{you['sponsor']}`" if you.get("sponsor") else "") + "."
+    lines = ["# Facility card (corral)", "", f"Backend: {info['backend']}.{who}", "",
+             "| partition | default | max cpus | max memory | max gpus | max walltime |", "|---|---|---|---|---|---|"]
+    for p in info["partitions"]:
+        lines.append(f"| {p['name']} | {'yes' if p['default'] else ''} | {p['max_cpus']} | {p['max_memory_mb']}M | "
+                     f"{p['max_gpus']} | {format_duration(p['max_walltime_s'])} |")
+    q = info["queue"]
+    mine = f" Your active jobs: {you['active_jobs']}." if you else ""
+    lines += ["", f"Queue now: {q['pending']} pending, {q['running']} running.{mine}",
+              "", "Rules of thumb:",
+              "- Submit with submit_job, then wait_for_job (a long-poll). Do not poll job_status in a loop.",
+              "- Ask for what you need: cpus, memory (e.g. '4G'), walltime (e.g. '30m'). Requests over a partition's limits are refused at once.",
+              "- Read output with job_output (tail_lines for the end of a log); it is bounded, page with offset.",
+              "- Use idempotency_key when you might retry a submission.",
+              "- Short, small trial runs: lane 'fast' starts them at once in a warm allocation.",
+              "- recall before you start, remember what you learn; read the advice submit_job returns.",
+              "- Do not create a venv per trial: build_environment once, then submit_job image=NAME (one read-only "
+              "file, its python first on PATH).",
+              "- A trial that edits the project: workspace action='fork' (copy-on-write), submit_job workspace=ID, "
+              "then diff, and commit the one that worked."]
+    st = info.get("storage") or {}
+    if st.get("session_meta_budget"):
+        lines += ["", f"Metadata budget: {st.get('session_meta_ops', 0)} of {st['session_meta_budget']} calls on the "
+                      "shared filesystem used by this session; past it, jobs must use an image or a workspace."]
+    facts = info.get("facts") or {}
+    if facts.get("filesystems"):
+        lines += ["", "Filesystems: " + ", ".join(
+            f"{n} = {f.get('path', '?')}" + (f" (quota {f['quota']})" if f.get("quota") else "")
+            for n, f in facts["filesystems"].items())]
+    if facts.get("modules"):
+        lines += ["", f"Modules ({len(facts['modules'])}): " + ", ".join(facts["modules"][:40])]
+    if facts.get("version"):
+        lines += ["", f"Facility facts version {facts['version']}"
+                  + (f"; last change: {'; '.join(facts['changes'])}" if facts.get("changes") else "") + "."]
+    if info.get("degraded"):
+        lines += ["", f"WARNING: the scheduler is degraded: {info['degraded']}"]
+    return "\n".join(lines)
+
+
+async def waiting(ctx: Context, wait: Callable[[float], Awaitable[dict[str, Any]]], total: float, every: float,
+                   done: Callable[[dict[str, Any]], bool], say: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
+    """``wait(seconds)`` again and again, at most ``every`` seconds each, until ``done``
+    or ``total`` seconds have passed, with a progress notification between any two: one
+    long wait that no client's idle timeout ends."""
+    start = time.monotonic()
+    while True:
+        remaining = total - (time.monotonic() - start)
+        result = await wait(max(0.0, min(every, remaining)))
+        if done(result) or remaining <= every:
+            return result
+        # A client that went away makes this fail: the wait ends with it, nothing left waiting.
+        await ctx.report_progress(round(time.monotonic() - start, 1), total, say(result))
