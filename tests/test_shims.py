@@ -52,7 +52,7 @@ def test_what_a_shim_cannot_honour_is_an_error_naming_the_flag(gateway: Gateway,
     assert r.stdout.split() == ["rc=1"] * 8 + ["rc=255"], r.stdout + r.stderr  # sbatch's own code for a bad --time
     for says in ("does not support --account", "does not support --nodes=4", "unrecognized option '--bogus'",
                  "does not support the format field %Y", "does not support the field MaxRSS",
-                 "No job identification provided", "Invalid time specification: yesterday-ish",
+                 "No job identification provided", "Invalid time specification (pos=0): yesterday-ish",
                  "does not support the format field %p", "Invalid --time specification"):
         assert says in r.stderr
     assert "Traceback" not in r.stderr
