@@ -127,7 +127,10 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     from corral.edges.mcp.server import gateway_mcp
 
     mcp = gateway_mcp(service)
-    mcp_app = mcp.streamable_http_app(streamable_http_path="/mcp", host=service.settings.host)
+    from corral.edges.http.tls import mcp_transport_security
+
+    mcp_app = mcp.streamable_http_app(streamable_http_path="/mcp", host=service.settings.host,
+                                      transport_security=mcp_transport_security(service.settings))
     anonymous, anonymous_sessions = anonymous_endpoint(mcp.session_manager)  # no session without a token
 
     @contextlib.asynccontextmanager

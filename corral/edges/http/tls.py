@@ -64,3 +64,25 @@ def server_options(settings: Settings) -> dict[str, Any]:
         return {}
     return {"ssl_certfile": str(settings.tls_cert), "ssl_keyfile": str(settings.tls_key)}
 
+
+
+def mcp_transport_security(settings: Settings) -> Any:
+    """The MCP SDK's DNS-rebinding protection, as it sets it for a loopback host, plus the
+    name the gateway is reached by (``url``) and each name without a port. Behind a proxy
+    on this host the Host header is the public name (nginx's ``$host``, which has no
+    port), and the SDK's own list (``127.0.0.1:*`` ...) answered every MCP request 421.
+    None (the SDK's choice: no check) where the gateway does not listen on loopback."""
+    from urllib.parse import urlsplit
+
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    if settings.host not in ("127.0.0.1", "localhost", "::1"):
+        return None
+    names = ["127.0.0.1", "localhost", "[::1]"]
+    public = urlsplit(settings.url).hostname if settings.url else None
+    if public:
+        names.append(f"[{public}]" if ":" in public else public)
+    hosts = [h for n in names for h in (n, f"{n}:*")]
+    origins = [f"{scheme}://{h}" for scheme in ("http", "https") for h in hosts]
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+                                     allowed_origins=origins)
