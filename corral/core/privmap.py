@@ -263,7 +263,8 @@ CROSSINGS: tuple[Crossing, ...] = (
              "(its stage)", "the request is corral's (requests/, 0700); the stage removed by descriptor"),
     Crossing("corral.storage.mounts", "mount_image", ("path.mkdir", "shutil.rmtree", "path.write_text", "path.rmdir",
                                                       "path.rename"),
-             "nobody", "node-local scratch made or checked as root's (scratch.prepare); a temporary name per pid"),
+             "nobody", "the mount point is corral's (images' mounts/<key>, from labels only corral sets: "
+             "storage_verbs refuses an agent's own OWN_LABELS); a temporary name per pid beside it"),
     Crossing("corral.storage.mounts", "on_nodes", ("open",), "nobody", "os.open O_EXCL|O_NOFOLLOW, wrapped"),
     Crossing("corral.storage.mounts", "_layers", ("path.mkdir", "os.chown", "os.chmod"), "nobody",
              "the workspace's layers in corral's own directory"),
