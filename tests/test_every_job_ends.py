@@ -191,10 +191,10 @@ def test_a_stopped_host_whose_backlog_is_full_is_ended_and_built_anew(tmp_path: 
     import signal
     import socket
 
-    from corral.sandbox import host
+    from corral.sandbox import host, hostctl
 
     path, log = str(tmp_path / "h.sock"), str(tmp_path / "h.log")
-    conn, first = host.connect(path, host.command(listening=True), log)
+    conn, first = hostctl.connect(path, host.command(listening=True), log)
     assert first is not None
     conn.close()
     os.kill(first[0], signal.SIGSTOP)
@@ -212,7 +212,7 @@ def test_a_stopped_host_whose_backlog_is_full_is_ended_and_built_anew(tmp_path: 
         got: dict[str, Any] = {}
 
         def again() -> None:
-            got["conn"], got["host"] = host.connect(path, host.command(listening=True), log)
+            got["conn"], got["host"] = hostctl.connect(path, host.command(listening=True), log)
 
         t0 = time.monotonic()
         threading.Thread(target=again, daemon=True).start()
@@ -220,14 +220,14 @@ def test_a_stopped_host_whose_backlog_is_full_is_ended_and_built_anew(tmp_path: 
             time.sleep(0.1)
         assert "conn" in got, "connect waited on a stopped host"
         assert time.monotonic() - t0 < host.ANSWER_S + 10
-        assert got["host"] != first and host.built(path) == got["host"]
+        assert got["host"] != first and hostctl.built(path) == got["host"]
         for _ in range(100):
-            if host._started(first[0]) is None or open(f"/proc/{first[0]}/stat").read().split()[2] == "Z":
+            if hostctl._started(first[0]) is None or open(f"/proc/{first[0]}/stat").read().split()[2] == "Z":
                 break
             time.sleep(0.05)
         else:
             raise AssertionError("the stopped host still runs")
-        assert "took no connection" in (host.last_words(log, 0) or "")
+        assert "took no connection" in (hostctl.last_words(log, 0) or "")
         null = os.open(os.devnull, os.O_WRONLY)
         socket.send_fds(got["conn"], [b'{"id": 1, "argv": ["true"], "env": {"PATH": "/usr/bin:/bin"}}'], [null, null])
         os.close(null)
@@ -236,7 +236,7 @@ def test_a_stopped_host_whose_backlog_is_full_is_ended_and_built_anew(tmp_path: 
             c.close()
         got["conn"].close()
     finally:
-        for h in (first, host.built(path)):
+        for h in (first, hostctl.built(path)):
             if h is not None:
                 try:
                     os.kill(h[0], signal.SIGKILL)

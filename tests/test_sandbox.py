@@ -722,7 +722,7 @@ def test_a_hidden_path_gone_before_its_host_is_built_is_left_out(tmp_path) -> No
     there is hidden."""
     import secrets
 
-    from corral.sandbox.host import still_there
+    from corral.sandbox.hostctl import still_there
 
     need_bwrap()
     gone, kept = (Path("/var/tmp") / f"corral-hide-{secrets.token_hex(4)}-{n}" for n in ("gone", "kept"))

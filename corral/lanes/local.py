@@ -4,10 +4,12 @@ Each job gets a directory ``ROOT/jobs/<id>/`` that is corral's alone (0700, the
 gateway's): ``launch.json`` (what to run), ``stdout``/``stderr`` (handed to the job as
 file descriptors, never reopened by a path the job could change), ``script`` (the
 same), ``running.json`` (written by the job's supervisor, ``local_runner``, when it
-starts) and ``result.json`` (its last act). No job sees it: a job without a working
-directory gets ``work/`` inside it, owned by the job's identity and bound alone into
-its sandbox, and corral reads nothing from there. So nothing a job writes is parsed as
-corral's state (docs/decisions/0010-privsep.md). The directory *is* the state, so the
+starts) and ``result.json`` (its last act), each written into room reserved at
+submission (corral/lanes/local_records.py). No job sees it: a contained job without a
+working directory works in its private /tmp (bounded, and counted as its memory), an
+uncontained one in ``work/`` inside it, owned by the job's identity; corral reads nothing
+from there (corral/lanes/local_launch.py). So nothing a job writes is parsed as corral's
+state (docs/decisions/0010-privsep.md), and a contained job cannot fill corral's disk. The directory *is* the state, so the
 backend rebuilds its queue from disk after a gateway restart and jobs keep running
 meanwhile. Jobs that do not fit the free CPU slots and memory wait in FIFO order,
 first fit. Under a root gateway each job runs as its principal's identity
@@ -16,7 +18,6 @@ first fit. Under a root gateway each job runs as its principal's identity
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -27,54 +28,24 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from corral.core import interp, proc
-from corral.sandbox import host as sandbox_host, opendir
-from corral.storage import META_LABEL, meta
 from corral.core.errors import InvalidRequest
 from corral.core.jobs import JobSpec, JobState, format_duration
 from corral.core.lru import LRU
-from corral.lanes.backend import CONTROLS, BackendStatus, OutputPaths, Partition, SubmitContext, Usage, base_env
-from corral.lanes.local_runner import write_json
+from corral.lanes.backend import CONTROLS, BackendStatus, OutputPaths, Partition, SubmitContext, Usage
+from corral.lanes.local_launch import _write_private, prepare
+from corral.lanes.local_records import full, reserve, write_json
 
 if TYPE_CHECKING:
     from corral.core.identity import Identities
     from corral.sandbox.bwrap import Sandbox
 
-SCRIPT = "/dev/fd/3"
-"""A job's script, as the job finds it: a file descriptor its supervisor opened."""
-WORKDIR_FD = 7
-VENV_FD = 8
-"""The submitter's venv under /tmp, opened as the job's identity (Sandbox.venv_to_bind)."""
-"""The job's working directory, opened by its supervisor without following links and
-bound into the sandbox by descriptor (bwrap --bind-fd): a link swapped in meanwhile is
-never followed."""
-ENV_FD = 6
-"""A contained job's own environment reaches the last step before it on this descriptor."""
-JOB_DIR = "/tmp/corral-job"
 DONE_KEPT = 4096
 """Ended jobs' answers kept in memory (each is read from its result.json once): the core
 has them once it records the end (``forget``), so these are only those asked about
 before then, or again by another caller. Before issue 46 every job's was kept."""
-
-
-def _open_as(pair: tuple[int, int] | None) -> list[Any] | None:
-    """[uid, gid, groups] a root supervisor opens a job's working directory as."""
-    if pair is None:
-        return None
-    uid, gid, groups = opendir.identity(*pair)
-    return [uid, gid, groups]
-
-
-def _write_private(path: Path, data: bytes, mode: int) -> None:
-    """A new file of corral's, never through a link."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    try:
-        os.write(fd, data)
-        os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
 
 HOST = socket.gethostname()
 """The one node this backend runs jobs on (squeue's NODELIST for them)."""
@@ -151,110 +122,14 @@ class LocalBackend:
                 return bid  # idempotent: a retried submit after a crash
             # Corral's own: no job ever sees or writes this directory (its state, output, script).
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
-            contained = self.sandbox is not None and self.sandbox.applies(ctx.kind)
-            ident = self.identities.of(ctx.principal, ctx.unix_user, ctx.admin, contained, ctx.kind == "service") \
-                if self.identities is not None else None
-            reads: list[str] = []
-            if spec.script:
-                script = d / "script"
-                _write_private(script, spec.script.encode(), 0o755)  # read through its fd: d stays closed
-                reads = [str(script)]
-                argv = [SCRIPT] if spec.script.startswith("#!") else ["bash", SCRIPT]
-            else:
-                argv = ["bash", "-c", spec.command or ""]
-            env = base_env()
-            if ident is not None:  # who it is, not who the gateway is
-                env.update({"USER": ident.user, "LOGNAME": ident.user})
-                env.pop("HOME", None)
-                if ident.home:
-                    env["HOME"] = ident.home
-            env.update(spec.env)
-            env.update({"CORRAL_JOB_ID": bid, "CORRAL_PRINCIPAL": ctx.principal, "CORRAL_SESSION": ctx.session or ""})
-            work = d / "work"
-            # Sampled for metadata accounting (storage/meta.py); not a job that runs uncontained as
-            # another identity: its traces would lie in corral's directories, which it cannot enter.
-            traced = bool(spec.labels.get(META_LABEL)) and not (ident is not None and not contained)
-            own: str | None = None  # the job's own writable directory, when it needs one
-            if not spec.workdir or traced:
-                work.mkdir(mode=0o700, exist_ok=True)
-                own = str(work)
-                if ident is not None:
-                    os.chown(work, *ident.pair)
-                elif contained and self.sandbox is not None:
-                    who = self.sandbox.owner(ctx.kind, ctx.unix_user)
-                    if who is not None:
-                        os.chown(work, *who)
-            cwd = spec.workdir or str(work)
-            if ident is not None and not contained and not spec.workdir:
-                # Not contained, no directory named: corral's own directories are closed to it
-                # (their parents are 0700), so it starts in /tmp, as Slurm does when a job
-                # cannot enter its directory.
-                cwd, own = "/tmp", None
-            if ident is not None and "HOME" not in env:
-                env["HOME"] = (JOB_DIR if contained else str(work)) if own else cwd
-            host, env_file = None, None
-            if traced:  # sampled: its metadata calls counted (storage/meta.py), so wrapped alone
-                argv = meta.traced(argv, str(work))
-            fd = WORKDIR_FD if spec.workdir else None
-            pair = ident.pair if ident is not None else None
-            venv = self.sandbox.venv_to_bind(ctx.kind, env) if contained and self.sandbox is not None else None
-            bound = (venv, VENV_FD) if venv else None
-            if contained and self.sandbox is not None and spec.workdir and not traced:
-                host, argv = self._host(ctx, argv, cwd, pair, reads, bound)
-            elif contained and self.sandbox is not None:
-                # bwrap runs as root with corral's environment; the job's own (its PATH,
-                # LD_PRELOAD ...) is read from a descriptor by the step that starts it.
-                _write_private(d / "env.json", json.dumps(env).encode(), 0o600)
-                env, env_file = base_env(), str(d / "env.json")
-                argv = self.sandbox.wrap(ctx.kind, argv, cwd, own, ctx.unix_user, ident=pair, cwd_fd=fd,
-                                         env_fd=ENV_FD, venv=bound)
-            launch: dict[str, object] = {
-                "host": host,
-                "argv": argv,
-                "cwd": cwd,
-                "workdir": spec.workdir,
-                # Who opens the working directory (corral/sandbox/opendir.py): the job's identity, not root.
-                "open_as": _open_as(pair if pair is not None else (
-                    self.sandbox.owner(ctx.kind, ctx.unix_user) if contained and self.sandbox is not None else None)),
-                "reads": reads,
-                "venv": venv,
-                "identity": None if ident is None or contained else list(ident.pair) + [not ident.dynamic, ident.user],
-                "env": env,
-                "env_file": env_file,
-                "cpus": spec.cpus,
-                "memory_mb": spec.memory_mb,
-                "walltime_s": spec.walltime_s,
-                "output_max": self.output_max,
-                "principal": ctx.principal,
-                "session": ctx.session,
-            }
+            launch = prepare(self, ctx, spec, d)
             for name in ("stdout", "stderr"):
                 _write_private(d / name, b"", 0o600)
+            reserve(d)  # its records' room, now: a full disk later never rewrites its end
             write_json(d / "launch.json", launch)
             self._queue[bid] = (spec.cpus, spec.memory_mb)
             self._schedule()
         return bid
-
-    def _host(self, ctx: SubmitContext, argv: list[str], cwd: str, ident: tuple[int, int] | None,
-              reads: list[str], venv: tuple[str, int] | None = None) -> tuple[dict[str, Any], list[str]]:
-        """A contained job with a working directory starts in the sandbox built for its
-        (kind, user, principal, directory), shared with the principal's other jobs there
-        (corral/sandbox/host.py): ~1 ms instead of ~14 ms per job. Its output files and
-        script reach it as file descriptors. -> (the supervisor's ``host``, the job's argv)."""
-        assert self.sandbox is not None
-        # setsid waits on it, as the parent it dies with: it outlives the supervisor that
-        # built it, and killing that one process (its pid is kept beside the socket) ends it.
-        wrapped = ["setsid", "--fork", "--wait", *self.sandbox.wrap(
-            ctx.kind, sandbox_host.command(self.sandbox.pids_max, listening=True, seccomp=self.sandbox.seccomp,
-                                 fsize=self.sandbox.file_max),
-            cwd, None, ctx.unix_user, limit=False, ident=ident, filtered=False, cwd_fd=WORKDIR_FD, venv=venv)]
-        key = hashlib.sha256(json.dumps([ctx.principal, wrapped]).encode()).hexdigest()[:20]
-        self.hosts_dir.mkdir(mode=0o700, exist_ok=True)
-        d = self.jobs_dir / str(ctx.job_id)
-        # Relative to the supervisor's directory (the job's): a socket's path has at most 107 bytes.
-        sock = os.path.relpath(self.hosts_dir / f"{key}.sock", d)
-        host = {"socket": sock, "argv": wrapped, "log": str(self.hosts_dir / f"{key}.log"), "reads": reads}
-        return host, argv
 
     def status(self, backend_ids: Sequence[str]) -> dict[str, BackendStatus]:
         with self._lock:
@@ -499,8 +374,9 @@ class LocalBackend:
                 if (r.pid is not None and _alive(r.pid)) or (r.pid is None and time.monotonic() - r.seen < 10):
                     continue
             if not (d / "result.json").exists():
-                self._finish(d, "FAILED", None,
-                             "the job's supervisor process vanished without a result (killed, or the host restarted)")
+                # A full disk is said, with the job that holds the most there (local_records.full).
+                why = full(self.jobs_dir, self._running) or "killed, or the host restarted"
+                self._finish(d, "FAILED", None, f"the job's supervisor process vanished without a result ({why})")
             del self._running[bid]
 
     def _finish(self, d: Path, state: str, exit_code: int | None, reason: str) -> None:

@@ -1,77 +1,44 @@
 """The per-job supervisor of the local backend: ``python -m corral.lanes.local_runner DIR``.
 
 It runs detached from the gateway (its own session), so a gateway crash or restart
-leaves jobs running. It starts the job in a new process group, enforces walltime
-(TIMEOUT) and memory (OUT_OF_MEMORY, by sampling the resident memory of the job's
-process tree), turns SIGTERM into a cancel and SIGUSR1 into the signal named in
-DIR/signal.json (job_control), and writes ``result.json`` atomically as its last act,
-with what the job used (CPU time, peak memory). The gateway learns everything from files in DIR.
+leaves jobs running. It starts the job (corral/lanes/local_child.py), enforces walltime
+(TIMEOUT) and memory (OUT_OF_MEMORY, by sampling every process of the job, detached or
+not, and its private /tmp: corral/lanes/job_memory.py), turns SIGTERM into a cancel and
+SIGUSR1 into the signal named in DIR/signal.json (job_control), and writes ``result.json``
+atomically as its last act, into room reserved for it at submission
+(corral/lanes/local_records.py: a full disk never turns a job's end into another), with
+what the job used (CPU time, peak memory). The gateway learns everything from files in DIR.
 
-Deliberately imports only the standard library (and corral/sandbox/opendir.py, itself stdlib
-only): it starts once per job.
+Deliberately imports only the standard library (and corral's stdlib-only helpers named
+above): it starts once per job.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
 import select
 import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-GRACE_S = 3.0  # between SIGTERM and SIGKILL, as Slurm's KillWait
+from corral.lanes.job_memory import subreaper, tree_rss_mb, trees_rss_mb  # noqa: F401 (their old home)
+from corral.lanes.local_child import VENV_FD, WORKDIR_FD, Child, Hosted, Popened, _popen, stop
+from corral.lanes.local_records import room, write_json
+
 MAX_SAMPLE_S = 1.0  # memory and walltime checks: fast at first, then at most once a second
+RESULT_WAIT_S = 600.0
+"""How long a supervisor waits for room on a full disk to record its job's end (when the
+job has no reserved slot): the record is the job's truth, worth holding its slots for."""
+DISK_RESERVE = 256 << 20
+"""Below this free on corral's disk (or an eighth of a small disk), a job that keeps
+writing output is stopped, named as the cause: corral's own writes come first."""
 
 
 class Cancelled(Exception):
     """Raised by the SIGTERM handler to interrupt the wait at once."""
-PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
-
-
-def write_json(path: Path, data: dict[str, object]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
-def tree_rss_mb(pid: int) -> float:
-    """Resident memory of the job's process and all its descendants, in MB: by parent
-    links, not process group, because a sandboxed job runs in a session of its own."""
-    return trees_rss_mb([pid])[pid]
-
-
-def trees_rss_mb(pids: list[int]) -> dict[int, float]:
-    """``tree_rss_mb`` of each of ``pids``, from one pass over /proc."""
-    rss: dict[int, int] = {}
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # Fields after the parenthesised command name; ppid is field 4, rss field 24.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        p = int(entry.name)
-        rss[p] = int(fields[21])
-        children.setdefault(int(fields[1]), []).append(p)
-    out = {}
-    for pid in pids:
-        total_pages, todo = 0, [pid]
-        while todo:
-            p = todo.pop()
-            total_pages += rss.get(p, 0)
-            todo += children.get(p, ())
-        out[pid] = total_pages * PAGE_KB / 1024
-    return out
 
 
 def open_dir(path: str, who: list[Any] | None = None, what: str = "working directory") -> int:
@@ -82,12 +49,6 @@ def open_dir(path: str, who: list[Any] | None = None, what: str = "working direc
     from corral.sandbox.opendir import open_dir as walk
 
     return walk(path, (int(who[0]), int(who[1]), [int(g) for g in who[2]]) if who else None, what)
-
-
-WORKDIR_FD = 7
-VENV_FD = 8
-SCRIPT_FD = 3
-ENV_FD = 6
 
 
 def main(job_dir: str) -> int:
@@ -118,6 +79,7 @@ def main(job_dir: str) -> int:
             held["child"].signal(sig)
 
     signal.signal(signal.SIGUSR1, on_usr1)
+    subreaper()  # a job's detached orphans stay below this process: sampled, and counted
     start = time.time()
     if (d / "cancel").exists():
         write_json(d / "result.json", {"state": "CANCELLED", "exit_code": None, "reason": "cancelled before start",
@@ -143,7 +105,7 @@ def main(job_dir: str) -> int:
                     os.dup2(wfd, at)
                     os.close(wfd)
             started = Hosted(launch, out.fileno(), err.fileno()) if launch.get("host") else Popened(
-                _popen(launch, out, err))
+                _popen(launch, out, err), bool(launch.get("contained")))
         except OSError as e:
             write_json(d / "result.json", {"state": "FAILED", "exit_code": 127, "reason": f"could not start: {e.strerror or e}",
                                            "start_time": start, "end_time": time.time()})
@@ -160,12 +122,12 @@ def main(job_dir: str) -> int:
     write_json(d / "running.json", {"pid": os.getpid(), "child": child.pid, "start_time": start})
 
     deadline = start + launch["walltime_s"]
-    mem_limit = launch["memory_mb"]
     state, reason = None, None
     interval = 0.05
     peak = 0.0
     rc = None
     stuck = None
+    seen = {"written": 0}
     while rc is None:
         try:
             term["armed"] = True
@@ -181,16 +143,12 @@ def main(job_dir: str) -> int:
             interval = min(interval * 2, MAX_SAMPLE_S)
             if (d / "cancel").exists():
                 raise Cancelled()
-            rss = child.rss_mb()
-            peak = max(peak, rss)
-            written = _written(d)
+            procs, tmp = child.rss_mb()
+            peak = max(peak, procs + tmp)
             if time.time() >= deadline:
                 state, reason = "TIMEOUT", f"killed after its walltime of {launch['walltime_s']}s"
-            elif rss > mem_limit:
-                state, reason = "OUT_OF_MEMORY", f"killed for using more than its {mem_limit}M of memory"
-            elif launch.get("output_max") and written > launch["output_max"]:
-                state, reason = "FAILED", (f"stopped after writing {written} bytes of output, over the facility's "
-                                           f"limit of {launch['output_max']}; write large results to files instead")
+            elif over := _over(d, launch, procs, tmp, seen):
+                state, reason = over
             elif stuck := child.stuck():
                 state, reason = "FAILED", stuck
         except Cancelled:
@@ -225,8 +183,28 @@ def main(job_dir: str) -> int:
     exit_code = None if state == "CANCELLED" else 128 - rc if rc < 0 else rc
     write_json(d / "result.json", {"state": state, "exit_code": exit_code, "reason": reason,
                                    "start_time": start, "end_time": end, "cpu_s": cpu_s,
-                                   "max_rss_mb": round(max(peak, rss_mb or 0.0), 1)})
+                                   "max_rss_mb": round(max(peak, rss_mb or 0.0), 1)}, wait=RESULT_WAIT_S)
     return 0
+
+
+def _over(d: Path, launch: dict[str, Any], procs: float, tmp: float, seen: dict[str, int]) -> tuple[str, str] | None:
+    """(state, reason) when the job went past a bound: its memory (its processes and its
+    private /tmp), its output, or corral's disk's reserve while it writes output."""
+    limit = launch["memory_mb"]
+    if procs + tmp > limit:
+        held = f" ({procs:.0f}M in its processes, {tmp:.0f}M in its private /tmp)" if tmp >= 1 else ""
+        return "OUT_OF_MEMORY", f"killed for using more than its {limit}M of memory{held}"
+    written = _written(d)
+    if launch.get("output_max") and written > launch["output_max"]:
+        return "FAILED", (f"stopped after writing {written} bytes of output, over the facility's "
+                          f"limit of {launch['output_max']}; write large results to files instead")
+    grew, seen["written"] = written > seen["written"], written
+    free = room(d, launch.get("disk_reserve") or DISK_RESERVE) if grew else None
+    if free is not None:
+        return "FAILED", (f"stopped while writing output ({written} bytes so far): the disk that holds corral's "
+                          f"state ({d.parent.parent}) had only {free >> 20} MB left; write large results "
+                          "to files in a working directory instead")
+    return None
 
 
 def _written(d: Path) -> int:
@@ -235,296 +213,6 @@ def _written(d: Path) -> int:
         return sum(os.stat(d / n, follow_symlinks=False).st_size for n in ("stdout", "stderr"))
     except OSError:
         return 0
-
-
-def _popen(launch: dict[str, Any], out: Any, err: Any) -> "subprocess.Popen[bytes]":
-    """Start a job that runs here (not in a built sandbox): its script as fd 3, its
-    working directory entered through the descriptor opened for it, and, when it is
-    not contained but runs as someone else, that identity set before it runs."""
-    reads = [os.open(f, os.O_RDONLY | os.O_NOFOLLOW) for f in launch.get("reads") or []]
-    # A contained job's environment: corral's file, read by the sandbox's last step (the
-    # command itself runs with corral's environment: seccomp.APPLY).
-    env_fd = os.open(launch["env_file"], os.O_RDONLY | os.O_NOFOLLOW) if launch.get("env_file") else None
-    workdir = bool(launch.get("workdir"))
-
-    def prepare() -> None:  # in the child, after its identity is set: as that identity
-        for n, f in enumerate(reads):
-            os.dup2(f, SCRIPT_FD + n)
-        if env_fd is not None:
-            os.dup2(env_fd, ENV_FD)
-        if workdir:
-            os.fchdir(WORKDIR_FD)
-
-    ident = launch.get("identity")
-    who: dict[str, Any] = {}
-    if ident:
-        uid, gid, real, name = ident
-        groups = os.getgrouplist(name, gid) if real else []
-        who = {"user": uid, "group": gid, "extra_groups": groups}
-    try:
-        # fds stay open across exec only where dup2 put them (3: the script; 6: a contained job's
-        # environment; 7: the working directory, for bwrap's --bind-fd; 8: a venv under /tmp, --ro-bind-fd):
-        # every other one is close-on-exec.
-        return subprocess.Popen(launch["argv"], cwd=None if workdir else launch["cwd"], env=launch["env"],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=err, process_group=0,
-                                close_fds=False, preexec_fn=prepare, **who)
-    finally:
-        for f in reads + ([env_fd] if env_fd is not None else []):
-            os.close(f)
-
-
-def stop(child: "Child") -> int:
-    """SIGTERM, then SIGKILL; a job not ended by then is forced (``Child.force``)."""
-    from corral.sandbox.host import ANSWER_S
-
-    for sig, wait in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, ANSWER_S)):
-        child.signal(sig)
-        rc = child.wait(wait)
-        if rc is not None:
-            return rc
-    return child.force()
-
-
-class Child(Protocol):
-    """The job's process, as the supervisor sees it: readable (``fileno``) when it may
-    have ended; ``ended`` -> its return code as Popen gives it, or None."""
-
-    pid: int | None
-    """Its pid here (outside its sandbox), if known."""
-    why: str | None
-    """Why it ended, when not by itself nor by this supervisor's signal: its sandbox."""
-
-    def fileno(self) -> int: ...
-    def ended(self) -> int | None: ...
-    def wait(self, timeout: float | None) -> int | None: ...
-    def signal(self, sig: int) -> None: ...
-    def stuck(self) -> str | None:
-        """Why it will never start, if so (the job's end is then ``force``)."""
-        ...
-    def force(self) -> int:
-        """End it, whoever must be killed for that; -> its return code."""
-        ...
-    def rss_mb(self) -> float: ...
-    def usage(self) -> tuple[float | None, float | None]:
-        """Once ended: (CPU seconds, peak resident MB) of the job and what it waited for."""
-        ...
-    def close(self) -> None: ...
-
-
-class Popened:
-    """A job started here, in a process group of its own."""
-
-    def __init__(self, p: subprocess.Popen[bytes]) -> None:
-        self.p = p
-        self.pid: int | None = p.pid
-        self.why: str | None = None
-        # A pidfd becomes readable when the child exits: the supervisor sleeps in the
-        # kernel instead of polling (Popen.wait(timeout) polls every few ms).
-        self.pidfd = os.pidfd_open(p.pid)
-
-    def fileno(self) -> int:
-        return self.pidfd
-
-    def ended(self) -> int | None:
-        return self.p.wait()
-
-    def wait(self, timeout: float | None) -> int | None:
-        try:
-            return self.p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def signal(self, sig: int) -> None:
-        try:
-            os.killpg(self.p.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def stuck(self) -> str | None:
-        return None
-
-    def force(self) -> int:
-        self.signal(signal.SIGKILL)
-        return self.p.wait()  # a process group SIGKILLed, as this supervisor's own child, ends
-
-    def rss_mb(self) -> float:
-        return tree_rss_mb(self.p.pid)
-
-    def usage(self) -> tuple[float | None, float | None]:
-        # The job is this supervisor's only child: its children's usage is the job's.
-        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return round(ru.ru_utime + ru.ru_stime, 3), ru.ru_maxrss / 1024
-
-    def close(self) -> None:
-        os.close(self.pidfd)
-
-
-class Hosted:
-    """A job started in its key's sandbox, already built (corral/sandbox/host.py): the
-    supervisor connects to it (building it if none answers) and sends the job with its
-    output files, and the script it reads, as file descriptors.
-
-    The host runs as the job's identity, in the job's PID namespace: a job can stop it
-    (``kill -STOP $PPID``). So nothing here waits on it unbounded: the host's answer
-    that the job started is awaited in the supervisor's loop, with the walltime and the
-    cancel; a host that answers neither that (``START_S``) nor a kill (``ANSWER_S``) is
-    ended by the supervisor, with everything in its sandbox (``force``: host.end), and
-    the job's end is recorded with why (``why``)."""
-
-    def __init__(self, launch: dict[str, Any], out: int, err: int) -> None:
-        host = launch["host"]
-        self.path, self.log, self.argv = host["socket"], host["log"], host["argv"]
-        # The directories its bwrap binds by descriptor, at these numbers (the host's argv
-        # names them): kept open, so that no other file takes a number, until the host says
-        # the job started, as are the job's own descriptors: a host that ended before that
-        # is built anew, once, and sent them again.
-        self.keep = (*((WORKDIR_FD,) if launch.get("workdir") else ()), *((VENV_FD,) if launch.get("venv") else ()))
-        self.job = json.dumps({"id": 0, "argv": launch["argv"], "env": launch["env"]}).encode()
-        self.fds: list[int] = [os.dup(out), os.dup(err)]
-        self.rc: int | None = None
-        self.inner: int | None = None
-        self.pid: int | None = None
-        self.why: str | None = None
-        """Why the job ended when its sandbox, not the job, decided it (read by ``main``)."""
-        self.used: tuple[float | None, float | None] = (None, None)
-        self.since = time.time()
-        self.again = True
-        try:
-            for f in host["reads"]:
-                self.fds.append(os.open(f, os.O_RDONLY | os.O_NOFOLLOW))
-            self._send()
-        except BaseException:
-            self.keep = ()  # the caller's still
-            self._drop_fds()
-            raise
-
-    def _send(self) -> None:
-        from corral.sandbox.host import ANSWER_S, connect, end
-
-        for _ in range(2):
-            self.conn, self.root = connect(self.path, self.argv, self.log, self.keep)
-            self.conn.settimeout(ANSWER_S)
-            try:
-                socket.send_fds(self.conn, [self.job], self.fds)
-            except (ConnectionResetError, BrokenPipeError):
-                # It closed with our message unread (it was exiting as we connected): the
-                # job never started, and nothing it starts outlives it, so once more is safe.
-                self.conn.close()
-                continue
-            except TimeoutError:  # it reads nothing (a message is sent whole, or not at all)
-                self.conn.close()
-                end(self.path, self.root, f"its host read no job for {ANSWER_S:.0f} s (stopped, or hung): "
-                                          "it was ended, with every job in it", self.log)
-                continue
-            self.conn.settimeout(None)
-            self.sent = time.monotonic()
-            return
-        raise OSError(0, "its sandbox ended before the job started")
-
-    def _drop_fds(self) -> None:
-        for f in (*self.fds, *self.keep):
-            os.close(f)
-        self.fds, self.keep = [], ()
-
-    def _outside(self) -> int | None:
-        from corral.sandbox.host import outside_pids
-
-        if self.root is None or self.inner is None:
-            return None
-        return outside_pids(self.root[0], {0: self.inner}).get(0)
-
-    def _next(self) -> dict[str, Any] | None:
-        try:
-            data = self.conn.recv(65536)
-        except OSError:
-            data = b""
-        return json.loads(data) if data else None
-
-    def fileno(self) -> int:
-        return self.conn.fileno()
-
-    def ended(self) -> int | None:
-        from corral.sandbox.host import last_words
-
-        m = self._next()
-        # It ended before it said it started the job: exiting as we connected (idle), or
-        # its bwrap failed (a hidden path gone meanwhile), so built anew, once; not when
-        # corral ended it for not answering, which the job may have made it do once it
-        # ran (it can stop its host before the host tells its pid).
-        if m is None and self.inner is None and self.again and not (
-                last_words(self.log, self.since) or "").startswith("corral: "):
-            self.again = False
-            self.conn.close()
-            try:
-                self._send()
-                return None
-            except OSError as e:
-                self.why = f"could not start: {e.strerror or e}"
-                self.conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # for fileno and close
-                self.rc = 127
-                self._drop_fds()
-                return self.rc
-        if m is None:  # the host is gone, and the job with it
-            self.rc = -signal.SIGKILL
-            if self.why is None:
-                said = last_words(self.log, self.since)
-                self.why = f"its sandbox ended before the job did ({said or 'its host was killed'})"
-        elif "pid" in m:
-            self.inner = m["pid"]
-            self._drop_fds()
-        elif "error" in m:
-            self.rc, self.why = 127, f"could not start: {m['error']}"
-        elif "status" in m:
-            self.rc = os.waitstatus_to_exitcode(m["status"])
-            self.used = (m.get("cpu_s"), m["maxrss_kb"] / 1024 if m.get("maxrss_kb") is not None else None)
-        return self.rc
-
-    def wait(self, timeout: float | None) -> int | None:
-        until = None if timeout is None else time.monotonic() + timeout
-        while self.rc is None:
-            ready, _, _ = select.select([self], [], [], None if until is None else max(0.0, until - time.monotonic()))
-            if not ready:
-                return None
-            self.ended()
-        return self.rc
-
-    def signal(self, sig: int) -> None:
-        try:  # never waits: a stopped host's queue may be full
-            self.conn.send(json.dumps({"kill": 0, "signal": sig}).encode(), socket.MSG_DONTWAIT)
-        except OSError:
-            pass
-
-    def stuck(self) -> str | None:
-        from corral.sandbox.host import START_S
-
-        if self.inner is None and self.rc is None and time.monotonic() - self.sent > START_S:
-            self.why = (f"its sandbox did not start it within {START_S:.0f} s (its host stopped, or hung): "
-                        "it was ended, with every job in it")
-            return self.why
-        return None
-
-    def force(self) -> int:
-        """The host answered no kill: end it, with everything in its sandbox (SIGKILL
-        ends a stopped process too), and with it the job."""
-        from corral.sandbox.host import ANSWER_S, end
-
-        self.again = False
-        if self.why is None:
-            self.why = "its sandbox stopped answering (its host stopped, or hung): it was ended, with every job in it"
-        end(self.path, self.root, self.why, self.log)
-        rc = self.wait(ANSWER_S)  # its socket closes as it dies
-        return rc if rc is not None else -signal.SIGKILL
-
-    def rss_mb(self) -> float:
-        self.pid = self.pid or self._outside()
-        return tree_rss_mb(self.pid) if self.pid else 0.0
-
-    def usage(self) -> tuple[float | None, float | None]:
-        return self.used
-
-    def close(self) -> None:
-        self.conn.close()
-        self._drop_fds()
 
 
 if __name__ == "__main__":

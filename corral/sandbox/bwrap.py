@@ -46,15 +46,12 @@ from typing import Any, Sequence
 
 from corral.core import proc
 from corral.sandbox.egress import BRIDGE_NAME
-from corral.sandbox.homes import HOME_LINK, OWN_HOME, home_roots, homes, outermost, people_homes
+from corral.sandbox.homes import (CREDENTIALS, HOME_LINK, OWN_HOME, candidates, credentials, home_roots, homes,
+                                  outermost, people_homes)
 from corral.sandbox.profile import Become, Mount, Profile, hiding
 from corral.sandbox.seccomp import apply_argv
 from corral.core.errors import BackendError, InvalidRequest, SandboxUnavailable
 
-CREDENTIALS = (".ssh", ".aws", ".azure", ".config/gcloud", ".config/gh", ".netrc", ".docker", ".kube", ".gnupg",
-               ".local/share/keyrings", ".password-store", ".git-credentials", ".pypirc", ".config/hub",
-               ".terraform.d", ".oci", ".boto", ".s3cfg")
-"""Under every home the job could otherwise read: made empty."""
 SYSTEM = ("/root", "/etc/munge", "/run/munge", "/var/run/munge", "/var/lib/munge", "/etc/slurm/slurmdbd.conf",
           "/var/spool/slurm", "/var/spool/slurmctld", "/var/lib/slurm", "/etc/shadow", "/etc/gshadow",
           "/etc/ssh", "/var/lib/sss")
@@ -126,6 +123,14 @@ class Sandbox:
     def applies(self, kind: str) -> bool:
         return kind in self.kinds
 
+    def tmp_size(self, memory_mb: int | None) -> int | None:
+        """A job's private /tmp, in bytes: ``tmp_max``, and at most the job's memory, which
+        its pages are (docs/decisions/0044-job-space.md): a job without a working directory
+        works there too (``JOB_DIR``), never on corral's disk."""
+        if not memory_mb:
+            return self.tmp_max
+        return min(self.tmp_max or memory_mb << 20, memory_mb << 20)
+
     def require(self, kind: str) -> None:
         """Refuse, before anything is recorded, a job that must be contained and cannot be."""
         if self.applies(kind) and self.why_not:
@@ -153,7 +158,8 @@ class Sandbox:
     def wrap(self, kind: str, argv: Sequence[str], cwd: str, job_dir: str | None = None,
              user: str | None = None, root: bool | None = None, readable: Sequence[str] = (),
              limit: bool = True, ident: tuple[int, int] | None = None, filtered: bool = True,
-             cwd_fd: int | None = None, env_fd: int | None = None, venv: tuple[str, int] | None = None) -> list[str]:
+             cwd_fd: int | None = None, env_fd: int | None = None, venv: tuple[str, int] | None = None,
+             memory_mb: int | None = None) -> list[str]:
         """The command that runs ``argv`` contained (itself when ``kind`` is not
         sandboxed): ``profile`` rendered. Writable inside: ``cwd``, ``job_dir`` (the job's
         output) and a private /tmp; ``readable``: files in hidden places it must read (its
@@ -168,11 +174,12 @@ class Sandbox:
         last step, just before the job: the command itself must be started with corral's
         environment, never the job's (seccomp.APPLY says why); ``venv``: (path, descriptor)
         of the submitter's venv under /tmp, bound read-only (``venv_to_bind``). Every program
-        of the chain is named by its absolute path, found on the gateway's PATH."""
+        of the chain is named by its absolute path, found on the gateway's PATH. ``memory_mb``:
+        the job's memory, the most its private /tmp holds (it is memory: ``tmp_size``)."""
         if not self.applies(kind):
             return list(argv)
         profile, argv = self.profile(kind, argv, cwd, job_dir, user, root, readable, limit, ident, filtered, cwd_fd,
-                                     env_fd, venv=venv)
+                                     env_fd, venv=venv, memory_mb=memory_mb)
         return profile.render(argv)
 
     def shell(self, kind: str, argv: Sequence[str], cwd: str, prefix: Sequence[str] = (), **how: Any) -> str:
@@ -189,7 +196,7 @@ class Sandbox:
                 user: str | None = None, root: bool | None = None, readable: Sequence[str] = (),
                 limit: bool = True, ident: tuple[int, int] | None = None, filtered: bool = True,
                 cwd_fd: int | None = None, env_fd: int | None = None, later: bool = False,
-                venv: tuple[str, int] | None = None) -> tuple[Profile, list[str]]:
+                venv: tuple[str, int] | None = None, memory_mb: int | None = None) -> tuple[Profile, list[str]]:
         """What ``wrap`` renders, as data (corral/sandbox/profile.py), and ``argv`` as
         the job sees it inside (its own directory and scripts where they are bound);
         ``later``: what is hidden is decided when the job starts (``shell``)."""
@@ -207,7 +214,7 @@ class Sandbox:
             now = self._now_hidden(own)
             known = {t[1] for t in now}
             hidden = [*(hiding(*t, later=t[0] not in (OWN_HOME, HOME_LINK)) for t in now),
-                      *(Mount("tmpfs", p, later=True) for p in _candidates(own) if p not in known)]
+                      *(Mount("tmpfs", p, later=True) for p in candidates(own) if p not in known)]
         else:
             # a path gone since the list was made (a home userdel removed) needs no hiding, and bwrap could not mount on it
             hidden = [hiding(*t) for t in self._now_hidden(own) if os.path.lexists(t[1])]
@@ -215,7 +222,7 @@ class Sandbox:
         inside = {f: f"{READ_DIR}/{Path(f).name}" for f in readable} if who is not None and readable else {}
         argv = [inside.get(a, a) for a in argv]
         mounts = [Mount("ro-bind", "/", "/"), Mount("dev", "/dev"), Mount("proc", "/proc"),
-                  Mount("tmpfs", "/tmp", perms="1777", size=self.tmp_max),
+                  Mount("tmpfs", "/tmp", perms="1777", size=self.tmp_size(memory_mb)),
                   *hidden,  # emptied first: the job's own directories are bound back in after
                   *self._readable(readable, inside), *self._workdir(cwd, cwd_fd, (job_dir, inner), everything)]
         if venv is not None and cwd != venv[0]:  # after the working directory, which may hold it
@@ -260,7 +267,10 @@ class Sandbox:
 
     @staticmethod
     def _workdir(cwd: str, cwd_fd: int | None, own: tuple[str | None, str | None], hidden: list[Mount]) -> list[Mount]:
-        """The working directory bound writable, unless it is the job's own directory or /tmp."""
+        """The working directory bound writable, unless it is the job's own directory or /tmp;
+        ``JOB_DIR`` unbound: made in the private /tmp, whose size bounds it."""
+        if cwd == JOB_DIR and own[0] is None:
+            return [Mount("dir", JOB_DIR, perms="0777")]
         if cwd in (*own, "/tmp"):
             return []
         # A working directory inside an emptied one (a workspace under corral's scratch):
@@ -392,24 +402,6 @@ def _entries(d: Path) -> list[Path]:
         return [d / n for n in os.listdir(d)]
     except OSError:
         return []
-
-
-def credentials(home: str | None) -> tuple[tuple[str, ...], ...]:
-    """(bwrap flag, path[, source]) emptying each credential under ``home`` that exists
-    now, where it really lies (a link's target): a stat per name, ~20 us in all."""
-    out: list[tuple[str, ...]] = []
-    for p in _candidates(home):
-        if os.path.exists(p):
-            real = os.path.realpath(p)
-            out.append(("--tmpfs", real) if os.path.isdir(real) else ("--ro-bind", real, "/dev/null"))
-    return tuple(out)
-
-
-def _candidates(home: str | None) -> list[str]:
-    """Every credential path ``credentials`` could find under ``home``, there or not."""
-    if not home or home in ("/", "/nonexistent"):
-        return []
-    return [os.path.join(home, c) for c in CREDENTIALS]
 
 
 @functools.lru_cache(maxsize=16)

@@ -15,6 +15,11 @@ from typing import Sequence
 
 from corral.sandbox.profile import Mount
 
+CREDENTIALS = (".ssh", ".aws", ".azure", ".config/gcloud", ".config/gh", ".netrc", ".docker", ".kube", ".gnupg",
+               ".local/share/keyrings", ".password-store", ".git-credentials", ".pypirc", ".config/hub",
+               ".terraform.d", ".oci", ".boto", ".s3cfg")
+"""Under every home the job could otherwise read: made empty."""
+
 OWN_HOME = "--ro-bind-try"
 """The flag that binds the job's identity's own home back over an emptied root of homes
 (``-try``: a node without that home leaves it out, as Slurm's nodes may)."""
@@ -74,3 +79,21 @@ def homes() -> list[Path]:
         if u.pw_dir and u.pw_dir not in ("/", "/nonexistent") and os.path.isdir(u.pw_dir):
             seen.add(Path(u.pw_dir))
     return sorted(seen)
+
+
+def credentials(home: str | None) -> tuple[tuple[str, ...], ...]:
+    """(bwrap flag, path[, source]) emptying each credential under ``home`` that exists
+    now, where it really lies (a link's target): a stat per name, ~20 us in all."""
+    out: list[tuple[str, ...]] = []
+    for p in candidates(home):
+        if os.path.exists(p):
+            real = os.path.realpath(p)
+            out.append(("--tmpfs", real) if os.path.isdir(real) else ("--ro-bind", real, "/dev/null"))
+    return tuple(out)
+
+
+def candidates(home: str | None) -> list[str]:
+    """Every credential path ``credentials`` could find under ``home``, there or not."""
+    if not home or home in ("/", "/nonexistent"):
+        return []
+    return [os.path.join(home, c) for c in CREDENTIALS]

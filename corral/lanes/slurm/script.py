@@ -20,7 +20,7 @@ from corral.lanes.backend import SubmitContext
 from corral.lanes.slurm.base import SlurmBase
 from corral.lanes.slurm.tiers import TIER_LABEL, WALLTIME_LABEL, order_nice, rerun_lines, tier_lines
 from corral.sandbox import opendir
-from corral.sandbox.bwrap import RELAY_DIR, RELAY_SOCKET, system_python, tool
+from corral.sandbox.bwrap import JOB_DIR, RELAY_DIR, RELAY_SOCKET, system_python, tool
 from corral.sandbox.egress import relay_argv
 from corral.sandbox.seccomp import apply_argv
 from corral.storage import IMAGE_AT, IMAGE_FILE, META_LABEL, WS_DIR, WS_LOWER, meta
@@ -269,11 +269,13 @@ class Scripts(SlurmBase):
         if sandbox is not None:
             # The script runs as the principal's Unix user (sbatch --uid), else as the
             # gateway's: when that is root, the sandbox makes the work someone else.
-            # The contained work gets a directory of its own, d/out/work: nothing it
-            # writes is read back as corral's state (docs/decisions/0010-privsep.md).
+            # The contained work's own directory is its private /tmp (JOB_DIR), bounded and
+            # memory, never corral's shared disk (docs/decisions/0044-job-space.md); a traced
+            # one's traces go to d/out/work, read back as data only (storage/meta.py).
             root = self._root_runs(ctx)
             who = self._contained_as(ctx)
             own = out / "work"
+            traced = bool(spec.labels.get(META_LABEL))
             work = [str(own) if a == str(d) else a for a in (work or [])] or None
             if self.scratch and root:
                 # A cleaner's removal must not fail a rerun: made again, or checked, as the gateway
@@ -299,10 +301,10 @@ class Scripts(SlurmBase):
                 # then as well, not left in the node's /tmp by every job that did not end.
                 lines.append(f"trap '{cleanup[0]}; exit 143' TERM")
             lines.append(sandbox.shell(
-                ctx.kind, work or ["bash", "-c", spec.command or ""], spec.workdir or str(own), opened,
-                job_dir=str(own), user=ctx.unix_user, root=root, readable=[str(out / "script")] if spec.script else (),
-                ident=who if dropped is not None else None, env_fd=ENV_FD,
-                cwd_fd=WORKDIR_FD if spec.workdir else None))
+                ctx.kind, work or ["bash", "-c", spec.command or ""], spec.workdir or (str(own) if traced else JOB_DIR),
+                opened, job_dir=str(own) if traced else None, user=ctx.unix_user, root=root,
+                readable=[str(out / "script")] if spec.script else (), ident=who if dropped is not None else None,
+                env_fd=ENV_FD, cwd_fd=WORKDIR_FD if spec.workdir else None, memory_mb=spec.memory_mb))
         elif dropped is not None:
             # Not contained, but root runs this script: the work becomes the principal's own
             # identity first, and only then takes its environment (seccomp.APPLY).
@@ -327,7 +329,9 @@ class Scripts(SlurmBase):
         lines += run_and_wait(lines.pop(), contained)
         if ws:  # written through before the job is seen to end (a killed job's is dropped by the next mount here)
             lines += [shlex.join([*mount, "release", ws]), f": > {lock}"]  # nobody holds it now
-        lines += [*cleanup, f"echo $rc > {out / 'ended'}", "exit $rc"]
+        # the end names its run (SLURM_RESTART_COUNT): an end written by a run Slurm has since
+        # superseded (requeued while its node was lost and the run went on) is not believed
+        lines += [*cleanup, f"echo \"$rc $corral_run\" > {out / 'ended'}", "exit $rc"]
         return "\n".join(lines) + "\n"
 
     def _run_as(self, ctx: SubmitContext) -> tuple[int, int] | None:

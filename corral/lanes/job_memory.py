@@ -1,0 +1,142 @@
+"""What a local job holds in memory: every process of it, detached or not, and its private /tmp.
+
+A job is its processes wherever they went (issue 47): a child that detached (a double
+fork, ``setsid``, ``nohup ... &``) is reparented away from the job's tree, to its
+sandbox's init or to the machine's. So the job is found by what it cannot leave:
+
+- in a built sandbox (corral/sandbox/host.py) each job has a user namespace of its own,
+  and the sandbox's filter refuses it another one (corral/sandbox/seccomp.py): every
+  process in that user namespace is the job's; where user namespaces are off, the
+  sandbox's PID namespace (the principal's jobs in that directory, counted together);
+- a job started by its supervisor (a sandbox of its own, or none) is below the
+  supervisor, which is a child subreaper: an orphan of the job is reparented to it.
+
+A contained job's private /tmp (and its own directory there) is a tmpfs: memory, so
+what it holds counts as memory too (docs/decisions/0044-job-space.md). Where cgroup v2
+is delegated, a cgroup per job would bound this in the kernel between two samples;
+corral samples (docs/security.md says what that leaves).
+
+Standard library only: the supervisor imports it once per job.
+"""
+
+from __future__ import annotations
+
+import os
+
+PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def subreaper() -> None:
+    """Make this process the reaper of its descendants' orphans (they stay below it)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _stats() -> tuple[dict[int, int], dict[int, list[int]]]:
+    """One pass over /proc: pid -> resident pages, and ppid -> children."""
+    rss: dict[int, int] = {}
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # Fields after the parenthesised command name; ppid is field 4, rss field 24.
+        fields = stat[stat.rfind(b")") + 2:].split()
+        p = int(entry.name)
+        rss[p] = int(fields[21])
+        children.setdefault(int(fields[1]), []).append(p)
+    return rss, children
+
+
+def trees_rss_mb(pids: list[int]) -> dict[int, float]:
+    """Resident memory of each of ``pids`` and all its descendants, in MB, from one pass
+    over /proc: by parent links, not process group (a sandboxed job has a session of its own)."""
+    rss, children = _stats()
+    out = {}
+    for pid in pids:
+        total_pages, todo = 0, [pid]
+        while todo:
+            p = todo.pop()
+            total_pages += rss.get(p, 0)
+            todo += children.get(p, ())
+        out[pid] = total_pages * PAGE_KB / 1024
+    return out
+
+
+def tree_rss_mb(pid: int) -> float:
+    return trees_rss_mb([pid])[pid]
+
+
+def below_mb(pid: int) -> float:
+    """Every descendant of ``pid`` (a subreaper: the job's orphans too), not ``pid`` itself."""
+    rss, children = _stats()
+    todo, pages = list(children.get(pid, ())), 0
+    while todo:
+        p = todo.pop()
+        pages += rss.get(p, 0)
+        todo += children.get(p, ())
+    return pages * PAGE_KB / 1024
+
+
+def namespace(pid: int | str, kind: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/{kind}")
+    except OSError:
+        return None
+
+
+def own_namespace(pid: int) -> tuple[str, str] | None:
+    """(kind, id) of the namespace that holds exactly ``pid``'s job: its user namespace if
+    it has its own, else its PID namespace if that is not this process's; None: neither."""
+    for kind in ("user", "pid"):
+        theirs = namespace(pid, kind)
+        if theirs is not None and theirs != namespace("self", kind):
+            return kind, theirs
+    return None
+
+
+def ns_rss_mb(kind: str, ident: str) -> float:
+    """Resident memory of every process in the namespace ``ident`` (a ``namespace`` answer)."""
+    pages = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or namespace(entry.name, kind) != ident:
+            continue
+        try:
+            with open(f"/proc/{entry.name}/statm", "rb") as f:
+                pages += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return pages * PAGE_KB / 1024
+
+
+def inside(root: int) -> int | None:
+    """A process below ``root`` (a sandbox's bwrap) in another mount namespace than this
+    one: its ``/proc/P/root`` is the sandbox's."""
+    mine, todo = namespace("self", "mnt"), [root]
+    while todo:
+        p = todo.pop(0)
+        if p != root and namespace(p, "mnt") not in (None, mine):
+            return p
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return None
+
+
+def tmp_mb(pid: int | None) -> float:
+    """What the private /tmp of the sandbox ``pid`` runs in holds, in MB (0 unknown)."""
+    if pid is None:
+        return 0.0
+    try:
+        st = os.statvfs(f"/proc/{pid}/root/tmp")
+    except OSError:
+        return 0.0
+    return (st.f_blocks - st.f_bfree) * st.f_frsize / 2**20
