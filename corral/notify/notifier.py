@@ -161,6 +161,8 @@ class Notifier:
         groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
         for r in due:
             groups[(r["recipient"], r["channel"], r["target"])].append(r)
+        if due:  # leased: not read again each tick while its tries are under way (a hung webhook)
+            self.records.defer([r["id"] for r in due], self.now() + self.site.timeout_s * 2 + 5)
         tasks = []
         for (recipient, _, _), rows in groups.items():
             eff = effective(self.records.prefs(recipient), self.site)
