@@ -260,3 +260,24 @@ def test_each_webhook_format_is_delivered(tmp_path: Path, fmt: str) -> None:
             assert "test notification for alice" in text
         out = until(lambda: next((o for o in [gw.cli("notify", "sent", token=t["alice"]).stdout] if " sent " in o), None))
         assert "test" in out and "webhook:" + fmt in out
+
+
+def test_a_sponsor_is_told_each_budget_level_once(tmp_path: Path, agent_dir: Path) -> None:
+    """A 1 CPU-hour token; each job reserves 1 CPU x 20 min (a third): the first takes it
+    past nothing, the second past 50%, the third to 100%; a fourth is refused (told as a
+    refusal, not again as a level)."""
+    with hook() as h, running(tmp_path, **NOTIFY) as gw:
+        t = add_people(gw)
+        with gw.http(t["alice"]) as a:
+            assert a.put("/v1/notify", json={"webhook": h.url, "jobs": "none", "denials": False}).status_code == 200
+            tok = a.post("/v1/tokens", json={"for": "bot1", "expires": "1h", "cpu_hours": 1}).json()["token"]
+        with gw.http(tok) as b:
+            codes = [b.post("/v1/jobs", params={"hold": "true"}, json={
+                "command": "sleep 30", "workdir": str(agent_dir), "cpus": 1, "walltime": "20m"}).status_code
+                for _ in range(4)]
+        assert codes[:3] == [201, 201, 201] and codes[3] >= 400, codes
+        until(lambda: len(h.got) >= 2)
+        time.sleep(1.5)
+        subjects = sorted(json.loads(x["body"])["subject"] for x in h.got)
+        assert subjects == ["[corral] bot1 has used 100% of its cpu_hours budget",
+                            "[corral] bot1 has used 50% of its cpu_hours budget"], subjects

@@ -133,9 +133,21 @@ class Service:
             current = self.db.get_jobs(again) if again else {}
             jobs = [j.sent_as(taken[j.id]) if j.id in taken else current.get(j.id, j) for j in jobs]
             fault("after_send")
+            self._tell_budget(caller)
         else:  # a replay or cache hits: the decision to answer with what exists (new jobs were recorded at insert)
             self.audit.record(caller, "submit", "allow", rule, [audited(j) for j in jobs])
         return [j.with_advice(a) if a else j for j, a in zip(jobs, advice, strict=True)], created
+
+    def _tell_budget(self, caller: Caller) -> None:
+        """A budget block this submission took past 50, 80 or 100% is told to the sponsor
+        (once a level: corral/notify/notifier.py)."""
+        if self.notify is None or caller.cap is None or not any(caller.cap.limits):
+            return
+        for row in budgets(self.gate.store, caller.cap):
+            for unit in ("cpu_hours", "gpu_hours"):
+                if unit in row:
+                    self.notify.notifier.budget_used(caller.name, unit, row["block"], row[unit]["used"],
+                                                     row[unit]["limit"])
 
     def identity_of(self, caller: Caller) -> Identity | None:
         """The identity ``caller``'s jobs run as (corral/core/identity.py); None: the gateway's."""
