@@ -123,7 +123,7 @@ def test_image_is_built_once_shared_and_used_by_a_contained_job(gw: tuple[Gatewa
         assert hers_built["state"] == "ready" and hers_built["image"] != key and hers_built["built_by"] == "carol"
         listed = h.get("/v1/env").json()["images"]
         mine = next(i for i in listed if i["image"] == key)
-        assert mine["name"] == "six-env" and mine["last_used"] is not None
+        assert mine["name"] == "bot1/six-env" and mine["last_used"] is not None  # names are their owner's
         # bot1's image, named by carol herself by key prefix, and the CLI says what it is in a person's words
         hers = _run(h, {"command": "python -c 'import six' 2>&1 | tail -3; id; pwd", "image": key[:12]})
         err = h.get(f"/v1/jobs/{hers['id']}/output", params={"stream": "stderr"}).json()
@@ -135,6 +135,49 @@ def test_image_is_built_once_shared_and_used_by_a_contained_job(gw: tuple[Gatewa
         assert len([b for b in builds if b["state"] == "COMPLETED"]) >= 1
     audit = (g.home / "audit.jsonl").read_text()
     assert '"env.build"' in audit
+
+
+@needs_tools
+@needs_root
+def test_image_names_are_their_owners_and_another_principals_image_is_named_and_allowed(
+        gw: tuple[Gateway, dict[str, str]]) -> None:
+    """issue 47 item 9: image names were global. bot1's name "torch" belonged to bot1, so
+    carol could not have her own (a squat refused her: "belongs to bot1"), and where she
+    could name one, `env: NAME` ran whoever's image had it. Now each name is its owner's:
+    carol's "torch" is her own image, bot1's is reached only as bot1/torch (or its key),
+    and only while the policy allows env_use of it."""
+    import time
+
+    from corral.safety.policy import DEFAULT_POLICY
+
+    g, t = gw
+    files = {"requirements.txt": "six==1.17.0\n"}
+    keys = {}
+    for who in ("bot1", "carol"):
+        with g.http(t[who]) as h:
+            r = h.post("/v1/env/build", json={"files": files, "name": "torch"})
+            assert r.status_code in (200, 202), r.text
+            keys[who] = _wait_build(h, r.json())["image"]
+    assert keys["bot1"] != keys["carol"]
+    with g.http(t["carol"]) as h:
+        own = _run(h, {"command": "echo $VIRTUAL_ENV", "env": "torch"})
+        assert own["state"] == "COMPLETED" and own["out"].strip().endswith(keys["carol"]), own
+        theirs = _run(h, {"command": "echo $VIRTUAL_ENV", "image": "bot1/torch"})
+        assert theirs["state"] == "COMPLETED" and theirs["out"].strip().endswith(keys["bot1"]), theirs
+        st = h.get("/v1/env/torch")
+        assert st.status_code == 200 and st.json()["image"] == keys["carol"], st.text
+        policy = g.home / "policy.cedar"
+        policy.write_text(DEFAULT_POLICY.read_text() + '\n@id("carol-own-images")\nforbid (principal == '
+                          'Corral::Human::"carol", action == Corral::Action::"env_use", resource);\n')
+        try:
+            time.sleep(2.5)  # the gate looks at the policy's file every 2 s
+            for ref in ("bot1/torch", keys["bot1"][:12]):
+                r = h.post("/v1/jobs", json={"command": "true", "image": ref})
+                assert r.status_code == 403 and "carol-own-images" in r.text, r.text
+            assert _run(h, {"command": "true", "env": "torch"})["state"] == "COMPLETED"  # her own: no env_use
+        finally:
+            policy.write_text(DEFAULT_POLICY.read_text())
+            time.sleep(2.5)
 
 
 @needs_tools

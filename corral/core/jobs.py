@@ -15,7 +15,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 from corral.core import slurm_formats
 from corral.core.errors import NotFound
 from corral.core.lane_names import LaneChoice
-from corral.core.text import NAME, WS_ID
+from corral.core.text import IMAGE_REF, WS_ID
 
 
 class JobState(str, enum.Enum):
@@ -271,9 +271,10 @@ class JobSpec(BaseModel):
                     "(Slurm's --dependency=afterany).")
 
     image: str | None = Field(
-        None, pattern=NAME,
-        description="An environment image (its name or key, from corral env build / env list) mounted read-only "
-                    "in the job, its python first on PATH. 'env': NAME says the same.")
+        None, pattern=IMAGE_REF,
+        description="An environment image mounted read-only in the job, its python first on PATH: the name you "
+                    "gave one of yours (corral env build --name), its key (corral env list), or OWNER/NAME for "
+                    "another principal's. 'env': NAME says the same.")
     workspace: str | None = Field(
         None, pattern=WS_ID,
         description="A trial workspace (from corral workspace fork DIR): the job runs in it and its writes stay "

@@ -209,6 +209,27 @@ class BudgetOut(_Out):
         "submits_per_min. Empty: the token has no limits."))
 
 
+class ApprovalsOut(_Out):
+    approvals: list[dict[str, Any]] = Field(description=(
+        "Newest first: id, principal (the agent), sponsor, session, action, rule, jobs, summary, created, expires, "
+        "state (pending, approved, declined, expired), decided_by, decided_at, note."))
+
+
+class ApprovalOut(_Out):
+    approval: int
+    state: str
+    by: str
+    jobs: list[int]
+
+
+class AheadOut(_Out):
+    agent: str
+    session: str
+    rule: str
+    until: float
+    by: str
+
+
 class NotifyOut(_Out):
     principal: str
     chosen: dict[str, Any] = Field(description="What was chosen for this principal (the rest: the site's defaults).")
@@ -251,8 +272,9 @@ class TokenList(RootModel[list[TokenInfo]]):
 
 
 class EnvOut(_Out):
-    digest: str
-    """The request's id: the same files give the same digest."""
+    digest: str | None = None
+    """The request's id: the same files give the same digest (none when the image was asked
+    for by its name or key: a 500 before)."""
     state: str
     image: str | None = None
     name: str | None = None

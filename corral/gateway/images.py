@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from corral.core.config import StorageSettings
-from corral.core.errors import Conflict, Forbidden, InvalidRequest, NotFound, SandboxUnavailable
+from corral.core.errors import Conflict, InvalidRequest, NotFound, SandboxUnavailable
 from corral.core.jobs import JobSpec, JobState
 from corral.core.output import read_tail
 from corral.core.principals import BUILD_PRINCIPAL, Caller
@@ -93,6 +93,13 @@ def request_kind(files: dict[str, str]) -> str:
     if not files[kind].strip():
         raise InvalidRequest(f"{kind} is empty; name at least one package")
     return kind
+
+
+def own_name(owner: str, name: str) -> str:
+    """An image's name as stored: its owner's, so one principal's name is never another's
+    (issue 47 item 9, decision 0051: names were global, a name could be squatted and
+    ``env: torch`` ran whoever's image had it)."""
+    return f"{owner}/{name}"
 
 
 def checked_kind(files: dict[str, str]) -> str:
@@ -154,8 +161,8 @@ class Images:
         kind = checked_kind(files)
         if name is not None and not _NAME.match(name):
             raise InvalidRequest(f"image name {name[:80]!r}: letters, digits, '_', '.', '-', at most 64")
-        if name is not None:
-            self._check_name(caller, name)
+        if name is not None:  # the caller's own name for it, never one another principal uses (squatting)
+            name = own_name(caller.principal.name, name)
         ident = self.owner(caller)
         scope = staging.scope_of(caller.principal.name, ident)
         digest = self.digest(files, scope)
@@ -259,12 +266,6 @@ class Images:
 
     # -- names and listing -----------------------------------------------------------
 
-    def _check_name(self, caller: Caller, name: str) -> None:
-        first = self.store.name_owner(name)
-        if first is not None and first != caller.principal.name and not caller.principal.is_admin \
-                and first not in caller.visible:
-            raise Forbidden(f"the image name {name!r} belongs to {first}; choose another name")
-
     def _name(self, key: str, name: str) -> None:
         self.store.name_image(key, name)
 
@@ -283,17 +284,32 @@ class Images:
         keys = self.store.image_keys()
         return [self.describe(k) for k in keys]
 
-    def find(self, ref: str) -> str:
-        """A name, a key or a key's prefix (8 characters or more) -> the key."""
+    def find(self, ref: str, caller: Caller | None = None) -> str:
+        """A name, a key or a key's prefix (8 characters or more) -> the key. A bare name is
+        ``caller``'s own (``own_name``): alice's ``torch`` and bob's are two images, and
+        another principal's is reached only by naming it, OWNER/NAME or its key (whether
+        the caller may use it is StorageVerbs.resolve's to decide). Without a caller (an
+        admin's gc), a bare name is whichever owner's has it, if only one has."""
         self.refresh()
-        r = self.store.image_named(ref)
+        named = ref if "/" in ref or caller is None else own_name(caller.principal.name, ref)
+        r = self.store.image_named(named)
+        if r is None and caller is None and "/" not in ref:  # the admin's gc: whoever's it is, if one owner's
+            some = self.store.images_named_by_anyone(ref)
+            if len(some) > 1:
+                raise InvalidRequest(f"{len(some)} images are named {ref!r} ({', '.join(n for _, n in some)}); "
+                                     "give the key of the one you mean (corral env list)")
+            r = some[0][0] if some else None
+        if r is None and caller is not None and "/" not in ref:  # named before names were per owner: its builder's
+            old = self.store.image_named(ref)
+            row = self.store.image(old) if old is not None else None
+            r = old if row is not None and row[3] == caller.principal.name else None
         if r is None and re.fullmatch(r"[0-9a-f]{8,32}", ref):
             rows = self.store.images_prefixed(ref)
             if len(rows) > 1:
                 raise InvalidRequest(f"image {ref!r} is the prefix of {len(rows)} images; give more of its key")
             r = rows[0] if rows else None
         if r is None:
-            building = self.store.building_of(ref)
+            building = self.store.building_of(named) or self.store.building_of(ref)
             if building:
                 raise Conflict(f"the image {ref!r} is still being built; wait for it (corral env status "
                                f"{building}) and submit again")

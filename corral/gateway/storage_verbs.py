@@ -112,13 +112,13 @@ class StorageVerbs:
 
     async def env_status(self, caller: Caller, ref: str) -> dict[str, Any]:
         self.gate.check_status(caller)
-        return await asyncio.to_thread(self._status, ref)
+        return await asyncio.to_thread(self._status, caller, ref)
 
-    def _status(self, ref: str) -> dict[str, Any]:
+    def _status(self, caller: Caller, ref: str) -> dict[str, Any]:
         if self.images._request_row(ref) is not None:  # a build request's digest (find refreshes for the rest)
             self.images.refresh()
             return self.images.status_of(ref)
-        return {**self.images.describe(self.images.find(ref)), "state": "ready"}
+        return {**self.images.describe(self.images.find(ref, caller)), "state": "ready"}
 
     async def env_list(self, caller: Caller) -> list[dict[str, Any]]:
         self.gate.check_status(caller)
@@ -158,6 +158,17 @@ class StorageVerbs:
 
     # -- jobs ---------------------------------------------------------------------------
 
+    def _may_use(self, caller: Caller, key: str) -> None:
+        """Another principal's image runs its builder's code in the caller's job: it is
+        reached only by naming it (OWNER/NAME or its key; a bare name is the caller's own,
+        Images.find) and only when the policy allows ``env_use`` of it (its owner is the
+        builder). One's own, one's agents' and corral's are one's own to use."""
+        row = self.images.store.image(key)
+        builder = row[3] if row is not None else None
+        if builder is None or caller.sees(builder):
+            return
+        self.gate.check(caller, "env_use", "Environment", {"owner": builder, "files": []})
+
     def applies(self, spec: JobSpec) -> bool:
         """Whether ``resolve`` has anything to do (a worker thread hop) for this spec."""
         return bool(spec.image or spec.workspace or any(k in OWN_LABELS for k in spec.labels)) or \
@@ -184,7 +195,8 @@ class StorageVerbs:
                 d, lower = self.workspaces.on_node(caller, spec.workspace)
                 labels.update({WS_DIR: d, WS_LOWER: lower})
         if spec.image:
-            key = self.images.find(spec.image)
+            key = self.images.find(spec.image, caller)
+            self._may_use(caller, key)
             at = str(self.images.mounts / key)  # mounted or unpacked, there
             env = dict(spec.env)
             env["PATH"] = f"{at}/bin:{env.get('PATH') or DEFAULT_PATH}"

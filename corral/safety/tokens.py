@@ -37,7 +37,8 @@ PREFIX = "crb_"
 STORAGE_ACTIONS = ("workspace_fork", "workspace_commit", "workspace_discard", "env_build")
 """The storage verbs that change something (corral/gateway/storage_verbs.py): each its own action,
 so a token narrowed to reading cannot fork, write a project back or start a build."""
-ACTIONS = ("submit", "cancel", "status", "read_output", "write_note", "read_notes", "advice", "manage", *STORAGE_ACTIONS)
+ACTIONS = ("submit", "cancel", "status", "read_output", "write_note", "read_notes", "advice", "manage", *STORAGE_ACTIONS,
+           "env_use")
 """What a token may be limited to. ``status`` covers reading jobs, waiting and usage (and
 listing and diffing workspaces, listing images); ``manage`` covers principals and tokens."""
 LIMIT_FACTS = ("budget_cpu_s", "budget_gpu_s", "submits_per_min", "max_active_jobs")

@@ -119,6 +119,11 @@ class StorageRecords:
         r = self._one("SELECT key FROM env_images WHERE name=?", (name,))
         return r[0] if r else None
 
+    def images_named_by_anyone(self, name: str) -> list[tuple[str, str]]:
+        """(key, OWNER/NAME) of each image some owner calls ``name``."""
+        rows = self._all("SELECT key, name FROM env_images WHERE name LIKE ?", ("%/" + name,))
+        return [(r[0], r[1]) for r in rows if r[1].split("/", 1)[-1] == name]
+
     def images_prefixed(self, prefix: str) -> list[str]:
         return [r[0] for r in self._all("SELECT key FROM env_images WHERE key LIKE ?", (prefix + "%",))]
 

@@ -18,7 +18,7 @@ def caveat_options(f: F) -> F:
     for opt in reversed([
         click.option("--actions", help="Only these, comma-separated: submit, cancel, status, read_output, "
                                        "write_note, read_notes, advice, manage, workspace_fork, workspace_commit, "
-                                       "workspace_discard, env_build."),
+                                       "workspace_discard, env_build, env_use (another's image)."),
         click.option("--partitions", help="Submit only to these partitions, comma-separated."),
         click.option("--max-cpus", type=click.IntRange(0), help="CPUs per job at most."),
         click.option("--max-gpus", type=click.IntRange(0), help="GPUs per job at most."),
