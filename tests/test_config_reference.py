@@ -86,3 +86,9 @@ def test_the_cli_refuses_a_typo_with_exit_2_and_says_which_key(tmp_path: Path) -
     (tmp_path / "corral.toml").write_text("[slurm]\nagent_nice = 10\n")
     r = subprocess.run([*CORRAL, "--json", "config", "check"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and json.loads(r.stdout)["exists"] is True
+
+
+def test_a_typo_in_a_variable_is_named_with_the_one_meant(tmp_path: Path) -> None:
+    env = _env(CORRAL_HOME=str(tmp_path), CORRAL_FASTLANE__CPU="3")
+    r = subprocess.run([*CORRAL, "config", "check"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "CORRAL_FASTLANE__CPU is no setting: did you mean CORRAL_FASTLANE__CPUS?" in r.stderr

@@ -443,8 +443,16 @@ def load_settings(**overrides: Any) -> Settings:
                 f"config file {path}: " + "; ".join(f"unknown key '{k}'" + (f": did you mean '{m}'?" if m else "")
                                                     for k, m in unknown.items()),
                 hint="every key, with its type, default and meaning: docs/config.md (or 'corral config reference')")
+    from_env = _from_env()
+    unknown = unknown_keys(from_env)
+    if unknown:  # CORRAL_FASTLANE__CPU: a typo in a variable is named as one, with the one meant
+        def var(key: str) -> str:
+            return "CORRAL_" + key.replace(".", "__").upper()
+        raise InvalidRequest("environment: " + "; ".join(
+            f"{var(k)} is no setting" + (f": did you mean {var(m)}?" if m else "") for k, m in unknown.items()),
+            hint="every key and its variable: docs/config.md (or 'corral config reference')")
     try:
-        return Settings(**_merge(from_file, _from_env(), overrides))
+        return Settings(**_merge(from_file, from_env, overrides))
     except ValidationError as e:
         from corral.core.errors import describe_validation
 
