@@ -219,6 +219,7 @@ class NotifySettings(_Part):
     give_up_s: float = Field(86400.0, gt=0, description="A notification not delivered this long after it was made is given up (kept, marked failed).")
     timeout_s: float = Field(5.0, gt=0, le=60, description="Longest one delivery may take.")
     concurrency: int = Field(8, ge=1, le=256, description="Deliveries in flight at once.")
+    approval_wait_s: float = Field(86400.0, gt=0, description="How long an action a policy rule asks a sponsor to approve (@ask) waits for the answer; unanswered, it expires (its jobs cancelled, the agent told).")
 
 
 PARTS: dict[str, type[_Part]] = {"fastlane": FastLaneSettings, "slurm": SlurmSettings, "memory": MemorySettings,

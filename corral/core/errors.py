@@ -65,6 +65,13 @@ class Forbidden(CorralError):
     code = "forbidden"
 
 
+class ApprovalNeeded(Forbidden):
+    """A policy rule annotated ``@ask("sponsor")`` fired: the action waits for a person
+    (corral/gateway/approvals.py) instead of being refused."""
+
+    code = "approval_required"
+
+
 class NotFound(CorralError):
     status = 404
     code = "not_found"

@@ -114,6 +114,25 @@ class EnvBuildIn(BaseModel):
     rebuild: bool = Field(False, description="Build again even if an image exists (a corrupt one, say).")
 
 
+class ApprovalsParams(BaseModel):
+    state: Literal["pending", "approved", "declined", "expired", "all"] = Field(
+        "pending", description="Only approvals in this state (default: waiting); 'all': every one.")
+    limit: int = Field(50, ge=1, le=500)
+
+
+class ApprovalParams(BaseModel):
+    approval_id: int = Field(ge=1, le=MAX_INT)
+    note: str | None = Field(None, max_length=500, description="Why: the agent reads it (a decline's reason).")
+
+
+class AheadIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    agent: str = Field(max_length=128, description="An agent you sponsor.")
+    session: str = Field(min_length=1, max_length=200, description="Its session the approval holds for.")
+    rule: str = Field(max_length=200, description="The policy rule (with @ask) approved ahead.")
+    for_: str = Field("8h", alias="for", description="How long: '2h', '1d'.")
+
+
 class NotifyParams(BaseModel):
     principal: str | None = Field(None, max_length=128,
                                   description="Whose notifications (default: your own; an agent you sponsor).")

@@ -24,7 +24,7 @@ from typing import Any
 from corral.lanes.backend import CONTROLS, DONE, Usage
 from corral.control.reconciler import Reconciler
 from corral.core.db import HELD_REASON, Database
-from corral.core.errors import CorralError, InvalidRequest, NotFound
+from corral.core.errors import CorralError, Forbidden, InvalidRequest, NotFound
 from corral.core.jobs import Job, JobState
 from corral.lanes.registry import Lanes
 from corral.core.principals import Caller
@@ -68,6 +68,11 @@ class JobControl:
             if job.terminal:
                 raise InvalidRequest(f"job {job.id} has ended ({job.state.value}); {action} applies to a pending "
                                      "or running job", hint="submit it again to run it again")
+            waiting = self.db.approvals.waiting_for(job.id) if job.backend_id is None else None
+            if waiting is not None and action == "release":
+                raise Forbidden(f"job {job.id} waits for approval #{waiting['id']} by {waiting['sponsor']}; only "
+                                "they can let it run", hint="wait for their answer: you are told when it comes "
+                                "(or cancel the job)")
         self.audit.record(caller, "control", "allow", rule, [{**what, "signal": sig, "backend_id": job.backend_id}])
         if job.backend_id is None:  # corral holds it (a dependency, or the scheduler was away)
             if action not in ("hold", "release"):

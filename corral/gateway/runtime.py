@@ -59,6 +59,7 @@ from corral.lanes.registry import Lanes
 from corral.memory.facts import Facts
 from corral.notify.notifier import Notifier
 from corral.gateway.notify_verbs import NotifyVerbs
+from corral.gateway.approvals import ApprovalVerbs
 from corral.gateway.memory_verbs import MemoryVerbs
 from corral.safety.audit import Audit, AuditLog
 from corral.safety.credentials import Credentials
@@ -129,7 +130,7 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
                            segment_bytes=int(settings.audit_segment_mb * 1024 * 1024),
                            shared=settings.replicated), db)
     audit.repair()  # a torn final record (a crash, a full disk) cut off, and the cut recorded
-    notifier = Notifier(db, settings.notify)
+    notifier = Notifier(db, settings.notify, base_url=settings.url or f"http://{settings.host}:{settings.port}")
     audit.on_deny.append(notifier.on_audit)  # a refusal, recorded, is told to the agent's sponsor
     gate = Gate(settings.safety, settings.home, db, clock, settings.sandbox.allow_hosts)
     credentials = Credentials(db, gate)
@@ -178,6 +179,7 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
         reconciler=reconciler, jobctl=JobControl(db, lanes, gate, audit, reconciler), sandbox=sandbox,
         egress=egress, identities=identities)
     service.notify = NotifyVerbs(settings.notify, db, audit, notifier)
+    service.approvals = ApprovalVerbs(service, settings.notify.approval_wait_s)
     service.runtime = Runtime(service, backend)
     return service
 
@@ -278,6 +280,7 @@ class Runtime:
             Loop("housekeeping", self.housekeeping_loop, 600.0, "facility"),
             # Job ends and refusals -> sponsors' notifications, delivered off the request path.
             Loop("notify", s.notify.notifier.run, None, "facility"),
+            Loop("approvals", s.approvals.expire_loop, None, "facility"),  # unanswered ones expire, told
             Loop("loop-lag", s.metrics.watch_loop, 0.1, "replica"),
             # A lane's own loop: the fast lane's pool manager (recover, then scale and dispatch);
             # the batch lane has none (the reconciler polls it) and returns at once.

@@ -33,7 +33,7 @@ from corral.core.db import Database
 from corral.gateway.facility import facility_card
 from corral.gateway.health import health
 from corral.core.faults import fault
-from corral.core.errors import CorralError, InvalidRequest, NotFound, Restarting
+from corral.core.errors import ApprovalNeeded, CorralError, InvalidRequest, NotFound, Restarting
 from corral.gateway.job_control import JobControl
 from corral.core.jobs import MAX_INT, TERMINAL_STATES, Job, JobSpec, JobState, no_job
 from corral.lanes.registry import Lane, Lanes
@@ -51,6 +51,7 @@ from corral.gateway.storage_verbs import StorageVerbs
 
 if TYPE_CHECKING:
     from corral.sandbox.egress import Egress
+    from corral.gateway.approvals import ApprovalVerbs
     from corral.gateway.notify_verbs import NotifyVerbs
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ class Service:
         """Who each principal's jobs run as (corral/core/identity.py), where the gateway assigns it."""
         self.runtime: "Loops | None" = None
         self.notify: "NotifyVerbs" = None  # type: ignore[assignment]  # set by the runtime's assembly with the notifier
+        self.approvals: "ApprovalVerbs" = None  # type: ignore[assignment]  # likewise (gateway/approvals.py)
         """What runs the loops around these verbs (set by the runtime that assembled them)."""
 
     def authenticate(self, token: str | None, session: str | None = None) -> Caller:
@@ -120,7 +122,11 @@ class Service:
         until released (sbatch -H: no moment at which the job could start first)."""
         what = {"jobs": len(specs), "command": (specs[0].command or "script")[:200] if specs else ""}
         with self.audit.refusals(caller, "submit", what):
-            jobs, created, advice, rule = await self.admission.record(caller, specs, idempotency_key, hold)
+            try:
+                jobs, created, advice, rule = await self.admission.record(caller, specs, idempotency_key, hold)
+            except ApprovalNeeded as asked:  # a rule asks the sponsor: recorded held, waiting for their answer
+                jobs, created, advice, rule = await self.approvals.ask(caller, specs, idempotency_key, asked)
+                hold = True
         if created:
             p = caller.principal
             fault("after_commit")

@@ -66,6 +66,15 @@ def budget(principal: str, what: str, level: int, used: float, limit: float) -> 
                 f"submissions are refused until you mint it a token with more (corral token mint --for {principal}).")
 
 
+def approval(aid: int, agent: str, rule: str, summary: str, until: str, url: str) -> Note:
+    return Note("approval", f"[corral] {agent} asks your approval (#{aid}, rule {rule})",
+                f"{agent} wants to run: {_clean(summary, 600)}\n"
+                f"The facility's rule {rule} asks you, its sponsor, to approve it first. It waits until {until}, "
+                "then is cancelled.\n"
+                f"Answer: corral approvals approve {aid}   or   corral approvals decline {aid} --note 'why'\n"
+                f"Or open this single-use link: {url}")
+
+
 def test_note(recipient: str) -> Note:
     return Note("test", "[corral] test notification", f"This is a test notification for {recipient}, sent "
                 f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}. Your notifications reach you here.")

@@ -49,8 +49,9 @@ def _wants_end(state: JobState) -> Callable[[Effective], bool]:
 
 
 class Notifier:
-    def __init__(self, db: "Database", site: NotifySettings, clock: Callable[[], float] = time.time) -> None:
-        self.db, self.site, self.now = db, site, clock
+    def __init__(self, db: "Database", site: NotifySettings, clock: Callable[[], float] = time.time,
+                 base_url: str = "http://127.0.0.1:8765") -> None:
+        self.db, self.site, self.now, self.base_url = db, site, clock, base_url.rstrip("/")
         self.records = db.notifications
         self._flight: set[int] = set()
         self._gate = asyncio.Semaphore(site.concurrency)
@@ -145,6 +146,20 @@ class Notifier:
                 self.records.enqueue(rows)
         except Exception:  # noqa: BLE001 - admission goes on whatever the notifier does
             log.exception("notify: could not enqueue a budget notification")
+
+    def approval(self, aid: int, agent: str, sponsor: str, rule: str, summary: str, until: str, link: str) -> None:
+        """An action waits for ``sponsor``: told on every channel they have, whatever they
+        chose to hear of jobs (nothing happens until they answer), with a single-use link."""
+        try:
+            eff = effective(self.records.prefs(sponsor), self.site)
+            url = f"{self.base_url}/approve/{aid}?token={link}"
+            note = compose.approval(aid, agent, rule, summary, until, url)
+            now = self.now()
+            self.records.enqueue([{"key": f"approval:{aid}:{sponsor}:{ch}", "recipient": sponsor, "about": agent,
+                                   "kind": note.kind, "channel": ch, "target": target, "subject": note.subject,
+                                   "body": note.body, "created": now, "due": now} for ch, target in eff.channels()])
+        except Exception:  # noqa: BLE001 - the approval waits in the store whatever the notifier does
+            log.exception("notify: could not enqueue approval %s", aid)
 
     def test(self, recipient: str, eff: Effective) -> int:
         note = compose.test_note(recipient)

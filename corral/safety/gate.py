@@ -14,6 +14,7 @@ through ``taint``.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import multiprocessing
 import os
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from corral.core import proc
 from corral.core.clock import Clock
 from corral.core.config import SafetySettings
-from corral.core.errors import CorralError, Forbidden, RateLimited
+from corral.core.errors import ApprovalNeeded, CorralError, Forbidden, RateLimited
 from corral.core.jobs import JobSpec
 from corral.core.lru import LRU
 from corral.core.principals import Caller, Kind
@@ -43,6 +44,10 @@ if TYPE_CHECKING:
     from corral.core.db import Database
 
 log = logging.getLogger(__name__)
+
+APPROVED: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("approved", default=frozenset())
+"""The ``@ask`` rules the submission being recorded now may pass: the service sets them
+while it records a submission as waiting for its approval (gateway/approvals.py)."""
 
 FORGET_S = 86400.0
 """A submission bucket untouched this long is dropped from the store (full again, unless
@@ -87,6 +92,7 @@ class Gate:
         facility_hosts(self.allow_hosts)
         self.clock = clock or Clock()
         self.store = SafetyStore(db)
+        self.db = db
         self.tokens = TokenAuthority(home / "token.key")
         self._policy_path = settings.policy_path(home)
         self.policy = Policy.load(self._policy_path)
@@ -278,6 +284,8 @@ class Gate:
                 decision = policy.decide(req)
                 self._remember(pkey, decision)
             rule = decision.rule
+            if not decision.allowed and decision.ask and action == "submit":
+                return self._asked(caller, decision.rule, decision.ask)
             if not decision.allowed:
                 nearest = self._cached(("nearest", pkey))
                 if nearest is None:  # asked of the policy once per distinct refusal, not per retry
@@ -295,6 +303,18 @@ class Gate:
             e.rule, e.tags = rule, tags
             raise
         return rule
+
+    def _asked(self, caller: Caller, rule: str, who: str) -> str:
+        """A rule that asks a person: allowed when this submission is the approved one
+        (``APPROVED``) or the sponsor approved the rule ahead for this session; else
+        ApprovalNeeded, which the service turns into a job waiting for that person."""
+        if rule in APPROVED.get():
+            return f"{rule}:approved"
+        by = self.db.approvals.allowed(caller.name, caller.session, rule, self.clock.time())
+        if by is not None:
+            return f"{rule}:approved-ahead-by-{by}"
+        raise ApprovalNeeded(f"the facility policy's rule '{rule}' asks your {who} to approve this",
+                             hint=f"it waits for your {who}'s answer; you are told when it comes", rule=rule)
 
     def check_status(self, caller: Caller) -> None:
         """``check`` for reading jobs, at the rate agents poll: the answer for a token,

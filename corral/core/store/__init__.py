@@ -12,6 +12,7 @@ on SQLite (the embedded default, a file in HOME) or PostgreSQL (``[store] url =
     storage.py   StorageRecords images, workspaces, metadata counts           (db.storage, own connection)
     read.py      ReadModel     what the dashboard shows                        (db.read)
     notify.py    NotifyRecords notification choices, the outbox, the notifier's marks (db.notifications)
+    approvals.py ApprovalRecords actions waiting for a person, approvals ahead  (db.approvals)
     migrations.py              the numbered schema, rendered per server
     conn.py      Conn          one connection and the SQL the servers spell differently
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from corral.core.store.accounts import Accounts
+from corral.core.store.approvals import ApprovalRecords
 from corral.core.store.audit import Audit
 from corral.core.store.cluster import Signals
 from corral.core.store.conn import INTEGRITY_ERRORS, Conn
@@ -58,6 +60,7 @@ class Database(Jobs, Accounts, Events, Audit, Signals):
         self.safety = SafetyRecords(self.conn)
         self.read = ReadModel(self.conn)
         self.notifications = NotifyRecords(self.conn)
+        self.approvals = ApprovalRecords(self.conn)
         self._storage: StorageRecords | None = None
 
     @property

@@ -278,6 +278,38 @@ MIGRATIONS: list[str] = [
         value REAL NOT NULL
     );
     """,
+    # 16: approvals: actions a policy rule says a person must approve, waiting or decided,
+    # and classes of action approved ahead for a session (corral/gateway/approvals.py)
+    """
+    CREATE TABLE approvals (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        principal TEXT NOT NULL,
+        sponsor TEXT NOT NULL,
+        session TEXT,
+        action TEXT NOT NULL,
+        rule TEXT NOT NULL,
+        jobs TEXT NOT NULL,
+        summary TEXT NOT NULL,
+        created REAL NOT NULL,
+        expires REAL NOT NULL,
+        state TEXT NOT NULL,
+        decided_by TEXT,
+        decided_at REAL,
+        note TEXT,
+        link_hash TEXT
+    );
+    CREATE INDEX approvals_state ON approvals(state, expires);
+    CREATE INDEX approvals_sponsor ON approvals(sponsor, id);
+    CREATE TABLE preapprovals (
+        principal TEXT NOT NULL,
+        session TEXT NOT NULL,
+        rule TEXT NOT NULL,
+        by TEXT NOT NULL,
+        created REAL NOT NULL,
+        expires REAL NOT NULL,
+        PRIMARY KEY (principal, session, rule)
+    );
+    """,
 ]
 
 

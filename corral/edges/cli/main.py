@@ -82,7 +82,7 @@ LAZY = {
     "workspace": "corral.edges.cli.storage_commands:workspace",
     "principal": "corral.edges.cli.principal_commands:principal", "config": "corral.edges.cli.config_commands:config",
     "doctor": "corral.edges.cli.doctor_commands:doctor",
-    "notify": "corral.edges.cli.notify_commands:notify",
+    "notify": "corral.edges.cli.notify_commands:notify", "approvals": "corral.edges.cli.approval_commands:approvals",
 }
 """Commands imported when called, not at start (they pull in polars, Cedar, tree-sitter)."""
 

@@ -236,6 +236,9 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     from corral.edges.dashboard.routes import mount
 
     app.state.board = mount(app, service)  # /dashboard: server-rendered pages (corral/edges/dashboard)
+    from corral.edges.http.approval_link import mount as mount_approval_link
+
+    mount_approval_link(app, service)  # /approve/{id}: a notification's single-use link (gateway/approvals.py)
     app.openapi = lambda: document(app, service)  # type: ignore[method-assign]
     from corral.edges.http.api_docs import mount as mount_docs
 

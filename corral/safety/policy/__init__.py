@@ -79,9 +79,13 @@ class Decision:
     rule: str
     """The forbid(s) that denied, else the permit(s) that allowed, else 'default-deny'."""
     errors: tuple[str, ...] = ()
+    ask: str | None = None
+    """Who may approve instead ('sponsor'): every forbid that fired says ``@ask`` (a rule
+    without it is a refusal, whatever the others say)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"decision": "allow" if self.allowed else "deny", "rule": self.rule, "errors": list(self.errors)}
+        out = {"decision": "allow" if self.allowed else "deny", "rule": self.rule, "errors": list(self.errors)}
+        return {**out, "ask": self.ask} if self.ask else out
 
 
 def _job_attrs(r: dict[str, Any]) -> dict[str, Any]:
@@ -90,6 +94,10 @@ def _job_attrs(r: dict[str, Any]) -> dict[str, Any]:
             "walltime_s": int(r.get("walltime_s", 3600)), "memory_mb": int(r.get("memory_mb", 0)),
             "lane": str(r.get("lane") or BATCH), "paths": [str(x) for x in r.get("paths") or []],
             "contained": bool(r.get("contained", False))}
+
+
+ASKERS = frozenset({"sponsor"})
+"""Who an ``@ask("...")`` annotation may name."""
 
 
 class Policy:
@@ -104,8 +112,11 @@ class Policy:
             self._ps = cedarpy.PolicySet.from_str(text)
         except ValueError as e:
             raise InvalidRequest(f"policy {source} does not parse: {e}") from None
-        self.ids = [p.get("annotations", {}).get("id", k)
-                    for k, p in json.loads(cedarpy.policies_to_json_str(text)).get("staticPolicies", {}).items()]
+        static = json.loads(cedarpy.policies_to_json_str(text)).get("staticPolicies", {}).items()
+        self.ids = [p.get("annotations", {}).get("id", k) for k, p in static]
+        self.asks = {p.get("annotations", {}).get("id", k): p["annotations"]["ask"] for k, p in static
+                     if p.get("annotations", {}).get("ask") in ASKERS}
+        """Rules whose refusal a person may lift instead: @id -> who ('sponsor')."""
 
     @classmethod
     def load(cls, path: Path | None) -> "Policy":
@@ -157,7 +168,9 @@ class Policy:
         named = sorted(d.id_annotations_by_reason.get(r, r) for r in d.reasons)  # Cedar's order varies
         if result.allowed:
             return Decision(True, ",".join(named) or "allow", tuple(d.errors))
-        return Decision(False, ",".join(named) or "default-deny", tuple(d.errors))
+        asks = {self.asks.get(n) for n in named}
+        ask = asks.pop() if named and len(asks) == 1 and None not in asks else None
+        return Decision(False, ",".join(named) or "default-deny", tuple(d.errors), ask)
 
 
 SIZES: tuple[tuple[str, int], ...] = (("walltime_s", 60), ("cpus", 1), ("gpus", 0), ("memory_mb", 1))
