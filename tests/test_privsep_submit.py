@@ -385,6 +385,10 @@ def test_a_service_account_gateway_runs_each_job_as_its_principal(site: Site) ->
     and the files each job writes show each job's own identity; outputs and states
     reach the gateway without root; a cancel of carol's job reaches it."""
     svc, alice, carol = site.svc, site.alice, site.carol
+    alias = f"{svc.pw_name[:20]}a"  # a second passwd name for the service account's uid
+    subprocess.run(["userdel", alias], capture_output=True)
+    subprocess.run(["useradd", "-o", "-u", str(svc.pw_uid), "-g", str(svc.pw_gid), "--no-create-home", alias],
+                   check=True, capture_output=True)
     projects = {}
     for u in (alice, carol):  # projects outside homes (the sandbox hides homes)
         p = Path(tempfile.mkdtemp(prefix=f"corral-proj-{u.pw_name}-", dir="/tmp"))
@@ -417,21 +421,24 @@ def test_a_service_account_gateway_runs_each_job_as_its_principal(site: Site) ->
             for body in ({"name": "alice", "kind": "human", "unix_user": alice.pw_name},
                          {"name": "carol", "kind": "human", "unix_user": carol.pw_name},
                          {"name": "bot1", "kind": "agent", "sponsor": "alice"},
-                         {"name": "dave", "kind": "human"}, {"name": "bot2", "kind": "agent", "sponsor": "dave"}):
+                         {"name": "dave", "kind": "human"}, {"name": "bot2", "kind": "agent", "sponsor": "dave"},
+                         {"name": "eve", "kind": "human", "unix_user": alias}):
                 assert h.post("/v1/principals", json=body).status_code == 201
             tok = {n: h.post("/v1/tokens", json={"for": n, "expires": "1h"}).json()["token"]
-                   for n in ("bot1", "carol", "dave", "bot2")}
+                   for n in ("bot1", "carol", "dave", "bot2", "eve")}
         # issue 47: dave has no Unix user, and this gateway cannot give him a uid of his own.
         # Before, his job ran uncontained as the service account and read its admin token
         # past the output guard; now nobody's job runs as that account.
-        for name in ("dave", "bot2"):
+        # eve's Unix user is a second name for the service account's uid: the same account.
+        for name, why in (("dave", "has no Unix user"), ("bot2", "has no Unix user"),
+                          ("eve", f"its Unix user {alias} is the gateway's account")):
             with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {tok[name]}"}, timeout=90) as h:
                 for cmd in (f"cat {home}/admin.token | base64 | rev", f"cat {home}/corral.db"):
                     r = h.post("/v1/jobs", json={"command": cmd, "walltime": "60s"})
                     assert r.status_code == 403, r.text
                     said = r.json()["error"]
                     assert f"no job runs as the gateway's own account '{svc.pw_name}'" in said["message"], said
-                    assert "has no Unix user" in said["message"] and "--unix-user" in said["hint"], said
+                    assert why in said["message"] and "--unix-user" in said["hint"], said
         jobs = {}
         for name, user, cmd in (("bot1", alice, "id -u; echo made > made.txt; stat -c %U made.txt"),
                                 ("carol", carol, "id -u; echo hers > hers.txt")):
@@ -485,6 +492,7 @@ def test_a_service_account_gateway_runs_each_job_as_its_principal(site: Site) ->
             gw.kill()
         for p in projects.values():
             shutil.rmtree(p, ignore_errors=True)
+        subprocess.run(["userdel", alias], capture_output=True)
 
 
 def test_a_root_gateway_reads_no_link_a_users_job_left(site: Site, tmp_path: Path) -> None:

@@ -46,6 +46,15 @@ def account() -> str:
         return f"uid {os.geteuid()}"
 
 
+def is_mine(unix_user: str) -> bool:
+    """Whether ``unix_user`` is this account, by uid: a second name for the same uid (an
+    alias in passwd) is the same account, and the submitter would submit it as the gateway."""
+    try:
+        return pwd.getpwnam(unix_user).pw_uid == os.geteuid()
+    except KeyError:
+        return False
+
+
 def why_unsafe(settings: Settings) -> str | None:
     """Why a gateway of ``settings``, run by this process, would run people's jobs as its
     own account; None when it would not."""
@@ -78,16 +87,16 @@ def refuse(settings: Settings, p: Principal) -> None:
         return
     me = account()
     if settings.personal:
-        if p.unix_user and p.unix_user != me:
+        if p.unix_user and not is_mine(p.unix_user):
             raise Forbidden(f"this gateway is {me}'s own (personal = true) and runs every job as {me!r}: a job of "
                             f"{p.name} (Unix user {p.unix_user}) would run as {me}, not as {p.unix_user}",
                             hint="ask for a gateway that runs jobs as their own users (a root gateway, or a "
                                  "service account with the privileged submitter)", rule=RULE)
         return
-    if p.unix_user and p.unix_user != me and p.kind is not Kind.SERVICE:
+    if p.unix_user and not is_mine(p.unix_user) and p.kind is not Kind.SERVICE:
         return  # the privileged submitter runs it as that user (lanes/slurm/submitter.py)
-    whose = f"its Unix user is the gateway's ({me})" if p.unix_user == me else \
-        "a service principal's jobs are submitted as the gateway" if p.kind is Kind.SERVICE else \
+    whose = "a service principal's jobs are submitted as the gateway" if p.kind is Kind.SERVICE else \
+        f"its Unix user {p.unix_user} is the gateway's account" if p.unix_user else \
         f"{p.name} has no Unix user, and a gateway that is not root cannot give it a uid of its own"
     raise Forbidden(f"no job runs as the gateway's own account {me!r}, which holds its tokens and database: "
                     f"{whose}", rule=RULE,
