@@ -175,7 +175,7 @@ def _scatter(users: list[dict[str, Any]]) -> str:
 CSS = """
 body{font:15px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:980px;color:#222;padding:0 1rem}
 h1{font-size:1.6rem;margin-bottom:.2rem} h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ddd}
-.sub{color:#666;margin-top:0} svg text{font:12px system-ui,sans-serif;fill:#333} svg text.val{fill:#fff;font-weight:600}
+.sub{color:#666;margin-top:0} svg text{font:12px system-ui,sans-serif;fill:#333} svg text.val{fill:#1d232b;font-weight:600}
 svg text.small{font-size:10.5px;fill:#666} table{border-collapse:collapse;margin:.5rem 0}
 td,th{padding:.25rem .8rem;border-bottom:1px solid #eee;text-align:right} td:first-child,th:first-child{text-align:left}
 .agent{color:#D55E00;font-weight:600} .human{color:#0072B2;font-weight:600}

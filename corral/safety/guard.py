@@ -124,6 +124,12 @@ def for_people(text: str) -> str:
 
     def quoted(m: re.Match[str]) -> str:
         flag = f"; suspected injection: {m.group(3)}" if m.group(3) else ""
-        return f"\u201c{m.group(4).strip()}\u201d (from {m.group(2)}{flag})"
+        body = m.group(4)
+        if not m.group(0).endswith(f"</untrusted-data-{m.group(1)}>"):  # cut short: so is its closing tag
+            cut = body.rfind("<")
+            if cut >= 0 and f"</untrusted-data-{m.group(1)}>".startswith(body[cut:]):
+                body = body[:cut]
+            body = body.rstrip() + "\u2026"
+        return f"\u201c{body.strip()}\u201d (from {m.group(2)}{flag})"
 
     return _OPEN_CUT.sub("\u2026", _DELIMITED.sub(quoted, text))

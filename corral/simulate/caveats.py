@@ -22,10 +22,11 @@ from corral.simulate.workload import TraceHeader, agents_for
 
 
 def _pct(values: list[float] | tuple[float, ...], q: float) -> float:
+    """The q-quantile as `corral analyze` takes it (polars' "nearest"), so both say one figure."""
     if not values:
         return 0.0
     s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
+    return s[round(q * (len(s) - 1))]
 
 
 def trace_facts(path: Path, head: TraceHeader, facility: str | None) -> dict[str, Any]:
@@ -47,8 +48,8 @@ def of_scenario(sc: Any) -> list[dict[str, str]]:
     if t and t["users_named"] == 0:
         out.append(_warn("no users", (
             f"The trace {t['file']} names no users (user id -1 on every job), so it counts as 1 person: the agents' "
-            f"share of users gives {agents_for(1, sc.agents.share)} agent(s) at {sc.agents.share:.0%}, and the same one "
-            "agent at every share up to 50%. Per-person figures and the share swept cannot mean what they say. Give a "
+            f"share of users gives one agent at {sc.agents.share:.0%}, and the same one agent at "
+            "every share up to 50%. Per-person figures and the share swept cannot mean what they say. Give a "
             "trace that records user ids (SWF field 12), or the generator (no --trace; --people N).")))
     fac = sc.facility
     if all(p.cores_per_node == 1 for p in fac.partitions) and fac.cores > 1:
@@ -98,7 +99,7 @@ def of_sweep(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
     return ([_warn("no agents", (
         f"The shares {', '.join(f'{s:.0%}' for s in none)} give no agents: their agents' figures are \"no data\", "
         "not zero. Give shares above 0."))] if none else []) + [_warn("shares give the same agents", (
-        f"The shares {', '.join(f'{s:.0%}' for s in shares)} all give {n} agent(s): their rows are one run, not a "
+        f"The shares {', '.join(f'{s:.0%}' for s in shares)} all give {n} {'agent' if n == 1 else 'agents'}: their rows are one run, not a "
         "trend. Give more people (a trace with more users, or --people) or shares further apart."))
         for n, shares in sorted(same.items())]
 

@@ -75,6 +75,10 @@ def _dur(s: float) -> str:
     return durations([s])[0]
 
 
+def plural(n: int, one: str, many: str | None = None) -> str:
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
+
+
 def warnings_text(r: dict[str, Any]) -> list[str]:
     return [f"warning ({w['about']}): {w['says']}" for w in r.get("warnings", [])]
 
@@ -84,7 +88,7 @@ def terminal(r: dict[str, Any], console: Console | None = None) -> None:
     sc = r["scenario"]
     fac = sc["facility"]
     c.print(f"[bold]{fac['name']}[/]: {fac['nodes']:,} nodes, {fac['cores']:,} cores; {sc['days']} days; "
-            f"{sc['people']:,} {'person' if sc['people'] == 1 else 'people'}, agents {sc['agents']['share']:.0%} of users; "
+            f"{plural(sc['people'], 'person', 'people')}, agents {sc['agents']['share']:.0%} of users; "
             f"{sc['scheduler']['algorithm']}; seed {sc['seed']}", highlight=False)
     for line in warnings_text(r):
         c.print(line, style="yellow", highlight=False, markup=False)
@@ -92,7 +96,7 @@ def terminal(r: dict[str, Any], console: Console | None = None) -> None:
     t.add_column("")
     pols = r["policies"]
     for name, f in pols.items():
-        t.add_column(f"{name} ({f['agents']} agents)", justify="right")
+        t.add_column(f"{name} ({plural(f['agents'], 'agent')})", justify="right")
     for label, get, kind in ROWS:
         t.add_row(label, *row_cells(get, kind, list(pols.values())))
     c.print(t)
@@ -232,7 +236,7 @@ def _scenario(sc: dict[str, Any]) -> str:
 
 def html_page(r: dict[str, Any]) -> str:
     pols = r["policies"]
-    head = "".join(f"<th>{html.escape(n)} ({f['agents']} agents)</th>" for n, f in pols.items())
+    head = "".join(f"<th>{html.escape(n)} ({plural(f['agents'], 'agent')})</th>" for n, f in pols.items())
     body = "".join(f'<tr data-row="{html.escape(label)}"><td>{html.escape(label)}</td>'
                    + "".join(f"<td>{html.escape(c)}</td>" for c in row_cells(get, kind, list(pols.values())))
                    + "</tr>" for label, get, kind in ROWS)
@@ -253,7 +257,7 @@ td,th{{border:1px solid #ddd;padding:4px 10px;text-align:right}}td:first-child{{
 .small{{font-size:11px;fill:#444}}.title{{font-size:13px;font-weight:600}}.limits{{color:#555}}dt{{font-weight:600;margin-top:.4em}}dd{{margin-left:1.5em}}
 svg{{display:block;margin:1.5em 0}}</style></head>
 <body><h1>What agents, and corral, would do to the {name} facility</h1>
-<p>{sc['facility']['nodes']:,} nodes, {sc['facility']['cores']:,} cores, {sc['days']:g} days, {sc['people']:,} people,
+<p>{sc['facility']['nodes']:,} nodes, {sc['facility']['cores']:,} cores, {sc['days']:g} days, {plural(sc['people'], 'person', 'people')},
 agents {sc['agents']['share']:.0%} of users, scheduler {html.escape(sc['scheduler']['algorithm'])}, seed {sc['seed']}.
 The same people's jobs run under every policy; docs/simulation.md describes the model.</p>
 {warns}

@@ -143,7 +143,7 @@ class History:
                 samples = [(t, p) for t, p in self.samples if t >= window[0]]
             keys = list(samples[-1][1]) if samples else []
             out["saved"] = plots.timeseries(
-                "saved", "Scheduler calls, with corral and without it, since the gateway started", "calls",
+                "saved", "Scheduler calls since start, with and without corral", "calls",
                 [t for t, _ in samples], {k: [p.get(k, 0.0) for _, p in samples] for k in keys}, span=window)
         return out
 

@@ -107,7 +107,9 @@ def timeseries(plot_id: str, title: str, unit: str, times: Sequence[float],
         pts = " ".join(f"{px(t):.1f},{py(v):.1f}" for t, v in zip(times, values))
         out.append(f'<polyline fill="none" stroke="{color_of(name, i, colors)}" stroke-width="1.8"{dash} points="{pts}" '
                    f'data-series="{esc(name)}" data-values="{",".join(f"{v:g}" for v in values)}">'
-                   f'<title>{esc(name)}: {_num(values[-1])} {esc(unit)} now</title></polyline>')
+                   f'<title>{esc(name)}: {_num(values[-1])} {esc(unit)} now</title></polyline>'
+                   # the latest point marked: a line of a few seconds (the calls since a restart) still shows
+                   f'<circle cx="{px(times[-1]):.1f}" cy="{py(values[-1]):.1f}" r="2.2" fill="{color_of(name, i, colors)}"/>')
     out.append('</g><g class="legend">')
     for i, name in enumerate(series):
         dash = f' stroke-dasharray="{DASHES[i % len(DASHES)]}"' if DASHES[i % len(DASHES)] else ""

@@ -1,0 +1,197 @@
+"""Issue 54, the dashboard as an admin reads it, in real Chromium: each page's figures
+are the CLI's ``--json`` figures for the same question; a job that never started has a
+wait that does not grow; refusals quote untrusted data for people (tags kept for
+models); every plot has a title, colours of its own and the row's time span; rule
+names never break mid-word. Each page is kept as a 1400 px wide screenshot in
+``artifacts()`` (printed), for a person to look at."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from .conftest import Gateway
+from .test_dashboard import _browser, _sign_in
+
+WIDE = {"width": 1400, "height": 1000}
+
+
+def artifacts() -> Path:
+    """Where the screenshots go (CORRAL_ARTIFACTS, else /tmp/corral-artifacts): not committed."""
+    d = Path(os.environ.get("CORRAL_ARTIFACTS") or "/tmp/corral-artifacts") / "issue54"
+    d.mkdir(parents=True, exist_ok=True)
+    print(f"screenshots: {d}")
+    return d
+
+
+def shoot(page: Any, name: str) -> Path:
+    path = artifacts() / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = _browser(p)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def duration(s: float) -> str:
+    """The dashboard's way of writing a duration (routes._fmt_duration), for the CLI's seconds."""
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def _unbroken(page: Any, selector: str) -> list[str]:
+    """The parts of rule names (``span.w``) that a line break cuts in two."""
+    return page.evaluate(f"""[...document.querySelectorAll('{selector} span.w')]
+        .filter(s => s.getClientRects().length > 1).map(s => s.textContent)""")
+
+
+def _session_with_a_refusal_and_a_cancel(gateway: Gateway, people: dict[str, str], agent_dir: Path
+                                         ) -> dict[str, Any]:
+    """In bot1's session s54: a failure, its repeat refused (the refusal quotes the job's
+    output as untrusted data), a job that holds both CPUs, one cancelled while it waited."""
+    failing = {"command": "python3 -c 'import nosuchmodule_xyz'", "workdir": str(agent_dir)}
+    with gateway.http(people["bot1"], session="s54") as bot:
+        failed = bot.post("/v1/jobs", json=failing).json()
+        assert bot.get(f"/v1/jobs/{failed['id']}/wait", params={"timeout": 60}).json()["state"] == "FAILED"
+        again = bot.post("/v1/jobs", json=failing)
+        assert again.status_code == 409 and "<untrusted-data-" in again.json()["error"]["message"]
+        big = bot.post("/v1/jobs", json={"command": "sleep 30", "cpus": 2, "workdir": str(agent_dir)}).json()
+        bot.get(f"/v1/jobs/{big['id']}/wait", params={"timeout": 30, "until": "RUNNING"})
+        queued = bot.post("/v1/jobs", json={"command": "true", "workdir": str(agent_dir)}).json()
+        time.sleep(1.5)
+        assert bot.post(f"/v1/jobs/{queued['id']}/cancel").status_code == 200
+        assert bot.get(f"/v1/jobs/{queued['id']}/wait", params={"timeout": 30}).json()["state"] == "CANCELLED"
+    return {"failing": failing, "failed": failed["id"], "big": big["id"], "queued": queued["id"]}
+
+
+def test_the_session_page_reads_as_the_cli_says(gateway: Gateway, people: dict[str, str], agent_dir: Path,
+                                               browser: Any) -> None:
+    made = _session_with_a_refusal_and_a_cancel(gateway, people, agent_dir)
+    cli = {j["id"]: j for j in gateway.cli_json("jobs", "--session", "s54", "--limit", "100")["jobs"]}
+    assert {made["failed"], made["big"], made["queued"]} <= set(cli)
+    context = browser.new_context(viewport=WIDE)
+    try:
+        page = context.new_page()
+        _sign_in(page, gateway.url, gateway.admin_token)
+        page.goto(f"{gateway.url}/dashboard/sessions/bot1/s54")
+        for jid, j in cli.items():  # each job's state and exit code as the CLI has them
+            row = page.locator(f"#session-jobs tr[data-job='{jid}']")
+            cells = row.locator("td").all_inner_texts()
+            assert cells[3] == j["state"], (jid, cells, j["state"])
+            assert cells[4] == ("" if j["exit_code"] is None else str(j["exit_code"]))
+        # The job cancelled in the queue: its wait is cancel time - submit time, from the CLI's
+        # own times, and it does not grow.
+        q = gateway.cli_json("status", str(made["queued"]))
+        assert q["start_time"] is None and q["end_time"] is not None
+        want = duration(round(q["end_time"] - q["submit_time"]))
+        waited = page.locator(f"#session-jobs tr[data-job='{made['queued']}'] td.waited")
+        first = waited.inner_text()
+        assert first.startswith(want) and "before it started" in first, (first, want)
+        page.wait_for_timeout(2500)
+        page.reload()
+        assert waited.inner_text() == first  # still the same: nothing grows for a job that never started
+        # The refusal, as a person reads it: the job's output quoted, its source named, no tags.
+        refused = page.locator("#session-refused").inner_text()
+        assert "untrusted-data" not in refused and "</untrus" not in refused, refused
+        assert "\u201cnosuchmodule_xyz" in refused or "nosuchmodule_xyz\u201d" in refused, refused
+        assert f"(from output of job {made['failed']}" in refused, refused
+        assert _unbroken(page, "#session-refused") == []
+        shoot(page, "session-page")
+    finally:
+        context.close()
+    # The CLI's human-readable error renders the same quotation; --json keeps the tags for models.
+    args = ("submit", "--workdir", made["failing"]["workdir"], "--", *["python3", "-c", "import nosuchmodule_xyz"])
+    human = gateway.cli(*args, token=people["bot1"])
+    assert human.returncode == 2 and "nosuchmodule_xyz" in human.stderr, human.stderr
+    assert "untrusted-data" not in human.stderr and "(from output of job" in human.stderr, human.stderr
+    machine = gateway.cli("--json", *args, token=people["bot1"])
+    assert "<untrusted-data-" in json.loads(machine.stdout)["error"]["message"]
+    with gateway.http(people["bot1"]) as bot:
+        bot.post(f"/v1/jobs/{made['big']}/cancel")
+
+
+def _plots(page: Any) -> list[dict[str, Any]]:
+    return page.evaluate("""[...document.querySelectorAll('#plots svg.plot')].map(s => ({
+        id: s.getAttribute('data-plot'), span: s.getAttribute('data-span'),
+        title: (s.querySelector('text.title') || {}).textContent || '',
+        titleFits: (t => !t || t.getBBox().x + t.getBBox().width <= s.viewBox.baseVal.width + 1)(s.querySelector('text.title')),
+        lines: [...s.querySelectorAll('polyline')].map(l => [l.getAttribute('data-series'), l.getAttribute('stroke'),
+                                                             l.getAttribute('stroke-dasharray') || ''])}))""")
+
+
+def test_the_board_reads_as_the_cli_says(gateway: Gateway, people: dict[str, str], agent_dir: Path,
+                                        browser: Any) -> None:
+    made = _session_with_a_refusal_and_a_cancel(gateway, people, agent_dir)
+    with gateway.http(people["bot1"]) as bot:  # a refusal by a policy rule too
+        assert bot.post("/v1/jobs", json={"command": "rm -rf /", "workdir": str(agent_dir)}).status_code == 403
+        bot.post(f"/v1/jobs/{made['big']}/cancel")
+        bot.get(f"/v1/jobs/{made['big']}/wait", params={"timeout": 30})
+    ids = [str(j["id"]) for j in gateway.cli_json("jobs", "--limit", "1000")["jobs"]]
+    jobs = gateway.cli_json("status", *ids)  # each job whole: its lane too
+    by_state = collections.Counter((j["state"], j["backend"]) for j in jobs)
+    denials = [json.loads(line) for line in gateway.cli("audit", "search", "--decision", "deny").stdout.splitlines()
+               if line.strip().startswith("{")]
+    by_rule = collections.Counter((d["action"], d["rule"]) for d in denials)
+    context = browser.new_context(viewport=WIDE)
+    try:
+        page = context.new_page()
+        _sign_in(page, gateway.url, gateway.admin_token)
+        # the row's last plot, the scheduler calls, needs two samples: a refresh or two
+        page.wait_for_selector("#plot-saved svg.plot", timeout=20_000)
+        shown = {(r.get_attribute("data-state"), r.get_attribute("data-lane")): int(r.locator("td.n").inner_text())
+                 for r in page.locator("#jobs tr[data-state]").all()}
+        assert shown == dict(by_state), (shown, by_state)
+        rules = {}
+        for r in page.locator("#refusals tr[data-rule]").all():
+            action, rule, count = r.locator("td").all_inner_texts()[:3]
+            rules[(action.replace("\n", ""), rule.replace("\n", ""))] = int(count)
+        assert rules == dict(by_rule), (rules, by_rule)
+        plots = _plots(page)
+        assert {p["id"] for p in plots} == {"submissions", "queue", "states", "utilisation", "saved"}
+        for p in plots:  # a title that says what is asked, and one that fits
+            assert len(p["title"]) > 20 and p["titleFits"], p
+            looks = [(stroke, dash) for _, stroke, dash in p["lines"]]
+            assert len(set(looks)) == len(looks), p  # no two lines drawn alike
+            assert len({stroke for stroke in looks}) == len(looks), p
+        assert len({p["span"] for p in plots}) == 1, [(p["id"], p["span"]) for p in plots]  # one time span a row
+        states = {name: stroke for name, stroke, _ in next(p for p in plots if p["id"] == "states")["lines"]}
+        assert {"PENDING", "CANCELLED"} <= set(states) and states["PENDING"] != states["CANCELLED"], states
+        assert _unbroken(page, "#refusals") == []
+        shoot(page, "board-1400")
+        page.set_viewport_size({"width": 360, "height": 900})  # a phone: the names still wrap between words
+        assert _unbroken(page, "#refusals") == []
+        assert page.locator("#refusals span.w").count() >= 2 * len(by_rule)
+        shoot(page, "board-360")
+    finally:
+        context.close()
+
+
+def test_a_delimited_text_reads_as_a_quotation(tmp_path: Path) -> None:
+    """The renderer alone: whole blocks, flagged ones, and one cut short by a truncation."""
+    from corral.safety import guard
+
+    text = "seen before: " + guard.delimit("ImportError: x", "output of job 7", ["override"]) + " (force to rerun)"
+    shown = guard.for_people(text)
+    assert shown == "seen before: \u201cImportError: x\u201d (from output of job 7; suspected injection: override)" \
+                    " (force to rerun)"
+    assert guard.for_people(text[:30]).endswith("\u2026") and "<untrusted" not in guard.for_people(text[:30])
+    cut = text[:text.index("</untrusted") + 6]  # truncated inside its closing tag, as the audit log's reasons are
+    assert guard.for_people(cut) == "seen before: \u201cImportError: x\u2026\u201d (from output of job 7; " \
+                                    "suspected injection: override)"
+    assert re.search(r"<untrusted-data-[0-9a-f]{12}", text)  # the model's copy is untouched
