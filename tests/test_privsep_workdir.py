@@ -503,3 +503,16 @@ def test_a_workdir_under_a_closed_parent_answers_alike_whether_it_exists_or_not(
         for name in ("okwd", "no-such-dir"):
             r = h.post("/v1/plan", json={"command": "true", "workdir": str(private / name)})
             assert "does not exist" not in r.text and "may not enter" in r.text, r.text
+    # A link the caller planted in an open directory, pointing into the closed one, probes
+    # nothing either: the walk follows it as the kernel would for the job's identity.
+    links = Path(tempfile.mkdtemp(prefix="corral-links-", dir="/tmp"))
+    try:
+        links.chmod(0o777)
+        for name in ("okwd", "no-such-dir"):
+            (links / name).symlink_to(private / name)
+            r = submit(fast, t["bot1"], {"command": "true", "workdir": str(links / name)})
+            assert r.status_code == 400, r.text
+            said[f"link-{name}"] = r.json()["error"]["message"].replace(str(links / name), "WD")
+        assert said["link-okwd"] == said["link-no-such-dir"] == said["okwd"], said
+    finally:
+        shutil.rmtree(links, ignore_errors=True)

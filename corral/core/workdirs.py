@@ -60,19 +60,40 @@ def reachable(workdir: str, identity: Identity | None) -> None:
     enter, in the same words whether it exists or not, before anything else is said of
     it. The gateway (root) looks at everything: answering "does not exist" here and "not
     writable" there told a caller what lies where its identity cannot look (issue 47).
-    Each parent is looked at as named, from ``/`` down; the first one that is missing ends
-    the walk (its own parent was open to the identity: it could see that for itself)."""
+    The path is walked as the kernel would walk it for that identity, from ``/``, a link
+    followed where it points (a link planted in an open directory must not probe a closed
+    one); the first name that is missing ends the walk (the directory it is missing from
+    was open to the identity: it could see that for itself)."""
     if identity is None or not os.path.isabs(workdir):
         return
-    for parent in reversed(Path(os.path.normpath(workdir)).parents):
+    todo, here, hops = list(Path(workdir).parts[1:]), "/", 0
+    while todo:
         try:
-            st = os.stat(parent)
-        except OSError:
+            st = os.stat(here)
+        except OSError:  # gone meanwhile: the checks that follow say so
             return
         if not _may(st, identity, 0o1):
             raise InvalidRequest(f"workdir {workdir!r} {NOT_WRITABLE}, {identity.describe()}: it lies under "
-                                 f"{parent}, which that identity may not enter",
+                                 f"{here}, which that identity may not enter",
                                  hint="pick your project's directory (or a subdirectory of it) with --workdir")
+        name = todo.pop(0)
+        if name in (".", ".."):
+            here = os.path.dirname(here) if name == ".." else here
+            continue
+        step = os.path.join(here, name)
+        try:
+            st = os.lstat(step)
+        except OSError:
+            return
+        if not stat.S_ISLNK(st.st_mode):
+            here = step
+            continue
+        hops += 1
+        if hops > 40:  # a loop: the kernel's ELOOP, said later by the checks that follow
+            return
+        target = os.readlink(step)  # readable by whoever may search ``here``, as the identity may
+        todo = [*Path(target).parts[1 if os.path.isabs(target) else 0:], *todo]
+        here = "/" if os.path.isabs(target) else here
 
 
 def check(workdir: str, identity: Identity | None, state: Iterable[Path], hidden: Iterable[Path]) -> str:
