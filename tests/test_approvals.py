@@ -138,3 +138,34 @@ def test_approved_ahead_for_one_session(tmp_path: Path, agent_dir: Path) -> None
         assert "waiting for approval" in held["reason"]
         with gw.http(t["bot1"]) as b:
             assert b.get(f"/v1/jobs/{ran['id']}/wait", params={"timeout": 60}).json()["state"] == "COMPLETED"
+
+
+def test_the_sponsors_own_view(tmp_path: Path, agent_dir: Path) -> None:
+    """alice sees what bot1 and bot2 ran, used and were refused, and what waits for her;
+    carol sees none of it; an agent is refused the view."""
+    with gateway_with(tmp_path) as gw:
+        t = add_people(gw)
+        with gw.http(t["bot1"]) as b:
+            ok = b.post("/v1/jobs", json={"command": "sleep 1", "workdir": str(agent_dir)}).json()["id"]
+            bad = b.post("/v1/jobs", json={"command": "exit 2", "workdir": str(agent_dir)}).json()["id"]
+            for _ in range(3):
+                assert b.post("/v1/jobs", json={"command": "cat ~/.ssh/id_rsa", "workdir": str(agent_dir)}).status_code == 403
+            waiting = b.post("/v1/jobs", json=big(agent_dir)).json()["id"]
+            for j in (ok, bad):
+                b.get(f"/v1/jobs/{j}/wait", params={"timeout": 60})
+        view = gw.cli_json("sponsor", token=t["alice"])
+        agents = {a["agent"]: a for a in view["agents"]}
+        assert set(agents) == {"bot1", "bot2"}
+        b1 = agents["bot1"]
+        assert b1["jobs"] == {"COMPLETED": 1, "FAILED": 1, "PENDING": 1}, b1
+        assert b1["cpu_hours"] > 0 and b1["waiting"] == 1
+        assert [(r["rule"], r["count"]) for r in b1["refusals"]] == [("agents-no-harmful-commands", 3)]
+        assert agents["bot2"]["jobs"] == {} and agents["bot2"]["refusals"] == []
+        assert [a["jobs"] for a in view["approvals"]] == [[waiting]]
+        text = gw.cli("sponsor", token=t["alice"]).stdout
+        assert "bot1" in text and "agents-no-harmful-commands" in text and "Waiting for your answer" in text
+        assert gw.cli_json("sponsor", token=t["carol"])["agents"] == []
+        with gw.http(t["bot1"]) as b:
+            assert b.get("/v1/sponsor").status_code == 403
+        with gw.http(t["carol"]) as c:
+            assert c.get("/v1/sponsor", params={"sponsor": "alice"}).status_code == 403

@@ -114,6 +114,11 @@ class EnvBuildIn(BaseModel):
     rebuild: bool = Field(False, description="Build again even if an image exists (a corrupt one, say).")
 
 
+class SponsorParams(BaseModel):
+    days: float = Field(7.0, gt=0, le=366, description="How far back.")
+    sponsor: str | None = Field(None, max_length=128, description="Another sponsor's view (admins).")
+
+
 class ApprovalsParams(BaseModel):
     state: Literal["pending", "approved", "declined", "expired", "all"] = Field(
         "pending", description="Only approvals in this state (default: waiting); 'all': every one.")

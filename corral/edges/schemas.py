@@ -209,6 +209,15 @@ class BudgetOut(_Out):
         "submits_per_min. Empty: the token has no limits."))
 
 
+class SponsorOut(_Out):
+    sponsor: str
+    days: float
+    agents: list[dict[str, Any]] = Field(description=(
+        "Each agent the sponsor answers for: jobs (by state, submitted in the window), cpu_hours (CPUs x time "
+        "held), refusals (rule, count, last_reason), waiting (approvals)."))
+    approvals: list[dict[str, Any]] = Field(description="What waits for the sponsor's answer.")
+
+
 class ApprovalsOut(_Out):
     approvals: list[dict[str, Any]] = Field(description=(
         "Newest first: id, principal (the agent), sponsor, session, action, rule, jobs, summary, created, expires, "

@@ -60,6 +60,7 @@ from corral.memory.facts import Facts
 from corral.notify.notifier import Notifier
 from corral.gateway.notify_verbs import NotifyVerbs
 from corral.gateway.approvals import ApprovalVerbs
+from corral.gateway.sponsor_view import SponsorView
 from corral.gateway.memory_verbs import MemoryVerbs
 from corral.safety.audit import Audit, AuditLog
 from corral.safety.credentials import Credentials
@@ -132,6 +133,8 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
     audit.repair()  # a torn final record (a crash, a full disk) cut off, and the cut recorded
     notifier = Notifier(db, settings.notify, base_url=settings.url or f"http://{settings.host}:{settings.port}")
     audit.on_deny.append(notifier.on_audit)  # a refusal, recorded, is told to the agent's sponsor
+    sponsor_view = SponsorView(db)
+    audit.on_deny.append(sponsor_view.on_deny)  # ... and counted for the sponsor's own view
     gate = Gate(settings.safety, settings.home, db, clock, settings.sandbox.allow_hosts)
     credentials = Credentials(db, gate)
     store, semantic = None, None
@@ -180,6 +183,7 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
         egress=egress, identities=identities)
     service.notify = NotifyVerbs(settings.notify, db, audit, notifier)
     service.approvals = ApprovalVerbs(service, settings.notify.approval_wait_s)
+    service.sponsor_view = sponsor_view
     service.runtime = Runtime(service, backend)
     return service
 

@@ -52,6 +52,7 @@ from corral.gateway.storage_verbs import StorageVerbs
 if TYPE_CHECKING:
     from corral.sandbox.egress import Egress
     from corral.gateway.approvals import ApprovalVerbs
+    from corral.gateway.sponsor_view import SponsorView
     from corral.gateway.notify_verbs import NotifyVerbs
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ class Service:
         self.runtime: "Loops | None" = None
         self.notify: "NotifyVerbs" = None  # type: ignore[assignment]  # set by the runtime's assembly with the notifier
         self.approvals: "ApprovalVerbs" = None  # type: ignore[assignment]  # likewise (gateway/approvals.py)
+        self.sponsor_view: "SponsorView" = None  # type: ignore[assignment]  # likewise (gateway/sponsor_view.py)
         """What runs the loops around these verbs (set by the runtime that assembled them)."""
 
     def authenticate(self, token: str | None, session: str | None = None) -> Caller:

@@ -13,6 +13,7 @@ on SQLite (the embedded default, a file in HOME) or PostgreSQL (``[store] url =
     read.py      ReadModel     what the dashboard shows                        (db.read)
     notify.py    NotifyRecords notification choices, the outbox, the notifier's marks (db.notifications)
     approvals.py ApprovalRecords actions waiting for a person, approvals ahead  (db.approvals)
+    sponsor.py   SponsorRecords  agents' refusals per rule and day, what they ran (db.sponsor)
     migrations.py              the numbered schema, rendered per server
     conn.py      Conn          one connection and the SQL the servers spell differently
 
@@ -37,6 +38,7 @@ from corral.core.store.migrations import MIGRATIONS, migrate, version
 from corral.core.store.notify import NotifyRecords
 from corral.core.store.read import ReadModel
 from corral.core.store.safety import SafetyRecords
+from corral.core.store.sponsor import SponsorRecords
 from corral.core.store.storage import StorageRecords
 
 __all__ = ["Database", "open_store", "Run", "HELD_REASON", "MIGRATIONS", "INTEGRITY_ERRORS", "Conn"]
@@ -61,6 +63,7 @@ class Database(Jobs, Accounts, Events, Audit, Signals):
         self.read = ReadModel(self.conn)
         self.notifications = NotifyRecords(self.conn)
         self.approvals = ApprovalRecords(self.conn)
+        self.sponsor = SponsorRecords(self.conn)
         self._storage: StorageRecords | None = None
 
     @property

@@ -310,6 +310,19 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (principal, session, rule)
     );
     """,
+    # 17: the sponsor's view: each agent's refusals per rule and day, as the audit records
+    # them (corral/core/store/sponsor.py)
+    """
+    CREATE TABLE refusal_counts (
+        principal TEXT NOT NULL,
+        rule TEXT NOT NULL,
+        day INTEGER NOT NULL,
+        n INTEGER NOT NULL,
+        last REAL NOT NULL,
+        last_reason TEXT,
+        PRIMARY KEY (principal, rule, day)
+    );
+    """,
 ]
 
 

@@ -83,6 +83,7 @@ LAZY = {
     "principal": "corral.edges.cli.principal_commands:principal", "config": "corral.edges.cli.config_commands:config",
     "doctor": "corral.edges.cli.doctor_commands:doctor",
     "notify": "corral.edges.cli.notify_commands:notify", "approvals": "corral.edges.cli.approval_commands:approvals",
+    "sponsor": "corral.edges.cli.sponsor_commands:sponsor",
 }
 """Commands imported when called, not at start (they pull in polars, Cedar, tree-sitter)."""
 
