@@ -115,14 +115,22 @@ def attach(argv: Sequence[str], *, env: Mapping[str, str]) -> int:
     """Run a program in the caller's terminal and session (an interactive agent such
     as Claude Code needs both) until it exits; its exit code. Ctrl-C and Ctrl-\\ are the
     program's to handle (an agent interrupts its own turn with them), so the caller
-    ignores them meanwhile."""
+    ignores them meanwhile. SIGHUP (a closed terminal) and SIGTERM are passed on to the
+    program, and the caller waits for its end: so the caller's own cleanup runs (where
+    the default action ended the caller at once, leaving what it had made)."""
     import signal
 
     try:
         child = subprocess.Popen(list(argv), env=dict(env))
     except OSError as e:
         raise BackendError(f"could not start {argv[0]}: {e}", argv=list(argv)) from None
+
+    def forward(sig: int, _frame: object) -> None:
+        if child.poll() is None:
+            child.send_signal(sig)
+
     old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGQUIT)}
+    old.update({s: signal.signal(s, forward) for s in (signal.SIGHUP, signal.SIGTERM)})
     try:
         return child.wait()
     finally:

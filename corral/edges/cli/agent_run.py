@@ -32,6 +32,7 @@ from corral.core import proc
 from corral.core.errors import InvalidRequest
 from corral.core import paths
 from corral.core.paths import gateway_homes
+from corral.edges.cli.agent_session import PREFIX, mark, read_token, sweep
 from corral.edges.shims import COMMANDS, REFUSED
 
 SLURM_CLIENTS = COMMANDS + REFUSED + ("slurmrestd",)
@@ -65,12 +66,15 @@ def shim_dir(root: Path) -> Path:
     return d
 
 
-def start_helper(root: Path) -> tuple[subprocess.Popen[bytes] | None, str | None]:
+def start_helper(root: Path, session: bool = False) -> tuple[subprocess.Popen[bytes] | None, str | None]:
     """The session's resident shim helper (its process, its socket), or (None, None) when
-    it did not come up: the shims then run on their own, only slower."""
+    it did not come up: the shims then run on their own, only slower. ``session``: it
+    ends with this process, however this ends, and removes ``root`` as it goes
+    (helper.guard)."""
     sock = root / "shim.sock"
+    guard = f"guard({str(root)!r}, {os.getpid()}); " if session else ""
     code = (f"import sys; sys.path.insert(0, {str(paths.CODE_ROOT)!r}); "
-            f"from corral.edges.shims.helper import serve; serve({str(sock)!r})")
+            f"from corral.edges.shims.helper import guard, serve; {guard}serve({str(sock)!r})")
     # Isolated (-I): started in the agent's working directory, which others may write.
     proc = subprocess.Popen([sys.executable, "-I", "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
@@ -142,7 +146,9 @@ def fence(argv: list[str], shims: Path, slurm_conf: str | None) -> tuple[list[st
     return args + ["--", *argv], hidden
 
 
-def run(command: list[str], url: str, token: str | None, session: str | None, fenced: bool, quiet: bool) -> int:
+def run(command: list[str], url: str, token: str | None, session: str | None, fenced: bool, quiet: bool,
+        token_file: str | None = None) -> int:
+    token = read_token(token, token_file)
     if not command:
         raise InvalidRequest("give the agent's command after --", hint="corral agent run -- claude")
     if shutil.which(command[0]) is None and not os.path.exists(command[0]):
@@ -153,16 +159,19 @@ def run(command: list[str], url: str, token: str | None, session: str | None, fe
         # `--token $TOKEN` with TOKEN empty reaches here as --token '' or as --token -- (the
         # shell drops an empty unquoted word): never start an agent on that.
         raise InvalidRequest("no token for the agent" + (f" (--token took {token!r}: is $TOKEN empty?)" if token else ""),
-                             hint="mint one: corral token mint --for AGENT; then "
-                             "corral agent run --token TOKEN -- COMMAND (or set CORRAL_TOKEN)")
+                             hint="ask your sponsor for one (people mint them: corral token mint --for AGENT), "
+                             "save it in a file only you may read, then corral agent run --token-file FILE -- COMMAND "
+                             "(or --token - to type it, or set CORRAL_TOKEN)")
     from corral.edges.client import Client
 
     # The token is asked of the gateway before the agent starts: a wrong one fails here, in
     # one line, not at the agent's first sbatch.
     Client(url, token.strip(), session).whoami()
     session = session or f"agent-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    root = Path(tempfile.mkdtemp(prefix="corral-agent-"))
+    sweep()  # what an earlier session killed outright left (its mcp.json holds a token)
+    root = Path(tempfile.mkdtemp(prefix=PREFIX))
     os.chmod(root, 0o700)
+    mark(root, None)
     shims = shim_dir(root)
     corral_bin = shutil.which("corral") or str(Path(sys.executable).with_name("corral"))
     agent_env = {"CORRAL_URL": url, "CORRAL_TOKEN": token, "CORRAL_SESSION": session}
@@ -175,9 +184,12 @@ def run(command: list[str], url: str, token: str | None, session: str | None, fe
            "CORRAL_SHIM_CACHE": str(root / "cache"),
            "PATH": f"{shims}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
     # CORRAL_SHIM_HELPER=0: each shim runs on its own (slower, the same answers)
-    helper, sock = start_helper(root) if os.environ.get("CORRAL_SHIM_HELPER", "1") != "0" else (None, None)
+    helper, sock = start_helper(root, session=True) if os.environ.get("CORRAL_SHIM_HELPER", "1") != "0" \
+        else (None, None)
     if sock:
         env["CORRAL_SHIM_SOCKET"] = sock
+    if helper is not None:
+        mark(root, helper.pid)
     argv = client_args(command, cfg, corral_bin, agent_env)
     hidden: list[str] = []
     if fenced:
@@ -187,7 +199,8 @@ def run(command: list[str], url: str, token: str | None, session: str | None, fe
               + (f"; hidden: {', '.join(hidden)}" if hidden else
                  "; not fenced (no bubblewrap)" if fenced else "; not fenced (--no-fence)"), file=sys.stderr)
     try:
-        return proc.attach(argv, env=env)
+        code = proc.attach(argv, env=env)  # SIGHUP, SIGTERM: passed on to the agent, then on to here
+        return code if code >= 0 else 128 - code  # ended by a signal: as a shell says it
     finally:
         stop_helper(helper)
         shutil.rmtree(root, ignore_errors=True)
@@ -202,20 +215,25 @@ def _command() -> "object":
 
         \b
         Examples:
-          corral agent run --token $TOKEN -- claude       # sbatch, squeue ... inside are corral's
-          corral agent run --token $TOKEN -- bash         # a shell as the agent sees it
+          corral agent run --token-file ~/.corral/agent.token -- claude   # sbatch, squeue ... are corral's
+          corral agent run --token - -- bash      # the token typed (not echoed); a shell as the agent sees it
         """
 
     @agent.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-    @click.option("--token", envvar="CORRAL_TOKEN", help="The agent's token (default: $CORRAL_TOKEN).")
+    @click.option("--token", envvar="CORRAL_TOKEN", help=(
+        "The agent's token (default: $CORRAL_TOKEN); '-': read it from stdin (typed, not echoed, at a terminal). "
+        "A token written here stays readable in /proc by every user for the whole session: prefer "
+        "--token-file, '-' or the environment."))
+    @click.option("--token-file", type=click.Path(dir_okay=False, allow_dash=True),
+                  help="Read the agent's token from this file ('-': stdin).")
     @click.option("--session", help="Session name (default: agent-DATE-PID).")
     @click.option("--url", envvar="CORRAL_URL", default="http://127.0.0.1:8765", show_default=True,
                   help="The gateway.")
     @click.option("--no-fence", is_flag=True, help="Do not hide munge and Slurm's own binaries (bubblewrap).")
     @click.option("--quiet", is_flag=True, help="Say nothing before starting the agent.")
     @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-    def run_cmd(token: str | None, session: str | None, url: str, no_fence: bool, quiet: bool,
-                command: tuple[str, ...]) -> None:
+    def run_cmd(token: str | None, token_file: str | None, session: str | None, url: str, no_fence: bool,
+                quiet: bool, command: tuple[str, ...]) -> None:
         """Start COMMAND (claude, codex, any program) as a corral agent session.
 
         \b
@@ -226,12 +244,20 @@ def _command() -> "object":
         binaries are hidden, so the scheduler is reached through corral only.
 
         \b
+        Its session's files (mcp.json holds the token) and helper go when it ends:
+        exit, SIGHUP, SIGTERM; on SIGKILL the helper's death signal removes them, and
+        the next run sweeps what is left.
+
+        \b
         Examples:
-          corral agent run --token $TOKEN -- claude
-          corral agent run -- codex
+          corral agent run --token-file ~/.corral/agent.token -- claude
+          corral agent run -- codex                 # the token from $CORRAL_TOKEN
           corral agent run -- bash -c 'sbatch --wrap "make test"; squeue --me'
         """
-        sys.exit(run(list(command), url, token, session, not no_fence, quiet))
+        if token and token != "-" and token != os.environ.get("CORRAL_TOKEN") and not quiet:
+            print("corral: warning: a token on the command line is readable in /proc by every user of this "
+                  "machine while the session runs; use --token-file FILE, --token - or CORRAL_TOKEN", file=sys.stderr)
+        sys.exit(run(list(command), url, token, session, not no_fence, quiet, token_file))
 
     run_cmd.name = "run"
     return agent

@@ -177,6 +177,24 @@ def _serve_one(conn: socket.socket) -> None:
     conn.sendall(bytes([rc & 0xFF]))
 
 
+def guard(root: str, parent: int) -> None:
+    """The helper of an agent session ends with its ``corral agent run``, however that
+    ends, and takes the session's directory (its mcp.json holds the token) with it: a
+    death signal (SIGTERM when the parent dies, even by SIGKILL), and the directory
+    removed as the helper exits (corral/edges/cli/agent_session.py)."""
+    import atexit
+    import ctypes
+
+    atexit.register(shutil.rmtree, root, True)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # not Linux: the sweep at the next start stays
+        pass
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # exits through atexit, before serve starts too
+    if os.getppid() != parent:  # the parent died before the death signal was set
+        sys.exit(0)
+
+
 def serve(path: str) -> None:
     import gc
 
