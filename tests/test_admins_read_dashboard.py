@@ -157,6 +157,10 @@ def test_the_board_reads_as_the_cli_says(gateway: Gateway, people: dict[str, str
         shown = {(r.get_attribute("data-state"), r.get_attribute("data-lane")): int(r.locator("td.n").inner_text())
                  for r in page.locator("#jobs tr[data-state]").all()}
         assert shown == dict(by_state), (shown, by_state)
+        sessions = {(r.get_attribute("data-principal"), r.locator("td").nth(3).inner_text()):
+                    int(r.locator("td").nth(5).inner_text()) for r in page.locator("#sessions tr.session").all()}
+        by_session = collections.Counter((j["principal"], j["session"] or "(no session)") for j in jobs)
+        assert sessions == dict(by_session), (sessions, by_session)
         rules = {}
         for r in page.locator("#refusals tr[data-rule]").all():
             action, rule, count = r.locator("td").all_inner_texts()[:3]
