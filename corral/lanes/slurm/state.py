@@ -16,7 +16,7 @@ from corral.core.jobs import JobState
 from corral.core.safe_read import read_small, read_tail
 from corral.lanes.backend import BackendStatus
 from corral.lanes.slurm.base import SlurmBase, out_dir
-from corral.lanes.slurm.tiers import extend, read_node, read_started
+from corral.lanes.slurm.tiers import extend, read_ended, read_node, read_started
 from corral.lanes.slurm.vocab import parse_exit, slurm_epoch, translate
 
 # Without cgroups (proctrack/linuxproc), Slurm's memory enforcement kills the step with
@@ -97,12 +97,17 @@ class Polling(SlurmBase):
                 # The batch script runs as the job's own user, who may write this marker
                 # before its work is done: its end is Slurm's word, at the next poll.
                 return None
-            code = int(read_small(out / "ended").strip())
+            code, run = read_ended(read_small(out / "ended"))
         except (OSError, ValueError):
             return None
         if code > 128:
             return None
         started, restarts = self._started(jid)
+        if run is not None and (run < restarts or run < self.requeues.count(jid)):
+            # The end of a run Slurm has superseded (requeued after NODE_FAIL or a preemption,
+            # its node's slurmd gone while the run went on): not this job's end. Slurm's word,
+            # at the next poll, says where the job is.
+            return None
         self.requeues.note(jid, restarts)
         end = os.lstat(out / "ended").st_mtime
         node = self._node(jid) or (last.node if (last := self._known.get(jid)) else None)
@@ -118,7 +123,7 @@ class Polling(SlurmBase):
         try:
             if d is None or out_dir(d).stat().st_uid != os.geteuid():
                 return None
-            return int(read_small(out_dir(d) / "ended", 64).strip())
+            return read_ended(read_small(out_dir(d) / "ended", 64))[0]
         except (OSError, ValueError):
             return None
 

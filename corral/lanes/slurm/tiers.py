@@ -119,6 +119,13 @@ def read_node(text: str) -> str | None:
     return parts[2] if len(parts) > 2 and len(parts[2]) <= 255 and parts[2].isprintable() else None
 
 
+def read_ended(text: str) -> tuple[int, int | None]:
+    """An ``ended`` marker ('STATUS RUN', the run its SLURM_RESTART_COUNT names) -> (status,
+    run); an older corral's has no run (None). ValueError if it is not one."""
+    parts = text.split()
+    return int(parts[0]), int(parts[1]) if len(parts) > 1 else None
+
+
 def read_started(text: str) -> tuple[float | None, int]:
     """A ``started`` marker -> (epoch, restarts); a marker of an older corral has no count."""
     parts = text.split()

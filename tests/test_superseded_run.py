@@ -1,0 +1,88 @@
+"""A run Slurm has superseded does not end the job (issue 50): on the private cluster
+(scripts/slurm-up, nodes c1..c4 each in a namespace of its own) the slurmd of the node a
+job runs on is killed, and only it: the job's slurmstepd and its work go on. Slurm
+marks the node DOWN, the job NODE_FAIL, and requeues it to run again elsewhere; the
+first run, orphaned, ends later and writes its end marker. corral must follow Slurm
+(the job waits to run again, its requeue counted), not the orphan's end (before:
+COMPLETED, for good, while Slurm ran the job a second time)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import Gateway
+from .slurm_env import layout, restore, slurm_conf
+from .test_cluster_slurm import cluster_conf, job, node_state, quiet, slurm, until
+from .test_gateway_slurm import start_slurm_gateway
+
+pytestmark = pytest.mark.usefixtures("slurm_turn")
+
+
+@pytest.fixture
+def gw(tmp_path: Path) -> Iterator[Gateway]:
+    g = start_slurm_gateway(tmp_path, quiet(cluster_conf()))
+    try:
+        yield g
+    finally:
+        g.kill(signal.SIGTERM)
+
+
+def kill_slurmd(conf: str, node: str) -> None:
+    """SIGKILL to the node's slurmd alone (its jobs' slurmstepds and tasks live on)."""
+    ns = f"{layout(conf)['NS']}-{node}"
+    for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, check=True).stdout.split():
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "slurmd":
+                os.kill(int(pid), signal.SIGKILL)
+                return
+        except OSError:
+            continue
+    raise AssertionError(f"no slurmd runs on {node}")
+
+
+def restarts(conf: str, backend: str) -> int:
+    fields = dict(t.split("=", 1) for t in slurm(conf, "scontrol", "show", "job", backend, "-o").split() if "=" in t)
+    return int(fields.get("Restarts", 0))
+
+
+@pytest.mark.slurm_turn("alone")
+def test_an_orphaned_runs_end_does_not_end_a_requeued_job(gw: Gateway, agent_dir: Path) -> None:
+    conf = slurm_conf()
+    # The first run outlives Slurm's notice of its node (SlurmdTimeout=15 s, pings every 5 s):
+    # it ends at ~45 s, after the requeue. Slurm makes the requeued job wait ~2 minutes
+    # (BeginTime) before its second run: not awaited here, the job is cancelled.
+    work = 'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 45; fi; echo run-$SLURM_RESTART_COUNT'
+    node = ""
+    try:
+        with gw.http() as h:
+            jid = h.post("/v1/jobs", json={"command": work, "cpus": 4, "walltime": "10m",
+                                           "workdir": str(agent_dir)}).json()["id"]
+            first = h.get(f"/v1/jobs/{jid}/wait", params={"timeout": 120, "until": "RUNNING"}).json()
+        assert first["state"] == "RUNNING", first
+        backend = first["backend_id"]
+        node = slurm(conf, "squeue", "-h", "-j", backend, "-o", "%N").strip()
+        ended = Path(slurm(conf, "scontrol", "show", "job", backend, "-o").split("StdOut=")[1].split()[0]).parent / "ended"
+        kill_slurmd(conf, node)
+        until(f"Slurm to mark {node} down", lambda: "DOWN" in node_state(conf, node), 90)
+        until("Slurm to requeue the job", lambda: restarts(conf, backend) >= 1, 90)
+        until("the first run, orphaned, to write its end", ended.exists, 90)
+        assert ended.read_text().split() == ["0", "0"], ended.read_text()  # its status, and its run: the first
+        for _ in range(8):  # the gateway's ticks after the marker (CORRAL_TICK_S=0.5)
+            j = job(gw, jid)
+            assert j["state"] in ("PENDING", "RUNNING"), (j, "Slurm says", slurm(
+                conf, "squeue", "-h", "-j", backend, "-o", "%T %r").strip() or "gone")
+            time.sleep(1)
+        assert j["requeues"] >= 1 and j["backend_id"] == backend, j
+        with gw.http() as h:
+            h.post(f"/v1/jobs/{jid}/cancel")
+    finally:
+        restore(conf)  # the node's slurmd again
+        if node:
+            until(f"{node} back in service", lambda: "DOWN" not in node_state(conf, node), 90)
