@@ -78,6 +78,32 @@ def test_a_job_cannot_fill_corrals_disk(tmp_path: Path) -> None:
             drop_scratch(home)
 
 
+def test_a_job_flooding_its_output_gives_corrals_disk_back(tmp_path: Path) -> None:
+    """Its output is the one thing a job writes on corral's disk. A job that floods it
+    while the disk runs out is stopped (FAILED, saying so) and its output cut, so the
+    disk is corral's again: the next submission of another principal is taken (201), not
+    answered 507 until the job's directory is collected days later."""
+    need_bwrap()
+    with small_disk(tmp_path / "home", "64m") as home:
+        gw = Gateway(home, free_port())
+        gw.start()
+        try:
+            t = pair(gw)
+            with gw.http(t["bot1"]) as h:
+                r = h.post("/v1/jobs", json={"command": "head -c 200000000 /dev/zero; sleep 30", "walltime": "1m"})
+                assert r.status_code == 201, r.text
+                end = _wait(h, r.json()["id"])
+            assert end["state"] == "FAILED" and "corral's state" in end["reason"] and "cut" in end["reason"], end
+            st = os.statvfs(home)
+            assert st.f_bavail * st.f_frsize > 32 << 20, "the job's output still fills corral's disk"
+            with gw.http(t["alice"]) as h:
+                r = h.post("/v1/jobs", json={"command": "true", "walltime": "1m"})
+                assert r.status_code == 201, r.text
+        finally:
+            gw.kill()
+            drop_scratch(home)
+
+
 def test_a_private_tmp_counts_as_memory(tmp_path: Path) -> None:
     """Issue 47: two jobs limited to 128 MB held 900 MB each in /tmp and COMPLETED. Now
     /tmp holds at most the job's memory, and what it holds is counted as memory."""

@@ -37,6 +37,10 @@ DISK_RESERVE = 256 << 20
 writing output is stopped, named as the cause: corral's own writes come first."""
 
 
+KEPT = 1 << 20
+"""What is kept of each output stream of a job stopped for filling corral's disk."""
+
+
 class Cancelled(Exception):
     """Raised by the SIGTERM handler to interrupt the wait at once."""
 
@@ -158,6 +162,8 @@ def main(job_dir: str) -> int:
             rc = child.force() if stuck else stop(child)
     held.clear()
     child.close()
+    if seen.get("cut"):
+        reason = f"{reason}{_cut(launch, d)}"
     end = time.time()
     cpu_s, rss_mb = child.usage()
     if state is None and rc != 0 and (d / "cancel").exists():
@@ -201,10 +207,31 @@ def _over(d: Path, launch: dict[str, Any], procs: float, tmp: float, seen: dict[
     grew, seen["written"] = written > seen["written"], written
     free = room(d, launch.get("disk_reserve") or DISK_RESERVE) if grew else None
     if free is not None:
+        seen["cut"] = 1
         return "FAILED", (f"stopped while writing output ({written} bytes so far): the disk that holds corral's "
                           f"state ({d.parent.parent}) had only {free >> 20} MB left; write large results "
                           "to files in a working directory instead")
     return None
+
+
+def _cut(launch: dict[str, Any], d: Path) -> str:
+    """Give corral's disk back: the output of a job stopped for filling it is cut to its
+    first ``KEPT`` bytes each (corral's files: never through a link). -> what to add to its reason."""
+    paths = launch.get("output") or {}
+    cut = 0
+    for name in ("stdout", "stderr"):
+        try:
+            fd = os.open(paths.get(name) or d / name, os.O_WRONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            size = os.fstat(fd).st_size
+            if size > KEPT:
+                os.ftruncate(fd, KEPT)
+                cut += size - KEPT
+        finally:
+            os.close(fd)
+    return f"; its output was cut to its first {KEPT >> 20} MB per stream ({cut} bytes dropped)" if cut else ""
 
 
 def _written(d: Path) -> int:
