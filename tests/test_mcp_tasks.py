@@ -194,7 +194,7 @@ def _build_as_a_task(gateway: Gateway) -> None:
     assert task["resultType"] == "task" and task["taskId"].startswith("env-"), task
     done = poll(gateway, bot, task["taskId"])
     image = done["result"]["structuredContent"]
-    assert image["state"] == "ready" and image["name"] == "six-task" and "submit_job image=" in image["next"], done
+    assert image["state"] == "ready" and image["name"] == "bot1/six-task" and "submit_job image=" in image["next"], done
     assert call(gateway, bot, "build_environment", requirements="six==1.17.0\n").get("resultType") == "complete"
     bad = call(gateway, bot, "build_environment", requirements="zz-no-pkg-q9==9\n")
     if bad.get("resultType") == "task":
