@@ -79,7 +79,7 @@ def run(
         raise BackendError(f"{argv[0]} is not installed or not on PATH", argv=list(argv)) from None
     except subprocess.TimeoutExpired:
         raise BackendError(
-            f"{argv[0]} did not answer within {timeout:.0f}s", argv=list(argv), hint="the scheduler may be overloaded"
+            f"{argv[0]} did not answer within {timeout:.0f}s", argv=list(argv), hint="the scheduler may be overloaded: retry in a minute"
         ) from None
     if check and cp.returncode != 0:
         raise BackendError(

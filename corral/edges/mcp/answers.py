@@ -16,6 +16,7 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
 from corral.core.errors import CorralError
 from corral.core.jobs import format_duration
+from corral.edges.mcp.advice import said
 from corral.edges.verbs import BY_NAME
 from corral.safety import guard
 
@@ -60,10 +61,11 @@ def guarded(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         except ToolError:
             raise
         except CorralError as e:
-            raise ToolError(e.message + (f" (hint: {e.hint})" if e.hint else "")) from None
+            raise ToolError(said(e.message, e.hint)) from None
         except Exception:
             log.exception("MCP tool %s failed", fn.__name__)
-            raise ToolError("internal error in corral (it is logged); retry once, then tell the facility admin") from None
+            raise ToolError("internal error in corral (it is logged); retry once, and if it fails again, tell your "
+                            "user (the facility's admin can read what happened in corral's log)") from None
 
     return wrapper
 

@@ -161,7 +161,9 @@ MAX_REFUSED_BODY = 1 << 20
 
 
 def said(e: CorralError) -> str:
-    return e.message + (f" ({e.hint})" if e.hint else "")
+    from corral.edges.mcp.advice import said as for_agent
+
+    return for_agent(e.message, e.hint)
 
 
 async def _request_of(receive: Any) -> dict[str, Any] | None:

@@ -42,6 +42,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field
 
 from corral.core.errors import CorralError
+from corral.edges.mcp.advice import said
 
 if TYPE_CHECKING:
     from corral.edges.mcp.ops import ServiceOps
@@ -167,7 +168,7 @@ class JobTasks(Extension):
         try:
             return self.ops_for(getattr(ctx.request, "headers", None))
         except CorralError as e:
-            raise MCPError(INVALID_PARAMS, e.message + (f" (hint: {e.hint})" if e.hint else "")) from None
+            raise MCPError(INVALID_PARAMS, said(e.message, e.hint)) from None
 
     # -- tools/call ------------------------------------------------------------------
     async def intercept_tool_call(self, params: CallToolRequestParams, ctx: ServerRequestContext[Any, Any],
