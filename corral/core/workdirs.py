@@ -67,12 +67,13 @@ def reachable(workdir: str, identity: Identity | None) -> None:
     if identity is None or not os.path.isabs(workdir):
         return
     todo, here, hops = list(Path(workdir).parts[1:]), "/", 0
+    groups = _groups(identity)  # once: the user database is slow to ask per directory
     while todo:
         try:
             st = os.stat(here)
         except OSError:  # gone meanwhile: the checks that follow say so
             return
-        if not _may(st, identity, 0o1):
+        if not _may(st, identity, 0o1, groups):
             raise InvalidRequest(f"workdir {workdir!r} {NOT_WRITABLE}, {identity.describe()}: it lies under "
                                  f"{here}, which that identity may not enter",
                                  hint="pick your project's directory (or a subdirectory of it) with --workdir")
@@ -160,17 +161,24 @@ def writable(st: os.stat_result, identity: Identity) -> bool:
     return _may(st, identity, 0o3)
 
 
-def _may(st: os.stat_result, identity: Identity, bits: int) -> bool:
-    """Whether ``identity`` has the permission ``bits`` (0o1 search, 0o2 write, 0o4
-    read; as for "other") on a file of ``st``: the owner's, else a group's, else other's."""
-    if st.st_uid == identity.uid:
-        return st.st_mode >> 6 & bits == bits
+def _groups(identity: Identity) -> set[int]:
     groups = {identity.gid}
     if not identity.dynamic:
         try:
             groups |= set(os.getgrouplist(identity.user, identity.gid))
         except OSError:
             pass
+    return groups
+
+
+def _may(st: os.stat_result, identity: Identity, bits: int, groups: set[int] | None = None) -> bool:
+    """Whether ``identity`` has the permission ``bits`` (0o1 search, 0o2 write, 0o4
+    read; as for "other") on a file of ``st``: the owner's, else a group's, else other's.
+    ``groups``: the identity's, when the caller asks about many files."""
+    if st.st_uid == identity.uid:
+        return st.st_mode >> 6 & bits == bits
+    if groups is None:
+        groups = _groups(identity)
     if st.st_gid in groups:
         return st.st_mode >> 3 & bits == bits
     return st.st_mode & bits == bits
