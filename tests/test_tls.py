@@ -153,3 +153,22 @@ def test_a_network_address_without_tls_is_refused_unless_insecure(tmp_path: Path
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_an_agent_session_carries_the_ca_to_its_mcp_relay(tls_gateway: tuple[str, Path, Path], tmp_path: Path) -> None:
+    """`corral agent run` hands CORRAL_CA_FILE to the agent's MCP server (Codex forwards only
+    the variables it is told of): without it the relay could not verify an https gateway."""
+    url, ca, home = tls_gateway
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "codex").write_text('#!/bin/sh\necho "ARGS $*"\ncat "$CORRAL_MCP_CONFIG"\n')
+    (bin_dir / "codex").chmod(0o755)
+    env = _env(home, CORRAL_URL=url, CORRAL_TOKEN=(home / "admin.token").read_text().strip(),
+               CORRAL_CA_FILE=str(ca), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    r = subprocess.run([*CORRAL, "agent", "run", "--no-fence", "--", "codex"], env=env, capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    args = next(line for line in r.stdout.splitlines() if line.startswith("ARGS "))
+    assert '"CORRAL_CA_FILE"' in args.split("env_vars=", 1)[1], args
+    config = json.loads(r.stdout[r.stdout.index("{"):])
+    assert config["mcpServers"]["corral"]["env"]["CORRAL_CA_FILE"] == str(ca)

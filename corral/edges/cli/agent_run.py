@@ -175,6 +175,8 @@ def run(command: list[str], url: str, token: str | None, session: str | None, fe
     shims = shim_dir(root)
     corral_bin = shutil.which("corral") or str(Path(sys.executable).with_name("corral"))
     agent_env = {"CORRAL_URL": url, "CORRAL_TOKEN": token, "CORRAL_SESSION": session}
+    if os.environ.get("CORRAL_CA_FILE"):  # an https gateway under a site CA: its relay must verify it too
+        agent_env["CORRAL_CA_FILE"] = os.environ["CORRAL_CA_FILE"]
     cfg = root / "mcp.json"
     fd = os.open(cfg, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
