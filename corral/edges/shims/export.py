@@ -10,7 +10,8 @@ job gets every variable too, except:
   anew, as Slurm does);
 - the shell's own bookkeeping (PWD, OLDPWD, SHLVL, _ , BASH_FUNC_*) and PATH: the job's
   PATH is the sandbox's own, where the submitting session's directories (its shims, its
-  virtualenv) do not lie.
+  virtualenv) do not lie; TMPDIR and XDG_RUNTIME_DIR (the job's are its own); where a
+  credential lies (KRB5CCNAME, SSH_AUTH_SOCK); BASH_ENV and ENV.
 
 ``--export=NONE`` exports nothing (the job starts from the node's basic environment,
 with Slurm's variables); ``--export=A,B=x`` exports A (if set) and B=x alone;
@@ -25,7 +26,14 @@ import re
 import shlex
 
 _SECRETISH = re.compile(r"key|secret|token|pass|pwd|auth|cred|bearer|jwt", re.IGNORECASE)
-_SKIP = {"PWD", "OLDPWD", "SHLVL", "_", "PATH", "PS1", "PS2", "PROMPT_COMMAND", "HOSTNAME", "USER", "HOME", "LOGNAME"}
+_SKIP = {"PWD", "OLDPWD", "SHLVL", "_", "PATH", "PS1", "PS2", "PROMPT_COMMAND", "HOSTNAME", "USER", "HOME", "LOGNAME",
+         # the job's own: its private /tmp (decision 0044) and its session's runtime directory,
+         # which the submitter's name a place the sandbox does not have (mktemp would fail)
+         "TMPDIR", "TMP", "TEMP", "TEMPDIR", "XDG_RUNTIME_DIR",
+         # a credential's place, not its value: a Kerberos cache, an agent's socket
+         "KRB5CCNAME", "SSH_AUTH_SOCK", "SSH_AGENT_PID", "GPG_AGENT_INFO",
+         # what every bash of the job would read first, from the submitter's files
+         "BASH_ENV", "ENV"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 MAX_TOTAL = 64 * 1024
 """At most this much of the environment travels (the job's script has a size limit)."""
