@@ -83,3 +83,24 @@ def test_budget_active_cap_and_burst_hold_across_three_replicas(tmp_path: Path, 
             with g.http(people["bot2"]) as h:
                 plan = h.post("/v1/plan", json=job).json()
                 assert plan["allowed"] is False and "submissions of bot2" in plan["refused"]["message"], plan
+
+
+def test_replicas_clocks_skew_gives_no_refill() -> None:
+    """The facility's buckets are stamped with the replicas' wall clocks: one 10 s behind
+    another must not move a stamp back, or an agent alternating between them would be
+    refilled 10 s' worth each time (attacked from the code: ``take_stored``)."""
+    from corral.core.errors import RateLimited
+    from corral.safety.limits import take_stored
+
+    want = [("sub:bot", 1.0, 1.0, 2.0, "submissions of bot")]  # 1 a second, burst 2
+    held: dict[str, tuple[float, float]] = {}
+    granted = 0
+    for i in range(20):  # ahead, behind, ahead, ...: no real time passes
+        now = 1000.0 + (10.0 if i % 2 == 0 else 0.0)
+        try:
+            (row,) = take_stored(held, want, now)
+        except RateLimited:
+            continue
+        held["sub:bot"] = row[1:]
+        granted += 1
+    assert granted == 2  # the burst, and nothing from the skew

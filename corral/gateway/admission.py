@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from corral.core.store.conn import INTEGRITY_ERRORS
+from corral.core.store.safety import Busy
 from corral.control.dependencies import judge
 from corral.control.intake import Intake, audited
 from corral.core import workdirs
@@ -44,6 +45,9 @@ from corral.gateway.storage_verbs import StorageVerbs
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 1000
+HOLD_WAIT_S = 3.0
+"""How long a submission waits for another replica's admission of the same principal
+(each holds it for one transaction: milliseconds) before it answers 429."""
 
 Ready = tuple[JobSpec, Placement | None, Lane] | Job
 """A spec that passed, as it would run (its placement, its lane), or the job whose result answers it."""
@@ -101,14 +105,8 @@ class Admission:
         # id and submit time name it), never a job without its decision.
         fault("before_insert")
         try:
-            # Reserved and recorded in one transaction, under the principal's hold in the
-            # store: another replica's admission of the same principal waits for this
-            # commit, then counts these jobs (decision 0043).
-            with self.db.transaction():
-                if new:
-                    self.gate.admit(caller, [spec for spec, _ in new])
-                inserted = self.intake.record(caller, [(lane.name, spec) for spec, lane in new], rule, key=key,
-                                              digest=digest, hold=hold)
+            inserted = await self._admitted(caller, [(lane.name, spec) for spec, lane in new], rule, key, digest,
+                                            hold)
         except INTEGRITY_ERRORS:
             # The same key inserted meanwhile by another replica (one store, many gateways): its jobs stand.
             replay = self._replay(caller, key, n, digest) if key is not None else None
@@ -130,6 +128,25 @@ class Admission:
             self.audit.record(caller, "submit", "allow", "cache-hit", [audited(j) for j in hits])
         # Only cache hits: nothing new was made, and the answer says so.
         return jobs, bool(new), advice, rule if new else "cache-hit"
+
+    async def _admitted(self, caller: Caller, items: list[tuple[str, JobSpec]], rule: str, key: str | None,
+                        digest: str | None, hold: bool) -> list[Job]:
+        """Reserved and recorded in one transaction, under the principal's hold in the
+        store: another replica's admission of the same principal waits for this commit,
+        then counts these jobs (decision 0043). While another replica holds it, tried again
+        after a pause (the event loop serves others meanwhile), for ``HOLD_WAIT_S`` at most."""
+        deadline, pause = asyncio.get_running_loop().time() + HOLD_WAIT_S, 0.005
+        while True:
+            try:
+                with self.db.transaction():
+                    if items:
+                        self.gate.admit(caller, [spec for _, spec in items])
+                    return self.intake.record(caller, items, rule, key=key, digest=digest, hold=hold)
+            except Busy:
+                if asyncio.get_running_loop().time() + pause > deadline:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.1)
 
     async def check(self, caller: Caller, specs: list[JobSpec], texts: list[str] | None = None, *,
                     plan: bool = False) -> Checked:

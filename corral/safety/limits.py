@@ -110,8 +110,12 @@ def take_stored(held: dict[str, tuple[float, float]], wants: list[Want], now: fl
     rows = []
     for key, n, rate, burst, what in wants:
         tokens, stamp = held.get(key, (burst, now))
-        b = Bucket(rate, burst, min(tokens, burst), min(stamp, now))  # a clock stepped back refills nothing
-        wait = b.take(n, now)
+        # A replica whose clock is behind another's refills nothing until it passes the
+        # stamp, and never moves the stamp back: alternating replicas gains no refill from
+        # their clocks' skew (it costs the agent at most the skew's refill).
+        at = max(now, stamp)
+        b = Bucket(rate, burst, min(tokens, burst), stamp)
+        wait = b.take(n, at)
         if wait > 0:
             raise _refusal(what, n, rate, burst, wait)
         rows.append((key, b.tokens, b.stamp))

@@ -31,6 +31,9 @@ INTEGRITY_ERRORS: tuple[type[BaseException], ...] = (sqlite3.IntegrityError,) + 
     (psycopg.IntegrityError,) if psycopg is not None else ())
 """What a broken uniqueness or reference raises, on either server."""
 
+LOCK_BUSY: tuple[type[BaseException], ...] = (psycopg.errors.LockNotAvailable,) if psycopg is not None else ()
+"""What a row lock asked with ``NOWAIT`` raises when another session holds it (PostgreSQL)."""
+
 
 class Unreachable(RuntimeError):
     """The PostgreSQL server refused a new connection: at start, the gateway says so and

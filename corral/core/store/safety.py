@@ -7,12 +7,19 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from corral.core.store.conn import Conn
+from corral.core.errors import RateLimited
+from corral.core.store.conn import LOCK_BUSY, Conn
 from corral.core.store.jobs import ACTIVE
 
-LOCK_WAIT_MS = 3000
-"""The longest an admission waits for another replica's admission of the same principal
-(each holds the lock for one transaction: milliseconds, unless its replica hangs)."""
+
+class Busy(RateLimited):
+    """Another replica holds this principal's admission lock at this moment: the caller
+    (``Admission.record``) tries again shortly, off the event loop; one that cannot wait
+    answers 429 with Retry-After."""
+
+    def __init__(self, principal: str) -> None:
+        super().__init__(f"submissions of {principal} are being admitted on another replica at this moment",
+                         retry_after=1.0, hint="send it again in a second (with the same Idempotency-Key)")
 
 
 class SafetyRecords:
@@ -84,14 +91,17 @@ class SafetyRecords:
         """Inside a transaction: until it ends, no other admission of ``principal``, on any
         replica, reads its usage, its active jobs or its rate buckets (decision 0043).
         PostgreSQL: the principal's row locked ``FOR NO KEY UPDATE`` (the jobs' references
-        to it take ``FOR KEY SHARE``, which this does not block); a lock not had within
-        ``LOCK_WAIT_MS`` (a replica stuck mid-admission) fails this one, retryably (503).
-        SQLite: ``BEGIN IMMEDIATE`` already took the database's one write lock."""
+        to it take ``FOR KEY SHARE``, which this does not block), ``NOWAIT``: a lock held
+        elsewhere raises ``Busy`` at once rather than block this replica's event loop
+        (every other principal's requests) while it waits. SQLite: ``BEGIN IMMEDIATE``
+        already took the database's one write lock."""
         if not self.conn.in_transaction:
             raise RuntimeError("SafetyRecords.hold outside a transaction holds nothing")
         if self.conn.pg:
-            self.conn.execute(f"SET LOCAL lock_timeout = '{LOCK_WAIT_MS}ms'")
-            self.conn.execute("SELECT name FROM principals WHERE name=? FOR NO KEY UPDATE", (principal,))
+            try:
+                self.conn.execute("SELECT name FROM principals WHERE name=? FOR NO KEY UPDATE NOWAIT", (principal,))
+            except LOCK_BUSY:
+                raise Busy(principal) from None
 
     def buckets(self, keys: list[str]) -> dict[str, tuple[float, float]]:
         """The facility's rate buckets by key -> (tokens, stamp: wall-clock seconds); a
