@@ -20,7 +20,7 @@ from corral.edges.http.app import create_app
 from corral.edges.mcp.ops import RemoteOps, ServiceOps
 from corral.edges.mcp.tools import build_mcp
 
-SAMPLE = {"timeout": 5.0, "job_id": 7, "token_id": "tok-1", "note_id": 3, "ref": "img", "ws_id": "ws-0123456789ab"}
+SAMPLE = {"timeout": 5.0, "job_id": 7, "token_id": "tok-1", "note_id": 3, "ref": "img", "ws_id": "ws-0123456789ab", "approval_id": 12}
 
 
 @pytest.fixture
