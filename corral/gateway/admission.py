@@ -37,6 +37,7 @@ from corral.core.jobs import Job, JobSpec
 from corral.core.principals import Caller, Kind, Principal
 from corral.lanes.placement import Placement, Placer
 from corral.lanes.registry import Lane, Lanes
+from corral.gateway import own_account
 from corral.gateway.memory_verbs import MemoryVerbs
 from corral.safety.audit import Audit
 from corral.safety.gate import Gate, job_resource, job_text
@@ -268,6 +269,7 @@ class Admission:
         A spec whose working directory was checked is replaced in ``specs`` by one that
         names the resolved directory: the lanes bind that, never the link it was named by."""
         ident = self.identity_of(caller)  # a principal no job may run as (root) is refused here, not in a lane
+        own_account.refuse(self.settings, caller.principal)  # nor as an unprivileged gateway's own account
         for i, spec in specs.items():
             with _prefixed(where(i)):
                 if spec.workdir is not None:
