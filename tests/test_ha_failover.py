@@ -123,3 +123,24 @@ def test_a_leader_kill_and_a_store_restart_under_load_answer_no_500(tmp_path: Pa
             for key, jid in load.acked.items():
                 r = h.post("/v1/jobs", json={"command": "true", "workdir": str(work)}, headers={"Idempotency-Key": key})
                 assert r.status_code == 200 and r.json()["id"] == jid, (key, r.text)
+
+
+def test_an_mcp_tool_says_the_store_is_away_not_an_internal_error() -> None:
+    """A tool whose store statement fails (here a real connection refused) answers with the
+    cause and 'call again', as HTTP's 503 does, not 'internal error'."""
+    import asyncio
+
+    import psycopg
+    import pytest
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from corral.edges.mcp.answers import guarded
+
+    @guarded
+    async def status() -> None:
+        psycopg.connect("postgresql://corral@127.0.0.1:1/corral", connect_timeout=2)
+
+    with pytest.raises(ToolError) as e:
+        asyncio.run(status())
+    assert "store did not answer" in str(e.value) and "Connection refused" in str(e.value), str(e.value)
+    assert "internal error" not in str(e.value) and "again" in str(e.value)

@@ -14,7 +14,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
-from corral.core.errors import CorralError
+from corral.core.errors import CorralError, store_unavailable
 from corral.core.jobs import format_duration
 from corral.edges.mcp.advice import said
 from corral.edges.verbs import BY_NAME
@@ -62,7 +62,11 @@ def guarded(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             raise
         except CorralError as e:
             raise ToolError(said(e.message, e.hint)) from None
-        except Exception:
+        except Exception as e:
+            away = store_unavailable(e)
+            if away is not None:  # the store restarting or failing over: call again, as HTTP's 503 says
+                log.warning("MCP tool %s: %s", fn.__name__, away.message)
+                raise ToolError(said(away.message, away.hint)) from None
             log.exception("MCP tool %s failed", fn.__name__)
             raise ToolError("internal error in corral (it is logged); retry once, and if it fails again, tell your "
                             "user (the facility's admin can read what happened in corral's log)") from None
