@@ -172,3 +172,12 @@ def test_an_agent_session_carries_the_ca_to_its_mcp_relay(tls_gateway: tuple[str
     assert '"CORRAL_CA_FILE"' in args.split("env_vars=", 1)[1], args
     config = json.loads(r.stdout[r.stdout.index("{"):])
     assert config["mcpServers"]["corral"]["env"]["CORRAL_CA_FILE"] == str(ca)
+
+
+def test_a_second_gateway_on_a_tls_port_names_the_first(tls_gateway: tuple[str, Path, Path], tmp_path: Path) -> None:
+    url, _, _ = tls_gateway
+    port = url.rsplit(":", 1)[1]
+    _, cert, key = _pem_pair(tmp_path)
+    r = subprocess.run([*CORRAL, "serve", "--port", port, "--tls-cert", str(cert), "--tls-key", str(key)],
+                       env=_env(tmp_path / "other"), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and f"port {port} on 127.0.0.1 is taken by a corral gateway" in r.stderr, r.stderr

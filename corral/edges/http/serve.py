@@ -78,8 +78,9 @@ def raise_file_limit(wanted: int) -> int:
     return soft
 
 
-def port_taken(host: str, port: int) -> str | None:
-    """Why the gateway could not listen on (host, port), in the admin's words; None if free."""
+def port_taken(host: str, port: int, tls: bool = False) -> str | None:
+    """Why the gateway could not listen on (host, port), in the admin's words; None if free.
+    ``tls``: the one there may speak HTTPS too (asked without verifying: only who it is)."""
     if port == 0:
         return None
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
@@ -91,12 +92,24 @@ def port_taken(host: str, port: int) -> str | None:
             if e.errno != errno.EADDRINUSE:
                 return f"cannot listen on {host}:{port}: {e.strerror}"
     probe = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    try:
-        with urllib.request.urlopen(f"http://{probe}:{port}/healthz", timeout=1) as r:
-            who = "a corral gateway" if "backend" in json.loads(r.read() or b"{}") else "another web server"
-    except (OSError, ValueError):
-        who = "another program"
+    who = "another program"
+    for scheme in ("http", "https") if tls else ("http",):
+        try:
+            context = _unverified() if scheme == "https" else None
+            with urllib.request.urlopen(f"{scheme}://{probe}:{port}/healthz", timeout=1, context=context) as r:
+                who = "a corral gateway" if "backend" in json.loads(r.read() or b"{}") else "another web server"
+                break
+        except (OSError, ValueError):
+            continue
     return f"port {port} on {host} is taken by {who}"
+
+
+def _unverified() -> Any:
+    import ssl
+
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # asks who holds the port, sends nothing
+    return context
 
 
 def lock_home(home: Path) -> Any:
@@ -125,7 +138,7 @@ def serve(settings: Settings) -> None:
     from corral.edges.http import tls
 
     tls.check(settings)  # no token in clear across a network; a certificate that loads
-    why = port_taken(settings.host, settings.port)
+    why = port_taken(settings.host, settings.port, tls=settings.tls_cert is not None)
     if why:
         raise InvalidRequest(why, hint="stop what holds it, or start with --port N (0: any free port)")
     # Before anything starts: a second gateway on this home touches no job. On a PostgreSQL
