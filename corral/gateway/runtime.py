@@ -159,6 +159,7 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
     storage = StorageVerbs(settings.storage, settings.home, db, lanes, intake, audit, gate, sandbox, metrics,
                            owner=lambda caller: identity_of(caller, sandbox, identities))
     progress.ends.append(storage)
+    progress.ends.append(notifier)  # a job's end wakes the notifier at once
     if settings.fastlane.enabled:
         from corral.lanes.fast.lane import FastLane
         from corral.lanes.fast.pilots import Pilots

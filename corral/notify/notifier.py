@@ -17,6 +17,7 @@ so a receiver can tell.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -57,6 +58,14 @@ class Notifier:
         self._gate = asyncio.Semaphore(site.concurrency)
         self._client: httpx.AsyncClient | None = None
         self.delivered = 0
+        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def ended(self, job_ids: list[int]) -> None:
+        """Progress's listener: jobs ended, so look now rather than at the next tick (a
+        sponsor hears of an end in milliseconds, not half a second)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
 
     # -- who is told --------------------------------------------------------------------
     def recipients(self, about: str) -> list[tuple[str, Effective]]:
@@ -223,7 +232,9 @@ class Notifier:
         return self._client
 
     async def run(self) -> None:
-        """The facility loop: read, enqueue, start delivering, every ``TICK_S``."""
+        """The facility loop: read, enqueue, start delivering, every ``TICK_S`` or at once
+        when a job ends here."""
+        self._loop = asyncio.get_running_loop()
         try:
             while True:
                 try:
@@ -231,7 +242,9 @@ class Notifier:
                     self.deliver()
                 except Exception:  # noqa: BLE001 - a store hiccup: the next tick tries again
                     log.exception("notify: tick failed")
-                await asyncio.sleep(TICK_S)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), TICK_S)
+                self._wake.clear()
         finally:
             if self._client is not None:
                 await self._client.aclose()
