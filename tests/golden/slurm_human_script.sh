@@ -22,5 +22,5 @@ w=$!
 _fwd() { kill -s "$1" $w 2>/dev/null; }
 for s in HUP INT QUIT USR1 USR2 CONT TSTP; do trap "_fwd $s" $s; done
 while :; do wait $w; rc=$?; kill -0 $w 2>/dev/null || break; done
-echo $rc > /jobs/18/out/ended
+echo "$rc $corral_run" > /jobs/18/out/ended
 exit $rc

@@ -159,12 +159,30 @@ def sacct(argv: list[str]) -> int:
         lines.append(_row([(NAMES[k], w, k) for k, w in fields], sep, trail, ns))
         if not (ns.parsable or ns.parsable2):
             lines.append(" ".join("-" * w for _, w in fields) + " ")
+    only_steps = _asked_steps(ids)
     for v in vs:
         steps = [False] + ([True] if v.j.get("start_time") and not ns.allocations else [])
+        asked = only_steps.get(str(v.j["id"]), only_steps.get(v.jobid))
+        if asked is not None:  # -j ID.batch: that step alone, as Slurm lists it
+            steps = [True] if "batch" in asked and v.j.get("start_time") else []
         for step in steps:
             lines.append(_row([(_value(v, k, step, account), w, k) for k, w in fields], sep, trail, ns))
     print("\n".join(lines))
     return 0
+
+
+def _asked_steps(ids: list[str] | None) -> dict[str, set[str]]:
+    """-j ID.STEP: the steps asked of each job asked only by its steps (corral's jobs have
+    one, batch; Slurm lists no other step of a batch job here either)."""
+    steps: dict[str, set[str]] = {}
+    whole = set()
+    for raw in ids or []:
+        head, dot, step = raw.partition(".")
+        if dot:
+            steps.setdefault(head, set()).add(step)
+        else:
+            whole.add(head)
+    return {k: v for k, v in steps.items() if k not in whole}
 
 
 def _row(cells: list[tuple[str, int, str]], sep: str, trail: str, ns: Any) -> str:
