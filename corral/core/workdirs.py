@@ -97,9 +97,11 @@ def reachable(workdir: str, identity: Identity | None) -> None:
         here = "/" if os.path.isabs(target) else here
 
 
-def check(workdir: str, identity: Identity | None, state: Iterable[Path], hidden: Iterable[Path]) -> str:
+def check(workdir: str, identity: Identity | None, state: Iterable[Path], hidden: Iterable[Path],
+          credentials: Iterable[str] = ()) -> str:
     """-> the resolved working directory, or raise InvalidRequest naming the rule and what
-    to do. ``identity``: who the job runs as (None: the gateway's own user)."""
+    to do. ``identity``: who the job runs as (None: the gateway's own user);
+    ``credentials``: where its home keeps them, hidden from its jobs by name."""
     real = os.path.realpath(workdir)
     p = Path(real)
     what = f"workdir {workdir!r}" + (f" (that is {real})" if real != workdir else "")
@@ -116,6 +118,10 @@ def check(workdir: str, identity: Identity | None, state: Iterable[Path], hidden
         h = Path(os.path.realpath(h))
         if p == h or p.is_relative_to(h):
             raise InvalidRequest(f"{what} lies in {h}, which the facility hides from jobs", hint=todo)
+    holding = _holds(p, credentials)
+    if holding is not None:  # hidden by name: a job that may rename their parent un-hides them for the next
+        raise InvalidRequest(f"{what} holds {holding}, where credentials are kept and hidden from jobs by name; "
+                             "a job working there could move them out of hiding", hint=todo)
     try:
         st = os.stat(real)
     except OSError as e:
@@ -133,6 +139,15 @@ def check(workdir: str, identity: Identity | None, state: Iterable[Path], hidden
                 raise InvalidRequest(f"{what} {NOT_WRITABLE}, {identity.describe()}: it lies under {parent}, "
                                      "which that identity may not enter", hint=todo)
     return real
+
+
+def _holds(p: Path, credentials: Iterable[str]) -> str | None:
+    """The first of ``credentials`` (where they are kept, there or not yet) that lies below
+    ``p``, if one does."""
+    for c in credentials:
+        if Path(os.path.realpath(c)).is_relative_to(p) and Path(os.path.realpath(c)) != p:
+            return c
+    return None
 
 
 def check_writable(workdir: str, identity: Identity | None) -> None:

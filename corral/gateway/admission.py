@@ -42,6 +42,7 @@ from corral.gateway.memory_verbs import MemoryVerbs
 from corral.safety.audit import Audit
 from corral.safety.gate import Gate, job_resource, job_text
 from corral.sandbox.bwrap import Sandbox
+from corral.sandbox.homes import candidates
 from corral.gateway.storage_verbs import StorageVerbs
 
 log = logging.getLogger(__name__)
@@ -226,7 +227,8 @@ class Admission:
             workdirs.check_writable(workdir, ident)
             return workdir
         state = [self.settings.home, self.settings.db_path.parent, *self.private_state]
-        return workdirs.check(workdir, ident, state, hidden)
+        kept = candidates(ident.home) if contained and ident is not None else []
+        return workdirs.check(workdir, ident, state, hidden, kept)
 
     def _check_outputs(self, caller: Caller, spec: JobSpec) -> None:
         """The sbatch shim's -o/-e files: a directory that exists but that the job's identity
