@@ -235,7 +235,8 @@ def test_batch_submission_and_mcp(fast: Gateway) -> None:
             assert state == "COMPLETED"
             out = await client.call_tool("job_output", {"job_id": job_id})
             data = out.content[0].text  # the page is the text
-            assert data.startswith("<untrusted-data") and data.split("\n")[1] == "via-mcp"  # always delimited
+            # always delimited (a page says its lines around the delimiters: decision 0048)
+            assert "<untrusted-data" in data and "\nvia-mcp\n" in data.split("<untrusted-data", 1)[1], data
             long = await client.call_tool("submit_job", {"command": "sleep 30", "lane": "fast", "walltime": "1m"})
             lid = (long.structured_content or json.loads(long.content[0].text))["job_id"]
             await client.call_tool("wait_for_job", {"job_id": lid, "until": "RUNNING", "timeout_s": 30})

@@ -4,6 +4,11 @@ trust.py), and the batches and reports that cross it (wire.py: lines of JSON). T
 (corral/lanes/fast/pool.py) sends batches of task specs through it to one worker each
 and hears the workers' pushed reports; nothing here knows tasks, allocations or scaling.
 
+Anyone who reaches the address may connect, so the listener accepts by itself and counts
+each connection before any TLS is spent on it (``MAX_PENDING``, ``HELLO_S``), and closes a
+worker that falls silent (``IDLE_S``; workers ping): a slowloris of idle connections
+neither holds the gateway's handshakes nor keeps a joining worker out.
+
 Dask carried this before (decision 0001); its scheduler, in the root gateway, unpickled
 what any peer holding the pool's certificate sent (decision 0040)."""
 

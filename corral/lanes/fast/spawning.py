@@ -56,12 +56,16 @@ def start_as(d: str, jid: int, ident: tuple[int, int], reads: list[str], argv: l
     it runs its program, or (0, why it could not start). ``reads``: files of corral's it
     gets as fd 3, 4, ... (its script: the pool's directory is closed to it)."""
     uid, gid = ident
+    opened: list[int] = []
     try:
-        out = os.open(f"{d}/{jid}.out", OUT, OUT_MODE)
-        err = os.open(f"{d}/{jid}.err", OUT, OUT_MODE)
-        fds = [os.open(f, os.O_RDONLY | os.O_NOFOLLOW) for f in reads]
-    except OSError as e:
+        for path, flags in ((f"{d}/{jid}.out", OUT), (f"{d}/{jid}.err", OUT),
+                            *((f, os.O_RDONLY | os.O_NOFOLLOW) for f in reads)):
+            opened.append(os.open(path, flags, OUT_MODE))
+    except OSError as e:  # none of what it opened is kept (a missing script left the outputs open)
+        for fd in opened:
+            os.close(fd)
         return 0, f"could not open its output in {d}: {e.strerror}"
+    out, err, *fds = opened
     for n, f in enumerate(reads):  # corral's own path, also inside a `cd DIR && ...` line
         argv = [a.replace(f, f"/dev/fd/{3 + n}") for a in argv]
     r, w = os.pipe()  # both close on exec: an empty read means the exec happened
