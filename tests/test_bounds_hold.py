@@ -138,6 +138,27 @@ def test_a_detached_child_in_a_built_sandbox_is_counted(tmp_path: Path) -> None:
         assert [p.name for p in (gw.home / "local" / "sandboxes").glob("*.sock")], "not a built sandbox's job"
 
 
+def test_memory_held_in_a_memory_file_is_counted(tmp_path: Path) -> None:
+    """An attack on the sampling: 300 MB written into a memfd (not mapped) is in no
+    process's resident memory (9 MB here), and passed a 128M limit unseen; it is counted
+    through the descriptor that holds it, in a built sandbox and under its supervisor."""
+    need_bwrap()
+    work = tmp_path / "work"
+    work.mkdir()
+    work.chmod(0o777)
+    memfd = ("python3 -c 'import os, time; fd = os.memfd_create(\"x\"); "
+             "[os.write(fd, b\"x\" * (1 << 20)) for _ in range(300)]; time.sleep(30)'")
+    with running(tmp_path) as gw:
+        t = pair(gw)
+        with gw.http(t["bot1"]) as h:
+            r = h.post("/v1/jobs", json={"command": memfd, "memory": "128M", "walltime": "1m", "workdir": str(work)})
+            assert r.status_code == 201, r.text
+            assert _wait(h, r.json()["id"])["state"] == "OUT_OF_MEMORY"
+    b = LocalBackend(tmp_path / "state", cpus=2, memory_mb=4096)
+    bid = b.submit(ctx(), JobSpec(command=memfd, memory="128M", workdir=str(tmp_path), walltime="1m"))
+    assert wait_all(b, [bid], 60)[bid].state is JobState.OUT_OF_MEMORY
+
+
 def test_a_detached_child_of_a_supervised_job_is_counted(tmp_path: Path) -> None:
     """An uncontained job's child that detached (reparented away from the job) is the
     supervisor's still (a subreaper): counted."""

@@ -11,8 +11,10 @@ sandbox's init or to the machine's. So the job is found by what it cannot leave:
 - a job started by its supervisor (a sandbox of its own, or none) is below the
   supervisor, which is a child subreaper: an orphan of the job is reparented to it.
 
-A contained job's private /tmp (and its own directory there) is a tmpfs: memory, so
-what it holds counts as memory too (docs/decisions/0044-job-space.md). Where cgroup v2
+What a job writes into an anonymous memory file (``memfd_create``) is memory no
+process has resident; it is counted through the descriptors that hold it. A contained
+job's private /tmp (and its own directory there) is a tmpfs: memory, so what it holds
+counts as memory too (docs/decisions/0044-job-space.md). Where cgroup v2
 is delegated, a cgroup per job would bound this in the kernel between two samples;
 corral samples (docs/security.md says what that leaves).
 
@@ -74,14 +76,37 @@ def tree_rss_mb(pid: int) -> float:
 
 
 def below_mb(pid: int) -> float:
-    """Every descendant of ``pid`` (a subreaper: the job's orphans too), not ``pid`` itself."""
+    """Every descendant of ``pid`` (a subreaper: the job's orphans too), not ``pid`` itself:
+    their resident memory and what they hold in memory files (``held_mb``)."""
     rss, children = _stats()
-    todo, pages = list(children.get(pid, ())), 0
+    todo, pages, seen = list(children.get(pid, ())), 0, []
     while todo:
         p = todo.pop()
+        seen.append(p)
         pages += rss.get(p, 0)
         todo += children.get(p, ())
-    return pages * PAGE_KB / 1024
+    return pages * PAGE_KB / 1024 + held_mb(seen)
+
+
+def held_mb(pids: list[int]) -> float:
+    """Memory the processes ``pids`` hold in anonymous memory files (``memfd_create``)
+    through a descriptor, each file once: written, not mapped, it is in no one's resident
+    memory, and 300 MB in one passed a 128M limit unseen."""
+    files: dict[tuple[int, int], int] = {}
+    for p in pids:
+        try:
+            fds = os.listdir(f"/proc/{p}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if not os.readlink(f"/proc/{p}/fd/{fd}").startswith("/memfd:"):
+                    continue
+                st = os.stat(f"/proc/{p}/fd/{fd}")
+            except OSError:
+                continue
+            files[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+    return sum(files.values()) / 2**20
 
 
 def namespace(pid: int | str, kind: str) -> str | None:
@@ -102,17 +127,19 @@ def own_namespace(pid: int) -> tuple[str, str] | None:
 
 
 def ns_rss_mb(kind: str, ident: str) -> float:
-    """Resident memory of every process in the namespace ``ident`` (a ``namespace`` answer)."""
-    pages = 0
+    """Memory of every process in the namespace ``ident`` (a ``namespace`` answer): resident,
+    and held in memory files (``held_mb``)."""
+    pages, seen = 0, []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or namespace(entry.name, kind) != ident:
             continue
         try:
             with open(f"/proc/{entry.name}/statm", "rb") as f:
                 pages += int(f.read().split()[1])
+            seen.append(int(entry.name))
         except (OSError, ValueError, IndexError):
             continue
-    return pages * PAGE_KB / 1024
+    return pages * PAGE_KB / 1024 + held_mb(seen)
 
 
 def inside(root: int) -> int | None:
