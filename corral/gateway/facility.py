@@ -49,6 +49,7 @@ async def facility_card(service: Parts, caller: Caller | None) -> dict[str, Any]
              **({"nodes": p.extra["nodes"]} if p.extra.get("nodes") else {}),
              **({"state": p.extra["state"]} if p.extra.get("state") else {}),
              **({"min_memory_mb": p.extra["min_memory_mb"]} if p.extra.get("min_memory_mb") else {}),
+             **({"node_cpus": p.extra["node_cpus"]} if p.extra.get("node_cpus") else {}),
              **({"min_job_age_s": p.extra["min_job_age_s"]} if p.extra.get("min_job_age_s") else {})}
             for p in parts
         ],

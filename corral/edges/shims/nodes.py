@@ -1,6 +1,7 @@
 """What sinfo prints of nodes, and the array-task sets scancel takes: the node names in
 Slurm's compressed form (``c[1-2,4]``), a partition's nodes grouped by state (a node
-with a job of the caller's on it is ``mixed``; the others ``idle``), and ``ID_[1-3]``
+with a job of the caller's on it is ``mixed``, ``allocated`` once those jobs take all its
+CPUs; the others ``idle``), and ``ID_[1-3]``
 expanded to its tasks."""
 
 from __future__ import annotations
@@ -53,31 +54,35 @@ def expand(text: str) -> list[str]:
     return out
 
 
-def busy_nodes(parts: list[dict[str, Any]], running: list[Any]) -> set[str]:
-    """The nodes a job of the caller's runs on: its own node as its lane said, else (a lane
-    that does not say) every node of its partition."""
+def busy_nodes(parts: list[dict[str, Any]], running: list[Any]) -> dict[str, int]:
+    """The nodes a job of the caller's runs on, with the CPUs those jobs take there: its own
+    node as its lane said, else (a lane that does not say) every node of its partition."""
     by_part = {x["name"]: x.get("nodes") or ["localhost"] for x in parts}
-    out: set[str] = set()
+    out: dict[str, int] = {}
     for v in running:
         node = v.j.get("node")
-        out.update(expand(node) if node else by_part.get(v.partition, ["localhost"]))
+        for n in expand(node) if node else by_part.get(v.partition, ["localhost"]):
+            out[n] = out.get(n, 0) + v.cpus
     return out
 
 
-def partition_rows(x: dict[str, Any], busy: set[str], summarize: bool) -> list[dict[str, str]]:
+def partition_rows(x: dict[str, Any], busy: dict[str, int], summarize: bool) -> list[dict[str, str]]:
     """sinfo's rows of one partition: one per node state (mixed first, then idle), or with
     -s one row counting them (A/I/O/T)."""
     nodes = x.get("nodes") or ["localhost"]
-    mixed = [n for n in nodes if n in busy]
+    cpus = x.get("node_cpus") or {}
+    full = [n for n in nodes if n in busy and busy[n] >= int(cpus.get(n) or 1 << 30)]
+    mixed = [n for n in nodes if n in busy and n not in full]
     idle = [n for n in nodes if n not in busy]
     base = {"P": x["name"] + ("*" if x.get("default") else ""),
             "a": "up" if (x.get("state") or "UP").upper() == "UP" else "down",
             "l": limit(x.get("max_walltime_s") or 0) if x.get("max_walltime_s") else "infinite",
-            "F": f"{len(mixed)}/{len(idle)}/0/{len(nodes)}", "c": str(x.get("max_cpus")),
+            "F": f"{len(mixed) + len(full)}/{len(idle)}/0/{len(nodes)}", "c": str(x.get("max_cpus")),
             "m": str(x.get("max_memory_mb")), "G": f"gpu:{x['max_gpus']}" if x.get("max_gpus") else "(null)"}
-    groups = [("mix", "mixed", mixed), ("idle", "idle", idle)]
+    groups = [("mix", "mixed", mixed), ("alloc", "allocated", full), ("idle", "idle", idle)]  # Slurm's order
     if summarize:
-        groups = [(("mix", "mixed") if mixed else ("idle", "idle")) + (nodes,)]
+        state = ("mix", "mixed") if mixed or (full and idle) else ("alloc", "allocated") if full else ("idle", "idle")
+        groups = [state + (nodes,)]
     return [{**base, "t": short, "T": long, "D": str(len(ns)), "N": compress(ns)} for short, long, ns in groups if ns]
 
 

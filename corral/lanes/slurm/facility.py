@@ -117,6 +117,8 @@ class Facility(SlurmBase):
                                    extra={"state": kv.get("State"), "nodes": sorted(members),
                                           # what --mem=0 (all of a node's memory) is sure to get on any of them
                                           "min_memory_mb": min((nodes[n][1] for n in members), default=0),
+                                          # sinfo's allocated: a node whose CPUs the caller's jobs take all of
+                                          "node_cpus": {n: nodes[n][0] for n in sorted(members)},
                                           "min_job_age_s": min_job_age_s(self.slurm_conf)}))
         return parts
 
