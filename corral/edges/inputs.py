@@ -114,6 +114,16 @@ class EnvBuildIn(BaseModel):
     rebuild: bool = Field(False, description="Build again even if an image exists (a corrupt one, say).")
 
 
+class LedgerParams(BaseModel):
+    limit: int = Field(20, ge=1, le=200)
+    read_job: int | None = Field(None, ge=1, le=MAX_INT, description="A job just read by id: its end is acknowledged.")
+
+
+class AckIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    up_to: int = Field(ge=1, le=MAX_INT, description="Acknowledge every entry up to this id.")
+
+
 class SponsorParams(BaseModel):
     days: float = Field(7.0, gt=0, le=366, description="How far back.")
     sponsor: str | None = Field(None, max_length=128, description="Another sponsor's view (admins).")

@@ -209,6 +209,16 @@ class BudgetOut(_Out):
         "submits_per_min. Empty: the token has no limits."))
 
 
+class LedgerOut(_Out):
+    unacked: list[dict[str, Any]] = Field(description="Oldest first: id, kind (job, budget), job_id, text, at.")
+    total: int = Field(description="How many are not acknowledged in all.")
+
+
+class AckOut(_Out):
+    acked: int
+    left: int = Field(description="Entries still not acknowledged.")
+
+
 class SponsorOut(_Out):
     sponsor: str
     days: float

@@ -68,6 +68,18 @@ class NotifyVerbs:
         keep = ("id", "kind", "about", "channel", "subject", "created", "state", "sent", "attempts", "error")
         return {"principal": name, "notifications": [{k: r[k] for k in keep} for r in rows]}
 
+    def ledger(self, caller: Caller, limit: int = 20, read_job: int | None = None) -> dict[str, Any]:
+        """What the caller was told and has not acknowledged (``read_job``: a job it just
+        read by id, acknowledged first)."""
+        if read_job is not None:
+            self.db.ledger.ack_job(caller.name, read_job, self.notifier.now())
+        items, total = self.db.ledger.unacked(caller.name, limit)
+        return {"unacked": items, "total": total}
+
+    def ack(self, caller: Caller, up_to: int) -> dict[str, Any]:
+        n = self.db.ledger.ack(caller.name, up_to, self.notifier.now())
+        return {"acked": n, "left": self.db.ledger.unacked(caller.name, 1)[1]}
+
     def test(self, caller: Caller, principal: str | None = None) -> dict[str, Any]:
         name = self._whose(caller, principal, change=True)
         eff = effective(self.db.notifications.prefs(name), self.site)

@@ -48,6 +48,13 @@ def job_end(job: Job, sponsor: str | None) -> Note:
     return Note("job", subject, "\n".join(lines))
 
 
+def job_line(job: Job) -> str:
+    """A job's end in one line, for its own principal's ledger."""
+    how = job.state.value + (f" exit {job.exit_code}" if job.exit_code not in (None, 0) else "")
+    return f"job {job.id} {how}" + (f" ({_clean(job.reason, 120)})" if job.reason and job.state.value != "COMPLETED"
+                                   else "")
+
+
 def denial(record: dict[str, Any]) -> Note:
     who, rule = record.get("principal", "?"), record.get("rule", "?")
     subject = f"[corral] {who} was refused ({rule})"

@@ -28,6 +28,7 @@ import httpx
 from corral.core.config import NotifySettings
 from corral.core.jobs import JobState
 from corral.core.principals import Kind
+from corral.core.store.ledger import KEEP_S
 from corral.notify import channels, compose
 from corral.notify.prefs import Effective, effective
 
@@ -59,6 +60,7 @@ class Notifier:
         self._client: httpx.AsyncClient | None = None
         self.delivered = 0
         self._wake = asyncio.Event()
+        self._pruned = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def ended(self, job_ids: list[int]) -> None:
@@ -109,17 +111,23 @@ class Notifier:
             return 0
         events = self.db.events(int(mark), None, BATCH)
         rows: list[dict[str, Any]] = []
-        for eid, job_id, principal, state, _exit, _at in events:
+        told: list[tuple[str, str, str, int | None, str, float]] = []
+        for eid, job_id, principal, state, _exit, at in events:
             st = JobState(state) if state in JobState.__members__ else JobState.UNKNOWN
             if not st.terminal:
                 continue
             job = self.db.get_job(job_id)
             if job is None:
                 continue
+            told.append((f"job:{eid}", principal, "job", job_id, compose.job_line(job), at))
             sponsor = p.sponsor if (p := self.db.get_principal(principal)) else None
             note = compose.job_end(job, sponsor)
             rows += self._rows(f"job:{eid}", principal, note, _wants_end(st))
         new = self.records.enqueue(rows) if rows else 0
+        self.db.ledger.add(told)  # the principal's own ledger: carried on its MCP answers until acknowledged
+        if self.now() - self._pruned > 3600:
+            self._pruned = self.now()
+            self.db.ledger.prune(self._pruned - KEEP_S)
         if events:
             self.records.set_mark(MARK, float(events[-1][0]))
         return new
@@ -150,6 +158,8 @@ class Notifier:
                 return
             self.records.set_mark(name, level)
             note = compose.budget(principal, what, level, used, limit)
+            self.db.ledger.add([(f"{name}:{level}", principal, "budget", None,
+                                 f"your {what} budget is {level}% used ({used:.1f} of {limit:.1f})", self.now())])
             rows = self._rows(f"{name}:{level}", principal, note, lambda e: e.budget)
             if rows:
                 self.records.enqueue(rows)

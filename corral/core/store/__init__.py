@@ -14,6 +14,7 @@ on SQLite (the embedded default, a file in HOME) or PostgreSQL (``[store] url =
     notify.py    NotifyRecords notification choices, the outbox, the notifier's marks (db.notifications)
     approvals.py ApprovalRecords actions waiting for a person, approvals ahead  (db.approvals)
     sponsor.py   SponsorRecords  agents' refusals per rule and day, what they ran (db.sponsor)
+    ledger.py    LedgerRecords   what a principal was told and has not acknowledged (db.ledger)
     migrations.py              the numbered schema, rendered per server
     conn.py      Conn          one connection and the SQL the servers spell differently
 
@@ -33,6 +34,7 @@ from corral.core.store.cluster import Signals
 from corral.core.store.conn import INTEGRITY_ERRORS, Conn
 from corral.core.store.events import Events
 from corral.core.store.jobs import HELD_REASON, Jobs, Run
+from corral.core.store.ledger import LedgerRecords
 from corral.core.store.memory import MemoryRecords
 from corral.core.store.migrations import MIGRATIONS, migrate, version
 from corral.core.store.notify import NotifyRecords
@@ -64,6 +66,7 @@ class Database(Jobs, Accounts, Events, Audit, Signals):
         self.notifications = NotifyRecords(self.conn)
         self.approvals = ApprovalRecords(self.conn)
         self.sponsor = SponsorRecords(self.conn)
+        self.ledger = LedgerRecords(self.conn)
         self._storage: StorageRecords | None = None
 
     @property

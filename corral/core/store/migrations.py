@@ -323,6 +323,22 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (principal, rule, day)
     );
     """,
+    # 18: the ledger: what each principal was told and has not acknowledged, carried on
+    # every MCP answer until it is (corral/core/store/ledger.py)
+    """
+    CREATE TABLE ledger (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        key TEXT NOT NULL UNIQUE,
+        principal TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        job_id INTEGER,
+        text TEXT NOT NULL,
+        at REAL NOT NULL,
+        acked REAL
+    );
+    CREATE INDEX ledger_unacked ON ledger(principal, acked, id);
+    CREATE INDEX ledger_at ON ledger(at);
+    """,
 ]
 
 

@@ -74,6 +74,58 @@ def guarded(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     return wrapper
 
 
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY")
+
+
+def told(ops_for: Callable[[Context], Any]) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
+    """``guarded``, and every answer (a result or an error) carries what the caller was
+    told and has not acknowledged yet ("since your last call: job 41 COMPLETED"): a
+    client that dropped an answer (moved to the background and orphaned, timed out)
+    loses nothing, the next call of any tool says it. A job read by id in that call (its
+    status, its wait, its output, once it has ended) is acknowledged by the reading."""
+
+    def decorate(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        inner = guarded(fn)
+
+        @functools.wraps(fn)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            ctx = kwargs.get("ctx", args[0] if args else None)
+            try:
+                result = await inner(*args, **kwargs)
+            except ToolError as e:
+                raise ToolError(str(e) + await _since(ops_for, ctx, None, None)) from None
+            data = result.structured_content if isinstance(result, CallToolResult) else None
+            read = kwargs.get("job_id") if isinstance(data, dict) and (
+                data.get("state") in TERMINAL or data.get("job_state") in TERMINAL) else None
+            extra = await _since(ops_for, ctx, read, fn.__name__)
+            if extra and isinstance(result, CallToolResult):
+                result.content = [*result.content, TextContent(type="text", text=extra.strip())]
+            return result
+
+        return wrapper
+
+    return decorate
+
+
+async def _since(ops_for: Callable[[Context], Any], ctx: Any, read: int | None, tool: str | None) -> str:
+    if ctx is None or tool == "ack_events":
+        return ""
+    try:
+        ops = ops_for(ctx)
+        got = await ops.ledger(read_job=read)
+    except Exception:  # noqa: BLE001 - the answer itself must reach the agent whatever the ledger does
+        log.exception("MCP: the ledger could not be read")
+        return ""
+    items = got.get("unacked") or []
+    if not items:
+        return ""
+    said = "; ".join(i["text"] for i in items[:10])
+    more = got.get("total", len(items)) - min(len(items), 10)
+    return (f"\n\nSince your last call: {said}" + (f" (and {more} more)" if more > 0 else "")
+            + f". Read a job by id, or call ack_events up_to={items[-1]['id'] if more <= 0 else items[9]['id']}, "
+            "to stop these reminders.")
+
+
 def next_for(job: dict[str, Any]) -> str:
     state = job["state"]
     if state in LIVE:

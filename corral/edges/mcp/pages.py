@@ -34,7 +34,8 @@ that cuts it anyway loses no line silently (the page says its lines)."""
 JobId = Annotated[int, Field(ge=1, description="A job id, as submit_job returned it.")]
 
 
-def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"]) -> None:
+def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"],
+             guarded: Callable[..., Any] = guarded) -> None:
     @mcp.tool(**declared("output"))
     @guarded
     async def job_output(

@@ -25,10 +25,10 @@ from pydantic import Field, ValidationError
 
 from corral.core.errors import CorralError, describe_validation
 from corral.edges.inputs import JOB_FIELDS, JobFields, Until
-from corral.edges.mcp.answers import (LIVE, tool_annotations, guarded, answer, said_job, waiting, compact, declared,
+from corral.edges.mcp.answers import (LIVE, tool_annotations, told, answer, said_job, waiting, compact, declared,
                                       facility_card, next_for)
 from corral.edges.mcp.listing import CACHE_HINTS, SAME_FIELDS, Server, compact_schema
-from corral.edges.schemas import (NotesOut, PlanOut, State, ToolEvents, ToolJob, ToolJobs, ToolSubmit, ToolSweep,
+from corral.edges.schemas import (AckOut, NotesOut, PlanOut, State, ToolEvents, ToolJob, ToolJobs, ToolSubmit, ToolSweep,
                                   ToolWait, UsageOut)
 from corral.core.jobs import JobSpec, expand_array, format_duration
 from corral.safety import guard
@@ -99,6 +99,8 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
                   extensions=[tasks] if tasks else None)
     if tasks:
         tasks.call_tool = mcp._handle_call_tool  # the tool without the task interceptor around it
+
+    guarded = told(ops_for)  # every tool's answer also carries what its caller has not acknowledged
 
     def limit(timeout_s: float | None) -> float:
         return max(0.0, min(wait_s if timeout_s is None else timeout_s, wait_s))
@@ -242,7 +244,19 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
 
     from corral.edges.mcp.pages import register as register_output
 
-    register_output(mcp, ops_for)
+    register_output(mcp, ops_for, guarded)
+
+    @mcp.tool(**declared("ack"))
+    @guarded
+    async def ack_events(
+        ctx: Context,
+        up_to: Annotated[int, Field(ge=1, description="The id the last reminder named: everything up to it.")],
+    ) -> Annotated[CallToolResult, AckOut]:
+        """Acknowledge what the reminders at the end of corral's answers told you ("Since
+        your last call: ..."), so they stop. Reading a job by id (job_status, wait_for_job,
+        job_output) acknowledges that job's end too."""
+        res = await ops_for(ctx).ack(up_to)
+        return answer(f"acknowledged {res['acked']}; {res['left']} left", res)
 
     @mcp.tool(**declared("cancel"))
     @guarded
