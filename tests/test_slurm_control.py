@@ -44,7 +44,10 @@ def test_hold_release_signal_requeue_and_usage_on_slurm(slurm_gateway: Gateway, 
         parent = h.post("/v1/jobs", json={"command": "sleep 2", "workdir": str(tmp_path)}).json()
         job = h.post("/v1/jobs", json={"command": "echo held-then-ran", "workdir": str(tmp_path),
                                        "after_any": [parent["id"]]}).json()
-        assert h.post(f"/v1/jobs/{job['id']}/control", json={"action": "hold"}).status_code == 200
+        held = h.post(f"/v1/jobs/{job['id']}/control", json={"action": "hold"})
+        # shown at once, not one poll of Slurm later (issue 50): the control's own answer and a read
+        assert held.status_code == 200 and held.json()["reason"] == "JobHeldUser", held.text
+        assert h.get(f"/v1/jobs/{job['id']}").json()["reason"] == "JobHeldUser"
         assert _wait(h, parent["id"])["state"] == "COMPLETED"
         time.sleep(3)
         assert h.get(f"/v1/jobs/{job['id']}").json()["state"] == "PENDING"
@@ -85,6 +88,7 @@ def test_hold_release_signal_requeue_and_usage_on_slurm(slurm_gateway: Gateway, 
             time.sleep(0.1)
         r = h.post(f"/v1/jobs/{again['id']}/control", json={"action": "requeue"})
         assert r.status_code == 200, r.text
+        assert r.json()["state"] == "PENDING" and r.json()["requeues"] == 1, r.text  # at once (issue 50)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             job = h.get(f"/v1/jobs/{again['id']}").json()
