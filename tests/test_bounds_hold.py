@@ -159,6 +159,32 @@ def test_memory_held_in_a_memory_file_is_counted(tmp_path: Path) -> None:
     assert wait_all(b, [bid], 60)[bid].state is JobState.OUT_OF_MEMORY
 
 
+SHM = ("python3 -c 'import ctypes, time; c = ctypes.CDLL(None); c.shmat.restype = ctypes.c_void_p\n"
+       "for _ in range(3):\n i = c.shmget(0, 90 << 20, 0o1600); a = c.shmat(i, None, 0)\n"
+       " ctypes.memset(a, 1, 90 << 20); c.shmdt(ctypes.c_void_p(a))\ntime.sleep(30)'")
+"""270 MB of SysV shared memory, written 90 MB at a time (never over 128M resident) and
+detached: in no process's memory."""
+
+
+def test_memory_held_in_sysv_shared_memory_is_counted(tmp_path: Path) -> None:
+    """An attack on the sampling: a SysV segment written and detached lives in the
+    sandbox's IPC namespace, held by no process; it is counted as the job's."""
+    need_bwrap()
+    work = tmp_path / "work"
+    work.mkdir()
+    work.chmod(0o777)
+    with running(tmp_path) as gw:
+        t = pair(gw)
+        with gw.http(t["bot1"]) as h:
+            ends = []
+            for where in ({"workdir": str(work)}, {}):  # a built sandbox, a sandbox of its own
+                r = h.post("/v1/jobs", json={"command": SHM, "memory": "128M", "walltime": "1m", **where})
+                assert r.status_code == 201, r.text
+                ends.append(_wait(h, r.json()["id"]))
+    assert [e["state"] for e in ends] == ["OUT_OF_MEMORY"] * 2, ends
+    assert all("shared memory" in e["reason"] for e in ends), ends
+
+
 def test_a_detached_child_of_a_supervised_job_is_counted(tmp_path: Path) -> None:
     """An uncontained job's child that detached (reparented away from the job) is the
     supervisor's still (a subreaper): counted."""

@@ -27,6 +27,7 @@ import os
 
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 PR_SET_CHILD_SUBREAPER = 36
+CLONE_NEWIPC = 0x08000000
 
 
 def subreaper() -> None:
@@ -156,6 +157,42 @@ def inside(root: int) -> int | None:
         except OSError:
             continue
     return None
+
+
+def shm_mb(pid: int | None) -> float:
+    """What the SysV shared memory of the IPC namespace ``pid`` is in holds, in MB: a
+    segment written and detached is in no process's memory, and lives as long as its
+    namespace (the job's sandbox). Read from a thread that joins that namespace (root's;
+    a namespace is a thread's own), never from this process's; 0 where it is this
+    process's own (an uncontained job's: the machine's) or cannot be joined."""
+    if pid is None or namespace(pid, "ipc") in (None, namespace("self", "ipc")):
+        return 0.0
+    import threading
+
+    got: list[float] = []
+
+    def read() -> None:
+        import ctypes
+
+        try:
+            fd = os.open(f"/proc/{pid}/ns/ipc", os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWIPC) != 0:
+                return
+            with open("/proc/sysvipc/shm") as f:
+                lines = f.read().splitlines()
+        finally:
+            os.close(fd)
+        col = lines[0].split().index("rss") if lines and "rss" in lines[0].split() else None
+        if col is not None:
+            got.append(sum(int(ln.split()[col]) for ln in lines[1:] if len(ln.split()) > col) / 2**20)
+
+    t = threading.Thread(target=read, daemon=True)  # it ends with its namespace: never reused
+    t.start()
+    t.join()
+    return got[0] if got else 0.0
 
 
 def tmp_mb(pid: int | None) -> float:

@@ -94,7 +94,7 @@ class Child(Protocol):
         """End it, whoever must be killed for that; -> its return code."""
         ...
     def rss_mb(self) -> tuple[float, float]:
-        """(MB resident in every process of the job, MB held in its private /tmp)."""
+        """(MB in every process of the job, MB held in its sandbox's /tmp and SysV shared memory)."""
         ...
     def usage(self) -> tuple[float | None, float | None]:
         """Once ended: (CPU seconds, peak resident MB) of the job and what it waited for."""
@@ -147,7 +147,7 @@ class Popened:
             return procs, 0.0
         if self.inside is None or not os.path.exists(f"/proc/{self.inside}"):
             self.inside = job_memory.inside(self.p.pid)
-        return procs, job_memory.tmp_mb(self.inside)
+        return procs, job_memory.tmp_mb(self.inside) + job_memory.shm_mb(self.inside)
 
     def usage(self) -> tuple[float | None, float | None]:
         # The job is this supervisor's only child: its children's usage is the job's.
@@ -326,7 +326,7 @@ class Hosted:
         # its sandbox's init, out of its tree, but never out of its namespace.
         self.ns = self.ns or job_memory.own_namespace(self.pid)
         procs = job_memory.ns_rss_mb(*self.ns) if self.ns else job_memory.tree_rss_mb(self.pid)
-        return procs, job_memory.tmp_mb(self.pid)
+        return procs, job_memory.tmp_mb(self.pid) + job_memory.shm_mb(self.pid)
 
     def usage(self) -> tuple[float | None, float | None]:
         return self.used

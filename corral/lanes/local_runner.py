@@ -198,7 +198,7 @@ def _over(d: Path, launch: dict[str, Any], procs: float, tmp: float, seen: dict[
     private /tmp), its output, or corral's disk's reserve while it writes output."""
     limit = launch["memory_mb"]
     if procs + tmp > limit:
-        held = f" ({procs:.0f}M in its processes, {tmp:.0f}M in its private /tmp)" if tmp >= 1 else ""
+        held = f" ({procs:.0f}M in its processes, {tmp:.0f}M in its private /tmp and shared memory)" if tmp >= 1 else ""
         return "OUT_OF_MEMORY", f"killed for using more than its {limit}M of memory{held}"
     written = _written(d)
     if launch.get("output_max") and written > launch["output_max"]:
