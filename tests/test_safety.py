@@ -125,7 +125,7 @@ def test_a_token_is_judged_by_its_checks_not_by_a_busy_moment(tmp_path) -> None:
 def test_policy_denies_with_the_rule_and_audits(gateway: Gateway, people: dict[str, str], tmp_path) -> None:
     with gateway.http(people["bot1"], session="s-1") as h:
         r = h.post("/v1/jobs", json={"command": "rm -rf ~/", "workdir": str(tmp_path)})
-        assert r.status_code == 403
+        assert r.status_code == 403, r.text
         err = r.json()["error"]
         assert "agents-no-harmful-commands" in err["message"] and "destructive_fs" in err["message"]
         # The same payload hidden in the environment and the script: still tagged.
