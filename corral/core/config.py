@@ -260,7 +260,7 @@ class Settings(BaseModel):
     tick_s: float = Field(0.5, gt=0, le=60, description="Reconciler interval: one backend status call per tick.")
     max_backoff_s: float = Field(30.0, gt=0, description="Longest pause between ticks while the backend fails.")
     wait_max_s: float = Field(600.0, gt=0, description="Longest long-poll a client may ask of 'wait'.")
-    mcp_wait_s: float = Field(90.0, gt=0, le=600, description="Longest an MCP tool call waits before it answers 'not yet, call again' (Claude Code moves a call to the background after ~120 s).")
+    mcp_wait_s: float = Field(50.0, gt=0, le=600, description="Longest an MCP tool call waits before it answers 'not yet, call again', with a cursor or the job to wait on: below the least patient client's tool timeout (Codex stops waiting after 60 s by default; Claude Code moves a call to the background after ~120 s, where its answer can be orphaned).")
     metrics_token: str | None = Field(None, examples=["a-long-random-secret"], description="A secret a Prometheus scraper sends as 'Authorization: Bearer <it>' to see figures per person on /metrics (sponsors' budgets); an admin's token does too. Without either, /metrics shows the facility's totals only.")
     mcp_sessions_per_principal: int = Field(64, ge=1, le=10_000, description="MCP sessions (streamable HTTP) one principal may hold at once, over all its tokens: opening one more closes its oldest. A caller without a token never gets one.")
     mcp_progress_s: float = Field(10.0, gt=0, le=60, description="A waiting MCP tool call sends a progress notification at least this often.")

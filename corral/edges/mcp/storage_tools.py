@@ -58,7 +58,7 @@ def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"], limit: Callabl
             "A name your jobs may use for the image (submit_job image=NAME)."))] = None,
         rebuild: Annotated[bool, Field(description="Build again even if the image exists (a corrupt one).")] = False,
         timeout_s: Annotated[float | None, Field(ge=0, description=(
-            "Seconds to wait for the build at most (default and most: 90); then call again."))] = None,
+            "Seconds to wait for the build at most (default and most: 50); then call again."))] = None,
     ) -> Annotated[CallToolResult, ToolEnv]:
         """An environment image: built once with uv and packed into one read-only file that
         every job can mount, so a job's imports cost the shared filesystem nothing. It
