@@ -36,7 +36,9 @@ _SKIP = {"PWD", "OLDPWD", "SHLVL", "_", "PATH", "PS1", "PS2", "PROMPT_COMMAND", 
          "BASH_ENV", "ENV"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 MAX_TOTAL = 64 * 1024
-"""At most this much of the environment travels (the job's script has a size limit)."""
+MAX_ONE = 8 * 1024
+"""At most this much of the environment travels, and no one variable over MAX_ONE (the
+job's script has a size limit; a large value is data, better in a file)."""
 
 
 def _secret_value(value: str) -> bool:
@@ -61,11 +63,10 @@ def chosen(spec: str | None, environ: dict[str, str] | None = None) -> dict[str,
     if "ALL" in upper or not words:
         total = 0
         for k, v in sorted(env.items()):
+            if len(v) > MAX_ONE or total + len(k) + len(v) > MAX_TOTAL or not _inherited(k, v):
+                continue
             total += len(k) + len(v)
-            if total > MAX_TOTAL:
-                break
-            if _inherited(k, v):
-                out[k] = v
+            out[k] = v
     for w in words:
         if w.upper() in ("ALL", "NONE"):
             continue
