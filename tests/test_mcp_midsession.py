@@ -7,6 +7,7 @@ wait that is stopped (a task's ``tasks/cancel``) ends the wait, never the job.""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 from pathlib import Path
@@ -183,3 +184,45 @@ def test_stopping_a_waits_task_ends_the_wait_and_leaves_the_job_running(gateway:
     assert _text(stopped) == "stopped"
     assert status.structured_content["state"] == "RUNNING", status.structured_content  # the job goes on
     assert done.structured_content["state"] == "COMPLETED" and done.structured_content["exit_code"] == 0, done
+
+
+@pytest.mark.parametrize("client,transport", [("claude", "stdio"), ("claude", "http"), ("codex", "stdio"),
+                                              ("codex", "http")])
+def test_a_token_expiring_mid_session_reaches_claude_codes_and_codexs_model(gateway: Gateway, agent_dir: Path,
+                                                                            tmp_path: Path, client: str,
+                                                                            transport: str) -> None:
+    """The clients themselves, with the stand-in model: the call after the token's expiry
+    is answered (no 300 s hang) and the model reads why and what to do."""
+    from .clients.standin import StandIn, Step
+    from .test_mcp_clients import ROOT, claude_config, run_claude, run_codex
+
+    token = _people(gateway, expires="15s")
+    born = time.time()
+
+    def after_expiry(results: list[str]) -> dict[str, Any]:
+        time.sleep(max(0.0, born + 16.5 - time.time()))  # the model "thinks" past the token's end
+        return {}
+
+    script: list[Step] = [("list_jobs", {}), ("list_jobs", after_expiry)]
+    stdio = {"command": sys.executable, "args": ["-m", "corral.entry", "mcp"],
+             "env": {"CORRAL_TOKEN": token, "CORRAL_URL": gateway.url, "PYTHONPATH": str(ROOT)}}
+    start = time.monotonic()
+    with StandIn(script) as standin:
+        if client == "claude":
+            server = stdio if transport == "stdio" else {
+                "type": "http", "url": f"{gateway.url}/mcp", "headers": {"Authorization": f"Bearer {token}"}}
+            cp = run_claude(standin, [claude_config(tmp_path / "mcp.json", server), "--strict-mcp-config", "-p", "go",
+                                      "--allowedTools", "mcp__corral"], tmp_path / "home", agent_dir)
+        else:
+            config = (["-c", f'mcp_servers.corral.url="{gateway.url}/mcp"',
+                       "-c", 'mcp_servers.corral.bearer_token_env_var="CORRAL_TOKEN"'] if transport == "http" else
+                      ["-c", f"mcp_servers.corral.command={json.dumps(sys.executable)}",
+                       "-c", 'mcp_servers.corral.args=["-m", "corral.entry", "mcp"]',
+                       "-c", 'mcp_servers.corral.env_vars=["CORRAL_TOKEN", "CORRAL_URL", "PYTHONPATH"]'])
+            cp = run_codex(standin, config, tmp_path / "home", agent_dir, CORRAL_TOKEN=token, CORRAL_URL=gateway.url)
+        said = standin.tool_results()
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    assert len(said) == 2 and "\"count\":0" in said[0], said
+    assert "expired" in said[1] and "ask your sponsor (alice) for a new token" in said[1], said[1]
+    assert "token mint" not in said[1] and "lacks" not in said[1], said[1]
+    assert time.monotonic() - start < 120  # answered, not a 300 s wait for an answer that never comes
