@@ -27,6 +27,10 @@ IDENTITY = {"os.setuid", "os.setgid", "os.setresuid", "os.setresgid", "os.setreu
             "os.setegid", "os.setgroups", "os.initgroups", "os.chown", "os.fchown", "os.lchown", "shutil.chown"}
 
 
+OPENS = {"io.open", "builtins.open", "codecs.open"}
+"""Other names of the builtin open."""
+
+
 def _chain(n: ast.AST) -> str:
     parts: list[str] = []
     while isinstance(n, ast.Attribute):
@@ -35,6 +39,30 @@ def _chain(n: ast.AST) -> str:
     if isinstance(n, ast.Name):
         parts.append(n.id)
     return ".".join(reversed(parts))
+
+
+def _aliases(tree: ast.AST) -> dict[str, str]:
+    """Local name -> what it names, from every import of the module (``import os as o``,
+    ``from os import chown as c``): an op under another name is the same op."""
+    out: dict[str, str] = {}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            out |= {a.asname: a.name for a in n.names if a.asname}
+        elif isinstance(n, ast.ImportFrom) and n.module and not n.level:
+            out |= {a.asname or a.name: f"{n.module}.{a.name}" for a in n.names}
+    return out
+
+
+def _called(func: ast.AST, aliases: dict[str, str]) -> str:
+    """The dotted name a call calls, through aliases and ``getattr(os, "chown")``."""
+    if isinstance(func, ast.Call) and _chain(func.func) == "getattr" and len(func.args) >= 2 \
+            and isinstance(func.args[1], ast.Constant) and isinstance(func.args[1].value, str):
+        c = f"{_chain(func.args[0])}.{func.args[1].value}"
+    else:
+        c = _chain(func)
+    head, dot, rest = c.partition(".")
+    c = aliases[head] + dot + rest if head in aliases else c
+    return "open" if c in OPENS else c
 
 
 def _names(n: ast.AST) -> set[str]:
@@ -56,9 +84,9 @@ def _nofollow_open(arg: ast.AST) -> bool:
         and "O_NOFOLLOW" in _names(arg.args[1])
 
 
-def _op(call: ast.Call) -> str | None:
+def _op(call: ast.Call, aliases: dict[str, str] | None = None) -> str | None:
     """The watched op this call is, or None."""
-    c, kws = _chain(call.func), {k.arg for k in call.keywords}
+    c, kws = _called(call.func, aliases or {}), {k.arg for k in call.keywords}
     first = call.args[0] if call.args else None
     if c == "open":
         return None if first is not None and (_kernel_path(first) or _nofollow_open(first)) else "open"
@@ -81,6 +109,10 @@ def _op(call: ast.Call) -> str | None:
             return "wait"
         if attr in PATH_OPS and not c.startswith("os."):
             return f"path.{attr}"
+        # Path.open / tarfile.open / gzip.open follow links as open does; Path.replace
+        # renames (str.replace takes two arguments).
+        if (attr == "open" or attr == "replace" and len(call.args) == 1) and not c.startswith("os."):
+            return f"path.{attr}"
     return None
 
 
@@ -88,6 +120,8 @@ def scan(source: str) -> list[tuple[str, str, int]]:
     """(function, op, line) of every watched op in a module's source; imports of a format
     that can execute are op ``pickle`` too."""
     found: list[tuple[str, str, int]] = []
+    tree = ast.parse(source)
+    aliases = _aliases(tree)
 
     def visit(node: ast.AST, fn: str) -> None:
         for ch in ast.iter_child_nodes(node):
@@ -98,12 +132,12 @@ def scan(source: str) -> list[tuple[str, str, int]]:
                     isinstance(ch, ast.ImportFrom) and (ch.module or "").split(".")[0] in UNSAFE_FORMATS:
                 found.append((fn or "<module>", "pickle", ch.lineno))
             if isinstance(ch, ast.Call):
-                op = _op(ch)
+                op = _op(ch, aliases)
                 if op is not None:
                     found.append((fn or "<module>", op, ch.lineno))
             visit(ch, here)
 
-    visit(ast.parse(source), "")
+    visit(tree, "")
     return found
 
 
@@ -200,9 +234,11 @@ def test_a_new_crossing_without_a_mechanism_fails() -> None:
 
 def _identity_changes(source: str) -> list[str]:
     out = []
-    for n in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    aliases = _aliases(tree)
+    for n in ast.walk(tree):
         if isinstance(n, ast.Call):
-            c = _chain(n.func)
+            c = _called(n.func, aliases)
             if c in IDENTITY:
                 out.append(f"{c} (line {n.lineno})")
             elif c.startswith("subprocess.") and {k.arg for k in n.keywords} & {"user", "group", "extra_groups"}:
@@ -223,8 +259,40 @@ def test_nothing_outside_the_privileged_list_changes_identity_or_chowns() -> Non
         if found:
             offenders[module] = found
     assert not offenders, f"modules that change identity or chown but are not in privmap.PRIVILEGED: {offenders}"
-    # and the check sees one
+    # and the check sees one, under any name
     assert _identity_changes("import os\ndef f():\n    os.setresuid(1, 1, 1)\n")
+    for sneak in ("from os import setresuid\nsetresuid(1, 1, 1)\n", "import os as o\no.chown('/etc', 1, 1)\n",
+                  "from os import chown as give\ngive('/etc', 1, 1)\n", "import os\ngetattr(os, 'chown')('/etc', 1, 1)\n",
+                  "from shutil import chown\nchown('/etc', 'alice')\n"):
+        assert _identity_changes(sneak), sneak
+
+
+def test_a_crossing_under_another_name_is_still_found() -> None:
+    """An attack on the check (issue 47 item 1): a raw open or chown written so that the
+    AST walk did not recognise it (an import alias, ``from os import``, getattr, io.open,
+    a Path's open or replace) slipped into a privileged module undeclared."""
+    source = (
+        "import os as o, io, tarfile\n"
+        "from os import chown, rename as mv\n"
+        "from shutil import copyfile\n"
+        "from pathlib import Path\n"
+        "def sneak(p):\n"
+        "    chown(p, 1000, 1000)\n"
+        "    o.chmod(p, 0o777)\n"
+        "    mv(p, p + '.old')\n"
+        "    getattr(o, 'unlink')(p)\n"
+        "    io.open(p, 'w')\n"
+        "    Path(p).open('w')\n"
+        "    Path(p).replace('/etc/passwd')\n"
+        "    tarfile.open(p)\n"
+        "    copyfile(p, '/etc/x')\n"
+        "def fine(s):\n"
+        "    return s.replace('a', 'b')\n"
+    )
+    ops = sorted(x.split(" (")[0] for x in undeclared("synthetic", source, ()))
+    assert ops == sorted(["sneak: os.chown", "sneak: os.chmod", "sneak: os.rename", "sneak: os.unlink", "sneak: open",
+                          "sneak: open", "sneak: path.replace", "sneak: path.open",
+                          "sneak: shutil.copyfile"]), ops
 
 
 def test_the_map_names_every_process_with_an_identity() -> None:
