@@ -30,6 +30,7 @@ def audited(job: Job) -> dict[str, Any]:
     """A submitted job as its allow record names it: its id and submit time together say
     which job (an id is taken again after a rolled-back insert)."""
     return {"job_id": job.id, "submitted": job.submit_time, "backend": job.backend, "backend_id": job.backend_id,
+            "cluster": job.summary()["cluster"],
             "partition": job.spec.partition, "cpus": job.spec.cpus, "gpus": job.spec.gpus}
 
 

@@ -103,13 +103,19 @@ class Reconciler:
                 pass
 
     async def tick(self) -> None:
-        await self.sender.send_unsent()
+        try:
+            await self.sender.send_unsent()
+            unsent: Exception | None = None
+        except (CorralError, OSError) as e:  # raised once the lanes that answer are polled (decision 0053)
+            unsent = e
         if self.sender.ended:
             gone, self.sender.ended = self.sender.ended, []
             self.progress.changed(gone)
         active = self.db.active_runs(self.lanes.polled())
         self.metrics.active_jobs.set(len(active))
         if not active:
+            if unsent is not None:
+                raise unsent
             self.last_tick = time.time()  # an idle tick is a tick: nothing to ask the backend
             return
         t0 = time.perf_counter()
@@ -117,9 +123,17 @@ class Reconciler:
         for job in active:
             by_lane[job.backend].append(job)
         changed: list[int] = []
+        failed: list[Exception] = []
         for name, jobs in by_lane.items():
             lane = self.lanes[name]
-            statuses = await lane.status([j.backend_id for j in jobs if j.backend_id])
+            try:
+                statuses = await lane.status([j.backend_id for j in jobs if j.backend_id])
+            except (CorralError, OSError) as e:
+                # One cluster's controller away must not stall the others' jobs (decision 0053);
+                # every lane away is the backend's failure, with its backoff.
+                failed.append(e)
+                log.warning("lane %s: status failed: %s", name, e)
+                continue
             ended: list[str] = []
             for job in jobs:
                 st = statuses.get(job.backend_id or "")
@@ -142,6 +156,12 @@ class Reconciler:
                     ended.append(st.backend_id)
             if ended:  # recorded: what the lane kept of these jobs may go
                 lane.forget(ended)
+        if failed and len(failed) == len(by_lane):
+            raise failed[-1]
+        if unsent is not None:
+            if changed:
+                self.progress.changed(changed)
+            raise unsent
         self.metrics.ticks.inc()
         self.last_tick = time.time()
         self.metrics.tick_seconds.observe(time.perf_counter() - t0)

@@ -77,6 +77,22 @@ class SlurmSettings(_Part):
     walltime_history: int = Field(3, ge=2, le=50, description="Runs of the same script the tightened walltime is taken from (at least 2 needed).")
     walltime_min_s: int = Field(300, ge=60, description="The shortest walltime corral asks of Slurm when it tightens one.")
     submitter: str | None = Field(None, examples=["/usr/local/libexec/corral-submit"], description="A gateway run as a service account: the privileged submitter scripts/privsep-up installed (e.g. /usr/local/libexec/corral-submit), run through `sudo -n`, so each principal with a Unix user has its Slurm jobs run as that user (decision 0021). Unset: they run as the gateway's account. A root gateway needs none.")
+    clusters: dict[str, str] = Field(default_factory=dict, examples=[{"cpu": "/etc/slurm-cpu/slurm.conf", "gpu": "/etc/slurm-gpu/slurm.conf"}], description="Several clusters behind one gateway, name -> its slurm.conf: each a batch lane of its own (the first is the default), jobs named by their cluster. Empty: the one cluster of `conf` (decision 0053).")
+    placement: Literal["earliest", "cheapest", "blend"] = Field("earliest", description="How a job submitted with cluster 'auto' (or none, with several clusters) is placed: the earliest start Slurm estimates (sbatch --test-only), the fewest SUs, or a blend (SUs plus each hour of waiting at placement_su_per_hour).")
+    placement_su_per_hour: float = Field(1.0, ge=0, description="placement = 'blend': the SUs one hour of waiting is worth.")
+    charge: dict[str, dict[Literal["cpu_hour", "gpu_hour"], float]] = Field(default_factory=dict, examples=[{"cpu": {"cpu_hour": 1.0}, "gpu/gpu": {"cpu_hour": 0.5, "gpu_hour": 20.0}}], description="Charge rates in SUs, per 'cluster' or 'cluster/partition' (the more specific wins): cpu_hour and gpu_hour. Unnamed: 1 SU per CPU-hour, 0 per GPU-hour.")
+
+    @field_validator("clusters")
+    @classmethod
+    def _cluster_names(cls, v: dict[str, str]) -> dict[str, str]:
+        # A cluster's name is its lane's (a job's record names it): never a lane word.
+        import re
+
+        for name in v:
+            if not re.fullmatch(r"[a-z][a-z0-9-]{0,31}", name) or name in ("fast", "batch", "auto", "local"):
+                raise ValueError(f"cluster name {name!r}: lowercase letters, digits and '-', at most 32, "
+                                 "not fast, batch, auto or local")
+        return v
 
 
 class MemorySettings(_Part):

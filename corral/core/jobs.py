@@ -251,6 +251,11 @@ class JobSpec(BaseModel):
     lane: LaneChoice | None = Field(
         None, description="'fast': a warm pool runs it at once (short, small tasks); 'batch': the scheduler's queue; "
                           "'auto': fast when it fits. Default: the facility's (usually batch).")
+    cluster: str | None = Field(
+        None, pattern=r"^[a-z][a-z0-9-]{0,31}$",
+        description="Where a batch job runs at a facility of several clusters: a cluster's name, or 'auto' (the "
+                    "default): placed by the facility's objective (earliest start, fewest SUs, or a blend); "
+                    "plan_job ranks them.")
     idempotent: bool | None = Field(
         None, description="Safe to run twice: if the fast-lane allocation running it dies, rerun it instead of failing it.")
     cache: bool | None = Field(
@@ -416,6 +421,7 @@ class Job(BaseModel):
             "requeues": self.requeues,
             "lost_s": self.lost_s,
             "node": self.node,
+            "cluster": None if self.backend == "fast" else self.backend,
         }
 
     def to_dict(self) -> dict[str, Any]:

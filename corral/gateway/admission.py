@@ -36,7 +36,7 @@ from corral.core.identity import Identity
 from corral.core.jobs import Job, JobSpec
 from corral.core.principals import Caller, Kind, Principal
 from corral.lanes.placement import Placement, Placer
-from corral.lanes.registry import Lane, Lanes
+from corral.lanes.registry import BackendLane, Lane, Lanes
 from corral.gateway import own_account
 from corral.gateway.memory_verbs import MemoryVerbs
 from corral.safety.audit import Audit
@@ -288,7 +288,7 @@ class Admission:
                             specs[i] = spec.model_copy(update={"workdir": real})
                     self._check_outputs(caller, spec)
                 try:
-                    self.lanes.batch.preflight(spec)
+                    self.lanes.preflight(spec)
                 except BackendError as e:
                     # Limits unknown while the scheduler is away: record the job, the scheduler judges it later.
                     log.warning("preflight skipped, the scheduler's limits are unavailable: %s", e)
@@ -336,13 +336,16 @@ class Admission:
             if job is not None:
                 return job
             spec = spec.model_copy(update={"labels": {**spec.labels, CACHE_LABEL: key}})
-        return self.lanes.route(caller.principal, spec)
+        routed, lane = self.lanes.route(caller.principal, spec)
+        if self.lanes.sites is not None and lane is self.lanes.batch:  # several clusters: which one (decision 0053)
+            routed, lane, _ = await self.lanes.sites.settle(routed)
+        return routed, lane
 
     async def placed(self, p: Principal, spec: JobSpec, lane: Lane) -> tuple[JobSpec, Placement | None]:
         """The placement of a routed spec (corral/lanes/placement.py): an agent's batch job on a
         tiered backend (Slurm) gets its tier and, from memory, its walltime; every other
         spec loses such labels."""
-        batch = self.lanes.batch if lane is self.lanes.batch and self.lanes.batch.tiered else None
+        batch = lane if isinstance(lane, BackendLane) and lane.tiered else None
         qos = await asyncio.to_thread(batch.opportunistic) if batch is not None and p.kind is Kind.AGENT else None
         return self.placer.place(p, spec, batch, qos)
 

@@ -33,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Coroutine, Literal
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Coroutine, Literal, Sequence
 
 from corral.gateway.accounts import Accounts
 from corral.gateway.admission import Admission
@@ -96,15 +96,23 @@ def build_service(settings: Settings, clock: Clock | None = None) -> Service:
     identities = Identities(settings.home / "identities.json", *settings.sandbox.dynamic_uids,
                             registry=settings.sandbox.uid_registry)
     backend: Backend
+    more: list[Backend] = []
     if settings.backend == "slurm":
         from corral.lanes.slurm.backend import SlurmBackend
 
         s = settings.slurm
         jobs = Path(s.jobs_dir or settings.home / "slurm" / "jobs")
         sandbox, egress = _sandbox(settings, [jobs])
-        backend = SlurmBackend(jobs, s.conf, s.agent_nice, s.agent_qos, s.timeout_s, s.poll_s, sandbox=sandbox,
-                               opportunistic_qos=s.opportunistic_qos, submitter=_submitter(s.submitter))
-        backend.identities = identities
+        made = []
+        # Several clusters: one backend each, its own SLURM_CONF and jobs/<cluster> (decision 0053).
+        for name, conf in (s.clusters.items() if s.clusters else [(None, s.conf)]):
+            b = SlurmBackend(jobs / name if name else jobs, conf, s.agent_nice, s.agent_qos, s.timeout_s, s.poll_s,
+                             sandbox=sandbox, opportunistic_qos=s.opportunistic_qos, submitter=_submitter(s.submitter))
+            b.identities = identities
+            if name:
+                b.name = name  # the lane's name, so every job's record names its cluster
+            made.append(b)
+        backend, more = made[0], list(made[1:])
         private = [jobs, scratch]
     else:
         sandbox, egress = _sandbox(settings, [])
@@ -114,19 +122,21 @@ def build_service(settings: Settings, clock: Clock | None = None) -> Service:
                                recover=not settings.replicated)
         private = [scratch]
     service = assemble(settings, db, backend, clock=clock, sandbox=sandbox, egress=egress, identities=identities,
-                       private_state=private)
+                       private_state=private, more=more)
     make_private(settings.home)
     return service
 
 
 def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Metrics | None = None,
              clock: Clock | None = None, sandbox: Sandbox | None = None, egress: Egress | None = None,
-             identities: Identities | None = None, private_state: list[Path] | None = None) -> Service:
+             identities: Identities | None = None, private_state: list[Path] | None = None,
+             more: Sequence[Backend] = ()) -> Service:
     """Every part of the service, each built alone, in the order they need each other;
     -> the service, its runtime attached."""
     metrics = metrics or Metrics()
     watchers = Watchers(metrics)
-    lanes = Lanes.over(backend, meter=metrics.count_backend_call)
+    lanes = (Lanes.of_clusters([backend, *more], settings.slurm, metrics.count_backend_call)
+             if settings.backend == "slurm" and settings.slurm.clusters else Lanes.over(backend, meter=metrics.count_backend_call))
     audit = Audit(AuditLog(settings.home / "audit.jsonl", settings.home / "audit.key", db.audit_head(),
                            segment_bytes=int(settings.audit_segment_mb * 1024 * 1024),
                            shared=settings.replicated), db)
@@ -152,8 +162,9 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
     progress = Progress(db, watchers, memory)
     sender = Sender(db, lanes, progress)
     sender.needed_dirs = [scratch_dir(settings.storage, settings.home) / sub for sub in SCRATCH_DIRS]
-    if hasattr(backend, "scratch"):  # a requeued Slurm job runs again without a send: its script makes them
-        backend.scratch = list(sender.needed_dirs)
+    for b in (backend, *more):
+        if hasattr(b, "scratch"):  # a requeued Slurm job runs again without a send: its script makes them
+            b.scratch = list(sender.needed_dirs)
     intake = Intake(db, audit, sender)
     intake.refuse = functools.partial(own_account.refuse, settings)  # every job, whichever verb records it
     storage = StorageVerbs(settings.storage, settings.home, db, lanes, intake, audit, gate, sandbox, metrics,

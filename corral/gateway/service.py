@@ -215,6 +215,11 @@ class Service:
         if lane is not None:
             out["lane"] = lane.name
             out["start"] = await lane.estimate(p, spec)
+        if self.lanes.sites is not None:  # several clusters: every one and its partitions, ranked (decision 0053)
+            ranked = await self.lanes.sites.rank(spec, every_partition=True)
+            out["cluster"] = lane.name if lane is not None and lane.name in self.lanes.sites.lanes else None
+            out["clusters"] = [o.public() for o in ranked]
+            out["objective"] = self.settings.slurm.placement
         # The plan itself is a read that was allowed; what it foresaw is in its details.
         self.audit.record(caller, "plan", "allow", "policy",
                           [{"command": (spec.command or "script")[:200], "would_allow": out["allowed"],

@@ -82,7 +82,7 @@ class StorageVerbs:
         hidden = (lambda c: sandbox.hidden_from(c.principal.kind.value, c.principal.unix_user)) \
             if sandbox is not None else (lambda c: [])
         # On Slurm a job runs on a node, which mounts its workspace itself (a mount is one kernel's).
-        self.on_nodes = lanes.batch.name == "slurm"
+        self.on_nodes = lanes.batch.kind == "slurm"
         self.workspaces = Workspaces(settings, workspaces_dir(settings, home), self.store, hidden,
                                      owner or (lambda c: None), self.on_nodes)
         self.shared = [os.path.normpath(str(p)) for p in settings.shared_paths]

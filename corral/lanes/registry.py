@@ -20,13 +20,17 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
 
 from corral.lanes.backend import Backend, BackendStatus, OutputPaths, Partition, SubmitContext, Usage
 from corral.core.errors import BackendError, CorralError, InvalidRequest
 from corral.core.jobs import JobSpec
 from corral.core.principals import Principal
 from corral.core.lane_names import AUTO, BATCH, CHOICES, FAST, LaneChoice
+from corral.lanes.clusters import Sites
+
+if TYPE_CHECKING:
+    from corral.core.config import SlurmSettings
 
 __all__ = ["AUTO", "BATCH", "CHOICES", "FAST", "SUBMIT_CONCURRENCY", "BackendLane", "Lane", "LaneChoice", "Lanes",
            "Sent"]
@@ -113,6 +117,8 @@ class BackendLane:
         self.backend = backend
         self._meter: Callable[[str], None] = meter or _unmetered
         self.name = backend.name
+        self.kind: str = type(backend).name
+        """The scheduler ('slurm', 'local'); ``name`` is the lane's, a cluster's name where there are several."""
         self.dependencies = backend.dependencies
         self.tiered: bool = getattr(backend, "tiered", hasattr(backend, "opportunistic"))
         """Agents' jobs are placed in a tier here (Slurm; corral/lanes/placement.py)."""
@@ -162,8 +168,13 @@ class BackendLane:
             start = await asyncio.to_thread(self.backend.estimate_start, spec)
         except BackendError as e:
             return {"start": None, "how": f"the scheduler could not say ({e.message})"}
-        how = "sbatch --test-only" if self.backend.name == "slurm" else "the queue now, each job running its whole walltime"
+        how = "sbatch --test-only" if self.kind == "slurm" else "the queue now, each job running its whole walltime"
         return {"start": start, "how": how}
+
+    async def test_only(self, spec: JobSpec) -> tuple[float | None, str]:
+        """Slurm's start estimate and, without one, what it said (corral/lanes/clusters.py)."""
+        self._meter("estimate_start")
+        return await asyncio.to_thread(self.backend.test_only, spec)  # type: ignore[attr-defined]
 
     async def control(self, backend_id: str, action: str, signal: int | None) -> None:
         self._meter("control")
@@ -223,6 +234,28 @@ class Lanes:
     def __init__(self, batch: BackendLane) -> None:
         self.batch = batch
         self.by_name: dict[str, Lane] = {batch.name: batch}
+        self.sites: Sites | None = None
+        """Several clusters ([slurm] clusters): each a batch lane, ``batch`` the first (clusters.py)."""
+
+    @classmethod
+    def of_clusters(cls, backends: Sequence[Backend], settings: "SlurmSettings",
+                    meter: Callable[[str], None] | None = None) -> "Lanes":
+        """A registry of several clusters, one batch lane each (named as its backend), the first the default."""
+        lanes = [BackendLane(b, meter) for b in backends]
+        out = cls(lanes[0])
+        for lane in lanes[1:]:
+            out.add(lane)
+        out.sites = Sites({lane.name: lane for lane in lanes}, settings)
+        return out
+
+    def preflight(self, spec: JobSpec) -> None:
+        """The scheduler's refusal of what can never run: with several clusters, of the one the
+        spec names (every reason at once); 'auto' is judged where it is placed (Sites.settle)."""
+        if self.sites is None:
+            self.batch.preflight(spec)
+        elif spec.cluster not in (None, AUTO):
+            lane = self.sites.named(spec.cluster)
+            lane.preflight(spec)
 
     @classmethod
     def over(cls, backend: Backend, meter: Callable[[str], None] | None = None) -> "Lanes":
@@ -245,10 +278,13 @@ class Lanes:
     def route(self, principal: Principal, spec: JobSpec) -> tuple[JobSpec, Lane]:
         """-> (the spec as it will run, its lane). A lane other than batch may claim it."""
         for lane in self:
-            if lane is not self.batch:
+            if not isinstance(lane, BackendLane):  # a cluster's lane takes what placement sends it (Sites)
                 claimed = lane.claim(principal, spec)
                 if claimed is not None:
                     return claimed, lane
+        if self.sites is None and spec.cluster not in (None, AUTO, self.batch.name):
+            raise InvalidRequest(f"cluster {spec.cluster!r} is not offered here: this gateway fronts one, "
+                                 f"{self.batch.name!r}", hint="leave the cluster out")
         if spec.lane not in (None, BATCH, AUTO):
             raise InvalidRequest(f"lane {spec.lane!r} is not offered at this facility",
                                  hint=f"submit with lane '{BATCH}' (or leave the lane out)")

@@ -7,7 +7,7 @@ from the command's own, or a command's help shows no example."""
 from __future__ import annotations
 
 SECTIONS: list[tuple[str, list[str]]] = [
-    ("Jobs", ["submit", "status", "wait", "logs", "cancel", "jobs", "control", "usage", "facility", "whoami"]),
+    ("Jobs", ["submit", "status", "wait", "logs", "cancel", "jobs", "control", "usage", "plan", "facility", "whoami"]),
     ("Memory", ["remember", "recall", "advice"]),
     ("Storage", ["env", "workspace"]),
     ("Agent tools", ["agent", "mcp", "risk"]),
@@ -27,9 +27,10 @@ SUMMARIES: dict[str, str] = {
     "control": "Hold, release, requeue or signal a job, where its lane can.",
     "doctor": "Check this host before serving: Slurm, accounting, job_submit.lua, munge, the clock, bubblewrap, user namespaces, seccomp, the dynamic uid range, the store, free disk, TLS.",
     "env": "Environment images: a Python environment built once with uv, packed into one read-only squashfs file, shared by every job and every principal.",
-    "notify": "Be told when your agents' jobs end, their budgets run low or the policy refuses them.",
     "policy": "The facility policy (Cedar): what each principal may do, and why not.",
     "principal": "Register and list principals: humans, agents (with a sponsor) and services.",
+    "notify": "Be told when your agents' jobs end, their budgets run low or the policy refuses them.",
+    "plan": "What submitting this job would do, without submitting it: the verdict, its lane, and at a facility of several clusters every cluster and partition ranked (Slurm's start estimate, the SUs, and why one does not fit).",
     "recall": "Search the notes you may read, best match first: by their words and by their meaning, so a question finds a note worded otherwise.",
     "remember": "Write a note for later sessions: a fix, a pitfall, what works here.",
     "risk": "Tag shell commands by what they risk, and give the policy's decision for an agent.",

@@ -68,3 +68,44 @@ def _share(x: float | None, words: str) -> str:
     if x > 1:
         return f"  ({x:.0%}: more than asked)"
     return f"  ({x:.0%} {words})"
+
+
+@click.command()
+@click.argument("command", nargs=-1, required=True)
+@click.option("--cpus", type=int, help="CPU cores.")
+@click.option("--memory", "--mem", help="Memory, e.g. 4G.")
+@click.option("--gpus", type=int, help="GPUs.")
+@click.option("--walltime", "--time", "-t", help="Time limit with its unit, e.g. 30m, 2h.")
+@click.option("--partition", "-p", help="Partition.")
+@click.option("--cluster", help="A cluster's name, or 'auto' (the default): where the facility's objective puts it.")
+@click.pass_obj
+def plan(o: Ctx, command: tuple[str, ...], **res: Any) -> None:
+    """What submitting this job would do, without submitting it: the verdict, its lane,
+    and at a facility of several clusters every cluster and partition ranked (Slurm's
+    start estimate, the SUs, and why one does not fit).
+
+    \b
+    Examples:
+      corral plan --cpus 4 -t 2h -- python train.py
+      corral plan --cluster gpu --gpus 1 -- python train.py
+    """
+    import os
+    import shlex
+
+    spec: dict[str, Any] = {k: v for k, v in res.items() if v is not None}
+    spec["command"] = command[0] if len(command) == 1 else shlex.join(command)
+    spec["workdir"] = os.getcwd()
+    o.out(o.client.plan(spec), _plan_text)
+
+
+def _plan_text(r: dict[str, Any]) -> str:
+    lines = [("would be allowed" if r["allowed"] else f"would be refused: {r['refused']['message']}")
+             + (f" (lane {r['lane']})" if r.get("lane") else "")]
+    for c in r.get("clusters") or []:
+        where = f"{c['cluster']}/{c['partition']}"
+        if c["fits"]:
+            lines.append(f"  {where}: starts in {c['wait_s']:.0f} s, {c['sus']:g} SUs"
+                         + ("" if c["submit_would_use"] else " (name the partition to use it)"))
+        else:
+            lines.append(f"  {where}: does not fit: {'; '.join(c['reasons'])}")
+    return "\n".join(lines)

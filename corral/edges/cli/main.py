@@ -53,6 +53,8 @@ def _job_rows(jobs: list[dict[str, Any]]) -> str:
                           if j.get("requeues") else "")} for j in jobs]
     # A job Slurm requeued (preempted) ran again from the start: the column only when one did.
     cols = ["id", "name", "principal", "session", "state", "exit", "submitted", "reason"]
+    if any(j.get("cluster") not in (None, "local", "slurm") for j in jobs):  # several clusters: each job's
+        cols.insert(5, "cluster")
     return table(rows, cols[:6] + ["requeued"] + cols[6:] if any(j.get("requeues") for j in jobs) else cols)
 
 
@@ -77,6 +79,7 @@ LAZY = {
     "audit": "corral.edges.cli.audit_commands:audit", "token": "corral.edges.cli.token_commands:token",
     "policy": "corral.edges.cli.policy_commands:policy", "sandbox": "corral.edges.cli.sandbox_commands:sandbox",
     "control": "corral.edges.cli.job_commands:control", "usage": "corral.edges.cli.job_commands:usage",
+    "plan": "corral.edges.cli.job_commands:plan",
     "simulate": "corral.edges.cli.simulate_commands:simulate", "agent": "corral.edges.cli.agent_run:agent",
     "slurm": "corral.edges.cli.slurm_plugin:slurm", "env": "corral.edges.cli.storage_commands:env",
     "workspace": "corral.edges.cli.storage_commands:workspace",
@@ -207,6 +210,8 @@ def serve(**opts: Any) -> None:
 @click.option("--lane", type=click.Choice(CHOICES),
               help="fast: a warm pool starts it at once (short, small tasks); batch: the scheduler's queue; "
                    "auto: fast when it fits (give --time). Default: the facility's.")
+@click.option("--cluster", help="At a facility of several clusters: a cluster's name, or 'auto' (the default): "
+              "placed by the facility's objective ('corral plan' ranks them).")
 @click.option("--idempotent", is_flag=True, default=None,
               help="The task may safely run twice: rerun it if its fast-lane allocation dies.")
 @click.option("--force", is_flag=True, default=None,

@@ -79,6 +79,11 @@ class Facility(SlurmBase):
     def estimate_start(self, spec: JobSpec) -> float | None:
         """``sbatch --test-only`` with the job's resources: Slurm's own answer (one RPC),
         'Job N to start at 2026-12-01T21:05:11 ...' in the controller's local time."""
+        return self.test_only(spec)[0]
+
+    def test_only(self, spec: JobSpec) -> tuple[float | None, str]:
+        """``estimate_start`` with what Slurm said when it gave no start (a controller
+        down, a QOS or account limit): -> (start or None, Slurm's last line)."""
         walltime_s = int(spec.labels.get(WALLTIME_LABEL) or spec.walltime_s)  # as it would be sent
         argv = ["sbatch", "--test-only", "--nodes=1", "--ntasks=1", f"--cpus-per-task={spec.cpus}",
                 f"--mem={spec.memory_mb}M", f"--time={max(1, -(-walltime_s // 60))}", "--wrap=true"]
@@ -88,8 +93,11 @@ class Facility(SlurmBase):
             argv.append(f"--gres=gpu:{spec.gpus}")
         self._counted(argv)
         r = proc.run(argv, env=self._env(), inherit_env=False, timeout=self.timeout_s, check=False)
-        m = re.search(r"to start at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", (r.stderr or "") + (r.stdout or ""))
-        return time.mktime(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) if m else None
+        said = (r.stderr or "") + (r.stdout or "")
+        m = re.search(r"to start at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", said)
+        if m:
+            return time.mktime(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")), ""
+        return None, (said.strip().splitlines() or [f"sbatch --test-only exited {r.returncode}"])[-1][:300]
 
     def partitions(self) -> list[Partition]:
         """Read once, cached; re-read when slurm.conf changes (mtime and size)."""

@@ -1,0 +1,180 @@
+"""Many clusters, one gateway: where a batch job goes when ``[slurm] clusters`` names
+several (docs/decisions/0053-many-clusters.md).
+
+::
+
+    Sites.rank(spec)   every cluster (and partition) the request is judged against:
+                       why it does not fit (every reason at once), Slurm's own start
+                       estimate there (sbatch --test-only, one RPC per cluster and
+                       partition, all clusters at once), its cost in the site's SUs
+    Sites.settle(spec) -> (the spec naming its cluster, that cluster's lane): the one it
+                       names, or with 'auto' the best by ``[slurm] placement``; refused
+                       with every cluster's reasons when none fits
+
+Each cluster is a BackendLane of its own (its own SlurmBackend, SLURM_CONF and job
+directory), named after the cluster: a job's record (``job.backend``) names its cluster,
+and the reconciler polls each lane once per tick, whatever the number of agents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from corral.core.errors import CorralError, InvalidRequest
+from corral.core.jobs import JobSpec, format_duration
+from corral.lanes.backend import Partition
+
+if TYPE_CHECKING:
+    from corral.core.config import SlurmSettings
+    from corral.lanes.registry import BackendLane
+
+AUTO = "auto"
+DEFAULT_RATE = {"cpu_hour": 1.0, "gpu_hour": 0.0}
+
+
+@dataclass
+class Option:
+    """One cluster and partition, as judged for one request."""
+
+    cluster: str
+    partition: str | None
+    reasons: list[str] = field(default_factory=list)
+    """Why the request does not fit here; empty: it fits."""
+    start: float | None = None
+    wait_s: float | None = None
+    sus: float | None = None
+    score: float | None = None
+    candidate: bool = True
+    """A partition a submission would take here (the one asked, else the cluster's default)."""
+
+    @property
+    def fits(self) -> bool:
+        return not self.reasons
+
+    def public(self) -> dict[str, Any]:
+        return {"cluster": self.cluster, "partition": self.partition, "fits": self.fits,
+                "reasons": self.reasons, "start": self.start,
+                "wait_s": None if self.wait_s is None else round(self.wait_s, 1),
+                "sus": None if self.sus is None else round(self.sus, 4),
+                "score": None if self.score is None else round(self.score, 4), "submit_would_use": self.candidate}
+
+
+def rate(charge: Mapping[str, Mapping[Any, float]], cluster: str, partition: str | None) -> dict[str, float]:
+    """The charge rates of a cluster's partition: 'cluster/partition', else 'cluster', else the default."""
+    given = charge.get(f"{cluster}/{partition}") or charge.get(cluster) or {}
+    return {**DEFAULT_RATE, **given}
+
+
+def sus(spec: JobSpec, rates: dict[str, float]) -> float:
+    """What the job costs if it runs its whole walltime (what admission charges a budget)."""
+    hours = spec.walltime_s / 3600
+    return spec.cpus * hours * rates["cpu_hour"] + spec.gpus * hours * rates["gpu_hour"]
+
+
+def misfits(spec: JobSpec, part: Partition) -> list[str]:
+    """Every reason the request cannot run in this partition (not just the first)."""
+    out = []
+    if part.extra.get("state") not in (None, "UP"):
+        out.append(f"partition {part.name} is {str(part.extra.get('state')).lower()}")
+    if spec.cpus > part.max_cpus:
+        out.append(f"{spec.cpus} CPUs asked, its largest node has {part.max_cpus}")
+    if spec.memory_mb > part.max_memory_mb:
+        out.append(f"{spec.memory_mb}M asked, its largest node has {part.max_memory_mb}M")
+    if spec.gpus > part.max_gpus:
+        out.append(f"{spec.gpus} GPUs asked, its nodes have {part.max_gpus}")
+    if spec.walltime_s > part.max_walltime_s:
+        out.append(f"walltime {format_duration(spec.walltime_s)} over its limit {format_duration(part.max_walltime_s)}")
+    return out
+
+
+class Sites:
+    """The clusters of one gateway, each a batch lane, and the site's objective."""
+
+    def __init__(self, lanes: dict[str, "BackendLane"], settings: "SlurmSettings",
+                 clock: Callable[[], float] = time.time) -> None:
+        self.lanes, self.settings, self.clock = lanes, settings, clock
+
+    def named(self, name: str) -> "BackendLane":
+        lane = self.lanes.get(name)
+        if lane is None:
+            raise InvalidRequest(f"cluster {name!r} is not offered here; the clusters are: {', '.join(self.lanes)}",
+                                 hint="name one of them, or 'auto' to let corral place the job")
+        return lane
+
+    async def rank(self, spec: JobSpec, every_partition: bool = False,
+                   only: Sequence[str] | None = None) -> list[Option]:
+        """Every cluster (``only``: those) judged for ``spec``: fitting ones first, best
+        first by the site's objective. ``every_partition``: each partition of each cluster
+        (plan_job), else the one a submission would take there."""
+        names = list(only) if only is not None else list(self.lanes)
+        per = await asyncio.gather(*(self._judge(n, spec, every_partition) for n in names))
+        options = [o for opts in per for o in opts]
+        for o in options:
+            o.score = self._score(o) if o.fits else None
+        return sorted(options, key=lambda o: (not o.fits, not o.candidate, o.score if o.score is not None else 0.0))
+
+    async def _judge(self, name: str, spec: JobSpec, every_partition: bool) -> list[Option]:
+        lane = self.lanes[name]
+        try:
+            parts = await asyncio.to_thread(lane.partitions)
+        except CorralError as e:
+            return [Option(name, spec.partition, [f"its controller does not answer ({e.message[:200]})"])]
+        default = next((p.name for p in parts if p.default), parts[0].name if parts else None)
+        asked = spec.partition or default
+        out = []
+        for p in parts:
+            if p.name != asked and not every_partition:
+                continue
+            o = Option(name, p.name, misfits(spec, p), candidate=p.name == asked)
+            o.sus = sus(spec, rate(self.settings.charge, name, p.name))
+            out.append(o)
+        if spec.partition and not any(p.name == spec.partition for p in parts):
+            out.append(Option(name, spec.partition, [f"it has no partition {spec.partition!r} (it has: "
+                                                     f"{', '.join(p.name for p in parts)})"]))
+        await asyncio.gather(*(self._estimate(lane, spec, o) for o in out if o.fits))
+        return out
+
+    async def _estimate(self, lane: "BackendLane", spec: JobSpec, o: Option) -> None:
+        """Slurm's own word on when it would start there (sbatch --test-only)."""
+        try:
+            start, said = await lane.test_only(spec.model_copy(update={"partition": o.partition}))
+        except CorralError as e:
+            start, said = None, e.message[:300]
+        if start is None:
+            o.reasons.append(f"Slurm gives no start there: {said}")
+            return
+        o.start, o.wait_s = start, max(0.0, start - self.clock())
+
+    def _score(self, o: Option) -> float:
+        """Lower is better: the wait (earliest), the SUs (cheapest), or SUs plus the wait's worth (blend)."""
+        wait_h, cost = (o.wait_s or 0.0) / 3600, o.sus or 0.0
+        how = self.settings.placement
+        if how == "cheapest":
+            return cost + wait_h * 1e-6  # ties go to the earlier start
+        if how == "blend":
+            return cost + wait_h * self.settings.placement_su_per_hour
+        return wait_h * 3600 + cost * 1e-6  # earliest; ties go to the cheaper
+
+    async def settle(self, spec: JobSpec) -> tuple[JobSpec, "BackendLane", list[Option]]:
+        """-> (the spec naming its cluster, its lane, the options weighed). A named cluster
+        is taken if the request fits it; 'auto' (or none) takes the best candidate."""
+        wanted = spec.cluster or AUTO
+        if wanted != AUTO:
+            self.named(wanted)
+        options = await self.rank(spec, only=None if wanted == AUTO else [wanted])
+        best = next((o for o in options if o.fits and o.candidate), None)
+        if best is None:
+            raise InvalidRequest(refusal(options), hint="ask plan_job for every cluster and partition, "
+                                 "and fit the request to one")
+        placed = spec.model_copy(update={"cluster": best.cluster, "partition": spec.partition})
+        return placed, self.lanes[best.cluster], options
+
+
+def refusal(options: Sequence[Option]) -> str:
+    """Every cluster's every reason, in one message."""
+    said = "; ".join(f"cluster {o.cluster}" + (f" partition {o.partition}" if o.partition else "")
+                     + ": " + ", ".join(o.reasons) for o in options if o.candidate)
+    return f"no cluster can take this job: {said}"
