@@ -99,7 +99,11 @@ def told(ops_for: Callable[[Context], Any]) -> Callable[[Callable[..., Awaitable
                 data.get("state") in TERMINAL or data.get("job_state") in TERMINAL) else None
             extra = await _since(ops_for, ctx, read, fn.__name__)
             if extra and isinstance(result, CallToolResult):
+                # Both: some clients hand the model the text, others (Claude Code, Codex) the
+                # structured content alone (its schemas allow more fields).
                 result.content = [*result.content, TextContent(type="text", text=extra.strip())]
+                if isinstance(data, dict):
+                    result.structured_content = {**data, "since_your_last_call": extra.strip()}
             return result
 
         return wrapper
