@@ -1,0 +1,85 @@
+"""The site's objective over several clusters (corral/lanes/clusters.py, decision 0053),
+with each cluster's partitions and Slurm's start estimates as a cluster would answer them
+(tests/test_clusters_slurm.py drives the same on the two private Slurm instances)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from corral.core.config import SlurmSettings
+from corral.core.errors import BackendError, InvalidRequest
+from corral.core.jobs import JobSpec
+from corral.lanes.backend import Partition
+from corral.lanes.clusters import Sites
+
+pytestmark = pytest.mark.slurm_turn("none")
+NOW = time.time()
+
+
+class Cluster:
+    """A cluster's lane as Sites asks it: its partitions, and when a job would start."""
+
+    def __init__(self, name: str, wait_s: float | None, cpus: int = 32, down: bool = False) -> None:
+        self.name, self.wait_s, self.cpus, self.down = name, wait_s, cpus, down
+        self.asked = 0
+
+    def partitions(self) -> list[Partition]:
+        if self.down:
+            raise BackendError("scontrol: Unable to contact slurm controller")
+        return [Partition("debug", self.cpus, 64000, 0, 3600, default=True, extra={"state": "UP"}),
+                Partition("long", self.cpus, 64000, 0, 86400, extra={"state": "UP"})]
+
+    async def test_only(self, spec: JobSpec) -> tuple[float | None, str]:
+        self.asked += 1
+        return (None, "sbatch: error: QOSMaxCpuPerUserLimit") if self.wait_s is None else (NOW + self.wait_s, "")
+
+
+def sites(clusters: list[Cluster], **settings: Any) -> Sites:
+    s = SlurmSettings(clusters={c.name: "/x" for c in clusters}, **settings)
+    return Sites({c.name: c for c in clusters}, s, clock=lambda: NOW)  # type: ignore[misc]
+
+
+SPEC = JobSpec(command="true", cpus=4, walltime="1h")
+
+
+@pytest.mark.parametrize(("objective", "chosen"), [("earliest", "quick"), ("cheapest", "cheap"), ("blend", "cheap")])
+def test_the_objective_picks_the_cluster(objective: str, chosen: str) -> None:
+    # quick: starts now at 3 SU/CPU-hour (12 SUs); cheap: in 2 h at 1 (4 SUs). Blend: 4 + 2 h x 1 SU < 12.
+    s = sites([Cluster("quick", 0), Cluster("cheap", 7200)], placement=objective,
+              charge={"quick": {"cpu_hour": 3.0}, "cheap": {"cpu_hour": 1.0}})
+    spec, lane, options = asyncio.run(s.settle(SPEC))
+    assert lane.name == chosen and spec.cluster == chosen
+    assert [o.cluster for o in options if o.fits][0] == chosen
+
+
+def test_a_partition_rate_wins_over_its_clusters_and_plan_ranks_every_partition() -> None:
+    s = sites([Cluster("a", 0)], charge={"a": {"cpu_hour": 2.0}, "a/long": {"cpu_hour": 0.5}})
+    ranked = {o.partition: o for o in asyncio.run(s.rank(SPEC, every_partition=True))}
+    assert ranked["debug"].sus == pytest.approx(8.0) and ranked["long"].sus == pytest.approx(2.0)
+    assert ranked["debug"].candidate and not ranked["long"].candidate  # submit keeps the default partition
+
+
+def test_a_refusal_names_every_cluster_and_every_reason() -> None:
+    s = sites([Cluster("small", 0, cpus=8), Cluster("limited", None), Cluster("gone", 0, down=True)])
+    with pytest.raises(InvalidRequest) as e:
+        asyncio.run(s.settle(JobSpec(command="true", cpus=16, walltime="2h")))
+    msg = e.value.message
+    assert "cluster small partition debug: 16 CPUs asked, its largest node has 8, walltime 02:00:00" in msg
+    assert "cluster limited partition debug: walltime" in msg  # no start asked of what cannot fit
+    assert "cluster gone" in msg and "does not answer" in msg
+    # What fits but gets no start from Slurm says what Slurm said.
+    with pytest.raises(InvalidRequest, match="QOSMaxCpuPerUserLimit"):
+        asyncio.run(s.settle(SPEC.model_copy(update={"cluster": "limited"})))
+
+
+def test_a_named_cluster_is_taken_and_an_unknown_one_refused_with_the_choices() -> None:
+    one, two = Cluster("one", 600), Cluster("two", 0)
+    s = sites([one, two])
+    spec, lane, _ = asyncio.run(s.settle(SPEC.model_copy(update={"cluster": "one"})))
+    assert lane is one and two.asked == 0  # only the named cluster is asked
+    with pytest.raises(InvalidRequest, match="the clusters are: one, two"):
+        asyncio.run(s.settle(SPEC.model_copy(update={"cluster": "three"})))
