@@ -38,6 +38,13 @@ def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def link_matches(row: dict[str, Any] | None, token: str) -> bool:
+    """Whether ``token`` is the single-use link of this pending approval (what the link's
+    page and its answer both ask before showing or deciding anything)."""
+    return row is not None and row["link_hash"] is not None and bool(token) \
+        and secrets.compare_digest(row["link_hash"], _hash(token))
+
+
 class ApprovalVerbs:
     def __init__(self, service: "Service", wait_s: float = WAIT_S) -> None:
         self.service, self.wait_s = service, wait_s
@@ -98,7 +105,7 @@ class ApprovalVerbs:
     async def by_link(self, approval_id: int, token: str, approve: bool, note: str | None = None) -> dict[str, Any]:
         """The single-use link of a notification: its token is the proof; used once."""
         row = self.db.approvals.get(approval_id)
-        if row is None or row["link_hash"] is None or not secrets.compare_digest(row["link_hash"], _hash(token)):
+        if row is None or not link_matches(row, token):
             raise NotFound("this approval link is not valid (used already, expired, or mistyped)",
                            hint="list what waits for you: corral approvals list")
         p = self.db.get_principal(row["sponsor"])

@@ -14,6 +14,7 @@ from fastapi.responses import HTMLResponse
 from markupsafe import escape
 
 from corral.core.errors import CorralError
+from corral.gateway.approvals import link_matches
 
 if TYPE_CHECKING:
     from corral.gateway.service import Service
@@ -32,7 +33,9 @@ def mount(app: FastAPI, service: "Service") -> None:
     @app.get("/approve/{aid}", include_in_schema=False)
     async def show(aid: int, token: str = "") -> HTMLResponse:
         row = service.db.approvals.get(aid)
-        if row is None or row["state"] != "pending" or not token:
+        # The token is checked here too, not only by the POST: an unauthenticated client
+        # counting ids must not read who wants to run what.
+        if row is None or row["state"] != "pending" or not link_matches(row, token):
             return page(aid, "<p>Nothing waits here: this link was used already, has expired, or is mistyped.</p>"
                              "<p>List what waits for you: <code>corral approvals list</code></p>", 404)
         form = (f'<form method="post"><input type="hidden" name="token" value="{escape(token)}">'

@@ -1,0 +1,54 @@
+"""Approvals and notifications attacked by an agent (and an unauthenticated client) that has
+read the code (issue 51 item 3, issue 47's rule): each test is an attack through a real
+gateway and real HTTP, and what must hold against it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+
+from .conftest import add_people
+from .test_approvals import asked, big, gateway_with, job
+from .test_notify import hook
+
+
+def test_the_link_page_shows_nothing_without_its_token(tmp_path: Path, agent_dir: Path) -> None:
+    """An unauthenticated client that counts approval ids read every pending approval's
+    agent and command through GET /approve/N?token=anything (the page checked only that
+    a token was given; the POST checks it)."""
+    with hook() as h, gateway_with(tmp_path) as gw:
+        t = add_people(gw)
+        with gw.http(t["alice"]) as a:
+            assert a.put("/v1/notify", json={"webhook": h.url, "jobs": "none"}).status_code == 200
+        with gw.http(t["bot1"]) as b:
+            r = b.post("/v1/jobs", json={**big(agent_dir), "command": "echo secret-plan-7f3"})
+            assert r.status_code == 201, r.text
+        aid, link = asked(h)
+        for token in ("x", "A" * 32, link.split("token=")[1][:-1] + "Q"):
+            got = httpx.get(f"{gw.url}/approve/{aid}", params={"token": token}, timeout=10)
+            assert got.status_code == 404, got.text
+            assert "secret-plan-7f3" not in got.text and "bot1" not in got.text, got.text
+        # the sponsor's own link still shows it
+        got = httpx.get(link, timeout=10)
+        assert got.status_code == 200 and "secret-plan-7f3" in got.text, got.text
+
+
+def test_an_agent_cannot_release_its_waiting_job_by_another_path(tmp_path: Path, agent_dir: Path) -> None:
+    """Hold then release, and a cancel then the same submission again under the same
+    idempotency key: the job waiting for its sponsor never runs."""
+    with hook() as h, gateway_with(tmp_path) as gw:
+        t = add_people(gw)
+        with gw.http(t["alice"]) as a:
+            assert a.put("/v1/notify", json={"webhook": h.url, "jobs": "none"}).status_code == 200
+        with gw.http(t["bot1"]) as b:
+            first = b.post("/v1/jobs", json=big(agent_dir), headers={"Idempotency-Key": "k1"}).json()
+            assert b.post(f"/v1/jobs/{first['id']}/control", json={"action": "hold"}).status_code in (200, 403)
+            r = b.post(f"/v1/jobs/{first['id']}/control", json={"action": "release"})
+            assert r.status_code == 403, r.text
+            again = b.post("/v1/jobs", json=big(agent_dir), headers={"Idempotency-Key": "k1"}).json()
+            assert again["id"] == first["id"]
+        asked(h)
+        time.sleep(1.0)
+        assert job(gw, t["bot1"], first["id"])["state"] == "PENDING"
