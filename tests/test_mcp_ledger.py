@@ -77,3 +77,13 @@ def test_acknowledged_explicitly_and_kept_across_a_kill_9(gateway: Gateway, agen
     assert first.count("COMPLETED;") + first.count("COMPLETED.") >= 3
     assert acked.structured_content["acked"] == 3 and acked.structured_content["left"] == 0
     assert "Since your last call" not in after, after
+
+
+def test_a_refusal_is_in_the_ledger_too(gateway: Gateway, agent_dir) -> None:
+    """A refusal whose answer the client dropped is said again on the next call."""
+    token = _people(gateway)
+    with gateway.http(token) as h:
+        assert h.post("/v1/jobs", json={"command": "cat ~/.ssh/id_rsa", "workdir": str(agent_dir)}).status_code == 403
+        got = h.get("/v1/ledger").json()
+    assert got["total"] == 1 and got["unacked"][0]["kind"] == "refusal", got
+    assert "refused submit (rule agents-no-harmful-commands)" in got["unacked"][0]["text"], got

@@ -23,7 +23,7 @@ class Note:
     body: str
 
 
-def _clean(text: str, limit: int = 300) -> str:
+def clean(text: str, limit: int = 300) -> str:
     text = redact(text)[0]
     text = "".join(c if c.isprintable() else " " for c in text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -37,13 +37,13 @@ def _took(job: Job) -> str:
 
 
 def job_end(job: Job, sponsor: str | None) -> Note:
-    name = _clean(job.spec.name or "unnamed", 80)
+    name = clean(job.spec.name or "unnamed", 80)
     how = job.state.value + (f" exit {job.exit_code}" if job.exit_code not in (None, 0) else "")
     subject = f"[corral] job {job.id} of {job.principal} {how}"
     lines = [f"Job {job.id} ({name}) of {job.principal}" + (f", sponsored by {sponsor}" if sponsor else "")
              + f": {how}, {_took(job)}.", f"Lane: {job.backend}" + (f", Slurm job {job.backend_id}" if job.backend_id else "") + "."]
     if job.reason:
-        lines.append(f"Reason: {_clean(job.reason)}")
+        lines.append(f"Reason: {clean(job.reason)}")
     lines.append(f"See it: corral status {job.id}   (its output: corral output {job.id})")
     return Note("job", subject, "\n".join(lines))
 
@@ -51,19 +51,19 @@ def job_end(job: Job, sponsor: str | None) -> Note:
 def job_line(job: Job) -> str:
     """A job's end in one line, for its own principal's ledger."""
     how = job.state.value + (f" exit {job.exit_code}" if job.exit_code not in (None, 0) else "")
-    return f"job {job.id} {how}" + (f" ({_clean(job.reason, 120)})" if job.reason and job.state.value != "COMPLETED"
+    return f"job {job.id} {how}" + (f" ({clean(job.reason, 120)})" if job.reason and job.state.value != "COMPLETED"
                                    else "")
 
 
 def denial(record: dict[str, Any]) -> Note:
     who, rule = record.get("principal", "?"), record.get("rule", "?")
     subject = f"[corral] {who} was refused ({rule})"
-    reason = _clean(str(record.get("reason", "")))
+    reason = clean(str(record.get("reason", "")))
     body = (f"The facility's policy refused {who} ({record.get('action', '?')}, rule {rule}): {reason}\n"
             "This is the first such refusal this hour; every one is in the audit "
             f"(corral audit --principal {who}).")
     if record.get("risk_tags"):
-        body += f"\nRisk: {_clean(', '.join(map(str, record['risk_tags'])))}"
+        body += f"\nRisk: {clean(', '.join(map(str, record['risk_tags'])))}"
     return Note("denial", subject, body)
 
 
@@ -75,7 +75,7 @@ def budget(principal: str, what: str, level: int, used: float, limit: float) -> 
 
 def approval(aid: int, agent: str, rule: str, summary: str, until: str, url: str) -> Note:
     return Note("approval", f"[corral] {agent} asks your approval (#{aid}, rule {rule})",
-                f"{agent} wants to run: {_clean(summary, 600)}\n"
+                f"{agent} wants to run: {clean(summary, 600)}\n"
                 f"The facility's rule {rule} asks you, its sponsor, to approve it first. It waits until {until}, "
                 "then is cancelled.\n"
                 f"Answer: corral approvals approve {aid}   or   corral approvals decline {aid} --note 'why'\n"
@@ -104,6 +104,10 @@ def webhook_body(fmt: str, subject: str, body: str, rows: list[dict[str, Any]]) 
     headers["Content-Type"] = "application/json"
     if fmt == "slack":  # Slack and Mattermost incoming webhooks: `text`; <, > and & are their markup
         esc = (f"*{subject}*\n{body}").replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        # Mattermost renders Markdown and @mentions: an agent's command or job name must not
+        # become a link dressed as "Approve" beside the real one, nor ping a whole channel.
+        # A word joiner breaks both and shows nothing.
+        esc = esc.replace("](", "]\u2060(").replace("@", "@\u2060")
         return headers, json.dumps({"text": esc}).encode()
     return headers, json.dumps({"subject": subject, "body": body, "ids": ids,
                                 "kinds": sorted({r["kind"] for r in rows})}).encode()

@@ -139,6 +139,10 @@ class Notifier:
             for r in records:
                 if r.get("decision") != "deny" or r.get("rule") in MISTAKES or r.get("kind") == "service":
                     continue
+                who = str(r.get("principal"))
+                self.db.ledger.add([(f"deny:{who}:{time.time_ns()}", who, "refusal", r.get("job_id"),
+                                     f"refused {r.get('action', '?')} (rule {r.get('rule')}): "
+                                     f"{compose.clean(str(r.get('reason', '')), 160)}", self.now())])
                 hour = int(self.now() // 3600)
                 key = f"deny:{r.get('principal')}:{r.get('rule')}:{hour}"
                 rows = self._rows(key, str(r.get("principal")), compose.denial(r), lambda e: e.denials)
