@@ -226,3 +226,20 @@ def test_a_token_expiring_mid_session_reaches_claude_codes_and_codexs_model(gate
     assert "expired" in said[1] and "ask your sponsor (alice) for a new token" in said[1], said[1]
     assert "token mint" not in said[1] and "lacks" not in said[1], said[1]
     assert time.monotonic() - start < 120  # answered, not a 300 s wait for an answer that never comes
+
+
+def test_a_sessions_stream_asked_with_an_expired_token_is_refused_with_the_reason(gateway: Gateway) -> None:
+    """A GET (the server-to-client stream) has no id to answer to: a 403 saying why, never
+    a 401 that would send a client into an OAuth registration no server here offers."""
+    token = _people(gateway, expires="8s")
+    born = time.time()
+    head = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
+            "Authorization": f"Bearer {token}"}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    sid = httpx2.post(f"{gateway.url}/mcp", json=init, headers=head).headers["mcp-session-id"]
+    time.sleep(max(0.0, born + 9.5 - time.time()))
+    got = httpx2.get(f"{gateway.url}/mcp", headers={**head, "Mcp-Session-Id": sid, "Accept": "text/event-stream"},
+                     timeout=30)
+    assert got.status_code == 403 and "expired" in got.json()["error"]["message"], got.text
+    assert "ask your sponsor" in got.json()["error"]["message"], got.text

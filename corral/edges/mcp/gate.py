@@ -73,7 +73,10 @@ class RequireToken:
                 if self.metadata or e.status != 401 or self.anonymous is None:
                     raise
                 if sid and sid in self.bound:  # a token's session, its token expired or revoked since
-                    raise  # the real reason (expired, revoked), answered to the call itself (_refuse)
+                    # The real reason (expired, revoked), answered to a POST's call itself (_refuse);
+                    # a 403, not a 401, to a GET: a 401 without an authorization server would send a
+                    # client into an OAuth registration that cannot succeed.
+                    raise Forbidden(e.message, hint=e.hint) from None
                 # No token: answered statelessly, so the client lists the tools and each
                 # call says what is wrong; no session is made, nothing outlives the request.
                 # Only POST: a GET would hold a server-to-client stream open (a connection
