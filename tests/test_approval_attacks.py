@@ -4,6 +4,7 @@ gateway and real HTTP, and what must hold against it."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import httpx
 
 from .conftest import add_people
 from .test_approvals import asked, big, gateway_with, job
-from .test_notify import hook
+from .test_notify import hook, until
 
 
 def test_the_link_page_shows_nothing_without_its_token(tmp_path: Path, agent_dir: Path) -> None:
@@ -33,6 +34,25 @@ def test_the_link_page_shows_nothing_without_its_token(tmp_path: Path, agent_dir
         # the sponsor's own link still shows it
         got = httpx.get(link, timeout=10)
         assert got.status_code == 200 and "secret-plan-7f3" in got.text, got.text
+
+
+def test_an_agent_cannot_put_markup_or_mentions_in_a_chat_notification(tmp_path: Path, agent_dir: Path) -> None:
+    """A command (shown in the approval's summary) written as Mattermost/Slack markup: a
+    link dressed as 'Approve' beside the real single-use link, and @channel pinging the
+    whole channel. The chat body keeps the words but neither renders."""
+    with hook() as h, gateway_with(tmp_path) as gw:
+        t = add_people(gw)
+        with gw.http(t["alice"]) as a:
+            r = a.put("/v1/notify", json={"webhook": h.url, "webhook_format": "slack", "jobs": "none"})
+            assert r.status_code == 200, r.text
+        with gw.http(t["bot1"]) as b:
+            r = b.post("/v1/jobs", json={**big(agent_dir),
+                                         "command": "echo '@channel [Approve now](http://evil.example/ok) @all'"})
+            assert r.status_code == 201, r.text
+        text = json.loads(until(lambda: [x for x in h.got if "asks your approval" in x["body"]])[0]["body"])["text"]
+        assert "Approve now" in text and "evil.example" in text, text
+        assert "](" not in text, text
+        assert "@channel" not in text and "@all" not in text, text
 
 
 def test_an_agent_cannot_release_its_waiting_job_by_another_path(tmp_path: Path, agent_dir: Path) -> None:
