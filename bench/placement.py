@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+import httpx
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import GatewayProcess, finish, pct  # noqa: E402
@@ -104,6 +106,7 @@ def run(n: int, busy_s: int) -> dict:
         arms: dict[str, list[int]] = {"pinned": [], "placed": []}
         with gw.client() as h:
             h.headers["Authorization"] = f"Bearer {token}"
+            h.timeout = httpx.Timeout(busy_s + 180.0)  # a wait outlasts people's job
             for arm, cluster in (("pinned", "one"), ("placed", "auto")):
                 for i in range(n):
                     r = h.post("/v1/jobs", json={"command": f"echo ran >> {arm}-{i}.runs; sleep 1", "walltime": "5m",
