@@ -1,0 +1,163 @@
+"""What a contained Slurm batch job costs over a bare one (issue 50, "what must hold" 4).
+
+N `sleep 2` jobs are submitted bare (`sbatch --wrap`) and N through corral as an agent
+principal (its batch script, contained in corral's sandbox), interleaved one of each at a
+time, and Slurm's own start-to-end of each is read back: from slurmctld's log (the
+"Allocate" and "_job_complete" lines, in milliseconds) and from sacct's Start/End (in whole
+seconds, whose mean is still unbiased: a job's start falls anywhere within its second).
+
+    python bench/batch_overhead.py [--quick] [--jobs 20]
+
+Needs the private Slurm of scripts/slurm-up (SLURM_CONF). Last line: one JSON object with
+``contained_minus_bare_p50_ms`` (slurmctld's milliseconds; sacct's seconds are beside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import GatewayProcess, finish, pct, sponsored_agents  # noqa: E402
+
+SLURM_CONF = os.environ.get("SLURM_CONF") or "/tmp/corral-slurm/etc/slurm.conf"
+ENV = {**os.environ, "SLURM_CONF": SLURM_CONF}
+WORK = "sleep 2"
+STAMP = r"\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})\]"
+
+
+def sh(*argv: str) -> str:
+    return subprocess.run(argv, env=ENV, capture_output=True, text=True, check=True).stdout
+
+
+def ctld_log() -> Path | None:
+    for line in sh("scontrol", "show", "config").splitlines():
+        if line.startswith("SlurmctldLogFile"):
+            return Path(line.split("=", 1)[1].strip())
+    return None
+
+
+def _when(stamp: str) -> float:
+    return datetime.datetime.fromisoformat(stamp).timestamp()
+
+
+def ctld_elapsed(ids: list[str]) -> dict[str, float]:
+    """Slurm job id -> seconds from slurmctld's allocation to its completion, from its log
+    (both on the controller's clock, in milliseconds). Empty where the log is unreadable."""
+    log = ctld_log()
+    try:
+        text = log.read_text(errors="replace") if log else ""
+    except OSError:
+        return {}
+    want = set(ids)
+    start: dict[str, float] = {}
+    end: dict[str, float] = {}
+    for m in re.finditer(STAMP + r" sched: Allocate JobId=(\d+) ", text):
+        if m.group(2) in want:
+            start[m.group(2)] = _when(m.group(1))
+    for m in re.finditer(STAMP + r" _job_complete: JobId=(\d+) WEXITSTATUS", text):
+        if m.group(2) in want:
+            end[m.group(2)] = _when(m.group(1))
+    return {j: end[j] - start[j] for j in want if j in start and j in end}
+
+
+def sacct_elapsed(ids: list[str]) -> dict[str, float]:
+    """Slurm job id -> End - Start from sacct (whole seconds), for jobs that COMPLETED."""
+    out = sh("sacct", "-X", "-n", "-P", "-j", ",".join(ids), "-o", "JobID,Start,End,State")
+    got = {}
+    for line in out.splitlines():
+        jid, start, end, state = line.split("|")[:4]
+        if state == "COMPLETED" and start[:1].isdigit() and end[:1].isdigit():
+            got[jid] = _when(end) - _when(start)
+    return got
+
+
+def submit_pairs(n: int, h: httpx.Client, workdir: str, gap_s: float) -> tuple[list[str], list[int]]:
+    """n bare and n corral jobs, one of each in turn -> (bare Slurm ids, corral job ids)."""
+    bare, ours = [], []
+    for _ in range(n):
+        bare.append(sh("sbatch", "--parsable", "-o", "/dev/null", "-D", workdir, "-t", "1", "--mem=100M",
+                       "--wrap", WORK).strip().split(";")[0])
+        r = h.post("/v1/jobs", json={"command": WORK, "workdir": workdir, "memory": "100M", "walltime": "1m",
+                                     "lane": "batch"})
+        r.raise_for_status()
+        ours.append(r.json()["id"])
+        time.sleep(gap_s)
+    return bare, ours
+
+
+def wait_corral(h: httpx.Client, ids: list[int], deadline: float) -> list[str]:
+    """The Slurm ids of corral's jobs once each has ended (or the deadline passed)."""
+    done: dict[int, dict] = {}
+    while len(done) < len(ids) and time.monotonic() < deadline:
+        for i in ids:
+            if i not in done:
+                j = h.get(f"/v1/jobs/{i}").json()
+                if j["state"] not in ("PENDING", "RUNNING", "UNKNOWN"):
+                    done[i] = j
+        time.sleep(0.5)
+    return [str(j["backend_id"]) for j in done.values() if j.get("state") == "COMPLETED" and j.get("backend_id")]
+
+
+def wait_bare(ids: list[str], deadline: float) -> None:
+    while time.monotonic() < deadline and sh("squeue", "-h", "-j", ",".join(ids), "-o", "%i").strip():
+        time.sleep(0.5)
+
+
+def summary(values: list[float]) -> dict:
+    return {"n": len(values), "p50_ms": round(pct(values, 50) * 1000, 1), "p90_ms": round(pct(values, 90) * 1000, 1),
+            "mean_ms": round(sum(values) / len(values) * 1000, 1) if values else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=20, help="jobs per arm")
+    ap.add_argument("--gap", type=float, default=0.7, help="seconds between one pair's submission and the next")
+    ap.add_argument("--quick", action="store_true", help="5 jobs an arm (under 30 s)")
+    a = ap.parse_args()
+    n = 5 if a.quick else a.jobs
+    try:
+        sh("sinfo", "-h")
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        sys.exit(f"no Slurm answers with SLURM_CONF={SLURM_CONF}: run scripts/slurm-up first")
+    workdir = tempfile.mkdtemp(prefix="corral-bench-batch-")
+    os.chmod(workdir, 0o777)  # the contained work runs as another, unprivileged identity
+    gw = GatewayProcess("--backend", "slurm", env={"SLURM_CONF": SLURM_CONF})
+    try:
+        token = sponsored_agents(gw, 1)[0]
+        with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as h:
+            bare, ours = submit_pairs(n, h, workdir, a.gap)
+            deadline = time.monotonic() + 20 + 3 * n
+            wait_bare(bare, deadline)
+            contained = wait_corral(h, ours, deadline)
+    finally:
+        gw.stop()
+    time.sleep(1)  # slurmdbd is told of a job's end a moment after slurmctld
+    ctld = ctld_elapsed(bare + contained)
+    acct = sacct_elapsed(bare + contained)
+    ctld_bare, ctld_ours = [ctld[j] for j in bare if j in ctld], [ctld[j] for j in contained if j in ctld]
+    acct_bare, acct_ours = [acct[j] for j in bare if j in acct], [acct[j] for j in contained if j in acct]
+    s = {"bare": summary(ctld_bare), "contained": summary(ctld_ours),
+         "bare_sacct": summary(acct_bare), "contained_sacct": summary(acct_ours)}
+    diff = round(s["contained"]["p50_ms"] - s["bare"]["p50_ms"], 1) if ctld_bare and ctld_ours else None
+    mean_sacct = (round(s["contained_sacct"]["mean_ms"] - s["bare_sacct"]["mean_ms"], 1)
+                  if acct_bare and acct_ours else None)
+    print(f"bare {s['bare']} contained {s['contained']} (slurmctld, ms); sacct mean difference {mean_sacct} ms",
+          file=sys.stderr)
+    finish("batch_overhead", {"bench": "batch_overhead", "jobs_per_arm": n, "work": WORK,
+                              "contained_minus_bare_p50_ms": diff, "contained_minus_bare_mean_ms_sacct": mean_sacct,
+                              **s}, {"bare": bool(ctld_bare and acct_bare), "contained": bool(ctld_ours and acct_ours)})
+
+
+if __name__ == "__main__":
+    main()
