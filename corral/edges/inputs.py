@@ -263,6 +263,9 @@ JOB_FIELDS: dict[str, tuple[Any, Any]] = {
     "lane": (Annotated[LaneChoice | None, Field(
         description="'fast': a warm allocation starts it at once (short, small tasks); 'batch': the queue; "
                     "'auto': fast when it fits.")], None),
+    "cluster": (Annotated[str | None, Field(description="Where there are several clusters: one's name, or 'auto' "
+                                                        "(default: placed by the site's objective; plan_job ranks "
+                                                        "them).")], None),
     "idempotent": (Annotated[bool | None, Field(description="Safe to run twice (fast lane may rerun it).")], None),
     "cache": (Annotated[bool | None, Field(description="Reuse the result of an earlier successful identical "
                                                        "run (script, inputs, env, resources).")], None),

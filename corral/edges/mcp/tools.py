@@ -164,6 +164,8 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         said = (f"allowed (rule {plan['rule']}); lane {plan.get('lane') or '?'}; starts {when}; costs "
                 f"{plan['cost']['cpu_hours']} CPU-h, {plan['cost']['gpu_hours']} GPU-h" if plan["allowed"] else
                 f"refused by {plan['rule']}: {plan['refused']['message']}")
+        if plan["allowed"] and plan.get("clusters"):  # several clusters: where, and the others' word
+            said += f"; cluster {plan['cluster']} ({plan['objective']} first; {len(plan['clusters'])} weighed)"
         if (plan.get("cache") or {}).get("hit"):
             said += f"; the result of job {plan['cache']['job_id']} would answer it"
         placed = plan.get("placement") or {}
