@@ -103,7 +103,7 @@ def session_holder(caller: Caller) -> str:
 
 
 def check_name(name: str) -> str:
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):  # not match: "$" lets one trailing newline through ("fastlane\n")
         raise InvalidRequest(
             f"principal name {name!r} is invalid; use 1-64 lowercase letters, digits, '_', '.', '-', starting with a letter"
         )

@@ -159,7 +159,7 @@ class Images:
         build started (the caller's job, then corral's). ``rule``: what allowed the request
         (the install job's allow record names it)."""
         kind = checked_kind(files)
-        if name is not None and not _NAME.match(name):
+        if name is not None and not _NAME.fullmatch(name):
             raise InvalidRequest(f"image name {name[:80]!r}: letters, digits, '_', '.', '-', at most 64")
         if name is not None:  # the caller's own name for it, never one another principal uses (squatting)
             name = own_name(caller.principal.name, name)
