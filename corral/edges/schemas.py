@@ -35,6 +35,8 @@ class JobSummaryOut(_Out):
     """Seconds of work its requeued runs lost."""
     node: str | None = None
     """The node it runs or ran on (its last run's), as its scheduler reported it."""
+    cluster: str | None = None
+    """The cluster (batch lane) it was sent to; None for a fast-lane task (decision 0053)."""
 
 
 class JobOut(JobSummaryOut):
