@@ -9,6 +9,7 @@ from the scheduler: a dashboard left open must cost the controller nothing.
                            ├▶ saved (scheduler calls made vs what the clients would have made)
                            ├▶ refusals by rule (AuditTally), budgets used per token and sponsor
                            ├▶ tainted credentials, the audit chain's state, fast-lane pools
+                           └▶ mine: the viewer's own agents and what waits for their answer
     Board.session(caller, principal, session) ─▶ its jobs, outcomes, advice, notes
 """
 
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corral.core.errors import NotFound
+from corral.core.errors import Forbidden, NotFound
 from corral.safety import guard
 from corral.core.principals import PILOT_PRINCIPAL, Caller
 from corral.edges.dashboard.history import History
@@ -161,9 +162,27 @@ class Board:
                 task = asyncio.create_task(self._refresh(key, caller, names))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
-            return {**hit[1], "viewer": self._viewer(caller, names), "age_s": round(now - hit[0], 2)}
+            return {**hit[1], "viewer": self._viewer(caller, names), "age_s": round(now - hit[0], 2),
+                    "mine": await asyncio.to_thread(self.mine, caller)}
         snap = await self._refresh(key, caller, names)
-        return {**snap, "age_s": 0.0}
+        return {**snap, "age_s": 0.0, "mine": await asyncio.to_thread(self.mine, caller)}
+
+    def mine(self, caller: Caller) -> dict[str, Any] | None:
+        """The viewer's own agents (issue 51 item 4): what they ran, used and were refused
+        (``corral sponsor``'s figures), and the approvals that wait for this viewer's
+        answer. The viewer's own, not their scope's: admins share one snapshot, so this
+        part is computed for each request, never shared."""
+        try:
+            view = self.service.sponsor_view.view(caller)
+        except Forbidden:  # a service's token: it sponsors no one
+            return None
+        waiting = [a for a in self.service.approvals.listing(caller)["approvals"] if a["sponsor"] == caller.name]
+        return {"days": view["days"], "agents": [{
+            "agent": a["agent"], "jobs": sum(a["jobs"].values()), "completed": a["jobs"].get("COMPLETED", 0),
+            "failed": sum(a["jobs"].get(s, 0) for s in ("FAILED", "TIMEOUT", "OUT_OF_MEMORY")),
+            "cpu_hours": a["cpu_hours"], "refused": sum(x["count"] for x in a["refusals"]),
+            "rules": ", ".join(f"{x['rule']} ({x['count']})" for x in a["refusals"]),
+            "waiting": a["waiting"]} for a in view["agents"]], "waiting": waiting}
 
     async def _refresh(self, key: tuple[str, ...] | None, caller: Caller, names: frozenset[str] | None,
                        ) -> dict[str, Any]:

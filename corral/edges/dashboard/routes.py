@@ -69,6 +69,14 @@ def _fmt_time(t: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
 
 
+def _fmt_when(t: float | None) -> str:
+    """A moment that may be days away (an approval's expiry): its date too unless today."""
+    if not t:
+        return "-"
+    today = time.strftime("%Y-%m-%d") == time.strftime("%Y-%m-%d", time.localtime(t))
+    return time.strftime("%H:%M" if today else "%Y-%m-%d %H:%M", time.localtime(t))
+
+
 def _fmt_duration(s: float | None) -> str:
     if s is None:
         return "-"
@@ -97,6 +105,7 @@ def mount(app: FastAPI, service: "Service") -> Board:
                       autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
     env.filters["clock"] = _fmt_time
     env.filters["duration"] = _fmt_duration
+    env.filters["when"] = _fmt_when
     env.filters["breakable"] = _breakable
     env.filters["quote"] = lambda s: urllib.parse.quote(str(s), safe="")
 
