@@ -16,7 +16,7 @@ def _verify(gw: Gateway) -> tuple[int, str]:
     return cp.returncode, cp.stdout + cp.stderr
 
 
-def test_decisions_are_chained_and_tampering_is_located(gateway: Gateway, people: dict[str, str], tmp_path) -> None:
+def test_decisions_are_chained_and_tampering_is_located(gateway: Gateway, people: dict[str, str], tmp_path: Path) -> None:
     with gateway.http(people["bot1"], session="s-a") as h:
         ok = h.post("/v1/jobs", json={"command": "true", "workdir": str(tmp_path)}).json()
         assert h.post("/v1/jobs", json={"command": "true", "cpus": 999}).status_code == 400
@@ -50,6 +50,14 @@ def test_decisions_are_chained_and_tampering_is_located(gateway: Gateway, people
     assert '"decision":"allow"' in edited[2]
     edited[2] = edited[2].replace('"decision":"allow"', '"decision":"deny"')
     assert "line 3 (record 3): record 3 was edited" in tampered(edited)
+    log.write_text("".join(edited))  # --json says the same, as data, with the same exit code
+    cp = gateway.cli("--json", "audit", "verify", "--home", str(gateway.home))
+    log.write_text("".join(pristine))
+    said = json.loads(cp.stdout)
+    assert cp.returncode == 1 and not said["ok"] and said["problems"][0]["line"] == 3, cp.stdout
+    assert "record 3 was edited" in said["problems"][0]["what"]
+    said = json.loads(gateway.cli("--json", "audit", "verify", "--home", str(gateway.home)).stdout)
+    assert said == {"ok": True, "records": 15, "head": 15, "problems": []}, said
     assert "records 2..2 were dropped" in tampered(pristine[:1] + pristine[2:])
     assert "out of order" in tampered(pristine[:1] + [pristine[2], pristine[1]] + pristine[3:])
     assert "out of order or inserted" in tampered(pristine[:2] + [pristine[0]] + pristine[2:])
@@ -57,7 +65,7 @@ def test_decisions_are_chained_and_tampering_is_located(gateway: Gateway, people
     assert _verify(gateway)[0] == 0
 
 
-def test_the_chain_survives_a_restart(gateway: Gateway, tmp_path) -> None:
+def test_the_chain_survives_a_restart(gateway: Gateway, tmp_path: Path) -> None:
     with gateway.http() as h:
         h.post("/v1/jobs", json={"command": "true", "workdir": str(tmp_path)})
     gateway.kill(signal.SIGKILL)
@@ -69,7 +77,7 @@ def test_the_chain_survives_a_restart(gateway: Gateway, tmp_path) -> None:
     assert oct(Path(gateway.home / "audit.key").stat().st_mode & 0o777) == "0o600"
 
 
-def test_segments_rotate_and_the_chain_runs_across_them(tmp_path) -> None:
+def test_segments_rotate_and_the_chain_runs_across_them(tmp_path: Path) -> None:
     from .conftest import running
 
     with running(tmp_path, CORRAL_AUDIT_SEGMENT_MB="0.0005") as gw:  # ~500 B: a segment every 2 records
@@ -113,7 +121,7 @@ def test_segments_rotate_and_the_chain_runs_across_them(tmp_path) -> None:
         assert _verify(gw)[0] == 0
 
 
-def test_the_one_writer_keeps_its_file_open_but_never_writes_to_one_moved_away(tmp_path) -> None:
+def test_the_one_writer_keeps_its_file_open_but_never_writes_to_one_moved_away(tmp_path: Path) -> None:
     """A SQLite gateway is its audit chain's one writer (its home's lock): it keeps the live
     file open between appends instead of opening and locking it each time (bench/policy.py).
     An admin's logrotate that moves the file away must not take the next records with it."""

@@ -53,6 +53,11 @@ def verify(ctx: click.Context, home: Path | None) -> None:
     cut, reordered or extended."""
     log, head = _open(home)
     n, problems = log.verify(head)
+    if getattr(ctx.obj, "as_json", False):  # the dashboard's audit figure, as scripts read it
+        click.echo(json.dumps({"ok": not problems, "records": n, "head": head[0] if head else 0,
+                               "problems": [{"file": p.file, "line": p.line, "seq": p.seq, "what": p.what}
+                                            for p in problems]}))
+        ctx.exit(1 if problems else 0)
     if problems:
         for p in problems:
             click.echo(f"{p.file + ', ' if p.file else ''}line {p.line} (record {p.seq}): {p.what}", err=True)
