@@ -95,6 +95,24 @@ def test_the_session_page_reads_as_the_cli_says(gateway: Gateway, people: dict[s
             cells = row.locator("td").all_inner_texts()
             assert cells[3] == j["state"], (jid, cells, j["state"])
             assert cells[4] == ("" if j["exit_code"] is None else str(j["exit_code"]))
+        for j in gateway.cli_json("status", *map(str, cli)):  # each job whole: its lane, what it asked, its times
+            cells = page.locator(f"#session-jobs tr[data-job='{j['id']}'] td").all_inner_texts()
+            spec = j["spec"]
+            assert cells[2] == j["backend"], (cells, j)
+            assert cells[5] == f"{spec['cpus']} CPU, {spec['memory']} MB" + (
+                f", {spec['gpus']} GPU" if spec.get("gpus") else "") + f", {spec['walltime'] // 60} min", (cells, spec)
+            if j["end_time"] is not None:  # ended: its wait and its run are figures that no longer change
+                assert cells[6].startswith(duration(round((j["start_time"] or j["end_time"]) - j["submit_time"])))
+                assert cells[7] == (duration(round(j["end_time"] - j["start_time"])) if j["start_time"] else "-"), \
+                    (cells, j)
+            elif j["start_time"] is not None:
+                assert cells[6] == duration(round(j["start_time"] - j["submit_time"])), (cells, j)
+        # What was refused in this session: the audit log's denials of bot1 in s54, latest first.
+        denied = [json.loads(line) for line in gateway.cli("audit", "search", "--principal", "bot1", "--decision",
+                                                           "deny").stdout.splitlines() if line.startswith("{")]
+        rows = [c[1:3] for c in _cells(page, "#session-refused tr") if len(c) == 5]
+        assert [[r[0], r[1].replace("\n", "")] for r in rows] == \
+            [[d["action"], d["rule"]] for d in reversed(denied) if d.get("session") == "s54"] != [], (rows, denied)
         # The job cancelled in the queue: its wait is cancel time - submit time, from the CLI's
         # own times, and it does not grow.
         q = gateway.cli_json("status", str(made["queued"]))
