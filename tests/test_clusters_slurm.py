@@ -121,6 +121,8 @@ def test_placement_sends_an_agents_job_to_the_free_cluster(tmp_path: Path, agent
                 assert r.status_code == 400 and "one, two" in r.json()["error"]["message"]
             # Slurm's own record on cluster two: this corral job (its name says which), run there.
             assert f"JobName=corral-{job['id']}" in slurm(two, "scontrol", "show", "job", done["backend_id"])
+            shown = gw.cli("plan", "-t", "5m", "--", "echo placed", token=tok["bot1"]).stdout  # `corral plan`
+            assert "would be allowed (lane two)" in shown and "one/debug: starts in" in shown, shown
             listed = gw.cli("jobs", token=tok["alice"]).stdout
             assert "CLUSTER" in listed.splitlines()[0] and " two " in listed, listed
             audit = [json.loads(line.partition(" ")[2]) for line in (gw.home / "audit.jsonl").read_text().splitlines()]
