@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,7 @@ from bench._common import GatewayProcess, finish, pct  # noqa: E402
 FIRST = os.environ.get("SLURM_CONF") or "/tmp/corral-slurm/etc/slurm.conf"
 SECOND = os.environ.get("CORRAL_TEST_SLURM2") or "/tmp/corral-slurm2/etc/slurm.conf"
 RATES = {"one": 1.0, "two": 1.5}
+POLL_S = 1.0
 
 
 def slurm(conf: str, *argv: str, user: int | None = None) -> str:
@@ -74,6 +76,12 @@ def turns(confs: tuple[str, ...]) -> Iterator[None]:
         yield
 
 
+def rpcs(conf: str) -> dict[str, int]:
+    """The controller's own count of RPCs by message type (sdiag)."""
+    return {m[1]: int(m[2]) for m in re.finditer(r"^\s*(REQUEST_\w+)\s+\(\s*\d+\)\s+count:(\d+)", slurm(conf, "sdiag"),
+                                                 re.M)}
+
+
 def fill(conf: str, busy_s: int) -> str:
     """People's work: a plain user's job on every node, ``busy_s`` long (walltime a minute more)."""
     jid = slurm(conf, "sbatch", "--parsable", "-p", "batch", "-N4", "--exclusive", f"--time={busy_s // 60 + 1}",
@@ -92,7 +100,7 @@ def run(n: int, busy_s: int) -> dict:
     home = Path(tempfile.mkdtemp(prefix="corral-bench-place-home-", dir="/tmp"))
     home.chmod(0o711)
     (home / "corral.toml").write_text(f'[slurm]\nclusters = {{one = "{FIRST}", two = "{SECOND}"}}\n'
-                                      'placement = "earliest"\npoll_s = 1\n'
+                                      f'placement = "earliest"\npoll_s = {POLL_S}\n'
                                       f'[slurm.charge]\none = {{cpu_hour = {RATES["one"]}}}\n'
                                       f'two = {{cpu_hour = {RATES["two"]}}}\n')
     gw = GatewayProcess("--tick", "0.2", home=home, env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": FIRST})
@@ -103,6 +111,8 @@ def run(n: int, busy_s: int) -> dict:
             h.post("/v1/principals", json={"name": "agent", "kind": "agent", "sponsor": "sponsor"})
             token = h.post("/v1/tokens", json={"for": "agent", "expires": "2h"}).json()["token"]
         filler = fill(FIRST, busy_s)
+        before = {c: rpcs(conf) for c, conf in (("one", FIRST), ("two", SECOND))}
+        t0 = time.monotonic()
         arms: dict[str, list[int]] = {"pinned": [], "placed": []}
         with gw.client() as h:
             h.headers["Authorization"] = f"Bearer {token}"
@@ -115,8 +125,20 @@ def run(n: int, busy_s: int) -> dict:
                     arms[arm].append(r.json()["id"])
             done = {arm: [h.get(f"/v1/jobs/{j}/wait", params={"timeout": busy_s + 120}).json() for j in ids]
                     for arm, ids in arms.items()}
+        window_s = time.monotonic() - t0
+        # What each controller was asked meanwhile: squeue (REQUEST_JOB_INFO) is the gateway's
+        # status poll, one per cluster every poll_s at most, whatever the number of jobs.
+        asked = {}
+        for c, conf in (("one", FIRST), ("two", SECOND)):
+            after = rpcs(conf)
+            d = {k: after.get(k, 0) - before[c].get(k, 0) for k in ("REQUEST_JOB_INFO", "REQUEST_JOB_WILL_RUN",
+                                                                    "REQUEST_SUBMIT_BATCH_JOB")}
+            asked[c] = {"status": d["REQUEST_JOB_INFO"], "test_only": d["REQUEST_JOB_WILL_RUN"],
+                        "submit": d["REQUEST_SUBMIT_BATCH_JOB"],
+                        "status_per_poll": round(d["REQUEST_JOB_INFO"] / (window_s / POLL_S), 2)}
         out: dict = {"clusters": 2, "jobs_per_arm": n, "people_busy_s": busy_s, "objective": "earliest",
-                     "rates_su_per_cpu_hour": RATES}
+                     "rates_su_per_cpu_hour": RATES, "window_s": round(window_s, 1), "poll_s": POLL_S,
+                     "controller_rpcs": asked}
         for arm, jobs in done.items():
             ok = [j for j in jobs if j["state"] == "COMPLETED" and j["start_time"] and j["end_time"]]
             waits = [j["start_time"] - j["submit_time"] for j in ok]
