@@ -47,7 +47,8 @@ from corral.lanes.fast import spawning, trace
 from corral.lanes.fast.books import REPORT_S, Batch, Running, Slots, report_message
 from corral.lanes.fast.contained import Contained
 from corral.lanes.fast.journals import JOURNALS, read_journals
-from corral.lanes.local_runner import trees_rss_mb
+from corral.lanes.local_records import room
+from corral.lanes.local_runner import DISK_RESERVE, KEPT, trees_rss_mb
 
 if TYPE_CHECKING:
     from corral.sandbox.bwrap import Sandbox
@@ -189,6 +190,7 @@ class Launcher(Contained):
                         host.tasks[jid].pid = pid
         # A task's memory is its process tree's.
         rss = trees_rss_mb([r.pid for r in running.values() if not r.state and r.pid]) if full else {}
+        rooms: dict[str, int | None] = {}
         for r in running.values():
             if r.state:
                 continue
@@ -199,6 +201,8 @@ class Launcher(Contained):
                 r.state, r.reason = "TIMEOUT", f"ran past its walltime of {s['walltime_s']} s"
             elif full and rss.get(r.pid, 0.0) > s["memory_mb"]:
                 r.state, r.reason = "OUT_OF_MEMORY", f"used more than its {s['memory_mb']} MB of memory"
+            elif full and (why := _flooding(s, rooms)):
+                r.state, r.reason = "FAILED", why
             if r.state and r.host is not None:
                 r.host.kill(s["job_id"])
                 r.asked = time.monotonic()
@@ -284,6 +288,41 @@ class Launcher(Contained):
 
 _launcher: Launcher | None = None
 _lock = threading.Lock()
+
+
+def _flooding(s: dict[str, Any], rooms: dict[str, int | None]) -> str | None:
+    """Why a task is stopped for filling the disk its output is on (the pool's directory,
+    under corral's home: issue 47 item 8, as the local lane's supervisor does), its output
+    then cut to its first ``KEPT`` bytes each so the disk is corral's again; None if not."""
+    d = s["dir"]
+    if d not in rooms:  # one statvfs per directory and pass
+        rooms[d] = room(Path(d), DISK_RESERVE)
+    free = rooms[d]
+    if free is None:
+        return None
+    names, written = [f"{d}/{s['job_id']}.out", f"{d}/{s['job_id']}.err"], 0
+    for name in names:
+        try:
+            written += os.stat(name, follow_symlinks=False).st_size
+        except OSError:
+            continue
+    if written <= 2 * KEPT:
+        return None
+    for name in names:
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            if os.fstat(fd).st_size > KEPT:
+                os.ftruncate(fd, KEPT)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return (f"stopped while writing output ({written} bytes): the disk that holds corral's state had only "
+            f"{free >> 20} MB left; its output was cut to its first {KEPT >> 20} MB per stream; write large "
+            "results to files in a working directory instead")
 
 
 def configure(slots: Slots, sandbox: "Sandbox | None" = None) -> None:
