@@ -32,6 +32,9 @@ class CorralError(Exception):
 
     status: int = 500
     code: str = "internal"
+    nearest: dict[str, Any] | None = None
+    """A refusal of sizes: the nearest request that passes this check (JobSpec's fields
+    and values), for plan_job to report and check in the same call."""
 
     def __init__(self, message: str, *, hint: str | None = None, rule: str | None = None,
                  tags: list[str] | None = None) -> None:

@@ -95,6 +95,9 @@ class PlanOut(_Out):
     allowed: bool = Field(description="Whether submit_job would take it now.")
     rule: str | None = Field(description="The rule that would allow it, or that refuses it.")
     refused: dict[str, Any] | None = None
+    problems: list[dict[str, Any]] | None = Field(None, description="Every problem of the request at once.")
+    nearest: dict[str, Any] | None = Field(None, description="The fields to change for the nearest request that fits.")
+    nearest_allowed: bool | None = None
     lane: str | None = None
     start: dict[str, Any] | None = Field(None, description="{start: a time or null, how: how it was estimated}")
     cost: dict[str, float]

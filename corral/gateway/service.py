@@ -36,6 +36,7 @@ from corral.core.faults import fault
 from corral.core.errors import ApprovalNeeded, CorralError, InvalidRequest, NotFound, Restarting
 from corral.gateway.job_control import JobControl
 from corral.core.jobs import MAX_INT, TERMINAL_STATES, Job, JobSpec, JobState, no_job
+from corral.lanes.fits import PlanRefused, fields_of
 from corral.lanes.registry import Lane, Lanes
 from corral.gateway.memory_verbs import MemoryVerbs
 from corral.lanes.placement import Placer
@@ -187,9 +188,13 @@ class Service:
         lane: Lane | None = None
         with self.audit.refusals(caller, "plan", {"command": (spec.command or "script")[:200]}):
             self._may_read(caller)
+        asked = spec
         try:
-            checked = await self.admission.check(caller, [spec], plan=True)
+            checked, spec, problems = await self._plan_rounds(caller, spec)
             out["rule"] = checked.rule
+            if problems:  # not as asked: every problem, and the nearest request that passes all
+                out.update(allowed=False, refused=problems[0], problems=problems, nearest=fields_of(asked, spec),
+                           nearest_allowed=True)
             ready = checked.ready[checked.texts[0]]
             if isinstance(ready, Job):
                 out["cache"] = {"hit": True, "job_id": ready.id, "state": ready.state.value}
@@ -200,9 +205,9 @@ class Service:
                 out["advice"] = {"advice": checked.advice[checked.texts[0]], "would_refuse": None}
                 if placed is not None:
                     out["placement"] = placed.public()
-        except CorralError as e:
-            out.update(allowed=False, rule=getattr(e, "rule", None) or e.code,
-                       refused={"message": e.message, "hint": e.hint})
+        except PlanRefused as e:
+            out.update(allowed=False, rule=e.problems[0]["rule"], refused=e.problems[0], problems=e.problems,
+                       **({"nearest": fields_of(asked, e.spec), "nearest_allowed": False} if e.spec != asked else {}))
         out["cost"] = cost
         left = []
         for b in budgets(self.gate.store, caller.cap):
@@ -225,6 +230,22 @@ class Service:
                           [{"command": (spec.command or "script")[:200], "would_allow": out["allowed"],
                             "would_rule": out["rule"]}])
         return out
+
+    async def _plan_rounds(self, caller: Caller, spec: JobSpec) -> tuple[Any, JobSpec, list[dict[str, Any]]]:
+        """The checks a submission passes, again with the nearest request each refusal of
+        sizes names (the lane's limits, the policy's), until one passes or a refusal names
+        none: -> (the checks passed, the spec that passed them, the problems on the way);
+        else PlanRefused with every problem met. So plan_job says them all in one call."""
+        problems: list[dict[str, Any]] = []
+        for _ in range(6):  # each round lowers at least one size or the partition: a few at most
+            try:
+                return await self.admission.check(caller, [spec], plan=True), spec, problems
+            except CorralError as e:
+                problems.append({"message": e.message, "hint": e.hint, "rule": getattr(e, "rule", None) or e.code})
+                if not e.nearest:
+                    break
+                spec = spec.model_copy(update=e.nearest)
+        raise PlanRefused(problems, spec)
 
     def budget(self, caller: Caller) -> dict[str, Any]:
         """What the caller's token limits and what is used of it, block by block (the figures

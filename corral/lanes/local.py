@@ -32,9 +32,10 @@ from typing import TYPE_CHECKING, Sequence
 
 from corral.core import interp, proc
 from corral.core.errors import InvalidRequest
-from corral.core.jobs import JobSpec, JobState, format_duration
+from corral.core.jobs import JobSpec, JobState
 from corral.core.lru import LRU
 from corral.lanes.backend import CONTROLS, BackendStatus, OutputPaths, Partition, SubmitContext, Usage
+from corral.lanes.fits import refuse_misfits
 from corral.lanes.local_launch import _write_private, prepare
 from corral.lanes.local_records import full, reserve, write_json
 
@@ -274,21 +275,11 @@ class LocalBackend:
     # -- preflight --------------------------------------------------------------------
 
     def preflight(self, spec: JobSpec) -> None:
-        """Refuse at once what this machine can never run, naming the nearest valid request."""
+        """Refuse at once what this machine can never run: every problem, each with the
+        nearest valid value (corral/lanes/fits.py)."""
         if spec.partition not in (None, "local"):
             raise InvalidRequest(f"unknown partition {spec.partition!r}; this facility has one partition: 'local'")
-        if spec.cpus > self.cpus:
-            raise InvalidRequest(f"{spec.cpus} CPUs asked but the largest node has {self.cpus}; ask for cpus <= {self.cpus}")
-        if spec.memory_mb > self.memory_mb:
-            raise InvalidRequest(
-                f"{spec.memory_mb}M of memory asked but the largest node has {self.memory_mb}M; ask for memory <= {self.memory_mb}M"
-            )
-        if spec.gpus > 0:
-            raise InvalidRequest(f"{spec.gpus} GPUs asked but this facility has none; set gpus to 0")
-        if spec.walltime_s > self.max_walltime_s:
-            raise InvalidRequest(
-                f"walltime {format_duration(spec.walltime_s)} is over the limit of {format_duration(self.max_walltime_s)}; ask for less"
-            )
+        refuse_misfits(spec, self.partitions())
 
     def take_over(self) -> None:
         """This gateway leads now; another replica sent and started jobs meanwhile: what

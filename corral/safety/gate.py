@@ -35,7 +35,7 @@ from corral.core.lru import LRU
 from corral.core.principals import Caller, Kind
 from corral.core.lane_names import BATCH
 from corral.safety.limits import Buckets, Want, take_stored
-from corral.safety.policy import Policy, Request, refusal_sizes
+from corral.safety.policy import Policy, Request, refusal_nearest
 from corral.safety.risk import facility_hosts, tags_of
 from corral.safety.store import SafetyStore
 from corral.safety.tokens import TokenAuthority
@@ -289,16 +289,18 @@ class Gate:
             if not decision.allowed:
                 nearest = self._cached(("nearest", pkey))
                 if nearest is None:  # asked of the policy once per distinct refusal, not per retry
-                    nearest = refusal_sizes(policy, req)
+                    nearest = refusal_nearest(policy, req)
                     self._remember(("nearest", pkey), nearest)
-                said, ask = nearest
-                raise Forbidden(
+                said, ask, fits = nearest
+                refusal = Forbidden(
                     f"the facility policy denies {action}: rule '{decision.rule}'" + (f": {said}" if said else "")
                     + (f" (risk tags: {', '.join(tags)})" if tags and not said else "")
                     + (" (this session read content flagged as possible prompt injection)" if tainted else ""),
                     hint=f"ask for {ask}, or ask your sponsor or the facility for more" if ask else
                     "see 'corral policy explain' (the same flags as submit) for why; "
                     "ask your sponsor or the facility if this is wrong")
+                refusal.nearest = fits or None
+                raise refusal
         except CorralError as e:
             e.rule, e.tags = rule, tags
             raise

@@ -93,6 +93,18 @@ def _specs(items: list[Any]) -> list[JobSpec]:
     return out
 
 
+def refusals(plan: dict[str, Any]) -> str:
+    """A refused plan in one answer: every problem, then the nearest request that fits."""
+    problems = plan.get("problems") or [plan["refused"]]
+    said = " ".join(f"({i}) {p['message']}" for i, p in enumerate(problems, 1))
+    said = f"refused ({len(problems)} problem{'s' if len(problems) > 1 else ''}): {said}"
+    if plan.get("nearest"):
+        fix = ", ".join(f"{k}={v}" for k, v in plan["nearest"].items())
+        said += (f". Nearest request that fits: {fix}" if plan.get("nearest_allowed") else
+                 f". Even with {fix}: refused (ask your sponsor)")
+    return said
+
+
 def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Awaitable[dict[str, Any]]],
               wait_s: float = WAIT_S, progress_s: float = PROGRESS_S, tasks: "JobTasks | None" = None) -> MCPServer:
     """``tasks``: long waits as MCP tasks for clients that declare them (the gateway's)."""
@@ -163,7 +175,7 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
                 f"in about {format_duration(int(start - time.time()))}" if start is not None else "unknown")
         said = (f"allowed (rule {plan['rule']}); lane {plan.get('lane') or '?'}; starts {when}; costs "
                 f"{plan['cost']['cpu_hours']} CPU-h, {plan['cost']['gpu_hours']} GPU-h" if plan["allowed"] else
-                f"refused by {plan['rule']}: {plan['refused']['message']}")
+                refusals(plan))
         if plan["allowed"] and plan.get("clusters"):  # several clusters: where, and the others' word
             said += f"; cluster {plan['cluster']} ({plan['objective']} first; {len(plan['clusters'])} weighed)"
         if (plan.get("cache") or {}).get("hit"):

@@ -11,9 +11,10 @@ import time
 from typing import Any, Iterable
 
 from corral.core import proc
-from corral.core.errors import CorralError, InvalidRequest
-from corral.core.jobs import JobSpec, format_duration
+from corral.core.errors import CorralError
+from corral.core.jobs import JobSpec
 from corral.lanes.backend import Partition, Usage
+from corral.lanes.fits import refuse_misfits
 from corral.lanes.slurm.base import SlurmBase
 from corral.lanes.slurm.tiers import WALLTIME_LABEL
 from corral.lanes.slurm.vocab import expand_nodes, min_job_age_s, parse_kv, parse_slurm_time
@@ -150,27 +151,6 @@ class Facility(SlurmBase):
         return {"node_types": nodes, "qos": qos}
 
     def preflight(self, spec: JobSpec) -> None:
-        """Refuse at once what no partition can ever run, naming the nearest valid request."""
-        parts = self.partitions()
-        names = [p.name for p in parts]
-        if spec.partition is not None and spec.partition not in names:
-            raise InvalidRequest(f"unknown partition {spec.partition!r}; this facility has: {', '.join(names)}")
-        target = next((p for p in parts if p.name == spec.partition), None) or next((p for p in parts if p.default), parts[0])
-        where = f"partition {target.name!r}"
-        if spec.cpus > target.max_cpus:
-            raise InvalidRequest(f"{spec.cpus} CPUs asked but the largest node in {where} has {target.max_cpus}; ask for cpus <= {target.max_cpus}")
-        if spec.memory_mb > target.max_memory_mb:
-            raise InvalidRequest(f"{spec.memory_mb}M of memory asked but the largest node in {where} has "
-                                 f"{target.max_memory_mb}M; ask for memory <= {target.max_memory_mb}M")
-        if spec.gpus > target.max_gpus:
-            with_gpus = [p.name for p in parts if p.max_gpus >= spec.gpus]
-            alt = f"use partition {with_gpus[0]!r}" if with_gpus else None
-            limit = f"ask for gpus <= {target.max_gpus}" if target.max_gpus else "set gpus to 0"
-            raise InvalidRequest(f"{spec.gpus} GPUs asked but {where} has nodes with {target.max_gpus}; "
-                                 + (f"{alt}, or {limit}" if alt else limit))
-        if spec.walltime_s > target.max_walltime_s:
-            longer = [p for p in parts if p.max_walltime_s >= spec.walltime_s]
-            alt = f", or use partition {longer[0].name!r} (max {format_duration(longer[0].max_walltime_s)})" if longer else ""
-            raise InvalidRequest(f"walltime {format_duration(spec.walltime_s)} is over the limit of {where}, "
-                                 f"{format_duration(target.max_walltime_s)}; ask for walltime <= "
-                                 f"{format_duration(target.max_walltime_s)}{alt}")
+        """Refuse at once what no partition can ever run: every problem, each with the
+        nearest valid value (corral/lanes/fits.py)."""
+        refuse_misfits(spec, self.partitions())

@@ -230,9 +230,16 @@ _SAY: dict[str, tuple[str, str, Any]] = {
 def refusal_sizes(policy: Policy, req: Request) -> tuple[str, str]:
     """What a refusal says of sizes, in the caller's terms: ("walltime 100h asked; an agent
     may ask at most 48h", "--time <= 48:00:00"), or ("", "") when no smaller job passes."""
+    said, ask, _ = refusal_nearest(policy, req)
+    return said, ask
+
+
+def refusal_nearest(policy: Policy, req: Request) -> tuple[str, str, dict[str, int]]:
+    """``refusal_sizes`` and the nearest request itself ({size: allowed}, JobSpec's fields),
+    which plan_job checks in the same call."""
     nearest = nearest_allowed(policy, req)
     if not nearest:
-        return "", ""
+        return "", "", {}
     who = {"agent": "an agent", "human": "a person", "service": "a service"}.get(req.kind, req.kind)
     said, ask = [], []
     for key, (asked, allowed) in nearest.items():
@@ -242,7 +249,7 @@ def refusal_sizes(policy: Policy, req: Request) -> tuple[str, str]:
         h, rest = divmod(allowed, 3600)
         ask.append(f"{flag} <= {h:02d}:{rest // 60:02d}:{rest % 60:02d}" if key == "walltime_s"
                    else f"{flag} <= {fmt(allowed)}")
-    return "; ".join(said), " ".join(ask)
+    return "; ".join(said), " ".join(ask), {k: allowed for k, (_, allowed) in nearest.items()}
 
 
 _DEFAULT: Policy | None = None

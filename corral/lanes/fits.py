@@ -1,0 +1,91 @@
+"""What no partition of a lane can ever run, every problem at once: a job that asks too
+much walltime, CPUs, memory and GPUs hears all four in one refusal, each with the
+nearest value that fits, and the refusal carries that nearest request (``nearest``, in
+JobSpec's fields) so that ``plan_job`` can report it and check it in the same call
+(issue 49: a 24 h 8-CPU 64 GB GPU request took three rounds, one problem per refusal)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from corral.core.errors import InvalidRequest
+from corral.core.jobs import JobSpec, format_duration
+from corral.lanes.backend import Partition
+
+
+def _target(spec: JobSpec, parts: Sequence[Partition]) -> tuple[Partition, list[str], dict[str, Any]]:
+    """The partition the job would run in, and, when it has too few GPUs for the job while
+    another has enough (and the job named none), that other one: the GPUs decide the
+    partition, the other sizes are judged there."""
+    target = next((p for p in parts if p.name == spec.partition), None) or next(
+        (p for p in parts if p.default), parts[0])
+    if spec.gpus > target.max_gpus:
+        with_gpus = [p for p in parts if p.max_gpus >= spec.gpus]
+        if with_gpus:
+            alt = with_gpus[0]
+            limit = f"ask for gpus <= {target.max_gpus}" if target.max_gpus else "set gpus to 0"
+            return alt, [f"{spec.gpus} GPUs asked but partition {target.name!r} has nodes with {target.max_gpus}; "
+                         f"use partition {alt.name!r}, or {limit}"], {"partition": alt.name}
+    return target, [], {}
+
+
+def misfits(spec: JobSpec, parts: Sequence[Partition]) -> tuple[list[str], dict[str, Any]]:
+    """(each problem in the caller's terms, the nearest request that fits: the fields to
+    change and their values); ([], {}) when the job fits its partition."""
+    target, said, nearest = _target(spec, parts)
+    where = f" in partition {target.name!r}" if len(parts) > 1 else ""  # one partition: no name to say
+    if spec.cpus > target.max_cpus:
+        said.append(f"{spec.cpus} CPUs asked but the largest node{where} has {target.max_cpus}; "
+                    f"ask for cpus <= {target.max_cpus}")
+        nearest["cpus"] = target.max_cpus
+    if spec.memory_mb > target.max_memory_mb:
+        said.append(f"{spec.memory_mb}M of memory asked but the largest node{where} has "
+                    f"{target.max_memory_mb}M; ask for memory <= {target.max_memory_mb}M")
+        nearest["memory_mb"] = target.max_memory_mb
+    if spec.gpus > target.max_gpus:
+        said.append(f"{spec.gpus} GPUs asked but the nodes{where} have {target.max_gpus}; "
+                    + (f"ask for gpus <= {target.max_gpus}" if target.max_gpus else "set gpus to 0"))
+        nearest["gpus"] = target.max_gpus
+    if spec.walltime_s > target.max_walltime_s:
+        longer = [p for p in parts if p.max_walltime_s >= spec.walltime_s and p.name != target.name]
+        alt = (f", or use partition {longer[0].name!r} (max {format_duration(longer[0].max_walltime_s)})"
+               if longer and "partition" not in nearest else "")
+        said.append(f"walltime {format_duration(spec.walltime_s)} is over the limit{where}, "
+                    f"{format_duration(target.max_walltime_s)}; ask for walltime <= "
+                    f"{format_duration(target.max_walltime_s)}{alt}")
+        nearest["walltime_s"] = target.max_walltime_s
+    return said, nearest
+
+
+def refuse_misfits(spec: JobSpec, parts: Sequence[Partition]) -> None:
+    """Raise every problem of ``spec`` in one InvalidRequest, with its nearest request."""
+    names = [p.name for p in parts]
+    if spec.partition is not None and spec.partition not in names:
+        raise InvalidRequest(f"unknown partition {spec.partition!r}; this facility has: {', '.join(names)}")
+    said, nearest = misfits(spec, parts)
+    if said:
+        e = InvalidRequest("; ".join(said))
+        e.nearest = nearest
+        raise e
+
+
+class PlanRefused(Exception):
+    """plan_job's every problem (message, hint, rule), and the nearest spec it reached."""
+
+    def __init__(self, problems: list[dict[str, Any]], spec: JobSpec) -> None:
+        super().__init__(problems[0]["message"])
+        self.problems, self.spec = problems, spec
+
+
+def fields_of(asked: JobSpec, nearest: JobSpec) -> dict[str, Any]:
+    """What differs in ``nearest``, as submit_job's fields take it ('12:00:00', '64G')."""
+    out: dict[str, Any] = {}
+    if nearest.walltime_s != asked.walltime_s:
+        out["walltime"] = format_duration(nearest.walltime_s)
+    if nearest.memory_mb != asked.memory_mb:
+        mb = nearest.memory_mb
+        out["memory"] = f"{mb // 1024}G" if mb % 1024 == 0 else f"{mb}M"
+    for key in ("cpus", "gpus", "partition"):
+        if getattr(nearest, key) != getattr(asked, key):
+            out[key] = getattr(nearest, key)
+    return out
