@@ -36,7 +36,7 @@ from corral.core.jobs import JobSpec, JobState
 from corral.core.lru import LRU
 from corral.lanes.backend import CONTROLS, BackendStatus, OutputPaths, Partition, SubmitContext, Usage
 from corral.lanes.fits import refuse_misfits
-from corral.lanes.local_launch import _write_private, prepare
+from corral.lanes.local_launch import prepare, write_private
 from corral.lanes.local_records import full, reserve, write_json
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ class LocalBackend:
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
             launch = prepare(self, ctx, spec, d)
             for name in ("stdout", "stderr"):
-                _write_private(d / name, b"", 0o600)
+                write_private(d / name, b"", 0o600)
             reserve(d)  # its records' room, now: a full disk later never rewrites its end
             write_json(d / "launch.json", launch)
             self._queue[bid] = (spec.cpus, spec.memory_mb)

@@ -26,7 +26,7 @@ VENV_FD = 8
 SCRIPT_FD = 3
 ENV_FD = 6
 
-def _popen(launch: dict[str, Any], out: Any, err: Any) -> "subprocess.Popen[bytes]":
+def popen(launch: dict[str, Any], out: Any, err: Any) -> "subprocess.Popen[bytes]":
     """Start a job that runs here (not in a built sandbox): its script as fd 3, its
     working directory entered through the descriptor opened for it, and, when it is
     not contained but runs as someone else, that identity set before it runs."""

@@ -45,7 +45,7 @@ def _open_as(pair: tuple[int, int] | None) -> list[Any] | None:
     return [uid, gid, groups]
 
 
-def _write_private(path: Path, data: bytes, mode: int) -> None:
+def write_private(path: Path, data: bytes, mode: int) -> None:
     """A new file of corral's, never through a link."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     try:
@@ -64,7 +64,7 @@ def prepare(b: "LocalBackend", ctx: SubmitContext, spec: JobSpec, d: Path) -> di
     reads: list[str] = []
     if spec.script:
         script = d / "script"
-        _write_private(script, spec.script.encode(), 0o755)  # read through its fd: d stays closed
+        write_private(script, spec.script.encode(), 0o755)  # read through its fd: d stays closed
         reads = [str(script)]
         argv = [SCRIPT] if spec.script.startswith("#!") else ["bash", SCRIPT]
     else:
@@ -115,7 +115,7 @@ def prepare(b: "LocalBackend", ctx: SubmitContext, spec: JobSpec, d: Path) -> di
     elif contained and b.sandbox is not None:
         # bwrap runs as root with corral's environment; the job's own (its PATH,
         # LD_PRELOAD ...) is read from a descriptor by the step that starts it.
-        _write_private(d / "env.json", json.dumps(env).encode(), 0o600)
+        write_private(d / "env.json", json.dumps(env).encode(), 0o600)
         env, env_file = base_env(), str(d / "env.json")
         argv = b.sandbox.wrap(ctx.kind, argv, cwd, own, ctx.unix_user, ident=pair, cwd_fd=fd,
                                  env_fd=ENV_FD, venv=bound, memory_mb=spec.memory_mb)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.lanes.job_memory import subreaper, tree_rss_mb, trees_rss_mb  # noqa: F401 (their old home)
-from corral.lanes.local_child import VENV_FD, WORKDIR_FD, Child, Hosted, Popened, _popen, stop
+from corral.lanes.local_child import VENV_FD, WORKDIR_FD, Child, Hosted, Popened, popen, stop
 from corral.lanes.local_records import room, write_json
 
 MAX_SAMPLE_S = 1.0  # memory and walltime checks: fast at first, then at most once a second
@@ -109,7 +109,7 @@ def main(job_dir: str) -> int:
                     os.dup2(wfd, at)
                     os.close(wfd)
             started = Hosted(launch, out.fileno(), err.fileno()) if launch.get("host") else Popened(
-                _popen(launch, out, err), bool(launch.get("contained")))
+                popen(launch, out, err), bool(launch.get("contained")))
         except OSError as e:
             write_json(d / "result.json", {"state": "FAILED", "exit_code": 127, "reason": f"could not start: {e.strerror or e}",
                                            "start_time": start, "end_time": time.time()})

@@ -9,7 +9,7 @@ import sys
 
 from corral.core.errors import NotFound
 from corral.edges.shims.base import ACTIVE, ShimError, client, elapsed, exit_code, hms, stamp, unsupported, user
-from corral.edges.shims.queue import View, _group, account, held, views
+from corral.edges.shims.queue import View, account, group_name, held, views
 
 
 def scontrol(argv: list[str]) -> int:
@@ -81,7 +81,7 @@ def _show(v: View, one_line: bool) -> str:
     cpt = int(lab.get("slurm_cpus_per_task", 1))
     pairs = [
         head + [("JobName", v.name)],
-        [("UserId", f"{user()}({os.getuid()})"), ("GroupId", f"{_group()}({os.getgid()})"),
+        [("UserId", f"{user()}({os.getuid()})"), ("GroupId", f"{group_name()}({os.getgid()})"),
          ("Account", account()), ("QOS", "normal")],
         [("JobState", v.state), ("Reason", v.reason().strip("()") if v.state != "RUNNING" else "None"),
          ("Dependency", dep_text)],

@@ -126,7 +126,7 @@ LONG_FIELDS = {"jobid": "i", "arrayjobid": "A", "arraytaskid": "K", "partition":
                "account": "a", "stdout": "stdout", "stderr": "stderr", "stdin": "stdin"}
 
 
-def _group() -> str:
+def group_name() -> str:
     try:
         return grp.getgrgid(os.getgid()).gr_name
     except KeyError:
