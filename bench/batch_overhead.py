@@ -41,9 +41,22 @@ def sh(*argv: str) -> str:
 
 
 def ctld_log() -> Path | None:
-    for line in sh("scontrol", "show", "config").splitlines():
-        if line.startswith("SlurmctldLogFile"):
-            return Path(line.split("=", 1)[1].strip())
+    """slurmctld's log: where its configuration says, else through the descriptor a
+    running slurmctld holds it by (scripts/slurm-up runs each daemon in a namespace of
+    its own, where the path may name another file than it does here)."""
+    named = next((line.split("=", 1)[1].strip() for line in sh("scontrol", "show", "config").splitlines()
+                  if line.startswith("SlurmctldLogFile")), "")
+    if not named or named == "(null)":
+        return None
+    if Path(named).exists():
+        return Path(named)
+    for pid in subprocess.run(["pgrep", "-x", "slurmctld"], capture_output=True, text=True).stdout.split():
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                if os.readlink(fd) == named:
+                    return fd
+        except OSError:
+            continue
     return None
 
 

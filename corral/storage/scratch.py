@@ -15,15 +15,21 @@ do. Its parents must be writable by root or this user alone, unless sticky (as
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
+import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
-from corral.core.errors import InvalidRequest
+# Standard library only at import, and little of it: every contained Slurm job's batch
+# script runs ``main`` before its work (``python -I -S``), and logging, typing and
+# corral's errors cost it more than the check itself (bench/batch_overhead.py).
 
-log = logging.getLogger(__name__)
+
+def _refuse(message: str, hint: str) -> None:
+    from corral.core.errors import InvalidRequest
+
+    raise InvalidRequest(message, hint=hint)
 
 ROOT_MODE = 0o711
 """Traversable (jobs reach their workspace and image by name), never listable."""
@@ -52,7 +58,7 @@ def _check_parents(path: Path) -> None:
         else:
             ok = st.st_uid in (0, me) and (not st.st_mode & 0o022 or bool(st.st_mode & stat.S_ISVTX))
         if not ok:
-            raise InvalidRequest(
+            _refuse(
                 f"node-local scratch {path} lies under {p}, owned by {_who(st.st_uid)} with mode "
                 f"{stat.S_IMODE(st.st_mode):o}: whoever may write there could put a directory of their own "
                 "in scratch's place",
@@ -76,13 +82,15 @@ def ensure(path: Path, mode: int = ROOT_MODE) -> Path:
     if what is None and st.st_uid != me:
         what = f"owned by {_who(st.st_uid)}, not by the gateway's user {_who(me)}"
     if what is not None:
-        raise InvalidRequest(
+        _refuse(
             f"node-local scratch {path} is {what}: someone may have made it before corral did, to read or plant "
             "trials' files; corral will not use it",
             hint=f"look at what it holds, remove it (rm -r {path}) and start again (corral makes it itself), or set "
                  "[storage] scratch (CORRAL_STORAGE__SCRATCH) to a directory only the gateway's user may write")
     if st.st_mode & 0o022:
-        log.warning("node-local scratch %s was writable by others (mode %o); made %o", path,
+        import logging
+
+        logging.getLogger(__name__).warning("node-local scratch %s was writable by others (mode %o); made %o", path,
                     stat.S_IMODE(st.st_mode), mode)
         os.chmod(path, mode)
     return path
@@ -100,3 +108,18 @@ def prepare(root: Path, subs: Iterable[str] = (), modes: dict[str, int] | None =
     for s in subs:
         ensure(root / s, (modes or {}).get(s, ROOT_MODE))
     return root
+
+
+def main(argv: list[str]) -> int:
+    """``ROOT SUB...``: what a Slurm job's batch script runs on its node before its work
+    (storage/mounts.py ``scratch`` does the same, with that module's imports)."""
+    try:
+        prepare(Path(argv[0]), argv[1:], {"uv-cache": 0o755})
+    except Exception as e:
+        from corral.core.errors import InvalidRequest
+
+        if not isinstance(e, InvalidRequest):
+            raise
+        print(f"corral: on {os.uname().nodename}: {e.message}" + (f"; {e.hint}" if e.hint else ""), file=sys.stderr)
+        return 1
+    return 0
