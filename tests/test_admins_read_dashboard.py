@@ -365,6 +365,12 @@ def test_a_sponsor_reads_their_agents_as_corral_sponsor_says(tmp_path: Path, age
             # until a moment a day away: its date is said, not only its time of day
             assert re.search(r"until \d{4}-\d\d-\d\d \d\d:\d\d\)", listed), listed
             shoot(page, "board-sponsor")
+            # Answered from the CLI, the approval leaves the open page at its next refreshes
+            # (the section is the viewer's, kept under 5 s like the rest of the board).
+            gw.cli_json("approvals", "approve", str(waits[0]["id"]), token=t["alice"])
+            t0 = time.monotonic()
+            page.wait_for_selector("#waiting li[data-approval]", state="detached", timeout=8_000)
+            assert time.monotonic() - t0 < 6.5
         finally:
             context.close()
         for who in ("carol", None):  # scoped to the viewer: neither carol nor the admin answers for bot1
