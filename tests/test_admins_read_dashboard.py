@@ -364,6 +364,12 @@ def test_a_sponsor_reads_their_agents_as_corral_sponsor_says(tmp_path: Path, age
             assert "bot1" in listed and "big-jobs-ask-sponsor" in listed, listed
             # until a moment a day away: its date is said, not only its time of day
             assert re.search(r"until \d{4}-\d\d-\d\d \d\d:\d\d\)", listed), listed
+            # The rest of her board is scoped as the CLI scopes her: her agents' jobs by state and lane.
+            hers = gw.cli_json("status", *[str(j["id"]) for j in gw.cli_json("jobs", token=t["alice"])["jobs"]],
+                               token=t["alice"])
+            shown = {(r.get_attribute("data-state"), r.get_attribute("data-lane")): int(r.locator("td.n").inner_text())
+                     for r in page.locator("#jobs tr[data-state]").all()}
+            assert shown == dict(collections.Counter((j["state"], j["backend"]) for j in hers)), (shown, hers)
             shoot(page, "board-sponsor")
             # Answered from the CLI, the approval leaves the open page at its next refreshes
             # (the section is the viewer's, kept under 5 s like the rest of the board).
