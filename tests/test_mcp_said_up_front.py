@@ -7,6 +7,7 @@ nearest request that fits, in one call."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -71,3 +72,42 @@ def test_the_lanes_limits_are_said_at_once_in_the_partition_with_the_gpus() -> N
     assert e.value.nearest == {"partition": "gpu", "cpus": 32, "walltime_s": 86400}
     for said in ("use partition 'gpu'", "ask for cpus <= 32", "ask for walltime <= 24:00:00"):
         assert said in e.value.message, e.value.message
+
+
+def test_the_model_is_told_where_a_job_runs_and_that_batch_work_may_be_requeued() -> None:
+    """What the SDK client hands the model: the server's instructions and submit_job's
+    description say the private /tmp without workdir and the requeue, plan_job's that a
+    refusal lists every problem and the nearest request."""
+    from corral.edges.mcp.server import build_mcp
+
+    async def listed() -> tuple[str, dict[str, str]]:
+        async with Client(build_mcp(lambda ctx: None, lambda: None)) as c:  # type: ignore[arg-type,return-value]
+            tools = {t.name: t.description or "" for t in (await c.list_tools()).tools}
+            return c.instructions or "", tools
+
+    instructions, tools = asyncio.run(listed())
+    for said in ("/tmp/corral-job", "workdir", "SIGTERM", "requeues it", "from the start", "checkpoint"):
+        assert said in instructions, (said, instructions)
+    assert "/tmp/corral-job" in tools["submit_job"] and "requeued" in tools["submit_job"]
+    assert "every problem at once" in tools["plan_job"] and "nearest" in tools["plan_job"]
+
+
+def test_the_agent_run_banner_is_short_and_says_what_a_job_does(gateway: Gateway, tmp_path: Path) -> None:
+    """`corral agent run`'s banner with 60 gateway homes recorded (as test gateways leave
+    them): before, each was listed (thousands of characters, other checkouts' paths
+    too); now their count, and where a job runs and that it may be requeued."""
+    state = tmp_path / "state"
+    (state / "corral" / "gateways").mkdir(parents=True)
+    for i in range(60):
+        home = tmp_path / f"some-gateway-home-{i}"
+        home.mkdir()
+        (state / "corral" / "gateways" / str(9000 + i)).write_text(str(home))
+    token = _agent(gateway)
+    cp = subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "agent", "run", "--", "sh", "-c", "true"],
+                        env={**gateway.env(token), "XDG_STATE_HOME": str(state)}, cwd=tmp_path,
+                        capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    assert "some-gateway-home" not in cp.stderr and len(cp.stderr) < 700, (len(cp.stderr), cp.stderr)
+    assert "62 corral gateway homes" in cp.stderr, cp.stderr  # the 60, the pointer directory, CORRAL_HOME
+    for said in ("/tmp/corral-job", "workdir", "preemptible", "requeued", "from the start"):
+        assert said in cp.stderr, (said, cp.stderr)

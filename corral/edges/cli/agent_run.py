@@ -146,6 +146,26 @@ def fence(argv: list[str], shims: Path, slurm_conf: str | None) -> tuple[list[st
     return args + ["--", *argv], hidden
 
 
+def banner(session: str, url: str, hidden: list[str], fenced: bool) -> str:
+    """What the session's start says: where Slurm's commands go, what the fence hides (in
+    kinds and counts: the gateway homes it hides are every one this user's gateways ever
+    recorded, test gateways' included, thousands of characters as a list), and what a job
+    does that an agent would otherwise learn by failing (issue 49 item 6)."""
+    if hidden:
+        homes = len({str(h) for h in gateway_homes()} & set(hidden))
+        slurm = len([h for h in hidden if os.path.basename(h) in SLURM_CLIENTS])
+        munge = len(hidden) - homes - slurm
+        fence = ("hidden from the agent: " + ("the munge socket, " if munge else "")
+                 + f"Slurm's own {slurm} commands (the shims stand in), "
+                 f"{homes} corral gateway home{'s' if homes != 1 else ''}")
+    else:
+        fence = "not fenced (no bubblewrap)" if fenced else "not fenced (--no-fence)"
+    return (f"corral: agent session {session}; Slurm commands go through {url}; {fence}\n"
+            "corral: a job without workdir runs in an empty private /tmp/corral-job: give workdir to run your files; "
+            "agents' Slurm batch jobs may be preemptible (plan_job says the tier): SIGTERM, then requeued and run "
+            "again from the start, so checkpoint and resume")
+
+
 def run(command: list[str], url: str, token: str | None, session: str | None, fenced: bool, quiet: bool,
         token_file: str | None = None) -> int:
     token = read_token(token, token_file)
@@ -197,9 +217,7 @@ def run(command: list[str], url: str, token: str | None, session: str | None, fe
     if fenced:
         argv, hidden = fence(argv, shims, os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
     if not quiet:
-        print(f"corral: agent session {session}; Slurm commands go through {url}"
-              + (f"; hidden: {', '.join(hidden)}" if hidden else
-                 "; not fenced (no bubblewrap)" if fenced else "; not fenced (--no-fence)"), file=sys.stderr)
+        print(banner(session, url, hidden, fenced), file=sys.stderr)
     try:
         code = proc.attach(argv, env=env)  # SIGHUP, SIGTERM: passed on to the agent, then on to here
         return code if code >= 0 else 128 - code  # ended by a signal: as a shell says it
