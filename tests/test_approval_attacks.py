@@ -72,3 +72,25 @@ def test_an_agent_cannot_release_its_waiting_job_by_another_path(tmp_path: Path,
         asked(h)
         time.sleep(1.0)
         assert job(gw, t["bot1"], first["id"])["state"] == "PENDING"
+
+
+def test_an_agent_cannot_flood_its_sponsor(tmp_path: Path, agent_dir: Path) -> None:
+    """Failing jobs ended one by one, each after the notifier's tick: one message each
+    (3,600 an hour at one a second). Past FLOOD an hour to one address, the rest waits and
+    goes gathered, every notification kept in the outbox."""
+    FLOOD = 10  # noqa: N806 - [notify] flood_per_hour's default
+    with hook() as h, gateway_with(tmp_path) as gw:
+        t = add_people(gw)
+        with gw.http(t["alice"]) as a:
+            assert a.put("/v1/notify", json={"webhook": h.url, "jobs": "failures"}).status_code == 200
+        n = FLOOD + 5
+        with gw.http(t["bot1"]) as b:
+            for _ in range(n):
+                jid = b.post("/v1/jobs", json={"command": "exit 1", "workdir": str(agent_dir), "cpus": 1}).json()["id"]
+                assert b.get(f"/v1/jobs/{jid}/wait", params={"timeout": 30}).json()["state"] == "FAILED"
+                time.sleep(0.8)
+        time.sleep(2)
+        assert len(h.got) <= FLOOD, f"{len(h.got)} messages for {n} failures"
+        with gw.http(t["alice"]) as a:
+            rows = a.get("/v1/notify/sent", params={"limit": 100}).json()["notifications"]
+        assert len(rows) == n and {r["state"] for r in rows} <= {"sent", "pending"}, rows

@@ -234,6 +234,7 @@ class NotifySettings(_Part):
     retry_max_s: float = Field(3600.0, gt=0, description="Longest pause between tries of a notification that failed (the pause doubles from 5 s).")
     give_up_s: float = Field(86400.0, gt=0, description="A notification not delivered this long after it was made is given up (kept, marked failed).")
     timeout_s: float = Field(5.0, gt=0, le=60, description="Longest one delivery may take.")
+    flood_per_hour: int = Field(10, ge=0, examples=[30], description="Messages to one address an hour before the rest is gathered into one digest every 10 minutes (an agent ending a failing job a second made 3,600 an hour); approvals are never held back. 0: no bound.")
     concurrency: int = Field(8, ge=1, le=256, description="Deliveries in flight at once.")
     approval_wait_s: float = Field(86400.0, gt=0, description="How long an action a policy rule asks a sponsor to approve (@ask) waits for the answer; unanswered, it expires (its jobs cancelled, the agent told).")
 

@@ -43,6 +43,10 @@ MISTAKES = frozenset({"invalid_request", "not_found", "conflict", "unauthenticat
 """Refusals of a caller's own mistakes: answered to the agent, not told to its sponsor."""
 LEVELS = (50, 80, 100)
 MARK = "job_events"
+GATHER_S = 600.0
+"""Past [notify] flood_per_hour messages to one address (an agent ending a failing job every
+second made one email or chat message each, 3,600 an hour to its sponsor), what is due to
+that address waits this long and goes as one digest."""
 
 
 def _wants_end(state: JobState) -> Callable[[Effective], bool]:
@@ -62,6 +66,8 @@ class Notifier:
         self._wake = asyncio.Event()
         self._pruned = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._sent_at: dict[tuple[str, str], list[float]] = defaultdict(list)
+        """When messages went to each (channel, address) this last hour (this replica's)."""
 
     def ended(self, job_ids: list[int]) -> None:
         """Progress's listener: jobs ended, so look now rather than at the next tick (a
@@ -202,14 +208,30 @@ class Notifier:
         if due:  # leased: not read again each tick while its tries are under way (a hung webhook)
             self.records.defer([r["id"] for r in due], self.now() + self.site.timeout_s * 2 + 5)
         tasks = []
-        for (recipient, _, _), rows in groups.items():
+        for (recipient, channel, target), rows in groups.items():
             eff = effective(self.records.prefs(recipient), self.site)
             # One message for a digest, or for a flood (six job ends at once read better as one).
             batches = [rows] if (eff.digest or len(rows) > 5) else [[r] for r in rows]
+            # (an approval is never held back: it waits for this person's answer)
+            if not any(r["kind"] == "approval" for r in rows) and self._flooded((channel, target), len(batches)):
+                self.records.defer([r["id"] for r in rows], self.now() + GATHER_S)
+                continue
             for batch in batches:
                 self._flight.update(r["id"] for r in batch)
                 tasks.append(asyncio.create_task(self._send(batch), name="notify-send"))
         return tasks
+
+    def _flooded(self, address: tuple[str, str], messages: int) -> bool:
+        """Whether ``messages`` more to ``address`` would pass ``flood_per_hour``; if
+        not, they are counted. Past it, one gathered message per ``GATHER_S`` still goes."""
+        flood, now = self.site.flood_per_hour, self.now()
+        if not flood:
+            return False
+        sent = self._sent_at[address] = [t for t in self._sent_at[address] if t > now - 3600]
+        if len(sent) + messages > flood and sent and sent[-1] > now - GATHER_S:
+            return True
+        sent.extend([now] * messages)
+        return False
 
     async def _send(self, rows: list[dict[str, Any]]) -> None:
         ids = [r["id"] for r in rows]
