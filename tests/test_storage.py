@@ -402,6 +402,34 @@ def test_metadata_calls_on_shared_paths_are_counted_and_capped(gw: tuple[Gateway
         row = next(r for r in panel["sessions"] if r["session"] == "meta-s1")
         assert row["principal"] == "bot1" and row["shared_ops"] == ops["on_shared_paths"] and panel["budget"] == 60
         assert "meta-s1" in c.get("/dashboard/live").text
+    _the_page_reads_as_the_cli_says(g, t["bot1"], "meta-s1", job["id"])
+
+
+def _the_page_reads_as_the_cli_says(g: Gateway, token: str, session: str, job_id: int) -> None:
+    """Issue 54 item 1, in Chromium: the storage panel's row for the session has the
+    metadata calls ``corral --session S facility --json`` counts for it, of its budget,
+    and the traced jobs that ``corral usage --json`` gives metadata calls for."""
+    from playwright.sync_api import sync_playwright
+
+    from .test_dashboard import _browser, _sign_in
+
+    said = g.cli_json("--session", session, "facility", token=token)["storage"]
+    traced = [j["id"] for j in g.cli_json("jobs", "--session", session, token=token)["jobs"]
+              if "metadata_ops" in g.cli_json("usage", str(j["id"]), token=token)]
+    assert traced == [job_id], traced
+    with sync_playwright() as p:
+        browser = _browser(p)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            _sign_in(page, g.url, g.admin_token)
+            row = next(r for r in page.locator("#storage tr").all() if r.locator("td").count() == 3
+                       and r.locator("td").first.inner_text() == f"bot1 / {session}")
+            cells = row.locator("td").all_inner_texts()
+            assert cells[1:] == [str(len(traced)), f"{said['session_meta_ops']} of {said['session_meta_budget']}"], \
+                (cells, said)
+            assert "bad" in (row.locator("td").nth(2).get_attribute("class") or "")  # past its budget: red
+        finally:
+            browser.close()
 
 
 def test_meta_counts_paths_under_the_shared_prefixes_only() -> None:
@@ -521,7 +549,7 @@ def test_mcp_tools_build_an_environment_and_run_a_trial_workspace(gw: tuple[Gate
 @needs_tools
 @needs_root
 @SHARED_TURN
-def test_images_and_workspaces_on_the_private_slurm(tmp_path: Path, project: Path, shared: Path, slurm_turn) -> None:
+def test_images_and_workspaces_on_the_private_slurm(tmp_path: Path, project: Path, shared: Path, slurm_turn: None) -> None:
     from .slurm_env import slurm_conf
     from .conftest import free_port
 
@@ -618,7 +646,7 @@ def test_a_node_without_root_mounts_by_fuse_and_without_fuse_unpacks() -> None:
         bare = Path(d / "bin")  # a PATH with unsquashfs but no squashfuse
         bare.mkdir()
         for tool in ("unsquashfs", "mount", "umount"):
-            os.symlink(shutil.which(tool), bare / tool)
+            os.symlink(str(shutil.which(tool)), bare / tool)
         nofuse = subprocess.run([*NOBODY, sys.executable, "-c", code, str(d), "bare"], capture_output=True,
                                 text=True, env={**env, "PATH": str(bare)}, timeout=60)
         assert nofuse.returncode == 0, nofuse.stderr
