@@ -277,8 +277,9 @@ def test_the_boards_other_figures_read_as_the_cli_says(gateway: Gateway, people:
         mb = round(sum(i["size"] or 0 for i in images) / 1048576, 1)
         assert shown[0] == f"{len(images)} ({mb} MB)", (shown, images)
         assert int(shown[1]) == len(gateway.cli_json("workspace", "list")) == 1, shown
-        # The sessions' metadata calls on shared paths: no CLI command lists them (only the
-        # caller's own session's, in facility --json's session_meta_ops); not compared.
+        # The sessions' metadata calls on shared paths: no CLI command lists them all; each is its
+        # principal's corral --session S facility --json session_meta_ops, compared where a job is
+        # traced (tests/test_storage.py; this gateway traces none).
         # What corral saved the scheduler: its sbatch figure is the jobs the CLI lists; the
         # queries and scancels its clients sent, and the controller's calls, are on /metrics
         # only (no CLI command counts requests): not compared.
