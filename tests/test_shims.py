@@ -42,6 +42,19 @@ def test_an_agents_shell_loop_is_served_by_corral(gateway: Gateway, people: dict
         assert [j["name"] for j in jobs] == ["probe"] and jobs[0]["session"].startswith("agent-")
 
 
+def test_a_job_script_submitted_by_file_is_named_by_its_file(gateway: Gateway, people: dict[str, str],
+                                                              agent_dir: Path) -> None:
+    """issue 49: `sbatch job.sh` recorded JobName 'wrap'; Slurm names it 'job.sh' (decision
+    0045 fixed the name; this is its test): in sacct and the job's own record."""
+    script = ("printf '#!/bin/bash\\necho hi\\n' > job.sh; ID=$(sbatch --parsable job.sh); "
+              "while squeue -h -j $ID | grep -q .; do sleep 0.3; done; "
+              "sacct -X -n -P -j $ID -o JobName")
+    r = agent_run(gateway, people["bot1"], script, agent_dir, "--no-fence", "--quiet")
+    assert r.returncode == 0 and r.stdout.split() == ["job.sh"], r.stdout + r.stderr
+    with gateway.http(people["bot1"]) as h:
+        assert [j["name"] for j in h.get("/v1/jobs").json()["jobs"]] == ["job.sh"]
+
+
 def test_what_a_shim_cannot_honour_is_an_error_naming_the_flag(gateway: Gateway, people: dict[str, str],
                                                                agent_dir: Path) -> None:
     script = ("sbatch -A other --wrap true; echo rc=$?; sbatch --nodes=4 --wrap true; echo rc=$?; "
@@ -56,6 +69,8 @@ def test_what_a_shim_cannot_honour_is_an_error_naming_the_flag(gateway: Gateway,
                  "does not support the format field %p", "Invalid --time specification"):
         assert says in r.stderr
     assert "Traceback" not in r.stderr
+    # issue 49: no corral command or tool takes an account; the refusal says what corral does instead
+    assert "MCP tool" not in r.stderr and "charges every job to your principal's account" in r.stderr, r.stderr
 
 
 def test_a_shim_without_a_gateway_says_so_in_slurms_words(agent_dir: Path) -> None:

@@ -54,8 +54,7 @@ class Parser(argparse.ArgumentParser):
 
             if is_known(self.prog, flag):  # Slurm has it; corral does not serve it (yet): say so by name
                 raise ShimError(f"corral's {self.prog} does not support {flag.split('=', 1)[0]} yet: it is "
-                                f"Slurm's, but corral does not act on it (drop it, or ask corral's own command "
-                                "or MCP tool)")
+                                "Slurm's, but corral does not act on it (drop it)")
             raise ShimError(f"{self.prog}: unrecognized option '{flag}'\nTry \"{self.prog} --help\" for more "
                             "information", self.code, bare=True)
         raise ShimError(f"{self.prog}: {message}\nTry \"{self.prog} --help\" for more information", self.code,
@@ -63,8 +62,9 @@ class Parser(argparse.ArgumentParser):
 
 
 def unsupported(prog: str, flag: str, why: str = "") -> NoReturn:
-    raise ShimError(f"corral's {prog} does not support {flag}{': ' + why if why else ''} "
-                    "(use corral's own command or MCP tool for it)")
+    """``why`` says what corral does instead, or what to do: no corral command or tool is
+    promised where none takes the option (sbatch --account: none does, issue 49)."""
+    raise ShimError(f"corral's {prog} does not support {flag}: " + (why or "drop it"))
 
 
 @functools.lru_cache(maxsize=1)

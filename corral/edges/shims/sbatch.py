@@ -25,7 +25,8 @@ from corral.edges.shims.base import OPEN_FAILED, Parser, ShimError, client, faci
 
 REFUSED: dict[str, tuple[str | None, str]] = {
     # option (its dest): (short flag, why corral does not take it)
-    "account": ("-A", "corral submits under your sponsor's account"),
+    "account": ("-A", "corral charges every job to your principal's account (an agent's: its sponsor's, "
+                      "which only an admin changes); drop it"),
     "qos": ("-q", "corral sets agents' QOS itself"),
     "exclusive": (None, "corral sizes jobs by what they ask for"),
     "begin": ("-b", "corral starts jobs when they are ready"),
