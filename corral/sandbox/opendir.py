@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import errno
 import os
-import socket
 import sys
-from pathlib import Path
+
+# No pathlib (re, fnmatch, urllib.parse) and socket only for a walk as another identity:
+# every contained Slurm job's batch script starts this before its work (bench/batch_overhead.py).
 
 Who = tuple[int, int, list[int]]
 """(uid, gid, supplementary groups) to open as."""
@@ -39,7 +40,7 @@ def walk(path: str, mode: int = os.O_PATH) -> int:
     ``os.O_RDONLY`` for a descriptor that can also be listed."""
     fd = os.open("/", os.O_PATH | os.O_DIRECTORY)
     try:
-        for part in Path(path).parts[1:]:
+        for part in [p for p in path.split("/") if p not in ("", ".")]:  # as pathlib's parts: // and . collapse
             nxt = os.open(part, mode | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             os.close(fd)
             fd = nxt
@@ -70,6 +71,8 @@ def open_dir(path: str, who: Who | None = None, what: str = "working directory")
 def _walk_as(path: str, who: Who) -> int:
     """The walk in a child that has become ``who``: the descriptor comes back over a
     socketpair. A fork, not a thread: changing identity changes every thread's."""
+    import socket
+
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:  # pragma: no cover (the child)
