@@ -59,3 +59,27 @@ def test_the_registry_meters_every_call_that_reaches_the_scheduler(tmp_path) -> 
 
     asyncio.run(scenario())
     assert counted == ["submit", "status", "cancel"]
+
+
+def test_a_job_named_to_another_cluster_never_goes_to_the_first_clusters_fast_lane(tmp_path) -> None:
+    """With several clusters (decision 0053) the fast lane's pools are the first cluster's:
+    a job named to another is never claimed by it, and one that asks for both is refused."""
+    from corral.core.config import SlurmSettings
+
+    class Fast:
+        name, reports_itself = "fast", True
+
+        def claim(self, principal: Principal, spec: JobSpec) -> JobSpec | None:
+            return spec.model_copy(update={"lane": "fast"}) if spec.lane in ("fast", "auto") else None
+
+    one, two = (LocalBackend(tmp_path / n, cpus=2, memory_mb=2048) for n in ("one", "two"))
+    one.name, two.name = "one", "two"
+    lanes = registry.Lanes.of_clusters([one, two], SlurmSettings(clusters={"one": "/a", "two": "/b"}))
+    lanes.add(Fast())  # type: ignore[arg-type]
+    who = Principal("ann", Kind.HUMAN)
+    assert lanes.route(who, JobSpec(command="true", lane="auto"))[1].name == "fast"
+    assert lanes.route(who, JobSpec(command="true", lane="auto", cluster="one"))[1].name == "fast"
+    spec, lane = lanes.route(who, JobSpec(command="true", lane="auto", cluster="two"))
+    assert lane is lanes.batch and spec.lane == registry.BATCH  # then placed on two (Sites.settle)
+    with pytest.raises(InvalidRequest, match="fast lane runs on cluster 'one' only"):
+        lanes.route(who, JobSpec(command="true", lane="fast", cluster="two"))

@@ -277,8 +277,14 @@ class Lanes:
 
     def route(self, principal: Principal, spec: JobSpec) -> tuple[JobSpec, Lane]:
         """-> (the spec as it will run, its lane). A lane other than batch may claim it."""
+        elsewhere = self.sites is not None and spec.cluster not in (None, AUTO, self.batch.name)
+        if elsewhere and spec.lane == FAST:
+            raise InvalidRequest(f"the fast lane runs on cluster {self.batch.name!r} only, not {spec.cluster!r}",
+                                 hint=f"submit to cluster {self.batch.name!r}, or with lane 'batch'")
         for lane in self:
-            if not isinstance(lane, BackendLane):  # a cluster's lane takes what placement sends it (Sites)
+            # A cluster's lane takes what placement sends it (Sites); the fast lane's pools are
+            # the first cluster's: a job named to another never goes there.
+            if not isinstance(lane, BackendLane) and not elsewhere:
                 claimed = lane.claim(principal, spec)
                 if claimed is not None:
                     return claimed, lane
