@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -32,7 +33,7 @@ def test_every_list_of_lane_choices_is_the_registrys() -> None:
     assert JobFields.model_json_schema()["properties"]["lane"]["anyOf"][0]["enum"] == list(registry.CHOICES)
 
 
-def test_the_registry_routes_to_batch_and_refuses_a_lane_it_does_not_offer(tmp_path) -> None:
+def test_the_registry_routes_to_batch_and_refuses_a_lane_it_does_not_offer(tmp_path: Path) -> None:
     lanes = registry.Lanes.over(LocalBackend(tmp_path, cpus=2, memory_mb=2048))
     who = Principal("ann", Kind.HUMAN)
     spec, lane = lanes.route(who, JobSpec(command="true", lane="auto"))
@@ -43,7 +44,7 @@ def test_the_registry_routes_to_batch_and_refuses_a_lane_it_does_not_offer(tmp_p
     assert lanes.polled() == [lanes.batch.name]
 
 
-def test_the_registry_meters_every_call_that_reaches_the_scheduler(tmp_path) -> None:
+def test_the_registry_meters_every_call_that_reaches_the_scheduler(tmp_path: Path) -> None:
     counted: list[str] = []
     lanes = registry.Lanes.over(LocalBackend(tmp_path, cpus=2, memory_mb=2048), meter=counted.append)
     batch = lanes.batch
@@ -61,7 +62,7 @@ def test_the_registry_meters_every_call_that_reaches_the_scheduler(tmp_path) -> 
     assert counted == ["submit", "status", "cancel"]
 
 
-def test_a_job_named_to_another_cluster_never_goes_to_the_first_clusters_fast_lane(tmp_path) -> None:
+def test_a_job_named_to_another_cluster_never_goes_to_the_first_clusters_fast_lane(tmp_path: Path) -> None:
     """With several clusters (decision 0053) the fast lane's pools are the first cluster's:
     a job named to another is never claimed by it, and one that asks for both is refused."""
     from corral.core.config import SlurmSettings
