@@ -1,9 +1,11 @@
-"""Principal names attacked (issue 47 item 6, reserved names on every edge): a name that
-only looks like one corral keeps for itself, or like a person's, must be refused."""
+"""Names and addresses attacked (issue 47 item 6, reserved names on every edge; issue 51's
+notification choices): what only looks like a valid one must be refused."""
 
 from __future__ import annotations
 
-from .conftest import Gateway, add_people
+from pathlib import Path
+
+from .conftest import Gateway, add_people, running
 
 
 def test_a_trailing_newline_does_not_pass_the_name_check(gateway: Gateway) -> None:
@@ -19,3 +21,16 @@ def test_a_trailing_newline_does_not_pass_the_name_check(gateway: Gateway) -> No
             assert r.status_code == 400, (body, r.status_code, r.text)
         names = [p["name"] for p in admin.get("/v1/principals").json()]
         assert not [n for n in names if n != n.strip()], names
+
+
+def test_a_notification_address_with_a_trailing_newline_is_refused(tmp_path: Path) -> None:
+    """The same '$' in the email check: 'alice@cluster.example\\n' was taken (200) and every
+    message to it went to a garbled To: (a@b.=?utf-8?q?c=0A?=), so the sponsor was told
+    nothing while corral said the address was set; '22-07\\n' passed as quiet hours."""
+    with running(tmp_path, CORRAL_NOTIFY__SMTP_HOST="127.0.0.1") as gw:
+        t = add_people(gw)
+        with gw.http(t["alice"]) as a:
+            assert a.put("/v1/notify", json={"email": "alice@cluster.example"}).status_code == 200
+            for body in ({"email": "alice@cluster.example\n"}, {"quiet_hours": "22-07\n"}):
+                r = a.put("/v1/notify", json=body)
+                assert r.status_code == 400, (body, r.text)

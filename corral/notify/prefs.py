@@ -77,12 +77,12 @@ def checked(body: dict[str, Any], site: NotifySettings) -> Prefs:
         raise InvalidRequest(f"notification choices: {where}: {first['msg']}",
                              hint="fields: email, webhook, webhook_format (generic|ntfy|slack), jobs "
                                   "(all|failures|none), budget, denials, quiet_hours ('22-07' or 'off'), digest") from None
-    if prefs.email is not None and prefs.email and not _EMAIL.match(prefs.email):
+    if prefs.email is not None and prefs.email and not _EMAIL.fullmatch(prefs.email):
         raise InvalidRequest(f"email {prefs.email!r} is not an address", hint="give name@host")
     if prefs.email and not site.smtp_host:
         raise InvalidRequest("this facility sends no email (its [notify] smtp_host is unset)",
                              hint="use a webhook, or ask the facility's admins to set [notify] smtp_host")
-    if prefs.quiet_hours not in (None, "off") and not _QUIET.match(prefs.quiet_hours or ""):
+    if prefs.quiet_hours not in (None, "off") and not _QUIET.fullmatch(prefs.quiet_hours or ""):
         raise InvalidRequest(f"quiet_hours {prefs.quiet_hours!r} is not 'HH-HH'", hint="for example '22-07', or 'off'")
     if prefs.webhook:
         _check_webhook(prefs.webhook, site)
