@@ -84,3 +84,32 @@ def test_the_scripts_scratch_step_makes_checks_and_refuses_as_before(tmp_path: P
         assert out.stdout.strip() == "[]", out.stdout
     finally:
         subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+def test_the_last_step_takes_the_jobs_environment_byte_for_byte_without_json_or_re() -> None:
+    """seccomp.APPLY reads the job's environment with json's own C scanner (the json
+    package imports re, a third of that step's start): every value arrives as it was
+    written, trailing data is still refused, and neither json nor re is imported."""
+    import json
+
+    from corral.sandbox.seccomp import APPLY
+
+    env = {"A": "x y", "B": 'quote" back\\slash', "C": "ünï\u2603", "D": "", "E": "line\nbreak", "F": "1e5"}
+    r, w = os.pipe()
+    os.write(w, json.dumps(env).encode())
+    os.close(w)
+    probe = APPLY.replace("try:\n    os.execvpe", "import sys as s; s.stderr.write(repr([m for m in ('json', 're') if m in "
+                          "s.modules])); s.stderr.flush()\ntry:\n    os.execvpe")
+    out = subprocess.run(["/usr/bin/python3", "-I", "-S", "-c", probe, "-", str(r), "/usr/bin/env", "-0"], pass_fds=[r],
+                         capture_output=True, env={"PATH": "/bin"}, timeout=30)
+    os.close(r)
+    got = dict(x.split("=", 1) for x in out.stdout.decode().split("\0") if x)
+    assert out.returncode == 0 and {k: got.get(k) for k in env} == env, out
+    assert out.stderr.decode() == "[]"
+    r, w = os.pipe()
+    os.write(w, b'{"A": "x"} {"B": "y"}')
+    os.close(w)
+    bad = subprocess.run(["/usr/bin/python3", "-I", "-S", "-c", APPLY, "-", str(r), "/usr/bin/true"], pass_fds=[r],
+                         capture_output=True, timeout=30)
+    os.close(r)
+    assert bad.returncode == 1 and b"trailing data" in bad.stderr

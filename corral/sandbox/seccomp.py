@@ -37,10 +37,21 @@ APPLY = r"""import ctypes, os, sys
 b = sys.argv[1] != "-" and bytes.fromhex(sys.argv[1])
 env = dict(os.environ)
 if sys.argv[2] != "-":
-    import json
     fd = int(sys.argv[2])
     with os.fdopen(fd, "rb") as f:
-        env.update(json.loads(f.read(1 << 22)))
+        text = f.read(1 << 22).decode()
+    try:  # json's own C scanner: the json package imports re, a third of this step's start
+        from _json import make_scanner
+        class J:
+            strict, object_hook, object_pairs_hook, memo = True, None, None, {}
+            parse_float, parse_int, parse_constant = float, int, None
+        got, end = make_scanner(J)(text, 0)
+        if text[end:].strip():
+            raise ValueError("trailing data")
+    except ImportError:
+        import json
+        got = json.loads(text)
+    env.update(got)
 if b:
     class P(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
