@@ -34,3 +34,15 @@ def test_a_notification_address_with_a_trailing_newline_is_refused(tmp_path: Pat
             for body in ({"email": "alice@cluster.example\n"}, {"quiet_hours": "22-07\n"}):
                 r = a.put("/v1/notify", json=body)
                 assert r.status_code == 400, (body, r.text)
+
+
+def test_an_image_name_that_reads_as_a_key_is_refused(gateway: Gateway) -> None:
+    """A job naming image 'deadbeef' runs the caller's own image of that name, else the
+    image whose key starts so: a name that reads as a key prefix would let another
+    principal's image (its key chosen to match) run where the caller meant its own while
+    that one was unbuilt or building. No name may read as a key."""
+    people = add_people(gateway)
+    with gateway.http(people["bot1"]) as b:
+        for name in ("deadbeef", "0123456789abcdef"):
+            r = b.post("/v1/env/build", json={"files": {"requirements.txt": "six\n"}, "name": name})
+            assert r.status_code == 400 and "reads as an image key" in r.text, (name, r.text)

@@ -95,6 +95,10 @@ def request_kind(files: dict[str, str]) -> str:
     return kind
 
 
+KEYLIKE = re.compile(r"[0-9a-f]{8,32}")
+"""A key's prefix, as a job may name an image: no image name may read as one."""
+
+
 def own_name(owner: str, name: str) -> str:
     """An image's name as stored: its owner's, so one principal's name is never another's
     (issue 47 item 9, decision 0051: names were global, a name could be squatted and
@@ -161,6 +165,9 @@ class Images:
         kind = checked_kind(files)
         if name is not None and not _NAME.fullmatch(name):
             raise InvalidRequest(f"image name {name[:80]!r}: letters, digits, '_', '.', '-', at most 64")
+        if name is not None and KEYLIKE.fullmatch(name):  # a job naming it would reach another's key prefix
+            raise InvalidRequest(f"image name {name!r} reads as an image key; give a name with a letter past 'f' "
+                                 "or a '-' (torch-2, cuda12)", hint="keys are how images are named explicitly")
         if name is not None:  # the caller's own name for it, never one another principal uses (squatting)
             name = own_name(caller.principal.name, name)
         ident = self.owner(caller)
@@ -303,7 +310,10 @@ class Images:
             old = self.store.image_named(ref)
             row = self.store.image(old) if old is not None else None
             r = old if row is not None and row[3] == caller.principal.name else None
-        if r is None and re.fullmatch(r"[0-9a-f]{8,32}", ref):
+        if r is None and caller is not None and self.store.building_of(named):  # its own, first: never another's key
+            raise Conflict(f"the image {ref!r} is still being built; wait for it (corral env status "
+                           f"{self.store.building_of(named)}) and submit again")
+        if r is None and KEYLIKE.fullmatch(ref):
             rows = self.store.images_prefixed(ref)
             if len(rows) > 1:
                 raise InvalidRequest(f"image {ref!r} is the prefix of {len(rows)} images; give more of its key")
