@@ -23,6 +23,7 @@ import asyncio
 import functools
 import hashlib
 import json
+import math
 import re
 import time
 from pathlib import Path
@@ -54,10 +55,18 @@ CACHE_LABEL = "corral-cache-key"
 """The job's cache key, computed at submit (inputs as they were then) and kept in its labels."""
 FUSE_DEPTH = 20
 """How far down each ranking (words, meaning) fusion looks."""
-MIN_COSINE = 0.2
+MIN_COSINE = 0.3
 """A note found by meaning alone must be at least this near the query. On the labelled
-set of bench/memory.py the answering note's cosine was 0.22 at its lowest (0.58 at
-the median); unrelated sentences sit near 0."""
+set of bench/memory.py the answering note's cosine was 0.235 at its lowest (0.575 at the
+median; 4 of 156 under 0.3, 3 of them not found by words either); unrelated sentences of
+the same trade sit up to 0.27 ("why does pytorch not see the graphics card" against a
+note on numpy wheels, issue 49), and 0.2 returned them."""
+MIN_WORDS = 2
+"""A note found by words must hold at least this many of the query's words (half of
+them, rounded up, when it has fewer than four): one word of five ('see', 'not') is not
+an answer (issue 49), and a pasted error message of twenty words still finds a note
+holding two. Together with MIN_COSINE, on bench/memory.py's labelled set: 3 of 156
+answers are found by neither (none before)."""
 REPEAT_WINDOW_S = 7 * 86400
 """Failures older than this no longer block an exact repeat (the facility may have changed)."""
 
@@ -268,16 +277,17 @@ class Memory:
                near: list[tuple[int, float]] | None = None) -> list[dict[str, Any]]:
         """The ``k`` notes this caller may read that best answer ``query``: BM25 over its
         words, fused by reciprocal rank with ``near`` (the semantic index's nearest
-        notes and their cosines, from ``SemanticRecall``) when given. A note only near
-        in meaning counts from ``MIN_COSINE`` up, so a query with no good answer gets
-        none rather than the least bad."""
+        notes and their cosines, from ``SemanticRecall``) when given. A note counts by
+        meaning from ``MIN_COSINE`` up, by words from ``MIN_WORDS`` of the query's, so a
+        query with no good answer gets none rather than the least bad."""
         if not 1 <= k <= 50:
             raise InvalidRequest("k must be between 1 and 50")
         terms = [t for t in re.findall(r"\w+", query.lower()) if t not in STOPWORDS] or re.findall(r"\w+", query.lower())
         if not terms:
             raise InvalidRequest("give some words to search for")
         depth = max(FUSE_DEPTH, k)
-        words = self._bm25(caller, self._selective(list(dict.fromkeys(terms[:32]))), depth)
+        asked = list(dict.fromkeys(terms[:32]))
+        words = self._covering(asked, self._bm25(caller, self._selective(asked), depth))
         meaning: list[int] = []
         if near:
             close = [i for i, cos in near if cos >= MIN_COSINE]
@@ -303,6 +313,21 @@ class Memory:
             if len(rows) >= k or len(cand) < limit:
                 return rows[:k]
             limit *= 10  # the best matches were not this caller's to read: look further
+
+    def _covering(self, terms: list[str], found: list[tuple[int, float]]) -> list[tuple[int, float]]:
+        """The matches that hold at least ``MIN_WORDS`` of ``terms`` (as the full-text index
+        splits words: a term 'cuda_home' is its two words)."""
+        need = min(MIN_WORDS, math.ceil(len(terms) / 2))
+        if need == 1:
+            return found
+        parts = [set(re.findall(r"[^\W_]+", t)) for t in terms]
+        out = []
+        for i, score in found:
+            row = self.db.memory.note(i)
+            held = set(re.findall(r"[^\W_]+", row[1].lower())) if row else set()
+            if sum(1 for p in parts if p and p <= held) >= need:
+                out.append((i, score))
+        return out
 
     def _readable(self, caller: Caller, ids: list[int]) -> set[int]:
         """Which of these notes the caller may read now (scope, expiry)."""
