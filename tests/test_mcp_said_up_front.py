@@ -86,7 +86,7 @@ def test_the_model_is_told_where_a_job_runs_and_that_batch_work_may_be_requeued(
             return c.instructions or "", tools
 
     instructions, tools = asyncio.run(listed())
-    for said in ("/tmp/corral-job", "workdir", "SIGTERM", "requeues it", "from the start", "checkpoint"):
+    for said in ("/tmp/corral-job", "workdir", "SIGTERM", "SIGKILL seconds later", "from the start", "checkpoint"):
         assert said in instructions, (said, instructions)
     assert "/tmp/corral-job" in tools["submit_job"] and "requeued" in tools["submit_job"]
     assert "every problem at once" in tools["plan_job"] and "nearest" in tools["plan_job"]

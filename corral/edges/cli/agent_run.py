@@ -162,8 +162,8 @@ def banner(session: str, url: str, hidden: list[str], fenced: bool) -> str:
         fence = "not fenced (no bubblewrap)" if fenced else "not fenced (--no-fence)"
     return (f"corral: agent session {session}; Slurm commands go through {url}; {fence}\n"
             "corral: a job without workdir runs in an empty private /tmp/corral-job: give workdir to run your files; "
-            "agents' Slurm batch jobs may be preemptible (plan_job says the tier): SIGTERM, then requeued and run "
-            "again from the start, so checkpoint and resume")
+            "agents' Slurm batch jobs may be preemptible (plan_job says the tier): SIGTERM, SIGKILL seconds later, "
+            "requeued and run again from the start, so checkpoint as it goes and resume")
 
 
 def run(command: list[str], url: str, token: str | None, session: str | None, fenced: bool, quiet: bool,
