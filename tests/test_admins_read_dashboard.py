@@ -17,6 +17,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from corral.core.principals import PILOT_PRINCIPAL
+
 from .conftest import Gateway
 from .test_dashboard import _browser, _sign_in
 
@@ -286,10 +288,12 @@ def test_the_boards_other_figures_read_as_the_cli_says(gateway: Gateway, people:
         jobs = gateway.cli_json("status", *[str(j["id"]) for j in gateway.cli_json("jobs", "--limit", "1000")["jobs"]])
         without = page.locator("#saved table.backend tr").nth(1).inner_text()
         m = re.search(r"\((\d+) sbatch, (\d+) queries, (\d+) scancel\)", without)
-        assert m and int(m.group(1)) == len(jobs), (without, len(jobs))
+        # (the fast lane's allocations are the pilot's jobs: scheduler jobs that carried tasks)
+        pilots = [j for j in jobs if j["principal"] == PILOT_PRINCIPAL]
+        assert m and int(m.group(1)) == len(jobs) - len(pilots), (without, jobs)
         assert int(page.locator("#saved table.backend td.without").inner_text()) == sum(map(int, m.groups()))
-        fast = page.locator("#saved table:not(.backend) td.n").first.inner_text()
-        assert int(fast) == sum(1 for j in jobs if j["backend"] == "fast"), fast
+        fast, carried = map(int, page.locator("#saved table:not(.backend) td.n").all_inner_texts())
+        assert (fast, carried) == (sum(1 for j in jobs if j["backend"] == "fast"), len(pilots)), (fast, carried)
         # Tainted credentials: each holder's corral whoami --json says it is tainted, and why.
         tainted = {(c[0], c[1]) for c in _cells(page, "#tainted tr") if len(c) == 3}
         said = {(w["name"], w["tainted"]) for w in (gateway.cli_json("whoami", token=t) for t in people.values())
@@ -301,10 +305,11 @@ def test_the_boards_other_figures_read_as_the_cli_says(gateway: Gateway, people:
         whose = {p["name"]: p for p in gateway.cli_json("principal", "list")}
         for r in _cells(page, "#sessions tr.session"):
             assert r[1] == whose[r[0]]["kind"] and r[2] == (whose[r[0]]["sponsor"] or "-"), (r, whose[r[0]])
-        busy = {(j["principal"], j["session"]) for j in jobs if j["state"] in ("PENDING", "RUNNING")}
+        busy = {(j["principal"], j["session"]) for j in jobs if j["state"] in ("PENDING", "RUNNING")
+                and j["principal"] != PILOT_PRINCIPAL}  # the board counts people's and agents' sessions
         assert int(page.locator("#active-sessions").inner_text()) == len(busy) == 1, busy
         kinds = collections.Counter(whose[j["principal"]]["kind"] for j in jobs
-                                    if j["submit_time"] > time.time() - 300)
+                                    if j["submit_time"] > time.time() - 300 and j["principal"] != PILOT_PRINCIPAL)
         assert page.locator("#now [id^='rate-']").count() == len(kinds), kinds
         for kind, n in kinds.items():
             assert page.locator(f"#rate-{kind}").inner_text() == str(round(n / 5, 2)), (kind, n)
@@ -389,3 +394,32 @@ def test_a_sponsor_reads_their_agents_as_corral_sponsor_says(tmp_path: Path, age
                 assert page.locator("#mine").count() == 0  # no section for one who sponsors no one
             finally:
                 context.close()
+
+
+def test_the_fast_lane_reads_as_the_cli_says(gateway: Gateway, agent_dir: Path, browser: Any) -> None:
+    """A fast-lane task: the board's pool (allocations up, tasks waiting and running) is
+    ``corral facility --json``'s fast_lane.pools, and its task and the scheduler job that
+    carried it are the CLI's jobs of the fast lane and of the pilot."""
+    with gateway.http() as admin:
+        task = admin.post("/v1/jobs", json={"command": "true", "lane": "fast", "workdir": str(agent_dir)}).json()
+        assert admin.get(f"/v1/jobs/{task['id']}/wait", params={"timeout": 60}).json()["state"] == "COMPLETED"
+    context = browser.new_context(viewport=WIDE)
+    try:
+        page = context.new_page()
+        _sign_in(page, gateway.url, gateway.admin_token)
+        rows = {r.get_attribute("data-pool"): r.locator("td").all_inner_texts()
+                for r in page.locator("#pools tr[data-pool]").all()}
+        pools = {p["pool"]: p for p in gateway.cli_json("facility")["fast_lane"]["pools"]}
+        assert set(rows) == set(pools) and pools, (rows, pools)
+        for slug, p in pools.items():
+            up = sum(1 for a in p["allocations"] if a["up"])
+            assert rows[slug][1:4] == [f"{up} up / {len(p['allocations'])}", str(p["pending"]), str(p["running"])], \
+                (rows[slug], p)
+        jobs = gateway.cli_json("status", *[str(j["id"]) for j in gateway.cli_json("jobs", "--limit", "1000")["jobs"]])
+        jobs = jobs if isinstance(jobs, list) else [jobs]
+        fast, carried = map(int, page.locator("#saved table:not(.backend) td.n").all_inner_texts())
+        assert fast == sum(1 for j in jobs if j["backend"] == "fast") == 1, (fast, jobs)
+        assert carried == sum(1 for j in jobs if j["principal"] == PILOT_PRINCIPAL) >= 1, (carried, jobs)
+        shoot(page, "board-fast-lane")
+    finally:
+        context.close()
