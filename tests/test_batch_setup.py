@@ -113,3 +113,40 @@ def test_the_last_step_takes_the_jobs_environment_byte_for_byte_without_json_or_
                          capture_output=True, timeout=30)
     os.close(r)
     assert bad.returncode == 1 and b"trailing data" in bad.stderr
+
+
+def test_the_scratch_line_starts_python_only_when_prepare_has_something_to_do(tmp_path: Path) -> None:
+    """Root's batch-script line for scratch: as prepare left it, no Python runs (here: a
+    Python that would fail); a sub gone, a sub another user made, a sub others may write,
+    a parent others may write (not sticky): Python runs, and makes, refuses, tightens,
+    refuses, as prepare does."""
+    from corral.lanes.slurm.script import scratch_line
+
+    root = Path(f"/var/tmp/corral-line{os.getpid()}")
+    mine = "setpriv --reuid=nobody --regid=nogroup --clear-groups".split()
+
+    def run(top: Path, python: str = sys.executable) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", scratch_line(top, ["workspaces", "trees"], python)],
+                              capture_output=True, text=True, timeout=30)
+
+    try:
+        assert run(root, "/bin/false").returncode == 1  # nothing there: Python's (here one that fails)
+        assert run(root).returncode == 0 and (root / "trees").is_dir()
+        assert run(root, "/bin/false").returncode == 0  # as prepare left it: Python never started
+        (root / "trees").rmdir()
+        assert run(root, "/bin/false").returncode == 1 and run(root).returncode == 0 and (root / "trees").is_dir()
+        (root / "trees").chmod(0o777)
+        assert run(root).returncode == 0 and (root / "trees").stat().st_mode & 0o777 == 0o711
+        (root / "trees").rmdir()
+        os.chmod(root, 0o777)
+        subprocess.run([*mine, "mkdir", str(root / "trees")], check=True)
+        os.chmod(root, 0o711)
+        r = run(root)
+        assert r.returncode == 1 and f"node-local scratch {root}/trees is owned by nobody" in r.stderr, r.stderr
+        subprocess.run(["rm", "-rf", str(root)], check=True)
+        open_parent = root / "open"
+        open_parent.mkdir(parents=True)
+        open_parent.chmod(0o777)  # not sticky: anyone could swap what lies in it
+        assert run(open_parent / "scratch").returncode == 1
+    finally:
+        subprocess.run(["rm", "-rf", str(root)], check=False)

@@ -116,6 +116,23 @@ SCRATCH = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent
 (-S), 30-50 ms where the mount step's imports cost 150-400 ms a job on a busy node."""
 
 
+def scratch_line(top: Path, subs: list[str], python: str = sys.executable) -> str:
+    """The batch script's line (run as root) that makes or checks scratch ``top`` and its
+    ``subs`` as storage/scratch.py's ``prepare`` does. Python (tens of ms a job) runs only
+    when something is not as ``prepare`` would leave it unchanged: ``top`` and each sub a
+    real directory of root's that nobody else may write, and every parent root's, no link,
+    and written by nobody else unless sticky (one ``find``, a few ms). Anything else, a
+    path gone or that find cannot read included, goes to ``prepare``, which makes it, or
+    refuses it in words."""
+    mine = [str(top), *(str(top / s) for s in subs)]
+    parents = [str(p) for p in reversed(top.parents)]
+    check = (f"find {shlex.join(mine)} -maxdepth 0 \\( -type l -o ! -type d -o ! -uid 0 -o -perm /022 \\) -print 2>&1; "
+             f"find {shlex.join(parents)} -maxdepth 0 \\( -type l -o ! -uid 0 -o \\( -perm /022 ! -perm -1000 \\) \\) "
+             "-print 2>&1")
+    slow = shlex.join([python, "-I", "-S", "-c", SCRATCH, str(top), *subs])
+    return f'[ -z "$({check})" ] || {slow} || exit 1'
+
+
 class Scripts(SlurmBase):
     def _lay_out(self, d: Path, ctx: SubmitContext, spec: JobSpec, user: tuple[int, int] | None,
                  helped: pwd.struct_passwd | None = None) -> None:
@@ -286,8 +303,7 @@ class Scripts(SlurmBase):
                 # makes them (storage/scratch.py). Scratch's name is predictable in a directory
                 # everyone writes: a `mkdir -p` by root went through a link anyone had put there.
                 for top in dict.fromkeys(p.parent for p in self.scratch):
-                    lines.append(shlex.join([sys.executable, "-I", "-S", "-c", SCRATCH, str(top),
-                                             *(p.name for p in self.scratch if p.parent == top)]) + " || exit 1")
+                    lines.append(scratch_line(top, [p.name for p in self.scratch if p.parent == top]))
             elif self.scratch:  # as the job's own user: what it may make anyway
                 lines.append(f"mkdir -p {' '.join(shlex.quote(str(p)) for p in self.scratch)} 2>/dev/null")
             lines.append(f"exec {ENV_FD}< {out / 'env.json'}")

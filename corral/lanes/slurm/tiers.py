@@ -110,7 +110,9 @@ def rerun_lines(started: str, ended: str) -> list[str]:
     return ["corral_run=${SLURM_RESTART_COUNT:-0}",
             f'if [ "$corral_run" -gt 0 ]; then rm -f {shlex.quote(ended)}; m="{RERUN_LINE}"; echo "$m"; '
             'echo "$m" >&2; fi',
-            f'echo "$(date +%s) $corral_run ${{SLURMD_NODENAME:-$(hostname)}}" > {shlex.quote(started)}']
+            # the shell's own clock (printf's %T), not a date process: every job starts here
+            f'printf -v corral_now "%(%s)T" -1; echo "$corral_now $corral_run ${{SLURMD_NODENAME:-$(hostname)}}" '
+            f'> {shlex.quote(started)}']
 
 
 def read_node(text: str) -> str | None:
