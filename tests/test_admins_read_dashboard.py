@@ -287,7 +287,7 @@ def test_the_boards_other_figures_read_as_the_cli_says(gateway: Gateway, people:
         # only (no CLI command counts requests): not compared.
         jobs = gateway.cli_json("status", *[str(j["id"]) for j in gateway.cli_json("jobs", "--limit", "1000")["jobs"]])
         without = page.locator("#saved table.backend tr").nth(1).inner_text()
-        m = re.search(r"\((\d+) sbatch, (\d+) queries, (\d+) scancel\)", without)
+        m = re.search(r"\((\d+) sbatch, (\d+) quer(?:y|ies), (\d+) scancel\)", without)
         # (the fast lane's allocations are the pilot's jobs: scheduler jobs that carried tasks)
         pilots = [j for j in jobs if j["principal"] == PILOT_PRINCIPAL]
         assert m and int(m.group(1)) == len(jobs) - len(pilots), (without, jobs)

@@ -284,13 +284,13 @@ class Board:
                 f"The {batch.name} backend has no scheduler controller: corral runs jobs as its own processes "
                 f"and looked at them {row['corral_looks']} times, which costs no controller anything. On Slurm, "
                 f"clients without corral would have sent its controller {without} calls for this traffic "
-                f"({jobs} sbatch, {reads} queries, {cancels} scancel)."))
+                f"({jobs} sbatch, {reads} {_queries(reads)}, {cancels} scancel)."))
             return row
         asked = sum(controller.values())
         ratio = round(without / asked, 1) if asked else None
         row.update(corral_asked=asked, by_command=dict(sorted(controller.items())), ratio=ratio, means=(
             f"Clients without corral would have sent the controller {without} calls ({jobs} sbatch, {reads} "
-            f"queries, {cancels} scancel; a client that polls while it waits sends more than the one counted). "
+            f"{_queries(reads)}, {cancels} scancel; a client that polls while it waits sends more than the one counted). "
             f"Corral sent {asked}" + (f": {ratio}x fewer." if ratio and ratio >= 1 else
                                       f": {ratio}x, more than its clients would have (few clients, short "
                                       f"jobs: its polls are not yet shared by many)." if ratio else ".")))
@@ -394,6 +394,10 @@ def _job_row(j: Any, episode: dict[str, Any] | None) -> dict[str, Any]:
                          + f", {spec.walltime_s // 60} min",
             **({"signature": episode["signature"], "detail": _shown(episode["detail"])}
                if episode and episode["signature"] else {})}
+
+
+def _queries(n: int) -> str:
+    return "query" if n == 1 else "queries"
 
 
 def _hours(seconds: int | None) -> float | None:
