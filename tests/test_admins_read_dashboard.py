@@ -313,6 +313,18 @@ def test_the_boards_other_figures_read_as_the_cli_says(gateway: Gateway, people:
         assert page.locator("#now [id^='rate-']").count() == len(kinds), kinds
         for kind, n in kinds.items():
             assert page.locator(f"#rate-{kind}").inner_text() == str(round(n / 5, 2)), (kind, n)
+        # The plots' figures: the jobs submitted in the half hour, by kind of principal, and those
+        # that ended in it, by outcome, add up to the CLI's jobs with those times.
+        drawn = page.evaluate("""Object.fromEntries([...document.querySelectorAll('#plots svg.plot')].map(s =>
+            [s.getAttribute('data-plot'), Object.fromEntries([...s.querySelectorAll('polyline')].map(l =>
+                [l.getAttribute('data-series'), l.getAttribute('data-values').split(',').map(Number)]))]))""")
+        half = time.time() - 1800
+        people = [j for j in jobs if j["principal"] != PILOT_PRINCIPAL]
+        assert {k: sum(v) for k, v in drawn["submissions"].items()} == \
+            dict(collections.Counter(whose[j["principal"]]["kind"] for j in people if j["submit_time"] > half))
+        ended = collections.Counter(j["state"] for j in people if j["end_time"] and j["end_time"] > half)
+        assert {k: sum(v) for k, v in drawn["states"].items() if k in ended or k not in ("PENDING", "RUNNING")} \
+            == dict(ended), (drawn["states"], ended)
         # The audit chain: the records the board verified, between corral audit verify's counts
         # before the page was asked and after it was shown (the board verifies once a minute).
         m = re.search(r"intact: (\d+) records", page.locator("#audit").inner_text())
