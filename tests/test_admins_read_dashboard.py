@@ -319,10 +319,10 @@ def test_the_boards_other_figures_read_as_the_cli_says(gateway: Gateway, people:
             [s.getAttribute('data-plot'), Object.fromEntries([...s.querySelectorAll('polyline')].map(l =>
                 [l.getAttribute('data-series'), l.getAttribute('data-values').split(',').map(Number)]))]))""")
         half = time.time() - 1800
-        people = [j for j in jobs if j["principal"] != PILOT_PRINCIPAL]
+        theirs = [j for j in jobs if j["principal"] != PILOT_PRINCIPAL]
         assert {k: sum(v) for k, v in drawn["submissions"].items()} == \
-            dict(collections.Counter(whose[j["principal"]]["kind"] for j in people if j["submit_time"] > half))
-        ended = collections.Counter(j["state"] for j in people if j["end_time"] and j["end_time"] > half)
+            dict(collections.Counter(whose[j["principal"]]["kind"] for j in theirs if j["submit_time"] > half))
+        ended = collections.Counter(j["state"] for j in theirs if j["end_time"] and j["end_time"] > half)
         assert {k: sum(v) for k, v in drawn["states"].items() if k in ended or k not in ("PENDING", "RUNNING")} \
             == dict(ended), (drawn["states"], ended)
         # The audit chain: the records the board verified, between corral audit verify's counts
@@ -385,9 +385,9 @@ def test_a_sponsor_reads_their_agents_as_corral_sponsor_says(tmp_path: Path, age
             # The rest of her board is scoped as the CLI scopes her: her agents' jobs by state and lane.
             hers = gw.cli_json("status", *[str(j["id"]) for j in gw.cli_json("jobs", token=t["alice"])["jobs"]],
                                token=t["alice"])
-            shown = {(r.get_attribute("data-state"), r.get_attribute("data-lane")): int(r.locator("td.n").inner_text())
-                     for r in page.locator("#jobs tr[data-state]").all()}
-            assert shown == dict(collections.Counter((j["state"], j["backend"]) for j in hers)), (shown, hers)
+            by_state = {(r.get_attribute("data-state"), r.get_attribute("data-lane")):
+                        int(r.locator("td.n").inner_text()) for r in page.locator("#jobs tr[data-state]").all()}
+            assert by_state == dict(collections.Counter((j["state"], j["backend"]) for j in hers)), (by_state, hers)
             shoot(page, "board-sponsor")
             # Answered from the CLI, the approval leaves the open page at its next refreshes
             # (the section is the viewer's, kept under 5 s like the rest of the board).
