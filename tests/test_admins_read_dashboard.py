@@ -364,6 +364,7 @@ def test_a_sponsor_reads_their_agents_as_corral_sponsor_says(tmp_path: Path, age
         try:
             page = context.new_page()
             _sign_in(page, gw.url, t["alice"])
+            page.wait_for_selector("#live main")  # the board, not the sign-in form it replaces
             rows = {r.get_attribute("data-agent"): r for r in page.locator("#mine tr[data-agent]").all()}
             assert set(rows) == set(said), rows
             for name, a in said.items():
@@ -402,7 +403,7 @@ def test_a_sponsor_reads_their_agents_as_corral_sponsor_says(tmp_path: Path, age
             try:
                 page = context.new_page()
                 _sign_in(page, gw.url, t[who] if who else gw.admin_token)
-                page.wait_for_selector("#jobs")
+                page.wait_for_selector("#live main")
                 assert page.locator("#mine").count() == 0  # no section for one who sponsors no one
             finally:
                 context.close()
@@ -419,6 +420,7 @@ def test_the_fast_lane_reads_as_the_cli_says(gateway: Gateway, agent_dir: Path, 
     try:
         page = context.new_page()
         _sign_in(page, gateway.url, gateway.admin_token)
+        page.wait_for_selector("#live main")  # the board, not the sign-in form it replaces
         rows = {r.get_attribute("data-pool"): r.locator("td").all_inner_texts()
                 for r in page.locator("#pools tr[data-pool]").all()}
         pools = {p["pool"]: p for p in gateway.cli_json("facility")["fast_lane"]["pools"]}

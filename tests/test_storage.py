@@ -422,6 +422,7 @@ def _the_page_reads_as_the_cli_says(g: Gateway, token: str, session: str, job_id
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             _sign_in(page, g.url, g.admin_token)
+            page.wait_for_selector("#live main")  # the board, not the sign-in form it replaces
             row = next(r for r in page.locator("#storage tr").all() if r.locator("td").count() == 3
                        and r.locator("td").first.inner_text() == f"bot1 / {session}")
             cells = row.locator("td").all_inner_texts()
