@@ -79,7 +79,7 @@ def test_preflight_suggests_the_partition_that_fits(tmp_path) -> None:
         Partition("long", 64, 256000, 0, 7 * 86400)])
     with pytest.raises(InvalidRequest, match="use partition 'gpu', or set gpus to 0"):
         b.preflight(JobSpec(command="true", gpus=2))
-    with pytest.raises(InvalidRequest, match="or use partition 'gpu'"):
+    with pytest.raises(InvalidRequest, match="or use partition 'long'"):  # no GPUs: not sent to the GPU nodes
         b.preflight(JobSpec(command="true", walltime="5h"))
     b.preflight(JobSpec(command="true", gpus=2, partition="gpu"))  # fits: no error
 

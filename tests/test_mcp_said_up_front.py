@@ -7,14 +7,16 @@ nearest request that fits, in one call."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from mcp import Client, StdioServerParameters
 
-from .conftest import Gateway, running
+from .conftest import SHARED_TURN, Gateway, running
 
 
 def _agent(gateway: Gateway) -> str:
@@ -59,8 +61,6 @@ def test_a_plan_with_three_problems_is_answered_in_one_call(tmp_path: Path, agen
 def test_the_lanes_limits_are_said_at_once_in_the_partition_with_the_gpus() -> None:
     """Slurm's partitions (no Slurm asked): GPUs only in 'gpu', so the job goes there and
     its CPUs and walltime are judged there, all in one refusal with its nearest request."""
-    import pytest
-
     from corral.core.errors import InvalidRequest
     from corral.core.jobs import JobSpec
     from corral.lanes.backend import Partition
@@ -111,3 +111,29 @@ def test_the_agent_run_banner_is_short_and_says_what_a_job_does(gateway: Gateway
     assert "62 corral gateway homes" in cp.stderr, cp.stderr  # the 60, the pointer directory, CORRAL_HOME
     for said in ("/tmp/corral-job", "workdir", "preemptible", "requeued", "from the start"):
         assert said in cp.stderr, (said, cp.stderr)
+
+
+@pytest.mark.usefixtures("slurm_turn")
+@SHARED_TURN
+def test_the_issues_request_on_slurm_is_planned_in_one_call(tmp_path: Path) -> None:
+    """The private Slurm (debug by default, 1 h; batch 48 h; every node has GPUs and
+    64,000 MB): 30 h, 8 CPUs, 100 GB and a GPU. One plan names the memory and the
+    walltime, its nearest request keeps the 30 h in partition batch (not the default's
+    1 h: the agent asked for the time), and that request is allowed when asked as is."""
+    from .slurm_env import slurm_conf
+    from .test_gateway_slurm import start_slurm_gateway
+
+    gw = start_slurm_gateway(tmp_path, slurm_conf())
+    try:
+        token = _agent(gw)
+        asked = {"command": "python train.py", "walltime": "30h", "cpus": 8, "memory": "100G", "gpus": 1}
+        with gw.http(token) as h:
+            plan = h.post("/v1/plan", json=asked).json()
+            again = h.post("/v1/plan", json={**asked, **(plan.get("nearest") or {})}).json()
+    finally:
+        gw.kill(signal.SIGTERM)
+    said = " ".join(p["message"] for p in plan["problems"])
+    for words in ("102400M of memory asked", "walltime 30:00:00 is over the limit", "or use partition 'batch'"):
+        assert words in said, (words, plan)
+    assert plan["nearest"] == {"memory": "64000M", "partition": "batch"}, plan
+    assert plan["nearest_allowed"] is True and again["allowed"] is True, (plan, again)

@@ -193,7 +193,8 @@ class Service:
             checked, spec, problems = await self._plan_rounds(caller, spec)
             out["rule"] = checked.rule
             if problems:  # not as asked: every problem, and the nearest request that passes all
-                out.update(allowed=False, refused=problems[0], problems=problems, nearest=fields_of(asked, spec),
+                out.update(allowed=False, rule=problems[0]["rule"], refused=problems[0], problems=problems,
+                           nearest=fields_of(asked, spec),
                            nearest_allowed=True)
             ready = checked.ready[checked.texts[0]]
             if isinstance(ready, Job):

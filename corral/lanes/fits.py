@@ -14,19 +14,32 @@ from corral.lanes.backend import Partition
 
 
 def _target(spec: JobSpec, parts: Sequence[Partition]) -> tuple[Partition, list[str], dict[str, Any]]:
-    """The partition the job would run in, and, when it has too few GPUs for the job while
-    another has enough (and the job named none), that other one: the GPUs decide the
-    partition, the other sizes are judged there."""
-    target = next((p for p in parts if p.name == spec.partition), None) or next(
-        (p for p in parts if p.default), parts[0])
+    """The partition the job would run in, and, when it has too few GPUs or too short a
+    walltime for the job while another has both, that other one: a job that names no
+    partition is moved (the agent asked for the time and the GPUs, not for the default
+    partition); one that names it keeps it when another has the GPUs only (said with its
+    alternatives). The other sizes are judged where the job goes."""
+    named = next((p for p in parts if p.name == spec.partition), None)
+    target = named or next((p for p in parts if p.default), parts[0])
+    if spec.gpus <= target.max_gpus and (named or spec.walltime_s <= target.max_walltime_s):
+        return target, [], {}
+    fits = [p for p in parts if p.max_gpus >= spec.gpus and (named or p.max_walltime_s >= spec.walltime_s)]
+    if not fits and not named:  # none runs that long with the GPUs: the GPUs decide
+        fits = [p for p in parts if p.max_gpus >= spec.gpus]
+    # the fewest GPUs that do: a job without GPUs is not sent to the GPU nodes
+    alt = min(fits, key=lambda p: p.max_gpus, default=target)
+    if alt is target or (named and spec.gpus <= target.max_gpus):
+        return target, [], {}
     if spec.gpus > target.max_gpus:
-        with_gpus = [p for p in parts if p.max_gpus >= spec.gpus]
-        if with_gpus:
-            alt = with_gpus[0]
-            limit = f"ask for gpus <= {target.max_gpus}" if target.max_gpus else "set gpus to 0"
-            return alt, [f"{spec.gpus} GPUs asked but partition {target.name!r} has nodes with {target.max_gpus}; "
-                         f"use partition {alt.name!r}, or {limit}"], {"partition": alt.name}
-    return target, [], {}
+        limit = f"ask for gpus <= {target.max_gpus}" if target.max_gpus else "set gpus to 0"
+        why = (f"{spec.gpus} GPUs asked but partition {target.name!r} has nodes with {target.max_gpus}; "
+               f"use partition {alt.name!r}, or {limit}")
+    else:
+        why = (f"walltime {format_duration(spec.walltime_s)} is over the limit of partition {target.name!r}, "
+               f"{format_duration(target.max_walltime_s)}; ask for walltime <= "
+               f"{format_duration(target.max_walltime_s)}, or use partition {alt.name!r} (max "
+               f"{format_duration(alt.max_walltime_s)})")
+    return alt, [why], {"partition": alt.name}
 
 
 def misfits(spec: JobSpec, parts: Sequence[Partition]) -> tuple[list[str], dict[str, Any]]:
