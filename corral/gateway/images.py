@@ -167,7 +167,7 @@ class Images:
             raise InvalidRequest(f"image name {name[:80]!r}: letters, digits, '_', '.', '-', at most 64")
         if name is not None and KEYLIKE.fullmatch(name):  # a job naming it would reach another's key prefix
             raise InvalidRequest(f"image name {name!r} reads as an image key; give a name with a letter past 'f' "
-                                 "or a '-' (torch-2, cuda12)", hint="keys are how images are named explicitly")
+                                 "or a '-' (torch-2, cuda12)", hint="build it again with such a name: --name torch-2")
         if name is not None:  # the caller's own name for it, never one another principal uses (squatting)
             name = own_name(caller.principal.name, name)
         ident = self.owner(caller)
