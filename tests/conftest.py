@@ -379,14 +379,18 @@ SLURM_FILES = {f"tests/{name}.py" for name in (
 """Test files whose tests take turns on the private Slurm (slurm_turn; test_compat's corpus
 takes one for the module): run on one worker."""
 SLURM_TESTS = {
+    "tests/test_bounds_hold.py::test_a_contained_batch_job_works_in_its_bounded_tmp_on_slurm",
     "tests/test_bounds_reads.py::test_fifos_and_links_in_a_job_directory_never_stall_the_gateway",
+    "tests/test_doctor.py::test_a_good_host_passes_against_the_private_slurm",
     "tests/test_dashboard.py::test_what_corral_saved_a_real_slurm_is_counted_in_its_commands",
     "tests/test_fastlane.py::test_a_batch_job_gets_the_cores_of_an_idle_pool_and_a_task_says_it_waits_for_it",
     "tests/test_shims.py::test_the_fence_leaves_corral_the_only_way_to_slurm",
     "tests/test_simulate.py::test_calibration_reads_the_real_controller",
     "tests/test_slurm_conventions.py::test_the_shims_print_what_the_job_asked",
     "tests/test_slurm_plugin.py::test_agents_reach_slurm_through_corral_only",
-    "tests/test_storage.py::test_images_and_workspaces_on_the_private_slurm"}
+    "tests/test_storage.py::test_images_and_workspaces_on_the_private_slurm",
+    "tests/test_superseded_run.py::test_an_orphaned_runs_end_does_not_end_a_requeued_job",
+    "tests/test_wheel.py::test_the_installed_gateway_checks_the_host_and_runs_a_slurm_job"}
 """The other tests that take a Slurm turn (tests/test_suite_layout.py keeps this list whole)."""
 
 

@@ -58,8 +58,8 @@ def test_every_loop_is_declared_once_with_where_it_runs(tmp_path) -> None:
     loops = svc.runtime.loops()
     names = [loop.name for loop in loops]
     assert len(names) == len(set(names))
-    assert {"reconciler", "facts", "note-index", "storage-gc", "housekeeping", "loop-lag", "lane-local",
-            "lane-fast"} == set(names)
+    assert {"reconciler", "facts", "note-index", "storage-gc", "housekeeping", "notify", "approvals", "loop-lag",
+            "lane-local", "lane-fast"} == set(names)
     scope = {loop.name: loop.scope for loop in loops}
     # Once per facility: what acts on the jobs, the scheduler and the pools' allocations.
     assert scope["reconciler"] == scope["lane-fast"] == "facility"

@@ -62,6 +62,9 @@ class Sender:
                 except InvalidRequest as e:
                     log.error("%s; %s", e.message, e.hint)
                     continue
+                except OSError as e:  # removed again as it was made (a cleaner racing): the job's start says so
+                    log.error("%s could not be made again: %s", d, e)
+                    continue
                 log.warning("%s was missing (removed by a cleaner?); made again", d)
 
     async def send(self, jobs: Sequence[tuple[Job, SubmitContext]], *, dispatch: bool = False,
