@@ -35,7 +35,14 @@ def _start(gateway: Gateway, tmp_path: Path, token_file: Path, script: str, **en
     return subprocess.Popen([sys.executable, "-m", "corral.edges.cli.main", "agent", "run", "--token-file",
                              str(token_file), "--no-fence", "--quiet", "--", "sh", "-c", script],
                             env=gateway.env(**env), cwd=tmp_path, start_new_session=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_hangup_as_at_a_terminal)
+
+
+def _hangup_as_at_a_terminal() -> None:
+    """A session at a terminal takes SIGHUP's default; a test run under nohup (CI's own
+    runner may be) would hand its ignoring down to the agent, which then outlives it."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def _session(out: Path, parent: subprocess.Popen[bytes]) -> tuple[Path, dict[str, object]]:
