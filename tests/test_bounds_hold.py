@@ -204,6 +204,9 @@ def test_a_full_disk_never_rewrites_a_jobs_end(tmp_path: Path) -> None:
         ids = [b.submit(ctx(), JobSpec(command="echo ok; sleep 3", workdir=str(tmp_path))) for _ in range(8)]
         for bid in ids:
             wait_state(b, bid, JobState.RUNNING)
+        deadline = time.monotonic() + 30  # each wrote its output before the disk fills (under load RUNNING comes first)
+        while time.monotonic() < deadline and not all(b.output_paths(bid).stdout.read_text() == "ok\n" for bid in ids):
+            time.sleep(0.05)
         filler = fill(home)
         try:
             st = wait_all(b, ids, 60)

@@ -84,6 +84,8 @@ def test_a_page_of_a_running_job_is_never_its_end(gateway: Gateway, agent_dir: P
                                                                    "sleep 0.2; done; echo finished",
                                                         "workdir": str(agent_dir)})
             job_id = sub.structured_content["job_id"]
+            # Its record says RUNNING first (a loaded machine shows the output before the reconciler's tick).
+            await client.call_tool("wait_for_job", {"job_id": job_id, "until": "RUNNING", "timeout_s": 60})
             for _ in range(150):
                 page = await client.call_tool("job_output", {"job_id": job_id})
                 if "started" in str(getattr(page.content[0], "text", "")):

@@ -17,7 +17,7 @@
 
 corral_run=${SLURM_RESTART_COUNT:-0}
 if [ "$corral_run" -gt 0 ]; then rm -f /jobs/17/out/ended; m="corral: Slurm requeued this job (restart $corral_run); it runs again from the start, and the output above this line is from an earlier run that did not finish"; echo "$m"; echo "$m" >&2; fi
-echo "$(date +%s) $corral_run ${SLURMD_NODENAME:-$(hostname)}" > /jobs/17/out/started
+printf -v corral_now "%(%s)T" -1; echo "$corral_now $corral_run ${SLURMD_NODENAME:-$(hostname)}" > /jobs/17/out/started
 
 export CORRAL_JOB_ID=17
 export CORRAL_PRINCIPAL=claude-1

@@ -82,7 +82,7 @@ def notify_set(o: Ctx, for_: str | None, **fields: Any) -> None:
 
 @notify.command("sent")
 @FOR
-@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 500))
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 500), help="Most notifications listed.")
 @click.pass_obj
 def notify_sent(o: Ctx, for_: str | None, limit: int) -> None:
     """The notifications sent to you: newest first, with those waiting or given up."""
