@@ -99,8 +99,10 @@ def test_every_way_a_session_ends_removes_its_token_and_stops_its_helper(gateway
 def test_a_session_killed_without_a_helper_is_swept_at_the_next_start(gateway: Gateway, tmp_path: Path) -> None:
     _, token_file = _token(gateway, tmp_path)
     out = tmp_path / "config-path"
+    own = tmp_path / "tmp"  # its sessions alone: another test's session starting meanwhile sweeps /tmp's
+    own.mkdir()
     parent = _start(gateway, tmp_path, token_file, f'echo "$CORRAL_MCP_CONFIG" > {out}; exec sleep 120',
-                    CORRAL_SHIM_HELPER="0")
+                    CORRAL_SHIM_HELPER="0", TMPDIR=str(own))
     try:
         deadline = time.monotonic() + 60
         while not (out.exists() and out.read_text().strip()) and time.monotonic() < deadline:
@@ -115,7 +117,7 @@ def test_a_session_killed_without_a_helper_is_swept_at_the_next_start(gateway: G
             os.killpg(parent.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    again = _start(gateway, tmp_path, token_file, "true")
+    again = _start(gateway, tmp_path, token_file, "true", TMPDIR=str(own))
     assert again.wait(60) == 0, again.communicate()
     assert not root.exists()  # ... until the next session started
 
