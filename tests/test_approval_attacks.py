@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from .conftest import add_people
+from .conftest import Gateway, add_people
 from .test_approvals import asked, big, gateway_with, job
 from .test_notify import hook, until
 
@@ -94,3 +94,11 @@ def test_an_agent_cannot_flood_its_sponsor(tmp_path: Path, agent_dir: Path) -> N
         with gw.http(t["alice"]) as a:
             rows = a.get("/v1/notify/sent", params={"limit": 100}).json()["notifications"]
         assert len(rows) == n and {r["state"] for r in rows} <= {"sent", "pending"}, rows
+
+
+def test_an_approval_id_past_the_stores_integers_is_a_404(gateway: Gateway) -> None:
+    """Unauthenticated: /approve/N with N past 64 bits reached the store (OverflowError, 500)."""
+    for aid in ("99999999999999999999999", "0", "-1"):
+        assert httpx.get(f"{gateway.url}/approve/{aid}?token=x", timeout=10).status_code in (404, 422), aid
+        r = httpx.post(f"{gateway.url}/approve/{aid}", data={"token": "x", "decision": "approve"}, timeout=10)
+        assert r.status_code in (404, 422), (aid, r.status_code)

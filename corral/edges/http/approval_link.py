@@ -14,6 +14,7 @@ from fastapi.responses import HTMLResponse
 from markupsafe import escape
 
 from corral.core.errors import CorralError
+from corral.core.jobs import MAX_INT
 from corral.gateway.approvals import link_matches
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ def mount(app: FastAPI, service: "Service") -> None:
 
     @app.get("/approve/{aid}", include_in_schema=False)
     async def show(aid: int, token: str = "") -> HTMLResponse:
-        row = service.db.approvals.get(aid)
+        row = service.db.approvals.get(aid) if 1 <= aid <= MAX_INT else None  # the store's integers are 64-bit
         # The token is checked here too, not only by the POST: an unauthenticated client
         # counting ids must not read who wants to run what.
         if row is None or row["state"] != "pending" or not link_matches(row, token):
@@ -51,6 +52,8 @@ def mount(app: FastAPI, service: "Service") -> None:
                      note: str = Form("")) -> HTMLResponse:
         if decision not in ("approve", "decline"):
             return page(aid, "<p>Choose Approve or Decline.</p>", 400)
+        if not 1 <= aid <= MAX_INT:
+            return page(aid, "<p>Nothing waits here.</p>", 404)
         try:
             out = await service.approvals.by_link(aid, token, decision == "approve", note or None)
         except CorralError as e:
