@@ -7,6 +7,7 @@ the wait is left to corral's own bound."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,17 @@ def _codex_stdio() -> list[str]:
     return ["-c", f"mcp_servers.corral.command={json.dumps(sys.executable)}",
             "-c", 'mcp_servers.corral.args=["-m", "corral.entry", "mcp"]',
             "-c", 'mcp_servers.corral.env_vars=["CORRAL_TOKEN", "CORRAL_URL", "PYTHONPATH"]']
+
+
+def _run(client: str, standin: StandIn, gateway: Gateway, token: str, tmp_path: Path, agent_dir: Path,
+         tool_timeout_s: int) -> subprocess.CompletedProcess[str]:
+    """``client`` (Claude Code in print mode, or Codex) on corral over stdio, its tool timeout set."""
+    if client == "claude":
+        cfg = claude_config(tmp_path / "mcp.json", _stdio(gateway, token))
+        return run_claude(standin, [cfg, "--strict-mcp-config", "-p", "go", "--allowedTools", "mcp__corral"],
+                          tmp_path / "home", agent_dir, MCP_TOOL_TIMEOUT=str(tool_timeout_s * 1000))
+    return run_codex(standin, [*_codex_stdio(), "-c", f"mcp_servers.corral.tool_timeout_sec={tool_timeout_s}"],
+                     tmp_path / "home", agent_dir, CORRAL_TOKEN=token, CORRAL_URL=gateway.url)
 
 
 def _later(step: dict[str, Any], seconds: float) -> Any:
@@ -44,13 +56,7 @@ def test_a_wait_the_client_abandoned_is_said_on_its_next_call(gateway: Gateway, 
                                                               client: str) -> None:
     token = _agent(gateway)
     with StandIn(_abandoning_script(str(agent_dir))) as standin:
-        if client == "claude":
-            cfg = claude_config(tmp_path / "mcp.json", _stdio(gateway, token))
-            cp = run_claude(standin, [cfg, "--strict-mcp-config", "-p", "go", "--allowedTools", "mcp__corral"],
-                            tmp_path / "home", agent_dir, MCP_TOOL_TIMEOUT="3000")
-        else:
-            cp = run_codex(standin, [*_codex_stdio(), "-c", "mcp_servers.corral.tool_timeout_sec=3"],
-                           tmp_path / "home", agent_dir, CORRAL_TOKEN=token, CORRAL_URL=gateway.url)
+        cp = _run(client, standin, gateway, token, tmp_path, agent_dir, tool_timeout_s=3)
         assert cp.returncode == 0, cp.stderr[-3000:]
         said = standin.tool_results()
     assert len(said) == 3, said
@@ -68,13 +74,7 @@ def test_a_job_longer_than_the_clients_patience_is_never_a_timeout(tmp_path: Pat
         script: list[Step] = [("submit_job", {"command": "sleep 10; echo slept", "workdir": str(agent_dir)}),
                               *[("wait_for_job", lambda r: {"job_id": job_id_in(r)})] * 6]
         with StandIn(script) as standin:
-            if client == "claude":
-                cfg = claude_config(tmp_path / "mcp.json", _stdio(gateway, token))
-                cp = run_claude(standin, [cfg, "--strict-mcp-config", "-p", "go", "--allowedTools", "mcp__corral"],
-                                tmp_path / "home", agent_dir, MCP_TOOL_TIMEOUT="6000")
-            else:
-                cp = run_codex(standin, [*_codex_stdio(), "-c", "mcp_servers.corral.tool_timeout_sec=6"],
-                               tmp_path / "home", agent_dir, CORRAL_TOKEN=token, CORRAL_URL=gateway.url)
+            cp = _run(client, standin, gateway, token, tmp_path, agent_dir, tool_timeout_s=6)
             assert cp.returncode == 0, cp.stderr[-3000:]
             said = standin.tool_results()
     waits = said[1:]

@@ -99,6 +99,10 @@ KEYLIKE = re.compile(r"[0-9a-f]{8,32}")
 """A key's prefix, as a job may name an image: no image name may read as one."""
 
 
+def _being_built(ref: str, digest: str) -> Conflict:
+    return Conflict(f"the image {ref!r} is still being built; wait for it (corral env status {digest}) and submit again")
+
+
 def own_name(owner: str, name: str) -> str:
     """An image's name as stored: its owner's, so one principal's name is never another's
     (issue 47 item 9, decision 0051: names were global, a name could be squatted and
@@ -310,19 +314,18 @@ class Images:
             old = self.store.image_named(ref)
             row = self.store.image(old) if old is not None else None
             r = old if row is not None and row[3] == caller.principal.name else None
-        if r is None and caller is not None and self.store.building_of(named):  # its own, first: never another's key
-            raise Conflict(f"the image {ref!r} is still being built; wait for it (corral env status "
-                           f"{self.store.building_of(named)}) and submit again")
+        building = self.store.building_of(named) if r is None else None
+        if building and caller is not None:  # its own, first: never another's key
+            raise _being_built(ref, building)
         if r is None and KEYLIKE.fullmatch(ref):
             rows = self.store.images_prefixed(ref)
             if len(rows) > 1:
                 raise InvalidRequest(f"image {ref!r} is the prefix of {len(rows)} images; give more of its key")
             r = rows[0] if rows else None
         if r is None:
-            building = self.store.building_of(named) or self.store.building_of(ref)
+            building = building or self.store.building_of(ref)
             if building:
-                raise Conflict(f"the image {ref!r} is still being built; wait for it (corral env status "
-                               f"{building}) and submit again")
+                raise _being_built(ref, building)
             raise NotFound(f"no environment image {ref!r}; build it with corral env build FILE --name {ref}, "
                            "or list the images with corral env list")
         return r

@@ -49,6 +49,14 @@ second made one email or chat message each, 3,600 an hour to its sponsor), what 
 that address waits this long and goes as one digest."""
 
 
+def _outbox(key: str, recipient: str, about: str, note: compose.Note, eff: Effective, now: float,
+            due: float) -> list[dict[str, Any]]:
+    """One outbox row per channel ``recipient`` is reached on; each key ends with its channel."""
+    return [{"key": f"{key}:{ch}", "recipient": recipient, "about": about, "kind": note.kind, "channel": ch,
+             "target": target, "subject": note.subject, "body": note.body, "created": now, "due": due}
+            for ch, target in eff.channels()]
+
+
 def _wants_end(state: JobState) -> Callable[[Effective], bool]:
     failed = state in compose.FAILURES
     return lambda e: e.jobs == "all" or (e.jobs == "failures" and failed)
@@ -103,9 +111,7 @@ class Notifier:
             if not want(eff):
                 continue
             due = eff.quiet_until(now) or (now - now % 3600 + 3600 if eff.digest else now)
-            rows += [{"key": f"{key}:{name}:{ch}", "recipient": name, "about": about, "kind": note.kind,
-                      "channel": ch, "target": target, "subject": note.subject, "body": note.body,
-                      "created": now, "due": due} for ch, target in eff.channels()]
+            rows += _outbox(f"{key}:{name}", name, about, note, eff, now, due)
         return rows
 
     # -- what is told -------------------------------------------------------------------
@@ -184,19 +190,14 @@ class Notifier:
             url = f"{self.base_url}/approve/{aid}?token={link}"
             note = compose.approval(aid, agent, rule, summary, until, url)
             now = self.now()
-            self.records.enqueue([{"key": f"approval:{aid}:{sponsor}:{ch}", "recipient": sponsor, "about": agent,
-                                   "kind": note.kind, "channel": ch, "target": target, "subject": note.subject,
-                                   "body": note.body, "created": now, "due": now} for ch, target in eff.channels()])
+            self.records.enqueue(_outbox(f"approval:{aid}:{sponsor}", sponsor, agent, note, eff, now, now))
         except Exception:  # noqa: BLE001 - the approval waits in the store whatever the notifier does
             log.exception("notify: could not enqueue approval %s", aid)
 
     def test(self, recipient: str, eff: Effective) -> int:
         note = compose.test_note(recipient)
         now = self.now()
-        return self.records.enqueue([{"key": f"test:{recipient}:{now:.6f}:{ch}", "recipient": recipient,
-                                      "about": recipient, "kind": note.kind, "channel": ch, "target": target,
-                                      "subject": note.subject, "body": note.body, "created": now, "due": now}
-                                     for ch, target in eff.channels()])
+        return self.records.enqueue(_outbox(f"test:{recipient}:{now:.6f}", recipient, recipient, note, eff, now, now))
 
     # -- delivery -----------------------------------------------------------------------
     def deliver(self) -> list[asyncio.Task[None]]:
