@@ -29,6 +29,13 @@ STOP_HOST = "kill -STOP $PPID; sleep 300"
 ignores signals from inside)."""
 
 
+def stop_host(marker: str) -> str:
+    """STOP_HOST that says when it is done: a file in the job's directory (a loaded runner
+    can take more than a second from RUNNING to the kill, and a job sent meanwhile would
+    still find its host answering)."""
+    return f"kill -STOP $PPID; touch {marker}; sleep 300"
+
+
 @pytest.fixture
 def work() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="corral-ends-", dir="/tmp"))
@@ -67,10 +74,14 @@ def until(gw: Gateway, token: str, jid: str, states: set[str], within: float) ->
         time.sleep(0.2)
 
 
-def stopped(gw: Gateway, token: str, jid: str) -> None:
-    """Wait until the job runs and has had time to stop its host."""
+def stopped(gw: Gateway, token: str, jid: str, marker: Path) -> None:
+    """Wait until the job runs and has stopped its host (its stop_host marker exists)."""
     assert until(gw, token, jid, {"RUNNING"}, 60)["state"] == "RUNNING"
-    time.sleep(1.0)
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marker.exists(), "the job never stopped its host"
+    time.sleep(0.2)
 
 
 def test_a_job_that_stops_its_host_times_out_and_frees_its_slot(tmp_path: Path, work: Path) -> None:
@@ -101,8 +112,8 @@ def test_a_cancelled_job_that_stopped_its_host_ends_with_the_jobs_beside_it(tmp_
         t = agents(gw, "bot1")
         beside = submit(gw, t["bot1"], "sleep 300", work, "5m")
         assert until(gw, t["bot1"], beside, {"RUNNING"}, 60)["state"] == "RUNNING"
-        bad = submit(gw, t["bot1"], STOP_HOST, work, "5m")
-        stopped(gw, t["bot1"], bad)
+        bad = submit(gw, t["bot1"], stop_host("first"), work, "5m")
+        stopped(gw, t["bot1"], bad, work / "first")
         with gw.http(t["bot1"]) as h:
             asked = time.time()
             assert h.post(f"/v1/jobs/{bad}/cancel").status_code in (200, 202)
@@ -113,8 +124,8 @@ def test_a_cancelled_job_that_stopped_its_host_ends_with_the_jobs_beside_it(tmp_
         assert other["state"] == "FAILED" and "sandbox" in (other.get("reason") or ""), other
 
         # A host stopped before it answered a job's start: that job still ends by its walltime.
-        bad = submit(gw, t["bot1"], STOP_HOST, work, "5m")
-        stopped(gw, t["bot1"], bad)
+        bad = submit(gw, t["bot1"], stop_host("second"), work, "5m")
+        stopped(gw, t["bot1"], bad, work / "second")
         late = submit(gw, t["bot1"], "echo never", work, "4s")
         end = until(gw, t["bot1"], late, {"CANCELLED", "FAILED", "TIMEOUT", "COMPLETED"}, 40)
         assert end["state"] == "TIMEOUT" and "sandbox" in (end.get("reason") or ""), end
