@@ -387,6 +387,7 @@ SLURM_TESTS = {
     "tests/test_mcp_said_up_front.py::test_the_issues_request_on_slurm_is_planned_in_one_call",
     "tests/test_shims.py::test_the_fence_leaves_corral_the_only_way_to_slurm",
     "tests/test_simulate.py::test_calibration_reads_the_real_controller",
+    "tests/test_simulate.py::test_calibration_leaves_the_controllers_statistics_as_they_were",
     "tests/test_slurm_conventions.py::test_the_shims_print_what_the_job_asked",
     "tests/test_slurm_plugin.py::test_agents_reach_slurm_through_corral_only",
     "tests/test_storage.py::test_images_and_workspaces_on_the_private_slurm",

@@ -415,3 +415,36 @@ def test_html_report_reads_at_a_glance(tmp_path: Path) -> None:
                                 ("0.001", "0.01", "0.1") for y in ys), ys
     for f in r["policies"].values():
         assert all(d < days for d, _ in f["results_series"] + f["busy_series"])
+
+
+@pytest.mark.usefixtures("slurm_turn")
+def test_calibration_leaves_the_controllers_statistics_as_they_were(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 48 item 10: on a shared controller people's monitoring reads sdiag's
+    counters, so calibrate reads them before and after each step and never resets them
+    (it ran `sdiag -r` five times). Its own RPCs are added to the counts, which only grow,
+    and sdiag's 'Data since' is where it was."""
+    monkeypatch.setenv("SLURM_CONF", slurm_conf())
+    from corral.simulate import calibrate
+
+    before = calibrate.read()
+    result = calibrate.calibrate(queries=12, held=10, clients=2, burst_s=0.5, say=lambda s: None)
+    after = calibrate.read()
+    assert after.since == before.since, "sdiag's statistics were reset"
+    assert before.since > 0 and before.by_type.get("REQUEST_SUBMIT_BATCH_JOB", (0, 0))[0] + 10 \
+        <= after.by_type["REQUEST_SUBMIT_BATCH_JOB"][0]
+    assert after.by_type["REQUEST_JOB_INFO"][0] >= before.by_type.get("REQUEST_JOB_INFO", (0, 0))[0] + 24
+    assert 0 < result["submit_s"] < 1 and 0 < result["query_base_s"] < 1 and result["others_rpcs"] >= 0
+    assert "not reset" in result["source"]
+
+
+def test_a_step_across_a_reset_is_refused_not_measured() -> None:
+    """Counters that went back (a restart, someone's `sdiag -r`, midnight's reset) give
+    no difference worth a figure: calibrate says so."""
+    from corral.core.errors import InvalidRequest
+    from corral.simulate.calibrate import Counters, delta
+
+    a = Counters(100, {"REQUEST_JOB_INFO": (50, 9000)}, {})
+    assert delta(a, Counters(100, {"REQUEST_JOB_INFO": (70, 13000)}, {})) == {"REQUEST_JOB_INFO": (20, 4000)}
+    for b in (Counters(200, {"REQUEST_JOB_INFO": (70, 13000)}, {}), Counters(100, {"REQUEST_JOB_INFO": (3, 600)}, {})):
+        with pytest.raises(InvalidRequest, match="began again"):
+            delta(a, b)

@@ -180,10 +180,12 @@ def calibrate(queries: int, held: int, out: Path) -> None:
     """Measure your slurmctld's service times, for `corral simulate --calibration`.
 
     \b
-    Each step is timed by slurmctld itself (sdiag, reset before it): squeue with the
-    queue empty, HELD jobs submitted held (sbatch --hold, cancelled at the end), squeue
-    and squeue -j with them queued, their scancel, and 8 clients at once. Run it as
-    Slurm's admin (sdiag -r needs it) on a quiet controller; SLURM_CONF names which.
+    Each step is timed by slurmctld itself, from sdiag's counters read before and after
+    it (never reset: a shared controller's statistics are left as they are): squeue with
+    the queue empty, HELD jobs submitted held (sbatch --hold, cancelled at the end),
+    squeue and squeue -j with them queued, their scancel, and 8 clients at once. Run it
+    on a quiet controller (others' RPCs count too: others_rpcs says how many); SLURM_CONF
+    names which.
     """
     from corral.simulate import calibrate as cal
 
