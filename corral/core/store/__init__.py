@@ -15,6 +15,7 @@ on SQLite (the embedded default, a file in HOME) or PostgreSQL (``[store] url =
     approvals.py ApprovalRecords actions waiting for a person, approvals ahead  (db.approvals)
     sponsor.py   SponsorRecords  agents' refusals per rule and day, what they ran (db.sponsor)
     ledger.py    LedgerRecords   what a principal was told and has not acknowledged (db.ledger)
+    moves.py     MoveRecords     pending jobs moved between clusters, intent first (db.moves)
     migrations.py              the numbered schema, rendered per server
     conn.py      Conn          one connection and the SQL the servers spell differently
 
@@ -37,6 +38,7 @@ from corral.core.store.jobs import HELD_REASON, Jobs, Run
 from corral.core.store.ledger import LedgerRecords
 from corral.core.store.memory import MemoryRecords
 from corral.core.store.migrations import MIGRATIONS, migrate, version
+from corral.core.store.moves import MoveRecords
 from corral.core.store.notify import NotifyRecords
 from corral.core.store.read import ReadModel
 from corral.core.store.safety import SafetyRecords
@@ -67,6 +69,7 @@ class Database(Jobs, Accounts, Events, Audit, Signals):
         self.approvals = ApprovalRecords(self.conn)
         self.sponsor = SponsorRecords(self.conn)
         self.ledger = LedgerRecords(self.conn)
+        self.moves = MoveRecords(self.conn)
         self._storage: StorageRecords | None = None
 
     @property

@@ -339,6 +339,27 @@ MIGRATIONS: list[str] = [
     CREATE INDEX ledger_unacked ON ledger(principal, acked, id);
     CREATE INDEX ledger_at ON ledger(at);
     """,
+    # 19: moves of pending jobs between clusters, recorded before the job is touched
+    # (corral/core/store/moves.py, corral/control/rebalance.py)
+    """
+    CREATE TABLE moves (
+        job_id INTEGER PRIMARY KEY,
+        src TEXT NOT NULL,
+        src_id TEXT NOT NULL,
+        dst TEXT NOT NULL,
+        why TEXT NOT NULL,
+        at REAL NOT NULL,
+        state TEXT NOT NULL DEFAULT 'open'
+    );
+    """,
+    # 20: approvals of actions other than submissions: what to carry out once approved
+    # (the verb's arguments), when it was taken to be, and what came of it
+    # (corral/gateway/approvals.py)
+    """
+    ALTER TABLE approvals ADD COLUMN args TEXT;
+    ALTER TABLE approvals ADD COLUMN done_at REAL;
+    ALTER TABLE approvals ADD COLUMN outcome TEXT;
+    """,
 ]
 
 
@@ -410,9 +431,17 @@ def version(conn: Conn) -> int:
 
 def migrate(conn: Conn) -> None:
     """Run the migrations this store has not run yet, each in one transaction. On
-    PostgreSQL an advisory lock makes two gateways starting together take turns."""
-    if version(conn) >= len(MIGRATIONS):
-        return
+    PostgreSQL an advisory lock makes two gateways starting together take turns. A store
+    a newer corral has used is refused; an early migration 3's is repaired (upgrade.py)."""
+    from corral.core.store import upgrade  # it reads this module's source for the migrations' titles
+
+    upgrade.guard(conn)
+    if version(conn) < len(MIGRATIONS):
+        _run(conn)
+    upgrade.repair(conn)
+
+
+def _run(conn: Conn) -> None:
     with conn.transaction():
         if conn.pg:
             conn.execute("SELECT pg_advisory_xact_lock(7262)")  # 'corral's migrations'
