@@ -1,6 +1,8 @@
 """Delivery: one try, bounded by a timeout, raising ``Undelivered`` with why on failure.
 A webhook follows no redirect (a person's URL could otherwise send the gateway elsewhere
-than the hosts the site allows); SMTP runs in a thread (smtplib blocks)."""
+than the hosts the site allows) and connects to the one address its host resolved to when
+it was judged (corral/core/destinations.py: a name a wildcard allows may not lead to the
+gateway's own loopback); SMTP runs in a thread (smtplib blocks)."""
 
 from __future__ import annotations
 
@@ -13,15 +15,27 @@ from email.utils import formatdate, make_msgid
 import httpx
 
 from corral.core.config import NotifySettings
+from corral.core.destinations import Refused, pin
 
 
 class Undelivered(Exception):
     pass
 
 
-async def webhook(client: httpx.AsyncClient, url: str, headers: dict[str, str], body: bytes, timeout: float) -> None:
+async def webhook(client: httpx.AsyncClient, url: str, headers: dict[str, str], body: bytes, timeout: float,
+                  allow: list[str]) -> None:
+    target = httpx.URL(url)
     try:
-        r = await client.post(url, content=body, headers=headers, timeout=timeout, follow_redirects=False)
+        address = await asyncio.to_thread(pin, target.host, target.port or (443 if target.scheme == "https" else 80),
+                                          allow)
+    except Refused as e:
+        raise Undelivered(str(e)) from None
+    # Host names the site, SNI and the certificate's check the name; the socket the address.
+    headers = {**headers, "Host": target.netloc.decode("ascii")}
+    extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
+    try:
+        r = await client.post(target.copy_with(host=address), content=body, headers=headers, timeout=timeout,
+                              follow_redirects=False, extensions=extensions)
     except httpx.HTTPError as e:
         raise Undelivered(f"{type(e).__name__}: {e}".strip()) from None
     if not 200 <= r.status_code < 300:

@@ -245,7 +245,8 @@ class Notifier:
                         await channels.email(self.site, target, subject, body, rows[0]["key"])
                     else:
                         headers, payload = compose.webhook_body(channel.partition(":")[2], subject, body, rows)
-                        await channels.webhook(self._http(), target, headers, payload, self.site.timeout_s)
+                        await channels.webhook(self._http(), target, headers, payload, self.site.timeout_s,
+                                               self.site.webhook_hosts)
                 except channels.Undelivered as e:
                     self._failed(rows, str(e))
                     return

@@ -211,6 +211,8 @@ def _plugin() -> Any:
     from proxy.http.parser import HttpParser
     from proxy.http.proxy import HttpProxyBasePlugin
 
+    from corral.core.destinations import Refused, pin
+
     allow = [a for a in os.environ.get("CORRAL_EGRESS_ALLOW", "").split(",") if a]
 
     class AllowHosts(HttpProxyBasePlugin):
@@ -222,7 +224,17 @@ def _plugin() -> Any:
                 raise HttpRequestRejected(status_code=403, reason=b"Forbidden", body=(
                     f"corral: {host}:{port} is not on this facility's egress allow-list; "
                     "ask the admin to add it to [sandbox] allow_hosts\n").encode())
+            try:  # resolved once, connected to as resolved (corral/core/destinations.py)
+                pinned = pin(host, port, allow)
+            except Refused as e:
+                log.warning("egress refused: %s", e)
+                raise HttpRequestRejected(status_code=403, reason=b"Forbidden", body=(
+                    f"corral: {e}; ask the admin to name it exactly in [sandbox] allow_hosts\n").encode()) from None
+            self.__dict__.setdefault("_pinned", {})[(host, port)] = pinned
             return request
+
+        def resolve_dns(self, host: str, port: int) -> tuple[Optional[str], None]:
+            return self.__dict__.get("_pinned", {}).get((host, port)), None
 
     return AllowHosts
 
