@@ -423,9 +423,17 @@ def version(conn: Conn) -> int:
 
 def migrate(conn: Conn) -> None:
     """Run the migrations this store has not run yet, each in one transaction. On
-    PostgreSQL an advisory lock makes two gateways starting together take turns."""
-    if version(conn) >= len(MIGRATIONS):
-        return
+    PostgreSQL an advisory lock makes two gateways starting together take turns. A store
+    a newer corral has used is refused; an early migration 3's is repaired (upgrade.py)."""
+    from corral.core.store import upgrade  # it reads this module's source for the migrations' titles
+
+    upgrade.guard(conn)
+    if version(conn) < len(MIGRATIONS):
+        _run(conn)
+    upgrade.repair(conn)
+
+
+def _run(conn: Conn) -> None:
     with conn.transaction():
         if conn.pg:
             conn.execute("SELECT pg_advisory_xact_lock(7262)")  # 'corral's migrations'

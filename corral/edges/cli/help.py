@@ -12,7 +12,7 @@ SECTIONS: list[tuple[str, list[str]]] = [
     ("Storage", ["env", "workspace"]),
     ("Agent tools", ["agent", "mcp", "risk"]),
     ("Sponsors", ["sponsor", "approvals", "notify"]),
-    ("Admin", ["serve", "doctor", "config", "principal", "token", "policy", "audit", "sandbox", "slurm"]),
+    ("Admin", ["serve", "doctor", "backup", "restore", "migrate", "config", "principal", "token", "policy", "audit", "sandbox", "slurm"]),
     ("Analysis (offline, no gateway)", ["analyze", "synth", "simulate"]),
 ]
 """Every command, once, in the order a reader meets them."""
@@ -23,6 +23,7 @@ SUMMARIES: dict[str, str] = {
     "analyze": "Measure what agents take of a facility, from its accounting data.",
     "approvals": "Approve or decline what your agents asked to do where the facility's policy says a person must answer first (a rule with @ask(\"sponsor\")).",
     "audit": "The audit chain: every decision (submit, cancel), allowed or refused, tamper-evident.",
+    "backup": "Back up a gateway's state (store, keys, identities, audit) while it serves.",
     "config": "The configuration: every key's reference, and a check of a corral.toml.",
     "control": "Hold, release, requeue or signal a job, where its lane can.",
     "doctor": "Check this host before serving: Slurm, accounting, job_submit.lua, munge, the clock, bubblewrap, user namespaces, seccomp, the dynamic uid range, the store, free disk, TLS.",
@@ -31,8 +32,10 @@ SUMMARIES: dict[str, str] = {
     "principal": "Register and list principals: humans, agents (with a sponsor) and services.",
     "notify": "Be told when your agents' jobs end, their budgets run low or the policy refuses them.",
     "plan": "What submitting this job would do, without submitting it: the verdict, its lane, and at a facility of several clusters every cluster and partition ranked (Slurm's start estimate, the SUs, and why one does not fit).",
+    "migrate": "Bring the store's schema up to this corral's; --check says what would run.",
     "recall": "Search the notes you may read, best match first: by their words and by their meaning, so a question finds a note worded otherwise.",
     "remember": "Write a note for later sessions: a fix, a pitfall, what works here.",
+    "restore": "Restore a backup onto a fresh home, its audit chain verified first.",
     "risk": "Tag shell commands by what they risk, and give the policy's decision for an agent.",
     "sandbox": "Show the facility's job sandbox, or try a command inside it.",
     "simulate": "Simulate a facility with agents as ordinary users, through corral, and banned.",

@@ -85,6 +85,8 @@ LAZY = {
     "workspace": "corral.edges.cli.storage_commands:workspace",
     "principal": "corral.edges.cli.principal_commands:principal", "config": "corral.edges.cli.config_commands:config",
     "doctor": "corral.edges.cli.doctor_commands:doctor",
+    "backup": "corral.edges.cli.ops_commands:backup", "restore": "corral.edges.cli.ops_commands:restore",
+    "migrate": "corral.edges.cli.ops_commands:migrate",
     "notify": "corral.edges.cli.notify_commands:notify", "approvals": "corral.edges.cli.approval_commands:approvals",
     "sponsor": "corral.edges.cli.sponsor_commands:sponsor",
 }
