@@ -379,6 +379,7 @@ SLURM_FILES = {f"tests/{name}.py" for name in (
 """Test files whose tests take turns on the private Slurm (slurm_turn; test_compat's corpus
 takes one for the module): run on one worker."""
 SLURM_TESTS = {
+    "tests/test_backup.py::test_a_backup_restored_on_a_fresh_home_verifies_and_reconciles_slurm",
     "tests/test_bounds_hold.py::test_a_contained_batch_job_works_in_its_bounded_tmp_on_slurm",
     "tests/test_bounds_reads.py::test_fifos_and_links_in_a_job_directory_never_stall_the_gateway",
     "tests/test_doctor.py::test_a_good_host_passes_against_the_private_slurm",
