@@ -75,6 +75,21 @@ class ApprovalNeeded(Forbidden):
     code = "approval_required"
 
 
+class ApprovalPending(Forbidden):
+    """An action other than a submission that a rule asks a person to approve, recorded
+    to be carried out once when they do (corral/gateway/approvals.py): not done yet, and
+    not refused either. ``approval``: its id, who answers, until when, under which rule."""
+
+    code = "approval_pending"
+
+    def __init__(self, message: str, approval: dict[str, Any], **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.approval = approval
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "approval": self.approval}
+
+
 class NotFound(CorralError):
     status = 404
     code = "not_found"

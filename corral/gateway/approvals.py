@@ -8,18 +8,30 @@ event (released and run, or CANCELLED "declined by alice: ..." / "approval expir
 agent cannot release them itself. The sponsor answers with ``corral approvals``, over HTTP,
 or through a single-use link in their notification; an answer is recorded in the audit
 with who gave it. A sponsor may approve a rule ahead for one session of one agent.
+
+Any other action a rule asks about (a cancel, a job's control, a workspace's fork, commit
+or discard, a note) waits the same way, around the verb's own gate check (``asking``):
+recorded with its arguments, refused for now with who must answer and until when
+(``ApprovalPending``); approved, corral carries it out once, as the agent, with that one
+rule passed (``claim`` makes it once: a second answer or a sweep after a restart finds it
+taken); declined or expired, nothing is done. Either way the agent is told in its ledger
+(what rides on its next answer). A read has nothing to carry out later: a rule that asks
+about one refuses it, and says the sponsor can approve the rule ahead for the session.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import json
 import logging
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
-from corral.core.errors import ApprovalNeeded, Conflict, Forbidden, InvalidRequest, NotFound
+from corral.core.errors import ApprovalNeeded, ApprovalPending, Conflict, CorralError, Forbidden, InvalidRequest, \
+    NotFound
 from corral.core.jobs import Job, JobState, parse_duration_s
 from corral.core.principals import CORRAL_PRINCIPAL, Caller, Kind, Principal
 from corral.safety.gate import APPROVED
@@ -36,6 +48,24 @@ SWEEP_S = 5.0
 
 def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+Asking = Callable[[Caller, str, dict[str, Any], str], ContextManager[None]]
+"""``asking(caller, action, args, summary)``: the context a verb's gate check runs in."""
+
+CARRIED = ("cancel", "control", "workspace_fork", "workspace_commit", "workspace_discard", "write_note")
+"""The actions besides submissions that wait for an answer and are carried out on approval."""
+
+
+def _until(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(at))
+
+
+@contextlib.contextmanager
+def not_asking(caller: Caller, action: str, args: dict[str, Any], summary: str) -> Iterator[None]:
+    """What a verb's part uses before the approvals are assembled (a part tested alone):
+    a rule that asks stays a refusal."""
+    yield
 
 
 def link_matches(row: dict[str, Any] | None, token: str) -> bool:
@@ -87,13 +117,100 @@ class ApprovalVerbs:
                             hint="ask the facility's admins")
         return p.sponsor
 
+    @contextlib.contextmanager
+    def asking(self, caller: Caller, action: str, args: dict[str, Any], summary: str) -> Iterator[None]:
+        """Around a verb's gate check: a rule that asks the sponsor records ``action`` with
+        ``args`` (what carries it out later) and refuses it for now, saying who answers and
+        until when. The same action asked again while it waits is the same approval."""
+        assert action in CARRIED, action
+        try:
+            yield
+        except ApprovalNeeded as asked:
+            raise self._hold(caller, action, args, summary, asked) from None
+
+    def _hold(self, caller: Caller, action: str, args: dict[str, Any], summary: str,
+              asked: ApprovalNeeded) -> ApprovalPending:
+        sponsor = self._approver(caller.principal)
+        rule = asked.rule or "policy"
+        args = {**args, "_token": caller.token_id}
+        row = self.db.approvals.pending_like(caller.name, action, json.dumps(args, sort_keys=True))
+        if row is None:
+            now = time.time()
+            link = secrets.token_urlsafe(24)
+            jobs = list(args.get("job_ids") or ([args["job_id"]] if "job_id" in args else []))
+            aid = self.db.approvals.add(caller.name, sponsor, caller.session, action, rule, jobs, summary[:500], now,
+                                        now + self.wait_s, _hash(link), json.loads(json.dumps(args, sort_keys=True)))
+            self.service.audit.record(caller, action, "ask", rule, [{"approval": aid, "sponsor": sponsor,
+                                                                      **{k: v for k, v in args.items() if k[0] != "_"}}])
+            self.service.notify.notifier.approval(aid, caller.name, sponsor, rule, summary, _until(now + self.wait_s),
+                                                  link)
+            row = self.db.approvals.get(aid)
+            assert row is not None
+        until = _until(row["expires"])
+        return ApprovalPending(
+            f"{summary}: waits for approval #{row['id']} by {sponsor} until {until} (rule {rule}); not done yet: "
+            "corral does it once when they approve, and tells you either way",
+            {"id": row["id"], "sponsor": sponsor, "expires": row["expires"], "rule": rule, "state": "pending"},
+            hint="nothing to do now; it arrives in your ledger (since your last call) when they answer; "
+                 "see it: corral approvals list", rule=rule)
+
+    async def _carry_out(self, row: dict[str, Any]) -> str | None:
+        """The approved action, once (None: another caller took it), as the agent, with
+        that one rule passed; -> what came of it, which the agent is told."""
+        if not self.db.approvals.claim(row["id"], time.time()):
+            return None
+        args = dict(row["args"] or {})
+        caller = self._as_agent(row["principal"], row["session"], str(args.pop("_token", "approval")))
+        token = APPROVED.set(frozenset({row["rule"]}))
+        try:
+            outcome = "done: " + await self._replay(caller, row["action"], args)
+        except CorralError as e:
+            outcome = f"not done: {e.message}"
+        except Exception as e:  # noqa: BLE001 - recorded and told, not lost in a log
+            log.exception("approvals: carrying out #%s failed", row["id"])
+            outcome = f"not done: {type(e).__name__}"
+        finally:
+            APPROVED.reset(token)
+        self.db.approvals.finish(row["id"], outcome)
+        self._tell(row, f"approval #{row['id']} ({row['summary'][:120]}): approved by {row['decided_by'] or '?'}; "
+                        + outcome)
+        return outcome
+
+    async def _replay(self, caller: Caller, action: str, args: dict[str, Any]) -> str:
+        s = self.service
+        if action == "cancel":
+            jobs = await s.cancel(caller, [int(j) for j in args["job_ids"]])
+            return ", ".join(f"job {j.id} cancelled" for j in jobs)  # its end arrives as its own event
+        if action == "control":
+            job = await s.control(caller, int(args["job_id"]), str(args["action"]), args.get("signal"))
+            return f"job {job.id} {args['action']}: {job.state.value}"
+        if action.startswith("workspace_"):
+            out = await s.storage.workspace(caller, action.removeprefix("workspace_"), **args)
+            return json.dumps({k: out.get(k) for k in ("workspace", "state") if k in out})
+        note = s.memory.remember(caller, **args)
+        return f"note {note['id']} written"
+
+    def _as_agent(self, name: str, session: str | None, token_id: str) -> Caller:
+        p = self.db.get_principal(name)
+        if p is None:
+            raise NotFound(f"principal {name!r} is gone")
+        return Caller(p, session, token_id, frozenset([p.name, *self.db.sponsored_by(p.name)]))
+
+    def _tell(self, row: dict[str, Any], text: str) -> None:
+        """The agent's ledger: carried on its next answers until it acknowledges it."""
+        job = row["jobs"][0] if len(row["jobs"]) == 1 else None
+        self.db.ledger.add([(f"approval:{row['id']}:{row['state']}", row["principal"], "approval", job, text[:500],
+                             time.time())])
+
     # -- the sponsor's side ----------------------------------------------------------------
     def listing(self, caller: Caller, state: str | None = "pending", limit: int = 50) -> dict[str, Any]:
         if state not in (None, "pending", "approved", "declined", "expired"):
             raise InvalidRequest(f"state {state!r} is unknown; use pending, approved, declined or expired")
         names = None if caller.principal.is_admin else sorted(caller.visible | {caller.name})
         rows = self.db.approvals.listing(names, state, limit)
-        return {"approvals": [{k: v for k, v in r.items() if k != "link_hash"} for r in rows]}
+        return {"approvals": [{**{k: v for k, v in r.items() if k != "link_hash"},
+                               "args": {k: v for k, v in (r["args"] or {}).items() if k[0] != "_"} or None}
+                              for r in rows]}
 
     async def decide(self, caller: Caller, approval_id: int, approve: bool, note: str | None = None) -> dict[str, Any]:
         row = self.db.approvals.get(approval_id)
@@ -121,13 +238,22 @@ class ApprovalVerbs:
         self.service.audit.record(caller, "approve" if state == "approved" else "decline", "allow", row["rule"],
                                   [{"approval": row["id"], "agent": row["principal"], "jobs": row["jobs"],
                                     **({"note": note[:200]} if note else {})}])
-        if state == "approved":
+        why = f"declined by {caller.name}" + (f": {note[:200]}" if note else "")
+        outcome = None
+        if row["action"] != "submit":
+            row = {**row, "state": state, "decided_by": caller.name}
+            if state == "approved":
+                outcome = await self._carry_out(row)
+            else:
+                self._tell(row, f"approval #{row['id']} ({row['summary'][:120]}): {why}; not done")
+        elif state == "approved":
             for j in row["jobs"]:
                 self.db.set_held(j, False, f"approved by {caller.name}; waiting to be sent")
             self.service.reconciler.kick()
         else:
-            await self._end(row["jobs"], f"declined by {caller.name}" + (f": {note[:200]}" if note else ""))
-        return {"approval": row["id"], "state": state, "by": caller.name, "jobs": row["jobs"]}
+            await self._end(row["jobs"], why)
+        return {"approval": row["id"], "state": state, "by": caller.name, "jobs": row["jobs"],
+                **({"outcome": outcome} if outcome else {})}
 
     async def _end(self, job_ids: list[int], reason: str) -> None:
         s = self.service
@@ -163,7 +289,13 @@ class ApprovalVerbs:
                     if self.db.approvals.decide(row["id"], "expired", CORRAL_PRINCIPAL, time.time(), None):
                         self.service.audit.record(corral, "decline", "allow", row["rule"],
                                                   [{"approval": row["id"], "expired": True, "jobs": row["jobs"]}])
-                        await self._end(row["jobs"], f"approval #{row['id']} by {row['sponsor']} expired unanswered")
+                        why = f"approval #{row['id']} by {row['sponsor']} expired unanswered"
+                        if row["action"] == "submit":
+                            await self._end(row["jobs"], why)
+                        else:
+                            self._tell({**row, "state": "expired"}, f"{why} ({row['summary'][:120]}); not done")
+                for row in self.db.approvals.unclaimed():  # approved, and the gateway stopped before doing it
+                    await self._carry_out(row)
             except Exception:  # noqa: BLE001 - the next sweep tries again
                 log.exception("approvals: expiry sweep failed")
             await asyncio.sleep(SWEEP_S)

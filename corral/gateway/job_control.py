@@ -32,6 +32,7 @@ from corral.safety.audit import Audit
 from corral.safety.gate import Gate, job_resource
 
 from corral.core.signals import SIGNALS
+from corral.gateway.approvals import Asking, not_asking
 
 
 def parse_signal(value: str | int | None) -> int:
@@ -54,6 +55,8 @@ def parse_signal(value: str | int | None) -> int:
 class JobControl:
     def __init__(self, db: Database, lanes: Lanes, gate: Gate, audit: Audit, reconciler: Reconciler) -> None:
         self.db, self.lanes, self.gate, self.audit, self.reconciler = db, lanes, gate, audit, reconciler
+        self.asking: Asking = not_asking
+        """Where a rule that asks the sponsor holds the action (ApprovalVerbs.asking, set at assembly)."""
 
     async def control(self, caller: Caller, job: Job, action: str, signal: str | int | None = None) -> Job:
         """Hold, release, requeue or signal ``job`` (the caller's, already looked up)."""
@@ -64,7 +67,9 @@ class JobControl:
             sig = parse_signal(signal) if action == "signal" else None
             if action != "signal" and signal is not None:
                 raise InvalidRequest(f"a signal goes with action 'signal', not {action!r}; leave it out")
-            rule = self.gate.check(caller, "cancel", "Job", {"id": job.id, **job_resource(job.spec, job.principal)})
+            with self.asking(caller, "control", {"job_id": job.id, "action": action, "signal": signal},
+                             f"{action} job {job.id}" + (f" with {signal}" if signal is not None else "")):
+                rule = self.gate.check(caller, "cancel", "Job", {"id": job.id, **job_resource(job.spec, job.principal)})
             if job.terminal:
                 raise InvalidRequest(f"job {job.id} has ended ({job.state.value}); {action} applies to a pending "
                                      "or running job", hint="submit it again to run it again")

@@ -12,6 +12,7 @@ from corral.core.errors import Conflict, CorralError, InvalidRequest
 from corral.core.text import text_problem
 from corral.core.jobs import JobSpec, JobState, no_job, parse_duration_s
 from corral.core.principals import PILOT_PRINCIPAL, Caller, Principal
+from corral.gateway.approvals import Asking, not_asking
 from corral.safety import guard
 
 if TYPE_CHECKING:
@@ -36,6 +37,8 @@ class MemoryVerbs:
                  facts: "Facts", store: "Memory | None", semantic: "SemanticRecall | None" = None) -> None:
         self.settings, self.db, self.gate, self.audit, self.lanes = settings, db, gate, audit, lanes
         self.facts, self.store, self.semantic = facts, store, semantic
+        self.asking: Asking = not_asking
+        """Where a rule that asks the sponsor holds a note (ApprovalVerbs.asking, set at assembly)."""
 
     async def prepare(self, spec: JobSpec) -> None:
         """The costly part of ``advise`` for a long text, done off the event loop."""
@@ -102,7 +105,9 @@ class MemoryVerbs:
                 if job is None or not caller.sees(job.principal):
                     raise no_job(job_id)
             mem = self._mem()
-            rule = self.gate.check(caller, "write_note", "Note", {"scope": scope, "author": caller.name})
+            with self.asking(caller, "write_note", {"text": text, "scope": scope, "expires": expires, "job_id": job_id},
+                             f"write a note for scope {scope}: {text[:80]!r}"):
+                rule = self.gate.check(caller, "write_note", "Note", {"scope": scope, "author": caller.name})
             try:
                 ttl = parse_duration_s(expires, "expiry") if expires else None
             except ValueError as e:

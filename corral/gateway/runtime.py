@@ -195,6 +195,7 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
         egress=egress, identities=identities)
     service.notify = NotifyVerbs(settings.notify, db, audit, notifier)
     service.approvals = ApprovalVerbs(service, settings.notify.approval_wait_s)
+    service.jobctl.asking = service.storage.asking = service.memory.asking = service.approvals.asking
     service.sponsor_view = sponsor_view
     service.runtime = Runtime(service, backend)
     return service

@@ -299,8 +299,11 @@ class Service:
         with self.audit.refusals(caller, "cancel", {"job_ids": job_ids[:100]}):
             jobs = [self.get_job(caller, j) for j in job_ids]
             rule = "own-or-sponsored"
-            for j in jobs:
-                rule = self.gate.check(caller, "cancel", "Job", {"id": j.id, **job_resource(j.spec, j.principal)})
+            with self.approvals.asking(caller, "cancel", {"job_ids": [j.id for j in jobs]},
+                                       "cancel job" + ("s " if len(jobs) > 1 else " ")
+                                       + ", ".join(str(j.id) for j in jobs[:20])):
+                for j in jobs:
+                    rule = self.gate.check(caller, "cancel", "Job", {"id": j.id, **job_resource(j.spec, j.principal)})
         self.audit.record(caller, "cancel", "allow", rule, [{"job_id": j.id, "backend_id": j.backend_id}
                                                             for j in jobs])
         by_lane: dict[str, list[str]] = {}

@@ -33,6 +33,7 @@ from corral.core.errors import Forbidden, InvalidRequest
 from corral.core.jobs import JobSpec
 from corral.core.principals import Caller
 from corral.storage import IMAGE_AT, IMAGE_FILE, IMAGE_KEY, META_LABEL, OWN_LABELS, WS_DIR, WS_LOWER, meta
+from corral.gateway.approvals import Asking, not_asking
 from corral.gateway.images import Images
 from corral.storage.workspaces import Workspaces
 
@@ -76,6 +77,8 @@ class StorageVerbs:
                  owner: "Callable[[Caller], Identity | None] | None" = None) -> None:
         self.settings, self.db, self.lanes, self.audit, self.metrics = settings, db, lanes, audit, metrics
         self.gate = gate
+        self.asking: Asking = not_asking
+        """Where a rule that asks the sponsor holds a workspace's change (ApprovalVerbs.asking)."""
         self.scratch = scratch_dir(settings, home)
         self.store = db.storage
         self.images = Images(settings, home, self.scratch, db, self.store, lanes, intake, owner, sandbox, gate.admit)
@@ -148,8 +151,10 @@ class StorageVerbs:
         with self.audit.refusals(caller, f"workspace.{verb}", args):
             base = args.get("base") if verb == "fork" else \
                 (await asyncio.to_thread(self.workspaces._row, caller, args["ws_id"]))["base"]
-            rule = self._decide(caller, f"workspace_{verb}", "Workspace", {"base": str(base or "")},
-                                f"workspace.{verb}", {**args, "base": base})
+            with self.asking(caller, f"workspace_{verb}", args, f"{verb} workspace "
+                             + str(args.get("ws_id") or args.get("base")) + (f" into {base}" if verb == "commit" else "")):
+                rule = self._decide(caller, f"workspace_{verb}", "Workspace", {"base": str(base or "")},
+                                    f"workspace.{verb}", {**args, "base": base})
             out = await asyncio.to_thread(fn, caller, **args)
         self.audit.record(caller, f"workspace.{verb}", "done", rule,  # what the act did (a commit: the files)
                           [{k: out.get(k) for k in ("workspace", "base", "state", "added", "modified", "deleted")

@@ -339,6 +339,8 @@ class Audit:
         try:
             yield
         except CorralError as e:
+            if e.code == "approval_pending":  # not refused: recorded as asked where it was held
+                raise
             extra = {"reason": e.message[:200], **({"risk_tags": e.tags} if e.tags else {})}
             self.record(caller, action, "deny", e.rule or e.code, [{**resource, **extra}])
             raise

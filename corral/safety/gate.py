@@ -284,8 +284,8 @@ class Gate:
                 decision = policy.decide(req)
                 self._remember(pkey, decision)
             rule = decision.rule
-            if not decision.allowed and decision.ask and action == "submit":
-                return self._asked(caller, decision.rule, decision.ask)
+            if not decision.allowed and decision.ask:
+                return self._asked(caller, action, decision.rule, decision.ask)
             if not decision.allowed:
                 nearest = self._cached(("nearest", pkey))
                 if nearest is None:  # asked of the policy once per distinct refusal, not per retry
@@ -306,17 +306,20 @@ class Gate:
             raise
         return rule
 
-    def _asked(self, caller: Caller, rule: str, who: str) -> str:
-        """A rule that asks a person: allowed when this submission is the approved one
-        (``APPROVED``) or the sponsor approved the rule ahead for this session; else
-        ApprovalNeeded, which the service turns into a job waiting for that person."""
+    def _asked(self, caller: Caller, action: str, rule: str, who: str) -> str:
+        """A rule that asks a person: allowed when this is the approved action being carried
+        out (``APPROVED``) or the sponsor approved the rule ahead for this session; else
+        ApprovalNeeded, which the verb turns into its action waiting for that person
+        (gateway/approvals.py); a verb that cannot wait (a read) lets it through as a refusal."""
         if rule in APPROVED.get():
             return f"{rule}:approved"
         by = self.db.approvals.allowed(caller.name, caller.session, rule, self.clock.time())
         if by is not None:
             return f"{rule}:approved-ahead-by-{by}"
-        raise ApprovalNeeded(f"the facility policy's rule '{rule}' asks your {who} to approve this",
-                             hint=f"it waits for your {who}'s answer; you are told when it comes", rule=rule)
+        raise ApprovalNeeded(f"the facility policy's rule '{rule}' asks your {who} to approve {action}",
+                             hint=f"your {who} can approve this rule ahead for your session (corral approvals "
+                                  f"ahead {caller.name} --session {caller.session or 'SESSION'} --rule {rule})",
+                             rule=rule)
 
     def check_status(self, caller: Caller) -> None:
         """``check`` for reading jobs, at the rate agents poll: the answer for a token,

@@ -10,12 +10,13 @@ from typing import Any
 from corral.core.store.conn import Conn
 
 COLS = ("id, principal, sponsor, session, action, rule, jobs, summary, created, expires, state, decided_by, "
-        "decided_at, note, link_hash")
+        "decided_at, note, link_hash, args, done_at, outcome")
 
 
 def _row(r: Any) -> dict[str, Any]:
     out = dict(zip(COLS.split(", "), r))
     out["jobs"] = json.loads(out["jobs"])
+    out["args"] = json.loads(out["args"]) if out["args"] else None
     return out
 
 
@@ -24,12 +25,33 @@ class ApprovalRecords:
         self.conn = conn
 
     def add(self, principal: str, sponsor: str, session: str | None, action: str, rule: str, jobs: list[int],
-            summary: str, created: float, expires: float, link_hash: str) -> int:
+            summary: str, created: float, expires: float, link_hash: str, args: dict[str, Any] | None = None) -> int:
         row = self.conn.one(
             "INSERT INTO approvals (principal, sponsor, session, action, rule, jobs, summary, created, expires, state, "
-            "link_hash) VALUES (?,?,?,?,?,?,?,?,?,'pending',?) RETURNING id",
-            (principal, sponsor, session, action, rule, json.dumps(jobs), summary, created, expires, link_hash))
+            "link_hash, args) VALUES (?,?,?,?,?,?,?,?,?,'pending',?,?) RETURNING id",
+            (principal, sponsor, session, action, rule, json.dumps(jobs), summary, created, expires, link_hash,
+             json.dumps(args) if args is not None else None))
         return int(row[0])
+
+    def pending_like(self, principal: str, action: str, args: str) -> dict[str, Any] | None:
+        """The pending approval of this very action (``args`` as stored), if one waits."""
+        r = self.conn.one(f"SELECT {COLS} FROM approvals WHERE state='pending' AND principal=? AND action=? AND args=?",
+                          (principal, action, args))
+        return _row(r) if r else None
+
+    def claim(self, approval_id: int, at: float) -> bool:
+        """An approved action taken to be carried out: by one caller, once (-> whether this one)."""
+        return self.conn.execute("UPDATE approvals SET done_at=? WHERE id=? AND state='approved' AND done_at IS NULL "
+                                 "AND action != 'submit'", (at, approval_id)).rowcount == 1
+
+    def finish(self, approval_id: int, outcome: str) -> None:
+        self.conn.execute("UPDATE approvals SET outcome=? WHERE id=?", (outcome[:500], approval_id))
+
+    def unclaimed(self) -> list[dict[str, Any]]:
+        """Approved actions not yet taken to be carried out (the gateway stopped in between)."""
+        return [_row(r) for r in self.conn.all(
+            f"SELECT {COLS} FROM approvals WHERE state='approved' AND done_at IS NULL AND action != 'submit' "
+            "ORDER BY id LIMIT 200")]
 
     def get(self, approval_id: int) -> dict[str, Any] | None:
         r = self.conn.one(f"SELECT {COLS} FROM approvals WHERE id=?", (approval_id,))

@@ -352,6 +352,14 @@ MIGRATIONS: list[str] = [
         state TEXT NOT NULL DEFAULT 'open'
     );
     """,
+    # 20: approvals of actions other than submissions: what to carry out once approved
+    # (the verb's arguments), when it was taken to be, and what came of it
+    # (corral/gateway/approvals.py)
+    """
+    ALTER TABLE approvals ADD COLUMN args TEXT;
+    ALTER TABLE approvals ADD COLUMN done_at REAL;
+    ALTER TABLE approvals ADD COLUMN outcome TEXT;
+    """,
 ]
 
 
