@@ -373,7 +373,8 @@ def test_the_plots_figures_from_jobs_times(tmp_path: Path) -> None:
         "VALUES (?, NULL, ?, 'x', ?, ?, ?, ?, ?)",
         [(w, lane, st, s, b, e, json.dumps({"command": "true", "cpus": c})) for w, lane, st, s, b, e, c in jobs])
     backend = SimpleNamespace(partitions=lambda: [Partition("local", 4, 8000, 0, 3600, default=True)])
-    service = SimpleNamespace(db=db, lanes=SimpleNamespace(batch=SimpleNamespace(backend=backend, name="local")))
+    service = SimpleNamespace(db=db, lanes=SimpleNamespace(batch=SimpleNamespace(backend=backend, name="local")),
+                              board_figures=SimpleNamespace(over=lambda since: []))  # no saved samples yet
     svg = History(service).plots(now, None)  # type: ignore[arg-type]
 
     def lines(name: str) -> dict[str, list[float]]:

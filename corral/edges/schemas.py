@@ -214,6 +214,26 @@ class BudgetOut(_Out):
         "submits_per_min. Empty: the token has no limits."))
 
 
+class SavedOut(_Out):
+    fast_lane_tasks: int = Field(description="Tasks run in the fast lane (a sponsor: their agents' and their own).")
+    their_scheduler_jobs: int = Field(description="Scheduler jobs (the pilots' allocations) that carried them.")
+    backends: list[dict[str, Any]] | None = Field(None, description=(
+        "Admins: the batch backend's row: jobs (sbatch), reads (queries), cancels (scancel), without_corral (their "
+        "sum: what clients would have asked), corral_asked and by_command (what corral ran; 0 and {} without a "
+        "controller), ratio, means (the sentence the dashboard shows)."))
+    over_time: list[dict[str, Any]] | None = Field(None, description=(
+        "Admins: the samples of the last half hour, oldest first (at, without_corral, corral_asked): the "
+        "dashboard's plot of these calls; counters have no past before the gateway started."))
+
+
+class TokenUsageOut(_Out):
+    tokens: list[dict[str, Any]] = Field(description=(
+        "Each limited token block (the last 200 seen) with what it used, then each unlimited token that used "
+        "something: token, principal, sponsor, note, cpu_hours, gpu_hours, active_jobs (a live job charged its "
+        "whole walltime, as admission charges it), and cpu_limit, gpu_limit, active_limit, rate_limit (null: "
+        "no limit)."))
+
+
 class LedgerOut(_Out):
     unacked: list[dict[str, Any]] = Field(description="Oldest first: id, kind (job, budget), job_id, text, at.")
     total: int = Field(description="How many are not acknowledged in all.")

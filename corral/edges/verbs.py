@@ -149,6 +149,12 @@ async def _env_gc(s: Any, c: Any, a: dict[str, Any]) -> dict[str, Any]:
     return {"collected": keys, "dry_run": b.dry_run}
 
 
+def _scope(c: Any) -> Any:
+    from corral.gateway.board_figures import scope
+
+    return scope(c)
+
+
 def _replayed(data: dict[str, Any]) -> int:
     return 201 if data["created"] else 200
 
@@ -258,6 +264,15 @@ VERBS: tuple[Verb, ...] = (
     Verb("facility", "GET", "/v1/facility", lambda s, c, a: s.facility(c), out="FacilityOut", tags=("facility",),
          tool=Tool("facility_info", "What this facility offers you", read_only=True), cli="facility"),
     Verb("budget", "GET", "/v1/budget", lambda s, c, a: s.budget(c), out="BudgetOut", tags=("facility",)),
+    Verb("saved", "GET", "/v1/saved", lambda s, c, a: s.board_figures.report(c), out="SavedOut", tags=("facility",),
+         cli="saved", doc="What corral saved the scheduler: the calls its clients would have made without it "
+                          "against those it made (admins; a sponsor: their agents' fast-lane tasks), and how both "
+                          "grew over the last half hour. The dashboard's figures, from the same function."),
+    Verb("token_usage", "GET", "/v1/tokens/usage",
+         lambda s, c, a: {"tokens": s.board_figures.token_usage(_scope(c))}, out="TokenUsageOut",
+         tags=("tokens",), cli="token usage",
+         doc="What each token used of its limits, and what unlimited tokens used (yours and your agents'; "
+             "admins: all). The dashboard's budgets table, from the same function."),
     Verb("sponsor", "GET", "/v1/sponsor", lambda s, c, a: s.sponsor_view.view(c, a["days"], a["sponsor"]),
          args=("days", "sponsor"), query=("days", "sponsor"), params="SponsorParams", out="SponsorOut",
          tags=("approvals",), cli="sponsor",

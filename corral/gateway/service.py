@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from corral.gateway.accounts import Accounts
 from corral.gateway.admission import Admission, reused
+from corral.gateway.board_figures import BoardFigures
 from corral.core.config import Settings
 from corral.control.events import Events
 from corral.control.intake import Intake, audited
@@ -104,6 +105,8 @@ class Service:
         """The sandbox's egress proxy, when the facility allows some hosts; closed with the gateway."""
         self.identities = identities
         """Who each principal's jobs run as (corral/core/identity.py), where the gateway assigns it."""
+        self.board_figures = BoardFigures(self)
+        """What the dashboard and ``corral saved``/``token usage`` both read (gateway/board_figures.py)."""
         self.runtime: "Loops | None" = None
         self.notify: "NotifyVerbs" = None  # type: ignore[assignment]  # set by the runtime's assembly with the notifier
         self.approvals: "ApprovalVerbs" = None  # type: ignore[assignment]  # likewise (gateway/approvals.py)

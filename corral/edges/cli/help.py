@@ -12,7 +12,7 @@ SECTIONS: list[tuple[str, list[str]]] = [
     ("Storage", ["env", "workspace"]),
     ("Agent tools", ["agent", "mcp", "risk"]),
     ("Sponsors", ["sponsor", "approvals", "notify"]),
-    ("Admin", ["serve", "doctor", "backup", "restore", "migrate", "config", "principal", "token", "policy", "audit", "sandbox", "slurm"]),
+    ("Admin", ["serve", "doctor", "saved", "backup", "restore", "migrate", "config", "principal", "token", "policy", "audit", "sandbox", "slurm"]),
     ("Analysis (offline, no gateway)", ["analyze", "synth", "simulate"]),
 ]
 """Every command, once, in the order a reader meets them."""
@@ -37,12 +37,13 @@ SUMMARIES: dict[str, str] = {
     "remember": "Write a note for later sessions: a fix, a pitfall, what works here.",
     "restore": "Restore a backup onto a fresh home, its audit chain verified first.",
     "risk": "Tag shell commands by what they risk, and give the policy's decision for an agent.",
+    "saved": "What corral saved the scheduler: the calls its clients would have made without it against those it made.",
     "sandbox": "Show the facility's job sandbox, or try a command inside it.",
     "simulate": "Simulate a facility with agents as ordinary users, through corral, and banned.",
     "slurm": "Slurm-side pieces of corral.",
     "sponsor": "What the agents you answer for ran, used and were refused, and what waits for you.",
     "synth": "Write a synthetic facility: a sacct export of human and agent users, with labels.",
-    "token": "Mint, narrow, list and revoke tokens.",
+    "token": "Mint, narrow, list and revoke tokens, and see what each used.",
     "usage": "What a finished job used against what it asked (elapsed, CPU time, peak memory, efficiencies, as seff reports them), and what to ask next time.",
     "workspace": "Copy-on-write trial workspaces: fork a project, let jobs change it, then look at the diff and commit it back, or discard it.",
 }

@@ -88,7 +88,7 @@ LAZY = {
     "backup": "corral.edges.cli.ops_commands:backup", "restore": "corral.edges.cli.ops_commands:restore",
     "migrate": "corral.edges.cli.ops_commands:migrate",
     "notify": "corral.edges.cli.notify_commands:notify", "approvals": "corral.edges.cli.approval_commands:approvals",
-    "sponsor": "corral.edges.cli.sponsor_commands:sponsor",
+    "sponsor": "corral.edges.cli.sponsor_commands:sponsor", "saved": "corral.edges.cli.board_commands:saved",
 }
 """Commands imported when called, not at start (they pull in polars, Cedar, tree-sitter)."""
 

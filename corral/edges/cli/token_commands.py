@@ -34,7 +34,7 @@ def caveat_options(f: F) -> F:
 
 @click.group()
 def token() -> None:
-    """Mint, narrow, list and revoke tokens.
+    """Mint, narrow, list and revoke tokens, and see what each used.
 
     \b
     A token minted for an agent carries restrictions (caveats); whoever holds it may
@@ -46,6 +46,7 @@ def token() -> None:
       corral token mint --for bot --expires 8h --partitions debug --max-cpus 8 --cpu-hours 20
       corral token attenuate --max-cpus 2 --actions submit,status --expires 1h   # of $CORRAL_TOKEN
       corral token list                                      # ids, caveats, taint; never secrets
+      corral token usage                                     # what each used of its limits
       corral token revoke 6eb44e209298474907d2a833
       corral token clear-taint 6eb44e209298474907d2a833      # after reading what tainted it
     """
@@ -111,6 +112,23 @@ def token_list(o: Any) -> None:
     o.out(o.client.tokens(), lambda ts_: table(
         [{**t, "expires": ts(t.get("expires")), "revoked": "yes" if t.get("revoked") else ""} for t in ts_],
         ["id", "principal", "kind", "expires", "revoked", "note"]))
+
+
+@token.command("usage")
+@click.pass_obj
+def token_usage(o: Any) -> None:
+    """What each token used of its limits, and what unlimited tokens used: the dashboard's
+    budgets table. Yours and your agents' (admins: everyone's); a live job counts its whole
+    walltime, as admission charges it."""
+    from corral.edges.cli.kit import table
+
+    def used(v: Any, limit: Any) -> str:
+        return f"{v} of {limit}" if limit is not None else f"{v} (no limit)"
+
+    o.out(o.client.token_usage(), lambda r: table(
+        [{**t, "token": t["token"][:12], "cpu_h": used(t["cpu_hours"], t["cpu_limit"]),
+          "gpu_h": used(t["gpu_hours"], t["gpu_limit"]), "live_jobs": used(t["active_jobs"], t["active_limit"])}
+         for t in r["tokens"]], ["sponsor", "principal", "token", "cpu_h", "gpu_h", "live_jobs"]))
 
 
 @token.command("revoke")

@@ -27,7 +27,7 @@ from corral.core.errors import Forbidden, NotFound
 from corral.safety import guard
 from corral.core.principals import PILOT_PRINCIPAL, Caller
 from corral.edges.dashboard.history import History
-from corral.lanes.registry import FAST
+from corral.gateway.board_figures import scope
 
 if TYPE_CHECKING:
     from corral.gateway.service import Service
@@ -45,10 +45,6 @@ MAX_AGE_S = 5.0
 """The oldest snapshot ever served (the issue's "at most 5 s old")."""
 VERIFY_EVERY_S = 60
 """The audit chain is verified at most this often (it reads the whole log)."""
-READS = ("get_job", "wait", "wait_many", "events", "list_jobs", "output", "usage", "tool_call")
-"""Requests that a client without corral would have answered by asking the scheduler."""
-CANCELS = ("cancel", "cancel_many")
-"""Requests that a client without corral would have sent as an scancel."""
 
 
 class AuditTally:
@@ -111,31 +107,11 @@ class AuditTally:
         return out
 
 
-class JobCounts:
-    """Jobs submitted so far, by (principal, lane), kept by counting only the rows added
-    since the last look: jobs are never deleted, so the first look scans the history
-    once and every later one reads a few new rows (a COUNT over 1M jobs: ~25 ms)."""
-
-    def __init__(self, service: "Service") -> None:
-        self.service = service
-        self.upto = 0
-        self.counts: dict[tuple[str, str], int] = {}
-        self._lock = threading.Lock()
-
-    def refresh(self) -> dict[tuple[str, str], int]:
-        with self._lock:
-            rows = self.service.db.read.submitted_since(self.upto)
-            for who, lane, n, top in rows:
-                self.counts[(who, lane)] = self.counts.get((who, lane), 0) + n
-                self.upto = max(self.upto, top)
-            return dict(self.counts)
-
-
 class Board:
     def __init__(self, service: "Service") -> None:
         self.service = service
         self.tally = AuditTally(service.audit.log.path)
-        self.counts = JobCounts(service)
+        self.figures = service.board_figures
         self.history = History(service)
         self._shared: dict[tuple[str, ...] | None, tuple[float, dict[str, Any]]] = {}
         self._refreshing: set[tuple[str, ...] | None] = set()
@@ -145,7 +121,7 @@ class Board:
 
     def scope(self, caller: Caller) -> frozenset[str] | None:
         """The principals the viewer may see: None for an admin (all)."""
-        return None if caller.principal.is_admin else caller.visible
+        return scope(caller)
 
     async def snapshot(self, caller: Caller) -> dict[str, Any]:
         """The viewer's snapshot, stale-while-revalidate: viewers of one scope share
@@ -223,8 +199,7 @@ class Board:
         states = read.states(now - RECENT_S, names, PILOT_PRINCIPAL)
         rate = {k: round(n / (RATE_WINDOW_S / 60), 2)
                 for k, n in read.submissions_by_kind(now - RATE_WINDOW_S, names, PILOT_PRINCIPAL).items()}
-        saved = self.saved(names)
-        self.history.sample(now, saved)
+        saved = self.figures.saved(names, now)  # corral saved --json's figures (sampled for the plot)
         t0 = time.perf_counter()
         drawn = await asyncio.to_thread(self.history.plots, now, names)
         return {
@@ -237,7 +212,7 @@ class Board:
             "submits_per_min": rate,
             "saved": saved,
             "refusals": self.tally.refusals(names),
-            "budgets": self.budgets(names),
+            "budgets": self.figures.token_usage(names),  # corral token usage --json's
             "tainted": self.tainted(names),
             "audit": self.verified,
             "pools": ([{**lane.describe(), "lane": lane.name,
@@ -247,83 +222,6 @@ class Board:
             "degraded": self.service.reconciler.degraded,
             "storage": await asyncio.to_thread(self.service.storage.board, names),
         }
-
-    def saved(self, names: frozenset[str] | None) -> dict[str, Any]:
-        """What corral spared the scheduler, per backend: the calls its clients would have
-        made without it (an sbatch per job, a query per read of a job, a cancel per
-        cancel) against the calls corral made to that backend's controller. A Slurm
-        backend counts the commands it really ran (a status tick answered from jobs' own
-        reports asks nothing); the local backend has no controller, so it has no ratio,
-        only what the same traffic would have asked of one. Fast-lane tasks are set
-        against the scheduler jobs that carried them. Facility-wide for an admin; a
-        sponsor sees the task counts of their own agents."""
-        counts = self.counts.refresh()
-        fast = sum(n for (who, lane), n in counts.items() if lane == FAST and (names is None or who in names))
-        pilots = sum(n for (who, _), n in counts.items() if who == PILOT_PRINCIPAL)
-        out: dict[str, Any] = {"fast_lane_tasks": fast, "their_scheduler_jobs": pilots}
-        if names is None:
-            out["backends"] = [self._saved_batch(counts)]
-        return out
-
-    def _saved_batch(self, counts: dict[tuple[str, str], int]) -> dict[str, Any]:
-        m = self.service.metrics
-        batch = self.service.lanes.batch
-        looks = {s.labels["op"]: int(s.value) for metric in m.backend_calls.collect() for s in metric.samples
-                 if s.name.endswith("_total")}
-        ops = {s.labels.get("op"): s.value for metric in m.requests.collect() for s in metric.samples
-               if s.name.endswith("_total")}
-        reads = int(sum(v for op, v in ops.items() if op in READS))
-        cancels = int(sum(v for op, v in ops.items() if op in CANCELS))
-        jobs = sum(n for (who, _), n in counts.items() if who != PILOT_PRINCIPAL)
-        without = jobs + reads + cancels
-        controller = batch.controller_calls()
-        row: dict[str, Any] = {"backend": batch.name, "jobs": jobs, "reads": reads, "cancels": cancels,
-                               "without_corral": without, "corral_looks": sum(looks.values())}
-        if controller is None:
-            row.update(corral_asked=0, by_command={}, ratio=None, means=(
-                f"The {batch.name} backend has no scheduler controller: corral runs jobs as its own processes "
-                f"and looked at them {row['corral_looks']} times, which costs no controller anything. On Slurm, "
-                f"clients without corral would have sent its controller {without} calls for this traffic "
-                f"({jobs} sbatch, {reads} {_queries(reads)}, {cancels} scancel)."))
-            return row
-        asked = sum(controller.values())
-        ratio = round(without / asked, 1) if asked else None
-        row.update(corral_asked=asked, by_command=dict(sorted(controller.items())), ratio=ratio, means=(
-            f"Clients without corral would have sent the controller {without} calls ({jobs} sbatch, {reads} "
-            f"{_queries(reads)}, {cancels} scancel; a client that polls while it waits sends more than the one counted). "
-            f"Corral sent {asked}" + (f": {ratio}x fewer." if ratio and ratio >= 1 else
-                                      f": {ratio}x, more than its clients would have (few clients, short "
-                                      f"jobs: its polls are not yet shared by many)." if ratio else ".")))
-        return row
-
-    def budgets(self, names: frozenset[str] | None) -> list[dict[str, Any]]:
-        """Each limited token block with what it used of its limits (CPU- and GPU-hours,
-        live jobs, submissions a minute), then unlimited tokens that used something.
-        Use is charged as ``admit`` charges it: a live job its whole walltime."""
-        store = self.service.gate.store
-        sponsors = self.service.db.read.sponsors()
-        out: list[dict[str, Any]] = []
-        for path, (who, limits) in list(store.limits_seen.items())[-200:]:
-            if names is not None and who not in names:
-                continue
-            cpu_s, gpu_s, active = store.used(path)
-            out.append({"token": path.rsplit("/", 1)[-1], "principal": who, "sponsor": sponsors.get(who) or who,
-                        "note": path, "path": path, "cpu_hours": round(cpu_s / 3600, 3), "gpu_hours": round(gpu_s / 3600, 3),
-                        "active_jobs": active,
-                        "cpu_limit": _hours(limits.get("budget_cpu_s")), "gpu_limit": _hours(limits.get("budget_gpu_s")),
-                        "active_limit": limits.get("max_active_jobs"), "rate_limit": limits.get("submits_per_min")})
-        limited = {b["token"] for b in out}
-        rows = self.service.db.read.live_tokens(names)
-        for tid, who, sponsor, note in rows:
-            if tid in limited:
-                continue
-            cpu_s, gpu_s, active = store.used(tid)
-            if cpu_s or gpu_s or active:
-                out.append({"token": tid, "principal": who, "sponsor": sponsor or who, "note": note, "path": tid,
-                            "cpu_hours": round(cpu_s / 3600, 3), "gpu_hours": round(gpu_s / 3600, 3),
-                            "active_jobs": active, "cpu_limit": None, "gpu_limit": None, "active_limit": None,
-                            "rate_limit": None})
-        return out
 
     def tainted(self, names: frozenset[str] | None) -> list[dict[str, Any]]:
         return self.service.db.read.tainted(names)
@@ -394,14 +292,6 @@ def _job_row(j: Any, episode: dict[str, Any] | None) -> dict[str, Any]:
                          + f", {spec.walltime_s // 60} min",
             **({"signature": episode["signature"], "detail": _shown(episode["detail"])}
                if episode and episode["signature"] else {})}
-
-
-def _queries(n: int) -> str:
-    return "query" if n == 1 else "queries"
-
-
-def _hours(seconds: int | None) -> float | None:
-    return None if seconds is None else round(seconds / 3600, 3)
 
 
 def pool_name(pool: dict[str, Any]) -> str:

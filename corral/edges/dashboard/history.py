@@ -6,15 +6,14 @@ a restarted gateway draws the same past. A job counts where it was during each m
 the queue's depth is the jobs waiting at each minute's end (the last point: now).
 Utilisation is the CPUs that batch jobs held (fast-lane tasks run inside their pools'
 allocations, which are batch jobs: counted once) against the batch backend's CPUs.
-What corral saved the scheduler comes from counters, which have no past: it is sampled
-at each refresh of the board and kept in memory (``SAMPLES`` points)."""
+What corral saved the scheduler comes from counters, which have no past: its samples
+are BoardFigures' (corral/gateway/board_figures.py), which ``corral saved`` answers too."""
 
 from __future__ import annotations
 
 import collections
 import math
-import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from corral.core.principals import PILOT_PRINCIPAL
 from corral.edges.dashboard import plots
@@ -25,30 +24,14 @@ if TYPE_CHECKING:
 
 WINDOW_S = 1800
 BUCKET_S = 60
-SAMPLE_S = 2.0
-"""The saved-calls counters are sampled at most this often."""
-SAMPLES = 1000
 LIVE = ("PENDING", "RUNNING", "UNKNOWN")
+SAVED_LINES = {"clients would have asked": "without_corral", "corral asked the controller": "corral_asked"}
+"""The saved plot's lines, by the key of ``corral saved --json``'s over_time each draws."""
 
 
 class History:
     def __init__(self, service: "Service") -> None:
         self.service = service
-        self.samples: collections.deque[tuple[float, dict[str, float]]] = collections.deque(maxlen=SAMPLES)
-        self._lock = threading.Lock()
-
-    def sample(self, now: float, saved: dict[str, Any]) -> None:
-        """Remember the saved-calls counters of this moment (facility-wide only)."""
-        if "backends" not in saved:
-            return
-        with self._lock:
-            if self.samples and now - self.samples[-1][0] < SAMPLE_S:
-                return
-            # One batch backend per gateway: its controller is the one the fast lane uses too.
-            b = saved["backends"][0]
-            point = {"clients would have asked": float(b["without_corral"]),
-                     "corral asked the controller": float(b["corral_asked"])}
-            self.samples.append((now, point))
 
     def capacity(self) -> int:
         """CPUs of the batch backend: its largest partition's nodes times their CPUs."""
@@ -139,11 +122,11 @@ class History:
             out["utilisation"] = plots.timeseries(
                 "utilisation", f"Share of the {self.service.lanes.batch.name} backend's {cap} CPUs held by jobs",
                 "% of CPUs", times, {"CPUs held by jobs": [round(100 * b / cap, 1) if cap else 0.0 for b in busy]})
-            with self._lock:  # the counters have no past before the gateway started: the line begins there
-                samples = [(t, p) for t, p in self.samples if t >= window[0]]
-            keys = list(samples[-1][1]) if samples else []
+            # the counters have no past before the gateway started: the line begins there
+            samples = self.service.board_figures.over(window[0])
             out["saved"] = plots.timeseries(
                 "saved", "Scheduler calls since start, with and without corral", "calls",
-                [t for t, _ in samples], {k: [p.get(k, 0.0) for _, p in samples] for k in keys}, span=window)
+                [s["at"] for s in samples], {name: [float(s[key]) for s in samples] for name, key in SAVED_LINES.items()}
+                if samples else {}, span=window)
         return out
 

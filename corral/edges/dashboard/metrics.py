@@ -29,7 +29,7 @@ class BoardCollector(Collector):
             live.add_metric([state, lane], n)
         yield live
         kinds = read.kinds()
-        counts = self.board.counts.refresh()
+        counts = self.board.figures.counts.refresh()
         by_kind: dict[str, int] = {}
         for (who, _), n in counts.items():
             if who != PILOT_PRINCIPAL:
@@ -65,7 +65,7 @@ class BoardCollector(Collector):
                                  "sponsor '(all)' for a scrape without an admin token or the scrape secret).",
                                  labels=["sponsor"])
         by_sponsor: dict[str, float] = {}
-        for row in self.board.budgets(None):
+        for row in self.board.figures.token_usage(None):
             if "/" in row["path"]:  # a narrowed token's use is counted in its root's too
                 continue
             by_sponsor[row["sponsor"]] = by_sponsor.get(row["sponsor"], 0.0) + row["cpu_hours"]

@@ -3,8 +3,8 @@ report draws its own, corral/analytics/plots.py): a time axis in the viewer's cl
 value axis with its unit, a legend naming each line. No script draws them: the page's
 poll swaps in new ones, so a plot is as live as the numbers beside it.
 
-Each line carries its figures (``data-values``) and each plot its unit (``data-unit``),
-so a test or a script reads what a person sees."""
+Each line carries its figures (``data-values``) and each plot its unit (``data-unit``)
+and its points' times (``data-times``), so a test or a script reads what a person sees."""
 
 from __future__ import annotations
 
@@ -83,7 +83,8 @@ def timeseries(plot_id: str, title: str, unit: str, times: Sequence[float],
         return TOP + H - v / top * H
 
     out = [f'<svg role="img" aria-label="{esc(title)} ({esc(unit)})" data-plot="{esc(plot_id)}" '
-           f'data-unit="{esc(unit)}" data-span="{t0:.0f},{t1:.0f}" viewBox="0 0 {width} {height}" class="plot">',
+           f'data-unit="{esc(unit)}" data-span="{t0:.0f},{t1:.0f}" data-times="{",".join(f"{t:.3f}" for t in times)}" '
+           f'viewBox="0 0 {width} {height}" class="plot">',
            f'<title>{esc(title)} ({esc(unit)})</title>'
            f'<text x="{LEFT - 34}" y="12" class="title">{esc(title)}</text><g class="axis y" data-label="{esc(unit)}">']
     for k in range(round(top / step) + 1):
