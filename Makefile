@@ -65,6 +65,7 @@ test: $(TEST_STAMP)
 	@scripts/privsep-up --sudo-only || { [ "$$CI" != "true" ] && echo "make test: no sudo; the privileged submitter's tests will skip"; }
 	@scripts/postgres-up >/dev/null || { [ "$$CI" != "true" ] && echo "make test: no PostgreSQL; the store's PostgreSQL tests will skip"; }
 	@scripts/nginx-up || { [ "$$CI" != "true" ] && echo "make test: no nginx; the nginx-in-front test will skip"; }
+	@scripts/ops-up || { [ "$$CI" != "true" ] && echo "make test: no logrotate/promtool; the operations tests will skip"; }
 	$(BIN)/ruff check
 	$(BIN)/mypy
 	SLURM_CONF=$${SLURM_CONF:-/tmp/corral-slurm/etc/slurm.conf} $(BIN)/python -m pytest -q

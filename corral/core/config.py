@@ -288,6 +288,7 @@ class Settings(BaseModel):
     local_keep_days: float = Field(30.0, gt=0, description="How long the local backend keeps an ended job's directory (its output); the job's record stays in the database.")
     audit_segment_mb: float = Field(64.0, gt=0, description="The audit chain's live file is closed as a segment (audit-<first record>.jsonl) once it passes this size; the chain runs on across segments and 'corral audit verify' walks them all. Archive old segments together: verify needs every one.")
     log_level: str = Field("INFO", description="Python logging level of the gateway.")
+    log_max_mb: float = Field(10.0, ge=0, description="The gateway rotates HOME/gateway.log itself past this size, keeping 3 (gateway.log.1 ...). 0: never; leave it to logrotate (deploy/corral.logrotate). Either way a log moved away is let go and the file at HOME/gateway.log written again, with no signal.")
     default_lane: LaneChoice = Field(BATCH, description="Lane of a submission that names none: 'batch' (the scheduler), 'fast' (warm pool) or 'auto'.")
     fastlane: FastLaneSettings = Field(default_factory=FastLaneSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)

@@ -44,7 +44,7 @@ def setup_logging(settings: Settings) -> None:
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     stream = logging.StreamHandler(sys.stderr)
     stream.setFormatter(fmt)
-    filelog = logging.handlers.RotatingFileHandler(settings.home / "gateway.log", maxBytes=10_000_000, backupCount=3)
+    filelog = MovableLog(settings.home / "gateway.log", maxBytes=int(settings.log_max_mb * 1_000_000), backupCount=3)
     filelog.setFormatter(fmt)
     os.chmod(settings.home / "gateway.log", 0o600)  # it names jobs, principals and paths
     global _listener
@@ -64,6 +64,26 @@ def setup_logging(settings: Settings) -> None:
 
 
 _listener: logging.handlers.QueueListener | None = None
+
+
+class MovableLog(logging.handlers.RotatingFileHandler):
+    """The gateway's log, rotated by itself past ``maxBytes`` (0: never) or moved away by
+    logrotate (deploy/corral.logrotate, no copytruncate): a file no longer at the path is
+    closed and the path opened again, as WatchedFileHandler does, so no line goes to the
+    renamed file and logrotate needs no signal. One stat per record, on the log's own
+    thread (the QueueListener), never on the event loop."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.stream is not None:
+            try:
+                moved = os.stat(self.baseFilename).st_ino != os.fstat(self.stream.fileno()).st_ino
+            except FileNotFoundError:
+                moved = True
+            if moved:
+                self.stream.close()
+                self.stream = self._open()
+                os.chmod(self.baseFilename, 0o600)
+        super().emit(record)
 
 
 def raise_file_limit(wanted: int) -> int:
