@@ -50,7 +50,7 @@ run: $(RUN_STAMP)
 # Debian's Chromium (scripts/browser-up), the sandbox tests bubblewrap (scripts/sandbox-up), the
 # storage tests squashfs-tools, strace and the FUSE mounts (scripts/storage-up), the privileged
 # submitter's tests sudo (scripts/privsep-up --sudo-only), the store's contract tests a
-# private PostgreSQL (scripts/postgres-up);
+# private PostgreSQL (scripts/postgres-up), the directory users' test slapd and nslcd (scripts/ldap-up);
 # all install Debian's packages when missing,
 # as root. Under CI any of them failing fails the run; elsewhere those tests skip and
 # say how to get them. Before any test, ruff then mypy check the code (config in
@@ -66,6 +66,7 @@ test: $(TEST_STAMP)
 	@scripts/postgres-up >/dev/null || { [ "$$CI" != "true" ] && echo "make test: no PostgreSQL; the store's PostgreSQL tests will skip"; }
 	@scripts/nginx-up || { [ "$$CI" != "true" ] && echo "make test: no nginx; the nginx-in-front test will skip"; }
 	@scripts/ops-up || { [ "$$CI" != "true" ] && echo "make test: no logrotate/promtool; the operations tests will skip"; }
+	@scripts/ldap-up || { [ "$$CI" != "true" ] && echo "make test: no slapd/nslcd; the directory users' test will skip"; }
 	$(BIN)/ruff check
 	$(BIN)/mypy
 	SLURM_CONF=$${SLURM_CONF:-/tmp/corral-slurm/etc/slurm.conf} $(BIN)/python -m pytest -q

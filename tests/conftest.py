@@ -77,6 +77,8 @@ class Gateway:
     extra_env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     cpus: int = 2
+    prefix: list[str] = field(default_factory=list)
+    """What the gateway's command runs under (nsenter into a test's namespace: tests/ldap_env.py)."""
 
     @property
     def url(self) -> str:
@@ -98,7 +100,7 @@ class Gateway:
         log = open(self.home.parent / f"gateway-{self.port}.log", "ab")
         self.proc = subprocess.Popen(
             # 2 CPU slots whatever the machine (unless a test says): tests that fill the slots mean this many.
-            [sys.executable, "-m", "corral.edges.cli.main", "serve", "--port", str(self.port), "--tick", "0.2",
+            [*self.prefix, sys.executable, "-m", "corral.edges.cli.main", "serve", "--port", str(self.port), "--tick", "0.2",
              "--cpus", str(self.cpus)],
             env=self.env(), stdout=log, stderr=log, cwd=self.home.parent,
         )

@@ -13,7 +13,12 @@ A gateway run as root starts every job as someone else (docs/decisions/0010-priv
   writes corral's image store), run as the gateway's own user unless their kind is
   contained;
 - nobody runs as root: a principal whose Unix user is root is refused; one whose Unix
-  user this node does not know gets a dynamic uid of its own (logged).
+  user this node does not know gets a dynamic uid of its own (logged: not synced here
+  yet), unless NSS gave that user here before: then the user left the site's directory
+  and the principal is refused (decision 0056).
+
+Unix users are looked up through NSS at each job (``getpwnam``): a user of the site's
+directory (LDAP through sssd or nslcd) is one as much as a line of /etc/passwd.
 
 A gateway not run as root cannot change identity: every job is the gateway's user
 (a researcher's own gateway), kept apart by the sandbox alone.
@@ -32,9 +37,9 @@ import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
-from corral.core.errors import InvalidRequest
+from corral.core.errors import Forbidden, InvalidRequest
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +88,8 @@ class Identities:
         self._lock = threading.Lock()
         self._cache: dict[str, int] = {}
         """Uids already read or given: a record that only grows needs no second read."""
+        self._users: dict[str, tuple[str, int]] = {}
+        """Principals' Unix users as NSS last gave them (recorded in ``path``: see _saw)."""
 
     def of(self, principal: str, unix_user: str | None, admin: bool = False, contained: bool = False,
            service: bool = False) -> Identity | None:
@@ -93,10 +100,11 @@ class Identities:
             return None
         if unix_user:
             try:
-                u = pwd.getpwnam(unix_user)
+                u = pwd.getpwnam(unix_user)  # through NSS: files, or the site's directory (sssd, nslcd)
             except KeyError:
                 if service and not contained:  # corral's own work (a fast-lane pool's worker) for a user
                     return None                # this node does not know: as before, the gateway's
+                self._refuse_if_gone(principal, unix_user)
                 # Unknown on this node (users not synced here yet): a uid of the principal's
                 # own, never the gateway's and never one shared with another principal.
                 log.warning("principal %r names the Unix user %r, unknown on this machine: its jobs run as a "
@@ -106,11 +114,55 @@ class Identities:
             if u.pw_uid == 0:
                 raise InvalidRequest(f"principal {principal!r} names the Unix user {unix_user!r}, who is root: corral "
                                      "never runs a job as root", hint="give the principal an unprivileged Unix user")
+            self._saw(principal, unix_user, u.pw_uid)
             return Identity(u.pw_uid, u.pw_gid, u.pw_name, u.pw_dir)
         if (admin or service) and not contained:
             return None
         uid = self._dynamic(principal)
         return Identity(uid, uid, principal, None, dynamic=True)
+
+    def _saw(self, principal: str, unix_user: str, uid: int) -> None:
+        """Record that NSS gave ``principal``'s Unix user (once per principal, user and uid):
+        a name that resolved here once and no longer does was removed from the site's
+        directory, not merely not synced yet (decision 0056)."""
+        if self._users.get(principal) == (unix_user, uid):
+            return
+        with self._lock, self._record() as data:
+            data.setdefault("users", {})[principal] = [unix_user, uid]
+        self._users[principal] = (unix_user, uid)
+
+    def _refuse_if_gone(self, principal: str, unix_user: str) -> None:
+        """A Unix user this gateway ran ``principal``'s jobs as, now unknown to NSS, is
+        refused: the person left the site's directory (or the directory does not answer),
+        and a uid of the principal's own would run a departed person's work regardless."""
+        try:
+            seen = json.loads(self.path.read_text()).get("users", {}).get(principal)
+        except (FileNotFoundError, ValueError):
+            seen = None
+        if seen and seen[0] == unix_user:
+            self._users.pop(principal, None)
+            raise Forbidden(f"principal {principal!r}'s Unix user {unix_user!r} (uid {seen[1]}) is no longer known "
+                            f"to this machine's user database (NSS: {nss_sources('passwd')}): removed from the "
+                            "site's directory, or the directory does not answer; corral runs no job of it",
+                            hint=f"restore {unix_user!r} in the directory (check it with: getent passwd "
+                                 f"{unix_user}), or the admin revokes the principal's tokens or gives it "
+                                 "another Unix user", rule="unix-user-gone")
+
+    @contextlib.contextmanager
+    def _record(self) -> Iterator[dict[str, Any]]:
+        """This install's record (``path``), locked (flock) while held, written back atomically."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                data = json.loads(self.path.read_text())
+            except FileNotFoundError:
+                data = {"next": self.first, "uids": {}}
+            yield data
+            _write(self.path, data)
+        finally:
+            os.close(fd)
 
     def known(self) -> dict[str, int]:
         """principal -> dynamic uid, as recorded."""
@@ -157,12 +209,7 @@ class Identities:
                     self._claim(machine, uid, principal)
                 uids[principal] = uid
                 data["next"] = uid + 1
-                tmp = self.path.with_suffix(".tmp")
-                with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as f:
-                    json.dump(data, f)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self.path)
+                _write(self.path, data)
                 self._cache[principal] = uid
                 return uid
             finally:
@@ -236,3 +283,24 @@ class Identities:
                 pass
             return uid
         return None
+
+
+def _write(path: Path, data: object) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def nss_sources(database: str, conf: Path = Path("/etc/nsswitch.conf")) -> str:
+    """What nsswitch.conf names for ``database`` (``files ldap``), as this process's NSS reads it."""
+    try:
+        for line in conf.read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key.strip() == database:
+                return " ".join(rest.split("#")[0].split()) or "files"
+    except OSError:
+        pass
+    return "files"

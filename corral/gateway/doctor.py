@@ -242,6 +242,52 @@ def _uid_known(uid: int) -> bool:
         return False
 
 
+def unix_users(settings: Settings) -> list[Finding]:
+    """Principals' Unix users, each looked up through NSS as a job's would be (files, or the
+    site's directory through sssd or nslcd): one NSS does not know is refused if it ran
+    here before, else runs as a uid of its own (corral/core/identity.py)."""
+    from corral.core.identity import nss_sources
+
+    named = _principals_with_users(settings)
+    if named is None:
+        return [Finding("unix users", "skip", "no store yet: no principal has a Unix user")]
+    known, missing = [], []
+    for name, user in named:
+        try:
+            known.append(f"{user} (uid {pwd.getpwnam(user).pw_uid})")
+        except KeyError:
+            missing.append(f"{user} (principal {name})")
+    src = f"passwd: {nss_sources('passwd')}"
+    if missing:
+        return [Finding("unix users", "warn", f"NSS ({src}) does not know {len(missing)} principal(s)' Unix user: "
+                        + ", ".join(missing[:5]) + "; their jobs are refused (or run as a uid of their own if they "
+                        "never ran here)", "add them to the site's directory (getent passwd NAME must answer on "
+                        "this host), or give those principals another Unix user")]
+    return [Finding("unix users", "ok", f"{len(known)} principal(s)' Unix user known to NSS ({src})"
+                    + (": " + ", ".join(sorted(set(known))[:5]) if known else ""))]
+
+
+def _principals_with_users(settings: Settings) -> list[tuple[str, str]] | None:
+    """(principal, Unix user) from the store, read only (no migration: doctor changes
+    nothing); None where there is no store yet."""
+    query = "SELECT name, unix_user FROM principals WHERE unix_user IS NOT NULL AND unix_user <> ''"
+    if settings.replicated:
+        import psycopg
+
+        with psycopg.connect(settings.store_url, connect_timeout=5) as pg:
+            return [(str(a), str(b)) for a, b in pg.execute(query).fetchall()]
+    import sqlite3
+
+    path = Path(settings.store_url.removeprefix("sqlite://"))
+    if not path.is_file():
+        return None
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    try:
+        return [(str(a), str(b)) for a, b in conn.execute(query).fetchall()]
+    finally:
+        conn.close()
+
+
 def store(settings: Settings) -> list[Finding]:
     """The store opens (PostgreSQL answers; the SQLite file's directory is writable)."""
     url = settings.store_url
@@ -333,7 +379,7 @@ def memory_model(settings: Settings) -> list[Finding]:
 
 CHECKS: list[tuple[str, Callable[[Settings], list[Finding]]]] = [
     ("listen", listening), ("identity", identity), ("store", store), ("disk", disk), ("slurm", slurm),
-    ("sandbox", sandbox), ("dynamic uids", uids), ("memory model", memory_model)]
+    ("sandbox", sandbox), ("dynamic uids", uids), ("unix users", unix_users), ("memory model", memory_model)]
 """Every check, in the order an admin fixes things."""
 
 

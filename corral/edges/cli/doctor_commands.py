@@ -19,7 +19,7 @@ MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "--  "}
 @click.pass_obj
 def doctor(o: Ctx, home: Path | None, backend: str | None) -> None:
     """Check this host before serving: Slurm, accounting, job_submit.lua, munge, the clock, bubblewrap,
-    user namespaces, seccomp, the dynamic uid range, the store, free disk, TLS.
+    user namespaces, seccomp, the dynamic uid range, principals' Unix users in NSS, the store, free disk, TLS.
 
     Each finding says what to do. Exit 0 when a gateway could serve here (warnings
     included), 1 when something would make it fail, 2 when the settings themselves are
