@@ -24,6 +24,7 @@ from markupsafe import Markup, escape
 
 from corral.core.errors import CorralError, Forbidden, NotFound, Unauthenticated
 from corral.core.principals import Caller, Kind
+from corral.edges.dashboard import answers
 from corral.edges.dashboard.board import Board
 from corral.edges.http.connections import authenticated
 
@@ -206,4 +207,5 @@ def mount(app: FastAPI, service: "Service") -> Board:
             return page("session.html", 404, error=e.message, detail=None)
         return page("session.html", detail=detail)
 
+    answers.mount(app, service, viewer, signed_out, page)  # the sponsor's Approve and Decline buttons
     return board
