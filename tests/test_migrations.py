@@ -6,6 +6,7 @@ run before (exit 1) and nothing after (exit 0). A store of a newer corral is ref
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -46,7 +47,8 @@ def _shape(path: Path) -> dict[str, object]:
 
 def _check(home: Path) -> tuple[int, dict[str, object]]:
     r = subprocess.run([*CORRAL, "--json", "migrate", "--check", "--home", str(home)], capture_output=True, text=True,
-                       timeout=120, env={"PATH": "/usr/bin:/bin", "CORRAL_HOME": str(home)})
+                       timeout=120, env={**{k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")},
+                                         "CORRAL_HOME": str(home)})
     return r.returncode, json.loads(r.stdout)
 
 

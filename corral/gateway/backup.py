@@ -1,5 +1,5 @@
 """``corral backup`` and ``corral restore``: a gateway's state, taken while it serves,
-put back on a fresh home (docs/deploy.md, "Operations"; decision 0056).
+put back on a fresh home (docs/deploy.md, "Operations"; decision 0059).
 
 What a backup holds, in a directory of its own (0700), each file's digest in
 ``manifest.json``:
@@ -30,11 +30,11 @@ import json
 import os
 import shutil
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+from corral.core import proc
 from corral.core.config import Settings
 from corral.core.errors import InvalidRequest
 from corral.core.store import MIGRATIONS, open_store
@@ -130,8 +130,8 @@ def _pg_dump(url: str, out: Path) -> dict[str, Any]:
         schema = db.version
     finally:
         db.close()
-    r = subprocess.run([_pg_tool("pg_dump"), "--format=custom", "--no-owner", "--file", str(out), url],
-                       capture_output=True, text=True, timeout=3600)
+    r = proc.run([_pg_tool("pg_dump"), "--format=custom", "--no-owner", "--file", str(out), url], timeout=3600,
+                 check=False)
     if r.returncode != 0:
         raise InvalidRequest(f"pg_dump failed: {r.stderr.strip()[-400:]}", hint="check [store] url and that the server is up")
     os.chmod(out, 0o600)
@@ -269,7 +269,7 @@ def _refuse_filled_pg(url: str) -> None:
 def _pg_restore(dump: Path, url: str) -> None:
     if not is_postgres(url):  # pragma: no cover - the caller checked
         raise InvalidRequest("not a PostgreSQL store")
-    r = subprocess.run([_pg_tool("pg_restore"), "--no-owner", "--no-privileges", "--exit-on-error", "--dbname", url,
-                        str(dump)], capture_output=True, text=True, timeout=3600)
+    r = proc.run([_pg_tool("pg_restore"), "--no-owner", "--no-privileges", "--exit-on-error", "--dbname", url,
+                  str(dump)], timeout=3600, check=False)
     if r.returncode != 0:
         raise InvalidRequest(f"pg_restore failed: {r.stderr.strip()[-400:]}", hint="restore into an empty database")

@@ -33,9 +33,9 @@ def _settings(home: Path | None, store_url: str | None) -> Any:
 @_store
 @click.pass_obj
 def backup(o: Ctx, dest: Path, home: Path | None, store_url: str | None) -> None:
-    """Back up a gateway's state into DEST (a new directory), while it serves.
+    """Back up a gateway's state (store, keys, identities, audit) while it serves.
 
-    The store (SQLite's online backup, or pg_dump), the keys and the admin's token, the
+    DEST is a new directory. The store (SQLite's online backup, or pg_dump), the keys and the admin's token, the
     identities (each principal's dynamic uid) and the whole audit chain, with a manifest
     of digests. Jobs' files, images and workspaces are not in it. DEST holds keys: keep it
     as you keep the gateway's home.
@@ -58,8 +58,10 @@ def backup(o: Ctx, dest: Path, home: Path | None, store_url: str | None) -> None
 @_store
 @click.pass_obj
 def restore(o: Ctx, src: Path, home: Path | None, store_url: str | None) -> None:
-    """Restore the backup at SRC onto a fresh home (and an empty store), then bring its
-    schema up to this corral's.
+    """Restore a backup onto a fresh home, its audit chain verified first.
+
+    SRC is what 'corral backup' wrote; the home must be fresh (and the store empty). The
+    schema is then brought up to this corral's.
 
     Refused (exit 2): a home a gateway runs on or that holds a gateway's state, a store
     that is not empty, a backup of a newer corral's schema, a backup whose files or audit
@@ -84,8 +86,9 @@ def restore(o: Ctx, src: Path, home: Path | None, store_url: str | None) -> None
 @_store
 @click.pass_obj
 def migrate(o: Ctx, check: bool, home: Path | None, store_url: str | None) -> None:
-    """Bring the store's schema up to this corral's (the gateway also does at start).
+    """Bring the store's schema up to this corral's; --check says what would run.
 
+    The gateway also migrates at start.
     With --check, nothing is changed: it says the store's version, this corral's, and
     each migration that would run; exit 1 when one would, 0 when none, 2 for a store of a
     newer corral (never migrated down). Back up first (corral backup) and stop the gateway.
