@@ -1,7 +1,7 @@
 """Issue 49 item 6, what the agent is told up front, as the model reads it through the
 SDK client: the server's instructions and submit_job's description say where a job runs
 without `workdir` and that batch work may be preempted and requeued (with the signal and
-grace); and plan_job answers a request with several problems with all of them, and the
+grace, and how to ask for the guaranteed tier); and plan_job answers a request with several problems with all of them, and the
 nearest request that fits, in one call."""
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 from mcp import Client, StdioServerParameters
+
+from corral.core.signals import GRACE_S
 
 from .conftest import SHARED_TURN, Gateway, running
 
@@ -86,10 +88,15 @@ def test_the_model_is_told_where_a_job_runs_and_that_batch_work_may_be_requeued(
             return c.instructions or "", tools
 
     instructions, tools = asyncio.run(listed())
-    for said in ("/tmp/corral-job", "workdir", "SIGTERM", "SIGKILL seconds later", "from the start", "checkpoint"):
+    for said in ("/tmp/corral-job", "workdir", "SIGUSR1", f"--signal=B:USR1@{GRACE_S}", f"{GRACE_S} s grace",
+                 "from the start", "checkpoint", "tier='guaranteed'", "nearest request"):
         assert said in instructions, (said, instructions)
-    assert "/tmp/corral-job" in tools["submit_job"] and "requeued" in tools["submit_job"]
+    assert "checkpoint as it goes" not in instructions  # the advice of before, with no signal to act on
+    for said in ("/tmp/corral-job", "requeued", "SIGUSR1", f"grace of {GRACE_S} s", f"--signal=B:USR1@{GRACE_S}",
+                 "`tier`='guaranteed'"):
+        assert said in " ".join(tools["submit_job"].split()), (said, tools["submit_job"])
     assert "every problem at once" in tools["plan_job"] and "nearest" in tools["plan_job"]
+    assert f"SIGUSR1 and {GRACE_S} s grace" in " ".join(tools["plan_job"].split()), tools["plan_job"]
 
 
 def test_the_agent_run_banner_is_short_and_says_what_a_job_does(gateway: Gateway, tmp_path: Path) -> None:
@@ -109,7 +116,8 @@ def test_the_agent_run_banner_is_short_and_says_what_a_job_does(gateway: Gateway
     assert cp.returncode == 0, cp.stderr
     assert "some-gateway-home" not in cp.stderr and len(cp.stderr) < 700, (len(cp.stderr), cp.stderr)
     assert "62 corral gateway homes" in cp.stderr, cp.stderr  # the 60, the pointer directory, CORRAL_HOME
-    for said in ("/tmp/corral-job", "workdir", "preemptible", "requeued", "from the start"):
+    for said in ("/tmp/corral-job", "workdir", "preemptible", "requeued", "from the start", "SIGUSR1",
+                 f"--signal=B:USR1@{GRACE_S}", f"{GRACE_S} s grace", "tier=guaranteed"):
         assert said in cp.stderr, (said, cp.stderr)
 
 

@@ -5,6 +5,7 @@ its requeue count, the work lost, and its output as one stream."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -19,6 +20,8 @@ import pytest
 from corral.lanes.slurm.backend import SlurmBackend
 from corral.lanes.slurm.tiers import Requeues, extend
 from corral.core.config import SlurmSettings
+from corral.core.errors import Conflict
+from corral.core.signals import GRACE_S
 from corral.core.jobs import JobSpec, JobState
 from corral.lanes.placement import Placer
 from corral.core.principals import Kind, Principal
@@ -61,80 +64,112 @@ def status(gw: Gateway, token: str, job_id: int) -> dict[str, Any]:
     return json.loads(cp.stdout)
 
 
-@on_slurm
-def test_a_persons_job_preempts_an_agents_opportunistic_job(tmp_path: Path, agent_dir: Path) -> None:
-    conf = slurm_conf()
-    preempt = slurm(conf, "scontrol", "show", "config")
-    assert re.search(r"PreemptType\s+=\s+preempt/qos", preempt), "scripts/slurm-up configures preemption"
-    gw = Gateway(tmp_path / "home", free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": conf,
+CHECKPOINTING = """#!/bin/bash
+if [ -f ckpt ]; then echo "resumed from $(cat ckpt)"; exit 0; fi
+trap 'echo "step 7" > ckpt; echo checkpointed; exit 0' USR1
+echo begin
+: > ready
+while :; do sleep 0.2; done
+"""
+"""An agent's job that checkpoints on USR1 (in its workdir, inside its sandbox) and
+resumes from its checkpoint when it runs again."""
+
+
+def _start(tmp_path: Path) -> tuple[Gateway, dict[str, str]]:
+    gw = Gateway(tmp_path / "home", free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": slurm_conf(),
                                                             "CORRAL_TICK_S": "0.5", "CORRAL_SLURM__POLL_S": "2"})
     gw.home.mkdir()
     gw.start()
-    try:
-        with gw.http() as h:
-            for body in ({"name": "alice", "kind": "human"}, {"name": "bot1", "kind": "agent", "sponsor": "alice"}):
-                assert h.post("/v1/principals", json=body).status_code == 201
-            tok = {n: h.post("/v1/tokens", json={"for": n, "expires": "1h"}).json()["token"] for n in ("alice", "bot1")}
-        # The node's free CPUs, all of them: the person's job below can only start on the agent's.
-        cpus = until("free CPUs on the node", lambda: free_cpus(conf) >= 8 and free_cpus(conf), 120)
-        work = "echo begin; sleep 25; echo finished"
-        with gw.http(tok["bot1"]) as h:
-            plan = h.post("/v1/plan", json={"command": work, "cpus": cpus, "walltime": "10m",
-                                            "workdir": str(agent_dir)}).json()
-            assert plan["allowed"] and plan["placement"]["tier"] == "opportunistic", plan
-            assert plan["placement"]["qos"] == "agents-opportunistic"
-        cp = gw.cli("--json", "submit", "--cpus", str(cpus), "--time", "10m", "--workdir", str(agent_dir), "--",
-                    work, token=tok["bot1"])
-        assert cp.returncode == 0, cp.stderr
-        job_id = json.loads(cp.stdout)["id"]
-        job = until("the agent's job to run", lambda: (j := status(gw, tok["bot1"], job_id))["state"] == "RUNNING"
-                    and j, 180)
-        assert job["requeues"] == 0
-        backend_id = job["backend_id"]
-        script = (gw.home / "slurm" / "jobs" / str(job_id) / "job.sh").read_text()
-        assert "#SBATCH --qos=agents-opportunistic" in script and "#SBATCH --requeue" in script
-        assert "agents-opportunistic" in slurm(conf, "squeue", "-h", "-j", backend_id, "-o", "%q")
-        # some of its work done (3 s by Slurm's clock): lost when it is preempted
-        until("3 s of its work", lambda: time.time() - job["start_time"] >= 3, 30)
+    with gw.http() as h:
+        for body in ({"name": "alice", "kind": "human"}, {"name": "bot1", "kind": "agent", "sponsor": "alice"}):
+            assert h.post("/v1/principals", json=body).status_code == 201
+        return gw, {n: h.post("/v1/tokens", json={"for": n, "expires": "1h"}).json()["token"] for n in ("alice", "bot1")}
 
-        # A person's job that needs those cores: Slurm preempts the agent's and requeues it.
-        with gw.http(tok["alice"]) as h:
-            hers = h.post("/v1/jobs", json={"command": "echo hers", "cpus": cpus, "walltime": "5m",
-                                            "workdir": str(tmp_path)}).json()
-            assert h.get(f"/v1/jobs/{hers['id']}/wait", params={"timeout": 120}).json()["state"] == "COMPLETED"
+
+def _preempt(gw: Gateway, tok: dict[str, str], agent_dir: Path, job: dict[str, Any]) -> tuple[int, str, float]:
+    """The agent's ``job`` (all the free CPUs of the largest node) running and ready, a
+    person's job that needs those cores -> (the agent's job id and Slurm id, seconds
+    until the person's job had run)."""
+    conf = slurm_conf()
+    cpus = until("free CPUs on the node", lambda: free_cpus(conf) >= 8 and free_cpus(conf), 120)
+    with gw.http(tok["bot1"]) as h:
+        plan = h.post("/v1/plan", json={**job, "cpus": cpus}).json()
+        assert plan["allowed"] and plan["placement"]["tier"] == "opportunistic", plan
+        assert "USR1" in plan["placement"]["why"] and f"{GRACE_S} s" in plan["placement"]["why"], plan
+        r = h.post("/v1/jobs", json={**job, "cpus": cpus})
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+    until("the agent's job to be running and ready", lambda: status(gw, tok["bot1"], job_id)["state"] == "RUNNING"
+          and (agent_dir / "ready").exists(), 180)
+    script = (gw.home / "slurm" / "jobs" / str(job_id) / "job.sh").read_text()
+    assert f"#SBATCH --signal=B:URG@{GRACE_S}" in script and "#SBATCH --qos=agents-opportunistic" in script
+    t0 = time.monotonic()
+    with gw.http(tok["alice"]) as h:
+        hers = h.post("/v1/jobs", json={"command": "echo hers", "cpus": cpus, "walltime": "5m",
+                                        "workdir": str(agent_dir)}).json()
+        end = until("the person's job to end", lambda: (j := h.get(f"/v1/jobs/{hers['id']}/wait",
+                                                                  params={"timeout": 30}).json())["state"]
+                    not in ("PENDING", "RUNNING") and j, 3 * GRACE_S)
+        assert end["state"] == "COMPLETED", end
+    return job_id, status(gw, tok["bot1"], job_id)["backend_id"], time.monotonic() - t0
+
+
+@on_slurm
+def test_a_preempted_agents_job_checkpoints_on_usr1_in_its_sandbox_and_resumes(tmp_path: Path,
+                                                                                agent_dir: Path) -> None:
+    """Issue 49 item 6: a person's job preempts an agent's opportunistic job; Slurm tells
+    corral's batch shell (--signal=B:URG@120, preempt_send_user_signal), which passes USR1
+    into the sandbox; the job's trap writes its checkpoint and exits, and corral requeues
+    it at once (Slurm would have counted the run COMPLETED: it ended within its grace). It
+    runs again, from its checkpoint. Before: Slurm's TERM reached bwrap with the job, the
+    sandbox ended at once and nothing was written."""
+    gw, tok = _start(tmp_path)
+    try:
+        job = {"script": CHECKPOINTING, "walltime": "10m", "workdir": str(agent_dir)}
+        job_id, backend_id, took = _preempt(gw, tok, agent_dir, job)
+        assert (agent_dir / "ckpt").read_text() == "step 7\n"  # written inside the sandbox, at the notice
+        assert took < GRACE_S, took  # the cores came back when the job had checkpointed, not at the grace's end
         again = until("the agent's job requeued", lambda: (j := status(gw, tok["bot1"], job_id))["requeues"] >= 1
                       and j, 60)
-        assert again["state"] in ("PENDING", "RUNNING"), again  # still one live job, never FAILED or CANCELLED
-        assert again["backend_id"] == backend_id
-
-        # Slurm holds a requeued job back until its BeginTime (~2 min on 22.05, for the earlier
-        # run's credentials to expire): as Slurm's admin the test lets it start now, which only
-        # shortens the wait. What corral shows meanwhile is the same: one pending job that runs
-        # again; the agent waits as always.
+        assert again["state"] in ("PENDING", "RUNNING"), again  # one live job, never FAILED or COMPLETED
+        # Slurm holds a requeued job until its BeginTime (~2 min on 22.05): as Slurm's admin the
+        # test lets it start now, which only shortens the wait.
+        conf = slurm_conf()
         until("the earlier run to be cleaned up", lambda: slurm(conf, "squeue", "-h", "-j", backend_id, "-o", "%T")
               .strip() == "PENDING", 60)
         slurm(conf, "scontrol", "update", f"JobId={backend_id}", "StartTime=now")
         until("the agent's job to end", lambda: status(gw, tok["bot1"], job_id)["state"] not in ("PENDING", "RUNNING"),
               400)
-        cp = gw.cli("--json", "wait", str(job_id), "--timeout", "30", token=tok["bot1"])
-        assert cp.returncode == 0, cp.stderr
-        done = json.loads(cp.stdout)
-        assert done["state"] == "COMPLETED" and done["exit_code"] == 0, done
-        assert done["requeues"] >= 1 and done["lost_s"] is not None and done["lost_s"] >= 2, done
-        assert done["backend_id"] == backend_id
-        shown = gw.cli("status", str(job_id), token=tok["bot1"]).stdout  # what a person reads
-        assert "REQUEUED" in shown and f"{done['requeues']}x ({done['lost_s']:.0f}s lost)" in shown, shown
-        with gw.http(tok["bot1"]) as h:  # one job in the agent's listing, and its output as one stream
-            mine = h.get("/v1/jobs").json()["jobs"]
-            assert [j["id"] for j in mine] == [job_id] and mine[0]["requeues"] == done["requeues"]
+        done = status(gw, tok["bot1"], job_id)
+        assert done["state"] == "COMPLETED" and done["requeues"] >= 1, done
+        with gw.http(tok["bot1"]) as h:
             out = h.get(f"/v1/jobs/{job_id}/output").json()["data"]
+            err = h.get(f"/v1/jobs/{job_id}/output", params={"stream": "stderr"}).json()["data"]
         runs = out.split("corral: Slurm requeued this job")
-        assert len(runs) == done["requeues"] + 1, out
-        assert runs[0].startswith("begin\n"), out  # the preempted run's (its shell may outlive TERM a moment)
-        assert runs[-1].rstrip().endswith("begin\nfinished"), out
-        # Slurm's accounting: the earlier run preempted, the last one completed, same job id
+        assert runs[0] == "begin\ncheckpointed\n", out
+        assert runs[-1].rstrip().endswith("resumed from step 7"), out
+        assert "corral: preempted (sent USR1); the job ended within its grace, so it is requeued now" in err, err
         rows = slurm(conf, "sacct", "-D", "-X", "-n", "-P", "-j", backend_id, "-o", "State").split()
-        assert rows[0] == "PREEMPTED" and rows[-1] == "COMPLETED", rows
+        assert rows[0] == "REQUEUED" and rows[-1] == "COMPLETED", rows  # requeued by corral, then done
+    finally:
+        gw.kill(signal.SIGTERM)
+
+
+@on_slurm
+def test_a_preempted_job_that_does_not_handle_usr1_runs_on_in_its_grace(tmp_path: Path, agent_dir: Path) -> None:
+    """The default notice is passed on only to a job that handles USR1 (its default action
+    is to die): one that does not runs on through its grace, here to its end, and is
+    COMPLETED once, not killed by a signal it never asked for nor run again."""
+    gw, tok = _start(tmp_path)
+    try:
+        job = {"command": "echo begin; : > ready; sleep 8; echo finished", "walltime": "10m",
+               "workdir": str(agent_dir)}
+        job_id, _, took = _preempt(gw, tok, agent_dir, job)
+        assert took < GRACE_S, took  # the person's job ran once the agent's had finished in its grace
+        with gw.http(tok["bot1"]) as h:
+            done = h.get(f"/v1/jobs/{job_id}/wait", params={"timeout": 30}).json()
+            assert done["state"] == "COMPLETED" and not done.get("requeues"), done
+            assert h.get(f"/v1/jobs/{job_id}/output").json()["data"] == "begin\nfinished\n"
     finally:
         gw.kill(signal.SIGTERM)
 
@@ -227,6 +262,88 @@ def test_placement_tiers_and_labels_are_the_placements_alone() -> None:
     db.held = 4
     _, placed = shared.place(BOT, JobSpec(command="x", cpus=8), _Lane(), "q")
     assert placed is not None and placed.tier == "opportunistic"
+
+
+def test_an_agent_asks_for_a_tier_and_a_full_share_refuses_guaranteed_with_the_nearest() -> None:
+    """Issue 49 item 6: `tier` asks for one. 'opportunistic' leaves the share to others;
+    'guaranteed' is granted while agents' share has room, else refused with what holds
+    it and the nearest request that runs (fewer CPUs, else the opportunistic tier)."""
+    db = _Db()
+    shared = Placer(SlurmSettings(agent_guarantee=0.25), db, lambda p, s, n: [])  # type: ignore[arg-type]
+    _, placed = shared.place(BOT, JobSpec(command="x", cpus=2, tier="opportunistic"), _Lane(), "q")
+    assert placed is not None and placed.tier == "opportunistic" and placed.why.startswith("asked: QOS q")
+    _, placed = shared.place(BOT, JobSpec(command="x", cpus=8, tier="guaranteed"), _Lane(), "q")
+    assert placed is not None and placed.tier == "guaranteed"
+    db.held = 6
+    with pytest.raises(Conflict) as e:
+        shared.place(BOT, JobSpec(command="x", cpus=8, tier="guaranteed"), _Lane(), "q")
+    assert e.value.nearest == {"cpus": 2} and e.value.rule == "tier", e.value.nearest
+    assert "holds 6 CPUs of agents' jobs, this one asks 8" in e.value.message, e.value.message
+    assert "tier='opportunistic'" in (e.value.hint or "") and "cpus <= 2" in (e.value.hint or "")
+    db.held = 8
+    with pytest.raises(Conflict) as e:
+        shared.place(BOT, JobSpec(command="x", cpus=1, tier="guaranteed"), _Lane(), "q")
+    assert e.value.nearest == {"tier": "opportunistic"}
+    none = Placer(SlurmSettings(), _Db(), lambda p, s, n: [])  # type: ignore[arg-type]
+    with pytest.raises(Conflict) as e:  # no share at all: said so, not as a full one
+        none.place(BOT, JobSpec(command="x", tier="guaranteed"), _Lane(), "q")
+    assert "not offered to agents here" in e.value.message and e.value.nearest == {"tier": "opportunistic"}
+    _, placed = none.place(BOT, JobSpec(command="x", tier="guaranteed"), _Lane(), None)  # no preemptible QOS
+    assert placed is not None and placed.tier == "guaranteed"
+
+
+@on_slurm
+@SHARED_TURN  # 1-CPU jobs of a few seconds
+def test_the_guaranteed_tier_asked_through_http_mcp_and_the_sbatch_shim(tmp_path: Path, agent_dir: Path) -> None:
+    """On the private Slurm with agents' guaranteed share at 2% (2 of the default
+    partition's 128 CPUs, as corral counts them: 4 nodes x the largest's 32): plan_job says the tier a request gets; 4 CPUs asked guaranteed
+    are refused with the nearest request (2 CPUs) over HTTP and MCP, and by the sbatch
+    shim (--qos=guaranteed); --qos=opportunistic is taken, another QOS name refused in
+    words."""
+    from mcp import Client
+
+    from .test_mcp_said_up_front import _stdio
+    from .test_shims import agent_run
+
+    gw = Gateway(tmp_path / "home", free_port(), extra_env={
+        "CORRAL_BACKEND": "slurm", "SLURM_CONF": slurm_conf(), "CORRAL_TICK_S": "0.5",
+        "CORRAL_SLURM__AGENT_GUARANTEE": "0.02"})
+    gw.home.mkdir()
+    gw.start()
+    try:
+        tok = add_people(gw)["bot1"]
+        asked = {"command": "true", "cpus": 4, "tier": "guaranteed", "workdir": str(agent_dir)}
+        with gw.http(tok) as h:
+            small = h.post("/v1/plan", json={**asked, "cpus": 1}).json()
+            assert small["allowed"] and small["placement"]["tier"] == "guaranteed", small
+            plan = h.post("/v1/plan", json=asked).json()
+            assert not plan["allowed"] and plan["rule"] == "tier", plan
+            assert plan["nearest"] == {"cpus": 2} and plan["nearest_allowed"] is True, plan
+            r = h.post("/v1/jobs", json=asked)
+            assert r.status_code == 409, r.text
+            err = r.json()["error"]
+            assert "guaranteed tier is not free" in err["message"] and "tier='opportunistic'" in err["hint"], err
+            assert h.post("/v1/plan", json={**asked, "tier": None}).json()["placement"]["tier"] == "opportunistic"
+
+        async def mcp() -> tuple[Any, Any]:
+            async with Client(_stdio(gw, tok)) as client:
+                return await client.call_tool("plan_job", asked), await client.call_tool("submit_job", asked)
+
+        planned, submitted = asyncio.run(mcp())
+        assert "Nearest request that fits: cpus=2" in planned.content[0].text, planned.content[0].text
+        assert submitted.is_error and "guaranteed tier is not free" in submitted.content[0].text, submitted
+
+        script = ("sbatch --qos=guaranteed -c 4 --wrap true; echo rc=$?; sbatch -q normal --wrap true; echo rc=$?; "
+                  "sbatch --parsable --qos=opportunistic --wrap true")
+        cp = agent_run(gw, tok, script, agent_dir, "--no-fence", "--quiet")
+        said = cp.stdout.split()
+        assert said[:2] == ["rc=1", "rc=1"] and said[2].isdigit(), cp.stdout + cp.stderr
+        assert "guaranteed tier is not free" in cp.stderr and "--qos=opportunistic" in cp.stderr, cp.stderr
+        assert "does not support --qos=normal" in cp.stderr and "Traceback" not in cp.stderr, cp.stderr
+        with gw.http(tok) as h:
+            assert h.get(f"/v1/jobs/{said[2]}").json()["spec"]["labels"]["corral-tier"] == "opportunistic"
+    finally:
+        gw.kill(signal.SIGTERM)
 
 
 def test_walltime_from_the_last_runs_with_its_margin_floor_and_ceiling() -> None:

@@ -8,13 +8,14 @@ import functools
 import math
 import os
 import re
-from typing import NamedTuple, Annotated, Any, Callable
+from typing import NamedTuple, Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from corral.core import slurm_formats
 from corral.core.errors import NotFound
 from corral.core.lane_names import LaneChoice
+from corral.core.signals import parse_notice
 from corral.core.text import IMAGE_REF, WS_ID
 
 
@@ -280,6 +281,15 @@ class JobSpec(BaseModel):
         description="An environment image mounted read-only in the job, its python first on PATH: the name you "
                     "gave one of yours (corral env build --name), its key (corral env list), or OWNER/NAME for "
                     "another principal's. 'env': NAME says the same.")
+    tier: Literal["guaranteed", "opportunistic"] | None = Field(
+        None, description="An agent's batch job on Slurm: 'guaranteed' (never preempted; granted while agents' "
+                          "guaranteed share has room, else refused with the nearest request), 'opportunistic' "
+                          "(preemptible: runs on idle cores, requeued when a person needs them). Default: "
+                          "guaranteed while the share has room, else opportunistic; plan_job says which.")
+    signal: Annotated[str | None, BeforeValidator(parse_notice)] = Field(
+        None, description="Slurm's --signal: 'USR1@120' sends the job USR1 120 s before its walltime ends, and at "
+                          "once when it is preempted (an opportunistic job gets USR1 by default). One of HUP, INT, "
+                          "QUIT, USR1, USR2.")
     workspace: str | None = Field(
         None, pattern=WS_ID,
         description="A trial workspace (from corral workspace fork DIR): the job runs in it and its writes stay "

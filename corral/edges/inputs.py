@@ -279,6 +279,13 @@ JOB_FIELDS: dict[str, tuple[Any, Any]] = {
     "image": (Annotated[str | None, Field(description="Environment image name or key (build_environment): "
                                                       "its python first on PATH.")], None),
     "workspace": (Annotated[str | None, Field(description="Workspace id (ws-...): the job runs in it.")], None),
+    "tier": (Annotated[Literal["guaranteed", "opportunistic"] | None, Field(
+        description="Slurm batch: 'guaranteed' (never preempted; refused with the nearest request when agents' "
+                    "guaranteed share is full), 'opportunistic' (preemptible). Default: guaranteed while the "
+                    "share has room, else opportunistic; plan_job says which.")], None),
+    "signal": (Annotated[str | None, Field(
+        description="Slurm's --signal, e.g. 'USR1@120': sent to your command/script N s before its walltime and "
+                    "at once when preempted (opportunistic jobs get USR1, 120 s grace, by default).")], None),
 }
 """A job's fields as every tool takes them (submit_job, plan_job, submit_jobs' items):
 one shape, strings for memory and walltime, limits said in words too (some clients drop

@@ -98,7 +98,7 @@ def fields_of(asked: JobSpec, nearest: JobSpec) -> dict[str, Any]:
     if nearest.memory_mb != asked.memory_mb:
         mb = nearest.memory_mb
         out["memory"] = f"{mb // 1024}G" if mb % 1024 == 0 else f"{mb}M"
-    for key in ("cpus", "gpus", "partition"):
+    for key in ("cpus", "gpus", "partition", "tier"):
         if getattr(nearest, key) != getattr(asked, key):
             out[key] = getattr(nearest, key)
     return out

@@ -6,7 +6,10 @@ docs/decisions/0022 puts it in the gateway).
   the partition's CPUs (default 0), the job is *guaranteed*: niced, in ``agent_qos``, as
   agents' jobs always were. Beyond it, *opportunistic*: in the preemptible QOS the lane
   offers, with ``--requeue``, so it soaks up idle cores and a person's job takes them
-  back (Slurm requeues it; it is still one corral job, with its requeue count).
+  back (Slurm requeues it; it is still one corral job, with its requeue count). A job
+  may ask for a tier (``tier``): 'opportunistic' leaves the share to others;
+  'guaranteed' is refused, with the nearest request, when the share cannot hold it
+  (decision 0058). The budget is admission's, for either tier.
 - **walltime**: an opportunistic job whose script completed at least twice at the same
   resources asks the scheduler for the largest of its last ``walltime_history`` runtimes
   times ``walltime_margin`` (at least ``walltime_min_s``, never more than asked); the
@@ -25,6 +28,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from corral.core.errors import Conflict
+from corral.core.signals import DEFAULT_NOTICE, GRACE_S
 from corral.lanes.slurm.tiers import TIER_LABEL, WALLTIME_LABEL
 from corral.core.jobs import JobSpec, format_duration
 from corral.core.principals import Kind, Principal
@@ -88,15 +93,24 @@ class Placer:
     def _tier(self, spec: JobSpec, lane: Offers, qos: str | None) -> tuple[str, str]:
         if qos is None:
             return "guaranteed", "this scheduler offers no preemptible QOS: niced like every agent's job"
+        if spec.tier == "opportunistic":  # asked: the guaranteed share is left to others
+            return "opportunistic", self._preemptible(qos, "asked")
         share = self.settings.agent_guarantee
-        if share > 0:
-            total = lane.partition_cpus(spec.partition)
-            held = self.db.guaranteed_cpus(spec.partition)
-            if held + spec.cpus <= share * total:
-                return "guaranteed", (f"within agents' guaranteed share ({held + spec.cpus} of "
-                                      f"{math.floor(share * total)} CPUs): not preemptible")
-        return "opportunistic", (f"QOS {qos}: runs on idle cores; if a person's job needs them, Slurm requeues "
-                                 "it and it runs again from the start (still this job; its requeues are counted)")
+        total = lane.partition_cpus(spec.partition) if share > 0 else 0
+        held = self.db.guaranteed_cpus(spec.partition) if share > 0 else 0
+        room = math.floor(share * total) - held
+        if share > 0 and spec.cpus <= room:
+            return "guaranteed", (f"within agents' guaranteed share ({held + spec.cpus} of "
+                                  f"{math.floor(share * total)} CPUs): not preemptible")
+        if spec.tier == "guaranteed":
+            raise _share_full(spec, share, held, math.floor(share * total), room)
+        return "opportunistic", self._preemptible(qos, "agents' guaranteed share is full" if share > 0 else "")
+
+    @staticmethod
+    def _preemptible(qos: str, because: str) -> str:
+        return ((f"{because}: " if because else "") + f"QOS {qos}: runs on idle cores; if a person's job needs "
+                f"them, Slurm sends it {DEFAULT_NOTICE.split('@')[0]} (or its own signal) and {GRACE_S} s later "
+                "requeues it to run again (still this job; its requeues are counted)")
 
     def _walltime(self, principal: Principal, spec: JobSpec) -> tuple[int, str]:
         s = self.settings
@@ -111,3 +125,22 @@ class Placer:
         return limit, (f"walltime {format_duration(limit)} asked of Slurm, not {format_duration(spec.walltime_s)}: "
                        f"the last {len(runs)} runs of this script took at most {longest:.0f} s (jobs {jobs}), "
                        f"x{s.walltime_margin:g}; it gets {format_duration(spec.walltime_s)} back before reaching it")
+
+
+def _share_full(spec: JobSpec, share: float, held: int, size: int, room: int) -> Conflict:
+    """The refusal of a job that asked for the guaranteed tier when agents' share of its
+    partition cannot hold it: what holds it now, and the nearest request that runs (fewer
+    CPUs where the share has room left, else the opportunistic tier)."""
+    where = f"partition {spec.partition}" if spec.partition else "the default partition"
+    said = (f"the guaranteed tier is not free for this job: agents' guaranteed share of {where} "
+            f"({share:.0%}, {size} CPUs: [slurm] agent_guarantee) holds {held} CPUs of agents' jobs, "
+            f"this one asks {spec.cpus}" if share > 0 else
+            "the guaranteed tier is not offered to agents here (agents' guaranteed share, [slurm] "
+            "agent_guarantee, is 0): agents' batch jobs run opportunistic")
+    e = Conflict(said, rule="tier", hint=(
+        f"submit it with tier='opportunistic' (or no tier): it runs now on idle cores, gets {DEFAULT_NOTICE.split('@')[0]} "
+        f"and {GRACE_S} s to checkpoint if a person's job needs them, then is requeued"
+        + (f"; or ask for cpus <= {room} to stay guaranteed" if room > 0 else "")
+        + "; or wait for agents' guaranteed jobs to end"))
+    e.nearest = {"cpus": room} if room > 0 else {"tier": "opportunistic"}
+    return e

@@ -32,6 +32,7 @@ from corral.core import proc
 from corral.core.errors import InvalidRequest
 from corral.core import paths
 from corral.core.paths import gateway_homes
+from corral.core.signals import GRACE_S
 from corral.edges.cli.agent_session import PREFIX, mark, read_token, sweep
 from corral.edges.shims import COMMANDS, REFUSED
 
@@ -162,8 +163,9 @@ def banner(session: str, url: str, hidden: list[str], fenced: bool) -> str:
         fence = "not fenced (no bubblewrap)" if fenced else "not fenced (--no-fence)"
     return (f"corral: agent session {session}; Slurm commands go through {url}; {fence}\n"
             "corral: a job without workdir runs in an empty private /tmp/corral-job: give workdir to run your files; "
-            "agents' Slurm batch jobs may be preemptible (plan_job says the tier): SIGTERM, SIGKILL seconds later, "
-            "requeued and run again from the start, so checkpoint as it goes and resume")
+            f"agents' Slurm batch jobs may be preemptible (plan_job says the tier): then SIGUSR1 "
+            f"(--signal=B:USR1@{GRACE_S}) and {GRACE_S} s grace to checkpoint, requeued and run again from the start; "
+            "tier=guaranteed asks for the other tier")
 
 
 def run(command: list[str], url: str, token: str | None, session: str | None, fenced: bool, quiet: bool,

@@ -27,12 +27,10 @@ REFUSED: dict[str, tuple[str | None, str]] = {
     # option (its dest): (short flag, why corral does not take it)
     "account": ("-A", "corral charges every job to your principal's account (an agent's: its sponsor's, "
                       "which only an admin changes); drop it"),
-    "qos": ("-q", "corral sets agents' QOS itself"),
     "exclusive": (None, "corral sizes jobs by what they ask for"),
     "begin": ("-b", "corral starts jobs when they are ready"),
     "mail_type": (None, "corral tells you when a job ends (wait_for_job, wait_for_events)"),
     "mail_user": (None, "corral tells you when a job ends (wait_for_job, wait_for_events)"),
-    "signal": (None, "use corral control ID signal"),
     "nodelist": ("-w", "corral places jobs"), "exclude": ("-x", "corral places jobs"),
     "constraint": ("-C", "corral places jobs"), "reservation": (None, "corral places jobs"),
     "nice": (None, "corral gives agents' jobs their nice value itself, so people keep priority"),
@@ -67,6 +65,8 @@ def parser(prog: str) -> Parser:
     a("--requeue", action="store_true")  # corral's Slurm jobs are requeueable either way: nothing differs
     a("--no-requeue", action="store_true")
     a("--open-mode", choices=("append", "truncate"))
+    a("-q", "--qos")  # corral's tiers by name (TIERS)
+    a("--signal")  # Slurm's own syntax, checked by the gateway (corral/core/signals.py)
     for dest, (short, _) in REFUSED.items():
         a(*([short] if short else []), "--" + dest.replace("_", "-"), dest=dest, nargs="?", const=True)
     return p
@@ -273,7 +273,23 @@ def build(ns: Any, script: str, args: list[str], cwd: Path,
         spec["labels"] = labels
     if ns.dependency:
         spec.update(_dependency(ns.dependency))
+    if ns.qos:
+        spec["tier"] = _tier(ns.qos, prog)
+    if ns.signal:  # to the script (B: or not: corral's batch shell passes it on, as Slurm's B: does)
+        spec["signal"] = ns.signal
     return spec, ns.array, bool(ns.hold)
+
+
+TIERS = ("guaranteed", "opportunistic")
+"""What --qos may name: corral's tiers (it sets the site's QOS itself)."""
+
+
+def _tier(qos: str, prog: str) -> str:
+    if qos.lower() in TIERS:
+        return qos.lower()
+    return unsupported(prog, f"--qos={qos}", "corral sets the QOS itself; name a tier instead: --qos=guaranteed "
+                                              "(never preempted, while agents' share has room) or --qos=opportunistic "
+                                              "(preemptible; corral plan says which a job gets)")
 
 
 def _chdir(workdir: str) -> str:
@@ -292,10 +308,13 @@ def _run_script(interp: str, rest: str, args: list[str]) -> str:
         marker += "_"
     # mktemp, not a name from the pid: in a job that is not contained /tmp is shared, and a
     # file another user made there first would be the script this job runs.
+    # Run by exec, from a descriptor (the file removed first): the script is the job's top
+    # process, which a signal passed on (a preemption's, decision 0058) reaches, as Slurm's
+    # --signal=B: reaches a batch script; a shell that waited for it would die of it instead.
     return f"corral_script=$(mktemp \"${{TMPDIR:-/tmp}}/corral-script-XXXXXX\") || exit 1\n" \
            f"cat > \"$corral_script\" <<'{marker}'\n{interp}\n{rest}\n{marker}\n" \
-           f"{prog} \"$corral_script\" {quoted}\nrc=$?\n" \
-           f"rm -f \"$corral_script\"\nexit $rc\n"
+           f"exec {{corral_fd}}< \"$corral_script\"; rm -f \"$corral_script\"\n" \
+           f"exec {prog} \"/dev/fd/$corral_fd\" {quoted}\n"
 
 
 @functools.lru_cache(maxsize=None)

@@ -65,6 +65,7 @@ OPTIONS: dict[str, str] = {
     "--nice": r"[0-9]{1,10}",  # never negative: that is an operator's
     "--qos": _NAME,
     "--open-mode": r"append",  # a requeued job's output grows on (decision 0022)
+    "--signal": r"B:URG@[0-9]{1,5}",  # Slurm's notice to the batch shell alone (decision 0058)
 }
 FLAGS = ("--requeue",)
 """Options without a value a gateway may pass: an opportunistic job is requeued by Slurm

@@ -9,6 +9,7 @@ import os
 import pwd
 import shlex
 import shutil
+import signal as _signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -18,7 +19,8 @@ from corral.core.errors import InvalidRequest
 from corral.core.jobs import JobSpec, format_duration
 from corral.lanes.backend import SubmitContext
 from corral.lanes.slurm.base import SlurmBase
-from corral.lanes.slurm.tiers import TIER_LABEL, WALLTIME_LABEL, order_nice, rerun_lines, tier_lines
+from corral.lanes.slurm.tiers import (NOTICE, TIER_LABEL, WALLTIME_LABEL, notice_of, order_nice, rerun_lines,
+                                      tier_lines)
 from corral.sandbox import opendir
 from corral.sandbox.bwrap import JOB_DIR, RELAY_DIR, RELAY_SOCKET, system_python, tool
 from corral.sandbox.egress import relay_argv
@@ -82,7 +84,7 @@ def relay_lines(listen: str, who: tuple[int, int] | None) -> list[str]:
                "socket on $(hostname) was replaced\" >&2; exit 1; }"] if who else [])]
 
 
-def run_and_wait(run: str, contained: bool) -> list[str]:
+def run_and_wait(run: str, contained: bool, notice: tuple[str, int, bool] | None = None) -> list[str]:
     """The lines that start ``run`` (the work, in the background) and wait for it, passing
     on the signals ``FORWARDED`` names; ``rc`` is its status after. Contained, the sandbox is
     tried again (three times in all) when it was not set up: bwrap fails if a path it hides
@@ -90,20 +92,54 @@ def run_and_wait(run: str, contained: bool) -> list[str]:
     removed at that instant: "Can't mkdir ...: Read-only file system"), and the job had not
     begun then. What says so is the descriptor of the job's environment (``ENV_FD``): the
     last step before the work reads it through the script's own open file, so its offset
-    is still 0 only if nothing of the job ran. A signal (a cancel) ends the tries."""
+    is still 0 only if nothing of the job ran. A signal (a cancel) ends the tries.
+    ``notice``: Slurm's notice (``notice_lines``)."""
     target = "$(for p in $(pgrep -P $w); do pgrep -P $p; done)" if contained else "$w"
     noted = "corral_signalled=1; " if contained else ""
     wait = ["w=$!", f"_fwd() {{ {noted}kill -s \"$1\" {target} 2>/dev/null; }}",
             "for s in " + " ".join(FORWARDED) + "; do trap \"_fwd $s\" $s; done",
+            *(notice_lines(notice, target, noted) if notice else []),
             "while :; do wait $w; rc=$?; kill -0 $w 2>/dev/null || break; done"]
+    after = requeue_lines(notice[0]) if notice else []
     if not contained:
-        return [run, *wait]
+        return [run, *wait, *after]
     return ["corral_signalled=", "for corral_try in 1 2 3; do", run, *wait,
             '[ "$rc" = 0 ] || [ -n "$corral_signalled" ] || [ "$corral_try" = 3 ] && break',
             f"read -r _ corral_read < /proc/$$/fdinfo/{ENV_FD}",
             '[ "$corral_read" = 0 ] || break',
             'echo "corral: the sandbox was not set up (a path it hides changed as the job started); trying again" >&2',
-            "done"]
+            "done", *after]
+
+
+def notice_lines(notice: tuple[str, int, bool], target: str, noted: str) -> list[str]:
+    """Slurm's notice (``NOTICE``, to this shell alone: ``--signal=B:``) at a preemption or
+    before the walltime, passed on as the job's own signal to what runs inside the sandbox
+    (Slurm's TERM at a preemption reaches every process at once, bwrap too, whose end ends
+    the sandbox: no time to checkpoint). Not asked (an opportunistic job's default), it is
+    sent only to a process that handles it (SigCgt): USR1's default action is to die, and
+    a job that never heard of it runs on through its grace as Slurm would have it (it may
+    finish there). ``corral_notice``: the job was told (``requeue_lines``)."""
+    name, _, asked = notice
+    bit = _signal.Signals["SIG" + name].value - 1
+    send = (f"corral_notice=1; kill -s {name} {target} 2>/dev/null" if asked else
+            f'for p in {target}; do m=$(sed -n "s/^SigCgt:[[:space:]]*//p" /proc/$p/status 2>/dev/null); '
+            f'[ -n "$m" ] && (( (0x$m >> {bit}) & 1 )) && kill -s {name} $p 2>/dev/null && corral_notice=1; done')
+    return ["corral_notice=", f"_notice() {{ {noted}{send}; }}", f"trap _notice {NOTICE}"]
+
+
+def requeue_lines(name: str) -> list[str]:
+    """After the work ended: if it was told of a preemption (its signal passed on, and the
+    job's PreemptTime is set), the job is requeued now, whatever its status. Slurm would
+    count a run that ends within its grace as COMPLETED or FAILED, never to run again: a
+    job that checkpointed and exited would lose the rest of its work. Its end is not
+    written (it did not end). Told before its walltime, or by job_control, it ends as it
+    ends."""
+    return ['if [ -n "$corral_notice" ] && scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -q " PreemptTime=[0-9]"; '
+            "then",
+            f'  echo "corral: preempted (sent {name}); the job ended within its grace, so it is requeued now" >&2',
+            '  scontrol requeue "$SLURM_JOB_ID" >/dev/null 2>&1',
+            "  while :; do sleep 1; done  # until Slurm ends this run (the requeue, else the grace's end)",
+            "fi"]
 
 
 MOUNTS = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r}); "
@@ -244,8 +280,12 @@ class Scripts(SlurmBase):
             lines.append(f"#SBATCH --account={ctx.account}")
         if ctx.after:
             lines += [f"#SBATCH --dependency={ctx.after}", "#SBATCH --kill-on-invalid-dep=yes"]
+        opportunistic = self.opportunistic() if ctx.kind == "agent" and spec.labels.get(TIER_LABEL) == \
+            "opportunistic" else None
+        notice = notice_of(spec.signal, opportunistic is not None, walltime_s)
+        if notice:  # Slurm tells the batch shell alone (B:), which passes the job's own signal on
+            lines.append(f"#SBATCH --signal=B:{NOTICE}@{notice[1]}")
         if ctx.kind == "agent":
-            opportunistic = self.opportunistic() if spec.labels.get(TIER_LABEL) == "opportunistic" else None
             # People keep priority (agent_nice); among opportunistic jobs the smallest first.
             order = order_nice(spec.cpus, walltime_s) if opportunistic else 0
             lines.append(f"#SBATCH --nice={min(self.agent_nice + order, NICE_MAX)}")
@@ -346,7 +386,7 @@ class Scripts(SlurmBase):
         # itself, or inside a sandbox to what bwrap runs (bwrap dies of a signal it does
         # not handle, and the sandbox's init ignores one it has no handler for).
         lines[-1] += (f" {LOCK_FD}>&-" if ws else "") + " &"
-        lines += run_and_wait(lines.pop(), contained)
+        lines += run_and_wait(lines.pop(), contained, notice)
         if ws:  # written through before the job is seen to end (a killed job's is dropped by the next mount here)
             lines += [shlex.join([*mount, "release", ws]), f": > {lock}"]  # nobody holds it now
         # the end names its run (SLURM_RESTART_COUNT): an end written by a run Slurm has since

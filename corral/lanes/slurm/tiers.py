@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 
 from corral.core.errors import CorralError
 from corral.core.jobs import format_duration
+from corral.core.signals import DEFAULT_NOTICE, GRACE_S
 from corral.lanes.slurm.vocab import slurm_epoch
 
 log = logging.getLogger("corral.lanes.slurm.backend")
@@ -82,6 +83,26 @@ class Tiers:
             log.warning("agents' jobs are not preemptible: %s; docs/decisions/0022 has the configuration", why)
         self._known = (key, None if why else self.qos, until)
         return self._known[1]
+
+
+NOTICE = "URG"
+"""What Slurm sends the batch shell alone (``--signal=B:URG@N``) at a preemption and N s
+before the walltime; the shell passes the job's own signal (USR1 unless it chose) on
+into the sandbox. URG, not USR1, so that the shell tells Slurm's notice from a USR1
+that job_control sends (the same shell), and since a stray URG is ignored by default."""
+
+
+def notice_of(signal: str | None, opportunistic: bool, walltime_s: int) -> tuple[str, int, bool] | None:
+    """(signal, seconds, asked) a job's batch shell is told of by Slurm, or None: the job's
+    own ``signal``; else an opportunistic job's default, when its walltime leaves room
+    for it (Slurm may send it up to 60 s early: at a shorter walltime, at its start)."""
+    if signal:
+        name, _, at = signal.partition("@")
+        return name, int(at), True
+    if opportunistic and walltime_s > GRACE_S + 60:
+        name, _, at = DEFAULT_NOTICE.partition("@")
+        return name, int(at), False
+    return None
 
 
 def tier_lines(opportunistic: str | None) -> list[str]:
@@ -209,7 +230,7 @@ class Requeues:
 
 def extend(record: Path, backend_id: str, start: float, poll_s: float, run: Callable[..., str]) -> None:
     """A running job whose walltime the placement tightened (``record``: 'APPLIED ASKED'
-    seconds, in corral's own directory) gets the agent's own back once it is within 2
+    seconds, in corral's own directory) gets the agent's own back once it is within 5
     minutes (or 3 polls) of the tightened one: `scontrol update TimeLimit`, as root or a
     Slurm operator. It is opportunistic, so no job that may preempt it counted on its
     end. Asked once: the record is removed whatever Slurm answers."""
@@ -217,7 +238,8 @@ def extend(record: Path, backend_id: str, start: float, poll_s: float, run: Call
         applied, asked = (int(x) for x in record.read_text().split())
     except (OSError, ValueError):
         return
-    if time.time() - start < applied - max(120.0, 3 * poll_s):
+    # before the notice Slurm sends GRACE_S (+60) s before the tightened end
+    if time.time() - start < applied - max(120.0 + GRACE_S + 60, 3 * poll_s):
         return
     record.unlink(missing_ok=True)
     try:
