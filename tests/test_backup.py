@@ -113,3 +113,37 @@ def test_a_backup_of_a_newer_schema_or_changed_since_is_refused(tmp_path: Path) 
     _refused(_corral(gw, "restore", str(tmp_path / "b"), "--home", str(fresh)), "changed since it was written")
     assert not fresh.exists()
     _refused(_corral(gw, "restore", str(tmp_path / "nothing"), "--home", str(fresh)), "is not a corral backup")
+
+
+def test_a_postgresql_store_is_dumped_online_and_restored_into_an_empty_database(tmp_path: Path) -> None:
+    """On PostgreSQL the store is taken by pg_dump while the gateway serves and restored by
+    pg_restore into an empty database; one that holds a store already is refused."""
+    from .pg_env import fresh_database
+
+    with fresh_database() as url, fresh_database() as empty:
+        gw = Gateway(tmp_path / "old" / "home", free_port(), extra_env={"CORRAL_STORE__URL": url})
+        gw.home.mkdir(parents=True)
+        gw.start()
+        try:
+            with gw.http() as h:
+                job = h.post("/v1/jobs", json={"command": "echo kept", "workdir": str(tmp_path)}).json()
+                assert h.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 60}).json()["state"] == "COMPLETED"
+            made = _corral(gw, "backup", str(tmp_path / "bk"))
+            assert made.returncode == 0, made.stderr
+            assert json.loads(made.stdout)["store"] == "postgresql" and (tmp_path / "bk" / "store.pgdump").stat().st_size
+        finally:
+            gw.kill(signal.SIGTERM)
+        new = Gateway(tmp_path / "new" / "home", free_port(), extra_env={"CORRAL_STORE__URL": url})
+        _refused(_corral(new, "restore", str(tmp_path / "bk")), "already holds")  # the old store, not empty
+        new = Gateway(tmp_path / "new" / "home", free_port(), extra_env={"CORRAL_STORE__URL": empty})
+        done = _corral(new, "restore", str(tmp_path / "bk"))
+        assert done.returncode == 0, done.stderr
+        new.start()
+        try:
+            with new.http() as h:
+                got = h.get(f"/v1/jobs/{job['id']}").json()
+                assert got["state"] == "COMPLETED" and got["principal"] == "admin"
+            verified = _corral(new, "audit", "verify")
+            assert verified.returncode == 0 and json.loads(verified.stdout)["ok"], verified.stdout
+        finally:
+            new.kill(signal.SIGTERM)
