@@ -381,6 +381,7 @@ SLURM_FILES = {f"tests/{name}.py" for name in (
 """Test files whose tests take turns on the private Slurm (slurm_turn; test_compat's corpus
 takes one for the module): run on one worker."""
 SLURM_TESTS = {
+    "tests/test_approvals_slurm.py::test_an_approved_job_runs_in_slurm_with_its_sponsors_slurm_mail_and_an_unanswered_one_expires",
     "tests/test_backup.py::test_a_backup_restored_on_a_fresh_home_verifies_and_reconciles_slurm",
     "tests/test_bounds_hold.py::test_a_contained_batch_job_works_in_its_bounded_tmp_on_slurm",
     "tests/test_bounds_reads.py::test_fifos_and_links_in_a_job_directory_never_stall_the_gateway",

@@ -237,6 +237,7 @@ class NotifySettings(_Part):
     flood_per_hour: int = Field(10, ge=0, examples=[30], description="Messages to one address an hour before the rest is gathered into one digest every 10 minutes (an agent ending a failing job a second made 3,600 an hour); approvals are never held back. 0: no bound.")
     concurrency: int = Field(8, ge=1, le=256, description="Deliveries in flight at once.")
     approval_wait_s: float = Field(86400.0, gt=0, description="How long an action a policy rule asks a sponsor to approve (@ask) waits for the answer; unanswered, it expires (its jobs cancelled, the agent told).")
+    slurm_mail: bool = Field(False, description="On the Slurm lane, a person may also choose Slurm's own mail (slurm_mail in their notification choices): their agents' and their own batch jobs are submitted with --mail-user (their email) and --mail-type (END for all job ends, FAIL for failures only), and Slurm's MailProg sends it.")
 
 
 PARTS: dict[str, type[_Part]] = {"fastlane": FastLaneSettings, "slurm": SlurmSettings, "memory": MemorySettings,

@@ -8,6 +8,7 @@ what, is its sponsor's decision (a webhook is a way out of the facility).
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from corral.core.config import NotifySettings
@@ -16,8 +17,11 @@ from corral.core.principals import Caller, Kind
 from corral.notify.notifier import Notifier
 from corral.notify.prefs import checked, effective
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from corral.core.db import Database
+    from corral.lanes.backend import SubmitContext
     from corral.safety.audit import Audit
 
 
@@ -79,6 +83,19 @@ class NotifyVerbs:
     def ack(self, caller: Caller, up_to: int) -> dict[str, Any]:
         n = self.db.ledger.ack(caller.name, up_to, self.notifier.now())
         return {"acked": n, "left": self.db.ledger.unacked(caller.name, 1)[1]}
+
+    def slurm_mail(self, ctx: "SubmitContext") -> tuple[str, str] | None:
+        """Slurm's --mail-user and --mail-type for a job about to be sent (the Slurm lane
+        asks, corral/lanes/slurm/script.py): its sponsor's choice for an agent's job, the
+        person's own for theirs; None: no mail."""
+        if not self.site.slurm_mail:
+            return None
+        who = ctx.sponsor if ctx.kind == Kind.AGENT.value and ctx.sponsor else ctx.principal
+        try:
+            return effective(self.db.notifications.prefs(who), self.site).slurm()
+        except Exception:  # noqa: BLE001 - a job is sent without mail rather than not at all
+            log.exception("notify: Slurm mail of job %s", ctx.job_id)
+            return None
 
     def test(self, caller: Caller, principal: str | None = None) -> dict[str, Any]:
         name = self._whose(caller, principal, change=True)

@@ -194,6 +194,9 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
         reconciler=reconciler, jobctl=JobControl(db, lanes, gate, audit, reconciler), sandbox=sandbox,
         egress=egress, identities=identities)
     service.notify = NotifyVerbs(settings.notify, db, audit, notifier)
+    for b in (backend, *more):
+        if hasattr(b, "mail_for"):  # Slurm's own mail, where the site and the person chose it
+            b.mail_for = service.notify.slurm_mail
     service.approvals = ApprovalVerbs(service, settings.notify.approval_wait_s)
     service.jobctl.asking = service.storage.asking = service.memory.asking = service.approvals.asking
     service.sponsor_view = sponsor_view

@@ -16,6 +16,8 @@ if TYPE_CHECKING:  # the edges import Prefs as an input model: nothing heavy at 
 
 _QUIET = re.compile(r"^([01]?\d|2[0-3])-([01]?\d|2[0-3])$")
 _EMAIL = re.compile(r"^[^@\s<>,;\"']{1,64}@[A-Za-z0-9.-]{1,253}$")
+_SLURM_MAIL = re.compile(r"[A-Za-z0-9._+-]{1,64}@[A-Za-z0-9.-]{1,253}")
+"""An address Slurm's --mail-user takes as one word (corral-submit's pattern too)."""
 
 
 class Prefs(BaseModel):
@@ -33,6 +35,8 @@ class Prefs(BaseModel):
     denials: bool | None = None
     quiet_hours: str | None = Field(None, description="'HH-HH' (local time of the gateway), or 'off'.")
     digest: bool | None = None
+    slurm_mail: bool | None = Field(None, description="On the Slurm lane, also Slurm's own mail of the jobs "
+                                    "(to email; where the site offers it: [notify] slurm_mail).")
 
 
 class Effective(BaseModel):
@@ -46,6 +50,13 @@ class Effective(BaseModel):
     denials: bool
     quiet_hours: str | None
     digest: bool
+    slurm_mail: bool = False
+
+    def slurm(self) -> tuple[str, str] | None:
+        """Slurm's --mail-user and --mail-type for this person's jobs, if they chose its mail."""
+        if not self.slurm_mail or not self.email or self.jobs == "none" or not _SLURM_MAIL.fullmatch(self.email):
+            return None
+        return self.email, "END" if self.jobs == "all" else "FAIL"
 
     def channels(self) -> list[tuple[str, str]]:
         """(channel, target) of every way this person is reached."""
@@ -76,7 +87,8 @@ def checked(body: dict[str, Any], site: NotifySettings) -> Prefs:
         where = ".".join(str(x) for x in first["loc"]) or "body"
         raise InvalidRequest(f"notification choices: {where}: {first['msg']}",
                              hint="fields: email, webhook, webhook_format (generic|ntfy|slack), jobs "
-                                  "(all|failures|none), budget, denials, quiet_hours ('22-07' or 'off'), digest") from None
+                                  "(all|failures|none), budget, denials, quiet_hours ('22-07' or 'off'), digest, "
+                                  "slurm_mail") from None
     if prefs.email is not None and prefs.email and not _EMAIL.fullmatch(prefs.email):
         raise InvalidRequest(f"email {prefs.email!r} is not an address", hint="give name@host")
     if prefs.email and not site.smtp_host:
@@ -86,6 +98,12 @@ def checked(body: dict[str, Any], site: NotifySettings) -> Prefs:
         raise InvalidRequest(f"quiet_hours {prefs.quiet_hours!r} is not 'HH-HH'", hint="for example '22-07', or 'off'")
     if prefs.webhook:
         _check_webhook(prefs.webhook, site)
+    if prefs.slurm_mail and not site.slurm_mail:
+        raise InvalidRequest("this facility does not offer Slurm's own mail ([notify] slurm_mail is off)",
+                             hint="corral's own email and webhooks tell you of job ends")
+    if prefs.slurm_mail and not (prefs.email and _SLURM_MAIL.fullmatch(prefs.email)):
+        raise InvalidRequest("Slurm's mail needs your email, letters, digits and ._+- before the @",
+                             hint="set email too: corral notify set --email you@host --slurm-mail")
     return prefs
 
 
@@ -110,4 +128,5 @@ def effective(mine: dict[str, Any] | None, site: NotifySettings) -> Effective:
     return Effective(email=p.email or None, webhook=p.webhook or None, webhook_format=p.webhook_format,
                      jobs=p.jobs or site.jobs, budget=site.budget if p.budget is None else p.budget,
                      denials=site.denials if p.denials is None else p.denials, quiet_hours=quiet,
-                     digest=site.digest if p.digest is None else p.digest)
+                     digest=site.digest if p.digest is None else p.digest,
+                     slurm_mail=bool(site.slurm_mail and p.slurm_mail))

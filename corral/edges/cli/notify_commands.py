@@ -65,6 +65,8 @@ def notify_show(o: Ctx, for_: str | None) -> None:
 @click.option("--quiet", "quiet_hours", metavar="HH-HH", help="Quiet hours ('22-07'; 'off'): what falls inside "
               "arrives as one message when they end.")
 @click.option("--digest/--no-digest", default=None, help="Gather what is due into one message an hour.")
+@click.option("--slurm-mail/--no-slurm-mail", "slurm_mail", default=None,
+              help="Also Slurm's own mail of your (agents') batch jobs, to --email, where the facility offers it.")
 @click.pass_obj
 def notify_set(o: Ctx, for_: str | None, **fields: Any) -> None:
     """Choose what you are told and where. Fields left out keep their value.
@@ -76,7 +78,7 @@ def notify_set(o: Ctx, for_: str | None, **fields: Any) -> None:
     prefs = {k: v for k, v in fields.items() if v is not None}
     if not prefs:
         raise click.UsageError("nothing to set: give --email, --webhook, --jobs, --budget, --denials, --quiet "
-                               "or --digest (corral notify show says what is set now)")
+                               "--digest or --slurm-mail (corral notify show says what is set now)")
     o.out(o.client.notify_set(prefs, principal=for_), _show)
 
 

@@ -65,6 +65,8 @@ OPTIONS: dict[str, str] = {
     "--nice": r"[0-9]{1,10}",  # never negative: that is an operator's
     "--qos": _NAME,
     "--open-mode": r"append",  # a requeued job's output grows on (decision 0022)
+    "--mail-type": r"END|FAIL",  # Slurm's own mail, where the person chose it ([notify] slurm_mail)
+    "--mail-user": r"[A-Za-z0-9._+-]{1,64}@[A-Za-z0-9.-]{1,253}",
     "--signal": r"B:URG@[0-9]{1,5}",  # Slurm's notice to the batch shell alone (decision 0058)
 }
 FLAGS = ("--requeue",)

@@ -13,7 +13,7 @@ import signal as _signal
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from corral.core.errors import InvalidRequest
 from corral.core.jobs import JobSpec, format_duration
@@ -170,6 +170,9 @@ def scratch_line(top: Path, subs: list[str], python: str = sys.executable) -> st
 
 
 class Scripts(SlurmBase):
+    mail_for: Callable[[SubmitContext], tuple[str, str] | None] | None = None
+    """Who gets Slurm's own mail of a job, and of what (NotifyVerbs.slurm_mail); None: nobody."""
+
     def _lay_out(self, d: Path, ctx: SubmitContext, spec: JobSpec, user: tuple[int, int] | None,
                  helped: pwd.struct_passwd | None = None) -> None:
         """d/out, made whole once: empty output files, the script, the job's environment
@@ -278,6 +281,9 @@ class Scripts(SlurmBase):
             lines.append(f"#SBATCH --gres=gpu:{spec.gpus}")
         if ctx.account:
             lines.append(f"#SBATCH --account={ctx.account}")
+        mail = self.mail_for(ctx) if self.mail_for is not None else None
+        if mail:  # Slurm's own mail, to the person who chose it ([notify] slurm_mail)
+            lines += [f"#SBATCH --mail-user={mail[0]}", f"#SBATCH --mail-type={mail[1]}"]
         if ctx.after:
             lines += [f"#SBATCH --dependency={ctx.after}", "#SBATCH --kill-on-invalid-dep=yes"]
         opportunistic = self.opportunistic() if ctx.kind == "agent" and spec.labels.get(TIER_LABEL) == \
