@@ -346,6 +346,36 @@ def test_the_guaranteed_tier_asked_through_http_mcp_and_the_sbatch_shim(tmp_path
         gw.kill(signal.SIGTERM)
 
 
+@on_slurm
+@SHARED_TURN  # one 1-CPU job
+def test_a_signal_the_job_chose_with_the_sbatch_shim_reaches_its_script_in_the_sandbox(tmp_path: Path,
+                                                                                     agent_dir: Path) -> None:
+    """An agent's own `#SBATCH --signal=B:USR2@100` (as Slurm takes it): corral asks Slurm
+    for its notice 100 s before the walltime (2 min), and the script, contained, gets
+    USR2 from its batch shell, whether it handles it or not (asked: sent as Slurm sends
+    it). Before, the shim refused --signal ('use corral control ID signal')."""
+    from .test_shims import agent_run
+
+    gw = Gateway(tmp_path / "home", free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": slurm_conf(),
+                                                            "CORRAL_TICK_S": "0.5"})
+    gw.home.mkdir()
+    gw.start()
+    try:
+        tok = add_people(gw)["bot1"]
+        script = ("printf '#!/bin/bash\\n#SBATCH --signal=B:USR2@100\\ntrap \"echo told; exit 0\" USR2\\n"
+                  "echo waiting\\nfor i in $(seq 900); do sleep 0.2; done\\n' > job.sh; "
+                  "ID=$(sbatch --parsable -t 2 job.sh); while squeue -h -j $ID | grep -q .; do sleep 0.5; done; "
+                  "cat slurm-$ID.out; sacct -X -n -P -j $ID -o State")
+        cp = agent_run(gw, tok, script, agent_dir, "--no-fence", "--quiet")
+        assert cp.stdout.split() == ["waiting", "told", "COMPLETED"], cp.stdout + cp.stderr
+        with gw.http(tok) as h:
+            job = h.get("/v1/jobs").json()["jobs"][0]
+            assert h.get(f"/v1/jobs/{job['id']}").json()["spec"]["signal"] == "USR2@100"
+        assert "#SBATCH --signal=B:URG@100" in (gw.home / "slurm" / "jobs" / str(job["id"]) / "job.sh").read_text()
+    finally:
+        gw.kill(signal.SIGTERM)
+
+
 def test_walltime_from_the_last_runs_with_its_margin_floor_and_ceiling() -> None:
     runs: list[tuple[int, float]] = []
     placer = Placer(SlurmSettings(), _Db(), lambda p, s, n: runs[:n])  # type: ignore[arg-type]
