@@ -22,9 +22,8 @@ import pytest
 from corral.core.workdirs import NOT_WRITABLE
 
 from .compat import runner
-from .conftest import slurm_lock
-from .slurm_env import slurm_conf
-from .test_gateway_slurm import start_slurm_gateway
+from .conftest import Gateway, free_port, slurm_lock
+from .slurm_env import layout, slurm_conf
 
 FIELD_BY_FIELD = {"scontrol_show_job"}
 KNOWN = {("scontrol_show_job", "TRES"): "a job that names no memory gets corral's default (1 GB), not the "
@@ -40,6 +39,12 @@ ELAPSED_FIELDS = {"RunTime"}
 """Differences corral means, each named: nothing else may differ."""
 
 
+def nodes_reach(conf: str) -> str:
+    """This host's address as the private Slurm's nodes reach it: its bridge on the cluster
+    (scripts/slurm-up), this host itself on the one-node layout."""
+    return f"{layout(conf)['NET']}.254" if layout(conf)["LAYOUT"] == "cluster" else "127.0.0.1"
+
+
 def _ids_from(db: Path, first: int) -> None:
     """corral's job ids from ``first`` on, as a facility's are (a small id would read like
     a count of CPUs to the normaliser)."""
@@ -52,8 +57,10 @@ def _ids_from(db: Path, first: int) -> None:
     conn.close()
 
 
-def run_corpus(conf: str) -> dict:
-    """The corpus run as an agent, through the shims and a gateway of its own: {ids, results}."""
+def run_corpus(conf: str, only: list[str] | None = None) -> dict:
+    """The corpus run as an agent, through the shims and a gateway of its own: {ids, results}
+    (``only``: those invocations). The nodes reach the gateway on their bridge, as Slurm's
+    commands inside the corpus's jobs do (decision 0057)."""
     root = Path(tempfile.mkdtemp(prefix="corral-compat-"))
     root.chmod(0o755)
     # The corpus's jobs take a turn on the real Slurm (conftest.slurm_lock) while the corpus
@@ -62,7 +69,13 @@ def run_corpus(conf: str) -> dict:
     with slurm_lock(shared=True):
         # The corpus runs a few invocations at a time (tests/compat/runner.py), faster than
         # an agent's API rate allows: what is compared is each output, not the pace.
-        gw = start_slurm_gateway(root, conf, CORRAL_RATE_API_PER_S="0")
+        port = free_port()
+        gw = Gateway(root / "home", port, extra_env={
+            "CORRAL_BACKEND": "slurm", "SLURM_CONF": conf, "CORRAL_TICK_S": "0.5", "CORRAL_RATE_API_PER_S": "0",
+            "CORRAL_HOST": "0.0.0.0", "CORRAL_INSECURE": "true",
+            "CORRAL_SLURM__GATEWAY_ADDRESS": f"{nodes_reach(conf)}:{port}"})
+        gw.home.mkdir()
+        gw.start()
         _ids_from(gw.home / "corral.db", 700_000)
         try:
             with gw.http() as h:
@@ -77,7 +90,8 @@ def run_corpus(conf: str) -> dict:
             work.chmod(0o777)  # the agent's jobs run contained, as an unprivileged user under a root gateway
             out = root / "results.json"
             r = subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "agent", "run", "--url", gw.url, "--token",
-                                token, "--quiet", "--", sys.executable, "-m", "tests.compat.runner", str(out)],
+                                token, "--quiet", "--", sys.executable, "-m", "tests.compat.runner", str(out),
+                                *([",".join(only)] if only else [])],
                                cwd=work, env=env, capture_output=True, text=True, timeout=1800)
             assert r.returncode == 0 and out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
             return dict(json.loads(out.read_text()))

@@ -82,6 +82,15 @@ class SlurmSettings(_Part):
     placement_su_per_hour: float = Field(1.0, ge=0, description="placement = 'blend': the SUs one hour of waiting is worth.")
     charge: dict[str, dict[Literal["cpu_hour", "gpu_hour"], float]] = Field(default_factory=dict, examples=[{"cpu": {"cpu_hour": 1.0}, "gpu/gpu": {"cpu_hour": 0.5, "gpu_hour": 20.0}}], description="Charge rates in SUs, per 'cluster' or 'cluster/partition' (the more specific wins): cpu_hour and gpu_hour. Unnamed: 1 SU per CPU-hour, 0 per GPU-hour.")
 
+    gateway_address: str | None = Field(None, examples=["10.0.0.1:8765"], description="HOST:PORT where the Slurm nodes reach this gateway's HTTP API (plain HTTP, an address of this host): Slurm's commands inside a contained job (srun, squeue, scontrol, sacct, sinfo) are corral's shims there, reaching the gateway through a relay the job's batch script starts on its node, with a credential of the job's own that reads its principal's jobs while it runs (decision 0057). Unset: srun inside a job still runs its tasks; the other commands say they cannot reach corral.")
+
+    @field_validator("gateway_address")
+    @classmethod
+    def _gateway_address(cls, v: str | None) -> str | None:
+        if v is not None:
+            host_port(v)
+        return v
+
     @field_validator("clusters")
     @classmethod
     def _cluster_names(cls, v: dict[str, str]) -> dict[str, str]:

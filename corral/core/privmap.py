@@ -91,7 +91,8 @@ PROCESSES: tuple[Process, ...] = (
     Process("directory opener", "python3 -I -S -c <sandbox/opendir.py>", "the job's identity", "local supervisor, "
             "gateway", "standard library only; answers a descriptor over a socketpair"),
     Process("shims", "sbatch, squeue, ... (corral/edges/shims, launcher.c)", "the job's or agent's identity",
-            "an agent, inside its sandbox", "speak HTTP to the gateway with the agent's token: no privilege"),
+            "an agent, inside its sandbox; a contained job", "speak HTTP to the gateway with the agent's token, or "
+            "in a job through its door with the job's own read-only credential (decision 0057): no privilege"),
 )
 
 PRIVILEGED: tuple[str, ...] = (

@@ -147,6 +147,12 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
     audit.on_deny.append(sponsor_view.on_deny)  # ... and counted for the sponsor's own view
     gate = Gate(settings.safety, settings.home, db, clock, settings.sandbox.allow_hosts)
     credentials = Credentials(db, gate)
+    if settings.slurm.gateway_address:  # contained jobs' Slurm commands reach corral from their nodes (decision 0057)
+        from corral.lanes.slurm.base import Door
+
+        for b in (backend, *more):
+            if hasattr(b, "door"):
+                b.door = Door(settings.slurm.gateway_address, credentials.jobs.of)
     store, semantic = None, None
     if settings.memory.enabled:
         from corral.memory.store import Memory

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from corral.core.errors import Forbidden, InvalidRequest, NotFound, Unauthenticated
 from corral.core.principals import (RESERVED, TOKENLESS, Caller, Kind, Principal, check_session, secret_matches,
                                    split_token)
+from corral.safety import job_credentials
+from corral.safety.job_credentials import JobCredentials
 from corral.safety.tokens import MAX_TOKEN_CHARS, PREFIX, TOO_LONG_HINT, Capability, Caveats, precheck
 
 if TYPE_CHECKING:
@@ -34,6 +37,10 @@ class Credentials:
         # token -> (expiry, principal, visible names, capability, token id). Every write to principals
         # or tokens clears it, so a revocation takes effect on the very next request.
         self._cache: dict[bytes, tuple[float | None, Principal, frozenset[str], Capability | None, str]] = {}
+        self.jobs = JobCredentials(gate.tokens.secret())
+        """Contained jobs' own credentials (``crj_``): their Slurm commands inside (decision 0057)."""
+        self._job_caps: dict[str, Capability] = {}
+        """principal -> the read-only capability its jobs' credentials act with (minted once an hour)."""
 
     def clear(self) -> None:
         self._cache.clear()
@@ -54,14 +61,38 @@ class Credentials:
                 root = precheck(token)
                 self.gate.buckets.take_all([(f"verify:{root}", 1.0, VERIFY_PER_S, VERIFY_BURST,
                                              "fresh variants of one token")], self.gate.clock.monotonic())
-            hit = self._verify(token)
-            if len(self._cache) > 10_000:
-                self._cache.clear()
-            self._cache[key] = hit
+            if token.startswith(job_credentials.PREFIX):  # its job's record read at every request: never cached
+                hit = self._job(token)
+            else:
+                hit = self._verify(token)
+                if len(self._cache) > 10_000:
+                    self._cache.clear()
+                self._cache[key] = hit
         expires, principal, visible, cap, token_id = hit
         caller = Caller(principal, check_session(session), token_id, visible, cap)
         self.gate.api_call(caller)
         return caller
+
+    def _job(self, token: str) -> tuple[float | None, Principal, frozenset[str], Capability | None, str]:
+        """A contained job's credential: its principal's reads of that principal's own jobs
+        (never an admin's view), while corral's record of the job is not terminal."""
+        job_id = self.jobs.check(token)
+        job = self.db.get_job(job_id) if job_id is not None else None
+        if job is None:
+            raise Unauthenticated("the job credential is not valid: Slurm's commands inside a job use the one "
+                                  "corral gave it (CORRAL_TOKEN)")
+        if job.state.terminal:
+            raise Unauthenticated(f"job {job_id} has ended, and the credential corral gave it ended with it")
+        principal = self.db.get_principal(job.principal)
+        if principal is None:
+            raise Unauthenticated("the job's principal no longer exists")
+        now = self.gate.clock.time()
+        held = self._job_caps.get(principal.name)
+        if held is None or held.expires_at is None or held.expires_at < now + 600:
+            held = self.gate.tokens.verify(self.gate.tokens.mint(principal.name, Caveats(
+                expires_at=now + 3600, actions=list(job_credentials.ACTIONS)))[1])
+            self._job_caps[principal.name] = held
+        return None, replace(principal, is_admin=False), frozenset([principal.name]), held, f"job-{job_id}"
 
     def _verify(self, token: str) -> tuple[float | None, Principal, frozenset[str], Capability | None, str]:
         cap: Capability | None = None

@@ -206,6 +206,10 @@ class TokenAuthority:
     def public_key(self) -> bytes:
         return bytes(self._public.to_bytes())
 
+    def secret(self) -> bytes:
+        """The root key's bytes, for keys derived from it (jobs' credentials: safety/job_credentials.py)."""
+        return bytes(self._private.to_bytes())
+
     def mint(self, principal: str, caveats: Caveats) -> tuple[str, str]:
         """-> (token id, token)."""
         builder = BiscuitBuilder('principal({p});\n' + caveats.datalog(), {"p": principal})

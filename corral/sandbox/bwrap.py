@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from corral.core import proc
+from corral.sandbox import door
 from corral.sandbox.egress import BRIDGE_NAME
 from corral.sandbox.homes import (CREDENTIALS, HOME_LINK, OWN_HOME, candidates, credentials, home_roots, homes,
                                   outermost, people_homes)
@@ -119,6 +120,7 @@ class Sandbox:
     relay: str | None = None
     """HOST:PORT where the egress proxy listens for jobs on other machines ([sandbox]
     egress_listen): a Slurm job's script relays its node's own socket there."""
+    door: str | None = None  # a Slurm job's shims; its door's socket, a bash word ('': none) (sandbox/door.py)
 
     def applies(self, kind: str) -> bool:
         return kind in self.kinds
@@ -241,6 +243,10 @@ class Sandbox:
             mounts += self._egress()
             env = [(var, f"http://127.0.0.1:{PORT_INSIDE}") for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")]
             steps.append((tool("bash"), "-c", _BRIDGE, "corral-egress"))
+        entry = door.shims() if self.door is not None else None
+        if self.door is not None and entry:  # Slurm's commands inside: corral's shims, through the door
+            mounts += door.mounts(self.door, entry)
+            steps += [(tool("bash"), "-c", door.BRIDGE, "corral-door")] if self.door else []
         if (filtered and self.seccomp) or env_fd is not None:  # last before the job: corral's own setup above is not bound by it
             steps.append(tuple(apply_argv(system_python(), self.seccomp if filtered else None, env_fd)))
         # bwrap builds the namespaces as root (it reads every path it binds), then the job
@@ -248,7 +254,8 @@ class Sandbox:
         # `unshare --user` gives it the namespace in which its process count is its own.
         become = None if who is None else Become(who[0], who[1], _home_of(who[0]) is not None, self.own_count)
         return Profile(tool("bwrap"), self._namespaces(who is not None), tuple(mounts), cwd, tuple(env), become,
-                       tuple(steps), {"setpriv": tool("setpriv"), "unshare": tool("unshare")}), argv
+                       tuple(steps), {"setpriv": tool("setpriv"), "unshare": tool("unshare")},
+                       door.SHIM_BIN if entry else None), argv
 
     def _namespaces(self, as_root: bool) -> tuple[str, ...]:
         # Run by root, bwrap needs no user namespace, and the job's user must be one the

@@ -10,6 +10,7 @@ without parsing an argument list, and the order of the chain is written once.
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +93,8 @@ class Profile:
     each ending where the next begins (prlimit, the egress bridge, the filter)."""
     tools: dict[str, str] = field(default_factory=dict)
     """Absolute paths of setpriv and unshare."""
+    path_first: str | None = None
+    """A directory put first on the PATH the job starts with (its Slurm commands: corral/sandbox/door.py)."""
 
     def render(self, argv: list[str], mark: str | None = None) -> list[str]:
         """The command that runs ``argv`` in this sandbox; ``mark``: each ``later`` or
@@ -102,6 +105,9 @@ class Profile:
         out += ["--chdir", self.chdir]
         for k, v in self.env:
             out += ["--setenv", k, v]
+        if self.path_first:  # in a batch script (``mark``), the PATH the node has when the job starts
+            out += [mark] if mark is not None else ["--setenv", "PATH", f"{self.path_first}:"
+                                                                        f"{os.environ.get('PATH', '/usr/bin:/bin')}"]
         chain = [a for step in self.steps for a in step]
         if self.become is None:
             return [*out, "--cap-drop", "ALL", "--", *chain, *argv]
@@ -117,16 +123,17 @@ class Profile:
         when it starts), each ``word`` mount's source expanded there, and the last line runs
         it (``prefix`` first), ready for a redirection or ``&`` to be appended."""
         later = [m for m in self.mounts if m.later or m.word]
-        if not later:
+        if not later and not self.path_first:
             return shlex.join([*(prefix or []), *self.render(argv)])
         mark = "\0later\0"  # no word of an exec's argv can hold a NUL
         out = self.render(argv, mark)
         lines, run = [HIDE_LATER, "corral_box=()"], list[str]()
         for a in out:
             if a == mark:
-                m = later.pop(0)
+                m = later.pop(0) if later else Mount("path", self.path_first or "")
                 lines.append(f"corral_box+=({shlex.join(run)})" if run else "")
                 lines.append(f"corral_hide {shlex.quote(m.dst)}" if m.later else
+                             f'corral_box+=(--setenv PATH {shlex.quote(m.dst)}:"$PATH")' if m.op == "path" else
                              f"corral_box+=(--{m.op} {m.src} {shlex.quote(m.dst)})")
                 run = []
             else:

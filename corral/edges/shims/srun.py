@@ -1,7 +1,8 @@
 """``srun`` through corral, batch-style: the command (once per task, ``-n``), submitted
 as one job, waited for, its output printed (stdout and stderr apart) and its exit code
 returned, as Slurm's srun returns them; its stdin passed to every task (decision 0013).
-Its options are sbatch's (sbatch.parser) and what is srun's own."""
+Its options are sbatch's (sbatch.parser) and what is srun's own. Inside a job, a step
+in that job's allocation instead (shims/steps.py, decision 0057)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,17 @@ def srun(argv: list[str]) -> int:
     ns = p.parse_args(argv)
     if not ns.command:
         raise ShimError("No command given to execute.")
-    if os.environ.get("SLURM_JOB_ID"):
+    if os.environ.get("SLURM_JOB_ID") and os.environ.get("CORRAL_JOB_ID"):  # a step of this job's (shims/steps.py)
+        from corral.edges.shims import steps
+
+        shape = shape_of(ns, "srun")
+        if shape.nodes > 1:
+            raise ShimError(f"Unable to create step for job {os.environ['SLURM_JOB_ID']}: Requested node "
+                            "configuration is not available (a corral job has one node)")
+        ntasks = shape.ntasks if ns.ntasks else None
+        return steps.run(ns, ntasks, shape.cpus_per_task if ns.cpus_per_task else None,
+                         None if (ntasks or int(os.environ.get("SLURM_NTASKS") or 1)) == 1 else _stdin())
+    if os.environ.get("SLURM_JOB_ID"):  # a Slurm job that is not corral's: its steps are Slurm's own
         unsupported("srun", "a step inside a job", "inside a job, run the command directly")
     ns.array = None
     ntasks = shape_of(ns, "srun").ntasks

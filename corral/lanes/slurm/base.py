@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -101,12 +102,25 @@ class SlurmBase:
             return st.st_mtime, st.st_size
         return None
 
+    door: "Door | None" = None
+    """Where a contained job's Slurm commands reach the gateway from its node ([slurm]
+    gateway_address) and the job's credential there (corral/sandbox/door.py); None: they
+    say they cannot reach corral."""
     identities: "Identities | None" = None
     """Who a contained job of a principal without a Unix user runs as (corral/core/identity.py)."""
     scratch: list[Path] = []
     """Node-local directories the sandbox hides (the Sender makes them again at a send if a
     cleaner removed them); a contained job's script makes them too, for the run Slurm
     starts again after a requeue, minutes later and without a send."""
+
+
+@dataclass(frozen=True)
+class Door:
+    """A contained job's door to the gateway: the gateway's HOST:PORT as the nodes reach
+    it, and the credential each job gets (corral/safety/job_credentials.py)."""
+
+    address: str
+    credential: Callable[[int], str]
 
 
 def write_own(path: Path, text: str) -> None:

@@ -21,7 +21,7 @@ from corral.lanes.backend import SubmitContext
 from corral.lanes.slurm.base import SlurmBase
 from corral.lanes.slurm.tiers import (NOTICE, TIER_LABEL, WALLTIME_LABEL, notice_of, order_nice, rerun_lines,
                                       tier_lines)
-from corral.sandbox import opendir
+from corral.sandbox import door, opendir
 from corral.sandbox.bwrap import JOB_DIR, RELAY_DIR, RELAY_SOCKET, system_python, tool
 from corral.sandbox.egress import relay_argv
 from corral.sandbox.seccomp import apply_argv
@@ -29,6 +29,7 @@ from corral.storage import IMAGE_AT, IMAGE_FILE, META_LABEL, WS_DIR, WS_LOWER, m
 
 if TYPE_CHECKING:
     from corral.core.identity import Identity
+    from corral.sandbox.bwrap import Sandbox
 
 
 def job_name(ctx: SubmitContext, spec: JobSpec) -> str:
@@ -52,36 +53,44 @@ SCRIPT = f"/dev/fd/{SCRIPT_FD}"
 (TERM and KILL are Slurm's own: a cancel, a walltime)."""
 
 
-def relay_lines(listen: str, who: tuple[int, int] | None) -> list[str]:
-    """Lines of a batch script that start, on the node, the job's relay to the egress proxy
-    ([sandbox] egress_listen): a Unix socket in a directory the script makes as it runs
+def relay_lines(targets: list[tuple[str, str]], who: tuple[int, int] | None) -> list[str]:
+    """Lines of a batch script that start, on the node, the job's relays: for each (NAME,
+    HOST:PORT) of ``targets``, a Unix socket NAME carried to HOST:PORT (proxy.sock: the
+    egress proxy, [sandbox] egress_listen; gateway.sock: the gateway, the job's door,
+    corral/sandbox/door.py), in a directory the script makes as it runs
     (``mktemp -d``: new, 0700, named at random then, never in the script: a run that Slurm
     ended before its cleanup leaves its own behind, and a name in the script, which every
     user of the node read in the relay's command line, could be made first by anyone, so
-    that the run after a requeue stopped), forwarded to HOST:PORT; the sandbox binds that
-    socket (``RELAY_SOCKET``) in place of the gateway's, which connects only on the
-    gateway's machine. ``who``: the identity the relay runs as when root runs the script
+    that the run after a requeue stopped); the sandbox binds those sockets, which connect
+    from the job's node (the gateway's own sockets connect only on the gateway's machine).
+    ``who``: the identity the relays run as when root runs the script
     (the job's bytes never pass through root); the directory stays root's, ``who`` writing
-    in it by group until its socket is there, then closed and the socket checked to be
+    in it by group until its sockets are there, then closed and each socket checked to be
     one: the bwrap that binds it runs as root, and a link put there by anything running
     as ``who`` would be followed. Ready before the job starts."""
     drop = [tool("setpriv"), f"--reuid={who[0]}", f"--regid={who[1]}", "--clear-groups", "--inh-caps=-all",
             "--bounding-set=-all", "--"] if who else []
-    where, sock = f'"${RELAY_DIR}"', RELAY_SOCKET
-    socat, listening, target = relay_argv(f"${RELAY_DIR}/proxy.sock", listen)
-    return [f"{RELAY_DIR}=$(mktemp -d /tmp/corral-egress.XXXXXXXXXXXX) || {{ echo \"corral: cannot make a directory "
-            "in /tmp on $(hostname) for the egress relay\" >&2; exit 1; }",
-            # root's throughout: the relay makes its socket there by group (a directory of its
-            # identity's own, in /tmp, could be moved by it and a link put in its place)
-            *([f"chgrp -h {who[1]} {where} && chmod 1730 {where} || exit 1"] if who else []),
-            # the socket's path is expanded here: mktemp's name is letters and digits
-            f'{shlex.join([*drop, socat])} "{listening}" {shlex.quote(target)} 2>/dev/null &',
-            "corral_relay=$!",
-            f"for i in $(seq 500); do [ -S {sock} ] && break; sleep 0.01; done",
-            f"[ -S {sock} ] || {{ echo \"corral: the egress relay to {listen} did not start on $(hostname)\" >&2; "
-            "exit 1; }",
-            *([f"chmod 0700 {where} && [ ! -L {sock} ] && [ -S {sock} ] || {{ echo \"corral: the egress relay's "
-               "socket on $(hostname) was replaced\" >&2; exit 1; }"] if who else [])]
+    where = f'"${RELAY_DIR}"'
+    lines = [f"{RELAY_DIR}=$(mktemp -d /tmp/corral-egress.XXXXXXXXXXXX) || {{ echo \"corral: cannot make a directory "
+             "in /tmp on $(hostname) for the job's relays\" >&2; exit 1; }",
+             # root's throughout: the relay makes its socket there by group (a directory of its
+             # identity's own, in /tmp, could be moved by it and a link put in its place)
+             *([f"chgrp -h {who[1]} {where} && chmod 1730 {where} || exit 1"] if who else []), "corral_relays="]
+    socks = [f'"${RELAY_DIR}/{name}"' for name, _ in targets]
+    for name, listen in targets:
+        socat, listening, target = relay_argv(f"${RELAY_DIR}/{name}", listen)
+        # the socket's path is expanded here: mktemp's name is letters and digits
+        lines += [f'{shlex.join([*drop, socat])} "{listening}" {shlex.quote(target)} 2>/dev/null &',
+                  'corral_relays="$corral_relays $!"']
+    for (_, listen), sock in zip(targets, socks):
+        lines += [f"for i in $(seq 500); do [ -S {sock} ] && break; sleep 0.01; done",
+                  f"[ -S {sock} ] || {{ echo \"corral: the job's relay to {listen} did not start on $(hostname)\" >&2; "
+                  "exit 1; }"]
+    if who:
+        checks = " && ".join(f"[ ! -L {sock} ] && [ -S {sock} ]" for sock in socks)
+        lines.append(f"chmod 0700 {where} && {checks} || {{ echo \"corral: a relay's socket on $(hostname) was "
+                     "replaced\" >&2; exit 1; }")
+    return lines
 
 
 def run_and_wait(run: str, contained: bool, notice: tuple[str, int, bool] | None = None) -> list[str]:
@@ -186,7 +195,7 @@ class Scripts(SlurmBase):
             shutil.rmtree(new)
         new.mkdir(mode=0o700)
         files = {"stdout": (b"", 0o600), "stderr": (b"", 0o600),
-                 "env.json": (json.dumps(self._job_env(ctx, spec)).encode(), 0o600)}
+                 "env.json": (json.dumps(self._job_env(ctx, spec) | self._door_env(ctx)).encode(), 0o600)}
         if spec.script:
             # 0755 in a 0700 directory: reached by the work through a descriptor only where
             # root runs the batch script for someone else (render)
@@ -218,6 +227,18 @@ class Scripts(SlurmBase):
     def _job_env(ctx: SubmitContext, spec: JobSpec) -> dict[str, str]:
         return {"CORRAL_JOB_ID": str(ctx.job_id), "CORRAL_PRINCIPAL": ctx.principal,
                 "CORRAL_SESSION": ctx.session or "", **spec.env}
+
+    def _door_env(self, ctx: SubmitContext) -> dict[str, str]:
+        """A contained job's way to corral from inside (its Slurm commands, decision 0057):
+        its id as corral's, the door's URL and the job's own credential (reads, as its
+        principal, while it runs), over whatever the job's environment says of them."""
+        if not self._contains(ctx):
+            return {}
+        # one job id inside, corral's (decision 0008): what the shims there know it by
+        ids = {"SLURM_JOB_ID": str(ctx.job_id), "SLURM_JOBID": str(ctx.job_id)}
+        if self.door is None:
+            return ids
+        return {**ids, "CORRAL_URL": door.URL, "CORRAL_TOKEN": self.door.credential(ctx.job_id)}
 
     def _contains(self, ctx: SubmitContext) -> bool:
         return self.sandbox is not None and self.sandbox.applies(ctx.kind)
@@ -358,10 +379,10 @@ class Scripts(SlurmBase):
             # As the work's identity where root runs this script (the kernel's checks apply).
             opened = opendir.command(WORKDIR_FD, spec.workdir, opendir.identity(*who) if root and who else None) \
                 if spec.workdir else []
-            if sandbox.egress and sandbox.relay and not sandbox.network:  # the node's own way to the proxy
-                lines += relay_lines(sandbox.relay, who if root else None)
-                sandbox = replace(sandbox, egress=RELAY_SOCKET)
-                cleanup = [f'kill $corral_relay 2>/dev/null; rm -rf "${RELAY_DIR}"']
+            sandbox, relays = self._relays(sandbox, who if root else None)
+            if relays:
+                lines += relays
+                cleanup = [f'kill $corral_relays 2>/dev/null; rm -rf "${RELAY_DIR}"']
                 # A cancel or the walltime is Slurm's SIGTERM to every process of the job,
                 # this shell too (its SIGKILL follows): the relay's directory is removed
                 # then as well, not left in the node's /tmp by every job that did not end.
@@ -399,6 +420,20 @@ class Scripts(SlurmBase):
         # superseded (requeued while its node was lost and the run went on) is not believed
         lines += [*cleanup, f"echo \"$rc $corral_run\" > {out / 'ended'}", "exit $rc"]
         return "\n".join(lines) + "\n"
+
+    def _relays(self, sandbox: "Sandbox", who: tuple[int, int] | None) -> tuple["Sandbox", list[str]]:
+        """The node's own ways out of a contained job: to the egress proxy (its allow-list)
+        and to the gateway (its door: Slurm's commands inside, corral/sandbox/door.py), as
+        relays the script starts (``relay_lines``) and the sandbox binds. -> the sandbox
+        that binds them, and the lines (none: no relay)."""
+        targets = []
+        if sandbox.egress and sandbox.relay and not sandbox.network:
+            targets.append(("proxy.sock", sandbox.relay))
+            sandbox = replace(sandbox, egress=RELAY_SOCKET)
+        if self.door is not None:
+            targets.append(("gateway.sock", self.door.address))
+        sandbox = replace(sandbox, door=door.SOCKET if self.door is not None else "")
+        return sandbox, relay_lines(targets, who) if targets else []
 
     def _run_as(self, ctx: SubmitContext) -> tuple[int, int] | None:
         """(uid, gid) that sbatch --uid runs the batch script as: the principal's Unix user,
