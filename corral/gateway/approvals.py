@@ -150,7 +150,8 @@ class ApprovalVerbs:
         return ApprovalPending(
             f"{summary}: waits for approval #{row['id']} by {sponsor} until {until} (rule {rule}); not done yet: "
             "corral does it once when they approve, and tells you either way",
-            {"id": row["id"], "sponsor": sponsor, "expires": row["expires"], "rule": rule, "state": "pending"},
+            {"id": row["id"], "sponsor": sponsor, "expires": row["expires"], "rule": rule, "state": "pending",
+             "answer_at": f"{self.service.notify.notifier.base_url}/dashboard"},
             hint="nothing to do now; it arrives in your ledger (since your last call) when they answer; "
                  "see it: corral approvals list", rule=rule)
 

@@ -14,9 +14,10 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
-from corral.core.errors import CorralError, store_unavailable
+from corral.core.errors import ApprovalPending, CorralError, store_unavailable
 from corral.core.jobs import format_duration
 from corral.edges.mcp.advice import said
+from corral.edges.mcp.asking import input_required
 from corral.edges.verbs import BY_NAME
 from corral.safety import guard
 
@@ -60,6 +61,11 @@ def guarded(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             return await fn(*args, **kwargs)
         except ToolError:
             raise
+        except ApprovalPending as e:  # a 2026-07-28 client with URL elicitation: input_required
+            asked = input_required(kwargs.get("ctx", args[0] if args else None), e)
+            if asked is not None:
+                return asked  # type: ignore[return-value]  # the SDK passes it through as the answer
+            raise ToolError(said(e.message, e.hint)) from None
         except CorralError as e:
             raise ToolError(said(e.message, e.hint)) from None
         except Exception as e:
