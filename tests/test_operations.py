@@ -129,7 +129,12 @@ def test_every_metric_the_rules_read_is_exported(tmp_path: Path) -> None:
     gw.home.mkdir()
     gw.start()
     try:
+        with gw.http() as h:  # a 404 is counted as a 4xx, not a 5xx
+            assert h.get("/v1/jobs/999999").status_code == 404
         text = httpx.get(f"{gw.url}/metrics", headers={"Authorization": f"Bearer {gw.admin_token}"}, timeout=30).text
+        assert re.search(r'^corral_http_responses_total\{code="4xx"\} [1-9]', text, re.M), text[:2000]
+        assert not re.search(r'^corral_http_responses_total\{code="5xx"\}', text, re.M)
+        assert re.search(r'^corral_notify_outbox\{state=', text, re.M) is None  # an empty outbox: no series
     finally:
         gw.kill(signal.SIGTERM)
     exported = {n.removesuffix("_total") for n in re.findall(r"^# HELP (corral_[a-z_]+)", text, re.M)}

@@ -30,6 +30,9 @@ class Metrics:
         self.requests = Counter(
             "corral_requests", "Requests served, by edge and operation.", ["edge", "op"], registry=self.registry
         )
+        self.responses = Counter(
+            "corral_http_responses", "HTTP responses sent, by status class (2xx, 4xx, 5xx): a 5xx is the "
+            "gateway's failure, not the caller's.", ["code"], registry=self.registry)
         self.ticks = Counter("corral_reconcile_ticks", "Reconciler ticks that polled the backend.", registry=self.registry)
         self.tick_seconds = Histogram(
             "corral_reconcile_tick_seconds", "Duration of one reconcile tick.", registry=self.registry,

@@ -55,6 +55,11 @@ class BoardCollector(Collector):
         yield decisions
         yield GaugeMetricFamily("corral_tainted_credentials", "Token blocks tainted by content flagged as injection.",
                                 value=read.taint_count())
+        outbox = GaugeMetricFamily("corral_notify_outbox", "Notifications in the outbox, by state (pending: "
+                                   "not delivered yet, retried until it is or is given up).", labels=["state"])
+        for state, n in sorted(self.board.service.db.notifications.counts().items()):
+            outbox.add_metric([state], n)
+        yield outbox
         audit = self.board.verified
         if audit["records"] is not None:
             yield GaugeMetricFamily("corral_audit_chain_ok", "1 when the audit chain verified intact at its last check.",

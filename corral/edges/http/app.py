@@ -50,8 +50,10 @@ class ContainErrors:
     """ASGI middleware: an exception below it is logged once and answered with a 500 in the
     error shape, if no response has started; it never reaches the server."""
 
-    def __init__(self, app: Any, errors: Any, home: Any = None) -> None:
+    def __init__(self, app: Any, errors: Any, home: Any = None, responses: Any = None) -> None:
         self.app, self.errors, self.home = app, errors, home
+        self.responses = responses
+        """Counts every response by status class, the 500s made here included (corral_http_responses)."""
         self.said_full = -1e9
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -62,7 +64,10 @@ class ContainErrors:
 
         async def tracking(message: Any) -> None:
             nonlocal started
-            started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start":
+                started = True
+                if self.responses is not None:
+                    self.responses.labels(f"{message['status'] // 100}xx").inc()
             await send(message)
 
         try:
@@ -75,19 +80,19 @@ class ContainErrors:
                     self.said_full = time.monotonic()
                     log.error("%s (on %s %s)", full.message, scope.get("method"), scope.get("path"))
                 if not started:
-                    await error_response(full)(scope, receive, send)
+                    await error_response(full)(scope, receive, tracking)
                 return
             away = store_unavailable(e)
             if away is not None:  # the store restarted or failed over: the caller calls again, no traceback
                 self.errors.labels("http", "store_unavailable").inc()
                 log.warning("%s (on %s %s)", away.message, scope.get("method"), scope.get("path"))
                 if not started:
-                    await error_response(away)(scope, receive, send)
+                    await error_response(away)(scope, receive, tracking)
                 return
             log.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
             self.errors.labels("http", "internal_error").inc()
             if not started:
-                await JSONResponse(INTERNAL, status_code=500)(scope, receive, send)
+                await JSONResponse(INTERNAL, status_code=500)(scope, receive, tracking)
 
 
 def bounded_route(service: Service) -> type[APIRoute]:
@@ -169,7 +174,8 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     # Last: anything unexpected becomes a 500 in the error shape, logged once, and the
     # connection stays open (Starlette's own handler re-raises to the server, which logs
     # the traceback again and drops the connection).
-    app.add_middleware(ContainErrors, errors=service.metrics.requests, home=service.settings.home)
+    app.add_middleware(ContainErrors, errors=service.metrics.requests, home=service.settings.home,
+                       responses=service.metrics.responses)
 
     requests = service.metrics.requests
 
