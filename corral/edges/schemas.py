@@ -150,6 +150,21 @@ class TokenOut(_Out):
     caveats: list[str]
 
 
+class SigninOut(_Out):
+    id: str
+    token: str
+    principal: str
+    expires: float
+    via: str
+
+
+class SigninLinkOut(_Out):
+    path: str
+    url: str
+    principal: str
+    expires: float
+
+
 class TokenInfo(_Out):
     id: str
     principal: str
