@@ -128,8 +128,20 @@ async def _cancel_many(s: Any, c: Any, a: dict[str, Any]) -> dict[str, Any]:
 
 def _whoami(s: Any, c: Any, a: dict[str, Any]) -> dict[str, Any]:
     taint = s.gate.taint_of(c)
-    return {**c.principal.to_dict(), "session": c.session, "token_id": c.token_id,
+    return {**c.principal.to_dict(), "session": c.session, "token_id": c.token_id, "runs_as": _runs_as(s, c),
             "tainted": taint[1] if taint else None, "tainted_token": taint[0] if taint else None}
+
+
+def _runs_as(s: Any, c: Any) -> dict[str, Any] | None:
+    """Whose identity the caller's jobs take (corral agent run starts where they may write)."""
+    from corral.core.errors import CorralError
+
+    try:
+        ident = s.identity_of(c)
+    except CorralError:  # one no job may run as (root, a user gone from the directory): its jobs say why
+        return None
+    return None if ident is None else {"uid": ident.uid, "gid": ident.gid, "user": ident.user,
+                                       "dynamic": ident.dynamic, "home": ident.home}
 
 
 def _add_principal(s: Any, c: Any, a: dict[str, Any]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from corral.core import paths
 from corral.core.paths import gateway_homes
 from corral.core.signals import GRACE_S
 from corral.edges.cli.agent_session import PREFIX, mark, read_token, sweep
+from corral.edges.cli.agent_workdir import start_dir
 from corral.edges.shims import COMMANDS, REFUSED
 
 SLURM_CLIENTS = COMMANDS + REFUSED + ("slurmrestd",)
@@ -211,7 +212,11 @@ def run(command: list[str], url: str, token: str | None, session: str | None, fe
 
     # The token is asked of the gateway before the agent starts: a wrong one fails here, in
     # one line, not at the agent's first sbatch.
-    Client(url, token.strip(), session).whoami()
+    me = Client(url, token.strip(), session).whoami()
+    where, said = start_dir(me, os.getcwd())  # where the agent's jobs may write (decision 0056)
+    if said:
+        print(said, file=sys.stderr)
+    os.chdir(where)
     session = session or f"agent-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     sweep()  # what an earlier session killed outright left (its mcp.json holds a token)
     root = Path(tempfile.mkdtemp(prefix=PREFIX))

@@ -445,7 +445,15 @@ def whoami(o: Ctx) -> None:
       corral whoami            # e.g. claude-1 (agent), sponsored by alice
     """
     o.out(o.client.whoami(), lambda p: f"{p['name']} ({p['kind']}{', admin' if p['admin'] else ''})"
-          + (f", sponsored by {p['sponsor']}" if p.get("sponsor") else ""))
+          + (f", sponsored by {p['sponsor']}" if p.get("sponsor") else "") + _runs_as(p.get("runs_as")))
+
+
+def _runs_as(r: dict[str, Any] | None) -> str:
+    """Whose identity the jobs take, where the gateway changes identity (decision 0056)."""
+    if not r:
+        return ""
+    return f"; its jobs run as uid {r['uid']}, its own" if r["dynamic"] else \
+        f"; its jobs run as Unix user {r['user']} (uid {r['uid']})"
 
 
 @cli.command()
