@@ -24,9 +24,10 @@ ROOT = Path(__file__).parent.parent
 SERVICE = ["gateway", "safety", "core", "lanes", "storage", "memory", "sandbox", "control", "edges/mcp"]
 """What runs inside the gateway, where an agent's request may meet an error (the CLI's own
 commands are a person's)."""
-PEOPLES = ("corral/core/principals.py", "corral/gateway/approvals.py", "corral/gateway/backup.py")
+PEOPLES = ("corral/core/principals.py", "corral/gateway/approvals.py", "corral/gateway/backup.py",
+           "corral/gateway/signin.py")
 """Verbs only people reach (registering principals, a sponsor's approvals, an admin's backup and
-restore on the gateway's host): their hints
+restore on the gateway's host, a person's sign-in): their hints
 are written for a person."""
 TOOLS = ("submit_job", "submit_jobs", "plan_job", "job_status", "wait_for_job", "wait_for_events", "job_output",
          "cancel_job", "job_control", "job_usage", "list_jobs", "facility_info", "remember", "recall",

@@ -75,10 +75,10 @@ def outputs(text: str, n: int) -> list[str]:
 
 
 FAKE_CLAUDE = """#!/bin/bash
-# What an agent does by habit, through whatever sbatch and squeue are first on PATH.
+# What an agent does by habit, in the directory it was started in (no directory of its own
+# made first), through whatever sbatch and squeue are first on PATH.
 set -e
-cd "$(mktemp -d)"
-chmod 777 .  # under a root gateway the job runs as its own identity, not root (README: "Agents' jobs are contained")
+pwd
 printf '#!/bin/bash\\n#SBATCH --time=1\\necho "hello from the agent job"\\n' > job.sh
 id=$(sbatch --parsable job.sh)
 while squeue -h -j "$id" | grep -q .; do sleep 1; done
@@ -117,6 +117,8 @@ class Newcomer:
         else:
             self.dir.chmod(0o755)  # an agent's job runs as nobody under a root gateway: it must enter
         self.gateway: subprocess.Popen[bytes] | None = None
+        self.made: list[Path] = []
+        """Directories made elsewhere for the run (an agent's own, under a root gateway)."""
 
     def _venv(self) -> Path:
         """A venv of the system's python over the test venv's packages: the test venv's own
@@ -172,6 +174,8 @@ class Newcomer:
                 self.gateway.kill()
         drop_scratch(self.checkout / ".corral")
         shutil.rmtree(self.dir, ignore_errors=True)
+        for d in self.made:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def ordinary_user() -> str:
@@ -218,3 +222,17 @@ def test_readme_tour_and_agent_block_work_as_written(newcomer: Newcomer) -> None
         assert "error:" not in out and "Traceback" not in out, f"`{cmd}` printed:\n{out}"
     session = [o for c, _, o in agent if c.startswith("corral agent run")][0]
     assert "COMPLETED" in session and "hello from the agent job" in session, session
+    if newcomer.user is None and os.geteuid() == 0:
+        # A root gateway, the block typed as root: the agent's jobs run as a uid of its own,
+        # never root, so the agent works in a directory of that uid's, said in one line
+        # (decision 0056); its output file is there, its own.
+        said_where = re.search(r"^corral: my-agent's jobs run as dynamic uid (\d+) .*, never as root, and may not "
+                               r"write (\S+): the agent works in (\S+), a directory of its own\.", session, re.M)
+        assert said_where and said_where[2] == str(newcomer.checkout), session
+        own = Path(said_where[3])
+        newcomer.made.append(own)
+        assert f"\n{own}\n" in session, session  # the agent's pwd
+        assert own.stat().st_uid == int(said_where[1])
+        assert [p.stat().st_uid for p in own.glob("slurm-*.out")] == [int(said_where[1])], list(own.iterdir())
+    else:  # the agent's jobs are the person's own: it works where it was started
+        assert f"\n{newcomer.checkout}\n" in session, session

@@ -185,6 +185,22 @@ class StorageSettings(_Part):
     session_meta_budget: int = Field(0, ge=0, description="Metadata operations on shared_paths one session's measured jobs may make; past it, its jobs must use an image or a workspace (0: no cap).")
 
 
+class SigninSettings(_Part):
+    """How people sign in without an admin (corral/gateway/signin.py, decision 0060): munge, or a local
+    socket's peer credentials, mapped by uid to a person; and what a person may mint for their agents."""
+
+    munge: bool = Field(True, description="Take munge credentials at POST /v1/signin/munge (what 'corral login' and a CLI without a token send): a person whose Unix user a principal has signs in as that principal.")
+    munge_socket: str | None = Field(None, examples=["/run/munge/munge.socket.2"], description="munged's socket the gateway checks credentials with. Default: the socket slurm.conf's AuthInfo names, else munge's own default.")
+    max_age_s: int = Field(60, ge=5, le=600, description="A munge credential older than this (by the time it was made) is refused, whatever munge's own TTL; each one used is remembered in the store this long, so none is taken twice, on any replica.")
+    audiences: list[str] = Field(default_factory=list, examples=[["https://corral.cluster.example"]], description="The gateway URLs a credential may name (the URL the person's CLI spoke to): a credential made for another gateway is refused. Default: the gateway's own URL (url, else http(s)://HOST:PORT).")
+    socket: Path | None = Field(None, examples=["/run/corral/signin.sock"], description="A Unix socket where a person on this machine signs in by the kernel's peer credentials (SO_PEERCRED), without munge. Unset: no such socket.")
+    token_s: int = Field(8 * 3600, ge=60, le=7 * 86400, description="Lifetime of the token a person gets by signing in.")
+    link_s: int = Field(120, ge=10, le=3600, description="Lifetime of the one-time dashboard link 'corral dashboard' prints.")
+    agent_token_max_s: int = Field(7 * 86400, ge=60, description="The longest lifetime of a token a person (not an admin) mints, for an agent or for themselves.")
+    agent_tokens_max: int = Field(5, ge=1, le=1000, description="Live (neither expired nor revoked) tokens one agent may hold from its sponsor at once; past it the sponsor revokes one first.")
+    agent_actions: list[str] | None = Field(None, examples=[["submit", "status", "cancel", "read_output"]], description="The actions a person may grant an agent's token; a token minted without --actions gets these. Unset: every action but 'manage'.")
+
+
 def host_port(listen: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT`` too) -> (host, port); ValueError saying what is wrong."""
     host, sep, port = listen.rpartition(":")
@@ -252,7 +268,7 @@ class NotifySettings(_Part):
 PARTS: dict[str, type[_Part]] = {"fastlane": FastLaneSettings, "slurm": SlurmSettings, "memory": MemorySettings,
                                  "safety": SafetySettings, "sandbox": SandboxSettings, "storage": StorageSettings,
                                  "http": HttpSettings, "store": StoreSettings,
-                                 "notify": NotifySettings}
+                                 "notify": NotifySettings, "signin": SigninSettings}
 
 
 def _flat_names() -> dict[str, tuple[str, str]]:
@@ -309,6 +325,7 @@ class Settings(BaseModel):
     http: HttpSettings = Field(default_factory=HttpSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     notify: NotifySettings = Field(default_factory=NotifySettings)
+    signin: SigninSettings = Field(default_factory=SigninSettings)
 
     @model_validator(mode="before")
     @classmethod

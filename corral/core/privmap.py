@@ -107,6 +107,8 @@ PRIVILEGED: tuple[str, ...] = (
     "corral.lanes.slurm.privsep_install", "corral.storage.build", "corral.storage.mounts",
     "corral.lanes.fast.worker", "corral.lanes.fast.launcher", "corral.lanes.fast.books", "corral.lanes.fast.contained",
     "corral.lanes.fast.spawning", "corral.lanes.fast.hosts",
+    # corral agent run as root: a working directory made for the agent's identity (decision 0056)
+    "corral.edges.cli.agent_workdir",
     # the helpers
     "corral.core.safe_read", "corral.core.proc",
 )
@@ -280,6 +282,9 @@ CROSSINGS: tuple[Crossing, ...] = (
              "/etc/nsswitch.conf, root's (or bound there by root)"),
     Crossing("corral.core.identity", "Identities._machine", ("path.mkdir", "os.replace"), "nobody",
              "the machine's registry, root's 0700; written O_NOFOLLOW then renamed"),
+    Crossing("corral.edges.cli.agent_workdir", "_own_dir", ("path.mkdir", "os.mkdir"), "the agent's "
+             "identity (owns NAME-UID once made)", "/var/lib/corral-agents is checked root's and closed to others "
+             "(lstat); NAME-UID in it is opened O_DIRECTORY|O_NOFOLLOW and fchown'd by descriptor"),
     Crossing("corral.sandbox.egress", "Egress.__init__", ("path.mkdir", "path.chmod", "path.unlink", "path.read_text"),
              "nobody", OWN + " (the proxy's socket directory)"),
     Crossing("corral.sandbox.egress", "Relay.__init__", ("path.chmod",), "nobody", "a fresh mkdtemp of the worker's"),

@@ -55,6 +55,11 @@ class TokenIn(BaseModel):
         return caveats_from(self.model_dump(exclude={"for_", "expires", "note"}))
 
 
+class MungeSigninIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    credential: str = Field(min_length=1, max_length=4096, description="A munge credential (MUNGE:...) whose payload is 'corral-signin/1 ' and this gateway's URL, from the local munged ('corral login' makes it).")
+
+
 class CancelIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ids: JobIds = Field(min_length=1, max_length=10_000)

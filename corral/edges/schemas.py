@@ -133,9 +133,24 @@ class PrincipalOut(_Out):
     created: float | None
 
 
+class RunsAsOut(_Out):
+    """Whose Unix identity a principal's jobs run as under a root gateway (decision 0056)."""
+
+    uid: int
+    gid: int
+    user: str
+    """Its Unix user's name, or the principal's for a dynamic uid."""
+    dynamic: bool
+    """A uid of its own (neither it nor its sponsor has a Unix user a job may run as)."""
+    home: str | None = None
+
+
 class WhoamiOut(PrincipalOut):
     session: str | None
     token_id: str | None
+    runs_as: RunsAsOut | None = None
+    """Who its jobs run as; None: the gateway's own account (a gateway not run as root, or
+    an admin's uncontained work). Asking allocates a dynamic uid as a first job would."""
     tainted: str | None = None
     """Why this credential is tainted (it read content flagged as injection), or None."""
     tainted_token: str | None = None
@@ -148,6 +163,21 @@ class TokenOut(_Out):
     principal: str
     expires: float | None
     caveats: list[str]
+
+
+class SigninOut(_Out):
+    id: str
+    token: str
+    principal: str
+    expires: float
+    via: str
+
+
+class SigninLinkOut(_Out):
+    path: str
+    url: str
+    principal: str
+    expires: float
 
 
 class TokenInfo(_Out):

@@ -128,8 +128,20 @@ async def _cancel_many(s: Any, c: Any, a: dict[str, Any]) -> dict[str, Any]:
 
 def _whoami(s: Any, c: Any, a: dict[str, Any]) -> dict[str, Any]:
     taint = s.gate.taint_of(c)
-    return {**c.principal.to_dict(), "session": c.session, "token_id": c.token_id,
+    return {**c.principal.to_dict(), "session": c.session, "token_id": c.token_id, "runs_as": _runs_as(s, c),
             "tainted": taint[1] if taint else None, "tainted_token": taint[0] if taint else None}
+
+
+def _runs_as(s: Any, c: Any) -> dict[str, Any] | None:
+    """Whose identity the caller's jobs take (corral agent run starts where they may write)."""
+    from corral.core.errors import CorralError
+
+    try:
+        ident = s.identity_of(c)
+    except CorralError:  # one no job may run as (root, a user gone from the directory): its jobs say why
+        return None
+    return None if ident is None else {"uid": ident.uid, "gid": ident.gid, "user": ident.user,
+                                       "dynamic": ident.dynamic, "home": ident.home}
 
 
 def _add_principal(s: Any, c: Any, a: dict[str, Any]) -> dict[str, Any]:
@@ -192,6 +204,15 @@ VERBS: tuple[Verb, ...] = (
          lambda s, c, a: {"public_key": s.accounts.token_public_key(), "algorithm": "ed25519"},
          out="PublicKeyOut", op="token_public_key", tags=("tokens",), public=True,
          doc="The key that verifies this gateway's tokens: all that narrowing a token needs. Public."),
+    Verb("signin_munge", "POST", "/v1/signin/munge", lambda s, c, a: s.signin.by_munge(a["body"].credential),
+         args=("credential",), body="MungeSigninIn", out="SigninOut", status=201, tags=("tokens",), public=True,
+         op="signin_munge", cli="login",
+         doc="Sign in as the person whose Unix user made this munge credential (on a login node, as Slurm's own "
+             "commands prove who they are): a short-lived token of that person's. No token needed; each "
+             "credential counts once, and must name this gateway (decision 0060)."),
+    Verb("signin_link", "POST", "/v1/signin/link", lambda s, c, a: s.signin.link(c), out="SigninLinkOut",
+         status=201, tags=("tokens",), cli="dashboard",
+         doc="A one-time link that signs a browser in to the dashboard as you: single use, short-lived."),
     Verb("tokens", "GET", "/v1/tokens", lambda s, c, a: s.accounts.list_tokens(c), out="TokenList",
          op="list_tokens", tags=("tokens",), cli="token list"),
     Verb("revoke_token", "DELETE", "/v1/tokens/{token_id}", _revoke, args=("token_id",), params="TokenParams",

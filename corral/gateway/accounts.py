@@ -16,7 +16,7 @@ from corral.core.errors import Conflict, Forbidden, InvalidRequest
 from corral.core.text import text_problem
 from corral.core.principals import (ADMIN_PRINCIPAL, CORRAL_PRINCIPAL, RESERVED, Caller, Kind, Principal,
                                    check_name, check_unreserved, is_own_service, new_token)
-from corral.safety.tokens import Caveats, expires_in
+from corral.safety.tokens import ACTIONS, Caveats, expires_in
 
 if TYPE_CHECKING:
     from corral.core.config import Settings
@@ -156,12 +156,44 @@ class Accounts:
                 raise InvalidRequest(problem)
             expires_at = expires_in(expires, self.gate.clock.time())
             self.credentials.check_mint(caller, for_name, expires_at)
+            caveats = self._within_site_limits(caller, for_name, expires_at, caveats or Caveats())
             self.gate.check(caller, "manage", "Facility")
             with self.db.transaction():  # the token and its record together, or neither (a full disk)
-                minted = self.credentials.mint(caller, for_name, expires_at, note, caveats or Caveats())
+                minted = self.credentials.mint(caller, for_name, expires_at, note, caveats)
                 self.audit.record(caller, "manage", "allow", "policy", [{"mint_for": for_name, "token_id": minted["id"],
                                                                    "caveats": minted["caveats"]}])
         return minted
+
+    def _within_site_limits(self, caller: Caller, for_name: str, expires_at: float | None,
+                            caveats: Caveats) -> Caveats:
+        """What a person (not an admin) may mint, as the site set it ([signin]): a lifetime
+        at most agent_token_max_s, for themselves too (a stolen sign-in token must not
+        become one that never expires); for an agent, only the actions the site lets people
+        grant (a token that names none gets those) and at most agent_tokens_max live tokens."""
+        if caller.principal.is_admin:
+            return caveats
+        limits, now = self.settings.signin, self.gate.clock.time()
+        if expires_at is None or expires_at - now > limits.agent_token_max_s + 1:
+            raise Forbidden(f"this site lets a person mint tokens of at most {_span(limits.agent_token_max_s)}",
+                            hint=f"ask for less, e.g. --expires {_span(min(8 * 3600, limits.agent_token_max_s))}; "
+                                 "longer takes an admin", rule="mint-limit")
+        target = self.db.get_principal(for_name)
+        if target is None or target.kind is not Kind.AGENT:
+            return caveats
+        allowed = limits.agent_actions if limits.agent_actions is not None else [a for a in ACTIONS if a != "manage"]
+        beyond = sorted(set(caveats.actions or ()) & set(ACTIONS) - set(allowed))  # unknown ones: said later
+        if beyond:
+            raise Forbidden(f"this site lets a person grant an agent only: {', '.join(allowed)}; not {', '.join(beyond)}",
+                            hint="mint without those actions, or ask an admin", rule="mint-limit")
+        if caveats.actions is None and set(allowed) != set(ACTIONS):
+            caveats.actions = list(allowed)
+        live = [t for t in self.db.list_tokens([for_name])
+                if not t["revoked"] and (t["expires"] is None or t["expires"] > now)]
+        if len(live) >= limits.agent_tokens_max:
+            raise Forbidden(f"{for_name} holds {len(live)} live tokens; this site allows an agent "
+                            f"{limits.agent_tokens_max}", hint="revoke one first: 'corral token list', then "
+                            "'corral token revoke ID'", rule="mint-limit")
+        return caveats
 
     def list_tokens(self, caller: Caller) -> list[dict[str, Any]]:
         return self.credentials.list(caller)
@@ -182,6 +214,14 @@ class Accounts:
     def token_public_key(self) -> str:
         """Hex of the key that verifies this gateway's tokens: what narrowing a token needs."""
         return self.gate.tokens.public_key.hex()
+
+
+def _span(s: int) -> str:
+    """Seconds as --expires takes them: 7d, 8h, 30m, 45s."""
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s % n == 0:
+            return f"{s // n}{unit}"
+    return f"{s}s"
 
 
 def _uid(user: str) -> int | None:

@@ -61,6 +61,7 @@ from corral.notify.notifier import Notifier
 from corral.gateway.notify_verbs import NotifyVerbs
 from corral.gateway.approvals import ApprovalVerbs
 from corral.gateway.sponsor_view import SponsorView
+from corral.gateway.signin import Signin
 from corral.gateway.memory_verbs import MemoryVerbs
 from corral.safety.audit import Audit, AuditLog
 from corral.safety.credentials import Credentials
@@ -206,6 +207,7 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
     service.approvals = ApprovalVerbs(service, settings.notify.approval_wait_s)
     service.jobctl.asking = service.storage.asking = service.memory.asking = service.approvals.asking
     service.sponsor_view = sponsor_view
+    service.signin = Signin(settings, db, gate, audit)
     service.runtime = Runtime(service, backend)
     return service
 

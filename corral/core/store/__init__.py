@@ -42,6 +42,7 @@ from corral.core.store.moves import MoveRecords
 from corral.core.store.notify import NotifyRecords
 from corral.core.store.read import ReadModel
 from corral.core.store.safety import SafetyRecords
+from corral.core.store.signin import SigninRecords
 from corral.core.store.sponsor import SponsorRecords
 from corral.core.store.storage import StorageRecords
 
@@ -69,6 +70,7 @@ class Database(Jobs, Accounts, Events, Audit, Signals):
         self.approvals = ApprovalRecords(self.conn)
         self.sponsor = SponsorRecords(self.conn)
         self.ledger = LedgerRecords(self.conn)
+        self.signin = SigninRecords(self.conn)
         self.moves = MoveRecords(self.conn)
         self._storage: StorageRecords | None = None
 

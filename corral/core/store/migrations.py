@@ -360,6 +360,17 @@ MIGRATIONS: list[str] = [
     ALTER TABLE approvals ADD COLUMN done_at REAL;
     ALTER TABLE approvals ADD COLUMN outcome TEXT;
     """,
+    # 21: sign-in's single-use records: each munge credential taken and each one-time
+    # dashboard link, until it expires (corral/core/store/signin.py, decision 0060)
+    """
+    CREATE TABLE signin_once (
+        key TEXT PRIMARY KEY,
+        principal TEXT,
+        until REAL NOT NULL,
+        used REAL
+    );
+    CREATE INDEX signin_once_until ON signin_once(until);
+    """,
 ]
 
 

@@ -34,6 +34,7 @@ from corral.core import paths
 from corral.core.paths import gateway_homes
 from corral.core.signals import GRACE_S
 from corral.edges.cli.agent_session import PREFIX, mark, read_token, sweep
+from corral.edges.cli.agent_workdir import start_dir
 from corral.edges.shims import COMMANDS, REFUSED
 
 SLURM_CLIENTS = COMMANDS + REFUSED + ("slurmrestd",)
@@ -133,6 +134,7 @@ def fence(argv: list[str], shims: Path, slurm_conf: str | None) -> tuple[list[st
     for home in gateway_homes():
         args += ["--tmpfs", str(home)]
         hidden.append(str(home))
+    args, hidden = _hide_signin(args, hidden)
     target = os.path.realpath(shims / "sbatch")
     path_dirs = [p for p in os.environ.get("PATH", "").split(":") if p and os.path.realpath(p) != str(shims)]
     for name in SLURM_CLIENTS:
@@ -147,6 +149,24 @@ def fence(argv: list[str], shims: Path, slurm_conf: str | None) -> tuple[list[st
     return args + ["--", *argv], hidden
 
 
+def _hide_signin(args: list[str], hidden: list[str]) -> tuple[list[str], list[str]]:
+    """What signs the person in (decision 0060), out of the agent's reach: its kept
+    tokens, the gateway's sign-in socket and a munge socket named to corral; the agent
+    runs as the person, and any of them would make it the person."""
+    from corral.edges.signin_client import DEFAULT_SOCKET, cache_dir
+
+    kept = cache_dir()
+    kept.mkdir(parents=True, exist_ok=True, mode=0o700)  # hidden even if the person signs in later
+    args, hidden = args + ["--tmpfs", str(kept)], hidden + [str(kept)]
+    for sock in dict.fromkeys([os.environ.get("CORRAL_SIGNIN_SOCKET") or DEFAULT_SOCKET, DEFAULT_SOCKET]):
+        if os.path.exists(sock):
+            args, hidden = args + ["--ro-bind", "/dev/null", sock], hidden + [sock]
+    named = os.environ.get("CORRAL_MUNGE_SOCKET")
+    if named and os.path.isdir(os.path.dirname(named)):
+        args, hidden = args + ["--tmpfs", os.path.dirname(named)], hidden + [os.path.dirname(named)]
+    return args, hidden
+
+
 def banner(session: str, url: str, hidden: list[str], fenced: bool) -> str:
     """What the session's start says: where Slurm's commands go, what the fence hides (in
     kinds and counts: the gateway homes it hides are every one this user's gateways ever
@@ -155,8 +175,12 @@ def banner(session: str, url: str, hidden: list[str], fenced: bool) -> str:
     if hidden:
         homes = len({str(h) for h in gateway_homes()} & set(hidden))
         slurm = len([h for h in hidden if os.path.basename(h) in SLURM_CLIENTS])
-        munge = len(hidden) - homes - slurm
+        from corral.edges.signin_client import cache_dir
+
+        signin = len([h for h in hidden if h == str(cache_dir()) or h.endswith(".sock")])
+        munge = len(hidden) - homes - slurm - signin
         fence = ("hidden from the agent: " + ("the munge socket, " if munge else "")
+                 + ("your corral sign-in, " if signin else "")
                  + f"Slurm's own {slurm} commands (the shims stand in), "
                  f"{homes} corral gateway home{'s' if homes != 1 else ''}")
     else:
@@ -188,7 +212,11 @@ def run(command: list[str], url: str, token: str | None, session: str | None, fe
 
     # The token is asked of the gateway before the agent starts: a wrong one fails here, in
     # one line, not at the agent's first sbatch.
-    Client(url, token.strip(), session).whoami()
+    me = Client(url, token.strip(), session).whoami()
+    where, said = start_dir(me, os.getcwd())  # where the agent's jobs may write (decision 0056)
+    if said:
+        print(said, file=sys.stderr)
+    os.chdir(where)
     session = session or f"agent-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     sweep()  # what an earlier session killed outright left (its mcp.json holds a token)
     root = Path(tempfile.mkdtemp(prefix=PREFIX))

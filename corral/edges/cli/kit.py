@@ -49,7 +49,12 @@ class Ctx:
         if self._client is None:
             from corral.edges.client import Client, default_token
 
-            self._client = Client(self.url, self.token or default_token(url=self.url), self.session)
+            token = self.token or default_token(url=self.url)
+            if token is None:  # a person on a login node: signed in by munge (decision 0060)
+                from corral.edges.signin_client import automatic
+
+                token = automatic(self.url)
+            self._client = Client(self.url, token, self.session)
         return self._client
 
     def out(self, data: Any, human: Callable[[Any], str] | None = None) -> None:

@@ -26,7 +26,8 @@ EPILOG = """\b
 Environment:
   CORRAL_URL     gateway URL (default http://127.0.0.1:8765)
   CORRAL_TOKEN   your token (default: the admin token of the gateway at CORRAL_URL,
-                 when it runs on this machine and you may read it)
+                 when it runs on this machine and you may read it; else a person
+                 is signed in by munge: see 'corral login')
   CORRAL_HOME    gateway state directory (default ./.corral)
   CORRAL_SESSION session id recorded with every job you submit
   CORRAL_CA_FILE CA certificate(s), PEM, to verify an https gateway with
@@ -85,6 +86,7 @@ LAZY = {
     "workspace": "corral.edges.cli.storage_commands:workspace",
     "principal": "corral.edges.cli.principal_commands:principal", "config": "corral.edges.cli.config_commands:config",
     "doctor": "corral.edges.cli.doctor_commands:doctor",
+    "login": "corral.edges.cli.signin_commands:login", "dashboard": "corral.edges.cli.signin_commands:dashboard",
     "backup": "corral.edges.cli.ops_commands:backup", "restore": "corral.edges.cli.ops_commands:restore",
     "migrate": "corral.edges.cli.ops_commands:migrate",
     "notify": "corral.edges.cli.notify_commands:notify", "approvals": "corral.edges.cli.approval_commands:approvals",
@@ -443,7 +445,15 @@ def whoami(o: Ctx) -> None:
       corral whoami            # e.g. claude-1 (agent), sponsored by alice
     """
     o.out(o.client.whoami(), lambda p: f"{p['name']} ({p['kind']}{', admin' if p['admin'] else ''})"
-          + (f", sponsored by {p['sponsor']}" if p.get("sponsor") else ""))
+          + (f", sponsored by {p['sponsor']}" if p.get("sponsor") else "") + _runs_as(p.get("runs_as")))
+
+
+def _runs_as(r: dict[str, Any] | None) -> str:
+    """Whose identity the jobs take, where the gateway changes identity (decision 0056)."""
+    if not r:
+        return ""
+    return f"; its jobs run as uid {r['uid']}, its own" if r["dynamic"] else \
+        f"; its jobs run as Unix user {r['user']} (uid {r['uid']})"
 
 
 @cli.command()

@@ -1,7 +1,8 @@
 """The dashboard's pages: server-rendered with Jinja2 (templates/), nothing fetched from
 outside, one small inline script that re-fetches the live part every 2 seconds.
 
-Sign-in is a form that posts the person's corral token; the gateway keeps it on its
+Sign-in is a one-time link (``corral dashboard``, decision 0060) whose page's button
+signs the person in, or a form that posts a corral token (admins); the gateway keeps the token on its
 side and gives the browser only a random id in an HttpOnly, SameSite=Strict cookie, so
 the token never sits in a URL, a page or the browser's storage. Every page and poll
 authenticates that token again (a revoked or expired one signs the viewer out). Agents
@@ -162,10 +163,33 @@ def mount(app: FastAPI, service: "Service") -> Board:
             person(token)
         except CorralError as e:
             return refused(e)
+        return signed_in(request, token)
+
+    def signed_in(request: Request, token: str) -> Response:
         resp = RedirectResponse("/dashboard", status_code=303)
         resp.set_cookie(COOKIE, logins.add(token), max_age=SIGNED_IN_S, path="/dashboard", httponly=True,
                         samesite="strict", secure=request.url.scheme == "https")
         return resp
+
+    @app.get("/dashboard/signin", include_in_schema=False)
+    async def signin_page(request: Request, code: str = "") -> Response:
+        """A one-time link's page (``corral dashboard``): it names whom it signs in as and
+        uses nothing; the button's POST does (a link preview must not spend it)."""
+        holder = service.signin.link_holder(code)
+        if holder is None:
+            return page("login.html", 404, error="this sign-in link was used already, has expired, or is not one "
+                                                 "(run 'corral dashboard' for a new one)")
+        return page("signin.html", principal=holder, code=code)
+
+    @app.post("/dashboard/signin", include_in_schema=False)
+    async def signin(request: Request) -> Response:
+        form = urllib.parse.parse_qs((await request.body()).decode("utf-8", "replace"))
+        try:
+            token = service.signin.take_link((form.get("code") or [""])[0], SIGNED_IN_S)["token"]
+            person(token)
+        except CorralError as e:
+            return refused(e)
+        return signed_in(request, token)
 
     @app.post("/dashboard/logout", include_in_schema=False)
     async def logout(request: Request) -> Response:

@@ -143,7 +143,10 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         # The loops, readiness and the shutdown order are the runtime's (corral/gateway/runtime.py).
         runtime = service.runtime
         assert runtime is not None, "a service is served as the runtime assembled it (runtime.build_service)"
-        async with mcp.session_manager.run(), anonymous_sessions.run(), runtime.running(stop_deadline_s):
+        from corral.edges.http.peer_signin import serving as signin_socket
+
+        async with mcp.session_manager.run(), anonymous_sessions.run(), runtime.running(stop_deadline_s), \
+                signin_socket(service):  # [signin] socket: people on this machine sign in by their uid
             yield
 
     app = FastAPI(title="corral", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None, description=(
