@@ -150,6 +150,10 @@ def _plots(page: Any) -> list[dict[str, Any]]:
     return page.evaluate("""[...document.querySelectorAll('#plots svg.plot')].map(s => ({
         id: s.getAttribute('data-plot'), span: s.getAttribute('data-span'),
         title: (s.querySelector('text.title') || {}).textContent || '',
+        ticks: [...s.querySelectorAll('g.axis.y text.tick[text-anchor=end]')].map(t => Number(t.textContent)),
+        whole: [...s.querySelectorAll('polyline')].every(l => l.getAttribute('data-values').split(',')
+                                                             .every(v => Number.isInteger(Number(v)))),
+        note: (s.querySelector('text.note') || {}).textContent || '',
         titleFits: (t => !t || t.getBBox().x + t.getBBox().width <= s.viewBox.baseVal.width + 1)(s.querySelector('text.title')),
         lines: [...s.querySelectorAll('polyline')].map(l => [l.getAttribute('data-series'), l.getAttribute('stroke'),
                                                              l.getAttribute('stroke-dasharray') || ''])}))""")
@@ -190,10 +194,14 @@ def test_the_board_reads_as_the_cli_says(gateway: Gateway, people: dict[str, str
         assert {p["id"] for p in plots} == {"submissions", "queue", "states", "utilisation", "saved"}
         for p in plots:  # a title that says what is asked, and one that fits
             assert len(p["title"]) > 20 and p["titleFits"], p
+            if p["whole"]:  # counts of jobs or calls: no tick says 1.5 jobs
+                assert p["ticks"] and all(float(t).is_integer() for t in p["ticks"]), p
             looks = [(stroke, dash) for _, stroke, dash in p["lines"]]
             assert len(set(looks)) == len(looks), p  # no two lines drawn alike
             assert len({stroke for stroke in looks}) == len(looks), p
         assert len({p["span"] for p in plots}) == 1, [(p["id"], p["span"]) for p in plots]  # one time span a row
+        saved = next(p for p in plots if p["id"] == "saved")  # its lines begin when first sampled: said so
+        assert saved["note"].startswith("counted from "), saved
         states = {name: stroke for name, stroke, _ in next(p for p in plots if p["id"] == "states")["lines"]}
         assert {"PENDING", "CANCELLED"} <= set(states) and states["PENDING"] != states["CANCELLED"], states
         assert _unbroken(page, "#refusals") == []

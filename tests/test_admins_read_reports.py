@@ -8,6 +8,7 @@ page is kept as a 1400 px wide screenshot (tests/test_admins_read_dashboard.arti
 from __future__ import annotations
 
 import json
+import math
 import os
 import pty
 import re
@@ -79,13 +80,49 @@ def test_the_analytics_report_reads_as_the_cli_says(tmp_path: Path, browser: Any
                 [...s.querySelectorAll('text')].filter(t => t.getBBox().x + t.getBBox().width > s.width.baseVal.value)
                 .map(t => t.textContent))""")
             assert clipped == [], clipped
+            _groups_table_reads_as_the_json_says(page, r)
+            _plots_read_at_a_glance(page)
             if name == "one-day":
                 assert page.locator("#no-over-time").count() == 1 and page.locator("svg.ts").count() == 0
                 assert any("one day" in w for w in r["source"]["warnings"])
                 assert "warning: the export covers one day" in " ".join(human.split())
+                assert "covers 1 day" in page.locator("#short-week").inner_text()  # the empty weekdays said
             else:
-                assert page.locator("svg.ts").count() >= 3
+                gpu = any(d["gpu_hours"] for d in r["tables"]["daily"])
+                assert page.locator("svg.ts").count() >= 2 + gpu and page.locator("#no-gpu-hours").count() == (not gpu)
+                assert page.locator("#short-week").count() == 0
             shoot(page, f"analytics-{name}")
+
+
+def _groups_table_reads_as_the_json_says(page: Any, r: dict[str, Any]) -> None:
+    """Agents and humans side by side: each cell is the JSON's figure, in the row's format."""
+    from corral.analytics.render import ROWS
+
+    shown = {row[0]: row[1:] for row in page.evaluate(
+        "[...document.querySelectorAll('#groups tr')].slice(1).map(r => [...r.querySelectorAll('td')].map(c => c.textContent))")}
+    for label, key, fmt in ROWS:
+        want = ["—" if r["groups"][g].get(key) is None else fmt.format(r["groups"][g][key]) for g in ("agent", "human")]
+        assert shown[label] == want, (label, shown[label], want)
+
+
+def _plots_read_at_a_glance(page: Any) -> None:
+    """Each plot has a title; its value ticks are round (a 1-2-5 step from 0), its dates
+    round dates (a month's first, a Monday, a day)."""
+    plots = page.evaluate("""[...document.querySelectorAll('svg.ts, svg.hist, svg.scatter')].map(s => ({
+        title: (s.querySelector('text.title') || {}).textContent || '',
+        ticks: [...s.querySelectorAll('text.small[text-anchor=end]')].map(t => t.textContent),
+        dates: s.matches('.ts') ? [...s.querySelectorAll('text.small[text-anchor=middle]')].map(t => t.textContent)
+                                  .filter(t => t !== 'date') : []}))""")
+    assert plots
+    for p in plots:
+        assert len(p["title"]) > 15, p
+        values = [float(t.rstrip("%").replace("k", "e3").replace("M", "e6").replace(",", "")) for t in p["ticks"]]
+        steps = {round(b - a, 9) for a, b in zip(values, values[1:])}
+        assert values[0] == 0 and len(steps) == 1, p
+        step = steps.pop()
+        assert round(step / 10 ** math.floor(math.log10(step)), 9) in (1, 2, 5), p
+        for d in p["dates"]:
+            assert re.fullmatch(r"[A-Z][a-z]{2}( \d{2}| \d{4})?", d), p
 
 
 def _seconds(cell: str) -> float | None:
@@ -94,6 +131,11 @@ def _seconds(cell: str) -> float | None:
     m = re.fullmatch(r"([\d,.]+) (ms|s|min|h)", cell)
     assert m, cell
     return float(m.group(1).replace(",", "")) * {"ms": 1e-3, "s": 1, "min": 60, "h": 3600}[m.group(2)]
+
+
+CONTROLLER = {"controller RPCs/s": lambda f: f["controller"]["rpc_per_s"],
+              "controller busy": lambda f: f["controller"]["utilisation"] * 100}
+"""The simulator's controller rows, from its JSON (busy in percent, as the table says it)."""
 
 
 def test_the_simulators_page_reads_as_the_cli_says(tmp_path: Path, browser: Any) -> None:  # noqa: F811
@@ -120,6 +162,10 @@ def test_the_simulators_page_reads_as_the_cli_says(tmp_path: Path, browser: Any)
         for label, cells in rows:
             units = {c.split(" ")[-1] for c in cells if re.fullmatch(r"[\d,.]+ (ms|s|min|h)", c) and c != "0 s"}
             assert len(units) <= 1, (label, cells)  # one unit a row
+            if label in CONTROLLER:  # small, not nothing: a figure the plot shows is never 0.00 in the table
+                for f, cell in zip(pols.values(), cells):
+                    want, got = CONTROLLER[label](f), float(cell.rstrip("%").replace(",", ""))
+                    assert (got == 0) == (want == 0) and abs(got - want) <= 0.05 * want, (label, cell, want)
             if label in figures:
                 key, q = figures[label]
                 for f, cell in zip(pols.values(), cells):
@@ -128,6 +174,9 @@ def test_the_simulators_page_reads_as_the_cli_says(tmp_path: Path, browser: Any)
                     assert (got is None) == (want is None), (label, cell, want)
                     if want is not None:
                         assert abs(got - want) <= max(0.05 * want, 0.05), (label, cell, want)
+        # every share gives the same one agent: no plot against the share (flat lines read as a trend), said
+        assert "repeat one run" in page.locator("#no-sweep-plots").inner_text()
+        assert page.locator("svg[aria-label*='against agents']").count() == 0
         sweep = page.evaluate("[...document.querySelectorAll('#sweep tr')].slice(1).map(r => "
                               "[...r.querySelectorAll('td')].map(c => c.textContent))")
         assert len(sweep) == len(r["sweep"])

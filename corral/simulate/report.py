@@ -6,6 +6,7 @@ with round ticks, units and a legend, nothing fetched. The axes are in axes.py."
 from __future__ import annotations
 
 import html
+import math
 import json
 from typing import Any
 
@@ -46,12 +47,22 @@ ROWS: list[tuple[str, Any, str]] = [
     ("utilisation less work lost", lambda f: f"{f['useful_utilisation']:.1%}", "text"),
     ("work lost to requeues (core-h)", lambda f: f"{f['lost_core_h']:,.0f}", "text"),
     ("preemptions", lambda f: f"{f['preemptions']:,}", "text"),
-    ("controller RPCs/s", lambda f: f"{f['controller']['rpc_per_s']:.2f}", "text"),
-    ("controller busy", lambda f: f"{f['controller']['utilisation']:.1%}", "text"),
+    ("controller RPCs/s", lambda f: small(f["controller"]["rpc_per_s"]), "text"),
+    ("controller busy", lambda f: small(f["controller"]["utilisation"] * 100) + "%", "text"),
     ("people's squeue latency p50", _ctl("p50"), "dur"),
     ("people's squeue latency p90", _ctl("p90"), "dur"),
     ("people's jobs/h", lambda f: f"{f['people_jobs_per_h']:.1f}", "text"),
 ]
+
+
+def small(v: float) -> str:
+    """A figure that may be well under 1 with its first two digits (0.0093, not 0.00 beside
+    a plot that shows it): a banned agent's controller load is small, not nothing."""
+    if v == 0 or abs(v) >= 0.1:
+        return "0" if v == 0 else f"{v:,.2f}"
+    return f"{v:.{1 - math.floor(math.log10(abs(v)))}f}"
+
+
 UNITS = ((1e-3, "ms"), (1.0, "s"), (60.0, "min"), (3600.0, "h"))
 
 
@@ -178,31 +189,45 @@ def _plots(r: dict[str, Any]) -> list[str]:
     out.append(plot(busy, "Controller busy: share of its time serving RPCs (hourly mean, log scale)", t_axis,
                     log_axis(busy, "share of time busy (log scale)", percent=True), COLORS))
     if r.get("sweep"):
-        shares = sorted({row["share"] for row in r["sweep"]})
-        x = Axis.ticked(shares[0] * 100, shares[-1] * 100, [v * 100 for v in shares],
-                        lambda v: f"{v:.0f}%", "agents' share of users")
-        for key, label, kind in (("people_wait_p50_s", "People's median wait", "dur"),
-                                 ("people_wait_p90_s", "People's 90th-percentile wait", "dur"),
-                                 ("agent_results_per_h", "Agents' results per hour", "lin"),
-                                 ("agent_loop_short_p50_s", "Agents' loop on a sub-minute job, median", "dur"),
-                                 ("utilisation", "Utilisation", "share"),
-                                 ("rpc_per_s", "Controller RPCs per second (log scale)", "log")):
-            by: dict[str, list[tuple[float, float]]] = {}
-            for row in r["sweep"]:
-                if key.startswith("agent") and (row["agents"] == 0 or (
-                        key == "agent_loop_short_p50_s" and not row.get("agent_loop_short_n", 1))):
-                    continue
-                by.setdefault(row["policy"], []).append((row["share"] * 100, max(row[key], 1e-3)))
-            ys = [y for s in by.values() for _, y in s]
-            if kind == "dur":
-                y = duration_axis(min(ys, default=1.0), max(ys, default=60.0), "time (log scale)")
-            elif kind == "share":
-                y = share_axis("share of cores busy")
-            elif kind == "log":
-                y = log_axis(by, "RPCs per second (log scale)")
-            else:
-                y = Axis.linear(0, max(ys, default=1.0), "results per hour")
-            out.append(plot(by, f"{label} against agents' share of users", x, y, COLORS))
+        out += _sweep_plots(r["sweep"])
+    return out
+
+
+def _sweep_plots(rows: list[dict[str, Any]]) -> list[str]:
+    """The sweep's figures against the share; none when the shares give one and the same
+    agents (the rows repeat one run: flat lines would read as a trend), said instead."""
+    shares = sorted({row["share"] for row in rows})
+    agents = {row["agents"] for row in rows if row["policy"] != "ban"}
+    if len(shares) < 2 or len(agents) < 2:
+        return ['<p class="note" id="no-sweep-plots">No plot against the share is drawn: '
+                + (f"every share swept gives {plural(agents.pop(), 'agent')}, so its rows repeat one run, not a "
+                   "trend (see the warning above)." if len(agents) == 1 else "it needs two shares or more.")
+                + "</p>"]
+    out: list[str] = []
+    x = Axis.ticked(shares[0] * 100, shares[-1] * 100, [v * 100 for v in shares],
+                    lambda v: f"{v:.0f}%", "agents' share of users")
+    for key, label, kind in (("people_wait_p50_s", "People's median wait", "dur"),
+                             ("people_wait_p90_s", "People's 90th-percentile wait", "dur"),
+                             ("agent_results_per_h", "Agents' results per hour", "lin"),
+                             ("agent_loop_short_p50_s", "Agents' loop on a sub-minute job, median", "dur"),
+                             ("utilisation", "Utilisation", "share"),
+                             ("rpc_per_s", "Controller RPCs per second (log scale)", "log")):
+        by: dict[str, list[tuple[float, float]]] = {}
+        for row in rows:
+            if key.startswith("agent") and (row["agents"] == 0 or (
+                    key == "agent_loop_short_p50_s" and not row.get("agent_loop_short_n", 1))):
+                continue
+            by.setdefault(row["policy"], []).append((row["share"] * 100, max(row[key], 1e-3)))
+        ys = [y for s in by.values() for _, y in s]
+        if kind == "dur":
+            y = duration_axis(min(ys, default=1.0), max(ys, default=60.0), "time (log scale)")
+        elif kind == "share":
+            y = share_axis("share of cores busy")
+        elif kind == "log":
+            y = log_axis(by, "RPCs per second (log scale)")
+        else:
+            y = Axis.linear(0, max(ys, default=1.0), "results per hour")
+        out.append(plot(by, f"{label} against agents' share of users", x, y, COLORS))
     return out
 
 

@@ -127,6 +127,8 @@ class History:
             out["saved"] = plots.timeseries(
                 "saved", "Scheduler calls since start, with and without corral", "calls",
                 [s["at"] for s in samples], {name: [float(s[key]) for s in samples] for name, key in SAVED_LINES.items()}
-                if samples else {}, span=window)
+                if samples else {}, span=window,
+                note=f"counted from {plots.clock(samples[0]['at'], True)}, when first asked"
+                if samples and samples[0]["at"] > window[0] + BUCKET_S else "")
         return out
 

@@ -24,9 +24,10 @@ DASHES = ("", "6 3", "2 2", "8 3 2 3", "1 3", "10 4")
 """Each line of a plot its own dash too: lines that lie on each other still both show."""
 
 
-def axis(top: float) -> tuple[float, float]:
+def axis(top: float, whole: bool = False) -> tuple[float, float]:
     """A value axis up to at least ``top``: (its step, its end), the step 1, 2 or 5 times
-    a power of ten, so every tick is a round number (0, 2, 4, 6, 8; never 1.25)."""
+    a power of ten, so every tick is a round number (0, 2, 4, 6, 8; never 1.25); of
+    ``whole`` things (jobs, calls) the step is at least 1: no tick says 1.5 jobs."""
     if top <= 0:
         return 1.0, 1.0
     raw = top / 4
@@ -35,6 +36,8 @@ def axis(top: float) -> tuple[float, float]:
         if m * step >= raw * (1 - 1e-9):
             step *= m
             break
+    if whole:
+        step = max(step, 1.0)
     return step, step * math.ceil(top / step - 1e-9)
 
 
@@ -42,7 +45,7 @@ def _num(v: float) -> str:
     return f"{v / 1e6:.1f}M" if v >= 1e6 else f"{v / 1e3:.0f}k" if v >= 1e4 else f"{v:g}"
 
 
-def _clock(t: float, seconds: bool = False) -> str:
+def clock(t: float, seconds: bool = False) -> str:
     return time.strftime("%H:%M:%S" if seconds else "%H:%M", time.localtime(t))
 
 
@@ -63,15 +66,17 @@ def time_ticks(t0: float, t1: float) -> list[float]:
 
 def timeseries(plot_id: str, title: str, unit: str, times: Sequence[float],
                series: Mapping[str, Sequence[float]], colors: dict[str, str] | None = None,
-               span: tuple[float, float] | None = None) -> str:
+               span: tuple[float, float] | None = None, note: str = "") -> str:
     """One line per series over ``times`` (epoch seconds, ascending), values in ``unit``,
-    on a time axis over ``span`` (default: the times'), so plots side by side can share one."""
+    on a time axis over ``span`` (default: the times'), so plots side by side can share one;
+    ``note``: a word inside the plot (why its lines begin late)."""
     esc = html.escape
     if len(times) < 2:
         return (f'<p class="muted nodata" data-plot="{esc(plot_id)}"><b>{esc(title)}</b>: not enough history yet '
                 f'(a point every few seconds once the page is open)</p>')
     t0, t1 = span or (times[0], times[-1])
-    step, top = axis(max((max(v, default=0.0) for v in series.values()), default=0.0))
+    whole = all(float(v).is_integer() for values in series.values() for v in values)
+    step, top = axis(max((max(v, default=0.0) for v in series.values()), default=0.0), whole)
     cols = 3 if max(map(len, series), default=0) <= 14 else 1
     legend_h = 14 * -(-len(series) // cols) + 6
     width, height = LEFT + W + RIGHT, TOP + H + BOTTOM + legend_h
@@ -98,10 +103,12 @@ def timeseries(plot_id: str, title: str, unit: str, times: Sequence[float],
     for t in time_ticks(t0, t1):
         out.append(f'<line x1="{px(t):.1f}" x2="{px(t):.1f}" y1="{TOP + H}" y2="{TOP + H + 3}" stroke="#888"/>'
                    f'<text x="{px(t):.1f}" y="{TOP + H + 12}" class="tick" text-anchor="middle">'
-                   f'{_clock(t, t1 - t0 < 300)}</text>')
+                   f'{clock(t, t1 - t0 < 300)}</text>')
     out.append(f'<line x1="{LEFT}" y1="{TOP + H}" x2="{LEFT + W}" y2="{TOP + H}" stroke="#888"/>'
                f'<text x="{LEFT + W / 2}" y="{TOP + H + 25}" class="tick" text-anchor="middle">'
                f'time (local clock)</text></g>')
+    if note:
+        out.append(f'<text x="{LEFT + 4}" y="{TOP + 10}" class="tick note">{esc(note)}</text>')
     out.append('<g class="lines">')
     for i, (name, values) in enumerate(series.items()):
         dash = f' stroke-dasharray="{DASHES[i % len(DASHES)]}"' if DASHES[i % len(DASHES)] else ""
