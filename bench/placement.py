@@ -7,7 +7,9 @@ one 1.0). A plain user's job holds every node of cluster one for ``busy_s`` (peo
 work; its walltime tells Slurm's estimate when it ends). Then the same agent jobs are
 submitted twice: pinned (cluster 'one': they wait behind people's work) and placed
 (cluster 'auto': the site's objective, earliest start). Each job appends a line to a file
-of its own: ``ran_twice`` counts jobs that ran more than once (must be 0).
+of its own: ``ran_twice`` counts jobs that ran more than once (must be 0). A third arm,
+rebalanced, is pinned to cluster one too but movable: the gateway moves each to cluster two
+while it waits (decision 0053, rebalancing); ``moves`` counts the moves its agent was told of.
 
     python bench/placement.py            # 12 jobs per arm, people's job 60 s
     python bench/placement.py --quick    # 3 jobs per arm, people's job 8 s (under 30 s)
@@ -42,6 +44,9 @@ FIRST = os.environ.get("SLURM_CONF") or "/tmp/corral-slurm/etc/slurm.conf"
 SECOND = os.environ.get("CORRAL_TEST_SLURM2") or "/tmp/corral-slurm2/etc/slurm.conf"
 RATES = {"one": 1.0, "two": 1.5}
 POLL_S = 1.0
+MARGIN_S = 5.0
+"""A movable job is moved when Slurm starts it this much sooner elsewhere."""
+ARMS = (("pinned", "one", False), ("placed", "auto", False), ("rebalanced", "one", True))
 
 
 def slurm(conf: str, *argv: str, user: int | None = None) -> str:
@@ -101,6 +106,7 @@ def run(n: int, busy_s: int) -> dict:
     home.chmod(0o711)
     (home / "corral.toml").write_text(f'[slurm]\nclusters = {{one = "{FIRST}", two = "{SECOND}"}}\n'
                                       f'placement = "earliest"\npoll_s = {POLL_S}\n'
+                                      f'rebalance_margin_s = {MARGIN_S}\nrebalance_every_s = 0.5\n'
                                       f'[slurm.charge]\none = {{cpu_hour = {RATES["one"]}}}\n'
                                       f'two = {{cpu_hour = {RATES["two"]}}}\n')
     gw = GatewayProcess("--tick", "0.2", home=home, env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": FIRST})
@@ -113,18 +119,20 @@ def run(n: int, busy_s: int) -> dict:
         filler = fill(FIRST, busy_s)
         before = {c: rpcs(conf) for c, conf in (("one", FIRST), ("two", SECOND))}
         t0 = time.monotonic()
-        arms: dict[str, list[int]] = {"pinned": [], "placed": []}
+        arms: dict[str, list[int]] = {arm: [] for arm, _, _ in ARMS}
         with gw.client() as h:
             h.headers["Authorization"] = f"Bearer {token}"
             h.timeout = httpx.Timeout(busy_s + 180.0)  # a wait outlasts people's job
-            for arm, cluster in (("pinned", "one"), ("placed", "auto")):
+            for arm, cluster, movable in ARMS:
                 for i in range(n):
                     r = h.post("/v1/jobs", json={"command": f"echo ran >> {arm}-{i}.runs; sleep 1", "walltime": "5m",
-                                                 "workdir": str(work), "cluster": cluster, "name": f"{arm}-{i}"})
+                                                 "workdir": str(work), "cluster": cluster, "name": f"{arm}-{i}",
+                                                 **({"movable": True} if movable else {})})
                     r.raise_for_status()
                     arms[arm].append(r.json()["id"])
             done = {arm: [h.get(f"/v1/jobs/{j}/wait", params={"timeout": busy_s + 120}).json() for j in ids]
                     for arm, ids in arms.items()}
+            told = h.get("/v1/ledger", params={"limit": 100}).json()["unacked"]
         window_s = time.monotonic() - t0
         # What each controller was asked meanwhile: squeue (REQUEST_JOB_INFO) is the gateway's
         # status poll, one per cluster every poll_s at most, whatever the number of jobs.
@@ -138,7 +146,7 @@ def run(n: int, busy_s: int) -> dict:
                         "status_per_poll": round(d["REQUEST_JOB_INFO"] / (window_s / POLL_S), 2)}
         out: dict = {"clusters": 2, "jobs_per_arm": n, "people_busy_s": busy_s, "objective": "earliest",
                      "rates_su_per_cpu_hour": RATES, "window_s": round(window_s, 1), "poll_s": POLL_S,
-                     "controller_rpcs": asked}
+                     "rebalance_margin_s": MARGIN_S, "controller_rpcs": asked}
         for arm, jobs in done.items():
             ok = [j for j in jobs if j["state"] == "COMPLETED" and j["start_time"] and j["end_time"]]
             waits = [j["start_time"] - j["submit_time"] for j in ok]
@@ -150,6 +158,7 @@ def run(n: int, busy_s: int) -> dict:
             out[f"{arm}_on"] = sorted({j["cluster"] for j in jobs})
         runs = [len((work / f"{arm}-{i}.runs").read_text().splitlines()) if (work / f"{arm}-{i}.runs").exists()
                 else 0 for arm in arms for i in range(n)]
+        out["moves"] = sum(1 for t in told if t["kind"] == "move")
         out["ran_twice"] = sum(1 for r in runs if r > 1)
         out["never_ran"] = sum(1 for r in runs if r == 0)
         return out
@@ -173,7 +182,8 @@ def main() -> None:
     with turns((FIRST, SECOND)):
         waited = time.monotonic() - waited  # other real-Slurm work first (tests' turns): not this bench's time
         out = {**run(n, busy_s), "turn_wait_s": round(waited, 1)}
-    finish("placement", out, {"placed": out["placed_completed"] > 0, "pinned": out["pinned_completed"] > 0})
+    finish("placement", out, {"placed": out["placed_completed"] > 0, "pinned": out["pinned_completed"] > 0,
+                                   "rebalanced": out["rebalanced_completed"] > 0 and out["ran_twice"] == 0})
 
 
 if __name__ == "__main__":

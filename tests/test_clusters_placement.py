@@ -83,3 +83,31 @@ def test_a_named_cluster_is_taken_and_an_unknown_one_refused_with_the_choices() 
     assert lane is one and two.asked == 0  # only the named cluster is asked
     with pytest.raises(InvalidRequest, match="the clusters are: one, two"):
         asyncio.run(s.settle(SPEC.model_copy(update={"cluster": "three"})))
+
+
+def test_data_a_cluster_does_not_mount_and_a_refusing_policy_keep_a_job_off_it() -> None:
+    """Issue 52 items 4 and 5: what a job needs on a cluster's filesystems, said at
+    placement ('needs data moved'), not found missing at its start; and a cluster the
+    policy (or a budget) refuses is weighed as one that does not fit, with why."""
+    from corral.storage import IMAGE_FILE, WS_DIR
+
+    one, two = Cluster("one", 600), Cluster("two", 0)
+    s = sites([one, two], filesystems={"two": ["/gpfs"]})
+    spec = SPEC.model_copy(update={"workdir": "/home/alice/run",
+                                   "labels": {IMAGE_FILE: "/gpfs/images/k.sqsh", WS_DIR: "/home/ws/ws-1"}})
+    ranked = {o.cluster: o for o in asyncio.run(s.rank(spec))}
+    assert ranked["one"].fits and not ranked["two"].fits
+    said = " ".join(ranked["two"].reasons)
+    assert "needs data moved: its workdir /home/alice/run is not on cluster two's filesystems (/gpfs)" in said
+    assert "its workspace /home/ws/ws-1" in said and "image" not in said  # the image is on /gpfs
+    placed, lane, _ = asyncio.run(s.settle(spec))
+    assert lane is one and placed.cluster == "one"  # two would start sooner, but the data is not there
+    with pytest.raises(InvalidRequest, match="needs data moved"):
+        asyncio.run(s.settle(spec.model_copy(update={"cluster": "two"})))
+    assert s.holding("/gpfs/images/k.sqsh") == ["one", "two"] and s.holding("/home/x") == ["one"]
+    # The policy's word, per cluster: two refused, so one takes it; neither, and the refusal says both.
+    placed, lane, _ = asyncio.run(s.settle(SPEC, refuses=lambda c: "rule 'no-two'" if c == "two" else None))
+    assert lane is one
+    with pytest.raises(InvalidRequest) as e:
+        asyncio.run(s.settle(SPEC, refuses=lambda c: f"rule 'no-{c}'"))
+    assert "cluster one partition debug: rule 'no-one'" in e.value.message and "rule 'no-two'" in e.value.message

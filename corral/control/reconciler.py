@@ -26,6 +26,7 @@ from corral.control.metrics import Metrics
 if TYPE_CHECKING:
     from corral.lanes.registry import Lanes
     from corral.control.progress import Progress
+    from corral.control.rebalance import Rebalancer
     from corral.control.sender import Sender
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,9 @@ class Reconciler:
         self.elsewhere: Callable[[], None] | None = None
         """Set while another replica leads: a kick wakes that replica's reconciler (core/replicas.py)."""
         self._failures = 0
+        self.rebalancer: "Rebalancer | None" = None
+        """Several clusters: moves pending jobs between them, between polls (control/rebalance.py)."""
+        self._recovered = False
 
     def kick(self) -> None:
         """Ask for a tick now (after a submit or cancel), not at the next interval."""
@@ -111,7 +115,9 @@ class Reconciler:
         if self.sender.ended:
             gone, self.sender.ended = self.sender.ended, []
             self.progress.changed(gone)
-        active = self.db.active_runs(self.lanes.polled())
+        moving = await self._moves()
+        await self._reopen()
+        active = [r for r in self.db.active_runs(self.lanes.polled()) if r.id not in moving]
         self.metrics.active_jobs.set(len(active))
         if not active:
             if unsent is not None:
@@ -158,6 +164,7 @@ class Reconciler:
                 lane.forget(ended)
         if failed and len(failed) == len(by_lane):
             raise failed[-1]
+        await self._rebalance()
         if unsent is not None:
             if changed:
                 self.progress.changed(changed)
@@ -167,3 +174,40 @@ class Reconciler:
         self.metrics.tick_seconds.observe(time.perf_counter() - t0)
         if changed:
             self.progress.changed(changed)
+
+    async def _reopen(self) -> None:
+        """Jobs recorded as ended that their lane says the scheduler runs again (a Slurm
+        requeue after the job's own end marker): live again, as the lane says, before this
+        tick's poll (which then follows them as any live job)."""
+        for name in self.lanes.polled():
+            lane = self.lanes[name]
+            try:
+                again = await lane.reopened() if hasattr(lane, "reopened") else []
+            except (CorralError, OSError) as e:
+                log.warning("lane %s: requeues after an end not checked: %s", name, e)
+                continue
+            for st in again:
+                job_id = self.db.job_of_backend(name, st.backend_id)
+                if job_id is not None and self.progress.reopen(job_id, st.state, st.requeues, st.reason):
+                    log.warning("job %s (%s %s): Slurm runs it again after its recorded end (requeues %d)",
+                                job_id, name, st.backend_id, st.requeues)
+
+    async def _moves(self) -> set[int]:
+        """Moves a killed gateway left open, finished or undone before any poll (first
+        tick, and while one stays open); -> the jobs still moving, not polled."""
+        if self.rebalancer is None:
+            return set()
+        moving = self.rebalancer.moving()
+        if moving or not self._recovered:
+            await self.rebalancer.recover()
+            self._recovered = True
+            moving = self.rebalancer.moving()
+        return moving
+
+    async def _rebalance(self) -> None:
+        if self.rebalancer is None:
+            return
+        try:
+            await self.rebalancer.round()
+        except (CorralError, OSError) as e:  # a move is retried or undone by recovery; the polls go on
+            log.warning("rebalancing: %s", e)

@@ -68,10 +68,12 @@ class Sender:
                 log.warning("%s was missing (removed by a cleaner?); made again", d)
 
     async def send(self, jobs: Sequence[tuple[Job, SubmitContext]], *, dispatch: bool = False,
-                   raise_backend: bool = False) -> dict[int, str]:
+                   raise_backend: bool = False, look_again: bool = False) -> dict[int, str]:
         """Send each job to its lane (a lane's jobs in one call) and record what came back.
         ``dispatch``: the lanes start what they queued now. ``raise_backend``: after
         recording, raise the first scheduler failure (the reconciler then backs off).
+        ``look_again``: a job just sent is looked up once more (a cancel read its record
+        before it was moved to another cluster: control/rebalance.py).
         -> job id: backend id, for the jobs a lane took."""
         taken: dict[int, str] = {}
         if not self.leading:  # recorded: the leader's sender sends it, woken now rather than at its tick
@@ -99,7 +101,7 @@ class Sender:
             taken.update((job.id, s.backend_id) for (job, _), s in zip(group, sent) if s.backend_id)
             # Cancelled while its submission was on the way: do not let it run.
             gone = {job.id for job, _ in group if job.id in self.cancelled}
-            if self.cancels_elsewhere:  # another replica's cancel is written to the store, not to this set
+            if self.cancels_elsewhere or look_again:  # a cancel written to the store, not to this set
                 gone |= {i for i, j in self.db.get_jobs(ids).items() if j.state is JobState.CANCELLED}
             late = [s.backend_id for (job, _), s in zip(group, sent) if s.backend_id and job.id in gone]
             self.cancelled.difference_update(ids)
@@ -178,4 +180,4 @@ class Sender:
             if p is not None:
                 todo.append((job, context(job, p)))
         if todo:
-            await self.send(todo, dispatch=True, raise_backend=True)
+            await self.send(todo, dispatch=True, raise_backend=True, look_again=True)

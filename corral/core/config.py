@@ -91,6 +91,11 @@ class SlurmSettings(_Part):
             host_port(v)
         return v
 
+    filesystems: dict[str, list[str]] = Field(default_factory=dict, examples=[{"cpu": ["/home", "/scratch"], "gpu": ["/home", "/gpfs"]}], description="Several clusters: the filesystems each cluster's nodes mount, cluster -> path prefixes. A job whose working directory, image or workspace is on none of a cluster's is not placed there (plan_job and a refusal say 'needs data moved'); images and workspaces list the clusters that hold them. A cluster not named sees every path.")
+    rebalance_margin_s: float = Field(0.0, ge=0, description="Several clusters: a pending job that allowed it (submitted with movable) is moved to another cluster when Slurm's estimate there (sbatch --test-only) starts it at least this many seconds sooner than where it waits; cancelled there once held, submitted again as the same job, never run twice (decision 0053). 0: never moved.")
+    rebalance_every_s: float = Field(60.0, gt=0, description="How often pending jobs are weighed for a move (each weighing asks every cluster's controller one sbatch --test-only per job).")
+    rebalance_max_jobs: int = Field(20, ge=1, description="Pending jobs weighed for a move per round, the longest waiting first: bounds the controller RPCs a round costs.")
+
     @field_validator("clusters")
     @classmethod
     def _cluster_names(cls, v: dict[str, str]) -> dict[str, str]:
@@ -129,6 +134,7 @@ class SafetySettings(_Part):
     rate_api_burst: float = Field(200.0, ge=1, description="API calls allowed at once above the rate.")
     rate_submit_per_min: float = Field(600.0, ge=0, description="Jobs submitted per minute per principal and per session (0: no limit).")
     rate_submit_burst: float = Field(1000.0, ge=1, description="Jobs that may be submitted at once above the rate (a batch counts each job).")
+    cluster_budgets: dict[str, dict[Literal["cpu_hours", "gpu_hours"], float]] = Field(default_factory=dict, examples=[{"gpu": {"gpu_hours": 500.0}}], description="Several clusters: each sponsor's budget on a cluster (the person and their agents together), cluster -> {cpu_hours, gpu_hours}, charged as token budgets are (a live job its walltime, an ended one what it ran). A job that would pass it is not placed there (plan_job says why). Budgets on tokens are facility-wide: every cluster counts (decision 0053).")
     agent_max_active_jobs: int = Field(2000, ge=0, description="Unfinished jobs one agent may have at once (0: no cap).")
 
     def policy_path(self, home: Path) -> Path:

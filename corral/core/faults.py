@@ -7,7 +7,9 @@ tests only: a facility never sets it.
 
 The points of the submit path, in order: ``before_insert``, ``after_insert`` (the jobs'
 rows written, not committed), ``after_audit`` (their allow record appended, not
-committed), ``after_commit`` (recorded, not sent), ``after_send``. And one that stalls
+committed), ``after_commit`` (recorded, not sent), ``after_send``. Of a job's move to
+another cluster (control/rebalance.py), in order: ``move_recorded``, ``move_held``,
+``move_cancelled``, ``move_rehomed``. And one that stalls
 instead of dying: ``reconciler_stall`` (the reconciler's loop stops beating, as a hung
 scheduler call would leave it; /healthz must say so).
 """

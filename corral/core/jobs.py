@@ -257,6 +257,10 @@ class JobSpec(BaseModel):
         description="Where a batch job runs at a facility of several clusters: a cluster's name, or 'auto' (the "
                     "default): placed by the facility's objective (earliest start, fewest SUs, or a blend); "
                     "plan_job ranks them.")
+    movable: bool | None = Field(
+        None, description="At a facility of several clusters: while it waits, corral may move it to another cluster "
+                          "where Slurm says it starts sooner (held and cancelled where it waits, then submitted "
+                          "there as the same job: never run twice). You are told in your ledger.")
     idempotent: bool | None = Field(
         None, description="Safe to run twice: if the fast-lane allocation running it dies, rerun it instead of failing it.")
     cache: bool | None = Field(

@@ -271,6 +271,9 @@ JOB_FIELDS: dict[str, tuple[Any, Any]] = {
     "cluster": (Annotated[str | None, Field(description="Where there are several clusters: one's name, or 'auto' "
                                                         "(default: placed by the site's objective; plan_job ranks "
                                                         "them).")], None),
+    "movable": (Annotated[bool | None, Field(description="Several clusters: corral may move it while it waits to "
+                                                         "one where it starts sooner (never run twice; told in "
+                                                         "your ledger).")], None),
     "idempotent": (Annotated[bool | None, Field(description="Safe to run twice (fast lane may rerun it).")], None),
     "cache": (Annotated[bool | None, Field(description="Reuse the result of an earlier successful identical "
                                                        "run (script, inputs, env, resources).")], None),

@@ -34,6 +34,7 @@ from corral.core.errors import BackendError, Conflict, CorralError, InvalidReque
 from corral.core.faults import fault
 from corral.core.identity import Identity
 from corral.core.jobs import Job, JobSpec
+from corral.core.lane_names import AUTO
 from corral.core.principals import Caller, Kind, Principal
 from corral.lanes.placement import Placement, Placer
 from corral.lanes.registry import BackendLane, Lane, Lanes
@@ -305,7 +306,34 @@ class Admission:
         text = job_text(spec)
         await self.gate.prepare(text)
         await self.memory.prepare(spec)
-        return self.gate.check(caller, "submit", "Job", resource, text=text)
+        sites = self.lanes.sites
+        if sites is None or spec.cluster not in (None, AUTO):
+            return self.gate.check(caller, "submit", "Job", resource, text=text, cluster=spec.cluster)
+        # Not placed yet (cluster 'auto'): allowed if the policy allows it on some cluster;
+        # placement then weighs only those (``refuses_at``, decision 0053).
+        first: CorralError | None = None
+        for name in sites.lanes:
+            try:
+                return self.gate.check(caller, "submit", "Job", resource, text=text, cluster=name)
+            except CorralError as e:
+                first = first or e
+        assert first is not None
+        raise first
+
+    def refuses_at(self, caller: Caller, spec: JobSpec) -> Callable[[str], str | None]:
+        """Why ``caller``'s ``spec`` may not go to a cluster: the policy there, or its sponsor's
+        budget there (None: it may)."""
+        kind = caller.principal.kind.value
+        contained = self.sandbox is not None and self.sandbox.applies(kind) and self.sandbox.why_not is None
+        resource = job_resource(spec, caller.name, contained)
+
+        def refuses(cluster: str) -> str | None:
+            try:
+                self.gate.check(caller, "submit", "Job", resource, text=job_text(spec), cluster=cluster)
+            except CorralError as e:
+                return e.message  # "the facility policy denies submit: rule '...'"
+            return self.gate.over_budget_at(caller.principal, spec, cluster)
+        return refuses
 
     def _check_parents(self, caller: Caller, spec: JobSpec) -> None:
         """The jobs a spec waits for exist, are the caller's to see, and can still satisfy
@@ -338,7 +366,7 @@ class Admission:
             spec = spec.model_copy(update={"labels": {**spec.labels, CACHE_LABEL: key}})
         routed, lane = self.lanes.route(caller.principal, spec)
         if self.lanes.sites is not None and lane is self.lanes.batch:  # several clusters: which one (decision 0053)
-            routed, lane, _ = await self.lanes.sites.settle(routed)
+            routed, lane, _ = await self.lanes.sites.settle(routed, self.refuses_at(caller, routed))
         return routed, lane
 
     async def placed(self, p: Principal, spec: JobSpec, lane: Lane) -> tuple[JobSpec, Placement | None]:

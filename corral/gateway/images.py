@@ -139,6 +139,8 @@ class Images:
         self.mounted: dict[str, mounts.Mounted] = {}
         """How each image was last mounted on this gateway's node, and why that way."""
         self._lock = threading.Lock()
+        self.where: "Callable[[str], list[str]] | None" = None
+        """Several clusters: the ones whose filesystems hold a path (lanes/clusters.py)."""
 
     # -- building ------------------------------------------------------------------
 
@@ -288,7 +290,8 @@ class Images:
         m = self.mounted.get(key)
         return {"image": r[0], "name": r[1], "packages": rec["packages"], "size": rec["size"],
                 "python": rec["python"], "platform": rec["platform"], "built_by": r[3], "created": r[4],
-                "last_used": r[5], "mount": {"path": m.path, "how": m.how, "why": m.why} if m else None}
+                "last_used": r[5], "mount": {"path": m.path, "how": m.how, "why": m.why} if m else None,
+                **({"clusters": self.where(str(self.images_dir / f"{key}.sqsh"))} if self.where else {})}
 
     def listing(self) -> list[dict[str, Any]]:
         self.refresh()

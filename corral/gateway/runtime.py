@@ -177,6 +177,8 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
     storage = StorageVerbs(settings.storage, settings.home, db, lanes, intake, audit, gate, sandbox, metrics,
                            owner=lambda caller: identity_of(caller, sandbox, identities))
     progress.ends.append(storage)
+    if lanes.sites is not None:  # several clusters: images and workspaces say which clusters hold them
+        storage.images.where = storage.workspaces.where = lanes.sites.holding
     progress.ends.append(notifier)  # a job's end wakes the notifier at once
     if settings.fastlane.enabled:
         from corral.lanes.fast.lane import FastLane
@@ -186,6 +188,12 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
         lanes.add(FastLane(settings.fastlane, settings.home / "fastlane", settings.default_lane, settings.tick_s, db,
                            lanes.batch, pilots, progress, sandbox, identities))
     reconciler = Reconciler(db, lanes, sender, progress, metrics, settings.tick_s, settings.max_backoff_s)
+    if lanes.sites is not None:  # several clusters: a pending job moved where it starts sooner (decision 0053)
+        from corral.control.rebalance import Rebalancer
+
+        reconciler.rebalancer = Rebalancer(db, lanes.sites, progress, settings.slurm,
+                                           lambda job, cluster: gate.refuses_at(p, job.spec, cluster) if (
+                                               p := db.get_principal(job.principal)) else "its principal is gone")
     placer = Placer(settings.slurm, db, memory.runtimes)
     admission = Admission(settings, db, lanes, gate, audit, memory, storage, placer, intake, sandbox,
                           lambda caller: identity_of(caller, sandbox, identities), private_state or [])

@@ -26,12 +26,15 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from corral.core.errors import CorralError, InvalidRequest
 from corral.core.jobs import JobSpec, format_duration
 from corral.lanes.backend import Partition
+from corral.storage import IMAGE_FILE, WS_DIR, WS_LOWER
 
 if TYPE_CHECKING:
     from corral.core.config import SlurmSettings
     from corral.lanes.registry import BackendLane
 
 AUTO = "auto"
+Refuses = Callable[[str], "str | None"]
+"""Why the facility policy refuses a job on a cluster, or None (its own check per caller)."""
 DEFAULT_RATE = {"cpu_hour": 1.0, "gpu_hour": 0.0}
 
 
@@ -74,6 +77,34 @@ def sus(spec: JobSpec, rates: dict[str, float]) -> float:
     return spec.cpus * hours * rates["cpu_hour"] + spec.gpus * hours * rates["gpu_hour"]
 
 
+def data_paths(spec: JobSpec) -> dict[str, str]:
+    """What a job needs on its cluster's filesystems: its working directory (a workspace's
+    view is its directory), its image's file, a workspace's base on the node."""
+    out = {"workdir": spec.workdir or ""}
+    for what, label in (("image", IMAGE_FILE), ("workspace", WS_DIR), ("workspace base", WS_LOWER)):
+        if spec.labels.get(label):
+            out[what] = spec.labels[label]
+    return {k: v for k, v in out.items() if v}
+
+
+def on_cluster(path: str, cluster: str, filesystems: Mapping[str, Sequence[str]]) -> bool:
+    """Whether ``cluster``'s nodes see ``path`` (a cluster ``filesystems`` does not name sees all)."""
+    roots = filesystems.get(cluster)
+    return roots is None or any(path == r.rstrip("/") or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def clusters_of(path: str, names: Sequence[str], filesystems: Mapping[str, Sequence[str]]) -> list[str]:
+    """The clusters whose filesystems hold ``path`` (an image's file, a workspace's directory)."""
+    return [n for n in names if on_cluster(path, n, filesystems)]
+
+
+def data_misfits(spec: JobSpec, cluster: str, filesystems: Mapping[str, Sequence[str]]) -> list[str]:
+    """What would have to be moved for the job to run there: said now, not at its start."""
+    return [f"needs data moved: its {what} {path} is not on cluster {cluster}'s filesystems "
+            f"({', '.join(filesystems.get(cluster) or ())})"
+            for what, path in data_paths(spec).items() if not on_cluster(path, cluster, filesystems)]
+
+
 def misfits(spec: JobSpec, part: Partition) -> list[str]:
     """Every reason the request cannot run in this partition (not just the first)."""
     out = []
@@ -97,6 +128,10 @@ class Sites:
                  clock: Callable[[], float] = time.time) -> None:
         self.lanes, self.settings, self.clock = lanes, settings, clock
 
+    def holding(self, path: str) -> list[str]:
+        """The clusters whose filesystems hold ``path`` (an image's file, a workspace's directory)."""
+        return clusters_of(path, list(self.lanes), self.settings.filesystems)
+
     def named(self, name: str) -> "BackendLane":
         lane = self.lanes.get(name)
         if lane is None:
@@ -105,18 +140,19 @@ class Sites:
         return lane
 
     async def rank(self, spec: JobSpec, every_partition: bool = False,
-                   only: Sequence[str] | None = None) -> list[Option]:
+                   only: Sequence[str] | None = None, refuses: Refuses | None = None) -> list[Option]:
         """Every cluster (``only``: those) judged for ``spec``: fitting ones first, best
         first by the site's objective. ``every_partition``: each partition of each cluster
-        (plan_job), else the one a submission would take there."""
+        (plan_job), else the one a submission would take there. ``refuses``: why the
+        facility policy refuses the job on a cluster (None: it allows)."""
         names = list(only) if only is not None else list(self.lanes)
-        per = await asyncio.gather(*(self._judge(n, spec, every_partition) for n in names))
+        per = await asyncio.gather(*(self._judge(n, spec, every_partition, refuses) for n in names))
         options = [o for opts in per for o in opts]
         for o in options:
             o.score = self._score(o) if o.fits else None
         return sorted(options, key=lambda o: (not o.fits, not o.candidate, o.score if o.score is not None else 0.0))
 
-    async def _judge(self, name: str, spec: JobSpec, every_partition: bool) -> list[Option]:
+    async def _judge(self, name: str, spec: JobSpec, every_partition: bool, refuses: Refuses | None) -> list[Option]:
         lane = self.lanes[name]
         try:
             parts = await asyncio.to_thread(lane.partitions)
@@ -124,11 +160,14 @@ class Sites:
             return [Option(name, spec.partition, [f"its controller does not answer ({e.message[:200]})"])]
         default = next((p.name for p in parts if p.default), parts[0].name if parts else None)
         asked = spec.partition or default
+        # Reasons of the whole cluster: what the policy says there, and data it does not have.
+        whole = [r for r in (refuses(name) if refuses is not None else None,) if r]
+        whole += data_misfits(spec, name, self.settings.filesystems)
         out = []
         for p in parts:
             if p.name != asked and not every_partition:
                 continue
-            o = Option(name, p.name, misfits(spec, p), candidate=p.name == asked)
+            o = Option(name, p.name, misfits(spec, p) + whole, candidate=p.name == asked)
             o.sus = sus(spec, rate(self.settings.charge, name, p.name))
             out.append(o)
         if spec.partition and not any(p.name == spec.partition for p in parts):
@@ -158,13 +197,13 @@ class Sites:
             return cost + wait_h * self.settings.placement_su_per_hour
         return wait_h * 3600 + cost * 1e-6  # earliest; ties go to the cheaper
 
-    async def settle(self, spec: JobSpec) -> tuple[JobSpec, "BackendLane", list[Option]]:
+    async def settle(self, spec: JobSpec, refuses: Refuses | None = None) -> tuple[JobSpec, "BackendLane", list[Option]]:
         """-> (the spec naming its cluster, its lane, the options weighed). A named cluster
         is taken if the request fits it; 'auto' (or none) takes the best candidate."""
         wanted = spec.cluster or AUTO
         if wanted != AUTO:
             self.named(wanted)
-        options = await self.rank(spec, only=None if wanted == AUTO else [wanted])
+        options = await self.rank(spec, only=None if wanted == AUTO else [wanted], refuses=refuses)
         best = next((o for o in options if o.fits and o.candidate), None)
         if best is None:
             raise InvalidRequest(refusal(options), hint="ask plan_job for every cluster and partition, "

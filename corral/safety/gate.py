@@ -32,7 +32,7 @@ from corral.core.config import SafetySettings
 from corral.core.errors import ApprovalNeeded, CorralError, Forbidden, RateLimited
 from corral.core.jobs import JobSpec
 from corral.core.lru import LRU
-from corral.core.principals import Caller, Kind
+from corral.core.principals import Caller, Kind, Principal
 from corral.core.lane_names import BATCH
 from corral.safety.limits import Buckets, Want, take_stored
 from corral.safety.policy import Policy, Request, refusal_nearest
@@ -253,9 +253,9 @@ class Gate:
     # -- the decision -----------------------------------------------------------------------
 
     def check(self, caller: Caller, action: str, resource_type: str = "Job",
-              resource: dict[str, Any] | None = None, *, text: str = "") -> str:
+              resource: dict[str, Any] | None = None, *, text: str = "", cluster: str | None = None) -> str:
         """Token caveats, then policy. Raises Forbidden naming the rule (and carrying it);
-        -> the rule that allowed."""
+        -> the rule that allowed. ``cluster``: where the job would run (context.cluster)."""
         resource = resource or {}
         tags: list[str] = []
         rule = "token-caveat"
@@ -277,7 +277,7 @@ class Gate:
                 kind=p.kind.value, name=p.name, action=action, resource_type=resource_type, resource=resource,
                 sponsor=p.sponsor, account=p.account, unix_user=p.unix_user, admin=p.is_admin,
                 groups=self.settings.policy_groups_of(p.name, p.account), risk_tags=tags,
-                tainted=tainted, session=caller.session)
+                tainted=tainted, session=caller.session, cluster=cluster)
             pkey = ("policy", self._policy_version, repr(req))
             decision = self._cached(pkey)
             if decision is None:
@@ -305,6 +305,34 @@ class Gate:
             e.rule, e.tags = rule, tags
             raise
         return rule
+
+    def refuses_at(self, p: Principal, spec: JobSpec, cluster: str) -> str | None:
+        """Why the policy refuses ``p``'s job on ``cluster`` (None: it allows), asked with no
+        request in hand: a pending job weighed for a move (control/rebalance.py). Only the
+        policy: the token's caveats were checked when the job was submitted."""
+        req = Request(kind=p.kind.value, name=p.name, action="submit", resource=job_resource(spec, p.name),
+                      sponsor=p.sponsor, account=p.account, unix_user=p.unix_user, admin=p.is_admin,
+                      groups=self.settings.policy_groups_of(p.name, p.account),
+                      risk_tags=self.risk_tags(job_text(spec)), cluster=cluster)
+        decision = self._fresh_policy().decide(req)
+        if not decision.allowed:
+            return f"the facility policy denies it there: rule '{decision.rule}'"
+        return self.over_budget_at(p, spec, cluster)
+
+    def over_budget_at(self, p: Principal, spec: JobSpec, cluster: str) -> str | None:
+        """Whether the job would pass its sponsor's budget on ``cluster`` ([safety]
+        cluster_budgets: a person and their agents together); None: within it."""
+        limits = self.settings.cluster_budgets.get(cluster)
+        if not limits:
+            return None
+        sponsor = p.sponsor if p.kind is Kind.AGENT and p.sponsor else p.name
+        cpu_s, gpu_s = self.db.safety.used_on(cluster, [sponsor, *self.db.sponsored_by(sponsor)])
+        for key, used, want, what in (("cpu_hours", cpu_s, spec.cpus * spec.walltime_s, "CPU"),
+                                      ("gpu_hours", gpu_s, spec.gpus * spec.walltime_s, "GPU")):
+            if key in limits and (used + want) / 3600 > limits[key]:
+                return (f"{sponsor}'s {what}-hour budget on cluster {cluster}: {used / 3600:.2f} of "
+                        f"{limits[key]:.2f} h used or reserved, and this asks {want / 3600:.2f} h more")
+        return None
 
     def _asked(self, caller: Caller, action: str, rule: str, who: str) -> str:
         """A rule that asks a person: allowed when this is the approved action being carried

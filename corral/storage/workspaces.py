@@ -111,6 +111,8 @@ class Workspaces:
         ``owner(caller)``: the identity the caller's jobs run as (None: the gateway's), who
         owns a revision's exported tree, so that the trial's jobs can write it."""
         self.root = scratch / "workspaces"
+        self.where: Callable[[str], list[str]] | None = None
+        """Several clusters: the ones whose filesystems hold a path (lanes/clusters.py)."""
         self.trees = scratch / "trees"
 
     def _row(self, caller: Caller, ws_id: str) -> dict[str, Any]:
@@ -249,7 +251,7 @@ class Workspaces:
         d = Path(r["dir"])
         return {"workspace": r["id"], "base": r["base"], "rev": r["rev"], "path": str(d / "merged"),
                 "how": r["how"], "principal": r["principal"], "created": r["created"], "expires": r["expires"],
-                "upper_bytes": _du(d / "upper")}
+                "upper_bytes": _du(d / "upper"), **({"clusters": self.where(str(d))} if self.where else {})}
 
     def path(self, caller: Caller, ws_id: str, mount: bool = True) -> str:
         """The merged view a job of this workspace runs in; ``mount``: mounted here (again,

@@ -1,7 +1,8 @@
 """The moves' SQL (migration 19): a pending job moved to another cluster where Slurm
-says it starts sooner (corral/control/rebalance.py, decision 0056). A move is recorded
+says it starts sooner (corral/control/rebalance.py, decision 0053). A move is recorded
 before anything is done to the job, so a gateway killed in the middle finds it at start
-and finishes or undoes it; a finished one stays, so a job moves at most once."""
+and finishes or undoes it; a finished one stays, so a job moves at most once (one undone
+may be tried again)."""
 
 from __future__ import annotations
 
@@ -24,9 +25,13 @@ class MoveRecords:
         self.conn = conn
 
     def begin(self, move: Move) -> bool:
-        """The intent, before the job is touched; False if the job moved (or tried) before."""
-        return self.conn.execute(self.conn.insert_ignore("moves", "job_id, src, src_id, dst, why, at", 6),
-                                 tuple(move)).rowcount == 1
+        """The intent, before the job is touched; False if the job moved before (or is
+        moving). A move undone (the job started, or a gateway died before it cancelled
+        anything) may be tried again."""
+        return self.conn.execute(
+            "INSERT INTO moves (job_id, src, src_id, dst, why, at) VALUES (?,?,?,?,?,?) ON CONFLICT (job_id) "
+            "DO UPDATE SET src=excluded.src, src_id=excluded.src_id, dst=excluded.dst, why=excluded.why, "
+            "at=excluded.at, state='open' WHERE moves.state='undone'", tuple(move)).rowcount == 1
 
     def open(self) -> list[Move]:
         """Moves begun and neither finished nor undone (a gateway died in them)."""
@@ -35,13 +40,6 @@ class MoveRecords:
 
     def open_ids(self) -> set[int]:
         return {int(r[0]) for r in self.conn.all("SELECT job_id FROM moves WHERE state='open'")}
-
-    def tried(self, job_ids: list[int]) -> set[int]:
-        """Of ``job_ids``, those with a move of any state: never moved again."""
-        if not job_ids:
-            return set()
-        return {int(r[0]) for r in self.conn.all(
-            f"SELECT job_id FROM moves WHERE job_id IN ({self.conn.marks(len(job_ids))})", job_ids)}
 
     def end(self, job_id: int, state: str) -> None:
         """'done' (the job now waits on its new cluster) or 'undone' (it stayed)."""
@@ -55,12 +53,13 @@ class MoveRecords:
             (dst, spec_json, job_id)).rowcount == 1
 
     def candidates(self, lanes: list[str], limit: int) -> list[int]:
-        """Jobs waiting in a cluster's queue that allowed a move and never had one, the
+        """Jobs waiting in a cluster's queue that allowed a move and never moved, the
         longest waiting first."""
         c = self.conn
         rows = c.all(
             f"""SELECT id FROM jobs WHERE state='PENDING' AND backend_id IS NOT NULL
                 AND backend IN ({c.marks(len(lanes))})
                 AND CAST({c.json('spec', 'movable')} AS TEXT) IN ('true', '1')
-                AND id NOT IN (SELECT job_id FROM moves) ORDER BY submit_time, id LIMIT ?""", (*lanes, limit))
+                AND id NOT IN (SELECT job_id FROM moves WHERE state != 'undone')
+                ORDER BY submit_time, id LIMIT ?""", (*lanes, limit))
         return [int(r[0]) for r in rows]

@@ -82,6 +82,18 @@ class SafetyRecords:
         row = self.conn.one(self._used_sql, (block_path, block_path) if self.conn.pg else (block_path,) * 3)
         return float(row[0] or 0), float(row[1] or 0), int(row[2] or 0)
 
+    def used_on(self, backend: str, principals: list[str]) -> tuple[float, float]:
+        """CPU- and GPU-seconds of ``principals``' jobs on one cluster (lane), charged as
+        ``used`` charges them: what a finished job ran, a live one's walltime."""
+        c = self.conn
+        ran = c.greatest("0", "COALESCE(end_time, start_time, 0) - COALESCE(start_time, end_time, 0)")
+        charge = f"CASE WHEN {ACTIVE} THEN {c.json('spec', 'walltime', num=True)} ELSE {ran} END"
+        row = c.one(f"""SELECT SUM({c.json('spec', 'cpus', num=True)} * {charge}),
+                               SUM({c.json('spec', 'gpus', num=True)} * {charge})
+                        FROM jobs WHERE backend=? AND principal IN ({c.marks(len(principals))})""",
+                    (backend, *principals))
+        return float(row[0] or 0), float(row[1] or 0)
+
     def active(self, principal: str) -> int:
         return int(self.conn.one(f"SELECT COUNT(*) FROM jobs WHERE principal=? AND {ACTIVE}", (principal,))[0])
 

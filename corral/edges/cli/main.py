@@ -216,6 +216,9 @@ def serve(**opts: Any) -> None:
                    "auto: fast when it fits (give --time). Default: the facility's.")
 @click.option("--cluster", help="At a facility of several clusters: a cluster's name, or 'auto' (the default): "
               "placed by the facility's objective ('corral plan' ranks them).")
+@click.option("--movable", is_flag=True, default=None,
+              help="At a facility of several clusters: corral may move it, while it waits, to a cluster where "
+                   "it starts sooner (never run twice; you are told).")
 @click.option("--idempotent", is_flag=True, default=None,
               help="The task may safely run twice: rerun it if its fast-lane allocation dies.")
 @click.option("--force", is_flag=True, default=None,

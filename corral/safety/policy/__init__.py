@@ -50,11 +50,13 @@ class Request:
     tainted: bool = False
     session: str | None = None
     at: float | None = None
+    cluster: str | None = None
+    """At a facility of several clusters, the one the job would run on ('' : not yet placed)."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Request":
         """From a JSON request (``corral policy explain``/``test``): principal.kind/name/...,
-        action, resource.type/attrs, context.risk_tags/tainted/at."""
+        action, resource.type/attrs, context.risk_tags/tainted/at/cluster."""
         p, r, c = d.get("principal") or {}, dict(d.get("resource") or {}), d.get("context") or {}
         if not isinstance(p, dict) or not p.get("kind") or not d.get("action"):
             raise InvalidRequest("a request needs principal.kind, principal.name and action, e.g. "
@@ -70,7 +72,7 @@ class Request:
                    resource_type=str(rtype), resource=r, sponsor=p.get("sponsor"), account=p.get("account"),
                    unix_user=p.get("unix_user"), admin=bool(p.get("admin", False)), groups=list(p.get("groups") or []),
                    risk_tags=sorted(set(tags)), tainted=bool(c.get("tainted", False)), session=c.get("session"),
-                   at=c.get("at"))
+                   at=c.get("at"), cluster=c.get("cluster"))
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,8 @@ class Policy:
         at = req.at if req.at is not None else time.time()
         lt = time.localtime(at)
         context = {"hour": lt.tm_hour, "weekday": lt.tm_wday, "off_hours": is_off_hours(at),
-                   "tainted": req.tainted, "risk_tags": list(req.risk_tags), "session": req.session or ""}
+                   "tainted": req.tainted, "risk_tags": list(req.risk_tags), "session": req.session or "",
+                   "cluster": req.cluster or ""}
         result = cedarpy.is_authorized(
             {"principal": {"type": f"Corral::{kind}", "id": req.name},
              "action": {"type": "Corral::Action", "id": req.action},
