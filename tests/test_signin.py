@@ -66,6 +66,8 @@ def credential(sock: str, payload: str | None, user: pwd.struct_passwd | None = 
 def as_user(u: pwd.struct_passwd, home: Path, gw: Gateway, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """``corral ARGS`` run by the Unix user ``u`` (its own process, its own uid), no token given."""
     full = {"PATH": os.environ["PATH"], "HOME": str(home), "CORRAL_URL": gw.url, "LANG": "C.UTF-8", **env}
+    if os.environ.get("PYTHONPATH"):  # the checkout under test (a clean one run from elsewhere)
+        full["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return subprocess.run([sys.executable, "-m", "corral.edges.cli.main", *args], env=full, cwd=str(home),
                           capture_output=True, text=True, timeout=120, user=u.pw_uid, group=u.pw_gid,
                           extra_groups=[])
@@ -292,3 +294,46 @@ def test_an_agent_session_cannot_sign_in_as_its_person(tmp_path: Path) -> None:
         assert inside.returncode == 2 and "no token given" in inside.stdout, inside.stdout
         refused = as_user(u, home, gw, "login", CORRAL_MUNGE_SOCKET=sock, CORRAL_AGENT="1")
         assert refused.returncode == 2 and "agent does not sign in" in refused.stderr
+
+
+def test_the_agent_fence_hides_what_signs_its_person_in(tmp_path: Path) -> None:
+    """`corral agent run` by a signed-in person: inside, the agent (running as the person)
+    sees no kept token, cannot reach the sign-in socket nor munge, and `corral login`
+    fails; outside, all three still work."""
+    if shutil.which("bwrap") is None and os.environ.get("CI") != "true":
+        pytest.skip("no bubblewrap: run scripts/sandbox-up")
+    sock = cluster_munge()
+    d = Path(tempfile.mkdtemp(prefix="corral-signin-", dir="/tmp"))
+    d.chmod(0o755)
+    path = str(d / "signin.sock")
+    try:
+        with temporary_user("corrsf") as u, user_home(u) as home, \
+                running(tmp_path, CORRAL_SIGNIN__MUNGE_SOCKET=sock, CORRAL_SIGNIN__SOCKET=path) as gw:
+            people(gw, u)
+            env = {"CORRAL_MUNGE_SOCKET": sock, "CORRAL_SIGNIN_SOCKET": path}
+            assert as_user(u, home, gw, "login", **env).returncode == 0
+            with gw.http() as admin:
+                bot = admin.post("/v1/tokens", json={"for": "patbot", "expires": "1h"}).json()["token"]
+            token_file = home / "bot.token"
+            token_file.write_text(bot)
+            os.chown(token_file, u.pw_uid, u.pw_gid)
+            token_file.chmod(0o600)
+            probe = ("import socket,sys; s=socket.socket(socket.AF_UNIX)\n"
+                     "try:\n s.connect(sys.argv[1]); print('SOCKET=reached')\n"
+                     "except OSError as e:\n print('SOCKET=refused', e.errno)\n")
+            script = (f"echo KEPT=$(ls -A ~/.local/state/corral/signin | wc -l); "
+                      f"/usr/bin/python3 -I -c \"$PROBE\" {path}; "
+                      f"munge -n -S {sock} >/dev/null 2>&1; echo MUNGE=$?; "
+                      f"corral login >/dev/null 2>&1; echo LOGIN=$?")
+            corral_bin = str(Path(sys.executable).parent / "corral")
+            inside = as_user(u, home, gw, "agent", "run", "--quiet", "--token-file", str(token_file), "--",
+                             "sh", "-c", script, PROBE=probe, PATH=f"{Path(corral_bin).parent}:{os.environ['PATH']}",
+                             **env)
+            out = inside.stdout
+            assert inside.returncode == 0, out + inside.stderr
+            assert "KEPT=0" in out and "SOCKET=refused" in out and "MUNGE=0" not in out and "LOGIN=0" not in out, out
+            # Outside the fence, the person's own: all still there.
+            assert len(list((home / ".local/state/corral/signin").iterdir())) == 1
+            assert peer_ask(path, u)["principal"] == "pat"
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
