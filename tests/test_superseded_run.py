@@ -86,3 +86,58 @@ def test_an_orphaned_runs_end_does_not_end_a_requeued_job(gw: Gateway, agent_dir
         restore(conf)  # the node's slurmd again
         if node:
             until(f"{node} back in service", lambda: "DOWN" not in node_state(conf, node), 90)
+
+
+def freeze_stepds(conf: str, node: str, sig: int) -> list[int]:
+    """``sig`` (SIGSTOP, SIGCONT) to the node's slurmstepds: a stopped one cannot tell the
+    controller that its batch script ended, while the script itself goes on to its end."""
+    ns = f"{layout(conf)['NS']}-{node}"
+    hit = []
+    for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, check=True).stdout.split():
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "slurmstepd":
+                os.kill(int(pid), sig)
+                hit.append(int(pid))
+        except OSError:
+            continue
+    return hit
+
+
+@pytest.mark.slurm_turn("alone")
+def test_an_end_recorded_before_slurm_requeues_the_job_is_reopened(gw: Gateway, agent_dir: Path) -> None:
+    """The end corral took from the job's own marker comes before Slurm's word: the node's
+    slurmd is killed and the job's slurmstepd stopped (it cannot report), so the script
+    ends and writes its marker (corral: COMPLETED) while Slurm still has the job RUNNING;
+    then Slurm marks the node down and requeues the job (NODE_FAIL). corral reopens its
+    record: the job waits to run again, its requeue counted, its end gone. Before: COMPLETED
+    for good (corral never asked about a job it had recorded as ended)."""
+    conf = slurm_conf()
+    node = ""
+    stepds: list[int] = []
+    try:
+        with gw.http() as h:
+            jid = h.post("/v1/jobs", json={"command": "sleep 3; echo run-${SLURM_RESTART_COUNT:-0}", "cpus": 4,
+                                           "walltime": "10m", "workdir": str(agent_dir)}).json()["id"]
+            first = h.get(f"/v1/jobs/{jid}/wait", params={"timeout": 120, "until": "RUNNING"}).json()
+            assert first["state"] == "RUNNING", first
+            backend = first["backend_id"]
+            node = slurm(conf, "squeue", "-h", "-j", backend, "-o", "%N").strip()
+            kill_slurmd(conf, node)
+            stepds = freeze_stepds(conf, node, signal.SIGSTOP)
+            assert stepds, f"no slurmstepd on {node}"
+            ended = h.get(f"/v1/jobs/{jid}/wait", params={"timeout": 60}).json()
+            assert ended["state"] == "COMPLETED" and ended["requeues"] == 0, ended  # the marker's word
+            assert slurm(conf, "squeue", "-h", "-j", backend, "-o", "%T").strip() == "RUNNING"  # not yet Slurm's
+            until("Slurm to requeue the job", lambda: restarts(conf, backend) >= 1, 120)
+            again = until("corral to reopen the job", lambda: (j := job(gw, jid))["state"] in ("PENDING", "RUNNING")
+                          and j, 60)
+            assert again["requeues"] >= 1 and again["end_time"] is None and again["exit_code"] is None, again
+            assert again["backend_id"] == backend, again
+            h.post(f"/v1/jobs/{jid}/cancel")
+            assert h.get(f"/v1/jobs/{jid}/wait", params={"timeout": 60}).json()["state"] == "CANCELLED"
+    finally:
+        if node:
+            freeze_stepds(conf, node, signal.SIGCONT)
+        restore(conf)  # the node's slurmd again
+        if node:
+            until(f"{node} back in service", lambda: "DOWN" not in node_state(conf, node), 90)

@@ -41,6 +41,15 @@ class Progress:
         self.db.update_job(job_id, state, exit_code=exit_code, reason=reason, start_time=start_time,
                            end_time=end_time, requeues=requeues, lost_s=lost_s, node=node)
 
+    def reopen(self, job_id: int, state: JobState, requeues: int, reason: str | None) -> bool:
+        """A job recorded as ended that its scheduler runs again (db.reopen_job); its
+        waiters woken (it has not ended: nothing is remembered of it). -> whether it moved."""
+        with self.db.transaction():
+            moved = self.db.reopen_job(job_id, state, requeues, reason)
+        if moved:
+            self.watchers.notify([job_id])
+        return moved
+
     def started(self, started: dict[int, float]) -> None:
         """Jobs a lane reports started: RUNNING (only if still PENDING); wake their waiters."""
         with self.db.transaction():

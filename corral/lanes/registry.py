@@ -145,6 +145,13 @@ class BackendLane:
         self._meter("status")
         return await asyncio.to_thread(self.backend.status, backend_ids)
 
+    async def reopened(self) -> list[BackendStatus]:
+        """Jobs whose end was recorded that the scheduler has since run again (a Slurm
+        requeue after a job's own end marker: Polling.reopened); asked every tick, it asks
+        the scheduler at most once per poll and only while such ends are unconfirmed."""
+        fn = getattr(self.backend, "reopened", None)
+        return list(await asyncio.to_thread(fn)) if fn is not None else []
+
     async def cancel(self, backend_ids: Sequence[str]) -> list[dict[str, Any]]:
         self._meter("cancel")
         await asyncio.to_thread(self.backend.cancel, backend_ids)

@@ -166,6 +166,23 @@ class Jobs:
             self.conn.executemany("UPDATE jobs SET backend_id = ? WHERE id = ?", [(b, j) for j, b in pairs])
 
 
+    def reopen_job(self, job_id: int, state: JobState, requeues: int, reason: str | None) -> bool:
+        """A job corral had recorded as ended that its scheduler runs again (a requeue it
+        decided after the job's own end marker: a node lost, a controller's recovery): live
+        again with the scheduler's state and count, its end and exit code cleared (the one
+        way a terminal record moves; issue 50). -> whether it was terminal."""
+        cur = self.conn.execute(
+            f"UPDATE jobs SET state=?, requeues={self.conn.greatest('requeues', '?')}, reason=?, exit_code=NULL, "
+            f"end_time=NULL WHERE id=? AND state IN ({self.conn.marks(len(_TERMINAL))})",
+            (state.value, requeues, reason, job_id, *_TERMINAL))
+        return bool(cur.rowcount)
+
+    def job_of_backend(self, backend: str, backend_id: str) -> int | None:
+        """corral's job that a lane knows by ``backend_id``."""
+        row = self.conn.execute("SELECT id FROM jobs WHERE backend=? AND backend_id=? ORDER BY id DESC LIMIT 1",
+                                (backend, backend_id)).fetchone()
+        return int(row[0]) if row else None
+
     def get_job(self, job_id: int) -> Job | None:
         row = self.conn.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE id=?", (job_id,)).fetchone()
         return _row_to_job(row) if row else None

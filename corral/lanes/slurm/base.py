@@ -65,6 +65,11 @@ class SlurmBase:
         self._known: dict[str, BackendStatus] = {}  # last answer per live job, between full polls
         self._final: dict[str, BackendStatus] = {}  # a terminal answer never changes
         self._cancelled: set[str] = set()  # cancelled by corral (not by Slurm, for a dependency)
+        self._unconfirmed: dict[str, tuple[int, float]] = {}
+        """Ends taken from a job's own marker, not yet Slurm's: id -> (the run that wrote
+        it, when): watched for a requeue Slurm decides after (Polling.reopened)."""
+        self._last_confirm: float | None = None
+        self._table: tuple[float, str] | None = None  # the last job table squeue gave (when, text)
         self.controller_calls: dict[str, int] = {}
         """Slurm commands run, by command (sbatch, squeue, sacct, scancel, scontrol...)."""
         self.tiers = Tiers(opportunistic_qos, self._run, self.conf_key)

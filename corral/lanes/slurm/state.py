@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
+from corral.core.errors import CorralError
 from corral.core.jobs import JobState
 from corral.core.safe_read import read_small, read_tail
 from corral.lanes.backend import BackendStatus
@@ -22,6 +23,10 @@ from corral.lanes.slurm.vocab import parse_exit, slurm_epoch, translate
 # Without cgroups (proctrack/linuxproc), Slurm's memory enforcement kills the step with
 # SIGKILL and sacct says FAILED 0:9; the only trace of the reason is this line in stderr.
 _OOM_MARK = re.compile(rb"exceeded (job )?memory limit|oom-kill|out of memory", re.IGNORECASE)
+
+
+TABLE = "JobID:|,State:|,Reason:|,StartTime:|,RestartCnt:|,NodeList:"
+"""squeue's fields for the job table (-O), one line per job."""
 
 
 class Polling(SlurmBase):
@@ -49,7 +54,10 @@ class Polling(SlurmBase):
         out: dict[str, BackendStatus] = {}
         unsure: list[str] = []
         for jid in backend_ids:
-            told = self._final.get(jid) or self._self_report(jid)
+            told = self._final.get(jid)
+            if told is None and (told := self._self_report(jid)) is not None:
+                # the job's own word, before Slurm's: watched until Slurm agrees (``reopened``)
+                self._unconfirmed[jid] = (told.requeues, self.clock())
             if told is not None:
                 out[jid] = told
             else:
@@ -70,6 +78,51 @@ class Polling(SlurmBase):
             if st.state.terminal:  # the one place a job moves from live to final
                 self._final[jid] = st
                 self._known.pop(jid, None)
+        return out
+
+    CONFIRM_S = 1800.0
+    """How long an end taken from a job's own marker is watched for Slurm running the job
+    again, at most (it is dropped sooner once Slurm shows the job ended, or no longer has it)."""
+
+    def reopened(self) -> list[BackendStatus]:
+        """Jobs whose end corral took from their own marker and that Slurm has since run
+        again: their run was orphaned (its node's slurmd lost, the controller failing over)
+        and Slurm requeued the job, NODE_FAIL, after the orphan ended. Each is answered
+        once, live as Slurm says, its requeues counted; one squeue per poll, only while
+        such ends are unconfirmed (issue 50)."""
+        if not self._unconfirmed or (self._last_confirm is not None
+                                     and self.clock() - self._last_confirm < self.poll_s):
+            return []
+        self._last_confirm = self.clock()
+        if self._table is not None and self.clock() - self._table[0] < self.poll_s:
+            text = self._table[1]  # the status poll's own table, this poll: no RPC more
+        else:
+            try:
+                text = self._run("squeue", "-h", "-a", "-t", "all", "-O", TABLE)
+            except (CorralError, OSError):  # the controller away: asked again at the next poll
+                return []
+        out: list[BackendStatus] = []
+        seen: set[str] = set()
+        for line in text.splitlines():
+            jid, st, _, start, restarts, nodes = [x.strip() for x in (line.split("|") + [""] * 5)[:6]]
+            if jid not in self._unconfirmed:
+                continue
+            seen.add(jid)
+            run, since = self._unconfirmed[jid]
+            again = int(restarts) if restarts.isdigit() else 0
+            state = translate(st)
+            if again > run:
+                del self._unconfirmed[jid]
+                self.requeues.note(jid, again)
+                running = state is JobState.RUNNING
+                out.append(BackendStatus(jid, JobState.RUNNING if running else JobState.PENDING,
+                                         reason=None if running else self.requeues.why(jid, again),
+                                         start_time=slurm_epoch(start) if running else None, requeues=again,
+                                         node=(nodes or None) if running else None))
+            elif (state.terminal and not st.startswith("COMPLETING")) or self.clock() - since > self.CONFIRM_S:
+                del self._unconfirmed[jid]  # Slurm agrees that this run ended the job
+        for jid in [j for j in self._unconfirmed if j not in seen]:
+            del self._unconfirmed[jid]  # gone from Slurm's table: its end stands
         return out
 
     def _started(self, jid: str) -> tuple[float | None, int]:
@@ -156,8 +209,9 @@ class Polling(SlurmBase):
         wanted = set(backend_ids)
         out: dict[str, BackendStatus] = {}
         ended: dict[str, str] = {}
-        for line in self._run("squeue", "-h", "-a", "-t", "all",
-                              "-O", "JobID:|,State:|,Reason:|,StartTime:|,RestartCnt:|,NodeList:").splitlines():
+        text = self._run("squeue", "-h", "-a", "-t", "all", "-O", TABLE)
+        self._table = (self.clock(), text)
+        for line in text.splitlines():
             jid, st, reason, start, restarts, nodes = (line.split("|") + ["", "", "", "", ""])[:6]
             jid = jid.strip()
             if jid not in wanted:

@@ -1,0 +1,74 @@
+"""A requeue Slurm decides after corral recorded a job's end from the job's own marker
+reopens corral's record (issue 50 item 3), without Slurm here: the lane's answer from a
+job table (Polling.reopened), and the store's one way back from a terminal state. The
+whole, on the private cluster with a node's slurmd killed: tests/test_superseded_run.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from corral.core.jobs import JobSpec, JobState
+from corral.lanes.slurm.backend import SlurmBackend
+
+
+class Table:
+    """squeue's job table as the lane asks for it, one answer at a time."""
+
+    def __init__(self) -> None:
+        self.rows = ""
+        self.asked = 0
+
+    def __call__(self, *argv: str) -> str:
+        assert argv[0] == "squeue", argv
+        self.asked += 1
+        return self.rows
+
+
+def lane(tmp_path: Path, table: Table, now: list[float]) -> SlurmBackend:
+    return SlurmBackend(tmp_path / "jobs", None, poll_s=10.0, clock=lambda: now[0], run=table)
+
+
+def test_an_end_slurm_has_not_confirmed_is_watched_and_reopened_when_slurm_runs_the_job_again(tmp_path: Path) -> None:
+    table, now = Table(), [1000.0]
+    b = lane(tmp_path, table, now)
+    assert b.reopened() == [] and table.asked == 0  # nothing unconfirmed: Slurm is not asked
+    b._unconfirmed = {"41": (0, now[0]), "42": (0, now[0]), "43": (0, now[0])}
+    # 41: still running in Slurm's eyes (its node not yet noticed lost); 42: ended, as the
+    # marker said; 43: Slurm has not heard of it any more
+    table.rows = "41|RUNNING|None|2026-12-07T10:00:00|0|c2\n42|COMPLETED|None|2026-12-07T10:00:00|0|c3\n"
+    assert b.reopened() == [] and table.asked == 1
+    assert set(b._unconfirmed) == {"41"}
+    now[0] += 1
+    assert b.reopened() == [] and table.asked == 1  # once a poll
+    now[0] += 10
+    table.rows = "41|PENDING|BeginTime|N/A|1|\n"  # NODE_FAIL, requeued: Slurm will run it again
+    (st,) = b.reopened()
+    assert (st.backend_id, st.state, st.requeues) == ("41", JobState.PENDING, 1), st
+    assert st.reason, st  # Slurm's requeue, in corral's words (Requeues.why)
+    assert b._unconfirmed == {}
+
+
+def test_a_running_again_job_is_reopened_running(tmp_path: Path) -> None:
+    table, now = Table(), [1000.0]
+    b = lane(tmp_path, table, now)
+    b._unconfirmed = {"7": (0, now[0])}
+    table.rows = "7|RUNNING|None|2026-12-07T10:00:00|2|c4\n"
+    (st,) = b.reopened()
+    assert (st.state, st.requeues, st.node) == (JobState.RUNNING, 2, "c4") and st.start_time
+
+
+def test_the_store_reopens_only_a_terminal_record(tmp_path: Path) -> None:
+    from corral.core.db import Database
+    from corral.core.principals import Kind, Principal
+
+    db = Database(tmp_path / "corral.db")
+    db.add_principal(Principal("bot", Kind.AGENT))
+    jid = db.insert_job("bot", None, "slurm", JobSpec(command="true")).id
+    assert not db.reopen_job(jid, JobState.PENDING, 1, "requeued")  # live: untouched
+    db.update_job(jid, JobState.COMPLETED, exit_code=0, end_time=5.0)
+    assert db.reopen_job(jid, JobState.PENDING, 1, "requeued by Slurm")
+    j = db.get_job(jid)
+    assert j is not None and (j.state, j.requeues, j.exit_code, j.end_time, j.reason) == (
+        JobState.PENDING, 1, None, None, "requeued by Slurm")
+    db.update_job(jid, JobState.COMPLETED, exit_code=0, end_time=9.0, requeues=1)
+    assert db.get_job(jid).end_time == 9.0  # type: ignore[union-attr]
