@@ -55,8 +55,8 @@ CREATE TABLE job_events (
         exit_code INTEGER,
         at REAL NOT NULL
     );
-INSERT INTO "job_events" VALUES(1,1,'alice-bot','COMPLETED',0,1.79666452834099078178e+09);
-INSERT INTO "job_events" VALUES(2,2,'alice-bot','RUNNING',NULL,1.79666452834099078178e+09);
+INSERT INTO "job_events" VALUES(1,1,'alice-bot','COMPLETED',0,1764000050.0);
+INSERT INTO "job_events" VALUES(2,2,'alice-bot','RUNNING',NULL,1764000050.0);
 CREATE TABLE job_meta (
         job_id INTEGER PRIMARY KEY,
         principal TEXT NOT NULL,
