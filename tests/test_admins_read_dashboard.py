@@ -370,6 +370,13 @@ def test_the_boards_other_figures_read_as_the_cli_says(gateway: Gateway, people:
         assert saved["reads"] > 0 and saved["by_command"] == {} and saved["corral_asked"] == 0  # local: no controller
         fast, carried = map(int, page.locator("#saved table:not(.backend) td.n").all_inner_texts())
         assert (fast, carried) == (sum(1 for j in jobs if j["backend"] == "fast"), len(pilots)), (fast, carried)
+        # The same commands for a person: words, and scoped as the board scopes them (a sponsor
+        # sees no backend's calls, and only her agents' tokens).
+        assert "clients without corral would have asked" in gateway.cli("saved").stdout
+        assert "(no limit)" in gateway.cli("token", "usage").stdout
+        assert "backends" not in gateway.cli_json("saved", token=people["alice"])
+        hers = gateway.cli_json("token", "usage", token=people["alice"])["tokens"]
+        assert {t["principal"] for t in hers} <= {"alice", "bot1", "bot2"} and hers, hers
         # Tainted credentials: each holder's corral whoami --json says it is tainted, and why.
         tainted = {(c[0], c[1]) for c in _cells(page, "#tainted tr") if len(c) == 3}
         said = {(w["name"], w["tainted"]) for w in (gateway.cli_json("whoami", token=t) for t in people.values())

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+import pytest
+
 from bench._common import shared_data
 
 from .test_admins_read_dashboard import WIDE, browser, shoot  # noqa: F401 (browser: the fixture)
@@ -180,6 +182,11 @@ def test_the_simulators_page_reads_as_the_cli_says(tmp_path: Path, browser: Any)
         sweep = page.evaluate("[...document.querySelectorAll('#sweep tr')].slice(1).map(r => "
                               "[...r.querySelectorAll('td')].map(c => c.textContent))")
         assert len(sweep) == len(r["sweep"])
+        # every figure of both tables: the JSON's, in the report's one format for it
+        from corral.simulate.report import ROWS, row_cells, sweep_cells
+
+        assert dict(rows) == {label: row_cells(get, kind, list(pols.values())) for label, get, kind in ROWS}
+        assert sweep == sweep_cells(r["sweep"])
         for row, cells in zip(r["sweep"], sweep):
             if not row["agents"]:
                 assert cells[5] == "no data" and cells[6] == "no data", cells  # never 0.0 ms
@@ -250,3 +257,52 @@ def test_long_runs_show_a_bar_on_a_terminal_and_nothing_on_a_pipe(tmp_path: Path
         assert piped.returncode == 0 and "━" not in piped.stderr and piped.stderr.strip() == "", piped.stderr[-300:]
         quiet, _ = _on_a_terminal(*args, "--json")
         assert "━" not in quiet  # --json: nothing but the JSON
+
+
+def test_a_share_that_gives_no_agents_is_said_not_drawn(tmp_path: Path, browser: Any) -> None:  # noqa: F811
+    """Issue 54 item 2's fourth degenerate input: an agents' share of 0 (alone, or in a
+    sweep) gives no agents; the terminal, the JSON and the page say what cannot be
+    measured and what to give instead, and no agents' figure is drawn as a zero."""
+    page_file = tmp_path / "none.html"
+    args = ("simulate", "--facility", "small", "--days", "1", "--people", "10", "--agent-share", "0",
+            "--policies", "plain")
+    cp = corral(*args, "--html", str(page_file), "--json")
+    assert cp.returncode == 0, cp.stderr
+    r = json.loads(cp.stdout)
+    said = next(w for w in r["warnings"] if w["about"] == "no agents")
+    assert "cannot be measured" in said["says"] and "--agent-share above" in said["says"], said
+    assert f"warning (no agents): {' '.join(said['says'].split())}" in " ".join(corral(*args).stdout.split())
+    for page in _open(browser, page_file):
+        assert page.locator("p.warn[data-about='no agents']").count() == 1
+        rows = dict(page.evaluate("""[...document.querySelectorAll('#figures tr[data-row]')].map(r =>
+            [r.getAttribute('data-row'), r.querySelector('td:nth-child(2)').textContent])"""))
+        for label in ("agents' loop, short jobs p50", "agents' loop, short jobs p90", "agents' results/h"):
+            assert rows[label] == "no data", (label, rows[label])
+        assert page.locator("svg[aria-label^=\"Agents' results per hour\"]").count() == 0
+        # the controller's load is small, not nothing: the table's figure is the JSON's (was 0% beside a
+        # line drawn at the plot's 0.001% floor), and the plot's scale reaches down to it
+        busy = r["policies"]["plain"]["controller"]["utilisation"] * 100
+        assert busy > 0 and float(rows["controller busy"].rstrip("%")) == pytest.approx(busy, rel=0.05), rows
+        shown = page.evaluate("""[...document.querySelector("svg[aria-label^='Controller busy']")
+            .querySelectorAll('text.tick.y')].map(t => t.textContent)""")
+        assert min(float(t.rstrip("%")) for t in shown) <= busy and not any("e-" in t for t in shown), (shown, busy)
+        shoot(page, "simulate-no-agents")
+    swept = json.loads(corral("simulate", "--facility", "small", "--days", "1", "--people", "10", "--sweep", "0,0.5",
+                              "--policies", "plain", "--json").stdout)
+    assert any(w["about"] == "no agents" and "0%" in w["says"] for w in swept["warnings"]), swept["warnings"]
+
+
+def test_a_policy_at_zero_throughout_is_said_not_drawn_on_a_log_scale() -> None:
+    """A log scale cannot place 0: a policy whose controller load is 0 all run is named
+    under the plot, not drawn along its floor; the others are drawn down to their least."""
+    from corral.simulate import axes, report
+
+    said = report._log_plot({"ban": [(0.0, 0.0), (1.0, 0.0)], "plain": [(0.0, 2e-6), (1.0, 4e-6)]},
+                            "Controller busy: share of its time serving RPCs", axes.days_axis(1.0),
+                            "share of time busy (log scale)", 1e-5, percent=True)
+    assert len(said) == 2 and "ban at 0 throughout" in said[1] and "not drawn" in said[1]
+    assert "ban" not in said[0] and "plain" in said[0]
+    assert report._log_plot({"ban": [(0.0, 0.0)]}, "Controller load", axes.days_axis(1.0), "RPCs", 1e-3) == [
+        '<p class="note zero" data-about="Controller load">Controller load: ban at 0 throughout, which a log scale '
+        "cannot place: not drawn.</p>"]
+

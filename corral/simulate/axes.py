@@ -98,8 +98,13 @@ def log_axis(series: dict[str, list[tuple[float, float]]], label: str, percent: 
     if hi <= lo:
         hi = lo * 10
     ticks = [10.0 ** k for k in range(round(math.log10(lo)), round(math.log10(hi)) + 1)]
-    fmt: Callable[[float], str] = (lambda v: f"{v * 100:g}%") if percent else _fmt_num
+    fmt: Callable[[float], str] = (lambda v: _decade(v * 100) + "%") if percent else _decade
     return Axis(lo, hi, label, ticks, fmt, True)
+
+
+def _decade(v: float) -> str:
+    """A power of ten written out, never as 1e-05: 0.00001, 1, 1,000."""
+    return f"{v:,.0f}" if v >= 1 else f"{v:.{max(0, -math.floor(math.log10(v) + 1e-9))}f}"
 
 
 def _marker(kind: str, x: float, y: float, color: str) -> str:

@@ -176,9 +176,11 @@ class ControlPlane:
 
     def summary(self) -> dict[str, Any]:
         total = sum(self.total.values())
-        return {"rpc_per_s": round(total / self.span_s, 2) if self.span_s else 0.0,
+        # three significant digits, not decimals: a banned agent's load is small, not 0 (0.0043 RPCs/s)
+        return {"rpc_per_s": float(f"{total / self.span_s:.3g}") if self.span_s else 0.0,
                 "rpcs": {k: int(v) for k, v in self.total.items()},
-                "utilisation": round(self.busy_s / (self.t.threads_effective * self.span_s), 4) if self.span_s else 0.0,
+                "utilisation": float(f"{self.busy_s / (self.t.threads_effective * self.span_s):.3g}")
+                if self.span_s else 0.0,
                 "command_latency_s": self.cmd_latency.summary(),
                 "people_command_latency_s": self.people_latency.summary(),
                 "refused_rpcs": int(self.refused)}

@@ -161,6 +161,22 @@ def _nonzero(series: dict[str, list[tuple[float, float]]]) -> dict[str, list[tup
     return {k: v for k, v in series.items() if any(y > 0 for _, y in v)}
 
 
+def _log_plot(series: dict[str, list[tuple[float, float]]], title: str, t_axis: Axis, label: str, floor: float,
+              percent: bool = False) -> list[str]:
+    """A quantity over the run on a log scale down to its smallest value (an hour at 0 is
+    drawn there); a policy at 0 throughout is said, not drawn along the axis' floor as if
+    it were that small."""
+    floor = min((v for pts in series.values() for _, v in pts if v > 0), default=floor)
+    shown = {n: [(d, max(v, floor)) for d, v in pts] for n, pts in _nonzero(series).items()}
+    zero = [n for n in series if n not in shown]
+    out = [plot(shown, f"{title} (hourly mean, log scale)", t_axis, log_axis(shown, label, percent=percent), COLORS)
+           ] if shown else []
+    if zero:
+        out.append(f'<p class="note zero" data-about="{html.escape(title)}">{html.escape(title)}: '
+                   f'{html.escape(", ".join(zero))} at 0 throughout, which a log scale cannot place: not drawn.</p>')
+    return out
+
+
 def _plots(r: dict[str, Any]) -> list[str]:
     pols = r["policies"]
     days = r["scenario"]["days"]
@@ -182,12 +198,11 @@ def _plots(r: dict[str, Any]) -> list[str]:
                             "results per hour"), COLORS),
            plot({n: f["busy_series"] for n, f in pols.items()}, "Utilisation over the run (hourly mean)", t_axis,
                 share_axis("share of the machine's cores busy"), COLORS)]
-    rpc = {n: [(d, max(v, 1e-3)) for d, v in _days(f["controller_series"], 1) if d < days] for n, f in pols.items()}
-    out.append(plot(rpc, "Controller load: RPCs per second (hourly mean, log scale)", t_axis,
-                    log_axis(rpc, "RPCs per second (log scale)"), COLORS))
-    busy = {n: [(d, max(v, 1e-5)) for d, v in _days(f["controller_series"], 2) if d < days] for n, f in pols.items()}
-    out.append(plot(busy, "Controller busy: share of its time serving RPCs (hourly mean, log scale)", t_axis,
-                    log_axis(busy, "share of time busy (log scale)", percent=True), COLORS))
+    for col, title, label, floor in ((1, "Controller load: RPCs per second", "RPCs per second (log scale)", 1e-3),
+                                     (2, "Controller busy: share of its time serving RPCs",
+                                      "share of time busy (log scale)", 1e-5)):
+        out += _log_plot({n: [(d, v) for d, v in _days(f["controller_series"], col) if d < days]
+                          for n, f in pols.items()}, title, t_axis, label, floor, percent=col == 2)
     if r.get("sweep"):
         out += _sweep_plots(r["sweep"])
     return out
