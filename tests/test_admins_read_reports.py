@@ -24,6 +24,7 @@ import pytest
 from bench._common import shared_data
 
 from .test_admins_read_dashboard import WIDE, browser, shoot  # noqa: F401 (browser: the fixture)
+from .test_storage import gw, needs_root, needs_tools, shared  # noqa: F401 (gw, shared: the fixtures)
 
 TRACES = shared_data("traces")
 COARE = TRACES / "DOST-ASTI-COARE-Saliksik-2020-cln.swf"
@@ -219,7 +220,7 @@ def test_on_coares_trace_the_simulator_says_why_its_wait_is_not_the_recorded_one
         shoot(page, "simulate-coare")
 
 
-def _on_a_terminal(*args: str, timeout: float = 300) -> tuple[str, str]:
+def _on_a_terminal(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> tuple[str, str]:
     """The command with its stderr on a pseudo-terminal (as a person runs it) and its
     stdout on a pipe: -> (what the terminal showed, stdout)."""
     import tempfile
@@ -227,7 +228,7 @@ def _on_a_terminal(*args: str, timeout: float = 300) -> tuple[str, str]:
     master, slave = pty.openpty()
     sink = tempfile.TemporaryFile()  # not a pipe we would have to drain while we read the terminal
     p = subprocess.Popen([sys.executable, "-m", "corral.edges.cli.main", *args], stdout=sink,
-                         stderr=slave, env={**os.environ, "COLUMNS": "120", "TERM": "xterm"})
+                         stderr=slave, env={**(env or os.environ), "COLUMNS": "120", "TERM": "xterm"})
     os.close(slave)
     seen = b""
     deadline = time.monotonic() + timeout
@@ -290,6 +291,31 @@ def test_a_share_that_gives_no_agents_is_said_not_drawn(tmp_path: Path, browser:
     swept = json.loads(corral("simulate", "--facility", "small", "--days", "1", "--people", "10", "--sweep", "0,0.5",
                               "--policies", "plain", "--json").stdout)
     assert any(w["about"] == "no agents" and "0%" in w["says"] for w in swept["warnings"]), swept["warnings"]
+
+
+@needs_tools
+@needs_root
+def test_an_env_build_shows_a_bar_on_a_terminal_and_nothing_on_a_pipe(gw: Any, tmp_path: Path) -> None:  # noqa: F811
+    """Item 4's third long run: ``corral env build`` draws its steps on a terminal, writes
+    nothing to stderr on a pipe, and keeps --json one object. Three builds of different
+    files, so that none is answered at once by the image of another."""
+    g, t = gw
+    env = g.env(t["bot1"])
+
+    def requirements(pin: str) -> str:
+        d = tmp_path / pin
+        d.mkdir()
+        (d / "requirements.txt").write_text(f"six=={pin}\n")
+        return str(d / "requirements.txt")
+
+    shown, out = _on_a_terminal("env", "build", requirements("1.16.0"), env=env)
+    assert "\u2501" in shown and "env build" in shown, shown[-500:]  # a bar (rich's), naming what it does
+    assert "six==1.16.0" in out, out
+    piped = subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "env", "build", requirements("1.15.0")],
+                           capture_output=True, text=True, env=env, timeout=600)
+    assert piped.returncode == 0 and piped.stderr == "" and "six==1.15.0" in piped.stdout, piped
+    quiet, out = _on_a_terminal("--json", "env", "build", requirements("1.14.0"), env=env)
+    assert "\u2501" not in quiet and json.loads(out)["state"] == "ready", (quiet[-300:], out)
 
 
 def test_a_policy_at_zero_throughout_is_said_not_drawn_on_a_log_scale() -> None:
