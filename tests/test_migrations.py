@@ -98,3 +98,12 @@ def test_a_store_of_a_newer_corral_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(InvalidRequest, match="newer than this corral"):
         open_store(path)
+
+
+def test_migrate_brings_a_store_up_and_says_what_it_ran(tmp_path: Path) -> None:
+    path = _load(FIXTURES[0], tmp_path / "home")
+    r = subprocess.run([*CORRAL, "migrate", "--home", str(path.parent)], capture_output=True, text=True, timeout=120,
+                       env={**{k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}})
+    assert r.returncode == 0 and "ran 2:" in r.stdout and f"the store is at version {len(MIGRATIONS)}" in r.stdout, \
+        r.stdout + r.stderr
+    assert _check(path.parent)[0] == 0

@@ -121,15 +121,16 @@ def migrate(o: Ctx, check: bool, home: Path | None, store_url: str | None) -> No
     from corral.core.store import open_store
 
     open_store(url).close()
-    o.out({**before.to_dict(), "ran": True}, lambda d: _said(d) + ("\nmigrated: the store is at version "
-                                                                   f"{d['latest']}" if d["needed"] else ""))
+    o.out({**before.to_dict(), "ran": True}, lambda d: _said(d, "ran") + ("\nmigrated: the store is at version "
+                                                                          f"{d['latest']}" if d["needed"] else ""))
 
 
-def _said(d: dict[str, Any]) -> str:
+def _said(d: dict[str, Any], verb: str = "would run") -> str:
     lines = [f"store schema: version {d['current']}; this corral's: {d['latest']}"]
-    lines += [f"  would run {m['version']}: {m['what']}" for m in d["pending"]]
-    lines += [f"  would repair: {r} (an early migration 3's store)" for r in d["repairs"]]
-    lines.append("a migration is needed" if d["needed"] else "up to date: nothing to run")
+    lines += [f"  {verb} {m['version']}: {m['what']}" for m in d["pending"]]
+    lines += [f"  {'repaired' if verb == 'ran' else 'would repair'}: {r} (an early migration 3's store)" for r in d["repairs"]]
+    if verb != "ran":
+        lines.append("a migration is needed" if d["needed"] else "up to date: nothing to run")
     return "\n".join(lines)
 
 
