@@ -107,3 +107,59 @@ def test_migrate_brings_a_store_up_and_says_what_it_ran(tmp_path: Path) -> None:
     assert r.returncode == 0 and "ran 2:" in r.stdout and f"the store is at version {len(MIGRATIONS)}" in r.stdout, \
         r.stdout + r.stderr
     assert _check(path.parent)[0] == 0
+
+
+PG_FIRST = 12
+"""The first schema a PostgreSQL store had (97cb587). No migration from 12 on was edited
+after it shipped, and the renderer (pg_statements) is unchanged since, so this corral's
+own MIGRATIONS[:N], rendered, is the store a site on PostgreSQL has at N."""
+
+
+def _pg_shape(url: str) -> dict[str, list[str]]:
+    from corral.core.store.conn import Conn
+
+    conn = Conn(url)
+    try:
+        rows = conn.all("SELECT table_name, column_name FROM information_schema.columns "
+                        "WHERE table_schema = current_schema()")
+        indexes = conn.all("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()")
+    finally:
+        conn.close()
+    out: dict[str, list[str]] = {}
+    for table, column in rows:
+        out.setdefault(f"table {table}", []).append(column)
+    out.update({f"index {i}": [] for (i,) in indexes})
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def test_every_postgresql_schema_migrates_up_with_its_rows() -> None:
+    from corral.core.store.conn import Conn
+    from corral.core.store.migrations import pg_statements
+
+    from .data.schemas.build import ROWS
+    from .pg_env import fresh_database
+
+    with fresh_database() as url:
+        open_store(url).close()
+        fresh = _pg_shape(url)
+    for n in range(PG_FIRST, len(MIGRATIONS)):
+        with fresh_database() as url:
+            conn = Conn(url)
+            with conn.transaction():
+                for sql in MIGRATIONS[:n]:
+                    for statement in pg_statements(sql):
+                        conn.execute(statement)
+                conn.execute("CREATE TABLE corral_schema (version INTEGER NOT NULL)")
+                conn.execute("INSERT INTO corral_schema (version) VALUES (?)", (n,))
+                for _, sql, values in ROWS:
+                    conn.execute(sql, values)
+            conn.close()
+            db = open_store(url)
+            try:
+                assert db.version == len(MIGRATIONS)
+                assert db.get_job(2).state.value == "RUNNING" and db.get_job(1).spec.command == "echo done"
+                assert [j.id for j in db.active_jobs()] == [2]
+                assert [i for i, _ in db.memory.match(["gcc"], 5)] == [1]
+            finally:
+                db.close()
+            assert _pg_shape(url) == fresh, f"schema {n} migrated differs from a fresh store"
