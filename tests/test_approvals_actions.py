@@ -168,3 +168,28 @@ def test_an_unanswered_note_expires_and_a_read_that_asks_is_refused(tmp_path: Pa
                     token=t["alice"])
         with gw.http(t["bot1"], session="reader") as b:
             assert b.get("/v1/notes", params={"q": "mine"}).status_code == 200
+
+
+def test_an_approval_recorded_when_the_gateway_died_is_carried_out_once_after_restart(tmp_path: Path,
+                                                                                     agent_dir: Path) -> None:
+    """kill -9 between the sponsor's answer and the act: the restarted gateway's sweep does
+    it, once; the agent is told once."""
+    with gateway_with(tmp_path, CORRAL_FAULT="approval_decided") as gw:
+        t = add_people(gw)
+        with gw.http(t["bot1"]) as b:
+            long = b.post("/v1/jobs", json={"command": "sleep 300", "workdir": str(agent_dir),
+                                            "walltime": "2h"}).json()["id"]
+            aid = pending(b.post(f"/v1/jobs/{long}/cancel"))["approval"]["id"]
+        died = gw.cli("--json", "approvals", "approve", str(aid), token=t["alice"])
+        assert died.returncode != 0
+        assert gw.proc is not None and gw.proc.wait(30) == 86  # the fault point's exit: as a kill -9
+        del gw.extra_env["CORRAL_FAULT"]
+        gw.start()
+        assert until(lambda: ledger(gw, t["bot1"]), within=60) == \
+            [f"approval #{aid} (cancel job {long}): approved by alice; done: job {long} cancelled"]
+        with gw.http(t["bot1"]) as b:
+            assert b.get(f"/v1/jobs/{long}/wait", params={"timeout": 60}).json()["state"] == "CANCELLED"
+        cancels = [r for r in audit(gw) if r["action"] == "cancel" and r["decision"] == "allow"]
+        assert [r["rule"] for r in cancels] == ["cancel-long-jobs-ask-sponsor:approved"], cancels
+        listed = gw.cli_json("approvals", "list", "--state", "approved", token=t["alice"])["approvals"]
+        assert [(a["id"], a["outcome"]) for a in listed] == [(aid, f"done: job {long} cancelled")]

@@ -30,6 +30,7 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
+from corral.core.faults import fault
 from corral.core.errors import ApprovalNeeded, ApprovalPending, Conflict, CorralError, Forbidden, InvalidRequest, \
     NotFound
 from corral.core.jobs import Job, JobState, parse_duration_s
@@ -160,6 +161,7 @@ class ApprovalVerbs:
         that one rule passed; -> what came of it, which the agent is told."""
         if not self.db.approvals.claim(row["id"], time.time()):
             return None
+        fault("approval_claimed")
         args = dict(row["args"] or {})
         caller = self._as_agent(row["principal"], row["session"], str(args.pop("_token", "approval")))
         token = APPROVED.set(frozenset({row["rule"]}))
@@ -239,6 +241,7 @@ class ApprovalVerbs:
         self.service.audit.record(caller, "approve" if state == "approved" else "decline", "allow", row["rule"],
                                   [{"approval": row["id"], "agent": row["principal"], "jobs": row["jobs"],
                                     **({"note": note[:200]} if note else {})}])
+        fault("approval_decided")
         why = f"declined by {caller.name}" + (f": {note[:200]}" if note else "")
         outcome = None
         if row["action"] != "submit":
