@@ -4,22 +4,37 @@ fetched: the page stays one file."""
 
 from __future__ import annotations
 
+import datetime as dt
 import html
 from typing import Any
+
+from corral.simulate.axes import Axis
 
 COLORS = {"agent": "#D55E00", "human": "#0072B2", "use": "#009E73"}  # Okabe-Ito, as render.py
 W, H, LEFT, BOTTOM, TOP = 620, 200, 56, 34, 24
 
 
-def _nice(top: float) -> float:
-    """A round axis maximum at or above ``top``."""
-    if top <= 0:
-        return 1.0
-    step = 10 ** len(str(int(top))) / 10
-    for m in (1, 2, 2.5, 5, 10):
-        if m * step >= top:
-            return m * step
-    return 10 * step
+def _axis(top: float) -> Axis:
+    """A value axis from 0 to at least ``top`` with round ticks (a 1-2-5 step, as the
+    simulator's: 0, 10, 20 ... never 12.5 or 37.5)."""
+    return Axis.linear(0.0, top if top > 0 else 1.0, "")
+
+
+def date_ticks(first: dt.date, last: dt.date) -> list[tuple[dt.date, str]]:
+    """Round dates between ``first`` and ``last`` with their labels: the first of each
+    month (every 2nd, 3rd or 6th over a long span; the year named on the first and each
+    January), Mondays over a few weeks, each day over a week or so."""
+    span = (last - first).days
+    if span > 60:
+        months = [dt.date(y, m, 1) for y in range(first.year, last.year + 1) for m in range(1, 13)
+                  if first <= dt.date(y, m, 1) <= last]
+        every = next((k for k in (1, 2, 3, 6, 12) if len(months) / k <= 8), 12)
+        months = [d for d in months if (d.month - 1) % every == 0]
+        return [(d, f"{d:%b}" + (f" {d.year}" if i == 0 or d.month == 1 else "")) for i, d in enumerate(months)]
+    step = 7 if span > 10 else 1
+    start = first + dt.timedelta(days=(-first.weekday()) % 7) if step == 7 else first
+    return [(start + dt.timedelta(days=k), f"{start + dt.timedelta(days=k):%b %d}")
+            for k in range(0, (last - start).days + 1, step)]
 
 
 def _num(v: float) -> str:
@@ -39,29 +54,32 @@ def timeseries(rows: list[dict[str, Any]], x: str, y: str, label: str, series: s
     names = sorted({str(r.get(series, "use")) for r in rows}) if series else ["use"]
     if not xs:
         return '<p class="note">no data</p>'
-    top = _nice(max((float(r[y] or 0) for r in rows), default=0))
-    def px(i: int) -> float:
-        return LEFT + (i / max(1, len(xs) - 1)) * W
+    ax = _axis(max((float(r[y] or 0) for r in rows), default=0))
+    top = ax.hi
+
+    dates = {d: dt.date.fromisoformat(d[:10]) for d in xs}
+    first, last = dates[xs[0]], dates[xs[-1]]
+
+    def px(d: dt.date) -> float:  # by the calendar: a day without jobs keeps its place
+        return LEFT + ((d - first).days / max(1, (last - first).days)) * W
 
     def py(v: float) -> float:
         return TOP + H - v / top * H
 
     out = [f'<svg role="img" aria-label="{html.escape(label)}" class="{cls}" width="{LEFT + W + 110}" '
            f'height="{TOP + H + BOTTOM + 8}">']
-    for k in range(5):  # y ticks and grid
-        v = top * k / 4
+    for v in ax.ticks:  # y ticks and grid
         out.append(f'<line x1="{LEFT}" x2="{LEFT + W}" y1="{py(v):.1f}" y2="{py(v):.1f}" stroke="#eee"/>'
                    f'<text x="{LEFT - 6}" y="{py(v) + 4:.1f}" class="small" text-anchor="end">{_num(v)}</text>')
-    step = max(1, len(xs) // 6)
-    for i in range(0, len(xs), step):  # x ticks
-        out.append(f'<text x="{px(i):.1f}" y="{TOP + H + 16}" class="small" text-anchor="middle">{html.escape(xs[i][5:])}</text>')
+    for d, text in date_ticks(first, last):  # x ticks at round dates
+        out.append(f'<line x1="{px(d):.1f}" x2="{px(d):.1f}" y1="{TOP + H}" y2="{TOP + H + 3}" stroke="#888"/>'
+                   f'<text x="{px(d):.1f}" y="{TOP + H + 16}" class="small" text-anchor="middle">{text}</text>')
     out.append(f'<line x1="{LEFT}" y1="{TOP + H}" x2="{LEFT + W}" y2="{TOP + H}" stroke="#888"/>'
                f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + H}" stroke="#888"/>'
-               f'<text x="{LEFT + W / 2}" y="{TOP + H + BOTTOM}" class="small" text-anchor="middle">day</text>'
-               f'<text x="4" y="8" class="small">{html.escape(label)}</text>')
-    index = {d: i for i, d in enumerate(xs)}
+               f'<text x="{LEFT + W / 2}" y="{TOP + H + BOTTOM}" class="small" text-anchor="middle">date</text>'
+               f'<text x="4" y="12" class="title">{html.escape(label)}</text>')
     for name in names:
-        pts = sorted((index[str(r[x])], float(r[y] or 0)) for r in rows if not series or str(r.get(series)) == name)
+        pts = sorted((dates[str(r[x])], float(r[y] or 0)) for r in rows if not series or str(r.get(series)) == name)
         path = " ".join(f"{px(i):.1f},{py(v):.1f}" for i, v in pts)
         out.append(f'<polyline fill="none" stroke="{COLORS.get(name, "#555")}" stroke-width="2" points="{path}">'
                    f'<title>{html.escape(name)}</title></polyline>')
@@ -76,16 +94,16 @@ def histogram(rows: list[dict[str, Any]], bins: list[str], label: str) -> str:
     if not groups:
         return '<p class="note">no data</p>'
     shares = {r["group"]: [r[b] / r["jobs"] for b in bins] for r in groups}
-    top = _nice(max(max(v) for v in shares.values()) * 100) / 100
+    ax = _axis(max(max(v) for v in shares.values()) * 100)  # in percent, so the ticks are round percents
+    top = ax.hi / 100
     slot = W / len(bins)
     bar = slot * 0.8 / len(shares)
     out = [f'<svg role="img" aria-label="{html.escape(label)}" class="hist" width="{LEFT + W + 110}" '
            f'height="{TOP + H + BOTTOM + 8}">']
-    for k in range(5):
-        v = top * k / 4
-        y = TOP + H - v / top * H
+    for pct in ax.ticks:
+        y = TOP + H - pct / 100 / top * H
         out.append(f'<line x1="{LEFT}" x2="{LEFT + W}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
-                   f'<text x="{LEFT - 6}" y="{y + 4:.1f}" class="small" text-anchor="end">{v:.0%}</text>')
+                   f'<text x="{LEFT - 6}" y="{y + 4:.1f}" class="small" text-anchor="end">{pct:g}%</text>')
     for i, b in enumerate(bins):
         out.append(f'<text x="{LEFT + slot * (i + 0.5):.1f}" y="{TOP + H + 16}" class="small" '
                    f'text-anchor="middle">{html.escape(b)}</text>')
@@ -96,7 +114,7 @@ def histogram(rows: list[dict[str, Any]], bins: list[str], label: str) -> str:
                        f'{html.escape(b)}</title></rect>')
     out.append(f'<line x1="{LEFT}" y1="{TOP + H}" x2="{LEFT + W}" y2="{TOP + H}" stroke="#888"/>'
                f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + H}" stroke="#888"/>'
-               f'<text x="4" y="8" class="small">{html.escape(label)} (share of each group\'s jobs)</text>')
+               f'<text x="4" y="12" class="title">{html.escape(label)} (share of each group\'s jobs)</text>')
     out.append(_legend(sorted(shares), LEFT + W + 14))
     out.append("</svg>")
     return "".join(out)

@@ -33,6 +33,9 @@ ROWS = (  # (label, key in groups, format)
     ("… and repeated it in a later session", "users_repeating_failure", "{:,}"),
     ("repeated identical failures (jobs)", "repeated_failure_jobs", "{:,}"),
 )
+HEADERS = {"core_hours": "CPU core-hours", "gpu_hours": "GPU-hours", "p_agent": "p(agent)",
+           "off_hours": "off hours"}
+"""A table's column as a person reads it (the CSV export keeps the keys)."""
 SHARES = (("users", "user_share"), ("submissions", "submission_share"),
           ("CPU core-hours", "core_hour_share"), ("GPU-hours", "gpu_hour_share"))
 
@@ -126,6 +129,24 @@ def _heat(grid: list[list[int]], color: str, label: str) -> str:
     return "".join(out) + _heat_scale(peak, color)
 
 
+def _short_week(period: dict[str, Any]) -> str:
+    """Said under the heatmaps of an export shorter than a week: its other weekdays are
+    empty because they are not in it, not because nobody submitted."""
+    import datetime as dt
+
+    try:
+        first, last = (dt.datetime.fromisoformat(str(period[k])) for k in ("first_submit", "last_submit"))
+    except (KeyError, TypeError, ValueError):
+        return ""
+    days = (last.date() - first.date()).days + 1
+    if days >= 7:
+        return ""
+    return (f'<p class="note" id="short-week">The export covers {days} day{"s" if days > 1 else ""} '
+            f'({DAYS[first.weekday()]}{" to " + DAYS[last.weekday()] if days > 1 else ""}): the other weekdays are '
+            "empty because they are not in it, not because nobody submitted. Export at least a week to compare "
+            "weekdays.</p>")
+
+
 def _heat_scale(peak: int, color: str) -> str:
     """The heatmap's colour scale: what a shade means, in jobs submitted in that hour of
     that weekday over the whole period (the same opacity curve as the cells)."""
@@ -148,15 +169,23 @@ def _scatter(users: list[dict[str, Any]]) -> str:
     """Each user: submissions per active hour (log) against share of off-hours work."""
     w, h, pad = 560, 300, 40
     lo, hi = math.log10(0.5), math.log10(200)
+    head = 24  # the title's band, above the plot
     out = [f'<svg role="img" aria-label="users by submission rate and off-hours share" width="{w + pad + 10}" '
-           f'height="{h + pad + 10}" class="scatter">',
+           f'height="{h + pad + 10 + head}" class="scatter">',
+           '<text x="2" y="14" class="title">Each user: how fast they submit, and how much of it off hours</text>',
+           f'<g transform="translate(0 {head})">',
            f'<line x1="{pad}" y1="{h}" x2="{w + pad}" y2="{h}" stroke="#888"/>',
            f'<line x1="{pad}" y1="0" x2="{pad}" y2="{h}" stroke="#888"/>']
+    for share in (0, 0.5, 1):  # the same mapping as the dots': 100% at 10 px from the top
+        y = h - share * (h - 10)
+        out.append(f'<line x1="{pad}" x2="{w + pad}" y1="{y:.0f}" y2="{y:.0f}" stroke="#eee"/>'
+                   f'<text x="{pad - 4}" y="{y + 4:.0f}" class="small" text-anchor="end">{share:.0%}</text>')
     for tick in (1, 10, 100):
         x = pad + (math.log10(tick) - lo) / (hi - lo) * w
         out.append(f'<text x="{x:.0f}" y="{h + 16}" class="small">{tick}</text>')
     out.append(f'<text x="{pad + w / 2 - 80}" y="{h + 34}" class="small">submissions per active hour (log)</text>')
-    out.append('<text x="2" y="12" class="small">off-hours</text>')
+    out.append(f'<text x="10" y="{h / 2:.0f}" class="small" text-anchor="middle" transform="rotate(-90 10 {h / 2:.0f})">'
+               'submitted off hours</text>')
     for i, (label, color) in enumerate((("agent", AGENT), ("human", HUMAN))):  # the legend
         out.append(f'<circle cx="{w + pad - 60}" cy="{10 + 16 * i}" r="4" fill="{color}"/>'
                    f'<text x="{w + pad - 50}" y="{14 + 16 * i}" class="small">{label}</text>')
@@ -168,7 +197,7 @@ def _scatter(users: list[dict[str, Any]]) -> str:
         c = AGENT if u["kind"] == "agent" else HUMAN
         out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{c}" opacity="0.7">'
                    f'<title>{html.escape(str(u["user"]))}: {u["kind"]} ({u["basis"]}), {u["jobs"]:,} jobs</title></circle>')
-    out.append("</svg>")
+    out.append("</g></svg>")
     return "".join(out)
 
 
@@ -182,7 +211,7 @@ td,th{padding:.25rem .8rem;border-bottom:1px solid #eee;text-align:right} td:fir
 .cards{display:flex;gap:1rem;flex-wrap:wrap} .card{border:1px solid #e5e5e5;border-radius:8px;padding:.7rem 1rem;min-width:150px}
 .card b{display:block;font-size:1.5rem;color:#D55E00} .heats{display:flex;gap:2rem;flex-wrap:wrap}
 .note{color:#666;font-size:.9rem} code{background:#f4f4f4;padding:0 .25rem}
-svg text.none{fill:#666;font-style:italic}
+svg text.none{fill:#666;font-style:italic} svg text.title{font-size:12.5px;font-weight:600;fill:#222}
 .warn{color:#b3261e;font-weight:600;border-left:4px solid #b3261e;padding-left:.6rem}
 """
 
@@ -192,7 +221,7 @@ def _table(rows: list[dict[str, Any]], table_id: str, limit: int = 50) -> str:
         return '<p class="note">none</p>'
     e = html.escape
     cols = list(rows[0])
-    head = "".join(f"<th>{e(str(c))}</th>" for c in cols)
+    head = "".join(f"<th>{e(HEADERS.get(str(c), str(c).replace('_', ' ')))}</th>" for c in cols)
     body = "".join("<tr>" + "".join(f"<td>{e(_cell(r[c]))}</td>" for c in cols) + "</tr>" for r in rows[:limit])
     more = f'<p class="note">{len(rows) - limit:,} more rows in the CSV export (--csv DIR)</p>' if len(rows) > limit else ""
     return f'<table id="{table_id}"><tr>{head}</tr>{body}</table>{more}'
@@ -218,9 +247,12 @@ def _tables(t: dict[str, Any]) -> str:
 
     bins = [b for _, _, b in BINS]
     days = sorted({str(r["day"]) for r in t["daily"]})
-    over_time = [timeseries(t["daily"], "day", "jobs", "jobs a day"),
-                 timeseries(t["daily"], "day", "core_hours", "CPU core-hours a day"),
-                 timeseries(t["daily"], "day", "gpu_hours", "GPU-hours a day")] if len(days) >= 2 else [
+    over_time = [timeseries(t["daily"], "day", "jobs", "Jobs submitted each day, by group"),
+                 timeseries(t["daily"], "day", "core_hours", "CPU core-hours used each day, by group"),
+                 timeseries(t["daily"], "day", "gpu_hours", "GPU-hours used each day, by group")
+                 if any(r["gpu_hours"] for r in t["daily"]) else
+                 '<p class="note" id="no-gpu-hours">No GPU-hours in this export, so no GPU plot is drawn '
+                 "(they come from sacct's AllocTRES gres/gpu; an SWF trace has none).</p>"] if len(days) >= 2 else [
         f'<p class="note" id="no-over-time">The export covers {"one day (" + days[0] + ")" if days else "no whole day"}: '
         "a figure over time needs at least two days, so none is drawn. Export a longer period for them.</p>"]
     parts = ["<h2>Over time</h2>", *over_time,
@@ -228,14 +260,14 @@ def _tables(t: dict[str, Any]) -> str:
              _table(t["by_partition"], "by-partition"), _table(t["by_account"], "by-account", 30),
              _table(t["by_size"], "by-size"),
              "<h2>Waits and run times</h2>",
-             histogram(t["wait_distribution"], bins, "queue wait"),
+             histogram(t["wait_distribution"], bins, "How long jobs waited in the queue"),
              _table(_seconds(t["wait_distribution"], bins), "wait-quantiles"),
-             histogram(t["run_distribution"], bins, "run time"),
+             histogram(t["run_distribution"], bins, "How long jobs ran"),
              _table(_seconds(t["run_distribution"], bins), "run-quantiles"),
              "<h2>Users, least certain first</h2>", _table(t["users"], "users", 40)]
     if t.get("utilisation") and len(days) >= 2:
         parts += ["<h2>Use against capacity</h2>",
-                  timeseries(t["utilisation"], "day", "utilisation", "share of the facility's core-hours used",
+                  timeseries(t["utilisation"], "day", "utilisation", "Share of the facility's core-hours used each day",
                              series="", cls="ts use")]
     return "\n".join(parts)
 
@@ -244,11 +276,11 @@ def html_page(r: dict[str, Any]) -> str:
     """One self-contained HTML document."""
     a, g, s, c = r["agents"], r["groups"], r["source"], r["classification"]
     e = html.escape
-    cards = "".join(f'<div class="card"><b>{_pct(a[k])}</b>of {label}'
+    cards = "".join(f'<div class="card"><b>{_pct(a[k])}</b>agents\' share of {label}'
                     + (f' <span class="note">(no {label} in this export)</span>' if a[k] is None else "") + "</div>"
                     for label, k in SHARES)
     rate = "—" if a["rate_vs_humans"] is None else f"{a['rate_vs_humans']:.1f}x"
-    cards += f'<div class="card"><b>{rate}</b>submission rate vs humans</div>'
+    cards += f'<div class="card"><b>{rate}</b>agents\' submission rate vs humans\'</div>'
     rows = "".join(f"<tr><td>{e(label)}</td><td>{_fmt(fmt, g['agent'].get(k))}</td><td>{_fmt(fmt, g['human'].get(k))}</td></tr>"
                    for label, k, fmt in ROWS)
     bad = "".join(f"<li>{n:,} {e(why)} (e.g. line {', '.join(map(str, s['malformed_examples'].get(why, [])))})</li>"
@@ -271,9 +303,9 @@ def html_page(r: dict[str, Any]) -> str:
 <table id="groups"><tr><th></th><th class="agent">agents</th><th class="human">humans</th></tr>{rows}</table>
 <h2>When they submit</h2>
 <div class="heats"><div><p class="agent">agents</p>{_heat(r['heatmap']['agent'], AGENT, 'agents')}</div>
-<div><p class="human">humans</p>{_heat(r['heatmap']['human'], HUMAN, 'humans')}</div></div>
+<div><p class="human">humans</p>{_heat(r['heatmap']['human'], HUMAN, 'humans')}</div></div>{_short_week(r['period'])}
 <h2>Who is an agent</h2>
-<p>{e(c['method'])}. Users: {c['users']:,} ({basis}).</p>
+<p>Each user's verdict comes from, in turn: {e(c['method'])}. Users: {c['users']:,} ({basis}).</p>
 <p id="would-flag">{e(would_flag(c)[0].upper() + would_flag(c)[1:])}.</p>{acc}
 {_scatter(c['users_detail'])}
 <p class="note">Each dot is a user; colour is the verdict. Hover for the user. Settle doubtful users in an override file
