@@ -97,11 +97,7 @@ class Signin:
         if not s.munge:
             raise Forbidden("this gateway does not take munge sign-ins ([signin] munge = false)",
                             hint="ask your admin for a token")
-        if "agent" not in self.settings.sandbox.kinds:
-            # An agent's job runs as its sponsor's uid: uncontained, it reaches munged and
-            # would sign in as the sponsor.
-            raise Forbidden("this site runs agents' jobs uncontained ([sandbox] kinds), where they could sign in as "
-                            "their sponsors; munge sign-in is off", hint="ask your admin for a token")
+        self._contained_agents("munge")
         credential = credential.strip()
         if not credential or len(credential) > MAX_CREDENTIAL or not credential.isascii():
             raise InvalidRequest(f"a munge credential is 1 to {MAX_CREDENTIAL} ASCII characters (MUNGE:...)")
@@ -142,7 +138,16 @@ class Signin:
 
     def by_peer(self, uid: int) -> dict[str, Any]:
         """The kernel's word for who connected to the sign-in socket -> the person's token."""
+        self._contained_agents("socket")
         return self.issue(self.person_of(uid, "socket"), "socket", {"uid": uid})
+
+    def _contained_agents(self, via: str) -> None:
+        # An agent's job runs as its sponsor's uid: uncontained, it reaches munged, and on
+        # the gateway's machine (the local lane) the sign-in socket, and would sign in as
+        # the sponsor.
+        if "agent" not in self.settings.sandbox.kinds:
+            raise Forbidden(f"this site runs agents' jobs uncontained ([sandbox] kinds), where they could sign in as "
+                            f"their sponsors; {via} sign-in is off", hint="ask your admin for a token")
 
     def audiences(self) -> list[str]:
         return [a.rstrip("/") for a in self.settings.signin.audiences] or [self.settings.base_url]
@@ -194,6 +199,9 @@ class Signin:
         """A link that signs one browser in to the dashboard as ``caller``, once, soon."""
         if caller.principal.kind is not Kind.HUMAN:
             raise Forbidden("the dashboard is for people: an agent gets no sign-in link")
+        # The link mints a fresh, un-narrowed token of the person: what minting asks of the
+        # caller's own token (a token narrowed to reads, or a job's credential, mints none).
+        self.gate.check(caller, "manage", "Facility")
         code = secrets.token_urlsafe(32)
         now = self.gate.clock.time()
         until = now + self.settings.signin.link_s

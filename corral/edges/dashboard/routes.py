@@ -185,6 +185,9 @@ def mount(app: FastAPI, service: "Service") -> Board:
     async def signin(request: Request) -> Response:
         form = urllib.parse.parse_qs((await request.body()).decode("utf-8", "replace"))
         try:
+            # Another origin's form would sign the browser in as whoever made the link
+            # (its own: login CSRF); only the link's own page spends it.
+            answers.same_origin(request)
             token = service.signin.take_link((form.get("code") or [""])[0], SIGNED_IN_S)["token"]
             person(token)
         except CorralError as e:

@@ -1,0 +1,86 @@
+"""The adversarial review of people's sign-in and the dashboard's answers (decision 0060,
+0047): through a real gateway, real HTTP, a real Unix socket and real Unix users.
+
+- a person's token narrowed to reads mints no dashboard link (the link is a fresh,
+  un-narrowed token of the person: what minting asks of the caller);
+- where agents' jobs run uncontained, the sign-in socket is off as munge is (the job, as
+  its sponsor's uid on the gateway's machine, would sign in as the sponsor);
+- a form of another origin of the same site (another port of the gateway's host, where
+  an agent can serve a page) neither answers an approval nor spends a sign-in link: the
+  sign-in cookie is SameSite=Strict, which does not tell ports apart, and such a form
+  arrives with Origin "null" as the dashboard's own does under no-referrer. The headers
+  sent are the ones Chromium sends for it (Sec-Fetch-Site: same-site)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import urllib.parse
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .conftest import add_people, running, temporary_user
+from .test_approvals import big, policy
+from .test_signin import peer_ask, people
+
+SAME_SITE = {"Origin": "null", "Sec-Fetch-Site": "same-site", "Content-Type": "application/x-www-form-urlencoded"}
+OWN_PAGE = {"Origin": "null", "Sec-Fetch-Site": "same-origin", "Content-Type": "application/x-www-form-urlencoded"}
+
+
+def test_a_narrowed_token_mints_no_dashboard_link(tmp_path: Path) -> None:
+    with running(tmp_path) as gw:
+        t = add_people(gw)
+        with gw.http() as admin:
+            reads = admin.post("/v1/tokens", json={"for": "alice", "expires": "1h", "actions": ["status"]}).json()
+        with gw.http(reads["token"]) as narrowed:
+            r = narrowed.post("/v1/signin/link")
+            assert r.status_code == 403, r.text
+        with gw.http(t["alice"]) as full:
+            assert full.post("/v1/signin/link").status_code == 201
+
+
+@pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true",
+                    reason="makes a Unix user to sign in as: run as root")
+def test_the_signin_socket_is_off_where_agents_jobs_run_uncontained(tmp_path: Path) -> None:
+    d = Path(tempfile.mkdtemp(prefix="corral-signin-", dir="/tmp"))
+    d.chmod(0o755)
+    path = str(d / "signin.sock")
+    try:
+        with temporary_user("corrsu") as u, \
+                running(tmp_path, CORRAL_SIGNIN__SOCKET=path, CORRAL_SANDBOX__KINDS="[]") as gw:
+            people(gw, u)
+            got = peer_ask(path, u)
+            assert got.get("error", {}).get("code") == "forbidden", got
+            assert "uncontained" in got["error"]["message"]
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_form_of_another_origin_of_the_same_site_neither_answers_nor_signs_in(
+        tmp_path: Path, agent_dir: Path) -> None:
+    with running(tmp_path, CORRAL_SAFETY__POLICY_FILE=policy(tmp_path)) as gw:
+        t = add_people(gw)
+        with gw.http(t["bot1"]) as b:
+            assert b.post("/v1/jobs", json=big(agent_dir)).status_code == 201
+        with gw.http(t["alice"]) as a:
+            aid = a.get("/v1/approvals").json()["approvals"][0]["id"]
+            code = urllib.parse.parse_qs(urllib.parse.urlsplit(a.post("/v1/signin/link").json()["path"]).query)["code"][0]
+        with httpx.Client(base_url=gw.url, timeout=60) as browser:
+            # Another port's page spends the link: refused, and the link still works.
+            r = browser.post("/dashboard/signin", content=f"code={code}", headers=SAME_SITE)
+            assert r.status_code == 403 and "dashboard_session" not in r.headers.get("set-cookie", ""), r.text
+            r = browser.post("/dashboard/signin", content=f"code={code}", headers=OWN_PAGE)
+            assert r.status_code == 303 and browser.cookies, r.text
+            # Another port's page answers the approval in the signed-in browser: refused.
+            r = browser.post(f"/dashboard/approvals/{aid}", content="decision=approve", headers=SAME_SITE)
+            assert r.status_code == 403, r.text
+            with gw.http(t["alice"]) as a:
+                assert a.get("/v1/approvals").json()["approvals"][0]["state"] == "pending"
+            # The dashboard's own form answers it.
+            r = browser.post(f"/dashboard/approvals/{aid}", content="decision=decline", headers=OWN_PAGE)
+            assert r.status_code == 303, r.text
+        with gw.http(t["alice"]) as a:
+            assert a.get("/v1/approvals", params={"state": "all"}).json()["approvals"][0]["state"] == "declined"
