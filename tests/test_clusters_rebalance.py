@@ -124,10 +124,9 @@ def test_a_gateway_killed_in_a_move_loses_nothing_and_runs_nothing_twice(tmp_pat
                 never_started(gw, one, "one", job["id"])  # its Slurm job there cancelled before it started
 
 
-def test_a_rule_naming_a_cluster_data_it_lacks_and_a_budget_there(tmp_path: Path, agent_dir: Path) -> None:
-    """Cedar's context names the cluster; a working directory cluster two does not mount
-    keeps the job on one, and the plan says the data would have to move; so does a
-    sponsor's budget on two that the job would pass."""
+def test_a_rule_naming_a_cluster_keeps_agents_off_it(tmp_path: Path, agent_dir: Path) -> None:
+    """Cedar's context names the cluster: a rule forbidding agents cluster two keeps their
+    jobs on one though two would start them sooner; naming two is refused."""
     policy = tmp_path / "policy.cedar"
     default = Path(__file__).resolve().parent.parent / "corral/safety/policy/default.cedar"
     policy.write_text(default.read_text() + '\n@id("agents-not-on-two")\nforbid (principal is Corral::Agent, '
@@ -147,9 +146,13 @@ def test_a_rule_naming_a_cluster_data_it_lacks_and_a_budget_there(tmp_path: Path
                 job = h.post("/v1/jobs", json=body).json()
                 assert h.get(f"/v1/jobs/{job['id']}").json()["cluster"] == "one"
                 h.post(f"/v1/jobs/{job['id']}/cancel")
-    # Data: cluster two mounts /nowhere only; the job's working directory is not there.
+
+
+def test_data_a_cluster_does_not_mount_keeps_a_job_off_it(tmp_path: Path, agent_dir: Path) -> None:
+    """Cluster two mounts /nowhere only: the job's working directory is not there, so the
+    plan says the data would have to move and naming two is refused with why."""
     with both_turns() as (one, two), gateway(tmp_path, one, two, 'filesystems = {two = ["/nowhere"]}\n') as gw:
-        tok = people_again(gw)
+        tok = people(gw)["bot1"]
         body = {"command": "echo hi", "walltime": "5m", "workdir": str(agent_dir)}
         with gw.http(tok) as h:
             plan = h.post("/v1/plan", json=body).json()
@@ -158,18 +161,17 @@ def test_a_rule_naming_a_cluster_data_it_lacks_and_a_budget_there(tmp_path: Path
             assert all(f"needs data moved: its workdir {agent_dir}" in " ".join(c["reasons"]) for c in on_two), on_two
             r = h.post("/v1/jobs", json={**body, "cluster": "two"})
             assert r.status_code == 400 and "needs data moved" in r.json()["error"]["message"], r.text
-    # A sponsor's budget on one cluster: alice's family may reserve 0.05 CPU-hours on two.
+
+
+def test_a_sponsors_budget_on_a_cluster_keeps_a_job_that_would_pass_it_off(tmp_path: Path, agent_dir: Path) -> None:
+    """alice's family may reserve 0.05 CPU-hours on cluster two ([safety] cluster_budgets)."""
     with both_turns() as (one, two), gateway(tmp_path, one, two, '[safety]\ncluster_budgets = '
                                              '{two = {cpu_hours = 0.05}}\n') as gw:
-        with gw.http(people_again(gw)) as h:
+        body = {"command": "echo hi", "workdir": str(agent_dir)}
+        with gw.http(people(gw)["bot1"]) as h:
             plan = h.post("/v1/plan", json={**body, "walltime": "5m"}).json()  # 0.083 CPU-hours
             on_two = " ".join(r for c in plan["clusters"] if c["cluster"] == "two" for r in c["reasons"])
             assert plan["cluster"] == "one" and "alice's CPU-hour budget on cluster two" in on_two, plan
             plan = h.post("/v1/plan", json={**body, "walltime": "2m"}).json()  # 0.033: within it
             assert all(c["fits"] for c in plan["clusters"] if c["cluster"] == "two" and c["submit_would_use"]), plan
 
-
-def people_again(gw: Gateway) -> str:
-    """The agent's token, from a store that already has its principals."""
-    with gw.http() as h:
-        return str(h.post("/v1/tokens", json={"for": "bot1", "expires": "1h"}).json()["token"])
