@@ -94,6 +94,7 @@ def test_the_analytics_report_reads_as_the_cli_says(tmp_path: Path, browser: Any
                 gpu = any(d["gpu_hours"] for d in r["tables"]["daily"])
                 assert page.locator("svg.ts").count() >= 2 + gpu and page.locator("#no-gpu-hours").count() == (not gpu)
                 assert page.locator("#short-week").count() == 0
+            assert _clipped(page) == [], _clipped(page)  # every label inside its picture
             shoot(page, f"analytics-{name}")
 
 
@@ -126,6 +127,18 @@ def _plots_read_at_a_glance(page: Any) -> None:
         assert round(step / 10 ** math.floor(math.log10(step)), 9) in (1, 2, 5), p
         for d in p["dates"]:
             assert re.fullmatch(r"[A-Z][a-z]{2}( \d{2}| \d{4})?", d), p
+
+
+def _clipped(page: Any) -> list[str]:
+    """Texts of a page's plots that reach outside their picture (a clipped legend, title or
+    tick), measured where the browser draws them (rotations and shifts included)."""
+    return page.evaluate("""[...document.querySelectorAll('svg')].flatMap(s => {
+        const box = s.getBoundingClientRect();
+        return [...s.querySelectorAll('text')].filter(t => {
+            const r = t.getBoundingClientRect();
+            return r.width > 0 && (r.left < box.left - 1 || r.right > box.right + 1 || r.top < box.top - 1
+                                   || r.bottom > box.bottom + 1);
+        }).map(t => t.textContent); })""")
 
 
 def _seconds(cell: str) -> float | None:
@@ -197,6 +210,7 @@ def test_the_simulators_page_reads_as_the_cli_says(tmp_path: Path, browser: Any)
                                  "[l.getAttribute('stroke'), l.getAttribute('stroke-dasharray') || ''])")
             assert len({tuple(x) for x in looks}) == len(looks), looks
             assert len({x[1] for x in looks}) == len(looks), looks
+        assert _clipped(page) == [], _clipped(page)  # every label inside its picture
         shoot(page, "simulate-lublin")
 
 
@@ -217,6 +231,7 @@ def test_on_coares_trace_the_simulator_says_why_its_wait_is_not_the_recorded_one
     assert "2.1 h" in w["says"] and "4 partitions" in w["says"] and "--facility" in w["says"]
     for page in _open(browser, page_file):
         assert "2.1 h" in page.locator("p.warn").inner_text()
+        assert _clipped(page) == [], _clipped(page)  # every label inside its picture
         shoot(page, "simulate-coare")
 
 
@@ -287,6 +302,7 @@ def test_a_share_that_gives_no_agents_is_said_not_drawn(tmp_path: Path, browser:
         shown = page.evaluate("""[...document.querySelector("svg[aria-label^='Controller busy']")
             .querySelectorAll('text.tick.y')].map(t => t.textContent)""")
         assert min(float(t.rstrip("%")) for t in shown) <= busy and not any("e-" in t for t in shown), (shown, busy)
+        assert _clipped(page) == [], _clipped(page)  # every label inside its picture
         shoot(page, "simulate-no-agents")
     swept = json.loads(corral("simulate", "--facility", "small", "--days", "1", "--people", "10", "--sweep", "0,0.5",
                               "--policies", "plain", "--json").stdout)
