@@ -28,8 +28,9 @@ export MSG='it'"'"'s ok'
 python train.py --epochs 3
 ) &
 w=$!
-_fwd() { kill -s "$1" $w 2>/dev/null; }
+_fwd() { corral_trapped=1; kill -s "$1" $w 2>/dev/null; }
 for s in HUP INT QUIT USR1 USR2 CONT TSTP; do trap "_fwd $s" $s; done
-while :; do wait $w; rc=$?; kill -0 $w 2>/dev/null || break; done
+while :; do corral_trapped=; wait $w; rc=$?; kill -0 $w 2>/dev/null && continue
+  if [ -n "$corral_trapped" ] && [ "$rc" -gt 128 ]; then wait $w; corral_rc=$?; [ "$corral_rc" = 127 ] || rc=$corral_rc; fi; break; done
 echo "$rc $corral_run" > /jobs/17/out/ended
 exit $rc

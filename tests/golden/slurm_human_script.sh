@@ -19,8 +19,9 @@ export CORRAL_PRINCIPAL=alice
 export CORRAL_SESSION=''
 /jobs/18/out/script &
 w=$!
-_fwd() { kill -s "$1" $w 2>/dev/null; }
+_fwd() { corral_trapped=1; kill -s "$1" $w 2>/dev/null; }
 for s in HUP INT QUIT USR1 USR2 CONT TSTP; do trap "_fwd $s" $s; done
-while :; do wait $w; rc=$?; kill -0 $w 2>/dev/null || break; done
+while :; do corral_trapped=; wait $w; rc=$?; kill -0 $w 2>/dev/null && continue
+  if [ -n "$corral_trapped" ] && [ "$rc" -gt 128 ]; then wait $w; corral_rc=$?; [ "$corral_rc" = 127 ] || rc=$corral_rc; fi; break; done
 echo "$rc $corral_run" > /jobs/18/out/ended
 exit $rc

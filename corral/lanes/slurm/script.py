@@ -105,10 +105,16 @@ def run_and_wait(run: str, contained: bool, notice: tuple[str, int, bool] | None
     ``notice``: Slurm's notice (``notice_lines``)."""
     target = "$(for p in $(pgrep -P $w); do pgrep -P $p; done)" if contained else "$w"
     noted = "corral_signalled=1; " if contained else ""
+    noted = "corral_trapped=1; " + noted
+    # A wait that a trap interrupts answers 128+N, not the work's status; if the work ended
+    # meanwhile (the signal's own handler exits at once) its status is still unread: wait
+    # again (127 there: a trap came just after a wait that read it).
     wait = ["w=$!", f"_fwd() {{ {noted}kill -s \"$1\" {target} 2>/dev/null; }}",
             "for s in " + " ".join(FORWARDED) + "; do trap \"_fwd $s\" $s; done",
             *(notice_lines(notice, target, noted) if notice else []),
-            "while :; do wait $w; rc=$?; kill -0 $w 2>/dev/null || break; done"]
+            "while :; do corral_trapped=; wait $w; rc=$?; kill -0 $w 2>/dev/null && continue",
+            '  if [ -n "$corral_trapped" ] && [ "$rc" -gt 128 ]; then wait $w; corral_rc=$?; [ "$corral_rc" = 127 ] || rc=$corral_rc; fi; '
+            "break; done"]
     after = requeue_lines(notice[0]) if notice else []
     if not contained:
         return [run, *wait, *after]
