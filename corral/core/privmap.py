@@ -109,6 +109,8 @@ PRIVILEGED: tuple[str, ...] = (
     "corral.lanes.fast.spawning", "corral.lanes.fast.hosts",
     # corral agent run as root: a working directory made for the agent's identity (decision 0056)
     "corral.edges.cli.agent_workdir",
+    # corral backup / restore, run by root on the gateway's state (decision 0059)
+    "corral.gateway.backup",
     # the helpers
     "corral.core.safe_read", "corral.core.proc",
 )
@@ -282,6 +284,24 @@ CROSSINGS: tuple[Crossing, ...] = (
              "/etc/nsswitch.conf, root's (or bound there by root)"),
     Crossing("corral.core.identity", "Identities._machine", ("path.mkdir", "os.replace"), "nobody",
              "the machine's registry, root's 0700; written O_NOFOLLOW then renamed"),
+    # corral backup DEST / restore SRC as root: DEST and SRC are the admin's to name, and
+    # another user may own or write what they name (a /tmp path made ahead of the admin).
+    Crossing("corral.gateway.backup", "backup", ("path.mkdir", "os.chmod", "path.write_text"), "whoever owns or may write DEST",
+             "DEST is lstat'd a directory (not a link) of root's or the runner's before anything is written "
+             "(_private), then closed 0700; its files are new names in it"),
+    Crossing("corral.gateway.backup", "_copy", ("open", "os.open", "shutil.copyfileobj"), "whoever could write SRC (restore)",
+             "both ends opened O_NOFOLLOW, the copy O_EXCL (a backup) and 0600 from creation; SRC checked _private"),
+    Crossing("corral.gateway.backup", "_digest", ("open",), "whoever could write SRC",
+             "SRC and SRC/audit checked _private (root's or the runner's, not writable by others) before reading"),
+    Crossing("corral.gateway.backup", "read_manifest", ("path.read_text",), "whoever could write SRC",
+             "SRC checked _private first; the manifest is JSON, its audit file names matched to audit(-N).jsonl"),
+    Crossing("corral.gateway.backup", "restore", ("path.mkdir",), "nobody", "the home the admin names, before it is checked fresh"),
+    Crossing("corral.gateway.backup", "_store_out", ("os.chmod",), "nobody", "the store's copy, made O_EXCL 0600 in DEST (_private)"),
+    Crossing("corral.gateway.backup", "_pg_dump", ("os.chmod",), "nobody", "pg_dump's file in DEST (_private)"),
+    Crossing("corral.gateway.backup", "_audit_out", ("path.unlink",), "nobody", "files this backup wrote in DEST/audit (_private)"),
+    Crossing("corral.gateway.backup", "_copy_whole_records", ("open", "os.open"), "nobody",
+             "the gateway's own audit files (its home, root's 0700) into DEST/audit, O_CREAT|O_EXCL"),
+    Crossing("corral.gateway.backup", "_refuse_live", ("open",), "nobody", "the home's gateway.lock, to flock it"),
     Crossing("corral.edges.cli.agent_workdir", "_own_dir", ("path.mkdir", "os.mkdir"), "the agent's "
              "identity (owns NAME-UID once made)", "/var/lib/corral-agents is checked root's and closed to others "
              "(lstat); NAME-UID in it is opened O_DIRECTORY|O_NOFOLLOW and fchown'd by descriptor"),

@@ -28,8 +28,10 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import sqlite3
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -76,6 +78,7 @@ def backup(settings: Settings, dest: Path) -> dict[str, Any]:
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise InvalidRequest(f"{dest} exists and is not an empty directory", hint="name a new directory for the backup")
     dest.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _private(dest, "the backup's directory", closed=False)
     os.chmod(dest, 0o700)  # it holds the keys
     started = time.time()
     store = _store_out(settings, dest)
@@ -83,6 +86,7 @@ def backup(settings: Settings, dest: Path) -> dict[str, Any]:
         if (home / name).is_file():
             _copy(home / name, dest / name)
     (dest / "audit").mkdir(mode=0o700)
+    _private(dest / "audit", "the backup's audit directory")
     audit_files = _audit_out(home, dest / "audit")
     files = {str(p.relative_to(dest)): {"sha256": _digest(p), "bytes": p.stat().st_size}
              for p in sorted(dest.rglob("*")) if p.is_file()}
@@ -93,9 +97,31 @@ def backup(settings: Settings, dest: Path) -> dict[str, Any]:
     return manifest
 
 
-def _copy(src: Path, dst: Path) -> None:
-    shutil.copyfile(src, dst)
-    os.chmod(dst, 0o600)
+def _private(d: Path, what: str, closed: bool = True) -> None:
+    """``d`` is a directory (not a link) of the one running this, closed to others' writes.
+    Run as root, a backup written into, or restored from, a directory another user owns
+    or may write is theirs to change: its keys replaced, its files swapped for links,
+    and the restored gateway takes their token key (decision 0059). ``closed``: also
+    refused when others may write it (a new backup's directory is closed after this)."""
+    try:
+        st = os.lstat(d)
+    except FileNotFoundError:
+        raise InvalidRequest(f"{d} is not a corral backup (no such directory)",
+                             hint="name the directory 'corral backup' wrote") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise InvalidRequest(f"{what} {d} is not a directory (a link, or a file)", hint="name a directory of yours")
+    if st.st_uid not in (0, os.geteuid()) or (closed and st.st_mode & 0o022):
+        raise InvalidRequest(f"{what} {d} is uid {st.st_uid}'s, mode {st.st_mode & 0o777:o}: another user could "
+                             "change the keys in it", hint="name a directory only you may write (yours, mode 0700)")
+
+
+def _copy(src: Path, dst: Path, new: bool = True) -> None:
+    """Neither end through a link, and the copy 0600 from its first byte (never readable
+    by others between its creation and a chmod). ``new``: the copy is a new file."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_EXCL if new else os.O_TRUNC)
+    with open(os.open(src, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f, open(os.open(dst, flags, 0o600), "wb") as out:
+        os.fchmod(out.fileno(), 0o600)
+        shutil.copyfileobj(f, out)
 
 
 def _store_out(settings: Settings, dest: Path) -> dict[str, Any]:
@@ -103,6 +129,7 @@ def _store_out(settings: Settings, dest: Path) -> dict[str, Any]:
     if settings.replicated:
         return _pg_dump(settings.store_url, dest / "store.pgdump")
     src = sqlite3.connect(str(settings.db_path), timeout=30)
+    os.close(os.open(dest / "corral.db", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
     out = sqlite3.connect(str(dest / "corral.db"))
     try:
         src.backup(out, pages=4096, sleep=0.01)  # steps, so the gateway's writers wait briefly each time
@@ -217,6 +244,8 @@ def restore(settings: Settings, src: Path) -> dict[str, Any]:
     """Put the backup at ``src`` on the fresh home of ``settings``; -> what was done."""
     from corral.safety.audit import AuditLog
 
+    _private(src, "the backup")
+    _private(src / "audit", "the backup's audit directory")
     manifest = read_manifest(src)
     target_pg = settings.replicated
     if (manifest["store"] == "postgresql") != target_pg:
@@ -236,13 +265,15 @@ def restore(settings: Settings, src: Path) -> dict[str, Any]:
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     for name in (*SECRETS, *STATE):
         if (src / name).is_file():
-            _copy(src / name, home / name)
+            _copy(src / name, home / name, new=False)
     for name in manifest.get("audit_files", []):
-        _copy(src / "audit" / name, home / name)
+        if not re.fullmatch(r"audit(-[0-9]+)?\.jsonl", str(name)):  # a name, never a path out of the home
+            raise InvalidRequest(f"the backup's manifest names an audit file {name!r}", hint="restore an intact backup")
+        _copy(src / "audit" / name, home / name, new=False)
     if target_pg:
         _pg_restore(src / "store.pgdump", settings.store_url)
     else:
-        _copy(src / "corral.db", settings.db_path)
+        _copy(src / "corral.db", settings.db_path, new=False)
     db = open_store(settings.store_url)  # brings the schema up to this corral's
     try:
         schema = db.version
