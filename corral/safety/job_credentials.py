@@ -19,6 +19,26 @@ import re
 PREFIX = "crj_"
 ACTIONS = ("status", "read_output")
 """What a job's credential may do: read, as its principal."""
+READ_POSTS = frozenset({"wait_many"})
+"""Routes by POST that only read (a wait on many jobs): a job's credential may use them."""
+NOT_READS = frozenset({"ledger"})
+"""Routes by GET that change something (the ledger acknowledges what it shows)."""
+
+
+def may_call(method: str, route: str) -> bool:
+    """Whether a job's credential may call the verb whose route is ``route``: its reads
+    only. Its capability limits what the gate checks (status, read_output), but verbs
+    that never ask the gate (the ledger's acknowledgement, an approval's answer, a
+    dashboard link) would take it as its principal's: a job's code would hide what its
+    agent is told, or a person's contained job would answer for them (decision 0057)."""
+    return (method == "GET" and route not in NOT_READS) or route in READ_POSTS
+
+
+def refusal(route: str) -> str:
+    return (f"a job's own credential (CORRAL_TOKEN inside a contained job) does not allow this {route}: it only "
+            "reads its principal's jobs")
+
+
 _SHAPE = re.compile(r"crj_([0-9]{1,18})_([0-9a-f]{64})")
 
 

@@ -125,6 +125,8 @@ def mount(app: FastAPI, service: "Service") -> Board:
         caller = service.authenticate(token)
         if caller.principal.kind is Kind.AGENT:
             raise Forbidden("the dashboard is for people: sign in with your own token, not an agent's")
+        if caller.token_id.startswith("job-"):  # a person's contained job: its reads, not their answers
+            raise Forbidden("the dashboard is for people: a job's credential does not sign in")
         return caller
 
     def viewer(request: Request) -> Caller:

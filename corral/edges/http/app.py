@@ -19,12 +19,13 @@ from fastapi.responses import JSONResponse, Response
 
 from corral.edges.http.routes import add_routes
 from corral.edges.schemas import HealthOut
-from corral.core.errors import (CorralError, RateLimited, Restarting, StoreUnavailable, describe_validation,
+from corral.core.errors import (CorralError, Forbidden, RateLimited, Restarting, StoreUnavailable, describe_validation,
                                  storage_full, store_unavailable)
 from corral.edges.http.body import parse_body
 from corral.edges.http.connections import authenticated
 from corral.edges.mcp.gate import RequireToken, anonymous_endpoint
 from corral.core.principals import Caller, bearer_token
+from corral.safety import job_credentials
 from corral.gateway.service import Service
 
 log = logging.getLogger(__name__)
@@ -191,6 +192,9 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         checked = request.scope.get("corral.caller")  # a large body's token, checked before it was parsed
         if checked is None:
             checked = service.authenticate(bearer_token(headers.get("authorization")), headers.get("x-corral-session"))
+        if checked.token_id.startswith("job-") and not job_credentials.may_call(request.method, route.name if route
+                                                                                 else ""):
+            raise Forbidden(job_credentials.refusal(route.name if route else request.url.path))
         authenticated(request.scope, checked.principal.name)  # its connection is kept (edges/http/connections.py)
         return checked
 

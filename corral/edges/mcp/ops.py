@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import ValidationError
 
-from corral.core.errors import describe_validation
+from corral.core.errors import Forbidden, describe_validation
 from corral.core.principals import session_holder
 from corral.edges.http.routes import model
 from corral.edges.verbs import BY_NAME, Verb
+from corral.safety import job_credentials
 
 if TYPE_CHECKING:
     from corral.gateway.service import Service
@@ -69,6 +70,8 @@ class ServiceOps:
         if name not in BY_NAME:
             raise AttributeError(name)
         verb = BY_NAME[name]
+        if self.caller.token_id.startswith("job-") and not job_credentials.may_call(verb.method, verb.route):
+            raise Forbidden(job_credentials.refusal(verb.route))
 
         async def call(*args: Any, **kwargs: Any) -> Any:
             data = verb.serve(self.service, self.caller, checked(verb, args, kwargs))
