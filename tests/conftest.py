@@ -382,6 +382,7 @@ SLURM_FILES = {f"tests/{name}.py" for name in (
 takes one for the module): run on one worker."""
 SLURM_TESTS = {
     "tests/test_approvals_slurm.py::test_an_approved_job_runs_in_slurm_with_its_sponsors_slurm_mail_and_an_unanswered_one_expires",
+    "tests/test_approvals_slurm.py::test_on_slurm_the_link_and_the_dashboard_each_release_a_held_job",
     "tests/test_backup.py::test_a_backup_restored_on_a_fresh_home_verifies_and_reconciles_slurm",
     "tests/test_bounds_hold.py::test_a_contained_batch_job_works_in_its_bounded_tmp_on_slurm",
     "tests/test_clusters_rebalance.py::test_a_gateway_killed_in_a_move_loses_nothing_and_runs_nothing_twice",

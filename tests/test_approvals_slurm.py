@@ -6,12 +6,14 @@ offers it) reaches sbatch with --mail-user and --mail-type, as scontrol shows th
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from corral.core.config import NotifySettings
@@ -19,11 +21,13 @@ from corral.core.errors import InvalidRequest
 from corral.lanes.slurm.privsep_submit import Refused, checked_options
 from corral.notify.prefs import checked, effective
 
-from .conftest import SHARED_TURN, Gateway, add_people
+from .conftest import SHARED_TURN, add_people
 from .slurm_env import slurm_conf
 from .test_approvals import job, policy
+from .test_approvals_browser import browser  # noqa: F401  (the module's Chromium)
+from .test_dashboard import _sign_in
 from .test_gateway_slurm import start_slurm_gateway
-from .test_notify import NOTIFY, until
+from .test_notify import NOTIFY, Hook, hook, until
 
 WAIT_S = 30
 """How long an approval waits here: the first is answered at once; the second expires."""
@@ -78,6 +82,58 @@ def test_an_approved_job_runs_in_slurm_with_its_sponsors_slurm_mail_and_an_unans
         ended = until(lambda: (j := job(gw, t["bot1"], second))["state"] == "CANCELLED" and j, within=WAIT_S + 60)
         assert re.fullmatch(r"approval #\d+ by alice expired unanswered", ended["reason"]), ended
         assert ended["backend_id"] is None
+    finally:
+        gw.kill(signal.SIGTERM)
+
+
+def links(h: Hook, n: int) -> dict[int, str]:
+    """The first ``n`` approvals' single-use links, by approval id, from the sponsor's webhook."""
+    def got() -> dict[int, str]:
+        found = {}
+        for x in h.got:
+            if "asks your approval" in x["body"]:
+                m = re.search(r"(http://\S+/approve/(\d+)\?token=\S+)", json.loads(x["body"])["body"])
+                if m:
+                    found[int(m.group(2))] = m.group(1)
+        return found
+    return until(lambda: len(f := got()) >= n and f, within=60)
+
+
+@pytest.mark.usefixtures("slurm_turn")
+@SHARED_TURN
+def test_on_slurm_the_link_and_the_dashboard_each_release_a_held_job(tmp_path: Path, agent_dir: Path,
+                                                                      browser: Any) -> None:  # noqa: F811
+    gw = start_slurm_gateway(tmp_path, slurm_conf(), CORRAL_SAFETY__POLICY_FILE=policy(tmp_path), **NOTIFY)
+    try:
+        t = add_people(gw)
+        with hook() as h:
+            with gw.http(t["alice"]) as a:
+                assert a.put("/v1/notify", json={"webhook": h.url, "jobs": "none"}).status_code == 200
+            spec: dict[str, Any] = {"command": "echo ran", "workdir": str(agent_dir), "cpus": 2, "walltime": "10m"}
+            with gw.http(t["bot1"]) as b:
+                by_link, by_board = (b.post("/v1/jobs", json=spec).json()["id"] for _ in range(2))
+            ids = {a["jobs"][0]: a["id"] for a in gw.cli_json("approvals", "list", token=t["alice"])["approvals"]}
+            link = links(h, 2)[ids[by_link]]
+        url, token = link.split("?token=")
+        r = httpx.post(url, data={"token": token, "decision": "approve"}, timeout=30)
+        assert r.status_code == 200 and "Approved by alice" in r.text, r.text
+        ctx = browser.new_context()
+        try:
+            page = ctx.new_page()
+            _sign_in(page, gw.url, t["alice"])
+            row = f"#waiting li[data-approval='{ids[by_board]}']"
+            page.wait_for_selector(row, timeout=30_000)
+            page.locator(row).locator("button[value=approve]").click()
+            page.wait_for_selector(row, state="detached", timeout=30_000)
+        finally:
+            ctx.close()
+        with gw.http(t["bot1"]) as b:
+            for j in (by_link, by_board):
+                done = b.get(f"/v1/jobs/{j}/wait", params={"timeout": 120}).json()
+                assert done["state"] == "COMPLETED" and done["backend"] == "slurm" and done["backend_id"], done
+        decided = {a["id"]: a["decided_by"] for a in
+                   gw.cli_json("approvals", "list", "--state", "approved", token=t["alice"])["approvals"]}
+        assert decided == {ids[by_link]: "alice", ids[by_board]: "alice"}
     finally:
         gw.kill(signal.SIGTERM)
 
