@@ -111,3 +111,36 @@ def test_data_a_cluster_does_not_mount_and_a_refusing_policy_keep_a_job_off_it()
     with pytest.raises(InvalidRequest) as e:
         asyncio.run(s.settle(SPEC, refuses=lambda c: f"rule 'no-{c}'"))
     assert "cluster one partition debug: rule 'no-one'" in e.value.message and "rule 'no-two'" in e.value.message
+
+
+def test_a_workspace_says_which_clusters_filesystems_hold_it(tmp_path: Any) -> None:
+    """Issue 52 item 4: a workspace's answer names the clusters whose filesystems hold it
+    (an image's does the same through the same Sites.holding; gateway/runtime.py wires both)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    own = Path(tempfile.mkdtemp(dir="/tmp"))  # scratch under a directory only its owner writes (tmp_path's is 777)
+    try:
+        _workspace_clusters(tmp_path, own / "scratch")
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
+
+
+def _workspace_clusters(tmp_path: Any, scratch: Any) -> None:
+    from corral.core.config import StorageSettings
+    from corral.core.principals import Caller, Kind, Principal
+    from corral.core.store import Database
+    from corral.storage.workspaces import Workspaces
+
+    db = Database(tmp_path / "corral.db")
+    alice = db.add_principal(Principal(name="alice", kind=Kind.HUMAN))
+    caller = Caller(principal=alice, session=None, token_id="t", visible=frozenset({"alice"}))
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "a.txt").write_text("x")
+    ws = Workspaces(StorageSettings(), scratch, db.storage, on_nodes=True)
+    ws.where = sites([Cluster("one", 0), Cluster("two", 0)], filesystems={"two": ["/gpfs"]}).holding
+    made = ws.fork(caller, str(tmp_path / "proj"))
+    assert made["clusters"] == ["one"] and ws.describe(caller, made["workspace"])["clusters"] == ["one"]
+    ws.where = sites([Cluster("one", 0), Cluster("two", 0)], filesystems={"two": [str(scratch)]}).holding
+    assert ws.describe(caller, made["workspace"])["clusters"] == ["one", "two"]
