@@ -3,6 +3,8 @@
 
 - a person's token narrowed to reads mints no dashboard link (the link is a fresh,
   un-narrowed token of the person: what minting asks of the caller);
+- a flood of munge sign-ins, asked with no token, is refused (429) before each starts an
+  unmunge and writes an audit record;
 - where agents' jobs run uncontained, the sign-in socket is off as munge is (the job, as
   its sponsor's uid on the gateway's machine, would sign in as the sponsor);
 - a form of another origin of the same site (another port of the gateway's host, where
@@ -13,6 +15,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -84,3 +87,13 @@ def test_a_form_of_another_origin_of_the_same_site_neither_answers_nor_signs_in(
             assert r.status_code == 303, r.text
         with gw.http(t["alice"]) as a:
             assert a.get("/v1/approvals", params={"state": "all"}).json()["approvals"][0]["state"] == "declined"
+
+
+def test_a_flood_of_munge_signins_is_refused_before_unmunge_runs_and_the_audit_grows(tmp_path: Path) -> None:
+    garbage = "MUNGE:" + "A" * 120 + ":"  # well formed enough to reach unmunge, made by no munged
+    with running(tmp_path) as gw, httpx.Client(base_url=gw.url, timeout=60) as anyone:
+        codes = [anyone.post("/v1/signin/munge", json={"credential": garbage}).status_code for _ in range(200)]
+        records = [json.loads(line.partition(" ")[2]) for line in (gw.home / "audit.jsonl").read_text().splitlines()]
+    refused = [r for r in records if r.get("action") == "signin" and r["decision"] == "deny"]
+    assert codes.count(429) >= 50, codes
+    assert set(codes) <= {401, 429, 503} and len(refused) <= 150, (len(refused), codes[:5])

@@ -44,6 +44,10 @@ PAYLOAD = "corral-signin/1 "
 """What a sign-in credential's payload starts with; the gateway's URL follows."""
 MAX_CREDENTIAL = 4096
 """Characters of a munge credential at most: corral's are ~200; checked before unmunge runs."""
+ATTEMPTS_PER_S = 10.0
+ATTEMPTS_BURST = 50.0
+"""munge sign-ins a gateway checks per second (and at once): each one, asked with no token,
+starts an unmunge and writes an audit record, so a flood is refused (429) before either."""
 SKEW_S = 5.0
 """Clock difference between the login node and the gateway a credential's age allows."""
 _STATUS = {1: "munge failed", 3: "the credential is malformed", 6: "munged could not be reached",
@@ -101,6 +105,8 @@ class Signin:
         credential = credential.strip()
         if not credential or len(credential) > MAX_CREDENTIAL or not credential.isascii():
             raise InvalidRequest(f"a munge credential is 1 to {MAX_CREDENTIAL} ASCII characters (MUNGE:...)")
+        self.gate.buckets.take_all([("signin:munge", 1.0, ATTEMPTS_PER_S, ATTEMPTS_BURST, "munge sign-ins")],
+                                   self.gate.clock.monotonic())
         fields, payload, refused = await asyncio.to_thread(self._unmunge, credential)
         if refused:
             self._refused("munge", None, "munge", refused)
