@@ -5,6 +5,8 @@
   un-narrowed token of the person: what minting asks of the caller);
 - a flood of munge sign-ins, asked with no token, is refused (429) before each starts an
   unmunge and writes an audit record;
+- the sign-in socket is not made in a directory others may write (not sticky), where the
+  root gateway's chmod after its bind would follow a link put in its place;
 - where agents' jobs run uncontained, the sign-in socket is off as munge is (the job, as
   its sponsor's uid on the gateway's machine, would sign in as the sponsor);
 - a form of another origin of the same site (another port of the gateway's host, where
@@ -97,3 +99,16 @@ def test_a_flood_of_munge_signins_is_refused_before_unmunge_runs_and_the_audit_g
     refused = [r for r in records if r.get("action") == "signin" and r["decision"] == "deny"]
     assert codes.count(429) >= 50, codes
     assert set(codes) <= {401, 429, 503} and len(refused) <= 150, (len(refused), codes[:5])
+
+
+@pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true", reason="a root gateway's socket: run as root")
+def test_the_signin_socket_is_not_made_where_others_may_swap_it(tmp_path: Path) -> None:
+    d = Path(tempfile.mkdtemp(prefix="corral-signin-", dir="/tmp"))
+    d.chmod(0o777)  # world-writable, not sticky: anyone renames the socket and puts a link there
+    try:
+        with pytest.raises(RuntimeError, match="may be written by others"), \
+                running(tmp_path, CORRAL_SIGNIN__SOCKET=str(d / "signin.sock")):
+            pass
+        assert not (d / "signin.sock").exists()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

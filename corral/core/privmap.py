@@ -109,6 +109,8 @@ PRIVILEGED: tuple[str, ...] = (
     "corral.lanes.fast.spawning", "corral.lanes.fast.hosts",
     # corral agent run as root: a working directory made for the agent's identity (decision 0056)
     "corral.edges.cli.agent_workdir",
+    # the sign-in socket a root gateway binds where the admin says (decision 0060)
+    "corral.edges.http.peer_signin",
     # corral backup / restore, run by root on the gateway's state (decision 0059)
     "corral.gateway.backup",
     # the helpers
@@ -284,6 +286,14 @@ CROSSINGS: tuple[Crossing, ...] = (
              "/etc/nsswitch.conf, root's (or bound there by root)"),
     Crossing("corral.core.identity", "Identities._machine", ("path.mkdir", "os.replace"), "nobody",
              "the machine's registry, root's 0700; written O_NOFOLLOW then renamed"),
+    Crossing("corral.edges.http.peer_signin", "serving", ("path.mkdir", "os.unlink"), "nobody",
+             "[signin] socket's directory, the admin's, checked closed to others (or sticky) before use; at the end "
+             "the socket's own name there"),
+    Crossing("corral.edges.http.peer_signin", "_clear", ("os.unlink",), "whoever may write the socket's directory",
+             "lstat'd a socket first (a link or a file stops the start); the directory is closed or sticky"),
+    Crossing("corral.edges.http.peer_signin", "_open_to_all", ("os.chmod",), "whoever may write the "
+             "socket's directory", "opened O_PATH|O_NOFOLLOW, checked a socket of the gateway's, chmod'd through "
+             "/proc/self/fd (never through a link)"),
     # corral backup DEST / restore SRC as root: DEST and SRC are the admin's to name, and
     # another user may own or write what they name (a /tmp path made ahead of the admin).
     Crossing("corral.gateway.backup", "backup", ("path.mkdir", "os.chmod", "path.write_text"), "whoever owns or may write DEST",

@@ -76,6 +76,29 @@ def _clear(path: Path) -> None:
     os.unlink(path)
 
 
+def _closed(d: Path) -> None:
+    """The socket's directory: one where no other user may swap the socket for a link
+    between its bind and its chmod (the gateway runs as root): not writable by others, or
+    sticky (/tmp), where only its owner removes a name."""
+    st = os.stat(d)
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise SystemExit(f"[signin] socket: {d} may be written by others (mode {st.st_mode & 0o7777:o}); name a path "
+                         "in a directory only root writes, e.g. /run/corral")
+
+
+def _open_to_all(path: Path) -> None:
+    """chmod 0666 the socket this gateway just bound, by descriptor: never through a link
+    (os.chmod follows one, and on Linux there is no lchmod)."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
+            raise SystemExit(f"[signin] socket {path} was replaced while the gateway bound it")
+        os.chmod(f"/proc/self/fd/{fd}", 0o666)
+    finally:
+        os.close(fd)
+
+
 @contextlib.asynccontextmanager
 async def serving(service: "Service") -> AsyncIterator[None]:
     """The sign-in socket for as long as the gateway serves, when one is configured."""
@@ -84,9 +107,10 @@ async def serving(service: "Service") -> AsyncIterator[None]:
         yield
         return
     path.parent.mkdir(parents=True, exist_ok=True)
+    _closed(path.parent)
     _clear(path)
     server = await asyncio.start_unix_server(lambda r, w: _answer(service, r, w), str(path), limit=MAX_REQUEST)
-    os.chmod(path, 0o666)  # every local user may ask; the kernel says who asked
+    _open_to_all(path)  # every local user may ask; the kernel says who asked
     log.info("sign-in socket at %s", path)
     try:
         yield
