@@ -1,6 +1,8 @@
 """The adversarial review of people's sign-in and the dashboard's answers (decision 0060,
 0047): through a real gateway, real HTTP, a real Unix socket and real Unix users.
 
+- a token a person minted for themselves mints no later-expiring one for them (a stolen
+  sign-in token would be renewed for ever); a sign-in's token may, once;
 - a person's token narrowed to reads mints no dashboard link (the link is a fresh,
   un-narrowed token of the person: what minting asks of the caller);
 - a flood of munge sign-ins, asked with no token, is refused (429) before each starts an
@@ -110,5 +112,29 @@ def test_the_signin_socket_is_not_made_where_others_may_swap_it(tmp_path: Path) 
                 running(tmp_path, CORRAL_SIGNIN__SOCKET=str(d / "signin.sock")):
             pass
         assert not (d / "signin.sock").exists()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true", reason="signs a Unix user in: run as root")
+def test_a_stolen_signin_token_is_not_renewed_for_ever(tmp_path: Path) -> None:
+    d = Path(tempfile.mkdtemp(prefix="corral-signin-", dir="/tmp"))
+    d.chmod(0o755)
+    path = str(d / "signin.sock")
+    try:
+        with temporary_user("corrsr") as u, running(tmp_path, CORRAL_SIGNIN__SOCKET=path) as gw:
+            people(gw, u)
+            signed_in = peer_ask(path, u)["token"]  # 8 h
+            with gw.http(signed_in) as h:
+                day = h.post("/v1/tokens", json={"for": "pat", "expires": "1d"})
+                assert day.status_code == 201, day.text  # within what decision 0060 allows a person (7 d)
+            # Held by a thief, minted again before it expires, and again: refused past its own end.
+            with gw.http(day.json()["token"]) as h:
+                again = h.post("/v1/tokens", json={"for": "pat", "expires": "2d"})
+                assert again.status_code == 403 and "sign in again" in again.text, again.text
+                shorter = h.post("/v1/tokens", json={"for": "pat", "expires": "1h"})
+                assert shorter.status_code == 201, shorter.text  # within its own life: fine
+                bot = h.post("/v1/tokens", json={"for": "patbot", "expires": "7d"})
+                assert bot.status_code == 201, bot.text  # its agents' tokens are not its own renewal
     finally:
         shutil.rmtree(d, ignore_errors=True)

@@ -177,6 +177,8 @@ class Accounts:
             raise Forbidden(f"this site lets a person mint tokens of at most {_span(limits.agent_token_max_s)}",
                             hint=f"ask for less, e.g. --expires {_span(min(8 * 3600, limits.agent_token_max_s))}; "
                                  "longer takes an admin", rule="mint-limit")
+        if for_name == caller.name:
+            self._not_renewed(caller, expires_at)
         target = self.db.get_principal(for_name)
         if target is None or target.kind is not Kind.AGENT:
             return caveats
@@ -194,6 +196,19 @@ class Accounts:
                             f"{limits.agent_tokens_max}", hint="revoke one first: 'corral token list', then "
                             "'corral token revoke ID'", rule="mint-limit")
         return caveats
+
+    def _not_renewed(self, caller: Caller, expires_at: float) -> None:
+        """A person's token for themselves outlives the token minting it only when that one
+        is a sign-in's (a proof made then): else a stolen token would mint the next one
+        before it expired, and the next, for ever."""
+        record = self.db.get_token(caller.cap.root if caller.cap is not None else caller.token_id)
+        if record is not None and str(record["note"] or "").startswith(SIGNED_IN):
+            return
+        mine = caller.cap.expires_at if caller.cap is not None else (record or {}).get("expires")
+        if mine is not None and expires_at > mine + 1:
+            raise Forbidden("a token you mint for yourself expires no later than the one you mint it with, unless "
+                            "that one is a sign-in's", hint="sign in again ('corral login'), then mint",
+                            rule="mint-limit")
 
     def list_tokens(self, caller: Caller) -> list[dict[str, Any]]:
         return self.credentials.list(caller)
@@ -214,6 +229,10 @@ class Accounts:
     def token_public_key(self) -> str:
         """Hex of the key that verifies this gateway's tokens: what narrowing a token needs."""
         return self.gate.tokens.public_key.hex()
+
+
+SIGNED_IN = "signed in by "
+"""The note of a sign-in's token (gateway/signin.py writes it)."""
 
 
 def _span(s: int) -> str:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from corral.core import proc
 from corral.core.errors import BackendError, Conflict, Forbidden, InvalidRequest, NotFound, Unauthenticated
 from corral.core.principals import CORRAL_PRINCIPAL, Caller, Kind, Principal
+from corral.gateway.accounts import SIGNED_IN
 from corral.safety.tokens import Caveats
 
 if TYPE_CHECKING:
@@ -187,7 +188,7 @@ class Signin:
         caller = Caller(person, None, f"signin:{via}", frozenset({person.name}))
         with self.db.transaction():
             token_id, token = self.gate.tokens.mint(person.name, Caveats(expires_at=expires))
-            self.db.add_token(token_id, person.name, "", expires, f"signed in by {via}")
+            self.db.add_token(token_id, person.name, "", expires, SIGNED_IN + via)
             self.audit.record(caller, "signin", "allow", via, [{"signin": via, "token_id": token_id, **detail}])
         log.info("%s signed in by %s (%s)", person.name, via, detail)
         return {"id": token_id, "token": token, "principal": person.name, "expires": expires, "via": via}
