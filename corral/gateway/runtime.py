@@ -57,6 +57,7 @@ from corral.lanes.local import LocalBackend
 from corral.lanes.placement import Placer
 from corral.lanes.registry import Lanes
 from corral.memory.facts import Facts
+from corral.notify.idle import IdleWatch
 from corral.notify.notifier import Notifier
 from corral.gateway.notify_verbs import NotifyVerbs
 from corral.gateway.approvals import ApprovalVerbs
@@ -144,6 +145,7 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
     audit.repair()  # a torn final record (a crash, a full disk) cut off, and the cut recorded
     notifier = Notifier(db, settings.notify, base_url=settings.url or f"http://{settings.host}:{settings.port}")
     audit.on_deny.append(notifier.on_audit)  # a refusal, recorded, is told to the agent's sponsor
+    notifier.idle = IdleWatch(db, settings.notify, {b.name: b for b in (backend, *more)}, notifier.now)
     sponsor_view = SponsorView(db)
     audit.on_deny.append(sponsor_view.on_deny)  # ... and counted for the sponsor's own view
     gate = Gate(settings.safety, settings.home, db, clock, settings.sandbox.allow_hosts)

@@ -89,6 +89,43 @@ def below_mb(pid: int) -> float:
     return pages * PAGE_KB / 1024 + held_mb(seen)
 
 
+def below_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user and system, with their reaped children's) of every descendant of
+    ``pid``, and of the children ``pid`` itself reaped; None: it has none (a job hosted in a
+    built sandbox runs below its host, not its supervisor: not measured here). What the
+    notifier's idle check samples (corral/notify/idle.py)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    used: dict[int, int] = {}
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # After the command name: ppid is field 4, utime..cstime fields 14-17.
+        fields = stat[stat.rfind(b")") + 2:].split()
+        p = int(entry.name)
+        used[p] = sum(int(x) for x in fields[11:15])
+        children.setdefault(int(fields[1]), []).append(p)
+    todo, ticks = list(children.get(pid, ())), 0
+    if not todo:
+        return None
+    while todo:
+        p = todo.pop()
+        ticks += used.get(p, 0)
+        todo += children.get(p, ())
+    try:  # its reaped orphans' (fields 16-17 of the supervisor)
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            own = f.read()
+        ticks += sum(int(x) for x in own[own.rfind(b")") + 2:].split()[13:15])
+    except OSError:
+        return None
+    return ticks / tick
+
+
 def held_mb(pids: list[int]) -> float:
     """Memory the processes ``pids`` hold in anonymous memory files (``memfd_create``)
     through a descriptor, each file once: written, not mapped, it is in no one's resident

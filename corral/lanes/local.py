@@ -35,6 +35,7 @@ from corral.core.errors import InvalidRequest
 from corral.core.jobs import JobSpec, JobState
 from corral.core.lru import LRU
 from corral.lanes.backend import CONTROLS, BackendStatus, OutputPaths, Partition, SubmitContext, Usage
+from corral.lanes import job_memory
 from corral.lanes.fits import refuse_misfits
 from corral.lanes.local_launch import prepare, write_private
 from corral.lanes.local_records import full, reserve, write_json
@@ -200,6 +201,16 @@ class LocalBackend:
         result = _read_json(self.jobs_dir / backend_id / "result.json") or {}
         return Usage(result.get("cpu_s"), result.get("max_rss_mb"),
                      "the supervisor's wait (CPU time, peak memory), and its memory samples")
+
+    def cpu_seconds(self, backend_id: str) -> float | None:
+        """The CPU seconds a RUNNING job used so far (every process below its supervisor),
+        or None where not known here (not running, another replica's, hosted in a built sandbox)."""
+        with self._lock:
+            r = self._running.get(backend_id)
+            pid = r.pid if r is not None else None
+        if pid is None or not _alive(pid) or (_read_json(self.jobs_dir / backend_id / "launch.json") or {}).get("host"):
+            return None  # a hosted job's processes are below its sandbox's host, with others' jobs
+        return job_memory.below_cpu_s(pid)
 
     def output_paths(self, backend_id: str) -> OutputPaths:
         d = self.jobs_dir / backend_id

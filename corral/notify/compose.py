@@ -18,7 +18,7 @@ FAILURES = frozenset({JobState.FAILED, JobState.TIMEOUT, JobState.OUT_OF_MEMORY}
 @dataclass(frozen=True)
 class Note:
     kind: str
-    """job, budget, denial, test."""
+    """job, budget, denial, idle, approval, test."""
     subject: str
     body: str
 
@@ -80,6 +80,29 @@ def approval(aid: int, agent: str, rule: str, summary: str, until: str, url: str
                 "then is cancelled.\n"
                 f"Answer: corral approvals approve {aid}   or   corral approvals decline {aid} --note 'why'\n"
                 f"Or open this single-use link: {url}")
+
+
+def idle(job: Job, sponsor: str | None, idle_s: float, share: float) -> Note:
+    """A RUNNING job holding its allocation while using almost none of it."""
+    name = clean(job.spec.name or "unnamed", 80)
+    held = f"{job.spec.cpus} CPU" + (f", {job.spec.gpus} GPU" if job.spec.gpus else "") + f", {job.spec.memory_mb} MB"
+    return Note("idle", f"[corral] job {job.id} of {job.principal} holds {job.spec.cpus} CPU idle",
+                f"Job {job.id} ({name}) of {job.principal}" + (f", sponsored by {sponsor}" if sponsor else "")
+                + f", has held {held} for {_span(idle_s)} while using {share:.1%} of its CPU "
+                "(a sleep, a notebook, a step waiting on input?). Others could use what it holds.\n"
+                f"Release it: corral cancel {job.id}   or tell {job.principal} to (it was told too).\n"
+                f"See it: corral status {job.id}")
+
+
+def idle_line(job: Job, idle_s: float, share: float) -> str:
+    """The same, for the agent's own ledger: it can release it itself."""
+    return (f"job {job.id} is RUNNING but idle: {share:.1%} of its {job.spec.cpus} CPU used for {_span(idle_s)}; "
+            f"cancel it (cancel_job {job.id}) if it waits for nothing, so others can use its cores")
+
+
+def _span(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 def test_note(recipient: str) -> Note:

@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, Any, Callable
 import httpx
 
 from corral.core.config import NotifySettings
-from corral.core.jobs import JobState
+from corral.core.jobs import Job, JobState
 from corral.core.principals import Kind
 from corral.core.store.ledger import KEEP_S
 from corral.notify import channels, compose
+from corral.notify.idle import IdleWatch
 from corral.notify.prefs import Effective, effective
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ class Notifier:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sent_at: dict[tuple[str, str], list[float]] = defaultdict(list)
         """When messages went to each (channel, address) this last hour (this replica's)."""
+        self.idle: IdleWatch | None = None
+        """Idle held allocations (corral/notify/idle.py), set by the runtime with the lanes."""
 
     def ended(self, job_ids: list[int]) -> None:
         """Progress's listener: jobs ended, so look now rather than at the next tick (a
@@ -194,6 +197,19 @@ class Notifier:
         except Exception:  # noqa: BLE001 - the approval waits in the store whatever the notifier does
             log.exception("notify: could not enqueue approval %s", aid)
 
+    def idle_job(self, job: Job, idle_s: float, share: float) -> None:
+        """A RUNNING job holds its allocation idle: its sponsor told once (where they chose
+        ``idle``), and the agent in its ledger, so that it can release it."""
+        try:
+            key = f"idle:{job.id}"
+            self.db.ledger.add([(key, job.principal, "idle", job.id, compose.idle_line(job, idle_s, share), self.now())])
+            sponsor = p.sponsor if (p := self.db.get_principal(job.principal)) else None
+            rows = self._rows(key, job.principal, compose.idle(job, sponsor, idle_s, share), lambda e: e.idle)
+            if rows:
+                self.records.enqueue(rows)
+        except Exception:  # noqa: BLE001 - the loop goes on whatever one job's notice does
+            log.exception("notify: could not enqueue job %s's idle notice", job.id)
+
     def test(self, recipient: str, eff: Effective) -> int:
         note = compose.test_note(recipient)
         now = self.now()
@@ -277,6 +293,8 @@ class Notifier:
             while True:
                 try:
                     self.feed()
+                    if self.idle is not None and self.idle.due():
+                        await self.idle.tick(self)
                     self.deliver()
                 except Exception:  # noqa: BLE001 - a store hiccup: the next tick tries again
                     log.exception("notify: tick failed")

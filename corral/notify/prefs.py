@@ -33,6 +33,7 @@ class Prefs(BaseModel):
     jobs: Literal["all", "failures", "none"] | None = None
     budget: bool | None = None
     denials: bool | None = None
+    idle: bool | None = Field(None, description="Told when an agent's running job holds its allocation idle.")
     quiet_hours: str | None = Field(None, description="'HH-HH' (local time of the gateway), or 'off'.")
     digest: bool | None = None
     slurm_mail: bool | None = Field(None, description="On the Slurm lane, also Slurm's own mail of the jobs "
@@ -50,6 +51,7 @@ class Effective(BaseModel):
     denials: bool
     quiet_hours: str | None
     digest: bool
+    idle: bool = True
     slurm_mail: bool = False
 
     def slurm(self) -> tuple[str, str] | None:
@@ -87,7 +89,7 @@ def checked(body: dict[str, Any], site: NotifySettings) -> Prefs:
         where = ".".join(str(x) for x in first["loc"]) or "body"
         raise InvalidRequest(f"notification choices: {where}: {first['msg']}",
                              hint="fields: email, webhook, webhook_format (generic|ntfy|slack), jobs "
-                                  "(all|failures|none), budget, denials, quiet_hours ('22-07' or 'off'), digest, "
+                                  "(all|failures|none), budget, denials, idle, quiet_hours ('22-07' or 'off'), digest, "
                                   "slurm_mail") from None
     if prefs.email is not None and prefs.email and not _EMAIL.fullmatch(prefs.email):
         raise InvalidRequest(f"email {prefs.email!r} is not an address", hint="give name@host")
@@ -129,4 +131,5 @@ def effective(mine: dict[str, Any] | None, site: NotifySettings) -> Effective:
                      jobs=p.jobs or site.jobs, budget=site.budget if p.budget is None else p.budget,
                      denials=site.denials if p.denials is None else p.denials, quiet_hours=quiet,
                      digest=site.digest if p.digest is None else p.digest,
-                     slurm_mail=bool(site.slurm_mail and p.slurm_mail))
+                     slurm_mail=bool(site.slurm_mail and p.slurm_mail),
+                     idle=site.idle if p.idle is None else p.idle)

@@ -37,7 +37,7 @@ def _show(r: dict[str, Any]) -> str:
                                     e.get("webhook") and f"webhook ({e['webhook_format']}) {e['webhook']}"]))
     lines = [f"{r['principal']} is told at: {where or 'nowhere (set --email or --webhook)'}",
              f"  job ends: {e['jobs']}; budgets (50/80/100%): {'yes' if e['budget'] else 'no'}; "
-             f"refusals: {'yes' if e['denials'] else 'no'}",
+             f"refusals: {'yes' if e['denials'] else 'no'}; idle jobs: {'yes' if e.get('idle', True) else 'no'}",
              f"  quiet hours: {e['quiet_hours'] or 'none'}; digest: {'yes' if e['digest'] else 'no'}"]
     if r.get("chosen"):
         lines.append("  chosen: " + ", ".join(sorted(r["chosen"])) + " (the rest: the facility's defaults)")
@@ -62,6 +62,7 @@ def notify_show(o: Ctx, for_: str | None) -> None:
 @click.option("--jobs", type=click.Choice(["all", "failures", "none"]), help="Which job ends you are told of.")
 @click.option("--budget/--no-budget", default=None, help="Told when a budget crosses 50, 80 and 100%.")
 @click.option("--denials/--no-denials", default=None, help="Told when the policy refuses an agent or taints its token.")
+@click.option("--idle/--no-idle", default=None, help="Told when an agent's running job holds its cores idle (once a job).")
 @click.option("--quiet", "quiet_hours", metavar="HH-HH", help="Quiet hours ('22-07'; 'off'): what falls inside "
               "arrives as one message when they end.")
 @click.option("--digest/--no-digest", default=None, help="Gather what is due into one message an hour.")
@@ -77,7 +78,7 @@ def notify_set(o: Ctx, for_: str | None, **fields: Any) -> None:
     """
     prefs = {k: v for k, v in fields.items() if v is not None}
     if not prefs:
-        raise click.UsageError("nothing to set: give --email, --webhook, --jobs, --budget, --denials, --quiet "
+        raise click.UsageError("nothing to set: give --email, --webhook, --jobs, --budget, --denials, --idle, --quiet "
                                "--digest or --slurm-mail (corral notify show says what is set now)")
     o.out(o.client.notify_set(prefs, principal=for_), _show)
 
