@@ -47,3 +47,22 @@ def test_an_idle_job_is_told_once_and_a_busy_one_never(tmp_path: Path) -> None:
         with gw.http(t["bot1"]) as b:
             assert len([e for e in b.get("/v1/ledger").json()["unacked"] if e["kind"] == "idle"]) == 1
             b.post(f"/v1/jobs/{idle}/cancel")
+
+
+def test_a_hosted_job_is_measured_too(tmp_path: Path, agent_dir: Path) -> None:
+    """With a working directory an agent's job runs in its key's built sandbox, below the
+    sandbox's host, not its supervisor: found by its own namespace."""
+    with hook() as h, running(tmp_path, **IDLE) as gw:
+        t = add_people(gw)
+        with gw.http(t["alice"]) as a:
+            assert a.put("/v1/notify", json={"webhook": h.url, "jobs": "none"}).status_code == 200
+        with gw.http(t["bot1"]) as b:
+            spec = {"workdir": str(agent_dir)}
+            idle = b.post("/v1/jobs", json={**spec, "command": "sleep 300"}).json()["id"]
+            busy = b.post("/v1/jobs", json={**spec, "command": "timeout 40 sh -c 'while :; do :; done'"}).json()["id"]
+            until(lambda: all(b.get(f"/v1/jobs/{i}").json()["state"] == "RUNNING" for i in (idle, busy)), 60)
+            until(lambda: h.got, within=60)
+            until(lambda: time.time() - b.get(f"/v1/jobs/{busy}").json()["start_time"] > 10, 60)
+            assert [json.loads(x["body"])["subject"].split()[2] for x in h.got] == [str(idle)], h.got
+            for i in (idle, busy):
+                b.post(f"/v1/jobs/{i}/cancel")

@@ -180,6 +180,22 @@ def ns_rss_mb(kind: str, ident: str) -> float:
     return pages * PAGE_KB / 1024 + held_mb(seen)
 
 
+def ns_cpu_s(kind: str, ident: str) -> float:
+    """CPU seconds (with reaped children's) of every process in the namespace ``ident``:
+    a job hosted in a built sandbox (``below_cpu_s`` for the others)."""
+    ticks = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or namespace(entry.name, kind) != ident:
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+            ticks += sum(int(x) for x in stat[stat.rfind(b")") + 2:].split()[11:15])
+        except (OSError, ValueError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def inside(root: int) -> int | None:
     """A process below ``root`` (a sandbox's bwrap) in another mount namespace than this
     one: its ``/proc/P/root`` is the sandbox's."""

@@ -204,13 +204,19 @@ class LocalBackend:
 
     def cpu_seconds(self, backend_id: str) -> float | None:
         """The CPU seconds a RUNNING job used so far (every process below its supervisor),
-        or None where not known here (not running, another replica's, hosted in a built sandbox)."""
+        or None where not known here (not running, another replica's, a hosted one not started)."""
         with self._lock:
             r = self._running.get(backend_id)
             pid = r.pid if r is not None else None
-        if pid is None or not _alive(pid) or (_read_json(self.jobs_dir / backend_id / "launch.json") or {}).get("host"):
-            return None  # a hosted job's processes are below its sandbox's host, with others' jobs
-        return job_memory.below_cpu_s(pid)
+        if pid is None or not _alive(pid):
+            return None
+        if not (_read_json(self.jobs_dir / backend_id / "launch.json") or {}).get("host"):
+            return job_memory.below_cpu_s(pid)
+        # Hosted: below its sandbox's host, beside the key's other jobs; found by the
+        # namespace of its own that its supervisor's pid names (job.json, once started).
+        inner = (_read_json(self.jobs_dir / backend_id / "job.json") or {}).get("pid")
+        ns = job_memory.own_namespace(inner) if isinstance(inner, int) and _alive(inner) else None
+        return job_memory.ns_cpu_s(*ns) if ns else None
 
     def output_paths(self, backend_id: str) -> OutputPaths:
         d = self.jobs_dir / backend_id

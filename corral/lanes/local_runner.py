@@ -15,6 +15,7 @@ above): it starts once per job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -149,6 +150,10 @@ def main(job_dir: str) -> int:
                 raise Cancelled()
             procs, tmp = child.rss_mb()
             peak = max(peak, procs + tmp)
+            if launch.get("host") and child.pid and not seen.get("pid"):
+                seen["pid"] = child.pid  # how the gateway's idle check finds a hosted job's processes
+                with contextlib.suppress(OSError):
+                    write_json(d / "job.json", {"pid": child.pid})
             if time.time() >= deadline:
                 state, reason = "TIMEOUT", f"killed after its walltime of {launch['walltime_s']}s"
             elif over := _over(d, launch, procs, tmp, seen):
