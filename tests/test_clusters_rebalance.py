@@ -124,6 +124,29 @@ def test_a_gateway_killed_in_a_move_loses_nothing_and_runs_nothing_twice(tmp_pat
                 never_started(gw, one, "one", job["id"])  # its Slurm job there cancelled before it started
 
 
+def test_a_job_being_moved_is_not_released_between_its_hold_and_its_cancel(tmp_path: Path, agent_dir: Path) -> None:
+    """A move holds the job where it waits, then cancels it there. The agent's release
+    between the two would let it start there, be killed by the cancel and run again on the
+    other cluster: refused (409) while the move is open (held open here by a fault point)."""
+    with both_turns() as (one, two), gateway(tmp_path, one, two, CORRAL_FAULT="move_held_stall") as gw:
+        tok = people(gw)
+        with people_hold(one):
+            with gw.http(tok["bot1"]) as h:
+                job = submit(h, agent_dir, "m", movable=True)
+                first = until("the job in Slurm on one", lambda: (gw.home / "slurm" / "jobs" / "one" / str(job["id"])
+                                                                 / "backend_id").exists(), 120)
+                assert first
+                sid = (gw.home / "slurm" / "jobs" / "one" / str(job["id"]) / "backend_id").read_text().strip()
+                until("the move's hold", lambda: "JobHeld" in slurm(one, "squeue", "-h", "-j", sid, "-o", "%r"),
+                      120)
+                r = h.post(f"/v1/jobs/{job['id']}/control", json={"action": "release"})
+                assert r.status_code == 409 and "being moved" in r.text, r.text
+                assert "JobHeld" in slurm(one, "squeue", "-h", "-j", sid, "-o", "%r")
+                done = h.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 120}).json()
+                assert done["state"] == "COMPLETED" and done["cluster"] == "two", done
+                assert runs(agent_dir, "m") == 1
+
+
 def test_a_rule_naming_a_cluster_keeps_agents_off_it(tmp_path: Path, agent_dir: Path) -> None:
     """Cedar's context names the cluster: a rule forbidding agents cluster two keeps their
     jobs on one though two would start them sooner; naming two is refused."""

@@ -21,13 +21,14 @@ answer with the cancelled one.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING, Callable
 
 from corral.core.db import Database
 from corral.core.errors import CorralError
-from corral.core.faults import fault
+from corral.core.faults import fault, stalls
 from corral.core.jobs import Job, JobState, format_duration
 from corral.core.store.moves import Move
 
@@ -122,6 +123,8 @@ class Rebalancer:
             self.db.moves.end(job.id, "undone")
             return False
         fault("move_held")
+        if stalls("move_held_stall"):  # a test holds the move here, between its hold and its cancel
+            await asyncio.sleep(30)
         try:
             await lane.cancel([m.src_id])
         except (CorralError, OSError) as e:  # unknown whether it took: the next tick's recovery decides

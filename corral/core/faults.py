@@ -9,7 +9,7 @@ The points of the submit path, in order: ``before_insert``, ``after_insert`` (th
 rows written, not committed), ``after_audit`` (their allow record appended, not
 committed), ``after_commit`` (recorded, not sent), ``after_send``. Of a job's move to
 another cluster (control/rebalance.py), in order: ``move_recorded``, ``move_held``,
-``move_cancelled``, ``move_rehomed``. Of an approved action (gateway/approvals.py):
+``move_cancelled``, ``move_rehomed``; ``move_held_stall`` holds the move 30 s there instead. Of an approved action (gateway/approvals.py):
 ``approval_decided`` (the answer recorded, the action not yet taken to be carried out),
 ``approval_claimed`` (taken, not carried out: at most once, so not again). And one that stalls
 instead of dying: ``reconciler_stall`` (the reconciler's loop stops beating, as a hung

@@ -24,7 +24,7 @@ from typing import Any
 from corral.lanes.backend import CONTROLS, DONE, Usage
 from corral.control.reconciler import Reconciler
 from corral.core.db import HELD_REASON, Database
-from corral.core.errors import CorralError, Forbidden, InvalidRequest, NotFound
+from corral.core.errors import Conflict, CorralError, Forbidden, InvalidRequest, NotFound
 from corral.core.jobs import Job, JobState
 from corral.lanes.registry import Lanes
 from corral.core.principals import Caller
@@ -78,6 +78,11 @@ class JobControl:
                 raise Forbidden(f"job {job.id} waits for approval #{waiting['id']} by {waiting['sponsor']}; only "
                                 "they can let it run", hint="wait for their answer: you are told when it comes "
                                 "(or cancel the job)")
+            if job.id in self.db.moves.open_ids():
+                # Held by the move, then cancelled: released between the two, it could start
+                # there, be killed by the cancel, and run again on the other cluster.
+                raise Conflict(f"job {job.id} is being moved to another cluster; {action} it in a moment",
+                               hint="its next event says where it waits")
         self.audit.record(caller, "control", "allow", rule, [{**what, "signal": sig, "backend_id": job.backend_id}])
         if job.backend_id is None:  # corral holds it (a dependency, or the scheduler was away)
             if action not in ("hold", "release"):
