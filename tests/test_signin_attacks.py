@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import urllib.parse
 from pathlib import Path
@@ -136,5 +137,26 @@ def test_a_stolen_signin_token_is_not_renewed_for_ever(tmp_path: Path) -> None:
                 assert shorter.status_code == 201, shorter.text  # within its own life: fine
                 bot = h.post("/v1/tokens", json={"for": "patbot", "expires": "7d"})
                 assert bot.status_code == 201, bot.text  # its agents' tokens are not its own renewal
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true", reason="a local user's flood: run as root")
+def test_a_flood_on_the_signin_socket_is_refused_before_the_audit_grows(tmp_path: Path) -> None:
+    d = Path(tempfile.mkdtemp(prefix="corral-signin-", dir="/tmp"))
+    d.chmod(0o755)
+    path = str(d / "signin.sock")
+    flood = ("import json,socket,sys\ncodes=[]\nfor _ in range(200):\n s=socket.socket(socket.AF_UNIX); "
+             "s.connect(sys.argv[1]); s.sendall(b'{\"signin\": \"token\"}\\n'); s.shutdown(socket.SHUT_WR)\n"
+             " codes.append(json.loads(s.makefile('rb').read())['error']['code']); s.close()\nprint(json.dumps(codes))")
+    try:
+        with temporary_user("corrsz") as stranger, running(tmp_path, CORRAL_SIGNIN__SOCKET=path) as gw:
+            cp = subprocess.run(["/usr/bin/python3", "-I", "-c", flood, path], capture_output=True, text=True,
+                                timeout=120, user=stranger.pw_uid, group=stranger.pw_gid, extra_groups=[])
+            assert cp.returncode == 0, cp.stderr
+            codes = json.loads(cp.stdout)
+            records = [json.loads(line.partition(" ")[2]) for line in (gw.home / "audit.jsonl").read_text().splitlines()]
+        assert codes.count("rate_limited") >= 50, codes
+        assert len([r for r in records if r.get("action") == "signin"]) <= 150
     finally:
         shutil.rmtree(d, ignore_errors=True)

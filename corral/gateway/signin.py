@@ -47,8 +47,9 @@ MAX_CREDENTIAL = 4096
 """Characters of a munge credential at most: corral's are ~200; checked before unmunge runs."""
 ATTEMPTS_PER_S = 10.0
 ATTEMPTS_BURST = 50.0
-"""munge sign-ins a gateway checks per second (and at once): each one, asked with no token,
-starts an unmunge and writes an audit record, so a flood is refused (429) before either."""
+"""Sign-ins a gateway checks per second (and at once), munge's and the socket's each: each
+one, asked with no token, starts an unmunge or mints a token, and writes an audit record,
+so a flood is refused (429) before either."""
 SKEW_S = 5.0
 """Clock difference between the login node and the gateway a credential's age allows."""
 _STATUS = {1: "munge failed", 3: "the credential is malformed", 6: "munged could not be reached",
@@ -106,8 +107,7 @@ class Signin:
         credential = credential.strip()
         if not credential or len(credential) > MAX_CREDENTIAL or not credential.isascii():
             raise InvalidRequest(f"a munge credential is 1 to {MAX_CREDENTIAL} ASCII characters (MUNGE:...)")
-        self.gate.buckets.take_all([("signin:munge", 1.0, ATTEMPTS_PER_S, ATTEMPTS_BURST, "munge sign-ins")],
-                                   self.gate.clock.monotonic())
+        self._bounded("munge")
         fields, payload, refused = await asyncio.to_thread(self._unmunge, credential)
         if refused:
             self._refused("munge", None, "munge", refused)
@@ -146,6 +146,7 @@ class Signin:
     def by_peer(self, uid: int) -> dict[str, Any]:
         """The kernel's word for who connected to the sign-in socket -> the person's token."""
         self._contained_agents("socket")
+        self._bounded("socket")
         return self.issue(self.person_of(uid, "socket"), "socket", {"uid": uid})
 
     def _contained_agents(self, via: str) -> None:
@@ -155,6 +156,10 @@ class Signin:
         if "agent" not in self.settings.sandbox.kinds:
             raise Forbidden(f"this site runs agents' jobs uncontained ([sandbox] kinds), where they could sign in as "
                             f"their sponsors; {via} sign-in is off", hint="ask your admin for a token")
+
+    def _bounded(self, via: str) -> None:
+        self.gate.buckets.take_all([(f"signin:{via}", 1.0, ATTEMPTS_PER_S, ATTEMPTS_BURST, f"{via} sign-ins")],
+                                   self.gate.clock.monotonic())
 
     def audiences(self) -> list[str]:
         return [a.rstrip("/") for a in self.settings.signin.audiences] or [self.settings.base_url]
