@@ -400,6 +400,7 @@ SLURM_TESTS = {
     "tests/test_fastlane.py::test_a_batch_job_gets_the_cores_of_an_idle_pool_and_a_task_says_it_waits_for_it",
     "tests/test_job_slurm_commands.py::test_slurms_commands_inside_a_job_answer_about_it_on_every_node",
     "tests/test_mcp_said_up_front.py::test_the_issues_request_on_slurm_is_planned_in_one_call",
+    "tests/test_notify_idle.py::test_on_slurm_an_idle_job_is_told_from_sstat",
     "tests/test_shims.py::test_the_fence_leaves_corral_the_only_way_to_slurm",
     "tests/test_simulate.py::test_calibration_reads_the_real_controller",
     "tests/test_simulate.py::test_calibration_leaves_the_controllers_statistics_as_they_were",

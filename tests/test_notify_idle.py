@@ -9,7 +9,11 @@ import signal
 import time
 from pathlib import Path
 
-from .conftest import add_people, running
+import pytest
+
+from .conftest import SHARED_TURN, add_people, running
+from .slurm_env import slurm_conf
+from .test_gateway_slurm import start_slurm_gateway
 from .test_notify import NOTIFY, hook, until
 
 IDLE = {**NOTIFY, "CORRAL_NOTIFY__IDLE_AFTER_S": "3"}
@@ -66,3 +70,28 @@ def test_a_hosted_job_is_measured_too(tmp_path: Path, agent_dir: Path) -> None:
             assert [json.loads(x["body"])["subject"].split()[2] for x in h.got] == [str(idle)], h.got
             for i in (idle, busy):
                 b.post(f"/v1/jobs/{i}/cancel")
+
+
+@pytest.mark.usefixtures("slurm_turn")
+@SHARED_TURN
+def test_on_slurm_an_idle_job_is_told_from_sstat(tmp_path: Path, agent_dir: Path) -> None:
+    """The private Slurm's jobacct_gather samples each second: one sstat for every running job."""
+    gw = start_slurm_gateway(tmp_path, slurm_conf(), **{**IDLE, "CORRAL_NOTIFY__IDLE_AFTER_S": "8"})
+    try:
+        with hook() as h:
+            t = add_people(gw)
+            with gw.http(t["alice"]) as a:
+                assert a.put("/v1/notify", json={"webhook": h.url, "jobs": "none"}).status_code == 200
+            with gw.http(t["bot1"]) as b:
+                spec = {"workdir": str(agent_dir), "walltime": "5m"}
+                idle = b.post("/v1/jobs", json={**spec, "command": "sleep 300"}).json()["id"]
+                busy = b.post("/v1/jobs", json={**spec, "command": "timeout 90 sh -c 'while :; do :; done'"}).json()["id"]
+                until(lambda: all(b.get(f"/v1/jobs/{i}").json()["state"] == "RUNNING" for i in (idle, busy)), 120)
+                until(lambda: h.got, within=90)
+                until(lambda: time.time() - b.get(f"/v1/jobs/{busy}").json()["start_time"] > 25, 90)
+                assert [json.loads(x["body"])["subject"].split()[2] for x in h.got] == [str(idle)], h.got
+                assert [e["job_id"] for e in b.get("/v1/ledger").json()["unacked"] if e["kind"] == "idle"] == [idle]
+                for i in (idle, busy):
+                    b.post(f"/v1/jobs/{i}/cancel")
+    finally:
+        gw.kill(signal.SIGTERM)

@@ -270,7 +270,7 @@ class NotifySettings(_Part):
     approval_wait_s: float = Field(86400.0, gt=0, description="How long an action a policy rule asks a sponsor to approve (@ask) waits for the answer; unanswered, it expires (its jobs cancelled, the agent told).")
     slurm_mail: bool = Field(False, description="On the Slurm lane, a person may also choose Slurm's own mail (slurm_mail in their notification choices): their agents' and their own batch jobs are submitted with --mail-user (their email) and --mail-type (END for all job ends, FAIL for failures only), and Slurm's MailProg sends it.")
     idle: bool = Field(True, description="Default: tell a sponsor when an agent's RUNNING job holds its allocation idle (its CPU use below idle_cpu_share of its cores for idle_after_s), once per job; the agent is told too.")
-    idle_after_s: float = Field(1800.0, ge=0, description="How long a running job's CPU use is weighed before it is called idle (and how often, at most, it is sampled: a tenth of it, at least 1 s). 0: never (local lane only: decision 0047).")
+    idle_after_s: float = Field(1800.0, ge=0, description="How long a running job's CPU use is weighed before it is called idle (and how often, at most, it is sampled: a tenth of it, at least 1 s). 0: never (local lane: the job's processes; Slurm: sstat, one call per sample).")
     idle_cpu_share: float = Field(0.05, ge=0, le=1, description="A job whose CPU time over idle_after_s is below this share of its cores' time is idle (sleep infinity, a notebook, a step waiting on input).")
 
 

@@ -3,8 +3,8 @@ none of them (``sleep infinity``, a notebook, a step waiting on input). corral r
 ``salloc`` to agents, so this is the allocation an agent can leave idle.
 
 Sampled from the notifier's loop, at most every tenth of ``idle_after_s`` (at least 1 s):
-each RUNNING job's CPU seconds from its lane (``cpu_seconds``; the local lane walks the
-processes below the job's supervisor). A job is idle when it has run ``idle_after_s`` and
+each RUNNING job's CPU seconds from its lane (the local lane walks the job's processes in
+/proc; the Slurm lane asks ``sstat`` for all of them at once). A job is idle when it has run ``idle_after_s`` and
 the CPU it used over the last ``idle_after_s`` (from a sample that old, else from its
 start: a restart loses no window) is below ``idle_cpu_share`` of its cores' time. Its
 sponsor is told once (the outbox key ``idle:<job>``), and the agent itself in its ledger
@@ -31,8 +31,8 @@ class IdleWatch:
     def __init__(self, db: "Database", site: "NotifySettings", backends: Mapping[str, Any],
                  clock: Callable[[], float]) -> None:
         self.db, self.site, self.now = db, site, clock
-        self.meters = {name: b.cpu_seconds for name, b in backends.items() if hasattr(b, "cpu_seconds")}
-        """lane name -> its ``cpu_seconds(backend_id)``; a lane without one is not watched."""
+        self.meters = {name: m for name, b in backends.items() if (m := _meter(b)) is not None}
+        """lane name -> backend ids -> their CPU seconds; a lane without one is not watched."""
         self.samples: dict[int, list[tuple[float, float]]] = {}
         """job id -> (when, CPU seconds), oldest first, kept back to one window."""
         self.told: set[int] = set()
@@ -59,11 +59,16 @@ class IdleWatch:
 
     def _measure(self, jobs: list[Job]) -> dict[int, float | None]:
         out: dict[int, float | None] = {}
-        for j in jobs:
+        for lane, meter in self.meters.items():
+            mine = {str(j.backend_id): j.id for j in jobs if j.backend == lane}
+            if not mine:
+                continue
             try:
-                out[j.id] = self.meters[j.backend](str(j.backend_id))
-            except Exception:  # noqa: BLE001 - one job's processes gone mid-walk: not measured this time
-                out[j.id] = None
+                used = meter(list(mine))
+            except Exception:  # noqa: BLE001 - a lane that cannot answer now: not measured this time
+                log.info("notify: CPU of %d job(s) on %s not sampled", len(mine), lane, exc_info=True)
+                continue
+            out.update((mine[bid], cpu) for bid, cpu in used.items() if bid in mine)
         return out
 
     def _judge(self, notifier: "Notifier", job: Job, cpu: float) -> None:
@@ -81,3 +86,13 @@ class IdleWatch:
             return
         self.told.add(job.id)
         notifier.idle_job(job, now - since, share)
+
+
+def _meter(backend: Any) -> Callable[[list[str]], Mapping[str, float | None]] | None:
+    """How a lane's jobs' CPU seconds are read: many at once (Slurm: one sstat), or one
+    by one (local: /proc walks); None: not at all."""
+    many = getattr(backend, "cpu_seconds_many", None)
+    if many is not None:
+        return many
+    one = getattr(backend, "cpu_seconds", None)
+    return None if one is None else (lambda bids: {b: one(b) for b in bids})

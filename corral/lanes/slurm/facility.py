@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from corral.core import proc
 from corral.core.errors import CorralError
@@ -60,6 +60,24 @@ class Facility(SlurmBase):
             if got is not None and (rss is None or got > rss):
                 rss = got
         return Usage(cpu, rss, "sacct TotalCPU and MaxRSS (sampled by jobacct_gather)")
+
+    def cpu_seconds_many(self, backend_ids: Sequence[str]) -> dict[str, float]:
+        """The CPU seconds each RUNNING job used so far, over all its steps (the batch step
+        and its srun's: AveCPU times NTasks), from jobacct_gather's samples through one
+        ``sstat`` per hundred jobs (the idle check, corral/notify/idle.py). A job sstat
+        cannot read (ended, not yet sampled, another user's to an unprivileged gateway) is left out."""
+        out: dict[str, float] = {}
+        wanted = set(backend_ids)
+        ids = sorted(wanted)
+        for i in range(0, len(ids), 100):
+            text = self._run("sstat", "-a", "-n", "-P", "-j", ",".join(ids[i:i + 100]),
+                             "--format=JobID,AveCPU,NTasks")
+            for line in text.splitlines():
+                jid, ave, ntasks = (line.split("|") + ["", ""])[:3]
+                job, cpu = jid.split(".")[0], _cpu_s(ave)
+                if job in wanted and cpu is not None:
+                    out[job] = out.get(job, 0.0) + cpu * (int(ntasks) if ntasks.strip().isdigit() else 1)
+        return out
 
     def free(self, partition: str | None) -> tuple[int, int] | None:
         """From the nodes' allocations now, asked of scontrol: nodes down, drained or not
