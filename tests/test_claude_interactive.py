@@ -76,7 +76,14 @@ def test_claude_codes_interactive_mode_waits_in_the_background_and_stopping_a_wa
                         claude, f"--mcp-config={config}", "--strict-mcp-config", "--allowedTools", "mcp__corral"],
                        check=True)
         try:
-            time.sleep(3)  # the prompt is up
+            # Typed before the input box is drawn (and corral's tools listed), the prompt is
+            # lost or goes to a model without them: a fixed 3 s lost that race on a loaded runner.
+            deadline = time.monotonic() + 60
+            while not ("❯" in (screen := _screen(tmux, name)) and "shift+tab" in screen) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.3)
+            assert "❯" in screen, screen
+            time.sleep(2)
             subprocess.run([tmux, "send-keys", "-t", name, "run the jobs", "Enter"], check=True)
             deadline = time.monotonic() + 120
             while len(_results(standin)) < 5 and time.monotonic() < deadline:
