@@ -46,6 +46,8 @@ def test_a_good_host_passes_against_the_private_slurm(tmp_path: Path, slurm_turn
     assert found["munge"]["status"] == "ok" and found["clock"]["status"] == "ok"
     assert found["store"]["status"] == "ok" and found["disk"]["status"] in ("ok", "warn")
     assert found["job_submit.lua"]["status"] in ("ok", "warn")  # the private cluster runs no plugin by default
+    # what agents are told of preemption (SIGUSR1, 120 s, a requeue) is what this Slurm does
+    assert found["preemption"]["status"] == "ok" and "120 s" in found["preemption"]["detail"], found["preemption"]
     assert all(f["fix"] for f in report["findings"] if f["status"] in ("warn", "fail"))
     # read-only: sdiag's counters were not reset (doctor runs sdiag without -r)
     since = [x for x in sdiag_before.stdout.splitlines() if x.startswith("Data since")]
@@ -118,3 +120,12 @@ def test_an_unprivileged_account_that_would_run_jobs_as_itself_fails(tmp_path: P
         assert "root" in ident["fix"]
     finally:
         subprocess.run(["userdel", "-r", name], capture_output=True)
+
+
+def test_a_grace_other_than_the_one_agents_are_told_is_named() -> None:
+    """Read by the same code as doctor's preemption check: Slurm's GraceTime forms."""
+    from corral.gateway.doctor import _seconds
+
+    assert [_seconds(t) for t in ("00:02:00", "2:00", "120", "1-00:00:00", "", "x", "1:2:3:4")] == \
+        [120, 120, 120, 86400, None, None, None]
+

@@ -70,7 +70,46 @@ def slurm(settings: Settings) -> list[Finding]:
         found.append(Finding("slurm version", "warn", f"Slurm {version} is older than 22.05, the oldest corral is "
                              "tested with", "upgrade Slurm, or test corral's shims against it first"))
     return found + [_accounting(config, settings), _job_submit(config, conf), _munge(config, settings),
-                    _clock(settings)]
+                    _clock(settings), _preemption(config, settings)]
+
+
+def _preemption(config: dict[str, str], settings: Settings) -> Finding:
+    """What agents are told of preemption (SIGUSR1, GRACE_S s, then a requeue: decision 0058)
+    is what this Slurm does: preempt/qos, the notice sent, the opportunistic QOS's GraceTime."""
+    from corral.core.signals import GRACE_S
+
+    qos = settings.slurm.opportunistic_qos
+    if not qos:
+        return Finding("preemption", "skip", "[slurm] opportunistic_qos is '': agents' work is never preemptible")
+    if config.get("PreemptType") != "preempt/qos":
+        return Finding("preemption", "warn", f"PreemptType is {config.get('PreemptType')!r}: agents' opportunistic "
+                       "jobs are never preempted, and people's jobs wait behind them",
+                       "PreemptType=preempt/qos and PreemptMode=REQUEUE in slurm.conf (docs/deploy.md)")
+    if "preempt_send_user_signal" not in config.get("SlurmctldParameters", ""):
+        return Finding("preemption", "warn", "SlurmctldParameters lacks preempt_send_user_signal: a preempted "
+                       f"agent's job gets no SIGUSR1 before its end, though agents are told it gets {GRACE_S} s",
+                       "add SlurmctldParameters=preempt_send_user_signal to slurm.conf, then scontrol reconfigure")
+    code, out, err = _run(["sacctmgr", "-n", "-P", "show", "qos", qos, "format=GraceTime"], settings)
+    grace = _seconds(out.strip().splitlines()[0]) if code == 0 and out.strip() else None
+    if grace is None:
+        return Finding("preemption", "warn", f"the QOS {qos} cannot be read ({(err or out)[:200] or 'none'})",
+                       f"sacctmgr add qos {qos}, and let the people's QOS preempt it (docs/deploy.md)")
+    if grace != GRACE_S:
+        return Finding("preemption", "warn", f"the QOS {qos} has GraceTime {grace} s; agents are told {GRACE_S} s "
+                       "between SIGUSR1 and the requeue", f"sacctmgr modify qos {qos} set GraceTime={GRACE_S}")
+    return Finding("preemption", "ok", f"preempt/qos; {qos} gives SIGUSR1 and {GRACE_S} s grace, as agents are told")
+
+
+def _seconds(text: str) -> int | None:
+    """Slurm's [D-]HH:MM:SS (or MM:SS, or SS) -> seconds."""
+    days, _, clock = text.rpartition("-")
+    parts = clock.split(":")
+    if not text or not all(p.isdigit() for p in parts) or (days and not days.isdigit()) or len(parts) > 3:
+        return None
+    total = 0
+    for p in parts:
+        total = total * 60 + int(p)
+    return total + int(days or 0) * 86400
 
 
 def _accounting(config: dict[str, str], settings: Settings) -> Finding:

@@ -18,7 +18,7 @@ MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "--  "}
 @click.option("--backend", type=click.Choice(["local", "slurm"]), help="Check for this backend (default: the settings').")
 @click.pass_obj
 def doctor(o: Ctx, home: Path | None, backend: str | None) -> None:
-    """Check this host before serving: Slurm, accounting, job_submit.lua, munge, the clock, bubblewrap,
+    """Check this host before serving: Slurm, accounting, job_submit.lua, munge, the clock, preemption, bubblewrap,
     user namespaces, seccomp, the dynamic uid range, principals' Unix users in NSS, the store, free disk, TLS.
 
     Each finding says what to do. Exit 0 when a gateway could serve here (warnings

@@ -27,7 +27,7 @@ SUMMARIES: dict[str, str] = {
     "config": "The configuration: every key's reference, and a check of a corral.toml.",
     "control": "Hold, release, requeue or signal a job, where its lane can.",
     "dashboard": "Print a one-time link that signs your browser in to the dashboard as you.",
-    "doctor": "Check this host before serving: Slurm, accounting, job_submit.lua, munge, the clock, bubblewrap, user namespaces, seccomp, the dynamic uid range, principals' Unix users in NSS, the store, free disk, TLS.",
+    "doctor": "Check this host before serving: Slurm, accounting, job_submit.lua, munge, the clock, preemption, bubblewrap, user namespaces, seccomp, the dynamic uid range, principals' Unix users in NSS, the store, free disk, TLS.",
     "env": "Environment images: a Python environment built once with uv, packed into one read-only squashfs file, shared by every job and every principal.",
     "policy": "The facility policy (Cedar): what each principal may do, and why not.",
     "principal": "Register and list principals: humans, agents (with a sponsor) and services.",
