@@ -160,3 +160,19 @@ def test_a_flood_on_the_signin_socket_is_refused_before_the_audit_grows(tmp_path
         assert len([r for r in records if r.get("action") == "signin"]) <= 150
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_form_of_another_origin_does_not_sign_a_browser_in_with_a_pasted_token(tmp_path: Path) -> None:
+    """Login CSRF: a foreign page's form posting the attacker's own token to the paste-a-token
+    form would sign the victim's browser in as the attacker (what they then approve or read
+    is the attacker's). Refused as the link's sign-in is; the dashboard's own form still works."""
+    with running(tmp_path) as gw:
+        t = add_people(gw)
+        with httpx.Client(base_url=gw.url, timeout=60) as browser:
+            for headers in (SAME_SITE, {**SAME_SITE, "Sec-Fetch-Site": "cross-site", "Origin": "https://evil.example"},
+                            {"Origin": "https://evil.example", "Content-Type": "application/x-www-form-urlencoded"}):
+                r = browser.post("/dashboard/login", content=f"token={t['alice']}", headers=headers)
+                assert r.status_code == 403 and "corral_dashboard" not in r.headers.get("set-cookie", ""), r.text
+                assert not browser.cookies, headers
+            r = browser.post("/dashboard/login", content=f"token={t['alice']}", headers=OWN_PAGE)
+            assert r.status_code == 303 and browser.cookies, r.text

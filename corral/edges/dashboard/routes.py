@@ -162,6 +162,9 @@ def mount(app: FastAPI, service: "Service") -> Board:
         if not token:
             return page("login.html", 401, error="give your corral token")
         try:
+            # Another origin's form would sign the browser in with the attacker's own
+            # token (login CSRF): what the person then answers or reads is the attacker's.
+            answers.same_origin(request)
             person(token)
         except CorralError as e:
             return refused(e)
