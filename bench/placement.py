@@ -14,6 +14,10 @@ while it waits (decision 0053, rebalancing); ``moves`` counts the moves its agen
     python bench/placement.py            # 12 jobs per arm, people's job 60 s
     python bench/placement.py --quick    # 3 jobs per arm, people's job 8 s (under 30 s)
 
+The simulator arm (bench/_placement_sim.py, keys ``sim_*``): two facilities in
+corral/simulate, people's jobs of an SWF trace split 3:1 between them, agents' jobs
+pinned to the loaded one or placed at submit by the earlier estimated start.
+
 Last line: one JSON object (clusters, placed_wait_p50_s, pinned_wait_p50_s, sus_placed,
 sus_pinned, ran_twice, ...). Both instances are taken in turn as the tests take them
 (tests/slurm_env.py's locks), so a run never fills a cluster under a test.
@@ -39,6 +43,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import GatewayProcess, finish, pct  # noqa: E402
+from bench._placement_sim import simulate  # noqa: E402
 
 FIRST = os.environ.get("SLURM_CONF") or "/tmp/corral-slurm/etc/slurm.conf"
 SECOND = os.environ.get("CORRAL_TEST_SLURM2") or "/tmp/corral-slurm2/etc/slurm.conf"
@@ -175,15 +180,17 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="3 jobs per arm, people's job 8 s (under 30 s)")
     args = ap.parse_args()
     n, busy_s = (3, 8) if args.quick else (12, 60)
+    sim = simulate(args.quick, RATES)
+    sim_ran = {"sim": sim["sim_placed_ran"] > 0 and sim["sim_pinned_ran"] > 0}
     if not (answers(FIRST) and answers(SECOND)):
         finish("placement", {"clusters": 0, "error": "two private Slurm instances are needed: scripts/slurm-up "
-                             "and scripts/slurm-up --second"}, {"placed": False, "pinned": False})
+                             "and scripts/slurm-up --second", **sim}, {"placed": False, "pinned": False, **sim_ran})
     waited = time.monotonic()
     with turns((FIRST, SECOND)):
         waited = time.monotonic() - waited  # other real-Slurm work first (tests' turns): not this bench's time
-        out = {**run(n, busy_s), "turn_wait_s": round(waited, 1)}
+        out = {**run(n, busy_s), "turn_wait_s": round(waited, 1), **sim}
     finish("placement", out, {"placed": out["placed_completed"] > 0, "pinned": out["pinned_completed"] > 0,
-                                   "rebalanced": out["rebalanced_completed"] > 0 and out["ran_twice"] == 0})
+                              "rebalanced": out["rebalanced_completed"] > 0 and out["ran_twice"] == 0, **sim_ran})
 
 
 if __name__ == "__main__":
