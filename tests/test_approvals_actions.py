@@ -193,3 +193,33 @@ def test_an_approval_recorded_when_the_gateway_died_is_carried_out_once_after_re
         assert [r["rule"] for r in cancels] == ["cancel-long-jobs-ask-sponsor:approved"], cancels
         listed = gw.cli_json("approvals", "list", "--state", "approved", token=t["alice"])["approvals"]
         assert [(a["id"], a["outcome"]) for a in listed] == [(aid, f"done: job {long} cancelled")]
+
+
+def test_an_approval_whose_agent_token_was_revoked_while_it_waited_is_void(tmp_path: Path, agent_dir: Path) -> None:
+    """The agent's token is revoked while its cancel waits; the sponsor then approves:
+    nothing is done (the job runs on), the approval ends void, and the agent (its ledger)
+    and the sponsor (their notification) are told why."""
+    with hook() as h, gateway_with(tmp_path) as gw:
+        t = add_people(gw)
+        with gw.http(t["alice"]) as a:
+            assert a.put("/v1/notify", json={"webhook": h.url, "jobs": "none"}).status_code == 200
+        with gw.http(t["bot1"]) as b:
+            long = b.post("/v1/jobs", json={"command": "sleep 300", "workdir": str(agent_dir),
+                                            "walltime": "2h"}).json()["id"]
+            aid = pending(b.post(f"/v1/jobs/{long}/cancel"))["approval"]["id"]
+        old = [k["id"] for k in gw.cli_json("token", "list") if k["principal"] == "bot1"]
+        assert len(old) == 1, old
+        gw.cli_json("token", "revoke", old[0])
+        with gw.http() as adm:
+            fresh = adm.post("/v1/tokens", json={"for": "bot1", "expires": "1h"}).json()["token"]
+        out = gw.cli_json("approvals", "approve", str(aid), token=t["alice"])
+        why = f"void: not done, the token it asked with ({old[0]}) was revoked"
+        assert out["outcome"] == why, out
+        with gw.http(fresh) as b:
+            assert b.get(f"/v1/jobs/{long}").json()["state"] in ("PENDING", "RUNNING")
+            assert b.post(f"/v1/jobs/{long}/cancel").status_code == 403  # still asks: the void approval let nothing through
+        assert ledger(gw, fresh) == [f"approval #{aid} (cancel job {long}): approved by alice; {why}"]
+        assert [a["id"] for a in gw.cli_json("approvals", "list", "--state", "void", token=t["alice"])["approvals"]] \
+            == [aid]
+        told = until(lambda: [x for x in h.got if "was not carried out" in x["body"]])
+        assert why in json.loads(told[0]["body"])["body"], told

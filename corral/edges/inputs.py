@@ -135,7 +135,7 @@ class SponsorParams(BaseModel):
 
 
 class ApprovalsParams(BaseModel):
-    state: Literal["pending", "approved", "declined", "expired", "all"] = Field(
+    state: Literal["pending", "approved", "declined", "expired", "void", "all"] = Field(
         "pending", description="Only approvals in this state (default: waiting); 'all': every one.")
     limit: int = Field(50, ge=1, le=500)
 

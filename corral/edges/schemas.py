@@ -286,7 +286,7 @@ class SponsorOut(_Out):
 class ApprovalsOut(_Out):
     approvals: list[dict[str, Any]] = Field(description=(
         "Newest first: id, principal (the agent), sponsor, session, action, rule, jobs, summary, created, expires, "
-        "state (pending, approved, declined, expired), decided_by, decided_at, note."))
+        "state (pending, approved, declined, expired, void), decided_by, decided_at, note."))
 
 
 class ApprovalOut(_Out):

@@ -162,8 +162,15 @@ class ApprovalVerbs:
         if not self.db.approvals.claim(row["id"], time.time()):
             return None
         fault("approval_claimed")
+        return await self._act(row)
+
+    async def _act(self, row: dict[str, Any]) -> str:
         args = dict(row["args"] or {})
-        caller = self._as_agent(row["principal"], row["session"], str(args.pop("_token", "approval")))
+        token_id = str(args.pop("_token", "approval"))
+        dead = self._dead(row, token_id)
+        if dead is not None:
+            return self._void(row, dead)
+        caller = self._as_agent(row["principal"], row["session"], token_id)
         token = APPROVED.set(frozenset({row["rule"]}))
         try:
             outcome = "done: " + await self._replay(caller, row["action"], args)
@@ -177,6 +184,39 @@ class ApprovalVerbs:
         self.db.approvals.finish(row["id"], outcome)
         self._tell(row, f"approval #{row['id']} ({row['summary'][:120]}): approved by {row['decided_by'] or '?'}; "
                         + outcome)
+        return outcome
+
+    def _dead(self, row: dict[str, Any], token_id: str) -> str | None:
+        """Why the agent may no longer act as it asked (None: it may). An approval waits up
+        to a day: the token it asked with may have been revoked, have expired or been
+        tainted since, or the agent, or its sponsor, removed; the sponsor approved what a
+        live credential asked, not a standing order (decision 0047, Later)."""
+        agent = self.db.get_principal(row["principal"])
+        if agent is None or agent.sponsor != row["sponsor"] or self.db.get_principal(row["sponsor"]) is None:
+            return f"{row['principal']} is no longer an agent of {row['sponsor']}"
+        gate = self.service.gate
+        record = self.db.get_token(token_id)
+        root = token_id if record is not None else gate.store.block_root(token_id)
+        record = record or (self.db.get_token(root) if root else None)
+        if record is None:
+            return f"the token it asked with ({token_id}) is no longer known"
+        if record.get("revoked") or {token_id, record["id"]} & gate.revoked:
+            return f"the token it asked with ({token_id}) was revoked"
+        if record["expires"] is not None and record["expires"] < gate.clock.time():
+            return f"the token it asked with ({token_id}) has expired"
+        for block in {token_id, record["id"]}:
+            why = gate.tainted(Caller(agent, row["session"], block, frozenset()))
+            if why is not None:
+                return f"the token it asked with was tainted ({why[:120]})"
+        return None
+
+    def _void(self, row: dict[str, Any], why: str) -> str:
+        """Nothing done: the approval ends void; the agent (its ledger) and the sponsor told."""
+        outcome = f"void: not done, {why}"
+        self.db.approvals.void(row["id"], outcome)
+        text = f"approval #{row['id']} ({row['summary'][:120]}): approved by {row['decided_by'] or '?'}; {outcome}"
+        self._tell({**row, "state": "void"}, text)
+        self.service.notify.notifier.approval_void(row["id"], row["principal"], row["sponsor"], text)
         return outcome
 
     async def _replay(self, caller: Caller, action: str, args: dict[str, Any]) -> str:
@@ -207,8 +247,8 @@ class ApprovalVerbs:
 
     # -- the sponsor's side ----------------------------------------------------------------
     def listing(self, caller: Caller, state: str | None = "pending", limit: int = 50) -> dict[str, Any]:
-        if state not in (None, "pending", "approved", "declined", "expired"):
-            raise InvalidRequest(f"state {state!r} is unknown; use pending, approved, declined or expired")
+        if state not in (None, "pending", "approved", "declined", "expired", "void"):
+            raise InvalidRequest(f"state {state!r} is unknown; use pending, approved, declined, expired or void")
         names = None if caller.principal.is_admin else sorted(caller.visible | {caller.name})
         rows = self.db.approvals.listing(names, state, limit)
         return {"approvals": [{**{k: v for k, v in r.items() if k != "link_hash"},

@@ -197,6 +197,18 @@ class Notifier:
         except Exception:  # noqa: BLE001 - the approval waits in the store whatever the notifier does
             log.exception("notify: could not enqueue approval %s", aid)
 
+    def approval_void(self, aid: int, agent: str, sponsor: str, text: str) -> None:
+        """An approved action corral did not carry out (the agent could no longer act):
+        its sponsor told, as they were asked."""
+        try:
+            eff = effective(self.records.prefs(sponsor), self.site)
+            note = compose.Note("approval", f"[corral] approval #{aid} of {agent} was not carried out",
+                                compose.clean(text, 800))
+            now = self.now()
+            self.records.enqueue(_outbox(f"approval:{aid}:void:{sponsor}", sponsor, agent, note, eff, now, now))
+        except Exception:  # noqa: BLE001 - the approval's record says it whatever the notifier does
+            log.exception("notify: could not enqueue approval %s's void notice", aid)
+
     def idle_job(self, job: Job, idle_s: float, share: float) -> None:
         """A RUNNING job holds its allocation idle: its sponsor told once (where they chose
         ``idle``), and the agent in its ledger, so that it can release it."""

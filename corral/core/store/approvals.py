@@ -47,6 +47,10 @@ class ApprovalRecords:
     def finish(self, approval_id: int, outcome: str) -> None:
         self.conn.execute("UPDATE approvals SET outcome=? WHERE id=?", (outcome[:500], approval_id))
 
+    def void(self, approval_id: int, outcome: str) -> None:
+        """Approved, but not carried out: the agent could no longer act as it asked."""
+        self.conn.execute("UPDATE approvals SET state='void', outcome=? WHERE id=?", (outcome[:500], approval_id))
+
     def unclaimed(self) -> list[dict[str, Any]]:
         """Approved actions not yet taken to be carried out (the gateway stopped in between)."""
         return [_row(r) for r in self.conn.all(

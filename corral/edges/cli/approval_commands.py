@@ -33,7 +33,7 @@ def _when(t: float | None) -> str:
 
 
 @approvals.command("list")
-@click.option("--state", type=click.Choice(["pending", "approved", "declined", "expired", "all"]), default="pending",
+@click.option("--state", type=click.Choice(["pending", "approved", "declined", "expired", "void", "all"]), default="pending",
               show_default=True, help="Which: waiting for an answer (pending), decided, expired, or all.")
 @click.pass_obj
 def approvals_list(o: Ctx, state: str) -> None:
