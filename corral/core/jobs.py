@@ -293,7 +293,7 @@ class JobSpec(BaseModel):
     signal: Annotated[str | None, BeforeValidator(parse_notice)] = Field(
         None, description="Slurm's --signal: 'USR1@120' sends the job USR1 120 s before its walltime ends, and at "
                           "once when it is preempted (an opportunistic job gets USR1 by default). One of HUP, INT, "
-                          "QUIT, USR1, USR2.")
+                          "QUIT, USR1, USR2. Not on the fast lane: lane 'auto' runs it in batch, 'fast' refuses it.")
     workspace: str | None = Field(
         None, pattern=WS_ID,
         description="A trial workspace (from corral workspace fork DIR): the job runs in it and its writes stay "

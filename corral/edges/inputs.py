@@ -293,7 +293,8 @@ JOB_FIELDS: dict[str, tuple[Any, Any]] = {
                     "share has room, else opportunistic; plan_job says which.")], None),
     "signal": (Annotated[str | None, Field(
         description="Slurm's --signal, e.g. 'USR1@120': sent to your command/script N s before its walltime and "
-                    "at once when preempted (opportunistic jobs get USR1, 120 s grace, by default).")], None),
+                    "at once when preempted (opportunistic jobs get USR1, 120 s grace, by default). Not on the "
+                    "fast lane (lane 'auto' runs it in batch).")], None),
 }
 """A job's fields as every tool takes them (submit_job, plan_job, submit_jobs' items):
 one shape, strings for memory and walltime, limits said in words too (some clients drop

@@ -135,6 +135,7 @@ def prepare(b: "LocalBackend", ctx: SubmitContext, spec: JobSpec, d: Path) -> di
         "cpus": spec.cpus,
         "memory_mb": spec.memory_mb,
         "walltime_s": spec.walltime_s,
+        "notice": spec.signal,  # 'USR1@30': sent that long before the walltime, as Slurm's --signal
         "output_max": b.output_max,
         "contained": contained,  # its private /tmp counts as its memory (job_memory.py)
         "principal": ctx.principal,

@@ -127,6 +127,7 @@ def main(job_dir: str) -> int:
     write_json(d / "running.json", {"pid": os.getpid(), "child": child.pid, "start_time": start})
 
     deadline = start + launch["walltime_s"]
+    notice = _notice(launch, deadline)
     state, reason = None, None
     interval = 0.05
     peak = 0.0
@@ -154,6 +155,9 @@ def main(job_dir: str) -> int:
                 seen["pid"] = child.pid  # how the gateway's idle check finds a hosted job's processes
                 with contextlib.suppress(OSError):
                     write_json(d / "job.json", {"pid": child.pid})
+            if notice and time.time() >= notice[1]:
+                child.signal(notice.pop(0))  # once: Slurm's --signal, to the job's process group
+                notice.clear()
             if time.time() >= deadline:
                 state, reason = "TIMEOUT", f"killed after its walltime of {launch['walltime_s']}s"
             elif over := _over(d, launch, procs, tmp, seen):
@@ -196,6 +200,17 @@ def main(job_dir: str) -> int:
                                    "start_time": start, "end_time": end, "cpu_s": cpu_s,
                                    "max_rss_mb": round(max(peak, rss_mb or 0.0), 1)}, wait=RESULT_WAIT_S)
     return 0
+
+
+def _notice(launch: dict[str, Any], deadline: float) -> list[Any]:
+    """[signal number, when] of the job's ``signal`` ('USR1@30', corral/core/signals.py), or
+    []: sent once, that many seconds before the walltime ends (at once when it is longer),
+    as Slurm sends --signal; the loop samples at least once a second, so it is on time to
+    within that."""
+    if not launch.get("notice"):
+        return []
+    name, _, at = str(launch["notice"]).partition("@")
+    return [int(getattr(signal, f"SIG{name}")), deadline - int(at or 60)]
 
 
 def _over(d: Path, launch: dict[str, Any], procs: float, tmp: float, seen: dict[str, int]) -> tuple[str, str] | None:

@@ -3,12 +3,24 @@ requeue, signal) and what it used once ended, as `seff` reports it."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import click
 
 from corral.edges.cli.kit import Ctx
 from corral.core.signals import SIGNALS
+
+
+def notice_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """`corral submit`'s --signal and --tier, as HTTP, MCP and the sbatch shim take them
+    (JobSpec's ``signal`` and ``tier``): checked by the gateway, whose refusal is exit 2."""
+    f = click.option("--tier", metavar="guaranteed|opportunistic", help="An agent's batch job on Slurm: 'guaranteed' (never preempted; refused, with "
+                     "the nearest request, when agents' guaranteed share is full) or 'opportunistic' (preemptible, "
+                     "requeued when a person needs the cores). Default: guaranteed while the share has room. "
+                     "Lanes without tiers (local, fast) accept it and never preempt.")(f)
+    return click.option("--signal", metavar="[B:]SIG[@SECONDS]", help="Slurm's --signal, [B:]SIG[@SECONDS]: send SIG (USR1, USR2, HUP, INT or "
+                        "QUIT) SECONDS before the walltime ends (60 without @), and at once on a preemption, e.g. "
+                        "--signal USR1@120 to checkpoint in a 'trap ... USR1'. Not on the fast lane.")(f)
 
 
 @click.command()

@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from corral.edges.cli.job_commands import notice_options
 from corral.edges.cli.kit import Ctx, fail, table, ts
 from corral.core.errors import CorralError, InvalidRequest
 from corral.core.lane_names import CHOICES
@@ -231,6 +232,7 @@ def serve(**opts: Any) -> None:
 @click.option("--after-ok", "after_ok", metavar="ID[,ID..]", help="Start once these jobs have all COMPLETED "
               "(cancelled if one ends otherwise).")
 @click.option("--after-any", "after_any", metavar="ID[,ID..]", help="Start once these jobs have ended, however.")
+@notice_options
 @click.option("--array", "-a", metavar="SPEC", help="Run it once per index, Slurm's syntax ('0-9', '1,3,5', '0-99:2'); "
               "the index is in $CORRAL_ARRAY_TASK_ID (and $SLURM_ARRAY_TASK_ID).")
 @click.pass_obj
@@ -248,6 +250,7 @@ def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[
       corral submit --array 0-9 -- python sweep.py --seed '$CORRAL_ARRAY_TASK_ID'
       corral submit --after-ok 41,42 -- python reduce.py                # once 41 and 42 completed
       corral submit --image np --workspace ws-0123abcd4567 -- pytest    # an image, in a trial workspace
+      corral submit -t 2h --signal B:USR1@120 --tier guaranteed -- ./train.sh  # USR1 2 min before the end
 
     \b
     Environment: the job gets the facility's basic environment (HOME, USER, LANG ...),

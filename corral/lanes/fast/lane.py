@@ -112,6 +112,8 @@ class FastLane:
 
     def misfit(self, spec: JobSpec) -> str | None:
         """Why ``spec`` cannot run in the fast lane, or None."""
+        if spec.signal:  # its tasks have no notice before their end: 'auto' places it in batch
+            return f"a fast-lane task is sent no signal before its end (signal {spec.signal!r}); drop signal"
         return task_misfit(self.settings, self.shape(spec.partition), spec.cpus, spec.memory_mb, spec.gpus,
                            spec.walltime_s)
 
