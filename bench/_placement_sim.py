@@ -50,14 +50,20 @@ def estimate(p: Partition, job: SimJob, now: float) -> float:
     ends = [(end, j.cores) for end, _, j in p.ends]  # already sorted by end
     heapq.heapify(ends)
     free, t = p.free_c, now
-    for need in [j.cores for _, j in p.queue] + [job.cores]:
-        while free < need and ends:
-            t_end, c = heapq.heappop(ends)
-            t, free = max(t, t_end), free + c
-        if free < need:
-            return math.inf
-        free -= need
-    return t
+    for _, ahead in p.queue:
+        t, free = _take(ends, free, t, ahead.cores)
+        if t == math.inf:
+            return t
+        heapq.heappush(ends, (t + ahead.limit, ahead.cores))  # it gives its cores back at its limit
+    return _take(ends, free, t, job.cores)[0]
+
+
+def _take(ends: list[tuple[float, int]], free: int, t: float, need: int) -> tuple[float, int]:
+    """When ``need`` cores are free, no sooner than ``t``, and what is left free then."""
+    while free < need and ends:
+        t_end, c = heapq.heappop(ends)
+        t, free = max(t, t_end), free + c
+    return (t, free - need) if free >= need else (math.inf, free)
 
 
 def people(fac: Facility, max_jobs: int) -> list[SimJob]:
@@ -101,7 +107,7 @@ def arm(mode: str, humans: list[SimJob], asks: list[tuple[float, float]], rates:
             "wait_mean_s": round(sum(waits) / len(waits), 1) if waits else None,
             "sus": round(sum(j.cores * (j.end_at - j.start) / 3600 * rates[names[j.part]] for j in jobs
                              if j.start >= 0), 2),
-            "ran": len(waits), "on_two": sum(1 for j in jobs if j.part == 1),
+            "ran": len(waits), "on_two": sum(1 for j in jobs if j.part == 1), "parts": [j.part for j in jobs],
             "people_wait_mean_s": round(sum(people_waits) / len(people_waits), 1) if people_waits else None}
 
 
