@@ -223,3 +223,36 @@ def test_an_approval_whose_agent_token_was_revoked_while_it_waited_is_void(tmp_p
             == [aid]
         told = until(lambda: [x for x in h.got if "was not carried out" in x["body"]])
         assert why in json.loads(told[0]["body"])["body"], told
+
+
+def test_an_approval_cut_short_after_its_claim_is_done_once_or_reported_after_restart(tmp_path: Path,
+                                                                                       agent_dir: Path) -> None:
+    """kill -9 between taking an approved action and carrying it out: at the next start a
+    cancel (twice is once) is carried out, once; a note (twice would be two) is reported
+    not done. Either way the agent is told and the outcome recorded."""
+    with gateway_with(tmp_path, CORRAL_FAULT="approval_claimed") as gw:
+        t = add_people(gw)
+        with gw.http(t["bot1"]) as b:
+            long = b.post("/v1/jobs", json={"command": "sleep 300", "workdir": str(agent_dir),
+                                            "walltime": "2h"}).json()["id"]
+            cancel = pending(b.post(f"/v1/jobs/{long}/cancel"))["approval"]["id"]
+            note = pending(b.post("/v1/notes", json={"text": "for all", "scope": "account"}))["approval"]["id"]
+        for aid in (cancel, note):
+            assert gw.cli("--json", "approvals", "approve", str(aid), token=t["alice"]).returncode != 0
+            assert gw.proc is not None and gw.proc.wait(30) == 86  # the fault point's exit: as a kill -9
+            if aid == note:
+                del gw.extra_env["CORRAL_FAULT"]
+            gw.start()
+        told = until(lambda: [got for got in [ledger(gw, t["bot1"])] if len(got) == 2], within=60)[0]
+        assert sorted(told) == sorted([
+            f"approval #{cancel} (cancel job {long}): approved by alice; done: job {long} cancelled",
+            f"approval #{note} (write a note for scope account: 'for all'): approved by alice; not done: the gateway "
+            "stopped between taking it and carrying it out, so it may or may not have happened; check, and ask "
+            "again if it is still wanted"]), told
+        with gw.http(t["bot1"]) as b:
+            assert b.get(f"/v1/jobs/{long}/wait", params={"timeout": 60}).json()["state"] == "CANCELLED"
+            assert "for all" not in json.dumps(b.get("/v1/notes", params={"q": "for all"}).json())
+        listed = gw.cli_json("approvals", "list", "--state", "approved", token=t["alice"])["approvals"]
+        assert {a["id"]: a["outcome"][:9] for a in listed} == {cancel: "done: job", note: "not done:"}
+        cancels = [r for r in audit(gw) if r["action"] == "cancel" and r["decision"] == "allow"]
+        assert len(cancels) == 1, cancels

@@ -11,7 +11,8 @@ committed), ``after_commit`` (recorded, not sent), ``after_send``. Of a job's mo
 another cluster (control/rebalance.py), in order: ``move_recorded``, ``move_held``,
 ``move_cancelled``, ``move_rehomed``; ``move_held_stall`` holds the move 30 s there instead. Of an approved action (gateway/approvals.py):
 ``approval_decided`` (the answer recorded, the action not yet taken to be carried out),
-``approval_claimed`` (taken, not carried out: at most once, so not again). And one that stalls
+``approval_claimed`` (taken, not carried out: at the next start a cancel is carried out
+again, anything else reported not done). And one that stalls
 instead of dying: ``reconciler_stall`` (the reconciler's loop stops beating, as a hung
 scheduler call would leave it; /healthz must say so).
 """

@@ -54,6 +54,11 @@ def _hash(token: str) -> str:
 Asking = Callable[[Caller, str, dict[str, Any], str], ContextManager[None]]
 """``asking(caller, action, args, summary)``: the context a verb's gate check runs in."""
 
+AGAIN = ("cancel",)
+"""Actions that come to the same thing carried out twice (a cancelled job stays cancelled):
+one interrupted between its claim and its outcome is carried out again at start; any other
+is reported not done (at most once: decision 0047)."""
+
 CARRIED = ("cancel", "control", "workspace_fork", "workspace_commit", "workspace_discard", "write_note")
 """The actions besides submissions that wait for an answer and are carried out on approval."""
 
@@ -80,6 +85,8 @@ class ApprovalVerbs:
     def __init__(self, service: "Service", wait_s: float = WAIT_S) -> None:
         self.service, self.wait_s = service, wait_s
         self.db = service.db
+        self.started = time.time()
+        """A claim older than this with no outcome was this gateway's predecessor's, cut short."""
 
     # -- the agent's side ------------------------------------------------------------------
     async def ask(self, caller: Caller, specs: list[Any], idempotency_key: str | None,
@@ -182,8 +189,7 @@ class ApprovalVerbs:
         finally:
             APPROVED.reset(token)
         self.db.approvals.finish(row["id"], outcome)
-        self._tell(row, f"approval #{row['id']} ({row['summary'][:120]}): approved by {row['decided_by'] or '?'}; "
-                        + outcome)
+        self._told(row, outcome)
         return outcome
 
     def _dead(self, row: dict[str, Any], token_id: str) -> str | None:
@@ -218,6 +224,28 @@ class ApprovalVerbs:
         self._tell({**row, "state": "void"}, text)
         self.service.notify.notifier.approval_void(row["id"], row["principal"], row["sponsor"], text)
         return outcome
+
+    async def recover(self) -> None:
+        """At start: each approved action the previous gateway took but never recorded an
+        outcome for (killed in between) is carried out again if doing it twice is doing it
+        once (``AGAIN``), else reported not done, to the agent and the sponsor."""
+        for row in self.db.approvals.interrupted(self.started):
+            if not self.db.approvals.reclaim(row["id"], row["done_at"], time.time()):
+                continue
+            if row["action"] in AGAIN:
+                await self._act(row)
+                continue
+            outcome = ("not done: the gateway stopped between taking it and carrying it out, so it may or may not "
+                       "have happened; check, and ask again if it is still wanted")
+            self.db.approvals.finish(row["id"], outcome)
+            text = self._told(row, outcome)
+            self.service.notify.notifier.approval_void(row["id"], row["principal"], row["sponsor"], text)
+
+    def _told(self, row: dict[str, Any], outcome: str) -> str:
+        """The agent told what came of its approved action (its ledger); -> what it was told."""
+        text = f"approval #{row['id']} ({row['summary'][:120]}): approved by {row['decided_by'] or '?'}; {outcome}"
+        self._tell(row, text)
+        return text
 
     async def _replay(self, caller: Caller, action: str, args: dict[str, Any]) -> str:
         s = self.service
@@ -327,6 +355,10 @@ class ApprovalVerbs:
     # -- expiry ------------------------------------------------------------------------------
     async def expire_loop(self) -> None:
         corral = Caller(Principal(CORRAL_PRINCIPAL, Kind.SERVICE), None, "approvals", frozenset())
+        try:
+            await self.recover()
+        except Exception:  # noqa: BLE001 - the gateway serves on; each left is told at the next start
+            log.exception("approvals: recovering interrupted actions failed")
         while True:
             try:
                 for row in self.db.approvals.expired(time.time()):

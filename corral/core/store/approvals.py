@@ -51,6 +51,18 @@ class ApprovalRecords:
         """Approved, but not carried out: the agent could no longer act as it asked."""
         self.conn.execute("UPDATE approvals SET state='void', outcome=? WHERE id=?", (outcome[:500], approval_id))
 
+    def interrupted(self, before: float) -> list[dict[str, Any]]:
+        """Approved actions taken before ``before`` (this gateway's start) with no outcome:
+        the gateway stopped between taking one and recording what came of it."""
+        return [_row(r) for r in self.conn.all(
+            f"SELECT {COLS} FROM approvals WHERE state='approved' AND done_at IS NOT NULL AND done_at < ? "
+            "AND outcome IS NULL AND action != 'submit' ORDER BY id LIMIT 200", (before,))]
+
+    def reclaim(self, approval_id: int, taken: float, at: float) -> bool:
+        """An interrupted action taken again, by one caller (-> whether this one)."""
+        return self.conn.execute("UPDATE approvals SET done_at=? WHERE id=? AND done_at=? AND outcome IS NULL",
+                                 (at, approval_id, taken)).rowcount == 1
+
     def unclaimed(self) -> list[dict[str, Any]]:
         """Approved actions not yet taken to be carried out (the gateway stopped in between)."""
         return [_row(r) for r in self.conn.all(
