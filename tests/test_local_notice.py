@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -35,6 +36,21 @@ def test_a_local_job_is_sent_its_signal_before_its_walltime(gateway: Gateway, tm
     assert done["state"] == "COMPLETED", done
     assert out.read_text() == "noticed\n"
     assert done["end_time"] - done["start_time"] < 38  # before its walltime, not at it
+
+
+def test_an_agents_contained_job_is_sent_its_signal_in_its_sandbox(
+        gateway: Gateway, people: dict[str, str], agent_dir: Path) -> None:
+    """The same through an agent's built sandbox (corral/sandbox/host.py), over HTTP."""
+    with gateway.http(people["bot1"]) as h:
+        r = h.post("/v1/jobs", json={"command": "trap 'echo got-usr1; exit 0' USR1; while true; do sleep 0.1; done",
+                                     "walltime": 40, "signal": "B:USR1@30", "workdir": str(agent_dir)})
+        assert r.status_code in (200, 201), r.text
+        jid = r.json()["id"]
+        until = time.monotonic() + 120
+        while (job := h.get(f"/v1/jobs/{jid}").json())["end_time"] is None and time.monotonic() < until:
+            time.sleep(0.5)
+        assert job["state"] == "COMPLETED", job
+        assert h.get(f"/v1/jobs/{jid}/output").json()["data"] == "got-usr1\n"
 
 
 def test_submit_refuses_a_bad_signal_with_exit_2_and_json(gateway: Gateway) -> None:
