@@ -129,8 +129,9 @@ access to * by * read
 
     # -- users ------------------------------------------------------------------------
 
-    def add_user(self, name: str) -> int:
-        """A user (and her group, of the same number) in the directory only: -> her uid."""
+    def add_user(self, name: str, gid: int | None = None) -> int:
+        """A user (and her group, of the same number) in the directory only: -> her uid.
+        ``gid``: her primary group's number instead (her own group is still made)."""
         uid = self._next
         self._next += 1
         home = self.dir / "home" / name
@@ -139,7 +140,7 @@ access to * by * read
         self.ldap("ldapadd", f"dn: cn={name},ou=groups,{SUFFIX}\nobjectClass: posixGroup\ncn: {name}\n"
                   f"gidNumber: {uid}\n\n"
                   f"dn: uid={name},ou=people,{SUFFIX}\nobjectClass: account\nobjectClass: posixAccount\n"
-                  f"cn: {name}\nuid: {name}\nuidNumber: {uid}\ngidNumber: {uid}\nhomeDirectory: {home}\n"
+                  f"cn: {name}\nuid: {name}\nuidNumber: {uid}\ngidNumber: {uid if gid is None else gid}\nhomeDirectory: {home}\n"
                   "loginShell: /bin/bash\n")
         return uid
 

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import pytest
 
 from .conftest import Gateway, drop_scratch, free_port
-from .ldap_env import Directory, need_ldap
+from .ldap_env import SUFFIX, Directory, need_ldap
 
 
 @pytest.fixture
@@ -100,3 +100,30 @@ def test_a_directory_user_runs_as_her_uid_and_is_refused_once_removed(directory:
     gone = _doctor(gw, directory.argv())
     assert gone["status"] == "warn" and name in gone["detail"], gone
     shutil.rmtree(project, ignore_errors=True)
+
+
+def test_a_directory_user_in_roots_group_is_refused(directory: Directory, gateway_in: Gateway) -> None:
+    """A directory user whose primary group is gid 0 (root's group) is refused as uid 0 is:
+    when a principal is added naming her, and for a job once the directory moves her
+    there (403, saying what to do), never run with root's group."""
+    if os.geteuid() != 0:
+        pytest.skip("a gateway changes identity only as root")
+    rooted = f"dirgrp{os.getpid() % 100000}"
+    directory.add_user(rooted, gid=0)
+    assert directory.getent("passwd", rooted).stdout.split(":")[3] == "0", "nslcd does not answer"
+    later = f"dirmv{os.getpid() % 100000}"
+    uid = directory.add_user(later)
+    gw = gateway_in
+    with gw.http() as h:
+        r = h.post("/v1/principals", json={"name": "rhea", "kind": "human", "unix_user": rooted})
+        assert r.status_code == 403 and "gid 0 (root's group)" in r.json()["error"]["message"], r.text
+        assert h.post("/v1/principals", json={"name": "dora", "kind": "human", "unix_user": later}).status_code == 201
+        token = h.post("/v1/tokens", json={"for": "dora", "expires": "1h"}).json()["token"]
+    directory.ldap("ldapmodify", f"dn: uid={later},ou=people,{SUFFIX}\nchangetype: modify\n"
+                                 "replace: gidNumber\ngidNumber: 0\n")
+    assert directory.getent("passwd", later).stdout.startswith(f"{later}:*:{uid}:0:"), "the move did not land"
+    with gw.http(token) as h:
+        r = h.post("/v1/jobs", json={"command": "id -g", "workdir": "/tmp", "walltime": "60s"})
+    assert r.status_code == 403, r.text
+    err = r.json()["error"]
+    assert "gid 0 (root's group)" in err["message"] and "another primary group" in err["hint"], err

@@ -114,6 +114,11 @@ class Identities:
             if u.pw_uid == 0:
                 raise InvalidRequest(f"principal {principal!r} names the Unix user {unix_user!r}, who is root: corral "
                                      "never runs a job as root", hint="give the principal an unprivileged Unix user")
+            if u.pw_gid == 0:  # root's group: its files (/etc/shadow's group on some, /root, ...) are the job's
+                raise Forbidden(f"principal {principal!r} names the Unix user {unix_user!r}, whose primary group is "
+                                "gid 0 (root's group): corral never runs a job in root's group",
+                                hint=f"give {unix_user} another primary group in the site's directory (getent "
+                                     f"passwd {unix_user} shows it), or give the principal another Unix user")
             self._saw(principal, unix_user, u.pw_uid)
             return Identity(u.pw_uid, u.pw_gid, u.pw_name, u.pw_dir)
         if (admin or service) and not contained:

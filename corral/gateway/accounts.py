@@ -136,6 +136,10 @@ class Accounts:
         if unix_user and _uid(unix_user) == 0:
             raise InvalidRequest(f"unix user {unix_user!r} is root: corral never runs a job as root",
                                  hint="give the principal an unprivileged Unix user, or none")
+        if unix_user and _gid(unix_user) == 0:
+            raise Forbidden(f"unix user {unix_user!r} has gid 0 (root's group) as its primary group: corral never "
+                            "runs a job in root's group",
+                            hint=f"give {unix_user} another primary group, or the principal another Unix user")
         if self.db.get_principal(name) is not None:
             raise Conflict(f"principal {name!r} already exists")
         self.gate.check(caller, "manage", "Facility")
@@ -241,6 +245,13 @@ def _span(s: int) -> str:
         if s % n == 0:
             return f"{s // n}{unit}"
     return f"{s}s"
+
+
+def _gid(user: str) -> int | None:
+    try:
+        return pwd.getpwnam(user).pw_gid
+    except KeyError:
+        return None
 
 
 def _uid(user: str) -> int | None:
