@@ -233,6 +233,20 @@ def test_system_accounts_and_users_outside_the_allowed_set_are_refused(site: Sit
     assert (d / "out.new").stat().st_uid == site.carol.pw_uid
 
 
+def test_a_user_whose_primary_group_is_roots_is_refused(site: Site) -> None:
+    """A uid in the allowed range whose primary group is gid 0 would run its job in root's
+    group: refused by the helper whatever the gateway asks (the gateway refuses it too)."""
+    d = site.job_dir(J := site.jid(14))
+    subprocess.run(["usermod", "-g", "0", site.carol.pw_name], check=True, capture_output=True)
+    try:
+        r = site.call("prepare", J, str(site.carol.pw_uid))
+        assert r.returncode == 2 and b"gid 0 (root's group)" in r.stderr, r.stderr
+        assert (d / "out.new").stat().st_uid == site.svc.pw_uid
+    finally:
+        subprocess.run(["usermod", "-g", site.carol.pw_name, site.carol.pw_name], check=True, capture_output=True)
+    assert site.call("prepare", J, str(site.carol.pw_uid)).returncode == 0
+
+
 @pytest.mark.parametrize("bad", [
     "--uid=0", "--gid=0", "--priority=4000000", "--nice=-10000", "--export=ALL,LD_PRELOAD=/tmp/x.so",
     "--output=/etc/corral-pwned", "--get-user-env", "--wrap=id", "job.sh", "--comment=a\nb", "--chdir=/tmp/%u",

@@ -236,6 +236,8 @@ def target(text: str, cfg: dict[str, object]) -> pwd.struct_passwd:
         user = pwd.getpwuid(uid)
     except KeyError:
         raise Refused(f"uid {uid} has no entry in the password database (Slurm needs one)") from None
+    if user.pw_gid == 0:  # the job would run in root's group (setgid below, and sbatch --gid)
+        raise Refused(f"{user.pw_name}'s primary group is gid 0 (root's group): give it another")
     if "group" in cfg:
         try:
             g = grp.getgrnam(str(cfg["group"]))
