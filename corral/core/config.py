@@ -22,7 +22,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from corral.core.config_service import HttpSettings, NotifySettings, SigninSettings, StoreSettings, _Part
+from corral.core.config_service import HttpSettings, NotifySettings, SigninSettings, StoreSettings
+from corral.core.config_service import Part as _Part
 from corral.core.errors import InvalidRequest
 from corral.core.paths import home_dir
 from corral.core.lane_names import BATCH, LaneChoice

@@ -11,11 +11,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
-class _Part(BaseModel):
+class Part(BaseModel):
+    """One part of the settings: a table of corral.toml, handed only to what reads it."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class SigninSettings(_Part):
+class SigninSettings(Part):
     """How people sign in without an admin (corral/gateway/signin.py, decision 0060): munge, or a local
     socket's peer credentials, mapped by uid to a person; and what a person may mint for their agents."""
 
@@ -31,7 +33,7 @@ class SigninSettings(_Part):
     agent_actions: list[str] | None = Field(None, examples=[["submit", "status", "cancel", "read_output"]], description="The actions a person may grant an agent's token; a token minted without --actions gets these. Unset: every action but 'manage'.")
 
 
-class StoreSettings(_Part):
+class StoreSettings(Part):
     """Where the gateway keeps its state (corral/core/store/)."""
 
     url: str | None = Field(None, examples=["postgresql://corral@db.example:5432/corral"], description="The store: 'postgresql://USER@HOST:PORT/DB' for PostgreSQL (production: several gateways, backups, a server an operator already runs), or a SQLite file's path. Default HOME/corral.db, SQLite.")
@@ -44,7 +46,7 @@ class StoreSettings(_Part):
         return v
 
 
-class HttpSettings(_Part):
+class HttpSettings(Part):
     """Bounds on what an HTTP client may make the gateway do before it is authenticated
     (corral/edges/http/bounds.py, corral/edges/http/app.py); see docs/security.md, "Request bounds"."""
 
@@ -64,7 +66,7 @@ class HttpSettings(_Part):
     max_connections_per_principal: int = Field(64, ge=1, description="Most connections one principal's token keeps from being closed for others; its connections past it count as unauthenticated.")
 
 
-class NotifySettings(_Part):
+class NotifySettings(Part):
     """Notifications to sponsors (corral/notify/, docs/notify.md): what a person is told
     when they have not chosen, and how it is delivered."""
 
