@@ -99,7 +99,8 @@ def test_the_model_is_told_where_a_job_runs_and_that_batch_work_may_be_requeued(
     assert f"SIGUSR1 and {GRACE_S} s grace" in " ".join(tools["plan_job"].split()), tools["plan_job"]
 
 
-def test_the_agent_run_banner_is_short_and_says_what_a_job_does(gateway: Gateway, tmp_path: Path) -> None:
+def test_the_agent_run_banner_is_short_and_says_what_a_job_does(gateway: Gateway, tmp_path: Path,
+                                                               agent_dir: Path) -> None:
     """`corral agent run`'s banner with 60 gateway homes recorded (as test gateways leave
     them): before, each was listed (thousands of characters, other checkouts' paths
     too); now their count, and where a job runs and that it may be requeued."""
@@ -111,7 +112,7 @@ def test_the_agent_run_banner_is_short_and_says_what_a_job_does(gateway: Gateway
         (state / "corral" / "gateways" / str(9000 + i)).write_text(str(home))
     token = _agent(gateway)
     cp = subprocess.run([sys.executable, "-m", "corral.edges.cli.main", "agent", "run", "--", "sh", "-c", "true"],
-                        env={**gateway.env(token), "XDG_STATE_HOME": str(state)}, cwd=tmp_path,
+                        env={**gateway.env(token), "XDG_STATE_HOME": str(state)}, cwd=agent_dir,  # its identity may write there: no line on working elsewhere
                         capture_output=True, text=True, timeout=60)
     assert cp.returncode == 0, cp.stderr
     assert "some-gateway-home" not in cp.stderr and len(cp.stderr) < 700, (len(cp.stderr), cp.stderr)
