@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -256,3 +257,19 @@ def test_an_approval_cut_short_after_its_claim_is_done_once_or_reported_after_re
         assert {a["id"]: a["outcome"][:9] for a in listed} == {cancel: "done: job", note: "not done:"}
         cancels = [r for r in audit(gw) if r["action"] == "cancel" and r["decision"] == "allow"]
         assert len(cancels) == 1, cancels
+
+
+def test_an_approval_whose_agent_token_expired_while_it_waited_is_void(tmp_path: Path, agent_dir: Path) -> None:
+    with gateway_with(tmp_path) as gw:
+        t = add_people(gw)
+        with gw.http() as adm:
+            short = adm.post("/v1/tokens", json={"for": "bot1", "expires": "4s"}).json()
+        with gw.http(short["token"]) as b:
+            long = b.post("/v1/jobs", json={"command": "sleep 300", "workdir": str(agent_dir),
+                                            "walltime": "2h"}).json()["id"]
+            aid = pending(b.post(f"/v1/jobs/{long}/cancel"))["approval"]["id"]
+            until(lambda: time.time() > short["expires"] + 1 and b.get("/v1/jobs").status_code == 401, within=60)
+        out = gw.cli_json("approvals", "approve", str(aid), token=t["alice"])
+        assert out["outcome"] == f"void: not done, the token it asked with ({short['id']}) has expired", out
+        with gw.http(t["bot1"]) as b:
+            assert b.get(f"/v1/jobs/{long}").json()["state"] in ("PENDING", "RUNNING")
