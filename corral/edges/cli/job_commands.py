@@ -1,5 +1,6 @@
 """`corral control` and `corral usage`: a job after its submission (hold, release,
-requeue, signal) and what it used once ended, as `seff` reports it."""
+requeue, signal) and what it used once ended, as `seff` reports it; and what `corral
+submit`, `status` and `jobs` share: their flags, lines and tables."""
 
 from __future__ import annotations
 
@@ -7,8 +8,41 @@ from typing import Any, Callable
 
 import click
 
-from corral.edges.cli.kit import Ctx
+from corral.edges.cli.kit import Ctx, fail, table, ts
 from corral.core.signals import SIGNALS
+
+
+def job_line(j: dict[str, Any]) -> str:
+    """One job as `corral status` says it: state, exit, requeues and why."""
+    extra = f" exit={j['exit_code']}" if j.get("exit_code") is not None else ""
+    if j.get("requeues"):  # Slurm preempted and requeued it; ran again from the start
+        lost = f", {j['lost_s']:.0f} s of work lost" if j.get("lost_s") is not None else ""
+        extra += f" requeued={j['requeues']}{lost}"
+    reason = f" ({j['reason']})" if j.get("reason") else ""
+    return f"job {j['id']}: {j['state']}{extra}{reason}"
+
+
+def job_rows(jobs: list[dict[str, Any]]) -> str:
+    """Jobs as `corral jobs` tables them."""
+    rows = [{**j, "submitted": ts(j.get("submit_time")), "exit": j.get("exit_code"),
+             "requeued": (f"{j['requeues']}x" + (f" ({j['lost_s']:.0f}s lost)" if j.get("lost_s") is not None else "")
+                          if j.get("requeues") else "")} for j in jobs]
+    # A job Slurm requeued (preempted) ran again from the start: the column only when one did.
+    cols = ["id", "name", "principal", "session", "state", "exit", "submitted", "reason"]
+    if any(j.get("cluster") not in (None, "local", "slurm") for j in jobs):  # several clusters: each job's
+        cols.insert(5, "cluster")
+    return table(rows, cols[:6] + ["requeued"] + cols[6:] if any(j.get("requeues") for j in jobs) else cols)
+
+
+def parse_kv(pairs: tuple[str, ...], what: str) -> dict[str, str]:
+    """--env/--label KEY=VALUE pairs; exit 2 naming the one that is not."""
+    out: dict[str, str] = {}
+    for p in pairs:
+        if "=" not in p:
+            fail(f"{what} {p!r} must look like KEY=VALUE")
+        k, v = p.split("=", 1)
+        out[k] = v
+    return out
 
 
 def notice_options(f: Callable[..., Any]) -> Callable[..., Any]:

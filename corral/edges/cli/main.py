@@ -18,8 +18,8 @@ from typing import Any
 
 import click
 
-from corral.edges.cli.job_commands import notice_options
-from corral.edges.cli.kit import Ctx, fail, table, ts
+from corral.edges.cli.job_commands import job_line, job_rows, notice_options, parse_kv
+from corral.edges.cli.kit import Ctx, fail, table
 from corral.core.errors import CorralError, InvalidRequest
 from corral.core.lane_names import CHOICES
 
@@ -40,38 +40,8 @@ EXIT_TIMEOUT = 3
 """``corral wait`` returned before the job ended (or reached --until)."""
 
 
-def _job_line(j: dict[str, Any]) -> str:
-    extra = f" exit={j['exit_code']}" if j.get("exit_code") is not None else ""
-    if j.get("requeues"):  # Slurm preempted and requeued it; ran again from the start
-        lost = f", {j['lost_s']:.0f} s of work lost" if j.get("lost_s") is not None else ""
-        extra += f" requeued={j['requeues']}{lost}"
-    reason = f" ({j['reason']})" if j.get("reason") else ""
-    return f"job {j['id']}: {j['state']}{extra}{reason}"
-
-
-def _job_rows(jobs: list[dict[str, Any]]) -> str:
-    rows = [{**j, "submitted": ts(j.get("submit_time")), "exit": j.get("exit_code"),
-             "requeued": (f"{j['requeues']}x" + (f" ({j['lost_s']:.0f}s lost)" if j.get("lost_s") is not None else "")
-                          if j.get("requeues") else "")} for j in jobs]
-    # A job Slurm requeued (preempted) ran again from the start: the column only when one did.
-    cols = ["id", "name", "principal", "session", "state", "exit", "submitted", "reason"]
-    if any(j.get("cluster") not in (None, "local", "slurm") for j in jobs):  # several clusters: each job's
-        cols.insert(5, "cluster")
-    return table(rows, cols[:6] + ["requeued"] + cols[6:] if any(j.get("requeues") for j in jobs) else cols)
-
-
 INHERITED_ENV = ("PATH", "VIRTUAL_ENV")
 """What of the submitter's environment a job gets (see ``corral submit --help``)."""
-
-
-def _parse_kv(pairs: tuple[str, ...], what: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for p in pairs:
-        if "=" not in p:
-            fail(f"{what} {p!r} must look like KEY=VALUE")
-        k, v = p.split("=", 1)
-        out[k] = v
-    return out
 
 
 LAZY = {
@@ -272,11 +242,11 @@ def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[
     if defaulted:
         spec["workdir"] = os.getcwd()
     env = {} if clean_env else {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
-    env.update(_parse_kv(env_pairs, "--env"))
+    env.update(parse_kv(env_pairs, "--env"))
     if env:
         spec["env"] = env
     if label_pairs:
-        spec["labels"] = _parse_kv(label_pairs, "--label")
+        spec["labels"] = parse_kv(label_pairs, "--label")
     for key, given in (("after_ok", after_ok), ("after_any", after_any)):
         if given:
             try:
@@ -306,7 +276,7 @@ def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[
     if wait_s is not None:
         job = o.client.wait(job["id"], wait_s)
     def human(j: dict[str, Any]) -> str:
-        line = _job_line(j) if wait_s is not None else f"submitted job {j['id']} ({j['state']})" + (
+        line = job_line(j) if wait_s is not None else f"submitted job {j['id']} ({j['state']})" + (
             "" if j.get("created", True) else " [existing job for this idempotency key]")
         return "\n".join([line, *(f"advice: {a}" for a in j.get("advice") or [])])
 
@@ -347,7 +317,7 @@ def status(o: Ctx, job_ids: tuple[int, ...]) -> None:
       corral --json status 7          # for agents and scripts: state, exit_code, reason ...
     """
     jobs = [o.client.job(j) for j in job_ids]
-    o.out(jobs if len(jobs) > 1 else jobs[0], lambda d: _job_rows(d if isinstance(d, list) else [d]))
+    o.out(jobs if len(jobs) > 1 else jobs[0], lambda d: job_rows(d if isinstance(d, list) else [d]))
 
 
 @cli.command()
@@ -368,7 +338,7 @@ def wait(o: Ctx, job_id: int, timeout: float, until: str | None) -> None:
       corral wait 7 --timeout 600           # a long job: wait up to 10 minutes
     """
     job = o.client.wait(job_id, timeout, until)
-    o.out(job, lambda j: _job_line(j) + ("" if j["reached"] else f" [still {j['state']} after {timeout:g}s]"))
+    o.out(job, lambda j: job_line(j) + ("" if j["reached"] else f" [still {j['state']} after {timeout:g}s]"))
     if not job["reached"]:
         sys.exit(EXIT_TIMEOUT)
 
@@ -438,7 +408,7 @@ def jobs(o: Ctx, states: tuple[str, ...], session: str | None, principal: str | 
       corral jobs --limit 50 --offset 50     # the next page
     """
     res = o.client.jobs(state=list(states) or None, session=session, principal=principal, limit=limit, offset=offset)
-    o.out(res, lambda r: _job_rows(r["jobs"]))
+    o.out(res, lambda r: job_rows(r["jobs"]))
 
 
 @cli.command()
