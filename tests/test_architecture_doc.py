@@ -452,3 +452,11 @@ def test_the_decision_records_table_lists_every_record() -> None:
     listed = set(re.findall(r"\(decisions/([^)]+\.md)\)", table))
     records = {p.name for p in (ROOT / "docs" / "decisions").glob("[0-9]*.md")}
     assert listed == records, (sorted(listed - records), sorted(records - listed))
+
+
+def test_no_module_of_the_product_is_over_500_lines() -> None:
+    """STYLE.md: modules named for their role, under 500 lines. Two crept over unnoticed
+    (config.py 514, cli/main.py 506) while several engineers added to them in one day."""
+    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "corral").rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert long == {}, f"split these by role: {long}"
