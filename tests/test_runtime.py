@@ -170,6 +170,13 @@ def test_a_pilot_allocation_is_recorded_audited_and_stopped_through_the_pipeline
         await pilots.stop(unsent)
         await svc.reconciler.tick()
         await svc.cancel(admin, [busy.id])
+        # Seen RUNNING by that tick (a loaded machine starts it in time), its cancel is
+        # recorded by a later poll, as the sent pilot's is.
+        for _ in range(100):
+            if svc.db.get_job(busy.id).state.terminal:
+                break
+            await svc.reconciler.tick()
+            await asyncio.sleep(0.05)
         return busy.id, sent, unsent
 
     busy, sent, unsent = asyncio.run(scenario())
