@@ -142,9 +142,10 @@ class BoardFigures:
                                       f"jobs: its polls are not yet shared by many)." if ratio else ".")))
         return row
 
-    def token_usage(self, names: frozenset[str] | None) -> list[dict[str, Any]]:
+    def token_usage(self, names: frozenset[str] | None, every: bool = False) -> list[dict[str, Any]]:
         """Each limited token block with what it used of its limits (CPU- and GPU-hours,
-        live jobs, submissions a minute), then unlimited tokens that used something.
+        live jobs, submissions a minute), then unlimited tokens that used something
+        (``every``: all live ones, as /metrics lists each sponsor, at 0 too).
         Use is charged as ``admit`` charges it: a live job its whole walltime."""
         store = self.service.gate.store
         sponsors = self.service.db.read.sponsors()
@@ -160,7 +161,7 @@ class BoardFigures:
             if tid in limited:
                 continue
             row = _used(store, tid, who, sponsor or who, note)
-            if row["cpu_hours"] or row["gpu_hours"] or row["active_jobs"]:
+            if every or row["cpu_hours"] or row["gpu_hours"] or row["active_jobs"]:
                 out.append({**row, "cpu_limit": None, "gpu_limit": None, "active_limit": None, "rate_limit": None})
         return out
 

@@ -70,7 +70,7 @@ class BoardCollector(Collector):
                                  "sponsor '(all)' for a scrape without an admin token or the scrape secret).",
                                  labels=["sponsor"])
         by_sponsor: dict[str, float] = {}
-        for row in self.board.figures.token_usage(None):
+        for row in self.board.figures.token_usage(None, every=True):  # each sponsor, at 0 too
             if "/" in row["path"]:  # a narrowed token's use is counted in its root's too
                 continue
             by_sponsor[row["sponsor"]] = by_sponsor.get(row["sponsor"], 0.0) + row["cpu_hours"]
