@@ -301,6 +301,8 @@ def document(app: FastAPI, service: Service | None = None) -> dict[str, Any]:
 def _facility_bounds(spec: dict[str, Any], service: Service) -> None:
     """What this facility can run at most, in the schema of a job (the policy may allow
     a principal less; its refusal names the limit)."""
+    from corral.core.signals import NOTICE_SIGNALS
+    from corral.lanes.clusters import AUTO
     parts = service.lanes.batch.partitions()
     job = next((v for k, v in spec["components"]["schemas"].items() if k.startswith("JobSpec")), None)
     if not parts or job is None:
@@ -311,3 +313,9 @@ def _facility_bounds(spec: dict[str, Any], service: Service) -> None:
     props["memory"]["anyOf"][0]["maximum"] = max(p.max_memory_mb for p in parts)
     props["walltime"]["anyOf"][0]["maximum"] = max(p.max_walltime_s for p in parts)
     props["partition"]["anyOf"][0]["enum"] = sorted(p.name for p in parts)
+    sites = service.lanes.sites  # the clusters it fronts, and 'auto'
+    props["cluster"]["anyOf"][0]["enum"] = sorted(sites.lanes if sites is not None else [service.lanes.batch.name]) \
+        + [AUTO]
+    # Slurm's --signal as the schema can say it (a subset of what corral/core/signals.py takes:
+    # its case and SIG-less numbers aside), so that a client generating from it is not refused.
+    props["signal"]["anyOf"][0]["pattern"] = f"^(B:)?(SIG)?({'|'.join(NOTICE_SIGNALS)})(@[0-9]{{1,4}})?$"
