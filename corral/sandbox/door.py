@@ -59,8 +59,21 @@ holds the two lists equal). A refused one says corral's words, not Slurm's 60 s 
 def mounts(socket: str, entry: str) -> list[Mount]:
     """The Slurm commands' links to the shims, and the door's socket bound in ("": no
     door, [slurm] gateway_address unset: srun still runs its tasks)."""
-    return [*([Mount("bind", INSIDE, socket, word=True)] if socket else []), Mount("dir", SHIM_BIN, perms="0755"),
-            *(Mount("symlink", f"{SHIM_BIN}/{name}", entry) for name in NAMES)]
+    return [*([Mount("bind", INSIDE, socket, word=True)] if socket else []), *install(),
+            Mount("dir", SHIM_BIN, perms="0755"), *(Mount("symlink", f"{SHIM_BIN}/{name}", entry) for name in NAMES)]
+
+
+def install() -> list[Mount]:
+    """corral's own install, read-only at its path, where the job's private /tmp would hide
+    it: from a checkout under /tmp (where people clone, and CI does), the links above
+    pointed into nothing and the job's srun was Slurm's own, which stalls there."""
+    import corral
+
+    hidden = sorted(d for d in {Path(sys.prefix).resolve(), Path(corral.__file__).resolve().parent}
+                    if d.is_relative_to("/tmp"))
+    made = sorted({p for d in hidden for p in d.parents[:-2]}, key=lambda p: len(p.parts))
+    return [*(Mount("dir", str(p), perms="0755") for p in made if p not in hidden),
+            *(Mount("ro-bind", str(d), str(d)) for d in hidden)]
 
 
 def usable() -> bool:
