@@ -100,7 +100,12 @@ def run_all(cwd: Path, env: dict[str, str], only: set[str] | None = None,
     out: dict[str, dict[str, Any]] = {}
 
     def one(name: str, cmd: str) -> None:
-        r = shell(cmd, cwd, full)
+        try:
+            r = shell(cmd, cwd, full)
+        except subprocess.TimeoutExpired as e:  # that case fails, saying so; the corpus goes on
+            said = (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+            out[name] = {"cmd": cmd, "rc": 124, "stdout": "", "stderr": f"timed out after {e.timeout} s\n{said}"}
+            return
         out[name] = {"cmd": cmd, "rc": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
 
     items = corpus()
