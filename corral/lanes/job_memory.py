@@ -24,6 +24,7 @@ Standard library only: the supervisor imports it once per job.
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 PR_SET_CHILD_SUBREAPER = 36
@@ -37,9 +38,11 @@ def subreaper() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def _stats() -> tuple[dict[int, int], dict[int, list[int]]]:
-    """One pass over /proc: pid -> resident pages, and ppid -> children."""
-    rss: dict[int, int] = {}
+def _walk(value: Callable[[list[bytes]], int]) -> tuple[dict[int, int], dict[int, list[int]]]:
+    """One pass over /proc: pid -> ``value`` of its stat fields (those after the
+    parenthesised command name: ppid is [1], utime..cstime [11:15], rss [21]), and ppid ->
+    children."""
+    out: dict[int, int] = {}
     children: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -49,12 +52,16 @@ def _stats() -> tuple[dict[int, int], dict[int, list[int]]]:
                 stat = f.read()
         except OSError:
             continue
-        # Fields after the parenthesised command name; ppid is field 4, rss field 24.
         fields = stat[stat.rfind(b")") + 2:].split()
         p = int(entry.name)
-        rss[p] = int(fields[21])
+        out[p] = value(fields)
         children.setdefault(int(fields[1]), []).append(p)
-    return rss, children
+    return out, children
+
+
+def _stats() -> tuple[dict[int, int], dict[int, list[int]]]:
+    """pid -> resident pages, and ppid -> children."""
+    return _walk(lambda fields: int(fields[21]))
 
 
 def trees_rss_mb(pids: list[int]) -> dict[int, float]:
@@ -95,21 +102,7 @@ def below_cpu_s(pid: int) -> float | None:
     built sandbox runs below its host, not its supervisor: not measured here). What the
     notifier's idle check samples (corral/notify/idle.py)."""
     tick = os.sysconf("SC_CLK_TCK")
-    used: dict[int, int] = {}
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # After the command name: ppid is field 4, utime..cstime fields 14-17.
-        fields = stat[stat.rfind(b")") + 2:].split()
-        p = int(entry.name)
-        used[p] = sum(int(x) for x in fields[11:15])
-        children.setdefault(int(fields[1]), []).append(p)
+    used, children = _walk(lambda fields: sum(int(x) for x in fields[11:15]))
     todo, ticks = list(children.get(pid, ())), 0
     if not todo:
         return None
