@@ -114,10 +114,10 @@ def test_provenance_is_in_slurm_accounting(backend, conf, tmp_path) -> None:
     c = SubmitContext(next(iter([int(time.time()) % 100000 + 500000])), "claude-7", "agent", "alice", "sess-42")
     bid = backend.submit(c, JobSpec(command="echo hi", workdir=str(tmp_path), name="sweep-3.train"))
     wait_all(backend, [bid])
-    deadline = time.time() + 30
-    while time.time() < deadline:  # accounting fills JobName in after the job ends
+    deadline = time.time() + 60
+    while time.time() < deadline:  # slurmdbd may record the job (its name) before its comment
         row = sacct(conf, bid, "JobName,Comment")
-        if row.startswith("corral-"):
+        if row.startswith("corral-") and f"corral_job={c.job_id}" in row:
             break
         time.sleep(0.5)
     name, comment = row.split("|", 1)
