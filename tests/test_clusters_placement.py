@@ -15,6 +15,7 @@ from corral.core.errors import BackendError, InvalidRequest
 from corral.core.jobs import JobSpec
 from corral.lanes.backend import Partition
 from corral.lanes.clusters import Sites
+from corral.lanes.fits import refuse_misfits
 
 pytestmark = pytest.mark.slurm_turn("none")
 NOW = time.time()
@@ -144,3 +145,40 @@ def _workspace_clusters(tmp_path: Any, scratch: Any) -> None:
     assert made["clusters"] == ["one"] and ws.describe(caller, made["workspace"])["clusters"] == ["one"]
     ws.where = sites([Cluster("one", 0), Cluster("two", 0)], filesystems={"two": [str(scratch)]}).holding
     assert ws.describe(caller, made["workspace"])["clusters"] == ["one", "two"]
+
+
+def test_a_refusal_gives_each_cluster_its_nearest_request_that_fits() -> None:
+    """Issue 52 item 2: nothing fits, and each cluster says every reason with the nearest
+    request that fits there (a longer partition before a shorter walltime: the work needs
+    its time); the refusal's ``nearest`` is the fewest changes, and the HTTP body lists them."""
+    small, gone = Cluster("small", 0, cpus=8), Cluster("gone", 0, down=True)
+    s = sites([small, Cluster("big", 0, cpus=48), gone])
+    with pytest.raises(InvalidRequest) as e:
+        asyncio.run(s.settle(JobSpec(command="true", cpus=64, memory="100G", walltime="2h")))
+    msg = e.value.message
+    assert ("cluster small partition debug: 64 CPUs asked, its largest node has 8, 102400M asked, its largest node "
+            "has 64000M, walltime 02:00:00 over its limit 01:00:00 (fits there: memory=64000M, cpus=8, "
+            "partition=long)") in msg, msg
+    assert "cluster big partition debug: 64 CPUs asked, its largest node has 48" in msg
+    assert "(fits there: memory=64000M, cpus=48, partition=long)" in msg, msg
+    assert "cluster gone" in msg and "(no request fits there now)" in msg
+    assert e.value.nearest == {"partition": "long", "cpus": 48, "memory_mb": 64000, "cluster": "big"}
+    body = e.value.to_dict()
+    assert body["code"] == "invalid_request" and [c["cluster"] for c in body["clusters"]] == ["small", "big", "gone"]
+    assert body["clusters"][1]["nearest"] == {"cluster": "big", "memory": "64000M", "cpus": 48, "partition": "long"}
+    assert body["clusters"][2]["nearest"] is None
+    # A partition one cluster does not have: the nearest there is its default.
+    with pytest.raises(InvalidRequest) as e:
+        asyncio.run(s.settle(JobSpec(command="true", cpus=4, walltime="30m", partition="gpu", cluster="small")))
+    assert "it has no partition 'gpu' (it has: debug, long) (fits there: partition=debug)" in e.value.message
+    assert e.value.nearest == {"partition": "debug"}
+    # The one-cluster preflight (and a named cluster's) says the same.
+    with pytest.raises(InvalidRequest) as e:
+        refuse_misfits(JobSpec(command="true", cpus=16, walltime="30m", partition="gpu"), small.partitions())
+    assert "unknown partition 'gpu'; this facility has: debug, long; nearest that fits: cpus=8, partition=debug" \
+        in e.value.message and e.value.nearest == {"partition": "debug", "cpus": 8}
+    # plan_job's ranking carries each misfit's nearest too.
+    ranked = asyncio.run(s.rank(JobSpec(command="true", cpus=16, walltime="30m"), every_partition=True))
+    misfit = next(o.public() for o in ranked if o.cluster == "small" and o.partition == "debug")
+    assert misfit["nearest"] == {"cluster": "small", "cpus": 8}
+    assert "nearest" not in next(o.public() for o in ranked if o.cluster == "big")

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from corral.core.errors import CorralError, InvalidRequest
 from corral.core.jobs import JobSpec, format_duration
 from corral.lanes.backend import Partition
+from corral.lanes.fits import changes, fields_of, nearest_in
 from corral.storage import IMAGE_FILE, WS_DIR, WS_LOWER
 
 if TYPE_CHECKING:
@@ -52,6 +53,11 @@ class Option:
     score: float | None = None
     candidate: bool = True
     """A partition a submission would take here (the one asked, else the cluster's default)."""
+    nearest: dict[str, Any] | None = None
+    """Where it does not fit: the fields to change (JobSpec's) for the nearest request that
+    fits this cluster, None when no request would (its controller away, its data, the policy)."""
+    asked: JobSpec = field(default_factory=lambda: JobSpec(command="true"), repr=False)
+    """The request judged (what ``nearest`` changes)."""
 
     @property
     def fits(self) -> bool:
@@ -62,7 +68,15 @@ class Option:
                 "reasons": self.reasons, "start": self.start,
                 "wait_s": None if self.wait_s is None else round(self.wait_s, 1),
                 "sus": None if self.sus is None else round(self.sus, 4),
-                "score": None if self.score is None else round(self.score, 4), "submit_would_use": self.candidate}
+                "score": None if self.score is None else round(self.score, 4), "submit_would_use": self.candidate,
+                **({} if self.fits else {"nearest": self.nearest_fields()})}
+
+    def nearest_fields(self) -> dict[str, Any] | None:
+        """``nearest`` as submit_job's fields take it ('01:00:00', '16G')."""
+        if self.nearest is None:
+            return None
+        return {k: v for k, v in self.nearest.items() if k == "cluster"} | fields_of(self.asked, self.asked.model_copy(
+            update={k: v for k, v in self.nearest.items() if k != "cluster"}))
 
 
 def rate(charge: Mapping[str, Mapping[Any, float]], cluster: str, partition: str | None) -> dict[str, float]:
@@ -167,12 +181,17 @@ class Sites:
         for p in parts:
             if p.name != asked and not every_partition:
                 continue
-            o = Option(name, p.name, misfits(spec, p) + whole, candidate=p.name == asked)
+            o = Option(name, p.name, misfits(spec, p) + whole, candidate=p.name == asked, asked=spec)
             o.sus = sus(spec, rate(self.settings.charge, name, p.name))
             out.append(o)
         if spec.partition and not any(p.name == spec.partition for p in parts):
             out.append(Option(name, spec.partition, [f"it has no partition {spec.partition!r} (it has: "
-                                                     f"{', '.join(p.name for p in parts)})"]))
+                                                     f"{', '.join(p.name for p in parts)})"], asked=spec))
+        for o in out:  # what would fit here instead: by the partitions' limits, no RPC
+            if not o.fits and not whole:
+                o.nearest = nearest_in(spec, parts, asked)
+                if o.nearest is not None and spec.cluster in (None, AUTO):
+                    o.nearest["cluster"] = name
         await asyncio.gather(*(self._estimate(lane, spec, o) for o in out if o.fits))
         return out
 
@@ -206,14 +225,37 @@ class Sites:
         options = await self.rank(spec, only=None if wanted == AUTO else [wanted], refuses=refuses)
         best = next((o for o in options if o.fits and o.candidate), None)
         if best is None:
-            raise InvalidRequest(refusal(options), hint="ask plan_job for every cluster and partition, "
-                                 "and fit the request to one")
+            raise Unplaced(options)
         placed = spec.model_copy(update={"cluster": best.cluster, "partition": spec.partition})
         return placed, self.lanes[best.cluster], options
 
 
 def refusal(options: Sequence[Option]) -> str:
-    """Every cluster's every reason, in one message."""
+    """Every cluster's every reason, in one message, each with the nearest request that fits there."""
     said = "; ".join(f"cluster {o.cluster}" + (f" partition {o.partition}" if o.partition else "")
-                     + ": " + ", ".join(o.reasons) for o in options if o.candidate)
+                     + ": " + ", ".join(o.reasons) + _nearest_said(o) for o in options if o.candidate)
     return f"no cluster can take this job: {said}"
+
+
+def _nearest_said(o: Option) -> str:
+    near = o.nearest_fields()
+    if near is None:
+        return " (no request fits there now)"
+    return " (fits there: " + ", ".join(f"{k}={v}" for k, v in near.items() if k != "cluster") + ")"
+
+
+class Unplaced(InvalidRequest):
+    """No cluster takes the job: every cluster's reasons, each with its nearest request
+    (in the message for every edge; as ``clusters`` in the HTTP error body too), and
+    ``nearest``, the fewest changes among them, for plan_job to report and check."""
+
+    def __init__(self, options: Sequence[Option]) -> None:
+        super().__init__(refusal(options), hint="change the request to one of the nearest that fit (plan_job ranks "
+                         "every cluster and partition)")
+        self.options = [o for o in options if o.candidate]
+        near = [o.nearest for o in self.options if o.nearest is not None]
+        self.nearest = min(near, key=lambda n: changes(n, self.options[0].asked)) if near else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "clusters": [{"cluster": o.cluster, "partition": o.partition, "reasons": o.reasons,
+                                                   "nearest": o.nearest_fields()} for o in self.options]}

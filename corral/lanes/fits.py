@@ -74,7 +74,13 @@ def refuse_misfits(spec: JobSpec, parts: Sequence[Partition]) -> None:
     """Raise every problem of ``spec`` in one InvalidRequest, with its nearest request."""
     names = [p.name for p in parts]
     if spec.partition is not None and spec.partition not in names:
-        raise InvalidRequest(f"unknown partition {spec.partition!r}; this facility has: {', '.join(names)}")
+        # the nearest that fits: in the default partition where it can, else the fewest changes
+        near = nearest_in(spec, sorted(parts, key=lambda p: not p.default), None)
+        fix = fields_of(spec, spec.model_copy(update=near)) if near else {}
+        e = InvalidRequest(f"unknown partition {spec.partition!r}; this facility has: {', '.join(names)}"
+                           + (f"; nearest that fits: {', '.join(f'{k}={v}' for k, v in fix.items())}" if fix else ""))
+        e.nearest = near
+        raise e
     said, nearest = misfits(spec, parts)
     if said:
         e = InvalidRequest("; ".join(said))
@@ -98,7 +104,33 @@ def fields_of(asked: JobSpec, nearest: JobSpec) -> dict[str, Any]:
     if nearest.memory_mb != asked.memory_mb:
         mb = nearest.memory_mb
         out["memory"] = f"{mb // 1024}G" if mb % 1024 == 0 else f"{mb}M"
-    for key in ("cpus", "gpus", "partition", "tier"):
+    for key in ("cpus", "gpus", "partition", "tier", "cluster"):
         if getattr(nearest, key) != getattr(asked, key):
             out[key] = getattr(nearest, key)
     return out
+
+
+def nearest_in(spec: JobSpec, parts: Sequence[Partition], asked: str | None) -> dict[str, Any] | None:
+    """The nearest request that fits one of a cluster's partitions (``asked``: the one the
+    job would take there): the fewest sizes changed (``changes``), the asked partition on a tie; None
+    when none of its partitions is up. JobSpec's fields, with ``partition`` when another."""
+    best: dict[str, Any] | None = None
+    for p in sorted(parts, key=lambda p: p.name != asked):  # the asked partition first: it wins a tie
+        if p.extra.get("state") not in (None, "UP"):
+            continue
+        _, near = misfits(spec.model_copy(update={"partition": p.name}), [p])
+        if p.name != asked:
+            near = {"partition": p.name, **near}
+        if best is None or changes(near, spec) < changes(best, spec):
+            best = near
+    return best
+
+
+def changes(near: dict[str, Any], spec: JobSpec) -> tuple[int, int, float]:
+    """How far a nearest request is from ``spec``: the sizes changed first (the work needs
+    them), then whether it goes elsewhere (another partition or cluster costs it nothing),
+    then how much of the sizes asked it takes away (48 of 64 CPUs is nearer than 8)."""
+    elsewhere = int("partition" in near) + int("cluster" in near)
+    cut = sum((getattr(spec, k) - v) / max(1, getattr(spec, k)) for k, v in near.items()
+              if k in ("cpus", "memory_mb", "gpus", "walltime_s"))
+    return len(near) - elsewhere, elsewhere, cut
