@@ -36,6 +36,7 @@ from corral.core.identity import Identity
 from corral.core.jobs import Job, JobSpec
 from corral.core.lane_names import AUTO
 from corral.core.principals import Caller, Kind, Principal
+from corral.lanes.clusters import TierOf
 from corral.lanes.placement import Placement, Placer
 from corral.lanes.registry import BackendLane, Lane, Lanes
 from corral.gateway import own_account
@@ -335,6 +336,10 @@ class Admission:
             return self.gate.over_budget_at(caller.principal, spec, cluster)
         return refuses
 
+    def tier_of(self, caller: Caller) -> TierOf:
+        """The tier ``caller``'s job would get on a cluster's lane (placement's own decision)."""
+        return lambda lane, spec, qos: self.placer.tier_of(caller.principal, spec, lane, qos)
+
     def _check_parents(self, caller: Caller, spec: JobSpec) -> None:
         """The jobs a spec waits for exist, are the caller's to see, and can still satisfy
         it (judged as the Sender judges them: control/dependencies.py)."""
@@ -366,7 +371,8 @@ class Admission:
             spec = spec.model_copy(update={"labels": {**spec.labels, CACHE_LABEL: key}})
         routed, lane = self.lanes.route(caller.principal, spec)
         if self.lanes.sites is not None and lane is self.lanes.batch:  # several clusters: which one (decision 0053)
-            routed, lane, _ = await self.lanes.sites.settle(routed, self.refuses_at(caller, routed))
+            routed, lane, _ = await self.lanes.sites.settle(routed, self.refuses_at(caller, routed),
+                                                            self.tier_of(caller))
         return routed, lane
 
     async def placed(self, p: Principal, spec: JobSpec, lane: Lane) -> tuple[JobSpec, Placement | None]:

@@ -228,7 +228,8 @@ class Service:
             out["start"] = await lane.estimate(p, spec)
         if self.lanes.sites is not None:  # several clusters: every one and its partitions, ranked (decision 0053)
             ranked = await self.lanes.sites.rank(spec, every_partition=True,
-                                                 refuses=self.admission.refuses_at(caller, spec))
+                                                 refuses=self.admission.refuses_at(caller, spec),
+                                                 tier_of=self.admission.tier_of(caller))
             out["cluster"] = lane.name if lane is not None and lane.name in self.lanes.sites.lanes else None
             out["clusters"] = [o.public() for o in ranked]
             out["objective"] = self.settings.slurm.placement

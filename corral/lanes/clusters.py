@@ -27,6 +27,8 @@ from corral.core.errors import CorralError, InvalidRequest
 from corral.core.jobs import JobSpec, format_duration
 from corral.lanes.backend import Partition
 from corral.lanes.fits import changes, fields_of, nearest_in
+from corral.lanes.slurm.preemption import expected_loss, judged
+from corral.lanes.slurm.tiers import TIER_LABEL
 from corral.storage import IMAGE_FILE, WS_DIR, WS_LOWER
 
 if TYPE_CHECKING:
@@ -36,6 +38,9 @@ if TYPE_CHECKING:
 AUTO = "auto"
 Refuses = Callable[[str], "str | None"]
 """Why the facility policy refuses a job on a cluster, or None (its own check per caller)."""
+TierOf = Callable[["BackendLane", JobSpec, "str | None"], "str | None"]
+"""The tier a job would run in on a cluster's lane, its partition named, given the lane's
+preemptible QOS (None: it offers none): the placement's own decision (Placer.tier_of)."""
 DEFAULT_RATE = {"cpu_hour": 1.0, "gpu_hour": 0.0}
 
 
@@ -58,6 +63,16 @@ class Option:
     fits this cluster, None when no request would (its controller away, its data, the policy)."""
     asked: JobSpec = field(default_factory=lambda: JobSpec(command="true"), repr=False)
     """The request judged (what ``nearest`` changes)."""
+    tier: str | None = None
+    loss: float = 0.0
+    """The preemptible tier's expected loss: SUs expected to be spent again (preemption.py)."""
+    preemption: dict[str, Any] | None = None
+    """The rate it is judged by (and where from) and the chance of a preemption: opportunistic only."""
+
+    @property
+    def cost(self) -> float | None:
+        """What the placement weighs: the SUs and the expected loss."""
+        return None if self.sus is None else self.sus + self.loss
 
     @property
     def fits(self) -> bool:
@@ -67,7 +82,9 @@ class Option:
         return {"cluster": self.cluster, "partition": self.partition, "fits": self.fits,
                 "reasons": self.reasons, "start": self.start,
                 "wait_s": None if self.wait_s is None else round(self.wait_s, 1),
-                "sus": None if self.sus is None else round(self.sus, 4),
+                "sus": None if self.sus is None else round(self.sus, 4), "tier": self.tier,
+                "expected_loss_sus": round(self.loss, 4), "cost_sus": None if self.cost is None else round(self.cost, 4),
+                **({"preemption": self.preemption} if self.preemption else {}),
                 "score": None if self.score is None else round(self.score, 4), "submit_would_use": self.candidate,
                 **({} if self.fits else {"nearest": self.nearest_fields()})}
 
@@ -153,20 +170,22 @@ class Sites:
                                  hint="name one of them, or 'auto' to let corral place the job")
         return lane
 
-    async def rank(self, spec: JobSpec, every_partition: bool = False,
-                   only: Sequence[str] | None = None, refuses: Refuses | None = None) -> list[Option]:
+    async def rank(self, spec: JobSpec, every_partition: bool = False, only: Sequence[str] | None = None,
+                   refuses: Refuses | None = None, tier_of: TierOf | None = None) -> list[Option]:
         """Every cluster (``only``: those) judged for ``spec``: fitting ones first, best
         first by the site's objective. ``every_partition``: each partition of each cluster
         (plan_job), else the one a submission would take there. ``refuses``: why the
-        facility policy refuses the job on a cluster (None: it allows)."""
+        facility policy refuses the job on a cluster (None: it allows). ``tier_of``: the
+        tier it would get there (None: the tier its labels say, a placed job's)."""
         names = list(only) if only is not None else list(self.lanes)
-        per = await asyncio.gather(*(self._judge(n, spec, every_partition, refuses) for n in names))
+        per = await asyncio.gather(*(self._judge(n, spec, every_partition, refuses, tier_of) for n in names))
         options = [o for opts in per for o in opts]
         for o in options:
             o.score = self._score(o) if o.fits else None
         return sorted(options, key=lambda o: (not o.fits, not o.candidate, o.score if o.score is not None else 0.0))
 
-    async def _judge(self, name: str, spec: JobSpec, every_partition: bool, refuses: Refuses | None) -> list[Option]:
+    async def _judge(self, name: str, spec: JobSpec, every_partition: bool, refuses: Refuses | None,
+                     tier_of: TierOf | None) -> list[Option]:
         lane = self.lanes[name]
         try:
             parts = await asyncio.to_thread(lane.partitions)
@@ -193,7 +212,28 @@ class Sites:
                 if o.nearest is not None and spec.cluster in (None, AUTO):
                     o.nearest["cluster"] = name
         await asyncio.gather(*(self._estimate(lane, spec, o) for o in out if o.fits))
+        await self._losses(name, lane, spec, [o for o in out if o.fits], tier_of)
         return out
+
+    async def _losses(self, name: str, lane: "BackendLane", spec: JobSpec, fit: list[Option],
+                      tier_of: TierOf | None) -> None:
+        """The tier each fitting option runs in, and for the preemptible one its expected
+        loss at the cluster's preemption rate (slurmdbd's, cached; else the site's)."""
+        if not fit:
+            return
+        qos = await asyncio.to_thread(lane.opportunistic) if tier_of is not None else None
+        for o in fit:
+            o.tier = (tier_of(lane, spec.model_copy(update={"partition": o.partition}), qos) if tier_of is not None
+                      else spec.labels.get(TIER_LABEL))
+        if not any(o.tier == "opportunistic" for o in fit):
+            return
+        s = self.settings
+        seen = await asyncio.to_thread(lane.preempted, s.preemption_window_s)
+        rate = judged(seen, s.preemption_min_hours, s.preemption_rate.get(name))
+        for o in fit:
+            if o.tier == "opportunistic" and o.sus is not None:
+                o.loss, chance = expected_loss(o.sus, spec.walltime_s, rate.per_hour)
+                o.preemption = {**rate.public(), "chance": round(chance, 4)}
 
     async def _estimate(self, lane: "BackendLane", spec: JobSpec, o: Option) -> None:
         """Slurm's own word on when it would start there (sbatch --test-only)."""
@@ -207,8 +247,9 @@ class Sites:
         o.start, o.wait_s = start, max(0.0, start - self.clock())
 
     def _score(self, o: Option) -> float:
-        """Lower is better: the wait (earliest), the SUs (cheapest), or SUs plus the wait's worth (blend)."""
-        wait_h, cost = (o.wait_s or 0.0) / 3600, o.sus or 0.0
+        """Lower is better: the wait (earliest), the cost (cheapest), or the cost plus the wait's
+        worth (blend); the cost is the SUs and, in the preemptible tier, its expected loss."""
+        wait_h, cost = (o.wait_s or 0.0) / 3600, o.cost or 0.0
         how = self.settings.placement
         if how == "cheapest":
             return cost + wait_h * 1e-6  # ties go to the earlier start
@@ -216,13 +257,14 @@ class Sites:
             return cost + wait_h * self.settings.placement_su_per_hour
         return wait_h * 3600 + cost * 1e-6  # earliest; ties go to the cheaper
 
-    async def settle(self, spec: JobSpec, refuses: Refuses | None = None) -> tuple[JobSpec, "BackendLane", list[Option]]:
+    async def settle(self, spec: JobSpec, refuses: Refuses | None = None,
+                     tier_of: TierOf | None = None) -> tuple[JobSpec, "BackendLane", list[Option]]:
         """-> (the spec naming its cluster, its lane, the options weighed). A named cluster
         is taken if the request fits it; 'auto' (or none) takes the best candidate."""
         wanted = spec.cluster or AUTO
         if wanted != AUTO:
             self.named(wanted)
-        options = await self.rank(spec, only=None if wanted == AUTO else [wanted], refuses=refuses)
+        options = await self.rank(spec, only=None if wanted == AUTO else [wanted], refuses=refuses, tier_of=tier_of)
         best = next((o for o in options if o.fits and o.candidate), None)
         if best is None:
             raise Unplaced(options)

@@ -90,6 +90,16 @@ class Placer:
                            "; ".join(x for x in (why, because) if x))
         return spec.model_copy(update={"labels": labels}), placed
 
+    def tier_of(self, principal: Principal, spec: JobSpec, lane: Any, qos: str | None) -> str | None:
+        """The tier ``place`` would give the job on ``lane`` (its partition named), without
+        refusing: placement's cost weighs the preemptible tier's expected loss (decision 0062)."""
+        if principal.kind is not Kind.AGENT or not getattr(lane, "tiered", False):
+            return None
+        try:
+            return self._tier(spec, lane, qos)[0]
+        except Conflict:  # the guaranteed tier asked and full: refused after placement, as asked
+            return "guaranteed"
+
     def _tier(self, spec: JobSpec, lane: Offers, qos: str | None) -> tuple[str, str]:
         if qos is None:
             return "guaranteed", "this scheduler offers no preemptible QOS: niced like every agent's job"

@@ -199,6 +199,12 @@ class BackendLane:
         fn = getattr(self.backend, "opportunistic", None)
         return fn() if fn else None
 
+    def preempted(self, window_s: float) -> tuple[int, float] | None:
+        """Runs of the preemptible QOS preempted and hours run in the last ``window_s``
+        (slurmdbd, cached: corral/lanes/slurm/preemption.py); None: no such tier, or not known."""
+        qos, seen = self.opportunistic(), getattr(self.backend, "preemptions", None)
+        return seen.observed(qos, window_s) if qos and seen is not None else None
+
     def partition_cpus(self, partition: str | None) -> int:
         """CPUs of a partition (None: the default one), its nodes times the largest node's."""
         parts = self.backend.partitions()

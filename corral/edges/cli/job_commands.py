@@ -151,7 +151,9 @@ def _plan_text(r: dict[str, Any]) -> str:
         where = f"{c['cluster']}/{c['partition']}"
         if c["fits"]:
             lines.append(f"  {where}: starts in {c['wait_s']:.0f} s, {c['sus']:g} SUs"
-                         + ("" if c["submit_would_use"] else " (name the partition to use it)"))
+                         + (f" + {c['expected_loss_sus']:g} expected lost to preemption" if c.get("expected_loss_sus")
+                            else "") + ("" if c["submit_would_use"] else " (name the partition to use it)"))
         else:
-            lines.append(f"  {where}: does not fit: {'; '.join(c['reasons'])}")
+            near = ", ".join(f"{k}={v}" for k, v in (c.get("nearest") or {}).items() if k != "cluster")
+            lines.append(f"  {where}: does not fit: {'; '.join(c['reasons'])}" + (f" (fits there: {near})" if near else ""))
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from corral.core import proc
 from corral.lanes.backend import BackendStatus, Partition, base_env
 from corral.lanes.slurm.submitter import Submitter
+from corral.lanes.slurm.preemption import Preemptions
 from corral.lanes.slurm.tiers import Requeues, Tiers
 
 if TYPE_CHECKING:
@@ -75,6 +76,8 @@ class SlurmBase:
         self.tiers = Tiers(opportunistic_qos, self._run, self.conf_key)
         """Agents' opportunistic tier, where this Slurm preempts its QOS (slurm_tiers.py)."""
         self.requeues = Requeues(self._run)
+        self.preemptions = Preemptions(self._run)
+        """How often the opportunistic QOS is preempted here (slurmdbd), for placement's cost."""
 
     # -- the one door, with Slurm's environment ------------------------------------
 
