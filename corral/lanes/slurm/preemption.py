@@ -54,7 +54,7 @@ class Rate:
     """'measured' (slurmdbd), 'site' ([slurm] preemption_rate), or 'none' (neither: 0 assumed)."""
 
     def public(self) -> dict[str, Any]:
-        return {"per_hour": round(self.per_hour, 6), "preempted": self.preempted, "hours": round(self.hours, 3),
+        return {"per_hour": round(self.per_hour, 6), "preempted": self.preempted, "hours": round(self.hours, 6),
                 "source": self.source}
 
 
