@@ -386,6 +386,8 @@ SLURM_TESTS = {
     "tests/test_backup.py::test_a_backup_restored_on_a_fresh_home_verifies_and_reconciles_slurm",
     "tests/test_bounds_hold.py::test_a_contained_batch_job_works_in_its_bounded_tmp_on_slurm",
     "tests/test_clusters_loss_slurm.py::test_a_clusters_preemptions_cost_its_expected_loss_and_a_refusal_names_each_clusters_nearest",
+    "tests/test_clusters_fastlane.py::test_a_task_for_cluster_two_runs_in_its_pool_on_a_node_of_cluster_two",
+    "tests/test_clusters_fastlane.py::test_cluster_ones_controller_down_leaves_cluster_twos_pool_serving",
     "tests/test_clusters_rebalance.py::test_a_gateway_killed_in_a_move_loses_nothing_and_runs_nothing_twice",
     "tests/test_clusters_rebalance.py::test_a_job_being_moved_is_not_released_between_its_hold_and_its_cancel",
     "tests/test_clusters_rebalance.py::test_a_pending_job_is_moved_to_the_free_cluster_and_runs_once",

@@ -62,9 +62,10 @@ def test_the_registry_meters_every_call_that_reaches_the_scheduler(tmp_path: Pat
     assert counted == ["submit", "status", "cancel"]
 
 
-def test_a_job_named_to_another_cluster_never_goes_to_the_first_clusters_fast_lane(tmp_path: Path) -> None:
-    """With several clusters (decision 0053) the fast lane's pools are the first cluster's:
-    a job named to another is never claimed by it, and one that asks for both is refused."""
+def test_a_job_named_to_any_cluster_is_offered_to_the_fast_lane(tmp_path: Path) -> None:
+    """With several clusters the fast lane has a pool on each (decision 0053): a job named
+    to the second cluster is offered to it as one named to the first (before, it never was,
+    and one asking for both was refused); what it declines goes to batch, placed by Sites."""
     from corral.core.config import SlurmSettings
 
     class Fast:
@@ -78,9 +79,9 @@ def test_a_job_named_to_another_cluster_never_goes_to_the_first_clusters_fast_la
     lanes = registry.Lanes.of_clusters([one, two], SlurmSettings(clusters={"one": "/a", "two": "/b"}))
     lanes.add(Fast())  # type: ignore[arg-type]
     who = Principal("ann", Kind.HUMAN)
-    assert lanes.route(who, JobSpec(command="true", lane="auto"))[1].name == "fast"
-    assert lanes.route(who, JobSpec(command="true", lane="auto", cluster="one"))[1].name == "fast"
-    spec, lane = lanes.route(who, JobSpec(command="true", lane="auto", cluster="two"))
+    for cluster in (None, "one", "two", "auto"):
+        spec, lane = lanes.route(who, JobSpec(command="true", lane="auto", cluster=cluster))
+        assert lane.name == "fast" and spec.cluster == cluster
+    assert lanes.route(who, JobSpec(command="true", lane="fast", cluster="two"))[1].name == "fast"
+    spec, lane = lanes.route(who, JobSpec(command="true", lane="batch", cluster="two"))
     assert lane is lanes.batch and spec.lane == registry.BATCH  # then placed on two (Sites.settle)
-    with pytest.raises(InvalidRequest, match="fast lane runs on cluster 'one' only"):
-        lanes.route(who, JobSpec(command="true", lane="fast", cluster="two"))

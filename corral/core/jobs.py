@@ -435,7 +435,9 @@ class Job(BaseModel):
             "requeues": self.requeues,
             "lost_s": self.lost_s,
             "node": self.node,
-            "cluster": None if self.backend == "fast" else self.backend,
+            # A fast-lane task runs on its pool's cluster, which its spec names (decision 0053).
+            "cluster": (self.spec.cluster if self.spec.cluster != "auto" else None) if self.backend == "fast"
+            else self.backend,
         }
 
     def to_dict(self) -> dict[str, Any]:

@@ -373,6 +373,8 @@ class Admission:
         if self.lanes.sites is not None and lane is self.lanes.batch:  # several clusters: which one (decision 0053)
             routed, lane, _ = await self.lanes.sites.settle(routed, self.refuses_at(caller, routed),
                                                             self.tier_of(caller))
+        elif self.lanes.sites is not None and hasattr(lane, "place"):  # a fast-lane task: its pool's cluster
+            routed = await lane.place(caller.principal, routed, self.refuses_at(caller, routed))
         return routed, lane
 
     async def placed(self, p: Principal, spec: JobSpec, lane: Lane) -> tuple[JobSpec, Placement | None]:

@@ -186,9 +186,11 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
         from corral.lanes.fast.lane import FastLane
         from corral.lanes.fast.pilots import Pilots
 
-        pilots = Pilots(settings.fastlane, db, lanes.batch, intake, progress)
+        sites = lanes.sites  # several clusters: a pool on each, its pilots submitted to its Slurm
+        pilots = Pilots(settings.fastlane, db, lanes.batch, intake, progress, lanes.batch.name if sites else None)
         lanes.add(FastLane(settings.fastlane, settings.home / "fastlane", settings.default_lane, settings.tick_s, db,
-                           lanes.batch, pilots, progress, sandbox, identities))
+                           lanes.batch, pilots, progress, sandbox, identities, sites,
+                           {n: pilots.on(lane) for n, lane in sites.lanes.items()} if sites else None))
     reconciler = Reconciler(db, lanes, sender, progress, metrics, settings.tick_s, settings.max_backoff_s)
     if lanes.sites is not None:  # several clusters: a pending job moved where it starts sooner (decision 0053)
         from corral.control.rebalance import Rebalancer

@@ -290,20 +290,16 @@ class Lanes:
 
     def route(self, principal: Principal, spec: JobSpec) -> tuple[JobSpec, Lane]:
         """-> (the spec as it will run, its lane). A lane other than batch may claim it."""
-        elsewhere = self.sites is not None and spec.cluster not in (None, AUTO, self.batch.name)
-        if elsewhere and spec.lane == FAST:
-            raise InvalidRequest(f"the fast lane runs on cluster {self.batch.name!r} only, not {spec.cluster!r}",
-                                 hint=f"submit to cluster {self.batch.name!r}, or with lane 'batch'")
-        for lane in self:
-            # A cluster's lane takes what placement sends it (Sites); the fast lane's pools are
-            # the first cluster's: a job named to another never goes there.
-            if not isinstance(lane, BackendLane) and not elsewhere:
-                claimed = lane.claim(principal, spec)
-                if claimed is not None:
-                    return claimed, lane
         if self.sites is None and spec.cluster not in (None, AUTO, self.batch.name):
             raise InvalidRequest(f"cluster {spec.cluster!r} is not offered here: this gateway fronts one, "
                                  f"{self.batch.name!r}", hint="leave the cluster out")
+        for lane in self:
+            # A cluster's lane takes what placement sends it (Sites); the fast lane has pools
+            # on every cluster, and places a task it claims itself (FastLane.place).
+            if not isinstance(lane, BackendLane):
+                claimed = lane.claim(principal, spec)
+                if claimed is not None:
+                    return claimed, lane
         if spec.lane not in (None, BATCH, AUTO):
             raise InvalidRequest(f"lane {spec.lane!r} is not offered at this facility",
                                  hint=f"submit with lane '{BATCH}' (or leave the lane out)")

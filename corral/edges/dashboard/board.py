@@ -300,7 +300,8 @@ def pool_name(pool: dict[str, Any]) -> str:
     shape = pool.get("shape") or {}
     size = ", ".join(f"{shape[k]} {unit}" for k, unit in (("cpus", "CPUs"), ("memory_mb", "MB"), ("gpus", "GPUs"))
                      if shape.get(k))
-    return (f"{pool.get('unix_user') or 'the gateway user'}, "
+    return ((f"cluster {pool['cluster']}: " if pool.get("cluster") else "")
+            + f"{pool.get('unix_user') or 'the gateway user'}, "
             f"{'account ' + pool['account'] if pool.get('account') else 'default account'}, "
             f"{'partition ' + pool['partition'] if pool.get('partition') else 'default partition'}"
             + (f": up to {size} an allocation" if size else ""))

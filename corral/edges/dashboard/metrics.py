@@ -86,13 +86,14 @@ class BoardCollector(Collector):
         for command, n in sorted((asked or {}).items()):
             commands.add_metric([command], n)
         yield commands
-        pending = GaugeMetricFamily("corral_fastlane_pool_pending", "Tasks waiting in a fast-lane pool.", labels=["pool"])
+        pending = GaugeMetricFamily("corral_fastlane_pool_pending", "Tasks waiting in a fast-lane pool.",
+                                    labels=["pool", "cluster"])
         allocs = GaugeMetricFamily("corral_fastlane_pool_allocations", "A fast-lane pool's allocations up.",
-                                   labels=["pool"])
+                                   labels=["pool", "cluster"])
         for lane in self.board.service.lanes:
             for p in lane.describe().get("pools", []) if lane is not self.board.service.lanes.batch else []:
-                pending.add_metric([p["pool"]], p["pending"])
-                allocs.add_metric([p["pool"]], sum(1 for a in p["allocations"] if a["up"]))
+                pending.add_metric([p["pool"], p.get("cluster") or ""], p["pending"])
+                allocs.add_metric([p["pool"], p.get("cluster") or ""], sum(1 for a in p["allocations"] if a["up"]))
         yield pending
         yield allocs
         semantic = self.board.service.memory.semantic

@@ -7,6 +7,12 @@ Routing (``claim``): ``batch`` always goes to the scheduler; ``fast`` must fit a
 allocation's shape and the task walltime cap, or is refused saying why; ``auto`` goes
 fast when it fits and the pool's breaker is closed, else batch.
 
+Clusters (decision 0053, issue 52): where the gateway fronts several, a pool belongs to one
+of them too: its pilots are that cluster's Slurm jobs, and a task goes to the pool of the
+cluster it names, or with ``auto`` to a warm pool of its key, else where placement (the
+clusters' Sites, as for a batch job) says it starts best (``place``). A cluster whose
+controller does not answer fails its own pools' allocations, not the others'.
+
 Isolation: a pool belongs to one (Unix user, account, partition). A principal's task
 goes to the pool of *its* user and account (agents inherit their sponsor's), so two
 principals share allocations only when they share both. Each pool has its own
@@ -25,17 +31,18 @@ import os
 import pwd
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from corral.storage import IMAGE_AT, IMAGE_FILE
 from corral.lanes.backend import DONE, BackendStatus, OutputPaths, SubmitContext, Usage, base_env
 from corral.core.config import FastLaneSettings
-from corral.core.errors import InvalidRequest, NotFound
+from corral.core.errors import CorralError, InvalidRequest, NotFound
 from corral.core.jobs import JobSpec, format_duration
 from corral.lanes.registry import AUTO, BATCH, FAST, BackendLane, Sent
 from corral.core.principals import PILOT_PRINCIPAL, Principal
 from corral.lanes.fast import trust
 from corral.lanes.fast.journals import read_off_loop
+from corral.lanes.clusters import Refuses, Sites, data_misfits, refusal
 from corral.lanes.slurm import reach
 from corral.lanes.fast.pool import Allocations, Pool, PoolConfig, PoolKey, Reports, Shape, Task
 
@@ -76,7 +83,8 @@ class FastLane:
 
     def __init__(self, settings: FastLaneSettings, default_dir: Path, default_lane: str, tick_s: float,
                  db: "Database", batch: BackendLane, allocations: Allocations, reports: Reports,
-                 sandbox: "Sandbox | None" = None, identities: "Identities | None" = None) -> None:
+                 sandbox: "Sandbox | None" = None, identities: "Identities | None" = None,
+                 sites: Sites | None = None, ports: Mapping[str, Allocations] | None = None) -> None:
         self.settings = settings
         self.identities = identities
         """Who a contained task runs as (corral/core/identity.py): the same identity on every lane."""
@@ -87,7 +95,11 @@ class FastLane:
         self.pools: dict[PoolKey, Pool] = {}
         self.allocations, self.reports = allocations, reports
         self._starting: set[asyncio.Task[None]] = set()
-        self._shapes: dict[str | None, Shape] = {}
+        self._shapes: dict[tuple[str | None, str | None], Shape] = {}
+        self.sites = sites
+        """Several clusters: each its own pools, whose pilots ``ports[cluster]`` submits there."""
+        self.ports: dict[str | None, Allocations] = {None: allocations}
+        self.ports.update(ports or {})
         self._env = base_env()
         self._envs: dict[tuple[Any, ...], dict[str, str]] = {}
         self.sandbox = sandbox
@@ -95,10 +107,19 @@ class FastLane:
         files (``trust.SANDBOX_FILE``), for them to wrap each task."""
 
     # -- routing --------------------------------------------------------------------
-    def shape(self, partition: str | None) -> Shape:
-        """One allocation's resources on a partition: configured, else the largest node's."""
-        if partition not in self._shapes:
-            parts = self.batch.partitions()
+    def cluster(self, spec: JobSpec) -> str | None:
+        """The cluster of a task's pool: None at a one-cluster gateway; the one it names, else the first."""
+        if self.sites is None:
+            return None
+        return spec.cluster if spec.cluster in self.sites.lanes else self.batch.name
+
+    def _lane_of(self, cluster: str | None) -> BackendLane:
+        return self.sites.lanes[cluster] if self.sites is not None and cluster in self.sites.lanes else self.batch
+
+    def shape(self, partition: str | None, cluster: str | None = None) -> Shape:
+        """One allocation's resources on a cluster's partition: configured, else the largest node's."""
+        if (cluster, partition) not in self._shapes:
+            parts = self._lane_of(cluster).partitions()
             p = next((x for x in parts if x.name == partition), None) if partition else \
                 next((x for x in parts if x.default), parts[0] if parts else None)
             if p is None:
@@ -106,20 +127,43 @@ class FastLane:
             s = self.settings
             cpus = min(s.cpus or min(p.max_cpus, MAX_SHAPE_CPUS), p.max_cpus)
             mem = min(s.memory_mb or p.max_memory_mb, p.max_memory_mb)
-            self._shapes[partition] = Shape(cpus, mem, min(s.gpus, p.max_gpus),
-                                            min(s.alloc_walltime_s, p.max_walltime_s))
-        return self._shapes[partition]
+            self._shapes[(cluster, partition)] = Shape(cpus, mem, min(s.gpus, p.max_gpus),
+                                                       min(s.alloc_walltime_s, p.max_walltime_s))
+        return self._shapes[(cluster, partition)]
 
-    def misfit(self, spec: JobSpec) -> str | None:
-        """Why ``spec`` cannot run in the fast lane, or None."""
+    def misfit(self, spec: JobSpec, cluster: str | None = None) -> str | None:
+        """Why ``spec`` cannot run in the fast lane (of ``cluster``), or None."""
         if spec.signal:  # its tasks have no notice before their end: 'auto' places it in batch
             return f"a fast-lane task is sent no signal before its end (signal {spec.signal!r}); drop signal"
-        return task_misfit(self.settings, self.shape(spec.partition), spec.cpus, spec.memory_mb, spec.gpus,
+        return task_misfit(self.settings, self.shape(spec.partition, cluster), spec.cpus, spec.memory_mb, spec.gpus,
                            spec.walltime_s)
 
-    @staticmethod
-    def key(principal: Principal, spec: JobSpec) -> PoolKey:
-        return PoolKey(principal.unix_user, principal.account, spec.partition)
+    def key(self, principal: Principal, spec: JobSpec, cluster: str | None = None) -> PoolKey:
+        return PoolKey(principal.unix_user, principal.account, spec.partition, cluster or self.cluster(spec))
+
+    def _why_not(self, principal: Principal, spec: JobSpec, cluster: str | None) -> str | None:
+        """Why the task cannot run in its pool on ``cluster`` now, or None."""
+        try:
+            why = self.misfit(spec, cluster)
+        except CorralError as e:  # its limits were never read, and its controller does not answer
+            return f"cluster {cluster}'s controller does not answer ({e.message[:200]})"
+        pool = self.pools.get(self.key(principal, spec, cluster))
+        if why is None and pool is not None and pool.breaker.is_open:
+            why = f"the fast lane of pool {pool.key.slug} is off after failed allocations ({pool.breaker.last_reason})"
+        return why
+
+    def _open(self, principal: Principal, spec: JobSpec) -> tuple[list[str], str | None]:
+        """The clusters whose pool could take the task ('auto': any; else the one named),
+        and, where none, every cluster's reason."""
+        if self.sites is None or spec.cluster not in (None, AUTO):
+            if self.sites is not None:
+                self.sites.named(str(spec.cluster))  # refused at once, naming the clusters offered
+            c = self.cluster(spec)
+            why = self._why_not(principal, spec, c)
+            return ([] if why else [c or ""]), why
+        whys = {c: self._why_not(principal, spec, c) for c in self.sites.lanes}
+        ok = [c for c, w in whys.items() if w is None]
+        return ok, None if ok else "; ".join(f"cluster {c}: {w}" for c, w in whys.items())
 
     def claim(self, principal: Principal, spec: JobSpec) -> JobSpec | None:
         """The spec to run here, or None to leave it to batch, for a spec whose lane may
@@ -132,14 +176,38 @@ class FastLane:
             if lane == AUTO:
                 return None  # no walltime given: not known to be short
             spec = spec.model_copy(update={"walltime_s": min(self.settings.max_task_s, spec.walltime_s)})
-        why = self.misfit(spec)
-        key = self.key(principal, spec)
-        pool = self.pools.get(key)
-        if why is None and pool is not None and pool.breaker.is_open:
-            why = f"the fast lane of pool {key.slug} is off after failed allocations ({pool.breaker.last_reason})"
+        _, why = self._open(principal, spec)
         if lane == FAST and why:
             raise InvalidRequest(f"lane '{FAST}': {why}", hint="submit with lane 'batch' or 'auto', or ask for less")
         return None if why else spec.model_copy(update={"lane": FAST})
+
+    async def place(self, principal: Principal, spec: JobSpec, refuses: Refuses | None = None) -> JobSpec:
+        """The task's spec naming the cluster of its pool, where there are several and it
+        names none ('auto'). A warm pool of its key (a live allocation) where its data is and
+        the policy allows takes it first: it starts there at once, in cores already held,
+        whatever the objective. Else it is placed as a batch job of its size would be
+        (Sites.rank: Slurm's estimate, the SUs, data, policy), among the clusters whose
+        pool could take it: it runs where its pool's first pilot is submitted with it."""
+        if self.sites is None:
+            return spec
+        if spec.cluster not in (None, AUTO):  # named: the policy (and budget) there still decides
+            said = refuses(spec.cluster) if refuses is not None else None
+            if said:
+                raise InvalidRequest(f"cluster {spec.cluster}: {said}", hint="name another cluster, or 'auto'")
+            return spec
+        ok, why = self._open(principal, spec)
+        if not ok:
+            raise InvalidRequest(f"lane '{FAST}': {why}", hint="submit with lane 'batch' or 'auto', or ask for less")
+        for c in ok:
+            pool = self.pools.get(self.key(principal, spec, c))
+            if (pool is not None and any(a.up_since is not None for a in pool.allocations.values())
+                    and not data_misfits(spec, c, self.sites.settings.filesystems) and not (refuses and refuses(c))):
+                return spec.model_copy(update={"cluster": c})
+        options = await self.sites.rank(spec, only=ok, refuses=refuses)
+        best = next((o for o in options if o.fits and o.candidate), None)
+        if best is None:
+            raise InvalidRequest(refusal(options), hint="ask plan_job for every cluster, and fit the request to one")
+        return spec.model_copy(update={"cluster": best.cluster})
 
     # -- pools ----------------------------------------------------------------------
     def _pool(self, key: PoolKey) -> Pool:
@@ -147,7 +215,8 @@ class FastLane:
         if pool is None:
             s = self.settings
             cfg = PoolConfig(s.min_allocations, s.max_allocations, s.max_queued, s.idle_s, s.start_timeout_s,
-                             s.breaker_failures, s.breaker_cooldown_s, host=_scheduler_host(s, self.batch.name),
+                             s.breaker_failures, s.breaker_cooldown_s,
+                             host=_scheduler_host(s, getattr(self._lane_of(key.cluster), "kind", self.batch.name)),
                              min_cpus=s.min_cpus, give_back_s=s.give_back_s)
             # Outputs and scripts of a pool are its user's and the gateway's alone: the pool's
             # directory 0700, reached by name through fastlane/ (0711, nothing listed).
@@ -162,7 +231,8 @@ class FastLane:
             # in a directory of root's: never in the pool's own, where its user puts links.
             tls = trust.issue(directory, key.slug, _owner(key.unix_user),
                               self.sandbox.dumps() if self.sandbox is not None else None)
-            pool = Pool(key, self.shape(key.partition), directory, cfg, self.allocations, self.reports, tls)
+            pool = Pool(key, self.shape(key.partition, key.cluster), directory, cfg,
+                        self.ports.get(key.cluster, self.allocations), self.reports, tls)
             pool.tell = self.db.set_reasons
             self.pools[key] = pool
             task = asyncio.ensure_future(self._start(pool))
@@ -232,8 +302,8 @@ class FastLane:
         journals: dict[str, dict[int, dict[str, Any]]] = {}
         """Each pool's journals, read once (off the event loop: journals.py), not once per task."""
         for job in self.db.active_jobs():
-            if job.principal == PILOT_PRINCIPAL:
-                await self.allocations.stop(job.id)
+            if job.principal == PILOT_PRINCIPAL:  # on its own cluster's Slurm
+                await self.ports.get(job.backend, self.allocations).stop(job.id)
             elif job.backend == FAST and job.backend_id:
                 slug, jid = parse_id(job.backend_id)
                 if slug not in journals:
@@ -253,7 +323,7 @@ class FastLane:
         """Queued in the pool, no thread hop; sent to the workers by ``dispatch`` or, for a
         lone submission, on the pool's next loop turn (single submissions of one moment
         then share a batch; measured, dispatching each at once made 1,000 batches of one)."""
-        return [Sent(self._submit(ctx, spec, PoolKey(ctx.unix_user, ctx.account, spec.partition)))
+        return [Sent(self._submit(ctx, spec, PoolKey(ctx.unix_user, ctx.account, spec.partition, self.cluster(spec))))
                 for ctx, spec in jobs]
 
     def _submit(self, ctx: SubmitContext, spec: JobSpec, key: PoolKey) -> str:

@@ -21,14 +21,21 @@ class PoolKey:
     unix_user: str | None
     account: str | None
     partition: str | None
+    cluster: str | None = None
+    """The cluster whose Slurm runs its pilots, where the gateway fronts several
+    (decision 0053); None where it fronts one."""
 
     @functools.cached_property
     def slug(self) -> str:  # asked per task on submit: computed once
         """The pool's name on disk and in backend ids, one per key: ``user-account-partition``
         with each part escaped (``_part``), so that no two keys share one. A plain join made
         ``bob`` + ``chem-lab`` and ``bob-chem`` + ``lab`` one pool: one directory, one
-        listener, one user's tasks run as the other's."""
-        return "-".join(_part(p) for p in (self.unix_user, self.account, self.partition))
+        listener, one user's tasks run as the other's. A cluster, where there is one, is
+        a fourth part: four parts never read as three (each part's own ``-`` is escaped),
+        and a one-cluster gateway's slugs (and the backend ids and directories named by
+        them) stay what they were."""
+        parts = (self.unix_user, self.account, self.partition) + ((self.cluster,) if self.cluster else ())
+        return "-".join(_part(p) for p in parts)
 
 
 _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._")

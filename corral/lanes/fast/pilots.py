@@ -53,8 +53,12 @@ class Outcomes(Protocol):
 
 class Pilots:
     def __init__(self, settings: FastLaneSettings, db: "Database", batch: "BackendLane", intake: "Records",
-                 progress: "Outcomes") -> None:
+                 progress: "Outcomes", cluster: str | None = None) -> None:
         self.settings, self.db, self.batch, self.intake, self.progress = settings, db, batch, intake, progress
+        self.cluster = cluster
+        """Where the gateway fronts several clusters, the one ``batch`` is: the pilots' jobs
+        name it, as every job names its cluster (decision 0053). A pool's pilots run on
+        its own cluster's Slurm: one Pilots per cluster (``on``)."""
         self._default: str | None = None
 
     def spec(self, pool: "Site", sh: "Shape") -> JobSpec:
@@ -77,7 +81,11 @@ class Pilots:
                         interp.CODE_ROOT, open_to)
         return JobSpec(command=cmd, cpus=sh.cpus, memory=sh.memory_mb, gpus=sh.gpus, walltime=sh.walltime_s,
                        partition=pool.key.partition, name=f"pool-{pool.key.slug}"[:64], lane=BATCH,
-                       labels={"corral-fastlane-pool": pool.key.slug})
+                       labels={"corral-fastlane-pool": pool.key.slug}, cluster=self.cluster)
+
+    def on(self, batch: "BackendLane") -> "Pilots":
+        """The same pilots on another cluster: submitted to, polled and freed on its lane."""
+        return Pilots(self.settings, self.db, batch, self.intake, self.progress, batch.name)
 
     async def start(self, pool: "Site", shape: "Shape") -> int:
         me = self.intake.service(PILOT_PRINCIPAL, f"pool:{pool.key.slug}")

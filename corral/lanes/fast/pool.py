@@ -407,6 +407,7 @@ class Pool:
     def describe(self) -> dict[str, Any]:
         k, gave = self.key, self.gave_to
         return {"pool": k.slug, "unix_user": k.unix_user, "account": k.account, "partition": k.partition,
+                "cluster": k.cluster,
                 "shape": vars(self.shape), "allocations": [a.describe() for a in self.allocations.values()],
                 "pending": len(self.queue), "running": len(self.inflight),
                 "gave_cores_to": None if gave is None else {"job_id": gave[0], "at": gave[1]},

@@ -1,0 +1,107 @@
+"""Fast-lane pools per cluster (issue 52 item 1, decision 0053), on the two private Slurm
+instances: a task for cluster two runs in cluster two's pool, whose pilot is a job of
+cluster two's Slurm on one of its nodes; with cluster one's controller down, cluster
+two's pool keeps serving and an 'auto' task is placed there."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+
+from .conftest import Gateway, ended, free_port
+from .slurm_env import restore, stop_controllers
+from .test_clusters_slurm import both_turns, slurm, until
+
+import pytest
+
+pytestmark = pytest.mark.slurm_turn("none")  # both instances' turns, taken in both_turns
+
+TWO_NET = "10.217.1."
+"""Cluster two's nodes' addresses (scripts/slurm-up --second); cluster one's are 10.217.0.x."""
+
+
+@contextlib.contextmanager
+def gateway(root: Path, one: str, two: str) -> Iterator[Gateway]:
+    home = root / "home"
+    home.mkdir()
+    (home / "corral.toml").write_text(f'[slurm]\nclusters = {{one = "{one}", two = "{two}"}}\npoll_s = 2\n'
+                                      '[fastlane]\ncpus = 4\nmemory_mb = 2000\n')
+    gw = Gateway(home, free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": one, "CORRAL_TICK_S": "0.5"})
+    gw.start()
+    try:
+        yield gw
+    finally:
+        gw.kill(signal.SIGTERM)
+
+
+def run(h: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+    r = h.post("/v1/jobs", json={"lane": "fast", "walltime": "1m", **body})
+    assert r.status_code in (200, 201), r.text
+    done = h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": 150}).json()
+    assert done["state"] == "COMPLETED", done
+    return dict(done)
+
+
+def pools(h: httpx.Client) -> dict[str, dict[str, Any]]:
+    return {p["cluster"]: p for p in h.get("/v1/facility").json()["fast_lane"]["pools"]}
+
+
+def test_a_task_for_cluster_two_runs_in_its_pool_on_a_node_of_cluster_two(tmp_path: Path) -> None:
+    with both_turns() as (one, two), gateway(tmp_path, one, two) as gw, gw.http() as h:
+        done = run(h, {"command": "hostname -I", "cluster": "two"})
+        assert done["cluster"] == "two" and done["backend"] == "fast", done
+        said = h.get(f"/v1/jobs/{done['id']}/output").json()["data"]
+        assert said.startswith(TWO_NET), said  # it ran in cluster two's network
+        pool = pools(h)["two"]
+        assert "one" not in pools(h) and pool["pool"].endswith("-two"), pool
+        (alloc,) = pool["allocations"]
+        # The reconciler's next poll of cluster two records its pilot running (its task ran in it).
+        pilot = until("the pilot recorded running", lambda: (
+            j if (j := h.get(f"/v1/jobs/{alloc['job_id']}").json())["state"] == "RUNNING" else None), 60)
+        assert pilot["cluster"] == "two" and pilot["backend"] == "two", pilot
+        # Slurm's own record on cluster two: the pool's pilot (its name says which corral job).
+        shown = slurm(two, "scontrol", "show", "job", pilot["backend_id"])
+        assert f"JobName=corral-{pilot['id']}" in shown and "JobState=RUNNING" in shown, shown
+        mine = slurm(one, "squeue", "-h", "-o", "%j")
+        assert f"corral-{pilot['id']}" not in mine.split(), mine  # and nothing of it on cluster one
+        # Status and metrics name the cluster.
+        metrics = httpx.get(f"{gw.url}/metrics", timeout=30).text
+        assert f'corral_fastlane_pool_allocations{{cluster="two",pool="{pool["pool"]}"}} 1.0' in metrics, metrics
+        # A task naming cluster one gets a pool (and a pilot) of cluster one.
+        first = run(h, {"command": "hostname -I", "cluster": "one"})
+        assert first["cluster"] == "one" and h.get(f"/v1/jobs/{first['id']}/output").json()["data"].startswith(
+            "10.217.0."), first
+        assert set(pools(h)) == {"one", "two"}
+        r = h.post("/v1/jobs", json={"lane": "fast", "command": "true", "cluster": "three"})
+        assert r.status_code == 400 and "one, two" in r.json()["error"]["message"], r.text
+
+
+def test_cluster_ones_controller_down_leaves_cluster_twos_pool_serving(tmp_path: Path) -> None:
+    with both_turns() as (one, two), gateway(tmp_path, one, two) as gw, gw.http() as h:
+        warm = run(h, {"command": "true", "cluster": "two"})
+        assert warm["cluster"] == "two"
+        pids = stop_controllers(one)
+        try:
+            for pid in pids:
+                ended(pid)
+            # 'auto': cluster one does not answer, so it is placed in two's pool.
+            placed = run(h, {"command": "hostname -I", "cluster": "auto"})
+            assert placed["cluster"] == "two", placed
+            assert h.get(f"/v1/jobs/{placed['id']}/output").json()["data"].startswith(TWO_NET)
+            # A task named to one cannot get a pilot there: refused now, or waiting; never
+            # in the way of two's tasks.
+            r = h.post("/v1/jobs", json={"lane": "fast", "command": "true", "walltime": "1m", "cluster": "one"})
+            assert r.status_code in (200, 201, 400), r.text
+            for i in range(3):
+                got = run(h, {"command": f"echo {i}", "cluster": "two"})
+                assert h.get(f"/v1/jobs/{got['id']}/output").json()["data"] == f"{i}\n"
+            up = until("two's pool up", lambda: [a for a in pools(h)["two"]["allocations"] if a["up"]], 30)
+            assert up, pools(h)
+            if r.status_code != 400:
+                h.post(f"/v1/jobs/{r.json()['id']}/cancel")
+        finally:
+            restore(one)
