@@ -40,7 +40,12 @@ def test_the_rate_is_slurmdbds_where_history_suffices_else_the_sites() -> None:
     # One sacct per QOS and window, again only after REMEASURE_S: a plan costs slurmdbd no RPC of its own.
     asked: list[tuple[str, ...]] = []
     now = [0.0]
-    p = Preemptions(lambda *argv: asked.append(argv) or text, clock=lambda: now[0])
+
+    def sacct(*argv: str) -> str:
+        asked.append(argv)
+        return text
+
+    p = Preemptions(sacct, clock=lambda: now[0])
     assert p.observed("opp", 3600) == p.observed("opp", 3600) == (2, pytest.approx(7800 / 3600))
     assert len(asked) == 1 and "--qos=opp" in asked[0] and "now-3600seconds" in asked[0]
     now[0] = Preemptions.REMEASURE_S + 1

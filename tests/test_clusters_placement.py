@@ -163,7 +163,7 @@ def test_a_refusal_gives_each_cluster_its_nearest_request_that_fits() -> None:
     assert "(fits there: memory=64000M, cpus=48, partition=long)" in msg, msg
     assert "cluster gone" in msg and "(no request fits there now)" in msg
     assert e.value.nearest == {"partition": "long", "cpus": 48, "memory_mb": 64000, "cluster": "big"}
-    body = e.value.to_dict()
+    body: dict[str, Any] = e.value.to_dict()
     assert body["code"] == "invalid_request" and [c["cluster"] for c in body["clusters"]] == ["small", "big", "gone"]
     assert body["clusters"][1]["nearest"] == {"cluster": "big", "memory": "64000M", "cpus": 48, "partition": "long"}
     assert body["clusters"][2]["nearest"] is None
