@@ -1,5 +1,5 @@
 """The preemptible tier's expected loss in placement's cost (issue 52 item 2, decision
-0062): the model (corral/lanes/slurm/preemption.py), the rate read from slurmdbd's record
+0064): the model (corral/lanes/slurm/preemption.py), the rate read from slurmdbd's record
 or the site's, and the objective weighing it (tests/test_clusters_loss_slurm.py measures
 a real preemption on the private Slurm instances)."""
 

@@ -2,7 +2,7 @@
 loss, measured from a real preemption in cluster one's slurmdbd, in plan_job's cost and
 in where `cluster: auto` puts an agent's job; and a request no cluster takes, refused with
 every cluster's reasons and the nearest request that fits each, over HTTP, the CLI and MCP
-(decision 0062)."""
+(decision 0064)."""
 
 from __future__ import annotations
 

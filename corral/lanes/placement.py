@@ -92,7 +92,7 @@ class Placer:
 
     def tier_of(self, principal: Principal, spec: JobSpec, lane: Any, qos: str | None) -> str | None:
         """The tier ``place`` would give the job on ``lane`` (its partition named), without
-        refusing: placement's cost weighs the preemptible tier's expected loss (decision 0062)."""
+        refusing: placement's cost weighs the preemptible tier's expected loss (decision 0064)."""
         if principal.kind is not Kind.AGENT or not getattr(lane, "tiered", False):
             return None
         try:

@@ -1,4 +1,4 @@
-"""The preemptible tier's expected loss (issue 52 item 2, docs/decisions/0062): how often
+"""The preemptible tier's expected loss (issue 52 item 2, docs/decisions/0064): how often
 Slurm preempts the opportunistic QOS on a cluster, and what that is expected to cost a
 job in SUs spent again.
 
