@@ -285,10 +285,15 @@ def test_a_hidden_path_gone_as_the_sandbox_is_set_up_costs_a_try_not_the_job(tmp
         shutil.rmtree(top)
 
 
-def test_agents_work_runs_contained_inside_the_batch_script(tmp_path, agent_dir) -> None:
+@pytest.mark.parametrize("step", ["compiled", "python"])
+def test_agents_work_runs_contained_inside_the_batch_script(tmp_path, agent_dir, step: str) -> None:
     """On Slurm the generated batch script runs an agent's work in the same sandbox as on
     the local backend: credentials under the gateway's home unreadable, the host
-    read-only, never root; a person's job is not contained."""
+    read-only, never root; a person's job is not contained. Its steps around bwrap (the
+    working directory's walk, the filter and environment) by corral's compiled starter,
+    and by Python where none is built (CORRAL_JOBSTART_COMPILED=0, as where no compiler is)."""
+    from corral.sandbox import starter
+
     from .test_sandbox import SECRET, need_bwrap, pair
 
     need_bwrap()
@@ -298,8 +303,13 @@ def test_agents_work_runs_contained_inside_the_batch_script(tmp_path, agent_dir)
     victim = tmp_path / "victim.txt"
     victim.write_text("intact")
     victim.chmod(0o666)
+    if step == "compiled" and starter.compiled() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("a C compiler is required under CI; scripts/sandbox-up installs gcc")
+        pytest.skip("no C compiler here: run scripts/sandbox-up (as root)")
     gw = Gateway(tmp_path / "home", free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": slurm_conf(),
-                                                            "CORRAL_TICK_S": "0.5", "HOME": str(home)})
+                                                            "CORRAL_TICK_S": "0.5", "HOME": str(home),
+                                                            "CORRAL_JOBSTART_COMPILED": "0" if step == "python" else "1"})
     gw.home.mkdir()
     gw.start()
     try:
@@ -321,6 +331,11 @@ def test_agents_work_runs_contained_inside_the_batch_script(tmp_path, agent_dir)
         assert own == "own" and uid != "0", out
         scripts = list((gw.home / "slurm" / "jobs").glob("*/job.sh"))
         assert any("bwrap" in s.read_text() for s in scripts)
+        compiled = [s for s in scripts if "/dev/fd/8 opendir" in s.read_text() and "/dev/fd/8 apply" in s.read_text()]
+        # neither Python step (the filter's APPLY, opendir's source) is in a script the starter runs
+        python_steps = [s for s in scripts if "import ctypes, os, sys" in s.read_text() or "def walk(" in s.read_text()]
+        assert bool(compiled) == (step == "compiled") and not set(compiled) & set(python_steps)
+        assert bool(python_steps) == (step == "python")
         with gw.http(t["alice"]) as h:  # a person: the work as written, not contained
             job = h.post("/v1/jobs", json={"command": f"echo hers > {tmp_path / 'hers.txt'}", "workdir": str(tmp_path)}).json()
             assert h.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 90}).json()["state"] == "COMPLETED"

@@ -495,15 +495,29 @@ def test_a_sandbox_with_tasks_about_to_be_sent_is_not_closed_as_idle(tmp_path, m
         la.kill_all()
 
 
-def test_attacks_executed_in_every_disguise_harm_nothing(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("step", ["python", "compiled"])
+def test_attacks_executed_in_every_disguise_harm_nothing(tmp_path, monkeypatch, step: str) -> None:
     """At least 150 harmful commands of every category (deletion and overwrite by any
     tool, persistence, credentials in every place, another person's home, outbound
     connections and reverse shells, the scheduler, other processes, the system), each in
     several disguises, actually run in the agent's sandbox; judged by effect. And fork
-    bombs stop at the job's process limit."""
+    bombs stop at the job's process limit. The filter's step both ways: seccomp.APPLY in
+    Python, and corral's compiled starter run through a descriptor, as a Slurm job's
+    batch script runs it (corral/sandbox/starter.py)."""
+    from dataclasses import replace
+
     from corral.safety.canary import FORK_BOMBS, Canaries
+    from corral.sandbox import starter
 
     need_bwrap()
+    fds: list[int] = []
+    if step == "compiled":
+        built = starter.compiled()
+        if built is None and os.environ.get("CI") == "true":
+            pytest.fail("a C compiler is required under CI; scripts/sandbox-up installs gcc")
+        if built is None:
+            pytest.skip("no C compiler here: run scripts/sandbox-up (as root)")
+        fds = [os.open(built, os.O_RDONLY)]
     # Not under /tmp (private inside the sandbox: the canaries would be out of sight
     # whatever else held); reachable by the job's user (nobody): only the sandbox stops it.
     spot = Path(tempfile.mkdtemp(prefix="corral-canaries-", dir="/var/tmp"))
@@ -512,6 +526,8 @@ def test_attacks_executed_in_every_disguise_harm_nothing(tmp_path, monkeypatch) 
         monkeypatch.setenv("HOME", str(c.home))  # the sandbox hides credentials under the gateway's home
         box = build(["agent"], [], False, "nobody", [tmp_path / "state"], pids_max=64)
         assert box.why_not is None, box.why_not
+        box = replace(box, starter=f"/dev/fd/{fds[0]}") if fds else box
+        assert ("apply" in box.wrap("agent", ["true"], "/tmp")) == bool(fds)
         work = Path(tempfile.mkdtemp(prefix="corral-sbx-exec-", dir="/tmp"))
         work.chmod(0o777)
         harmed, ran = [], 0
@@ -520,7 +536,7 @@ def test_attacks_executed_in_every_disguise_harm_nothing(tmp_path, monkeypatch) 
                 try:
                     r = subprocess.run(box.wrap("agent", ["bash", "-c", cmd], str(work)), capture_output=True,
                                        text=True, timeout=3 if category == "scheduler" else 15,
-                                       env={**os.environ, "HOME": str(c.home)})
+                                       env={**os.environ, "HOME": str(c.home)}, pass_fds=fds)
                     said = r.stdout + r.stderr
                 except subprocess.TimeoutExpired as e:  # still trying: Slurm's tools retry for a minute
                     # a configuration they cannot read (it is under the host's /tmp here)
@@ -531,7 +547,7 @@ def test_attacks_executed_in_every_disguise_harm_nothing(tmp_path, monkeypatch) 
                     harmed.append((category, disguise, cmd[:80], harm))
             for bomb in FORK_BOMBS:
                 p = subprocess.Popen(box.wrap("agent", ["bash", "-c", bomb], str(work)), stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+                                     stderr=subprocess.DEVNULL, pass_fds=fds)
                 time.sleep(1.5)
                 held = len(tree(p.pid))  # its own: other tests' jobs run beside it
                 p.kill()
@@ -542,6 +558,8 @@ def test_attacks_executed_in_every_disguise_harm_nothing(tmp_path, monkeypatch) 
         finally:
             shutil.rmtree(work, ignore_errors=True)
             shutil.rmtree(spot, ignore_errors=True)
+            for fd in fds:
+                os.close(fd)
         assert ran >= 150, ran
         assert harmed == [], harmed
 

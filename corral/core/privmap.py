@@ -90,6 +90,10 @@ PROCESSES: tuple[Process, ...] = (
             "standard library only; env {}; cwd /; a timeout"),
     Process("directory opener", "python3 -I -S -c <sandbox/opendir.py>", "the job's identity", "local supervisor, "
             "gateway", "standard library only; answers a descriptor over a socketpair"),
+    Process("job starter", "/dev/fd/8 opendir|apply ... (sandbox/jobstart.c, built by sandbox/starter.py)",
+            "root, its walk as the job's identity (opendir); the job's identity (apply)", "a contained Slurm job's "
+            "batch script", "corral's build, in a directory only root or the gateway may write; the filter is the "
+            "gateway's libseccomp program, as hex; no file of the job's is opened as root"),
     Process("shims", "sbatch, squeue, ... (corral/edges/shims, launcher.c)", "the job's or agent's identity",
             "an agent, inside its sandbox; a contained job", "speak HTTP to the gateway with the agent's token, or "
             "in a job through its door with the job's own read-only credential (decision 0057): no privilege"),

@@ -82,7 +82,6 @@ def _socat() -> str | None:
 READ_DIR = "/tmp/corral-in"
 """Where it finds the files it must read from hidden places (its script)."""
 
-
 @dataclass(frozen=True)
 class Sandbox:
     kinds: frozenset[str]
@@ -121,6 +120,7 @@ class Sandbox:
     """HOST:PORT where the egress proxy listens for jobs on other machines ([sandbox]
     egress_listen): a Slurm job's script relays its node's own socket there."""
     door: str | None = None  # a Slurm job's shims; its door's socket, a bash word ('': none) (sandbox/door.py)
+    starter: str | None = None  # the filter's step by corral's compiled starter (sandbox/starter.py); None: Python
 
     def applies(self, kind: str) -> bool:
         return kind in self.kinds
@@ -248,7 +248,7 @@ class Sandbox:
             mounts += door.mounts(self.door, entry)
             steps += [(tool("bash"), "-c", door.BRIDGE, "corral-door")] if self.door else []
         if (filtered and self.seccomp) or env_fd is not None:  # last before the job: corral's own setup above is not bound by it
-            steps.append(tuple(apply_argv(system_python(), self.seccomp if filtered else None, env_fd)))
+            steps.append(tuple(apply_argv(system_python(), self.seccomp if filtered else None, env_fd, self.starter)))
         # bwrap builds the namespaces as root (it reads every path it binds), then the job
         # becomes its user with no capability left, and no_new_privs (bwrap's) keeps it so;
         # `unshare --user` gives it the namespace in which its process count is its own.

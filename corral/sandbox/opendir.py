@@ -118,17 +118,21 @@ def identity(uid: int, gid: int) -> Who:
     return uid, gid, os.getgrouplist(name, gid)
 
 
-def command(fd: int, path: str, who: Who | None) -> list[str]:
+def command(fd: int, path: str, who: Who | None, starter: str | None = None) -> list[str]:
     """The argv prefix that opens ``path`` at ``fd`` (as ``who`` when run by root) and
     then execs what follows ``--``: for a batch script, whose shell cannot open a
-    directory without following links. The Python is the system's."""
+    directory without following links. The Python is the system's; ``starter``: corral's
+    compiled starter instead (corral/sandbox/starter.py: the same walk, no Python)."""
+    uid, gid, groups = who if who is not None else (-1, -1, [])
+    tail = [str(fd), path, str(uid), str(gid), ",".join(map(str, groups)), "--"]
+    if starter:
+        return [starter, "opendir", *tail]
     import shutil
 
     python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
     with open(__file__) as f:
         source = f.read()
-    uid, gid, groups = who if who is not None else (-1, -1, [])
-    return [python, "-I", "-S", "-c", source, str(fd), path, str(uid), str(gid), ",".join(map(str, groups)), "--"]
+    return [python, "-I", "-S", "-c", source, *tail]
 
 
 def main(argv: list[str]) -> None:

@@ -100,7 +100,11 @@ def program(unix_sockets: bool = False) -> str:
         return t.read().hex()
 
 
-def apply_argv(python: str, hex_program: str | None, env_fd: int | None = None) -> list[str]:
+def apply_argv(python: str, hex_program: str | None, env_fd: int | None = None,
+               starter: str | None = None) -> list[str]:
     """The argv prefix that runs what follows under the filter (None: no filter), with
-    the environment read from ``env_fd`` (None: the one it inherits)."""
-    return [python, "-I", "-S", "-c", APPLY, hex_program or "-", "-" if env_fd is None else str(env_fd)]
+    the environment read from ``env_fd`` (None: the one it inherits); ``starter``: by
+    corral's compiled starter (corral/sandbox/starter.py), the same filter and steps, no
+    Python started (None: by ``python``)."""
+    tail = [hex_program or "-", "-" if env_fd is None else str(env_fd)]
+    return [starter, "apply", *tail] if starter else [python, "-I", "-S", "-c", APPLY, *tail]

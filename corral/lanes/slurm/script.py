@@ -21,7 +21,7 @@ from corral.lanes.backend import SubmitContext
 from corral.lanes.slurm.base import SlurmBase
 from corral.lanes.slurm.tiers import (NOTICE, TIER_LABEL, WALLTIME_LABEL, notice_of, order_nice, rerun_lines,
                                       tier_lines)
-from corral.sandbox import door, opendir
+from corral.sandbox import door, opendir, starter as jobstart
 from corral.sandbox.bwrap import JOB_DIR, RELAY_DIR, RELAY_SOCKET, system_python, tool
 from corral.sandbox.egress import relay_argv
 from corral.sandbox.seccomp import apply_argv
@@ -48,6 +48,9 @@ WORKDIR_FD = 7
 SCRIPT_FD = 3
 LOCK_FD = 9
 """The batch shell holds its workspace's lock on this descriptor (closed for the work)."""
+STARTER_FD = 8
+"""The batch shell opens corral's compiled job starter here (corral/sandbox/starter.py): run
+as ``/dev/fd/8``, it is reached inside a sandbox that hides corral's install too."""
 SCRIPT = f"/dev/fd/{SCRIPT_FD}"
 """Signals job_control may send a Slurm job, passed on by its batch shell to the work
 (TERM and KILL are Slurm's own: a cancel, a walltime)."""
@@ -182,6 +185,17 @@ def scratch_line(top: Path, subs: list[str], python: str = sys.executable) -> st
              "-print 2>&1")
     slow = shlex.join([python, "-I", "-S", "-c", SCRATCH, str(top), *subs])
     return f'[ -z "$({check})" ] || {slow} || exit 1'
+
+
+def starter_line(lines: list[str]) -> str | None:
+    """Opens corral's compiled job starter at ``STARTER_FD`` (a line added to ``lines``) ->
+    how the script's steps run it; None where none was built (the Python steps run)."""
+    built = jobstart.compiled()
+    if built is None:
+        return None
+    lines.append(f"exec {STARTER_FD}< {shlex.quote(built)} || {{ echo \"corral: cannot read corral's job starter "
+                 f"{built} on $(hostname)\" >&2; exit 1; }}")
+    return f"/dev/fd/{STARTER_FD}"
 
 
 class Scripts(SlurmBase):
@@ -380,12 +394,14 @@ class Scripts(SlurmBase):
             elif self.scratch:  # as the job's own user: what it may make anyway
                 lines.append(f"mkdir -p {' '.join(shlex.quote(str(p)) for p in self.scratch)} 2>/dev/null")
             lines.append(f"exec {ENV_FD}< {out / 'env.json'}")
+            # Its two steps around bwrap by the compiled starter where one was built (no Python start each)
+            starter = starter_line(lines)
             # The working directory is bound by descriptor, opened without following links
             # (a link swapped in after the gateway's check is refused, not followed).
             # As the work's identity where root runs this script (the kernel's checks apply).
-            opened = opendir.command(WORKDIR_FD, spec.workdir, opendir.identity(*who) if root and who else None) \
-                if spec.workdir else []
-            sandbox, relays = self._relays(sandbox, who if root else None)
+            opened = opendir.command(WORKDIR_FD, spec.workdir, opendir.identity(*who) if root and who else None,
+                                     starter) if spec.workdir else []
+            sandbox, relays = self._relays(replace(sandbox, starter=starter), who if root else None)
             if relays:
                 lines += relays
                 cleanup = [f'kill $corral_relays 2>/dev/null; rm -rf "${RELAY_DIR}"']
@@ -402,13 +418,14 @@ class Scripts(SlurmBase):
             # Not contained, but root runs this script: the work becomes the principal's own
             # identity first, and only then takes its environment (seccomp.APPLY).
             lines.append(f"exec {ENV_FD}< {out / 'env.json'}")
+            starter = starter_line(lines)
             if spec.script and not spec.labels.get(META_LABEL):
                 # out/ is root's: the work reads its script through a descriptor root opened
                 lines.append(f"exec {SCRIPT_FD}< {out / 'script'}")
                 work = [SCRIPT] if spec.script.startswith("#!") else ["bash", SCRIPT]
             lines.append(shlex.join([tool("setpriv"), f"--reuid={dropped.pair[0]}", f"--regid={dropped.pair[1]}",
                                      "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--",
-                                     *apply_argv(system_python(), None, ENV_FD),
+                                     *apply_argv(system_python(), None, ENV_FD, starter),
                                      *(work or ["bash", "-c", spec.command or ""])]))
         else:
             # Run as the job's own user (or an admin's work as the gateway): its environment is its own.
