@@ -104,7 +104,7 @@ PRIVILEGED: tuple[str, ...] = (
     "corral.lanes.fast.lane", "corral.lanes.fast.trust", "corral.lanes.fast.journals", "corral.lanes.fast.engine",
     "corral.lanes.fast.wire", "corral.lanes.local", "corral.lanes.local_launch", "corral.lanes.slurm.script",
     "corral.lanes.slurm.submitter", "corral.gateway.images", "corral.core.identity", "corral.storage.workspaces",
-    "corral.storage.staging", "corral.storage.basework", "corral.sandbox.egress",
+    "corral.storage.staging", "corral.storage.basework", "corral.sandbox.egress", "corral.sandbox.egress_grants",
     # processes that run as root and change identity, or hold a job
     "corral.lanes.local_runner", "corral.lanes.local_child", "corral.lanes.local_records", "corral.sandbox.host",
     "corral.sandbox.hostctl", "corral.sandbox.opendir", "corral.sandbox.relay", "corral.lanes.slurm.privsep_submit",
@@ -324,6 +324,16 @@ CROSSINGS: tuple[Crossing, ...] = (
     Crossing("corral.sandbox.egress", "Relay.__init__", ("path.chmod",), "nobody", "a fresh mkdtemp of the worker's"),
     Crossing("corral.sandbox.egress", "Relay.close", ("shutil.rmtree",), "the relay's user (its socket)",
              "rmtree by descriptor never follows a link"),
+    Crossing("corral.sandbox.egress_grants", "prepare", ("path.mkdir", "path.chmod"), "nobody",
+             OWN + " (the proxy's directory: asks/ made 0700)"),
+    Crossing("corral.sandbox.egress_grants", "read_asks", ("os.unlink",), "a contained job (the host and port it "
+             "asked the proxy for, the credential it presented), through the proxy that filed the ask",
+             "asks/ is corral's 0700, written by its proxy alone; each opened O_NOFOLLOW|O_NONBLOCK, at most 4 KiB "
+             "read, JSON data only, each field's type and shape checked, the credential's HMAC checked by the "
+             "gateway before anything is asked (gateway/egress_asks.py)"),
+    Crossing("corral.sandbox.egress_grants", "write_decisions", ("os.unlink", "os.replace"), "nobody",
+             OWN + " (a new file O_EXCL|O_NOFOLLOW, renamed over decisions.json; the proxy reads it O_NOFOLLOW "
+             "and matches a presented credential's digest, never a path or code)"),
     Crossing("corral.sandbox.egress", "bridge_binary", ("shutil.copyfile", "path.chmod", "os.replace"), "nobody",
              OWN),
 )

@@ -59,8 +59,11 @@ AGAIN = ("cancel",)
 one interrupted between its claim and its outcome is carried out again at start; any other
 is reported not done (at most once: decision 0047)."""
 
-CARRIED = ("cancel", "control", "workspace_fork", "workspace_commit", "workspace_discard", "write_note")
-"""The actions besides submissions that wait for an answer and are carried out on approval."""
+CARRIED = ("cancel", "control", "workspace_fork", "workspace_commit", "workspace_discard", "write_note", "egress")
+"""The actions besides submissions that wait for an answer and are carried out on approval
+(``egress``: a job's grant to one host:port, read by the egress proxy: gateway/egress_asks.py)."""
+EGRESS_GRANT_S = 8 * 3600.0
+"""How long an approved egress grant lasts at most (it ends with its job before, if sooner)."""
 
 
 def _until(at: float) -> str:
@@ -200,6 +203,9 @@ class ApprovalVerbs:
         agent = self.db.get_principal(row["principal"])
         if agent is None or agent.sponsor != row["sponsor"] or self.db.get_principal(row["sponsor"]) is None:
             return f"{row['principal']} is no longer an agent of {row['sponsor']}"
+        if row["action"] == "egress":  # asked by the job itself, with its own credential, which ends with it
+            job = self.db.get_job(int(row["jobs"][0]))
+            return None if job is not None and not job.state.terminal else f"job {row['jobs'][0]} has ended"
         gate = self.service.gate
         record = self.db.get_token(token_id)
         root = token_id if record is not None else gate.store.block_root(token_id)
@@ -255,6 +261,9 @@ class ApprovalVerbs:
         if action == "control":
             job = await s.control(caller, int(args["job_id"]), str(args["action"]), args.get("signal"))
             return f"job {job.id} {args['action']}: {job.state.value}"
+        if action == "egress":  # nothing to do but say so: the grant is the approved row (egress_asks.py)
+            return (f"job {args['job_id']} may reach {args['host']}:{args['port']} until it ends, at most until "
+                    f"{_until(time.time() + EGRESS_GRANT_S)}")
         if action.startswith("workspace_"):
             out = await s.storage.workspace(caller, action.removeprefix("workspace_"), **args)
             return json.dumps({k: out.get(k) for k in ("workspace", "state") if k in out})

@@ -218,6 +218,13 @@ def assemble(settings: Settings, db: Database, backend: Backend, *, metrics: Met
             b.mail_for = service.notify.slurm_mail
     service.approvals = ApprovalVerbs(service, settings.notify.approval_wait_s)
     service.jobctl.asking = service.storage.asking = service.memory.asking = service.approvals.asking
+    if egress is not None:  # a contained job's egress off the list, asked of the policy and the sponsor (0067)
+        from corral.gateway.egress_asks import EgressAsks
+
+        service.egress_asks = EgressAsks(service, egress.socket.parent, credentials.egress)
+        for b in (backend, *more):
+            if hasattr(b, "egress_credential"):
+                b.egress_credential = credentials.egress.of
     service.sponsor_view = sponsor_view
     service.signin = Signin(settings, db, gate, audit)
     service.runtime = Runtime(service, backend)
@@ -322,6 +329,8 @@ class Runtime:
             Loop("notify", s.notify.notifier.run, None, "facility"),
             Loop("approvals", s.approvals.expire_loop, None, "facility"),  # unanswered ones expire, told
             Loop("loop-lag", s.metrics.watch_loop, 0.1, "replica"),
+            # Each gateway's own egress proxy: its asks read, its jobs' grants written (egress_asks.py).
+            *([Loop("egress-asks", s.egress_asks.run, 0.5, "replica")] if s.egress_asks is not None else []),
             # A lane's own loop: the fast lane's pool manager (recover, then scale and dispatch);
             # the batch lane has none (the reconciler polls it) and returns at once.
             *(Loop(f"lane-{lane.name}", lane.run, st.tick_s, "facility") for lane in s.lanes),

@@ -54,6 +54,7 @@ from corral.gateway.storage_verbs import StorageVerbs
 if TYPE_CHECKING:
     from corral.sandbox.egress import Egress
     from corral.gateway.approvals import ApprovalVerbs
+    from corral.gateway.egress_asks import EgressAsks
     from corral.gateway.signin import Signin
     from corral.gateway.sponsor_view import SponsorView
     from corral.gateway.notify_verbs import NotifyVerbs
@@ -111,6 +112,7 @@ class Service:
         self.runtime: "Loops | None" = None
         self.notify: "NotifyVerbs" = None  # type: ignore[assignment]  # set by the runtime's assembly with the notifier
         self.approvals: "ApprovalVerbs" = None  # type: ignore[assignment]  # likewise (gateway/approvals.py)
+        self.egress_asks: "EgressAsks | None" = None  # likewise, with an egress proxy (gateway/egress_asks.py)
         self.sponsor_view: "SponsorView" = None  # type: ignore[assignment]  # likewise (gateway/sponsor_view.py)
         self.signin: "Signin" = None  # type: ignore[assignment]  # likewise: how people sign in (gateway/signin.py)
         """What runs the loops around these verbs (set by the runtime that assembled them)."""

@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from corral.core import interp, proc
 from corral.core.errors import InvalidRequest
@@ -84,6 +84,7 @@ class _Running:
 class LocalBackend:
     name = "local"
     dependencies = False  # corral holds dependent jobs itself (control/dependencies.py)
+    egress_credential: "Callable[[int], str] | None" = None  # a job's name at the egress proxy (egress_grants.py)
 
     def __init__(self, root: Path, cpus: int, memory_mb: int, max_walltime_s: int = 7 * 86400,
                  sandbox: "Sandbox | None" = None, identities: "Identities | None" = None,

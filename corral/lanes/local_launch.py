@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral.core.jobs import JobSpec
 from corral.lanes.backend import SubmitContext, base_env
-from corral.sandbox import host as sandbox_host, opendir
+from corral.sandbox import egress_grants, host as sandbox_host, opendir
 from corral.storage import META_LABEL, meta
 
 if TYPE_CHECKING:
@@ -75,6 +75,8 @@ def prepare(b: "LocalBackend", ctx: SubmitContext, spec: JobSpec, d: Path) -> di
         env.pop("HOME", None)
         if ident.home:
             env["HOME"] = ident.home
+    if contained and b.sandbox is not None and b.sandbox.egress and b.egress_credential is not None:
+        env.update(egress_grants.proxy_env(b.egress_credential(ctx.job_id)))  # its name at the proxy (its grants)
     env.update(spec.env)
     env.update({"CORRAL_JOB_ID": bid, "CORRAL_PRINCIPAL": ctx.principal, "CORRAL_SESSION": ctx.session or ""})
     work = d / "work"

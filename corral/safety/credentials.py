@@ -16,7 +16,7 @@ from corral.core.errors import Forbidden, InvalidRequest, NotFound, Unauthentica
 from corral.core.principals import (RESERVED, TOKENLESS, Caller, Kind, Principal, check_session, secret_matches,
                                    split_token)
 from corral.safety import job_credentials
-from corral.safety.job_credentials import JobCredentials
+from corral.safety.job_credentials import EgressCredentials, JobCredentials
 from corral.safety.tokens import MAX_TOKEN_CHARS, PREFIX, TOO_LONG_HINT, Capability, Caveats, precheck
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ class Credentials:
         # or tokens clears it, so a revocation takes effect on the very next request.
         self._cache: dict[bytes, tuple[float | None, Principal, frozenset[str], Capability | None, str]] = {}
         self.jobs = JobCredentials(gate.tokens.secret())
+        self.egress = EgressCredentials(gate.tokens.secret())  # a job's name at the egress proxy
         """Contained jobs' own credentials (``crj_``): their Slurm commands inside (decision 0057)."""
         self._job_caps: dict[str, Capability] = {}
         """principal -> the read-only capability its jobs' credentials act with (minted once an hour)."""

@@ -60,3 +60,27 @@ class JobCredentials:
 
     def _mac(self, job_id: int) -> str:
         return hmac.new(self._key, str(job_id).encode(), hashlib.sha256).hexdigest()
+
+
+class EgressCredentials(JobCredentials):
+    """A contained job's name at the egress proxy (``cre_<job id>_<HMAC>``), under a key of
+    its own: what the proxy's grants (corral/sandbox/egress_grants.py) are matched against.
+    Apart from the job's door credential, so one leaked reads no job and the other reaches
+    no host; and the proxy holds neither key, only a digest of each granted credential."""
+
+    PREFIX = "cre_"
+
+    def __init__(self, key: bytes) -> None:
+        self._key = hashlib.sha256(b"corral egress credential\0" + key).digest()
+
+    def of(self, job_id: int) -> str:
+        return f"{self.PREFIX}{job_id}_{self._mac(job_id)}"
+
+    def check(self, token: str) -> int | None:
+        m = _EGRESS_SHAPE.fullmatch(token)
+        if m is None or not hmac.compare_digest(self._mac(int(m.group(1))), m.group(2)):
+            return None
+        return int(m.group(1))
+
+
+_EGRESS_SHAPE = re.compile(r"cre_([0-9]{1,18})_([0-9a-f]{64})")

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from corral.core import interp, proc
 from corral.core.errors import BackendError
+from corral.sandbox import egress_grants
 from corral.sandbox.relay import READY, Shares, bridge
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ class Egress:
         """HOST:PORT it also listens on for other machines' jobs (None: the Unix socket only)."""
         directory.mkdir(parents=True, exist_ok=True)
         directory.chmod(0o755)  # the jobs' users connect to the socket
+        egress_grants.prepare(directory)
         self.socket = directory / "proxy.sock"
         self.socket.unlink(missing_ok=True)
         self._proc: subprocess.Popen[bytes] | None = proc.spawn(
@@ -212,18 +214,37 @@ def _plugin() -> Any:
     from proxy.http.proxy import HttpProxyBasePlugin
 
     from corral.core.destinations import Refused, pin
+    from corral.sandbox import egress_grants as grants
 
     allow = [a for a in os.environ.get("CORRAL_EGRESS_ALLOW", "").split(",") if a]
+    state = Path(os.environ.get("CORRAL_EGRESS_DIR", "."))
+    decisions = grants.Decisions(state)
+
+    def off_list(host: str, port: int, request: HttpParser) -> str:
+        """A host off the list: the job's grant's address, else refused saying why (and,
+        the first time, asked of the gateway: corral/sandbox/egress_grants.py)."""
+        who = grants.presented(request.header(b"proxy-authorization")
+                               if request.has_header(b"proxy-authorization") else None)
+        entry = decisions.of(who[0], host, port) if who else None
+        try:
+            if who and grants.granted(entry, who[1]):
+                assert entry is not None
+                return grants.address_for(entry, host, port)
+            if who and entry is None:
+                grants.file_ask(state, who[0], who[1], host, port)
+            why = grants.refusal(host, port, entry if who else None)
+        except Refused as e:
+            why = f"corral: {e}"
+        log.warning("egress refused: %s:%s", host, port)
+        raise HttpRequestRejected(status_code=403, reason=b"Forbidden", body=(why + "\n").encode())
 
     class AllowHosts(HttpProxyBasePlugin):
         def before_upstream_connection(self, request: HttpParser) -> Optional[HttpParser]:
             host = (request.host or b"").decode("ascii", "replace")
             port = request.port or 80
             if not allowed(host, port, allow):
-                log.warning("egress refused: %s:%s", host, port)
-                raise HttpRequestRejected(status_code=403, reason=b"Forbidden", body=(
-                    f"corral: {host}:{port} is not on this facility's egress allow-list; "
-                    "ask the admin to add it to [sandbox] allow_hosts\n").encode())
+                self.__dict__.setdefault("_pinned", {})[(host, port)] = off_list(host, port, request)
+                return request
             try:  # resolved once, connected to as resolved (corral/core/destinations.py)
                 pinned = pin(host, port, allow)
             except Refused as e:
@@ -308,6 +329,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     a = ap.parse_args(argv)
     proc.die_with_parent()
     os.environ["CORRAL_EGRESS_ALLOW"] = a.allow
+    os.environ["CORRAL_EGRESS_DIR"] = str(a.socket.parent)  # its grants (corral/sandbox/egress_grants.py)
     import asyncio
     import threading
 

@@ -274,7 +274,8 @@ class _Host:
             for f in fds[at:]:  # none, unless the message was malformed
                 os.close(f)
             return
-        self.start(cfd, m["id"], m["argv"], {**m["env"], **self.extra}, fds)
+        # The job's own proxy variables win: they name it to the proxy (sandbox/egress_grants.py)
+        self.start(cfd, m["id"], m["argv"], {**self.extra, **m["env"]}, fds)
 
     def start(self, cfd: int, jid: int, argv: list[str], env: dict[str, str], fds: list[int]) -> None:
         try:

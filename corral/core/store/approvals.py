@@ -95,6 +95,12 @@ class ApprovalRecords:
         return [_row(r) for r in self.conn.all(
             f"SELECT {COLS} FROM approvals WHERE state='pending' AND expires <= ? ORDER BY id LIMIT 200", (now,))]
 
+    def of_action(self, action: str, since: float, limit: int = 2000) -> list[dict[str, Any]]:
+        """``action``'s approvals asked since ``since``, newest first (egress: what the proxy is told)."""
+        return [_row(r) for r in self.conn.all(
+            f"SELECT {COLS} FROM approvals WHERE action=? AND created >= ? ORDER BY id DESC LIMIT ?",
+            (action, since, limit))]
+
     def waiting_for(self, job_id: int) -> dict[str, Any] | None:
         """The pending approval that holds ``job_id``, if one does."""
         for r in self.conn.all(f"SELECT {COLS} FROM approvals WHERE state='pending' AND jobs LIKE ?",

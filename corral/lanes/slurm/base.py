@@ -114,6 +114,9 @@ class SlurmBase:
     """Where a contained job's Slurm commands reach the gateway from its node ([slurm]
     gateway_address) and the job's credential there (corral/sandbox/door.py); None: they
     say they cannot reach corral."""
+    egress_credential: "Callable[[int], str] | None" = None
+    """A contained job's name at the egress proxy, for the grants its sponsor approves
+    (safety/job_credentials.py EgressCredentials, sandbox/egress_grants.py); None: no proxy."""
     identities: "Identities | None" = None
     """Who a contained job of a principal without a Unix user runs as (corral/core/identity.py)."""
     scratch: list[Path] = []

@@ -23,6 +23,7 @@ from corral.lanes.slurm.tiers import (NOTICE, TIER_LABEL, WALLTIME_LABEL, notice
                                       tier_lines)
 from corral.sandbox import door, opendir, starter as jobstart
 from corral.sandbox.bwrap import JOB_DIR, RELAY_DIR, RELAY_SOCKET, system_python, tool
+from corral.sandbox import egress_grants
 from corral.sandbox.egress import relay_argv
 from corral.sandbox.seccomp import apply_argv
 from corral.storage import IMAGE_AT, IMAGE_FILE, META_LABEL, WS_DIR, WS_LOWER, meta
@@ -256,6 +257,8 @@ class Scripts(SlurmBase):
             return {}
         # one job id inside, corral's (decision 0008): what the shims there know it by
         ids = {"SLURM_JOB_ID": str(ctx.job_id), "SLURM_JOBID": str(ctx.job_id)}
+        if self.egress_credential is not None and self.sandbox is not None and self.sandbox.egress:
+            ids |= egress_grants.proxy_env(self.egress_credential(ctx.job_id))  # its name at the proxy (its grants)
         if self.door is None:
             return ids
         return {**ids, "CORRAL_URL": door.URL, "CORRAL_TOKEN": self.door.credential(ctx.job_id)}

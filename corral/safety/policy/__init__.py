@@ -23,7 +23,7 @@ HERE = Path(__file__).parent
 DEFAULT_POLICY = HERE / "default.cedar"
 SCHEMA_TEXT = (HERE / "schema.cedarschema").read_text()
 KINDS = {"human": "Human", "agent": "Agent", "service": "Service"}
-RESOURCES = ("Job", "Note", "Workspace", "Environment", "Facility")
+RESOURCES = ("Job", "Note", "Workspace", "Environment", "Facility", "Destination")
 
 
 def is_off_hours(t: float) -> bool:
@@ -150,6 +150,9 @@ class Policy:
             rattrs = {"owner": str(req.resource.get("owner", "")), "base": str(req.resource.get("base", ""))}
         elif req.resource_type == "Environment":
             rattrs = {"owner": str(req.resource.get("owner", "")), "files": [str(x) for x in req.resource.get("files") or []]}
+        elif req.resource_type == "Destination":
+            rattrs = {"host": str(req.resource.get("host", "")), "port": int(req.resource.get("port", 0)),
+                      "job": int(req.resource.get("job", 0)), "owner": str(req.resource.get("owner", ""))}
         else:
             rattrs = {}
         entities: list[dict[str, Any]] = [
