@@ -16,12 +16,15 @@ import socket
 import threading
 import urllib.parse
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, ParamSpec, Protocol
 
 from corral.core.paths import client_home, home_dir
+from corral.edges.declare import Declared
 from corral.edges.verbs import BY_NAME
 from corral.core.errors import (BackendError, Conflict, CorralError, Forbidden, InvalidRequest, NotFound, RateLimited,
                      Unauthenticated)
+
+P = ParamSpec("P")
 
 _BY_STATUS: dict[int, type[CorralError]] = {
     400: InvalidRequest, 401: Unauthenticated, 403: Forbidden, 404: NotFound, 409: Conflict, 422: InvalidRequest,
@@ -281,7 +284,14 @@ class Client:
         return self.request(verb.method, path, params=params or None, json_body=body, headers=headers or None,
                             timeout=timeout)
 
+    def run(self, verb: Declared[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> Any:
+        """A declared verb (corral/edges/declare.py), its arguments checked by mypy against
+        the function that serves it: ``client.run(reads.job, 7)``. The answer's JSON data."""
+        return self.call(verb.name, *args, **kwargs)
+
     def __getattr__(self, name: str) -> Callable[..., Any]:
+        """Any verb by name, unchecked: for tests and scripts; the product's edges call
+        declared verbs through ``run`` (tests/test_verb_edges.py holds them to it)."""
         if name not in BY_NAME:
             raise AttributeError(f"the gateway has no verb {name!r}; see corral/edges/verbs.py")
         return functools.partial(self.call, name)

@@ -36,6 +36,7 @@ from corral.core.signals import GRACE_S
 from corral.edges.cli.agent_session import PREFIX, mark, read_token, sweep
 from corral.edges.cli.agent_workdir import start_dir
 from corral.edges.shims import COMMANDS, REFUSED
+from corral.edges import reads
 
 SLURM_CLIENTS = COMMANDS + REFUSED + ("slurmrestd",)
 MUNGE_DIRS = ("/run/munge", "/var/run/munge")
@@ -212,7 +213,7 @@ def run(command: list[str], url: str, token: str | None, session: str | None, fe
 
     # The token is asked of the gateway before the agent starts: a wrong one fails here, in
     # one line, not at the agent's first sbatch.
-    me = Client(url, token.strip(), session).whoami()
+    me = Client(url, token.strip(), session).run(reads.whoami)
     where, said = start_dir(me, os.getcwd())  # where the agent's jobs may write (decision 0056)
     if said:
         print(said, file=sys.stderr)

@@ -15,7 +15,21 @@ SECTIONS: list[tuple[str, list[str]]] = [
     ("Admin", ["serve", "doctor", "saved", "backup", "restore", "migrate", "config", "principal", "token", "policy", "audit", "sandbox", "slurm"]),
     ("Analysis (offline, no gateway)", ["analyze", "synth", "simulate"]),
 ]
-"""Every command, once, in the order a reader meets them."""
+"""Every command, once, in the order a reader meets them; a command made from a verb's
+declaration is added to the section it declares (corral/edges/cli/generated.py)."""
+
+
+def _declared() -> None:
+    from corral.edges import reads  # noqa: F401  # the declarations register themselves
+    from corral.edges.declare import DECLARED
+
+    where = dict(SECTIONS)
+    for verb in DECLARED:
+        if verb.cli is not None and verb.cli.generated and verb.cli.name not in where[verb.cli.section]:
+            where[verb.cli.section].append(verb.cli.name)
+
+
+_declared()
 
 SUMMARIES: dict[str, str] = {
     "advice": "What corral remembers of a job like this one, without submitting it.",

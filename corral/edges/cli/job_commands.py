@@ -10,6 +10,7 @@ import click
 
 from corral.edges.cli.kit import Ctx, fail, table, ts
 from corral.core.signals import SIGNALS
+from corral.edges import reads
 
 
 def job_line(j: dict[str, Any]) -> str:
@@ -93,7 +94,7 @@ def usage(o: Ctx, job_id: int) -> None:
       corral usage 7            # after 'corral wait 7'
     """
 
-    o.out(o.client.usage(job_id), usage_text)
+    o.out(o.client.run(reads.usage, job_id), usage_text)
 
 
 def usage_text(u: dict[str, Any]) -> str:

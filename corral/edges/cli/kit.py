@@ -9,9 +9,12 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import click
+
+if TYPE_CHECKING:
+    from corral.edges.client import Client
 
 
 def for_people(text: str) -> str:
@@ -42,10 +45,10 @@ class Ctx:
         self.token = token
         self.session = session or os.environ.get("CORRAL_SESSION")
         self.as_json = as_json
-        self._client: Any = None
+        self._client: Client | None = None
 
     @property
-    def client(self) -> Any:
+    def client(self) -> Client:
         if self._client is None:
             from corral.edges.client import Client, default_token
 

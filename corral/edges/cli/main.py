@@ -19,9 +19,11 @@ from typing import Any
 import click
 
 from corral.edges.cli.job_commands import job_line, job_rows, notice_options, parse_kv
+from corral.edges.cli.generated import commands
 from corral.edges.cli.kit import Ctx, fail, table
 from corral.core.errors import CorralError, InvalidRequest
 from corral.core.lane_names import CHOICES
+from corral.edges import reads
 
 EPILOG = """\b
 Environment:
@@ -274,7 +276,7 @@ def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[
         del spec["workdir"]
         job = o.client.submit(spec, idempotency_key)
     if wait_s is not None:
-        job = o.client.wait(job["id"], wait_s)
+        job = o.client.run(reads.wait, job["id"], wait_s)
     def human(j: dict[str, Any]) -> str:
         line = job_line(j) if wait_s is not None else f"submitted job {j['id']} ({j['state']})" + (
             "" if j.get("created", True) else " [existing job for this idempotency key]")
@@ -297,7 +299,7 @@ def _cli_time(o: Ctx, text: str, partition: str | None) -> Any:
         return text  # '30m', '2h': corral's own units, checked by the gateway
     if secs != slurm_formats.NO_LIMIT:
         return secs
-    parts = o.client.facility().get("partitions") or []
+    parts = o.client.run(reads.facility).get("partitions") or []
     part = next((p for p in parts if p["name"] == partition or (partition is None and p.get("default"))), None)
     if part is None:
         fail(f"--time {text}: no partition {partition!r} to take the maximum of", hint="corral facility lists them")
@@ -316,7 +318,7 @@ def status(o: Ctx, job_ids: tuple[int, ...]) -> None:
       corral status 7 8 9
       corral --json status 7          # for agents and scripts: state, exit_code, reason ...
     """
-    jobs = [o.client.job(j) for j in job_ids]
+    jobs = [o.client.run(reads.job, j) for j in job_ids]
     o.out(jobs if len(jobs) > 1 else jobs[0], lambda d: job_rows(d if isinstance(d, list) else [d]))
 
 
@@ -337,7 +339,7 @@ def wait(o: Ctx, job_id: int, timeout: float, until: str | None) -> None:
       corral wait 7 --until RUNNING         # started yet?
       corral wait 7 --timeout 600           # a long job: wait up to 10 minutes
     """
-    job = o.client.wait(job_id, timeout, until)
+    job = o.client.run(reads.wait, job_id, timeout, until)
     o.out(job, lambda j: job_line(j) + ("" if j["reached"] else f" [still {j['state']} after {timeout:g}s]"))
     if not job["reached"]:
         sys.exit(EXIT_TIMEOUT)
@@ -360,9 +362,9 @@ def logs(o: Ctx, job_id: int, use_stderr: bool, tail: int | None, offset: int, l
       corral logs 7 --stderr
       corral logs 7 --offset 65536          # the next page, as the first one says
     """
-    page = o.client.output(job_id, stream="stderr" if use_stderr else "stdout", offset=offset, limit=limit, tail=tail)
+    page = o.client.run(reads.output, job_id, stream="stderr" if use_stderr else "stdout", offset=offset, limit=limit, tail=tail)
     if not use_stderr and page["size"] == 0:
-        other = o.client.output(job_id, stream="stderr", offset=0, limit=1)
+        other = o.client.run(reads.output, job_id, stream="stderr", offset=0, limit=1)
         if other["size"]:
             page["stderr_size"] = other["size"]
 
@@ -407,7 +409,7 @@ def jobs(o: Ctx, states: tuple[str, ...], session: str | None, principal: str | 
       corral jobs --session tour-1 --principal claude-1
       corral jobs --limit 50 --offset 50     # the next page
     """
-    res = o.client.jobs(state=list(states) or None, session=session, principal=principal, limit=limit, offset=offset)
+    res = o.client.run(reads.jobs, state=list(states) or None, session=session, principal=principal, limit=limit, offset=offset)
     o.out(res, lambda r: job_rows(r["jobs"]))
 
 
@@ -420,7 +422,7 @@ def whoami(o: Ctx) -> None:
     Example:
       corral whoami            # e.g. claude-1 (agent), sponsored by alice
     """
-    o.out(o.client.whoami(), lambda p: f"{p['name']} ({p['kind']}{', admin' if p['admin'] else ''})"
+    o.out(o.client.run(reads.whoami), lambda p: f"{p['name']} ({p['kind']}{', admin' if p['admin'] else ''})"
           + (f", sponsored by {p['sponsor']}" if p.get("sponsor") else "") + _runs_as(p.get("runs_as")))
 
 
@@ -441,7 +443,7 @@ def facility(o: Ctx) -> None:
     Example:
       corral facility
     """
-    o.out(o.client.facility(), lambda f: table(f["partitions"], ["name", "default", "max_cpus", "max_memory_mb", "max_gpus", "max_walltime_s"])
+    o.out(o.client.run(reads.facility), lambda f: table(f["partitions"], ["name", "default", "max_cpus", "max_memory_mb", "max_gpus", "max_walltime_s"])
           + f"\nqueue: {f['queue']['pending']} pending, {f['queue']['running']} running; you: {f['you']['active_jobs']} active jobs")
 
 
@@ -466,6 +468,10 @@ def mcp_stdio(o: Ctx) -> None:
     # No fallback to the admin token file: an agent started in the gateway's directory
     # must not silently act as the admin.
     sys.exit(serve(o.url, o.token or os.environ.get("CORRAL_TOKEN"), o.session))
+
+
+for _command in commands():  # the verbs whose command is their declaration (corral/edges/cli/generated.py)
+    cli.add_command(_command)
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ import shlex
 from typing import Any
 
 import click
+from corral.edges import reads
 
 
 @click.command()
@@ -45,7 +46,7 @@ def recall(o: Any, query: tuple[str, ...], k: int) -> None:
       corral recall cuda module gpu
       corral recall why does pytorch not see my graphics card
     """
-    found = o.client.recall(" ".join(query), k)
+    found = o.client.run(reads.recall, " ".join(query), k)
     o.out(found, lambda r: "\n\n".join(f"[{n['id']}] ({n['scope']}, {n['author']}; by {' and '.join(n.get('by', []))}) "
                                         f"{n['text']}" for n in r["notes"]) or "no notes match")
 

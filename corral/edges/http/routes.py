@@ -26,8 +26,15 @@ _BOUNDS = {at.Ge: "ge", at.Le: "le", at.Gt: "gt", at.Lt: "lt", at.MinLen: "min_l
 
 
 def model(name: str) -> type[BaseModel]:
-    """A model a row names: an input (inputs.py) or an answer (schemas.py)."""
-    found = getattr(inputs, name, None) or getattr(schemas, name)
+    """A model a row names: an input (inputs.py), an answer (schemas.py), or ``module:Name``
+    (an answer declared beside its behaviour)."""
+    if ":" in name:
+        import importlib
+
+        module, attr = name.split(":")
+        found = getattr(importlib.import_module(module), attr)
+    else:
+        found = getattr(inputs, name, None) or getattr(schemas, name)
     assert isinstance(found, type) and issubclass(found, BaseModel), name
     return found
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, ParamSpec, Protocol
 
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import ValidationError
@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from corral.core.errors import Forbidden, describe_validation
 from corral.core.principals import session_holder
 from corral.edges.http.routes import model
+from corral.edges.declare import Declared
 from corral.edges.verbs import BY_NAME, Verb
 from corral.safety import job_credentials
 
@@ -26,8 +27,15 @@ if TYPE_CHECKING:
     from corral.gateway.service import Service
 
 
+P = ParamSpec("P")
+
+
 class Ops(Protocol):
-    """Every verb of the table as an async method: ``await ops.job(12)``."""
+    """A declared verb, typed: ``await ops.run(reads.job, 12)`` (mypy checks the arguments
+    against the function that serves it); a verb of the table not declared yet as an
+    async method: ``await ops.submit(spec)``."""
+
+    async def run(self, verb: Declared[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> Any: ...
 
     def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]: ...
 
@@ -66,6 +74,9 @@ class ServiceOps:
             caller = dataclasses.replace(caller, session=f"token-{session_holder(caller)}")
         self.caller = caller
 
+    async def run(self, verb: Declared[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> Any:
+        return await self.__getattr__(verb.name)(*args, **kwargs)
+
     def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
         if name not in BY_NAME:
             raise AttributeError(name)
@@ -85,6 +96,9 @@ class RemoteOps:
 
     def __init__(self, client: Any) -> None:
         self.client = client
+
+    async def run(self, verb: Declared[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> Any:
+        return await self.__getattr__(verb.name)(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
         if name not in BY_NAME:

@@ -18,6 +18,7 @@ from pydantic import Field
 from corral.edges.mcp.answers import LIVE, guarded, answer, declared
 from corral.edges.schemas import ToolOutput
 from corral.safety import guard
+from corral.edges import reads
 
 if TYPE_CHECKING:
     from corral.edges.mcp.ops import Ops
@@ -51,7 +52,7 @@ def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"],
         data; each page says its first and last line. `tail_lines`: the last N lines; else
         up to `max_bytes` from `offset`. If `eof` is false, call again with offset=next_offset;
         while the job runs, what you read is its output so far, not its end."""
-        page = await ops_for(ctx).output(job_id, stream, offset, max(1, min(max_bytes, MAX_OUTPUT_BYTES)), tail_lines)
+        page = await ops_for(ctx).run(reads.output, job_id, stream, offset, max(1, min(max_bytes, MAX_OUTPUT_BYTES)), tail_lines)
         return page_answer(job_id, stream, page)
 
 

@@ -43,6 +43,7 @@ from pydantic import BaseModel, Field
 
 from corral.core.errors import CorralError
 from corral.edges.mcp.advice import said
+from corral.edges import reads
 
 if TYPE_CHECKING:
     from corral.edges.mcp.ops import ServiceOps
@@ -230,7 +231,7 @@ class JobTasks(Extension):
 
     async def _job_task(self, ctx: ServerRequestContext[Any, Any], ops: "ServiceOps", task_id: str,
                         ref: TaskRef) -> dict[str, Any]:
-        job = await ops.wait(int(ref.subject), 0.0, ref.until or None)
+        job = await ops.run(reads.wait, int(ref.subject), 0.0, ref.until or None)
         updated = max(t for t in (ref.created, job.get("submit_time"), job.get("start_time"), job.get("end_time"))
                       if t is not None)
         if not job["reached"]:

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from corral.edges.client import Client, GatewayUnreachable
 from corral.core.errors import CorralError
 from corral.core.slurm_formats import format_limit
+from corral.edges import reads
 
 SHORT = {"PENDING": "PD", "RUNNING": "R", "COMPLETED": "CD", "FAILED": "F", "CANCELLED": "CA",
          "TIMEOUT": "TO", "OUT_OF_MEMORY": "OOM", "UNKNOWN": "NF"}
@@ -96,7 +97,7 @@ def facility(c: Client) -> dict[str, Any]:
                     return dict(json.load(f))
         except (OSError, ValueError):
             pass
-    info = c.facility()
+    info = c.run(reads.facility)
     if path:
         tmp = f"{path}.{os.getpid()}"
         try:
@@ -111,7 +112,7 @@ def facility(c: Client) -> dict[str, Any]:
 def wait(c: Client, job_id: int) -> dict[str, Any]:
     """Until the job ends, in the gateway's bounded long-polls."""
     while True:
-        done = c.wait(job_id, 590.0)
+        done = c.run(reads.wait, job_id, 590.0)
         if done.get("state") not in ACTIVE:
             return done
 

@@ -10,6 +10,7 @@ import sys
 from corral.core.errors import NotFound
 from corral.edges.shims.base import ACTIVE, ShimError, client, elapsed, exit_code, hms, stamp, unsupported, user
 from corral.edges.shims.queue import View, account, group_name, held, views
+from corral.edges import reads
 
 
 def scontrol(argv: list[str]) -> int:
@@ -46,7 +47,7 @@ def _hold(action: str, ids: list[str]) -> int:
     c, rc = client(), 0
     for raw in ",".join(ids).split(","):
         try:
-            job = c.job(int(raw)) if raw.isdigit() else None
+            job = c.run(reads.job, int(raw)) if raw.isdigit() else None
         except NotFound:
             job = None
         why = ("Invalid job id specified" if job is None else

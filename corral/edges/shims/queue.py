@@ -26,6 +26,7 @@ from corral.core.errors import NotFound
 from corral.core.slurm_formats import memory_text
 from corral.edges.shims.base import (ACTIVE, SHORT, Parser, ShimError, client, elapsed, facility, limit, squeue_time,
                    stamp, unsupported, user)
+from corral.edges import reads
 
 DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
 MIN_JOB_AGE_S = 300
@@ -234,7 +235,7 @@ def fetch(ids: list[str] | None, server_states: list[str] | None = None) -> list
             if not head.isdigit():
                 raise ShimError("Invalid job id specified", bare=True)
             try:
-                job = c.job(int(head))  # one request per id: old jobs too, whatever the listing holds
+                job = c.run(reads.job, int(head))  # one request per id: old jobs too, whatever the listing holds
             except NotFound:
                 continue
             labels = (job.get("spec") or {}).get("labels") or {}
@@ -244,14 +245,14 @@ def fetch(ids: list[str] | None, server_states: list[str] | None = None) -> list
                     jobs.append(job)
                 continue
             if listing is None:  # an array: its tasks are the jobs that share its first id
-                listing = c.jobs(full=True, limit=1000)["jobs"]
+                listing = c.run(reads.jobs, full=True, limit=1000)["jobs"]
             for j in listing:
                 v0 = View(j, "", "", now)
                 if v0.array_id == int(head) and (not task or v0.task == task) and j["id"] not in seen:
                     seen.add(j["id"])
                     jobs.append(j)
     else:
-        jobs = c.jobs(full=True, limit=1000, state=server_states)["jobs"]
+        jobs = c.run(reads.jobs, full=True, limit=1000, state=server_states)["jobs"]
     out = []
     for j in jobs:
         spec = j.get("spec") or {}

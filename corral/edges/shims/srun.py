@@ -15,6 +15,7 @@ from typing import Any
 
 from corral.edges.shims.base import Parser, ShimError, client, facility, unsupported, wait
 from corral.edges.shims.sbatch import check_partition, shape_of, build, parser
+from corral.edges import reads
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,9 +57,9 @@ def srun(argv: list[str]) -> int:
     check_partition(c, spec)
     job = c.submit(spec)
     done = wait(c, job["id"])
-    sys.stdout.write(c.output(job["id"], limit=1 << 20).get("data") or "")
+    sys.stdout.write(c.run(reads.output, job["id"], limit=1 << 20).get("data") or "")
     sys.stdout.flush()
-    sys.stderr.write(c.output(job["id"], stream="stderr", limit=1 << 20).get("data") or "")
+    sys.stderr.write(c.run(reads.output, job["id"], stream="stderr", limit=1 << 20).get("data") or "")
     state = done.get("state")
     if state == "COMPLETED":
         return 0
