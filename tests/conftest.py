@@ -398,6 +398,7 @@ SLURM_TESTS = {
     "tests/test_clusters_slurm.py::test_placement_sends_an_agents_job_to_the_free_cluster",
     "tests/test_bounds_reads.py::test_fifos_and_links_in_a_job_directory_never_stall_the_gateway",
     "tests/test_doctor.py::test_a_good_host_passes_against_the_private_slurm",
+    "tests/test_egress_approvals_slurm.py::test_on_slurm_an_approved_egress_reaches_its_host_through_the_nodes_relay",
     "tests/test_dashboard.py::test_what_corral_saved_a_real_slurm_is_counted_in_its_commands",
     "tests/test_admins_read_dashboard.py::test_what_corral_asked_slurm_reads_as_corral_saved_says",
     "tests/test_fastlane.py::test_a_batch_job_gets_the_cores_of_an_idle_pool_and_a_task_says_it_waits_for_it",
