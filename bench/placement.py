@@ -16,7 +16,8 @@ while it waits (decision 0053, rebalancing); ``moves`` counts the moves its agen
 
 The simulator arm (bench/_placement_sim.py, keys ``sim_*``): two facilities in
 corral/simulate, people's jobs of an SWF trace split 3:1 between them, agents' jobs
-pinned to the loaded one or placed at submit by the earlier estimated start.
+pinned to the loaded one, placed at submit by the earlier estimated start, or pinned and
+then rebalanced while they wait (``sim_rebalanced_*``, ``sim_rebalanced_moved``).
 
 Last line: one JSON object (clusters, placed_wait_p50_s, pinned_wait_p50_s, sus_placed,
 sus_pinned, ran_twice, ...). Both instances are taken in turn as the tests take them
@@ -181,7 +182,8 @@ def main() -> None:
     args = ap.parse_args()
     n, busy_s = (3, 8) if args.quick else (12, 60)
     sim = simulate(args.quick, RATES)
-    sim_ran = {"sim": sim["sim_placed_ran"] > 0 and sim["sim_pinned_ran"] > 0}
+    sim_ran = {"sim": sim["sim_placed_ran"] > 0 and sim["sim_pinned_ran"] > 0 and sim["sim_rebalanced_ran"] > 0
+               and sim["sim_rebalanced_ran_twice"] == 0}
     if not (answers(FIRST) and answers(SECOND)):
         finish("placement", {"clusters": 0, "error": "two private Slurm instances are needed: scripts/slurm-up "
                              "and scripts/slurm-up --second", **sim}, {"placed": False, "pinned": False, **sim_ran})

@@ -44,3 +44,22 @@ def test_placement_shortens_agents_waits_against_pinned() -> None:
     assert out["sim_pinned_ran"] == out["sim_placed_ran"] == out["sim_agent_jobs"] > 0
     assert out["sim_pinned_on_two"] == 0 and out["sim_placed_on_two"] > 0
     assert out["sim_placed_wait_mean_s"] < out["sim_pinned_wait_mean_s"]
+
+
+def test_rebalancing_moves_only_waiting_jobs_reading_only_what_was_known_then() -> None:
+    """The rebalanced arm (corral's rebalancer in the simulator): jobs pinned to the loaded
+    cluster are moved to the light one while they wait (each started there after its move,
+    none ran twice), a move decided at a round is the same without the jobs submitted
+    after it, and the agents wait less than pinned."""
+    humans = ps.people(ps.facility(), 1500)
+    asks = ps.agents(30, (humans[0].submit, humans[-1].submit), 52)
+    full = ps.arm("rebalanced", humans, asks, RATES)
+    assert full["ran"] == 30 and 0 < full["moved"] == full["on_two"] < 30 and full["ran_twice"] == 0, full
+    assert all(full["starts"][j] >= t for j, t in full["moves"].items())  # waiting when moved
+    for k in (5, 15, 25):
+        t = asks[k][0]
+        cut = ps.arm("rebalanced", [j for j in humans if j.submit < t], asks[:k + 1], RATES)
+        assert {j: w for j, w in cut["moves"].items() if w < t} == {j: w for j, w in full["moves"].items() if w < t}
+    out = ps.simulate(True, RATES)
+    assert out["sim_rebalanced_ran"] == out["sim_agent_jobs"] and out["sim_rebalanced_moved"] > 0
+    assert out["sim_rebalanced_wait_mean_s"] < out["sim_pinned_wait_mean_s"] and out["sim_rebalanced_ran_twice"] == 0
