@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from corral.edges import reads
-from corral.edges.declare import Serve, Tool, Verb
+from corral.edges.declare import DECLARED, Serve, Tool, Verb
 
 __all__ = ["Serve", "Tool", "Verb", "VERBS", "BY_NAME"]
 
@@ -282,6 +282,7 @@ VERBS: tuple[Verb, ...] = (
       for action, method, tail in (("show", "GET", ""), ("diff", "GET", "/diff"), ("commit", "POST", "/commit"),
                                    ("discard", "POST", "/discard"))),
 )
+VERBS += tuple(d.row for d in DECLARED if d.row not in VERBS)  # declared, not placed above: their routes last
 """Every verb, in the order its route is added."""
 
 BY_NAME: dict[str, Verb] = {v.name: v for v in VERBS}
