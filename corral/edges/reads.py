@@ -14,6 +14,7 @@ from corral.edges.declare import Cli, Tool, declare
 
 if TYPE_CHECKING:
     from corral.core.principals import Caller
+    from corral.gateway.quota import Quota
     from corral.gateway.service import Service
 
 HAND_CLI = "a person reads more than the answer's fields"
@@ -115,3 +116,19 @@ async def facility(s: Service, c: Caller) -> dict[str, Any]:
 def budget(s: Service, c: Caller) -> dict[str, Any]:
     return s.budget(c)
 
+
+@declare("GET", "/v1/quota", out="corral.gateway.quota:Quota", tags=("facility",),
+         summary="What you may still use: the least left of CPU-hours, GPU-hours and jobs over every limit on "
+                 "your token, and which limit sets each.",
+         words="Your remaining budget before you submit a sweep: CPU-hours and GPU-hours left (a running job "
+               "reserves its whole walltime), how many more unfinished jobs you may add now, and your submit "
+               "rate; null means no limit. Cheap: call it in your loop instead of facility_info.",
+         tool=Tool("quota_left", "Your remaining budget", read_only=True),
+         said=lambda q: (f"left: {q['cpu_hours_left'] if q['cpu_hours_left'] is not None else 'unlimited'} CPU-h, "
+                         f"{q['gpu_hours_left'] if q['gpu_hours_left'] is not None else 'unlimited'} GPU-h, "
+                         f"{q['jobs_left'] if q['jobs_left'] is not None else 'unlimited'} more jobs at once"),
+         cli=Cli("quota", example="corral quota"))
+def quota(s: Service, c: Caller) -> Quota:
+    from corral.gateway.quota import quota
+
+    return quota(s, c)
