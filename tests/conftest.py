@@ -68,6 +68,11 @@ TEST_UIDS = os.path.join(_UIDS_DIR, "uids")
 """The machine's record of dynamic uids for this test process's gateways: shared by
 them, as by installs on one machine, and not the machine's own (/var/lib/corral/uids),
 whose uids are never given back and would run out over many test runs."""
+TEST_NSS = os.path.join(_UIDS_DIR, "extrausers")
+"""Where this test process's gateways publish dynamic uids for NSS ([sandbox] nss_users):
+a directory no NSS reads, so their Slurm jobs start as root and drop to the uid, and the
+machine's own /var/lib/extrausers is written only by the tests that ask for it (a uid
+published there is skipped by every later allocation: test runs would use up the range)."""
 
 
 @dataclass
@@ -91,7 +96,8 @@ class Gateway:
     def env(self, token: str | None = None, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
         env.update({"CORRAL_HOME": str(self.home), "CORRAL_URL": self.url,
-                    "CORRAL_SANDBOX__UID_REGISTRY": TEST_UIDS, **self.extra_env, **extra})
+                    "CORRAL_SANDBOX__UID_REGISTRY": TEST_UIDS,
+                    "CORRAL_SANDBOX__NSS_USERS": TEST_NSS, **self.extra_env, **extra})
         if token:
             env["CORRAL_TOKEN"] = token
         return env

@@ -342,3 +342,61 @@ def test_agents_work_runs_contained_inside_the_batch_script(tmp_path, agent_dir,
         assert (tmp_path / "hers.txt").read_text() == "hers\n"
     finally:
         gw.kill(signal.SIGTERM)
+
+
+def test_a_dynamic_uid_agents_job_is_its_own_in_slurm(tmp_path, agent_dir) -> None:
+    """An agent with no Unix user (nor a sponsor with one) runs as a dynamic uid of its own.
+    A root gateway writes that uid for NSS (libnss-extrausers' files, which scripts/slurm-up
+    installs and names in nsswitch.conf): Slurm starts the job as it, sacct names it, and
+    corral reads what it wrote (decision 0063). Before, the job was submitted as root and
+    sacct said User=root."""
+    import pwd
+    import secrets
+    import shutil
+    import tempfile
+
+    from corral.core import nss_users
+
+    if os.geteuid() != 0:
+        pytest.skip("dynamic uids are a root gateway's")
+    assert "extrausers" in Path("/etc/nsswitch.conf").read_text(), "scripts/slurm-up names extrausers in nsswitch.conf"
+    conf, agent = slurm_conf(), f"bot-{secrets.token_hex(3)}"  # a name no other test process publishes
+    # Slurm opens the job's output as its uid: the gateway's home is one others may pass through
+    # (pytest's tmp_path is 0700), as a site's jobs_dir is
+    root = Path(tempfile.mkdtemp(prefix="corral-dyn-", dir="/tmp"))
+    root.chmod(0o755)
+    gw = start_slurm_gateway(root, conf, CORRAL_SANDBOX__NSS_USERS=str(nss_users.DEFAULT_DIR))
+    uids: set[int] = set()
+    try:
+        with gw.http() as h:
+            for body in ({"name": "alice", "kind": "human"}, {"name": agent, "kind": "agent", "sponsor": "alice"}):
+                assert h.post("/v1/principals", json=body).status_code == 201
+            token = h.post("/v1/tokens", json={"for": agent, "expires": "1h"}).json()["token"]
+        with gw.http(token) as h:
+            r = h.post("/v1/jobs", json={"command": "id -u; id -un; echo own > mine.txt", "workdir": str(agent_dir),
+                                         "walltime": "60s"})
+            assert r.status_code == 201, r.text
+            done = h.get(f"/v1/jobs/{r.json()['id']}/wait", params={"timeout": 90}).json()
+            out = h.get(f"/v1/jobs/{done['id']}/output").json()["data"]
+            err = h.get(f"/v1/jobs/{done['id']}/output", params={"stream": "stderr"}).json()["data"]
+        uids = set(json.loads((gw.home / "identities.json").read_text())["uids"].values())
+        uid = json.loads((gw.home / "identities.json").read_text())["uids"][agent]
+        assert done["state"] == "COMPLETED", (done, out, err)
+        assert pwd.getpwuid(uid).pw_name == agent  # published under the agent's own name
+        assert out.split()[-2:] == [str(uid), agent], out  # the job itself, as its uid and name
+        assert (agent_dir / "mine.txt").stat().st_uid == uid
+        job_sh = (gw.home / "slurm" / "jobs" / str(done["id"]) / "job.sh").read_text()
+        assert "setpriv" not in job_sh  # Slurm started it as the uid: no root shell dropping to it
+        bid = (gw.home / "slurm" / "jobs" / str(done["id"]) / "backend_id").read_text().strip()
+        env = {**os.environ, "SLURM_CONF": conf}
+        user, deadline = "", time.time() + 60
+        while time.time() < deadline and user != agent:  # slurmdbd records the job a moment after it ends
+            user = subprocess.run(["sacct", "-X", "-n", "-P", "-j", bid, "-o", "User"], env=env,
+                                  capture_output=True, text=True).stdout.strip()
+            time.sleep(0.5)
+        assert user == agent
+    finally:
+        gw.kill(signal.SIGTERM)
+        if uids:
+            nss_users.remove(nss_users.DEFAULT_DIR, uids)  # a throwaway record's uids: the range is kept for others
+        shutil.rmtree(root, ignore_errors=True)

@@ -162,6 +162,7 @@ class SandboxSettings(_Part):
     pids_max: int = Field(512, ge=16, le=1_000_000, description="Most processes and threads one sandboxed job may have at once (a fork bomb stops there).")
     dynamic_uids: tuple[int, int] = Field((61184, 65519), description="The uids a root gateway hands out, one per principal that has no Unix user (nor a sponsor with one), as systemd's DynamicUser does; never reused.")
     uid_registry: Path = Field(Path("/var/lib/corral/uids"), description="The machine-wide record of dynamic uids, shared by every corral install on this machine (root's, 0600 in a 0700 directory), so that two installs never hand out one uid.")
+    nss_users: Path | None = Field(Path("/var/lib/extrausers"), description="Where a root gateway writes its dynamic uids as users and groups for NSS (libnss-extrausers' passwd and group files; nsswitch.conf names extrausers), so that Slurm resolves them and an agent's job runs as its own uid, its name in sacct (decision 0063). Empty: not written (its Slurm jobs then start as root and drop to the uid).")
     seccomp: bool = Field(True, description="Whether sandboxed jobs run under corral's system-call filter (no Unix or vsock sockets, no io_uring, no new user namespaces, no keyring).")
     unix_sockets: bool = Field(False, description="Whether sandboxed jobs may open Unix sockets (the filter refuses them by default: a namespace does not hide the host's socket files).")
     file_max: int = Field(16 * 2**30, ge=2**20, description="The largest file a sandboxed job may write, in bytes (its output included); past it the write fails and the job is told why.")
@@ -174,6 +175,11 @@ class SandboxSettings(_Part):
         if v is not None:
             host_port(v)
         return v
+
+    @field_validator("nss_users", mode="before")
+    @classmethod
+    def _nss_off(cls, v: object) -> object:
+        return None if v == "" else v  # '' in corral.toml or the environment: not written
 
 
 class StorageSettings(_Part):

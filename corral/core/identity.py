@@ -77,8 +77,11 @@ class Identities:
     dynamic uids (corral's private state, 0600)."""
 
     def __init__(self, path: Path, first: int = DEFAULT_RANGE[0], last: int = DEFAULT_RANGE[1],
-                 root: bool | None = None, registry: Path = REGISTRY) -> None:
+                 root: bool | None = None, registry: Path = REGISTRY, nss: Path | None = None) -> None:
         self.path = Path(path)
+        self.nss = nss
+        """Where dynamic identities are published for NSS (corral/core/nss_users.py), or None."""
+        self._resolved: set[int] = set()
         self.registry = Path(registry)
         """The machine-wide record (``REGISTRY``), shared with every other install here."""
         self.install = os.path.realpath(self.path.parent)
@@ -200,6 +203,7 @@ class Identities:
                     # home): claimed there now, refused if another install holds it.
                     with self._machine() as machine:
                         self._claim(machine, int(uids[principal]), principal)
+                    self._publish(principal, int(uids[principal]))
                     self._cache[principal] = int(uids[principal])
                     return self._cache[principal]
                 with self._machine() as machine:
@@ -212,6 +216,7 @@ class Identities:
                         raise InvalidRequest(f"no dynamic uid is left in {self.first}-{self.last} for {principal!r}",
                                              hint="the admin must widen [sandbox] dynamic_uids or give principals Unix users")
                     self._claim(machine, uid, principal)
+                    self._publish(principal, uid)  # under the machine's lock: named before another takes it
                 uids[principal] = uid
                 data["next"] = uid + 1
                 _write(self.path, data)
@@ -219,6 +224,33 @@ class Identities:
                 return uid
             finally:
                 os.close(fd)
+
+    def _publish(self, principal: str, uid: int) -> None:
+        """``uid`` written where NSS reads it (``nss``), so Slurm's daemons resolve it and a
+        Slurm job runs as it (decision 0063). Not published (a directory not root's, a uid
+        another source names): logged, and its Slurm jobs run as before (root drops to it)."""
+        if self.nss is None:
+            return
+        from corral.core import nss_users
+
+        try:
+            nss_users.publish(self.nss, uid, principal, self.first, self.last)
+        except (InvalidRequest, OSError) as e:
+            log.warning("dynamic uid %d of %r not published for NSS in %s: %s", uid, principal, self.nss, e)
+
+    def resolves(self, ident: Identity) -> bool:
+        """Whether NSS gives a dynamic ``ident`` the name corral published for it (its
+        principal's or ``corral-UID``), its own group and a uid of the range: then Slurm
+        may start its jobs as it (``sbatch --uid``). A uid NSS names otherwise is not used."""
+        if ident.uid in self._resolved:
+            return True
+        from corral.core import nss_users
+
+        ok = ident.dynamic and self.first <= ident.uid <= self.last and \
+            nss_users.resolves(ident.uid, ident.gid, (ident.user, f"corral-{ident.uid}"))
+        if ok:
+            self._resolved.add(ident.uid)
+        return ok
 
     # -- the machine's record ---------------------------------------------------------
 

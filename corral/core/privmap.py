@@ -104,6 +104,8 @@ PRIVILEGED: tuple[str, ...] = (
     "corral.lanes.fast.lane", "corral.lanes.fast.trust", "corral.lanes.fast.journals", "corral.lanes.fast.engine",
     "corral.lanes.fast.wire", "corral.lanes.local", "corral.lanes.local_launch", "corral.lanes.slurm.script",
     "corral.lanes.slurm.submitter", "corral.gateway.images", "corral.core.identity", "corral.storage.workspaces",
+    # a root gateway's dynamic uids written where NSS reads them (decision 0063)
+    "corral.core.nss_users",
     "corral.storage.staging", "corral.storage.basework", "corral.sandbox.egress", "corral.sandbox.egress_grants",
     # processes that run as root and change identity, or hold a job
     "corral.lanes.local_runner", "corral.lanes.local_child", "corral.lanes.local_records", "corral.sandbox.host",
@@ -290,6 +292,15 @@ CROSSINGS: tuple[Crossing, ...] = (
              "/etc/nsswitch.conf, root's (or bound there by root)"),
     Crossing("corral.core.identity", "Identities._machine", ("path.mkdir", "os.replace"), "nobody",
              "the machine's registry, root's 0700; written O_NOFOLLOW then renamed"),
+    Crossing("corral.core.nss_users", "_open_dir", ("path.mkdir",), "nobody",
+             "[sandbox] nss_users (/var/lib/extrausers), made 0755; opened O_DIRECTORY|O_NOFOLLOW and checked root's "
+             "and writable by no one else before anything is read or written in it"),
+    Crossing("corral.core.nss_users", "_read", ("open",), "nobody",
+             "passwd and group beneath the checked directory, by dir_fd, O_NOFOLLOW|O_NONBLOCK; fstat'd a regular "
+             "file of root's no one else may write, read to 16 MiB"),
+    Crossing("corral.core.nss_users", "_write", ("os.unlink", "open", "os.rename"), "nobody",
+             "by dir_fd of the checked directory under its flock: a new file O_EXCL|O_NOFOLLOW, 0644, fsync'd, "
+             "renamed over passwd or group (never a link followed, never written in place)"),
     Crossing("corral.edges.http.peer_signin", "serving", ("path.mkdir", "os.unlink"), "nobody",
              "[signin] socket's directory, the admin's, checked closed to others (or sticky) before use; at the end "
              "the socket's own name there"),

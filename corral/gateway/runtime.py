@@ -96,7 +96,7 @@ def build_service(settings: Settings, clock: Clock | None = None) -> Service:
     db = Database(settings.store_url)
     scratch = scratch_dir(settings.storage, settings.home)
     identities = Identities(settings.home / "identities.json", *settings.sandbox.dynamic_uids,
-                            registry=settings.sandbox.uid_registry)
+                            registry=settings.sandbox.uid_registry, nss=settings.sandbox.nss_users)
     backend: Backend
     more: list[Backend] = []
     if settings.backend == "slurm":

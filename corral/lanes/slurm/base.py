@@ -13,6 +13,7 @@ concerns, each a module of its own:
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from corral.lanes.backend import BackendStatus, Partition, base_env
 from corral.lanes.slurm.submitter import Submitter
 from corral.lanes.slurm.preemption import Preemptions
 from corral.lanes.slurm.tiers import Requeues, Tiers
+
+log = logging.getLogger("corral.lanes.slurm.backend")
 
 if TYPE_CHECKING:
     from corral.core.identity import Identities
@@ -98,6 +101,20 @@ class SlurmBase:
         The dashboard sets it against what clients without corral would have asked;
         a status call answered from jobs' own reports asks nothing and is not counted."""
         self.controller_calls[argv[0]] = self.controller_calls.get(argv[0], 0) + 1
+
+    _jobs_open: bool | None = None
+
+    def jobs_open(self) -> bool:
+        """Whether others may pass through every directory down to jobs_dir (o+x): Slurm
+        opens a job's output as the job's user. Where they may not (a root gateway's home
+        0700), dynamic uids' jobs start as root and drop to the uid, as before (said once)."""
+        if self._jobs_open is None:
+            closed = [p for p in (self.jobs_dir, *self.jobs_dir.parents) if not os.stat(p).st_mode & 0o001]
+            self._jobs_open = not closed
+            if closed:
+                log.warning("%s is closed to others: jobs of dynamic uids start as root, which drops to the uid "
+                            "(sacct says root); chmod o+x it to have Slurm start them as their own", closed[0])
+        return self._jobs_open
 
     def opportunistic(self) -> str | None:
         """The preemptible QOS agents' opportunistic jobs go to; None where Slurm has none."""

@@ -267,8 +267,18 @@ class Scripts(SlurmBase):
         return self.sandbox is not None and self.sandbox.applies(ctx.kind)
 
     def _root_runs(self, ctx: SubmitContext) -> bool:
-        """Whether the batch script runs as the gateway's root (no Unix user to run as)."""
-        return os.geteuid() == 0 and not ctx.unix_user
+        """Whether the batch script runs as the gateway's root (no Unix user to run as, nor
+        a dynamic identity Slurm resolves)."""
+        return os.geteuid() == 0 and not ctx.unix_user and self._published(ctx) is None
+
+    def _published(self, ctx: SubmitContext) -> "Identity | None":
+        """The principal's dynamic identity where NSS resolves it as corral published it
+        (decision 0063): Slurm starts the job as it (``sbatch --uid``), as a Unix user's.
+        None: none, or not resolved (the batch script runs as root and drops to it)."""
+        if ctx.unix_user or os.geteuid() != 0 or self.identities is None or not self.jobs_open():
+            return None
+        ident = self.identities.of(ctx.principal, None, ctx.admin, self._contains(ctx), ctx.kind == "service")
+        return ident if ident is not None and ident.dynamic and self.identities.resolves(ident) else None
 
     def _dropped_to(self, ctx: SubmitContext) -> "Identity | None":
         """The identity a root-run batch script gives the work: a dynamic one of the
@@ -463,9 +473,11 @@ class Scripts(SlurmBase):
 
     def _run_as(self, ctx: SubmitContext) -> tuple[int, int] | None:
         """(uid, gid) that sbatch --uid runs the batch script as: the principal's Unix user,
-        when the gateway is root; None: the gateway's own."""
+        when the gateway is root, else its dynamic identity where Slurm resolves it; None:
+        the gateway's own."""
         if not ctx.unix_user or os.geteuid() != 0:
-            return None
+            published = self._published(ctx)
+            return published.pair if published is not None else None
         try:
             pw = pwd.getpwnam(ctx.unix_user)
         except KeyError:
