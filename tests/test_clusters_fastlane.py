@@ -76,21 +76,24 @@ def test_a_task_for_cluster_two_runs_in_its_pool_on_a_node_of_cluster_two(tmp_pa
         assert first["cluster"] == "one" and h.get(f"/v1/jobs/{first['id']}/output").json()["data"].startswith(
             "10.217.0."), first
         assert set(pools(h)) == {"one", "two"}
+        # 'auto' with both pools warm: one of them, no new pilot (a warm pool goes first).
+        pilots = {c: [a["job_id"] for a in p["allocations"]] for c, p in pools(h).items()}
+        auto = run(h, {"command": "true", "cluster": "auto"})
+        assert auto["cluster"] in ("one", "two") and {c: [a["job_id"] for a in p["allocations"]]
+                                                      for c, p in pools(h).items()} == pilots, (auto, pools(h))
         r = h.post("/v1/jobs", json={"lane": "fast", "command": "true", "cluster": "three"})
         assert r.status_code == 400 and "one, two" in r.json()["error"]["message"], r.text
 
 
 def test_cluster_ones_controller_down_leaves_cluster_twos_pool_serving(tmp_path: Path) -> None:
     with both_turns() as (one, two), gateway(tmp_path, one, two) as gw, gw.http() as h:
-        warm = run(h, {"command": "true", "cluster": "two"})
-        assert warm["cluster"] == "two"
         pids = stop_controllers(one)
         try:
             for pid in pids:
                 ended(pid)
-            # 'auto': cluster one does not answer, so it is placed in two's pool.
+            # 'auto', no pool anywhere yet: placed as a job would be, and one does not answer.
             placed = run(h, {"command": "hostname -I", "cluster": "auto"})
-            assert placed["cluster"] == "two", placed
+            assert placed["cluster"] == "two" and set(pools(h)) == {"two"}, (placed, pools(h))
             assert h.get(f"/v1/jobs/{placed['id']}/output").json()["data"].startswith(TWO_NET)
             # A task named to one cannot get a pilot there: refused now, or waiting; never
             # in the way of two's tasks.

@@ -41,6 +41,18 @@ def test_two_pool_keys_never_share_a_slug() -> None:
     assert PoolKey("corralp1", "proj", None).slug == "corralp1-proj-_"  # the common case unchanged
 
 
+def test_a_pools_cluster_is_a_fourth_part_of_its_slug() -> None:
+    """Pools per cluster (decision 0066): with a cluster, a slug of four parts that no key
+    without one shares; without, the slug as it was (ids and directories found again)."""
+    keys = [PoolKey(u, a, p, c) for u in ("bob", "bob-one", None) for a in ("lab", "lab-one", None)
+            for p in (None, "one", "a-b") for c in (None, "one", "two", "one-two")]
+    slugs = {k.slug for k in keys}
+    assert len(slugs) == len(keys), "two pool keys share a slug"
+    assert all(k.slug.count("-") == (3 if k.cluster else 2) for k in keys)
+    assert PoolKey("ann", "proj", None, "two").slug == "ann-proj-_-two"
+    assert PoolKey("ann", "proj", None).slug == PoolKey("ann", "proj", None, None).slug == "ann-proj-_"
+
+
 # -- journals: bounded, off the loop ------------------------------------------------------
 
 def test_journals_are_read_within_a_count_and_size_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
