@@ -93,3 +93,32 @@ def test_the_cheapest_weighs_the_preemptible_tiers_expected_loss() -> None:
     assert ranked[0].cluster == "dear" and ranked[0].preemption == {"per_hour": 0.0, "preempted": 0, "hours": 0.0,
                                                                     "source": "none", "chance": 0.0}
     assert ranked[1].preemption is not None and ranked[1].preemption["source"] == "site"
+
+
+def test_the_tier_weighed_is_the_placements_own() -> None:
+    """Placer.tier_of: what `place` would decide on a cluster's lane, without its refusal
+    (a guaranteed tier asked of a full share is weighed as guaranteed; it is refused later)."""
+    from corral.core.config import SlurmSettings
+    from corral.core.principals import Kind, Principal
+    from corral.lanes.placement import Placer
+
+    class Lane:
+        tiered = True
+
+        def partition_cpus(self, partition: str | None) -> int:
+            return 32
+
+    class Db:
+        held = 0
+
+        def guaranteed_cpus(self, partition: str | None) -> int:
+            return self.held
+
+    bot, alice, db = Principal("bot1", Kind.AGENT, "alice"), Principal("alice", Kind.HUMAN), Db()
+    shared = Placer(SlurmSettings(agent_guarantee=0.25), db, lambda p, s, n: [])  # type: ignore[arg-type]
+    assert shared.tier_of(bot, JobSpec(command="x", cpus=8), Lane(), "q") == "guaranteed"  # 8 of 32 x 0.25
+    db.held = 4
+    assert shared.tier_of(bot, JobSpec(command="x", cpus=8), Lane(), "q") == "opportunistic"
+    assert shared.tier_of(bot, JobSpec(command="x", cpus=8, tier="guaranteed"), Lane(), "q") == "guaranteed"
+    assert shared.tier_of(bot, JobSpec(command="x", cpus=8), Lane(), None) == "guaranteed"  # no preemptible QOS
+    assert shared.tier_of(alice, JobSpec(command="x", cpus=8), Lane(), "q") is None  # a person's job
