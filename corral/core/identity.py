@@ -158,7 +158,8 @@ class Identities:
 
     @contextlib.contextmanager
     def _record(self) -> Iterator[dict[str, Any]]:
-        """This install's record (``path``), locked (flock) while held, written back atomically."""
+        """This install's record (``path``), locked (flock) while held, written back
+        atomically if changed (a principal's uid already there costs no write)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
@@ -167,8 +168,10 @@ class Identities:
                 data = json.loads(self.path.read_text())
             except FileNotFoundError:
                 data = {"next": self.first, "uids": {}}
+            before = json.dumps(data, sort_keys=True)
             yield data
-            _write(self.path, data)
+            if json.dumps(data, sort_keys=True) != before:
+                _write(self.path, data)
         finally:
             os.close(fd)
 
@@ -188,42 +191,37 @@ class Identities:
         become another's."""
         if principal in self._cache:  # every later job of it: no file read on the submit path
             return self._cache[principal]
-        with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                try:
-                    data = json.loads(self.path.read_text())
-                except FileNotFoundError:
-                    data = {"next": self.first, "uids": {}}
-                uids: dict[str, int] = data["uids"]
-                if principal in uids:
-                    # Recorded here before the machine's record existed (or by a copy of this
-                    # home): claimed there now, refused if another install holds it.
-                    with self._machine() as machine:
-                        self._claim(machine, int(uids[principal]), principal)
-                    self._publish(principal, int(uids[principal]))
-                    self._cache[principal] = int(uids[principal])
-                    return self._cache[principal]
+        with self._lock, self._record() as data:
+            uids: dict[str, int] = data.setdefault("uids", {})
+            if principal in uids:
+                # Recorded here before the machine's record existed (or by a copy of this
+                # home): claimed there now, refused if another install holds it.
+                uid = int(uids[principal])
                 with self._machine() as machine:
-                    for p, u in uids.items():  # this home's earlier uids, claimed before a new one
-                        self._claim(machine, int(u), p, strict=False)
-                    mine = [int(u) for u, h in machine.items()  # claimed, and this record lost (a crash between)
-                            if h.get("home") == self.install and h.get("principal") == principal]
-                    uid = mine[0] if mine else self._free(machine, set(map(int, uids.values())))
-                    if uid is None:
-                        raise InvalidRequest(f"no dynamic uid is left in {self.first}-{self.last} for {principal!r}",
-                                             hint="the admin must widen [sandbox] dynamic_uids or give principals Unix users")
                     self._claim(machine, uid, principal)
-                    self._publish(principal, uid)  # under the machine's lock: named before another takes it
+                self._publish(principal, uid)
+            else:
+                uid = self._allocate(principal, uids)
                 uids[principal] = uid
                 data["next"] = uid + 1
-                _write(self.path, data)
-                self._cache[principal] = uid
-                return uid
-            finally:
-                os.close(fd)
+        self._cache[principal] = uid
+        return uid
+
+    def _allocate(self, principal: str, uids: dict[str, int]) -> int:
+        """A new uid for ``principal``, claimed in the machine's record and published, under
+        its lock (another install's allocation sees it taken); ``uids``: this home's."""
+        with self._machine() as machine:
+            for p, u in uids.items():  # this home's earlier uids, claimed before a new one
+                self._claim(machine, int(u), p, strict=False)
+            mine = [int(u) for u, h in machine.items()  # claimed, and this record lost (a crash between)
+                    if h.get("home") == self.install and h.get("principal") == principal]
+            uid = mine[0] if mine else self._free(machine, set(map(int, uids.values())))
+            if uid is None:
+                raise InvalidRequest(f"no dynamic uid is left in {self.first}-{self.last} for {principal!r}",
+                                     hint="the admin must widen [sandbox] dynamic_uids or give principals Unix users")
+            self._claim(machine, uid, principal)
+            self._publish(principal, uid)  # named before another install can take the uid
+        return uid
 
     def _publish(self, principal: str, uid: int) -> None:
         """``uid`` written where NSS reads it (``nss``), so Slurm's daemons resolve it and a
