@@ -181,4 +181,6 @@ def test_a_refusal_gives_each_cluster_its_nearest_request_that_fits() -> None:
     ranked = asyncio.run(s.rank(JobSpec(command="true", cpus=16, walltime="30m"), every_partition=True))
     misfit = next(o.public() for o in ranked if o.cluster == "small" and o.partition == "debug")
     assert misfit["nearest"] == {"cluster": "small", "cpus": 8}
+    beside = next(o.public() for o in ranked if o.cluster == "small" and o.partition == "long")
+    assert beside["nearest"] == {"cluster": "small", "cpus": 8, "partition": "long"}  # what fits in that one
     assert "nearest" not in next(o.public() for o in ranked if o.cluster == "big")

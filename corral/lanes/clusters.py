@@ -208,7 +208,9 @@ class Sites:
                                                      f"{', '.join(p.name for p in parts)})"], asked=spec))
         for o in out:  # what would fit here instead: by the partitions' limits, no RPC
             if not o.fits and not whole:
-                o.nearest = nearest_in(spec, parts, asked)
+                # a partition plan_job ranks beside the one asked: what fits in it; else anywhere here
+                own = [p for p in parts if p.name == o.partition and not o.candidate]
+                o.nearest = nearest_in(spec, own or parts, asked)
                 if o.nearest is not None and spec.cluster in (None, AUTO):
                     o.nearest["cluster"] = name
         await asyncio.gather(*(self._estimate(lane, spec, o) for o in out if o.fits))
