@@ -132,6 +132,15 @@ class Declared(Generic[P, R]):
         return self.fn(service, caller, *args, **kwargs)
 
 
+# Why a verb has no tool or command (``without``), where several verbs share the reason.
+PERSON = "a person's or an admin's task, not an agent's"
+SERVICE = "for services that verify corral's tokens (GET /v1/tokens/public-key)"
+ASKED = "an agent is asked in the tool call that needs the approval (URL elicitation), never lists or answers them"
+TOLD = "people are told on their notify channels (corral notify), not through a ledger"
+ENV = "people's housekeeping: an agent builds (build_environment) and names an image"
+WS = "the workspace tool, its action argument (corral/edges/mcp/storage_tools.py)"
+
+
 DECLARED: list[Declared[Any, Any]] = []
 """Every declared verb, in the order declared (corral/edges/reads.py and others)."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from corral.edges.declare import Cli, Tool, declare
+from corral.edges.declare import ASKED, ENV, PERSON, SERVICE, TOLD, WS, Cli, Tool, declare
 
 if TYPE_CHECKING:
     from corral.core.principals import Caller
@@ -132,3 +132,108 @@ def quota(s: Service, c: Caller) -> Quota:
     from corral.gateway.quota import quota
 
     return quota(s, c)
+
+
+@declare("GET", "/v1/principals", summary="", out="PrincipalList", op="list_principals", tags=("principals",),
+         cli=Cli("principal list", generated=False), without={"mcp": PERSON})
+def principals(s: Service, c: Caller) -> list[dict[str, Any]]:
+    return [p.to_dict() for p in s.accounts.list_principals(c)]
+
+
+@declare("GET", "/v1/tokens/public-key", out="PublicKeyOut", op="token_public_key", tags=("tokens",), public=True,
+         summary="The key that verifies this gateway's tokens: all that narrowing a token needs. Public.",
+         without={"mcp": SERVICE, "cli": SERVICE})
+def public_key(s: Service, c: Caller | None) -> dict[str, Any]:
+    return {"public_key": s.accounts.token_public_key(), "algorithm": "ed25519"}
+
+
+@declare("GET", "/v1/tokens", summary="", out="TokenList", op="list_tokens", tags=("tokens",),
+         cli=Cli("token list", generated=False), without={"mcp": PERSON})
+def tokens(s: Service, c: Caller) -> list[dict[str, Any]]:
+    return s.accounts.list_tokens(c)
+
+
+@declare("GET", "/v1/saved", out="SavedOut", tags=("facility",), cli=Cli("saved", generated=False),
+         summary="What corral saved the scheduler: the calls its clients would have made without it against those "
+                 "it made (admins; a sponsor: their agents' fast-lane tasks), and how both grew over the last half "
+                 "hour. The dashboard's figures, from the same function.",
+         without={"mcp": PERSON})
+def saved(s: Service, c: Caller) -> dict[str, Any]:
+    return s.board_figures.report(c)
+
+
+@declare("GET", "/v1/tokens/usage", out="TokenUsageOut", tags=("tokens",), cli=Cli("token usage", generated=False),
+         summary="What each token used of its limits, and what unlimited tokens used (yours and your agents'; "
+                 "admins: all). The dashboard's budgets table, from the same function.",
+         without={"mcp": PERSON})
+def token_usage(s: Service, c: Caller) -> dict[str, Any]:
+    from corral.gateway.board_figures import scope
+
+    return {"tokens": s.board_figures.token_usage(scope(c))}
+
+
+@declare("GET", "/v1/sponsor", out="SponsorOut", params="SponsorParams", tags=("approvals",),
+         summary="What your agents ran, used and were refused over the last days, and what waits for your answer.",
+         cli=Cli("sponsor", generated=False), without={"mcp": PERSON})
+def sponsor(s: Service, c: Caller, days: float = 7.0, sponsor: str | None = None) -> dict[str, Any]:
+    return s.sponsor_view.view(c, days, sponsor)
+
+
+@declare("GET", "/v1/approvals", out="ApprovalsOut", params="ApprovalsParams", tags=("approvals",),
+         summary="Actions waiting for your approval as a sponsor (or your own, waiting for your sponsor's).",
+         cli=Cli("approvals list", generated=False), without={"mcp": ASKED})
+def approvals(s: Service, c: Caller, state: str = "pending", limit: int = 50) -> dict[str, Any]:
+    return s.approvals.listing(c, None if state == "all" else state, limit)
+
+
+@declare("GET", "/v1/ledger", out="LedgerOut", params="LedgerParams", tags=("events",),
+         summary="What you were told (your jobs' ends, your budgets' levels) and have not acknowledged, oldest "
+                 "first; read_job acknowledges that job's end first.",
+         without={"mcp": "every tool's answer carries it (corral/edges/mcp/answers.py told)", "cli": TOLD})
+def ledger(s: Service, c: Caller, limit: int = 20, read_job: int | None = None) -> dict[str, Any]:
+    return s.notify.ledger(c, limit, read_job)
+
+
+@declare("GET", "/v1/notify", out="NotifyOut", params="NotifyParams", tags=("notify",),
+         summary="What you (or an agent you sponsor) are told, where and when: your choices over the site's "
+                 "defaults.", cli=Cli("notify show", generated=False), without={"mcp": PERSON})
+def notify_show(s: Service, c: Caller, principal: str | None = None) -> dict[str, Any]:
+    return s.notify.show(c, principal)
+
+
+@declare("GET", "/v1/notify/sent", out="NotifySentOut", params="NotifyParams", tags=("notify",),
+         summary="The notifications sent (or waiting, or given up) to you.",
+         cli=Cli("notify sent", generated=False), without={"mcp": PERSON})
+def notify_sent(s: Service, c: Caller, principal: str | None = None, limit: int = 50) -> dict[str, Any]:
+    return s.notify.sent(c, principal, limit)
+
+
+@declare("GET", "/v1/env", summary="", out="ImagesOut", tags=("storage",), cli=Cli("env list", generated=False),
+         without={"mcp": ENV})
+async def env_list(s: Service, c: Caller) -> dict[str, Any]:
+    return {"images": await s.storage.env_list(c)}
+
+
+@declare("GET", "/v1/env/{ref}", summary="", out="EnvOut", params="EnvParams", tags=("storage",),
+         cli=Cli("env status", generated=False),
+         without={"mcp": "build_environment polls it and answers with the image's state"})
+async def env_status(s: Service, c: Caller, ref: str) -> dict[str, Any]:
+    return await s.storage.env_status(c, ref)
+
+
+@declare("GET", "/v1/workspaces", summary="", out="WorkspacesOut", op="workspaces", tags=("storage",),
+         cli=Cli("workspace list", generated=False), without={"mcp": WS})
+async def ws_list(s: Service, c: Caller) -> dict[str, Any]:
+    return {"workspaces": await s.storage.workspace(c, "list")}
+
+
+@declare("GET", "/v1/workspaces/{ws_id}", summary="", out="WorkspaceOut", params="WsParams", op="show",
+         tags=("storage",), without={"mcp": WS, "cli": "corral workspace list shows each one's state"})
+async def ws_show(s: Service, c: Caller, ws_id: str) -> dict[str, Any]:
+    return await s.storage.workspace(c, "show", ws_id=ws_id)
+
+
+@declare("GET", "/v1/workspaces/{ws_id}/diff", summary="", out="WorkspaceOut", params="WsParams", op="diff",
+         tags=("storage",), cli=Cli("workspace diff", generated=False), without={"mcp": WS})
+async def ws_diff(s: Service, c: Caller, ws_id: str) -> dict[str, Any]:
+    return await s.storage.workspace(c, "diff", ws_id=ws_id)

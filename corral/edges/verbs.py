@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from corral.edges import reads
-from corral.edges.declare import DECLARED, Serve, Tool, Verb
+from corral.edges.declare import ASKED, DECLARED, ENV, PERSON, TOLD, WS, Serve, Tool, Verb
 
 __all__ = ["Serve", "Tool", "Verb", "VERBS", "BY_NAME"]
 
@@ -66,22 +66,11 @@ async def _env_gc(s: Any, c: Any, a: dict[str, Any]) -> dict[str, Any]:
     return {"collected": keys, "dry_run": b.dry_run}
 
 
-def _scope(c: Any) -> Any:
-    from corral.gateway.board_figures import scope
-
-    return scope(c)
-
 
 def _replayed(data: dict[str, Any]) -> int:
     return 201 if data["created"] else 200
 
 
-PERSON = "a person's or an admin's task, not an agent's"
-SERVICE = "for services that verify corral's tokens (GET /v1/tokens/public-key)"
-ASKED = "an agent is asked in the tool call that needs the approval (URL elicitation), never lists or answers them"
-TOLD = "people are told on their notify channels (corral notify), not through a ledger"
-ENV = "people's housekeeping: an agent builds (build_environment) and names an image"
-WS = "the workspace tool, its action argument (corral/edges/mcp/storage_tools.py)"
 REPLAY = {200: "an idempotent replay, or a cache hit: nothing new was made"}
 IDEMPOTENCY = {"idempotency_key": "Idempotency-Key"}
 JOB = ("job_id",)
@@ -95,20 +84,14 @@ VERBS: tuple[Verb, ...] = (
     Verb("add_principal", "POST", "/v1/principals", _add_principal, body="PrincipalIn", out="PrincipalOut",
          status=201, tags=("principals",), cli="principal add",
          without={"mcp": PERSON}),
-    Verb("principals", "GET", "/v1/principals", lambda s, c, a: [p.to_dict() for p in s.accounts.list_principals(c)],
-         out="PrincipalList", op="list_principals", tags=("principals",), cli="principal list",
-         without={"mcp": PERSON}),
+    reads.principals.row,
     Verb("mint_token", "POST", "/v1/tokens",
          lambda s, c, a: s.accounts.mint_token(c, a["body"].for_, a["body"].expires, a["body"].note,
                                                a["body"].caveats()),
          args=("for_", "expires", "note"), body="TokenIn", out="TokenOut", status=201, tags=("tokens",),
          keep_none=("expires",), wire={"for_": "for"}, cli="token mint",
          without={"mcp": PERSON}),
-    Verb("public_key", "GET", "/v1/tokens/public-key",
-         lambda s, c, a: {"public_key": s.accounts.token_public_key(), "algorithm": "ed25519"},
-         out="PublicKeyOut", op="token_public_key", tags=("tokens",), public=True,
-         doc="The key that verifies this gateway's tokens: all that narrowing a token needs. Public.",
-         without={"mcp": SERVICE, "cli": SERVICE}),
+    reads.public_key.row,
     Verb("signin_munge", "POST", "/v1/signin/munge", lambda s, c, a: s.signin.by_munge(a["body"].credential),
          args=("credential",), body="MungeSigninIn", out="SigninOut", status=201, tags=("tokens",), public=True,
          op="signin_munge", cli="login",
@@ -120,9 +103,7 @@ VERBS: tuple[Verb, ...] = (
          status=201, tags=("tokens",), cli="dashboard",
          doc="A one-time link that signs a browser in to the dashboard as you: single use, short-lived.",
          without={"mcp": "a browser link, for a person"}),
-    Verb("tokens", "GET", "/v1/tokens", lambda s, c, a: s.accounts.list_tokens(c), out="TokenList",
-         op="list_tokens", tags=("tokens",), cli="token list",
-         without={"mcp": PERSON}),
+    reads.tokens.row,
     Verb("revoke_token", "DELETE", "/v1/tokens/{token_id}", _revoke, args=("token_id",), params="TokenParams",
          out="RevokedOut", tags=("tokens",), cli="token revoke",
          without={"mcp": PERSON}),
@@ -184,27 +165,10 @@ VERBS: tuple[Verb, ...] = (
          without={"cli": "corral cancel takes many ids (cancel_many)"}),
     reads.facility.row,
     reads.budget.row,
-    Verb("saved", "GET", "/v1/saved", lambda s, c, a: s.board_figures.report(c), out="SavedOut", tags=("facility",),
-         cli="saved", doc="What corral saved the scheduler: the calls its clients would have made without it "
-                          "against those it made (admins; a sponsor: their agents' fast-lane tasks), and how both "
-                          "grew over the last half hour. The dashboard's figures, from the same function.",
-         without={"mcp": PERSON}),
-    Verb("token_usage", "GET", "/v1/tokens/usage",
-         lambda s, c, a: {"tokens": s.board_figures.token_usage(_scope(c))}, out="TokenUsageOut",
-         tags=("tokens",), cli="token usage",
-         doc="What each token used of its limits, and what unlimited tokens used (yours and your agents'; "
-             "admins: all). The dashboard's budgets table, from the same function.",
-         without={"mcp": PERSON}),
-    Verb("sponsor", "GET", "/v1/sponsor", lambda s, c, a: s.sponsor_view.view(c, a["days"], a["sponsor"]),
-         args=("days", "sponsor"), query=("days", "sponsor"), params="SponsorParams", out="SponsorOut",
-         tags=("approvals",), cli="sponsor",
-         doc="What your agents ran, used and were refused over the last days, and what waits for your answer.",
-         without={"mcp": PERSON}),
-    Verb("approvals", "GET", "/v1/approvals", lambda s, c, a: s.approvals.listing(c, None if a["state"] == "all" else a["state"], a["limit"]),
-         args=("state", "limit"), query=("state", "limit"), params="ApprovalsParams", out="ApprovalsOut",
-         tags=("approvals",), cli="approvals list",
-         doc="Actions waiting for your approval as a sponsor (or your own, waiting for your sponsor's).",
-         without={"mcp": ASKED}),
+    reads.saved.row,
+    reads.token_usage.row,
+    reads.sponsor.row,
+    reads.approvals.row,
     Verb("approve", "POST", "/v1/approvals/{approval_id:int}/approve",
          lambda s, c, a: s.approvals.decide(c, a["approval_id"], True, a["note"]), args=("approval_id", "note"),
          query=("note",), params="ApprovalParams", out="ApprovalOut", tags=("approvals",), cli="approvals approve",
@@ -222,20 +186,13 @@ VERBS: tuple[Verb, ...] = (
          tags=("approvals",), cli="approvals ahead",
          doc="Approve a rule ahead for one session of an agent you sponsor, for a while.",
          without={"mcp": ASKED}),
-    Verb("ledger", "GET", "/v1/ledger", lambda s, c, a: s.notify.ledger(c, a["limit"], a["read_job"]),
-         args=("limit", "read_job"), query=("limit", "read_job"), params="LedgerParams", out="LedgerOut",
-         tags=("events",), doc="What you were told (your jobs' ends, your budgets' levels) and have not "
-                               "acknowledged, oldest first; read_job acknowledges that job's end first.",
-         without={"mcp": "every tool's answer carries it (corral/edges/mcp/answers.py told)", "cli": TOLD}),
+    reads.ledger.row,
     Verb("ack", "POST", "/v1/ledger/ack", lambda s, c, a: s.notify.ack(c, a["body"].up_to), args=("up_to",),
          body="AckIn", out="AckOut", tags=("events",),
          tool=Tool("ack_events", "Acknowledge reminders", read_only=False, idempotent=True),
          doc="Acknowledge everything you were told up to this id: it is not repeated any more.",
          without={"cli": TOLD}),
-    Verb("notify_show", "GET", "/v1/notify", lambda s, c, a: s.notify.show(c, a["principal"]), args=("principal",),
-         query=("principal",), params="NotifyParams", out="NotifyOut", tags=("notify",), cli="notify show",
-         doc="What you (or an agent you sponsor) are told, where and when: your choices over the site's defaults.",
-         without={"mcp": PERSON}),
+    reads.notify_show.row,
     Verb("notify_set", "PUT", "/v1/notify",
          lambda s, c, a: s.notify.choose(c, a["body"].model_dump(exclude_unset=True), a["principal"]),
          args=("prefs", "principal"), query=("principal",), whole="prefs", body="NotifyIn", params="NotifyParams",
@@ -244,10 +201,7 @@ VERBS: tuple[Verb, ...] = (
              "Slack/Mattermost), which job ends, budgets, refusals, quiet hours, a digest. Fields left out keep "
              "their value. Agents' choices are their sponsor's.",
          without={"mcp": PERSON}),
-    Verb("notify_sent", "GET", "/v1/notify/sent", lambda s, c, a: s.notify.sent(c, a["principal"], a["limit"]),
-         args=("principal", "limit"), query=("principal", "limit"), params="NotifyParams", out="NotifySentOut",
-         tags=("notify",), cli="notify sent", doc="The notifications sent (or waiting, or given up) to you.",
-         without={"mcp": PERSON}),
+    reads.notify_sent.row,
     Verb("notify_test", "POST", "/v1/notify/test", lambda s, c, a: s.notify.test(c, a["principal"]),
          args=("principal",), query=("principal",), params="NotifyParams", out="NotifyTestOut", tags=("notify",),
          cli="notify test", doc="Send a test notification on every channel you chose.",
@@ -258,12 +212,8 @@ VERBS: tuple[Verb, ...] = (
          status_of=lambda d: 200 if d["state"] == "ready" else 202, also={200: "the image is ready"},
          tags=("storage",), cli="env build",
          tool=Tool("build_environment", "Build or reuse an environment image", read_only=False)),
-    Verb("env_list", "GET", "/v1/env", lambda s, c, a: _wrap("images", s.storage.env_list(c)), out="ImagesOut",
-         tags=("storage",), cli="env list",
-         without={"mcp": ENV}),
-    Verb("env_status", "GET", "/v1/env/{ref}", lambda s, c, a: s.storage.env_status(c, a["ref"]), args=("ref",),
-         params="EnvParams", out="EnvOut", tags=("storage",), cli="env status",
-         without={"mcp": "build_environment polls it and answers with the image's state"}),
+    reads.env_list.row,
+    reads.env_status.row,
     Verb("env_gc", "POST", "/v1/env/gc", _env_gc, args=("older_than_days", "image", "dry_run"), body="EnvGcIn",
          out="GcOut", tags=("storage",), cli="env gc",
          without={"mcp": ENV}),
@@ -271,25 +221,19 @@ VERBS: tuple[Verb, ...] = (
         c, "fork", base=a["body"].base, rev=a["body"].rev), args=("base", "rev"), body="ForkIn", out="WorkspaceOut",
          status=201, op="fork", tags=("storage",), cli="workspace fork",
          without={"mcp": WS}),
-    Verb("ws_list", "GET", "/v1/workspaces", lambda s, c, a: _wrap("workspaces", s.storage.workspace(c, "list")),
-         out="WorkspacesOut", op="workspaces", tags=("storage",), cli="workspace list",
-         without={"mcp": WS}),
-    *(Verb(f"ws_{action}", method, f"/v1/workspaces/{{ws_id}}{tail}",
+    reads.ws_list.row,
+    reads.ws_show.row,
+    reads.ws_diff.row,
+    *(Verb(f"ws_{action}", "POST", f"/v1/workspaces/{{ws_id}}/{action}",
            (lambda act: lambda s, c, a: s.storage.workspace(c, act, ws_id=a["ws_id"]))(action),
            args=("ws_id",), params="WsParams", out="WorkspaceOut", op=action, tags=("storage",),
-           cli=None if action == "show" else f"workspace {action}",
-           without={"mcp": WS, **({"cli": "corral workspace list shows each one's state"} if action == "show" else {})})
-      for action, method, tail in (("show", "GET", ""), ("diff", "GET", "/diff"), ("commit", "POST", "/commit"),
-                                   ("discard", "POST", "/discard"))),
+           cli=f"workspace {action}", without={"mcp": WS}) for action in ("commit", "discard")),
 )
 VERBS += tuple(d.row for d in DECLARED if d.row not in VERBS)  # declared, not placed above: their routes last
 """Every verb, in the order its route is added."""
 
 BY_NAME: dict[str, Verb] = {v.name: v for v in VERBS}
 
-
-async def _wrap(key: str, found: Any) -> dict[str, Any]:
-    return {key: await found}
 
 
 async def _to_dict(job: Any) -> dict[str, Any]:

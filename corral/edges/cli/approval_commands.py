@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from corral.edges.cli.kit import Ctx, table
+from corral.edges import reads
 
 
 @click.group()
@@ -43,7 +44,7 @@ def approvals_list(o: Ctx, state: str) -> None:
                  "summary": a["summary"][:60]} for a in r["approvals"]]
         return table(rows, ["id", "principal", "rule", "jobs", "state", "expires", "decided_by", "summary"]) \
             if rows else "nothing waits for you"
-    o.out(o.client.approvals(state=state), show)
+    o.out(o.client.run(reads.approvals, state=state), show)
 
 
 @approvals.command("approve")

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from corral.edges.cli.kit import Ctx, table, ts
+from corral.edges import reads
 
 
 def _show(r: dict[str, Any]) -> str:
@@ -46,4 +47,4 @@ def saved(o: Ctx) -> None:
       corral saved
       corral saved --json | jq '.backends[0].ratio'
     """
-    o.out(o.client.saved(), _show)
+    o.out(o.client.run(reads.saved), _show)

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from corral.edges.cli.kit import Ctx, table
+from corral.edges import reads
 
 FOR = click.option("--for", "for_", metavar="AGENT",
                    help="An agent you sponsor, instead of yourself (an admin: anyone).")
@@ -49,7 +50,7 @@ def _show(r: dict[str, Any]) -> str:
 @click.pass_obj
 def notify_show(o: Ctx, for_: str | None) -> None:
     """What you (or an agent you sponsor) are told, where and when."""
-    o.out(o.client.notify_show(principal=for_), _show)
+    o.out(o.client.run(reads.notify_show, principal=for_), _show)
 
 
 @notify.command("set")
@@ -94,7 +95,7 @@ def notify_sent(o: Ctx, for_: str | None, limit: int) -> None:
                  "error": (n.get("error") or "")[:40]} for n in r["notifications"]]
         return table(rows, ["id", "created", "kind", "about", "channel", "state", "subject", "error"]) if rows \
             else "nothing sent yet"
-    o.out(o.client.notify_sent(principal=for_, limit=limit), show)
+    o.out(o.client.run(reads.notify_sent, principal=for_, limit=limit), show)
 
 
 @notify.command("test")

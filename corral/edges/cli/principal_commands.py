@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from corral.edges.cli.kit import Ctx, table
+from corral.edges import reads
 
 
 @click.group()
@@ -39,4 +40,4 @@ def principal_add(o: Ctx, name: str, kind: str, sponsor: str | None, unix_user: 
 @click.pass_obj
 def principal_list(o: Ctx) -> None:
     """List the principals you may see."""
-    o.out(o.client.principals(), lambda ps: table(ps, ["name", "kind", "sponsor", "unix_user", "account", "admin"]))
+    o.out(o.client.run(reads.principals), lambda ps: table(ps, ["name", "kind", "sponsor", "unix_user", "account", "admin"]))

@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from corral.edges.cli.kit import Ctx, table
+from corral.edges import reads
 
 
 def _show(r: dict[str, Any]) -> str:
@@ -43,4 +44,4 @@ def sponsor(o: Ctx, days: float, for_: str | None) -> None:
       corral sponsor                 the last 7 days
       corral sponsor --days 1 --json
     """
-    o.out(o.client.sponsor(days=days, sponsor=for_), _show)
+    o.out(o.client.run(reads.sponsor, days=days, sponsor=for_), _show)

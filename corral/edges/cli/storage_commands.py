@@ -14,6 +14,7 @@ import click
 from corral.edges.cli.kit import Ctx, table, ts
 from corral.core.errors import InvalidRequest
 from corral.core.text import WS_ID as WS_ID_PATTERN
+from corral.edges import reads
 
 
 def _size(n: int | None) -> str:
@@ -94,7 +95,7 @@ def _follow(o: Ctx, r: dict[str, Any], timeout: float) -> dict[str, Any]:
             p = r.get("progress") or {}
             bar.update(task, completed=max(0, p.get("step", 0) - 1), description=p.get("doing", "queued"))
             time.sleep(0.5)
-            r = o.client.env_status(r['digest'])
+            r = o.client.run(reads.env_status, r['digest'])
     return r
 
 
@@ -113,14 +114,14 @@ def _human_status(r: dict[str, Any]) -> str:
 @click.pass_obj
 def env_status(o: Ctx, ref: str) -> None:
     """A build (its digest) or an image (name or key): state, progress, or why it failed."""
-    o.out(o.client.env_status(ref), _human_status)
+    o.out(o.client.run(reads.env_status, ref), _human_status)
 
 
 @env.command("list")
 @click.pass_obj
 def env_list(o: Ctx) -> None:
     """Every image: name, key, size, packages, who built it, when it was last used."""
-    images = o.client.env_list()["images"]
+    images = o.client.run(reads.env_list)["images"]
     rows = [{**i, "key": i["image"][:12], "size": _size(i["size"]), "packages": len(i["packages"]),
              "created": ts(i["created"]), "last_used": ts(i["last_used"])} for i in images]
     o.out(images, lambda _: table(rows, ["key", "name", "size", "python", "packages", "built_by", "created",
@@ -191,7 +192,7 @@ def _when(t: float | None) -> str:
 @click.pass_obj
 def ws_list(o: Ctx) -> None:
     """Your active workspaces."""
-    ws = o.client.ws_list()["workspaces"]
+    ws = o.client.run(reads.ws_list)["workspaces"]
     rows = [{**w, "changes": _size(w["upper_bytes"]), "expires": _when(w["expires"])} for w in ws]
     o.out(ws, lambda _: table(rows, ["workspace", "base", "rev", "how", "changes", "expires"]))
 
@@ -201,7 +202,7 @@ def ws_list(o: Ctx) -> None:
 @click.pass_obj
 def ws_diff(o: Ctx, ws_id: str) -> None:
     """What the trial changed: added (A), modified (M) and deleted (D) files."""
-    r = o.client.ws_diff(ws_id)
+    r = o.client.run(reads.ws_diff, ws_id)
     o.out(r, lambda d: "\n".join([f"{c} {p}" for c, k in (("A", "added"), ("M", "modified"), ("D", "deleted"))
                                   for p in d[k]]) or "(no changes)")
 

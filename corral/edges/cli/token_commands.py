@@ -9,6 +9,8 @@ from typing import Any, Callable
 
 import click
 
+from corral.edges import reads
+
 
 F = Callable[..., Any]
 
@@ -97,7 +99,7 @@ def token_attenuate(o: Any, token_: str | None, expires: str | None, **caveats: 
         fail("give the token to narrow with --token or CORRAL_TOKEN")
     given = caveats_from({k: v for k, v in caveats.items() if v is not None})
     given.expires_at = expires_in(expires)
-    key = bytes.fromhex(o.client.public_key()["public_key"])
+    key = bytes.fromhex(o.client.run(reads.public_key)["public_key"])
     block_id, narrowed = attenuate(tok, given, key)
     o.out({"id": block_id, "token": narrowed, "caveats": given.datalog().splitlines()},
           lambda t: _shown_once(t["token"], f"narrowed token {t['id']}; revoke it by that id", t["caveats"]))
@@ -109,7 +111,7 @@ def token_list(o: Any) -> None:
     """List tokens (never their secrets), with narrowed ones seen in use."""
     from corral.edges.cli.kit import table, ts
 
-    o.out(o.client.tokens(), lambda ts_: table(
+    o.out(o.client.run(reads.tokens), lambda ts_: table(
         [{**t, "expires": ts(t.get("expires")), "revoked": "yes" if t.get("revoked") else ""} for t in ts_],
         ["id", "principal", "kind", "expires", "revoked", "note"]))
 
@@ -125,7 +127,7 @@ def token_usage(o: Any) -> None:
     def used(v: Any, limit: Any) -> str:
         return f"{v} of {limit}" if limit is not None else f"{v} (no limit)"
 
-    o.out(o.client.token_usage(), lambda r: table(
+    o.out(o.client.run(reads.token_usage), lambda r: table(
         [{**t, "token": t["token"][:12], "cpu_h": used(t["cpu_hours"], t["cpu_limit"]),
           "gpu_h": used(t["gpu_hours"], t["gpu_limit"]), "live_jobs": used(t["active_jobs"], t["active_limit"])}
          for t in r["tokens"]], ["sponsor", "principal", "token", "cpu_h", "gpu_h", "live_jobs"]))

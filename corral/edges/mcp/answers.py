@@ -14,6 +14,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
+from corral.edges import reads
 from corral.core.errors import ApprovalPending, CorralError, store_unavailable
 from corral.core.jobs import format_duration
 from corral.edges.mcp.advice import said
@@ -122,7 +123,7 @@ async def _since(ops_for: Callable[[Context], Any], ctx: Any, read: int | None, 
         return ""
     try:
         ops = ops_for(ctx)
-        got = await ops.ledger(read_job=read)
+        got = await ops.run(reads.ledger, read_job=read)
     except Exception:  # noqa: BLE001 - the answer itself must reach the agent whatever the ledger does
         log.exception("MCP: the ledger could not be read")
         return ""

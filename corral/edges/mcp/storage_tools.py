@@ -11,6 +11,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 from pydantic import Field
 
+from corral.edges import reads
 from corral.core.text import NAME, WS_ID
 from corral.edges.schemas import ToolEnv, ToolWorkspace
 from corral.edges.verbs import BY_NAME
@@ -76,7 +77,7 @@ def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"], limit: Callabl
             import asyncio
 
             await asyncio.sleep(t)
-            return await ops.env_status(first["digest"])
+            return await ops.run(reads.env_status, first["digest"])
 
         def say(r: dict[str, Any]) -> str:
             p = r.get("progress") or {}
@@ -113,7 +114,7 @@ def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"], limit: Callabl
             r["next"] = f"submit_job workspace={r['workspace']!r} command=...; then workspace action='diff'"
             return result(f"workspace {r['workspace']} over {r['base']}. Next: {r['next']}", r)
         if action == "list":
-            r = await ops.ws_list()
+            r = await ops.run(reads.ws_list)
             return result(", ".join(w["workspace"] for w in r["workspaces"]) or "no workspaces", r)
         if not workspace_id:
             raise ToolError(f"{action} needs workspace_id (ws-...); action='list' shows yours")

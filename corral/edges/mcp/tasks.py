@@ -243,7 +243,7 @@ class JobTasks(Extension):
         return self._task(task_id, ref, "completed", updated, statusMessage=said, result=result)
 
     async def _env_task(self, ops: "ServiceOps", task_id: str, ref: TaskRef) -> dict[str, Any]:
-        r = await ops.env_status(ref.subject)
+        r = await ops.run(reads.env_status, ref.subject)
         now = time.time()
         if r["state"] == "building":
             p = r.get("progress") or {}
