@@ -8,6 +8,11 @@ seconds, whose mean is still unbiased: a job's start falls anywhere within its s
 
     python bench/batch_overhead.py [--quick] [--jobs 20]
 
+A full run (not ``--quick``) has a third arm, interleaved with the others: contained through
+a second gateway whose batch scripts run the Python steps (``CORRAL_JOBSTART_COMPILED=0``,
+as where no C compiler is) instead of corral's compiled starter (corral/sandbox/starter.py):
+what the starter saves, in the same run (``python_steps_minus_bare_p50_ms``).
+
 Needs the private Slurm of scripts/slurm-up (SLURM_CONF). Last line: one JSON object with
 ``contained_minus_bare_p50_ms`` (slurmctld's milliseconds; sacct's seconds are beside it).
 """
@@ -25,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import httpx
 
@@ -121,16 +126,19 @@ def sacct_elapsed(ids: list[str]) -> dict[str, float]:
     return got
 
 
-def submit_pairs(n: int, h: httpx.Client, workdir: str, gap_s: float) -> tuple[list[str], list[int]]:
-    """n bare and n corral jobs, one of each in turn -> (bare Slurm ids, corral job ids)."""
-    bare, ours = [], []
+def submit_pairs(n: int, hs: list[httpx.Client], workdir: str, gap_s: float) -> tuple[list[str], list[list[int]]]:
+    """n bare and n corral jobs per gateway of ``hs``, one of each in turn -> (bare Slurm
+    ids, each gateway's corral job ids)."""
+    bare: list[str] = []
+    ours: list[list[int]] = [[] for _ in hs]
     for _ in range(n):
         bare.append(sh("sbatch", "--parsable", "-o", "/dev/null", "-D", workdir, "-t", "1", "--mem=100M",
                        "--wrap", WORK).strip().split(";")[0])
-        r = h.post("/v1/jobs", json={"command": WORK, "workdir": workdir, "memory": "100M", "walltime": "1m",
-                                     "lane": "batch"})
-        r.raise_for_status()
-        ours.append(r.json()["id"])
+        for h, mine in zip(hs, ours):
+            r = h.post("/v1/jobs", json={"command": WORK, "workdir": workdir, "memory": "100M", "walltime": "1m",
+                                         "lane": "batch"})
+            r.raise_for_status()
+            mine.append(r.json()["id"])
         time.sleep(gap_s)
     return bare, ours
 
@@ -153,18 +161,23 @@ def wait_bare(ids: list[str], deadline: float) -> None:
         time.sleep(0.5)
 
 
-def both_arms(n: int, workdir: str, gap_s: float) -> tuple[list[str], list[str]]:
-    """Both arms' jobs run and ended -> (bare Slurm ids, corral's Slurm ids that completed)."""
-    gw = GatewayProcess("--backend", "slurm", env={"SLURM_CONF": SLURM_CONF})
+def all_arms(n: int, workdir: str, gap_s: float, python_steps: bool) -> tuple[list[str], list[list[str]]]:
+    """Every arm's jobs run and ended -> (bare Slurm ids, per gateway (compiled starter,
+    then the Python steps when asked) corral's Slurm ids that completed)."""
+    envs = [{"SLURM_CONF": SLURM_CONF}] + ([{"SLURM_CONF": SLURM_CONF, "CORRAL_JOBSTART_COMPILED": "0"}]
+                                           if python_steps else [])
+    gws = [GatewayProcess("--backend", "slurm", env=env) for env in envs]
     try:
-        token = sponsored_agents(gw, 1)[0]
-        with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as h:
-            bare, ours = submit_pairs(n, h, workdir, gap_s)
-            deadline = time.monotonic() + 20 + 3 * n
+        with contextlib.ExitStack() as stack:
+            hs = [stack.enter_context(httpx.Client(base_url=gw.url, timeout=60, headers={
+                "Authorization": f"Bearer {sponsored_agents(gw, 1)[0]}"})) for gw in gws]
+            bare, ours = submit_pairs(n, hs, workdir, gap_s)
+            deadline = time.monotonic() + 20 + 3 * n * len(hs)
             wait_bare(bare, deadline)
-            return bare, wait_corral(h, ours, deadline)
+            return bare, [wait_corral(h, mine, deadline) for h, mine in zip(hs, ours)]
     finally:
-        gw.stop()
+        for gw in gws:
+            gw.stop()
 
 
 def summary(values: list[float]) -> dict:
@@ -176,7 +189,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=20, help="jobs per arm")
     ap.add_argument("--gap", type=float, default=0.7, help="seconds between one pair's submission and the next")
-    ap.add_argument("--quick", action="store_true", help="5 jobs an arm (under 30 s)")
+    ap.add_argument("--quick", action="store_true", help="5 jobs an arm, without the Python steps' arm (under 30 s)")
     a = ap.parse_args()
     n = 5 if a.quick else a.jobs
     if not Path(SLURM_CONF).exists():
@@ -190,22 +203,31 @@ def main() -> None:
             sh("sinfo", "-h", patience_s=30)
         except (SystemExit, FileNotFoundError):
             sys.exit(f"no Slurm answers with SLURM_CONF={SLURM_CONF}: run scripts/slurm-up first")
-        bare, contained = both_arms(n, workdir, a.gap)
+        bare, arms = all_arms(n, workdir, a.gap, python_steps=not a.quick)
+        contained, python = arms[0], (arms[1] if len(arms) > 1 else [])
         time.sleep(1)  # slurmdbd is told of a job's end a moment after slurmctld
-        ctld = ctld_elapsed(bare + contained)
-        acct = sacct_elapsed(bare + contained)
+        ctld = ctld_elapsed(bare + contained + python)
+        acct = sacct_elapsed(bare + contained + python)
     ctld_bare, ctld_ours = [ctld[j] for j in bare if j in ctld], [ctld[j] for j in contained if j in ctld]
     acct_bare, acct_ours = [acct[j] for j in bare if j in acct], [acct[j] for j in contained if j in acct]
-    s = {"bare": summary(ctld_bare), "contained": summary(ctld_ours),
+    s: dict[str, Any] = {"bare": summary(ctld_bare), "contained": summary(ctld_ours),
          "bare_sacct": summary(acct_bare), "contained_sacct": summary(acct_ours)}
     diff = round(s["contained"]["p50_ms"] - s["bare"]["p50_ms"], 1) if ctld_bare and ctld_ours else None
+    if python:  # the same run's third arm: what the compiled starter saves
+        ctld_py = [ctld[j] for j in python if j in ctld]
+        s["contained_python_steps"] = summary(ctld_py)
+        s["python_steps_minus_bare_p50_ms"] = (round(s["contained_python_steps"]["p50_ms"] - s["bare"]["p50_ms"], 1)
+                                              if ctld_bare and ctld_py else None)
+    s["load1"] = round(os.getloadavg()[0], 2)
     mean_sacct = (round(s["contained_sacct"]["mean_ms"] - s["bare_sacct"]["mean_ms"], 1)
                   if acct_bare and acct_ours else None)
     print(f"bare {s['bare']} contained {s['contained']} (slurmctld, ms); sacct mean difference {mean_sacct} ms",
           file=sys.stderr)
     finish("batch_overhead", {"bench": "batch_overhead", "jobs_per_arm": n, "work": WORK, "turn_wait_s": round(waited, 1),
                               "contained_minus_bare_p50_ms": diff, "contained_minus_bare_mean_ms_sacct": mean_sacct,
-                              **s}, {"bare": bool(ctld_bare and acct_bare), "contained": bool(ctld_ours and acct_ours)})
+                              **s}, {"bare": bool(ctld_bare and acct_bare), "contained": bool(ctld_ours and acct_ours),
+                                     **({"contained_python_steps": bool(s["contained_python_steps"]["n"])}
+                                        if python else {})})
 
 
 if __name__ == "__main__":
