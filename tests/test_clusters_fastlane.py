@@ -71,6 +71,10 @@ def test_a_task_for_cluster_two_runs_in_its_pool_on_a_node_of_cluster_two(tmp_pa
         # Status and metrics name the cluster.
         metrics = httpx.get(f"{gw.url}/metrics", timeout=30).text
         assert f'corral_fastlane_pool_allocations{{cluster="two",pool="{pool["pool"]}"}} 1.0' in metrics, metrics
+        with httpx.Client(base_url=gw.url, timeout=60) as board:
+            assert board.post("/dashboard/login", data={"token": gw.admin_token}).status_code == 303
+            html = board.get("/dashboard/live").text
+        assert f'<tr data-pool="{pool["pool"]}"><td>cluster two: ' in html, html[html.find('id="pools"'):][:2000]
         # A task naming cluster one gets a pool (and a pilot) of cluster one.
         first = run(h, {"command": "hostname -I", "cluster": "one"})
         assert first["cluster"] == "one" and h.get(f"/v1/jobs/{first['id']}/output").json()["data"].startswith(
