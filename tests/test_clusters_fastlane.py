@@ -28,8 +28,9 @@ TWO_NET = "10.217.1."
 def gateway(root: Path, one: str, two: str) -> Iterator[Gateway]:
     home = root / "home"
     home.mkdir()
+    # idle_s: no warm allocation is released between the steps on a slow runner (released at the end).
     (home / "corral.toml").write_text(f'[slurm]\nclusters = {{one = "{one}", two = "{two}"}}\npoll_s = 2\n'
-                                      '[fastlane]\ncpus = 4\nmemory_mb = 2000\n')
+                                      '[fastlane]\ncpus = 4\nmemory_mb = 2000\nidle_s = 900\n')
     gw = Gateway(home, free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": one, "CORRAL_TICK_S": "0.5"})
     gw.start()
     try:
