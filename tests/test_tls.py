@@ -19,7 +19,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from .conftest import TEST_UIDS, free_port
+from .conftest import TEST_NSS, TEST_UIDS, free_port
 
 CORRAL = [sys.executable, "-m", "corral.entry"]
 
@@ -61,7 +61,8 @@ def _pem_pair(tmp: Path) -> tuple[Path, Path, Path]:
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_") and k != "SSL_CERT_FILE"}
-    return {**env, "CORRAL_HOME": str(home), "CORRAL_SANDBOX__UID_REGISTRY": TEST_UIDS, **extra}
+    return {**env, "CORRAL_HOME": str(home), "CORRAL_SANDBOX__UID_REGISTRY": TEST_UIDS,
+            "CORRAL_SANDBOX__NSS_USERS": TEST_NSS, **extra}
 
 
 def _started(proc: subprocess.Popen[bytes], url: str, log: Path, verify: ssl.SSLContext | bool) -> None:

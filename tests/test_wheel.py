@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import SHARED_TURN, TEST_UIDS, free_port
+from .conftest import SHARED_TURN, TEST_NSS, TEST_UIDS, free_port
 from .slurm_env import slurm_conf
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +27,8 @@ UV = Path(sys.executable).parent / "uv"
 def _clean_env(**extra: str) -> dict[str, str]:
     drop = ("CORRAL_", "PYTHON", "VIRTUAL_ENV")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    return {**env, "CORRAL_SANDBOX__UID_REGISTRY": TEST_UIDS, **extra}
+    return {**env, "CORRAL_SANDBOX__UID_REGISTRY": TEST_UIDS,
+            "CORRAL_SANDBOX__NSS_USERS": TEST_NSS, **extra}
 
 
 def build_wheel(out: Path) -> Path:
