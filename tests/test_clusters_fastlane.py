@@ -113,3 +113,36 @@ def test_cluster_ones_controller_down_leaves_cluster_twos_pool_serving(tmp_path:
                 h.post(f"/v1/jobs/{r.json()['id']}/cancel")
         finally:
             restore(one)
+
+
+
+def test_after_a_restart_each_pilot_is_released_through_its_own_clusters_slurm(tmp_path: Path) -> None:
+    """A restart releases the last run's allocations (their workers lost their scheduler),
+    each through its own cluster's Slurm: through the first cluster's, cluster one would be
+    asked to cancel a job id of cluster two (someone else's job there, or none). Without a
+    Slurm: the ports are recorders (on the private Slurms a killed gateway's worker ends
+    its pilot itself before the restart could say which Slurm released it)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from corral.core.config import FastLaneSettings
+    from corral.core.principals import PILOT_PRINCIPAL
+    from corral.lanes.fast.lane import FastLane
+
+    stopped: dict[str, list[int]] = {"one": [], "two": []}
+
+    class Port:
+        def __init__(self, cluster: str) -> None:
+            self.cluster = cluster
+
+        async def stop(self, job_id: int) -> None:
+            stopped[self.cluster].append(job_id)
+
+    ports = {c: Port(c) for c in stopped}
+    jobs = [SimpleNamespace(id=7, principal=PILOT_PRINCIPAL, backend="two", backend_id="5874"),
+            SimpleNamespace(id=8, principal=PILOT_PRINCIPAL, backend="one", backend_id="5874")]
+    lane = FastLane(FastLaneSettings(), tmp_path, "batch", 1.0, SimpleNamespace(active_jobs=lambda: jobs),  # type: ignore[arg-type]
+                    SimpleNamespace(name="one"), ports["one"], SimpleNamespace(),  # type: ignore[arg-type]
+                    sites=SimpleNamespace(lanes={"one": None, "two": None}), ports=ports)  # type: ignore[arg-type]
+    asyncio.run(lane.recover())
+    assert stopped == {"one": [8], "two": [7]}
