@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -27,14 +28,17 @@ def _codex_stdio() -> list[str]:
 
 
 def _run(client: str, standin: StandIn, gateway: Gateway, token: str, tmp_path: Path, agent_dir: Path,
-         tool_timeout_s: int) -> subprocess.CompletedProcess[str]:
-    """``client`` (Claude Code in print mode, or Codex) on corral over stdio, its tool timeout set."""
+         tool_timeout_s: int | None) -> subprocess.CompletedProcess[str]:
+    """``client`` (Claude Code in print mode, or Codex) on corral over stdio, its tool
+    timeout set (None: the client's own default)."""
     if client == "claude":
         cfg = claude_config(tmp_path / "mcp.json", _stdio(gateway, token))
         return run_claude(standin, [cfg, "--strict-mcp-config", "-p", "go", "--allowedTools", "mcp__corral"],
-                          tmp_path / "home", agent_dir, MCP_TOOL_TIMEOUT=str(tool_timeout_s * 1000))
-    return run_codex(standin, [*_codex_stdio(), "-c", f"mcp_servers.corral.tool_timeout_sec={tool_timeout_s}"],
-                     tmp_path / "home", agent_dir, CORRAL_TOKEN=token, CORRAL_URL=gateway.url)
+                          tmp_path / "home", agent_dir,
+                          **({"MCP_TOOL_TIMEOUT": str(tool_timeout_s * 1000)} if tool_timeout_s else {}))
+    timeout = ["-c", f"mcp_servers.corral.tool_timeout_sec={tool_timeout_s}"] if tool_timeout_s else []
+    return run_codex(standin, [*_codex_stdio(), *timeout], tmp_path / "home", agent_dir, CORRAL_TOKEN=token,
+                     CORRAL_URL=gateway.url)
 
 
 def _later(step: dict[str, Any], seconds: float) -> Any:
@@ -80,3 +84,42 @@ def test_a_job_longer_than_the_clients_patience_is_never_a_timeout(tmp_path: Pat
     waits = said[1:]
     assert any('"state":"COMPLETED"' in s or "COMPLETED" in s for s in waits), said
     assert not any("timed out" in s.lower() or "timeout" in s.lower() and "reached" not in s for s in waits), said
+
+
+def test_a_150_s_job_at_the_clients_own_defaults_is_never_a_timeout(tmp_path: Path, agent_dir: Path) -> None:
+    """Full scale (issue 51): corral's own bound ([mcp] wait 50 s, progress every 10 s), each
+    client at its own defaults (Codex stops waiting after 60 s; Claude Code backgrounds a
+    call after 120 s), a 150 s job. Both clients at once on one gateway: the suite pays
+    ~160 s of one worker's time, ~8 s of it on a CPU (decision 0047, "The 150 s case")."""
+    with running(tmp_path) as gateway:
+        token = _agent(gateway)
+        said: dict[str, tuple[subprocess.CompletedProcess[str], list[str], list[float]]] = {}
+
+        def one(client: str) -> None:
+            stamps: list[float] = []
+
+            def wait(results: list[str]) -> dict[str, Any]:
+                stamps.append(time.monotonic())  # the last tool's answer has just reached the model
+                return {"job_id": job_id_in(results)}
+
+            script: list[Step] = [("submit_job", {"command": "sleep 150; echo slept", "workdir": str(agent_dir)}),
+                                  *[("wait_for_job", wait)] * 5, ("wait_for_job", wait)]
+            (tmp_path / client).mkdir()
+            with StandIn(script) as standin:
+                cp = _run(client, standin, gateway, token, tmp_path / client, agent_dir, tool_timeout_s=None)
+                said[client] = (cp, standin.tool_results(), stamps)
+
+        threads = [threading.Thread(target=one, args=(c,)) for c in ("claude", "codex")]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    assert sorted(said) == ["claude", "codex"], sorted(said)  # each client's run came back
+    for client, (cp, results, stamps) in said.items():
+        assert cp.returncode == 0, (client, cp.stderr[-3000:])
+        waits = results[1:]
+        assert any("COMPLETED" in s for s in waits), (client, results)
+        assert not any("timed out" in s.lower() or "timeout" in s.lower() and "reached" not in s for s in waits), \
+            (client, results)
+        calls = [b - a for a, b in zip(stamps, stamps[1:])]
+        assert calls and max(calls) < 58, (client, calls)  # each answered within corral's bound, under 60 s
