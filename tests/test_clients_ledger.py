@@ -33,9 +33,10 @@ def _run(client: str, standin: StandIn, gateway: Gateway, token: str, tmp_path: 
     timeout set (None: the client's own default)."""
     if client == "claude":
         cfg = claude_config(tmp_path / "mcp.json", _stdio(gateway, token))
-        return run_claude(standin, [cfg, "--strict-mcp-config", "-p", "go", "--allowedTools", "mcp__corral"],
-                          tmp_path / "home", agent_dir,
-                          **({"MCP_TOOL_TIMEOUT": str(tool_timeout_s * 1000)} if tool_timeout_s else {}))
+        args = [cfg, "--strict-mcp-config", "-p", "go", "--allowedTools", "mcp__corral"]
+        if tool_timeout_s is None:
+            return run_claude(standin, args, tmp_path / "home", agent_dir)
+        return run_claude(standin, args, tmp_path / "home", agent_dir, MCP_TOOL_TIMEOUT=str(tool_timeout_s * 1000))
     timeout = ["-c", f"mcp_servers.corral.tool_timeout_sec={tool_timeout_s}"] if tool_timeout_s else []
     return run_codex(standin, [*_codex_stdio(), *timeout], tmp_path / "home", agent_dir, CORRAL_TOKEN=token,
                      CORRAL_URL=gateway.url)
