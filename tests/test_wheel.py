@@ -95,6 +95,10 @@ def test_the_wheel_installs_outside_the_checkout_and_serves(installed: Path, tmp
     assert (model / "tokenizer.json").is_file() and any(model.glob("*.safetensors")), sorted(model.iterdir())
     assert (policy / "default.cedar").is_file() and (module.parent / "edges/shims/launcher.c").is_file()
     assert (policy / "default_cases.toml").is_file()  # `corral policy test` of an edited policy needs them
+    # the install step docs/deploy.md gives: the job starter compiled from the wheel's own source (decision 0055)
+    built = subprocess.run([str(py), "-m", "corral.sandbox.starter"], capture_output=True, text=True, cwd=tmp_path,
+                           env=env, timeout=120)
+    assert built.returncode == 0 and f"{venv}/libexec/corral/jobstart-" in built.stdout, built
     _installs_the_submitter(venv, tmp_path, env)
     shim = subprocess.run([str(venv / "bin" / "corral-slurm")], capture_output=True, text=True, env=env, timeout=60)
     assert "is not one of sbatch" in shim.stderr + shim.stdout  # the shims' entry point, answering

@@ -2,9 +2,10 @@
 that were Python starts (opendir.py's walk as the job's identity before bwrap, and
 seccomp.py's APPLY after setpriv and unshare), as one small program (decision 0055).
 
-Built by the gateway with the node's C compiler (``cc``, else ``gcc``) the first time a
-batch script wants it, into corral's own install (``<venv>/libexec/corral``, where the
-nodes already find corral's Python), keyed by what went into it. Used only where nobody
+Built at install (``python -m corral.sandbox.starter``, as root where root owns the venv:
+docs/deploy.md; ``make``), else by the gateway the first time a batch script wants it, with
+the C compiler (``cc``, else ``gcc``), into corral's own install (``<venv>/libexec/corral``,
+where the nodes already find corral's Python), keyed by what went into it. Used only where nobody
 but its owner and root may write it or any directory above it: root runs it. Where no
 compiler is found, the build fails, that place is not safe, or ``CORRAL_JOBSTART_COMPILED=0``,
 the Python steps run as before: slower, the same checks.
@@ -76,3 +77,16 @@ def _build(where: Path) -> str | None:
         finally:
             tmp.unlink(missing_ok=True)
     return str(built) if _safe(built.resolve()) else None
+
+
+def main() -> int:
+    """Builds the starter now (an install step); says where, or why the Python steps serve."""
+    built = compiled()
+    print(f"corral's job starter: {built}" if built else
+          "corral's job starter not built (no C compiler, a failed build, or a place others may write): "
+          "contained Slurm jobs run the Python steps")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
