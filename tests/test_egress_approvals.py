@@ -42,6 +42,22 @@ said, deadline = None, time.time() + seconds
 while time.time() < deadline:
     try:
         print("GOT", opener.open(url, timeout=10).read().decode(), flush=True)
+        if os.environ.get("TUNNEL"):  # and through CONNECT (as HTTPS goes), the credential in its header
+            import base64, socket, urllib.parse
+            p, t = urllib.parse.urlsplit(proxy), urllib.parse.urlsplit(url)
+            auth = base64.b64encode(("%s:%s" % (p.username, p.password)).encode()).decode()
+            s = socket.create_connection((p.hostname, p.port), 10)
+            s.sendall(("CONNECT %s:%d HTTP/1.1\r\nHost: %s:%d\r\nProxy-Authorization: Basic %s\r\n\r\n"
+                       % (t.hostname, t.port, t.hostname, t.port, auth)).encode())
+            head = s.recv(4096).decode()
+            s.sendall(("GET %s HTTP/1.0\r\nHost: %s\r\n\r\n" % (t.path, t.hostname)).encode())
+            got = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+            print("TUNNEL", head.split("\r\n")[0], got.decode().rsplit("\r\n\r\n", 1)[-1], flush=True)
         sys.exit(0)
     except urllib.error.HTTPError as e:
         text = "REFUSED %d %s" % (e.code, e.read().decode().strip())
@@ -69,14 +85,14 @@ def outside_address() -> str:
     return addr
 
 
-def submit(gw: Gateway, token: str, workdir: Path, url: str, *args: str) -> int:
+def submit(gw: Gateway, token: str, workdir: Path, url: str, *args: str, **env: str) -> int:
     workdir.mkdir(exist_ok=True)
     workdir.chmod(0o777)
     (workdir / "probe.py").write_text(PROBE)
     (workdir / "probe.py").chmod(0o644)
     with gw.http(token) as h:
         r = h.post("/v1/jobs", json={"command": f"python3 - {' '.join(args)} < probe.py", "workdir": str(workdir),
-                                     "walltime": "5m", "env": {"URL": url}})
+                                     "walltime": "5m", "env": {"URL": url, **env}})
     assert r.status_code == 201, r.text
     return int(r.json()["id"])
 
@@ -115,7 +131,7 @@ def test_egress_off_the_list_waits_for_the_sponsor_and_opens_for_that_job_alone(
         with gw.http(t["alice"]) as a:
             assert a.put("/v1/notify", json={"webhook": h.url, "jobs": "none"}).status_code == 200
         url = f"http://{addr}:{port}/ok.txt"
-        first = submit(gw, t["bot1"], agent_dir / "a", url, "120")
+        first = submit(gw, t["bot1"], agent_dir / "a", url, "120", TUNNEL="1")
         aid, _ = asked(h)  # the sponsor is asked, with a link
         # Meanwhile the job is refused, told who answers and until when; its agent is told too.
         said = until(lambda: "waiting for approval" in (o := output(gw, t["bot1"], first)) and o, within=60)
@@ -133,6 +149,7 @@ def test_egress_off_the_list_waits_for_the_sponsor_and_opens_for_that_job_alone(
         gw.cli_json("approvals", "approve", str(aid), token=t["alice"])
         state, out = ended(gw, t["bot1"], first)
         assert state == "COMPLETED" and "GOT from-the-approved-host" in out, (state, out)
+        assert "TUNNEL HTTP/1.1 200 Connection established from-the-approved-host" in out, out
         leaked = (agent_dir / "a" / "proxy.txt").read_text()  # as if the first job's credential had leaked
         assert leaked.startswith(f"http://corral-job:cre_{first}_"), leaked
         assert until(lambda: [x for x in told(gw, t["bot1"]) if f"approval #{aid}" in x and "approved by alice" in x

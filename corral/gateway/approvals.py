@@ -54,8 +54,9 @@ def _hash(token: str) -> str:
 Asking = Callable[[Caller, str, dict[str, Any], str], ContextManager[None]]
 """``asking(caller, action, args, summary)``: the context a verb's gate check runs in."""
 
-AGAIN = ("cancel",)
-"""Actions that come to the same thing carried out twice (a cancelled job stays cancelled):
+AGAIN = ("cancel", "egress")
+"""Actions that come to the same thing carried out twice (a cancelled job stays cancelled,
+an egress grant is the approved row itself):
 one interrupted between its claim and its outcome is carried out again at start; any other
 is reported not done (at most once: decision 0047)."""
 

@@ -154,8 +154,10 @@ class EgressAsks:
         why = None
         if state == "approved" and (r["outcome"] or "").startswith("done"):
             until = float(r["decided_at"]) + self.grant_s
-        elif state == "approved":  # approved, being carried out: still waiting, for a moment
+        elif state == "approved" and r["outcome"] is None:  # approved, being carried out: waiting, for a moment
             state = "pending"
+        elif state == "approved":  # carried out, and not done (the gateway stopped in between)
+            state, why = "void", r["outcome"]
         elif state == "declined":
             why = f"declined by {r['decided_by']}" + (f": {r['note']}" if r["note"] else "")
         elif state == "expired":

@@ -6,7 +6,9 @@ The proxy is ``proxy.py`` (PyPI), run by the gateway as a child process that die
 it (``python -m corral.sandbox.egress``), listening on a Unix socket in corral's state, with
 one plugin of corral's: ``AllowHosts``, which refuses (403, saying what to ask the
 admin for) any upstream host, or host:port, not on the list, for plain HTTP and for
-``CONNECT`` (HTTPS) alike. A sandboxed job has a network namespace with only a
+``CONNECT`` (HTTPS) alike, unless the job's sponsor approved that host:port for that job
+(corral/sandbox/egress_grants.py: the job names itself by its credential in its proxy
+URL; decision 0067). A sandboxed job has a network namespace with only a
 loopback: the socket is bound into it and a ``socat`` inside bridges
 ``127.0.0.1:3128`` to it, and the job's ``http_proxy``/``https_proxy`` point there
 (corral/sandbox/bwrap.py). Whatever a job runs, the only connection that can leave is one
