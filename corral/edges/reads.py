@@ -17,8 +17,6 @@ if TYPE_CHECKING:
     from corral.gateway.quota import Quota
     from corral.gateway.service import Service
 
-HAND_CLI = "a person reads more than the answer's fields"
-
 
 @declare("GET", "/v1/jobs/{job_id:int}", summary="", out="JobOut", params="JobParams", op="get_job", tags=("jobs",),
          tool=Tool("job_status", "Job status", read_only=True), hand_tool=True,

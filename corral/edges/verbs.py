@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from corral.edges import reads
+from corral.edges import acts, reads
 from corral.edges.declare import ASKED, DECLARED, ENV, PERSON, TOLD, WS, Serve, Tool, Verb
 
 __all__ = ["Serve", "Tool", "Verb", "VERBS", "BY_NAME"]
@@ -53,10 +53,6 @@ def _add_principal(s: Any, c: Any, a: dict[str, Any]) -> dict[str, Any]:
     b = a["body"]
     return s.accounts.add_principal(c, b.name, b.kind, b.sponsor, b.unix_user, b.account, b.admin).to_dict()
 
-
-def _revoke(s: Any, c: Any, a: dict[str, Any]) -> dict[str, Any]:
-    s.accounts.revoke_token(c, a["token_id"])
-    return {"id": a["token_id"], "revoked": True}
 
 
 async def _env_gc(s: Any, c: Any, a: dict[str, Any]) -> dict[str, Any]:
@@ -99,20 +95,10 @@ VERBS: tuple[Verb, ...] = (
              "commands prove who they are): a short-lived token of that person's. No token needed; each "
              "credential counts once, and must name this gateway (decision 0060).",
          without={"mcp": "a person signs in on a login node; an agent is given its token"}),
-    Verb("signin_link", "POST", "/v1/signin/link", lambda s, c, a: s.signin.link(c), out="SigninLinkOut",
-         status=201, tags=("tokens",), cli="dashboard",
-         doc="A one-time link that signs a browser in to the dashboard as you: single use, short-lived.",
-         without={"mcp": "a browser link, for a person"}),
+    acts.signin_link.row,
     reads.tokens.row,
-    Verb("revoke_token", "DELETE", "/v1/tokens/{token_id}", _revoke, args=("token_id",), params="TokenParams",
-         out="RevokedOut", tags=("tokens",), cli="token revoke",
-         without={"mcp": PERSON}),
-    Verb("clear_taint", "POST", "/v1/tokens/{token_id}/clear-taint",
-         lambda s, c, a: {"id": a["token_id"], "tainted": False, "was": s.accounts.clear_taint(c, a["token_id"])},
-         args=("token_id",), params="TokenParams", out="TaintClearedOut", tags=("tokens",),
-         doc="Lift a token's taint (set when its holder read content flagged as injection): its principal's "
-             "sponsor or an admin.", cli="token clear-taint",
-         without={"mcp": "an agent may not lift its own taint: its sponsor does"}),
+    acts.revoke_token.row,
+    acts.clear_taint.row,
     Verb("submit", "POST", "/v1/jobs", _submit, args=("spec", "idempotency_key", "hold"), query=("hold",),
          headers=IDEMPOTENCY, whole="spec", body="JobSpec", params="SubmitParams", out="JobOut", status=201,
          status_of=_replayed, also=REPLAY, tags=("jobs",),
@@ -135,10 +121,7 @@ VERBS: tuple[Verb, ...] = (
          doc="Write a note (scope agent, user, account, session; facility for admins). Secrets are redacted.",
          tool=Tool("remember", "Remember a note", read_only=False, idempotent=False), cli="remember"),
     reads.recall.row,
-    Verb("promote", "POST", "/v1/notes/{note_id}/promote", lambda s, c, a: s.memory.promote_note(c, a["note_id"]),
-         args=("note_id",), params="NoteParams", out="NoteOut", tags=("memory",),
-         doc="Admins: make a note facility-wide.",
-         without={"mcp": PERSON, "cli": "admins, over HTTP (rare)"}),
+    acts.promote.row,
     Verb("advice", "POST", "/v1/advice", lambda s, c, a: s.advice(c, a["body"]), args=("spec",), whole="spec",
          body="JobSpec", out="AdviceOut", tags=("memory",),
          doc="What corral remembers of a job like this one, without submitting it.", cli="advice",
@@ -159,26 +142,15 @@ VERBS: tuple[Verb, ...] = (
          tool=Tool("job_control", "Hold, release, requeue or signal a job", read_only=False, destructive=True,
                    idempotent=False), cli="control"),
     reads.usage.row,
-    Verb("cancel", "POST", "/v1/jobs/{job_id}/cancel", lambda s, c, a: _first(s.cancel(c, [a["job_id"]])),
-         args=JOB, params="JobParams", out="JobOut", tags=("jobs",),
-         tool=Tool("cancel_job", "Cancel a job", read_only=False, destructive=True),
-         without={"cli": "corral cancel takes many ids (cancel_many)"}),
+    acts.cancel.row,
     reads.facility.row,
     reads.budget.row,
     reads.saved.row,
     reads.token_usage.row,
     reads.sponsor.row,
     reads.approvals.row,
-    Verb("approve", "POST", "/v1/approvals/{approval_id:int}/approve",
-         lambda s, c, a: s.approvals.decide(c, a["approval_id"], True, a["note"]), args=("approval_id", "note"),
-         query=("note",), params="ApprovalParams", out="ApprovalOut", tags=("approvals",), cli="approvals approve",
-         doc="Approve an action waiting for you: its jobs are sent.",
-         without={"mcp": ASKED}),
-    Verb("decline", "POST", "/v1/approvals/{approval_id:int}/decline",
-         lambda s, c, a: s.approvals.decide(c, a["approval_id"], False, a["note"]), args=("approval_id", "note"),
-         query=("note",), params="ApprovalParams", out="ApprovalOut", tags=("approvals",), cli="approvals decline",
-         doc="Decline an action waiting for you: its jobs end CANCELLED, with your note as the reason.",
-         without={"mcp": ASKED}),
+    acts.approve.row,
+    acts.decline.row,
     Verb("approve_ahead", "POST", "/v1/approvals/ahead",
          lambda s, c, a: s.approvals.allow_ahead(c, a["body"].agent, a["body"].session, a["body"].rule,
                                                  a["body"].for_),
@@ -202,10 +174,7 @@ VERBS: tuple[Verb, ...] = (
              "their value. Agents' choices are their sponsor's.",
          without={"mcp": PERSON}),
     reads.notify_sent.row,
-    Verb("notify_test", "POST", "/v1/notify/test", lambda s, c, a: s.notify.test(c, a["principal"]),
-         args=("principal",), query=("principal",), params="NotifyParams", out="NotifyTestOut", tags=("notify",),
-         cli="notify test", doc="Send a test notification on every channel you chose.",
-         without={"mcp": PERSON}),
+    acts.notify_test.row,
     Verb("env_build", "POST", "/v1/env/build",
          lambda s, c, a: s.storage.env_build(c, dict(a["body"].files), a["body"].name, a["body"].rebuild),
          args=("files", "name", "rebuild"), body="EnvBuildIn", out="EnvOut", status=202,
@@ -224,10 +193,8 @@ VERBS: tuple[Verb, ...] = (
     reads.ws_list.row,
     reads.ws_show.row,
     reads.ws_diff.row,
-    *(Verb(f"ws_{action}", "POST", f"/v1/workspaces/{{ws_id}}/{action}",
-           (lambda act: lambda s, c, a: s.storage.workspace(c, act, ws_id=a["ws_id"]))(action),
-           args=("ws_id",), params="WsParams", out="WorkspaceOut", op=action, tags=("storage",),
-           cli=f"workspace {action}", without={"mcp": WS}) for action in ("commit", "discard")),
+    acts.ws_commit.row,
+    acts.ws_discard.row,
 )
 VERBS += tuple(d.row for d in DECLARED if d.row not in VERBS)  # declared, not placed above: their routes last
 """Every verb, in the order its route is added."""
@@ -238,7 +205,3 @@ BY_NAME: dict[str, Verb] = {v.name: v for v in VERBS}
 
 async def _to_dict(job: Any) -> dict[str, Any]:
     return dict((await job).to_dict())
-
-
-async def _first(jobs: Any) -> dict[str, Any]:
-    return dict((await jobs)[0].to_dict())

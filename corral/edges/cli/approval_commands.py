@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from corral.edges.cli.kit import Ctx, table
-from corral.edges import reads
+from corral.edges import acts, reads
 
 
 @click.group()
@@ -53,7 +53,7 @@ def approvals_list(o: Ctx, state: str) -> None:
 @click.pass_obj
 def approvals_approve(o: Ctx, approval_id: int, note: str | None) -> None:
     """Approve: the action's jobs are sent."""
-    o.out(o.client.approve(approval_id, note=note), lambda r: f"approved #{r['approval']}: jobs "
+    o.out(o.client.run(acts.approve, approval_id, note=note), lambda r: f"approved #{r['approval']}: jobs "
           f"{', '.join(map(str, r['jobs']))} are sent")
 
 
@@ -63,7 +63,7 @@ def approvals_approve(o: Ctx, approval_id: int, note: str | None) -> None:
 @click.pass_obj
 def approvals_decline(o: Ctx, approval_id: int, note: str | None) -> None:
     """Decline: the action's jobs end CANCELLED with your note."""
-    o.out(o.client.decline(approval_id, note=note), lambda r: f"declined #{r['approval']}: jobs "
+    o.out(o.client.run(acts.decline, approval_id, note=note), lambda r: f"declined #{r['approval']}: jobs "
           f"{', '.join(map(str, r['jobs']))} cancelled")
 
 

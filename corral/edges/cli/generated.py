@@ -18,7 +18,7 @@ _TYPES: dict[str, Any] = {"int": int, "float": float, "str": str}
 
 def commands() -> list[click.Command]:
     """A command for each declared verb whose CLI is generated (corral/edges/reads.py loaded)."""
-    import corral.edges.reads  # noqa: F401  # the declarations register themselves
+    import corral.edges.verbs  # noqa: F401  # the declarations register themselves (reads, acts)
 
     return [command(d) for d in DECLARED if d.cli is not None and d.cli.generated]
 

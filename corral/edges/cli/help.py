@@ -20,7 +20,7 @@ declaration is added to the section it declares (corral/edges/cli/generated.py).
 
 
 def _declared() -> None:
-    from corral.edges import reads  # noqa: F401  # the declarations register themselves
+    from corral.edges import verbs  # noqa: F401  # the declarations register themselves
     from corral.edges.declare import DECLARED
 
     where = dict(SECTIONS)

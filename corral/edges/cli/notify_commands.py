@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from corral.edges.cli.kit import Ctx, table
-from corral.edges import reads
+from corral.edges import acts, reads
 
 FOR = click.option("--for", "for_", metavar="AGENT",
                    help="An agent you sponsor, instead of yourself (an admin: anyone).")
@@ -103,5 +103,5 @@ def notify_sent(o: Ctx, for_: str | None, limit: int) -> None:
 @click.pass_obj
 def notify_test(o: Ctx, for_: str | None) -> None:
     """Send one test notification on each channel; `corral notify sent` shows how it went."""
-    o.out(o.client.notify_test(principal=for_),
+    o.out(o.client.run(acts.notify_test, principal=for_),
           lambda r: f"queued {r['queued']} test notification(s) for {r['principal']}; see: corral notify sent")

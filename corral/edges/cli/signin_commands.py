@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from corral.edges import acts
+
 
 @click.command()
 @click.option("--via", type=click.Choice(["munge", "socket"]), default="munge", show_default=True,
@@ -54,7 +56,7 @@ def dashboard(o: Any) -> None:
     Example (on a login node, signed in by munge):
       corral dashboard        # then open the link it prints, once
     """
-    link = o.client.signin_link()
+    link = o.client.run(acts.signin_link)
     url = o.url.rstrip("/") + link["path"]
     o.out({**link, "url": url}, lambda _: f"{url}\n(signs in {link['principal']} once, until "
                                           f"{time.strftime('%H:%M:%S', time.localtime(link['expires']))})")

@@ -14,7 +14,7 @@ import click
 from corral.edges.cli.kit import Ctx, table, ts
 from corral.core.errors import InvalidRequest
 from corral.core.text import WS_ID as WS_ID_PATTERN
-from corral.edges import reads
+from corral.edges import acts, reads
 
 
 def _size(n: int | None) -> str:
@@ -213,7 +213,7 @@ def ws_diff(o: Ctx, ws_id: str) -> None:
 def ws_commit(o: Ctx, ws_id: str) -> None:
     """Write the changed files back to the base; refused, naming the paths, if the base
     changed there since the fork. The workspace is gone afterwards."""
-    r = o.client.ws_commit(ws_id)
+    r = o.client.run(acts.ws_commit, ws_id)
     o.out(r, lambda c: f"committed {ws_id}: {len(c['added'])} added, {len(c['modified'])} modified, "
                        f"{len(c['deleted'])} deleted")
 
@@ -223,5 +223,5 @@ def ws_commit(o: Ctx, ws_id: str) -> None:
 @click.pass_obj
 def ws_discard(o: Ctx, ws_ids: tuple[str, ...]) -> None:
     """Drop workspaces and everything their trials wrote (one id or several)."""
-    done = [o.client.ws_discard(ws_id) for ws_id in ws_ids]
+    done = [o.client.run(acts.ws_discard, ws_id) for ws_id in ws_ids]
     o.out(done if len(done) > 1 else done[0], lambda _: "\n".join(f"discarded {w}" for w in ws_ids))

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import click
 
-from corral.edges import reads
+from corral.edges import acts, reads
 
 
 F = Callable[..., Any]
@@ -138,7 +138,7 @@ def token_usage(o: Any) -> None:
 @click.pass_obj
 def token_revoke(o: Any, token_id: str) -> None:
     """Revoke a token by id: it, and every token narrowed from it, stop working at once."""
-    o.out(o.client.revoke_token(token_id), lambda r: f"revoked token {r['id']}")
+    o.out(o.client.run(acts.revoke_token, token_id), lambda r: f"revoked token {r['id']}")
 
 
 @token.command("clear-taint")
@@ -149,4 +149,4 @@ def token_clear_taint(o: Any, token_id: str) -> None:
     it makes the facility policy stricter for that token and every token narrowed from
     it, whatever session they send. Only the token's sponsor or an admin may lift it
     (audited); 'corral whoami' shows the holder whether it is tainted."""
-    o.out(o.client.clear_taint(token_id), lambda r: f"cleared the taint of token {r['id']} (it was: {r['was']})")
+    o.out(o.client.run(acts.clear_taint, token_id), lambda r: f"cleared the taint of token {r['id']} (it was: {r['was']})")

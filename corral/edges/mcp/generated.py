@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 def register(mcp: MCPServer, ops_for: Callable[[Context], Ops], guarded: Callable[..., Any]) -> None:
-    import corral.edges.reads  # noqa: F401  # the declarations register themselves
+    import corral.edges.verbs  # noqa: F401  # the declarations register themselves (reads, acts)
 
     for verb in DECLARED:
         if verb.row.tool is not None and not verb.hand_tool:

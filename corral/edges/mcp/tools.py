@@ -33,7 +33,7 @@ from corral.edges.schemas import (AckOut, NotesOut, PlanOut, State, ToolEvents, 
 from corral.core.jobs import JobSpec, expand_array, format_duration
 from corral.core.signals import GRACE_S
 from corral.safety import guard
-from corral.edges import reads
+from corral.edges import acts, reads
 
 __all__ = ["build_mcp", "compact", "compact_schema", "facility_card", "next_for", "SAME_FIELDS", "LIVE",
            "PROGRESS_S", "WAIT_S"]
@@ -299,7 +299,7 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
     async def cancel_job(ctx: Context, job_id: JobId) -> Annotated[CallToolResult, ToolJob]:
         """Cancel a job you own (or one of the agents you sponsor). Cancelling a finished
         job does nothing."""
-        job = await ops_for(ctx).cancel(job_id)
+        job = await ops_for(ctx).run(acts.cancel, job_id)
         out = {**compact(job), "next": f"call wait_for_job job_id={job_id} to see it end"}
         return answer(f"{said_job(job)}. Next: {out['next']}", out)
 
