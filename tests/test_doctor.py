@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from .conftest import SHARED_TURN
 from .slurm_env import slurm_conf
 
@@ -129,3 +131,28 @@ def test_a_grace_other_than_the_one_agents_are_told_is_named() -> None:
     assert [_seconds(t) for t in ("00:02:00", "2:00", "120", "1-00:00:00", "", "x", "1:2:3:4")] == \
         [120, 120, 120, 86400, None, None, None]
 
+
+
+def test_a_uid_corral_published_for_nss_is_no_clash(tmp_path: Path) -> None:
+    """A root gateway writes its dynamic uids where NSS reads them (decision 0063): NSS then
+    knows each one, by the line corral wrote for its principal. That is not a uid the site's
+    directory took from corral (it failed 'dynamic uids' before) nor a site user in the range."""
+    import secrets
+
+    from corral.core import nss_users
+    from corral.core.identity import Identities
+
+    if os.geteuid() != 0:
+        pytest.skip("dynamic uids are a root gateway's")
+    assert "extrausers" in Path("/etc/nsswitch.conf").read_text(), "scripts/slurm-up names extrausers in nsswitch.conf"
+    registry = tmp_path / "m" / "uids"
+    ids = Identities(tmp_path / "identities.json", root=True, registry=registry, nss=nss_users.DEFAULT_DIR)
+    uid = ids.of(f"bot-{secrets.token_hex(3)}", None)
+    assert uid is not None
+    try:
+        assert ids.resolves(uid)  # NSS knows it now
+        code, report, _ = doctor(tmp_path / "home", CORRAL_SANDBOX__UID_REGISTRY=str(registry))
+        found = by_check(report)["dynamic uids"]
+        assert found["status"] != "fail" and f"{uid.uid} (" not in found["detail"], found
+    finally:
+        nss_users.remove(nss_users.DEFAULT_DIR, {uid.uid})

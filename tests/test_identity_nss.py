@@ -49,6 +49,9 @@ def test_what_is_refused(tmp_path) -> None:
     (d / "passwd").write_text("someone:x:61200:61200::/home/someone:/bin/sh\n")
     with pytest.raises(InvalidRequest, match="not corral's"):  # a uid another line names: never renamed
         nss_users.publish(d, 61200, "bot", FIRST, LAST)
+    assert nss_users.publish(d, 61203, "bot-b", FIRST, LAST) == "bot-b"
+    with pytest.raises(InvalidRequest, match="not corral's identity of 'bot-c'"):  # another principal's line
+        nss_users.publish(d, 61203, "bot-c", FIRST, LAST)
     (d / "passwd").unlink()
     (d / "passwd").symlink_to("/etc/passwd")
     with pytest.raises(InvalidRequest, match="link"):

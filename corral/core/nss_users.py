@@ -68,8 +68,9 @@ def publish(directory: Path, uid: int, principal: str, first: int, last: int) ->
         passwd, group = _read(dfd, "passwd"), _read(dfd, "group")
         mine = [f for f in (line.split(":") for line in passwd) if len(f) >= 5 and f[2] == str(uid)]
         if mine:
-            if not mine[0][4].startswith(GECOS):
-                raise InvalidRequest(f"uid {uid} is already a user of {directory}/passwd ({mine[0][0]}), not corral's",
+            if mine[0][4] != f"{GECOS} of {principal}":  # another tool's, or another install's principal's
+                raise InvalidRequest(f"uid {uid} is already {mine[0][0]!r} in {directory}/passwd, not corral's "
+                                     f"identity of {principal!r}",
                                      hint="choose a [sandbox] dynamic_uids range that no other source assigns")
             return mine[0][0]
         name = name_for(principal, uid)

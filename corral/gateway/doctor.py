@@ -22,6 +22,7 @@ from typing import Callable, Literal
 from corral.core import proc
 from corral.core.config import Settings
 from corral.core.errors import CorralError
+from corral.core.nss_users import GECOS
 
 Status = Literal["ok", "warn", "fail", "skip"]
 
@@ -246,12 +247,12 @@ def uids(settings: Settings) -> list[Finding]:
     overlaps the site's, and a user added later may take a uid corral gave (warn)."""
     lo, hi = settings.sandbox.dynamic_uids
     given = _given_uids(settings.sandbox.uid_registry)
-    clashes = [u for u in given if _uid_known(u)]
+    clashes = [u for u in given if _uid_known(u) and not _published(u, given[u])]
     if clashes:
         names = ", ".join(f"{u} (corral's {given[u]}, NSS's {pwd.getpwuid(u).pw_name})" for u in clashes[:5])
         return [Finding("dynamic uids", "fail", f"uids corral handed out now belong to users of NSS: {names}",
                         f"move those users, or retire the principals' uids in {settings.sandbox.uid_registry}")]
-    inside = sorted({p.pw_uid for p in pwd.getpwall() if lo <= p.pw_uid <= hi})
+    inside = sorted({p.pw_uid for p in pwd.getpwall() if lo <= p.pw_uid <= hi and not p.pw_gecos.startswith(GECOS)})
     if inside:
         names = ", ".join(f"{u} ({pwd.getpwuid(u).pw_name})" for u in inside[:5])
         return [Finding("dynamic uids", "warn", f"[sandbox] dynamic_uids {lo}-{hi} holds users of NSS: {names}"
@@ -271,6 +272,12 @@ def _given_uids(registry: Path) -> dict[int, str]:
         return {}
     given = data.get("uids", {}) if isinstance(data, dict) else {}
     return {int(u): str(h.get("principal")) for u, h in given.items() if u.isdigit() and isinstance(h, dict)}
+
+
+def _published(uid: int, principal: str) -> bool:
+    """Whether NSS names ``uid`` by the line corral wrote for its principal (decision 0063):
+    corral's own, not a clash."""
+    return pwd.getpwuid(uid).pw_gecos == f"{GECOS} of {principal}"
 
 
 def _uid_known(uid: int) -> bool:
