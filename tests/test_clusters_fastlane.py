@@ -53,6 +53,8 @@ def pools(h: httpx.Client) -> dict[str, dict[str, Any]]:
 
 def test_a_task_for_cluster_two_runs_in_its_pool_on_a_node_of_cluster_two(tmp_path: Path) -> None:
     with both_turns() as (one, two), gateway(tmp_path, one, two) as gw, gw.http() as h:
+        plan = h.post("/v1/plan", json={"lane": "fast", "walltime": "1m", "command": "true", "cluster": "two"}).json()
+        assert plan["allowed"] and plan["lane"] == "fast" and plan["cluster"] == "two", plan
         done = run(h, {"command": "hostname -I", "cluster": "two"})
         assert done["cluster"] == "two" and done["backend"] == "fast", done
         said = h.get(f"/v1/jobs/{done['id']}/output").json()["data"]

@@ -232,7 +232,9 @@ class Service:
             ranked = await self.lanes.sites.rank(spec, every_partition=True,
                                                  refuses=self.admission.refuses_at(caller, spec),
                                                  tier_of=self.admission.tier_of(caller))
-            out["cluster"] = lane.name if lane is not None and lane.name in self.lanes.sites.lanes else None
+            # A batch job's lane is its cluster; a fast-lane task's pool's cluster is in its spec (decision 0066).
+            out["cluster"] = lane.name if lane is not None and lane.name in self.lanes.sites.lanes else (
+                spec.cluster if lane is not None and spec.cluster in self.lanes.sites.lanes else None)
             out["clusters"] = [o.public() for o in ranked]
             out["objective"] = self.settings.slurm.placement
         # The plan itself is a read that was allowed; what it foresaw is in its details.
