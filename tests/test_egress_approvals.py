@@ -73,6 +73,25 @@ print("GAVE-UP", flush=True)
 """
 
 
+SPRAY = r"""
+import os, time, urllib.error, urllib.request
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": os.environ["http_proxy"]}))
+def ask(port):
+    try:
+        return "GOT %s" % opener.open("%s:%d/" % (os.environ["BASE"], port), timeout=10).status
+    except urllib.error.HTTPError as e:
+        return e.read().decode().strip()
+deadline = time.time() + 60
+while time.time() < deadline:
+    said = [ask(port) for port in range(20001, 20018)]
+    capped = [x for x in said if "more than 16 hosts" in x]
+    if capped:
+        print("CAPPED", len(capped), capped[0], flush=True)
+        break
+    time.sleep(0.5)
+"""
+
+
 def outside_address() -> str:
     """An address of this machine that is not loopback (a grant never reaches loopback)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -85,10 +104,10 @@ def outside_address() -> str:
     return addr
 
 
-def submit(gw: Gateway, token: str, workdir: Path, url: str, *args: str, **env: str) -> int:
+def submit(gw: Gateway, token: str, workdir: Path, url: str, *args: str, script: str = PROBE, **env: str) -> int:
     workdir.mkdir(exist_ok=True)
     workdir.chmod(0o777)
-    (workdir / "probe.py").write_text(PROBE)
+    (workdir / "probe.py").write_text(script)
     (workdir / "probe.py").chmod(0o644)
     with gw.http(token) as h:
         r = h.post("/v1/jobs", json={"command": f"python3 - {' '.join(args)} < probe.py", "workdir": str(workdir),
@@ -173,6 +192,12 @@ def test_egress_off_the_list_waits_for_the_sponsor_and_opens_for_that_job_alone(
         # Unanswered: expires; the agent told.
         assert until(lambda: [x for x in told(gw, t["bot1"]) if f"approval #{left['id']} by alice expired" in x],
                      within=90)
+        # A job that sprays names: past 16 hosts, refused without asking anyone.
+        spray = submit(gw, t["bot2"], agent_dir / "f", url, script=SPRAY, BASE=f"http://{addr}")
+        state, out = ended(gw, t["bot2"], spray)
+        assert "CAPPED 1 " in out and "asked for more than 16 hosts off the list" in out, out
+        assert len([a for a in gw.cli_json("approvals", "list", token=t["alice"])["approvals"]
+                    if a["jobs"] == [spray]]) == 16
         records = [json.loads(line.split(" ", 1)[1]) for line in (gw.home / "audit.jsonl").read_text().splitlines()]
         assert [(r["principal"], r["approval"]) for r in records if r["action"] == "approve"] == [("alice", aid)]
 

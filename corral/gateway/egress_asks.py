@@ -24,10 +24,12 @@ import hashlib
 import json
 import logging
 import secrets
+import socket
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from corral.core.destinations import own_machine
 from corral.core.errors import ApprovalPending, CorralError
 from corral.core.principals import Caller
 from corral.gateway.approvals import EGRESS_GRANT_S
@@ -41,6 +43,20 @@ log = logging.getLogger(__name__)
 
 SWEEP_S = 0.5
 """How often the asks are read and the decisions written."""
+ASKS_PER_JOB = 16
+"""Hosts off the list one job may ask for; more are refused without asking anyone."""
+RESOLVE_S = 5.0
+
+
+async def resolved(host: str, port: int) -> list[str]:
+    """The addresses ``host`` has now (what the sponsor is shown and the grant holds), none of
+    the gateway's own machine; resolved off the event loop, within ``RESOLVE_S``."""
+    try:
+        found = await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM),
+                                       RESOLVE_S)
+    except (OSError, UnicodeError, asyncio.TimeoutError):
+        return []
+    return sorted({str(i[4][0]) for i in found} - {a for a in (str(i[4][0]) for i in found) if own_machine(a)})
 
 
 def _when(at: float) -> str:
@@ -53,23 +69,30 @@ class EgressAsks:
         self.service, self.directory, self.creds, self.grant_s = service, directory, creds, grant_s
         self.refused: dict[tuple[int, str, int], dict[str, Any]] = {}
         """What the policy refused outright, by (job, host, port): the proxy says why."""
+        self.asks: dict[int, int] = {}
+        """Destinations each running job asked for (``ASKS_PER_JOB``)."""
         self._written: str | None = None
 
     async def run(self) -> None:
         while True:
             try:
-                self.sweep()
+                await self.sweep()
             except Exception:  # noqa: BLE001 - the next round tries again
                 log.exception("egress asks: a round failed")
             await asyncio.sleep(SWEEP_S)
 
-    def sweep(self) -> None:
+    async def sweep(self) -> None:
         for ask in grants.read_asks(self.directory):
-            self.consider(ask)
+            if self.creds.check(ask["credential"]) == ask["job"]:  # resolved only for a real job's ask
+                ask["addresses"] = await resolved(ask["host"], ask["port"])
+                self.consider(ask)
+            else:
+                log.info("egress asks: an ask naming job %s with a forged credential, dropped", ask["job"])
         self.publish()
 
     # -- an ask ------------------------------------------------------------------------------
     def consider(self, ask: dict[str, Any]) -> None:
+        """``ask`` (its credential checked, ``addresses`` the host's now) asked of the policy."""
         s = self.service
         job_id = self.creds.check(ask["credential"])
         job = s.db.get_job(job_id) if job_id is not None and job_id == ask["job"] else None
@@ -80,7 +103,12 @@ class EgressAsks:
                      "forged" if job_id is None else job.state.value if job is not None else "no such job")
             return
         host, port = ask["host"].lower().rstrip("."), int(ask["port"])
-        addresses = [a for a in ask["addresses"][:16]]
+        addresses = list(ask["addresses"][:16])
+        self.asks[job.id] = self.asks.get(job.id, 0) + 1
+        if self.asks[job.id] > ASKS_PER_JOB:  # a job that sprays names: neither the sponsor nor the audit flooded
+            self._refuse(job.id, host, port, f"refused: this job asked for more than {ASKS_PER_JOB} hosts off the "
+                                             "list; the rest are refused without asking")
+            return
         caller = Caller(p, job.session, f"job-{job.id}", frozenset([p.name]))
         args = {"job_id": job.id, "host": host, "port": port, "addresses": addresses,
                 "_cred": grants.digest(ask["credential"])}
@@ -134,9 +162,10 @@ class EgressAsks:
         """The decisions of running jobs, for the proxy; written only when they change."""
         db, now = self.service.db, time.time()
         rows = db.approvals.of_action("egress", now - self.service.approvals.wait_s - self.grant_s)
-        live = {j.id for j in db.get_jobs(sorted({r["jobs"][0] for r in rows} | {k[0] for k in self.refused})).values()
-                if not j.state.terminal}
+        asked = {r["jobs"][0] for r in rows} | {k[0] for k in self.refused} | set(self.asks)
+        live = {j.id for j in db.get_jobs(sorted(asked)).values() if not j.state.terminal}
         self.refused = {k: v for k, v in self.refused.items() if k[0] in live}
+        self.asks = {k: v for k, v in self.asks.items() if k in live}
         out: dict[tuple[int, str, int], dict[str, Any]] = {}
         for r in rows:  # newest first: a job's latest ask of a host is the one that holds
             a = r["args"] or {}

@@ -5,9 +5,10 @@ Two files in the egress proxy's directory (corral's home, written by nobody else
 one place the gateway and its proxy meet:
 
 - ``asks/``: the proxy files one ask per (job, host, port) it refused for not being on
-  the allow-list, naming the credential the job presented and the addresses the host
-  resolved to then; the gateway's loop (corral/gateway/egress_asks.py) reads each once,
-  checks the credential's HMAC, asks the facility policy, and removes it.
+  the allow-list, naming the credential the job presented (a small file, nothing
+  resolved: the proxy's loop waits on no DNS for an ask); the gateway's loop
+  (corral/gateway/egress_asks.py) reads each once, checks the credential's HMAC, resolves
+  the host off its own loop, asks the facility policy, and removes it.
 - ``decisions.json``: written whole by the gateway (a new file renamed over the old), read
   by the proxy when it changes: for each ask of a job still running, its state (pending
   with who answers and until when, approved with the grant's end, declined, expired,
@@ -137,13 +138,8 @@ def address_for(entry: dict[str, Any], host: str, port: int) -> str:
 
 def file_ask(directory: Path, job: int, credential: str, host: str, port: int) -> None:
     """One ask for the gateway, once per (job, host, port): a later ask of the same is the same file."""
-    try:
-        addresses = resolve(host, port)
-    except Refused:
-        addresses = []
     name = hashlib.sha256(f"{job}\0{host}\0{port}".encode()).hexdigest()[:32] + ".json"
-    data = json.dumps({"job": job, "credential": credential, "host": host, "port": port,
-                       "addresses": [a for a in addresses if not own_machine(a)], "at": time.time()}).encode()
+    data = json.dumps({"job": job, "credential": credential, "host": host, "port": port, "at": time.time()}).encode()
     try:
         fd = os.open(directory / ASKS / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
@@ -203,8 +199,7 @@ def read_asks(directory: Path, limit: int = 200) -> list[dict[str, Any]]:
 def _shaped(ask: dict[str, Any]) -> bool:
     return isinstance(ask.get("job"), int) and isinstance(ask.get("credential"), str) \
         and isinstance(ask.get("host"), str) and bool(_HOST.fullmatch(ask["host"])) \
-        and isinstance(ask.get("port"), int) and 0 < ask["port"] < 65536 \
-        and isinstance(ask.get("addresses"), list) and all(isinstance(a, str) for a in ask["addresses"][:16])
+        and isinstance(ask.get("port"), int) and 0 < ask["port"] < 65536
 
 
 def write_decisions(directory: Path, entries: list[dict[str, Any]]) -> None:
