@@ -156,3 +156,21 @@ def test_a_uid_corral_published_for_nss_is_no_clash(tmp_path: Path) -> None:
         assert found["status"] != "fail" and f"{uid.uid} (" not in found["detail"], found
     finally:
         nss_users.remove(nss_users.DEFAULT_DIR, {uid.uid})
+
+
+def test_whether_agents_slurm_jobs_run_as_their_uids_is_said(tmp_path: Path) -> None:
+    """A root gateway on Slurm: NSS here reads [sandbox] nss_users (libnss-extrausers, which
+    scripts/slurm-up sets up), so agents' jobs run as their own uids (decision 0063); off, or
+    a directory NSS does not read, is a warning saying sacct will name root."""
+    if os.geteuid() != 0:
+        pytest.skip("dynamic uids are a root gateway's")
+    toml = '[slurm]\nconf = "/nonexistent/slurm.conf"\n'
+    found = {}
+    for label, nss in (("default", None), ("off", ""), ("elsewhere", str(tmp_path / "extrausers"))):
+        env = {} if nss is None else {"CORRAL_SANDBOX__NSS_USERS": nss}
+        _, report, _ = doctor(tmp_path / "home", "--backend", "slurm", toml=toml, **env)
+        found[label] = by_check(report)["dynamic uids in Slurm"]
+    assert found["default"]["status"] == "ok" and "/var/lib/extrausers" in found["default"]["detail"], found
+    assert found["off"]["status"] == "warn" and "nss_users is off" in found["off"]["detail"]
+    assert found["elsewhere"]["status"] == "warn" and "not what NSS reads" in found["elsewhere"]["detail"]
+    assert "sacct says root" in found["off"]["detail"] and "libnss-extrausers" in found["off"]["fix"]

@@ -262,6 +262,29 @@ def uids(settings: Settings) -> list[Finding]:
     return [Finding("dynamic uids", "ok", f"no user of NSS in {lo}-{hi}; {len(given)} handed out, none taken since")]
 
 
+def in_slurm(settings: Settings) -> list[Finding]:
+    """Whether a root gateway's dynamic uids resolve where Slurm looks (decision 0063): NSS
+    here reads [sandbox] nss_users as libnss-extrausers' files. Else agents' Slurm jobs start
+    as root and drop to the uid, and sacct says root."""
+    from corral.core.identity import nss_sources
+    from corral.core.nss_users import DEFAULT_DIR
+
+    name, where = "dynamic uids in Slurm", settings.sandbox.nss_users
+    if settings.backend != "slurm" or os.geteuid() != 0:
+        return [Finding(name, "skip", "dynamic uids are a root gateway's on Slurm")]
+    fix = ("apt-get install libnss-extrausers; add extrausers last to passwd and group in nsswitch.conf, here and on "
+           "every node; [sandbox] nss_users where the nodes read it (docs/deploy.md, 'A root gateway')")
+    missing = [db for db in ("passwd", "group") if "extrausers" not in nss_sources(db).split()]
+    if where is None or missing or not (where.is_dir() and DEFAULT_DIR.is_dir() and where.samefile(DEFAULT_DIR)):
+        why = "[sandbox] nss_users is off" if where is None else \
+            f"nsswitch.conf's {' and '.join(missing)} name no extrausers" if missing else \
+            f"[sandbox] nss_users ({where}) is not what NSS reads here ({DEFAULT_DIR})"
+        return [Finding(name, "warn", f"{why}: agents' Slurm jobs start as root and drop to their uid (sacct says "
+                        "root, the Comment names the agent)", fix)]
+    return [Finding(name, "ok", f"NSS reads {where}: agents' Slurm jobs run as their own uids (the nodes must read "
+                    "it too)")]
+
+
 def _given_uids(registry: Path) -> dict[int, str]:
     """uid -> principal of the machine's record (root's, 0600: empty where unreadable)."""
     import json
@@ -425,7 +448,8 @@ def memory_model(settings: Settings) -> list[Finding]:
 
 CHECKS: list[tuple[str, Callable[[Settings], list[Finding]]]] = [
     ("listen", listening), ("identity", identity), ("store", store), ("disk", disk), ("slurm", slurm),
-    ("sandbox", sandbox), ("dynamic uids", uids), ("unix users", unix_users), ("memory model", memory_model)]
+    ("sandbox", sandbox), ("dynamic uids", uids),
+    ("dynamic uids in Slurm", in_slurm), ("unix users", unix_users), ("memory model", memory_model)]
 """Every check, in the order an admin fixes things."""
 
 
