@@ -148,3 +148,46 @@ def test_after_a_restart_each_pilot_is_released_through_its_own_clusters_slurm(t
                     sites=SimpleNamespace(lanes={"one": None, "two": None}), ports=ports)  # type: ignore[arg-type]
     asyncio.run(lane.recover())
     assert stopped == {"one": [8], "two": [7]}
+
+
+def test_a_task_is_placed_where_the_policy_allows_it_a_warm_pool_first(tmp_path: Path) -> None:
+    """FastLane.place without a Slurm: a warm pool where the policy refuses the task is not
+    taken (it is ranked among the others instead); a warm pool where it is allowed is
+    taken with no ranking; a cluster named where the policy refuses is refused, saying why."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from corral.core.config import FastLaneSettings
+    from corral.core.errors import InvalidRequest
+    from corral.core.jobs import JobSpec
+    from corral.core.principals import Kind, Principal
+    from corral.lanes.backend import Partition
+    from corral.lanes.clusters import Option
+    from corral.lanes.fast.lane import FastLane
+
+    part = Partition("debug", 8, 16000, 0, 3600, default=True)
+    clusters = {c: SimpleNamespace(name=c, partitions=lambda: [part]) for c in ("one", "two")}
+    ranked: list[list[str]] = []
+
+    async def rank(spec: JobSpec, only: list[str], refuses: Any) -> list[Option]:
+        ranked.append(list(only))
+        return [Option(c, "debug", [r] if (r := refuses(c)) else []) for c in only]
+
+    sites = SimpleNamespace(lanes=clusters, settings=SimpleNamespace(filesystems={}), rank=rank,
+                            named=lambda name: clusters[name])
+    lane = FastLane(FastLaneSettings(), tmp_path, "batch", 1.0, SimpleNamespace(),  # type: ignore[arg-type]
+                    clusters["one"], SimpleNamespace(), SimpleNamespace(), sites=sites)  # type: ignore[arg-type]
+    ann = Principal("ann", Kind.HUMAN)
+    spec = JobSpec(command="true", lane="fast", walltime=60)
+    warm = SimpleNamespace(allocations={1: SimpleNamespace(up_since=1.0)}, breaker=SimpleNamespace(is_open=False))
+    lane.pools[lane.key(ann, spec, "two")] = warm  # type: ignore[assignment]
+
+    def refuse(c: str) -> Any:
+        return lambda x: "rule forbid-two" if x == c else None
+
+    placed = asyncio.run(lane.place(ann, spec, refuse("two")))
+    assert placed.cluster == "one" and ranked == [["one", "two"]]
+    placed = asyncio.run(lane.place(ann, spec, refuse("one")))
+    assert placed.cluster == "two" and len(ranked) == 1  # the warm pool, no ranking
+    with pytest.raises(InvalidRequest, match="cluster two: rule forbid-two"):
+        asyncio.run(lane.place(ann, spec.model_copy(update={"cluster": "two"}), refuse("two")))
