@@ -87,3 +87,22 @@ def test_the_slurm_lane_submits_as_a_dynamic_uid_only_where_slurm_resolves_it(tm
     assert uid is not None and f"{ctx.principal}:x:{uid.uid}:" in (tmp_path / "extrausers" / "passwd").read_text()
     b._jobs_open = True  # as if the jobs' directory let others through; NSS still does not name the uid
     assert b._run_as(ctx) is None
+
+
+def test_nss_is_asked_once_a_while_for_a_uid_it_does_not_name(tmp_path, monkeypatch) -> None:
+    """Each submission's steps ask whether the uid resolves; a site's NSS may ask its
+    directory for each: a "no" is believed for a while, a "yes" for good."""
+    asked: list[int] = []
+    answer = [False]
+
+    def counted(uid: int, gid: int, names: tuple[str, ...]) -> bool:
+        asked.append(uid)
+        return answer[0]
+
+    monkeypatch.setattr(nss_users, "resolves", counted)
+    ids = Identities(tmp_path / "identities.json", FIRST, LAST, root=True, registry=tmp_path / "m" / "uids")
+    ident = Identity(61400, 61400, "bot", None, dynamic=True)
+    assert not any(ids.resolves(ident) for _ in range(5)) and asked == [61400]
+    ids._unresolved.clear()  # as 30 s later
+    answer[0] = True
+    assert all(ids.resolves(ident) for _ in range(5)) and asked == [61400, 61400]

@@ -35,6 +35,7 @@ import os
 import pwd
 import stat
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -82,6 +83,8 @@ class Identities:
         self.nss = nss
         """Where dynamic identities are published for NSS (corral/core/nss_users.py), or None."""
         self._resolved: set[int] = set()
+        self._unresolved: dict[tuple[int, int, str], float] = {}
+        """(uid, gid, name) -> until when NSS's "no" is believed (monotonic): asked again after."""
         self.registry = Path(registry)
         """The machine-wide record (``REGISTRY``), shared with every other install here."""
         self.install = os.path.realpath(self.path.parent)
@@ -242,12 +245,16 @@ class Identities:
         may start its jobs as it (``sbatch --uid``). A uid NSS names otherwise is not used."""
         if ident.uid in self._resolved:
             return True
+        if time.monotonic() < self._unresolved.get(ident.pair + (ident.user,), 0.0):
+            return False  # asked lately: a site's NSS may ask its directory, for each step of each submission
         from corral.core import nss_users
 
         ok = ident.dynamic and self.first <= ident.uid <= self.last and \
             nss_users.resolves(ident.uid, ident.gid, (ident.user, f"corral-{ident.uid}"))
         if ok:
             self._resolved.add(ident.uid)
+        else:
+            self._unresolved[ident.pair + (ident.user,)] = time.monotonic() + 30.0
         return ok
 
     # -- the machine's record ---------------------------------------------------------
