@@ -231,3 +231,6 @@ def test_a_granted_name_rebound_elsewhere_reaches_nothing(monkeypatch: pytest.Mo
     assert egress_grants.presented(header) == (1, "cre_1_" + "a" * 64)
     assert egress_grants.presented(b"Basic " + base64.b64encode(b"someone:cre_1_" + b"a" * 64)) is None
     assert egress_grants.presented(b"Basic !!!") is None
+    # What a job reads: corral asked only where the job named itself.
+    assert egress_grants.refusal("h", 1, None, asked=False).endswith("ask the admin to add it to [sandbox] allow_hosts")
+    assert "corral has asked them" in egress_grants.refusal("h", 1, None)

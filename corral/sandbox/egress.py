@@ -234,7 +234,7 @@ def _plugin() -> Any:
                 return grants.address_for(entry, host, port)
             if who and entry is None:
                 grants.file_ask(state, who[0], who[1], host, port)
-            why = grants.refusal(host, port, entry if who else None)
+            why = grants.refusal(host, port, entry, asked=who is not None)
         except Refused as e:
             why = f"corral: {e}"
         log.warning("egress refused: %s:%s", host, port)

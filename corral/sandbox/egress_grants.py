@@ -150,8 +150,9 @@ def file_ask(directory: Path, job: int, credential: str, host: str, port: int) -
         os.close(fd)
 
 
-def refusal(host: str, port: int, entry: dict[str, Any] | None) -> str:
-    """What the job reads in the proxy's 403 for a host off the list."""
+def refusal(host: str, port: int, entry: dict[str, Any] | None, asked: bool = True) -> str:
+    """What the job reads in the proxy's 403 for a host off the list (``asked``: the job
+    named itself, so corral asked the policy about it)."""
     head = f"corral: {host}:{port} is not on this facility's egress allow-list"
     entry = entry or {}
     state = entry.get("state")
@@ -162,6 +163,8 @@ def refusal(host: str, port: int, entry: dict[str, Any] | None) -> str:
         return f"{head}; approval #{entry['approval']} let this job reach it until {entry['when']}, which has passed"
     if state in ("declined", "expired", "void", "refused"):
         return f"{head}; {entry.get('why') or state}"
+    if not asked:  # no credential of a job (a fast-lane task, a client that dropped it): nobody to ask for
+        return f"{head}; ask the admin to add it to [sandbox] allow_hosts"
     return (f"{head}; ask the admin to add it to [sandbox] allow_hosts (where the facility's policy lets your "
             "sponsor approve it for this job, corral has asked them: see your agent's next answer)")
 
