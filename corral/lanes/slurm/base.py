@@ -69,9 +69,10 @@ class SlurmBase:
         self._known: dict[str, BackendStatus] = {}  # last answer per live job, between full polls
         self._final: dict[str, BackendStatus] = {}  # a terminal answer never changes
         self._cancelled: set[str] = set()  # cancelled by corral (not by Slurm, for a dependency)
-        self._unconfirmed: dict[str, tuple[int, float]] = {}
+        self._unconfirmed: dict[str, tuple[int, float, float | None]] = {}
         """Ends taken from a job's own marker, not yet Slurm's: id -> (the run that wrote
-        it, when): watched for a requeue Slurm decides after (Polling.reopened)."""
+        it, when, that run's start by its own marker): watched for a requeue Slurm decides
+        after, or a run Slurm starts again without counting it (Polling.reopened)."""
         self._last_confirm: float | None = None
         self._table: tuple[float, str] | None = None  # the last job table squeue gave (when, text)
         self.controller_calls: dict[str, int] = {}

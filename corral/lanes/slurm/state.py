@@ -57,7 +57,7 @@ class Polling(SlurmBase):
             told = self._final.get(jid)
             if told is None and (told := self._self_report(jid)) is not None:
                 # the job's own word, before Slurm's: watched until Slurm agrees (``reopened``)
-                self._unconfirmed[jid] = (told.requeues, self.clock())
+                self._unconfirmed[jid] = (told.requeues, self.clock(), told.start_time)
             if told is not None:
                 out[jid] = told
             else:
@@ -87,9 +87,11 @@ class Polling(SlurmBase):
     def reopened(self) -> list[BackendStatus]:
         """Jobs whose end corral took from their own marker and that Slurm has since run
         again: their run was orphaned (its node's slurmd lost, the controller failing over)
-        and Slurm requeued the job, NODE_FAIL, after the orphan ended. Each is answered
-        once, live as Slurm says, its requeues counted; one squeue per poll, only while
-        such ends are unconfirmed (issue 50)."""
+        and Slurm requeued the job, NODE_FAIL, after the orphan ended; or a backup
+        controller recovered the job from a state saved before that run began and runs it
+        again as if for the first time (its restart count unmoved: ``_rerun``). Each is
+        answered once, live as Slurm says, its requeues counted; one squeue per poll, only
+        while such ends are unconfirmed (issue 50)."""
         if not self._unconfirmed or (self._last_confirm is not None
                                      and self.clock() - self._last_confirm < self.poll_s):
             return []
@@ -108,10 +110,18 @@ class Polling(SlurmBase):
             if jid not in self._unconfirmed:
                 continue
             seen.add(jid)
-            run, since = self._unconfirmed[jid]
+            run, since, began = self._unconfirmed[jid]
             again = int(restarts) if restarts.isdigit() else 0
             state = translate(st)
-            if again > run:
+            if again == run and self._rerun(jid, st, state, slurm_epoch(start), began):
+                del self._unconfirmed[jid]
+                running = state is not JobState.PENDING  # one that already ended again: its new marker ends it
+                out.append(BackendStatus(jid, JobState.RUNNING if running else JobState.PENDING,
+                                         reason=None if running else "Slurm runs it again: its controller "
+                                         "recovered it from a state saved before its last run began",
+                                         start_time=slurm_epoch(start) if running else None, requeues=again,
+                                         node=(nodes or None) if running else None))
+            elif again > run:
                 del self._unconfirmed[jid]
                 self.requeues.note(jid, again)
                 running = state is JobState.RUNNING
@@ -124,6 +134,27 @@ class Polling(SlurmBase):
         for jid in [j for j in self._unconfirmed if j not in seen]:
             del self._unconfirmed[jid]  # gone from Slurm's table: its end stands
         return out
+
+    def _rerun(self, jid: str, st: str, state: JobState, start: float | None, began: float | None) -> bool:
+        """Whether Slurm runs again, under the same restart count, a job whose end corral
+        took from its run's own marker: pending again (a job that ended never is), or
+        started after that run began (Slurm's start of the run that wrote the marker is
+        at or before the marker's own start; 2 s for the node's clock against the
+        controller's). Then that marker is the superseded run's: removed (never one the
+        new run wrote since, which is later than its start), so the job's record follows
+        Slurm's and then the new run's own end."""
+        pending = state is JobState.PENDING and not st.startswith(("COMPLETING", "REQUEUE"))
+        again = pending or (start is not None and began is not None and start > began + 2)
+        d = self._dir_of(jid) if again else None
+        if d is not None:
+            self._final.pop(jid, None)
+            marker = out_dir(d) / "ended"
+            try:  # unlink removes a link, never what it names
+                if pending or start is None or os.lstat(marker).st_mtime <= start:
+                    marker.unlink()
+            except OSError:
+                pass
+        return again
 
     def _started(self, jid: str) -> tuple[float | None, int]:
         """The job's own record of its last run's start: (epoch, restarts before it),
