@@ -96,6 +96,19 @@ def test_a_job_a_backup_controller_runs_again_uncounted_is_reopened_and_its_stal
     assert st.state is JobState.COMPLETED and st.end_time == began + 100, st
 
 
+def test_a_job_table_from_before_an_end_was_taken_is_not_read_as_slurm_running_it_again(tmp_path: Path) -> None:
+    """The status poll's table is reused within a poll, but never one taken before the
+    end it would confirm: that one may show the job still pending from before its run
+    (seen on the private cluster: a job reopened 0.2 s after its marker ended it)."""
+    table, now = Table(), [1000.0]
+    b = lane(tmp_path, table, now)
+    b._table = (now[0], "5|PENDING|None|N/A|0|\n")  # polled as the job waited to start
+    now[0] += 3  # it ran, and its marker ended it
+    b._unconfirmed = {"5": (0, now[0], slurm_epoch("2026-12-07T10:00:00"))}
+    table.rows = "5|COMPLETING|None|2026-12-07T10:00:00|0|c1\n"
+    assert b.reopened() == [] and table.asked == 1  # Slurm asked now, not the old table
+
+
 def test_the_store_reopens_only_a_terminal_record(tmp_path: Path) -> None:
     from corral.core.db import Database
     from corral.core.principals import Kind, Principal

@@ -96,8 +96,11 @@ class Polling(SlurmBase):
                                      and self.clock() - self._last_confirm < self.poll_s):
             return []
         self._last_confirm = self.clock()
-        if self._table is not None and self.clock() - self._table[0] < self.poll_s:
-            text = self._table[1]  # the status poll's own table, this poll: no RPC more
+        newest = max(since for _, since, _ in self._unconfirmed.values())
+        if self._table is not None and self.clock() - self._table[0] < self.poll_s and self._table[0] >= newest:
+            # the status poll's own table, this poll: no RPC more (never one from before an
+            # end was taken: it could show the job still pending from before its run)
+            text = self._table[1]
         else:
             try:
                 text = self._run("squeue", "-h", "-a", "-t", "all", "-O", TABLE)
