@@ -419,6 +419,7 @@ SLURM_TESTS = {
     "tests/test_storage.py::test_images_and_workspaces_on_the_private_slurm",
     "tests/test_superseded_run.py::test_an_orphaned_runs_end_does_not_end_a_requeued_job",
     "tests/test_superseded_run.py::test_an_end_recorded_before_slurm_requeues_the_job_is_reopened",
+    "tests/test_superseded_run.py::test_a_job_ending_as_the_primary_controller_dies_is_reopened_when_the_backup_requeues_it",
     "tests/test_wheel.py::test_the_installed_gateway_checks_the_host_and_runs_a_slurm_job"}
 """The other tests that take a Slurm turn (tests/test_suite_layout.py keeps this list whole)."""
 

@@ -14,6 +14,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,5 +140,74 @@ def test_an_end_recorded_before_slurm_requeues_the_job_is_reopened(gw: Gateway, 
         if node:
             freeze_stepds(conf, node, signal.SIGCONT)
         restore(conf)  # the node's slurmd again
+        if node:
+            until(f"{node} back in service", lambda: "DOWN" not in node_state(conf, node), 90)
+
+
+@pytest.mark.slurm_turn("alone")
+def test_a_job_ending_as_the_primary_controller_dies_is_reopened_when_the_backup_requeues_it(
+        gw: Gateway, agent_dir: Path) -> None:
+    """Issue 50's last case: a job's script ends as the primary controller (ctl1) dies, so
+    its end reaches no controller: its node's slurmd killed and its slurmstepd stopped (it
+    cannot report), ctl1 killed outright once it has saved the job as running. corral
+    takes the end from the job's own marker (COMPLETED). The backup (ctl2) takes over
+    (SlurmctldTimeout), recovers the job as RUNNING, finds its node gone, and requeues it
+    (NODE_FAIL): corral follows Slurm, the record reopened (its end gone, the requeue
+    counted), and the first run's marker no longer ends it. Before: COMPLETED, requeues
+    0, while Slurm ran the job again. (Killed before it saved the job's start, ctl1 leaves
+    the backup a pending job that it runs anew, its count still 0: Polling._rerun, in
+    tests/test_reopened.py; killed before it saved the job at all, the backup never knew it
+    and corral's end from the marker stands.)"""
+    from .slurm_env import kill_host
+
+    conf = slurm_conf()
+    saved = Path(next(line.split("=", 1)[1].strip() for line in slurm(conf, "scontrol", "show", "config").splitlines()
+                      if line.startswith("StateSaveLocation"))) / "job_state"
+
+    def asked(check: Any) -> Any:  # Slurm's commands fail or time out while no controller answers
+        def safely() -> Any:
+            try:
+                return check()
+            except (subprocess.SubprocessError, OSError):
+                return None
+        return safely
+
+    # the first run ends when the test says (the file go); a run after it finds the mark
+    # and runs on (until cancelled), so that Slurm's second run is there to be seen
+    work = ("if [ -e again ]; then echo second; sleep 600; fi; touch again; "
+            "for i in $(seq 1200); do [ -e go ] && break; sleep 0.1; done; echo first")
+    node = ""
+    try:
+        with gw.http() as h:
+            jid = h.post("/v1/jobs", json={"command": work, "cpus": 4, "walltime": "20m",
+                                           "workdir": str(agent_dir)}).json()["id"]
+            first = h.get(f"/v1/jobs/{jid}/wait", params={"timeout": 120, "until": "RUNNING"}).json()
+            assert first["state"] == "RUNNING", first
+            seen_running = time.time()
+            backend = first["backend_id"]
+            node = slurm(conf, "squeue", "-h", "-j", backend, "-o", "%N").strip()
+            until("ctl1 to save the job as running", lambda: saved.stat().st_mtime > seen_running + 1, 90)
+            kill_slurmd(conf, node)
+            assert freeze_stepds(conf, node, signal.SIGSTOP), f"no slurmstepd on {node}"
+            assert kill_host(conf, "ctl1")  # the primary dies as the job's script ends
+            (agent_dir / "go").touch()
+            ended = h.get(f"/v1/jobs/{jid}/wait", params={"timeout": 60}).json()
+            assert ended["state"] == "COMPLETED" and ended["requeues"] == 0, ended  # the marker's word
+            until("Slurm (the backup) to requeue the job", asked(lambda: restarts(conf, backend) >= 1), 240)
+            again = until("corral to reopen the job", lambda: (j := job(gw, jid))["state"] in ("PENDING", "RUNNING")
+                          and j, 60)
+            assert again["requeues"] >= 1 and again["end_time"] is None and again["exit_code"] is None, again
+            assert again["backend_id"] == backend, again
+            for _ in range(6):  # the first run's marker does not end it again (CORRAL_TICK_S=0.5)
+                time.sleep(1)
+                assert job(gw, jid)["state"] in ("PENDING", "RUNNING"), job(gw, jid)
+            h.post(f"/v1/jobs/{jid}/cancel")
+            assert h.get(f"/v1/jobs/{jid}/wait", params={"timeout": 90}).json()["state"] == "CANCELLED"
+    finally:
+        if node:
+            freeze_stepds(conf, node, signal.SIGCONT)
+        restore(conf)  # the primary controller and the node's slurmd again
+        until("the primary in control again", asked(lambda: "primary) at ctl1 is UP" in slurm(conf, "scontrol", "ping")),
+              120)
         if node:
             until(f"{node} back in service", lambda: "DOWN" not in node_state(conf, node), 90)
