@@ -1,14 +1,15 @@
-"""The verbs that change something and take no body, each declared once and typed
-(corral/edges/declare.py), as the read-only ones are in corral/edges/reads.py: the
-function is what the verb does in the gateway; the decorator, how each edge shows it.
-Their CLI commands and the cancel_job tool stay hand-written: what a person or a model
-is told after an action (what to do next) is more than the answer's fields."""
+"""The verbs that change something, each declared once and typed (corral/edges/declare.py),
+as the read-only ones are in corral/edges/reads.py: the function is what the verb does in
+the gateway; the decorator, how each edge shows it. With a body, the arguments after the
+path's are the body model's fields. Their CLI commands and MCP tools stay hand-written:
+what a person or a model is told after an action (what to do next) is more than the
+answer's fields."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from corral.edges.declare import ASKED, PERSON, WS, Cli, Tool, declare
+from corral.edges.declare import ASKED, ENV, PERSON, TOLD, WS, Cli, Tool, declare
 
 if TYPE_CHECKING:
     from corral.core.principals import Caller
@@ -82,3 +83,92 @@ async def ws_commit(s: Service, c: Caller, ws_id: str) -> dict[str, Any]:
          tags=("storage",), cli=Cli("workspace discard", generated=False), without={"mcp": WS})
 async def ws_discard(s: Service, c: Caller, ws_id: str) -> dict[str, Any]:
     return await s.storage.workspace(c, "discard", ws_id=ws_id)
+
+
+# -- with a body: the arguments after the path's are the body model's fields ----------
+
+@declare("POST", "/v1/principals", summary="", body="PrincipalIn", out="PrincipalOut", status=201,
+         tags=("principals",), cli=Cli("principal add", generated=False), without={"mcp": PERSON})
+def add_principal(s: Service, c: Caller, name: str, kind: str, sponsor: str | None = None,
+                  unix_user: str | None = None, account: str | None = None, admin: bool = False) -> dict[str, Any]:
+    return s.accounts.add_principal(c, name, kind, sponsor, unix_user, account, admin).to_dict()
+
+
+@declare("POST", "/v1/signin/munge", body="MungeSigninIn", out="SigninOut", status=201, tags=("tokens",),
+         public=True, op="signin_munge", cli=Cli("login", generated=False),
+         summary="Sign in as the person whose Unix user made this munge credential (on a login node, as Slurm's "
+                 "own commands prove who they are): a short-lived token of that person's. No token needed; each "
+                 "credential counts once, and must name this gateway (decision 0060).",
+         without={"mcp": "a person signs in on a login node; an agent is given its token"})
+async def signin_munge(s: Service, c: Caller | None, credential: str) -> dict[str, Any]:
+    return await s.signin.by_munge(credential)
+
+
+@declare("POST", "/v1/jobs/wait", body="WaitIn", out="JobsOut", tags=("jobs",), long="timeout",
+         summary="Long-poll until all these jobs have ended (or the timeout): one request per sweep.",
+         without={"mcp": "wait_for_events waits for many jobs, resumably",
+                  "cli": "corral wait, one job a call; scripts use the client"})
+async def wait_many(s: Service, c: Caller, ids: list[int], timeout: float = 60.0) -> dict[str, Any]:
+    jobs, done = await s.wait_many(c, ids, timeout)
+    return {"jobs": [j.summary() for j in jobs], "reached": done}
+
+
+@declare("POST", "/v1/notes", body="NoteIn", out="NoteOut", status=201, tags=("memory",),
+         summary="Write a note (scope agent, user, account, session; facility for admins). Secrets are redacted.",
+         tool=Tool("remember", "Remember a note", read_only=False, idempotent=False), hand_tool=True,
+         cli=Cli("remember", generated=False))
+def remember(s: Service, c: Caller, text: str, scope: str = "user", expires: str | None = None,
+             job_id: int | None = None) -> dict[str, Any]:
+    return s.memory.remember(c, text, scope, expires, job_id)
+
+
+@declare("POST", "/v1/jobs/cancel", summary="", body="CancelIn", out="JobsOut", tags=("jobs",),
+         cli=Cli("cancel", generated=False), without={"mcp": "cancel_job, one job a call"})
+async def cancel_many(s: Service, c: Caller, ids: list[int]) -> dict[str, Any]:
+    return {"jobs": [j.summary() for j in await s.cancel(c, ids)]}
+
+
+@declare("POST", "/v1/jobs/{job_id}/control", body="ControlIn", params="JobParams", out="JobOut", tags=("jobs",),
+         summary="Hold, release, requeue or signal a job, where its lane can (a refusal says what to do instead).",
+         tool=Tool("job_control", "Hold, release, requeue or signal a job", read_only=False, destructive=True,
+                   idempotent=False), hand_tool=True, cli=Cli("control", generated=False))
+async def control(s: Service, c: Caller, job_id: int, action: str, signal: str | None = None) -> dict[str, Any]:
+    return dict((await s.control(c, job_id, action, signal)).to_dict())
+
+
+@declare("POST", "/v1/approvals/ahead", body="AheadIn", out="AheadOut", wire={"for_": "for"}, tags=("approvals",),
+         summary="Approve a rule ahead for one session of an agent you sponsor, for a while.",
+         cli=Cli("approvals ahead", generated=False), without={"mcp": ASKED})
+def approve_ahead(s: Service, c: Caller, agent: str, session: str, rule: str, for_: str = "8h") -> dict[str, Any]:
+    return s.approvals.allow_ahead(c, agent, session, rule, for_)
+
+
+@declare("POST", "/v1/ledger/ack", body="AckIn", out="AckOut", tags=("events",),
+         summary="Acknowledge everything you were told up to this id: it is not repeated any more.",
+         tool=Tool("ack_events", "Acknowledge reminders", read_only=False, idempotent=True), hand_tool=True,
+         without={"cli": TOLD})
+def ack(s: Service, c: Caller, up_to: int) -> dict[str, Any]:
+    return s.notify.ack(c, up_to)
+
+
+@declare("POST", "/v1/env/build", summary="", body="EnvBuildIn", out="EnvOut", status=202,
+         status_of=lambda d: 200 if d["state"] == "ready" else 202, also={200: "the image is ready"},
+         tags=("storage",), cli=Cli("env build", generated=False),
+         tool=Tool("build_environment", "Build or reuse an environment image", read_only=False), hand_tool=True)
+async def env_build(s: Service, c: Caller, files: dict[str, str], name: str | None = None,
+                    rebuild: bool = False) -> dict[str, Any]:
+    return await s.storage.env_build(c, dict(files), name, rebuild)
+
+
+@declare("POST", "/v1/env/gc", summary="", body="EnvGcIn", out="GcOut", tags=("storage",),
+         cli=Cli("env gc", generated=False), without={"mcp": ENV})
+async def env_gc(s: Service, c: Caller, older_than_days: float | None = None, image: str | None = None,
+                 dry_run: bool = False) -> dict[str, Any]:
+    days = older_than_days * 86400 if older_than_days is not None else None
+    return {"collected": await s.storage.env_gc(c, days, image, dry_run), "dry_run": dry_run}
+
+
+@declare("POST", "/v1/workspaces", summary="", body="ForkIn", out="WorkspaceOut", status=201, op="fork",
+         tags=("storage",), cli=Cli("workspace fork", generated=False), without={"mcp": WS})
+async def ws_fork(s: Service, c: Caller, base: str, rev: str | None = None) -> dict[str, Any]:
+    return await s.storage.workspace(c, "fork", base=base, rev=rev)

@@ -153,26 +153,37 @@ def declare(method: str, path: str, *, summary: str, out: str, words: str | None
     people (the OpenAPI, ``--help``); ``words``: for models (the MCP tool's description;
     default the summary); ``hand_tool``: the tool is written by hand in corral/edges/mcp
     (its wording needs it) and only named here. The arguments after the caller are the
-    verb's, in order: in the path where ``path`` names them, else in the query, checked by
-    ``params``; ``row``: the rest of ``Verb``'s fields (tags, long, op, status...)."""
+    verb's, in order: in the path where ``path`` names them; with a ``body`` model, in
+    ``query`` or ``headers`` where ``row`` says so and else the body's fields (``whole``:
+    the argument that is the whole body); without, in the query; checked by ``params``.
+    ``row``: the rest of ``Verb``'s fields (tags, long, op, status...)."""
 
     def make(fn: Callable[Concatenate[Service, Caller, P], R]) -> Declared[P, R]:
         code = fn.__code__  # not inspect.signature: the shims and the CLI start without importing inspect
         args = code.co_varnames[2:code.co_argcount + code.co_kwonlyargcount]
-        untyped: Callable[..., Any] = fn  # the route's checked arguments, by the names the signature gives
-
-        def serve(s: Any, c: Any, a: dict[str, Any]) -> Any:
-            return _plain(untyped(s, c, *(a[k] for k in args)))
-
-        verb = Verb(fn.__name__, method, path, serve, args=args, params=params, out=out, doc=summary,
+        verb = Verb(fn.__name__, method, path, _serve(fn, args), args=args, params=params, out=out, doc=summary,
                     tool=tool, cli=cli.name if cli else None, without=without or {}, **row)
-        verb = verb._replace(query=tuple(a for a in args if a not in verb.in_path))
+        if verb.body is None:
+            verb = verb._replace(query=tuple(a for a in args if a not in verb.in_path))
         assert tool is None or hand_tool or words, f"{fn.__name__}: a generated tool needs its words for models"
         declared = Declared(fn, verb, words or summary, cli, said, hand_tool)
         DECLARED.append(declared)
         return declared
 
     return make
+
+
+def _serve(fn: Callable[..., Any], args: tuple[str, ...]) -> Serve:
+    """The row's serve: the route's (or ServiceOps') checked arguments to the function, by
+    the names its signature gives: from the path, query and headers as checked, from the
+    body's model its fields (or the model itself, for the argument that is the whole body)."""
+
+    def serve(s: Any, c: Any, a: dict[str, Any]) -> Any:
+        body = a.get("body")
+        return _plain(fn(s, c, *(a[k] if k in a else body if k not in getattr(type(body), "model_fields", ())
+                                  else getattr(body, k) for k in args)))
+
+    return serve
 
 
 def _plain(data: Any) -> Any:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from corral.edges import acts
 from corral.core.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthenticated
 
 PAYLOAD = "corral-signin/1 "
@@ -91,7 +92,7 @@ def munge_credential(url: str) -> str:
 def by_munge(url: str) -> dict[str, Any]:
     from corral.edges.client import Client
 
-    return dict(Client(url, None).signin_munge(credential=munge_credential(url)))
+    return dict(Client(url, None).run(acts.signin_munge, credential=munge_credential(url)))
 
 
 def by_socket(path: str | None = None) -> dict[str, Any]:

@@ -75,5 +75,5 @@ def approvals_decline(o: Ctx, approval_id: int, note: str | None) -> None:
 @click.pass_obj
 def approvals_ahead(o: Ctx, agent: str, session: str, rule: str, for_: str) -> None:
     """Approve one rule ahead for one session of an agent you sponsor."""
-    o.out(o.client.approve_ahead(agent=agent, session=session, rule=rule, for_=for_),
+    o.out(o.client.run(acts.approve_ahead, agent=agent, session=session, rule=rule, for_=for_),
           lambda r: f"{r['rule']} approved for {r['agent']}'s session {r['session']} until {_when(r['until'])}")

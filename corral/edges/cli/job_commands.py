@@ -10,7 +10,7 @@ import click
 
 from corral.edges.cli.kit import Ctx, fail, table, ts
 from corral.core.signals import SIGNALS
-from corral.edges import reads
+from corral.edges import acts, reads
 
 
 def job_line(j: dict[str, Any]) -> str:
@@ -78,7 +78,7 @@ def control(o: Ctx, job_id: int, action: str, sig: str | None) -> None:
     """
     if action == "signal" and not sig:
         raise click.UsageError("signal needs --signal, e.g. --signal USR1")
-    job = o.client.control(job_id, action, sig.upper() if sig else None)
+    job = o.client.run(acts.control, job_id, action, sig.upper() if sig else None)
     o.out(job, lambda j: f"job {j['id']}: {action} done ({j['state']}{', ' + j['reason'] if j.get('reason') else ''})")
 
 

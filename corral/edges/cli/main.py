@@ -23,7 +23,7 @@ from corral.edges.cli.generated import commands
 from corral.edges.cli.kit import Ctx, fail, table
 from corral.core.errors import CorralError, InvalidRequest
 from corral.core.lane_names import CHOICES
-from corral.edges import reads
+from corral.edges import acts, reads
 
 EPILOG = """\b
 Environment:
@@ -388,7 +388,7 @@ def cancel(o: Ctx, job_ids: tuple[int, ...]) -> None:
     Example:
       corral cancel 7 8
     """
-    res = o.client.cancel_many(list(job_ids))
+    res = o.client.run(acts.cancel_many, list(job_ids))
     o.out(res, lambda r: "\n".join(f"job {j['id']}: cancel requested ({j['state']})" for j in r["jobs"]))
 
 

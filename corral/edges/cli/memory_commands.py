@@ -7,7 +7,7 @@ import shlex
 from typing import Any
 
 import click
-from corral.edges import reads
+from corral.edges import acts, reads
 
 
 @click.command()
@@ -26,7 +26,7 @@ def remember(o: Any, text: str, scope: str, expires: str | None, job_id: int | N
       corral remember "torch needs 'module load cuda/12.2' first on the gpu partition"
       corral remember --scope account --expires 30d "scratch is purged every Sunday"
     """
-    note = o.client.remember(text, scope, expires, job_id)
+    note = o.client.run(acts.remember, text, scope, expires, job_id)
     flags = note.get("flags", {})
     o.out(note, lambda n: f"remembered note {n['id']} ({n['scope']})"
           + (f"; redacted: {', '.join(flags['redacted'])}" if flags.get("redacted") else "")

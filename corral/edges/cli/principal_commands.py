@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from corral.edges.cli.kit import Ctx, table
-from corral.edges import reads
+from corral.edges import acts, reads
 
 
 @click.group()
@@ -32,7 +32,7 @@ def principal() -> None:
 def principal_add(o: Ctx, name: str, kind: str, sponsor: str | None, unix_user: str | None,
                   account: str | None, admin: bool) -> None:
     """Add a principal. Example: corral principal add bot1 --kind agent --sponsor alice"""
-    p = o.client.add_principal(name=name, kind=kind, sponsor=sponsor, unix_user=unix_user, account=account, admin=admin)
+    p = o.client.run(acts.add_principal, name=name, kind=kind, sponsor=sponsor, unix_user=unix_user, account=account, admin=admin)
     o.out(p, lambda p: f"added {p['kind']} {p['name']}" + (f" (sponsor {p['sponsor']})" if p.get("sponsor") else ""))
 
 

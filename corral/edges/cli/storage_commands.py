@@ -73,7 +73,7 @@ def env_build(o: Ctx, file: Path, name: str | None, rebuild: bool, no_wait: bool
         if not project.exists():
             raise InvalidRequest(f"a uv.lock is built with its pyproject.toml, and {project} does not exist")
         files["pyproject.toml"] = project.read_text()
-    r = o.client.env_build(files, name, rebuild)
+    r = o.client.run(acts.env_build, files, name, rebuild)
     if r["state"] == "building" and not no_wait:
         r = _follow(o, r, timeout)
     if r["state"] == "failed":
@@ -135,7 +135,7 @@ def env_list(o: Ctx) -> None:
 @click.pass_obj
 def env_gc(o: Ctx, days: float | None, image: str | None, dry_run: bool) -> None:
     """Admin: remove images no job used recently (unmounted, files and records gone)."""
-    r = o.client.env_gc(days, image, dry_run)
+    r = o.client.run(acts.env_gc, days, image, dry_run)
     o.out(r, lambda x: f"{'would collect' if dry_run else 'collected'} {len(x['collected'])} image(s)"
           + "".join(f"\n  {k}" for k in x["collected"]))
 
@@ -163,7 +163,7 @@ def workspace() -> None:
 @click.pass_obj
 def ws_fork(o: Ctx, base: Path, rev: str | None) -> None:
     """A new workspace over BASE (a directory, or a git repository at --rev)."""
-    r = o.client.ws_fork(str(base.resolve()), rev)
+    r = o.client.run(acts.ws_fork, str(base.resolve()), rev)
     o.out(r, lambda w: f"workspace {w['workspace']} over {w['base']}{' at ' + w['rev'] if w.get('rev') else ''} "
                        f"({w['how']})\n  path: {w['path']}\n  run in it: corral submit --workspace {w['workspace']} -- ...")
 

@@ -11,7 +11,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 from pydantic import Field
 
-from corral.edges import reads
+from corral.edges import acts, reads
 from corral.core.text import NAME, WS_ID
 from corral.edges.schemas import ToolEnv, ToolWorkspace
 from corral.edges.verbs import BY_NAME
@@ -71,7 +71,7 @@ def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"], limit: Callabl
         if not files:
             raise ToolError("give requirements (a requirements.txt's text), or pyproject (and uv_lock)")
         ops = ops_for(ctx)
-        first = await ops.env_build(files, name, rebuild)
+        first = await ops.run(acts.env_build, files, name, rebuild)
 
         async def poll(t: float) -> dict[str, Any]:
             import asyncio
@@ -110,7 +110,7 @@ def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"], limit: Callabl
         if action == "fork":
             if not base:
                 raise ToolError("fork needs base: the absolute path of the directory to fork")
-            r = await ops.ws_fork(base, rev)
+            r = await ops.run(acts.ws_fork, base, rev)
             r["next"] = f"submit_job workspace={r['workspace']!r} command=...; then workspace action='diff'"
             return result(f"workspace {r['workspace']} over {r['base']}. Next: {r['next']}", r)
         if action == "list":

@@ -291,7 +291,7 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         """Acknowledge what the reminders at the end of corral's answers told you ("Since
         your last call: ..."), so they stop. Reading a job by id (job_status, wait_for_job,
         job_output) acknowledges that job's end too."""
-        res = await ops_for(ctx).ack(up_to)
+        res = await ops_for(ctx).run(acts.ack, up_to)
         return answer(f"acknowledged {res['acked']}; {res['left']} left", res)
 
     @mcp.tool(**declared("cancel"))
@@ -315,7 +315,7 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
     ) -> Annotated[CallToolResult, ToolJob]:
         """Control a job you own where its lane can; a refusal says what to do instead
         (a fast-lane task can only be cancelled)."""
-        job = await ops_for(ctx).control(job_id, action, signal)
+        job = await ops_for(ctx).run(acts.control, job_id, action, signal)
         out = {**compact(job), "next": next_for(job)}
         return answer(f"{action}: {said_job(job)}. Next: {out['next']}", out)
 
@@ -361,7 +361,7 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
     ) -> dict[str, Any]:
         """Write down something worth knowing next time (a fix, a pitfall, which module
         or partition works), so later sessions need not rediscover it."""
-        return await ops_for(ctx).remember(text, scope, expires, job_id)
+        return await ops_for(ctx).run(acts.remember, text, scope, expires, job_id)
 
     @mcp.tool(**declared("recall"))
     @guarded

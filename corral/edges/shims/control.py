@@ -10,7 +10,7 @@ import sys
 from corral.core.errors import NotFound
 from corral.edges.shims.base import ACTIVE, ShimError, client, elapsed, exit_code, hms, stamp, unsupported, user
 from corral.edges.shims.queue import View, account, group_name, held, views
-from corral.edges import reads
+from corral.edges import acts, reads
 
 
 def scontrol(argv: list[str]) -> int:
@@ -56,7 +56,7 @@ def _hold(action: str, ids: list[str]) -> int:
             print(f"{why} for job {raw}\nslurm_suspend error: {why}", file=sys.stderr)
             rc = 1
         elif job is not None and job["state"] == "PENDING":  # Slurm takes either on a running job, a no-op
-            c.control(int(raw), "release" if action == "release" else "hold")
+            c.run(acts.control, int(raw), "release" if action == "release" else "hold")
     return rc
 
 

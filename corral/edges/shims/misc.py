@@ -6,6 +6,7 @@ import functools
 import re
 import sys
 
+from corral.edges import acts
 from corral.edges.shims.base import ACTIVE, Parser, ShimError, client, facility, unsupported, user
 from corral.edges.shims.nodes import busy_nodes, expand_ids, partition_rows
 from corral.edges.shims.queue import parse_states, views
@@ -60,7 +61,7 @@ def scancel(argv: list[str]) -> int:
                 print(f"scancel: error: Kill job error on job id {raw}: Invalid job id specified", file=sys.stderr)
     targets = [v.j["id"] for v in vs if v.state in ACTIVE]
     if targets:
-        c.cancel_many(targets)
+        c.run(acts.cancel_many, targets)
     return 0
 
 
