@@ -337,9 +337,11 @@ def test_agents_work_runs_contained_inside_the_batch_script(tmp_path, agent_dir,
         assert bool(compiled) == (step == "compiled") and not set(compiled) & set(python_steps)
         assert bool(python_steps) == (step == "python")
         with gw.http(t["alice"]) as h:  # a person: the work as written, not contained
-            job = h.post("/v1/jobs", json={"command": f"echo hers > {tmp_path / 'hers.txt'}", "workdir": str(tmp_path)}).json()
+            # (a person without a Unix user runs as a dynamic uid of hers: a directory she may enter)
+            job = h.post("/v1/jobs", json={"command": f"echo hers > {agent_dir / 'hers.txt'}",
+                                           "workdir": str(agent_dir)}).json()
             assert h.get(f"/v1/jobs/{job['id']}/wait", params={"timeout": 90}).json()["state"] == "COMPLETED"
-        assert (tmp_path / "hers.txt").read_text() == "hers\n"
+        assert (agent_dir / "hers.txt").read_text() == "hers\n"
     finally:
         gw.kill(signal.SIGTERM)
 
