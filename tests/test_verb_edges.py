@@ -12,6 +12,7 @@ import asyncio
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from mcp import Client as McpClient
@@ -20,6 +21,9 @@ from corral.edges import verbs
 from corral.edges.cli.main import cli
 from corral.edges.declare import DECLARED
 from corral.edges.mcp.tools import build_mcp
+
+if TYPE_CHECKING:
+    from .conftest import Gateway
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "verbs.md"
@@ -102,6 +106,21 @@ def test_mypy_refuses_a_wrong_call_of_a_declared_verb(tmp_path: Path) -> None:
                         capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert 'incompatible type "str"; expected "int"' in cp.stdout, cp.stdout
     assert 'Unexpected keyword argument "colour"' in cp.stdout, cp.stdout
+
+
+def test_budget_is_a_command_made_from_its_declaration(gateway: Gateway) -> None:
+    """`corral budget` (issue 53: declared in four files, reachable by none but HTTP): a
+    table of the token's limited blocks, or the HTTP answer under --json."""
+    gateway.cli_json("principal", "add", "alice", "--kind", "human")
+    gateway.cli_json("principal", "add", "bot", "--kind", "agent", "--sponsor", "alice")
+    minted = gateway.cli_json("token", "mint", "--for", "bot", "--cpu-hours", "5", "--max-active", "3")
+    with gateway.http(minted["token"]) as h:
+        assert gateway.cli_json("budget", token=minted["token"]) == h.get("/v1/budget").json()
+    shown = gateway.cli("budget", token=minted["token"])
+    assert shown.returncode == 0, shown.stderr
+    head, row = shown.stdout.splitlines()[:2]
+    assert head.split()[:3] == ["BLOCK", "CPU_HOURS", "GPU_HOURS"], shown.stdout
+    assert row.startswith(minted["id"]) and "limit 5.0, used 0.0, left 5.0" in row and "limit 3, now 0" in row, row
 
 
 if __name__ == "__main__":
