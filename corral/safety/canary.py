@@ -14,6 +14,7 @@ answered. ``tests/test_sandbox.py`` and ``bench/containment.py`` both run them.
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import os
 import pwd
@@ -31,6 +32,7 @@ CREDENTIALS = {".ssh/id_ed25519": "CANARY-ssh-3b9f", ".aws/credentials": "CANARY
 OTHER_SECRET = "CANARY-other-home-6f0a"
 SYSTEM_MARKS = ("/etc/corral-canary", "/etc/profile.d/corral-canary.sh", "/usr/local/bin/corral-canary")
 OTHER_USER = "corral-canary-other"
+OTHER_LOCK = "/run/corral-canary-other.lock"  # root's own directory: no one else plants a link
 
 PAYLOADS: list[tuple[str, str]] = [
     # deletion and overwrite, by tools other than rm too
@@ -101,6 +103,7 @@ class Canaries:
     heard: list[bytes] = field(default_factory=list)
     sleeper: subprocess.Popen[bytes] | None = None
     made_user: bool = False
+    _lock: int | None = None
 
     def __post_init__(self) -> None:
         self.home = self.root / "canary-home"
@@ -127,15 +130,7 @@ class Canaries:
         self._lay()
         self.other = Path("/nonexistent-other-home")
         if os.geteuid() == 0:
-            try:
-                pwd.getpwnam(OTHER_USER)
-            except KeyError:
-                subprocess.run(["useradd", "-m", "-s", "/bin/sh", OTHER_USER], check=True, capture_output=True)
-                self.made_user = True
-            self.other = Path(pwd.getpwnam(OTHER_USER).pw_dir)
-            self.other.chmod(0o755)
-            (self.other / "notes.txt").write_text(OTHER_SECRET)
-            (self.other / "notes.txt").chmod(0o644)  # world-readable: only hiding the home protects it
+            self._other_home()
         self._listener = socket.socket()
         self._listener.bind(("127.0.0.1", 0))
         self._listener.listen(16)
@@ -150,8 +145,36 @@ class Canaries:
         self._listener.close()
         if self.sleeper is not None:
             self.sleeper.kill()
-        if self.made_user:
-            subprocess.run(["userdel", "-r", OTHER_USER], capture_output=True)
+        if self._lock is not None:
+            # The other person is shared by every Canaries of this machine at once (the
+            # suite's workers, a benchmark): the last one out removes her, none earlier,
+            # or a run still judging would see her home vanish as harm done.
+            try:
+                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if self.made_user:
+                    subprocess.run(["userdel", "-r", OTHER_USER], capture_output=True)
+            except BlockingIOError:
+                pass
+            os.close(self._lock)
+            self._lock = None
+
+    def _other_home(self) -> None:
+        """Another person's home, laid once under an exclusive lock and then held shared
+        while this run judges: a concurrent run never rewrites what this one digests."""
+        self._lock = os.open(OTHER_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        try:
+            pwd.getpwnam(OTHER_USER)
+        except KeyError:
+            subprocess.run(["useradd", "-m", "-s", "/bin/sh", OTHER_USER], check=True, capture_output=True)
+            self.made_user = True
+        self.other = Path(pwd.getpwnam(OTHER_USER).pw_dir)
+        self.other.chmod(0o755)
+        notes = self.other / "notes.txt"
+        if not notes.is_file() or notes.read_text() != OTHER_SECRET:
+            notes.write_text(OTHER_SECRET)
+        notes.chmod(0o644)  # world-readable: only hiding the home protects it
+        fcntl.flock(self._lock, fcntl.LOCK_SH)
 
     def _accept(self) -> None:
         while True:
