@@ -194,6 +194,28 @@ def test_a_detached_child_of_a_supervised_job_is_counted(tmp_path: Path) -> None
     assert wait_all(b, [bid], 60)[bid].state is JobState.OUT_OF_MEMORY
 
 
+def test_output_written_before_the_disk_filled_is_not_blamed(tmp_path: Path, monkeypatch) -> None:
+    """The 21:16 rehearsal's failure of the test below: a job that printed 'ok' before
+    another filled the disk, first sampled (late, on a loaded host) after it, was stopped
+    as the disk's filler. Only output written on after the disk was seen short is."""
+    from corral.lanes import local_runner
+
+    (tmp_path / "stdout").write_text("ok\n")
+    (tmp_path / "stderr").write_text("")
+    monkeypatch.setattr(local_runner, "room", lambda d, reserve: 1 << 20)  # the disk is short from now on
+    launch = {"memory_mb": 1024}
+    seen = {"written": 0}
+    assert local_runner._over(tmp_path, launch, 1.0, 0.0, seen) is None  # its 3 bytes predate the shortage
+    assert local_runner._over(tmp_path, launch, 1.0, 0.0, seen) is None  # and it writes no more
+    with (tmp_path / "stdout").open("a") as f:
+        f.write("more\n")
+    over = local_runner._over(tmp_path, launch, 1.0, 0.0, seen)  # writing on into a short disk: stopped
+    assert over is not None and over[0] == "FAILED" and "stopped while writing output" in over[1], over
+    flood = {"written": 0}  # a megabyte or more in one sample into a short disk: the filler, at once
+    (tmp_path / "stderr").write_bytes(b"x" * (2 << 20))
+    assert local_runner._over(tmp_path, launch, 1.0, 0.0, flood) is not None
+
+
 def test_a_full_disk_never_rewrites_a_jobs_end(tmp_path: Path) -> None:
     """Issue 47: with corral's home full, 7 of 8 jobs that completed with exit 0 were
     recorded FAILED ("the job's supervisor process vanished without a result"). Each

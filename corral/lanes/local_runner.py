@@ -213,6 +213,10 @@ def _notice(launch: dict[str, Any], deadline: float) -> list[Any]:
     return [int(getattr(signal, f"SIG{name}")), deadline - int(at or 60)]
 
 
+SHORT_WRITE = 1 << 20
+"""Output written in one sample that, on a short disk, marks the job as what filled it."""
+
+
 def _over(d: Path, launch: dict[str, Any], procs: float, tmp: float, seen: dict[str, int]) -> tuple[str, str] | None:
     """(state, reason) when the job went past a bound: its memory (its processes and its
     private /tmp), its output, or corral's disk's reserve while it writes output."""
@@ -224,9 +228,16 @@ def _over(d: Path, launch: dict[str, Any], procs: float, tmp: float, seen: dict[
     if launch.get("output_max") and written > launch["output_max"]:
         return "FAILED", (f"stopped after writing {written} bytes of output, over the facility's "
                           f"limit of {launch['output_max']}; write large results to files instead")
-    grew, seen["written"] = written > seen["written"], written
-    free = room(d, launch.get("disk_reserve") or DISK_RESERVE) if grew else None
-    if free is not None:
+    before, seen["written"] = seen["written"], written
+    free = room(d, launch.get("disk_reserve") or DISK_RESERVE) if written > before else None
+    if free is None:
+        if written > before:
+            seen.pop("short_at", None)
+        return None
+    # Blamed for a large write into a short disk, or for writing on once it was seen
+    # short: a few bytes this sample saw may predate the shortage (a job that printed 'ok'
+    # before another filled the disk, sampled late on a loaded host).
+    if written - before >= SHORT_WRITE or seen.setdefault("short_at", written) < written:
         seen["cut"] = 1
         return "FAILED", (f"stopped while writing output ({written} bytes so far): the disk that holds corral's "
                           f"state ({d.parent.parent}) had only {free >> 20} MB left; write large results "
