@@ -301,10 +301,12 @@ class FastLane:
         now = time.time()
         journals: dict[str, dict[int, dict[str, Any]]] = {}
         """Each pool's journals, read once (off the event loop: journals.py), not once per task."""
-        for job in self.db.active_jobs():
-            if job.principal == PILOT_PRINCIPAL:  # on its own cluster's Slurm
-                await self.ports.get(job.backend, self.allocations).stop(job.id)
-            elif job.backend == FAST and job.backend_id:
+        active = self.db.active_jobs()
+        # Tasks first, pilots after: a pilot stopped before its tasks' journals are read
+        # makes its worker journal them as ended by that stop (seen under load: an
+        # idempotent task recorded FAILED instead of sent again).
+        for job in active:
+            if job.backend == FAST and job.backend_id and job.principal != PILOT_PRINCIPAL:
                 slug, jid = parse_id(job.backend_id)
                 if slug not in journals:
                     journals[slug] = await read_off_loop(self.dir / slug)
@@ -317,6 +319,9 @@ class FastLane:
                     self.reports.ended([{"job_id": job.id, "state": "FAILED", "end": now, "reason":
                                          "the gateway restarted while the task ran in the fast lane and its "
                                          "allocation ended with it; mark the job idempotent to have it rerun"}])
+        for job in active:
+            if job.principal == PILOT_PRINCIPAL:  # on its own cluster's Slurm
+                await self.ports.get(job.backend, self.allocations).stop(job.id)
 
     # -- the lane verbs for tasks -----------------------------------------------------------
     async def submit(self, jobs: Sequence[tuple[SubmitContext, JobSpec]]) -> list[Sent]:
