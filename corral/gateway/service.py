@@ -73,6 +73,16 @@ class Loops(Protocol):
                 leader: bool | None = None) -> "contextlib.AbstractAsyncContextManager[Any]": ...
 
 
+
+def seen_by(caller: Caller, job: Job) -> Job:
+    """The job as ``caller`` sees it. Asked with the job's own credential (its Slurm
+    commands inside, decision 0057), a job still PENDING in corral's record is RUNNING:
+    the question proves it, and Slurm's own squeue there says so, while the record
+    learns it a poll later (the compat corpus's i50 under load)."""
+    if job.state is JobState.PENDING and caller.token_id == f"job-{job.id}":
+        return job.model_copy(update={"state": JobState.RUNNING})
+    return job
+
 class Service:
     """The verbs. Built by the runtime (corral/gateway/runtime.py) from parts that are each
     built and tested alone; it starts nothing and owns no loop."""
@@ -277,7 +287,7 @@ class Service:
         # Another principal's job is indistinguishable from a missing one.
         if job is None or not caller.sees(job.principal):
             raise no_job(job_id)
-        return job
+        return seen_by(caller, job)
 
     def list_jobs(
         self, caller: Caller, states: Iterable[str] | None = None, session: str | None = None,
@@ -295,7 +305,7 @@ class Service:
             names: Iterable[str] | None = [principal]
         else:
             names = None if caller.principal.is_admin else caller.visible
-        return self.db.list_jobs(names, parsed, session, limit, offset)
+        return [seen_by(caller, j) for j in self.db.list_jobs(names, parsed, session, limit, offset)]
 
     @staticmethod
     def parse_state(value: str) -> JobState:
