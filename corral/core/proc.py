@@ -4,11 +4,13 @@ awaited: ``corral agent run``). Tests replace this seam, not the callers; argume
 only, never a shell built from input. The programs that start jobs outside the gateway
 (the local supervisor, a sandbox's host, the fast lane's launcher, the shim helper) fork
 or posix_spawn themselves, for what this module does not offer (an identity, passed
-descriptors, a process group); docs/architecture.md lists every exception."""
+descriptors, a process group); docs/architecture.md lists every exception. corral's two
+small C programs (the shims' launcher, the job starter) are compiled here too."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -136,3 +138,27 @@ def attach(argv: Sequence[str], *, env: Mapping[str, str]) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def c_compiler() -> str | None:
+    """The C compiler corral builds its small programs with: ``$CC`` (else ``cc``), else gcc."""
+    return shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
+
+
+def compile_c(cc: str, flags: Sequence[str], source: bytes, built: Path, timeout: float) -> bool:
+    """``source`` (C, on stdin) built with ``cc flags`` into ``built``, mode 0755, renamed
+    into place (atomic: a concurrent builder sees the old file or the new one). -> whether
+    it was built; a failed or timed-out build leaves nothing behind."""
+    tmp = built.with_name(f".{built.name}.{os.getpid()}")
+    try:
+        r = subprocess.run([cc, *flags, "-o", str(tmp), "-x", "c", "-"], input=source, capture_output=True,
+                           timeout=timeout, check=False)
+        if r.returncode != 0:
+            return False
+        tmp.chmod(0o755)
+        os.replace(tmp, built)
+        return True
+    except (OSError, subprocess.SubprocessError):
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -16,11 +16,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import shutil
 import stat
-import subprocess
 import sys
 from pathlib import Path
+
+from corral.core import proc
 
 SOURCE = Path(__file__).with_name("jobstart.c")
 FLAGS = ("-O2", "-std=c99", "-D_GNU_SOURCE")
@@ -50,7 +50,7 @@ def _safe(path: Path) -> bool:
 
 @functools.lru_cache(maxsize=4)
 def _build(where: Path) -> str | None:
-    cc = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
+    cc = proc.c_compiler()
     if cc is None:
         return None
     source = SOURCE.read_bytes()
@@ -63,19 +63,8 @@ def _build(where: Path) -> str | None:
         return None
     if not _safe(where.resolve()):
         return None
-    if not built.is_file():
-        tmp = where / f".jobstart-{key}.{os.getpid()}"
-        try:
-            r = subprocess.run([cc, *FLAGS, "-o", str(tmp), "-x", "c", "-"], input=source, capture_output=True,
-                               timeout=120, check=False)
-            if r.returncode != 0:
-                return None
-            tmp.chmod(0o755)
-            os.replace(tmp, built)  # atomic: a concurrent gateway sees the old file or the new one
-        except (OSError, subprocess.SubprocessError):
-            return None
-        finally:
-            tmp.unlink(missing_ok=True)
+    if not built.is_file() and not proc.compile_c(cc, FLAGS, source, built, 120):
+        return None
     return str(built) if _safe(built.resolve()) else None
 
 

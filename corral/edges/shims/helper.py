@@ -20,9 +20,10 @@ import signal
 import socket
 import stat
 import struct
-import subprocess
 import sys
 from pathlib import Path
+
+from corral.core import proc
 
 LAUNCHER = r'''#!{python} -IS
 # corral's Slurm shim launcher (corral/edges/shims/helper.py): the resident helper runs the
@@ -83,7 +84,7 @@ def compiled_launcher(root: str, spare: Path | None = None) -> Path | None:
     user and kept in their cache (else in ``spare``, the session's own directory), keyed
     by what went into it; None where no C compiler is found or the build fails (the
     Python launcher serves then, at more CPU a call)."""
-    cc = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
+    cc = proc.c_compiler()
     if cc is None:
         return None
     source = (Path(__file__).parent / "launcher.c").read_bytes()
@@ -96,20 +97,9 @@ def compiled_launcher(root: str, spare: Path | None = None) -> Path | None:
     built = cache / f"shim-launcher-{key}"
     if built.is_file() and built.stat().st_uid == os.getuid():
         return built
-    tmp = cache / f".shim-launcher-{key}.{os.getpid()}"
-    try:
-        r = subprocess.run([cc, "-O2", "-std=c99", "-D_GNU_SOURCE", f"-DCORRAL_PYTHON={_c_string(python)}",
-                            f"-DCORRAL_ROOT={_c_string(root)}", "-o", str(tmp), "-x", "c", "-"],
-                           input=source, capture_output=True, timeout=60, check=False)
-        if r.returncode != 0:
-            return None
-        tmp.chmod(0o755)
-        os.replace(tmp, built)  # atomic: a concurrent session sees the old file or the new one
-    except (OSError, subprocess.SubprocessError):
-        return None
-    finally:
-        tmp.unlink(missing_ok=True)
-    return built
+    flags = ["-O2", "-std=c99", "-D_GNU_SOURCE", f"-DCORRAL_PYTHON={_c_string(python)}",
+             f"-DCORRAL_ROOT={_c_string(root)}"]
+    return built if proc.compile_c(cc, flags, source, built, 60) else None
 
 
 def install_launcher(target: Path, root: str) -> None:
