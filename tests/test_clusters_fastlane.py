@@ -6,15 +6,14 @@ two's pool keeps serving and an 'auto' task is placed there."""
 from __future__ import annotations
 
 import contextlib
-import signal
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 
-from .conftest import Gateway, ended, free_port
+from .conftest import Gateway, ended
 from .slurm_env import restore, stop_controllers
-from .test_clusters_slurm import both_turns, slurm, until
+from .test_clusters_slurm import both_turns, slurm, two_cluster_gateway, until
 
 import pytest
 
@@ -24,19 +23,9 @@ TWO_NET = "10.217.1."
 """Cluster two's nodes' addresses (scripts/slurm-up --second); cluster one's are 10.217.0.x."""
 
 
-@contextlib.contextmanager
-def gateway(root: Path, one: str, two: str) -> Iterator[Gateway]:
-    home = root / "home"
-    home.mkdir()
+def gateway(root: Path, one: str, two: str) -> contextlib.AbstractContextManager[Gateway]:
     # idle_s: no warm allocation is released between the steps on a slow runner (released at the end).
-    (home / "corral.toml").write_text(f'[slurm]\nclusters = {{one = "{one}", two = "{two}"}}\npoll_s = 2\n'
-                                      '[fastlane]\ncpus = 4\nmemory_mb = 2000\nidle_s = 900\n')
-    gw = Gateway(home, free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": one, "CORRAL_TICK_S": "0.5"})
-    gw.start()
-    try:
-        yield gw
-    finally:
-        gw.kill(signal.SIGTERM)
+    return two_cluster_gateway(root, one, two, settings='poll_s = 2\n[fastlane]\ncpus = 4\nmemory_mb = 2000\nidle_s = 900\n')
 
 
 def run(h: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:

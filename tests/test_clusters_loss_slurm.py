@@ -10,14 +10,13 @@ import asyncio
 import contextlib
 import json
 import math
-import signal
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
-from .conftest import Gateway, free_port
-from .test_clusters_slurm import both_turns, people, slurm, until
+from .conftest import Gateway
+from .test_clusters_slurm import both_turns, people, slurm, two_cluster_gateway, until
 
 pytestmark = pytest.mark.slurm_turn("none")  # both instances' turns, taken below
 
@@ -50,23 +49,13 @@ def _ran_s(conf: str, job: str) -> int:
     return sum(v * m for v, m in zip(reversed(parts), (1, 60, 3600, 86400)))
 
 
-@contextlib.contextmanager
-def gateway(root: Path, one: str, two: str) -> Iterator[Gateway]:
+def gateway(root: Path, one: str, two: str) -> contextlib.AbstractContextManager[Gateway]:
     """Two clusters, cheapest first; one charges less per CPU-hour than two. The window
     is the last 10 minutes (the preemption just made is in it; so may other tests' be, on
     either cluster: see below), and a second of runs is history enough."""
-    home = root / "home"
-    home.mkdir()
-    (home / "corral.toml").write_text(
-        f'[slurm]\nclusters = {{one = "{one}", two = "{two}"}}\nplacement = "cheapest"\npoll_s = 2\n'
-        'preemption_window_s = 600\npreemption_min_hours = 0.0003\n'
-        '[slurm.charge]\none = {cpu_hour = 1.0}\ntwo = {cpu_hour = 1.5}\n')
-    gw = Gateway(home, free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": one, "CORRAL_TICK_S": "0.5"})
-    gw.start()
-    try:
-        yield gw
-    finally:
-        gw.kill(signal.SIGTERM)
+    return two_cluster_gateway(root, one, two, settings=(
+        'placement = "cheapest"\npoll_s = 2\npreemption_window_s = 600\npreemption_min_hours = 0.0003\n'
+        '[slurm.charge]\none = {cpu_hour = 1.0}\ntwo = {cpu_hour = 1.5}\n'))
 
 
 def test_a_clusters_preemptions_cost_its_expected_loss_and_a_refusal_names_each_clusters_nearest(

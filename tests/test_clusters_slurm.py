@@ -69,12 +69,15 @@ def until(what: str, check: Callable[[], Any], within: float) -> Any:
 
 
 @contextlib.contextmanager
-def two_cluster_gateway(root: Path, one: str, two: str, objective: str = "earliest") -> Iterator[Gateway]:
+def two_cluster_gateway(root: Path, one: str, two: str, objective: str = "earliest",
+                        settings: str | None = None) -> Iterator[Gateway]:
+    """A gateway on the Slurm backend fronting clusters one and two; ``settings``, the
+    rest of corral.toml after the clusters line, else the objective and two at twice one's rate."""
     home = root / "home"
     home.mkdir()
-    (home / "corral.toml").write_text(f'[slurm]\nclusters = {{one = "{one}", two = "{two}"}}\n'
-                                      f'placement = "{objective}"\npoll_s = 2\n'
-                                      '[slurm.charge]\none = {cpu_hour = 1.0}\ntwo = {cpu_hour = 2.0}\n')
+    (home / "corral.toml").write_text(f'[slurm]\nclusters = {{one = "{one}", two = "{two}"}}\n' + (
+        settings if settings is not None else
+        f'placement = "{objective}"\npoll_s = 2\n[slurm.charge]\none = {{cpu_hour = 1.0}}\ntwo = {{cpu_hour = 2.0}}\n'))
     gw = Gateway(home, free_port(), extra_env={"CORRAL_BACKEND": "slurm", "SLURM_CONF": one, "CORRAL_TICK_S": "0.5"})
     gw.start()
     try:
