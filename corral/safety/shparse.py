@@ -76,42 +76,65 @@ def _simple(node: Node, out: list[list[list[str]]]) -> list[str]:
     pipelines of its command substitutions into ``out``. A here-doc or here-string fed
     to a shell becomes that shell's ``-c`` script."""
     if node.type == "redirected_statement":
-        body = node.child_by_field_name("body")
-        if body is None or body.type not in ("command", "declaration_command"):
-            for c in node.children:
-                _collect(c, out)
-            return []
-        argv = _simple(body, out)
-        for r in node.named_children:
-            if r.type == "file_redirect" and any(">" in c.type for c in r.children):
-                # A write by the shell itself: a pseudo-command ``>`` with its target,
-                # so that writes are judged by where they go, whatever the program.
-                dest = [c for c in r.named_children if c.type not in ("file_descriptor", "number")]
-                if dest:
-                    out.append([[">", unquote(_text(dest[0]))]])
-            if r.type == "heredoc_redirect" and argv and argv[0].rsplit("/", 1)[-1] in SHELLS:
-                for b in r.named_children:
-                    if b.type == "heredoc_body":
-                        argv += ["-c", _text(b)]
-            elif r.type == "herestring_redirect" and argv and argv[0].rsplit("/", 1)[-1] in SHELLS:
-                words = [_text(w) for w in r.named_children]
-                if words:
-                    argv += ["-c", unquote(words[-1])]
-            _nested(r, out)
-        return argv
+        return _redirected(node, out)
+    return _plain(node, out)
+
+
+def _runs_shell(argv: list[str]) -> bool:
+    return bool(argv) and argv[0].rsplit("/", 1)[-1] in SHELLS
+
+
+def _redirected(node: Node, out: list[list[list[str]]]) -> list[str]:
+    """A command with redirections after it; anything else redirected (a loop, a
+    group) is walked for the commands inside it and has no argv of its own."""
+    body = node.child_by_field_name("body")
+    if body is None or body.type not in ("command", "declaration_command"):
+        for c in node.children:
+            _collect(c, out)
+        return []
+    argv = _simple(body, out)
+    for r in node.named_children:
+        if r.type == "file_redirect":
+            _shell_write(r, out)
+        elif _runs_shell(argv):
+            argv += _fed_script(r)
+        _nested(r, out)
+    return argv
+
+
+def _shell_write(r: Node, out: list[list[list[str]]]) -> None:
+    """A write by the shell itself: a pseudo-command ``>`` with its target, so that
+    writes are judged by where they go, whatever the program."""
+    if not any(">" in c.type for c in r.children):
+        return
+    dest = [c for c in r.named_children if c.type not in ("file_descriptor", "number")]
+    if dest:
+        out.append([[">", unquote(_text(dest[0]))]])
+
+
+def _fed_script(r: Node) -> list[str]:
+    """``-c SCRIPT`` for a here-doc or here-string redirection feeding a shell."""
+    if r.type == "heredoc_redirect":
+        return [x for b in r.named_children if b.type == "heredoc_body" for x in ("-c", _text(b))]
+    if r.type == "herestring_redirect":
+        words = [_text(w) for w in r.named_children]
+        return ["-c", unquote(words[-1])] if words else []
+    return []
+
+
+def _plain(node: Node, out: list[list[list[str]]]) -> list[str]:
+    """argv of a simple or declaration command; its redirections are not words."""
     argv = []
     if node.type in ("declaration_command", "unset_command") and node.children:
         argv.append(_text(node.children[0]))  # export, declare, local ...: an unnamed keyword node
     herestring = None
     for c in node.named_children:
-        if c.type in _SKIP:
-            if c.type == "herestring_redirect" and c.named_children:
-                herestring = unquote(_text(c.named_children[-1]))
-            _nested(c, out)
-            continue
-        argv.append(unquote(_text(c)))
+        if c.type not in _SKIP:
+            argv.append(unquote(_text(c)))
+        elif c.type == "herestring_redirect" and c.named_children:
+            herestring = unquote(_text(c.named_children[-1]))
         _nested(c, out)
-    if herestring is not None and argv and argv[0].rsplit("/", 1)[-1] in SHELLS:
+    if herestring is not None and _runs_shell(argv):
         argv += ["-c", herestring]
     return argv
 
