@@ -48,7 +48,8 @@ from corral.core.safe_read import read_small
 from corral.lanes.backend import CONTROLS, BackendStatus, OutputPaths, SubmitContext
 from corral.lanes.slurm.base import out_dir, write_own
 from corral.lanes.slurm.facility import Facility
-from corral.lanes.slurm.script import FORWARDED, Scripts, job_name
+from corral.lanes.slurm.forwarding import FORWARDED
+from corral.lanes.slurm.script import Scripts, job_name
 from corral.lanes.slurm.state import Polling
 from corral.lanes.slurm.submitter import handed_to
 from corral.lanes.slurm.tiers import WALLTIME_LABEL

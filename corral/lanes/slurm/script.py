@@ -9,7 +9,6 @@ import os
 import pwd
 import shlex
 import shutil
-import signal as _signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +18,7 @@ from corral.core.errors import InvalidRequest
 from corral.core.jobs import JobSpec, format_duration
 from corral.lanes.backend import SubmitContext
 from corral.lanes.slurm.base import SlurmBase
+from corral.lanes.slurm.forwarding import run_and_wait
 from corral.lanes.slurm.tiers import (NOTICE, TIER_LABEL, WALLTIME_LABEL, notice_of, order_nice, rerun_lines,
                                       tier_lines)
 from corral.sandbox import door, opendir, starter as jobstart
@@ -42,7 +42,6 @@ def job_name(ctx: SubmitContext, spec: JobSpec) -> str:
 
 NICE_MAX = 2147483645
 """Slurm's largest nice value."""
-FORWARDED = ("HUP", "INT", "QUIT", "USR1", "USR2", "CONT", "TSTP")
 ENV_FD = 6
 """The batch script opens the job's environment on this descriptor for the work's last step."""
 WORKDIR_FD = 7
@@ -53,8 +52,6 @@ STARTER_FD = 8
 """The batch shell opens corral's compiled job starter here (corral/sandbox/starter.py): run
 as ``/dev/fd/8``, it is reached inside a sandbox that hides corral's install too."""
 SCRIPT = f"/dev/fd/{SCRIPT_FD}"
-"""Signals job_control may send a Slurm job, passed on by its batch shell to the work
-(TERM and KILL are Slurm's own: a cancel, a walltime)."""
 
 
 def relay_lines(targets: list[tuple[str, str]], who: tuple[int, int] | None) -> list[str]:
@@ -97,70 +94,6 @@ def relay_lines(targets: list[tuple[str, str]], who: tuple[int, int] | None) -> 
     return lines
 
 
-def run_and_wait(run: str, contained: bool, notice: tuple[str, int, bool] | None = None) -> list[str]:
-    """The lines that start ``run`` (the work, in the background) and wait for it, passing
-    on the signals ``FORWARDED`` names; ``rc`` is its status after. Contained, the sandbox is
-    tried again (three times in all) when it was not set up: bwrap fails if a path it hides
-    is gone between the script's look at it and its mount (another user's home that userdel
-    removed at that instant: "Can't mkdir ...: Read-only file system"), and the job had not
-    begun then. What says so is the descriptor of the job's environment (``ENV_FD``): the
-    last step before the work reads it through the script's own open file, so its offset
-    is still 0 only if nothing of the job ran. A signal (a cancel) ends the tries.
-    ``notice``: Slurm's notice (``notice_lines``)."""
-    target = "$(for p in $(pgrep -P $w); do pgrep -P $p; done)" if contained else "$w"
-    noted = "corral_signalled=1; " if contained else ""
-    noted = "corral_trapped=1; " + noted
-    # A wait that a trap interrupts answers 128+N, not the work's status; if the work ended
-    # meanwhile (the signal's own handler exits at once) its status is still unread: wait
-    # again (127 there: a trap came just after a wait that read it).
-    wait = ["w=$!", f"_fwd() {{ {noted}kill -s \"$1\" {target} 2>/dev/null; }}",
-            "for s in " + " ".join(FORWARDED) + "; do trap \"_fwd $s\" $s; done",
-            *(notice_lines(notice, target, noted) if notice else []),
-            "while :; do corral_trapped=; wait $w; rc=$?; kill -0 $w 2>/dev/null && continue",
-            '  if [ -n "$corral_trapped" ] && [ "$rc" -gt 128 ]; then wait $w; corral_rc=$?; [ "$corral_rc" = 127 ] || rc=$corral_rc; fi; '
-            "break; done"]
-    after = requeue_lines(notice[0]) if notice else []
-    if not contained:
-        return [run, *wait, *after]
-    return ["corral_signalled=", "for corral_try in 1 2 3; do", run, *wait,
-            '[ "$rc" = 0 ] || [ -n "$corral_signalled" ] || [ "$corral_try" = 3 ] && break',
-            f"read -r _ corral_read < /proc/$$/fdinfo/{ENV_FD}",
-            '[ "$corral_read" = 0 ] || break',
-            'echo "corral: the sandbox was not set up (a path it hides changed as the job started); trying again" >&2',
-            "done", *after]
-
-
-def notice_lines(notice: tuple[str, int, bool], target: str, noted: str) -> list[str]:
-    """Slurm's notice (``NOTICE``, to this shell alone: ``--signal=B:``) at a preemption or
-    before the walltime, passed on as the job's own signal to what runs inside the sandbox
-    (Slurm's TERM at a preemption reaches every process at once, bwrap too, whose end ends
-    the sandbox: no time to checkpoint). Not asked (an opportunistic job's default), it is
-    sent only to a process that handles it (SigCgt): USR1's default action is to die, and
-    a job that never heard of it runs on through its grace as Slurm would have it (it may
-    finish there). ``corral_notice``: the job was told (``requeue_lines``)."""
-    name, _, asked = notice
-    bit = _signal.Signals["SIG" + name].value - 1
-    send = (f"corral_notice=1; kill -s {name} {target} 2>/dev/null" if asked else
-            f'for p in {target}; do m=$(sed -n "s/^SigCgt:[[:space:]]*//p" /proc/$p/status 2>/dev/null); '
-            f'[ -n "$m" ] && (( (0x$m >> {bit}) & 1 )) && kill -s {name} $p 2>/dev/null && corral_notice=1; done')
-    return ["corral_notice=", f"_notice() {{ {noted}{send}; }}", f"trap _notice {NOTICE}"]
-
-
-def requeue_lines(name: str) -> list[str]:
-    """After the work ended: if it was told of a preemption (its signal passed on, and the
-    job's PreemptTime is set), the job is requeued now, whatever its status. Slurm would
-    count a run that ends within its grace as COMPLETED or FAILED, never to run again: a
-    job that checkpointed and exited would lose the rest of its work. Its end is not
-    written (it did not end). Told before its walltime, or by job_control, it ends as it
-    ends."""
-    return ['if [ -n "$corral_notice" ] && scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -q " PreemptTime=[0-9]"; '
-            "then",
-            f'  echo "corral: preempted (sent {name}); the job ended within its grace, so it is requeued now" >&2',
-            '  scontrol requeue "$SLURM_JOB_ID" >/dev/null 2>&1',
-            "  while :; do sleep 1; done  # until Slurm ends this run (the requeue, else the grace's end)",
-            "fi"]
-
-
 MOUNTS = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r}); "
           "from corral.storage.mounts import main; sys.exit(main(sys.argv[1:]))")
 """The node's mount step, from the corral that wrote the script (not whichever one the
@@ -197,6 +130,40 @@ def starter_line(lines: list[str]) -> str | None:
     lines.append(f"exec {STARTER_FD}< {shlex.quote(built)} || {{ echo \"corral: cannot read corral's job starter "
                  f"{built} on $(hostname)\" >&2; exit 1; }}")
     return f"/dev/fd/{STARTER_FD}"
+
+
+def mount_argv() -> list[str]:
+    """How the script runs the node's mount step (``MOUNTS``)."""
+    return [sys.executable, "-I", "-c", MOUNTS]
+
+
+def image_lines(spec: JobSpec) -> list[str]:
+    """The job's environment image, mounted on this node (storage/mounts.py), first on its PATH."""
+    if not spec.labels.get(IMAGE_FILE):
+        return []
+    return [f"corral_env=$({shlex.quote(sys.executable)} -I -m corral.storage.mounts image "
+            f"{shlex.quote(spec.labels[IMAGE_FILE])} {shlex.quote(spec.labels[IMAGE_AT])}) || exit 1",
+            'export PATH="$corral_env/bin:$PATH" VIRTUAL_ENV="$corral_env"', ""]
+
+
+def workspace_lines(job_id: int, ws: str, lower: str, workdir: str | None) -> list[str]:
+    """The job's workspace ``ws``, locked and mounted on this node over its shared layers
+    ``lower`` (decision 0036); the work starts in ``workdir``, else at its top."""
+    # One job of a workspace at a time, whatever the gateway let through at once (a
+    # sweep, two requests racing): the lock in its layers, held by this shell to the end.
+    lock = shlex.quote(f"{ws}/lock")
+    # Root's alone (0600): flock needs only an open file, and anyone who could open it
+    # (its directory is on the layers every node shares) could hold it for good.
+    # (the holder writes who it is just after it locks: a moment for it to have done so)
+    return ["corral_umask=$(umask); umask 077",
+            f"exec {LOCK_FD}>>{lock} && chmod 0600 {lock} && {tool('flock')} -n {LOCK_FD} || {{ "
+            f"for i in $(seq 100); do [ -s {lock} ] && break; sleep 0.02; done; echo \"corral: workspace "
+            f"{Path(ws).name} is in use by job $(cat {lock} 2>/dev/null) (one job of a workspace runs at a "
+            "time, on one node): submit this one with after_any on that job\" >&2; exit 1; }",
+            f"echo \"{job_id} (Slurm $SLURM_JOB_ID) on $(hostname)\" > {lock}", 'umask "$corral_umask"',
+            shlex.join([*mount_argv(), "workspace", ws, lower]) + " > /dev/null || exit 1",
+            # sbatch's --chdir entered the bare mount point
+            f"cd {shlex.quote(workdir or ws)} || exit 1", ""]
 
 
 class Scripts(SlurmBase):
@@ -311,6 +278,41 @@ class Scripts(SlurmBase):
         out = d / "out"
         # The placement's walltime (corral/lanes/placement.py), tightened from memory, else the agent's.
         walltime_s = int(spec.labels.get(WALLTIME_LABEL) or spec.walltime_s)
+        lines = self._header(ctx, spec, out, nonce, walltime_s)
+        opportunistic = self.opportunistic() if ctx.kind == "agent" and spec.labels.get(TIER_LABEL) == \
+            "opportunistic" else None
+        notice = notice_of(spec.signal, opportunistic is not None, walltime_s)
+        if notice:  # Slurm tells the batch shell alone (B:), which passes the job's own signal on
+            lines.append(f"#SBATCH --signal=B:{NOTICE}@{notice[1]}")
+        lines += self._priority(ctx, spec, walltime_s, opportunistic)
+        # The job tells corral itself when it starts and when it ends normally: no
+        # controller RPC needed. The end is written only after the work returns; a job
+        # killed by a signal (cancel, walltime, memory) dies before that line, and Slurm's
+        # accounting says what happened. (An EXIT trap would run there with a wrong $?.)
+        lines += [""] + rerun_lines(str(out / "started"), str(out / "ended")) + [""]
+        lines += image_lines(spec)
+        ws = spec.labels.get(WS_DIR)
+        if ws:  # its workspace, mounted on this node over the shared layers (decision 0036)
+            lines += workspace_lines(ctx.job_id, ws, spec.labels[WS_LOWER], spec.workdir)
+        contained = self._contains(ctx)
+        run, cleanup = self._contained_work(ctx, spec, d) if contained else (self._bare_work(ctx, spec, out), [])
+        lines += run
+        # The work runs in the background so that this shell can pass on a signal that
+        # job_control sends it (scancel --batch reaches this shell alone): to the work
+        # itself, or inside a sandbox to what bwrap runs (bwrap dies of a signal it does
+        # not handle, and the sandbox's init ignores one it has no handler for).
+        lines[-1] += (f" {LOCK_FD}>&-" if ws else "") + " &"
+        lines += run_and_wait(lines.pop(), contained, notice, ENV_FD)
+        if ws:  # written through before the job is seen to end (a killed job's is dropped by the next mount here)
+            lines += [shlex.join([*mount_argv(), "release", ws]), f": > {shlex.quote(f'{ws}/lock')}"]  # nobody holds it now
+        # the end names its run (SLURM_RESTART_COUNT): an end written by a run Slurm has since
+        # superseded (requeued while its node was lost and the run went on) is not believed
+        lines += [*cleanup, f"echo \"$rc $corral_run\" > {out / 'ended'}", "exit $rc"]
+        return "\n".join(lines) + "\n"
+
+    def _header(self, ctx: SubmitContext, spec: JobSpec, out: Path, nonce: str, walltime_s: int) -> list[str]:
+        """The #SBATCH lines of resources and provenance (corral's job, its principal, its
+        sponsor and session in the comment), Slurm's mail and the dependency."""
         comment = " ".join(f"{k}={v}" for k, v in (
             ("corral_job", ctx.job_id), ("principal", ctx.principal), ("kind", ctx.kind),
             ("sponsor", ctx.sponsor or "-"), ("session", ctx.session or "-"), ("nonce", nonce)))
@@ -340,122 +342,106 @@ class Scripts(SlurmBase):
             lines += [f"#SBATCH --mail-user={mail[0]}", f"#SBATCH --mail-type={mail[1]}"]
         if ctx.after:
             lines += [f"#SBATCH --dependency={ctx.after}", "#SBATCH --kill-on-invalid-dep=yes"]
-        opportunistic = self.opportunistic() if ctx.kind == "agent" and spec.labels.get(TIER_LABEL) == \
-            "opportunistic" else None
-        notice = notice_of(spec.signal, opportunistic is not None, walltime_s)
-        if notice:  # Slurm tells the batch shell alone (B:), which passes the job's own signal on
-            lines.append(f"#SBATCH --signal=B:{NOTICE}@{notice[1]}")
-        if ctx.kind == "agent":
-            # People keep priority (agent_nice); among opportunistic jobs the smallest first.
-            order = order_nice(spec.cpus, walltime_s) if opportunistic else 0
-            lines.append(f"#SBATCH --nice={min(self.agent_nice + order, NICE_MAX)}")
-            if opportunistic:
-                lines += tier_lines(opportunistic)
-            elif self.agent_qos:
-                lines.append(f"#SBATCH --qos={self.agent_qos}")
-        # The job tells corral itself when it starts and when it ends normally: no
-        # controller RPC needed. The end is written only after the work returns; a job
-        # killed by a signal (cancel, walltime, memory) dies before that line, and Slurm's
-        # accounting says what happened. (An EXIT trap would run there with a wrong $?.)
-        lines += [""] + rerun_lines(str(out / "started"), str(out / "ended")) + [""]
-        if spec.labels.get(IMAGE_FILE):  # the job's environment image, mounted on this node (storage/mounts.py)
-            lines += [f"corral_env=$({shlex.quote(sys.executable)} -I -m corral.storage.mounts image "
-                      f"{shlex.quote(spec.labels[IMAGE_FILE])} {shlex.quote(spec.labels[IMAGE_AT])}) || exit 1",
-                      'export PATH="$corral_env/bin:$PATH" VIRTUAL_ENV="$corral_env"', ""]
-        ws, mount = spec.labels.get(WS_DIR), [sys.executable, "-I", "-c", MOUNTS]
-        if ws:  # its workspace, mounted on this node over the shared layers (decision 0036)
-            # One job of a workspace at a time, whatever the gateway let through at once (a
-            # sweep, two requests racing): the lock in its layers, held by this shell to the end.
-            lock = shlex.quote(f"{ws}/lock")
-            # Root's alone (0600): flock needs only an open file, and anyone who could open it
-            # (its directory is on the layers every node shares) could hold it for good.
-            # (the holder writes who it is just after it locks: a moment for it to have done so)
-            lines += ["corral_umask=$(umask); umask 077",
-                      f"exec {LOCK_FD}>>{lock} && chmod 0600 {lock} && {tool('flock')} -n {LOCK_FD} || {{ "
-                      f"for i in $(seq 100); do [ -s {lock} ] && break; sleep 0.02; done; echo \"corral: workspace "
-                      f"{Path(ws).name} is in use by job $(cat {lock} 2>/dev/null) (one job of a workspace runs at a "
-                      "time, on one node): submit this one with after_any on that job\" >&2; exit 1; }",
-                      f"echo \"{ctx.job_id} (Slurm $SLURM_JOB_ID) on $(hostname)\" > {lock}", 'umask "$corral_umask"',
-                      shlex.join([*mount, "workspace", ws, spec.labels[WS_LOWER]]) + " > /dev/null || exit 1",
-                      # sbatch's --chdir entered the bare mount point
-                      f"cd {shlex.quote(spec.workdir or ws)} || exit 1", ""]
+        return lines
+
+    def _priority(self, ctx: SubmitContext, spec: JobSpec, walltime_s: int, opportunistic: str | None) -> list[str]:
+        """An agent's #SBATCH lines of priority: its nice, and its QOS (an opportunistic
+        job's tier, else [slurm] agent_qos). None for people's jobs."""
+        if ctx.kind != "agent":
+            return []
+        # People keep priority (agent_nice); among opportunistic jobs the smallest first.
+        order = order_nice(spec.cpus, walltime_s) if opportunistic else 0
+        lines = [f"#SBATCH --nice={min(self.agent_nice + order, NICE_MAX)}"]
+        if opportunistic:
+            lines += tier_lines(opportunistic)
+        elif self.agent_qos:
+            lines.append(f"#SBATCH --qos={self.agent_qos}")
+        return lines
+
+    @staticmethod
+    def _work_argv(spec: JobSpec, out: Path) -> list[str] | None:
+        """The work's command line where it is a script (run by its #! line, else bash) or
+        traced; None: ``spec.command``, run by bash -c where it runs."""
         work = ([str(out / "script")] if spec.script.startswith("#!") else ["bash", str(out / "script")]) \
             if spec.script else None
         if spec.labels.get(META_LABEL):  # sampled: its metadata calls counted (storage/meta.py)
             work = meta.traced(work or ["bash", "-c", spec.command or ""], str(out / "work"))
-        sandbox = self.sandbox if self._contains(ctx) else None
-        contained = sandbox is not None
-        cleanup: list[str] = []
+        return work
+
+    def _contained_work(self, ctx: SubmitContext, spec: JobSpec, d: Path) -> tuple[list[str], list[str]]:
+        """The lines that run a contained job's work in its sandbox (the last one runs it),
+        and those that clean its relays up after (none: no relay)."""
+        # The script runs as the principal's Unix user (sbatch --uid), else as the
+        # gateway's: when that is root, the sandbox makes the work someone else.
+        # The contained work's own directory is its private /tmp (JOB_DIR), bounded and
+        # memory, never corral's shared disk (docs/decisions/0044-job-space.md); a traced
+        # one's traces go to d/out/work, read back as data only (storage/meta.py).
+        out = d / "out"
         dropped = self._dropped_to(ctx)
-        if sandbox is not None:
-            # The script runs as the principal's Unix user (sbatch --uid), else as the
-            # gateway's: when that is root, the sandbox makes the work someone else.
-            # The contained work's own directory is its private /tmp (JOB_DIR), bounded and
-            # memory, never corral's shared disk (docs/decisions/0044-job-space.md); a traced
-            # one's traces go to d/out/work, read back as data only (storage/meta.py).
-            root = self._root_runs(ctx)
-            who = self._contained_as(ctx)
-            own = out / "work"
-            traced = bool(spec.labels.get(META_LABEL))
-            work = [str(own) if a == str(d) else a for a in (work or [])] or None
-            if self.scratch and root:
-                # A cleaner's removal must not fail a rerun: made again, or checked, as the gateway
-                # makes them (storage/scratch.py). Scratch's name is predictable in a directory
-                # everyone writes: a `mkdir -p` by root went through a link anyone had put there.
-                for top in dict.fromkeys(p.parent for p in self.scratch):
-                    lines.append(scratch_line(top, [p.name for p in self.scratch if p.parent == top]))
-            elif self.scratch:  # as the job's own user: what it may make anyway
-                lines.append(f"mkdir -p {' '.join(shlex.quote(str(p)) for p in self.scratch)} 2>/dev/null")
-            lines.append(f"exec {ENV_FD}< {out / 'env.json'}")
-            # Its two steps around bwrap by the compiled starter where one was built (no Python start each)
-            starter = starter_line(lines)
-            # The working directory is bound by descriptor, opened without following links
-            # (a link swapped in after the gateway's check is refused, not followed).
-            # As the work's identity where root runs this script (the kernel's checks apply).
-            opened = opendir.command(WORKDIR_FD, spec.workdir, opendir.identity(*who) if root and who else None,
-                                     starter) if spec.workdir else []
-            sandbox, relays = self._relays(replace(sandbox, starter=starter), who if root else None)
-            if relays:
-                lines += relays
-                cleanup = [f'kill $corral_relays 2>/dev/null; rm -rf "${RELAY_DIR}"']
-                # A cancel or the walltime is Slurm's SIGTERM to every process of the job,
-                # this shell too (its SIGKILL follows): the relay's directory is removed
-                # then as well, not left in the node's /tmp by every job that did not end.
-                lines.append(f"trap '{cleanup[0]}; exit 143' TERM")
-            lines.append(sandbox.shell(
-                ctx.kind, work or ["bash", "-c", spec.command or ""], spec.workdir or (str(own) if traced else JOB_DIR),
-                opened, job_dir=str(own) if traced else None, user=ctx.unix_user, root=root,
-                readable=[str(out / "script")] if spec.script else (), ident=who if dropped is not None else None,
-                env_fd=ENV_FD, cwd_fd=WORKDIR_FD if spec.workdir else None, memory_mb=spec.memory_mb))
-        elif dropped is not None:
-            # Not contained, but root runs this script: the work becomes the principal's own
-            # identity first, and only then takes its environment (seccomp.APPLY).
-            lines.append(f"exec {ENV_FD}< {out / 'env.json'}")
-            starter = starter_line(lines)
-            if spec.script and not spec.labels.get(META_LABEL):
-                # out/ is root's: the work reads its script through a descriptor root opened
-                lines.append(f"exec {SCRIPT_FD}< {out / 'script'}")
-                work = [SCRIPT] if spec.script.startswith("#!") else ["bash", SCRIPT]
-            lines.append(shlex.join([tool("setpriv"), f"--reuid={dropped.pair[0]}", f"--regid={dropped.pair[1]}",
-                                     "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--",
-                                     *apply_argv(system_python(), None, ENV_FD, starter),
-                                     *(work or ["bash", "-c", spec.command or ""])]))
-        else:
+        assert self.sandbox is not None
+        root = self._root_runs(ctx)
+        who = self._contained_as(ctx)
+        own = out / "work"
+        traced = bool(spec.labels.get(META_LABEL))
+        work = [str(own) if a == str(d) else a for a in (self._work_argv(spec, out) or [])] or None
+        lines = self._scratch_lines(root)
+        lines.append(f"exec {ENV_FD}< {out / 'env.json'}")
+        # Its two steps around bwrap by the compiled starter where one was built (no Python start each)
+        starter = starter_line(lines)
+        # The working directory is bound by descriptor, opened without following links
+        # (a link swapped in after the gateway's check is refused, not followed).
+        # As the work's identity where root runs this script (the kernel's checks apply).
+        opened = opendir.command(WORKDIR_FD, spec.workdir, opendir.identity(*who) if root and who else None,
+                                 starter) if spec.workdir else []
+        sandbox, relays = self._relays(replace(self.sandbox, starter=starter), who if root else None)
+        cleanup: list[str] = []
+        if relays:
+            lines += relays
+            cleanup = [f'kill $corral_relays 2>/dev/null; rm -rf "${RELAY_DIR}"']
+            # A cancel or the walltime is Slurm's SIGTERM to every process of the job,
+            # this shell too (its SIGKILL follows): the relay's directory is removed
+            # then as well, not left in the node's /tmp by every job that did not end.
+            lines.append(f"trap '{cleanup[0]}; exit 143' TERM")
+        lines.append(sandbox.shell(
+            ctx.kind, work or ["bash", "-c", spec.command or ""], spec.workdir or (str(own) if traced else JOB_DIR),
+            opened, job_dir=str(own) if traced else None, user=ctx.unix_user, root=root,
+            readable=[str(out / "script")] if spec.script else (), ident=who if dropped is not None else None,
+            env_fd=ENV_FD, cwd_fd=WORKDIR_FD if spec.workdir else None, memory_mb=spec.memory_mb))
+        return lines, cleanup
+
+    def _scratch_lines(self, root: bool) -> list[str]:
+        """A contained job's lines that make its node's scratch again, or check it."""
+        if self.scratch and root:
+            # A cleaner's removal must not fail a rerun: made again, or checked, as the gateway
+            # makes them (storage/scratch.py). Scratch's name is predictable in a directory
+            # everyone writes: a `mkdir -p` by root went through a link anyone had put there.
+            return [scratch_line(top, [p.name for p in self.scratch if p.parent == top])
+                    for top in dict.fromkeys(p.parent for p in self.scratch)]
+        if self.scratch:  # as the job's own user: what it may make anyway
+            return [f"mkdir -p {' '.join(shlex.quote(str(p)) for p in self.scratch)} 2>/dev/null"]
+        return []
+
+    def _bare_work(self, ctx: SubmitContext, spec: JobSpec, out: Path) -> list[str]:
+        """The lines that run a job's work outside a sandbox (the last one runs it)."""
+        work = self._work_argv(spec, out)
+        dropped = self._dropped_to(ctx)
+        if dropped is None:
             # Run as the job's own user (or an admin's work as the gateway): its environment is its own.
-            lines += [f"export {k}={shlex.quote(v)}" for k, v in self._job_env(ctx, spec).items()]
-            lines += [shlex.join(work)] if work else ["(", spec.command or "", ")"]
-        # The work runs in the background so that this shell can pass on a signal that
-        # job_control sends it (scancel --batch reaches this shell alone): to the work
-        # itself, or inside a sandbox to what bwrap runs (bwrap dies of a signal it does
-        # not handle, and the sandbox's init ignores one it has no handler for).
-        lines[-1] += (f" {LOCK_FD}>&-" if ws else "") + " &"
-        lines += run_and_wait(lines.pop(), contained, notice)
-        if ws:  # written through before the job is seen to end (a killed job's is dropped by the next mount here)
-            lines += [shlex.join([*mount, "release", ws]), f": > {lock}"]  # nobody holds it now
-        # the end names its run (SLURM_RESTART_COUNT): an end written by a run Slurm has since
-        # superseded (requeued while its node was lost and the run went on) is not believed
-        lines += [*cleanup, f"echo \"$rc $corral_run\" > {out / 'ended'}", "exit $rc"]
-        return "\n".join(lines) + "\n"
+            return [*(f"export {k}={shlex.quote(v)}" for k, v in self._job_env(ctx, spec).items()),
+                    *([shlex.join(work)] if work else ["(", spec.command or "", ")"])]
+        # Not contained, but root runs this script: the work becomes the principal's own
+        # identity first, and only then takes its environment (seccomp.APPLY).
+        lines = [f"exec {ENV_FD}< {out / 'env.json'}"]
+        starter = starter_line(lines)
+        if spec.script and not spec.labels.get(META_LABEL):
+            # out/ is root's: the work reads its script through a descriptor root opened
+            lines.append(f"exec {SCRIPT_FD}< {out / 'script'}")
+            work = [SCRIPT] if spec.script.startswith("#!") else ["bash", SCRIPT]
+        lines.append(shlex.join([tool("setpriv"), f"--reuid={dropped.pair[0]}", f"--regid={dropped.pair[1]}",
+                                 "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--",
+                                 *apply_argv(system_python(), None, ENV_FD, starter),
+                                 *(work or ["bash", "-c", spec.command or ""])]))
+        return lines
 
     def _relays(self, sandbox: "Sandbox", who: tuple[int, int] | None) -> tuple["Sandbox", list[str]]:
         """The node's own ways out of a contained job: to the egress proxy (its allow-list)
