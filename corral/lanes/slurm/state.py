@@ -96,16 +96,9 @@ class Polling(SlurmBase):
                                      and self.clock() - self._last_confirm < self.poll_s):
             return []
         self._last_confirm = self.clock()
-        newest = max(since for _, since, _ in self._unconfirmed.values())
-        if self._table is not None and self.clock() - self._table[0] < self.poll_s and self._table[0] >= newest:
-            # the status poll's own table, this poll: no RPC more (never one from before an
-            # end was taken: it could show the job still pending from before its run)
-            text = self._table[1]
-        else:
-            try:
-                text = self._run("squeue", "-h", "-a", "-t", "all", "-O", TABLE)
-            except (CorralError, OSError):  # the controller away: asked again at the next poll
-                return []
+        text = self._confirming_table()
+        if text is None:  # the controller away: asked again at the next poll
+            return []
         out: list[BackendStatus] = []
         seen: set[str] = set()
         for line in text.splitlines():
@@ -113,30 +106,51 @@ class Polling(SlurmBase):
             if jid not in self._unconfirmed:
                 continue
             seen.add(jid)
-            run, since, began = self._unconfirmed[jid]
-            again = int(restarts) if restarts.isdigit() else 0
-            state = translate(st)
-            if again == run and self._rerun(jid, st, state, slurm_epoch(start), began):
-                del self._unconfirmed[jid]
-                running = state is not JobState.PENDING  # one that already ended again: its new marker ends it
-                out.append(BackendStatus(jid, JobState.RUNNING if running else JobState.PENDING,
-                                         reason=None if running else "Slurm runs it again: its controller "
-                                         "recovered it from a state saved before its last run began",
-                                         start_time=slurm_epoch(start) if running else None, requeues=again,
-                                         node=(nodes or None) if running else None))
-            elif again > run:
-                del self._unconfirmed[jid]
-                self.requeues.note(jid, again)
-                running = state is JobState.RUNNING
-                out.append(BackendStatus(jid, JobState.RUNNING if running else JobState.PENDING,
-                                         reason=None if running else self.requeues.why(jid, again),
-                                         start_time=slurm_epoch(start) if running else None, requeues=again,
-                                         node=(nodes or None) if running else None))
-            elif (state.terminal and not st.startswith("COMPLETING")) or self.clock() - since > self.CONFIRM_S:
-                del self._unconfirmed[jid]  # Slurm agrees that this run ended the job
+            live = self._confirm(jid, st, start, int(restarts) if restarts.isdigit() else 0, nodes)
+            if live is not None:
+                out.append(live)
         for jid in [j for j in self._unconfirmed if j not in seen]:
             del self._unconfirmed[jid]  # gone from Slurm's table: its end stands
         return out
+
+    def _confirming_table(self) -> str | None:
+        """Slurm's job table for ``reopened``; None: the controller did not answer."""
+        newest = max(since for _, since, _ in self._unconfirmed.values())
+        if self._table is not None and self.clock() - self._table[0] < self.poll_s and self._table[0] >= newest:
+            # the status poll's own table, this poll: no RPC more (never one from before an
+            # end was taken: it could show the job still pending from before its run)
+            return self._table[1]
+        try:
+            return self._run("squeue", "-h", "-a", "-t", "all", "-O", TABLE)
+        except (CorralError, OSError):
+            return None
+
+    def _confirm(self, jid: str, st: str, start: str, again: int, nodes: str) -> BackendStatus | None:
+        """One unconfirmed end against its job's row in Slurm's table (``again``: Slurm's
+        restart count): the job's live status where Slurm runs it again, else None (its
+        end confirmed, or still watched)."""
+        run, since, began = self._unconfirmed[jid]
+        state = translate(st)
+        if again == run and self._rerun(jid, st, state, slurm_epoch(start), began):
+            del self._unconfirmed[jid]
+            running = state is not JobState.PENDING  # one that already ended again: its new marker ends it
+            return self._live(jid, running, start, again, nodes, None if running else "Slurm runs it again: its "
+                              "controller recovered it from a state saved before its last run began")
+        if again > run:
+            del self._unconfirmed[jid]
+            self.requeues.note(jid, again)
+            running = state is JobState.RUNNING
+            return self._live(jid, running, start, again, nodes, None if running else self.requeues.why(jid, again))
+        if (state.terminal and not st.startswith("COMPLETING")) or self.clock() - since > self.CONFIRM_S:
+            del self._unconfirmed[jid]  # Slurm agrees that this run ended the job
+        return None
+
+    @staticmethod
+    def _live(jid: str, running: bool, start: str, again: int, nodes: str, reason: str | None) -> BackendStatus:
+        """A reopened job: RUNNING since Slurm's ``start`` on ``nodes``, else PENDING for ``reason``."""
+        return BackendStatus(jid, JobState.RUNNING if running else JobState.PENDING, reason=reason,
+                             start_time=slurm_epoch(start) if running else None, requeues=again,
+                             node=(nodes or None) if running else None)
 
     def _rerun(self, jid: str, st: str, state: JobState, start: float | None, began: float | None) -> bool:
         """Whether Slurm runs again, under the same restart count, a job whose end corral
