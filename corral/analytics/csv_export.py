@@ -83,40 +83,18 @@ def _state(col: pl.Expr) -> pl.Expr:
 def read(path: Path, ing: "Ingested", local: Any) -> None:
     raw = pl.read_csv(path, infer_schema_length=10_000, ignore_errors=True, truncate_ragged_lines=True,
                       encoding="utf8-lossy")
-    found: dict[str, str] = {}
-    for col in raw.columns:
-        for field, names in NAMES.items():
-            if field not in found and _key(col) in names:
-                found[field] = col
-    missing = [f for f in NEED if f not in found]
-    if missing or not ({"start", "wait"} & set(found) or "run" in found):
-        raise InvalidRequest(
-            f"{path} is a CSV export with columns {', '.join(raw.columns[:12])}{' ...' if raw.width > 12 else ''}, "
-            f"and none that corral reads as {' or '.join(WHAT[m] for m in missing) or 'a start or a wait time'}",
-            hint="corral reads CSV columns named like JobID, User, SubmitTime, StartTime or WaitTime, RunTime, "
-                 "NCPUS, NGPUS, State, Partition, Account (case and punctuation aside)")
-    s = raw.schema
+    found = _recognise(raw.columns)
+    _refuse_unreadable(path, raw, found)
     c = {f: pl.col(n) for f, n in found.items()}
-    submit = _time(c["submit"], s[found["submit"]], local)
-    wait = _seconds(c["wait"], s[found["wait"]]) if "wait" in found else None
-    start = _time(c["start"], s[found["start"]], local) if "start" in found else \
-        submit + pl.duration(seconds=wait) if wait is not None else pl.lit(None)
-    run = _seconds(c["run"], s[found["run"]]) if "run" in found else None
-    end = _time(c["end"], s[found["end"]], local) if "end" in found else \
-        start + pl.duration(seconds=run) if run is not None else pl.lit(None)
-    elapsed = run if run is not None else (end - start).dt.total_seconds()
-    comment = c["comment"].cast(pl.String) if "comment" in found else pl.lit(None, pl.String)
+    submit, start, end, elapsed = _times(c, {f: raw.schema[n] for f, n in found.items()}, local)
     df = raw.with_row_index("lineno", offset=2).with_columns(
         job_id=c["job_id"].cast(pl.String), user=c["user"].cast(pl.String).str.strip_chars(),
-        account=c["account"].cast(pl.String) if "account" in found else pl.lit(None, pl.String),
-        partition=c["partition"].cast(pl.String) if "partition" in found else pl.lit(None, pl.String),
-        name=c["name"].cast(pl.String) if "name" in found else pl.lit(None, pl.String),
+        account=_text_or_null(c, "account"), partition=_text_or_null(c, "partition"), name=_text_or_null(c, "name"),
         submit=submit, start=start, end=end, elapsed_s=elapsed.fill_null(0),
-        state=_state(c["state"]) if "state" in found else pl.lit("COMPLETED"),
-        exit_code=c["exit_code"].cast(pl.Int32, strict=False) if "exit_code" in found else pl.lit(None, pl.Int32),
-        cpus=c["cpus"].cast(pl.Int32, strict=False).fill_null(1) if "cpus" in found else pl.lit(1),
-        gpus=c["gpus"].cast(pl.Int32, strict=False).fill_null(0) if "gpus" in found else pl.lit(0),
-        kind=comment.str.extract(KIND_RE),
+        state=_state(c["state"]) if "state" in c else pl.lit("COMPLETED"),
+        exit_code=c["exit_code"].cast(pl.Int32, strict=False) if "exit_code" in c else pl.lit(None, pl.Int32),
+        cpus=_count(c, "cpus", 1), gpus=_count(c, "gpus", 0),
+        kind=_text_or_null(c, "comment").str.extract(KIND_RE),
     )
     ing.rows_read = df.height
     if "state" not in found:
@@ -130,3 +108,48 @@ def read(path: Path, ing: "Ingested", local: Any) -> None:
         "unreadable submission time": pl.col("submit").is_null(),
     })
     ing.jobs = conform(df)
+
+
+def _recognise(columns: list[str]) -> dict[str, str]:
+    """The table's column -> the export's column for it (the first one that fits)."""
+    found: dict[str, str] = {}
+    for col in columns:
+        for field, names in NAMES.items():
+            if field not in found and _key(col) in names:
+                found[field] = col
+    return found
+
+
+def _refuse_unreadable(path: Path, raw: pl.DataFrame, found: dict[str, str]) -> None:
+    """Refuse, naming what the file has, an export without a job id, a user, a submit
+    time and some way to a start time (a start, a wait, or a run time)."""
+    missing = [f for f in NEED if f not in found]
+    if missing or not ({"start", "wait"} & set(found) or "run" in found):
+        raise InvalidRequest(
+            f"{path} is a CSV export with columns {', '.join(raw.columns[:12])}{' ...' if raw.width > 12 else ''}, "
+            f"and none that corral reads as {' or '.join(WHAT[m] for m in missing) or 'a start or a wait time'}",
+            hint="corral reads CSV columns named like JobID, User, SubmitTime, StartTime or WaitTime, RunTime, "
+                 "NCPUS, NGPUS, State, Partition, Account (case and punctuation aside)")
+
+
+def _times(c: dict[str, pl.Expr], dtypes: dict[str, Any], local: Any) -> tuple[pl.Expr, pl.Expr, pl.Expr, pl.Expr]:
+    """(submit, start, end, elapsed seconds): a start missing from the export is the
+    submit time plus the wait, an end the start plus the run time."""
+    submit = _time(c["submit"], dtypes["submit"], local)
+    wait = _seconds(c["wait"], dtypes["wait"]) if "wait" in c else None
+    start = _time(c["start"], dtypes["start"], local) if "start" in c else \
+        submit + pl.duration(seconds=wait) if wait is not None else pl.lit(None)
+    run = _seconds(c["run"], dtypes["run"]) if "run" in c else None
+    end = _time(c["end"], dtypes["end"], local) if "end" in c else \
+        start + pl.duration(seconds=run) if run is not None else pl.lit(None)
+    elapsed = run if run is not None else (end - start).dt.total_seconds()
+    return submit, start, end, elapsed
+
+
+def _text_or_null(c: dict[str, pl.Expr], field: str) -> pl.Expr:
+    return c[field].cast(pl.String) if field in c else pl.lit(None, pl.String)
+
+
+def _count(c: dict[str, pl.Expr], field: str, default: int) -> pl.Expr:
+    """CPUs or GPUs: a blank or unreadable cell is the default, as is a missing column."""
+    return c[field].cast(pl.Int32, strict=False).fill_null(default) if field in c else pl.lit(default)
