@@ -354,6 +354,7 @@ def test_the_plots_figures_from_jobs_times(tmp_path: Path) -> None:
     from corral.lanes.backend import Partition
     from corral.edges.dashboard.history import BUCKET_S, History
     from corral.core.db import Database
+    from corral.gateway.board_reads import BoardReads
     from corral.core.principals import PILOT_PRINCIPAL
 
     db = Database(tmp_path / "corral.db")
@@ -374,8 +375,9 @@ def test_the_plots_figures_from_jobs_times(tmp_path: Path) -> None:
         [(w, lane, st, s, b, e, json.dumps({"command": "true", "cpus": c})) for w, lane, st, s, b, e, c in jobs])
     backend = SimpleNamespace(partitions=lambda: [Partition("local", 4, 8000, 0, 3600, default=True)])
     service = SimpleNamespace(db=db, lanes=SimpleNamespace(batch=SimpleNamespace(backend=backend, name="local")),
-                              board_figures=SimpleNamespace(over=lambda since: []))  # no saved samples yet
-    svg = History(service).plots(now, None)  # type: ignore[arg-type]
+                              board_figures=SimpleNamespace(over=lambda since: []),  # no saved samples yet
+                              audit=SimpleNamespace(log=SimpleNamespace(path=tmp_path / "audit.log")))
+    svg = History(BoardReads(service)).plots(now, None)  # type: ignore[arg-type]
 
     def lines(name: str) -> dict[str, list[float]]:
         return {k: [float(x) for x in v.split(",")] for k, v in

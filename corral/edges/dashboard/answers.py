@@ -19,6 +19,7 @@ from fastapi.responses import RedirectResponse, Response
 from corral.core.errors import CorralError, Forbidden, InvalidRequest
 from corral.core.jobs import MAX_INT
 from corral.core.principals import Caller
+from corral.edges import acts
 
 if TYPE_CHECKING:
     from corral.gateway.service import Service
@@ -41,7 +42,7 @@ def mount(app: FastAPI, service: "Service", viewer: Callable[[Request], Caller],
                 raise InvalidRequest("the answer is approve or decline")
             if not 1 <= aid <= MAX_INT:  # the store's integers are 64-bit
                 raise InvalidRequest(f"no approval {aid}")
-            await service.approvals.decide(caller, aid, decision == "approve", note)
+            await (acts.approve if decision == "approve" else acts.decline)(service, caller, aid, note)
         except CorralError as e:
             return page("session.html", e.status, error=e.message + (f" ({e.hint})" if e.hint else ""), detail=None)
         return RedirectResponse("/dashboard", status_code=303)

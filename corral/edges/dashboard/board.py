@@ -1,13 +1,16 @@
 """What the dashboard shows, as one JSON-ready snapshot per viewer: an admin sees
 everything, a sponsor only themself and the agents they sponsor. Every figure is read
-from the gateway's own state (the database, the metrics, the audit log's tally), never
-from the scheduler: a dashboard left open must cost the controller nothing.
+from the gateway's own state, never from the scheduler: a dashboard left open must cost
+the controller nothing. It is read through the declared verbs where one answers the
+question (the sponsor's view, the approvals waiting, the budgets used: corral/edges/reads.py)
+and else through the gateway's read model for the dashboard (corral/gateway/board_reads.py),
+never from the store, the lanes or the audit log themselves (tests/test_dashboard_reads.py).
 
 ::
 
     Board.snapshot(caller) ─▶ now (sessions, jobs by state and lane, submissions a minute)
                            ├▶ saved (scheduler calls made vs what the clients would have made)
-                           ├▶ refusals by rule (AuditTally), budgets used per token and sponsor
+                           ├▶ refusals by rule (the audit's tally), budgets used per token and sponsor
                            ├▶ tainted credentials, the audit chain's state, fast-lane pools
                            └▶ mine: the viewer's own agents and what waits for their answer
     Board.session(caller, principal, session) ─▶ its jobs, outcomes, advice, notes
@@ -16,27 +19,22 @@ from the scheduler: a dashboard left open must cost the controller nothing.
 from __future__ import annotations
 
 import asyncio
-import collections
-import json
-import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corral.core.errors import Forbidden, NotFound
 from corral.safety import guard
-from corral.core.principals import PILOT_PRINCIPAL, Caller
+from corral.core.principals import Caller
 from corral.edges.dashboard.history import History
+from corral.edges.reads import approvals, sponsor, token_usage
 from corral.gateway.board_figures import scope
+from corral.gateway.board_reads import BoardReads
 
 if TYPE_CHECKING:
     from corral.gateway.service import Service
 
 RECENT_S = 3600
 """A session is shown while it has live jobs or submitted within this long."""
-MAX_SESSIONS = 5000
-DENIED_PER_SESSION = 50
-"""The session drill-down's refusals: the latest this many of each of the latest sessions."""
 RATE_WINDOW_S = 300
 """Submissions a minute are counted over this window."""
 SHARE_S = 1.0
@@ -47,72 +45,12 @@ VERIFY_EVERY_S = 60
 """The audit chain is verified at most this often (it reads the whole log)."""
 
 
-class AuditTally:
-    """Decisions counted from the audit log, read incrementally: each refresh reads
-    only what was appended since the last one (a restart reads the log once)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.counts: dict[tuple[str, str, str, str], int] = {}
-        """(principal, action, decision, rule) -> decisions."""
-        self.denied: dict[tuple[str, str], collections.deque[dict[str, Any]]] = {}
-        """(principal, session) -> its latest refusals (the session drill-down's)."""
-        self._lock = threading.Lock()
-
-    def refresh(self) -> None:
-        with self._lock:
-            try:
-                size = self.path.stat().st_size
-            except OSError:
-                return
-            if size < self.offset:  # rotated or rewritten: count again
-                self.offset, self.counts, self.denied = 0, {}, {}
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read(size - self.offset)
-            end = data.rfind(b"\n") + 1  # a line still being written waits for the next refresh
-            for raw in data[:end].splitlines():
-                try:
-                    r = json.loads(raw.partition(b" ")[2])
-                except ValueError:
-                    continue
-                key = (str(r.get("principal")), str(r.get("action")), str(r.get("decision")), str(r.get("rule")))
-                self.counts[key] = self.counts.get(key, 0) + 1
-                if r.get("decision") == "deny":
-                    self._deny(r)
-            self.offset += end
-
-    def _deny(self, r: dict[str, Any]) -> None:
-        key = (str(r.get("principal")), str(r.get("session") or "-"))
-        if key not in self.denied:
-            if len(self.denied) >= MAX_SESSIONS:  # bounded: the oldest sessions go first
-                self.denied.pop(next(iter(self.denied)))
-            self.denied[key] = collections.deque(maxlen=DENIED_PER_SESSION)
-        self.denied[key].append({"at": r.get("ts") or r.get("time"), "action": r.get("action"), "rule": r.get("rule"),
-                                 "reason": r.get("reason"), "command": r.get("command")})
-
-    def refusals(self, names: frozenset[str] | None) -> list[dict[str, Any]]:
-        by: dict[tuple[str, str], int] = {}
-        for (who, action, decision, rule), n in list(self.counts.items()):
-            if decision == "deny" and (names is None or who in names):
-                by[(action, rule)] = by.get((action, rule), 0) + n
-        return [{"action": a, "rule": r, "count": n} for (a, r), n in sorted(by.items(), key=lambda kv: -kv[1])]
-
-    def totals(self) -> dict[tuple[str, str, str], int]:
-        """(action, decision, rule) -> decisions, for /metrics."""
-        out: dict[tuple[str, str, str], int] = {}
-        for (_, action, decision, rule), n in list(self.counts.items()):
-            out[(action, decision, rule)] = out.get((action, decision, rule), 0) + n
-        return out
-
-
 class Board:
     def __init__(self, service: "Service") -> None:
         self.service = service
-        self.tally = AuditTally(service.audit.log.path)
-        self.figures = service.board_figures
-        self.history = History(service)
+        """Only to call the declared verbs with: the rest is read through ``reads``."""
+        self.reads = BoardReads(service)
+        self.history = History(self.reads)
         self._shared: dict[tuple[str, ...] | None, tuple[float, dict[str, Any]]] = {}
         self._refreshing: set[tuple[str, ...] | None] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -161,10 +99,10 @@ class Board:
 
     def _mine_now(self, caller: Caller) -> dict[str, Any] | None:
         try:
-            view = self.service.sponsor_view.view(caller)
+            view = sponsor(self.service, caller)
         except Forbidden:  # a service's token: it sponsors no one
             return None
-        waiting = [a for a in self.service.approvals.listing(caller)["approvals"] if a["sponsor"] == caller.name]
+        waiting = [a for a in approvals(self.service, caller)["approvals"] if a["sponsor"] == caller.name]
         return {"days": view["days"], "agents": [{
             "agent": a["agent"], "jobs": sum(a["jobs"].values()), "completed": a["jobs"].get("COMPLETED", 0),
             "failed": sum(a["jobs"].get(s, 0) for s in ("FAILED", "TIMEOUT", "OUT_OF_MEMORY")),
@@ -191,15 +129,15 @@ class Board:
                 "sees": "everyone" if names is None else sorted(names)}
 
     async def _snapshot(self, caller: Caller, names: frozenset[str] | None) -> dict[str, Any]:
-        await asyncio.to_thread(self.tally.refresh)
+        await asyncio.to_thread(self.reads.tally.refresh)
         await self._verify()
         now = time.time()
-        read = self.service.db.read
-        sessions = read.sessions(now - RECENT_S, names, PILOT_PRINCIPAL)
-        states = read.states(now - RECENT_S, names, PILOT_PRINCIPAL)
+        reads = self.reads
+        sessions = reads.sessions(now - RECENT_S, names)
+        states = reads.states(now - RECENT_S, names)
         rate = {k: round(n / (RATE_WINDOW_S / 60), 2)
-                for k, n in read.submissions_by_kind(now - RATE_WINDOW_S, names, PILOT_PRINCIPAL).items()}
-        saved = self.figures.saved(names, now)  # corral saved --json's figures (sampled for the plot)
+                for k, n in reads.submissions_by_kind(now - RATE_WINDOW_S, names).items()}
+        saved = reads.saved(names, now)  # corral saved --json's figures (sampled for the plot)
         t0 = time.perf_counter()
         drawn = await asyncio.to_thread(self.history.plots, now, names)
         return {
@@ -211,48 +149,33 @@ class Board:
             "jobs": states,
             "submits_per_min": rate,
             "saved": saved,
-            "refusals": self.tally.refusals(names),
-            "budgets": self.figures.token_usage(names),  # corral token usage --json's
-            "tainted": self.tainted(names),
+            "refusals": reads.tally.refusals(names),
+            "budgets": token_usage(self.service, caller)["tokens"],  # corral token usage --json's
+            "tainted": reads.tainted(names),
             "audit": self.verified,
-            "pools": ([{**lane.describe(), "lane": lane.name,
-                        "pools": [{**p, "name": pool_name(p)} for p in lane.describe().get("pools", [])]}
-                       for lane in self.service.lanes if lane is not self.service.lanes.batch]
-                      if names is None else []),
-            "degraded": self.service.reconciler.degraded,
-            "storage": await asyncio.to_thread(self.service.storage.board, names),
+            "pools": ([{**lane, "pools": [{**p, "name": pool_name(p)} for p in lane.get("pools", [])]}
+                       for lane in reads.lanes()] if names is None else []),
+            "degraded": reads.degraded(),
+            "storage": await asyncio.to_thread(reads.storage, names),
         }
-
-    def tainted(self, names: frozenset[str] | None) -> list[dict[str, Any]]:
-        return self.service.db.read.tainted(names)
 
     async def _verify(self) -> None:
         last = self.verified["checked"]
         if last is not None and time.time() - last < VERIFY_EVERY_S:
             return
-        log = self.service.audit.log
-        head = self.service.db.audit_head()
-        records, problems = await asyncio.to_thread(log.verify, head)
-        self.verified = {"checked": time.time(), "records": records,
-                          "problems": [{"line": p.line, "seq": p.seq, "what": p.what} for p in problems][:20]}
+        records, problems = await asyncio.to_thread(self.reads.verify_audit)
+        self.verified = {"checked": time.time(), "records": records, "problems": problems[:20]}
 
     def session(self, caller: Caller, principal: str, session: str) -> dict[str, Any]:
         """One session's jobs, their outcomes and advice (memory's episodes), and its notes."""
         names = self.scope(caller)
         if names is not None and principal not in names:
             raise NotFound(f"no session {session!r} of {principal!r} visible to you")
-        db = self.service.db
-        sess = None if session == "-" else session
-        jobs = db.list_jobs([principal], session=sess, limit=500) if sess else [
-            j for j in db.list_jobs([principal], limit=500) if j.session is None]
+        jobs, found, notes = self.reads.session(principal, None if session == "-" else session)
         if not jobs:
             raise NotFound(f"no session {session!r} of {principal!r} visible to you")
-        episodes = {jid: {"signature": sig, "detail": detail}
-                    for jid, (sig, detail) in db.memory.episodes_of([j.id for j in jobs]).items()}
-        notes = [{"id": r[0], "text": r[1], "scope": r[2], "created": r[3]}
-                 for r in db.memory.session_notes(principal, sess)]
-        with self.tally._lock:
-            denied = list(self.tally.denied.get((principal, session), ()))
+        episodes = {jid: {"signature": sig, "detail": detail} for jid, (sig, detail) in found.items()}
+        denied = self.reads.tally.refused(principal, session)
         return {"principal": principal, "session": session, "jobs": [_job_row(j, episodes.get(j.id)) for j in jobs],
                 "refused": [{**d, "reason": _shown(d.get("reason")), "command": _shown(d.get("command"))}
                             for d in reversed(denied)],
