@@ -64,7 +64,7 @@ class Metrics:
         self.backend_calls.labels(op).inc()
 
     def backend_count(self, op: str) -> int:
-        return int(self.backend_calls.labels(op)._value.get())
+        return int(self.registry.get_sample_value("corral_backend_calls_total", {"op": op}) or 0)
 
     def render(self, detailed: bool = False) -> bytes:
         mark = DETAILED.set(detailed)

@@ -162,7 +162,16 @@ def _python() -> str:
     may lie under a directory only the gateway's user enters."""
     if os.path.exists("/usr/bin/python3"):
         return "/usr/bin/python3"
-    return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    return os.path.realpath(base_python())
+
+
+def base_python() -> str:
+    """The interpreter this one's virtualenv (if any) was made from, found through the
+    public sysconfig (its BINDIR is the base installation's), not ``sys._base_executable``."""
+    import sysconfig
+
+    found = os.path.join(sysconfig.get_config_var("BINDIR") or "", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+    return found if os.path.exists(found) else sys.executable
 
 
 def hash_inputs(paths: list[str], identity: "Identity | None", hidden: list[str] | None = None,

@@ -71,7 +71,9 @@ def _uv() -> str:
 
 
 def default_python() -> str:
-    return "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else getattr(sys, "_base_executable", sys.executable)
+    from corral.core.safe_read import base_python
+
+    return "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else base_python()
 
 
 def request_kind(files: dict[str, str]) -> str:

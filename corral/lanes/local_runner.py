@@ -190,7 +190,7 @@ def main(job_dir: str) -> int:
             state, reason = "FAILED", ("a file it wrote reached the facility's size limit for one file "
                                        "([sandbox] file_max); write smaller files")
         elif rc < 0:
-            name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
+            name = signal.Signals(-rc).name if -rc in set(signal.Signals) else str(-rc)
             state, reason = "FAILED", f"killed by signal {name}"
         else:
             state, reason = "FAILED", f"exited with code {rc}"

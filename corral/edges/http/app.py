@@ -96,6 +96,22 @@ class ContainErrors:
                 await JSONResponse(INTERNAL, status_code=500)(scope, receive, tracking)
 
 
+class Parsed(Request):
+    """A request whose JSON body the route read and checked (corral/edges/http/body.py):
+    FastAPI's handler reads the body and its JSON here, through Request's public
+    ``body()`` and ``json()``, and parses nothing again."""
+
+    def __init__(self, request: Request, body: bytes, data: Any) -> None:
+        super().__init__(request.scope, request.receive)
+        self.raw, self.parsed = body, data
+
+    async def body(self) -> bytes:
+        return self.raw
+
+    async def json(self) -> Any:
+        return self.parsed
+
+
 def bounded_route(service: Service) -> type[APIRoute]:
     """Routes whose JSON body is checked before FastAPI parses it (corral/edges/http/body.py): a
     body over ``[http] unauthenticated_body_bytes`` is parsed only once its token is good."""
@@ -117,7 +133,7 @@ def bounded_route(service: Service) -> type[APIRoute]:
                             h = request.headers
                             request.scope["corral.caller"] = service.authenticate(
                                 bearer_token(h.get("authorization")), h.get("x-corral-session"))
-                        request._json = parse_body(body, bounds.max_json_depth)
+                        request = Parsed(request, body, parse_body(body, bounds.max_json_depth))
                 return await handler(request)
 
             return bounded

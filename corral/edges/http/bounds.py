@@ -26,6 +26,10 @@ front of it, enforced while the bytes arrive and before any application code run
 Every refusal is one small JSON response in corral's error shape, then the connection is
 closed: a refused client costs a few microseconds, whatever it sends. (uvicorn's own
 httptools protocol has no head bound at all: a 256 MB header stalled the loop 13 s.)
+
+This module is corral's one adapter to uvicorn's private parts (issue 53 item 5): the
+protocol's own helpers it calls, and ``drained`` for its server (tests/test_private_parts.py
+fails on one used elsewhere, and when uvicorn renames one).
 """
 
 from __future__ import annotations
@@ -273,3 +277,10 @@ def bounded_protocol(limits: HttpSettings) -> type[HttpToolsProtocol]:
 
 def _answer(answer: Answer) -> bytes:
     return refusal(answer.status, "too_many_connections", answer.message, answer.hint, answer.retry_after)
+
+
+def drained(server: Any, sig: int) -> None:
+    """uvicorn re-raises the signal that stopped its server once it has shut down (a
+    SIGTERM: exit 143); after a clean drain corral exits 0, so the signal is forgotten
+    (uvicorn has no public switch for it)."""
+    server._captured_signals.remove(sig)

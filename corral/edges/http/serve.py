@@ -26,7 +26,7 @@ from typing import Any
 from corral.edges.http.app import create_app
 from corral.core.config import Settings
 from corral.core.errors import InvalidRequest
-from corral.edges.http.bounds import bounded_protocol
+from corral.edges.http.bounds import bounded_protocol, drained
 from corral.core.paths import drop_pointer, write_pointer
 from corral.gateway.runtime import STOP_DEADLINE_S, build_service
 
@@ -193,7 +193,7 @@ def serve(settings: Settings) -> None:
                 drop_pointer(settings.port, settings.home)
             super().handle_exit(sig, frame)
             if sig == signal.SIGTERM:  # a requested stop that drains cleanly exits 0, not 143
-                self._captured_signals.remove(sig)
+                drained(self, sig)
 
     bounds = settings.http
     # Each connection is a file: room for all of them beside the jobs' and the database's.

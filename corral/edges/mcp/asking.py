@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mcp_types import ElicitRequest, ElicitRequestURLParams, InputRequiredResult
-from mcp_types._types import CLIENT_CAPABILITIES_META_KEY
+from mcp_types import CLIENT_CAPABILITIES_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from corral.core.errors import ApprovalPending

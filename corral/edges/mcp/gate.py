@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse
 from corral.core.errors import CorralError, Forbidden
 from corral.core.principals import bearer_token, session_holder
 from corral.edges.http.connections import authenticated
+from corral.edges.mcp.sdk_adapter import end_session, sessions
 
 if TYPE_CHECKING:
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -125,17 +126,15 @@ class RequireToken:
             mine.pop(sid, None)
             if not mine:
                 del self.held[who]
-        transport = getattr(self.manager, "_server_instances", {}).get(sid) if self.manager else None
-        if transport is not None:
-            # The SDK has no public call to end a session; _discard_session is what its own
-            # DELETE and idle reaping use.
-            task = asyncio.get_running_loop().create_task(self.manager._discard_session(sid, transport))  # type: ignore[union-attr]
+        ending = end_session(self.manager, sid) if self.manager else None  # the SDK has no public call for it
+        if ending is not None:
+            task = asyncio.get_running_loop().create_task(ending)
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
 
     def open_sessions(self) -> int:
         """Sessions the SDK holds now (the 'mcp_sessions' gauge)."""
-        return len(getattr(self.manager, "_server_instances", {})) if self.manager else len(self.bound)
+        return len(sessions(self.manager)) if self.manager else len(self.bound)
 
     async def _refuse(self, e: CorralError, scope: Any, receive: Any, send: Any) -> None:
         if not (self.metadata and e.status == 401) and scope.get("method") == "POST":

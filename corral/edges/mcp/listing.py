@@ -4,11 +4,13 @@ that do not fit refused in corral's words (``Server``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from mcp.server.caching import CacheHint
-from mcp.server.mcpserver import MCPServer
+from mcp.server.context import ServerRequestContext
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolRequestParams, CallToolResult, TextContent
 from pydantic import ValidationError
 
 from corral.core.errors import describe_validation
@@ -86,11 +88,23 @@ class Server(MCPServer):
             "output_schema": compact_schema(t.output_schema, output=True) if t.output_schema else None})
             for t in tools]
 
+    arguments: dict[str, set[str]] | None = None
+    """Tool name -> the arguments it takes, from the SDK's listing (made again after a tool is added)."""
+
+    def add_tool(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        super().add_tool(fn, *args, **kwargs)
+        self.arguments = None
+
+    def remove_tool(self, name: str) -> None:
+        super().remove_tool(name)
+        self.arguments = None
+
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
         # The SDK drops what its schema does not name: `labels` sent for `label` was lost
         # without a word, and the job ran unlabelled. An argument no tool takes is an error.
-        tool = self._tool_manager.get_tool(name)
-        known = set((tool.parameters.get("properties") or {}) if tool is not None else arguments)
+        if self.arguments is None:
+            self.arguments = {t.name: set(t.input_schema.get("properties") or {}) for t in await super().list_tools()}
+        known = self.arguments.get(name, set(arguments))
         unknown = sorted(set(arguments) - known)
         if unknown:
             raise ToolError(f"{name}: unknown argument{'s' if len(unknown) > 1 else ''} "
@@ -101,3 +115,13 @@ class Server(MCPServer):
             if isinstance(e.__cause__, ValidationError):
                 raise ToolError(f"{name}: {describe_validation(e.__cause__.errors(), 'arguments')}") from e.__cause__  # type: ignore[arg-type]
             raise
+
+    async def call_from(self, request: ServerRequestContext[Any, Any], params: CallToolRequestParams) -> CallToolResult:
+        """A ``tools/call`` answered as the SDK answers it, for a request that is not one
+        (corral/edges/mcp/tasks.py: a finished task's result is the tool's answer then):
+        a tool error is a result with ``isError``."""
+        try:
+            return await self.call_tool(params.name, params.arguments or {},
+                                        Context(request_context=request, mcp_server=self))
+        except ToolError as e:
+            return CallToolResult(content=[TextContent(type="text", text=str(e))], is_error=True)

@@ -35,9 +35,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, Mapping, Se
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
 from mcp.shared.exceptions import MCPError
-from mcp_types import CallToolRequestParams, CallToolResult, TextContent
+from mcp_types import CLIENT_CAPABILITIES_META_KEY, CallToolRequestParams, CallToolResult, RequestParams, TextContent
 from mcp_types.jsonrpc import INVALID_PARAMS, MISSING_REQUIRED_CLIENT_CAPABILITY
-from mcp_types._types import CLIENT_CAPABILITIES_META_KEY, RequestParams
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field
 

@@ -120,7 +120,7 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
     mcp = Server("corral", instructions=INSTRUCTIONS, version="0.1.0", cache_hints=CACHE_HINTS,
                   extensions=[tasks] if tasks else None)
     if tasks:
-        tasks.call_tool = mcp._handle_call_tool  # the tool without the task interceptor around it
+        tasks.call_tool = mcp.call_from  # the tool without the task interceptor around it
 
     guarded = told(ops_for)  # every tool's answer also carries what its caller has not acknowledged
 
