@@ -90,20 +90,25 @@ class View:
         return f"({word})" if self.state == "PENDING" else "(None)"
 
     def field(self, key: str) -> str:
+        # Only the field asked is computed: %a (account) asks the gateway who the caller is,
+        # a second request that every default-format row paid for when all were built.
         j, s = self.j, self.spec
-        return {
-            "i": self.jobid, "A": str(self.array_id), "K": self.task or "N/A", "P": self.partition,
-            "j": self.name, "u": user(), "t": SHORT.get(self.state, "NF"), "T": self.state,
-            "M": squeue_time(elapsed(j, self.now)), "D": "1", "R": self.reason(), "N": self.nodes if self.state
-            == "RUNNING" else "", "r": self.reason().strip("()") if self.state != "RUNNING" else "None",
-            "l": self.time_limit(), "L": (limit(max(0, self.walltime - elapsed(j, self.now)))
-                                          if self.state == "RUNNING" else self.time_limit()),
-            "C": str(self.cpus), "m": self.min_memory(), "V": stamp(j.get("submit_time")),
-            "S": stamp(j.get("start_time")) if j.get("start_time") else "N/A", "e": stamp(j.get("end_time"))
-            if j.get("end_time") else "N/A", "Z": s.get("workdir") or "", "a": account(),
-            "b": f"gpu:{s['gpus']}" if s.get("gpus") else "N/A", "%": "%",
-            "stdout": self.io_path("slurm_stdout"), "stderr": self.io_path("slurm_stderr"), "stdin": "/dev/null",
-        }[key]
+        fields: dict[str, Callable[[], str]] = {
+            "i": lambda: self.jobid, "A": lambda: str(self.array_id), "K": lambda: self.task or "N/A",
+            "P": lambda: self.partition, "j": lambda: self.name, "u": user, "t": lambda: SHORT.get(self.state, "NF"),
+            "T": lambda: self.state, "M": lambda: squeue_time(elapsed(j, self.now)), "D": lambda: "1",
+            "R": self.reason, "N": lambda: self.nodes if self.state == "RUNNING" else "",
+            "r": lambda: self.reason().strip("()") if self.state != "RUNNING" else "None", "l": self.time_limit,
+            "L": lambda: (limit(max(0, self.walltime - elapsed(j, self.now))) if self.state == "RUNNING"
+                          else self.time_limit()),
+            "C": lambda: str(self.cpus), "m": self.min_memory, "V": lambda: stamp(j.get("submit_time")),
+            "S": lambda: stamp(j.get("start_time")) if j.get("start_time") else "N/A",
+            "e": lambda: stamp(j.get("end_time")) if j.get("end_time") else "N/A", "Z": lambda: s.get("workdir") or "",
+            "a": account, "b": lambda: f"gpu:{s['gpus']}" if s.get("gpus") else "N/A", "%": lambda: "%",
+            "stdout": lambda: self.io_path("slurm_stdout"), "stderr": lambda: self.io_path("slurm_stderr"),
+            "stdin": lambda: "/dev/null",
+        }
+        return fields[key]()
 
     def io_path(self, key: str) -> str:
         """-O STDOUT/STDERR: the file as given, patterns unexpanded, made absolute (Slurm 22.05's squeue)."""
@@ -322,47 +327,87 @@ def _squeue_parser() -> Parser:
 
 
 def squeue(argv: list[str]) -> int:
-    p = _squeue_parser()
-    ns = p.parse_args(argv)
+    ns = _squeue_parser().parse_args(argv)
+    _refuse(ns)
+    if ns.jobs is not None and not ns.jobs.strip(","):
+        return _no_job(ns)
+    ids = ns.jobs.split(",") if ns.jobs else None
+    states = parse_states(ns.states) if ns.states else None
+    pool = _pool(ns, ids, states)
+    parts, names = _set_of(ns.partition), _set_of(ns.name)
+    vs = keep(pool, states, parts, names, active_only=states is None)
+    if ids and len(ids) == 1:
+        _held_or_refused(pool)
+    if not (ids or _filtered(ns)) and sys.stderr.isatty():
+        print("squeue: corral shows your jobs only", file=sys.stderr)
+    if ns.json:  # as Slurm's, the jobs the controller still holds: ended ones for MinJobAge (300 s)
+        recent = [v for v in keep(pool, None, parts, names, active_only=False)  # -p and -n hold here too
+                  if held(v)]
+        print(json.dumps({"jobs": [_json(v) for v in (vs if states else recent)]}, indent=2))
+    else:
+        _table(ns, vs, ns.array or any("_" in i for i in ids or []))  # ID_1 asked: listed as ID_1
+    return 0
+
+
+def _no_job(ns: Any) -> int:
+    """-j "" (an empty $ID after a failed sbatch): Slurm lists no job, not every job, so
+    `while squeue -h -j "$ID" | grep -q .` ends."""
+    if not ns.noheader:
+        print(render(compile_format(_format(ns)), lambda k: "", True))
+    return 0
+
+
+def _held_or_refused(pool: list[View]) -> None:
+    """squeue -j ONE of a job slurmctld no longer holds (never known, or ended over MinJobAge
+    ago) fails as Slurm's does, so `while squeue -h -j $ID; do sleep 2; done` ends; with
+    several ids Slurm lists those it holds and exits 0."""
+    if not [v for v in pool if held(v)]:
+        raise ShimError("slurm_load_jobs error: Invalid job id specified", bare=True)
+
+
+def _refuse(ns: Any) -> None:
+    """The options corral's squeue refuses, in words that say what to do instead."""
     for flag, why in (("sort", "corral lists newest first"), ("iterate", "wait with corral wait or wait_for_events"),
                       ("account", ""), ("qos", ""), ("nodelist", "")):
         if getattr(ns, flag):
             unsupported("squeue", f"--{flag}", why)
     if ns.user and set(ns.user.split(",")) - {user()}:
         unsupported("squeue", f"--user={ns.user}", "corral shows you your own jobs (and your agents')")
-    if ns.jobs is not None and not ns.jobs.strip(","):
-        # -j "" (an empty $ID after a failed sbatch): Slurm lists no job, not every job, so
-        # `while squeue -h -j "$ID" | grep -q .` ends
-        if not ns.noheader:
-            print(render(compile_format(ns.format or (LONG if ns.long else DEFAULT)), lambda k: "", True))
-        return 0
-    ids = ns.jobs.split(",") if ns.jobs else None
-    states = parse_states(ns.states) if ns.states else None
-    # one fetch: the ids asked (known or not), every job for --json, else what is asked
-    wide = bool(ids) or (ns.json and not states)
-    pool = fetch(ids) if wide else fetch(None, sorted(states) if states else sorted(ACTIVE))
-    parts, names = (set(ns.partition.split(",")) if ns.partition else None), (set(ns.name.split(",")) if ns.name else None)
-    vs = keep(pool, states, parts, names, active_only=states is None)
-    if ids and len(ids) == 1 and not [v for v in pool if held(v)]:
-        # squeue -j ONE of a job slurmctld no longer holds (never known, or ended over MinJobAge
-        # ago) fails as Slurm's does, so `while squeue -h -j $ID; do sleep 2; done` ends; with
-        # several ids Slurm lists those it holds and exits 0
-        raise ShimError("slurm_load_jobs error: Invalid job id specified", bare=True)
-    if not (ids or ns.user or ns.me or ns.states or ns.partition or ns.name) and sys.stderr.isatty():
-        print("squeue: corral shows your jobs only", file=sys.stderr)
-    if ns.json:  # as Slurm's, the jobs the controller still holds: ended ones for MinJobAge (300 s)
-        recent = [v for v in keep(pool, None, parts, names, active_only=False)  # -p and -n hold here too
-                  if held(v)]
-        print(json.dumps({"jobs": [_json(v) for v in (vs if states else recent)]}, indent=2))
-        return 0
-    fields = compile_long(ns.Format) if ns.Format else compile_format(ns.format or (LONG if ns.long else DEFAULT))
+
+
+def _pool(ns: Any, ids: list[str] | None, states: set[str] | None) -> list[View]:
+    """One fetch: the ids asked (known or not), every job for --json, else what is asked."""
+    if ids or (ns.json and not states):
+        return fetch(ids)
+    return fetch(None, sorted(states) if states else sorted(ACTIVE))
+
+
+def _filtered(ns: Any) -> bool:
+    """Whether the listing is narrowed by user, state, partition or name (none: Slurm's
+    would list everyone's jobs, corral's the caller's)."""
+    return bool(ns.user or ns.me or ns.states or ns.partition or ns.name)
+
+
+def _set_of(text: str | None) -> set[str] | None:
+    """-p A,B or -n A,B as a set; None: not asked."""
+    return set(text.split(",")) if text else None
+
+
+def _format(ns: Any) -> str:
+    """-o's format, else -l's or the default."""
+    return str(ns.format or (LONG if ns.long else DEFAULT))
+
+
+def _table(ns: Any, vs: list[View], split: bool) -> None:
+    """The listing in squeue's columns: -l's date line, the header, a line a job (an
+    array's pending tasks on one line unless ``split``)."""
+    fields = compile_long(ns.Format) if ns.Format else compile_format(_format(ns))
     if ns.long and not ns.noheader:
         print(time.strftime("%a %b %d %H:%M:%S %Y"))
     if not ns.noheader:
         print(render(fields, lambda k: "", True))
-    for v in _arrays(vs, ns.array or any("_" in i for i in ids or [])):  # ID_1 asked: listed as ID_1
+    for v in _arrays(vs, split):
         print(render(fields, v.field, False))
-    return 0
 
 
 def _arrays(vs: list[View], split: bool) -> list[View]:
