@@ -133,24 +133,36 @@ def _sacct_parser() -> Parser:
 
 
 def sacct(argv: list[str]) -> int:
-    p = _sacct_parser()
-    ns = p.parse_args(argv)
+    ns = _sacct_parser().parse_args(argv)
     if ns.long:
         unsupported("sacct", "--long", "name the fields with --format")
     if ns.user and set(ns.user.split(",")) - {user()} or ns.allusers:
         unsupported("sacct", "--user/--allusers", "corral shows you your own jobs (and your agents')")
     ids = ns.jobs.split(",") if ns.jobs else None
-    vs = views(ids, parse_states(ns.state) if ns.state else None, None, set(ns.name.split(",")) if ns.name else None, False)
-    # Slurm's window: without -j, jobs since 00:00 today; -S/-E narrow it either way
+    vs = _window(ns, ids, views(ids, parse_states(ns.state) if ns.state else None, None,
+                                set(ns.name.split(",")) if ns.name else None, False))
+    account = queue_account() if vs else user()
+    if ns.json:
+        print(json.dumps({"jobs": [_json(v, account) for v in vs]}, indent=2))
+        return 0
+    print("\n".join(_lines(ns, ids, vs, account)))
+    return 0
+
+
+def _window(ns: Any, ids: list[str] | None, vs: list[View]) -> list[View]:
+    """The jobs in Slurm's window, by id: without -j, jobs since 00:00 today; -S/-E narrow
+    it either way."""
     start = when(ns.starttime) if ns.starttime else (None if ids else _midnight())
     end = when(ns.endtime) if ns.endtime else None
     vs = [v for v in vs if (start is None or (v.j.get("end_time") or v.now) >= start)
           and (end is None or (v.j.get("submit_time") or 0) <= end)]
     vs.sort(key=lambda v: v.j["id"])
-    account = queue_account() if vs else user()
-    if ns.json:
-        print(json.dumps({"jobs": [_json(v, account) for v in vs]}, indent=2))
-        return 0
+    return vs
+
+
+def _lines(ns: Any, ids: list[str] | None, vs: list[View], account: str) -> list[str]:
+    """The listing in sacct's columns: the header (and its dashes, unless parsable), then
+    a line a job and one a step."""
     fields = _fields(ns.format or (BRIEF if ns.brief else DEFAULT))
     sep = "|" if ns.parsable or ns.parsable2 else " "
     trail = "|" if ns.parsable else ""
@@ -161,14 +173,19 @@ def sacct(argv: list[str]) -> int:
             lines.append(" ".join("-" * w for _, w in fields) + " ")
     only_steps = _asked_steps(ids)
     for v in vs:
-        steps = [False] + ([True] if v.j.get("start_time") and not ns.allocations else [])
-        asked = only_steps.get(str(v.j["id"]), only_steps.get(v.jobid))
-        if asked is not None:  # -j ID.batch: that step alone, as Slurm lists it
-            steps = [True] if "batch" in asked and v.j.get("start_time") else []
-        for step in steps:
+        for step in _steps(v, ns.allocations, only_steps):
             lines.append(_row([(_value(v, k, step, account), w, k) for k, w in fields], sep, trail, ns))
-    print("\n".join(lines))
-    return 0
+    return lines
+
+
+def _steps(v: View, allocations: bool, only_steps: dict[str, set[str]]) -> list[bool]:
+    """The lines of a job: [False] its allocation, [True] its batch step (once it started,
+    unless -X); with -j ID.batch, that step alone, as Slurm lists it."""
+    steps = [False] + ([True] if v.j.get("start_time") and not allocations else [])
+    asked = only_steps.get(str(v.j["id"]), only_steps.get(v.jobid))
+    if asked is not None:
+        steps = [True] if "batch" in asked and v.j.get("start_time") else []
+    return steps
 
 
 def _asked_steps(ids: list[str] | None) -> dict[str, set[str]]:
