@@ -1,7 +1,8 @@
 """The verbs that change something, each declared once and typed (corral/edges/declare.py),
 as the read-only ones are in corral/edges/reads.py: the function is what the verb does in
 the gateway; the decorator, how each edge shows it. With a body, the arguments after the
-path's are the body model's fields. Their CLI commands and MCP tools stay hand-written:
+path's are the body model's fields, or one argument is the whole body (``whole``: a job).
+Their CLI commands and MCP tools stay hand-written:
 what a person or a model is told after an action (what to do next) is more than the
 answer's fields."""
 
@@ -9,11 +10,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from corral.edges.declare import ASKED, ENV, PERSON, TOLD, WS, Cli, Tool, declare
+from corral.edges.declare import ASKED, ENV, PERSON, TOLD, WS, Cli, Tool, declare, sent
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from corral.core.jobs import JobSpec
     from corral.core.principals import Caller
     from corral.gateway.service import Service
+    from corral.notify.prefs import Prefs
+
+    Job = JobSpec | dict[str, Any]
+    """A job as an edge sends it (its fields) or as the route has checked it (the model)."""
 
 
 @declare("POST", "/v1/signin/link", out="SigninLinkOut", status=201, tags=("tokens",),
@@ -172,3 +180,77 @@ async def env_gc(s: Service, c: Caller, older_than_days: float | None = None, im
          tags=("storage",), cli=Cli("workspace fork", generated=False), without={"mcp": WS})
 async def ws_fork(s: Service, c: Caller, base: str, rev: str | None = None) -> dict[str, Any]:
     return await s.storage.workspace(c, "fork", base=base, rev=rev)
+
+
+# -- a whole job as the body, or fields only some of which are sent --------------------
+
+REPLAY = {200: "an idempotent replay, or a cache hit: nothing new was made"}
+IDEMPOTENCY = {"idempotency_key": "Idempotency-Key"}
+
+
+def _replayed(data: dict[str, Any]) -> int:
+    return 201 if data["created"] else 200
+
+
+@declare("POST", "/v1/tokens", summary="", body="TokenIn", out="TokenOut", status=201, tags=("tokens",),
+         keep_none=("expires",), wire={"for_": "for"}, cli=Cli("token mint", generated=False),
+         without={"mcp": PERSON})
+def mint_token(s: Service, c: Caller, for_: str, expires: str | None = "8h", note: str | None = None, *,
+               actions: list[str] | None = None, partitions: list[str] | None = None, max_cpus: int | None = None,
+               max_gpus: int | None = None, max_walltime: str | None = None, cpu_hours: float | None = None,
+               gpu_hours: float | None = None, submits_per_min: int | None = None,
+               max_active_jobs: int | None = None) -> dict[str, Any]:
+    from corral.safety.tokens import caveats_from
+
+    return s.accounts.mint_token(c, for_, expires, note, caveats_from(dict(
+        actions=actions, partitions=partitions, max_cpus=max_cpus, max_gpus=max_gpus, max_walltime=max_walltime,
+        cpu_hours=cpu_hours, gpu_hours=gpu_hours, submits_per_min=submits_per_min, max_active_jobs=max_active_jobs)))
+
+
+@declare("POST", "/v1/jobs", summary="", body="JobSpec", whole="spec", query=("hold",), headers=IDEMPOTENCY,
+         params="SubmitParams", out="JobOut", status=201, status_of=_replayed, also=REPLAY, tags=("jobs",),
+         tool=Tool("submit_job", "Submit a job", read_only=False, idempotent=False), hand_tool=True,
+         cli=Cli("submit", generated=False))
+async def submit(s: Service, c: Caller, spec: Job, idempotency_key: str | None = None,
+                 hold: bool = False) -> dict[str, Any]:
+    jobs, created = await s.submit(c, [sent(spec)], idempotency_key, hold)
+    return {**jobs[0].to_dict(), "created": created}
+
+
+@declare("POST", "/v1/jobs/batch", body="BatchIn", query=("hold",), headers=IDEMPOTENCY, params="BatchParams",
+         out="BatchOut", status=201, status_of=_replayed, also=REPLAY, tags=("jobs",),
+         summary="Up to 1,000 jobs in one request: all are checked before any is recorded. With an "
+                 "`Idempotency-Key`, a retry of the same request returns the same jobs (200).",
+         tool=Tool("submit_jobs", "Submit many jobs at once", read_only=False, idempotent=False), hand_tool=True,
+         cli=Cli("submit --array", generated=False))
+async def submit_batch(s: Service, c: Caller, jobs: Sequence[Job], idempotency_key: str | None = None,
+                       array: str | None = None, hold: bool = False) -> dict[str, Any]:
+    # ``array`` was expanded into ``jobs`` by the body's model (BatchIn) before this call
+    done, created = await s.submit(c, [sent(j) for j in jobs], idempotency_key, hold)
+    return {"jobs": [{**j.summary(), "backend": j.backend, "lane": j.spec.lane,
+                      **({"advice": j.advice} if j.advice else {})} for j in done], "created": created}
+
+
+@declare("POST", "/v1/advice", body="JobSpec", whole="spec", out="AdviceOut", tags=("memory",),
+         summary="What corral remembers of a job like this one, without submitting it.",
+         cli=Cli("advice", generated=False), without={"mcp": "submit_job and plan_job answer with the advice"})
+async def advice(s: Service, c: Caller, spec: Job) -> dict[str, Any]:
+    return await s.advice(c, sent(spec))
+
+
+@declare("POST", "/v1/plan", body="JobSpec", whole="spec", out="PlanOut", tags=("jobs",),
+         summary="What submitting this job now would do, without submitting it: allowed or the rule that refuses, "
+                 "lane, estimated start, cost and budgets left, advice, cache.",
+         tool=Tool("plan_job", "Plan a job without submitting it", read_only=True), hand_tool=True,
+         cli=Cli("plan", generated=False))
+async def plan(s: Service, c: Caller, spec: Job) -> dict[str, Any]:
+    return await s.plan(c, sent(spec))
+
+
+@declare("PUT", "/v1/notify", body="NotifyIn", whole="prefs", query=("principal",), params="NotifyParams",
+         out="NotifyOut", tags=("notify",), cli=Cli("notify set", generated=False), without={"mcp": PERSON},
+         summary="Choose what you (or an agent you sponsor) are told and where: email, a webhook (generic, ntfy, "
+                 "Slack/Mattermost), which job ends, budgets, refusals, quiet hours, a digest. Fields left out keep "
+                 "their value. Agents' choices are their sponsor's.")
+def notify_set(s: Service, c: Caller, prefs: Prefs | dict[str, Any], principal: str | None = None) -> dict[str, Any]:
+    return s.notify.choose(c, sent(prefs).model_dump(exclude_unset=True), principal)  # only the fields sent count

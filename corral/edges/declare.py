@@ -20,7 +20,7 @@ which starts without pydantic (0.1 s of its 0.1 s start)."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Concatenate, Generic, NamedTuple, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Concatenate, Generic, NamedTuple, ParamSpec, TypeVar, cast
 
 if TYPE_CHECKING:
     from corral.core.principals import Caller
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+M = TypeVar("M")
 
 Serve = Callable[[Any, Any, dict[str, Any]], Any]
 """A row's serve: (service, caller, checked arguments) -> the answer's JSON data, or an
@@ -180,10 +181,16 @@ def _serve(fn: Callable[..., Any], args: tuple[str, ...]) -> Serve:
 
     def serve(s: Any, c: Any, a: dict[str, Any]) -> Any:
         body = a.get("body")
-        return _plain(fn(s, c, *(a[k] if k in a else body if k not in getattr(type(body), "model_fields", ())
-                                  else getattr(body, k) for k in args)))
+        return _plain(fn(s, c, **{k: a[k] if k in a else body if k not in getattr(type(body), "model_fields", ())
+                                  else getattr(body, k) for k in args}))  # by name: keyword-only ones too
 
     return serve
+
+
+def sent(body: M | dict[str, Any]) -> M:
+    """The whole body (``whole``: a job) as the verb's function is given it: an edge may
+    send its fields, but the route and ServiceOps check them into the body's model first."""
+    return cast(M, body)
 
 
 def _plain(data: Any) -> Any:

@@ -142,7 +142,7 @@ def plan(o: Ctx, command: tuple[str, ...], **res: Any) -> None:
     spec: dict[str, Any] = {k: v for k, v in res.items() if v is not None}
     spec["command"] = command[0] if len(command) == 1 else shlex.join(command)
     spec["workdir"] = os.getcwd()
-    o.out(o.client.plan(spec), _plan_text)
+    o.out(o.client.run(acts.plan, spec), _plan_text)
 
 
 def _plan_text(r: dict[str, Any]) -> str:

@@ -258,12 +258,12 @@ def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[
     if array is not None:
         if wait_s is not None:
             fail("--wait waits for one job; with --array, wait for the batch with 'corral wait' per job")
-        batch = o.client.submit_batch([spec], idempotency_key, array=array)
+        batch = o.client.run(acts.submit_batch, [spec], idempotency_key, array=array)
         ids = [j["id"] for j in batch["jobs"]]
         o.out(batch, lambda r: f"submitted {len(ids)} jobs ({ids[0]}..{ids[-1]}) of array {array}")
         return
     try:
-        job = o.client.submit(spec, idempotency_key)
+        job = o.client.run(acts.submit, spec, idempotency_key)
     except InvalidRequest as e:
         from corral.core.workdirs import NOT_WRITABLE
 
@@ -274,7 +274,7 @@ def submit(o: Ctx, command: tuple[str, ...], script_file: Any, env_pairs: tuple[
         print(f"corral: {e.message}; the job runs in its own directory instead (--workdir DIR to choose one)",
               file=sys.stderr)
         del spec["workdir"]
-        job = o.client.submit(spec, idempotency_key)
+        job = o.client.run(acts.submit, spec, idempotency_key)
     if wait_s is not None:
         job = o.client.run(reads.wait, job["id"], wait_s)
     def human(j: dict[str, Any]) -> str:

@@ -69,7 +69,7 @@ def advice(o: Any, command: tuple[str, ...], **res: Any) -> None:
     spec: dict[str, Any] = {k: v for k, v in res.items() if v is not None}
     spec["command"] = command[0] if len(command) == 1 else shlex.join(command)
     spec["workdir"] = os.getcwd()
-    r = o.client.advice(spec)
+    r = o.client.run(acts.advice, spec)
     o.out(r, lambda r: "\n".join(["- " + a for a in r["advice"]] + ([f"would be refused: {r['would_refuse']}"]
                                                                     if r.get("would_refuse") else []))
           or "nothing remembered about this job")

@@ -81,7 +81,7 @@ def notify_set(o: Ctx, for_: str | None, **fields: Any) -> None:
     if not prefs:
         raise click.UsageError("nothing to set: give --email, --webhook, --jobs, --budget, --denials, --idle, --quiet "
                                "--digest or --slurm-mail (corral notify show says what is set now)")
-    o.out(o.client.notify_set(prefs, principal=for_), _show)
+    o.out(o.client.run(acts.notify_set, prefs, principal=for_), _show)
 
 
 @notify.command("sent")

@@ -68,7 +68,7 @@ def token_mint(o: Any, for_: str, expires: str, note: str | None, **caveats: Any
     for k in ("actions", "partitions"):  # comma-separated on the command line, lists in the API
         if k in given:
             given[k] = csv_list(given[k])
-    t = o.client.mint_token(for_, expires, note, **given)
+    t = o.client.run(acts.mint_token, for_, expires, note, **given)
     o.out(t, lambda t: _shown_once(t["token"], f"token {t['id']} for {t['principal']}; shown once", t.get("caveats", [])))
 
 

@@ -32,12 +32,10 @@ P = ParamSpec("P")
 
 class Ops(Protocol):
     """A declared verb, typed: ``await ops.run(reads.job, 12)`` (mypy checks the arguments
-    against the function that serves it); a verb of the table not declared yet as an
-    async method: ``await ops.submit(spec)``."""
+    against the function that serves it). Every verb is declared: the product calls none
+    by name (the classes' ``__getattr__`` is for tests and scripts)."""
 
     async def run(self, verb: Declared[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> Any: ...
-
-    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]: ...
 
 
 def checked(verb: Verb, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -139,7 +139,7 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         from the start: trap it, checkpoint, exit, resume. `tier`='guaranteed' asks for
         the never-preempted tier (refused with the nearest request if agents' share is
         full); plan_job says the tier."""
-        job = await ops_for(ctx).submit(_spec_of(fields), fields.get("idempotency_key"))
+        job = await ops_for(ctx).run(acts.submit, _spec_of(fields), fields.get("idempotency_key"))
         advice_list = [guard.delimit(a, "corral memory advice") for a in job.get("advice") or []]
         out = {"job_id": job["id"], "state": job["state"], "created": job.get("created", True), "next": next_for(job),
                **({"advice": advice_list} if advice_list else {})}
@@ -169,7 +169,8 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
             except ValueError as e:
                 raise ToolError(str(e)) from None
         cursor = (await ops.run(reads.events, None, 0.0))["cursor"]  # taken first: no end of these can come before it
-        res = await ops.submit_batch([j.model_dump(by_alias=True, exclude_unset=True) for j in specs], idempotency_key)
+        res = await ops.run(acts.submit_batch, [j.model_dump(by_alias=True, exclude_unset=True) for j in specs],
+                            idempotency_key)
         ids = [j["id"] for j in res["jobs"]]
         out = {"job_ids": ids, "created": res["created"], "cursor": cursor,
                "next": f"call wait_for_events cursor={cursor}: each job's end comes once; then read its output"}
@@ -187,7 +188,7 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         (`placement`: guaranteed, or opportunistic: SIGUSR1 and 120 s grace when
         preempted, then requeued). A refusal lists every problem at once and the nearest
         request that fits (`nearest`)."""
-        plan = await ops_for(ctx).plan(_spec_of(fields))
+        plan = await ops_for(ctx).run(acts.plan, _spec_of(fields))
         start = (plan.get("start") or {}).get("start")
         when = ("now" if start is not None and start <= time.time() + 1 else
                 f"in about {format_duration(int(start - time.time()))}" if start is not None else "unknown")

@@ -21,6 +21,7 @@ from typing import Any
 
 from corral.core import slurm_formats as sf
 from corral.edges.shims.export import exported
+from corral.edges import acts
 from corral.edges.shims.base import OPEN_FAILED, Parser, ShimError, client, facility, unsupported, user, wait
 
 REFUSED: dict[str, tuple[str | None, str]] = {
@@ -378,9 +379,9 @@ def main(argv: list[str]) -> int:
                                   "CORRAL_ARRAY_POS": str(pos), **whole},
                   "labels": {**spec.get("labels", {}), "array_task": str(i), "array_pos": str(pos)}}
                  for pos, i in enumerate(indices)]
-        jobs = c.submit_batch(specs, hold=hold)["jobs"]
+        jobs = c.run(acts.submit_batch, specs, hold=hold)["jobs"]
     else:
-        jobs = [c.submit(spec, hold=hold)]  # held as it is recorded: it cannot start before the hold
+        jobs = [c.run(acts.submit, spec, hold=hold)]  # held as it is recorded: it cannot start before the hold
     if not ns.quiet:
         print(jobs[0]["id"] if ns.parsable else f"Submitted batch job {jobs[0]['id']}", flush=True)
     if ns.wait:

@@ -15,7 +15,7 @@ from typing import Any
 
 from corral.edges.shims.base import Parser, ShimError, client, facility, unsupported, wait
 from corral.edges.shims.sbatch import check_partition, shape_of, build, parser
-from corral.edges import reads
+from corral.edges import acts, reads
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,7 +55,7 @@ def srun(argv: list[str]) -> int:
     spec, _, _ = build(ns, script, [], Path.cwd(), default_out=False, prog="srun")
     c = client()
     check_partition(c, spec)
-    job = c.submit(spec)
+    job = c.run(acts.submit, spec)
     done = wait(c, job["id"])
     sys.stdout.write(c.run(reads.output, job["id"], limit=1 << 20).get("data") or "")
     sys.stdout.flush()
