@@ -44,12 +44,52 @@ while [ $SECONDS -lt $end ]; do
 done
 """
 
+TIMED = r"""
+end=$((SECONDS + DURATION))
+while [ $SECONDS -lt $end ]; do
+  a=$EPOCHREALTIME
+  id=$(sbatch --parsable -t 1 --wrap 'date +%s.%N; sleep 2; date +%s.%N') || { sleep 2; continue; }
+  b=$EPOCHREALTIME
+  while p=$EPOCHREALTIME; squeue -h -j "$id" | grep -q .; do echo "$id $p $EPOCHREALTIME" >> polls; sleep 2; done
+  seen=$EPOCHREALTIME
+  echo "$id $p $seen" >> polls
+  echo "$id $(tail -n 1 "slurm-$id.out" 2>/dev/null || echo none) $seen $a $b $(head -n 1 "slurm-$id.out" 2>/dev/null || echo none)" >> log
+done
+"""
+
 
 def rpcs(counts: dict[str, int]) -> int:
     return sum(n for k, n in counts.items() if k != "REQUEST_STATS_INFO")
 
 
-def run_arm(n: int, duration: float, command: list[str] | None, env_for: list[dict[str, str]] | None) -> dict:
+def breakdown(dirs: list[Path]) -> dict:
+    """Where one turn of the timed loop went (seconds, p50/p90 over every turn of every agent):
+    sbatch's own latency, its return to the job's first line (the start), the job's run, its
+    end to the loop seeing it gone (notice), the whole turn, each squeue's latency, and how
+    many polls a turn took (a turn of N polls sleeps 2 s N-1 times)."""
+    phases: dict[str, list[float]] = {k: [] for k in ("sbatch", "to_start", "run", "notice", "turn", "squeue")}
+    polls: dict[int, int] = {}
+    for d in dirs:
+        rows = [line.split() for line in (d / "log").read_text().splitlines()] if (d / "log").exists() else []
+        rows = [r for r in rows if len(r) == 6 and "none" not in r]
+        for r in rows:
+            end, seen, a, b, start = map(float, r[1:])
+            for k, v in (("sbatch", b - a), ("to_start", start - b), ("run", end - start), ("notice", seen - end)):
+                phases[k].append(v)
+        phases["turn"] += [float(n[3]) - float(r[3]) for r, n in zip(rows, rows[1:])]
+        seen_polls: dict[str, int] = {}
+        for line in (d / "polls").read_text().splitlines() if (d / "polls").exists() else []:
+            polled, p0, p1 = line.split()
+            phases["squeue"].append(float(p1) - float(p0))
+            seen_polls[polled] = seen_polls.get(polled, 0) + 1
+        for count in seen_polls.values():
+            polls[count] = polls.get(count, 0) + 1
+    out = {f"{k}_p{q}_s": round(pct(v, q), 3) for k, v in phases.items() if v for q in (50, 90)}
+    return {**out, "turns_by_polls": dict(sorted(polls.items()))}
+
+
+def run_arm(n: int, duration: float, command: list[str] | None, env_for: list[dict[str, str]] | None,
+            timed: bool = False) -> dict:
     root = Path(tempfile.mkdtemp(prefix="corral-agent-shell-"))
     root.chmod(0o777)
     dirs = []
@@ -57,7 +97,7 @@ def run_arm(n: int, duration: float, command: list[str] | None, env_for: list[di
         d = root / f"agent{i}"
         d.mkdir()
         d.chmod(0o777)  # an agent's job may run as another (unprivileged) user in corral's sandbox
-        (d / "loop.sh").write_text(LOOP)
+        (d / "loop.sh").write_text(TIMED if timed else LOOP)
         dirs.append(d)
     sh("sdiag", "-r")
     t0 = time.monotonic()
@@ -84,14 +124,19 @@ def run_arm(n: int, duration: float, command: list[str] | None, env_for: list[di
             jobs += 1
             notice.append(seen - end)
     errors = sum(1 for d in dirs if (d / "err").exists() and (d / "err").read_text().strip())
-    shutil.rmtree(root, ignore_errors=True)
+    turns = breakdown(dirs) if timed else {}
+    if os.environ.get("AGENT_SHELL_KEEP"):
+        print(f"kept {root}", file=sys.stderr)
+    else:
+        shutil.rmtree(root, ignore_errors=True)
     return {"rpc": rpcs(counts), "jobs": jobs, "failed_or_unread": failed, "agents_with_stderr": errors,
             "notice_p50_s": round(pct(notice, 50), 3), "notice_p90_s": round(pct(notice, 90), 3),
-            "wall_s": round(wall, 1), "by_type": dict(sorted(counts.items(), key=lambda kv: -kv[1])[:8])}
+            "wall_s": round(wall, 1), "by_type": dict(sorted(counts.items(), key=lambda kv: -kv[1])[:8]),
+            **({"breakdown": turns} if timed else {})}
 
 
-def one_size(n: int, duration: float, launchers: bool = False) -> dict:
-    bare = run_arm(n, duration, None, None)
+def one_size(n: int, duration: float, launchers: bool = False, timed: bool = False) -> dict:
+    bare = run_arm(n, duration, None, None, timed)
     print(f"[{n} agents] bare: {bare}", file=sys.stderr)
     gw = GatewayProcess("--backend", "slurm", env={"SLURM_CONF": ENV["SLURM_CONF"], "CORRAL_DEFAULT_LANE": "auto"})
     try:
@@ -99,7 +144,7 @@ def one_size(n: int, duration: float, launchers: bool = False) -> dict:
         corral = str(Path(sys.executable).with_name("corral"))
         envs = [{"CORRAL_URL": gw.url, "CORRAL_TOKEN": t, "PATH": f"{Path(sys.executable).parent}:{ENV['PATH']}"}
                 for t in tokens]
-        inside = run_arm(n, duration, [corral, "agent", "run", "--quiet", "--url", gw.url, "--"], envs)
+        inside = run_arm(n, duration, [corral, "agent", "run", "--quiet", "--url", gw.url, "--"], envs, timed)
         with gw.client() as h:
             pilots = len(h.get("/v1/jobs", params={"principal": "fastlane", "limit": 1000}).json()["jobs"])
         print(f"[{n} agents] corral: {inside} (fast-lane allocations: {pilots})", file=sys.stderr)
@@ -129,12 +174,14 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=120.0, help="seconds per arm")
     ap.add_argument("--launchers", action="store_true",
                     help="a third arm: corral with the Python shim launcher (decision 0008) instead of the compiled one")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="time each turn's parts (sbatch, to the job's start, its run, the notice, each squeue)")
     a = ap.parse_args()
     sizes = [8] if a.quick else [int(x) for x in a.agents.split(",")]
     duration = 6.0 if a.quick else a.duration
     if not os.path.exists(ENV["SLURM_CONF"]):
         raise SystemExit("needs the private Slurm: scripts/slurm-up")
-    runs = [one_size(n, duration, a.launchers) for n in sizes]
+    runs = [one_size(n, duration, a.launchers, a.breakdown) for n in sizes]
     last = {k: v for k, v in runs[-1].items() if k not in ("bare", "corral", "corral_python_launcher")}
     # Per size: each arm's loops saw jobs end, and Slurm's controller counted their RPCs
     # (corral's are the ratio's denominator).

@@ -185,15 +185,23 @@ def guard(root: str, parent: int) -> None:
         sys.exit(0)
 
 
-def serve(path: str) -> None:
-    import gc
-
+def warm() -> None:
+    """What every call would otherwise do again in its forked child: the shims' imports,
+    argparse's parsers (~20 ms a call otherwise), and what the shims import when first used
+    (sbatch's look for secrets in the exported environment imports corral.safety.secrets and
+    compiles its patterns: ~5 ms of every sbatch's CPU in the child, bench/agent_shell.py)."""
     from corral.edges.shims import acct, control, misc, queue, sbatch, srun  # noqa: F401 imported once, for every call
+    from corral.safety import secrets  # noqa: F401 (export._secret_value's, imported when sbatch first runs)
 
     for build in (sbatch._sbatch_parser, srun._srun_parser, queue._squeue_parser, acct._sacct_parser,
                   misc._scancel_parser, misc._sinfo_parser):
-        build()  # argparse's parsers, built once: ~20 ms a call in a forked child otherwise
+        build()
 
+
+def serve(path: str) -> None:
+    import gc
+
+    warm()
     gc.collect()
     gc.freeze()  # a forked child then does not touch (and copy) the imported objects' pages
     cpu = [0.0]

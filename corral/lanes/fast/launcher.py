@@ -183,34 +183,51 @@ class Launcher(Contained):
     def _police(self, running: dict[int, Running], full: bool) -> None:
         """Kill what was cancelled; with ``full``, also what outran its walltime or memory."""
         now = time.time()
-        if full and self.hosts is not None:  # a contained task's pid outside, looked up once
-            for host in self.hosts.by_key.values():
-                if any(not r.pid for r in host.tasks.values()):
-                    for jid, pid in host.host_pids().items():
-                        host.tasks[jid].pid = pid
+        if full and self.hosts is not None:
+            self._learn_host_pids()
         # A task's memory is its process tree's.
         rss = trees_rss_mb([r.pid for r in running.values() if not r.state and r.pid]) if full else {}
         rooms: dict[str, int | None] = {}
         for r in running.values():
             if r.state:
                 continue
-            s = r.spec
-            if s["job_id"] in self.cancelled:
-                r.state, r.reason = "CANCELLED", "cancelled"
-            elif full and now - r.start > s["walltime_s"]:
-                r.state, r.reason = "TIMEOUT", f"ran past its walltime of {s['walltime_s']} s"
-            elif full and rss.get(r.pid, 0.0) > s["memory_mb"]:
-                r.state, r.reason = "OUT_OF_MEMORY", f"used more than its {s['memory_mb']} MB of memory"
-            elif full and (why := _flooding(s, rooms)):
-                r.state, r.reason = "FAILED", why
-            if r.state and r.host is not None:
-                r.host.kill(s["job_id"])
-                r.asked = time.monotonic()
-            elif r.state:
-                try:
-                    os.killpg(r.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            self._judge(r, full, now, rss, rooms)
+            if r.state:
+                self._stop(r)
+
+    def _learn_host_pids(self) -> None:
+        """A contained task's pid outside its sandbox, looked up once."""
+        assert self.hosts is not None
+        for host in self.hosts.by_key.values():
+            if any(not r.pid for r in host.tasks.values()):
+                for jid, pid in host.host_pids().items():
+                    host.tasks[jid].pid = pid
+
+    def _judge(self, r: Running, full: bool, now: float, rss: dict[int, float], rooms: dict[str, int | None]) -> None:
+        """Mark a running task that must stop, and why: a cancel at once, a limit only on
+        a full pass."""
+        s = r.spec
+        if s["job_id"] in self.cancelled:
+            r.state, r.reason = "CANCELLED", "cancelled"
+        elif not full:
+            return
+        elif now - r.start > s["walltime_s"]:
+            r.state, r.reason = "TIMEOUT", f"ran past its walltime of {s['walltime_s']} s"
+        elif rss.get(r.pid, 0.0) > s["memory_mb"]:
+            r.state, r.reason = "OUT_OF_MEMORY", f"used more than its {s['memory_mb']} MB of memory"
+        elif why := _flooding(s, rooms):
+            r.state, r.reason = "FAILED", why
+
+    def _stop(self, r: Running) -> None:
+        """Kill a task marked to stop: a contained one through its host, the rest by its group."""
+        if r.host is not None:
+            r.host.kill(r.spec["job_id"])
+            r.asked = time.monotonic()
+            return
+        try:
+            os.killpg(r.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def _loop(self) -> None:
         ep = select.epoll()
@@ -220,70 +237,98 @@ class Launcher(Contained):
         deferred: list[tuple[float, Running, dict[str, Any]]] = []
         last_police = time.monotonic()
         while True:
-            try:
-                while True:
-                    waiting.append(self.q.get_nowait())
-            except queue.Empty:
-                pass
+            self._take_queued(waiting)
             if waiting:
-                keep = []
-                for n, item in enumerate(waiting):  # first fit, in arrival order
-                    if self.free.cpus <= 0 and not self.cancelled:
-                        # Every task needs a CPU: the rest waits as it is. Scanning it all on
-                        # each pass made ~15,000 fit checks per 1,000 tasks (10 batches of 100, 32 slots).
-                        keep += waiting[n:]
-                        break
-                    s, batch, i = item
-                    if s["job_id"] in self.cancelled:
-                        now = time.time()
-                        self._put(batch, i, self._end(s, "CANCELLED", None, now, now, 0.0, "cancelled"))
-                    elif self._fits(s):
-                        r = self._start(s, batch, i, ep)
-                        if r is not None:
-                            running[r.pidfd] = r
-                    else:
-                        keep.append(item)
-                waiting = keep
+                waiting = self._admit(waiting, running, ep)
                 self._send(running)
             held = self._end_pass()
-            timeout = REPORT_S if held else TICK_S if running or waiting or deferred else -1
-            if self.hosts is not None and any(h.outbox for h in self.hosts.by_fd.values()):
-                timeout = REPORT_S  # sent as the host reads
-            for fd, _ in ep.poll(timeout):
-                if fd == self._r:
-                    try:
-                        os.read(self._r, 65536)
-                    except BlockingIOError:
-                        pass
-                    continue
-                host = self.hosts.by_fd.get(fd) if self.hosts is not None else None
-                if host is None and fd not in running:
-                    continue  # a host dropped earlier in this pass
-                ends = self._hear(host, running) if host is not None else [(r := running.pop(fd), self._reap(r, ep))]
-                for r, end in ends:
-                    if end["suspect"]:
-                        deferred.append((time.monotonic() + SUSPECT_WAIT_S, r, end))
-                    else:
-                        self._finish(r, end)
+            for fd, _ in ep.poll(self._timeout(held, running, waiting, deferred)):
+                self._ready(fd, running, deferred, ep)
             for r, end in self._watch(running, time.monotonic() - last_police >= TICK_S):
                 self._finish(r, end)
-            if deferred:
-                now_m = time.monotonic()
-                for due in [d for d in deferred if d[0] <= now_m]:
-                    deferred.remove(due)
-                    self._finish(due[1], due[2])
+            self._finish_due(deferred)
             self._end_pass()
             full = time.monotonic() - last_police >= TICK_S
             if running and (self.cancelled or full):
                 self._police(running, full)
             if full:
                 last_police = time.monotonic()
-                if self.hosts is not None:
-                    for h in self.hosts.idle():
-                        self.hosts.drop(h)
-                here = {r.spec["job_id"] for r in running.values()} | {w[0]["job_id"] for w in waiting}
-                old = time.monotonic() - 60
-                self.cancelled = {j: t for j, t in self.cancelled.items() if j in here or t > old}
+                self._tidy(running, waiting)
+
+    def _take_queued(self, waiting: list[tuple[dict[str, Any], Batch, int]]) -> None:
+        """Move every task handed over by ``run_batch`` since the last pass to ``waiting``."""
+        try:
+            while True:
+                waiting.append(self.q.get_nowait())
+        except queue.Empty:
+            pass
+
+    def _admit(self, waiting: list[tuple[dict[str, Any], Batch, int]], running: dict[int, Running],
+               ep: select.epoll) -> list[tuple[dict[str, Any], Batch, int]]:
+        """Start what fits, first fit in arrival order, end what was cancelled before it
+        started; -> what still waits."""
+        keep = []
+        for n, item in enumerate(waiting):
+            if self.free.cpus <= 0 and not self.cancelled:
+                # Every task needs a CPU: the rest waits as it is. Scanning it all on
+                # each pass made ~15,000 fit checks per 1,000 tasks (10 batches of 100, 32 slots).
+                keep += waiting[n:]
+                break
+            s, batch, i = item
+            if s["job_id"] in self.cancelled:
+                now = time.time()
+                self._put(batch, i, self._end(s, "CANCELLED", None, now, now, 0.0, "cancelled"))
+            elif self._fits(s):
+                r = self._start(s, batch, i, ep)
+                if r is not None:
+                    running[r.pidfd] = r
+            else:
+                keep.append(item)
+        return keep
+
+    def _timeout(self, held: bool, running: dict[int, Running], waiting: list[Any], deferred: list[Any]) -> float:
+        """How long the poll may sleep: until the held report is due, a tick while
+        anything is under watch, else until woken."""
+        timeout = REPORT_S if held else TICK_S if running or waiting or deferred else -1
+        if self.hosts is not None and any(h.outbox for h in self.hosts.by_fd.values()):
+            timeout = REPORT_S  # sent as the host reads
+        return timeout
+
+    def _ready(self, fd: int, running: dict[int, Running], deferred: list[tuple[float, Running, dict[str, Any]]],
+               ep: select.epoll) -> None:
+        """One descriptor the poll found ready: the wake-up pipe, a sandbox host, or a task's pidfd."""
+        if fd == self._r:
+            try:
+                os.read(self._r, 65536)
+            except BlockingIOError:
+                pass
+            return
+        host = self.hosts.by_fd.get(fd) if self.hosts is not None else None
+        if host is None and fd not in running:
+            return  # a host dropped earlier in this pass
+        ends = self._hear(host, running) if host is not None else [(r := running.pop(fd), self._reap(r, ep))]
+        for r, end in ends:
+            if end["suspect"]:
+                deferred.append((time.monotonic() + SUSPECT_WAIT_S, r, end))
+            else:
+                self._finish(r, end)
+
+    def _finish_due(self, deferred: list[tuple[float, Running, dict[str, Any]]]) -> None:
+        """Record the suspect ends whose wait is over."""
+        if deferred:
+            now_m = time.monotonic()
+            for due in [d for d in deferred if d[0] <= now_m]:
+                deferred.remove(due)
+                self._finish(due[1], due[2])
+
+    def _tidy(self, running: dict[int, Running], waiting: list[tuple[dict[str, Any], Batch, int]]) -> None:
+        """Once a tick: drop idle sandbox hosts, forget cancels of tasks neither here nor recent."""
+        if self.hosts is not None:
+            for h in self.hosts.idle():
+                self.hosts.drop(h)
+        here = {r.spec["job_id"] for r in running.values()} | {w[0]["job_id"] for w in waiting}
+        old = time.monotonic() - 60
+        self.cancelled = {j: t for j, t in self.cancelled.items() if j in here or t > old}
 
 
 _launcher: Launcher | None = None
