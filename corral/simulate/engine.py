@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator
 
 from sortedcontainers import SortedList
 
+from corral.simulate.backfill import BackfillPass, reservation
 from corral.simulate.cluster import Facility
 from corral.simulate.controlplane import BUCKET_S, ControlPlane
 from corral.simulate.workload import SimJob
@@ -151,8 +152,7 @@ class Engine:
     def run(self, arrivals: Iterator[SimJob], until: float = math.inf,
             progress: Callable[[float], None] | None = None) -> None:
         """Until the arrivals are done and nothing is left in flight (or ``until``)."""
-        heap, parts = self.heap, self.parts
-        pop = heapq.heappop
+        heap = self.heap
         nxt = next(arrivals, None)
         if self.plane is not None:
             self.at(BUCKET_S, BUCKET, None)
@@ -164,36 +164,53 @@ class Engine:
             if t == math.inf or t > until or (nxt is None and self.live == 0):
                 break  # nothing left but the periodic ticks
             self.now = t
-            backfill = False
-            while heap and heap[0][0] == t:
-                _, _, kind, obj = pop(heap)
-                if kind < BACKFILL:
-                    self.live -= 1
-                if kind == END:
-                    if obj.state == RUNNING and obj.end_at == t:  # else preempted since, or finished early
-                        if obj.pre and obj.run > obj.limit and obj.ask > obj.limit:
-                            self._extend(obj)
-                        else:
-                            self._end(obj)
-                elif kind == ARRIVE:
-                    self.submit(obj)
-                elif kind == CALL:
-                    obj()
-                elif kind == BACKFILL:
-                    backfill = True
-                    self.bf_pending = False
-                else:
-                    self._bucket(t)
+            backfill = self._events_at(t)
             while nxt is not None and nxt.submit == t:
                 self.submit(nxt)
                 nxt = next(arrivals, None)
-            for p in parts:
-                if p.touched or backfill:
-                    p.touched = False
-                    self._schedule(p, backfill or self.every_event)
+            self._schedule_touched(backfill)
             if progress is not None and t - last_report >= 3600:
                 last_report = t
                 progress(t)
+
+    def _events_at(self, t: float) -> bool:
+        """Apply every event due at ``t`` (ends free resources, arrivals join the queue);
+        True if a backfill pass is due."""
+        heap, pop = self.heap, heapq.heappop
+        backfill = False
+        while heap and heap[0][0] == t:
+            _, _, kind, obj = pop(heap)
+            if kind < BACKFILL:
+                self.live -= 1
+            if self._apply(kind, obj, t):
+                backfill = True
+        return backfill
+
+    def _schedule_touched(self, backfill: bool) -> None:
+        """Schedule once each partition this instant touched (every one on a backfill pass)."""
+        for p in self.parts:
+            if p.touched or backfill:
+                p.touched = False
+                self._schedule(p, backfill or self.every_event)
+
+    def _apply(self, kind: int, obj: Any, t: float) -> bool:
+        """One event at ``t``; True if it is a backfill pass's turn."""
+        if kind == END:
+            if obj.state == RUNNING and obj.end_at == t:  # else preempted since, or finished early
+                if obj.pre and obj.run > obj.limit and obj.ask > obj.limit:
+                    self._extend(obj)
+                else:
+                    self._end(obj)
+        elif kind == ARRIVE:
+            self.submit(obj)
+        elif kind == CALL:
+            obj()
+        elif kind == BACKFILL:
+            self.bf_pending = False
+            return True
+        else:
+            self._bucket(t)
+        return False
 
     # -- jobs -----------------------------------------------------------------------
     def submit(self, job: SimJob) -> None:
@@ -338,52 +355,32 @@ class Engine:
         if not p.dirty:
             return  # nothing ended or arrived since the last pass: it would start nothing
         p.dirty = False
-        pre = self.preempt and p.pre_run
-        if p.free_c <= 0 and not pre:
+        if p.free_c <= 0 and not (self.preempt and p.pre_run):
             return
-        head = q[0][1]
-        shadow, extra_c, extra_g, extra_m = self._reservation(p, head, self.preempt and not head.pre,
-                                                              p.reserve_c if head.pre else 0)
+        self._backfill(p)
+
+    def _backfill(self, p: Partition) -> None:
+        """EASY behind a blocked head: up to ``backfill_depth`` later jobs, each started if
+        the pass admits it (corral/simulate/backfill.py)."""
+        q = p.queue
+        bp = BackfillPass(p, q[0][1], self.now, self.preempt)
         if self.reserved is not None:
-            self.reserved.setdefault(head.id, shadow)
-        now = self.now
+            self.reserved.setdefault(bp.head.id, bp.shadow)
         started: list[int] = []
-        pre_res: list[float] | None = None
-        """The reservation of the first blocked opportunistic job (in queue order), when the head may preempt."""
-        free_c, free_g, free_m = p.free_c, p.free_g, p.free_m
+        free_c, free_g, free_m, pre = bp.free_c, bp.free_g, bp.free_m, bp.pre
         for idx in range(1, min(len(q), self.sched.backfill_depth + 1)):
             job = q[idx][1]
-            c = job.cores
-            if job.pre:  # opportunistic: free room will do, a head that may preempt takes it back
-                if c > free_c - p.reserve_c or job.gpus > free_g or job.mem > free_m:
-                    if pre_res is None and not head.pre:  # the first one blocked gets its own reservation,
-                        pre_res = list(self._reservation(p, job, reserve=p.reserve_c))  # as Slurm's backfill plans
-                    continue                                                              # every job, not one
-                if pre_res is not None and now + job.limit > pre_res[0]:
-                    if c > pre_res[1] or job.gpus > pre_res[2] or job.mem > pre_res[3]:
-                        continue
-                    pre_res[1] -= c
-                    pre_res[2] -= job.gpus
-                    pre_res[3] -= job.mem
-            elif pre:  # may preempt: what preemptible jobs hold counts as free
-                if c > free_c + p.pre_c or job.gpus > free_g + p.pre_g or job.mem > free_m + p.pre_m:
-                    continue
-            elif c > free_c or job.gpus > free_g or job.mem > free_m:
+            if not (job.pre or pre) and (job.cores > free_c or job.gpus > free_g or job.mem > free_m):
+                continue  # what most jobs looked at meet, said here: a call for each cost ~15% of a run
+            if not bp.admits(job):
                 continue
-            if (head.pre or not job.pre) and now + job.limit > shadow:  # EASY among the opportunistic too
-                if c > extra_c or job.gpus > extra_g or job.mem > extra_m:
-                    continue
-                extra_c -= c
-                extra_g -= job.gpus
-                extra_m -= job.mem
             if pre and not job.pre:
                 self._room(p, job)  # requeued victims sort after every job that may preempt: idx stays valid
             self._start(p, job)
             started.append(idx)
-            free_c, free_g, free_m = p.free_c, p.free_g, p.free_m
-            pre = self.preempt and p.pre_run
-            if free_c <= 0 and not pre:
+            if not bp.refresh():
                 break
+            free_c, free_g, free_m, pre = bp.free_c, bp.free_g, bp.free_m, bp.pre
         for idx in reversed(started):
             del q[idx]
 
@@ -443,24 +440,7 @@ class Engine:
                 keep.append(item)
         p.queue = keep
 
-    @staticmethod
-    def _reservation(p: Partition, head: SimJob, preempting: bool = False,
-                     reserve: int = 0) -> tuple[float, int, int, int]:
-        """(when the head can start by the running jobs' limits, what it leaves over then);
-        a head that may preempt counts what preemptible jobs hold as free already, an
-        opportunistic one leaves ``reserve`` cores idle."""
-        c, g, m = p.free_c - reserve, p.free_g, p.free_m
-        if preempting:
-            c, g, m = c + p.pre_c, g + p.pre_g, m + p.pre_m
-        for end, _, job in p.ends:
-            if preempting and job.pre:
-                continue
-            c += job.cores
-            g += job.gpus
-            m += job.mem
-            if c >= head.cores and g >= head.gpus and m >= head.mem:
-                return end, c - head.cores, g - head.gpus, m - head.mem
-        return math.inf, 0, 0, 0
+    _reservation = staticmethod(reservation)
 
     # -- the controller ------------------------------------------------------------------
     def _bucket(self, t: float) -> None:
