@@ -48,14 +48,29 @@ INTERNAL = {"error": {"code": "internal", "message": "internal error in the gate
 
 
 class ContainErrors:
-    """ASGI middleware: an exception below it is logged once and answered with a 500 in the
-    error shape, if no response has started; it never reaches the server."""
+    """ASGI middleware around every route (issue 53 item 3, decision 0069): an exception
+    below it is logged once and answered with a 500 in the error shape, if no response has
+    started (it never reaches the server); every request is counted by its route
+    (``corral_requests{edge="http", op=<route>}``) and every response by its status class."""
 
     def __init__(self, app: Any, errors: Any, home: Any = None, responses: Any = None) -> None:
         self.app, self.errors, self.home = app, errors, home
+        """``errors``: corral_requests, by edge and op (a route's name, or what went wrong)."""
         self.responses = responses
         """Counts every response by status class, the 500s made here included (corral_http_responses)."""
         self.said_full = -1e9
+        self.names: dict[int, str] | None = None
+        """A route's endpoint (by id) -> its name, made at the first request (all routes are in by then)."""
+
+    def route_of(self, scope: Any) -> str:
+        """The name of the route that answered: the router says which for FastAPI's routes
+        (``route``), only the endpoint for the others (the OpenAPI, /mcp)."""
+        route = scope.get("route")
+        if route is not None:
+            return str(route.name)
+        if self.names is None:
+            self.names = {id(getattr(r, "endpoint", None)): r.name for r in getattr(scope.get("app"), "routes", ())}
+        return self.names.get(id(scope.get("endpoint")), "other") if "endpoint" in scope else "other"
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -67,6 +82,7 @@ class ContainErrors:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
+                self.errors.labels("http", self.route_of(scope)).inc()
                 if self.responses is not None:
                     self.responses.labels(f"{message['status'] // 100}xx").inc()
             await send(message)
@@ -197,14 +213,11 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
     app.add_middleware(ContainErrors, errors=service.metrics.requests, home=service.settings.home,
                        responses=service.metrics.responses)
 
-    requests = service.metrics.requests
-
     async def caller(request: Request) -> Caller:
         # Headers read directly: FastAPI's Header() parameters cost ~0.1 ms a request
         # to resolve, and this runs on every request.
         headers = request.headers
         route = request.scope.get("route")
-        requests.labels("http", route.name if route is not None else "other").inc()
         checked = request.scope.get("corral.caller")  # a large body's token, checked before it was parsed
         if checked is None:
             checked = service.authenticate(bearer_token(headers.get("authorization")), headers.get("x-corral-session"))
@@ -260,7 +273,7 @@ def create_app(service: Service, stop_deadline_s: float | None = None) -> FastAP
         if isinstance(route, Route) and route.path == "/mcp":
             gate = RequireToken(route.app, service, metadata, anonymous, mcp.session_manager,
                                 service.settings.mcp_sessions_per_principal)
-            app.router.routes.append(Route("/mcp", endpoint=gate))
+            app.router.routes.append(Route("/mcp", endpoint=gate, name="mcp"))
 
     from corral.edges.dashboard.routes import mount
 

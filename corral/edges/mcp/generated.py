@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from corral.edges.mcp.ops import Ops
 
 
-def register(mcp: MCPServer, ops_for: Callable[[Context], Ops], guarded: Callable[..., Any]) -> None:
+def register(mcp: MCPServer, ops_for: Callable[[Context], Ops]) -> None:
     import corral.edges.verbs  # noqa: F401  # the declarations register themselves (reads, acts)
 
     for verb in DECLARED:
@@ -29,10 +29,10 @@ def register(mcp: MCPServer, ops_for: Callable[[Context], Ops], guarded: Callabl
             tool = verb.row.tool
             mcp.tool(name=tool.name, description=verb.words,
                      annotations=tool_annotations(tool.title, tool.read_only, tool.destructive,
-                                                  tool.idempotent))(made(verb, ops_for, guarded))
+                                                  tool.idempotent))(made(verb, ops_for))
 
 
-def made(verb: Declared[Any, Any], ops_for: Callable[[Context], Ops], guarded: Callable[..., Any]) -> Any:
+def made(verb: Declared[Any, Any], ops_for: Callable[[Context], Ops]) -> Any:
     said = verb.said or (lambda d: "; ".join(f"{k}: {v}" for k, v in d.items()))
 
     async def tool(ctx: Context, **args: Any) -> CallToolResult:
@@ -49,6 +49,4 @@ def made(verb: Declared[Any, Any], ops_for: Callable[[Context], Ops], guarded: C
     sig = inspect.Signature(params, return_annotation=Annotated[CallToolResult, out])
     tool.__signature__ = sig  # type: ignore[attr-defined]
     tool.__name__ = verb.name
-    wrapped = guarded(tool)
-    wrapped.__signature__ = sig
-    return wrapped
+    return tool

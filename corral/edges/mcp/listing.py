@@ -91,8 +91,16 @@ class Server(MCPServer):
     arguments: dict[str, set[str]] | None = None
     """Tool name -> the arguments it takes, from the SDK's listing (made again after a tool is added)."""
 
+    def __init__(self, *args: Any, concerns: Callable[[Callable[..., Any], str], Callable[..., Any]] | None = None,
+                 **kwargs: Any) -> None:
+        self.concerns = concerns
+        """What wraps every tool registered (corral/edges/mcp/concerns.py)."""
+        super().__init__(*args, **kwargs)
+
     def add_tool(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        super().add_tool(fn, *args, **kwargs)
+        # Every tool, however registered (@mcp.tool calls this), goes through the concerns.
+        name = kwargs.get("name") or (args[0] if args else None) or fn.__name__
+        super().add_tool(self.concerns(fn, name) if self.concerns is not None else fn, *args, **kwargs)
         self.arguments = None
 
     def remove_tool(self, name: str) -> None:

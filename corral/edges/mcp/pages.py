@@ -15,7 +15,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult
 from pydantic import Field
 
-from corral.edges.mcp.answers import LIVE, guarded, answer, declared
+from corral.edges.mcp.answers import LIVE, answer, declared
 from corral.edges.schemas import ToolOutput
 from corral.safety import guard
 from corral.edges import reads
@@ -35,10 +35,8 @@ that cuts it anyway loses no line silently (the page says its lines)."""
 JobId = Annotated[int, Field(ge=1, description="A job id, as submit_job returned it.")]
 
 
-def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"],
-             guarded: Callable[..., Any] = guarded) -> None:
+def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"]) -> None:
     @mcp.tool(**declared("output"))
-    @guarded
     async def job_output(
         ctx: Context, job_id: JobId,
         stream: Annotated[Literal["stdout", "stderr"], Field(description="Which stream.")] = "stdout",

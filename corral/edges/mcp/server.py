@@ -35,7 +35,6 @@ def gateway_mcp(service: Service) -> MCPServer:
 
     def ops_from(headers: Mapping[str, str] | None) -> ServiceOps:
         headers = headers or {}
-        service.metrics.requests.labels("mcp", "tool_call").inc()
         # The agent's own session (corral mcp relays CORRAL_SESSION, as the HTTP API takes it),
         # else the transport's, bound to this token by api.RequireToken.
         session = headers.get("x-corral-session") or headers.get("mcp-session-id")
@@ -52,7 +51,9 @@ def gateway_mcp(service: Service) -> MCPServer:
 
     tasks = JobTasks(ops_from, task_key(service.settings.home), env_answer,
                      lambda op: service.metrics.requests.labels("mcp", op).inc())
-    return build_mcp(ops_for, card_info, service.settings.mcp_wait_s, service.settings.mcp_progress_s, tasks)
+    calls = service.metrics.requests.labels("mcp", "tool_call")  # once a call, by the tools' concerns
+    return build_mcp(ops_for, card_info, service.settings.mcp_wait_s, service.settings.mcp_progress_s, tasks,
+                     lambda tool: calls.inc())
 
 
 def stdio_mcp(client: Any, wait_s: float = WAIT_S, progress_s: float = PROGRESS_S) -> MCPServer:

@@ -37,7 +37,7 @@ def env_answer(r: dict[str, Any]) -> CallToolResult:
 
 
 def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"], limit: Callable[[float | None], float],
-             every: float, guarded: Callable[..., Any], annotations: Callable[..., Any], result: Callable[..., Any],
+             every: float, annotations: Callable[..., Any], result: Callable[..., Any],
              waiting: Callable[..., Awaitable[dict[str, Any]]]) -> None:
 
     build = BY_NAME["env_build"].tool  # its name and annotations, as the verb table declares them
@@ -45,7 +45,6 @@ def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"], limit: Callabl
 
     @mcp.tool(name=build.name, annotations=annotations(build.title, build.read_only, build.destructive,
                                                        build.idempotent))
-    @guarded
     async def build_environment(
         ctx: Context,
         requirements: Annotated[str | None, Field(max_length=1024 * 1024, description=(
@@ -91,7 +90,6 @@ def register(mcp: MCPServer, ops_for: Callable[[Context], "Ops"], limit: Callabl
 
     @mcp.tool(annotations=annotations("Trial workspaces: fork, diff, commit, discard", read_only=False,
                                       destructive=True, idempotent=False))
-    @guarded
     async def workspace(
         ctx: Context,
         action: Annotated[Action, Field(description=(

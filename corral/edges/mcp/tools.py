@@ -25,8 +25,9 @@ from pydantic import Field, ValidationError
 
 from corral.core.errors import CorralError, describe_validation
 from corral.edges.inputs import JOB_FIELDS, JobFields, Until
-from corral.edges.mcp.answers import (LIVE, tool_annotations, told, answer, said_job, waiting, compact, declared,
+from corral.edges.mcp.answers import (LIVE, tool_annotations, answer, said_job, waiting, compact, declared,
                                       facility_card, next_for)
+from corral.edges.mcp.concerns import Concerns
 from corral.edges.mcp.listing import CACHE_HINTS, SAME_FIELDS, Server, compact_schema
 from corral.edges.schemas import (AckOut, NotesOut, PlanOut, State, ToolEvents, ToolJob, ToolJobs, ToolSubmit, ToolSweep,
                                   ToolWait, UsageOut)
@@ -115,21 +116,23 @@ def refusals(plan: dict[str, Any]) -> str:
 
 
 def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Awaitable[dict[str, Any]]],
-              wait_s: float = WAIT_S, progress_s: float = PROGRESS_S, tasks: "JobTasks | None" = None) -> MCPServer:
-    """``tasks``: long waits as MCP tasks for clients that declare them (the gateway's)."""
+              wait_s: float = WAIT_S, progress_s: float = PROGRESS_S, tasks: "JobTasks | None" = None,
+              count: Callable[[str], None] | None = None) -> MCPServer:
+    """``tasks``: long waits as MCP tasks for clients that declare them (the gateway's);
+    ``count``: a tool call's metric. Every tool is registered through ``Concerns``
+    (corral/edges/mcp/concerns.py: counted, authenticated, errors mapped, output guarded)."""
+    concerns = Concerns(ops_for, count)
+    ops_for = concerns.ops_for  # the Ops the call authenticated
     mcp = Server("corral", instructions=INSTRUCTIONS, version="0.1.0", cache_hints=CACHE_HINTS,
-                  extensions=[tasks] if tasks else None)
+                  extensions=[tasks] if tasks else None, concerns=concerns)
     if tasks:
         tasks.call_tool = mcp.call_from  # the tool without the task interceptor around it
-
-    guarded = told(ops_for)  # every tool's answer also carries what its caller has not acknowledged
 
     def limit(timeout_s: float | None) -> float:
         return max(0.0, min(wait_s if timeout_s is None else timeout_s, wait_s))
 
     @mcp.tool(**declared("submit"))
     @_job_fields(inspect.Parameter("idempotency_key", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=IdemKey))
-    @guarded
     async def submit_job(ctx: Context, **fields: Any) -> Annotated[CallToolResult, ToolSubmit]:
         """Submit a job: exactly one of `command` or `script`, and the resources it
         needs. Then call wait_for_job (many jobs: wait_for_events). Without `workdir` it
@@ -148,7 +151,6 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
                        f"Next: {out['next']}", out)
 
     @mcp.tool(**declared("submit_batch"))
-    @guarded
     async def submit_jobs(
         ctx: Context,
         jobs: Annotated[list[JobFields], Field(min_length=1, max_length=1000, description=(
@@ -180,7 +182,6 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
 
     @mcp.tool(**declared("plan"))
     @_job_fields()
-    @guarded
     async def plan_job(ctx: Context, **fields: Any) -> Annotated[CallToolResult, PlanOut]:
         """What submit_job would do with this job now, without submitting it (submit_job's
         fields, described there): allowed or not and by which rule, lane, start estimate, CPU/GPU-hours
@@ -210,7 +211,6 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         return answer(said, plan)
 
     @mcp.tool(**declared("job"))
-    @guarded
     async def job_status(ctx: Context, job_id: JobId) -> Annotated[CallToolResult, ToolJob]:
         """The current state of one job, its exit code and reason. To wait for a job,
         use wait_for_job instead of calling this repeatedly."""
@@ -219,7 +219,6 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         return answer(f"{said_job(job)}. Next: {out['next']}", out)
 
     @mcp.tool(**declared("wait"))
-    @guarded
     async def wait_for_job(
         ctx: Context, job_id: JobId, timeout_s: WaitS = None,
         until: Annotated[Until | None, Field(description="Return once the job is in this state, or at its next "
@@ -246,7 +245,6 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         return answer(f"{said_job(job)}. Next: {out['next']}", out)
 
     @mcp.tool(**declared("events"))
-    @guarded
     async def wait_for_events(
         ctx: Context,
         cursor: Annotated[int | None, Field(ge=0, description="The cursor the last call returned; none: from now on.")] = None,
@@ -281,10 +279,9 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
 
     from corral.edges.mcp.pages import register as register_output
 
-    register_output(mcp, ops_for, guarded)
+    register_output(mcp, ops_for)
 
     @mcp.tool(**declared("ack"))
-    @guarded
     async def ack_events(
         ctx: Context,
         up_to: Annotated[int, Field(ge=1, description="The id the last reminder named: everything up to it.")],
@@ -296,7 +293,6 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         return answer(f"acknowledged {res['acked']}; {res['left']} left", res)
 
     @mcp.tool(**declared("cancel"))
-    @guarded
     async def cancel_job(ctx: Context, job_id: JobId) -> Annotated[CallToolResult, ToolJob]:
         """Cancel a job you own (or one of the agents you sponsor). Cancelling a finished
         job does nothing."""
@@ -305,7 +301,6 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         return answer(f"{said_job(job)}. Next: {out['next']}", out)
 
     @mcp.tool(**declared("control"))
-    @guarded
     async def job_control(
         ctx: Context, job_id: JobId,
         action: Annotated[Literal["hold", "release", "requeue", "signal"], Field(description=(
@@ -321,7 +316,6 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         return answer(f"{action}: {said_job(job)}. Next: {out['next']}", out)
 
     @mcp.tool(**declared("usage"))
-    @guarded
     async def job_usage(ctx: Context, job_id: JobId) -> Annotated[CallToolResult, UsageOut]:
         """What a finished job used against what it asked, as seff reports it: elapsed
         time, CPU time, peak memory (MaxRSS), their efficiencies, and what to ask next
@@ -332,7 +326,6 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
                        f"{u['max_rss_mb']}M; efficiency {eff}. {' '.join(u['advice'])}".strip(), u)
 
     @mcp.tool(**declared("jobs"))
-    @guarded
     async def list_jobs(
         ctx: Context, state: Annotated[State | None, Field(description="Only jobs in this state.")] = None,
         limit: Annotated[int, Field(ge=1, le=100, description="At most this many, 1 to 100.")] = 20,
@@ -344,7 +337,6 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         return answer("; ".join(said_job(j) for j in jobs[:30]) or "no jobs", {"jobs": jobs, "count": len(jobs)})
 
     @mcp.tool(**declared("facility"))
-    @guarded
     async def facility_info(ctx: Context) -> dict[str, Any]:
         """What this facility offers before you submit: partitions and their limits
         (cpus, memory, gpus, walltime), queue pressure, and your own principal, session,
@@ -352,7 +344,6 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         return await ops_for(ctx).run(reads.facility)
 
     @mcp.tool(**declared("remember"))
-    @guarded
     async def remember(
         ctx: Context, text: Annotated[str, Field(description="What to remember (no secrets: they are redacted).")],
         scope: Annotated[Literal["agent", "user", "account", "session"], Field(
@@ -365,7 +356,6 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
         return await ops_for(ctx).run(acts.remember, text, scope, expires, job_id)
 
     @mcp.tool(**declared("recall"))
-    @guarded
     async def recall(
         ctx: Context, query: Annotated[str, Field(description="What to look for, e.g. 'cuda module', 'out of memory'.")],
         k: Annotated[int, Field(ge=1, le=50, description="How many notes at most, 1 to 50.")] = 5,
@@ -385,11 +375,11 @@ def build_mcp(ops_for: Callable[[Context], "Ops"], card_info: Callable[[], Await
 
     from corral.edges.mcp.storage_tools import register
 
-    register(mcp, ops_for, limit, progress_s, guarded, tool_annotations, answer, waiting)
+    register(mcp, ops_for, limit, progress_s, tool_annotations, answer, waiting)
 
     from corral.edges.mcp.generated import register as register_declared
 
-    register_declared(mcp, ops_for, guarded)  # the tools a verb's declaration makes, with no body written here
+    register_declared(mcp, ops_for)  # the tools a verb's declaration makes, with no body written here
 
     @mcp.resource("corral://facility", name="facility-card", mime_type="text/markdown",
                   description="What an agent needs to know before its first job here.")
