@@ -45,11 +45,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from corral.core import proc
-from corral.sandbox import door
+from corral.sandbox import binds, door
+from corral.sandbox.binds import JOB_DIR, READ_DIR
 from corral.sandbox.egress import BRIDGE_NAME
-from corral.sandbox.homes import (CREDENTIALS, HOME_LINK, OWN_HOME, candidates, credentials, home_roots, homes,
-                                  outermost, people_homes)
-from corral.sandbox.profile import Become, Mount, Profile, hiding
+from corral.sandbox.homes import CREDENTIALS, HOME_LINK, OWN_HOME, credentials, home_roots, homes, people_homes
+from corral.sandbox.profile import Become, Mount, Profile
 from corral.sandbox.seccomp import apply_argv
 from corral.core.errors import BackendError, InvalidRequest, SandboxUnavailable
 
@@ -57,8 +57,6 @@ SYSTEM = ("/root", "/etc/munge", "/run/munge", "/var/run/munge", "/var/lib/munge
           "/var/spool/slurm", "/var/spool/slurmctld", "/var/lib/slurm", "/etc/shadow", "/etc/gshadow",
           "/etc/ssh", "/var/lib/sss")
 """Machine-wide secrets and scheduler state: made empty where they exist."""
-JOB_DIR = "/tmp/corral-job"
-"""Where a job that runs as ``run_as`` finds its own directory."""
 EGRESS_INSIDE = "/tmp/corral-egress.sock"
 RELAY_DIR = "corral_relay_dir"
 """A batch shell's variable naming the directory of its egress relay, made as it runs
@@ -78,9 +76,6 @@ def _socat() -> str | None:
     found = shutil.which("socat")
     return os.path.realpath(found) if found else None
 
-
-READ_DIR = "/tmp/corral-in"
-"""Where it finds the files it must read from hidden places (its script)."""
 
 @dataclass(frozen=True)
 class Sandbox:
@@ -209,31 +204,31 @@ class Sandbox:
             # The job's directory lies in corral's state, whose parents its user may not
             # traverse: it is bound at a path of its own under the private /tmp.
             inner = JOB_DIR
-            argv = [inner + a[len(job_dir):] if a == job_dir or a.startswith(job_dir + "/") else a for a in argv]
-            cwd = inner if cwd == job_dir else cwd
+            argv, cwd = binds.at_job_dir(argv, cwd, job_dir)
         own = _home_of(who[0]) if who is not None else str(Path.home())
-        if later:  # every credential name under the home, whichever are there when the job starts
-            now = self._now_hidden(own)
-            known = {t[1] for t in now}
-            hidden = [*(hiding(*t, later=t[0] not in (OWN_HOME, HOME_LINK)) for t in now),
-                      *(Mount("tmpfs", p, later=True) for p in candidates(own) if p not in known)]
-        else:
-            # a path gone since the list was made (a home userdel removed) needs no hiding, and bwrap could not mount on it
-            hidden = [hiding(*t) for t in self._now_hidden(own) if os.path.lexists(t[1])]
-        everything, hidden = hidden, outermost(hidden)
+        everything = binds.hidden(self._now_hidden(own), own, later)
         inside = {f: f"{READ_DIR}/{Path(f).name}" for f in readable} if who is not None and readable else {}
         argv = [inside.get(a, a) for a in argv]
-        mounts = [Mount("ro-bind", "/", "/"), Mount("dev", "/dev"), Mount("proc", "/proc"),
-                  Mount("tmpfs", "/tmp", perms="1777", size=self.tmp_size(memory_mb)),
-                  *hidden,  # emptied first: the job's own directories are bound back in after
-                  *self._readable(readable, inside), *self._workdir(cwd, cwd_fd, (job_dir, inner), everything)]
-        if venv is not None and cwd != venv[0]:  # after the working directory, which may hold it
-            # its parents in the job's own /tmp are made 0755 (bwrap makes them root's, 0700)
-            mounts += [*(Mount("dir", str(d), perms="0755") for d in reversed(Path(venv[0]).parents[:-2])),
-                       Mount("ro-bind-fd", venv[0], str(venv[1])),
-                       *(m for m in everything if Path(m.dst).is_relative_to(venv[0]) and m.dst != venv[0])]
+        mounts = binds.filesystem(self.tmp_size(memory_mb), everything, readable, inside,
+                                  binds.workdir(cwd, cwd_fd, (job_dir, inner), everything))
+        mounts += binds.venv(venv, cwd, everything)
         if job_dir is not None and inner is not None:
             mounts.append(Mount("bind", inner, job_dir))
+        ahead, env, steps, entry = self._ahead(limit, filtered, env_fd)
+        # bwrap builds the namespaces as root (it reads every path it binds), then the job
+        # becomes its user with no capability left, and no_new_privs (bwrap's) keeps it so;
+        # `unshare --user` gives it the namespace in which its process count is its own.
+        become = None if who is None else Become(who[0], who[1], _home_of(who[0]) is not None, self.own_count)
+        return Profile(tool("bwrap"), self._namespaces(who is not None), tuple(mounts + ahead), cwd, tuple(env),
+                       become, tuple(steps), {"setpriv": tool("setpriv"), "unshare": tool("unshare")},
+                       door.SHIM_BIN if entry else None), argv
+
+    def _ahead(self, limit: bool, filtered: bool, env_fd: int | None) -> tuple[
+            list[Mount], list[tuple[str, str]], list[tuple[str, ...]], str | None]:
+        """What runs between bwrap and the job, in order (the limits, the egress bridge, the
+        door's bridge, the filter last), with the mounts and environment it needs, and the
+        door's shims (None: no door)."""
+        mounts: list[Mount] = []
         env: list[tuple[str, str]] = []
         steps: list[tuple[str, ...]] = []
         if limit:
@@ -249,13 +244,7 @@ class Sandbox:
             steps += [(tool("bash"), "-c", door.BRIDGE, "corral-door")] if self.door else []
         if (filtered and self.seccomp) or env_fd is not None:  # last before the job: corral's own setup above is not bound by it
             steps.append(tuple(apply_argv(system_python(), self.seccomp if filtered else None, env_fd, self.starter)))
-        # bwrap builds the namespaces as root (it reads every path it binds), then the job
-        # becomes its user with no capability left, and no_new_privs (bwrap's) keeps it so;
-        # `unshare --user` gives it the namespace in which its process count is its own.
-        become = None if who is None else Become(who[0], who[1], _home_of(who[0]) is not None, self.own_count)
-        return Profile(tool("bwrap"), self._namespaces(who is not None), tuple(mounts), cwd, tuple(env), become,
-                       tuple(steps), {"setpriv": tool("setpriv"), "unshare": tool("unshare")},
-                       door.SHIM_BIN if entry else None), argv
+        return mounts, env, steps, entry
 
     def _namespaces(self, as_root: bool) -> tuple[str, ...]:
         # Run by root, bwrap needs no user namespace, and the job's user must be one the
@@ -265,31 +254,6 @@ class Sandbox:
             return ("--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
                     *(() if self.network else ("--unshare-net",)))
         return ("--unshare-all", *(("--share-net",) if self.network else ()))
-
-    @staticmethod
-    def _readable(readable: Sequence[str], inside: dict[str, str]) -> list[Mount]:
-        if inside:  # bwrap made their hidden parents root's, 0700: bound apart
-            return [Mount("dir", READ_DIR, perms="0755"), *(Mount("ro-bind", at, f) for f, at in inside.items())]
-        return [Mount("ro-bind", f, f) for f in readable]
-
-    @staticmethod
-    def _workdir(cwd: str, cwd_fd: int | None, own: tuple[str | None, str | None], hidden: list[Mount]) -> list[Mount]:
-        """The working directory bound writable, unless it is the job's own directory or /tmp;
-        ``JOB_DIR`` unbound: made in the private /tmp, whose size bounds it."""
-        if cwd == JOB_DIR and own[0] is None:
-            return [Mount("dir", JOB_DIR, perms="0777")]
-        if cwd in (*own, "/tmp"):
-            return []
-        # A working directory inside an emptied one (a workspace under corral's scratch):
-        # bwrap would make its parents root's and 0700, which the job's user cannot
-        # traverse by absolute path; they are made 0755 first.
-        out = [Mount("dir", str(Path(m.dst) / parent), perms="0755")
-               for m in hidden if m.op == "tmpfs" and Path(cwd).is_relative_to(m.dst) and cwd != m.dst
-               for parent in reversed(Path(cwd).relative_to(m.dst).parents[:-1])]
-        out.append(Mount("bind-fd", cwd, str(cwd_fd)) if cwd_fd is not None else Mount("bind", cwd, cwd))
-        # What is hidden inside the working directory (corral's home in the project that
-        # holds it, a credential directory) is hidden again over the bind, which undid it.
-        return out + [m for m in hidden if Path(m.dst).is_relative_to(cwd) and m.dst != cwd]
 
     def _egress(self) -> list[Mount]:
         assert self.egress is not None
