@@ -192,7 +192,7 @@ CROSSINGS: tuple[Crossing, ...] = (
     Crossing("corral.lanes.local", "LocalBackend.control", ("path.touch", "path.unlink"), "nobody", OWN),
     Crossing("corral.lanes.local", "LocalBackend._start", ("os.open",), "nobody", OWN + "; the claim O_CREAT|O_EXCL "
              "(fails on any name there, a link too)"),
-    Crossing("corral.lanes.local_launch", "prepare", ("path.mkdir", "os.chown"), "nobody until handed over",
+    Crossing("corral.lanes.local_launch", "_own_dir", ("path.mkdir", "os.chown"), "nobody until handed over",
              OWN + " (ROOT/jobs/<id>/work, made new in the job's directory, then given to its identity)"),
     Crossing("corral.lanes.local_launch", "_host", ("path.mkdir",), "nobody", OWN + " (the sandboxes' sockets)"),
     Crossing("corral.lanes.local", "LocalBackend.collect", ("shutil.rmtree",), "nobody", OWN + "; rmtree by "
