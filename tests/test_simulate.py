@@ -334,6 +334,33 @@ def test_order_starts_the_smallest_opportunistic_job_first() -> None:
     assert starts[frozenset({"preempt", "order"})] == (110.0, 100.0)  # the small one beside the person
 
 
+def test_accasim_keeps_the_reservation_with_the_blocked_job_not_the_first_place() -> None:
+    """accasim-easy with priorities: a job that sorts before the blocked one (a person's
+    before an agent's tier) is filled in like any other, and the blocked job starts once,
+    at its reservation, though no event is left then (it took the first place's, started
+    early and again at its reservation: two ends; or the run ended with a job queued)."""
+    first, blocked, before = SimJob(1, 0.0, 50.0, 100.0, 6), SimJob(2, 1.0, 10.0, 100.0, 8), SimJob(3, 2.0, 10.0, 100.0, 5)
+    blocked.key = (1, 1.0, 2)  # a lower tier than people's (0, submit, id): ``before`` sorts ahead of it
+    e = Engine(one_pool(10), SchedConfig("accasim-easy", 0), record_starts=True)
+    starts: list[tuple[int, float]] = []
+    ends: list[int] = []
+    e.on_start = lambda j: starts.append((j.id, e.now))
+    e.on_end = lambda j: ends.append(j.id)
+    e.run(iter([first, blocked, before]))
+    assert starts == [(1, 0.0), (3, 50.0), (2, 100.0)] and sorted(ends) == [1, 2, 3]
+    assert e.parts[0].free_c == 10 and e.parts[0].queue == []
+
+
+def test_accasim_easy_runs_every_policy() -> None:
+    """The command as run: corral-new's tiers put jobs before an accasim-easy reservation
+    (it ended in a KeyError from the policy's bookkeeping before)."""
+    r = _cli("--json", "--facility", "small", "--days", "5", "--scheduler", "accasim-easy")
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout)["policies"]
+    assert set(got) == {"plain", "corral", "corral-new", "ban"}
+    assert all(got[p]["counts"]["batch_agent_jobs"] > 0 for p in ("plain", "corral", "corral-new"))
+
+
 def test_a_job_past_its_limit_ends_at_the_limit() -> None:
     e = Engine(one_pool(4), SchedConfig("easy", 0), record_starts=True)
     ends: dict[int, float] = {}

@@ -162,6 +162,8 @@ class Engine:
             if nxt is not None and nxt.submit <= t:
                 t = nxt.submit
             if t == math.inf or t > until or (nxt is None and self.live == 0):
+                if t <= until and nxt is None and self._wake_blocked():
+                    continue
                 break  # nothing left but the periodic ticks
             self.now = t
             backfill = self._events_at(t)
@@ -411,36 +413,58 @@ class Engine:
         """AccaSim 1.1.3's EBF, reproduced to explain how it differs from EASY: the blocked
         head is tried again only once its reservation time has come (not when it would
         fit earlier), and the later jobs fill greedily, any that fits now, whether or not
-        it delays the reservation (AccaSim passes no reserved nodes to its allocator)."""
+        it delays the reservation (AccaSim passes no reserved nodes to its allocator).
+
+        The reservation is the blocked job's, found by identity, not the queue's first
+        place: AccaSim keeps the job's id and its FIFO queue keeps that job first, but
+        here a later job can sort before it (people's tier before agents', a nice that
+        ages, corral-new's order), and taking the first place for it started the job
+        found there instead, and the blocked one twice (two ends: a KeyError in the
+        policy's bookkeeping)."""
+        head = p.blocked
         q = p.queue
-        first = 0
-        if p.blocked is not None and p.reserved <= self.now:
-            head = p.blocked
-            if head.cores <= p.free_c and head.gpus <= p.free_g and head.mem <= p.free_m:
-                self._start(p, head)
-                p.blocked, p.reserved = None, math.inf
-            first = 1
+        if head is not None and p.reserved <= self.now and self._fits(p, head):
+            self._start(p, head)
+            p.blocked, p.reserved = None, math.inf
+            q = p.queue = [item for item in q if item[1] is not head]
         keep: list[tuple[Any, ...]] = []
+        rest = q
         if p.blocked is None:
-            i = self._fcfs(p, first)
-            keep = q[:first] if first and q[0][1].state == PENDING else []
+            i = self._fcfs(p, 0)
             if i < len(q):
                 p.blocked = q[i][1]
                 p.reserved = self._reservation(p, p.blocked)[0]
                 keep.append(q[i])
-                i += 1
-            rest = q[i:]
-        else:
-            keep, rest = q[:1], q[1:]
-        for item in rest:
+            rest = q[i + 1:]
+        blocked = p.blocked
+        for item in rest:  # in queue order, so what is kept stays sorted for insort
             job = item[1]
-            if job.cores <= p.free_c and job.gpus <= p.free_g and job.mem <= p.free_m:
+            if job is not blocked and job.cores <= p.free_c and job.gpus <= p.free_g and job.mem <= p.free_m:
                 self._start(p, job)
             else:
                 keep.append(item)
         p.queue = keep
 
+    @staticmethod
+    def _fits(p: Partition, job: SimJob) -> bool:
+        return job.cores <= p.free_c and job.gpus <= p.free_g and job.mem <= p.free_m
+
     _reservation = staticmethod(reservation)
+
+    def _wake_blocked(self) -> bool:
+        """accasim-easy with no event left but a blocked job: AccaSim steps its clock a
+        second at a time while jobs are queued, so the job starts at its reservation; here
+        a call wakes its partition then (without it the run ended with the job queued)."""
+        due = [p for p in self.parts if p.blocked is not None and self.now < p.reserved < math.inf]
+        if not due:  # a reservation already passed was tried at the last event: nothing would change
+            return False
+        t = min(p.reserved for p in due)
+
+        def wake() -> None:
+            for p in due:
+                p.touched = True
+        self.call(t, wake)
+        return True
 
     # -- the controller ------------------------------------------------------------------
     def _bucket(self, t: float) -> None:
