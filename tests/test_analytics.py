@@ -369,6 +369,27 @@ def test_users_are_judged_against_the_facilitys_own_people(tmp_path: Path, share
     assert abs((got["kind"] == "agent").sum() / got.height - true_share) * 100 <= 3
 
 
+def test_a_csv_with_run_times_but_no_start_or_wait_is_read_and_says_so(tmp_path: Path) -> None:
+    """A trace summarised to submit and run times is read, its waits unknown and said to
+    be (it failed in polars: a time plus a duration on an untyped null); one with no start,
+    wait or run time is refused naming them, as JSON under analyze --json."""
+    rows = [f"{i},u{i % 6},{1_780_000_000 + 3600 * i}" for i in range(60)]
+    trace = tmp_path / "trace.csv"
+    trace.write_text("JobID,User,SubmitTime,RunTime\n" + "".join(f"{r},{30 + i}\n" for i, r in enumerate(rows)))
+    ing = load(trace)
+    assert ing.jobs.height == 60 and ing.jobs["start"].null_count() == ing.jobs["end"].null_count() == 60
+    assert sorted(ing.jobs["elapsed_s"].to_list()) == [30 + i for i in range(60)]
+    r = analyze_json(str(trace))
+    assert r["source"]["jobs"] == 60 and any("no start or wait time" in n for n in r["source"]["notes"])
+    assert sum(g["jobs"] for g in r["groups"].values()) == 60
+    assert all(g.get("wait_p50_s") is None for g in r["groups"].values())
+    bare = tmp_path / "bare.csv"
+    bare.write_text("JobID,User,SubmitTime\n" + "\n".join(rows) + "\n")
+    cp = corral("analyze", str(bare), "--json")
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr
+    assert json.loads(cp.stdout)["error"]["message"].endswith("none that corral reads as a start, a wait or a run time")
+
+
 def test_the_tables_an_admin_expects_and_their_csv(facility: Path, tmp_path: Path) -> None:
     out = tmp_path / "tables"
     cp = corral("analyze", str(facility), "--json", "--csv", str(out), "--capacity-cores", "4096")

@@ -99,6 +99,9 @@ def read(path: Path, ing: "Ingested", local: Any) -> None:
     ing.rows_read = df.height
     if "state" not in found:
         ing.notes.append("the export has no state column: every job counts as COMPLETED")
+    if not {"start", "wait"} & set(found):
+        ing.notes.append("the export has no start or wait time (a StartTime or WaitTime column): queue waits, "
+                         "and utilisation by day, are unknown; the rest is read from the submit and run times")
 
     df = account_rows(ing, df, {
         "bytes that are not UTF-8": pl.concat_str([pl.col(n).cast(pl.String) for n in found.values()],
@@ -122,12 +125,15 @@ def _recognise(columns: list[str]) -> dict[str, str]:
 
 def _refuse_unreadable(path: Path, raw: pl.DataFrame, found: dict[str, str]) -> None:
     """Refuse, naming what the file has, an export without a job id, a user, a submit
-    time and some way to a start time (a start, a wait, or a run time)."""
+    time, and a start, a wait or a run time. A run time alone is read, not refused: a
+    facility's trace summarised to submit and run times still says who submits what,
+    how much and when (the whole of the agent/human report but its queue waits, which
+    are then said to be unknown); refusing would cost the admin every figure for one."""
     missing = [f for f in NEED if f not in found]
     if missing or not ({"start", "wait"} & set(found) or "run" in found):
         raise InvalidRequest(
             f"{path} is a CSV export with columns {', '.join(raw.columns[:12])}{' ...' if raw.width > 12 else ''}, "
-            f"and none that corral reads as {' or '.join(WHAT[m] for m in missing) or 'a start or a wait time'}",
+            f"and none that corral reads as {' or '.join(WHAT[m] for m in missing) or 'a start, a wait or a run time'}",
             hint="corral reads CSV columns named like JobID, User, SubmitTime, StartTime or WaitTime, RunTime, "
                  "NCPUS, NGPUS, State, Partition, Account (case and punctuation aside)")
 
@@ -137,11 +143,12 @@ def _times(c: dict[str, pl.Expr], dtypes: dict[str, Any], local: Any) -> tuple[p
     submit time plus the wait, an end the start plus the run time."""
     submit = _time(c["submit"], dtypes["submit"], local)
     wait = _seconds(c["wait"], dtypes["wait"]) if "wait" in c else None
+    unknown = pl.lit(None, pl.Datetime("us"))  # typed: a time plus a duration on a bare null is a polars error
     start = _time(c["start"], dtypes["start"], local) if "start" in c else \
-        submit + pl.duration(seconds=wait) if wait is not None else pl.lit(None)
+        submit + pl.duration(seconds=wait) if wait is not None else unknown
     run = _seconds(c["run"], dtypes["run"]) if "run" in c else None
     end = _time(c["end"], dtypes["end"], local) if "end" in c else \
-        start + pl.duration(seconds=run) if run is not None else pl.lit(None)
+        start + pl.duration(seconds=run) if run is not None else unknown
     elapsed = run if run is not None else (end - start).dt.total_seconds()
     return submit, start, end, elapsed
 

@@ -91,6 +91,9 @@ def analyze(ctx: click.Context, file: Path, fmt: str | None, overrides: Path | N
     from corral.analytics.report import build
 
     as_json = as_json or bool(ctx.obj and getattr(ctx.obj, "as_json", False))
+    root = ctx.find_root().obj
+    if as_json and hasattr(root, "as_json"):
+        root.as_json = True  # `analyze --json`'s errors are JSON too, as under `corral --json`
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     # Polars reads the export in one call, so the bar moves by stage (read, classify,
