@@ -23,7 +23,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from corral.lanes.job_memory import subreaper, tree_rss_mb, trees_rss_mb  # noqa: F401 (their old home)
 from corral.lanes.local_child import VENV_FD, WORKDIR_FD, Child, Hosted, Popened, popen, stop
@@ -101,38 +101,69 @@ def main(job_dir: str) -> int:
         write_json(d / "result.json", {"state": "FAILED", "exit_code": None, "start_time": None, "end_time": time.time(),
                                        "reason": f"its output could not be opened ({e.strerror}); nothing ran"})
         return 0
-    started: Child | None = None
     with open(out_fd, "ab") as out, open(err_fd, "ab") as err:
-        try:
-            for key, at, what in (("workdir", WORKDIR_FD, "working directory"), ("venv", VENV_FD, "venv (VIRTUAL_ENV)")):
-                if launch.get(key):
-                    wfd = open_dir(launch[key], launch.get("open_as"), what)  # its error says why and what to do
-                    os.dup2(wfd, at)
-                    os.close(wfd)
-            started = Hosted(launch, out.fileno(), err.fileno()) if launch.get("host") else Popened(
-                popen(launch, out, err), bool(launch.get("contained")))
-        except OSError as e:
-            write_json(d / "result.json", {"state": "FAILED", "exit_code": 127, "reason": f"could not start: {e.strerror or e}",
-                                           "start_time": start, "end_time": time.time()})
-            return 0
-        finally:
-            for at in (WORKDIR_FD, VENV_FD):
-                if not isinstance(started, Hosted):  # a hosted job's are its own until its host started it
-                    try:
-                        os.close(at)
-                    except OSError:
-                        pass
+        started = _start(launch, d, out, err, start)
+    if started is None:
+        return 0
     child: Child = started
     held["child"] = child
     write_json(d / "running.json", {"pid": os.getpid(), "child": child.pid, "start_time": start})
+    state, reason, rc, peak, seen = _watch(d, launch, child, term, start)
+    held.clear()
+    child.close()
+    if seen.get("cut"):
+        reason = f"{reason}{_cut(launch, d)}"
+    end = time.time()
+    cpu_s, rss_mb = child.usage()
+    state, reason = _outcome(d, child, state, reason, rc)
+    # The one rule of every lane: a cancelled job has no exit code (it did not exit by itself).
+    exit_code = None if state == "CANCELLED" else 128 - rc if rc < 0 else rc
+    write_json(d / "result.json", {"state": state, "exit_code": exit_code, "reason": reason,
+                                   "start_time": start, "end_time": end, "cpu_s": cpu_s,
+                                   "max_rss_mb": round(max(peak, rss_mb or 0.0), 1)}, wait=RESULT_WAIT_S)
+    return 0
 
+
+def _start(launch: dict[str, Any], d: Path, out: BinaryIO, err: BinaryIO, start: float) -> Child | None:
+    """The job started, in its built sandbox (``host``) or as a process of its own, its
+    working directory and venv opened first onto the descriptors it finds them at. None:
+    it could not start (its result says why)."""
+    started: Child | None = None
+    try:
+        for key, at, what in (("workdir", WORKDIR_FD, "working directory"), ("venv", VENV_FD, "venv (VIRTUAL_ENV)")):
+            if launch.get(key):
+                wfd = open_dir(launch[key], launch.get("open_as"), what)  # its error says why and what to do
+                os.dup2(wfd, at)
+                os.close(wfd)
+        started = Hosted(launch, out.fileno(), err.fileno()) if launch.get("host") else Popened(
+            popen(launch, out, err), bool(launch.get("contained")))
+    except OSError as e:
+        write_json(d / "result.json", {"state": "FAILED", "exit_code": 127, "reason": f"could not start: {e.strerror or e}",
+                                       "start_time": start, "end_time": time.time()})
+        return None
+    finally:
+        for at in (WORKDIR_FD, VENV_FD):
+            if not isinstance(started, Hosted):  # a hosted job's are its own until its host started it
+                try:
+                    os.close(at)
+                except OSError:
+                    pass
+    return started
+
+
+def _watch(d: Path, launch: dict[str, Any], child: Child, term: dict[str, bool],
+           start: float) -> tuple[str | None, str | None, int, float, dict[str, int]]:
+    """Wait for the job's end, sampling it (fast at first, then once a second), and stop
+    it when it is cancelled (``term``: SIGTERM's flags) or goes past a bound. -> (state and
+    reason, None when it ended by itself; its return code; its peak memory in MB; what was
+    seen of its output, ``_over``'s)."""
     deadline = start + launch["walltime_s"]
     notice = _notice(launch, deadline)
     state, reason = None, None
     interval = 0.05
     peak = 0.0
     rc = None
-    stuck = None
+    stuck = False
     seen = {"written": 0}
     while rc is None:
         try:
@@ -151,30 +182,44 @@ def main(job_dir: str) -> int:
                 raise Cancelled()
             procs, tmp = child.rss_mb()
             peak = max(peak, procs + tmp)
-            if launch.get("host") and child.pid and not seen.get("pid"):
-                seen["pid"] = child.pid  # how the gateway's idle check finds a hosted job's processes
-                with contextlib.suppress(OSError):
-                    write_json(d / "job.json", {"pid": child.pid})
-            if notice and time.time() >= notice[1]:
-                child.signal(notice.pop(0))  # once: Slurm's --signal, to the job's process group
-                notice.clear()
-            if time.time() >= deadline:
-                state, reason = "TIMEOUT", f"killed after its walltime of {launch['walltime_s']}s"
-            elif over := _over(d, launch, procs, tmp, seen):
-                state, reason = over
-            elif stuck := child.stuck():
-                state, reason = "FAILED", stuck
+            _tell(d, launch, child, seen, notice)
+            if past := _past(d, launch, child, deadline, (procs, tmp), seen):
+                state, reason, stuck = past
         except Cancelled:
             state, reason = "CANCELLED", "cancelled by request"
         term["armed"] = False
         if state:
             rc = child.force() if stuck else stop(child)
-    held.clear()
-    child.close()
-    if seen.get("cut"):
-        reason = f"{reason}{_cut(launch, d)}"
-    end = time.time()
-    cpu_s, rss_mb = child.usage()
+    return state, reason, rc, peak, seen
+
+
+def _tell(d: Path, launch: dict[str, Any], child: Child, seen: dict[str, int], notice: list[Any]) -> None:
+    """The gateway told a hosted job's pid, once; the job its notice signal, once, when due."""
+    if launch.get("host") and child.pid and not seen.get("pid"):
+        seen["pid"] = child.pid  # how the gateway's idle check finds a hosted job's processes
+        with contextlib.suppress(OSError):
+            write_json(d / "job.json", {"pid": child.pid})
+    if notice and time.time() >= notice[1]:
+        child.signal(notice.pop(0))  # once: Slurm's --signal, to the job's process group
+        notice.clear()
+
+
+def _past(d: Path, launch: dict[str, Any], child: Child, deadline: float, rss: tuple[float, float],
+          seen: dict[str, int]) -> tuple[str, str, bool] | None:
+    """(state, reason, whether it is stuck: forced, not stopped) once the job went past
+    its walltime or a bound (``_over``: ``rss`` is its processes' and its /tmp's), or its
+    sandbox's end left it stuck; None: it runs on."""
+    if time.time() >= deadline:
+        return "TIMEOUT", f"killed after its walltime of {launch['walltime_s']}s", False
+    if over := _over(d, launch, *rss, seen):
+        return over[0], over[1], False
+    if stuck := child.stuck():
+        return "FAILED", stuck, True
+    return None
+
+
+def _outcome(d: Path, child: Child, state: str | None, reason: str | None, rc: int) -> tuple[str, str | None]:
+    """The job's state and reason once it has ended: corral's (``state``), or its own."""
     if state is None and rc != 0 and (d / "cancel").exists():
         # Asked to cancel, it died before this loop saw the request (the signal reached the
         # job's own tree first): cancelled, not failed.
@@ -184,22 +229,21 @@ def main(job_dir: str) -> int:
     elif child.why and reason and child.why not in reason:  # ended by corral, through its sandbox's end
         reason = f"{reason}; {child.why}"
     if state is None:
-        if rc == 0:
-            state = "COMPLETED"
-        elif rc == -signal.SIGXFSZ or rc == 128 + signal.SIGXFSZ:
-            state, reason = "FAILED", ("a file it wrote reached the facility's size limit for one file "
-                                       "([sandbox] file_max); write smaller files")
-        elif rc < 0:
-            name = signal.Signals(-rc).name if -rc in set(signal.Signals) else str(-rc)
-            state, reason = "FAILED", f"killed by signal {name}"
-        else:
-            state, reason = "FAILED", f"exited with code {rc}"
-    # The one rule of every lane: a cancelled job has no exit code (it did not exit by itself).
-    exit_code = None if state == "CANCELLED" else 128 - rc if rc < 0 else rc
-    write_json(d / "result.json", {"state": state, "exit_code": exit_code, "reason": reason,
-                                   "start_time": start, "end_time": end, "cpu_s": cpu_s,
-                                   "max_rss_mb": round(max(peak, rss_mb or 0.0), 1)}, wait=RESULT_WAIT_S)
-    return 0
+        return _ended(rc, reason)
+    return state, reason
+
+
+def _ended(rc: int, reason: str | None) -> tuple[str, str | None]:
+    """The state of a job that ended by itself with return code ``rc`` (Popen's: -N for a signal)."""
+    if rc == 0:
+        return "COMPLETED", reason
+    if rc == -signal.SIGXFSZ or rc == 128 + signal.SIGXFSZ:
+        return "FAILED", ("a file it wrote reached the facility's size limit for one file "
+                          "([sandbox] file_max); write smaller files")
+    if rc < 0:
+        name = signal.Signals(-rc).name if -rc in set(signal.Signals) else str(-rc)
+        return "FAILED", f"killed by signal {name}"
+    return "FAILED", f"exited with code {rc}"
 
 
 def _notice(launch: dict[str, Any], deadline: float) -> list[Any]:
