@@ -3,6 +3,7 @@
     python bench/agent_shell.py [--quick] [--agents 20] [--duration 120]
     python bench/agent_shell.py --agents 10,20,40        # several sizes, one run
     python bench/agent_shell.py --launchers              # and corral with the Python shim launcher
+    python bench/agent_shell.py --breakdown              # each turn timed: sbatch, start, run, notice, squeue
 
 Each agent runs the same bash loop for a fixed time, as coding agents do: `sbatch` a
 short job (`-t 1`, two seconds of work), poll it with `squeue -h -j $ID` every 2 s until
