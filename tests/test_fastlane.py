@@ -762,3 +762,62 @@ def test_a_workers_relay_directory_is_never_its_users_to_move(monkeypatch: pytes
         theirs.close()
         listener.close()
         shutil.rmtree(top, ignore_errors=True)
+
+
+class _Slurm:
+    """The allocations port as a pool at its cap uses it: what it started and stopped."""
+
+    def __init__(self) -> None:
+        self.started: list[Any] = []
+        self.stopped: list[int] = []
+
+    async def start(self, pool: Any, shape: Any) -> int:
+        self.started.append(shape)
+        return 100 + len(self.started)
+
+    async def stop(self, job_id: int) -> None:
+        self.stopped.append(job_id)
+
+    def waiting(self, partition: str | None) -> list[Any]:
+        return []
+
+    async def free(self, partition: str | None) -> tuple[int, int] | None:
+        return (32, 64000)
+
+    def state(self, job_id: int) -> Any:
+        from corral.core.jobs import JobState
+
+        return JobState.RUNNING, None
+
+
+def test_a_busy_pool_at_its_cap_replaces_a_small_allocation_and_drains_it_once_the_new_one_is_up(tmp_path: Path) -> None:
+    """Issue 50 item 4: the pool acts on scaling.replaceable. The small allocation takes
+    tasks until its replacement's worker joins (the pool is one over its cap meanwhile),
+    then none, whatever the give-back rule says when no batch job waits, and is released
+    once its tasks end."""
+    from corral.lanes.fast.pool import Allocation, Shape
+
+    pool = _pool(tmp_path, min_cpus=4, max_allocations=2)
+    pool.allocations_port = port = _Slurm()
+    now = time.time()
+    small = Allocation(1, "alloc-1", now - 100, Shape(4, 8000, 0, 3600), up_since=now - 92)
+    pool.allocations = {1: small, 2: Allocation(2, "alloc-2", now - 90, Shape(8, 16000, 0, 3600), up_since=now - 83)}
+    up = {"alloc-1": "tcp://a", "alloc-2": "tcp://b"}
+    pool.workers_up = lambda: dict(up)
+    pool._by_name = {"tcp://a": small, "tcp://b": pool.allocations[2]}
+    for i in range(20):
+        pool.queue.put(_task(i, "sleep 2"))
+    pool.load = {"tcp://a": 8.0, "tcp://b": 16.0}
+    asyncio.run(pool.maintain())
+    assert [s.cpus for s in port.started] == [32] and pool.allocations[101].replaces == 1
+    assert not small.draining and len(pool.allocations) == 3  # it still takes tasks while the new one starts
+    asyncio.run(pool.maintain())
+    assert len(port.started) == 1  # one replacement at a time
+    up["alloc-101"] = "tcp://c"
+    asyncio.run(pool.maintain())  # the replacement joined: the small one takes no new tasks
+    assert small.draining and small.retired and 1 in pool.allocations and port.stopped == []
+    asyncio.run(pool.maintain())  # no batch job waits: give-back's reset does not revive it
+    assert small.draining and port.stopped == []
+    pool.load.pop("tcp://a")
+    asyncio.run(pool.maintain())  # its tasks ended: released; the cap holds again
+    assert port.stopped == [1] and sorted(pool.allocations) == [2, 101]

@@ -199,3 +199,61 @@ def test_the_strategy_says_what_waiting_tasks_wait_for() -> None:
     assert "allocation job 9" in why and "Priority" in why and "behind batch job 40" in why
     s.allocations[9].up_since = now
     assert scaling.waiting_reason(s, Port(now)) is None  # one is up for them
+
+
+def _busy_at_cap(now: float) -> tuple[State, Allocation, Allocation]:
+    """The 20-agent closed loop on a quiet machine (docs/benchmarks.md, agent_shell): a pool
+    at its cap of two allocations sized by the first bursts (4 and 8 CPUs), 12 tasks
+    running and 8 waiting for a slot."""
+    s = State(cfg=PoolConfig(min_cpus=4, max_allocations=2, idle_s=60.0))
+    small = Allocation(1, "alloc-1", now - 100, Shape(4, 8000, 0, 3600), up_since=now - 92)
+    mid = Allocation(2, "alloc-2", now - 90, Shape(8, 16000, 0, 3600), up_since=now - 83)
+    s.allocations = {1: small, 2: mid}
+    s.up = {1: "tcp://a", 2: "tcp://b"}
+    s.inflight = {i: task(i, work=2.0) for i in range(12)}
+    s.load = {"tcp://a": 8.0, "tcp://b": 16.0}
+    s.queue.extend(task(i, work=2.0) for i in range(12, 20))
+    return s, small, mid
+
+
+def test_a_busy_pool_at_its_cap_replaces_its_smallest_allocation_with_one_of_its_shape() -> None:
+    """Issue 50 item 4: nothing grew a pool at its cap that a closed loop kept busy, so
+    20 agents' jobs ran 12 at a time behind two allocations sized by the first bursts,
+    each waiting ~1.8 s for a slot. The backlog test (drain against join) says no here:
+    40 s of work on 12 CPUs drains before an allocation joins; the shortfall lasts."""
+    now = time.time()
+    s, small, mid = _busy_at_cap(now)
+    s.demand.started(8.0)
+    assert not scaling.backlogged(s, now) and not scaling.may_grow(s, now)
+    assert scaling.replaceable(s) is small
+    assert scaling.replacement(s, small, (32, 64000)) == BIG  # the pool's shape, the node has it free
+    assert scaling.replacement(s, small, (6, 12000)) == Shape(6, 12000, 0, 3600)  # what a node has free
+    assert scaling.replacement(s, small, (4, 64000)) is None  # no bigger than the small one: nothing
+    assert scaling.replacement(s, small, None) is None  # unknown room: it could queue behind the pool's own
+
+
+def test_a_pool_replaces_nothing_below_its_cap_when_it_has_enough_or_while_one_is_on_its_way() -> None:
+    now = time.time()
+    s, small, mid = _busy_at_cap(now)
+    s.cfg.max_allocations = 3
+    assert scaling.replaceable(s) is None  # room for another: growing is may_grow's business
+    s.cfg.max_allocations = 2
+    s.queue.clear()
+    assert scaling.replaceable(s) is None  # nothing waits
+    s.queue.extend(task(i, work=2.0) for i in range(12, 20))
+    s.gave_to = (77, time.time() - 5)
+    assert scaling.replaceable(s) is None  # a batch job was just given this partition's cores
+    s.gave_to = None
+    s.allocations[3] = Allocation(3, "alloc-3", now, BIG, replaces=1)
+    assert scaling.replaceable(s) is None  # one replacement at a time (the pool is one over its cap)
+    s.allocations[3].up_since = now
+    small.draining = small.retired = True
+    assert scaling.replaceable(s) is None  # the small one still ends its tasks
+    s.load["tcp://a"] = 0.0
+    assert scaling.retired_empty(s) == [small]  # its tasks ended: released
+    del s.allocations[1]
+    assert scaling.replaceable(s) is None  # 8 + 32 CPUs for 20 tasks: enough
+    s.allocations = {1: Allocation(1, "alloc-1", now, BIG, up_since=now), 2: Allocation(2, "alloc-2", now, BIG,
+                                                                                       up_since=now)}
+    s.queue.extend(task(i) for i in range(100, 200))
+    assert scaling.replaceable(s) is None  # all at the pool's shape: the cap bounds it

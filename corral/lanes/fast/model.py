@@ -111,10 +111,14 @@ class Allocation:
     """Given back to a batch job that waits for its cores: no new tasks; released once empty."""
     idle_since: float | None = None
     """When its worker last became empty (None while it holds tasks)."""
+    replaces: int | None = None
+    """The smaller allocation this one was asked to replace (scaling.replacement)."""
+    retired: bool = False
+    """Replaced by a larger one that is up: no new tasks; released once empty."""
 
     def describe(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "up": self.up_since is not None, "shape": vars(self.shape),
-                "draining": self.draining}
+                "draining": self.draining, "retired": self.retired}
 
 
 def fits(shape: Shape, spec: dict[str, Any]) -> bool:

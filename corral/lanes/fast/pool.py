@@ -295,6 +295,7 @@ class Pool:
                 self._by_name[up[a.name]] = a
                 self.demand.started(now - a.asked)
                 self.breaker.joined()
+                self._retire(a)
                 self._wake.set()
             state, reason = self.allocations_port.state(a.job_id)
             if state is JobState.RUNNING and a.running_since is None:
@@ -309,6 +310,9 @@ class Pool:
                         await self.allocations_port.stop(a.job_id)
         await self._give_back(now)
         await self._grow()
+        await self._replace()
+        for old in scaling.retired_empty(self):
+            await self.release(old, "replaced by a larger allocation, its tasks ended")
         if scaling.undersized(self):  # the next burst finds an allocation sized to the last
             room = await self.allocations_port.free(self.key.partition)
             if room is not None and room[0] > max(a.shape.cpus for a in self.allocations.values()):
@@ -329,7 +333,7 @@ class Pool:
         waiting = self.allocations_port.waiting(self.key.partition)
         if not waiting:
             for a in self.allocations.values():
-                a.draining = False  # nothing waits any more: take tasks again
+                a.draining = a.retired  # nothing waits any more: take tasks again (unless replaced)
             return
         free = await self.allocations_port.free(self.key.partition) or (0, 0)
         for g in scaling.give_back(self, waiting, free, now):
@@ -378,6 +382,35 @@ class Pool:
             finally:
                 self._growing = False
 
+    async def _replace(self) -> None:
+        """A busy pool at its cap asks for one allocation of its shape in place of its
+        smallest (scaling.replaceable). The small one keeps taking tasks until the new one
+        is up (_retire), so the pool holds one allocation over its cap while that starts:
+        draining it at once would shrink the pool for a join (seconds), and a replacement
+        that never starts then costs nothing. Only one replacement is out at a time."""
+        if self._growing:
+            return
+        small = scaling.replaceable(self)
+        if small is None:
+            return
+        self._growing = True
+        try:
+            shape = scaling.replacement(self, small, await self.allocations_port.free(self.key.partition))
+            if shape is not None:
+                log.info("fast-lane pool %s at its cap of %d: asking for %d CPUs to replace allocation %s (%d CPUs)",
+                         self.key.slug, self.cfg.max_allocations, shape.cpus, small.job_id, small.shape.cpus)
+                await self._add(shape, replaces=small.job_id)
+        finally:
+            self._growing = False
+
+    def _retire(self, a: Allocation) -> None:
+        """``a`` is up: the allocation it replaces takes no new tasks from now."""
+        old = self.allocations.get(a.replaces) if a.replaces is not None else None
+        if old is not None:
+            old.draining = old.retired = True
+            log.info("fast-lane pool %s: allocation %s replaces %s, which takes no new tasks",
+                     self.key.slug, a.job_id, old.job_id)
+
     def _grow_soon(self) -> None:
         """Ask for an allocation now, not at the next tick, when the backlog calls for one."""
         if (not self._growing and self.engine.up and len(self.allocations) < self.cfg.max_allocations
@@ -393,10 +426,11 @@ class Pool:
                               f"{b.failures} allocations in a row failed to start (last: {why}); "
                               "submit with lane=batch")
 
-    async def _add(self) -> None:
-        shape = scaling.size(self, await self.allocations_port.free(self.key.partition))
+    async def _add(self, shape: Shape | None = None, replaces: int | None = None) -> None:
+        if shape is None:
+            shape = scaling.size(self, await self.allocations_port.free(self.key.partition))
         job_id = await self.allocations_port.start(self, shape)
-        self.allocations[job_id] = Allocation(job_id, f"alloc-{job_id}", time.time(), shape)
+        self.allocations[job_id] = Allocation(job_id, f"alloc-{job_id}", time.time(), shape, replaces=replaces)
 
     def fail_pending(self, reason: str) -> None:
         failed = self.queue.fail_all(reason)

@@ -9,6 +9,11 @@ back, and what its waiting tasks are told (docs/decisions/0012-fastlane-sizing.m
 - **Sized to the burst**: the CPUs its tasks want beyond what the pool has, at least the
   pool's recent peak when it has no allocation (the next burst is like the last), within
   the pool's shape and what a node has free.
+- **Replace a small allocation of a busy pool at its cap**: tasks wait, they want more
+  CPUs at once than the pool's allocations have, and the pool may hold no more of them:
+  one allocation of the pool's shape (within a node's room) is asked for in place of the
+  smallest; once it is up, the small one takes no new tasks and is released when its
+  tasks end (decision 0012, "Amended: a busy pool at its cap").
 - **Give cores back**: an allocation with no task for ``give_back_s`` is released when a
   batch job waits on its partition that its cores would let start; one that still has
   tasks when such a job has waited ``give_back_s`` stops taking new ones and is released
@@ -124,6 +129,56 @@ def undersized(pool: Fleet) -> bool:
         return False
     peak = min(pool.shape.cpus, pool.demand.recent_peak())
     return all(a.shape.cpus < peak for a in pool.allocations.values())
+
+
+def replaceable(pool: Fleet) -> Allocation | None:
+    """The allocation a busy pool at its cap should replace with a larger one, if any: the
+    smallest, when tasks wait and want more CPUs at once than the pool's allocations have
+    (each task a CPU at least), all are up, none is draining or being replaced, and no
+    batch job was given this partition's cores within ``idle_s``. The cap counts
+    allocations, so the only way such a pool holds more is larger ones; backlogged()'s
+    drain test is not asked: a closed loop's shortfall lasts while each task drains fast
+    (20 agents' 2 s jobs on 12 CPUs: 3.3 s of work against a 7-9 s join, yet each job
+    waited 1.8 s for a slot)."""
+    if not pool.queue or pool.breaker.is_open or len(pool.allocations) < pool.cfg.max_allocations:
+        return None
+    if pool.gave_to is not None and time.time() - pool.gave_to[1] < pool.cfg.idle_s:
+        return None  # batch jobs want this partition's cores: the fast lane takes no more
+    allocs = list(pool.allocations.values())
+    if any(a.up_since is None or a.draining or a.retired for a in allocs):
+        return None  # one is coming (perhaps a replacement) or on its way out: wait for it
+    have = sum(a.shape.cpus for a in allocs)
+    tasks = [*pool.queue, *pool.inflight.values()]
+    wanted = sum(max(1, t.spec["cpus"]) for t in tasks)
+    small = min(allocs, key=lambda a: (a.shape.cpus, -a.asked))
+    return small if wanted > have and small.shape.cpus < pool.shape.cpus else None
+
+
+def replacement(pool: Fleet, small: Allocation, room: tuple[int, int] | None) -> Shape | None:
+    """The shape of the allocation that replaces ``small``: the pool's own, within what a
+    node has free now (``room``); None when that is no bigger than ``small`` or unknown
+    (one that would queue behind the pool's own allocations starts nothing)."""
+    big = pool.shape
+    if room is None or room[0] <= small.shape.cpus:
+        return None
+    cpus = min(big.cpus, room[0])
+    largest = pool.queue.largest()
+    need_mem = max(largest["memory_mb"], small.shape.memory_mb)
+    memory = min(big.memory_mb, max(cpus * (big.memory_mb // max(1, big.cpus)), need_mem))
+    if need_mem <= room[1] < memory:
+        memory = room[1]
+    gpus = min(big.gpus, max(largest["gpus"], small.shape.gpus))
+    return Shape(cpus, memory, gpus, big.walltime_s)
+
+
+def retired_empty(pool: Fleet) -> list[Allocation]:
+    """Replaced allocations whose last tasks have ended: release them."""
+    out = []
+    for a in pool.allocations.values():
+        addr = pool.address_of(a)
+        if a.retired and (addr is None or pool.load.get(addr, 0.0) == 0):
+            out.append(a)
+    return out
 
 
 def keeper(pool: Fleet) -> Allocation | None:
