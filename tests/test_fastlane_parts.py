@@ -230,6 +230,11 @@ def test_a_busy_pool_at_its_cap_replaces_its_smallest_allocation_with_one_of_its
     assert scaling.replacement(s, small, (6, 12000)) == Shape(6, 12000, 0, 3600)  # what a node has free
     assert scaling.replacement(s, small, (4, 64000)) is None  # no bigger than the small one: nothing
     assert scaling.replacement(s, small, None) is None  # unknown room: it could queue behind the pool's own
+    # The same loop as it runs: a worker holds HOLD_S of work per slot, so the 8 waiting
+    # for a slot wait in the workers' launchers, not in the pool's queue.
+    s.inflight.update((t.job_id, t) for t in s.queue)
+    s.queue.clear()
+    assert scaling.replaceable(s) is small
 
 
 def test_a_pool_replaces_nothing_below_its_cap_when_it_has_enough_or_while_one_is_on_its_way() -> None:
@@ -239,7 +244,7 @@ def test_a_pool_replaces_nothing_below_its_cap_when_it_has_enough_or_while_one_i
     assert scaling.replaceable(s) is None  # room for another: growing is may_grow's business
     s.cfg.max_allocations = 2
     s.queue.clear()
-    assert scaling.replaceable(s) is None  # nothing waits
+    assert scaling.replaceable(s) is None  # 12 tasks on 12 CPUs: none waits for a slot
     s.queue.extend(task(i, work=2.0) for i in range(12, 20))
     s.gave_to = (77, time.time() - 5)
     assert scaling.replaceable(s) is None  # a batch job was just given this partition's cores

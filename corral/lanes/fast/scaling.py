@@ -9,8 +9,9 @@ back, and what its waiting tasks are told (docs/decisions/0012-fastlane-sizing.m
 - **Sized to the burst**: the CPUs its tasks want beyond what the pool has, at least the
   pool's recent peak when it has no allocation (the next burst is like the last), within
   the pool's shape and what a node has free.
-- **Replace a small allocation of a busy pool at its cap**: tasks wait, they want more
-  CPUs at once than the pool's allocations have, and the pool may hold no more of them:
+- **Replace a small allocation of a busy pool at its cap**: its tasks (waiting, or sent
+  and waiting in a worker) want more CPUs at once than its allocations have, and the
+  pool may hold no more of them:
   one allocation of the pool's shape (within a node's room) is asked for in place of the
   smallest; once it is up, the small one takes no new tasks and is released when its
   tasks end (decision 0012, "Amended: a busy pool at its cap").
@@ -133,14 +134,16 @@ def undersized(pool: Fleet) -> bool:
 
 def replaceable(pool: Fleet) -> Allocation | None:
     """The allocation a busy pool at its cap should replace with a larger one, if any: the
-    smallest, when tasks wait and want more CPUs at once than the pool's allocations have
-    (each task a CPU at least), all are up, none is draining or being replaced, and no
-    batch job was given this partition's cores within ``idle_s``. The cap counts
-    allocations, so the only way such a pool holds more is larger ones; backlogged()'s
-    drain test is not asked: a closed loop's shortfall lasts while each task drains fast
-    (20 agents' 2 s jobs on 12 CPUs: 3.3 s of work against a 7-9 s join, yet each job
-    waited 1.8 s for a slot)."""
-    if not pool.queue or pool.breaker.is_open or len(pool.allocations) < pool.cfg.max_allocations:
+    smallest, when its tasks (waiting here or sent to a worker, each a CPU at least) want
+    more CPUs at once than its allocations have, all are up, none is draining or being
+    replaced, and no batch job was given this partition's cores within ``idle_s``. The
+    cap counts allocations, so the only way such a pool holds more is larger ones. Tasks
+    sent count: a worker holds up to ``HOLD_S`` of work per slot, so a closed loop's
+    tasks wait for a slot in the workers while the pool's own queue is empty; and
+    backlogged()'s drain test is not asked, since such a shortfall lasts while each task
+    drains fast (20 agents' 2 s jobs on 12 CPUs: 3.3 s of work against a 7-9 s join, yet
+    each job waited 1.8 s for a slot)."""
+    if pool.breaker.is_open or len(pool.allocations) < pool.cfg.max_allocations:
         return None
     if pool.gave_to is not None and time.time() - pool.gave_to[1] < pool.cfg.idle_s:
         return None  # batch jobs want this partition's cores: the fast lane takes no more
@@ -148,8 +151,7 @@ def replaceable(pool: Fleet) -> Allocation | None:
     if any(a.up_since is None or a.draining or a.retired for a in allocs):
         return None  # one is coming (perhaps a replacement) or on its way out: wait for it
     have = sum(a.shape.cpus for a in allocs)
-    tasks = [*pool.queue, *pool.inflight.values()]
-    wanted = sum(max(1, t.spec["cpus"]) for t in tasks)
+    wanted = sum(max(1, t.spec["cpus"]) for t in (*pool.queue, *pool.inflight.values()))
     small = min(allocs, key=lambda a: (a.shape.cpus, -a.asked))
     return small if wanted > have and small.shape.cpus < pool.shape.cpus else None
 
