@@ -158,3 +158,16 @@ def stop_controllers(conf: str) -> list[int]:
     for pid in pids:
         os.kill(pid, signal.SIGTERM)
     return pids
+
+
+def start_requeued_now(conf: str, backend_id: str) -> None:
+    """Let a requeued job start now rather than at the BeginTime Slurm gives it (~2 min on
+    22.05, its credentials' lifetime). Not within the second its last run was killed in:
+    slurmd refuses a launch whose credential is as old, to the second, as the revocation of
+    the run before ("Killing non-startable batch JobId=...: Job credential revoked"; the job
+    then ends FAILED 1:0), which a loaded rehearsal hit (tests/test_preemption_slurm.py)."""
+    ended = time.time()
+    while time.time() < int(ended) + 2:  # a wait for the clock itself: nothing else to ask
+        time.sleep(0.1)
+    subprocess.run(["scontrol", "update", f"JobId={backend_id}", "StartTime=now"], env={**os.environ, "SLURM_CONF": conf},
+                   capture_output=True, text=True, check=True, timeout=30)

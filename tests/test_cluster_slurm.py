@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from .conftest import Gateway, file_server, free_port, running
-from .slurm_env import kill_host, layout, restore, slurm_conf
+from .slurm_env import kill_host, layout, restore, slurm_conf, start_requeued_now
 from .test_gateway_slurm import start_slurm_gateway
 
 pytestmark = pytest.mark.usefixtures("slurm_turn")
@@ -317,7 +317,7 @@ def test_a_requeued_job_makes_its_relay_afresh(tmp_path: Path, agent_dir: Path) 
                 subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "mkdir", "-p", name],
                                check=False)
             with contextlib.suppress(subprocess.CalledProcessError):  # Slurm holds a requeued job ~2 min
-                slurm(conf, "scontrol", "update", f"JobId={backend_id}", "StartTime=now")
+                start_requeued_now(conf, backend_id)
             done = h.get(f"/v1/jobs/{job_id}/wait", params={"timeout": 180}).json()
             err = h.get(f"/v1/jobs/{job_id}/output", params={"stream": "stderr"}).json()["data"]
             out = h.get(f"/v1/jobs/{job_id}/output").json()["data"]

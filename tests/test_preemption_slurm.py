@@ -27,7 +27,7 @@ from corral.lanes.placement import Placer
 from corral.core.principals import Kind, Principal
 
 from .conftest import SHARED_TURN, Gateway, add_people, free_port, running
-from .slurm_env import slurm_conf
+from .slurm_env import slurm_conf, start_requeued_now
 
 # One real-Slurm test at a time, whichever worker runs it (tests/conftest.py::slurm_turn).
 on_slurm = pytest.mark.usefixtures("slurm_turn")
@@ -137,7 +137,7 @@ def test_a_preempted_agents_job_checkpoints_on_usr1_in_its_sandbox_and_resumes(t
         conf = slurm_conf()
         until("the earlier run to be cleaned up", lambda: slurm(conf, "squeue", "-h", "-j", backend_id, "-o", "%T")
               .strip() == "PENDING", 60)
-        slurm(conf, "scontrol", "update", f"JobId={backend_id}", "StartTime=now")
+        start_requeued_now(conf, backend_id)
         until("the agent's job to end", lambda: status(gw, tok["bot1"], job_id)["state"] not in ("PENDING", "RUNNING"),
               400)
         done = status(gw, tok["bot1"], job_id)
