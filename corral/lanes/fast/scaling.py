@@ -108,14 +108,26 @@ def size(pool: Fleet, room: tuple[int, int] | None = None) -> Shape:
     # No allocation, or none waiting (asked ahead of the next burst): the recent peak.
     floor = max(pool.cfg.min_cpus, 0 if pool.allocations and pool.queue else pool.demand.recent_peak())
     cpus = min(big.cpus, max(floor, wanted - covered, need_cpus))
-    per_cpu = big.memory_mb // max(1, big.cpus)
     if room is not None and max(pool.cfg.min_cpus, need_cpus) <= room[0] < cpus:
         cpus = room[0]
-    memory = min(big.memory_mb, max(cpus * per_cpu, need_mem))
-    if room is not None and need_mem <= room[1] < memory:
-        memory = room[1]
+    memory = _memory(big, cpus, need_mem, room)
     gpus = min(big.gpus, largest["gpus"])
     return Shape(cpus, memory, gpus, big.walltime_s)
+
+
+def _memory(big: Shape, cpus: int, need_mem: int, room: tuple[int, int] | None) -> int:
+    """An allocation's memory: its CPUs' share of the pool's shape, at least what its
+    largest task needs, within the shape and, when that is enough, what a node has free."""
+    memory = min(big.memory_mb, max(cpus * (big.memory_mb // max(1, big.cpus)), need_mem))
+    if room is not None and need_mem <= room[1] < memory:
+        memory = room[1]
+    return memory
+
+
+def gave_lately(pool: Fleet) -> bool:
+    """Whether a batch job was given this partition's cores within ``idle_s``: the fast
+    lane then asks for no more of them."""
+    return pool.gave_to is not None and time.time() - pool.gave_to[1] < pool.cfg.idle_s
 
 
 def undersized(pool: Fleet) -> bool:
@@ -124,7 +136,7 @@ def undersized(pool: Fleet) -> bool:
     ahead of the next burst; the smaller one is then released first when idle."""
     if pool.queue or pool.breaker.is_open or len(pool.allocations) >= pool.cfg.max_allocations:
         return False
-    if pool.gave_to is not None and time.time() - pool.gave_to[1] < pool.cfg.idle_s:
+    if gave_lately(pool):
         return False  # batch jobs want this partition's cores: no allocation ahead of need
     if not pool.allocations or any(a.up_since is None or a.draining for a in pool.allocations.values()):
         return False
@@ -145,7 +157,7 @@ def replaceable(pool: Fleet) -> Allocation | None:
     each job waited 1.8 s for a slot)."""
     if pool.breaker.is_open or len(pool.allocations) < pool.cfg.max_allocations:
         return None
-    if pool.gave_to is not None and time.time() - pool.gave_to[1] < pool.cfg.idle_s:
+    if gave_lately(pool):
         return None  # batch jobs want this partition's cores: the fast lane takes no more
     allocs = list(pool.allocations.values())
     if any(a.up_since is None or a.draining or a.retired for a in allocs):
@@ -166,9 +178,7 @@ def replacement(pool: Fleet, small: Allocation, room: tuple[int, int] | None) ->
     cpus = min(big.cpus, room[0])
     largest = pool.queue.largest()
     need_mem = max(largest["memory_mb"], small.shape.memory_mb)
-    memory = min(big.memory_mb, max(cpus * (big.memory_mb // max(1, big.cpus)), need_mem))
-    if need_mem <= room[1] < memory:
-        memory = room[1]
+    memory = _memory(big, cpus, need_mem, room)
     gpus = min(big.gpus, max(largest["gpus"], small.shape.gpus))
     return Shape(cpus, memory, gpus, big.walltime_s)
 
